@@ -1,0 +1,264 @@
+/* AVX2 + FMA + F16C kernels. Built with -mavx2 -mfma -mf16c for this file only;
+ * loip_kernels_avx2() checks the CPU before handing them out.
+ *
+ * Products: every (row, token) dot product keeps ONE 8-lane fp32 accumulator. Column c lands in
+ * lane c % 8; full chunks of 8 columns are FMA'd in column order, a final partial chunk is read
+ * zero-padded (a masked load for fp32, a copy into a zeroed 8-element buffer for 16-bit
+ * weights), and the lanes are reduced by hsum8 in a fixed order. That order depends only on
+ * `cols`, never on how rows and tokens are grouped, so matvec and matmul agree bit for bit (the
+ * determinism contract).
+ *
+ * Weights are widened exactly to fp32 in registers: bf16 by zero-extension and a 16-bit shift
+ * (vpmovzxwd + vpslld), f16 by vcvtph2ps. x stays fp32 throughout. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+#define AI static inline __attribute__((always_inline))
+#define EXPORT __attribute__((visibility("default")))
+
+/* matvec: rows per pass; memory-bound, one FMA chain per row and one x load shared by all. */
+#define MV_ROWS 4
+/* matmul: a 2x4 tile holds 8 accumulators, 4 x chunks and one widened weight (13 of the 16
+ * ymm registers); each widened weight feeds 4 FMAs, each x chunk 2. */
+#define MM_ROWS 2
+#define MM_TOKENS 4
+/* Tokens whose x rows are kept hot in L2 while all row tiles pass over them. */
+#define MM_X_BYTES (1u << 19)
+
+/* Lane masks for _mm256_maskload_ps: row k enables the first k lanes. */
+static const int32_t lane_mask[9][8] = {
+    {0}, {-1}, {-1, -1}, {-1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1, -1},
+    {-1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1, -1},
+};
+
+AI __m256 widen8_h(__m128i h, int dt) {
+    if (dt == LOIP_KDT_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 8 weights starting at element i, widened exactly to fp32. */
+AI __m256 widen8(const void *W, size_t i, int dt) {
+    if (dt == LOIP_KDT_F32) return _mm256_loadu_ps((const float *)W + i);
+    return widen8_h(_mm_loadu_si128((const __m128i *)((const uint16_t *)W + i)), dt);
+}
+
+/* The first k (< 8) weights at element i, zero-padded; memory past them is not read. */
+AI __m256 widen8_part(const void *W, size_t i, size_t k, int dt) {
+    if (dt == LOIP_KDT_F32)
+        return _mm256_maskload_ps((const float *)W + i,
+                                  _mm256_loadu_si256((const __m256i *)lane_mask[k]));
+    uint16_t buf[8] = {0};
+    memcpy(buf, (const uint16_t *)W + i, k * sizeof(uint16_t));
+    return widen8_h(_mm_loadu_si128((const __m128i *)buf), dt);
+}
+
+/* Fixed reduction order: halves, then quarters, then the last pair. */
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The one micro-kernel behind matvec and matmul: Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for
+ * i < R, j < T. R, T and dt are constants at every call site, so after inlining the arrays
+ * below are registers and the dtype branches vanish. */
+AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const void *W,
+             const float *X, size_t r, size_t cols) {
+    __m256 acc[MM_ROWS > MV_ROWS ? MM_ROWS : MV_ROWS][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
+
+    size_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m256 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm256_loadu_ps(X + j * cols + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m256 w = widen8(W, (r + i) * cols + c, dt);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[i][j] = _mm256_fmadd_ps(w, xv[j], acc[i][j]);
+        }
+    }
+    if (c < cols) {
+        size_t k = cols - c;
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
+        __m256 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm256_maskload_ps(X + j * cols + c, m);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m256 w = widen8_part(W, (r + i) * cols + c, k, dt);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[i][j] = _mm256_fmadd_ps(w, xv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = hsum8(acc[i][j]);
+}
+
+/* ---- matvec ------------------------------------------------------------------------------- */
+
+/* Memory-bound: streams MV_ROWS rows at once, each x chunk loaded once for all of them. */
+AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
+                    size_t cols) {
+    size_t r = r0;
+    for (; r + MV_ROWS <= r1; r += MV_ROWS) tile(MV_ROWS, 1, dt, y, 0, W, x, r, cols);
+    for (; r < r1; r++) tile(1, 1, dt, y, 0, W, x, r, cols);
+}
+
+static void matvec_f32(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                       size_t cols) {
+    matvec_impl(LOIP_KDT_F32, y, W, x, r0, r1, cols);
+}
+static void matvec_bf16(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                        size_t cols) {
+    matvec_impl(LOIP_KDT_BF16, y, W, x, r0, r1, cols);
+}
+static void matvec_f16(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                       size_t cols) {
+    matvec_impl(LOIP_KDT_F16, y, W, x, r0, r1, cols);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+/* A row tile against T (< MM_TOKENS) leftover tokens; the switch turns T back into a constant. */
+AI void tile_rest(const int R, const int dt, int T, float *Y, size_t ldy, const void *W,
+                  const float *X, size_t r, size_t cols) {
+    switch (T) {
+    case 1: tile(R, 1, dt, Y, ldy, W, X, r, cols); break;
+    case 2: tile(R, 2, dt, Y, ldy, W, X, r, cols); break;
+    case 3: tile(R, 3, dt, Y, ldy, W, X, r, cols); break;
+    default: break;
+    }
+}
+
+/* Compute-bound: a 2x4 tile does 8 FMAs per 8 columns for 2 weight widenings (on the FMA
+ * ports for bf16, ~80% of peak at best) and 6 loads.
+ * Tokens go in groups whose x rows fit MM_X_BYTES, and every row tile sweeps a whole group, so
+ * the group's x stays in L2 and each weight is read from memory once per group. */
+AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                    size_t r0, size_t r1, size_t cols) {
+    size_t group = MM_X_BYTES / (cols * sizeof(float)) / MM_TOKENS * MM_TOKENS;
+    if (group < MM_TOKENS) group = MM_TOKENS;
+    for (size_t t0 = 0; t0 < n; t0 += group) {
+        size_t t1 = t0 + group < n ? t0 + group : n;
+        size_t r = r0;
+        for (; r + MM_ROWS <= r1; r += MM_ROWS) {
+            size_t t = t0;
+            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
+                tile(MM_ROWS, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            tile_rest(MM_ROWS, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+        for (; r < r1; r++) {
+            size_t t = t0;
+            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
+                tile(1, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            tile_rest(1, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+    }
+}
+
+static void matmul_f32(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                       size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F32, Y, ldy, W, X, n, r0, r1, cols);
+}
+static void matmul_bf16(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                        size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_BF16, Y, ldy, W, X, n, r0, r1, cols);
+}
+static void matmul_f16(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                       size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F16, Y, ldy, W, X, n, r0, r1, cols);
+}
+
+/* ---- attention helpers, rmsnorm ----------------------------------------------------------- */
+
+/* Attention scores: short vectors (head_dim), so two accumulators to halve the FMA chain. */
+static float dot_f32(const float *a, const float *b, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i < n; i += 8) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[n - i >= 8 ? 8 : n - i]);
+        s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s0);
+    }
+    return hsum8(_mm256_add_ps(s0, s1));
+}
+
+/* y += a*x, one fused multiply-add per element; the tail is a masked load and store. */
+static void axpy_f32(float *y, float a, const float *x, size_t n) {
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    if (i < n) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[n - i]);
+        __m256 v = _mm256_fmadd_ps(av, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m));
+        _mm256_maskstore_ps(y + i, m, v);
+    }
+}
+
+/* Two passes: the fp32 sum of squares in two 8-lane accumulators, then o = x * inv * w with w
+ * widened like the matrix weights. o may be x itself. */
+AI void rmsnorm_impl(const int dt, float *o, const float *x, const void *w, size_t n, float eps) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    for (; i < n; i += 8) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[n - i >= 8 ? 8 : n - i]);
+        __m256 a = _mm256_maskload_ps(x + i, m);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    float ss = hsum8(_mm256_add_ps(s0, s1));
+    __m256 inv = _mm256_set1_ps(1.0f / sqrtf(ss / (float)(n ? n : 1) + eps));
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv),
+                                              widen8(w, i, dt)));
+    if (i < n) {
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[n - i]);
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(x + i, m), inv),
+                                 widen8_part(w, i, n - i, dt));
+        _mm256_maskstore_ps(o + i, m, v);
+    }
+}
+
+static void rmsnorm(float *o, const float *x, const void *w, int wdt, size_t n, float eps) {
+    if (wdt == LOIP_KDT_BF16) rmsnorm_impl(LOIP_KDT_BF16, o, x, w, n, eps);
+    else if (wdt == LOIP_KDT_F16) rmsnorm_impl(LOIP_KDT_F16, o, x, w, n, eps);
+    else rmsnorm_impl(LOIP_KDT_F32, o, x, w, n, eps);
+}
+
+static const loip_kernels avx2 = {
+    .name = "avx2",
+    .matvec = {[LOIP_KDT_F32] = matvec_f32, [LOIP_KDT_BF16] = matvec_bf16,
+               [LOIP_KDT_F16] = matvec_f16},
+    .matmul = {[LOIP_KDT_F32] = matmul_f32, [LOIP_KDT_BF16] = matmul_bf16,
+               [LOIP_KDT_F16] = matmul_f16},
+    .dot_f32 = dot_f32,
+    .axpy_f32 = axpy_f32,
+    .rmsnorm = rmsnorm,
+};
+
+EXPORT const loip_kernels *loip_kernels_avx2(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c"))
+        return NULL;
+    return &avx2;
+}

@@ -1,0 +1,252 @@
+/* AVX-512 kernels (F, BW, VL; F16C for half weights). Built with -mavx512f -mavx512bw
+ * -mavx512vl ... for this file only; loip_kernels_avx512() checks the CPU before handing them out.
+ *
+ * Products: every (row, token) dot product keeps ONE 16-lane fp32 accumulator. Column c lands in
+ * lane c % 16; full chunks of 16 columns are FMA'd in column order, a final partial chunk is
+ * loaded under a mask (zeros in the missing lanes), and the 16 lanes are reduced by
+ * _mm512_reduce_add_ps. That order depends only on `cols`, never on how many rows or tokens a
+ * pass handles, so matvec and matmul produce the same bits (the determinism contract) while
+ * the two group rows and tokens differently.
+ *
+ * Weights are widened exactly to fp32 in registers: bf16 by zero-extension and a 16-bit shift
+ * (vpmovzxwd + vpslld), f16 by vcvtph2ps. x stays fp32 throughout. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "cpu/kernels.h"
+
+#define AI static inline __attribute__((always_inline))
+#define EXPORT __attribute__((visibility("default")))
+
+/* matvec: rows per pass. Memory-bound: each weight is read once, so the only aims are enough
+ * independent FMA chains (one per row) and few x loads (one per chunk, shared by the rows). */
+#define MV_ROWS 4
+/* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (24 of the 32 zmm registers, plus the
+ * tokens' x chunks and one widened weight). Compute-bound: each widened weight vector feeds
+ * MM_TOKENS FMAs and each x chunk MM_ROWS, which pays the two widening uops of bf16 over six
+ * FMAs. */
+#define MM_ROWS 4
+#define MM_TOKENS 6
+/* Tokens whose x rows are kept hot in L2 while all row tiles pass over them. */
+#define MM_X_BYTES (1u << 20)
+
+/* 16 weights starting at element i, widened exactly to fp32. */
+AI __m512 widen16(const void *W, size_t i, int dt) {
+    if (dt == LOIP_KDT_F32) return _mm512_loadu_ps((const float *)W + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)W + i));
+    if (dt == LOIP_KDT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Same for the lanes in m; the others read as +0 and their memory is not touched. */
+AI __m512 widen16_mask(const void *W, size_t i, __mmask16 m, int dt) {
+    if (dt == LOIP_KDT_F32) return _mm512_maskz_loadu_ps(m, (const float *)W + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)W + i);
+    if (dt == LOIP_KDT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The one micro-kernel behind matvec and matmul: Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for
+ * i < R, j < T. R, T and dt are constants at every call site, so after inlining the arrays
+ * below are registers and the dtype branches vanish. */
+AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const void *W,
+             const float *X, size_t r, size_t cols) {
+    __m512 acc[MM_ROWS > MV_ROWS ? MM_ROWS : MV_ROWS][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m512 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm512_loadu_ps(X + j * cols + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 w = widen16(W, (r + i) * cols + c, dt);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[i][j] = _mm512_fmadd_ps(w, xv[j], acc[i][j]);
+        }
+    }
+    if (c < cols) {
+        __mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
+        __m512 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm512_maskz_loadu_ps(m, X + j * cols + c);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 w = widen16_mask(W, (r + i) * cols + c, m, dt);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) acc[i][j] = _mm512_fmadd_ps(w, xv[j], acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/* ---- matvec ------------------------------------------------------------------------------- */
+
+/* Memory-bound: streams MV_ROWS rows at once (MV_ROWS read streams for the prefetchers, one
+ * shared x chunk per FMA group), ~2 bytes/FLOP for bf16. Leftover rows go one at a time. */
+AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
+                    size_t cols) {
+    size_t r = r0;
+    for (; r + MV_ROWS <= r1; r += MV_ROWS) tile(MV_ROWS, 1, dt, y, 0, W, x, r, cols);
+    for (; r < r1; r++) tile(1, 1, dt, y, 0, W, x, r, cols);
+}
+
+static void matvec_f32(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                       size_t cols) {
+    matvec_impl(LOIP_KDT_F32, y, W, x, r0, r1, cols);
+}
+static void matvec_bf16(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                        size_t cols) {
+    matvec_impl(LOIP_KDT_BF16, y, W, x, r0, r1, cols);
+}
+static void matvec_f16(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                       size_t cols) {
+    matvec_impl(LOIP_KDT_F16, y, W, x, r0, r1, cols);
+}
+
+/* ---- matmul ------------------------------------------------------------------------------- */
+
+/* A row tile against T (< MM_TOKENS) leftover tokens; the switch turns T back into a constant. */
+AI void tile_rest(const int R, const int dt, int T, float *Y, size_t ldy, const void *W,
+                  const float *X, size_t r, size_t cols) {
+    switch (T) {
+    case 1: tile(R, 1, dt, Y, ldy, W, X, r, cols); break;
+    case 2: tile(R, 2, dt, Y, ldy, W, X, r, cols); break;
+    case 3: tile(R, 3, dt, Y, ldy, W, X, r, cols); break;
+    case 4: tile(R, 4, dt, Y, ldy, W, X, r, cols); break;
+    case 5: tile(R, 5, dt, Y, ldy, W, X, r, cols); break;
+    default: break;
+    }
+}
+
+/* Compute-bound: per 16 columns a 4x6 tile does 24 FMAs for 4 weight widenings (8 uops on the
+ * FMA ports) and 10 loads, so its ceiling is ~75% of peak FMA throughput. Tokens go in groups
+ * whose x rows fit MM_X_BYTES, and every row tile sweeps a whole group, so the group's x stays
+ * in L2 and each weight is read from memory once per group. */
+AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                    size_t r0, size_t r1, size_t cols) {
+    size_t group = MM_X_BYTES / (cols * sizeof(float)) / MM_TOKENS * MM_TOKENS;
+    if (group < MM_TOKENS) group = MM_TOKENS;
+    for (size_t t0 = 0; t0 < n; t0 += group) {
+        size_t t1 = t0 + group < n ? t0 + group : n;
+        size_t r = r0;
+        for (; r + MM_ROWS <= r1; r += MM_ROWS) {
+            size_t t = t0;
+            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
+                tile(MM_ROWS, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            tile_rest(MM_ROWS, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+        for (; r < r1; r++) {
+            size_t t = t0;
+            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
+                tile(1, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            tile_rest(1, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+    }
+}
+
+static void matmul_f32(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                       size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F32, Y, ldy, W, X, n, r0, r1, cols);
+}
+static void matmul_bf16(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                        size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_BF16, Y, ldy, W, X, n, r0, r1, cols);
+}
+static void matmul_f16(float *Y, size_t ldy, const void *W, const float *X, size_t n, size_t r0,
+                       size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F16, Y, ldy, W, X, n, r0, r1, cols);
+}
+
+/* ---- attention helpers, rmsnorm ----------------------------------------------------------- */
+
+/* Attention scores: vectors are short (head_dim, 64..256), so latency matters more than
+ * bandwidth; two accumulators hide half the FMA latency without a long reduction. */
+static float dot_f32(const float *a, const float *b, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+/* y += a*x, one fused multiply-add per element; the tail is a masked load and store. */
+static void axpy_f32(float *y, float a, const float *x, size_t n) {
+    __m512 av = _mm512_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+/* Two passes: the fp32 sum of squares in two 16-lane accumulators, then o = x * inv * w with
+ * w widened like the matrix weights. o may be x itself. */
+AI void rmsnorm_impl(const int dt, float *o, const float *x, const void *w, size_t n, float eps) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        s0 = _mm512_fmadd_ps(a, a, s0);
+        s1 = _mm512_fmadd_ps(b, b, s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 a = _mm512_maskz_loadu_ps(m, x + i);
+        s0 = _mm512_fmadd_ps(a, a, s0);
+    }
+    float ss = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(ss / (float)(n ? n : 1) + eps));
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv), widen16(w, i, dt));
+        _mm512_storeu_ps(o + i, v);
+    }
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv),
+                                 widen16_mask(w, i, m, dt));
+        _mm512_mask_storeu_ps(o + i, m, v);
+    }
+}
+
+static void rmsnorm(float *o, const float *x, const void *w, int wdt, size_t n, float eps) {
+    if (wdt == LOIP_KDT_BF16) rmsnorm_impl(LOIP_KDT_BF16, o, x, w, n, eps);
+    else if (wdt == LOIP_KDT_F16) rmsnorm_impl(LOIP_KDT_F16, o, x, w, n, eps);
+    else rmsnorm_impl(LOIP_KDT_F32, o, x, w, n, eps);
+}
+
+static const loip_kernels avx512 = {
+    .name = "avx512",
+    .matvec = {[LOIP_KDT_F32] = matvec_f32, [LOIP_KDT_BF16] = matvec_bf16,
+               [LOIP_KDT_F16] = matvec_f16},
+    .matmul = {[LOIP_KDT_F32] = matmul_f32, [LOIP_KDT_BF16] = matmul_bf16,
+               [LOIP_KDT_F16] = matmul_f16},
+    .dot_f32 = dot_f32,
+    .axpy_f32 = axpy_f32,
+    .rmsnorm = rmsnorm,
+};
+
+EXPORT const loip_kernels *loip_kernels_avx512(void) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c"))
+        return NULL;
+    return &avx512;
+}

@@ -1,0 +1,47 @@
+/* Run-time choice of the kernel variant: the best the CPU supports, or one named by the caller
+ * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, auto). */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/kernels.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static const loip_kernels *best(void) {
+#ifdef LOIP_X86
+    const loip_kernels *k = loip_kernels_avx512();
+    if (k) return k;
+    if ((k = loip_kernels_avx2())) return k;
+#endif
+    return loip_kernels_ref();
+}
+
+static const loip_kernels *by_name(const char *name) {
+    if (!strcmp(name, "auto")) return best();
+    if (!strcmp(name, "ref")) return loip_kernels_ref();
+#ifdef LOIP_X86
+    if (!strcmp(name, "avx2")) return loip_kernels_avx2();
+    if (!strcmp(name, "avx512")) return loip_kernels_avx512();
+#endif
+    return NULL;
+}
+
+/* The answer for name == NULL, decided once: the environment is read at the first call only, so
+ * a later setenv() cannot switch variants under a running model. A variant the environment
+ * names but the CPU lacks (or a misspelling) is remembered as NULL, for the caller to report. */
+static const loip_kernels none; /* stands for "decided: NULL" */
+static _Atomic(const loip_kernels *) from_env;
+
+EXPORT const loip_kernels *loip_kernels_select(const char *name) {
+    if (name) return by_name(name);
+    const loip_kernels *k = atomic_load_explicit(&from_env, memory_order_acquire);
+    if (!k) {
+        /* Racing first calls compute the same answer; whichever store lands is fine. */
+        const char *env = getenv("LOIP_KERNELS");
+        k = env && *env ? by_name(env) : best();
+        if (!k) k = &none;
+        atomic_store_explicit(&from_env, k, memory_order_release);
+    }
+    return k == &none ? NULL : k;
+}

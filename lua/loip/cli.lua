@@ -1,0 +1,213 @@
+-- The loip command's subcommands. runtime/cli/main.c calls main(argv) and exits with its
+-- return value: 0 success, 1 runtime failure, 2 usage error.
+local flags = require "loip.flags"
+
+local M = {}
+
+local function stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
+
+local threads_flag = { "threads", "int", "compute threads (0: all CPUs)", default = 0,
+  check = function(v) return v >= 0, "must be >= 0" end }
+local kernels_flag = { "kernels", "string", "CPU kernel variant: auto, ref, avx2, avx512", default = "auto" }
+
+local function use_kernels(name)
+  local core = require "loip.core"
+  core.check(core.C.loip_kernels_use(name), "--kernels")
+end
+
+local commands = {}
+
+commands.generate = {
+  usage = "loip generate --model DIR --prompt TEXT [flags]",
+  summary = "Generate text from a prompt on this machine. Prints the prompt followed by its continuation\n"
+    .. "(as llama2.c's run.c does); with --json, one JSON object with the text, ids and timings.",
+  flags = {
+    { "model", "string", "model directory (Hugging Face layout) or llama2.c checkpoint", required = true, metavar = "DIR" },
+    { "prompt", "string", "prompt text", default = "" },
+    { "max-tokens", "int", "tokens to generate at most", default = 256,
+      check = function(v) return v >= 0, "must be >= 0" end },
+    { "temperature", "number", "sampling temperature; 0 is greedy", default = 0.8,
+      check = function(v) return v >= 0, "must be >= 0" end },
+    { "top-k", "int", "keep the k most likely tokens (0: off)", default = 0 },
+    { "top-p", "number", "nucleus sampling threshold (1: off)", default = 0.95,
+      check = function(v) return v > 0 and v <= 1, "must be in (0, 1]" end },
+    { "min-p", "number", "drop tokens below min-p times the top probability (0: off)", default = 0 },
+    { "repeat-penalty", "number", "repetition penalty (1: off)", default = 1,
+      check = function(v) return v > 0, "must be > 0" end },
+    { "seed", "int", "random seed (default: from the clock)" },
+    { "context", "int", "KV cache positions (default: min(model max, 4096))",
+      check = function(v) return v > 0, "must be > 0" end },
+    { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
+    threads_flag, kernels_flag,
+    { "json", "bool", "print one JSON object instead of the text" },
+    { "verbose", "bool", "print the model and timings on stderr" },
+  },
+}
+
+function commands.generate.run(o)
+  use_kernels(o.kernels)
+  local model = require "loip.model"
+  local json = require "loip.json"
+  local m = model.open(o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer })
+  if o.verbose then stderr("%s\n", tostring(m)) end
+  local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
+    top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed }
+  local it, st = m:generate(o.prompt, gen_opts)
+  local pieces = {}
+  if not o.json then
+    io.stdout:write(o.prompt)
+    io.stdout:flush()
+  end
+  for _, text in it do
+    pieces[#pieces + 1] = text
+    if not o.json then
+      io.stdout:write(text)
+      io.stdout:flush()
+    end
+  end
+  local s = st.stats
+  local per_token = s.decode_forwards > 0 and s.decode_ms / s.decode_forwards or 0
+  if o.json then
+    io.stdout:write(json.encode({
+      prompt = o.prompt, text = table.concat(pieces), token_ids = st.token_ids,
+      prompt_ids = st.prompt_ids, prompt_tokens = s.prompt_tokens, generated_tokens = s.generated,
+      prefill_ms = s.prefill_ms, decode_ms_per_token = per_token, stop_reason = st.stop_reason,
+      model = o.model, threads = m.threads, kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
+      seed = gen_opts.seed,
+    }), "\n")
+  else
+    io.stdout:write("\n")
+  end
+  if o.verbose then
+    stderr("prompt %d tokens in %.1f ms; %d tokens generated, %.2f ms/token (%.1f tokens/s); stop: %s\n",
+      s.prompt_tokens, s.prefill_ms, s.generated, per_token, per_token > 0 and 1000 / per_token or 0,
+      tostring(st.stop_reason))
+  end
+  m:close()
+  return 0
+end
+
+commands.run = {
+  usage = "loip run FILE.lua [ARGS...]",
+  summary = "Run a Lua script (a recipe) with require \"loip\" available and `arg` set as luajit sets it.",
+  flags = {}, stop_at_positional = true,
+}
+
+function commands.run.run(_, pos, argv, at)
+  local file = pos[1]
+  if not file then error({ usage_error = true, msg = "run: which script? (loip run FILE.lua)" }, 0) end
+  local chunk, err = loadfile(file)
+  if not chunk then stderr("loip: %s\n", err) return 1 end
+  -- arg as luajit sets it: arg[0] the script, arg[1..] its arguments, negatives before.
+  local a = { [0] = file }
+  for i = 2, #pos do a[i - 1] = pos[i] end
+  a[-1], a[-2] = argv[at], argv[0]
+  _G.arg = a
+  chunk(unpack(pos, 2))
+  return 0
+end
+
+commands.synth = {
+  usage = "loip synth --like NAME [--dtype bf16] [flags] OUT_DIR",
+  summary = "Write a random-weight (seeded) Hugging Face model directory with the exact shapes of a named\n"
+    .. "model, plus a tokenizer.bin it can be run with. Shapes can be overridden.",
+  flags = {
+    { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
+    { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
+    { "seed", "int", "random seed", default = 1 },
+    { "layers", "int", "override num_hidden_layers" },
+    { "dim", "int", "override hidden_size" },
+    { "ffn", "int", "override intermediate_size" },
+    { "heads", "int", "override num_attention_heads" },
+    { "kv-heads", "int", "override num_key_value_heads" },
+    { "head-dim", "int", "override head_dim" },
+    { "vocab", "int", "override vocab_size" },
+    { "shard-size", "bytes", "largest safetensors shard", default = 5 * 1024 ^ 3 },
+    { "force", "bool", "replace OUT_DIR's model files if they exist" },
+    { "list", "bool", "list the known shapes" },
+  },
+}
+
+function commands.synth.run(o, pos)
+  local synth = require "loip.synth"
+  if o.list then
+    for _, name in ipairs(require("loip.shapes").names()) do print(name) end
+    return 0
+  end
+  if not o.like then error({ usage_error = true, msg = "synth: --like NAME is required (see --list)" }, 0) end
+  if not pos[1] then error({ usage_error = true, msg = "synth: OUT_DIR is required" }, 0) end
+  synth.write(pos[1], o)
+  return 0
+end
+
+commands.test = {
+  usage = "loip test [BUSTED ARGS...] [SPEC DIRS...]",
+  summary = "Run busted specs under this LuaJIT with the runtime loaded (ctest calls this).",
+  flags = {}, stop_at_positional = true,
+}
+
+function commands.test.run(_, pos)
+  _G.arg = { [0] = "busted" }
+  for i, v in ipairs(pos) do _G.arg[i] = v end
+  -- busted calls os.exit itself on success; on failure (under Lua 5.1 rules) it raises a nil
+  -- error to make the interpreter exit non-zero.
+  local ok, err = pcall(require("busted.runner"), { standalone = false })
+  if ok then return 0 end
+  if err ~= nil then error(err, 0) end
+  return 1
+end
+
+function M.version()
+  local core = require "loip.core"
+  local ffi = require "ffi"
+  return string.format("loip %s (abi %d, kernels %s, cuda %s)", core.build.version,
+    core.C.loip_abi_version(), ffi.string(core.C.loip_kernels_name()),
+    core.build.cuda and (core.C.loip_cuda_device_count() .. " device(s)") or "not built")
+end
+
+local function usage()
+  return [[
+usage: loip [COMMAND] [FLAGS]
+
+commands:
+  (none)      interactive Lua REPL with the loip module loaded
+  generate    generate text from a prompt
+  run         run a Lua script (recipe) with the runtime available
+  synth       write a random-weight model with a real model's shapes
+  test        run busted specs under the runtime
+  help CMD    flags of a command (also: loip CMD --help)
+  version     versions of the runtime and its kernels
+]]
+end
+
+function M.main(argv)
+  local cmd = argv[1]
+  local ok, rc = xpcall(function()
+    if cmd == nil then return require("loip.repl").run() end
+    if cmd == "--help" or cmd == "-h" then io.stdout:write(usage()) return 0 end
+    if cmd == "help" then
+      local c = commands[argv[2] or ""]
+      io.stdout:write(c and flags.help(c) or usage())
+      return 0
+    end
+    if cmd == "version" or cmd == "--version" then print(M.version()) return 0 end
+    local c = commands[cmd]
+    if not c then
+      stderr("loip: unknown command '%s'\n%s", cmd, usage())
+      return 2
+    end
+    c.name = cmd
+    if (argv[2] == "--help" or argv[2] == "-h") then io.stdout:write(flags.help(c)) return 0 end
+    local opts, pos = flags.parse(c, argv, 2)
+    return c.run(opts, pos, argv, 1)
+  end, function(e)
+    if type(e) == "table" and e.usage_error then return e end
+    if type(e) == "string" and not os.getenv("LOIP_DEBUG") then return { msg = e } end
+    return { msg = debug.traceback(tostring(e), 2) }
+  end)
+  if ok then return rc or 0 end
+  stderr("loip: %s\n", rc.msg)
+  return rc.usage_error and 2 or 1
+end
+
+return M

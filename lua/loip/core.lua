@@ -1,0 +1,84 @@
+-- The C runtime seen from Lua: FFI declarations (generated from loip.h), the library handle,
+-- the ABI handshake, and the adapters that turn return codes into Lua errors.
+local ffi = require "ffi"
+
+local M = {}
+
+local cdef = require "loip.cdef"
+ffi.cdef(cdef)
+local build = require "loip.build_config"
+M.build = build
+
+-- Inside the loip command the runtime is linked in (and exported with -rdynamic); under a
+-- plain luajit, load libloip from LOIP_LIB, the build tree, or the install prefix.
+local function load_library()
+  local ok = pcall(function() return ffi.C.loip_abi_version end)
+  if ok then return ffi.C end
+  local tried = {}
+  local candidates = { os.getenv("LOIP_LIB") or "", build.library, build.install_library, "loip" }
+  for _, path in ipairs(candidates) do
+    if path ~= "" then
+      local lok, lib = pcall(ffi.load, path)
+      if lok then return lib end
+      tried[#tried + 1] = path .. " (" .. tostring(lib) .. ")"
+    end
+  end
+  error("loip: cannot load the runtime library; tried " .. table.concat(tried, ", ")
+        .. ". Build it with cmake, or set LOIP_LIB to libloip.so", 0)
+end
+
+local C = load_library()
+M.C = C
+
+-- Lua side of the ABI handshake: the declarations above and the library must agree.
+local lua_abi = tonumber(C.LOIP_ABI_VERSION)
+local lib_abi = C.loip_abi_version()
+if lib_abi ~= lua_abi then
+  error(string.format("loip: ABI mismatch: the Lua modules expect version %d but libloip is %d; "
+    .. "rebuild, or point LOIP_LIB/LOIP_LUA_DIR at the same build", lua_abi, lib_abi), 0)
+end
+
+function M.last_error()
+  return ffi.string(C.loip_last_error())
+end
+
+-- Runtime failure: nil, message. Use as `local ok, err = core.ok(C.f(...))`.
+function M.ok(rc, context)
+  if rc == 0 then return true end
+  local msg = M.last_error()
+  if context then msg = context .. ": " .. msg end
+  return nil, msg, rc
+end
+
+-- Raise on failure (for code paths that are errors rather than results).
+function M.check(rc, context)
+  if rc ~= 0 then
+    local msg = M.last_error()
+    if context then msg = context .. ": " .. msg end
+    error(msg, 0)
+  end
+end
+
+M.dtype = { F32 = C.LOIP_F32, BF16 = C.LOIP_BF16, F16 = C.LOIP_F16, I32 = C.LOIP_I32 }
+M.dtype_name = { [0] = "F32", [1] = "BF16", [2] = "F16", [3] = "I32" }
+
+function M.now_ms()
+  return tonumber(C.loip_now_ns()) / 1e6
+end
+
+-- An owning handle: h = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, args...)
+function M.new(ctype, ctor, dtor, ...)
+  local out = ffi.new(ctype .. "[1]")
+  local args = { ... }
+  args[#args + 1] = out
+  local rc = ctor(unpack(args))
+  if rc ~= 0 then return nil, M.last_error(), rc end
+  return ffi.gc(out[0], dtor)
+end
+
+-- Explicit, idempotent close of a handle made by core.new.
+function M.free(h, dtor)
+  if h ~= nil then dtor(ffi.gc(h, nil)) end
+end
+
+return M

@@ -1,0 +1,104 @@
+-- llama2.c checkpoints (run.c's "legacy" version 0 .bin): a 7 x int32 header and float32
+-- arrays in a fixed order; interleaved RoPE; classifier tied unless vocab_size < 0.
+local ffi = require "ffi"
+local core = require "loip.core"
+local C = core.C
+
+local M = {}
+
+local HEADER = 28
+
+-- (loip_model_config, facts, mapping) for a .bin file; raises "path: reason".
+function M.open(path)
+  local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, path)
+  if not map then error(err, 0) end
+  local size = tonumber(C.loip_mapping_size(map))
+  local function fail(msg)
+    core.free(map, C.loip_mapping_free)
+    error(path .. ": " .. msg, 0)
+  end
+  if size < HEADER then fail(string.format("truncated: %d bytes, shorter than the 28-byte header", size)) end
+  local base = C.loip_mapping_data(map)
+  local h = ffi.cast("const int32_t *", base)
+  local names = { "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len" }
+  local hv = {}
+  for i, n in ipairs(names) do hv[n] = h[i - 1] end
+  for _, n in ipairs(names) do
+    if n ~= "vocab_size" and (hv[n] <= 0 or hv[n] > 1e7) then
+      fail(string.format("header field %s = %d is not a plausible size (is this a llama2.c checkpoint?)", n, hv[n]))
+    end
+  end
+  if hv.vocab_size == 0 then fail("header field vocab_size is 0") end
+  local shared = hv.vocab_size > 0
+  local vocab = math.abs(hv.vocab_size)
+  if hv.dim % hv.n_heads ~= 0 then
+    fail(string.format("header: dim %d is not a multiple of n_heads %d", hv.dim, hv.n_heads))
+  end
+  if hv.n_heads % hv.n_kv_heads ~= 0 then
+    fail(string.format("header: n_heads %d is not a multiple of n_kv_heads %d", hv.n_heads, hv.n_kv_heads))
+  end
+  local c = ffi.new("loip_model_config")
+  c.dim, c.hidden_dim, c.n_layers = hv.dim, hv.hidden_dim, hv.n_layers
+  c.n_heads, c.n_kv_heads = hv.n_heads, hv.n_kv_heads
+  c.head_dim = hv.dim / hv.n_heads
+  c.vocab_size, c.max_seq = vocab, hv.seq_len
+  c.norm_eps, c.rope_theta = 1e-5, 10000
+  c.rope_layout = C.LOIP_ROPE_INTERLEAVED
+  c.tied_embeddings = shared and 1 or 0
+  local L, dim, hid, hd = hv.n_layers, hv.dim, hv.hidden_dim, hv.dim / hv.n_heads
+  local kv = hv.n_kv_heads * hd
+  -- The arrays of run.c's memory_map_weights, in file order.
+  local arrays = {
+    { "token_embedding", vocab * dim, -1, C.LOIP_W_EMBED, { vocab, dim } },
+    { "rms_att", L * dim, C.LOIP_W_ATTN_NORM, { dim } },
+    { "wq", L * dim * dim, C.LOIP_W_WQ, { dim, dim } },
+    { "wk", L * kv * dim, C.LOIP_W_WK, { kv, dim } },
+    { "wv", L * kv * dim, C.LOIP_W_WV, { kv, dim } },
+    { "wo", L * dim * dim, C.LOIP_W_WO, { dim, dim } },
+    { "rms_ffn", L * dim, C.LOIP_W_FFN_NORM, { dim } },
+    { "w1", L * hid * dim, C.LOIP_W_GATE, { hid, dim } },
+    { "w2", L * dim * hid, C.LOIP_W_DOWN, { dim, hid } },
+    { "w3", L * hid * dim, C.LOIP_W_UP, { hid, dim } },
+    { "rms_final", dim, -1, C.LOIP_W_OUTPUT_NORM, { dim } },
+    { "freq_cis_real", hv.seq_len * hd / 2 },
+    { "freq_cis_imag", hv.seq_len * hd / 2 },
+  }
+  if not shared then arrays[#arrays + 1] = { "wcls", vocab * dim, -1, C.LOIP_W_LM_HEAD, { vocab, dim } } end
+  local offset = HEADER
+  local bindings = {}
+  for _, a in ipairs(arrays) do
+    local bytes = a[2] * 4
+    if offset + bytes > size then
+      fail(string.format("truncated: array %s needs bytes %d..%d but the file has %d", a[1], offset, offset + bytes, size))
+    end
+    bindings[#bindings + 1] = { a = a, offset = offset }
+    offset = offset + bytes
+  end
+  if offset ~= size then
+    fail(string.format("%d unexpected bytes after the last array (expected a file of %d bytes)", size - offset, offset))
+  end
+  local facts = { architecture = "llama2.c", format = "llama2c", bos_token_id = 1, eos_token_id = { 1, 2 } }
+  -- Binding needs the model object: hand back a function that binds into it.
+  local function bind(m)
+    for _, b in ipairs(bindings) do
+      local a = b.a
+      if a[3] then
+        local per_layer = a[3] ~= -1
+        local kind = per_layer and a[3] or a[4]
+        local shape = per_layer and a[4] or a[5]
+        local n = 1
+        for _, d in ipairs(shape) do n = n * d end
+        local v = ffi.new("loip_tensor")
+        v.dtype, v.ndim = C.LOIP_F32, #shape
+        for i, d in ipairs(shape) do v.shape[i - 1] = d end
+        for l = 0, per_layer and L - 1 or 0 do
+          v.data = base + b.offset + l * n * 4
+          core.check(C.loip_model_bind(m, per_layer and l or -1, kind, v), path .. ": " .. a[1])
+        end
+      end
+    end
+  end
+  return c, facts, map, bind
+end
+
+return M

@@ -1,0 +1,73 @@
+-- JSON files with errors that name the file.
+local cjson = require "cjson.safe"
+
+local M = {}
+
+M.null = cjson.null
+M.encode = cjson.encode
+
+-- Deterministic encoding: object keys sorted, so the same value always gives the same bytes
+-- (cjson's order follows its hash table). indent: nil for one line, else spaces per level.
+function M.encode_sorted(v, indent, level)
+  level = level or 0
+  local t = type(v)
+  if t ~= "table" or v == cjson.null then return cjson.encode(v) end
+  local nl, pad, pad_in = "", "", ""
+  if indent then
+    nl = "\n"
+    pad = string.rep(" ", indent * level)
+    pad_in = string.rep(" ", indent * (level + 1))
+  end
+  local sep = indent and ": " or ":"
+  local n = #v
+  local is_array = n > 0 or next(v) == nil and getmetatable(v) == cjson.array_mt
+  if n > 0 then
+    for k in pairs(v) do
+      if type(k) ~= "number" or k > n or k < 1 then is_array = false break end
+    end
+  end
+  local parts = {}
+  if is_array then
+    for i = 1, n do parts[i] = M.encode_sorted(v[i], nil, 0) end
+    return "[" .. table.concat(parts, ",") .. "]"
+  end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for i, k in ipairs(keys) do
+    local val = v[k]
+    if val == nil then val = v[tonumber(k)] end
+    parts[i] = pad_in .. cjson.encode(k) .. sep .. M.encode_sorted(val, indent, level + 1)
+  end
+  if #parts == 0 then return "{}" end
+  return "{" .. nl .. table.concat(parts, "," .. nl) .. nl .. pad .. "}"
+end
+
+function M.decode(text, what)
+  local v, err = cjson.decode(text)
+  if v == nil then return nil, (what or "JSON") .. ": invalid JSON: " .. tostring(err) end
+  return v
+end
+
+function M.read_file(path)
+  local f, err = io.open(path, "rb")
+  if not f then return nil, err end
+  local text = f:read("*a")
+  f:close()
+  return text
+end
+
+-- Decode a JSON file; nil, "path: reason" on any failure.
+function M.load(path)
+  local text, err = M.read_file(path)
+  if not text then return nil, err end
+  return M.decode(text, path)
+end
+
+function M.exists(path)
+  local f = io.open(path, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+return M

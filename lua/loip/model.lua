@@ -1,0 +1,215 @@
+-- Models: open a Hugging Face directory or a llama2.c checkpoint, run it on one device.
+--
+--   local m = loip.model.open("models/stories260K")
+--   for id, text in m:generate("Once upon a time", { max_tokens = 50 }) do io.write(text) end
+--   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.json"
+local hf = require "loip.formats.hf"
+local llama2c = require "loip.formats.llama2c"
+local tokenizer = require "loip.tokenizer"
+local sampler = require "loip.sampler"
+local C = core.C
+
+local M = {}
+
+local Model = {}
+Model.__index = Model
+
+local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
+local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
+local function is_file(p) return json.exists(p) end
+
+-- What to open: ("hf", dir) or ("llama2c", checkpoint path, tokenizer dir).
+local function locate(path)
+  path = path:gsub("/+$", "")
+  if is_file(path .. "/config.json") then return "hf", path end
+  if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
+  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
+    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
+  end
+  error(string.format("%s: not a model (no config.json, model.bin or %s.bin)", path, basename(path)), 0)
+end
+
+-- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
+-- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file).
+function M.open(path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
+  local kind, file, tokdir = locate(path)
+  local self = setmetatable({ path = path, opts = opts }, Model)
+  local cfg, facts, keep, bind
+  if kind == "hf" then
+    cfg, facts = hf.read_config(file)
+  else
+    cfg, facts, keep, bind = llama2c.open(file)
+  end
+  local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg)
+  if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
+  if kind == "hf" then
+    keep = hf.bind_weights(file, cfg, m)
+  else
+    bind(m)
+  end
+  core.check(C.loip_model_check(m, 0, cfg.n_layers), path)
+  self.handle, self.cfg, self.facts, self.weights = m, cfg, facts, keep
+  self.architecture = facts.architecture
+  self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
+  self.weight_bytes = tonumber(C.loip_model_weight_bytes(m))
+  local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, opts.threads or 0)
+  if not pool then error(perr, 0) end
+  self.pool = pool
+  self.threads = C.loip_pool_size(pool)
+  local ctx = opts.context or math.min(cfg.max_seq, 4096)
+  if facts.sliding_window and ctx > facts.sliding_window then
+    error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
+      path, ctx, facts.sliding_window, facts.sliding_window), 0)
+  end
+  self.context = ctx
+  self.batch = math.min(opts.batch or 128, ctx)
+  if opts.tokenizer ~= false then
+    self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer, vocab_size = cfg.vocab_size })
+    if self.tokenizer.vocab_size ~= cfg.vocab_size then
+      error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is %d",
+        self.tokenizer.path, self.tokenizer.vocab_size, cfg.vocab_size), 0)
+    end
+  end
+  local eos = facts.eos_token_id
+  self.stop_ids = type(eos) == "table" and eos or { eos }
+  return self
+end
+
+function Model:__tostring()
+  local c = self.cfg
+  return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, %.1f MB of weights, %d threads, kernels %s",
+    self.path, self.architecture, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
+    c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, ffi.string(C.loip_kernels_name()))
+end
+
+-- The session (KV cache), made once and reused.
+function Model:session()
+  if not self._session then
+    local s, err = core.new("loip_session *", C.loip_session_new, C.loip_session_free,
+      self.handle, self.pool, self.context, self.batch)
+    if not s then error(self.path .. ": " .. err, 0) end
+    self._session = s
+  end
+  return self._session
+end
+
+local function check_ids(self, ids)
+  if type(ids) ~= "table" or #ids == 0 then error("token ids must be a non-empty array", 3) end
+  if #ids > self.context then
+    error(string.format("%d tokens exceed the context of %d", #ids, self.context), 3)
+  end
+  for i, id in ipairs(ids) do
+    if type(id) ~= "number" or id < 0 or id >= self.vocab_size or id ~= math.floor(id) then
+      error(string.format("token id #%d (%s) is not in [0, %d)", i, tostring(id), self.vocab_size), 3)
+    end
+  end
+end
+
+-- Forward ids at positions 0.. and return the logits of every position as a float array
+-- [#ids * vocab] (cdata) plus an accessor: row(pos) -> float* of position pos (1-based).
+function Model:logits(ids)
+  check_ids(self, ids)
+  local s, V = self:session(), self.vocab_size
+  local n = #ids
+  local tokens = ffi.new("int32_t[?]", n)
+  for i = 1, n do tokens[i - 1] = ids[i] end
+  local out = ffi.new("float[?]", n * V)
+  local pos = 0
+  while pos < n do
+    local k = math.min(self.batch, n - pos)
+    core.check(C.loip_session_forward(s, tokens + pos, k, pos, out + pos * V, C.LOIP_LOGITS_ALL), self.path)
+    pos = pos + k
+  end
+  return out, function(p) return out + (p - 1) * V end
+end
+
+-- Generate from a prompt (text, or an array of token ids). Returns an iterator for a generic
+-- for (yielding token id and its text) and a state whose .stats fill in as it runs.
+-- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
+-- repetition_penalty, seed, stop (array of ids; default the model's end tokens), bos.
+function Model:generate(prompt, opts)
+  opts = opts or {}
+  local tok = self.tokenizer
+  local ids
+  if type(prompt) == "table" then
+    ids = prompt
+  else
+    if not tok then error("this model was opened without a tokenizer: pass token ids", 2) end
+    ids = tok:encode(prompt or "", { bos = opts.bos ~= false })
+  end
+  check_ids(self, ids)
+  local n_prompt = #ids
+  local room = self.context - n_prompt
+  local max_tokens = math.min(opts.max_tokens or room, room)
+  local stop = {}
+  for _, id in ipairs(opts.stop or self.stop_ids) do stop[id] = true end
+  local smp = sampler.new(self.vocab_size, opts)
+  local s = self:session()
+  local V = self.vocab_size
+  local history = ffi.new("int32_t[?]", n_prompt + math.max(max_tokens, 0) + 1)
+  for i = 1, n_prompt do history[i - 1] = ids[i] end
+  local logits = ffi.new("float[?]", V)
+  local state = { prompt_ids = ids, token_ids = {}, stats = { prompt_tokens = n_prompt, generated = 0,
+    prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
+  local n, prev = n_prompt, ids[n_prompt]
+  local prefilled = false
+
+  local function step()
+    if not prefilled then
+      prefilled = true
+      local t0 = core.now_ms()
+      local pos = 0
+      while pos < n_prompt do
+        local k = math.min(self.batch, n_prompt - pos)
+        core.check(C.loip_session_forward(s, history + pos, k, pos, logits,
+          pos + k == n_prompt and C.LOIP_LOGITS_LAST or C.LOIP_LOGITS_NONE), self.path)
+        pos = pos + k
+      end
+      state.stats.prefill_ms = core.now_ms() - t0
+    end
+    if state.stats.generated >= max_tokens then
+      state.stop_reason = max_tokens < room and "max_tokens" or "context"
+      return nil
+    end
+    local t0 = core.now_ms()
+    local id = smp:sample(logits, history, n)
+    if stop[id] then
+      state.stop_reason = "stop"
+      state.stop_id = id
+      return nil
+    end
+    history[n] = id
+    n = n + 1
+    state.stats.generated = state.stats.generated + 1
+    state.token_ids[#state.token_ids + 1] = id
+    -- The last token needs no forward pass: nothing will read its logits.
+    if state.stats.generated < max_tokens and n < self.context then
+      core.check(C.loip_session_forward(s, history + n - 1, 1, n - 1, logits, C.LOIP_LOGITS_LAST), self.path)
+      state.stats.decode_forwards = state.stats.decode_forwards + 1
+    end
+    state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t0)
+    local text = tok and tok:piece_text(prev, id) or ""
+    prev = id
+    return id, text
+  end
+  return function() return step() end, state
+end
+
+function Model:close()
+  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
+  if self.pool then core.free(self.pool, C.loip_pool_free) self.pool = nil end
+  if self.handle then core.free(self.handle, C.loip_model_free) self.handle = nil end
+  if self.weights then
+    if self.facts.format == "hf" then require("loip.safetensors").close(self.weights)
+    else core.free(self.weights, C.loip_mapping_free) end
+    self.weights = nil
+  end
+  if self.tokenizer then self.tokenizer:close() self.tokenizer = nil end
+end
+
+return M

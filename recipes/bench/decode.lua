@@ -1,0 +1,167 @@
+-- Decoding speed on one device, measured against this machine's own memory bandwidth.
+--
+--   loip run recipes/bench/decode.lua [--threads 1,2] [--model DIR] [--out DIR] [--quick]
+--
+-- In one run: a streaming read probe (the machine's memory read bandwidth), the BF16
+-- matrix-vector kernel on 4096x4096 and 8192x2048 weights cycled through more memory than the
+-- caches hold, and decoding plus a 128-token prefill of a synthetic llama-3.2-1b BF16 model
+-- (made with `loip synth` on first use). Prints one JSON object and draws an SVG bar chart.
+local ffi = require "ffi"
+local loip = require "loip"
+local core = require "loip.core"
+local flags = require "loip.flags"
+local json = require "loip.json"
+local plot = require "loip.plot"
+local C = core.C
+
+local spec = {
+  name = "decode.lua", usage = "loip run recipes/bench/decode.lua [flags]",
+  summary = "Memory-bandwidth probe, BF16 matvec and synthetic llama-3.2-1b decode/prefill.",
+  flags = {
+    { "threads", "string", "thread counts to measure, comma-separated", default = "1,2" },
+    { "model", "string", "synthetic model directory (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+    { "out", "string", "where to write decode.json and decode.svg", default = "bench-out" },
+    { "weights-mb", "int", "MB of weights cycled by the matvec benchmark (> caches)", default = 2048 },
+    { "tokens", "int", "decode steps per measurement", default = 16 },
+    { "prefill", "int", "prefill length", default = 128 },
+    { "repeats", "int", "repetitions of each measurement (the median is reported)", default = 5 },
+    { "quick", "bool", "small sizes, to check the recipe works" },
+  },
+}
+local o = flags.parse(spec, arg, 1)
+if o.quick then
+  o.weights_mb, o.tokens, o.prefill, o.repeats = 256, 4, 16, 2
+end
+local thread_counts = {}
+for t in o.threads:gmatch("%d+") do thread_counts[#thread_counts + 1] = tonumber(t) end
+
+local function median(xs)
+  local s = {}
+  for i, v in ipairs(xs) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+local function timed(fn, reps)
+  local ts = {}
+  for r = 1, reps do
+    local t0 = C.loip_now_ns()
+    fn()
+    ts[r] = tonumber(C.loip_now_ns() - t0) / 1e9
+  end
+  return median(ts), ts
+end
+
+local function log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
+
+local result = { machine = {}, probe = {}, matvec = {}, decode = {}, prefill = {} }
+local info = ffi.new("loip_cpu_info")
+C.loip_cpu_info_get(info)
+result.machine = { cpus = info.n_cpus, avx512 = info.has_avx512 == 1, avx512_bf16 = info.has_avx512_bf16 == 1,
+  kernels = ffi.string(C.loip_kernels_name()) }
+
+-- One buffer serves the probe and the matvec weights: the same bytes, read the same way.
+local bytes = o.weights_mb * 1024 * 1024
+local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, bytes)
+local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+core.check(C.loip_fill_random(base, bytes / 2, C.LOIP_BF16, 7, 0, 0, 0.02))
+
+local pools = {}
+for _, t in ipairs(thread_counts) do
+  pools[t] = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, t)
+end
+
+-- 1. memory read bandwidth
+local sum = ffi.new("double[1]")
+for _, t in ipairs(thread_counts) do
+  C.loip_op_read_probe(pools[t], base, bytes, 1, sum) -- warm (page faults, TLB)
+  local sec = timed(function() C.loip_op_read_probe(pools[t], base, bytes, 1, sum) end, o.repeats)
+  result.probe[tostring(t)] = bytes / sec / 1e9
+  log("probe, %d thread(s): %.2f GB/s", t, bytes / sec / 1e9)
+end
+
+-- 2. BF16 matvec, weights cycled through the whole buffer so that none stays in cache
+local x = ffi.new("float[8192]")
+local y = ffi.new("float[8192]")
+for i = 0, 8191 do x[i] = (i % 7) * 0.1 - 0.3 end
+for _, shape in ipairs({ { 4096, 4096 }, { 8192, 2048 } }) do
+  local rows, cols = shape[1], shape[2]
+  local mbytes = rows * cols * 2
+  local count = math.floor(bytes / mbytes)
+  for _, t in ipairs(thread_counts) do
+    local function pass()
+      for i = 0, count - 1 do
+        C.loip_op_matvec(pools[t], C.LOIP_BF16, base + i * mbytes, x, y, rows, cols)
+      end
+    end
+    pass()
+    local sec = timed(pass, o.repeats)
+    local gbps = count * mbytes / sec / 1e9
+    local key = string.format("%dx%d/%d", rows, cols, t)
+    result.matvec[key] = { gbps = gbps, ratio = gbps / result.probe[tostring(t)],
+      us_per_matvec = sec / count * 1e6 }
+    log("matvec bf16 %dx%d, %d thread(s): %.2f GB/s = %.1f%% of the probe", rows, cols, t, gbps,
+      100 * gbps / result.probe[tostring(t)])
+  end
+end
+core.free(buf, C.loip_buffer_free)
+
+-- 3. decode and prefill of a synthetic llama-3.2-1b
+if not json.exists(o.model .. "/config.json") then
+  log("making the synthetic model in %s (once)", o.model)
+  require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+end
+for _, t in ipairs(thread_counts) do
+  local m = loip.model.open(o.model, { threads = t, context = 1024, batch = o.prefill })
+  local model_bytes = m.weight_bytes
+  local prompt = {}
+  for i = 1, o.prefill do prompt[i] = 259 + (i * 37) % 1000 end
+  local s = m:session()
+  local ids = ffi.new("int32_t[?]", o.prefill)
+  for i = 1, o.prefill do ids[i - 1] = prompt[i] end
+  local logits = ffi.new("float[?]", m.vocab_size)
+  -- prefill: the whole prompt in one batch
+  local pre = timed(function()
+    core.check(C.loip_session_forward(s, ids, o.prefill, 0, logits, C.LOIP_LOGITS_LAST))
+  end, math.max(2, math.floor(o.repeats / 2)))
+  -- decode: single tokens after the prompt, o.tokens steps per measurement
+  local steps = {}
+  for r = 1, o.repeats do
+    local t0 = C.loip_now_ns()
+    for k = 0, o.tokens - 1 do
+      core.check(C.loip_session_forward(s, ids + (k % o.prefill), 1, o.prefill + k, logits, C.LOIP_LOGITS_LAST))
+    end
+    steps[r] = tonumber(C.loip_now_ns() - t0) / 1e6 / o.tokens
+  end
+  local ms = median(steps)
+  local gbps = model_bytes / (ms / 1e3) / 1e9
+  result.decode[tostring(t)] = { ms_per_token = ms, min_ms_per_token = math.min(unpack(steps)),
+    model_bytes = model_bytes, gbps = gbps, ratio = gbps / result.probe[tostring(t)] }
+  result.prefill[tostring(t)] = { tokens = o.prefill, seconds = pre, tokens_per_s = o.prefill / pre }
+  log("decode, %d thread(s): %.1f ms/token, %.2f GB/s = %.1f%% of the probe; prefill %d tokens: %.1f tokens/s",
+    t, ms, gbps, 100 * gbps / result.probe[tostring(t)], o.prefill, o.prefill / pre)
+  m:close()
+end
+
+-- report
+os.execute("mkdir -p '" .. o.out .. "'")
+local bars, refs = {}, {}
+for _, t in ipairs(thread_counts) do
+  local k = tostring(t)
+  bars[#bars + 1] = { "read probe, " .. k .. "T", result.probe[k], color = "#7f8c8d" }
+  for _, shape in ipairs({ "4096x4096", "8192x2048" }) do
+    local r = result.matvec[shape .. "/" .. k]
+    bars[#bars + 1] = { "bf16 matvec " .. shape .. ", " .. k .. "T", r.gbps, string.format("(%.0f%%)", 100 * r.ratio) }
+  end
+  local d = result.decode[k]
+  bars[#bars + 1] = { "llama-3.2-1b decode, " .. k .. "T", d.gbps,
+    string.format("(%.0f%%, %.1f ms/token)", 100 * d.ratio, d.ms_per_token), color = "#27ae60" }
+end
+result.plot = plot.bars(o.out .. "/decode.svg", { title = "loip decode: effective weight bandwidth vs the read probe",
+  unit = "GB/s", bars = bars, refs = refs })
+local text = json.encode(result)
+local f = assert(io.open(o.out .. "/decode.json", "w"))
+f:write(text, "\n")
+f:close()
+print(text)

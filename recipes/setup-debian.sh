@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set up loip on a fresh Debian 12 machine: install the Debian packages it builds with (sudo
+# when not root), configure and build into build/, then (unless --no-run) run the main job on
+# the bundled model. Usage: recipes/setup-debian.sh [--no-run] [--build-dir DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+run_main=1
+build=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-run) run_main=0 ;;
+    --build-dir) build="$2"; shift ;;
+    -h|--help) sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup-debian.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+packages=(build-essential cmake pkg-config luajit2 libluajit2-5.1-dev lua-cjson lua-busted
+          libedit-dev liburing-dev libzmq3-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev)
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# luajit2 is Debian's maintained LuaJIT (the OpenResty branch); loip embeds it.
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build" -j"$(nproc)"
+
+if [ "$run_main" -eq 1 ]; then
+  "$build/loip" generate --model models/stories260K --prompt "Once upon a time" \
+    --temperature 0 --max-tokens 120 --verbose
+fi

@@ -1,0 +1,34 @@
+/* sizeof/offsetof of every struct Lua touches, as the C compiler lays them out; the FFI
+ * layout spec compares them with LuaJIT's view of the same declarations. */
+#include <stddef.h>
+#include <string.h>
+
+#include "loip.h"
+
+#define FIELD(T, F) {#T, #F, offsetof(T, F)}
+#define SIZE(T) {#T, "", sizeof(T)}
+
+static const struct {
+    const char *type, *field;
+    size_t value;
+} table[] = {
+    SIZE(loip_cpu_info), FIELD(loip_cpu_info, n_cpus), FIELD(loip_cpu_info, has_cuda),
+    SIZE(loip_model_config), FIELD(loip_model_config, dim), FIELD(loip_model_config, norm_eps),
+    FIELD(loip_model_config, rope_theta), FIELD(loip_model_config, rope_layout),
+    FIELD(loip_model_config, rope_factor), FIELD(loip_model_config, rope_original_max_pos),
+    FIELD(loip_model_config, qkv_bias), FIELD(loip_model_config, qk_norm),
+    FIELD(loip_model_config, tied_embeddings),
+    SIZE(loip_tensor), FIELD(loip_tensor, data), FIELD(loip_tensor, dtype),
+    FIELD(loip_tensor, ndim), FIELD(loip_tensor, shape),
+    SIZE(loip_sampler_params), FIELD(loip_sampler_params, temperature),
+    FIELD(loip_sampler_params, top_k), FIELD(loip_sampler_params, top_p),
+    FIELD(loip_sampler_params, min_p), FIELD(loip_sampler_params, repetition_penalty),
+    FIELD(loip_sampler_params, penalty_last_n),
+};
+
+LOIP_API int64_t loip_layout(const char *type, const char *field) {
+    if (!type || !field) return -1;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(table[i].type, type) && !strcmp(table[i].field, field)) return (int64_t)table[i].value;
+    return -1;
+}

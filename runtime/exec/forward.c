@@ -1,0 +1,326 @@
+/* The forward pass of a Llama-family decoder (Llama 2/3.x, Mistral, Qwen2, Qwen3) over a
+ * session: KV cache plus scratch. Everything here runs per token, so it allocates nothing and
+ * decides nothing; it follows llama2.c's run.c step by step (so that its references apply)
+ * with batches of tokens for prefill, optional q/k/v biases (Qwen2), per-head q/k RMSNorm
+ * (Qwen3), and both RoPE layouts. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "core/pool.h"
+#include "core/runtime.h"
+#include "cpu/kernels.h"
+#include "exec/model.h"
+#include "exec/ops.h"
+
+struct loip_session {
+    const loip_model *m;
+    loip_pool *pool;
+    int max_ctx, max_batch, n_threads;
+    size_t q_dim, kv_dim;
+    float *k_cache;  /* (n_layers, max_ctx, kv_dim) */
+    float *v_cache;  /* (n_layers, max_ctx, kv_dim) */
+    float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
+    float *xb;       /* (max_batch, dim) normalised input of a sub-block */
+    float *xb2;      /* (max_batch, dim) output of wo / down before the residual add */
+    float *q;        /* (max_batch, q_dim) */
+    float *k;        /* (max_batch, kv_dim) */
+    float *v;        /* (max_batch, kv_dim) */
+    float *att;      /* (max_batch, q_dim) attention output */
+    float *hb;       /* (max_batch, hidden_dim) gate, then silu(gate) * up */
+    float *hb2;      /* (max_batch, hidden_dim) up */
+    float *scores;   /* (n_threads, max_ctx) attention weights, one row per thread */
+    float *rope_cos; /* (max_batch, head_dim/2) */
+    float *rope_sin; /* (max_batch, head_dim/2) */
+};
+
+LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
+                              int32_t max_batch, loip_session **out) {
+    *out = NULL;
+    const loip_model_config *c = &m->cfg;
+    if (max_ctx <= 0 || max_batch <= 0)
+        return loip_fail(LOIP_EINVAL, "session: context (%d) and batch (%d) must be positive",
+                         max_ctx, max_batch);
+    if (max_batch > max_ctx) max_batch = max_ctx;
+    loip_session *s = calloc(1, sizeof *s);
+    if (!s) return loip_fail(LOIP_ENOMEM, "session: out of memory");
+    s->m = m;
+    s->pool = pool;
+    s->max_ctx = max_ctx;
+    s->max_batch = max_batch;
+    s->n_threads = loip_pool_size(pool);
+    s->q_dim = (size_t)c->n_heads * c->head_dim;
+    s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+    size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * max_ctx * s->kv_dim;
+    struct { float **p; size_t n; } arrays[] = {
+        {&s->k_cache, kv}, {&s->v_cache, kv},
+        {&s->x, B * c->dim}, {&s->xb, B * c->dim}, {&s->xb2, B * c->dim},
+        {&s->q, B * s->q_dim}, {&s->k, B * s->kv_dim}, {&s->v, B * s->kv_dim},
+        {&s->att, B * s->q_dim}, {&s->hb, B * c->hidden_dim}, {&s->hb2, B * c->hidden_dim},
+        {&s->scores, (size_t)s->n_threads * max_ctx},
+        {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
+    };
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
+        *arrays[i].p = loip_aligned_alloc(arrays[i].n * sizeof(float));
+        if (!*arrays[i].p) {
+            loip_session_free(s);
+            return loip_fail(LOIP_ENOMEM, "session: cannot allocate %zu bytes (context %d, batch %d)",
+                             arrays[i].n * sizeof(float), max_ctx, max_batch);
+        }
+        memset(*arrays[i].p, 0, arrays[i].n * sizeof(float));
+    }
+    *out = s;
+    return LOIP_OK;
+}
+
+LOIP_API void loip_session_free(loip_session *s) {
+    if (!s) return;
+    float *arrays[] = {s->k_cache, s->v_cache, s->x, s->xb, s->xb2, s->q, s->k, s->v,
+                       s->att, s->hb, s->hb2, s->scores, s->rope_cos, s->rope_sin};
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
+    free(s);
+}
+
+LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) {
+    return 2ull * (uint64_t)s->m->cfg.n_layers * (uint64_t)s->max_ctx * s->kv_dim * sizeof(float);
+}
+
+/* ---- per-token pieces, each a pool task ------------------------------------------------ */
+
+typedef struct {
+    loip_session *s;
+    const loip_tensor *w; /* norm weight */
+    const float *in;      /* (n, dim) */
+    float *out;           /* (n, dim) */
+    const float *add;     /* NULL, or (n, dim) added to in first: in += add (residual) */
+    int n, layer, pos;
+} step_job;
+
+/* in += add (the residual), then out = rmsnorm(in) * w, for this thread's tokens. */
+static void norm_task(void *p, int ith, int nth) {
+    step_job *j = p;
+    const loip_kernels *k = loip_kernels_current();
+    int dim = j->s->m->cfg.dim;
+    size_t b, e;
+    loip_split((size_t)j->n, 1, ith, nth, &b, &e);
+    for (size_t t = b; t < e; t++) {
+        float *x = (float *)j->in + t * dim;
+        if (j->add)
+            for (int i = 0; i < dim; i++) x[i] += j->add[t * dim + i];
+        if (j->out) k->rmsnorm(j->out + t * dim, x, j->w->data, j->w->dtype, (size_t)dim, j->s->m->cfg.norm_eps);
+    }
+}
+
+static void rotate(float *v, int head_dim, int layout, const float *cs, const float *sn) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        int a = layout == LOIP_ROPE_INTERLEAVED ? 2 * i : i;
+        int b = layout == LOIP_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+        float v0 = v[a], v1 = v[b];
+        v[a] = v0 * cs[i] - v1 * sn[i];
+        v[b] = v0 * sn[i] + v1 * cs[i];
+    }
+}
+
+static void add_bias(float *y, const loip_tensor *b, size_t n) {
+    if (!b->data) return;
+    for (size_t i = 0; i < n; i++) {
+        switch (b->dtype) {
+        case LOIP_F32: y[i] += ((const float *)b->data)[i]; break;
+        case LOIP_BF16: y[i] += loip_bf16_to_f32(((const uint16_t *)b->data)[i]); break;
+        default: y[i] += loip_f16_to_f32(((const uint16_t *)b->data)[i]); break;
+        }
+    }
+}
+
+/* After the q/k/v products: biases, q/k norms, RoPE, and the k/v rows into the cache. */
+static void qkv_post_task(void *p, int ith, int nth) {
+    step_job *j = p;
+    loip_session *s = j->s;
+    const loip_model *m = s->m;
+    const loip_model_config *c = &m->cfg;
+    const loip_kernels *k = loip_kernels_current();
+    int hd = c->head_dim, half = hd / 2;
+    size_t b, e;
+    loip_split((size_t)j->n, 1, ith, nth, &b, &e);
+    for (size_t t = b; t < e; t++) {
+        float *q = s->q + t * s->q_dim, *kk = s->k + t * s->kv_dim, *vv = s->v + t * s->kv_dim;
+        add_bias(q, loip_layer_w(m, j->layer, LOIP_W_BQ), s->q_dim);
+        add_bias(kk, loip_layer_w(m, j->layer, LOIP_W_BK), s->kv_dim);
+        add_bias(vv, loip_layer_w(m, j->layer, LOIP_W_BV), s->kv_dim);
+        const float *cs = s->rope_cos + t * half, *sn = s->rope_sin + t * half;
+        const loip_tensor *qn = loip_layer_w(m, j->layer, LOIP_W_Q_NORM);
+        const loip_tensor *kn = loip_layer_w(m, j->layer, LOIP_W_K_NORM);
+        for (int h = 0; h < c->n_heads; h++) {
+            float *v = q + (size_t)h * hd;
+            if (c->qk_norm) k->rmsnorm(v, v, qn->data, qn->dtype, (size_t)hd, c->norm_eps);
+            rotate(v, hd, c->rope_layout, cs, sn);
+        }
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            float *v = kk + (size_t)h * hd;
+            if (c->qk_norm) k->rmsnorm(v, v, kn->data, kn->dtype, (size_t)hd, c->norm_eps);
+            rotate(v, hd, c->rope_layout, cs, sn);
+        }
+        size_t row = ((size_t)j->layer * s->max_ctx + (size_t)(j->pos + (int)t)) * s->kv_dim;
+        memcpy(s->k_cache + row, kk, s->kv_dim * sizeof(float));
+        memcpy(s->v_cache + row, vv, s->kv_dim * sizeof(float));
+    }
+}
+
+/* Causal grouped-query attention: one work item per (token, head); token t attends to
+ * positions 0..pos+t of the cache. Softmax in fp32 as run.c does. */
+static void attention_task(void *p, int ith, int nth) {
+    step_job *j = p;
+    loip_session *s = j->s;
+    const loip_model_config *c = &s->m->cfg;
+    const loip_kernels *k = loip_kernels_current();
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    float *scores = s->scores + (size_t)ith * s->max_ctx;
+    const float scale = sqrtf((float)hd);
+    const float *kc = s->k_cache + (size_t)j->layer * s->max_ctx * s->kv_dim;
+    const float *vc = s->v_cache + (size_t)j->layer * s->max_ctx * s->kv_dim;
+    size_t b, e;
+    loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
+    for (size_t item = b; item < e; item++) {
+        size_t t = item / c->n_heads;
+        int h = (int)(item % c->n_heads), kvh = h / group, last = j->pos + (int)t;
+        const float *q = s->q + t * s->q_dim + (size_t)h * hd;
+        float maxv = -INFINITY;
+        for (int pp = 0; pp <= last; pp++) {
+            float sc = k->dot_f32(q, kc + (size_t)pp * s->kv_dim + (size_t)kvh * hd, (size_t)hd) / scale;
+            scores[pp] = sc;
+            if (sc > maxv) maxv = sc;
+        }
+        float sum = 0.0f;
+        for (int pp = 0; pp <= last; pp++) {
+            scores[pp] = expf(scores[pp] - maxv);
+            sum += scores[pp];
+        }
+        float *o = s->att + t * s->q_dim + (size_t)h * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        for (int pp = 0; pp <= last; pp++)
+            k->axpy_f32(o, scores[pp] / sum, vc + (size_t)pp * s->kv_dim + (size_t)kvh * hd, (size_t)hd);
+    }
+}
+
+/* hb = silu(hb) * hb2, as run.c computes it. */
+static void swiglu_task(void *p, int ith, int nth) {
+    step_job *j = p;
+    size_t total = (size_t)j->n * j->s->m->cfg.hidden_dim, b, e;
+    loip_split(total, 16, ith, nth, &b, &e);
+    float *hb = j->s->hb, *hb2 = j->s->hb2;
+    for (size_t i = b; i < e; i++) {
+        float v = hb[i];
+        v *= 1.0f / (1.0f + expf(-v));
+        hb[i] = v * hb2[i];
+    }
+}
+
+static loip_linear_job linear(const loip_tensor *w, const float *x, float *y, int n) {
+    return (loip_linear_job){.W = w->data, .dtype = w->dtype, .x = x, .y = y, .n = (size_t)n,
+                             .rows = (size_t)w->shape[0], .cols = (size_t)w->shape[1]};
+}
+
+/* ---- public entry points ----------------------------------------------------------------- */
+
+static int check_batch(const loip_session *s, int32_t n, int32_t pos) {
+    if (n <= 0 || n > s->max_batch)
+        return loip_fail(LOIP_EINVAL, "forward: %d tokens at once (batch limit %d)", n, s->max_batch);
+    if (pos < 0 || pos + n > s->max_ctx)
+        return loip_fail(LOIP_ERANGE, "forward: positions %d..%d past the context of %d tokens",
+                         pos, pos + n - 1, s->max_ctx);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
+    const loip_model_config *c = &s->m->cfg;
+    const loip_tensor *E = &s->m->global[LOIP_W_EMBED];
+    if (!E->data) return loip_fail(LOIP_ESTATE, "weight embed is not bound");
+    for (int32_t t = 0; t < n; t++) {
+        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
+            return loip_fail(LOIP_EINVAL, "embed: token id %d out of range [0, %d)", tokens[t], c->vocab_size);
+        size_t off = (size_t)tokens[t] * c->dim;
+        size_t es = (size_t)loip_dtype_size(E->dtype);
+        int rc = loip_convert(hidden + (size_t)t * c->dim, LOIP_F32, (const char *)E->data + off * es,
+                              E->dtype, (uint64_t)c->dim);
+        if (rc) return rc;
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                 int32_t n, int32_t pos) {
+    const loip_model *m = s->m;
+    const loip_model_config *c = &m->cfg;
+    int rc = check_batch(s, n, pos);
+    if (rc) return rc;
+    if ((rc = loip_model_check(m, first, last))) return rc;
+    int half = c->head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            float val = (float)(pos + t) * m->inv_freq[i];
+            s->rope_cos[t * half + i] = cosf(val);
+            s->rope_sin[t * half + i] = sinf(val);
+        }
+    step_job j = {.s = s, .n = n, .pos = pos};
+    for (int l = first; l < last; l++) {
+        j.layer = l;
+        /* attention: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att */
+        j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
+        j.in = hidden, j.out = s->xb, j.add = NULL;
+        loip_pool_run(s->pool, norm_task, &j);
+        loip_linear_job qkv[4] = {linear(loip_layer_w(m, l, LOIP_W_WQ), s->xb, s->q, n),
+                                  linear(loip_layer_w(m, l, LOIP_W_WK), s->xb, s->k, n),
+                                  linear(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
+        loip_linear_run(s->pool, qkv);
+        loip_pool_run(s->pool, qkv_post_task, &j);
+        loip_pool_run(s->pool, attention_task, &j);
+        loip_linear_job wo[2] = {linear(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
+        loip_linear_run(s->pool, wo);
+        /* MLP: x += xb2; xb = norm(x); hb = silu(gate . xb) * (up . xb); x += down . hb */
+        j.w = loip_layer_w(m, l, LOIP_W_FFN_NORM);
+        j.in = hidden, j.out = s->xb, j.add = s->xb2;
+        loip_pool_run(s->pool, norm_task, &j);
+        loip_linear_job gu[3] = {linear(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
+                                 linear(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
+        loip_linear_run(s->pool, gu);
+        loip_pool_run(s->pool, swiglu_task, &j);
+        loip_linear_job down[2] = {linear(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
+        loip_linear_run(s->pool, down);
+        j.out = NULL, j.add = s->xb2;
+        loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
+                               int32_t mode) {
+    const loip_model *m = s->m;
+    const loip_model_config *c = &m->cfg;
+    if (mode == LOIP_LOGITS_NONE) return LOIP_OK;
+    if (mode != LOIP_LOGITS_LAST && mode != LOIP_LOGITS_ALL)
+        return loip_fail(LOIP_EINVAL, "head: unknown logits mode %d", mode);
+    if (n <= 0 || n > s->max_batch)
+        return loip_fail(LOIP_EINVAL, "head: %d tokens at once (batch limit %d)", n, s->max_batch);
+    const loip_tensor *W = c->tied_embeddings ? &m->global[LOIP_W_EMBED] : &m->global[LOIP_W_LM_HEAD];
+    const loip_tensor *norm = &m->global[LOIP_W_OUTPUT_NORM];
+    if (!W->data || !norm->data)
+        return loip_fail(LOIP_ESTATE, "weight %s is not bound", !norm->data ? "output_norm" :
+                         c->tied_embeddings ? "embed" : "lm_head");
+    int first = mode == LOIP_LOGITS_LAST ? n - 1 : 0, count = n - first;
+    step_job j = {.s = s, .n = count, .w = norm, .in = hidden + (size_t)first * c->dim, .out = s->xb};
+    loip_pool_run(s->pool, norm_task, &j);
+    loip_linear_job head[2] = {linear(W, s->xb, logits, count), {0}};
+    loip_linear_run(s->pool, head);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_t n, int32_t pos,
+                                  float *logits, int32_t mode) {
+    int rc = check_batch(s, n, pos);
+    if (rc) return rc;
+    if ((rc = loip_session_embed(s, tokens, n, s->x))) return rc;
+    if ((rc = loip_session_layers(s, 0, s->m->cfg.n_layers, s->x, n, pos))) return rc;
+    return loip_session_head(s, s->x, n, logits, mode);
+}

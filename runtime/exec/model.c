@@ -1,0 +1,186 @@
+/* The model: its configuration, the RoPE frequency table, and the weight views Lua binds. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "exec/model.h"
+
+static const char *const weight_names[LOIP_W_COUNT] = {
+    "embed", "output_norm", "lm_head", "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv",
+    "q_norm", "k_norm", "ffn_norm", "gate", "up", "down",
+};
+
+const char *loip_weight_name(int which) {
+    return which >= 0 && which < LOIP_W_COUNT ? weight_names[which] : "?";
+}
+
+/* Inverse frequencies, computed in float as llama2.c and transformers do; Llama 3's
+ * frequency-dependent rescaling (transformers' _compute_llama3_parameters) when asked. */
+static void rope_table(const loip_model_config *c, float *inv_freq) {
+    int half = c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float f = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+        if (c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
+            double old_ctx = c->rope_original_max_pos;
+            double low_wavelen = old_ctx / c->rope_low_freq_factor;
+            double high_wavelen = old_ctx / c->rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = (float)(f / c->rope_factor);
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (old_ctx / wavelen - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (float)((1.0 - smooth) * f / c->rope_factor + smooth * f);
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+static int check_config(const loip_model_config *c) {
+#define POS(field)                                                                             \
+    if (c->field <= 0) return loip_fail(LOIP_EINVAL, "model config: " #field " must be positive, got %d", (int)c->field)
+    POS(dim);
+    POS(hidden_dim);
+    POS(n_layers);
+    POS(n_heads);
+    POS(n_kv_heads);
+    POS(head_dim);
+    POS(vocab_size);
+    POS(max_seq);
+#undef POS
+    if (c->n_heads % c->n_kv_heads)
+        return loip_fail(LOIP_EINVAL, "model config: n_heads (%d) is not a multiple of n_kv_heads (%d)",
+                         c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2)
+        return loip_fail(LOIP_EINVAL, "model config: head_dim (%d) must be even for RoPE", c->head_dim);
+    if (!(c->norm_eps > 0) || !(c->rope_theta > 0))
+        return loip_fail(LOIP_EINVAL, "model config: norm_eps and rope_theta must be positive");
+    if (c->rope_layout != LOIP_ROPE_INTERLEAVED && c->rope_layout != LOIP_ROPE_HALF)
+        return loip_fail(LOIP_EINVAL, "model config: unknown rope_layout %d", c->rope_layout);
+    if (c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
+        if (!(c->rope_factor > 0) || !(c->rope_low_freq_factor > 0) ||
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_original_max_pos <= 0)
+            return loip_fail(LOIP_EINVAL, "model config: llama3 rope scaling needs factor > 0, "
+                                          "high_freq_factor > low_freq_factor > 0 and "
+                                          "original_max_position_embeddings > 0");
+    } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
+        return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
+    *out = NULL;
+    int rc = check_config(cfg);
+    if (rc) return rc;
+    loip_model *m = calloc(1, sizeof *m);
+    if (!m) return loip_fail(LOIP_ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    m->layers = calloc((size_t)cfg->n_layers * LOIP_W_COUNT, sizeof(loip_tensor));
+    m->inv_freq = calloc((size_t)cfg->head_dim / 2, sizeof(float));
+    if (!m->layers || !m->inv_freq) {
+        loip_model_free(m);
+        return loip_fail(LOIP_ENOMEM, "model: out of memory");
+    }
+    rope_table(cfg, m->inv_freq);
+    *out = m;
+    return LOIP_OK;
+}
+
+LOIP_API void loip_model_free(loip_model *m) {
+    if (!m) return;
+    free(m->layers);
+    free(m->inv_freq);
+    free(m);
+}
+
+/* Expected shape of a weight: rows, cols (cols = 0 for a vector). */
+static void expected_shape(const loip_model_config *c, int which, int64_t *rows, int64_t *cols) {
+    int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    *cols = 0;
+    switch (which) {
+    case LOIP_W_EMBED: case LOIP_W_LM_HEAD: *rows = c->vocab_size; *cols = c->dim; break;
+    case LOIP_W_OUTPUT_NORM: case LOIP_W_ATTN_NORM: case LOIP_W_FFN_NORM: *rows = c->dim; break;
+    case LOIP_W_WQ: *rows = q; *cols = c->dim; break;
+    case LOIP_W_WK: case LOIP_W_WV: *rows = kv; *cols = c->dim; break;
+    case LOIP_W_WO: *rows = c->dim; *cols = q; break;
+    case LOIP_W_BQ: *rows = q; break;
+    case LOIP_W_BK: case LOIP_W_BV: *rows = kv; break;
+    case LOIP_W_Q_NORM: case LOIP_W_K_NORM: *rows = c->head_dim; break;
+    case LOIP_W_GATE: case LOIP_W_UP: *rows = c->hidden_dim; *cols = c->dim; break;
+    case LOIP_W_DOWN: *rows = c->dim; *cols = c->hidden_dim; break;
+    default: *rows = 0; break;
+    }
+}
+
+static int is_global(int which) { return which <= LOIP_W_LM_HEAD; }
+
+LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const loip_tensor *t) {
+    if (which < 0 || which >= LOIP_W_COUNT)
+        return loip_fail(LOIP_EINVAL, "bind: unknown weight kind %d", which);
+    const char *name = loip_weight_name(which);
+    if (is_global(which) ? layer != -1 : (layer < 0 || layer >= m->cfg.n_layers))
+        return loip_fail(LOIP_EINVAL, "bind %s: layer %d out of range", name, layer);
+    if (!t->data) return loip_fail(LOIP_EINVAL, "bind %s: no data", name);
+    if (t->dtype != LOIP_F32 && t->dtype != LOIP_BF16 && t->dtype != LOIP_F16)
+        return loip_fail(LOIP_ESHAPE, "%s: dtype %d not supported (F32, BF16, F16)", name, t->dtype);
+    int64_t rows, cols;
+    expected_shape(&m->cfg, which, &rows, &cols);
+    int want_ndim = cols ? 2 : 1;
+    if (t->ndim != want_ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
+        char got[96];
+        int k = snprintf(got, sizeof got, "[");
+        for (int i = 0; i < t->ndim && i < 4 && k < 80; i++)
+            k += snprintf(got + k, sizeof got - (size_t)k, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+        snprintf(got + k, sizeof got - (size_t)k, "]");
+        if (cols)
+            return loip_fail(LOIP_ESHAPE, "%s: shape %s, expected [%lld, %lld]", name, got,
+                             (long long)rows, (long long)cols);
+        return loip_fail(LOIP_ESHAPE, "%s: shape %s, expected [%lld]", name, got, (long long)rows);
+    }
+    loip_tensor *slot = is_global(which) ? &m->global[which] : &m->layers[(size_t)layer * LOIP_W_COUNT + which];
+    *slot = *t;
+    return LOIP_OK;
+}
+
+static int required(const loip_model_config *c, int which) {
+    switch (which) {
+    case LOIP_W_BQ: case LOIP_W_BK: case LOIP_W_BV: return c->qkv_bias;
+    case LOIP_W_Q_NORM: case LOIP_W_K_NORM: return c->qk_norm;
+    case LOIP_W_LM_HEAD: return !c->tied_embeddings;
+    default: return 1;
+    }
+}
+
+LOIP_API int loip_model_check(const loip_model *m, int32_t first, int32_t last) {
+    if (first < 0 || last > m->cfg.n_layers || first > last)
+        return loip_fail(LOIP_EINVAL, "model check: layer range [%d, %d) invalid for %d layers",
+                         first, last, m->cfg.n_layers);
+    for (int w = 0; w <= LOIP_W_LM_HEAD; w++)
+        if (required(&m->cfg, w) && !m->global[w].data)
+            return loip_fail(LOIP_ESTATE, "weight %s is not bound", loip_weight_name(w));
+    for (int l = first; l < last; l++)
+        for (int w = LOIP_W_ATTN_NORM; w < LOIP_W_COUNT; w++)
+            if (required(&m->cfg, w) && !m->layers[(size_t)l * LOIP_W_COUNT + w].data)
+                return loip_fail(LOIP_ESTATE, "weight %s of layer %d is not bound",
+                                 loip_weight_name(w), l);
+    return LOIP_OK;
+}
+
+static uint64_t tensor_bytes(const loip_tensor *t) {
+    if (!t->data) return 0;
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
+    return n * (uint64_t)loip_dtype_size(t->dtype);
+}
+
+LOIP_API uint64_t loip_model_weight_bytes(const loip_model *m) {
+    uint64_t total = 0;
+    for (int w = 0; w <= LOIP_W_LM_HEAD; w++) total += tensor_bytes(&m->global[w]);
+    for (size_t i = 0; i < (size_t)m->cfg.n_layers * LOIP_W_COUNT; i++)
+        total += tensor_bytes(&m->layers[i]);
+    return total;
+}

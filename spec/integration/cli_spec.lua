@@ -1,0 +1,123 @@
+-- The loip command as a user types it.
+local json = require "loip.json"
+local T = require "spec.support"
+
+local loip = T.loip
+local MODEL = T.root .. "/models/stories260K"
+local greedy = assert(json.load(T.root .. "/models/stories260K/reference/greedy.json"))
+
+local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+describe("loip generate", function()
+  after_each(function() T.cleanup() end)
+
+  it("prints the prompt and run.c's greedy continuation, nothing else", function()
+    local c = greedy.cases[2] -- "Once upon a time", 200 positions
+    local n = greedy.steps - #c.prompt_ids + 1
+    local rc, out, err = T.run(string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens %d",
+      loip, MODEL, q(c.prompt), n))
+    assert.are.equal(0, rc, err)
+    assert.are.equal(c.output_text .. "\n", out)
+  end)
+
+  it("prints one JSON object with --json", function()
+    local rc, out, err = T.run(string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens 20 --json",
+      loip, MODEL, q("The little dog")))
+    assert.are.equal(0, rc, err)
+    local r = assert(json.decode(out))
+    assert.are.equal("The little dog", r.prompt)
+    assert.are.equal(20, #r.token_ids)
+    assert.are.same(greedy.cases[3].prompt_ids, r.prompt_ids)
+    assert.are.equal(#greedy.cases[3].prompt_ids, r.prompt_tokens)
+    assert.are.same({ unpack(greedy.cases[3].generated_ids, 1, 20) }, r.token_ids)
+    assert.is_true(greedy.cases[3].output_text:find(r.prompt .. r.text, 1, true) == 1)
+    assert.is_number(r.prefill_ms)
+    assert.is_number(r.decode_ms_per_token)
+  end)
+
+  it("reproduces a seeded sampled run", function()
+    local cmd = string.format("%s generate --model %s --prompt Hi --temperature 1 --top-p 0.9 --seed 7 --max-tokens 30 --json", loip, MODEL)
+    local _, a = T.run(cmd)
+    local _, b = T.run(cmd)
+    assert.are.same(json.decode(a).token_ids, json.decode(b).token_ids)
+  end)
+
+  it("documents every flag in --help", function()
+    local rc, out = T.run(loip .. " generate --help")
+    assert.are.equal(0, rc)
+    for _, f in ipairs({ "--model", "--prompt", "--max-tokens", "--temperature", "--seed", "--threads", "--json" }) do
+      assert.matches(f, out, 1, true)
+    end
+  end)
+
+  it("exits 2 with the flag named on a usage error", function()
+    local rc, out, err = T.run(loip .. " generate --model " .. MODEL .. " --temperature hot")
+    assert.are.equal(2, rc)
+    assert.are.equal("", out)
+    assert.matches("--temperature: 'hot' is not a valid number", err, 1, true)
+    rc, _, err = T.run(loip .. " generate --prompt x")
+    assert.are.equal(2, rc)
+    assert.matches("--model is required", err, 1, true)
+    rc, _, err = T.run(loip .. " generate --bogus")
+    assert.are.equal(2, rc)
+    assert.matches("unknown flag --bogus", err, 1, true)
+  end)
+
+  it("exits 1 naming the file when the model is bad, printing nothing on stdout", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/config.json", '{"architectures": ["LlamaForCausalLM"]}')
+    local rc, out, err = T.run(loip .. " generate --model " .. dir .. " --prompt x")
+    assert.are.equal(1, rc)
+    assert.are.equal("", out)
+    assert.matches(dir .. "/config.json: field 'hidden_size' is missing", err, 1, true)
+  end)
+end)
+
+describe("loip run", function()
+  after_each(function() T.cleanup() end)
+
+  it("runs a script with loip available and arg set as luajit sets it", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/s.lua", 'local loip = require "loip"; print(arg[0], arg[1], arg[2], select("#", ...), loip.abi)')
+    local rc, out, err = T.run(loip .. " run " .. dir .. "/s.lua a b")
+    assert.are.equal(0, rc, err)
+    assert.are.equal(dir .. "/s.lua\ta\tb\t2\t" .. require("loip").abi .. "\n", out)
+  end)
+end)
+
+describe("loip synth", function()
+  after_each(function() T.cleanup() end)
+
+  it("writes a loadable, deterministic model with a named model's shapes", function()
+    local dir = T.tmpdir()
+    local cmd = "LOIP_QUIET=1 %s synth --like qwen3-0.6b --layers 2 --dim 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 256 --vocab 400 --dtype bf16 --shard-size 200K %s"
+    local rc, _, err = T.run(string.format(cmd, loip, dir .. "/a"))
+    assert.are.equal(0, rc, err)
+    rc = T.run(string.format(cmd, loip, dir .. "/b"))
+    assert.are.equal(0, rc)
+    assert.is_true(T.exists(dir .. "/a/model.safetensors.index.json"), "sharded")
+    local cfg = json.load(dir .. "/a/config.json")
+    assert.are.equal("Qwen3ForCausalLM", cfg.architectures[1])
+    local ls = io.popen("cd " .. dir .. "/a && ls *.safetensors"):read("*a")
+    for f in ls:gmatch("%S+") do
+      assert.is_true(T.read(dir .. "/a/" .. f) == T.read(dir .. "/b/" .. f), f .. " differs between runs")
+    end
+    local r = select(2, T.run(loip .. " generate --model " .. dir .. "/a --prompt 'hello world' --temperature 0 --max-tokens 5 --json"))
+    assert.are.equal(5, #json.decode(r).token_ids)
+  end)
+
+  it("refuses to overwrite a model without --force", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/config.json", "{}")
+    local rc, _, err = T.run(loip .. " synth --like llama-3.2-1b " .. dir)
+    assert.are.equal(1, rc)
+    assert.matches("already holds a model", err, 1, true)
+  end)
+
+  it("knows the shapes the benchmarks use", function()
+    local _, out = T.run(loip .. " synth --list")
+    for _, n in ipairs({ "llama-3.2-1b", "llama-3.1-8b", "llama-2-13b", "qwen3-0.6b", "qwen3-32b", "llama-3.3-70b" }) do
+      assert.matches(n, out, 1, true)
+    end
+  end)
+end)

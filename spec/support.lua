@@ -1,0 +1,118 @@
+-- Shared helpers for the specs: where the reference data lives, temp dirs, float files.
+local ffi = require "ffi"
+
+local M = {}
+
+M.root = os.getenv("LOIP_REPO") or "."
+-- ../shared holds data that is not shipped in the repo; specs that need it skip without it.
+M.shared = os.getenv("LOIP_SHARED_DIR") or (M.root .. "/../shared")
+
+function M.exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+function M.shared_path(rel)
+  local p = M.shared .. "/" .. rel
+  if M.exists(p) then return p end
+  return nil, "needs ../shared (" .. p .. " not found): reference data absent in this checkout"
+end
+
+function M.read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+function M.write(path, data)
+  local f = assert(io.open(path, "wb"))
+  f:write(data)
+  f:close()
+end
+
+-- A fresh temporary directory, removed by M.cleanup().
+local made = {}
+function M.tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  assert(os.execute("mkdir -p '" .. p .. "'") == 0)
+  made[#made + 1] = p
+  return p
+end
+
+function M.cleanup()
+  for _, p in ipairs(made) do os.execute("rm -rf '" .. p .. "'") end
+  made = {}
+end
+
+-- float32 file -> cdata float array (kept alive by the returned string) and count.
+function M.read_f32(path)
+  local s = M.read(path)
+  return ffi.cast("const float *", s), #s / 4, s
+end
+
+function M.max_abs_diff(a, b, n)
+  local m = 0
+  for i = 0, n - 1 do
+    local d = math.abs(a[i] - b[i])
+    if d ~= d then return math.huge end
+    if d > m then m = d end
+  end
+  return m
+end
+
+-- Number of 32-bit words that differ between two arrays (0: bit-identical).
+function M.bit_diffs(a, b, n)
+  local x, y = ffi.cast("const uint32_t *", a), ffi.cast("const uint32_t *", b)
+  local d = 0
+  for i = 0, n - 1 do if x[i] ~= y[i] then d = d + 1 end end
+  return d
+end
+
+-- Run a shell command; returns exit code, stdout, stderr.
+function M.run(cmd)
+  local out, err = os.tmpname(), os.tmpname()
+  local rc = os.execute(cmd .. " >" .. out .. " 2>" .. err)
+  local o, e = M.read(out), M.read(err)
+  os.remove(out)
+  os.remove(err)
+  if rc > 255 then rc = math.floor(rc / 256) end -- LuaJIT returns the raw wait status
+  return rc, o, e
+end
+
+-- The loip binary that runs these specs.
+M.loip = os.getenv("LOIP_BIN") or (M.root .. "/build/loip")
+
+function M.u64le(n)
+  local b = {}
+  for i = 1, 8 do b[i] = string.char(n % 256) n = math.floor(n / 256) end
+  return table.concat(b)
+end
+
+-- A safetensors file from { name = { dtype=, shape=, data= (bytes) [, offsets=] } }.
+function M.safetensors(path, tensors, opts)
+  opts = opts or {}
+  local cjson = require "cjson"
+  local header, blobs, off = {}, {}, 0
+  local names = {}
+  for name in pairs(tensors) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local t = tensors[name]
+    header[name] = { dtype = t.dtype, shape = t.shape, data_offsets = t.offsets or { off, off + #t.data } }
+    blobs[#blobs + 1] = t.data
+    off = off + #t.data
+  end
+  local h = opts.header or cjson.encode(header)
+  M.write(path, M.u64le(opts.header_len or #h) .. h .. table.concat(blobs))
+end
+
+function M.f32_bytes(values)
+  local n = #values
+  local a = ffi.new("float[?]", n, values)
+  return ffi.string(a, n * 4)
+end
+
+return M

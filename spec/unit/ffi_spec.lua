@@ -1,0 +1,41 @@
+-- The FFI surface: the handshake, and struct layouts as C and LuaJIT see them.
+local ffi = require "ffi"
+local loip = require "loip"
+local T = require "spec.support"
+
+describe("the FFI surface", function()
+  it("agrees on the ABI version", function()
+    assert.are.equal(tonumber(loip.C.LOIP_ABI_VERSION), loip.C.loip_abi_version())
+  end)
+
+  it("lays out every struct Lua touches as the C compiler does", function()
+    local structs = {
+      loip_cpu_info = { "n_cpus", "has_cuda" },
+      loip_model_config = { "dim", "norm_eps", "rope_theta", "rope_layout", "rope_factor",
+        "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings" },
+      loip_tensor = { "data", "dtype", "ndim", "shape" },
+      loip_sampler_params = { "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalty_last_n" },
+    }
+    for name, fields in pairs(structs) do
+      assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)
+      for _, f in ipairs(fields) do
+        assert.are.equal(ffi.offsetof(name, f), tonumber(loip.C.loip_layout(name, f)), name .. "." .. f)
+      end
+    end
+  end)
+
+  it("declares exactly what loip.h declares (generated, not hand-copied)", function()
+    local header = T.read(T.root .. "/runtime/include/loip.h")
+    local region = header:match("/%* FFI%-BEGIN %*/(.-)/%* FFI%-END %*/")
+    assert.is_truthy(region)
+    local cdef = require "loip.cdef"
+    assert.are.equal(region:gsub("LOIP_API ", ""), cdef)
+  end)
+
+  it("reports errors through loip_last_error", function()
+    local out = ffi.new("loip_mapping *[1]")
+    local rc = loip.C.loip_mapping_open("/nonexistent/file", out)
+    assert.is_true(rc < 0)
+    assert.matches("/nonexistent/file", ffi.string(loip.C.loip_last_error()))
+  end)
+end)
