@@ -19,8 +19,11 @@
 #define AI static inline __attribute__((always_inline))
 #define EXPORT __attribute__((visibility("default")))
 
-/* matvec: rows per pass; memory-bound, one FMA chain per row and one x load shared by all. */
+/* matvec: rows per pass; memory-bound, one FMA chain per row and one x load shared by all.
+ * As in the AVX-512 variant, a software prefetch PF_BYTES ahead in every row (once per cache
+ * line) keeps enough misses in flight despite the widening uops. */
 #define MV_ROWS 4
+#define PF_BYTES 512
 /* matmul: a 2x4 tile holds 8 accumulators, 4 x chunks and one widened weight (13 of the 16
  * ymm registers); each widened weight feeds 4 FMAs, each x chunk 2. */
 #define MM_ROWS 2
@@ -74,8 +77,13 @@ AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
 
+    const size_t esz = dt == LOIP_KDT_F32 ? 4 : 2;
     size_t c = 0;
     for (; c + 8 <= cols; c += 8) {
+        if (T == 1 && ((c * esz) & 63) == 0) /* matvec only; matmul is not memory-bound */
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++)
+                _mm_prefetch((const char *)W + ((r + i) * cols + c) * esz + PF_BYTES, _MM_HINT_T0);
         __m256 xv[MM_TOKENS];
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) xv[j] = _mm256_loadu_ps(X + j * cols + c);
@@ -131,6 +139,7 @@ static void matvec_f16(float *y, const void *W, const float *x, size_t r0, size_
 /* ---- matmul ------------------------------------------------------------------------------- */
 
 /* A row tile against T (< MM_TOKENS) leftover tokens; the switch turns T back into a constant. */
+_Static_assert(MM_TOKENS == 4, "tile_rest covers 1..3 leftover tokens");
 AI void tile_rest(const int R, const int dt, int T, float *Y, size_t ldy, const void *W,
                   const float *X, size_t r, size_t cols) {
     switch (T) {

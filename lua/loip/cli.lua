@@ -115,6 +115,8 @@ commands.synth = {
     { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
     { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
     { "seed", "int", "random seed", default = 1 },
+    { "std", "number", "standard deviation of the random weights", default = 0.02,
+      check = function(v) return v >= 0, "must be >= 0" end },
     { "layers", "int", "override num_hidden_layers" },
     { "dim", "int", "override hidden_size" },
     { "ffn", "int", "override intermediate_size" },
@@ -143,7 +145,7 @@ end
 commands.test = {
   usage = "loip test [BUSTED ARGS...] [SPEC DIRS...]",
   summary = "Run busted specs under this LuaJIT with the runtime loaded (ctest calls this).",
-  flags = {}, stop_at_positional = true,
+  flags = {}, passthrough = true,
 }
 
 function commands.test.run(_, pos)

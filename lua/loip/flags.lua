@@ -31,6 +31,10 @@ function M.parse(spec, argv, first)
     if f.default ~= nil then opts[f[1]:gsub("-", "_")] = f.default end
   end
   local i = first or 1
+  if spec.passthrough then -- every argument belongs to what the command runs
+    for j = i, #argv do pos[#pos + 1] = argv[j] end
+    return opts, pos
+  end
   while i <= #argv do
     local a = argv[i]
     if a == "--" then

@@ -16,7 +16,7 @@ local C = core.C
 local M = {}
 
 local dtypes = { bf16 = { "BF16", C.LOIP_BF16, 2 }, f16 = { "F16", C.LOIP_F16, 2 }, f32 = { "F32", C.LOIP_F32, 4 } }
-local STD = 0.02
+local STD = 0.02 -- default weight scale (as initializer_range)
 local CHUNK = 16 * 1024 * 1024 -- elements per fill
 
 local function mkdir_p(dir)
@@ -51,12 +51,12 @@ function M.config(o)
   if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
   cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]
-  cfg.loip_synthetic = { like = o.like, seed = o.seed, std = STD }
+  cfg.loip_synthetic = { like = o.like, seed = o.seed, std = o.std or STD }
   return cfg
 end
 
 -- Tensors of the model: { name, shape, mean, std, numel }.
-local function tensor_plan(c)
+local function tensor_plan(c, std)
   local plan = {}
   for _, w in ipairs(hf.weight_list(c)) do
     local kind, name = w[2], w[3]
@@ -65,7 +65,7 @@ local function tensor_plan(c)
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
     plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = is_norm and 1 or 0,
-      std = is_norm and 0 or STD }
+      std = is_norm and 0 or std }
   end
   return plan
 end
@@ -139,7 +139,7 @@ function M.write(dir, o)
   local cm, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, c)
   if not cm then error("synth: " .. err, 0) end
   core.free(cm, C.loip_model_free)
-  local plan = tensor_plan(c)
+  local plan = tensor_plan(c, o.std or STD)
   local es = dt[3]
   local total = 0
   for _, t in ipairs(plan) do total = total + t.numel * es end
