@@ -10,6 +10,7 @@
  *
  * Weights are widened exactly to fp32 in registers: bf16 by zero-extension and a 16-bit shift
  * (vpmovzxwd + vpslld), f16 by vcvtph2ps. x stays fp32 throughout. */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 
@@ -19,22 +20,24 @@
 #define EXPORT __attribute__((visibility("default")))
 
 /* matvec: rows per pass. Memory-bound: each weight is read once, so the aims are enough
- * independent FMA chains (one per row), few x loads (one per chunk, shared by the rows) and
- * enough cache misses in flight. Widening bf16 costs ~3 uops per 32 bytes, so the out-of-order
- * window reaches only a few KB ahead of the loads and the hardware prefetchers (which stop at
- * 4 KB pages) leave the core short of misses: a software prefetch PF_BYTES ahead in every row,
- * once per cache line, raised bf16 4096x4096 from ~0.77 to ~0.9 of a plain streaming read on
- * Sapphire Rapids (8 rows vs 4: within noise, slightly ahead; L2 hint or 1-2 KB ahead: worse). */
+ * independent FMA chains (one per row), one x load per chunk shared by the rows, and enough
+ * cache misses in flight. Widening bf16 costs ~3 uops per 32 bytes, so the out-of-order window
+ * reaches only a few KB ahead and the hardware prefetchers (which stop at 4 KB pages) leave the
+ * core short of misses; a software prefetch PF_BYTES ahead in every row, once per cache line,
+ * took bf16 4096x4096 from ~0.77 to ~0.93 of a plain streaming read on Sapphire Rapids (8 rows
+ * vs 4: slightly ahead, within noise; L2 hint or 1.5 KB ahead: worse). */
 #define MV_ROWS 8
 #define PF_BYTES 512
 /* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (24 of the 32 zmm registers, plus the
- * tokens' x chunks and one widened weight). Compute-bound: each widened weight vector feeds
- * MM_TOKENS FMAs and each x chunk MM_ROWS, which pays the two widening uops of bf16 over six
- * FMAs. */
+ * tokens' x chunks and one widened weight). Each widened weight vector feeds MM_TOKENS FMAs and
+ * each x chunk MM_ROWS, which spreads bf16's two widening uops over six FMAs. (4x6 measured
+ * ahead of 4x4, 6x4, 5x4, 3x8 and 2x8 for bf16.) */
 #define MM_ROWS 4
 #define MM_TOKENS 6
-/* Tokens whose x rows are kept hot in L2 while all row tiles pass over them. */
-#define MM_X_BYTES (1u << 20)
+/* matmul cache blocking (see matmul_impl): columns per block (a multiple of 16) and rows per
+ * sweep. */
+#define MM_COLS 512
+#define MM_SWEEP 32
 
 /* 16 weights starting at element i, widened exactly to fp32. */
 AI __m512 widen16(const void *W, size_t i, int dt) {
@@ -52,24 +55,37 @@ AI __m512 widen16_mask(const void *W, size_t i, __mmask16 m, int dt) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* matvec's software prefetch: PF_BYTES ahead of byte `off` in row `row`; past that row's end,
+ * the same distance into the row `stride` rows on, which this stream reads next (the same row
+ * slot of the next tile). Without the wrap the first PF_BYTES of every row start cold, which
+ * cost short rows (bf16 8192x2048: 4 KB) ~6% of bandwidth. */
+AI void prefetch_ahead(const void *W, size_t row, size_t stride, size_t rowb, size_t off) {
+    const char *p = (const char *)W + row * rowb + off + PF_BYTES;
+    if (off + PF_BYTES >= rowb) p += (stride - 1) * rowb;
+    _mm_prefetch(p, _MM_HINT_T0);
+}
+
 /* The one micro-kernel behind matvec and matmul: Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for
- * i < R, j < T. R, T and dt are constants at every call site, so after inlining the arrays
- * below are registers and the dtype branches vanish. */
+ * i < R, j < T, over the columns [c0, c1). c0 is a multiple of 16; a tile that does not start at
+ * column 0 resumes the accumulators kept in `keep` (R*MM_TOKENS vectors, row-major), one that
+ * does not end at `cols` leaves them there instead of reducing, so splitting the columns into
+ * blocks pauses each FMA chain without reordering it. R, T and dt are constants at every call
+ * site, so after inlining the arrays below are registers and the dtype branches vanish. */
 AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const void *W,
-             const float *X, size_t r, size_t cols) {
+             const float *X, size_t r, size_t cols, size_t c0, size_t c1, __m512 *keep) {
     __m512 acc[MM_ROWS > MV_ROWS ? MM_ROWS : MV_ROWS][MM_TOKENS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < T; j++)
+            acc[i][j] = c0 == 0 ? _mm512_setzero_ps() : keep[i * MM_TOKENS + j];
 
     const size_t esz = dt == LOIP_KDT_F32 ? 4 : 2;
-    size_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
+    size_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
         if (T == 1 && ((c * esz) & 63) == 0) /* matvec only; matmul is not memory-bound */
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++)
-                _mm_prefetch((const char *)W + ((r + i) * cols + c) * esz + PF_BYTES, _MM_HINT_T0);
+            for (int i = 0; i < R; i++) prefetch_ahead(W, r + i, R, cols * esz, c * esz);
         __m512 xv[MM_TOKENS];
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) xv[j] = _mm512_loadu_ps(X + j * cols + c);
@@ -79,6 +95,13 @@ AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) acc[i][j] = _mm512_fmadd_ps(w, xv[j], acc[i][j]);
         }
+    }
+    if (c1 < cols) {
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) keep[i * MM_TOKENS + j] = acc[i][j];
+        return;
     }
     if (c < cols) {
         __mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
@@ -105,8 +128,9 @@ AI void tile(const int R, const int T, const int dt, float *Y, size_t ldy, const
 AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
                     size_t cols) {
     size_t r = r0;
-    for (; r + MV_ROWS <= r1; r += MV_ROWS) tile(MV_ROWS, 1, dt, y, 0, W, x, r, cols);
-    for (; r < r1; r++) tile(1, 1, dt, y, 0, W, x, r, cols);
+    for (; r + MV_ROWS <= r1; r += MV_ROWS)
+        tile(MV_ROWS, 1, dt, y, 0, W, x, r, cols, 0, cols, NULL);
+    for (; r < r1; r++) tile(1, 1, dt, y, 0, W, x, r, cols, 0, cols, NULL);
 }
 
 static void matvec_f32(float *y, const void *W, const float *x, size_t r0, size_t r1,
@@ -124,42 +148,48 @@ static void matvec_f16(float *y, const void *W, const float *x, size_t r0, size_
 
 /* ---- matmul ------------------------------------------------------------------------------- */
 
-/* A row tile against T (< MM_TOKENS) leftover tokens; the switch turns T back into a constant. */
-_Static_assert(MM_TOKENS == 6, "tile_rest covers 1..5 leftover tokens");
-AI void tile_rest(const int R, const int dt, int T, float *Y, size_t ldy, const void *W,
-                  const float *X, size_t r, size_t cols) {
+/* A row tile against T (<= MM_TOKENS) tokens; the switch turns T back into a constant. */
+_Static_assert(MM_TOKENS == 6, "tile_any covers 1..6 tokens");
+AI void tile_any(const int R, const int dt, size_t T, float *Y, size_t ldy, const void *W,
+                 const float *X, size_t r, size_t cols, size_t c0, size_t c1, __m512 *keep) {
     switch (T) {
-    case 1: tile(R, 1, dt, Y, ldy, W, X, r, cols); break;
-    case 2: tile(R, 2, dt, Y, ldy, W, X, r, cols); break;
-    case 3: tile(R, 3, dt, Y, ldy, W, X, r, cols); break;
-    case 4: tile(R, 4, dt, Y, ldy, W, X, r, cols); break;
-    case 5: tile(R, 5, dt, Y, ldy, W, X, r, cols); break;
-    default: break;
+    case 1: tile(R, 1, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    case 2: tile(R, 2, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    case 3: tile(R, 3, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    case 4: tile(R, 4, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    case 5: tile(R, 5, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    default: tile(R, 6, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
     }
 }
 
 /* Compute-bound: per 16 columns a 4x6 tile does 24 FMAs for 4 weight widenings (8 uops on the
- * FMA ports) and 10 loads, so its ceiling is ~75% of peak FMA throughput. Tokens go in groups
- * whose x rows fit MM_X_BYTES, and every row tile sweeps a whole group, so the group's x stays
- * in L2 and each weight is read from memory once per group. */
+ * FMA ports) and 10 loads, so its ceiling is ~75% of peak FMA throughput, provided its operands
+ * come from L1. Blocking, innermost first:
+ *  - MM_COLS columns of MM_TOKENS tokens' x (12 KB) stay in L1 while every row tile of a sweep
+ *    passes over them; the tiles' accumulators wait in `keep` (12 KB) between column blocks;
+ *  - MM_SWEEP rows of weights (256 KB of bf16 at 4096 columns) stay in L2 while all the tokens
+ *    pass over them, so each weight is read from memory once per call. */
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
-    size_t group = MM_X_BYTES / (cols * sizeof(float)) / MM_TOKENS * MM_TOKENS;
-    if (group < MM_TOKENS) group = MM_TOKENS;
-    for (size_t t0 = 0; t0 < n; t0 += group) {
-        size_t t1 = t0 + group < n ? t0 + group : n;
-        size_t r = r0;
-        for (; r + MM_ROWS <= r1; r += MM_ROWS) {
-            size_t t = t0;
-            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
-                tile(MM_ROWS, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
-            tile_rest(MM_ROWS, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
-        }
-        for (; r < r1; r++) {
-            size_t t = t0;
-            for (; t + MM_TOKENS <= t1; t += MM_TOKENS)
-                tile(1, MM_TOKENS, dt, Y + t * ldy, ldy, W, X + t * cols, r, cols);
-            tile_rest(1, dt, (int)(t1 - t), Y + t * ldy, ldy, W, X + t * cols, r, cols);
+    __m512 keep[MM_SWEEP * MM_TOKENS];
+    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
+        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+        for (size_t t = 0; t < n; t += MM_TOKENS) {
+            size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
+            float *Yt = Y + t * ldy;
+            const float *Xt = X + t * cols;
+            size_t c0 = 0;
+            do { /* at least once: cols == 0 still writes the zero sums, as matvec does */
+                size_t c1 = cols - c0 > MM_COLS ? c0 + MM_COLS : cols;
+                size_t r = rs;
+                for (; r + MM_ROWS <= re; r += MM_ROWS)
+                    tile_any(MM_ROWS, dt, T, Yt, ldy, W, Xt, r, cols, c0, c1,
+                             keep + (r - rs) * MM_TOKENS);
+                for (; r < re; r++)
+                    tile_any(1, dt, T, Yt, ldy, W, Xt, r, cols, c0, c1,
+                             keep + (r - rs) * MM_TOKENS);
+                c0 = c1;
+            } while (c0 < cols);
         }
     }
 }
@@ -200,10 +230,12 @@ static void axpy_f32(float *y, float a, const float *x, size_t n) {
     __m512 av = _mm512_set1_ps(a);
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+        _mm512_storeu_ps(y + i,
+                         _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 v = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        __m512 v = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
+                                   _mm512_maskz_loadu_ps(m, y + i));
         _mm512_mask_storeu_ps(y + i, m, v);
     }
 }
@@ -254,11 +286,20 @@ static const loip_kernels avx512 = {
     .rmsnorm = rmsnorm,
 };
 
+/* CPUID.1:ECX.F16C; asked directly because not every compiler's __builtin_cpu_supports
+ * knows "f16c". */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
+/* Called on any x86-64 CPU, so it (and has_f16c) must compile to no vector instructions even
+ * though this file is built for AVX-512; objdump shows none with gcc 12 -O2. */
 EXPORT const loip_kernels *loip_kernels_avx512(void) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("fma") ||
-        !__builtin_cpu_supports("f16c"))
+        !has_f16c())
         return NULL;
     return &avx512;
 }

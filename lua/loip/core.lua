@@ -23,7 +23,7 @@ local function load_library()
       tried[#tried + 1] = path .. " (" .. tostring(lib) .. ")"
     end
   end
-  error("loip: cannot load the runtime library; tried " .. table.concat(tried, ", ")
+  error("cannot load the runtime library; tried " .. table.concat(tried, ", ")
         .. ". Build it with cmake, or set LOIP_LIB to libloip.so", 0)
 end
 
@@ -34,8 +34,13 @@ M.C = C
 local lua_abi = tonumber(C.LOIP_ABI_VERSION)
 local lib_abi = C.loip_abi_version()
 if lib_abi ~= lua_abi then
-  error(string.format("loip: ABI mismatch: the Lua modules expect version %d but libloip is %d; "
+  error(string.format("ABI mismatch: the Lua modules expect version %d but libloip is %d; "
     .. "rebuild, or point LOIP_LIB/LOIP_LUA_DIR at the same build", lua_abi, lib_abi), 0)
+end
+
+local env_kernels = os.getenv("LOIP_KERNELS")
+if env_kernels and env_kernels ~= "" and C.loip_kernels_use(env_kernels) ~= 0 then
+  error("LOIP_KERNELS: " .. ffi.string(C.loip_last_error()), 0)
 end
 
 function M.last_error()

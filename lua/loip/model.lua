@@ -33,7 +33,9 @@ local function locate(path)
 end
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
--- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file).
+-- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file),
+-- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
+-- from the file mapping, which starts faster and shares the page cache).
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -48,7 +50,7 @@ function M.open(path, opts)
   local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg)
   if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
   if kind == "hf" then
-    keep = hf.bind_weights(file, cfg, m)
+    keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory" })
   else
     bind(m)
   end

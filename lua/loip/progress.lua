@@ -24,7 +24,7 @@ function M.new(total, label, opts)
   local tty = ffi.C.isatty(2) == 1
   local quiet = opts.quiet or os.getenv("LOIP_QUIET") == "1"
   return setmetatable({ total = math.max(total, 1), label = label, bytes = opts.bytes ~= false,
-    tty = tty, quiet = quiet, t0 = now(), last = 0, done = 0 }, Bar)
+    tty = tty, quiet = quiet, t0 = now(), last = tty and 0 or now(), done = 0 }, Bar)
 end
 
 function Bar:line()

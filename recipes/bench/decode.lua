@@ -72,13 +72,37 @@ for _, t in ipairs(thread_counts) do
   pools[t] = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, t)
 end
 
--- 1. memory read bandwidth
+-- Each measurement is paired with a probe pass run right before it, and the ratio is taken per
+-- pair: the host is shared, and its bandwidth drifts by 10-20% over seconds, which pairing
+-- cancels. Reported: the median of the pair ratios, and the medians of each side.
 local sum = ffi.new("double[1]")
+local function probe_pass(t)
+  local t0 = C.loip_now_ns()
+  C.loip_op_read_probe(pools[t], base, bytes, 1, sum)
+  return bytes / (tonumber(C.loip_now_ns() - t0) / 1e9) / 1e9
+end
+
+-- run() does one measured unit of work and returns the bytes of weights it streamed.
+local function paired(t, run, reps)
+  local ratios, gbs, probes, secs = {}, {}, {}, {}
+  for r = 1, reps do
+    local p = probe_pass(t)
+    local t0 = C.loip_now_ns()
+    local nbytes = run()
+    local sec = tonumber(C.loip_now_ns() - t0) / 1e9
+    probes[r], secs[r], gbs[r] = p, sec, nbytes / sec / 1e9
+    ratios[r] = gbs[r] / p
+  end
+  return { ratio = median(ratios), gbps = median(gbs), probe_gbps = median(probes), seconds = median(secs),
+    ratio_min = math.min(unpack(ratios)), ratio_max = math.max(unpack(ratios)) }
+end
+
 for _, t in ipairs(thread_counts) do
-  C.loip_op_read_probe(pools[t], base, bytes, 1, sum) -- warm (page faults, TLB)
-  local sec = timed(function() C.loip_op_read_probe(pools[t], base, bytes, 1, sum) end, o.repeats)
-  result.probe[tostring(t)] = bytes / sec / 1e9
-  log("probe, %d thread(s): %.2f GB/s", t, bytes / sec / 1e9)
+  probe_pass(t) -- warm (page faults, TLB)
+  local ps = {}
+  for r = 1, o.repeats do ps[r] = probe_pass(t) end
+  result.probe[tostring(t)] = median(ps)
+  log("probe, %d thread(s): %.2f GB/s (median of %d passes over %d MB)", t, median(ps), o.repeats, o.weights_mb)
 end
 
 -- 2. BF16 matvec, weights cycled through the whole buffer so that none stays in cache
@@ -94,18 +118,16 @@ for _, shape in ipairs({ { 4096, 4096 }, { 8192, 2048 } }) do
       for i = 0, count - 1 do
         C.loip_op_matvec(pools[t], C.LOIP_BF16, base + i * mbytes, x, y, rows, cols)
       end
+      return count * mbytes
     end
     pass()
-    local sec = timed(pass, o.repeats)
-    local gbps = count * mbytes / sec / 1e9
-    local key = string.format("%dx%d/%d", rows, cols, t)
-    result.matvec[key] = { gbps = gbps, ratio = gbps / result.probe[tostring(t)],
-      us_per_matvec = sec / count * 1e6 }
-    log("matvec bf16 %dx%d, %d thread(s): %.2f GB/s = %.1f%% of the probe", rows, cols, t, gbps,
-      100 * gbps / result.probe[tostring(t)])
+    local r = paired(t, pass, o.repeats)
+    r.us_per_matvec = r.seconds / count * 1e6
+    result.matvec[string.format("%dx%d/%d", rows, cols, t)] = r
+    log("matvec bf16 %dx%d, %d thread(s): %.2f GB/s, %.1f%% of the probe (pairs: %.0f-%.0f%%)", rows, cols, t,
+      r.gbps, 100 * r.ratio, 100 * r.ratio_min, 100 * r.ratio_max)
   end
 end
-core.free(buf, C.loip_buffer_free)
 
 -- 3. decode and prefill of a synthetic llama-3.2-1b
 if not json.exists(o.model .. "/config.json") then
@@ -115,34 +137,30 @@ end
 for _, t in ipairs(thread_counts) do
   local m = loip.model.open(o.model, { threads = t, context = 1024, batch = o.prefill })
   local model_bytes = m.weight_bytes
-  local prompt = {}
-  for i = 1, o.prefill do prompt[i] = 259 + (i * 37) % 1000 end
   local s = m:session()
   local ids = ffi.new("int32_t[?]", o.prefill)
-  for i = 1, o.prefill do ids[i - 1] = prompt[i] end
+  for i = 1, o.prefill do ids[i - 1] = 259 + (i * 37) % 1000 end
   local logits = ffi.new("float[?]", m.vocab_size)
   -- prefill: the whole prompt in one batch
   local pre = timed(function()
     core.check(C.loip_session_forward(s, ids, o.prefill, 0, logits, C.LOIP_LOGITS_LAST))
   end, math.max(2, math.floor(o.repeats / 2)))
-  -- decode: single tokens after the prompt, o.tokens steps per measurement
-  local steps = {}
-  for r = 1, o.repeats do
-    local t0 = C.loip_now_ns()
+  -- decode: o.tokens single-token steps after the prompt per measurement
+  local d = paired(t, function()
     for k = 0, o.tokens - 1 do
       core.check(C.loip_session_forward(s, ids + (k % o.prefill), 1, o.prefill + k, logits, C.LOIP_LOGITS_LAST))
     end
-    steps[r] = tonumber(C.loip_now_ns() - t0) / 1e6 / o.tokens
-  end
-  local ms = median(steps)
-  local gbps = model_bytes / (ms / 1e3) / 1e9
-  result.decode[tostring(t)] = { ms_per_token = ms, min_ms_per_token = math.min(unpack(steps)),
-    model_bytes = model_bytes, gbps = gbps, ratio = gbps / result.probe[tostring(t)] }
+    return model_bytes * o.tokens
+  end, o.repeats)
+  d.ms_per_token = d.seconds * 1e3 / o.tokens
+  d.model_bytes = model_bytes
+  result.decode[tostring(t)] = d
   result.prefill[tostring(t)] = { tokens = o.prefill, seconds = pre, tokens_per_s = o.prefill / pre }
-  log("decode, %d thread(s): %.1f ms/token, %.2f GB/s = %.1f%% of the probe; prefill %d tokens: %.1f tokens/s",
-    t, ms, gbps, 100 * gbps / result.probe[tostring(t)], o.prefill, o.prefill / pre)
+  log("decode, %d thread(s): %.1f ms/token, %.2f GB/s, %.1f%% of the probe (pairs: %.0f-%.0f%%); prefill %d tokens: %.1f tokens/s",
+    t, d.ms_per_token, d.gbps, 100 * d.ratio, 100 * d.ratio_min, 100 * d.ratio_max, o.prefill, o.prefill / pre)
   m:close()
 end
+core.free(buf, C.loip_buffer_free)
 
 -- report
 os.execute("mkdir -p '" .. o.out .. "'")
@@ -152,13 +170,13 @@ for _, t in ipairs(thread_counts) do
   bars[#bars + 1] = { "read probe, " .. k .. "T", result.probe[k], color = "#7f8c8d" }
   for _, shape in ipairs({ "4096x4096", "8192x2048" }) do
     local r = result.matvec[shape .. "/" .. k]
-    bars[#bars + 1] = { "bf16 matvec " .. shape .. ", " .. k .. "T", r.gbps, string.format("(%.0f%%)", 100 * r.ratio) }
+    bars[#bars + 1] = { "bf16 matvec " .. shape .. ", " .. k .. "T", r.gbps, string.format("(%.0f%% of probe)", 100 * r.ratio) }
   end
   local d = result.decode[k]
   bars[#bars + 1] = { "llama-3.2-1b decode, " .. k .. "T", d.gbps,
     string.format("(%.0f%%, %.1f ms/token)", 100 * d.ratio, d.ms_per_token), color = "#27ae60" }
 end
-result.plot = plot.bars(o.out .. "/decode.svg", { title = "loip decode: effective weight bandwidth vs the read probe",
+result.plot = plot.bars(o.out .. "/decode.svg", { title = "loip decode: effective weight bandwidth vs the read probe (medians)",
   unit = "GB/s", bars = bars, refs = refs })
 local text = json.encode(result)
 local f = assert(io.open(o.out .. "/decode.json", "w"))

@@ -11,15 +11,17 @@ static _Atomic(const loip_kernels *) current;
 const loip_kernels *loip_kernels_current(void) {
     const loip_kernels *k = atomic_load_explicit(&current, memory_order_acquire);
     if (!k) {
+        /* LOIP_KERNELS if it names a usable variant, else the best; the Lua side checks the
+         * variable at require time and reports a bad value. */
         k = loip_kernels_select(NULL);
-        if (!k) k = loip_kernels_ref();
+        if (!k) k = loip_kernels_select("auto");
         atomic_store(&current, k);
     }
     return k;
 }
 
 LOIP_API int loip_kernels_use(const char *name) {
-    const loip_kernels *k = loip_kernels_select(name && strcmp(name, "auto") ? name : NULL);
+    const loip_kernels *k = loip_kernels_select(name ? name : "auto");
     if (!k)
         return loip_fail(LOIP_EINVAL,
                          "kernels: '%s' is unknown or not supported by this CPU "

@@ -61,13 +61,24 @@ typedef struct {
  * only defeats dead-code elimination. */
 #if defined(__x86_64__)
 #include <immintrin.h>
+/* Eight streams at once, each prefetched 1 KiB ahead: the access pattern of the matvec
+ * kernels (several weight rows in flight), and the fastest single-core read measured here. */
 __attribute__((target("avx512f"))) static double read_avx512(const uint8_t *p, size_t n, int reps) {
     __m512i a[8];
     for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_si512();
-    for (int r = 0; r < reps; r++)
-        for (size_t i = 0; i + 512 <= n; i += 512)
-            for (int k = 0; k < 8; k++)
-                a[k] = _mm512_add_epi64(a[k], _mm512_load_si512((const void *)(p + i + 64 * k)));
+    size_t per = n / 8 / 128 * 128; /* bytes per stream, whole 128-byte steps */
+    for (int r = 0; r < reps; r++) {
+        for (size_t off = 0; off < per; off += 128)
+            for (int k = 0; k < 8; k++) {
+                const uint8_t *q = p + (size_t)k * per + off;
+                _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
+                a[k] = _mm512_add_epi64(a[k], _mm512_load_si512((const void *)q));
+                a[k] = _mm512_add_epi64(a[k], _mm512_load_si512((const void *)(q + 64)));
+            }
+        for (size_t i = 8 * per; i + 64 <= n; i += 64) /* the remainder */
+            a[0] = _mm512_add_epi64(a[0], _mm512_load_si512((const void *)(p + i)));
+    }
     for (int k = 1; k < 8; k++) a[0] = _mm512_add_epi64(a[0], a[k]);
     return (double)_mm512_reduce_add_epi64(a[0]);
 }

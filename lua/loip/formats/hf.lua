@@ -153,8 +153,8 @@ end
 
 -- Open the weights of dir and bind them to model m. Returns the safetensors set (keep it
 -- alive as long as m) or raises with the file and tensor named.
-function M.bind_weights(dir, c, m)
-  local set, err = safetensors.open_dir(dir)
+function M.bind_weights(dir, c, m, opts)
+  local set, err = safetensors.open_dir(dir, opts)
   if not set then error(err, 0) end
   for _, w in ipairs(M.weight_list(c)) do
     local layer, kind, name = w[1], w[2], w[3]
