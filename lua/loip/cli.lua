@@ -73,7 +73,7 @@ function commands.generate.run(o)
       prompt_ids = st.prompt_ids, prompt_tokens = s.prompt_tokens, generated_tokens = s.generated,
       prefill_ms = s.prefill_ms, decode_ms_per_token = per_token, stop_reason = st.stop_reason,
       model = o.model, threads = m.threads, kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
-      seed = gen_opts.seed,
+      seed = st.seed, temperature = o.temperature,
     }), "\n")
   else
     io.stdout:write("\n")

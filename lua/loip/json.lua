@@ -4,14 +4,18 @@ local cjson = require "cjson.safe"
 local M = {}
 
 M.null = cjson.null
-M.encode = cjson.encode
+-- cjson escapes every "/" as "\/": valid, but noisy in paths. Every "/" it emits carries
+-- that escape, so dropping the backslash before a "/" is exact.
+function M.encode(v)
+  return (cjson.encode(v):gsub("\\/", "/"))
+end
 
 -- Deterministic encoding: object keys sorted, so the same value always gives the same bytes
 -- (cjson's order follows its hash table). indent: nil for one line, else spaces per level.
 function M.encode_sorted(v, indent, level)
   level = level or 0
   local t = type(v)
-  if t ~= "table" or v == cjson.null then return cjson.encode(v) end
+  if t ~= "table" or v == cjson.null then return M.encode(v) end
   local nl, pad, pad_in = "", "", ""
   if indent then
     nl = "\n"
@@ -37,7 +41,7 @@ function M.encode_sorted(v, indent, level)
   for i, k in ipairs(keys) do
     local val = v[k]
     if val == nil then val = v[tonumber(k)] end
-    parts[i] = pad_in .. cjson.encode(k) .. sep .. M.encode_sorted(val, indent, level + 1)
+    parts[i] = pad_in .. M.encode(k) .. sep .. M.encode_sorted(val, indent, level + 1)
   end
   if #parts == 0 then return "{}" end
   return "{" .. nl .. table.concat(parts, "," .. nl) .. nl .. pad .. "}"

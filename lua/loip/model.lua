@@ -156,7 +156,7 @@ function Model:generate(prompt, opts)
   local history = ffi.new("int32_t[?]", n_prompt + math.max(max_tokens, 0) + 1)
   for i = 1, n_prompt do history[i - 1] = ids[i] end
   local logits = ffi.new("float[?]", V)
-  local state = { prompt_ids = ids, token_ids = {}, stats = { prompt_tokens = n_prompt, generated = 0,
+  local state = { prompt_ids = ids, token_ids = {}, seed = smp.seed, stats = { prompt_tokens = n_prompt, generated = 0,
     prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
   local n, prev = n_prompt, ids[n_prompt]
   local prefilled = false

@@ -91,7 +91,7 @@ LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) {
 typedef struct {
     loip_session *s;
     const loip_tensor *w; /* norm weight */
-    const float *in;      /* (n, dim) */
+    float *in;            /* (n, dim) */
     float *out;           /* (n, dim) */
     const float *add;     /* NULL, or (n, dim) added to in first: in += add (residual) */
     int n, layer, pos;
@@ -105,7 +105,7 @@ static void norm_task(void *p, int ith, int nth) {
     size_t b, e;
     loip_split((size_t)j->n, 1, ith, nth, &b, &e);
     for (size_t t = b; t < e; t++) {
-        float *x = (float *)j->in + t * dim;
+        float *x = j->in + t * dim;
         if (j->add)
             for (int i = 0; i < dim; i++) x[i] += j->add[t * dim + i];
         if (j->out) k->rmsnorm(j->out + t * dim, x, j->w->data, j->w->dtype, (size_t)dim, j->s->m->cfg.norm_eps);
@@ -309,7 +309,8 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
         return loip_fail(LOIP_ESTATE, "weight %s is not bound", !norm->data ? "output_norm" :
                          c->tied_embeddings ? "embed" : "lm_head");
     int first = mode == LOIP_LOGITS_LAST ? n - 1 : 0, count = n - first;
-    step_job j = {.s = s, .n = count, .w = norm, .in = hidden + (size_t)first * c->dim, .out = s->xb};
+    /* The norm only reads its input here (no residual add), so the cast is safe. */
+    step_job j = {.s = s, .n = count, .w = norm, .in = (float *)hidden + (size_t)first * c->dim, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
     loip_linear_job head[2] = {linear(W, s->xb, logits, count), {0}};
     loip_linear_run(s->pool, head);
