@@ -78,6 +78,7 @@ function commands.generate.run(o)
   else
     io.stdout:write("\n")
   end
+  io.stdout:flush()
   if o.verbose then
     stderr("prompt %d tokens in %.1f ms; %d tokens generated, %.2f ms/token (%.1f tokens/s); stop: %s\n",
       s.prompt_tokens, s.prefill_ms, s.generated, per_token, per_token > 0 and 1000 / per_token or 0,
