@@ -38,6 +38,9 @@ commands.generate = {
     { "context", "int", "KV cache positions (default: min(model max, 4096))",
       check = function(v) return v > 0, "must be > 0" end },
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
+    { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
+    { "system", "string", "system message (with --chat)", metavar = "TEXT" },
+    { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
     threads_flag, kernels_flag,
     { "json", "bool", "print one JSON object instead of the text" },
     { "verbose", "bool", "print the model and timings on stderr" },
@@ -52,7 +55,19 @@ function commands.generate.run(o)
   if o.verbose then stderr("%s\n", tostring(m)) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
     top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed }
-  local it, st = m:generate(o.prompt, gen_opts)
+  local input = o.prompt
+  if o.chat or o.chat_template then
+    local messages = {}
+    if o.system then messages[#messages + 1] = { role = "system", content = o.system } end
+    messages[#messages + 1] = { role = "user", content = o.prompt }
+    local dir = m.dir or o.model
+    local text = require("loip.chat").apply(dir, messages, { add_generation_prompt = true,
+      template_file = o.chat_template })
+    -- The template writes the special tokens itself.
+    input = m.tokenizer:encode(text, { add_special = false, bos = false })
+    if o.verbose then stderr("chat prompt (%d tokens):\n%s\n", #input, text) end
+  end
+  local it, st = m:generate(input, gen_opts)
   local pieces = {}
   if not o.json then
     io.stdout:write(o.prompt)
@@ -85,6 +100,54 @@ function commands.generate.run(o)
       tostring(st.stop_reason))
   end
   m:close()
+  return 0
+end
+
+commands.tokenize = {
+  usage = "loip tokenize --model DIR [--json] TEXT",
+  summary = "Print the token ids and pieces of TEXT under the model's tokenizer.",
+  flags = {
+    { "model", "string", "model directory, or a tokenizer file", required = true, metavar = "DIR" },
+    { "no-special", "bool", "do not add the tokenizer's special tokens (BOS)" },
+    { "json", "bool", "print a JSON object: ids and pieces" },
+  },
+}
+
+function commands.tokenize.run(o, pos)
+  local tokenizer = require "loip.tokenizer"
+  local text = table.concat(pos, " ")
+  local is_dir = os.execute("test -d '" .. o.model:gsub("'", "'\\''") .. "'") == 0
+  local tok, m
+  if not is_dir then
+    tok = tokenizer.open_file(o.model)
+  else
+    local ok, t = pcall(tokenizer.open, o.model)
+    if ok then
+      tok = t
+    else -- a llama2.c directory names its tokenizer by the model's vocabulary: ask the model
+      m = require("loip.model").open(o.model, { load = "mmap", threads = 1, context = 1 })
+      tok = m.tokenizer
+    end
+  end
+  local ids = tok:encode(text, { add_special = not o.no_special, bos = not o.no_special })
+  local pieces = {}
+  for i, id in ipairs(ids) do
+    pieces[i] = tok.id_to_token and tok:id_to_token(id) or tok.pieces[id]
+  end
+  if o.json then
+    print(require("loip.json").encode({ text = text, ids = ids, pieces = pieces }))
+  else
+    local function show(p)
+      return '"' .. p:gsub('[%c"\\]', function(c)
+        local named = { ["\n"] = "\\n", ["\t"] = "\\t", ["\r"] = "\\r", ['"'] = '\\"', ["\\"] = "\\\\" }
+        return named[c] or string.format("\\x%02x", c:byte())
+      end) .. '"'
+    end
+    for i, id in ipairs(ids) do print(string.format("%8d  %s", id, show(pieces[i]))) end
+    io.stdout:flush()
+    stderr("%d tokens\n", #ids)
+  end
+  if m then m:close() else tok:close() end
   return 0
 end
 
@@ -175,6 +238,7 @@ usage: loip [COMMAND] [FLAGS]
 commands:
   (none)      interactive Lua REPL with the loip module loaded
   generate    generate text from a prompt
+  tokenize    show the token ids and pieces of a text
   run         run a Lua script (recipe) with the runtime available
   synth       write a random-weight model with a real model's shapes
   test        run busted specs under the runtime

@@ -40,7 +40,7 @@ function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
   local kind, file, tokdir = locate(path)
-  local self = setmetatable({ path = path, opts = opts }, Model)
+  local self = setmetatable({ path = path, opts = opts, dir = tokdir or file }, Model)
   local cfg, facts, keep, bind
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
