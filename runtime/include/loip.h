@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 1, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 2, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -268,6 +268,169 @@ LOIP_API int loip_scoredbpe_piece(const loip_scoredbpe *t, int32_t id, const cha
 LOIP_API int loip_scoredbpe_encode(const loip_scoredbpe *t, const char *text, size_t len,
                                    int32_t bos, int32_t eos, int32_t *ids, int32_t cap,
                                    int32_t *n_out);
+
+/* ---- BPE tokenizers ------------------------------------------------------------------ */
+
+/* Hugging Face tokenizer.json and vocab.json + merges.txt (byte-level and SentencePiece-style
+ * BPE), tiktoken rank files and SentencePiece tokenizer.model. The Lua side (loip.tokenizer)
+ * reads the files' JSON and assembles these parts; the hot paths (regex pre-tokenization, the
+ * merges, NFC) run here. The objects are not safe to share between threads while encoding:
+ * they keep match data and a cache of encoded chunks. */
+
+/* NFC of text[0..len): *unchanged = 1 when the text already is in NFC (nothing is written),
+ * else the result goes to out[0..*n_out); LOIP_ERANGE (with *n_out the size needed) when cap
+ * is too small. Bytes that are not well-formed UTF-8 are kept as they are, and nothing
+ * composes across them. The result is at most 3 * len bytes. */
+LOIP_API int loip_utf8_nfc(const char *text, size_t len, char *out, size_t cap, size_t *n_out,
+                           int32_t *unchanged);
+/* Unicode version of the NFC tables, e.g. "14.0.0". */
+LOIP_API const char *loip_unicode_version_string(void);
+
+/* Pre-tokenizer: a sequence of regex splits, each applied to every chunk of the one before,
+ * with Hugging Face's SplitDelimiterBehavior. Patterns are PCRE2 (UTF, Unicode properties,
+ * invalid UTF-8 in the subject never matches), JIT-compiled when PCRE2 supports it. */
+enum {
+    LOIP_SPLIT_REMOVED = 0,              /* matches are dropped */
+    LOIP_SPLIT_ISOLATED = 1,             /* matches and the text between are chunks */
+    LOIP_SPLIT_MERGED_WITH_PREVIOUS = 2, /* a match joins the chunk before it */
+    LOIP_SPLIT_MERGED_WITH_NEXT = 3,     /* a match joins the chunk after it */
+    LOIP_SPLIT_CONTIGUOUS = 4,           /* adjacent matches form one chunk */
+};
+enum {
+    LOIP_SPLIT_INVERT = 1,  /* the text between matches is what the behavior applies to */
+    LOIP_SPLIT_LITERAL = 2, /* the pattern is a plain string, not a regex */
+};
+
+typedef struct loip_pretok loip_pretok;
+LOIP_API int loip_pretok_new(loip_pretok **out);
+LOIP_API void loip_pretok_free(loip_pretok *p);
+/* LOIP_EINVAL with PCRE2's message and the offset in the pattern when it does not compile. */
+LOIP_API int loip_pretok_add_split(loip_pretok *p, const char *pattern, size_t len,
+                                   int32_t behavior, int32_t flags);
+LOIP_API int32_t loip_pretok_steps(const loip_pretok *p);
+/* Chunks of text as bounds[2i] = start, bounds[2i+1] = end (byte offsets); *n_out chunks,
+ * LOIP_ERANGE when more than cap. Empty chunks are left out. */
+LOIP_API int loip_pretok_split(loip_pretok *p, const char *text, size_t len, int32_t *bounds,
+                               int32_t cap, int32_t *n_out);
+
+/* Added tokens: strings found in the text before anything else and never split, leftmost
+ * first, the longest among those starting at the same place (Hugging Face's rule). */
+enum {
+    LOIP_ADDED_SPECIAL = 1,     /* left as text when split is asked to skip special tokens */
+    LOIP_ADDED_LSTRIP = 2,      /* swallows the white space before it */
+    LOIP_ADDED_RSTRIP = 4,      /* swallows the white space after it */
+    LOIP_ADDED_SINGLE_WORD = 8, /* only where no word character touches it */
+};
+
+typedef struct loip_added loip_added;
+LOIP_API int loip_added_new(loip_added **out);
+LOIP_API void loip_added_free(loip_added *a);
+/* LOIP_EINVAL for an empty string; adding the same string again replaces its id and flags. */
+LOIP_API int loip_added_add(loip_added *a, const char *text, size_t len, int32_t id,
+                            int32_t flags);
+LOIP_API int32_t loip_added_count(const loip_added *a);
+/* Segments of text: seg[3i] = start, seg[3i+1] = end, seg[3i+2] = the added token's id, or -1
+ * for text between added tokens (empty text segments are left out). skip_special: special
+ * tokens are not looked for. *n_out segments; LOIP_ERANGE when more than cap. */
+LOIP_API int loip_added_split(const loip_added *a, const char *text, size_t len,
+                              int32_t skip_special, int32_t *seg, int32_t cap, int32_t *n_out);
+
+/* The BPE model: a vocabulary of pieces (byte strings) with ids, and ranked merges. */
+enum {
+    LOIP_BPE_BYTELEVEL = 1,     /* chunks start as single bytes (GPT-2 byte-level BPE) */
+    LOIP_BPE_GPT2_SPELLING = 2, /* pieces and merges are given in GPT-2's bytes_to_unicode
+                                   spelling ("Ġ" for a space) and stored as raw bytes */
+    LOIP_BPE_BYTE_FALLBACK = 4, /* a character without a piece becomes its <0xXX> pieces */
+    LOIP_BPE_IGNORE_MERGES = 8, /* a chunk that is a whole piece is that piece (tiktoken) */
+    LOIP_BPE_FUSE_UNK = 16,     /* consecutive unknown characters give one unk id */
+};
+enum {
+    LOIP_BPE_PIECE_UNMATCHED = 1, /* never produced from text (SentencePiece control, byte
+                                     and unknown pieces) */
+};
+enum {
+    LOIP_BPE_MERGES_LISTED = 0,   /* merges ranked in the order they were added */
+    LOIP_BPE_MERGES_BY_ID = 1,    /* tiktoken: every split a + b of a piece, ranked by the
+                                     piece's id (its rank), leftmost first among equals */
+    LOIP_BPE_MERGES_BY_SCORE = 2, /* SentencePiece BPE: every split, ranked by the piece's
+                                     score, the highest first, leftmost among equals */
+};
+
+typedef struct loip_bpe loip_bpe;
+LOIP_API int loip_bpe_new(int32_t flags, loip_bpe **out);
+LOIP_API void loip_bpe_free(loip_bpe *b);
+/* Piece piece[0..len) is token id (score: for LOIP_BPE_MERGES_BY_SCORE; flags:
+ * LOIP_BPE_PIECE_*). LOIP_EINVAL for an id outside [0, 2^24), an id given twice or an empty
+ * piece. A piece given twice keeps its first id. Under LOIP_BPE_GPT2_SPELLING a piece with a
+ * character outside GPT-2's alphabet (an added token in the vocabulary) is stored as given. */
+LOIP_API int loip_bpe_add_token(loip_bpe *b, const char *piece, size_t len, int32_t id,
+                                float score, int32_t flags);
+/* The merge left + right, ranked after those added before. LOIP_EFORMAT when a piece or
+ * their concatenation is not in the vocabulary. */
+LOIP_API int loip_bpe_add_merge(loip_bpe *b, const char *left, size_t llen, const char *right,
+                                size_t rlen);
+/* Merges as merges.txt writes them: "left right" per line; empty lines, and a first line
+ * giving the file's version (as merges.txt starts), are skipped. LOIP_EFORMAT naming the
+ * line number (counted from first_line) and the piece at fault. */
+LOIP_API int loip_bpe_add_merges(loip_bpe *b, const char *text, size_t len, int32_t first_line);
+/* tiktoken's "base64 rank" lines: each token with id = rank. LOIP_EFORMAT naming the line. */
+LOIP_API int loip_bpe_add_tiktoken(loip_bpe *b, const char *text, size_t len);
+/* Derives the merges from the vocabulary (LOIP_BPE_MERGES_BY_ID or _BY_SCORE). */
+LOIP_API int loip_bpe_derive_merges(loip_bpe *b, int32_t how);
+/* Id given to characters without a piece when there is no byte fallback; -1: none (they are
+ * dropped). */
+LOIP_API int loip_bpe_set_unk(loip_bpe *b, int32_t id);
+/* Ends the setup: finds the byte pieces. Encoding calls it when it was not called. */
+LOIP_API int loip_bpe_finish(loip_bpe *b);
+/* One more than the highest id (ids without a piece in between are holes). */
+LOIP_API int32_t loip_bpe_size(const loip_bpe *b);
+LOIP_API int32_t loip_bpe_merge_count(const loip_bpe *b);
+/* The stored piece of id (raw bytes under GPT-2 spelling); LOIP_EINVAL for a hole. */
+LOIP_API int loip_bpe_piece(const loip_bpe *b, int32_t id, const char **piece, int32_t *len);
+/* Id of the stored piece piece[0..len), or -1. */
+LOIP_API int32_t loip_bpe_lookup(const loip_bpe *b, const char *piece, size_t len);
+/* Ids of text: split by p (NULL: one chunk), each chunk merged. *n_out ids; LOIP_ERANGE (with
+ * *n_out the count needed) when more than cap. len + 1 ids are always enough. */
+LOIP_API int loip_bpe_encode(loip_bpe *b, loip_pretok *p, const char *text, size_t len,
+                             int32_t *ids, int32_t cap, int32_t *n_out);
+/* Entries in the chunk cache, and bytes of text encoded through it with hits / in all. */
+LOIP_API int loip_bpe_cache_stats(const loip_bpe *b, int64_t *entries, int64_t *hit_bytes,
+                                  int64_t *total_bytes);
+
+/* SentencePiece tokenizer.model (a protobuf ModelProto): pieces and the spec fields used. */
+enum {
+    LOIP_SPM_NORMAL = 1, /* piece types, as in sentencepiece_model.proto */
+    LOIP_SPM_UNKNOWN = 2,
+    LOIP_SPM_CONTROL = 3,
+    LOIP_SPM_USER_DEFINED = 4,
+    LOIP_SPM_UNUSED = 5,
+    LOIP_SPM_BYTE = 6,
+};
+enum {
+    LOIP_SPM_MODEL_TYPE = 0, /* 1 unigram (the default), 2 BPE, 3 word, 4 char */
+    LOIP_SPM_BYTE_FALLBACK = 1,
+    LOIP_SPM_UNK_ID = 2,
+    LOIP_SPM_BOS_ID = 3,
+    LOIP_SPM_EOS_ID = 4,
+    LOIP_SPM_PAD_ID = 5,
+    LOIP_SPM_ADD_DUMMY_PREFIX = 6,
+    LOIP_SPM_REMOVE_EXTRA_WHITESPACES = 7,
+    LOIP_SPM_ESCAPE_WHITESPACES = 8,
+    LOIP_SPM_TREAT_WHITESPACE_AS_SUFFIX = 9,
+    LOIP_SPM_CHARSMAP_BYTES = 10, /* size of normalizer_spec.precompiled_charsmap */
+    LOIP_SPM_FIELD_COUNT = 11,
+};
+
+typedef struct loip_spm loip_spm;
+/* LOIP_EFORMAT naming the file and the byte offset for a truncated or malformed file. */
+LOIP_API int loip_spm_open(const char *path, loip_spm **out);
+LOIP_API void loip_spm_free(loip_spm *m);
+LOIP_API int32_t loip_spm_size(const loip_spm *m);
+LOIP_API int loip_spm_get(const loip_spm *m, int32_t field, int32_t *value);
+/* normalizer_spec.name ("" when absent). */
+LOIP_API const char *loip_spm_normalizer_name(const loip_spm *m);
+LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, int32_t *len,
+                            float *score, int32_t *type);
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
