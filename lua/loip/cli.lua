@@ -130,12 +130,15 @@ function commands.tokenize.run(o, pos)
     end
   end
   local ids = tok:encode(text, { add_special = not o.no_special, bos = not o.no_special })
-  local pieces = {}
+  -- The token as the vocabulary spells it (byte-level files write bytes as letters like "Ġ")
+  -- and, where that differs, the text it decodes to.
+  local pieces, texts = {}, {}
   for i, id in ipairs(ids) do
     pieces[i] = tok.id_to_token and tok:id_to_token(id) or tok.pieces[id]
+    texts[i] = tok:piece_text(nil, id)
   end
   if o.json then
-    print(require("loip.json").encode({ text = text, ids = ids, pieces = pieces }))
+    print(require("loip.json").encode({ text = text, ids = ids, pieces = pieces, texts = texts }))
   else
     local function show(p)
       return '"' .. p:gsub('[%c"\\]', function(c)
@@ -143,7 +146,10 @@ function commands.tokenize.run(o, pos)
         return named[c] or string.format("\\x%02x", c:byte())
       end) .. '"'
     end
-    for i, id in ipairs(ids) do print(string.format("%8d  %s", id, show(pieces[i]))) end
+    for i, id in ipairs(ids) do
+      local extra = texts[i] ~= pieces[i] and ("  " .. show(texts[i])) or ""
+      print(string.format("%8d  %s%s", id, show(pieces[i]), extra))
+    end
     io.stdout:flush()
     stderr("%d tokens\n", #ids)
   end

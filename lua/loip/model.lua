@@ -72,12 +72,15 @@ function M.open(path, opts)
   self.batch = math.min(opts.batch or 128, ctx)
   if opts.tokenizer ~= false then
     self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer, vocab_size = cfg.vocab_size })
-    if self.tokenizer.vocab_size ~= cfg.vocab_size then
-      error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is %d",
+    -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
+    -- rows); a tokenizer with more ids than the model has rows cannot work.
+    if self.tokenizer.vocab_size > cfg.vocab_size then
+      error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is only %d",
         self.tokenizer.path, self.tokenizer.vocab_size, cfg.vocab_size), 0)
     end
   end
   local eos = facts.eos_token_id
+  if eos == nil and self.tokenizer then eos = self.tokenizer.stop_ids or self.tokenizer.eos_id end
   self.stop_ids = type(eos) == "table" and eos or { eos }
   return self
 end
@@ -131,7 +134,9 @@ function Model:logits(ids)
 end
 
 -- Generate from a prompt (text, or an array of token ids). Returns an iterator for a generic
--- for (yielding token id and its text) and a state whose .stats fill in as it runs.
+-- for (yielding token id and its text) and a state whose .stats fill in as it runs. Text
+-- comes only as whole UTF-8 characters: bytes of an unfinished character are held back, and
+-- a last pair (false, text) carries what was held when generation stops there.
 -- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
 -- repetition_penalty, seed, stop (array of ids; default the model's end tokens), bos.
 function Model:generate(prompt, opts)
@@ -148,8 +153,8 @@ function Model:generate(prompt, opts)
   local n_prompt = #ids
   local room = self.context - n_prompt
   local max_tokens = math.min(opts.max_tokens or room, room)
-  local stop = {}
-  for _, id in ipairs(opts.stop or self.stop_ids) do stop[id] = true end
+  local stop_set = {}
+  for _, id in ipairs(opts.stop or self.stop_ids) do stop_set[id] = true end
   local smp = sampler.new(self.vocab_size, opts)
   local s = self:session()
   local V = self.vocab_size
@@ -160,6 +165,17 @@ function Model:generate(prompt, opts)
     prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
   local n, prev = n_prompt, ids[n_prompt]
   local prefilled = false
+  -- The text continues the prompt's: no start-of-text rules (leading-space stripping).
+  local stream = tok and tok.decode_stream and tok:decode_stream({ continued = true })
+  local function stop(reason)
+    state.stop_reason = state.stop_reason or reason
+    if stream then
+      local rest = stream:finish()
+      stream = nil
+      if rest ~= "" then return false, rest end
+    end
+    return nil
+  end
 
   local function step()
     if not prefilled then
@@ -174,16 +190,14 @@ function Model:generate(prompt, opts)
       end
       state.stats.prefill_ms = core.now_ms() - t0
     end
-    if state.stats.generated >= max_tokens then
-      state.stop_reason = max_tokens < room and "max_tokens" or "context"
-      return nil
+    if state.stop_reason or state.stats.generated >= max_tokens then
+      return stop(max_tokens < room and "max_tokens" or "context")
     end
     local t0 = core.now_ms()
     local id = smp:sample(logits, history, n)
-    if stop[id] then
-      state.stop_reason = "stop"
+    if stop_set[id] then
       state.stop_id = id
-      return nil
+      return stop("stop")
     end
     history[n] = id
     n = n + 1
@@ -195,7 +209,7 @@ function Model:generate(prompt, opts)
       state.stats.decode_forwards = state.stats.decode_forwards + 1
     end
     state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t0)
-    local text = tok and tok:piece_text(prev, id) or ""
+    local text = stream and stream:put(id) or (tok and tok:piece_text(prev, id)) or ""
     prev = id
     return id, text
   end
