@@ -155,7 +155,9 @@ function Model:generate(prompt, opts)
   local max_tokens = math.min(opts.max_tokens or room, room)
   local stop_set = {}
   for _, id in ipairs(opts.stop or self.stop_ids) do stop_set[id] = true end
-  local smp = sampler.new(self.vocab_size, opts)
+  -- Rows of a padded embedding past the tokenizer's last id have no text: never sample them.
+  local n_sample = tok and math.min(tok.vocab_size, self.vocab_size) or self.vocab_size
+  local smp = sampler.new(n_sample, opts)
   local s = self:session()
   local V = self.vocab_size
   local history = ffi.new("int32_t[?]", n_prompt + math.max(max_tokens, 0) + 1)

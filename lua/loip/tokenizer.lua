@@ -58,9 +58,30 @@ function M.open_file(path, opts)
   return require(M.formats[kind]).open(path, opts)
 end
 
+-- tok:apply_chat_template(messages, opts): the model directory's chat template rendered for
+-- messages (see loip.chat.apply for opts); with opts.tokenize, the ids of that text (the
+-- template writes the special tokens itself, so none are added).
+local function apply_chat_template(self, messages, opts)
+  opts = opts or {}
+  if not self.dir then error("this tokenizer was opened from a file: its model directory (and template) is unknown", 2) end
+  local text = require("loip.chat").apply(self.dir, messages, opts)
+  if opts.tokenize then return self:encode(text, { add_special = false, bos = false }) end
+  return text
+end
+
+local function with_dir(t, dir)
+  t.dir = dir
+  t.apply_chat_template = apply_chat_template
+  return t
+end
+
 -- Find the tokenizer of a model directory (or use opts.path). Raises naming what was looked for.
 function M.open(dir, opts)
   opts = opts or {}
+  return with_dir(M.find(dir, opts), dir)
+end
+
+function M.find(dir, opts)
   if opts.path then return M.open_file(opts.path, opts) end
   local looked = {}
   local function have(p)

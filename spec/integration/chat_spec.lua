@@ -46,3 +46,15 @@ describe("loip generate --chat", function()
     assert.matches("chat template: roles must alternate", err, 1, true)
   end)
 end)
+
+describe("tok:apply_chat_template", function()
+  after_each(function() T.cleanup() end)
+
+  it("renders the directory's template and tokenizes it without extra specials", function()
+    local dir = model_with_template("[{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}]{% if enable_thinking %}think{% endif %}")
+    local tok = require("loip.tokenizer").open(dir, { vocab_size = 512 })
+    local msgs = { { role = "user", content = "hi" }, { role = "assistant", content = "yo" } }
+    assert.are.equal("[user:hi;assistant:yo;]think", tok:apply_chat_template(msgs, { vars = { enable_thinking = true } }))
+    assert.are.same(tok:encode("[user:hi;assistant:yo;]", { bos = false }), tok:apply_chat_template(msgs, { tokenize = true }))
+  end)
+end)
