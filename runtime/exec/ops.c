@@ -124,11 +124,7 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
                                 double *checksum) {
     if (loip_pool_size(pool) > 1024) return loip_fail(LOIP_EINVAL, "read probe: too many threads");
     if ((uintptr_t)buf % 64) return loip_fail(LOIP_EINVAL, "read probe: buffer not 64-byte aligned");
-    static probe_job job; /* large; one probe at a time */
-    memset(&job, 0, sizeof job);
-    job.buf = buf;
-    job.bytes = bytes;
-    job.reps = reps;
+    probe_job job = {.buf = buf, .bytes = bytes, .reps = reps};
     loip_pool_run(pool, probe_task, &job);
     double s = 0;
     for (int i = 0; i < loip_pool_size(pool); i++) s += job.sums[i];
