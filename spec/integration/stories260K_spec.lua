@@ -64,6 +64,18 @@ for _, f in ipairs(formats) do
   end)
 end
 
+describe("tok512.bin", function()
+  it("encodes the 18 strings of run.c's encode.json exactly", function()
+    local cases = assert(json.load(REF .. "/encode.json")).cases
+    assert.are.equal(18, #cases)
+    local tok = loip.tokenizer.open_file(T.root .. "/models/stories260K/tok512.bin")
+    for _, c in ipairs(cases) do
+      assert.are.same(c.ids, tok:encode(c.text), string.format("%q", c.text))
+    end
+    tok:close()
+  end)
+end)
+
 describe("stories260K execution paths", function()
   it("gives bit-identical logits for batched prefill and token-by-token decoding", function()
     local ids = greedy.cases[2].sequence_ids
