@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 2, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 3, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -273,9 +273,10 @@ LOIP_API int loip_scoredbpe_encode(const loip_scoredbpe *t, const char *text, si
 
 /* Hugging Face tokenizer.json and vocab.json + merges.txt (byte-level and SentencePiece-style
  * BPE), tiktoken rank files and SentencePiece tokenizer.model. The Lua side (loip.tokenizer)
- * reads the files' JSON and assembles these parts; the hot paths (regex pre-tokenization, the
- * merges, NFC) run here. The objects are not safe to share between threads while encoding:
- * they keep match data and a cache of encoded chunks. */
+ * decodes the files' small JSON sections and assembles these objects; tokenizer.json's
+ * vocabulary and merges (nearly all of the file) are read here, and the hot paths (regex
+ * pre-tokenization, the merges, NFC) run here. The objects are not safe to share between
+ * threads while encoding: they keep match data and a cache of encoded chunks. */
 
 /* NFC of text[0..len): *unchanged = 1 when the text already is in NFC (nothing is written),
  * else the result goes to out[0..*n_out); LOIP_ERANGE (with *n_out the size needed) when cap
@@ -373,6 +374,18 @@ LOIP_API int loip_bpe_add_merge(loip_bpe *b, const char *left, size_t llen, cons
  * giving the file's version (as merges.txt starts), are skipped. LOIP_EFORMAT naming the
  * line number (counted from first_line) and the piece at fault. */
 LOIP_API int loip_bpe_add_merges(loip_bpe *b, const char *text, size_t len, int32_t first_line);
+/* Hugging Face tokenizer.json read in C where it is big: the byte ranges of the values of
+ * model.vocab, spans[0..2), and model.merges, spans[2..4), in text[0..len), -1 where the file
+ * has none. The whole text is checked to be one JSON value (LOIP_EFORMAT "invalid JSON at
+ * byte N: ..."), so that the rest can be decoded with those two values blanked out. */
+LOIP_API int loip_bpe_json_spans(const char *text, size_t len, int64_t *spans);
+/* The JSON object text[start..end) of piece -> id (tokenizer.json's model.vocab, vocab.json),
+ * as loip_bpe_add_token would add them. Errors name the byte offset in text. */
+LOIP_API int loip_bpe_add_vocab_json(loip_bpe *b, const char *text, size_t start, size_t end);
+/* The JSON array text[start..end) of merges, each "left right" (split at its one space) or
+ * ["left", "right"], as loip_bpe_add_merge would add them. Errors name the merge (merges[i],
+ * from 1) and the byte offset in text. */
+LOIP_API int loip_bpe_add_merges_json(loip_bpe *b, const char *text, size_t start, size_t end);
 /* tiktoken's "base64 rank" lines: each token with id = rank. LOIP_EFORMAT naming the line. */
 LOIP_API int loip_bpe_add_tiktoken(loip_bpe *b, const char *text, size_t len);
 /* Derives the merges from the vocabulary (LOIP_BPE_MERGES_BY_ID or _BY_SCORE). */

@@ -21,7 +21,11 @@
  * scoredbpe.c for the argument). Chunks up to CACHE_KEY bytes go through a cache.
  *
  * Memory: about 90 bytes of scratch per byte of the longest chunk (SentencePiece merges the
- * whole text as one chunk). */
+ * whole text as one chunk).
+ *
+ * Loading: a 150k vocabulary with 280k merges means about a million lookups at random in
+ * tables of megabytes. The loaders size the tables once (loip_bpe_reserve) and add in batches
+ * (loip_bpe_add_token_list, _merge_list) whose lookups are prefetched together. */
 #define _GNU_SOURCE /* qsort_r */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +35,13 @@
 
 /* ---- pieces ------------------------------------------------------------------------------- */
 
-static int grow_table(loip_bpe *b) {
-    uint32_t size = b->table ? 2 * (b->table_mask + 1) : 1024;
+static int resize_merges(loip_bpe *b, uint32_t size);
+
+/* The piece table at size slots (a power of two, over twice the pieces). */
+static int resize_table(loip_bpe *b, uint32_t size) {
     piece_slot *t = malloc((size_t)size * sizeof *t);
     if (t == NULL) return loip_fail(LOIP_ENOMEM, "bpe: no memory for the piece table");
-    for (uint32_t i = 0; i < size; i++) t[i] = (piece_slot){0, -1};
+    for (uint32_t i = 0; i < size; i++) t[i] = (piece_slot){0, -1, 0, 0};
     for (uint32_t i = 0; b->table && i <= b->table_mask; i++) {
         piece_slot e = b->table[i];
         if (e.id < 0) continue;
@@ -63,9 +69,40 @@ static int grow_ids(loip_bpe *b, int32_t need) {
 
 void loip_bpe_invalidate(loip_bpe *b) {
     b->finished = 0;
-    if (b->cache) memset(b->cache, 0, CACHE_SLOTS * sizeof *b->cache);
+    if (b->cache && b->cache_n > 0) memset(b->cache, 0, CACHE_SLOTS * sizeof *b->cache);
     b->cache_n = 0;
     b->arena_used = 0;
+}
+
+/* Slots for n entries at most half full. */
+static uint32_t slots_for(size_t n) {
+    uint32_t size = 1024;
+    while (size < 2 * n && size < (1u << 31)) size *= 2;
+    return size;
+}
+
+int loip_bpe_reserve(loip_bpe *b, int32_t n_ids, int32_t n_pieces, size_t text_bytes,
+                     int32_t n_merges) {
+    int rc = grow_ids(b, n_ids);
+    if (rc != 0) return rc;
+    size_t need = b->text_len + text_bytes + (size_t)(n_pieces > 0 ? n_pieces : 0);
+    if (need > b->text_cap) {
+        if (need > UINT32_MAX) return loip_fail(LOIP_ENOMEM, "bpe: over 4 GiB of pieces");
+        char *t = realloc(b->text, need);
+        if (t == NULL) return loip_fail(LOIP_ENOMEM, "bpe: no memory for the pieces");
+        b->text = t;
+        b->text_cap = need;
+    }
+    if (n_pieces > 0) {
+        uint32_t size = slots_for((size_t)b->n_pieces + (size_t)n_pieces);
+        if (size > (b->table ? b->table_mask + 1 : 0) && (rc = resize_table(b, size)) != 0)
+            return rc;
+    }
+    if (n_merges > 0) {
+        uint32_t size = slots_for((size_t)b->n_merges + (size_t)n_merges);
+        if (size > (b->merges ? b->mmask + 1 : 0) && (rc = resize_merges(b, size)) != 0) return rc;
+    }
+    return 0;
 }
 
 LOIP_API int loip_bpe_new(int32_t flags, loip_bpe **out) {
@@ -102,17 +139,17 @@ static const uint8_t *stored_form(const loip_bpe *b, const char *piece, size_t n
     return (const uint8_t *)piece;
 }
 
-LOIP_API int loip_bpe_add_token(loip_bpe *b, const char *piece, size_t len, int32_t id,
-                                float score, int32_t flags) {
-    if (b == NULL || (piece == NULL && len > 0))
-        return loip_fail(LOIP_EINVAL, "loip_bpe_add_token: NULL argument");
+static int check_token(const char *piece, size_t len, int32_t id) {
     if (id < 0 || id >= MAX_ID)
         return loip_fail(LOIP_EINVAL, "token id %d is outside [0, %d)", (int)id, MAX_ID);
     if (len == 0 || len > MAX_PIECE)
         return loip_fail(LOIP_EINVAL, "token %d has a piece of %zu bytes", (int)id, len);
-    uint8_t buf[MAX_PIECE];
-    size_t n;
-    const uint8_t *p = stored_form(b, piece, len, buf, &n);
+    return 0;
+}
+
+/* Token id is the stored piece p[0..n) of hash h; piece[0..len) is it as given (for errors). */
+static int put_piece(loip_bpe *b, const char *piece, size_t len, const uint8_t *p, size_t n,
+                     uint64_t h, int32_t id, float score, int32_t flags) {
     int rc = grow_ids(b, id + 1);
     if (rc != 0) return rc;
     piece_info *in = &b->info[id];
@@ -129,7 +166,6 @@ LOIP_API int loip_bpe_add_token(loip_bpe *b, const char *piece, size_t len, int3
         b->text = t;
         b->text_cap = cap;
     }
-    uint64_t h = hash_bytes(p, n);
     *in = (piece_info){h, (uint32_t)b->text_len, (int32_t)n, score, flags};
     memcpy(b->text + b->text_len, p, n);
     b->text[b->text_len + n] = '\0';
@@ -137,17 +173,85 @@ LOIP_API int loip_bpe_add_token(loip_bpe *b, const char *piece, size_t len, int3
     if (id >= b->size) b->size = id + 1;
     b->n_pieces++;
     if (2 * (size_t)b->n_pieces > (size_t)(b->table ? b->table_mask + 1 : 0)) {
-        rc = grow_table(b);
+        rc = resize_table(b, b->table ? 2 * (b->table_mask + 1) : 1024);
         if (rc != 0) return rc;
     }
     /* A piece given twice keeps its first id. */
     if (find_piece(b, p, n, h) < 0) {
         uint32_t s = (uint32_t)h & b->table_mask;
         while (b->table[s].id >= 0) s = (s + 1) & b->table_mask;
-        b->table[s] = (piece_slot){(uint32_t)(h >> 32), id};
+        b->table[s] = (piece_slot){(uint32_t)(h >> 32), id, b->info[id].off, (int32_t)n};
     }
-    loip_bpe_invalidate(b);
     return 0;
+}
+
+LOIP_API int loip_bpe_add_token(loip_bpe *b, const char *piece, size_t len, int32_t id,
+                                float score, int32_t flags) {
+    if (b == NULL || (piece == NULL && len > 0))
+        return loip_fail(LOIP_EINVAL, "loip_bpe_add_token: NULL argument");
+    int rc = check_token(piece, len, id);
+    if (rc != 0) return rc;
+    uint8_t buf[MAX_PIECE];
+    size_t n;
+    const uint8_t *p = stored_form(b, piece, len, buf, &n);
+    rc = put_piece(b, piece, len, p, n, hash_bytes(p, n), id, score, flags);
+    loip_bpe_invalidate(b);
+    return rc;
+}
+
+/* A batch of tokens or merges goes through each step together, the step before prefetching
+ * what it reads at random in tables of megabytes, so that the cache misses of a batch
+ * overlap instead of following one another. */
+enum { BATCH = 32 };
+
+static void prefetch_piece(const loip_bpe *b, uint64_t h) {
+    if (b->table) __builtin_prefetch(&b->table[(uint32_t)h & b->table_mask]);
+}
+
+/* Room for need bytes at *buf (of *cap). */
+static int scratch(uint8_t **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    free(*buf);
+    *cap = 2 * need;
+    if ((*buf = malloc(*cap)) == NULL) return loip_fail(LOIP_ENOMEM, "bpe: no memory");
+    return 0;
+}
+
+int loip_bpe_add_token_list(loip_bpe *b, const bpe_token_in *t, size_t n, size_t *failed) {
+    if (b == NULL || (t == NULL && n > 0))
+        return loip_fail(LOIP_EINVAL, "loip_bpe_add_token_list: NULL argument");
+    struct {
+        const uint8_t *p; /* stored form, NULL when the token is malformed */
+        size_t n;
+        uint64_t h;
+    } it[BATCH];
+    uint8_t *buf = NULL; /* a batch's stored forms */
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += BATCH) {
+        const size_t k = n - at < BATCH ? n - at : BATCH;
+        const bpe_token_in *tt = t + at;
+        size_t need = 0, used = 0;
+        for (size_t j = 0; j < k; j++) need += tt[j].len;
+        if ((rc = scratch(&buf, &cap, need)) != 0) break;
+        for (size_t j = 0; j < k; j++) {
+            it[j].p = NULL;
+            if (tt[j].piece == NULL || check_token(tt[j].piece, tt[j].len, tt[j].id) != 0) continue;
+            it[j].p = stored_form(b, tt[j].piece, tt[j].len, buf + used, &it[j].n);
+            if (it[j].p == buf + used) used += it[j].n;
+            prefetch_piece(b, it[j].h = hash_bytes(it[j].p, it[j].n));
+            if (tt[j].id < b->cap_ids) __builtin_prefetch(&b->info[tt[j].id]);
+        }
+        for (size_t j = 0; j < k && rc == 0; j++) {
+            rc = it[j].p == NULL ? loip_bpe_add_token(b, tt[j].piece, tt[j].len, tt[j].id, 0.0f, 0)
+                                 : put_piece(b, tt[j].piece, tt[j].len, it[j].p, it[j].n, it[j].h,
+                                             tt[j].id, 0.0f, 0);
+            if (rc != 0 && failed) *failed = at + j;
+        }
+    }
+    free(buf);
+    loip_bpe_invalidate(b);
+    return rc;
 }
 
 LOIP_API int32_t loip_bpe_size(const loip_bpe *b) { return b ? b->size : 0; }
@@ -179,8 +283,8 @@ LOIP_API int loip_bpe_set_unk(loip_bpe *b, int32_t id) {
 
 /* ---- merges ------------------------------------------------------------------------------- */
 
-static int grow_merges(loip_bpe *b) {
-    uint32_t size = b->merges ? 2 * (b->mmask + 1) : 4096;
+/* The merge table at size slots (a power of two, over twice the merges). */
+static int resize_merges(loip_bpe *b, uint32_t size) {
     merge_slot *m = malloc((size_t)size * sizeof *m);
     if (m == NULL) return loip_fail(LOIP_ENOMEM, "bpe: no memory for %u merges", size / 2);
     for (uint32_t i = 0; i < size; i++) m[i].key = UINT64_MAX;
@@ -201,7 +305,7 @@ static int put_merge(loip_bpe *b, int32_t left, int32_t right, uint32_t rank, in
     merge_slot *m = (merge_slot *)find_merge(b, left, right);
     if (m == NULL) {
         if (2 * ((size_t)b->n_merges + 1) > (size_t)(b->merges ? b->mmask + 1 : 0)) {
-            int rc = grow_merges(b);
+            int rc = resize_merges(b, b->merges ? 2 * (b->mmask + 1) : 4096);
             if (rc != 0) return rc;
         }
         uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
@@ -246,6 +350,94 @@ LOIP_API int loip_bpe_add_merge(loip_bpe *b, const char *left, size_t llen, cons
                          (int)llen, left, (int)rlen, right);
     if (b->next_rank == UINT32_MAX) return loip_fail(LOIP_EFORMAT, "bpe: too many merges");
     int rc = put_merge(b, a, c, b->next_rank++, id);
+    loip_bpe_invalidate(b);
+    return rc;
+}
+
+/* ---- many merges ---------------------------------------------------------------------------- */
+
+typedef struct batch_item {
+    const uint8_t *l, *r;    /* stored forms; l NULL: the merge is malformed */
+    size_t nl, nr;
+    uint64_t hl, hr, hm;     /* hashes of the two pieces and of the merged one */
+    const piece_slot *a, *c; /* the two pieces, NULL when not found */
+    int32_t id;              /* the merged piece, -1 when not found */
+} batch_item;
+
+/* Bytes of pieces a and c end to end into out (MAX_PIECE bytes). */
+static size_t concat(const loip_bpe *b, const piece_slot *a, const piece_slot *c, uint8_t *out) {
+    memcpy(out, b->text + a->off, (size_t)a->len);
+    memcpy(out + a->len, b->text + c->off, (size_t)c->len);
+    return (size_t)a->len + (size_t)c->len;
+}
+
+int loip_bpe_add_merge_list(loip_bpe *b, const bpe_merge_in *m, size_t n, size_t *failed) {
+    if (b == NULL || (m == NULL && n > 0))
+        return loip_fail(LOIP_EINVAL, "loip_bpe_add_merge_list: NULL argument");
+    batch_item it[BATCH];
+    uint8_t *buf = NULL; /* the merged piece (MAX_PIECE bytes), then a batch's stored forms */
+    size_t cap = 0;
+    int rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += BATCH) {
+        const size_t k = n - at < BATCH ? n - at : BATCH;
+        const bpe_merge_in *mm = m + at;
+        size_t need = MAX_PIECE;
+        for (size_t j = 0; j < k; j++) need += (size_t)mm[j].llen + mm[j].rlen;
+        if ((rc = scratch(&buf, &cap, need)) != 0) break;
+        size_t used = MAX_PIECE;
+        for (size_t j = 0; j < k; j++) { /* stored forms, their slots prefetched */
+            batch_item *e = &it[j];
+            e->a = e->c = NULL;
+            e->id = -1;
+            e->l = NULL;
+            if (mm[j].llen == 0 || mm[j].rlen == 0 || (size_t)mm[j].llen + mm[j].rlen > MAX_PIECE ||
+                (mm[j].left == NULL || mm[j].right == NULL))
+                continue;
+            e->l = stored_form(b, mm[j].left, mm[j].llen, buf + used, &e->nl);
+            if (e->l == buf + used) used += e->nl;
+            e->r = stored_form(b, mm[j].right, mm[j].rlen, buf + used, &e->nr);
+            if (e->r == buf + used) used += e->nr;
+            prefetch_piece(b, e->hl = hash_bytes(e->l, e->nl));
+            prefetch_piece(b, e->hr = hash_bytes(e->r, e->nr));
+        }
+        for (size_t j = 0; j < k && b->table; j++) { /* the pieces' bytes (if theirs is the
+                                                          first slot tried, as it mostly is) */
+            const batch_item *e = &it[j];
+            if (e->l == NULL) continue;
+            __builtin_prefetch(b->text + b->table[(uint32_t)e->hl & b->table_mask].off);
+            __builtin_prefetch(b->text + b->table[(uint32_t)e->hr & b->table_mask].off);
+        }
+        for (size_t j = 0; j < k; j++) { /* the two pieces; the merged one's slot prefetched */
+            batch_item *e = &it[j];
+            if (e->l == NULL) continue;
+            e->a = find_slot(b, e->l, e->nl, e->hl);
+            e->c = find_slot(b, e->r, e->nr, e->hr);
+            if (e->a == NULL || e->c == NULL) continue;
+            e->hm = hash_bytes(buf, concat(b, e->a, e->c, buf));
+            prefetch_piece(b, e->hm);
+        }
+        for (size_t j = 0; j < k; j++) { /* the merged piece; its merge slot prefetched */
+            batch_item *e = &it[j];
+            if (e->a == NULL || e->c == NULL) continue;
+            e->id = find_piece(b, buf, concat(b, e->a, e->c, buf), e->hm);
+            if (e->id >= 0 && b->merges) {
+                uint64_t key = (uint64_t)(uint32_t)e->a->id << 32 | (uint32_t)e->c->id;
+                __builtin_prefetch(&b->merges[hash_key(key) & b->mmask]);
+            }
+        }
+        for (size_t j = 0; j < k && rc == 0; j++) { /* in order */
+            const batch_item *e = &it[j];
+            if (e->id < 0 || b->next_rank == UINT32_MAX) {
+                /* loip_bpe_add_merge says what is wrong (and adds the merge if nothing is). */
+                rc = loip_bpe_add_merge(b, mm[j].left, mm[j].llen, mm[j].right, mm[j].rlen);
+                if (rc != 0 && failed) *failed = at + j;
+                continue;
+            }
+            rc = put_merge(b, e->a->id, e->c->id, b->next_rank++, e->id);
+            if (rc != 0 && failed) *failed = at + j;
+        }
+    }
+    free(buf);
     loip_bpe_invalidate(b);
     return rc;
 }

@@ -46,9 +46,13 @@ typedef struct piece_info {
     int32_t flags; /* LOIP_BPE_PIECE_* */
 } piece_info;
 
+/* A piece by hash, with what a lookup compares: one cache miss for the slot and one for the
+ * piece's bytes (loading the merges looks up about a million pieces at random). */
 typedef struct piece_slot {
     uint32_t tag; /* the hash's high half, checked before the piece is read */
     int32_t id;   /* -1: free */
+    uint32_t off; /* the piece, text + off */
+    int32_t len;
 } piece_slot;
 
 typedef struct merge_slot {
@@ -113,17 +117,20 @@ static inline uint32_t hash_key(uint64_t k) {
 
 /* ---- lookups ------------------------------------------------------------------------------ */
 
-static inline int32_t find_piece(const loip_bpe *b, const uint8_t *p, size_t n, uint64_t h) {
-    if (b->table == NULL) return -1;
+static inline const piece_slot *find_slot(const loip_bpe *b, const uint8_t *p, size_t n,
+                                           uint64_t h) {
+    if (b->table == NULL) return NULL;
     const uint32_t tag = (uint32_t)(h >> 32);
     for (uint32_t s = (uint32_t)h & b->table_mask;; s = (s + 1) & b->table_mask) {
-        piece_slot e = b->table[s];
-        if (e.id < 0) return -1;
-        if (e.tag != tag) continue;
-        const piece_info *in = &b->info[e.id];
-        if (in->hash == h && (size_t)in->len == n && memcmp(b->text + in->off, p, n) == 0)
-            return e.id;
+        const piece_slot *e = &b->table[s];
+        if (e->id < 0) return NULL;
+        if (e->tag == tag && (size_t)e->len == n && memcmp(b->text + e->off, p, n) == 0) return e;
     }
+}
+
+static inline int32_t find_piece(const loip_bpe *b, const uint8_t *p, size_t n, uint64_t h) {
+    const piece_slot *e = find_slot(b, p, n, h);
+    return e ? e->id : -1;
 }
 
 /* A piece that text can produce (not LOIP_BPE_PIECE_UNMATCHED), or -1. */
@@ -141,6 +148,34 @@ static inline const merge_slot *find_merge(const loip_bpe *b, int32_t left, int3
         if (b->merges[s].key == UINT64_MAX) return NULL;
     }
 }
+
+/* Sizes the tables for n_pieces more pieces of text_bytes bytes in all (stored form, NULs not
+ * counted), ids below n_ids and n_merges more merges, so that adding them grows nothing. */
+int loip_bpe_reserve(loip_bpe *b, int32_t n_ids, int32_t n_pieces, size_t text_bytes,
+                     int32_t n_merges);
+
+/* A token as loip_bpe_add_token takes it (score 0, flags 0). */
+typedef struct bpe_token_in {
+    const char *piece;
+    uint32_t len;
+    int32_t id;
+} bpe_token_in;
+
+/* Adds the tokens t[0..n) in order, as loip_bpe_add_token would, a batch at a time with the
+ * table lookups of each batch prefetched. On failure *failed is the index of the token at
+ * fault (those before it are added) and the message is loip_bpe_add_token's. */
+int loip_bpe_add_token_list(loip_bpe *b, const bpe_token_in *t, size_t n, size_t *failed);
+
+/* A merge as loip_bpe_add_merge takes it. */
+typedef struct bpe_merge_in {
+    const char *left, *right;
+    uint32_t llen, rlen;
+} bpe_merge_in;
+
+/* Adds the merges m[0..n) in order, as loip_bpe_add_merge would, a batch at a time with the
+ * table lookups of each batch prefetched. On failure *failed is the index of the merge at
+ * fault (those before it are added) and the message is loip_bpe_add_merge's. */
+int loip_bpe_add_merge_list(loip_bpe *b, const bpe_merge_in *m, size_t n, size_t *failed);
 
 /* Drops the cache and marks the setup unfinished (after any change of pieces or merges). */
 void loip_bpe_invalidate(loip_bpe *b);

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/bpe.h"
 
 /* ---- GPT-2 bytes_to_unicode ----------------------------------------------------------------
  * Bytes 33..126, 161..172 and 174..255 stand for themselves (as code points); the other 68
@@ -14,8 +14,8 @@ static int self_byte(uint32_t b) {
     return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
 }
 
-/* Byte of the code point cp in GPT-2's alphabet, or -1. */
-static int gpt2_byte(uint32_t cp) {
+/* The byte that each code point below 324 stands for in GPT-2's alphabet, or -1. */
+static const int16_t *gpt2_table(void) {
     static int16_t table[324];
     static int ready;
     if (!ready) { /* idempotent: racing threads write the same values */
@@ -27,19 +27,28 @@ static int gpt2_byte(uint32_t cp) {
         }
         ready = 1;
     }
-    return cp < 324 ? table[cp] : -1;
+    return table;
 }
 
+/* Every piece of a byte-level vocabulary and of its merges comes through here: the alphabet's
+ * characters are one byte (33..126) or two (lead byte 0xC2..0xC5), decoded inline. */
 int loip_gpt2_decode(const char *s, size_t n, uint8_t *out, size_t *n_out) {
+    const int16_t *table = gpt2_table();
     const uint8_t *p = (const uint8_t *)s;
     size_t w = 0;
     for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = loip_utf8_decode(p + i, n - i, &cp);
-        int b = k > 0 ? gpt2_byte(cp) : -1;
+        uint32_t c = p[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xC5 && i + 1 < n && (p[i + 1] & 0xC0) == 0x80) {
+            c = (c & 0x1F) << 6 | (p[i + 1] & 0x3F);
+            i += 2;
+        } else {
+            return -1;
+        }
+        int b = c < 324 ? table[c] : -1;
         if (b < 0) return -1;
         out[w++] = (uint8_t)b;
-        i += (size_t)k;
     }
     *n_out = w;
     return 0;
@@ -47,12 +56,31 @@ int loip_gpt2_decode(const char *s, size_t n, uint8_t *out, size_t *n_out) {
 
 /* ---- merges.txt ---------------------------------------------------------------------------- */
 
+/* Adds the merges of batch[0..*k) (line numbers in line), and empties it. */
+static int flush_merges(loip_bpe *b, bpe_merge_in *batch, const int32_t *line, size_t *k) {
+    size_t bad = 0;
+    int rc = loip_bpe_add_merge_list(b, batch, *k, &bad);
+    *k = 0;
+    if (rc == 0) return 0;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loip_last_error());
+    return loip_fail(rc, "merges line %d: %s", (int)line[bad], msg);
+}
+
 LOIP_API int loip_bpe_add_merges(loip_bpe *b, const char *text, size_t len, int32_t first_line) {
     if (b == NULL || (text == NULL && len > 0))
         return loip_fail(LOIP_EINVAL, "loip_bpe_add_merges: NULL argument");
-    size_t i = 0;
+    /* A merge a line at most: the table is sized once. */
+    size_t lines = 1;
+    for (const char *q = text; q && (q = memchr(q, '\n', len - (size_t)(q - text))) != NULL; q++)
+        lines++;
+    int rc = loip_bpe_reserve(b, 0, 0, 0, lines > INT32_MAX ? INT32_MAX : (int32_t)lines);
+    enum { N = 256 };
+    bpe_merge_in batch[N];
+    int32_t batch_line[N];
+    size_t i = 0, k = 0;
     int32_t line = first_line;
-    while (i < len) {
+    while (rc == 0 && i < len) {
         const char *s = text + i;
         const char *nl = memchr(s, '\n', len - i);
         size_t n = nl ? (size_t)(nl - s) : len - i;
@@ -62,18 +90,21 @@ LOIP_API int loip_bpe_add_merges(loip_bpe *b, const char *text, size_t len, int3
         if (n == 0 || (this_line == first_line && n >= 8 && memcmp(s, "#version", 8) == 0))
             continue;
         const char *sp = memchr(s, ' ', n);
-        if (sp == NULL || sp == s || sp == s + n - 1 || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)))
+        if (sp == NULL || sp == s || sp == s + n - 1 ||
+            memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s))) {
+            /* The lines before come first: one of them may be at fault too. */
+            if ((rc = flush_merges(b, batch, batch_line, &k)) != 0) break;
             return loip_fail(LOIP_EFORMAT, "merges line %d: expected two pieces separated by "
                                            "one space, found \"%.*s\"", (int)this_line,
                              n > 80 ? 80 : (int)n, s);
-        int rc = loip_bpe_add_merge(b, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp + 1 - s));
-        if (rc != 0) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", loip_last_error());
-            return loip_fail(rc, "merges line %d: %s", (int)this_line, msg);
         }
+        batch[k] = (bpe_merge_in){s, sp + 1, (uint32_t)(sp - s),
+                                  (uint32_t)(n - (size_t)(sp + 1 - s))};
+        batch_line[k] = this_line;
+        if (++k == N) rc = flush_merges(b, batch, batch_line, &k);
     }
-    return 0;
+    if (rc == 0) rc = flush_merges(b, batch, batch_line, &k);
+    return rc;
 }
 
 /* ---- tiktoken ------------------------------------------------------------------------------ */

@@ -3,6 +3,10 @@
 -- older split form vocab.json + merges.txt (byte-level BPE), each with the
 -- tokenizer_config.json beside it when there is one.
 --
+-- tokenizer.json's model.vocab and model.merges, nearly all of the file, are read in C from
+-- its bytes (runtime/tokenizer/bpe_json.c, which also checks the whole file's JSON and gives
+-- byte offsets in its errors); cjson decodes the rest. vocab.json goes through the same reader.
+--
 -- Supported parts of tokenizer.json (anything else is an error naming the file):
 --   model       BPE (vocab, merges as "a b" strings or [a, b] pairs, unk_token, byte_fallback,
 --               fuse_unk, ignore_merges; no dropout, continuing_subword_prefix or suffix)
@@ -26,6 +30,7 @@
 -- add_bos_token, add_eos_token, added_tokens_decoder) and added_tokens.json; stop ids also
 -- from generation_config.json's eos_token_id.
 local bit = require "bit"
+local ffi = require "ffi"
 local json = require "loip.json"
 local core = require "loip.core"
 local bpe = require "loip.tokenizers.bpe"
@@ -45,6 +50,12 @@ local function load_json(path)
   local v, err = json.load(path)
   if v == nil then error(err:find(path, 1, true) and err or (path .. ": " .. err), 0) end
   return v
+end
+
+local function read_text(path)
+  local text, err = json.read_file(path)
+  if text == nil then error(err:find(path, 1, true) and err or (path .. ": " .. err), 0) end
+  return text
 end
 
 local function optional_json(path)
@@ -248,18 +259,43 @@ end
 
 -- ---- tokenizer.json ------------------------------------------------------------------------
 
+local spans = ffi.new("int64_t[4]")
+
+-- tokenizer.json's text, the rest of it decoded, and the byte ranges {start, end} (from 0) of
+-- model.vocab's and model.merges' values, which are nearly all of the file: C reads those two
+-- from the text (loip_bpe_add_vocab_json / _merges_json), and cjson decodes the rest with them
+-- replaced by {} and [] (C has checked the whole text first, so errors give file offsets).
+local function read_tokenizer_json(path)
+  local text = read_text(path)
+  core.check(C.loip_bpe_json_spans(text, #text, spans), path)
+  local vocab = spans[0] >= 0 and { tonumber(spans[0]), tonumber(spans[1]) } or nil
+  local merges = spans[2] >= 0 and { tonumber(spans[2]), tonumber(spans[3]) } or nil
+  local cuts = {}
+  if vocab then cuts[#cuts + 1] = { vocab[1], vocab[2], "{}" } end
+  if merges then cuts[#cuts + 1] = { merges[1], merges[2], "[]" } end
+  table.sort(cuts, function(a, b) return a[1] < b[1] end)
+  local parts, at = {}, 1
+  for _, c in ipairs(cuts) do
+    parts[#parts + 1] = text:sub(at, c[1])
+    parts[#parts + 1] = c[3]
+    at = c[2] + 1
+  end
+  parts[#parts + 1] = text:sub(at)
+  local j, err = json.decode(table.concat(parts), path)
+  if j == nil then error(err, 0) end
+  return text, j, vocab, merges
+end
+
 function M.open_json(path, opts)
   opts = opts or {}
-  local j = load_json(path)
+  local text, j, vocab, merges = read_tokenizer_json(path)
   if type(j) ~= "table" then fail(path, "not a JSON object") end
   local m = j.model
   if type(m) ~= "table" then fail(path, "no \"model\" in the file") end
   if m.type ~= "BPE" and not (m.type == nil and m.merges ~= nil) then
     fail(path, "model type %q is not supported (only BPE)", tostring(m.type))
   end
-  if type(m.vocab) ~= "table" or type(m.merges) ~= "table" then
-    fail(path, "the BPE model has no vocab or merges")
-  end
+  if vocab == nil or merges == nil then fail(path, "the BPE model has no vocab or merges") end
   if not is_null(m.dropout) and m.dropout ~= 0 and m.dropout ~= 1 then
     fail(path, "BPE dropout is not supported")
   end
@@ -279,34 +315,18 @@ function M.open_json(path, opts)
   if m.ignore_merges == true then flags = bit.bor(flags, C.LOIP_BPE_IGNORE_MERGES) end
   if m.fuse_unk == true then flags = bit.bor(flags, C.LOIP_BPE_FUSE_UNK) end
   local h = bpe.bpe(flags, path)
-  for piece, id in pairs(m.vocab) do
-    if type(id) ~= "number" or id % 1 ~= 0 then fail(path, "vocab: %q has id %s", piece, tostring(id)) end
-    core.check(C.loip_bpe_add_token(h, piece, #piece, id, 0, 0), path .. ": vocab")
-  end
+  core.check(C.loip_bpe_add_vocab_json(h, text, vocab[1], vocab[2]), path)
   -- Merges are pairs [a, b] (tokenizers >= 0.20) or strings "a b" split at their one space
   -- (pieces may hold any other character, "\r" included).
-  for i, mg in ipairs(m.merges) do
-    local a, b
-    if type(mg) == "table" then
-      a, b = mg[1], mg[2]
-      if type(a) ~= "string" or type(b) ~= "string" or mg[3] ~= nil then
-        fail(path, "merges[%d] is not a pair of strings", i)
-      end
-    elseif type(mg) == "string" then
-      local sp = mg:find(" ", 1, true)
-      if not sp or mg:find(" ", sp + 1, true) then
-        fail(path, "merges[%d] %q is not two pieces separated by one space", i, mg)
-      end
-      a, b = mg:sub(1, sp - 1), mg:sub(sp + 1)
-    else
-      fail(path, "merges[%d] is not a string or a pair", i)
-    end
-    local rc = C.loip_bpe_add_merge(h, a, #a, b, #b)
-    if rc ~= 0 then core.check(rc, string.format("%s: merges[%d]", path, i)) end
-  end
+  core.check(C.loip_bpe_add_merges_json(h, text, merges[1], merges[2]), path)
   if not is_null(m.unk_token) then
-    local id = m.vocab[m.unk_token]
-    if id == nil then fail(path, "unk_token %q is not in the vocab", tostring(m.unk_token)) end
+    local unk = m.unk_token
+    local id = -1
+    if type(unk) == "string" then
+      local stored = st.byte_level and bpe.gpt2_decode(unk) or unk
+      id = C.loip_bpe_lookup(h, stored, #stored)
+    end
+    if id < 0 then fail(path, "unk_token %q is not in the vocab", tostring(unk)) end
     core.check(C.loip_bpe_set_unk(h, id), path)
   end
 
@@ -346,10 +366,8 @@ end
 function M.open_split(dir, opts)
   opts = opts or {}
   local vocab_path, merges_path = dir .. "/vocab.json", dir .. "/merges.txt"
-  local vocab = load_json(vocab_path)
-  if type(vocab) ~= "table" then fail(vocab_path, "not a JSON object") end
-  local merges, err = json.read_file(merges_path)
-  if not merges then fail(merges_path, "%s", err) end
+  local vocab = read_text(vocab_path)
+  local merges = read_text(merges_path)
   local cfg = optional_json(dir .. "/tokenizer_config.json") or {}
 
   -- Added tokens: tokenizer_config.json's added_tokens_decoder, then added_tokens.json.
@@ -388,10 +406,7 @@ function M.open_split(dir, opts)
   local flags = bit.bor(C.LOIP_BPE_BYTELEVEL, C.LOIP_BPE_GPT2_SPELLING)
   if name == "llama3" then flags = bit.bor(flags, C.LOIP_BPE_IGNORE_MERGES) end
   local h = bpe.bpe(flags, vocab_path)
-  for piece, id in pairs(vocab) do
-    if type(id) ~= "number" or id % 1 ~= 0 then fail(vocab_path, "%q has id %s", piece, tostring(id)) end
-    core.check(C.loip_bpe_add_token(h, piece, #piece, id, 0, 0), vocab_path)
-  end
+  core.check(C.loip_bpe_add_vocab_json(h, vocab, 0, #vocab), vocab_path)
   core.check(C.loip_bpe_add_merges(h, merges, #merges, 1), merges_path)
 
   local desc = {
