@@ -22,7 +22,7 @@ commands.generate = {
   summary = "Generate text from a prompt on this machine. Prints the prompt followed by its continuation\n"
     .. "(as llama2.c's run.c does); with --json, one JSON object with the text, ids and timings.",
   flags = {
-    { "model", "string", "model directory (Hugging Face layout) or llama2.c checkpoint", required = true, metavar = "DIR" },
+    { "model", "string", "model directory (Hugging Face layout), slice store or llama2.c checkpoint", required = true, metavar = "DIR" },
     { "prompt", "string", "prompt text", default = "" },
     { "max-tokens", "int", "tokens to generate at most", default = 256,
       check = function(v) return v >= 0, "must be >= 0" end },
@@ -212,6 +212,35 @@ function commands.synth.run(o, pos)
   return 0
 end
 
+commands.slice = {
+  usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
+  summary = "Convert a Hugging Face model directory (or a llama2.c checkpoint) into a slice store: one\n"
+    .. "4 KiB-aligned file per layer block (MHA, MLP), embedding and head, the tokenizer files, and a\n"
+    .. "manifest with shapes, offsets and sha256s, written last. Weights keep their dtype and bytes.\n"
+    .. "--verify re-hashes every file of a store (and, given MODEL_DIR, checks it was sliced from it).",
+  flags = {
+    { "verify", "bool", "check every file of STORE against its manifest's sha256" },
+    { "force", "bool", "replace OUT_DIR's store even when it holds another model" },
+  },
+}
+
+function commands.slice.run(o, pos)
+  local slice = require "loip.slice"
+  local human = require("loip.progress").human
+  if o.verify then
+    if not pos[1] or pos[3] then error({ usage_error = true, msg = "slice: --verify STORE [MODEL_DIR]" }, 0) end
+    local r = slice.verify(pos[1], { source = pos[2] })
+    print(string.format("%s: %d files verified (%s)%s", pos[1], r.files, human(r.bytes),
+      pos[2] and (", sliced from " .. pos[2]) or ""))
+    return 0
+  end
+  if not pos[2] or pos[3] then error({ usage_error = true, msg = "slice: MODEL_DIR OUT_DIR (see --help)" }, 0) end
+  local man = slice.write(pos[1], pos[2], { force = o.force })
+  print(string.format("%s: %d block files, %d other files, %s; source sha256 %s", pos[2], #man.files,
+    #man.model_files, human(man.total_bytes), man.source.sha256))
+  return 0
+end
+
 commands.test = {
   usage = "loip test [BUSTED ARGS...] [SPEC DIRS...]",
   summary = "Run busted specs under this LuaJIT with the runtime loaded (ctest calls this).",
@@ -247,6 +276,7 @@ commands:
   tokenize    show the token ids and pieces of a text
   run         run a Lua script (recipe) with the runtime available
   synth       write a random-weight model with a real model's shapes
+  slice       convert a model into a slice store (per-block files), or --verify one
   test        run busted specs under the runtime
   help CMD    flags of a command (also: loip CMD --help)
   version     versions of the runtime and its kernels

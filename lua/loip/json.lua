@@ -10,6 +10,11 @@ function M.encode(v)
   return (cjson.encode(v):gsub("\\/", "/"))
 end
 
+local function holds_objects(a)
+  for i = 1, #a do if type(a[i]) == "table" and a[i] ~= cjson.null and #a[i] == 0 and next(a[i]) then return true end end
+  return false
+end
+
 -- Deterministic encoding: object keys sorted, so the same value always gives the same bytes
 -- (cjson's order follows its hash table). indent: nil for one line, else spaces per level.
 function M.encode_sorted(v, indent, level)
@@ -32,8 +37,21 @@ function M.encode_sorted(v, indent, level)
   end
   local parts = {}
   if is_array then
-    for i = 1, n do parts[i] = M.encode_sorted(v[i], nil, 0) end
-    return "[" .. table.concat(parts, ",") .. "]"
+    -- Arrays of scalars stay on one line. When indenting, an array of objects (a manifest's
+    -- list of files and their tensors) gets a line per element, and an element is itself
+    -- spread over lines only when it holds such an array.
+    if not (indent and holds_objects(v)) then
+      for i = 1, n do parts[i] = M.encode_sorted(v[i], nil, 0) end
+      return "[" .. table.concat(parts, ",") .. "]"
+    end
+    for i = 1, n do
+      local spread = false
+      if type(v[i]) == "table" then
+        for _, x in pairs(v[i]) do if type(x) == "table" and holds_objects(x) then spread = true break end end
+      end
+      parts[i] = pad_in .. M.encode_sorted(v[i], spread and indent or nil, level + 1)
+    end
+    return "[" .. nl .. table.concat(parts, "," .. nl) .. nl .. pad .. "]"
   end
   local keys = {}
   for k in pairs(v) do keys[#keys + 1] = tostring(k) end

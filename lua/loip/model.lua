@@ -1,4 +1,5 @@
--- Models: open a Hugging Face directory or a llama2.c checkpoint, run it on one device.
+-- Models: open a Hugging Face directory, a llama2.c checkpoint or a slice store (`loip slice`),
+-- run it on one device.
 --
 --   local m = loip.model.open("models/stories260K")
 --   for id, text in m:generate("Once upon a time", { max_tokens = 50 }) do io.write(text) end
@@ -8,6 +9,7 @@ local core = require "loip.core"
 local json = require "loip.json"
 local hf = require "loip.formats.hf"
 local llama2c = require "loip.formats.llama2c"
+local store = require "loip.formats.store"
 local tokenizer = require "loip.tokenizer"
 local sampler = require "loip.sampler"
 local C = core.C
@@ -21,21 +23,30 @@ local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
 local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
 local function is_file(p) return json.exists(p) end
 
--- What to open: ("hf", dir) or ("llama2c", checkpoint path, tokenizer dir).
-local function locate(path)
+-- What to open: ("store", dir), ("hf", dir) or ("llama2c", checkpoint path, tokenizer dir).
+function M.locate(path)
   path = path:gsub("/+$", "")
+  if is_file(path .. "/manifest.json") then return "store", path end
   if is_file(path .. "/config.json") then return "hf", path end
   if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
   for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
     if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
   end
-  error(string.format("%s: not a model (no config.json, model.bin or %s.bin)", path, basename(path)), 0)
+  -- loip slice writes the manifest last: block files without it are an unfinished store.
+  if is_file(path .. "/embed.bin") or is_file(path .. "/layer-000-mha.bin") then
+    error(string.format("%s: an incomplete slice store (no manifest.json: loip slice was interrupted or failed); re-run `loip slice MODEL_DIR %s`",
+      path, path), 0)
+  end
+  error(string.format("%s: not a model (no manifest.json, config.json, model.bin or %s.bin)", path, basename(path)), 0)
 end
+local locate = M.locate
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
--- from the file mapping, which starts faster and shares the page cache).
+-- from the file mapping, which starts faster and shares the page cache; for a slice store,
+-- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
+-- sha256 against the manifest before loading; by default only their sizes are checked).
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -44,6 +55,8 @@ function M.open(path, opts)
   local cfg, facts, keep, bind
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
+  elseif kind == "store" then
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load })
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
@@ -51,6 +64,8 @@ function M.open(path, opts)
   if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
   if kind == "hf" then
     keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory" })
+  elseif kind == "store" then
+    keep = bind(m)
   else
     bind(m)
   end
@@ -224,6 +239,7 @@ function Model:close()
   if self.handle then core.free(self.handle, C.loip_model_free) self.handle = nil end
   if self.weights then
     if self.facts.format == "hf" then require("loip.safetensors").close(self.weights)
+    elseif self.facts.format == "store" then store.close(self.weights)
     else core.free(self.weights, C.loip_mapping_free) end
     self.weights = nil
   end

@@ -1,4 +1,4 @@
-/* Buffers (aligned, zeroed) and read-only file mappings. */
+/* Aligned allocation, buffers (aligned, zeroed) and read-only file mappings. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -8,6 +8,20 @@
 #include <unistd.h>
 
 #include "core/core.h"
+
+void *loip_aligned_alloc(size_t bytes) {
+    void *p = NULL;
+    const size_t huge = 2u << 20;
+    if (bytes == 0) bytes = 64;
+    /* Large arrays (weights, KV cache) stream through the TLB: align them to a huge page and
+     * ask for huge pages. Page-sized ones are page-aligned so that O_DIRECT can read into them. */
+    size_t align = bytes >= huge ? huge : bytes >= 4096 ? 4096 : 64;
+    if (posix_memalign(&p, align, bytes) != 0) return NULL;
+    if (align == huge) madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
+}
+
+void loip_aligned_free(void *p) { free(p); }
 
 struct loip_buffer {
     void *data;

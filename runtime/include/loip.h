@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 3, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 4, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -116,6 +116,16 @@ LOIP_API void loip_writer_free(loip_writer *w);
 /* Bytes available to an unprivileged writer on the filesystem holding path. */
 LOIP_API int loip_disk_free(const char *path, uint64_t *bytes);
 
+enum {
+    LOIP_READ_DIRECT = 1, /* bypass the page cache (O_DIRECT) where the filesystem allows */
+};
+/* Read len bytes at offset of the file at path into dst, in requests of up to 64 MiB.
+ * LOIP_READ_DIRECT reads with O_DIRECT when offset, len and dst are 4 KiB aligned and the
+ * filesystem accepts it, else buffered; *direct (may be NULL) tells which was used. A file
+ * shorter than offset + len is LOIP_EIO naming the file. */
+LOIP_API int loip_file_read(const char *path, uint64_t offset, uint64_t len, void *dst,
+                            int32_t flags, int32_t *direct);
+
 /* Fill n elements of dtype with seeded pseudo-normal values (mean, std). Element i takes the
  * value of stream position first+i, so a tensor filled in chunks equals one filled at once. */
 LOIP_API int loip_fill_random(void *dst, uint64_t n, int32_t dtype, uint64_t seed,
@@ -136,6 +146,21 @@ LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const
  * checksum so that the reads cannot be optimised away. */
 LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes, int32_t reps,
                                 double *checksum);
+
+/* ---- hashing -------------------------------------------------------------------------- */
+
+/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. Uses
+ * the CPU's SHA instructions where present, except under the "ref" kernel variant. */
+typedef struct loip_sha256 loip_sha256;
+LOIP_API int loip_sha256_new(loip_sha256 **out);
+LOIP_API void loip_sha256_free(loip_sha256 *h);
+LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
+/* The digest of everything given since _new (or the last _final): digest[32] raw bytes and/or
+ * hex[65] as 64 lowercase hex digits and a NUL (either may be NULL). The state then restarts,
+ * ready for the next message. */
+LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
+/* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
+LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
 
 /* ---- models --------------------------------------------------------------------------- */
 

@@ -7,8 +7,11 @@ local C = core.C
 local M = {}
 
 local HEADER = 28
+-- run.c's constants: the format stores neither the norm epsilon nor the RoPE base.
+M.NORM_EPS, M.ROPE_THETA = 1e-5, 10000
+M.BOS, M.EOS = 1, { 1, 2 } -- run.c stops on BOS (it starts every story) as well as EOS
 
--- (loip_model_config, facts, mapping) for a .bin file; raises "path: reason".
+-- (loip_model_config, facts, mapping, bind(model), tensors) for a .bin file; raises "path: reason".
 function M.open(path)
   local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, path)
   if not map then error(err, 0) end
@@ -42,7 +45,7 @@ function M.open(path)
   c.n_heads, c.n_kv_heads = hv.n_heads, hv.n_kv_heads
   c.head_dim = hv.dim / hv.n_heads
   c.vocab_size, c.max_seq = vocab, hv.seq_len
-  c.norm_eps, c.rope_theta = 1e-5, 10000
+  c.norm_eps, c.rope_theta = M.NORM_EPS, M.ROPE_THETA
   c.rope_layout = C.LOIP_ROPE_INTERLEAVED
   c.tied_embeddings = shared and 1 or 0
   local L, dim, hid, hd = hv.n_layers, hv.dim, hv.hidden_dim, hv.dim / hv.n_heads
@@ -77,28 +80,34 @@ function M.open(path)
   if offset ~= size then
     fail(string.format("%d unexpected bytes after the last array (expected a file of %d bytes)", size - offset, offset))
   end
-  local facts = { architecture = "llama2.c", format = "llama2c", bos_token_id = 1, eos_token_id = { 1, 2 } }
-  -- Binding needs the model object: hand back a function that binds into it.
-  local function bind(m)
-    for _, b in ipairs(bindings) do
-      local a = b.a
-      if a[3] then
-        local per_layer = a[3] ~= -1
-        local kind = per_layer and a[3] or a[4]
-        local shape = per_layer and a[4] or a[5]
-        local n = 1
-        for _, d in ipairs(shape) do n = n * d end
+  local facts = { architecture = "llama2.c", format = "llama2c", bos_token_id = M.BOS, eos_token_id = M.EOS }
+  -- Every weight as { layer, kind, view, array name, shape, nbytes } (the slicer copies them).
+  local tensors = {}
+  for _, b in ipairs(bindings) do
+    local a = b.a
+    if a[3] then
+      local per_layer = a[3] ~= -1
+      local kind = per_layer and a[3] or a[4]
+      local shape = per_layer and a[4] or a[5]
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      for l = 0, per_layer and L - 1 or 0 do
         local v = ffi.new("loip_tensor")
         v.dtype, v.ndim = C.LOIP_F32, #shape
         for i, d in ipairs(shape) do v.shape[i - 1] = d end
-        for l = 0, per_layer and L - 1 or 0 do
-          v.data = base + b.offset + l * n * 4
-          core.check(C.loip_model_bind(m, per_layer and l or -1, kind, v), path .. ": " .. a[1])
-        end
+        v.data = base + b.offset + l * n * 4
+        tensors[#tensors + 1] = { layer = per_layer and l or -1, kind = kind, view = v, array = a[1],
+          shape = shape, nbytes = n * 4 }
       end
     end
   end
-  return c, facts, map, bind
+  -- Binding needs the model object: hand back a function that binds into it.
+  local function bind(m)
+    for _, t in ipairs(tensors) do
+      core.check(C.loip_model_bind(m, t.layer, t.kind, t.view), path .. ": " .. t.array)
+    end
+  end
+  return c, facts, map, bind, tensors
 end
 
 return M
