@@ -11,20 +11,8 @@
 #include <string.h>
 
 #include "loip.h"
+#include "check.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            n_pass++;                                                                          \
-        } else {                                                                               \
-            n_fail++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-        }                                                                                      \
-    } while (0)
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(uint32_t n) {

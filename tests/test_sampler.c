@@ -7,20 +7,8 @@
 #include <string.h>
 
 #include "loip.h"
+#include "check.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            n_pass++;                                                                          \
-        } else {                                                                               \
-            n_fail++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-        }                                                                                      \
-    } while (0)
 
 static loip_sampler_params defaults(void) {
     loip_sampler_params p = {.temperature = 1.0f,

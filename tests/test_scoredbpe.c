@@ -17,20 +17,8 @@
 #include <sys/stat.h>
 
 #include "loip.h"
+#include "check.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            n_pass++;                                                                          \
-        } else {                                                                               \
-            n_fail++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-        }                                                                                      \
-    } while (0)
 
 static char *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");

@@ -8,20 +8,8 @@
 #include <unistd.h>
 
 #include "loip.h"
+#include "check.h"
 
-static int n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (cond) {                                                                            \
-            n_pass++;                                                                          \
-        } else {                                                                               \
-            n_fail++;                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                               \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-        }                                                                                      \
-    } while (0)
 
 static const char *MILLION_A = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0";
 
