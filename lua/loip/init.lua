@@ -12,7 +12,8 @@ local submodules = {
   model = "loip.model", tokenizer = "loip.tokenizer", sampler = "loip.sampler",
   synth = "loip.synth", cpu = "loip.cpu", safetensors = "loip.safetensors",
   progress = "loip.progress", json = "loip.json", shapes = "loip.shapes",
-  template = "loip.template", chat = "loip.chat", plot = "loip.plot", slice = "loip.slice",
+  template = "loip.template", chat = "loip.chat", plot = "loip.plot",
+  loader = "loip.loader", slice = "loip.slice",
 }
 
 setmetatable(loip, {

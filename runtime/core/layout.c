@@ -24,6 +24,13 @@ static const struct {
     FIELD(loip_sampler_params, top_k), FIELD(loip_sampler_params, top_p),
     FIELD(loip_sampler_params, min_p), FIELD(loip_sampler_params, repetition_penalty),
     FIELD(loip_sampler_params, penalty_last_n),
+    SIZE(loip_loader_config), FIELD(loip_loader_config, rate_limit_bps),
+    FIELD(loip_loader_config, n_slots), FIELD(loip_loader_config, debug_short_every),
+    SIZE(loip_load_extent), FIELD(loip_load_extent, fd), FIELD(loip_load_extent, file_offset),
+    FIELD(loip_load_extent, slot_offset),
+    SIZE(loip_load_done), FIELD(loip_load_done, status), FIELD(loip_load_done, t_done_ns),
+    FIELD(loip_load_done, message),
+    SIZE(loip_loader_stats_t), FIELD(loip_loader_stats_t, throttle_ns),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

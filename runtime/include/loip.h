@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 4, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 5, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -161,6 +161,100 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
+
+/* ---- loader --------------------------------------------------------------------------- */
+
+/* Reads offloaded weights from files into reusable slots (aligned memory, one stage's offloaded
+ * blocks each), on its own thread, so that compute never waits on a system call. io_uring with
+ * O_DIRECT into registered buffers where the kernel allows; a conventional path (buffered
+ * pread into a bounce buffer, then a copy into the slot) for the ablation and as the fallback.
+ * Completion is pulled with loip_loader_poll/_wait: C never calls back. */
+enum {
+    LOIP_LOADER_AUTO = 0,     /* io_uring if the probe at start succeeds, else buffered */
+    LOIP_LOADER_URING = 1,    /* io_uring or fail (LOIP_ENOSYS naming the reason) */
+    LOIP_LOADER_BUFFERED = 2, /* pread + copy, one request at a time */
+};
+enum {
+    LOIP_ETIMEDOUT = -110, /* loip_loader_wait ran out of time */
+};
+
+typedef struct loip_loader_config {
+    uint64_t slot_bytes;      /* each slot's size, rounded up to 4 KiB */
+    uint64_t request_bytes;   /* loads are split into reads of at most this (0: 1 MiB) */
+    uint64_t rate_limit_bps;  /* emulate a slower disk: bytes/s over all reads (0: off) */
+    int32_t n_slots;          /* <= 0: 1 */
+    int32_t mode;             /* LOIP_LOADER_* */
+    int32_t queue_depth;      /* io_uring reads in flight (<= 0: 32) */
+    int32_t debug_short_every; /* tests: every Nth read returns only a part (as a device may
+                                  return less than asked), so the remainder is read again;
+                                  0: off */
+} loip_loader_config;
+
+/* One piece of a load: length bytes at file_offset of a file go to slot_offset of the slot.
+ * The file is path (opened once and cached, O_DIRECT where the filesystem allows), or the
+ * caller's open fd when path is NULL (not closed by the loader). Reads are O_DIRECT when the
+ * file offset, length and slot offset are 4 KiB aligned (slice stores are laid out so). */
+typedef struct loip_load_extent {
+    const char *path;
+    int32_t fd;
+    int32_t reserved;
+    uint64_t file_offset;
+    uint64_t length;
+    uint64_t slot_offset;
+} loip_load_extent;
+
+/* A finished load: status 0, or a negative LOIP_E* code with message naming the file and the
+ * offset (LOIP_EIO for a file that ends before the extent: truncated). A failed load's slot
+ * bytes are undefined. */
+typedef struct loip_load_done {
+    uint64_t tag;
+    int32_t slot;
+    int32_t status;
+    uint64_t bytes;       /* bytes read into the slot */
+    uint64_t t_submit_ns; /* loip_now_ns() clock */
+    uint64_t t_done_ns;
+    char message[240];    /* "" on success */
+} loip_load_done;
+
+typedef struct loip_loader_stats_t {
+    uint64_t bytes_read;
+    uint64_t reads;        /* read requests issued, resubmissions included */
+    uint64_t short_reads;  /* reads that returned less than asked (remainder resubmitted) */
+    uint64_t loads_done;
+    uint64_t loads_failed;
+    uint64_t busy_ns;      /* time with at least one read in flight */
+    uint64_t throttle_ns;  /* time the rate limit held reads back */
+} loip_loader_stats_t;
+
+typedef struct loip_loader loip_loader;
+/* cfg NULL: defaults (one slot of 0 bytes is useless: give slot_bytes). */
+LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out);
+/* Waits for reads in flight (the kernel writes into the slots), drops loads not yet started. */
+LOIP_API void loip_loader_free(loip_loader *l);
+/* LOIP_LOADER_URING or LOIP_LOADER_BUFFERED: the path in use. */
+LOIP_API int32_t loip_loader_mode(const loip_loader *l);
+/* A line saying which path is used and why (io_uring probe result, registered buffers, files
+ * opened O_DIRECT or buffered); LOIP_ERANGE when cap is too small (truncated). */
+LOIP_API int loip_loader_describe(loip_loader *l, char *buf, size_t cap);
+LOIP_API int32_t loip_loader_slots(const loip_loader *l);
+LOIP_API uint64_t loip_loader_slot_bytes(const loip_loader *l);
+/* The slot's memory (4 KiB aligned, 2 MiB when large); NULL for a slot out of range. */
+LOIP_API void *loip_loader_slot_data(loip_loader *l, int32_t slot);
+/* Queue a load of n extents into slot, identified by tag in the completions. Files are opened
+ * here: a missing file fails now, naming it, and nothing is queued. */
+LOIP_API int loip_loader_submit(loip_loader *l, int32_t slot, const loip_load_extent *ext,
+                                int32_t n, uint64_t tag);
+/* Up to cap finished loads, oldest first; waits up to wait_ms (< 0: until one finishes) when
+ * none is ready and some are queued. Returns the count (>= 0). The message of the last failed
+ * load returned is also loip_last_error(). */
+LOIP_API int loip_loader_poll(loip_loader *l, loip_load_done *out, int32_t cap, int32_t wait_ms);
+/* Waits for the load with tag (timeout_ms < 0: no limit) and returns its status; out (may be
+ * NULL) gets its record. LOIP_ETIMEDOUT; LOIP_EINVAL when no load with tag is queued. */
+LOIP_API int loip_loader_wait(loip_loader *l, uint64_t tag, int32_t timeout_ms,
+                              loip_load_done *out);
+/* Loads queued and not yet returned by poll/wait. */
+LOIP_API int32_t loip_loader_pending(loip_loader *l);
+LOIP_API int loip_loader_stats(loip_loader *l, loip_loader_stats_t *out);
 
 /* ---- models --------------------------------------------------------------------------- */
 
