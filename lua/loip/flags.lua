@@ -37,7 +37,10 @@ function M.parse(spec, argv, first)
   end
   while i <= #argv do
     local a = argv[i]
-    if a == "--" then
+    if (a == "--help" or a == "-h") and spec.usage then -- recipes get --help for free
+      io.stdout:write(M.help(spec))
+      os.exit(0)
+    elseif a == "--" then
       for j = i + 1, #argv do pos[#pos + 1] = argv[j] end
       break
     elseif a:sub(1, 2) == "--" then
