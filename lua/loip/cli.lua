@@ -38,6 +38,8 @@ commands.generate = {
     { "context", "int", "KV cache positions (default: min(model max, 4096))",
       check = function(v) return v > 0, "must be > 0" end },
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
+    { "mem", "bytes", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited)",
+      metavar = "BYTES" },
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
@@ -51,8 +53,17 @@ function commands.generate.run(o)
   use_kernels(o.kernels)
   local model = require "loip.model"
   local json = require "loip.json"
-  local m = model.open(o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer })
+  local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer,
+    mem = o.mem })
+  if not ok then
+    if o.mem and tostring(m):find("memory budget:", 1, true) then
+      error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.memory").format_bytes(o.mem)
+        .. ": pass a larger --mem or, later, offload", 0)
+    end
+    error(m, 0)
+  end
   if o.verbose then stderr("%s\n", tostring(m)) end
+  if o.verbose and m.budget then stderr("memory:\n%s\n", tostring(m.budget:report())) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
     top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed }
   local input = o.prompt

@@ -74,9 +74,10 @@ end
 -- An owning handle: h = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, args...)
 function M.new(ctype, ctor, dtor, ...)
   local out = ffi.new(ctype .. "[1]")
+  local n = select("#", ...)
   local args = { ... }
-  args[#args + 1] = out
-  local rc = ctor(unpack(args))
+  args[n + 1] = out -- by count, not #args: an argument may be nil (a NULL pointer)
+  local rc = ctor(unpack(args, 1, n + 1))
   if rc ~= 0 then return nil, M.last_error(), rc end
   return ffi.gc(out[0], dtor)
 end

@@ -21,7 +21,8 @@ local Loader = {}
 Loader.__index = Loader
 
 -- opts: slots (1), slot_bytes (required), mode ("auto" | "uring" | "buffered"), rate (bytes/s,
--- 0 = off), queue_depth (32), request_bytes (1 MiB), debug_short_every (tests).
+-- 0 = off), queue_depth (32), request_bytes (1 MiB), debug_short_every (tests), budget (from
+-- loip.memory.budget: the slots are charged to its "slots" account before they are allocated).
 -- Returns the loader, or nil, err when it cannot be made (e.g. mode "uring" without io_uring).
 function M.new(opts)
   opts = opts or {}
@@ -38,6 +39,12 @@ function M.new(opts)
   cfg.queue_depth = opts.queue_depth or 0
   cfg.request_bytes = opts.request_bytes or 0
   cfg.debug_short_every = opts.debug_short_every or 0
+  if opts.budget ~= nil then
+    if not require("loip.memory").is_budget(opts.budget) then
+      error("loader: budget must come from loip.memory.budget", 2)
+    end
+    cfg.budget = opts.budget.handle
+  end
   local h, err = core.new("loip_loader *", C.loip_loader_new, C.loip_loader_free, cfg)
   if not h then return nil, err end
   return setmetatable({ handle = h, done = ffi.new("loip_load_done[16]"), one = ffi.new("loip_load_done[1]") }, Loader)

@@ -12,6 +12,7 @@ local llama2c = require "loip.formats.llama2c"
 local store = require "loip.formats.store"
 local tokenizer = require "loip.tokenizer"
 local sampler = require "loip.sampler"
+local memory = require "loip.memory"
 local C = core.C
 
 local M = {}
@@ -46,37 +47,40 @@ local locate = M.locate
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
 -- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
--- sha256 against the manifest before loading; by default only their sizes are checked).
+-- sha256 against the manifest before loading; by default only their sizes are checked),
+-- mem (bytes, or a size such as "1.5G": a budget of its own, see loip.memory) or budget (one
+-- from loip.memory.budget, shared): the weights, KV cache and activations are charged to its
+-- "weights", "kv" and "activations" accounts, and a model that does not fit is refused, naming
+-- the account and the shortfall, before anything is loaded. The budget is m.budget.
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
+  local budget = opts.budget
+  if budget ~= nil and not memory.is_budget(budget) then
+    error("loip.model.open: budget must come from loip.memory.budget", 2)
+  end
+  if budget == nil and opts.mem ~= nil then
+    if type(opts.mem) ~= "number" and type(opts.mem) ~= "string" then
+      error("loip.model.open: mem must be a number of bytes or a size such as \"1.5G\"", 2)
+    end
+    budget = memory.budget(opts.mem)
+  end
+  local bh = budget and budget.handle
   local kind, file, tokdir = locate(path)
-  local self = setmetatable({ path = path, opts = opts, dir = tokdir or file }, Model)
+  local self = setmetatable({ path = path, opts = opts, dir = tokdir or file, budget = budget }, Model)
   local cfg, facts, keep, bind
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
   elseif kind == "store" then
-    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load })
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh })
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
   local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg)
   if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
-  if kind == "hf" then
-    keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory" })
-  elseif kind == "store" then
-    keep = bind(m)
-  else
-    bind(m)
-  end
-  core.check(C.loip_model_check(m, 0, cfg.n_layers), path)
-  self.handle, self.cfg, self.facts, self.weights = m, cfg, facts, keep
-  self.architecture = facts.architecture
-  self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
-  self.weight_bytes = tonumber(C.loip_model_weight_bytes(m))
   local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, opts.threads or 0)
   if not pool then error(perr, 0) end
-  self.pool = pool
+  self.handle, self.pool = m, pool
   self.threads = C.loip_pool_size(pool)
   local ctx = opts.context or math.min(cfg.max_seq, 4096)
   if facts.sliding_window and ctx > facts.sliding_window then
@@ -85,6 +89,37 @@ function M.open(path, opts)
   end
   self.context = ctx
   self.batch = math.min(opts.batch or 128, ctx)
+  -- Under a budget the session (KV cache, activations) is charged first, then the weights
+  -- before they are read: a model that does not fit is refused before anything loads, and
+  -- what it had charged is given back at once (a shared budget must not wait for the GC).
+  local ok, e = pcall(function()
+    if budget then self:session() end
+    local mapped = kind == "llama2c" or opts.load == "mmap"
+    if kind == "hf" then
+      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
+    elseif kind == "store" then
+      keep = bind(m)
+    else
+      bind(m)
+    end
+    self.cfg, self.facts, self.weights = cfg, facts, keep
+    core.check(C.loip_model_check(m, 0, cfg.n_layers), path)
+    self.weight_bytes = tonumber(C.loip_model_weight_bytes(m))
+    -- Weights used in place from a file mapping become resident as they are read: charged too.
+    if budget and mapped then
+      local ch, cerr = core.new("loip_charge *", C.loip_charge_new, C.loip_charge_free, bh, "weights", self.weight_bytes)
+      if not ch then error(path .. ": " .. cerr, 0) end
+      self.weight_charge = ch
+    end
+  end)
+  if not ok then
+    self.facts = self.facts or facts
+    if not self.weights and kind == "llama2c" then self.weights = keep end
+    self:close()
+    error(e, 0)
+  end
+  self.architecture = facts.architecture
+  self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
   if opts.tokenizer ~= false then
     self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer, vocab_size = cfg.vocab_size })
     -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
@@ -111,7 +146,7 @@ end
 function Model:session()
   if not self._session then
     local s, err = core.new("loip_session *", C.loip_session_new, C.loip_session_free,
-      self.handle, self.pool, self.context, self.batch)
+      self.handle, self.pool, self.context, self.batch, self.budget and self.budget.handle)
     if not s then error(self.path .. ": " .. err, 0) end
     self._session = s
   end
@@ -243,6 +278,7 @@ function Model:close()
     else core.free(self.weights, C.loip_mapping_free) end
     self.weights = nil
   end
+  if self.weight_charge then core.free(self.weight_charge, C.loip_charge_free) self.weight_charge = nil end
   if self.tokenizer then self.tokenizer:close() self.tokenizer = nil end
 end
 

@@ -98,9 +98,11 @@ end
 -- Move the tensor bytes from the file mapping into anonymous memory (huge pages where the
 -- kernel gives them): decoding streams every weight once per token, and 4 KiB page-cache
 -- pages cost TLB misses that 2 MiB pages do not. bar: optional progress bar (bytes).
-function File:load(bar, done)
+-- budget: optional loip_budget * whose "weights" account is charged before the allocation.
+function File:load(bar, done, budget)
   if self.buffer then return done end
-  local buf, err = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, math.max(self.data_size, 1))
+  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
+    math.max(self.data_size, 1))
   if not buf then return nil, self.path .. ": " .. err end
   local dst = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
   local step = 64 * 1024 * 1024
@@ -143,7 +145,8 @@ end
 -- All tensors of a model directory: model.safetensors, or the shards listed by
 -- model.safetensors.index.json. Returns { files = {...}, index = name -> File }.
 -- opts.load: "memory" copies the tensor bytes into anonymous memory (with a progress bar),
--- "mmap" (default here) leaves them in the file mapping.
+-- "mmap" (default here) leaves them in the file mapping; opts.budget (loip_budget *) is charged
+-- for what "memory" allocates.
 function M.open_dir(dir, opts)
   local index_path = dir .. "/model.safetensors.index.json"
   local single = dir .. "/model.safetensors"
@@ -182,12 +185,18 @@ function M.open_dir(dir, opts)
   end
   if opts and opts.load == "memory" then
     local total = 0
-    for _, f in ipairs(set.files) do total = total + f.data_size end
+    for _, f in ipairs(set.files) do total = total + math.max(f.data_size, 1) end
+    -- opts.budget (loip_budget *): all shards must fit before the first is read.
+    if opts.budget then
+      local ok, err = core.ok(C.loip_budget_charge(opts.budget, "weights", total), dir)
+      if not ok then M.close(set) return nil, err end
+      C.loip_budget_release(opts.budget, "weights", total)
+    end
     local bar = total >= 256 * 1024 * 1024 and require("loip.progress").new(total, "loading " .. dir) or nil
     local done = 0
     for _, f in ipairs(set.files) do
       local err
-      done, err = f:load(bar, done)
+      done, err = f:load(bar, done, opts.budget)
       if not done then M.close(set) return nil, err end
     end
     if bar then bar:finish() end

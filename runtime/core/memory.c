@@ -1,6 +1,7 @@
 /* Aligned allocation, buffers (aligned, zeroed) and read-only file mappings. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "memory/budget.h"
 
 void *loip_aligned_alloc(size_t bytes) {
     void *p = NULL;
@@ -26,27 +28,47 @@ void loip_aligned_free(void *p) { free(p); }
 struct loip_buffer {
     void *data;
     uint64_t size;
+    loip_budget *budget; /* NULL, or charged size bytes to account (a reference held) */
+    char account[LOIP_BUDGET_NAME_MAX];
 };
 
-LOIP_API int loip_buffer_new(uint64_t bytes, loip_buffer **out) {
+LOIP_API int loip_buffer_new_charged(loip_budget *budget, const char *account, uint64_t bytes,
+                                     loip_buffer **out) {
     *out = NULL;
+    if (budget) {
+        int rc = loip_budget_charge(budget, account, bytes);
+        if (rc) return rc;
+    }
     loip_buffer *b = calloc(1, sizeof *b);
     void *p = b ? loip_aligned_alloc(bytes) : NULL;
     if (!p) {
         free(b);
+        if (budget) loip_budget_release(budget, account, bytes);
         return loip_fail(LOIP_ENOMEM, "buffer: cannot allocate %llu bytes",
                          (unsigned long long)bytes);
     }
     memset(p, 0, bytes);
     b->data = p;
     b->size = bytes;
+    if (budget) {
+        b->budget = loip_budget_retain(budget);
+        snprintf(b->account, sizeof b->account, "%s", account);
+    }
     *out = b;
     return LOIP_OK;
+}
+
+LOIP_API int loip_buffer_new(uint64_t bytes, loip_buffer **out) {
+    return loip_buffer_new_charged(NULL, NULL, bytes, out);
 }
 
 LOIP_API void loip_buffer_free(loip_buffer *b) {
     if (!b) return;
     loip_aligned_free(b->data);
+    if (b->budget) {
+        loip_budget_release(b->budget, b->account, b->size);
+        loip_budget_free(b->budget);
+    }
     free(b);
 }
 

@@ -13,14 +13,24 @@
 #include "cpu/kernels.h"
 #include "exec/model.h"
 #include "exec/ops.h"
+#include "memory/budget.h"
 
 struct loip_session {
     const loip_model *m;
     loip_pool *pool;
     int max_ctx, max_batch, n_threads;
     size_t q_dim, kv_dim;
-    float *k_cache;  /* (n_layers, max_ctx, kv_dim) */
-    float *v_cache;  /* (n_layers, max_ctx, kv_dim) */
+    loip_budget *budget;    /* NULL, or charged kv_bytes to "kv", scratch_bytes to "activations" */
+    uint64_t kv_bytes, scratch_bytes;
+    /* The KV cache is paged: each layer's positions live in fixed-size blocks of kv_block
+     * tokens, found through the layer's block table, so that a token range can later be
+     * exported, imported, evicted and recomputed block by block without moving the rest. */
+    int kv_block;         /* tokens per block */
+    int blocks_per_layer; /* ceil(max_ctx / kv_block) */
+    int n_blocks;         /* blocks in the pool: n_layers * blocks_per_layer */
+    int32_t *block_table; /* (n_layers, blocks_per_layer) pool block holding each logical block */
+    float *k_cache;       /* (n_blocks, kv_block, kv_dim) the pool's keys */
+    float *v_cache;       /* (n_blocks, kv_block, kv_dim) the pool's values */
     float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
     float *xb;       /* (max_batch, dim) normalised input of a sub-block */
     float *xb2;      /* (max_batch, dim) output of wo / down before the residual add */
@@ -36,7 +46,7 @@ struct loip_session {
 };
 
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                              int32_t max_batch, loip_session **out) {
+                              int32_t max_batch, loip_budget *budget, loip_session **out) {
     *out = NULL;
     const loip_model_config *c = &m->cfg;
     if (max_ctx <= 0 || max_batch <= 0)
@@ -52,7 +62,10 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
     s->n_threads = loip_pool_size(pool);
     s->q_dim = (size_t)c->n_heads * c->head_dim;
     s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    size_t B = (size_t)max_batch, kv = (size_t)c->n_layers * max_ctx * s->kv_dim;
+    s->kv_block = LOIP_KV_BLOCK_TOKENS;
+    s->blocks_per_layer = (max_ctx + s->kv_block - 1) / s->kv_block;
+    s->n_blocks = c->n_layers * s->blocks_per_layer;
+    size_t B = (size_t)max_batch, kv = (size_t)s->n_blocks * s->kv_block * s->kv_dim;
     struct { float **p; size_t n; } arrays[] = {
         {&s->k_cache, kv}, {&s->v_cache, kv},
         {&s->x, B * c->dim}, {&s->xb, B * c->dim}, {&s->xb2, B * c->dim},
@@ -61,6 +74,20 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
         {&s->scores, (size_t)s->n_threads * max_ctx},
         {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
     };
+    /* Charge the whole session before allocating any of it. */
+    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+        *(i < 2 ? &s->kv_bytes : &s->scratch_bytes) += arrays[i].n * sizeof(float);
+    s->kv_bytes += (uint64_t)s->n_blocks * sizeof(int32_t); /* the block tables */
+    if (budget) {
+        int rc = loip_budget_charge(budget, "kv", s->kv_bytes);
+        if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
+            loip_budget_release(budget, "kv", s->kv_bytes);
+        if (rc) {
+            free(s);
+            return rc;
+        }
+        s->budget = loip_budget_retain(budget);
+    }
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
         *arrays[i].p = loip_aligned_alloc(arrays[i].n * sizeof(float));
         if (!*arrays[i].p) {
@@ -70,6 +97,13 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
         }
         memset(*arrays[i].p, 0, arrays[i].n * sizeof(float));
     }
+    if (!(s->block_table = malloc((size_t)s->n_blocks * sizeof(int32_t)))) {
+        loip_session_free(s);
+        return loip_fail(LOIP_ENOMEM, "session: out of memory");
+    }
+    /* Every block mapped from the start (the pool is sized for the whole context); layer l's
+     * blocks are consecutive in the pool until something remaps them. */
+    for (int32_t b = 0; b < s->n_blocks; b++) s->block_table[b] = b;
     *out = s;
     return LOIP_OK;
 }
@@ -79,11 +113,25 @@ LOIP_API void loip_session_free(loip_session *s) {
     float *arrays[] = {s->k_cache, s->v_cache, s->x, s->xb, s->xb2, s->q, s->k, s->v,
                        s->att, s->hb, s->hb2, s->scores, s->rope_cos, s->rope_sin};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
+    free(s->block_table);
+    if (s->budget) {
+        loip_budget_release(s->budget, "kv", s->kv_bytes);
+        loip_budget_release(s->budget, "activations", s->scratch_bytes);
+        loip_budget_free(s->budget);
+    }
     free(s);
 }
 
-LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) {
-    return 2ull * (uint64_t)s->m->cfg.n_layers * (uint64_t)s->max_ctx * s->kv_dim * sizeof(float);
+LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s) { return s->scratch_bytes; }
+
+LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) { return s->kv_bytes; }
+LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s) { return s->kv_block; }
+
+/* The first of the kv_block rows (kv_dim floats each) of the block holding position pos of
+ * layer in pool (k_cache or v_cache); the rows of positions in one block are contiguous. */
+static inline float *kv_block_at(const loip_session *s, float *pool, int layer, int pos) {
+    int32_t b = s->block_table[(size_t)layer * s->blocks_per_layer + pos / s->kv_block];
+    return pool + (size_t)b * s->kv_block * s->kv_dim;
 }
 
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
@@ -162,24 +210,25 @@ static void qkv_post_task(void *p, int ith, int nth) {
             if (c->qk_norm) k->rmsnorm(v, v, kn->data, kn->dtype, (size_t)hd, c->norm_eps);
             rotate(v, hd, c->rope_layout, cs, sn);
         }
-        size_t row = ((size_t)j->layer * s->max_ctx + (size_t)(j->pos + (int)t)) * s->kv_dim;
-        memcpy(s->k_cache + row, kk, s->kv_dim * sizeof(float));
-        memcpy(s->v_cache + row, vv, s->kv_dim * sizeof(float));
+        int pos = j->pos + (int)t;
+        size_t row = (size_t)(pos % s->kv_block) * s->kv_dim;
+        memcpy(kv_block_at(s, s->k_cache, j->layer, pos) + row, kk, s->kv_dim * sizeof(float));
+        memcpy(kv_block_at(s, s->v_cache, j->layer, pos) + row, vv, s->kv_dim * sizeof(float));
     }
 }
 
-/* Causal grouped-query attention: one work item per (token, head); token t attends to
- * positions 0..pos+t of the cache. Softmax in fp32 as run.c does. */
+/* Causal grouped-query attention over the paged cache: one work item per (token, head);
+ * token t attends to positions 0..pos+t, read block by block (each block's rows contiguous).
+ * Softmax in fp32 as run.c does, positions in the same order as an unpaged cache would give
+ * them, so the result does not depend on the block size. */
 static void attention_task(void *p, int ith, int nth) {
     step_job *j = p;
     loip_session *s = j->s;
     const loip_model_config *c = &s->m->cfg;
     const loip_kernels *k = loip_kernels_current();
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kb = s->kv_block;
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
-    const float *kc = s->k_cache + (size_t)j->layer * s->max_ctx * s->kv_dim;
-    const float *vc = s->v_cache + (size_t)j->layer * s->max_ctx * s->kv_dim;
     size_t b, e;
     loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
     for (size_t item = b; item < e; item++) {
@@ -187,10 +236,14 @@ static void attention_task(void *p, int ith, int nth) {
         int h = (int)(item % c->n_heads), kvh = h / group, last = j->pos + (int)t;
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
-        for (int pp = 0; pp <= last; pp++) {
-            float sc = k->dot_f32(q, kc + (size_t)pp * s->kv_dim + (size_t)kvh * hd, (size_t)hd) / scale;
-            scores[pp] = sc;
-            if (sc > maxv) maxv = sc;
+        for (int b0 = 0; b0 <= last; b0 += kb) {
+            const float *kc = kv_block_at(s, s->k_cache, j->layer, b0) + (size_t)kvh * hd;
+            int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
+            for (int i = 0; i < n; i++) {
+                float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
+                scores[b0 + i] = sc;
+                if (sc > maxv) maxv = sc;
+            }
         }
         float sum = 0.0f;
         for (int pp = 0; pp <= last; pp++) {
@@ -199,8 +252,12 @@ static void attention_task(void *p, int ith, int nth) {
         }
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        for (int pp = 0; pp <= last; pp++)
-            k->axpy_f32(o, scores[pp] / sum, vc + (size_t)pp * s->kv_dim + (size_t)kvh * hd, (size_t)hd);
+        for (int b0 = 0; b0 <= last; b0 += kb) {
+            const float *vc = kv_block_at(s, s->v_cache, j->layer, b0) + (size_t)kvh * hd;
+            int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
+            for (int i = 0; i < n; i++)
+                k->axpy_f32(o, scores[b0 + i] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
+        }
     }
 }
 

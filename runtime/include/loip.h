@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 5, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 6, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -134,6 +134,51 @@ LOIP_API int loip_fill_random(void *dst, uint64_t n, int32_t dtype, uint64_t see
 LOIP_API int loip_convert(void *dst, int32_t dst_dtype, const void *src, int32_t src_dtype,
                           uint64_t n);
 
+/* ---- memory budget ------------------------------------------------------------------- */
+
+/* A device's memory budget: a limit in bytes (0: unlimited) and named accounts ("weights",
+ * "slots", "kv", "activations", "scratch", ...; at most LOIP_BUDGET_MAX_ACCOUNTS) that every
+ * allocation is charged to. A charge that would pass the limit fails with LOIP_ENOMEM before
+ * anything is allocated, naming the account, the shortfall and what the others hold. Safe to
+ * charge from several threads. Objects charged to a budget keep it alive: loip_budget_free
+ * drops the caller's reference and the budget goes when the last charged object does. */
+enum {
+    LOIP_BUDGET_MAX_ACCOUNTS = 32,
+    LOIP_BUDGET_NAME_MAX = 32, /* account names are shorter than this */
+};
+
+typedef struct loip_budget_account {
+    char name[32];
+    uint64_t bytes; /* charged now */
+    uint64_t peak;  /* most charged at once */
+} loip_budget_account;
+
+typedef struct loip_budget loip_budget;
+LOIP_API int loip_budget_new(uint64_t limit, loip_budget **out);
+LOIP_API void loip_budget_free(loip_budget *b);
+LOIP_API uint64_t loip_budget_limit(const loip_budget *b);
+LOIP_API uint64_t loip_budget_used(const loip_budget *b);
+/* Most bytes charged at once over all accounts. */
+LOIP_API uint64_t loip_budget_peak(const loip_budget *b);
+/* Charge bytes to account (created on first use). LOIP_ENOMEM when the budget cannot hold
+ * them (nothing is charged), LOIP_EINVAL for an empty or too long name or too many accounts. */
+LOIP_API int loip_budget_charge(loip_budget *b, const char *account, uint64_t bytes);
+/* Give back bytes charged to account (clamped at what it holds). */
+LOIP_API void loip_budget_release(loip_budget *b, const char *account, uint64_t bytes);
+/* The accounts in the order they were first charged; returns how many there are (only the
+ * first cap are written). */
+LOIP_API int32_t loip_budget_report(const loip_budget *b, loip_budget_account *out, int32_t cap);
+/* A buffer (as loip_buffer_new) whose bytes are charged to account of budget (NULL: not
+ * charged) before they are allocated, and released when it is freed. */
+LOIP_API int loip_buffer_new_charged(loip_budget *budget, const char *account, uint64_t bytes,
+                                     loip_buffer **out);
+/* A charge without memory behind it (e.g. weights used from a file mapping): bytes stay
+ * charged to account until loip_charge_free. */
+typedef struct loip_charge loip_charge;
+LOIP_API int loip_charge_new(loip_budget *budget, const char *account, uint64_t bytes,
+                             loip_charge **out);
+LOIP_API void loip_charge_free(loip_charge *c);
+
 /* ---- single operations (tests, benchmarks, experiments) ------------------------------- */
 
 /* y[rows] = W[rows, cols] (dtype) . x[cols], split over the pool's threads. */
@@ -188,6 +233,9 @@ typedef struct loip_loader_config {
     int32_t debug_short_every; /* tests: every Nth read returns only a part (as a device may
                                   return less than asked), so the remainder is read again;
                                   0: off */
+    int32_t reserved;
+    loip_budget *budget;      /* slots charged to its "slots" account, the buffered path's
+                                 bounce buffer to "scratch" (NULL: not charged) */
 } loip_loader_config;
 
 /* One piece of a load: length bytes at file_offset of a file go to slot_offset of the slot.
@@ -337,9 +385,10 @@ enum {
 };
 
 typedef struct loip_session loip_session;
-/* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens. */
+/* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens, charged
+ * to budget's "kv" and "activations" accounts (budget NULL: not charged) before allocation. */
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                              int32_t max_batch, loip_session **out);
+                              int32_t max_batch, loip_budget *budget, loip_session **out);
 LOIP_API void loip_session_free(loip_session *s);
 /* Tokens tokens[0..n) at positions pos..pos+n-1 through embedding, layers and head. The KV
  * cache must hold positions 0..pos-1 (they were forwarded before). */
@@ -352,7 +401,15 @@ LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, f
                                  int32_t n, int32_t pos);
 LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
                                int32_t logits_mode);
+enum {
+    LOIP_KV_BLOCK_TOKENS = 16, /* positions per KV cache block */
+};
+/* The KV cache is paged: per layer, blocks of LOIP_KV_BLOCK_TOKENS positions from a pool
+ * sized for max_ctx (rounded up to whole blocks). Its bytes: the pool and block tables. */
 LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s);
+LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s);
+/* Bytes of the session's scratch (activations), without the KV cache. */
+LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
 
 /* ---- sampling ------------------------------------------------------------------------- */
 

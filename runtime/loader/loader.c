@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "memory/budget.h"
 #include "loader/loader.h"
 
 /* ---- files ------------------------------------------------------------------------------- */
@@ -101,9 +102,21 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
         return loip_fail(LOIP_EINVAL, "loader: bad config (mode %d, queue depth %d, request "
                          "bytes %llu, slots %d)", c.mode, c.queue_depth,
                          (unsigned long long)c.request_bytes, c.n_slots);
+    /* The slots are charged before anything is allocated (and the buffered path's bounce
+     * buffer to "scratch" once the path is known); the loader then holds a reference
+     * to the budget and gives the charge back when freed. */
+    uint64_t slot_charge = (uint64_t)c.n_slots * (c.slot_bytes ? c.slot_bytes : ALIGN);
+    if (c.budget) {
+        int brc = loip_budget_charge(c.budget, "slots", slot_charge);
+        if (brc) return brc;
+    }
     loip_loader *l = calloc(1, sizeof *l);
-    if (!l) return loip_fail(LOIP_ENOMEM, "loader: out of memory");
+    if (!l) {
+        if (c.budget) loip_budget_release(c.budget, "slots", slot_charge);
+        return loip_fail(LOIP_ENOMEM, "loader: out of memory");
+    }
     l->cfg = c;
+    l->cfg.budget = loip_budget_retain(c.budget);
     l->efd = -1;
     pthread_mutex_init(&l->mu, NULL);
     pthread_condattr_t ca; /* deadlines on the loip_now_ns() clock */
@@ -140,8 +153,17 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
         l->reads[i].next = l->free_reads;
         l->free_reads = &l->reads[i];
     }
-    if (l->mode == LOIP_LOADER_BUFFERED && !(l->bounce = loip_aligned_alloc(c.request_bytes)))
-        goto fail;
+    if (l->mode == LOIP_LOADER_BUFFERED) {
+        if (c.budget) {
+            int brc = loip_budget_charge(c.budget, "scratch", c.request_bytes);
+            if (brc) {
+                loip_loader_free(l);
+                return brc;
+            }
+            l->bounce_charged = c.request_bytes;
+        }
+        if (!(l->bounce = loip_aligned_alloc(c.request_bytes))) goto fail;
+    }
     l->tokens = (double)c.request_bytes;
     l->tokens_t = loip_now_ns();
     if (pthread_create(&l->thread, NULL, l->mode == LOIP_LOADER_URING ? loader_uring_thread
@@ -197,6 +219,12 @@ LOIP_API void loip_loader_free(loip_loader *l) {
     free(l->slots);
     loip_aligned_free(l->bounce);
     free(l->reads);
+    if (l->cfg.budget) {
+        loip_budget_release(l->cfg.budget, "scratch", l->bounce_charged);
+        loip_budget_release(l->cfg.budget, "slots",
+                            (uint64_t)l->cfg.n_slots * (l->cfg.slot_bytes ? l->cfg.slot_bytes : ALIGN));
+        loip_budget_free(l->cfg.budget);
+    }
     pthread_cond_destroy(&l->cv_work);
     pthread_cond_destroy(&l->cv_done);
     pthread_mutex_destroy(&l->mu);

@@ -56,6 +56,7 @@ struct loip_loader {
     int32_t mode;
     uint8_t **slots; /* n_slots x slot_bytes */
     uint8_t *bounce; /* buffered path: request_bytes */
+    uint64_t bounce_charged; /* bytes of the bounce buffer charged to cfg.budget's "scratch" */
     int registered;  /* slots registered with the ring */
     char why[200];   /* why this path (probe result) */
 

@@ -184,7 +184,7 @@ end
 
 -- The block files' bytes: one page-aligned buffer for all of them, read with O_DIRECT
 -- ("memory"), or one read-only mapping per file ("mmap"). Returns { base = name -> pointer }.
-local function load(dir, man, how)
+local function load(dir, man, how, budget)
   local keep = { base = {}, direct = 0, files = #man.files }
   if how == "mmap" then
     keep.maps = {}
@@ -200,7 +200,8 @@ local function load(dir, man, how)
   end
   local total = 0
   for _, f in ipairs(man.files) do total = total + f.size end
-  local buf, err = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, math.max(total, 1))
+  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
+    math.max(total, 1))
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
   local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
@@ -220,7 +221,8 @@ end
 
 -- Open store dir for loip.model.open: (config, facts, bind) where bind(model) loads the
 -- blocks, binds every tensor and returns what must stay alive with the model.
--- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first.
+-- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
+-- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
 function M.open(dir, opts)
   opts = opts or {}
   local man = M.read_manifest(dir)
@@ -228,7 +230,7 @@ function M.open(dir, opts)
   M.check_files(dir, man, opts.verify)
   facts.manifest = man
   local function bind(m)
-    local keep = load(dir, man, opts.load or "memory")
+    local keep = load(dir, man, opts.load or "memory", opts.budget)
     for _, f in ipairs(man.files) do
       for _, t in ipairs(f.tensors) do
         local v = ffi.new("loip_tensor")
