@@ -13,7 +13,7 @@ local submodules = {
   synth = "loip.synth", cpu = "loip.cpu", safetensors = "loip.safetensors",
   progress = "loip.progress", json = "loip.json", shapes = "loip.shapes",
   template = "loip.template", chat = "loip.chat", plot = "loip.plot",
-  loader = "loip.loader", slice = "loip.slice", memory = "loip.memory",
+  loader = "loip.loader", slice = "loip.slice", bench = "loip.bench", memory = "loip.memory",
 }
 
 setmetatable(loip, {

@@ -9,6 +9,7 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local core = require "loip.core"
+local bench = require "loip.bench"
 local flags = require "loip.flags"
 local json = require "loip.json"
 local plot = require "loip.plot"
@@ -35,13 +36,7 @@ end
 local thread_counts = {}
 for t in o.threads:gmatch("%d+") do thread_counts[#thread_counts + 1] = tonumber(t) end
 
-local function median(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = bench.median
 
 local function timed(fn, reps)
   local ts = {}
@@ -53,7 +48,7 @@ local function timed(fn, reps)
   return median(ts), ts
 end
 
-local function log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
+local log = bench.log
 
 local result = { machine = {}, probe = {}, matvec = {}, decode = {}, prefill = {} }
 local info = ffi.new("loip_cpu_info")

@@ -13,6 +13,7 @@
 -- Prints one JSON object and draws an SVG bar chart.
 local ffi = require "ffi"
 local core = require "loip.core"
+local bench = require "loip.bench"
 local flags = require "loip.flags"
 local json = require "loip.json"
 local plot = require "loip.plot"
@@ -37,14 +38,8 @@ local o = flags.parse(spec, arg, 1)
 if o.quick then o.repeats = math.min(o.repeats, 2) end
 
 local TARGET = 0.9
-local function log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
-local function median(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local log = bench.log
+local median = bench.median
 local function sh(cmd) -- first line of a command's output ("" when none)
   local p = io.popen(cmd .. " 2>/dev/null")
   local r = p and p:read("*l") or ""

@@ -14,6 +14,7 @@
 local cjson = require "cjson"
 local loip = require "loip"
 local core = require "loip.core"
+local bench = require "loip.bench"
 local flags = require "loip.flags"
 local json = require "loip.json"
 local plot = require "loip.plot"
@@ -34,15 +35,9 @@ local spec = {
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.mb, o.repeats = 0.5, 1 end
 
-local function log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
+local log = bench.log
 
-local function median(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
+local median = bench.median
 
 local function utf8(cp)
   if cp < 0x80 then return string.char(cp) end
