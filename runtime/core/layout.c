@@ -34,6 +34,12 @@ static const struct {
     SIZE(loip_load_done), FIELD(loip_load_done, status), FIELD(loip_load_done, t_done_ns),
     FIELD(loip_load_done, message),
     SIZE(loip_loader_stats_t), FIELD(loip_loader_stats_t, throttle_ns),
+    SIZE(loip_stage_view), FIELD(loip_stage_view, slot_offset), FIELD(loip_stage_view, shape),
+    SIZE(loip_stage_desc), FIELD(loip_stage_desc, extents), FIELD(loip_stage_desc, n_views),
+    FIELD(loip_stage_desc, views),
+    SIZE(loip_runner_event), FIELD(loip_runner_event, t0_ns), FIELD(loip_runner_event, bytes),
+    FIELD(loip_runner_event, n_tokens),
+    SIZE(loip_runner_stats_t), FIELD(loip_runner_stats_t, events_dropped),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

@@ -13,6 +13,7 @@
 #include "cpu/kernels.h"
 #include "exec/model.h"
 #include "exec/ops.h"
+#include "exec/session.h"
 #include "memory/budget.h"
 
 struct loip_session {
@@ -45,6 +46,28 @@ struct loip_session {
     float *rope_sin; /* (max_batch, head_dim/2) */
 };
 
+/* Bytes of the KV cache (pool and block tables) and of the scratch arrays of a session, as
+ * loip_session_new allocates them; n_threads sizes the per-thread attention rows. */
+static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t max_batch,
+                          int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
+    if (max_batch > max_ctx) max_batch = max_ctx;
+    uint64_t B = (uint64_t)max_batch, q_dim = (uint64_t)c->n_heads * c->head_dim;
+    uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t n_blocks = (uint64_t)c->n_layers * ((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
+    *kv_bytes = 2 * n_blocks * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) + n_blocks * sizeof(int32_t);
+    *scratch_bytes = (3 * B * c->dim + 2 * B * q_dim + 2 * B * kv_dim + 2 * B * c->hidden_dim +
+                      (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float);
+}
+
+LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
+                               int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
+    if (max_ctx <= 0 || max_batch <= 0 || n_threads <= 0)
+        return loip_fail(LOIP_EINVAL, "session: context (%d), batch (%d) and threads (%d) must be positive",
+                         max_ctx, max_batch, n_threads);
+    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_bytes, scratch_bytes);
+    return LOIP_OK;
+}
+
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                               int32_t max_batch, loip_budget *budget, loip_session **out) {
     *out = NULL;
@@ -74,10 +97,21 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
         {&s->scores, (size_t)s->n_threads * max_ctx},
         {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
     };
-    /* Charge the whole session before allocating any of it. */
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
-        *(i < 2 ? &s->kv_bytes : &s->scratch_bytes) += arrays[i].n * sizeof(float);
-    s->kv_bytes += (uint64_t)s->n_blocks * sizeof(int32_t); /* the block tables */
+    /* Charge the whole session before allocating any of it; session_sizes is what
+     * loip_session_size reports for planning, and must agree with the arrays here. */
+    session_sizes(c, max_ctx, max_batch, s->n_threads, &s->kv_bytes, &s->scratch_bytes);
+    {
+        uint64_t kv_check = (uint64_t)s->n_blocks * sizeof(int32_t), scratch_check = 0;
+        for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+            *(i < 2 ? &kv_check : &scratch_check) += arrays[i].n * sizeof(float);
+        if (kv_check != s->kv_bytes || scratch_check != s->scratch_bytes) {
+            int rc = loip_fail(LOIP_ESTATE, "session: internal size mismatch (kv %llu/%llu, scratch %llu/%llu)",
+                               (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
+                               (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
+            free(s);
+            return rc;
+        }
+    }
     if (budget) {
         int rc = loip_budget_charge(budget, "kv", s->kv_bytes);
         if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
@@ -306,49 +340,81 @@ LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t 
     return LOIP_OK;
 }
 
-LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                 int32_t n, int32_t pos) {
+/* cos/sin of positions pos..pos+n-1 for RoPE, computed once per call of the block runners. */
+static void rope_angles(loip_session *s, int32_t n, int32_t pos) {
     const loip_model *m = s->m;
-    const loip_model_config *c = &m->cfg;
-    int rc = check_batch(s, n, pos);
-    if (rc) return rc;
-    if ((rc = loip_model_check(m, first, last))) return rc;
-    int half = c->head_dim / 2;
+    int half = m->cfg.head_dim / 2;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {
             float val = (float)(pos + t) * m->inv_freq[i];
             s->rope_cos[t * half + i] = cosf(val);
             s->rope_sin[t * half + i] = sinf(val);
         }
-    step_job j = {.s = s, .n = n, .pos = pos};
-    for (int l = first; l < last; l++) {
-        j.layer = l;
-        /* attention: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att */
-        j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
-        j.in = hidden, j.out = s->xb, j.add = NULL;
-        loip_pool_run(s->pool, norm_task, &j);
-        loip_linear_job qkv[4] = {linear(loip_layer_w(m, l, LOIP_W_WQ), s->xb, s->q, n),
-                                  linear(loip_layer_w(m, l, LOIP_W_WK), s->xb, s->k, n),
-                                  linear(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
-        loip_linear_run(s->pool, qkv);
-        loip_pool_run(s->pool, qkv_post_task, &j);
-        loip_pool_run(s->pool, attention_task, &j);
-        loip_linear_job wo[2] = {linear(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
-        loip_linear_run(s->pool, wo);
-        /* MLP: x += xb2; xb = norm(x); hb = silu(gate . xb) * (up . xb); x += down . hb */
-        j.w = loip_layer_w(m, l, LOIP_W_FFN_NORM);
-        j.in = hidden, j.out = s->xb, j.add = s->xb2;
-        loip_pool_run(s->pool, norm_task, &j);
-        loip_linear_job gu[3] = {linear(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
-                                 linear(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
-        loip_linear_run(s->pool, gu);
-        loip_pool_run(s->pool, swiglu_task, &j);
-        loip_linear_job down[2] = {linear(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
-        loip_linear_run(s->pool, down);
-        j.out = NULL, j.add = s->xb2;
-        loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+}
+
+/* Attention block of layer l: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att. */
+static void mha_block(loip_session *s, int l, float *hidden, int n, int pos) {
+    const loip_model *m = s->m;
+    step_job j = {.s = s, .n = n, .pos = pos, .layer = l};
+    j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
+    j.in = hidden, j.out = s->xb, j.add = NULL;
+    loip_pool_run(s->pool, norm_task, &j);
+    loip_linear_job qkv[4] = {linear(loip_layer_w(m, l, LOIP_W_WQ), s->xb, s->q, n),
+                              linear(loip_layer_w(m, l, LOIP_W_WK), s->xb, s->k, n),
+                              linear(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
+    loip_linear_run(s->pool, qkv);
+    loip_pool_run(s->pool, qkv_post_task, &j);
+    loip_pool_run(s->pool, attention_task, &j);
+    loip_linear_job wo[2] = {linear(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
+    loip_linear_run(s->pool, wo);
+    j.out = NULL, j.add = s->xb2;
+    loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+}
+
+/* MLP block of layer l: xb = norm(x); hb = silu(gate . xb) * (up . xb); x += down . hb.
+ * (The residual add of the attention output happens at the end of mha_block rather than
+ * fused into this norm: the same float operations in the same order, so the results are
+ * bit-identical either way, and a block can start a stage on its own.) */
+static void mlp_block(loip_session *s, int l, float *hidden, int n) {
+    const loip_model *m = s->m;
+    step_job j = {.s = s, .n = n, .layer = l};
+    j.w = loip_layer_w(m, l, LOIP_W_FFN_NORM);
+    j.in = hidden, j.out = s->xb, j.add = NULL;
+    loip_pool_run(s->pool, norm_task, &j);
+    loip_linear_job gu[3] = {linear(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
+                             linear(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
+    loip_linear_run(s->pool, gu);
+    loip_pool_run(s->pool, swiglu_task, &j);
+    loip_linear_job down[2] = {linear(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
+    loip_linear_run(s->pool, down);
+    j.out = NULL, j.add = s->xb2;
+    loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+}
+
+LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                 int32_t n, int32_t pos) {
+    const loip_model *m = s->m;
+    int rc = check_batch(s, n, pos);
+    if (rc) return rc;
+    if (first < 0 || last > 2 * m->cfg.n_layers || first > last)
+        return loip_fail(LOIP_EINVAL, "blocks [%d, %d) out of range for %d layers (%d blocks)",
+                         first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
+    if (first == last) return LOIP_OK;
+    if ((rc = loip_model_check(m, first / 2, (last + 1) / 2))) return rc;
+    rope_angles(s, n, pos);
+    for (int b = first; b < last; b++) {
+        if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n, pos);
+        else mlp_block(s, b / 2, hidden, n);
     }
     return LOIP_OK;
+}
+
+LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                 int32_t n, int32_t pos) {
+    if (first < 0 || last > s->m->cfg.n_layers || first > last)
+        return loip_fail(LOIP_EINVAL, "model check: layer range [%d, %d) invalid for %d layers",
+                         first, last, s->m->cfg.n_layers);
+    return loip_session_blocks(s, 2 * first, 2 * last, hidden, n, pos);
 }
 
 LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
@@ -382,3 +448,6 @@ LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_
     if ((rc = loip_session_layers(s, 0, s->m->cfg.n_layers, s->x, n, pos))) return rc;
     return loip_session_head(s, s->x, n, logits, mode);
 }
+
+float *loip_session_hidden(loip_session *s) { return s->x; }
+int32_t loip_session_max_batch(const loip_session *s) { return s->max_batch; }

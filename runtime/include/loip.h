@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 6, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 7, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -410,6 +410,105 @@ LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s);
 LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s);
 /* Bytes of the session's scratch (activations), without the KV cache. */
 LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
+/* What loip_session_new would charge for a model with cfg: the KV cache (kv_bytes) and the
+ * activations (scratch_bytes), for planning before anything is allocated. */
+LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
+                               int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes);
+
+/* Blocks, the unit of offloading: block b is layer b/2's attention (MHA: attention norm, q/k/v/o
+ * and their biases and norms) when b is even, its MLP (ffn norm, gate, up, down) when odd. */
+enum {
+    LOIP_BLOCK_MHA = 0,
+    LOIP_BLOCK_MLP = 1,
+};
+/* Blocks [first, last) over hidden [n, dim]; loip_session_layers(f, l) is blocks [2f, 2l). */
+LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                 int32_t n, int32_t pos);
+
+/* ---- offloaded execution (runtime/exec/runner.c) --------------------------------------- */
+
+/* A runner executes a device's stages every step (DESIGN section 3): each stage is a range of
+ * blocks whose first n_offloaded are read from the slice store into a loader slot every step
+ * and the rest are resident. Running a stage waits for its slot, computes the offloaded blocks,
+ * releases the slot (the loader starts reading the next stage's blocks into it at once), then
+ * computes the resident blocks, so that loading overlaps compute. Stages run in cyclic order
+ * 0, 1, ..., S-1, 0, ... (one step after another); a stage run out of that order is still
+ * correct (the runner drains its loads and reads the stage first) but loses the overlap. */
+
+/* Where one offloaded weight lies inside the slot: the "proxy" tensor. The views are given
+ * once; after each load the model's weight (layer, which) is re-bound to the slot it landed in
+ * (a pointer update: nothing is parsed or allocated per step). */
+typedef struct loip_stage_view {
+    int32_t layer;
+    int32_t which;        /* LOIP_W_* */
+    uint64_t slot_offset; /* bytes from the start of the slot */
+    int32_t dtype;
+    int32_t ndim;
+    int64_t shape[4];
+} loip_stage_view;
+
+typedef struct loip_stage_desc {
+    int32_t first_block;  /* blocks [first_block, last_block) */
+    int32_t last_block;
+    int32_t n_offloaded;  /* the first n_offloaded of them are read into a slot every step */
+    int32_t n_extents;    /* the reads that bring them (slot_offset relative to the slot) */
+    const loip_load_extent *extents;
+    int32_t n_views;      /* their tensors in the slot */
+    int32_t reserved;
+    const loip_stage_view *views;
+} loip_stage_desc;
+
+enum {
+    LOIP_EVENT_LOAD = 0,    /* the disk: a stage's offloaded blocks read into a slot */
+    LOIP_EVENT_COMPUTE = 1, /* blocks [first_block, last_block) computed; stage -1: the
+                               embedding (blocks [-1, 0)) or the head ([2L, 2L+1), L layers) */
+    LOIP_EVENT_WAIT = 2,    /* compute waiting for a load */
+};
+
+typedef struct loip_runner_event {
+    int32_t kind;        /* LOIP_EVENT_* */
+    int32_t stage;       /* -1: embedding or head */
+    int32_t first_block;
+    int32_t last_block;
+    uint64_t t0_ns;      /* loip_now_ns() clock */
+    uint64_t t1_ns;
+    uint64_t bytes;      /* loads: bytes read */
+    int32_t offloaded;   /* compute: the blocks were read from the slot */
+    int32_t n_tokens;    /* compute: tokens in the batch */
+} loip_runner_event;
+
+typedef struct loip_runner_stats_t {
+    uint64_t stage_runs;
+    uint64_t compute_ns;   /* blocks, embedding and head */
+    uint64_t stall_ns;     /* waiting for loads */
+    uint64_t load_ns;      /* loads from submit to done, summed */
+    uint64_t bytes_loaded;
+    uint64_t loads;
+    uint64_t events_dropped; /* the event buffer was full */
+} loip_runner_stats_t;
+
+typedef struct loip_runner loip_runner;
+/* Stages (copied) over session s of model m; loader (NULL when no stage offloads) reads the
+ * offloaded blocks; its slots must hold every stage's offloaded bytes. The offloaded weights
+ * are bound to the first slot now and re-bound after every load; the first loads start now.
+ * event_capacity: events kept until drained by loip_runner_events (0: none recorded). The
+ * session, model and loader must outlive the runner. */
+LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader,
+                             const loip_stage_desc *stages, int32_t n_stages,
+                             int32_t event_capacity, loip_runner **out);
+/* Waits for the loads in flight (they write into slots). */
+LOIP_API void loip_runner_free(loip_runner *r);
+/* Run stage over hidden [n, dim] at positions pos..pos+n-1. A failed load fails the stage with
+ * the loader's message (nothing is computed from its slot); the next run reads it again. */
+LOIP_API int loip_runner_stage(loip_runner *r, int32_t stage, float *hidden, int32_t n,
+                               int32_t pos);
+/* One device holding the whole model: embedding, every stage in order, head (as
+ * loip_session_forward). */
+LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
+                                 float *logits, int32_t logits_mode);
+/* Moves up to cap recorded events, oldest first, into out; returns how many. */
+LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap);
+LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out);
 
 /* ---- sampling ------------------------------------------------------------------------- */
 

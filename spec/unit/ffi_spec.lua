@@ -20,6 +20,10 @@ describe("the FFI surface", function()
       loip_load_extent = { "fd", "file_offset", "slot_offset" },
       loip_load_done = { "status", "t_done_ns", "message" },
       loip_loader_stats_t = { "throttle_ns" },
+      loip_stage_view = { "slot_offset", "shape" },
+      loip_stage_desc = { "extents", "n_views", "views" },
+      loip_runner_event = { "t0_ns", "bytes", "n_tokens" },
+      loip_runner_stats_t = { "events_dropped" },
     }
     for name, fields in pairs(structs) do
       assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)

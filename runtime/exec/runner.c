@@ -1,0 +1,334 @@
+/* The runner: a device's stages, executed every step with their offloaded blocks read from the
+ * slice store into loader slots while other blocks compute (DESIGN section 3, the paper's
+ * Fig. 2(b)).
+ *
+ *   stage k:  wait for its slot ─► offloaded blocks ─► release the slot: the loader starts
+ *             reading the next stage's blocks into it ─► resident blocks (overlapping that read)
+ *
+ * Slots are handed to stages in cyclic stage order, as many loads ahead as there are slots.
+ * The "proxy" views of a stage (where each offloaded weight lies in a slot) are given once;
+ * after a load the model's weights are re-bound to the slot it landed in, a pointer update per
+ * tensor. Nothing here allocates, parses or calls into Lua per step; the loader's ring is the
+ * only system call besides the futex of the wait. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "exec/model.h"
+#include "exec/session.h"
+
+enum { IDLE = 0, LOADING = 1, READY = 2 };
+
+typedef struct rstage {
+    int32_t first, last, n_off; /* blocks [first, last), the first n_off offloaded */
+    loip_load_extent *ext;      /* n_ext reads (paths owned) */
+    int32_t n_ext;
+    loip_stage_view *views;
+    int32_t n_views;
+    uint64_t bytes;             /* bytes a load reads */
+    int state;                  /* IDLE, LOADING or READY */
+    int32_t slot;               /* the slot it is loading into or loaded in, -1: none */
+    uint64_t tag;
+} rstage;
+
+struct loip_runner {
+    loip_session *s;
+    loip_model *m;
+    loip_loader *l;
+    rstage *st;
+    int32_t n;
+    int32_t n_offloading;   /* stages with offloaded blocks */
+    int32_t next_load;      /* the stage whose load comes next, in cyclic order */
+    int32_t *free_slots;    /* stack of idle slots */
+    int32_t n_free;
+    uint64_t next_tag;
+    loip_runner_event *ev;  /* ev_cap events, ev_count kept */
+    int32_t ev_cap, ev_count;
+    loip_runner_stats_t stats;
+};
+
+static void record(loip_runner *r, int kind, int stage, int first, int last, uint64_t t0,
+                   uint64_t t1, uint64_t bytes, int offloaded, int n_tokens) {
+    if (r->ev_cap == 0) return;
+    if (r->ev_count == r->ev_cap) {
+        r->stats.events_dropped++;
+        return;
+    }
+    r->ev[r->ev_count++] = (loip_runner_event){kind, stage, first, last, t0, t1, bytes, offloaded, n_tokens};
+}
+
+static int block_of(int which) { return which >= LOIP_W_FFN_NORM ? LOIP_BLOCK_MLP : LOIP_BLOCK_MHA; }
+
+static int next_offloading(const loip_runner *r, int32_t after) {
+    for (int32_t i = 1; i <= r->n; i++) {
+        int32_t k = (after + i) % r->n;
+        if (r->st[k].n_off > 0) return k;
+    }
+    return -1;
+}
+
+/* Hand idle slots to the next stages in cyclic order. */
+static int start_loads(loip_runner *r) {
+    while (r->n_free > 0 && r->n_offloading > 0) {
+        rstage *t = &r->st[r->next_load];
+        if (t->state != IDLE) break; /* every offloading stage already has a slot */
+        int32_t slot = r->free_slots[r->n_free - 1];
+        uint64_t tag = r->next_tag++;
+        int rc = loip_loader_submit(r->l, slot, t->ext, t->n_ext, tag);
+        if (rc) return rc;
+        r->n_free--;
+        t->state = LOADING, t->slot = slot, t->tag = tag;
+        r->next_load = next_offloading(r, r->next_load);
+    }
+    return LOIP_OK;
+}
+
+static void release(loip_runner *r, rstage *t) {
+    if (t->slot >= 0) r->free_slots[r->n_free++] = t->slot;
+    t->slot = -1;
+    t->state = IDLE;
+}
+
+/* Wait for a stage's load; records the wait and the load. */
+static int await(loip_runner *r, int32_t k) {
+    rstage *t = &r->st[k];
+    loip_load_done done = {0};
+    uint64_t t0 = loip_now_ns();
+    int rc = loip_loader_wait(r->l, t->tag, -1, &done);
+    uint64_t t1 = loip_now_ns();
+    r->stats.stall_ns += t1 - t0;
+    record(r, LOIP_EVENT_WAIT, k, t->first, t->first + t->n_off, t0, t1, 0, 1, 0);
+    if (rc && done.tag != t->tag) {
+        release(r, t);
+        return rc; /* the loader does not know the tag: its message says so */
+    }
+    r->stats.loads++;
+    r->stats.load_ns += done.t_done_ns - done.t_submit_ns;
+    r->stats.bytes_loaded += done.bytes;
+    record(r, LOIP_EVENT_LOAD, k, t->first, t->first + t->n_off, done.t_submit_ns, done.t_done_ns,
+           done.bytes, 1, 0);
+    if (rc) {
+        release(r, t);
+        return loip_fail(rc, "stage %d: %s", k, done.message);
+    }
+    t->state = READY;
+    return LOIP_OK;
+}
+
+/* Forget every load ahead (waiting for those in flight): used when a stage runs out of order. */
+static void drain(loip_runner *r) {
+    for (int32_t k = 0; k < r->n; k++) {
+        rstage *t = &r->st[k];
+        if (t->state == LOADING) loip_loader_wait(r->l, t->tag, -1, NULL);
+        if (t->state != IDLE) release(r, t);
+    }
+}
+
+static void bind_views(loip_runner *r, const rstage *t) {
+    const uint8_t *base = loip_loader_slot_data(r->l, t->slot);
+    for (int32_t i = 0; i < t->n_views; i++) {
+        const loip_stage_view *v = &t->views[i];
+        r->m->layers[(size_t)v->layer * LOIP_W_COUNT + v->which].data = base + v->slot_offset;
+    }
+}
+
+static void stage_free(rstage *t) {
+    for (int32_t i = 0; i < t->n_ext; i++) free((char *)t->ext[i].path);
+    free(t->ext);
+    free(t->views);
+}
+
+LOIP_API void loip_runner_free(loip_runner *r) {
+    if (!r) return;
+    if (r->l && r->st) drain(r);
+    for (int32_t k = 0; r->st && k < r->n; k++) stage_free(&r->st[k]);
+    free(r->st);
+    free(r->free_slots);
+    free(r->ev);
+    free(r);
+}
+
+static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint64_t slot_bytes) {
+    rstage *t = &r->st[k];
+    int32_t n_blocks = 2 * r->m->cfg.n_layers;
+    t->slot = -1;
+    t->first = d->first_block, t->last = d->last_block, t->n_off = d->n_offloaded;
+    if (d->first_block < 0 || d->first_block > d->last_block || d->last_block > n_blocks)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d: blocks [%d, %d) out of range for %d blocks",
+                         k, d->first_block, d->last_block, n_blocks);
+    if (d->n_offloaded < 0 || d->n_offloaded > d->last_block - d->first_block)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d: %d offloaded blocks of %d", k,
+                         d->n_offloaded, d->last_block - d->first_block);
+    if (d->n_offloaded == 0) return LOIP_OK;
+    if (!r->l)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d offloads %d blocks but there is no loader",
+                         k, d->n_offloaded);
+    if (d->n_extents <= 0 || !d->extents || d->n_views <= 0 || !d->views)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d offloads blocks but gives no %s", k,
+                         d->n_extents <= 0 || !d->extents ? "extents" : "views");
+    t->ext = calloc((size_t)d->n_extents, sizeof *t->ext);
+    t->views = calloc((size_t)d->n_views, sizeof *t->views);
+    if (!t->ext || !t->views) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+    for (int32_t i = 0; i < d->n_extents; i++) {
+        const loip_load_extent *e = &d->extents[i];
+        if (e->slot_offset + e->length > slot_bytes || e->slot_offset + e->length < e->length)
+            return loip_fail(LOIP_EINVAL, "runner: stage %d: extent %d (%s) ends at slot byte %llu, "
+                             "past the slot's %llu", k, i, e->path ? e->path : "fd",
+                             (unsigned long long)(e->slot_offset + e->length),
+                             (unsigned long long)slot_bytes);
+        t->ext[i] = *e;
+        if (e->path && !(t->ext[i].path = strdup(e->path)))
+            return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+        t->n_ext = i + 1;
+        t->bytes += e->length;
+    }
+    for (int32_t i = 0; i < d->n_views; i++) {
+        const loip_stage_view *v = &d->views[i];
+        int32_t b = 2 * v->layer + block_of(v->which);
+        if (v->which < LOIP_W_ATTN_NORM || v->which >= LOIP_W_COUNT || v->layer < 0 ||
+            b < d->first_block || b >= d->first_block + d->n_offloaded)
+            return loip_fail(LOIP_EINVAL, "runner: stage %d: view %d (%s of layer %d) is not in "
+                             "the stage's offloaded blocks [%d, %d)", k, i,
+                             loip_weight_name(v->which), v->layer, d->first_block,
+                             d->first_block + d->n_offloaded);
+        uint64_t nbytes = (uint64_t)loip_dtype_size(v->dtype);
+        for (int j = 0; j < v->ndim && j < 4; j++) nbytes *= (uint64_t)v->shape[j];
+        if (v->slot_offset + nbytes > slot_bytes)
+            return loip_fail(LOIP_EINVAL, "runner: stage %d: %s of layer %d ends past the slot",
+                             k, loip_weight_name(v->which), v->layer);
+        t->views[i] = *v;
+        t->n_views = i + 1;
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader,
+                             const loip_stage_desc *stages, int32_t n_stages,
+                             int32_t event_capacity, loip_runner **out) {
+    *out = NULL;
+    if (!s || !m || n_stages <= 0 || !stages || event_capacity < 0)
+        return loip_fail(LOIP_EINVAL, "runner: needs a session, a model and at least one stage");
+    loip_runner *r = calloc(1, sizeof *r);
+    if (!r) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+    r->s = s, r->m = m, r->l = loader, r->n = n_stages, r->next_tag = 1;
+    r->st = calloc((size_t)n_stages, sizeof *r->st);
+    r->ev_cap = event_capacity;
+    if (!r->st || (event_capacity && !(r->ev = calloc((size_t)event_capacity, sizeof *r->ev)))) {
+        loip_runner_free(r);
+        return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+    }
+    uint64_t slot_bytes = loader ? loip_loader_slot_bytes(loader) : 0;
+    int rc = LOIP_OK;
+    for (int32_t k = 0; k < n_stages && rc == LOIP_OK; k++) rc = copy_stage(r, k, &stages[k], slot_bytes);
+    if (rc) {
+        loip_runner_free(r);
+        return rc;
+    }
+    for (int32_t k = 0; k < n_stages; k++) r->n_offloading += r->st[k].n_off > 0;
+    if (loader) {
+        int32_t n_slots = loip_loader_slots(loader);
+        if (!(r->free_slots = malloc((size_t)n_slots * sizeof(int32_t)))) {
+            loip_runner_free(r);
+            return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+        }
+        for (int32_t i = n_slots - 1; i >= 0; i--) r->free_slots[r->n_free++] = i;
+    }
+    /* Bind the proxies to the first slot (checking each view's shape and dtype against the
+     * model), so that the model is complete before the first load lands. */
+    for (int32_t k = 0; k < n_stages; k++) {
+        const rstage *t = &r->st[k];
+        const uint8_t *base = t->n_views ? loip_loader_slot_data(loader, 0) : NULL;
+        for (int32_t i = 0; i < t->n_views; i++) {
+            const loip_stage_view *v = &t->views[i];
+            loip_tensor tv = {.data = base + v->slot_offset, .dtype = v->dtype, .ndim = v->ndim};
+            memcpy(tv.shape, v->shape, sizeof tv.shape);
+            if ((rc = loip_model_bind(m, v->layer, v->which, &tv))) {
+                loip_runner_free(r);
+                return loip_fail(rc, "runner: stage %d: %s", k, loip_last_error());
+            }
+        }
+        if ((rc = loip_model_check(m, t->first / 2, (t->last + 1) / 2))) {
+            loip_runner_free(r);
+            return loip_fail(rc, "runner: stage %d: %s", k, loip_last_error());
+        }
+    }
+    r->next_load = r->n_offloading ? next_offloading(r, n_stages - 1) : 0;
+    if ((rc = start_loads(r))) {
+        loip_runner_free(r);
+        return rc;
+    }
+    *out = r;
+    return LOIP_OK;
+}
+
+static int compute(loip_runner *r, int32_t k, int32_t first, int32_t last, float *hidden,
+                   int32_t n, int32_t pos, int offloaded) {
+    if (first == last) return LOIP_OK;
+    uint64_t t0 = loip_now_ns();
+    int rc = loip_session_blocks(r->s, first, last, hidden, n, pos);
+    uint64_t t1 = loip_now_ns();
+    r->stats.compute_ns += t1 - t0;
+    record(r, LOIP_EVENT_COMPUTE, k, first, last, t0, t1, 0, offloaded, n);
+    return rc;
+}
+
+LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
+    if (k < 0 || k >= r->n)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d out of range (%d stages)", k, r->n);
+    /* Bad batch or positions fail here, before a load is consumed. */
+    int rc = loip_session_blocks(r->s, 0, 0, hidden, n, pos);
+    if (rc) return rc;
+    rstage *t = &r->st[k];
+    r->stats.stage_runs++;
+    if (t->n_off > 0) {
+        if (t->state == IDLE) { /* out of order, or its last load failed: read it now */
+            drain(r);
+            r->next_load = k;
+            if ((rc = start_loads(r))) return rc;
+        }
+        if (t->state == LOADING && (rc = await(r, k))) return rc;
+        bind_views(r, t);
+        rc = compute(r, k, t->first, t->first + t->n_off, hidden, n, pos, 1);
+        release(r, t);
+        if (rc) return rc;
+        if ((rc = start_loads(r))) return rc;
+    }
+    return compute(r, k, t->first + t->n_off, t->last, hidden, n, pos, 0);
+}
+
+LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
+                                 float *logits, int32_t mode) {
+    float *hidden = loip_session_hidden(r->s);
+    int32_t n_blocks = 2 * r->m->cfg.n_layers;
+    int rc = loip_session_blocks(r->s, 0, 0, hidden, n, pos);
+    if (rc) return rc;
+    uint64_t t0 = loip_now_ns();
+    if ((rc = loip_session_embed(r->s, tokens, n, hidden))) return rc;
+    uint64_t t1 = loip_now_ns();
+    r->stats.compute_ns += t1 - t0;
+    record(r, LOIP_EVENT_COMPUTE, -1, -1, 0, t0, t1, 0, 0, n);
+    for (int32_t k = 0; k < r->n; k++)
+        if ((rc = loip_runner_stage(r, k, hidden, n, pos))) return rc;
+    if (mode == LOIP_LOGITS_NONE) return LOIP_OK;
+    t0 = loip_now_ns();
+    rc = loip_session_head(r->s, hidden, n, logits, mode);
+    t1 = loip_now_ns();
+    r->stats.compute_ns += t1 - t0;
+    record(r, LOIP_EVENT_COMPUTE, -1, n_blocks, n_blocks + 1, t0, t1, 0, 0, n);
+    return rc;
+}
+
+LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap) {
+    if (cap <= 0) return 0;
+    int32_t k = r->ev_count < cap ? r->ev_count : cap;
+    memcpy(out, r->ev, (size_t)k * sizeof *out);
+    memmove(r->ev, r->ev + k, (size_t)(r->ev_count - k) * sizeof *r->ev);
+    r->ev_count -= k;
+    return k;
+}
+
+LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out) {
+    *out = r->stats;
+    return LOIP_OK;
+}
