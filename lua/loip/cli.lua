@@ -40,6 +40,15 @@ commands.generate = {
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
     { "mem", "bytes", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited)",
       metavar = "BYTES" },
+    { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
+      .. "default: the best that fits --mem", metavar = "FILE.lua" },
+    { "slots", "int", "slice store: loader slots (each holds one stage's offloaded blocks)", default = 1,
+      check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+    { "loader", "string", "slice store: how offloaded blocks are read: auto (io_uring, else buffered), uring, "
+      .. "buffered (the conventional path)", default = "auto",
+      check = function(v) return v == "auto" or v == "uring" or v == "buffered", "must be auto, uring or buffered" end },
+    { "disk-rate", "bytes", "slice store: emulate a slower disk, bytes/s (e.g. 500M)", metavar = "BYTES" },
+    { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait", metavar = "OUT.json" },
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
@@ -53,16 +62,28 @@ function commands.generate.run(o)
   use_kernels(o.kernels)
   local model = require "loip.model"
   local json = require "loip.json"
+  local is_store = model.locate(o.model) == "store"
+  for _, f in ipairs({ "plan", "disk_rate", "trace" }) do
+    if o[f] and not is_store then
+      error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " needs a slice store (make one with loip slice)" }, 0)
+    end
+  end
   local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer,
-    mem = o.mem })
+    mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, disk_rate = o.disk_rate, trace = o.trace ~= nil })
   if not ok then
-    if o.mem and tostring(m):find("memory budget:", 1, true) then
+    if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
       error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.memory").format_bytes(o.mem)
-        .. ": pass a larger --mem or, later, offload", 0)
+        .. ": pass a larger --mem, or slice it (loip slice) and run the store, which offloads what does not fit", 0)
     end
     error(m, 0)
   end
   if o.verbose then stderr("%s\n", tostring(m)) end
+  local plan_mod = require "loip.plan"
+  local offloads = m.plan and plan_mod.memory(m.plan, m.plan_sizes).offloaded_bytes > 0
+  if m.plan and (offloads or o.verbose or o.plan) and not o.json then
+    stderr("%s\n", plan_mod.describe(m.plan, m.plan_sizes, m.plan_opts))
+    if m.loader then stderr("loader: %s\n", m.loader:describe()) end
+  end
   if o.verbose and m.budget then stderr("memory:\n%s\n", tostring(m.budget:report())) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
     top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed }
@@ -100,6 +121,10 @@ function commands.generate.run(o)
       prefill_ms = s.prefill_ms, decode_ms_per_token = per_token, stop_reason = st.stop_reason,
       model = o.model, threads = m.threads, kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
       seed = st.seed, temperature = o.temperature,
+      plan = m.plan and { slots = m.plan.slots or 1, devices = m.plan.devices,
+        memory = plan_mod.memory(m.plan, m.plan_sizes, m.plan_opts) } or nil,
+      loader = m.loader and m.loader:mode() or nil,
+      runner = m.runner and m:runner_stats() or nil,
     }), "\n")
   else
     io.stdout:write("\n")
@@ -109,6 +134,10 @@ function commands.generate.run(o)
     stderr("prompt %d tokens in %.1f ms; %d tokens generated, %.2f ms/token (%.1f tokens/s); stop: %s\n",
       s.prompt_tokens, s.prefill_ms, s.generated, per_token, per_token > 0 and 1000 / per_token or 0,
       tostring(st.stop_reason))
+  end
+  if o.trace then
+    m.trace:write(o.trace)
+    if o.verbose then stderr("trace: %d events -> %s\n", m.trace:count(), o.trace) end
   end
   m:close()
   return 0

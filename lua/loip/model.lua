@@ -13,6 +13,7 @@ local store = require "loip.formats.store"
 local tokenizer = require "loip.tokenizer"
 local sampler = require "loip.sampler"
 local memory = require "loip.memory"
+local planner = require "loip.plan"
 local C = core.C
 
 local M = {}
@@ -52,6 +53,12 @@ local locate = M.locate
 -- from loip.memory.budget, shared): the weights, KV cache and activations are charged to its
 -- "weights", "kv" and "activations" accounts, and a model that does not fit is refused, naming
 -- the account and the shortfall, before anything is loaded. The budget is m.budget.
+-- A slice store runs through a plan (loip.plan): plan (a table, or the path of a Lua file
+-- returning one; default: the search's best for the budget, everything resident without one),
+-- slots (loader slots, default 1), loader ("auto", "uring", "buffered": the conventional path),
+-- disk_rate (bytes/s: emulate a slower disk), read_bps and compute_bps (rates the search
+-- assumes), trace (record load/compute/wait events into m.trace, a loip.trace: m.trace:write
+-- (path) saves them). m.plan is the plan used.
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -93,12 +100,19 @@ function M.open(path, opts)
   -- before they are read: a model that does not fit is refused before anything loads, and
   -- what it had charged is given back at once (a shared budget must not wait for the GC).
   local ok, e = pcall(function()
+    if kind == "store" and (opts.load or "memory") == "memory" then
+      self:_choose_plan(cfg, facts, budget)
+    elseif kind == "store" and opts.plan ~= nil then
+      error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
+    end
     if budget then self:session() end
     local mapped = kind == "llama2c" or opts.load == "mmap"
     if kind == "hf" then
       keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
     elseif kind == "store" then
-      keep = bind(m)
+      keep = bind(m, self.plan)
+      self.weights = keep
+      if self.plan then self:_start_runner(file, facts) end
     else
       bind(m)
     end
@@ -133,6 +147,105 @@ function M.open(path, opts)
   if eos == nil and self.tokenizer then eos = self.tokenizer.stop_ids or self.tokenizer.eos_id end
   self.stop_ids = type(eos) == "table" and eos or { eos }
   return self
+end
+
+-- The plan for a slice store: the one given (table or file), else the search's best for the
+-- budget; refused before anything is allocated when it cannot fit.
+function Model:_choose_plan(cfg, facts, budget)
+  local opts = self.opts
+  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads })
+  local p, where = opts.plan, "plan"
+  if type(p) == "string" then p, where = planner.load(p), p end
+  local popts = { slots = opts.slots, loader = opts.loader, read_bps = opts.read_bps or
+    (opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate) or nil, compute_bps = opts.compute_bps }
+  local limit = budget and budget:limit() or 0
+  local avail = limit > 0 and limit - budget:used() or 0
+  if limit > 0 and avail <= 0 then
+    error(string.format("memory budget: nothing left of %s for %s", memory.format_bytes(limit), self.path), 0)
+  end
+  if p == nil then
+    p = planner.search(sizes, avail, popts)
+  else
+    if opts.slots and type(p) == "table" then p.slots = opts.slots end
+    local bad = planner.check(p, sizes.n_blocks, where)
+    if bad then error(bad, 0) end
+  end
+  local need = planner.memory(p, sizes, popts)
+  if limit > 0 and need.total > avail then
+    error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
+      .. "pass a larger --mem, or a plan that offloads more (or none, and let loip pick one)", where,
+      memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
+      memory.format_bytes(need.kv), memory.format_bytes(need.activations),
+      need.scratch > 0 and (", scratch " .. memory.format_bytes(need.scratch)) or "",
+      memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
+  end
+  self.plan, self.plan_sizes, self.plan_opts = p, sizes, popts
+end
+
+-- The loader (when the plan offloads) and the runner that executes the plan's stages.
+function Model:_start_runner(dir, facts)
+  local opts = self.opts
+  local descs = store.stage_descs(dir, facts.manifest, self.plan)
+  local _, slot = planner.stage_bytes(self.plan.devices[1].stages, self.plan_sizes)
+  local loader
+  if slot > 0 then
+    local err
+    loader, err = require("loip.loader").new { slots = self.plan.slots or 1, slot_bytes = slot,
+      mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
+    if not loader then error(dir .. ": " .. err, 0) end
+    self.loader = loader
+  end
+  local s, model, lh = self:session(), self.handle, loader and loader.handle or nil
+  local out = ffi.new("loip_runner *[1]")
+  local rc = C.loip_runner_new(s, model, lh, descs.descs, descs.n, opts.trace and 65536 or 0, out)
+  if rc ~= 0 then error(dir .. ": " .. core.last_error(), 0) end
+  -- The finalizer holds the loader, session and model: none is collected before the runner.
+  self.runner = ffi.gc(out[0], function(r) C.loip_runner_free(r) local _ = { lh, s, model } end)
+  self.runner_descs = descs
+  if opts.trace then
+    self.event_buf = ffi.new("loip_runner_event[4096]")
+    self.trace = require("loip.trace").new() -- every forward's events, for m.trace:write(path)
+  end
+end
+
+-- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
+-- "wait", stage (1-based; 0: embedding or head), first_block, last_block, t0_ns, t1_ns,
+-- bytes, offloaded, tokens }.
+local event_kinds = { [0] = "load", "compute", "wait" }
+function Model:events()
+  local out = {}
+  if not self.runner or not self.event_buf then return out end
+  repeat
+    local k = C.loip_runner_events(self.runner, self.event_buf, 4096)
+    for i = 0, k - 1 do
+      local e = self.event_buf[i]
+      out[#out + 1] = { kind = event_kinds[e.kind], stage = e.stage + 1, first_block = e.first_block,
+        last_block = e.last_block, t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes),
+        offloaded = e.offloaded ~= 0, tokens = e.n_tokens }
+    end
+  until k < 4096
+  return out
+end
+
+-- Runner statistics in ms and bytes (nil without a runner).
+function Model:runner_stats()
+  if not self.runner then return nil end
+  local st = ffi.new("loip_runner_stats_t")
+  C.loip_runner_stats(self.runner, st)
+  return { stage_runs = tonumber(st.stage_runs), compute_ms = tonumber(st.compute_ns) / 1e6,
+    stall_ms = tonumber(st.stall_ns) / 1e6, load_ms = tonumber(st.load_ns) / 1e6,
+    bytes_loaded = tonumber(st.bytes_loaded), loads = tonumber(st.loads),
+    events_dropped = tonumber(st.events_dropped) }
+end
+
+-- One forward pass: through the runner (slice stores) or the session.
+function Model:_forward(tokens, n, pos, logits, mode)
+  if self.runner then
+    local rc = C.loip_runner_forward(self.runner, tokens, n, pos, logits, mode)
+    if self.trace then self.trace:add(self:events()) end
+    return rc
+  end
+  return C.loip_session_forward(self:session(), tokens, n, pos, logits, mode)
 end
 
 function Model:__tostring()
@@ -177,7 +290,7 @@ function Model:logits(ids)
   local pos = 0
   while pos < n do
     local k = math.min(self.batch, n - pos)
-    core.check(C.loip_session_forward(s, tokens + pos, k, pos, out + pos * V, C.LOIP_LOGITS_ALL), self.path)
+    core.check(self:_forward(tokens + pos, k, pos, out + pos * V, C.LOIP_LOGITS_ALL), self.path)
     pos = pos + k
   end
   return out, function(p) return out + (p - 1) * V end
@@ -236,7 +349,7 @@ function Model:generate(prompt, opts)
       local pos = 0
       while pos < n_prompt do
         local k = math.min(self.batch, n_prompt - pos)
-        core.check(C.loip_session_forward(s, history + pos, k, pos, logits,
+        core.check(self:_forward(history + pos, k, pos, logits,
           pos + k == n_prompt and C.LOIP_LOGITS_LAST or C.LOIP_LOGITS_NONE), self.path)
         pos = pos + k
       end
@@ -257,7 +370,7 @@ function Model:generate(prompt, opts)
     state.token_ids[#state.token_ids + 1] = id
     -- The last token needs no forward pass: nothing will read its logits.
     if state.stats.generated < max_tokens and n < self.context then
-      core.check(C.loip_session_forward(s, history + n - 1, 1, n - 1, logits, C.LOIP_LOGITS_LAST), self.path)
+      core.check(self:_forward(history + n - 1, 1, n - 1, logits, C.LOIP_LOGITS_LAST), self.path)
       state.stats.decode_forwards = state.stats.decode_forwards + 1
     end
     state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t0)
@@ -269,6 +382,8 @@ function Model:generate(prompt, opts)
 end
 
 function Model:close()
+  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.loader then self.loader:close() self.loader = nil end
   if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
   if self.pool then core.free(self.pool, C.loip_pool_free) self.pool = nil end
   if self.handle then core.free(self.handle, C.loip_model_free) self.handle = nil end

@@ -400,7 +400,7 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
         return loip_fail(LOIP_EINVAL, "blocks [%d, %d) out of range for %d layers (%d blocks)",
                          first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
     if (first == last) return LOIP_OK;
-    if ((rc = loip_model_check(m, first / 2, (last + 1) / 2))) return rc;
+    if ((rc = loip_model_check_blocks(m, first, last))) return rc;
     rope_angles(s, n, pos);
     for (int b = first; b < last; b++) {
         if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n, pos);

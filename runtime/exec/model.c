@@ -170,6 +170,24 @@ LOIP_API int loip_model_check(const loip_model *m, int32_t first, int32_t last) 
     return LOIP_OK;
 }
 
+int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last) {
+    if (first < 0 || last > 2 * m->cfg.n_layers || first > last)
+        return loip_fail(LOIP_EINVAL, "model check: block range [%d, %d) invalid for %d blocks",
+                         first, last, 2 * m->cfg.n_layers);
+    for (int w = 0; w <= LOIP_W_LM_HEAD; w++)
+        if (required(&m->cfg, w) && !m->global[w].data)
+            return loip_fail(LOIP_ESTATE, "weight %s is not bound", loip_weight_name(w));
+    for (int b = first; b < last; b++) {
+        int l = b / 2, mlp = b % 2;
+        for (int w = LOIP_W_ATTN_NORM; w < LOIP_W_COUNT; w++)
+            if ((w >= LOIP_W_FFN_NORM) == mlp && required(&m->cfg, w) &&
+                !m->layers[(size_t)l * LOIP_W_COUNT + w].data)
+                return loip_fail(LOIP_ESTATE, "weight %s of layer %d is not bound",
+                                 loip_weight_name(w), l);
+    }
+    return LOIP_OK;
+}
+
 static uint64_t tensor_bytes(const loip_tensor *t) {
     if (!t->data) return 0;
     uint64_t n = 1;

@@ -110,7 +110,7 @@ static int await(loip_runner *r, int32_t k) {
            done.bytes, 1, 0);
     if (rc) {
         release(r, t);
-        return loip_fail(rc, "stage %d: %s", k, done.message);
+        return loip_fail(rc, "stage %d: %s", k, done.message[0] ? done.message : "load failed");
     }
     t->state = READY;
     return LOIP_OK;
@@ -203,6 +203,14 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
     return LOIP_OK;
 }
 
+/* Fail runner_new with the message of the call that failed, prefixed with the stage. */
+static int runner_fail(loip_runner *r, int rc, int32_t k) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loip_last_error());
+    loip_runner_free(r);
+    return loip_fail(rc, "runner: stage %d: %s", k, msg);
+}
+
 LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader,
                              const loip_stage_desc *stages, int32_t n_stages,
                              int32_t event_capacity, loip_runner **out) {
@@ -243,16 +251,11 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
             const loip_stage_view *v = &t->views[i];
             loip_tensor tv = {.data = base + v->slot_offset, .dtype = v->dtype, .ndim = v->ndim};
             memcpy(tv.shape, v->shape, sizeof tv.shape);
-            if ((rc = loip_model_bind(m, v->layer, v->which, &tv))) {
-                loip_runner_free(r);
-                return loip_fail(rc, "runner: stage %d: %s", k, loip_last_error());
-            }
-        }
-        if ((rc = loip_model_check(m, t->first / 2, (t->last + 1) / 2))) {
-            loip_runner_free(r);
-            return loip_fail(rc, "runner: stage %d: %s", k, loip_last_error());
+            if ((rc = loip_model_bind(m, v->layer, v->which, &tv))) return runner_fail(r, rc, k);
         }
     }
+    for (int32_t k = 0; k < n_stages; k++)
+        if ((rc = loip_model_check_blocks(m, r->st[k].first, r->st[k].last))) return runner_fail(r, rc, k);
     r->next_load = r->n_offloading ? next_offloading(r, n_stages - 1) : 0;
     if ((rc = start_loads(r))) {
         loip_runner_free(r);

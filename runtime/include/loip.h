@@ -225,7 +225,8 @@ enum {
 
 typedef struct loip_loader_config {
     uint64_t slot_bytes;      /* each slot's size, rounded up to 4 KiB */
-    uint64_t request_bytes;   /* loads are split into reads of at most this (0: 1 MiB) */
+    uint64_t request_bytes;   /* loads are split into reads of at most this (0: 1 MiB; never
+                                 more than slot_bytes) */
     uint64_t rate_limit_bps;  /* emulate a slower disk: bytes/s over all reads (0: off) */
     int32_t n_slots;          /* <= 0: 1 */
     int32_t mode;             /* LOIP_LOADER_* */

@@ -97,6 +97,8 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
     if (c.request_bytes == 0) c.request_bytes = 1u << 20;
     c.request_bytes = (c.request_bytes + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
     c.slot_bytes = (c.slot_bytes + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+    /* No read is larger than a slot: nor need the bounce buffer be. */
+    if (c.slot_bytes && c.request_bytes > c.slot_bytes) c.request_bytes = c.slot_bytes;
     if (c.mode < LOIP_LOADER_AUTO || c.mode > LOIP_LOADER_BUFFERED || c.queue_depth > 4096 ||
         c.request_bytes > (1u << 30) || c.n_slots > 1024)
         return loip_fail(LOIP_EINVAL, "loader: bad config (mode %d, queue depth %d, request "

@@ -182,13 +182,19 @@ function M.config(dir, man)
   return c, facts
 end
 
--- The block files' bytes: one page-aligned buffer for all of them, read with O_DIRECT
--- ("memory"), or one read-only mapping per file ("mmap"). Returns { base = name -> pointer }.
-local function load(dir, man, how, budget)
-  local keep = { base = {}, direct = 0, files = #man.files }
+-- The bytes of the files named in `names` (default: every block file): one page-aligned buffer
+-- for all of them, read with O_DIRECT ("memory"), or one read-only mapping per file ("mmap").
+-- Returns { base = name -> pointer }.
+local function load(dir, man, how, budget, names)
+  local keep = { base = {}, direct = 0, files = 0 }
+  local files = {}
+  for _, f in ipairs(man.files) do
+    if not names or names[f.name] then files[#files + 1] = f end
+  end
+  keep.files = #files
   if how == "mmap" then
     keep.maps = {}
-    for _, f in ipairs(man.files) do
+    for _, f in ipairs(files) do
       local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, dir .. "/" .. f.name)
       if not map then M.close(keep) error(err, 0) end
       keep.maps[#keep.maps + 1] = map
@@ -199,7 +205,7 @@ local function load(dir, man, how, budget)
     error("load must be \"memory\" or \"mmap\", not " .. tostring(how), 3)
   end
   local total = 0
-  for _, f in ipairs(man.files) do total = total + f.size end
+  for _, f in ipairs(files) do total = total + f.size end
   local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
     math.max(total, 1))
   if not buf then error(dir .. ": " .. err, 0) end
@@ -207,7 +213,7 @@ local function load(dir, man, how, budget)
   local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
   local bar = total >= 256 * 1024 * 1024 and require("loip.progress").new(total, "loading " .. dir) or nil
   local off, direct = 0, ffi.new("int32_t[1]")
-  for _, f in ipairs(man.files) do
+  for _, f in ipairs(files) do
     local ok, rerr = core.ok(C.loip_file_read(dir .. "/" .. f.name, 0, f.size, base + off, C.LOIP_READ_DIRECT, direct))
     if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
     keep.base[f.name] = base + off
@@ -219,8 +225,55 @@ local function load(dir, man, how, budget)
   return keep
 end
 
--- Open store dir for loip.model.open: (config, facts, bind) where bind(model) loads the
--- blocks, binds every tensor and returns what must stay alive with the model.
+local function fill_view(v, t)
+  v.dtype, v.ndim = M.dtypes[t.dtype][1], #t.shape
+  for i, d in ipairs(t.shape) do v.shape[i - 1] = d end
+end
+
+-- The runner's stage descriptors (loip_stage_desc[S], with their extents and views, kept
+-- alive in the returned table) for a one-device plan: each stage's offloaded block files are
+-- read whole, one after another, into the slot; the views say where each tensor lands.
+function M.stage_descs(dir, man, p)
+  local by_name = {}
+  for _, f in ipairs(man.files) do by_name[f.name] = f end
+  local stages = p.devices[1].stages
+  local out = { n = #stages, descs = ffi.new("loip_stage_desc[?]", #stages), anchors = {} }
+  for k, st in ipairs(stages) do
+    local d = out.descs[k - 1]
+    local a, off = st.blocks[1], st.offloaded or 0
+    d.first_block, d.last_block, d.n_offloaded = a, st.blocks[2] + 1, off
+    if off > 0 then
+      local files, n_views = {}, 0
+      for b = a, a + off - 1 do
+        local f = by_name[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))]
+        files[#files + 1] = f
+        n_views = n_views + #f.tensors
+      end
+      local ext, views = ffi.new("loip_load_extent[?]", #files), ffi.new("loip_stage_view[?]", n_views)
+      local paths, slot_off, vi = {}, 0, 0
+      for i, f in ipairs(files) do
+        local path = dir .. "/" .. f.name
+        paths[i] = path
+        local e = ext[i - 1]
+        e.path, e.fd, e.file_offset, e.length, e.slot_offset = path, -1, 0, f.size, slot_off
+        for _, t in ipairs(f.tensors) do
+          local v = views[vi]
+          v.layer, v.which, v.slot_offset = t.layer, M.kinds[t.kind], slot_off + t.offset
+          fill_view(v, t)
+          vi = vi + 1
+        end
+        slot_off = slot_off + f.size
+      end
+      d.n_extents, d.extents, d.n_views, d.views = #files, ext, n_views, views
+      out.anchors[#out.anchors + 1] = { ext, views, paths }
+    end
+  end
+  return out
+end
+
+-- Open store dir for loip.model.open: (config, facts, bind) where bind(model, plan) loads the
+-- blocks (the resident ones only, under a plan), binds their tensors and returns what must stay
+-- alive with the model; the offloaded blocks are bound later by the runner (M.stage_descs).
 -- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
 -- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
 function M.open(dir, opts)
@@ -229,18 +282,29 @@ function M.open(dir, opts)
   local c, facts = M.config(dir, man)
   M.check_files(dir, man, opts.verify)
   facts.manifest = man
-  local function bind(m)
-    local keep = load(dir, man, opts.load or "memory", opts.budget)
+  local function bind(m, p)
+    local names
+    if p then
+      names = {}
+      for _, f in ipairs(man.files) do names[f.name] = true end
+      for _, st in ipairs(p.devices[1].stages) do
+        for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
+          names[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))] = nil
+        end
+      end
+    end
+    local keep = load(dir, man, opts.load or "memory", opts.budget, names)
     for _, f in ipairs(man.files) do
-      for _, t in ipairs(f.tensors) do
-        local v = ffi.new("loip_tensor")
-        v.data = keep.base[f.name] + t.offset
-        v.dtype, v.ndim = M.dtypes[t.dtype][1], #t.shape
-        for i, d in ipairs(t.shape) do v.shape[i - 1] = d end
-        local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
-        if not ok then
-          M.close(keep)
-          error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0)
+      if keep.base[f.name] then
+        for _, t in ipairs(f.tensors) do
+          local v = ffi.new("loip_tensor")
+          v.data = keep.base[f.name] + t.offset
+          fill_view(v, t)
+          local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+          if not ok then
+            M.close(keep)
+            error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0)
+          end
         end
       end
     end

@@ -1,0 +1,306 @@
+-- Plans: which blocks each device holds, in which stages, and which of them it re-reads from
+-- its disk every step (DESIGN section 3). A plan is a plain Lua table, printable and writable
+-- as a Lua file (`--plan FILE.lua`):
+--
+--   return {
+--     slots = 1,                       -- loader slots per device (each holds one stage's reads)
+--     devices = {
+--       { stages = {                   -- stage k of device i; stage-major around the ring
+--           { blocks = { 0, 11 }, offloaded = 5 },   -- blocks 0..11 (inclusive); 0..4 re-read
+--           { blocks = { 12, 23 }, offloaded = 5 },
+--           ... } },
+--     },
+--   }
+--
+-- Blocks number the model's halves: block 2l is layer l's attention (MHA), block 2l+1 its MLP.
+-- The offloaded blocks are the first `offloaded` of each stage, the resident ones the rest: while
+-- the resident tail computes, the loader reads the next stage's offloaded blocks.
+--
+-- This file knows the sizes (from a slice store's manifest), the memory a plan needs on a
+-- device, and a simple search for one device (the least estimated exposed loading that fits a
+-- budget); the cost model and scheduler of DESIGN section 4 build on the same tables.
+local ffi = require "ffi"
+local core = require "loip.core"
+local memory = require "loip.memory"
+local C = core.C
+
+local M = {}
+
+local fmt_bytes = memory.format_bytes
+
+-- "layer 3 mlp" for block 7.
+function M.block_name(b)
+  return string.format("layer %d %s", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")
+end
+
+-- "layer 3 mha .. layer 4 mlp" for blocks 6..9; one name for a single block.
+function M.range_name(a, b)
+  if a == b then return M.block_name(a) end
+  return M.block_name(a) .. " .. " .. M.block_name(b)
+end
+
+-- Sizes a plan needs, from a store's manifest and the run's settings:
+-- { n_layers, n_blocks, block_bytes[b] (b from 0), global_bytes, kv_bytes, activation_bytes,
+--   files = { [b] = file name }, global_files = { names } }.
+-- opts: context, batch, threads (as the session will be made).
+function M.sizes(man, cfg, opts)
+  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {},
+    global_bytes = 0, global_files = {} }
+  for _, f in ipairs(man.files) do
+    local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
+    if layer then
+      local b = 2 * tonumber(layer) + (kind == "mlp" and 1 or 0)
+      s.block_bytes[b], s.files[b] = f.size, f.name
+    else
+      s.global_bytes = s.global_bytes + f.size
+      s.global_files[#s.global_files + 1] = f.name
+    end
+  end
+  for b = 0, s.n_blocks - 1 do
+    if not s.block_bytes[b] then
+      error(string.format("manifest: no file for %s (expected %s)", M.block_name(b),
+        string.format("layer-%03d-%s.bin", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")), 0)
+    end
+  end
+  local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, kv, act))
+  s.kv_bytes, s.activation_bytes = tonumber(kv[0]), tonumber(act[0])
+  s.bounce_bytes = 1024 * 1024 -- the conventional loader's bounce buffer (a read, at most a slot)
+  s.weight_bytes = s.global_bytes
+  for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end
+  return s
+end
+
+-- A plan's problems as a message naming the field, or nil when it is well formed for a model
+-- of n_blocks blocks on one device holding every block (devices beyond one: a later issue).
+function M.check(p, n_blocks, where)
+  where = where or "plan"
+  local function bad(fmt, ...) return where .. ": " .. string.format(fmt, ...) end
+  if type(p) ~= "table" then return bad("not a table") end
+  if p.slots ~= nil and (type(p.slots) ~= "number" or p.slots < 1 or p.slots ~= math.floor(p.slots)) then
+    return bad("slots must be a positive integer")
+  end
+  if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
+  if #p.devices ~= 1 then
+    return bad("%d devices: this runs on one device (several devices: loip generate --devices)", #p.devices)
+  end
+  local stages = p.devices[1].stages
+  if type(stages) ~= "table" or #stages == 0 then return bad("devices[1].stages must be a non-empty list") end
+  local next_block = 0
+  for k, st in ipairs(stages) do
+    local sw = string.format("devices[1].stages[%d]", k)
+    if type(st) ~= "table" or type(st.blocks) ~= "table" or #st.blocks ~= 2 then
+      return bad("%s.blocks must be { first, last }", sw)
+    end
+    local a, b = st.blocks[1], st.blocks[2]
+    if type(a) ~= "number" or type(b) ~= "number" or a ~= math.floor(a) or b ~= math.floor(b) or b < a then
+      return bad("%s.blocks must be two block numbers, first <= last", sw)
+    end
+    if a ~= next_block then
+      return bad("%s starts at block %d (%s) but block %d comes next: stages must cover the blocks in order",
+        sw, a, M.block_name(a), next_block)
+    end
+    if b >= n_blocks then return bad("%s.blocks: block %d past the model's last (%d)", sw, b, n_blocks - 1) end
+    local off = st.offloaded or 0
+    if type(off) ~= "number" or off < 0 or off ~= math.floor(off) or off > b - a + 1 then
+      return bad("%s.offloaded must be an integer in 0..%d", sw, b - a + 1)
+    end
+    next_block = b + 1
+  end
+  if next_block ~= n_blocks then
+    return bad("the stages end at block %d; the model has %d blocks (0..%d)", next_block - 1, n_blocks, n_blocks - 1)
+  end
+  return nil
+end
+
+-- Bytes of a device's stages: resident blocks, the slot (largest stage's offloaded blocks),
+-- offloaded per step.
+function M.stage_bytes(stages, sizes)
+  local resident, slot, offloaded = 0, 0, 0
+  for _, st in ipairs(stages) do
+    local off = 0
+    for b = st.blocks[1], st.blocks[2] do
+      if b - st.blocks[1] < (st.offloaded or 0) then off = off + sizes.block_bytes[b]
+      else resident = resident + sizes.block_bytes[b] end
+    end
+    slot, offloaded = math.max(slot, off), offloaded + off
+  end
+  return resident, slot, offloaded
+end
+
+-- The memory a one-device plan needs, by account, and its total:
+-- { weights, slots, kv, activations, scratch, total, slot_bytes, offloaded_bytes }.
+function M.memory(p, sizes, opts)
+  opts = opts or {}
+  local resident, slot, offloaded = M.stage_bytes(p.devices[1].stages, sizes)
+  local n_slots = slot > 0 and (p.slots or 1) or 0
+  local m = { weights = sizes.global_bytes + resident, slots = n_slots * slot, kv = sizes.kv_bytes,
+    activations = sizes.activation_bytes,
+    scratch = (slot > 0 and opts.loader == "buffered") and math.min(sizes.bounce_bytes, slot) or 0,
+    slot_bytes = slot, offloaded_bytes = offloaded }
+  m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
+  return m
+end
+
+-- Estimated ms per decoding step of a one-device plan: compute of every weight read (at
+-- compute_bps) plus, per stage, the part of its load that the previous stage's resident blocks
+-- do not hide (one slot: the read starts when the previous stage releases it). The embedding
+-- is one row per token and the head is computed between the last stage and the first.
+function M.estimate(p, sizes, rates)
+  local stages = p.devices[1].stages
+  local function comp(bytes) return bytes / rates.compute_bps * 1e3 end
+  local function load(bytes) return bytes / rates.read_bps * 1e3 end
+  local head = comp(sizes.global_bytes / 2)
+  local total, exposed = head, 0
+  local res, off = {}, {}
+  for k, st in ipairs(stages) do
+    res[k], off[k] = 0, 0
+    for b = st.blocks[1], st.blocks[2] do
+      if b - st.blocks[1] < (st.offloaded or 0) then off[k] = off[k] + sizes.block_bytes[b]
+      else res[k] = res[k] + sizes.block_bytes[b] end
+    end
+    total = total + comp(res[k] + off[k]) + (rates.stage_overhead_ms or 0.02)
+  end
+  for k = 1, #stages do
+    if off[k] > 0 then
+      local prev = k == 1 and #stages or k - 1
+      local window = comp(res[prev]) + (k == 1 and head or 0)
+      exposed = exposed + math.max(0, load(off[k]) - window)
+    end
+  end
+  return total + exposed, exposed
+end
+
+-- Split blocks 0..n-1 into s contiguous stages as evenly as possible (earlier stages get the
+-- extra block); returns { {first, last}, ... }.
+local function split(n, s)
+  local out, at = {}, 0
+  for k = 1, s do
+    local len = math.floor(n / s) + (k <= n % s and 1 or 0)
+    out[k] = { at, at + len - 1 }
+    at = at + len
+  end
+  return out
+end
+
+-- The least memory any plan of this search needs (every block offloaded, one block per stage).
+function M.minimum(sizes, opts)
+  local biggest = 0
+  for b = 0, sizes.n_blocks - 1 do biggest = math.max(biggest, sizes.block_bytes[b]) end
+  local n_slots = opts and opts.slots or 1
+  return sizes.global_bytes + n_slots * biggest + sizes.kv_bytes + sizes.activation_bytes +
+    ((opts and opts.loader == "buffered") and math.min(sizes.bounce_bytes, biggest) or 0), biggest
+end
+
+-- The one-device plan that fits budget (bytes; 0: unlimited) with the least estimated time:
+-- every stage count S from 1 to the number of blocks, stages split evenly, every number of
+-- offloaded blocks per stage. opts: slots (1), loader ("uring" | "buffered"), read_bps,
+-- compute_bps (rates for the estimate). Returns the plan, with .estimate = { ms, exposed_ms,
+-- memory }; raises when nothing fits, saying what the least plan needs.
+function M.search(sizes, budget, opts)
+  opts = opts or {}
+  local rates = { read_bps = opts.read_bps or 1.5e9, compute_bps = opts.compute_bps or 10e9 }
+  local best, best_ms
+  local n = sizes.n_blocks
+  for s = 1, n do
+    local ranges = split(n, s)
+    local shortest = math.floor(n / s)
+    for k = 0, shortest do
+      local p = { slots = opts.slots or 1, devices = { { stages = {} } } }
+      for i, r in ipairs(ranges) do p.devices[1].stages[i] = { blocks = r, offloaded = k } end
+      local mem = M.memory(p, sizes, opts)
+      if budget == 0 or mem.total <= budget then
+        local ms, exposed = M.estimate(p, sizes, rates)
+        -- ties (within 0.1%) go to fewer stages, then fewer offloaded blocks
+        if not best or ms < best_ms * 0.999 then
+          best, best_ms = p, ms
+          p.estimate = { ms = ms, exposed_ms = exposed, memory = mem, read_bps = rates.read_bps,
+            compute_bps = rates.compute_bps }
+        end
+        -- with S fixed, offloading one block more only adds reading: the first fit is the best
+        break
+      end
+    end
+    if budget == 0 and best then break end
+  end
+  if not best then
+    local need, biggest = M.minimum(sizes, opts)
+    error(string.format("memory budget of %s cannot run this model: even with every block offloaded it needs %s "
+      .. "(embedding and head %s, KV cache %s, activations %s, a slot for the largest block %s%s); "
+      .. "raise --mem or lower --context", fmt_bytes(budget), fmt_bytes(need), fmt_bytes(sizes.global_bytes),
+      fmt_bytes(sizes.kv_bytes), fmt_bytes(sizes.activation_bytes), fmt_bytes(biggest),
+      opts.loader == "buffered" and (", the conventional loader's bounce buffer " ..
+        fmt_bytes(math.min(sizes.bounce_bytes, biggest))) or ""), 0)
+  end
+  return best
+end
+
+-- A plan as Lua source that M.load reads back (the estimate, if any, as a comment).
+function M.to_lua(p)
+  local out = { "return {", string.format("  slots = %d,", p.slots or 1), "  devices = {" }
+  for _, d in ipairs(p.devices) do
+    out[#out + 1] = "    { stages = {"
+    for _, st in ipairs(d.stages) do
+      out[#out + 1] = string.format("      { blocks = { %d, %d }, offloaded = %d },", st.blocks[1], st.blocks[2],
+        st.offloaded or 0)
+    end
+    out[#out + 1] = "    } },"
+  end
+  out[#out + 1] = "  },"
+  out[#out + 1] = "}"
+  return table.concat(out, "\n") .. "\n"
+end
+
+-- A readable description: per stage its blocks, what is offloaded, and the memory by account.
+function M.describe(p, sizes, opts)
+  local lines = {}
+  local stages = p.devices[1].stages
+  local mem = sizes and M.memory(p, sizes, opts)
+  lines[#lines + 1] = string.format("plan: %d stage%s on 1 device, %d slot%s", #stages, #stages == 1 and "" or "s",
+    p.slots or 1, (p.slots or 1) == 1 and "" or "s")
+  for k, st in ipairs(stages) do
+    local a, b, off = st.blocks[1], st.blocks[2], st.offloaded or 0
+    local what
+    if off == 0 then what = "all resident"
+    elseif off == b - a + 1 then what = "all offloaded"
+    else what = string.format("offloaded %s, resident %s", M.range_name(a, a + off - 1), M.range_name(a + off, b)) end
+    local bytes = ""
+    if sizes then
+      local o, r = 0, 0
+      for x = a, b do if x - a < off then o = o + sizes.block_bytes[x] else r = r + sizes.block_bytes[x] end end
+      bytes = string.format(" [%s read per step, %s resident]", fmt_bytes(o), fmt_bytes(r))
+    end
+    lines[#lines + 1] = string.format("  stage %d: %s: %s%s", k, M.range_name(a, b), what, bytes)
+  end
+  if mem then
+    lines[#lines + 1] = string.format("  memory: weights %s + slots %s + kv %s + activations %s%s = %s",
+      fmt_bytes(mem.weights), fmt_bytes(mem.slots), fmt_bytes(mem.kv), fmt_bytes(mem.activations),
+      mem.scratch > 0 and (" + scratch " .. fmt_bytes(mem.scratch)) or "", fmt_bytes(mem.total))
+    lines[#lines + 1] = string.format("  offloaded: %s of %s of weights re-read every step (%.0f%%)",
+      fmt_bytes(mem.offloaded_bytes), fmt_bytes(sizes.weight_bytes), 100 * mem.offloaded_bytes / sizes.weight_bytes)
+  end
+  if p.estimate then
+    lines[#lines + 1] = string.format("  estimate: %.1f ms/token, %.1f ms of it exposed loading (disk %.2f GB/s, compute %.1f GB/s assumed)",
+      p.estimate.ms, p.estimate.exposed_ms, p.estimate.read_bps / 1e9, p.estimate.compute_bps / 1e9)
+  end
+  return table.concat(lines, "\n")
+end
+
+-- Read a plan from a Lua file (it returns the table; it runs with no globals but what a plain
+-- table needs). Raises naming the file.
+function M.load(path)
+  local f, err = io.open(path, "rb")
+  if not f then error("--plan: " .. tostring(err), 0) end
+  local src = f:read("*a")
+  f:close()
+  if src:byte(1) == 27 then error(path .. ": a plan is Lua source, not bytecode", 0) end
+  local chunk, perr = loadstring(src, "@" .. path)
+  if not chunk then error(path .. ": " .. perr, 0) end
+  setfenv(chunk, {})
+  local ok, p = pcall(chunk)
+  if not ok then error(path .. ": " .. tostring(p), 0) end
+  if type(p) ~= "table" then error(path .. ": the file must return the plan table", 0) end
+  return p
+end
+
+return M
