@@ -186,7 +186,7 @@ end
 function Model:_start_runner(dir, facts)
   local opts = self.opts
   local descs = store.stage_descs(dir, facts.manifest, self.plan)
-  local _, slot = planner.stage_bytes(self.plan.devices[1].stages, self.plan_sizes)
+  local slot = planner.memory(self.plan, self.plan_sizes).slot_bytes
   local loader
   if slot > 0 then
     local err

@@ -65,6 +65,14 @@ function M.sizes(man, cfg, opts)
   local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
   core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, kv, act))
   s.kv_bytes, s.activation_bytes = tonumber(kv[0]), tonumber(act[0])
+  -- the head reads lm_head, or the embedding when they are tied; the embedding itself is one
+  -- row per token
+  for _, f in ipairs(man.files) do
+    for _, t in ipairs(f.tensors) do
+      if t.kind == "lm_head" or (t.kind == "embed" and not s.head_bytes) then s.head_bytes = t.nbytes end
+    end
+  end
+  s.head_bytes = s.head_bytes or 0
   s.bounce_bytes = 1024 * 1024 -- the conventional loader's bounce buffer (a read, at most a slot)
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end
@@ -79,6 +87,9 @@ function M.check(p, n_blocks, where)
   if type(p) ~= "table" then return bad("not a table") end
   if p.slots ~= nil and (type(p.slots) ~= "number" or p.slots < 1 or p.slots ~= math.floor(p.slots)) then
     return bad("slots must be a positive integer")
+  end
+  if p.slot_bytes ~= nil and (type(p.slot_bytes) ~= "number" or p.slot_bytes < 0 or p.slot_bytes ~= math.floor(p.slot_bytes)) then
+    return bad("slot_bytes must be a byte count")
   end
   if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
   if #p.devices ~= 1 then
@@ -133,6 +144,7 @@ end
 function M.memory(p, sizes, opts)
   opts = opts or {}
   local resident, slot, offloaded = M.stage_bytes(p.devices[1].stages, sizes)
+  if slot > 0 and p.slot_bytes then slot = math.max(slot, p.slot_bytes) end
   local n_slots = slot > 0 and (p.slots or 1) or 0
   local m = { weights = sizes.global_bytes + resident, slots = n_slots * slot, kv = sizes.kv_bytes,
     activations = sizes.activation_bytes,
@@ -142,33 +154,85 @@ function M.memory(p, sizes, opts)
   return m
 end
 
--- Estimated ms per decoding step of a one-device plan: compute of every weight read (at
--- compute_bps) plus, per stage, the part of its load that the previous stage's resident blocks
--- do not hide (one slot: the read starts when the previous stage releases it). The embedding
--- is one row per token and the head is computed between the last stage and the first.
+-- Estimated ms per decoding step of a one-device plan, by simulating the runner's timeline
+-- for a few steps: compute (at compute_bps) runs the stages in order, each stage's offloaded
+-- blocks waiting for their load; loads (at read_bps) go in stage order, one after another,
+-- each starting when the disk is free and its bytes have room: a free slot (several slots) or
+-- free bytes of the ring (one slot of slot_bytes, freed in load order as stages finish their
+-- offloaded blocks). Returns ms per step and the ms of it spent waiting for loads.
 function M.estimate(p, sizes, rates)
   local stages = p.devices[1].stages
+  local S = #stages
   local function comp(bytes) return bytes / rates.compute_bps * 1e3 end
   local function load(bytes) return bytes / rates.read_bps * 1e3 end
-  local head = comp(sizes.global_bytes / 2)
-  local total, exposed = head, 0
-  local res, off = {}, {}
+  local overhead = rates.stage_overhead_ms or 0.05
+  local off, res = {}, {}
   for k, st in ipairs(stages) do
-    res[k], off[k] = 0, 0
+    off[k], res[k] = 0, 0
     for b = st.blocks[1], st.blocks[2] do
       if b - st.blocks[1] < (st.offloaded or 0) then off[k] = off[k] + sizes.block_bytes[b]
       else res[k] = res[k] + sizes.block_bytes[b] end
     end
-    total = total + comp(res[k] + off[k]) + (rates.stage_overhead_ms or 0.02)
   end
-  for k = 1, #stages do
-    if off[k] > 0 then
-      local prev = k == 1 and #stages or k - 1
-      local window = comp(res[prev]) + (k == 1 and head or 0)
-      exposed = exposed + math.max(0, load(off[k]) - window)
+  local _, biggest = M.stage_bytes(stages, sizes)
+  local n_slots = p.slots or 1
+  local cap = math.max(biggest, p.slot_bytes or 0)
+  local head = comp(sizes.head_bytes or 0)
+  local loads = {} -- in order: { bytes, release time }
+  local disk_free, t, wait = 0, 0, 0
+  local step_end = {}
+  local steps = 4
+  for step = 1, steps do
+    local step_wait = 0
+    for k = 1, S do
+      local ready = t
+      if off[k] > 0 then
+        local j = #loads + 1
+        local room = 0
+        if n_slots > 1 then
+          if j > n_slots then room = loads[j - n_slots].release end
+        else
+          local live, i = off[k], j - 1
+          while i >= 1 and live + loads[i].bytes <= cap do live, i = live + loads[i].bytes, i - 1 end
+          if i >= 1 then room = loads[i].release end
+        end
+        local start = math.max(disk_free, room)
+        disk_free = start + load(off[k])
+        ready = math.max(t, disk_free)
+        step_wait = step_wait + (ready - t)
+        loads[j] = { bytes = off[k], release = ready + comp(off[k]) + overhead }
+      end
+      t = ready + comp(off[k] + res[k]) + overhead
     end
+    t = t + head
+    step_end[step], wait = t, step_wait
   end
-  return total + exposed, exposed
+  return step_end[steps] - step_end[steps - 1], wait
+end
+
+-- Fill what a fitting one-device plan leaves of budget with resident blocks (the paper's
+-- block-level refinement): repeatedly keep resident the largest offloaded block that still
+-- fits (the last offloaded one of its stage, so that offloaded blocks stay first). The slot
+-- keeps its size (written into p.slot_bytes): it can only shrink. Changes p in place.
+function M.refine(p, sizes, budget, opts)
+  local stages = p.devices[1].stages
+  local mem = M.memory(p, sizes, opts)
+  if mem.slot_bytes > 0 then p.slot_bytes = mem.slot_bytes end
+  local left = budget - mem.total
+  while true do
+    local best, best_bytes
+    for k, st in ipairs(stages) do
+      local off = st.offloaded or 0
+      if off > 0 then
+        local b = sizes.block_bytes[st.blocks[1] + off - 1]
+        if b <= left and (not best_bytes or b > best_bytes) then best, best_bytes = k, b end
+      end
+    end
+    if not best then break end
+    stages[best].offloaded = stages[best].offloaded - 1
+    left = left - best_bytes
+  end
+  return p
 end
 
 -- Split blocks 0..n-1 into s contiguous stages as evenly as possible (earlier stages get the
@@ -208,18 +272,42 @@ function M.search(sizes, budget, opts)
     for k = 0, shortest do
       local p = { slots = opts.slots or 1, devices = { { stages = {} } } }
       for i, r in ipairs(ranges) do p.devices[1].stages[i] = { blocks = r, offloaded = k } end
-      local mem = M.memory(p, sizes, opts)
-      if budget == 0 or mem.total <= budget then
-        local ms, exposed = M.estimate(p, sizes, rates)
-        -- ties (within 0.1%) go to fewer stages, then fewer offloaded blocks
-        if not best or ms < best_ms * 0.999 then
-          best, best_ms = p, ms
-          p.estimate = { ms = ms, exposed_ms = exposed, memory = mem, read_bps = rates.read_bps,
-            compute_bps = rates.compute_bps }
+      -- one slot: as a ring of the largest stage's bytes, or of the largest two consecutive
+      -- stages' (so that a stage's load can start while the one before still computes)
+      local rings = { false }
+      if k > 0 and p.slots == 1 and s > 1 then
+        local _, biggest = M.stage_bytes(p.devices[1].stages, sizes)
+        local pair = 0
+        local st = p.devices[1].stages
+        for i = 1, s do
+          local _, oa = M.stage_bytes({ st[i] }, sizes)
+          local _, ob = M.stage_bytes({ st[i % s + 1] }, sizes)
+          pair = math.max(pair, oa + ob)
         end
-        -- with S fixed, offloading one block more only adds reading: the first fit is the best
-        break
+        if pair > biggest then rings[2] = pair end
       end
+      local fits = false
+      for _, ring in ipairs(rings) do
+        local q = { slots = p.slots, slot_bytes = ring or nil, devices = { { stages = {} } } }
+        for i, r in ipairs(ranges) do q.devices[1].stages[i] = { blocks = r, offloaded = k } end
+        local mem = M.memory(q, sizes, opts)
+        if budget == 0 or mem.total <= budget then
+          fits = true
+          if budget > 0 and k > 0 then
+            M.refine(q, sizes, budget, opts)
+            mem = M.memory(q, sizes, opts)
+          end
+          local ms, exposed = M.estimate(q, sizes, rates)
+          -- ties (within 0.1%) go to fewer stages, then fewer offloaded blocks
+          if not best or ms < best_ms * 0.999 then
+            best, best_ms = q, ms
+            q.estimate = { ms = ms, exposed_ms = exposed, memory = mem, read_bps = rates.read_bps,
+              compute_bps = rates.compute_bps }
+          end
+        end
+      end
+      -- with S fixed, offloading one block more only adds reading: the first fit is the best
+      if fits then break end
     end
     if budget == 0 and best then break end
   end
@@ -237,7 +325,9 @@ end
 
 -- A plan as Lua source that M.load reads back (the estimate, if any, as a comment).
 function M.to_lua(p)
-  local out = { "return {", string.format("  slots = %d,", p.slots or 1), "  devices = {" }
+  local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
+  if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
+  out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { stages = {"
     for _, st in ipairs(d.stages) do
@@ -256,8 +346,9 @@ function M.describe(p, sizes, opts)
   local lines = {}
   local stages = p.devices[1].stages
   local mem = sizes and M.memory(p, sizes, opts)
-  lines[#lines + 1] = string.format("plan: %d stage%s on 1 device, %d slot%s", #stages, #stages == 1 and "" or "s",
-    p.slots or 1, (p.slots or 1) == 1 and "" or "s")
+  lines[#lines + 1] = string.format("plan: %d stage%s on 1 device, %d slot%s%s", #stages, #stages == 1 and "" or "s",
+    p.slots or 1, (p.slots or 1) == 1 and "" or "s", mem and mem.slot_bytes > 0 and
+    string.format(" of %s", fmt_bytes(mem.slot_bytes)) or "")
   for k, st in ipairs(stages) do
     local a, b, off = st.blocks[1], st.blocks[2], st.offloaded or 0
     local what

@@ -5,7 +5,12 @@
  *   stage k:  wait for its slot ─► offloaded blocks ─► release the slot: the loader starts
  *             reading the next stage's blocks into it ─► resident blocks (overlapping that read)
  *
- * Slots are handed to stages in cyclic stage order, as many loads ahead as there are slots.
+ * With one loader slot, the slot is a ring: each load takes the next free range of its bytes
+ * (wrapping to the start when the end is too short) and ranges are freed in load order, so
+ * that a load can start while earlier stages still compute from the same slot, as soon as its
+ * bytes are free (a slot larger than the largest stage keeps the disk busy through them). With
+ * several slots, each load takes a whole slot, as many loads ahead as there are slots; loads
+ * always go in cyclic stage order.
  * The "proxy" views of a stage (where each offloaded weight lies in a slot) are given once;
  * after a load the model's weights are re-bound to the slot it landed in, a pointer update per
  * tensor. Nothing here allocates, parses or calls into Lua per step; the loader's ring is the
@@ -22,13 +27,15 @@ enum { IDLE = 0, LOADING = 1, READY = 2 };
 
 typedef struct rstage {
     int32_t first, last, n_off; /* blocks [first, last), the first n_off offloaded */
-    loip_load_extent *ext;      /* n_ext reads (paths owned) */
+    loip_load_extent *ext;      /* n_ext reads (paths owned), slot offsets relative to the load */
+    loip_load_extent *sub;      /* the same, as submitted (offsets moved to the load's range) */
     int32_t n_ext;
     loip_stage_view *views;
     int32_t n_views;
     uint64_t bytes;             /* bytes a load reads */
     int state;                  /* IDLE, LOADING or READY */
     int32_t slot;               /* the slot it is loading into or loaded in, -1: none */
+    uint64_t at;                /* ring: where its range starts in the slot */
     uint64_t tag;
 } rstage;
 
@@ -40,8 +47,13 @@ struct loip_runner {
     int32_t n;
     int32_t n_offloading;   /* stages with offloaded blocks */
     int32_t next_load;      /* the stage whose load comes next, in cyclic order */
-    int32_t *free_slots;    /* stack of idle slots */
+    int32_t *free_slots;    /* stack of idle slots (several slots) */
     int32_t n_free;
+    int ring;               /* one slot, used as a ring of ranges */
+    uint64_t ring_bytes;    /* its size */
+    uint64_t ring_tail;     /* end of the newest range */
+    int32_t *live;          /* ring: stages holding ranges, oldest first (n_live) */
+    int32_t n_live;
     uint64_t next_tag;
     loip_runner_event *ev;  /* ev_cap events, ev_count kept */
     int32_t ev_cap, ev_count;
@@ -68,24 +80,74 @@ static int next_offloading(const loip_runner *r, int32_t after) {
     return -1;
 }
 
-/* Hand idle slots to the next stages in cyclic order. */
+/* Ring: where a range of n bytes can start now, or -1. Free space is [tail, end) and
+ * [0, head) when the live ranges do not wrap, [tail, head) when they do. */
+static int64_t ring_place(const loip_runner *r, uint64_t n) {
+    if (r->n_live == 0) return n <= r->ring_bytes ? 0 : -1;
+    uint64_t head = r->st[r->live[0]].at, tail = r->ring_tail;
+    if (tail > head) {
+        if (r->ring_bytes - tail >= n) return (int64_t)tail;
+        return head >= n ? 0 : -1;
+    }
+    return head - tail >= n ? (int64_t)tail : -1;
+}
+
+/* Start the next stages' loads (cyclic order) while there is room: an idle slot, or a free
+ * range of the ring. */
 static int start_loads(loip_runner *r) {
-    while (r->n_free > 0 && r->n_offloading > 0) {
+    while (r->n_offloading > 0) {
         rstage *t = &r->st[r->next_load];
-        if (t->state != IDLE) break; /* every offloading stage already has a slot */
-        int32_t slot = r->free_slots[r->n_free - 1];
+        if (t->state != IDLE) break; /* every offloading stage already has its bytes coming */
+        int32_t slot;
+        uint64_t at = 0;
+        if (r->ring) {
+            int64_t where = ring_place(r, t->bytes);
+            if (where < 0) break;
+            slot = 0, at = (uint64_t)where;
+        } else {
+            if (r->n_free == 0) break;
+            slot = r->free_slots[r->n_free - 1];
+        }
+        for (int32_t i = 0; i < t->n_ext; i++) {
+            t->sub[i] = t->ext[i];
+            t->sub[i].slot_offset += at;
+        }
         uint64_t tag = r->next_tag++;
-        int rc = loip_loader_submit(r->l, slot, t->ext, t->n_ext, tag);
+        int rc = loip_loader_submit(r->l, slot, t->sub, t->n_ext, tag);
         if (rc) return rc;
-        r->n_free--;
-        t->state = LOADING, t->slot = slot, t->tag = tag;
+        if (r->ring) {
+            r->live[r->n_live++] = r->next_load;
+            r->ring_tail = at + t->bytes;
+        } else {
+            r->n_free--;
+        }
+        t->state = LOADING, t->slot = slot, t->tag = tag, t->at = at;
         r->next_load = next_offloading(r, r->next_load);
     }
     return LOIP_OK;
 }
 
+/* Give a stage's slot (or its ring range) back. Ring ranges go back in load order: a stage
+ * released out of that order (a failed load, a drain) takes the ranges before it along. */
 static void release(loip_runner *r, rstage *t) {
-    if (t->slot >= 0) r->free_slots[r->n_free++] = t->slot;
+    if (t->slot >= 0) {
+        if (r->ring) {
+            int32_t k = (int32_t)(t - r->st), i = 0;
+            while (i < r->n_live && r->live[i] != k) i++;
+            if (i < r->n_live) {
+                for (int32_t j = 0; j < i; j++) { /* (only on drain paths: they are idle) */
+                    rstage *o = &r->st[r->live[j]];
+                    o->slot = -1;
+                    if (o->state == READY) o->state = IDLE;
+                }
+                memmove(r->live, r->live + i + 1, (size_t)(r->n_live - i - 1) * sizeof *r->live);
+                r->n_live -= i + 1;
+            }
+            if (r->n_live == 0) r->ring_tail = 0;
+        } else {
+            r->free_slots[r->n_free++] = t->slot;
+        }
+    }
     t->slot = -1;
     t->state = IDLE;
 }
@@ -126,7 +188,7 @@ static void drain(loip_runner *r) {
 }
 
 static void bind_views(loip_runner *r, const rstage *t) {
-    const uint8_t *base = loip_loader_slot_data(r->l, t->slot);
+    const uint8_t *base = (const uint8_t *)loip_loader_slot_data(r->l, t->slot) + t->at;
     for (int32_t i = 0; i < t->n_views; i++) {
         const loip_stage_view *v = &t->views[i];
         r->m->layers[(size_t)v->layer * LOIP_W_COUNT + v->which].data = base + v->slot_offset;
@@ -136,6 +198,7 @@ static void bind_views(loip_runner *r, const rstage *t) {
 static void stage_free(rstage *t) {
     for (int32_t i = 0; i < t->n_ext; i++) free((char *)t->ext[i].path);
     free(t->ext);
+    free(t->sub);
     free(t->views);
 }
 
@@ -145,6 +208,7 @@ LOIP_API void loip_runner_free(loip_runner *r) {
     for (int32_t k = 0; r->st && k < r->n; k++) stage_free(&r->st[k]);
     free(r->st);
     free(r->free_slots);
+    free(r->live);
     free(r->ev);
     free(r);
 }
@@ -168,8 +232,9 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
         return loip_fail(LOIP_EINVAL, "runner: stage %d offloads blocks but gives no %s", k,
                          d->n_extents <= 0 || !d->extents ? "extents" : "views");
     t->ext = calloc((size_t)d->n_extents, sizeof *t->ext);
+    t->sub = calloc((size_t)d->n_extents, sizeof *t->sub);
     t->views = calloc((size_t)d->n_views, sizeof *t->views);
-    if (!t->ext || !t->views) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+    if (!t->ext || !t->sub || !t->views) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
     for (int32_t i = 0; i < d->n_extents; i++) {
         const loip_load_extent *e = &d->extents[i];
         if (e->slot_offset + e->length > slot_bytes || e->slot_offset + e->length < e->length)
@@ -183,6 +248,9 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
         t->n_ext = i + 1;
         t->bytes += e->length;
     }
+    if (t->bytes > slot_bytes)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d reads %llu bytes, more than the slot's %llu",
+                         k, (unsigned long long)t->bytes, (unsigned long long)slot_bytes);
     for (int32_t i = 0; i < d->n_views; i++) {
         const loip_stage_view *v = &d->views[i];
         int32_t b = 2 * v->layer + block_of(v->which);
@@ -236,7 +304,10 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
     for (int32_t k = 0; k < n_stages; k++) r->n_offloading += r->st[k].n_off > 0;
     if (loader) {
         int32_t n_slots = loip_loader_slots(loader);
-        if (!(r->free_slots = malloc((size_t)n_slots * sizeof(int32_t)))) {
+        r->ring = n_slots == 1;
+        r->ring_bytes = slot_bytes;
+        if (!(r->free_slots = malloc((size_t)n_slots * sizeof(int32_t))) ||
+            !(r->live = malloc((size_t)n_stages * sizeof(int32_t)))) {
             loip_runner_free(r);
             return loip_fail(LOIP_ENOMEM, "runner: out of memory");
         }
@@ -285,10 +356,15 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t
     rstage *t = &r->st[k];
     r->stats.stage_runs++;
     if (t->n_off > 0) {
+        /* A ring's ranges are freed in load order: a stage run before older loads is read again. */
+        if (r->ring && t->state != IDLE && r->live[0] != k) drain(r);
         if (t->state == IDLE) { /* out of order, or its last load failed: read it now */
             drain(r);
             r->next_load = k;
             if ((rc = start_loads(r))) return rc;
+            if (t->state == IDLE)
+                return loip_fail(LOIP_ESTATE, "runner: stage %d: its %llu bytes do not fit the slot",
+                                 k, (unsigned long long)t->bytes);
         }
         if (t->state == LOADING && (rc = await(r, k))) return rc;
         bind_views(r, t);

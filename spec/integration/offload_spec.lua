@@ -94,6 +94,37 @@ describe("offloaded execution", function()
     end
   end)
 
+  it("uses one slot as a ring: the next stage's load starts while the current one computes", function()
+    local st = store_of(S260, "s260")
+    local ids = greedy.cases[1].sequence_ids
+    local ref_l, ref_t = run(S260, {}, ids, ids)
+    -- single-block stages, all offloaded; a slot of three MLPs holds two stages' loads at once
+    local p = plan_of({ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, 1)
+    p.slot_bytes = 3 * 136 * 1024
+    for _, loader in ipairs({ "uring", "buffered" }) do
+      local m = loip.model.open(st, { plan = p, loader = loader, context = 256, threads = 1, trace = true })
+      local l = m:logits(ids)
+      assert.are.equal(0, T.bit_diffs(ref_l, l, #ids * 512), loader)
+      local it, stt = m:generate(ids, { temperature = 0, max_tokens = 40, stop = {} })
+      for _ in it do end
+      assert.are.same(ref_t, stt.token_ids, loader)
+      -- some load was submitted before the previous stage's offloaded compute had ended
+      local ahead = 0
+      local last_compute_end = {}
+      for _, x in ipairs(m.trace.events) do
+        local e = x.e
+        if e.kind == "compute" and e.offloaded then last_compute_end[e.stage] = e.t1_ns end
+        if e.kind == "load" then
+          local prev = e.stage == 1 and 10 or e.stage - 1
+          if last_compute_end[prev] and e.t0_ns < last_compute_end[prev] then ahead = ahead + 1 end
+        end
+      end
+      assert.is_true(ahead > 0, loader .. ": no load overlapped the stage before it")
+      assert.are.equal(3 * 136 * 1024, tonumber(m.loader:slot_bytes()))
+      m:close()
+    end
+  end)
+
   it("runs a synthetic BF16 Qwen2 model offloaded as its source runs", function()
     local src = os.tmpname()
     os.remove(src)
