@@ -55,10 +55,17 @@ void loader_finish_if_done(loip_loader *l, lload *ld) {
     pthread_cond_broadcast(&l->cv_done);
 }
 
-/* Take the next read of the oldest pending load (NULL when none or throttled). */
+/* Take the next read of the oldest pending load (NULL when none, throttled, or held back).
+ * A load starts only when the reads of the loads before it have all landed: loads are
+ * consumed in order, and a device serves the reads it holds in parallel, so overlapping the
+ * next load with the tail of the current one delays the current one's end by the next one's
+ * bytes (measured on this VM's virtio disk: a 96 MiB load and the 20 MiB one queued behind it
+ * finished together, with a quarter of the queue as the overlap), and the stage waiting for
+ * it holds its slot longer. The cost is one drain of the queue per load. */
 static lread *next_read(loip_loader *l, uint64_t *throttle_ns) {
     while (l->pend_head) {
         lload *ld = l->pend_head;
+        if (ld->next_ext == 0 && ld->next_off == 0 && l->in_flight > 0) return NULL;
         lext *e = &ld->ext[ld->next_ext];
         if (ld->next_off >= e->length) { /* (zero-length extents) */
             ld->next_ext++, ld->next_off = 0;
