@@ -42,12 +42,13 @@ commands.generate = {
       metavar = "BYTES" },
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the best that fits --mem", metavar = "FILE.lua" },
-    { "slots", "int", "slice store: loader slots (each holds one stage's offloaded blocks)", default = 1,
+    { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
       check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
     { "loader", "string", "slice store: how offloaded blocks are read: auto (io_uring, else buffered), uring, "
       .. "buffered (the conventional path)", default = "auto",
       check = function(v) return v == "auto" or v == "uring" or v == "buffered", "must be auto, uring or buffered" end },
     { "disk-rate", "bytes", "slice store: emulate a slower disk, bytes/s (e.g. 500M)", metavar = "BYTES" },
+    { "save-plan", "string", "slice store: write the plan used as a Lua file (for --plan)", metavar = "FILE.lua" },
     { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait", metavar = "OUT.json" },
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
@@ -63,7 +64,7 @@ function commands.generate.run(o)
   local model = require "loip.model"
   local json = require "loip.json"
   local is_store = model.locate(o.model) == "store"
-  for _, f in ipairs({ "plan", "disk_rate", "trace" }) do
+  for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan" }) do
     if o[f] and not is_store then
       error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " needs a slice store (make one with loip slice)" }, 0)
     end
@@ -83,6 +84,14 @@ function commands.generate.run(o)
   if m.plan and (offloads or o.verbose or o.plan) and not o.json then
     stderr("%s\n", plan_mod.describe(m.plan, m.plan_sizes, m.plan_opts))
     if m.loader then stderr("loader: %s\n", m.loader:describe()) end
+  end
+  if o.save_plan then
+    local tmp = o.save_plan .. ".tmp"
+    local f, ferr = io.open(tmp, "w")
+    if not f then m:close() error("--save-plan: " .. tostring(ferr), 0) end
+    f:write(plan_mod.to_lua(m.plan))
+    f:close()
+    assert(os.rename(tmp, o.save_plan))
   end
   if o.verbose and m.budget then stderr("memory:\n%s\n", tostring(m.budget:report())) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
