@@ -14,7 +14,7 @@ local submodules = {
   progress = "loip.progress", json = "loip.json", shapes = "loip.shapes",
   template = "loip.template", chat = "loip.chat", plot = "loip.plot",
   loader = "loip.loader", slice = "loip.slice", bench = "loip.bench", memory = "loip.memory",
-  plan = "loip.plan", trace = "loip.trace",
+  plan = "loip.plan", trace = "loip.trace", transport = "loip.transport",
 }
 
 setmetatable(loip, {

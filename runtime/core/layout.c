@@ -40,6 +40,11 @@ static const struct {
     SIZE(loip_runner_event), FIELD(loip_runner_event, t0_ns), FIELD(loip_runner_event, bytes),
     FIELD(loip_runner_event, n_tokens),
     SIZE(loip_runner_stats_t), FIELD(loip_runner_stats_t, events_dropped),
+    SIZE(loip_msg_header), FIELD(loip_msg_header, step), FIELD(loip_msg_header, payload_bytes),
+    FIELD(loip_msg_header, flags),
+    SIZE(loip_link_stats), FIELD(loip_link_stats, bw_bps), FIELD(loip_link_stats, latency_ns),
+    SIZE(loip_device_config), FIELD(loip_device_config, plan_id), FIELD(loip_device_config, logits_tokens),
+    SIZE(loip_device_stats), FIELD(loip_device_stats, head_ns),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

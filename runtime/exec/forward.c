@@ -451,3 +451,4 @@ LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_
 
 float *loip_session_hidden(loip_session *s) { return s->x; }
 int32_t loip_session_max_batch(const loip_session *s) { return s->max_batch; }
+const loip_model *loip_session_model(const loip_session *s) { return s->m; }

@@ -7,5 +7,6 @@
 /* The session's own hidden state, (max_batch, dim) fp32, as loip_session_forward uses it. */
 float *loip_session_hidden(loip_session *s);
 int32_t loip_session_max_batch(const loip_session *s);
+const loip_model *loip_session_model(const loip_session *s);
 
 #endif

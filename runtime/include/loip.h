@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 7, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 8, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -43,6 +43,8 @@ enum {
     LOIP_EFORMAT = -1001, /* a file's content is malformed */
     LOIP_ESHAPE = -1002,  /* a tensor's shape or dtype does not fit the model */
     LOIP_ESTATE = -1003,  /* call out of order (e.g. forward before all weights are bound) */
+    LOIP_EPROTO = -1004,  /* a malformed or unexpected message (transport) */
+    LOIP_EAUTH = -1005,   /* a peer failed authentication */
 };
 
 LOIP_API int loip_abi_version(void);
@@ -511,6 +513,101 @@ LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t 
 LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap);
 LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out);
 
+/* ---- transport (runtime/transport) ------------------------------------------------------ */
+
+/* Messages between the head and the devices, over ZeroMQ: a fixed little-endian header frame
+ * and an optional payload frame. Every field is checked on receipt; a malformed message is
+ * consumed and reported (LOIP_EPROTO naming the field), the connection stays usable. Peers
+ * authenticate with CURVE: either a keypair derived from a shared cluster token (every member
+ * holds the same key, the token never crosses the wire) or explicit keys; a ZAP handler
+ * refuses every other client key and logs it. */
+enum {
+    LOIP_MSG_MAGIC = 0x50494f4c, /* "LOIP" */
+    LOIP_MSG_VERSION = 1,
+};
+enum {
+    LOIP_MSG_HELLO = 1,   /* head -> device: who are you (reply: HELLO with a JSON payload) */
+    LOIP_MSG_PLAN = 2,    /* head -> device: a JSON plan for the device (reply: READY/ERROR) */
+    LOIP_MSG_READY = 3,
+    LOIP_MSG_ERROR = 4,   /* payload: message text; status: LOIP_E* */
+    LOIP_MSG_START = 5,   /* head -> devices: a request (JSON: sampler, prompt ids) */
+    LOIP_MSG_TOKENS = 6,  /* ids (I32) into the first stage */
+    LOIP_MSG_HIDDEN = 7,  /* hidden states (F32, n_tokens x dim) between stages */
+    LOIP_MSG_RESULT = 8,  /* last device -> head: sampled id (I32), or logits (F32) */
+    LOIP_MSG_STATS = 9,   /* head -> device: report (reply: STATS with a JSON payload) */
+    LOIP_MSG_PING = 10,   /* heartbeat (reply: PONG) */
+    LOIP_MSG_PONG = 11,
+    LOIP_MSG_STOP = 12,   /* head -> device: shut down */
+    LOIP_MSG_KINDS = 13,
+};
+
+typedef struct loip_msg_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;          /* LOIP_MSG_* */
+    uint32_t plan_id;       /* the plan it belongs to (0: none) */
+    int32_t hop;            /* ring position the payload is for: device-major within a stage
+                               round (stage * n_devices + device); -1: none */
+    uint64_t step;          /* request step (tokens or a prefill chunk) */
+    int32_t n_tokens;
+    int32_t pos;            /* position of the first token */
+    int32_t dtype;          /* payload elements: LOIP_F32 or LOIP_I32; -1: bytes (text/JSON) */
+    int32_t dim;            /* elements per token (TOKENS: 1, HIDDEN: model dim) */
+    uint64_t payload_bytes;
+    uint64_t t_send_ns;     /* sender's loip_now_ns() */
+    int32_t status;
+    int32_t flags;          /* LOIP_MSGF_* */
+} loip_msg_header;
+enum {
+    LOIP_MSGF_LOGITS = 1,   /* TOKENS: return logits instead of a sampled id */
+    LOIP_MSGF_NO_OUTPUT = 2, /* TOKENS: a prefill chunk whose output nobody reads */
+};
+
+typedef struct loip_net loip_net;
+/* A transport context. token: the cluster secret (CURVE keys derived from it); NULL with
+ * keys_dir: CURVE keys from files (keys_dir/secret.key, public.key: z85 text, 40 chars;
+ * authorized clients: keys_dir/authorized/<name>.key). */
+LOIP_API int loip_net_new(const char *token, const char *keys_dir, loip_net **out);
+LOIP_API void loip_net_free(loip_net *n);
+/* Lines logged by the ZAP handler (rejected peers), oldest first, moved into buf; count. */
+LOIP_API int loip_net_auth_log(loip_net *n, char *buf, size_t cap);
+
+typedef struct loip_sock loip_sock;
+/* A server socket (ROUTER) listening at endpoint ("tcp://host:port", "ipc://path"). */
+LOIP_API int loip_sock_bind(loip_net *n, const char *endpoint, loip_sock **out);
+/* The endpoint actually bound (a port given as 0 or "*" resolved), into buf. */
+LOIP_API int loip_sock_endpoint(loip_sock *s, char *buf, size_t cap);
+/* A client socket (DEALER) to a server, with identity (its name on the server's side). */
+LOIP_API int loip_sock_connect(loip_net *n, const char *endpoint, const char *identity,
+                               loip_sock **out);
+LOIP_API void loip_sock_free(loip_sock *s);
+/* Send header h (magic, version and t_send filled in) and payload[h->payload_bytes]; to:
+ * the peer's identity on a server socket, NULL on a client. Does not block for the peer
+ * beyond timeout_ms (< 0: no limit): LOIP_ETIMEDOUT when the message could not be queued. */
+LOIP_API int loip_sock_send(loip_sock *s, const char *to, const loip_msg_header *h,
+                            const void *payload, int32_t timeout_ms);
+/* Receive one message within timeout_ms (< 0: no limit; LOIP_ETIMEDOUT): the header, its
+ * payload into payload[cap], and on a server socket the sender's identity into from[64].
+ * Checks magic, version, kind, the payload's size against the header, and dtype x dim x
+ * n_tokens against the size for TOKENS/HIDDEN/RESULT (LOIP_EPROTO, message naming the field).
+ * With emulation on, returns only when the emulated link would have delivered it. */
+LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
+                            uint64_t cap, char *from);
+/* Emulate a slower link on everything this socket receives: rate_bps bytes/s (0: off) as a
+ * serial wire, plus delay_ns one-way. */
+LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns);
+
+typedef struct loip_link_stats {
+    char peer[64];          /* sender identity ("" on a client socket) */
+    uint64_t messages;
+    uint64_t bytes;         /* header + payload */
+    uint64_t emulated_ns;   /* time held back by the emulation */
+    double bw_bps;          /* bytes/s of large messages, send to delivery (moving average) */
+    double latency_ns;      /* send to delivery of small messages (moving average) */
+} loip_link_stats;
+/* Per-sender statistics of what s received (peers in first-seen order); returns the count. */
+LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap);
+
 /* ---- sampling ------------------------------------------------------------------------- */
 
 typedef struct loip_sampler_params {
@@ -529,6 +626,53 @@ LOIP_API void loip_sampler_free(loip_sampler *s);
 LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
                                  const loip_sampler_params *p, const int32_t *history,
                                  int32_t n_history, int32_t *token);
+
+/* ---- a device of a cluster (runtime/transport/device.c) -------------------------------- */
+
+/* The per-step path of a worker, in C: receive tokens (first hop) or hidden states, run the
+ * stage they are for (loading, compute and the network overlapping through the runner and
+ * ZeroMQ's I/O threads), forward the result to the next hop, or after the last hop compute the
+ * head and sample (or return logits) to the head. Hops go around the ring stage by stage: hop
+ * h = stage * n_devices + device. Only control messages come back to the caller (Lua). */
+typedef struct loip_device_config {
+    loip_runner *runner;
+    loip_session *session;
+    loip_sock *in;          /* this device's server socket: data and control arrive here */
+    loip_sock *next;        /* client socket to the next device (NULL with one device) */
+    loip_sock *head;        /* client socket to the head: results and errors */
+    uint32_t plan_id;
+    int32_t device;         /* 0-based position in the ring */
+    int32_t n_devices;
+    int32_t n_stages;
+    int32_t max_tokens;     /* largest batch (prefill chunk) a message may carry */
+    int32_t logits_tokens;  /* largest batch whose logits may be returned (LOIP_MSGF_LOGITS) */
+    int32_t reserved;
+} loip_device_config;
+
+typedef struct loip_device_stats {
+    uint64_t hops;           /* stages run */
+    uint64_t recv_wait_ns;   /* waiting for data between hops */
+    uint64_t send_ns;        /* in loip_sock_send for data and results */
+    uint64_t bytes_sent;
+    uint64_t rejected;       /* malformed or stale messages refused */
+    uint64_t head_ns;        /* embedding, head and sampling */
+} loip_device_stats;
+
+typedef struct loip_device loip_device;
+/* Buffers (hidden states, logits, the payload) charged to budget's "activations" first. */
+LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget, loip_device **out);
+LOIP_API void loip_device_free(loip_device *d);
+/* A request: the last device samples with p and seed over ids [0, n_sample), the prompt as
+ * the first history for the repetition penalty (max_history ids kept). */
+LOIP_API int loip_device_start(loip_device *d, const loip_sampler_params *p, uint64_t seed,
+                               int32_t n_sample, const int32_t *prompt, int32_t n_prompt,
+                               int32_t max_history);
+/* Serve data messages until a control message arrives (returns 1: it is in h, payload[cap],
+ * from[64]), timeout_ms passes (0), or a message is refused or a step fails (< 0; the head
+ * has been sent an ERROR naming this device). */
+LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_header *h,
+                               void *payload, uint64_t cap, char *from);
+LOIP_API int loip_device_stats(loip_device *d, loip_device_stats *out);
 
 /* ---- llama2.c tokenizer (tokenizer.bin: scored BPE with byte fallback) ---------------- */
 

@@ -24,6 +24,10 @@ describe("the FFI surface", function()
       loip_stage_desc = { "extents", "n_views", "views" },
       loip_runner_event = { "t0_ns", "bytes", "n_tokens" },
       loip_runner_stats_t = { "events_dropped" },
+      loip_msg_header = { "step", "payload_bytes", "flags" },
+      loip_link_stats = { "bw_bps", "latency_ns" },
+      loip_device_config = { "plan_id", "logits_tokens" },
+      loip_device_stats = { "head_ns" },
     }
     for name, fields in pairs(structs) do
       assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)

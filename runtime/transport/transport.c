@@ -1,0 +1,581 @@
+/* The transport: authenticated ZeroMQ sockets carrying framed, checked messages.
+ *
+ * Authentication is CURVE everywhere. With a cluster token every member derives the same
+ * keypair from it (secret = SHA-256 of a label and the token), so the token itself never
+ * crosses the wire and a peer without it cannot complete a handshake; with a keys directory
+ * the keys come from files. A ZAP handler (RFC 27), on its own thread in the context, accepts
+ * only the cluster's public key (or the authorized ones) and logs every refusal.
+ *
+ * A message is two frames: the 64-byte header and the payload (absent when empty). Receiving
+ * checks every header field against the frame sizes; a bad message is drained whole and
+ * reported, so the socket stays in step. Link emulation is applied on receipt: the message is
+ * delivered when a serial wire of the given rate, busy with the earlier messages, would have
+ * carried it, plus the one-way delay (the kernel here has no netem). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "core/core.h"
+
+#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
+#define MAX_PEERS 32
+#define AUTH_LOG_LINES 64
+
+struct loip_net {
+    void *ctx;
+    char public_z85[41], secret_z85[41];
+    uint8_t allowed[MAX_PEERS][32]; /* client keys the ZAP handler accepts */
+    int n_allowed;
+    pthread_t zap_thread;
+    int zap_ok;
+    void *zap_ready; /* bound before any socket exists */
+    pthread_mutex_t mu;
+    char log[AUTH_LOG_LINES][200];
+    int n_log;
+    int dropped_log;
+};
+
+typedef struct peer {
+    char id[64];
+    loip_link_stats st;
+} peer;
+
+struct loip_sock {
+    loip_net *net;
+    void *z;
+    void *mon;   /* server: the socket monitor's events (failed handshakes are logged) */
+    char endpoint[256];
+    int server;
+    uint64_t rate_bps, delay_ns, wire_free_ns;
+    peer peers[MAX_PEERS];
+    int n_peers;
+};
+
+static int zfail(int code, const char *what) {
+    return loip_fail(code, "%s: %s", what, zmq_strerror(zmq_errno()));
+}
+
+/* ---- authentication ---------------------------------------------------------------------- */
+
+static void auth_log(loip_net *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void auth_log(loip_net *n, const char *fmt, ...) {
+    pthread_mutex_lock(&n->mu);
+    if (n->n_log < AUTH_LOG_LINES) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(n->log[n->n_log++], sizeof n->log[0], fmt, ap);
+        va_end(ap);
+    } else {
+        n->dropped_log++;
+    }
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* One frame of a ZAP request into buf (NUL-terminated, truncated); its size. */
+static int zap_frame(void *z, char *buf, size_t cap, int *more) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    int rc = zmq_msg_recv(&m, z, 0);
+    if (rc < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    size_t n = zmq_msg_size(&m) < cap - 1 ? zmq_msg_size(&m) : cap - 1;
+    memcpy(buf, zmq_msg_data(&m), n);
+    buf[n] = 0;
+    *more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    return rc;
+}
+
+static void *zap_main(void *arg) {
+    loip_net *n = arg;
+    void *z = n->zap_ready;
+    for (;;) {
+        char f[8][256];
+        int sizes[8], more = 1, k = 0;
+        while (more && k < 8) {
+            sizes[k] = zap_frame(z, f[k], sizeof f[k], &more);
+            if (sizes[k] < 0) {
+                if (zmq_errno() == ETERM) goto done;
+                more = 0;
+                break;
+            }
+            k++;
+        }
+        while (more) { /* drain frames past 8 */
+            char junk[8];
+            if (zap_frame(z, junk, sizeof junk, &more) < 0) break;
+        }
+        if (k < 6) continue;
+        /* frames: version, request id, domain, address, identity, mechanism, credentials */
+        const char *mech = f[5], *address = f[3];
+        int ok = 0;
+        if (!strcmp(mech, "CURVE") && k >= 7 && sizes[6] == 32) {
+            for (int i = 0; i < n->n_allowed && !ok; i++) ok = !memcmp(f[6], n->allowed[i], 32);
+            if (!ok) {
+                char key[41];
+                zmq_z85_encode(key, (const uint8_t *)f[6], 32);
+                auth_log(n, "rejected a peer from %s: unknown key %s (wrong cluster token or keys)", address, key);
+            }
+        } else {
+            auth_log(n, "rejected a peer from %s: mechanism %s (CURVE required)", address, mech);
+        }
+        const char *status = ok ? "200" : "400", *text = ok ? "OK" : "unknown peer";
+        zmq_send(z, "1.0", 3, ZMQ_SNDMORE);
+        zmq_send(z, f[1], (size_t)sizes[1], ZMQ_SNDMORE);
+        zmq_send(z, status, 3, ZMQ_SNDMORE);
+        zmq_send(z, text, strlen(text), ZMQ_SNDMORE);
+        zmq_send(z, "", 0, ZMQ_SNDMORE);
+        zmq_send(z, "", 0, 0);
+    }
+done:
+    zmq_close(z);
+    return NULL;
+}
+
+static int read_key(const char *path, char *z85) {
+    FILE *f = fopen(path, "r");
+    if (!f) return loip_fail(LOIP_EINVAL, "%s: cannot open: %s", path, strerror(errno));
+    char line[128] = {0};
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    fclose(f);
+    size_t len = strcspn(line, " \t\r\n");
+    line[len] = 0;
+    uint8_t raw[32];
+    if (len != 40 || !zmq_z85_decode(raw, line))
+        return loip_fail(LOIP_EINVAL, "%s: not a CURVE key (40 z85 characters)", path);
+    memcpy(z85, line, 41);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_net_new(const char *token, const char *keys_dir, loip_net **out) {
+    *out = NULL;
+    if ((!token || !*token) && !keys_dir)
+        return loip_fail(LOIP_EINVAL, "transport: a cluster token or a keys directory is required "
+                                      "(peers must authenticate)");
+    if (!zmq_has("curve"))
+        return loip_fail(LOIP_ENOSYS, "transport: this libzmq has no CURVE support (built without libsodium)");
+    loip_net *n = calloc(1, sizeof *n);
+    if (!n) return loip_fail(LOIP_ENOMEM, "transport: out of memory");
+    pthread_mutex_init(&n->mu, NULL);
+    int rc = LOIP_OK;
+    if (token && *token) {
+        /* secret = SHA-256("loip cluster key v1\0" || token): the same for every member */
+        loip_sha256 *h;
+        uint8_t secret[32], pub[32];
+        if ((rc = loip_sha256_new(&h))) goto fail;
+        static const char label[] = "loip cluster key v1";
+        loip_sha256_update(h, label, sizeof label);
+        loip_sha256_update(h, token, strlen(token));
+        loip_sha256_final(h, secret, NULL);
+        loip_sha256_free(h);
+        zmq_z85_encode(n->secret_z85, secret, 32);
+        if (zmq_curve_public(n->public_z85, n->secret_z85) != 0) {
+            rc = zfail(LOIP_ENOSYS, "transport: deriving the public key");
+            goto fail;
+        }
+        zmq_z85_decode(pub, n->public_z85);
+        memcpy(n->allowed[n->n_allowed++], pub, 32);
+    } else {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/secret.key", keys_dir);
+        if ((rc = read_key(path, n->secret_z85))) goto fail;
+        if (zmq_curve_public(n->public_z85, n->secret_z85) != 0) {
+            rc = zfail(LOIP_ENOSYS, "transport: deriving the public key");
+            goto fail;
+        }
+        uint8_t pub[32];
+        zmq_z85_decode(pub, n->public_z85);
+        memcpy(n->allowed[n->n_allowed++], pub, 32);
+        /* authorized/<name>.key: further client keys */
+        snprintf(path, sizeof path, "%s/authorized", keys_dir);
+        FILE *ls = NULL;
+        char cmd[4200];
+        snprintf(cmd, sizeof cmd, "ls -1 '%s' 2>/dev/null", path);
+        if ((ls = popen(cmd, "r"))) {
+            char name[256];
+            while (fgets(name, sizeof name, ls) && n->n_allowed < MAX_PEERS) {
+                name[strcspn(name, "\r\n")] = 0;
+                if (!strstr(name, ".key")) continue;
+                char kp[4600], z85[41];
+                snprintf(kp, sizeof kp, "%s/%s", path, name);
+                if ((rc = read_key(kp, z85))) {
+                    pclose(ls);
+                    goto fail;
+                }
+                zmq_z85_decode(n->allowed[n->n_allowed++], z85);
+            }
+            pclose(ls);
+        }
+    }
+    if (!(n->ctx = zmq_ctx_new())) {
+        rc = zfail(LOIP_ENOMEM, "transport: zmq context");
+        goto fail;
+    }
+    n->zap_ready = zmq_socket(n->ctx, ZMQ_REP);
+    if (!n->zap_ready || zmq_bind(n->zap_ready, ZAP_ENDPOINT) != 0) {
+        rc = zfail(LOIP_EINVAL, "transport: ZAP handler");
+        goto fail;
+    }
+    if (pthread_create(&n->zap_thread, NULL, zap_main, n) != 0) {
+        rc = loip_fail(LOIP_ENOMEM, "transport: cannot start the ZAP thread");
+        goto fail;
+    }
+    n->zap_ok = 1;
+    *out = n;
+    return LOIP_OK;
+fail:
+    if (n->zap_ready && !n->zap_ok) zmq_close(n->zap_ready);
+    if (n->ctx) zmq_ctx_term(n->ctx);
+    free(n);
+    return rc ? rc : LOIP_EINVAL;
+}
+
+LOIP_API void loip_net_free(loip_net *n) {
+    if (!n) return;
+    /* ctx_term blocks until every socket is closed: sockets belong to the caller, who frees
+     * them first (the Lua side keeps that order); the ZAP thread exits on ETERM. */
+    zmq_ctx_shutdown(n->ctx);
+    if (n->zap_ok) pthread_join(n->zap_thread, NULL);
+    zmq_ctx_term(n->ctx);
+    pthread_mutex_destroy(&n->mu);
+    free(n);
+}
+
+LOIP_API int loip_net_auth_log(loip_net *n, char *buf, size_t cap) {
+    pthread_mutex_lock(&n->mu);
+    size_t at = 0;
+    int k = 0;
+    if (cap) buf[0] = 0;
+    while (k < n->n_log) {
+        size_t len = strlen(n->log[k]);
+        if (at + len + 2 > cap) break;
+        memcpy(buf + at, n->log[k], len);
+        at += len;
+        buf[at++] = '\n';
+        buf[at] = 0;
+        k++;
+    }
+    memmove(n->log, n->log + k, (size_t)(n->n_log - k) * sizeof n->log[0]);
+    n->n_log -= k;
+    pthread_mutex_unlock(&n->mu);
+    return k;
+}
+
+/* ---- sockets ----------------------------------------------------------------------------- */
+
+static int sock_new(loip_net *n, int type, loip_sock **out) {
+    loip_sock *s = calloc(1, sizeof *s);
+    if (!s) return loip_fail(LOIP_ENOMEM, "transport: out of memory");
+    s->net = n;
+    if (!(s->z = zmq_socket(n->ctx, type))) {
+        free(s);
+        return zfail(LOIP_EINVAL, "transport: socket");
+    }
+    int linger = 0, hwm = 64;
+    zmq_setsockopt(s->z, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(s->z, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(s->z, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    *out = s;
+    return LOIP_OK;
+}
+
+LOIP_API void loip_sock_free(loip_sock *s) {
+    if (!s) return;
+    if (s->mon) {
+        zmq_socket_monitor(s->z, NULL, 0);
+        zmq_close(s->mon);
+    }
+    zmq_close(s->z);
+    free(s);
+}
+
+/* Failed handshakes on a server socket (a client with another token or key fails inside the
+ * CURVE handshake, before the ZAP handler sees it): into the net's refusal log. */
+static void poll_monitor(loip_sock *s) {
+    if (!s->mon) return;
+    for (;;) {
+        zmq_msg_t ev, addr;
+        zmq_msg_init(&ev);
+        if (zmq_msg_recv(&ev, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&ev);
+            return;
+        }
+        uint16_t event = 0;
+        uint32_t value = 0;
+        if (zmq_msg_size(&ev) >= 6) {
+            memcpy(&event, zmq_msg_data(&ev), 2);
+            memcpy(&value, (char *)zmq_msg_data(&ev) + 2, 4);
+        }
+        int more = zmq_msg_more(&ev);
+        zmq_msg_close(&ev);
+        char where[256] = "";
+        if (more) {
+            zmq_msg_init(&addr);
+            if (zmq_msg_recv(&addr, s->mon, 0) >= 0) {
+                size_t n = zmq_msg_size(&addr) < sizeof where - 1 ? zmq_msg_size(&addr) : sizeof where - 1;
+                memcpy(where, zmq_msg_data(&addr), n);
+                where[n] = 0;
+            }
+            zmq_msg_close(&addr);
+        }
+        const char *why = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "authentication refused"
+                          : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "CURVE handshake failed (wrong cluster token or keys?)"
+                                                                          : "handshake failed";
+        auth_log(s->net, "rejected a peer on %s: %s (code %u)", where[0] ? where : s->endpoint, why, value);
+    }
+}
+
+LOIP_API int loip_sock_bind(loip_net *n, const char *endpoint, loip_sock **out) {
+    *out = NULL;
+    loip_sock *s;
+    int rc = sock_new(n, ZMQ_ROUTER, &s);
+    if (rc) return rc;
+    s->server = 1;
+    int one = 1;
+    zmq_setsockopt(s->z, ZMQ_CURVE_SERVER, &one, sizeof one);
+    zmq_setsockopt(s->z, ZMQ_CURVE_SECRETKEY, n->secret_z85, 40);
+    zmq_setsockopt(s->z, ZMQ_ZAP_DOMAIN, "loip", 4);
+    /* a peer that reconnects under the same identity takes it over (a restarted worker) */
+    zmq_setsockopt(s->z, ZMQ_ROUTER_HANDOVER, &one, sizeof one);
+    /* sending to an identity that is not connected is an error, not a silent drop */
+    zmq_setsockopt(s->z, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+    if (zmq_bind(s->z, endpoint) != 0) {
+        rc = loip_fail(LOIP_EINVAL, "cannot listen at %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        loip_sock_free(s);
+        return rc;
+    }
+    size_t len = sizeof s->endpoint;
+    zmq_getsockopt(s->z, ZMQ_LAST_ENDPOINT, s->endpoint, &len);
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://loip-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->z, mon, ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0 &&
+        (s->mon = zmq_socket(n->ctx, ZMQ_PAIR)) && zmq_connect(s->mon, mon) != 0) {
+        zmq_close(s->mon);
+        s->mon = NULL;
+    }
+    *out = s;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_sock_endpoint(loip_sock *s, char *buf, size_t cap) {
+    size_t len = cap;
+    if (zmq_getsockopt(s->z, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return zfail(LOIP_EINVAL, "transport: endpoint");
+    return LOIP_OK;
+}
+
+LOIP_API int loip_sock_connect(loip_net *n, const char *endpoint, const char *identity, loip_sock **out) {
+    *out = NULL;
+    if (!identity || !*identity || strlen(identity) >= 64)
+        return loip_fail(LOIP_EINVAL, "transport: identity must be 1-63 bytes");
+    loip_sock *s;
+    int rc = sock_new(n, ZMQ_DEALER, &s);
+    if (rc) return rc;
+    zmq_setsockopt(s->z, ZMQ_ROUTING_ID, identity, strlen(identity));
+    zmq_setsockopt(s->z, ZMQ_CURVE_SERVERKEY, n->public_z85, 40);
+    zmq_setsockopt(s->z, ZMQ_CURVE_PUBLICKEY, n->public_z85, 40);
+    zmq_setsockopt(s->z, ZMQ_CURVE_SECRETKEY, n->secret_z85, 40);
+    int ivl = 100, max_ivl = 1000;
+    zmq_setsockopt(s->z, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(s->z, ZMQ_RECONNECT_IVL_MAX, &max_ivl, sizeof max_ivl);
+    if (zmq_connect(s->z, endpoint) != 0) {
+        rc = loip_fail(LOIP_EINVAL, "cannot connect to %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        loip_sock_free(s);
+        return rc;
+    }
+    *out = s;
+    return LOIP_OK;
+}
+
+static int set_timeout(void *z, int opt, int32_t ms) {
+    int v = ms < 0 ? -1 : ms;
+    return zmq_setsockopt(z, opt, &v, sizeof v);
+}
+
+LOIP_API int loip_sock_send(loip_sock *s, const char *to, const loip_msg_header *h,
+                            const void *payload, int32_t timeout_ms) {
+    loip_msg_header hh = *h;
+    hh.magic = LOIP_MSG_MAGIC;
+    hh.version = LOIP_MSG_VERSION;
+    hh.t_send_ns = loip_now_ns();
+    if (hh.payload_bytes && !payload) return loip_fail(LOIP_EINVAL, "send: payload missing");
+    set_timeout(s->z, ZMQ_SNDTIMEO, timeout_ms);
+    int more = hh.payload_bytes ? ZMQ_SNDMORE : 0;
+    if (s->server) {
+        if (!to || !*to) return loip_fail(LOIP_EINVAL, "send: a server socket needs the peer's identity");
+        if (zmq_send(s->z, to, strlen(to), ZMQ_SNDMORE) < 0) goto fail;
+    }
+    if (zmq_send(s->z, &hh, sizeof hh, more) < 0) goto fail;
+    if (more && zmq_send(s->z, payload, hh.payload_bytes, 0) < 0) goto fail;
+    return LOIP_OK;
+fail:
+    if (zmq_errno() == EAGAIN)
+        return loip_fail(LOIP_ETIMEDOUT, "send to %s: not accepted within %d ms", to ? to : "server", timeout_ms);
+    if (zmq_errno() == EHOSTUNREACH) return loip_fail(LOIP_EIO, "send: %s is not connected", to ? to : "peer");
+    return zfail(LOIP_EIO, "send");
+}
+
+static peer *peer_of(loip_sock *s, const char *id) {
+    for (int i = 0; i < s->n_peers; i++)
+        if (!strcmp(s->peers[i].id, id)) return &s->peers[i];
+    if (s->n_peers == MAX_PEERS) return NULL;
+    peer *p = &s->peers[s->n_peers++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->id, sizeof p->id, "%s", id);
+    snprintf(p->st.peer, sizeof p->st.peer, "%s", id);
+    return p;
+}
+
+static void drain(void *z) {
+    int more = 1;
+    size_t len = sizeof more;
+    while (zmq_getsockopt(z, ZMQ_RCVMORE, &more, &len) == 0 && more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, z, 0);
+        zmq_msg_close(&m);
+        len = sizeof more;
+    }
+}
+
+static int elem_size(int32_t dtype) {
+    switch (dtype) {
+    case LOIP_F32: case LOIP_I32: return 4;
+    case -1: return 1;
+    default: return 0;
+    }
+}
+
+LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
+                            uint64_t cap, char *from) {
+    char id[64] = "";
+    poll_monitor(s);
+    set_timeout(s->z, ZMQ_RCVTIMEO, timeout_ms);
+    zmq_msg_t m;
+    int rc;
+    if (s->server) {
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->z, 0) < 0) {
+            zmq_msg_close(&m);
+            goto recv_fail;
+        }
+        size_t n = zmq_msg_size(&m) < sizeof id - 1 ? zmq_msg_size(&m) : sizeof id - 1;
+        memcpy(id, zmq_msg_data(&m), n);
+        id[n] = 0;
+        zmq_msg_close(&m);
+        if (from) snprintf(from, 64, "%s", id);
+    } else if (from) {
+        from[0] = 0;
+    }
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->z, 0) < 0) {
+        zmq_msg_close(&m);
+        goto recv_fail;
+    }
+    uint64_t t_recv = loip_now_ns();
+    int has_more = zmq_msg_more(&m);
+    if (zmq_msg_size(&m) != sizeof *h) {
+        rc = loip_fail(LOIP_EPROTO, "message from %s: header of %zu bytes, expected %zu",
+                       id[0] ? id : "server", zmq_msg_size(&m), sizeof *h);
+        zmq_msg_close(&m);
+        drain(s->z);
+        return rc;
+    }
+    memcpy(h, zmq_msg_data(&m), sizeof *h);
+    zmq_msg_close(&m);
+    const char *who = id[0] ? id : "server";
+#define BAD(...) do { rc = loip_fail(LOIP_EPROTO, __VA_ARGS__); drain(s->z); return rc; } while (0)
+    if (h->magic != LOIP_MSG_MAGIC) BAD("message from %s: bad magic 0x%08x (not a loip peer)", who, h->magic);
+    if (h->version != LOIP_MSG_VERSION)
+        BAD("message from %s: protocol version %u, this loip speaks %d", who, h->version, LOIP_MSG_VERSION);
+    if (h->kind == 0 || h->kind >= LOIP_MSG_KINDS) BAD("message from %s: unknown kind %u", who, h->kind);
+    if (h->payload_bytes > cap) BAD("message from %s: payload of %llu bytes exceeds %llu", who,
+                                    (unsigned long long)h->payload_bytes, (unsigned long long)cap);
+    if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN || h->kind == LOIP_MSG_RESULT) {
+        int es = elem_size(h->dtype);
+        int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : h->kind == LOIP_MSG_TOKENS ? LOIP_I32 : -2;
+        if (!es || es == 1 || (want != -2 && h->dtype != want))
+            BAD("message from %s: dtype %d not allowed for kind %u", who, h->dtype, h->kind);
+        if (h->n_tokens <= 0 || h->dim <= 0 || h->pos < 0)
+            BAD("message from %s: n_tokens %d, dim %d, pos %d", who, h->n_tokens, h->dim, h->pos);
+        if ((uint64_t)h->n_tokens * (uint64_t)h->dim * (uint64_t)es != h->payload_bytes)
+            BAD("message from %s: payload of %llu bytes but n_tokens %d x dim %d x %d bytes", who,
+                (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, es);
+    }
+    uint64_t got = 0;
+    if (h->payload_bytes) {
+        if (!has_more) BAD("message from %s: header announces %llu payload bytes, none came", who,
+                           (unsigned long long)h->payload_bytes);
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s->z, 0) < 0) {
+            zmq_msg_close(&m);
+            goto recv_fail;
+        }
+        got = zmq_msg_size(&m);
+        int extra = zmq_msg_more(&m);
+        if (got == h->payload_bytes) memcpy(payload, zmq_msg_data(&m), got);
+        zmq_msg_close(&m);
+        if (got != h->payload_bytes || extra)
+            BAD("message from %s: payload of %llu bytes, the header says %llu", who,
+                (unsigned long long)got, (unsigned long long)h->payload_bytes);
+    } else if (has_more) {
+        BAD("message from %s: a payload frame the header does not announce", who);
+    }
+#undef BAD
+    /* Emulated link: a serial wire of rate bytes/s, free from wire_free, then the delay. */
+    uint64_t bytes = sizeof *h + got, deliver = t_recv;
+    if (s->rate_bps || s->delay_ns) {
+        uint64_t start = s->wire_free_ns > t_recv ? s->wire_free_ns : t_recv;
+        uint64_t arrive = start + (s->rate_bps ? (uint64_t)((double)bytes / (double)s->rate_bps * 1e9) : 0);
+        s->wire_free_ns = arrive;
+        deliver = arrive + s->delay_ns;
+        uint64_t now = loip_now_ns();
+        if (deliver > now) {
+            struct timespec ts = {(time_t)(deliver / 1000000000ull), (long)(deliver % 1000000000ull)};
+            while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
+        }
+    }
+    peer *p = peer_of(s, id);
+    if (p) {
+        p->st.messages++;
+        p->st.bytes += bytes;
+        p->st.emulated_ns += deliver - t_recv;
+        /* same-host clocks only: a sender stamp from another machine's clock is meaningless */
+        uint64_t now = loip_now_ns();
+        if (h->t_send_ns && h->t_send_ns <= now && now - h->t_send_ns < 60ull * 1000000000ull) {
+            double dt = (double)(now - h->t_send_ns);
+            if (bytes >= 64 * 1024) {
+                double bw = (double)bytes / (dt / 1e9);
+                p->st.bw_bps = p->st.bw_bps ? 0.8 * p->st.bw_bps + 0.2 * bw : bw;
+            } else {
+                p->st.latency_ns = p->st.latency_ns ? 0.8 * p->st.latency_ns + 0.2 * dt : dt;
+            }
+        }
+    }
+    return LOIP_OK;
+recv_fail:
+    poll_monitor(s);
+    if (zmq_errno() == EAGAIN) return loip_fail(LOIP_ETIMEDOUT, "receive: nothing within %d ms", timeout_ms);
+    if (zmq_errno() == ETERM) return loip_fail(LOIP_ESTATE, "receive: the transport is shutting down");
+    return zfail(LOIP_EIO, "receive");
+}
+
+LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns) {
+    s->rate_bps = rate_bps;
+    s->delay_ns = delay_ns;
+    s->wire_free_ns = 0;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap) {
+    int k = 0;
+    for (; k < s->n_peers && k < cap; k++) out[k] = s->peers[k].st;
+    return k;
+}
