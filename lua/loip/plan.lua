@@ -63,7 +63,7 @@ function M.sizes(man, cfg, opts)
     end
   end
   local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, kv, act))
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, 0, kv, act))
   s.kv_bytes, s.activation_bytes = tonumber(kv[0]), tonumber(act[0])
   -- the head reads lm_head, or the embedding when they are tied; the embedding itself is one
   -- row per token

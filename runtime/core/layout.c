@@ -44,7 +44,7 @@ static const struct {
     FIELD(loip_msg_header, flags),
     SIZE(loip_link_stats), FIELD(loip_link_stats, bw_bps), FIELD(loip_link_stats, latency_ns),
     SIZE(loip_device_config), FIELD(loip_device_config, plan_id), FIELD(loip_device_config, logits_tokens),
-    SIZE(loip_device_stats), FIELD(loip_device_stats, head_ns),
+    SIZE(loip_device_stats_t), FIELD(loip_device_stats_t, head_ns),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

@@ -49,29 +49,42 @@ struct loip_session {
 /* Bytes of the KV cache (pool and block tables) and of the scratch arrays of a session, as
  * loip_session_new allocates them; n_threads sizes the per-thread attention rows. */
 static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t max_batch,
-                          int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
+                          int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
+                          uint64_t *scratch_bytes) {
     if (max_batch > max_ctx) max_batch = max_ctx;
+    if (kv_layers <= 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
     uint64_t B = (uint64_t)max_batch, q_dim = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t n_blocks = (uint64_t)c->n_layers * ((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
-    *kv_bytes = 2 * n_blocks * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) + n_blocks * sizeof(int32_t);
+    uint64_t per_layer = (uint64_t)((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
+    uint64_t n_blocks = (uint64_t)kv_layers * per_layer;
+    *kv_bytes = 2 * n_blocks * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) +
+                (uint64_t)c->n_layers * per_layer * sizeof(int32_t);
     *scratch_bytes = (3 * B * c->dim + 2 * B * q_dim + 2 * B * kv_dim + 2 * B * c->hidden_dim +
                       (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float);
 }
 
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
-                               int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
+                               int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
+                               uint64_t *scratch_bytes) {
     if (max_ctx <= 0 || max_batch <= 0 || n_threads <= 0)
         return loip_fail(LOIP_EINVAL, "session: context (%d), batch (%d) and threads (%d) must be positive",
                          max_ctx, max_batch, n_threads);
-    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_bytes, scratch_bytes);
+    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_layers, kv_bytes, scratch_bytes);
     return LOIP_OK;
 }
 
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                               int32_t max_batch, loip_budget *budget, loip_session **out) {
+    return loip_session_new_layers(m, pool, max_ctx, max_batch, budget, NULL, out);
+}
+
+LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
+                                     int32_t max_batch, loip_budget *budget,
+                                     const uint8_t *kv_layers, loip_session **out) {
     *out = NULL;
     const loip_model_config *c = &m->cfg;
+    int32_t n_kv = 0;
+    for (int32_t l = 0; l < c->n_layers; l++) n_kv += !kv_layers || kv_layers[l];
     if (max_ctx <= 0 || max_batch <= 0)
         return loip_fail(LOIP_EINVAL, "session: context (%d) and batch (%d) must be positive",
                          max_ctx, max_batch);
@@ -87,7 +100,7 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
     s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     s->kv_block = LOIP_KV_BLOCK_TOKENS;
     s->blocks_per_layer = (max_ctx + s->kv_block - 1) / s->kv_block;
-    s->n_blocks = c->n_layers * s->blocks_per_layer;
+    s->n_blocks = n_kv * s->blocks_per_layer;
     size_t B = (size_t)max_batch, kv = (size_t)s->n_blocks * s->kv_block * s->kv_dim;
     struct { float **p; size_t n; } arrays[] = {
         {&s->k_cache, kv}, {&s->v_cache, kv},
@@ -99,9 +112,9 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
     };
     /* Charge the whole session before allocating any of it; session_sizes is what
      * loip_session_size reports for planning, and must agree with the arrays here. */
-    session_sizes(c, max_ctx, max_batch, s->n_threads, &s->kv_bytes, &s->scratch_bytes);
+    session_sizes(c, max_ctx, max_batch, s->n_threads, n_kv, &s->kv_bytes, &s->scratch_bytes);
     {
-        uint64_t kv_check = (uint64_t)s->n_blocks * sizeof(int32_t), scratch_check = 0;
+        uint64_t kv_check = (uint64_t)c->n_layers * s->blocks_per_layer * sizeof(int32_t), scratch_check = 0;
         for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
             *(i < 2 ? &kv_check : &scratch_check) += arrays[i].n * sizeof(float);
         if (kv_check != s->kv_bytes || scratch_check != s->scratch_bytes) {
@@ -131,13 +144,16 @@ LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_
         }
         memset(*arrays[i].p, 0, arrays[i].n * sizeof(float));
     }
-    if (!(s->block_table = malloc((size_t)s->n_blocks * sizeof(int32_t)))) {
+    if (!(s->block_table = malloc((size_t)c->n_layers * s->blocks_per_layer * sizeof(int32_t)))) {
         loip_session_free(s);
         return loip_fail(LOIP_ENOMEM, "session: out of memory");
     }
-    /* Every block mapped from the start (the pool is sized for the whole context); layer l's
-     * blocks are consecutive in the pool until something remaps them. */
-    for (int32_t b = 0; b < s->n_blocks; b++) s->block_table[b] = b;
+    /* Every block of the layers kept here mapped from the start (the pool is sized for the
+     * whole context); a layer's blocks are consecutive in the pool until something remaps
+     * them. Layers kept elsewhere (another device's) map to -1. */
+    for (int32_t l = 0, b = 0; l < c->n_layers; l++)
+        for (int32_t i = 0; i < s->blocks_per_layer; i++)
+            s->block_table[(size_t)l * s->blocks_per_layer + i] = (!kv_layers || kv_layers[l]) ? b++ : -1;
     *out = s;
     return LOIP_OK;
 }
@@ -401,6 +417,9 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
                          first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
     if (first == last) return LOIP_OK;
     if ((rc = loip_model_check_blocks(m, first, last))) return rc;
+    for (int b = first; b < last; b += 2 - b % 2)
+        if (b % 2 == LOIP_BLOCK_MHA && s->block_table[(size_t)(b / 2) * s->blocks_per_layer] < 0)
+            return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
     rope_angles(s, n, pos);
     for (int b = first; b < last; b++) {
         if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n, pos);

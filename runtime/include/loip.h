@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 8, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 9, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -416,7 +416,13 @@ LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
 /* What loip_session_new would charge for a model with cfg: the KV cache (kv_bytes) and the
  * activations (scratch_bytes), for planning before anything is allocated. */
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
-                               int32_t n_threads, uint64_t *kv_bytes, uint64_t *scratch_bytes);
+                               int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
+                               uint64_t *scratch_bytes);
+/* A session keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a
+ * device of a cluster holds its own layers' cache. kv_layers in loip_session_size: how many. */
+LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
+                                     int32_t max_batch, loip_budget *budget,
+                                     const uint8_t *kv_layers, loip_session **out);
 
 /* Blocks, the unit of offloading: block b is layer b/2's attention (MHA: attention norm, q/k/v/o
  * and their biases and norms) when b is even, its MLP (ffn norm, gate, up, down) when odd. */
@@ -656,7 +662,7 @@ typedef struct loip_device_stats {
     uint64_t bytes_sent;
     uint64_t rejected;       /* malformed or stale messages refused */
     uint64_t head_ns;        /* embedding, head and sampling */
-} loip_device_stats;
+} loip_device_stats_t;
 
 typedef struct loip_device loip_device;
 /* Buffers (hidden states, logits, the payload) charged to budget's "activations" first. */
@@ -672,7 +678,7 @@ LOIP_API int loip_device_start(loip_device *d, const loip_sampler_params *p, uin
  * has been sent an ERROR naming this device). */
 LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_header *h,
                                void *payload, uint64_t cap, char *from);
-LOIP_API int loip_device_stats(loip_device *d, loip_device_stats *out);
+LOIP_API int loip_device_stats(loip_device *d, loip_device_stats_t *out);
 
 /* ---- llama2.c tokenizer (tokenizer.bin: scored BPE with byte fallback) ---------------- */
 

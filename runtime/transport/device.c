@@ -31,7 +31,7 @@ struct loip_device {
     loip_sampler_params params;
     int32_t *history;   /* prompt and sampled ids, for the repetition penalty */
     int32_t n_history, max_history;
-    loip_device_stats st;
+    loip_device_stats_t st;
     char from[64];
 };
 
@@ -225,7 +225,7 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
             return 1;
         }
         d->st.recv_wait_ns += waited;
-        int32_t n;
+        int32_t n = 0;
         if ((rc = accept(d, &h, &n))) {
             d->st.rejected++;
             return rc;
@@ -251,7 +251,7 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
     }
 }
 
-LOIP_API int loip_device_stats(loip_device *d, loip_device_stats *out) {
+LOIP_API int loip_device_stats(loip_device *d, loip_device_stats_t *out) {
     *out = d->st;
     return LOIP_OK;
 }

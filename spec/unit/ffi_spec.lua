@@ -27,7 +27,7 @@ describe("the FFI surface", function()
       loip_msg_header = { "step", "payload_bytes", "flags" },
       loip_link_stats = { "bw_bps", "latency_ns" },
       loip_device_config = { "plan_id", "logits_tokens" },
-      loip_device_stats = { "head_ns" },
+      loip_device_stats_t = { "head_ns" },
     }
     for name, fields in pairs(structs) do
       assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)
