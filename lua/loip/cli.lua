@@ -261,6 +261,38 @@ function commands.synth.run(o, pos)
   return 0
 end
 
+commands.worker = {
+  usage = "loip worker --listen HOST:PORT --store DIR [--mem BYTES] [--threads N] [--token SECRET | --curve-keys DIR]",
+  summary = "Run one device of a cluster: wait for a plan from the head, load its part of the slice store,\n"
+    .. "run its stages every step. Stops cleanly on SIGINT/SIGTERM or when the head says so. The cluster\n"
+    .. "token may also come from LOIP_CLUSTER_TOKEN (kept out of the process list).",
+  flags = {
+    { "listen", "string", "endpoint to listen at: HOST:PORT, tcp://HOST:PORT (port * or 0: any)", required = true },
+    { "store", "string", "this device's copy of the slice store", required = true, metavar = "DIR" },
+    { "mem", "bytes", "memory budget of this device (default: unlimited)", default = 0, metavar = "BYTES" },
+    threads_flag, kernels_flag,
+    { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
+    { "curve-keys", "string", "CURVE keys instead of a token: DIR/secret.key, DIR/authorized/*.key", metavar = "DIR" },
+  },
+}
+
+function commands.worker.run(o)
+  use_kernels(o.kernels)
+  local token = o.token or os.getenv("LOIP_CLUSTER_TOKEN")
+  if not token and not o.curve_keys then
+    error({ usage_error = true, msg = "worker: give --token, --curve-keys or LOIP_CLUSTER_TOKEN: peers must authenticate" }, 0)
+  end
+  local listen = o.listen:match("://") and o.listen or ("tcp://" .. o.listen)
+  local w = require("loip.worker").new { listen = listen, store = o.store, mem = o.mem, threads = o.threads,
+    token = o.curve_keys and nil or token, keys = o.curve_keys }
+  io.stdout:write("listening ", w:endpoint(), "\n")
+  io.stdout:flush()
+  io.stderr:write(string.format("loip worker: %s, store %s, budget %s\n", w:endpoint(), o.store,
+    o.mem > 0 and require("loip.memory").format_bytes(o.mem) or "unlimited"))
+  w:run()
+  return 0
+end
+
 commands.slice = {
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
   summary = "Convert a Hugging Face model directory (or a llama2.c checkpoint) into a slice store: one\n"

@@ -63,7 +63,7 @@ function M.sizes(man, cfg, opts)
     end
   end
   local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, 0, kv, act))
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, -1, kv, act))
   s.kv_bytes, s.activation_bytes = tonumber(kv[0]), tonumber(act[0])
   -- the head reads lm_head, or the embedding when they are tied; the embedding itself is one
   -- row per token
@@ -73,6 +73,22 @@ function M.sizes(man, cfg, opts)
     end
   end
   s.head_bytes = s.head_bytes or 0
+  -- per file, for devices that hold only one end of the model (loip.ring)
+  for _, f in ipairs(man.files) do
+    if f.name == "embed.bin" then s.embed_file_bytes = f.size end
+    if f.name == "head.bin" then s.head_file_bytes = f.size end
+  end
+  s.tied = cfg.tied_embeddings ~= 0
+  s.dim, s.vocab = cfg.dim, cfg.vocab_size
+  -- the KV cache of k layers (a device keeps its own layers')
+  local kv_cache = {}
+  function s.kv_for(k)
+    if not kv_cache[k] then
+      core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, k, kv, act))
+      kv_cache[k] = tonumber(kv[0])
+    end
+    return kv_cache[k]
+  end
   s.bounce_bytes = 1024 * 1024 -- the conventional loader's bounce buffer (a read, at most a slot)
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end

@@ -52,7 +52,7 @@ static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t m
                           int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
                           uint64_t *scratch_bytes) {
     if (max_batch > max_ctx) max_batch = max_ctx;
-    if (kv_layers <= 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
+    if (kv_layers < 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
     uint64_t B = (uint64_t)max_batch, q_dim = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
     uint64_t per_layer = (uint64_t)((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
@@ -136,7 +136,7 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
         s->budget = loip_budget_retain(budget);
     }
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
-        *arrays[i].p = loip_aligned_alloc(arrays[i].n * sizeof(float));
+        *arrays[i].p = loip_aligned_alloc((arrays[i].n ? arrays[i].n : 1) * sizeof(float));
         if (!*arrays[i].p) {
             loip_session_free(s);
             return loip_fail(LOIP_ENOMEM, "session: cannot allocate %zu bytes (context %d, batch %d)",

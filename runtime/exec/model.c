@@ -174,9 +174,8 @@ int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last) {
     if (first < 0 || last > 2 * m->cfg.n_layers || first > last)
         return loip_fail(LOIP_EINVAL, "model check: block range [%d, %d) invalid for %d blocks",
                          first, last, 2 * m->cfg.n_layers);
-    for (int w = 0; w <= LOIP_W_LM_HEAD; w++)
-        if (required(&m->cfg, w) && !m->global[w].data)
-            return loip_fail(LOIP_ESTATE, "weight %s is not bound", loip_weight_name(w));
+    /* (the embedding and head are checked where they are used: a device of a cluster may hold
+     * neither) */
     for (int b = first; b < last; b++) {
         int l = b / 2, mlp = b % 2;
         for (int w = LOIP_W_ATTN_NORM; w < LOIP_W_COUNT; w++)

@@ -16,7 +16,8 @@ static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, in
 }
 
 const char *loip_weight_name(int which);
-/* loip_model_check for blocks [first, last) (block 2l: layer l's MHA, 2l+1: its MLP). */
+/* The weights of blocks [first, last) are bound (block 2l: layer l's MHA, 2l+1: its MLP); the
+ * embedding and head are not checked. */
 int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last);
 
 #endif

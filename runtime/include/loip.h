@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 9, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 10, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -56,6 +56,13 @@ LOIP_API uint64_t loip_now_ns(void);
 /* Layout check for the FFI: sizeof(struct type) when field is "" , else offsetof(type, field);
  * -1 when unknown. A spec compares these with ffi.sizeof/ffi.offsetof. */
 LOIP_API int64_t loip_layout(const char *type, const char *field);
+
+/* Catch SIGINT and SIGTERM from now on: loip_signal_received() returns the signal number once
+ * one arrived (0 before), and blocking receives return early. For long-running commands. */
+LOIP_API int loip_signal_watch(void);
+LOIP_API int loip_signal_received(void);
+/* Sleep ms milliseconds (cut short by a watched signal). */
+LOIP_API void loip_sleep_ms(int32_t ms);
 
 /* ---- machine, kernels, threads -------------------------------------------------------- */
 
@@ -419,7 +426,8 @@ LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, in
                                int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
                                uint64_t *scratch_bytes);
 /* A session keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a
- * device of a cluster holds its own layers' cache. kv_layers in loip_session_size: how many. */
+ * device of a cluster holds its own layers' cache. kv_layers in loip_session_size: how many
+ * (< 0: all). */
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out);

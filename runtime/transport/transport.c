@@ -564,6 +564,7 @@ recv_fail:
     poll_monitor(s);
     if (zmq_errno() == EAGAIN) return loip_fail(LOIP_ETIMEDOUT, "receive: nothing within %d ms", timeout_ms);
     if (zmq_errno() == ETERM) return loip_fail(LOIP_ESTATE, "receive: the transport is shutting down");
+    if (zmq_errno() == EINTR) return loip_fail(LOIP_ETIMEDOUT, "receive: interrupted by a signal");
     return zfail(LOIP_EIO, "receive");
 }
 

@@ -185,7 +185,7 @@ end
 -- The bytes of the files named in `names` (default: every block file): one page-aligned buffer
 -- for all of them, read with O_DIRECT ("memory"), or one read-only mapping per file ("mmap").
 -- Returns { base = name -> pointer }.
-local function load(dir, man, how, budget, names)
+function M.load_files(dir, man, how, budget, names)
   local keep = { base = {}, direct = 0, files = 0 }
   local files = {}
   for _, f in ipairs(man.files) do
@@ -233,10 +233,10 @@ end
 -- The runner's stage descriptors (loip_stage_desc[S], with their extents and views, kept
 -- alive in the returned table) for a one-device plan: each stage's offloaded block files are
 -- read whole, one after another, into the slot; the views say where each tensor lands.
-function M.stage_descs(dir, man, p)
+function M.stage_descs(dir, man, p, device)
   local by_name = {}
   for _, f in ipairs(man.files) do by_name[f.name] = f end
-  local stages = p.devices[1].stages
+  local stages = p.devices[device or 1].stages
   local out = { n = #stages, descs = ffi.new("loip_stage_desc[?]", #stages), anchors = {} }
   for k, st in ipairs(stages) do
     local d = out.descs[k - 1]
@@ -276,6 +276,21 @@ end
 -- alive with the model; the offloaded blocks are bound later by the runner (M.stage_descs).
 -- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
 -- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
+-- Bind every tensor of the files loaded in keep (M.load_files) to model m.
+function M.bind_loaded(m, dir, man, keep)
+  for _, f in ipairs(man.files) do
+    if keep.base[f.name] then
+      for _, t in ipairs(f.tensors) do
+        local v = ffi.new("loip_tensor")
+        v.data = keep.base[f.name] + t.offset
+        fill_view(v, t)
+        local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+        if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
+      end
+    end
+  end
+end
+
 function M.open(dir, opts)
   opts = opts or {}
   local man = M.read_manifest(dir)
@@ -293,7 +308,7 @@ function M.open(dir, opts)
         end
       end
     end
-    local keep = load(dir, man, opts.load or "memory", opts.budget, names)
+    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names)
     for _, f in ipairs(man.files) do
       if keep.base[f.name] then
         for _, t in ipairs(f.tensors) do
