@@ -38,8 +38,15 @@ commands.generate = {
     { "context", "int", "KV cache positions (default: min(model max, 4096))",
       check = function(v) return v > 0, "must be > 0" end },
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
-    { "mem", "bytes", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited)",
-      metavar = "BYTES" },
+    { "mem", "string", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited); "
+      .. "with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
+    { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
+      check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+    { "hosts", "string", "run on running workers: host:port,host:port,... (token: LOIP_CLUSTER_TOKEN)", metavar = "LIST" },
+    { "stages", "int", "stages per device (default: the search's best)", metavar = "S",
+      check = function(v) return v >= 1, "must be >= 1" end },
+    { "link-rate", "string", "emulate links of this rate between devices, e.g. 100mbit", metavar = "RATE" },
+    { "link-delay", "string", "emulate this one-way delay per link, e.g. 2ms", metavar = "TIME" },
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the best that fits --mem", metavar = "FILE.lua" },
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
@@ -59,8 +66,115 @@ commands.generate = {
   },
 }
 
+-- --mem: one size, or (clusters) a comma-separated size per device.
+local function parse_mems(text, n)
+  if text == nil then return nil end
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    local b = flags.parse_bytes(item)
+    if not b then error({ usage_error = true, msg = "generate: --mem: '" .. item .. "' is not a size (e.g. 1.5G, 600M)" }, 0) end
+    out[#out + 1] = b
+  end
+  if n and #out == 1 then for i = 2, n do out[i] = out[1] end end
+  if n and #out ~= n then
+    error({ usage_error = true, msg = string.format("generate: --mem gives %d budgets for %d devices", #out, n) }, 0)
+  end
+  return out
+end
+
+local function run_cluster(o)
+  local json = require "loip.json"
+  local cluster = require "loip.cluster"
+  local model = require "loip.model"
+  if model.locate(o.model) ~= "store" then
+    error({ usage_error = true, msg = "generate: --devices/--hosts need a slice store (make one with loip slice)" }, 0)
+  end
+  if o.trace or o.save_plan then
+    error({ usage_error = true, msg = "generate: --trace and --save-plan run on one device only, for now" }, 0)
+  end
+  local delay_ms
+  if o.link_delay then
+    local num, unit = o.link_delay:match("^(%d+%.?%d*)%s*(%a*)$")
+    local mult = ({ [""] = 1, ms = 1, us = 1e-3, s = 1e3 })[unit or ""]
+    if not num or not mult then error({ usage_error = true, msg = "generate: --link-delay: '" .. o.link_delay .. "' is not a time such as 2ms" }, 0) end
+    delay_ms = tonumber(num) * mult
+  end
+  if o.link_rate and not require("loip.transport").parse_rate(o.link_rate) then
+    error({ usage_error = true, msg = "generate: --link-rate: '" .. o.link_rate .. "' is not a rate such as 100mbit" }, 0)
+  end
+  local hosts = {}
+  if o.hosts then for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end end
+  local n = o.devices or #hosts
+  local mems = parse_mems(o.mem, n)
+  -- the tokenizer runs at the head: the store carries the model's tokenizer files
+  local st_mod = require "loip.formats.store"
+  local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
+  local tok = require("loip.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = scfg.vocab_size })
+  local c = o.hosts and cluster.connect(hosts, { store = o.model })
+    or cluster.start_local { store = o.model, devices = n, mem = mems or 0, threads = o.threads > 0 and o.threads or nil }
+  local ok, err = pcall(function()
+    if o.hosts and mems then for i, d in ipairs(c.devices) do d.mem = mems[i] end end
+    local link = (o.link_rate or delay_ms) and { rate = o.link_rate, delay_ms = delay_ms } or nil
+    local p = c:plan { plan = o.plan, stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil,
+      disk_rate = o.disk_rate, link = link }
+    if not o.json then io.stderr:write(require("loip.ring").describe(p, c.sizes), "\n") end
+    local ids = tok:encode(o.prompt, { bos = true })
+    local before = c:stats()
+    local stop = {}
+    for _, id in ipairs(type(tok.stop_ids) == "table" and tok.stop_ids or { tok.eos_id }) do stop[id] = true end
+    local it, st = c:generate(ids, { max_tokens = o.max_tokens, stop = stop, seed = o.seed or os.time(),
+      n_sample = math.min(tok.vocab_size, c.vocab), sampler = { temperature = o.temperature, top_k = o.top_k,
+        top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty } })
+    -- text as loip.model streams it: whole UTF-8 characters, continuing the prompt's text
+    local stream = tok.decode_stream and tok:decode_stream({ continued = true })
+    local pieces, prev = {}, ids[#ids]
+    if not o.json then io.stdout:write(o.prompt) io.stdout:flush() end
+    for id in it do
+      local text = stream and stream:put(id) or tok:piece_text(prev, id)
+      prev = id
+      pieces[#pieces + 1] = text
+      if not o.json then io.stdout:write(text) io.stdout:flush() end
+    end
+    local rest = stream and stream:finish() or ""
+    pieces[#pieces + 1] = rest
+    local after = c:stats()
+    local steps = math.max(1, st.stats.decode_steps + 1)
+    local per_device = {}
+    for i = 1, #c.devices do
+      local a, b = after[i], before[i]
+      local function per(key) return ((a[key] or 0) - (b[key] or 0)) / steps end
+      per_device[i] = { compute_ms = per("compute_ms"), load_ms = per("load_ms"), stall_ms = per("stall_ms"),
+        send_ms = per("send_ms"), recv_wait_ms = per("recv_wait_ms"), head_ms = per("head_ms"),
+        memory = a.memory, links = a.links }
+    end
+    local per_token = st.stats.decode_steps > 0 and st.stats.decode_ms / st.stats.decode_steps or 0
+    if o.json then
+      io.stdout:write(json.encode({ prompt = o.prompt, text = table.concat(pieces), token_ids = st.token_ids,
+        prompt_tokens = #ids, prefill_ms = st.stats.prefill_ms, decode_ms_per_token = per_token,
+        devices = per_device, plan = { slots = p.slots or 1, devices = p.devices }, model = o.model }), "\n")
+    else
+      io.stdout:write(rest, "\n")
+      io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token\n", #c.devices,
+        #ids, st.stats.prefill_ms, #st.token_ids, per_token))
+      for i, d in ipairs(per_device) do
+        io.stderr:write(string.format("  device %d per token: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms, waiting for input %.2f ms\n",
+          i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
+      end
+    end
+  end)
+  c:close()
+  if not ok then error(err, 0) end
+  return 0
+end
+
 function commands.generate.run(o)
   use_kernels(o.kernels)
+  if o.devices or o.hosts then return run_cluster(o) end
+  local mems = parse_mems(o.mem)
+  if mems and #mems > 1 then
+    error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
+  end
+  o.mem = mems and mems[1]
   local model = require "loip.model"
   local json = require "loip.json"
   local is_store = model.locate(o.model) == "store"

@@ -121,7 +121,7 @@ function M.memory(p, i, sizes, opts)
   if files["head.bin"] then weights = weights + (sizes.head_file_bytes or 0) end
   local _, n_layers = M.device_layers(p, i)
   local hidden = (opts.batch or 128) * sizes.dim * 4
-  local device_buffers = hidden + math.max(hidden, 1024 * 1024) + sizes.vocab * 4 * (opts.logits_tokens or 1)
+  local device_buffers = hidden + math.max(hidden, 64 * 1024) + sizes.vocab * 4 * (opts.logits_tokens or 1)
     + (opts.batch or 128) * 4
   local n_slots = slot > 0 and (p.slots or 1) or 0
   local m = { weights = weights, slots = n_slots * slot, kv = sizes.kv_for(n_layers),
@@ -191,7 +191,7 @@ function M.search(sizes, budgets, opts)
     share[i] = type(rates.compute_bps) == "table" and rates.compute_bps[i] or 1
     total_share = total_share + share[i]
   end
-  local best, best_ms, why
+  local best, best_ms, why, why_short
   local max_s = math.floor(sizes.n_blocks / N)
   local s_from, s_to = opts.stages or 1, opts.stages or max_s
   if s_to > max_s then error(string.format("%d stages on %d devices: the model has only %d blocks", s_to, N, sizes.n_blocks), 0) end
@@ -237,8 +237,11 @@ function M.search(sizes, budgets, opts)
         fits = false
         for _, st in ipairs(d.stages) do st.offloaded = st.blocks[2] - st.blocks[1] + 1 end
         local m = M.memory(p, i, sizes, opts)
-        why = why or string.format("device %d: its budget %s is short of the %s its part needs with every block offloaded (%d stages; short by %s)",
-          i, fmt(budget), fmt(m.total), S, fmt(m.total - budget))
+        if not why or m.total - budget < why_short then
+          why_short = m.total - budget
+          why = string.format("device %d: its budget %s is short of the %s its part needs with every block offloaded (with %d stage%s, the least; short by %s)",
+            i, fmt(budget), fmt(m.total), S, S == 1 and "" or "s", fmt(m.total - budget))
+        end
         break
       end
     end

@@ -35,7 +35,7 @@ struct loip_device {
     char from[64];
 };
 
-enum { CONTROL_CAP = 1 << 20 };
+enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
 
 LOIP_API void loip_device_free(loip_device *d) {
     if (!d) return;
