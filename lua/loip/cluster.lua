@@ -22,7 +22,7 @@ local C = core.C
 
 local M = {}
 
-local HEARTBEAT_MS, DEAD_MS = 500, 2000
+local HEARTBEAT_MS, DEAD_MS = 250, 1500 -- a device silent for 1.5 s is lost: noticed within 2 s
 
 local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 local function exe()
@@ -38,7 +38,16 @@ local function random_token()
   f:close()
   return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
 end
-local function alive(pid) return pid and os.execute("kill -0 " .. pid .. " 2>/dev/null") == 0 end
+-- A process that exists and is not a zombie (a killed worker may linger as one).
+local function alive(pid)
+  if not pid then return false end
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local st = f:read("*l") or ""
+  f:close()
+  local state = st:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
 local function tail(path, n)
   local f = io.open(path)
   if not f then return "" end
@@ -231,10 +240,14 @@ function Cluster:revive()
   if not self.spawned then return end
   local any = false
   for i, d in ipairs(self.devices) do
-    if not alive(d.pid) then
+    if d.failed or not alive(d.pid) then
+      -- a device that hung is replaced too; wait until the old process is gone (its port)
+      os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
+      local deadline = core.now_ms() + 3000
+      while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
       local port = d.endpoint:match(":(%d+)$")
       spawn(self, i, port)
-      any = true
+      d.failed, any = nil, true
     end
   end
   if any then
@@ -253,6 +266,7 @@ function Cluster:await(step, timeout_ms)
     if now >= next_beat then
       for i, d in ipairs(self.devices) do
         if d.pid and not alive(d.pid) then
+          d.failed = true
           error(string.format("device %d (%s, pid %d) died during the request:\n%s", i, d.endpoint, d.pid, tail(d.log, 3)), 0)
         end
         d.ctl:send({ kind = "PING" }, 0)
@@ -267,6 +281,7 @@ function Cluster:await(step, timeout_ms)
         r = d.ctl:recv(0)
       end
       if core.now_ms() - d.last_seen > DEAD_MS then
+        d.failed = true
         error(string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable",
           i, d.endpoint, (core.now_ms() - d.last_seen) / 1000), 0)
       end
@@ -275,7 +290,14 @@ function Cluster:await(step, timeout_ms)
     if r then
       local i = tonumber(r.from:match("^d(%d+)$"))
       if i and self.devices[i] then self.devices[i].last_seen = core.now_ms() end
-      if r.kind == "ERROR" then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+      -- an error about this request stops it; one about an older request (a late message of
+      -- a request that was stopped) or about a message nobody can attribute (malformed) does not
+      local request = math.floor(r.step / 4294967296)
+      if r.kind == "ERROR" then
+        if request == self.seq then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        self.warnings = self.warnings or {}
+        table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
+      end
       if r.kind == "RESULT" and r.step == step and r.plan_id == self.plan_id then return r end
     end
     if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end
@@ -298,7 +320,7 @@ function Cluster:start(prompt, gen)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   self.seq = self.seq + 1
   for _, d in ipairs(self.devices) do d.last_seen = core.now_ms() end
-  local body = json.encode({ sampler = gen.sampler or {}, seed = gen.seed or 0, n_sample = gen.n_sample or self.vocab,
+  local body = json.encode({ request = self.seq, sampler = gen.sampler or {}, seed = gen.seed or 0, n_sample = gen.n_sample or self.vocab,
     prompt = prompt, max_tokens = gen.max_tokens or 0 })
   for i = 1, #self.devices do self:ask(i, { kind = "START", payload = body }, 10000) end
 end
@@ -312,7 +334,7 @@ function Cluster:logits(ids)
   local pos = 0
   while pos < n do
     local k = math.min(chunk, n - pos)
-    local step = self.seq * 1000000 + pos
+    local step = self.seq * 4294967296 + pos
     self:feed(ids, pos + 1, pos + k, pos, step, C.LOIP_MSGF_LOGITS)
     local r = self:await(step)
     if r.n_tokens ~= k or r.dim ~= V then error(string.format("logits of %d x %d, expected %d x %d", r.n_tokens, r.dim, k, V), 0) end
@@ -340,7 +362,7 @@ function Cluster:generate(ids, gen)
   local pos = 0
   while pos < n do -- prefill in batches; only the last one's result is a token
     local k = math.min(self.batch, n - pos)
-    local step = self.seq * 1000000 + pos
+    local step = self.seq * 4294967296 + pos
     local last = pos + k == n
     self:feed(ids, pos + 1, pos + k, pos, step, last and 0 or C.LOIP_MSGF_NO_OUTPUT)
     last_result = self:await(step)
@@ -361,7 +383,7 @@ function Cluster:generate(ids, gen)
     state.token_ids[#state.token_ids + 1] = id
     state.stats.generated = #state.token_ids
     if #state.token_ids < max_tokens and #history < self.context then
-      local step = self.seq * 1000000 + #history
+      local step = self.seq * 4294967296 + #history
       self:feed(history, #history, #history, #history - 1, step, 0)
       pending = step
       state.stats.decode_steps = state.stats.decode_steps + 1

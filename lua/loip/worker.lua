@@ -165,7 +165,7 @@ function Worker:handle(msg)
       local prompt = body.prompt or {}
       local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
       for k, id in ipairs(prompt) do ids[k - 1] = id end
-      core.check(C.loip_device_start(self.dev.device, p, body.seed or 0, body.n_sample, ids, #prompt,
+      core.check(C.loip_device_start(self.dev.device, body.request, p, body.seed or 0, body.n_sample, ids, #prompt,
         #prompt + (body.max_tokens or 0) + 1))
       reply(self, msg.from, "READY", "")
     end)

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 10, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 11, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -562,7 +562,7 @@ typedef struct loip_msg_header {
     uint32_t plan_id;       /* the plan it belongs to (0: none) */
     int32_t hop;            /* ring position the payload is for: device-major within a stage
                                round (stage * n_devices + device); -1: none */
-    uint64_t step;          /* request step (tokens or a prefill chunk) */
+    uint64_t step;          /* request number << 32 | the position of the batch */
     int32_t n_tokens;
     int32_t pos;            /* position of the first token */
     int32_t dtype;          /* payload elements: LOIP_F32 or LOIP_I32; -1: bytes (text/JSON) */
@@ -676,11 +676,14 @@ typedef struct loip_device loip_device;
 /* Buffers (hidden states, logits, the payload) charged to budget's "activations" first. */
 LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget, loip_device **out);
 LOIP_API void loip_device_free(loip_device *d);
-/* A request: the last device samples with p and seed over ids [0, n_sample), the prompt as
- * the first history for the repetition penalty (max_history ids kept). */
-LOIP_API int loip_device_start(loip_device *d, const loip_sampler_params *p, uint64_t seed,
-                               int32_t n_sample, const int32_t *prompt, int32_t n_prompt,
-                               int32_t max_history);
+/* Request number request starts: data messages must carry it in their step's upper 32 bits
+ * (older ones are stale and refused, so that a late message of a stopped request cannot
+ * write into the new one's KV cache). The last device samples with p and seed over ids
+ * [0, n_sample), the prompt as the first history for the repetition penalty (max_history ids
+ * kept). */
+LOIP_API int loip_device_start(loip_device *d, uint32_t request, const loip_sampler_params *p,
+                               uint64_t seed, int32_t n_sample, const int32_t *prompt,
+                               int32_t n_prompt, int32_t max_history);
 /* Serve data messages until a control message arrives (returns 1: it is in h, payload[cap],
  * from[64]), timeout_ms passes (0), or a message is refused or a step fails (< 0; the head
  * has been sent an ERROR naming this device). */

@@ -31,6 +31,7 @@ struct loip_device {
     loip_sampler_params params;
     int32_t *history;   /* prompt and sampled ids, for the repetition penalty */
     int32_t n_history, max_history;
+    uint32_t request;   /* the request data messages must belong to (0: none started) */
     loip_device_stats_t st;
     char from[64];
 };
@@ -91,9 +92,9 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     return LOIP_OK;
 }
 
-LOIP_API int loip_device_start(loip_device *d, const loip_sampler_params *p, uint64_t seed,
-                               int32_t n_sample, const int32_t *prompt, int32_t n_prompt,
-                               int32_t max_history) {
+LOIP_API int loip_device_start(loip_device *d, uint32_t request, const loip_sampler_params *p,
+                               uint64_t seed, int32_t n_sample, const int32_t *prompt,
+                               int32_t n_prompt, int32_t max_history) {
     if (n_sample <= 0 || n_sample > d->vocab)
         return loip_fail(LOIP_EINVAL, "device: sampling over %d ids of a %d-token vocabulary", n_sample, d->vocab);
     if (max_history < n_prompt) max_history = n_prompt;
@@ -110,6 +111,7 @@ LOIP_API int loip_device_start(loip_device *d, const loip_sampler_params *p, uin
     free(d->history);
     d->sampler = smp, d->params = *p, d->history = h;
     d->n_history = n_prompt, d->max_history = max_history;
+    d->request = request;
     return LOIP_OK;
 }
 
@@ -169,6 +171,11 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     int32_t hops = d->cfg.n_devices * d->cfg.n_stages;
     if (h->plan_id != d->cfg.plan_id) {
         snprintf(why, sizeof why, "message for plan %u, this device runs plan %u (stale)", h->plan_id, d->cfg.plan_id);
+        return report(d, h, LOIP_EPROTO, why);
+    }
+    if ((uint32_t)(h->step >> 32) != d->request || d->request == 0) {
+        snprintf(why, sizeof why, "message of request %u, this device runs request %u (stale)",
+                 (unsigned)(h->step >> 32), d->request);
         return report(d, h, LOIP_EPROTO, why);
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {

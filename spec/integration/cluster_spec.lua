@@ -1,0 +1,209 @@
+-- Collaborative inference across processes: local workers (real `loip worker` processes over
+-- CURVE-authenticated ZeroMQ on 127.0.0.1) must give the single-device run's tokens and
+-- bit-identical logits for 1-4 devices and 1-3 stages, with and without offloaded blocks and
+-- with emulated links; a worker that dies or hangs stops the request within the time limit,
+-- naming it, and the next request succeeds; strangers, malformed and stale messages are
+-- refused while the cluster keeps working; stores that differ are refused before start.
+local ffi = require "ffi"
+local loip = require "loip"
+local cluster = require "loip.cluster"
+local core = require "loip.core"
+local json = require "loip.json"
+local slice = require "loip.slice"
+local transport = require "loip.transport"
+local T = require "spec.support"
+local C = core.C
+
+local S260 = T.root .. "/models/stories260K"
+local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
+
+local stores = {}
+local function store_of(src, name)
+  if not stores[name] then
+    local dir = os.tmpname()
+    os.remove(dir)
+    slice.write(src, dir, { quiet = true })
+    stores[name] = dir
+  end
+  return stores[name]
+end
+teardown(function() for _, d in pairs(stores) do os.execute("rm -rf '" .. d .. "'") end end)
+
+-- Single-device reference: logits of ids and the greedy continuation.
+local function reference(path, ids, n)
+  local m = loip.model.open(path, { threads = 1, context = 256, tokenizer = false })
+  local out = m:logits(ids)
+  local copy = ffi.new("float[?]", #ids * m.vocab_size)
+  ffi.copy(copy, out, ffi.sizeof(copy))
+  local it, st = m:generate(ids, { temperature = 0, max_tokens = n, stop = {} })
+  for _ in it do end
+  local V = m.vocab_size
+  m:close()
+  return copy, st.token_ids, V
+end
+
+-- A ring plan: N devices x S stages, blocks split evenly, the first `off` blocks of every
+-- stage offloaded.
+local function ring_plan(n_blocks, N, S, off)
+  local p, hops, at = { slots = 1, devices = {} }, N * S, 0
+  for i = 1, N do p.devices[i] = { stages = {} } end
+  for h = 0, hops - 1 do
+    local len = math.floor(n_blocks / hops) + (h < n_blocks % hops and 1 or 0)
+    local i, s = h % N + 1, math.floor(h / N) + 1
+    p.devices[i].stages[s] = { blocks = { at, at + len - 1 }, offloaded = math.min(off, len) }
+    at = at + len
+  end
+  return p
+end
+
+local function greedy_ids(c, ids, n)
+  local it, st = c:generate(ids, { max_tokens = n, sampler = { temperature = 0 } })
+  for _ in it do end
+  return st.token_ids
+end
+
+describe("a cluster of local workers", function()
+  after_each(function() collectgarbage() collectgarbage() end)
+
+  it("gives stories260K's tokens and bit-identical logits on 1-4 devices, 1-3 stages, offloaded or not, emulated links", function()
+    local st = store_of(S260, "s260")
+    local ids = greedy.cases[1].sequence_ids
+    local ref_l, ref_t, V = reference(S260, ids, 24)
+    for _, N in ipairs({ 1, 2, 3, 4 }) do
+      local c = cluster.start_local { store = st, devices = N, threads = 1 }
+      local ok, err = pcall(function()
+        for S = 1, math.min(3, math.floor(10 / N)) do
+          for _, off in ipairs({ 0, 1 }) do
+            local link = (N == 3 and S == 2) and { rate = "100mbit", delay_ms = 1 } or nil
+            c:plan { plan = ring_plan(10, N, S, off), context = 256, batch = 7, logits_tokens = 4, link = link }
+            local what = string.format("%d devices, %d stages, %d offloaded per stage%s", N, S, off, link and ", 100mbit + 1 ms" or "")
+            local l = c:logits(ids)
+            assert.are.equal(0, T.bit_diffs(ref_l, l, #ids * V), what)
+            assert.are.same(ref_t, greedy_ids(c, ids, 24), what)
+          end
+        end
+      end)
+      c:close()
+      assert(ok, err)
+    end
+  end)
+
+  it("runs a synthetic BF16 Qwen2 model on 3 devices, offloading, as it runs alone", function()
+    local src = os.tmpname()
+    os.remove(src)
+    local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like qwen2.5-7b --dtype bf16 --layers 4 --dim 64 --heads 4 --kv-heads 2 --ffn 96 --std 0.3 --vocab 300 %s",
+      T.loip, src))
+    assert.are.equal(0, rc, err)
+    local st = store_of(src, "qwen2")
+    local ids = { 1, 17, 290, 45, 100, 7, 260, 33, 5, 5, 9 }
+    local ref_l, ref_t, V = reference(src, ids, 16)
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, perr = pcall(function()
+      for _, S in ipairs({ 1, 2 }) do
+        c:plan { plan = ring_plan(8, 3, S, 1), context = 256, batch = 4, logits_tokens = 2,
+          link = { rate = "1gbit", delay_ms = 0.5 } }
+        assert.are.equal(0, T.bit_diffs(ref_l, c:logits(ids), #ids * V), S .. " stages")
+        assert.are.same(ref_t, greedy_ids(c, ids, 16), S .. " stages")
+      end
+    end)
+    c:close()
+    os.execute("rm -rf '" .. src .. "'")
+    assert(ok, perr)
+  end)
+
+  it("stops a request within 2 s when a worker dies or hangs, naming it, and serves the next one", function()
+    local st = store_of(S260, "s260")
+    local ids = greedy.cases[2].sequence_ids
+    local _, ref_t = reference(S260, ids, 30)
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      c:plan { plan = ring_plan(10, 3, 2, 1), context = 256, batch = 8, link = { rate = "100mbit", delay_ms = 3 } }
+      assert.are.same(ref_t, greedy_ids(c, ids, 30))
+      for _, how in ipairs({ "KILL", "STOP" }) do
+        local it = c:generate(ids, { max_tokens = 30, sampler = { temperature = 0 } })
+        it()
+        it()
+        local victim = c.devices[2]
+        os.execute(string.format("kill -%s %d", how, victim.pid))
+        local t0 = core.now_ms()
+        local ok2, err2 = pcall(function() for _ in it do end end)
+        local waited = core.now_ms() - t0
+        assert.is_false(ok2, how)
+        assert.matches("device 2", err2)
+        assert.is_true(waited < 2000, how .. ": noticed after " .. waited .. " ms")
+        if how == "STOP" then
+          assert.matches("has not answered", err2)
+          os.execute("kill -CONT " .. victim.pid)
+        end
+        -- the others stayed up; the next request works (a dead local worker is restarted)
+        assert.is_true(os.execute("kill -0 " .. c.devices[1].pid) == 0)
+        assert.are.same(ref_t, greedy_ids(c, ids, 30), how .. ": the next request")
+      end
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
+  it("refuses strangers, malformed and stale messages, and keeps working", function()
+    local st = store_of(S260, "s260")
+    local ids = greedy.cases[3].sequence_ids
+    local _, ref_t = reference(S260, ids, 12)
+    local c = cluster.start_local { store = st, devices = 2, threads = 1, keep_logs = true }
+    local ok, err = pcall(function()
+      c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8 }
+      local ep = c.devices[1].endpoint
+      -- a stranger with another token: its handshake fails, the worker logs it
+      local other = assert(transport.net { token = "not-the-cluster-token" })
+      local s = assert(other:connect(ep, "head"))
+      s:send({ kind = "STOP" }, 200)
+      C.loip_sleep_ms(600)
+      other:close()
+      -- a member (right token) sending malformed and stale messages
+      local member = assert(transport.net { token = c.token })
+      local m = assert(member:connect(ep, "prober"))
+      local f = ffi.new("float[64]")
+      m:send { kind = "HIDDEN", plan_id = c.plan_id, hop = 1, n_tokens = 2, dim = 64, dtype = 0, payload = ffi.string(f, 200) }
+      m:send { kind = "HIDDEN", plan_id = c.plan_id, hop = 1, n_tokens = 1, dim = 64, dtype = 3, payload = ffi.string(f, 256) }
+      m:send { kind = "TOKENS", plan_id = c.plan_id + 7, hop = 0, step = c.seq * 4294967296, n_tokens = 1, dim = 1, dtype = 3,
+        payload = ffi.string(ffi.new("int32_t[1]", 5), 4) }
+      C.loip_sleep_ms(300)
+      member:close()
+      assert.are.same(ref_t, greedy_ids(c, ids, 12))
+      local log = T.read(c.devices[1].log)
+      assert.matches("rejected a peer", log)
+      assert.matches("payload of 200 bytes but n_tokens 2 x dim 64", log, 1, true)
+      assert.matches("dtype 3 not allowed", log, 1, true)
+      assert.matches("(stale)", log, 1, true)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
+  it("refuses devices whose slice stores differ, before anything loads", function()
+    local a = store_of(S260, "s260")
+    local b = T.tmpdir() .. "/other"
+    os.execute(string.format("cp -r '%s' '%s'", a, b))
+    local man = json.load(b .. "/manifest.json")
+    man.source.sha256 = string.rep("0", 64)
+    T.write(b .. "/manifest.json", json.encode(man))
+    local token = "spec-token-" .. os.time()
+    local out = T.tmpdir() .. "/worker.out"
+    local p = io.popen(string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen 'tcp://127.0.0.1:*' --store %s --threads 1 > %s 2>/dev/null & echo $!",
+      token, T.loip, b, out))
+    local pid = tonumber(p:read("*l"))
+    p:close()
+    local ep
+    for _ = 1, 100 do
+      local f = io.open(out)
+      ep = f and (f:read("*l") or ""):match("^listening (%S+)")
+      if f then f:close() end
+      if ep then break end
+      C.loip_sleep_ms(50)
+    end
+    assert.is_truthy(ep, "the worker printed its endpoint")
+    local ok, err = pcall(cluster.connect, { ep }, { store = a, token = token })
+    os.execute("kill " .. pid)
+    assert.is_false(ok)
+    assert.matches("holds a different slice store", err)
+  end)
+end)
