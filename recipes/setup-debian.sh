@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up loip on a fresh Debian 12 machine: install the Debian packages it builds with (sudo
-# when not root), configure and build into build/, then (unless --no-run) run the main job on
-# the bundled model. Usage: recipes/setup-debian.sh [--no-run] [--build-dir DIR]
+# when not root), configure and build into build/, then (unless --no-run) run the main job: the
+# bundled model on 3 local devices that offload part of it. Usage: recipes/setup-debian.sh [--no-run] [--build-dir DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +36,12 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
 
 if [ "$run_main" -eq 1 ]; then
-  "$build/loip" generate --model models/stories260K --prompt "Once upon a time" \
-    --temperature 0 --max-tokens 120 --verbose
+  # The main job: the bundled model on 3 local devices (worker processes) whose budgets force
+  # some blocks to be re-read from disk every step, over links emulated at 100 Mbit/s and 2 ms.
+  # It prints the plan, the text (the same as one device's), and per-device timings per token.
+  store="$build/stories260K-store"
+  [ -f "$store/manifest.json" ] || "$build/loip" slice models/stories260K "$store"
+  "$build/loip" generate --model "$store" --devices 3 --mem 790K,770K,800K --threads 1 \
+    --context 256 --link-rate 100mbit --link-delay 2ms \
+    --prompt "Once upon a time" --temperature 0 --max-tokens 120
 fi
