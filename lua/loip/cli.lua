@@ -386,7 +386,7 @@ commands.worker = {
     { "mem", "bytes", "memory budget of this device (default: unlimited)", default = 0, metavar = "BYTES" },
     threads_flag, kernels_flag,
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
-    { "curve-keys", "string", "CURVE keys instead of a token: DIR/secret.key, DIR/authorized/*.key", metavar = "DIR" },
+    { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
   },
 }
 

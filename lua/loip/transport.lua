@@ -35,7 +35,7 @@ end
 local Net, Sock = {}, {}
 Net.__index, Sock.__index = Net, Sock
 
--- opts: token (cluster secret) or keys (directory with secret.key [, authorized/*.key]).
+-- opts: token (cluster secret) or keys (directory with the cluster's secret.key).
 function M.net(opts)
   opts = opts or {}
   local h, err = core.new("loip_net *", C.loip_net_new, C.loip_net_free, opts.token, opts.keys)

@@ -578,9 +578,9 @@ enum {
 };
 
 typedef struct loip_net loip_net;
-/* A transport context. token: the cluster secret (CURVE keys derived from it); NULL with
- * keys_dir: CURVE keys from files (keys_dir/secret.key, public.key: z85 text, 40 chars;
- * authorized clients: keys_dir/authorized/<name>.key). */
+/* A transport context. token: the cluster secret (the CURVE keypair derived from it); NULL
+ * with keys_dir: the cluster's CURVE secret key from keys_dir/secret.key (z85 text, 40
+ * characters; the same file on every member), for a full-entropy key instead of a token. */
 LOIP_API int loip_net_new(const char *token, const char *keys_dir, loip_net **out);
 LOIP_API void loip_net_free(loip_net *n);
 /* Lines logged by the ZAP handler (rejected peers), oldest first, moved into buf; count. */

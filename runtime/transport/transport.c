@@ -193,26 +193,6 @@ LOIP_API int loip_net_new(const char *token, const char *keys_dir, loip_net **ou
         uint8_t pub[32];
         zmq_z85_decode(pub, n->public_z85);
         memcpy(n->allowed[n->n_allowed++], pub, 32);
-        /* authorized/<name>.key: further client keys */
-        snprintf(path, sizeof path, "%s/authorized", keys_dir);
-        FILE *ls = NULL;
-        char cmd[4200];
-        snprintf(cmd, sizeof cmd, "ls -1 '%s' 2>/dev/null", path);
-        if ((ls = popen(cmd, "r"))) {
-            char name[256];
-            while (fgets(name, sizeof name, ls) && n->n_allowed < MAX_PEERS) {
-                name[strcspn(name, "\r\n")] = 0;
-                if (!strstr(name, ".key")) continue;
-                char kp[4600], z85[41];
-                snprintf(kp, sizeof kp, "%s/%s", path, name);
-                if ((rc = read_key(kp, z85))) {
-                    pclose(ls);
-                    goto fail;
-                }
-                zmq_z85_decode(n->allowed[n->n_allowed++], z85);
-            }
-            pclose(ls);
-        }
     }
     if (!(n->ctx = zmq_ctx_new())) {
         rc = zfail(LOIP_ENOMEM, "transport: zmq context");
