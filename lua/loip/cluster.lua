@@ -60,13 +60,17 @@ end
 local Cluster = {}
 Cluster.__index = Cluster
 
--- Spawn one local worker (device i) and wait for its endpoint.
-local function spawn(c, i, port)
+-- Spawn one local worker (device i) and wait for its endpoint. Local workers listen on Unix
+-- sockets in the cluster's directory (less per-message overhead than loopback TCP; a
+-- restarted worker takes the same path, so its neighbours reconnect by themselves).
+local function spawn(c, i)
   local d = c.devices[i]
   local out, log = c.dir .. "/worker-" .. i .. ".out", c.dir .. "/worker-" .. i .. ".log"
   os.remove(out)
-  local cmd = string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://127.0.0.1:%s --store %s --mem %d --threads %d > %s 2>> %s & echo $!",
-    c.token, sh_quote(c.exe), tostring(port or "*"), sh_quote(c.store), d.mem, d.threads, sh_quote(out), sh_quote(log))
+  local listen = c.opts.tcp and "tcp://127.0.0.1:*" or ("ipc://" .. c.dir .. "/worker-" .. i .. ".sock")
+  if d.endpoint then listen = d.endpoint end
+  local cmd = string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen %s --store %s --mem %d --threads %d > %s 2>> %s & echo $!",
+    c.token, sh_quote(c.exe), sh_quote(listen), sh_quote(c.store), d.mem, d.threads, sh_quote(out), sh_quote(log))
   local p = io.popen(cmd)
   d.pid = tonumber(p:read("*l"))
   p:close()
@@ -118,7 +122,8 @@ local function new(opts, devices)
     plan_id = 0, seq = 0 }, Cluster)
   c.man = store.read_manifest(opts.store)
   c.store_id = worker.store_id(opts.store)
-  c.results = assert(net:bind(opts.head_listen or "tcp://127.0.0.1:*"))
+  c.results = assert(net:bind(opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock"))
+    or "tcp://127.0.0.1:*"))
   return c
 end
 
@@ -147,11 +152,13 @@ function M.start_local(opts)
     if type(m) == "string" then m = require("loip.flags").parse_bytes(m) end
     devices[i] = { mem = m or 0, threads = opts.threads or math.max(1, math.floor(ncpu / n)) }
   end
-  local c = new(opts, devices)
+  local dir = opts.dir or os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p " .. sh_quote(dir))
+  local o2 = setmetatable({ ipc_dir = not opts.tcp and dir or nil }, { __index = opts })
+  local c = new(o2, devices)
   c.exe = opts.exe or exe()
-  c.dir = opts.dir or os.tmpname()
-  os.remove(c.dir)
-  os.execute("mkdir -p " .. sh_quote(c.dir))
+  c.dir = dir
   c.spawned = true
   local ok, err = pcall(function()
     for i = 1, n do spawn(c, i) end
@@ -173,7 +180,8 @@ end
 
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), stages, context, batch, loader, disk_rate, link = { rate,
--- delay_ms }, logits_tokens, read_bps, compute_bps.
+-- delay_ms }, logits_tokens, read_bps, compute_bps, prefetch (false: each stage's reads start
+-- when the stage runs, the conventional pipeline with offloading, for baselines).
 function Cluster:plan(opts)
   opts = opts or {}
   self.plan_opts = opts
@@ -193,7 +201,8 @@ function Cluster:plan(opts)
     for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
     p = ring.search(sizes, budgets, { stages = opts.stages, link_bps = link_bps,
       link_delay_ms = opts.link and opts.link.delay_ms, loader = opts.loader, batch = batch,
-      logits_tokens = opts.logits_tokens, read_bps = opts.read_bps, compute_bps = opts.compute_bps })
+      logits_tokens = opts.logits_tokens, read_bps = opts.read_bps, compute_bps = opts.compute_bps,
+      per_block = opts.per_block })
   end
   local bad = ring.check(p, sizes.n_blocks, where)
   if bad then error(bad, 0) end
@@ -212,10 +221,10 @@ function Cluster:plan(opts)
   self.plan_table = p
   self.plan_id = self.plan_id + 1
   for i, d in ipairs(self.devices) do
-    local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices },
+    local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices, per_block = p.per_block },
       next = self.devices[i % #self.devices + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
       context = ctx, batch = batch, loader = opts.loader, disk_rate = opts.disk_rate,
-      link = opts.link, logits_tokens = opts.logits_tokens or 1 }
+      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do
@@ -245,8 +254,7 @@ function Cluster:revive()
       os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
       local deadline = core.now_ms() + 3000
       while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
-      local port = d.endpoint:match(":(%d+)$")
-      spawn(self, i, port)
+      spawn(self, i)
       d.failed, any = nil, true
     end
   end

@@ -142,15 +142,22 @@ end
 
 -- Bytes of a device's stages: resident blocks, the slot (largest stage's offloaded blocks),
 -- offloaded per step.
-function M.stage_bytes(stages, sizes)
+-- per_block (the conventional baseline, loip.plan's per_block field): the slot holds one
+-- block at a time, the largest offloaded one.
+function M.stage_bytes(stages, sizes, per_block)
   local resident, slot, offloaded = 0, 0, 0
   for _, st in ipairs(stages) do
     local off = 0
     for b = st.blocks[1], st.blocks[2] do
-      if b - st.blocks[1] < (st.offloaded or 0) then off = off + sizes.block_bytes[b]
-      else resident = resident + sizes.block_bytes[b] end
+      if b - st.blocks[1] < (st.offloaded or 0) then
+        off = off + sizes.block_bytes[b]
+        if per_block then slot = math.max(slot, sizes.block_bytes[b]) end
+      else
+        resident = resident + sizes.block_bytes[b]
+      end
     end
-    slot, offloaded = math.max(slot, off), offloaded + off
+    if not per_block then slot = math.max(slot, off) end
+    offloaded = offloaded + off
   end
   return resident, slot, offloaded
 end
@@ -159,7 +166,7 @@ end
 -- { weights, slots, kv, activations, scratch, total, slot_bytes, offloaded_bytes }.
 function M.memory(p, sizes, opts)
   opts = opts or {}
-  local resident, slot, offloaded = M.stage_bytes(p.devices[1].stages, sizes)
+  local resident, slot, offloaded = M.stage_bytes(p.devices[1].stages, sizes, p.per_block)
   if slot > 0 and p.slot_bytes then slot = math.max(slot, p.slot_bytes) end
   local n_slots = slot > 0 and (p.slots or 1) or 0
   local m = { weights = sizes.global_bytes + resident, slots = n_slots * slot, kv = sizes.kv_bytes,
@@ -358,6 +365,7 @@ end
 function M.to_lua(p)
   local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
   if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
+  if p.per_block then out[#out + 1] = "  per_block = true, -- conventional: each offloaded block read when its turn comes" end
   out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { stages = {"

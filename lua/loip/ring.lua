@@ -112,7 +112,7 @@ end
 function M.memory(p, i, sizes, opts)
   opts = opts or {}
   local d = p.devices[i]
-  local resident, slot, offloaded = plan.stage_bytes(d.stages, sizes)
+  local resident, slot, offloaded = plan.stage_bytes(d.stages, sizes, p.per_block)
   local slot_bytes = d.slot_bytes or (#p.devices == 1 and p.slot_bytes) or nil
   if slot > 0 and slot_bytes then slot = math.max(slot, slot_bytes) end
   local weights = resident
@@ -199,7 +199,7 @@ function M.search(sizes, budgets, opts)
     local shares = {}
     for _ = 1, S do for i = 1, N do shares[#shares + 1] = share[i] / total_share / S end end
     local ranges = split(sizes.n_blocks, shares)
-    local p = { slots = opts.slots or 1, devices = {} }
+    local p = { slots = opts.slots or 1, devices = {}, per_block = opts.per_block or nil }
     for i = 1, N do p.devices[i] = { stages = {} } end
     for k, r in ipairs(ranges) do
       local i, s = (k - 1) % N + 1, math.floor((k - 1) / N) + 1
@@ -278,7 +278,9 @@ end
 
 -- Lua source for a plan over devices (what --plan reads).
 function M.to_lua(p)
-  local out = { "return {", string.format("  slots = %d,", p.slots or 1), "  devices = {" }
+  local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
+  if p.per_block then out[#out + 1] = "  per_block = true," end
+  out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "") .. "stages = {"
     for _, st in ipairs(d.stages) do

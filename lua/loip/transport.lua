@@ -127,7 +127,9 @@ function Sock:stats()
   for i = 0, k - 1 do
     local s = out[i]
     t[#t + 1] = { peer = ffi.string(s.peer), messages = tonumber(s.messages), bytes = tonumber(s.bytes),
-      emulated_ms = tonumber(s.emulated_ns) / 1e6, bandwidth_Bps = s.bw_bps, latency_ms = s.latency_ns / 1e6 }
+      emulated_ms = tonumber(s.emulated_ns) / 1e6, bandwidth_Bps = s.bw_bps, latency_ms = s.latency_ns / 1e6,
+      mean_latency_ms = s.latency_count > 0 and tonumber(s.latency_sum_ns) / tonumber(s.latency_count) / 1e6 or nil,
+      small_messages = tonumber(s.latency_count) }
   end
   return t
 end

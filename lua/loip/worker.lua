@@ -116,6 +116,7 @@ function Worker:build(msg)
   local out = ffi.new("loip_runner *[1]")
   core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n, 0, out))
   d.runner = ffi.gc(out[0], C.loip_runner_free)
+  if msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end

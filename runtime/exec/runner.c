@@ -27,6 +27,7 @@ enum { IDLE = 0, LOADING = 1, READY = 2 };
 
 typedef struct rstage {
     int32_t first, last, n_off; /* blocks [first, last), the first n_off offloaded */
+    int per_block;              /* LOIP_STAGE_PER_BLOCK: read block by block when it runs */
     loip_load_extent *ext;      /* n_ext reads (paths owned), slot offsets relative to the load */
     loip_load_extent *sub;      /* the same, as submitted (offsets moved to the load's range) */
     int32_t n_ext;
@@ -57,6 +58,7 @@ struct loip_runner {
     uint64_t next_tag;
     loip_runner_event *ev;  /* ev_cap events, ev_count kept */
     int32_t ev_cap, ev_count;
+    int no_prefetch;        /* loads start only when their stage runs (baseline) */
     loip_runner_stats_t stats;
 };
 
@@ -75,7 +77,7 @@ static int block_of(int which) { return which >= LOIP_W_FFN_NORM ? LOIP_BLOCK_ML
 static int next_offloading(const loip_runner *r, int32_t after) {
     for (int32_t i = 1; i <= r->n; i++) {
         int32_t k = (after + i) % r->n;
-        if (r->st[k].n_off > 0) return k;
+        if (r->st[k].n_off > 0 && !r->st[k].per_block) return k;
     }
     return -1;
 }
@@ -94,8 +96,8 @@ static int64_t ring_place(const loip_runner *r, uint64_t n) {
 
 /* Start the next stages' loads (cyclic order) while there is room: an idle slot, or a free
  * range of the ring. */
-static int start_loads(loip_runner *r) {
-    while (r->n_offloading > 0) {
+static int start_loads_n(loip_runner *r, int limit) {
+    while (r->n_offloading > 0 && limit-- != 0) {
         rstage *t = &r->st[r->next_load];
         if (t->state != IDLE) break; /* every offloading stage already has its bytes coming */
         int32_t slot;
@@ -126,6 +128,8 @@ static int start_loads(loip_runner *r) {
     }
     return LOIP_OK;
 }
+
+static int start_loads(loip_runner *r) { return r->no_prefetch ? LOIP_OK : start_loads_n(r, -1); }
 
 /* Give a stage's slot (or its ring range) back. Ring ranges go back in load order: a stage
  * released out of that order (a failed load, a drain) takes the ranges before it along. */
@@ -218,6 +222,10 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
     int32_t n_blocks = 2 * r->m->cfg.n_layers;
     t->slot = -1;
     t->first = d->first_block, t->last = d->last_block, t->n_off = d->n_offloaded;
+    t->per_block = (d->flags & LOIP_STAGE_PER_BLOCK) != 0;
+    if (t->per_block && d->n_offloaded > 0 && d->n_extents != d->n_offloaded)
+        return loip_fail(LOIP_EINVAL, "runner: stage %d reads block by block but has %d extents for %d blocks",
+                         k, d->n_extents, d->n_offloaded);
     if (d->first_block < 0 || d->first_block > d->last_block || d->last_block > n_blocks)
         return loip_fail(LOIP_EINVAL, "runner: stage %d: blocks [%d, %d) out of range for %d blocks",
                          k, d->first_block, d->last_block, n_blocks);
@@ -237,10 +245,11 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
     if (!t->ext || !t->sub || !t->views) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
     for (int32_t i = 0; i < d->n_extents; i++) {
         const loip_load_extent *e = &d->extents[i];
-        if (e->slot_offset + e->length > slot_bytes || e->slot_offset + e->length < e->length)
+        uint64_t end = t->per_block ? e->length : e->slot_offset + e->length; /* per block: at 0 */
+        if (end > slot_bytes || e->slot_offset + e->length < e->length)
             return loip_fail(LOIP_EINVAL, "runner: stage %d: extent %d (%s) ends at slot byte %llu, "
                              "past the slot's %llu", k, i, e->path ? e->path : "fd",
-                             (unsigned long long)(e->slot_offset + e->length),
+                             (unsigned long long)end,
                              (unsigned long long)slot_bytes);
         t->ext[i] = *e;
         if (e->path && !(t->ext[i].path = strdup(e->path)))
@@ -248,7 +257,7 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
         t->n_ext = i + 1;
         t->bytes += e->length;
     }
-    if (t->bytes > slot_bytes)
+    if (t->bytes > slot_bytes && !t->per_block)
         return loip_fail(LOIP_EINVAL, "runner: stage %d reads %llu bytes, more than the slot's %llu",
                          k, (unsigned long long)t->bytes, (unsigned long long)slot_bytes);
     for (int32_t i = 0; i < d->n_views; i++) {
@@ -262,7 +271,12 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
                              d->first_block + d->n_offloaded);
         uint64_t nbytes = (uint64_t)loip_dtype_size(v->dtype);
         for (int j = 0; j < v->ndim && j < 4; j++) nbytes *= (uint64_t)v->shape[j];
-        if (v->slot_offset + nbytes > slot_bytes)
+        if (t->per_block) { /* its block's extent is read to the start of the slot */
+            const loip_load_extent *e = &d->extents[b - d->first_block];
+            if (v->slot_offset < e->slot_offset || v->slot_offset - e->slot_offset + nbytes > slot_bytes ||
+                e->length > slot_bytes)
+                return loip_fail(LOIP_EINVAL, "runner: stage %d: block %d does not fit the slot", k, b);
+        } else if (v->slot_offset + nbytes > slot_bytes)
             return loip_fail(LOIP_EINVAL, "runner: stage %d: %s of layer %d ends past the slot",
                              k, loip_weight_name(v->which), v->layer);
         t->views[i] = *v;
@@ -301,7 +315,7 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
         loip_runner_free(r);
         return rc;
     }
-    for (int32_t k = 0; k < n_stages; k++) r->n_offloading += r->st[k].n_off > 0;
+    for (int32_t k = 0; k < n_stages; k++) r->n_offloading += r->st[k].n_off > 0 && !r->st[k].per_block;
     if (loader) {
         int32_t n_slots = loip_loader_slots(loader);
         r->ring = n_slots == 1;
@@ -320,7 +334,9 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
         const uint8_t *base = t->n_views ? loip_loader_slot_data(loader, 0) : NULL;
         for (int32_t i = 0; i < t->n_views; i++) {
             const loip_stage_view *v = &t->views[i];
-            loip_tensor tv = {.data = base + v->slot_offset, .dtype = v->dtype, .ndim = v->ndim};
+            uint64_t at = v->slot_offset;
+            if (t->per_block) at -= t->ext[2 * v->layer + block_of(v->which) - t->first].slot_offset;
+            loip_tensor tv = {.data = base + at, .dtype = v->dtype, .ndim = v->ndim};
             memcpy(tv.shape, v->shape, sizeof tv.shape);
             if ((rc = loip_model_bind(m, v->layer, v->which, &tv))) return runner_fail(r, rc, k);
         }
@@ -355,13 +371,36 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t
     if (rc) return rc;
     rstage *t = &r->st[k];
     r->stats.stage_runs++;
+    if (t->n_off > 0 && t->per_block) {
+        drain(r); /* the slot's start is this stage's now */
+        uint8_t *base = loip_loader_slot_data(r->l, 0);
+        for (int32_t j = 0; j < t->n_off; j++) {
+            loip_load_extent e = t->ext[j];
+            uint64_t rel = e.slot_offset;
+            e.slot_offset = 0;
+            uint64_t tag = r->next_tag++;
+            if ((rc = loip_loader_submit(r->l, 0, &e, 1, tag))) return rc;
+            t->tag = tag, t->slot = -1, t->state = LOADING; /* (no slot of the rotation is held) */
+            if ((rc = await(r, k))) return rc;
+            int32_t b = t->first + j;
+            for (int32_t i = 0; i < t->n_views; i++) {
+                const loip_stage_view *v = &t->views[i];
+                if (2 * v->layer + block_of(v->which) == b)
+                    r->m->layers[(size_t)v->layer * LOIP_W_COUNT + v->which].data = base + (v->slot_offset - rel);
+            }
+            rc = compute(r, k, b, b + 1, hidden, n, pos, 1);
+            t->state = IDLE;
+            if (rc) return rc;
+        }
+        return compute(r, k, t->first + t->n_off, t->last, hidden, n, pos, 0);
+    }
     if (t->n_off > 0) {
         /* A ring's ranges are freed in load order: a stage run before older loads is read again. */
         if (r->ring && t->state != IDLE && r->live[0] != k) drain(r);
-        if (t->state == IDLE) { /* out of order, or its last load failed: read it now */
+        if (t->state == IDLE) { /* out of order, its last load failed, or no prefetch: read it now */
             drain(r);
             r->next_load = k;
-            if ((rc = start_loads(r))) return rc;
+            if ((rc = start_loads_n(r, r->no_prefetch ? 1 : -1))) return rc;
             if (t->state == IDLE)
                 return loip_fail(LOIP_ESTATE, "runner: stage %d: its %llu bytes do not fit the slot",
                                  k, (unsigned long long)t->bytes);
@@ -396,6 +435,11 @@ LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t 
     r->stats.compute_ns += t1 - t0;
     record(r, LOIP_EVENT_COMPUTE, -1, n_blocks, n_blocks + 1, t0, t1, 0, 0, n);
     return rc;
+}
+
+LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch) {
+    r->no_prefetch = !prefetch;
+    return LOIP_OK;
 }
 
 LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap) {

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 11, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 13, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -471,9 +471,15 @@ typedef struct loip_stage_desc {
     int32_t n_extents;    /* the reads that bring them (slot_offset relative to the slot) */
     const loip_load_extent *extents;
     int32_t n_views;      /* their tensors in the slot */
-    int32_t reserved;
+    int32_t flags;        /* LOIP_STAGE_* */
     const loip_stage_view *views;
 } loip_stage_desc;
+enum {
+    /* The conventional way, for baselines: each offloaded block is read (into the start of
+     * the first slot) when its turn comes, then computed; nothing is read ahead. The slot
+     * needs to hold only the largest block. Extent i must be block first_block + i. */
+    LOIP_STAGE_PER_BLOCK = 1,
+};
 
 enum {
     LOIP_EVENT_LOAD = 0,    /* the disk: a stage's offloaded blocks read into a slot */
@@ -523,6 +529,9 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t stage, float *hidden, int
  * loip_session_forward). */
 LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
                                  float *logits, int32_t logits_mode);
+/* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with
+ * offloading: load, then compute), for baselines; 1 (the default): as soon as there is room. */
+LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch);
 /* Moves up to cap recorded events, oldest first, into out; returns how many. */
 LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap);
 LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out);
@@ -618,6 +627,8 @@ typedef struct loip_link_stats {
     uint64_t emulated_ns;   /* time held back by the emulation */
     double bw_bps;          /* bytes/s of large messages, send to delivery (moving average) */
     double latency_ns;      /* send to delivery of small messages (moving average) */
+    uint64_t latency_sum_ns; /* ... all of them summed (same-host clocks only) */
+    uint64_t latency_count;
 } loip_link_stats;
 /* Per-sender statistics of what s received (peers in first-seen order); returns the count. */
 LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap);

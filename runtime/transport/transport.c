@@ -516,11 +516,15 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
         uint64_t arrive = start + (s->rate_bps ? (uint64_t)((double)bytes / (double)s->rate_bps * 1e9) : 0);
         s->wire_free_ns = arrive;
         deliver = arrive + s->delay_ns;
+        /* sleep to 100 us before the delivery time, then spin: a VM's timer wakes up late by
+         * tens of microseconds, which would add to every emulated hop */
         uint64_t now = loip_now_ns();
-        if (deliver > now) {
-            struct timespec ts = {(time_t)(deliver / 1000000000ull), (long)(deliver % 1000000000ull)};
+        if (deliver > now + 100000) {
+            uint64_t until = deliver - 100000;
+            struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
             while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
         }
+        while (loip_now_ns() < deliver) {}
     }
     peer *p = peer_of(s, id);
     if (p) {
@@ -536,6 +540,8 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
                 p->st.bw_bps = p->st.bw_bps ? 0.8 * p->st.bw_bps + 0.2 * bw : bw;
             } else {
                 p->st.latency_ns = p->st.latency_ns ? 0.8 * p->st.latency_ns + 0.2 * dt : dt;
+                p->st.latency_sum_ns += now - h->t_send_ns;
+                p->st.latency_count++;
             }
         }
     }

@@ -242,6 +242,7 @@ function M.stage_descs(dir, man, p, device)
     local d = out.descs[k - 1]
     local a, off = st.blocks[1], st.offloaded or 0
     d.first_block, d.last_block, d.n_offloaded = a, st.blocks[2] + 1, off
+    if p.per_block then d.flags = C.LOIP_STAGE_PER_BLOCK end
     if off > 0 then
       local files, n_views = {}, 0
       for b = a, a + off - 1 do

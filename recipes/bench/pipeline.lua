@@ -1,0 +1,177 @@
+-- The interleaved offloading pipeline against a conventional pipeline with offloading, on one
+-- cluster of local devices, in one run.
+--
+--   loip run recipes/bench/pipeline.lua [--store DIR] [--devices 3] [--budget 0.6]
+--        [--link-rate 100mbit] [--link-delay 2] [--disk-rate 600M] [--tokens N] [--out DIR]
+--
+-- A synthetic llama-3.2-1b BF16 slice store (made on first use) on --devices local workers whose
+-- budgets total --budget of the weights (device 1 and N hold the embedding: they get what it
+-- needs on top of an equal share), links emulated at --link-rate and --link-delay ms, each
+-- worker's disk limited to --disk-rate (so that the workers, sharing this machine's one disk,
+-- behave as boards with a disk each). Two plans, alternated for --rounds rounds: the
+-- interleaved plan (the search's best S, loads start as soon as the slot has room) and the
+-- conventional one (S = 1, each device reads its offloaded blocks when its stage starts).
+-- Reports ms/token of each (median step), the speedup, per-device compute/load/stall/send per
+-- token, and the transport's time per hop (send to delivery, the mean over every hidden state a
+-- receiver got, from its link stats) against bytes / rate + delay. Targets: speedup >= 1.5, hop time <= 1.1x. JSON + SVG.
+local bench = require "loip.bench"
+local cluster = require "loip.cluster"
+local core = require "loip.core"
+local flags = require "loip.flags"
+local json = require "loip.json"
+local memory = require "loip.memory"
+local plot = require "loip.plot"
+local ring = require "loip.ring"
+local store = require "loip.formats.store"
+local transport = require "loip.transport"
+
+local spec = {
+  name = "pipeline.lua", usage = "loip run recipes/bench/pipeline.lua [flags]",
+  summary = "Interleaved vs conventional offloading pipeline on local devices with emulated links.",
+  flags = {
+    { "store", "string", "slice store (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16-store" },
+    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+    { "devices", "int", "local devices", default = 3 },
+    { "budget", "number", "all budgets together, as a share of the weights", default = 0.6 },
+    { "link-rate", "string", "emulated link rate", default = "100mbit" },
+    { "link-delay", "number", "emulated one-way delay, ms", default = 2 },
+    { "disk-rate", "bytes", "each device's disk read rate", default = 600 * 1000 * 1000 },
+    { "tokens", "int", "tokens per measurement", default = 6 },
+    { "rounds", "int", "measurements of each plan (alternated)", default = 2 },
+    { "context", "int", "KV cache positions", default = 256 },
+    { "out", "string", "where to write pipeline.json and pipeline.svg", default = "bench-out" },
+    { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
+  },
+}
+local o = flags.parse(spec, arg, 1)
+if o.quick then o.tokens, o.rounds = 2, 1 end
+local log, median = bench.log, bench.median
+
+if not store.is_store(o.store) then
+  if not json.exists(o.model .. "/config.json") then
+    log("making the synthetic model in %s (once)", o.model)
+    require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+  end
+  log("slicing %s into %s (once)", o.model, o.store)
+  require("loip.slice").write(o.model, o.store)
+end
+
+-- Budgets: --budget x the weights in all. Device 1 holds the embedding, device N the head (with
+-- tied embeddings, the embedding again): they get those on top of an equal share of the rest;
+-- each also gets its KV cache, activations and message buffers.
+local man = store.read_manifest(o.store)
+local cfg = store.config(o.store, man)
+local sizes = require("loip.plan").sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
+local N = o.devices
+local ends = sizes.embed_file_bytes + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0)
+local rest = o.budget * sizes.weight_bytes - ends
+if rest <= 0 then error(string.format("--budget %.2f leaves nothing for the layers once the embedding and head are held", o.budget), 0) end
+local share = math.floor(rest / N)
+local mems = {}
+for i = 1, N do
+  local extra = sizes.kv_for(math.ceil(cfg.n_layers / N) + 1) + sizes.activation_bytes + 4 * 1024 * 1024
+  if i == 1 then extra = extra + sizes.embed_file_bytes end
+  if i == N then extra = extra + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0) end
+  mems[i] = share + extra
+end
+local total = 0
+for _, m in ipairs(mems) do total = total + m end
+log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV and buffers), links %s + %g ms, disks %s/s",
+  N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
+  100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
+
+local c = cluster.start_local { store = o.store, devices = N, mem = mems, threads = 1 }
+local link = { rate = o.link_rate, delay_ms = o.link_delay }
+local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link,
+  read_bps = o.disk_rate, compute_bps = 8e9 }
+local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
+
+local function plan_for(kind)
+  local opts = {}
+  for k, v in pairs(common) do opts[k] = v end
+  if kind == "conventional" then opts.stages, opts.prefetch, opts.per_block = 1, false, true end
+  return c:plan(opts)
+end
+
+-- Decode o.tokens tokens: ms per step (median) and per-device per-token figures.
+local function measure(kind)
+  local p = plan_for(kind)
+  local before = c:stats()
+  local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 } })
+  local steps, last = {}, nil
+  for _ in it do
+    local now = core.now_ms()
+    if last then steps[#steps + 1] = now - last end
+    last = now
+  end
+  steps[#steps] = nil
+  local after = c:stats()
+  local per = {}
+  local n_steps = st.stats.decode_steps + 1
+  for i = 1, N do
+    local function d(k) return ((after[i][k] or 0) - (before[i][k] or 0)) / n_steps end
+    per[i] = { compute_ms = d("compute_ms"), load_ms = d("load_ms"), stall_ms = d("stall_ms"), send_ms = d("send_ms"),
+      waiting_ms = d("recv_wait_ms"), links = after[i].links }
+  end
+  return { ms = median(steps), steps = steps, tokens = st.token_ids, devices = per, stages = #p.devices[1].stages,
+    plan = ring.to_lua(p) }
+end
+
+local results = { interleaved = {}, conventional = {} }
+local ok, err = pcall(function()
+  for r = 1, o.rounds do
+    for _, kind in ipairs(r % 2 == 1 and { "interleaved", "conventional" } or { "conventional", "interleaved" }) do
+      local m = measure(kind)
+      results[kind][#results[kind] + 1] = m
+      log("round %d: %-12s S=%d: %.1f ms/token", r, kind, m.stages, m.ms)
+    end
+  end
+end)
+local hop_expected = (sizes.dim * 4 + 64) / transport.parse_rate(o.link_rate) * 1e3 + o.link_delay
+local hops = {}
+if ok then
+  -- time per hop from every receiver's link stats (hidden states are small messages)
+  for i, st in ipairs(c:stats()) do
+    for _, l in ipairs(st.links or {}) do
+      if l.peer:match("^d%d+$") and l.mean_latency_ms then
+        hops[#hops + 1] = { from = l.peer, to = "d" .. i, ms = l.mean_latency_ms, messages = l.small_messages,
+          ratio = l.mean_latency_ms / hop_expected }
+      end
+    end
+  end
+end
+c:close()
+if not ok then error(err, 0) end
+
+local function med(kind) local xs = {} for _, m in ipairs(results[kind]) do xs[#xs + 1] = m.ms end return median(xs) end
+local inter, conv = med("interleaved"), med("conventional")
+local worst_hop = 0
+for _, h in ipairs(hops) do worst_hop = math.max(worst_hop, h.ratio) end
+local same = table.concat(results.interleaved[1].tokens, ",") == table.concat(results.conventional[1].tokens, ",")
+local result = {
+  devices = N, budgets = mems, budget_share = total / sizes.weight_bytes, link_rate = o.link_rate, link_delay_ms = o.link_delay,
+  disk_rate = o.disk_rate, tokens = o.tokens, rounds = o.rounds, store = o.store,
+  interleaved_ms = inter, conventional_ms = conv, speedup = conv / inter, speedup_target = 1.5,
+  hop_expected_ms = hop_expected, hops = hops, worst_hop_ratio = worst_hop, hop_target = 1.1,
+  same_tokens = same, runs = results,
+  meets_target = conv / inter >= 1.5 and worst_hop <= 1.1 and same,
+}
+os.execute("mkdir -p '" .. o.out .. "'")
+local bars = {
+  { string.format("interleaved (S=%d)", results.interleaved[1].stages), inter, nil, color = "#27ae60" },
+  { "conventional (S=1, load then compute)", conv, string.format("(%.2fx)", conv / inter), color = "#7f8c8d" },
+}
+for i, d in ipairs(results.interleaved[#results.interleaved].devices) do
+  bars[#bars + 1] = { string.format("interleaved device %d: compute", i), d.compute_ms, nil, color = "#2980b9" }
+  bars[#bars + 1] = { string.format("interleaved device %d: stall", i), d.stall_ms, nil, color = "#c0392b" }
+end
+result.plot = plot.bars(o.out .. "/pipeline.svg", {
+  title = string.format("loip pipeline, llama-3.2-1b BF16, %d devices at %.0f%% of the weights, %s + %g ms links, ms/token",
+    N, 100 * total / sizes.weight_bytes, o.link_rate, o.link_delay),
+  unit = "ms", bars = bars,
+})
+local f = assert(io.open(o.out .. "/pipeline.json", "w"))
+f:write(json.encode_sorted(result, 2), "\n")
+f:close()
+for _, kind in ipairs({ "interleaved", "conventional" }) do for _, m in ipairs(results[kind]) do m.plan = nil end end
+print(json.encode_sorted(result))
