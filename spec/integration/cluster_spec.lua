@@ -82,6 +82,12 @@ describe("a cluster of local workers", function()
             assert.are.same(ref_t, greedy_ids(c, ids, 24), what)
           end
         end
+        -- the conventional baseline: one stage each, offloaded blocks read when their turn comes
+        local p = ring_plan(10, N, 1, 2)
+        p.per_block = true
+        c:plan { plan = p, context = 256, batch = 7, logits_tokens = 4, prefetch = false }
+        assert.are.equal(0, T.bit_diffs(ref_l, c:logits(ids), #ids * V), N .. " devices, block by block")
+        assert.are.same(ref_t, greedy_ids(c, ids, 24), N .. " devices, block by block")
       end)
       c:close()
       assert(ok, err)

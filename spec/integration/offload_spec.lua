@@ -75,6 +75,11 @@ describe("offloaded execution", function()
       { "~70% (S=2)", plan_of({ 5, 5 }, 4), 0.6, 0.8 },
       { "~70% (S=3, uneven, 2 slots)", plan_of({ 4, 3, 3 }, 3, 2), 0.6, 0.8 },
       { "all (S=10)", plan_of({ 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 }, 1), 0.85, 1 },
+      { "~70% block by block (the conventional baseline)", (function()
+        local p = plan_of({ 10 }, 8)
+        p.per_block = true
+        return p
+      end)(), 0.6, 0.8 },
     }
     for _, loader in ipairs({ "uring", "buffered" }) do
       for _, c in ipairs(plans) do
