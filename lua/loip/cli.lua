@@ -89,8 +89,8 @@ local function run_cluster(o)
   if model.locate(o.model) ~= "store" then
     error({ usage_error = true, msg = "generate: --devices/--hosts need a slice store (make one with loip slice)" }, 0)
   end
-  if o.trace or o.save_plan then
-    error({ usage_error = true, msg = "generate: --trace and --save-plan run on one device only, for now" }, 0)
+  if o.save_plan then
+    error({ usage_error = true, msg = "generate: --save-plan runs on one device only, for now" }, 0)
   end
   local delay_ms
   if o.link_delay then
@@ -116,7 +116,7 @@ local function run_cluster(o)
     if o.hosts and mems then for i, d in ipairs(c.devices) do d.mem = mems[i] end end
     local link = (o.link_rate or delay_ms) and { rate = o.link_rate, delay_ms = delay_ms } or nil
     local p = c:plan { plan = o.plan, stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil,
-      disk_rate = o.disk_rate, link = link }
+      disk_rate = o.disk_rate, link = link, trace = o.trace ~= nil }
     if not o.json then io.stderr:write(require("loip.ring").describe(p, c.sizes), "\n") end
     local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()
@@ -138,6 +138,11 @@ local function run_cluster(o)
     local rest = stream and stream:finish() or ""
     pieces[#pieces + 1] = rest
     local after = c:stats()
+    if o.trace then
+      local tr = c:collect_trace(require("loip.trace").new())
+      tr:write(o.trace)
+      if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
+    end
     local steps = math.max(1, st.stats.decode_steps + 1)
     local per_device = {}
     for i = 1, #c.devices do
@@ -404,6 +409,26 @@ function commands.worker.run(o)
   io.stderr:write(string.format("loip worker: %s, store %s, budget %s\n", w:endpoint(), o.store,
     o.mem > 0 and require("loip.memory").format_bytes(o.mem) or "unlimited"))
   w:run()
+  return 0
+end
+
+commands.trace = {
+  usage = "loip trace plot TRACE.json OUT.svg [--from MS] [--to MS]",
+  summary = "Draw a trace written by --trace (one device or a cluster) as an SVG timeline: per device,\n"
+    .. "lanes for disk, compute, network and waits.",
+  flags = {
+    { "from", "number", "start of the window, ms from the trace's first event", metavar = "MS" },
+    { "to", "number", "end of the window, ms", metavar = "MS" },
+    { "width", "int", "drawing width in pixels", default = 1200 },
+  },
+}
+
+function commands.trace.run(o, pos)
+  if pos[1] ~= "plot" or not pos[2] or not pos[3] or pos[4] then
+    error({ usage_error = true, msg = "trace: usage: loip trace plot TRACE.json OUT.svg (see --help)" }, 0)
+  end
+  local n = require("loip.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
+  io.stderr:write(string.format("%d events -> %s\n", n, pos[3]))
   return 0
 end
 

@@ -131,8 +131,13 @@ function Cluster:connect_all()
   for i, d in ipairs(self.devices) do
     if d.ctl then d.ctl:close() end
     d.ctl = assert(self.net:connect(d.endpoint, "head"))
+    local t0 = tonumber(C.loip_now_ns())
     local r = self:ask(i, { kind = "HELLO" }, 10000)
+    local t1 = tonumber(C.loip_now_ns())
     local hello = json.decode(r.payload) or {}
+    -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
+    -- round trip; events it records are moved by this for one timeline
+    d.clock_offset_ns = (d.pid and 0) or (hello.now_ns and hello.now_ns - (t0 + t1) / 2) or 0
     if hello.store_id ~= self.store_id then
       error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
         i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
@@ -224,7 +229,7 @@ function Cluster:plan(opts)
     local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices, per_block = p.per_block },
       next = self.devices[i % #self.devices + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
       context = ctx, batch = batch, loader = opts.loader, disk_rate = opts.disk_rate,
-      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch }
+      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do
@@ -399,6 +404,21 @@ function Cluster:generate(ids, gen)
     state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t)
     return id
   end, state
+end
+
+-- The devices' recorded events (plan with trace = true) since the last call, added to tr (a
+-- loip.trace) with one process per device, on the head's clock.
+function Cluster:collect_trace(tr)
+  for i, d in ipairs(self.devices) do
+    local body = json.decode(self:ask(i, { kind = "TRACE" }, 10000).payload) or {}
+    local evs = body.events or {}
+    local off = d.clock_offset_ns or 0
+    if off ~= 0 then
+      for _, e in ipairs(evs) do e.t0_ns, e.t1_ns = e.t0_ns - off, e.t1_ns - off end
+    end
+    tr:add(evs, i)
+  end
+  return tr
 end
 
 -- Per-device statistics (STATS), as tables.

@@ -211,7 +211,8 @@ end
 -- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
 -- "wait", stage (1-based; 0: embedding or head), first_block, last_block, t0_ns, t1_ns,
 -- bytes, offloaded, tokens }.
-local event_kinds = { [0] = "load", "compute", "wait" }
+local event_kinds = { [0] = "load", "compute", "wait", "send", "recv" }
+M.event_kinds = event_kinds
 function Model:events()
   local out = {}
   if not self.runner or not self.event_buf then return out end

@@ -114,7 +114,9 @@ function Worker:build(msg)
     d.loader = l
   end
   local out = ffi.new("loip_runner *[1]")
-  core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n, 0, out))
+  core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
+    msg.trace and 65536 or 0, out))
+  d.trace = msg.trace
   d.runner = ffi.gc(out[0], C.loip_runner_free)
   if msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
   local ident = "d" .. i
@@ -131,7 +133,7 @@ end
 function Worker:handle(msg)
   local kind = msg.kind
   if kind == "HELLO" then
-    reply(self, msg.from, "HELLO", json.encode({ store = self.opts.store, store_id = self.store_id,
+    reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), store = self.opts.store, store_id = self.store_id,
       mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version }))
   elseif kind == "PING" then
     reply(self, msg.from, "PONG", "")
@@ -184,6 +186,23 @@ function Worker:handle(msg)
         bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
     end
     reply(self, msg.from, "STATS", json.encode(st))
+  elseif kind == "TRACE" then
+    -- the events recorded since the last TRACE (with the plan's trace on), on this host's clock
+    local evs = {}
+    if self.dev and self.dev.trace then
+      local kinds = require("loip.model").event_kinds
+      local buf = ffi.new("loip_runner_event[4096]")
+      repeat
+        local k = C.loip_runner_events(self.dev.runner, buf, 4096)
+        for j = 0, k - 1 do
+          local e = buf[j]
+          evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
+            t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = e.offloaded ~= 0,
+            tokens = e.n_tokens }
+        end
+      until k < 4096
+    end
+    reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }))
   elseif kind == "STOP" then
     reply(self, msg.from, "READY", "")
     self.stopping = true

@@ -87,7 +87,7 @@ local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link 
 local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
 
 local function plan_for(kind)
-  local opts = {}
+  local opts = { trace = true }
   for k, v in pairs(common) do opts[k] = v end
   if kind == "conventional" then opts.stages, opts.prefetch, opts.per_block = 1, false, true end
   return c:plan(opts)
@@ -106,6 +106,21 @@ local function measure(kind)
   end
   steps[#steps] = nil
   local after = c:stats()
+  -- the timeline of this measurement: one trace per kind (the last round's), drawn over two
+  -- tokens from the middle of the decode
+  local tr = c:collect_trace(require("loip.trace").new())
+  local tpath = string.format("%s/pipeline-%s-trace.json", o.out, kind)
+  os.execute("mkdir -p '" .. o.out .. "'")
+  tr:write(tpath)
+  local first = math.huge
+  for _, x in ipairs(tr.events) do first = math.min(first, x.e.t0_ns) end
+  local mid = (last - core.now_ms()) -- (last step's end, relative to now: negative)
+  local t_end_ms = (tonumber(require("loip.core").C.loip_now_ns()) - first) / 1e6 + mid
+  local span = 2 * median(steps)
+  require("loip.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
+    to_ms = t_end_ms - median(steps),
+    title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
+      N, o.link_rate, o.link_delay) })
   local per = {}
   local n_steps = st.stats.decode_steps + 1
   for i = 1, N do

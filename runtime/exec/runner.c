@@ -437,6 +437,12 @@ LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t 
     return rc;
 }
 
+LOIP_API int loip_runner_record(loip_runner *r, int32_t kind, int32_t stage, uint64_t t0_ns,
+                                uint64_t t1_ns, uint64_t bytes) {
+    record(r, kind, stage, -1, -1, t0_ns, t1_ns, bytes, 0, 0);
+    return LOIP_OK;
+}
+
 LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch) {
     r->no_prefetch = !prefetch;
     return LOIP_OK;

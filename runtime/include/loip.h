@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 13, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 14, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -486,6 +486,8 @@ enum {
     LOIP_EVENT_COMPUTE = 1, /* blocks [first_block, last_block) computed; stage -1: the
                                embedding (blocks [-1, 0)) or the head ([2L, 2L+1), L layers) */
     LOIP_EVENT_WAIT = 2,    /* compute waiting for a load */
+    LOIP_EVENT_SEND = 3,    /* the network: a message handed to the transport (a device) */
+    LOIP_EVENT_RECV = 4,    /* the network: a message's transit, sent (sender's clock) to delivered */
 };
 
 typedef struct loip_runner_event {
@@ -534,6 +536,9 @@ LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t 
 LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch);
 /* Moves up to cap recorded events, oldest first, into out; returns how many. */
 LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap);
+/* Record an event of another part (the device loop's network events) in the runner's buffer. */
+LOIP_API int loip_runner_record(loip_runner *r, int32_t kind, int32_t stage, uint64_t t0_ns,
+                                uint64_t t1_ns, uint64_t bytes);
 LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out);
 
 /* ---- transport (runtime/transport) ------------------------------------------------------ */
@@ -561,7 +566,8 @@ enum {
     LOIP_MSG_PING = 10,   /* heartbeat (reply: PONG) */
     LOIP_MSG_PONG = 11,
     LOIP_MSG_STOP = 12,   /* head -> device: shut down */
-    LOIP_MSG_KINDS = 13,
+    LOIP_MSG_TRACE = 13,  /* head -> device: its recorded events (reply: TRACE, JSON) */
+    LOIP_MSG_KINDS = 14,
 };
 
 typedef struct loip_msg_header {

@@ -129,7 +129,10 @@ static int report(loip_device *d, const loip_msg_header *in, int rc, const char 
 static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, const void *payload) {
     uint64_t t0 = loip_now_ns();
     int rc = loip_sock_send(s, NULL, h, payload, 10000);
-    d->st.send_ns += loip_now_ns() - t0;
+    uint64_t t1 = loip_now_ns();
+    d->st.send_ns += t1 - t0;
+    loip_runner_record(d->cfg.runner, LOIP_EVENT_SEND, h->hop / d->cfg.n_devices, t0, t1,
+                       sizeof *h + h->payload_bytes);
     d->st.bytes_sent += sizeof *h + h->payload_bytes;
     return rc;
 }
@@ -232,6 +235,12 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
             return 1;
         }
         d->st.recv_wait_ns += waited;
+        {   /* the transit, on the sender's clock (meaningful when both share a host) */
+            uint64_t now = loip_now_ns();
+            uint64_t from = h.t_send_ns && h.t_send_ns <= now ? h.t_send_ns : now - waited;
+            loip_runner_record(d->cfg.runner, LOIP_EVENT_RECV, h.hop / d->cfg.n_devices, from, now,
+                               sizeof h + h.payload_bytes);
+        }
         int32_t n = 0;
         if ((rc = accept(d, &h, &n))) {
             d->st.rejected++;
