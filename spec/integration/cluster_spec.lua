@@ -185,6 +185,47 @@ describe("a cluster of local workers", function()
     assert(ok, err)
   end)
 
+  it("runs from loip generate --devices: same text, plan, per-device timings, one trace, its plot", function()
+    local st = store_of(S260, "s260")
+    local dir = T.tmpdir()
+    local rc, single = T.run(string.format("%s generate --model %s --prompt 'Once upon a time' --temperature 0 --max-tokens 30 2>/dev/null",
+      T.loip, S260))
+    assert.are.equal(0, rc)
+    local cmd = string.format("%s generate --model %s --devices 3 --mem 790K,770K,800K --threads 1 --context 256 "
+      .. "--link-rate 100mbit --link-delay 1ms --prompt 'Once upon a time' --temperature 0 --max-tokens 30", T.loip, st)
+    local rc2, out, err = T.run(cmd .. " --trace " .. dir .. "/t.json")
+    assert.are.equal(0, rc2, err)
+    assert.are.equal(single, out)
+    assert.matches("plan: 3 devices x %d stages?", err)
+    assert.matches("offloaded: ", err)
+    assert.matches("device 3 per token: compute [%d.]+ ms, load [%d.]+ ms, stall", err)
+    local tr = assert(json.load(dir .. "/t.json"))
+    local seen = {}
+    for _, e in ipairs(tr.traceEvents) do
+      if e.ph == "X" then seen[e.pid .. ":" .. e.cat] = true end
+    end
+    for i = 1, 3 do assert.is_true(seen[i .. ":compute"] and seen[i .. ":recv"] and seen[i .. ":send"], "device " .. i) end
+    assert.is_true(seen["1:load"] or seen["3:load"], "the budgets force loading")
+    local rc3, _, err3 = T.run(string.format("%s trace plot %s/t.json %s/t.svg", T.loip, dir, dir))
+    assert.are.equal(0, rc3, err3)
+    local svg = T.read(dir .. "/t.svg")
+    assert.matches("^<svg", svg)
+    assert.is_true(select(2, svg:gsub("<rect", "")) > 50)
+    local rc4, jout = T.run(cmd .. " --json 2>/dev/null")
+    assert.are.equal(0, rc4)
+    local j = json.decode(jout)
+    assert.are.equal(3, #j.devices)
+    assert.are.equal(3, #j.plan.devices)
+    for _, d in ipairs(j.devices) do assert.is_true(d.compute_ms > 0 and d.send_ms >= 0 and d.stall_ms >= 0) end
+    -- bad input: budgets for the wrong number of devices, a store missing
+    local rc5, _, err5 = T.run(string.format("%s generate --model %s --devices 2 --mem 1M,1M,1M --prompt x", T.loip, st))
+    assert.are.equal(2, rc5)
+    assert.matches("3 budgets for 2 devices", err5)
+    local rc6, _, err6 = T.run(string.format("%s generate --model %s --devices 2 --prompt x", T.loip, S260))
+    assert.are.equal(2, rc6)
+    assert.matches("need a slice store", err6)
+  end)
+
   it("refuses devices whose slice stores differ, before anything loads", function()
     local a = store_of(S260, "s260")
     local b = T.tmpdir() .. "/other"
