@@ -47,6 +47,8 @@ commands.generate = {
       check = function(v) return v >= 1, "must be >= 1" end },
     { "link-rate", "string", "emulate links of this rate between devices, e.g. 100mbit", metavar = "RATE" },
     { "link-delay", "string", "emulate this one-way delay per link, e.g. 2ms", metavar = "TIME" },
+    { "slowdown", "string", "local devices: compute slowed by these factors, one per device (e.g. 1,1.5,2) "
+      .. "to mimic slower boards", metavar = "LIST" },
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the best that fits --mem", metavar = "FILE.lua" },
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
@@ -106,6 +108,19 @@ local function run_cluster(o)
   if o.hosts then for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end end
   local n = o.devices or #hosts
   local mems = parse_mems(o.mem, n)
+  local slowdown
+  if o.slowdown then
+    slowdown = {}
+    for item in o.slowdown:gmatch("[^,]+") do
+      local f = tonumber(item)
+      if not f or f < 1 then error({ usage_error = true, msg = "generate: --slowdown: '" .. item .. "' is not a factor >= 1" }, 0) end
+      slowdown[#slowdown + 1] = f
+    end
+    if #slowdown == 1 then for i = 2, n do slowdown[i] = slowdown[1] end end
+    if #slowdown ~= n then
+      error({ usage_error = true, msg = string.format("generate: --slowdown gives %d factors for %d devices", #slowdown, n) }, 0)
+    end
+  end
   -- the tokenizer runs at the head: the store carries the model's tokenizer files
   local st_mod = require "loip.formats.store"
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
@@ -116,7 +131,7 @@ local function run_cluster(o)
     if o.hosts and mems then for i, d in ipairs(c.devices) do d.mem = mems[i] end end
     local link = (o.link_rate or delay_ms) and { rate = o.link_rate, delay_ms = delay_ms } or nil
     local p = c:plan { plan = o.plan, stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil,
-      disk_rate = o.disk_rate, link = link, trace = o.trace ~= nil }
+      disk_rate = o.disk_rate, link = link, trace = o.trace ~= nil, slowdown = slowdown }
     if not o.json then io.stderr:write(require("loip.ring").describe(p, c.sizes), "\n") end
     local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()

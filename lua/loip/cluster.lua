@@ -186,7 +186,9 @@ end
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), stages, context, batch, loader, disk_rate, link = { rate,
 -- delay_ms }, logits_tokens, read_bps, compute_bps, prefetch (false: each stage's reads start
--- when the stage runs, the conventional pipeline with offloading, for baselines).
+-- when the stage runs, the conventional pipeline with offloading, for baselines), trace
+-- (record events for collect_trace), slowdown (a number, or one per device: compute that
+-- takes that many times as long, to mimic slower boards).
 function Cluster:plan(opts)
   opts = opts or {}
   self.plan_opts = opts
@@ -229,7 +231,8 @@ function Cluster:plan(opts)
     local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices, per_block = p.per_block },
       next = self.devices[i % #self.devices + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
       context = ctx, batch = batch, loader = opts.loader, disk_rate = opts.disk_rate,
-      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace }
+      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace,
+      slowdown = type(opts.slowdown) == "table" and opts.slowdown[i] or opts.slowdown }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do

@@ -146,6 +146,7 @@ function Worker:handle(msg)
       cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
       cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
       cfg.max_tokens, cfg.logits_tokens = batch, body.logits_tokens or 1
+      cfg.slowdown = body.slowdown or 1
       local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
       if not dev then error(derr, 0) end
       d.device, d.plan_id = dev, body.plan_id

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 14, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 15, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -677,7 +677,8 @@ typedef struct loip_device_config {
     int32_t n_stages;
     int32_t max_tokens;     /* largest batch (prefill chunk) a message may carry */
     int32_t logits_tokens;  /* largest batch whose logits may be returned (LOIP_MSGF_LOGITS) */
-    int32_t reserved;
+    float slowdown;         /* > 1: after each stage, idle (slowdown - 1) x its compute time, to
+                               mimic a slower board in a local cluster; <= 1: off */
 } loip_device_config;
 
 typedef struct loip_device_stats {

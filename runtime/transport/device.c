@@ -249,8 +249,17 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
         /* run this device's hops: one, or (one device) every hop of the ring */
         for (;;) {
             int32_t stage = h.hop / d->cfg.n_devices;
+            loip_runner_stats_t before;
+            if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
             if ((rc = loip_runner_stage(d->cfg.runner, stage, d->hidden, n, h.pos)))
                 return report(d, &h, rc, loip_last_error());
+            if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
+                loip_runner_stats_t after;
+                loip_runner_stats(d->cfg.runner, &after);
+                double extra = (double)(after.compute_ns - before.compute_ns) * (d->cfg.slowdown - 1.0f);
+                uint64_t until = loip_now_ns() + (uint64_t)extra;
+                while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000) + 0);
+            }
             d->st.hops++;
             if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
                 if ((rc = finish(d, &h, n))) return rc;

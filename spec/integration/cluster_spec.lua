@@ -224,6 +224,13 @@ describe("a cluster of local workers", function()
     local rc6, _, err6 = T.run(string.format("%s generate --model %s --devices 2 --prompt x", T.loip, S260))
     assert.are.equal(2, rc6)
     assert.matches("need a slice store", err6)
+    -- slower boards change the timing, never the text
+    local rc7, out7 = T.run(cmd .. " --slowdown 1,3,1.5 2>/dev/null")
+    assert.are.equal(0, rc7)
+    assert.are.equal(single, out7)
+    local rc8, _, err8 = T.run(cmd .. " --slowdown 0.5")
+    assert.are.equal(2, rc8)
+    assert.matches("not a factor >= 1", err8)
   end)
 
   it("refuses devices whose slice stores differ, before anything loads", function()
