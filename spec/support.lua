@@ -115,4 +115,22 @@ function M.f32_bytes(values)
   return ffi.string(a, n * 4)
 end
 
+
+-- A slice store of the model at src (sliced once per name and kept until M.drop_stores()).
+local stores = {}
+function M.slice_store(src, name)
+  if not stores[name] then
+    local dir = os.tmpname()
+    os.remove(dir)
+    require("loip.slice").write(src, dir, { quiet = true })
+    stores[name] = dir
+  end
+  return stores[name]
+end
+
+function M.drop_stores()
+  for _, d in pairs(stores) do os.execute("rm -rf '" .. d .. "'") end
+  stores = {}
+end
+
 return M

@@ -246,10 +246,16 @@ end
 -- fits (the last offloaded one of its stage, so that offloaded blocks stay first). The slot
 -- keeps its size (written into p.slot_bytes): it can only shrink. Changes p in place.
 function M.refine(p, sizes, budget, opts)
-  local stages = p.devices[1].stages
   local mem = M.memory(p, sizes, opts)
   if mem.slot_bytes > 0 then p.slot_bytes = mem.slot_bytes end
-  local left = budget - mem.total
+  M.fill(p.devices[1].stages, sizes, budget - mem.total)
+  return p
+end
+
+-- Keep resident, largest first, the offloaded blocks that fit in left bytes (each the last
+-- offloaded one of its stage, so that offloaded blocks stay first). Changes stages in place;
+-- returns the bytes still left.
+function M.fill(stages, sizes, left)
   while true do
     local best, best_bytes
     for k, st in ipairs(stages) do
@@ -259,11 +265,10 @@ function M.refine(p, sizes, budget, opts)
         if b <= left and (not best_bytes or b > best_bytes) then best, best_bytes = k, b end
       end
     end
-    if not best then break end
+    if not best then return left end
     stages[best].offloaded = stages[best].offloaded - 1
     left = left - best_bytes
   end
-  return p
 end
 
 -- Split blocks 0..n-1 into s contiguous stages as evenly as possible (earlier stages get the

@@ -219,18 +219,7 @@ function M.search(sizes, budgets, opts)
           ok = true
           -- fill the rest with resident blocks (largest first), the slot keeping its size
           d.slot_bytes = m.slot_bytes > 0 and m.slot_bytes or nil
-          local left = budget - m.total
-          while true do
-            local pick, bytes
-            for _, st in ipairs(d.stages) do
-              if st.offloaded > 0 then
-                local b = sizes.block_bytes[st.blocks[1] + st.offloaded - 1]
-                if b <= left and (not bytes or b > bytes) then pick, bytes = st, b end
-              end
-            end
-            if not pick then break end
-            pick.offloaded, left = pick.offloaded - 1, left - bytes
-          end
+          plan.fill(d.stages, sizes, budget - m.total)
         end
       end
       if not ok then

@@ -40,22 +40,9 @@ if o.quick then o.repeats = math.min(o.repeats, 2) end
 local TARGET = 0.9
 local log = bench.log
 local median = bench.median
-local function sh(cmd) -- first line of a command's output ("" when none)
-  local p = io.popen(cmd .. " 2>/dev/null")
-  local r = p and p:read("*l") or ""
-  if p then p:close() end
-  return r
-end
+local sh = bench.sh
 
--- The store (and its synthetic source model) on first use.
-if not store.is_store(o.store) then
-  if not json.exists(o.model .. "/config.json") then
-    log("making the synthetic model in %s (once)", o.model)
-    require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
-  end
-  log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.slice").write(o.model, o.store)
-end
+bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
 local files, total, largest = {}, 0, 0
 for _, f in ipairs(man.files) do

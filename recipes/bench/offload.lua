@@ -51,21 +51,9 @@ if o.quick then o.tokens, o.budgets, o.rounds = 3, "1,0.5", 1 end
 
 local TARGET = 1.15
 local log, median = bench.log, bench.median
-local function sh(cmd)
-  local p = io.popen(cmd .. " 2>/dev/null")
-  local r = p and p:read("*l") or ""
-  if p then p:close() end
-  return r
-end
+local sh = bench.sh
 
-if not store.is_store(o.store) then
-  if not json.exists(o.model .. "/config.json") then
-    log("making the synthetic model in %s (once)", o.model)
-    require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
-  end
-  log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.slice").write(o.model, o.store)
-end
+bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
 
 local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }

@@ -47,14 +47,7 @@ local o = flags.parse(spec, arg, 1)
 if o.quick then o.tokens, o.rounds = 2, 1 end
 local log, median = bench.log, bench.median
 
-if not store.is_store(o.store) then
-  if not json.exists(o.model .. "/config.json") then
-    log("making the synthetic model in %s (once)", o.model)
-    require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
-  end
-  log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.slice").write(o.model, o.store)
-end
+bench.ensure_store(o.store, o.model)
 
 -- Budgets: --budget x the weights in all. Device 1 holds the embedding, device N the head (with
 -- tied embeddings, the embedding again): they get those on top of an equal share of the rest;

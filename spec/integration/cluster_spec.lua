@@ -9,7 +9,6 @@ local loip = require "loip"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
 local json = require "loip.json"
-local slice = require "loip.slice"
 local transport = require "loip.transport"
 local T = require "spec.support"
 local C = core.C
@@ -17,17 +16,8 @@ local C = core.C
 local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 
-local stores = {}
-local function store_of(src, name)
-  if not stores[name] then
-    local dir = os.tmpname()
-    os.remove(dir)
-    slice.write(src, dir, { quiet = true })
-    stores[name] = dir
-  end
-  return stores[name]
-end
-teardown(function() for _, d in pairs(stores) do os.execute("rm -rf '" .. d .. "'") end end)
+local store_of = T.slice_store
+teardown(T.drop_stores)
 
 -- Single-device reference: logits of ids and the greedy continuation.
 local function reference(path, ids, n)

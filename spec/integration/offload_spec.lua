@@ -7,7 +7,6 @@ local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.json"
 local plan = require "loip.plan"
-local slice = require "loip.slice"
 local T = require "spec.support"
 
 local S260 = T.root .. "/models/stories260K"
@@ -15,20 +14,8 @@ local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 
 local function sh(cmd) return T.run("LOIP_QUIET=1 " .. cmd) end
 
-local stores = {}
-local function store_of(src, name)
-  if not stores[name] then
-    local dir = os.tmpname()
-    os.remove(dir)
-    slice.write(src, dir, { quiet = true })
-    stores[name] = dir
-  end
-  return stores[name]
-end
-
-teardown(function()
-  for _, d in pairs(stores) do os.execute("rm -rf '" .. d .. "'") end
-end)
+local store_of = T.slice_store
+teardown(T.drop_stores)
 
 -- Logits of ids (a copy) and the greedy continuation of a prompt, then the model closed.
 local function run(path, opts, ids, prompt)
