@@ -174,6 +174,7 @@ local function run_cluster(o)
         devices = per_device, plan = { slots = p.slots or 1, devices = p.devices }, model = o.model }), "\n")
     else
       io.stdout:write(rest, "\n")
+      io.stdout:flush()
       io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token\n", #c.devices,
         #ids, st.stats.prefill_ms, #st.token_ids, per_token))
       for i, d in ipairs(per_device) do
@@ -424,6 +425,57 @@ function commands.worker.run(o)
   io.stderr:write(string.format("loip worker: %s, store %s, budget %s\n", w:endpoint(), o.store,
     o.mem > 0 and require("loip.memory").format_bytes(o.mem) or "unlimited"))
   w:run()
+  return 0
+end
+
+commands.testbed = {
+  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed down | loip testbed status",
+  summary = "A network testbed on this machine (root): N network namespaces joined by a bridge, every link shaped\n"
+    .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...). `down` removes every\n"
+    .. "namespace, link and process `up` made. The cluster token is printed, and kept in the state file.",
+  flags = {
+    { "store", "string", "slice store the workers serve", metavar = "DIR" },
+    { "rate", "string", "link rate (tc syntax: 100mbit, 1gbit)", default = "100mbit" },
+    { "mem", "string", "budget per worker: one size, or one per worker (600M,400M,400M)", metavar = "LIST" },
+    threads_flag,
+    { "token", "string", "cluster token (default: random)", metavar = "SECRET" },
+  },
+}
+
+function commands.testbed.run(o, pos)
+  local testbed = require "loip.testbed"
+  local what = pos[1]
+  if what == "down" then
+    local st = testbed.down()
+    io.stderr:write(st and string.format("testbed down: %d workers stopped, %d namespaces and the bridge removed\n",
+      #(st.pids or {}), #(st.namespaces or {})) or "testbed: none is up\n")
+    return 0
+  elseif what == "status" then
+    local st = testbed.state()
+    io.stdout:write(st and require("loip.json").encode(st) .. "\n" or "none\n")
+    return 0
+  elseif what ~= "up" then
+    error({ usage_error = true, msg = "testbed: up N | down | status (see --help)" }, 0)
+  end
+  local n = tonumber(pos[2])
+  if not n or n < 1 or n > 32 or n ~= math.floor(n) then
+    error({ usage_error = true, msg = "testbed: up N: N devices, 1..32" }, 0)
+  end
+  if not o.store then error({ usage_error = true, msg = "testbed: up needs --store DIR" }, 0) end
+  local mems = o.mem and parse_mems(o.mem, n) or nil
+  local token = o.token or os.getenv("LOIP_CLUSTER_TOKEN")
+  if not token then
+    local f = io.open("/dev/urandom", "rb")
+    token = f:read(16):gsub(".", function(c) return string.format("%02x", c:byte()) end)
+    f:close()
+  end
+  local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+  local exe = io.popen("readlink -f /proc/" .. pid .. "/exe"):read("*l")
+  local st = testbed.up { n = n, rate = o.rate, store = o.store, mem = mems, threads = o.threads > 0 and o.threads or 1,
+    token = token, exe = exe }
+  io.stdout:write(string.format("testbed up: %d workers at %s, links shaped to %s\n", n, table.concat(st.hosts, ","), o.rate))
+  io.stdout:write(string.format("run: LOIP_CLUSTER_TOKEN=%s loip generate --model %s --hosts %s --prompt ...\n", token, o.store,
+    table.concat(st.hosts, ",")))
   return 0
 end
 

@@ -173,10 +173,29 @@ function M.start_local(opts)
   return c
 end
 
+-- The address of this machine that host reaches it by (the source of the route to it).
+local function local_address_to(host)
+  if host == "127.0.0.1" or host == "localhost" then return "127.0.0.1" end
+  local p = io.popen("ip route get " .. host:gsub("[^%w%.:%-]", "") .. " 2>/dev/null")
+  local out = p and p:read("*a") or ""
+  if p then p:close() end
+  return out:match("src (%S+)")
+end
+
 -- Workers already running: endpoints { "tcp://h1:p1", ... }; their budgets come from HELLO.
+-- The head listens for results on the address the first worker reaches it by (opts.head_listen
+-- to choose).
 function M.connect(endpoints, opts)
   local devices = {}
   for i, ep in ipairs(endpoints) do devices[i] = { endpoint = ep:match("://") and ep or ("tcp://" .. ep) } end
+  if not opts.head_listen then
+    local host = devices[1].endpoint:match("^tcp://([^:]+):")
+    local addr = host and local_address_to(host)
+    if not addr then
+      error("cannot tell which address of this machine " .. tostring(host) .. " reaches (no route); give head_listen", 0)
+    end
+    opts = setmetatable({ head_listen = "tcp://" .. addr .. ":*" }, { __index = opts })
+  end
   local c = new(opts, devices)
   local ok, err = pcall(function() c:connect_all() end)
   if not ok then c:close() error(err, 0) end
