@@ -113,13 +113,15 @@ function Cluster:ask(i, msg, timeout_ms)
 end
 
 -- opts: store (slice store dir, also read by the head for sizes and the tokenizer), token,
--- head_listen (endpoint for results, default tcp://127.0.0.1:*).
+-- head_listen (endpoint for results, default tcp://127.0.0.1:*), stage_limit_ms (a device busy
+-- with one message longer than this is taken as hung; default 120 s: a heartbeat thread
+-- answers meanwhile, so long prefill stages are not mistaken for a dead device).
 local function new(opts, devices)
   local token = opts.token or os.getenv("LOIP_CLUSTER_TOKEN") or random_token()
   local net, err = transport.net { token = token }
   if not net then error(err, 0) end
   local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store, devices = devices,
-    plan_id = 0, seq = 0 }, Cluster)
+    plan_id = 0, seq = 0, stage_limit_ms = opts.stage_limit_ms or 120000 }, Cluster)
   c.man = store.read_manifest(opts.store)
   c.store_id = worker.store_id(opts.store)
   c.results = assert(net:bind(opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock"))
@@ -143,6 +145,8 @@ function Cluster:connect_all()
         i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
     end
     d.hello, d.mem = hello, d.mem or hello.mem or 0
+    if d.hb then d.hb:close() d.hb = nil end
+    if hello.heartbeat then d.hb = assert(self.net:connect(hello.heartbeat, "head")) end
   end
 end
 
@@ -304,16 +308,31 @@ function Cluster:await(step, timeout_ms)
           d.failed = true
           error(string.format("device %d (%s, pid %d) died during the request:\n%s", i, d.endpoint, d.pid, tail(d.log, 3)), 0)
         end
-        d.ctl:send({ kind = "PING" }, 0)
+        ;(d.hb or d.ctl):send({ kind = "PING" }, 0)
       end
       next_beat = now + HEARTBEAT_MS
     end
     for i, d in ipairs(self.devices) do
       local r = d.ctl:recv(0)
       while r do
-        d.last_seen = core.now_ms()
+        if not d.hb then d.last_seen = core.now_ms() end
         if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
         r = d.ctl:recv(0)
+      end
+      -- the heartbeat thread answers even during a long stage; it says how long the device has
+      -- been busy with one message, which must stay under the stage limit
+      local b = d.hb and d.hb:recv(0)
+      while b do
+        if b.kind == "PONG" then
+          d.last_seen = core.now_ms()
+          local busy = #b.payload >= 8 and tonumber(ffi.cast("const uint64_t *", b.payload)[0]) / 1e6 or 0
+          if busy > self.stage_limit_ms then
+            d.failed = true
+            error(string.format("device %d (%s) has been computing one message for %.0f s (limit %.0f s): it hangs",
+              i, d.endpoint, busy / 1000, self.stage_limit_ms / 1000), 0)
+          end
+        end
+        b = d.hb:recv(0)
       end
       if core.now_ms() - d.last_seen > DEAD_MS then
         d.failed = true

@@ -43,6 +43,15 @@ function M.new(opts)
   local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = M.store_id(opts.store),
     header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
   self.buf = ffi.new("uint8_t[?]", self.cap)
+  -- the heartbeat answers on its own thread and socket, even while a long stage computes
+  local ep = sock:endpoint()
+  local hb_ep = ep:match("^ipc://") and (ep .. ".hb") or (ep:gsub(":%d+$", ":*"))
+  local hb, herr = core.new("loip_heartbeat *", C.loip_heartbeat_new, C.loip_heartbeat_free, net.handle, hb_ep)
+  if not hb then self:close() error(herr, 0) end
+  self.hb = hb
+  local buf = ffi.new("char[256]")
+  C.loip_heartbeat_endpoint(hb, buf, 256)
+  self.hb_endpoint = ffi.string(buf)
   return self
 end
 
@@ -133,7 +142,8 @@ end
 function Worker:handle(msg)
   local kind = msg.kind
   if kind == "HELLO" then
-    reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), store = self.opts.store, store_id = self.store_id,
+    reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint,
+      store = self.opts.store, store_id = self.store_id,
       mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version }))
   elseif kind == "PING" then
     reply(self, msg.from, "PONG", "")
@@ -147,6 +157,7 @@ function Worker:handle(msg)
       cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
       cfg.max_tokens, cfg.logits_tokens = batch, body.logits_tokens or 1
       cfg.slowdown = body.slowdown or 1
+      cfg.heartbeat = self.hb
       local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
       if not dev then error(derr, 0) end
       d.device, d.plan_id = dev, body.plan_id
@@ -247,6 +258,7 @@ end
 
 function Worker:close()
   self:drop_device()
+  if self.hb then core.free(self.hb, C.loip_heartbeat_free) self.hb = nil end
   if self.sock then self.sock:close() self.sock = nil end
   if self.net then self.net:close() self.net = nil end
 end

@@ -45,6 +45,7 @@ static const struct {
     SIZE(loip_link_stats), FIELD(loip_link_stats, bw_bps), FIELD(loip_link_stats, latency_ns),
     FIELD(loip_link_stats, latency_count),
     SIZE(loip_device_config), FIELD(loip_device_config, plan_id), FIELD(loip_device_config, logits_tokens),
+    FIELD(loip_device_config, heartbeat),
     SIZE(loip_device_stats_t), FIELD(loip_device_stats_t, head_ns),
 };
 

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 15, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 16, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -626,6 +626,17 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
  * serial wire, plus delay_ns one-way. */
 LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns);
 
+/* A heartbeat: a thread with its own server socket at endpoint answering PING with PONG, so
+ * that a worker whose main thread computes a long stage still answers. The PONG's payload is
+ * two uint64: how long the worker has been busy with one message (0: idle), and how many it
+ * has finished; a device updates them through loip_heartbeat_busy. */
+typedef struct loip_heartbeat loip_heartbeat;
+LOIP_API int loip_heartbeat_new(loip_net *n, const char *endpoint, loip_heartbeat **out);
+LOIP_API void loip_heartbeat_free(loip_heartbeat *hb);
+LOIP_API int loip_heartbeat_endpoint(loip_heartbeat *hb, char *buf, size_t cap);
+/* busy: 1 when a message starts, 0 when it is done (counted). */
+LOIP_API void loip_heartbeat_busy(loip_heartbeat *hb, int32_t busy);
+
 typedef struct loip_link_stats {
     char peer[64];          /* sender identity ("" on a client socket) */
     uint64_t messages;
@@ -679,6 +690,7 @@ typedef struct loip_device_config {
     int32_t logits_tokens;  /* largest batch whose logits may be returned (LOIP_MSGF_LOGITS) */
     float slowdown;         /* > 1: after each stage, idle (slowdown - 1) x its compute time, to
                                mimic a slower board in a local cluster; <= 1: off */
+    loip_heartbeat *heartbeat; /* told when data messages start and end (NULL: none) */
 } loip_device_config;
 
 typedef struct loip_device_stats {

@@ -212,6 +212,47 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     return LOIP_OK;
 }
 
+/* One data message, in full: checks, this device's hops, the output. waited: how long the
+ * receive took (the transit's start when the sender's clock is not ours). */
+static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
+    int rc;
+    {   /* the transit, on the sender's clock (meaningful when both share a host) */
+        uint64_t now = loip_now_ns();
+        uint64_t from = h.t_send_ns && h.t_send_ns <= now ? h.t_send_ns : now - waited;
+        loip_runner_record(d->cfg.runner, LOIP_EVENT_RECV, h.hop / d->cfg.n_devices, from, now,
+                           sizeof h + h.payload_bytes);
+    }
+    int32_t n = 0;
+    if ((rc = accept(d, &h, &n))) {
+        d->st.rejected++;
+        return rc;
+    }
+    /* run this device's hops: one, or (one device) every hop of the ring */
+    for (;;) {
+        int32_t stage = h.hop / d->cfg.n_devices;
+        loip_runner_stats_t before;
+        if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
+        if ((rc = loip_runner_stage(d->cfg.runner, stage, d->hidden, n, h.pos)))
+            return report(d, &h, rc, loip_last_error());
+        if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
+            loip_runner_stats_t after;
+            loip_runner_stats(d->cfg.runner, &after);
+            double extra = (double)(after.compute_ns - before.compute_ns) * (d->cfg.slowdown - 1.0f);
+            uint64_t until = loip_now_ns() + (uint64_t)extra;
+            while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000));
+        }
+        d->st.hops++;
+        if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) return finish(d, &h, n);
+        h.hop++;
+        if (d->cfg.n_devices == 1) continue;
+        loip_msg_header o = h;
+        o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
+        o.payload_bytes = (uint64_t)n * d->dim * sizeof(float);
+        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
+        return LOIP_OK;
+    }
+}
+
 LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_header *out,
                                void *out_payload, uint64_t cap, char *from) {
     for (;;) {
@@ -235,44 +276,10 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
             return 1;
         }
         d->st.recv_wait_ns += waited;
-        {   /* the transit, on the sender's clock (meaningful when both share a host) */
-            uint64_t now = loip_now_ns();
-            uint64_t from = h.t_send_ns && h.t_send_ns <= now ? h.t_send_ns : now - waited;
-            loip_runner_record(d->cfg.runner, LOIP_EVENT_RECV, h.hop / d->cfg.n_devices, from, now,
-                               sizeof h + h.payload_bytes);
-        }
-        int32_t n = 0;
-        if ((rc = accept(d, &h, &n))) {
-            d->st.rejected++;
-            return rc;
-        }
-        /* run this device's hops: one, or (one device) every hop of the ring */
-        for (;;) {
-            int32_t stage = h.hop / d->cfg.n_devices;
-            loip_runner_stats_t before;
-            if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
-            if ((rc = loip_runner_stage(d->cfg.runner, stage, d->hidden, n, h.pos)))
-                return report(d, &h, rc, loip_last_error());
-            if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
-                loip_runner_stats_t after;
-                loip_runner_stats(d->cfg.runner, &after);
-                double extra = (double)(after.compute_ns - before.compute_ns) * (d->cfg.slowdown - 1.0f);
-                uint64_t until = loip_now_ns() + (uint64_t)extra;
-                while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000) + 0);
-            }
-            d->st.hops++;
-            if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
-                if ((rc = finish(d, &h, n))) return rc;
-                break;
-            }
-            h.hop++;
-            if (d->cfg.n_devices == 1) continue;
-            loip_msg_header o = h;
-            o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
-            o.payload_bytes = (uint64_t)n * d->dim * sizeof(float);
-            if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
-            break;
-        }
+        loip_heartbeat_busy(d->cfg.heartbeat, 1);
+        rc = serve_data(d, h, waited);
+        loip_heartbeat_busy(d->cfg.heartbeat, 0);
+        if (rc) return rc;
     }
 }
 

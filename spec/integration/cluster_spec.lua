@@ -140,6 +140,31 @@ describe("a cluster of local workers", function()
     assert(ok, err)
   end)
 
+  it("does not take a device busy with a long stage for a dead one, but does past the stage limit", function()
+    local st = store_of(S260, "s260")
+    local ids = { 1, 403, 407 }
+    local _, ref_t = reference(S260, ids, 1)
+    local c = cluster.start_local { store = st, devices = 2, threads = 1 }
+    local ok, err = pcall(function()
+      -- device 2's stage made seconds long (a slow board), past the 1.5 s a silent device gets;
+      -- the factor is set from a measured stage so that it lasts about 2.5 s
+      c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8 }
+      local before = c:stats()[2]
+      greedy_ids(c, ids, 1)
+      local stage_ms = (c:stats()[2].compute_ms - before.compute_ms)
+      c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8, slowdown = { 1, 2500 / math.max(stage_ms, 1e-3) } }
+      local t0 = core.now_ms()
+      assert.are.same(ref_t, greedy_ids(c, ids, 1))
+      assert.is_true(core.now_ms() - t0 > 1500, "the stage was long: " .. (core.now_ms() - t0) .. " ms")
+      c.stage_limit_ms = 500
+      local ok2, err2 = pcall(greedy_ids, c, ids, 1)
+      assert.is_false(ok2)
+      assert.matches("device 2 .* has been computing one message for", err2)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("refuses strangers, malformed and stale messages, and keeps working", function()
     local st = store_of(S260, "s260")
     local ids = greedy.cases[3].sequence_ids

@@ -26,7 +26,7 @@ describe("the FFI surface", function()
       loip_runner_stats_t = { "events_dropped" },
       loip_msg_header = { "step", "payload_bytes", "flags" },
       loip_link_stats = { "bw_bps", "latency_ns" },
-      loip_device_config = { "plan_id", "logits_tokens" },
+      loip_device_config = { "plan_id", "logits_tokens", "heartbeat" },
       loip_device_stats_t = { "head_ns" },
     }
     for name, fields in pairs(structs) do
