@@ -90,10 +90,12 @@ local function spawn(c, i)
   error(string.format("device %d: the worker did not start within 30 s:\n%s", i, tail(log, 8)), 0)
 end
 
--- A control exchange with device i: send, then the reply (kind expected) within timeout_ms.
-function Cluster:ask(i, msg, timeout_ms)
+-- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
+-- to use (default the control link; d.bulk for large replies).
+function Cluster:ask(i, msg, timeout_ms, via)
   local d = self.devices[i]
-  local ok, err = d.ctl:send(msg, 2000)
+  local sock = via or d.ctl
+  local ok, err = sock:send(msg, 2000)
   if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
   local deadline = core.now_ms() + (timeout_ms or 10000)
   while true do
@@ -101,7 +103,7 @@ function Cluster:ask(i, msg, timeout_ms)
     if left <= 0 then
       error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, msg.kind, (timeout_ms or 10000) / 1000), 0)
     end
-    local r = d.ctl:recv(math.min(left, 200))
+    local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
     if r and r.kind ~= "PONG" then
       if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
       return r
@@ -147,6 +149,8 @@ function Cluster:connect_all()
     d.hello, d.mem = hello, d.mem or hello.mem or 0
     if d.hb then d.hb:close() d.hb = nil end
     if hello.heartbeat then d.hb = assert(self.net:connect(hello.heartbeat, "head")) end
+    if d.bulk then d.bulk:close() d.bulk = nil end
+    if hello.bulk then d.bulk = assert(self.net:connect(hello.bulk, "head")) end
   end
 end
 
@@ -451,7 +455,7 @@ end
 -- loip.trace) with one process per device, on the head's clock.
 function Cluster:collect_trace(tr)
   for i, d in ipairs(self.devices) do
-    local body = json.decode(self:ask(i, { kind = "TRACE" }, 10000).payload) or {}
+    local body = json.decode(self:ask(i, { kind = "TRACE" }, 30000, d.bulk).payload) or {}
     local evs = body.events or {}
     local off = d.clock_offset_ns or 0
     if off ~= 0 then

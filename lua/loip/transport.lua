@@ -100,8 +100,9 @@ end
 
 -- One message within timeout_ms: a table with the header's fields, kind as a name, from (the
 -- sender on a server socket) and payload (a string); nil, err (err "timeout" on a timeout).
+-- max_bytes (default 1 MiB): the largest payload accepted; the socket keeps a buffer that size.
 function Sock:recv(timeout_ms, max_bytes)
-  max_bytes = max_bytes or 16 * 1024 * 1024
+  max_bytes = max_bytes or 1024 * 1024
   if self.cap < max_bytes then self.buf, self.cap = ffi.new("uint8_t[?]", max_bytes), max_bytes end
   local rc = C.loip_sock_recv(self.handle, timeout_ms or -1, self.header, self.buf, max_bytes, self.from)
   if rc == C.LOIP_ETIMEDOUT then return nil, "timeout" end

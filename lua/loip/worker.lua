@@ -52,6 +52,11 @@ function M.new(opts)
   local buf = ffi.new("char[256]")
   C.loip_heartbeat_endpoint(hb, buf, 256)
   self.hb_endpoint = ffi.string(buf)
+  -- the bulk link: large transfers (traces now, KV cache blocks later) stay off the control
+  -- socket, where they would hold up the per-step messages
+  local bulk, bulk_err = net:bind(ep:match("^ipc://") and (ep .. ".bulk") or (ep:gsub(":%d+$", ":*")))
+  if not bulk then self:close() error(bulk_err, 0) end
+  self.bulk = bulk
   return self
 end
 
@@ -132,17 +137,19 @@ function Worker:build(msg)
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
   self.sock:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
+  self.bulk:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
   return d, budget, N, S, i, math.min(batch, ctx)
 end
 
-local function reply(self, to, kind, payload, status)
-  self.sock:send { to = to, kind = kind, payload = payload, status = status or 0, dtype = -1 }
+local function reply(self, to, kind, payload, status, sock)
+  (sock or self.sock):send { to = to, kind = kind, payload = payload, status = status or 0, dtype = -1 }
 end
 
 function Worker:handle(msg)
   local kind = msg.kind
   if kind == "HELLO" then
     reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint,
+      bulk = self.bulk:endpoint(),
       store = self.opts.store, store_id = self.store_id,
       mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version }))
   elseif kind == "PING" then
@@ -214,7 +221,7 @@ function Worker:handle(msg)
         end
       until k < 4096
     end
-    reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }))
+    reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }), 0, msg.via)
   elseif kind == "STOP" then
     reply(self, msg.from, "READY", "")
     self.stopping = true
@@ -250,6 +257,13 @@ function Worker:run()
   while not self.stopping and C.loip_signal_received() == 0 do
     local msg = self:poll(200)
     if msg then self:handle(msg) end
+    -- the bulk link (answered on it)
+    local bmsg = self.bulk:recv(0, self.cap)
+    while bmsg do
+      bmsg.via = self.bulk
+      self:handle(bmsg)
+      bmsg = self.bulk:recv(0, self.cap)
+    end
     for _, line in ipairs(self.net:auth_log()) do log("%s", line) end
   end
   log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. C.loip_signal_received())
@@ -258,6 +272,7 @@ end
 
 function Worker:close()
   self:drop_device()
+  if self.bulk then self.bulk:close() self.bulk = nil end
   if self.hb then core.free(self.hb, C.loip_heartbeat_free) self.hb = nil end
   if self.sock then self.sock:close() self.sock = nil end
   if self.net then self.net:close() self.net = nil end

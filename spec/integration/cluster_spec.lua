@@ -147,12 +147,15 @@ describe("a cluster of local workers", function()
     local c = cluster.start_local { store = st, devices = 2, threads = 1 }
     local ok, err = pcall(function()
       -- device 2's stage made seconds long (a slow board), past the 1.5 s a silent device gets;
-      -- the factor is set from a measured stage so that it lasts about 2.5 s
+      -- the factor is set from a measured stage so that it lasts about 4 s
       c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8 }
-      local before = c:stats()[2]
-      greedy_ids(c, ids, 1)
-      local stage_ms = (c:stats()[2].compute_ms - before.compute_ms)
-      c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8, slowdown = { 1, 2500 / math.max(stage_ms, 1e-3) } }
+      local stage_ms = math.huge
+      for _ = 1, 3 do -- the fastest of three (the first pays for cold caches)
+        local before = c:stats()[2]
+        greedy_ids(c, ids, 1)
+        stage_ms = math.min(stage_ms, c:stats()[2].compute_ms - before.compute_ms)
+      end
+      c:plan { plan = ring_plan(10, 2, 1, 0), context = 256, batch = 8, slowdown = { 1, 4000 / math.max(stage_ms, 1e-3) } }
       local t0 = core.now_ms()
       assert.are.same(ref_t, greedy_ids(c, ids, 1))
       assert.is_true(core.now_ms() - t0 > 1500, "the stage was long: " .. (core.now_ms() - t0) .. " ms")
