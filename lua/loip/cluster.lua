@@ -147,10 +147,17 @@ function Cluster:connect_all()
         i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
     end
     d.hello, d.mem = hello, d.mem or hello.mem or 0
+    -- a worker listening on every address (0.0.0.0) reports its other sockets so: reach them
+    -- at the address we reached it by
+    local host = d.endpoint:match("^tcp://([^:]+):")
+    local function reachable(ep)
+      if host and ep:match("^tcp://0%.0%.0%.0:") then return (ep:gsub("^tcp://0%.0%.0%.0:", "tcp://" .. host .. ":")) end
+      return ep
+    end
     if d.hb then d.hb:close() d.hb = nil end
-    if hello.heartbeat then d.hb = assert(self.net:connect(hello.heartbeat, "head")) end
+    if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), "head")) end
     if d.bulk then d.bulk:close() d.bulk = nil end
-    if hello.bulk then d.bulk = assert(self.net:connect(hello.bulk, "head")) end
+    if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), "head")) end
   end
 end
 
