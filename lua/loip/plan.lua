@@ -165,16 +165,8 @@ end
 -- The memory a one-device plan needs, by account, and its total:
 -- { weights, slots, kv, activations, scratch, total, slot_bytes, offloaded_bytes }.
 function M.memory(p, sizes, opts)
-  opts = opts or {}
-  local resident, slot, offloaded = M.stage_bytes(p.devices[1].stages, sizes, p.per_block)
-  if slot > 0 and p.slot_bytes then slot = math.max(slot, p.slot_bytes) end
-  local n_slots = slot > 0 and (p.slots or 1) or 0
-  local m = { weights = sizes.global_bytes + resident, slots = n_slots * slot, kv = sizes.kv_bytes,
-    activations = sizes.activation_bytes,
-    scratch = (slot > 0 and opts.loader == "buffered") and math.min(sizes.bounce_bytes, slot) or 0,
-    slot_bytes = slot, offloaded_bytes = offloaded }
-  m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
-  return m
+  -- one device is the ring's N = 1 case: the same accounting (loip.ring)
+  return require("loip.ring").memory(p, 1, sizes, opts)
 end
 
 -- Estimated ms per decoding step of a one-device plan, by simulating the runner's timeline

@@ -7,10 +7,14 @@ local T = require "spec.support"
 local MiB = 1024 * 1024
 local function sizes_1b()
   local s = { n_layers = 16, n_blocks = 32, block_bytes = {}, global_bytes = 501 * MiB, head_bytes = 501 * MiB,
-    kv_bytes = 32 * MiB, activation_bytes = 13 * MiB, bounce_bytes = MiB }
+    kv_bytes = 32 * MiB, activation_bytes = 13 * MiB, bounce_bytes = MiB, files = {},
+    embed_file_bytes = 501 * MiB - 4096, head_file_bytes = 4096, tied = true, dim = 2048, vocab = 128256 }
+  -- 2 MiB of KV cache per layer (what plan.sizes gets from loip_session_size)
+  function s.kv_for(k) return k * 2 * MiB end
   s.weight_bytes = s.global_bytes
   for b = 0, 31 do
     s.block_bytes[b] = b % 2 == 0 and 20 * MiB + 4096 or 96 * MiB
+    s.files[b] = string.format("layer-%03d-%s.bin", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")
     s.weight_bytes = s.weight_bytes + s.block_bytes[b]
   end
   return s
