@@ -96,48 +96,15 @@ function M.sizes(man, cfg, opts)
 end
 
 -- A plan's problems as a message naming the field, or nil when it is well formed for a model
--- of n_blocks blocks on one device holding every block (devices beyond one: a later issue).
+-- of n_blocks blocks on one device holding every block (several devices: loip.ring.check).
 function M.check(p, n_blocks, where)
   where = where or "plan"
-  local function bad(fmt, ...) return where .. ": " .. string.format(fmt, ...) end
-  if type(p) ~= "table" then return bad("not a table") end
-  if p.slots ~= nil and (type(p.slots) ~= "number" or p.slots < 1 or p.slots ~= math.floor(p.slots)) then
-    return bad("slots must be a positive integer")
+  if type(p) == "table" and type(p.devices) == "table" and #p.devices > 1 then
+    return string.format("%s: %d devices: this runs on one device (several devices: loip generate --devices)",
+      where, #p.devices)
   end
-  if p.slot_bytes ~= nil and (type(p.slot_bytes) ~= "number" or p.slot_bytes < 0 or p.slot_bytes ~= math.floor(p.slot_bytes)) then
-    return bad("slot_bytes must be a byte count")
-  end
-  if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
-  if #p.devices ~= 1 then
-    return bad("%d devices: this runs on one device (several devices: loip generate --devices)", #p.devices)
-  end
-  local stages = p.devices[1].stages
-  if type(stages) ~= "table" or #stages == 0 then return bad("devices[1].stages must be a non-empty list") end
-  local next_block = 0
-  for k, st in ipairs(stages) do
-    local sw = string.format("devices[1].stages[%d]", k)
-    if type(st) ~= "table" or type(st.blocks) ~= "table" or #st.blocks ~= 2 then
-      return bad("%s.blocks must be { first, last }", sw)
-    end
-    local a, b = st.blocks[1], st.blocks[2]
-    if type(a) ~= "number" or type(b) ~= "number" or a ~= math.floor(a) or b ~= math.floor(b) or b < a then
-      return bad("%s.blocks must be two block numbers, first <= last", sw)
-    end
-    if a ~= next_block then
-      return bad("%s starts at block %d (%s) but block %d comes next: stages must cover the blocks in order",
-        sw, a, M.block_name(a), next_block)
-    end
-    if b >= n_blocks then return bad("%s.blocks: block %d past the model's last (%d)", sw, b, n_blocks - 1) end
-    local off = st.offloaded or 0
-    if type(off) ~= "number" or off < 0 or off ~= math.floor(off) or off > b - a + 1 then
-      return bad("%s.offloaded must be an integer in 0..%d", sw, b - a + 1)
-    end
-    next_block = b + 1
-  end
-  if next_block ~= n_blocks then
-    return bad("the stages end at block %d; the model has %d blocks (0..%d)", next_block - 1, n_blocks, n_blocks - 1)
-  end
-  return nil
+  -- one device is the ring's N = 1 case: the same checks (loip.ring)
+  return require("loip.ring").check(p, n_blocks, where)
 end
 
 -- Bytes of a device's stages: resident blocks, the slot (largest stage's offloaded blocks),
@@ -358,24 +325,8 @@ function M.search(sizes, budget, opts)
   return best
 end
 
--- A plan as Lua source that M.load reads back (the estimate, if any, as a comment).
-function M.to_lua(p)
-  local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
-  if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
-  if p.per_block then out[#out + 1] = "  per_block = true, -- conventional: each offloaded block read when its turn comes" end
-  out[#out + 1] = "  devices = {"
-  for _, d in ipairs(p.devices) do
-    out[#out + 1] = "    { stages = {"
-    for _, st in ipairs(d.stages) do
-      out[#out + 1] = string.format("      { blocks = { %d, %d }, offloaded = %d },", st.blocks[1], st.blocks[2],
-        st.offloaded or 0)
-    end
-    out[#out + 1] = "    } },"
-  end
-  out[#out + 1] = "  },"
-  out[#out + 1] = "}"
-  return table.concat(out, "\n") .. "\n"
-end
+-- A plan as Lua source that M.load reads back.
+function M.to_lua(p) return require("loip.ring").to_lua(p) end
 
 -- A readable description: per stage its blocks, what is offloaded, and the memory by account.
 function M.describe(p, sizes, opts)

@@ -37,6 +37,9 @@ function M.check(p, n_blocks, where)
   if p.slots ~= nil and (type(p.slots) ~= "number" or p.slots < 1 or p.slots ~= math.floor(p.slots)) then
     return bad("slots must be a positive integer")
   end
+  if p.slot_bytes ~= nil and (type(p.slot_bytes) ~= "number" or p.slot_bytes < 0 or p.slot_bytes ~= math.floor(p.slot_bytes)) then
+    return bad("slot_bytes must be a byte count")
+  end
   if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
   local S
   for i, d in ipairs(p.devices) do
@@ -265,10 +268,11 @@ function M.describe(p, sizes, opts)
   return table.concat(lines, "\n")
 end
 
--- Lua source for a plan over devices (what --plan reads).
+-- Lua source for a plan, one device or several (what --plan reads).
 function M.to_lua(p)
   local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
-  if p.per_block then out[#out + 1] = "  per_block = true," end
+  if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
+  if p.per_block then out[#out + 1] = "  per_block = true, -- conventional: each offloaded block read when its turn comes" end
   out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "") .. "stages = {"
