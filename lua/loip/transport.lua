@@ -130,6 +130,8 @@ function Sock:stats()
     t[#t + 1] = { peer = ffi.string(s.peer), messages = tonumber(s.messages), bytes = tonumber(s.bytes),
       emulated_ms = tonumber(s.emulated_ns) / 1e6, bandwidth_Bps = s.bw_bps, latency_ms = s.latency_ns / 1e6,
       mean_latency_ms = s.latency_count > 0 and tonumber(s.latency_sum_ns) / tonumber(s.latency_count) / 1e6 or nil,
+      mean_transit_ms = s.latency_count > 0 and tonumber(s.transit_sum_ns) / tonumber(s.latency_count) / 1e6 or nil,
+      mean_late_ms = s.latency_count > 0 and tonumber(s.late_sum_ns) / tonumber(s.latency_count) / 1e6 or nil,
       small_messages = tonumber(s.latency_count) }
   end
   return t

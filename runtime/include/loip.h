@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 16, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 17, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -646,6 +646,9 @@ typedef struct loip_link_stats {
     double latency_ns;      /* send to delivery of small messages (moving average) */
     uint64_t latency_sum_ns; /* ... all of them summed (same-host clocks only) */
     uint64_t latency_count;
+    uint64_t transit_sum_ns; /* ... of which before receipt: the sender's and receiver's transport
+                              * (thread hand-offs, wake-ups, the medium), summed */
+    uint64_t late_sum_ns;   /* ... of which after the emulated delivery time (timer lateness) */
 } loip_link_stats;
 /* Per-sender statistics of what s received (peers in first-seen order); returns the count. */
 LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap);

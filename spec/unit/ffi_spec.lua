@@ -25,7 +25,7 @@ describe("the FFI surface", function()
       loip_runner_event = { "t0_ns", "bytes", "n_tokens" },
       loip_runner_stats_t = { "events_dropped" },
       loip_msg_header = { "step", "payload_bytes", "flags" },
-      loip_link_stats = { "bw_bps", "latency_ns" },
+      loip_link_stats = { "bw_bps", "latency_ns", "transit_sum_ns", "late_sum_ns" },
       loip_device_config = { "plan_id", "logits_tokens", "heartbeat" },
       loip_device_stats_t = { "head_ns" },
     }
