@@ -49,6 +49,9 @@ commands.generate = {
     { "link-delay", "string", "emulate this one-way delay per link, e.g. 2ms", metavar = "TIME" },
     { "slowdown", "string", "local devices: compute slowed by these factors, one per device (e.g. 1,1.5,2) "
       .. "to mimic slower boards", metavar = "LIST" },
+    { "cpu-latency", "int", "local devices: hold this machine's CPU wake-up latency at US microseconds while "
+      .. "running (Linux PM QoS; root): fewer slow wake-ups per hop, more idle power", metavar = "US",
+      check = function(v) return v >= 0, "must be >= 0" end },
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the best that fits --mem", metavar = "FILE.lua" },
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
@@ -104,6 +107,9 @@ local function run_cluster(o)
   if o.link_rate and not require("loip.transport").parse_rate(o.link_rate) then
     error({ usage_error = true, msg = "generate: --link-rate: '" .. o.link_rate .. "' is not a rate such as 100mbit" }, 0)
   end
+  if o.hosts and o.cpu_latency then
+    error({ usage_error = true, msg = "generate: --cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead" }, 0)
+  end
   local hosts = {}
   if o.hosts then for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end end
   local n = o.devices or #hosts
@@ -126,7 +132,8 @@ local function run_cluster(o)
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
   local tok = require("loip.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = scfg.vocab_size })
   local c = o.hosts and cluster.connect(hosts, { store = o.model })
-    or cluster.start_local { store = o.model, devices = n, mem = mems or 0, threads = o.threads > 0 and o.threads or nil }
+    or cluster.start_local { store = o.model, devices = n, mem = mems or 0, threads = o.threads > 0 and o.threads or nil,
+      cpu_latency_us = o.cpu_latency }
   local ok, err = pcall(function()
     if o.hosts and mems then for i, d in ipairs(c.devices) do d.mem = mems[i] end end
     local link = (o.link_rate or delay_ms) and { rate = o.link_rate, delay_ms = delay_ms } or nil
@@ -408,6 +415,9 @@ commands.worker = {
     threads_flag, kernels_flag,
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
     { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
+    { "cpu-latency", "int", "hold this machine's CPU wake-up latency at US microseconds while the worker runs "
+      .. "(Linux PM QoS, /dev/cpu_dma_latency; root): fewer slow wake-ups per hop, more idle power", metavar = "US",
+      check = function(v) return v >= 0, "must be >= 0" end },
   },
 }
 
@@ -417,13 +427,18 @@ function commands.worker.run(o)
   if not token and not o.curve_keys then
     error({ usage_error = true, msg = "worker: give --token, --curve-keys or LOIP_CLUSTER_TOKEN: peers must authenticate" }, 0)
   end
+  if o.cpu_latency then
+    local ok, err = require("loip.core").wake_latency(o.cpu_latency)
+    if not ok then error("worker: --cpu-latency: " .. err, 0) end
+  end
   local listen = o.listen:match("://") and o.listen or ("tcp://" .. o.listen)
   local w = require("loip.worker").new { listen = listen, store = o.store, mem = o.mem, threads = o.threads,
     token = o.curve_keys and nil or token, keys = o.curve_keys }
   io.stdout:write("listening ", w:endpoint(), "\n")
   io.stdout:flush()
-  io.stderr:write(string.format("loip worker: %s, store %s, budget %s\n", w:endpoint(), o.store,
-    o.mem > 0 and require("loip.memory").format_bytes(o.mem) or "unlimited"))
+  io.stderr:write(string.format("loip worker: %s, store %s, budget %s%s\n", w:endpoint(), o.store,
+    o.mem > 0 and require("loip.memory").format_bytes(o.mem) or "unlimited",
+    o.cpu_latency and string.format(", CPU wake-up latency held at %d us", o.cpu_latency) or ""))
   w:run()
   return 0
 end

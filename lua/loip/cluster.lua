@@ -162,7 +162,8 @@ function Cluster:connect_all()
 end
 
 -- A local cluster: opts.devices workers on this machine; opts.mem a list of budgets (sizes or
--- bytes; one value for all), opts.threads per device (default: the CPUs shared out).
+-- bytes; one value for all), opts.threads per device (default: the CPUs shared out);
+-- opts.cpu_latency_us: hold the machine's CPU wake-up latency there until close (core.wake_latency).
 function M.start_local(opts)
   local n = opts.devices or 1
   local devices = {}
@@ -181,6 +182,10 @@ function M.start_local(opts)
   c.dir = dir
   c.spawned = true
   local ok, err = pcall(function()
+    if opts.cpu_latency_us then
+      local held, why = core.wake_latency(opts.cpu_latency_us)
+      if not held then error("cluster: cpu_latency_us: " .. why, 0) end
+    end
     for i = 1, n do spawn(c, i) end
     c:connect_all()
   end)
@@ -497,6 +502,7 @@ function Cluster:close()
   end
   if self.net then self.net:close() self.net = nil end
   if self.spawned and self.dir and not self.opts.keep_logs then os.execute("rm -rf " .. sh_quote(self.dir)) end
+  if self.spawned and self.opts.cpu_latency_us then core.wake_latency(nil) end
 end
 
 return M

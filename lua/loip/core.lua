@@ -67,6 +67,16 @@ end
 M.dtype = { F32 = C.LOIP_F32, BF16 = C.LOIP_BF16, F16 = C.LOIP_F16, I32 = C.LOIP_I32 }
 M.dtype_name = { [0] = "F32", [1] = "BF16", [2] = "F16", [3] = "I32" }
 
+-- Hold the CPUs' wake-up latency at us microseconds (Linux PM QoS, /dev/cpu_dma_latency) while
+-- this process runs, or release it (us nil). Machine-wide: it covers every process here, e.g.
+-- the workers of a local cluster. true, or nil and why (not root, no such file).
+function M.wake_latency(us)
+  if us ~= nil and (type(us) ~= "number" or us < 0 or us ~= math.floor(us) or us > 2 ^ 31 - 1) then
+    error("wake_latency: " .. tostring(us) .. " is not a whole number of microseconds >= 0", 2)
+  end
+  return M.ok(C.loip_cpu_wake_latency(us or -1))
+end
+
 function M.now_ms()
   return tonumber(C.loip_now_ns()) / 1e6
 end

@@ -64,6 +64,13 @@ LOIP_API int loip_signal_received(void);
 /* Sleep ms milliseconds (cut short by a watched signal). */
 LOIP_API void loip_sleep_ms(int32_t ms);
 
+/* Hold a CPU wake-up latency of us microseconds (Linux PM QoS, /dev/cpu_dma_latency: idle CPUs
+ * stay in states they leave within us; 0 = never sleep deeper than polling) until the process
+ * ends or loip_cpu_wake_latency(-1) releases it. Needs root. Cuts the thread wake-ups of each
+ * hop; idle CPUs then draw more power. loip_cpu_wake_latency_held(): the held value, -1 none. */
+LOIP_API int loip_cpu_wake_latency(int32_t us);
+LOIP_API int32_t loip_cpu_wake_latency_held(void);
+
 /* ---- machine, kernels, threads -------------------------------------------------------- */
 
 typedef struct loip_cpu_info {

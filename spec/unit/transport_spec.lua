@@ -112,4 +112,41 @@ describe("loip.transport", function()
     assert.are.equal(125e6, transport.parse_rate("1gbit"))
     a:close()
   end)
+
+  it("splits each hop into the transport's part, the emulated wire and delay, and the lateness", function()
+    local a, _, srv, cli = pair({ token = "x" })
+    srv:emulate { rate = "100mbit", delay_ms = 3 }
+    local payload = string.rep("h", 8192)
+    -- one message at a time: the wire is free when each arrives, so every hop is exactly
+    -- transit + bytes / rate + delay + lateness
+    for _ = 1, 8 do
+      assert(cli:send { kind = "STATS", payload = payload })
+      assert(srv:recv(5000, 65536))
+    end
+    local st = srv:stats()[1]
+    local wire = (8192 + 64) / 12.5e6 * 1e3 + 3
+    assert.are.equal(8, st.small_messages)
+    assert.is_true(st.mean_latency_ms >= wire, st.mean_latency_ms .. " ms < " .. wire)
+    assert.is_true(st.mean_transit_ms > 0 and st.mean_transit_ms < st.mean_latency_ms - wire + 1e-6)
+    assert.is_true(st.mean_late_ms >= 0)
+    assert.is_true(math.abs(st.mean_latency_ms - (st.mean_transit_ms + wire + st.mean_late_ms)) < 1e-3,
+      string.format("%.4f vs %.4f + %.4f + %.4f", st.mean_latency_ms, st.mean_transit_ms, wire, st.mean_late_ms))
+    a:close()
+  end)
+
+  it("holds the CPU wake-up latency (PM QoS) while asked, as root; says why not otherwise", function()
+    local ok, err = core.wake_latency(0)
+    if not ok then
+      assert.matches("/dev/cpu_dma_latency", err)
+      pending("not held here: " .. err)
+      return
+    end
+    assert.are.equal(0, core.C.loip_cpu_wake_latency_held())
+    assert(core.wake_latency(20))
+    assert.are.equal(20, core.C.loip_cpu_wake_latency_held())
+    assert(core.wake_latency(nil))
+    assert.are.equal(-1, core.C.loip_cpu_wake_latency_held())
+    assert.has_error(function() core.wake_latency(-1) end)
+    assert.has_error(function() core.wake_latency(1.5) end)
+  end)
 end)
