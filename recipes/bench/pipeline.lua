@@ -13,7 +13,11 @@
 -- conventional one (S = 1, each device reads its offloaded blocks when its stage starts).
 -- Reports ms/token of each (median step), the speedup, per-device compute/load/stall/send per
 -- token, and the transport's time per hop (send to delivery, the mean over every hidden state a
--- receiver got, from its link stats) against bytes / rate + delay. Targets: speedup >= 1.5, hop time <= 1.1x. JSON + SVG.
+-- receiver got, from its link stats) against bytes / rate + delay, split into the transport's
+-- part (sender stamp to receipt: thread hand-offs and wake-ups) and the emulation's lateness.
+-- The measurements hold the machine's CPU wake-up latency at --cpu-latency us (the workers share
+-- this machine; see `loip worker --cpu-latency`), and the hop figures are also taken from one
+-- more interleaved measurement without it. Targets: speedup >= 1.5, hop time <= 1.1x. JSON + SVG.
 local bench = require "loip.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
@@ -40,6 +44,9 @@ local spec = {
     { "rounds", "int", "measurements of each plan (alternated)", default = 2 },
     { "context", "int", "KV cache positions", default = 256 },
     { "out", "string", "where to write pipeline.json and pipeline.svg", default = "bench-out" },
+    { "cpu-latency", "int", "hold the CPU wake-up latency at US microseconds while measuring (Linux PM QoS, "
+      .. "root; -1: do not); then one more interleaved measurement without it, for the hop figures", default = 0,
+      metavar = "US" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
   },
 }
@@ -73,6 +80,12 @@ log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV and buffe
   N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
   100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
 
+local held, held_err
+if o.cpu_latency >= 0 then
+  held, held_err = core.wake_latency(o.cpu_latency)
+  if held then log("CPU wake-up latency held at %d us while measuring", o.cpu_latency)
+  else log("not holding a CPU wake-up latency (%s): hops measured as the machine is", held_err) end
+end
 local c = cluster.start_local { store = o.store, devices = N, mem = mems, threads = 1 }
 local link = { rate = o.link_rate, delay_ms = o.link_delay }
 local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link,
@@ -87,7 +100,7 @@ local function plan_for(kind)
 end
 
 -- Decode o.tokens tokens: ms per step (median) and per-device per-token figures.
-local function measure(kind)
+local function measure(kind, no_trace)
   local p = plan_for(kind)
   local before = c:stats()
   local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 } })
@@ -101,6 +114,9 @@ local function measure(kind)
   local after = c:stats()
   -- the timeline of this measurement: one trace per kind (the last round's), drawn over two
   -- tokens from the middle of the decode
+  if no_trace then
+    return { ms = median(steps), steps = steps, tokens = st.token_ids, stages = #p.devices[1].stages }
+  end
   local tr = c:collect_trace(require("loip.trace").new())
   local tpath = string.format("%s/pipeline-%s-trace.json", o.out, kind)
   os.execute("mkdir -p '" .. o.out .. "'")
@@ -125,8 +141,41 @@ local function measure(kind)
     plan = ring.to_lua(p) }
 end
 
+local hop_expected = (sizes.dim * 4 + 64) / transport.parse_rate(o.link_rate) * 1e3 + o.link_delay
+-- Time per hop between two c:stats() snapshots, from every receiver's link stats (hidden states
+-- are small messages; the stats keep sums since the worker started).
+local function link_sums(stats)
+  local t = {}
+  for i, st in ipairs(stats) do
+    for _, l in ipairs(st.links or {}) do
+      if l.peer:match("^d%d+$") and l.mean_latency_ms then
+        local n = l.small_messages
+        t[l.peer .. ">d" .. i] = { from = l.peer, to = "d" .. i, n = n, ms = l.mean_latency_ms * n,
+          transit = l.mean_transit_ms * n, late = l.mean_late_ms * n }
+      end
+    end
+  end
+  return t
+end
+local function hops_between(before, after)
+  local b, hops = link_sums(before), {}
+  for key, a in pairs(link_sums(after)) do
+    local z = b[key] or { n = 0, ms = 0, transit = 0, late = 0 }
+    local n = a.n - z.n
+    if n > 0 then
+      local ms = (a.ms - z.ms) / n
+      hops[#hops + 1] = { from = a.from, to = a.to, messages = n, ms = ms, ratio = ms / hop_expected,
+        transit_ms = (a.transit - z.transit) / n, late_ms = (a.late - z.late) / n }
+    end
+  end
+  table.sort(hops, function(x, y) return x.from < y.from end)
+  return hops
+end
+
 local results = { interleaved = {}, conventional = {} }
+local hops, hops_free
 local ok, err = pcall(function()
+  local s0 = c:stats()
   for r = 1, o.rounds do
     for _, kind in ipairs(r % 2 == 1 and { "interleaved", "conventional" } or { "conventional", "interleaved" }) do
       local m = measure(kind)
@@ -134,21 +183,19 @@ local ok, err = pcall(function()
       log("round %d: %-12s S=%d: %.1f ms/token", r, kind, m.stages, m.ms)
     end
   end
-end)
-local hop_expected = (sizes.dim * 4 + 64) / transport.parse_rate(o.link_rate) * 1e3 + o.link_delay
-local hops = {}
-if ok then
-  -- time per hop from every receiver's link stats (hidden states are small messages)
-  for i, st in ipairs(c:stats()) do
-    for _, l in ipairs(st.links or {}) do
-      if l.peer:match("^d%d+$") and l.mean_latency_ms then
-        hops[#hops + 1] = { from = l.peer, to = "d" .. i, ms = l.mean_latency_ms, messages = l.small_messages,
-          ratio = l.mean_latency_ms / hop_expected }
-      end
-    end
+  local s1 = c:stats()
+  hops = hops_between(s0, s1)
+  if held then
+    -- the same hops with the CPUs free to sleep deeply: what the wake-ups cost on this machine
+    core.wake_latency(nil)
+    local m = measure("interleaved", true)
+    hops_free = hops_between(s1, c:stats())
+    log("without the held CPU wake-up latency: interleaved %.1f ms/token", m.ms)
+    results.interleaved_free = m
   end
-end
+end)
 c:close()
+if held then core.wake_latency(nil) end
 if not ok then error(err, 0) end
 
 local function med(kind) local xs = {} for _, m in ipairs(results[kind]) do xs[#xs + 1] = m.ms end return median(xs) end
@@ -156,11 +203,15 @@ local inter, conv = med("interleaved"), med("conventional")
 local worst_hop = 0
 for _, h in ipairs(hops) do worst_hop = math.max(worst_hop, h.ratio) end
 local same = table.concat(results.interleaved[1].tokens, ",") == table.concat(results.conventional[1].tokens, ",")
+  and (not results.interleaved_free
+    or table.concat(results.interleaved_free.tokens, ",") == table.concat(results.interleaved[1].tokens, ","))
 local result = {
   devices = N, budgets = mems, budget_share = total / sizes.weight_bytes, link_rate = o.link_rate, link_delay_ms = o.link_delay,
   disk_rate = o.disk_rate, tokens = o.tokens, rounds = o.rounds, store = o.store,
   interleaved_ms = inter, conventional_ms = conv, speedup = conv / inter, speedup_target = 1.5,
   hop_expected_ms = hop_expected, hops = hops, worst_hop_ratio = worst_hop, hop_target = 1.1,
+  cpu_latency_us = held and o.cpu_latency or nil, cpu_latency_error = held_err,
+  hops_without_cpu_latency = hops_free,
   same_tokens = same, runs = results,
   meets_target = conv / inter >= 1.5 and worst_hop <= 1.1 and same,
 }
