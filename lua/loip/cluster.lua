@@ -183,6 +183,7 @@ function M.start_local(opts)
   c.spawned = true
   local ok, err = pcall(function()
     if opts.cpu_latency_us then
+      c.wake_before = C.loip_cpu_wake_latency_held() -- what this process held before, restored at close
       local held, why = core.wake_latency(opts.cpu_latency_us)
       if not held then error("cluster: cpu_latency_us: " .. why, 0) end
     end
@@ -502,7 +503,10 @@ function Cluster:close()
   end
   if self.net then self.net:close() self.net = nil end
   if self.spawned and self.dir and not self.opts.keep_logs then os.execute("rm -rf " .. sh_quote(self.dir)) end
-  if self.spawned and self.opts.cpu_latency_us then core.wake_latency(nil) end
+  if self.wake_before then
+    core.wake_latency(self.wake_before >= 0 and self.wake_before or nil)
+    self.wake_before = nil
+  end
 end
 
 return M

@@ -655,7 +655,8 @@ typedef struct loip_link_stats {
     uint64_t latency_count;
     uint64_t transit_sum_ns; /* ... of which before receipt: the sender's and receiver's transport
                               * (thread hand-offs, wake-ups, the medium), summed */
-    uint64_t late_sum_ns;   /* ... of which after the emulated delivery time (timer lateness) */
+    uint64_t late_sum_ns;   /* ... of which after the emulated delivery time (timer lateness;
+                             * unemulated: after receipt) */
 } loip_link_stats;
 /* Per-sender statistics of what s received (peers in first-seen order); returns the count. */
 LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap);
