@@ -9,6 +9,9 @@ local function stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
 local threads_flag = { "threads", "int", "compute threads (0: all CPUs)", default = 0,
   check = function(v) return v >= 0, "must be >= 0" end }
 local kernels_flag = { "kernels", "string", "CPU kernel variant: auto, ref, avx2, avx512", default = "auto" }
+local cpu_latency_flag = { "cpu-latency", "int", "hold this machine's CPU wake-up latency at US microseconds while "
+  .. "running (Linux PM QoS, /dev/cpu_dma_latency; root): fewer slow wake-ups per hop, more idle power",
+  metavar = "US", check = function(v) return v >= 0, "must be >= 0" end }
 
 local function use_kernels(name)
   local core = require "loip.core"
@@ -49,9 +52,7 @@ commands.generate = {
     { "link-delay", "string", "emulate this one-way delay per link, e.g. 2ms", metavar = "TIME" },
     { "slowdown", "string", "local devices: compute slowed by these factors, one per device (e.g. 1,1.5,2) "
       .. "to mimic slower boards", metavar = "LIST" },
-    { "cpu-latency", "int", "local devices: hold this machine's CPU wake-up latency at US microseconds while "
-      .. "running (Linux PM QoS; root): fewer slow wake-ups per hop, more idle power", metavar = "US",
-      check = function(v) return v >= 0, "must be >= 0" end },
+    cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the best that fits --mem", metavar = "FILE.lua" },
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
@@ -415,9 +416,7 @@ commands.worker = {
     threads_flag, kernels_flag,
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
     { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
-    { "cpu-latency", "int", "hold this machine's CPU wake-up latency at US microseconds while the worker runs "
-      .. "(Linux PM QoS, /dev/cpu_dma_latency; root): fewer slow wake-ups per hop, more idle power", metavar = "US",
-      check = function(v) return v >= 0, "must be >= 0" end },
+    cpu_latency_flag,
   },
 }
 
