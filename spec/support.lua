@@ -122,7 +122,7 @@ function M.slice_store(src, name)
   if not stores[name] then
     local dir = os.tmpname()
     os.remove(dir)
-    require("loip.slice").write(src, dir, { quiet = true })
+    require("loip.model.slice").write(src, dir, { quiet = true })
     stores[name] = dir
   end
   return stores[name]

@@ -9,12 +9,12 @@ local loip = {
 }
 
 local submodules = {
-  model = "loip.model", tokenizer = "loip.tokenizer", sampler = "loip.sampler",
-  synth = "loip.synth", cpu = "loip.cpu", safetensors = "loip.safetensors",
-  progress = "loip.progress", json = "loip.json", shapes = "loip.shapes",
-  template = "loip.template", chat = "loip.chat", plot = "loip.plot",
-  loader = "loip.loader", slice = "loip.slice", bench = "loip.bench", memory = "loip.memory",
-  plan = "loip.plan", trace = "loip.trace", transport = "loip.transport",
+  model = "loip.model", tokenizer = "loip.text.tokenizer", sampler = "loip.model.sampler",
+  synth = "loip.model.synth", safetensors = "loip.model.safetensors",
+  progress = "loip.tools.progress", json = "loip.tools.json", shapes = "loip.model.shapes",
+  template = "loip.text.template", chat = "loip.text.chat", plot = "loip.tools.plot",
+  loader = "loip.runtime.loader", slice = "loip.model.slice", bench = "loip.tools.bench", memory = "loip.runtime.memory",
+  plan = "loip.plan", trace = "loip.tools.trace", transport = "loip.runtime.transport",
 }
 
 setmetatable(loip, {

@@ -9,10 +9,10 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local core = require "loip.core"
-local bench = require "loip.bench"
-local flags = require "loip.flags"
-local json = require "loip.json"
-local plot = require "loip.plot"
+local bench = require "loip.tools.bench"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local plot = require "loip.tools.plot"
 local C = core.C
 
 local spec = {
@@ -127,7 +127,7 @@ end
 -- 3. decode and prefill of a synthetic llama-3.2-1b
 if not json.exists(o.model .. "/config.json") then
   log("making the synthetic model in %s (once)", o.model)
-  require("loip.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+  require("loip.model.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
 end
 for _, t in ipairs(thread_counts) do
   local m = loip.model.open(o.model, { threads = t, context = 1024, batch = o.prefill })

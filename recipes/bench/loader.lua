@@ -13,12 +13,12 @@
 -- Prints one JSON object and draws an SVG bar chart.
 local ffi = require "ffi"
 local core = require "loip.core"
-local bench = require "loip.bench"
-local flags = require "loip.flags"
-local json = require "loip.json"
-local plot = require "loip.plot"
-local loader = require "loip.loader"
-local store = require "loip.formats.store"
+local bench = require "loip.tools.bench"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local plot = require "loip.tools.plot"
+local loader = require "loip.runtime.loader"
+local store = require "loip.model.store"
 local C = core.C
 
 local spec = {

@@ -19,14 +19,14 @@
 -- object and draws an SVG bar chart.
 local ffi = require "ffi"
 local core = require "loip.core"
-local bench = require "loip.bench"
-local flags = require "loip.flags"
-local json = require "loip.json"
-local plot = require "loip.plot"
+local bench = require "loip.tools.bench"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local plot = require "loip.tools.plot"
 local plan = require "loip.plan"
 local model = require "loip.model"
-local memory = require "loip.memory"
-local store = require "loip.formats.store"
+local memory = require "loip.runtime.memory"
+local store = require "loip.model.store"
 local C = core.C
 
 local spec = {

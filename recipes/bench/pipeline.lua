@@ -18,16 +18,16 @@
 -- The measurements hold the machine's CPU wake-up latency at --cpu-latency us (the workers share
 -- this machine; see `loip worker --cpu-latency`), and the hop figures are also taken from one
 -- more interleaved measurement without it. Targets: speedup >= 1.5, hop time <= 1.1x. JSON + SVG.
-local bench = require "loip.bench"
+local bench = require "loip.tools.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.flags"
-local json = require "loip.json"
-local memory = require "loip.memory"
-local plot = require "loip.plot"
-local ring = require "loip.ring"
-local store = require "loip.formats.store"
-local transport = require "loip.transport"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local memory = require "loip.runtime.memory"
+local plot = require "loip.tools.plot"
+local ring = require "loip.plan.ring"
+local store = require "loip.model.store"
+local transport = require "loip.runtime.transport"
 
 local spec = {
   name = "pipeline.lua", usage = "loip run recipes/bench/pipeline.lua [flags]",
@@ -117,7 +117,7 @@ local function measure(kind, no_trace)
   if no_trace then
     return { ms = median(steps), steps = steps, tokens = st.token_ids, stages = #p.devices[1].stages }
   end
-  local tr = c:collect_trace(require("loip.trace").new())
+  local tr = c:collect_trace(require("loip.tools.trace").new())
   local tpath = string.format("%s/pipeline-%s-trace.json", o.out, kind)
   os.execute("mkdir -p '" .. o.out .. "'")
   tr:write(tpath)
@@ -126,7 +126,7 @@ local function measure(kind, no_trace)
   local mid = (last - core.now_ms()) -- (last step's end, relative to now: negative)
   local t_end_ms = (tonumber(require("loip.core").C.loip_now_ns()) - first) / 1e6 + mid
   local span = 2 * median(steps)
-  require("loip.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
+  require("loip.tools.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
     to_ms = t_end_ms - median(steps),
     title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
       N, o.link_rate, o.link_delay) })

@@ -14,11 +14,11 @@
 local cjson = require "cjson"
 local loip = require "loip"
 local core = require "loip.core"
-local bench = require "loip.bench"
-local flags = require "loip.flags"
-local json = require "loip.json"
-local plot = require "loip.plot"
-local tokenizer = require "loip.tokenizer"
+local bench = require "loip.tools.bench"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local plot = require "loip.tools.plot"
+local tokenizer = require "loip.text.tokenizer"
 local C = core.C
 
 local spec = {
@@ -173,7 +173,7 @@ if json.exists(models .. "/qwen2-tokenizer/vocab.json") then
   local f = assert(io.open(dir .. "/tokenizer.json", "w"))
   f:write(cjson.encode({ version = "1.0", added_tokens = added, normalizer = { type = "NFC" },
     pre_tokenizer = { type = "Sequence", pretokenizers = {
-      { type = "Split", pattern = { Regex = require("loip.tokenizers.bpe").patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
+      { type = "Split", pattern = { Regex = require("loip.text.tokenizers.bpe").patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
     post_processor = bl, decoder = bl,
     model = { type = "BPE", vocab = vocab, merges = merges, ignore_merges = false, byte_fallback = false } }))
   f:close()
@@ -187,7 +187,7 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
   -- Llama 3's tokenizer.json as transformers' converter writes it: the vocabulary in GPT-2
   -- spelling, and a merge for every split of a token into two tokens, by the token's rank.
   local tik = tokenizer.open(models .. "/llama3-tokenizer")
-  local bpe = require "loip.tokenizers.bpe"
+  local bpe = require "loip.text.tokenizers.bpe"
   local raw, rank, spelled, vocab = {}, {}, {}, {}
   for id = 0, 127999 do
     raw[id] = tik:id_to_token(id)
@@ -206,7 +206,7 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
     for _, m in ipairs(loc) do merges[#merges + 1] = { spelled[m[1]], spelled[m[2]] } end
   end
   local added = {}
-  for content, id in pairs(require("loip.tokenizers.tiktoken").llama3_special_tokens(128000)) do
+  for content, id in pairs(require("loip.text.tokenizers.tiktoken").llama3_special_tokens(128000)) do
     added[#added + 1] = { id = id, content = content, special = true, normalized = false, lstrip = false,
       rstrip = false, single_word = false }
   end

@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
 
     lua_pushcfunction(L, traceback);
     lua_getglobal(L, "require");
-    lua_pushstring(L, "loip.cli");
+    lua_pushstring(L, "loip.tools.cli");
     if (lua_pcall(L, 1, 1, 1) != 0) {
         fprintf(stderr, "loip: %s\n", lua_tostring(L, -1));
         lua_close(L);

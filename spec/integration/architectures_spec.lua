@@ -6,8 +6,8 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local loip = require "loip"
-local json = require "loip.json"
-local safetensors = require "loip.safetensors"
+local json = require "loip.tools.json"
+local safetensors = require "loip.model.safetensors"
 local T = require "spec.support"
 
 -- Reads tensor `name` of a safetensors set as a Lua array of numbers (row-major).

@@ -1,6 +1,6 @@
 -- generate --chat: the model's own template renders the conversation, and its text is what
 -- gets tokenized (with no special tokens added on top).
-local json = require "loip.json"
+local json = require "loip.tools.json"
 local T = require "spec.support"
 
 local function model_with_template(template)
@@ -21,7 +21,7 @@ describe("loip generate --chat", function()
       T.loip, dir))
     assert.are.equal(0, rc, err)
     local r = json.decode(out)
-    local tok = require("loip.tokenizer").open(dir, { vocab_size = 512 })
+    local tok = require("loip.text.tokenizer").open(dir, { vocab_size = 512 })
     assert.are.same(tok:encode("Lily smiled. Once upon a time Then", { bos = false }), r.prompt_ids)
     assert.are.equal(8, #r.token_ids)
   end)
@@ -35,7 +35,7 @@ describe("loip generate --chat", function()
     local out
     rc, out, err = T.run(string.format("%s generate --model %s --chat-template %s/t.jinja --prompt hi --max-tokens 1 --json", T.loip, dir, dir))
     assert.are.equal(0, rc, err)
-    local tok = require("loip.tokenizer").open(dir, { vocab_size = 512 })
+    local tok = require("loip.text.tokenizer").open(dir, { vocab_size = 512 })
     assert.are.same(tok:encode("hi!", { bos = false }), json.decode(out).prompt_ids)
   end)
 
@@ -52,7 +52,7 @@ describe("tok:apply_chat_template", function()
 
   it("renders the directory's template and tokenizes it without extra specials", function()
     local dir = model_with_template("[{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}]{% if enable_thinking %}think{% endif %}")
-    local tok = require("loip.tokenizer").open(dir, { vocab_size = 512 })
+    local tok = require("loip.text.tokenizer").open(dir, { vocab_size = 512 })
     local msgs = { { role = "user", content = "hi" }, { role = "assistant", content = "yo" } }
     assert.are.equal("[user:hi;assistant:yo;]think", tok:apply_chat_template(msgs, { vars = { enable_thinking = true } }))
     assert.are.same(tok:encode("[user:hi;assistant:yo;]", { bos = false }), tok:apply_chat_template(msgs, { tokenize = true }))

@@ -8,8 +8,8 @@ local ffi = require "ffi"
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local json = require "loip.json"
-local transport = require "loip.transport"
+local json = require "loip.tools.json"
+local transport = require "loip.runtime.transport"
 local T = require "spec.support"
 local C = core.C
 

@@ -6,10 +6,10 @@
 -- real: a 1 MiB tmpfs, and a tmpfs that runs out of inodes part-way (both need root to mount).
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.json"
-local hf = require "loip.formats.hf"
-local store = require "loip.formats.store"
-local slice = require "loip.slice"
+local json = require "loip.tools.json"
+local hf = require "loip.model.hf"
+local store = require "loip.model.store"
+local slice = require "loip.model.slice"
 local T = require "spec.support"
 
 local S260 = T.root .. "/models/stories260K"

@@ -5,8 +5,8 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.json"
-local testbed = require "loip.testbed"
+local json = require "loip.tools.json"
+local testbed = require "loip.cluster.testbed"
 local T = require "spec.support"
 
 local S260 = T.root .. "/models/stories260K"

@@ -2,7 +2,7 @@
 -- come back as nil, err naming the file; the struct layouts agree with the C compiler's.
 local ffi = require "ffi"
 local T = require "spec.support"
-local loader = require "loip.loader"
+local loader = require "loip.runtime.loader"
 
 -- A file whose byte i is a function of i and seed.
 local function byte_at(i, seed) return (i * 7 + math.floor(i / 4096) * 13 + seed) % 256 end
@@ -24,7 +24,7 @@ local function same(ptr, slot_offset, file_offset, len, seed)
   return true
 end
 
-describe("loip.loader", function()
+describe("loip.runtime.loader", function()
   after_each(function() T.cleanup() collectgarbage() collectgarbage() end)
 
   for _, mode in ipairs { "uring", "buffered" } do

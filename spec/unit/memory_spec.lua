@@ -4,7 +4,7 @@
 -- from loip.model.open and from `loip generate --mem`; loader slots charge "slots".
 local T = require "spec.support"
 local loip = require "loip"
-local memory = require "loip.memory"
+local memory = require "loip.runtime.memory"
 
 local S260 = T.root .. "/models/stories260K"
 local S260HF = T.root .. "/models/stories260K-hf"
@@ -22,7 +22,7 @@ local function sum(report)
   return n
 end
 
-describe("loip.memory", function()
+describe("loip.runtime.memory", function()
   after_each(function() collectgarbage() collectgarbage() T.cleanup() end)
 
   it("charges, releases and reports accounts with peaks and totals", function()

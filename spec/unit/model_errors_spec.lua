@@ -39,7 +39,7 @@ local function make_model(cfg, tensors, opts)
   local dir = T.tmpdir()
   T.write(dir .. "/config.json", type(cfg) == "string" and cfg or cjson.encode(cfg))
   T.safetensors(dir .. "/model.safetensors", tensors, opts)
-  T.write(dir .. "/tokenizer.bin", require("loip.synth").tokenizer_bin(300))
+  T.write(dir .. "/tokenizer.bin", require("loip.model.synth").tokenizer_bin(300))
   return dir
 end
 

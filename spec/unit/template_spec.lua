@@ -3,7 +3,7 @@
 -- language feature by feature. The expected strings of the feature cases were produced by
 -- jinja2 3.1.6 in transformers' environment (ImmutableSandboxedEnvironment, trim_blocks,
 -- lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now), not by this code.
-local template = require "loip.template"
+local template = require "loip.text.template"
 local T = require "spec.support"
 
 -- strftime_now's clock in every case: the README pins it to 2024-07-26 00:00:00.

@@ -2,7 +2,7 @@
 -- each format, and bad input (every failure names the file and the problem).
 local cjson = require "cjson"
 local T = require "spec.support"
-local tokenizer = require "loip.tokenizer"
+local tokenizer = require "loip.text.tokenizer"
 
 local function utf8(cp)
   if cp < 0x80 then return string.char(cp) end

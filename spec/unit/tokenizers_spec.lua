@@ -8,8 +8,8 @@ local ffi = require "ffi"
 local cjson = require "cjson"
 local loip = require "loip"
 local T = require "spec.support"
-local tokenizer = require "loip.tokenizer"
-local decoder = require "loip.tokenizers.decoder"
+local tokenizer = require "loip.text.tokenizer"
+local decoder = require "loip.text.tokenizers.decoder"
 
 local C = loip.C
 
@@ -489,7 +489,7 @@ describe("Llama 3 byte-level BPE", function()
 
   it("has Meta's special tokens, as special_tokens.json lists them", function()
     local want = cjson.decode(T.read(shared("models/llama3-tokenizer/special_tokens.json"))).special_tokens
-    assert.are.same(want, require("loip.tokenizers.tiktoken").llama3_special_tokens(128000))
+    assert.are.same(want, require("loip.text.tokenizers.tiktoken").llama3_special_tokens(128000))
   end)
 
   it("gives back every test string, random text and raw bytes", function()
@@ -623,7 +623,7 @@ describe("tokenizer parts", function()
   end)
 
   it("splits with each of HF's delimiter behaviors", function()
-    local bpe = require "loip.tokenizers.bpe"
+    local bpe = require "loip.text.tokenizers.bpe"
     local function split(behavior, flags)
       local p = bpe.pretok({ { pattern = "-", behavior = behavior, flags = bit.bor(C.LOIP_SPLIT_LITERAL, flags or 0) } }, "test")
       local s = "the-final--countdown"

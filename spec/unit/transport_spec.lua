@@ -3,7 +3,7 @@
 -- faster than the emulated wire), per-peer statistics.
 local ffi = require "ffi"
 local core = require "loip.core"
-local transport = require "loip.transport"
+local transport = require "loip.runtime.transport"
 local T = require "spec.support"
 
 -- libzmq's own CURVE test vector (a secret key and the public key it gives).
@@ -17,7 +17,7 @@ local function pair(opts_a, opts_b)
   return a, b, srv, cli
 end
 
-describe("loip.transport", function()
+describe("loip.runtime.transport", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
   it("needs a token or a key", function()

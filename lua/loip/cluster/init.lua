@@ -1,0 +1,512 @@
+-- The head: a cluster of devices running one model (DESIGN sections 2-3). It forms the cluster
+-- (spawning local workers, or connecting to running ones), checks every device holds the same
+-- slice store, sends each its part of the plan, then runs requests: token ids into device 1,
+-- hidden states around the ring in C on the workers, sampled ids back from device N. A device
+-- that dies, hangs or disconnects is noticed within 2 s (heartbeats, process checks, ERROR
+-- messages); the request stops with an error naming it and the others stay ready.
+--
+--   local c = cluster.start_local{ store = dir, devices = 3, mem = { "600M", "400M", "400M" } }
+--   c:plan{ stages = 2 }                      -- or plan = table / file
+--   for id, text in c:generate(ids, { max_tokens = 20, temperature = 0 }) do ... end
+--   c:close()
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local memory = require "loip.runtime.memory"
+local plan = require "loip.plan"
+local ring = require "loip.plan.ring"
+local store = require "loip.model.store"
+local transport = require "loip.runtime.transport"
+local worker = require "loip.cluster.worker"
+local C = core.C
+
+local M = {}
+
+local HEARTBEAT_MS, DEAD_MS = 250, 1500 -- a device silent for 1.5 s is lost: noticed within 2 s
+
+local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local function exe()
+  local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
+  local p = io.popen("readlink -f /proc/" .. pid .. "/exe")
+  local path = p:read("*l")
+  p:close()
+  return path
+end
+local function random_token()
+  local f = io.open("/dev/urandom", "rb")
+  local b = f:read(24)
+  f:close()
+  return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
+end
+-- A process that exists and is not a zombie (a killed worker may linger as one).
+local function alive(pid)
+  if not pid then return false end
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local st = f:read("*l") or ""
+  f:close()
+  local state = st:match("^%d+ %b() (%a)")
+  return state ~= nil and state ~= "Z" and state ~= "X"
+end
+local function tail(path, n)
+  local f = io.open(path)
+  if not f then return "" end
+  local lines = {}
+  for l in f:lines() do lines[#lines + 1] = l end
+  f:close()
+  return table.concat(lines, "\n", math.max(1, #lines - (n or 5) + 1))
+end
+
+local Cluster = {}
+Cluster.__index = Cluster
+
+-- Spawn one local worker (device i) and wait for its endpoint. Local workers listen on Unix
+-- sockets in the cluster's directory (less per-message overhead than loopback TCP; a
+-- restarted worker takes the same path, so its neighbours reconnect by themselves).
+local function spawn(c, i)
+  local d = c.devices[i]
+  local out, log = c.dir .. "/worker-" .. i .. ".out", c.dir .. "/worker-" .. i .. ".log"
+  os.remove(out)
+  local listen = c.opts.tcp and "tcp://127.0.0.1:*" or ("ipc://" .. c.dir .. "/worker-" .. i .. ".sock")
+  if d.endpoint then listen = d.endpoint end
+  local cmd = string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen %s --store %s --mem %d --threads %d > %s 2>> %s & echo $!",
+    c.token, sh_quote(c.exe), sh_quote(listen), sh_quote(c.store), d.mem, d.threads, sh_quote(out), sh_quote(log))
+  local p = io.popen(cmd)
+  d.pid = tonumber(p:read("*l"))
+  p:close()
+  d.log = log
+  local deadline = core.now_ms() + 30000
+  while core.now_ms() < deadline do
+    local f = io.open(out)
+    local line = f and f:read("*l")
+    if f then f:close() end
+    local ep = line and line:match("^listening (%S+)")
+    if ep then d.endpoint = ep return ep end
+    if not alive(d.pid) then
+      error(string.format("device %d: the worker exited at start:\n%s", i, tail(log, 8)), 0)
+    end
+    C.loip_sleep_ms(20)
+  end
+  error(string.format("device %d: the worker did not start within 30 s:\n%s", i, tail(log, 8)), 0)
+end
+
+-- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
+-- to use (default the control link; d.bulk for large replies).
+function Cluster:ask(i, msg, timeout_ms, via)
+  local d = self.devices[i]
+  local sock = via or d.ctl
+  local ok, err = sock:send(msg, 2000)
+  if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+  local deadline = core.now_ms() + (timeout_ms or 10000)
+  while true do
+    local left = deadline - core.now_ms()
+    if left <= 0 then
+      error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, msg.kind, (timeout_ms or 10000) / 1000), 0)
+    end
+    local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
+    if r and r.kind ~= "PONG" then
+      if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+      return r
+    end
+    if d.pid and not alive(d.pid) then
+      error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
+    end
+  end
+end
+
+-- opts: store (slice store dir, also read by the head for sizes and the tokenizer), token,
+-- head_listen (endpoint for results, default tcp://127.0.0.1:*), stage_limit_ms (a device busy
+-- with one message longer than this is taken as hung; default 120 s: a heartbeat thread
+-- answers meanwhile, so long prefill stages are not mistaken for a dead device).
+local function new(opts, devices)
+  local token = opts.token or os.getenv("LOIP_CLUSTER_TOKEN") or random_token()
+  local net, err = transport.net { token = token }
+  if not net then error(err, 0) end
+  local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store, devices = devices,
+    plan_id = 0, seq = 0, stage_limit_ms = opts.stage_limit_ms or 120000 }, Cluster)
+  c.man = store.read_manifest(opts.store)
+  c.store_id = worker.store_id(opts.store)
+  c.results = assert(net:bind(opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock"))
+    or "tcp://127.0.0.1:*"))
+  return c
+end
+
+function Cluster:connect_all()
+  for i, d in ipairs(self.devices) do
+    if d.ctl then d.ctl:close() end
+    d.ctl = assert(self.net:connect(d.endpoint, "head"))
+    local t0 = tonumber(C.loip_now_ns())
+    local r = self:ask(i, { kind = "HELLO" }, 10000)
+    local t1 = tonumber(C.loip_now_ns())
+    local hello = json.decode(r.payload) or {}
+    -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
+    -- round trip; events it records are moved by this for one timeline
+    d.clock_offset_ns = (d.pid and 0) or (hello.now_ns and hello.now_ns - (t0 + t1) / 2) or 0
+    if hello.store_id ~= self.store_id then
+      error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
+        i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
+    end
+    d.hello, d.mem = hello, d.mem or hello.mem or 0
+    -- a worker listening on every address (0.0.0.0) reports its other sockets so: reach them
+    -- at the address we reached it by
+    local host = d.endpoint:match("^tcp://([^:]+):")
+    local function reachable(ep)
+      if host and ep:match("^tcp://0%.0%.0%.0:") then return (ep:gsub("^tcp://0%.0%.0%.0:", "tcp://" .. host .. ":")) end
+      return ep
+    end
+    if d.hb then d.hb:close() d.hb = nil end
+    if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), "head")) end
+    if d.bulk then d.bulk:close() d.bulk = nil end
+    if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), "head")) end
+  end
+end
+
+-- A local cluster: opts.devices workers on this machine; opts.mem a list of budgets (sizes or
+-- bytes; one value for all), opts.threads per device (default: the CPUs shared out);
+-- opts.cpu_latency_us: hold the machine's CPU wake-up latency there until close (core.wake_latency).
+function M.start_local(opts)
+  local n = opts.devices or 1
+  local devices = {}
+  local ncpu = tonumber(io.popen("nproc"):read("*l")) or 1
+  for i = 1, n do
+    local m = type(opts.mem) == "table" and opts.mem[i] or opts.mem or 0
+    if type(m) == "string" then m = require("loip.tools.flags").parse_bytes(m) end
+    devices[i] = { mem = m or 0, threads = opts.threads or math.max(1, math.floor(ncpu / n)) }
+  end
+  local dir = opts.dir or os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p " .. sh_quote(dir))
+  local o2 = setmetatable({ ipc_dir = not opts.tcp and dir or nil }, { __index = opts })
+  local c = new(o2, devices)
+  c.exe = opts.exe or exe()
+  c.dir = dir
+  c.spawned = true
+  local ok, err = pcall(function()
+    if opts.cpu_latency_us then
+      c.wake_before = C.loip_cpu_wake_latency_held() -- what this process held before, restored at close
+      local held, why = core.wake_latency(opts.cpu_latency_us)
+      if not held then error("cluster: cpu_latency_us: " .. why, 0) end
+    end
+    for i = 1, n do spawn(c, i) end
+    c:connect_all()
+  end)
+  if not ok then c:close() error(err, 0) end
+  return c
+end
+
+-- The address of this machine that host reaches it by (the source of the route to it).
+local function local_address_to(host)
+  if host == "127.0.0.1" or host == "localhost" then return "127.0.0.1" end
+  local p = io.popen("ip route get " .. host:gsub("[^%w%.:%-]", "") .. " 2>/dev/null")
+  local out = p and p:read("*a") or ""
+  if p then p:close() end
+  return out:match("src (%S+)")
+end
+
+-- Workers already running: endpoints { "tcp://h1:p1", ... }; their budgets come from HELLO.
+-- The head listens for results on the address the first worker reaches it by (opts.head_listen
+-- to choose).
+function M.connect(endpoints, opts)
+  local devices = {}
+  for i, ep in ipairs(endpoints) do devices[i] = { endpoint = ep:match("://") and ep or ("tcp://" .. ep) } end
+  if not opts.head_listen then
+    local host = devices[1].endpoint:match("^tcp://([^:]+):")
+    local addr = host and local_address_to(host)
+    if not addr then
+      error("cannot tell which address of this machine " .. tostring(host) .. " reaches (no route); give head_listen", 0)
+    end
+    opts = setmetatable({ head_listen = "tcp://" .. addr .. ":*" }, { __index = opts })
+  end
+  local c = new(opts, devices)
+  local ok, err = pcall(function() c:connect_all() end)
+  if not ok then c:close() error(err, 0) end
+  return c
+end
+
+-- Choose (or check) the plan and send each device its part; waits until all are READY.
+-- opts: plan (table or Lua file), stages, context, batch, loader, disk_rate, link = { rate,
+-- delay_ms }, logits_tokens, read_bps, compute_bps, prefetch (false: each stage's reads start
+-- when the stage runs, the conventional pipeline with offloading, for baselines), trace
+-- (record events for collect_trace), slowdown (a number, or one per device: compute that
+-- takes that many times as long, to mimic slower boards).
+function Cluster:plan(opts)
+  opts = opts or {}
+  self.plan_opts = opts
+  local cfg = store.config(self.store, self.man)
+  local ctx, batch = opts.context or math.min(cfg.max_seq, 512), opts.batch or 64
+  batch = math.min(batch, ctx)
+  self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
+  local threads = self.devices[1].threads or 1
+  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads })
+  self.sizes = sizes
+  local p, where = opts.plan, "plan"
+  if type(p) == "string" then p, where = plan.load(p), p end
+  local link_bps = opts.link and opts.link.rate and transport.parse_rate(opts.link.rate) or nil
+  local mopts = { loader = opts.loader, batch = batch, logits_tokens = opts.logits_tokens }
+  if p == nil then
+    local budgets = {}
+    for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+    p = ring.search(sizes, budgets, { stages = opts.stages, link_bps = link_bps,
+      link_delay_ms = opts.link and opts.link.delay_ms, loader = opts.loader, batch = batch,
+      logits_tokens = opts.logits_tokens, read_bps = opts.read_bps, compute_bps = opts.compute_bps,
+      per_block = opts.per_block })
+  end
+  local bad = ring.check(p, sizes.n_blocks, where)
+  if bad then error(bad, 0) end
+  if #p.devices ~= #self.devices then
+    error(string.format("%s: %d devices in the plan, %d in the cluster", where, #p.devices, #self.devices), 0)
+  end
+  for i, d in ipairs(self.devices) do
+    local m = ring.memory(p, i, sizes, mopts)
+    if d.mem and d.mem > 0 and m.total > d.mem then
+      error(string.format("%s: device %d needs %s (weights %s, slots %s, kv %s, activations %s) but its budget is %s: short by %s",
+        where, i, memory.format_bytes(m.total), memory.format_bytes(m.weights), memory.format_bytes(m.slots),
+        memory.format_bytes(m.kv), memory.format_bytes(m.activations), memory.format_bytes(d.mem),
+        memory.format_bytes(m.total - d.mem)), 0)
+    end
+  end
+  self.plan_table = p
+  self.plan_id = self.plan_id + 1
+  for i, d in ipairs(self.devices) do
+    local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices, per_block = p.per_block },
+      next = self.devices[i % #self.devices + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
+      context = ctx, batch = batch, loader = opts.loader, disk_rate = opts.disk_rate,
+      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace,
+      slowdown = type(opts.slowdown) == "table" and opts.slowdown[i] or opts.slowdown }
+    d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
+  end
+  for i, d in ipairs(self.devices) do
+    local r
+    local deadline = core.now_ms() + 300000
+    repeat
+      r = d.ctl:recv(200)
+      if r and r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+      if d.pid and not alive(d.pid) then
+        error(string.format("device %d (%s) exited while loading its plan:\n%s", i, d.endpoint, tail(d.log, 5)), 0)
+      end
+      if core.now_ms() > deadline then error(string.format("device %d (%s) did not load its plan within 300 s", i, d.endpoint), 0) end
+    until r and r.kind == "READY"
+    d.ready = json.decode(r.payload)
+  end
+  return p
+end
+
+-- Restart local workers that died (same port: their neighbours reconnect by themselves) and
+-- give them the current plan again.
+function Cluster:revive()
+  if not self.spawned then return end
+  local any = false
+  for i, d in ipairs(self.devices) do
+    if d.failed or not alive(d.pid) then
+      -- a device that hung is replaced too; wait until the old process is gone (its port)
+      os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
+      local deadline = core.now_ms() + 3000
+      while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+      spawn(self, i)
+      d.failed, any = nil, true
+    end
+  end
+  if any then
+    self:connect_all()
+    if self.plan_table then self:plan(self.plan_opts) end
+  end
+end
+
+-- Wait for the result of step, watching every device. Returns the message.
+function Cluster:await(step, timeout_ms)
+  local deadline = core.now_ms() + (timeout_ms or 600000)
+  local next_beat = core.now_ms()
+  for _, d in ipairs(self.devices) do d.last_seen = d.last_seen or core.now_ms() end
+  while true do
+    local now = core.now_ms()
+    if now >= next_beat then
+      for i, d in ipairs(self.devices) do
+        if d.pid and not alive(d.pid) then
+          d.failed = true
+          error(string.format("device %d (%s, pid %d) died during the request:\n%s", i, d.endpoint, d.pid, tail(d.log, 3)), 0)
+        end
+        ;(d.hb or d.ctl):send({ kind = "PING" }, 0)
+      end
+      next_beat = now + HEARTBEAT_MS
+    end
+    for i, d in ipairs(self.devices) do
+      local r = d.ctl:recv(0)
+      while r do
+        if not d.hb then d.last_seen = core.now_ms() end
+        if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+        r = d.ctl:recv(0)
+      end
+      -- the heartbeat thread answers even during a long stage; it says how long the device has
+      -- been busy with one message, which must stay under the stage limit
+      local b = d.hb and d.hb:recv(0)
+      while b do
+        if b.kind == "PONG" then
+          d.last_seen = core.now_ms()
+          local busy = #b.payload >= 8 and tonumber(ffi.cast("const uint64_t *", b.payload)[0]) / 1e6 or 0
+          if busy > self.stage_limit_ms then
+            d.failed = true
+            error(string.format("device %d (%s) has been computing one message for %.0f s (limit %.0f s): it hangs",
+              i, d.endpoint, busy / 1000, self.stage_limit_ms / 1000), 0)
+          end
+        end
+        b = d.hb:recv(0)
+      end
+      if core.now_ms() - d.last_seen > DEAD_MS then
+        d.failed = true
+        error(string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable",
+          i, d.endpoint, (core.now_ms() - d.last_seen) / 1000), 0)
+      end
+    end
+    local r = self.results:recv(50, 64 * 1024 * 1024)
+    if r then
+      local i = tonumber(r.from:match("^d(%d+)$"))
+      if i and self.devices[i] then self.devices[i].last_seen = core.now_ms() end
+      -- an error about this request stops it; one about an older request (a late message of
+      -- a request that was stopped) or about a message nobody can attribute (malformed) does not
+      local request = math.floor(r.step / 4294967296)
+      if r.kind == "ERROR" then
+        if request == self.seq then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        self.warnings = self.warnings or {}
+        table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
+      end
+      if r.kind == "RESULT" and r.step == step and r.plan_id == self.plan_id then return r end
+    end
+    if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end
+  end
+end
+
+-- Send ids[first..last] into device 1 as step; flags as loip_msg_header.flags.
+function Cluster:feed(ids, first, last, pos, step, flags)
+  local n = last - first + 1
+  local buf = ffi.new("int32_t[?]", n)
+  for k = 0, n - 1 do buf[k] = ids[first + k] end
+  local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
+    pos = pos, dtype = C.LOIP_I32, dim = 1, flags = flags or 0, payload = ffi.string(buf, 4 * n) }, 5000)
+  if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
+end
+
+-- Start a request on every device (sampler state on the last).
+function Cluster:start(prompt, gen)
+  self:revive()
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  self.seq = self.seq + 1
+  for _, d in ipairs(self.devices) do d.last_seen = core.now_ms() end
+  local body = json.encode({ request = self.seq, sampler = gen.sampler or {}, seed = gen.seed or 0, n_sample = gen.n_sample or self.vocab,
+    prompt = prompt, max_tokens = gen.max_tokens or 0 })
+  for i = 1, #self.devices do self:ask(i, { kind = "START", payload = body }, 10000) end
+end
+
+-- Logits of ids at positions 0.. (float array [#ids * vocab]), computed around the ring.
+function Cluster:logits(ids)
+  self:start(ids, {})
+  local V, n = self.vocab, #ids
+  local out = ffi.new("float[?]", n * V)
+  local chunk = (self.plan_opts and self.plan_opts.logits_tokens) or 1
+  local pos = 0
+  while pos < n do
+    local k = math.min(chunk, n - pos)
+    local step = self.seq * 4294967296 + pos
+    self:feed(ids, pos + 1, pos + k, pos, step, C.LOIP_MSGF_LOGITS)
+    local r = self:await(step)
+    if r.n_tokens ~= k or r.dim ~= V then error(string.format("logits of %d x %d, expected %d x %d", r.n_tokens, r.dim, k, V), 0) end
+    ffi.copy(out + pos * V, r.payload, 4 * k * V)
+    pos = pos + k
+  end
+  return out
+end
+
+-- Generate from prompt ids: an iterator of sampled ids (as loip.model's generate, without
+-- text) and a state with .token_ids and .stats. gen: max_tokens, stop (set of ids),
+-- sampler (temperature, top_k, ...), seed, n_sample.
+function Cluster:generate(ids, gen)
+  gen = gen or {}
+  local room = self.context - #ids
+  local max_tokens = math.min(gen.max_tokens or room, room)
+  self:start(ids, gen)
+  local state = { token_ids = {}, stats = { prefill_ms = 0, decode_ms = 0, decode_steps = 0, prompt_tokens = #ids } }
+  local n = #ids
+  local history = {}
+  for k, id in ipairs(ids) do history[k] = id end
+  local pending -- the step whose result is the next token
+  local last_result -- the prefill's: the first token
+  local t0 = core.now_ms()
+  local pos = 0
+  while pos < n do -- prefill in batches; only the last one's result is a token
+    local k = math.min(self.batch, n - pos)
+    local step = self.seq * 4294967296 + pos
+    local last = pos + k == n
+    self:feed(ids, pos + 1, pos + k, pos, step, last and 0 or C.LOIP_MSGF_NO_OUTPUT)
+    last_result = self:await(step)
+    pos = pos + k
+  end
+  state.stats.prefill_ms = core.now_ms() - t0
+  local done = false
+  return function()
+    if done then return nil end
+    if state.stats.generated and state.stats.generated >= max_tokens then done = true return nil end
+    local t = core.now_ms()
+    local r = last_result
+    if not r then r = self:await(pending) end
+    last_result = nil
+    local id = ffi.cast("const int32_t *", r.payload)[0]
+    if gen.stop and gen.stop[id] then state.stop_id, done = id, true return nil end
+    history[#history + 1] = id
+    state.token_ids[#state.token_ids + 1] = id
+    state.stats.generated = #state.token_ids
+    if #state.token_ids < max_tokens and #history < self.context then
+      local step = self.seq * 4294967296 + #history
+      self:feed(history, #history, #history, #history - 1, step, 0)
+      pending = step
+      state.stats.decode_steps = state.stats.decode_steps + 1
+    end
+    state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t)
+    return id
+  end, state
+end
+
+-- The devices' recorded events (plan with trace = true) since the last call, added to tr (a
+-- loip.trace) with one process per device, on the head's clock.
+function Cluster:collect_trace(tr)
+  for i, d in ipairs(self.devices) do
+    local body = json.decode(self:ask(i, { kind = "TRACE" }, 30000, d.bulk).payload) or {}
+    local evs = body.events or {}
+    local off = d.clock_offset_ns or 0
+    if off ~= 0 then
+      for _, e in ipairs(evs) do e.t0_ns, e.t1_ns = e.t0_ns - off, e.t1_ns - off end
+    end
+    tr:add(evs, i)
+  end
+  return tr
+end
+
+-- Per-device statistics (STATS), as tables.
+function Cluster:stats()
+  local out = {}
+  for i = 1, #self.devices do out[i] = json.decode(self:ask(i, { kind = "STATS" }, 5000).payload) or {} end
+  return out
+end
+
+function Cluster:close()
+  for _, d in ipairs(self.devices or {}) do
+    if d.ctl then
+      if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end) end
+    end
+  end
+  if self.spawned then
+    for _, d in ipairs(self.devices) do
+      if d.pid then
+        local deadline = core.now_ms() + 3000
+        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
+        if alive(d.pid) then os.execute("kill -TERM " .. d.pid .. " 2>/dev/null") end
+      end
+    end
+  end
+  if self.net then self.net:close() self.net = nil end
+  if self.spawned and self.dir and not self.opts.keep_logs then os.execute("rm -rf " .. sh_quote(self.dir)) end
+  if self.wake_before then
+    core.wake_latency(self.wake_before >= 0 and self.wake_before or nil)
+    self.wake_before = nil
+  end
+end
+
+return M

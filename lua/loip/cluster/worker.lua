@@ -1,0 +1,281 @@
+-- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
+-- messages (HELLO, PLAN, START, STATS, PING, STOP) and, once it holds a plan, runs its stages
+-- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
+-- cleanly (sockets closed, buffers freed).
+--
+-- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.ring tables), next and
+-- head (endpoints), context, batch, loader, disk_rate, link = { rate, delay_ms },
+-- logits_tokens. The worker loads its part of its own slice store (its resident blocks, the
+-- embedding on device 1, the head on device N) under its budget, and replies READY with its
+-- memory, or ERROR with why.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local memory = require "loip.runtime.memory"
+local plan = require "loip.plan"
+local ring = require "loip.plan.ring"
+local store = require "loip.model.store"
+local transport = require "loip.runtime.transport"
+local C = core.C
+
+local M = {}
+
+local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format(fmt, ...), "\n") io.stderr:flush() end
+
+-- sha256 of the store's manifest: two stores are the same when these match.
+function M.store_id(dir)
+  local hex = ffi.new("char[65]")
+  core.check(C.loip_sha256_file(dir .. "/manifest.json", hex, nil), dir)
+  return ffi.string(hex)
+end
+
+local Worker = {}
+Worker.__index = Worker
+
+-- opts: listen (endpoint), store, mem (bytes, 0: unlimited), threads, token | keys.
+function M.new(opts)
+  local man = store.read_manifest(opts.store)
+  store.check_files(opts.store, man)
+  local net, err = transport.net { token = opts.token, keys = opts.keys }
+  if not net then error(err, 0) end
+  local sock, berr = net:bind(opts.listen)
+  if not sock then net:close() error(berr, 0) end
+  local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = M.store_id(opts.store),
+    header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
+  self.buf = ffi.new("uint8_t[?]", self.cap)
+  -- the heartbeat answers on its own thread and socket, even while a long stage computes
+  local ep = sock:endpoint()
+  local hb_ep = ep:match("^ipc://") and (ep .. ".hb") or (ep:gsub(":%d+$", ":*"))
+  local hb, herr = core.new("loip_heartbeat *", C.loip_heartbeat_new, C.loip_heartbeat_free, net.handle, hb_ep)
+  if not hb then self:close() error(herr, 0) end
+  self.hb = hb
+  local buf = ffi.new("char[256]")
+  C.loip_heartbeat_endpoint(hb, buf, 256)
+  self.hb_endpoint = ffi.string(buf)
+  -- the bulk link: large transfers (traces now, KV cache blocks later) stay off the control
+  -- socket, where they would hold up the per-step messages
+  local bulk, bulk_err = net:bind(ep:match("^ipc://") and (ep .. ".bulk") or (ep:gsub(":%d+$", ":*")))
+  if not bulk then self:close() error(bulk_err, 0) end
+  self.bulk = bulk
+  return self
+end
+
+function Worker:endpoint() return self.sock:endpoint() end
+
+-- Free the device and what it holds (runner before loader, session before model).
+function Worker:drop_device()
+  local d = self.dev
+  if not d then return end
+  if d.device ~= nil then C.loip_device_free(ffi.gc(d.device, nil)) end
+  if d.runner ~= nil then C.loip_runner_free(ffi.gc(d.runner, nil)) end
+  if d.loader then d.loader:close() end
+  if d.next then d.next:close() end
+  if d.head then d.head:close() end
+  if d.session then core.free(d.session, C.loip_session_free) end
+  if d.keep then store.close(d.keep) end
+  if d.pool then core.free(d.pool, C.loip_pool_free) end
+  if d.model then core.free(d.model, C.loip_model_free) end
+  self.dev = nil
+  collectgarbage()
+end
+
+-- Build the device a PLAN message describes. Raises with a message for the head.
+function Worker:build(msg)
+  self:drop_device()
+  local dir, man = self.opts.store, self.man
+  if msg.store_id and msg.store_id ~= self.store_id then
+    error(string.format("store %s differs from the head's (manifest sha256 %s, head has %s)", dir,
+      self.store_id:sub(1, 16), tostring(msg.store_id):sub(1, 16)), 0)
+  end
+  local cfg = store.config(dir, man)
+  local p, i = msg.plan, msg.device
+  local bad = ring.check(p, 2 * cfg.n_layers, "plan")
+  if bad then error(bad, 0) end
+  local N, S = #p.devices, #p.devices[1].stages
+  if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
+  local d = {}
+  self.dev = d
+  local budget = memory.budget(self.opts.mem or 0)
+  d.budget = budget
+  d.model = assert(core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg))
+  local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, self.opts.threads or 0)
+  if not pool then error(perr, 0) end
+  d.pool = pool
+  local ctx, batch = msg.context or 512, msg.batch or 64
+  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool) })
+  local need = ring.memory(p, i, sizes, { loader = msg.loader, batch = math.min(batch, ctx), logits_tokens = msg.logits_tokens })
+  if budget:limit() > 0 and need.total > budget:limit() then
+    error(string.format("device %d: the plan needs %s (weights %s, slots %s, kv %s, activations %s) but its budget is %s: short by %s",
+      i, memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
+      memory.format_bytes(need.kv), memory.format_bytes(need.activations), memory.format_bytes(budget:limit()),
+      memory.format_bytes(need.total - budget:limit())), 0)
+  end
+  local layers = ring.device_layers(p, i)
+  local mask = ffi.new("uint8_t[?]", cfg.n_layers)
+  for l in pairs(layers) do mask[l] = 1 end
+  local s, serr = core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, d.model, pool, ctx,
+    math.min(batch, ctx), budget.handle, mask)
+  if not s then error(serr, 0) end
+  d.session = s
+  d.keep = store.load_files(dir, man, "memory", budget.handle, ring.device_files(p, i, sizes))
+  store.bind_loaded(d.model, dir, man, d.keep)
+  d.descs = store.stage_descs(dir, man, p, i)
+  local slot = need.slot_bytes
+  if slot > 0 then
+    local l, lerr = require("loip.runtime.loader").new { slots = p.slots or 1, slot_bytes = slot, mode = msg.loader or "auto",
+      rate = msg.disk_rate or 0, budget = budget }
+    if not l then error(lerr, 0) end
+    d.loader = l
+  end
+  local out = ffi.new("loip_runner *[1]")
+  core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
+    msg.trace and 65536 or 0, out))
+  d.trace = msg.trace
+  d.runner = ffi.gc(out[0], C.loip_runner_free)
+  if msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
+  local ident = "d" .. i
+  d.head = assert(self.net:connect(msg.head, ident))
+  if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
+  self.sock:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
+  self.bulk:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
+  return d, budget, N, S, i, math.min(batch, ctx)
+end
+
+local function reply(self, to, kind, payload, status, sock)
+  (sock or self.sock):send { to = to, kind = kind, payload = payload, status = status or 0, dtype = -1 }
+end
+
+function Worker:handle(msg)
+  local kind = msg.kind
+  if kind == "HELLO" then
+    reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint,
+      bulk = self.bulk:endpoint(),
+      store = self.opts.store, store_id = self.store_id,
+      mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version }))
+  elseif kind == "PING" then
+    reply(self, msg.from, "PONG", "")
+  elseif kind == "PLAN" then
+    local ok, err = pcall(function()
+      local body = assert(json.decode(msg.payload))
+      local d, budget, N, S, i, batch = self:build(body)
+      local cfg = ffi.new("loip_device_config")
+      cfg.runner, cfg.session = d.runner, d.session
+      cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
+      cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
+      cfg.max_tokens, cfg.logits_tokens = batch, body.logits_tokens or 1
+      cfg.slowdown = body.slowdown or 1
+      cfg.heartbeat = self.hb
+      local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
+      if not dev then error(derr, 0) end
+      d.device, d.plan_id = dev, body.plan_id
+      log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
+        memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
+      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(),
+        loader = d.loader and d.loader:mode() or "none" }))
+    end)
+    if not ok then
+      self:drop_device()
+      log("plan refused: %s", tostring(err))
+      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
+    end
+  elseif kind == "START" then
+    local ok, err = pcall(function()
+      if not self.dev then error("START before a plan", 0) end
+      local body = assert(json.decode(msg.payload))
+      local p = ffi.new("loip_sampler_params")
+      for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
+      local prompt = body.prompt or {}
+      local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
+      for k, id in ipairs(prompt) do ids[k - 1] = id end
+      core.check(C.loip_device_start(self.dev.device, body.request, p, body.seed or 0, body.n_sample, ids, #prompt,
+        #prompt + (body.max_tokens or 0) + 1))
+      reply(self, msg.from, "READY", "")
+    end)
+    if not ok then reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL) end
+  elseif kind == "STATS" then
+    local st = {}
+    if self.dev then
+      local ds = ffi.new("loip_device_stats_t")
+      C.loip_device_stats(self.dev.device, ds)
+      local rs = ffi.new("loip_runner_stats_t")
+      C.loip_runner_stats(self.dev.runner, rs)
+      st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
+        bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
+        compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
+        bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
+    end
+    reply(self, msg.from, "STATS", json.encode(st))
+  elseif kind == "TRACE" then
+    -- the events recorded since the last TRACE (with the plan's trace on), on this host's clock
+    local evs = {}
+    if self.dev and self.dev.trace then
+      local kinds = require("loip.model").event_kinds
+      local buf = ffi.new("loip_runner_event[4096]")
+      repeat
+        local k = C.loip_runner_events(self.dev.runner, buf, 4096)
+        for j = 0, k - 1 do
+          local e = buf[j]
+          evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
+            t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = e.offloaded ~= 0,
+            tokens = e.n_tokens }
+        end
+      until k < 4096
+    end
+    reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }), 0, msg.via)
+  elseif kind == "STOP" then
+    reply(self, msg.from, "READY", "")
+    self.stopping = true
+  else
+    log("ignored a %s message from %s", tostring(kind), msg.from)
+  end
+end
+
+-- One receive: through the device (data handled in C) when it exists, else the socket.
+function Worker:poll(timeout_ms)
+  if self.dev and self.dev.device then
+    local rc = C.loip_device_serve(self.dev.device, timeout_ms, self.header, self.buf, self.cap, self.from)
+    if rc == 0 then return nil end
+    if rc < 0 then
+      log("refused or failed: %s", core.last_error())
+      return nil
+    end
+    local h = self.header
+    return { kind = transport.kind_name[h.kind], from = ffi.string(self.from), plan_id = h.plan_id,
+      payload = ffi.string(self.buf, tonumber(h.payload_bytes)) }
+  end
+  local msg, err = self.sock:recv(timeout_ms, self.cap)
+  if not msg then
+    if err ~= "timeout" then log("refused: %s", err) end
+    return nil
+  end
+  return msg
+end
+
+function Worker:run()
+  C.loip_signal_watch()
+  self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
+  while not self.stopping and C.loip_signal_received() == 0 do
+    local msg = self:poll(200)
+    if msg then self:handle(msg) end
+    -- the bulk link (answered on it)
+    local bmsg = self.bulk:recv(0, self.cap)
+    while bmsg do
+      bmsg.via = self.bulk
+      self:handle(bmsg)
+      bmsg = self.bulk:recv(0, self.cap)
+    end
+    for _, line in ipairs(self.net:auth_log()) do log("%s", line) end
+  end
+  log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. C.loip_signal_received())
+  self:close()
+end
+
+function Worker:close()
+  self:drop_device()
+  if self.bulk then self.bulk:close() self.bulk = nil end
+  if self.hb then core.free(self.hb, C.loip_heartbeat_free) self.hb = nil end
+  if self.sock then self.sock:close() self.sock = nil end
+  if self.net then self.net:close() self.net = nil end
+end
+
+return M

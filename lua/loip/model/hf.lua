@@ -1,0 +1,177 @@
+-- Hugging Face model directories: config.json -> loip_model_config, tensor names -> weights.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local safetensors = require "loip.model.safetensors"
+local C = core.C
+
+local M = {}
+
+-- Per architecture: which optional tensors exist. Everything else is shared by the family.
+local architectures = {
+  LlamaForCausalLM = { qkv_bias = "attention_bias" },
+  MistralForCausalLM = { qkv_bias = false },
+  Qwen2ForCausalLM = { qkv_bias = true },
+  Qwen3ForCausalLM = { qkv_bias = "attention_bias", qk_norm = true },
+}
+M.architectures = architectures
+
+local function field(cfg, path, name, kind, default)
+  local v = cfg[name]
+  if v == nil or v == json.null then
+    if default ~= nil then return default end
+    error(string.format("%s: field '%s' is missing", path, name), 0)
+  end
+  if kind == "int" and (type(v) ~= "number" or v ~= math.floor(v)) then
+    error(string.format("%s: field '%s' must be an integer, got %s", path, name, tostring(v)), 0)
+  elseif kind == "number" and type(v) ~= "number" then
+    error(string.format("%s: field '%s' must be a number, got %s", path, name, tostring(v)), 0)
+  elseif kind == "bool" and type(v) ~= "boolean" then
+    error(string.format("%s: field '%s' must be true or false, got %s", path, name, tostring(v)), 0)
+  end
+  return v
+end
+
+-- config.json -> (loip_model_config cdata, facts table). Raises "path: field ..." on bad input.
+function M.read_config(dir)
+  local path = dir .. "/config.json"
+  local cfg, err = json.load(path)
+  if not cfg then error(err, 0) end
+  local c, facts = M.parse_config(cfg, path)
+  local gen = json.exists(dir .. "/generation_config.json") and json.load(dir .. "/generation_config.json")
+  if type(gen) == "table" and gen.eos_token_id ~= nil then facts.eos_token_id = gen.eos_token_id end
+  return c, facts
+end
+
+-- A decoded config.json table -> (loip_model_config, facts); path names it in errors.
+function M.parse_config(cfg, path)
+  if type(cfg) ~= "table" then error(path .. ": not a JSON object", 0) end
+  local arch_list = cfg.architectures
+  if type(arch_list) ~= "table" or type(arch_list[1]) ~= "string" then
+    error(path .. ": field 'architectures' is missing", 0)
+  end
+  local arch = arch_list[1]
+  local spec = architectures[arch]
+  if not spec then
+    local known = {}
+    for k in pairs(architectures) do known[#known + 1] = k end
+    table.sort(known)
+    error(string.format("%s: architecture '%s' is not supported (supported: %s)", path, arch,
+      table.concat(known, ", ")), 0)
+  end
+  local act = field(cfg, path, "hidden_act", "string", "silu")
+  if act ~= "silu" then error(string.format("%s: field 'hidden_act' is '%s'; only silu is supported", path, act), 0) end
+  local c = ffi.new("loip_model_config")
+  c.dim = field(cfg, path, "hidden_size", "int")
+  c.hidden_dim = field(cfg, path, "intermediate_size", "int")
+  c.n_layers = field(cfg, path, "num_hidden_layers", "int")
+  c.n_heads = field(cfg, path, "num_attention_heads", "int")
+  c.n_kv_heads = field(cfg, path, "num_key_value_heads", "int", c.n_heads)
+  c.head_dim = field(cfg, path, "head_dim", "int", c.n_heads > 0 and math.floor(c.dim / c.n_heads) or 0)
+  c.vocab_size = field(cfg, path, "vocab_size", "int")
+  c.max_seq = field(cfg, path, "max_position_embeddings", "int", 2048)
+  c.norm_eps = field(cfg, path, "rms_norm_eps", "number", 1e-6)
+  c.rope_theta = field(cfg, path, "rope_theta", "number", 10000)
+  c.rope_layout = C.LOIP_ROPE_HALF
+  c.rope_scaling = C.LOIP_ROPE_SCALING_NONE
+  local rs = cfg.rope_scaling
+  if type(rs) == "table" then
+    local kind = rs.rope_type or rs.type
+    if kind == "llama3" then
+      c.rope_scaling = C.LOIP_ROPE_SCALING_LLAMA3
+      c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
+      c.rope_low_freq_factor = field(rs, path .. " rope_scaling", "low_freq_factor", "number")
+      c.rope_high_freq_factor = field(rs, path .. " rope_scaling", "high_freq_factor", "number")
+      c.rope_original_max_pos = field(rs, path .. " rope_scaling", "original_max_position_embeddings", "int")
+    elseif kind ~= "default" then
+      error(string.format("%s: rope_scaling type '%s' is not supported (llama3 is)", path, tostring(kind)), 0)
+    end
+  end
+  if spec.qkv_bias == true then
+    c.qkv_bias = 1
+  elseif spec.qkv_bias then
+    c.qkv_bias = field(cfg, path, spec.qkv_bias, "bool", false) and 1 or 0
+  end
+  c.qk_norm = spec.qk_norm and 1 or 0
+  c.tied_embeddings = field(cfg, path, "tie_word_embeddings", "bool", false) and 1 or 0
+  local facts = {
+    architecture = arch, format = "hf", config = cfg,
+    bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
+    sliding_window = (cfg.use_sliding_window ~= false and type(cfg.sliding_window) == "number") and cfg.sliding_window or nil,
+  }
+  return c, facts
+end
+
+local layer_names = {
+  { C.LOIP_W_ATTN_NORM, "input_layernorm.weight" },
+  { C.LOIP_W_WQ, "self_attn.q_proj.weight" },
+  { C.LOIP_W_WK, "self_attn.k_proj.weight" },
+  { C.LOIP_W_WV, "self_attn.v_proj.weight" },
+  { C.LOIP_W_WO, "self_attn.o_proj.weight" },
+  { C.LOIP_W_BQ, "self_attn.q_proj.bias", "qkv_bias" },
+  { C.LOIP_W_BK, "self_attn.k_proj.bias", "qkv_bias" },
+  { C.LOIP_W_BV, "self_attn.v_proj.bias", "qkv_bias" },
+  { C.LOIP_W_Q_NORM, "self_attn.q_norm.weight", "qk_norm" },
+  { C.LOIP_W_K_NORM, "self_attn.k_norm.weight", "qk_norm" },
+  { C.LOIP_W_FFN_NORM, "post_attention_layernorm.weight" },
+  { C.LOIP_W_GATE, "mlp.gate_proj.weight" },
+  { C.LOIP_W_UP, "mlp.up_proj.weight" },
+  { C.LOIP_W_DOWN, "mlp.down_proj.weight" },
+}
+M.layer_names = layer_names
+
+-- Shape of weight kind in model config c (as loip_model_bind checks it).
+function M.shape_of(c, kind)
+  local q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  local shapes = {
+    [C.LOIP_W_EMBED] = { c.vocab_size, c.dim }, [C.LOIP_W_LM_HEAD] = { c.vocab_size, c.dim },
+    [C.LOIP_W_OUTPUT_NORM] = { c.dim }, [C.LOIP_W_ATTN_NORM] = { c.dim }, [C.LOIP_W_FFN_NORM] = { c.dim },
+    [C.LOIP_W_WQ] = { q, c.dim }, [C.LOIP_W_WK] = { kv, c.dim }, [C.LOIP_W_WV] = { kv, c.dim },
+    [C.LOIP_W_WO] = { c.dim, q }, [C.LOIP_W_BQ] = { q }, [C.LOIP_W_BK] = { kv }, [C.LOIP_W_BV] = { kv },
+    [C.LOIP_W_Q_NORM] = { c.head_dim }, [C.LOIP_W_K_NORM] = { c.head_dim },
+    [C.LOIP_W_GATE] = { c.hidden_dim, c.dim }, [C.LOIP_W_UP] = { c.hidden_dim, c.dim },
+    [C.LOIP_W_DOWN] = { c.dim, c.hidden_dim },
+  }
+  return shapes[kind]
+end
+
+-- Every { layer, kind, tensor name } the model needs, in the order layers run
+-- (embedding first, then layer by layer, then the final norm and the head).
+function M.weight_list(c)
+  local list = { { -1, C.LOIP_W_EMBED, "model.embed_tokens.weight" } }
+  for l = 0, c.n_layers - 1 do
+    for _, e in ipairs(layer_names) do
+      if not e[3] or c[e[3]] ~= 0 then
+        list[#list + 1] = { l, e[1], string.format("model.layers.%d.%s", l, e[2]) }
+      end
+    end
+  end
+  list[#list + 1] = { -1, C.LOIP_W_OUTPUT_NORM, "model.norm.weight" }
+  if c.tied_embeddings == 0 then list[#list + 1] = { -1, C.LOIP_W_LM_HEAD, "lm_head.weight" } end
+  return list
+end
+
+-- Open the weights of dir and bind them to model m. Returns the safetensors set (keep it
+-- alive as long as m) or raises with the file and tensor named.
+function M.bind_weights(dir, c, m, opts)
+  local set, err = safetensors.open_dir(dir, opts)
+  if not set then error(err, 0) end
+  for _, w in ipairs(M.weight_list(c)) do
+    local layer, kind, name = w[1], w[2], w[3]
+    local f = set.index[name]
+    if not f then
+      safetensors.close(set)
+      error(string.format("%s: tensor '%s' is missing", dir, name), 0)
+    end
+    local view, verr = f:view(name)
+    if not view then safetensors.close(set) error(verr, 0) end
+    local ok, berr = core.ok(C.loip_model_bind(m, layer, kind, view))
+    if not ok then
+      safetensors.close(set)
+      error(string.format("%s: tensor '%s': %s", f.path, name, berr), 0)
+    end
+  end
+  return set
+end
+
+return M

@@ -1,0 +1,401 @@
+-- Models: open a Hugging Face directory, a llama2.c checkpoint or a slice store (`loip slice`),
+-- run it on one device.
+--
+--   local m = loip.model.open("models/stories260K")
+--   for id, text in m:generate("Once upon a time", { max_tokens = 50 }) do io.write(text) end
+--   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local hf = require "loip.model.hf"
+local llama2c = require "loip.model.llama2c"
+local store = require "loip.model.store"
+local tokenizer = require "loip.text.tokenizer"
+local sampler = require "loip.model.sampler"
+local memory = require "loip.runtime.memory"
+local planner = require "loip.plan"
+local C = core.C
+
+local M = {}
+
+local Model = {}
+Model.__index = Model
+
+local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
+local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
+local function is_file(p) return json.exists(p) end
+
+-- What to open: ("store", dir), ("hf", dir) or ("llama2c", checkpoint path, tokenizer dir).
+function M.locate(path)
+  path = path:gsub("/+$", "")
+  if is_file(path .. "/manifest.json") then return "store", path end
+  if is_file(path .. "/config.json") then return "hf", path end
+  if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
+  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
+    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
+  end
+  -- loip slice writes the manifest last: block files without it are an unfinished store.
+  if is_file(path .. "/embed.bin") or is_file(path .. "/layer-000-mha.bin") then
+    error(string.format("%s: an incomplete slice store (no manifest.json: loip slice was interrupted or failed); re-run `loip slice MODEL_DIR %s`",
+      path, path), 0)
+  end
+  error(string.format("%s: not a model (no manifest.json, config.json, model.bin or %s.bin)", path, basename(path)), 0)
+end
+local locate = M.locate
+
+-- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
+-- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file),
+-- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
+-- from the file mapping, which starts faster and shares the page cache; for a slice store,
+-- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
+-- sha256 against the manifest before loading; by default only their sizes are checked),
+-- mem (bytes, or a size such as "1.5G": a budget of its own, see loip.memory) or budget (one
+-- from loip.memory.budget, shared): the weights, KV cache and activations are charged to its
+-- "weights", "kv" and "activations" accounts, and a model that does not fit is refused, naming
+-- the account and the shortfall, before anything is loaded. The budget is m.budget.
+-- A slice store runs through a plan (loip.plan): plan (a table, or the path of a Lua file
+-- returning one; default: the search's best for the budget, everything resident without one),
+-- slots (loader slots, default 1), loader ("auto", "uring", "buffered": the conventional path),
+-- disk_rate (bytes/s: emulate a slower disk), read_bps and compute_bps (rates the search
+-- assumes), trace (record load/compute/wait events into m.trace, a loip.trace: m.trace:write
+-- (path) saves them). m.plan is the plan used.
+function M.open(path, opts)
+  opts = opts or {}
+  if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
+  local budget = opts.budget
+  if budget ~= nil and not memory.is_budget(budget) then
+    error("loip.model.open: budget must come from loip.memory.budget", 2)
+  end
+  if budget == nil and opts.mem ~= nil then
+    if type(opts.mem) ~= "number" and type(opts.mem) ~= "string" then
+      error("loip.model.open: mem must be a number of bytes or a size such as \"1.5G\"", 2)
+    end
+    budget = memory.budget(opts.mem)
+  end
+  local bh = budget and budget.handle
+  local kind, file, tokdir = locate(path)
+  local self = setmetatable({ path = path, opts = opts, dir = tokdir or file, budget = budget }, Model)
+  local cfg, facts, keep, bind
+  if kind == "hf" then
+    cfg, facts = hf.read_config(file)
+  elseif kind == "store" then
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh })
+  else
+    cfg, facts, keep, bind = llama2c.open(file)
+  end
+  local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg)
+  if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
+  local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, opts.threads or 0)
+  if not pool then error(perr, 0) end
+  self.handle, self.pool = m, pool
+  self.threads = C.loip_pool_size(pool)
+  local ctx = opts.context or math.min(cfg.max_seq, 4096)
+  if facts.sliding_window and ctx > facts.sliding_window then
+    error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
+      path, ctx, facts.sliding_window, facts.sliding_window), 0)
+  end
+  self.context = ctx
+  self.batch = math.min(opts.batch or 128, ctx)
+  -- Under a budget the session (KV cache, activations) is charged first, then the weights
+  -- before they are read: a model that does not fit is refused before anything loads, and
+  -- what it had charged is given back at once (a shared budget must not wait for the GC).
+  local ok, e = pcall(function()
+    if kind == "store" and (opts.load or "memory") == "memory" then
+      self:_choose_plan(cfg, facts, budget)
+    elseif kind == "store" and opts.plan ~= nil then
+      error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
+    end
+    if budget then self:session() end
+    local mapped = kind == "llama2c" or opts.load == "mmap"
+    if kind == "hf" then
+      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
+    elseif kind == "store" then
+      keep = bind(m, self.plan)
+      self.weights = keep
+      if self.plan then self:_start_runner(file, facts) end
+    else
+      bind(m)
+    end
+    self.cfg, self.facts, self.weights = cfg, facts, keep
+    core.check(C.loip_model_check(m, 0, cfg.n_layers), path)
+    self.weight_bytes = tonumber(C.loip_model_weight_bytes(m))
+    -- Weights used in place from a file mapping become resident as they are read: charged too.
+    if budget and mapped then
+      local ch, cerr = core.new("loip_charge *", C.loip_charge_new, C.loip_charge_free, bh, "weights", self.weight_bytes)
+      if not ch then error(path .. ": " .. cerr, 0) end
+      self.weight_charge = ch
+    end
+  end)
+  if not ok then
+    self.facts = self.facts or facts
+    if not self.weights and kind == "llama2c" then self.weights = keep end
+    self:close()
+    error(e, 0)
+  end
+  self.architecture = facts.architecture
+  self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
+  if opts.tokenizer ~= false then
+    self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer, vocab_size = cfg.vocab_size })
+    -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
+    -- rows); a tokenizer with more ids than the model has rows cannot work.
+    if self.tokenizer.vocab_size > cfg.vocab_size then
+      error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is only %d",
+        self.tokenizer.path, self.tokenizer.vocab_size, cfg.vocab_size), 0)
+    end
+  end
+  local eos = facts.eos_token_id
+  if eos == nil and self.tokenizer then eos = self.tokenizer.stop_ids or self.tokenizer.eos_id end
+  self.stop_ids = type(eos) == "table" and eos or { eos }
+  return self
+end
+
+-- The plan for a slice store: the one given (table or file), else the search's best for the
+-- budget; refused before anything is allocated when it cannot fit.
+function Model:_choose_plan(cfg, facts, budget)
+  local opts = self.opts
+  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads })
+  local p, where = opts.plan, "plan"
+  if type(p) == "string" then p, where = planner.load(p), p end
+  local popts = { slots = opts.slots, loader = opts.loader, read_bps = opts.read_bps or
+    (opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate) or nil, compute_bps = opts.compute_bps }
+  local limit = budget and budget:limit() or 0
+  local avail = limit > 0 and limit - budget:used() or 0
+  if limit > 0 and avail <= 0 then
+    error(string.format("memory budget: nothing left of %s for %s", memory.format_bytes(limit), self.path), 0)
+  end
+  if p == nil then
+    p = planner.search(sizes, avail, popts)
+  else
+    if opts.slots and type(p) == "table" then p.slots = opts.slots end
+    local bad = planner.check(p, sizes.n_blocks, where)
+    if bad then error(bad, 0) end
+  end
+  local need = planner.memory(p, sizes, popts)
+  if limit > 0 and need.total > avail then
+    error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
+      .. "pass a larger --mem, or a plan that offloads more (or none, and let loip pick one)", where,
+      memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
+      memory.format_bytes(need.kv), memory.format_bytes(need.activations),
+      need.scratch > 0 and (", scratch " .. memory.format_bytes(need.scratch)) or "",
+      memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
+  end
+  self.plan, self.plan_sizes, self.plan_opts = p, sizes, popts
+end
+
+-- The loader (when the plan offloads) and the runner that executes the plan's stages.
+function Model:_start_runner(dir, facts)
+  local opts = self.opts
+  local descs = store.stage_descs(dir, facts.manifest, self.plan)
+  local slot = planner.memory(self.plan, self.plan_sizes).slot_bytes
+  local loader
+  if slot > 0 then
+    local err
+    loader, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot,
+      mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
+    if not loader then error(dir .. ": " .. err, 0) end
+    self.loader = loader
+  end
+  local s, model, lh = self:session(), self.handle, loader and loader.handle or nil
+  local out = ffi.new("loip_runner *[1]")
+  local rc = C.loip_runner_new(s, model, lh, descs.descs, descs.n, opts.trace and 65536 or 0, out)
+  if rc ~= 0 then error(dir .. ": " .. core.last_error(), 0) end
+  -- The finalizer holds the loader, session and model: none is collected before the runner.
+  self.runner = ffi.gc(out[0], function(r) C.loip_runner_free(r) local _ = { lh, s, model } end)
+  self.runner_descs = descs
+  if opts.trace then
+    self.event_buf = ffi.new("loip_runner_event[4096]")
+    self.trace = require("loip.tools.trace").new() -- every forward's events, for m.trace:write(path)
+  end
+end
+
+-- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
+-- "wait", stage (1-based; 0: embedding or head), first_block, last_block, t0_ns, t1_ns,
+-- bytes, offloaded, tokens }.
+local event_kinds = { [0] = "load", "compute", "wait", "send", "recv" }
+M.event_kinds = event_kinds
+function Model:events()
+  local out = {}
+  if not self.runner or not self.event_buf then return out end
+  repeat
+    local k = C.loip_runner_events(self.runner, self.event_buf, 4096)
+    for i = 0, k - 1 do
+      local e = self.event_buf[i]
+      out[#out + 1] = { kind = event_kinds[e.kind], stage = e.stage + 1, first_block = e.first_block,
+        last_block = e.last_block, t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes),
+        offloaded = e.offloaded ~= 0, tokens = e.n_tokens }
+    end
+  until k < 4096
+  return out
+end
+
+-- Runner statistics in ms and bytes (nil without a runner).
+function Model:runner_stats()
+  if not self.runner then return nil end
+  local st = ffi.new("loip_runner_stats_t")
+  C.loip_runner_stats(self.runner, st)
+  return { stage_runs = tonumber(st.stage_runs), compute_ms = tonumber(st.compute_ns) / 1e6,
+    stall_ms = tonumber(st.stall_ns) / 1e6, load_ms = tonumber(st.load_ns) / 1e6,
+    bytes_loaded = tonumber(st.bytes_loaded), loads = tonumber(st.loads),
+    events_dropped = tonumber(st.events_dropped) }
+end
+
+-- One forward pass: through the runner (slice stores) or the session.
+function Model:_forward(tokens, n, pos, logits, mode)
+  if self.runner then
+    local rc = C.loip_runner_forward(self.runner, tokens, n, pos, logits, mode)
+    if self.trace then self.trace:add(self:events()) end
+    return rc
+  end
+  return C.loip_session_forward(self:session(), tokens, n, pos, logits, mode)
+end
+
+function Model:__tostring()
+  local c = self.cfg
+  return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, %.1f MB of weights, %d threads, kernels %s",
+    self.path, self.architecture, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
+    c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, ffi.string(C.loip_kernels_name()))
+end
+
+-- The session (KV cache), made once and reused.
+function Model:session()
+  if not self._session then
+    local s, err = core.new("loip_session *", C.loip_session_new, C.loip_session_free,
+      self.handle, self.pool, self.context, self.batch, self.budget and self.budget.handle)
+    if not s then error(self.path .. ": " .. err, 0) end
+    self._session = s
+  end
+  return self._session
+end
+
+local function check_ids(self, ids)
+  if type(ids) ~= "table" or #ids == 0 then error("token ids must be a non-empty array", 3) end
+  if #ids > self.context then
+    error(string.format("%d tokens exceed the context of %d", #ids, self.context), 3)
+  end
+  for i, id in ipairs(ids) do
+    if type(id) ~= "number" or id < 0 or id >= self.vocab_size or id ~= math.floor(id) then
+      error(string.format("token id #%d (%s) is not in [0, %d)", i, tostring(id), self.vocab_size), 3)
+    end
+  end
+end
+
+-- Forward ids at positions 0.. and return the logits of every position as a float array
+-- [#ids * vocab] (cdata) plus an accessor: row(pos) -> float* of position pos (1-based).
+function Model:logits(ids)
+  check_ids(self, ids)
+  local s, V = self:session(), self.vocab_size
+  local n = #ids
+  local tokens = ffi.new("int32_t[?]", n)
+  for i = 1, n do tokens[i - 1] = ids[i] end
+  local out = ffi.new("float[?]", n * V)
+  local pos = 0
+  while pos < n do
+    local k = math.min(self.batch, n - pos)
+    core.check(self:_forward(tokens + pos, k, pos, out + pos * V, C.LOIP_LOGITS_ALL), self.path)
+    pos = pos + k
+  end
+  return out, function(p) return out + (p - 1) * V end
+end
+
+-- Generate from a prompt (text, or an array of token ids). Returns an iterator for a generic
+-- for (yielding token id and its text) and a state whose .stats fill in as it runs. Text
+-- comes only as whole UTF-8 characters: bytes of an unfinished character are held back, and
+-- a last pair (false, text) carries what was held when generation stops there.
+-- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
+-- repetition_penalty, seed, stop (array of ids; default the model's end tokens), bos.
+function Model:generate(prompt, opts)
+  opts = opts or {}
+  local tok = self.tokenizer
+  local ids
+  if type(prompt) == "table" then
+    ids = prompt
+  else
+    if not tok then error("this model was opened without a tokenizer: pass token ids", 2) end
+    ids = tok:encode(prompt or "", { bos = opts.bos ~= false })
+  end
+  check_ids(self, ids)
+  local n_prompt = #ids
+  local room = self.context - n_prompt
+  local max_tokens = math.min(opts.max_tokens or room, room)
+  local stop_set = {}
+  for _, id in ipairs(opts.stop or self.stop_ids) do stop_set[id] = true end
+  -- Rows of a padded embedding past the tokenizer's last id have no text: never sample them.
+  local n_sample = tok and math.min(tok.vocab_size, self.vocab_size) or self.vocab_size
+  local smp = sampler.new(n_sample, opts)
+  local s = self:session()
+  local V = self.vocab_size
+  local history = ffi.new("int32_t[?]", n_prompt + math.max(max_tokens, 0) + 1)
+  for i = 1, n_prompt do history[i - 1] = ids[i] end
+  local logits = ffi.new("float[?]", V)
+  local state = { prompt_ids = ids, token_ids = {}, seed = smp.seed, stats = { prompt_tokens = n_prompt, generated = 0,
+    prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
+  local n, prev = n_prompt, ids[n_prompt]
+  local prefilled = false
+  -- The text continues the prompt's: no start-of-text rules (leading-space stripping).
+  local stream = tok and tok.decode_stream and tok:decode_stream({ continued = true })
+  local function stop(reason)
+    state.stop_reason = state.stop_reason or reason
+    if stream then
+      local rest = stream:finish()
+      stream = nil
+      if rest ~= "" then return false, rest end
+    end
+    return nil
+  end
+
+  local function step()
+    if not prefilled then
+      prefilled = true
+      local t0 = core.now_ms()
+      local pos = 0
+      while pos < n_prompt do
+        local k = math.min(self.batch, n_prompt - pos)
+        core.check(self:_forward(history + pos, k, pos, logits,
+          pos + k == n_prompt and C.LOIP_LOGITS_LAST or C.LOIP_LOGITS_NONE), self.path)
+        pos = pos + k
+      end
+      state.stats.prefill_ms = core.now_ms() - t0
+    end
+    if state.stop_reason or state.stats.generated >= max_tokens then
+      return stop(max_tokens < room and "max_tokens" or "context")
+    end
+    local t0 = core.now_ms()
+    local id = smp:sample(logits, history, n)
+    if stop_set[id] then
+      state.stop_id = id
+      return stop("stop")
+    end
+    history[n] = id
+    n = n + 1
+    state.stats.generated = state.stats.generated + 1
+    state.token_ids[#state.token_ids + 1] = id
+    -- The last token needs no forward pass: nothing will read its logits.
+    if state.stats.generated < max_tokens and n < self.context then
+      core.check(self:_forward(history + n - 1, 1, n - 1, logits, C.LOIP_LOGITS_LAST), self.path)
+      state.stats.decode_forwards = state.stats.decode_forwards + 1
+    end
+    state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t0)
+    local text = stream and stream:put(id) or (tok and tok:piece_text(prev, id)) or ""
+    prev = id
+    return id, text
+  end
+  return function() return step() end, state
+end
+
+function Model:close()
+  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.loader then self.loader:close() self.loader = nil end
+  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
+  if self.pool then core.free(self.pool, C.loip_pool_free) self.pool = nil end
+  if self.handle then core.free(self.handle, C.loip_model_free) self.handle = nil end
+  if self.weights then
+    if self.facts.format == "hf" then require("loip.model.safetensors").close(self.weights)
+    elseif self.facts.format == "store" then store.close(self.weights)
+    else core.free(self.weights, C.loip_mapping_free) end
+    self.weights = nil
+  end
+  if self.weight_charge then core.free(self.weight_charge, C.loip_charge_free) self.weight_charge = nil end
+  if self.tokenizer then self.tokenizer:close() self.tokenizer = nil end
+end
+
+return M

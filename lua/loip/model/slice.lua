@@ -1,0 +1,404 @@
+-- `loip slice`: a model directory (Hugging Face) or llama2.c checkpoint -> a slice store
+-- (the layout is described in formats/store.lua), and `loip slice --verify`.
+--
+--   local slice = require "loip.model.slice"
+--   slice.write("models/stories260K", "/tmp/s260k")      -- the store's manifest
+--   slice.verify("/tmp/s260k")                            -- raises naming the first bad file
+--
+-- The manifest (manifest.json, keys sorted, so the same model always gives the same bytes):
+--   format, version, alignment    "loip-slice-store", 1, 4096
+--   config                        the source's config.json (llama2.c: its header translated,
+--                                 with loip_rope_layout = "interleaved")
+--   source                        format ("hf"/"llama2c"), path (as given; for messages only),
+--                                 files [{name, size, sha256}] (the weight files, whole: the
+--                                 sha256 Hugging Face lists for them), sha256 (of the lines
+--                                 "<name> <size> <sha256>\n" of those files in name order)
+--   files                         per block file, in load order: name, block, layer, size,
+--                                 sha256, tensors [{name (Hugging Face's), kind, layer, dtype,
+--                                 shape, offset, nbytes}]
+--   model_files                   copied tokenizer and generation files: name, size, sha256
+--   total_bytes                   of all files but the manifest
+--
+-- A run is safe to interrupt: an existing manifest is removed before anything is written,
+-- every file goes to a temporary name and is renamed when whole, and the manifest is written
+-- last. The checks that can refuse (bad model, another model's store, disk space) come first.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local hf = require "loip.model.hf"
+local llama2c = require "loip.model.llama2c"
+local store = require "loip.model.store"
+local progress = require "loip.tools.progress"
+local C = core.C
+
+local M = {}
+
+local CHUNK = 64 * 1024 * 1024 -- bytes per write and hash call: progress updates, no big copies
+local SLACK = 1024 * 1024      -- disk room kept for the manifest and the filesystem's own needs
+
+local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
+local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+
+-- Names in directory dir (no . and ..); nil when it cannot be listed.
+local function list_dir(dir)
+  local p = io.popen("ls -A " .. quote(dir) .. " 2>/dev/null")
+  if not p then return nil end
+  local names = {}
+  for name in p:lines() do names[#names + 1] = name end
+  p:close()
+  return names
+end
+
+local function is_dir(p) return os.execute("test -d " .. quote(p)) == 0 end
+
+-- The directory p with symbolic links resolved; nil when it does not exist.
+local function real_dir(p)
+  local h = io.popen("cd " .. quote(p) .. " 2>/dev/null && pwd -P")
+  local r = h and h:read("*l")
+  if h then h:close() end
+  return r ~= "" and r or nil
+end
+
+-- p, or the nearest directory above it that exists (where its free space is counted).
+local function existing_dir(p)
+  p = p:gsub("/+$", "")
+  while p ~= "" and p ~= "." and not is_dir(p) do
+    local up = p:match("^(.*)/[^/]*$")
+    if not up then return "." end
+    p = up
+  end
+  return p == "" and "/" or p
+end
+
+local function hex_of(h)
+  local hex = ffi.new("char[65]")
+  C.loip_sha256_final(h, nil, hex)
+  return ffi.string(hex)
+end
+
+local function new_hash() return core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free) end
+
+local function sha256_string(s)
+  local h = new_hash()
+  C.loip_sha256_update(h, s, #s)
+  return hex_of(h)
+end
+
+-- The llama2.c header as a Hugging Face LlamaForCausalLM config. The q/k rows stay in
+-- llama2.c's order, which pairs RoPE dimensions (2i, 2i+1): loip_rope_layout says so.
+local function llama2c_config(c)
+  return {
+    architectures = { "LlamaForCausalLM" }, model_type = "llama", hidden_act = "silu",
+    hidden_size = c.dim, intermediate_size = c.hidden_dim, num_hidden_layers = c.n_layers,
+    num_attention_heads = c.n_heads, num_key_value_heads = c.n_kv_heads, head_dim = c.head_dim,
+    vocab_size = c.vocab_size, max_position_embeddings = c.max_seq, rms_norm_eps = llama2c.NORM_EPS,
+    rope_theta = llama2c.ROPE_THETA, tie_word_embeddings = c.tied_embeddings ~= 0,
+    bos_token_id = llama2c.BOS, eos_token_id = llama2c.EOS, torch_dtype = "float32",
+    loip_rope_layout = "interleaved", loip_source_format = "llama2.c",
+  }
+end
+
+-- The source model: config (a Hugging Face config table), the tensors in the order layers run
+-- ({ layer, kind, name, view, dtype, shape, nbytes }), the weight files ({ name, path, map })
+-- and the directory holding its tokenizer. Every tensor is bound to a model of that config
+-- first, so a model loip cannot run is refused before anything is written.
+function M.open_source(path)
+  local kind, file, tokdir = require("loip.model").locate(path)
+  if kind == "store" then error(path .. ": is a slice store already (slice its source model instead)", 0) end
+  local src = { path = path:gsub("/+$", ""), format = kind, dir = tokdir or file, tensors = {}, weight_files = {} }
+  local c, by_kind = nil, {}
+  if kind == "hf" then
+    local cfg, err = json.load(file .. "/config.json")
+    if not cfg then error(err, 0) end
+    c = hf.read_config(file)
+    local set, serr = require("loip.model.safetensors").open_dir(file)
+    if not set then error(serr, 0) end
+    src.close = function() require("loip.model.safetensors").close(set) end
+    src.config = cfg
+    for _, f in ipairs(set.files) do
+      src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
+    end
+    for _, w in ipairs(hf.weight_list(c)) do
+      local f = set.index[w[3]]
+      if not f then src.close() error(string.format("%s: tensor '%s' is missing", file, w[3]), 0) end
+      local view, verr = f:view(w[3])
+      if not view then src.close() error(verr, 0) end
+      by_kind[w[1] .. ":" .. tonumber(w[2])] = { view = view, nbytes = f.tensors[w[3]].nbytes }
+    end
+  else
+    local map, tensors
+    c, _, map, _, tensors = llama2c.open(file)
+    src.close = function() core.free(map, C.loip_mapping_free) end
+    src.config = llama2c_config(c)
+    src.weight_files[1] = { name = basename(file), path = file, map = map }
+    for _, t in ipairs(tensors) do by_kind[t.layer .. ":" .. tonumber(t.kind)] = t end
+  end
+  src.c = c
+  local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, c)
+  if not m then src.close() error(path .. ": " .. err, 0) end
+  for _, w in ipairs(hf.weight_list(c)) do
+    local layer, k, name = w[1], w[2], w[3]
+    local t = by_kind[layer .. ":" .. tonumber(k)]
+    local v = t.view
+    local ok, berr = core.ok(C.loip_model_bind(m, layer, k, v))
+    if not ok then src.close() error(string.format("%s: tensor '%s': %s", path, name, berr), 0) end
+    local shape = {}
+    for i = 0, v.ndim - 1 do shape[i + 1] = tonumber(v.shape[i]) end
+    src.tensors[#src.tensors + 1] = { layer = layer, kind = k, name = name, view = v, nbytes = t.nbytes,
+      dtype = store.dtype_name[tonumber(v.dtype)], shape = shape }
+  end
+  local ok, cerr = core.ok(C.loip_model_check(m, 0, c.n_layers))
+  core.free(m, C.loip_model_free)
+  if not ok then src.close() error(path .. ": " .. cerr, 0) end
+  return src
+end
+
+-- The block files: tensors grouped by block, each at the next 4 KiB boundary.
+function M.plan(src)
+  local files, by_name = {}, {}
+  for _, t in ipairs(src.tensors) do
+    local block = store.block_of[tonumber(t.kind)]
+    local name = store.file_name(block, t.layer)
+    local f = by_name[name]
+    if not f then
+      f = { name = name, block = block, layer = (block == "mha" or block == "mlp") and t.layer or -1, size = 0, tensors = {} }
+      by_name[name] = f
+      files[#files + 1] = f
+    end
+    local off = store.align_up(f.size)
+    f.tensors[#f.tensors + 1] = { name = t.name, kind = store.kind_name[tonumber(t.kind)], layer = t.layer,
+      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view.data }
+    f.size = off + t.nbytes
+  end
+  for _, f in ipairs(files) do f.size = store.align_up(f.size) end
+  return files
+end
+
+-- The tokenizer and generation files of the source that a store carries along.
+local function model_files(src)
+  local names, seen = {}, {}
+  local own = src.format == "llama2c" and basename(src.weight_files[1].path) or nil
+  for _, n in ipairs(store.model_files) do
+    if json.exists(src.dir .. "/" .. n) then names[#names + 1] = n seen[n] = true end
+  end
+  for _, n in ipairs(list_dir(src.dir) or {}) do
+    if n:match(store.model_file_pattern) and not seen[n] and n ~= own then names[#names + 1] = n end
+  end
+  table.sort(names)
+  local out = {}
+  for _, n in ipairs(names) do
+    local text, err = json.read_file(src.dir .. "/" .. n)
+    if not text then error(src.dir .. "/" .. n .. ": " .. tostring(err), 0) end
+    out[#out + 1] = { name = n, text = text, size = #text }
+  end
+  return out
+end
+
+-- sha256 of every weight file of the source, read through its mapping. Returns the files'
+-- { name, size, sha256 } in name order and the source's hash over them.
+function M.hash_source(src, quiet)
+  local total = 0
+  for _, f in ipairs(src.weight_files) do total = total + tonumber(C.loip_mapping_size(f.map)) end
+  local bar = progress.new(total, "hashing " .. src.path, { quiet = quiet })
+  local h, done, list = new_hash(), 0, {}
+  for _, f in ipairs(src.weight_files) do
+    local size = tonumber(C.loip_mapping_size(f.map))
+    local base = C.loip_mapping_data(f.map)
+    for off = 0, size - 1, CHUNK do
+      local k = math.min(CHUNK, size - off)
+      if off + k < size then C.loip_mapping_prefetch(f.map, off + k, math.min(CHUNK, size - off - k)) end
+      C.loip_sha256_update(h, base + off, k)
+      done = done + k
+      bar:update(done)
+    end
+    list[#list + 1] = { name = f.name, size = size, sha256 = hex_of(h) }
+  end
+  bar:finish()
+  table.sort(list, function(a, b) return a.name < b.name end)
+  local lines = {}
+  for i, f in ipairs(list) do lines[i] = string.format("%s %d %s\n", f.name, f.size, f.sha256) end
+  return list, sha256_string(table.concat(lines))
+end
+
+-- Write path through a loip_writer (temporary name, renamed on commit); put(ptr, n) appends
+-- and hashes. Returns the sha256 of what was written. On any failure the temporary is removed.
+local function write_file(path, fill)
+  local w, err = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
+  if not w then error(err, 0) end
+  local h = new_hash()
+  local function put(p, n)
+    core.check(C.loip_writer_write(w, p, n))
+    C.loip_sha256_update(h, p, n)
+  end
+  local ok, ferr = pcall(function()
+    fill(put)
+    core.check(C.loip_writer_commit(w))
+  end)
+  core.free(w, C.loip_writer_free)
+  if not ok then error(ferr, 0) end
+  return hex_of(h)
+end
+
+local zeros = ffi.new("uint8_t[?]", store.ALIGN)
+
+local function write_block(out, f, bar, done)
+  f.sha256 = write_file(out .. "/" .. f.name, function(put)
+    local pos = 0
+    local function pad(to)
+      while pos < to do
+        local k = math.min(store.ALIGN, to - pos)
+        put(zeros, k)
+        pos = pos + k
+      end
+    end
+    for _, t in ipairs(f.tensors) do
+      pad(t.offset)
+      local p = ffi.cast("const uint8_t *", t.data)
+      for off = 0, t.nbytes - 1, CHUNK do
+        local k = math.min(CHUNK, t.nbytes - off)
+        put(p + off, k)
+        pos, done = pos + k, done + k
+        bar:update(done)
+      end
+    end
+    pad(f.size)
+  end)
+  return done
+end
+
+local function canon(config) return json.encode_sorted(config) end
+
+-- The store in dir already (a table), false when there is none, or raises when dir holds
+-- something that is not one.
+local function existing_store(out, src, force)
+  local here = real_dir(out)
+  if json.exists(out .. "/config.json") or (here and here == real_dir(src.dir)) then
+    error(out .. ": holds a model (" .. (json.exists(out .. "/config.json") and "config.json" or src.path)
+      .. "); slice into a directory of its own", 0)
+  end
+  if not json.exists(out .. "/manifest.json") then return false end
+  local ok, man = pcall(store.read_manifest, out)
+  if ok then return man end
+  if force then return false end
+  error(out .. ": holds a manifest.json that is not a readable slice store (" .. man .. "); pass --force to replace it", 0)
+end
+
+-- Slice the model at src_path into directory out. opts: force (replace a store of another
+-- model), quiet (no progress bars). Returns the manifest.
+function M.write(src_path, out, opts)
+  opts = opts or {}
+  local src = M.open_source(src_path)
+  local ok, res = pcall(function()
+    local old = existing_store(out, src, opts.force)
+    local another = "%s: holds the slice store of another model (%s); slice into another directory, or pass --force to replace it"
+    if old and not opts.force and canon(old.config) ~= canon(src.config) then
+      error(string.format(another, out, "its config differs from " .. src.path .. "'s"), 0)
+    end
+    local files = M.plan(src)
+    local extra = model_files(src)
+    local total, largest = 0, 0
+    for _, f in ipairs(files) do total, largest = total + f.size, math.max(largest, f.size) end
+    for _, f in ipairs(extra) do total = total + f.size end
+    -- Room: everything, less what replacing files of an earlier run gives back (a file is
+    -- replaced only once its successor is whole, so the largest counts twice then).
+    local reclaim = 0
+    for _, f in ipairs(files) do reclaim = reclaim + (store.file_size(out .. "/" .. f.name) or 0) end
+    local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
+    local free = ffi.new("uint64_t[1]")
+    core.check(C.loip_disk_free(existing_dir(out), free), out)
+    if tonumber(free[0]) < need then
+      error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
+        out, progress.human(need), progress.human(tonumber(free[0]))), 0)
+    end
+    local source_files, source_hash = M.hash_source(src, opts.quiet)
+    if old and not opts.force and old.source.sha256 ~= source_hash then
+      error(string.format(another, out, "same config, other weights: source sha256 " .. old.source.sha256
+        .. ", " .. src.path .. " has " .. source_hash), 0)
+    end
+    if os.execute("mkdir -p " .. quote(out)) ~= 0 or not is_dir(out) then
+      error(out .. ": cannot create the directory", 0)
+    end
+    -- From here on the directory is not a store until the new manifest lands.
+    os.remove(out .. "/manifest.json")
+    local planned = {}
+    for _, f in ipairs(files) do planned[f.name] = true end
+    for _, f in ipairs(extra) do planned[f.name] = true end
+    for _, list in ipairs(old and { old.files, old.model_files } or {}) do
+      for _, f in ipairs(list) do
+        if not planned[f.name] then os.remove(out .. "/" .. f.name) end
+      end
+    end
+    for _, n in ipairs(list_dir(out) or {}) do -- temporaries of a killed run
+      local base = n:match("^(.+)%.tmp%.%d+$")
+      if base and (planned[base] or base == "manifest.json") then os.remove(out .. "/" .. n) end
+    end
+    local bar = progress.new(total, string.format("slicing %s -> %s", src.path, out), { quiet = opts.quiet })
+    local done = 0
+    for _, f in ipairs(files) do done = write_block(out, f, bar, done) end
+    local mfiles = {}
+    for _, f in ipairs(extra) do
+      local sha = write_file(out .. "/" .. f.name, function(put) put(f.text, f.size) end)
+      mfiles[#mfiles + 1] = { name = f.name, size = f.size, sha256 = sha }
+      done = done + f.size
+      bar:update(done)
+    end
+    local man = {
+      format = store.FORMAT, version = store.VERSION, alignment = store.ALIGN,
+      config = src.config, total_bytes = total, model_files = mfiles,
+      source = { format = src.format, path = src.path, files = source_files, sha256 = source_hash },
+      files = {},
+    }
+    for _, f in ipairs(files) do
+      local ts = {}
+      for i, t in ipairs(f.tensors) do
+        ts[i] = { name = t.name, kind = t.kind, layer = t.layer, dtype = t.dtype, shape = t.shape,
+          offset = t.offset, nbytes = t.nbytes }
+      end
+      man.files[#man.files + 1] = { name = f.name, block = f.block, layer = f.layer, size = f.size,
+        sha256 = f.sha256, tensors = ts }
+    end
+    local text = json.encode_sorted(man, 1) .. "\n"
+    write_file(out .. "/manifest.json", function(put) put(text, #text) end)
+    bar:finish(string.format("%s: %d block files, %d other files", out, #files, #mfiles))
+    return man
+  end)
+  src.close()
+  if not ok then error(res, 0) end
+  return res
+end
+
+-- Re-hash every file of store dir against its manifest; with source (a model directory or
+-- checkpoint), also check that the store was sliced from it (config and source sha256).
+-- Returns { files, bytes, manifest }; raises naming the first file at fault.
+function M.verify(dir, opts)
+  opts = opts or {}
+  dir = dir:gsub("/+$", "")
+  if not store.is_store(dir) then
+    require("loip.model").locate(dir) -- names an interrupted store as such
+    error(dir .. ": not a slice store (no manifest.json)", 0)
+  end
+  local man = store.read_manifest(dir)
+  local n, bytes = store.check_files(dir, man, false)
+  local bar = progress.new(bytes, "verifying " .. dir, { quiet = opts.quiet })
+  store.check_files(dir, man, true, bar)
+  bar:finish()
+  if opts.source then
+    local src = M.open_source(opts.source)
+    local ok, err = pcall(function()
+      if canon(man.config) ~= canon(src.config) then
+        error(string.format("%s: was not sliced from %s (the configs differ); %s", dir, src.path,
+          store.redo(nil, dir, src.path, true)), 0)
+      end
+      local _, hash = M.hash_source(src, opts.quiet)
+      if hash ~= man.source.sha256 then
+        error(string.format("%s: was not sliced from %s (source sha256 %s, the store's is %s); %s", dir,
+          src.path, hash, man.source.sha256, store.redo(nil, dir, src.path, true)), 0)
+      end
+    end)
+    src.close()
+    if not ok then error(err, 0) end
+  end
+  return { files = n, bytes = bytes, manifest = man }
+end
+
+return M

@@ -1,0 +1,338 @@
+-- Slice stores, as `loip slice` (lua/loip/slice.lua) writes them: one file per block that the
+-- runtime loads or offloads as a unit, so that a block is read with O_DIRECT in one large
+-- request and nothing is parsed on the hot path.
+--
+--   manifest.json             written last: a directory without it is not a store
+--   embed.bin                 the token embedding
+--   layer-000-mha.bin         attention norm, q/k/v/o projections, q/k/v biases, q/k norms
+--   layer-000-mlp.bin         ffn norm, gate, up, down
+--   ...
+--   head.bin                  final norm and (when not tied to the embedding) lm_head
+--   tokenizer files, generation_config.json ...   copied from the source, unchanged
+--
+-- Every tensor starts at a multiple of 4096 bytes and every block file's size is one, so
+-- that the loader can read whole files into page-aligned memory with O_DIRECT. Tensors keep
+-- the source's dtype and bytes; the padding is zeros. The manifest (see slice.lua) records
+-- the model's config, the source's hash, and per file its size, sha256 and tensors.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local hf = require "loip.model.hf"
+local C = core.C
+
+local M = {}
+
+M.FORMAT, M.VERSION, M.ALIGN = "loip-slice-store", 1, 4096
+
+-- Weight kinds as the manifest names them (names, not the C enum's numbers, so that a store
+-- outlives a renumbering), and the block each belongs to.
+local kind_list = {
+  { "embed", C.LOIP_W_EMBED, "embed" }, { "output_norm", C.LOIP_W_OUTPUT_NORM, "head" },
+  { "lm_head", C.LOIP_W_LM_HEAD, "head" }, { "attn_norm", C.LOIP_W_ATTN_NORM, "mha" },
+  { "wq", C.LOIP_W_WQ, "mha" }, { "wk", C.LOIP_W_WK, "mha" }, { "wv", C.LOIP_W_WV, "mha" },
+  { "wo", C.LOIP_W_WO, "mha" }, { "bq", C.LOIP_W_BQ, "mha" }, { "bk", C.LOIP_W_BK, "mha" },
+  { "bv", C.LOIP_W_BV, "mha" }, { "q_norm", C.LOIP_W_Q_NORM, "mha" }, { "k_norm", C.LOIP_W_K_NORM, "mha" },
+  { "ffn_norm", C.LOIP_W_FFN_NORM, "mlp" }, { "gate", C.LOIP_W_GATE, "mlp" }, { "up", C.LOIP_W_UP, "mlp" },
+  { "down", C.LOIP_W_DOWN, "mlp" },
+}
+M.kinds, M.kind_name, M.block_of = {}, {}, {}
+for _, k in ipairs(kind_list) do
+  M.kinds[k[1]], M.kind_name[tonumber(k[2])], M.block_of[tonumber(k[2])] = k[2], k[1], k[3]
+end
+local per_layer = { mha = true, mlp = true }
+
+M.dtypes = { F32 = { C.LOIP_F32, 4 }, BF16 = { C.LOIP_BF16, 2 }, F16 = { C.LOIP_F16, 2 } }
+M.dtype_name = { [tonumber(C.LOIP_F32)] = "F32", [tonumber(C.LOIP_BF16)] = "BF16", [tonumber(C.LOIP_F16)] = "F16" }
+
+-- The file of a block: "embed.bin", "head.bin", "layer-003-mha.bin".
+function M.file_name(block, layer)
+  if per_layer[block] then return string.format("layer-%03d-%s.bin", layer, block) end
+  return block .. ".bin"
+end
+
+-- Files of a model directory, besides its weights and config.json, that running the model
+-- reads (tokenizer, generation settings, chat template): a store keeps copies, so that it
+-- runs without the source. tok<N>.bin is llama2.c's tokenizer naming.
+M.model_files = { "tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "tokenizer.bin",
+  "tokenizer_config.json", "generation_config.json", "special_tokens_map.json", "added_tokens.json",
+  "chat_template.jinja" }
+M.model_file_pattern = "^tok[%w_.-]*%.bin$"
+
+function M.align_up(n) return math.ceil(n / M.ALIGN) * M.ALIGN end
+
+-- Size of the file at path, nil when it cannot be opened.
+function M.file_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+function M.is_store(dir) return json.exists(dir .. "/manifest.json") end
+
+-- What to tell the user when a store is damaged: slice its source again (src: that source's
+-- path, else the one the manifest names).
+function M.redo(man, dir, src, force)
+  src = src or type(man) == "table" and type(man.source) == "table" and man.source.path
+  return string.format("re-run `loip slice %s%s %s`", force and "--force " or "",
+    type(src) == "string" and src or "MODEL_DIR", dir)
+end
+
+local function is_int(v) return type(v) == "number" and v == math.floor(v) end
+
+-- The manifest of store dir, checked for consistency (every tensor inside its file, aligned,
+-- its bytes matching shape and dtype). Raises naming the file and the fault.
+function M.read_manifest(dir)
+  local path = dir .. "/manifest.json"
+  local man, err = json.load(path)
+  if not man then error(err .. "; the manifest is damaged: " .. M.redo(nil, dir), 0) end
+  if type(man) ~= "table" or man.format ~= M.FORMAT then
+    error(path .. ": not a loip slice store manifest (no \"format\": \"" .. M.FORMAT .. "\")", 0)
+  end
+  if man.version ~= M.VERSION then
+    error(string.format("%s: store format version %s; this loip reads version %d: %s", path,
+      tostring(man.version), M.VERSION, M.redo(man, dir)), 0)
+  end
+  local function bad(what) error(string.format("%s: %s; the manifest is damaged: %s", path, what, M.redo(man, dir)), 0) end
+  if type(man.config) ~= "table" then bad("field 'config' is missing") end
+  if type(man.source) ~= "table" or type(man.source.sha256) ~= "string" then bad("field 'source.sha256' is missing") end
+  for _, list in ipairs({ "files", "model_files" }) do
+    if type(man[list]) ~= "table" then bad("field '" .. list .. "' is missing") end
+    for i, f in ipairs(man[list]) do
+      local where = string.format("%s[%d]", list, i)
+      if type(f) ~= "table" or type(f.name) ~= "string" or f.name:find("/", 1, true) or f.name == "manifest.json" then
+        bad(where .. ": not a file name")
+      end
+      where = string.format("%s (%s)", where, f.name)
+      if not is_int(f.size) or f.size < 0 then bad(where .. ": 'size' is not a byte count") end
+      if type(f.sha256) ~= "string" or not f.sha256:match("^" .. string.rep("%x", 64) .. "$") then
+        bad(where .. ": 'sha256' is not a sha256")
+      end
+      if list == "files" then
+        if f.size % M.ALIGN ~= 0 then bad(where .. ": size is not a multiple of " .. M.ALIGN) end
+        if type(f.tensors) ~= "table" then bad(where .. ": 'tensors' is missing") end
+        for _, t in ipairs(f.tensors) do
+          local tw = string.format("%s: tensor '%s'", where, tostring(t.name))
+          if not M.kinds[t.kind] then bad(tw .. ": unknown kind '" .. tostring(t.kind) .. "'") end
+          if not is_int(t.layer) then bad(tw .. ": 'layer' is not an integer") end
+          local dt = M.dtypes[t.dtype]
+          if not dt then bad(tw .. ": dtype '" .. tostring(t.dtype) .. "' is not F32, BF16 or F16") end
+          if type(t.shape) ~= "table" or #t.shape < 1 or #t.shape > 4 then bad(tw .. ": bad shape") end
+          local numel = 1
+          for _, d in ipairs(t.shape) do
+            if not is_int(d) or d < 0 then bad(tw .. ": bad shape") end
+            numel = numel * d
+          end
+          if not is_int(t.offset) or t.offset % M.ALIGN ~= 0 then bad(tw .. ": offset is not a multiple of " .. M.ALIGN) end
+          if t.nbytes ~= numel * dt[2] then bad(tw .. ": nbytes does not match shape and dtype") end
+          if t.offset + t.nbytes > f.size then bad(tw .. ": runs past the end of the file") end
+        end
+      end
+    end
+  end
+  return man
+end
+
+-- Every file of the store: present with the manifest's size (fast), and with verify its sha256
+-- (reads everything). Returns the number of files and bytes checked; raises naming the first
+-- file at fault and what to do. bar: a progress bar (bytes) for the hashing.
+function M.check_files(dir, man, verify, bar)
+  local all = {}
+  for _, f in ipairs(man.files) do all[#all + 1] = f end
+  for _, f in ipairs(man.model_files) do all[#all + 1] = f end
+  local bytes = 0
+  for _, f in ipairs(all) do
+    local size = M.file_size(dir .. "/" .. f.name)
+    if not size then
+      error(string.format("%s/%s is missing: the store is incomplete; %s", dir, f.name, M.redo(man, dir)), 0)
+    end
+    if size ~= f.size then
+      error(string.format("%s/%s has %d bytes but the manifest says %d: the file is damaged or from another slicing; %s",
+        dir, f.name, size, f.size, M.redo(man, dir)), 0)
+    end
+    bytes = bytes + size
+  end
+  if verify then
+    local hex, done = ffi.new("char[65]"), 0
+    for _, f in ipairs(all) do
+      core.check(C.loip_sha256_file(dir .. "/" .. f.name, hex, nil))
+      local got = ffi.string(hex)
+      if got ~= f.sha256 then
+        error(string.format("%s/%s: sha256 %s does not match the manifest's %s: the file is damaged; %s",
+          dir, f.name, got, f.sha256, M.redo(man, dir)), 0)
+      end
+      done = done + f.size
+      if bar then bar:update(done) end
+    end
+  end
+  return #all, bytes
+end
+
+-- (loip_model_config, facts) of a store's manifest: the config is Hugging Face's, plus
+-- loip_rope_layout = "interleaved" for a store made from a llama2.c checkpoint.
+function M.config(dir, man)
+  local c, facts = hf.parse_config(man.config, dir .. "/manifest.json (config)")
+  if man.config.loip_rope_layout == "interleaved" then c.rope_layout = C.LOIP_ROPE_INTERLEAVED end
+  facts.format, facts.source_format = "store", man.source.format
+  -- as hf.read_config: the generation settings' end tokens win over config.json's
+  local gpath = dir .. "/generation_config.json"
+  local gen = json.exists(gpath) and json.load(gpath)
+  if type(gen) == "table" and gen.eos_token_id ~= nil then facts.eos_token_id = gen.eos_token_id end
+  return c, facts
+end
+
+-- The bytes of the files named in `names` (default: every block file): one page-aligned buffer
+-- for all of them, read with O_DIRECT ("memory"), or one read-only mapping per file ("mmap").
+-- Returns { base = name -> pointer }.
+function M.load_files(dir, man, how, budget, names)
+  local keep = { base = {}, direct = 0, files = 0 }
+  local files = {}
+  for _, f in ipairs(man.files) do
+    if not names or names[f.name] then files[#files + 1] = f end
+  end
+  keep.files = #files
+  if how == "mmap" then
+    keep.maps = {}
+    for _, f in ipairs(files) do
+      local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, dir .. "/" .. f.name)
+      if not map then M.close(keep) error(err, 0) end
+      keep.maps[#keep.maps + 1] = map
+      keep.base[f.name] = C.loip_mapping_data(map)
+    end
+    return keep
+  elseif how ~= "memory" then
+    error("load must be \"memory\" or \"mmap\", not " .. tostring(how), 3)
+  end
+  local total = 0
+  for _, f in ipairs(files) do total = total + f.size end
+  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
+    math.max(total, 1))
+  if not buf then error(dir .. ": " .. err, 0) end
+  keep.buffer = buf
+  local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+  local bar = total >= 256 * 1024 * 1024 and require("loip.tools.progress").new(total, "loading " .. dir) or nil
+  local off, direct = 0, ffi.new("int32_t[1]")
+  for _, f in ipairs(files) do
+    local ok, rerr = core.ok(C.loip_file_read(dir .. "/" .. f.name, 0, f.size, base + off, C.LOIP_READ_DIRECT, direct))
+    if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
+    keep.base[f.name] = base + off
+    keep.direct = keep.direct + direct[0]
+    off = off + f.size
+    if bar then bar:update(off) end
+  end
+  if bar then bar:finish() end
+  return keep
+end
+
+local function fill_view(v, t)
+  v.dtype, v.ndim = M.dtypes[t.dtype][1], #t.shape
+  for i, d in ipairs(t.shape) do v.shape[i - 1] = d end
+end
+
+-- The runner's stage descriptors (loip_stage_desc[S], with their extents and views, kept
+-- alive in the returned table) for a one-device plan: each stage's offloaded block files are
+-- read whole, one after another, into the slot; the views say where each tensor lands.
+function M.stage_descs(dir, man, p, device)
+  local by_name = {}
+  for _, f in ipairs(man.files) do by_name[f.name] = f end
+  local stages = p.devices[device or 1].stages
+  local out = { n = #stages, descs = ffi.new("loip_stage_desc[?]", #stages), anchors = {} }
+  for k, st in ipairs(stages) do
+    local d = out.descs[k - 1]
+    local a, off = st.blocks[1], st.offloaded or 0
+    d.first_block, d.last_block, d.n_offloaded = a, st.blocks[2] + 1, off
+    if p.per_block then d.flags = C.LOIP_STAGE_PER_BLOCK end
+    if off > 0 then
+      local files, n_views = {}, 0
+      for b = a, a + off - 1 do
+        local f = by_name[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))]
+        files[#files + 1] = f
+        n_views = n_views + #f.tensors
+      end
+      local ext, views = ffi.new("loip_load_extent[?]", #files), ffi.new("loip_stage_view[?]", n_views)
+      local paths, slot_off, vi = {}, 0, 0
+      for i, f in ipairs(files) do
+        local path = dir .. "/" .. f.name
+        paths[i] = path
+        local e = ext[i - 1]
+        e.path, e.fd, e.file_offset, e.length, e.slot_offset = path, -1, 0, f.size, slot_off
+        for _, t in ipairs(f.tensors) do
+          local v = views[vi]
+          v.layer, v.which, v.slot_offset = t.layer, M.kinds[t.kind], slot_off + t.offset
+          fill_view(v, t)
+          vi = vi + 1
+        end
+        slot_off = slot_off + f.size
+      end
+      d.n_extents, d.extents, d.n_views, d.views = #files, ext, n_views, views
+      out.anchors[#out.anchors + 1] = { ext, views, paths }
+    end
+  end
+  return out
+end
+
+-- Open store dir for loip.model.open: (config, facts, bind) where bind(model, plan) loads the
+-- blocks (the resident ones only, under a plan), binds their tensors and returns what must stay
+-- alive with the model; the offloaded blocks are bound later by the runner (M.stage_descs).
+-- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
+-- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
+-- Bind every tensor of the files loaded in keep (M.load_files) to model m.
+function M.bind_loaded(m, dir, man, keep)
+  for _, f in ipairs(man.files) do
+    if keep.base[f.name] then
+      for _, t in ipairs(f.tensors) do
+        local v = ffi.new("loip_tensor")
+        v.data = keep.base[f.name] + t.offset
+        fill_view(v, t)
+        local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+        if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
+      end
+    end
+  end
+end
+
+function M.open(dir, opts)
+  opts = opts or {}
+  local man = M.read_manifest(dir)
+  local c, facts = M.config(dir, man)
+  M.check_files(dir, man, opts.verify)
+  facts.manifest = man
+  local function bind(m, p)
+    local names
+    if p then
+      names = {}
+      for _, f in ipairs(man.files) do names[f.name] = true end
+      for _, st in ipairs(p.devices[1].stages) do
+        for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
+          names[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))] = nil
+        end
+      end
+    end
+    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names)
+    for _, f in ipairs(man.files) do
+      if keep.base[f.name] then
+        for _, t in ipairs(f.tensors) do
+          local v = ffi.new("loip_tensor")
+          v.data = keep.base[f.name] + t.offset
+          fill_view(v, t)
+          local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+          if not ok then
+            M.close(keep)
+            error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0)
+          end
+        end
+      end
+    end
+    return keep
+  end
+  return c, facts, bind
+end
+
+function M.close(keep)
+  core.free(keep.buffer, C.loip_buffer_free)
+  for _, map in ipairs(keep.maps or {}) do core.free(map, C.loip_mapping_free) end
+  keep.buffer, keep.maps = nil, nil
+end
+
+return M

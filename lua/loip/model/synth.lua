@@ -1,0 +1,204 @@
+-- Synthetic models for benchmarks: a Hugging Face directory with a real model's shapes and
+-- seeded random weights (C fills them; this module plans the files), plus a llama2.c
+-- tokenizer.bin with as many tokens as the vocabulary so that text goes in and comes out.
+--
+-- The directory is complete only when config.json exists: it is written last, and every file
+-- is written under a temporary name and renamed when whole.
+local ffi = require "ffi"
+local bit = require "bit"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local shapes = require "loip.model.shapes"
+local hf = require "loip.model.hf"
+local progress = require "loip.tools.progress"
+local C = core.C
+
+local M = {}
+
+local dtypes = { bf16 = { "BF16", C.LOIP_BF16, 2 }, f16 = { "F16", C.LOIP_F16, 2 }, f32 = { "F32", C.LOIP_F32, 4 } }
+local STD = 0.02 -- default weight scale (as initializer_range)
+local CHUNK = 16 * 1024 * 1024 -- elements per fill
+
+local function mkdir_p(dir)
+  if os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") ~= 0 then
+    error(dir .. ": cannot create the directory", 0)
+  end
+end
+
+-- Seed of one tensor: the run's seed and the tensor's name, so tensors do not depend on the
+-- order or sharding in which they are written.
+local function tensor_seed(seed, name)
+  local h = 2166136261
+  for i = 1, #name do h = bit.tobit((bit.bxor(h, name:byte(i))) * 16777619) end
+  return ffi.new("uint64_t", seed) * 4294967296ULL + ffi.new("uint64_t", bit.band(h, 0x7fffffff))
+end
+
+-- The config table for the flags (shape name plus overrides).
+function M.config(o)
+  local cfg, err = shapes.get(o.like)
+  if not cfg then error(err, 0) end
+  local over = { layers = "num_hidden_layers", dim = "hidden_size", ffn = "intermediate_size",
+    heads = "num_attention_heads", kv_heads = "num_key_value_heads", head_dim = "head_dim", vocab = "vocab_size" }
+  for flag, field in pairs(over) do
+    if o[flag] ~= nil then
+      if o[flag] <= 0 then error(string.format("synth: --%s must be positive", flag:gsub("_", "-")), 0) end
+      cfg[field] = o[flag]
+    end
+  end
+  if (o.dim or o.heads) and not o.head_dim and cfg.head_dim then
+    cfg.head_dim = math.floor(cfg.hidden_size / cfg.num_attention_heads)
+  end
+  if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
+  cfg.bos_token_id, cfg.eos_token_id = 1, 2
+  cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]
+  cfg.loip_synthetic = { like = o.like, seed = o.seed, std = o.std or STD }
+  return cfg
+end
+
+-- Tensors of the model: { name, shape, mean, std, numel }.
+local function tensor_plan(c, std)
+  local plan = {}
+  for _, w in ipairs(hf.weight_list(c)) do
+    local kind, name = w[2], w[3]
+    local shape = hf.shape_of(c, kind)
+    local numel = 1
+    for _, d in ipairs(shape) do numel = numel * d end
+    local is_norm = name:match("norm%.weight$")
+    plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = is_norm and 1 or 0,
+      std = is_norm and 0 or std }
+  end
+  return plan
+end
+
+-- Group tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own).
+local function shard(plan, es, shard_bytes)
+  local shards, cur, size = {}, {}, 0
+  for _, t in ipairs(plan) do
+    local b = t.numel * es
+    if #cur > 0 and size + b > shard_bytes then
+      shards[#shards + 1] = cur
+      cur, size = {}, 0
+    end
+    cur[#cur + 1] = t
+    size = size + b
+  end
+  if #cur > 0 then shards[#shards + 1] = cur end
+  return shards
+end
+
+local function u64le(n)
+  local b = {}
+  for i = 1, 8 do b[i] = string.char(n % 256) n = math.floor(n / 256) end
+  return table.concat(b)
+end
+
+local function check(rc, what) core.check(rc, what) end
+
+local function write_file(path, text)
+  local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
+  if not w then error(core.last_error(), 0) end
+  check(C.loip_writer_write(w, text, #text))
+  check(C.loip_writer_commit(w))
+  core.free(w, C.loip_writer_free)
+end
+
+-- tokenizer.bin in llama2.c's format: <unk>, BOS, EOS, 256 byte tokens, then printable
+-- ASCII characters, then letter pairs and triples, until the vocabulary is full.
+function M.tokenizer_bin(vocab)
+  local pieces = { "<unk>", "\n<s>\n", "\n</s>\n" }
+  for b = 0, 255 do pieces[#pieces + 1] = string.format("<0x%02X>", b) end
+  local seen = {}
+  local function add(p)
+    if #pieces < vocab and not seen[p] then seen[p] = true pieces[#pieces + 1] = p end
+  end
+  for ch = 32, 126 do add(string.char(ch)) end
+  local letters = "etaoinshrdlucmfwypvbgkjqxz"
+  for i = 1, #letters do add(" " .. letters:sub(i, i)) end
+  for i = 1, #letters do for j = 1, #letters do add(letters:sub(i, i) .. letters:sub(j, j)) end end
+  for i = 1, #letters do for j = 1, #letters do add(" " .. letters:sub(i, i) .. letters:sub(j, j)) end end
+  for i = 1, #letters do for j = 1, #letters do for k = 1, #letters do
+    add(letters:sub(i, i) .. letters:sub(j, j) .. letters:sub(k, k))
+  end end end
+  local n = 0
+  while #pieces < vocab do n = n + 1 add(string.format("<synth%d>", n)) end
+  local maxlen = 0
+  for _, p in ipairs(pieces) do maxlen = math.max(maxlen, #p) end
+  local out = { ffi.string(ffi.new("uint32_t[1]", maxlen), 4) }
+  for i, p in ipairs(pieces) do
+    local score = i > 259 and -(i - 260) or 0
+    out[#out + 1] = ffi.string(ffi.new("float[1]", score), 4) .. ffi.string(ffi.new("int32_t[1]", #p), 4) .. p
+  end
+  return table.concat(out)
+end
+
+function M.write(dir, o)
+  local dt = dtypes[o.dtype]
+  if not dt then error(string.format("synth: --dtype '%s' is not one of bf16, f16, f32", tostring(o.dtype)), 0) end
+  local cfg = M.config(o)
+  local c = hf.parse_config(cfg, "synth config") -- validates the shape as the loader will
+  local cm, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, c)
+  if not cm then error("synth: " .. err, 0) end
+  core.free(cm, C.loip_model_free)
+  local plan = tensor_plan(c, o.std or STD)
+  local es = dt[3]
+  local total = 0
+  for _, t in ipairs(plan) do total = total + t.numel * es end
+  mkdir_p(dir)
+  if json.exists(dir .. "/config.json") and not o.force then
+    error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
+  end
+  local free = ffi.new("uint64_t[1]")
+  check(C.loip_disk_free(dir, free), dir)
+  local need = total + 64 * 1024 * 1024
+  if tonumber(free[0]) < need then
+    error(string.format("%s: not enough disk space: the model needs %s, %s are free", dir,
+      progress.human(need), progress.human(tonumber(free[0]))), 0)
+  end
+  os.remove(dir .. "/config.json") -- the directory is not a model until we finish
+  local shards = shard(plan, es, o.shard_size or 5 * 1024 ^ 3)
+  local bar = progress.new(total, string.format("synth %s %s", o.like, o.dtype))
+  local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, CHUNK * es)
+  local data = C.loip_buffer_data(buf)
+  local written, weight_map = 0, {}
+  for si, list in ipairs(shards) do
+    local fname = #shards == 1 and "model.safetensors"
+      or string.format("model-%05d-of-%05d.safetensors", si, #shards)
+    local header, off = { __metadata__ = { format = "pt", loip_synthetic = "1" } }, 0
+    for _, t in ipairs(list) do
+      header[t.name] = { dtype = dt[1], shape = t.shape, data_offsets = { off, off + t.numel * es } }
+      off = off + t.numel * es
+      weight_map[t.name] = fname
+    end
+    local h = json.encode_sorted(header)
+    h = h .. string.rep(" ", (8 - #h % 8) % 8)
+    local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, dir .. "/" .. fname)
+    if not w then error(core.last_error(), 0) end
+    check(C.loip_writer_write(w, u64le(#h) .. h, 8 + #h))
+    for _, t in ipairs(list) do
+      local seed = tensor_seed(o.seed or 1, t.name)
+      local first = 0
+      while first < t.numel do
+        local k = math.min(CHUNK, t.numel - first)
+        check(C.loip_fill_random(data, k, dt[2], seed, first, t.mean, t.std))
+        check(C.loip_writer_write(w, data, k * es))
+        first = first + k
+        written = written + k * es
+        bar:update(written)
+      end
+    end
+    check(C.loip_writer_commit(w))
+    core.free(w, C.loip_writer_free)
+  end
+  core.free(buf, C.loip_buffer_free)
+  if #shards > 1 then
+    write_file(dir .. "/model.safetensors.index.json",
+      json.encode_sorted({ metadata = { total_size = total }, weight_map = weight_map }, 2))
+  end
+  write_file(dir .. "/tokenizer.bin", M.tokenizer_bin(cfg.vocab_size))
+  write_file(dir .. "/generation_config.json", json.encode_sorted({ bos_token_id = 1, eos_token_id = 2 }, 2))
+  write_file(dir .. "/config.json", json.encode_sorted(cfg, 2))
+  bar:finish(string.format("%s (%d file%s)", dir, #shards, #shards > 1 and "s" or ""))
+  return { dir = dir, bytes = total, files = #shards, config = cfg }
+end
+
+return M

@@ -1,0 +1,95 @@
+-- Memory budgets: a device's limit in bytes and the named accounts ("weights", "slots", "kv",
+-- "activations", ...) that every allocation is charged to, before it is made. A charge that
+-- does not fit raises the runtime's message naming the account and the shortfall.
+--
+--   local b = loip.memory.budget("1.5G")          -- or bytes; 0: unlimited
+--   local m = loip.model.open(dir, { budget = b }) -- or { mem = "1.5G" }: a budget of its own
+--   print(loip.memory.report(m))                   -- account, bytes, peak, with totals
+local ffi = require "ffi"
+local core = require "loip.core"
+local flags = require "loip.tools.flags"
+local C = core.C
+
+local M = {}
+
+local Budget = {}
+Budget.__index = Budget
+M.Budget = Budget
+
+-- "1.50 GiB", "512.0 MiB", "300 bytes" (as the runtime writes sizes in its messages).
+function M.format_bytes(n)
+  local units = { "bytes", "KiB", "MiB", "GiB", "TiB" }
+  local u = 1
+  while n >= 1024 and u < #units do n, u = n / 1024, u + 1 end
+  if u == 1 then return string.format("%d bytes", n) end
+  return string.format(u >= 4 and "%.2f %s" or "%.1f %s", n, units[u])
+end
+
+-- A budget of limit bytes: a number, or a string such as "1.5G" or "600M"; 0: unlimited.
+function M.budget(limit)
+  if type(limit) == "string" then
+    local n = flags.parse_bytes(limit)
+    if not n then error("loip.memory.budget: '" .. limit .. "' is not a size (e.g. 1.5G, 600M, 4096)", 2) end
+    limit = n
+  end
+  if type(limit) ~= "number" or limit < 0 or limit ~= math.floor(limit) then
+    error("loip.memory.budget: limit must be a whole number of bytes >= 0 (0: unlimited)", 2)
+  end
+  local h, err = core.new("loip_budget *", C.loip_budget_new, C.loip_budget_free, limit)
+  if not h then error(err, 0) end
+  return setmetatable({ handle = h }, Budget)
+end
+
+function M.is_budget(x) return getmetatable(x) == Budget end
+
+function Budget:limit() return tonumber(C.loip_budget_limit(self.handle)) end
+function Budget:used() return tonumber(C.loip_budget_used(self.handle)) end
+function Budget:peak() return tonumber(C.loip_budget_peak(self.handle)) end
+
+-- Charge bytes to account (for memory the runtime does not allocate itself); nil, err when it
+-- does not fit. Give it back with :release.
+function Budget:charge(account, bytes)
+  return core.ok(C.loip_budget_charge(self.handle, account, bytes))
+end
+function Budget:release(account, bytes) C.loip_budget_release(self.handle, account, bytes) end
+
+local Report = {}
+Report.__index = Report
+
+function Report:__tostring()
+  local lines = { string.format("%-16s %14s %14s", "account", "bytes", "peak") }
+  for _, a in ipairs(self) do
+    lines[#lines + 1] = string.format("%-16s %14s %14s", a.account, M.format_bytes(a.bytes), M.format_bytes(a.peak))
+  end
+  lines[#lines + 1] = string.format("%-16s %14s %14s", "total", M.format_bytes(self.used), M.format_bytes(self.peak))
+  lines[#lines + 1] = self.limit > 0
+    and string.format("%-16s %14s %14s", "budget", M.format_bytes(self.limit), M.format_bytes(self.free) .. " free")
+    or string.format("%-16s %14s", "budget", "unlimited")
+  return table.concat(lines, "\n")
+end
+
+-- The accounts as an array of { account, bytes, peak } (first charged first) with totals:
+-- used, peak, limit (0: unlimited), free (limit - used; nil when unlimited). Prints as a table.
+function Budget:report()
+  local cap = tonumber(C.LOIP_BUDGET_MAX_ACCOUNTS)
+  local acc = ffi.new("loip_budget_account[?]", cap)
+  local n = math.min(C.loip_budget_report(self.handle, acc, cap), cap)
+  local r = setmetatable({}, Report)
+  for i = 0, n - 1 do
+    r[#r + 1] = { account = ffi.string(acc[i].name), bytes = tonumber(acc[i].bytes), peak = tonumber(acc[i].peak) }
+  end
+  r.used, r.peak, r.limit = self:used(), self:peak(), self:limit()
+  r.free = r.limit > 0 and r.limit - r.used or nil
+  return r
+end
+
+Budget.__tostring = function(self) return tostring(self:report()) end
+
+-- The report of a budget, or of a model opened with one.
+function M.report(x)
+  if M.is_budget(x) then return x:report() end
+  if type(x) == "table" and M.is_budget(x.budget) then return x.budget:report() end
+  error("loip.memory.report: expected a budget or a model opened with { mem = ... } or { budget = ... }", 2)
+end
+
+return M

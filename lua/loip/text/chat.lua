@@ -1,0 +1,85 @@
+-- Chat templates: the model's own `chat_template` (tokenizer_config.json, or a file given
+-- explicitly) rendered with loip.template in the environment transformers uses.
+--
+--   local text = chat.apply(dir, { { role = "user", content = "Hi" } }, { add_generation_prompt = true })
+local json = require "loip.tools.json"
+
+local M = {}
+
+local function read(path)
+  local text, err = json.read_file(path)
+  if not text then error(path .. ": " .. tostring(err), 0) end
+  return text
+end
+
+-- A special token as tokenizer_config.json writes it: a string, or an AddedToken object.
+local function token_text(v)
+  if type(v) == "string" then return v end
+  if type(v) == "table" and type(v.content) == "string" then return v.content end
+  return nil
+end
+
+-- The template text and the special tokens transformers would pass, for model directory dir.
+-- opts.template_file: a .jinja file to use instead; opts.name: which of several named
+-- templates (default "default").
+function M.load(dir, opts)
+  opts = opts or {}
+  local cfg_path = dir .. "/tokenizer_config.json"
+  local cfg = {}
+  if json.exists(cfg_path) then
+    local c, err = json.load(cfg_path)
+    if not c then error(err, 0) end
+    cfg = c
+  end
+  local text
+  if opts.template_file then
+    text = read(opts.template_file)
+  else
+    if not json.exists(cfg_path) and json.exists(dir .. "/chat_template.jinja") then
+      text = read(dir .. "/chat_template.jinja")
+    end
+    local t = cfg.chat_template
+    if type(t) == "string" then
+      text = t
+    elseif type(t) == "table" then -- a list of { name, template }
+      local want = opts.name or "default"
+      for _, e in ipairs(t) do
+        if type(e) == "table" and e.name == want then text = e.template end
+      end
+      if not text then error(string.format("%s: no chat template named '%s'", cfg_path, want), 0) end
+    elseif not text and json.exists(dir .. "/chat_template.jinja") then
+      text = read(dir .. "/chat_template.jinja")
+    end
+  end
+  if not text then
+    error(string.format("%s: the model has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja); pass one with --chat-template FILE", dir), 0)
+  end
+  local specials = {}
+  for _, k in ipairs({ "bos_token", "eos_token", "unk_token", "pad_token" }) do
+    local v = token_text(cfg[k])
+    if v then specials[k] = v end
+  end
+  if type(cfg.additional_special_tokens) == "table" then
+    local list = {}
+    for i, v in ipairs(cfg.additional_special_tokens) do list[i] = token_text(v) end
+    specials.additional_special_tokens = list
+  end
+  return text, specials
+end
+
+-- Render messages with the model's template. opts: add_generation_prompt, tools, extra
+-- variables (enable_thinking, date_string, ...) in opts.vars, template_file, name.
+function M.apply(dir, messages, opts)
+  opts = opts or {}
+  local template = require "loip.text.template"
+  local text, specials = M.load(dir, opts)
+  local vars = { messages = messages, tools = opts.tools or template.null, documents = template.null,
+    add_generation_prompt = opts.add_generation_prompt and true or false }
+  for k, v in pairs(specials) do vars[k] = v end
+  for k, v in pairs(opts.vars or {}) do vars[k] = v end
+  local out, err = template.render(text, vars, { now = opts.now })
+  if not out then error("chat template: " .. tostring(err), 0) end
+  return out
+end
+
+return M

@@ -1,0 +1,68 @@
+-- The interactive REPL: Lua with `loip` loaded; expressions print their values, plans and
+-- tables print readably. History in ~/.loip_history.
+local M = {}
+
+local function show(v, depth, seen)
+  depth = depth or 0
+  seen = seen or {}
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) ~= "table" or seen[v] or depth > 3 then return tostring(v) end
+  local mt = getmetatable(v)
+  if mt and mt.__tostring then return tostring(v) end
+  seen[v] = true
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b)
+    if type(a) == type(b) and (type(a) == "number" or type(a) == "string") then return a < b end
+    return type(a) < type(b)
+  end)
+  local parts = {}
+  for i, k in ipairs(keys) do
+    if i > 50 then parts[#parts + 1] = "..." break end
+    local key = type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k, depth + 1, seen) .. "]"
+    parts[#parts + 1] = key .. " = " .. show(v[k], depth + 1, seen)
+  end
+  return "{ " .. table.concat(parts, ", ") .. " }"
+end
+M.show = show
+
+function M.run()
+  local loip = require "loip"
+  _G.loip = loip
+  local home = os.getenv("HOME")
+  local hist = home and (home .. "/.loip_history")
+  if hist then loip_history("load", hist) end
+  print(require("loip.tools.cli").version())
+  print('loip REPL — `loip` is loaded; try: m = loip.model.open("models/stories260K")')
+  local buffer = ""
+  while true do
+    local line = loip_readline(buffer == "" and "loip> " or "  ... ")
+    if not line then break end
+    if line:match("%S") and hist then loip_history("add", line) end
+    buffer = buffer == "" and line or (buffer .. "\n" .. line)
+    local chunk, err = loadstring("return " .. buffer, "=repl")
+    if not chunk then chunk, err = loadstring(buffer, "=repl") end
+    if not chunk and err:match("<eof>") then
+      -- incomplete statement: read more
+    else
+      buffer = ""
+      if not chunk then
+        print(err)
+      else
+        local res = { xpcall(chunk, debug.traceback) }
+        if not res[1] then
+          print(res[2])
+        elseif #res > 1 then
+          local out = {}
+          for i = 2, table.maxn(res) do out[#out + 1] = show(res[i]) end
+          print(table.concat(out, "\t"))
+        end
+      end
+    end
+  end
+  if hist then loip_history("save", hist) end
+  io.write("\n")
+  return 0
+end
+
+return M
