@@ -26,7 +26,7 @@ static const struct {
     FIELD(loip_sampler_params, penalty_last_n),
     SIZE(loip_loader_config), FIELD(loip_loader_config, rate_limit_bps),
     FIELD(loip_loader_config, n_slots), FIELD(loip_loader_config, debug_short_every),
-    FIELD(loip_loader_config, budget),
+    FIELD(loip_loader_config, overlap_loads), FIELD(loip_loader_config, budget),
     SIZE(loip_budget_account), FIELD(loip_budget_account, name), FIELD(loip_budget_account, bytes),
     FIELD(loip_budget_account, peak),
     SIZE(loip_load_extent), FIELD(loip_load_extent, fd), FIELD(loip_load_extent, file_offset),

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 17, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 18, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -250,7 +250,14 @@ typedef struct loip_loader_config {
     int32_t debug_short_every; /* tests: every Nth read returns only a part (as a device may
                                   return less than asked), so the remainder is read again;
                                   0: off */
-    int32_t reserved;
+    int32_t overlap_loads;    /* 0 (the default): a load's reads start once the reads of the
+                                 load before it have all landed (in-order completion: the stage
+                                 waiting on the first load gets it sooner on devices that serve
+                                 queued reads in parallel); 1: a load's reads are issued as soon
+                                 as the queue has room, overlapping the previous load's tail
+                                 (io_uring; the buffered path reads one request at a time
+                                 either way). Which is faster is the device's: a profile
+                                 measures it, a policy chooses. Other values: LOIP_EINVAL */
     loip_budget *budget;      /* slots charged to its "slots" account, the buffered path's
                                  bounce buffer to "scratch" (NULL: not charged) */
 } loip_loader_config;
@@ -294,6 +301,16 @@ typedef struct loip_loader_stats_t {
 typedef struct loip_loader loip_loader;
 /* cfg NULL: defaults (one slot of 0 bytes is useless: give slot_bytes). */
 LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out);
+/* What loip_loader_new(cfg) would charge to cfg->budget, for planning before anything is
+ * allocated: *slot_bytes to "slots" (n_slots x slot_bytes, each rounded up to 4 KiB as the
+ * loader rounds it) and *scratch_bytes to "scratch" (the buffered path's bounce buffer; 0 for
+ * io_uring). For LOIP_LOADER_AUTO it decides the path as loip_loader_new does, with the same
+ * probe (an io_uring ring set up and closed at once; nothing else is allocated), so a machine
+ * without io_uring counts the bounce buffer. LOIP_LOADER_URING counts no bounce buffer and does
+ * not probe (loip_loader_new fails where io_uring is unavailable). LOIP_EINVAL for a config
+ * loip_loader_new refuses; the budget is not touched. Either out-parameter may be NULL. */
+LOIP_API int loip_loader_size(const loip_loader_config *cfg, uint64_t *slot_bytes,
+                              uint64_t *scratch_bytes);
 /* Waits for reads in flight (the kernel writes into the slots), drops loads not yet started. */
 LOIP_API void loip_loader_free(loip_loader *l);
 /* LOIP_LOADER_URING or LOIP_LOADER_BUFFERED: the path in use. */
@@ -632,6 +649,15 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
 /* Emulate a slower link on everything this socket receives: rate_bps bytes/s (0: off) as a
  * serial wire, plus delay_ns one-way. */
 LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns);
+/* How long before an emulated delivery time the receiver stops sleeping and spins on the
+ * clock, so that the timer's lateness (the machine's: a profile measures it) does not add to
+ * every emulated message; 0 (the default): sleep only. */
+LOIP_API int loip_sock_emulate_spin(loip_sock *s, uint64_t spin_ns);
+/* The weight of a new sample in the moving averages of s's link statistics (bw_bps,
+ * latency_ns): average = (1 - weight) x average + weight x sample; the first sample is taken
+ * as it is. In (0, 1], LOIP_EINVAL outside. A socket never given one uses 1 (no smoothing:
+ * the last sample); the Lua side gives each socket its default at birth. */
+LOIP_API int loip_sock_smoothing(loip_sock *s, double weight);
 
 /* A heartbeat: a thread with its own server socket at endpoint answering PING with PONG, so
  * that a worker whose main thread computes a long stage still answers. The PONG's payload is
@@ -714,8 +740,18 @@ typedef struct loip_device_stats {
 } loip_device_stats_t;
 
 typedef struct loip_device loip_device;
-/* Buffers (hidden states, logits, the payload) charged to budget's "activations" first. */
+/* Buffers (hidden states, logits, the payload) charged to budget's "activations" first.
+ * max_tokens is lowered to the session's max_batch, logits_tokens (<= 0: 1) to max_tokens. */
 LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget, loip_device **out);
+/* What loip_device_new charges to "activations" for a device of a model with cfg: the hidden
+ * states (max_tokens x dim floats), the logits (logits_tokens x vocab_size floats), the
+ * incoming payloads (the hidden states' size, at least the 64 KiB a control message may need)
+ * and the token ids (max_tokens int32), into *bytes. logits_tokens is clamped as
+ * loip_device_new clamps it (<= 0: 1; at most max_tokens); lowering max_tokens to the session's
+ * max_batch is the caller's (pass the smaller). LOIP_EINVAL for max_tokens <= 0, or a cfg
+ * without a positive dim and vocab_size. */
+LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
+                              int32_t logits_tokens, uint64_t *bytes);
 LOIP_API void loip_device_free(loip_device *d);
 /* Request number request starts: data messages must carry it in their step's upper 32 bits
  * (older ones are stale and refused, so that a late message of a stopped request cannot

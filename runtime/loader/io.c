@@ -56,16 +56,18 @@ void loader_finish_if_done(loip_loader *l, lload *ld) {
 }
 
 /* Take the next read of the oldest pending load (NULL when none, throttled, or held back).
- * A load starts only when the reads of the loads before it have all landed: loads are
- * consumed in order, and a device serves the reads it holds in parallel, so overlapping the
- * next load with the tail of the current one delays the current one's end by the next one's
- * bytes (measured on this VM's virtio disk: a 96 MiB load and the 20 MiB one queued behind it
- * finished together, with a quarter of the queue as the overlap), and the stage waiting for
- * it holds its slot longer. The cost is one drain of the queue per load. */
+ * overlap_loads 0: a load starts only when the reads of the loads before it have all landed.
+ * Loads are consumed in order, and a device that serves the reads it holds in parallel makes
+ * the current load end later by the next one's bytes when the two overlap (on the VM this was
+ * written on, a 96 MiB load and the 20 MiB one queued behind it finished together), so the
+ * stage waiting for it holds its slot longer; the cost is one drain of the queue per load.
+ * overlap_loads 1: no drain, for devices where it costs more than it gives. Which holds is
+ * the machine's (a profile measures it; the caller chooses). */
 static lread *next_read(loip_loader *l, uint64_t *throttle_ns) {
     while (l->pend_head) {
         lload *ld = l->pend_head;
-        if (ld->next_ext == 0 && ld->next_off == 0 && l->in_flight > 0) return NULL;
+        if (!l->cfg.overlap_loads && ld->next_ext == 0 && ld->next_off == 0 && l->in_flight > 0)
+            return NULL;
         lext *e = &ld->ext[ld->next_ext];
         if (ld->next_off >= e->length) { /* (zero-length extents) */
             ld->next_ext++, ld->next_off = 0;
@@ -315,7 +317,9 @@ void *loader_buffered_thread(void *arg) {
 }
 
 
-int loader_setup_uring(loip_loader *l) {
+/* ---- io_uring setup ------------------------------------------------------------------------ */
+
+int loader_open_ring(loip_loader *l) {
     int rc = io_uring_queue_init((unsigned)l->cfg.queue_depth + 2, &l->ring, 0);
     if (rc < 0) {
         snprintf(l->why, sizeof l->why, "io_uring unavailable: io_uring_queue_init: %s",
@@ -325,25 +329,51 @@ int loader_setup_uring(loip_loader *l) {
     l->ring_ok = 1;
     l->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (l->efd < 0) {
+        rc = -errno;
         snprintf(l->why, sizeof l->why, "eventfd: %s", strerror(errno));
-        return -errno;
+        return rc;
     }
+    return 0;
+}
+
+void loader_close_ring(loip_loader *l) {
+    if (l->ring_ok) io_uring_queue_exit(&l->ring);
+    l->ring_ok = 0;
+    if (l->efd >= 0) close(l->efd);
+    l->efd = -1;
+}
+
+int loader_pick_path(loip_loader *l) {
+    if (l->cfg.mode == LOIP_LOADER_BUFFERED) {
+        l->mode = LOIP_LOADER_BUFFERED;
+        snprintf(l->why, sizeof l->why, "chosen");
+        return 0;
+    }
+    l->mode = LOIP_LOADER_URING;
+    if (loader_open_ring(l) == 0) return 0;
+    loader_close_ring(l);
+    if (l->cfg.mode == LOIP_LOADER_URING) return loip_fail(LOIP_ENOSYS, "loader: %s", l->why);
+    l->mode = LOIP_LOADER_BUFFERED; /* AUTO: fall back; why says why */
+    return 0;
+}
+
+void loader_register_slots(loip_loader *l) {
     uint64_t chunks = (l->cfg.slot_bytes + REG_CHUNK - 1) / REG_CHUNK;
     size_t n = (size_t)(chunks * (uint64_t)l->cfg.n_slots);
-    struct iovec *iov = calloc(n ? n : 1, sizeof *iov);
-    if (!iov) return -ENOMEM;
-    for (int32_t s = 0; s < l->cfg.n_slots; s++)
-        for (uint64_t c = 0; c < chunks; c++) {
-            struct iovec *v = &iov[(uint64_t)s * chunks + c];
-            v->iov_base = l->slots[s] + c * REG_CHUNK;
-            v->iov_len = (size_t)min_u64(REG_CHUNK, l->cfg.slot_bytes - c * REG_CHUNK);
-        }
-    rc = n ? io_uring_register_buffers(&l->ring, iov, (unsigned)n) : -EINVAL;
-    free(iov);
+    struct iovec *iov = n ? calloc(n, sizeof *iov) : NULL;
+    int rc = -EINVAL;
+    if (iov) {
+        for (int32_t s = 0; s < l->cfg.n_slots; s++)
+            for (uint64_t c = 0; c < chunks; c++) {
+                struct iovec *v = &iov[(uint64_t)s * chunks + c];
+                v->iov_base = l->slots[s] + c * REG_CHUNK;
+                v->iov_len = (size_t)min_u64(REG_CHUNK, l->cfg.slot_bytes - c * REG_CHUNK);
+            }
+        rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n);
+        free(iov);
+    }
     l->registered = rc == 0;
     snprintf(l->why, sizeof l->why, "%s",
              l->registered ? "slots registered, fixed-buffer reads"
                            : "slots not registered (memlock limit?): plain reads");
-    return 0;
 }
-

@@ -7,10 +7,12 @@
  * the fallback): pread into a bounce buffer, memcpy into the slot, one read at a time.
  *
  * Loads are served in submission order; each is split into reads of at most request_bytes (and
- * never across a registered-buffer chunk). A read that returns less than asked is resubmitted
- * for the remainder; one that returns 0 before the extent's end (the file was truncated) fails
- * the load with LOIP_EIO naming the file and the offset. A failed load is reported only after
- * its reads in flight have landed, so nothing writes into a slot the caller believes idle. */
+ * never across a registered-buffer chunk). Whether a load's reads wait for the previous load's
+ * to land is the caller's choice (overlap_loads; see next_read in io.c). A read that returns
+ * less than asked is resubmitted for the remainder; one that returns 0 before the extent's end
+ * (the file was truncated) fails the load with LOIP_EIO naming the file and the offset. A
+ * failed load is reported only after its reads in flight have landed, so nothing writes into a
+ * slot the caller believes idle. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include <errno.h>
 #include <fcntl.h>
@@ -88,8 +90,9 @@ static int file_get(loip_loader *l, const char *path, int fd, int32_t *idx) {
 
 /* ---- the API ----------------------------------------------------------------------------- */
 
-LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
-    *out = NULL;
+/* cfg (NULL: defaults) with the defaults filled in and the sizes rounded as the loader uses
+ * them; LOIP_EINVAL for one it refuses. Shared by loip_loader_new and loip_loader_size. */
+static int config_normalise(const loip_loader_config *cfg, loip_loader_config *out) {
     loip_loader_config c = {0};
     if (cfg) c = *cfg;
     if (c.n_slots <= 0) c.n_slots = 1;
@@ -99,15 +102,53 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
     c.slot_bytes = (c.slot_bytes + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
     /* No read is larger than a slot: nor need the bounce buffer be. */
     if (c.slot_bytes && c.request_bytes > c.slot_bytes) c.request_bytes = c.slot_bytes;
+    *out = c;
     if (c.mode < LOIP_LOADER_AUTO || c.mode > LOIP_LOADER_BUFFERED || c.queue_depth > 4096 ||
-        c.request_bytes > (1u << 30) || c.n_slots > 1024)
+        c.request_bytes > (1u << 30) || c.n_slots > 1024 ||
+        (c.overlap_loads != 0 && c.overlap_loads != 1))
         return loip_fail(LOIP_EINVAL, "loader: bad config (mode %d, queue depth %d, request "
-                         "bytes %llu, slots %d)", c.mode, c.queue_depth,
-                         (unsigned long long)c.request_bytes, c.n_slots);
+                         "bytes %llu, slots %d, overlap_loads %d)", c.mode, c.queue_depth,
+                         (unsigned long long)c.request_bytes, c.n_slots, c.overlap_loads);
+    return LOIP_OK;
+}
+
+/* Bytes charged to "slots" for a normalised config (a slot of 0 bytes still takes a page). */
+static uint64_t slots_charge(const loip_loader_config *c) {
+    return (uint64_t)c->n_slots * (c->slot_bytes ? c->slot_bytes : ALIGN);
+}
+
+LOIP_API int loip_loader_size(const loip_loader_config *cfg, uint64_t *slot_bytes,
+                              uint64_t *scratch_bytes) {
+    loip_loader_config c;
+    int rc = config_normalise(cfg, &c);
+    if (rc) return rc;
+    int32_t mode = c.mode;
+    if (mode == LOIP_LOADER_AUTO) {
+        /* the decision loip_loader_new makes, on a loader that holds nothing but the ring */
+        loip_loader *probe = calloc(1, sizeof *probe);
+        if (!probe) return loip_fail(LOIP_ENOMEM, "loader size: out of memory");
+        probe->cfg = c;
+        probe->efd = -1;
+        rc = loader_pick_path(probe);
+        mode = probe->mode;
+        loader_close_ring(probe);
+        free(probe);
+        if (rc) return rc;
+    }
+    if (slot_bytes) *slot_bytes = slots_charge(&c);
+    if (scratch_bytes) *scratch_bytes = mode == LOIP_LOADER_BUFFERED ? c.request_bytes : 0;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
+    *out = NULL;
+    loip_loader_config c;
+    int rc = config_normalise(cfg, &c);
+    if (rc) return rc;
     /* The slots are charged before anything is allocated (and the buffered path's bounce
      * buffer to "scratch" once the path is known); the loader then holds a reference
      * to the budget and gives the charge back when freed. */
-    uint64_t slot_charge = (uint64_t)c.n_slots * (c.slot_bytes ? c.slot_bytes : ALIGN);
+    uint64_t slot_charge = slots_charge(&c);
     if (c.budget) {
         int brc = loip_budget_charge(c.budget, "slots", slot_charge);
         if (brc) return brc;
@@ -127,7 +168,7 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
     pthread_cond_init(&l->cv_done, &ca);
     pthread_cond_init(&l->cv_work, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = LOIP_ENOMEM;
+    rc = LOIP_ENOMEM;
     l->slots = calloc((size_t)c.n_slots, sizeof *l->slots);
     l->reads = calloc((size_t)c.queue_depth, sizeof *l->reads);
     if (!l->slots || !l->reads) goto fail;
@@ -135,21 +176,8 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
         if (!(l->slots[s] = loip_aligned_alloc(c.slot_bytes ? c.slot_bytes : ALIGN))) goto fail;
         memset(l->slots[s], 0, c.slot_bytes);
     }
-    l->mode = c.mode == LOIP_LOADER_BUFFERED ? LOIP_LOADER_BUFFERED : LOIP_LOADER_URING;
-    if (l->mode == LOIP_LOADER_URING) {
-        int urc = loader_setup_uring(l);
-        if (urc < 0 && c.mode == LOIP_LOADER_URING) {
-            rc = loip_fail(LOIP_ENOSYS, "loader: %s", l->why);
-            goto fail;
-        }
-        if (urc < 0) { /* AUTO: fall back, and say why */
-            if (l->ring_ok) io_uring_queue_exit(&l->ring);
-            l->ring_ok = 0;
-            l->mode = LOIP_LOADER_BUFFERED;
-        }
-    } else {
-        snprintf(l->why, sizeof l->why, "chosen");
-    }
+    if ((rc = loader_pick_path(l))) goto fail; /* LOIP_ENOSYS: io_uring asked, unavailable */
+    if (l->mode == LOIP_LOADER_URING) loader_register_slots(l);
     int nreads = l->mode == LOIP_LOADER_URING ? c.queue_depth : 1;
     for (int i = nreads - 1; i >= 0; i--) {
         l->reads[i].next = l->free_reads;
@@ -164,6 +192,7 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
             }
             l->bounce_charged = c.request_bytes;
         }
+        rc = LOIP_ENOMEM;
         if (!(l->bounce = loip_aligned_alloc(c.request_bytes))) goto fail;
     }
     l->tokens = (double)c.request_bytes;
@@ -201,8 +230,7 @@ LOIP_API void loip_loader_free(loip_loader *l) {
         wake(l);
         pthread_join(l->thread, NULL); /* returns once no read is in flight */
     }
-    if (l->ring_ok) io_uring_queue_exit(&l->ring);
-    if (l->efd >= 0) close(l->efd);
+    loader_close_ring(l);
     /* loads: those still pending or finished and never polled */
     for (lload *ld = l->done_head, *nx; ld; ld = nx) nx = ld->next, free(ld->ext), free(ld);
     for (lload *ld = l->pend_head, *nx; ld; ld = nx) nx = ld->next, free(ld->ext), free(ld);
@@ -223,8 +251,7 @@ LOIP_API void loip_loader_free(loip_loader *l) {
     free(l->reads);
     if (l->cfg.budget) {
         loip_budget_release(l->cfg.budget, "scratch", l->bounce_charged);
-        loip_budget_release(l->cfg.budget, "slots",
-                            (uint64_t)l->cfg.n_slots * (l->cfg.slot_bytes ? l->cfg.slot_bytes : ALIGN));
+        loip_budget_release(l->cfg.budget, "slots", slots_charge(&l->cfg));
         loip_budget_free(l->cfg.budget);
     }
     pthread_cond_destroy(&l->cv_work);

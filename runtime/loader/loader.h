@@ -91,8 +91,16 @@ static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Completion bookkeeping (io.c), called with mu held. */
 void loader_finish_if_done(loip_loader *l, lload *ld);
-/* io_uring setup: ring, wake-up eventfd, registered slots; l->why says what happened. */
-int loader_setup_uring(loip_loader *l);
+/* The path for l->cfg (normalised), decided the same way by loip_loader_new and
+ * loip_loader_size: LOIP_LOADER_BUFFERED when asked; else io_uring with l->ring and l->efd
+ * open (loader_open_ring), or, where that fails, LOIP_LOADER_BUFFERED under AUTO and
+ * LOIP_ENOSYS under URING. Sets l->mode and l->why. */
+int loader_pick_path(loip_loader *l);
+/* The ring (queue_depth + 2 entries) and its wake-up eventfd; l->why on failure. */
+int loader_open_ring(loip_loader *l);
+void loader_close_ring(loip_loader *l);
+/* Registers the slots with the ring (fixed-buffer reads) where the memlock limit allows. */
+void loader_register_slots(loip_loader *l);
 void *loader_uring_thread(void *arg);
 void *loader_buffered_thread(void *arg);
 

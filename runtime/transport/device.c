@@ -38,6 +38,39 @@ struct loip_device {
 
 enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
 
+/* A device's buffers for a model with dim and vocab and the given limits: the one computation
+ * behind loip_device_new's charge and loip_device_size. */
+typedef struct device_sizes {
+    int32_t logits_tokens; /* clamped: <= 0: 1, at most max_tokens */
+    uint64_t hidden, logits, payload, ids, total;
+} device_sizes;
+
+static int sizes_for(int32_t dim, int32_t vocab, int32_t max_tokens, int32_t logits_tokens,
+                     device_sizes *z) {
+    if (dim <= 0 || vocab <= 0 || max_tokens <= 0)
+        return loip_fail(LOIP_EINVAL, "device size: dim %d, vocab %d, max_tokens %d (all must be > 0)",
+                         dim, vocab, max_tokens);
+    if (logits_tokens <= 0) logits_tokens = 1;
+    if (logits_tokens > max_tokens) logits_tokens = max_tokens;
+    z->logits_tokens = logits_tokens;
+    z->hidden = (uint64_t)max_tokens * (uint64_t)dim * sizeof(float);
+    z->logits = (uint64_t)logits_tokens * (uint64_t)vocab * sizeof(float);
+    z->payload = z->hidden > CONTROL_CAP ? z->hidden : CONTROL_CAP;
+    z->ids = (uint64_t)max_tokens * sizeof(int32_t);
+    z->total = z->hidden + z->logits + z->payload + z->ids;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
+                              int32_t logits_tokens, uint64_t *bytes) {
+    if (!cfg || !bytes) return loip_fail(LOIP_EINVAL, "device size: cfg and bytes are required");
+    device_sizes z;
+    int rc = sizes_for(cfg->dim, cfg->vocab_size, max_tokens, logits_tokens, &z);
+    if (rc) return rc;
+    *bytes = z.total;
+    return LOIP_OK;
+}
+
 LOIP_API void loip_device_free(loip_device *d) {
     if (!d) return;
     loip_aligned_free(d->hidden);
@@ -63,15 +96,19 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     loip_device *d = calloc(1, sizeof *d);
     if (!d) return loip_fail(LOIP_ENOMEM, "device: out of memory");
     d->cfg = *cfg;
-    if (d->cfg.logits_tokens <= 0) d->cfg.logits_tokens = 1;
     if (d->cfg.max_tokens > loip_session_max_batch(cfg->session)) d->cfg.max_tokens = loip_session_max_batch(cfg->session);
-    if (d->cfg.logits_tokens > d->cfg.max_tokens) d->cfg.logits_tokens = d->cfg.max_tokens;
     d->m = loip_session_model(cfg->session);
     d->dim = d->m->cfg.dim, d->vocab = d->m->cfg.vocab_size;
-    uint64_t hidden = (uint64_t)d->cfg.max_tokens * d->dim * sizeof(float);
-    uint64_t logits = (uint64_t)d->cfg.logits_tokens * d->vocab * sizeof(float);
-    d->payload_cap = hidden > CONTROL_CAP ? hidden : CONTROL_CAP;
-    d->charged = hidden + logits + d->payload_cap + (uint64_t)d->cfg.max_tokens * 4;
+    device_sizes z;
+    int zrc = sizes_for(d->dim, d->vocab, d->cfg.max_tokens, d->cfg.logits_tokens, &z);
+    if (zrc) {
+        free(d);
+        return zrc;
+    }
+    d->cfg.logits_tokens = z.logits_tokens;
+    uint64_t hidden = z.hidden, logits = z.logits;
+    d->payload_cap = z.payload;
+    d->charged = z.total;
     if (budget) {
         int rc = loip_budget_charge(budget, "activations", d->charged);
         if (rc) {
@@ -82,7 +119,7 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     }
     d->hidden = loip_aligned_alloc(hidden);
     d->logits = loip_aligned_alloc(logits);
-    d->ids = malloc((size_t)d->cfg.max_tokens * sizeof(int32_t));
+    d->ids = malloc((size_t)z.ids);
     d->payload = malloc(d->payload_cap);
     if (!d->hidden || !d->logits || !d->ids || !d->payload) {
         loip_device_free(d);

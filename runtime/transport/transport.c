@@ -26,10 +26,6 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define MAX_PEERS 32
 #define AUTH_LOG_LINES 64
-/* An emulated delivery sleeps to this long before its time, then spins: this VM's timer wakes
- * a sleeper up to ~200 us late (measured: with 100 us, deliveries were 47 us late on average;
- * with 300 us, 6 us), and that lateness would add to every emulated hop. */
-#define EMU_SPIN_NS 300000ull
 
 struct loip_net {
     void *ctx;
@@ -57,6 +53,10 @@ struct loip_sock {
     char endpoint[256];
     int server;
     uint64_t rate_bps, delay_ns, wire_free_ns;
+    uint64_t spin_ns; /* an emulated delivery sleeps until this long before its time, then
+                         spins: the timer's lateness would add to every emulated hop (0: sleep
+                         only; loip_sock_emulate_spin, measured by a profile) */
+    double weight;    /* of a new sample in the link statistics' moving averages (1: none) */
     peer peers[MAX_PEERS];
     int n_peers;
 };
@@ -259,6 +259,7 @@ static int sock_new(loip_net *n, int type, loip_sock **out) {
     loip_sock *s = calloc(1, sizeof *s);
     if (!s) return loip_fail(LOIP_ENOMEM, "transport: out of memory");
     s->net = n;
+    s->weight = 1.0; /* C decides nothing: the last sample, until the caller smooths */
     if (!(s->z = zmq_socket(n->ctx, type))) {
         free(s);
         return zfail(LOIP_EINVAL, "transport: socket");
@@ -522,8 +523,8 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
         s->wire_free_ns = arrive;
         deliver = arrive + s->delay_ns;
         uint64_t now = loip_now_ns();
-        if (deliver > now + EMU_SPIN_NS) {
-            uint64_t until = deliver - EMU_SPIN_NS;
+        if (deliver > now && deliver - now > s->spin_ns) {
+            uint64_t until = deliver - s->spin_ns;
             struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
             while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
         }
@@ -540,9 +541,10 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
             double dt = (double)(now - h->t_send_ns);
             if (bytes >= 64 * 1024) {
                 double bw = (double)bytes / (dt / 1e9);
-                p->st.bw_bps = p->st.bw_bps ? 0.8 * p->st.bw_bps + 0.2 * bw : bw;
+                p->st.bw_bps = p->st.bw_bps ? (1 - s->weight) * p->st.bw_bps + s->weight * bw : bw;
             } else {
-                p->st.latency_ns = p->st.latency_ns ? 0.8 * p->st.latency_ns + 0.2 * dt : dt;
+                p->st.latency_ns = p->st.latency_ns ? (1 - s->weight) * p->st.latency_ns + s->weight * dt
+                                                    : dt;
                 p->st.latency_sum_ns += now - h->t_send_ns;
                 p->st.latency_count++;
                 if (t_recv >= h->t_send_ns) p->st.transit_sum_ns += t_recv - h->t_send_ns;
@@ -563,6 +565,18 @@ LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_n
     s->rate_bps = rate_bps;
     s->delay_ns = delay_ns;
     s->wire_free_ns = 0;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_sock_emulate_spin(loip_sock *s, uint64_t spin_ns) {
+    s->spin_ns = spin_ns;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_sock_smoothing(loip_sock *s, double weight) {
+    if (!(weight > 0.0 && weight <= 1.0)) /* NaN too */
+        return loip_fail(LOIP_EINVAL, "transport: smoothing weight %g is not in (0, 1]", weight);
+    s->weight = weight;
     return LOIP_OK;
 }
 

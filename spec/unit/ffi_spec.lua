@@ -15,7 +15,7 @@ describe("the FFI surface", function()
         "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings" },
       loip_tensor = { "data", "dtype", "ndim", "shape" },
       loip_sampler_params = { "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalty_last_n" },
-      loip_loader_config = { "rate_limit_bps", "n_slots", "debug_short_every", "budget" },
+      loip_loader_config = { "rate_limit_bps", "n_slots", "debug_short_every", "overlap_loads", "budget" },
       loip_budget_account = { "name", "bytes", "peak" },
       loip_load_extent = { "fd", "file_offset", "slot_offset" },
       loip_load_done = { "status", "t_done_ns", "message" },

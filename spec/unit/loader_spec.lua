@@ -96,5 +96,53 @@ describe("loip.runtime.loader", function()
   it("refuses a bad mode", function()
     assert.has_error(function() loader.new { slot_bytes = 4096, mode = "fast" } end)
     assert.has_error(function() loader.new { mode = "auto" } end)
+    assert.has_error(function() loader.new { slot_bytes = 4096, overlap_loads = 1 } end)
+    assert.has_error(function() loader.size { slot_bytes = 4096, mode = "fast" } end)
+  end)
+
+  for _, overlap in ipairs { false, true } do
+    it("reads back-to-back loads byte-exact with overlap_loads = " .. tostring(overlap), function()
+      local dir = T.tmpdir()
+      local a = make_file(dir, "a.bin", 160 * 1024, 5)
+      local LEN = 64 * 1024
+      for _, mode in ipairs { "auto", "buffered" } do
+        local l = assert(loader.new { slots = 2, slot_bytes = 4 * LEN, mode = mode, request_bytes = 16 * 1024,
+          queue_depth = 4, overlap_loads = overlap })
+        local function where(tag) return (tag - 1) % 2 + 1, math.floor((tag - 1) / 2) * LEN, (tag - 1) * 12288 end
+        for tag = 1, 6 do
+          local slot, at, off = where(tag)
+          assert.is_true(l:submit(slot, { { path = a, offset = off, length = LEN, slot_offset = at } }, tag))
+        end
+        for tag = 1, 6 do assert.is_true((l:wait(tag, 3000))) end
+        for tag = 1, 6 do
+          local slot, at, off = where(tag)
+          assert.is_true(same((l:slot(slot)), at, off, LEN, 5))
+        end
+        l:close()
+      end
+    end)
+  end
+
+  it("says from C what a loader will charge to its budget (loader.size)", function()
+    local memory = require "loip.runtime.memory"
+    for _, o in ipairs { { slots = 2, slot_bytes = 100000, mode = "auto" },
+                         { slots = 3, slot_bytes = 1048576, mode = "buffered", request_bytes = 12345 },
+                         { slots = 1, slot_bytes = 5000, mode = "uring" } } do
+      local b = memory.budget(0)
+      o.budget = b
+      local slots, scratch = assert(loader.size(o))
+      local l, err = loader.new(o)
+      if not l and o.mode == "uring" then
+        assert.matches("io_uring", err)
+      else
+        assert.is_truthy(l, err)
+        local held = {}
+        for _, acc in ipairs(b:report()) do held[acc.account] = acc.bytes end
+        assert.are.equal(slots, held.slots, o.mode)
+        assert.are.equal(scratch, held.scratch or 0, o.mode)
+        assert.are.equal(l:mode() == "buffered", scratch > 0, o.mode)
+        l:close()
+      end
+    end
   end)
 end)

@@ -18,7 +18,7 @@ local function pair(opts_a, opts_b)
 end
 
 describe("loip.runtime.transport", function()
-  after_each(function() collectgarbage() collectgarbage() end)
+  after_each(function() T.cleanup() collectgarbage() collectgarbage() end)
 
   it("needs a token or a key", function()
     local n, err = transport.net {}
@@ -131,6 +131,58 @@ describe("loip.runtime.transport", function()
     assert.is_true(st.mean_late_ms >= 0)
     assert.is_true(math.abs(st.mean_latency_ms - (st.mean_transit_ms + wire + st.mean_late_ms)) < 1e-3,
       string.format("%.4f vs %.4f + %.4f + %.4f", st.mean_latency_ms, st.mean_transit_ms, wire, st.mean_late_ms))
+    a:close()
+  end)
+
+  it("smooths bandwidth and latency with the weight Lua gives each socket; 1: the last sample", function()
+    local a, _, srv, cli = pair({ token = "x" })
+    -- two small messages: latency_ms is the weighted average of the two samples, whose sum is
+    -- in mean_latency_ms x 2 and whose first is the first latency (taken as it is)
+    local function two(w)
+      if w then srv:smoothing(w) end
+      local l = {}
+      for i = 1, 2 do
+        assert(cli:send { kind = "STATS", payload = "s" })
+        assert(srv:recv(3000))
+        local st = srv:stats()[1]
+        l[i] = i == 1 and st.latency_ms or st.mean_latency_ms * st.small_messages - l[1] * (st.small_messages - 1)
+        if i == 2 then return st, l end
+      end
+    end
+    local st, l = two(nil) -- the module's default, given at birth
+    assert.are.equal(0.2, transport.smoothing)
+    assert.is_true(math.abs(st.latency_ms - (0.8 * l[1] + 0.2 * l[2])) < 1e-6,
+      string.format("%.6f vs 0.8 x %.6f + 0.2 x %.6f", st.latency_ms, l[1], l[2]))
+    a:close()
+    a, _, srv, cli = pair({ token = "x" })
+    st, l = two(1)
+    assert.is_true(math.abs(st.latency_ms - l[2]) < 1e-6, st.latency_ms .. " vs the last " .. l[2])
+    assert.has_error(function() srv:smoothing(0) end)
+    assert.has_error(function() srv:smoothing(1.5) end)
+    assert.has_error(function() srv:smoothing(0 / 0) end)
+    local ffi_rc = core.C.loip_sock_smoothing(srv.handle, 2)
+    assert.are.equal(core.C.LOIP_EINVAL, ffi_rc)
+    local saved = transport.smoothing
+    transport.smoothing = 0 -- a policy's mistake is refused at the next socket's birth
+    local made = pcall(a.bind, a, "tcp://127.0.0.1:*")
+    transport.smoothing = saved
+    assert.is_false(made)
+    a:close()
+  end)
+
+  it("spins the last spin_us of an emulated delivery (Lua's default from M.emulate_spin_us)", function()
+    local a, _, srv, cli = pair({ token = "x" })
+    assert.are.equal(300, transport.emulate_spin_us)
+    for _, spin in ipairs { 0, 5000, nil } do
+      srv:emulate { rate = "100mbit", delay_ms = 2, spin_us = spin }
+      local t0 = core.now_ms()
+      assert(cli:send { kind = "STATS", payload = "s" })
+      assert(srv:recv(3000))
+      assert.is_true(core.now_ms() - t0 >= 2, "never earlier than the delay")
+    end
+    assert.has_error(function() srv:emulate { spin_us = -1 } end)
+    assert.has_error(function() srv:emulate { spin_us = "fast" } end)
+    srv:emulate {}
     a:close()
   end)
 

@@ -6,6 +6,7 @@
 --   l:submit(1, { { path = p, offset = 0, length = n, slot_offset = 0 }, ... }, tag)
 --   for _, d in ipairs(l:poll(wait_ms)) do ... d.tag, d.slot, d.ok, d.error, d.bytes ... end
 --   local ok, err = l:wait(tag)
+--   local slot_bytes, scratch_bytes = loader.size{ slots = 2, slot_bytes = n }  -- what new charges
 local ffi = require "ffi"
 local core = require "loip.core"
 local C = core.C
@@ -20,16 +21,15 @@ local mode_name = { [tonumber(C.LOIP_LOADER_URING)] = "uring",
 local Loader = {}
 Loader.__index = Loader
 
--- opts: slots (1), slot_bytes (required), mode ("auto" | "uring" | "buffered"), rate (bytes/s,
--- 0 = off), queue_depth (32), request_bytes (1 MiB), debug_short_every (tests), budget (from
--- loip.memory.budget: the slots are charged to its "slots" account before they are allocated).
--- Returns the loader, or nil, err when it cannot be made (e.g. mode "uring" without io_uring).
-function M.new(opts)
-  opts = opts or {}
+-- The C config for opts (see M.new); misuse raises at the caller's caller.
+local function config(opts)
   local mode = modes[opts.mode or "auto"]
-  if not mode then error("loader: mode must be auto, uring or buffered, not " .. tostring(opts.mode), 2) end
+  if not mode then error("loader: mode must be auto, uring or buffered, not " .. tostring(opts.mode), 3) end
   if type(opts.slot_bytes) ~= "number" or opts.slot_bytes <= 0 then
-    error("loader: slot_bytes (a positive number) is required", 2)
+    error("loader: slot_bytes (a positive number) is required", 3)
+  end
+  if opts.overlap_loads ~= nil and type(opts.overlap_loads) ~= "boolean" then
+    error("loader: overlap_loads must be a boolean, not " .. tostring(opts.overlap_loads), 3)
   end
   local cfg = ffi.new("loip_loader_config")
   cfg.n_slots = opts.slots or 1
@@ -39,15 +39,41 @@ function M.new(opts)
   cfg.queue_depth = opts.queue_depth or 0
   cfg.request_bytes = opts.request_bytes or 0
   cfg.debug_short_every = opts.debug_short_every or 0
+  cfg.overlap_loads = opts.overlap_loads and 1 or 0
   if opts.budget ~= nil then
     if not require("loip.runtime.memory").is_budget(opts.budget) then
-      error("loader: budget must come from loip.memory.budget", 2)
+      error("loader: budget must come from loip.memory.budget", 3)
     end
     cfg.budget = opts.budget.handle
   end
+  return cfg
+end
+
+-- opts: slots (1), slot_bytes (required), mode ("auto" | "uring" | "buffered"), rate (bytes/s,
+-- 0 = off), queue_depth (32), request_bytes (1 MiB), debug_short_every (tests), budget (from
+-- loip.memory.budget: the slots are charged to its "slots" account before they are allocated),
+-- overlap_loads (false, the default: a load's reads start once those of the load before it have
+-- all landed, so loads complete in order and the stage waiting on the first gets it sooner on a
+-- disk that serves queued reads in parallel; true: a load's reads start as soon as the queue
+-- has room, overlapping the previous load's tail. Which is faster is the disk's: a profile
+-- measures it, a policy chooses).
+-- Returns the loader, or nil, err when it cannot be made (e.g. mode "uring" without io_uring).
+function M.new(opts)
+  local cfg = config(opts or {})
   local h, err = core.new("loip_loader *", C.loip_loader_new, C.loip_loader_free, cfg)
   if not h then return nil, err end
   return setmetatable({ handle = h, done = ffi.new("loip_load_done[16]"), one = ffi.new("loip_load_done[1]") }, Loader)
+end
+
+-- What M.new(opts) would charge to a budget, from C (loip_loader_size), before anything is
+-- allocated: slot_bytes ("slots"), scratch_bytes ("scratch": the buffered path's bounce buffer;
+-- mode "auto" counts it where io_uring is unavailable here). nil, err for opts C refuses.
+function M.size(opts)
+  local cfg = config(opts or {})
+  local slots, scratch = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  local ok, err = core.ok(C.loip_loader_size(cfg, slots, scratch))
+  if not ok then return nil, err end
+  return tonumber(slots[0]), tonumber(scratch[0])
 end
 
 local function handle(self)
