@@ -158,7 +158,10 @@ do
   m:close()
 end
 local weight_bytes = sizes0.weight_bytes
-local session_bytes = sizes0.kv_bytes + sizes0.activation_bytes
+local session_bytes = sizes0.kv_bytes[sizes0.n_layers] + sizes0.activation_bytes
+-- the figures the scheduler plans with: this machine's calibration, the disk as measured below
+local problem_mod = require "loip.plan.problem"
+local calibration = require("loip.plan.profile").calibrate { store = o.store, threads = o.threads, context = o.context }
 log("store %s: %.2f GB of weights, %d blocks; %s", o.store, weight_bytes / 1e9, sizes0.n_blocks, cold and "cold" or "WARM")
 local full = run_here(0, nil, "auto")
 local compute_ms = full.ms
@@ -170,15 +173,17 @@ for item in o.budgets:gmatch("[^,]+") do
   local mem = share and math.floor(share * weight_bytes + session_bytes) or flags.parse_bytes(item)
   if not mem then error("--budgets: '" .. item .. "' is neither a share nor a size", 0) end
   local read_bps = raw_speed()
-  local rates = { read_bps = read_bps, compute_bps = weight_bytes / (compute_ms / 1e3) }
   -- the plan for this budget, as the conventional loader needs it (its bounce buffer too),
   -- so that both loaders run the same plan
-  local p = plan.search(sizes0, mem, { loader = "buffered", read_bps = rates.read_bps, compute_bps = rates.compute_bps })
-  local pm = plan.memory(p, sizes0, { loader = "buffered" })
+  local p, est = require("loip.policy").plan(problem_mod.new { model = sizes0,
+    shape = problem_mod.shape_of(man.config, problem_mod.store_dtype(man)), n = 1, budgets = { mem },
+    profiles = { calibration }, disk_rate = read_bps, in_process = true, loader = "buffered", context = o.context })
+  p.estimate = est
+  local pm = plan.memory(p, 1, sizes0, { loader = "buffered" })
   local r = { budget = item, mem_bytes = mem, share_of_weights = (mem - session_bytes) / weight_bytes,
     plan = { stages = #p.devices[1].stages, slot_bytes = pm.slot_bytes, offloaded_bytes = pm.offloaded_bytes,
       offloaded_share = pm.offloaded_bytes / weight_bytes, memory_total = pm.total, lua = plan.to_lua(p) },
-    compute_ms = compute_ms, estimate_ms = p.estimate and p.estimate.ms, rounds = {} }
+    compute_ms = compute_ms, estimate_ms = est.ms_per_token, rounds = {} }
   local same = true
   for round = 1, pm.offloaded_bytes == 0 and 1 or o.rounds do
     local rr = {}

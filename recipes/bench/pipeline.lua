@@ -9,8 +9,9 @@
 -- needs on top of an equal share), links emulated at --link-rate and --link-delay ms, each
 -- worker's disk limited to --disk-rate (so that the workers, sharing this machine's one disk,
 -- behave as boards with a disk each). Two plans, alternated for --rounds rounds: the
--- interleaved plan (the search's best S, loads start as soon as the slot has room) and the
--- conventional one (S = 1, each device reads its offloaded blocks when its stage starts).
+-- interleaved plan (--scheduler's, loip by default: loads start as soon as the slot has room)
+-- and the conventional one (pipeline-offload's: S = 1, each device reads each offloaded block
+-- when its turn comes).
 -- Reports ms/token of each (median step), the speedup, per-device compute/load/stall/send per
 -- token, and the transport's time per hop (send to delivery, the mean over every hidden state a
 -- receiver got, from its link stats) against bytes / rate + delay, split into the transport's
@@ -25,7 +26,7 @@ local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local memory = require "loip.runtime.memory"
 local plot = require "loip.tools.plot"
-local ring = require "loip.plan.ring"
+local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 
@@ -47,6 +48,8 @@ local spec = {
     { "cpu-latency", "int", "hold the CPU wake-up latency at US microseconds while measuring (Linux PM QoS, "
       .. "root; -1: do not); then one more interleaved measurement without it, for the hop figures", default = 0,
       metavar = "US" },
+    { "scheduler", "string", "the scheduler of the interleaved plan (the conventional one is pipeline-offload's)",
+      default = "loip" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
   },
 }
@@ -61,7 +64,7 @@ bench.ensure_store(o.store, o.model)
 -- each also gets its KV cache, activations and message buffers.
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
-local sizes = require("loip.plan").sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
+local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
 local N = o.devices
 local ends = sizes.embed_file_bytes + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0)
 local rest = o.budget * sizes.weight_bytes - ends
@@ -69,7 +72,7 @@ if rest <= 0 then error(string.format("--budget %.2f leaves nothing for the laye
 local share = math.floor(rest / N)
 local mems = {}
 for i = 1, N do
-  local extra = sizes.kv_for(math.ceil(cfg.n_layers / N) + 1) + sizes.activation_bytes + 4 * 1024 * 1024
+  local extra = sizes.kv_bytes[math.ceil(cfg.n_layers / N) + 1] + sizes.activation_bytes + 4 * 1024 * 1024
   if i == 1 then extra = extra + sizes.embed_file_bytes end
   if i == N then extra = extra + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0) end
   mems[i] = share + extra
@@ -88,14 +91,13 @@ if o.cpu_latency >= 0 then
 end
 local c = cluster.start_local { store = o.store, devices = N, mem = mems, threads = 1 }
 local link = { rate = o.link_rate, delay_ms = o.link_delay }
-local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link,
-  read_bps = o.disk_rate, compute_bps = 8e9 }
+local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link }
 local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
 
 local function plan_for(kind)
   local opts = { trace = true }
   for k, v in pairs(common) do opts[k] = v end
-  if kind == "conventional" then opts.stages, opts.prefetch, opts.per_block = 1, false, true end
+  opts.scheduler = kind == "conventional" and "pipeline-offload" or o.scheduler
   return c:plan(opts)
 end
 
@@ -138,7 +140,7 @@ local function measure(kind, no_trace)
       waiting_ms = d("recv_wait_ms"), links = after[i].links }
   end
   return { ms = median(steps), steps = steps, tokens = st.token_ids, devices = per, stages = #p.devices[1].stages,
-    plan = ring.to_lua(p) }
+    plan = plan_mod.to_lua(p) }
 end
 
 local hop_expected = (sizes.dim * 4 + 64) / transport.parse_rate(o.link_rate) * 1e3 + o.link_delay

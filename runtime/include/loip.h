@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 18, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 19, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -591,7 +591,8 @@ enum {
     LOIP_MSG_PONG = 11,
     LOIP_MSG_STOP = 12,   /* head -> device: shut down */
     LOIP_MSG_TRACE = 13,  /* head -> device: its recorded events (reply: TRACE, JSON) */
-    LOIP_MSG_KINDS = 14,
+    LOIP_MSG_PROFILE = 14, /* head -> device: measure yourself (JSON options; reply: PROFILE, JSON) */
+    LOIP_MSG_KINDS = 15,
 };
 
 typedef struct loip_msg_header {

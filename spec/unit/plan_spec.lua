@@ -1,5 +1,5 @@
--- loip.plan: memory of a plan by account, the timeline estimate, the search for one device and
--- its block-level refinement, plan checks and plan files. Sizes are those of a llama-3.2-1b
+-- loip.plan: memory of a plan by account, the cost model's estimate of one device's plans, the
+-- scheduler on one device under shrinking budgets, plan checks and plan files. Sizes are those of a llama-3.2-1b
 -- BF16 slice store (MHA 20 MiB + 4 KiB, MLP 96 MiB per layer, 16 layers).
 local plan = require "loip.plan"
 local T = require "spec.support"
@@ -7,10 +7,11 @@ local T = require "spec.support"
 local MiB = 1024 * 1024
 local function sizes_1b()
   local s = { n_layers = 16, n_blocks = 32, block_bytes = {}, global_bytes = 501 * MiB, head_bytes = 501 * MiB,
-    kv_bytes = 32 * MiB, activation_bytes = 13 * MiB, bounce_bytes = MiB, files = {},
-    embed_file_bytes = 501 * MiB - 4096, head_file_bytes = 4096, tied = true, dim = 2048, vocab = 128256 }
+    activation_bytes = 13 * MiB, files = {}, mha_bytes = 20 * MiB + 4096, mlp_bytes = 96 * MiB, device_bytes = MiB,
+    embed_file_bytes = 501 * MiB - 4096, head_file_bytes = 4096, tied = true, dim = 2048, vocab = 128256,
+    hidden_bytes = 8192, header_bytes = 64, kv_bytes = {} }
   -- 2 MiB of KV cache per layer (what plan.sizes gets from loip_session_size)
-  function s.kv_for(k) return k * 2 * MiB end
+  for k = 0, 16 do s.kv_bytes[k] = k * 2 * MiB end
   s.weight_bytes = s.global_bytes
   for b = 0, 31 do
     s.block_bytes[b] = b % 2 == 0 and 20 * MiB + 4096 or 96 * MiB
@@ -19,7 +20,14 @@ local function sizes_1b()
   end
   return s
 end
-local rates = { read_bps = 2e9, compute_bps = 30e9 }
+
+-- One device of this machine-like figures: 30 GB/s of weights, a 2 GB/s disk, compute 1.3x
+-- slower while it reads.
+local function problem_1b(sz, budget)
+  return { model = sz, devices = { { budget = budget, compute = { mha_ms = sz.mha_bytes / 30e9 * 1e3,
+    mlp_ms = sz.mlp_bytes / 30e9 * 1e3, head_ms = sz.head_bytes / 30e9 * 1e3, under_load = 1.3 }, disk_bps = 2e9, load_ms = 0.05 } },
+    links = { {} }, head = { in_process = true }, micro_batch = 1, loader = "uring" }
+end
 
 local function one(stages, extra)
   local p = { slots = 1, devices = { { stages = stages } } }
@@ -27,50 +35,66 @@ local function one(stages, extra)
   return p
 end
 
+local cost = require("loip.policy").load("cost", "loip")
+
 describe("loip.plan", function()
   local sz = sizes_1b()
 
   it("counts a plan's memory by account: resident blocks, the slot (or ring), KV cache, activations", function()
     local p = one({ { blocks = { 0, 15 }, offloaded = 0 }, { blocks = { 16, 31 }, offloaded = 3 } })
-    local m = plan.memory(p, sz)
+    local m = plan.memory(p, 1, sz)
     local off = 2 * (20 * MiB + 4096) + 96 * MiB -- blocks 16, 17, 18
     assert.are.equal(off, m.offloaded_bytes)
     assert.are.equal(off, m.slot_bytes)
     assert.are.equal(sz.weight_bytes - off, m.weights)
     assert.are.equal(m.weights + m.slots + m.kv + m.activations, m.total)
+    assert.are.equal(m.total, plan.part_total(plan.device_part(p, 1, sz), sz, {}))
     p.slot_bytes = 300 * MiB
-    assert.are.equal(300 * MiB, plan.memory(p, sz).slots)
+    assert.are.equal(300 * MiB, plan.memory(p, 1, sz).slots)
     p.slots, p.slot_bytes = 2, nil
-    assert.are.equal(2 * off, plan.memory(p, sz).slots)
-    assert.are.equal(MiB, plan.memory(p, sz, { loader = "buffered" }).scratch)
+    assert.are.equal(2 * off, plan.memory(p, 1, sz).slots)
+    assert.are.equal(MiB, plan.memory(p, 1, sz, { loader = "buffered" }).scratch)
+    -- a worker's message buffers count as activations
+    assert.are.equal(sz.device_bytes, plan.memory(p, 1, sz, { cluster = true }).activations - m.activations)
   end)
 
   it("estimates compute alone without offloading, and at least the disk time with it", function()
     local all = one({ { blocks = { 0, 31 }, offloaded = 0 } })
-    local ms = plan.estimate(all, sz, rates)
-    local compute = (sz.weight_bytes - sz.global_bytes + sz.head_bytes) / rates.compute_bps * 1e3
-    assert.is_true(math.abs(ms - compute) < 1, ms .. " vs " .. compute)
+    local pr = problem_1b(sz, 0)
+    local est = cost.estimate(all, pr)
+    local c = pr.devices[1].compute
+    local compute = 16 * (c.mha_ms + c.mlp_ms) + c.head_ms
+    assert.is_true(math.abs(est.ms_per_token - compute) < 1e-6, est.ms_per_token .. " vs " .. compute)
+    assert.are.equal("compute", est.bound)
     local stages = {}
     for b = 0, 31 do stages[b + 1] = { blocks = { b, b }, offloaded = 1 } end
     local p = one(stages)
-    local mem = plan.memory(p, sz)
-    local t_small = plan.estimate(p, sz, rates)
-    assert.is_true(t_small >= mem.offloaded_bytes / rates.read_bps * 1e3)
+    local mem = plan.memory(p, 1, sz)
+    local t_small = cost.estimate(p, pr)
+    assert.is_true(t_small.ms_per_token >= mem.offloaded_bytes / 2e9 * 1e3)
+    assert.are.equal("load", t_small.bound)
+    -- the breakdown adds up: compute + communication + uncovered loading
+    assert.is_true(math.abs(t_small.comp_ms + t_small.comm_ms + t_small.uncover_ms - t_small.ms_per_token) < 1e-6)
     -- a ring that holds the next loads hides compute behind the disk: never slower
     p.slot_bytes = 3 * 96 * MiB
-    assert.is_true(plan.estimate(p, sz, rates) <= t_small)
+    assert.is_true(cost.estimate(p, pr).ms_per_token <= t_small.ms_per_token)
+    -- the conventional way (each block read when its turn comes, nothing ahead) hides nothing
+    p.slot_bytes, p.per_block, p.prefetch = nil, true, false
+    local conv = cost.estimate(p, pr)
+    assert.is_true(math.abs(conv.ms_per_token - (compute * 1.3 - c.head_ms * 0.3 + mem.offloaded_bytes / 2e9 * 1e3 + 32 * 0.05)) < 1e-6)
   end)
 
-  it("searches a plan that fits each budget, offloading more as the budget shrinks", function()
-    local free = plan.search(sz, 0, { read_bps = 2e9, compute_bps = 30e9 })
+  it("schedules one device under each budget, offloading more as the budget shrinks", function()
+    local policy = require "loip.policy"
+    local free = policy.plan(problem_1b(sz, 0))
     assert.are.equal(1, #free.devices[1].stages)
     assert.are.equal(0, free.devices[1].stages[1].offloaded)
     local last = 0
     for _, share in ipairs({ 0.9, 0.7, 0.5, 0.35 }) do
-      local budget = math.floor(share * sz.weight_bytes) + sz.kv_bytes + sz.activation_bytes
-      local p = plan.search(sz, budget, { read_bps = 2e9, compute_bps = 30e9 })
+      local budget = math.floor(share * sz.weight_bytes) + sz.kv_bytes[16] + sz.activation_bytes
+      local p = policy.plan(problem_1b(sz, budget))
       assert.is_nil(plan.check(p, sz.n_blocks))
-      local m = plan.memory(p, sz)
+      local m = plan.memory(p, 1, sz)
       assert.is_true(m.total <= budget, share .. ": " .. m.total .. " > " .. budget)
       assert.is_true(m.offloaded_bytes > last, share)
       -- what is left is less than any offloaded block (the refinement filled the rest)
@@ -79,14 +103,22 @@ describe("loip.plan", function()
           assert.is_true(budget - m.total < sz.block_bytes[st.blocks[1] + st.offloaded - 1], share)
         end
       end
-      assert.is_true(p.estimate.ms > 0)
       last = m.offloaded_bytes
     end
-    local need = plan.minimum(sz)
-    local ok, err = pcall(plan.search, sz, need - 1, {})
+    local ok, err = pcall(policy.plan, problem_1b(sz, 600 * MiB))
     assert.is_false(ok)
-    assert.matches("cannot run this model: even with every block offloaded it needs", err, 1, true)
-    assert.is_true(pcall(plan.search, sz, need, {}))
+    assert.matches("memory budget of 600.0 MiB cannot run this model: even with every block offloaded it needs .*; short by", err)
+  end)
+
+  it("writes plans as Lua that reads back the same", function()
+    local p = require("loip.policy").plan(problem_1b(sz, 1200 * MiB))
+    local path = T.tmpdir() .. "/p.lua"
+    plan.save(path, p)
+    local q = plan.load(path)
+    assert.are.same(plan.bare(p), plan.bare(q))
+    assert.are.same(plan.memory(p, 1, sz), plan.memory(q, 1, sz))
+    assert.matches("stage 1: layer 0 mha", plan.describe(q, sz))
+    T.cleanup()
   end)
 
   it("checks plans and names the faulty field", function()
@@ -106,17 +138,5 @@ describe("loip.plan", function()
       assert.matches("^p%.lua: ", why)
       assert.matches(c[2], why)
     end
-  end)
-
-  it("writes plans as Lua that reads back the same", function()
-    local p = plan.search(sz, 1200 * MiB, rates)
-    local path = T.tmpdir() .. "/p.lua"
-    T.write(path, plan.to_lua(p))
-    local q = plan.load(path)
-    assert.are.same(p.devices, q.devices)
-    assert.are.equal(p.slots, q.slots)
-    assert.are.equal(p.slot_bytes, q.slot_bytes)
-    assert.are.same(plan.memory(p, sz), plan.memory(q, sz))
-    assert.matches("stage 1: layer 0 mha", plan.describe(q, sz))
   end)
 end)

@@ -6,15 +6,14 @@
 -- messages); the request stops with an error naming it and the others stay ready.
 --
 --   local c = cluster.start_local{ store = dir, devices = 3, mem = { "600M", "400M", "400M" } }
---   c:plan{ stages = 2 }                      -- or plan = table / file
+--   c:plan{ scheduler = "loip" }              -- or plan = table / file; stages = S
 --   for id, text in c:generate(ids, { max_tokens = 20, temperature = 0 }) do ... end
 --   c:close()
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
-local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
-local ring = require "loip.plan.ring"
+local policy = require "loip.policy"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.worker"
@@ -223,12 +222,68 @@ function M.connect(endpoints, opts)
   return c
 end
 
+-- A value given once or once per device.
+local function each(v, i)
+  if type(v) == "table" then return v[i] end
+  return v
+end
+
+-- The figures of each device: opts.profile (a file or table: one device's, used for all, or a
+-- cluster's, one per device), else calibrations: local workers share this machine (measured
+-- here, once, kept in the cache); running workers each measure themselves (PROFILE).
+function Cluster:profiles(opts)
+  local profile = require "loip.plan.profile"
+  local pr = opts.profile
+  if type(pr) == "string" then pr = profile.load(pr) end
+  local N, out = #self.devices, {}
+  if pr then
+    if pr.devices and #pr.devices ~= N then
+      error(string.format("--profile: it profiles %d devices, the cluster has %d", #pr.devices, N), 0)
+    end
+    for i = 1, N do out[i] = pr.devices and pr.devices[i] or pr end
+    return out
+  end
+  if self.spawned then
+    local here = profile.calibrate { store = self.store, threads = self.devices[1].threads, context = self.context }
+    for i = 1, N do out[i] = here end
+    return out
+  end
+  for i, d in ipairs(self.devices) do
+    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context }) }, 120000, d.bulk)
+    out[i] = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0)
+  end
+  return out
+end
+
+-- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
+function Cluster:problem(opts, sizes)
+  local problem = require "loip.plan.problem"
+  local N = #self.devices
+  local budgets, rates, delays = {}, {}, {}
+  for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+  local profiles = self:profiles(opts)
+  local link = opts.link or {}
+  for i = 1, N do
+    -- a link's figures: as given (emulated on local devices), else as its device measured it
+    local r, measured = each(link.rate, i), profiles[i].link and profiles[i].link.to_next
+    rates[i] = r and transport.parse_rate(r) or (measured and measured.rate_bps) or 0
+    delays[i] = each(link.delay_ms, i) or 0
+  end
+  return problem.new { model = sizes, shape = problem.shape_of(self.man.config, problem.store_dtype(self.man)), n = N,
+    budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
+    link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
+    batch = self.batch, loader = opts.loader }
+end
+
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
--- opts: plan (table or Lua file), stages, context, batch, loader, disk_rate, link = { rate,
--- delay_ms }, logits_tokens, read_bps, compute_bps, prefetch (false: each stage's reads start
--- when the stage runs, the conventional pipeline with offloading, for baselines), trace
--- (record events for collect_trace), slowdown (a number, or one per device: compute that
--- takes that many times as long, to mimic slower boards).
+-- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
+-- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch,
+-- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
+-- (each once or per link: link i runs from device i to the next, emulated where it arrives),
+-- slowdown (once or per device: compute that takes that many times as long, to mimic slower
+-- boards), logits_tokens, trace (record events for collect_trace), prefetch (false: stages read
+-- when they start, for a given plan). Returns the plan, the cost model's estimate of it and the
+-- scheduler's facts ({ scheduler_ms, scheduler, cost }, when one chose it).
 function Cluster:plan(opts)
   opts = opts or {}
   self.plan_opts = opts
@@ -237,42 +292,42 @@ function Cluster:plan(opts)
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
   local threads = self.devices[1].threads or 1
-  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads })
+  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens })
   self.sizes = sizes
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = plan.load(p), p end
-  local link_bps = opts.link and opts.link.rate and transport.parse_rate(opts.link.rate) or nil
-  local mopts = { loader = opts.loader, batch = batch, logits_tokens = opts.logits_tokens }
+  local mopts = { cluster = true, loader = opts.loader }
+  local est, info
   if p == nil then
+    self.problem_table = self:problem(opts, sizes)
+    p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
+  else
+    local bad = plan.check(p, sizes.n_blocks, where)
+    if bad then error(bad, 0) end
+    if #p.devices ~= #self.devices then
+      error(string.format("%s: %d devices in the plan, %d in the cluster", where, #p.devices, #self.devices), 0)
+    end
     local budgets = {}
     for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
-    p = ring.search(sizes, budgets, { stages = opts.stages, link_bps = link_bps,
-      link_delay_ms = opts.link and opts.link.delay_ms, loader = opts.loader, batch = batch,
-      logits_tokens = opts.logits_tokens, read_bps = opts.read_bps, compute_bps = opts.compute_bps,
-      per_block = opts.per_block })
-  end
-  local bad = ring.check(p, sizes.n_blocks, where)
-  if bad then error(bad, 0) end
-  if #p.devices ~= #self.devices then
-    error(string.format("%s: %d devices in the plan, %d in the cluster", where, #p.devices, #self.devices), 0)
-  end
-  for i, d in ipairs(self.devices) do
-    local m = ring.memory(p, i, sizes, mopts)
-    if d.mem and d.mem > 0 and m.total > d.mem then
-      error(string.format("%s: device %d needs %s (weights %s, slots %s, kv %s, activations %s) but its budget is %s: short by %s",
-        where, i, memory.format_bytes(m.total), memory.format_bytes(m.weights), memory.format_bytes(m.slots),
-        memory.format_bytes(m.kv), memory.format_bytes(m.activations), memory.format_bytes(d.mem),
-        memory.format_bytes(m.total - d.mem)), 0)
+    local over = plan.over_budget(p, sizes, budgets, mopts, where)
+    if over then error(over, 0) end
+    if opts.estimate ~= false then
+      self.problem_table = self:problem(opts, sizes)
+      est = policy.load("cost", opts.cost or "loip").estimate(p, self.problem_table)
     end
   end
   self.plan_table = p
+  if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1
+  local N = #self.devices
+  local link = opts.link or {}
   for i, d in ipairs(self.devices) do
-    local body = { plan_id = self.plan_id, device = i, plan = { slots = p.slots, devices = p.devices, per_block = p.per_block },
-      next = self.devices[i % #self.devices + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, loader = opts.loader, disk_rate = opts.disk_rate,
-      link = opts.link, logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace,
-      slowdown = type(opts.slowdown) == "table" and opts.slowdown[i] or opts.slowdown }
+    local from = (i - 2) % N + 1 -- the link into device i
+    local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
+      next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
+      context = ctx, batch = batch, loader = opts.loader, overlap_loads = opts.overlap_loads, disk_rate = each(opts.disk_rate, i),
+      link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
+      logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do
@@ -288,7 +343,7 @@ function Cluster:plan(opts)
     until r and r.kind == "READY"
     d.ready = json.decode(r.payload)
   end
-  return p
+  return p, est, info
 end
 
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and
@@ -308,7 +363,11 @@ function Cluster:revive()
   end
   if any then
     self:connect_all()
-    if self.plan_table then self:plan(self.plan_opts) end
+    -- the same plan again (the figures did not change; a scheduler would choose the same)
+    if self.plan_table then
+      local o = setmetatable({ plan = self.plan_table, estimate = false }, { __index = self.plan_opts })
+      self:plan(o)
+    end
   end
 end
 

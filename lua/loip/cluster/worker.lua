@@ -3,17 +3,18 @@
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
--- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.ring tables), next and
--- head (endpoints), context, batch, loader, disk_rate, link = { rate, delay_ms },
--- logits_tokens. The worker loads its part of its own slice store (its resident blocks, the
+-- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
+-- head (endpoints), context, batch, loader, overlap_loads, disk_rate (this device's), link =
+-- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
+-- slowdown. The worker loads its part of its own slice store (its resident blocks, the
 -- embedding on device 1, the head on device N) under its budget, and replies READY with its
--- memory, or ERROR with why.
+-- memory, or ERROR with why. A PROFILE message (JSON options) makes it measure itself
+-- (loip.plan.profile.calibrate on its own store) and reply PROFILE with the profile.
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
-local ring = require "loip.plan.ring"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local C = core.C
@@ -89,7 +90,7 @@ function Worker:build(msg)
   end
   local cfg = store.config(dir, man)
   local p, i = msg.plan, msg.device
-  local bad = ring.check(p, 2 * cfg.n_layers, "plan")
+  local bad = plan.check(p, 2 * cfg.n_layers, "plan")
   if bad then error(bad, 0) end
   local N, S = #p.devices, #p.devices[1].stages
   if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
@@ -102,28 +103,29 @@ function Worker:build(msg)
   if not pool then error(perr, 0) end
   d.pool = pool
   local ctx, batch = msg.context or 512, msg.batch or 64
-  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool) })
-  local need = ring.memory(p, i, sizes, { loader = msg.loader, batch = math.min(batch, ctx), logits_tokens = msg.logits_tokens })
+  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
+    logits_tokens = msg.logits_tokens })
+  local need = plan.memory(p, i, sizes, { cluster = true, loader = msg.loader })
   if budget:limit() > 0 and need.total > budget:limit() then
     error(string.format("device %d: the plan needs %s (weights %s, slots %s, kv %s, activations %s) but its budget is %s: short by %s",
       i, memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
       memory.format_bytes(need.kv), memory.format_bytes(need.activations), memory.format_bytes(budget:limit()),
       memory.format_bytes(need.total - budget:limit())), 0)
   end
-  local layers = ring.device_layers(p, i)
+  local layers = plan.device_layers(p, i)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
   for l in pairs(layers) do mask[l] = 1 end
   local s, serr = core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, d.model, pool, ctx,
     math.min(batch, ctx), budget.handle, mask)
   if not s then error(serr, 0) end
   d.session = s
-  d.keep = store.load_files(dir, man, "memory", budget.handle, ring.device_files(p, i, sizes))
+  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes))
   store.bind_loaded(d.model, dir, man, d.keep)
   d.descs = store.stage_descs(dir, man, p, i)
   local slot = need.slot_bytes
   if slot > 0 then
     local l, lerr = require("loip.runtime.loader").new { slots = p.slots or 1, slot_bytes = slot, mode = msg.loader or "auto",
-      rate = msg.disk_rate or 0, budget = budget }
+      rate = msg.disk_rate or 0, budget = budget, overlap_loads = msg.overlap_loads }
     if not l then error(lerr, 0) end
     d.loader = l
   end
@@ -132,12 +134,13 @@ function Worker:build(msg)
     msg.trace and 65536 or 0, out))
   d.trace = msg.trace
   d.runner = ffi.gc(out[0], C.loip_runner_free)
-  if msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
+  if p.prefetch == false or msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
-  self.sock:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
-  self.bulk:emulate { rate = msg.link and msg.link.rate or nil, delay_ms = msg.link and msg.link.delay_ms or 0 }
+  local link = msg.link or {}
+  self.sock:emulate { rate = link.rate, delay_ms = link.delay_ms or 0, spin_us = link.spin_us }
+  self.bulk:emulate { rate = link.rate, delay_ms = link.delay_ms or 0, spin_us = link.spin_us }
   return d, budget, N, S, i, math.min(batch, ctx)
 end
 
@@ -222,6 +225,22 @@ function Worker:handle(msg)
       until k < 4096
     end
     reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }), 0, msg.via)
+  elseif kind == "PROFILE" then
+    local ok, res = pcall(function()
+      local profile = require "loip.plan.profile"
+      local o = json.decode(msg.payload) or {}
+      local pr
+      if o.full then
+        pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
+          read = o.read, disk_rate = o.disk_rate })
+      else
+        pr = profile.calibrate { store = self.opts.store, threads = self.opts.threads, context = o.context, quiet = true }
+      end
+      if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
+      return json.encode(pr)
+    end)
+    if ok then reply(self, msg.from, "PROFILE", res, 0, msg.via)
+    else reply(self, msg.from, "ERROR", tostring(res), C.LOIP_EINVAL, msg.via) end
   elseif kind == "STOP" then
     reply(self, msg.from, "READY", "")
     self.stopping = true

@@ -54,11 +54,13 @@ local locate = M.locate
 -- "weights", "kv" and "activations" accounts, and a model that does not fit is refused, naming
 -- the account and the shortfall, before anything is loaded. The budget is m.budget.
 -- A slice store runs through a plan (loip.plan): plan (a table, or the path of a Lua file
--- returning one; default: the search's best for the budget, everything resident without one),
--- slots (loader slots, default 1), loader ("auto", "uring", "buffered": the conventional path),
--- disk_rate (bytes/s: emulate a slower disk), read_bps and compute_bps (rates the search
--- assumes), trace (record load/compute/wait events into m.trace, a loip.trace: m.trace:write
--- (path) saves them). m.plan is the plan used.
+-- returning one; default: everything resident when the budget holds it, else the scheduler's
+-- best: scheduler and cost (loip.policy names or paths, default "loip"), stages (a fixed stage
+-- count), profile (a profile file or table; default: a calibration of this machine, kept in the
+-- cache)), slots (loader slots, default 1), loader ("auto", "uring", "buffered": the
+-- conventional path), disk_rate (bytes/s: emulate a slower disk), trace (record
+-- load/compute/wait events into m.trace, a loip.trace: m.trace:write(path) saves them). m.plan
+-- is the plan used, m.estimate the cost model's estimate of it (when a scheduler chose it).
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -101,6 +103,7 @@ function M.open(path, opts)
   -- what it had charged is given back at once (a shared budget must not wait for the GC).
   local ok, e = pcall(function()
     if kind == "store" and (opts.load or "memory") == "memory" then
+      self.facts_manifest = facts.manifest
       self:_choose_plan(cfg, facts, budget)
     elseif kind == "store" and opts.plan ~= nil then
       error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
@@ -149,28 +152,38 @@ function M.open(path, opts)
   return self
 end
 
--- The plan for a slice store: the one given (table or file), else the search's best for the
--- budget; refused before anything is allocated when it cannot fit.
+-- The plan for a slice store: the one given (table or file), else everything resident when the
+-- budget holds it, else the scheduler's (opts.scheduler, opts.cost: loip.policy names or paths;
+-- figures from opts.profile or a calibration of this machine). Refused before anything is
+-- allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
   local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads })
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
-  local popts = { slots = opts.slots, loader = opts.loader, read_bps = opts.read_bps or
-    (opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate) or nil, compute_bps = opts.compute_bps }
+  local mopts = { loader = opts.loader }
   local limit = budget and budget:limit() or 0
   local avail = limit > 0 and limit - budget:used() or 0
   if limit > 0 and avail <= 0 then
     error(string.format("memory budget: nothing left of %s for %s", memory.format_bytes(limit), self.path), 0)
   end
   if p == nil then
-    p = planner.search(sizes, avail, popts)
+    p = { slots = 1, devices = { { stages = { { blocks = { 0, sizes.n_blocks - 1 }, offloaded = 0 } } } } }
+    if avail > 0 and planner.memory(p, 1, sizes, mopts).total > avail then
+      local prob = self:problem(sizes, avail)
+      local est
+      p, est = require("loip.policy").plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
+      self.estimate, self.problem_table = est, prob
+    end
   else
     if opts.slots and type(p) == "table" then p.slots = opts.slots end
+    if type(p) == "table" and type(p.devices) == "table" and #p.devices > 1 then
+      error(string.format("%s: %d devices: this runs on one device (several devices: loip generate --devices)", where, #p.devices), 0)
+    end
     local bad = planner.check(p, sizes.n_blocks, where)
     if bad then error(bad, 0) end
   end
-  local need = planner.memory(p, sizes, popts)
+  local need = planner.memory(p, 1, sizes, mopts)
   if limit > 0 and need.total > avail then
     error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
       .. "pass a larger --mem, or a plan that offloads more (or none, and let loip pick one)", where,
@@ -179,14 +192,30 @@ function Model:_choose_plan(cfg, facts, budget)
       need.scratch > 0 and (", scratch " .. memory.format_bytes(need.scratch)) or "",
       memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
   end
-  self.plan, self.plan_sizes, self.plan_opts = p, sizes, popts
+  self.plan, self.plan_sizes, self.plan_opts = p, sizes, mopts
+end
+
+-- The planning problem of this model on this machine alone (loip.plan.problem), for a budget of
+-- avail bytes: figures from opts.profile (a file or table) or a calibration.
+function Model:problem(sizes, avail)
+  local opts = self.opts
+  local profile = require "loip.plan.profile"
+  local problem = require "loip.plan.problem"
+  local pr = opts.profile
+  if type(pr) == "string" then pr = profile.load(pr) end
+  if type(pr) == "table" and pr.devices then pr = pr.devices[1] end
+  local man = self.facts_manifest
+  if not pr then pr = profile.calibrate { store = self.path, threads = self.threads, context = self.context } end
+  return problem.new { model = sizes, shape = problem.shape_of(man.config, problem.store_dtype(man)), n = 1,
+    budgets = { avail }, profiles = { pr }, disk_rate = opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate or nil,
+    in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader }
 end
 
 -- The loader (when the plan offloads) and the runner that executes the plan's stages.
 function Model:_start_runner(dir, facts)
   local opts = self.opts
   local descs = store.stage_descs(dir, facts.manifest, self.plan)
-  local slot = planner.memory(self.plan, self.plan_sizes).slot_bytes
+  local slot = planner.memory(self.plan, 1, self.plan_sizes, self.plan_opts).slot_bytes
   local loader
   if slot > 0 then
     local err

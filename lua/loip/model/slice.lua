@@ -153,10 +153,11 @@ function M.open_source(path)
   return src
 end
 
--- The block files: tensors grouped by block, each at the next 4 KiB boundary.
-function M.plan(src)
+-- The block files: tensors ({ layer, kind, name, dtype, shape, nbytes [, view] }, in the order
+-- layers run) grouped by block, each at the next 4 KiB boundary.
+local function layout(tensors)
   local files, by_name = {}, {}
-  for _, t in ipairs(src.tensors) do
+  for _, t in ipairs(tensors) do
     local block = store.block_of[tonumber(t.kind)]
     local name = store.file_name(block, t.layer)
     local f = by_name[name]
@@ -167,11 +168,28 @@ function M.plan(src)
     end
     local off = store.align_up(f.size)
     f.tensors[#f.tensors + 1] = { name = t.name, kind = store.kind_name[tonumber(t.kind)], layer = t.layer,
-      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view.data }
+      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view and t.view.data }
     f.size = off + t.nbytes
   end
   for _, f in ipairs(files) do f.size = store.align_up(f.size) end
   return files
+end
+
+function M.plan(src) return layout(src.tensors) end
+
+-- The block files (as a manifest lists them, without hashes) of a model of config c (a
+-- loip_model_config) whose weights are all of dtype ("BF16", ...): what its store would hold.
+function M.layout_of(c, dtype)
+  local hf = require "loip.model.hf"
+  local es = store.dtypes[dtype][2]
+  local tensors = {}
+  for _, w in ipairs(hf.weight_list(c)) do
+    local shape = hf.shape_of(c, w[2])
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    tensors[#tensors + 1] = { layer = w[1], kind = w[2], name = w[3], dtype = dtype, shape = shape, nbytes = n * es }
+  end
+  return layout(tensors)
 end
 
 -- The tokenizer and generation files of the source that a store carries along.

@@ -1,24 +1,32 @@
 -- Plans: which blocks each device holds, in which stages, and which of them it re-reads from
--- its disk every step (DESIGN section 3). A plan is a plain Lua table, printable and writable
--- as a Lua file (`--plan FILE.lua`):
+-- its disk every step (docs/planning.md). A plan is a plain Lua table, printable and writable
+-- as a Lua file (`--plan FILE.lua`, `--save-plan`), for one device or several:
 --
 --   return {
---     slots = 1,                       -- loader slots per device (each holds one stage's reads)
+--     slots = 1,                        -- loader slots per device (default 1: one slot used as a ring)
 --     devices = {
---       { stages = {                   -- stage k of device i; stage-major around the ring
---           { blocks = { 0, 11 }, offloaded = 5 },   -- blocks 0..11 (inclusive); 0..4 re-read
---           { blocks = { 12, 23 }, offloaded = 5 },
---           ... } },
+--       { slot_bytes = 201326592,       -- optional: the slot's size (default: the largest stage's reads)
+--         stages = {                    -- the same number of stages on every device
+--           { blocks = { 0, 3 }, offloaded = 2 },   -- blocks 0..3 (inclusive); 0..1 re-read every step
+--           { blocks = { 8, 11 }, offloaded = 2 },
+--       } },
+--       { stages = { { blocks = { 4, 7 }, offloaded = 1 }, { blocks = { 12, 15 }, offloaded = 0 } } },
 --     },
+--     per_block = true,   -- optional: the slot holds one block; each offloaded block is read when its turn comes
+--     prefetch = false,   -- optional: a stage's reads start when the stage starts (the conventional pipeline)
 --   }
 --
 -- Blocks number the model's halves: block 2l is layer l's attention (MHA), block 2l+1 its MLP.
--- The offloaded blocks are the first `offloaded` of each stage, the resident ones the rest: while
--- the resident tail computes, the loader reads the next stage's offloaded blocks.
+-- The hops go around the ring stage by stage (stage 1 of device 1, stage 1 of device 2, ...,
+-- stage 1 of device N, stage 2 of device 1, ...) and cover the blocks in order. Device 1 also
+-- holds the embedding, device N the head (and the embedding too when they are tied). Each
+-- stage's first `offloaded` blocks are read into the device's slot every step, while the rest of
+-- the stage and the other devices compute.
 --
--- This file knows the sizes (from a slice store's manifest), the memory a plan needs on a
--- device, and a simple search for one device (the least estimated exposed loading that fits a
--- budget); the cost model and scheduler of DESIGN section 4 build on the same tables.
+-- This module is the mechanism every planner shares: checks, the memory a plan needs on each
+-- device (one accounting, used by the schedulers, the head and the workers), a device's part
+-- summarised for cost models, descriptions and plan files. Deciding a plan is a policy's job
+-- (recipes/policies/, loaded by loip.policy).
 local ffi = require "ffi"
 local core = require "loip.core"
 local memory = require "loip.runtime.memory"
@@ -26,7 +34,7 @@ local C = core.C
 
 local M = {}
 
-local fmt_bytes = memory.format_bytes
+local fmt = memory.format_bytes
 
 -- "layer 3 mlp" for block 7.
 function M.block_name(b)
@@ -39,13 +47,33 @@ function M.range_name(a, b)
   return M.block_name(a) .. " .. " .. M.block_name(b)
 end
 
--- Sizes a plan needs, from a store's manifest and the run's settings:
--- { n_layers, n_blocks, block_bytes[b] (b from 0), global_bytes, kv_bytes, activation_bytes,
---   files = { [b] = file name }, global_files = { names } }.
--- opts: context, batch, threads (as the session will be made).
+-- The loader's "scratch" for a slot of slot_bytes read the given way (loip_loader_size): the
+-- conventional path's bounce buffer, nothing for io_uring. Remembered: schedulers ask often.
+local scratch_of = { auto = {}, uring = {}, buffered = {} }
+local function loader_scratch(slot_bytes, loader)
+  if slot_bytes <= 0 then return 0 end
+  local known = scratch_of[loader or "auto"] or scratch_of.auto
+  if known[slot_bytes] then return known[slot_bytes] end
+  local cfg = ffi.new("loip_loader_config")
+  cfg.n_slots, cfg.slot_bytes = 1, slot_bytes
+  cfg.mode = ({ uring = C.LOIP_LOADER_URING, buffered = C.LOIP_LOADER_BUFFERED })[loader or "auto"] or C.LOIP_LOADER_AUTO
+  local slots, scratch = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  core.check(C.loip_loader_size(cfg, slots, scratch), "loader size")
+  known[slot_bytes] = tonumber(scratch[0])
+  return known[slot_bytes]
+end
+
+-- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
+-- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
+-- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
+-- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state), header_bytes
+-- (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
+-- activation_bytes (a session's), device_bytes (a cluster device's buffers),
+-- context, batch, logits_tokens }.
+-- opts: context, batch (prefill tokens per step), threads, logits_tokens (1).
 function M.sizes(man, cfg, opts)
   local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {},
-    global_bytes = 0, global_files = {} }
+    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1 }
   for _, f in ipairs(man.files) do
     local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
     if layer then
@@ -53,315 +81,308 @@ function M.sizes(man, cfg, opts)
       s.block_bytes[b], s.files[b] = f.size, f.name
     else
       s.global_bytes = s.global_bytes + f.size
-      s.global_files[#s.global_files + 1] = f.name
+      if f.name == "embed.bin" then s.embed_file_bytes = f.size end
+      if f.name == "head.bin" then s.head_file_bytes = f.size end
     end
-  end
-  for b = 0, s.n_blocks - 1 do
-    if not s.block_bytes[b] then
-      error(string.format("manifest: no file for %s (expected %s)", M.block_name(b),
-        string.format("layer-%03d-%s.bin", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")), 0)
-    end
-  end
-  local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, -1, kv, act))
-  s.kv_bytes, s.activation_bytes = tonumber(kv[0]), tonumber(act[0])
-  -- the head reads lm_head, or the embedding when they are tied; the embedding itself is one
-  -- row per token
-  for _, f in ipairs(man.files) do
-    for _, t in ipairs(f.tensors) do
+    for _, t in ipairs(f.tensors or {}) do
       if t.kind == "lm_head" or (t.kind == "embed" and not s.head_bytes) then s.head_bytes = t.nbytes end
     end
   end
-  s.head_bytes = s.head_bytes or 0
-  -- per file, for devices that hold only one end of the model (loip.ring)
-  for _, f in ipairs(man.files) do
-    if f.name == "embed.bin" then s.embed_file_bytes = f.size end
-    if f.name == "head.bin" then s.head_file_bytes = f.size end
+  s.embed_file_bytes, s.head_file_bytes, s.head_bytes = s.embed_file_bytes or 0, s.head_file_bytes or 0, s.head_bytes or 0
+  for b = 0, s.n_blocks - 1 do
+    if not s.block_bytes[b] then
+      error(string.format("manifest: no file for %s (expected layer-%03d-%s.bin)", M.block_name(b),
+        math.floor(b / 2), b % 2 == 0 and "mha" or "mlp"), 0)
+    end
+  end
+  -- every layer of a model has the same shapes: the schedulers count blocks by kind
+  s.mha_bytes, s.mlp_bytes = s.block_bytes[0], s.block_bytes[1]
+  for b = 0, s.n_blocks - 1 do
+    if s.block_bytes[b] ~= (b % 2 == 0 and s.mha_bytes or s.mlp_bytes) then
+      error(string.format("manifest: %s has %d bytes, %s has %d: the layers differ in size", M.block_name(b),
+        s.block_bytes[b], M.block_name(b % 2), s.block_bytes[b % 2]), 0)
+    end
   end
   s.tied = cfg.tied_embeddings ~= 0
   s.dim, s.vocab = cfg.dim, cfg.vocab_size
-  -- the KV cache of k layers (a device keeps its own layers')
-  local kv_cache = {}
-  function s.kv_for(k)
-    if not kv_cache[k] then
-      core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads, k, kv, act))
-      kv_cache[k] = tonumber(kv[0])
-    end
-    return kv_cache[k]
+  s.hidden_bytes = cfg.dim * ffi.sizeof("float")
+  s.header_bytes = ffi.sizeof("loip_msg_header")
+  local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, kv, act))
+  s.activation_bytes = tonumber(act[0])
+  s.kv_bytes = {}
+  for k = 0, cfg.n_layers do
+    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, kv, act))
+    s.kv_bytes[k] = tonumber(kv[0])
   end
-  s.bounce_bytes = 1024 * 1024 -- the conventional loader's bounce buffer (a read, at most a slot)
+  local dev = ffi.new("uint64_t[1]")
+  core.check(C.loip_device_size(cfg, opts.batch, s.logits_tokens, dev))
+  s.device_bytes = tonumber(dev[0])
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end
   return s
 end
 
--- A plan's problems as a message naming the field, or nil when it is well formed for a model
--- of n_blocks blocks on one device holding every block (several devices: loip.ring.check).
-function M.check(p, n_blocks, where)
-  where = where or "plan"
-  if type(p) == "table" and type(p.devices) == "table" and #p.devices > 1 then
-    return string.format("%s: %d devices: this runs on one device (several devices: loip generate --devices)",
-      where, #p.devices)
-  end
-  -- one device is the ring's N = 1 case: the same checks (loip.ring)
-  return require("loip.plan.ring").check(p, n_blocks, where)
-end
-
--- Bytes of a device's stages: resident blocks, the slot (largest stage's offloaded blocks),
--- offloaded per step.
--- per_block (the conventional baseline, loip.plan's per_block field): the slot holds one
--- block at a time, the largest offloaded one.
-function M.stage_bytes(stages, sizes, per_block)
-  local resident, slot, offloaded = 0, 0, 0
-  for _, st in ipairs(stages) do
-    local off = 0
-    for b = st.blocks[1], st.blocks[2] do
-      if b - st.blocks[1] < (st.offloaded or 0) then
-        off = off + sizes.block_bytes[b]
-        if per_block then slot = math.max(slot, sizes.block_bytes[b]) end
-      else
-        resident = resident + sizes.block_bytes[b]
-      end
+-- The hops of p in ring order: { device, stage, blocks = {a, b}, offloaded, hop (0-based) }.
+function M.hops(p)
+  local out = {}
+  local S = #p.devices[1].stages
+  for s = 1, S do
+    for i, d in ipairs(p.devices) do
+      local st = d.stages[s]
+      out[#out + 1] = { device = i, stage = s, blocks = st.blocks, offloaded = st.offloaded or 0, hop = #out }
     end
-    if not per_block then slot = math.max(slot, off) end
-    offloaded = offloaded + off
-  end
-  return resident, slot, offloaded
-end
-
--- The memory a one-device plan needs, by account, and its total:
--- { weights, slots, kv, activations, scratch, total, slot_bytes, offloaded_bytes }.
-function M.memory(p, sizes, opts)
-  -- one device is the ring's N = 1 case: the same accounting (loip.ring)
-  return require("loip.plan.ring").memory(p, 1, sizes, opts)
-end
-
--- Estimated ms per decoding step of a one-device plan, by simulating the runner's timeline
--- for a few steps: compute (at compute_bps) runs the stages in order, each stage's offloaded
--- blocks waiting for their load; loads (at read_bps) go in stage order, one after another,
--- each starting when the disk is free and its bytes have room: a free slot (several slots) or
--- free bytes of the ring (one slot of slot_bytes, freed in load order as stages finish their
--- offloaded blocks). Returns ms per step and the ms of it spent waiting for loads.
---
--- rates.contention (default 0.5) scales compute speed while loads stream into memory: on the
--- 2-vCPU VM this was tuned on, blocks computed at 11-13 GB/s with the disk busy against 25-31
--- GB/s alone (the host's I/O work competes for the same cores), and ignoring it made the search
--- pick slots too small to keep the disk busy.
-function M.estimate(p, sizes, rates)
-  local stages = p.devices[1].stages
-  local S = #stages
-  local any_offload = false
-  for _, st in ipairs(stages) do any_offload = any_offload or (st.offloaded or 0) > 0 end
-  local speed = rates.compute_bps * (any_offload and (rates.contention or 0.5) or 1)
-  local function comp(bytes) return bytes / speed * 1e3 end
-  local function load(bytes) return bytes / rates.read_bps * 1e3 end
-  local overhead = rates.stage_overhead_ms or 0.05
-  local off, res = {}, {}
-  for k, st in ipairs(stages) do
-    off[k], res[k] = 0, 0
-    for b = st.blocks[1], st.blocks[2] do
-      if b - st.blocks[1] < (st.offloaded or 0) then off[k] = off[k] + sizes.block_bytes[b]
-      else res[k] = res[k] + sizes.block_bytes[b] end
-    end
-  end
-  local _, biggest = M.stage_bytes(stages, sizes)
-  local n_slots = p.slots or 1
-  local cap = math.max(biggest, p.slot_bytes or 0)
-  local head = comp(sizes.head_bytes or 0)
-  local loads = {} -- in order: { bytes, release time }
-  local disk_free, t, wait = 0, 0, 0
-  local step_end = {}
-  local steps = 4
-  for step = 1, steps do
-    local step_wait = 0
-    for k = 1, S do
-      local ready = t
-      if off[k] > 0 then
-        local j = #loads + 1
-        local room = 0
-        if n_slots > 1 then
-          if j > n_slots then room = loads[j - n_slots].release end
-        else
-          local live, i = off[k], j - 1
-          while i >= 1 and live + loads[i].bytes <= cap do live, i = live + loads[i].bytes, i - 1 end
-          if i >= 1 then room = loads[i].release end
-        end
-        local start = math.max(disk_free, room)
-        disk_free = start + load(off[k])
-        ready = math.max(t, disk_free)
-        step_wait = step_wait + (ready - t)
-        loads[j] = { bytes = off[k], release = ready + comp(off[k]) + overhead }
-      end
-      t = ready + comp(off[k] + res[k]) + overhead
-    end
-    t = t + head
-    step_end[step], wait = t, step_wait
-  end
-  return step_end[steps] - step_end[steps - 1], wait
-end
-
--- Fill what a fitting one-device plan leaves of budget with resident blocks (the paper's
--- block-level refinement): repeatedly keep resident the largest offloaded block that still
--- fits (the last offloaded one of its stage, so that offloaded blocks stay first). The slot
--- keeps its size (written into p.slot_bytes): it can only shrink. Changes p in place.
-function M.refine(p, sizes, budget, opts)
-  local mem = M.memory(p, sizes, opts)
-  if mem.slot_bytes > 0 then p.slot_bytes = mem.slot_bytes end
-  M.fill(p.devices[1].stages, sizes, budget - mem.total)
-  return p
-end
-
--- Keep resident, largest first, the offloaded blocks that fit in left bytes (each the last
--- offloaded one of its stage, so that offloaded blocks stay first). Changes stages in place;
--- returns the bytes still left.
-function M.fill(stages, sizes, left)
-  while true do
-    local best, best_bytes
-    for k, st in ipairs(stages) do
-      local off = st.offloaded or 0
-      if off > 0 then
-        local b = sizes.block_bytes[st.blocks[1] + off - 1]
-        if b <= left and (not best_bytes or b > best_bytes) then best, best_bytes = k, b end
-      end
-    end
-    if not best then return left end
-    stages[best].offloaded = stages[best].offloaded - 1
-    left = left - best_bytes
-  end
-end
-
--- Split blocks 0..n-1 into s contiguous stages as evenly as possible (earlier stages get the
--- extra block); returns { {first, last}, ... }.
-local function split(n, s)
-  local out, at = {}, 0
-  for k = 1, s do
-    local len = math.floor(n / s) + (k <= n % s and 1 or 0)
-    out[k] = { at, at + len - 1 }
-    at = at + len
   end
   return out
 end
 
--- The least memory any plan of this search needs (every block offloaded, one block per stage).
-function M.minimum(sizes, opts)
+local function is_count(v) return type(v) == "number" and v >= 0 and v == math.floor(v) end
+
+-- A plan's problems as a message naming the field (nil when it is well formed for a model of
+-- n_blocks blocks): devices, each with the same number of stages, whose hops in ring order
+-- cover blocks 0..n_blocks-1 in order.
+function M.check(p, n_blocks, where)
+  where = where or "plan"
+  local function bad(f, ...) return where .. ": " .. string.format(f, ...) end
+  if type(p) ~= "table" then return bad("not a table") end
+  if p.slots ~= nil and (not is_count(p.slots) or p.slots < 1) then return bad("slots must be a positive integer") end
+  if p.slot_bytes ~= nil and not is_count(p.slot_bytes) then return bad("slot_bytes must be a byte count") end
+  for _, f in ipairs({ "per_block", "prefetch" }) do
+    if p[f] ~= nil and type(p[f]) ~= "boolean" then return bad("%s must be true or false", f) end
+  end
+  if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
+  local S
+  for i, d in ipairs(p.devices) do
+    if type(d) ~= "table" or type(d.stages) ~= "table" or #d.stages == 0 then
+      return bad("devices[%d].stages must be a non-empty list", i)
+    end
+    S = S or #d.stages
+    if #d.stages ~= S then
+      return bad("devices[%d] has %d stages, devices[1] has %d: every device holds the same number", i, #d.stages, S)
+    end
+    if d.slot_bytes ~= nil and not is_count(d.slot_bytes) then return bad("devices[%d].slot_bytes must be a byte count", i) end
+    for s, st in ipairs(d.stages) do
+      local sw = string.format("devices[%d].stages[%d]", i, s)
+      if type(st) ~= "table" or type(st.blocks) ~= "table" or #st.blocks ~= 2 then
+        return bad("%s.blocks must be { first, last }", sw)
+      end
+      local a, b = st.blocks[1], st.blocks[2]
+      if type(a) ~= "number" or type(b) ~= "number" or a ~= math.floor(a) or b ~= math.floor(b) or b < a then
+        return bad("%s.blocks must be two block numbers, first <= last", sw)
+      end
+      local off = st.offloaded or 0
+      if not is_count(off) or off > b - a + 1 then return bad("%s.offloaded must be an integer in 0..%d", sw, b - a + 1) end
+    end
+  end
+  local next_block = 0
+  for _, h in ipairs(M.hops(p)) do
+    local sw = string.format("devices[%d].stages[%d]", h.device, h.stage)
+    if h.blocks[1] ~= next_block then
+      return bad("%s starts at block %d (%s) but block %d comes next around the ring (stage by stage, device by device)",
+        sw, h.blocks[1], M.block_name(h.blocks[1]), next_block)
+    end
+    if h.blocks[2] >= n_blocks then return bad("%s.blocks: block %d past the model's last (%d)", sw, h.blocks[2], n_blocks - 1) end
+    next_block = h.blocks[2] + 1
+  end
+  if next_block ~= n_blocks then
+    return bad("the stages end at block %d; the model has %d blocks (0..%d)", next_block - 1, n_blocks, n_blocks - 1)
+  end
+  return nil
+end
+
+-- The files device i of an N-device plan reads at start (resident blocks, the embedding, the
+-- head), by name.
+function M.device_files(p, i, sizes)
+  local resident, N = {}, #p.devices
+  if i == 1 then resident["embed.bin"] = true end
+  if i == N then
+    resident["head.bin"] = true
+    if sizes.tied then resident["embed.bin"] = true end
+  end
+  for _, st in ipairs(p.devices[i].stages) do
+    for b = st.blocks[1] + (st.offloaded or 0), st.blocks[2] do resident[sizes.files[b]] = true end
+  end
+  return resident
+end
+
+-- Layers whose attention device i computes (it keeps their KV cache): a set and a count.
+function M.device_layers(p, i)
+  local set, n = {}, 0
+  for _, st in ipairs(p.devices[i].stages) do
+    for b = st.blocks[1], st.blocks[2] do
+      if b % 2 == 0 and not set[b / 2] then set[b / 2], n = true, n + 1 end
+    end
+  end
+  return set, n
+end
+
+-- Device i's part of plan p, summarised for the cost model and the memory accounting:
+-- { S, n_mha, n_mlp (blocks it computes), off_mha, off_mlp (blocks it reads every step),
+--   off_bytes, res_bytes, stage_off_max (the most one stage reads), slot_bytes (the slot the
+--   loader allocates), ring (the slot holds more than one stage's reads: a load runs while the
+--   blocks of the stage before compute), loads (reads started per step), layers (KV cache),
+--   embed (computes the embedding), head (computes the head), first, last (holds the
+--   embedding / head files), per_block, prefetch }.
+function M.device_part(p, i, sizes)
+  local d, N = p.devices[i], #p.devices
+  local part = { S = #d.stages, n_mha = 0, n_mlp = 0, off_mha = 0, off_mlp = 0, off_bytes = 0, res_bytes = 0,
+    stage_off_max = 0, loads = 0, embed = i == 1, head = i == N, first = i == 1, last = i == N,
+    per_block = p.per_block or false, prefetch = p.prefetch ~= false }
   local biggest = 0
-  for b = 0, sizes.n_blocks - 1 do biggest = math.max(biggest, sizes.block_bytes[b]) end
-  local n_slots = opts and opts.slots or 1
-  return sizes.global_bytes + n_slots * biggest + sizes.kv_bytes + sizes.activation_bytes +
-    ((opts and opts.loader == "buffered") and math.min(sizes.bounce_bytes, biggest) or 0), biggest
+  for _, st in ipairs(d.stages) do
+    local off = 0
+    for b = st.blocks[1], st.blocks[2] do
+      local mha = b % 2 == 0
+      if mha then part.n_mha = part.n_mha + 1 else part.n_mlp = part.n_mlp + 1 end
+      if b - st.blocks[1] < (st.offloaded or 0) then
+        off = off + sizes.block_bytes[b]
+        biggest = math.max(biggest, sizes.block_bytes[b])
+        if mha then part.off_mha = part.off_mha + 1 else part.off_mlp = part.off_mlp + 1 end
+        if p.per_block then part.loads = part.loads + 1 end
+      else
+        part.res_bytes = part.res_bytes + sizes.block_bytes[b]
+      end
+    end
+    if off > 0 and not p.per_block then part.loads = part.loads + 1 end
+    part.off_bytes = part.off_bytes + off
+    part.stage_off_max = math.max(part.stage_off_max, off)
+  end
+  local _, layers = M.device_layers(p, i)
+  part.layers = layers
+  local need = p.per_block and biggest or part.stage_off_max
+  local given = d.slot_bytes or (N == 1 and p.slot_bytes) or nil
+  part.slot_bytes = need > 0 and math.max(need, given or 0) or 0
+  part.slots = need > 0 and (p.slots or 1) or 0
+  part.ring = not p.per_block and need > 0 and ((p.slots or 1) > 1 or part.slot_bytes >= 2 * need)
+  return part
 end
 
--- The one-device plan that fits budget (bytes; 0: unlimited) with the least estimated time:
--- every stage count S from 1 to the number of blocks, stages split evenly, every number of
--- offloaded blocks per stage. opts: slots (1), loader ("uring" | "buffered"), read_bps,
--- compute_bps (rates for the estimate). Returns the plan, with .estimate = { ms, exposed_ms,
--- memory }; raises when nothing fits, saying what the least plan needs.
-function M.search(sizes, budget, opts)
+-- The memory of a device's part by account: { weights, slots, kv, activations, scratch, total,
+-- slot_bytes, offloaded_bytes }. opts: cluster (the device is a worker: its message buffers
+-- count as activations), loader ("uring" | "buffered" | "auto": the bounce buffer of the
+-- conventional path counts as scratch).
+function M.part_memory(part, sizes, opts)
   opts = opts or {}
-  local rates = { read_bps = opts.read_bps or 1.5e9, compute_bps = opts.compute_bps or 10e9 }
-  local best, best_ms
-  local n = sizes.n_blocks
-  for s = 1, n do
-    local ranges = split(n, s)
-    local shortest = math.floor(n / s)
-    local first_fit
-    for k = 0, shortest do
-      local p = { slots = opts.slots or 1, devices = { { stages = {} } } }
-      for i, r in ipairs(ranges) do p.devices[1].stages[i] = { blocks = r, offloaded = k } end
-      -- one slot: as a ring of the largest stage's bytes, or of the largest run of two, three
-      -- or four consecutive stages' (so that loads go on while earlier stages compute)
-      local rings = { false }
-      if k > 0 and p.slots == 1 and s > 1 then
-        local st = p.devices[1].stages
-        local off = {}
-        for i = 1, s do off[i] = select(2, M.stage_bytes({ st[i] }, sizes)) end
-        local last = select(2, M.stage_bytes(st, sizes))
-        for run = 2, math.min(4, s) do
-          local most = 0
-          for i = 1, s do
-            local sum = 0
-            for j = 0, run - 1 do sum = sum + off[(i + j - 1) % s + 1] end
-            most = math.max(most, sum)
-          end
-          if most > last then rings[#rings + 1], last = most, most end
-        end
-      end
-      local fits = false
-      for _, ring in ipairs(rings) do
-        local q = { slots = p.slots, slot_bytes = ring or nil, devices = { { stages = {} } } }
-        for i, r in ipairs(ranges) do q.devices[1].stages[i] = { blocks = r, offloaded = k } end
-        local mem = M.memory(q, sizes, opts)
-        if budget == 0 or mem.total <= budget then
-          fits = true
-          if budget > 0 and k > 0 then
-            M.refine(q, sizes, budget, opts)
-            mem = M.memory(q, sizes, opts)
-          end
-          local ms, exposed = M.estimate(q, sizes, rates)
-          -- ties (within 0.1%) go to fewer stages, then fewer offloaded blocks
-          if not best or ms < best_ms * 0.999 then
-            best, best_ms = q, ms
-            q.estimate = { ms = ms, exposed_ms = exposed, memory = mem, read_bps = rates.read_bps,
-              compute_bps = rates.compute_bps }
-          end
-        end
-      end
-      -- with S fixed, offloading more only adds reading, unless it frees room for a larger
-      -- ring: two more counts after the first that fits are enough
-      if fits then first_fit = first_fit or k end
-      if first_fit and k >= first_fit + 2 then break end
-    end
-    if budget == 0 and best then break end
-  end
-  if not best then
-    local need, biggest = M.minimum(sizes, opts)
-    error(string.format("memory budget of %s cannot run this model: even with every block offloaded it needs %s "
-      .. "(embedding and head %s, KV cache %s, activations %s, a slot for the largest block %s%s); "
-      .. "raise --mem or lower --context", fmt_bytes(budget), fmt_bytes(need), fmt_bytes(sizes.global_bytes),
-      fmt_bytes(sizes.kv_bytes), fmt_bytes(sizes.activation_bytes), fmt_bytes(biggest),
-      opts.loader == "buffered" and (", the conventional loader's bounce buffer " ..
-        fmt_bytes(math.min(sizes.bounce_bytes, biggest))) or ""), 0)
-  end
-  return best
+  local weights = part.res_bytes
+  if part.first or (part.last and sizes.tied) then weights = weights + sizes.embed_file_bytes end
+  if part.last then weights = weights + sizes.head_file_bytes end
+  local m = { weights = weights, slots = part.slots * part.slot_bytes, kv = sizes.kv_bytes[part.layers],
+    activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
+    scratch = part.slot_bytes > 0 and loader_scratch(part.slot_bytes, opts.loader) or 0,
+    slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
+  m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
+  return m
 end
 
--- A plan as Lua source that M.load reads back.
-function M.to_lua(p) return require("loip.plan.ring").to_lua(p) end
+-- part_memory(...).total without the table (schedulers call this in their inner loops).
+function M.part_total(part, sizes, opts)
+  return M.total_of(sizes, opts, part.first, part.last, part.res_bytes, part.slots * part.slot_bytes, part.layers)
+end
 
--- A readable description: per stage its blocks, what is offloaded, and the memory by account.
-function M.describe(p, sizes, opts)
-  local lines = {}
-  local stages = p.devices[1].stages
-  local mem = sizes and M.memory(p, sizes, opts)
-  lines[#lines + 1] = string.format("plan: %d stage%s on 1 device, %d slot%s%s", #stages, #stages == 1 and "" or "s",
-    p.slots or 1, (p.slots or 1) == 1 and "" or "s", mem and mem.slot_bytes > 0 and
-    string.format(" of %s", fmt_bytes(mem.slot_bytes)) or "")
-  for k, st in ipairs(stages) do
-    local a, b, off = st.blocks[1], st.blocks[2], st.offloaded or 0
-    local what
-    if off == 0 then what = "all resident"
-    elseif off == b - a + 1 then what = "all offloaded"
-    else what = string.format("offloaded %s, resident %s", M.range_name(a, a + off - 1), M.range_name(a + off, b)) end
-    local bytes = ""
-    if sizes then
-      local o, r = 0, 0
-      for x = a, b do if x - a < off then o = o + sizes.block_bytes[x] else r = r + sizes.block_bytes[x] end end
-      bytes = string.format(" [%s read per step, %s resident]", fmt_bytes(o), fmt_bytes(r))
+-- The same from its figures: whether the device holds the first / last end, its resident
+-- bytes, the bytes of its slots, its layers with a KV cache.
+function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers)
+  local kv = sizes.kv_bytes[layers]
+  if not kv then return math.huge end -- more layers than the model has: no such part
+  local w = res_bytes + slot_bytes + kv + sizes.activation_bytes
+  if first or (last and sizes.tied) then w = w + sizes.embed_file_bytes end
+  if last then w = w + sizes.head_file_bytes end
+  if opts.cluster then w = w + sizes.device_bytes end
+  if slot_bytes > 0 then w = w + loader_scratch(slot_bytes, opts.loader) end
+  return w
+end
+
+-- Device i's memory under plan p, by account (see part_memory).
+function M.memory(p, i, sizes, opts)
+  return M.part_memory(M.device_part(p, i, sizes), sizes, opts)
+end
+
+-- The first device whose budget p breaks, as a message naming it and the shortfall; nil when
+-- every device fits. budgets: bytes per device (0: unlimited).
+function M.over_budget(p, sizes, budgets, opts, where)
+  for i = 1, #p.devices do
+    local b = budgets[i] or 0
+    local m = M.memory(p, i, sizes, opts)
+    if b > 0 and m.total > b then
+      return string.format("%sdevice %d needs %s (weights %s, slots %s, kv %s, activations %s%s) but its budget is %s: short by %s",
+        where and (where .. ": ") or "", i, fmt(m.total), fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
+        m.scratch > 0 and (", scratch " .. fmt(m.scratch)) or "", fmt(b), fmt(m.total - b)), m
     end
-    lines[#lines + 1] = string.format("  stage %d: %s: %s%s", k, M.range_name(a, b), what, bytes)
   end
-  if mem then
-    lines[#lines + 1] = string.format("  memory: weights %s + slots %s + kv %s + activations %s%s = %s",
-      fmt_bytes(mem.weights), fmt_bytes(mem.slots), fmt_bytes(mem.kv), fmt_bytes(mem.activations),
-      mem.scratch > 0 and (" + scratch " .. fmt_bytes(mem.scratch)) or "", fmt_bytes(mem.total))
-    lines[#lines + 1] = string.format("  offloaded: %s of %s of weights re-read every step (%.0f%%)",
-      fmt_bytes(mem.offloaded_bytes), fmt_bytes(sizes.weight_bytes), 100 * mem.offloaded_bytes / sizes.weight_bytes)
+end
+
+-- A readable description: per device its memory by account and what it reads, per stage its
+-- blocks and which are offloaded; est (a cost model's estimate) adds the predicted figures.
+function M.describe(p, sizes, opts, est)
+  local N, S = #p.devices, #p.devices[1].stages
+  local lines = { string.format("plan: %d device%s x %d stage%s (%d hop%s around the ring), %d slot%s", N, N == 1 and "" or "s",
+    S, S == 1 and "" or "s", N * S, N * S == 1 and "" or "s", p.slots or 1, (p.slots or 1) == 1 and "" or "s")
+    .. (p.per_block and ", each offloaded block read when its turn comes" or "")
+    .. (p.prefetch == false and ", no reads ahead" or "") }
+  for i, d in ipairs(p.devices) do
+    local m = M.memory(p, i, sizes, opts)
+    local e = est and est.devices and est.devices[i]
+    lines[#lines + 1] = string.format("  device %d: weights %s + slot %s + kv %s + activations %s%s = %s; %s read per step%s",
+      i, fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations), m.scratch > 0 and (" + scratch " .. fmt(m.scratch)) or "",
+      fmt(m.total), fmt(m.offloaded_bytes),
+      e and string.format("; compute %.1f ms, load %.1f ms, uncovered %.1f ms per token", e.comp_ms, e.load_ms, e.uncover_ms) or "")
+    for s, st in ipairs(d.stages) do
+      local a, b, off = st.blocks[1], st.blocks[2], st.offloaded or 0
+      lines[#lines + 1] = string.format("    stage %d: %s%s", s, M.range_name(a, b),
+        off == 0 and "" or (off == b - a + 1 and " (all offloaded)" or string.format(" (offloaded: %s)", M.range_name(a, a + off - 1))))
+    end
   end
-  if p.estimate then
-    lines[#lines + 1] = string.format("  estimate: %.1f ms/token, %.1f ms of it exposed loading (disk %.2f GB/s, compute %.1f GB/s assumed)",
-      p.estimate.ms, p.estimate.exposed_ms, p.estimate.read_bps / 1e9, p.estimate.compute_bps / 1e9)
+  local read = 0
+  for i = 1, N do read = read + M.device_part(p, i, sizes).off_bytes end
+  lines[#lines + 1] = string.format("  offloaded: %s of %s of weights re-read every step (%.0f%%)", fmt(read),
+    fmt(sizes.weight_bytes), 100 * read / sizes.weight_bytes)
+  if est then
+    lines[#lines + 1] = string.format("  estimate: %.1f ms/token = compute %.1f + communication %.1f + uncovered loading %.1f ms%s",
+      est.ms_per_token, est.comp_ms, est.comm_ms, est.uncover_ms,
+      est.bottleneck and string.format(" (bottleneck: device %d)", est.bottleneck) or "")
   end
   return table.concat(lines, "\n")
+end
+
+-- Lua source for a plan (what M.load and --plan read back).
+function M.to_lua(p)
+  local out = { "return {", string.format("  slots = %d,", p.slots or 1) }
+  if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
+  if p.per_block then out[#out + 1] = "  per_block = true, -- the slot holds one block: each offloaded block read when its turn comes" end
+  if p.prefetch == false then out[#out + 1] = "  prefetch = false, -- a stage's reads start when the stage starts" end
+  out[#out + 1] = "  devices = {"
+  for _, d in ipairs(p.devices) do
+    out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "") .. "stages = {"
+    for _, st in ipairs(d.stages) do
+      out[#out + 1] = string.format("      { blocks = { %d, %d }, offloaded = %d },", st.blocks[1], st.blocks[2], st.offloaded or 0)
+    end
+    out[#out + 1] = "    } },"
+  end
+  out[#out + 1] = "  },"
+  out[#out + 1] = "}"
+  return table.concat(out, "\n") .. "\n"
+end
+
+-- The plan's tables alone (no estimate or other annotations): what workers receive and files hold.
+function M.bare(p)
+  local q = { slots = p.slots, slot_bytes = p.slot_bytes, per_block = p.per_block, prefetch = p.prefetch, devices = {} }
+  for i, d in ipairs(p.devices) do
+    local stages = {}
+    for s, st in ipairs(d.stages) do stages[s] = { blocks = { st.blocks[1], st.blocks[2] }, offloaded = st.offloaded or 0 } end
+    q.devices[i] = { slot_bytes = d.slot_bytes, stages = stages }
+  end
+  return q
+end
+
+-- Write p to path as Lua (through a temporary file: a half-written plan never stays).
+function M.save(path, p)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "w")
+  if not f then error("--save-plan: " .. tostring(err), 0) end
+  f:write(M.to_lua(p))
+  f:close()
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then os.remove(tmp) error("--save-plan: " .. tostring(rerr), 0) end
 end
 
 -- Read a plan from a Lua file (it returns the table; it runs with no globals but what a plain

@@ -1,6 +1,7 @@
 -- The loip command's subcommands. runtime/cli/main.c calls main(argv) and exits with its
 -- return value: 0 success, 1 runtime failure, 2 usage error.
 local flags = require "loip.tools.flags"
+local cp = require "loip.tools.cli_plan"
 
 local M = {}
 
@@ -46,22 +47,17 @@ commands.generate = {
     { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
       check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
     { "hosts", "string", "run on running workers: host:port,host:port,... (token: LOIP_CLUSTER_TOKEN)", metavar = "LIST" },
-    { "stages", "int", "stages per device (default: the search's best)", metavar = "S",
-      check = function(v) return v >= 1, "must be >= 1" end },
-    { "link-rate", "string", "emulate links of this rate between devices, e.g. 100mbit", metavar = "RATE" },
-    { "link-delay", "string", "emulate this one-way delay per link, e.g. 2ms", metavar = "TIME" },
-    { "slowdown", "string", "local devices: compute slowed by these factors, one per device (e.g. 1,1.5,2) "
-      .. "to mimic slower boards", metavar = "LIST" },
+    cp.flags.stages, cp.flags.link_rate, cp.flags.link_delay, cp.flags.slowdown,
     cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
-      .. "default: the best that fits --mem", metavar = "FILE.lua" },
+      .. "default: the scheduler's", metavar = "FILE.lua" },
+    cp.flags.scheduler, cp.flags.cost, cp.flags.profile,
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
       check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
     { "loader", "string", "slice store: how offloaded blocks are read: auto (io_uring, else buffered), uring, "
       .. "buffered (the conventional path)", default = "auto",
       check = function(v) return v == "auto" or v == "uring" or v == "buffered", "must be auto, uring or buffered" end },
-    { "disk-rate", "bytes", "slice store: emulate a slower disk, bytes/s (e.g. 500M)", metavar = "BYTES" },
-    { "save-plan", "string", "slice store: write the plan used as a Lua file (for --plan)", metavar = "FILE.lua" },
+    cp.flags.disk_rate, cp.flags.save_plan,
     { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait", metavar = "OUT.json" },
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
@@ -92,21 +88,9 @@ local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
   local model = require "loip.model"
-  if model.locate(o.model) ~= "store" then
+  local kind = model.locate(o.model)
+  if kind ~= "store" then
     error({ usage_error = true, msg = "generate: --devices/--hosts need a slice store (make one with loip slice)" }, 0)
-  end
-  if o.save_plan then
-    error({ usage_error = true, msg = "generate: --save-plan runs on one device only, for now" }, 0)
-  end
-  local delay_ms
-  if o.link_delay then
-    local num, unit = o.link_delay:match("^(%d+%.?%d*)%s*(%a*)$")
-    local mult = ({ [""] = 1, ms = 1, us = 1e-3, s = 1e3 })[unit or ""]
-    if not num or not mult then error({ usage_error = true, msg = "generate: --link-delay: '" .. o.link_delay .. "' is not a time such as 2ms" }, 0) end
-    delay_ms = tonumber(num) * mult
-  end
-  if o.link_rate and not require("loip.runtime.transport").parse_rate(o.link_rate) then
-    error({ usage_error = true, msg = "generate: --link-rate: '" .. o.link_rate .. "' is not a rate such as 100mbit" }, 0)
   end
   if o.hosts and o.cpu_latency then
     error({ usage_error = true, msg = "generate: --cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead" }, 0)
@@ -114,38 +98,35 @@ local function run_cluster(o)
   local hosts = {}
   if o.hosts then for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end end
   local n = o.devices or #hosts
-  local mems = parse_mems(o.mem, n)
-  local slowdown
-  if o.slowdown then
-    slowdown = {}
-    for item in o.slowdown:gmatch("[^,]+") do
-      local f = tonumber(item)
-      if not f or f < 1 then error({ usage_error = true, msg = "generate: --slowdown: '" .. item .. "' is not a factor >= 1" }, 0) end
-      slowdown[#slowdown + 1] = f
-    end
-    if #slowdown == 1 then for i = 2, n do slowdown[i] = slowdown[1] end end
-    if #slowdown ~= n then
-      error({ usage_error = true, msg = string.format("generate: --slowdown gives %d factors for %d devices", #slowdown, n) }, 0)
-    end
-  end
-  -- the tokenizer runs at the head: the store carries the model's tokenizer files
+  local set = cp.settings("generate", o, n)
+  -- refuse what cannot work before any worker starts
   local st_mod = require "loip.model.store"
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
+  if n > 2 * scfg.n_layers then
+    error({ usage_error = true, msg = string.format("generate: %d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
+      n, 2 * scfg.n_layers, scfg.n_layers, 2 * scfg.n_layers) }, 0)
+  end
+  if o.plan and (o.scheduler ~= "loip" or o.stages) then
+    error({ usage_error = true, msg = "generate: --plan runs the plan given; --scheduler and --stages choose one (give one or the other)" }, 0)
+  end
+  -- the tokenizer runs at the head: the store carries the model's tokenizer files
   local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = scfg.vocab_size })
   local c = o.hosts and cluster.connect(hosts, { store = o.model })
-    or cluster.start_local { store = o.model, devices = n, mem = mems or 0, threads = o.threads > 0 and o.threads or nil,
+    or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
       cpu_latency_us = o.cpu_latency }
   local ok, err = pcall(function()
-    if o.hosts and mems then for i, d in ipairs(c.devices) do d.mem = mems[i] end end
-    local link = (o.link_rate or delay_ms) and { rate = o.link_rate, delay_ms = delay_ms } or nil
-    local p = c:plan { plan = o.plan, stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil,
-      disk_rate = o.disk_rate, link = link, trace = o.trace ~= nil, slowdown = slowdown }
-    if not o.json then io.stderr:write(require("loip.plan.ring").describe(p, c.sizes), "\n") end
+    if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
+    local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
+      stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil, disk_rate = set.disk_rate,
+      link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown }
+    if o.save_plan then require("loip.plan").save(o.save_plan, p) end
+    if not o.json then cp.report(p, est, info, c.sizes, { cluster = true }) end
     local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()
     local stop = {}
     for _, id in ipairs(type(tok.stop_ids) == "table" and tok.stop_ids or { tok.eos_id }) do stop[id] = true end
-    local it, st = c:generate(ids, { max_tokens = o.max_tokens, stop = stop, seed = o.seed or os.time(),
+    local seed = o.seed or os.time()
+    local it, st = c:generate(ids, { max_tokens = o.max_tokens, stop = stop, seed = seed,
       n_sample = math.min(tok.vocab_size, c.vocab), sampler = { temperature = o.temperature, top_k = o.top_k,
         top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty } })
     -- text as loip.model streams it: whole UTF-8 characters, continuing the prompt's text
@@ -174,17 +155,25 @@ local function run_cluster(o)
       per_device[i] = { compute_ms = per("compute_ms"), load_ms = per("load_ms"), stall_ms = per("stall_ms"),
         send_ms = per("send_ms"), recv_wait_ms = per("recv_wait_ms"), head_ms = per("head_ms"),
         memory = a.memory, links = a.links }
+      local e = est and est.devices[i]
+      if e then
+        per_device[i].estimate = { comp_ms = e.comp_ms, load_ms = e.load_ms, uncover_ms = e.uncover_ms, comm_ms = e.comm_ms,
+          memory_bytes = e.memory_bytes }
+      end
     end
     local per_token = st.stats.decode_steps > 0 and st.stats.decode_ms / st.stats.decode_steps or 0
     if o.json then
       io.stdout:write(json.encode({ prompt = o.prompt, text = table.concat(pieces), token_ids = st.token_ids,
-        prompt_tokens = #ids, prefill_ms = st.stats.prefill_ms, decode_ms_per_token = per_token,
-        devices = per_device, plan = { slots = p.slots or 1, devices = p.devices }, model = o.model }), "\n")
+        prompt_tokens = #ids, generated_tokens = #st.token_ids, seed = seed, prefill_ms = st.stats.prefill_ms,
+        decode_ms_per_token = per_token, estimate_ms_per_token = est and est.ms_per_token,
+        scheduler = info and info.scheduler, cost_model = info and info.cost, scheduler_ms = info and info.scheduler_ms,
+        devices = per_device, plan = require("loip.plan").bare(p), model = o.model }), "\n")
     else
       io.stdout:write(rest, "\n")
       io.stdout:flush()
-      io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token\n", #c.devices,
-        #ids, st.stats.prefill_ms, #st.token_ids, per_token))
+      io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token%s\n", #c.devices,
+        #ids, st.stats.prefill_ms, #st.token_ids, per_token,
+        est and string.format(" (estimated %.2f)", est.ms_per_token) or ""))
       for i, d in ipairs(per_device) do
         io.stderr:write(string.format("  device %d per token: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms, waiting for input %.2f ms\n",
           i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
@@ -204,16 +193,21 @@ function commands.generate.run(o)
     error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
   end
   o.mem = mems and mems[1]
+  for _, f in ipairs({ "link_rate", "link_delay", "slowdown" }) do
+    if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
+  end
   local model = require "loip.model"
   local json = require "loip.tools.json"
   local is_store = model.locate(o.model) == "store"
-  for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan" }) do
+  for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan", "stages" }) do
     if o[f] and not is_store then
       error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " needs a slice store (make one with loip slice)" }, 0)
     end
   end
+  local disk_rate = cp.settings("generate", { disk_rate = o.disk_rate }, 1).disk_rate
   local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer,
-    mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, disk_rate = o.disk_rate, trace = o.trace ~= nil })
+    mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, disk_rate = disk_rate and disk_rate[1],
+    trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
       error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.runtime.memory").format_bytes(o.mem)
@@ -223,18 +217,14 @@ function commands.generate.run(o)
   end
   if o.verbose then stderr("%s\n", tostring(m)) end
   local plan_mod = require "loip.plan"
-  local offloads = m.plan and plan_mod.memory(m.plan, m.plan_sizes).offloaded_bytes > 0
+  local offloads = m.plan and plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts).offloaded_bytes > 0
   if m.plan and (offloads or o.verbose or o.plan) and not o.json then
-    stderr("%s\n", plan_mod.describe(m.plan, m.plan_sizes, m.plan_opts))
+    stderr("%s\n", plan_mod.describe(m.plan, m.plan_sizes, m.plan_opts, m.estimate))
     if m.loader then stderr("loader: %s\n", m.loader:describe()) end
   end
   if o.save_plan then
-    local tmp = o.save_plan .. ".tmp"
-    local f, ferr = io.open(tmp, "w")
-    if not f then m:close() error("--save-plan: " .. tostring(ferr), 0) end
-    f:write(plan_mod.to_lua(m.plan))
-    f:close()
-    assert(os.rename(tmp, o.save_plan))
+    local sok, serr = pcall(plan_mod.save, o.save_plan, m.plan)
+    if not sok then m:close() error(serr, 0) end
   end
   if o.verbose and m.budget then stderr("memory:\n%s\n", tostring(m.budget:report())) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
@@ -273,8 +263,9 @@ function commands.generate.run(o)
       prefill_ms = s.prefill_ms, decode_ms_per_token = per_token, stop_reason = st.stop_reason,
       model = o.model, threads = m.threads, kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
       seed = st.seed, temperature = o.temperature,
-      plan = m.plan and { slots = m.plan.slots or 1, devices = m.plan.devices,
-        memory = plan_mod.memory(m.plan, m.plan_sizes, m.plan_opts) } or nil,
+      plan = m.plan and { slots = m.plan.slots or 1, devices = plan_mod.bare(m.plan).devices,
+        memory = plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts) } or nil,
+      estimate_ms_per_token = m.estimate and m.estimate.ms_per_token or nil,
       loader = m.loader and m.loader:mode() or nil,
       runner = m.runner and m:runner_stats() or nil,
     }), "\n")
@@ -513,6 +504,9 @@ function commands.trace.run(o, pos)
   return 0
 end
 
+commands.plan = cp.commands.plan
+commands.profile = cp.commands.profile
+
 commands.slice = {
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
   summary = "Convert a Hugging Face model directory (or a llama2.c checkpoint) into a slice store: one\n"
@@ -578,6 +572,11 @@ commands:
   run         run a Lua script (recipe) with the runtime available
   synth       write a random-weight model with a real model's shapes
   slice       convert a model into a slice store (per-block files), or --verify one
+  plan        print the plan a scheduler chooses for N devices and its predicted time, running nothing
+  profile     measure a device (or running workers) for planning: compute, disk, transport
+  worker      run one device of a cluster (the head starts them with generate --devices)
+  testbed     network namespaces shaped by tbf with a worker in each (root)
+  trace       draw a trace written by --trace as an SVG timeline
   test        run busted specs under the runtime
   help CMD    flags of a command (also: loip CMD --help)
   version     versions of the runtime and its kernels

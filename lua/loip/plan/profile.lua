@@ -1,0 +1,531 @@
+-- Profiles: what a device measures of itself so that planning uses figures, not constants
+-- (docs/planning.md, "Profiles"). `loip profile` writes one as JSON; planning reads it with
+-- --profile, or measures a short one (a calibration of a few seconds) when none is given.
+--
+--   local profile = require "loip.plan.profile"
+--   local pr = profile.measure{ cfg = c, dtype = "BF16", threads = 1, disk = { files = {...} } }
+--   profile.save("me.json", pr)
+--   local ms = profile.block_ms(pr, "mlp", 1, 256, shape)   -- one MLP block, batch 1, 256 positions
+--
+-- A profile (version 1):
+--   device   cpus, threads, kernels, mem_total_bytes, mem_available_bytes, host
+--   shape    the block shape measured: dim, hidden_dim, n_heads, n_kv_heads, head_dim, dtype,
+--            mha_bytes, mlp_bytes (weights of one block)
+--   compute  blocks: [{ kind, batch, context, ms }] measured on that shape; weight_bps[batch]
+--            (weight bytes computed per second, from the MLP); attention_ms_per_token[batch]
+--            (per position attended, for the shape's heads); mha_fixed_ms[batch]; under_load
+--            (compute time while the loader streams / alone)
+--   disk     read_bps (O_DIRECT through the loader, cold), load_ms (a small read's fixed cost),
+--            bytes, path
+--   link     transport_ms (one way through ZeroMQ, send to receipt, between two sockets of one
+--            process), timer_late_us (how late a 1 ms sleep wakes, median and p90)
+-- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local C = core.C
+
+local M = {}
+
+M.VERSION = 1
+
+local function median(xs)
+  local s = {}
+  for i, v in ipairs(xs) do s[i] = v end
+  table.sort(s)
+  local n = #s
+  if n == 0 then return nil end
+  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+local function quantile(xs, q)
+  local s = {}
+  for i, v in ipairs(xs) do s[i] = v end
+  table.sort(s)
+  return s[math.max(1, math.min(#s, math.floor(q * #s + 0.5)))]
+end
+
+local function meminfo()
+  local f = io.open("/proc/meminfo")
+  local t = {}
+  if f then
+    for l in f:lines() do
+      local k, v = l:match("^(%w+):%s+(%d+) kB")
+      if k then t[k] = tonumber(v) * 1024 end
+    end
+    f:close()
+  end
+  return t.MemTotal, t.MemAvailable
+end
+
+local function hostname()
+  local f = io.open("/proc/sys/kernel/hostname")
+  local h = f and f:read("*l") or "?"
+  if f then f:close() end
+  return h
+end
+
+-- One layer (block 0: its MHA, block 1: its MLP) of config cfg with seeded random weights of
+-- dtype in memory, bound to a fresh model, and a session over it: { model, pool, session,
+-- hidden, bytes = { mha, mlp }, close }.
+local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
+  local hf = require "loip.model.hf"
+  local store = require "loip.model.store"
+  local dt = store.dtypes[dtype] or error("profile: dtype must be F32, BF16 or F16, not " .. tostring(dtype), 0)
+  local c = ffi.new("loip_model_config", cfg)
+  local tensors, total = {}, 0
+  for _, w in ipairs(hf.weight_list(c)) do
+    if w[1] == 0 then
+      local shape = hf.shape_of(c, w[2])
+      local n = 1
+      for _, d in ipairs(shape) do n = n * d end
+      local bytes = store.align_up(n * dt[2])
+      tensors[#tensors + 1] = { kind = w[2], shape = shape, n = n, offset = total, norm = w[3]:match("norm%.weight$") ~= nil,
+        block = store.block_of[tonumber(w[2])] }
+      total = total + bytes
+    end
+  end
+  local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, total)
+  if not buf then error("profile: " .. core.last_error(), 0) end
+  local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+  local m = assert(core.new("loip_model *", C.loip_model_new, C.loip_model_free, c))
+  local bytes = { mha = 0, mlp = 0 }
+  for i, t in ipairs(tensors) do
+    core.check(C.loip_fill_random(base + t.offset, t.n, dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02))
+    local v = ffi.new("loip_tensor")
+    v.data, v.dtype, v.ndim = base + t.offset, dt[1], #t.shape
+    for k, d in ipairs(t.shape) do v.shape[k - 1] = d end
+    core.check(C.loip_model_bind(m, 0, t.kind, v), "profile: bind")
+    bytes[t.block] = (bytes[t.block] or 0) + t.n * dt[2]
+  end
+  local pool = assert(core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, threads or 0))
+  local mask = ffi.new("uint8_t[?]", c.n_layers)
+  mask[0] = 1
+  local s, err = core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, m, pool, max_ctx, max_batch, nil, mask)
+  if not s then error("profile: " .. err, 0) end
+  local hidden = ffi.new("float[?]", max_batch * c.dim)
+  for k = 0, max_batch * c.dim - 1 do hidden[k] = ((k * 7919) % 1000) / 1000 - 0.5 end
+  return { model = m, pool = pool, session = s, hidden = hidden, bytes = bytes, dim = c.dim, buffer = buf,
+    threads = tonumber(C.loip_pool_size(pool)) }
+end
+
+-- Median ms of fn over reps runs (after one warm-up), at least min_ms of runs in all.
+local function timed(fn, reps, min_ms)
+  fn()
+  local xs, spent = {}, 0
+  while #xs < reps or spent < (min_ms or 0) do
+    local t0 = core.now_ms()
+    fn()
+    local dt = core.now_ms() - t0
+    xs[#xs + 1], spent = dt, spent + dt
+    if #xs >= 200 then break end
+  end
+  return median(xs)
+end
+
+-- Least-squares line through (x, y): intercept, slope.
+local function fit(xs, ys)
+  local n, sx, sy, sxx, sxy = #xs, 0, 0, 0, 0
+  for i = 1, n do sx, sy, sxx, sxy = sx + xs[i], sy + ys[i], sxx + xs[i] ^ 2, sxy + xs[i] * ys[i] end
+  local d = n * sxx - sx * sx
+  if n < 2 or d == 0 then return sy / math.max(n, 1), 0 end
+  local slope = (n * sxy - sx * sy) / d
+  return (sy - slope * sx) / n, math.max(0, slope)
+end
+
+-- Streams reads of files (a list of paths, each read whole, round after round) through an
+-- io_uring loader at rate (bytes/s, 0: as fast as it goes) while fn runs; returns what fn returns.
+local function while_reading(files, rate, fn)
+  local loader = require "loip.runtime.loader"
+  local sizes, biggest = {}, 0
+  for i, p in ipairs(files) do
+    local f = io.open(p, "rb")
+    sizes[i] = f and f:seek("end") or 0
+    if f then f:close() end
+    biggest = math.max(biggest, sizes[i])
+  end
+  local l, err = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
+  if not l then error("profile: " .. err, 0) end
+  local tag, k = 0, 0
+  local function submit()
+    k = k % #files + 1
+    tag = tag + 1
+    assert(l:submit((tag - 1) % 2 + 1, { { path = files[k], offset = 0, length = sizes[k] } }, tag))
+  end
+  submit()
+  submit()
+  local out = { fn(function() for _ in ipairs(l:poll(0)) do submit() end end) }
+  while l:pending() > 0 do l:poll(-1) end
+  l:close()
+  return unpack(out)
+end
+
+-- Read rate of files through the loader (io_uring, O_DIRECT: the page cache is not read):
+-- bytes/s and a small read's fixed cost in ms. bytes: how much to read at most.
+function M.disk(files, bytes, rate)
+  local loader = require "loip.runtime.loader"
+  local sizes, biggest = {}, 0
+  for i, p in ipairs(files) do
+    local f, err = io.open(p, "rb")
+    if not f then error("profile: " .. tostring(err), 0) end
+    sizes[i] = f:seek("end")
+    f:close()
+    biggest = math.max(biggest, sizes[i])
+  end
+  local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
+  if not l then error("profile: " .. err, 0) end
+  local small = {}
+  for j = 1, 8 do
+    local t0 = core.now_ms()
+    assert(l:submit(1, { { path = files[(j - 1) % #files + 1], offset = 0, length = 4096 } }, j))
+    assert(l:wait(j))
+    small[j] = core.now_ms() - t0
+  end
+  local read, tag = 0, 100
+  local t0 = core.now_ms()
+  local k = 0
+  while read < bytes do
+    k = k % #files + 1
+    tag = tag + 1
+    assert(l:submit(1, { { path = files[k], offset = 0, length = sizes[k] } }, tag))
+    local ok, werr = l:wait(tag)
+    if not ok then l:close() error("profile: " .. tostring(werr), 0) end
+    read = read + sizes[k]
+  end
+  local ms = core.now_ms() - t0
+  local mode = l:mode()
+  l:close()
+  return { read_bps = read / ms * 1e3, load_ms = median(small), bytes = read, loader = mode }
+end
+
+-- One-way time through the transport between two sockets of this process (ipc), ms; and how
+-- late a 1 ms sleep wakes, us (median, p90).
+function M.transport(rounds)
+  local transport = require "loip.runtime.transport"
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute("mkdir -p '" .. dir .. "'")
+  local net = assert(transport.net { token = "loip-profile" })
+  local ok, res = pcall(function()
+    local srv = assert(net:bind("ipc://" .. dir .. "/p.sock"))
+    local cli = assert(net:connect(srv:endpoint(), "profile"))
+    local rtts = {}
+    for j = 1, (rounds or 100) + 5 do
+      local t0 = core.now_ms()
+      assert(cli:send({ kind = "PING" }, 1000))
+      local m = srv:recv(1000)
+      assert(m, "profile: no ping through the transport")
+      assert(srv:send({ to = m.from, kind = "PONG" }, 1000))
+      assert(cli:recv(1000), "profile: no pong through the transport")
+      if j > 5 then rtts[#rtts + 1] = core.now_ms() - t0 end
+    end
+    srv:close()
+    cli:close()
+    return median(rtts) / 2
+  end)
+  net:close()
+  os.execute("rm -rf '" .. dir .. "'")
+  if not ok then error(res, 0) end
+  local late = {}
+  for j = 1, 40 do
+    local t0 = tonumber(C.loip_now_ns())
+    C.loip_sleep_ms(1)
+    late[j] = (tonumber(C.loip_now_ns()) - t0) / 1e3 - 1000
+  end
+  return { transport_ms = res, timer_late_us = { median = median(late), p90 = quantile(late, 0.9) } }
+end
+
+-- Measure this machine. opts: cfg (a Hugging Face config table: the shape whose blocks are
+-- timed; layers beyond the first are not made), dtype ("BF16"), threads, batches ({1,2,4,8}),
+-- contexts ({64, 256, 1024} up to the shape's positions), reps, disk = { files = {...}, bytes,
+-- rate } (nil: not measured), quick (batch 1 and one context: a calibration), progress (a
+-- function(text) told what is being measured).
+function M.measure(opts)
+  local hf = require "loip.model.hf"
+  local c = hf.parse_config(opts.cfg, "profile shape")
+  local say = opts.progress or function() end
+  local batches = opts.quick and { 1 } or (opts.batches or { 1, 2, 4, 8 })
+  local max_pos = math.min(c.max_seq, 4096)
+  local contexts = opts.contexts or (opts.quick and { math.min(opts.context or 256, max_pos) } or { 64, 256, 1024 })
+  local ctxs = {}
+  for _, x in ipairs(contexts) do if x <= max_pos then ctxs[#ctxs + 1] = x end end
+  if #ctxs == 0 then ctxs = { math.min(64, max_pos) } end
+  local max_batch, max_ctx = 1, 0
+  for _, b in ipairs(batches) do max_batch = math.max(max_batch, b) end
+  for _, x in ipairs(ctxs) do max_ctx = math.max(max_ctx, x) end
+  local dtype = (opts.dtype or "BF16"):upper()
+  local lay = synthetic_layer(c, dtype, opts.threads, max_ctx + max_batch, max_batch)
+  local reps = opts.reps or (opts.quick and 5 or 9)
+  local pr = { loip_profile = M.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"),
+    device = { host = hostname(), cpus = tonumber(io.popen("nproc"):read("*l")) or 1, threads = lay.threads,
+      kernels = ffi.string(C.loip_kernels_name()) },
+    shape = { dim = c.dim, hidden_dim = c.hidden_dim, n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim,
+      dtype = dtype, mha_bytes = lay.bytes.mha, mlp_bytes = lay.bytes.mlp },
+    compute = { blocks = {}, weight_bps = {}, attention_ms_per_token = {}, mha_fixed_ms = {} } }
+  pr.device.mem_total_bytes, pr.device.mem_available_bytes = meminfo()
+  local s, h = lay.session, lay.hidden
+  local function block(first, n, pos)
+    return function() core.check(C.loip_session_blocks(s, first, first + 1, h, n, pos)) end
+  end
+  for _, b in ipairs(batches) do
+    say(string.format("compute, batch %d", b))
+    local mlp = timed(block(1, b, 0), reps, 20)
+    pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mlp", batch = b, context = ctxs[1], ms = mlp }
+    pr.compute.weight_bps[tostring(b)] = lay.bytes.mlp / mlp * 1e3
+    local xs, ys = {}, {}
+    for _, x in ipairs(ctxs) do
+      local ms = timed(block(0, b, x - b), reps, 20)
+      pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mha", batch = b, context = x, ms = ms }
+      xs[#xs + 1], ys[#ys + 1] = x, ms
+    end
+    local fixed, per = fit(xs, ys)
+    pr.compute.attention_ms_per_token[tostring(b)] = per
+    pr.compute.mha_fixed_ms[tostring(b)] = math.max(0, fixed - lay.bytes.mha / pr.compute.weight_bps[tostring(b)] * 1e3)
+  end
+  if opts.disk and opts.disk.files and #opts.disk.files > 0 then
+    say("disk")
+    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate)
+    pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
+    say("compute while the disk streams")
+    local quiet = timed(block(1, 1, 0), reps, 30)
+    local loaded = while_reading(opts.disk.files, opts.disk.rate, function(keep_busy)
+      return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, 60)
+    end)
+    pr.compute.under_load = math.max(1, loaded / quiet)
+  end
+  say("transport")
+  pr.link = M.transport(opts.quick and 40 or 100)
+  C.loip_session_free(ffi.gc(lay.session, nil))
+  C.loip_pool_free(ffi.gc(lay.pool, nil))
+  C.loip_model_free(ffi.gc(lay.model, nil))
+  C.loip_buffer_free(ffi.gc(lay.buffer, nil))
+  return pr
+end
+
+-- Where calibrations are kept: $LOIP_CACHE_DIR, else $XDG_CACHE_HOME/loip, else ~/.cache/loip.
+function M.cache_dir()
+  local d = os.getenv("LOIP_CACHE_DIR")
+  if d and d ~= "" then return d end
+  local x = os.getenv("XDG_CACHE_HOME")
+  if x and x ~= "" then return x .. "/loip" end
+  return (os.getenv("HOME") or "/tmp") .. "/.cache/loip"
+end
+
+local function sha_hex(s)
+  local h = core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free)
+  C.loip_sha256_update(h, s, #s)
+  local hex = ffi.new("char[65]")
+  C.loip_sha256_final(h, nil, hex)
+  return ffi.string(hex)
+end
+
+-- A calibration: a short profile of this machine for the model a run plans (compute at batch 1
+-- and the planned context, the disk through the loader, the transport), measured once and kept
+-- in the cache (a few seconds the first time). opts: store (a slice store: its shape, and its
+-- block files for the disk) or cfg + dtype (a shape with no weights: the disk is measured on a
+-- scratch file in the cache directory), threads, context, fresh (measure again), quiet.
+function M.calibrate(opts)
+  local hf = require "loip.model.hf"
+  local cfg, dtype, files = opts.cfg, opts.dtype, nil
+  if opts.store then
+    local store = require "loip.model.store"
+    local man = store.read_manifest(opts.store)
+    cfg = man.config
+    local sized = {}
+    for _, f in ipairs(man.files) do
+      if f.name:match("^layer%-") then sized[#sized + 1] = f end
+      for _, t in ipairs(f.tensors) do if not dtype and #t.shape == 2 then dtype = t.dtype end end
+    end
+    table.sort(sized, function(a, b) return a.size > b.size end)
+    files = {}
+    for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
+  end
+  local c = hf.parse_config(cfg, "calibration shape")
+  local threads = tonumber(opts.threads) or 0
+  local pool = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, threads)
+  threads = tonumber(C.loip_pool_size(pool))
+  C.loip_pool_free(ffi.gc(pool, nil))
+  local context = math.min(opts.context or 256, c.max_seq)
+  -- blocks larger than this are timed on a narrower layer of the same model (rates carry over)
+  local cap = 256 * 1024 * 1024
+  local shape = require("loip.plan.problem").shape_of(cfg, dtype)
+  local measured_cfg = cfg
+  if shape.mlp_bytes > cap then
+    local f = math.sqrt(shape.mlp_bytes / cap)
+    measured_cfg = {}
+    for k, v in pairs(cfg) do measured_cfg[k] = v end
+    measured_cfg.hidden_size = math.floor(c.dim / f / 64) * 64
+    measured_cfg.intermediate_size = math.floor(c.hidden_dim / f / 64) * 64
+    measured_cfg.head_dim = c.head_dim
+    measured_cfg.num_attention_heads = math.max(1, math.floor(c.n_heads / f))
+    measured_cfg.num_key_value_heads = math.max(1, math.min(measured_cfg.num_attention_heads, c.n_kv_heads))
+    while measured_cfg.num_attention_heads % measured_cfg.num_key_value_heads ~= 0 do
+      measured_cfg.num_key_value_heads = measured_cfg.num_key_value_heads - 1
+    end
+  end
+  local key = table.concat({ "v1", io.popen("hostname"):read("*l") or "?", ffi.string(C.loip_kernels_name()), threads,
+    c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, tostring(dtype), context,
+    opts.store and (io.popen("df -P '" .. opts.store:gsub("'", "") .. "' 2>/dev/null | tail -1 | cut -d' ' -f1"):read("*l") or "?") or "scratch" }, "|")
+  local dir = M.cache_dir()
+  local path = string.format("%s/calibration-%s.json", dir, sha_hex(key):sub(1, 16))
+  if not opts.fresh then
+    local old = json.exists(path) and json.load(path)
+    if old and not M.check(old) then return old, path end
+  end
+  os.execute("mkdir -p '" .. dir:gsub("'", "") .. "'")
+  if not opts.quiet then
+    io.stderr:write(string.format("calibrating this machine for %s (a few seconds, once; kept in %s; `loip profile` measures more)\n",
+      opts.store or "the shape", path))
+  end
+  local scratch
+  if not files then
+    -- a scratch file of 64 MiB for the disk, removed after
+    scratch = dir .. "/calibration-disk.tmp"
+    local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, scratch)
+    if w then
+      local chunk = ffi.new("uint8_t[?]", 1024 * 1024)
+      for _ = 1, 64 do C.loip_writer_write(w, chunk, 1024 * 1024) end
+      C.loip_writer_commit(w)
+      C.loip_writer_free(ffi.gc(w, nil))
+      files = { scratch }
+    end
+  end
+  local ok, pr = pcall(M.measure, { cfg = measured_cfg, dtype = dtype, threads = threads, quick = true, context = context,
+    disk = files and { files = files, bytes = 64 * 1024 * 1024 } or nil })
+  if scratch then os.remove(scratch) end
+  if not ok then error(pr, 0) end
+  pr.calibration = { key = key, context = context }
+  M.save(path, pr)
+  return pr, path
+end
+
+-- A full profile of this machine for a slice store's shape: compute at opts.batches and
+-- opts.contexts, the disk on its block files (opts.read bytes, through the loader at
+-- opts.disk_rate when given), the transport. opts: threads, batches, contexts, read, disk_rate,
+-- progress.
+function M.of_store(dir, opts)
+  local store = require "loip.model.store"
+  local man = store.read_manifest(dir)
+  local files, dtype = {}, nil
+  for _, f in ipairs(man.files) do
+    if f.name:match("^layer%-") then files[#files + 1] = dir .. "/" .. f.name end
+    for _, t in ipairs(f.tensors) do if not dtype and f.name:match("^layer%-") and #t.shape == 2 then dtype = t.dtype end end
+  end
+  local pr = M.measure { cfg = man.config, dtype = dtype, threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
+    disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate }, progress = opts.progress }
+  pr.store = dir
+  return pr
+end
+
+-- The link to the worker at endpoint, measured from this process through net (a transport
+-- context holding the cluster's key): pings with no payload and with 512 KiB, one way each.
+-- { rate_bps, latency_ms }.
+function M.link_to(net, endpoint, identity)
+  local sock = assert(net:connect(endpoint, identity))
+  local function rtt(bytes, n)
+    local payload = string.rep("x", bytes)
+    local xs = {}
+    for j = 1, n + 1 do
+      local t0 = core.now_ms()
+      assert(sock:send({ kind = "PING", payload = payload }, 5000))
+      local r
+      repeat r = sock:recv(5000) until not r or r.kind == "PONG"
+      if not r then sock:close() error("profile: no answer from " .. endpoint, 0) end
+      if j > 1 then xs[#xs + 1] = core.now_ms() - t0 end
+    end
+    return median(xs)
+  end
+  local small = rtt(0, 20)
+  local big = rtt(512 * 1024, 5)
+  sock:close()
+  return { rate_bps = 512 * 1024 / math.max(1e-6, (big - small) / 1e3), latency_ms = small / 2 }
+end
+
+-- ms of one block (kind "mha" | "mlp" | "head") of a model of shape `shape` (dim, hidden_dim,
+-- n_heads, head_dim, mha_bytes, mlp_bytes, head_bytes) at batch and context, from profile pr:
+-- the measured times when the shape is the one measured, else from its rates.
+function M.block_ms(pr, kind, batch, context, shape)
+  local cp = pr.compute
+  local function at(tbl, b)
+    -- per-batch figures, linear between the batches measured
+    local keys = {}
+    for k in pairs(tbl) do keys[#keys + 1] = tonumber(k) end
+    table.sort(keys)
+    if #keys == 0 then error("profile: no compute figures", 0) end
+    if b <= keys[1] then return tbl[tostring(keys[1])] end
+    for j = 2, #keys do
+      if b <= keys[j] then
+        local a, z = keys[j - 1], keys[j]
+        local w = (b - a) / (z - a)
+        return tbl[tostring(a)] * (1 - w) + tbl[tostring(z)] * w
+      end
+    end
+    return tbl[tostring(keys[#keys])]
+  end
+  local bps = at(cp.weight_bps, batch)
+  if kind == "head" then return shape.head_bytes / at(cp.weight_bps, 1) * 1e3 end
+  if kind == "mlp" then return shape.mlp_bytes / bps * 1e3 end
+  local ps = pr.shape
+  local heads = (shape.n_heads * shape.head_dim) / (ps.n_heads * ps.head_dim)
+  return shape.mha_bytes / bps * 1e3 + at(cp.mha_fixed_ms, batch) + at(cp.attention_ms_per_token, batch) * context * heads
+end
+
+-- A profile's problems as a message naming the field (nil when it is usable).
+function M.check(pr, where)
+  where = where or "profile"
+  local function bad(f, ...) return where .. ": " .. string.format(f, ...) end
+  if type(pr) ~= "table" then return bad("not a JSON object") end
+  if pr.loip_profile ~= M.VERSION then
+    return bad("loip_profile is %s; this loip reads version %d (make one with loip profile)", tostring(pr.loip_profile), M.VERSION)
+  end
+  if pr.devices then
+    if type(pr.devices) ~= "table" or #pr.devices == 0 then return bad("devices must be a non-empty list") end
+    for i, d in ipairs(pr.devices) do
+      local why = M.check(setmetatable({ loip_profile = M.VERSION }, { __index = d }), where .. " devices[" .. i .. "]")
+      if why then return why end
+    end
+    return nil
+  end
+  if type(pr.shape) ~= "table" then return bad("shape is missing") end
+  for _, k in ipairs({ "n_heads", "head_dim", "mha_bytes", "mlp_bytes" }) do
+    if type(pr.shape[k]) ~= "number" or pr.shape[k] <= 0 then return bad("shape.%s must be a positive number", k) end
+  end
+  local cp = pr.compute
+  if type(cp) ~= "table" or type(cp.weight_bps) ~= "table" or next(cp.weight_bps) == nil then
+    return bad("compute.weight_bps must give bytes/s per batch, e.g. {\"1\": 2.5e10}")
+  end
+  for k, v in pairs(cp.weight_bps) do
+    if not tonumber(k) or type(v) ~= "number" or v <= 0 then return bad("compute.weight_bps[%s] must be a positive number", tostring(k)) end
+  end
+  for _, t in ipairs({ "attention_ms_per_token", "mha_fixed_ms" }) do
+    if type(cp[t]) ~= "table" then return bad("compute.%s must be a table per batch", t) end
+  end
+  if cp.under_load ~= nil and (type(cp.under_load) ~= "number" or cp.under_load < 1) then
+    return bad("compute.under_load must be a number >= 1")
+  end
+  if pr.disk ~= nil and (type(pr.disk) ~= "table" or type(pr.disk.read_bps) ~= "number" or pr.disk.read_bps <= 0) then
+    return bad("disk.read_bps must be a positive number (bytes/s)")
+  end
+  return nil
+end
+
+-- Read a profile (one device's or a cluster's) from a JSON file; raises naming the file.
+function M.load(path)
+  local pr, err = json.load(path)
+  if not pr then error("--profile: " .. tostring(err), 0) end
+  local why = M.check(pr, path)
+  if why then error(why, 0) end
+  return pr
+end
+
+-- Write a profile (through a temporary file).
+function M.save(path, pr)
+  local tmp = path .. ".tmp"
+  local f, err = io.open(tmp, "w")
+  if not f then error("profile: " .. tostring(err), 0) end
+  f:write(json.encode_sorted(pr, 2), "\n")
+  f:close()
+  local ok, rerr = os.rename(tmp, path)
+  if not ok then os.remove(tmp) error("profile: " .. tostring(rerr), 0) end
+end
+
+return M

@@ -1,0 +1,149 @@
+-- The policy loader (docs/planning.md, "Policies"): cost models, schedulers, online policies and
+-- request patterns are Lua files a researcher copies and swaps. A name resolves to
+-- recipes/policies/<kind>/<name>.lua (request patterns: recipes/patterns/<name>.lua); anything
+-- with a slash or ending in .lua is a path, loaded as given. Shipped and user policies go
+-- through the same loader and the same checks.
+--
+--   local policy = require "loip.policy"
+--   local cost = policy.load("cost", "loip")                      -- recipes/policies/cost/loip.lua
+--   local sched = policy.load("scheduler", "my/greedy.lua")       -- a file of one's own
+--   local p, est = policy.plan(problem, { scheduler = "loip", cost = "loip" })
+--   policy.list("scheduler")                                      -- the shipped names
+--
+-- A policy file returns a table of functions over plain tables (no FFI, no globals). It is run
+-- in an environment of its own, with the standard library and `require`.
+local M = {}
+
+-- What each kind must provide. New kinds (a later issue's) are added here.
+M.kinds = {
+  cost = { dir = "policies/cost", needs = { "estimate" },
+    about = "a cost model: estimate(plan, problem) -> { ms_per_token, devices = {...} }" },
+  scheduler = { dir = "policies/scheduler", needs = { "schedule" },
+    about = "a scheduler: schedule(problem, cost) -> plan, or nil and why" },
+  online = { dir = "policies/online", needs = { "on_step" },
+    about = "an online policy: on_step(state, control) between decoding steps" },
+  pattern = { dir = "patterns", needs = { "requests" },
+    about = "a request pattern: requests(opts) -> a generator of (arrival time, prompt, parameters)" },
+}
+
+local function exists(p)
+  local f = io.open(p, "rb")
+  if f then f:close() return true end
+  return false
+end
+
+-- The recipes/ directory: $LOIP_RECIPES_DIR, else beside the Lua modules' tree (lua/ and
+-- recipes/ sit side by side in a checkout and under the install prefix's share/loip).
+function M.recipes_dir()
+  local env = os.getenv("LOIP_RECIPES_DIR")
+  if env and env ~= "" then return env end
+  local lua_dir = rawget(_G, "LOIP_LUA_DIR") or (require("loip.core").build.source_dir .. "/lua")
+  return (lua_dir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/recipes"
+end
+
+-- The file a name or path stands for.
+function M.path(kind, name)
+  local k = M.kinds[kind]
+  if not k then error(string.format("loip.policy: unknown kind '%s' (%s)", tostring(kind), table.concat(M.kind_names(), ", ")), 2) end
+  if type(name) ~= "string" or name == "" then error("loip.policy: a " .. kind .. " name or path is needed", 2) end
+  if name:find("/", 1, true) or name:match("%.lua$") then return name end
+  return string.format("%s/%s/%s.lua", M.recipes_dir(), k.dir, name)
+end
+
+function M.kind_names()
+  local out = {}
+  for k in pairs(M.kinds) do out[#out + 1] = k end
+  table.sort(out)
+  return out
+end
+
+-- The shipped policies of a kind, by name.
+function M.list(kind)
+  local k = M.kinds[kind]
+  if not k then error("loip.policy: unknown kind '" .. tostring(kind) .. "'", 2) end
+  local out = {}
+  local p = io.popen("ls '" .. M.recipes_dir() .. "/" .. k.dir .. "' 2>/dev/null")
+  for f in p:lines() do
+    local n = f:match("^(.+)%.lua$")
+    if n then out[#out + 1] = n end
+  end
+  p:close()
+  table.sort(out)
+  return out
+end
+
+local cache = {}
+
+-- Load a policy of kind by name or path (a table is returned as it is, after the same checks).
+-- Raises naming the file and what is wrong.
+function M.load(kind, name)
+  if type(name) == "table" then
+    for _, f in ipairs(M.kinds[kind].needs) do
+      if type(name[f]) ~= "function" then error(string.format("%s policy: it has no %s function (%s)", kind, f, M.kinds[kind].about), 2) end
+    end
+    return name
+  end
+  local path = M.path(kind, name)
+  if cache[path] then return cache[path] end
+  local f = io.open(path, "rb")
+  if not f then
+    local known = M.list(kind)
+    error(string.format("%s '%s': no such policy (%s not found; shipped: %s)", kind, name, path,
+      #known > 0 and table.concat(known, ", ") or "none"), 0)
+  end
+  local src = f:read("*a")
+  f:close()
+  local chunk, err = loadstring(src, "@" .. path)
+  if not chunk then error(string.format("%s '%s': %s", kind, name, err), 0) end
+  -- its own globals: a policy cannot leak state into the process, nor see another's
+  local env = setmetatable({}, { __index = _G, __newindex = function(_, k)
+    error(string.format("%s: assigns the global '%s' (a policy keeps its state in locals or its table)", path, tostring(k)), 2)
+  end })
+  setfenv(chunk, env)
+  local ok, mod = pcall(chunk)
+  if not ok then error(string.format("%s '%s': %s", kind, name, tostring(mod)), 0) end
+  if type(mod) ~= "table" then error(string.format("%s: a %s policy returns a table of functions", path, kind), 0) end
+  for _, fn in ipairs(M.kinds[kind].needs) do
+    if type(mod[fn]) ~= "function" then
+      error(string.format("%s: a %s policy needs a function %s (%s)", path, kind, fn, M.kinds[kind].about), 0)
+    end
+  end
+  mod.name = mod.name or name
+  mod.path = path
+  cache[path] = mod
+  return mod
+end
+
+-- Run a scheduler on a problem with a cost model; check what it returns (a well-formed plan for
+-- the problem's devices that fits every budget) and estimate it. opts: scheduler, cost (names,
+-- paths or tables; default "loip" for both). Returns plan, estimate, { scheduler_ms,
+-- scheduler, cost }; raises with the scheduler's reason when it finds no plan.
+function M.plan(problem, opts)
+  opts = opts or {}
+  local cost = M.load("cost", opts.cost or "loip")
+  local sched = M.load("scheduler", opts.scheduler or "loip")
+  local plan = require "loip.plan"
+  local t0 = require("loip.core").now_ms()
+  local ok, p, why = pcall(sched.schedule, problem, cost)
+  local ms = require("loip.core").now_ms() - t0
+  if not ok then error(string.format("scheduler %s: %s", sched.name, tostring(p)), 0) end
+  if p == nil then error(string.format("scheduler %s: %s", sched.name, why or "found no plan (and gave no reason)"), 0) end
+  local bad = plan.check(p, problem.model.n_blocks, "scheduler " .. sched.name)
+  if bad then error(bad, 0) end
+  if #p.devices ~= #problem.devices then
+    error(string.format("scheduler %s: a plan for %d devices, the problem has %d", sched.name, #p.devices, #problem.devices), 0)
+  end
+  local budgets = {}
+  for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
+  local over = plan.over_budget(p, problem.model, budgets, M.memory_opts(problem), "scheduler " .. sched.name .. ": its plan breaks a budget")
+  if over then error(over, 0) end
+  local est = cost.estimate(p, problem)
+  return p, est, { scheduler_ms = ms, scheduler = sched.name, cost = cost.name }
+end
+
+-- The memory accounting options a problem implies (loip.plan.part_memory).
+function M.memory_opts(problem)
+  return { cluster = problem.cluster, loader = problem.loader }
+end
+
+return M

@@ -1,0 +1,242 @@
+-- The planning side of the command line: the flags `generate` and `plan` share (budgets,
+-- disks, links, slowdowns, scheduler, cost model, profile), the values given once or once per
+-- device, and the commands `loip plan` and `loip profile`.
+local flags = require "loip.tools.flags"
+
+local M = {}
+
+local function usage(cmd, fmt, ...) error({ usage_error = true, msg = cmd .. ": " .. string.format(fmt, ...) }, 0) end
+
+-- The flags, as loip.tools.flags declares them.
+M.flags = {
+  scheduler = { "scheduler", "string", "the scheduler that decides the plan: a name (recipes/policies/scheduler: loip, "
+    .. "even, uniform, pipeline, pipeline-offload, edgeshard, brute) or a file of your own", default = "loip",
+    metavar = "NAME|FILE.lua" },
+  cost = { "cost-model", "string", "the cost model the scheduler minimises: a name (recipes/policies/cost) or a file",
+    default = "loip", metavar = "NAME|FILE.lua" },
+  profile = { "profile", "string", "measured figures of the devices (loip profile); default: a calibration of this "
+    .. "machine (a few seconds, once, kept in ~/.cache/loip)", metavar = "FILE.json" },
+  stages = { "stages", "int", "stages per device (default: the scheduler's choice)", metavar = "S",
+    check = function(v) return v >= 1, "must be >= 1" end },
+  link_rate = { "link-rate", "string", "links between devices of this rate (emulated on local devices), e.g. 100mbit; "
+    .. "one, or one per link (link i: device i to the next)", metavar = "RATE[,RATE...]" },
+  link_delay = { "link-delay", "string", "this one-way delay per link, e.g. 2ms; one, or one per link", metavar = "TIME[,TIME...]" },
+  disk_rate = { "disk-rate", "string", "slice store: each device's disk at most this fast, bytes/s (e.g. 500M; emulated); "
+    .. "one, or one per device", metavar = "BYTES[,BYTES...]" },
+  slowdown = { "slowdown", "string", "devices whose compute takes this many times as long (emulated on local devices), "
+    .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
+  save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
+}
+
+-- A comma-separated list of n values (one value: the same for all) through parse(item) ->
+-- value or nil; nil when text is nil. Usage errors name the flag.
+function M.each(cmd, flag, text, n, parse, what, noun)
+  if text == nil then return nil end
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    local v = parse(item)
+    if v == nil then usage(cmd, "--%s: '%s' is not %s", flag, item, what) end
+    out[#out + 1] = v
+  end
+  if #out == 0 then usage(cmd, "--%s: no value", flag) end
+  if #out == 1 then for i = 2, n do out[i] = out[1] end end
+  if #out ~= n then usage(cmd, "--%s gives %d %s for %d devices (give one, or one per device)", flag, #out, noun or "values", n) end
+  return out
+end
+
+local function time_ms(s)
+  local num, unit = tostring(s):match("^(%d+%.?%d*)%s*(%a*)$")
+  local mult = ({ [""] = 1, ms = 1, us = 1e-3, s = 1e3 })[unit or ""]
+  return num and mult and tonumber(num) * mult or nil
+end
+
+-- The per-device settings of options o for n devices: { mem, disk_rate, slowdown, link = { rate,
+-- delay_ms } } (each nil when not given).
+function M.settings(cmd, o, n)
+  local transport = require "loip.runtime.transport"
+  local r = {}
+  r.mem = M.each(cmd, "mem", o.mem, n, flags.parse_bytes, "a size (e.g. 1.5G, 600M)", "budgets")
+  r.disk_rate = M.each(cmd, "disk-rate", o.disk_rate, n, function(v) local b = flags.parse_bytes(v) return b and b > 0 and b or nil end,
+    "a rate in bytes/s (e.g. 500M)")
+  r.slowdown = M.each(cmd, "slowdown", o.slowdown, n, function(v) local f = tonumber(v) return f and f >= 1 and f or nil end,
+    "a factor >= 1", "factors")
+  local rates = M.each(cmd, "link-rate", o.link_rate, n, function(v) return transport.parse_rate(v) and v or nil end,
+    "a rate such as 100mbit")
+  local delays = M.each(cmd, "link-delay", o.link_delay, n, time_ms, "a time such as 2ms")
+  if rates or delays then r.link = { rate = rates, delay_ms = delays } end
+  return r
+end
+
+-- Print a plan, its estimate and the scheduler's facts (human), or the JSON `loip plan` gives.
+function M.report(p, est, info, sizes, mopts, as_json, extra)
+  local plan = require "loip.plan"
+  if as_json then
+    local devs = {}
+    for i, d in ipairs(est and est.devices or {}) do
+      devs[i] = { comp_ms = d.comp_ms, load_ms = d.load_ms, uncover_ms = d.uncover_ms, comm_ms = d.comm_ms,
+        memory_bytes = d.memory_bytes, idle_ms = d.idle_ms }
+    end
+    local out = { plan = plan.bare(p), estimate_ms_per_token = est and est.ms_per_token, devices = devs,
+      scheduler_ms = info and info.scheduler_ms, scheduler = info and info.scheduler, cost_model = info and info.cost,
+      stages = #p.devices[1].stages, bound = est and est.bound, bottleneck = est and est.bottleneck,
+      comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms }
+    for k, v in pairs(extra or {}) do out[k] = v end
+    io.stdout:write(require("loip.tools.json").encode(out), "\n")
+    return
+  end
+  io.stderr:write(plan.describe(p, sizes, mopts, est), "\n")
+  if info then
+    io.stderr:write(string.format("  scheduler %s with cost model %s: %.1f ms to decide%s\n", info.scheduler, info.cost,
+      info.scheduler_ms, est and est.layout and (" (" .. est.layout .. ")") or ""))
+  end
+end
+
+M.commands = {}
+
+M.commands.plan = {
+  usage = "loip plan (--model STORE|DIR | --like NAME [shape flags]) --devices N [--mem a,b,...] [flags]",
+  summary = "Print the plan a scheduler chooses for a model on N devices, and its predicted time per token by\n"
+    .. "device (compute, loading, uncovered loading, communication, memory), without running anything.\n"
+    .. "--like plans a model's shape with no weights (loip synth --list names them).",
+  flags = {
+    { "model", "string", "a slice store or a model directory", metavar = "STORE|DIR" },
+    { "like", "string", "plan a named shape with no weights instead (e.g. llama-3.3-70b)", metavar = "NAME" },
+    { "dtype", "string", "with --like: the weights' dtype (bf16, f16, f32)", default = "bf16" },
+    { "layers", "int", "with --like: override num_hidden_layers" },
+    { "dim", "int", "with --like: override hidden_size" },
+    { "ffn", "int", "with --like: override intermediate_size" },
+    { "heads", "int", "with --like: override num_attention_heads" },
+    { "kv-heads", "int", "with --like: override num_key_value_heads" },
+    { "head-dim", "int", "with --like: override head_dim" },
+    { "vocab", "int", "with --like: override vocab_size" },
+    { "devices", "int", "devices", default = 1, metavar = "N", check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+    { "mem", "string", "each device's memory budget, e.g. 600M,400M,400M (one: the same for all; default unlimited)",
+      metavar = "BYTES[,BYTES...]" },
+    M.flags.disk_rate, M.flags.slowdown, M.flags.link_rate, M.flags.link_delay, M.flags.profile,
+    { "context", "int", "KV cache positions planned for (default: min(model max, 512))", check = function(v) return v > 0, "must be > 0" end },
+    { "batch", "int", "prefill tokens per message (activations are sized for it)", default = 64,
+      check = function(v) return v > 0, "must be > 0" end },
+    { "threads", "int", "compute threads per device (for a calibration)", default = 1 },
+    M.flags.stages, M.flags.scheduler, M.flags.cost, M.flags.save_plan,
+    { "json", "bool", "print one JSON object: plan, estimate_ms_per_token, devices, scheduler_ms" },
+  },
+}
+
+function M.commands.plan.run(o)
+  local problem = require "loip.plan.problem"
+  local profile = require "loip.plan.profile"
+  local policy = require "loip.policy"
+  local plan = require "loip.plan"
+  if (o.model == nil) == (o.like == nil) then usage("plan", "give --model STORE|DIR or --like NAME (one of them)") end
+  local n = o.devices
+  local set = M.settings("plan", o, n)
+  local sizes, cfg, c, dtype
+  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1 }
+  if o.like then
+    local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab }
+    local shape_cfg = require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over }))
+    sopts.context = math.min(o.context or 512, shape_cfg.max_position_embeddings or 512)
+    sizes, cfg, c, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
+  else
+    local kind = require("loip.model").locate(o.model)
+    if kind == "store" then
+      local man = require("loip.model.store").read_manifest(o.model)
+      sopts.context = math.min(o.context or 512, man.config.max_position_embeddings or 512)
+      sizes, cfg, c, dtype = problem.model_of_store(o.model, sopts)
+    else
+      sizes, cfg, c, dtype = problem.model_of_source(o.model, sopts, function(cfg_t)
+        sopts.context = math.min(o.context or 512, cfg_t.max_position_embeddings or 512)
+      end)
+    end
+  end
+  if sopts.batch > sopts.context then sopts.batch = sopts.context end
+  local pr = o.profile and profile.load(o.profile)
+  if pr and pr.devices and #pr.devices ~= n then
+    usage("plan", "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
+  end
+  local profiles = {}
+  if not pr then
+    local store = o.model and require("loip.model").locate(o.model) == "store" and o.model or nil
+    pr = profile.calibrate { store = store, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
+  end
+  for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
+  local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = set.mem or 0,
+    profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown,
+    link_rate = set.link and set.link.rate and (function()
+      local t = {} for i, v in ipairs(set.link.rate) do t[i] = require("loip.runtime.transport").parse_rate(v) end return t end)() or nil,
+    link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
+    context = sopts.context, batch = sopts.batch }
+  local p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
+  if o.save_plan then plan.save(o.save_plan, p) end
+  M.report(p, est, info, sizes, { cluster = n > 1 }, o.json, { model = o.model or o.like, devices_count = n })
+  local _ = c
+  return 0
+end
+
+M.commands.profile = {
+  usage = "loip profile --model STORE [--out FILE] [flags]\n       loip profile --hosts h1:p,h2:p,... --out FILE",
+  summary = "Measure a device for planning and write a JSON profile (for --profile): compute time of an MHA and an\n"
+    .. "MLP block of the store's shape for batches and context lengths, compute while the disk streams, the\n"
+    .. "loader's cold read rate (O_DIRECT), the transport's time per message, memory available. With --hosts,\n"
+    .. "every running worker measures itself on its own store, and the link to its ring neighbour.",
+  flags = {
+    { "model", "string", "the slice store whose blocks are timed and read", metavar = "STORE" },
+    { "hosts", "string", "running workers to profile instead (token: LOIP_CLUSTER_TOKEN)", metavar = "LIST" },
+    { "out", "string", "the profile file to write (default: print it)", metavar = "FILE.json" },
+    { "threads", "int", "compute threads (0: all CPUs)", default = 0 },
+    { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
+    { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
+    { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
+    { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
+  },
+}
+
+local function numbers(cmd, flag, text)
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    local v = tonumber(item)
+    if not v or v < 1 or v ~= math.floor(v) then usage(cmd, "--%s: '%s' is not a positive integer", flag, item) end
+    out[#out + 1] = v
+  end
+  return out
+end
+
+function M.commands.profile.run(o)
+  local profile = require "loip.plan.profile"
+  local json = require "loip.tools.json"
+  local pr
+  if o.hosts then
+    local cluster = require "loip.cluster"
+    local hosts = {}
+    for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end
+    if not o.model then usage("profile", "--hosts needs --model STORE: the head's copy of the store the workers hold") end
+    local c = cluster.connect(hosts, { store = o.model })
+    local ok, err = pcall(function()
+      pr = { loip_profile = profile.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = {} }
+      for i, d in ipairs(c.devices) do
+        io.stderr:write(string.format("device %d (%s): measuring\n", i, d.endpoint))
+        local nxt = c.devices[i % #c.devices + 1].endpoint
+        local r = c:ask(i, { kind = "PROFILE", payload = json.encode({ full = true, batches = numbers("profile", "batches", o.batches),
+          contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate,
+          link_to = #c.devices > 1 and nxt or nil }) }, 600000, d.bulk)
+        pr.devices[i] = json.decode(r.payload)
+      end
+    end)
+    c:close()
+    if not ok then error(err, 0) end
+  else
+    if not o.model then usage("profile", "--model STORE is required (or --hosts)") end
+    pr = profile.of_store(o.model, { threads = o.threads, batches = numbers("profile", "batches", o.batches),
+      contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate,
+      progress = function(what) io.stderr:write("measuring ", what, "\n") end })
+  end
+  if o.out then
+    profile.save(o.out, pr)
+    io.stderr:write("profile -> ", o.out, "\n")
+  else
+    io.stdout:write(json.encode_sorted(pr, 2), "\n")
+  end
+  return 0
+end
+
+return M

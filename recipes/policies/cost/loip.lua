@@ -1,0 +1,110 @@
+-- cost model "loip": the time of one decoding step of a plan, per device and in all, from the
+-- problem's measured figures (docs/planning.md, "The cost model"; the paper's Sec. III-B).
+--
+--   T        = T_comp + T_comm + T_uncover
+--   T_comp   = sum_i comp_i                 compute of every device's blocks (and the ends)
+--   T_comm   = the hops of one step          (S*N - 1 hidden states around the ring, the token
+--                                             back to the head and into device 1)
+--   T_idle_i = (comp_i - overlap-less part)/S + sum_{j != i} comp_j / S + T_comm / S
+--   T_uncover= max_i max(0, load_i - S * T_idle_i)
+--
+-- Device i reads its next stage's offloaded blocks while its own resident blocks, every other
+-- device and the links work (its idle window per stage); with one slot it cannot read while it
+-- computes the blocks it has just read (they occupy the slot), with a ring of two stages it can.
+-- Algebra turns this into the form the DP scheduler relies on:
+--
+--   T = max( sum_i comp_i + T_comm,  max_i serial_i ),  serial_i = load_i (+ its offloaded compute)
+--
+-- device() gives comp_i and serial_i of one device's part, comm() T_comm: a scheduler that
+-- searches device by device (recipes/policies/scheduler/loip.lua) calls those, and estimate()
+-- is built from the same two, so they cannot disagree. A plan whose stages read when they
+-- start (prefetch = false: the conventional pipeline) hides nothing: its loads add up.
+--
+-- From the problem (loip.plan.problem): per device compute.{mha_ms, mlp_ms, head_ms, embed_ms,
+-- stage_ms, under_load} (ms of one block at the problem's batch and context; under_load: how
+-- much slower compute is while the device's disk streams), disk_bps, load_ms (a read's fixed
+-- cost), slowdown (stages take that many times as long, as `--slowdown` makes them); per link
+-- rate_bps, delay_ms, transport_ms; head.{in_process, step_ms, to_first, from_last}.
+local M = { name = "loip" }
+
+-- comp_ms, load_ms, serial_ms, offloaded_ms of device i's part (loip.plan.device_part).
+function M.device(problem, i, part)
+  local d = problem.devices[i]
+  local c = d.compute
+  local reads = part.off_mha + part.off_mlp > 0
+  local f = (reads and (c.under_load or 1) or 1) * (d.slowdown or 1)
+  local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
+  local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
+    + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
+  local load = reads and (part.off_bytes / d.disk_bps * 1e3 + part.loads * (d.load_ms or 0)) or 0
+  if part.prefetch == false then
+    -- nothing is read ahead: every read is waited for, and the step waits for every device
+    return { comp_ms = comp + load, load_ms = load, serial_ms = 0, offloaded_ms = offloaded, exposed_ms = load }
+  end
+  return { comp_ms = comp, load_ms = load, serial_ms = part.ring and load or load + offloaded, offloaded_ms = offloaded,
+    exposed_ms = 0 }
+end
+
+-- ms of one message of bytes over link l (rate 0: unlimited).
+local function hop(l, bytes)
+  if not l then return 0 end
+  return (l.transport_ms or 0) + ((l.rate_bps or 0) > 0 and bytes / l.rate_bps * 1e3 or 0) + (l.delay_ms or 0)
+end
+
+-- T_comm of a step with S stages per device, and each device's share (the hops it sends).
+function M.comm(problem, S)
+  local N, m = #problem.devices, problem.model
+  local per = {}
+  for i = 1, N do per[i] = 0 end
+  if problem.head and problem.head.in_process then return 0, per end
+  local batch = problem.micro_batch or 1
+  local hidden = m.header_bytes + batch * m.hidden_bytes
+  local total = 0
+  if N > 1 then
+    for i = 1, N do
+      -- device i sends to the next one once a stage; the last device's last stage goes to the head
+      per[i] = (i < N and S or S - 1) * hop(problem.links[i], hidden)
+      total = total + per[i]
+    end
+  end
+  local h = problem.head or {}
+  local token = m.header_bytes + 4 * batch
+  local back = hop(h.from_last, token) -- the sampled id to the head
+  per[N] = per[N] + back
+  total = total + back + hop(h.to_first or problem.links[N], token) + (h.step_ms or 0)
+  return total, per
+end
+
+-- The estimate of plan p: { ms_per_token, comp_ms, comm_ms, uncover_ms, bound ("compute" |
+-- "load"), bottleneck (the device whose loading bounds the step, if any), devices = { { comp_ms,
+-- load_ms, uncover_ms, comm_ms, idle_ms, serial_ms, memory_bytes }, ... } }.
+function M.estimate(p, problem)
+  local plan = require "loip.plan"
+  local N, S = #p.devices, #p.devices[1].stages
+  local comm, per = M.comm(problem, S)
+  local devs, comp, exposed = {}, 0, 0
+  local mopts = { cluster = problem.cluster, loader = problem.loader }
+  for i = 1, N do
+    local part = plan.device_part(p, i, problem.model)
+    local t = M.device(problem, i, part)
+    t.memory_bytes = plan.part_memory(part, problem.model, mopts).total
+    t.comm_ms = per[i]
+    devs[i] = t
+    comp = comp + t.comp_ms
+    exposed = exposed + t.exposed_ms
+  end
+  local A = comp + comm
+  local T, bottleneck = A, nil
+  for i, t in ipairs(devs) do
+    -- the window per stage in which device i's reads are hidden, and what they overrun it by
+    local own = t.comp_ms - (t.serial_ms - t.load_ms) - t.exposed_ms
+    t.idle_ms = (own + (comp - t.comp_ms) + comm) / S
+    t.uncover_ms = math.max(0, t.serial_ms - A) + t.exposed_ms
+    t.comp_ms = t.comp_ms - t.exposed_ms
+    if t.serial_ms > T then T, bottleneck = t.serial_ms, i end
+  end
+  return { ms_per_token = T, comp_ms = comp - exposed, comm_ms = comm, uncover_ms = T - A + exposed,
+    bound = bottleneck and "load" or "compute", bottleneck = bottleneck, devices = devs, stages = S }
+end
+
+return M

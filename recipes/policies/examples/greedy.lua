@@ -1,0 +1,25 @@
+-- scheduler "greedy" (an example to copy): blocks in proportion to each device's compute speed
+-- and free memory, fewest reads that fit, then the stage count with the least estimated time.
+local space = require "loip.plan.space"
+local M = { name = "greedy" }
+
+function M.schedule(problem, cost)
+  local N, nb, best, best_ms = #problem.devices, problem.model.n_blocks, nil, nil
+  for S = 1, math.floor(nb / N) do
+    local shares = {}
+    for h = 1, N * S do
+      local i = (h - 1) % N + 1
+      shares[h] = space.speed(problem, i) * math.min(space.budget(problem, i), 2 ^ 40)
+    end
+    local p, fits = space.ring_of(N, space.split(nb, shares)), true
+    for i = 1, N do
+      fits = fits and space.least_offload(problem, p, i)
+      if fits then space.fill(problem, p, i) end
+    end
+    local ms = fits and cost.estimate(p, problem).ms_per_token
+    if ms and (not best_ms or ms < best_ms) then best, best_ms = p, ms end
+  end
+  return best, "greedy: no stage count fits every budget"
+end
+
+return M

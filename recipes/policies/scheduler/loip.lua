@@ -1,0 +1,364 @@
+-- scheduler "loip": the paper's fine-grained allocation scheduler (Alg. 1; docs/planning.md,
+-- "The scheduler"). For every stage count S (and round template: loip.plan.space), a dynamic
+-- program over the devices in ring order places each device's blocks per stage, keeping as many
+-- resident as its memory holds ("retained layers first") and offloading the rest, and finds the
+-- placement with the least estimated time; then block-level refinement: while the device whose
+-- loading bounds the step has memory for one more block, it keeps one more MHA or MLP block
+-- resident. The S with the least time wins.
+--
+-- The DP is exact for cost models of the form T = max(sum_i comp_i + comm(S), max_i serial_i)
+-- whose per-device terms do not shrink when a device holds or reads more (the "loip" cost model
+-- is one: its device() and comm() give the terms). State F(i, l, x): the first i devices placed
+-- with l blocks of each round's template and x extra blocks of the last round; each state keeps
+-- the non-dominated (sum of comp, max of serial) pairs, so the objective's max of a sum and a max
+-- is minimised exactly. O(N * R^2) moves per S (R = blocks per round), pruned by what the best
+-- plan so far allows.
+local space = require "loip.plan.space"
+
+local M = { name = "loip" }
+
+-- MHA blocks among len blocks from block `start` (the even ones).
+local function mha_in(start, len) return math.floor((len + 1 - start % 2) / 2) end
+
+-- The least compute of an MHA block, an MLP block and the head on any device (no contention,
+-- no slowdown): the lower bounds the DP prunes with.
+local function least_compute(problem)
+  local mha, mlp, head = math.huge, math.huge, math.huge
+  for _, d in ipairs(problem.devices) do
+    mha, mlp = math.min(mha, d.compute.mha_ms), math.min(mlp, d.compute.mlp_ms)
+    head = math.min(head, d.compute.head_ms or 0)
+  end
+  return mha, mlp, head
+end
+
+-- A device's options for n blocks per stage and x extra in its last stage, after L template
+-- blocks and X extras: the least offloaded count that fits with a one-stage slot (reading more
+-- only adds time) and, while it could be faster, a ring of two stages: { a, b, o, k [, a, b, o,
+-- k], lb = load_ms } (a: comp_ms, b: serial_ms, lb: the reading alone), or false when nothing fits. Only the parities of L and L + X
+-- matter (which blocks are MHA), so a family (device, parities, x) is worked out once, as the
+-- DP asks: memory does not shrink as n grows (so past its largest n nothing fits, and the least
+-- offloaded count never falls with n), nor grow as a one-stage slot takes more of each stage
+-- (so that count is found by a search from the last n's).
+local function family(problem, cost, shape, i, L, X, x, budget, cap)
+  local fam = {}
+  local function fits(n, o, k) return space.part_total(problem, shape, i, L, X, n, x, o, k) <= budget end
+  return function(n)
+    if n > cap or n + x < 1 then return false end
+    local opt = fam[n]
+    if opt then return opt end
+    local maxlen = n + math.max(x, 0)
+    -- gallop from the count the n before needed (or 0), then bisect
+    local prev = fam[n - 1]
+    local lo = prev and prev[3] or 0
+    local step, hi = 1, lo
+    while not fits(n, hi, 1) do
+      lo, hi = hi + 1, math.min(maxlen, hi + step)
+      step = step * 2
+    end
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if fits(n, mid, 1) then hi = mid else lo = mid + 1 end
+    end
+    local o = lo
+    local t = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, o, 1))
+    opt = { t.comp_ms, t.serial_ms, o, 1, lb = t.load_ms }
+    if o > 0 then
+      for r = o, maxlen do
+        local u = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, r, 2))
+        if u.serial_ms >= opt[2] then break end -- reading more on a ring no longer beats the slot
+        if fits(n, r, 2) then
+          opt[5], opt[6], opt[7], opt[8] = u.comp_ms, u.serial_ms, r, 2
+          break
+        end
+      end
+    end
+    fam[n] = opt
+    return opt
+  end
+end
+
+-- The largest n (0..R) for which device i can hold n blocks per stage, x extra, everything read
+-- (its least memory, which grows with n).
+local function largest(problem, shape, i, L, X, x, budget)
+  local lo, hi = 0, shape.R
+  while lo < hi do
+    local n = math.floor((lo + hi + 1) / 2)
+    -- (n + x < 1 is no part at all, not a part too large: it does not stop the search)
+    if n + x < 1 or space.part_total(problem, shape, i, L, X, n, x, n + math.max(x, 0), 1) <= budget then lo = n
+    else hi = n - 1 end
+  end
+  return lo
+end
+
+-- Everything the DP of one shape needs: its options, bounds, and whether it can fit at all
+-- (nil when the most blocks each device can take per stage, summed, is less than a round).
+local function prepare(problem, cost, shape)
+  local N, R, E, S = #problem.devices, shape.R, shape.E, shape.S
+  local nb = problem.model.n_blocks
+  local c = { problem = problem, shape = shape, N = N, R = R, E = E, S = S, comm = cost.comm(problem, S) }
+  local mha_ms, mlp_ms, head = least_compute(problem)
+  local cA, cB = S - 1, 0
+  if R % 2 == 1 then cA, cB = math.ceil((S - 1) / 2), math.floor((S - 1) / 2) end
+  -- the least compute of the blocks no device has yet, with the first L of every round's
+  -- template and X extras placed, and the head's unless the last device is placed
+  function c.rest(L, X, placed_all)
+    local len, zs = R - L, (S - 1) * R + L + X
+    local mha = cA * mha_in(L, len) + cB * mha_in(L + 1, len) + mha_in(zs, nb - zs)
+    local blocks = (cA + cB) * len + nb - zs
+    return mha * mha_ms + (blocks - mha) * mlp_ms + (placed_all and 0 or head)
+  end
+  local sgn = E > 0 and 1 or (E < 0 and -1 or 0)
+  c.xs = sgn == 0 and { 0 } or { 0, sgn }
+  c.lowX, c.nX = math.min(E, 0), math.abs(E) + 1
+  local memo = {}
+  function c.options(i, L, X, n, x)
+    -- one stage has no full stages: only the last one's start matters
+    local key = ((i * 2 + (S > 1 and L % 2 or 0)) * 2 + (L + X) % 2) * 3 + (x + 1)
+    local fam = memo[key]
+    if not fam then
+      local budget = space.budget(problem, i)
+      fam = family(problem, cost, shape, i, L, X, x, budget, largest(problem, shape, i, L, X, x, budget))
+      memo[key] = fam
+    end
+    return fam(n)
+  end
+  -- the most blocks per stage each device can hold at all
+  c.cap = {}
+  local most = 0
+  for i = 1, N do
+    local top, budget = 0, space.budget(problem, i)
+    for pL = 0, S > 1 and 1 or 0 do
+      for pX = 0, 1 do
+        for _, x in ipairs(c.xs) do top = math.max(top, largest(problem, shape, i, pL, pX, x, budget)) end
+      end
+    end
+    c.cap[i] = top
+    most = most + top
+  end
+  if most < R then return nil end
+  return c
+end
+
+-- A quick plan of the shape to start from: templates in proportion to what each device can
+-- hold, extras on the last devices that can take them, the least offloading. Returns the choice
+-- and its T (max of compute + comm and serial), or nil when it does not fit.
+local function greedy(c)
+  local N, R, E = c.N, c.R, c.E
+  local n, left, cap_left = {}, R, 0
+  for i = 1, N do cap_left = cap_left + c.cap[i] end
+  for i = 1, N do
+    local want = i == N and left or math.floor(left * c.cap[i] / cap_left + 0.5)
+    n[i] = math.max(1, math.min(want, c.cap[i], left - (N - i)))
+    left, cap_left = left - n[i], cap_left - c.cap[i]
+  end
+  if left ~= 0 then return nil end
+  local x, need = {}, E
+  for i = N, 1, -1 do
+    local s = need > 0 and 1 or (need < 0 and -1 or 0)
+    x[i] = (s ~= 0 and n[i] + s >= 1) and s or 0
+    need = need - x[i]
+  end
+  if need ~= 0 then return nil end
+  local choice, L, X, A, B = { n = n, x = x, o = {}, k = {} }, 0, 0, 0, 0
+  for i = 1, N do
+    local op = c.options(i, L, X, n[i], x[i])
+    if not op then return nil end
+    choice.o[i], choice.k[i] = op[3], op[4]
+    A, B = A + op[1], math.max(B, op[2])
+    L, X = L + n[i], X + x[i]
+  end
+  return choice, math.max(A + c.comm, B)
+end
+
+-- The DP of a prepared shape: the best choice whose T is below bound, and its T; or nil.
+local function dp(c, bound)
+  local N, R, E = c.N, c.R, c.E
+  local lowX, nX, xs, comm = c.lowX, c.nX, c.xs, c.comm
+  -- Pairs are nodes in flat arrays (a: compute so far, b: the largest serial time, v: the b a
+  -- pair is compared by, and the move that made it); each state keeps the ids of its
+  -- non-dominated nodes, sorted by v with a falling. Rows: F[i][L * nX + (X - lowX)].
+  local NA, NB, NV, NP, NN, NXs, NO, NK = { [0] = 0 }, { [0] = 0 }, { [0] = 0 }, {}, {}, {}, {}, {}
+  local nodes = 0
+  local F, keys = { [0] = { [0 - lowX] = { 0 } } }, { [0] = { 0 - lowX } }
+  for i = 1, N do
+    local row, row_keys = {}, {}
+    F[i], keys[i] = row, row_keys
+    local left = N - i -- devices after this one, each needing a block per stage
+    local prev = F[i - 1]
+    for _, key in ipairs(keys[i - 1]) do
+      local front = prev[key]
+      local L, X = math.floor(key / nX), key % nX + lowX
+      for xj = 1, #xs do
+        local x = xs[xj]
+        local X2 = X + x
+        -- the extras must still be placeable on the devices after this one
+        if math.abs(X2) <= math.abs(E) and math.abs(E - X2) <= left then
+          local n_from, n_to = 1, math.min(R - L - left, c.cap[i])
+          if i == N then n_from = R - L if X2 ~= E then n_to = 0 end end
+          for n = n_from, n_to do
+            if n + x >= 1 then
+              local opts = c.options(i, L, X, n, x)
+              if not opts then break end -- more blocks per stage only need more memory
+              local k2 = (L + n) * nX + (X2 - lowX)
+              -- what every completion adds at least: a pair whose serial time is below its
+              -- compute line (a + that + comm) is as good as that line, which is how pairs are
+              -- compared (exactly: the step is the larger of the two)
+              local line = c.rest(L + n, X2, i == N) + comm
+              -- the compute line and what this device reads (its least serial time) only grow
+              -- with n: once no pair can get under the bound with them, no larger n can
+              local oa, ob = opts[1], opts.lb
+              local least_v = math.huge
+              for j = 1, #front do
+                local e = front[j]
+                local v = NA[e] + oa + line
+                if NB[e] > v then v = NB[e] end
+                if ob > v then v = ob end
+                if v < least_v then least_v = v end
+              end
+              if least_v >= bound then break end
+              local f = row[k2]
+              for q = 1, #opts, 4 do
+                local qa, qb = opts[q], opts[q + 1]
+                for j = 1, #front do
+                  local e = front[j]
+                  local a, b = NA[e] + qa, NB[e] > qb and NB[e] or qb
+                  local v = a + line > b and a + line or b
+                  if v < bound then
+                    if not f then f = {} row[k2] = f row_keys[#row_keys + 1] = k2 end
+                    -- its place in f, unless a pair there dominates it
+                    local pos, m = nil, #f
+                    for z = 1, m do
+                      local w = f[z]
+                      if NV[w] <= v and NA[w] <= a then pos = false break end
+                      if NV[w] > v or (NV[w] == v and NA[w] > a) then pos = z break end
+                    end
+                    if pos ~= false then
+                      nodes = nodes + 1
+                      NA[nodes], NB[nodes], NV[nodes], NP[nodes] = a, b, v, e
+                      NN[nodes], NXs[nodes], NO[nodes], NK[nodes] = n, x, opts[q + 2], opts[q + 3]
+                      pos = pos or m + 1
+                      table.insert(f, pos, nodes)
+                      -- drop what it dominates
+                      local z = pos + 1
+                      while z <= #f do
+                        local w = f[z]
+                        if NA[w] >= a and NV[w] >= v then table.remove(f, z) else z = z + 1 end
+                      end
+                    end
+                  end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  local last = F[N][R * nX + (E - lowX)]
+  if not last or #last == 0 then return nil end
+  local best, best_t
+  for _, e in ipairs(last) do
+    local t = math.max(NA[e] + comm, NB[e])
+    if not best_t or t < best_t then best, best_t = e, t end
+  end
+  local choice = { n = {}, x = {}, o = {}, k = {} }
+  local e = best
+  for i = N, 1, -1 do
+    choice.n[i], choice.x[i], choice.o[i], choice.k[i] = NN[e], NXs[e], NO[e], NK[e]
+    e = NP[e]
+  end
+  return choice, best_t
+end
+
+-- Block-level refinement of p (in place): while the step is bound by one device's loading and
+-- that device has memory for one more resident block, keep one more; then let every device keep
+-- what else its memory holds (its reads shrink; the estimate cannot grow).
+function M.refine(problem, cost, p)
+  local est = cost.estimate(p, problem)
+  while est.bound == "load" do
+    if space.fill(problem, p, est.bottleneck, true) == 0 then break end
+    est = cost.estimate(p, problem)
+  end
+  for i = 1, #p.devices do space.fill(problem, p, i) end
+  return p, cost.estimate(p, problem)
+end
+
+-- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
+-- the brute-force spec compares), or nil and why.
+function M.search(problem, cost, opts)
+  opts = opts or {}
+  if type(cost.device) ~= "function" or type(cost.comm) ~= "function" then
+    return nil, string.format("cost model %s has no device() and comm(): this DP needs a cost of the form "
+      .. "max(sum of device compute + comm, max of device serial time) (see recipes/policies/cost/loip.lua); "
+      .. "use --scheduler brute or even with it", tostring(cost.name))
+  end
+  local mha_ms, mlp_ms, head = least_compute(problem)
+  local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
+  -- every shape that can fit, with a quick plan: the best quick plan bounds every DP
+  local todo, bound = {}, math.huge
+  for _, shape in ipairs(space.shapes(problem)) do
+    local c = prepare(problem, cost, shape)
+    if c then
+      c.quick, c.quick_t = greedy(c)
+      if c.quick_t then bound = math.min(bound, c.quick_t) end
+      todo[#todo + 1] = c
+    end
+  end
+  -- the most promising first: their DP results tighten the bound for the others
+  table.sort(todo, function(u, w) return (u.quick_t or math.huge) < (w.quick_t or math.huge) end)
+  local found = {}
+  for _, c in ipairs(todo) do
+    -- no plan of this S can beat the bound: its communication alone is too much
+    if least + c.comm < bound then
+      local choice, t = dp(c, bound)
+      if choice then
+        bound = t
+        found[#found + 1] = { c = c, choice = choice, t = t }
+      end
+    end
+  end
+  -- the quick plan that set the bound, when no DP got below it
+  for _, c in ipairs(todo) do
+    if c.quick_t and c.quick_t <= bound then found[#found + 1] = { c = c, choice = c.quick, t = c.quick_t } end
+  end
+  if #found == 0 and opts.refine == false then return nil, M.why_none(problem) end
+  local plans = {}
+  for _, f in ipairs(found) do plans[#plans + 1] = { p = space.build(problem, f.c.shape, f.choice), S = f.c.S } end
+  -- The template space keeps each device's blocks per stage the same in every round (the extras
+  -- in the last); an even split over the hops spreads them instead, which sometimes suits the
+  -- mix of MHA and MLP blocks better. Those layouts, with the same least offloading and
+  -- refinement, are candidates too: the result is never worse than the even split's.
+  if opts.refine ~= false then
+    local even = require("loip.policy").load("scheduler", "even")
+    for S = problem.stages or 1, problem.stages or math.floor(problem.model.n_blocks / #problem.devices) do
+      local p = even.layout(problem, S)
+      if p then plans[#plans + 1] = { p = p, S = S, even = true } end
+    end
+  end
+  if #plans == 0 then return nil, M.why_none(problem) end
+  -- each candidate refined; the least time wins (ties within 0.1% go to fewer stages)
+  local best, best_est
+  for _, f in ipairs(plans) do
+    local p, est = f.p, nil
+    if opts.refine ~= false then p, est = M.refine(problem, cost, p) else est = cost.estimate(p, problem) end
+    local t = est.ms_per_token
+    if not best or t < best_est.ms_per_token * 0.999
+      or (t <= best_est.ms_per_token * 1.001 and f.S < #best.devices[1].stages) then
+      best, best_est = p, est
+      est.layout = f.even and "even split" or "template (DP)"
+    end
+  end
+  best.estimate = best_est
+  return best, best_est
+end
+
+function M.schedule(problem, cost)
+  return M.search(problem, cost)
+end
+
+-- Why no plan fits (loip.plan.problem.why_none).
+function M.why_none(problem)
+  return require("loip.plan.problem").why_none(problem)
+end
+
+return M
