@@ -159,25 +159,29 @@ describe("the loip scheduler (DP)", function()
     assert.is_true(refined_better >= 5, "refinement helped in " .. refined_better)
   end)
 
-  it("plans llama-3.3-70b on 8 devices in well under 50 ms", function()
+  it("plans llama-3.3-70b on 8 devices in under 50 ms, memory to spare or short", function()
     local problem = require "loip.plan.problem"
     local r = rng(3)
     local ok, m = pcall(problem.model_of_shape, "llama-3.3-70b", {}, { context = 4096, batch = 64, threads = 1 })
     assert(ok, m)
     local GiB = 1024 ^ 3
-    local budgets = { 60 * GiB, 60 * GiB, 28 * GiB, 28 * GiB, 28 * GiB, 14 * GiB, 14 * GiB, 14 * GiB }
-    local p = { model = m, devices = {}, links = {}, micro_batch = 1, cluster = true, loader = "uring", context = 4096,
-      head = { step_ms = 0.2, from_last = { transport_ms = 0.2 } } }
-    for i = 1, 8 do
-      local speed = i <= 2 and 150e9 or (i <= 5 and 100e9 or 50e9)
-      p.devices[i] = { budget = budgets[i], compute = { mha_ms = m.mha_bytes / speed * 1e3, mlp_ms = m.mlp_bytes / speed * 1e3,
-        head_ms = m.head_bytes / speed * 1e3, under_load = 1.1 }, disk_bps = r.float(1e9, 3e9), load_ms = 0.1 }
-      p.links[i] = { rate_bps = 12.5e6, delay_ms = 1, transport_ms = 0.2 }
+    -- the paper's boards (Orin 64 GB x2, Orin 32 GB x3, Xavier NX 16 GB x3): with most of their
+    -- memory for the model (the model fits), and with a share of it (it does not: offloading)
+    for _, budgets in ipairs({ { 60, 60, 28, 28, 28, 14, 14, 14 }, { 24, 24, 12, 12, 12, 6, 6, 6 } }) do
+      local p = { model = m, devices = {}, links = {}, micro_batch = 1, cluster = true, loader = "uring", context = 4096,
+        head = { step_ms = 0.2, from_last = { transport_ms = 0.2 } } }
+      for i = 1, 8 do
+        local speed = i <= 2 and 150e9 or (i <= 5 and 100e9 or 50e9)
+        p.devices[i] = { budget = budgets[i] * GiB, compute = { mha_ms = m.mha_bytes / speed * 1e3, mlp_ms = m.mlp_bytes / speed * 1e3,
+          head_ms = m.head_bytes / speed * 1e3, under_load = 1.1 }, disk_bps = r.float(1e9, 3e9), load_ms = 0.1 }
+        p.links[i] = { rate_bps = 12.5e6, delay_ms = 1, transport_ms = 0.2 }
+      end
+      p.head.to_first = p.links[8]
+      local q, est, info = policy.plan(p, { scheduler = "loip", cost = "loip" })
+      local what = string.format("budgets %s GiB: %.1f ms to decide, S = %d, %.0f ms/token", table.concat(budgets, ","),
+        info.scheduler_ms, #q.devices[1].stages, est.ms_per_token)
+      assert.is_true(info.scheduler_ms < 50, what)
     end
-    p.head.to_first = p.links[8]
-    local _, est, info = policy.plan(p, { scheduler = "loip", cost = "loip" })
-    assert.is_true(est.ms_per_token > 0)
-    assert.is_true(info.scheduler_ms < 50, string.format("%.1f ms", info.scheduler_ms))
   end)
 end)
 

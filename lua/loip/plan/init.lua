@@ -50,7 +50,7 @@ end
 -- The loader's "scratch" for a slot of slot_bytes read the given way (loip_loader_size): the
 -- conventional path's bounce buffer, nothing for io_uring. Remembered: schedulers ask often.
 local scratch_of = { auto = {}, uring = {}, buffered = {} }
-local function loader_scratch(slot_bytes, loader)
+function M.loader_scratch(slot_bytes, loader)
   if slot_bytes <= 0 then return 0 end
   local known = scratch_of[loader or "auto"] or scratch_of.auto
   if known[slot_bytes] then return known[slot_bytes] end
@@ -268,7 +268,7 @@ function M.part_memory(part, sizes, opts)
   if part.last then weights = weights + sizes.head_file_bytes end
   local m = { weights = weights, slots = part.slots * part.slot_bytes, kv = sizes.kv_bytes[part.layers],
     activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
-    scratch = part.slot_bytes > 0 and loader_scratch(part.slot_bytes, opts.loader) or 0,
+    scratch = part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0,
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
   m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
   return m
@@ -288,7 +288,7 @@ function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers)
   if first or (last and sizes.tied) then w = w + sizes.embed_file_bytes end
   if last then w = w + sizes.head_file_bytes end
   if opts.cluster then w = w + sizes.device_bytes end
-  if slot_bytes > 0 then w = w + loader_scratch(slot_bytes, opts.loader) end
+  if slot_bytes > 0 then w = w + M.loader_scratch(slot_bytes, opts.loader) end
   return w
 end
 

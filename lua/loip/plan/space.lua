@@ -59,36 +59,50 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
   local sz, N = problem.model, #problem.devices
   local S, R = shape.S, shape.R
   local cA, cB = S - 1, 0
-  if R % 2 == 1 then cA, cB = math.ceil((S - 1) / 2), math.floor((S - 1) / 2) end
+  if band(R, 1) == 1 then cA, cB = S - 1 - rshift(S - 1, 1), rshift(S - 1, 1) end
   local offF, lastlen = math.min(o, n), n + x
   local offZ = math.min(o, lastlen)
   local zs = (S - 1) * R + L + X
-  local mhaA, omhaA = mha_in(L, n), mha_in(L, offF)
-  local mhaB, omhaB = mha_in(L + 1, n), mha_in(L + 1, offF)
-  local mhaZ, omhaZ = mha_in(zs, lastlen), mha_in(zs, offZ)
-  local p = { S = S, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false, prefetch = true }
-  p.n_mha = cA * mhaA + cB * mhaB + mhaZ
-  p.n_mlp = (cA + cB) * n + lastlen - p.n_mha
-  p.off_mha = cA * omhaA + cB * omhaB + omhaZ
-  p.off_mlp = (cA + cB) * offF + offZ - p.off_mha
+  local omhaA, omhaB, omhaZ = mha_in(L, offF), mha_in(L + 1, offF), mha_in(zs, offZ)
+  local n_mha = cA * mha_in(L, n) + cB * mha_in(L + 1, n) + mha_in(zs, lastlen)
+  local n_mlp = (cA + cB) * n + lastlen - n_mha
+  local off_mha = cA * omhaA + cB * omhaB + omhaZ
+  local off_mlp = (cA + cB) * offF + offZ - off_mha
   local mb, pb = sz.mha_bytes, sz.mlp_bytes
-  p.off_bytes = p.off_mha * mb + p.off_mlp * pb
-  p.res_bytes = (p.n_mha - p.off_mha) * mb + (p.n_mlp - p.off_mlp) * pb
-  local most = omhaZ * mb + (offZ - omhaZ) * pb
-  if cA > 0 then most = math.max(most, omhaA * mb + (offF - omhaA) * pb) end
-  if cB > 0 then most = math.max(most, omhaB * mb + (offF - omhaB) * pb) end
-  p.stage_off_max = most
-  p.loads = (S - 1) * (offF > 0 and 1 or 0) + (offZ > 0 and 1 or 0)
-  p.layers = p.n_mha
-  p.slot_bytes = most > 0 and k * most or 0
-  p.slots = most > 0 and 1 or 0
-  p.ring = most > 0 and k >= 2
-  return p
+  -- the largest stage's reads (a kind of stage that does not occur counts 0)
+  local most = math.max(omhaZ * mb + (offZ - omhaZ) * pb, math.min(cA, 1) * (omhaA * mb + (offF - omhaA) * pb),
+    math.min(cB, 1) * (omhaB * mb + (offF - omhaB) * pb))
+  return { S = S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
+    off_bytes = off_mha * mb + off_mlp * pb, res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * pb,
+    stage_off_max = most, loads = (S - 1) * (offF > 0 and 1 or 0) + (offZ > 0 and 1 or 0), layers = n_mha,
+    slot_bytes = k * most, slots = most > 0 and 1 or 0, ring = most > 0 and k >= 2,
+    embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false, prefetch = true }
+end
+
+-- What device i of a problem holds whatever its part (the ends, activations, message buffers),
+-- and whether its loader needs a bounce buffer: kept per problem, for the inner loops.
+local fixed_of = setmetatable({}, { __mode = "k" })
+local function fixed(problem, i)
+  local f = fixed_of[problem]
+  if not f then
+    f = {}
+    fixed_of[problem] = f
+  end
+  local v = f[i]
+  if not v then
+    local sz, N = problem.model, #problem.devices
+    v = sz.activation_bytes + (problem.cluster and sz.device_bytes or 0)
+    if i == 1 or (i == N and sz.tied) then v = v + sz.embed_file_bytes end
+    if i == N then v = v + sz.head_file_bytes end
+    f[i] = v
+    f.bounce = plan.loader_scratch(4096, problem.loader) > 0
+  end
+  return v, f.bounce
 end
 
 -- M.total(problem, M.part(...)) without making the part (the DP's inner loop).
 function M.part_total(problem, shape, i, L, X, n, x, o, k)
-  local sz, N = problem.model, #problem.devices
+  local sz = problem.model
   local S, R = shape.S, shape.R
   local cA, cB = S - 1, 0
   if band(R, 1) == 1 then cA, cB = S - 1 - rshift(S - 1, 1), rshift(S - 1, 1) end
@@ -97,15 +111,18 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local zs = (S - 1) * R + L + X
   local omhaA, omhaB, omhaZ = mha_in(L, offF), mha_in(L + 1, offF), mha_in(zs, offZ)
   local n_mha = cA * mha_in(L, n) + cB * mha_in(L + 1, n) + mha_in(zs, lastlen)
-  local blocks = (cA + cB) * n + lastlen
-  local off_mha = cA * omhaA + cB * omhaB + omhaZ
-  local off = (cA + cB) * offF + offZ
+  local kv = sz.kv_bytes[n_mha]
+  if not kv then return math.huge end -- more layers than the model has: no such part
   local mb, pb = sz.mha_bytes, sz.mlp_bytes
-  local res = (n_mha - off_mha) * mb + ((blocks - n_mha) - (off - off_mha)) * pb
+  local off_mha = cA * omhaA + cB * omhaB + omhaZ
+  local res = (n_mha - off_mha) * mb + (((cA + cB) * n + lastlen - n_mha) - ((cA + cB) * offF + offZ - off_mha)) * pb
   -- the largest stage's reads (a kind of stage that does not occur counts 0)
   local most = math.max(omhaZ * mb + (offZ - omhaZ) * pb, math.min(cA, 1) * (omhaA * mb + (offF - omhaA) * pb),
     math.min(cB, 1) * (omhaB * mb + (offF - omhaB) * pb))
-  return plan.total_of(sz, problem, i == 1, i == N, res, k * most, n_mha)
+  local base, bounce = fixed(problem, i)
+  local slot = k * most
+  if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
+  return res + slot + kv + base
 end
 
 -- The plan of a shape and a choice { n = {...}, x = {...}, o = {...}, k = {...} } (x and k may
@@ -182,11 +199,20 @@ function M.least_offload(problem, p, i)
   local d, budget = p.devices[i], M.budget(problem, i)
   local longest = 0
   for _, st in ipairs(d.stages) do longest = math.max(longest, st.blocks[2] - st.blocks[1] + 1) end
-  for k = 0, longest do
+  local function fits(k)
     for _, st in ipairs(d.stages) do st.offloaded = math.min(k, st.blocks[2] - st.blocks[1] + 1) end
-    if M.total(problem, plan.device_part(p, i, problem.model)) <= budget then return true end
+    return M.total(problem, plan.device_part(p, i, problem.model)) <= budget
   end
-  return false
+  -- reading one more block of every stage frees at least as much as the slot grows (with two
+  -- stages or more; with one, the slot takes what the blocks free): bisect
+  if not fits(longest) then return false end
+  local lo, hi = 0, longest
+  while lo < hi do
+    local k = math.floor((lo + hi) / 2)
+    if fits(k) then hi = k else lo = k + 1 end
+  end
+  fits(lo)
+  return true
 end
 
 -- "OOM: device i ..." for a plan that breaks device i's budget even so.
@@ -212,23 +238,49 @@ end
 function M.fill(problem, p, i, once)
   local d, sizes = p.devices[i], problem.model
   local budget = M.budget(problem, i)
+  local part = plan.device_part(p, i, sizes)
+  local given = d.slot_bytes or (#p.devices == 1 and p.slot_bytes) or 0
+  local per_block = p.per_block
+  -- what each stage reads (per block: its biggest block), so that a change costs O(S)
+  local read, S = {}, #d.stages
+  for s, st in ipairs(d.stages) do
+    local sum, big = 0, 0
+    for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
+      sum, big = sum + sizes.block_bytes[b], math.max(big, sizes.block_bytes[b])
+    end
+    read[s] = per_block and big or sum
+  end
+  local function slot()
+    local most = 0
+    for s = 1, S do if read[s] > most then most = read[s] end end
+    return most > 0 and math.max(most, given) or 0
+  end
+  local slots = p.slots or 1
+  local function total(res, sl) return plan.total_of(sizes, problem, part.first, part.last, res, slots * sl, part.layers) end
+  local res = part.res_bytes
   local kept = 0
   while true do
-    local best, best_bytes
+    local best, best_bytes, best_read
     for s, st in ipairs(d.stages) do
       local off = st.offloaded or 0
       if off > 0 then
         local bytes = sizes.block_bytes[st.blocks[1] + off - 1]
         if not best_bytes or bytes > best_bytes then
-          st.offloaded = off - 1
-          if M.total(problem, plan.device_part(p, i, sizes)) <= budget then best, best_bytes = s, bytes end
-          st.offloaded = off
+          local before = read[s]
+          if per_block then
+            read[s] = 0
+            for b = st.blocks[1], st.blocks[1] + off - 2 do read[s] = math.max(read[s], sizes.block_bytes[b]) end
+          else
+            read[s] = before - bytes
+          end
+          if total(res + bytes, slot()) <= budget then best, best_bytes, best_read = s, bytes, read[s] end
+          read[s] = before
         end
       end
     end
     if not best then return kept end
     d.stages[best].offloaded = d.stages[best].offloaded - 1
-    kept = kept + 1
+    read[best], res, kept = best_read, res + best_bytes, kept + 1
     if once then return kept end
   end
 end

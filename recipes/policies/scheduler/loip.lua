@@ -47,9 +47,8 @@ local function family(problem, cost, shape, i, L, X, x, budget, cap)
     local opt = fam[n]
     if opt then return opt end
     local maxlen = n + math.max(x, 0)
-    -- gallop from the count the n before needed (or 0), then bisect
-    local prev = fam[n - 1]
-    local lo = prev and prev[3] or 0
+    -- gallop from the count the largest n asked below this one needed (or 0), then bisect
+    local lo = (fam.hint_n and fam.hint_n < n) and fam.hint_o or 0
     local step, hi = 1, lo
     while not fits(n, hi, 1) do
       lo, hi = hi + 1, math.min(maxlen, hi + step)
@@ -73,69 +72,79 @@ local function family(problem, cost, shape, i, L, X, x, budget, cap)
       end
     end
     fam[n] = opt
+    if not fam.hint_n or n > fam.hint_n then fam.hint_n, fam.hint_o = n, o end
     return opt
   end
 end
 
 -- The largest n (0..R) for which device i can hold n blocks per stage, x extra, everything read
 -- (its least memory, which grows with n).
-local function largest(problem, shape, i, L, X, x, budget)
-  local lo, hi = 0, shape.R
+-- n counts units of u blocks (the blocks of the shape: shape.R / u units per round).
+local function largest(problem, shape, i, L, X, x, budget, u)
+  local lo, hi = 0, shape.R / u
   while lo < hi do
     local n = math.floor((lo + hi + 1) / 2)
     -- (n + x < 1 is no part at all, not a part too large: it does not stop the search)
-    if n + x < 1 or space.part_total(problem, shape, i, L, X, n, x, n + math.max(x, 0), 1) <= budget then lo = n
+    if n * u + x < 1 or space.part_total(problem, shape, i, L, X, n * u, x, n * u + math.max(x, 0), 1) <= budget then lo = n
     else hi = n - 1 end
   end
   return lo
 end
 
 -- Everything the DP of one shape needs: its options, bounds, and whether it can fit at all
--- (nil when the most blocks each device can take per stage, summed, is less than a round).
-local function prepare(problem, cost, shape)
-  local N, R, E, S = #problem.devices, shape.R, shape.E, shape.S
+-- (nil when the most each device can take per stage, summed, is less than a round). The DP
+-- counts in units of u blocks (u = 2: whole layers, for large models); ushape is the shape in
+-- those units, c.shape in blocks.
+local function prepare(problem, cost, ushape, u)
+  local N, S = #problem.devices, ushape.S
+  local R, E = ushape.R * u, ushape.E * u -- in blocks
+  local shape = { S = S, R = R, E = E }
   local nb = problem.model.n_blocks
-  local c = { problem = problem, shape = shape, N = N, R = R, E = E, S = S, comm = cost.comm(problem, S) }
+  local c = { problem = problem, shape = shape, N = N, R = ushape.R, E = ushape.E, S = S, u = u, comm = cost.comm(problem, S) }
   local mha_ms, mlp_ms, head = least_compute(problem)
   local cA, cB = S - 1, 0
   if R % 2 == 1 then cA, cB = math.ceil((S - 1) / 2), math.floor((S - 1) / 2) end
   -- the least compute of the blocks no device has yet, with the first L of every round's
   -- template and X extras placed, and the head's unless the last device is placed
   function c.rest(L, X, placed_all)
+    L, X = L * u, X * u
     local len, zs = R - L, (S - 1) * R + L + X
     local mha = cA * mha_in(L, len) + cB * mha_in(L + 1, len) + mha_in(zs, nb - zs)
     local blocks = (cA + cB) * len + nb - zs
     return mha * mha_ms + (blocks - mha) * mlp_ms + (placed_all and 0 or head)
   end
-  local sgn = E > 0 and 1 or (E < 0 and -1 or 0)
+  local sgn = ushape.E > 0 and 1 or (ushape.E < 0 and -1 or 0)
   c.xs = sgn == 0 and { 0 } or { 0, sgn }
-  c.lowX, c.nX = math.min(E, 0), math.abs(E) + 1
+  c.lowX, c.nX = math.min(ushape.E, 0), math.abs(ushape.E) + 1
   local memo = {}
-  function c.options(i, L, X, n, x)
+  -- (in units) the family of device i after L, X with x extra: fam(n * u) gives its options
+  function c.family(i, L, X, x)
+    local Lb, Xb, xb = L * u, X * u, x * u
     -- one stage has no full stages: only the last one's start matters
-    local key = ((i * 2 + (S > 1 and L % 2 or 0)) * 2 + (L + X) % 2) * 3 + (x + 1)
+    local key = ((i * 2 + (S > 1 and Lb % 2 or 0)) * 2 + (Lb + Xb) % 2) * 3 + (x + 1)
     local fam = memo[key]
     if not fam then
       local budget = space.budget(problem, i)
-      fam = family(problem, cost, shape, i, L, X, x, budget, largest(problem, shape, i, L, X, x, budget))
+      fam = family(problem, cost, shape, i, Lb, Xb, xb, budget, u * largest(problem, shape, i, Lb, Xb, xb, budget, u))
       memo[key] = fam
     end
-    return fam(n)
+    return fam
   end
-  -- the most blocks per stage each device can hold at all
+  function c.options(i, L, X, n, x) return c.family(i, L, X, x)(n * u) end
+  -- the most units per stage each device can hold at all
   c.cap = {}
   local most = 0
   for i = 1, N do
     local top, budget = 0, space.budget(problem, i)
-    for pL = 0, S > 1 and 1 or 0 do
-      for pX = 0, 1 do
-        for _, x in ipairs(c.xs) do top = math.max(top, largest(problem, shape, i, pL, pX, x, budget)) end
+    for pL = 0, (S > 1 and u == 1) and 1 or 0 do
+      for pX = 0, u == 1 and 1 or 0 do
+        for _, x in ipairs(c.xs) do top = math.max(top, largest(problem, shape, i, pL, pX, x * u, budget, u)) end
       end
     end
     c.cap[i] = top
     most = most + top
   end
-  if most < R then return nil end
+  if most < ushape.R then return nil end
   return c
 end
 
@@ -181,7 +190,7 @@ local function dp(c, bound)
   local nodes = 0
   local F, keys = { [0] = { [0 - lowX] = { 0 } } }, { [0] = { 0 - lowX } }
   for i = 1, N do
-    local row, row_keys = {}, {}
+    local row, row_keys, rests = {}, {}, {}
     F[i], keys[i] = row, row_keys
     local left = N - i -- devices after this one, each needing a block per stage
     local prev = F[i - 1]
@@ -195,15 +204,17 @@ local function dp(c, bound)
         if math.abs(X2) <= math.abs(E) and math.abs(E - X2) <= left then
           local n_from, n_to = 1, math.min(R - L - left, c.cap[i])
           if i == N then n_from = R - L if X2 ~= E then n_to = 0 end end
+          local fam, u = c.family(i, L, X, x), c.u
           for n = n_from, n_to do
             if n + x >= 1 then
-              local opts = c.options(i, L, X, n, x)
+              local opts = fam(n * u)
               if not opts then break end -- more blocks per stage only need more memory
               local k2 = (L + n) * nX + (X2 - lowX)
               -- what every completion adds at least: a pair whose serial time is below its
               -- compute line (a + that + comm) is as good as that line, which is how pairs are
               -- compared (exactly: the step is the larger of the two)
-              local line = c.rest(L + n, X2, i == N) + comm
+              local line = rests[k2]
+              if not line then line = c.rest(L + n, X2, i == N) + comm rests[k2] = line end
               -- the compute line and what this device reads (its least serial time) only grow
               -- with n: once no pair can get under the bound with them, no larger n can
               local oa, ob = opts[1], opts.lb
@@ -270,6 +281,13 @@ local function dp(c, bound)
   return choice, best_t
 end
 
+-- A choice in units as the plan space's (blocks).
+local function in_blocks(c, choice)
+  local out = { n = {}, x = {}, o = choice.o, k = choice.k }
+  for i = 1, c.N do out.n[i], out.x[i] = choice.n[i] * c.u, choice.x[i] * c.u end
+  return out
+end
+
 -- Block-level refinement of p (in place): while the step is bound by one device's loading and
 -- that device has memory for one more resident block, keep one more; then let every device keep
 -- what else its memory holds (its reads shrink; the estimate cannot grow).
@@ -280,6 +298,85 @@ function M.refine(problem, cost, p)
     est = cost.estimate(p, problem)
   end
   for i = 1, #p.devices do space.fill(problem, p, i) end
+  return p, cost.estimate(p, problem)
+end
+
+-- Layout refinement of p (in place): the template space gives every round the same split, so
+-- which blocks are MHA and which MLP falls the same way on a device round after round; moving
+-- one block at a time across a hop boundary (then offloading the fewest blocks that fit on the
+-- two devices it touches and keeping resident what else fits) reaches the mixes it cannot. The
+-- move that shortens the step most is taken (on a tie, the one that evens out the devices'
+-- serial times), until none does. Returns p and its estimate.
+function M.relayout(problem, cost, p)
+  local N, S = #p.devices, #p.devices[1].stages
+  local H = N * S
+  local comm = cost.comm(problem, S)
+  local lens = {}
+  for h = 1, H do
+    local st = p.devices[(h - 1) % N + 1].stages[math.floor((h - 1) / N) + 1]
+    lens[h] = st.blocks[2] - st.blocks[1] + 1
+  end
+  local a, b = {}, {}
+  local function terms(q, i)
+    local t = cost.device(problem, i, require("loip.plan").device_part(q, i, problem.model))
+    return t.comp_ms, t.serial_ms
+  end
+  for i = 1, N do a[i], b[i] = terms(p, i) end
+  local function score(aa, bb)
+    local sa, mb, sq = comm, 0, 0
+    for i = 1, N do sa, mb, sq = sa + aa[i], math.max(mb, bb[i]), sq + bb[i] * bb[i] end
+    return math.max(sa, mb), sq
+  end
+  -- device i's stages from the hop lengths, the fewest reads that fit, then resident what fits
+  local function place(q, i)
+    local at, d = 0, q.devices[i]
+    d.slot_bytes = nil
+    for h = 1, H do
+      if (h - 1) % N + 1 == i then
+        d.stages[math.floor((h - 1) / N) + 1] = { blocks = { at, at + lens[h] - 1 }, offloaded = 0 }
+      end
+      at = at + lens[h]
+    end
+    if not space.least_offload(problem, q, i) then return false end
+    space.fill(problem, q, i)
+    return true
+  end
+  local t, sq = score(a, b)
+  while true do
+    local best
+    for h = 1, H - 1 do
+      for _, dir in ipairs({ 1, -1 }) do
+        -- dir 1: hop h's last block to hop h+1; -1: hop h+1's first block to hop h
+        local from, to = dir == 1 and h or h + 1, dir == 1 and h + 1 or h
+        if lens[from] > 1 then
+          lens[from], lens[to] = lens[from] - 1, lens[to] + 1
+          local i, j = (h - 1) % N + 1, h % N + 1
+          local q = { slots = p.slots, devices = {} }
+          for k = 1, N do q.devices[k] = p.devices[k] end
+          q.devices[i] = { stages = {} }
+          q.devices[j] = i == j and q.devices[i] or { stages = {} }
+          local ok = place(q, i) and (i == j or place(q, j))
+          if ok then
+            local aa, bb = {}, {}
+            for k = 1, N do aa[k], bb[k] = a[k], b[k] end
+            aa[i], bb[i] = terms(q, i)
+            aa[j], bb[j] = terms(q, j)
+            local nt, nsq = score(aa, bb)
+            local bt = best and best.t or t
+            local bsq = best and best.sq or sq
+            if nt < bt - 1e-9 or (nt <= bt + 1e-9 and nsq < bsq * (1 - 1e-9)) then
+              best = { t = nt, sq = nsq, h = h, dir = dir, q = q, a = aa, b = bb }
+            end
+          end
+          lens[from], lens[to] = lens[from] + 1, lens[to] - 1
+        end
+      end
+    end
+    if not best then break end
+    local from, to = best.dir == 1 and best.h or best.h + 1, best.dir == 1 and best.h + 1 or best.h
+    lens[from], lens[to] = lens[from] - 1, lens[to] + 1
+    p.devices, a, b, t, sq = best.q.devices, best.a, best.b, best.t, best.sq
+  end
   return p, cost.estimate(p, problem)
 end
 
@@ -295,9 +392,16 @@ function M.search(problem, cost, opts)
   local mha_ms, mlp_ms, head = least_compute(problem)
   local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
   -- every shape that can fit, with a quick plan: the best quick plan bounds every DP
+  -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
+  local u = opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
+  local ushapes = {}
+  local N, nb = #problem.devices, problem.model.n_blocks
+  for S = problem.stages or 1, problem.stages or math.floor(nb / u / N) do
+    for _, sh in ipairs(space.shapes_for(S, N, nb / u)) do ushapes[#ushapes + 1] = sh end
+  end
   local todo, bound = {}, math.huge
-  for _, shape in ipairs(space.shapes(problem)) do
-    local c = prepare(problem, cost, shape)
+  for _, shape in ipairs(ushapes) do
+    local c = prepare(problem, cost, shape, u)
     if c then
       c.quick, c.quick_t = greedy(c)
       if c.quick_t then bound = math.min(bound, c.quick_t) end
@@ -323,12 +427,12 @@ function M.search(problem, cost, opts)
   end
   if #found == 0 and opts.refine == false then return nil, M.why_none(problem) end
   local plans = {}
-  for _, f in ipairs(found) do plans[#plans + 1] = { p = space.build(problem, f.c.shape, f.choice), S = f.c.S } end
+  for _, f in ipairs(found) do plans[#plans + 1] = { p = space.build(problem, f.c.shape, in_blocks(f.c, f.choice)), S = f.c.S } end
   -- The template space keeps each device's blocks per stage the same in every round (the extras
   -- in the last); an even split over the hops spreads them instead, which sometimes suits the
   -- mix of MHA and MLP blocks better. Those layouts, with the same least offloading and
   -- refinement, are candidates too: the result is never worse than the even split's.
-  if opts.refine ~= false then
+  if opts.refine ~= false and u == 1 then
     local even = require("loip.policy").load("scheduler", "even")
     for S = problem.stages or 1, problem.stages or math.floor(problem.model.n_blocks / #problem.devices) do
       local p = even.layout(problem, S)
@@ -336,16 +440,29 @@ function M.search(problem, cost, opts)
     end
   end
   if #plans == 0 then return nil, M.why_none(problem) end
-  -- each candidate refined; the least time wins (ties within 0.1% go to fewer stages)
-  local best, best_est
+  -- each candidate refined, then (the best of each stage count) relaid out; the least time wins
+  -- (ties within 0.1% go to fewer stages)
+  local by_s = {}
   for _, f in ipairs(plans) do
     local p, est = f.p, nil
     if opts.refine ~= false then p, est = M.refine(problem, cost, p) else est = cost.estimate(p, problem) end
-    local t = est.ms_per_token
+    est.layout = f.even and "even split" or "template (DP)"
+    local cur = by_s[f.S]
+    if not cur or est.ms_per_token < cur.est.ms_per_token then by_s[f.S] = { p = p, est = est, S = f.S } end
+  end
+  local best, best_est
+  for S, f in pairs(by_s) do
+    -- with a few blocks per hop the kinds a device gets follow the template's pattern round after
+    -- round; with many, every device gets a mix anyway and moving single blocks gains little
+    if opts.refine ~= false and opts.relayout ~= false and u == 1 and problem.model.n_blocks <= 3 * #problem.devices * S then
+      local layout = f.est.layout
+      f.p, f.est = M.relayout(problem, cost, f.p)
+      f.est.layout = layout .. ", relaid out"
+    end
+    local t = f.est.ms_per_token
     if not best or t < best_est.ms_per_token * 0.999
-      or (t <= best_est.ms_per_token * 1.001 and f.S < #best.devices[1].stages) then
-      best, best_est = p, est
-      est.layout = f.even and "even split" or "template (DP)"
+      or (t <= best_est.ms_per_token * 1.001 and S < #best.devices[1].stages) then
+      best, best_est = f.p, f.est
     end
   end
   best.estimate = best_est
