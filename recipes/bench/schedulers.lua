@@ -37,7 +37,7 @@ local spec = {
     { "clusters", "string", "clusters to run (pipeline, hetero, gbit)", default = "pipeline,hetero,gbit" },
     { "schedulers", "string", "schedulers to run", default = "loip,even,uniform,pipeline,pipeline-offload,edgeshard" },
     { "tokens", "int", "tokens per measurement", default = 6 },
-    { "rounds", "int", "measurements of each plan (alternated)", default = 2 },
+    { "rounds", "int", "measurements of each plan (alternated)", default = 3 },
     { "context", "int", "KV cache positions", default = 256 },
     { "out", "string", "where to write schedulers.json, .svg and .md", default = "bench-out" },
     { "cpu-latency", "int", "hold the CPU wake-up latency at US microseconds while measuring (root; -1: do not)",
@@ -122,17 +122,20 @@ local function run_cluster(name)
       if r % 2 == 0 then for k = 1, math.floor(#order / 2) do order[k], order[#order + 1 - k] = order[#order + 1 - k], order[k] end end
       for _, s in ipairs(order) do
         c:plan(setmetatable({ plan = plans[s].p, estimate = false }, { __index = common }))
-        local before = c:stats()
-        local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 } })
-        local steps, last = {}, nil
+        -- the devices' figures over decoding steps only: taken after the first token (the prefill
+        -- is behind it), and the step that carried the snapshot left out of the times
+        local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 } })
+        local steps, last, before, k = {}, nil, nil, 0
         for _ in it do
           local now = core.now_ms()
-          if last then steps[#steps + 1] = now - last end
+          k = k + 1
+          if k == 1 then before = c:stats() end
+          if k >= 3 then steps[#steps + 1] = now - last end
           last = now
         end
-        steps[#steps] = nil
+        steps[#steps] = nil -- the last token has no forward pass after it
         local after = c:stats()
-        local per, n_steps = {}, st.stats.decode_steps + 1
+        local per, n_steps = {}, k - 1
         for i = 1, cl.devices do
           local function d(k) return ((after[i][k] or 0) - (before[i][k] or 0)) / n_steps end
           per[i] = { compute_ms = d("compute_ms"), load_ms = d("load_ms"), stall_ms = d("stall_ms"), send_ms = d("send_ms"),

@@ -75,10 +75,12 @@ function M.comm(problem, S)
   return total, per
 end
 
--- The estimate of plan p: { ms_per_token, comp_ms, comm_ms, uncover_ms, bound ("compute" |
--- "load"), bottleneck (the device whose loading bounds the step, if any), devices = { { comp_ms,
--- load_ms, uncover_ms, comm_ms, idle_ms, serial_ms, memory_bytes }, ... } }.
-function M.estimate(p, problem)
+-- The closed form of plan p (what the DP scheduler minimises): { ms_per_token, comp_ms,
+-- comm_ms, uncover_ms, bound ("compute" | "load"), bottleneck (the device whose loading bounds
+-- the step, if any), devices = { { comp_ms, load_ms, uncover_ms, comm_ms, idle_ms, serial_ms,
+-- memory_bytes }, ... } }. Every stage of a device is taken as the average of its stages: exact
+-- when they are alike (the DP's templates), a lower bound otherwise.
+function M.closed(p, problem)
   local plan = require "loip.plan"
   local N, S = #p.devices, #p.devices[1].stages
   local comm, per = M.comm(problem, S)
@@ -105,6 +107,123 @@ function M.estimate(p, problem)
   end
   return { ms_per_token = T, comp_ms = comp - exposed, comm_ms = comm, uncover_ms = T - A + exposed,
     bound = bottleneck and "load" or "compute", bottleneck = bottleneck, devices = devs, stages = S }
+end
+
+-- The estimate of plan p, stage by stage: the same figures as M.closed, from a timeline of a few
+-- decoding steps in which the token crosses the ring hop by hop, each device reads its stages'
+-- offloaded blocks in order into its slot (a read starts when the disk is free and the slot has
+-- room: a one-stage slot frees when the stage's offloaded blocks are computed, a ring of more
+-- holds the next reads meanwhile), and a stage computes when its input has arrived and its
+-- reads have landed. The window each read has is then the stage's own, not an average: plans
+-- whose stages differ (a split that is not the same every round) are estimated as they run.
+-- The last step's figures are reported (the first ones start with every read ahead).
+function M.estimate(p, problem)
+  local plan = require "loip.plan"
+  local N, S = #p.devices, #p.devices[1].stages
+  local sizes = problem.model
+  local comm, per = M.comm(problem, S)
+  local mopts = { cluster = problem.cluster, loader = problem.loader }
+  local head = problem.head or {}
+  local batch = problem.micro_batch or 1
+  local hidden = sizes.header_bytes + batch * sizes.hidden_bytes
+  local token = sizes.header_bytes + 4 * batch
+  -- per device and stage: offloaded compute, resident compute, each offloaded block's read
+  local dev = {}
+  for i, d in ipairs(p.devices) do
+    local part = plan.device_part(p, i, sizes)
+    local c = problem.devices[i].compute
+    local reads = part.off_mha + part.off_mlp > 0
+    local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
+    local rate, fixed = problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
+    local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
+      comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
+    for s, st in ipairs(d.stages) do
+      local y = { off = 0, res = c.stage_ms or 0, bytes = 0, blocks = {} }
+      for b = st.blocks[1], st.blocks[2] do
+        local ms = (b % 2 == 0 and c.mha_ms or c.mlp_ms) * f
+        if b - st.blocks[1] < (st.offloaded or 0) then
+          y.off, y.bytes = y.off + ms, y.bytes + sizes.block_bytes[b]
+          y.blocks[#y.blocks + 1] = { read = sizes.block_bytes[b] / rate * 1e3 + fixed, ms = ms }
+        else
+          y.res = y.res + ms
+        end
+      end
+      y.read = y.bytes > 0 and (y.bytes / rate * 1e3 + fixed) or 0
+      x.stages[s] = y
+    end
+    dev[i] = x
+  end
+  local function hop(l, bytes)
+    if not l then return 0 end
+    return (l.transport_ms or 0) + ((l.rate_bps or 0) > 0 and bytes / l.rate_bps * 1e3 or 0) + (l.delay_ms or 0)
+  end
+  local steps, t, ends = 4, 0, {}
+  for step = 1, steps do
+    local last = step == steps
+    for s = 1, S do
+      for i = 1, N do
+        local x, y = dev[i], dev[i].stages[s]
+        local arrive = t
+        local start, release
+        if y.bytes == 0 then
+          start, release = arrive, arrive
+        elseif x.per_block then
+          -- each offloaded block read when its turn comes, then computed (a one-block slot)
+          local at = arrive
+          for _, blk in ipairs(y.blocks) do
+            local go = math.max(at, x.disk)
+            x.disk = go + blk.read
+            at = x.disk + blk.ms
+          end
+          start, release = arrive, at
+          if last then x.stall, x.load = x.stall + (at - arrive - y.off), x.load + y.read end
+        else
+          -- the read: when the disk is free, the slot has room, and (without reading ahead) the
+          -- stage has started
+          local go = math.max(x.disk, x.prefetch and 0 or arrive)
+          local j = #x.live
+          if x.slots > 1 then
+            -- several slots, a stage's reads each: the read x.slots back must be released
+            j = j - x.slots + 1
+          else
+            -- one slot used as a ring, freed in read order: what is still held must fit beside it
+            local live = y.bytes
+            while j >= 1 and live + x.live[j].bytes <= x.cap do live, j = live + x.live[j].bytes, j - 1 end
+          end
+          if j >= 1 then go = math.max(go, x.live[j].release) end
+          x.disk = go + y.read
+          start = math.max(arrive, x.disk)
+          release = start + y.off
+          x.live[#x.live + 1] = { bytes = y.bytes, release = release }
+          if last then
+            x.stall, x.load = x.stall + (start - arrive), x.load + y.read
+            if x.last_release then x.windows = x.windows + (arrive - x.last_release) end
+          end
+          x.last_release = release
+        end
+        local finish = release + y.res + ((i == 1 and s == 1) and (problem.devices[1].compute.embed_ms or 0) or 0)
+        if last then x.comp = x.comp + (finish - start) end
+        t = finish
+        if s < S or i < N then t = t + (N > 1 and hop(problem.links[i], hidden) or 0) end
+      end
+    end
+    -- the head, the sampled id to the head process, the next token into device 1
+    t = t + (problem.devices[N].compute.head_ms or 0)
+    if not head.in_process then t = t + hop(head.from_last, token) + (head.step_ms or 0) + hop(head.to_first or problem.links[N], token) end
+    ends[step] = t
+  end
+  local T = ends[steps] - ends[steps - 1]
+  local devs, comp, bottleneck, most = {}, 0, nil, 0
+  for i, x in ipairs(dev) do
+    local c = x.comp - (x.per_block and x.load or 0) + (i == N and (problem.devices[N].compute.head_ms or 0) or 0)
+    devs[i] = { comp_ms = c, load_ms = x.load, uncover_ms = x.stall, comm_ms = per[i], idle_ms = x.windows / S,
+      memory_bytes = plan.part_memory(x.part, sizes, mopts).total }
+    comp = comp + c
+    if x.stall > most then most, bottleneck = x.stall, i end
+  end
+  return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = T - comp - comm,
+    bound = (bottleneck and most > 0.01 * T) and "load" or "compute", bottleneck = (most > 0.01 * T) and bottleneck or nil,
+    devices = devs, stages = S }
 end
 
 return M

@@ -288,17 +288,32 @@ local function in_blocks(c, choice)
   return out
 end
 
--- Block-level refinement of p (in place): while the step is bound by one device's loading and
--- that device has memory for one more resident block, keep one more; then let every device keep
--- what else its memory holds (its reads shrink; the estimate cannot grow).
+-- Block-level refinement of p (in place): the device whose loading bounds the step keeps resident
+-- the offloaded blocks its memory still holds, largest first (the paper's: one of its offloaded
+-- layers after another becomes block-level offloading), then the next device, and so on. A change
+-- is kept when the estimate does not grow. Returns p and its estimate.
 function M.refine(problem, cost, p)
   local est = cost.estimate(p, problem)
-  while est.bound == "load" do
-    if space.fill(problem, p, est.bottleneck, true) == 0 then break end
-    est = cost.estimate(p, problem)
+  -- a change is kept when the estimate does not get worse (a smaller slot, say, can hold fewer
+  -- reads ahead)
+  local function try(i)
+    local keep = p.devices[i]
+    local d = { slot_bytes = keep.slot_bytes, stages = {} }
+    for s, st in ipairs(keep.stages) do d.stages[s] = { blocks = st.blocks, offloaded = st.offloaded } end
+    p.devices[i] = d
+    if space.fill(problem, p, i) == 0 then p.devices[i] = keep return false end
+    local new = cost.estimate(p, problem)
+    if new.ms_per_token > est.ms_per_token * (1 + 1e-9) then p.devices[i] = keep return false end
+    est = new
+    return true
   end
-  for i = 1, #p.devices do space.fill(problem, p, i) end
-  return p, cost.estimate(p, problem)
+  -- the bottleneck first, then the others: each keeps what its memory holds (a device's memory
+  -- is its own, so the order changes nothing but which change is judged first)
+  local order = {}
+  for i = 1, #p.devices do order[i] = i end
+  table.sort(order, function(x, y) return (est.devices[x].uncover_ms or 0) > (est.devices[y].uncover_ms or 0) end)
+  for _, i in ipairs(order) do try(i) end
+  return p, est
 end
 
 -- Layout refinement of p (in place): the template space gives every round the same split, so
@@ -310,22 +325,17 @@ end
 function M.relayout(problem, cost, p)
   local N, S = #p.devices, #p.devices[1].stages
   local H = N * S
-  local comm = cost.comm(problem, S)
   local lens = {}
   for h = 1, H do
     local st = p.devices[(h - 1) % N + 1].stages[math.floor((h - 1) / N) + 1]
     lens[h] = st.blocks[2] - st.blocks[1] + 1
   end
-  local a, b = {}, {}
-  local function terms(q, i)
-    local t = cost.device(problem, i, require("loip.plan").device_part(q, i, problem.model))
-    return t.comp_ms, t.serial_ms
-  end
-  for i = 1, N do a[i], b[i] = terms(p, i) end
-  local function score(aa, bb)
-    local sa, mb, sq = comm, 0, 0
-    for i = 1, N do sa, mb, sq = sa + aa[i], math.max(mb, bb[i]), sq + bb[i] * bb[i] end
-    return math.max(sa, mb), sq
+  -- the step's time, then how evenly the devices wait for their reads
+  local function score(q)
+    local est = cost.estimate(q, problem)
+    local sq = 0
+    for _, d in ipairs(est.devices) do sq = sq + (d.uncover_ms or 0) ^ 2 end
+    return est.ms_per_token, sq, est
   end
   -- device i's stages from the hop lengths, the fewest reads that fit, then resident what fits
   local function place(q, i)
@@ -341,7 +351,7 @@ function M.relayout(problem, cost, p)
     space.fill(problem, q, i)
     return true
   end
-  local t, sq = score(a, b)
+  local t, sq, est = score(p)
   while true do
     local best
     for h = 1, H - 1 do
@@ -355,17 +365,11 @@ function M.relayout(problem, cost, p)
           for k = 1, N do q.devices[k] = p.devices[k] end
           q.devices[i] = { stages = {} }
           q.devices[j] = i == j and q.devices[i] or { stages = {} }
-          local ok = place(q, i) and (i == j or place(q, j))
-          if ok then
-            local aa, bb = {}, {}
-            for k = 1, N do aa[k], bb[k] = a[k], b[k] end
-            aa[i], bb[i] = terms(q, i)
-            aa[j], bb[j] = terms(q, j)
-            local nt, nsq = score(aa, bb)
-            local bt = best and best.t or t
-            local bsq = best and best.sq or sq
+          if place(q, i) and (i == j or place(q, j)) then
+            local nt, nsq, nest = score(q)
+            local bt, bsq = best and best.t or t, best and best.sq or sq
             if nt < bt - 1e-9 or (nt <= bt + 1e-9 and nsq < bsq * (1 - 1e-9)) then
-              best = { t = nt, sq = nsq, h = h, dir = dir, q = q, a = aa, b = bb }
+              best = { t = nt, sq = nsq, est = nest, h = h, dir = dir, q = q }
             end
           end
           lens[from], lens[to] = lens[from] + 1, lens[to] - 1
@@ -375,9 +379,9 @@ function M.relayout(problem, cost, p)
     if not best then break end
     local from, to = best.dir == 1 and best.h or best.h + 1, best.dir == 1 and best.h + 1 or best.h
     lens[from], lens[to] = lens[from] - 1, lens[to] + 1
-    p.devices, a, b, t, sq = best.q.devices, best.a, best.b, best.t, best.sq
+    p.devices, t, sq, est = best.q.devices, best.t, best.sq, best.est
   end
-  return p, cost.estimate(p, problem)
+  return p, est
 end
 
 -- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
@@ -426,8 +430,16 @@ function M.search(problem, cost, opts)
     if c.quick_t and c.quick_t <= bound then found[#found + 1] = { c = c, choice = c.quick, t = c.quick_t } end
   end
   if #found == 0 and opts.refine == false then return nil, M.why_none(problem) end
+  -- the best unrefined plan of each stage count goes on
+  local best_of = {}
+  for _, f in ipairs(found) do
+    if not best_of[f.c.S] or f.t < best_of[f.c.S].t then best_of[f.c.S] = f end
+  end
   local plans = {}
-  for _, f in ipairs(found) do plans[#plans + 1] = { p = space.build(problem, f.c.shape, in_blocks(f.c, f.choice)), S = f.c.S } end
+  for _, c in ipairs(todo) do
+    local f = best_of[c.S]
+    if f and f.c == c then plans[#plans + 1] = { p = space.build(problem, c.shape, in_blocks(c, f.choice)), S = c.S } end
+  end
   -- The template space keeps each device's blocks per stage the same in every round (the extras
   -- in the last); an even split over the hops spreads them instead, which sometimes suits the
   -- mix of MHA and MLP blocks better. Those layouts, with the same least offloading and
@@ -445,13 +457,18 @@ function M.search(problem, cost, opts)
   local by_s = {}
   for _, f in ipairs(plans) do
     local p, est = f.p, nil
-    if opts.refine ~= false then p, est = M.refine(problem, cost, p) else est = cost.estimate(p, problem) end
+    -- (the DP alone is judged by what it minimises)
+    if opts.refine ~= false then p, est = M.refine(problem, cost, p) else est = (cost.closed or cost.estimate)(p, problem) end
     est.layout = f.even and "even split" or "template (DP)"
     local cur = by_s[f.S]
     if not cur or est.ms_per_token < cur.est.ms_per_token then by_s[f.S] = { p = p, est = est, S = f.S } end
   end
   local best, best_est
-  for S, f in pairs(by_s) do
+  local seen = {}
+  for _, g in ipairs(plans) do
+    local f, S = by_s[g.S], g.S
+    if seen[S] then goto next end
+    seen[S] = true
     -- with a few blocks per hop the kinds a device gets follow the template's pattern round after
     -- round; with many, every device gets a mix anyway and moving single blocks gains little
     if opts.refine ~= false and opts.relayout ~= false and u == 1 and problem.model.n_blocks <= 3 * #problem.devices * S then
@@ -464,6 +481,7 @@ function M.search(problem, cost, opts)
       or (t <= best_est.ms_per_token * 1.001 and S < #best.devices[1].stages) then
       best, best_est = f.p, f.est
     end
+    ::next::
   end
   best.estimate = best_est
   return best, best_est
