@@ -42,7 +42,7 @@ if [ "$run_main" -eq 1 ]; then
   # It prints the plan, the text (the same as one device's), and per-device timings per token.
   store="$build/stories260K-store"
   [ -f "$store/manifest.json" ] || "$build/loip" slice models/stories260K "$store"
-  "$build/loip" generate --model "$store" --devices 3 --mem 790K,770K,800K --threads 1 \
+  "$build/loip" generate --model "$store" --devices 3 --mem 740K,720K,750K --threads 1 \
     --context 256 --link-rate 100mbit --link-delay 2ms \
     --prompt "Once upon a time" --temperature 0 --max-tokens 120
 fi

@@ -209,7 +209,7 @@ describe("a cluster of local workers", function()
     local rc, single = T.run(string.format("%s generate --model %s --prompt 'Once upon a time' --temperature 0 --max-tokens 30 2>/dev/null",
       T.loip, S260))
     assert.are.equal(0, rc)
-    local cmd = string.format("%s generate --model %s --devices 3 --mem 790K,770K,800K --threads 1 --context 256 "
+    local cmd = string.format("%s generate --model %s --devices 3 --mem 740K,720K,750K --threads 1 --context 256 "
       .. "--link-rate 100mbit --link-delay 1ms --prompt 'Once upon a time' --temperature 0 --max-tokens 30", T.loip, st)
     local rc2, out, err = T.run(cmd .. " --trace " .. dir .. "/t.json")
     assert.are.equal(0, rc2, err)

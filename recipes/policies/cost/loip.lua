@@ -221,7 +221,7 @@ function M.estimate(p, problem)
     comp = comp + c
     if x.stall > most then most, bottleneck = x.stall, i end
   end
-  return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = T - comp - comm,
+  return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = math.max(0, T - comp - comm),
     bound = (bottleneck and most > 0.01 * T) and "load" or "compute", bottleneck = (most > 0.01 * T) and bottleneck or nil,
     devices = devs, stages = S }
 end
