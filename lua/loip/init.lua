@@ -15,6 +15,8 @@ local submodules = {
   template = "loip.text.template", chat = "loip.text.chat", plot = "loip.tools.plot",
   loader = "loip.runtime.loader", slice = "loip.model.slice", bench = "loip.tools.bench", memory = "loip.runtime.memory",
   plan = "loip.plan", trace = "loip.tools.trace", transport = "loip.runtime.transport",
+  policy = "loip.policy", problem = "loip.plan.problem", profile = "loip.plan.profile",
+  cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",
 }
 
 setmetatable(loip, {

@@ -1,4 +1,4 @@
--- The head: a cluster of devices running one model (DESIGN sections 2-3). It forms the cluster
+-- The head: a cluster of devices running one model (docs/design.md, sections 2-3). It forms the cluster
 -- (spawning local workers, or connecting to running ones), checks every device holds the same
 -- slice store, sends each its part of the plan, then runs requests: token ids into device 1,
 -- hidden states around the ring in C on the workers, sampled ids back from device N. A device
@@ -325,7 +325,10 @@ function Cluster:plan(opts)
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, loader = opts.loader, overlap_loads = opts.overlap_loads, disk_rate = each(opts.disk_rate, i),
+      context = ctx, batch = batch, loader = opts.loader, disk_rate = each(opts.disk_rate, i),
+      -- the read order the device's profile found faster, unless told
+      overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
+        or opts.overlap_loads or false,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
       logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
@@ -375,7 +378,11 @@ end
 function Cluster:await(step, timeout_ms)
   local deadline = core.now_ms() + (timeout_ms or 600000)
   local next_beat = core.now_ms()
-  for _, d in ipairs(self.devices) do d.last_seen = d.last_seen or core.now_ms() end
+  -- silence counts only while the head listens: a caller busy elsewhere (a STATS exchange with
+  -- one device during a request, say) sends no heartbeats meanwhile, and the others' answers to
+  -- the next ones are on their way
+  local listening = core.now_ms()
+  for _, d in ipairs(self.devices) do d.last_seen = d.last_seen or listening end
   while true do
     local now = core.now_ms()
     if now >= next_beat then
@@ -410,10 +417,11 @@ function Cluster:await(step, timeout_ms)
         end
         b = d.hb:recv(0)
       end
-      if core.now_ms() - d.last_seen > DEAD_MS then
+      local silent = core.now_ms() - math.max(d.last_seen, listening)
+      if silent > DEAD_MS then
         d.failed = true
         error(string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable",
-          i, d.endpoint, (core.now_ms() - d.last_seen) / 1000), 0)
+          i, d.endpoint, silent / 1000), 0)
       end
     end
     local r = self.results:recv(50, 64 * 1024 * 1024)

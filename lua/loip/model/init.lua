@@ -220,6 +220,7 @@ function Model:_start_runner(dir, facts)
   if slot > 0 then
     local err
     loader, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot,
+      overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
       mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
     if not loader then error(dir .. ": " .. err, 0) end
     self.loader = loader

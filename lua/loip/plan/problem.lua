@@ -116,7 +116,8 @@ function M.new(o)
       compute = { mha_ms = profile.block_ms(pr, "mha", mb, pos, sh), mlp_ms = profile.block_ms(pr, "mlp", mb, pos, sh),
         head_ms = profile.block_ms(pr, "head", mb, pos, sh), embed_ms = 0, stage_ms = pr.compute.stage_ms or 0,
         under_load = pr.compute.under_load or 1 },
-      load_ms = pr.disk and pr.disk.load_ms or 0, profile_host = pr.device and pr.device.host }
+      load_ms = pr.disk and pr.disk.load_ms or 0, profile_host = pr.device and pr.device.host,
+      overlap_loads = pr.disk and pr.disk.overlap_loads or false }
     local flag, measured = each(o.disk_rate, i), pr.disk and pr.disk.read_bps
     d.disk_bps = (flag and measured) and math.min(flag, measured) or flag or measured
     if not d.disk_bps then

@@ -16,7 +16,8 @@
 --            (per position attended, for the shape's heads); mha_fixed_ms[batch]; under_load
 --            (compute time while the loader streams / alone)
 --   disk     read_bps (O_DIRECT through the loader, cold), load_ms (a small read's fixed cost),
---            bytes, path
+--            bytes, path; in_order and overlapped ({ first_ms, read_bps } of loads queued two at
+--            a time, without and with overlap_loads) and overlap_loads (whether to overlap them)
 --   link     transport_ms (one way through ZeroMQ, send to receipt, between two sockets of one
 --            process), timer_late_us (how late a 1 ms sleep wakes, median and p90)
 -- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
@@ -194,7 +195,39 @@ function M.disk(files, bytes, rate)
   local ms = core.now_ms() - t0
   local mode = l:mode()
   l:close()
-  return { read_bps = read / ms * 1e3, load_ms = median(small), bytes = read, loader = mode }
+  local out = { read_bps = read / ms * 1e3, load_ms = median(small), bytes = read, loader = mode }
+  -- Loads queued back to back, as a device reads ahead: does letting the next load's reads start
+  -- before the current one's have landed (overlap_loads) finish the load a stage waits for sooner?
+  -- (On a disk that serves queued reads in parallel, the first load ends later with overlap.)
+  local function pairs_of(overlap)
+    local lp = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0, overlap_loads = overlap }
+    if not lp then return nil end
+    local firsts, t_all, done = {}, core.now_ms(), 0
+    local j = 0
+    while done < math.min(bytes, 256 * 1024 * 1024) do
+      local a, b = files[j % #files + 1], files[(j + 1) % #files + 1]
+      j = j + 2
+      local t1 = core.now_ms()
+      assert(lp:submit(1, { { path = a, offset = 0, length = sizes[(j - 2) % #files + 1] } }, 2 * j))
+      assert(lp:submit(2, { { path = b, offset = 0, length = sizes[(j - 1) % #files + 1] } }, 2 * j + 1))
+      assert(lp:wait(2 * j))
+      firsts[#firsts + 1] = core.now_ms() - t1
+      assert(lp:wait(2 * j + 1))
+      done = done + sizes[(j - 2) % #files + 1] + sizes[(j - 1) % #files + 1]
+    end
+    local total = core.now_ms() - t_all
+    lp:close()
+    return { first_ms = median(firsts), read_bps = done / total * 1e3 }
+  end
+  if mode == "uring" then
+    local in_order, overlapped = pairs_of(false), pairs_of(true)
+    if in_order and overlapped then
+      out.in_order, out.overlapped = in_order, overlapped
+      -- overlap only when it gets the waited-for load no later and reads faster
+      out.overlap_loads = overlapped.first_ms <= in_order.first_ms and overlapped.read_bps > in_order.read_bps * 1.03
+    end
+  end
+  return out
 end
 
 -- One-way time through the transport between two sockets of this process (ipc), ms; and how

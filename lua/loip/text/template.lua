@@ -2,7 +2,7 @@
 -- templates exactly as transformers' apply_chat_template(tokenize=False) does, i.e. with
 -- jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
 -- extensions=[loopcontrols, generation]), transformers' `tojson`, `raise_exception` and
--- `strftime_now` (see ../shared/models/chat-templates/README.md).
+-- `strftime_now` (transformers' chat template environment).
 --
 --   local template = require "loip.text.template"
 --   local out, err = template.render(text, { messages = msgs, add_generation_prompt = true })
