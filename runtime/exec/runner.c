@@ -1,5 +1,5 @@
 /* The runner: a device's stages, executed every step with their offloaded blocks read from the
- * slice store into loader slots while other blocks compute (DESIGN section 3, the paper's
+ * slice store into loader slots while other blocks compute (docs/design.md, section 3, the paper's
  * Fig. 2(b)).
  *
  *   stage k:  wait for its slot ─► offloaded blocks ─► release the slot: the loader starts

@@ -468,7 +468,7 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
 
 /* ---- offloaded execution (runtime/exec/runner.c) --------------------------------------- */
 
-/* A runner executes a device's stages every step (DESIGN section 3): each stage is a range of
+/* A runner executes a device's stages every step (docs/design.md, section 3): each stage is a range of
  * blocks whose first n_offloaded are read from the slice store into a loader slot every step
  * and the rest are resident. Running a stage waits for its slot, computes the offloaded blocks,
  * releases the slot (the loader starts reading the next stage's blocks into it at once), then

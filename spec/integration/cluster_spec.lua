@@ -11,6 +11,7 @@ local core = require "loip.core"
 local json = require "loip.tools.json"
 local transport = require "loip.runtime.transport"
 local T = require "spec.support"
+teardown(function() T.cleanup() end) -- the temporary directories made here
 local C = core.C
 
 local S260 = T.root .. "/models/stories260K"
@@ -200,6 +201,7 @@ describe("a cluster of local workers", function()
       assert.matches("(stale)", log, 1, true)
     end)
     c:close()
+    os.execute("rm -rf '" .. c.dir .. "'") -- kept for its logs
     assert(ok, err)
   end)
 

@@ -8,6 +8,7 @@ local loip = require "loip"
 local json = require "loip.tools.json"
 local plan = require "loip.plan"
 local T = require "spec.support"
+teardown(function() T.cleanup() end) -- the temporary directories made here
 
 local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))

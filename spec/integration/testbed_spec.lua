@@ -8,6 +8,7 @@ local cluster = require "loip.cluster"
 local json = require "loip.tools.json"
 local testbed = require "loip.cluster.testbed"
 local T = require "spec.support"
+teardown(function() T.cleanup() T.drop_stores() end) -- the temporary directories and the store made here
 
 local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))

@@ -8,6 +8,7 @@ local ffi = require "ffi"
 local cjson = require "cjson"
 local loip = require "loip"
 local T = require "spec.support"
+teardown(function() T.cleanup() end) -- the temporary directories made here
 local tokenizer = require "loip.text.tokenizer"
 local decoder = require "loip.text.tokenizers.decoder"
 

@@ -215,13 +215,13 @@ function M.least_offload(problem, p, i)
   return true
 end
 
--- "OOM: device i ..." for a plan that breaks device i's budget even so.
+-- "OOM: device i ..." for a plan that breaks device i's budget even so, and the shortfall.
 function M.oom(problem, p, i, what)
   local m = M.memory(problem, plan.device_part(p, i, problem.model))
   local fmt = require("loip.runtime.memory").format_bytes
   return string.format("OOM: device %d needs %s%s (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s",
     i, fmt(m.total), what and (" " .. what) or "", fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
-    fmt(problem.devices[i].budget), fmt(m.total - problem.devices[i].budget))
+    fmt(problem.devices[i].budget), fmt(m.total - problem.devices[i].budget)), m.total - problem.devices[i].budget
 end
 
 -- How fast device i computes a block, relative (1 / ms of an average block, slowed).

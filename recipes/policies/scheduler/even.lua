@@ -7,7 +7,7 @@ local space = require "loip.plan.space"
 local M = { name = "even" }
 
 -- The even split over the N*S hops with the fewest reads each device needs (before filling):
--- a plan, or nil and why.
+-- a plan, or nil, why and the shortfall.
 function M.layout(problem, S)
   local N, nb = #problem.devices, problem.model.n_blocks
   local shares = {}
@@ -15,7 +15,8 @@ function M.layout(problem, S)
   local p = space.ring_of(N, space.split(nb, shares))
   for i = 1, N do
     if not space.least_offload(problem, p, i) then
-      return nil, space.oom(problem, p, i, string.format("with every block offloaded (%d stages)", S))
+      local msg, short = space.oom(problem, p, i, string.format("with every block offloaded (%d stage%s)", S, S == 1 and "" or "s"))
+      return nil, msg, short
     end
   end
   return p
@@ -23,10 +24,11 @@ end
 
 function M.schedule(problem, cost)
   local N, nb = #problem.devices, problem.model.n_blocks
-  local best, best_t, why
+  local best, best_t, why, short
   for S = problem.stages or 1, problem.stages or math.floor(nb / N) do
-    local p, err = M.layout(problem, S)
-    why = why or err
+    local p, err, by = M.layout(problem, S)
+    -- the stage count that comes closest says why none fits
+    if err and (not short or by < short) then why, short = err, by end
     if p then
       for i = 1, N do space.fill(problem, p, i) end
       local t = cost.estimate(p, problem).ms_per_token

@@ -8,7 +8,7 @@ local M = { name = "uniform" }
 
 function M.schedule(problem, cost)
   local N, L = #problem.devices, problem.model.n_layers
-  local best, best_t, why
+  local best, best_t, why, short
   for S = problem.stages or 1, problem.stages or math.floor(L / N) do
     local shares = {}
     for h = 1, N * S do shares[h] = 1 end
@@ -18,7 +18,10 @@ function M.schedule(problem, cost)
     local fits = true
     for i = 1, N do
       if not space.least_offload(problem, p, i) then
-        fits, why = false, why or space.oom(problem, p, i, string.format("with every block offloaded (%d stages)", S))
+        -- the stage count that comes closest says why none fits
+        local msg, by = space.oom(problem, p, i, string.format("with every block offloaded (%d stage%s)", S, S == 1 and "" or "s"))
+        if not short or by < short then why, short = msg, by end
+        fits = false
         break
       end
     end
