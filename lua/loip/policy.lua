@@ -26,12 +26,6 @@ M.kinds = {
     about = "a request pattern: requests(opts) -> a generator of (arrival time, prompt, parameters)" },
 }
 
-local function exists(p)
-  local f = io.open(p, "rb")
-  if f then f:close() return true end
-  return false
-end
-
 -- The recipes/ directory: $LOIP_RECIPES_DIR, else beside the Lua modules' tree (lua/ and
 -- recipes/ sit side by side in a checkout and under the install prefix's share/loip).
 function M.recipes_dir()
@@ -72,6 +66,8 @@ function M.list(kind)
   return out
 end
 
+-- Shipped policies are loaded once; a file of one's own is read again each time (it is being
+-- edited).
 local cache = {}
 
 -- Load a policy of kind by name or path (a table is returned as it is, after the same checks).
@@ -110,7 +106,7 @@ function M.load(kind, name)
   end
   mod.name = mod.name or name
   mod.path = path
-  cache[path] = mod
+  if path ~= name then cache[path] = mod end
   return mod
 end
 

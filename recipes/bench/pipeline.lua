@@ -59,24 +59,12 @@ local log, median = bench.log, bench.median
 
 bench.ensure_store(o.store, o.model)
 
--- Budgets: --budget x the weights in all. Device 1 holds the embedding, device N the head (with
--- tied embeddings, the embedding again): they get those on top of an equal share of the rest;
--- each also gets its KV cache, activations and message buffers.
+-- Budgets: --budget x the weights in all (loip.tools.bench.budgets says how they are shared).
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
 local N = o.devices
-local ends = sizes.embed_file_bytes + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0)
-local rest = o.budget * sizes.weight_bytes - ends
-if rest <= 0 then error(string.format("--budget %.2f leaves nothing for the layers once the embedding and head are held", o.budget), 0) end
-local share = math.floor(rest / N)
-local mems = {}
-for i = 1, N do
-  local extra = sizes.kv_bytes[math.ceil(cfg.n_layers / N) + 1] + sizes.activation_bytes + 4 * 1024 * 1024
-  if i == 1 then extra = extra + sizes.embed_file_bytes end
-  if i == N then extra = extra + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0) end
-  mems[i] = share + extra
-end
+local mems = bench.budgets(sizes, N, o.budget)
 local total = 0
 for _, m in ipairs(mems) do total = total + m end
 log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV and buffers), links %s + %g ms, disks %s/s",

@@ -55,21 +55,7 @@ local cfg = store.config(o.store, man)
 local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
 local MB = 1000 * 1000
 
--- Budgets totalling `share` of the weights over n devices (as the pipeline benchmark makes them):
--- device 1 and n hold the embedding (and the tied head) on top of an equal share of the rest,
--- each also its KV cache, activations and message buffers.
-local function budgets(n, share)
-  local ends = sizes.embed_file_bytes + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0)
-  local each = math.floor((share * sizes.weight_bytes - ends) / n)
-  local out = {}
-  for i = 1, n do
-    local extra = sizes.kv_bytes[math.ceil(cfg.n_layers / n) + 1] + sizes.activation_bytes + 4 * 1024 * 1024
-    if i == 1 then extra = extra + sizes.embed_file_bytes end
-    if i == n then extra = extra + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0) end
-    out[i] = each + extra
-  end
-  return out
-end
+local function budgets(n, share) return bench.budgets(sizes, n, share) end
 
 local clusters = {
   pipeline = { devices = 3, mem = budgets(3, 0.6), link = { rate = "100mbit", delay_ms = 2 }, disk_rate = 600 * MB,

@@ -374,15 +374,10 @@ function M.bare(p)
   return q
 end
 
--- Write p to path as Lua (through a temporary file: a half-written plan never stays).
+-- Write p to path as Lua, whole or not at all.
 function M.save(path, p)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "w")
-  if not f then error("--save-plan: " .. tostring(err), 0) end
-  f:write(M.to_lua(p))
-  f:close()
-  local ok, rerr = os.rename(tmp, path)
-  if not ok then os.remove(tmp) error("--save-plan: " .. tostring(rerr), 0) end
+  local ok, err = require("loip.tools.json").write_file(path, M.to_lua(p))
+  if not ok then error("--save-plan: " .. tostring(err), 0) end
 end
 
 -- Read a plan from a Lua file (it returns the table; it runs with no globals but what a plain

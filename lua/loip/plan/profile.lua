@@ -550,15 +550,10 @@ function M.load(path)
   return pr
 end
 
--- Write a profile (through a temporary file).
+-- Write a profile, whole or not at all.
 function M.save(path, pr)
-  local tmp = path .. ".tmp"
-  local f, err = io.open(tmp, "w")
-  if not f then error("profile: " .. tostring(err), 0) end
-  f:write(json.encode_sorted(pr, 2), "\n")
-  f:close()
-  local ok, rerr = os.rename(tmp, path)
-  if not ok then os.remove(tmp) error("profile: " .. tostring(rerr), 0) end
+  local ok, err = json.write_file(path, json.encode_sorted(pr, 2) .. "\n")
+  if not ok then error("profile: " .. tostring(err), 0) end
 end
 
 return M

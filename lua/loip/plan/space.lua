@@ -51,12 +51,11 @@ end
 local band, rshift = bit.band, bit.rshift
 local function mha_in(start, len) return rshift(len + 1 - band(start, 1), 1) end
 
--- Device i's part (loip.plan.device_part's table, without building the plan) for the choice
--- (n, x, o, k) after L template blocks and X extras of the devices before it in a round. Its
--- stages come in three kinds: full stages starting at an even or an odd block (with R odd
--- their parity alternates), and the last one.
-function M.part(problem, shape, i, L, X, n, x, o, k)
-  local sz, N = problem.model, #problem.devices
+-- What a device holds for the choice (n, x, o) after L template blocks and X extras of the
+-- devices before it in a round: its MHA and MLP blocks, those of them offloaded, the most one
+-- stage reads (bytes), and the stages that read. Its stages come in three kinds: full stages
+-- starting at an even or an odd block (with R odd their parity alternates), and the last one.
+local function holds(sz, shape, L, X, n, x, o)
   local S, R = shape.S, shape.R
   local cA, cB = S - 1, 0
   if band(R, 1) == 1 then cA, cB = S - 1 - rshift(S - 1, 1), rshift(S - 1, 1) end
@@ -65,18 +64,26 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
   local zs = (S - 1) * R + L + X
   local omhaA, omhaB, omhaZ = mha_in(L, offF), mha_in(L + 1, offF), mha_in(zs, offZ)
   local n_mha = cA * mha_in(L, n) + cB * mha_in(L + 1, n) + mha_in(zs, lastlen)
-  local n_mlp = (cA + cB) * n + lastlen - n_mha
   local off_mha = cA * omhaA + cB * omhaB + omhaZ
-  local off_mlp = (cA + cB) * offF + offZ - off_mha
   local mb, pb = sz.mha_bytes, sz.mlp_bytes
-  -- the largest stage's reads (a kind of stage that does not occur counts 0)
+  -- (a kind of stage that does not occur reads 0)
   local most = math.max(omhaZ * mb + (offZ - omhaZ) * pb, math.min(cA, 1) * (omhaA * mb + (offF - omhaA) * pb),
     math.min(cB, 1) * (omhaB * mb + (offF - omhaB) * pb))
-  return { S = S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
+  local reading = (S - 1) * (offF > 0 and 1 or 0) + (offZ > 0 and 1 or 0)
+  return n_mha, (cA + cB) * n + lastlen - n_mha, off_mha, (cA + cB) * offF + offZ - off_mha, most, reading
+end
+
+-- Device i's part (loip.plan.device_part's table, without building the plan) for the choice
+-- (n, x, o, k) after L template blocks and X extras of the devices before it in a round.
+function M.part(problem, shape, i, L, X, n, x, o, k)
+  local sz, N = problem.model, #problem.devices
+  local n_mha, n_mlp, off_mha, off_mlp, most, loads = holds(sz, shape, L, X, n, x, o)
+  local mb, pb = sz.mha_bytes, sz.mlp_bytes
+  return { S = shape.S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
     off_bytes = off_mha * mb + off_mlp * pb, res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * pb,
-    stage_off_max = most, loads = (S - 1) * (offF > 0 and 1 or 0) + (offZ > 0 and 1 or 0), layers = n_mha,
-    slot_bytes = k * most, slots = most > 0 and 1 or 0, ring = most > 0 and k >= 2,
-    embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false, prefetch = true }
+    stage_off_max = most, loads = loads, layers = n_mha, slot_bytes = k * most, slots = most > 0 and 1 or 0,
+    ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
+    prefetch = true }
 end
 
 -- What device i of a problem holds whatever its part (the ends, activations, message buffers),
@@ -103,22 +110,10 @@ end
 -- M.total(problem, M.part(...)) without making the part (the DP's inner loop).
 function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local sz = problem.model
-  local S, R = shape.S, shape.R
-  local cA, cB = S - 1, 0
-  if band(R, 1) == 1 then cA, cB = S - 1 - rshift(S - 1, 1), rshift(S - 1, 1) end
-  local offF, lastlen = math.min(o, n), n + x
-  local offZ = math.min(o, lastlen)
-  local zs = (S - 1) * R + L + X
-  local omhaA, omhaB, omhaZ = mha_in(L, offF), mha_in(L + 1, offF), mha_in(zs, offZ)
-  local n_mha = cA * mha_in(L, n) + cB * mha_in(L + 1, n) + mha_in(zs, lastlen)
+  local n_mha, n_mlp, off_mha, off_mlp, most = holds(sz, shape, L, X, n, x, o)
   local kv = sz.kv_bytes[n_mha]
   if not kv then return math.huge end -- more layers than the model has: no such part
-  local mb, pb = sz.mha_bytes, sz.mlp_bytes
-  local off_mha = cA * omhaA + cB * omhaB + omhaZ
-  local res = (n_mha - off_mha) * mb + (((cA + cB) * n + lastlen - n_mha) - ((cA + cB) * offF + offZ - off_mha)) * pb
-  -- the largest stage's reads (a kind of stage that does not occur counts 0)
-  local most = math.max(omhaZ * mb + (offZ - omhaZ) * pb, math.min(cA, 1) * (omhaA * mb + (offF - omhaA) * pb),
-    math.min(cB, 1) * (omhaB * mb + (offF - omhaB) * pb))
+  local res = (n_mha - off_mha) * sz.mha_bytes + (n_mlp - off_mlp) * sz.mlp_bytes
   local base, bounce = fixed(problem, i)
   local slot = k * most
   if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
@@ -234,8 +229,7 @@ end
 -- offloaded one of its stage, so that offloaded blocks stay first), the largest that fits each
 -- time (it saves the most reading). A slot the plan sizes (slot_bytes) keeps its size; otherwise
 -- it follows the largest stage's reads. Changes p in place; returns how many blocks it kept.
--- once: keep at most one.
-function M.fill(problem, p, i, once)
+function M.fill(problem, p, i)
   local d, sizes = p.devices[i], problem.model
   local budget = M.budget(problem, i)
   local part = plan.device_part(p, i, sizes)
@@ -281,7 +275,6 @@ function M.fill(problem, p, i, once)
     if not best then return kept end
     d.stages[best].offloaded = d.stages[best].offloaded - 1
     read[best], res, kept = best_read, res + best_bytes, kept + 1
-    if once then return kept end
   end
 end
 

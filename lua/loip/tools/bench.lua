@@ -33,4 +33,25 @@ function M.ensure_store(store_dir, model_dir)
   return store_dir
 end
 
+-- Budgets for n devices totalling `share` of a model's weights (sizes: loip.plan.sizes), as the
+-- cluster benchmarks make them: device 1 holds the embedding, device n the head (with tied
+-- embeddings, the embedding again): they get those on top of an equal share of the rest; each
+-- also gets its KV cache, activations and message buffers. Raises when the ends take it all.
+function M.budgets(sizes, n, share)
+  local ends = sizes.embed_file_bytes + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0)
+  local rest = share * sizes.weight_bytes - ends
+  if rest <= 0 then
+    error(string.format("a budget of %.2f of the weights leaves nothing for the layers once the embedding and head are held", share), 0)
+  end
+  local each = math.floor(rest / n)
+  local out = {}
+  for i = 1, n do
+    local extra = sizes.kv_bytes[math.ceil(sizes.n_layers / n) + 1] + sizes.activation_bytes + 4 * 1024 * 1024
+    if i == 1 then extra = extra + sizes.embed_file_bytes end
+    if i == n then extra = extra + sizes.head_file_bytes + (sizes.tied and sizes.embed_file_bytes or 0) end
+    out[i] = each + extra
+  end
+  return out
+end
+
 return M

@@ -15,10 +15,13 @@
 --
 --   T = max( sum_i comp_i + T_comm,  max_i serial_i ),  serial_i = load_i (+ its offloaded compute)
 --
--- device() gives comp_i and serial_i of one device's part, comm() T_comm: a scheduler that
--- searches device by device (recipes/policies/scheduler/loip.lua) calls those, and estimate()
--- is built from the same two, so they cannot disagree. A plan whose stages read when they
--- start (prefetch = false: the conventional pipeline) hides nothing: its loads add up.
+-- device() gives comp_i and serial_i of one device's part, comm() T_comm, closed() the whole
+-- formula from them: what a scheduler that searches device by device minimises
+-- (recipes/policies/scheduler/loip.lua). It takes every stage of a device as the average of its
+-- stages. estimate(), which every scheduler and report judges by, plays the same figures out
+-- stage by stage, with each read's own window; for plans whose stages are alike the two agree.
+-- A plan whose stages read when they start (prefetch = false: the conventional pipeline) hides
+-- nothing: its loads add up.
 --
 -- From the problem (loip.plan.problem): per device compute.{mha_ms, mlp_ms, head_ms, embed_ms,
 -- stage_ms, under_load} (ms of one block at the problem's batch and context; under_load: how
@@ -152,10 +155,6 @@ function M.estimate(p, problem)
       x.stages[s] = y
     end
     dev[i] = x
-  end
-  local function hop(l, bytes)
-    if not l then return 0 end
-    return (l.transport_ms or 0) + ((l.rate_bps or 0) > 0 and bytes / l.rate_bps * 1e3 or 0) + (l.delay_ms or 0)
   end
   local steps, t, ends = 4, 0, {}
   for step = 1, steps do

@@ -395,7 +395,6 @@ function M.search(problem, cost, opts)
   end
   local mha_ms, mlp_ms, head = least_compute(problem)
   local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
-  -- every shape that can fit, with a quick plan: the best quick plan bounds every DP
   -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
   local u = opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
   local ushapes = {}
@@ -403,6 +402,9 @@ function M.search(problem, cost, opts)
   for S = problem.stages or 1, problem.stages or math.floor(nb / u / N) do
     for _, sh in ipairs(space.shapes_for(S, N, nb / u)) do ushapes[#ushapes + 1] = sh end
   end
+  -- every shape that can fit, with a quick plan: the best quick plan bounds every DP, and a DP
+  -- looks only for what beats the best plan so far (a stage count whose best cannot is not
+  -- refined either)
   local todo, bound = {}, math.huge
   for _, shape in ipairs(ushapes) do
     local c = prepare(problem, cost, shape, u)
@@ -413,7 +415,7 @@ function M.search(problem, cost, opts)
     end
   end
   -- the most promising first: their DP results tighten the bound for the others
-  table.sort(todo, function(u, w) return (u.quick_t or math.huge) < (w.quick_t or math.huge) end)
+  table.sort(todo, function(a, b) return (a.quick_t or math.huge) < (b.quick_t or math.huge) end)
   local found = {}
   for _, c in ipairs(todo) do
     -- no plan of this S can beat the bound: its communication alone is too much
