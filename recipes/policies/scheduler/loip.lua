@@ -34,45 +34,53 @@ end
 -- A device's options for n blocks per stage and x extra in its last stage, after L template
 -- blocks and X extras: the least offloaded count that fits with a one-stage slot (reading more
 -- only adds time) and, while it could be faster, a ring of two stages: { a, b, o, k [, a, b, o,
--- k], lb = load_ms } (a: comp_ms, b: serial_ms, lb: the reading alone), or false when nothing fits. Only the parities of L and L + X
--- matter (which blocks are MHA), so a family (device, parities, x) is worked out once, as the
--- DP asks: memory does not shrink as n grows (so past its largest n nothing fits, and the least
--- offloaded count never falls with n), nor grow as a one-stage slot takes more of each stage
--- (so that count is found by a search from the last n's).
+-- k], lb = load_ms } (a: comp_ms, b: serial_ms, lb: the reading alone), or false when nothing
+-- fits. The ring option is worked out only when asked for (with_ring: once the slot's bounds
+-- have not ruled the move out; the ring reads at least as much). Only the parities of L and
+-- L + X matter (which blocks are MHA), so a family (device, parities, x) is worked out once, as
+-- the DP asks: memory does not shrink as n grows (so past its largest n nothing fits, and the
+-- least offloaded count never falls with n), nor grow as a one-stage slot takes more of each
+-- stage (so that count is found by a search from the last n's).
 local function family(problem, cost, shape, i, L, X, x, budget, cap)
   local fam = {}
   local function fits(n, o, k) return space.part_total(problem, shape, i, L, X, n, x, o, k) <= budget end
-  return function(n)
-    if n > cap or n + x < 1 then return false end
-    local opt = fam[n]
-    if opt then return opt end
-    local maxlen = n + math.max(x, 0)
-    -- gallop from the count the largest n asked below this one needed (or 0), then bisect
-    local lo = (fam.hint_n and fam.hint_n < n) and fam.hint_o or 0
-    local step, hi = 1, lo
-    while not fits(n, hi, 1) do
-      lo, hi = hi + 1, math.min(maxlen, hi + step)
-      step = step * 2
-    end
-    while lo < hi do
-      local mid = math.floor((lo + hi) / 2)
-      if fits(n, mid, 1) then hi = mid else lo = mid + 1 end
-    end
-    local o = lo
-    local t = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, o, 1))
-    opt = { t.comp_ms, t.serial_ms, o, 1, lb = t.load_ms }
-    if o > 0 then
-      for r = o, maxlen do
-        local u = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, r, 2))
-        if u.serial_ms >= opt[2] then break end -- reading more on a ring no longer beats the slot
-        if fits(n, r, 2) then
-          opt[5], opt[6], opt[7], opt[8] = u.comp_ms, u.serial_ms, r, 2
-          break
-        end
+  -- the ring option, added to opt when the DP first looks past the one-stage slot's bounds
+  local function add_ring(n, opt)
+    opt.ringed = true
+    local o = opt[3]
+    if o == 0 then return end
+    for r = o, n + math.max(x, 0) do
+      local u = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, r, 2))
+      if u.serial_ms >= opt[2] then return end -- reading more on a ring no longer beats the slot
+      if fits(n, r, 2) then
+        opt[5], opt[6], opt[7], opt[8] = u.comp_ms, u.serial_ms, r, 2
+        return
       end
     end
-    fam[n] = opt
-    if not fam.hint_n or n > fam.hint_n then fam.hint_n, fam.hint_o = n, o end
+  end
+  return function(n, with_ring)
+    if n > cap or n + x < 1 then return false end
+    local opt = fam[n]
+    if not opt then
+      local maxlen = n + math.max(x, 0)
+      -- gallop from the count the largest n asked below this one needed (or 0), then bisect
+      local lo = (fam.hint_n and fam.hint_n < n) and fam.hint_o or 0
+      local step, hi = 1, lo
+      while not fits(n, hi, 1) do
+        lo, hi = hi + 1, math.min(maxlen, hi + step)
+        step = step * 2
+      end
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        if fits(n, mid, 1) then hi = mid else lo = mid + 1 end
+      end
+      local o = lo
+      local t = cost.device(problem, i, space.part(problem, shape, i, L, X, n, x, o, 1))
+      opt = { t.comp_ms, t.serial_ms, o, 1, lb = t.load_ms }
+      fam[n] = opt
+      if not fam.hint_n or n > fam.hint_n then fam.hint_n, fam.hint_o = n, o end
+    end
+    if with_ring and not opt.ringed then add_ring(n, opt) end
     return opt
   end
 end
@@ -145,6 +153,8 @@ local function prepare(problem, cost, ushape, u)
     most = most + top
   end
   if most < ushape.R then return nil end
+  c.cap_after = { [N] = 0 }
+  for i = N - 1, 1, -1 do c.cap_after[i] = c.cap_after[i + 1] + c.cap[i + 1] end
   return c
 end
 
@@ -202,7 +212,8 @@ local function dp(c, bound)
         local X2 = X + x
         -- the extras must still be placeable on the devices after this one
         if math.abs(X2) <= math.abs(E) and math.abs(E - X2) <= left then
-          local n_from, n_to = 1, math.min(R - L - left, c.cap[i])
+          -- (the devices after this one take at most their cap each: this one takes the rest)
+          local n_from, n_to = math.max(1, R - L - c.cap_after[i]), math.min(R - L - left, c.cap[i])
           if i == N then n_from = R - L if X2 ~= E then n_to = 0 end end
           local fam, u = c.family(i, L, X, x), c.u
           for n = n_from, n_to do
@@ -227,6 +238,7 @@ local function dp(c, bound)
                 if v < least_v then least_v = v end
               end
               if least_v >= bound then break end
+              fam(n * u, true)
               local f = row[k2]
               for q = 1, #opts, 4 do
                 local qa, qb = opts[q], opts[q + 1]
