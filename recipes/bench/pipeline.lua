@@ -3,6 +3,7 @@
 --
 --   loip run recipes/bench/pipeline.lua [--store DIR] [--devices 3] [--budget 0.6]
 --        [--link-rate 100mbit] [--link-delay 2] [--disk-rate 600M] [--tokens N] [--out DIR]
+--        [--scheduler NAME] [--stages S]
 --
 -- A synthetic llama-3.2-1b BF16 slice store (made on first use) on --devices local workers whose
 -- budgets total --budget of the weights (device 1 and N hold the embedding: they get what it
@@ -50,6 +51,7 @@ local spec = {
       metavar = "US" },
     { "scheduler", "string", "the scheduler of the interleaved plan (the conventional one is pipeline-offload's)",
       default = "loip" },
+    { "stages", "int", "stages per device of the interleaved plan (default: the scheduler's choice)" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
   },
 }
@@ -86,6 +88,7 @@ local function plan_for(kind)
   local opts = { trace = true }
   for k, v in pairs(common) do opts[k] = v end
   opts.scheduler = kind == "conventional" and "pipeline-offload" or o.scheduler
+  if kind ~= "conventional" then opts.stages = o.stages end
   return c:plan(opts)
 end
 

@@ -104,6 +104,13 @@ end
 -- micro_batch (1), position (default: half the context), context, batch, loader.
 function M.new(o)
   local N = o.n
+  if o.stages ~= nil then
+    local most = math.floor(o.model.n_blocks / N)
+    if type(o.stages) ~= "number" or o.stages % 1 ~= 0 or o.stages < 1 or o.stages > most then
+      error(string.format("problem: stages %s: must be a whole number from 1 to %d (%d blocks on %d devices: "
+        .. "each device needs a block per stage)", tostring(o.stages), most, o.model.n_blocks, N), 0)
+    end
+  end
   local pos = o.position or math.max(1, math.floor((o.context or o.model.context or 256) / 2))
   local mb = o.micro_batch or 1
   local p = { model = o.model, devices = {}, links = {}, context = o.context or o.model.context, batch = o.batch or o.model.batch,
