@@ -1,6 +1,6 @@
 -- The network testbed (#net, root): workers in network namespaces behind a bridge, every link
 -- shaped by tbf, driven by the head over real (shaped) TCP; the output equals one device's, and
--- `down` leaves no namespace, link or process behind. Skipped, with the reason, where the
+-- `down` leaves no namespace, link, process or log behind. Skipped, with the reason, where the
 -- machine does not allow it (not root, no iproute2, namespaces refused) or a testbed is up.
 local ffi = require "ffi"
 local loip = require "loip"
@@ -15,7 +15,7 @@ local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 
 local function leftovers()
   local out = {}
-  local p = io.popen("ip netns list 2>/dev/null; ip -o link show 2>/dev/null | grep -E 'loipbr0|veth-loip' ; pgrep -f '[l]oip worker --listen tcp://10[.]77' 2>/dev/null")
+  local p = io.popen("ip netns list 2>/dev/null; ip -o link show 2>/dev/null | grep -E 'loipbr0|veth-loip' ; pgrep -f '[l]oip worker --listen tcp://10[.]77' 2>/dev/null; ls /tmp/loip-testbed-*.log 2>/dev/null")
   for line in p:lines() do
     if line:match("loip") or line:match("^%d+$") then out[#out + 1] = line end
   end

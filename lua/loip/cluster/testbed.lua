@@ -1,8 +1,9 @@
 -- A network testbed on one machine (root): N network namespaces joined by a bridge, each link
 -- shaped by the kernel (tbf on both ends of every veth pair, as the paper's `tc`), one
 -- `loip worker` in each namespace. The head runs in the root namespace and reaches the workers
--- at 10.77.0.11, .12, ... (port 7000). `down` removes every namespace, link and process `up`
--- made; what it made is recorded in a state file, so `down` works from another process.
+-- at 10.77.0.11, .12, ... (port 7000), each logging to /tmp/loip-testbed-I.log. `down` removes
+-- every namespace, link, process and log `up` made; what it made is recorded in a state file, so
+-- `down` works from another process.
 --
 --   loip testbed up 3 --rate 100mbit --store STORE [--mem 600M,400M,400M]
 --   LOIP_CLUSTER_TOKEN=... loip generate --model STORE --hosts 10.77.0.11:7000,10.77.0.12:7000,10.77.0.13:7000 ...
@@ -107,15 +108,16 @@ function M.up(opts)
     end
   end)
   if not ok then
-    pcall(M.down)
+    pcall(M.down, { keep_logs = true }) -- (the error may point at a worker's log)
     error(err, 0)
   end
   return state
 end
 
 -- Remove what `up` made (as recorded): workers, namespaces (their veth ends go with them),
--- the bridge, the state file. Returns what it removed.
-function M.down()
+-- the bridge, the workers' logs (unless opts.keep_logs), the state file. Returns what it
+-- removed.
+function M.down(opts)
   local state = M.state()
   if not state then return nil end
   for _, pid in ipairs(state.pids or {}) do try("kill -TERM " .. pid) end
@@ -127,6 +129,9 @@ function M.down()
   for _, veth in ipairs(state.links or {}) do try("ip link del " .. veth) end
   for _, ns in ipairs(state.namespaces or {}) do try("ip netns del " .. ns) end
   try("ip link del " .. (state.bridge or M.BRIDGE))
+  if not (opts and opts.keep_logs) then
+    for _, log in ipairs(state.logs or {}) do os.remove(log) end
+  end
   os.remove(M.state_file)
   return state
 end

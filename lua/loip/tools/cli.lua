@@ -434,16 +434,18 @@ function commands.worker.run(o)
 end
 
 commands.testbed = {
-  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed down | loip testbed status",
+  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed down [--keep-logs] | loip testbed status",
   summary = "A network testbed on this machine (root): N network namespaces joined by a bridge, every link shaped\n"
-    .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...). `down` removes every\n"
-    .. "namespace, link and process `up` made. The cluster token is printed, and kept in the state file.",
+    .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...), logging to\n"
+    .. "/tmp/loip-testbed-I.log. `down` removes every namespace, link, process and log `up` made. The cluster token\n"
+    .. "is printed, and kept in the state file.",
   flags = {
     { "store", "string", "slice store the workers serve", metavar = "DIR" },
     { "rate", "string", "link rate (tc syntax: 100mbit, 1gbit)", default = "100mbit" },
     { "mem", "string", "budget per worker: one size, or one per worker (600M,400M,400M)", metavar = "LIST" },
     threads_flag,
     { "token", "string", "cluster token (default: random)", metavar = "SECRET" },
+    { "keep-logs", "bool", "down: leave the workers' logs (/tmp/loip-testbed-I.log) in place" },
   },
 }
 
@@ -451,9 +453,10 @@ function commands.testbed.run(o, pos)
   local testbed = require "loip.cluster.testbed"
   local what = pos[1]
   if what == "down" then
-    local st = testbed.down()
-    io.stderr:write(st and string.format("testbed down: %d workers stopped, %d namespaces and the bridge removed\n",
-      #(st.pids or {}), #(st.namespaces or {})) or "testbed: none is up\n")
+    local st = testbed.down { keep_logs = o.keep_logs }
+    io.stderr:write(st and string.format("testbed down: %d workers stopped, %d namespaces and the bridge removed%s\n",
+      #(st.pids or {}), #(st.namespaces or {}), o.keep_logs and ("; logs kept: " .. table.concat(st.logs or {}, ", "))
+      or ", their logs deleted") or "testbed: none is up\n")
     return 0
   elseif what == "status" then
     local st = testbed.state()
