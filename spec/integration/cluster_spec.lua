@@ -141,6 +141,29 @@ describe("a cluster of local workers", function()
     assert(ok, err)
   end)
 
+  it("counts a device's silence only while the head listens: a caller busy between tokens is no hang", function()
+    local st = store_of(S260, "s260")
+    local ids = greedy.cases[2].sequence_ids
+    local _, ref_t = reference(S260, ids, 12)
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      c:plan { plan = ring_plan(10, 3, 2, 1), context = 256, batch = 8 }
+      local it, gs = c:generate(ids, { max_tokens = 12, sampler = { temperature = 0 } })
+      it()
+      -- the caller asks the devices for their figures mid-request, then is busy past the 1.5 s
+      -- a silent device gets, twice
+      for _ = 1, 2 do
+        assert.are.equal(3, #c:stats())
+        C.loip_sleep_ms(2000)
+        it()
+      end
+      for _ in it do end
+      assert.are.same(ref_t, gs.token_ids)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("does not take a device busy with a long stage for a dead one, but does past the stage limit", function()
     local st = store_of(S260, "s260")
     local ids = { 1, 403, 407 }
