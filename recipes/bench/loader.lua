@@ -24,15 +24,13 @@ local C = core.C
 local spec = {
   name = "loader.lua", usage = "loip run recipes/bench/loader.lua [flags]",
   summary = "Slot loader (io_uring and buffered) vs raw buffered and O_DIRECT reads of a slice store.",
-  flags = {
-    { "store", "string", "slice store to read (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16-store" },
-    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+  flags = bench.store_flags("to read", {
     { "repeats", "int", "rounds of all methods (medians are reported)", default = 3 },
     { "out", "string", "where to write loader.json and loader.svg", default = "bench-out" },
     { "queue-depth", "int", "loader io_uring reads in flight (0: the loader's default, 32)", default = 0 },
     { "request-mb", "int", "loader read size in MiB (0: the loader's default, 1)", default = 0 },
     { "quick", "bool", "only the first 3 layers' files and 2 repeats, to check the recipe works" },
-  },
+  }),
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.repeats = math.min(o.repeats, 2) end

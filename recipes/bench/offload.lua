@@ -32,9 +32,7 @@ local C = core.C
 local spec = {
   name = "offload.lua", usage = "loip run recipes/bench/offload.lua [flags]",
   summary = "ms/token with offloaded blocks (io_uring and conventional loaders) against the disk/compute bound.",
-  flags = {
-    { "store", "string", "slice store to run (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16-store" },
-    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+  flags = bench.store_flags("to run", {
     { "budgets", "string", "comma-separated shares of the weights (<= 1) or sizes (1.2G)", default = "1,0.7,0.5,0.3,1.2G" },
     { "tokens", "int", "tokens decoded per run", default = 10, check = function(v) return v >= 2, "must be >= 2" end },
     { "threads", "int", "compute threads (0: all CPUs)", default = 0 },
@@ -44,7 +42,7 @@ local spec = {
     { "out", "string", "where to write offload.json and offload.svg", default = "bench-out" },
     { "child", "string", "(internal) run once: budget,loader,plan file; prints one JSON line" },
     { "quick", "bool", "3 tokens, budgets 1 and 0.5 only: to check the recipe works" },
-  },
+  }),
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.tokens, o.budgets, o.rounds = 3, "1,0.5", 1 end
@@ -56,7 +54,7 @@ local sh = bench.sh
 bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
 
-local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
+local prompt = bench.PROMPT
 -- One run in this process: open the store under mem with plan p (nil: all resident), decode;
 -- ms per step.
 local function run_here(mem, p, loader)

@@ -34,9 +34,7 @@ local transport = require "loip.runtime.transport"
 local spec = {
   name = "pipeline.lua", usage = "loip run recipes/bench/pipeline.lua [flags]",
   summary = "Interleaved vs conventional offloading pipeline on local devices with emulated links.",
-  flags = {
-    { "store", "string", "slice store (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16-store" },
-    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+  flags = bench.store_flags("to run", {
     { "devices", "int", "local devices", default = 3 },
     { "budget", "number", "all budgets together, as a share of the weights", default = 0.6 },
     { "link-rate", "string", "emulated link rate", default = "100mbit" },
@@ -53,7 +51,7 @@ local spec = {
       default = "loip" },
     { "stages", "int", "stages per device of the interleaved plan (default: the scheduler's choice)" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
-  },
+  }),
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.tokens, o.rounds = 2, 1 end
@@ -82,7 +80,7 @@ end
 local c = cluster.start_local { store = o.store, devices = N, mem = mems, threads = 1 }
 local link = { rate = o.link_rate, delay_ms = o.link_delay }
 local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link }
-local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
+local prompt = bench.PROMPT
 
 local function plan_for(kind)
   local opts = { trace = true }
@@ -123,13 +121,8 @@ local function measure(kind, no_trace)
     to_ms = t_end_ms - median(steps),
     title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
       N, o.link_rate, o.link_delay) })
-  local per = {}
-  local n_steps = st.stats.decode_steps + 1
-  for i = 1, N do
-    local function d(k) return ((after[i][k] or 0) - (before[i][k] or 0)) / n_steps end
-    per[i] = { compute_ms = d("compute_ms"), load_ms = d("load_ms"), stall_ms = d("stall_ms"), send_ms = d("send_ms"),
-      waiting_ms = d("recv_wait_ms"), links = after[i].links }
-  end
+  local per = bench.device_figures(before, after, st.stats.decode_steps + 1)
+  for i = 1, N do per[i].links = after[i].links end
   return { ms = median(steps), steps = steps, tokens = st.token_ids, devices = per, stages = #p.devices[1].stages,
     plan = plan_mod.to_lua(p) }
 end

@@ -31,9 +31,7 @@ local store = require "loip.model.store"
 local spec = {
   name = "schedulers.lua", usage = "loip run recipes/bench/schedulers.lua [flags]",
   summary = "Every scheduler's plan on local emulated clusters: measured and predicted ms/token.",
-  flags = {
-    { "store", "string", "slice store (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16-store" },
-    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = "/tmp/loip-bench/llama-3.2-1b-bf16" },
+  flags = bench.store_flags("to run", {
     { "clusters", "string", "clusters to run (pipeline, hetero, gbit)", default = "pipeline,hetero,gbit" },
     { "schedulers", "string", "schedulers to run", default = "loip,even,uniform,pipeline,pipeline-offload,edgeshard" },
     { "tokens", "int", "tokens per measurement", default = 6 },
@@ -43,7 +41,7 @@ local spec = {
     { "cpu-latency", "int", "hold the CPU wake-up latency at US microseconds while measuring (root; -1: do not)",
       default = 0, metavar = "US" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
-  },
+  }),
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.tokens, o.rounds = 2, 1 end
@@ -74,7 +72,7 @@ if o.cpu_latency >= 0 then
   log(ok and ("CPU wake-up latency held at " .. o.cpu_latency .. " us while measuring") or ("not holding a CPU wake-up latency: " .. tostring(err)))
 end
 
-local prompt = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
+local prompt = bench.PROMPT
 local names = {}
 for s in o.schedulers:gmatch("[^,]+") do names[#names + 1] = s end
 
@@ -121,13 +119,7 @@ local function run_cluster(name)
         end
         steps[#steps] = nil -- the last token has no forward pass after it
         local after = c:stats()
-        local per, n_steps = {}, k - 1
-        for i = 1, cl.devices do
-          local function d(k) return ((after[i][k] or 0) - (before[i][k] or 0)) / n_steps end
-          per[i] = { compute_ms = d("compute_ms"), load_ms = d("load_ms"), stall_ms = d("stall_ms"), send_ms = d("send_ms"),
-            waiting_ms = d("recv_wait_ms") }
-        end
-        local run = { ms = median(steps), steps = steps, tokens = st.token_ids, devices = per }
+        local run = { ms = median(steps), steps = steps, tokens = st.token_ids, devices = bench.device_figures(before, after, k - 1) }
         local rs = out.schedulers[s].runs
         rs[#rs + 1] = run
         log("  round %d: %-16s %.1f ms/token (predicted %.1f)", r, s, run.ms, plans[s].est.ms_per_token)

@@ -20,6 +20,33 @@ function M.sh(cmd)
   return r
 end
 
+-- The synthetic llama-3.2-1b BF16 model and slice store the benchmarks share (made on first use
+-- by M.ensure_store), and the prompt (token ids) the decoding benchmarks start from.
+M.MODEL = "/tmp/loip-bench/llama-3.2-1b-bf16"
+M.STORE = M.MODEL .. "-store"
+M.PROMPT = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
+
+-- A recipe's flags (loip.tools.flags rows): --store and --model of the shared store, then the
+-- recipe's own.
+function M.store_flags(what, own)
+  local rows = { { "store", "string", "slice store " .. what .. " (made if missing)", default = M.STORE },
+    { "model", "string", "synthetic model the store is sliced from (made if missing)", default = M.MODEL } }
+  for _, r in ipairs(own) do rows[#rows + 1] = r end
+  return rows
+end
+
+-- Per device and decoding step, what the devices' stats (Cluster:stats) grew by between two
+-- snapshots over n_steps steps: compute, load, stall, send and waiting ms.
+function M.device_figures(before, after, n_steps)
+  local per = {}
+  for i = 1, #after do
+    local function d(k) return ((after[i][k] or 0) - (before[i][k] or 0)) / n_steps end
+    per[i] = { compute_ms = d("compute_ms"), load_ms = d("load_ms"), stall_ms = d("stall_ms"), send_ms = d("send_ms"),
+      waiting_ms = d("recv_wait_ms") }
+  end
+  return per
+end
+
 -- The synthetic llama-3.2-1b BF16 slice store the benchmarks share: made on first use
 -- (the model with loip.synth, then sliced).
 function M.ensure_store(store_dir, model_dir)
