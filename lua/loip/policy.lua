@@ -121,8 +121,8 @@ function M.plan(problem, opts)
   local plan = require "loip.plan"
   local t0 = require("loip.core").now_ms()
   -- A scheduler is a short, branchy search: LuaJIT's trace compiler spends more recording and
-  -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices: 70 ms with it,
-  -- 20 ms without), so it runs interpreted.
+  -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices, when measured: 70 ms
+  -- with it, 20 ms without), so it runs interpreted.
   local was_on = jit.status()
   jit.off()
   local ok, p, why = pcall(sched.schedule, problem, cost)
@@ -137,15 +137,11 @@ function M.plan(problem, opts)
   end
   local budgets = {}
   for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
-  local over = plan.over_budget(p, problem.model, budgets, M.memory_opts(problem), "scheduler " .. sched.name .. ": its plan breaks a budget")
+  local over = plan.over_budget(p, problem.model, budgets, require("loip.plan.space").memory_opts(problem),
+    "scheduler " .. sched.name .. ": its plan breaks a budget")
   if over then error(over, 0) end
   local est = cost.estimate(p, problem)
   return p, est, { scheduler_ms = ms, scheduler = sched.name, cost = cost.name }
-end
-
--- The memory accounting options a problem implies (loip.plan.part_memory).
-function M.memory_opts(problem)
-  return { cluster = problem.cluster, loader = problem.loader }
 end
 
 return M

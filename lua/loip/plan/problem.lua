@@ -16,6 +16,7 @@
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
+local space = require "loip.plan.space"
 
 local M = {}
 
@@ -160,7 +161,7 @@ function M.why_none(problem)
     local d = problem.devices[1]
     local p = { slots = 1, devices = { { stages = {} } } }
     for b = 0, m.n_blocks - 1 do p.devices[1].stages[b + 1] = { blocks = { b, b }, offloaded = 1 } end
-    local mem = plan.memory(p, 1, m, { cluster = problem.cluster, loader = problem.loader })
+    local mem = plan.memory(p, 1, m, space.memory_opts(problem))
     if d.budget > 0 and mem.total > d.budget then
       return string.format("memory budget of %s cannot run this model: even with every block offloaded it needs %s (embedding and head %s, KV cache %s, activations %s, a slot for the largest block %s%s); short by %s; raise --mem or lower --context",
         fmt(d.budget), fmt(mem.total), fmt(mem.weights), fmt(mem.kv), fmt(mem.activations), fmt(mem.slots),
@@ -172,7 +173,7 @@ function M.why_none(problem)
   for i, d in ipairs(problem.devices) do
     local part = { S = 1, n_mha = 1, n_mlp = 0, off_mha = 1, off_mlp = 0, off_bytes = small, res_bytes = 0, stage_off_max = small,
       slot_bytes = small, slots = 1, loads = 1, layers = m.mha_bytes <= m.mlp_bytes and 1 or 0, first = i == 1, last = i == N }
-    local mem = plan.part_memory(part, m, { cluster = problem.cluster, loader = problem.loader })
+    local mem = space.memory(problem, part)
     total_need = total_need + mem.total
     total_budget = total_budget + (d.budget > 0 and d.budget or math.huge)
     if d.budget > 0 and mem.total > d.budget and (not worst_short or mem.total - d.budget > worst_short) then
@@ -184,7 +185,6 @@ function M.why_none(problem)
   if worst then return worst .. "; raise its --mem or lower --context" end
   -- each device fits a least part, but the blocks must go somewhere: the even split of the
   -- blocks over the hops, every block read, for the stage count that comes closest
-  local space = require "loip.plan.space"
   local close
   for S = 1, math.floor(m.n_blocks / N) do
     local shares = {}

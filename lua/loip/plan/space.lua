@@ -152,9 +152,14 @@ function M.budget(problem, i)
   return b > 0 and b or math.huge
 end
 
+-- The memory accounting options a problem implies (loip.plan.memory, part_memory, over_budget).
+function M.memory_opts(problem)
+  return { cluster = problem.cluster, loader = problem.loader }
+end
+
 -- The memory of a part (loip.plan.part_memory) under the problem's accounting, and its total.
 function M.memory(problem, part)
-  return plan.part_memory(part, problem.model, { cluster = problem.cluster, loader = problem.loader })
+  return plan.part_memory(part, problem.model, M.memory_opts(problem))
 end
 function M.total(problem, part)
   return plan.part_total(part, problem.model, problem)

@@ -28,6 +28,9 @@
 -- much slower compute is while the device's disk streams), disk_bps, load_ms (a read's fixed
 -- cost), slowdown (stages take that many times as long, as `--slowdown` makes them); per link
 -- rate_bps, delay_ms, transport_ms; head.{in_process, step_ms, to_first, from_last}.
+local plan = require "loip.plan"
+local space = require "loip.plan.space"
+
 local M = { name = "loip" }
 
 -- comp_ms, load_ms, serial_ms, offloaded_ms of device i's part (loip.plan.device_part).
@@ -84,15 +87,13 @@ end
 -- memory_bytes }, ... } }. Every stage of a device is taken as the average of its stages: exact
 -- when they are alike (the DP's templates), a lower bound otherwise.
 function M.closed(p, problem)
-  local plan = require "loip.plan"
   local N, S = #p.devices, #p.devices[1].stages
   local comm, per = M.comm(problem, S)
   local devs, comp, exposed = {}, 0, 0
-  local mopts = { cluster = problem.cluster, loader = problem.loader }
   for i = 1, N do
     local part = plan.device_part(p, i, problem.model)
     local t = M.device(problem, i, part)
-    t.memory_bytes = plan.part_memory(part, problem.model, mopts).total
+    t.memory_bytes = space.memory(problem, part).total
     t.comm_ms = per[i]
     devs[i] = t
     comp = comp + t.comp_ms
@@ -121,11 +122,9 @@ end
 -- whose stages differ (a split that is not the same every round) are estimated as they run.
 -- The last step's figures are reported (the first ones start with every read ahead).
 function M.estimate(p, problem)
-  local plan = require "loip.plan"
   local N, S = #p.devices, #p.devices[1].stages
   local sizes = problem.model
   local comm, per = M.comm(problem, S)
-  local mopts = { cluster = problem.cluster, loader = problem.loader }
   local head = problem.head or {}
   local batch = problem.micro_batch or 1
   local hidden = sizes.header_bytes + batch * sizes.hidden_bytes
@@ -216,7 +215,7 @@ function M.estimate(p, problem)
   for i, x in ipairs(dev) do
     local c = x.comp - (x.per_block and x.load or 0) + (i == N and (problem.devices[N].compute.head_ms or 0) or 0)
     devs[i] = { comp_ms = c, load_ms = x.load, uncover_ms = x.stall, comm_ms = per[i], idle_ms = x.windows / S,
-      memory_bytes = plan.part_memory(x.part, sizes, mopts).total }
+      memory_bytes = space.memory(problem, x.part).total }
     comp = comp + c
     if x.stall > most then most, bottleneck = x.stall, i end
   end
