@@ -174,7 +174,7 @@ for item in o.budgets:gmatch("[^,]+") do
   -- the plan for this budget, as the conventional loader needs it (its bounce buffer too),
   -- so that both loaders run the same plan
   local p, est = require("loip.policy").plan(problem_mod.new { model = sizes0,
-    shape = problem_mod.shape_of(man.config, problem_mod.store_dtype(man)), n = 1, budgets = { mem },
+    shape = problem_mod.shape_of(man.config, store.layer_dtype(man)), n = 1, budgets = { mem },
     profiles = { calibration }, disk_rate = read_bps, in_process = true, loader = "buffered", context = o.context })
   p.estimate = est
   local pm = plan.memory(p, 1, sizes0, { loader = "buffered" })

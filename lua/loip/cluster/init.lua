@@ -269,7 +269,7 @@ function Cluster:problem(opts, sizes)
     rates[i] = r and transport.parse_rate(r) or (measured and measured.rate_bps) or 0
     delays[i] = each(link.delay_ms, i) or 0
   end
-  return problem.new { model = sizes, shape = problem.shape_of(self.man.config, problem.store_dtype(self.man)), n = N,
+  return problem.new { model = sizes, shape = problem.shape_of(self.man.config, store.layer_dtype(self.man)), n = N,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
     batch = self.batch, loader = opts.loader }

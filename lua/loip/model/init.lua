@@ -206,7 +206,7 @@ function Model:problem(sizes, avail)
   if type(pr) == "table" and pr.devices then pr = pr.devices[1] end
   local man = self.facts_manifest
   if not pr then pr = profile.calibrate { store = self.path, threads = self.threads, context = self.context } end
-  return problem.new { model = sizes, shape = problem.shape_of(man.config, problem.store_dtype(man)), n = 1,
+  return problem.new { model = sizes, shape = problem.shape_of(man.config, store.layer_dtype(man)), n = 1,
     budgets = { avail }, profiles = { pr }, disk_rate = opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate or nil,
     in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader }
 end

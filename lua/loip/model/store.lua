@@ -71,6 +71,15 @@ end
 
 function M.is_store(dir) return json.exists(dir .. "/manifest.json") end
 
+-- The dtype of a manifest's (or a slicing plan's files') layer weights: "BF16", ...; "F32" when
+-- it has none.
+function M.layer_dtype(man)
+  for _, f in ipairs(man.files) do
+    if f.name:match("^layer%-") then for _, t in ipairs(f.tensors) do if #t.shape == 2 then return t.dtype end end end
+  end
+  return "F32"
+end
+
 -- What to tell the user when a store is damaged: slice its source again (src: that source's
 -- path, else the one the manifest names).
 function M.redo(man, dir, src, force)

@@ -319,8 +319,10 @@ function M.describe(p, sizes, opts, est)
     S, S == 1 and "" or "s", N * S, N * S == 1 and "" or "s", p.slots or 1, (p.slots or 1) == 1 and "" or "s")
     .. (p.per_block and ", each offloaded block read when its turn comes" or "")
     .. (p.prefetch == false and ", no reads ahead" or "") }
+  local read = 0
   for i, d in ipairs(p.devices) do
     local m = M.memory(p, i, sizes, opts)
+    read = read + m.offloaded_bytes
     local e = est and est.devices and est.devices[i]
     lines[#lines + 1] = string.format("  device %d: weights %s + slot %s + kv %s + activations %s%s = %s; %s read per step%s",
       i, fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations), m.scratch > 0 and (" + scratch " .. fmt(m.scratch)) or "",
@@ -332,8 +334,6 @@ function M.describe(p, sizes, opts, est)
         off == 0 and "" or (off == b - a + 1 and " (all offloaded)" or string.format(" (offloaded: %s)", M.range_name(a, a + off - 1))))
     end
   end
-  local read = 0
-  for i = 1, N do read = read + M.device_part(p, i, sizes).off_bytes end
   lines[#lines + 1] = string.format("  offloaded: %s of %s of weights re-read every step (%.0f%%)", fmt(read),
     fmt(sizes.weight_bytes), 100 * read / sizes.weight_bytes)
   if est then

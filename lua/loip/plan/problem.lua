@@ -42,21 +42,13 @@ function M.shape_of(cfg, dtype)
   return sh
 end
 
--- The dtype of a store's layer weights ("BF16", ...).
-function M.store_dtype(man)
-  for _, f in ipairs(man.files) do
-    if f.name:match("^layer%-") then for _, t in ipairs(f.tensors) do if #t.shape == 2 then return t.dtype end end end
-  end
-  return "F32"
-end
-
 -- The model side of a problem for a slice store: sizes, the Hugging Face config, the runtime's
 -- config, the dtype. opts: context, batch, threads, logits_tokens.
 function M.model_of_store(dir, opts)
   local store = require "loip.model.store"
   local man = store.read_manifest(dir)
   local c = store.config(dir, man)
-  return plan.sizes(man, c, opts), man.config, c, M.store_dtype(man), man
+  return plan.sizes(man, c, opts), man.config, c, store.layer_dtype(man), man
 end
 
 -- The same for a named shape with no weights (loip synth's shapes; overrides as its flags:
@@ -84,11 +76,8 @@ function M.model_of_source(path, opts, on_cfg)
   src.close()
   if not ok then error(files, 0) end
   if on_cfg then on_cfg(src.config) end
-  local dtype
-  for _, f in ipairs(files) do
-    for _, t in ipairs(f.tensors) do if not dtype and f.name:match("^layer%-") and #t.shape == 2 then dtype = t.dtype end end
-  end
-  return plan.sizes({ files = files }, src.c, opts), src.config, src.c, dtype or "F32"
+  local man = { files = files }
+  return plan.sizes(man, src.c, opts), src.config, src.c, require("loip.model.store").layer_dtype(man)
 end
 
 -- A value given once or once per device (nil: none).
@@ -116,8 +105,10 @@ function M.new(o)
   local mb = o.micro_batch or 1
   local p = { model = o.model, devices = {}, links = {}, context = o.context or o.model.context, batch = o.batch or o.model.batch,
     micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader }
+  -- one profile per device, or one for all
+  local function profile_of(i) return type(o.profiles) == "table" and o.profiles[i] or o.profiles end
   for i = 1, N do
-    local pr = type(o.profiles) == "table" and o.profiles[i] or o.profiles
+    local pr = profile_of(i)
     if type(pr) ~= "table" or not pr.compute then error(string.format("problem: device %d has no profile", i), 0) end
     local sh = o.shape
     local d = { name = "device " .. i, budget = each(o.budgets, i) or 0, slowdown = each(o.slowdown, i) or 1,
@@ -134,7 +125,7 @@ function M.new(o)
     p.devices[i] = d
   end
   local function transport_of(i)
-    local pr = type(o.profiles) == "table" and o.profiles[i] or o.profiles
+    local pr = profile_of(i)
     return pr.link and pr.link.transport_ms or 0
   end
   for i = 1, N do

@@ -24,26 +24,12 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
+local median, quantile = require("loip.tools.bench").median, require("loip.tools.bench").quantile
 local C = core.C
 
 local M = {}
 
 M.VERSION = 1
-
-local function median(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  local n = #s
-  if n == 0 then return nil end
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
-local function quantile(xs, q)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  return s[math.max(1, math.min(#s, math.floor(q * #s + 0.5)))]
-end
 
 local function meminfo()
   local f = io.open("/proc/meminfo")
@@ -133,17 +119,24 @@ local function fit(xs, ys)
   return (sy - slope * sx) / n, math.max(0, slope)
 end
 
+-- The sizes of files (a list of paths) and the largest; raises naming one that cannot be opened.
+local function file_sizes(files)
+  local sizes, biggest = {}, 0
+  for i, p in ipairs(files) do
+    local f, err = io.open(p, "rb")
+    if not f then error("profile: " .. tostring(err), 0) end
+    sizes[i] = f:seek("end")
+    f:close()
+    biggest = math.max(biggest, sizes[i])
+  end
+  return sizes, biggest
+end
+
 -- Streams reads of files (a list of paths, each read whole, round after round) through an
 -- io_uring loader at rate (bytes/s, 0: as fast as it goes) while fn runs; returns what fn returns.
 local function while_reading(files, rate, fn)
   local loader = require "loip.runtime.loader"
-  local sizes, biggest = {}, 0
-  for i, p in ipairs(files) do
-    local f = io.open(p, "rb")
-    sizes[i] = f and f:seek("end") or 0
-    if f then f:close() end
-    biggest = math.max(biggest, sizes[i])
-  end
+  local sizes, biggest = file_sizes(files)
   local l, err = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
   if not l then error("profile: " .. err, 0) end
   local tag, k = 0, 0
@@ -164,14 +157,7 @@ end
 -- bytes/s and a small read's fixed cost in ms. bytes: how much to read at most.
 function M.disk(files, bytes, rate)
   local loader = require "loip.runtime.loader"
-  local sizes, biggest = {}, 0
-  for i, p in ipairs(files) do
-    local f, err = io.open(p, "rb")
-    if not f then error("profile: " .. tostring(err), 0) end
-    sizes[i] = f:seek("end")
-    f:close()
-    biggest = math.max(biggest, sizes[i])
-  end
+  local sizes, biggest = file_sizes(files)
   local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
   if not l then error("profile: " .. err, 0) end
   local small = {}
@@ -362,11 +348,10 @@ function M.calibrate(opts)
   if opts.store then
     local store = require "loip.model.store"
     local man = store.read_manifest(opts.store)
-    cfg = man.config
+    cfg, dtype = man.config, dtype or store.layer_dtype(man)
     local sized = {}
     for _, f in ipairs(man.files) do
       if f.name:match("^layer%-") then sized[#sized + 1] = f end
-      for _, t in ipairs(f.tensors) do if not dtype and #t.shape == 2 then dtype = t.dtype end end
     end
     table.sort(sized, function(a, b) return a.size > b.size end)
     files = {}
@@ -438,12 +423,11 @@ end
 function M.of_store(dir, opts)
   local store = require "loip.model.store"
   local man = store.read_manifest(dir)
-  local files, dtype = {}, nil
+  local files = {}
   for _, f in ipairs(man.files) do
     if f.name:match("^layer%-") then files[#files + 1] = dir .. "/" .. f.name end
-    for _, t in ipairs(f.tensors) do if not dtype and f.name:match("^layer%-") and #t.shape == 2 then dtype = t.dtype end end
   end
-  local pr = M.measure { cfg = man.config, dtype = dtype, threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
+  local pr = M.measure { cfg = man.config, dtype = store.layer_dtype(man), threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
     disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate }, progress = opts.progress }
   pr.store = dir
   return pr

@@ -1,13 +1,26 @@
--- Helpers the benchmark recipes share: robust statistics and progress lines on stderr (stdout
--- carries the recipe's one JSON object).
+-- Helpers the benchmark recipes (and the profiles' measurements) share: robust statistics and
+-- progress lines on stderr (stdout carries the recipe's one JSON object).
 local M = {}
 
-function M.median(xs)
+local function sorted(xs)
   local s = {}
   for i, v in ipairs(xs) do s[i] = v end
   table.sort(s)
+  return s
+end
+
+-- The median of a list of numbers (nil when it is empty).
+function M.median(xs)
+  local s = sorted(xs)
   local n = #s
+  if n == 0 then return nil end
   return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
+end
+
+-- The q-quantile (0..1) of a list of numbers, the nearest rank.
+function M.quantile(xs, q)
+  local s = sorted(xs)
+  return s[math.max(1, math.min(#s, math.floor(q * #s + 0.5)))]
 end
 
 function M.log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
