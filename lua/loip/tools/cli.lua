@@ -68,22 +68,6 @@ commands.generate = {
   },
 }
 
--- --mem: one size, or (clusters) a comma-separated size per device.
-local function parse_mems(text, n)
-  if text == nil then return nil end
-  local out = {}
-  for item in tostring(text):gmatch("[^,]+") do
-    local b = flags.parse_bytes(item)
-    if not b then error({ usage_error = true, msg = "generate: --mem: '" .. item .. "' is not a size (e.g. 1.5G, 600M)" }, 0) end
-    out[#out + 1] = b
-  end
-  if n and #out == 1 then for i = 2, n do out[i] = out[1] end end
-  if n and #out ~= n then
-    error({ usage_error = true, msg = string.format("generate: --mem gives %d budgets for %d devices", #out, n) }, 0)
-  end
-  return out
-end
-
 local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
@@ -116,11 +100,12 @@ local function run_cluster(o)
       cpu_latency_us = o.cpu_latency }
   local ok, err = pcall(function()
     if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
+    local loader = o.loader ~= "auto" and o.loader or nil
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-      stages = o.stages, context = o.context, loader = o.loader ~= "auto" and o.loader or nil, disk_rate = set.disk_rate,
+      stages = o.stages, context = o.context, loader = loader, disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
-    if not o.json then cp.report(p, est, info, c.sizes, { cluster = true }) end
+    if not o.json then cp.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()
     local stop = {}
@@ -188,11 +173,10 @@ end
 function commands.generate.run(o)
   use_kernels(o.kernels)
   if o.devices or o.hosts then return run_cluster(o) end
-  local mems = parse_mems(o.mem)
-  if mems and #mems > 1 then
+  if o.mem and tostring(o.mem):find(",", 1, true) then
     error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
   end
-  o.mem = mems and mems[1]
+  o.mem = o.mem and cp.settings("generate", { mem = o.mem }, 1).mem[1]
   for _, f in ipairs({ "link_rate", "link_delay", "slowdown" }) do
     if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
   end
@@ -470,7 +454,7 @@ function commands.testbed.run(o, pos)
     error({ usage_error = true, msg = "testbed: up N: N devices, 1..32" }, 0)
   end
   if not o.store then error({ usage_error = true, msg = "testbed: up needs --store DIR" }, 0) end
-  local mems = o.mem and parse_mems(o.mem, n) or nil
+  local mems = cp.settings("testbed", { mem = o.mem }, n).mem
   local token = o.token or os.getenv("LOIP_CLUSTER_TOKEN")
   if not token then
     local f = io.open("/dev/urandom", "rb")

@@ -130,46 +130,43 @@ function M.commands.plan.run(o)
   if (o.model == nil) == (o.like == nil) then usage("plan", "give --model STORE|DIR or --like NAME (one of them)") end
   local n = o.devices
   local set = M.settings("plan", o, n)
-  local sizes, cfg, c, dtype
+  local sizes, cfg, dtype, _
   local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1 }
+  -- the context planned for: --context, else the model's, at most 512
+  local function context_of(config) return math.min(o.context or 512, config.max_position_embeddings or 512) end
+  local is_store = o.model and require("loip.model").locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab }
-    local shape_cfg = require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over }))
-    sopts.context = math.min(o.context or 512, shape_cfg.max_position_embeddings or 512)
-    sizes, cfg, c, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
+    sopts.context = context_of(require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
+    sizes, cfg, _, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
+  elseif is_store then
+    sopts.context = context_of(require("loip.model.store").read_manifest(o.model).config)
+    sizes, cfg, _, dtype = problem.model_of_store(o.model, sopts)
   else
-    local kind = require("loip.model").locate(o.model)
-    if kind == "store" then
-      local man = require("loip.model.store").read_manifest(o.model)
-      sopts.context = math.min(o.context or 512, man.config.max_position_embeddings or 512)
-      sizes, cfg, c, dtype = problem.model_of_store(o.model, sopts)
-    else
-      sizes, cfg, c, dtype = problem.model_of_source(o.model, sopts, function(cfg_t)
-        sopts.context = math.min(o.context or 512, cfg_t.max_position_embeddings or 512)
-      end)
-    end
+    sizes, cfg, _, dtype = problem.model_of_source(o.model, sopts, function(config) sopts.context = context_of(config) end)
   end
   if sopts.batch > sopts.context then sopts.batch = sopts.context end
   local pr = o.profile and profile.load(o.profile)
   if pr and pr.devices and #pr.devices ~= n then
     usage("plan", "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
   end
-  local profiles = {}
   if not pr then
-    local store = o.model and require("loip.model").locate(o.model) == "store" and o.model or nil
-    pr = profile.calibrate { store = store, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
+    pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
   end
+  local profiles = {}
   for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
+  local link_rate -- bytes/s per link
+  if set.link and set.link.rate then
+    link_rate = {}
+    for i, v in ipairs(set.link.rate) do link_rate[i] = require("loip.runtime.transport").parse_rate(v) end
+  end
   local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = set.mem or 0,
-    profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown,
-    link_rate = set.link and set.link.rate and (function()
-      local t = {} for i, v in ipairs(set.link.rate) do t[i] = require("loip.runtime.transport").parse_rate(v) end return t end)() or nil,
+    profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
     link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
     context = sopts.context, batch = sopts.batch }
   local p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
   if o.save_plan then plan.save(o.save_plan, p) end
-  M.report(p, est, info, sizes, { cluster = n > 1 }, o.json, { model = o.model or o.like, devices_count = n })
-  local _ = c
+  M.report(p, est, info, sizes, require("loip.plan.space").memory_opts(prob), o.json, { model = o.model or o.like, devices_count = n })
   return 0
 end
 
