@@ -105,13 +105,10 @@ function Worker:build(msg)
   local ctx, batch = msg.context or 512, msg.batch or 64
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
     logits_tokens = msg.logits_tokens })
-  local need = plan.memory(p, i, sizes, { cluster = true, loader = msg.loader })
-  if budget:limit() > 0 and need.total > budget:limit() then
-    error(string.format("device %d: the plan needs %s (weights %s, slots %s, kv %s, activations %s) but its budget is %s: short by %s",
-      i, memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
-      memory.format_bytes(need.kv), memory.format_bytes(need.activations), memory.format_bytes(budget:limit()),
-      memory.format_bytes(need.total - budget:limit())), 0)
-  end
+  local mopts = { cluster = true, loader = msg.loader }
+  local over = plan.over_budget(p, sizes, { [i] = budget:limit() }, mopts) -- (this device's budget only)
+  if over then error(over, 0) end
+  local need = plan.memory(p, i, sizes, mopts)
   local layers = plan.device_layers(p, i)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
   for l in pairs(layers) do mask[l] = 1 end

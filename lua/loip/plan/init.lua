@@ -48,18 +48,29 @@ function M.range_name(a, b)
 end
 
 -- The loader's "scratch" for a slot of slot_bytes read the given way (loip_loader_size): the
--- conventional path's bounce buffer, nothing for io_uring. Remembered: schedulers ask often.
-local scratch_of = { auto = {}, uring = {}, buffered = {} }
-function M.loader_scratch(slot_bytes, loader)
-  if slot_bytes <= 0 then return 0 end
-  local known = scratch_of[loader or "auto"] or scratch_of.auto
-  if known[slot_bytes] then return known[slot_bytes] end
+-- conventional path's bounce buffer, nothing for io_uring. Remembered: schedulers ask often;
+-- "auto" is settled once (the path loip_loader_new would take here, probed by C), then asked
+-- as that path.
+local scratch_of = { uring = {}, buffered = {} }
+local auto_path
+local function loader_size(slot_bytes, mode)
   local cfg = ffi.new("loip_loader_config")
-  cfg.n_slots, cfg.slot_bytes = 1, slot_bytes
-  cfg.mode = ({ uring = C.LOIP_LOADER_URING, buffered = C.LOIP_LOADER_BUFFERED })[loader or "auto"] or C.LOIP_LOADER_AUTO
+  cfg.n_slots, cfg.slot_bytes, cfg.mode = 1, slot_bytes, mode
   local slots, scratch = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
   core.check(C.loip_loader_size(cfg, slots, scratch), "loader size")
-  known[slot_bytes] = tonumber(scratch[0])
+  return tonumber(scratch[0])
+end
+function M.loader_scratch(slot_bytes, loader)
+  if slot_bytes <= 0 then return 0 end
+  local path = loader
+  if path ~= "uring" and path ~= "buffered" then
+    auto_path = auto_path or (loader_size(4096, C.LOIP_LOADER_AUTO) > 0 and "buffered" or "uring")
+    path = auto_path
+  end
+  local known = scratch_of[path]
+  if not known[slot_bytes] then
+    known[slot_bytes] = loader_size(slot_bytes, path == "uring" and C.LOIP_LOADER_URING or C.LOIP_LOADER_BUFFERED)
+  end
   return known[slot_bytes]
 end
 
