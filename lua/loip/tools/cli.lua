@@ -348,23 +348,17 @@ commands.synth = {
   usage = "loip synth --like NAME [--dtype bf16] [flags] OUT_DIR",
   summary = "Write a random-weight (seeded) Hugging Face model directory with the exact shapes of a named\n"
     .. "model, plus a tokenizer.bin it can be run with. Shapes can be overridden.",
-  flags = {
+  flags = cp.rows({
     { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
     { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
     { "seed", "int", "random seed", default = 1 },
     { "std", "number", "standard deviation of the random weights", default = 0.02,
       check = function(v) return v >= 0, "must be >= 0" end },
-    { "layers", "int", "override num_hidden_layers" },
-    { "dim", "int", "override hidden_size" },
-    { "ffn", "int", "override intermediate_size" },
-    { "heads", "int", "override num_attention_heads" },
-    { "kv-heads", "int", "override num_key_value_heads" },
-    { "head-dim", "int", "override head_dim" },
-    { "vocab", "int", "override vocab_size" },
+  }, cp.shape_flags(""), {
     { "shard-size", "bytes", "largest safetensors shard", default = 5 * 1024 ^ 3 },
     { "force", "bool", "replace OUT_DIR's model files if they exist" },
     { "list", "bool", "list the known shapes" },
-  },
+  }),
 }
 
 function commands.synth.run(o, pos)

@@ -28,6 +28,26 @@ M.flags = {
   save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
 }
 
+-- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth
+-- reads them from the parsed options: layers, dim, ffn, heads, kv_heads, head_dim, vocab), their
+-- help starting with `lead`.
+function M.shape_flags(lead)
+  local rows = {}
+  for _, r in ipairs({ { "layers", "num_hidden_layers" }, { "dim", "hidden_size" }, { "ffn", "intermediate_size" },
+    { "heads", "num_attention_heads" }, { "kv-heads", "num_key_value_heads" }, { "head-dim", "head_dim" },
+    { "vocab", "vocab_size" } }) do
+    rows[#rows + 1] = { r[1], "int", lead .. "override " .. r[2] }
+  end
+  return rows
+end
+
+-- Lists of flag rows, one after the other.
+function M.rows(...)
+  local out = {}
+  for _, list in ipairs({ ... }) do for _, r in ipairs(list) do out[#out + 1] = r end end
+  return out
+end
+
 -- A comma-separated list of n values (one value: the same for all) through parse(item) ->
 -- value or nil; nil when text is nil. Usage errors name the flag.
 function M.each(cmd, flag, text, n, parse, what, noun)
@@ -98,17 +118,11 @@ M.commands.plan = {
   summary = "Print the plan a scheduler chooses for a model on N devices, and its predicted time per token by\n"
     .. "device (compute, loading, uncovered loading, communication, memory), without running anything.\n"
     .. "--like plans a model's shape with no weights (loip synth --list names them).",
-  flags = {
+  flags = M.rows({
     { "model", "string", "a slice store or a model directory", metavar = "STORE|DIR" },
     { "like", "string", "plan a named shape with no weights instead (e.g. llama-3.3-70b)", metavar = "NAME" },
     { "dtype", "string", "with --like: the weights' dtype (bf16, f16, f32)", default = "bf16" },
-    { "layers", "int", "with --like: override num_hidden_layers" },
-    { "dim", "int", "with --like: override hidden_size" },
-    { "ffn", "int", "with --like: override intermediate_size" },
-    { "heads", "int", "with --like: override num_attention_heads" },
-    { "kv-heads", "int", "with --like: override num_key_value_heads" },
-    { "head-dim", "int", "with --like: override head_dim" },
-    { "vocab", "int", "with --like: override vocab_size" },
+  }, M.shape_flags("with --like: "), {
     { "devices", "int", "devices", default = 1, metavar = "N", check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
     { "mem", "string", "each device's memory budget, e.g. 600M,400M,400M (one: the same for all; default unlimited)",
       metavar = "BYTES[,BYTES...]" },
@@ -119,7 +133,7 @@ M.commands.plan = {
     { "threads", "int", "compute threads per device (for a calibration)", default = 1 },
     M.flags.stages, M.flags.scheduler, M.flags.cost, M.flags.save_plan,
     { "json", "bool", "print one JSON object: plan, estimate_ms_per_token, devices, scheduler_ms" },
-  },
+  }),
 }
 
 function M.commands.plan.run(o)
