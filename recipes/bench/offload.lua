@@ -124,6 +124,7 @@ local use_cgroup = root and os.execute("mkdir -p " .. cgroup .. " 2>/dev/null") 
   and os.execute("test -w " .. cgroup .. "/memory.limit_in_bytes") == 0
 if not use_cgroup then log("NOTE: no memory cgroup (needs root and cgroup v1 memory): buffered reads may hit the page cache") end
 local plan_file = os.tmpname()
+local err_file = plan_file .. ".err" -- the child's stderr
 local function run(mem, p, loader)
   drop_caches()
   local f = assert(io.open(plan_file, "w"))
@@ -137,12 +138,12 @@ local function run(mem, p, loader)
     lf:close()
     cmd = string.format("sh -c 'echo $$ > %s/cgroup.procs && exec %s'", cgroup, cmd:gsub("'", "'\\''"))
   end
-  local p_ = assert(io.popen(cmd .. " 2>/tmp/loip-offload-child.err"))
+  local p_ = assert(io.popen(cmd .. " 2>'" .. err_file .. "'"))
   local line = p_:read("*a")
   p_:close()
   local out = json.decode(line:match("([^\n]+)%s*$") or "")
   if type(out) ~= "table" then
-    local ef = io.open("/tmp/loip-offload-child.err")
+    local ef = io.open(err_file)
     error("offload run failed (" .. loader .. ", " .. memory.format_bytes(mem) .. "): " .. (ef and ef:read("*a") or "?"), 0)
   end
   return out
@@ -224,6 +225,7 @@ for item in o.budgets:gmatch("[^,]+") do
 end
 core.free(buf, C.loip_buffer_free)
 os.remove(plan_file)
+os.remove(err_file)
 if use_cgroup then os.execute("rmdir " .. cgroup .. " 2>/dev/null") end
 
 local info = ffi.new("loip_cpu_info")
