@@ -101,14 +101,16 @@ static void test_device_sizes(void) {
           loip_last_error());
     static const struct {
         int big;
-        int32_t max_batch, max_tokens, logits_tokens;
+        int32_t max_batch, max_tokens, logits_tokens, max_seqs;
     } cases[] = {
-        {0, 16, 16, 1},
-        {0, 16, 16, 0},  /* logits_tokens <= 0: 1 */
-        {0, 16, 8, 12},  /* logits_tokens > max_tokens: max_tokens */
-        {0, 4, 16, 16},  /* max_tokens > the session's batch: the caller passes the smaller */
-        {1, 8, 8, 2},    /* hidden 128 KiB: the payload buffer is as large */
-        {1, 1, 1, 1},
+        {0, 16, 16, 1, 1},
+        {0, 16, 16, 0, 1},  /* logits_tokens <= 0: 1 */
+        {0, 16, 8, 12, 1},  /* logits_tokens > max_tokens: max_tokens */
+        {0, 4, 16, 16, 1},  /* max_tokens > the session's batch: the caller passes the smaller */
+        {1, 8, 8, 2, 1},    /* hidden 128 KiB: the payload buffer is as large */
+        {1, 1, 1, 1, 1},
+        {0, 16, 16, 1, 6},  /* six sequences: six rows of logits to sample from */
+        {0, 16, 4, 1, 6},   /* more sequences than tokens a message holds: max_tokens rows */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const loip_model_config *cfg = cases[i].big ? &big : &mc;
@@ -118,7 +120,8 @@ static void test_device_sizes(void) {
         loip_device *d = NULL;
         loip_budget *b = NULL;
         CHECK(loip_model_new(cfg, &m) == 0, "case %zu: model: %s", i, loip_last_error());
-        CHECK(loip_session_new(m, pool, 16, cases[i].max_batch, NULL, &s) == 0, "case %zu: session: %s",
+        CHECK(loip_session_new_seqs(m, pool, 16, cases[i].max_batch, 0, cases[i].max_seqs, NULL, NULL, &s) == 0,
+              "case %zu: session: %s",
               i, loip_last_error());
         loip_stage_desc st = {.first_block = 0, .last_block = 0}; /* no blocks, no weights */
         CHECK(loip_runner_new(s, m, NULL, &st, 1, 0, &r) == 0, "case %zu: runner: %s", i,
@@ -127,12 +130,12 @@ static void test_device_sizes(void) {
         int32_t max_tokens = cases[i].max_tokens < cases[i].max_batch ? cases[i].max_tokens
                                                                       : cases[i].max_batch;
         uint64_t want = 0;
-        CHECK(loip_device_size(cfg, max_tokens, cases[i].logits_tokens, &want) == 0,
+        CHECK(loip_device_size(cfg, max_tokens, cases[i].logits_tokens, cases[i].max_seqs, &want) == 0,
               "case %zu: device_size: %s", i, loip_last_error());
         loip_device_config dc = {.runner = r, .session = s, .in = in, .head = head, .plan_id = 1,
                                  .device = 0, .n_devices = 1, .n_stages = 1,
                                  .max_tokens = cases[i].max_tokens,
-                                 .logits_tokens = cases[i].logits_tokens};
+                                 .logits_tokens = cases[i].logits_tokens, .max_seqs = cases[i].max_seqs};
         rc = loip_device_new(&dc, b, &d);
         CHECK(rc == 0 && d, "case %zu: device_new: %s", i, loip_last_error());
         uint64_t held = account(b, "activations");
@@ -149,12 +152,13 @@ static void test_device_sizes(void) {
     }
     /* the payload buffer never drops below the control cap; misuse */
     uint64_t n = 0;
-    CHECK(loip_device_size(&mc, 1, 1, &n) == 0 &&
-              n == 64 * 4 + 512 * 4 + 64 * 1024 + 4,
+    /* hidden and table, outputs (to 64 bytes) and logits, payload, ids and tables */
+    CHECK(loip_device_size(&mc, 1, 1, 1, &n) == 0 &&
+              n == (64 * 4 + 16) + (64 + 512 * 4) + 64 * 1024 + (4 + 4 + 16 + 8),
           "one token of a small model: %llu", (unsigned long long)n);
-    CHECK(loip_device_size(&mc, 0, 1, &n) == LOIP_EINVAL, "max_tokens 0 refused");
+    CHECK(loip_device_size(&mc, 0, 1, 1, &n) == LOIP_EINVAL, "max_tokens 0 refused");
     loip_model_config none = {0};
-    CHECK(loip_device_size(&none, 4, 1, &n) == LOIP_EINVAL, "a config without dim refused");
+    CHECK(loip_device_size(&none, 4, 1, 1, &n) == LOIP_EINVAL, "a config without dim refused");
     loip_sock_free(head);
     loip_sock_free(in);
     loip_net_free(net);

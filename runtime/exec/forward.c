@@ -23,15 +23,26 @@ struct loip_session {
     size_t q_dim, kv_dim;
     loip_budget *budget;    /* NULL, or charged kv_bytes to "kv", scratch_bytes to "activations" */
     uint64_t kv_bytes, scratch_bytes;
-    /* The KV cache is paged: each layer's positions live in fixed-size blocks of kv_block
-     * tokens, found through the layer's block table, so that a token range can later be
-     * exported, imported, evicted and recomputed block by block without moving the rest. */
-    int kv_block;         /* tokens per block */
-    int blocks_per_layer; /* ceil(max_ctx / kv_block) */
-    int n_blocks;         /* blocks in the pool: n_layers * blocks_per_layer */
-    int32_t *block_table; /* (n_layers, blocks_per_layer) pool block holding each logical block */
-    float *k_cache;       /* (n_blocks, kv_block, kv_dim) the pool's keys */
-    float *v_cache;       /* (n_blocks, kv_block, kv_dim) the pool's values */
+    /* The KV cache is paged and shared by up to max_seqs sequences (requests): a sequence's
+     * positions live in groups of kv_block tokens, one group holding those positions of every
+     * layer kept here, found through the sequence's block table; a group is taken from the free
+     * list when a sequence first writes into it and returned when the sequence ends, so that
+     * sequences of any lengths share the pool (and a range can later be exported, evicted or
+     * recomputed group by group without moving the rest). */
+    int kv_block;          /* tokens per group */
+    int blocks_per_seq;    /* ceil(max_ctx / kv_block): a sequence's block table */
+    int max_seqs;
+    int n_groups;          /* groups in the pool: ceil(kv_tokens / kv_block) */
+    int n_kv_layers;       /* layers whose cache is kept here */
+    int32_t *layer_slot;   /* (n_layers) index of a layer among the kept ones, -1: not kept */
+    int32_t *block_table;  /* (max_seqs, blocks_per_seq) group holding each logical block, -1 */
+    int32_t *free_groups;  /* stack of n_free unused groups */
+    int n_free;
+    float *k_cache;        /* (n_groups, n_kv_layers, kv_block, kv_dim) the pool's keys */
+    float *v_cache;        /* (n_groups, n_kv_layers, kv_block, kv_dim) the pool's values */
+    int32_t *tok_seq;      /* (max_batch) the prepared batch: each token's sequence */
+    int32_t *tok_pos;      /* (max_batch) and position */
+    int n_prepared;        /* tokens prepared (loip_session_prepare), 0: none */
     float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
     float *xb;       /* (max_batch, dim) normalised input of a sub-block */
     float *xb2;      /* (max_batch, dim) output of wo / down before the residual add */
@@ -46,41 +57,51 @@ struct loip_session {
     float *rope_sin; /* (max_batch, head_dim/2) */
 };
 
-/* Bytes of the KV cache (pool and block tables) and of the scratch arrays of a session, as
- * loip_session_new allocates them; n_threads sizes the per-thread attention rows. */
+/* Bytes of the KV cache (pool, block tables, free list) and of the scratch arrays of a session,
+ * as loip_session_new_seqs allocates them; n_threads sizes the per-thread attention rows. */
 static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t max_batch,
-                          int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
-                          uint64_t *scratch_bytes) {
+                          int32_t n_threads, int32_t kv_layers, int32_t kv_tokens, int32_t max_seqs,
+                          uint64_t *kv_bytes, uint64_t *scratch_bytes) {
     if (max_batch > max_ctx) max_batch = max_ctx;
     if (kv_layers < 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
+    if (kv_tokens <= 0) kv_tokens = max_ctx;
+    if (max_seqs <= 0) max_seqs = 1;
     uint64_t B = (uint64_t)max_batch, q_dim = (uint64_t)c->n_heads * c->head_dim;
     uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t per_layer = (uint64_t)((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
-    uint64_t n_blocks = (uint64_t)kv_layers * per_layer;
-    *kv_bytes = 2 * n_blocks * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) +
-                (uint64_t)c->n_layers * per_layer * sizeof(int32_t);
+    uint64_t per_seq = (uint64_t)((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
+    uint64_t groups = (uint64_t)((kv_tokens + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
+    *kv_bytes = 2 * groups * (uint64_t)kv_layers * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) +
+                ((uint64_t)max_seqs * per_seq + groups + (uint64_t)c->n_layers) * sizeof(int32_t);
     *scratch_bytes = (3 * B * c->dim + 2 * B * q_dim + 2 * B * kv_dim + 2 * B * c->hidden_dim +
-                      (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float);
+                      (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float) +
+                     2 * B * sizeof(int32_t);
 }
 
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
-                               int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
-                               uint64_t *scratch_bytes) {
+                               int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
+                               int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
     if (max_ctx <= 0 || max_batch <= 0 || n_threads <= 0)
         return loip_fail(LOIP_EINVAL, "session: context (%d), batch (%d) and threads (%d) must be positive",
                          max_ctx, max_batch, n_threads);
-    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_layers, kv_bytes, scratch_bytes);
+    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_layers, kv_tokens, max_seqs, kv_bytes, scratch_bytes);
     return LOIP_OK;
 }
 
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                               int32_t max_batch, loip_budget *budget, loip_session **out) {
-    return loip_session_new_layers(m, pool, max_ctx, max_batch, budget, NULL, out);
+    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, NULL, out);
 }
 
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out) {
+    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, kv_layers, out);
+}
+
+LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
+                                   int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
+                                   loip_budget *budget, const uint8_t *kv_layers,
+                                   loip_session **out) {
     *out = NULL;
     const loip_model_config *c = &m->cfg;
     int32_t n_kv = 0;
@@ -88,6 +109,11 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
     if (max_ctx <= 0 || max_batch <= 0)
         return loip_fail(LOIP_EINVAL, "session: context (%d) and batch (%d) must be positive",
                          max_ctx, max_batch);
+    if (kv_tokens < 0 || max_seqs < 0)
+        return loip_fail(LOIP_EINVAL, "session: kv_tokens (%d) and max_seqs (%d) must not be negative",
+                         kv_tokens, max_seqs);
+    if (kv_tokens == 0) kv_tokens = max_ctx;
+    if (max_seqs == 0) max_seqs = 1;
     if (max_batch > max_ctx) max_batch = max_ctx;
     loip_session *s = calloc(1, sizeof *s);
     if (!s) return loip_fail(LOIP_ENOMEM, "session: out of memory");
@@ -99,9 +125,11 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
     s->q_dim = (size_t)c->n_heads * c->head_dim;
     s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     s->kv_block = LOIP_KV_BLOCK_TOKENS;
-    s->blocks_per_layer = (max_ctx + s->kv_block - 1) / s->kv_block;
-    s->n_blocks = n_kv * s->blocks_per_layer;
-    size_t B = (size_t)max_batch, kv = (size_t)s->n_blocks * s->kv_block * s->kv_dim;
+    s->blocks_per_seq = (max_ctx + s->kv_block - 1) / s->kv_block;
+    s->max_seqs = max_seqs;
+    s->n_groups = (kv_tokens + s->kv_block - 1) / s->kv_block;
+    s->n_kv_layers = n_kv;
+    size_t B = (size_t)max_batch, kv = (size_t)s->n_groups * n_kv * s->kv_block * s->kv_dim;
     struct { float **p; size_t n; } arrays[] = {
         {&s->k_cache, kv}, {&s->v_cache, kv},
         {&s->x, B * c->dim}, {&s->xb, B * c->dim}, {&s->xb2, B * c->dim},
@@ -110,13 +138,19 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
         {&s->scores, (size_t)s->n_threads * max_ctx},
         {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
     };
+    struct { int32_t **p; size_t n; int kv; } ints[] = {
+        {&s->block_table, (size_t)max_seqs * s->blocks_per_seq, 1}, {&s->free_groups, (size_t)s->n_groups, 1},
+        {&s->layer_slot, (size_t)c->n_layers, 1}, {&s->tok_seq, B, 0}, {&s->tok_pos, B, 0},
+    };
     /* Charge the whole session before allocating any of it; session_sizes is what
      * loip_session_size reports for planning, and must agree with the arrays here. */
-    session_sizes(c, max_ctx, max_batch, s->n_threads, n_kv, &s->kv_bytes, &s->scratch_bytes);
+    session_sizes(c, max_ctx, max_batch, s->n_threads, n_kv, kv_tokens, max_seqs, &s->kv_bytes, &s->scratch_bytes);
     {
-        uint64_t kv_check = (uint64_t)c->n_layers * s->blocks_per_layer * sizeof(int32_t), scratch_check = 0;
+        uint64_t kv_check = 0, scratch_check = 0;
         for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
             *(i < 2 ? &kv_check : &scratch_check) += arrays[i].n * sizeof(float);
+        for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+            *(ints[i].kv ? &kv_check : &scratch_check) += ints[i].n * sizeof(int32_t);
         if (kv_check != s->kv_bytes || scratch_check != s->scratch_bytes) {
             int rc = loip_fail(LOIP_ESTATE, "session: internal size mismatch (kv %llu/%llu, scratch %llu/%llu)",
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
@@ -139,21 +173,20 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
         *arrays[i].p = loip_aligned_alloc((arrays[i].n ? arrays[i].n : 1) * sizeof(float));
         if (!*arrays[i].p) {
             loip_session_free(s);
-            return loip_fail(LOIP_ENOMEM, "session: cannot allocate %zu bytes (context %d, batch %d)",
-                             arrays[i].n * sizeof(float), max_ctx, max_batch);
+            return loip_fail(LOIP_ENOMEM, "session: cannot allocate %zu bytes (context %d, batch %d, %d KV tokens)",
+                             arrays[i].n * sizeof(float), max_ctx, max_batch, kv_tokens);
         }
         memset(*arrays[i].p, 0, arrays[i].n * sizeof(float));
     }
-    if (!(s->block_table = malloc((size_t)c->n_layers * s->blocks_per_layer * sizeof(int32_t)))) {
-        loip_session_free(s);
-        return loip_fail(LOIP_ENOMEM, "session: out of memory");
-    }
-    /* Every block of the layers kept here mapped from the start (the pool is sized for the
-     * whole context); a layer's blocks are consecutive in the pool until something remaps
-     * them. Layers kept elsewhere (another device's) map to -1. */
-    for (int32_t l = 0, b = 0; l < c->n_layers; l++)
-        for (int32_t i = 0; i < s->blocks_per_layer; i++)
-            s->block_table[(size_t)l * s->blocks_per_layer + i] = (!kv_layers || kv_layers[l]) ? b++ : -1;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (!(*ints[i].p = malloc((ints[i].n ? ints[i].n : 1) * sizeof(int32_t)))) {
+            loip_session_free(s);
+            return loip_fail(LOIP_ENOMEM, "session: out of memory");
+        }
+    for (int32_t l = 0, k = 0; l < c->n_layers; l++) s->layer_slot[l] = (!kv_layers || kv_layers[l]) ? k++ : -1;
+    for (size_t i = 0; i < (size_t)max_seqs * s->blocks_per_seq; i++) s->block_table[i] = -1;
+    /* groups are handed out lowest first: a lone sequence's cache is contiguous, as before */
+    for (int32_t g = s->n_groups - 1; g >= 0; g--) s->free_groups[s->n_free++] = g;
     *out = s;
     return LOIP_OK;
 }
@@ -164,6 +197,10 @@ LOIP_API void loip_session_free(loip_session *s) {
                        s->att, s->hb, s->hb2, s->scores, s->rope_cos, s->rope_sin};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
     free(s->block_table);
+    free(s->free_groups);
+    free(s->layer_slot);
+    free(s->tok_seq);
+    free(s->tok_pos);
     if (s->budget) {
         loip_budget_release(s->budget, "kv", s->kv_bytes);
         loip_budget_release(s->budget, "activations", s->scratch_bytes);
@@ -176,12 +213,27 @@ LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s) { return s->
 
 LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) { return s->kv_bytes; }
 LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s) { return s->kv_block; }
+LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s) { return s->n_free * s->kv_block; }
+LOIP_API int32_t loip_session_max_seqs(const loip_session *s) { return s->max_seqs; }
 
-/* The first of the kv_block rows (kv_dim floats each) of the block holding position pos of
- * layer in pool (k_cache or v_cache); the rows of positions in one block are contiguous. */
-static inline float *kv_block_at(const loip_session *s, float *pool, int layer, int pos) {
-    int32_t b = s->block_table[(size_t)layer * s->blocks_per_layer + pos / s->kv_block];
-    return pool + (size_t)b * s->kv_block * s->kv_dim;
+LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) {
+    if (seq < 0 || seq >= s->max_seqs)
+        return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, s->max_seqs);
+    int32_t *t = s->block_table + (size_t)seq * s->blocks_per_seq;
+    for (int32_t i = 0; i < s->blocks_per_seq; i++)
+        if (t[i] >= 0) {
+            s->free_groups[s->n_free++] = t[i];
+            t[i] = -1;
+        }
+    return LOIP_OK;
+}
+
+/* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
+ * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.
+ * The group is mapped (loip_session_prepare made sure). */
+static inline float *kv_block_at(const loip_session *s, float *pool, int layer, int seq, int pos) {
+    int32_t g = s->block_table[(size_t)seq * s->blocks_per_seq + pos / s->kv_block];
+    return pool + ((size_t)g * s->n_kv_layers + (size_t)s->layer_slot[layer]) * s->kv_block * s->kv_dim;
 }
 
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
@@ -260,15 +312,15 @@ static void qkv_post_task(void *p, int ith, int nth) {
             if (c->qk_norm) k->rmsnorm(v, v, kn->data, kn->dtype, (size_t)hd, c->norm_eps);
             rotate(v, hd, c->rope_layout, cs, sn);
         }
-        int pos = j->pos + (int)t;
+        int pos = s->tok_pos[t], seq = s->tok_seq[t];
         size_t row = (size_t)(pos % s->kv_block) * s->kv_dim;
-        memcpy(kv_block_at(s, s->k_cache, j->layer, pos) + row, kk, s->kv_dim * sizeof(float));
-        memcpy(kv_block_at(s, s->v_cache, j->layer, pos) + row, vv, s->kv_dim * sizeof(float));
+        memcpy(kv_block_at(s, s->k_cache, j->layer, seq, pos) + row, kk, s->kv_dim * sizeof(float));
+        memcpy(kv_block_at(s, s->v_cache, j->layer, seq, pos) + row, vv, s->kv_dim * sizeof(float));
     }
 }
 
 /* Causal grouped-query attention over the paged cache: one work item per (token, head);
- * token t attends to positions 0..pos+t, read block by block (each block's rows contiguous).
+ * token t attends to positions 0..tok_pos[t] of its sequence, read block by block (each block's rows contiguous).
  * Softmax in fp32 as run.c does, positions in the same order as an unpaged cache would give
  * them, so the result does not depend on the block size. */
 static void attention_task(void *p, int ith, int nth) {
@@ -283,11 +335,11 @@ static void attention_task(void *p, int ith, int nth) {
     loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
     for (size_t item = b; item < e; item++) {
         size_t t = item / c->n_heads;
-        int h = (int)(item % c->n_heads), kvh = h / group, last = j->pos + (int)t;
+        int h = (int)(item % c->n_heads), kvh = h / group, last = s->tok_pos[t], seq = s->tok_seq[t];
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
         for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *kc = kv_block_at(s, s->k_cache, j->layer, b0) + (size_t)kvh * hd;
+            const float *kc = kv_block_at(s, s->k_cache, j->layer, seq, b0) + (size_t)kvh * hd;
             int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
             for (int i = 0; i < n; i++) {
                 float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
@@ -303,7 +355,7 @@ static void attention_task(void *p, int ith, int nth) {
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *vc = kv_block_at(s, s->v_cache, j->layer, b0) + (size_t)kvh * hd;
+            const float *vc = kv_block_at(s, s->v_cache, j->layer, seq, b0) + (size_t)kvh * hd;
             int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
             for (int i = 0; i < n; i++)
                 k->axpy_f32(o, scores[b0 + i] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
@@ -331,14 +383,59 @@ static loip_linear_job linear(const loip_tensor *w, const float *x, float *y, in
 
 /* ---- public entry points ----------------------------------------------------------------- */
 
-static int check_batch(const loip_session *s, int32_t n, int32_t pos) {
+static int check_batch(const loip_session *s, int32_t n) {
     if (n <= 0 || n > s->max_batch)
         return loip_fail(LOIP_EINVAL, "forward: %d tokens at once (batch limit %d)", n, s->max_batch);
-    if (pos < 0 || pos + n > s->max_ctx)
-        return loip_fail(LOIP_ERANGE, "forward: positions %d..%d past the context of %d tokens",
-                         pos, pos + n - 1, s->max_ctx);
     return LOIP_OK;
 }
+
+/* Groups for positions 0..pos of seq (what a token at pos attends to), taken from the free list
+ * where it has none yet: attention never reads an unmapped group. */
+static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
+    int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    for (int32_t g = 0; g <= pos / s->kv_block; g++) {
+        if (table[g] >= 0) continue;
+        if (s->n_free == 0)
+            return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
+                             "(%d tokens) are in use", seq, pos, s->n_groups, s->n_groups * s->kv_block);
+        table[g] = s->free_groups[--s->n_free];
+    }
+    return LOIP_OK;
+}
+
+int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *toks, int32_t pos) {
+    s->n_prepared = 0;
+    int rc = check_batch(s, n);
+    if (rc) return rc;
+    if (!toks && (pos < 0 || pos + n > s->max_ctx))
+        return loip_fail(LOIP_ERANGE, "forward: positions %d..%d past the context of %d tokens",
+                         pos, pos + n - 1, s->max_ctx);
+    for (int32_t t = 0; t < n; t++) {
+        int32_t seq = toks ? toks[t].seq : 0, p = toks ? toks[t].pos : pos + t;
+        if (seq < 0 || seq >= s->max_seqs)
+            return loip_fail(LOIP_EINVAL, "forward: token %d of the batch is of sequence %d (the session has %d)",
+                             t, seq, s->max_seqs);
+        if (p < 0 || p >= s->max_ctx)
+            return loip_fail(LOIP_ERANGE, "forward: token %d of the batch (sequence %d) at position %d, past "
+                             "the context of %d tokens", t, seq, p, s->max_ctx);
+        s->tok_seq[t] = seq, s->tok_pos[t] = p;
+    }
+    for (int32_t t = 0; t < n; t++)
+        if ((rc = map_groups(s, s->tok_seq[t], s->tok_pos[t]))) return rc;
+    /* cos/sin of each token's position for RoPE, once per batch */
+    const loip_model *m = s->m;
+    int half = m->cfg.head_dim / 2;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < half; i++) {
+            float val = (float)s->tok_pos[t] * m->inv_freq[i];
+            s->rope_cos[t * half + i] = cosf(val);
+            s->rope_sin[t * half + i] = sinf(val);
+        }
+    s->n_prepared = n;
+    return LOIP_OK;
+}
+
+int32_t loip_session_prepared(const loip_session *s) { return s->n_prepared; }
 
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
     const loip_model_config *c = &s->m->cfg;
@@ -356,22 +453,10 @@ LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t 
     return LOIP_OK;
 }
 
-/* cos/sin of positions pos..pos+n-1 for RoPE, computed once per call of the block runners. */
-static void rope_angles(loip_session *s, int32_t n, int32_t pos) {
-    const loip_model *m = s->m;
-    int half = m->cfg.head_dim / 2;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            float val = (float)(pos + t) * m->inv_freq[i];
-            s->rope_cos[t * half + i] = cosf(val);
-            s->rope_sin[t * half + i] = sinf(val);
-        }
-}
-
 /* Attention block of layer l: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att. */
-static void mha_block(loip_session *s, int l, float *hidden, int n, int pos) {
+static void mha_block(loip_session *s, int l, float *hidden, int n) {
     const loip_model *m = s->m;
-    step_job j = {.s = s, .n = n, .pos = pos, .layer = l};
+    step_job j = {.s = s, .n = n, .layer = l};
     j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
     j.in = hidden, j.out = s->xb, j.add = NULL;
     loip_pool_run(s->pool, norm_task, &j);
@@ -407,25 +492,36 @@ static void mlp_block(loip_session *s, int l, float *hidden, int n) {
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
 }
 
-LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                 int32_t n, int32_t pos) {
+int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden) {
     const loip_model *m = s->m;
-    int rc = check_batch(s, n, pos);
-    if (rc) return rc;
+    int n = s->n_prepared, rc;
+    if (n <= 0) return loip_fail(LOIP_ESTATE, "forward: no batch prepared");
     if (first < 0 || last > 2 * m->cfg.n_layers || first > last)
         return loip_fail(LOIP_EINVAL, "blocks [%d, %d) out of range for %d layers (%d blocks)",
                          first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
     if (first == last) return LOIP_OK;
     if ((rc = loip_model_check_blocks(m, first, last))) return rc;
     for (int b = first; b < last; b += 2 - b % 2)
-        if (b % 2 == LOIP_BLOCK_MHA && s->block_table[(size_t)(b / 2) * s->blocks_per_layer] < 0)
+        if (b % 2 == LOIP_BLOCK_MHA && s->layer_slot[b / 2] < 0)
             return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
-    rope_angles(s, n, pos);
     for (int b = first; b < last; b++) {
-        if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n, pos);
+        if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n);
         else mlp_block(s, b / 2, hidden, n);
     }
     return LOIP_OK;
+}
+
+LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                 int32_t n, int32_t pos) {
+    int rc = loip_session_prepare(s, n, NULL, pos);
+    return rc ? rc : loip_session_run(s, first, last, hidden);
+}
+
+LOIP_API int loip_session_blocks_batch(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                       int32_t n, const loip_batch_token *toks) {
+    if (!toks) return loip_fail(LOIP_EINVAL, "forward: a batch without its tokens' sequences and positions");
+    int rc = loip_session_prepare(s, n, toks, 0);
+    return rc ? rc : loip_session_run(s, first, last, hidden);
 }
 
 LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
@@ -436,20 +532,28 @@ LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, f
     return loip_session_blocks(s, 2 * first, 2 * last, hidden, n, pos);
 }
 
-LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
-                               int32_t mode) {
+static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
+    *W = c->tied_embeddings ? &m->global[LOIP_W_EMBED] : &m->global[LOIP_W_LM_HEAD];
+    *norm = &m->global[LOIP_W_OUTPUT_NORM];
+    if (!(*W)->data || !(*norm)->data)
+        return loip_fail(LOIP_ESTATE, "weight %s is not bound", !(*norm)->data ? "output_norm" :
+                         c->tied_embeddings ? "embed" : "lm_head");
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
+                               int32_t mode) {
+    const loip_model_config *c = &s->m->cfg;
     if (mode == LOIP_LOGITS_NONE) return LOIP_OK;
     if (mode != LOIP_LOGITS_LAST && mode != LOIP_LOGITS_ALL)
         return loip_fail(LOIP_EINVAL, "head: unknown logits mode %d", mode);
     if (n <= 0 || n > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d tokens at once (batch limit %d)", n, s->max_batch);
-    const loip_tensor *W = c->tied_embeddings ? &m->global[LOIP_W_EMBED] : &m->global[LOIP_W_LM_HEAD];
-    const loip_tensor *norm = &m->global[LOIP_W_OUTPUT_NORM];
-    if (!W->data || !norm->data)
-        return loip_fail(LOIP_ESTATE, "weight %s is not bound", !norm->data ? "output_norm" :
-                         c->tied_embeddings ? "embed" : "lm_head");
+    const loip_tensor *W, *norm;
+    int rc = head_weights(s, &W, &norm);
+    if (rc) return rc;
     int first = mode == LOIP_LOGITS_LAST ? n - 1 : 0, count = n - first;
     /* The norm only reads its input here (no residual add), so the cast is safe. */
     step_job j = {.s = s, .n = count, .w = norm, .in = (float *)hidden + (size_t)first * c->dim, .out = s->xb};
@@ -459,13 +563,47 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     return LOIP_OK;
 }
 
+LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_t n,
+                                    const int32_t *rows, int32_t n_rows, float *logits) {
+    const loip_model_config *c = &s->m->cfg;
+    if (n_rows <= 0) return LOIP_OK;
+    if (n_rows > s->max_batch)
+        return loip_fail(LOIP_EINVAL, "head: %d rows at once (batch limit %d)", n_rows, s->max_batch);
+    const loip_tensor *W, *norm;
+    int rc = head_weights(s, &W, &norm);
+    if (rc) return rc;
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (rows[i] < 0 || rows[i] >= n)
+            return loip_fail(LOIP_EINVAL, "head: row %d of a batch of %d", rows[i], n);
+        /* the rows side by side in xb2, normalised into xb below: the same operations as
+         * loip_session_head on each row alone */
+        memcpy(s->xb2 + (size_t)i * c->dim, hidden + (size_t)rows[i] * c->dim, (size_t)c->dim * sizeof(float));
+    }
+    step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = s->xb};
+    loip_pool_run(s->pool, norm_task, &j);
+    loip_linear_job head[2] = {linear(W, s->xb, logits, n_rows), {0}};
+    loip_linear_run(s->pool, head);
+    return LOIP_OK;
+}
+
 LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_t n, int32_t pos,
                                   float *logits, int32_t mode) {
-    int rc = check_batch(s, n, pos);
+    int rc = loip_session_prepare(s, n, NULL, pos);
     if (rc) return rc;
     if ((rc = loip_session_embed(s, tokens, n, s->x))) return rc;
-    if ((rc = loip_session_layers(s, 0, s->m->cfg.n_layers, s->x, n, pos))) return rc;
+    if ((rc = loip_session_run(s, 0, 2 * s->m->cfg.n_layers, s->x))) return rc;
     return loip_session_head(s, s->x, n, logits, mode);
+}
+
+LOIP_API int loip_session_forward_batch(loip_session *s, const int32_t *tokens, int32_t n,
+                                        const loip_batch_token *toks, const int32_t *rows,
+                                        int32_t n_rows, float *logits) {
+    if (!toks) return loip_fail(LOIP_EINVAL, "forward: a batch without its tokens' sequences and positions");
+    int rc = loip_session_prepare(s, n, toks, 0);
+    if (rc) return rc;
+    if ((rc = loip_session_embed(s, tokens, n, s->x))) return rc;
+    if ((rc = loip_session_run(s, 0, 2 * s->m->cfg.n_layers, s->x))) return rc;
+    return loip_session_head_rows(s, s->x, n, rows, n_rows, logits);
 }
 
 float *loip_session_hidden(loip_session *s) { return s->x; }

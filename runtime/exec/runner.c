@@ -353,22 +353,21 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
 }
 
 static int compute(loip_runner *r, int32_t k, int32_t first, int32_t last, float *hidden,
-                   int32_t n, int32_t pos, int offloaded) {
+                   int32_t n, int offloaded) {
     if (first == last) return LOIP_OK;
     uint64_t t0 = loip_now_ns();
-    int rc = loip_session_blocks(r->s, first, last, hidden, n, pos);
+    int rc = loip_session_run(r->s, first, last, hidden);
     uint64_t t1 = loip_now_ns();
     r->stats.compute_ns += t1 - t0;
     record(r, LOIP_EVENT_COMPUTE, k, first, last, t0, t1, 0, offloaded, n);
     return rc;
 }
 
-LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
+/* Stage k over the session's prepared batch of n tokens. */
+static int stage_run(loip_runner *r, int32_t k, float *hidden, int32_t n) {
     if (k < 0 || k >= r->n)
         return loip_fail(LOIP_EINVAL, "runner: stage %d out of range (%d stages)", k, r->n);
-    /* Bad batch or positions fail here, before a load is consumed. */
-    int rc = loip_session_blocks(r->s, 0, 0, hidden, n, pos);
-    if (rc) return rc;
+    int rc;
     rstage *t = &r->st[k];
     r->stats.stage_runs++;
     if (t->n_off > 0 && t->per_block) {
@@ -388,11 +387,11 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t
                 if (2 * v->layer + block_of(v->which) == b)
                     r->m->layers[(size_t)v->layer * LOIP_W_COUNT + v->which].data = base + (v->slot_offset - rel);
             }
-            rc = compute(r, k, b, b + 1, hidden, n, pos, 1);
+            rc = compute(r, k, b, b + 1, hidden, n, 1);
             t->state = IDLE;
             if (rc) return rc;
         }
-        return compute(r, k, t->first + t->n_off, t->last, hidden, n, pos, 0);
+        return compute(r, k, t->first + t->n_off, t->last, hidden, n, 0);
     }
     if (t->n_off > 0) {
         /* A ring's ranges are freed in load order: a stage run before older loads is read again. */
@@ -407,33 +406,70 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t
         }
         if (t->state == LOADING && (rc = await(r, k))) return rc;
         bind_views(r, t);
-        rc = compute(r, k, t->first, t->first + t->n_off, hidden, n, pos, 1);
+        rc = compute(r, k, t->first, t->first + t->n_off, hidden, n, 1);
         release(r, t);
         if (rc) return rc;
         if ((rc = start_loads(r))) return rc;
     }
-    return compute(r, k, t->first + t->n_off, t->last, hidden, n, pos, 0);
+    return compute(r, k, t->first + t->n_off, t->last, hidden, n, 0);
+}
+
+/* Bad batches or positions fail in the preparation, before a load is consumed. */
+LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
+    int rc = loip_session_prepare(r->s, n, NULL, pos);
+    return rc ? rc : stage_run(r, k, hidden, n);
+}
+
+LOIP_API int loip_runner_stage_batch(loip_runner *r, int32_t k, float *hidden, int32_t n,
+                                     const loip_batch_token *toks) {
+    if (!toks) return loip_fail(LOIP_EINVAL, "runner: a batch without its tokens' sequences and positions");
+    int rc = loip_session_prepare(r->s, n, toks, 0);
+    return rc ? rc : stage_run(r, k, hidden, n);
+}
+
+/* Embedding, every stage, head (head(r, hidden, n, arg) when the caller wants logits). */
+static int forward_prepared(loip_runner *r, const int32_t *tokens, int32_t n, float *hidden) {
+    uint64_t t0 = loip_now_ns();
+    int rc = loip_session_embed(r->s, tokens, n, hidden);
+    if (rc) return rc;
+    uint64_t t1 = loip_now_ns();
+    r->stats.compute_ns += t1 - t0;
+    record(r, LOIP_EVENT_COMPUTE, -1, -1, 0, t0, t1, 0, 0, n);
+    for (int32_t k = 0; k < r->n; k++)
+        if ((rc = stage_run(r, k, hidden, n))) return rc;
+    return LOIP_OK;
+}
+
+static void head_done(loip_runner *r, int32_t n, uint64_t t0) {
+    uint64_t t1 = loip_now_ns();
+    int32_t n_blocks = 2 * r->m->cfg.n_layers;
+    r->stats.compute_ns += t1 - t0;
+    record(r, LOIP_EVENT_COMPUTE, -1, n_blocks, n_blocks + 1, t0, t1, 0, 0, n);
 }
 
 LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
                                  float *logits, int32_t mode) {
     float *hidden = loip_session_hidden(r->s);
-    int32_t n_blocks = 2 * r->m->cfg.n_layers;
-    int rc = loip_session_blocks(r->s, 0, 0, hidden, n, pos);
-    if (rc) return rc;
-    uint64_t t0 = loip_now_ns();
-    if ((rc = loip_session_embed(r->s, tokens, n, hidden))) return rc;
-    uint64_t t1 = loip_now_ns();
-    r->stats.compute_ns += t1 - t0;
-    record(r, LOIP_EVENT_COMPUTE, -1, -1, 0, t0, t1, 0, 0, n);
-    for (int32_t k = 0; k < r->n; k++)
-        if ((rc = loip_runner_stage(r, k, hidden, n, pos))) return rc;
+    int rc = loip_session_prepare(r->s, n, NULL, pos);
+    if (rc || (rc = forward_prepared(r, tokens, n, hidden))) return rc;
     if (mode == LOIP_LOGITS_NONE) return LOIP_OK;
-    t0 = loip_now_ns();
+    uint64_t t0 = loip_now_ns();
     rc = loip_session_head(r->s, hidden, n, logits, mode);
-    t1 = loip_now_ns();
-    r->stats.compute_ns += t1 - t0;
-    record(r, LOIP_EVENT_COMPUTE, -1, n_blocks, n_blocks + 1, t0, t1, 0, 0, n);
+    head_done(r, n, t0);
+    return rc;
+}
+
+LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, int32_t n,
+                                       const loip_batch_token *toks, const int32_t *rows,
+                                       int32_t n_rows, float *logits) {
+    if (!toks) return loip_fail(LOIP_EINVAL, "runner: a batch without its tokens' sequences and positions");
+    float *hidden = loip_session_hidden(r->s);
+    int rc = loip_session_prepare(r->s, n, toks, 0);
+    if (rc || (rc = forward_prepared(r, tokens, n, hidden))) return rc;
+    if (n_rows <= 0) return LOIP_OK;
+    uint64_t t0 = loip_now_ns();
+    rc = loip_session_head_rows(r->s, hidden, n, rows, n_rows, logits);
+    head_done(r, n_rows, t0);
     return rc;
 }
 

@@ -9,4 +9,12 @@ float *loip_session_hidden(loip_session *s);
 int32_t loip_session_max_batch(const loip_session *s);
 const loip_model *loip_session_model(const loip_session *s);
 
+/* Make n tokens the session's batch: token t is of sequence toks[t].seq at position
+ * toks[t].pos, or (toks NULL) of sequence 0 at pos + t. Checks them, maps the KV groups their
+ * positions need (LOIP_ENOMEM when the pool has none left) and computes their RoPE angles. */
+int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *toks, int32_t pos);
+/* Blocks [first, last) over hidden [n, dim] of the prepared batch. */
+int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden);
+int32_t loip_session_prepared(const loip_session *s);
+
 #endif

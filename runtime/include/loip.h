@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 19, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 20, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -61,6 +61,14 @@ LOIP_API int64_t loip_layout(const char *type, const char *field);
  * one arrived (0 before), and blocking receives return early. For long-running commands. */
 LOIP_API int loip_signal_watch(void);
 LOIP_API int loip_signal_received(void);
+/* Start argv[0] (a path) with argv, the environment plus env (NAME=value strings, NULL-ended;
+ * they replace inherited ones), stdout truncated into out_path and stderr appended to err_path
+ * (NULL: inherited). The child receives SIGTERM when the calling thread exits, however it ends:
+ * children die with their parent. */
+LOIP_API int loip_spawn(const char *const *argv, const char *const *env, const char *out_path,
+                        const char *err_path, int32_t *pid);
+/* Collect a child that exited (no zombie): 1 when it did, 0 while it runs, -1 not a child. */
+LOIP_API int loip_reap(int32_t pid);
 /* Sleep ms milliseconds (cut short by a watched signal). */
 LOIP_API void loip_sleep_ms(int32_t ms);
 
@@ -444,17 +452,48 @@ LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s);
 LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s);
 /* Bytes of the session's scratch (activations), without the KV cache. */
 LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
-/* What loip_session_new would charge for a model with cfg: the KV cache (kv_bytes) and the
- * activations (scratch_bytes), for planning before anything is allocated. */
+/* What loip_session_new_seqs would charge for a model with cfg: the KV cache (kv_bytes) and
+ * the activations (scratch_bytes), for planning before anything is allocated. kv_layers: how
+ * many layers' cache is kept (< 0: all); kv_tokens (<= 0: max_ctx) and max_seqs (<= 0: 1) as
+ * in loip_session_new_seqs. */
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
-                               int32_t n_threads, int32_t kv_layers, uint64_t *kv_bytes,
-                               uint64_t *scratch_bytes);
+                               int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
+                               int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes);
 /* A session keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a
- * device of a cluster holds its own layers' cache. kv_layers in loip_session_size: how many
- * (< 0: all). */
+ * device of a cluster holds its own layers' cache. */
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out);
+/* A session serving up to max_seqs sequences (requests) at once, numbered 0..max_seqs-1, each
+ * up to max_ctx positions, sharing a KV pool of kv_tokens positions (<= 0: max_ctx) in groups of
+ * LOIP_KV_BLOCK_TOKENS: a sequence takes a group when it first writes a position in it and gives
+ * its groups back with loip_session_seq_free. loip_session_new and _new_layers are one sequence
+ * with a pool of max_ctx. */
+LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
+                                   int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
+                                   loip_budget *budget, const uint8_t *kv_layers,
+                                   loip_session **out);
+/* Sequence seq ends: its KV groups go back to the pool (its positions are forgotten). */
+LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq);
+/* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
+LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
+LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
+
+/* A token of a batch of several sequences: its sequence and position. */
+typedef struct loip_batch_token {
+    int32_t seq;
+    int32_t pos;
+} loip_batch_token;
+/* Tokens tokens[0..n) of several sequences (toks[t]: token t's sequence and position; a
+ * sequence's positions before the ones here must have been forwarded before, or come earlier
+ * in this batch) through embedding, layers and the head of the rows rows[0..n_rows) into
+ * logits [n_rows, vocab]. One pass over the weights serves every sequence of the batch. */
+LOIP_API int loip_session_forward_batch(loip_session *s, const int32_t *tokens, int32_t n,
+                                        const loip_batch_token *toks, const int32_t *rows,
+                                        int32_t n_rows, float *logits);
+/* The head of the rows rows[0..n_rows) of hidden [n, dim] into logits [n_rows, vocab]. */
+LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_t n,
+                                    const int32_t *rows, int32_t n_rows, float *logits);
 
 /* Blocks, the unit of offloading: block b is layer b/2's attention (MHA: attention norm, q/k/v/o
  * and their biases and norms) when b is even, its MLP (ffn norm, gate, up, down) when odd. */
@@ -465,6 +504,9 @@ enum {
 /* Blocks [first, last) over hidden [n, dim]; loip_session_layers(f, l) is blocks [2f, 2l). */
 LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
                                  int32_t n, int32_t pos);
+/* The same over a batch of several sequences (see loip_session_forward_batch). */
+LOIP_API int loip_session_blocks_batch(loip_session *s, int32_t first, int32_t last, float *hidden,
+                                       int32_t n, const loip_batch_token *toks);
 
 /* ---- offloaded execution (runtime/exec/runner.c) --------------------------------------- */
 
@@ -555,6 +597,13 @@ LOIP_API int loip_runner_stage(loip_runner *r, int32_t stage, float *hidden, int
  * loip_session_forward). */
 LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
                                  float *logits, int32_t logits_mode);
+/* The same over a batch of several sequences (as loip_session_forward_batch): an offloaded
+ * block is read once per step for every sequence of the batch. */
+LOIP_API int loip_runner_stage_batch(loip_runner *r, int32_t stage, float *hidden, int32_t n,
+                                     const loip_batch_token *toks);
+LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, int32_t n,
+                                       const loip_batch_token *toks, const int32_t *rows,
+                                       int32_t n_rows, float *logits);
 /* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with
  * offloading: load, then compute), for baselines; 1 (the default): as soon as there is room. */
 LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch);
@@ -582,17 +631,20 @@ enum {
     LOIP_MSG_PLAN = 2,    /* head -> device: a JSON plan for the device (reply: READY/ERROR) */
     LOIP_MSG_READY = 3,
     LOIP_MSG_ERROR = 4,   /* payload: message text; status: LOIP_E* */
-    LOIP_MSG_START = 5,   /* head -> devices: a request (JSON: sampler, prompt ids) */
+    LOIP_MSG_START = 5,   /* head -> devices: a request in a sequence slot (JSON: seq, request,
+                             sampler, prompt ids); the slot's KV cache starts empty */
     LOIP_MSG_TOKENS = 6,  /* ids (I32) into the first stage */
     LOIP_MSG_HIDDEN = 7,  /* hidden states (F32, n_tokens x dim) between stages */
-    LOIP_MSG_RESULT = 8,  /* last device -> head: sampled id (I32), or logits (F32) */
+    LOIP_MSG_RESULT = 8,  /* last device -> head: loip_step_output per flagged token, logits */
     LOIP_MSG_STATS = 9,   /* head -> device: report (reply: STATS with a JSON payload) */
     LOIP_MSG_PING = 10,   /* heartbeat (reply: PONG) */
     LOIP_MSG_PONG = 11,
     LOIP_MSG_STOP = 12,   /* head -> device: shut down */
     LOIP_MSG_TRACE = 13,  /* head -> device: its recorded events (reply: TRACE, JSON) */
     LOIP_MSG_PROFILE = 14, /* head -> device: measure yourself (JSON options; reply: PROFILE, JSON) */
-    LOIP_MSG_KINDS = 15,
+    LOIP_MSG_END = 15,    /* head -> devices: a request's sequence slot is free (JSON: seq,
+                             request); its KV cache goes back to the pool; no reply */
+    LOIP_MSG_KINDS = 16,
 };
 
 typedef struct loip_msg_header {
@@ -602,20 +654,39 @@ typedef struct loip_msg_header {
     uint32_t plan_id;       /* the plan it belongs to (0: none) */
     int32_t hop;            /* ring position the payload is for: device-major within a stage
                                round (stage * n_devices + device); -1: none */
-    uint64_t step;          /* request number << 32 | the position of the batch */
+    uint64_t step;          /* the head's step number (its RESULT carries it back) */
     int32_t n_tokens;
-    int32_t pos;            /* position of the first token */
+    int32_t pos;            /* unused by data messages (each token carries its own) */
     int32_t dtype;          /* payload elements: LOIP_F32 or LOIP_I32; -1: bytes (text/JSON) */
     int32_t dim;            /* elements per token (TOKENS: 1, HIDDEN: model dim) */
     uint64_t payload_bytes;
     uint64_t t_send_ns;     /* sender's loip_now_ns() */
     int32_t status;
-    int32_t flags;          /* LOIP_MSGF_* */
+    int32_t flags;          /* unused (0) */
 } loip_msg_header;
+
+/* A micro-batch travels the ring as one message: TOKENS carry n ids (int32) then n
+ * loip_step_token, HIDDEN n x dim floats then the same n loip_step_token. Each token names its
+ * sequence (the request's slot on every device), the request that slot must be running (an
+ * older one's token is stale and refused), its position, and what the last device returns for
+ * it. Its RESULT carries n_tokens loip_step_output (one per token flagged), then the logits
+ * rows of those flagged LOIP_TOKF_LOGITS, in order (dtype -1). */
+typedef struct loip_step_token {
+    int32_t seq;
+    int32_t pos;
+    uint32_t request;
+    int32_t flags;          /* LOIP_TOKF_* */
+} loip_step_token;
 enum {
-    LOIP_MSGF_LOGITS = 1,   /* TOKENS: return logits instead of a sampled id */
-    LOIP_MSGF_NO_OUTPUT = 2, /* TOKENS: a prefill chunk whose output nobody reads */
+    LOIP_TOKF_SAMPLE = 1,   /* sample the sequence's next token from this token's logits */
+    LOIP_TOKF_LOGITS = 2,   /* return this token's logits */
 };
+typedef struct loip_step_output {
+    int32_t seq;
+    uint32_t request;
+    int32_t id;             /* the sampled id; -1 for logits */
+    int32_t flags;          /* the token's LOIP_TOKF_* */
+} loip_step_output;
 
 typedef struct loip_net loip_net;
 /* A transport context. token: the cluster secret (the CURVE keypair derived from it); NULL
@@ -635,6 +706,9 @@ LOIP_API int loip_sock_endpoint(loip_sock *s, char *buf, size_t cap);
 LOIP_API int loip_sock_connect(loip_net *n, const char *endpoint, const char *identity,
                                loip_sock **out);
 LOIP_API void loip_sock_free(loip_sock *s);
+/* A client socket: how many times the server dropped the connection before the handshake
+ * succeeded since the last success (> 0: it cannot read our key: another cluster token). */
+LOIP_API int loip_sock_refused(loip_sock *s);
 /* Send header h (magic, version and t_send filled in) and payload[h->payload_bytes]; to:
  * the peer's identity on a server socket, NULL on a client. Does not block for the peer
  * beyond timeout_ms (< 0: no limit): LOIP_ETIMEDOUT when the message could not be queued. */
@@ -724,8 +798,9 @@ typedef struct loip_device_config {
     int32_t device;         /* 0-based position in the ring */
     int32_t n_devices;
     int32_t n_stages;
-    int32_t max_tokens;     /* largest batch (prefill chunk) a message may carry */
-    int32_t logits_tokens;  /* largest batch whose logits may be returned (LOIP_MSGF_LOGITS) */
+    int32_t max_tokens;     /* most tokens a message may carry (a micro-batch with prefill chunks) */
+    int32_t logits_tokens;  /* most tokens whose logits one message may return (LOIP_TOKF_LOGITS) */
+    int32_t max_seqs;       /* sequence slots: requests served at once (the session's) */
     float slowdown;         /* > 1: after each stage, idle (slowdown - 1) x its compute time, to
                                mimic a slower board in a local cluster; <= 1: off */
     loip_heartbeat *heartbeat; /* told when data messages start and end (NULL: none) */
@@ -742,32 +817,72 @@ typedef struct loip_device_stats {
 
 typedef struct loip_device loip_device;
 /* Buffers (hidden states, logits, the payload) charged to budget's "activations" first.
- * max_tokens is lowered to the session's max_batch, logits_tokens (<= 0: 1) to max_tokens. */
+ * max_tokens is lowered to the session's max_batch, logits_tokens (<= 0: 1) to max_tokens,
+ * max_seqs to the session's. */
 LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget, loip_device **out);
 /* What loip_device_new charges to "activations" for a device of a model with cfg: the hidden
- * states (max_tokens x dim floats), the logits (logits_tokens x vocab_size floats), the
- * incoming payloads (the hidden states' size, at least the 64 KiB a control message may need)
- * and the token ids (max_tokens int32), into *bytes. logits_tokens is clamped as
- * loip_device_new clamps it (<= 0: 1; at most max_tokens); lowering max_tokens to the session's
- * max_batch is the caller's (pass the smaller). LOIP_EINVAL for max_tokens <= 0, or a cfg
- * without a positive dim and vocab_size. */
+ * states and token table (max_tokens x (dim floats + a loip_step_token)), the logits of the most rows one message returns
+ * (max(logits_tokens, max_seqs), at most max_tokens, x vocab_size floats) with their outputs,
+ * the incoming payloads (the hidden states and token table, at least the 64 KiB a control
+ * message may need), the token ids and tables, into *bytes. logits_tokens is clamped as
+ * loip_device_new clamps it (<= 0: 1; at most max_tokens), max_seqs <= 0 is 1; lowering
+ * max_tokens to the session's max_batch is the caller's (pass the smaller). LOIP_EINVAL for
+ * max_tokens <= 0, or a cfg without a positive dim and vocab_size. */
 LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
-                              int32_t logits_tokens, uint64_t *bytes);
+                              int32_t logits_tokens, int32_t max_seqs, uint64_t *bytes);
 LOIP_API void loip_device_free(loip_device *d);
-/* Request number request starts: data messages must carry it in their step's upper 32 bits
- * (older ones are stale and refused, so that a late message of a stopped request cannot
- * write into the new one's KV cache). The last device samples with p and seed over ids
- * [0, n_sample), the prompt as the first history for the repetition penalty (max_history ids
- * kept). */
-LOIP_API int loip_device_start(loip_device *d, uint32_t request, const loip_sampler_params *p,
-                               uint64_t seed, int32_t n_sample, const int32_t *prompt,
-                               int32_t n_prompt, int32_t max_history);
+/* Request number request (> 0) starts in sequence slot seq: data messages' tokens of that slot
+ * must name it (older requests' are stale and refused, so that a late message of a stopped
+ * request cannot write into the new one's KV cache, which starts empty). The last device
+ * samples with p and seed over ids [0, n_sample), the prompt as the first history for the
+ * repetition penalty (max_history ids kept). */
+LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
+                               const loip_sampler_params *p, uint64_t seed, int32_t n_sample,
+                               const int32_t *prompt, int32_t n_prompt, int32_t max_history);
+/* The request in slot seq is done (request must be the one it runs, 0: whatever it runs): the
+ * slot's KV cache goes back to the pool, its sampler is freed. */
+LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request);
 /* Serve data messages until a control message arrives (returns 1: it is in h, payload[cap],
  * from[64]), timeout_ms passes (0), or a message is refused or a step fails (< 0; the head
  * has been sent an ERROR naming this device). */
 LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_header *h,
                                void *payload, uint64_t cap, char *from);
 LOIP_API int loip_device_stats(loip_device *d, loip_device_stats_t *out);
+
+/* ---- HTTP server (runtime/http/server.c, libmicrohttpd) --------------------------------- */
+
+/* Requests are read by the server's threads (one per connection, bodies up to max_body bytes)
+ * and handed to the caller's loop; each waits until the caller answers it, whole or as a
+ * stream. A client that hangs up while its request waits or streams marks it cancelled. */
+typedef struct loip_http loip_http;
+typedef struct loip_http_req loip_http_req;
+/* Listen at host (IPv4 address, "": 127.0.0.1) and port (0: any; loip_http_port tells);
+ * max_connections at once (<= 0: 256); a connection idle for timeout_s is closed (<= 0: 30). */
+LOIP_API int loip_http_start(const char *host, int32_t port, uint64_t max_body, int32_t max_connections,
+                             int32_t timeout_s, loip_http **out);
+LOIP_API int32_t loip_http_port(const loip_http *s);
+/* Stop listening; requests still waiting are answered 503; waits for the connections. */
+LOIP_API void loip_http_stop(loip_http *s);
+/* The next request within timeout_ms (1, *out; 0: none). The caller answers and releases it. */
+LOIP_API int loip_http_next(loip_http *s, int32_t timeout_ms, loip_http_req **out);
+LOIP_API const char *loip_http_method(const loip_http_req *r);
+LOIP_API const char *loip_http_url(const loip_http_req *r);
+/* The body (NUL-terminated, *len bytes); *too_large: it passed max_body (and was dropped). */
+LOIP_API const char *loip_http_body(const loip_http_req *r, uint64_t *len, int32_t *too_large);
+/* A header's value into buf; 0 when the request has none. */
+LOIP_API int loip_http_header(loip_http_req *r, const char *name, char *buf, size_t cap);
+/* The client hung up (or the server stops): nobody will read an answer. */
+LOIP_API int loip_http_cancelled(loip_http_req *r);
+/* The whole answer: status, Content-Type, more headers ("Name: value" lines), body. */
+LOIP_API int loip_http_respond(loip_http_req *r, int32_t status, const char *content_type,
+                               const char *headers, const void *body, uint64_t len);
+/* An answer of unknown length, written piece by piece (end != 0: the last piece); a write to
+ * a client that hung up fails (LOIP_EIO). */
+LOIP_API int loip_http_stream_begin(loip_http_req *r, int32_t status, const char *content_type,
+                                    const char *headers);
+LOIP_API int loip_http_stream_write(loip_http_req *r, const void *data, uint64_t len, int32_t end);
+/* The caller is done with r (answered, or given up). */
+LOIP_API void loip_http_release(loip_http_req *r);
 
 /* ---- llama2.c tokenizer (tokenizer.bin: scored BPE with byte fallback) ---------------- */
 

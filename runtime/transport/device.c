@@ -16,22 +16,32 @@
 #include "exec/session.h"
 #include "memory/budget.h"
 
-struct loip_device {
-    loip_device_config cfg;
-    const loip_model *m;
-    int32_t dim, vocab;
-    loip_budget *budget;
-    uint64_t charged;
-    float *hidden;      /* (max_tokens, dim) */
-    float *logits;      /* (logits_tokens, vocab) */
-    int32_t *ids;       /* (max_tokens) */
-    uint8_t *payload;   /* incoming payloads: max(hidden, control) bytes */
-    uint64_t payload_cap;
+/* A sequence slot: the request it runs and, on the last device, its sampler and history. */
+typedef struct seq_state {
+    uint32_t request;   /* 0: free */
     loip_sampler *sampler;
     loip_sampler_params params;
     int32_t *history;   /* prompt and sampled ids, for the repetition penalty */
     int32_t n_history, max_history;
-    uint32_t request;   /* the request data messages must belong to (0: none started) */
+} seq_state;
+
+struct loip_device {
+    loip_device_config cfg;
+    const loip_model *m;
+    int32_t dim, vocab;
+    int32_t out_cap;    /* rows of logits one message may need (sampled and returned) */
+    loip_budget *budget;
+    uint64_t charged;
+    float *hidden;      /* (max_tokens, dim), then room for the token table */
+    uint8_t *result;    /* out_cap loip_step_output, then logits (out_cap, vocab) */
+    float *logits;      /* inside result */
+    int32_t *ids;       /* (max_tokens) */
+    loip_step_token *toks; /* (max_tokens) the message's table */
+    loip_batch_token *bt;  /* (max_tokens) the same for the session */
+    int32_t *rows;         /* (max_tokens) rows whose logits the last device computes */
+    uint8_t *payload;   /* incoming payloads: max(hidden + table, control) bytes */
+    uint64_t payload_cap;
+    seq_state *seqs;    /* (max_seqs) */
     loip_device_stats_t st;
     char from[64];
 };
@@ -42,43 +52,61 @@ enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
  * behind loip_device_new's charge and loip_device_size. */
 typedef struct device_sizes {
     int32_t logits_tokens; /* clamped: <= 0: 1, at most max_tokens */
-    uint64_t hidden, logits, payload, ids, total;
+    int32_t out_cap;       /* max(logits_tokens, max_seqs), at most max_tokens */
+    uint64_t hidden, result, outputs, payload, ids, total;
 } device_sizes;
 
 static int sizes_for(int32_t dim, int32_t vocab, int32_t max_tokens, int32_t logits_tokens,
-                     device_sizes *z) {
+                     int32_t max_seqs, device_sizes *z) {
     if (dim <= 0 || vocab <= 0 || max_tokens <= 0)
         return loip_fail(LOIP_EINVAL, "device size: dim %d, vocab %d, max_tokens %d (all must be > 0)",
                          dim, vocab, max_tokens);
     if (logits_tokens <= 0) logits_tokens = 1;
     if (logits_tokens > max_tokens) logits_tokens = max_tokens;
+    if (max_seqs <= 0) max_seqs = 1;
     z->logits_tokens = logits_tokens;
-    z->hidden = (uint64_t)max_tokens * (uint64_t)dim * sizeof(float);
-    z->logits = (uint64_t)logits_tokens * (uint64_t)vocab * sizeof(float);
+    z->out_cap = logits_tokens > max_seqs ? logits_tokens : max_seqs;
+    if (z->out_cap > max_tokens) z->out_cap = max_tokens;
+    uint64_t table = (uint64_t)max_tokens * sizeof(loip_step_token);
+    /* the hidden states with the table after them: what a HIDDEN message carries */
+    z->hidden = (uint64_t)max_tokens * (uint64_t)dim * sizeof(float) + table;
+    /* outputs rounded to 64 bytes so that the logits after them stay aligned */
+    z->outputs = ((uint64_t)z->out_cap * sizeof(loip_step_output) + 63) / 64 * 64;
+    z->result = z->outputs + (uint64_t)z->out_cap * (uint64_t)vocab * sizeof(float);
     z->payload = z->hidden > CONTROL_CAP ? z->hidden : CONTROL_CAP;
-    z->ids = (uint64_t)max_tokens * sizeof(int32_t);
-    z->total = z->hidden + z->logits + z->payload + z->ids;
+    z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 2 + sizeof(loip_step_token) + sizeof(loip_batch_token));
+    z->total = z->hidden + z->result + z->payload + z->ids;
     return LOIP_OK;
 }
 
 LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
-                              int32_t logits_tokens, uint64_t *bytes) {
+                              int32_t logits_tokens, int32_t max_seqs, uint64_t *bytes) {
     if (!cfg || !bytes) return loip_fail(LOIP_EINVAL, "device size: cfg and bytes are required");
     device_sizes z;
-    int rc = sizes_for(cfg->dim, cfg->vocab_size, max_tokens, logits_tokens, &z);
+    int rc = sizes_for(cfg->dim, cfg->vocab_size, max_tokens, logits_tokens, max_seqs, &z);
     if (rc) return rc;
     *bytes = z.total;
     return LOIP_OK;
 }
 
+static void seq_clear(seq_state *q) {
+    loip_sampler_free(q->sampler);
+    free(q->history);
+    memset(q, 0, sizeof *q);
+}
+
 LOIP_API void loip_device_free(loip_device *d) {
     if (!d) return;
     loip_aligned_free(d->hidden);
-    loip_aligned_free(d->logits);
+    loip_aligned_free(d->result);
     free(d->ids);
+    free(d->toks);
+    free(d->bt);
+    free(d->rows);
     free(d->payload);
-    free(d->history);
-    loip_sampler_free(d->sampler);
+    if (d->seqs)
+        for (int32_t i = 0; i < d->cfg.max_seqs; i++) seq_clear(&d->seqs[i]);
+    free(d->seqs);
     if (d->budget) {
         loip_budget_release(d->budget, "activations", d->charged);
         loip_budget_free(d->budget);
@@ -97,16 +125,18 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     if (!d) return loip_fail(LOIP_ENOMEM, "device: out of memory");
     d->cfg = *cfg;
     if (d->cfg.max_tokens > loip_session_max_batch(cfg->session)) d->cfg.max_tokens = loip_session_max_batch(cfg->session);
+    if (d->cfg.max_seqs <= 0 || d->cfg.max_seqs > loip_session_max_seqs(cfg->session))
+        d->cfg.max_seqs = loip_session_max_seqs(cfg->session);
     d->m = loip_session_model(cfg->session);
     d->dim = d->m->cfg.dim, d->vocab = d->m->cfg.vocab_size;
     device_sizes z;
-    int zrc = sizes_for(d->dim, d->vocab, d->cfg.max_tokens, d->cfg.logits_tokens, &z);
+    int zrc = sizes_for(d->dim, d->vocab, d->cfg.max_tokens, d->cfg.logits_tokens, d->cfg.max_seqs, &z);
     if (zrc) {
         free(d);
         return zrc;
     }
     d->cfg.logits_tokens = z.logits_tokens;
-    uint64_t hidden = z.hidden, logits = z.logits;
+    d->out_cap = z.out_cap;
     d->payload_cap = z.payload;
     d->charged = z.total;
     if (budget) {
@@ -117,21 +147,30 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
         }
         d->budget = loip_budget_retain(budget);
     }
-    d->hidden = loip_aligned_alloc(hidden);
-    d->logits = loip_aligned_alloc(logits);
-    d->ids = malloc((size_t)z.ids);
+    size_t T = (size_t)d->cfg.max_tokens;
+    d->hidden = loip_aligned_alloc(z.hidden);
+    d->result = loip_aligned_alloc(z.result);
+    d->ids = malloc(T * sizeof(int32_t));
+    d->toks = malloc(T * sizeof *d->toks);
+    d->bt = malloc(T * sizeof *d->bt);
+    d->rows = malloc(T * sizeof(int32_t));
     d->payload = malloc(d->payload_cap);
-    if (!d->hidden || !d->logits || !d->ids || !d->payload) {
+    d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
+    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
         loip_device_free(d);
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
     }
+    d->logits = (float *)(d->result + z.outputs);
     *out = d;
     return LOIP_OK;
 }
 
-LOIP_API int loip_device_start(loip_device *d, uint32_t request, const loip_sampler_params *p,
-                               uint64_t seed, int32_t n_sample, const int32_t *prompt,
-                               int32_t n_prompt, int32_t max_history) {
+LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
+                               const loip_sampler_params *p, uint64_t seed, int32_t n_sample,
+                               const int32_t *prompt, int32_t n_prompt, int32_t max_history) {
+    if (seq < 0 || seq >= d->cfg.max_seqs)
+        return loip_fail(LOIP_EINVAL, "device: sequence slot %d out of range (%d slots)", seq, d->cfg.max_seqs);
+    if (request == 0) return loip_fail(LOIP_EINVAL, "device: request 0 (requests are numbered from 1)");
     if (n_sample <= 0 || n_sample > d->vocab)
         return loip_fail(LOIP_EINVAL, "device: sampling over %d ids of a %d-token vocabulary", n_sample, d->vocab);
     if (max_history < n_prompt) max_history = n_prompt;
@@ -144,12 +183,23 @@ LOIP_API int loip_device_start(loip_device *d, uint32_t request, const loip_samp
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
     }
     if (n_prompt > 0) memcpy(h, prompt, (size_t)n_prompt * sizeof(int32_t));
-    loip_sampler_free(d->sampler);
-    free(d->history);
-    d->sampler = smp, d->params = *p, d->history = h;
-    d->n_history = n_prompt, d->max_history = max_history;
-    d->request = request;
+    seq_state *q = &d->seqs[seq];
+    seq_clear(q);
+    loip_session_seq_free(d->cfg.session, seq);
+    q->sampler = smp, q->params = *p, q->history = h;
+    q->n_history = n_prompt, q->max_history = max_history;
+    q->request = request;
     return LOIP_OK;
+}
+
+LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
+    if (seq < 0 || seq >= d->cfg.max_seqs)
+        return loip_fail(LOIP_EINVAL, "device: sequence slot %d out of range (%d slots)", seq, d->cfg.max_seqs);
+    seq_state *q = &d->seqs[seq];
+    if (request != 0 && q->request != request)
+        return loip_fail(LOIP_ESTATE, "device: slot %d runs request %u, not %u", seq, q->request, request);
+    seq_clear(q);
+    return loip_session_seq_free(d->cfg.session, seq);
 }
 
 /* Report a refusal or a failure to the head (best effort) and return rc. */
@@ -174,48 +224,54 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
     return rc;
 }
 
-/* The last hop's output: the head and a sample (or the logits, or only an acknowledgement). */
+/* The last hop's output: per flagged token a sampled id or its logits, to the head (a result
+ * with no outputs when nothing is flagged: the head hears of every step). */
 static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
-    loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
-                         .step = in->step, .pos = in->pos, .n_tokens = 1, .dim = 1, .dtype = LOIP_I32,
-                         .payload_bytes = 4};
+    loip_step_output *outs = (loip_step_output *)d->result;
+    int32_t n_rows = 0, n_logits = 0;
+    /* rows returned as logits first, in order, then the rows only sampled */
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t t = 0; t < n; t++) {
+            int32_t f = d->toks[t].flags;
+            if (!(f & (LOIP_TOKF_SAMPLE | LOIP_TOKF_LOGITS)) || !!(f & LOIP_TOKF_LOGITS) != (pass == 0)) continue;
+            if (n_rows == d->out_cap)
+                return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
+            if (pass == 0 && ++n_logits > d->cfg.logits_tokens)
+                return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
+            outs[n_rows] = (loip_step_output){d->toks[t].seq, d->toks[t].request, -1, f};
+            d->rows[n_rows++] = t;
+        }
     uint64_t t0 = loip_now_ns();
-    int rc = LOIP_OK;
-    int32_t id = -1;
-    const void *payload = &id;
-    if (in->flags & LOIP_MSGF_LOGITS) {
-        if (n > d->cfg.logits_tokens)
-            return report(d, in, LOIP_EINVAL, "logits asked for a batch larger than the logits buffer");
-        if ((rc = loip_session_head(d->cfg.session, d->hidden, n, d->logits, LOIP_LOGITS_ALL)))
+    int rc;
+    if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
+        return report(d, in, rc, loip_last_error());
+    for (int32_t i = 0; i < n_rows; i++) {
+        if (!(outs[i].flags & LOIP_TOKF_SAMPLE)) continue;
+        seq_state *q = &d->seqs[outs[i].seq];
+        if (!q->sampler) return report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
+        if ((rc = loip_sampler_sample(q->sampler, d->logits + (size_t)i * d->vocab, &q->params, q->history,
+                                      q->n_history, &outs[i].id)))
             return report(d, in, rc, loip_last_error());
-        h.dtype = LOIP_F32, h.n_tokens = n, h.dim = d->vocab;
-        h.payload_bytes = (uint64_t)n * d->vocab * sizeof(float);
-        payload = d->logits;
-    } else if (!(in->flags & LOIP_MSGF_NO_OUTPUT)) {
-        if (!d->sampler) return report(d, in, LOIP_ESTATE, "tokens to sample before a request started");
-        if ((rc = loip_session_head(d->cfg.session, d->hidden, n, d->logits, LOIP_LOGITS_LAST)))
-            return report(d, in, rc, loip_last_error());
-        int32_t used = d->n_history;
-        if ((rc = loip_sampler_sample(d->sampler, d->logits, &d->params, d->history, used, &id)))
-            return report(d, in, rc, loip_last_error());
-        if (d->n_history < d->max_history) d->history[d->n_history++] = id;
+        if (q->n_history < q->max_history) q->history[q->n_history++] = outs[i].id;
     }
     d->st.head_ns += loip_now_ns() - t0;
-    if ((rc = send_timed(d, d->cfg.head, &h, payload))) return report(d, in, rc, loip_last_error());
+    /* the outputs, then the returned logits rows right after them */
+    uint64_t out_bytes = (uint64_t)n_rows * sizeof *outs, logit_bytes = (uint64_t)n_logits * d->vocab * sizeof(float);
+    if (n_logits > 0 && (uint8_t *)d->logits != d->result + out_bytes)
+        memmove(d->result + out_bytes, d->logits, logit_bytes);
+    loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
+                         .step = in->step, .n_tokens = n_rows, .dim = d->vocab, .dtype = -1,
+                         .payload_bytes = out_bytes + logit_bytes};
+    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return report(d, in, rc, loip_last_error());
     return LOIP_OK;
 }
 
-/* Check a data message against the plan; on success its tokens/hidden are in place. */
+/* Check a data message against the plan; on success its tokens/hidden and table are in place. */
 static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     char why[300];
     int32_t hops = d->cfg.n_devices * d->cfg.n_stages;
     if (h->plan_id != d->cfg.plan_id) {
         snprintf(why, sizeof why, "message for plan %u, this device runs plan %u (stale)", h->plan_id, d->cfg.plan_id);
-        return report(d, h, LOIP_EPROTO, why);
-    }
-    if ((uint32_t)(h->step >> 32) != d->request || d->request == 0) {
-        snprintf(why, sizeof why, "message of request %u, this device runs request %u (stale)",
-                 (unsigned)(h->step >> 32), d->request);
         return report(d, h, LOIP_EPROTO, why);
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {
@@ -227,25 +283,43 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         snprintf(why, sizeof why, "%d tokens in one message, the limit is %d", h->n_tokens, d->cfg.max_tokens);
         return report(d, h, LOIP_EPROTO, why);
     }
+    int32_t k = h->n_tokens;
     if (h->kind == LOIP_MSG_TOKENS) {
         if (h->hop != 0 || h->dim != 1) {
             snprintf(why, sizeof why, "token ids for hop %d (dim %d): tokens enter at hop 0, one id each", h->hop, h->dim);
             return report(d, h, LOIP_EPROTO, why);
         }
-        memcpy(d->ids, d->payload, (size_t)h->n_tokens * sizeof(int32_t));
+    } else if (h->hop == 0 || h->dim != d->dim) {
+        snprintf(why, sizeof why, "hidden states of dim %d for hop %d (model dim %d; hop 0 takes token ids)",
+                 h->dim, h->hop, d->dim);
+        return report(d, h, LOIP_EPROTO, why);
+    }
+    uint64_t data = (uint64_t)k * (uint64_t)h->dim * 4;
+    memcpy(d->toks, d->payload + data, (size_t)k * sizeof *d->toks);
+    for (int32_t t = 0; t < k; t++) {
+        const loip_step_token *e = &d->toks[t];
+        if (e->seq < 0 || e->seq >= d->cfg.max_seqs) {
+            snprintf(why, sizeof why, "token %d of the batch in sequence slot %d (this device has %d)", t, e->seq,
+                     d->cfg.max_seqs);
+            return report(d, h, LOIP_EPROTO, why);
+        }
+        if (e->request == 0 || e->request != d->seqs[e->seq].request) {
+            snprintf(why, sizeof why, "token %d of the batch is of request %u, slot %d runs request %u (stale)", t,
+                     e->request, e->seq, d->seqs[e->seq].request);
+            return report(d, h, LOIP_EPROTO, why);
+        }
+        d->bt[t] = (loip_batch_token){e->seq, e->pos};
+    }
+    if (h->kind == LOIP_MSG_TOKENS) {
+        memcpy(d->ids, d->payload, (size_t)k * sizeof(int32_t));
         uint64_t t0 = loip_now_ns();
-        int rc = loip_session_embed(d->cfg.session, d->ids, h->n_tokens, d->hidden);
+        int rc = loip_session_embed(d->cfg.session, d->ids, k, d->hidden);
         d->st.head_ns += loip_now_ns() - t0;
         if (rc) return report(d, h, rc, loip_last_error());
     } else {
-        if (h->hop == 0 || h->dim != d->dim) {
-            snprintf(why, sizeof why, "hidden states of dim %d for hop %d (model dim %d; hop 0 takes token ids)",
-                     h->dim, h->hop, d->dim);
-            return report(d, h, LOIP_EPROTO, why);
-        }
-        memcpy(d->hidden, d->payload, h->payload_bytes);
+        memcpy(d->hidden, d->payload, data);
     }
-    *n = h->n_tokens;
+    *n = k;
     return LOIP_OK;
 }
 
@@ -269,7 +343,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         int32_t stage = h.hop / d->cfg.n_devices;
         loip_runner_stats_t before;
         if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
-        if ((rc = loip_runner_stage(d->cfg.runner, stage, d->hidden, n, h.pos)))
+        if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
             return report(d, &h, rc, loip_last_error());
         if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
             loip_runner_stats_t after;
@@ -282,9 +356,12 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) return finish(d, &h, n);
         h.hop++;
         if (d->cfg.n_devices == 1) continue;
+        /* the hidden states and the table after them, as one payload */
+        uint64_t data = (uint64_t)n * d->dim * sizeof(float);
+        memcpy((uint8_t *)d->hidden + data, d->toks, (size_t)n * sizeof *d->toks);
         loip_msg_header o = h;
         o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
-        o.payload_bytes = (uint64_t)n * d->dim * sizeof(float);
+        o.payload_bytes = data + (uint64_t)n * sizeof *d->toks;
         if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
         return LOIP_OK;
     }

@@ -39,6 +39,7 @@ struct loip_net {
     char log[AUTH_LOG_LINES][200];
     int n_log;
     int dropped_log;
+    struct loip_sock *socks; /* open sockets (under mu): closed by loip_net_free if still open */
 };
 
 typedef struct peer {
@@ -47,7 +48,13 @@ typedef struct peer {
 } peer;
 
 struct loip_sock {
-    loip_net *net;
+    loip_net *net;   /* NULL once the net is freed (the socket is closed then) */
+    struct loip_sock *prev, *next; /* in the net's list */
+    int thread_owned; /* a heartbeat thread's: it closes the socket itself on ETERM */
+    /* client: the handshake's state from the monitor: connected, and whether it ever succeeded;
+     * refused counts connections the server dropped before a handshake succeeded (a wrong
+     * cluster token or key: the server cannot read ours) */
+    int connected, handshaken, refused;
     void *z;
     void *mon;   /* server: the socket monitor's events (failed handshakes are logged) */
     char endpoint[256];
@@ -222,10 +229,30 @@ fail:
     return rc ? rc : LOIP_EINVAL;
 }
 
+static void sock_close_z(loip_sock *s) {
+    if (s->mon) {
+        zmq_socket_monitor(s->z, NULL, 0);
+        zmq_close(s->mon);
+        s->mon = NULL;
+    }
+    if (s->z) zmq_close(s->z);
+    s->z = NULL;
+}
+
 LOIP_API void loip_net_free(loip_net *n) {
     if (!n) return;
-    /* ctx_term blocks until every socket is closed: sockets belong to the caller, who frees
-     * them first (the Lua side keeps that order); the ZAP thread exits on ETERM. */
+    /* ctx_term blocks until every socket is closed. Sockets belong to the caller, who should
+     * free them first; any still open (a program that stopped on an error, finalizers run in
+     * any order) are closed here, with linger 0, and stay as husks their owner frees later.
+     * A heartbeat thread's socket is closed by its thread on ETERM; the ZAP thread exits on
+     * ETERM too. */
+    pthread_mutex_lock(&n->mu);
+    for (loip_sock *s = n->socks; s; s = s->next) {
+        if (!s->thread_owned) sock_close_z(s);
+        s->net = NULL;
+    }
+    n->socks = NULL;
+    pthread_mutex_unlock(&n->mu);
     zmq_ctx_shutdown(n->ctx);
     if (n->zap_ok) pthread_join(n->zap_thread, NULL);
     zmq_ctx_term(n->ctx);
@@ -268,19 +295,31 @@ static int sock_new(loip_net *n, int type, loip_sock **out) {
     zmq_setsockopt(s->z, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(s->z, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(s->z, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    pthread_mutex_lock(&n->mu);
+    s->next = n->socks;
+    if (n->socks) n->socks->prev = s;
+    n->socks = s;
+    pthread_mutex_unlock(&n->mu);
     *out = s;
     return LOIP_OK;
 }
 
 LOIP_API void loip_sock_free(loip_sock *s) {
     if (!s) return;
-    if (s->mon) {
-        zmq_socket_monitor(s->z, NULL, 0);
-        zmq_close(s->mon);
+    loip_net *n = s->net;
+    if (n) {
+        pthread_mutex_lock(&n->mu);
+        if (s->prev) s->prev->next = s->next;
+        else n->socks = s->next;
+        if (s->next) s->next->prev = s->prev;
+        pthread_mutex_unlock(&n->mu);
     }
-    zmq_close(s->z);
+    sock_close_z(s);
     free(s);
 }
+
+/* A socket whose net was freed under it is closed: every use is refused. */
+#define CHECK_OPEN(s) do { if (!(s)->z) return loip_fail(LOIP_ESTATE, "transport: the socket was closed with its context"); } while (0)
 
 /* Failed handshakes on a server socket (a client with another token or key fails inside the
  * CURVE handshake, before the ZAP handler sees it): into the net's refusal log. */
@@ -311,10 +350,20 @@ static void poll_monitor(loip_sock *s) {
             }
             zmq_msg_close(&addr);
         }
+        if (!s->server) {
+            if (event == ZMQ_EVENT_CONNECTED) s->connected = 1;
+            else if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) s->handshaken = 1, s->refused = 0;
+            else if (event == ZMQ_EVENT_DISCONNECTED && s->connected && !s->handshaken) s->refused++;
+            else if (event & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                              ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) s->refused++;
+            if (event == ZMQ_EVENT_DISCONNECTED) s->connected = 0;
+            continue;
+        }
         const char *why = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? "authentication refused"
                           : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "CURVE handshake failed (wrong cluster token or keys?)"
                                                                           : "handshake failed";
-        auth_log(s->net, "rejected a peer on %s: %s (code %u)", where[0] ? where : s->endpoint, why, value);
+        loip_net *n = s->net; /* (valid while this socket is open: the net's ctx_term waits for it) */
+        if (n) auth_log(n, "rejected a peer on %s: %s (code %u)", where[0] ? where : s->endpoint, why, value);
     }
 }
 
@@ -352,6 +401,7 @@ LOIP_API int loip_sock_bind(loip_net *n, const char *endpoint, loip_sock **out) 
 }
 
 LOIP_API int loip_sock_endpoint(loip_sock *s, char *buf, size_t cap) {
+    CHECK_OPEN(s);
     size_t len = cap;
     if (zmq_getsockopt(s->z, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return zfail(LOIP_EINVAL, "transport: endpoint");
     return LOIP_OK;
@@ -368,6 +418,15 @@ LOIP_API int loip_sock_connect(loip_net *n, const char *endpoint, const char *id
     zmq_setsockopt(s->z, ZMQ_CURVE_SERVERKEY, n->public_z85, 40);
     zmq_setsockopt(s->z, ZMQ_CURVE_PUBLICKEY, n->public_z85, 40);
     zmq_setsockopt(s->z, ZMQ_CURVE_SECRETKEY, n->secret_z85, 40);
+    char mon[64];
+    snprintf(mon, sizeof mon, "inproc://loip-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->z, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                           ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0 &&
+        (s->mon = zmq_socket(n->ctx, ZMQ_PAIR)) && zmq_connect(s->mon, mon) != 0) {
+        zmq_close(s->mon);
+        s->mon = NULL;
+    }
     int ivl = 100, max_ivl = 1000;
     zmq_setsockopt(s->z, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(s->z, ZMQ_RECONNECT_IVL_MAX, &max_ivl, sizeof max_ivl);
@@ -380,6 +439,12 @@ LOIP_API int loip_sock_connect(loip_net *n, const char *endpoint, const char *id
     return LOIP_OK;
 }
 
+LOIP_API int loip_sock_refused(loip_sock *s) {
+    if (!s->z) return 0;
+    poll_monitor(s);
+    return s->refused;
+}
+
 static int set_timeout(void *z, int opt, int32_t ms) {
     int v = ms < 0 ? -1 : ms;
     return zmq_setsockopt(z, opt, &v, sizeof v);
@@ -387,6 +452,7 @@ static int set_timeout(void *z, int opt, int32_t ms) {
 
 LOIP_API int loip_sock_send(loip_sock *s, const char *to, const loip_msg_header *h,
                             const void *payload, int32_t timeout_ms) {
+    CHECK_OPEN(s);
     loip_msg_header hh = *h;
     hh.magic = LOIP_MSG_MAGIC;
     hh.version = LOIP_MSG_VERSION;
@@ -431,16 +497,9 @@ static void drain(void *z) {
     }
 }
 
-static int elem_size(int32_t dtype) {
-    switch (dtype) {
-    case LOIP_F32: case LOIP_I32: return 4;
-    case -1: return 1;
-    default: return 0;
-    }
-}
-
 LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
                             uint64_t cap, char *from) {
+    CHECK_OPEN(s);
     char id[64] = "";
     poll_monitor(s);
     set_timeout(s->z, ZMQ_RCVTIMEO, timeout_ms);
@@ -484,16 +543,21 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
     if (h->kind == 0 || h->kind >= LOIP_MSG_KINDS) BAD("message from %s: unknown kind %u", who, h->kind);
     if (h->payload_bytes > cap) BAD("message from %s: payload of %llu bytes exceeds %llu", who,
                                     (unsigned long long)h->payload_bytes, (unsigned long long)cap);
-    if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN || h->kind == LOIP_MSG_RESULT) {
-        int es = elem_size(h->dtype);
-        int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : h->kind == LOIP_MSG_TOKENS ? LOIP_I32 : -2;
-        if (!es || es == 1 || (want != -2 && h->dtype != want))
-            BAD("message from %s: dtype %d not allowed for kind %u", who, h->dtype, h->kind);
+    if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN) {
+        /* n_tokens x dim elements, then the n_tokens loip_step_token of the micro-batch */
+        int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : LOIP_I32;
+        if (h->dtype != want) BAD("message from %s: dtype %d not allowed for kind %u", who, h->dtype, h->kind);
         if (h->n_tokens <= 0 || h->dim <= 0 || h->pos < 0)
             BAD("message from %s: n_tokens %d, dim %d, pos %d", who, h->n_tokens, h->dim, h->pos);
-        if ((uint64_t)h->n_tokens * (uint64_t)h->dim * (uint64_t)es != h->payload_bytes)
-            BAD("message from %s: payload of %llu bytes but n_tokens %d x dim %d x %d bytes", who,
-                (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, es);
+        if ((uint64_t)h->n_tokens * ((uint64_t)h->dim * 4 + sizeof(loip_step_token)) != h->payload_bytes)
+            BAD("message from %s: payload of %llu bytes but n_tokens %d x (dim %d x 4 + %zu) bytes", who,
+                (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, sizeof(loip_step_token));
+    } else if (h->kind == LOIP_MSG_RESULT) {
+        /* n_tokens loip_step_output, then logits rows (checked by the head, which knows the vocabulary) */
+        if (h->dtype != -1 || h->n_tokens < 0 ||
+            (uint64_t)h->n_tokens * sizeof(loip_step_output) > h->payload_bytes)
+            BAD("message from %s: a result of %d outputs (dtype %d) in %llu bytes", who, h->n_tokens, h->dtype,
+                (unsigned long long)h->payload_bytes);
     }
     uint64_t got = 0;
     if (h->payload_bytes) {
@@ -603,6 +667,10 @@ static void *heartbeat_main(void *arg) {
     while (!atomic_load(&hb->stop)) {
         loip_msg_header h;
         int rc = loip_sock_recv(hb->sock, 100, &h, buf, sizeof buf, from);
+        if (rc != LOIP_OK && zmq_errno() == ETERM) { /* the net is being freed: close, and stop */
+            sock_close_z(hb->sock);
+            break;
+        }
         if (rc != LOIP_OK || h.kind != LOIP_MSG_PING) continue;
         uint64_t since = atomic_load(&hb->busy_since), now = loip_now_ns();
         uint64_t reply[2] = {since && now > since ? now - since : 0, atomic_load(&hb->done)};
@@ -621,6 +689,7 @@ LOIP_API int loip_heartbeat_new(loip_net *n, const char *endpoint, loip_heartbea
         free(hb);
         return rc;
     }
+    hb->sock->thread_owned = 1;
     if (pthread_create(&hb->thread, NULL, heartbeat_main, hb) != 0) {
         loip_sock_free(hb->sock);
         free(hb);

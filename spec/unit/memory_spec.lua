@@ -132,8 +132,10 @@ describe("loip.runtime.memory", function()
     local bt = loip.C.loip_session_kv_block_tokens(s)
     assert.are.equal(tonumber(loip.C.LOIP_KV_BLOCK_TOKENS), bt)
     local c = a.cfg
-    local blocks = c.n_layers * math.ceil(100 / bt)
-    assert.are.equal(blocks * bt * c.n_kv_heads * c.head_dim * 4 * 2 + blocks * 4,
+    -- one sequence: groups of bt positions of every layer, its block table, the free list and
+    -- the layers' slots
+    local groups = math.ceil(100 / bt)
+    assert.are.equal(groups * c.n_layers * bt * c.n_kv_heads * c.head_dim * 4 * 2 + (groups + groups + c.n_layers) * 4,
       tonumber(loip.C.loip_session_kv_bytes(s)))
     assert.are.equal(tonumber(loip.C.loip_session_kv_bytes(s)), by_name(memory.report(a)).kv.bytes)
     -- 100 positions cross six block boundaries, prefilled 7 at a time (batches straddle them)

@@ -7,7 +7,8 @@
 --
 --   local c = cluster.start_local{ store = dir, devices = 3, mem = { "600M", "400M", "400M" } }
 --   c:plan{ scheduler = "loip" }              -- or plan = table / file; stages = S
---   for id, text in c:generate(ids, { max_tokens = 20, temperature = 0 }) do ... end
+--   for id in c:generate(ids, { max_tokens = 20, sampler = { temperature = 0 } }) do ... end
+--   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.serve.batcher)
 --   c:close()
 local ffi = require "ffi"
 local core = require "loip.core"
@@ -45,6 +46,7 @@ local function alive(pid)
   local st = f:read("*l") or ""
   f:close()
   local state = st:match("^%d+ %b() (%a)")
+  if state == "Z" then C.loip_reap(pid) end -- our child (a local worker) that exited
   return state ~= nil and state ~= "Z" and state ~= "X"
 end
 local function tail(path, n)
@@ -68,11 +70,20 @@ local function spawn(c, i)
   os.remove(out)
   local listen = c.opts.tcp and "tcp://127.0.0.1:*" or ("ipc://" .. c.dir .. "/worker-" .. i .. ".sock")
   if d.endpoint then listen = d.endpoint end
-  local cmd = string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen %s --store %s --mem %d --threads %d > %s 2>> %s & echo $!",
-    c.token, sh_quote(c.exe), sh_quote(listen), sh_quote(c.store), d.mem, d.threads, sh_quote(out), sh_quote(log))
-  local p = io.popen(cmd)
-  d.pid = tonumber(p:read("*l"))
-  p:close()
+  -- a child that dies with the head (however the head ends), and then removes the head's
+  -- directory (its sockets, logs and key) unless the logs are to be kept
+  local args = { c.exe, "worker", "--listen", listen, "--store", c.store, "--mem", tostring(d.mem),
+    "--threads", tostring(d.threads) }
+  if not c.opts.keep_logs then args[#args + 1] = "--head-dir" args[#args + 1] = c.dir end
+  local argv = ffi.new("const char *[?]", #args + 1) -- (NULL-ended; the strings anchored by args)
+  for k, a in ipairs(args) do argv[k - 1] = a end
+  local token_var = "LOIP_CLUSTER_TOKEN=" .. c.token
+  local env = ffi.new("const char *[2]")
+  env[0] = token_var
+  local pid = ffi.new("int32_t[1]")
+  core.check(C.loip_spawn(argv, env, out, log, pid), "device " .. i)
+  local _ = { args, token_var }
+  d.pid = pid[0]
   d.log = log
   local deadline = core.now_ms() + 30000
   while core.now_ms() < deadline do
@@ -103,6 +114,10 @@ function Cluster:ask(i, msg, timeout_ms, via)
       error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, msg.kind, (timeout_ms or 10000) / 1000), 0)
     end
     local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
+    if not r and sock:refused() > 0 then
+      error(string.format("device %d (%s) refused our key: wrong cluster token? (give every member the same --token, LOIP_CLUSTER_TOKEN or --curve-keys)",
+        i, d.endpoint), 0)
+    end
     if r and r.kind ~= "PONG" then
       if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
       return r
@@ -118,11 +133,19 @@ end
 -- with one message longer than this is taken as hung; default 120 s: a heartbeat thread
 -- answers meanwhile, so long prefill stages are not mistaken for a dead device).
 local function new(opts, devices)
-  local token = opts.token or os.getenv("LOIP_CLUSTER_TOKEN") or random_token()
-  local net, err = transport.net { token = token }
+  local token = opts.token or (not opts.keys and (os.getenv("LOIP_CLUSTER_TOKEN") or (opts.random_token and random_token())))
+  if not token and not opts.keys then
+    error("cluster: no cluster token: give token (--token), LOIP_CLUSTER_TOKEN or keys (--curve-keys)", 0)
+  end
+  local net, err = transport.net { token = token, keys = opts.keys }
   if not net then error(err, 0) end
   local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store, devices = devices,
     plan_id = 0, seq = 0, stage_limit_ms = opts.stage_limit_ms or 120000 }, Cluster)
+  -- who we are to the workers: a worker serves one head, and names it to any other
+  local host = io.open("/proc/sys/kernel/hostname")
+  c.identity = string.format("head-%s-%d", host and host:read("*l") or "?", tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")))
+  if host then host:close() end
+  c.identity = c.identity:sub(1, 63)
   c.man = store.read_manifest(opts.store)
   c.store_id = worker.store_id(opts.store)
   c.results = assert(net:bind(opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock"))
@@ -133,7 +156,7 @@ end
 function Cluster:connect_all()
   for i, d in ipairs(self.devices) do
     if d.ctl then d.ctl:close() end
-    d.ctl = assert(self.net:connect(d.endpoint, "head"))
+    d.ctl = assert(self.net:connect(d.endpoint, self.identity))
     local t0 = tonumber(C.loip_now_ns())
     local r = self:ask(i, { kind = "HELLO" }, 10000)
     local t1 = tonumber(C.loip_now_ns())
@@ -154,9 +177,9 @@ function Cluster:connect_all()
       return ep
     end
     if d.hb then d.hb:close() d.hb = nil end
-    if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), "head")) end
+    if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), self.identity)) end
     if d.bulk then d.bulk:close() d.bulk = nil end
-    if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), "head")) end
+    if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), self.identity)) end
   end
 end
 
@@ -172,10 +195,15 @@ function M.start_local(opts)
     if type(m) == "string" then m = require("loip.tools.flags").parse_bytes(m) end
     devices[i] = { mem = m or 0, threads = opts.threads or math.max(1, math.floor(ncpu / n)) }
   end
-  local dir = opts.dir or os.tmpname()
-  os.remove(dir)
-  os.execute("mkdir -p " .. sh_quote(dir))
-  local o2 = setmetatable({ ipc_dir = not opts.tcp and dir or nil }, { __index = opts })
+  local dir = opts.dir
+  if dir then os.execute("mkdir -p " .. sh_quote(dir))
+  else
+    local p = io.popen("mktemp -d /tmp/loip-head-XXXXXX")
+    dir = p:read("*l")
+    p:close()
+    if not dir then error("cluster: cannot make a private directory under /tmp", 0) end
+  end
+  local o2 = setmetatable({ ipc_dir = not opts.tcp and dir or nil, random_token = true }, { __index = opts })
   local c = new(o2, devices)
   c.exe = opts.exe or exe()
   c.dir = dir
@@ -272,12 +300,15 @@ function Cluster:problem(opts, sizes)
   return problem.new { model = sizes, shape = problem.shape_of(self.man.config, store.layer_dtype(self.man)), n = N,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
-    batch = self.batch, loader = opts.loader }
+    batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }
 end
 
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
--- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch,
+-- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
+-- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
+-- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
+-- default context x max_batch),
 -- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
 -- (each once or per link: link i runs from device i to the next, emulated where it arrives),
 -- slowdown (once or per device: compute that takes that many times as long, to mimic slower
@@ -292,7 +323,17 @@ function Cluster:plan(opts)
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
   local threads = self.devices[1].threads or 1
-  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens })
+  local max_seqs = opts.max_batch or 1
+  if type(max_seqs) ~= "number" or max_seqs < 1 or max_seqs ~= math.floor(max_seqs) or max_seqs > batch then
+    error(string.format("cluster: max_batch %s is not a whole number in 1..%d (the tokens a step carries)", tostring(max_seqs), batch), 0)
+  end
+  if self._batcher and self._batcher:busy() and not opts.keep_requests then
+    error(string.format("cluster: %d requests are running or waiting; a new plan would drop their KV caches",
+      self._batcher:active() + self._batcher:queued()), 0)
+  end
+  if not opts.keep_requests then self._batcher = nil end
+  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens })
   self.sizes = sizes
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = plan.load(p), p end
@@ -325,7 +366,8 @@ function Cluster:plan(opts)
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, loader = opts.loader, disk_rate = each(opts.disk_rate, i),
+      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, loader = opts.loader,
+      disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
         or opts.overlap_loads or false,
@@ -368,7 +410,7 @@ function Cluster:revive()
     self:connect_all()
     -- the same plan again (the figures did not change; a scheduler would choose the same)
     if self.plan_table then
-      local o = setmetatable({ plan = self.plan_table, estimate = false }, { __index = self.plan_opts })
+      local o = setmetatable({ plan = self.plan_table, estimate = false, keep_requests = true }, { __index = self.plan_opts })
       self:plan(o)
     end
   end
@@ -428,11 +470,10 @@ function Cluster:await(step, timeout_ms)
     if r then
       local i = tonumber(r.from:match("^d(%d+)$"))
       if i and self.devices[i] then self.devices[i].last_seen = core.now_ms() end
-      -- an error about this request stops it; one about an older request (a late message of
-      -- a request that was stopped) or about a message nobody can attribute (malformed) does not
-      local request = math.floor(r.step / 4294967296)
+      -- an error about this step stops it; one about an older step (a late message of a step
+      -- that was stopped) or about a message nobody can attribute (malformed) does not
       if r.kind == "ERROR" then
-        if request == self.seq then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        if r.step == step then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
         self.warnings = self.warnings or {}
         table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
       end
@@ -442,91 +483,125 @@ function Cluster:await(step, timeout_ms)
   end
 end
 
--- Send ids[first..last] into device 1 as step; flags as loip_msg_header.flags.
-function Cluster:feed(ids, first, last, pos, step, flags)
-  local n = last - first + 1
-  local buf = ffi.new("int32_t[?]", n)
-  for k = 0, n - 1 do buf[k] = ids[first + k] end
-  local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
-    pos = pos, dtype = C.LOIP_I32, dim = 1, flags = flags or 0, payload = ffi.string(buf, 4 * n) }, 5000)
-  if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
+-- The engine side of loip.serve.batcher (c:batcher()): a request starts in a sequence slot on
+-- every device, a step is one micro-batch around the ring, a request's end frees its slot's KV.
+
+-- Start request r (loip.serve.batcher) in slot seq on every device (sampler state on the last).
+function Cluster:start(seq, r)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
+    n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0 })
+  for i, d in ipairs(self.devices) do
+    local ok, err = d.ctl:send({ kind = "START", payload = body }, 2000)
+    if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+  end
+  for i, d in ipairs(self.devices) do
+    local deadline = core.now_ms() + 10000
+    while true do
+      local m = d.ctl:recv(200)
+      if m and m.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, m.payload), 0) end
+      if m and m.kind == "READY" then break end
+      if d.pid and not alive(d.pid) then
+        error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
+      end
+      if core.now_ms() > deadline then error(string.format("device %d (%s) did not answer START within 10 s", i, d.endpoint), 0) end
+    end
+  end
+  self.active = (self.active or 0) + 1
 end
 
--- Start a request on every device (sampler state on the last).
-function Cluster:start(prompt, gen)
-  self:revive()
+-- Request r in slot seq is done: every device frees the slot (no reply).
+function Cluster:finish(seq, r)
+  self.active = math.max(0, (self.active or 1) - 1)
+  local body = json.encode({ seq = seq, request = r.id })
+  for _, d in ipairs(self.devices) do d.ctl:send({ kind = "END", payload = body }, 2000) end
+end
+
+-- Nothing runs: restart devices that died (their KV is gone, and nothing needs it now).
+function Cluster:idle() self:revive() end
+
+-- One micro-batch around the ring: toks (see loip.serve.batcher) into device 1, the outputs
+-- back from device N.
+function Cluster:step(toks)
+  local n = #toks
+  local payload = ffi.new("uint8_t[?]", n * (4 + ffi.sizeof("loip_step_token")))
+  local ids = ffi.cast("int32_t *", payload)
+  local tab = ffi.cast("loip_step_token *", payload + 4 * n)
+  for i, t in ipairs(toks) do
+    ids[i - 1] = t.id
+    tab[i - 1].seq, tab[i - 1].pos, tab[i - 1].request, tab[i - 1].flags = t.seq, t.pos, t.request, t.flags
+  end
+  self.step_no = (self.step_no or 0) + 1
+  local step = self.step_no
+  local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
+    dtype = C.LOIP_I32, dim = 1, payload = payload, bytes = ffi.sizeof(payload) }, 5000)
+  if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
+  local r = self:await(step)
+  local k, V = r.n_tokens, self.vocab
+  local OUT = ffi.sizeof("loip_step_output")
+  if #r.payload < k * OUT then error(string.format("device %d: a result of %d outputs in %d bytes", #self.devices, k, #r.payload), 0) end
+  local o = ffi.cast("const loip_step_output *", r.payload)
+  local outs, n_logits = {}, 0
+  for j = 0, k - 1 do
+    local x = { seq = o[j].seq, request = o[j].request, id = o[j].id, flags = o[j].flags }
+    if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then n_logits = n_logits + 1 end
+    outs[j + 1] = x
+  end
+  if #r.payload ~= k * OUT + n_logits * V * 4 then
+    error(string.format("device %d: a result of %d bytes, %d outputs and %d logits rows of %d need %d", #self.devices,
+      #r.payload, k, n_logits, V, k * OUT + n_logits * V * 4), 0)
+  end
+  if n_logits > 0 then
+    -- (the payload string lives as long as r; the rows are copied into a buffer of their own)
+    self.logits_buf = self.logits_buf and self.logits_rows >= n_logits and self.logits_buf or ffi.new("float[?]", n_logits * V)
+    self.logits_rows = math.max(self.logits_rows or 0, n_logits)
+    ffi.copy(self.logits_buf, ffi.cast("const uint8_t *", r.payload) + k * OUT, n_logits * V * 4)
+    local row = 0
+    for _, x in ipairs(outs) do
+      if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then x.logits = self.logits_buf + row * V row = row + 1 end
+    end
+  end
+  return outs
+end
+
+-- The request loop of this cluster (loip.serve.batcher), made after the plan; opts (first
+-- call only): max_queue, prefill_chunk.
+function Cluster:batcher(opts)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
-  self.seq = self.seq + 1
-  for _, d in ipairs(self.devices) do d.last_seen = core.now_ms() end
-  local body = json.encode({ request = self.seq, sampler = gen.sampler or {}, seed = gen.seed or 0, n_sample = gen.n_sample or self.vocab,
-    prompt = prompt, max_tokens = gen.max_tokens or 0 })
-  for i = 1, #self.devices do self:ask(i, { kind = "START", payload = body }, 10000) end
+  if not self._batcher then
+    self.max_seqs, self.kv_block = self.sizes.max_seqs, C.LOIP_KV_BLOCK_TOKENS
+    self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
+    self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
+    self._batcher = require("loip.serve.batcher").new(self, opts)
+  end
+  return self._batcher
 end
 
 -- Logits of ids at positions 0.. (float array [#ids * vocab]), computed around the ring.
 function Cluster:logits(ids)
-  self:start(ids, {})
-  local V, n = self.vocab, #ids
-  local out = ffi.new("float[?]", n * V)
-  local chunk = (self.plan_opts and self.plan_opts.logits_tokens) or 1
-  local pos = 0
-  while pos < n do
-    local k = math.min(chunk, n - pos)
-    local step = self.seq * 4294967296 + pos
-    self:feed(ids, pos + 1, pos + k, pos, step, C.LOIP_MSGF_LOGITS)
-    local r = self:await(step)
-    if r.n_tokens ~= k or r.dim ~= V then error(string.format("logits of %d x %d, expected %d x %d", r.n_tokens, r.dim, k, V), 0) end
-    ffi.copy(out + pos * V, r.payload, 4 * k * V)
-    pos = pos + k
-  end
-  return out
+  local r = self:batcher():submit { prompt = ids, logits = true }
+  r:wait()
+  return r.logits
 end
 
 -- Generate from prompt ids: an iterator of sampled ids (as loip.model's generate, without
--- text) and a state with .token_ids and .stats. gen: max_tokens, stop (set of ids),
--- sampler (temperature, top_k, ...), seed, n_sample.
+-- text) and a state with .token_ids, .stats and .request (the batcher's). Iterators of several
+-- calls may be interleaved: each is its own request, run in one micro-batch. gen: max_tokens,
+-- stop (set of ids), sampler (temperature, top_k, ...), seed, n_sample.
 function Cluster:generate(ids, gen)
   gen = gen or {}
-  local room = self.context - #ids
-  local max_tokens = math.min(gen.max_tokens or room, room)
-  self:start(ids, gen)
-  local state = { token_ids = {}, stats = { prefill_ms = 0, decode_ms = 0, decode_steps = 0, prompt_tokens = #ids } }
-  local n = #ids
-  local history = {}
-  for k, id in ipairs(ids) do history[k] = id end
-  local pending -- the step whose result is the next token
-  local last_result -- the prefill's: the first token
-  local t0 = core.now_ms()
-  local pos = 0
-  while pos < n do -- prefill in batches; only the last one's result is a token
-    local k = math.min(self.batch, n - pos)
-    local step = self.seq * 4294967296 + pos
-    local last = pos + k == n
-    self:feed(ids, pos + 1, pos + k, pos, step, last and 0 or C.LOIP_MSGF_NO_OUTPUT)
-    last_result = self:await(step)
-    pos = pos + k
-  end
-  state.stats.prefill_ms = core.now_ms() - t0
-  local done = false
+  local req = self:batcher():submit { prompt = ids, max_tokens = gen.max_tokens, sampler = gen.sampler, seed = gen.seed,
+    n_sample = gen.n_sample, stop = gen.stop }
+  local state = { token_ids = req.token_ids, request = req,
+    stats = { prefill_ms = 0, decode_ms = 0, decode_steps = 0, prompt_tokens = #ids } }
   return function()
-    if done then return nil end
-    if state.stats.generated and state.stats.generated >= max_tokens then done = true return nil end
-    local t = core.now_ms()
-    local r = last_result
-    if not r then r = self:await(pending) end
-    last_result = nil
-    local id = ffi.cast("const int32_t *", r.payload)[0]
-    if gen.stop and gen.stop[id] then state.stop_id, done = id, true return nil end
-    history[#history + 1] = id
-    state.token_ids[#state.token_ids + 1] = id
-    state.stats.generated = #state.token_ids
-    if #state.token_ids < max_tokens and #history < self.context then
-      local step = self.seq * 4294967296 + #history
-      self:feed(history, #history, #history, #history - 1, step, 0)
-      pending = step
-      state.stats.decode_steps = state.stats.decode_steps + 1
-    end
-    state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t)
+    local id = req:next()
+    local st = state.stats
+    if req.t_first then st.prefill_ms = req.t_first - req.t_submit end
+    if req.t_first and req.t_last then st.decode_ms = req.t_last - req.t_first end
+    st.generated = #req.token_ids
+    st.decode_steps = math.max(0, st.generated - 1)
+    if id == nil then state.stop_id = req.stop_id end
     return id
   end, state
 end
@@ -556,7 +631,11 @@ end
 function Cluster:close()
   for _, d in ipairs(self.devices or {}) do
     if d.ctl then
-      if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end) end
+      if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end)
+      elseif not self.spawned then
+        -- a running worker stays up, free for the next head
+        pcall(function() d.ctl:send({ kind = "STOP", payload = json.encode({ release = true }) }, 500) end)
+      end
     end
   end
   if self.spawned then
@@ -565,6 +644,10 @@ function Cluster:close()
         local deadline = core.now_ms() + 3000
         while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
         if alive(d.pid) then os.execute("kill -TERM " .. d.pid .. " 2>/dev/null") end
+        deadline = core.now_ms() + 2000
+        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
+        if alive(d.pid) then os.execute("kill -KILL " .. d.pid .. " 2>/dev/null") end
+        C.loip_reap(d.pid)
       end
     end
   end

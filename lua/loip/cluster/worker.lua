@@ -1,10 +1,10 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, STATS, PING, STOP) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, STATS, PING, STOP) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
 -- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, loader, overlap_loads, disk_rate (this device's), link =
+-- head (endpoints), context, batch, max_seqs, kv_tokens, loader, overlap_loads, disk_rate (this device's), link =
 -- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
 -- slowdown. The worker loads its part of its own slice store (its resident blocks, the
 -- embedding on device 1, the head on device N) under its budget, and replies READY with its
@@ -104,7 +104,7 @@ function Worker:build(msg)
   d.pool = pool
   local ctx, batch = msg.context or 512, msg.batch or 64
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
-    logits_tokens = msg.logits_tokens })
+    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens })
   local mopts = { cluster = true, loader = msg.loader }
   local over = plan.over_budget(p, sizes, { [i] = budget:limit() }, mopts) -- (this device's budget only)
   if over then error(over, 0) end
@@ -112,8 +112,8 @@ function Worker:build(msg)
   local layers = plan.device_layers(p, i)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
   for l in pairs(layers) do mask[l] = 1 end
-  local s, serr = core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, d.model, pool, ctx,
-    math.min(batch, ctx), budget.handle, mask)
+  local s, serr = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free, d.model, pool, ctx,
+    math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs, budget.handle, mask)
   if not s then error(serr, 0) end
   d.session = s
   d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes))
@@ -145,8 +145,40 @@ local function reply(self, to, kind, payload, status, sock)
   (sock or self.sock):send { to = to, kind = kind, payload = payload, status = status or 0, dtype = -1 }
 end
 
+-- A worker serves one head: the first to say HELLO, until it releases us (STOP) or is gone (a
+-- head on this host whose process ended, or one silent for OWNER_SILENCE_MS). Another head is
+-- refused at once, naming the one served. Its identity: head-HOST-PID.
+local OWNER_SILENCE_MS = 30000
+local function head_gone(self)
+  local o = self.owner
+  if not o then return true end
+  local host, pid = o.id:match("^head%-(.+)%-(%d+)$")
+  if host and host == self.hostname and not io.open("/proc/" .. pid .. "/stat") then return true end
+  return core.now_ms() - o.seen > OWNER_SILENCE_MS
+end
+
+function Worker:owned_by_other(msg)
+  if not msg.from or not msg.from:match("^head%-") then return false end -- neighbours, probes
+  if self.owner and self.owner.id == msg.from then
+    self.owner.seen = core.now_ms()
+    return false
+  end
+  if self.owner and not head_gone(self) then return true end
+  if msg.kind ~= "HELLO" then return true end -- a new head starts with HELLO
+  if self.owner then log("head %s is gone; serving %s", self.owner.id, msg.from) self:drop_device() end
+  self.owner = { id = msg.from, seen = core.now_ms(), since = os.date("%Y-%m-%d %H:%M:%S") }
+  return false
+end
+
 function Worker:handle(msg)
   local kind = msg.kind
+  if kind ~= "PING" and self:owned_by_other(msg) then
+    local why = self.owner and string.format("this worker serves head %s (since %s); stop that head first, or start another worker",
+      self.owner.id, self.owner.since) or "say HELLO first"
+    log("refused %s from %s: %s", tostring(kind), msg.from, why)
+    reply(self, msg.from, "ERROR", why, C.LOIP_ESTATE, msg.via)
+    return
+  end
   if kind == "HELLO" then
     reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint,
       bulk = self.bulk:endpoint(),
@@ -162,7 +194,7 @@ function Worker:handle(msg)
       cfg.runner, cfg.session = d.runner, d.session
       cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
       cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
-      cfg.max_tokens, cfg.logits_tokens = batch, body.logits_tokens or 1
+      cfg.max_tokens, cfg.logits_tokens, cfg.max_seqs = batch, body.logits_tokens or 1, body.max_seqs or 1
       cfg.slowdown = body.slowdown or 1
       cfg.heartbeat = self.hb
       local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
@@ -187,11 +219,17 @@ function Worker:handle(msg)
       local prompt = body.prompt or {}
       local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
       for k, id in ipairs(prompt) do ids[k - 1] = id end
-      core.check(C.loip_device_start(self.dev.device, body.request, p, body.seed or 0, body.n_sample, ids, #prompt,
-        #prompt + (body.max_tokens or 0) + 1))
+      core.check(C.loip_device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
+        #prompt, #prompt + (body.max_tokens or 0) + 1))
       reply(self, msg.from, "READY", "")
     end)
     if not ok then reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL) end
+  elseif kind == "END" then
+    -- a request is done: its slot's KV goes back (no reply; a failure is only logged)
+    local body = json.decode(msg.payload) or {}
+    if self.dev and self.dev.device and type(body.seq) == "number" then
+      if C.loip_device_end(self.dev.device, body.seq, body.request or 0) ~= 0 then log("END: %s", core.last_error()) end
+    end
   elseif kind == "STATS" then
     local st = {}
     if self.dev then
@@ -239,6 +277,13 @@ function Worker:handle(msg)
     if ok then reply(self, msg.from, "PROFILE", res, 0, msg.via)
     else reply(self, msg.from, "ERROR", tostring(res), C.LOIP_EINVAL, msg.via) end
   elseif kind == "STOP" then
+    local body = msg.payload ~= "" and json.decode(msg.payload) or {}
+    if body and body.release then -- the head is done with us: free for the next one
+      log("released by head %s", tostring(self.owner and self.owner.id))
+      self:drop_device()
+      self.owner = nil
+      return
+    end
     reply(self, msg.from, "READY", "")
     self.stopping = true
   else
@@ -267,9 +312,20 @@ function Worker:poll(timeout_ms)
   return msg
 end
 
+local function parent_pid()
+  local f = io.open("/proc/self/stat")
+  local st = f:read("*l")
+  f:close()
+  return tonumber(st:match("^%d+ %b() %a (%d+)"))
+end
+
 function Worker:run()
   C.loip_signal_watch()
+  local h = io.open("/proc/sys/kernel/hostname")
+  self.hostname = h and h:read("*l")
+  if h then h:close() end
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
+  self.parent = parent_pid()
   while not self.stopping and C.loip_signal_received() == 0 do
     local msg = self:poll(200)
     if msg then self:handle(msg) end
@@ -284,6 +340,10 @@ function Worker:run()
   end
   log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. C.loip_signal_received())
   self:close()
+  -- a local head that died (kill -9, a crash) could not remove its directory: its last worker does
+  if self.opts.head_dir and not self.stopping and parent_pid() ~= self.parent then
+    os.execute("rm -rf '" .. self.opts.head_dir:gsub("'", "'\\''") .. "'")
+  end
 end
 
 function Worker:close()

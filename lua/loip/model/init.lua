@@ -44,7 +44,10 @@ end
 local locate = M.locate
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
--- batch (prefill tokens per step, default 128), tokenizer (path to a tokenizer file),
+-- batch (tokens per forward step: prompt chunks and the decoding requests together, default 128),
+-- max_batch (requests served at once, each with its own KV cache; default 1), kv_tokens (the KV
+-- pool the requests share, in positions; default context x max_batch), tokenizer (path to a
+-- tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
 -- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
@@ -98,6 +101,12 @@ function M.open(path, opts)
   end
   self.context = ctx
   self.batch = math.min(opts.batch or 128, ctx)
+  self.max_seqs = opts.max_batch or 1
+  if type(self.max_seqs) ~= "number" or self.max_seqs < 1 or self.max_seqs ~= math.floor(self.max_seqs) then
+    error("loip.model.open: max_batch must be a whole number >= 1", 2)
+  end
+  self.kv_tokens = opts.kv_tokens or ctx * self.max_seqs
+  if type(self.kv_tokens) ~= "number" or self.kv_tokens < 1 then error("loip.model.open: kv_tokens must be a number >= 1", 2) end
   -- Under a budget the session (KV cache, activations) is charged first, then the weights
   -- before they are read: a model that does not fit is refused before anything loads, and
   -- what it had charged is given back at once (a shared budget must not wait for the GC).
@@ -158,7 +167,8 @@ end
 -- allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads })
+  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
+    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens })
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -208,7 +218,8 @@ function Model:problem(sizes, avail)
   if not pr then pr = profile.calibrate { store = self.path, threads = self.threads, context = self.context } end
   return problem.new { model = sizes, shape = problem.shape_of(man.config, store.layer_dtype(man)), n = 1,
     budgets = { avail }, profiles = { pr }, disk_rate = opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate or nil,
-    in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader }
+    in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader,
+    micro_batch = self.max_seqs }
 end
 
 -- The loader (when the plan offloads) and the runner that executes the plan's stages.
@@ -269,16 +280,6 @@ function Model:runner_stats()
     events_dropped = tonumber(st.events_dropped) }
 end
 
--- One forward pass: through the runner (slice stores) or the session.
-function Model:_forward(tokens, n, pos, logits, mode)
-  if self.runner then
-    local rc = C.loip_runner_forward(self.runner, tokens, n, pos, logits, mode)
-    if self.trace then self.trace:add(self:events()) end
-    return rc
-  end
-  return C.loip_session_forward(self:session(), tokens, n, pos, logits, mode)
-end
-
 function Model:__tostring()
   local c = self.cfg
   return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, %.1f MB of weights, %d threads, kernels %s",
@@ -289,8 +290,8 @@ end
 -- The session (KV cache), made once and reused.
 function Model:session()
   if not self._session then
-    local s, err = core.new("loip_session *", C.loip_session_new, C.loip_session_free,
-      self.handle, self.pool, self.context, self.batch, self.budget and self.budget.handle)
+    local s, err = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free,
+      self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil)
     if not s then error(self.path .. ": " .. err, 0) end
     self._session = s
   end
@@ -309,28 +310,31 @@ local function check_ids(self, ids)
   end
 end
 
+-- The request loop every generation and logits call goes through (loip.serve.batcher), made
+-- once; opts (first call only): max_queue, prefill_chunk.
+function Model:batcher(opts)
+  if not self._batcher then
+    self._batcher = require("loip.serve.batcher").new(require("loip.serve.local_engine").new(self), opts)
+  end
+  return self._batcher
+end
+
 -- Forward ids at positions 0.. and return the logits of every position as a float array
 -- [#ids * vocab] (cdata) plus an accessor: row(pos) -> float* of position pos (1-based).
 function Model:logits(ids)
   check_ids(self, ids)
-  local s, V = self:session(), self.vocab_size
-  local n = #ids
-  local tokens = ffi.new("int32_t[?]", n)
-  for i = 1, n do tokens[i - 1] = ids[i] end
-  local out = ffi.new("float[?]", n * V)
-  local pos = 0
-  while pos < n do
-    local k = math.min(self.batch, n - pos)
-    core.check(self:_forward(tokens + pos, k, pos, out + pos * V, C.LOIP_LOGITS_ALL), self.path)
-    pos = pos + k
-  end
+  local r = self:batcher():submit { prompt = ids, logits = true }
+  r:wait()
+  local out, V = r.logits, self.vocab_size
   return out, function(p) return out + (p - 1) * V end
 end
 
 -- Generate from a prompt (text, or an array of token ids). Returns an iterator for a generic
 -- for (yielding token id and its text) and a state whose .stats fill in as it runs. Text
 -- comes only as whole UTF-8 characters: bytes of an unfinished character are held back, and
--- a last pair (false, text) carries what was held when generation stops there.
+-- a last pair (false, text) carries what was held when generation stops there. Iterators of
+-- several generate calls may be interleaved: each is its own request, and they run as one
+-- batch (state.request is the loip.serve.batcher request; m:batcher() the loop).
 -- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
 -- repetition_penalty, seed, stop (array of ids; default the model's end tokens), bos.
 function Model:generate(prompt, opts)
@@ -351,20 +355,19 @@ function Model:generate(prompt, opts)
   for _, id in ipairs(opts.stop or self.stop_ids) do stop_set[id] = true end
   -- Rows of a padded embedding past the tokenizer's last id have no text: never sample them.
   local n_sample = tok and math.min(tok.vocab_size, self.vocab_size) or self.vocab_size
-  local smp = sampler.new(n_sample, opts)
-  local s = self:session()
-  local V = self.vocab_size
-  local history = ffi.new("int32_t[?]", n_prompt + math.max(max_tokens, 0) + 1)
-  for i = 1, n_prompt do history[i - 1] = ids[i] end
-  local logits = ffi.new("float[?]", V)
-  local state = { prompt_ids = ids, token_ids = {}, seed = smp.seed, stats = { prompt_tokens = n_prompt, generated = 0,
-    prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
-  local n, prev = n_prompt, ids[n_prompt]
-  local prefilled = false
+  local params = {}
+  for k in pairs(sampler.defaults) do params[k] = opts[k] end
+  local seed = opts.seed or (os.time() * 1000 + math.floor(os.clock() * 1e6))
+  local req = self:batcher():submit { prompt = ids, max_tokens = max_tokens, sampler = params, seed = seed,
+    n_sample = n_sample, stop = stop_set }
+  local state = { prompt_ids = ids, token_ids = req.token_ids, seed = seed, request = req, stats = { prompt_tokens = n_prompt,
+    generated = 0, prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
+  local prev = ids[n_prompt]
   -- The text continues the prompt's: no start-of-text rules (leading-space stripping).
   local stream = tok and tok.decode_stream and tok:decode_stream({ continued = true })
   local function stop(reason)
     state.stop_reason = state.stop_reason or reason
+    state.stop_id = req.stop_id
     if stream then
       local rest = stream:finish()
       stream = nil
@@ -372,39 +375,20 @@ function Model:generate(prompt, opts)
     end
     return nil
   end
-
   local function step()
-    if not prefilled then
-      prefilled = true
-      local t0 = core.now_ms()
-      local pos = 0
-      while pos < n_prompt do
-        local k = math.min(self.batch, n_prompt - pos)
-        core.check(self:_forward(history + pos, k, pos, logits,
-          pos + k == n_prompt and C.LOIP_LOGITS_LAST or C.LOIP_LOGITS_NONE), self.path)
-        pos = pos + k
-      end
-      state.stats.prefill_ms = core.now_ms() - t0
+    if state.stop_reason then return stop(state.stop_reason) end
+    local id = req:next()
+    local st = state.stats
+    if req.t_first then st.prefill_ms = req.t_first - req.t_submit end
+    if id == nil then
+      if req.t_last and req.t_first then st.decode_ms = req.t_last - req.t_first end
+      local why = req.finish_reason
+      if why == "length" then why = max_tokens < room and "max_tokens" or "context" end
+      return stop(why)
     end
-    if state.stop_reason or state.stats.generated >= max_tokens then
-      return stop(max_tokens < room and "max_tokens" or "context")
-    end
-    local t0 = core.now_ms()
-    local id = smp:sample(logits, history, n)
-    if stop_set[id] then
-      state.stop_id = id
-      return stop("stop")
-    end
-    history[n] = id
-    n = n + 1
-    state.stats.generated = state.stats.generated + 1
-    state.token_ids[#state.token_ids + 1] = id
-    -- The last token needs no forward pass: nothing will read its logits.
-    if state.stats.generated < max_tokens and n < self.context then
-      core.check(self:_forward(history + n - 1, 1, n - 1, logits, C.LOIP_LOGITS_LAST), self.path)
-      state.stats.decode_forwards = state.stats.decode_forwards + 1
-    end
-    state.stats.decode_ms = state.stats.decode_ms + (core.now_ms() - t0)
+    st.generated = req.head - 1
+    st.decode_forwards = math.max(0, st.generated - 1)
+    if req.t_last and req.t_first then st.decode_ms = req.t_last - req.t_first end
     local text = stream and stream:put(id) or (tok and tok:piece_text(prev, id)) or ""
     prev = id
     return id, text
@@ -413,6 +397,10 @@ function Model:generate(prompt, opts)
 end
 
 function Model:close()
+  if self._batcher then
+    for _, r in ipairs(self._batcher.running) do r.state, r.finish_reason, r.error = "done", "error", "the model was closed" end
+    self._batcher = nil
+  end
   if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
   if self.loader then self.loader:close() self.loader = nil end
   if self._session then core.free(self._session, C.loip_session_free) self._session = nil end

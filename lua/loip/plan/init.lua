@@ -77,14 +77,18 @@ end
 -- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
 -- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
 -- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
--- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state), header_bytes
--- (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
+-- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
+-- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
 -- activation_bytes (a session's), device_bytes (a cluster device's buffers),
--- context, batch, logits_tokens }.
--- opts: context, batch (prefill tokens per step), threads, logits_tokens (1).
+-- context, batch, logits_tokens, max_seqs, kv_tokens }.
+-- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
+-- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
+-- shared by those requests; default context x max_seqs).
 function M.sizes(man, cfg, opts)
+  local max_seqs = opts.max_seqs or 1
   local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {},
-    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1 }
+    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
   for _, f in ipairs(man.files) do
     local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
     if layer then
@@ -116,18 +120,21 @@ function M.sizes(man, cfg, opts)
   end
   s.tied = cfg.tied_embeddings ~= 0
   s.dim, s.vocab = cfg.dim, cfg.vocab_size
-  s.hidden_bytes = cfg.dim * ffi.sizeof("float")
+  -- a token's hidden state and its entry in the micro-batch's table
+  s.hidden_bytes = cfg.dim * ffi.sizeof("float") + ffi.sizeof("loip_step_token")
   s.header_bytes = ffi.sizeof("loip_msg_header")
+  s.token_bytes = 4 + ffi.sizeof("loip_step_token") -- a token id into the ring, with its entry
+  s.output_bytes = ffi.sizeof("loip_step_output")    -- a sampled id back to the head
   local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, kv, act))
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.kv_tokens, max_seqs, kv, act))
   s.activation_bytes = tonumber(act[0])
   s.kv_bytes = {}
   for k = 0, cfg.n_layers do
-    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, kv, act))
+    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.kv_tokens, max_seqs, kv, act))
     s.kv_bytes[k] = tonumber(kv[0])
   end
   local dev = ffi.new("uint64_t[1]")
-  core.check(C.loip_device_size(cfg, opts.batch, s.logits_tokens, dev))
+  core.check(C.loip_device_size(cfg, opts.batch, s.logits_tokens, max_seqs, dev))
   s.device_bytes = tonumber(dev[0])
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end

@@ -28,7 +28,7 @@ M.smoothing = 0.2
 M.emulate_spin_us = 300
 
 M.kinds = { HELLO = 1, PLAN = 2, READY = 3, ERROR = 4, START = 5, TOKENS = 6, HIDDEN = 7, RESULT = 8,
-  STATS = 9, PING = 10, PONG = 11, STOP = 12, TRACE = 13, PROFILE = 14 }
+  STATS = 9, PING = 10, PONG = 11, STOP = 12, TRACE = 13, PROFILE = 14, END = 15 }
 M.kind_name = {}
 for k, v in pairs(M.kinds) do M.kind_name[v] = k end
 
@@ -155,6 +155,10 @@ function Sock:smoothing(w)
   check_weight(w, 2)
   core.check(C.loip_sock_smoothing(self.handle, w))
 end
+
+-- A client socket: connections the server dropped before the handshake succeeded (> 0: it
+-- cannot read our key, so it holds another cluster token or key).
+function Sock:refused() return self.handle ~= nil and C.loip_sock_refused(self.handle) or 0 end
 
 function Sock:stats()
   local out = ffi.new("loip_link_stats[32]")

@@ -46,7 +46,8 @@ commands.generate = {
       .. "with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
     { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
       check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
-    { "hosts", "string", "run on running workers: host:port,host:port,... (token: LOIP_CLUSTER_TOKEN)", metavar = "LIST" },
+    { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
+    cp.flags.token, cp.flags.curve_keys,
     cp.flags.stages, cp.flags.link_rate, cp.flags.link_delay, cp.flags.slowdown,
     cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
@@ -79,8 +80,7 @@ local function run_cluster(o)
   if o.hosts and o.cpu_latency then
     error({ usage_error = true, msg = "generate: --cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead" }, 0)
   end
-  local hosts = {}
-  if o.hosts then for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end end
+  local hosts = cp.hosts("generate", o)
   local n = o.devices or #hosts
   local set = cp.settings("generate", o, n)
   -- refuse what cannot work before any worker starts
@@ -95,7 +95,7 @@ local function run_cluster(o)
   end
   -- the tokenizer runs at the head: the store carries the model's tokenizer files
   local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = scfg.vocab_size })
-  local c = o.hosts and cluster.connect(hosts, { store = o.model })
+  local c = o.hosts and cluster.connect(hosts, { store = o.model, token = cp.token(o), keys = o.curve_keys })
     or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
       cpu_latency_us = o.cpu_latency }
   local ok, err = pcall(function()
@@ -386,6 +386,7 @@ commands.worker = {
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
     { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
     cpu_latency_flag,
+    { "head-dir", "string", "a local head's private directory: removed when the head dies before this worker stops (the head sets it)", metavar = "DIR" },
   },
 }
 
@@ -401,7 +402,7 @@ function commands.worker.run(o)
   end
   local listen = o.listen:match("://") and o.listen or ("tcp://" .. o.listen)
   local w = require("loip.cluster.worker").new { listen = listen, store = o.store, mem = o.mem, threads = o.threads,
-    token = o.curve_keys and nil or token, keys = o.curve_keys }
+    token = o.curve_keys and nil or token, keys = o.curve_keys, head_dir = o.head_dir }
   io.stdout:write("listening ", w:endpoint(), "\n")
   io.stdout:flush()
   io.stderr:write(string.format("loip worker: %s, store %s, budget %s%s\n", w:endpoint(), o.store,

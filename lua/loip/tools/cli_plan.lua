@@ -26,7 +26,23 @@ M.flags = {
   slowdown = { "slowdown", "string", "devices whose compute takes this many times as long (emulated on local devices), "
     .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
   save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
+  token = { "token", "string", "with --hosts: the cluster secret the workers hold (default: LOIP_CLUSTER_TOKEN)", metavar = "SECRET" },
+  curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
 }
+
+-- The workers of --hosts as a list; without a way to authenticate to them, a usage error (a
+-- random token could never work).
+function M.hosts(cmd, o)
+  local hosts = {}
+  if not o.hosts then return hosts end
+  for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end
+  if #hosts == 0 then usage(cmd, "--hosts: no host:port in '%s'", o.hosts) end
+  if not M.token(o) and not o.curve_keys then
+    usage(cmd, "--hosts needs the cluster's secret: --token SECRET, LOIP_CLUSTER_TOKEN, or --curve-keys DIR (as the workers were started with)")
+  end
+  return hosts
+end
+function M.token(o) return o.token or os.getenv("LOIP_CLUSTER_TOKEN") end
 
 -- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth
 -- reads them from the parsed options: layers, dim, ffn, heads, kv_heads, head_dim, vocab), their
@@ -192,7 +208,8 @@ M.commands.profile = {
     .. "every running worker measures itself on its own store, and the link to its ring neighbour.",
   flags = {
     { "model", "string", "the slice store whose blocks are timed and read", metavar = "STORE" },
-    { "hosts", "string", "running workers to profile instead (token: LOIP_CLUSTER_TOKEN)", metavar = "LIST" },
+    { "hosts", "string", "running workers to profile instead (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
+    M.flags.token, M.flags.curve_keys,
     { "out", "string", "the profile file to write (default: print it)", metavar = "FILE.json" },
     { "threads", "int", "compute threads (0: all CPUs)", default = 0 },
     { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
@@ -218,10 +235,9 @@ function M.commands.profile.run(o)
   local pr
   if o.hosts then
     local cluster = require "loip.cluster"
-    local hosts = {}
-    for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end
+    local hosts = M.hosts("profile", o)
     if not o.model then usage("profile", "--hosts needs --model STORE: the head's copy of the store the workers hold") end
-    local c = cluster.connect(hosts, { store = o.model })
+    local c = cluster.connect(hosts, { store = o.model, token = M.token(o), keys = o.curve_keys })
     local ok, err = pcall(function()
       pr = { loip_profile = profile.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = {} }
       for i, d in ipairs(c.devices) do

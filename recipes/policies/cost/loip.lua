@@ -74,8 +74,8 @@ function M.comm(problem, S)
     end
   end
   local h = problem.head or {}
-  local token = m.header_bytes + 4 * batch
-  local back = hop(h.from_last, token) -- the sampled id to the head
+  local token = m.header_bytes + (m.token_bytes or 4) * batch
+  local back = hop(h.from_last, m.header_bytes + (m.output_bytes or 4) * batch) -- the sampled ids to the head
   per[N] = per[N] + back
   total = total + back + hop(h.to_first or problem.links[N], token) + (h.step_ms or 0)
   return total, per
@@ -128,7 +128,7 @@ function M.estimate(p, problem)
   local head = problem.head or {}
   local batch = problem.micro_batch or 1
   local hidden = sizes.header_bytes + batch * sizes.hidden_bytes
-  local token = sizes.header_bytes + 4 * batch
+  local token = sizes.header_bytes + (sizes.token_bytes or 4) * batch
   -- per device and stage: offloaded compute, resident compute, each offloaded block's read
   local dev = {}
   for i, d in ipairs(p.devices) do

@@ -1,0 +1,299 @@
+-- Requests and continuous batching: the one path by which tokens are generated, on one device
+-- in-process (loip.serve.local_engine) or on a cluster (loip.cluster). Every request is an
+-- object of its own (its id, its sequence slot with its own KV cache on every device, its
+-- sampler, its stop conditions); one loop admits requests into the running micro-batch at step
+-- boundaries and retires them when done, so that each step runs every stage once for the
+-- whole batch: an offloaded block read once serves every request in it.
+--
+--   local b = batcher.new(engine, { max_batch = 8, max_queue = 64 })
+--   local r = b:submit{ prompt = ids, max_tokens = 50, sampler = { temperature = 0 }, stop = { [2] = true } }
+--   for id in r:tokens() do ... end          -- interleave several requests' iterators freely
+--   r:cancel()                                 -- frees its slot and KV at the next step boundary
+--
+-- A step: every decoding request contributes its last token; prefilling requests contribute
+-- chunks of their prompts in what is left of the step's token budget (engine.step_tokens), so a
+-- newcomer's prompt is prefilled alongside the others' decoding rather than stalling them for
+-- a whole prompt. KV is reserved at admission for the request's whole context (prompt and
+-- max_tokens) out of engine.kv_tokens, so that a running request never runs out of cache; a
+-- request that does not fit yet waits in a bounded queue, one that never can is refused.
+--
+-- The engine: { max_seqs, context, kv_tokens, kv_block, step_tokens, logits_tokens, vocab,
+--   start(self, seq, request), step(self, toks) -> outs, finish(self, seq, request),
+--   idle(self) (optional: nothing runs) }, toks a list of { seq, pos, request, id, flags },
+--   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
+local ffi = require "ffi"
+local core = require "loip.core"
+local C = core.C
+
+local M = {}
+
+local SAMPLE, LOGITS = 1, 2 -- LOIP_TOKF_*
+
+-- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
+local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end
+M.refusal = refusal
+
+local Batcher, Request = {}, {}
+Batcher.__index, Request.__index = Batcher, Request
+
+-- opts: max_batch (requests decoding at once; default the engine's slots), max_queue (requests
+-- waiting; default 64), prefill_chunk (most prompt tokens of one request per step; default the
+-- step's budget).
+function M.new(engine, opts)
+  opts = opts or {}
+  local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
+  if max_batch < 1 then error("batcher: max_batch must be at least 1", 2) end
+  local b = setmetatable({ engine = engine, max_batch = max_batch, max_queue = opts.max_queue or 64,
+    prefill_chunk = opts.prefill_chunk, queue = {}, running = {}, free_seqs = {}, next_id = 0,
+    kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0,
+    stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 } }, Batcher)
+  for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
+  return b
+end
+
+local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block) end
+
+-- Queue a request. spec: prompt (ids, non-empty), max_tokens (default: to the end of the
+-- context; clamped there), sampler (loip.model.sampler fields), seed, n_sample (ids sampled
+-- over; default the vocabulary), stop (set of ids ending it, not returned), logits (true: return
+-- the logits of every prompt position in r.logits and generate nothing), strict (true: a prompt
+-- plus max_tokens past the context is refused rather than clamped). Raises a refusal (kind
+-- "too_long" or "overloaded") when it cannot be served.
+function Batcher:submit(spec)
+  local e = self.engine
+  local prompt = spec.prompt
+  if type(prompt) ~= "table" or #prompt == 0 then error("batcher: a request needs a non-empty prompt (token ids)", 2) end
+  local n = #prompt
+  if n >= e.context and not spec.logits then
+    error(refusal("too_long", string.format("the prompt has %d tokens; the context holds %d, with room for at least one more",
+      n, e.context)), 0)
+  end
+  if n > e.context then
+    error(refusal("too_long", string.format("%d tokens exceed the context of %d", n, e.context)), 0)
+  end
+  local room = e.context - n
+  local max_tokens = spec.logits and 0 or spec.max_tokens or room
+  if spec.strict and max_tokens > room then
+    error(refusal("too_long", string.format("the context holds %d tokens: %d in the prompt leave room for %d, and %d were asked for",
+      e.context, n, room, max_tokens)), 0)
+  end
+  max_tokens = math.max(0, math.min(max_tokens, room))
+  local need = groups_for(self, n + max_tokens)
+  if need > self.kv_groups then
+    error(refusal("too_long", string.format("%d tokens of KV cache (prompt %d, max_tokens %d) exceed the %d the devices hold",
+      n + max_tokens, n, max_tokens, self.kv_groups * e.kv_block)), 0)
+  end
+  if #self.queue >= self.max_queue then
+    error(refusal("overloaded", string.format("%d requests are waiting already (max_queue %d)", #self.queue, self.max_queue)), 0)
+  end
+  self.next_id = self.next_id % 4294967295 + 1
+  local r = setmetatable({ batcher = self, id = self.next_id, prompt = prompt, n_prompt = n, max_tokens = max_tokens,
+    sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
+    want_logits = spec.logits, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
+    t_submit = core.now_ms() }, Request)
+  self.queue[#self.queue + 1] = r
+  self.stats.requests = self.stats.requests + 1
+  if not self.stepping then self:admit() end
+  return r
+end
+
+-- Admit queued requests in order while there is a slot and KV for them.
+function Batcher:admit()
+  while #self.queue > 0 and #self.free_seqs > 0 do
+    local r = self.queue[1]
+    if r.state ~= "queued" then table.remove(self.queue, 1) -- cancelled while waiting
+    elseif self.kv_used + r.groups > self.kv_groups then break
+    else
+      table.remove(self.queue, 1)
+      r.seq = table.remove(self.free_seqs)
+      self.kv_used = self.kv_used + r.groups
+      if #self.running == 0 and self.engine.idle then self.engine:idle() end
+      local ok, err = pcall(self.engine.start, self.engine, r.seq, r)
+      if not ok then
+        self:retire(r, "error", err)
+        error(err, 0)
+      end
+      r.state, r.t_admit = "prefill", core.now_ms()
+      self.running[#self.running + 1] = r
+    end
+  end
+end
+
+-- r leaves the batch: its slot and KV go back (the engine is told, unless it failed).
+function Batcher:retire(r, reason, err)
+  if r.state == "done" then return end
+  local was = r.state
+  r.state, r.finish_reason, r.error, r.t_done = "done", reason, err, core.now_ms()
+  if r.seq then
+    for i, x in ipairs(self.running) do
+      if x == r then table.remove(self.running, i) break end
+    end
+    if was ~= "queued" and not self.failed then pcall(self.engine.finish, self.engine, r.seq, r) end
+    self.free_seqs[#self.free_seqs + 1] = r.seq
+    self.kv_used = self.kv_used - r.groups
+    r.seq = nil
+  end
+  self.stats.finished = self.stats.finished + 1
+  if r.on_done then r.on_done(r) end
+end
+
+-- One step of the running batch (admitting first). false when nothing runs.
+function Batcher:step()
+  self:admit()
+  if #self.running == 0 then return false end
+  local e = self.engine
+  local budget = e.step_tokens
+  local toks, owners = {}, {}
+  -- decoding requests first: one token each
+  for _, r in ipairs(self.running) do
+    if r.state == "decode" and budget > 0 then
+      toks[#toks + 1] = { seq = r.seq, pos = r.pos, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
+      owners[#toks] = r
+      budget = budget - 1
+    end
+  end
+  -- then prompt chunks, oldest request first
+  local logit_rows = e.logits_tokens
+  for _, r in ipairs(self.running) do
+    if r.state == "prefill" and budget > 0 then
+      local k = math.min(budget, r.n_prompt - r.pos, self.prefill_chunk or budget)
+      if r.want_logits then k = math.min(k, logit_rows) logit_rows = logit_rows - k end
+      for j = 1, k do
+        local p = r.pos + j - 1
+        local last = p == r.n_prompt - 1
+        local flags = r.want_logits and LOGITS or ((last and r.max_tokens > 0) and SAMPLE or 0)
+        toks[#toks + 1] = { seq = r.seq, pos = p, request = r.id, id = r.prompt[p + 1], flags = flags }
+        owners[#toks] = r
+      end
+      budget = budget - k
+    end
+  end
+  if #toks == 0 then return true end
+  local t0 = core.now_ms()
+  self.stepping = true
+  local ok, outs = pcall(e.step, e, toks)
+  self.stepping = nil
+  if not ok then
+    -- the step failed: every request in it fails with the error (the engine's state is unknown)
+    local failed = {}
+    for _, r in ipairs(self.running) do failed[#failed + 1] = r end
+    self.failed = true
+    for _, r in ipairs(failed) do self:retire(r, "error", outs) end
+    self.failed = nil
+    error(outs, 0)
+  end
+  local now = core.now_ms()
+  local st = self.stats
+  st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
+  -- positions advance; outputs go to their requests
+  local seen = {}
+  for i, t in ipairs(toks) do
+    local r = owners[i]
+    if not seen[r] then seen[r] = 0 end
+    seen[r] = seen[r] + 1
+  end
+  local decoding = 0
+  for r, k in pairs(seen) do
+    r.pos = r.pos + k
+    if r.state == "decode" then decoding = decoding + 1 end
+  end
+  st.batch_sum = st.batch_sum + decoding
+  local by_seq = {}
+  for _, r in ipairs(self.running) do by_seq[r.seq] = r end
+  for _, o in ipairs(outs) do
+    local r = by_seq[o.seq]
+    if r and r.id == o.request then
+      if r.want_logits then
+        local V = e.vocab
+        r.logits = r.logits or ffi.new("float[?]", r.n_prompt * V)
+        r.logit_rows = (r.logit_rows or 0)
+        ffi.copy(r.logits + r.logit_rows * V, o.logits, 4 * V)
+        r.logit_rows = r.logit_rows + 1
+      else
+        self:deliver(r, o.id, now)
+      end
+    end
+  end
+  for r in pairs(seen) do
+    if r.state == "prefill" and r.pos >= r.n_prompt then
+      if r.want_logits or r.max_tokens == 0 then self:retire(r, "length") else r.state = "decode" end
+    end
+  end
+  return true
+end
+
+-- A sampled id for r: stop, or keep it.
+function Batcher:deliver(r, id, now)
+  if r.state == "done" then return end
+  if not r.t_first then r.t_first = now end
+  r.state = "decode"
+  if r.stop[id] then r.stop_id = id return self:retire(r, "stop") end
+  r.token_ids[#r.token_ids + 1] = id
+  r.tail = r.tail + 1
+  r.pending[r.tail] = id
+  r.t_last = now
+  if r.on_token then r.on_token(r, id) end
+  if #r.token_ids >= r.max_tokens or r.pos + 1 >= self.engine.context then
+    return self:retire(r, "length")
+  end
+end
+
+-- Step until nothing runs or waits.
+function Batcher:drain()
+  while self:step() do end
+end
+
+function Batcher:busy() return #self.running > 0 or #self.queue > 0 end
+function Batcher:queued() return #self.queue end
+function Batcher:active() return #self.running end
+
+-- The next id of r (stepping the batch as needed), or nil when it is done. Raises the error
+-- that ended it.
+function Request:next()
+  local b = self.batcher
+  while self.head > self.tail do
+    if self.state == "done" then
+      if self.finish_reason == "error" then error(self.error, 0) end
+      return nil
+    end
+    if not b:step() and self.state == "queued" then
+      error("batcher: request " .. self.id .. " is queued but nothing runs (its KV can never be reserved)", 0)
+    end
+  end
+  local id = self.pending[self.head]
+  self.pending[self.head] = nil
+  self.head = self.head + 1
+  return id
+end
+
+function Request:tokens() return function() return self:next() end end
+
+-- Run to the end (stepping the batch); the request.
+function Request:wait()
+  while self.state ~= "done" do self.batcher:step() end
+  if self.finish_reason == "error" then error(self.error, 0) end
+  return self
+end
+
+-- Stop it (at once when queued; its slot and KV are freed now, its tokens in flight dropped).
+function Request:cancel()
+  if self.state == "done" then return end
+  if self.state == "queued" then
+    for i, x in ipairs(self.batcher.queue) do
+      if x == self then table.remove(self.batcher.queue, i) break end
+    end
+  end
+  self.batcher:retire(self, "cancelled")
+end
+
+-- Timings: ttft_ms (submit to first token), queue_ms, decode_ms_per_token.
+function Request:timings()
+  local t = { queue_ms = (self.t_admit or self.t_done or core.now_ms()) - self.t_submit }
+  if self.t_first then t.ttft_ms = self.t_first - self.t_submit end
+  if self.t_first and self.t_last and #self.token_ids > 1 then
+    t.decode_ms_per_token = (self.t_last - self.t_first) / (#self.token_ids - 1)
+  end
+  return t
+end
+
+return M

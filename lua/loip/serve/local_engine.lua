@@ -1,0 +1,76 @@
+-- The in-process engine of loip.serve.batcher: one device, the model's session (several
+-- sequences sharing its KV pool) or its runner (offloaded blocks read once per step for the
+-- whole batch); sampling here, with each request's own sampler and history.
+local ffi = require "ffi"
+local core = require "loip.core"
+local sampler = require "loip.model.sampler"
+local C = core.C
+
+local M = {}
+
+local Engine = {}
+Engine.__index = Engine
+
+-- m: a loip.model (its session sized for m.max_seqs sequences and m.kv_tokens positions).
+function M.new(m)
+  local s = m:session()
+  local T = m.batch
+  local e = setmetatable({ model = m, session = s, max_seqs = tonumber(C.loip_session_max_seqs(s)), context = m.context,
+    kv_tokens = m.kv_tokens, kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
+    logits_tokens = T, vocab = m.vocab_size, seqs = {},
+    ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T),
+    logits = ffi.new("float[?]", T * m.vocab_size) }, Engine)
+  return e
+end
+
+function Engine:start(seq, r)
+  local n = r.n_prompt
+  local hist = ffi.new("int32_t[?]", n + r.max_tokens + 1)
+  for i = 1, n do hist[i - 1] = r.prompt[i] end
+  local o = {}
+  for k, v in pairs(r.sampler) do o[k] = v end
+  o.seed = r.seed
+  self.seqs[seq] = { request = r.id, sampler = (not r.want_logits) and sampler.new(r.n_sample, o) or nil, history = hist, n = n,
+    cap = n + r.max_tokens + 1 }
+  core.check(C.loip_session_seq_free(self.session, seq))
+end
+
+function Engine:finish(seq)
+  self.seqs[seq] = nil
+  core.check(C.loip_session_seq_free(self.session, seq))
+end
+
+function Engine:step(toks)
+  local n, rows = #toks, 0
+  for i, t in ipairs(toks) do
+    self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos = t.id, t.seq, t.pos
+    if t.flags ~= 0 then self.rows[rows] = i - 1 rows = rows + 1 end
+  end
+  local m = self.model
+  local rc
+  if m.runner then
+    rc = C.loip_runner_forward_batch(m.runner, self.ids, n, self.bt, self.rows, rows, self.logits)
+    if m.trace then m.trace:add(m:events()) end
+  else
+    rc = C.loip_session_forward_batch(self.session, self.ids, n, self.bt, self.rows, rows, self.logits)
+  end
+  core.check(rc, m.path)
+  local outs, V, k = {}, self.vocab, 0
+  for _, t in ipairs(toks) do
+    if t.flags ~= 0 then
+      local row = self.logits + k * V
+      k = k + 1
+      local q = self.seqs[t.seq]
+      if t.flags == 2 then
+        outs[#outs + 1] = { seq = t.seq, request = t.request, id = -1, logits = row }
+      else
+        local id = q.sampler:sample(row, q.history, q.n)
+        if q.n < q.cap then q.history[q.n] = id q.n = q.n + 1 end
+        outs[#outs + 1] = { seq = t.seq, request = t.request, id = id }
+      end
+    end
+  end
+  return outs
+end
+
+return M
