@@ -36,6 +36,15 @@ fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
 
+# The official OpenAI client (npm), which the server's tests drive unchanged: the version
+# pinned in tests/openai/package-lock.json, into tests/openai/node_modules.
+if command -v npm >/dev/null 2>&1; then
+  [ -f tests/openai/node_modules/openai/package.json ] ||
+    (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+else
+  echo "setup: npm not found: the OpenAI client test of loip serve will be skipped" >&2
+fi
+
 if [ "$run_main" -eq 1 ]; then
   # The main job: the bundled model on 3 local devices (worker processes) whose budgets force
   # some blocks to be re-read from disk every step, over links emulated at 100 Mbit/s and 2 ms.

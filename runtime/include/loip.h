@@ -884,6 +884,28 @@ LOIP_API int loip_http_stream_write(loip_http_req *r, const void *data, uint64_t
 /* The caller is done with r (answered, or given up). */
 LOIP_API void loip_http_release(loip_http_req *r);
 
+/* ---- HTTP client (runtime/http/client.c, libcurl's multi interface) --------------------- */
+
+/* Many requests at once, moved along by loip_fetch_run; each one's response bytes are taken as
+ * they arrive, with the arrival time of the last piece taken. */
+typedef struct loip_fetch loip_fetch;
+LOIP_API int loip_fetch_new(loip_fetch **out);
+LOIP_API void loip_fetch_free(loip_fetch *f);
+/* Start method url with headers ("Name: value" lines) and body (NULL: none); timeout_ms <= 0:
+ * none. *id names it. */
+LOIP_API int loip_fetch_add(loip_fetch *f, const char *url, const char *method, const char *headers,
+                            const void *body, uint64_t len, int32_t timeout_ms, int32_t *id);
+/* Move every transfer along, waiting up to timeout_ms for activity; how many still run. */
+LOIP_API int loip_fetch_run(loip_fetch *f, int32_t timeout_ms);
+/* Up to cap response bytes of id into buf (how many); *arrived: when they came (loip_now_ns). */
+LOIP_API int64_t loip_fetch_take(loip_fetch *f, int32_t id, char *buf, uint64_t cap, uint64_t *arrived);
+/* 1 when id is done (*status: HTTP status, 0 if none; err: the transport's error), 0 if not. */
+LOIP_API int loip_fetch_state(loip_fetch *f, int32_t id, int32_t *status, char *err, size_t cap);
+/* The response's header lines so far into buf (cap bytes with the NUL); their length. */
+LOIP_API int64_t loip_fetch_headers(loip_fetch *f, int32_t id, char *buf, uint64_t cap);
+/* Drop id (hang up if it still runs). */
+LOIP_API void loip_fetch_close(loip_fetch *f, int32_t id);
+
 /* ---- llama2.c tokenizer (tokenizer.bin: scored BPE with byte fallback) ---------------- */
 
 typedef struct loip_scoredbpe loip_scoredbpe;

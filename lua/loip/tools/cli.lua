@@ -488,6 +488,8 @@ end
 
 commands.plan = cp.commands.plan
 commands.profile = cp.commands.profile
+for k, v in pairs(require("loip.tools.cli_serve").commands { threads_flag = threads_flag, kernels_flag = kernels_flag,
+  use_kernels = use_kernels }) do commands[k] = v end
 
 commands.slice = {
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
@@ -550,6 +552,8 @@ usage: loip [COMMAND] [FLAGS]
 commands:
   (none)      interactive Lua REPL with the loip module loaded
   generate    generate text from a prompt
+  serve       serve the model over HTTP with OpenAI's API (many requests at once)
+  chat        chat with a loip serve (or any OpenAI-compatible) server, streaming
   tokenize    show the token ids and pieces of a text
   run         run a Lua script (recipe) with the runtime available
   synth       write a random-weight model with a real model's shapes

@@ -1,0 +1,123 @@
+-- An HTTP client of many requests at once (runtime/http/client.c, libcurl's multi interface):
+-- the load driver of recipes/bench/serve.lua, the specs' and `loip chat`'s client. Server-sent
+-- events are split as they arrive, each with its arrival time.
+--
+--   local cl = client.new()
+--   local t = cl:post(url .. "/completions", body, { ["Authorization"] = "Bearer k" })
+--   t.on_event = function(t, data, at_ms) ... end        -- each "data: ..." of a stream
+--   cl:wait()                                             -- until every transfer is done
+--   print(t.status, t.body)                               -- the whole body (non-streamed)
+local ffi = require "ffi"
+local core = require "loip.core"
+local C = core.C
+
+local M = {}
+
+local Client, Transfer = {}, {}
+Client.__index, Transfer.__index = Client, Transfer
+
+function M.new()
+  local out = ffi.new("loip_fetch *[1]")
+  core.check(C.loip_fetch_new(out), "http client")
+  return setmetatable({ handle = ffi.gc(out[0], C.loip_fetch_free), live = {}, buf = ffi.new("char[65536]"),
+    when = ffi.new("uint64_t[1]") }, Client)
+end
+
+-- Start a request; headers: a table name = value. opts: timeout_ms, method.
+function Client:request(method, url, body, headers, opts)
+  local lines = {}
+  for k, v in pairs(headers or {}) do lines[#lines + 1] = k .. ": " .. tostring(v) end
+  local id = ffi.new("int32_t[1]")
+  core.check(C.loip_fetch_add(self.handle, url, method, table.concat(lines, "\n"), body, body and #body or 0,
+    opts and opts.timeout_ms or 0, id), url)
+  local t = setmetatable({ client = self, id = id[0], url = url, parts = {}, pending = "", t_start = core.now_ms() }, Transfer)
+  self.live[t] = true
+  return t
+end
+
+function Client:post(url, body, headers, opts)
+  headers = headers or {}
+  if headers["Content-Type"] == nil then headers["Content-Type"] = "application/json" end
+  return self:request("POST", url, body, headers, opts)
+end
+function Client:get(url, headers, opts) return self:request("GET", url, nil, headers, opts) end
+
+-- Take what arrived for t: bytes into t.parts, events to t.on_event(t, data, at_ms).
+function Transfer:drain()
+  local c = self.client
+  while true do
+    local n = tonumber(C.loip_fetch_take(c.handle, self.id, c.buf, 65536, c.when))
+    if n <= 0 then break end
+    local s = ffi.string(c.buf, n)
+    local at = tonumber(c.when[0]) / 1e6
+    if not self.t_first_byte then self.t_first_byte = at end
+    self.parts[#self.parts + 1] = s
+    if self.on_event then
+      self.pending = self.pending .. s
+      while true do
+        local i, j = self.pending:find("\r?\n\r?\n")
+        if not i then break end
+        local event = self.pending:sub(1, i - 1)
+        self.pending = self.pending:sub(j + 1)
+        local data = {}
+        for line in event:gmatch("[^\r\n]+") do
+          local d = line:match("^data: ?(.*)$")
+          if d then data[#data + 1] = d end
+        end
+        if #data > 0 then self.on_event(self, table.concat(data, "\n"), at) end
+      end
+    end
+  end
+end
+
+-- Move every transfer along for up to timeout_ms; the transfers that finished now.
+function Client:run(timeout_ms)
+  C.loip_fetch_run(self.handle, timeout_ms or 10)
+  local finished = {}
+  local st, err = ffi.new("int32_t[1]"), ffi.new("char[512]")
+  for t in pairs(self.live) do
+    t:drain()
+    if C.loip_fetch_state(self.handle, t.id, st, err, 512) == 1 then
+      t:drain()
+      t.status, t.error = st[0], ffi.string(err)
+      local hb = ffi.new("char[16384]")
+      t.headers = {}
+      local raw = ffi.string(hb, tonumber(C.loip_fetch_headers(self.handle, t.id, hb, 16384)))
+      for name, value in raw:gmatch("([%w%-]+):%s*([^\r\n]*)") do t.headers[name:lower()] = value end
+      if t.error == "" then t.error = nil end
+      t.body, t.t_done = table.concat(t.parts), core.now_ms()
+      self.live[t] = nil
+      C.loip_fetch_close(self.handle, t.id)
+      finished[#finished + 1] = t
+      if t.on_done then t.on_done(t) end
+    end
+  end
+  return finished
+end
+
+function Client:busy() return next(self.live) ~= nil end
+
+-- Run until every transfer is done (or timeout_ms passes: an error).
+function Client:wait(timeout_ms)
+  local deadline = core.now_ms() + (timeout_ms or 600000)
+  while self:busy() do
+    self:run(20)
+    if core.now_ms() > deadline then error("http client: transfers still running after " .. (timeout_ms or 600000) .. " ms", 2) end
+  end
+end
+
+-- Hang up t (the server sees its client go).
+function Transfer:close()
+  local c = self.client
+  if c.live[self] then
+    c.live[self] = nil
+    C.loip_fetch_close(c.handle, self.id)
+    self.closed = true
+  end
+end
+
+function Client:close()
+  if self.handle then C.loip_fetch_free(ffi.gc(self.handle, nil)) self.handle = nil end
+end
+
+return M

@@ -1,0 +1,239 @@
+-- The OpenAI API's shapes: a request body checked field by field into what the batcher needs
+-- (or an error naming the field, with the status OpenAI gives), and the response objects and
+-- streamed chunks built from a finished or running request. No I/O here.
+local json = require "loip.tools.json"
+
+local M = {}
+
+local EMPTY = "__loip_empty_array__" -- encodes as [] (this cjson has no array marker)
+M.EMPTY_ARRAY = EMPTY
+
+function M.encode(v)
+  return (json.encode(v):gsub('"__loip_empty_array__"', "[]"))
+end
+
+-- An error in OpenAI's shape: { status, body }.
+function M.error(status, message, kind, param, code)
+  return status, M.encode({ error = { message = message, type = kind or "invalid_request_error",
+    param = param or json.null, code = code or json.null } })
+end
+
+-- Whether s is well-formed UTF-8 (cjson lets malformed bytes through).
+function M.utf8_valid(s)
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    if c < 0x80 then i = i + 1
+    else
+      local len = c >= 0xF0 and c <= 0xF4 and 4 or c >= 0xE0 and 3 or c >= 0xC2 and c < 0xE0 and 2 or 0
+      if len == 0 or i + len - 1 > n then return false end
+      for k = 1, len - 1 do
+        local b = s:byte(i + k)
+        if b < 0x80 or b > 0xBF then return false end
+      end
+      local c2 = s:byte(i + 1)
+      if (c == 0xE0 and c2 < 0xA0) or (c == 0xED and c2 > 0x9F) or (c == 0xF0 and c2 < 0x90) or (c == 0xF4 and c2 > 0x8F) then
+        return false
+      end
+      i = i + len
+    end
+  end
+  return true
+end
+
+-- Fields each endpoint knows; those accepted and ignored are listed with what they must be.
+local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
+  stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
+  logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true }
+local CHAT = { messages = true, max_completion_tokens = true, response_format = true }
+local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
+
+local function bad(param, fmt, ...)
+  return nil, { status = 400, message = string.format(fmt, ...), param = param, code = "invalid_value" }
+end
+
+local function number_in(body, k, lo, hi, integer)
+  local v = body[k]
+  if v == nil or v == json.null then return true end
+  if type(v) ~= "number" or v ~= v then return false, string.format("'%s' must be a number, not %s", k, json.encode(v)) end
+  if integer and v ~= math.floor(v) then return false, string.format("'%s' must be an integer, not %s", k, tostring(v)) end
+  if (lo and v < lo) or (hi and v > hi) then
+    return false, string.format("'%s' is %s; it must be in [%s, %s]", k, tostring(v), tostring(lo or "-inf"), tostring(hi or "inf"))
+  end
+  return true
+end
+
+-- Check an endpoint's body. kind: "chat" or "completion". Returns a spec { model, messages |
+-- prompt (string or ids), max_tokens (nil: to the end of the context), sampler, seed, stop
+-- (list of strings), stream, include_usage }, or nil and { status, message, param, code }.
+function M.parse(kind, text)
+  if not M.utf8_valid(text) then
+    return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
+  end
+  local body, err = json.decode(text)
+  if type(body) ~= "table" or body == json.null or #body > 0 then
+    return nil, { status = 400, message = body == nil and ("the request body is not valid JSON: " .. tostring(err))
+      or "the request body must be a JSON object", code = "invalid_json" }
+  end
+  local known = kind == "chat" and CHAT or COMPLETION
+  for k in pairs(body) do
+    if not COMMON[k] and not known[k] then
+      return nil, { status = 400, message = "Unrecognized request argument supplied: " .. tostring(k), param = k,
+        code = "unknown_parameter" }
+    end
+  end
+  local s = { kind = kind }
+  if type(body.model) ~= "string" or body.model == "" then return bad("model", "'model' is required: a string naming the model") end
+  s.model = body.model
+  for _, c in ipairs({ { "temperature", 0, 2 }, { "top_p", 0, 1 }, { "max_tokens", 1, nil, true },
+    { "max_completion_tokens", 1, nil, true }, { "seed", nil, nil, true }, { "n", 1, 1, true },
+    { "presence_penalty", -2, 2 }, { "frequency_penalty", -2, 2 }, { "top_k", 0, nil, true }, { "min_p", 0, 1 },
+    { "repetition_penalty", 0.01, 10 } }) do
+    local ok, why = number_in(body, c[1], c[2], c[3], c[4])
+    if not ok then return bad(c[1], "%s", why) end
+  end
+  if body.n ~= nil and body.n ~= 1 then return bad("n", "'n' must be 1: loip returns one choice per request") end
+  if (body.presence_penalty or 0) ~= 0 or (body.frequency_penalty or 0) ~= 0 then
+    return bad(body.presence_penalty and "presence_penalty" or "frequency_penalty",
+      "presence and frequency penalties are not supported (use repetition_penalty)")
+  end
+  if body.logprobs ~= nil and body.logprobs ~= false and body.logprobs ~= json.null then
+    return bad("logprobs", "'logprobs' is not supported")
+  end
+  if body.logit_bias ~= nil and body.logit_bias ~= json.null and (type(body.logit_bias) ~= "table" or next(body.logit_bias)) then
+    return bad("logit_bias", "'logit_bias' is not supported")
+  end
+  if body.stream ~= nil and type(body.stream) ~= "boolean" then return bad("stream", "'stream' must be true or false") end
+  s.stream = body.stream == true
+  if body.stream_options ~= nil and body.stream_options ~= json.null then
+    if type(body.stream_options) ~= "table" then return bad("stream_options", "'stream_options' must be an object") end
+    s.include_usage = body.stream_options.include_usage == true
+  end
+  local mt = body.max_completion_tokens
+  if mt == nil or mt == json.null then mt = body.max_tokens end
+  if mt == json.null then mt = nil end
+  s.max_tokens = mt
+  s.sampler = { temperature = body.temperature ~= json.null and body.temperature or 1, top_p = body.top_p ~= json.null and body.top_p or 1,
+    top_k = body.top_k ~= json.null and body.top_k or 0, min_p = body.min_p ~= json.null and body.min_p or 0,
+    repetition_penalty = body.repetition_penalty ~= json.null and body.repetition_penalty or 1 }
+  if body.seed ~= nil and body.seed ~= json.null then s.seed = body.seed end
+  local stop = body.stop
+  if stop == nil or stop == json.null then s.stop = {}
+  elseif type(stop) == "string" then s.stop = stop ~= "" and { stop } or {}
+  elseif type(stop) == "table" then
+    if #stop > 4 then return bad("stop", "'stop' holds at most 4 sequences, not %d", #stop) end
+    s.stop = {}
+    for i, x in ipairs(stop) do
+      if type(x) ~= "string" or x == "" then return bad("stop", "'stop' item %d must be a non-empty string", i - 1) end
+      s.stop[i] = x
+    end
+  else return bad("stop", "'stop' must be a string or an array of strings") end
+  if kind == "chat" then
+    if type(body.messages) ~= "table" or body.messages == json.null or #body.messages == 0 then
+      return bad("messages", "'messages' must be a non-empty array of {role, content}")
+    end
+    s.messages = {}
+    for i, m in ipairs(body.messages) do
+      if type(m) ~= "table" or m == json.null then return bad("messages", "messages[%d] must be an object", i - 1) end
+      local role = m.role
+      if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" and role ~= "tool" then
+        return bad("messages", "messages[%d].role must be system, developer, user, assistant or tool, not %s", i - 1, json.encode(role))
+      end
+      local content = m.content
+      if type(content) == "table" and content ~= json.null then -- parts: text only
+        local parts = {}
+        for j, p in ipairs(content) do
+          if type(p) ~= "table" or p.type ~= "text" or type(p.text) ~= "string" then
+            return bad("messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i - 1, j - 1)
+          end
+          parts[#parts + 1] = p.text
+        end
+        content = table.concat(parts)
+      end
+      if type(content) ~= "string" then
+        return bad("messages", "messages[%d].content must be a string or an array of text parts", i - 1)
+      end
+      s.messages[i] = { role = role == "developer" and "system" or role, content = content }
+    end
+  else
+    local p = body.prompt
+    if type(p) == "table" and p ~= json.null and #p == 1 and type(p[1]) == "string" then p = p[1] end
+    if type(p) == "string" then
+      if p == "" then return bad("prompt", "'prompt' must not be empty") end
+      s.prompt = p
+    elseif type(p) == "table" and p ~= json.null and #p > 0 and type(p[1]) == "number" then
+      for i, id in ipairs(p) do
+        if type(id) ~= "number" or id ~= math.floor(id) or id < 0 then return bad("prompt", "'prompt' token %d is not a token id", i - 1) end
+      end
+      s.prompt_ids = p
+    else
+      return bad("prompt", "'prompt' must be a non-empty string (or one string in an array, or an array of token ids)")
+    end
+    if body.echo == true then return bad("echo", "'echo' is not supported") end
+    if body.suffix ~= nil and body.suffix ~= json.null then return bad("suffix", "'suffix' is not supported") end
+    if body.best_of ~= nil and body.best_of ~= json.null and body.best_of ~= 1 then return bad("best_of", "'best_of' must be 1") end
+  end
+  return s
+end
+
+-- Text that stops at the first of several strings: put(piece) -> the text that may be shown now
+-- (what could still begin a stop string is held back), and whether a stop string was met.
+function M.stopper(stops)
+  local held, longest = "", 0
+  for _, x in ipairs(stops) do longest = math.max(longest, #x) end
+  local st = {}
+  function st.put(piece)
+    local buf = held .. piece
+    local at
+    for _, x in ipairs(stops) do
+      local i = buf:find(x, 1, true)
+      if i and (not at or i < at) then at = i end
+    end
+    if at then held = "" return buf:sub(1, at - 1), true end
+    -- hold the longest tail of buf that a stop string begins with
+    local keep = 0
+    for k = math.min(longest - 1, #buf), 1, -1 do
+      local tail = buf:sub(-k)
+      for _, x in ipairs(stops) do
+        if x:sub(1, k) == tail then keep = k break end
+      end
+      if keep > 0 then break end
+    end
+    held = keep > 0 and buf:sub(-keep) or ""
+    -- never cut a UTF-8 character: move back to a character's start
+    local cut = #buf - keep
+    while cut > 0 and cut < #buf and bit.band(buf:byte(cut + 1), 0xC0) == 0x80 do cut = cut - 1 end
+    held = buf:sub(cut + 1)
+    return buf:sub(1, cut), false
+  end
+  function st.rest() local r = held held = "" return r end
+  return st
+end
+
+-- The response object of a finished request (r: id, created, model, text, finish_reason, usage).
+function M.response(kind, r)
+  local choice = kind == "chat"
+    and { index = 0, message = { role = "assistant", content = r.text }, finish_reason = r.finish_reason, logprobs = json.null }
+    or { index = 0, text = r.text, finish_reason = r.finish_reason, logprobs = json.null }
+  return M.encode({ id = r.id, object = kind == "chat" and "chat.completion" or "text_completion", created = r.created,
+    model = r.model, choices = { choice }, usage = r.usage, system_fingerprint = "loip" })
+end
+
+-- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage.
+function M.chunk(kind, r, text, finish_reason, usage)
+  local choice
+  if kind == "chat" then
+    local delta = {}
+    if r.first_chunk then delta.role = "assistant" end
+    if text then delta.content = text end
+    choice = { index = 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = json.null }
+  else
+    choice = { index = 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = json.null }
+  end
+  local obj = { id = r.id, object = kind == "chat" and "chat.completion.chunk" or "text_completion", created = r.created,
+    model = r.model, choices = usage and EMPTY or { choice }, system_fingerprint = "loip" }
+  if usage then obj.usage = usage end
+  return "data: " .. M.encode(obj) .. "\n\n"
+end
+
+return M

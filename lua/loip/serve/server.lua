@@ -1,0 +1,317 @@
+-- `loip serve`: an OpenAI-compatible HTTP server over the request loop (loip.serve.batcher) of a
+-- model in-process or of a cluster. One loop takes requests from the HTTP threads, admits them
+-- into the running micro-batch, steps it, and streams each request's text as its tokens come
+-- (server-sent events) or answers when it ends. A client that hangs up cancels its request.
+--
+--   local srv = server.new{ model = m (loip.model) | cluster = c (planned), tokenizer = tok,
+--     dir = model dir (chat template), name = "stories260K", api_key = nil, port = 8080 }
+--   srv:run()              -- until SIGINT/SIGTERM (or srv:run(function() return done end))
+--   srv:close()
+local core = require "loip.core"
+local http = require "loip.serve.http"
+local json = require "loip.tools.json"
+local metrics = require "loip.serve.metrics"
+local openai = require "loip.serve.openai"
+local C = core.C
+
+local M = {}
+
+local Server = {}
+Server.__index = Server
+
+local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format(fmt, ...), "\n") io.stderr:flush() end
+
+-- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
+-- chat_template (a file instead), name (the model id clients name), api_key, host, port,
+-- max_batch, max_queue, max_body, quiet.
+function M.new(opts)
+  local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
+    metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
+  local eng = opts.model or opts.cluster
+  if not eng then error("serve: a model or a cluster", 2) end
+  self.engine_owner = eng
+  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64 })
+  self.context = eng.context
+  self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
+  self.n_sample = math.min(self.tok.vocab_size, self.vocab)
+  self.stop_ids = {}
+  local stops = opts.stop_ids or (type(self.tok.stop_ids) == "table" and self.tok.stop_ids) or { self.tok.eos_id }
+  for _, id in ipairs(stops) do self.stop_ids[id] = true end
+  local h, err = http.start { host = opts.host or "127.0.0.1", port = opts.port or 0, max_body = opts.max_body or 4 * 1024 * 1024,
+    timeout_s = opts.timeout_s or 30 }
+  if not h then error("serve: " .. err, 0) end
+  self.http, self.port = h, h.port
+  -- the chat template is read now: a model without one is told at start, not per request
+  local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
+  self.chat_error = not ok and terr or nil
+  return self
+end
+
+local function answer(req, status, body, headers)
+  req:respond(status, "application/json", body, headers)
+end
+local function fail(req, status, message, kind, param, code, headers)
+  local st, body = openai.error(status, message, kind, param, code)
+  answer(req, st, body, headers)
+end
+
+-- The text of a request's ids as they come: whole UTF-8 characters, continuing the prompt's
+-- (tokenizers without a streaming decoder give each id's piece after the previous id).
+local function text_stream(tok, prev)
+  if tok.decode_stream then return tok:decode_stream({ continued = true }) end
+  return { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end, finish = function() return "" end }
+end
+
+local function random_id(prefix, n)
+  local f = io.open("/dev/urandom", "rb")
+  local b = f:read(12)
+  f:close()
+  return prefix .. (b:gsub(".", function(c) return string.format("%02x", c:byte()) end)) .. string.format("%x", n)
+end
+
+-- The token ids of a parsed request, or nil, status, message.
+function Server:prompt_ids(spec)
+  local tok = self.tok
+  if spec.kind == "chat" then
+    if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
+    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, spec.messages,
+      { add_generation_prompt = true, template_file = self.opts.chat_template })
+    if not ok then return nil, 400, tostring(text) end
+    return tok:encode(text, { add_special = false, bos = false })
+  end
+  if spec.prompt_ids then
+    for i, id in ipairs(spec.prompt_ids) do
+      if id >= self.vocab then return nil, 400, string.format("'prompt' token %d (%d) is not below the vocabulary size %d", i - 1, id, self.vocab) end
+    end
+    return spec.prompt_ids
+  end
+  return tok:encode(spec.prompt, { bos = true })
+end
+
+-- A generation endpoint (kind "chat" or "completion").
+function Server:generate(req, kind)
+  if req.too_large then
+    return fail(req, 413, string.format("the request body is larger than %d bytes", self.opts.max_body or 4 * 1024 * 1024), nil, nil, "body_too_large")
+  end
+  local spec, e = openai.parse(kind, req.body)
+  if not spec then return fail(req, e.status, e.message, nil, e.param, e.code) end
+  if spec.model ~= self.name then
+    return fail(req, 404, string.format("The model '%s' does not exist; this server serves '%s'", spec.model, self.name),
+      "invalid_request_error", "model", "model_not_found")
+  end
+  local ids, st, msg = self:prompt_ids(spec)
+  if not ids then return fail(req, st, msg, nil, kind == "chat" and "messages" or "prompt") end
+  if #ids == 0 then return fail(req, 400, "the prompt is empty after tokenization", nil, "prompt") end
+  local n = #ids
+  if spec.max_tokens and n + spec.max_tokens > self.context or n >= self.context then
+    return fail(req, 400, string.format("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+      self.context, n + (spec.max_tokens or 1), n, kind == "chat" and "messages" or "prompt", spec.max_tokens or 1,
+      kind == "chat" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
+  end
+  local seed = spec.seed or (os.time() * 1000 + self.seq)
+  local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
+    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = self.stop_ids })
+  if not ok then
+    if type(r) == "table" and r.kind == "overloaded" then
+      self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
+      return fail(req, 429, "the server is busy: " .. tostring(r), "rate_limit_exceeded", nil, "overloaded", { ["Retry-After"] = 1 })
+    end
+    if type(r) == "table" and r.kind == "too_long" then
+      return fail(req, 400, tostring(r), nil, "max_tokens", "context_length_exceeded")
+    end
+    error(r, 0)
+  end
+  self.seq = self.seq + 1
+  local a = { http = req, spec = spec, kind = kind, request = r, id = random_id(kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
+    created = os.time(), model = self.name, parts = {}, stopper = openai.stopper(spec.stop), first_chunk = true,
+    stream = text_stream(self.tok, ids[n]), n_prompt = n }
+  self.active[r] = a
+  self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
+  if spec.stream then
+    req:stream_begin(200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
+    if kind == "chat" then self:send_chunk(a, "") end -- the role first, as OpenAI does
+  end
+  r.on_token = function(_, id) self:on_token(a, id) end
+  r.on_done = function() self:on_done(a) end
+  if r.state == "done" then self:on_done(a) end
+end
+
+function Server:send_chunk(a, text, finish, usage)
+  local ok = a.http:write(openai.chunk(a.kind, a, text, finish, usage))
+  a.first_chunk = false
+  if not ok then a.client_gone = true end
+  return ok
+end
+
+function Server:emit(a, text)
+  if text == "" then return end
+  a.parts[#a.parts + 1] = text
+  if a.spec.stream and not a.client_gone then self:send_chunk(a, text) end
+end
+
+function Server:on_token(a, id)
+  local piece = a.stream:put(id)
+  local show, stopped = a.stopper.put(piece)
+  self:emit(a, show)
+  if stopped then
+    a.stop_string = true
+    a.request:cancel()
+  end
+end
+
+function Server:on_done(a)
+  if a.finished then return end
+  a.finished = true
+  local r = a.request
+  self.active[r] = nil
+  if a.client_gone or (a.http:cancelled() and not a.stop_string) then
+    self.metrics:add("loip_requests_cancelled_total", "requests whose client hung up", 1)
+    a.http:release()
+    return
+  end
+  if r.finish_reason == "error" then
+    log("request %s failed: %s", a.id, tostring(r.error))
+    self.metrics:add("loip_requests_failed_total", "requests that failed", 1)
+    if a.spec.stream then
+      a.http:finish("data: " .. select(2, openai.error(500, tostring(r.error), "server_error", nil, "engine_error")) .. "\n\ndata: [DONE]\n\n")
+    else
+      fail(a.http, 500, tostring(r.error), "server_error", nil, "engine_error")
+    end
+    return
+  end
+  if not a.stop_string then -- what the detokenizer and the stop strings held back
+    local rest = a.stream:finish()
+    local show, stopped = a.stopper.put(rest)
+    self:emit(a, show)
+    if stopped then a.stop_string = true else self:emit(a, a.stopper.rest()) end
+  end
+  local finish = (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
+  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids }
+  local t = r:timings()
+  local m = self.metrics
+  m:add("loip_tokens_generated_total", "tokens generated", #r.token_ids)
+  m:add("loip_prompt_tokens_total", "prompt tokens processed", a.n_prompt)
+  m:add("loip_requests_finished_total", "requests finished", 1, { finish_reason = finish })
+  if t.ttft_ms then m:observe("loip_time_to_first_token_ms", "time from arrival to the first token", t.ttft_ms) end
+  if t.decode_ms_per_token then m:observe("loip_ms_per_token", "decoding time per token after the first", t.decode_ms_per_token) end
+  m:observe("loip_queue_ms", "time waiting for a slot and KV", t.queue_ms)
+  if a.spec.stream then
+    self:send_chunk(a, nil, finish)
+    if a.spec.include_usage then self:send_chunk(a, nil, nil, usage) end
+    a.http:finish("data: [DONE]\n\n")
+  else
+    answer(a.http, 200, openai.response(a.kind, { id = a.id, created = a.created, model = a.model,
+      text = table.concat(a.parts), finish_reason = finish, usage = usage }))
+  end
+  if not self.quiet then
+    log("%s: %d+%d tokens, %s, ttft %.0f ms, %.1f ms/token", a.id, a.n_prompt, #r.token_ids, finish, t.ttft_ms or 0,
+      t.decode_ms_per_token or 0)
+  end
+end
+
+function Server:metrics_text()
+  local m, b = self.metrics, self.batcher
+  m:set("loip_queue_depth", "requests waiting for a slot", b:queued())
+  m:set("loip_batch_size", "requests in the running micro-batch", b:active())
+  m:set("loip_kv_tokens_reserved", "KV positions reserved by running requests", b.kv_used * b.engine.kv_block)
+  m:set("loip_kv_tokens", "KV positions the devices hold", b.kv_groups * b.engine.kv_block)
+  m:set("loip_steps_total", "micro-batch steps run", b.stats.steps)
+  m:set("loip_step_ms_total", "time in steps", b.stats.step_ms)
+  local dev = self.opts.cluster and self.opts.cluster:stats() or nil
+  if dev then
+    for i, d in ipairs(dev) do
+      local l = { device = i }
+      m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)
+      m:set("loip_device_load_ms_total", "offloaded-block read time per device", d.load_ms or 0, l)
+      m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms or 0, l)
+      m:set("loip_device_memory_bytes", "memory charged on a device", d.memory or 0, l)
+    end
+  elseif self.opts.model then
+    local st = self.opts.model:runner_stats()
+    if st then
+      m:set("loip_device_compute_ms_total", "compute time per device", st.compute_ms, { device = 1 })
+      m:set("loip_device_load_ms_total", "offloaded-block read time per device", st.load_ms, { device = 1 })
+      m:set("loip_device_stall_ms_total", "time a device waited for its loads", st.stall_ms, { device = 1 })
+    end
+    if self.opts.model.budget then
+      for _, acc in ipairs(self.opts.model.budget:report()) do
+        m:set("loip_memory_bytes", "memory charged per account", acc.bytes, { account = acc.account })
+      end
+    end
+  end
+  return m:text()
+end
+
+function Server:dispatch(req)
+  local path = req.url:gsub("%?.*$", "")
+  local method = req.method
+  if path:match("^/v1/") and self.opts.api_key then
+    local auth = req:header("Authorization") or ""
+    if auth ~= "Bearer " .. self.opts.api_key then
+      return fail(req, 401, auth == "" and "You didn't provide an API key (Authorization: Bearer KEY)" or "Incorrect API key provided",
+        "invalid_request_error", nil, "invalid_api_key")
+    end
+  end
+  local function only(m)
+    if method ~= m then fail(req, 405, string.format("%s %s: use %s", method, path, m), nil, nil, "method_not_allowed") return false end
+    return true
+  end
+  if path == "/v1/chat/completions" then
+    if only("POST") then self:generate(req, "chat") end
+  elseif path == "/v1/completions" then
+    if only("POST") then self:generate(req, "completion") end
+  elseif path == "/v1/models" then
+    if only("GET") then
+      answer(req, 200, openai.encode({ object = "list", data = { { id = self.name, object = "model", created = self.created, owned_by = "loip" } } }))
+    end
+  elseif path:match("^/v1/models/") then
+    local id = path:sub(#"/v1/models/" + 1)
+    if id ~= self.name then return fail(req, 404, string.format("The model '%s' does not exist", id), nil, "model", "model_not_found") end
+    answer(req, 200, openai.encode({ id = self.name, object = "model", created = self.created, owned_by = "loip" }))
+  elseif path == "/health" then
+    answer(req, 200, json.encode({ status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued() }))
+  elseif path == "/metrics" then
+    req:respond(200, "text/plain; version=0.0.4", self:metrics_text())
+  else
+    fail(req, 404, string.format("no route %s %s", method, path), nil, nil, "not_found")
+  end
+end
+
+-- One turn of the loop: take requests, notice hang-ups, step the batch. wait_ms: how long to
+-- wait for a request when nothing runs.
+function Server:turn(wait_ms)
+  local req = self.http:next(self.batcher:busy() and 0 or wait_ms)
+  while req do
+    local ok, err = pcall(self.dispatch, self, req)
+    if not ok then
+      log("%s %s: %s", req.method, req.url, tostring(err))
+      if req.handle then pcall(fail, req, 500, tostring(err), "server_error", nil, "internal_error") end
+    end
+    req = self.http:next(0)
+  end
+  for r, a in pairs(self.active) do
+    if a.http:cancelled() then a.client_gone = true r:cancel() end
+  end
+  if self.batcher:busy() then
+    local ok, err = pcall(self.batcher.step, self.batcher)
+    if not ok then log("step failed: %s", tostring(err)) end
+  end
+end
+
+-- Serve until a signal (SIGINT/SIGTERM) or done() returns true.
+function Server:run(done)
+  C.loip_signal_watch()
+  if not self.quiet then
+    log("serving %s at http://%s:%d/v1 (context %d, %d requests at once)%s", self.name, self.opts.host or "127.0.0.1",
+      self.port, self.context, self.batcher.max_batch, self.opts.api_key and ", API key required" or "")
+  end
+  while C.loip_signal_received() == 0 and not (done and done()) do self:turn(50) end
+  if not self.quiet then log("stopping (%s)", C.loip_signal_received() ~= 0 and "signal " .. C.loip_signal_received() or "done") end
+end
+
+function Server:close()
+  for r in pairs(self.active) do r:cancel() end
+  if self.http then self.http:close() self.http = nil end
+end
+
+return M

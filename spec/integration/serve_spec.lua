@@ -1,0 +1,265 @@
+-- `loip serve`: the official OpenAI client (npm "openai", installed by setup) works unchanged,
+-- streamed text equals the non-streamed text; 8 concurrent greedy requests through HTTP on 3
+-- local devices that offload each give what their prompt gives alone (run.c's text); malformed
+-- requests each get a clear 4xx while the server keeps serving; a client that hangs up frees
+-- its request's KV; past the queue the server answers 429 with Retry-After.
+local json = require "loip.tools.json"
+local core = require "loip.core"
+local client = require "loip.serve.client"
+local loip = require "loip"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+local C = core.C
+
+local S260 = T.root .. "/models/stories260K"
+local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
+local store_of = T.slice_store
+teardown(T.drop_stores)
+
+local function read(p)
+  local f = io.open(p)
+  if not f then return "" end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+local function alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local st = f:read("*l")
+  f:close()
+  return st:match("^%d+ %b() (%a)") ~= "Z"
+end
+
+-- Start `loip serve ARGS --port 0`; returns base URL, a stop function, the stderr path.
+local function serve(args)
+  local dir = T.tmpdir()
+  local p = io.popen(string.format("%s serve %s --port 0 --quiet > %s/out 2> %s/err & echo $!", T.loip, args, dir, dir))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local url
+  for _ = 1, 600 do
+    url = read(dir .. "/out"):match("listening (http://%S+)")
+    if url or not alive(pid) then break end
+    C.loip_sleep_ms(50)
+  end
+  local function stop()
+    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
+    for _ = 1, 200 do
+      if not alive(pid) then break end
+      C.loip_sleep_ms(25)
+    end
+    if alive(pid) then os.execute("kill -KILL " .. pid) end
+  end
+  if not url then stop() end
+  assert(url, "the server started: " .. read(dir .. "/err"))
+  return url, stop, dir .. "/err"
+end
+
+local function post(cl, url, body, headers)
+  local t = cl:post(url, type(body) == "string" and body or json.encode(body), headers)
+  cl:wait(60000)
+  return t.status, json.decode(t.body) or t.body, t
+end
+
+describe("loip serve", function()
+  it("works with the official OpenAI client, unchanged: stream and not, the same text", function()
+    local node_modules = T.root .. "/tests/openai/node_modules/openai"
+    if os.execute("node --version > /dev/null 2>&1") ~= 0 or not T.exists(node_modules .. "/package.json") then
+      pending("needs node and the openai npm package (recipes/setup-debian.sh installs them into tests/openai)")
+      return
+    end
+    local dir = T.tmpdir()
+    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    local url, stop = serve(string.format("--model %s --api-key spec-key --chat-template %s/chat.jinja --max-batch 2", S260, dir))
+    local rc, out, err = T.run(string.format("node %s/tests/openai/client.mjs %s spec-key stories260K", T.root, url))
+    stop()
+    assert.are.equal(0, rc, err)
+    local r = assert(json.decode(out), out)
+    assert.are.equal("chat.completion", r.chat.object)
+    assert.are.equal(24, r.chat.usage.completion_tokens)
+    assert.are.equal(r.chat.text, r.chat_stream.text)
+    assert.are.equal(r.chat.finish, r.chat_stream.finish)
+    assert.are.same(r.chat.usage, r.chat_stream.usage)
+    assert.is_true(r.chat_stream.chunks > 10, "streamed as it was generated")
+    -- completions continue the prompt: run.c's text for "Once upon a time"
+    local ref = greedy.cases[2]
+    assert.are.equal("Once upon a time", ref.prompt)
+    assert.are.equal(ref.output_text:sub(#"Once upon a time" + 1, #"Once upon a time" + #r.completion.text), r.completion.text)
+    assert.are.equal(r.completion.text, r.completion_stream.text)
+    assert.are.equal("length", r.completion_stream.finish)
+    assert.are.same({ text = ", there was a little ", finish = "stop" }, r.completion_stop)
+    assert.are.same({ "stories260K" }, r.models)
+    assert.are.equal(401, r.errors.bad_key.status)
+    assert.are.equal("invalid_api_key", r.errors.bad_key.code)
+    assert.are.equal(404, r.errors.unknown_model.status)
+    assert.are.equal(400, r.errors.n2.status)
+    assert.are.equal(400, r.errors.too_long.status)
+    assert.are.equal("context_length_exceeded", r.errors.too_long.code)
+  end)
+
+  it("serves 8 concurrent greedy requests on 3 offloading devices, each as its prompt alone", function()
+    local st = store_of(S260, "s260")
+    -- each prompt alone, in-process: its text (and run.c's ids)
+    local m = loip.model.open(S260, { threads = 1, context = 256 })
+    local alone = {}
+    for k = 1, 8 do
+      local c = greedy.cases[(k - 1) % #greedy.cases + 1]
+      local it, s = m:generate(c.prompt_ids, { temperature = 0, max_tokens = 24, stop = { 1, 2 } })
+      local parts = {}
+      for _, piece in it do parts[#parts + 1] = piece end
+      for i, id in ipairs(s.token_ids) do assert.are.equal(c.generated_ids[i], id) end
+      alone[k] = table.concat(parts)
+    end
+    m:close()
+    local url, stop = serve(string.format("--model %s --devices 3 --mem 1000K,1000K,1000K --threads 1 --context 256 "
+      .. "--max-batch 8 --step-tokens 32 --kv-tokens 1024", st))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local ts = {}
+      for k = 1, 8 do
+        local c = greedy.cases[(k - 1) % #greedy.cases + 1]
+        ts[k] = cl:post(url .. "/completions", json.encode({ model = st:match("([^/]+)$"), prompt = c.prompt_ids,
+          max_tokens = 24, temperature = 0, stream = k % 2 == 0 }))
+        if k % 2 == 0 then
+          ts[k].text = {}
+          ts[k].on_event = function(t, data)
+            local e = json.decode(data)
+            if e and e.choices and e.choices[1] then t.text[#t.text + 1] = e.choices[1].text end
+          end
+        end
+      end
+      cl:wait(120000)
+      for k = 1, 8 do
+        assert.are.equal(200, ts[k].status, ts[k].body)
+        local text = k % 2 == 0 and table.concat(ts[k].text) or json.decode(ts[k].body).choices[1].text
+        assert.are.equal(alone[k], text)
+      end
+      -- they ran as one batch: the steps carried 8 requests at a time
+      local t = cl:get(url:gsub("/v1$", "") .. "/metrics")
+      cl:wait(10000)
+      local steps = tonumber(t.body:match("\nloip_steps_total (%d+)"))
+      assert.is_true(steps < 8 * 24 / 2, steps .. " steps for 8 x 24 tokens")
+      cl:close()
+    end)
+    stop()
+    assert(ok, err)
+  end)
+
+  it("answers malformed requests with a clear 4xx and keeps serving", function()
+    local url, stop, errlog = serve(string.format("--model %s --context 128 --max-batch 2 --max-body 1M", S260))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local base = url:gsub("/v1$", "")
+      local good = { model = "stories260K", prompt = "Once upon a time", max_tokens = 4, temperature = 0 }
+      local function with(k, v)
+        local b = {}
+        for x, y in pairs(good) do b[x] = y end
+        b[k] = v
+        return json.encode(b)
+      end
+      local cases = {
+        { "/v1/completions", "{", 400, "not valid JSON" },
+        { "/v1/completions", "[1,2]", 400, "must be a JSON object" },
+        { "/v1/completions", "\"text\"", 400, "must be a JSON object" },
+        { "/v1/completions", json.encode({ prompt = "hi" }), 400, "'model' is required" },
+        { "/v1/completions", with("model", 7), 400, "'model' is required" },
+        { "/v1/completions", with("model", "gpt-4"), 404, "does not exist" },
+        { "/v1/completions", with("prompt", json.null), 400, "'prompt' must be" },
+        { "/v1/completions", with("prompt", ""), 400, "must not be empty" },
+        { "/v1/completions", with("prompt", { 1, -5 }), 400, "is not a token id" },
+        { "/v1/completions", with("prompt", { 1, 99999 }), 400, "below the vocabulary size" },
+        { "/v1/completions", with("max_tokens", "ten"), 400, "'max_tokens' must be a number" },
+        { "/v1/completions", with("max_tokens", 2.5), 400, "'max_tokens' must be an integer" },
+        { "/v1/completions", with("max_tokens", 0), 400, "'max_tokens' is 0" },
+        { "/v1/completions", with("max_tokens", 1000000000), 400, "maximum context length is 128 tokens" },
+        { "/v1/completions", with("temperature", 7), 400, "'temperature' is 7" },
+        { "/v1/completions", with("top_p", "high"), 400, "'top_p' must be a number" },
+        { "/v1/completions", with("n", 3), 400, "'n' is 3" },
+        { "/v1/completions", with("stop", { 1, 2 }), 400, "'stop' item 0" },
+        { "/v1/completions", with("stop", { "a", "b", "c", "d", "e" }), 400, "at most 4" },
+        { "/v1/completions", with("stream", "yes"), 400, "'stream' must be true or false" },
+        { "/v1/completions", with("frobnicate", 1), 400, "Unrecognized request argument supplied: frobnicate" },
+        { "/v1/completions", "{\"model\":\"stories260K\",\"prompt\":\"caf\255\"}", 400, "not valid UTF-8" },
+        { "/v1/chat/completions", json.encode({ model = "stories260K", messages = {} }), 400, "'messages' must be a non-empty array" },
+        { "/v1/chat/completions", json.encode({ model = "stories260K", messages = { { role = "wizard", content = "hi" } } }), 400, "messages[0].role" },
+        { "/v1/chat/completions", json.encode({ model = "stories260K", messages = { { role = "user", content = 5 } } }), 400, "messages[0].content" },
+        { "/v1/chat/completions", json.encode({ model = "stories260K", messages = { { role = "user", content = "hi" } } }), 400, "no chat template" },
+        { "/v1/completions", string.rep(" ", 10 * 1024 * 1024), 413, "larger than" },
+        { "/v1/nothing", "{}", 404, "no route" },
+      }
+      local ts = {}
+      for i, c in ipairs(cases) do ts[i] = cl:post(url:gsub("/v1$", "") .. c[1], c[2]) end
+      -- a client that stops sending mid-body (the connection's idle timeout ends it)
+      os.execute(string.format("timeout 5 bash -c 'exec 3<>/dev/tcp/%s; printf \"POST /v1/completions HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 500\\r\\n\\r\\n{\\\"mo\" >&3; sleep 1' &",
+        base:gsub("^http://", ""):gsub(":", "/")))
+      cl:wait(60000)
+      assert.is_true(#cases >= 20)
+      for i, c in ipairs(cases) do
+        assert.are.equal(c[3], ts[i].status, c[1] .. " " .. c[2]:sub(1, 80) .. " -> " .. ts[i].body:sub(1, 300))
+        local e = json.decode(ts[i].body)
+        assert.is_table(e and e.error, ts[i].body)
+        assert.matches(c[4], e.error.message, 1, true)
+      end
+      local mt = cl:get(url .. "/completions") -- the wrong method
+      cl:wait(10000)
+      assert.are.equal(405, mt.status)
+      -- and it still serves
+      local status, body = post(cl, url .. "/completions", good)
+      assert.are.equal(200, status)
+      assert.are.equal(", there was a", body.choices[1].text)
+      cl:close()
+    end)
+    stop()
+    assert(ok, tostring(err) .. "\n" .. read(errlog))
+  end)
+
+  it("frees a request's KV when its client hangs up, and answers 429 past its queue", function()
+    -- one device behind a link of 10 ms a hop: a long request takes seconds
+    local url, stop = serve(string.format("--model %s --devices 1 --threads 1 --link-delay 10ms --context 512 --max-batch 1 --max-queue 1",
+      store_of(S260, "s260")))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local base = url:gsub("/v1$", "")
+      local function metric(name) -- (the streams keep running meanwhile)
+        local t = cl:get(base .. "/metrics")
+        while not t.status do cl:run(10) end
+        return tonumber(t.body:match("\n" .. name .. " (%d+)"))
+      end
+      local long = json.encode({ model = store_of(S260, "s260"):match("([^/]+)$"), prompt = "Once upon a time", max_tokens = 400, temperature = 0,
+        stream = true }) -- (greedy: it runs its 400 tokens, some seconds)
+      local a = cl:post(url .. "/completions", long)
+      local got = 0
+      a.on_event = function() got = got + 1 end
+      while got < 3 do cl:run(10) end
+      assert.is_true(metric("loip_kv_tokens_reserved") > 0)
+      -- the slot is taken: one waits in the queue, the next is refused
+      local b = cl:post(url .. "/completions", long)
+      local t0 = core.now_ms()
+      while core.now_ms() - t0 < 300 do cl:run(10) end -- (b is sent while the client runs)
+      assert.is_nil(b.status, "b waits in the queue")
+      local c = cl:post(url .. "/completions", long)
+      while not c.status do cl:run(10) end
+      assert.are.equal(429, c.status)
+      assert.are.equal("1", c.headers["retry-after"])
+      assert.matches("overloaded", c.body, 1, true)
+      a:close()
+      b:close()
+      local freed = false
+      for _ = 1, 100 do
+        if metric("loip_kv_tokens_reserved") == 0 and metric("loip_batch_size") == 0 and metric("loip_queue_depth") == 0 then
+          freed = true
+          break
+        end
+        C.loip_sleep_ms(50)
+      end
+      assert.is_true(freed, "the hung-up requests' slots and KV came back")
+      assert.is_true((metric("loip_requests_cancelled_total") or 0) >= 1)
+      cl:close()
+    end)
+    stop()
+    assert(ok, err)
+  end)
+end)

@@ -1,0 +1,62 @@
+-- The OpenAI request checks and the stop-string filter of loip serve (loip.serve.openai).
+local openai = require "loip.serve.openai"
+local json = require "loip.tools.json"
+
+describe("loip.serve.openai", function()
+  it("parses a chat request into what the batcher needs, with OpenAI's defaults", function()
+    local s = assert(openai.parse("chat", json.encode({ model = "m", messages = { { role = "developer", content = "be brief" },
+      { role = "user", content = { { type = "text", text = "hi " }, { type = "text", text = "there" } } } },
+      max_completion_tokens = 7, stop = "\n", stream = true, stream_options = { include_usage = true } })))
+    assert.are.same({ { role = "system", content = "be brief" }, { role = "user", content = "hi there" } }, s.messages)
+    assert.are.equal(7, s.max_tokens)
+    assert.are.same({ "\n" }, s.stop)
+    assert.is_true(s.stream and s.include_usage)
+    assert.are.equal(1, s.sampler.temperature)
+    assert.are.equal(1, s.sampler.top_p)
+  end)
+
+  it("names the field of a bad request", function()
+    local _, e = openai.parse("completion", json.encode({ model = "m", prompt = "x", temperature = -1 }))
+    assert.are.equal("temperature", e.param)
+    _, e = openai.parse("completion", json.encode({ model = "m", prompt = "x", logit_bias = { ["5"] = 1 } }))
+    assert.are.equal("logit_bias", e.param)
+    _, e = openai.parse("completion", "{\"model\":\"m\",\"prompt\":\"\xC3\"}")
+    assert.are.equal("invalid_encoding", e.code)
+    assert.is_false(openai.utf8_valid("\xC3"))
+    assert.is_false(openai.utf8_valid("\xED\xA0\x80")) -- a surrogate
+    assert.is_true(openai.utf8_valid("caf\xC3\xA9 \xF0\x9F\x98\x80"))
+  end)
+
+  it("stops at a stop string split across pieces, holding back only what could begin one", function()
+    local st = openai.stopper({ "The end", "!!" })
+    local out = {}
+    local function put(p)
+      local show, stopped = st.put(p)
+      out[#out + 1] = show
+      return stopped
+    end
+    assert.is_false(put("Once upon a time. Th"))
+    assert.are.equal("Once upon a time. ", out[1]) -- "Th" could begin "The end"
+    assert.is_false(put("ey left. The"))
+    assert.is_true(put(" end. More"))
+    assert.are.equal("Once upon a time. They left. ", table.concat(out))
+    -- never a piece of a UTF-8 character
+    local u = openai.stopper({ "\xC3\xA9t\xC3\xA9" })
+    local shown = u.put("caf\xC3\xA9 \xC3\xA9")
+    assert.are.equal("caf\xC3\xA9 ", shown)
+    assert.are.equal("\xC3\xA9", u.rest())
+  end)
+
+  it("builds chunks and responses in OpenAI's shapes", function()
+    local r = { id = "chatcmpl-1", created = 1, model = "m", first_chunk = true }
+    local c = json.decode(openai.chunk("chat", r, "", nil):match("^data: (.*)\n\n$"))
+    assert.are.equal("assistant", c.choices[1].delta.role)
+    assert.are.equal("chat.completion.chunk", c.object)
+    local u = openai.chunk("chat", r, nil, nil, { prompt_tokens = 1, completion_tokens = 2, total_tokens = 3 })
+    assert.matches('"choices":[]', u, 1, true)
+    local full = json.decode(openai.response("completion", { id = "cmpl-1", created = 1, model = "m", text = "hi",
+      finish_reason = "stop", usage = { prompt_tokens = 1, completion_tokens = 1, total_tokens = 2 } }))
+    assert.are.equal("text_completion", full.object)
+    assert.are.equal("hi", full.choices[1].text)
+  end)
+end)
