@@ -23,7 +23,7 @@ M.kinds = {
   online = { dir = "policies/online", needs = { "on_step" },
     about = "an online policy: on_step(state, control) between decoding steps" },
   pattern = { dir = "patterns", needs = { "requests" },
-    about = "a request pattern: requests(opts) -> a generator of (arrival time, prompt, parameters)" },
+    about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them)" },
 }
 
 -- The recipes/ directory: $LOIP_RECIPES_DIR, else beside the Lua modules' tree (lua/ and

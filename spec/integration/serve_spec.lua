@@ -33,9 +33,11 @@ local function alive(pid)
 end
 
 -- Start `loip serve ARGS --port 0`; returns base URL, a stop function, the stderr path.
-local function serve(args)
+-- opts.verbose: its log line per request (not --quiet).
+local function serve(args, opts)
   local dir = T.tmpdir()
-  local p = io.popen(string.format("%s serve %s --port 0 --quiet > %s/out 2> %s/err & echo $!", T.loip, args, dir, dir))
+  local p = io.popen(string.format("%s serve %s --port 0%s > %s/out 2> %s/err & echo $!", T.loip, args,
+    opts and opts.verbose and "" or " --quiet", dir, dir))
   local pid = tonumber(p:read("*l"))
   p:close()
   local url
@@ -98,6 +100,28 @@ describe("loip serve", function()
     assert.are.equal(400, r.errors.n2.status)
     assert.are.equal(400, r.errors.too_long.status)
     assert.are.equal("context_length_exceeded", r.errors.too_long.code)
+  end)
+
+  it("loip chat streams each reply and keeps the conversation", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    local url, stop, errlog = serve(string.format("--model %s --chat-template %s/chat.jinja --api-key k2", S260, dir), { verbose = true })
+    T.write(dir .. "/in", "Once upon a time\nAnd then?\n")
+    local rc, out, err = T.run(string.format("LOIP_API_KEY=k2 %s chat --url %s --max-tokens 12 --temperature 0 < %s/in", T.loip, url, dir))
+    local rc2, _, err2 = T.run(string.format("%s chat --url %s --model stories260K --api-key wrong < %s/in", T.loip, url, dir))
+    stop()
+    assert.are.equal(0, rc, err)
+    local lines = {}
+    for l in (out .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = l end
+    assert.is_true(#lines >= 2 and lines[1] ~= "" and lines[2] ~= "", out)
+    -- the second request carried the first exchange: more prompt tokens
+    local prompts = {}
+    for n in read(errlog):gmatch("chatcmpl%-%x+: (%d+)%+%d+ tokens") do prompts[#prompts + 1] = tonumber(n) end
+    assert.are.equal(2, #prompts)
+    assert.is_true(prompts[2] > prompts[1] + 12, "the history went with the second message")
+    assert.are.equal(1, rc2)
+    assert.matches("HTTP 401: Incorrect API key provided", err2, 1, true)
   end)
 
   it("serves 8 concurrent greedy requests on 3 offloading devices, each as its prompt alone", function()
@@ -214,6 +238,35 @@ describe("loip serve", function()
     end)
     stop()
     assert(ok, tostring(err) .. "\n" .. read(errlog))
+  end)
+
+  it("plays the request patterns against it and times every request", function()
+    local load = require "loip.serve.load"
+    local url, stop = serve(string.format("--model %s --max-batch 4", S260))
+    local ok, err = pcall(function()
+      local arrivals = load.pattern("bursty", { burst = 4, bursts = 2, input_tokens = 6, output_tokens = 10 })
+      assert.are.equal(8, #arrivals)
+      assert.are.equal("all", arrivals[5].after)
+      local runs = load.play(url, "stories260K", arrivals, { vocab = 512 })
+      local s = load.summary(runs)
+      assert.are.equal(0, s.failed)
+      assert.are.equal(80, s.tokens)
+      assert.is_true(s.tokens_per_s > 0 and s.ttft_ms.p50 > 0 and s.ms_per_token.p99 >= s.ms_per_token.p50)
+      -- a second burst starts when the first is done
+      local first_done = 0
+      for k = 1, 4 do first_done = math.max(first_done, runs[k].t_done) end
+      for k = 5, 8 do assert.is_true(runs[k].t_sent >= first_done) end
+      local sp = load.pattern("sporadic", { count = 3 })
+      local sr = load.play(url, "stories260K", sp, { vocab = 512 })
+      assert.is_true(sr[2].t_sent >= sr[1].t_done and sr[3].t_sent >= sr[2].t_done)
+      -- open-loop arrivals: the same for the same seed, spread at the rate
+      local a1 = load.pattern("poisson", { rate = 50, count = 20, seed = 3 })
+      local a2 = load.pattern("poisson", { rate = 50, count = 20, seed = 3 })
+      assert.are.same(a1, a2)
+      assert.is_true(a1[20].at_ms > 100 and a1[20].at_ms < 1500, "20 arrivals at 50/s: about 0.4 s")
+    end)
+    stop()
+    assert(ok, err)
   end)
 
   it("frees a request's KV when its client hangs up, and answers 429 past its queue", function()

@@ -1,0 +1,178 @@
+-- Serving under sporadic and bursty load (the paper's Sec. IV), through the HTTP API, in one run:
+-- the interleaved pipeline (--scheduler, loip by default) against a conventional pipeline with
+-- offloading (pipeline-offload: S = 1, each device reads its offloaded blocks when its turn
+-- comes), on the same local devices, budgets, links and disks as recipes/bench/pipeline.lua.
+--
+--   loip run recipes/bench/serve.lua [--store DIR] [--devices 3] [--budget 0.6] [--burst 4]
+--        [--input-tokens 8] [--output-tokens 8] [--sporadic 2] [--poisson-rate R] [--out DIR]
+--
+-- For each plan, a `loip serve --devices N` process (budgets planned for --burst requests at
+-- once) is driven by loip.serve.load over libcurl's multi interface: sporadic (--sporadic
+-- requests one after another), bursty (--burst at once), and with --poisson-rate, open-loop
+-- arrivals. Per request: time to first token and ms/token after it (p50/p99); per run: the
+-- aggregate tokens/s. Targets: bursty tokens/s >= 3x sporadic (one request at a time) on the
+-- interleaved plan, and >= 2x the conventional plan's under the same burst. JSON + SVG.
+local bench = require "loip.tools.bench"
+local core = require "loip.core"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local load = require "loip.serve.load"
+local memory = require "loip.runtime.memory"
+local plot = require "loip.tools.plot"
+local plan_mod = require "loip.plan"
+local store = require "loip.model.store"
+
+local spec = {
+  name = "serve.lua", usage = "loip run recipes/bench/serve.lua [flags]",
+  summary = "Sporadic vs bursty requests through loip serve: interleaved vs conventional offloading pipeline.",
+  flags = bench.store_flags("to serve", {
+    { "devices", "int", "local devices", default = 3 },
+    { "budget", "number", "all budgets together, as a share of the weights", default = 0.6 },
+    { "link-rate", "string", "emulated link rate", default = "100mbit" },
+    { "link-delay", "number", "emulated one-way delay, ms", default = 2 },
+    { "disk-rate", "bytes", "each device's disk read rate", default = 600 * 1000 * 1000 },
+    { "context", "int", "positions per request", default = 256 },
+    { "burst", "int", "requests of a burst (and the server's --max-batch)", default = 4 },
+    { "sporadic", "int", "requests sent one after another", default = 2 },
+    { "input-tokens", "int", "prompt tokens per request", default = 8 },
+    { "output-tokens", "int", "tokens generated per request", default = 8 },
+    { "poisson-rate", "number", "also open-loop arrivals at this many requests/s (0: not)", default = 0 },
+    { "schedulers", "string", "the plans compared, comma-separated", default = "loip,pipeline-offload" },
+    { "out", "string", "where to write serve.json and serve.svg", default = "bench-out" },
+    { "quick", "bool", "2 output tokens, bursts of 2, one sporadic request: check the recipe works" },
+  }),
+}
+local o = flags.parse(spec, arg, 1)
+if o.quick then o.output_tokens, o.burst, o.sporadic = 2, 2, 1 end
+local log = bench.log
+
+bench.ensure_store(o.store, o.model)
+local man = store.read_manifest(o.store)
+local cfg = store.config(o.store, man)
+local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.burst })
+local N = o.devices
+local mems = bench.budgets(sizes, N, o.budget)
+local total = 0
+local mem_list = {}
+for i, m in ipairs(mems) do total, mem_list[i] = total + m, tostring(m) end
+log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV for %d requests and buffers), links %s + %g ms, disks %s/s",
+  N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
+  100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.burst, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
+
+local exe = io.popen("readlink -f /proc/" .. io.open("/proc/self/stat"):read("*l"):match("^(%d+)") .. "/exe"):read("*l")
+local function alive(pid)
+  local f = io.open("/proc/" .. pid .. "/stat")
+  if not f then return false end
+  local s = f:read("*l")
+  f:close()
+  return s:match("^%d+ %b() (%a)") ~= "Z"
+end
+
+-- A `loip serve` child with the scheduler's plan; its URL and a stop function.
+local function start_server(scheduler, logfile)
+  local out = os.tmpname()
+  local cmd = string.format("%s serve --model '%s' --devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32 "
+    .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --port 0 --quiet > %s 2> %s & echo $!",
+    exe, o.store, N, table.concat(mem_list, ","), o.context, o.burst, o.link_rate, o.link_delay, o.disk_rate, scheduler, out, logfile)
+  local p = io.popen(cmd)
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local url
+  local deadline = core.now_ms() + 300000
+  while not url and alive(pid) and core.now_ms() < deadline do
+    local f = io.open(out)
+    url = f and f:read("*a"):match("listening (http://%S+)")
+    if f then f:close() end
+    if not url then core.C.loip_sleep_ms(100) end
+  end
+  os.remove(out)
+  local function stop()
+    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
+    local t = core.now_ms()
+    while alive(pid) and core.now_ms() - t < 10000 do core.C.loip_sleep_ms(50) end
+    if alive(pid) then os.execute("kill -KILL " .. pid) end
+  end
+  if not url then
+    stop()
+    local f = io.open(logfile)
+    error("loip serve did not start:\n" .. (f and f:read("*a") or ""), 0)
+  end
+  return url, stop
+end
+
+local model_name = o.store:gsub("/+$", ""):match("([^/]+)$")
+local results, order = {}, {}
+for sched in o.schedulers:gmatch("[^,]+") do
+  local logfile = os.tmpname()
+  log("%s: starting loip serve (planning, loading the resident blocks)", sched)
+  local url, stop = start_server(sched, logfile)
+  local ok, err = pcall(function()
+    local play = function(pattern, opts)
+      opts.input_tokens, opts.output_tokens = o.input_tokens, o.output_tokens
+      local runs = load.play(url, model_name, load.pattern(pattern, opts), { vocab = cfg.vocab_size })
+      local s = load.summary(runs)
+      if s.failed > 0 then
+        for _, r in ipairs(runs) do if r.status ~= 200 then error(string.format("%s %s: HTTP %s %s", sched, pattern, tostring(r.status), tostring(r.error)), 0) end end
+      end
+      s.runs = runs
+      log("%-17s %-8s %2d requests: %6.2f tokens/s, ttft p50 %.0f ms, %.0f ms/token p50 (p99 %.0f)", sched, pattern, s.requests,
+        s.tokens_per_s, s.ttft_ms and s.ttft_ms.p50 or 0, s.ms_per_token and s.ms_per_token.p50 or 0,
+        s.ms_per_token and s.ms_per_token.p99 or 0)
+      return s
+    end
+    load.play(url, model_name, load.pattern("sporadic", { count = 1, input_tokens = 4, output_tokens = 2 }), { vocab = cfg.vocab_size }) -- warm-up
+    local r = { sporadic = play("sporadic", { count = o.sporadic }), bursty = play("bursty", { burst = o.burst }) }
+    if o.poisson_rate > 0 then r.poisson = play("poisson", { rate = o.poisson_rate, count = 2 * o.burst }) end
+    results[sched] = r
+    order[#order + 1] = sched
+  end)
+  stop()
+  local lf = io.open(logfile)
+  local server_log = lf and lf:read("*a") or ""
+  if lf then lf:close() end
+  os.remove(logfile)
+  if not ok then error(tostring(err) .. "\nthe server's log ends:\n" .. server_log:sub(-3000), 0) end
+end
+
+local inter, conv = results[order[1]], results[order[2]]
+local burst_vs_single = inter.bursty.tokens_per_s / inter.sporadic.tokens_per_s
+local vs_conventional = conv and inter.bursty.tokens_per_s / conv.bursty.tokens_per_s or nil
+log("%s: bursty %.2f tokens/s = %.2fx sporadic; %s", order[1], inter.bursty.tokens_per_s, burst_vs_single,
+  vs_conventional and string.format("%.2fx %s under the same burst", vs_conventional, order[2]) or "")
+
+local table_rows = {}
+for _, sched in ipairs(order) do
+  for _, pat in ipairs({ "sporadic", "bursty", "poisson" }) do
+    local s = results[sched][pat]
+    if s then
+      table_rows[#table_rows + 1] = { scheduler = sched, pattern = pat, requests = s.requests, tokens_per_s = s.tokens_per_s,
+        ttft_ms_p50 = s.ttft_ms and s.ttft_ms.p50, ttft_ms_p99 = s.ttft_ms and s.ttft_ms.p99,
+        ms_per_token_p50 = s.ms_per_token and s.ms_per_token.p50, ms_per_token_p99 = s.ms_per_token and s.ms_per_token.p99 }
+    end
+  end
+end
+local result = {
+  devices = N, budgets = mems, budget_share = total / sizes.weight_bytes, link_rate = o.link_rate, link_delay_ms = o.link_delay,
+  disk_rate = o.disk_rate, context = o.context, burst = o.burst, input_tokens = o.input_tokens, output_tokens = o.output_tokens,
+  store = o.store, table = table_rows, results = results,
+  bursty_vs_sporadic = burst_vs_single, bursty_vs_sporadic_target = 3,
+  vs_conventional = vs_conventional, vs_conventional_target = 2,
+  meets_target = burst_vs_single >= 3 and (vs_conventional == nil or vs_conventional >= 2),
+}
+os.execute("mkdir -p '" .. o.out .. "'")
+local bars = {}
+local colors = { sporadic = "#7f8c8d", bursty = "#27ae60", poisson = "#2980b9" }
+for _, row in ipairs(table_rows) do
+  bars[#bars + 1] = { string.format("%s, %s (%d)", row.scheduler, row.pattern, row.requests), row.tokens_per_s,
+    row.ms_per_token_p50 and string.format("(%.0f ms/token)", row.ms_per_token_p50) or nil, color = colors[row.pattern] }
+end
+result.plot = plot.bars(o.out .. "/serve.svg", {
+  title = string.format("loip serve, llama-3.2-1b BF16, %d devices at %.0f%% of the weights, %s + %g ms links: aggregate tokens/s",
+    N, 100 * total / sizes.weight_bytes, o.link_rate, o.link_delay),
+  unit = "tokens/s", bars = bars,
+})
+local f = assert(io.open(o.out .. "/serve.json", "w"))
+f:write(json.encode_sorted(result, 2), "\n")
+f:close()
+for _, r in pairs(results) do for _, s in pairs(r) do s.runs = nil end end
+print(json.encode_sorted(result))
