@@ -120,6 +120,16 @@ describe("loip plan", function()
     assert.are.equal("greedy", json.decode(out).scheduler)
   end)
 
+  it("plans for several requests at once: their KV caches in the budgets, their micro-batch in the estimate", function()
+    local one = json.decode(select(2, sh(string.format("%s plan --model %s --devices 3 --context 256 --batch 32 --json", T.loip, S260))))
+    local four = json.decode(select(2, sh(string.format("%s plan --model %s --devices 3 --context 256 --batch 32 --max-batch 4 --json",
+      T.loip, S260))))
+    for i = 1, 3 do assert.is_true(four.devices[i].memory_bytes > one.devices[i].memory_bytes) end
+    local rc, _, err = sh(string.format("%s plan --model %s --devices 3 --batch 8 --max-batch 16", T.loip, S260))
+    assert.are.equal(2, rc)
+    assert.matches("--max-batch 16 is more than --batch 8", err, 1, true)
+  end)
+
   it("weighs a slower device and a slower disk: it gets less to do", function()
     local st = store_of(S260, "s260")
     local function blocks_of(extra)

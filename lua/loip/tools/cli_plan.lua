@@ -144,7 +144,11 @@ M.commands.plan = {
       metavar = "BYTES[,BYTES...]" },
     M.flags.disk_rate, M.flags.slowdown, M.flags.link_rate, M.flags.link_delay, M.flags.profile,
     { "context", "int", "KV cache positions planned for (default: min(model max, 512))", check = function(v) return v > 0, "must be > 0" end },
-    { "batch", "int", "prefill tokens per message (activations are sized for it)", default = 64,
+    { "batch", "int", "tokens per message: prefill chunks and decoding requests (activations are sized for it)", default = 64,
+      check = function(v) return v > 0, "must be > 0" end },
+    { "max-batch", "int", "requests decoding at once (loip serve's --max-batch): the KV cache of each, a micro-batch of them per step",
+      default = 1, check = function(v) return v >= 1, "must be >= 1" end },
+    { "kv-tokens", "int", "KV cache positions the requests share (default: context x max-batch)",
       check = function(v) return v > 0, "must be > 0" end },
     { "threads", "int", "compute threads per device (for a calibration)", default = 1 },
     M.flags.stages, M.flags.scheduler, M.flags.cost, M.flags.save_plan,
@@ -161,7 +165,8 @@ function M.commands.plan.run(o)
   local n = o.devices
   local set = M.settings("plan", o, n)
   local sizes, cfg, dtype, _
-  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1 }
+  if o.max_batch > o.batch then usage("plan", "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
+  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens }
   -- the context planned for: --context, else the model's, at most 512
   local function context_of(config) return math.min(o.context or 512, config.max_position_embeddings or 512) end
   local is_store = o.model and require("loip.model").locate(o.model) == "store"
@@ -193,7 +198,7 @@ function M.commands.plan.run(o)
   local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = set.mem or 0,
     profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
     link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
-    context = sopts.context, batch = sopts.batch }
+    context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch }
   local p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
   if o.save_plan then plan.save(o.save_plan, p) end
   M.report(p, est, info, sizes, require("loip.plan.space").memory_opts(prob), o.json, { model = o.model or o.like, devices_count = n })
