@@ -54,6 +54,7 @@ struct loip_http {
     pthread_cond_t cv;
     loip_http_req *head, *tail;
     int stopping;
+    int inflight;        /* requests begun and not completed (under mu) */
 };
 
 static void req_release(loip_http_req *r) {
@@ -166,6 +167,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         pthread_cond_init(&r->cv, NULL);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > srv->max_body) r->too_large = 1;
+        pthread_mutex_lock(&srv->mu);
+        srv->inflight++;
+        pthread_mutex_unlock(&srv->mu);
         *con_cls = r;
         return MHD_YES;
     }
@@ -236,9 +240,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls, (void)c;
+    (void)c;
+    loip_http *srv = cls;
     loip_http_req *r = *con_cls;
     if (!r) return;
+    pthread_mutex_lock(&srv->mu);
+    srv->inflight--;
+    pthread_cond_broadcast(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
     pthread_mutex_lock(&r->mu);
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) r->cancelled = 1;
     r->conn = NULL;
@@ -300,6 +309,14 @@ LOIP_API void loip_http_stop(loip_http *s) {
         req_release(r);
         r = next;
     }
+    /* answers already given are written out first (up to 2 s): stopping the daemon closes every
+     * connection at once, mid-answer or not */
+    pthread_mutex_lock(&s->mu);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 2;
+    while (s->inflight > 0 && pthread_cond_timedwait(&s->cv, &s->mu, &ts) != ETIMEDOUT) {}
+    pthread_mutex_unlock(&s->mu);
     MHD_stop_daemon(s->d); /* (waits for the connections' threads: their waits end on stopping) */
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -241,6 +241,9 @@ function Worker:handle(msg)
         bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
         compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
         bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
+      -- the budget's accounts (weights, slots, kv, activations)
+      st.accounts = {}
+      for _, a in ipairs(self.dev.budget:report()) do st.accounts[a.account] = a.bytes end
     end
     reply(self, msg.from, "STATS", json.encode(st))
   elseif kind == "TRACE" then

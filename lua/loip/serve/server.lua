@@ -164,6 +164,11 @@ function Server:on_done(a)
   a.finished = true
   local r = a.request
   self.active[r] = nil
+  if a.shutdown then
+    local st, body = openai.error(503, "the server is stopping", "server_error", nil, "stopping")
+    if a.spec.stream then a.http:finish("data: " .. body .. "\n\ndata: [DONE]\n\n") else answer(a.http, st, body) end
+    return
+  end
   if a.client_gone or (a.http:cancelled() and not a.stop_string) then
     self.metrics:add("loip_requests_cancelled_total", "requests whose client hung up", 1)
     a.http:release()
@@ -224,7 +229,9 @@ function Server:metrics_text()
       m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)
       m:set("loip_device_load_ms_total", "offloaded-block read time per device", d.load_ms or 0, l)
       m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms or 0, l)
-      m:set("loip_device_memory_bytes", "memory charged on a device", d.memory or 0, l)
+      for account, bytes in pairs(d.accounts or {}) do
+        m:set("loip_memory_bytes", "memory charged per device and account", bytes, { device = i, account = account })
+      end
     end
   elseif self.opts.model then
     local st = self.opts.model:runner_stats()
@@ -235,7 +242,7 @@ function Server:metrics_text()
     end
     if self.opts.model.budget then
       for _, acc in ipairs(self.opts.model.budget:report()) do
-        m:set("loip_memory_bytes", "memory charged per account", acc.bytes, { account = acc.account })
+        m:set("loip_memory_bytes", "memory charged per device and account", acc.bytes, { device = 1, account = acc.account })
       end
     end
   end
@@ -310,7 +317,10 @@ function Server:run(done)
 end
 
 function Server:close()
-  for r in pairs(self.active) do r:cancel() end
+  for r, a in pairs(self.active) do
+    a.shutdown = true
+    r:cancel()
+  end
   if self.http then self.http:close() self.http = nil end
 end
 
