@@ -8,10 +8,13 @@
 --
 -- For each plan, a `loip serve --devices N` process (budgets planned for --burst requests at
 -- once) is driven by loip.serve.load over libcurl's multi interface: sporadic (--sporadic
--- requests one after another), bursty (--burst at once), and with --poisson-rate, open-loop
--- arrivals. Per request: time to first token and ms/token after it (p50/p99); per run: the
--- aggregate tokens/s. Targets: bursty tokens/s >= 3x sporadic (one request at a time) on the
--- interleaved plan, and >= 2x the conventional plan's under the same burst. JSON + SVG.
+-- requests one after another), bursty (--burst at once). On the interleaved plan, open-loop
+-- Poisson arrivals (--poisson-rate) too, once with each way of prefilling newcomers (--prefill:
+-- chunked beside the others' decoding, or steps of their own): what a newcomer costs the
+-- requests already decoding (their ms/token p99) and itself (its time to first token). Per
+-- request: time to first token and ms/token after it (p50/p99); per run: the aggregate
+-- tokens/s. Targets: bursty tokens/s >= 3x sporadic (one request at a time) on the interleaved
+-- plan, and >= 2x the conventional plan's under the same burst. JSON + SVG.
 local bench = require "loip.tools.bench"
 local core = require "loip.core"
 local flags = require "loip.tools.flags"
@@ -36,14 +39,15 @@ local spec = {
     { "sporadic", "int", "requests sent one after another", default = 2 },
     { "input-tokens", "int", "prompt tokens per request", default = 8 },
     { "output-tokens", "int", "tokens generated per request", default = 8 },
-    { "poisson-rate", "number", "also open-loop arrivals at this many requests/s (0: not)", default = 0 },
+    { "poisson-rate", "number", "open-loop arrivals at this many requests/s on the interleaved plan (0: none)", default = 0.5 },
+    { "prefill", "string", "the ways of prefilling newcomers compared under Poisson arrivals", default = "chunked,own" },
     { "schedulers", "string", "the plans compared, comma-separated", default = "loip,pipeline-offload" },
     { "out", "string", "where to write serve.json and serve.svg", default = "bench-out" },
     { "quick", "bool", "2 output tokens, bursts of 2, one sporadic request: check the recipe works" },
   }),
 }
 local o = flags.parse(spec, arg, 1)
-if o.quick then o.output_tokens, o.burst, o.sporadic = 2, 2, 1 end
+if o.quick then o.output_tokens, o.burst, o.sporadic, o.poisson_rate = 2, 2, 1, 0 end
 local log = bench.log
 
 bench.ensure_store(o.store, o.model)
@@ -69,11 +73,12 @@ local function alive(pid)
 end
 
 -- A `loip serve` child with the scheduler's plan; its URL and a stop function.
-local function start_server(scheduler, logfile)
+local function start_server(scheduler, prefill, logfile)
   local out = os.tmpname()
   local cmd = string.format("%s serve --model '%s' --devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32 "
-    .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --port 0 --quiet > %s 2> %s & echo $!",
-    exe, o.store, N, table.concat(mem_list, ","), o.context, o.burst, o.link_rate, o.link_delay, o.disk_rate, scheduler, out, logfile)
+    .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --prefill %s --port 0 --quiet > %s 2> %s & echo $!",
+    exe, o.store, N, table.concat(mem_list, ","), o.context, o.burst, o.link_rate, o.link_delay, o.disk_rate, scheduler, prefill,
+    out, logfile)
   local p = io.popen(cmd)
   local pid = tonumber(p:read("*l"))
   p:close()
@@ -101,11 +106,29 @@ local function start_server(scheduler, logfile)
 end
 
 local model_name = o.store:gsub("/+$", ""):match("([^/]+)$")
-local results, order = {}, {}
-for sched in o.schedulers:gmatch("[^,]+") do
+-- the runs: each plan with sporadic and bursty load; the first (interleaved) plan also under
+-- Poisson arrivals, with each way of prefilling (one server each)
+local scheds, modes = {}, {}
+for x in o.schedulers:gmatch("[^,]+") do scheds[#scheds + 1] = x end
+for x in o.prefill:gmatch("[^,]+") do
+  if x ~= "chunked" and x ~= "own" then error("--prefill: '" .. x .. "' is not chunked or own", 0) end
+  modes[#modes + 1] = x
+end
+local runs_todo = {}
+for i, sched in ipairs(scheds) do
+  local first_mode = modes[1] or "chunked"
+  runs_todo[#runs_todo + 1] = { sched = sched, prefill = first_mode, patterns = i == 1 and o.poisson_rate > 0
+    and { "sporadic", "bursty", "poisson" } or { "sporadic", "bursty" } }
+  if i == 1 and o.poisson_rate > 0 then
+    for k = 2, #modes do runs_todo[#runs_todo + 1] = { sched = sched, prefill = modes[k], patterns = { "poisson" } } end
+  end
+end
+local results, order, prefill_runs = {}, {}, {}
+for _, run in ipairs(runs_todo) do
+  local sched = run.sched
   local logfile = os.tmpname()
-  log("%s: starting loip serve (planning, loading the resident blocks)", sched)
-  local url, stop = start_server(sched, logfile)
+  log("%s (prefill %s): starting loip serve (planning, loading the resident blocks)", sched, run.prefill)
+  local url, stop = start_server(sched, run.prefill, logfile)
   local ok, err = pcall(function()
     local play = function(pattern, opts)
       opts.input_tokens, opts.output_tokens = o.input_tokens, o.output_tokens
@@ -121,10 +144,15 @@ for sched in o.schedulers:gmatch("[^,]+") do
       return s
     end
     load.play(url, model_name, load.pattern("sporadic", { count = 1, input_tokens = 4, output_tokens = 2 }), { vocab = cfg.vocab_size }) -- warm-up
-    local r = { sporadic = play("sporadic", { count = o.sporadic }), bursty = play("bursty", { burst = o.burst }) }
-    if o.poisson_rate > 0 then r.poisson = play("poisson", { rate = o.poisson_rate, count = 2 * o.burst }) end
-    results[sched] = r
-    order[#order + 1] = sched
+    results[sched] = results[sched] or {}
+    for _, pat in ipairs(run.patterns) do
+      local opts = pat == "sporadic" and { count = o.sporadic } or pat == "bursty" and { burst = o.burst }
+        or { rate = o.poisson_rate, count = 2 * o.burst, seed = 1 }
+      local s = play(pat, opts)
+      if pat == "poisson" then prefill_runs[run.prefill] = s end
+      if pat ~= "poisson" or run.prefill == (modes[1] or "chunked") then results[sched][pat] = s end
+    end
+    if not order[#order] or order[#order] ~= sched then order[#order + 1] = sched end
   end)
   stop()
   local lf = io.open(logfile)
@@ -151,7 +179,14 @@ for _, sched in ipairs(order) do
     end
   end
 end
+local prefill = {}
+for mode, s in pairs(prefill_runs) do
+  prefill[mode] = { tokens_per_s = s.tokens_per_s, ttft_ms = s.ttft_ms, ms_per_token = s.ms_per_token }
+  log("poisson %.2f/s, prefill %-7s: ttft p50 %.0f ms, ms/token p50 %.0f, p99 %.0f", o.poisson_rate, mode,
+    s.ttft_ms and s.ttft_ms.p50 or 0, s.ms_per_token and s.ms_per_token.p50 or 0, s.ms_per_token and s.ms_per_token.p99 or 0)
+end
 local result = {
+  prefill = next(prefill) and prefill or nil, poisson_rate = o.poisson_rate > 0 and o.poisson_rate or nil,
   devices = N, budgets = mems, budget_share = total / sizes.weight_bytes, link_rate = o.link_rate, link_delay_ms = o.link_delay,
   disk_rate = o.disk_rate, context = o.context, burst = o.burst, input_tokens = o.input_tokens, output_tokens = o.output_tokens,
   store = o.store, table = table_rows, results = results,
@@ -175,4 +210,5 @@ local f = assert(io.open(o.out .. "/serve.json", "w"))
 f:write(json.encode_sorted(result, 2), "\n")
 f:close()
 for _, r in pairs(results) do for _, s in pairs(r) do s.runs = nil end end
+for _, s in pairs(prefill_runs) do s.runs = nil end
 print(json.encode_sorted(result))

@@ -565,7 +565,7 @@ function Cluster:step(toks)
 end
 
 -- The request loop of this cluster (loip.serve.batcher), made after the plan; opts (first
--- call only): max_queue, prefill_chunk.
+-- call only): max_queue, prefill_chunk, prefill.
 function Cluster:batcher(opts)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   if not self._batcher then

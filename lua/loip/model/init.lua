@@ -311,7 +311,7 @@ local function check_ids(self, ids)
 end
 
 -- The request loop every generation and logits call goes through (loip.serve.batcher), made
--- once; opts (first call only): max_queue, prefill_chunk.
+-- once; opts (first call only): max_queue, prefill_chunk, prefill.
 function Model:batcher(opts)
   if not self._batcher then
     self._batcher = require("loip.serve.batcher").new(require("loip.serve.local_engine").new(self), opts)

@@ -38,13 +38,18 @@ Batcher.__index, Request.__index = Batcher, Request
 
 -- opts: max_batch (requests decoding at once; default the engine's slots), max_queue (requests
 -- waiting; default 64), prefill_chunk (most prompt tokens of one request per step; default the
--- step's budget).
+-- step's budget), prefill ("chunked", the default: newcomers' prompts ride in the steps beside
+-- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
+-- — recipes/bench/serve.lua --prefill measures both).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
   if max_batch < 1 then error("batcher: max_batch must be at least 1", 2) end
+  if opts.prefill and opts.prefill ~= "chunked" and opts.prefill ~= "own" then
+    error("batcher: prefill must be \"chunked\" or \"own\", not " .. tostring(opts.prefill), 2)
+  end
   local b = setmetatable({ engine = engine, max_batch = max_batch, max_queue = opts.max_queue or 64,
-    prefill_chunk = opts.prefill_chunk, queue = {}, running = {}, free_seqs = {}, next_id = 0,
+    prefill_chunk = opts.prefill_chunk, prefill = opts.prefill or "chunked", queue = {}, running = {}, free_seqs = {}, next_id = 0,
     kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0,
     stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 } }, Batcher)
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
@@ -144,9 +149,13 @@ function Batcher:step()
   local e = self.engine
   local budget = e.step_tokens
   local toks, owners = {}, {}
-  -- decoding requests first: one token each
+  -- decoding requests first: one token each (prefill "own": none while a prompt waits)
+  local prompts_wait = false
+  if self.prefill == "own" then
+    for _, r in ipairs(self.running) do if r.state == "prefill" then prompts_wait = true break end end
+  end
   for _, r in ipairs(self.running) do
-    if r.state == "decode" and budget > 0 then
+    if r.state == "decode" and budget > 0 and not prompts_wait then
       toks[#toks + 1] = { seq = r.seq, pos = r.pos, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
       owners[#toks] = r
       budget = budget - 1

@@ -23,14 +23,14 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
 -- chat_template (a file instead), name (the model id clients name), api_key, host, port,
--- max_batch, max_queue, max_body, quiet.
+-- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), max_body, quiet.
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
   local eng = opts.model or opts.cluster
   if not eng then error("serve: a model or a cluster", 2) end
   self.engine_owner = eng
-  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64 })
+  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill })
   self.context = eng.context
   self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
   self.n_sample = math.min(self.tok.vocab_size, self.vocab)

@@ -33,6 +33,8 @@ function M.commands(shared)
         check = function(v) return v > 0, "must be > 0" end },
       { "step-tokens", "int", "tokens one step carries: the decoding requests' and prompt chunks (default 64)",
         default = 64, check = function(v) return v >= 1, "must be >= 1" end },
+      { "prefill", "string", "newcomers' prompts: chunked (in the steps beside the others' decoding) or own (steps of their own)",
+        default = "chunked", check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
       { "max-body", "bytes", "largest request body", default = 4 * 1024 * 1024, metavar = "BYTES" },
       { "chat-template", "string", "Jinja chat template to use instead of the model's", metavar = "FILE" },
       { "mem", "string", "memory budget, e.g. 1.5G; with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
@@ -87,6 +89,7 @@ function M.commands(shared)
       end
       local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template,
         name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
+        prefill = o.prefill,
         stop_ids = m and m.stop_ids, quiet = o.quiet }
       -- the address first, on stdout (port 0: the one chosen), for scripts that start us
       io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
