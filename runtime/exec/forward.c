@@ -435,8 +435,6 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     return LOIP_OK;
 }
 
-int32_t loip_session_prepared(const loip_session *s) { return s->n_prepared; }
-
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
     const loip_model_config *c = &s->m->cfg;
     const loip_tensor *E = &s->m->global[LOIP_W_EMBED];

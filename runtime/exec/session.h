@@ -15,6 +15,5 @@ const loip_model *loip_session_model(const loip_session *s);
 int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *toks, int32_t pos);
 /* Blocks [first, last) over hidden [n, dim] of the prepared batch. */
 int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden);
-int32_t loip_session_prepared(const loip_session *s);
 
 #endif

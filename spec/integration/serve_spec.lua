@@ -313,6 +313,10 @@ describe("loip serve", function()
         C.loip_sleep_ms(50)
       end
       assert.is_true(freed, "the hung-up requests' slots and KV came back")
+      -- on the device too: its pool is whole again (512 positions, 32 groups of 16)
+      local t = cl:get(base .. "/metrics")
+      while not t.status do cl:run(10) end
+      assert.matches('loip_device_kv_free_tokens{device="1"} 512', t.body, 1, true)
       assert.is_true((metric("loip_requests_cancelled_total") or 0) >= 1)
       cl:close()
     end)

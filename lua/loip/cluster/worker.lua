@@ -242,6 +242,7 @@ function Worker:handle(msg)
         compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
         bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
       -- the budget's accounts (weights, slots, kv, activations)
+      st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
       st.accounts = {}
       for _, a in ipairs(self.dev.budget:report()) do st.accounts[a.account] = a.bytes end
     end

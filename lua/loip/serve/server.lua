@@ -229,6 +229,7 @@ function Server:metrics_text()
       m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)
       m:set("loip_device_load_ms_total", "offloaded-block read time per device", d.load_ms or 0, l)
       m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms or 0, l)
+      m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free", d.kv_free_tokens or 0, l)
       for account, bytes in pairs(d.accounts or {}) do
         m:set("loip_memory_bytes", "memory charged per device and account", bytes, { device = i, account = account })
       end
@@ -240,6 +241,8 @@ function Server:metrics_text()
       m:set("loip_device_load_ms_total", "offloaded-block read time per device", st.load_ms, { device = 1 })
       m:set("loip_device_stall_ms_total", "time a device waited for its loads", st.stall_ms, { device = 1 })
     end
+    m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free",
+      tonumber(C.loip_session_kv_free_tokens(self.opts.model:session())), { device = 1 })
     if self.opts.model.budget then
       for _, acc in ipairs(self.opts.model.budget:report()) do
         m:set("loip_memory_bytes", "memory charged per device and account", acc.bytes, { device = 1, account = acc.account })

@@ -1,0 +1,136 @@
+-- Requests through the ring (docs/serving.md): the engine side of loip.serve.batcher for a
+-- cluster. A request starts in a sequence slot on every device, a step is one micro-batch
+-- around the ring, a request's end frees its slot's KV. Installed into loip.cluster's class.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local proc = require "loip.cluster.proc"
+local C = core.C
+
+local M = {}
+
+function M.install(Cluster)
+  local alive, tail = proc.alive, proc.tail
+
+  -- Start request r (loip.serve.batcher) in slot seq on every device (sampler state on the last).
+  function Cluster:start(seq, r)
+    if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+    local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
+      n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0 })
+    for i, d in ipairs(self.devices) do
+      local ok, err = d.ctl:send({ kind = "START", payload = body }, 2000)
+      if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+    end
+    for i, d in ipairs(self.devices) do
+      local deadline = core.now_ms() + 10000
+      while true do
+        local m = d.ctl:recv(200)
+        if m and m.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, m.payload), 0) end
+        if m and m.kind == "READY" then break end
+        if d.pid and not alive(d.pid) then
+          error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
+        end
+        if core.now_ms() > deadline then error(string.format("device %d (%s) did not answer START within 10 s", i, d.endpoint), 0) end
+      end
+    end
+    self.active = (self.active or 0) + 1
+  end
+
+  -- Request r in slot seq is done: every device frees the slot (no reply).
+  function Cluster:finish(seq, r)
+    self.active = math.max(0, (self.active or 1) - 1)
+    local body = json.encode({ seq = seq, request = r.id })
+    for _, d in ipairs(self.devices) do d.ctl:send({ kind = "END", payload = body }, 2000) end
+  end
+
+  -- Nothing runs: restart devices that died (their KV is gone, and nothing needs it now).
+  function Cluster:idle() self:revive() end
+
+  -- One micro-batch around the ring: toks (see loip.serve.batcher) into device 1, the outputs
+  -- back from device N.
+  function Cluster:step(toks)
+    local n = #toks
+    local payload = ffi.new("uint8_t[?]", n * (4 + ffi.sizeof("loip_step_token")))
+    local ids = ffi.cast("int32_t *", payload)
+    local tab = ffi.cast("loip_step_token *", payload + 4 * n)
+    for i, t in ipairs(toks) do
+      ids[i - 1] = t.id
+      tab[i - 1].seq, tab[i - 1].pos, tab[i - 1].request, tab[i - 1].flags = t.seq, t.pos, t.request, t.flags
+    end
+    self.step_no = (self.step_no or 0) + 1
+    local step = self.step_no
+    local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
+      dtype = C.LOIP_I32, dim = 1, payload = payload, bytes = ffi.sizeof(payload) }, 5000)
+    if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
+    local r = self:await(step)
+    local k, V = r.n_tokens, self.vocab
+    local OUT = ffi.sizeof("loip_step_output")
+    if #r.payload < k * OUT then error(string.format("device %d: a result of %d outputs in %d bytes", #self.devices, k, #r.payload), 0) end
+    local o = ffi.cast("const loip_step_output *", r.payload)
+    local outs, n_logits = {}, 0
+    for j = 0, k - 1 do
+      local x = { seq = o[j].seq, request = o[j].request, id = o[j].id, flags = o[j].flags }
+      if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then n_logits = n_logits + 1 end
+      outs[j + 1] = x
+    end
+    if #r.payload ~= k * OUT + n_logits * V * 4 then
+      error(string.format("device %d: a result of %d bytes, %d outputs and %d logits rows of %d need %d", #self.devices,
+        #r.payload, k, n_logits, V, k * OUT + n_logits * V * 4), 0)
+    end
+    if n_logits > 0 then
+      -- (the payload string lives as long as r; the rows are copied into a buffer of their own)
+      self.logits_buf = self.logits_buf and self.logits_rows >= n_logits and self.logits_buf or ffi.new("float[?]", n_logits * V)
+      self.logits_rows = math.max(self.logits_rows or 0, n_logits)
+      ffi.copy(self.logits_buf, ffi.cast("const uint8_t *", r.payload) + k * OUT, n_logits * V * 4)
+      local row = 0
+      for _, x in ipairs(outs) do
+        if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then x.logits = self.logits_buf + row * V row = row + 1 end
+      end
+    end
+    return outs
+  end
+
+  -- The request loop of this cluster (loip.serve.batcher), made after the plan; opts (first
+  -- call only): max_queue, prefill_chunk, prefill.
+  function Cluster:batcher(opts)
+    if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+    if not self._batcher then
+      self.max_seqs, self.kv_block = self.sizes.max_seqs, C.LOIP_KV_BLOCK_TOKENS
+      self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
+      self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
+      self._batcher = require("loip.serve.batcher").new(self, opts)
+    end
+    return self._batcher
+  end
+
+  -- Logits of ids at positions 0.. (float array [#ids * vocab]), computed around the ring.
+  function Cluster:logits(ids)
+    local r = self:batcher():submit { prompt = ids, logits = true }
+    r:wait()
+    return r.logits
+  end
+
+  -- Generate from prompt ids: an iterator of sampled ids (as loip.model's generate, without
+  -- text) and a state with .token_ids, .stats and .request (the batcher's). Iterators of several
+  -- calls may be interleaved: each is its own request, run in one micro-batch. gen: max_tokens,
+  -- stop (set of ids), sampler (temperature, top_k, ...), seed, n_sample.
+  function Cluster:generate(ids, gen)
+    gen = gen or {}
+    local req = self:batcher():submit { prompt = ids, max_tokens = gen.max_tokens, sampler = gen.sampler, seed = gen.seed,
+      n_sample = gen.n_sample, stop = gen.stop }
+    local state = { token_ids = req.token_ids, request = req,
+      stats = { prefill_ms = 0, decode_ms = 0, decode_steps = 0, prompt_tokens = #ids } }
+    return function()
+      local id = req:next()
+      local st = state.stats
+      if req.t_first then st.prefill_ms = req.t_first - req.t_submit end
+      if req.t_first and req.t_last then st.decode_ms = req.t_last - req.t_first end
+      st.generated = #req.token_ids
+      st.decode_steps = math.max(0, st.generated - 1)
+      if id == nil then state.stop_id = req.stop_id end
+      return id
+    end, state
+  end
+end
+
+return M
