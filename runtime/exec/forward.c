@@ -4,8 +4,10 @@
  * with batches of tokens for prefill, optional q/k/v biases (Qwen2), per-head q/k RMSNorm
  * (Qwen3), and both RoPE layouts. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/core.h"
 #include "core/pool.h"
@@ -23,6 +25,12 @@ struct loip_session {
     size_t q_dim, kv_dim;
     loip_budget *budget;    /* NULL, or charged kv_bytes to "kv", scratch_bytes to "activations" */
     uint64_t kv_bytes, scratch_bytes;
+    /* KV growth (loip_session_set_kv_growth): the pool is charged group by group as sequences
+     * take groups, not all at once; kv_charged is what "kv" holds of this session now */
+    int kv_grows;
+    uint64_t group_bytes, kv_charged;
+    size_t pool_bytes;      /* each of k_cache and v_cache: anonymous mappings, zero and not
+                               resident until written */
     /* The KV cache is paged and shared by up to max_seqs sequences (requests): a sequence's
      * positions live in groups of kv_block tokens, one group holding those positions of every
      * layer kept here, found through the sequence's block table; a group is taken from the free
@@ -169,7 +177,19 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         }
         s->budget = loip_budget_retain(budget);
     }
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
+    s->group_bytes = 2 * (uint64_t)n_kv * s->kv_block * s->kv_dim * sizeof(float);
+    s->kv_charged = budget ? s->kv_bytes : 0;
+    s->pool_bytes = (kv ? kv : 1) * sizeof(float);
+    for (size_t i = 0; i < 2; i++) { /* the pool: pages become resident as positions are written */
+        void *p = mmap(NULL, s->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            loip_session_free(s);
+            return loip_fail(LOIP_ENOMEM, "session: cannot map a KV pool of %zu bytes (%d KV tokens)", s->pool_bytes, kv_tokens);
+        }
+        if (s->pool_bytes >= (2u << 20)) madvise(p, s->pool_bytes, MADV_HUGEPAGE);
+        *arrays[i].p = p;
+    }
+    for (size_t i = 2; i < sizeof arrays / sizeof arrays[0]; i++) {
         *arrays[i].p = loip_aligned_alloc((arrays[i].n ? arrays[i].n : 1) * sizeof(float));
         if (!*arrays[i].p) {
             loip_session_free(s);
@@ -193,7 +213,9 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
 
 LOIP_API void loip_session_free(loip_session *s) {
     if (!s) return;
-    float *arrays[] = {s->k_cache, s->v_cache, s->x, s->xb, s->xb2, s->q, s->k, s->v,
+    if (s->k_cache) munmap(s->k_cache, s->pool_bytes);
+    if (s->v_cache) munmap(s->v_cache, s->pool_bytes);
+    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v,
                        s->att, s->hb, s->hb2, s->scores, s->rope_cos, s->rope_sin};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
     free(s->block_table);
@@ -202,7 +224,7 @@ LOIP_API void loip_session_free(loip_session *s) {
     free(s->tok_seq);
     free(s->tok_pos);
     if (s->budget) {
-        loip_budget_release(s->budget, "kv", s->kv_bytes);
+        loip_budget_release(s->budget, "kv", s->kv_charged);
         loip_budget_release(s->budget, "activations", s->scratch_bytes);
         loip_budget_free(s->budget);
     }
@@ -224,9 +246,36 @@ LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) {
         if (t[i] >= 0) {
             s->free_groups[s->n_free++] = t[i];
             t[i] = -1;
+            if (s->kv_grows && s->budget) {
+                loip_budget_release(s->budget, "kv", s->group_bytes);
+                s->kv_charged -= s->group_bytes;
+            }
         }
     return LOIP_OK;
 }
+
+LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) {
+    grows = grows != 0;
+    if (grows == s->kv_grows) return LOIP_OK;
+    if (s->n_free != s->n_groups)
+        return loip_fail(LOIP_ESTATE, "session: KV growth changes only while no sequence holds KV (%d of %d groups held)",
+                         s->n_groups - s->n_free, s->n_groups);
+    uint64_t pool = (uint64_t)s->n_groups * s->group_bytes;
+    if (s->budget) {
+        if (grows) {
+            loip_budget_release(s->budget, "kv", pool);
+            s->kv_charged -= pool;
+        } else {
+            int rc = loip_budget_charge(s->budget, "kv", pool);
+            if (rc) return rc;
+            s->kv_charged += pool;
+        }
+    }
+    s->kv_grows = grows;
+    return LOIP_OK;
+}
+
+LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv_charged; }
 
 /* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
  * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.
@@ -398,6 +447,15 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
         if (s->n_free == 0)
             return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
                              "(%d tokens) are in use", seq, pos, s->n_groups, s->n_groups * s->kv_block);
+        if (s->kv_grows && s->budget) {
+            int rc = loip_budget_charge(s->budget, "kv", s->group_bytes);
+            if (rc) {
+                char why[400];
+                snprintf(why, sizeof why, "%s", loip_last_error());
+                return loip_fail(rc, "KV cache: sequence %d at position %d: %s", seq, pos, why);
+            }
+            s->kv_charged += s->group_bytes;
+        }
         table[g] = s->free_groups[--s->n_free];
     }
     return LOIP_OK;

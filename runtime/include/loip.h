@@ -475,6 +475,15 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
                                    loip_session **out);
 /* Sequence seq ends: its KV groups go back to the pool (its positions are forgotten). */
 LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq);
+/* KV growth: with grows != 0 the pool is charged to the budget's "kv" account group by group as
+ * sequences take groups (and released as they give them back) rather than all at once, so that
+ * the account follows the contexts actually held; without it (the default) the whole pool is
+ * charged at creation. A position that needs a group the budget cannot pay for fails with the
+ * budget's message. The pool's memory is an anonymous mapping either way: pages become resident
+ * as positions are written. Changes only while no sequence holds KV (LOIP_ESTATE). */
+LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows);
+/* What the "kv" account holds for this session now (the tables and the groups charged). */
+LOIP_API uint64_t loip_session_kv_charged(const loip_session *s);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);

@@ -116,4 +116,26 @@ describe("serving many requests", function()
     assert.matches("leave room for", tostring(e), 1, true)
     m:close()
   end)
+
+  it("grows each device's KV account with the context on a cluster (kv_grows), the same tokens", function()
+    local st = store_of(S260, "s260")
+    local c = cluster.start_local { store = st, devices = 2, threads = 1, mem = { "4M", "4M" } }
+    local ok, err = pcall(function()
+      c:plan { context = 256, kv_grows = true }
+      local before = c:stats()
+      local it, s = c:generate(greedy.cases[2].prompt_ids, { max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } })
+      local mid
+      for _ in it do if #s.token_ids == 20 then mid = c:stats() end end
+      assert.are.same(expected(greedy.cases[2], 40), s.token_ids)
+      local after = c:stats()
+      for i = 1, 2 do
+        assert.is_true(mid[i].accounts.kv > before[i].accounts.kv, "device " .. i .. " took KV as the context grew")
+        assert.are.equal(before[i].accounts.kv, after[i].accounts.kv, "and gave it back when the request ended")
+        assert.is_true(after[i].peak_bytes <= after[i].budget_bytes)
+        assert.is_true(after[i].peak_rss_bytes > 0)
+      end
+    end)
+    c:close()
+    assert(ok, err)
+  end)
 end)

@@ -162,4 +162,41 @@ describe("loip.runtime.memory", function()
     l:close()
     assert.are.equal(0, b:used())
   end)
+
+  it("grows the KV account with the contexts held, never past the pool, back when requests end", function()
+    local m = loip.model.open(S260, { mem = "64M", context = 256, max_batch = 2, kv_grows = true })
+    local C = loip.C
+    local s = m:session()
+    local pool = tonumber(C.loip_session_kv_bytes(s))
+    local kv = function() return by_name(memory.report(m)).kv.bytes end
+    local idle = kv()
+    assert.is_true(idle < pool / 100, "only the tables while no request holds KV")
+    local group = m.cfg.n_layers * 16 * m.cfg.n_kv_heads * m.cfg.head_dim * 4 * 2
+    local seen = {}
+    local it = m:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 60, stop = {} })
+    for id in it do if id then seen[#seen + 1] = kv() end end -- (a last (false, text) may follow)
+    -- 3 + 60 positions: 4 groups of 16, taken as the context reached them (the last token comes
+    -- when its request has ended, its groups back)
+    assert.are.equal(idle + group, seen[1])
+    assert.are.equal(idle + 4 * group, math.max(unpack(seen)))
+    for k = 2, #seen - 1 do assert.is_true(seen[k] >= seen[k - 1]) end
+    assert.is_true(m.budget:peak() <= m.budget:limit())
+    assert.are.equal(idle, kv(), "the request's groups went back when it ended")
+    -- the same tokens as with the pool charged at once
+    local m2 = loip.model.open(S260, { context = 256 })
+    local a, b = {}, {}
+    for id in m:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 40, stop = {} }) do a[#a + 1] = id end
+    for id in m2:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 40, stop = {} }) do b[#b + 1] = id end
+    assert.are.same(b, a)
+    -- a budget that cannot pay for the next group: a clear error naming the account
+    local small = memory.budget(m.budget:used() + group + 1000)
+    local m3 = loip.model.open(S260, { budget = small, context = 256, kv_grows = true })
+    local ok, err = pcall(function() for _ in m3:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 60, stop = {} }) do end end)
+    assert.is_false(ok)
+    assert.matches("KV cache: sequence 0 at position", err, 1, true)
+    assert.matches("kv", err, 1, true)
+    m3:close()
+    m2:close()
+    m:close()
+  end)
 end)

@@ -284,7 +284,8 @@ end
 -- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
 -- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
 -- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
--- default context x max_batch),
+-- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
+-- loip_session_set_kv_growth),
 -- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
 -- (each once or per link: link i runs from device i to the next, emulated where it arrives),
 -- slowdown (once or per device: compute that takes that many times as long, to mimic slower
@@ -342,7 +343,7 @@ function Cluster:plan(opts)
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, loader = opts.loader,
+      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_grows = opts.kv_grows, loader = opts.loader,
       disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads

@@ -4,9 +4,9 @@
 -- cleanly (sockets closed, buffers freed).
 --
 -- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, max_seqs, kv_tokens, loader, overlap_loads, disk_rate (this device's), link =
--- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
--- slowdown. The worker loads its part of its own slice store (its resident blocks, the
+-- head (endpoints), context, batch, max_seqs, kv_tokens, kv_grows, loader, overlap_loads,
+-- disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into this device,
+-- emulated on receipt), logits_tokens, slowdown. The worker loads its part of its own slice store (its resident blocks, the
 -- embedding on device 1, the head on device N) under its budget, and replies READY with its
 -- memory, or ERROR with why. A PROFILE message (JSON options) makes it measure itself
 -- (loip.plan.profile.calibrate on its own store) and reply PROFILE with the profile.
@@ -115,6 +115,7 @@ function Worker:build(msg)
   local s, serr = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free, d.model, pool, ctx,
     math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs, budget.handle, mask)
   if not s then error(serr, 0) end
+  if msg.kv_grows then core.check(C.loip_session_set_kv_growth(s, 1), "session") end
   d.session = s
   d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes))
   store.bind_loaded(d.model, dir, man, d.keep)
@@ -243,6 +244,13 @@ function Worker:handle(msg)
         bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
       -- the budget's accounts (weights, slots, kv, activations)
       st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
+      -- the budget's limit and peak, and this process's peak resident memory
+      st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
+      local f = io.open("/proc/self/status")
+      local status = f and f:read("*a") or ""
+      if f then f:close() end
+      local hwm = status:match("VmHWM:%s*(%d+) kB")
+      st.peak_rss_bytes = hwm and tonumber(hwm) * 1024 or nil
       st.accounts = {}
       for _, a in ipairs(self.dev.budget:report()) do st.accounts[a.account] = a.bytes end
     end

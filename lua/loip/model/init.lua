@@ -46,8 +46,9 @@ local locate = M.locate
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (tokens per forward step: prompt chunks and the decoding requests together, default 128),
 -- max_batch (requests served at once, each with its own KV cache; default 1), kv_tokens (the KV
--- pool the requests share, in positions; default context x max_batch), tokenizer (path to a
--- tokenizer file),
+-- pool the requests share, in positions; default context x max_batch), kv_grows (true: the
+-- pool is charged to the budget's "kv" account as requests' contexts take it, not all at
+-- once: see loip_session_set_kv_growth), tokenizer (path to a tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
 -- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
@@ -293,6 +294,7 @@ function Model:session()
     local s, err = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free,
       self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil)
     if not s then error(self.path .. ": " .. err, 0) end
+    if self.opts.kv_grows then core.check(C.loip_session_set_kv_growth(s, 1), self.path) end
     self._session = s
   end
   return self._session

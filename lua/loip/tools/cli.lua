@@ -139,7 +139,8 @@ local function run_cluster(o)
       local function per(key) return ((a[key] or 0) - (b[key] or 0)) / steps end
       per_device[i] = { compute_ms = per("compute_ms"), load_ms = per("load_ms"), stall_ms = per("stall_ms"),
         send_ms = per("send_ms"), recv_wait_ms = per("recv_wait_ms"), head_ms = per("head_ms"),
-        memory = a.memory, links = a.links }
+        memory = a.memory, budget_bytes = a.budget_bytes, peak_bytes = a.peak_bytes, peak_rss_bytes = a.peak_rss_bytes,
+        accounts = a.accounts, links = a.links }
       local e = est and est.devices[i]
       if e then
         per_device[i].estimate = { comp_ms = e.comp_ms, load_ms = e.load_ms, uncover_ms = e.uncover_ms, comm_ms = e.comm_ms,
