@@ -28,7 +28,9 @@ void loip_aligned_free(void *p) { free(p); }
 struct loip_buffer {
     void *data;
     uint64_t size;
-    loip_budget *budget; /* NULL, or charged size bytes to account (a reference held) */
+    loip_budget *budget; /* NULL, or charged `charged` bytes to account (a reference held) */
+    uint64_t charged;    /* size, less the ranges given back (loip_buffer_drop_range) */
+    int mapped;          /* an anonymous mapping (loip_buffer_new_reserved), else aligned heap */
     char account[LOIP_BUDGET_NAME_MAX];
 };
 
@@ -49,7 +51,7 @@ LOIP_API int loip_buffer_new_charged(loip_budget *budget, const char *account, u
     }
     memset(p, 0, bytes);
     b->data = p;
-    b->size = bytes;
+    b->size = b->charged = bytes;
     if (budget) {
         b->budget = loip_budget_retain(budget);
         snprintf(b->account, sizeof b->account, "%s", account);
@@ -62,14 +64,63 @@ LOIP_API int loip_buffer_new(uint64_t bytes, loip_buffer **out) {
     return loip_buffer_new_charged(NULL, NULL, bytes, out);
 }
 
+LOIP_API int loip_buffer_new_reserved(loip_budget *budget, const char *account, uint64_t bytes,
+                                      loip_buffer **out) {
+    *out = NULL;
+    if (bytes == 0) bytes = 4096;
+    bytes = (bytes + 4095) / 4096 * 4096;
+    loip_buffer *b = calloc(1, sizeof *b);
+    if (!b) return loip_fail(LOIP_ENOMEM, "buffer: out of memory");
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        free(b);
+        return loip_fail(LOIP_ENOMEM, "buffer: cannot reserve %llu bytes", (unsigned long long)bytes);
+    }
+    if (bytes >= (2u << 20)) madvise(p, bytes, MADV_HUGEPAGE);
+    b->data = p, b->size = bytes, b->charged = 0, b->mapped = 1;
+    if (budget) {
+        b->budget = loip_budget_retain(budget);
+        snprintf(b->account, sizeof b->account, "%s", account);
+    }
+    *out = b;
+    return LOIP_OK;
+}
+
 LOIP_API void loip_buffer_free(loip_buffer *b) {
     if (!b) return;
-    loip_aligned_free(b->data);
+    if (b->mapped) munmap(b->data, b->size);
+    else loip_aligned_free(b->data);
     if (b->budget) {
-        loip_budget_release(b->budget, b->account, b->size);
+        loip_budget_release(b->budget, b->account, b->charged);
         loip_budget_free(b->budget);
     }
     free(b);
+}
+
+static int range_ok(const loip_buffer *b, uint64_t offset, uint64_t bytes) {
+    if (offset % 4096 || bytes % 4096 || offset > b->size || bytes > b->size - offset)
+        return loip_fail(LOIP_EINVAL, "buffer: range [%llu, +%llu) is not whole pages inside %llu bytes",
+                         (unsigned long long)offset, (unsigned long long)bytes, (unsigned long long)b->size);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_buffer_drop_range(loip_buffer *b, uint64_t offset, uint64_t bytes) {
+    int rc = range_ok(b, offset, bytes);
+    if (rc) return rc;
+    if (bytes > b->charged) return loip_fail(LOIP_ESTATE, "buffer: dropping more than it holds");
+    madvise((uint8_t *)b->data + offset, bytes, MADV_DONTNEED);
+    if (b->budget) loip_budget_release(b->budget, b->account, bytes);
+    b->charged -= bytes;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_buffer_take_range(loip_buffer *b, uint64_t offset, uint64_t bytes) {
+    int rc = range_ok(b, offset, bytes);
+    if (rc) return rc;
+    if (b->charged + bytes > b->size) return loip_fail(LOIP_ESTATE, "buffer: taking back more than it dropped");
+    if (b->budget && (rc = loip_budget_charge(b->budget, b->account, bytes))) return rc;
+    b->charged += bytes;
+    return LOIP_OK;
 }
 
 LOIP_API void *loip_buffer_data(loip_buffer *b) { return b->data; }

@@ -414,6 +414,29 @@ static int stage_run(loip_runner *r, int32_t k, float *hidden, int32_t n) {
     return compute(r, k, t->first + t->n_off, t->last, hidden, n, 0);
 }
 
+LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_desc *d) {
+    if (k < 0 || k >= r->n) return loip_fail(LOIP_EINVAL, "runner: stage %d out of range (%d stages)", k, r->n);
+    if (!d || d->first_block != r->st[k].first || d->last_block != r->st[k].last)
+        return loip_fail(LOIP_EINVAL, "runner: a stage change keeps the stage's blocks [%d, %d)", r->st[k].first,
+                         r->st[k].last);
+    if (r->l) drain(r);
+    rstage old = r->st[k];
+    memset(&r->st[k], 0, sizeof r->st[k]);
+    int rc = copy_stage(r, k, d, r->l ? loip_loader_slot_bytes(r->l) : 0);
+    if (rc) {
+        stage_free(&r->st[k]);
+        r->st[k] = old;
+        r->st[k].state = IDLE, r->st[k].slot = -1;
+    } else {
+        stage_free(&old);
+    }
+    r->n_offloading = 0;
+    for (int32_t i = 0; i < r->n; i++) r->n_offloading += r->st[i].n_off > 0 && !r->st[i].per_block;
+    r->next_load = r->n_offloading ? next_offloading(r, r->n - 1) : 0;
+    int lrc = start_loads(r);
+    return rc ? rc : lrc;
+}
+
 /* Bad batches or positions fail in the preparation, before a load is consumed. */
 LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
     int rc = loip_session_prepare(r->s, n, NULL, pos);

@@ -196,6 +196,15 @@ LOIP_API int32_t loip_budget_report(const loip_budget *b, loip_budget_account *o
  * charged) before they are allocated, and released when it is freed. */
 LOIP_API int loip_buffer_new_charged(loip_budget *budget, const char *account, uint64_t bytes,
                                      loip_buffer **out);
+/* Address space for bytes (rounded up to whole pages), zero, charged nothing and resident
+ * nowhere until ranges of it are taken (loip_buffer_take_range) and written. */
+LOIP_API int loip_buffer_new_reserved(loip_budget *budget, const char *account, uint64_t bytes,
+                                      loip_buffer **out);
+/* Give back a range of whole pages (its memory to the system, its bytes to the budget): its
+ * contents are gone (zero when next read). take_range charges it again (the budget may refuse)
+ * before the caller refills it. */
+LOIP_API int loip_buffer_drop_range(loip_buffer *b, uint64_t offset, uint64_t bytes);
+LOIP_API int loip_buffer_take_range(loip_buffer *b, uint64_t offset, uint64_t bytes);
 /* A charge without memory behind it (e.g. weights used from a file mapping): bytes stay
  * charged to account until loip_charge_free. */
 typedef struct loip_charge loip_charge;
@@ -613,6 +622,14 @@ LOIP_API int loip_runner_stage_batch(loip_runner *r, int32_t stage, float *hidde
 LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, int32_t n,
                                        const loip_batch_token *toks, const int32_t *rows,
                                        int32_t n_rows, float *logits);
+/* Change stage k's offloaded prefix at a step boundary (a live plan change): desc has the
+ * stage's blocks and its new n_offloaded with their extents and views, as at loip_runner_new.
+ * Loads in flight are waited for and the loads start again from stage 0. A block that becomes
+ * offloaded is read into the slot from the next time its stage runs (its resident copy may go
+ * once this returns); one that becomes resident must have its weights bound by the caller
+ * before its stage runs. The slot must hold the new stage (LOIP_EINVAL otherwise, nothing
+ * changed). */
+LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_desc *desc);
 /* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with
  * offloading: load, then compute), for baselines; 1 (the default): as soon as there is room. */
 LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch);
@@ -653,7 +670,9 @@ enum {
     LOIP_MSG_PROFILE = 14, /* head -> device: measure yourself (JSON options; reply: PROFILE, JSON) */
     LOIP_MSG_END = 15,    /* head -> devices: a request's sequence slot is free (JSON: seq,
                              request); its KV cache goes back to the pool; no reply */
-    LOIP_MSG_KINDS = 16,
+    LOIP_MSG_CHANGE = 16, /* head -> device, between steps: a live plan change (JSON: plan_id,
+                             change, stage, offloaded; reply: READY with its memory, or ERROR) */
+    LOIP_MSG_KINDS = 17,
 };
 
 typedef struct loip_msg_header {

@@ -368,6 +368,21 @@ function Cluster:plan(opts)
   return p, est, info
 end
 
+-- A live plan change between steps (no request's KV is lost, no token changes): stage `stage`
+-- of device i now reads its first `offloaded` blocks every step (more: memory freed on that
+-- device; fewer: read back into it, charged to its budget). Returns the device's memory.
+function Cluster:restage(i, stage, offloaded)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  if not self.devices[i] then error(string.format("restage: device %s is not one of %d", tostring(i), #self.devices), 2) end
+  self.change = (self.change or 0) + 1
+  local r = self:ask(i, { kind = "CHANGE", payload = json.encode({ plan_id = self.plan_id, change = self.change, stage = stage,
+    offloaded = offloaded }) }, 60000)
+  local p2 = plan.bare(self.plan_table)
+  p2.devices[i].stages[stage].offloaded = offloaded
+  self.plan_table = p2
+  return json.decode(r.payload)
+end
+
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and
 -- give them the current plan again.
 function Cluster:revive()

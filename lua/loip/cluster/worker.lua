@@ -1,5 +1,5 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, STATS, PING, STOP) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, CHANGE, STATS, PING, STOP) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
@@ -117,9 +117,11 @@ function Worker:build(msg)
   if not s then error(serr, 0) end
   if msg.kv_grows then core.check(C.loip_session_set_kv_growth(s, 1), "session") end
   d.session = s
-  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes))
+  -- (room kept for the offloaded blocks: a live change may make them resident)
+  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i))
   store.bind_loaded(d.model, dir, man, d.keep)
   d.descs = store.stage_descs(dir, man, p, i)
+  d.plan, d.index = p, i
   local slot = need.slot_bytes
   if slot > 0 then
     local l, lerr = require("loip.runtime.loader").new { slots = p.slots or 1, slot_bytes = slot, mode = msg.loader or "auto",
@@ -225,6 +227,30 @@ function Worker:handle(msg)
       reply(self, msg.from, "READY", "")
     end)
     if not ok then reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL) end
+  elseif kind == "CHANGE" then
+    -- a live plan change between steps: a stage's offloaded prefix grows or shrinks
+    local ok, err = pcall(function()
+      local body = assert(json.decode(msg.payload))
+      local d = self.dev
+      if not d or not d.device then error("CHANGE before a plan", 0) end
+      if body.plan_id ~= d.plan_id then
+        error(string.format("a change of plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
+      end
+      local p2, descs = store.restage { runner = d.runner, model = d.model, keep = d.keep, dir = self.opts.store, man = self.man,
+        plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded }
+      d.plan, d.descs = p2, descs or d.descs
+      log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
+        memory.format_bytes(d.budget:used()))
+      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), accounts = (function()
+        local t = {}
+        for _, a in ipairs(d.budget:report()) do t[a.account] = a.bytes end
+        return t
+      end)() }))
+    end)
+    if not ok then
+      log("change refused: %s", tostring(err))
+      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
+    end
   elseif kind == "END" then
     -- a request is done: its slot's KV goes back (no reply; a failure is only logged)
     local body = json.decode(msg.payload) or {}

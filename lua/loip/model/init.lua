@@ -250,6 +250,19 @@ function Model:_start_runner(dir, facts)
   end
 end
 
+-- A live plan change between steps: stage k (1-based) of the plan now reads its first
+-- `offloaded` blocks every step. Blocks that become resident are read back into memory (charged
+-- to "weights" first) and bound; blocks that become offloaded give their memory back and are
+-- read into the slot from the next step. No KV is touched and no token changes. The slot must
+-- hold the new stage. Returns the new plan (m.plan).
+function Model:restage(k, offloaded)
+  if not self.runner then error("restage: this model runs no offloading plan (open a slice store under a budget or with a plan)", 2) end
+  local p2, descs = store.restage { runner = self.runner, model = self.handle, keep = self.weights, dir = self.path,
+    man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded }
+  self.plan, self.runner_descs = p2, descs or self.runner_descs
+  return p2
+end
+
 -- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
 -- "wait", stage (1-based; 0: embedding or head), first_block, last_block, t0_ns, t1_ns,
 -- bytes, offloaded, tokens }.

@@ -194,44 +194,69 @@ end
 -- The bytes of the files named in `names` (default: every block file): one page-aligned buffer
 -- for all of them, read with O_DIRECT ("memory"), or one read-only mapping per file ("mmap").
 -- Returns { base = name -> pointer }.
-function M.load_files(dir, man, how, budget, names)
-  local keep = { base = {}, direct = 0, files = 0 }
+function M.load_files(dir, man, how, budget, names, spare)
+  local keep = { base = {}, offset = {}, direct = 0, files = 0, evicted = {} }
   local files = {}
   for _, f in ipairs(man.files) do
-    if not names or names[f.name] then files[#files + 1] = f end
+    if not names or names[f.name] or (spare and spare[f.name]) then files[#files + 1] = f end
   end
   keep.files = #files
   if how == "mmap" then
     keep.maps = {}
     for _, f in ipairs(files) do
-      local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, dir .. "/" .. f.name)
-      if not map then M.close(keep) error(err, 0) end
-      keep.maps[#keep.maps + 1] = map
-      keep.base[f.name] = C.loip_mapping_data(map)
+      if not names or names[f.name] then
+        local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, dir .. "/" .. f.name)
+        if not map then M.close(keep) error(err, 0) end
+        keep.maps[#keep.maps + 1] = map
+        keep.base[f.name] = C.loip_mapping_data(map)
+      end
     end
     return keep
   elseif how ~= "memory" then
     error("load must be \"memory\" or \"mmap\", not " .. tostring(how), 3)
   end
-  local total = 0
-  for _, f in ipairs(files) do total = total + f.size end
-  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
+  -- one reserved buffer: the files loaded are charged and read into their ranges, the spare ones
+  -- (offloaded now, resident after a live change perhaps) only have room kept for them
+  local total, loading = 0, 0
+  for _, f in ipairs(files) do
+    total = total + f.size
+    if not names or names[f.name] then loading = loading + f.size end
+  end
+  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_reserved, C.loip_buffer_free, budget, "weights",
     math.max(total, 1))
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
   local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
-  local bar = total >= 256 * 1024 * 1024 and require("loip.tools.progress").new(total, "loading " .. dir) or nil
-  local off, direct = 0, ffi.new("int32_t[1]")
+  local bar = loading >= 256 * 1024 * 1024 and require("loip.tools.progress").new(loading, "loading " .. dir) or nil
+  local off, done, direct = 0, 0, ffi.new("int32_t[1]")
   for _, f in ipairs(files) do
-    local ok, rerr = core.ok(C.loip_file_read(dir .. "/" .. f.name, 0, f.size, base + off, C.LOIP_READ_DIRECT, direct))
-    if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
-    keep.base[f.name] = base + off
-    keep.direct = keep.direct + direct[0]
+    keep.base[f.name], keep.offset[f.name] = base + off, off
+    if not names or names[f.name] then
+      local tok, terr = core.ok(C.loip_buffer_take_range(buf, off, f.size))
+      if not tok then M.close(keep) error(dir .. ": " .. terr, 0) end
+      local ok, rerr = core.ok(C.loip_file_read(dir .. "/" .. f.name, 0, f.size, base + off, C.LOIP_READ_DIRECT, direct))
+      if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
+      keep.direct = keep.direct + direct[0]
+      done = done + f.size
+      if bar then bar:update(done) end
+    else
+      keep.evicted[f.name] = true
+    end
     off = off + f.size
-    if bar then bar:update(off) end
   end
   if bar then bar:finish() end
   return keep
+end
+
+-- The block files of device's offloaded blocks under plan p (name -> true).
+function M.offloaded_files(p, device)
+  local out = {}
+  for _, st in ipairs(p.devices[device or 1].stages) do
+    for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
+      out[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))] = true
+    end
+  end
+  return out
 end
 
 local function fill_view(v, t)
@@ -289,7 +314,7 @@ end
 -- Bind every tensor of the files loaded in keep (M.load_files) to model m.
 function M.bind_loaded(m, dir, man, keep)
   for _, f in ipairs(man.files) do
-    if keep.base[f.name] then
+    if keep.base[f.name] and not keep.evicted[f.name] then
       for _, t in ipairs(f.tensors) do
         local v = ffi.new("loip_tensor")
         v.data = keep.base[f.name] + t.offset
@@ -318,9 +343,9 @@ function M.open(dir, opts)
         end
       end
     end
-    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names)
+    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, p and M.offloaded_files(p, 1))
     for _, f in ipairs(man.files) do
-      if keep.base[f.name] then
+      if keep.base[f.name] and not keep.evicted[f.name] then
         for _, t in ipairs(f.tensors) do
           local v = ffi.new("loip_tensor")
           v.data = keep.base[f.name] + t.offset
@@ -336,6 +361,86 @@ function M.open(dir, opts)
     return keep
   end
   return c, facts, bind
+end
+
+-- Live plan changes (a block moving between resident and offloaded): drop a loaded file's
+-- resident copy (its memory and its "weights" bytes go back), or take it back and read it again
+-- (charged first: the budget may refuse). Only for files loaded into memory (M.load_files).
+local function loaded_file(keep, man, name)
+  if not keep.buffer or not keep.offset[name] then
+    error(string.format("%s: not loaded into memory (a live change needs load = \"memory\")", name), 0)
+  end
+  for _, f in ipairs(man.files) do if f.name == name then return f end end
+  error("manifest: no file " .. name, 0)
+end
+
+function M.evict(keep, man, name)
+  local f = loaded_file(keep, man, name)
+  if keep.evicted[name] then return end
+  core.check(C.loip_buffer_drop_range(keep.buffer, keep.offset[name], f.size), name)
+  keep.evicted[name] = true
+end
+
+function M.reload(keep, dir, man, name)
+  local f = loaded_file(keep, man, name)
+  if not keep.evicted[name] then return end
+  core.check(C.loip_buffer_take_range(keep.buffer, keep.offset[name], f.size), dir .. "/" .. name)
+  local direct = ffi.new("int32_t[1]")
+  local ok, err = core.ok(C.loip_file_read(dir .. "/" .. name, 0, f.size, keep.base[name], C.LOIP_READ_DIRECT, direct))
+  if not ok then
+    C.loip_buffer_drop_range(keep.buffer, keep.offset[name], f.size)
+    error(err .. "; " .. M.redo(man, dir), 0)
+  end
+  keep.evicted[name] = nil
+end
+
+-- Bind the tensors of one loaded file to model m.
+function M.bind_file(m, dir, man, keep, name)
+  local f = loaded_file(keep, man, name)
+  for _, t in ipairs(f.tensors) do
+    local v = ffi.new("loip_tensor")
+    v.data = keep.base[name] + t.offset
+    fill_view(v, t)
+    local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+    if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, name, t.name, err), 0) end
+  end
+end
+
+-- A live plan change on one device, between steps: stage `stage` (1-based) of the device's
+-- part of the plan now reads its first `offloaded` blocks every step. Blocks that become
+-- resident are read back into memory (charged to "weights" first) and bound; blocks that become
+-- offloaded give their memory back and are read into the slot from the next step. No KV is
+-- touched and no token changes; the slot must hold the new stage. o: runner, model (loip_model
+-- *), keep (M.load_files'), dir, man, plan, device, stage, offloaded. Returns the new plan (a
+-- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
+function M.restage(o)
+  local p, k, offloaded = o.plan, o.stage, o.offloaded
+  local st = p.devices[o.device].stages[k]
+  if not st then error(string.format("restage: stage %s is not one of the plan's %d", tostring(k), #p.devices[o.device].stages), 0) end
+  local n = st.blocks[2] - st.blocks[1] + 1
+  if type(offloaded) ~= "number" or offloaded < 0 or offloaded > n or offloaded ~= math.floor(offloaded) then
+    error(string.format("restage: stage %d has %d blocks; offloaded %s is not in 0..%d", k, n, tostring(offloaded), n), 0)
+  end
+  local old = st.offloaded or 0
+  if offloaded == old then return p end
+  local function file(b) return M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2)) end
+  local p2 = require("loip.plan").bare(p)
+  p2.devices[o.device].stages[k].offloaded = offloaded
+  local descs = M.stage_descs(o.dir, o.man, p2, o.device)
+  local a = st.blocks[1]
+  local back = {}
+  for b = a + offloaded, a + old - 1 do -- resident again: in memory first, bound after the change
+    M.reload(o.keep, o.dir, o.man, file(b))
+    back[#back + 1] = file(b)
+  end
+  if C.loip_runner_restage(o.runner, k - 1, descs.descs + (k - 1)) ~= 0 then
+    local err = core.last_error()
+    for _, name in ipairs(back) do M.evict(o.keep, o.man, name) end
+    error(string.format("restage: stage %d to %d offloaded blocks: %s", k, offloaded, err), 0)
+  end
+  for _, name in ipairs(back) do M.bind_file(o.model, o.dir, o.man, o.keep, name) end
+  for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) end -- read every step now
+  return p2, descs
 end
 
 function M.close(keep)
