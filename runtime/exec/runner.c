@@ -437,6 +437,45 @@ LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_des
     return rc ? rc : lrc;
 }
 
+LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
+    if (!l) return loip_fail(LOIP_EINVAL, "runner: a loader is needed");
+    uint64_t slot_bytes = loip_loader_slot_bytes(l);
+    int32_t n_slots = loip_loader_slots(l);
+    for (int32_t k = 0; k < r->n; k++) { /* every stage's reads must fit the new slots */
+        const rstage *t = &r->st[k];
+        for (int32_t i = 0; i < t->n_ext; i++) {
+            uint64_t end = t->per_block ? t->ext[i].length : t->ext[i].slot_offset + t->ext[i].length;
+            if (end > slot_bytes)
+                return loip_fail(LOIP_EINVAL, "runner: stage %d reads %llu bytes, the new loader's slots hold %llu", k,
+                                 (unsigned long long)end, (unsigned long long)slot_bytes);
+        }
+    }
+    int32_t *fs = malloc((size_t)n_slots * sizeof *fs), *live = malloc((size_t)r->n * sizeof *live);
+    if (!fs || !live) {
+        free(fs), free(live);
+        return loip_fail(LOIP_ENOMEM, "runner: out of memory");
+    }
+    if (r->l) drain(r);
+    free(r->free_slots);
+    free(r->live);
+    r->l = l, r->free_slots = fs, r->live = live, r->n_free = 0, r->n_live = 0, r->ring_tail = 0;
+    r->ring = n_slots == 1, r->ring_bytes = slot_bytes;
+    for (int32_t i = n_slots - 1; i >= 0; i--) r->free_slots[r->n_free++] = i;
+    /* the offloaded weights point into the new first slot until their next load rebinds them */
+    for (int32_t k = 0; k < r->n; k++) {
+        const rstage *t = &r->st[k];
+        const uint8_t *base = loip_loader_slot_data(l, 0);
+        for (int32_t i = 0; i < t->n_views; i++) {
+            const loip_stage_view *v = &t->views[i];
+            uint64_t at = v->slot_offset;
+            if (t->per_block) at -= t->ext[2 * v->layer + block_of(v->which) - t->first].slot_offset;
+            r->m->layers[(size_t)v->layer * LOIP_W_COUNT + v->which].data = base + at;
+        }
+    }
+    r->next_load = r->n_offloading ? next_offloading(r, r->n - 1) : 0;
+    return start_loads(r);
+}
+
 /* Bad batches or positions fail in the preparation, before a load is consumed. */
 LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
     int rc = loip_session_prepare(r->s, n, NULL, pos);

@@ -630,6 +630,11 @@ LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, in
  * before its stage runs. The slot must hold the new stage (LOIP_EINVAL otherwise, nothing
  * changed). */
 LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_desc *desc);
+/* Read the offloaded blocks through loader l from now on (slots of another size, between steps:
+ * a live change that needs a larger slot). The old loader's loads are waited for; it may be
+ * freed once this returns. Every stage must fit l's slots (LOIP_EINVAL otherwise, nothing
+ * changed); the runner does not own l. */
+LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l);
 /* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with
  * offloading: load, then compute), for baselines; 1 (the default): as soon as there is room. */
 LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch);

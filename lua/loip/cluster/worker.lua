@@ -123,6 +123,7 @@ function Worker:build(msg)
   d.descs = store.stage_descs(dir, man, p, i)
   d.plan, d.index = p, i
   local slot = need.slot_bytes
+  d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
   if slot > 0 then
     local l, lerr = require("loip.runtime.loader").new { slots = p.slots or 1, slot_bytes = slot, mode = msg.loader or "auto",
       rate = msg.disk_rate or 0, budget = budget, overlap_loads = msg.overlap_loads }
@@ -237,7 +238,17 @@ function Worker:handle(msg)
         error(string.format("a change of plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
       end
       local p2, descs = store.restage { runner = d.runner, model = d.model, keep = d.keep, dir = self.opts.store, man = self.man,
-        plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded }
+        plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
+        new_loader = function(bytes)
+          local l, lerr = require("loip.runtime.loader").new { slots = d.plan.slots or 1, slot_bytes = bytes,
+            mode = d.loader_opts.mode, rate = d.loader_opts.rate, budget = d.budget, overlap_loads = d.loader_opts.overlap_loads }
+          if not l then error(lerr, 0) end
+          return l
+        end,
+        on_loader = function(l)
+          if d.loader then d.loader:close() end
+          d.loader = l
+        end }
       d.plan, d.descs = p2, descs or d.descs
       log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
         memory.format_bytes(d.budget:used()))

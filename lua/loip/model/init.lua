@@ -257,8 +257,20 @@ end
 -- hold the new stage. Returns the new plan (m.plan).
 function Model:restage(k, offloaded)
   if not self.runner then error("restage: this model runs no offloading plan (open a slice store under a budget or with a plan)", 2) end
+  local opts = self.opts
   local p2, descs = store.restage { runner = self.runner, model = self.handle, keep = self.weights, dir = self.path,
-    man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded }
+    man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
+    new_loader = function(bytes)
+      local l, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = bytes,
+        mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget,
+        overlap_loads = self.loader and self.problem_table and self.problem_table.devices[1].overlap_loads or false }
+      if not l then error(err, 0) end
+      return l
+    end,
+    on_loader = function(l)
+      if self.loader then self.loader:close() end
+      self.loader = l
+    end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
 end

@@ -410,8 +410,11 @@ end
 -- part of the plan now reads its first `offloaded` blocks every step. Blocks that become
 -- resident are read back into memory (charged to "weights" first) and bound; blocks that become
 -- offloaded give their memory back and are read into the slot from the next step. No KV is
--- touched and no token changes; the slot must hold the new stage. o: runner, model (loip_model
--- *), keep (M.load_files'), dir, man, plan, device, stage, offloaded. Returns the new plan (a
+-- touched and no token changes. o: runner, model (loip_model *), keep (M.load_files'), dir,
+-- man, plan, device, stage, offloaded; loader (the runner's, or nil) and new_loader(slot_bytes)
+-- (a loader like it with larger slots, charged to the device's budget): when the new stage
+-- does not fit the slots, the blocks leaving memory go first, then the runner takes the new
+-- loader and o.on_loader(new) is told (the caller closes the old one). Returns the new plan (a
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
@@ -428,18 +431,47 @@ function M.restage(o)
   p2.devices[o.device].stages[k].offloaded = offloaded
   local descs = M.stage_descs(o.dir, o.man, p2, o.device)
   local a = st.blocks[1]
-  local back = {}
+  -- the slots must hold the largest stage's reads
+  local size = {}
+  for _, f in ipairs(o.man.files) do size[f.name] = f.size end
+  local need = 0
+  for _, s2 in ipairs(p2.devices[o.device].stages) do
+    local bytes = 0
+    for b = s2.blocks[1], s2.blocks[1] + (s2.offloaded or 0) - 1 do bytes = bytes + size[file(b)] end
+    need = math.max(need, bytes)
+  end
+  local grow = need > 0 and (not o.loader or need > o.loader:slot_bytes())
+  if grow and not o.new_loader then
+    error(string.format("restage: stage %d to %d offloaded blocks reads %d bytes a step, more than the slot holds", k, offloaded, need), 0)
+  end
+  local back, gone = {}, {}
   for b = a + offloaded, a + old - 1 do -- resident again: in memory first, bound after the change
     M.reload(o.keep, o.dir, o.man, file(b))
     back[#back + 1] = file(b)
   end
-  if C.loip_runner_restage(o.runner, k - 1, descs.descs + (k - 1)) ~= 0 then
-    local err = core.last_error()
+  local function undo(err)
     for _, name in ipairs(back) do M.evict(o.keep, o.man, name) end
+    for _, name in ipairs(gone) do M.reload(o.keep, o.dir, o.man, name) M.bind_file(o.model, o.dir, o.man, o.keep, name) end
     error(string.format("restage: stage %d to %d offloaded blocks: %s", k, offloaded, err), 0)
   end
+  if grow then
+    -- the blocks leaving memory make room for the larger slot (they are read from the slot
+    -- once the runner has the new stage: nothing computes in between)
+    for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) gone[#gone + 1] = file(b) end
+    local ok, l = pcall(o.new_loader, need)
+    if not ok then undo(tostring(l)) end
+    if C.loip_runner_set_loader(o.runner, l.handle) ~= 0 then
+      local err = core.last_error()
+      l:close()
+      undo(err)
+    end
+    if o.on_loader then o.on_loader(l) end
+  end
+  if C.loip_runner_restage(o.runner, k - 1, descs.descs + (k - 1)) ~= 0 then undo(core.last_error()) end
   for _, name in ipairs(back) do M.bind_file(o.model, o.dir, o.man, o.keep, name) end
-  for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) end -- read every step now
+  if not grow then
+    for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) end -- read every step now
+  end
   return p2, descs
 end
 
