@@ -120,7 +120,7 @@ static void test_device_sizes(void) {
         loip_device *d = NULL;
         loip_budget *b = NULL;
         CHECK(loip_model_new(cfg, &m) == 0, "case %zu: model: %s", i, loip_last_error());
-        CHECK(loip_session_new_seqs(m, pool, 16, cases[i].max_batch, 0, cases[i].max_seqs, NULL, NULL, &s) == 0,
+        CHECK(loip_session_new_seqs(m, pool, 16, cases[i].max_batch, 0, cases[i].max_seqs, NULL, NULL, 0, &s) == 0,
               "case %zu: session: %s",
               i, loip_last_error());
         loip_stage_desc st = {.first_block = 0, .last_block = 0}; /* no blocks, no weights */

@@ -97,18 +97,18 @@ LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, in
 
 LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                               int32_t max_batch, loip_budget *budget, loip_session **out) {
-    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, NULL, out);
+    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, NULL, 0, out);
 }
 
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out) {
-    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, kv_layers, out);
+    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, kv_layers, 0, out);
 }
 
 LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                    int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
-                                   loip_budget *budget, const uint8_t *kv_layers,
+                                   loip_budget *budget, const uint8_t *kv_layers, uint32_t flags,
                                    loip_session **out) {
     *out = NULL;
     const loip_model_config *c = &m->cfg;
@@ -167,18 +167,21 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             return rc;
         }
     }
+    s->group_bytes = 2 * (uint64_t)n_kv * s->kv_block * s->kv_dim * sizeof(float);
+    s->kv_grows = (flags & LOIP_SESSION_KV_GROWS) != 0;
+    /* growing: the tables now, the groups as sequences take them */
+    uint64_t kv_now = s->kv_grows ? s->kv_bytes - (uint64_t)s->n_groups * s->group_bytes : s->kv_bytes;
     if (budget) {
-        int rc = loip_budget_charge(budget, "kv", s->kv_bytes);
+        int rc = loip_budget_charge(budget, "kv", kv_now);
         if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
-            loip_budget_release(budget, "kv", s->kv_bytes);
+            loip_budget_release(budget, "kv", kv_now);
         if (rc) {
             free(s);
             return rc;
         }
         s->budget = loip_budget_retain(budget);
     }
-    s->group_bytes = 2 * (uint64_t)n_kv * s->kv_block * s->kv_dim * sizeof(float);
-    s->kv_charged = budget ? s->kv_bytes : 0;
+    s->kv_charged = budget ? kv_now : 0;
     s->pool_bytes = (kv ? kv : 1) * sizeof(float);
     for (size_t i = 0; i < 2; i++) { /* the pool: pages become resident as positions are written */
         void *p = mmap(NULL, s->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -276,6 +279,7 @@ LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) {
 }
 
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv_charged; }
+LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s) { return s->group_bytes; }
 
 /* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
  * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.

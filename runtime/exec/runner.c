@@ -97,7 +97,7 @@ static int64_t ring_place(const loip_runner *r, uint64_t n) {
 /* Start the next stages' loads (cyclic order) while there is room: an idle slot, or a free
  * range of the ring. */
 static int start_loads_n(loip_runner *r, int limit) {
-    while (r->n_offloading > 0 && limit-- != 0) {
+    while (r->n_offloading > 0 && r->l && limit-- != 0) {
         rstage *t = &r->st[r->next_load];
         if (t->state != IDLE) break; /* every offloading stage already has its bytes coming */
         int32_t slot;
@@ -369,6 +369,8 @@ static int stage_run(loip_runner *r, int32_t k, float *hidden, int32_t n) {
         return loip_fail(LOIP_EINVAL, "runner: stage %d out of range (%d stages)", k, r->n);
     int rc;
     rstage *t = &r->st[k];
+    if (t->n_off > 0 && !r->l)
+        return loip_fail(LOIP_ESTATE, "runner: stage %d offloads blocks but the runner has no loader", k);
     r->stats.stage_runs++;
     if (t->n_off > 0 && t->per_block) {
         drain(r); /* the slot's start is this stage's now */
@@ -438,7 +440,11 @@ LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_des
 }
 
 LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
-    if (!l) return loip_fail(LOIP_EINVAL, "runner: a loader is needed");
+    if (!l) { /* detach: the loads in flight are waited for; nothing offloaded runs until a loader is set */
+        if (r->l) drain(r);
+        r->l = NULL;
+        return LOIP_OK;
+    }
     uint64_t slot_bytes = loip_loader_slot_bytes(l);
     int32_t n_slots = loip_loader_slots(l);
     for (int32_t k = 0; k < r->n; k++) { /* every stage's reads must fit the new slots */

@@ -477,11 +477,14 @@ LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32
  * up to max_ctx positions, sharing a KV pool of kv_tokens positions (<= 0: max_ctx) in groups of
  * LOIP_KV_BLOCK_TOKENS: a sequence takes a group when it first writes a position in it and gives
  * its groups back with loip_session_seq_free. loip_session_new and _new_layers are one sequence
- * with a pool of max_ctx. */
+ * with a pool of max_ctx. flags: LOIP_SESSION_*. */
 LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                    int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
-                                   loip_budget *budget, const uint8_t *kv_layers,
+                                   loip_budget *budget, const uint8_t *kv_layers, uint32_t flags,
                                    loip_session **out);
+enum {
+    LOIP_SESSION_KV_GROWS = 1, /* from the start as loip_session_set_kv_growth(s, 1) leaves it */
+};
 /* Sequence seq ends: its KV groups go back to the pool (its positions are forgotten). */
 LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq);
 /* KV growth: with grows != 0 the pool is charged to the budget's "kv" account group by group as
@@ -493,6 +496,9 @@ LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq);
 LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows);
 /* What the "kv" account holds for this session now (the tables and the groups charged). */
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s);
+/* Bytes of one group (LOIP_KV_BLOCK_TOKENS positions of every layer kept): what a sequence
+ * takes each time its context crosses into a new group. */
+LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
@@ -633,7 +639,8 @@ LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_des
 /* Read the offloaded blocks through loader l from now on (slots of another size, between steps:
  * a live change that needs a larger slot). The old loader's loads are waited for; it may be
  * freed once this returns. Every stage must fit l's slots (LOIP_EINVAL otherwise, nothing
- * changed); the runner does not own l. */
+ * changed); the runner does not own l. l NULL detaches the loader (its memory can go before the
+ * next one is made); a stage that offloads must not run until one is set. */
 LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l);
 /* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with
  * offloading: load, then compute), for baselines; 1 (the default): as soon as there is room. */

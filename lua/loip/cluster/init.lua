@@ -285,7 +285,9 @@ end
 -- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
 -- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
 -- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
--- loip_session_set_kv_growth),
+-- loip_session_set_kv_growth), kv_plan_tokens (KV positions the plan's memory holds, default
+-- kv_tokens; fewer: the pool grows inside the budget and the online policy, opts.online, makes
+-- room as it does: loip.serve.online),
 -- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
 -- (each once or per link: link i runs from device i to the next, emulated where it arrives),
 -- slowdown (once or per device: compute that takes that many times as long, to mimic slower
@@ -310,7 +312,7 @@ function Cluster:plan(opts)
   end
   if not opts.keep_requests then self._batcher = nil end
   local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
-    max_seqs = max_seqs, kv_tokens = opts.kv_tokens })
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens, kv_plan_tokens = opts.kv_plan_tokens })
   self.sizes = sizes
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = plan.load(p), p end
@@ -343,7 +345,8 @@ function Cluster:plan(opts)
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_grows = opts.kv_grows, loader = opts.loader,
+      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_plan_tokens = sizes.kv_plan_tokens,
+      kv_grows = opts.kv_grows or sizes.kv_plan_tokens < sizes.kv_tokens, loader = opts.loader,
       disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
@@ -364,6 +367,10 @@ function Cluster:plan(opts)
       if core.now_ms() > deadline then error(string.format("device %d (%s) did not load its plan within 300 s", i, d.endpoint), 0) end
     until r and r.kind == "READY"
     d.ready = json.decode(r.payload)
+    -- the memory the online policy reasons with: outside the KV cache, and the KV tables
+    local acc = d.ready.accounts or {}
+    d.mem_state = { limit = d.ready.limit or d.mem or 0, nonkv = (d.ready.memory or 0) - (acc.kv or 0), kv_base = acc.kv or 0,
+      group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
   end
   return p, est, info
 end
@@ -380,7 +387,12 @@ function Cluster:restage(i, stage, offloaded)
   local p2 = plan.bare(self.plan_table)
   p2.devices[i].stages[stage].offloaded = offloaded
   self.plan_table = p2
-  return json.decode(r.payload)
+  local rep = json.decode(r.payload) or {}
+  local m = self.devices[i].mem_state
+  if m and rep.memory then
+    m.nonkv, m.slot_bytes = rep.memory - ((rep.accounts or {}).kv or 0), rep.slot_bytes or m.slot_bytes
+  end
+  return rep
 end
 
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and

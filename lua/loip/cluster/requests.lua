@@ -90,15 +90,35 @@ function M.install(Cluster)
     return outs
   end
 
+  -- What loip.serve.online needs of each device (its memory outside the KV cache, from the
+  -- last PLAN or CHANGE reply; its stages and block sizes).
+  function Cluster:online_devices()
+    local out = {}
+    for i, d in ipairs(self.devices) do
+      local m = d.mem_state or {}
+      local stages = {}
+      for s, st in ipairs(self.plan_table.devices[i].stages) do
+        stages[s] = { first = st.blocks[1], last = st.blocks[2], offloaded = st.offloaded or 0 }
+      end
+      out[i] = { limit = m.limit or d.mem or 0, nonkv = m.nonkv or 0, kv_base = m.kv_base or 0, group_bytes = m.group_bytes or 0,
+        slot_bytes = m.slot_bytes or 0, stages = stages, block_bytes = self.sizes.block_bytes }
+    end
+    return out
+  end
+
   -- The request loop of this cluster (loip.serve.batcher), made after the plan; opts (first
-  -- call only): max_queue, prefill_chunk, prefill.
+  -- call only): max_queue, prefill_chunk, prefill; the plan's opts.online (a policy name, path
+  -- or table) is its online policy.
   function Cluster:batcher(opts)
     if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
     if not self._batcher then
       self.max_seqs, self.kv_block = self.sizes.max_seqs, C.LOIP_KV_BLOCK_TOKENS
       self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
       self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
-      self._batcher = require("loip.serve.batcher").new(self, opts)
+      local o = setmetatable({}, { __index = opts or {} })
+      local online = self.plan_opts and self.plan_opts.online
+      if online and online ~= "none" then o.online = require("loip.policy").load("online", online) end
+      self._batcher = require("loip.serve.batcher").new(self, o)
     end
     return self._batcher
   end

@@ -4,7 +4,7 @@
 -- cleanly (sockets closed, buffers freed).
 --
 -- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, max_seqs, kv_tokens, kv_grows, loader, overlap_loads,
+-- head (endpoints), context, batch, max_seqs, kv_tokens, kv_plan_tokens, kv_grows, loader, overlap_loads,
 -- disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into this device,
 -- emulated on receipt), logits_tokens, slowdown. The worker loads its part of its own slice store (its resident blocks, the
 -- embedding on device 1, the head on device N) under its budget, and replies READY with its
@@ -104,7 +104,7 @@ function Worker:build(msg)
   d.pool = pool
   local ctx, batch = msg.context or 512, msg.batch or 64
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
-    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens })
+    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, kv_plan_tokens = msg.kv_plan_tokens })
   local mopts = { cluster = true, loader = msg.loader }
   local over = plan.over_budget(p, sizes, { [i] = budget:limit() }, mopts) -- (this device's budget only)
   if over then error(over, 0) end
@@ -113,9 +113,8 @@ function Worker:build(msg)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
   for l in pairs(layers) do mask[l] = 1 end
   local s, serr = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free, d.model, pool, ctx,
-    math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs, budget.handle, mask)
+    math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs, budget.handle, mask, msg.kv_grows and C.LOIP_SESSION_KV_GROWS or 0)
   if not s then error(serr, 0) end
-  if msg.kv_grows then core.check(C.loip_session_set_kv_growth(s, 1), "session") end
   d.session = s
   -- (room kept for the offloaded blocks: a live change may make them resident)
   d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i))
@@ -206,7 +205,10 @@ function Worker:handle(msg)
       d.device, d.plan_id = dev, body.plan_id
       log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
         memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
-      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(),
+      local accounts = {}
+      for _, a in ipairs(budget:report()) do accounts[a.account] = a.bytes end
+      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts,
+        kv_group_bytes = tonumber(C.loip_session_kv_group_bytes(d.session)),
         loader = d.loader and d.loader:mode() or "none" }))
     end)
     if not ok then
@@ -246,13 +248,14 @@ function Worker:handle(msg)
           return l
         end,
         on_loader = function(l)
-          if d.loader then d.loader:close() end
+          if d.loader and d.loader ~= l then d.loader:close() end
           d.loader = l
         end }
       d.plan, d.descs = p2, descs or d.descs
       log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
         memory.format_bytes(d.budget:used()))
-      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), accounts = (function()
+      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(),
+        slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = (function()
         local t = {}
         for _, a in ipairs(d.budget:report()) do t[a.account] = a.bytes end
         return t

@@ -268,7 +268,7 @@ function Model:restage(k, offloaded)
       return l
     end,
     on_loader = function(l)
-      if self.loader then self.loader:close() end
+      if self.loader and self.loader ~= l then self.loader:close() end
       self.loader = l
     end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
@@ -317,9 +317,9 @@ end
 function Model:session()
   if not self._session then
     local s, err = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free,
-      self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil)
+      self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil,
+      self.opts.kv_grows and C.LOIP_SESSION_KV_GROWS or 0)
     if not s then error(self.path .. ": " .. err, 0) end
-    if self.opts.kv_grows then core.check(C.loip_session_set_kv_growth(s, 1), self.path) end
     self._session = s
   end
   return self._session

@@ -413,8 +413,8 @@ end
 -- touched and no token changes. o: runner, model (loip_model *), keep (M.load_files'), dir,
 -- man, plan, device, stage, offloaded; loader (the runner's, or nil) and new_loader(slot_bytes)
 -- (a loader like it with larger slots, charged to the device's budget): when the new stage
--- does not fit the slots, the blocks leaving memory go first, then the runner takes the new
--- loader and o.on_loader(new) is told (the caller closes the old one). Returns the new plan (a
+-- does not fit the slots, the blocks leaving memory go first, then the old loader
+-- (o.on_loader(nil): the caller closes it), then the runner takes the new one (o.on_loader(new)). Returns the new plan (a
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
@@ -458,8 +458,16 @@ function M.restage(o)
     -- the blocks leaving memory make room for the larger slot (they are read from the slot
     -- once the runner has the new stage: nothing computes in between)
     for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) gone[#gone + 1] = file(b) end
+    -- the old slot goes before the new one is made: both at once could pass the budget
+    local old_bytes = o.loader and o.loader:slot_bytes() or 0
+    C.loip_runner_set_loader(o.runner, nil)
+    if o.on_loader then o.on_loader(nil) end
     local ok, l = pcall(o.new_loader, need)
-    if not ok then undo(tostring(l)) end
+    if not ok then
+      local back_ok, old_l = pcall(o.new_loader, old_bytes) -- (the room it had is free again)
+      if back_ok then C.loip_runner_set_loader(o.runner, old_l.handle) if o.on_loader then o.on_loader(old_l) end end
+      undo(tostring(l))
+    end
     if C.loip_runner_set_loader(o.runner, l.handle) ~= 0 then
       local err = core.last_error()
       l:close()

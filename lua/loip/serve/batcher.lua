@@ -40,7 +40,8 @@ Batcher.__index, Request.__index = Batcher, Request
 -- waiting; default 64), prefill_chunk (most prompt tokens of one request per step; default the
 -- step's budget), prefill ("chunked", the default: newcomers' prompts ride in the steps beside
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
--- — recipes/bench/serve.lua --prefill measures both).
+-- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
+-- on_step runs before every step; loip.serve.online).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
@@ -51,7 +52,8 @@ function M.new(engine, opts)
   local b = setmetatable({ engine = engine, max_batch = max_batch, max_queue = opts.max_queue or 64,
     prefill_chunk = opts.prefill_chunk, prefill = opts.prefill or "chunked", queue = {}, running = {}, free_seqs = {}, next_id = 0,
     kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0,
-    stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 } }, Batcher)
+    stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {} }, Batcher)
+  if opts.online then b.online = require("loip.serve.online").new(b, opts.online) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end
@@ -180,7 +182,9 @@ function Batcher:step()
   if #toks == 0 then return true end
   local t0 = core.now_ms()
   self.stepping = true
-  local ok, outs = pcall(e.step, e, toks)
+  local ok, outs = true, nil
+  if self.online then ok, outs = pcall(self.online.before_step, self.online, toks) end
+  if ok then ok, outs = pcall(e.step, e, toks) end
   self.stepping = nil
   if not ok then
     -- the step failed: every request in it fails with the error (the engine's state is unknown)

@@ -49,6 +49,11 @@ commands.generate = {
     { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
     cp.flags.token, cp.flags.curve_keys,
     cp.flags.stages, cp.flags.link_rate, cp.flags.link_delay, cp.flags.slowdown,
+    { "plan-context", "int", "with --devices/--hosts: plan memory for this many KV positions (default: the whole --context); "
+      .. "past them the KV cache grows inside each budget and the --online policy makes room, offloading blocks live",
+      metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
+    { "online", "string", "with --plan-context: the online policy (recipes/policies/online: loip) or a file; none: off",
+      default = "loip", metavar = "NAME|FILE.lua" },
     cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the scheduler's", metavar = "FILE.lua" },
@@ -103,7 +108,8 @@ local function run_cluster(o)
     local loader = o.loader ~= "auto" and o.loader or nil
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
       stages = o.stages, context = o.context, loader = loader, disk_rate = set.disk_rate,
-      link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown }
+      link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
+      online = o.plan_context and o.online or nil }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then cp.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local ids = tok:encode(o.prompt, { bos = true })
@@ -153,7 +159,8 @@ local function run_cluster(o)
         prompt_tokens = #ids, generated_tokens = #st.token_ids, seed = seed, prefill_ms = st.stats.prefill_ms,
         decode_ms_per_token = per_token, estimate_ms_per_token = est and est.ms_per_token,
         scheduler = info and info.scheduler, cost_model = info and info.cost, scheduler_ms = info and info.scheduler_ms,
-        devices = per_device, plan = require("loip.plan").bare(p), model = o.model }), "\n")
+        devices = per_device, plan = require("loip.plan").bare(p), model = o.model,
+        adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil }), "\n")
     else
       io.stdout:write(rest, "\n")
       io.stdout:flush()
@@ -163,6 +170,10 @@ local function run_cluster(o)
       for i, d in ipairs(per_device) do
         io.stderr:write(string.format("  device %d per token: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms, waiting for input %.2f ms\n",
           i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
+      end
+      for _, a in ipairs(c:batcher().adaptations) do
+        io.stderr:write(string.format("  at %d positions: device %d, stage %d now reads %d blocks every step (was %d)\n",
+          a.context, a.device, a.stage, a.to, a.from or 0))
       end
     end
   end)

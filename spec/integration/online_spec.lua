@@ -1,0 +1,68 @@
+-- Online memory adaptation (the paper's Sec. III-E): a plan made for a short context, the KV
+-- cache growing inside each device's budget, and the online policy offloading blocks live as
+-- the context passes each device's threshold: a generation whose final KV cache the budgets
+-- could not hold beside the resident plan completes, with the tokens of a run without
+-- adaptation, every device's accounted peak within its budget, each change in --json.
+local loip = require "loip"
+local json = require "loip.tools.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+
+local S260 = T.root .. "/models/stories260K"
+local store_of = T.slice_store
+teardown(T.drop_stores)
+
+local function reference(st, n)
+  local m = loip.model.open(st, { context = 512, threads = 1 })
+  local it, s = m:generate("Once upon a time", { temperature = 0, max_tokens = n, stop = {} })
+  for _ in it do end
+  m:close()
+  return s.token_ids
+end
+
+local function generate(st, extra)
+  local rc, out, err = T.run(string.format("%s generate --model %s --devices 2 --mem 960K,960K --threads 1 --context 512 "
+    .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --json %s", T.loip, st, extra))
+  return rc, json.decode(out), err
+end
+
+describe("online adaptation", function()
+  it("offloads blocks live as the KV cache grows past each threshold: the same tokens, every peak in its budget", function()
+    local st = store_of(S260, "s260")
+    local ref = reference(st, 400)
+    -- planned for all 512 positions, 960K per device is too little: refused before anything runs
+    local rc0, _, err0 = generate(st, "")
+    assert.are.equal(1, rc0)
+    assert.matches("no plan fits", err0, 1, true)
+    -- planned for 32 positions, adapted as the context grows
+    local rc, j, err = generate(st, "--plan-context 32")
+    assert.are.equal(0, rc, err)
+    assert.are.same(ref, j.token_ids)
+    assert.is_true(#j.adaptations >= 3, #j.adaptations .. " changes")
+    local last = 0
+    for _, a in ipairs(j.adaptations) do
+      assert.is_true(a.context >= last and a.to > a.from)
+      last = a.context
+    end
+    for i, d in ipairs(j.devices) do
+      assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      assert.is_true(d.peak_rss_bytes > 0)
+    end
+  end)
+
+  it("runs a policy of one's own, and names the device that cannot hold the KV cache at all", function()
+    local st = store_of(S260, "s260")
+    local rc, j, err = generate(st, "--plan-context 32 --online " .. T.root .. "/recipes/policies/examples/offload-all.lua")
+    assert.are.equal(0, rc, err)
+    assert.are.same(reference(st, 400), j.token_ids)
+    local per_device = {}
+    for _, a in ipairs(j.adaptations) do per_device[a.device] = (per_device[a.device] or 0) + 1 end
+    for _, n in pairs(per_device) do assert.is_true(n <= 3, "one change per stage, once") end
+    assert.matches("passes its budget at %d+ positions: offloading all its blocks", err)
+    -- 800K: even with every block offloaded the KV cache of 400 positions does not fit
+    local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --mem 800K,800K --threads 1 --context 512 "
+      .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --plan-context 32", T.loip, st))
+    assert.are.equal(1, rc2)
+    assert.matches("device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
+  end)
+end)
