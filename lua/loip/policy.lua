@@ -22,6 +22,8 @@ M.kinds = {
     about = "a scheduler: schedule(problem, cost) -> plan, or nil and why" },
   online = { dir = "policies/online", needs = { "on_step" },
     about = "an online policy: on_step(state, control) between decoding steps" },
+  links = { dir = "links", needs = { "at" },
+    about = "a link schedule: at(step) -> nil, a rate for every link, or one per link (emulated links change between steps)" },
   pattern = { dir = "patterns", needs = { "requests" },
     about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them)" },
 }

@@ -684,7 +684,9 @@ enum {
                              request); its KV cache goes back to the pool; no reply */
     LOIP_MSG_CHANGE = 16, /* head -> device, between steps: a live plan change (JSON: plan_id,
                              change, stage, offloaded; reply: READY with its memory, or ERROR) */
-    LOIP_MSG_KINDS = 17,
+    LOIP_MSG_LINK = 17,   /* head -> device: the emulated link into it changes (JSON: rate,
+                             delay_ms); no reply */
+    LOIP_MSG_KINDS = 18,
 };
 
 typedef struct loip_msg_header {

@@ -65,4 +65,28 @@ describe("online adaptation", function()
     assert.are.equal(1, rc2)
     assert.matches("device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
   end)
+
+  it("changes the emulated links while the request runs (a link schedule), which a policy sees, the same tokens", function()
+    local st = store_of(S260, "s260")
+    local dir = T.tmpdir()
+    T.write(dir .. "/watch.lua", [[
+local M = {}
+function M.on_step(state, control)
+  if state.step == 10 or state.step == 40 then
+    control.log("step %d: link 1 at %d bytes/s", state.step, state.links[1].rate_Bps or -1)
+  end
+end
+return M
+]])
+    local rc, out, err = T.run(string.format("%s generate --model %s --devices 2 --threads 1 --context 256 --temperature 0 "
+      .. "--max-tokens 70 --prompt 'Once upon a time' --link-delay 1ms --link-schedule switch --online %s/watch.lua --json",
+      T.loip, st, dir))
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    assert.are.same(reference(st, 70), j.token_ids)
+    assert.are.equal(6, #j.link_changes) -- steps 1, 33 and 65, both links
+    assert.are.same({ step = 33, link = 1, rate = "250mbit" }, j.link_changes[3])
+    assert.matches("step 10: link 1 at 6250000 bytes/s", err, 1, true)
+    assert.matches("step 40: link 1 at 31250000 bytes/s", err, 1, true)
+  end)
 end)

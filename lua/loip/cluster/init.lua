@@ -287,7 +287,8 @@ end
 -- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
 -- loip_session_set_kv_growth), kv_plan_tokens (KV positions the plan's memory holds, default
 -- kv_tokens; fewer: the pool grows inside the budget and the online policy, opts.online, makes
--- room as it does: loip.serve.online),
+-- room as it does: loip.serve.online), link_schedule (a "links" policy name or path: the
+-- emulated links change between steps),
 -- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
 -- (each once or per link: link i runs from device i to the next, emulated where it arrives),
 -- slowdown (once or per device: compute that takes that many times as long, to mimic slower
@@ -393,6 +394,19 @@ function Cluster:restage(i, stage, offloaded)
     m.nonkv, m.slot_bytes = rep.memory - ((rep.accounts or {}).kv or 0), rep.slot_bytes or m.slot_bytes
   end
   return rep
+end
+
+-- Change the emulated link i (from device i to the next; emulated where it arrives) while
+-- requests run: rate ("100mbit", bytes/s) and delay_ms (nil: as it was). No reply.
+function Cluster:set_link(i, rate, delay_ms)
+  local N = #self.devices
+  if not self.devices[i] then error(string.format("set_link: link %s is not one of %d", tostring(i), N), 2) end
+  if rate ~= nil and not transport.parse_rate(rate) then error("set_link: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 2) end
+  local to = self.devices[i % N + 1]
+  local ok, err = to.ctl:send({ kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) }, 2000)
+  if not ok then error(string.format("device %d (%s): %s", i % N + 1, to.endpoint, err), 0) end
+  self.link_now = self.link_now or {}
+  self.link_now[i] = { rate = rate, delay_ms = delay_ms }
 end
 
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and

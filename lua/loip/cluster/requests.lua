@@ -5,6 +5,7 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local proc = require "loip.cluster.proc"
+local transport = require "loip.runtime.transport"
 local C = core.C
 
 local M = {}
@@ -106,6 +107,27 @@ function M.install(Cluster)
     return out
   end
 
+  -- Each link's figures for an online policy: the rate it is emulated at (bytes/s; nil: not
+  -- emulated), and what its receiver measured (bandwidth of recent large messages, latency of
+  -- small ones). A STATS round trip to every device.
+  function Cluster:link_state()
+    local N, out = #self.devices, {}
+    local stats = self:stats()
+    for i = 1, N do
+      local recv = stats[i % N + 1] or {}
+      local l = { }
+      local now = (self.link_now or {})[i]
+      local planned = self.plan_opts and self.plan_opts.link and self.plan_opts.link.rate
+      local rate = now and now.rate or (type(planned) == "table" and planned[i] or planned)
+      l.rate_Bps = rate and transport.parse_rate(rate) or nil
+      for _, x in ipairs(recv.links or {}) do
+        if x.peer == "d" .. i then l.measured_Bps, l.latency_ms = x.bandwidth_Bps, x.latency_ms end
+      end
+      out[i] = l
+    end
+    return out
+  end
+
   -- The request loop of this cluster (loip.serve.batcher), made after the plan; opts (first
   -- call only): max_queue, prefill_chunk, prefill; the plan's opts.online (a policy name, path
   -- or table) is its online policy.
@@ -118,6 +140,8 @@ function M.install(Cluster)
       local o = setmetatable({}, { __index = opts or {} })
       local online = self.plan_opts and self.plan_opts.online
       if online and online ~= "none" then o.online = require("loip.policy").load("online", online) end
+      local links = self.plan_opts and self.plan_opts.link_schedule
+      if links then o.links = require("loip.policy").load("links", links) end
       self._batcher = require("loip.serve.batcher").new(self, o)
     end
     return self._batcher

@@ -1,15 +1,16 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, STATS, PING, STOP) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, CHANGE, LINK, STATS, PING, STOP) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
 -- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, max_seqs, kv_tokens, kv_plan_tokens, kv_grows, loader, overlap_loads,
--- disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into this device,
--- emulated on receipt), logits_tokens, slowdown. The worker loads its part of its own slice store (its resident blocks, the
--- embedding on device 1, the head on device N) under its budget, and replies READY with its
--- memory, or ERROR with why. A PROFILE message (JSON options) makes it measure itself
--- (loip.plan.profile.calibrate on its own store) and reply PROFILE with the profile.
+-- head (endpoints), context, batch, max_seqs, kv_tokens, kv_plan_tokens, kv_grows, loader,
+-- overlap_loads, disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into
+-- this device, emulated on receipt), logits_tokens, slowdown. The worker loads its part of its
+-- own slice store (its resident blocks, the embedding on device 1, the head on device N) under
+-- its budget, and replies READY with its memory, or ERROR with why. A PROFILE message (JSON
+-- options) makes it measure itself (loip.plan.profile.calibrate on its own store) and reply
+-- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
@@ -139,6 +140,7 @@ function Worker:build(msg)
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
   local link = msg.link or {}
+  self.link = { rate = link.rate, delay_ms = link.delay_ms or 0, spin_us = link.spin_us }
   self.sock:emulate { rate = link.rate, delay_ms = link.delay_ms or 0, spin_us = link.spin_us }
   self.bulk:emulate { rate = link.rate, delay_ms = link.delay_ms or 0, spin_us = link.spin_us }
   return d, budget, N, S, i, math.min(batch, ctx)
@@ -265,6 +267,17 @@ function Worker:handle(msg)
       log("change refused: %s", tostring(err))
       reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
     end
+  elseif kind == "LINK" then
+    -- the emulated link into this device changes (a link schedule): rate and delay, no reply
+    local body = json.decode(msg.payload) or {}
+    local ok, err = pcall(function()
+      local o = { rate = body.rate, delay_ms = body.delay_ms or (self.link and self.link.delay_ms) or 0,
+        spin_us = self.link and self.link.spin_us }
+      self.sock:emulate(o)
+      self.bulk:emulate(o)
+      self.link = o
+    end)
+    if not ok then log("LINK refused: %s", tostring(err)) end
   elseif kind == "END" then
     -- a request is done: its slot's KV goes back (no reply; a failure is only logged)
     local body = json.decode(msg.payload) or {}

@@ -41,7 +41,8 @@ Batcher.__index, Request.__index = Batcher, Request
 -- step's budget), prefill ("chunked", the default: newcomers' prompts ride in the steps beside
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
 -- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
--- on_step runs before every step; loip.serve.online).
+-- on_step runs before every step; loip.serve.online), links (a loip.policy "links" schedule:
+-- the emulated links change between steps).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
@@ -52,8 +53,9 @@ function M.new(engine, opts)
   local b = setmetatable({ engine = engine, max_batch = max_batch, max_queue = opts.max_queue or 64,
     prefill_chunk = opts.prefill_chunk, prefill = opts.prefill or "chunked", queue = {}, running = {}, free_seqs = {}, next_id = 0,
     kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0,
-    stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {} }, Batcher)
-  if opts.online then b.online = require("loip.serve.online").new(b, opts.online) end
+    stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {},
+    link_changes = {} }, Batcher)
+  if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end

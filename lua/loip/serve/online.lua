@@ -12,6 +12,9 @@
 -- control = { restage(device, stage, offloaded), log(fmt, ...) }
 --
 -- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms }.
+-- A link schedule (loip.policy kind "links": at(step)) changes the emulated links first; its
+-- changes are kept in batcher.link_changes. state.links (read lazily, a round trip to every
+-- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
 local core = require "loip.core"
 
 local M = {}
@@ -19,9 +22,10 @@ local M = {}
 local Online = {}
 Online.__index = Online
 
--- policy: a loip.policy "online" table; engine: the batcher's (online_devices(), restage(i, s, n)).
-function M.new(batcher, policy)
-  return setmetatable({ batcher = batcher, policy = policy, engine = batcher.engine, steps = 0 }, Online)
+-- policy: a loip.policy "online" table (or nil); links: a "links" schedule (or nil); engine: the
+-- batcher's (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
+function M.new(batcher, policy, links)
+  return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0 }, Online)
 end
 
 -- What the step of toks (the batcher's list) leaves each request holding.
@@ -41,13 +45,38 @@ function Online:state(toks)
     st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = r.n_prompt + r.max_tokens }
   end
   st.devices = self.engine:online_devices()
-  return st
+  -- the links' figures (a round trip to every device): only when a policy reads them
+  local engine = self.engine
+  return setmetatable(st, { __index = function(t, k)
+    if k == "links" and engine.link_state then
+      local l = engine:link_state()
+      rawset(t, "links", l)
+      return l
+    end
+  end })
+end
+
+-- The link schedule's change for this step, if any, to every link (or each its own).
+function Online:apply_links()
+  local r = self.links.at(self.steps)
+  if r == nil or not self.engine.set_link then return end
+  local n = self.engine.devices and #self.engine.devices or 0
+  local b = self.batcher
+  for i = 1, n do
+    local rate = type(r) == "table" and r[i] or (type(r) ~= "table" and r or nil)
+    if rate then
+      self.engine:set_link(i, rate)
+      b.link_changes[#b.link_changes + 1] = { step = self.steps, link = i, rate = rate }
+    end
+  end
 end
 
 -- Before a step: the policy's turn. Raises when it cannot make room (the step would break a
 -- budget): the requests of the step end with its message.
 function Online:before_step(toks)
   self.steps = self.steps + 1
+  if self.links then self:apply_links() end
+  if not self.policy then return end
   local st = self:state(toks)
   local b = self.batcher
   local control = {

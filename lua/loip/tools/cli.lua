@@ -52,8 +52,11 @@ commands.generate = {
     { "plan-context", "int", "with --devices/--hosts: plan memory for this many KV positions (default: the whole --context); "
       .. "past them the KV cache grows inside each budget and the --online policy makes room, offloading blocks live",
       metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
-    { "online", "string", "with --plan-context: the online policy (recipes/policies/online: loip) or a file; none: off",
+    { "online", "string", "the online policy run before every step (recipes/policies/online: loip, the default with "
+      .. "--plan-context) or a file; none: off",
       default = "loip", metavar = "NAME|FILE.lua" },
+    { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/links: switch, "
+      .. "random; or a file: at(step) -> a rate, one per link, or nil)", metavar = "NAME|FILE.lua" },
     cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
       .. "default: the scheduler's", metavar = "FILE.lua" },
@@ -109,7 +112,7 @@ local function run_cluster(o)
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
       stages = o.stages, context = o.context, loader = loader, disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
-      online = o.plan_context and o.online or nil }
+      online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then cp.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local ids = tok:encode(o.prompt, { bos = true })
@@ -160,7 +163,8 @@ local function run_cluster(o)
         decode_ms_per_token = per_token, estimate_ms_per_token = est and est.ms_per_token,
         scheduler = info and info.scheduler, cost_model = info and info.cost, scheduler_ms = info and info.scheduler_ms,
         devices = per_device, plan = require("loip.plan").bare(p), model = o.model,
-        adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil }), "\n")
+        adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil,
+        link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil }), "\n")
     else
       io.stdout:write(rest, "\n")
       io.stdout:flush()
