@@ -89,4 +89,35 @@ return M
     assert.matches("step 10: link 1 at 6250000 bytes/s", err, 1, true)
     assert.matches("step 40: link 1 at 31250000 bytes/s", err, 1, true)
   end)
+
+  it("puts offloaded blocks back when a request's KV goes, for the next one", function()
+    local cluster = require "loip.cluster"
+    local st = store_of(S260, "s260")
+    local c = cluster.start_local { store = st, devices = 2, threads = 1, mem = { "960K", "960K" } }
+    local ok, err = pcall(function()
+      c:plan { context = 512, stages = 3, kv_plan_tokens = 32, online = "loip" }
+      local it = c:generate({ 1, 403, 407 }, { max_tokens = 400, sampler = { temperature = 0 }, stop = {} })
+      for _ in it do end
+      local b = c:batcher()
+      local grown = #b.adaptations
+      assert.is_true(grown >= 3)
+      local it2, s2 = c:generate({ 1, 403, 407 }, { max_tokens = 10, sampler = { temperature = 0 }, stop = {} })
+      for _ in it2 do end
+      local back = 0
+      for k = grown + 1, #b.adaptations do
+        local a = b.adaptations[k]
+        assert.is_true(a.to < a.from, "blocks come back")
+        back = back + 1
+      end
+      assert.is_true(back >= 1)
+      -- the same tokens as one device with everything resident
+      local m = loip.model.open(st, { context = 512, threads = 1 })
+      local it3, s3 = m:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 10, stop = {} })
+      for _ in it3 do end
+      m:close()
+      assert.are.same(s3.token_ids, s2.token_ids)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
 end)

@@ -3,8 +3,10 @@
 -- (a threshold TS_i^j), offload more of its blocks, chosen so that the memory freed covers the
 -- shortfall at the least extra load: the stages' offloaded prefixes grow evenly (the same on
 -- every stage of the device, the largest stage's reads, which the slot must hold, growing
--- least). No token changes; a device that cannot hold the KV cache even with every block
--- offloaded stops the step with a message naming it.
+-- least). When requests end and their KV goes back, blocks offloaded earlier are put back
+-- (most read first) while twice the lookahead's room stays free. No token changes; a device
+-- that cannot hold the KV cache even with every block offloaded stops the step with a message
+-- naming it.
 local M = { name = "loip" }
 
 -- Positions of headroom a change buys for every running request (fewer changes, each larger).
@@ -40,6 +42,29 @@ local function choose(d, need)
   return off
 end
 
+-- Blocks of device d to put back while `room` bytes stay free after them: the new offloaded
+-- count per stage (the stage reading most first), or nil when none fits.
+local function put_back(d, room, keep_free)
+  local off, bytes, changed = {}, {}, false
+  for s, st in ipairs(d.stages) do
+    off[s], bytes[s] = st.offloaded, 0
+    for b = st.first, st.first + st.offloaded - 1 do bytes[s] = bytes[s] + d.block_bytes[b] end
+  end
+  while true do
+    local best
+    for s, st in ipairs(d.stages) do
+      if off[s] > 0 and (not best or bytes[s] > bytes[best]) then best = s end
+    end
+    if not best then break end
+    local b = d.stages[best].first + off[best] - 1
+    -- the slot stays as large as it is: bringing a block back costs its bytes
+    if room - d.block_bytes[b] < keep_free then break end
+    room = room - d.block_bytes[b]
+    off[best], bytes[best], changed = off[best] - 1, bytes[best] - d.block_bytes[b], true
+  end
+  return changed and off or nil
+end
+
 function M.on_step(state, control)
   local ahead = 0
   for _, r in ipairs(state.requests) do
@@ -62,6 +87,14 @@ function M.on_step(state, control)
       end
       for s, n in ipairs(off) do
         if n ~= d.stages[s].offloaded then control.restage(i, s, n) end
+      end
+    elseif d.limit > 0 then
+      local room = d.limit - at_step - d.group_bytes * ahead
+      local back = put_back(d, room, 2 * d.group_bytes * math.max(ahead, 1))
+      if back then
+        for s, n in ipairs(back) do
+          if n ~= d.stages[s].offloaded then control.restage(i, s, n) end
+        end
       end
     end
   end
