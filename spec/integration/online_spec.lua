@@ -35,7 +35,8 @@ describe("online adaptation", function()
     assert.are.equal(1, rc0)
     assert.matches("no plan fits", err0, 1, true)
     -- planned for 32 positions, adapted as the context grows
-    local rc, j, err = generate(st, "--plan-context 32")
+    local dir = T.tmpdir()
+    local rc, j, err = generate(st, "--plan-context 32 --trace " .. dir .. "/t.json")
     assert.are.equal(0, rc, err)
     assert.are.same(ref, j.token_ids)
     assert.is_true(#j.adaptations >= 3, #j.adaptations .. " changes")
@@ -48,6 +49,15 @@ describe("online adaptation", function()
       assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
       assert.is_true(d.peak_rss_bytes > 0)
     end
+    -- each change is an event on its device's plan lane of the trace
+    local n = 0
+    for _, e in ipairs(json.load(dir .. "/t.json").traceEvents) do
+      if e.cat == "adapt" then
+        n = n + 1
+        assert.matches("^stage %d: %d %-> %d blocks offloaded %(at %d+ positions%)$", e.name)
+      end
+    end
+    assert.are.equal(#j.adaptations, n)
   end)
 
   it("runs a policy of one's own, and names the device that cannot hold the KV cache at all", function()

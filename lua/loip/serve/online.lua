@@ -11,7 +11,8 @@
 --   stages = { { first, last, offloaded } }, block_bytes = { [b] = bytes } } } }
 -- control = { restage(device, stage, offloaded), log(fmt, ...) }
 --
--- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms }.
+-- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms,
+-- t0_ns, t1_ns } (loip.trace draws them as "adapt" events on the device's plan lane).
 -- A link schedule (loip.policy kind "links": at(step)) changes the emulated links first; its
 -- changes are kept in batcher.link_changes. state.links (read lazily, a round trip to every
 -- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
@@ -83,10 +84,11 @@ function Online:before_step(toks)
     restage = function(i, stage, offloaded)
       local d = st.devices[i]
       local from = d and d.stages[stage] and d.stages[stage].offloaded
-      local t0 = core.now_ms()
+      local t0 = tonumber(core.C.loip_now_ns())
       self.engine:restage(i, stage, offloaded)
+      local t1 = tonumber(core.C.loip_now_ns())
       b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, device = i, stage = stage, from = from,
-        to = offloaded, ms = core.now_ms() - t0 }
+        to = offloaded, ms = (t1 - t0) / 1e6, t0_ns = t0, t1_ns = t1 }
     end,
     log = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
   }

@@ -138,6 +138,10 @@ local function run_cluster(o)
     local after = c:stats()
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
+      for _, a in ipairs(c:batcher().adaptations) do
+        tr:add({ { kind = "adapt", stage = a.stage, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns, t1_ns = a.t1_ns } },
+          a.device)
+      end
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end

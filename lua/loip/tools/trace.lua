@@ -1,6 +1,7 @@
 -- Timelines: the runner's load, compute and wait events (loip.model's m:events()) as a Chrome
 -- trace-event file (opens in Perfetto, ui.perfetto.dev, or chrome://tracing): one process per
--- device, one thread lane each for disk, compute, network and waits, times in microseconds
+-- device, one thread lane each for disk, compute, network, waits and live plan changes (kind
+-- "adapt": stage, from, to, context), times in microseconds
 -- from the first event.
 --
 --   local tr = loip.trace.new()
@@ -11,8 +12,8 @@ local plan = require "loip.plan"
 
 local M = {}
 
-M.lanes = { disk = 1, compute = 2, network = 3, wait = 4 }
-local lane_of = { load = "disk", compute = "compute", wait = "wait", send = "network", recv = "network" }
+M.lanes = { disk = 1, compute = 2, network = 3, wait = 4, plan = 5 }
+local lane_of = { load = "disk", compute = "compute", wait = "wait", send = "network", recv = "network", adapt = "plan" }
 
 local Trace = {}
 Trace.__index = Trace
@@ -20,6 +21,7 @@ Trace.__index = Trace
 function M.new() return setmetatable({ events = {}, devices = {}, t0 = nil }, Trace) end
 
 local function blocks(e)
+  if e.kind == "adapt" then return nil end
   if e.kind == "send" or e.kind == "recv" then return "hidden state" end
   if e.first_block < 0 then return "embedding" end
   if e.stage == 0 then return "head" end
@@ -32,6 +34,9 @@ local function name(e)
   if e.kind == "send" then return string.format("send (stage %d)", e.stage) end
   if e.kind == "recv" then return string.format("transit into stage %d", e.stage) end
   if e.kind == "wait" then return string.format("wait for stage %d", e.stage) end
+  if e.kind == "adapt" then
+    return string.format("stage %d: %d -> %d blocks offloaded (at %d positions)", e.stage, e.from or 0, e.to or 0, e.context or 0)
+  end
   if e.kind == "compute" then
     if e.stage == 0 then return blocks(e) end
     return string.format("stage %d %s", e.stage, e.offloaded and "offloaded" or "resident")
