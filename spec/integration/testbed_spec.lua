@@ -55,6 +55,12 @@ describe("the network testbed #net", function()
         -- the links are really shaped: tbf on every device's interface
         local qd = io.popen("ip netns exec loip-dev-2 tc qdisc show dev eth0"):read("*a")
         assert.matches("tbf", qd)
+        -- re-shaped live: the same tokens across the change
+        testbed.shape(2, "50mbit")
+        assert.matches("rate 50Mbit", io.popen("ip netns exec loip-dev-2 tc qdisc show dev eth0"):read("*a"))
+        local it3, gs3 = c:generate(ids, { max_tokens = 20, sampler = { temperature = 0 } })
+        for _ in it3 do end
+        assert.are.same(rs.token_ids, gs3.token_ids)
       end)
       c:close()
       assert(ok2, err2)

@@ -114,6 +114,21 @@ function M.up(opts)
   return state
 end
 
+-- Re-shape device i's link live (both directions of its interface, tbf's rate changed in
+-- place): requests running across it keep running. rate: "50mbit" and the like.
+function M.shape(i, rate)
+  local state = M.state()
+  if not state then error("testbed: none is up (`loip testbed up` first)", 0) end
+  if not state.links[i] then error(string.format("testbed: device %s is not one of %d", tostring(i), #state.links), 0) end
+  if not tostring(rate):match("^%d+%.?%d*[kmg]?bit$") then error("testbed: '" .. tostring(rate) .. "' is not a rate such as 50mbit", 0) end
+  local tbf = string.format("tbf rate %s burst 64kb latency 200ms", rate)
+  run(string.format("ip netns exec %s tc qdisc change dev eth0 root %s", state.namespaces[i], tbf))
+  run(string.format("tc qdisc change dev %s root %s", state.links[i], tbf))
+  state.rates = state.rates or {}
+  state.rates[i] = rate
+  save(state)
+end
+
 -- Remove what `up` made (as recorded): workers, namespaces (their veth ends go with them),
 -- the bridge, the workers' logs (unless opts.keep_logs), the state file. Returns what it
 -- removed.

@@ -200,6 +200,7 @@ function Batcher:step()
   local now = core.now_ms()
   local st = self.stats
   st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
+  self.last_step = { ms = now - t0, tokens = #toks }
   -- positions advance; outputs go to their requests
   local seen = {}
   for i, t in ipairs(toks) do

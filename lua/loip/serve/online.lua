@@ -5,7 +5,8 @@
 -- KV tables, and the bytes of one KV group (16 positions of its layers); the groups the running
 -- requests will hold after the step follow from their positions.
 --
--- state = { step, context (the longest request's positions after the step), requests = { { id,
+-- state = { step, last_step = { ms, tokens } (the step before), context (the longest request's
+--   positions after the step), requests = { { id,
 --   positions } }, groups (KV groups every device holds after the step: the same count on each,
 --   of its own layers), devices = { { limit, nonkv, kv_base, group_bytes, slot_bytes, disk_bps,
 --   stages = { { first, last, offloaded } }, block_bytes = { [b] = bytes } } } }
@@ -36,7 +37,7 @@ function Online:state(toks)
     if not last[t.seq] or t.pos > last[t.seq] then last[t.seq] = t.pos end
   end
   local kb = self.engine.kv_block
-  local st = { step = self.steps, context = 0, requests = {}, groups = 0 }
+  local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step }
   for _, r in ipairs(self.batcher.running) do
     local p = last[r.seq] or (r.pos - 1)
     if p >= 0 then

@@ -433,10 +433,11 @@ function commands.worker.run(o)
 end
 
 commands.testbed = {
-  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed down [--keep-logs] | loip testbed status",
+  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed shape I RATE | loip testbed down [--keep-logs] | loip testbed status",
   summary = "A network testbed on this machine (root): N network namespaces joined by a bridge, every link shaped\n"
     .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...), logging to\n"
-    .. "/tmp/loip-testbed-I.log. `down` removes every namespace, link, process and log `up` made. The cluster token\n"
+    .. "/tmp/loip-testbed-I.log. `shape I RATE` re-shapes device I's link live (requests keep running). `down`\n"
+    .. "removes every namespace, link, process and log `up` made. The cluster token\n"
     .. "is printed, and kept in the state file.",
   flags = {
     { "store", "string", "slice store the workers serve", metavar = "DIR" },
@@ -457,12 +458,18 @@ function commands.testbed.run(o, pos)
       #(st.pids or {}), #(st.namespaces or {}), o.keep_logs and ("; logs kept: " .. table.concat(st.logs or {}, ", "))
       or ", their logs deleted") or "testbed: none is up\n")
     return 0
+  elseif what == "shape" then
+    local i, rate = tonumber(pos[2]), pos[3]
+    if not i or not rate then error({ usage_error = true, msg = "testbed: shape I RATE (e.g. shape 2 50mbit)" }, 0) end
+    testbed.shape(i, rate)
+    io.stderr:write(string.format("testbed: device %d's link now at %s\n", i, rate))
+    return 0
   elseif what == "status" then
     local st = testbed.state()
     io.stdout:write(st and require("loip.tools.json").encode(st) .. "\n" or "none\n")
     return 0
   elseif what ~= "up" then
-    error({ usage_error = true, msg = "testbed: up N | down | status (see --help)" }, 0)
+    error({ usage_error = true, msg = "testbed: up N | shape I RATE | down | status (see --help)" }, 0)
   end
   local n = tonumber(pos[2])
   if not n or n < 1 or n > 32 or n ~= math.floor(n) then
