@@ -184,15 +184,20 @@ function Batcher:step()
   if #toks == 0 then return true end
   local t0 = core.now_ms()
   self.stepping = true
-  local ok, outs = true, nil
+  local ok, outs, engine_failed = true, nil, false
   if self.online then ok, outs = pcall(self.online.before_step, self.online, toks) end
-  if ok then ok, outs = pcall(e.step, e, toks) end
+  if ok then
+    ok, outs = pcall(e.step, e, toks)
+    engine_failed = not ok
+  end
   self.stepping = nil
   if not ok then
-    -- the step failed: every request in it fails with the error (the engine's state is unknown)
+    -- the step failed: every request in it fails with the error. After the engine's own failure
+    -- its state is unknown (slots are reset when next started); after the online policy's (it
+    -- could not make room) the engine is told as usual.
     local failed = {}
     for _, r in ipairs(self.running) do failed[#failed + 1] = r end
-    self.failed = true
+    self.failed = engine_failed
     for _, r in ipairs(failed) do self:retire(r, "error", outs) end
     self.failed = nil
     error(outs, 0)
