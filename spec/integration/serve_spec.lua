@@ -339,4 +339,36 @@ describe("loip serve", function()
     assert.are.equal(503, t.status)
     assert.matches("the server is stopping", t.body, 1, true)
   end)
+
+  it("serves with a plan for fewer KV positions than its requests take, the online policy making room live", function()
+    local st = store_of(S260, "s260")
+    local m = loip.model.open(st, { threads = 1, context = 512 })
+    local it = m:generate("Once upon a time", { temperature = 0, max_tokens = 200, stop = {} })
+    local parts = {}
+    for _, piece in it do parts[#parts + 1] = piece end
+    local alone = table.concat(parts)
+    m:close()
+    local url, stop = serve(string.format("--model %s --devices 2 --mem 1000K,1000K --threads 1 --context 512 --max-batch 2 "
+      .. "--step-tokens 16 --stages 3 --plan-tokens 64", st))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local name = st:match("([^/]+)$")
+      local ts = {}
+      for k = 1, 2 do
+        ts[k] = cl:post(url .. "/completions", json.encode({ model = name, prompt = "Once upon a time", max_tokens = 200,
+          temperature = 0 }))
+      end
+      cl:wait(120000)
+      for k = 1, 2 do
+        assert.are.equal(200, ts[k].status, ts[k].body)
+        assert.are.equal(alone, json.decode(ts[k].body).choices[1].text)
+      end
+      local t = cl:get(url:gsub("/v1$", "") .. "/metrics")
+      cl:wait(10000)
+      assert.is_true(tonumber(t.body:match("\nloip_adaptations_total (%d+)")) >= 1)
+      cl:close()
+    end)
+    stop()
+    assert(ok, err)
+  end)
 end)

@@ -221,6 +221,7 @@ function Server:metrics_text()
   m:set("loip_kv_tokens_reserved", "KV positions reserved by running requests", b.kv_used * b.engine.kv_block)
   m:set("loip_kv_tokens", "KV positions the devices hold", b.kv_groups * b.engine.kv_block)
   m:set("loip_steps_total", "micro-batch steps run", b.stats.steps)
+  m:set("loip_adaptations_total", "live plan changes the online policy made", #b.adaptations)
   m:set("loip_step_ms_total", "time in steps", b.stats.step_ms)
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   if dev then
