@@ -197,7 +197,7 @@ function commands.generate.run(o)
     error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
   end
   o.mem = o.mem and cp.settings("generate", { mem = o.mem }, 1).mem[1]
-  for _, f in ipairs({ "link_rate", "link_delay", "slowdown" }) do
+  for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "plan_context", "link_schedule" }) do
     if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
   end
   local model = require "loip.model"
