@@ -190,6 +190,8 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             return loip_fail(LOIP_ENOMEM, "session: cannot map a KV pool of %zu bytes (%d KV tokens)", s->pool_bytes, kv_tokens);
         }
         if (s->pool_bytes >= (2u << 20)) madvise(p, s->pool_bytes, MADV_HUGEPAGE);
+        /* charged whole, resident whole (the first steps pay no page faults); growing: as written */
+        if (!s->kv_grows) memset(p, 0, s->pool_bytes);
         *arrays[i].p = p;
     }
     for (size_t i = 2; i < sizeof arrays / sizeof arrays[0]; i++) {

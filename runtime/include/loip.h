@@ -202,7 +202,7 @@ LOIP_API int loip_buffer_new_reserved(loip_budget *budget, const char *account, 
                                       loip_buffer **out);
 /* Give back a range of whole pages (its memory to the system, its bytes to the budget): its
  * contents are gone (zero when next read). take_range charges it again (the budget may refuse)
- * before the caller refills it. */
+ * and makes it resident (zero) before the caller refills it. */
 LOIP_API int loip_buffer_drop_range(loip_buffer *b, uint64_t offset, uint64_t bytes);
 LOIP_API int loip_buffer_take_range(loip_buffer *b, uint64_t offset, uint64_t bytes);
 /* A charge without memory behind it (e.g. weights used from a file mapping): bytes stay
@@ -491,8 +491,9 @@ LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq);
  * sequences take groups (and released as they give them back) rather than all at once, so that
  * the account follows the contexts actually held; without it (the default) the whole pool is
  * charged at creation. A position that needs a group the budget cannot pay for fails with the
- * budget's message. The pool's memory is an anonymous mapping either way: pages become resident
- * as positions are written. Changes only while no sequence holds KV (LOIP_ESTATE). */
+ * budget's message. The pool is an anonymous mapping: charged at once, it is made resident at
+ * once; growing, its pages become resident as positions are written. Changes only while no
+ * sequence holds KV (LOIP_ESTATE). */
 LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows);
 /* What the "kv" account holds for this session now (the tables and the groups charged). */
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s);
