@@ -63,14 +63,8 @@ log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV for %d re
   N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
   100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.burst, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
 
-local exe = io.popen("readlink -f /proc/" .. io.open("/proc/self/stat"):read("*l"):match("^(%d+)") .. "/exe"):read("*l")
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local s = f:read("*l")
-  f:close()
-  return s:match("^%d+ %b() (%a)") ~= "Z"
-end
+local proc = require "loip.cluster.proc"
+local exe, alive = proc.exe(), proc.alive
 
 -- A `loip serve` child with the scheduler's plan; its URL and a stop function.
 local function start_server(scheduler, prefill, logfile)

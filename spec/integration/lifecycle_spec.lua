@@ -14,22 +14,9 @@ local S260 = T.root .. "/models/stories260K"
 local store_of = T.slice_store
 teardown(T.drop_stores)
 
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*l")
-  f:close()
-  local s = st:match("^%d+ %b() (%a)")
-  return s ~= "Z" and s ~= "X"
-end
+local alive = require("loip.cluster.proc").alive
 local function exists(p) return os.execute("test -e '" .. p .. "'") == 0 end
-local function read(p) -- "" until the file exists
-  local f = io.open(p)
-  if not f then return "" end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function read(p) return require("loip.tools.json").read_file(p) or "" end -- "" until it exists
 
 -- A head script run as its own process: it prints its directory and workers' pids, then runs
 -- `tail` (Lua source).

@@ -16,21 +16,9 @@ local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 local store_of = T.slice_store
 teardown(T.drop_stores)
 
-local function read(p)
-  local f = io.open(p)
-  if not f then return "" end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local function read(p) return require("loip.tools.json").read_file(p) or "" end -- "" until it exists
 
-local function alive(pid)
-  local f = io.open("/proc/" .. pid .. "/stat")
-  if not f then return false end
-  local st = f:read("*l")
-  f:close()
-  return st:match("^%d+ %b() (%a)") ~= "Z"
-end
+local alive = require("loip.cluster.proc").alive
 
 -- Start `loip serve ARGS --port 0`; returns base URL, a stop function, the stderr path.
 -- opts.verbose: its log line per request (not --quiet).

@@ -79,15 +79,27 @@ end
 -- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
 -- to use (default the control link; d.bulk for large replies).
 function Cluster:ask(i, msg, timeout_ms, via)
+  self:tell(i, msg, via)
+  return self:answer(i, msg.kind, timeout_ms, via)
+end
+
+-- Send msg to device i (no answer awaited).
+function Cluster:tell(i, msg, via)
+  local d = self.devices[i]
+  local ok, err = (via or d.ctl):send(msg, 2000)
+  if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+end
+
+-- Device i's answer to a `kind` message sent before, within timeout_ms (PONGs skipped, ERROR
+-- raised, its key refused or its process gone reported at once).
+function Cluster:answer(i, kind, timeout_ms, via)
   local d = self.devices[i]
   local sock = via or d.ctl
-  local ok, err = sock:send(msg, 2000)
-  if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
   local deadline = core.now_ms() + (timeout_ms or 10000)
   while true do
     local left = deadline - core.now_ms()
     if left <= 0 then
-      error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, msg.kind, (timeout_ms or 10000) / 1000), 0)
+      error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, kind, (timeout_ms or 10000) / 1000), 0)
     end
     local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
     if not r and sock:refused() > 0 then
@@ -279,6 +291,13 @@ function Cluster:problem(opts, sizes)
     batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }
 end
 
+-- A device's memory outside its KV cache (what it reported: used, less its kv account) and its
+-- slot, into m (Cluster:online_devices reads them).
+local function mem_update(m, rep)
+  if rep.memory then m.nonkv = rep.memory - ((rep.accounts or {}).kv or 0) end
+  m.slot_bytes = rep.slot_bytes or m.slot_bytes
+end
+
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
 -- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
@@ -368,10 +387,11 @@ function Cluster:plan(opts)
       if core.now_ms() > deadline then error(string.format("device %d (%s) did not load its plan within 300 s", i, d.endpoint), 0) end
     until r and r.kind == "READY"
     d.ready = json.decode(r.payload)
-    -- the memory the online policy reasons with: outside the KV cache, and the KV tables
-    local acc = d.ready.accounts or {}
-    d.mem_state = { limit = d.ready.limit or d.mem or 0, nonkv = (d.ready.memory or 0) - (acc.kv or 0), kv_base = acc.kv or 0,
+    -- the memory the online policy reasons with: outside the KV cache (none held yet: its
+    -- account is the tables alone), and a KV group's bytes
+    d.mem_state = { limit = d.ready.limit or d.mem or 0, kv_base = (d.ready.accounts or {}).kv or 0,
       group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
+    mem_update(d.mem_state, d.ready)
   end
   return p, est, info
 end
@@ -389,10 +409,7 @@ function Cluster:restage(i, stage, offloaded)
   p2.devices[i].stages[stage].offloaded = offloaded
   self.plan_table = p2
   local rep = json.decode(r.payload) or {}
-  local m = self.devices[i].mem_state
-  if m and rep.memory then
-    m.nonkv, m.slot_bytes = rep.memory - ((rep.accounts or {}).kv or 0), rep.slot_bytes or m.slot_bytes
-  end
+  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
   return rep
 end
 
@@ -402,9 +419,7 @@ function Cluster:set_link(i, rate, delay_ms)
   local N = #self.devices
   if not self.devices[i] then error(string.format("set_link: link %s is not one of %d", tostring(i), N), 2) end
   if rate ~= nil and not transport.parse_rate(rate) then error("set_link: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 2) end
-  local to = self.devices[i % N + 1]
-  local ok, err = to.ctl:send({ kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) }, 2000)
-  if not ok then error(string.format("device %d (%s): %s", i % N + 1, to.endpoint, err), 0) end
+  self:tell(i % N + 1, { kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) })
   self.link_now = self.link_now or {}
   self.link_now[i] = { rate = rate, delay_ms = delay_ms }
 end

@@ -4,36 +4,20 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
-local proc = require "loip.cluster.proc"
 local transport = require "loip.runtime.transport"
 local C = core.C
 
 local M = {}
 
 function M.install(Cluster)
-  local alive, tail = proc.alive, proc.tail
-
   -- Start request r (loip.serve.batcher) in slot seq on every device (sampler state on the last).
   function Cluster:start(seq, r)
     if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
     local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
       n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0 })
-    for i, d in ipairs(self.devices) do
-      local ok, err = d.ctl:send({ kind = "START", payload = body }, 2000)
-      if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
-    end
-    for i, d in ipairs(self.devices) do
-      local deadline = core.now_ms() + 10000
-      while true do
-        local m = d.ctl:recv(200)
-        if m and m.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, m.payload), 0) end
-        if m and m.kind == "READY" then break end
-        if d.pid and not alive(d.pid) then
-          error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
-        end
-        if core.now_ms() > deadline then error(string.format("device %d (%s) did not answer START within 10 s", i, d.endpoint), 0) end
-      end
-    end
+    -- every device at once, then their answers
+    for i = 1, #self.devices do self:tell(i, { kind = "START", payload = body }) end
+    for i = 1, #self.devices do self:answer(i, "START", 10000) end
     self.active = (self.active or 0) + 1
   end
 
@@ -41,7 +25,7 @@ function M.install(Cluster)
   function Cluster:finish(seq, r)
     self.active = math.max(0, (self.active or 1) - 1)
     local body = json.encode({ seq = seq, request = r.id })
-    for _, d in ipairs(self.devices) do d.ctl:send({ kind = "END", payload = body }, 2000) end
+    for i = 1, #self.devices do self:tell(i, { kind = "END", payload = body }) end
   end
 
   -- Nothing runs: restart devices that died (their KV is gone, and nothing needs it now).

@@ -34,6 +34,22 @@ end
 local Worker = {}
 Worker.__index = Worker
 
+-- A budget's accounts as name -> bytes.
+local function accounts(budget)
+  local t = {}
+  for _, a in ipairs(budget:report()) do t[a.account] = a.bytes end
+  return t
+end
+
+-- A loader for device d with slots of slot_bytes (its plan's count, the PLAN's read settings).
+local function new_loader(d, slot_bytes)
+  local o = d.loader_opts
+  local l, err = require("loip.runtime.loader").new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
+    rate = o.rate, budget = d.budget, overlap_loads = o.overlap_loads }
+  if not l then error(err, 0) end
+  return l
+end
+
 -- opts: listen (endpoint), store, mem (bytes, 0: unlimited), threads, token | keys.
 function M.new(opts)
   local man = store.read_manifest(opts.store)
@@ -124,12 +140,7 @@ function Worker:build(msg)
   d.plan, d.index = p, i
   local slot = need.slot_bytes
   d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
-  if slot > 0 then
-    local l, lerr = require("loip.runtime.loader").new { slots = p.slots or 1, slot_bytes = slot, mode = msg.loader or "auto",
-      rate = msg.disk_rate or 0, budget = budget, overlap_loads = msg.overlap_loads }
-    if not l then error(lerr, 0) end
-    d.loader = l
-  end
+  if slot > 0 then d.loader = new_loader(d, slot) end
   local out = ffi.new("loip_runner *[1]")
   core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
     msg.trace and 65536 or 0, out))
@@ -207,9 +218,7 @@ function Worker:handle(msg)
       d.device, d.plan_id = dev, body.plan_id
       log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
         memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
-      local accounts = {}
-      for _, a in ipairs(budget:report()) do accounts[a.account] = a.bytes end
-      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts,
+      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts(budget),
         kv_group_bytes = tonumber(C.loip_session_kv_group_bytes(d.session)),
         loader = d.loader and d.loader:mode() or "none" }))
     end)
@@ -243,12 +252,7 @@ function Worker:handle(msg)
       end
       local p2, descs = store.restage { runner = d.runner, model = d.model, keep = d.keep, dir = self.opts.store, man = self.man,
         plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
-        new_loader = function(bytes)
-          local l, lerr = require("loip.runtime.loader").new { slots = d.plan.slots or 1, slot_bytes = bytes,
-            mode = d.loader_opts.mode, rate = d.loader_opts.rate, budget = d.budget, overlap_loads = d.loader_opts.overlap_loads }
-          if not l then error(lerr, 0) end
-          return l
-        end,
+        new_loader = function(bytes) return new_loader(d, bytes) end,
         on_loader = function(l)
           if d.loader and d.loader ~= l then d.loader:close() end
           d.loader = l
@@ -257,11 +261,7 @@ function Worker:handle(msg)
       log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
         memory.format_bytes(d.budget:used()))
       reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(),
-        slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = (function()
-        local t = {}
-        for _, a in ipairs(d.budget:report()) do t[a.account] = a.bytes end
-        return t
-      end)() }))
+        slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = accounts(d.budget) }))
     end)
     if not ok then
       log("change refused: %s", tostring(err))
@@ -304,8 +304,7 @@ function Worker:handle(msg)
       if f then f:close() end
       local hwm = status:match("VmHWM:%s*(%d+) kB")
       st.peak_rss_bytes = hwm and tonumber(hwm) * 1024 or nil
-      st.accounts = {}
-      for _, a in ipairs(self.dev.budget:report()) do st.accounts[a.account] = a.bytes end
+      st.accounts = accounts(self.dev.budget)
     end
     reply(self, msg.from, "STATS", json.encode(st))
   elseif kind == "TRACE" then

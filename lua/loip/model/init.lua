@@ -223,6 +223,16 @@ function Model:problem(sizes, avail)
     micro_batch = self.max_seqs }
 end
 
+-- A loader with slots of slot_bytes, as the model's options and profile say.
+function Model:_new_loader(slot_bytes)
+  local opts = self.opts
+  local l, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
+    overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
+    mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
+  if not l then error(self.path .. ": " .. err, 0) end
+  return l
+end
+
 -- The loader (when the plan offloads) and the runner that executes the plan's stages.
 function Model:_start_runner(dir, facts)
   local opts = self.opts
@@ -230,11 +240,7 @@ function Model:_start_runner(dir, facts)
   local slot = planner.memory(self.plan, 1, self.plan_sizes, self.plan_opts).slot_bytes
   local loader
   if slot > 0 then
-    local err
-    loader, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot,
-      overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
-      mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
-    if not loader then error(dir .. ": " .. err, 0) end
+    loader = self:_new_loader(slot)
     self.loader = loader
   end
   local s, model, lh = self:session(), self.handle, loader and loader.handle or nil
@@ -257,16 +263,9 @@ end
 -- hold the new stage. Returns the new plan (m.plan).
 function Model:restage(k, offloaded)
   if not self.runner then error("restage: this model runs no offloading plan (open a slice store under a budget or with a plan)", 2) end
-  local opts = self.opts
   local p2, descs = store.restage { runner = self.runner, model = self.handle, keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
-    new_loader = function(bytes)
-      local l, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = bytes,
-        mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget,
-        overlap_loads = self.loader and self.problem_table and self.problem_table.devices[1].overlap_loads or false }
-      if not l then error(err, 0) end
-      return l
-    end,
+    new_loader = function(bytes) return self:_new_loader(bytes) end,
     on_loader = function(l)
       if self.loader and self.loader ~= l then self.loader:close() end
       self.loader = l

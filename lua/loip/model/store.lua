@@ -50,6 +50,9 @@ function M.file_name(block, layer)
   return block .. ".bin"
 end
 
+-- The file of block b (2l: layer l's attention, 2l+1: its MLP).
+function M.block_file(b) return M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2)) end
+
 -- Files of a model directory, besides its weights and config.json, that running the model
 -- reads (tokenizer, generation settings, chat template): a store keeps copies, so that it
 -- runs without the source. tok<N>.bin is llama2.c's tokenizer naming.
@@ -253,7 +256,7 @@ function M.offloaded_files(p, device)
   local out = {}
   for _, st in ipairs(p.devices[device or 1].stages) do
     for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
-      out[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))] = true
+      out[M.block_file(b)] = true
     end
   end
   return out
@@ -280,7 +283,7 @@ function M.stage_descs(dir, man, p, device)
     if off > 0 then
       local files, n_views = {}, 0
       for b = a, a + off - 1 do
-        local f = by_name[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))]
+        local f = by_name[M.block_file(b)]
         files[#files + 1] = f
         n_views = n_views + #f.tensors
       end
@@ -312,17 +315,20 @@ end
 -- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
 -- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
 -- Bind every tensor of the files loaded in keep (M.load_files) to model m.
+-- Bind the tensors of manifest file f, loaded at base, to model m.
+local function bind_tensors(m, dir, f, base)
+  for _, t in ipairs(f.tensors) do
+    local v = ffi.new("loip_tensor")
+    v.data = base + t.offset
+    fill_view(v, t)
+    local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+    if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
+  end
+end
+
 function M.bind_loaded(m, dir, man, keep)
   for _, f in ipairs(man.files) do
-    if keep.base[f.name] and not keep.evicted[f.name] then
-      for _, t in ipairs(f.tensors) do
-        local v = ffi.new("loip_tensor")
-        v.data = keep.base[f.name] + t.offset
-        fill_view(v, t)
-        local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
-        if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
-      end
-    end
+    if keep.base[f.name] and not keep.evicted[f.name] then bind_tensors(m, dir, f, keep.base[f.name]) end
   end
 end
 
@@ -333,30 +339,17 @@ function M.open(dir, opts)
   M.check_files(dir, man, opts.verify)
   facts.manifest = man
   local function bind(m, p)
-    local names
+    -- under a plan: the resident blocks loaded, room kept for the offloaded ones
+    local names, spare
     if p then
-      names = {}
-      for _, f in ipairs(man.files) do names[f.name] = true end
-      for _, st in ipairs(p.devices[1].stages) do
-        for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
-          names[M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2))] = nil
-        end
-      end
+      names, spare = {}, M.offloaded_files(p, 1)
+      for _, f in ipairs(man.files) do if not spare[f.name] then names[f.name] = true end end
     end
-    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, p and M.offloaded_files(p, 1))
-    for _, f in ipairs(man.files) do
-      if keep.base[f.name] and not keep.evicted[f.name] then
-        for _, t in ipairs(f.tensors) do
-          local v = ffi.new("loip_tensor")
-          v.data = keep.base[f.name] + t.offset
-          fill_view(v, t)
-          local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
-          if not ok then
-            M.close(keep)
-            error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0)
-          end
-        end
-      end
+    local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, spare)
+    local ok, err = pcall(M.bind_loaded, m, dir, man, keep)
+    if not ok then
+      M.close(keep)
+      error(err, 0)
     end
     return keep
   end
@@ -396,14 +389,7 @@ end
 
 -- Bind the tensors of one loaded file to model m.
 function M.bind_file(m, dir, man, keep, name)
-  local f = loaded_file(keep, man, name)
-  for _, t in ipairs(f.tensors) do
-    local v = ffi.new("loip_tensor")
-    v.data = keep.base[name] + t.offset
-    fill_view(v, t)
-    local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
-    if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, name, t.name, err), 0) end
-  end
+  bind_tensors(m, dir, loaded_file(keep, man, name), keep.base[name])
 end
 
 -- A live plan change on one device, between steps: stage `stage` (1-based) of the device's
@@ -426,7 +412,7 @@ function M.restage(o)
   end
   local old = st.offloaded or 0
   if offloaded == old then return p end
-  local function file(b) return M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2)) end
+  local file = M.block_file
   local p2 = require("loip.plan").bare(p)
   p2.devices[o.device].stages[k].offloaded = offloaded
   local descs = M.stage_descs(o.dir, o.man, p2, o.device)

@@ -14,13 +14,19 @@ M.lookahead = 32
 
 -- The stages' offloaded prefixes of device d grown until `need` bytes are freed (net of the
 -- slot's growth): the new offloaded count per stage, or nil when every block is offloaded.
-local function choose(d, need)
+-- Device d's stages: their offloaded counts and the bytes each reads a step.
+local function prefixes(d)
   local off, bytes = {}, {}
-  local slot = d.slot_bytes
   for s, st in ipairs(d.stages) do
     off[s], bytes[s] = st.offloaded, 0
     for b = st.first, st.first + st.offloaded - 1 do bytes[s] = bytes[s] + d.block_bytes[b] end
   end
+  return off, bytes
+end
+
+local function choose(d, need)
+  local off, bytes = prefixes(d)
+  local slot = d.slot_bytes
   local freed = 0
   while freed < need do
     -- the stage whose reads stay smallest with its next block: the slot grows least
@@ -45,11 +51,8 @@ end
 -- Blocks of device d to put back while `room` bytes stay free after them: the new offloaded
 -- count per stage (the stage reading most first), or nil when none fits.
 local function put_back(d, room, keep_free)
-  local off, bytes, changed = {}, {}, false
-  for s, st in ipairs(d.stages) do
-    off[s], bytes[s] = st.offloaded, 0
-    for b = st.first, st.first + st.offloaded - 1 do bytes[s] = bytes[s] + d.block_bytes[b] end
-  end
+  local off, bytes = prefixes(d)
+  local changed = false
   while true do
     local best
     for s, st in ipairs(d.stages) do
@@ -63,6 +66,13 @@ local function put_back(d, room, keep_free)
     off[best], bytes[best], changed = off[best] - 1, bytes[best] - d.block_bytes[b], true
   end
   return changed and off or nil
+end
+
+-- The stages of device i whose count changed, restaged.
+local function apply(control, i, d, off)
+  for s, n in ipairs(off) do
+    if n ~= d.stages[s].offloaded then control.restage(i, s, n) end
+  end
 end
 
 function M.on_step(state, control)
@@ -85,17 +95,11 @@ function M.on_step(state, control)
             .. "(budget %d bytes, %d needed)", i, state.context, d.limit, at_step), 0)
         end
       end
-      for s, n in ipairs(off) do
-        if n ~= d.stages[s].offloaded then control.restage(i, s, n) end
-      end
+      apply(control, i, d, off)
     elseif d.limit > 0 then
       local room = d.limit - at_step - d.group_bytes * ahead
       local back = put_back(d, room, 2 * d.group_bytes * math.max(ahead, 1))
-      if back then
-        for s, n in ipairs(back) do
-          if n ~= d.stages[s].offloaded then control.restage(i, s, n) end
-        end
-      end
+      if back then apply(control, i, d, back) end
     end
   end
 end
