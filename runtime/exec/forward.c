@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "core/pool.h"
@@ -35,8 +36,9 @@ struct loip_session {
      * positions live in groups of kv_block tokens, one group holding those positions of every
      * layer kept here, found through the sequence's block table; a group is taken from the free
      * list when a sequence first writes into it and returned when the sequence ends, so that
-     * sequences of any lengths share the pool (and a range can later be exported, evicted or
-     * recomputed group by group without moving the rest). */
+     * sequences of any lengths share the pool. The pool is layer-major: a (layer, group) chunk
+     * of kv_block rows is contiguous, so that a stage's layers of a group can be lent to
+     * another device and their pages given back (loip_session_kv_lend) without the rest. */
     int kv_block;          /* tokens per group */
     int blocks_per_seq;    /* ceil(max_ctx / kv_block): a sequence's block table */
     int max_seqs;
@@ -46,8 +48,22 @@ struct loip_session {
     int32_t *block_table;  /* (max_seqs, blocks_per_seq) group holding each logical block, -1 */
     int32_t *free_groups;  /* stack of n_free unused groups */
     int n_free;
-    float *k_cache;        /* (n_groups, n_kv_layers, kv_block, kv_dim) the pool's keys */
-    float *v_cache;        /* (n_groups, n_kv_layers, kv_block, kv_dim) the pool's values */
+    float *k_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's keys */
+    float *v_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's values */
+    /* Lending (loip_session_kv_lend/_return): lent[g * n_kv_layers + slot] marks a chunk whose
+     * rows live on another device now; seq_lent[seq * n_kv_layers + slot] counts those away
+     * (not attached) per sequence and layer: a stage must not run over a layer with any away. */
+    uint8_t *lent;
+    int32_t *seq_lent;
+    /* a lent chunk's rows while its blob is back for a stage (loip_session_kv_attach): K then
+     * V in the lender's buffer, read in place; NULL: away (seq_lent counts those) */
+    const uint8_t **lent_at;
+    uint64_t chunk_bytes;  /* K and V of one (layer, group) chunk */
+    /* Eviction (loip_session_kv_evict): a sequence's first evicted[seq] positions keep no KV
+     * here; a batch recomputes them (their rows' K/V live in k/v for one layer at a time) and
+     * recompute_row[seq] is the batch row of its position 0 (-1: not in this batch). */
+    int32_t *evicted;
+    int32_t *recompute_row;
     int32_t *tok_seq;      /* (max_batch) the prepared batch: each token's sequence */
     int32_t *tok_pos;      /* (max_batch) and position */
     int n_prepared;        /* tokens prepared (loip_session_prepare), 0: none */
@@ -64,6 +80,11 @@ struct loip_session {
     float *rope_cos; /* (max_batch, head_dim/2) */
     float *rope_sin; /* (max_batch, head_dim/2) */
 };
+
+/* The first row of chunk (layer slot, group g) of pool (k_cache or v_cache). */
+static inline float *chunk_at(const loip_session *s, float *pool, int slot, int32_t g) {
+    return pool + ((size_t)slot * s->n_groups + (size_t)g) * s->kv_block * s->kv_dim;
+}
 
 /* Bytes of the KV cache (pool, block tables, free list) and of the scratch arrays of a session,
  * as loip_session_new_seqs allocates them; n_threads sizes the per-thread attention rows. */
@@ -150,6 +171,17 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         {&s->block_table, (size_t)max_seqs * s->blocks_per_seq, 1}, {&s->free_groups, (size_t)s->n_groups, 1},
         {&s->layer_slot, (size_t)c->n_layers, 1}, {&s->tok_seq, B, 0}, {&s->tok_pos, B, 0},
     };
+    /* the lending and eviction tables: small, outside the budget's sizes (as the session struct) */
+    s->lent = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), 1);
+    s->seq_lent = calloc((size_t)max_seqs * (n_kv ? n_kv : 1), sizeof(int32_t));
+    s->evicted = calloc((size_t)max_seqs, sizeof(int32_t));
+    s->recompute_row = malloc((size_t)max_seqs * sizeof(int32_t));
+    s->lent_at = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), sizeof *s->lent_at);
+    if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at) {
+        free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
+        return loip_fail(LOIP_ENOMEM, "session: out of memory");
+    }
+    for (int32_t q = 0; q < max_seqs; q++) s->recompute_row[q] = -1;
     /* Charge the whole session before allocating any of it; session_sizes is what
      * loip_session_size reports for planning, and must agree with the arrays here. */
     session_sizes(c, max_ctx, max_batch, s->n_threads, n_kv, kv_tokens, max_seqs, &s->kv_bytes, &s->scratch_bytes);
@@ -163,11 +195,12 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             int rc = loip_fail(LOIP_ESTATE, "session: internal size mismatch (kv %llu/%llu, scratch %llu/%llu)",
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
                                (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
-            free(s);
+            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
             return rc;
         }
     }
     s->group_bytes = 2 * (uint64_t)n_kv * s->kv_block * s->kv_dim * sizeof(float);
+    s->chunk_bytes = 2 * (uint64_t)s->kv_block * s->kv_dim * sizeof(float);
     s->kv_grows = (flags & LOIP_SESSION_KV_GROWS) != 0;
     /* growing: the tables now, the groups as sequences take them */
     uint64_t kv_now = s->kv_grows ? s->kv_bytes - (uint64_t)s->n_groups * s->group_bytes : s->kv_bytes;
@@ -176,7 +209,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
             loip_budget_release(budget, "kv", kv_now);
         if (rc) {
-            free(s);
+            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
             return rc;
         }
         s->budget = loip_budget_retain(budget);
@@ -189,7 +222,9 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             loip_session_free(s);
             return loip_fail(LOIP_ENOMEM, "session: cannot map a KV pool of %zu bytes (%d KV tokens)", s->pool_bytes, kv_tokens);
         }
-        if (s->pool_bytes >= (2u << 20)) madvise(p, s->pool_bytes, MADV_HUGEPAGE);
+        /* huge pages only for a pool resident whole: growing, one would make a layer's whole
+         * region resident at its first position */
+        if (!s->kv_grows && s->pool_bytes >= (2u << 20)) madvise(p, s->pool_bytes, MADV_HUGEPAGE);
         /* charged whole, resident whole (the first steps pay no page faults); growing: as written */
         if (!s->kv_grows) memset(p, 0, s->pool_bytes);
         *arrays[i].p = p;
@@ -228,6 +263,11 @@ LOIP_API void loip_session_free(loip_session *s) {
     free(s->layer_slot);
     free(s->tok_seq);
     free(s->tok_pos);
+    free(s->lent);
+    free(s->seq_lent);
+    free(s->evicted);
+    free(s->recompute_row);
+    free(s->lent_at);
     if (s->budget) {
         loip_budget_release(s->budget, "kv", s->kv_charged);
         loip_budget_release(s->budget, "activations", s->scratch_bytes);
@@ -243,19 +283,33 @@ LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s) { return s-
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s) { return s->n_free * s->kv_block; }
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s) { return s->max_seqs; }
 
+/* Group g of seq back to the free list: its charge released, less its chunks lent away (their
+ * charge went with them), and their lending forgotten (the borrower's copy is stale now). */
+static void release_group(loip_session *s, int32_t seq, int32_t g) {
+    uint64_t bytes = s->group_bytes;
+    for (int32_t k = 0; k < s->n_kv_layers; k++) {
+        size_t c = (size_t)g * s->n_kv_layers + k;
+        if (s->lent[c]) {
+            bytes -= s->chunk_bytes;
+            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + k]--;
+            s->lent[c] = 0, s->lent_at[c] = NULL;
+        }
+    }
+    s->free_groups[s->n_free++] = g;
+    if (s->kv_grows && s->budget) {
+        loip_budget_release(s->budget, "kv", bytes);
+        s->kv_charged -= bytes;
+    }
+}
+
 LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) {
     if (seq < 0 || seq >= s->max_seqs)
         return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, s->max_seqs);
     int32_t *t = s->block_table + (size_t)seq * s->blocks_per_seq;
     for (int32_t i = 0; i < s->blocks_per_seq; i++)
-        if (t[i] >= 0) {
-            s->free_groups[s->n_free++] = t[i];
-            t[i] = -1;
-            if (s->kv_grows && s->budget) {
-                loip_budget_release(s->budget, "kv", s->group_bytes);
-                s->kv_charged -= s->group_bytes;
-            }
-        }
+        if (t[i] >= 0) release_group(s, seq, t[i]);
+    for (int32_t i = 0; i < s->blocks_per_seq; i++) t[i] = -1;
+    s->evicted[seq] = 0;
     return LOIP_OK;
 }
 
@@ -282,13 +336,184 @@ LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) {
 
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv_charged; }
 LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s) { return s->group_bytes; }
+LOIP_API uint64_t loip_session_kv_chunk_bytes(const loip_session *s) { return s->chunk_bytes; }
+
+/* The pages wholly inside [p, p + bytes) given back to the kernel (their contents read as zero
+ * when touched again): a chunk smaller than a page keeps its pages, and only its charge moves. */
+static void drop_pages(void *p, size_t bytes) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
+/* The chunks of seq's groups [g0, g0 + n) of layers [layer0, layer1): checked, each call visiting them in
+ * one order (layers, then groups); want_lent: whether each must be lent (return) or home (lend). */
+static int lend_range(const loip_session *s, const char *what, int32_t seq, int32_t layer0, int32_t layer1,
+                      int32_t g0, int32_t n, int want_lent, uint64_t *bytes) {
+    if (seq < 0 || seq >= s->max_seqs)
+        return loip_fail(LOIP_EINVAL, "%s: sequence %d out of range (%d sequences)", what, seq, s->max_seqs);
+    if (layer0 < 0 || layer1 > s->m->cfg.n_layers || layer0 >= layer1)
+        return loip_fail(LOIP_EINVAL, "%s: layers [%d, %d) out of range (%d layers)", what, layer0, layer1,
+                         s->m->cfg.n_layers);
+    if (g0 < 0 || n < 0 || g0 + n > s->blocks_per_seq)
+        return loip_fail(LOIP_EINVAL, "%s: groups [%d, %d) out of range (%d per sequence)", what, g0, g0 + n,
+                         s->blocks_per_seq);
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    for (int32_t l = layer0; l < layer1; l++) {
+        if (s->layer_slot[l] < 0) return loip_fail(LOIP_EINVAL, "%s: layer %d's KV cache is not kept here", what, l);
+        for (int32_t i = g0; i < g0 + n; i++) {
+            if (table[i] < 0)
+                return loip_fail(LOIP_EINVAL, "%s: sequence %d holds no group for positions %d..%d", what, seq,
+                                 i * s->kv_block, (i + 1) * s->kv_block - 1);
+            if (!!s->lent[(size_t)table[i] * s->n_kv_layers + s->layer_slot[l]] != want_lent)
+                return loip_fail(LOIP_ESTATE, "%s: layer %d of sequence %d's positions %d..%d is %s", what, l, seq,
+                                 i * s->kv_block, (i + 1) * s->kv_block - 1, want_lent ? "here, not lent" : "lent already");
+        }
+    }
+    *bytes = (uint64_t)(layer1 - layer0) * (uint64_t)n * s->chunk_bytes;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                  int32_t n, void *buf, uint64_t cap, uint64_t *bytes) {
+    uint64_t need;
+    int rc = lend_range(s, "KV lend", seq, layer0, layer1, g0, n, 0, &need);
+    if (rc) return rc;
+    if (need > cap)
+        return loip_fail(LOIP_EINVAL, "KV lend: %llu bytes into a buffer of %llu", (unsigned long long)need,
+                         (unsigned long long)cap);
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    size_t half = s->chunk_bytes / 2;
+    uint8_t *out = buf;
+    for (int32_t l = layer0; l < layer1; l++) {
+        int slot = s->layer_slot[l];
+        for (int32_t i = g0; i < g0 + n; i++) {
+            float *k = chunk_at(s, s->k_cache, slot, table[i]), *v = chunk_at(s, s->v_cache, slot, table[i]);
+            memcpy(out, k, half), out += half;
+            memcpy(out, v, half), out += half;
+            drop_pages(k, half);
+            drop_pages(v, half);
+            s->lent[(size_t)table[i] * s->n_kv_layers + slot] = 1;
+            s->seq_lent[(size_t)seq * s->n_kv_layers + slot]++;
+        }
+    }
+    if (s->kv_grows && s->budget) {
+        loip_budget_release(s->budget, "kv", need);
+        s->kv_charged -= need;
+    }
+    *bytes = need;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_kv_return(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n, const void *buf, uint64_t bytes) {
+    uint64_t need;
+    int rc = lend_range(s, "KV return", seq, layer0, layer1, g0, n, 1, &need);
+    if (rc) return rc;
+    if (need != bytes)
+        return loip_fail(LOIP_EINVAL, "KV return: %llu bytes for chunks of %llu", (unsigned long long)bytes,
+                         (unsigned long long)need);
+    if (s->kv_grows && s->budget) {
+        if ((rc = loip_budget_charge(s->budget, "kv", need))) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", loip_last_error());
+            return loip_fail(rc, "KV return: sequence %d's lent KV cannot come back: %s", seq, why);
+        }
+        s->kv_charged += need;
+    }
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    size_t half = s->chunk_bytes / 2;
+    const uint8_t *in = buf;
+    for (int32_t l = layer0; l < layer1; l++) {
+        int slot = s->layer_slot[l];
+        for (int32_t i = g0; i < g0 + n; i++) {
+            size_t c = (size_t)table[i] * s->n_kv_layers + slot;
+            memcpy(chunk_at(s, s->k_cache, slot, table[i]), in, half), in += half;
+            memcpy(chunk_at(s, s->v_cache, slot, table[i]), in, half), in += half;
+            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + slot]--;
+            s->lent[c] = 0, s->lent_at[c] = NULL;
+        }
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_kv_attach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n, const void *buf, uint64_t bytes) {
+    uint64_t need;
+    int rc = lend_range(s, "KV attach", seq, layer0, layer1, g0, n, 1, &need);
+    if (rc) return rc;
+    if (need != bytes)
+        return loip_fail(LOIP_EINVAL, "KV attach: %llu bytes for chunks of %llu", (unsigned long long)bytes,
+                         (unsigned long long)need);
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    const uint8_t *in = buf;
+    for (int32_t l = layer0; l < layer1; l++)
+        for (int32_t i = g0; i < g0 + n; i++, in += s->chunk_bytes) {
+            size_t c = (size_t)table[i] * s->n_kv_layers + s->layer_slot[l];
+            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + s->layer_slot[l]]--;
+            s->lent_at[c] = in;
+        }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_kv_detach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n) {
+    uint64_t need;
+    int rc = lend_range(s, "KV detach", seq, layer0, layer1, g0, n, 1, &need);
+    if (rc) return rc;
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    for (int32_t l = layer0; l < layer1; l++)
+        for (int32_t i = g0; i < g0 + n; i++) {
+            size_t c = (size_t)table[i] * s->n_kv_layers + s->layer_slot[l];
+            if (s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + s->layer_slot[l]]++;
+            s->lent_at[c] = NULL;
+        }
+    return LOIP_OK;
+}
+
+LOIP_API int32_t loip_session_kv_groups_held(const loip_session *s, int32_t seq) {
+    if (seq < 0 || seq >= s->max_seqs) return 0;
+    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    int32_t k = 0;
+    for (int32_t i = 0; i < s->blocks_per_seq; i++) k += table[i] >= 0;
+    return k;
+}
+
+LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq) {
+    return seq >= 0 && seq < s->max_seqs ? s->evicted[seq] : 0;
+}
+
+LOIP_API int loip_session_kv_evict(loip_session *s, int32_t seq, int32_t positions) {
+    if (seq < 0 || seq >= s->max_seqs)
+        return loip_fail(LOIP_EINVAL, "KV evict: sequence %d out of range (%d sequences)", seq, s->max_seqs);
+    if (positions < 0 || positions % s->kv_block || positions > s->max_ctx)
+        return loip_fail(LOIP_EINVAL, "KV evict: %d positions (a multiple of %d, at most the context %d)", positions,
+                         s->kv_block, s->max_ctx);
+    if (positions < s->evicted[seq])
+        return loip_fail(LOIP_EINVAL, "KV evict: sequence %d has evicted %d positions already (%d asked): evicted "
+                         "positions stay evicted until the sequence ends", seq, s->evicted[seq], positions);
+    int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+    for (int32_t i = s->evicted[seq] / s->kv_block; i < positions / s->kv_block; i++)
+        if (table[i] >= 0) {
+            release_group(s, seq, table[i]);
+            table[i] = -1;
+        }
+    s->evicted[seq] = positions;
+    return LOIP_OK;
+}
 
 /* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
  * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.
  * The group is mapped (loip_session_prepare made sure). */
-static inline float *kv_block_at(const loip_session *s, float *pool, int layer, int seq, int pos) {
+
+/* Positions a sequence has evicted are recomputed in the batch: their rows are the batch's k/v
+ * rows of the layer being run, from the row of position 0 on (kv_block rows per group too). */
+static inline const float *kv_block_at(const loip_session *s, int value, int layer, int seq, int pos) {
+    if (pos < s->evicted[seq]) return (value ? s->v : s->k) + (size_t)(s->recompute_row[seq] + pos) * s->kv_dim;
     int32_t g = s->block_table[(size_t)seq * s->blocks_per_seq + pos / s->kv_block];
-    return pool + ((size_t)g * s->n_kv_layers + (size_t)s->layer_slot[layer]) * s->kv_block * s->kv_dim;
+    int slot = s->layer_slot[layer];
+    const uint8_t *at = s->lent_at[(size_t)g * s->n_kv_layers + slot];
+    if (at) return (const float *)(at + (value ? s->chunk_bytes / 2 : 0));
+    return chunk_at(s, value ? s->v_cache : s->k_cache, slot, g);
 }
 
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
@@ -368,9 +593,11 @@ static void qkv_post_task(void *p, int ith, int nth) {
             rotate(v, hd, c->rope_layout, cs, sn);
         }
         int pos = s->tok_pos[t], seq = s->tok_seq[t];
+        if (pos < s->evicted[seq]) continue; /* recomputed: its k/v rows serve this layer only */
+        int32_t g = s->block_table[(size_t)seq * s->blocks_per_seq + pos / s->kv_block];
         size_t row = (size_t)(pos % s->kv_block) * s->kv_dim;
-        memcpy(kv_block_at(s, s->k_cache, j->layer, seq, pos) + row, kk, s->kv_dim * sizeof(float));
-        memcpy(kv_block_at(s, s->v_cache, j->layer, seq, pos) + row, vv, s->kv_dim * sizeof(float));
+        memcpy(chunk_at(s, s->k_cache, s->layer_slot[j->layer], g) + row, kk, s->kv_dim * sizeof(float));
+        memcpy(chunk_at(s, s->v_cache, s->layer_slot[j->layer], g) + row, vv, s->kv_dim * sizeof(float));
     }
 }
 
@@ -394,7 +621,7 @@ static void attention_task(void *p, int ith, int nth) {
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
         for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *kc = kv_block_at(s, s->k_cache, j->layer, seq, b0) + (size_t)kvh * hd;
+            const float *kc = kv_block_at(s, 0, j->layer, seq, b0) + (size_t)kvh * hd;
             int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
             for (int i = 0; i < n; i++) {
                 float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
@@ -410,7 +637,7 @@ static void attention_task(void *p, int ith, int nth) {
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *vc = kv_block_at(s, s->v_cache, j->layer, seq, b0) + (size_t)kvh * hd;
+            const float *vc = kv_block_at(s, 1, j->layer, seq, b0) + (size_t)kvh * hd;
             int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
             for (int i = 0; i < n; i++)
                 k->axpy_f32(o, scores[b0 + i] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
@@ -448,7 +675,7 @@ static int check_batch(const loip_session *s, int32_t n) {
  * where it has none yet: attention never reads an unmapped group. */
 static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
     int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    for (int32_t g = 0; g <= pos / s->kv_block; g++) {
+    for (int32_t g = s->evicted[seq] / s->kv_block; g <= pos / s->kv_block; g++) {
         if (table[g] >= 0) continue;
         if (s->n_free == 0)
             return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
@@ -463,6 +690,37 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
             s->kv_charged += s->group_bytes;
         }
         table[g] = s->free_groups[--s->n_free];
+    }
+    return LOIP_OK;
+}
+
+/* The prepared tokens' recomputed rows: a sequence with evicted positions must bring all of
+ * them, in order, as consecutive rows (recompute_row[seq] is the first), whenever it has a
+ * token in the batch. */
+static int find_recomputed(loip_session *s, int32_t n) {
+    for (int32_t t = 0; t < n; t++) s->recompute_row[s->tok_seq[t]] = -1;
+    for (int32_t t = 0; t < n; t++) {
+        int32_t q = s->tok_seq[t], e = s->evicted[q];
+        if (e == 0 || s->recompute_row[q] >= 0 || s->tok_pos[t] != 0) continue;
+        if (t + e > n)
+            return loip_fail(LOIP_EINVAL, "forward: sequence %d recomputes its %d evicted positions but the batch "
+                             "holds %d rows from its position 0", q, e, n - t);
+        for (int32_t i = 0; i < e; i++)
+            if (s->tok_seq[t + i] != q || s->tok_pos[t + i] != i)
+                return loip_fail(LOIP_EINVAL, "forward: sequence %d's evicted positions 0..%d must be rows %d..%d "
+                                 "in order (row %d is sequence %d at %d)", q, e - 1, t, t + e - 1, t + i,
+                                 s->tok_seq[t + i], s->tok_pos[t + i]);
+        s->recompute_row[q] = t;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        int32_t q = s->tok_seq[t], e = s->evicted[q];
+        if (e == 0) continue;
+        if (s->recompute_row[q] < 0)
+            return loip_fail(LOIP_EINVAL, "forward: sequence %d's positions 0..%d are evicted and the batch does not "
+                             "recompute them", q, e - 1);
+        if (s->tok_pos[t] < e && t != s->recompute_row[q] + s->tok_pos[t])
+            return loip_fail(LOIP_EINVAL, "forward: sequence %d's evicted position %d twice in one batch", q,
+                             s->tok_pos[t]);
     }
     return LOIP_OK;
 }
@@ -484,8 +742,10 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
                              "the context of %d tokens", t, seq, p, s->max_ctx);
         s->tok_seq[t] = seq, s->tok_pos[t] = p;
     }
+    if ((rc = find_recomputed(s, n))) return rc;
     for (int32_t t = 0; t < n; t++)
-        if ((rc = map_groups(s, s->tok_seq[t], s->tok_pos[t]))) return rc;
+        if (s->tok_pos[t] >= s->evicted[s->tok_seq[t]] && (rc = map_groups(s, s->tok_seq[t], s->tok_pos[t])))
+            return rc;
     /* cos/sin of each token's position for RoPE, once per batch */
     const loip_model *m = s->m;
     int half = m->cfg.head_dim / 2;
@@ -563,9 +823,16 @@ int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden
                          first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
     if (first == last) return LOIP_OK;
     if ((rc = loip_model_check_blocks(m, first, last))) return rc;
-    for (int b = first; b < last; b += 2 - b % 2)
-        if (b % 2 == LOIP_BLOCK_MHA && s->layer_slot[b / 2] < 0)
-            return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
+    for (int b = first; b < last; b += 2 - b % 2) {
+        if (b % 2 != LOIP_BLOCK_MHA) continue;
+        int slot = s->layer_slot[b / 2];
+        if (slot < 0) return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
+        for (int t = 0; t < n; t++)
+            if (s->seq_lent[(size_t)s->tok_seq[t] * s->n_kv_layers + slot])
+                return loip_fail(LOIP_ESTATE, "layer %d's KV cache of sequence %d is lent out (%d groups): fetch it "
+                                 "back before the layer runs", b / 2, s->tok_seq[t],
+                                 s->seq_lent[(size_t)s->tok_seq[t] * s->n_kv_layers + slot]);
+    }
     for (int b = first; b < last; b++) {
         if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n);
         else mlp_block(s, b / 2, hidden, n);

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 20, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 21, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -500,6 +500,38 @@ LOIP_API uint64_t loip_session_kv_charged(const loip_session *s);
 /* Bytes of one group (LOIP_KV_BLOCK_TOKENS positions of every layer kept): what a sequence
  * takes each time its context crosses into a new group. */
 LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s);
+/* Bytes of one chunk: K and V of one layer's LOIP_KV_BLOCK_TOKENS positions (a group holds one
+ * per layer kept). The unit of lending. */
+LOIP_API uint64_t loip_session_kv_chunk_bytes(const loip_session *s);
+/* Groups sequence seq holds now (its positions' groups, the evicted ones not counted). */
+LOIP_API int32_t loip_session_kv_groups_held(const loip_session *s, int32_t seq);
+/* KV lending (the paper's KV transfer protocol; the device runs it, see loip_device_lend):
+ * the K/V of layers [layer0, layer1) of sequence seq's groups [g0, g0 + n) (positions
+ * g0*16 .. (g0+n)*16 - 1) copied into buf (layers, then groups; per chunk K then V: *bytes =
+ * layers x n x loip_session_kv_chunk_bytes), then given up here: their pages go back to the
+ * kernel where a chunk covers whole pages, their charge leaves the "kv" account (growing
+ * sessions), and a layer with any chunk away refuses to run (LOIP_ESTATE) until
+ * loip_session_kv_return brings the same range back (charged again; the budget may refuse).
+ * Chunks must be held and home to lend, lent to return (LOIP_ESTATE otherwise). A sequence
+ * that ends forgets its lent chunks. */
+LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                  int32_t n, void *buf, uint64_t cap, uint64_t *bytes);
+LOIP_API int loip_session_kv_return(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n, const void *buf, uint64_t bytes);
+/* A lent range's rows read in place from buf (as loip_session_kv_lend wrote them) while its
+ * blob is back: its layers may run, nothing is copied or charged (buf is the caller's, and must
+ * stay until loip_session_kv_detach or _return). Detached, the range is away again. */
+LOIP_API int loip_session_kv_attach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n, const void *buf, uint64_t bytes);
+LOIP_API int loip_session_kv_detach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
+                                    int32_t n);
+/* Evict-and-recompute (the baselines' KV handling): sequence seq's first `positions` positions
+ * (a multiple of LOIP_KV_BLOCK_TOKENS, never fewer than before) keep no KV from now on: their
+ * groups go back to the pool. Every later batch with a token of seq must recompute them: rows
+ * for positions 0..positions-1, in order and consecutive, whose K/V serve the batch one layer at
+ * a time and are not kept. Undone only when the sequence ends. */
+LOIP_API int loip_session_kv_evict(loip_session *s, int32_t seq, int32_t positions);
+LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
@@ -687,7 +719,15 @@ enum {
                              change, stage, offloaded; reply: READY with its memory, or ERROR) */
     LOIP_MSG_LINK = 17,   /* head -> device: the emulated link into it changes (JSON: rate,
                              delay_ms); no reply */
-    LOIP_MSG_KINDS = 18,
+    /* KV lending between devices (loip_device_lend): the lender's device loop to the holder's
+     * in-socket; hop: the lender's stage; the holder's device loop answers, Lua never sees them */
+    LOIP_MSG_KV_PUT = 18,  /* lender -> holder: a stage's lent KV (a blob the holder keeps) */
+    LOIP_MSG_KV_GET = 19,  /* lender -> holder: the stage's blob back, please */
+    LOIP_MSG_KV_DATA = 20, /* holder -> lender: the blob (empty: the holder has none) */
+    LOIP_MSG_KV_DROP = 21, /* lender -> holder: forget the stage's blob (its requests ended) */
+    LOIP_MSG_LEND = 22,    /* head -> device, between steps: lend KV (JSON: plan_id, peer, groups);
+                              reply: READY with its memory, or ERROR */
+    LOIP_MSG_KINDS = 23,
 };
 
 typedef struct loip_msg_header {
@@ -723,6 +763,9 @@ typedef struct loip_step_token {
 enum {
     LOIP_TOKF_SAMPLE = 1,   /* sample the sequence's next token from this token's logits */
     LOIP_TOKF_LOGITS = 2,   /* return this token's logits */
+    LOIP_TOKF_RECOMPUTE = 4, /* an evicted position recomputed (loip_session_kv_evict): the
+                               sequence's rows 0..E-1 so flagged evict its first E positions
+                               on every device before the step runs */
 };
 typedef struct loip_step_output {
     int32_t seq;
@@ -764,6 +807,12 @@ LOIP_API int loip_sock_send(loip_sock *s, const char *to, const loip_msg_header 
  * With emulation on, returns only when the emulated link would have delivered it. */
 LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
                             uint64_t cap, char *from);
+/* The same, where a KV lending message (LOIP_MSG_KV_*) larger than cap comes in a buffer of its
+ * own (*large, malloc'd: the caller frees it; NULL when the payload is in payload). Lent KV
+ * moves while its receiver works: its emulated wire starts when it was sent, not when it is
+ * taken. */
+LOIP_API int loip_sock_recv_large(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
+                                  uint64_t cap, char *from, void **large);
 /* Emulate a slower link on everything this socket receives: rate_bps bytes/s (0: off) as a
  * serial wire, plus delay_ns one-way. */
 LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns);
@@ -856,6 +905,12 @@ typedef struct loip_device_stats {
     uint64_t bytes_sent;
     uint64_t rejected;       /* malformed or stale messages refused */
     uint64_t head_ns;        /* embedding, head and sampling */
+    /* KV lending: as lender, bytes shipped and fetched back and the time a stage waited for
+     * its KV to come back; as holder, the bytes held for other devices now */
+    uint64_t lent_bytes;
+    uint64_t fetched_bytes;
+    uint64_t lend_wait_ns;
+    uint64_t held_bytes;
 } loip_device_stats_t;
 
 typedef struct loip_device loip_device;
@@ -871,6 +926,22 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
  * loip_device_new clamps it (<= 0: 1; at most max_tokens), max_seqs <= 0 is 1; lowering
  * max_tokens to the session's max_batch is the caller's (pass the smaller). LOIP_EINVAL for
  * max_tokens <= 0, or a cfg without a positive dim and vocab_size. */
+/* KV lending (the paper's bandwidth-sensitive KV transfer protocol, Alg. 2), this device the
+ * lender: after each of its stages runs, the K/V of the stage's layers [stage_layers[2k],
+ * stage_layers[2k+1]) of each running sequence's oldest groups (groups[seq] of them, at most
+ * all but its newest) is shipped to the holder over peer (a client socket connected to the
+ * holder's in-socket) and given up here (loip_session_kv_lend); the fetch of the device's next
+ * stage is asked for at once, and a stage waits for its KV before it runs. groups NULL or all 0:
+ * nothing more is lent, what is away comes back as its stage runs. A new peer: everything away
+ * comes back first (blocking). The holder keeps the blobs charged to its "kv_lent" account and
+ * refuses (an ERROR to the head naming it) what its budget cannot hold. The staging buffer
+ * (one stage's lent bytes) is charged to "kv". Sizes are copied; the socket stays the caller's
+ * and must outlive its use (pass NULL to detach once everything is home). */
+LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *stage_layers,
+                              const int32_t *groups);
+/* Everything lent comes back now (blocking) and lending stops: before a plan change, or to
+ * detach the peer. */
+LOIP_API int loip_device_recall(loip_device *d);
 LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
                               int32_t logits_tokens, int32_t max_seqs, uint64_t *bytes);
 LOIP_API void loip_device_free(loip_device *d);

@@ -25,6 +25,34 @@ typedef struct seq_state {
     int32_t n_history, max_history;
 } seq_state;
 
+/* A blob of lent KV (KV_PUT/KV_DATA payloads): a header, its entries, then the chunks of each
+ * entry in loip_session_kv_lend's order. */
+typedef struct lend_header {
+    uint32_t magic;     /* LEND_MAGIC */
+    int32_t n_entries;
+    int32_t layer0, layer1;
+} lend_header;
+typedef struct lend_entry {
+    int32_t seq;
+    uint32_t request;   /* the slot's request when lent: another one's entries are stale */
+    int32_t g0, n;      /* groups [g0, g0 + n) of the sequence */
+} lend_entry;
+enum { LEND_MAGIC = 0x4b564c44 /* "KVLD" */ };
+
+/* The lender's side: per stage, whether its blob is at the holder and whether it was asked
+ * back. The holder's: the blobs it keeps, by lender and stage. */
+typedef struct lend_stage {
+    int32_t layer0, layer1;
+    int away, asked;
+    int home;   /* its blob is back in the staging buffer, attached */
+} lend_stage;
+typedef struct held_blob {
+    char from[64];
+    int32_t stage;
+    uint8_t *data;
+    uint64_t bytes;
+} held_blob;
+
 struct loip_device {
     loip_device_config cfg;
     const loip_model *m;
@@ -44,6 +72,15 @@ struct loip_device {
     seq_state *seqs;    /* (max_seqs) */
     loip_device_stats_t st;
     char from[64];
+    /* lending (this device the lender) */
+    loip_sock *lend_peer;
+    lend_stage *lend;       /* (n_stages) */
+    int32_t *lend_groups;   /* (max_seqs) target groups per sequence */
+    uint8_t *lend_buf;      /* staging: one stage's blob, shipped or fetched */
+    uint64_t lend_cap, lend_charged;
+    /* holding (for other devices) */
+    held_blob *held;
+    int32_t n_held, held_cap;
 };
 
 enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
@@ -107,7 +144,14 @@ LOIP_API void loip_device_free(loip_device *d) {
     if (d->seqs)
         for (int32_t i = 0; i < d->cfg.max_seqs; i++) seq_clear(&d->seqs[i]);
     free(d->seqs);
+    free(d->lend);
+    free(d->lend_groups);
+    free(d->lend_buf);
+    for (int32_t i = 0; i < d->n_held; i++) free(d->held[i].data);
+    free(d->held);
     if (d->budget) {
+        loip_budget_release(d->budget, "kv", d->lend_charged);
+        loip_budget_release(d->budget, "kv_lent", d->st.held_bytes);
         loip_budget_release(d->budget, "activations", d->charged);
         loip_budget_free(d->budget);
     }
@@ -156,7 +200,10 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     d->rows = malloc(T * sizeof(int32_t));
     d->payload = malloc(d->payload_cap);
     d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
-    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
+    d->lend = calloc((size_t)d->cfg.n_stages, sizeof *d->lend);
+    d->lend_groups = calloc((size_t)d->cfg.max_seqs, sizeof *d->lend_groups);
+    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs ||
+        !d->lend || !d->lend_groups) {
         loip_device_free(d);
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
     }
@@ -192,6 +239,9 @@ LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
     return LOIP_OK;
 }
 
+static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep);
+static int lend_send(loip_device *d, int kind, int32_t stage, uint64_t step, const void *payload, uint64_t bytes);
+
 LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     if (seq < 0 || seq >= d->cfg.max_seqs)
         return loip_fail(LOIP_EINVAL, "device: sequence slot %d out of range (%d slots)", seq, d->cfg.max_seqs);
@@ -199,7 +249,19 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     if (request != 0 && q->request != request)
         return loip_fail(LOIP_ESTATE, "device: slot %d runs request %u, not %u", seq, q->request, request);
     seq_clear(q);
-    return loip_session_seq_free(d->cfg.session, seq);
+    int rc = loip_session_seq_free(d->cfg.session, seq);
+    if (rc || !d->lend_peer) return rc;
+    /* no request left: what is away is stale, forget it at the holder */
+    for (int32_t i = 0; i < d->cfg.max_seqs; i++)
+        if (d->seqs[i].request) return LOIP_OK;
+    for (int32_t k = 0; k < d->cfg.n_stages; k++) {
+        lend_stage *ls = &d->lend[k];
+        if (ls->asked) rc = lend_fetch(d, k, 0, 0);
+        else if (ls->away) rc = lend_send(d, LOIP_MSG_KV_DROP, k, 0, NULL, 0);
+        ls->away = ls->asked = ls->home = 0;
+        if (rc) return rc;
+    }
+    return LOIP_OK;
 }
 
 /* Report a refusal or a failure to the head (best effort) and return rc. */
@@ -222,6 +284,290 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
                        sizeof *h + h->payload_bytes);
     d->st.bytes_sent += sizeof *h + h->payload_bytes;
     return rc;
+}
+
+/* ---- KV lending (loip_device_lend): the lender's side ---------------------------------- */
+
+/* The staging buffer grown to hold bytes (charged to "kv"). */
+static int lend_reserve(loip_device *d, uint64_t bytes) {
+    if (bytes <= d->lend_cap) return LOIP_OK;
+    if (d->budget) {
+        int rc = loip_budget_charge(d->budget, "kv", bytes - d->lend_cap);
+        if (rc) return rc;
+    }
+    uint8_t *b = realloc(d->lend_buf, bytes);
+    if (!b) {
+        if (d->budget) loip_budget_release(d->budget, "kv", bytes - d->lend_cap);
+        return loip_fail(LOIP_ENOMEM, "KV lending: cannot hold a staging buffer of %llu bytes", (unsigned long long)bytes);
+    }
+    d->lend_buf = b;
+    d->lend_charged += bytes - d->lend_cap;
+    d->lend_cap = bytes;
+    return LOIP_OK;
+}
+
+static int lend_send(loip_device *d, int kind, int32_t stage, uint64_t step, const void *payload, uint64_t bytes) {
+    loip_msg_header h = {.kind = (uint16_t)kind, .plan_id = d->cfg.plan_id, .hop = stage, .step = step,
+                         .dtype = -1, .payload_bytes = bytes};
+    uint64_t t0 = loip_now_ns();
+    int rc = loip_sock_send(d->lend_peer, NULL, &h, payload, 10000);
+    if (bytes) loip_runner_record(d->cfg.runner, LOIP_EVENT_SEND, stage, t0, loip_now_ns(), sizeof h + bytes);
+    return rc;
+}
+
+/* Ask the holder for stage's blob now, if it is away and not asked for yet. */
+static int lend_ask(loip_device *d, int32_t stage, uint64_t step) {
+    lend_stage *ls = &d->lend[stage];
+    if (!ls->away || ls->asked) return LOIP_OK;
+    int rc = lend_send(d, LOIP_MSG_KV_GET, stage, step, NULL, 0);
+    if (rc == 0) ls->asked = 1;
+    return rc;
+}
+
+/* The blob in the staging buffer: its header and entry i. */
+static lend_header blob_header(const loip_device *d) {
+    lend_header lh;
+    memcpy(&lh, d->lend_buf, sizeof lh);
+    return lh;
+}
+static lend_entry blob_entry(const loip_device *d, int32_t i) {
+    lend_entry e;
+    memcpy(&e, d->lend_buf + sizeof(lend_header) + (uint64_t)i * sizeof e, sizeof e);
+    return e;
+}
+static int entry_live(const loip_device *d, const lend_entry *e) {
+    return e->seq >= 0 && e->seq < d->cfg.max_seqs && e->request && d->seqs[e->seq].request == e->request;
+}
+
+/* Stage's blob back from the holder (waiting for it) into the staging buffer, its ranges read
+ * there in place while the stage runs (loip_session_kv_attach); ranges of requests that ended
+ * since are left out. keep 0: dropped whole (its requests are gone). */
+static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep) {
+    lend_stage *ls = &d->lend[stage];
+    if (!ls->away) return LOIP_OK;
+    int rc = lend_ask(d, stage, step);
+    if (rc) return rc;
+    loip_msg_header h;
+    uint64_t t0 = loip_now_ns();
+    rc = loip_sock_recv(d->lend_peer, 30000, &h, d->lend_buf, d->lend_cap, NULL);
+    uint64_t t1 = loip_now_ns();
+    d->st.lend_wait_ns += t1 - t0;
+    if (rc) return loip_fail(rc, "KV lending: stage %d's KV did not come back from the holder: %s", stage,
+                             loip_last_error());
+    uint64_t from = h.t_send_ns && h.t_send_ns <= t1 ? h.t_send_ns : t0;
+    loip_runner_record(d->cfg.runner, LOIP_EVENT_RECV, stage, from, t1, sizeof h + h.payload_bytes);
+    if (h.kind != LOIP_MSG_KV_DATA || h.hop != stage)
+        return loip_fail(LOIP_EPROTO, "KV lending: kind %u for stage %d came back, KV_DATA for stage %d expected",
+                         h.kind, h.hop, stage);
+    ls->away = ls->asked = 0;
+    if (h.payload_bytes == 0)
+        return loip_fail(LOIP_EPROTO, "KV lending: the holder has no KV of stage %d (it was lost)", stage);
+    d->st.fetched_bytes += h.payload_bytes;
+    lend_header lh = blob_header(d);
+    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
+    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(lh.layer1 - lh.layer0);
+    if (h.payload_bytes < sizeof lh || lh.magic != LEND_MAGIC || lh.n_entries < 0 || lh.layer1 <= lh.layer0 ||
+        off > h.payload_bytes)
+        return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed", stage);
+    for (int32_t i = 0; i < lh.n_entries; i++) {
+        lend_entry e = blob_entry(d, i);
+        uint64_t bytes = (uint64_t)e.n * chunk;
+        if (e.n < 0 || off + bytes > h.payload_bytes)
+            return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed (entry %d)", stage, i);
+        if (keep && entry_live(d, &e) &&
+            (rc = loip_session_kv_attach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0, e.n, d->lend_buf + off,
+                                         bytes)))
+            return rc;
+        off += bytes;
+    }
+    ls->home = keep;
+    return LOIP_OK;
+}
+
+/* The staging buffer's live ranges copied back into the session for good (charged there). */
+static int lend_settle(loip_device *d, int32_t stage) {
+    lend_stage *ls = &d->lend[stage];
+    if (!ls->home) return LOIP_OK;
+    ls->home = 0;
+    lend_header lh = blob_header(d);
+    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
+    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(lh.layer1 - lh.layer0);
+    for (int32_t i = 0; i < lh.n_entries; i++) {
+        lend_entry e = blob_entry(d, i);
+        int rc;
+        if (entry_live(d, &e) && (rc = loip_session_kv_return(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0, e.n,
+                                                               d->lend_buf + off, (uint64_t)e.n * chunk)))
+            return rc;
+        off += (uint64_t)e.n * chunk;
+    }
+    return LOIP_OK;
+}
+
+/* Groups of sequence q stage's lending takes now: its target, at most all but its newest. */
+static int32_t lend_count(const loip_device *d, int32_t q) {
+    if (!d->seqs[q].request) return 0;
+    int32_t held = loip_session_kv_groups_held(d->cfg.session, q);
+    int32_t n = d->lend_groups[q] < held - 1 ? d->lend_groups[q] : held - 1;
+    return n > 0 ? n : 0;
+}
+
+/* After stage ran: its running sequences' oldest groups shipped to the holder, then the next
+ * stage of this device asked back. The blob that came back goes out again as it is when the
+ * ranges are the same (nothing copied); otherwise it is settled and a new one made. */
+static int lend_ship(loip_device *d, int32_t stage, uint64_t step) {
+    lend_stage *ls = &d->lend[stage];
+    if (!d->lend_peer) return lend_settle(d, stage);
+    int rc;
+    int32_t ne = 0;
+    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(ls->layer1 - ls->layer0);
+    uint64_t bytes = sizeof(lend_header);
+    if (ls->layer1 > ls->layer0)
+        for (int32_t q = 0; q < d->cfg.max_seqs; q++) {
+            int32_t n = lend_count(d, q);
+            if (n > 0) ne++, bytes += sizeof(lend_entry) + (uint64_t)n * chunk;
+        }
+    int same = 0;
+    if (ls->home) { /* the same ranges as came back? */
+        lend_header lh = blob_header(d);
+        same = lh.n_entries == ne && lh.layer0 == ls->layer0 && lh.layer1 == ls->layer1;
+        for (int32_t i = 0; same && i < ne; i++) {
+            lend_entry e = blob_entry(d, i);
+            same = entry_live(d, &e) && e.n == lend_count(d, e.seq) && e.n > 0 &&
+                   e.g0 == loip_session_kv_evicted(d->cfg.session, e.seq) / LOIP_KV_BLOCK_TOKENS;
+        }
+        if (same) {
+            for (int32_t i = 0; i < ne; i++) {
+                lend_entry e = blob_entry(d, i);
+                if ((rc = loip_session_kv_detach(d->cfg.session, e.seq, ls->layer0, ls->layer1, e.g0, e.n))) return rc;
+            }
+            ls->home = 0;
+        } else if ((rc = lend_settle(d, stage))) {
+            return rc;
+        }
+    }
+    if (ne > 0 && !same) {
+        if ((rc = lend_reserve(d, bytes))) return rc;
+        lend_header lh = {LEND_MAGIC, ne, ls->layer0, ls->layer1};
+        memcpy(d->lend_buf, &lh, sizeof lh);
+        uint64_t off = sizeof lh + (uint64_t)ne * sizeof(lend_entry);
+        int32_t i = 0;
+        for (int32_t q = 0; q < d->cfg.max_seqs; q++) {
+            int32_t n = lend_count(d, q);
+            if (n <= 0) continue;
+            lend_entry e = {q, d->seqs[q].request, loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS, n};
+            uint64_t got;
+            if ((rc = loip_session_kv_lend(d->cfg.session, q, ls->layer0, ls->layer1, e.g0, n, d->lend_buf + off,
+                                           d->lend_cap - off, &got)))
+                return rc;
+            memcpy(d->lend_buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
+            off += got;
+        }
+    }
+    if (ne > 0) {
+        if ((rc = lend_send(d, LOIP_MSG_KV_PUT, stage, step, d->lend_buf, bytes)))
+            return loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
+        d->st.lent_bytes += bytes;
+        ls->away = 1;
+    }
+    return lend_ask(d, (stage + 1) % d->cfg.n_stages, step);
+}
+
+LOIP_API int loip_device_recall(loip_device *d) {
+    for (int32_t k = 0; k < d->cfg.n_stages; k++) {
+        int rc = lend_fetch(d, k, 0, 1);
+        if (rc == 0) rc = lend_settle(d, k);
+        if (rc) return rc;
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *stage_layers, const int32_t *groups) {
+    if (peer && d->cfg.n_devices < 2) return loip_fail(LOIP_EINVAL, "KV lending: a device alone has no one to lend to");
+    int32_t n_layers = d->m->cfg.n_layers;
+    if (stage_layers)
+        for (int32_t k = 0; k < d->cfg.n_stages; k++) {
+            int32_t a = stage_layers[2 * k], b = stage_layers[2 * k + 1];
+            if (a < 0 || b > n_layers || a > b)
+                return loip_fail(LOIP_EINVAL, "KV lending: stage %d's layers [%d, %d) out of range (%d layers)", k, a,
+                                 b, n_layers);
+        }
+    int moved = peer != d->lend_peer;
+    for (int32_t k = 0; stage_layers && k < d->cfg.n_stages; k++)
+        moved |= d->lend[k].away && (d->lend[k].layer0 != stage_layers[2 * k] || d->lend[k].layer1 != stage_layers[2 * k + 1]);
+    if (moved && d->lend_peer) {
+        int rc = loip_device_recall(d);
+        if (rc) return rc;
+    }
+    d->lend_peer = peer;
+    for (int32_t k = 0; stage_layers && k < d->cfg.n_stages; k++)
+        d->lend[k].layer0 = stage_layers[2 * k], d->lend[k].layer1 = stage_layers[2 * k + 1];
+    for (int32_t q = 0; q < d->cfg.max_seqs; q++) d->lend_groups[q] = groups && groups[q] > 0 ? groups[q] : 0;
+    return LOIP_OK;
+}
+
+/* ---- KV lending: the holder's side --------------------------------------------------------- */
+
+static held_blob *held_find(loip_device *d, const char *from, int32_t stage) {
+    for (int32_t i = 0; i < d->n_held; i++)
+        if (d->held[i].stage == stage && !strcmp(d->held[i].from, from)) return &d->held[i];
+    return NULL;
+}
+
+static void held_drop(loip_device *d, held_blob *b) {
+    if (!b) return;
+    if (d->budget) loip_budget_release(d->budget, "kv_lent", b->bytes);
+    d->st.held_bytes -= b->bytes;
+    free(b->data);
+    *b = d->held[--d->n_held];
+}
+
+/* A lending message on the in-socket: keep, give back or forget a blob. large: the payload
+ * when it did not fit the device's buffer (ours to keep or free). */
+static int hold(loip_device *d, const loip_msg_header *h, void *large) {
+    char why[300];
+    if (h->kind == LOIP_MSG_KV_DROP) {
+        held_drop(d, held_find(d, d->from, h->hop));
+        return LOIP_OK;
+    }
+    if (h->kind == LOIP_MSG_KV_GET) {
+        held_blob *b = held_find(d, d->from, h->hop);
+        loip_msg_header o = {.kind = LOIP_MSG_KV_DATA, .plan_id = h->plan_id, .hop = h->hop, .step = h->step,
+                             .dtype = -1, .payload_bytes = b ? b->bytes : 0};
+        uint64_t t0 = loip_now_ns();
+        int rc = loip_sock_send(d->cfg.in, d->from, &o, b ? b->data : NULL, 10000);
+        if (b) loip_runner_record(d->cfg.runner, LOIP_EVENT_SEND, -1, t0, loip_now_ns(), sizeof o + b->bytes);
+        held_drop(d, b);
+        if (rc) {
+            snprintf(why, sizeof why, "KV lent by %s (stage %d) could not go back: %s", d->from, h->hop, loip_last_error());
+            return report(d, h, rc, why);
+        }
+        return LOIP_OK;
+    }
+    /* KV_PUT */
+    held_drop(d, held_find(d, d->from, h->hop));
+    if (d->budget && loip_budget_charge(d->budget, "kv_lent", h->payload_bytes)) {
+        free(large);
+        snprintf(why, sizeof why, "cannot hold %llu bytes of KV lent by %s (stage %d): %s",
+                 (unsigned long long)h->payload_bytes, d->from, h->hop, loip_last_error());
+        return report(d, h, LOIP_ENOMEM, why);
+    }
+    uint8_t *data = large;
+    if (!data && (data = malloc(h->payload_bytes ? h->payload_bytes : 1))) memcpy(data, d->payload, h->payload_bytes);
+    if (d->n_held == d->held_cap) {
+        int32_t cap = d->held_cap ? 2 * d->held_cap : 8;
+        held_blob *nb = realloc(d->held, (size_t)cap * sizeof *nb);
+        if (nb) d->held = nb, d->held_cap = cap;
+    }
+    if (!data || d->n_held == d->held_cap) {
+        free(data);
+        if (d->budget) loip_budget_release(d->budget, "kv_lent", h->payload_bytes);
+        return report(d, h, LOIP_ENOMEM, "out of memory holding lent KV");
+    }
+    held_blob *b = &d->held[d->n_held++];
+    snprintf(b->from, sizeof b->from, "%s", d->from);
+    b->stage = h->hop, b->data = data, b->bytes = h->payload_bytes;
+    d->st.held_bytes += b->bytes;
+    return LOIP_OK;
 }
 
 /* The last hop's output: per flagged token a sampled id or its logits, to the head (a result
@@ -310,6 +656,16 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         }
         d->bt[t] = (loip_batch_token){e->seq, e->pos};
     }
+    /* a sequence recomputing positions 0..E-1 (rows so flagged) has evicted them: from now on */
+    for (int32_t t = 0; t < k; t++) {
+        if (!(d->toks[t].flags & LOIP_TOKF_RECOMPUTE) || d->toks[t].pos != 0) continue;
+        int32_t q = d->toks[t].seq, e = 0;
+        while (t + e < k && d->toks[t + e].seq == q && (d->toks[t + e].flags & LOIP_TOKF_RECOMPUTE)) e++;
+        if (e > loip_session_kv_evicted(d->cfg.session, q)) {
+            int rc = loip_session_kv_evict(d->cfg.session, q, e);
+            if (rc) return report(d, h, rc, loip_last_error());
+        }
+    }
     if (h->kind == LOIP_MSG_TOKENS) {
         memcpy(d->ids, d->payload, (size_t)k * sizeof(int32_t));
         uint64_t t0 = loip_now_ns();
@@ -321,6 +677,12 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     }
     *n = k;
     return LOIP_OK;
+}
+
+/* After a stage's output left: its KV lent out, the next stage's asked back. */
+static int lend_after(loip_device *d, const loip_msg_header *h, int32_t stage) {
+    int rc = lend_ship(d, stage, h->step);
+    return rc ? report(d, h, rc, loip_last_error()) : LOIP_OK;
 }
 
 /* One data message, in full: checks, this device's hops, the output. waited: how long the
@@ -343,6 +705,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         int32_t stage = h.hop / d->cfg.n_devices;
         loip_runner_stats_t before;
         if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
+        if ((rc = lend_fetch(d, stage, h.step, 1))) return report(d, &h, rc, loip_last_error());
         if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
             return report(d, &h, rc, loip_last_error());
         if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
@@ -353,7 +716,10 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
             while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000));
         }
         d->st.hops++;
-        if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) return finish(d, &h, n);
+        if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
+            if ((rc = finish(d, &h, n))) return rc;
+            return lend_after(d, &h, stage);
+        }
         h.hop++;
         if (d->cfg.n_devices == 1) continue;
         /* the hidden states and the table after them, as one payload */
@@ -363,7 +729,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
         o.payload_bytes = data + (uint64_t)n * sizeof *d->toks;
         if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
-        return LOIP_OK;
+        return lend_after(d, &h, stage);
     }
 }
 
@@ -372,12 +738,22 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
     for (;;) {
         loip_msg_header h;
         uint64_t t0 = loip_now_ns();
-        int rc = loip_sock_recv(d->cfg.in, timeout_ms, &h, d->payload, d->payload_cap, d->from);
+        void *large = NULL;
+        int rc = loip_sock_recv_large(d->cfg.in, timeout_ms, &h, d->payload, d->payload_cap, d->from, &large);
         uint64_t waited = loip_now_ns() - t0;
         if (rc == LOIP_ETIMEDOUT) return 0;
         if (rc) {
             d->st.rejected++;
             return report(d, NULL, rc, loip_last_error());
+        }
+        if (h.kind == LOIP_MSG_KV_PUT || h.kind == LOIP_MSG_KV_GET || h.kind == LOIP_MSG_KV_DROP) {
+            if ((rc = hold(d, &h, large))) return rc;
+            continue;
+        }
+        if (large) { /* only lent KV may exceed the device's buffer */
+            free(large);
+            d->st.rejected++;
+            return report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
         }
         if (h.kind != LOIP_MSG_TOKENS && h.kind != LOIP_MSG_HIDDEN) {
             if (h.payload_bytes > cap) {

@@ -497,8 +497,22 @@ static void drain(void *z) {
     }
 }
 
+static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload, uint64_t cap,
+                     char *from, void **large);
+
 LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
                             uint64_t cap, char *from) {
+    return sock_recv(s, timeout_ms, h, payload, cap, from, NULL);
+}
+
+LOIP_API int loip_sock_recv_large(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
+                                  uint64_t cap, char *from, void **large) {
+    *large = NULL;
+    return sock_recv(s, timeout_ms, h, payload, cap, from, large);
+}
+
+static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload, uint64_t cap,
+                     char *from, void **large) {
     CHECK_OPEN(s);
     char id[64] = "";
     poll_monitor(s);
@@ -541,8 +555,10 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
     if (h->version != LOIP_MSG_VERSION)
         BAD("message from %s: protocol version %u, this loip speaks %d", who, h->version, LOIP_MSG_VERSION);
     if (h->kind == 0 || h->kind >= LOIP_MSG_KINDS) BAD("message from %s: unknown kind %u", who, h->kind);
-    if (h->payload_bytes > cap) BAD("message from %s: payload of %llu bytes exceeds %llu", who,
-                                    (unsigned long long)h->payload_bytes, (unsigned long long)cap);
+    int kv = h->kind >= LOIP_MSG_KV_PUT && h->kind <= LOIP_MSG_KV_DROP;
+    if (h->payload_bytes > cap && !(large && kv))
+        BAD("message from %s: payload of %llu bytes exceeds %llu", who, (unsigned long long)h->payload_bytes,
+            (unsigned long long)cap);
     if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN) {
         /* n_tokens x dim elements, then the n_tokens loip_step_token of the micro-batch */
         int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : LOIP_I32;
@@ -570,19 +586,31 @@ LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h
         }
         got = zmq_msg_size(&m);
         int extra = zmq_msg_more(&m);
-        if (got == h->payload_bytes) memcpy(payload, zmq_msg_data(&m), got);
+        void *into = payload;
+        if (got == h->payload_bytes && got > cap && !(into = *large = malloc(got))) {
+            zmq_msg_close(&m);
+            drain(s->z);
+            return loip_fail(LOIP_ENOMEM, "message from %s: no memory for a payload of %llu bytes", who,
+                             (unsigned long long)got);
+        }
+        if (got == h->payload_bytes) memcpy(into, zmq_msg_data(&m), got);
         zmq_msg_close(&m);
-        if (got != h->payload_bytes || extra)
+        if (got != h->payload_bytes || extra) {
+            if (large && *large) free(*large), *large = NULL;
             BAD("message from %s: payload of %llu bytes, the header says %llu", who,
                 (unsigned long long)got, (unsigned long long)h->payload_bytes);
+        }
     } else if (has_more) {
         BAD("message from %s: a payload frame the header does not announce", who);
     }
 #undef BAD
     /* Emulated link: a serial wire of rate bytes/s, free from wire_free, then the delay. */
     uint64_t bytes = sizeof *h + got, deliver = t_recv;
+    /* lent KV moves while its receiver works (it takes it when it needs it): its wire starts at
+     * the send, on the sender's clock when it is ours */
+    uint64_t sent = kv && h->t_send_ns && h->t_send_ns <= t_recv ? h->t_send_ns : t_recv;
     if (s->rate_bps || s->delay_ns) {
-        uint64_t start = s->wire_free_ns > t_recv ? s->wire_free_ns : t_recv;
+        uint64_t start = s->wire_free_ns > sent ? s->wire_free_ns : sent;
         uint64_t arrive = start + (s->rate_bps ? (uint64_t)((double)bytes / (double)s->rate_bps * 1e9) : 0);
         s->wire_free_ns = arrive;
         deliver = arrive + s->delay_ns;

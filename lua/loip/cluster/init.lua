@@ -294,7 +294,10 @@ end
 -- A device's memory outside its KV cache (what it reported: used, less its kv account) and its
 -- slot, into m (Cluster:online_devices reads them).
 local function mem_update(m, rep)
-  if rep.memory then m.nonkv = rep.memory - ((rep.accounts or {}).kv or 0) end
+  -- outside the KV cache: neither this device's KV ("kv", with its lending staging buffer) nor
+  -- what it holds for others ("kv_lent"), which move every step
+  local a = rep.accounts or {}
+  if rep.memory then m.nonkv = rep.memory - (a.kv or 0) - (a.kv_lent or 0) end
   m.slot_bytes = rep.slot_bytes or m.slot_bytes
 end
 
@@ -408,6 +411,33 @@ function Cluster:restage(i, stage, offloaded)
   local p2 = plan.bare(self.plan_table)
   p2.devices[i].stages[stage].offloaded = offloaded
   self.plan_table = p2
+  local rep = json.decode(r.payload) or {}
+  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
+  return rep
+end
+
+-- KV lending between steps (the paper's KV transfer protocol): device i ships the oldest
+-- `groups` KV groups (16 positions each) of every running request (a number, or a table by
+-- sequence slot) to device `holder` after each of its stages runs, and fetches them back before
+-- the stage runs again; holder nil (or groups 0): everything comes back and lending stops.
+-- Tokens never change. Returns device i's memory.
+function Cluster:lend(i, holder, groups)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  local N = #self.devices
+  if not self.devices[i] then error(string.format("lend: device %s is not one of %d", tostring(i), N), 2) end
+  if holder ~= nil and (not self.devices[holder] or holder == i) then
+    error(string.format("lend: holder %s is not another of the %d devices", tostring(holder), N), 2)
+  end
+  local g = groups
+  if type(groups) == "table" then
+    g = {}
+    for q, n in pairs(groups) do g[tostring(q)] = n end
+  end
+  if holder == nil or (type(g) == "number" and g <= 0) then holder, g = nil, 0 end
+  local r = self:ask(i, { kind = "LEND", payload = json.encode({ plan_id = self.plan_id,
+    peer = holder and self.devices[holder].endpoint or nil, groups = g }) }, 60000)
+  self.lending = self.lending or {}
+  self.lending[i] = holder and { holder = holder, groups = groups } or nil
   local rep = json.decode(r.payload) or {}
   if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
   return rep

@@ -85,6 +85,7 @@ function Worker:drop_device()
   local d = self.dev
   if not d then return end
   if d.device ~= nil then C.loip_device_free(ffi.gc(d.device, nil)) end
+  if d.lend_sock then d.lend_sock:close() end
   if d.runner ~= nil then C.loip_runner_free(ffi.gc(d.runner, nil)) end
   if d.loader then d.loader:close() end
   if d.next then d.next:close() end
@@ -267,6 +268,47 @@ function Worker:handle(msg)
       log("change refused: %s", tostring(err))
       reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
     end
+  elseif kind == "LEND" then
+    -- KV lending (the paper's transfer protocol): from now on this device ships the oldest
+    -- groups of each running sequence's KV (body.groups: per sequence slot, 0-based keys as
+    -- strings, or one count for all) to the holder at body.peer after each stage, and fetches
+    -- them back before the stage runs again; no peer: everything comes home and lending stops
+    local ok, err = pcall(function()
+      local body = assert(json.decode(msg.payload))
+      local d = self.dev
+      if not d or not d.device then error("LEND before a plan", 0) end
+      if body.plan_id ~= d.plan_id then
+        error(string.format("lending for plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
+      end
+      local S = #d.plan.devices[d.index].stages
+      local layers = ffi.new("int32_t[?]", 2 * S)
+      for s, st in ipairs(d.plan.devices[d.index].stages) do
+        -- the layers whose attention (even block) is in the stage keep their KV with it
+        layers[2 * (s - 1)], layers[2 * (s - 1) + 1] = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) + 1
+      end
+      local n_seqs = tonumber(C.loip_session_max_seqs(d.session))
+      local groups = ffi.new("int32_t[?]", n_seqs)
+      for q = 0, n_seqs - 1 do
+        local g = type(body.groups) == "table" and body.groups[tostring(q)] or body.groups
+        groups[q] = tonumber(g) or 0
+      end
+      local old = d.lend_sock
+      if body.peer and body.peer ~= d.lend_peer then
+        d.lend_sock = assert(self.net:connect(body.peer, "d" .. d.index .. "-lend"))
+        d.lend_sock:emulate(self.link or {})
+      elseif not body.peer then
+        core.check(C.loip_device_recall(d.device))
+        d.lend_sock = nil
+      end
+      core.check(C.loip_device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
+      if old and old ~= d.lend_sock then old:close() end
+      d.lend_peer = body.peer
+      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(), accounts = accounts(d.budget) }))
+    end)
+    if not ok then
+      log("lending refused: %s", tostring(err))
+      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
+    end
   elseif kind == "LINK" then
     -- the emulated link into this device changes (a link schedule): rate and delay, no reply
     local body = json.decode(msg.payload) or {}
@@ -275,6 +317,8 @@ function Worker:handle(msg)
         spin_us = self.link and self.link.spin_us }
       self.sock:emulate(o)
       self.bulk:emulate(o)
+      -- lent KV comes back into this device too
+      if self.dev and self.dev.lend_sock then self.dev.lend_sock:emulate(o) end
       self.link = o
     end)
     if not ok then log("LINK refused: %s", tostring(err)) end
@@ -294,7 +338,9 @@ function Worker:handle(msg)
       st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
         bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
         compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
-        bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats() }
+        bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
+        lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
+        lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
       -- the budget's accounts (weights, slots, kv, activations)
       st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
       -- the budget's limit and peak, and this process's peak resident memory
