@@ -288,21 +288,30 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
 
 /* ---- KV lending (loip_device_lend): the lender's side ---------------------------------- */
 
-/* The staging buffer grown to hold bytes (charged to "kv"). */
-static int lend_reserve(loip_device *d, uint64_t bytes) {
+/* The staging buffer's room (memory; its charge follows the live bytes in it: lend_charge). */
+static int lend_room(loip_device *d, uint64_t bytes) {
     if (bytes <= d->lend_cap) return LOIP_OK;
-    if (d->budget) {
-        int rc = loip_budget_charge(d->budget, "kv", bytes - d->lend_cap);
-        if (rc) return rc;
-    }
     uint8_t *b = realloc(d->lend_buf, bytes);
-    if (!b) {
-        if (d->budget) loip_budget_release(d->budget, "kv", bytes - d->lend_cap);
-        return loip_fail(LOIP_ENOMEM, "KV lending: cannot hold a staging buffer of %llu bytes", (unsigned long long)bytes);
-    }
+    if (!b) return loip_fail(LOIP_ENOMEM, "KV lending: cannot hold a staging buffer of %llu bytes", (unsigned long long)bytes);
     d->lend_buf = b;
-    d->lend_charged += bytes - d->lend_cap;
     d->lend_cap = bytes;
+    return LOIP_OK;
+}
+
+/* The "kv" account's share for the staging buffer set to bytes (the blob it holds): released
+ * before the chunks it held are charged back, charged after the chunks it takes are released,
+ * so that no edit of a blob needs both at once. */
+static int lend_charge(loip_device *d, uint64_t bytes) {
+    if (!d->budget) {
+        d->lend_charged = bytes;
+        return LOIP_OK;
+    }
+    if (bytes < d->lend_charged) loip_budget_release(d->budget, "kv", d->lend_charged - bytes);
+    else if (bytes > d->lend_charged) {
+        int rc = loip_budget_charge(d->budget, "kv", bytes - d->lend_charged);
+        if (rc) return loip_fail(rc, "KV lending: the staging buffer: %s", loip_last_error());
+    }
+    d->lend_charged = bytes;
     return LOIP_OK;
 }
 
@@ -324,7 +333,9 @@ static int lend_ask(loip_device *d, int32_t stage, uint64_t step) {
     return rc;
 }
 
-/* The blob in the staging buffer: its header and entry i. */
+/* The blob in the staging buffer: a header, its entries, then each entry's groups in order,
+ * each group the K/V chunks of the stage's layers (loip_session_kv_lend of one group), so that
+ * an entry grows or shrinks at its end. */
 static lend_header blob_header(const loip_device *d) {
     lend_header lh;
     memcpy(&lh, d->lend_buf, sizeof lh);
@@ -338,10 +349,34 @@ static lend_entry blob_entry(const loip_device *d, int32_t i) {
 static int entry_live(const loip_device *d, const lend_entry *e) {
     return e->seq >= 0 && e->seq < d->cfg.max_seqs && e->request && d->seqs[e->seq].request == e->request;
 }
+static uint64_t group_bytes_of(const loip_device *d, int32_t layer0, int32_t layer1) {
+    return loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(layer1 - layer0);
+}
 
-/* Stage's blob back from the holder (waiting for it) into the staging buffer, its ranges read
- * there in place while the stage runs (loip_session_kv_attach); ranges of requests that ended
- * since are left out. keep 0: dropped whole (its requests are gone). */
+/* Each group of each live entry of the blob in the staging buffer: attached (read there in
+ * place), detached, or returned into the session (from its first `keep` groups on). */
+enum { BLOB_ATTACH, BLOB_DETACH };
+static int blob_each(loip_device *d, int op) {
+    lend_header lh = blob_header(d);
+    uint64_t gb = group_bytes_of(d, lh.layer0, lh.layer1);
+    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
+    for (int32_t i = 0; i < lh.n_entries; i++) {
+        lend_entry e = blob_entry(d, i);
+        for (int32_t g = 0; g < e.n && entry_live(d, &e); g++) {
+            int rc = op == BLOB_ATTACH
+                         ? loip_session_kv_attach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0 + g, 1,
+                                                  d->lend_buf + off + (uint64_t)g * gb, gb)
+                         : loip_session_kv_detach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0 + g, 1);
+            if (rc) return rc;
+        }
+        off += (uint64_t)e.n * gb;
+    }
+    return LOIP_OK;
+}
+
+/* Stage's blob back from the holder (waiting for it) into the staging buffer, its groups read
+ * there in place while the stage runs; entries of requests that ended since stay unread.
+ * keep 0: dropped whole (its requests are gone). */
 static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep) {
     lend_stage *ls = &d->lend[stage];
     if (!ls->away) return LOIP_OK;
@@ -363,47 +398,28 @@ static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep) {
     if (h.payload_bytes == 0)
         return loip_fail(LOIP_EPROTO, "KV lending: the holder has no KV of stage %d (it was lost)", stage);
     d->st.fetched_bytes += h.payload_bytes;
+    if (!keep) return lend_charge(d, 0);
+    /* the blob's chunks were away, not charged here: now they are in the staging buffer */
+    if ((rc = lend_charge(d, h.payload_bytes))) return rc;
     lend_header lh = blob_header(d);
-    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
-    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(lh.layer1 - lh.layer0);
+    uint64_t need = sizeof lh + (uint64_t)(lh.n_entries > 0 ? lh.n_entries : 0) * sizeof(lend_entry);
     if (h.payload_bytes < sizeof lh || lh.magic != LEND_MAGIC || lh.n_entries < 0 || lh.layer1 <= lh.layer0 ||
-        off > h.payload_bytes)
+        need > h.payload_bytes)
         return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed", stage);
     for (int32_t i = 0; i < lh.n_entries; i++) {
         lend_entry e = blob_entry(d, i);
-        uint64_t bytes = (uint64_t)e.n * chunk;
-        if (e.n < 0 || off + bytes > h.payload_bytes)
-            return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed (entry %d)", stage, i);
-        if (keep && entry_live(d, &e) &&
-            (rc = loip_session_kv_attach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0, e.n, d->lend_buf + off,
-                                         bytes)))
-            return rc;
-        off += bytes;
+        if (e.n < 0) return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed (entry %d)", stage, i);
+        need += (uint64_t)e.n * group_bytes_of(d, lh.layer0, lh.layer1);
     }
-    ls->home = keep;
+    if (need != h.payload_bytes)
+        return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob holds %llu bytes, its entries %llu", stage,
+                         (unsigned long long)h.payload_bytes, (unsigned long long)need);
+    if ((rc = blob_each(d, BLOB_ATTACH))) return rc;
+    ls->home = 1;
     return LOIP_OK;
 }
 
-/* The staging buffer's live ranges copied back into the session for good (charged there). */
-static int lend_settle(loip_device *d, int32_t stage) {
-    lend_stage *ls = &d->lend[stage];
-    if (!ls->home) return LOIP_OK;
-    ls->home = 0;
-    lend_header lh = blob_header(d);
-    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
-    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(lh.layer1 - lh.layer0);
-    for (int32_t i = 0; i < lh.n_entries; i++) {
-        lend_entry e = blob_entry(d, i);
-        int rc;
-        if (entry_live(d, &e) && (rc = loip_session_kv_return(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0, e.n,
-                                                               d->lend_buf + off, (uint64_t)e.n * chunk)))
-            return rc;
-        off += (uint64_t)e.n * chunk;
-    }
-    return LOIP_OK;
-}
-
-/* Groups of sequence q stage's lending takes now: its target, at most all but its newest. */
+/* Groups of sequence q a stage lends now: its target, at most all but its newest. */
 static int32_t lend_count(const loip_device *d, int32_t q) {
     if (!d->seqs[q].request) return 0;
     int32_t held = loip_session_kv_groups_held(d->cfg.session, q);
@@ -411,65 +427,115 @@ static int32_t lend_count(const loip_device *d, int32_t q) {
     return n > 0 ? n : 0;
 }
 
-/* After stage ran: its running sequences' oldest groups shipped to the holder, then the next
- * stage of this device asked back. The blob that came back goes out again as it is when the
- * ranges are the same (nothing copied); otherwise it is settled and a new one made. */
+/* After stage ran (its blob, if any, attached in the staging buffer): the blob edited in place
+ * to what each running sequence lends now (entries of ended requests dropped, shrunk ones'
+ * last groups returned into the session, grown ones' next groups lent, new ones added; the
+ * staging charge following the live bytes), then shipped to the holder. No peer: everything
+ * goes back into the session. */
 static int lend_ship(loip_device *d, int32_t stage, uint64_t step) {
     lend_stage *ls = &d->lend[stage];
-    if (!d->lend_peer) return lend_settle(d, stage);
     int rc;
+    int32_t l0 = ls->layer0, l1 = ls->layer1;
+    uint64_t gb = group_bytes_of(d, l0, l1);
+    /* what the blob holds now (old) and what it will (new), by sequence slot */
+    int32_t n_old_e = 0;
+    lend_header oh = {LEND_MAGIC, 0, l0, l1};
+    if (ls->home) {
+        oh = blob_header(d);
+        n_old_e = oh.n_entries;
+        if ((rc = blob_each(d, BLOB_DETACH))) return rc;
+    }
+    uint64_t ogb = group_bytes_of(d, oh.layer0, oh.layer1);
+    int32_t M = d->cfg.max_seqs;
+    int32_t *old_n = calloc((size_t)M * 2, sizeof(int32_t)), *new_n = old_n + M;
+    uint64_t *old_off = calloc((size_t)M * 2, sizeof(uint64_t)), *new_off = old_off + M;
+    lend_entry *old_e = calloc((size_t)M, sizeof(lend_entry));
+    if (!old_n || !old_off || !old_e) {
+        free(old_n), free(old_off), free(old_e);
+        return loip_fail(LOIP_ENOMEM, "KV lending: out of memory");
+    }
+    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry), live = sizeof oh;
+    for (int32_t i = 0; i < n_old_e; i++) {
+        lend_entry e = blob_entry(d, i);
+        if (entry_live(d, &e) && oh.layer0 == l0 && oh.layer1 == l1) {
+            old_n[e.seq] = e.n, old_off[e.seq] = off, old_e[e.seq] = e;
+            live += sizeof e + (uint64_t)e.n * gb;
+        }
+        off += (uint64_t)e.n * ogb;
+    }
+    /* 1. what leaves the blob goes back into the session: the charge for it leaves the
+     * staging buffer first */
     int32_t ne = 0;
-    uint64_t chunk = loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(ls->layer1 - ls->layer0);
-    uint64_t bytes = sizeof(lend_header);
-    if (ls->layer1 > ls->layer0)
-        for (int32_t q = 0; q < d->cfg.max_seqs; q++) {
-            int32_t n = lend_count(d, q);
-            if (n > 0) ne++, bytes += sizeof(lend_entry) + (uint64_t)n * chunk;
-        }
-    int same = 0;
-    if (ls->home) { /* the same ranges as came back? */
-        lend_header lh = blob_header(d);
-        same = lh.n_entries == ne && lh.layer0 == ls->layer0 && lh.layer1 == ls->layer1;
-        for (int32_t i = 0; same && i < ne; i++) {
-            lend_entry e = blob_entry(d, i);
-            same = entry_live(d, &e) && e.n == lend_count(d, e.seq) && e.n > 0 &&
-                   e.g0 == loip_session_kv_evicted(d->cfg.session, e.seq) / LOIP_KV_BLOCK_TOKENS;
-        }
-        if (same) {
-            for (int32_t i = 0; i < ne; i++) {
-                lend_entry e = blob_entry(d, i);
-                if ((rc = loip_session_kv_detach(d->cfg.session, e.seq, ls->layer0, ls->layer1, e.g0, e.n))) return rc;
-            }
-            ls->home = 0;
-        } else if ((rc = lend_settle(d, stage))) {
-            return rc;
-        }
+    uint64_t keep_bytes = sizeof oh;
+    for (int32_t q = 0; q < M; q++) {
+        new_n[q] = d->lend_peer && l1 > l0 ? lend_count(d, q) : 0;
+        int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
+        if (new_n[q] > 0) ne++, keep_bytes += sizeof(lend_entry);
+        keep_bytes += (uint64_t)kept * gb;
     }
-    if (ne > 0 && !same) {
-        if ((rc = lend_reserve(d, bytes))) return rc;
-        lend_header lh = {LEND_MAGIC, ne, ls->layer0, ls->layer1};
-        memcpy(d->lend_buf, &lh, sizeof lh);
-        uint64_t off = sizeof lh + (uint64_t)ne * sizeof(lend_entry);
-        int32_t i = 0;
-        for (int32_t q = 0; q < d->cfg.max_seqs; q++) {
-            int32_t n = lend_count(d, q);
-            if (n <= 0) continue;
-            lend_entry e = {q, d->seqs[q].request, loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS, n};
+    rc = lend_charge(d, ls->home ? keep_bytes : 0);
+    for (int32_t q = 0; q < M && !rc && ls->home; q++)
+        for (int32_t g = new_n[q]; g < old_n[q] && !rc; g++)
+            rc = loip_session_kv_return(d->cfg.session, q, l0, l1, old_e[q].g0 + g, 1,
+                                        d->lend_buf + old_off[q] + (uint64_t)g * gb, gb);
+    /* entries of ended requests, or of other layers (a plan change), are stale: dropped */
+    ls->home = 0;
+    /* 2. the kept groups moved to their new places (entries in slot order both times) */
+    uint64_t bytes = sizeof oh + (uint64_t)ne * sizeof(lend_entry);
+    for (int32_t q = 0; q < M; q++) {
+        new_off[q] = bytes;
+        bytes += (uint64_t)new_n[q] * gb;
+    }
+    if (!rc && ne > 0) rc = lend_room(d, bytes > off ? bytes : off);
+    for (int32_t pass = 0; pass < 2 && !rc && ne > 0; pass++)
+        for (int32_t k = 0; k < M; k++) {
+            int32_t q = pass == 0 ? M - 1 - k : k; /* right-movers last first, then left-movers */
+            int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
+            if (kept <= 0 || (pass == 0) != (new_off[q] > old_off[q])) continue;
+            memmove(d->lend_buf + new_off[q], d->lend_buf + old_off[q], (size_t)kept * gb);
+        }
+    /* 3. the groups that join are lent (released from the session), then charged here */
+    for (int32_t q = 0; q < M && !rc && ne > 0; q++) {
+        int32_t g0 = loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS;
+        for (int32_t g = old_n[q] < new_n[q] ? old_n[q] : new_n[q]; g < new_n[q] && !rc; g++) {
             uint64_t got;
-            if ((rc = loip_session_kv_lend(d->cfg.session, q, ls->layer0, ls->layer1, e.g0, n, d->lend_buf + off,
-                                           d->lend_cap - off, &got)))
-                return rc;
-            memcpy(d->lend_buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
-            off += got;
+            rc = loip_session_kv_lend(d->cfg.session, q, l0, l1, g0 + g, 1, d->lend_buf + new_off[q] + (uint64_t)g * gb,
+                                      gb, &got);
         }
     }
-    if (ne > 0) {
+    if (!rc) rc = lend_charge(d, ne > 0 ? bytes : 0);
+    if (!rc && ne > 0) {
+        lend_header lh = {LEND_MAGIC, ne, l0, l1};
+        memcpy(d->lend_buf, &lh, sizeof lh);
+        int32_t i = 0;
+        for (int32_t q = 0; q < M; q++) {
+            if (new_n[q] <= 0) continue;
+            lend_entry e = {q, d->seqs[q].request, loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS,
+                            new_n[q]};
+            memcpy(d->lend_buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
+        }
         if ((rc = lend_send(d, LOIP_MSG_KV_PUT, stage, step, d->lend_buf, bytes)))
-            return loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
-        d->st.lent_bytes += bytes;
-        ls->away = 1;
+            rc = loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
+        else {
+            d->st.lent_bytes += bytes;
+            ls->away = 1;
+        }
     }
-    return lend_ask(d, (stage + 1) % d->cfg.n_stages, step);
+    (void)live;
+    free(old_n), free(old_off), free(old_e);
+    if (rc) return rc;
+    return d->lend_peer ? lend_ask(d, (stage + 1) % d->cfg.n_stages, step) : LOIP_OK;
+}
+
+/* Stage's blob, back and attached, into the session for good. */
+static int lend_settle(loip_device *d, int32_t stage) {
+    if (!d->lend[stage].home) return LOIP_OK;
+    loip_sock *peer = d->lend_peer;
+    int32_t *groups = d->lend_groups;
+    d->lend_peer = NULL; /* lend_ship with no peer: everything returns */
+    int rc = lend_ship(d, stage, 0);
+    d->lend_peer = peer, d->lend_groups = groups;
+    return rc;
 }
 
 LOIP_API int loip_device_recall(loip_device *d) {
@@ -499,6 +565,12 @@ LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *st
         if (rc) return rc;
     }
     d->lend_peer = peer;
+    if (!peer) { /* nothing is away (recalled above): the staging buffer goes */
+        free(d->lend_buf);
+        d->lend_buf = NULL;
+        if (d->budget) loip_budget_release(d->budget, "kv", d->lend_charged);
+        d->lend_charged = d->lend_cap = 0;
+    }
     for (int32_t k = 0; stage_layers && k < d->cfg.n_stages; k++)
         d->lend[k].layer0 = stage_layers[2 * k], d->lend[k].layer1 = stage_layers[2 * k + 1];
     for (int32_t q = 0; q < d->cfg.max_seqs; q++) d->lend_groups[q] = groups && groups[q] > 0 ? groups[q] : 0;
@@ -716,6 +788,11 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
             while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000));
         }
         d->st.hops++;
+        /* the next stage's lent KV asked back now, before the output goes on: the holder, idle
+         * until that output reaches it, answers first, and the blob travels during the hops
+         * in between */
+        if (d->lend_peer && (rc = lend_ask(d, (stage + 1) % d->cfg.n_stages, h.step)))
+            return report(d, &h, rc, loip_last_error());
         if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
             if ((rc = finish(d, &h, n))) return rc;
             return lend_after(d, &h, stage);

@@ -42,7 +42,8 @@ describe("online adaptation", function()
     assert.is_true(#j.adaptations >= 3, #j.adaptations .. " changes")
     local last = 0
     for _, a in ipairs(j.adaptations) do
-      assert.is_true(a.context >= last and a.to > a.from)
+      -- restages (blocks offloaded); the policy may also lend KV between the devices
+      assert.is_true(a.context >= last and (a.lend_groups ~= nil or a.to > a.from))
       last = a.context
     end
     for i, d in ipairs(j.devices) do
@@ -57,7 +58,8 @@ describe("online adaptation", function()
     for _, e in ipairs(json.load(dir .. "/t.json").traceEvents) do
       if e.cat == "adapt" then
         n = n + 1
-        assert.matches("^stage %d: %d %-> %d blocks offloaded %(at %d+ positions%)$", e.name)
+        assert.is_true(e.name:match("^stage %d: %d %-> %d blocks offloaded %(at %d+ positions%)$") ~= nil
+          or e.name:match("^at %d+ positions: device %d ") ~= nil, e.name)
       end
     end
     assert.are.equal(#j.adaptations, n)

@@ -81,12 +81,34 @@ function M.install(Cluster)
     local out = {}
     for i, d in ipairs(self.devices) do
       local m = d.mem_state or {}
-      local stages = {}
+      local stages, kv_layers = {}, 0
       for s, st in ipairs(self.plan_table.devices[i].stages) do
-        stages[s] = { first = st.blocks[1], last = st.blocks[2], offloaded = st.offloaded or 0 }
+        -- the layers whose attention is in the stage keep their KV with it
+        local kl = math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1
+        stages[s] = { first = st.blocks[1], last = st.blocks[2], offloaded = st.offloaded or 0, kv_layers = kl }
+        kv_layers = kv_layers + kl
       end
+      local lend = self.lending and self.lending[i]
       out[i] = { limit = m.limit or d.mem or 0, nonkv = m.nonkv or 0, kv_base = m.kv_base or 0, group_bytes = m.group_bytes or 0,
-        slot_bytes = m.slot_bytes or 0, stages = stages, block_bytes = self.sizes.block_bytes }
+        slot_bytes = m.slot_bytes or 0, stages = stages, block_bytes = self.sizes.block_bytes,
+        -- KV lending: one layer's group (K and V), what device i lends (holder, groups per
+        -- request) and the staging buffer it keeps (the largest stage blob so far)
+        chunk_bytes = kv_layers > 0 and (m.group_bytes or 0) / kv_layers or 0,
+        lend = lend and { holder = lend.holder, groups = lend.groups } or nil, staging_bytes = d.lend_staging or 0,
+        idle_ms = self.estimate and self.estimate.devices and self.estimate.devices[i] and self.estimate.devices[i].idle_ms }
+    end
+    return out
+  end
+
+  -- The rate each link is emulated at now (bytes/s; nil: not emulated), known at the head
+  -- without asking (state.link_rates).
+  function Cluster:link_rates()
+    local out = {}
+    local planned = self.plan_opts and self.plan_opts.link and self.plan_opts.link.rate
+    for i = 1, #self.devices do
+      local now = (self.link_now or {})[i]
+      local rate = now and now.rate or (type(planned) == "table" and planned[i] or planned)
+      out[i] = rate and transport.parse_rate(rate) or nil
     end
     return out
   end

@@ -27,7 +27,7 @@ local C = core.C
 
 local M = {}
 
-local SAMPLE, LOGITS = 1, 2 -- LOIP_TOKF_*
+local SAMPLE, LOGITS, RECOMPUTE = 1, 2, 4 -- LOIP_TOKF_*
 
 -- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
 local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end
@@ -186,6 +186,7 @@ function Batcher:step()
   self.stepping = true
   local ok, outs, engine_failed = true, nil, false
   if self.online then ok, outs = pcall(self.online.before_step, self.online, toks) end
+  if ok then ok, outs = pcall(self.with_recomputed, self, toks, owners) end
   if ok then
     ok, outs = pcall(e.step, e, toks)
     engine_failed = not ok
@@ -210,8 +211,7 @@ function Batcher:step()
   local seen = {}
   for i, t in ipairs(toks) do
     local r = owners[i]
-    if not seen[r] then seen[r] = 0 end
-    seen[r] = seen[r] + 1
+    if r and t.flags ~= RECOMPUTE then seen[r] = (seen[r] or 0) + 1 end
   end
   local decoding = 0
   for r, k in pairs(seen) do
@@ -241,6 +241,36 @@ function Batcher:step()
     end
   end
   return true
+end
+
+-- Evict-and-recompute (the baselines' KV handling; an online policy's control.evict): a
+-- request whose first r.evicted positions keep no KV brings them along in every step, as rows
+-- before its own (flagged RECOMPUTE: the devices evict them then, and recompute their K/V one
+-- layer at a time). toks and owners grow in place.
+function Batcher:with_recomputed(toks, owners)
+  local any = false
+  for _, r in ipairs(self.running) do any = any or (r.evicted or 0) > 0 end
+  if not any then return end
+  local out, own, done = {}, {}, {}
+  for i, t in ipairs(toks) do
+    local r = owners[i]
+    if r and (r.evicted or 0) > 0 and not done[r] then
+      done[r] = true
+      for p = 0, r.evicted - 1 do
+        out[#out + 1] = { seq = r.seq, pos = p, request = r.id, flags = RECOMPUTE,
+          id = p < r.n_prompt and r.prompt[p + 1] or r.token_ids[p - r.n_prompt + 1] }
+        own[#out] = r
+      end
+    end
+    out[#out + 1] = t
+    own[#out] = r
+  end
+  local limit = self.engine.max_step_tokens or self.engine.step_tokens
+  if #out > limit then
+    error(string.format("evict-and-recompute: the step needs %d rows (%d recomputed) and the plan's batch holds %d: "
+      .. "plan with a larger batch", #out, #out - #toks, limit), 0)
+  end
+  for i = 1, #out do toks[i], owners[i] = out[i], own[i] end
 end
 
 -- A sampled id for r: stop, or keep it.

@@ -6,11 +6,16 @@
 -- requests will hold after the step follow from their positions.
 --
 -- state = { step, last_step = { ms, tokens } (the step before), context (the longest request's
---   positions after the step), requests = { { id,
---   positions } }, groups (KV groups every device holds after the step: the same count on each,
---   of its own layers), devices = { { limit, nonkv, kv_base, group_bytes, slot_bytes, disk_bps,
---   stages = { { first, last, offloaded } }, block_bytes = { [b] = bytes } } } }
--- control = { restage(device, stage, offloaded), log(fmt, ...) }
+--   positions after the step), requests = { { id, positions, max_positions, evicted } }, groups
+--   (KV groups every device holds after the step: the same count on each, of its own layers;
+--   evicted ones not counted), devices = { { limit, nonkv, kv_base, group_bytes, slot_bytes,
+--   stages = { { first, last, offloaded, kv_layers } }, block_bytes = { [b] = bytes },
+--   chunk_bytes (one layer's group), lend = { holder, groups } or nil, idle_ms (the cost
+--   model's idle window per stage) } }, link_rates (emulated rate of each link, bytes/s; nil:
+--   not emulated), links (measured, lazily: a round trip), memo (a table the policy keeps
+--   between steps of this request loop) }
+-- control = { restage(device, stage, offloaded), lend(device, holder, groups), evict(request,
+--   positions), log(fmt, ...) }
 --
 -- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms,
 -- t0_ns, t1_ns } (loip.trace draws them as "adapt" events on the device's plan lane).
@@ -27,7 +32,7 @@ Online.__index = Online
 -- policy: a loip.policy "online" table (or nil); links: a "links" schedule (or nil); engine: the
 -- batcher's (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
 function M.new(batcher, policy, links)
-  return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0 }, Online)
+  return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0, memo = {} }, Online)
 end
 
 -- What the step of toks (the batcher's list) leaves each request holding.
@@ -37,16 +42,21 @@ function Online:state(toks)
     if not last[t.seq] or t.pos > last[t.seq] then last[t.seq] = t.pos end
   end
   local kb = self.engine.kv_block
-  local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step }
+  local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
+    memo = self.memo }
   for _, r in ipairs(self.batcher.running) do
     local p = last[r.seq] or (r.pos - 1)
     if p >= 0 then
       st.groups = st.groups + math.floor(p / kb) + 1
       st.context = math.max(st.context, p + 1)
     end
-    st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = r.n_prompt + r.max_tokens }
+    local ev = r.evicted or 0
+    st.groups = st.groups - ev / kb
+    st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = r.n_prompt + r.max_tokens,
+      evicted = ev }
   end
   st.devices = self.engine:online_devices()
+  st.link_rates = self.engine.link_rates and self.engine:link_rates() or {}
   -- the links' figures (a round trip to every device): only when a policy reads them
   local engine = self.engine
   return setmetatable(st, { __index = function(t, k)
@@ -56,6 +66,20 @@ function Online:state(toks)
       return l
     end
   end })
+end
+
+-- An adaptation (an entry of batcher.adaptations) in words.
+function M.describe(a)
+  if a.evicted then
+    return string.format("at %d positions: request %d evicts positions 0..%d (recomputed every step)", a.context, a.request,
+      a.evicted - 1)
+  elseif a.lend_groups then
+    return a.lend_to and string.format("at %d positions: device %d lends %d groups of each request's KV to device %d (was %d)",
+      a.context, a.device, a.lend_groups, a.lend_to, a.lend_from or 0)
+      or string.format("at %d positions: device %d stops lending (was %d groups)", a.context, a.device, a.lend_from or 0)
+  end
+  return string.format("at %d positions: device %d, stage %d now reads %d blocks every step (was %d)", a.context, a.device,
+    a.stage, a.to, a.from or 0)
 end
 
 -- The link schedule's change for this step, if any, to every link (or each its own).
@@ -92,6 +116,35 @@ function Online:before_step(toks)
         to = offloaded, ms = (t1 - t0) / 1e6, t0_ns = t0, t1_ns = t1 }
     end,
     log = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
+    -- request id's first `positions` positions (a multiple of 16, never fewer) keep no KV from
+    -- this step on: recomputed in every step (the baselines' KV handling)
+    evict = function(id, positions)
+      for _, r in ipairs(b.running) do
+        if r.id == id then
+          if positions % self.engine.kv_block ~= 0 or positions < (r.evicted or 0) or positions > r.pos then
+            error(string.format("evict: request %d: %d positions (a multiple of %d, at least %d, at most %d)", id, positions,
+              self.engine.kv_block, r.evicted or 0, r.pos), 0)
+          end
+          if positions > (r.evicted or 0) then
+            b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, request = id, evicted_from = r.evicted or 0,
+              evicted = positions, ms = 0 }
+          end
+          r.evicted = positions
+        end
+      end
+    end,
+    -- device i lends the oldest `groups` groups of every running request's KV to device holder
+    -- (nil: lending stops); loip.cluster's Cluster:lend
+    lend = function(i, holder, groups)
+      if not self.engine.lend then error("lend: this engine has one device", 0) end
+      local d = st.devices[i]
+      local from = d and d.lend
+      local t0 = tonumber(core.C.loip_now_ns())
+      self.engine:lend(i, holder, groups)
+      local t1 = tonumber(core.C.loip_now_ns())
+      b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, device = i, lend_to = holder,
+        lend_groups = holder and groups or 0, lend_from = from and from.groups or 0, ms = (t1 - t0) / 1e6, t0_ns = t0, t1_ns = t1 }
+    end,
   }
   self.policy.on_step(st, control)
 end

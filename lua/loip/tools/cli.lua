@@ -55,6 +55,8 @@ commands.generate = {
     { "online", "string", "the online policy run before every step (recipes/policies/online: loip, the default with "
       .. "--plan-context) or a file; none: off",
       default = "loip", metavar = "NAME|FILE.lua" },
+    { "batch", "int", "with --devices/--hosts: tokens a step carries (prompt chunks, and the positions --online recompute "
+      .. "recomputes; activations are sized for it; default 64)", check = function(v) return v > 0, "must be > 0" end },
     { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/links: switch, "
       .. "random; or a file: at(step) -> a rate, one per link, or nil)", metavar = "NAME|FILE.lua" },
     cpu_latency_flag,
@@ -110,7 +112,7 @@ local function run_cluster(o)
     if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
     local loader = o.loader ~= "auto" and o.loader or nil
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-      stages = o.stages, context = o.context, loader = loader, disk_rate = set.disk_rate,
+      stages = o.stages, context = o.context, batch = o.batch, loader = loader, disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
       online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
@@ -139,8 +141,10 @@ local function run_cluster(o)
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
       for _, a in ipairs(c:batcher().adaptations) do
-        tr:add({ { kind = "adapt", stage = a.stage, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns, t1_ns = a.t1_ns } },
-          a.device)
+        if a.device and a.t0_ns then
+          tr:add({ { kind = "adapt", stage = a.stage or 0, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns,
+            t1_ns = a.t1_ns, text = not a.stage and require("loip.serve.online").describe(a) or nil } }, a.device)
+        end
       end
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
@@ -180,8 +184,7 @@ local function run_cluster(o)
           i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
       end
       for _, a in ipairs(c:batcher().adaptations) do
-        io.stderr:write(string.format("  at %d positions: device %d, stage %d now reads %d blocks every step (was %d)\n",
-          a.context, a.device, a.stage, a.to, a.from or 0))
+        io.stderr:write("  ", require("loip.serve.online").describe(a), "\n")
       end
     end
   end)

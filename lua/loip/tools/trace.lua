@@ -35,7 +35,8 @@ local function name(e)
   if e.kind == "recv" then return string.format("transit into stage %d", e.stage) end
   if e.kind == "wait" then return string.format("wait for stage %d", e.stage) end
   if e.kind == "adapt" then
-    return string.format("stage %d: %d -> %d blocks offloaded (at %d positions)", e.stage, e.from or 0, e.to or 0, e.context or 0)
+    return e.text or string.format("stage %d: %d -> %d blocks offloaded (at %d positions)", e.stage, e.from or 0, e.to or 0,
+      e.context or 0)
   end
   if e.kind == "compute" then
     if e.stage == 0 then return blocks(e) end

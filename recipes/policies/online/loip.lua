@@ -12,6 +12,17 @@ local M = { name = "loip" }
 -- Positions of headroom a change buys for every running request (fewer changes, each larger).
 M.lookahead = 32
 
+-- The KV transfer protocol (Alg. 2): a device at its threshold lends the oldest KV groups of
+-- every running request (split evenly: the same count each) to the device with the most room,
+-- as much as one stage's round trip carries within `window_share` of the idle window a stage
+-- has between two of its runs at the link's rate, and as much as the holder holds beside its
+-- own lookahead. Cut at once when the bandwidth drops; raised only when the lender is at a
+-- threshold or has blocks offloaded that lending could put back, and then by at least
+-- `min_change` groups (smaller changes are filtered). lending = false: thresholds only.
+M.lending = true
+M.window_share = 0.7
+M.min_change = 2
+
 -- The stages' offloaded prefixes of device d grown until `need` bytes are freed (net of the
 -- slot's growth): the new offloaded count per stage, or nil when every block is offloaded.
 -- Device d's stages: their offloaded counts and the bytes each reads a step.
@@ -75,7 +86,131 @@ local function apply(control, i, d, off)
   end
 end
 
-function M.on_step(state, control)
+-- Groups request r holds after the step (evicted ones not), and what lending takes of it.
+local function held_groups(r) return math.floor((r.positions - 1) / 16) + 1 - math.floor(r.evicted / 16) end
+
+-- Bytes device d ships for stage s with g groups per request.
+local function stage_lent(state, d, s, g)
+  local n = 0
+  for _, r in ipairs(state.requests) do n = n + math.max(0, math.min(g, held_groups(r) - 1)) end
+  return n * d.stages[s].kv_layers * d.chunk_bytes
+end
+
+-- What lending changes in device i's memory after the step, lends[j] = { holder, groups } for
+-- every lender j: a lender keeps one stage's blob in its staging buffer (the largest so far)
+-- instead of all its stages' ranges; a holder keeps every stage's.
+local function lending_delta(state, i, lends)
+  local delta, l = 0, lends[i]
+  if l then
+    local d, staging = state.devices[i], state.memo.staging and state.memo.staging[i] or 0
+    for s in ipairs(d.stages) do
+      local x = stage_lent(state, d, s, l.groups)
+      delta, staging = delta - x, math.max(staging, x)
+    end
+    delta = delta + staging
+  end
+  for j, lj in pairs(lends) do
+    if lj.holder == i then
+      for s in ipairs(state.devices[j].stages) do delta = delta + stage_lent(state, state.devices[j], s, lj.groups) end
+    end
+  end
+  return delta
+end
+
+-- The rate of the link into device k (bytes/s): emulated, else measured (a round trip).
+local function rate_into(state, k)
+  local n = #state.devices
+  local link = (k - 2) % n + 1
+  local r = state.link_rates and state.link_rates[link]
+  if r then return r end
+  local l = state.links and state.links[link]
+  return l and l.measured_Bps
+end
+
+-- Lending for this step: the lender (least room), the holder (most), how many groups.
+local function plan_lending(state, control, at_step, ahead_bytes, o)
+  local memo = state.memo
+  memo.staging = memo.staging or {}
+  memo.planned = memo.planned or {}
+  local lends = {}
+  for i, d in ipairs(state.devices) do
+    memo.planned[i] = memo.planned[i] or {}
+    for s, st in ipairs(d.stages) do memo.planned[i][s] = memo.planned[i][s] or st.offloaded end
+    if d.lend then lends[i] = { holder = d.lend.holder, groups = type(d.lend.groups) == "number" and d.lend.groups or 0 } end
+  end
+  if not o.lending or #state.devices < 2 or not state.last_step or #state.requests == 0 then return lends end
+  local function room(i) return state.devices[i].limit - at_step[i] - ahead_bytes[i] end
+  -- lenders: devices at a threshold, or with blocks offloaded that lending could put back, or
+  -- lending already; the one with least room first, each paired with the device with the most
+  -- room left (a device lends or holds, never both)
+  local order = {}
+  for i, d in ipairs(state.devices) do
+    local grown = false
+    for s, st in ipairs(d.stages) do grown = grown or st.offloaded > memo.planned[i][s] end
+    local holding = false
+    for _, l in pairs(lends) do holding = holding or l.holder == i end
+    if d.limit > 0 and d.chunk_bytes > 0 and #d.stages >= 2 and not holding and (room(i) < 0 or grown or lends[i]) then
+      order[#order + 1] = { i = i, grown = grown }
+    end
+  end
+  table.sort(order, function(a, b) return room(a.i) < room(b.i) end)
+  local holds = {}
+  for _, l in pairs(lends) do holds[l.holder] = true end
+  for _, cand in ipairs(order) do
+    local lender = cand.i
+    local cur = lends[lender] and lends[lender].groups or 0
+    local holder = lends[lender] and lends[lender].holder
+    if not holder then
+      for i, d in ipairs(state.devices) do
+        if i ~= lender and d.limit > 0 and not lends[i] then
+          local r = room(i) - lending_delta(state, i, lends)
+          if r > 0 and (not holder or r > room(holder) - lending_delta(state, holder, lends)) then holder = i end
+        end
+      end
+    end
+    if holder and not lends[holder] then
+      local L, H = state.devices[lender], state.devices[holder]
+      -- bandwidth: each direction of a stage's round trip within the idle window between its runs
+      local bw = math.min(rate_into(state, lender) or 0, rate_into(state, holder) or 0)
+      local window_ms = state.last_step.ms / #L.stages
+      if L.idle_ms and L.idle_ms > 0 then window_ms = math.min(window_ms, L.idle_ms) end
+      local all_layers, max_layers = 0, 0
+      for _, st in ipairs(L.stages) do
+        all_layers, max_layers = all_layers + st.kv_layers, math.max(max_layers, st.kv_layers)
+      end
+      local n_req = #state.requests
+      local g_bw = math.floor(bw * window_ms / 1e3 * o.window_share / (n_req * max_layers * L.chunk_bytes))
+      -- memory: what the holder holds beside its own growth, the others' blobs and two groups spare
+      local held_now = 0
+      if lends[lender] then
+        for s in ipairs(L.stages) do held_now = held_now + stage_lent(state, L, s, cur) end
+      end
+      local others = lending_delta(state, holder, lends) - held_now
+      local g_mem = math.floor((room(holder) - others - 2 * H.group_bytes) / (n_req * all_layers * L.chunk_bytes))
+      local target = math.max(0, math.min(g_bw, g_mem))
+      local want = cur
+      if target < cur then
+        want = target                                  -- cut at once
+      elseif target >= cur + o.min_change and (room(lender) < 0 or cand.grown) then
+        want = target                                  -- raised when it delays a threshold or puts blocks back
+      end
+      if want ~= cur then
+        control.lend(lender, want > 0 and holder or nil, want)
+        lends[lender] = want > 0 and { holder = holder, groups = want } or nil
+        if want == 0 then memo.staging[lender] = 0 end -- the device lets its staging buffer go
+      end
+      if lends[lender] then
+        for s in ipairs(L.stages) do
+          memo.staging[lender] = math.max(memo.staging[lender] or 0, stage_lent(state, L, s, lends[lender].groups))
+        end
+      end
+    end
+  end
+  return lends
+end
+
+function M.on_step(state, control, o)
+  o = o or M
   local ahead = 0
   for _, r in ipairs(state.requests) do
     -- the groups each request will take within the lookahead (no further than it can go)
@@ -83,8 +218,13 @@ function M.on_step(state, control)
     local later = math.min(now + M.lookahead, math.max(now, r.max_positions))
     ahead = ahead + (math.floor((later - 1) / 16) - math.floor(math.max(now - 1, 0) / 16))
   end
+  local base, ahead_bytes = {}, {}
   for i, d in ipairs(state.devices) do
-    local at_step = d.nonkv + d.kv_base + d.group_bytes * state.groups
+    base[i], ahead_bytes[i] = d.nonkv + d.kv_base + d.group_bytes * state.groups, d.group_bytes * ahead
+  end
+  local lends = plan_lending(state, control, base, ahead_bytes, o)
+  for i, d in ipairs(state.devices) do
+    local at_step = base[i] + lending_delta(state, i, lends)
     if at_step > d.limit and d.limit > 0 or (d.limit > 0 and at_step + d.group_bytes * ahead > d.limit) then
       local need = at_step + d.group_bytes * ahead - d.limit
       local off = choose(d, need)
