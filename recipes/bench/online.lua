@@ -12,7 +12,7 @@
 -- (recipes/links/switch.lua). Reports ms/token per window of --window tokens, the adaptations,
 -- ratios over the late half; JSON and a plot of ms/token against the token index.
 --
---   loip run recipes/bench/online.lua [--tokens 384] [--context 512] [--out DIR] [--quick]
+--   loip run recipes/bench/online.lua [--tokens 512] [--context 640] [--out DIR] [--quick]
 local bench = require "loip.tools.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
@@ -32,17 +32,17 @@ local spec = {
     { "model", "string", "synthetic model the store is sliced from (made if missing)", default = SMALL },
     { "devices", "int", "local devices", default = 3 },
     { "budget", "number", "all budgets together, as a share of the weights (plus the final context's KV cache)", default = 0.7 },
-    { "spare", "string", "memory added to each device's budget (device 2: room to hold lent KV)", default = "0,48M,0" },
-    { "slowdown", "string", "compute slowdown per device (heterogeneous boards)", default = "1,2,1" },
+    { "spare", "string", "memory added to each device's budget (device 2: room to hold lent KV)", default = "0,64M,0" },
+    { "slowdown", "string", "compute slowdown per device (heterogeneous boards)", default = "1,3,1" },
     { "link-rate", "string", "emulated link rate", default = "1gbit" },
     { "link-delay", "number", "emulated one-way delay, ms", default = 1 },
-    { "disk-rate", "bytes", "each device's disk read rate", default = 600 * 1000 * 1000 },
-    { "context", "int", "the run's context (the final KV cache)", default = 512 },
-    { "tokens", "int", "tokens generated", default = 384 },
+    { "disk-rate", "bytes", "each device's disk read rate (an SD card / eMMC class board)", default = 300 * 1024 * 1024 },
+    { "context", "int", "the run's context (the final KV cache)", default = 640 },
+    { "tokens", "int", "tokens generated", default = 512 },
     { "plan-context", "int", "positions the online variants plan for", default = 64 },
     { "variants", "string", "variants, in order", default = "recompute,thresholds,loip" },
     { "switch", "string", "also run thresholds and loip with the links switching 50/250 Mbit/s every 32 tokens (no: not)", default = "yes" },
-    { "stages", "int", "stages per device (the online policy needs several)", default = 3 },
+    { "stages", "int", "stages per device (lending keeps one stage's KV home of S)", default = 4 },
     { "window", "int", "tokens per reported window", default = 32 },
     { "out", "string", "where to write online.json and online.svg", default = "bench-out" },
     { "quick", "bool", "64 tokens, context 256: check the recipe works" },
