@@ -22,6 +22,10 @@ M.lookahead = 32
 M.lending = true
 M.window_share = 0.7
 M.min_change = 2
+-- Steps a rate is remembered: lending is sized for the slowest rate of the link within them, so
+-- that KV lent at a high rate never has to come back at a low one slower than the idle window
+-- (a cut takes effect as each stage runs next: what is away comes back at the new rate).
+M.rate_horizon = 96
 
 -- The stages' offloaded prefixes of device d grown until `need` bytes are freed (net of the
 -- slot's growth): the new offloaded count per stage, or nil when every block is offloaded.
@@ -140,6 +144,17 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
   end
   if not o.lending or #state.devices < 2 or not state.last_step or #state.requests == 0 then return lends end
   local function room(i) return state.devices[i].limit - at_step[i] - ahead_bytes[i] end
+  -- each device's incoming rate now, and the slowest within the horizon
+  memo.rates = memo.rates or {}
+  local slowest = {}
+  for i in ipairs(state.devices) do
+    local hist = memo.rates[i] or {}
+    memo.rates[i] = hist
+    hist[#hist + 1] = { step = state.step, bw = rate_into(state, i) or 0 }
+    while #hist > 1 and hist[1].step <= state.step - o.rate_horizon do table.remove(hist, 1) end
+    slowest[i] = math.huge
+    for _, x in ipairs(hist) do slowest[i] = math.min(slowest[i], x.bw) end
+  end
   -- lenders: devices at a threshold, or with blocks offloaded that lending could put back, or
   -- lending already; the one with least room first, each paired with the device with the most
   -- room left (a device lends or holds, never both)
@@ -171,7 +186,8 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
     if holder and not lends[holder] then
       local L, H = state.devices[lender], state.devices[holder]
       -- bandwidth: each direction of a stage's round trip within the idle window between its runs
-      local bw = math.min(rate_into(state, lender) or 0, rate_into(state, holder) or 0)
+      -- the slowest rate into either within the horizon: raised lazily, cut at once
+      local bw = math.min(slowest[lender], slowest[holder])
       local window_ms = state.last_step.ms / #L.stages
       if L.idle_ms and L.idle_ms > 0 then window_ms = math.min(window_ms, L.idle_ms) end
       local all_layers, max_layers = 0, 0
