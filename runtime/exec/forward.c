@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "core/core.h"
 #include "core/pool.h"
@@ -19,72 +18,7 @@
 #include "exec/session.h"
 #include "memory/budget.h"
 
-struct loip_session {
-    const loip_model *m;
-    loip_pool *pool;
-    int max_ctx, max_batch, n_threads;
-    size_t q_dim, kv_dim;
-    loip_budget *budget;    /* NULL, or charged kv_bytes to "kv", scratch_bytes to "activations" */
-    uint64_t kv_bytes, scratch_bytes;
-    /* KV growth (loip_session_set_kv_growth): the pool is charged group by group as sequences
-     * take groups, not all at once; kv_charged is what "kv" holds of this session now */
-    int kv_grows;
-    uint64_t group_bytes, kv_charged;
-    size_t pool_bytes;      /* each of k_cache and v_cache: anonymous mappings, zero and not
-                               resident until written */
-    /* The KV cache is paged and shared by up to max_seqs sequences (requests): a sequence's
-     * positions live in groups of kv_block tokens, one group holding those positions of every
-     * layer kept here, found through the sequence's block table; a group is taken from the free
-     * list when a sequence first writes into it and returned when the sequence ends, so that
-     * sequences of any lengths share the pool. The pool is layer-major: a (layer, group) chunk
-     * of kv_block rows is contiguous, so that a stage's layers of a group can be lent to
-     * another device and their pages given back (loip_session_kv_lend) without the rest. */
-    int kv_block;          /* tokens per group */
-    int blocks_per_seq;    /* ceil(max_ctx / kv_block): a sequence's block table */
-    int max_seqs;
-    int n_groups;          /* groups in the pool: ceil(kv_tokens / kv_block) */
-    int n_kv_layers;       /* layers whose cache is kept here */
-    int32_t *layer_slot;   /* (n_layers) index of a layer among the kept ones, -1: not kept */
-    int32_t *block_table;  /* (max_seqs, blocks_per_seq) group holding each logical block, -1 */
-    int32_t *free_groups;  /* stack of n_free unused groups */
-    int n_free;
-    float *k_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's keys */
-    float *v_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's values */
-    /* Lending (loip_session_kv_lend/_return): lent[g * n_kv_layers + slot] marks a chunk whose
-     * rows live on another device now; seq_lent[seq * n_kv_layers + slot] counts those away
-     * (not attached) per sequence and layer: a stage must not run over a layer with any away. */
-    uint8_t *lent;
-    int32_t *seq_lent;
-    /* a lent chunk's rows while its blob is back for a stage (loip_session_kv_attach): K then
-     * V in the lender's buffer, read in place; NULL: away (seq_lent counts those) */
-    const uint8_t **lent_at;
-    uint64_t chunk_bytes;  /* K and V of one (layer, group) chunk */
-    /* Eviction (loip_session_kv_evict): a sequence's first evicted[seq] positions keep no KV
-     * here; a batch recomputes them (their rows' K/V live in k/v for one layer at a time) and
-     * recompute_row[seq] is the batch row of its position 0 (-1: not in this batch). */
-    int32_t *evicted;
-    int32_t *recompute_row;
-    int32_t *tok_seq;      /* (max_batch) the prepared batch: each token's sequence */
-    int32_t *tok_pos;      /* (max_batch) and position */
-    int n_prepared;        /* tokens prepared (loip_session_prepare), 0: none */
-    float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
-    float *xb;       /* (max_batch, dim) normalised input of a sub-block */
-    float *xb2;      /* (max_batch, dim) output of wo / down before the residual add */
-    float *q;        /* (max_batch, q_dim) */
-    float *k;        /* (max_batch, kv_dim) */
-    float *v;        /* (max_batch, kv_dim) */
-    float *att;      /* (max_batch, q_dim) attention output */
-    float *hb;       /* (max_batch, hidden_dim) gate, then silu(gate) * up */
-    float *hb2;      /* (max_batch, hidden_dim) up */
-    float *scores;   /* (n_threads, max_ctx) attention weights, one row per thread */
-    float *rope_cos; /* (max_batch, head_dim/2) */
-    float *rope_sin; /* (max_batch, head_dim/2) */
-};
 
-/* The first row of chunk (layer slot, group g) of pool (k_cache or v_cache). */
-static inline float *chunk_at(const loip_session *s, float *pool, int slot, int32_t g) {
-    return pool + ((size_t)slot * s->n_groups + (size_t)g) * s->kv_block * s->kv_dim;
-}
 
 /* Bytes of the KV cache (pool, block tables, free list) and of the scratch arrays of a session,
  * as loip_session_new_seqs allocates them; n_threads sizes the per-thread attention rows. */
@@ -283,31 +217,12 @@ LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s) { return s-
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s) { return s->n_free * s->kv_block; }
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s) { return s->max_seqs; }
 
-/* Group g of seq back to the free list: its charge released, less its chunks lent away (their
- * charge went with them), and their lending forgotten (the borrower's copy is stale now). */
-static void release_group(loip_session *s, int32_t seq, int32_t g) {
-    uint64_t bytes = s->group_bytes;
-    for (int32_t k = 0; k < s->n_kv_layers; k++) {
-        size_t c = (size_t)g * s->n_kv_layers + k;
-        if (s->lent[c]) {
-            bytes -= s->chunk_bytes;
-            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + k]--;
-            s->lent[c] = 0, s->lent_at[c] = NULL;
-        }
-    }
-    s->free_groups[s->n_free++] = g;
-    if (s->kv_grows && s->budget) {
-        loip_budget_release(s->budget, "kv", bytes);
-        s->kv_charged -= bytes;
-    }
-}
-
 LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) {
     if (seq < 0 || seq >= s->max_seqs)
         return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, s->max_seqs);
     int32_t *t = s->block_table + (size_t)seq * s->blocks_per_seq;
     for (int32_t i = 0; i < s->blocks_per_seq; i++)
-        if (t[i] >= 0) release_group(s, seq, t[i]);
+        if (t[i] >= 0) loip_session_release_group(s, seq, t[i]);
     for (int32_t i = 0; i < s->blocks_per_seq; i++) t[i] = -1;
     s->evicted[seq] = 0;
     return LOIP_OK;
@@ -336,170 +251,6 @@ LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) {
 
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv_charged; }
 LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s) { return s->group_bytes; }
-LOIP_API uint64_t loip_session_kv_chunk_bytes(const loip_session *s) { return s->chunk_bytes; }
-
-/* The pages wholly inside [p, p + bytes) given back to the kernel (their contents read as zero
- * when touched again): a chunk smaller than a page keeps its pages, and only its charge moves. */
-static void drop_pages(void *p, size_t bytes) {
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1), e = ((uintptr_t)p + bytes) & ~(page - 1);
-    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
-}
-
-/* The chunks of seq's groups [g0, g0 + n) of layers [layer0, layer1): checked, each call visiting them in
- * one order (layers, then groups); want_lent: whether each must be lent (return) or home (lend). */
-static int lend_range(const loip_session *s, const char *what, int32_t seq, int32_t layer0, int32_t layer1,
-                      int32_t g0, int32_t n, int want_lent, uint64_t *bytes) {
-    if (seq < 0 || seq >= s->max_seqs)
-        return loip_fail(LOIP_EINVAL, "%s: sequence %d out of range (%d sequences)", what, seq, s->max_seqs);
-    if (layer0 < 0 || layer1 > s->m->cfg.n_layers || layer0 >= layer1)
-        return loip_fail(LOIP_EINVAL, "%s: layers [%d, %d) out of range (%d layers)", what, layer0, layer1,
-                         s->m->cfg.n_layers);
-    if (g0 < 0 || n < 0 || g0 + n > s->blocks_per_seq)
-        return loip_fail(LOIP_EINVAL, "%s: groups [%d, %d) out of range (%d per sequence)", what, g0, g0 + n,
-                         s->blocks_per_seq);
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    for (int32_t l = layer0; l < layer1; l++) {
-        if (s->layer_slot[l] < 0) return loip_fail(LOIP_EINVAL, "%s: layer %d's KV cache is not kept here", what, l);
-        for (int32_t i = g0; i < g0 + n; i++) {
-            if (table[i] < 0)
-                return loip_fail(LOIP_EINVAL, "%s: sequence %d holds no group for positions %d..%d", what, seq,
-                                 i * s->kv_block, (i + 1) * s->kv_block - 1);
-            if (!!s->lent[(size_t)table[i] * s->n_kv_layers + s->layer_slot[l]] != want_lent)
-                return loip_fail(LOIP_ESTATE, "%s: layer %d of sequence %d's positions %d..%d is %s", what, l, seq,
-                                 i * s->kv_block, (i + 1) * s->kv_block - 1, want_lent ? "here, not lent" : "lent already");
-        }
-    }
-    *bytes = (uint64_t)(layer1 - layer0) * (uint64_t)n * s->chunk_bytes;
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                  int32_t n, void *buf, uint64_t cap, uint64_t *bytes) {
-    uint64_t need;
-    int rc = lend_range(s, "KV lend", seq, layer0, layer1, g0, n, 0, &need);
-    if (rc) return rc;
-    if (need > cap)
-        return loip_fail(LOIP_EINVAL, "KV lend: %llu bytes into a buffer of %llu", (unsigned long long)need,
-                         (unsigned long long)cap);
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    size_t half = s->chunk_bytes / 2;
-    uint8_t *out = buf;
-    for (int32_t l = layer0; l < layer1; l++) {
-        int slot = s->layer_slot[l];
-        for (int32_t i = g0; i < g0 + n; i++) {
-            float *k = chunk_at(s, s->k_cache, slot, table[i]), *v = chunk_at(s, s->v_cache, slot, table[i]);
-            memcpy(out, k, half), out += half;
-            memcpy(out, v, half), out += half;
-            drop_pages(k, half);
-            drop_pages(v, half);
-            s->lent[(size_t)table[i] * s->n_kv_layers + slot] = 1;
-            s->seq_lent[(size_t)seq * s->n_kv_layers + slot]++;
-        }
-    }
-    if (s->kv_grows && s->budget) {
-        loip_budget_release(s->budget, "kv", need);
-        s->kv_charged -= need;
-    }
-    *bytes = need;
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_kv_return(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n, const void *buf, uint64_t bytes) {
-    uint64_t need;
-    int rc = lend_range(s, "KV return", seq, layer0, layer1, g0, n, 1, &need);
-    if (rc) return rc;
-    if (need != bytes)
-        return loip_fail(LOIP_EINVAL, "KV return: %llu bytes for chunks of %llu", (unsigned long long)bytes,
-                         (unsigned long long)need);
-    if (s->kv_grows && s->budget) {
-        if ((rc = loip_budget_charge(s->budget, "kv", need))) {
-            char why[400];
-            snprintf(why, sizeof why, "%s", loip_last_error());
-            return loip_fail(rc, "KV return: sequence %d's lent KV cannot come back: %s", seq, why);
-        }
-        s->kv_charged += need;
-    }
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    size_t half = s->chunk_bytes / 2;
-    const uint8_t *in = buf;
-    for (int32_t l = layer0; l < layer1; l++) {
-        int slot = s->layer_slot[l];
-        for (int32_t i = g0; i < g0 + n; i++) {
-            size_t c = (size_t)table[i] * s->n_kv_layers + slot;
-            memcpy(chunk_at(s, s->k_cache, slot, table[i]), in, half), in += half;
-            memcpy(chunk_at(s, s->v_cache, slot, table[i]), in, half), in += half;
-            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + slot]--;
-            s->lent[c] = 0, s->lent_at[c] = NULL;
-        }
-    }
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_kv_attach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n, const void *buf, uint64_t bytes) {
-    uint64_t need;
-    int rc = lend_range(s, "KV attach", seq, layer0, layer1, g0, n, 1, &need);
-    if (rc) return rc;
-    if (need != bytes)
-        return loip_fail(LOIP_EINVAL, "KV attach: %llu bytes for chunks of %llu", (unsigned long long)bytes,
-                         (unsigned long long)need);
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    const uint8_t *in = buf;
-    for (int32_t l = layer0; l < layer1; l++)
-        for (int32_t i = g0; i < g0 + n; i++, in += s->chunk_bytes) {
-            size_t c = (size_t)table[i] * s->n_kv_layers + s->layer_slot[l];
-            if (!s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + s->layer_slot[l]]--;
-            s->lent_at[c] = in;
-        }
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_kv_detach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n) {
-    uint64_t need;
-    int rc = lend_range(s, "KV detach", seq, layer0, layer1, g0, n, 1, &need);
-    if (rc) return rc;
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    for (int32_t l = layer0; l < layer1; l++)
-        for (int32_t i = g0; i < g0 + n; i++) {
-            size_t c = (size_t)table[i] * s->n_kv_layers + s->layer_slot[l];
-            if (s->lent_at[c]) s->seq_lent[(size_t)seq * s->n_kv_layers + s->layer_slot[l]]++;
-            s->lent_at[c] = NULL;
-        }
-    return LOIP_OK;
-}
-
-LOIP_API int32_t loip_session_kv_groups_held(const loip_session *s, int32_t seq) {
-    if (seq < 0 || seq >= s->max_seqs) return 0;
-    const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    int32_t k = 0;
-    for (int32_t i = 0; i < s->blocks_per_seq; i++) k += table[i] >= 0;
-    return k;
-}
-
-LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq) {
-    return seq >= 0 && seq < s->max_seqs ? s->evicted[seq] : 0;
-}
-
-LOIP_API int loip_session_kv_evict(loip_session *s, int32_t seq, int32_t positions) {
-    if (seq < 0 || seq >= s->max_seqs)
-        return loip_fail(LOIP_EINVAL, "KV evict: sequence %d out of range (%d sequences)", seq, s->max_seqs);
-    if (positions < 0 || positions % s->kv_block || positions > s->max_ctx)
-        return loip_fail(LOIP_EINVAL, "KV evict: %d positions (a multiple of %d, at most the context %d)", positions,
-                         s->kv_block, s->max_ctx);
-    if (positions < s->evicted[seq])
-        return loip_fail(LOIP_EINVAL, "KV evict: sequence %d has evicted %d positions already (%d asked): evicted "
-                         "positions stay evicted until the sequence ends", seq, s->evicted[seq], positions);
-    int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    for (int32_t i = s->evicted[seq] / s->kv_block; i < positions / s->kv_block; i++)
-        if (table[i] >= 0) {
-            release_group(s, seq, table[i]);
-            table[i] = -1;
-        }
-    s->evicted[seq] = positions;
-    return LOIP_OK;
-}
 
 /* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
  * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.

@@ -1,8 +1,82 @@
-/* Internal: what the runner (runner.c) needs of a session (forward.c) besides the public API. */
+/* Internal: the session (forward.c, session_kv.c) and what the runner (runner.c) needs of it
+ * besides the public API. */
 #ifndef LOIP_SESSION_H
 #define LOIP_SESSION_H
 
+#include <stddef.h>
+
 #include "loip.h"
+
+struct loip_session {
+    const loip_model *m;
+    loip_pool *pool;
+    int max_ctx, max_batch, n_threads;
+    size_t q_dim, kv_dim;
+    loip_budget *budget;    /* NULL, or charged kv_bytes to "kv", scratch_bytes to "activations" */
+    uint64_t kv_bytes, scratch_bytes;
+    /* KV growth (loip_session_set_kv_growth): the pool is charged group by group as sequences
+     * take groups, not all at once; kv_charged is what "kv" holds of this session now */
+    int kv_grows;
+    uint64_t group_bytes, kv_charged;
+    size_t pool_bytes;      /* each of k_cache and v_cache: anonymous mappings, zero and not
+                               resident until written */
+    /* The KV cache is paged and shared by up to max_seqs sequences (requests): a sequence's
+     * positions live in groups of kv_block tokens, one group holding those positions of every
+     * layer kept here, found through the sequence's block table; a group is taken from the free
+     * list when a sequence first writes into it and returned when the sequence ends, so that
+     * sequences of any lengths share the pool. The pool is layer-major: a (layer, group) chunk
+     * of kv_block rows is contiguous, so that a stage's layers of a group can be lent to
+     * another device and their pages given back (loip_session_kv_lend) without the rest. */
+    int kv_block;          /* tokens per group */
+    int blocks_per_seq;    /* ceil(max_ctx / kv_block): a sequence's block table */
+    int max_seqs;
+    int n_groups;          /* groups in the pool: ceil(kv_tokens / kv_block) */
+    int n_kv_layers;       /* layers whose cache is kept here */
+    int32_t *layer_slot;   /* (n_layers) index of a layer among the kept ones, -1: not kept */
+    int32_t *block_table;  /* (max_seqs, blocks_per_seq) group holding each logical block, -1 */
+    int32_t *free_groups;  /* stack of n_free unused groups */
+    int n_free;
+    float *k_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's keys */
+    float *v_cache;        /* (n_kv_layers, n_groups, kv_block, kv_dim) the pool's values */
+    /* Lending (loip_session_kv_lend/_return): lent[g * n_kv_layers + slot] marks a chunk whose
+     * rows live on another device now; seq_lent[seq * n_kv_layers + slot] counts those away
+     * (not attached) per sequence and layer: a stage must not run over a layer with any away. */
+    uint8_t *lent;
+    int32_t *seq_lent;
+    /* a lent chunk's rows while its blob is back for a stage (loip_session_kv_attach): K then
+     * V in the lender's buffer, read in place; NULL: away (seq_lent counts those) */
+    const uint8_t **lent_at;
+    uint64_t chunk_bytes;  /* K and V of one (layer, group) chunk */
+    /* Eviction (loip_session_kv_evict): a sequence's first evicted[seq] positions keep no KV
+     * here; a batch recomputes them (their rows' K/V live in k/v for one layer at a time) and
+     * recompute_row[seq] is the batch row of its position 0 (-1: not in this batch). */
+    int32_t *evicted;
+    int32_t *recompute_row;
+    int32_t *tok_seq;      /* (max_batch) the prepared batch: each token's sequence */
+    int32_t *tok_pos;      /* (max_batch) and position */
+    int n_prepared;        /* tokens prepared (loip_session_prepare), 0: none */
+    float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
+    float *xb;       /* (max_batch, dim) normalised input of a sub-block */
+    float *xb2;      /* (max_batch, dim) output of wo / down before the residual add */
+    float *q;        /* (max_batch, q_dim) */
+    float *k;        /* (max_batch, kv_dim) */
+    float *v;        /* (max_batch, kv_dim) */
+    float *att;      /* (max_batch, q_dim) attention output */
+    float *hb;       /* (max_batch, hidden_dim) gate, then silu(gate) * up */
+    float *hb2;      /* (max_batch, hidden_dim) up */
+    float *scores;   /* (n_threads, max_ctx) attention weights, one row per thread */
+    float *rope_cos; /* (max_batch, head_dim/2) */
+    float *rope_sin; /* (max_batch, head_dim/2) */
+};
+
+/* The first row of chunk (layer slot, group g) of pool (k_cache or v_cache). */
+static inline float *chunk_at(const loip_session *s, float *pool, int slot, int32_t g) {
+    return pool + ((size_t)slot * s->n_groups + (size_t)g) * s->kv_block * s->kv_dim;
+}
+
+/* Group g of seq back to the free list: its charge released, less its chunks lent away (their
+ * charge went with them), and their lending forgotten. */
+void loip_session_release_group(loip_session *s, int32_t seq, int32_t g);
 
 /* The session's own hidden state, (max_batch, dim) fp32, as loip_session_forward uses it. */
 float *loip_session_hidden(loip_session *s);

@@ -15,73 +15,7 @@
 #include "exec/model.h"
 #include "exec/session.h"
 #include "memory/budget.h"
-
-/* A sequence slot: the request it runs and, on the last device, its sampler and history. */
-typedef struct seq_state {
-    uint32_t request;   /* 0: free */
-    loip_sampler *sampler;
-    loip_sampler_params params;
-    int32_t *history;   /* prompt and sampled ids, for the repetition penalty */
-    int32_t n_history, max_history;
-} seq_state;
-
-/* A blob of lent KV (KV_PUT/KV_DATA payloads): a header, its entries, then the chunks of each
- * entry in loip_session_kv_lend's order. */
-typedef struct lend_header {
-    uint32_t magic;     /* LEND_MAGIC */
-    int32_t n_entries;
-    int32_t layer0, layer1;
-} lend_header;
-typedef struct lend_entry {
-    int32_t seq;
-    uint32_t request;   /* the slot's request when lent: another one's entries are stale */
-    int32_t g0, n;      /* groups [g0, g0 + n) of the sequence */
-} lend_entry;
-enum { LEND_MAGIC = 0x4b564c44 /* "KVLD" */ };
-
-/* The lender's side: per stage, whether its blob is at the holder and whether it was asked
- * back. The holder's: the blobs it keeps, by lender and stage. */
-typedef struct lend_stage {
-    int32_t layer0, layer1;
-    int away, asked;
-    int home;   /* its blob is back in the staging buffer, attached */
-} lend_stage;
-typedef struct held_blob {
-    char from[64];
-    int32_t stage;
-    uint8_t *data;
-    uint64_t bytes;
-} held_blob;
-
-struct loip_device {
-    loip_device_config cfg;
-    const loip_model *m;
-    int32_t dim, vocab;
-    int32_t out_cap;    /* rows of logits one message may need (sampled and returned) */
-    loip_budget *budget;
-    uint64_t charged;
-    float *hidden;      /* (max_tokens, dim), then room for the token table */
-    uint8_t *result;    /* out_cap loip_step_output, then logits (out_cap, vocab) */
-    float *logits;      /* inside result */
-    int32_t *ids;       /* (max_tokens) */
-    loip_step_token *toks; /* (max_tokens) the message's table */
-    loip_batch_token *bt;  /* (max_tokens) the same for the session */
-    int32_t *rows;         /* (max_tokens) rows whose logits the last device computes */
-    uint8_t *payload;   /* incoming payloads: max(hidden + table, control) bytes */
-    uint64_t payload_cap;
-    seq_state *seqs;    /* (max_seqs) */
-    loip_device_stats_t st;
-    char from[64];
-    /* lending (this device the lender) */
-    loip_sock *lend_peer;
-    lend_stage *lend;       /* (n_stages) */
-    int32_t *lend_groups;   /* (max_seqs) target groups per sequence */
-    uint8_t *lend_buf;      /* staging: one stage's blob, shipped or fetched */
-    uint64_t lend_cap, lend_charged;
-    /* holding (for other devices) */
-    held_blob *held;
-    int32_t n_held, held_cap;
-};
+#include "transport/device_internal.h"
 
 enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
 
@@ -239,9 +173,6 @@ LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
     return LOIP_OK;
 }
 
-static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep);
-static int lend_send(loip_device *d, int kind, int32_t stage, uint64_t step, const void *payload, uint64_t bytes);
-
 LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     if (seq < 0 || seq >= d->cfg.max_seqs)
         return loip_fail(LOIP_EINVAL, "device: sequence slot %d out of range (%d slots)", seq, d->cfg.max_seqs);
@@ -256,8 +187,8 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
         if (d->seqs[i].request) return LOIP_OK;
     for (int32_t k = 0; k < d->cfg.n_stages; k++) {
         lend_stage *ls = &d->lend[k];
-        if (ls->asked) rc = lend_fetch(d, k, 0, 0);
-        else if (ls->away) rc = lend_send(d, LOIP_MSG_KV_DROP, k, 0, NULL, 0);
+        if (ls->asked) rc = loip_lend_fetch(d, k, 0, 0);
+        else if (ls->away) rc = loip_lend_send(d, LOIP_MSG_KV_DROP, k, 0, NULL, 0);
         ls->away = ls->asked = ls->home = 0;
         if (rc) return rc;
     }
@@ -265,7 +196,7 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
 }
 
 /* Report a refusal or a failure to the head (best effort) and return rc. */
-static int report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
+int loip_device_report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
     char text[600];
     int len = snprintf(text, sizeof text, "device %d: %s", d->cfg.device, msg);
     loip_msg_header h = {.kind = LOIP_MSG_ERROR, .plan_id = d->cfg.plan_id, .hop = in ? in->hop : -1,
@@ -286,362 +217,6 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
     return rc;
 }
 
-/* ---- KV lending (loip_device_lend): the lender's side ---------------------------------- */
-
-/* The staging buffer's room (memory; its charge follows the live bytes in it: lend_charge). */
-static int lend_room(loip_device *d, uint64_t bytes) {
-    if (bytes <= d->lend_cap) return LOIP_OK;
-    uint8_t *b = realloc(d->lend_buf, bytes);
-    if (!b) return loip_fail(LOIP_ENOMEM, "KV lending: cannot hold a staging buffer of %llu bytes", (unsigned long long)bytes);
-    d->lend_buf = b;
-    d->lend_cap = bytes;
-    return LOIP_OK;
-}
-
-/* The "kv" account's share for the staging buffer set to bytes (the blob it holds): released
- * before the chunks it held are charged back, charged after the chunks it takes are released,
- * so that no edit of a blob needs both at once. */
-static int lend_charge(loip_device *d, uint64_t bytes) {
-    if (!d->budget) {
-        d->lend_charged = bytes;
-        return LOIP_OK;
-    }
-    if (bytes < d->lend_charged) loip_budget_release(d->budget, "kv", d->lend_charged - bytes);
-    else if (bytes > d->lend_charged) {
-        int rc = loip_budget_charge(d->budget, "kv", bytes - d->lend_charged);
-        if (rc) return loip_fail(rc, "KV lending: the staging buffer: %s", loip_last_error());
-    }
-    d->lend_charged = bytes;
-    return LOIP_OK;
-}
-
-static int lend_send(loip_device *d, int kind, int32_t stage, uint64_t step, const void *payload, uint64_t bytes) {
-    loip_msg_header h = {.kind = (uint16_t)kind, .plan_id = d->cfg.plan_id, .hop = stage, .step = step,
-                         .dtype = -1, .payload_bytes = bytes};
-    uint64_t t0 = loip_now_ns();
-    int rc = loip_sock_send(d->lend_peer, NULL, &h, payload, 10000);
-    if (bytes) loip_runner_record(d->cfg.runner, LOIP_EVENT_SEND, stage, t0, loip_now_ns(), sizeof h + bytes);
-    return rc;
-}
-
-/* Ask the holder for stage's blob now, if it is away and not asked for yet. */
-static int lend_ask(loip_device *d, int32_t stage, uint64_t step) {
-    lend_stage *ls = &d->lend[stage];
-    if (!ls->away || ls->asked) return LOIP_OK;
-    int rc = lend_send(d, LOIP_MSG_KV_GET, stage, step, NULL, 0);
-    if (rc == 0) ls->asked = 1;
-    return rc;
-}
-
-/* The blob in the staging buffer: a header, its entries, then each entry's groups in order,
- * each group the K/V chunks of the stage's layers (loip_session_kv_lend of one group), so that
- * an entry grows or shrinks at its end. */
-static lend_header blob_header(const loip_device *d) {
-    lend_header lh;
-    memcpy(&lh, d->lend_buf, sizeof lh);
-    return lh;
-}
-static lend_entry blob_entry(const loip_device *d, int32_t i) {
-    lend_entry e;
-    memcpy(&e, d->lend_buf + sizeof(lend_header) + (uint64_t)i * sizeof e, sizeof e);
-    return e;
-}
-static int entry_live(const loip_device *d, const lend_entry *e) {
-    return e->seq >= 0 && e->seq < d->cfg.max_seqs && e->request && d->seqs[e->seq].request == e->request;
-}
-static uint64_t group_bytes_of(const loip_device *d, int32_t layer0, int32_t layer1) {
-    return loip_session_kv_chunk_bytes(d->cfg.session) * (uint64_t)(layer1 - layer0);
-}
-
-/* Each group of each live entry of the blob in the staging buffer: attached (read there in
- * place), detached, or returned into the session (from its first `keep` groups on). */
-enum { BLOB_ATTACH, BLOB_DETACH };
-static int blob_each(loip_device *d, int op) {
-    lend_header lh = blob_header(d);
-    uint64_t gb = group_bytes_of(d, lh.layer0, lh.layer1);
-    uint64_t off = sizeof lh + (uint64_t)lh.n_entries * sizeof(lend_entry);
-    for (int32_t i = 0; i < lh.n_entries; i++) {
-        lend_entry e = blob_entry(d, i);
-        for (int32_t g = 0; g < e.n && entry_live(d, &e); g++) {
-            int rc = op == BLOB_ATTACH
-                         ? loip_session_kv_attach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0 + g, 1,
-                                                  d->lend_buf + off + (uint64_t)g * gb, gb)
-                         : loip_session_kv_detach(d->cfg.session, e.seq, lh.layer0, lh.layer1, e.g0 + g, 1);
-            if (rc) return rc;
-        }
-        off += (uint64_t)e.n * gb;
-    }
-    return LOIP_OK;
-}
-
-/* Stage's blob back from the holder (waiting for it) into the staging buffer, its groups read
- * there in place while the stage runs; entries of requests that ended since stay unread.
- * keep 0: dropped whole (its requests are gone). */
-static int lend_fetch(loip_device *d, int32_t stage, uint64_t step, int keep) {
-    lend_stage *ls = &d->lend[stage];
-    if (!ls->away) return LOIP_OK;
-    int rc = lend_ask(d, stage, step);
-    if (rc) return rc;
-    loip_msg_header h;
-    uint64_t t0 = loip_now_ns();
-    rc = loip_sock_recv(d->lend_peer, 30000, &h, d->lend_buf, d->lend_cap, NULL);
-    uint64_t t1 = loip_now_ns();
-    d->st.lend_wait_ns += t1 - t0;
-    if (rc) return loip_fail(rc, "KV lending: stage %d's KV did not come back from the holder: %s", stage,
-                             loip_last_error());
-    uint64_t from = h.t_send_ns && h.t_send_ns <= t1 ? h.t_send_ns : t0;
-    loip_runner_record(d->cfg.runner, LOIP_EVENT_RECV, stage, from, t1, sizeof h + h.payload_bytes);
-    if (h.kind != LOIP_MSG_KV_DATA || h.hop != stage)
-        return loip_fail(LOIP_EPROTO, "KV lending: kind %u for stage %d came back, KV_DATA for stage %d expected",
-                         h.kind, h.hop, stage);
-    ls->away = ls->asked = 0;
-    if (h.payload_bytes == 0)
-        return loip_fail(LOIP_EPROTO, "KV lending: the holder has no KV of stage %d (it was lost)", stage);
-    d->st.fetched_bytes += h.payload_bytes;
-    if (!keep) return lend_charge(d, 0);
-    /* the blob's chunks were away, not charged here: now they are in the staging buffer */
-    if ((rc = lend_charge(d, h.payload_bytes))) return rc;
-    lend_header lh = blob_header(d);
-    uint64_t need = sizeof lh + (uint64_t)(lh.n_entries > 0 ? lh.n_entries : 0) * sizeof(lend_entry);
-    if (h.payload_bytes < sizeof lh || lh.magic != LEND_MAGIC || lh.n_entries < 0 || lh.layer1 <= lh.layer0 ||
-        need > h.payload_bytes)
-        return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed", stage);
-    for (int32_t i = 0; i < lh.n_entries; i++) {
-        lend_entry e = blob_entry(d, i);
-        if (e.n < 0) return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob is malformed (entry %d)", stage, i);
-        need += (uint64_t)e.n * group_bytes_of(d, lh.layer0, lh.layer1);
-    }
-    if (need != h.payload_bytes)
-        return loip_fail(LOIP_EPROTO, "KV lending: stage %d's blob holds %llu bytes, its entries %llu", stage,
-                         (unsigned long long)h.payload_bytes, (unsigned long long)need);
-    if ((rc = blob_each(d, BLOB_ATTACH))) return rc;
-    ls->home = 1;
-    return LOIP_OK;
-}
-
-/* Groups of sequence q a stage lends now: its target, at most all but its newest. */
-static int32_t lend_count(const loip_device *d, int32_t q) {
-    if (!d->seqs[q].request) return 0;
-    int32_t held = loip_session_kv_groups_held(d->cfg.session, q);
-    int32_t n = d->lend_groups[q] < held - 1 ? d->lend_groups[q] : held - 1;
-    return n > 0 ? n : 0;
-}
-
-/* After stage ran (its blob, if any, attached in the staging buffer): the blob edited in place
- * to what each running sequence lends now (entries of ended requests dropped, shrunk ones'
- * last groups returned into the session, grown ones' next groups lent, new ones added; the
- * staging charge following the live bytes), then shipped to the holder. No peer: everything
- * goes back into the session. */
-static int lend_ship(loip_device *d, int32_t stage, uint64_t step) {
-    lend_stage *ls = &d->lend[stage];
-    int rc;
-    int32_t l0 = ls->layer0, l1 = ls->layer1;
-    uint64_t gb = group_bytes_of(d, l0, l1);
-    /* what the blob holds now (old) and what it will (new), by sequence slot */
-    int32_t n_old_e = 0;
-    lend_header oh = {LEND_MAGIC, 0, l0, l1};
-    if (ls->home) {
-        oh = blob_header(d);
-        n_old_e = oh.n_entries;
-        if ((rc = blob_each(d, BLOB_DETACH))) return rc;
-    }
-    uint64_t ogb = group_bytes_of(d, oh.layer0, oh.layer1);
-    int32_t M = d->cfg.max_seqs;
-    int32_t *old_n = calloc((size_t)M * 2, sizeof(int32_t)), *new_n = old_n + M;
-    uint64_t *old_off = calloc((size_t)M * 2, sizeof(uint64_t)), *new_off = old_off + M;
-    lend_entry *old_e = calloc((size_t)M, sizeof(lend_entry));
-    if (!old_n || !old_off || !old_e) {
-        free(old_n), free(old_off), free(old_e);
-        return loip_fail(LOIP_ENOMEM, "KV lending: out of memory");
-    }
-    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry), live = sizeof oh;
-    for (int32_t i = 0; i < n_old_e; i++) {
-        lend_entry e = blob_entry(d, i);
-        if (entry_live(d, &e) && oh.layer0 == l0 && oh.layer1 == l1) {
-            old_n[e.seq] = e.n, old_off[e.seq] = off, old_e[e.seq] = e;
-            live += sizeof e + (uint64_t)e.n * gb;
-        }
-        off += (uint64_t)e.n * ogb;
-    }
-    /* 1. what leaves the blob goes back into the session: the charge for it leaves the
-     * staging buffer first */
-    int32_t ne = 0;
-    uint64_t keep_bytes = sizeof oh;
-    for (int32_t q = 0; q < M; q++) {
-        new_n[q] = d->lend_peer && l1 > l0 ? lend_count(d, q) : 0;
-        int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
-        if (new_n[q] > 0) ne++, keep_bytes += sizeof(lend_entry);
-        keep_bytes += (uint64_t)kept * gb;
-    }
-    rc = lend_charge(d, ls->home ? keep_bytes : 0);
-    for (int32_t q = 0; q < M && !rc && ls->home; q++)
-        for (int32_t g = new_n[q]; g < old_n[q] && !rc; g++)
-            rc = loip_session_kv_return(d->cfg.session, q, l0, l1, old_e[q].g0 + g, 1,
-                                        d->lend_buf + old_off[q] + (uint64_t)g * gb, gb);
-    /* entries of ended requests, or of other layers (a plan change), are stale: dropped */
-    ls->home = 0;
-    /* 2. the kept groups moved to their new places (entries in slot order both times) */
-    uint64_t bytes = sizeof oh + (uint64_t)ne * sizeof(lend_entry);
-    for (int32_t q = 0; q < M; q++) {
-        new_off[q] = bytes;
-        bytes += (uint64_t)new_n[q] * gb;
-    }
-    if (!rc && ne > 0) rc = lend_room(d, bytes > off ? bytes : off);
-    for (int32_t pass = 0; pass < 2 && !rc && ne > 0; pass++)
-        for (int32_t k = 0; k < M; k++) {
-            int32_t q = pass == 0 ? M - 1 - k : k; /* right-movers last first, then left-movers */
-            int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
-            if (kept <= 0 || (pass == 0) != (new_off[q] > old_off[q])) continue;
-            memmove(d->lend_buf + new_off[q], d->lend_buf + old_off[q], (size_t)kept * gb);
-        }
-    /* 3. the groups that join are lent (released from the session), then charged here */
-    for (int32_t q = 0; q < M && !rc && ne > 0; q++) {
-        int32_t g0 = loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS;
-        for (int32_t g = old_n[q] < new_n[q] ? old_n[q] : new_n[q]; g < new_n[q] && !rc; g++) {
-            uint64_t got;
-            rc = loip_session_kv_lend(d->cfg.session, q, l0, l1, g0 + g, 1, d->lend_buf + new_off[q] + (uint64_t)g * gb,
-                                      gb, &got);
-        }
-    }
-    if (!rc) rc = lend_charge(d, ne > 0 ? bytes : 0);
-    if (!rc && ne > 0) {
-        lend_header lh = {LEND_MAGIC, ne, l0, l1};
-        memcpy(d->lend_buf, &lh, sizeof lh);
-        int32_t i = 0;
-        for (int32_t q = 0; q < M; q++) {
-            if (new_n[q] <= 0) continue;
-            lend_entry e = {q, d->seqs[q].request, loip_session_kv_evicted(d->cfg.session, q) / LOIP_KV_BLOCK_TOKENS,
-                            new_n[q]};
-            memcpy(d->lend_buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
-        }
-        if ((rc = lend_send(d, LOIP_MSG_KV_PUT, stage, step, d->lend_buf, bytes)))
-            rc = loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
-        else {
-            d->st.lent_bytes += bytes;
-            ls->away = 1;
-        }
-    }
-    (void)live;
-    free(old_n), free(old_off), free(old_e);
-    if (rc) return rc;
-    return d->lend_peer ? lend_ask(d, (stage + 1) % d->cfg.n_stages, step) : LOIP_OK;
-}
-
-/* Stage's blob, back and attached, into the session for good. */
-static int lend_settle(loip_device *d, int32_t stage) {
-    if (!d->lend[stage].home) return LOIP_OK;
-    loip_sock *peer = d->lend_peer;
-    int32_t *groups = d->lend_groups;
-    d->lend_peer = NULL; /* lend_ship with no peer: everything returns */
-    int rc = lend_ship(d, stage, 0);
-    d->lend_peer = peer, d->lend_groups = groups;
-    return rc;
-}
-
-LOIP_API int loip_device_recall(loip_device *d) {
-    for (int32_t k = 0; k < d->cfg.n_stages; k++) {
-        int rc = lend_fetch(d, k, 0, 1);
-        if (rc == 0) rc = lend_settle(d, k);
-        if (rc) return rc;
-    }
-    return LOIP_OK;
-}
-
-LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *stage_layers, const int32_t *groups) {
-    if (peer && d->cfg.n_devices < 2) return loip_fail(LOIP_EINVAL, "KV lending: a device alone has no one to lend to");
-    int32_t n_layers = d->m->cfg.n_layers;
-    if (stage_layers)
-        for (int32_t k = 0; k < d->cfg.n_stages; k++) {
-            int32_t a = stage_layers[2 * k], b = stage_layers[2 * k + 1];
-            if (a < 0 || b > n_layers || a > b)
-                return loip_fail(LOIP_EINVAL, "KV lending: stage %d's layers [%d, %d) out of range (%d layers)", k, a,
-                                 b, n_layers);
-        }
-    int moved = peer != d->lend_peer;
-    for (int32_t k = 0; stage_layers && k < d->cfg.n_stages; k++)
-        moved |= d->lend[k].away && (d->lend[k].layer0 != stage_layers[2 * k] || d->lend[k].layer1 != stage_layers[2 * k + 1]);
-    if (moved && d->lend_peer) {
-        int rc = loip_device_recall(d);
-        if (rc) return rc;
-    }
-    d->lend_peer = peer;
-    if (!peer) { /* nothing is away (recalled above): the staging buffer goes */
-        free(d->lend_buf);
-        d->lend_buf = NULL;
-        if (d->budget) loip_budget_release(d->budget, "kv", d->lend_charged);
-        d->lend_charged = d->lend_cap = 0;
-    }
-    for (int32_t k = 0; stage_layers && k < d->cfg.n_stages; k++)
-        d->lend[k].layer0 = stage_layers[2 * k], d->lend[k].layer1 = stage_layers[2 * k + 1];
-    for (int32_t q = 0; q < d->cfg.max_seqs; q++) d->lend_groups[q] = groups && groups[q] > 0 ? groups[q] : 0;
-    return LOIP_OK;
-}
-
-/* ---- KV lending: the holder's side --------------------------------------------------------- */
-
-static held_blob *held_find(loip_device *d, const char *from, int32_t stage) {
-    for (int32_t i = 0; i < d->n_held; i++)
-        if (d->held[i].stage == stage && !strcmp(d->held[i].from, from)) return &d->held[i];
-    return NULL;
-}
-
-static void held_drop(loip_device *d, held_blob *b) {
-    if (!b) return;
-    if (d->budget) loip_budget_release(d->budget, "kv_lent", b->bytes);
-    d->st.held_bytes -= b->bytes;
-    free(b->data);
-    *b = d->held[--d->n_held];
-}
-
-/* A lending message on the in-socket: keep, give back or forget a blob. large: the payload
- * when it did not fit the device's buffer (ours to keep or free). */
-static int hold(loip_device *d, const loip_msg_header *h, void *large) {
-    char why[300];
-    if (h->kind == LOIP_MSG_KV_DROP) {
-        held_drop(d, held_find(d, d->from, h->hop));
-        return LOIP_OK;
-    }
-    if (h->kind == LOIP_MSG_KV_GET) {
-        held_blob *b = held_find(d, d->from, h->hop);
-        loip_msg_header o = {.kind = LOIP_MSG_KV_DATA, .plan_id = h->plan_id, .hop = h->hop, .step = h->step,
-                             .dtype = -1, .payload_bytes = b ? b->bytes : 0};
-        uint64_t t0 = loip_now_ns();
-        int rc = loip_sock_send(d->cfg.in, d->from, &o, b ? b->data : NULL, 10000);
-        if (b) loip_runner_record(d->cfg.runner, LOIP_EVENT_SEND, -1, t0, loip_now_ns(), sizeof o + b->bytes);
-        held_drop(d, b);
-        if (rc) {
-            snprintf(why, sizeof why, "KV lent by %s (stage %d) could not go back: %s", d->from, h->hop, loip_last_error());
-            return report(d, h, rc, why);
-        }
-        return LOIP_OK;
-    }
-    /* KV_PUT */
-    held_drop(d, held_find(d, d->from, h->hop));
-    if (d->budget && loip_budget_charge(d->budget, "kv_lent", h->payload_bytes)) {
-        free(large);
-        snprintf(why, sizeof why, "cannot hold %llu bytes of KV lent by %s (stage %d): %s",
-                 (unsigned long long)h->payload_bytes, d->from, h->hop, loip_last_error());
-        return report(d, h, LOIP_ENOMEM, why);
-    }
-    uint8_t *data = large;
-    if (!data && (data = malloc(h->payload_bytes ? h->payload_bytes : 1))) memcpy(data, d->payload, h->payload_bytes);
-    if (d->n_held == d->held_cap) {
-        int32_t cap = d->held_cap ? 2 * d->held_cap : 8;
-        held_blob *nb = realloc(d->held, (size_t)cap * sizeof *nb);
-        if (nb) d->held = nb, d->held_cap = cap;
-    }
-    if (!data || d->n_held == d->held_cap) {
-        free(data);
-        if (d->budget) loip_budget_release(d->budget, "kv_lent", h->payload_bytes);
-        return report(d, h, LOIP_ENOMEM, "out of memory holding lent KV");
-    }
-    held_blob *b = &d->held[d->n_held++];
-    snprintf(b->from, sizeof b->from, "%s", d->from);
-    b->stage = h->hop, b->data = data, b->bytes = h->payload_bytes;
-    d->st.held_bytes += b->bytes;
-    return LOIP_OK;
-}
-
 /* The last hop's output: per flagged token a sampled id or its logits, to the head (a result
  * with no outputs when nothing is flagged: the head hears of every step). */
 static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
@@ -653,23 +228,23 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
             int32_t f = d->toks[t].flags;
             if (!(f & (LOIP_TOKF_SAMPLE | LOIP_TOKF_LOGITS)) || !!(f & LOIP_TOKF_LOGITS) != (pass == 0)) continue;
             if (n_rows == d->out_cap)
-                return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
+                return loip_device_report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
             if (pass == 0 && ++n_logits > d->cfg.logits_tokens)
-                return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
+                return loip_device_report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
             outs[n_rows] = (loip_step_output){d->toks[t].seq, d->toks[t].request, -1, f};
             d->rows[n_rows++] = t;
         }
     uint64_t t0 = loip_now_ns();
     int rc;
     if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
-        return report(d, in, rc, loip_last_error());
+        return loip_device_report(d, in, rc, loip_last_error());
     for (int32_t i = 0; i < n_rows; i++) {
         if (!(outs[i].flags & LOIP_TOKF_SAMPLE)) continue;
         seq_state *q = &d->seqs[outs[i].seq];
-        if (!q->sampler) return report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
+        if (!q->sampler) return loip_device_report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
         if ((rc = loip_sampler_sample(q->sampler, d->logits + (size_t)i * d->vocab, &q->params, q->history,
                                       q->n_history, &outs[i].id)))
-            return report(d, in, rc, loip_last_error());
+            return loip_device_report(d, in, rc, loip_last_error());
         if (q->n_history < q->max_history) q->history[q->n_history++] = outs[i].id;
     }
     d->st.head_ns += loip_now_ns() - t0;
@@ -680,7 +255,7 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
     loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
                          .step = in->step, .n_tokens = n_rows, .dim = d->vocab, .dtype = -1,
                          .payload_bytes = out_bytes + logit_bytes};
-    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return report(d, in, rc, loip_last_error());
+    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return loip_device_report(d, in, rc, loip_last_error());
     return LOIP_OK;
 }
 
@@ -690,27 +265,27 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     int32_t hops = d->cfg.n_devices * d->cfg.n_stages;
     if (h->plan_id != d->cfg.plan_id) {
         snprintf(why, sizeof why, "message for plan %u, this device runs plan %u (stale)", h->plan_id, d->cfg.plan_id);
-        return report(d, h, LOIP_EPROTO, why);
+        return loip_device_report(d, h, LOIP_EPROTO, why);
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {
         snprintf(why, sizeof why, "message for hop %d, not one of this device's (device %d of %d, %d stages)",
                  h->hop, d->cfg.device, d->cfg.n_devices, d->cfg.n_stages);
-        return report(d, h, LOIP_EPROTO, why);
+        return loip_device_report(d, h, LOIP_EPROTO, why);
     }
     if (h->n_tokens > d->cfg.max_tokens) {
         snprintf(why, sizeof why, "%d tokens in one message, the limit is %d", h->n_tokens, d->cfg.max_tokens);
-        return report(d, h, LOIP_EPROTO, why);
+        return loip_device_report(d, h, LOIP_EPROTO, why);
     }
     int32_t k = h->n_tokens;
     if (h->kind == LOIP_MSG_TOKENS) {
         if (h->hop != 0 || h->dim != 1) {
             snprintf(why, sizeof why, "token ids for hop %d (dim %d): tokens enter at hop 0, one id each", h->hop, h->dim);
-            return report(d, h, LOIP_EPROTO, why);
+            return loip_device_report(d, h, LOIP_EPROTO, why);
         }
     } else if (h->hop == 0 || h->dim != d->dim) {
         snprintf(why, sizeof why, "hidden states of dim %d for hop %d (model dim %d; hop 0 takes token ids)",
                  h->dim, h->hop, d->dim);
-        return report(d, h, LOIP_EPROTO, why);
+        return loip_device_report(d, h, LOIP_EPROTO, why);
     }
     uint64_t data = (uint64_t)k * (uint64_t)h->dim * 4;
     memcpy(d->toks, d->payload + data, (size_t)k * sizeof *d->toks);
@@ -719,12 +294,12 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         if (e->seq < 0 || e->seq >= d->cfg.max_seqs) {
             snprintf(why, sizeof why, "token %d of the batch in sequence slot %d (this device has %d)", t, e->seq,
                      d->cfg.max_seqs);
-            return report(d, h, LOIP_EPROTO, why);
+            return loip_device_report(d, h, LOIP_EPROTO, why);
         }
         if (e->request == 0 || e->request != d->seqs[e->seq].request) {
             snprintf(why, sizeof why, "token %d of the batch is of request %u, slot %d runs request %u (stale)", t,
                      e->request, e->seq, d->seqs[e->seq].request);
-            return report(d, h, LOIP_EPROTO, why);
+            return loip_device_report(d, h, LOIP_EPROTO, why);
         }
         d->bt[t] = (loip_batch_token){e->seq, e->pos};
     }
@@ -735,7 +310,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         while (t + e < k && d->toks[t + e].seq == q && (d->toks[t + e].flags & LOIP_TOKF_RECOMPUTE)) e++;
         if (e > loip_session_kv_evicted(d->cfg.session, q)) {
             int rc = loip_session_kv_evict(d->cfg.session, q, e);
-            if (rc) return report(d, h, rc, loip_last_error());
+            if (rc) return loip_device_report(d, h, rc, loip_last_error());
         }
     }
     if (h->kind == LOIP_MSG_TOKENS) {
@@ -743,7 +318,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         uint64_t t0 = loip_now_ns();
         int rc = loip_session_embed(d->cfg.session, d->ids, k, d->hidden);
         d->st.head_ns += loip_now_ns() - t0;
-        if (rc) return report(d, h, rc, loip_last_error());
+        if (rc) return loip_device_report(d, h, rc, loip_last_error());
     } else {
         memcpy(d->hidden, d->payload, data);
     }
@@ -753,8 +328,8 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
 
 /* After a stage's output left: its KV lent out, the next stage's asked back. */
 static int lend_after(loip_device *d, const loip_msg_header *h, int32_t stage) {
-    int rc = lend_ship(d, stage, h->step);
-    return rc ? report(d, h, rc, loip_last_error()) : LOIP_OK;
+    int rc = loip_lend_ship(d, stage, h->step);
+    return rc ? loip_device_report(d, h, rc, loip_last_error()) : LOIP_OK;
 }
 
 /* One data message, in full: checks, this device's hops, the output. waited: how long the
@@ -777,9 +352,9 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         int32_t stage = h.hop / d->cfg.n_devices;
         loip_runner_stats_t before;
         if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
-        if ((rc = lend_fetch(d, stage, h.step, 1))) return report(d, &h, rc, loip_last_error());
+        if ((rc = loip_lend_fetch(d, stage, h.step, 1))) return loip_device_report(d, &h, rc, loip_last_error());
         if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
-            return report(d, &h, rc, loip_last_error());
+            return loip_device_report(d, &h, rc, loip_last_error());
         if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
             loip_runner_stats_t after;
             loip_runner_stats(d->cfg.runner, &after);
@@ -791,8 +366,8 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         /* the next stage's lent KV asked back now, before the output goes on: the holder, idle
          * until that output reaches it, answers first, and the blob travels during the hops
          * in between */
-        if (d->lend_peer && (rc = lend_ask(d, (stage + 1) % d->cfg.n_stages, h.step)))
-            return report(d, &h, rc, loip_last_error());
+        if (d->lend_peer && (rc = loip_lend_ask(d, (stage + 1) % d->cfg.n_stages, h.step)))
+            return loip_device_report(d, &h, rc, loip_last_error());
         if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
             if ((rc = finish(d, &h, n))) return rc;
             return lend_after(d, &h, stage);
@@ -805,7 +380,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         loip_msg_header o = h;
         o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
         o.payload_bytes = data + (uint64_t)n * sizeof *d->toks;
-        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
+        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return loip_device_report(d, &h, rc, loip_last_error());
         return lend_after(d, &h, stage);
     }
 }
@@ -821,21 +396,21 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
         if (rc == LOIP_ETIMEDOUT) return 0;
         if (rc) {
             d->st.rejected++;
-            return report(d, NULL, rc, loip_last_error());
+            return loip_device_report(d, NULL, rc, loip_last_error());
         }
         if (h.kind == LOIP_MSG_KV_PUT || h.kind == LOIP_MSG_KV_GET || h.kind == LOIP_MSG_KV_DROP) {
-            if ((rc = hold(d, &h, large))) return rc;
+            if ((rc = loip_hold(d, &h, large))) return rc;
             continue;
         }
         if (large) { /* only lent KV may exceed the device's buffer */
             free(large);
             d->st.rejected++;
-            return report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
+            return loip_device_report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
         }
         if (h.kind != LOIP_MSG_TOKENS && h.kind != LOIP_MSG_HIDDEN) {
             if (h.payload_bytes > cap) {
                 d->st.rejected++;
-                return report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
+                return loip_device_report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
             }
             *out = h;
             memcpy(out_payload, d->payload, h.payload_bytes);

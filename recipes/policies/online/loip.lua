@@ -144,6 +144,8 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
   end
   if not o.lending or #state.devices < 2 or not state.last_step or #state.requests == 0 then return lends end
   local function room(i) return state.devices[i].limit - at_step[i] - ahead_bytes[i] end
+  -- the step's time, smoothed (one slow step does not move the windows much)
+  memo.step_ms = memo.step_ms and (0.9 * memo.step_ms + 0.1 * state.last_step.ms) or state.last_step.ms
   -- each device's incoming rate now, and the slowest within the horizon
   memo.rates = memo.rates or {}
   local slowest = {}
@@ -188,14 +190,25 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
       -- bandwidth: each direction of a stage's round trip within the idle window between its runs
       -- the slowest rate into either within the horizon: raised lazily, cut at once
       local bw = math.min(slowest[lender], slowest[holder])
-      local window_ms = state.last_step.ms / #L.stages
+      local window_ms = memo.step_ms / #L.stages
       if L.idle_ms and L.idle_ms > 0 then window_ms = math.min(window_ms, L.idle_ms) end
       local all_layers, max_layers = 0, 0
       for _, st in ipairs(L.stages) do
         all_layers, max_layers = all_layers + st.kv_layers, math.max(max_layers, st.kv_layers)
       end
       local n_req = #state.requests
-      local g_bw = math.floor(bw * window_ms / 1e3 * o.window_share / (n_req * max_layers * L.chunk_bytes))
+      -- the holder's incoming wire carries every lender's blobs: what the others ship into it
+      -- a window comes off
+      local others_wire = 0
+      for j, lj in pairs(lends) do
+        if j ~= lender and lj.holder == holder then
+          local biggest = 0
+          for s in ipairs(state.devices[j].stages) do biggest = math.max(biggest, stage_lent(state, state.devices[j], s, lj.groups)) end
+          others_wire = others_wire + biggest
+        end
+      end
+      local wire = bw * window_ms / 1e3 * o.window_share - others_wire
+      local g_bw = math.max(0, math.floor(wire / (n_req * max_layers * L.chunk_bytes)))
       -- memory: what the holder holds beside its own growth, the others' blobs and two groups spare
       local held_now = 0
       if lends[lender] then
@@ -205,11 +218,14 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
       local g_mem = math.floor((room(holder) - others - 2 * H.group_bytes) / (n_req * all_layers * L.chunk_bytes))
       local target = math.max(0, math.min(g_bw, g_mem))
       local want = cur
-      if target < cur then
-        want = target                                  -- cut at once
+      local dropped = memo.bw_at and memo.bw_at[lender] and bw < memo.bw_at[lender]
+      if target < cur and (dropped or target <= cur - o.min_change) then
+        want = target                                  -- cut at once when the rate drops
       elseif target >= cur + o.min_change and (room(lender) < 0 or cand.grown) then
         want = target                                  -- raised when it delays a threshold or puts blocks back
       end
+      memo.bw_at = memo.bw_at or {}
+      memo.bw_at[lender] = bw
       if want ~= cur then
         control.lend(lender, want > 0 and holder or nil, want)
         lends[lender] = want > 0 and { holder = holder, groups = want } or nil
