@@ -95,7 +95,10 @@ describe("KV lending", function()
           assert.are.equal(2, a.lend_to == nil and 2 or a.lend_to)
         end
       end
-      assert.is_true(lends >= 1, "no lending in " .. json.encode(j.adaptations or {}))
+      -- at 1 Gbit/s the idle window carries some of device 1's KV; with the links dropping to
+      -- 50 Mbit/s every 64 steps lending is sized for that rate: on stories260K's ~1 ms steps,
+      -- less than a group, so none
+      if extra == "" then assert.is_true(lends >= 1, "no lending in " .. json.encode(j.adaptations or {})) end
       for i, d in ipairs(j.devices) do
         assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
       end
