@@ -80,6 +80,9 @@ LOIP_API void loip_device_free(loip_device *d) {
     free(d->seqs);
     free(d->lend);
     free(d->lend_groups);
+    free(d->lend_n);
+    free(d->lend_off);
+    free(d->lend_old);
     free(d->lend_buf);
     for (int32_t i = 0; i < d->n_held; i++) free(d->held[i].data);
     free(d->held);
@@ -136,8 +139,11 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
     d->lend = calloc((size_t)d->cfg.n_stages, sizeof *d->lend);
     d->lend_groups = calloc((size_t)d->cfg.max_seqs, sizeof *d->lend_groups);
+    d->lend_n = calloc((size_t)d->cfg.max_seqs * 2, sizeof *d->lend_n);
+    d->lend_off = calloc((size_t)d->cfg.max_seqs * 2, sizeof *d->lend_off);
+    d->lend_old = calloc((size_t)d->cfg.max_seqs, sizeof *d->lend_old);
     if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs ||
-        !d->lend || !d->lend_groups) {
+        !d->lend || !d->lend_groups || !d->lend_n || !d->lend_off || !d->lend_old) {
         loip_device_free(d);
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
     }

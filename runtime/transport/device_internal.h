@@ -66,6 +66,9 @@ struct loip_device {
     int32_t *lend_groups;   /* (max_seqs) target groups per sequence */
     uint8_t *lend_buf;      /* staging: one stage's blob, shipped or fetched */
     uint64_t lend_cap, lend_charged;
+    int32_t *lend_n;        /* (2 max_seqs) a blob's groups per sequence, before and after an edit */
+    uint64_t *lend_off;     /* (2 max_seqs) and where they start in it */
+    lend_entry *lend_old;   /* (max_seqs) its entries before */
     /* holding (for other devices) */
     held_blob *held;
     int32_t n_held, held_cap;

@@ -173,20 +173,15 @@ int loip_lend_ship(loip_device *d, int32_t stage, uint64_t step) {
     }
     uint64_t ogb = group_bytes_of(d, oh.layer0, oh.layer1);
     int32_t M = d->cfg.max_seqs;
-    int32_t *old_n = calloc((size_t)M * 2, sizeof(int32_t)), *new_n = old_n + M;
-    uint64_t *old_off = calloc((size_t)M * 2, sizeof(uint64_t)), *new_off = old_off + M;
-    lend_entry *old_e = calloc((size_t)M, sizeof(lend_entry));
-    if (!old_n || !old_off || !old_e) {
-        free(old_n), free(old_off), free(old_e);
-        return loip_fail(LOIP_ENOMEM, "KV lending: out of memory");
-    }
-    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry), live = sizeof oh;
+    int32_t *old_n = d->lend_n, *new_n = old_n + M;
+    uint64_t *old_off = d->lend_off, *new_off = old_off + M;
+    lend_entry *old_e = d->lend_old;
+    memset(old_n, 0, (size_t)M * sizeof *old_n);
+    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry);
     for (int32_t i = 0; i < n_old_e; i++) {
         lend_entry e = blob_entry(d, i);
-        if (entry_live(d, &e) && oh.layer0 == l0 && oh.layer1 == l1) {
+        if (entry_live(d, &e) && oh.layer0 == l0 && oh.layer1 == l1)
             old_n[e.seq] = e.n, old_off[e.seq] = off, old_e[e.seq] = e;
-            live += sizeof e + (uint64_t)e.n * gb;
-        }
         off += (uint64_t)e.n * ogb;
     }
     /* 1. what leaves the blob goes back into the session: the charge for it leaves the
@@ -247,8 +242,6 @@ int loip_lend_ship(loip_device *d, int32_t stage, uint64_t step) {
             ls->away = 1;
         }
     }
-    (void)live;
-    free(old_n), free(old_off), free(old_e);
     if (rc) return rc;
     return d->lend_peer ? loip_lend_ask(d, (stage + 1) % d->cfg.n_stages, step) : LOIP_OK;
 }
