@@ -82,8 +82,9 @@ function M.run(cmd)
   return rc, o, e
 end
 
--- The loip binary that runs these specs.
-M.loip = os.getenv("LOIP_BIN") or (M.root .. "/build/loip")
+-- The loip binary that runs these specs: ctest names it (LOIP_BIN); else the one running them
+-- (`loip test` is the loip binary), whatever build directory it is in.
+M.loip = os.getenv("LOIP_BIN") or require("loip.cluster.proc").exe()
 
 function M.u64le(n)
   local b = {}

@@ -83,7 +83,7 @@ static int random_extents(loip_load_extent *ext, int *file, int max, uint64_t ba
         uint64_t off = aligned ? rnd((sizes[k] - len) / 4096 + 1) * 4096 : rnd(sizes[k] - len + 1);
         if (aligned) at = (at + 4095) & ~4095ull;
         if (at + len > base + span) break;
-        ext[n] = (loip_load_extent){paths[k], -1, 0, off, len, at};
+        ext[n] = (loip_load_extent){paths[k], -1, 0, off, len, at, 0, 0};
         file[n] = k;
         at += len + (aligned ? 0 : rnd(64));
         n++;
@@ -134,14 +134,14 @@ static void test_roundtrip(int mode, int short_every) {
     }
     CHECK(all_ok, "mode %d short_every %d: every byte as in the files", mode, short_every);
     /* the tail of a file that is not a multiple of 4 KiB, read to its exact end */
-    loip_load_extent tail = {paths[2], -1, 0, MiB, sizes[2] - MiB, 0};
+    loip_load_extent tail = {paths[2], -1, 0, MiB, sizes[2] - MiB, 0, 0, 0};
     CHECK(loip_loader_submit(l, 0, &tail, 1, 7) == 0, "submit tail");
     loip_load_done d;
     CHECK(loip_loader_wait(l, 7, 2000, &d) == 0 && d.bytes == tail.length, "tail: %s", d.message);
     CHECK(check_bytes(loip_loader_slot_data(l, 0), 0, 2, MiB, tail.length), "tail bytes");
     /* a caller's descriptor instead of a path */
     int fd = open(paths[1], O_RDONLY);
-    loip_load_extent byfd = {NULL, fd, 0, 8192, 64 * KiB, 4096};
+    loip_load_extent byfd = {NULL, fd, 0, 8192, 64 * KiB, 4096, 0, 0};
     CHECK(loip_loader_submit(l, 1, &byfd, 1, 8) == 0 && loip_loader_wait(l, 8, 2000, NULL) == 0,
           "load through an fd: %s", loip_last_error());
     CHECK(check_bytes(loip_loader_slot_data(l, 1), 4096, 1, 8192, 64 * KiB), "fd bytes");
@@ -166,19 +166,19 @@ static void test_errors(int mode) {
     /* a missing file: an error at submit naming it; nothing queued */
     char missing[320];
     snprintf(missing, sizeof missing, "%s/no-such-file", dir);
-    loip_load_extent m = {missing, -1, 0, 0, 4096, 0};
+    loip_load_extent m = {missing, -1, 0, 0, 4096, 0, 0, 0};
     int rc = loip_loader_submit(l, 0, &m, 1, 1);
     CHECK(rc < 0 && strstr(loip_last_error(), "no-such-file"), "missing file: rc %d %s", rc,
           loip_last_error());
     CHECK(loip_loader_pending(l) == 0, "nothing queued after a failed submit");
     /* misuse */
-    loip_load_extent big = {paths[0], -1, 0, 0, 4096, 2 * MiB - 100};
+    loip_load_extent big = {paths[0], -1, 0, 0, 4096, 2 * MiB - 100, 0, 0};
     CHECK(loip_loader_submit(l, 0, &big, 1, 2) == LOIP_ERANGE, "extent past the slot");
     CHECK(loip_loader_submit(l, 1, &big, 1, 2) == LOIP_EINVAL, "slot out of range");
     CHECK(loip_loader_wait(l, 12345, 10, NULL) == LOIP_EINVAL, "wait on an unknown tag");
     /* an extent past the file's end: short read, then end of file -> LOIP_EIO, not success */
     memset(loip_loader_slot_data(l, 0), 0xAB, 2 * MiB);
-    loip_load_extent past = {paths[2], -1, 0, 512 * KiB, MiB, 0};
+    loip_load_extent past = {paths[2], -1, 0, 512 * KiB, MiB, 0, 0, 0};
     CHECK(loip_loader_submit(l, 0, &past, 1, 3) == 0, "submit past end");
     loip_load_done d;
     rc = loip_loader_wait(l, 3, 2000, &d);
@@ -187,6 +187,40 @@ static void test_errors(int mode) {
           "past the end: rc %d, %s", rc, d.message);
     CHECK(d.bytes < past.length, "fewer bytes than asked reported (%llu)", (unsigned long long)d.bytes);
     CHECK(strstr(loip_last_error(), "file-2") != NULL, "the failure is also loip_last_error");
+    loip_loader_free(l);
+}
+
+/* Checked reads: a load whose bytes do not have the extent's CRC32C fails, naming the file;
+ * the right one passes; both CRC32C paths agree with the standard's check value. */
+static void test_checked(int mode) {
+    CHECK(loip_crc32c(0, "123456789", 9) == 0xE3069283u, "CRC32C check value: %08x", loip_crc32c(0, "123456789", 9));
+    CHECK(loip_crc32c_portable(0, "123456789", 9) == 0xE3069283u, "portable CRC32C check value");
+    static uint8_t buf[70001];
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)(i * 131 + 7);
+    CHECK(loip_crc32c(0, buf + 3, sizeof buf - 3) == loip_crc32c_portable(0, buf + 3, sizeof buf - 3),
+          "hardware and table paths agree (unaligned, odd length)");
+    CHECK(loip_crc32c(loip_crc32c(0, buf, 1000), buf + 1000, 5000) == loip_crc32c(0, buf, 6000), "chained");
+    loip_loader *l = make(mode, 1, 2 * MiB, 0, 0);
+    if (!l) return;
+    uint64_t len = MiB;
+    FILE *f = fopen(paths[0], "rb");
+    uint8_t *want = malloc(len);
+    CHECK(f && fread(want, 1, len, f) == len, "read file-0");
+    if (f) fclose(f);
+    uint32_t crc = loip_crc32c(0, want, len);
+    free(want);
+    loip_load_extent good = {paths[0], -1, 1, 0, len, 0, crc, 0};
+    loip_load_done d;
+    CHECK(loip_loader_submit(l, 0, &good, 1, 1) == 0 && loip_loader_wait(l, 1, 2000, &d) == 0 && d.status == 0,
+          "the right CRC32C passes: %s", d.message);
+    loip_load_extent bad = {paths[0], -1, 1, 0, len, 0, crc ^ 1u, 0};
+    CHECK(loip_loader_submit(l, 0, &bad, 1, 2) == 0, "submit");
+    int rc = loip_loader_wait(l, 2, 2000, &d);
+    CHECK(rc == LOIP_EIO && strstr(d.message, "file-0") && strstr(d.message, "CRC32C"), "a wrong one fails naming the file: %s",
+          d.message);
+    loip_loader_stats_t st;
+    loip_loader_stats(l, &st);
+    CHECK(st.bytes_verified == 2 * len, "bytes verified %llu", (unsigned long long)st.bytes_verified);
     loip_loader_free(l);
 }
 
@@ -204,7 +238,7 @@ static void test_truncate(int mode) {
     if (!l) return;
     for (int j = 0; j < 8; j++) {
         memset(loip_loader_slot_data(l, j), 0, 512 * KiB);
-        loip_load_extent e = {path, -1, 0, (uint64_t)j * 512 * KiB, 512 * KiB, 0};
+        loip_load_extent e = {path, -1, 0, (uint64_t)j * 512 * KiB, 512 * KiB, 0, 0, 0};
         CHECK(loip_loader_submit(l, j, &e, 1, (uint64_t)j) == 0, "submit %d", j);
     }
     CHECK(loip_loader_wait(l, 0, 2000, NULL) == 0, "first load before the truncation");
@@ -239,7 +273,7 @@ static void test_rate(int mode) {
     const uint64_t rate = 20 * 1000 * 1000;
     loip_loader *l = make(mode, 1, 4 * MiB, rate, 0);
     if (!l) return;
-    loip_load_extent e[2] = {{paths[0], -1, 0, 0, 3 * MiB, 0}, {paths[1], -1, 0, 0, MiB, 3 * MiB}};
+    loip_load_extent e[2] = {{paths[0], -1, 0, 0, 3 * MiB, 0, 0, 0}, {paths[1], -1, 0, 0, MiB, 3 * MiB, 0, 0}};
     uint64_t t0 = loip_now_ns();
     CHECK(loip_loader_submit(l, 0, e, 2, 1) == 0, "submit");
     CHECK(loip_loader_wait(l, 1, 5000, NULL) == 0, "rate-limited load: %s", loip_last_error());
@@ -276,7 +310,7 @@ static void test_many_files(int mode) {
     loip_loader *l = make(mode, 1, NF * SZ, 0, 0);
     if (!l) return;
     for (int i = 0; i < NF; i++) {
-        loip_load_extent e = {p[i], -1, 0, 0, SZ, (uint64_t)i * SZ};
+        loip_load_extent e = {p[i], -1, 0, 0, SZ, (uint64_t)i * SZ, 0, 0};
         CHECK(loip_loader_submit(l, 0, &e, 1, (uint64_t)i) == 0, "submit %d", i);
     }
     int ok = 1;
@@ -294,7 +328,7 @@ static void test_free_busy(int mode) {
         loip_loader *l = make(mode, 2, 4 * MiB, rep == 2 ? 50 * 1000 * 1000 : 0, rep == 1 ? 2 : 0);
         if (!l) return;
         for (int j = 0; j < 16; j++) {
-            loip_load_extent e = {paths[j % 2], -1, 0, 0, 2 * MiB, (uint64_t)(j % 2) * 2 * MiB};
+            loip_load_extent e = {paths[j % 2], -1, 0, 0, 2 * MiB, (uint64_t)(j % 2) * 2 * MiB, 0, 0};
             loip_loader_submit(l, j % 2, &e, 1, (uint64_t)j);
         }
         if (rep == 0) { /* take some, leave the rest */
@@ -341,8 +375,8 @@ static void test_overlap(int mode, int32_t overlap) {
     if (mode == LOIP_LOADER_URING) {
         int p[2];
         CHECK(pipe(p) == 0, "pipe");
-        loip_load_extent a = {NULL, p[0], 0, 0, 4096, 0};
-        loip_load_extent b = {paths[0], -1, 0, 64 * KiB, 256 * KiB, 0};
+        loip_load_extent a = {NULL, p[0], 0, 0, 4096, 0, 0, 0};
+        loip_load_extent b = {paths[0], -1, 0, 64 * KiB, 256 * KiB, 0, 0, 0};
         CHECK(loip_loader_submit(l, 0, &a, 1, 100) == 0, "submit the pipe: %s", loip_last_error());
         CHECK(loip_loader_submit(l, 1, &b, 1, 101) == 0, "submit the file");
         int rc = loip_loader_wait(l, 101, overlap ? 3000 : 300, NULL);
@@ -405,6 +439,7 @@ int main(void) {
         test_roundtrip(modes[m], 0);
         test_roundtrip(modes[m], 3);
         test_errors(modes[m]);
+        test_checked(modes[m]);
         test_truncate(modes[m]);
         test_rate(modes[m]);
         test_many_files(modes[m]);

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 21, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 22, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -239,6 +239,11 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
+/* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start): a block file's checksum in a
+ * slice store's manifest. Hardware (SSE4.2) where the CPU has it; _portable: the table path. */
+LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n);
+LOIP_API uint32_t loip_crc32c_portable(uint32_t crc, const void *data, uint64_t n);
+LOIP_API int loip_crc32c_hardware(void);
 
 /* ---- loader --------------------------------------------------------------------------- */
 
@@ -286,10 +291,13 @@ typedef struct loip_loader_config {
 typedef struct loip_load_extent {
     const char *path;
     int32_t fd;
-    int32_t reserved;
+    int32_t check;          /* nonzero: the bytes read must have CRC32C crc32c (a block file's,
+                               whole), else the load fails (LOIP_EIO) naming the file */
     uint64_t file_offset;
     uint64_t length;
     uint64_t slot_offset;
+    uint32_t crc32c;
+    uint32_t reserved;
 } loip_load_extent;
 
 /* A finished load: status 0, or a negative LOIP_E* code with message naming the file and the
@@ -313,6 +321,8 @@ typedef struct loip_loader_stats_t {
     uint64_t loads_failed;
     uint64_t busy_ns;      /* time with at least one read in flight */
     uint64_t throttle_ns;  /* time the rate limit held reads back */
+    uint64_t bytes_verified; /* checked against their CRC32C (loip_load_extent.check) */
+    uint64_t verify_ns;    /* time spent checking them (the loader's thread) */
 } loip_loader_stats_t;
 
 typedef struct loip_loader loip_loader;

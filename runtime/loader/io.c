@@ -44,6 +44,19 @@ static void load_fail(loip_loader *l, lload *ld, int code, const char *fmt, ...)
 
 void loader_finish_if_done(loip_loader *l, lload *ld) {
     if (!ld->issued_all || ld->in_flight > 0) return;
+    /* checked reads: every extent so marked must carry its file's CRC32C (its pieces' CRCs were
+     * taken on the I/O thread as each read landed, overlapping the reads still in flight) */
+    for (int32_t i = 0; i < ld->n_ext && ld->status == 0; i++) {
+        const lext *e = &ld->ext[i];
+        if (!e->check) continue;
+        uint32_t got = ~(loip_crc32c_shift(0xFFFFFFFFu, e->length) ^ e->acc);
+        if (got != e->crc32c) {
+            ld->status = LOIP_EIO;
+            snprintf(ld->message, sizeof ld->message, "%s: CRC32C %08x of the %llu bytes read, the manifest says %08x: "
+                     "the file is damaged (or changed since it was sliced)", l->files[e->file]->path, got,
+                     (unsigned long long)e->length, e->crc32c);
+        }
+    }
     ld->t_done = loip_now_ns();
     ld->next = NULL;
     if (l->done_tail) l->done_tail->next = ld;
@@ -98,6 +111,7 @@ static lread *next_read(loip_loader *l, uint64_t *throttle_ns) {
         l->free_reads = r->next;
         lfile *f = l->files[e->file];
         r->ld = ld;
+        r->ext = ld->next_ext;
         r->f = f;
         r->file_offset = e->file_offset + ld->next_off;
         r->len = len;
@@ -154,6 +168,14 @@ static int read_done(loip_loader *l, lread *r, int64_t res) {
     } else {
         ld->bytes += (uint64_t)res;
         l->st.bytes_read += (uint64_t)res;
+        lext *e = &ld->ext[r->ext];
+        if (e->check) { /* this piece's CRC now, while the next pieces are still on their way */
+            uint64_t t0 = loip_now_ns();
+            uint64_t end = (uint64_t)(r->dst - (l->slots[ld->slot] + e->slot_offset)) + (uint64_t)res;
+            e->acc ^= loip_crc32c_shift(loip_crc32c_raw(0, r->dst, (uint64_t)res), e->length - end);
+            l->st.verify_ns += loip_now_ns() - t0;
+            l->st.bytes_verified += (uint64_t)res;
+        }
         if ((uint64_t)res < r->len) {
             l->st.short_reads++;
             r->file_offset += (uint64_t)res;

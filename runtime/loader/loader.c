@@ -324,6 +324,7 @@ LOIP_API int loip_loader_submit(loip_loader *l, int32_t slot, const loip_load_ex
         e[i].file_offset = ext[i].file_offset;
         e[i].length = ext[i].length;
         e[i].slot_offset = ext[i].slot_offset;
+        e[i].check = ext[i].check != 0, e[i].crc32c = ext[i].crc32c;
     }
     ld->tag = tag;
     ld->slot = slot;

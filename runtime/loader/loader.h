@@ -24,6 +24,9 @@ typedef struct lfile {
 typedef struct lext {
     int32_t file; /* index in l->files */
     uint64_t file_offset, length, slot_offset;
+    int32_t check;   /* verify crc32c once read */
+    uint32_t crc32c;
+    uint32_t acc;    /* raw CRCs of the pieces read so far, each shifted to the extent's end */
 } lext;
 
 typedef struct lload {
@@ -43,6 +46,7 @@ typedef struct lload {
 
 typedef struct lread {
     lload *ld;
+    int32_t ext;       /* the load's extent it reads a piece of */
     lfile *f;
     int direct;        /* O_DIRECT descriptor (all aligned) */
     int32_t buf_index; /* registered buffer, -1: none */

@@ -369,7 +369,7 @@ function Cluster:plan(opts)
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
       context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_plan_tokens = sizes.kv_plan_tokens,
-      kv_grows = opts.kv_grows or sizes.kv_plan_tokens < sizes.kv_tokens, loader = opts.loader,
+      kv_grows = opts.kv_grows or sizes.kv_plan_tokens < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
       disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads

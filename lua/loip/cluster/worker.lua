@@ -137,7 +137,8 @@ function Worker:build(msg)
   -- (room kept for the offloaded blocks: a live change may make them resident)
   d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i))
   store.bind_loaded(d.model, dir, man, d.keep)
-  d.descs = store.stage_descs(dir, man, p, i)
+  d.descs = store.stage_descs(dir, man, p, i, msg.verify_reads)
+  d.verify_reads = msg.verify_reads
   d.plan, d.index = p, i
   local slot = need.slot_bytes
   d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
@@ -251,7 +252,8 @@ function Worker:handle(msg)
       if body.plan_id ~= d.plan_id then
         error(string.format("a change of plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
       end
-      local p2, descs = store.restage { runner = d.runner, model = d.model, keep = d.keep, dir = self.opts.store, man = self.man,
+      local p2, descs = store.restage { verify_reads = d.verify_reads, runner = d.runner, model = d.model, keep = d.keep,
+        dir = self.opts.store, man = self.man,
         plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
         new_loader = function(bytes) return new_loader(d, bytes) end,
         on_loader = function(l)

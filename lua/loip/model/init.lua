@@ -236,7 +236,7 @@ end
 -- The loader (when the plan offloads) and the runner that executes the plan's stages.
 function Model:_start_runner(dir, facts)
   local opts = self.opts
-  local descs = store.stage_descs(dir, facts.manifest, self.plan)
+  local descs = store.stage_descs(dir, facts.manifest, self.plan, 1, opts.verify_reads)
   local slot = planner.memory(self.plan, 1, self.plan_sizes, self.plan_opts).slot_bytes
   local loader
   if slot > 0 then
@@ -263,7 +263,8 @@ end
 -- hold the new stage. Returns the new plan (m.plan).
 function Model:restage(k, offloaded)
   if not self.runner then error("restage: this model runs no offloading plan (open a slice store under a budget or with a plan)", 2) end
-  local p2, descs = store.restage { runner = self.runner, model = self.handle, keep = self.weights, dir = self.path,
+  local p2, descs = store.restage { verify_reads = self.opts.verify_reads, runner = self.runner, model = self.handle,
+    keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
     new_loader = function(bytes) return self:_new_loader(bytes) end,
     on_loader = function(l)

@@ -14,7 +14,8 @@
 --                                 sha256 Hugging Face lists for them), sha256 (of the lines
 --                                 "<name> <size> <sha256>\n" of those files in name order)
 --   files                         per block file, in load order: name, block, layer, size,
---                                 sha256, tensors [{name (Hugging Face's), kind, layer, dtype,
+--                                 sha256, crc32c (checked on every offloaded read with
+--                                 --verify-reads), tensors [{name (Hugging Face's), kind, layer, dtype,
 --                                 shape, offset, nbytes}]
 --   model_files                   copied tokenizer and generation files: name, size, sha256
 --   total_bytes                   of all files but the manifest
@@ -239,14 +240,17 @@ function M.hash_source(src, quiet)
 end
 
 -- Write path through a loip_writer (temporary name, renamed on commit); put(ptr, n) appends
--- and hashes. Returns the sha256 of what was written. On any failure the temporary is removed.
+-- and hashes. Returns the sha256 of what was written and its CRC32C. On any failure the
+-- temporary is removed.
 local function write_file(path, fill)
   local w, err = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
   if not w then error(err, 0) end
   local h = new_hash()
+  local crc = 0
   local function put(p, n)
     core.check(C.loip_writer_write(w, p, n))
     C.loip_sha256_update(h, p, n)
+    crc = C.loip_crc32c(crc, p, n)
   end
   local ok, ferr = pcall(function()
     fill(put)
@@ -254,13 +258,13 @@ local function write_file(path, fill)
   end)
   core.free(w, C.loip_writer_free)
   if not ok then error(ferr, 0) end
-  return hex_of(h)
+  return hex_of(h), tonumber(crc)
 end
 
 local zeros = ffi.new("uint8_t[?]", store.ALIGN)
 
 local function write_block(out, f, bar, done)
-  f.sha256 = write_file(out .. "/" .. f.name, function(put)
+  f.sha256, f.crc32c = write_file(out .. "/" .. f.name, function(put)
     local pos = 0
     local function pad(to)
       while pos < to do
@@ -373,7 +377,7 @@ function M.write(src_path, out, opts)
           offset = t.offset, nbytes = t.nbytes }
       end
       man.files[#man.files + 1] = { name = f.name, block = f.block, layer = f.layer, size = f.size,
-        sha256 = f.sha256, tensors = ts }
+        sha256 = f.sha256, crc32c = f.crc32c, tensors = ts }
     end
     local text = json.encode_sorted(man, 1) .. "\n"
     write_file(out .. "/manifest.json", function(put) put(text, #text) end)

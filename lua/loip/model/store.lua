@@ -121,6 +121,9 @@ function M.read_manifest(dir)
       if type(f.sha256) ~= "string" or not f.sha256:match("^" .. string.rep("%x", 64) .. "$") then
         bad(where .. ": 'sha256' is not a sha256")
       end
+      if f.crc32c ~= nil and (not is_int(f.crc32c) or f.crc32c < 0 or f.crc32c > 4294967295) then
+        bad(where .. ": 'crc32c' is not a 32-bit checksum")
+      end
       if list == "files" then
         if f.size % M.ALIGN ~= 0 then bad(where .. ": size is not a multiple of " .. M.ALIGN) end
         if type(f.tensors) ~= "table" then bad(where .. ": 'tensors' is missing") end
@@ -270,7 +273,9 @@ end
 -- The runner's stage descriptors (loip_stage_desc[S], with their extents and views, kept
 -- alive in the returned table) for a one-device plan: each stage's offloaded block files are
 -- read whole, one after another, into the slot; the views say where each tensor lands.
-function M.stage_descs(dir, man, p, device)
+-- verify_reads: every read is checked against its file's CRC32C in the manifest (a store
+-- sliced before checksums were kept is refused, naming it).
+function M.stage_descs(dir, man, p, device, verify_reads)
   local by_name = {}
   for _, f in ipairs(man.files) do by_name[f.name] = f end
   local stages = p.devices[device or 1].stages
@@ -294,6 +299,13 @@ function M.stage_descs(dir, man, p, device)
         paths[i] = path
         local e = ext[i - 1]
         e.path, e.fd, e.file_offset, e.length, e.slot_offset = path, -1, 0, f.size, slot_off
+        if verify_reads then
+          if not f.crc32c then
+            error(string.format("%s/manifest.json: %s has no CRC32C (sliced by an older loip): --verify-reads needs a store "
+              .. "sliced again (loip slice --force MODEL_DIR %s)", dir, f.name, dir), 0)
+          end
+          e.check, e.crc32c = 1, f.crc32c
+        end
         for _, t in ipairs(f.tensors) do
           local v = views[vi]
           v.layer, v.which, v.slot_offset = t.layer, M.kinds[t.kind], slot_off + t.offset
@@ -415,7 +427,7 @@ function M.restage(o)
   local file = M.block_file
   local p2 = require("loip.plan").bare(p)
   p2.devices[o.device].stages[k].offloaded = offloaded
-  local descs = M.stage_descs(o.dir, o.man, p2, o.device)
+  local descs = M.stage_descs(o.dir, o.man, p2, o.device, o.verify_reads)
   local a = st.blocks[1]
   -- the slots must hold the largest stage's reads
   local size = {}

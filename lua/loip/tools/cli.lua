@@ -65,6 +65,8 @@ commands.generate = {
     cp.flags.scheduler, cp.flags.cost, cp.flags.profile,
     { "slots", "int", "slice store: loader slots (default 1, used as a ring; several: one stage's blocks each)",
       check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+    { "verify-reads", "bool", "slice store: check every offloaded read against its block file's CRC32C in the manifest "
+      .. "(a damaged file is named and the request stops)" },
     { "loader", "string", "slice store: how offloaded blocks are read: auto (io_uring, else buffered), uring, "
       .. "buffered (the conventional path)", default = "auto",
       check = function(v) return v == "auto" or v == "uring" or v == "buffered", "must be auto, uring or buffered" end },
@@ -112,7 +114,8 @@ local function run_cluster(o)
     if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
     local loader = o.loader ~= "auto" and o.loader or nil
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-      stages = o.stages, context = o.context, batch = o.batch, loader = loader, disk_rate = set.disk_rate,
+      stages = o.stages, context = o.context, batch = o.batch, loader = loader, verify_reads = o.verify_reads,
+      disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
       online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
@@ -213,7 +216,8 @@ function commands.generate.run(o)
   end
   local disk_rate = cp.settings("generate", { disk_rate = o.disk_rate }, 1).disk_rate
   local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer,
-    mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, disk_rate = disk_rate and disk_rate[1],
+    mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, verify_reads = o.verify_reads,
+    disk_rate = disk_rate and disk_rate[1],
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
