@@ -198,8 +198,10 @@ LOIP_API int64_t loip_fetch_take(loip_fetch *f, int32_t id, char *buf, uint64_t 
     }
     if (arrived) *arrived = when;
     t->n_times = keep;
-    memcpy(buf, t->data, n);
-    memmove(t->data, t->data + n, t->len - n);
+    if (n) { /* nothing arrived yet: data may still be NULL */
+        memcpy(buf, t->data, n);
+        memmove(t->data, t->data + n, t->len - n);
+    }
     t->len -= n;
     return (int64_t)n;
 }
