@@ -815,6 +815,10 @@ LOIP_API int loip_sock_send(loip_sock *s, const char *to, const loip_msg_header 
  * Checks magic, version, kind, the payload's size against the header, and dtype x dim x
  * n_tokens against the size for TOKENS/HIDDEN/RESULT (LOIP_EPROTO, message naming the field).
  * With emulation on, returns only when the emulated link would have delivered it. */
+/* A received header checked against what the wire may carry: magic, version, kind, payload at
+ * most cap bytes, and per kind its fields against its payload's size (LOIP_EPROTO naming the
+ * field; who: the sender, for the message). loip_sock_recv runs it on every message. */
+LOIP_API int loip_msg_check(const loip_msg_header *h, uint64_t cap, const char *who);
 LOIP_API int loip_sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload,
                             uint64_t cap, char *from);
 /* The same, where a KV lending message (LOIP_MSG_KV_*) larger than cap comes in a buffer of its
@@ -1213,6 +1217,8 @@ enum {
 typedef struct loip_spm loip_spm;
 /* LOIP_EFORMAT naming the file and the byte offset for a truncated or malformed file. */
 LOIP_API int loip_spm_open(const char *path, loip_spm **out);
+/* The same from size bytes in memory (name: for messages). */
+LOIP_API int loip_spm_parse(const uint8_t *data, uint64_t size, const char *name, loip_spm **out);
 LOIP_API void loip_spm_free(loip_spm *m);
 LOIP_API int32_t loip_spm_size(const loip_spm *m);
 LOIP_API int loip_spm_get(const loip_spm *m, int32_t field, int32_t *value);

@@ -253,8 +253,20 @@ LOIP_API int loip_spm_open(const char *path, loip_spm **out) {
     else if (fread(d, 1, (size_t)size, f) != (size_t)size)
         rc = loip_fail(LOIP_EIO, "sentencepiece: short read of %s", path);
     fclose(f);
-    loip_spm *m = rc == 0 ? calloc(1, sizeof *m) : NULL;
-    if (rc == 0 && m == NULL) rc = loip_fail(LOIP_ENOMEM, "sentencepiece: no memory");
+    if (rc == 0) rc = loip_spm_parse(d, (uint64_t)size, path, out);
+    free(d);
+    return rc;
+}
+
+LOIP_API int loip_spm_parse(const uint8_t *d, uint64_t size, const char *name, loip_spm **out) {
+    if (out == NULL || (d == NULL && size > 0)) return loip_fail(LOIP_EINVAL, "loip_spm_parse: NULL argument");
+    *out = NULL;
+    if (!name) name = "(memory)";
+    if (size > MAX_FILE) return loip_fail(LOIP_EFORMAT, "sentencepiece: %s is %llu bytes, over 1 GiB", name,
+                                          (unsigned long long)size);
+    int rc = 0;
+    loip_spm *m = calloc(1, sizeof *m);
+    if (m == NULL) rc = loip_fail(LOIP_ENOMEM, "sentencepiece: no memory");
     if (rc == 0) {
         int32_t defaults[LOIP_SPM_FIELD_COUNT] = {
             [LOIP_SPM_MODEL_TYPE] = 1, [LOIP_SPM_BYTE_FALLBACK] = 0, [LOIP_SPM_UNK_ID] = 0,
@@ -264,10 +276,9 @@ LOIP_API int loip_spm_open(const char *path, loip_spm **out) {
             [LOIP_SPM_CHARSMAP_BYTES] = 0,
         };
         memcpy(m->field, defaults, sizeof defaults);
-        reader r = {d, 0, (uint64_t)size, path};
+        reader r = {d, 0, size, name};
         rc = parse_model(m, &r);
     }
-    free(d);
     if (rc != 0) {
         loip_spm_free(m);
         return rc;

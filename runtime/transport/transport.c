@@ -497,6 +497,37 @@ static void drain(void *z) {
     }
 }
 
+LOIP_API int loip_msg_check(const loip_msg_header *h, uint64_t cap, const char *who) {
+    if (!who) who = "peer";
+#define BAD(...) return loip_fail(LOIP_EPROTO, __VA_ARGS__)
+    if (h->magic != LOIP_MSG_MAGIC) BAD("message from %s: bad magic 0x%08x (not a loip peer)", who, h->magic);
+    if (h->version != LOIP_MSG_VERSION)
+        BAD("message from %s: protocol version %u, this loip speaks %d", who, h->version, LOIP_MSG_VERSION);
+    if (h->kind == 0 || h->kind >= LOIP_MSG_KINDS) BAD("message from %s: unknown kind %u", who, h->kind);
+    if (h->payload_bytes > cap)
+        BAD("message from %s: payload of %llu bytes exceeds %llu", who, (unsigned long long)h->payload_bytes,
+            (unsigned long long)cap);
+    if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN) {
+        /* n_tokens x dim elements, then the n_tokens loip_step_token of the micro-batch */
+        int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : LOIP_I32;
+        if (h->dtype != want) BAD("message from %s: dtype %d not allowed for kind %u", who, h->dtype, h->kind);
+        /* (bounded: no micro-batch comes near 2^24 tokens or a 2^24-wide hidden state) */
+        if (h->n_tokens <= 0 || h->dim <= 0 || h->pos < 0 || h->n_tokens > (1 << 24) || h->dim > (1 << 24))
+            BAD("message from %s: n_tokens %d, dim %d, pos %d", who, h->n_tokens, h->dim, h->pos);
+        if ((uint64_t)h->n_tokens * ((uint64_t)h->dim * 4 + sizeof(loip_step_token)) != h->payload_bytes)
+            BAD("message from %s: payload of %llu bytes but n_tokens %d x (dim %d x 4 + %zu) bytes", who,
+                (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, sizeof(loip_step_token));
+    } else if (h->kind == LOIP_MSG_RESULT) {
+        /* n_tokens loip_step_output, then logits rows (checked by the head, which knows the vocabulary) */
+        if (h->dtype != -1 || h->n_tokens < 0 ||
+            (uint64_t)h->n_tokens * sizeof(loip_step_output) > h->payload_bytes)
+            BAD("message from %s: a result of %d outputs (dtype %d) in %llu bytes", who, h->n_tokens, h->dtype,
+                (unsigned long long)h->payload_bytes);
+    }
+#undef BAD
+    return LOIP_OK;
+}
+
 static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload, uint64_t cap,
                      char *from, void **large);
 
@@ -550,31 +581,12 @@ static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void 
     memcpy(h, zmq_msg_data(&m), sizeof *h);
     zmq_msg_close(&m);
     const char *who = id[0] ? id : "server";
-#define BAD(...) do { rc = loip_fail(LOIP_EPROTO, __VA_ARGS__); drain(s->z); return rc; } while (0)
-    if (h->magic != LOIP_MSG_MAGIC) BAD("message from %s: bad magic 0x%08x (not a loip peer)", who, h->magic);
-    if (h->version != LOIP_MSG_VERSION)
-        BAD("message from %s: protocol version %u, this loip speaks %d", who, h->version, LOIP_MSG_VERSION);
-    if (h->kind == 0 || h->kind >= LOIP_MSG_KINDS) BAD("message from %s: unknown kind %u", who, h->kind);
     int kv = h->kind >= LOIP_MSG_KV_PUT && h->kind <= LOIP_MSG_KV_DROP;
-    if (h->payload_bytes > cap && !(large && kv))
-        BAD("message from %s: payload of %llu bytes exceeds %llu", who, (unsigned long long)h->payload_bytes,
-            (unsigned long long)cap);
-    if (h->kind == LOIP_MSG_TOKENS || h->kind == LOIP_MSG_HIDDEN) {
-        /* n_tokens x dim elements, then the n_tokens loip_step_token of the micro-batch */
-        int32_t want = h->kind == LOIP_MSG_HIDDEN ? LOIP_F32 : LOIP_I32;
-        if (h->dtype != want) BAD("message from %s: dtype %d not allowed for kind %u", who, h->dtype, h->kind);
-        if (h->n_tokens <= 0 || h->dim <= 0 || h->pos < 0)
-            BAD("message from %s: n_tokens %d, dim %d, pos %d", who, h->n_tokens, h->dim, h->pos);
-        if ((uint64_t)h->n_tokens * ((uint64_t)h->dim * 4 + sizeof(loip_step_token)) != h->payload_bytes)
-            BAD("message from %s: payload of %llu bytes but n_tokens %d x (dim %d x 4 + %zu) bytes", who,
-                (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, sizeof(loip_step_token));
-    } else if (h->kind == LOIP_MSG_RESULT) {
-        /* n_tokens loip_step_output, then logits rows (checked by the head, which knows the vocabulary) */
-        if (h->dtype != -1 || h->n_tokens < 0 ||
-            (uint64_t)h->n_tokens * sizeof(loip_step_output) > h->payload_bytes)
-            BAD("message from %s: a result of %d outputs (dtype %d) in %llu bytes", who, h->n_tokens, h->dtype,
-                (unsigned long long)h->payload_bytes);
+    if ((rc = loip_msg_check(h, large && kv ? UINT64_MAX : cap, who))) {
+        drain(s->z);
+        return rc;
     }
+#define BAD(...) do { rc = loip_fail(LOIP_EPROTO, __VA_ARGS__); drain(s->z); return rc; } while (0)
     uint64_t got = 0;
     if (h->payload_bytes) {
         if (!has_more) BAD("message from %s: header announces %llu payload bytes, none came", who,
