@@ -250,6 +250,12 @@ static int32_t nucleus(cand *c, int32_t n, double sum, float top_p, double *kept
     return hi;
 }
 
+LOIP_API int loip_sampler_skip(loip_sampler *s, uint64_t n) {
+    if (s == NULL) return loip_fail(LOIP_EINVAL, "loip_sampler_skip: sampler is NULL");
+    while (n--) (void)xoshiro_next(s->rng);
+    return 0;
+}
+
 /* ---- sample ------------------------------------------------------------------------------- */
 
 LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,

@@ -882,6 +882,9 @@ typedef struct loip_sampler_params {
 typedef struct loip_sampler loip_sampler;
 LOIP_API int loip_sampler_new(int32_t vocab_size, uint64_t seed, loip_sampler **out);
 LOIP_API void loip_sampler_free(loip_sampler *s);
+/* The state n draws on: a sampler re-made with the same seed after n samples at temperature > 0
+ * (each draws once) continues as the first would have. */
+LOIP_API int loip_sampler_skip(loip_sampler *s, uint64_t n);
 /* history: previous token ids (prompt and generated), for the repetition penalty. */
 LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
                                  const loip_sampler_params *p, const int32_t *history,
@@ -970,6 +973,8 @@ LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
 /* The request in slot seq is done (request must be the one it runs, 0: whatever it runs): the
  * slot's KV cache goes back to the pool, its sampler is freed. */
 LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request);
+/* Sequence seq's sampler as if it had drawn n times already (a request resumed on a new plan). */
+LOIP_API int loip_device_skip_draws(loip_device *d, int32_t seq, uint64_t n);
 /* Serve data messages until a control message arrives (returns 1: it is in h, payload[cap],
  * from[64]), timeout_ms passes (0), or a message is refused or a step fails (< 0; the head
  * has been sent an ERROR naming this device). */

@@ -179,6 +179,12 @@ LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
     return LOIP_OK;
 }
 
+LOIP_API int loip_device_skip_draws(loip_device *d, int32_t seq, uint64_t n) {
+    if (seq < 0 || seq >= d->cfg.max_seqs || !d->seqs[seq].sampler)
+        return loip_fail(LOIP_EINVAL, "device: no request in sequence slot %d", seq);
+    return loip_sampler_skip(d->seqs[seq].sampler, n);
+}
+
 LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     if (seq < 0 || seq >= d->cfg.max_seqs)
         return loip_fail(LOIP_EINVAL, "device: sequence slot %d out of range (%d slots)", seq, d->cfg.max_seqs);

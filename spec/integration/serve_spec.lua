@@ -20,6 +20,13 @@ local function read(p) return require("loip.tools.json").read_file(p) or "" end 
 
 local alive = require("loip.cluster.proc").alive
 
+-- Servers still running when a spec ends (it failed before stopping its own): stopped then, so
+-- that a failure leaves no process behind.
+local running = {}
+after_each(function()
+  for stop in pairs(running) do stop() end
+end)
+
 -- Start `loip serve ARGS --port 0`; returns base URL, a stop function, the stderr path.
 -- opts.verbose: its log line per request (not --quiet).
 local function serve(args, opts)
@@ -34,7 +41,9 @@ local function serve(args, opts)
     if url or not alive(pid) then break end
     C.loip_sleep_ms(50)
   end
-  local function stop()
+  local stop
+  stop = function()
+    running[stop] = nil
     os.execute("kill -TERM " .. pid .. " 2>/dev/null")
     for _ = 1, 200 do
       if not alive(pid) then break end
@@ -42,6 +51,7 @@ local function serve(args, opts)
     end
     if alive(pid) then os.execute("kill -KILL " .. pid) end
   end
+  running[stop] = true
   if not url then stop() end
   assert(url, "the server started: " .. read(dir .. "/err"))
   return url, stop, dir .. "/err"

@@ -454,6 +454,62 @@ function Cluster:set_link(i, rate, delay_ms)
   self.link_now[i] = { rate = rate, delay_ms = delay_ms }
 end
 
+-- A device was lost mid-request (died, hangs, unreachable: d.failed): it leaves the cluster (a
+-- local worker is killed, its sockets closed) and the others get a new plan from the same
+-- scheduler and options (more offloading where memory requires; an error naming the shortfall
+-- when they cannot hold the model). The requests keep their slots; their KV is gone and the
+-- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
+function Cluster:replan_after_loss(why)
+  local t0 = core.now_ms()
+  local keep, lost, gone = {}, {}, {}
+  for i, d in ipairs(self.devices) do
+    if d.failed then
+      lost[#lost + 1], gone[i] = i, true
+      if d.pid then
+        os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
+        local deadline = core.now_ms() + 3000
+        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+      end
+      for _, k in ipairs({ "ctl", "hb", "bulk" }) do if d[k] then d[k]:close() d[k] = nil end end
+    else
+      keep[#keep + 1] = d
+    end
+  end
+  if #keep == 0 then error("every device of the cluster is lost: " .. tostring(why), 0) end
+  -- per-device options lose the lost devices' entries; a plan given for the old set no longer applies
+  local function drop(t)
+    if type(t) ~= "table" then return t end
+    local o = {}
+    for i, v in ipairs(t) do if not gone[i] then o[#o + 1] = v end end
+    return o
+  end
+  local opts = {}
+  for k, v in pairs(self.plan_opts or {}) do opts[k] = v end
+  opts.slowdown, opts.disk_rate, opts.plan, opts.keep_requests = drop(opts.slowdown), drop(opts.disk_rate), nil, true
+  if type(opts.link) == "table" then
+    opts.link = { rate = drop(opts.link.rate), delay_ms = drop(opts.link.delay_ms), spin_us = opts.link.spin_us }
+  end
+  if opts.profile then
+    local pr = type(opts.profile) == "string" and require("loip.plan.profile").load(opts.profile) or opts.profile
+    if pr.devices then
+      local q = {}
+      for k, v in pairs(pr) do q[k] = v end
+      q.devices = drop(pr.devices)
+      pr = q
+    end
+    opts.profile = pr
+  end
+  self.devices, self.lending, self.link_now = keep, nil, nil
+  local ok, err = pcall(self.plan, self, opts)
+  if not ok then
+    error(string.format("lost device%s %s (%s), and the %d left cannot take over: %s", #lost > 1 and "s" or "",
+      table.concat(lost, ", "), tostring(why), #keep, tostring(err)), 0)
+  end
+  self.losses = self.losses or {}
+  self.losses[#self.losses + 1] = { step = self.step_no, devices = lost, why = tostring(why), devices_left = #keep,
+    replan_ms = core.now_ms() - t0 }
+end
+
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and
 -- give them the current plan again.
 function Cluster:revive()

@@ -14,7 +14,7 @@ function M.install(Cluster)
   function Cluster:start(seq, r)
     if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
     local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
-      n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0 })
+      n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws })
     -- every device at once, then their answers
     for i = 1, #self.devices do self:tell(i, { kind = "START", payload = body }) end
     for i = 1, #self.devices do self:answer(i, "START", 10000) end
@@ -47,7 +47,18 @@ function M.install(Cluster)
     local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
       dtype = C.LOIP_I32, dim = 1, payload = payload, bytes = ffi.sizeof(payload) }, 5000)
     if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
-    local r = self:await(step)
+    local ok_wait, r = pcall(self.await, self, step)
+    if not ok_wait then
+      -- a device died, hangs or cannot be reached: plan again over the others (the batcher
+      -- resumes every request from its tokens), unless told to fail
+      local lost = false
+      for _, d in ipairs(self.devices) do lost = lost or d.failed end
+      if lost and (self.plan_opts and self.plan_opts.on_device_loss or "replan") == "replan" then
+        self:replan_after_loss(r)
+        error(setmetatable({ replanned = true, msg = tostring(r) }, { __tostring = function(e) return e.msg end }), 0)
+      end
+      error(r, 0)
+    end
     local k, V = r.n_tokens, self.vocab
     local OUT = ffi.sizeof("loip_step_output")
     if #r.payload < k * OUT then error(string.format("device %d: a result of %d outputs in %d bytes", #self.devices, k, #r.payload), 0) end

@@ -240,6 +240,8 @@ function Worker:handle(msg)
       for k, id in ipairs(prompt) do ids[k - 1] = id end
       core.check(C.loip_device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
         #prompt, #prompt + (body.max_tokens or 0) + 1))
+      -- a request resumed on a new plan: its sampler goes on where it was
+      if (body.draws or 0) > 0 then core.check(C.loip_device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
       reply(self, msg.from, "READY", "")
     end)
     if not ok then reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL) end

@@ -192,6 +192,13 @@ function Batcher:step()
     engine_failed = not ok
   end
   self.stepping = nil
+  if not ok and engine_failed and type(outs) == "table" and outs.replanned then
+    -- the engine lost a device and planned again over the others: every request's KV is gone;
+    -- each is started again with its tokens so far as its prompt (its sampler resumed where it
+    -- was) and prefilled on the new plan, so that it goes on with the tokens it would have had
+    self:resume_all()
+    return true
+  end
   if not ok then
     -- the step failed: every request in it fails with the error. After the engine's own failure
     -- its state is unknown (slots are reset when next started); after the online policy's (it
@@ -271,6 +278,26 @@ function Batcher:with_recomputed(toks, owners)
       .. "plan with a larger batch", #out, #out - #toks, limit), 0)
   end
   for i = 1, #out do toks[i], owners[i] = out[i], own[i] end
+end
+
+-- After a re-plan (see Batcher:step): every running request from position 0 again, its prompt
+-- and the tokens it has so far prefilled.
+function Batcher:resume_all()
+  self.resumes = (self.resumes or 0) + 1
+  if self.online then self.online.memo = {} end
+  for _, r in ipairs(self.running) do
+    r.prompt0 = r.prompt0 or r.prompt
+    local full = {}
+    for i, id in ipairs(r.prompt0) do full[i] = id end
+    for _, id in ipairs(r.token_ids) do full[#full + 1] = id end
+    r.prompt, r.n_prompt, r.pos, r.evicted = full, #full, 0, nil
+    r.logit_rows = r.want_logits and 0 or r.logit_rows
+    local t = r.sampler and r.sampler.temperature
+    if t == nil then t = require("loip.model.sampler").defaults.temperature end
+    r.draws = t > 0 and #r.token_ids or 0
+    r.state = "prefill"
+    self.engine:start(r.seq, r)
+  end
 end
 
 -- A sampled id for r: stop, or keep it.

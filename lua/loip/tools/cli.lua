@@ -55,6 +55,9 @@ commands.generate = {
     { "online", "string", "the online policy run before every step (recipes/policies/online: loip, the default with "
       .. "--plan-context) or a file; none: off",
       default = "loip", metavar = "NAME|FILE.lua" },
+    { "on-device-loss", "string", "with --devices/--hosts: when a device dies, hangs or disconnects mid-request: replan (the "
+      .. "others take over, the request goes on with the same tokens) or fail", default = "replan",
+      check = function(v) return v == "replan" or v == "fail", "must be replan or fail" end },
     { "batch", "int", "with --devices/--hosts: tokens a step carries (prompt chunks, and the positions --online recompute "
       .. "recomputes; activations are sized for it; default 64)", check = function(v) return v > 0, "must be > 0" end },
     { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/links: switch, "
@@ -115,6 +118,7 @@ local function run_cluster(o)
     local loader = o.loader ~= "auto" and o.loader or nil
     local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
       stages = o.stages, context = o.context, batch = o.batch, loader = loader, verify_reads = o.verify_reads,
+      on_device_loss = o.on_device_loss,
       disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
       online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
@@ -175,6 +179,7 @@ local function run_cluster(o)
         scheduler = info and info.scheduler, cost_model = info and info.cost, scheduler_ms = info and info.scheduler_ms,
         devices = per_device, plan = require("loip.plan").bare(p), model = o.model,
         adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil,
+        device_losses = c.losses,
         link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil }), "\n")
     else
       io.stdout:write(rest, "\n")
@@ -188,6 +193,10 @@ local function run_cluster(o)
       end
       for _, a in ipairs(c:batcher().adaptations) do
         io.stderr:write("  ", require("loip.serve.online").describe(a), "\n")
+      end
+      for _, l in ipairs(c.losses or {}) do
+        io.stderr:write(string.format("  lost device %s at step %d (%s); re-planned over the %d left in %.0f ms\n",
+          table.concat(l.devices, ", "), l.step or 0, l.why, l.devices_left, l.replan_ms))
       end
     end
   end)

@@ -1,0 +1,105 @@
+-- A lost device costs a re-plan, not the request: a local worker killed (-9) or stopped
+-- (SIGSTOP) mid-generation leaves the cluster, the others are planned again and every request
+-- in flight goes on from its tokens with exactly the tokens a single device gives; greedy and
+-- seeded sampling alike; during a burst of concurrent requests too. --on-device-loss fail keeps
+-- the old behaviour: a clear error.
+local loip = require "loip"
+local cluster = require "loip.cluster"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+
+local S260 = T.root .. "/models/stories260K"
+local store_of = T.slice_store
+teardown(T.drop_stores)
+
+local PROMPTS = { { 1, 403, 407, 261, 31 }, { 1, 90, 22, 451 }, { 1, 320, 77, 9, 130, 11 } }
+
+local function reference(prompt, n, temperature)
+  local m = loip.model.open(S260, { context = 256, threads = 1 })
+  local it, s = m:generate(prompt, { max_tokens = n, temperature = temperature, seed = 7, stop = {} })
+  for _ in it do end
+  m:close()
+  return s.token_ids
+end
+
+-- A 3-device local cluster; run(c) with it, closed however run ends.
+local function with_cluster(popts, run)
+  local c = cluster.start_local { store = store_of(S260, "s260"), devices = 3, threads = 1 }
+  local ok, err = pcall(function()
+    c:plan(popts)
+    run(c)
+  end)
+  c:close()
+  if not ok then error(err, 0) end
+end
+
+describe("losing a device", function()
+  for _, case in ipairs({ { "KILL", 0 }, { "KILL", 0.9 }, { "STOP", 0 } }) do
+    local sig, temp = case[1], case[2]
+    it(string.format("re-plans over the others when one is %s mid-generation (temperature %g): the same tokens",
+      sig == "KILL" and "killed (-9)" or "stopped (SIGSTOP, resumed later)", temp), function()
+      local ref = reference(PROMPTS[1], 120, temp)
+      with_cluster({ context = 256, batch = 16, stages = 2 }, function(c)
+        local it, st = c:generate(PROMPTS[1], { max_tokens = 120, sampler = { temperature = temp }, seed = 7, stop = {} })
+        local n, pid = 0, c.devices[2].pid
+        local t_lost
+        for _ in it do
+          n = n + 1
+          if n == 40 then
+            os.execute("kill -" .. sig .. " " .. pid)
+            t_lost = require("loip.core").now_ms()
+          end
+        end
+        if sig == "STOP" then os.execute("kill -CONT " .. pid .. " 2>/dev/null") end
+        assert.are.same(ref, st.token_ids)
+        assert.are.equal(1, #c.losses)
+        local l = c.losses[1]
+        assert.are.same({ 2 }, l.devices)
+        assert.are.equal(2, l.devices_left)
+        assert.are.equal(2, #c.devices)
+        assert.matches(sig == "KILL" and "died during the request" or "has not answered for", l.why)
+        assert.is_true(l.replan_ms < 5000, "re-planned in " .. l.replan_ms .. " ms")
+        assert.is_false(require("loip.cluster.proc").alive(pid))
+        assert.is_not_nil(t_lost)
+      end)
+    end)
+  end
+
+  it("goes on with every request of a burst, each with its own tokens", function()
+    local refs = {}
+    for i, p in ipairs(PROMPTS) do refs[i] = reference(p, 60, 0) end
+    with_cluster({ context = 256, batch = 32, stages = 2, max_batch = 3, kv_tokens = 768 }, function(c)
+      local b = c:batcher()
+      local reqs = {}
+      for i, p in ipairs(PROMPTS) do
+        reqs[i] = b:submit { prompt = p, max_tokens = 60, sampler = { temperature = 0 }, stop = {} }
+      end
+      local pid = c.devices[3].pid
+      for _ = 1, 25 do b:step() end
+      os.execute("kill -KILL " .. pid)
+      b:drain()
+      for i, r in ipairs(reqs) do
+        assert.are.equal("length", r.finish_reason, tostring(r.error))
+        assert.are.same(refs[i], r.token_ids)
+      end
+      assert.are.equal(1, #c.losses)
+      assert.are.equal(1, b.resumes)
+    end)
+  end)
+
+  it("stops the request with a clear error under on_device_loss = fail", function()
+    with_cluster({ context = 256, batch = 16, stages = 2, on_device_loss = "fail" }, function(c)
+      local it = c:generate(PROMPTS[1], { max_tokens = 120, sampler = { temperature = 0 }, stop = {} })
+      local n = 0
+      local ok, err = pcall(function()
+        for _ in it do
+          n = n + 1
+          if n == 20 then os.execute("kill -KILL " .. c.devices[2].pid) end
+        end
+      end)
+      assert.is_false(ok)
+      assert.matches("device 2 .* died during the request", tostring(err))
+      assert.is_nil(c.losses)
+    end)
+  end)
+end)
