@@ -181,10 +181,11 @@ describe("the loip scheduler (DP)", function()
         p.links[i] = { rate_bps = 12.5e6, delay_ms = 1, transport_ms = 0.2 }
       end
       p.head.to_first = p.links[8]
-      -- the search's time, not this busy process's: the best of three (`loip plan` is checked
-      -- once, in a process of its own, by spec/integration/planning_spec.lua)
+      -- the search's time, not this busy process's (nor a machine busy with other work): the
+      -- best of five (`loip plan` is checked once, in a process of its own, by
+      -- spec/integration/planning_spec.lua)
       local q, est, best
-      for _ = 1, 3 do
+      for _ = 1, 5 do
         collectgarbage()
         local info
         q, est, info = policy.plan(p, { scheduler = "loip", cost = "loip" })
