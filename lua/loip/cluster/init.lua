@@ -499,7 +499,8 @@ function Cluster:replan_after_loss(why)
     end
     opts.profile = pr
   end
-  self.devices, self.lending, self.link_now = keep, nil, nil
+  -- (the batcher starts its running requests again on the new plan)
+  self.devices, self.lending, self.link_now, self.active = keep, nil, nil, 0
   local ok, err = pcall(self.plan, self, opts)
   if not ok then
     error(string.format("lost device%s %s (%s), and the %d left cannot take over: %s", #lost > 1 and "s" or "",
