@@ -1,8 +1,9 @@
 -- A lost device costs a re-plan, not the request: a local worker killed (-9) or stopped
 -- (SIGSTOP) mid-generation leaves the cluster, the others are planned again and every request
 -- in flight goes on from its tokens with exactly the tokens a single device gives; greedy and
--- seeded sampling alike; during a burst of concurrent requests too. --on-device-loss fail keeps
--- the old behaviour: a clear error.
+-- seeded sampling alike; during a burst of concurrent requests too; the lost local device is
+-- started again and taken back for the next request. --on-device-loss fail keeps the old
+-- behaviour: a clear error.
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local T = require "spec.support"
@@ -64,6 +65,27 @@ describe("losing a device", function()
       end)
     end)
   end
+
+  it("takes a lost local device back for the next request: a new plan over all three, the same tokens", function()
+    local ref = reference(PROMPTS[1], 60, 0)
+    with_cluster({ context = 256, batch = 16, stages = 2 }, function(c)
+      local it, st = c:generate(PROMPTS[1], { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+      local n = 0
+      for _ in it do
+        n = n + 1
+        if n == 20 then os.execute("kill -KILL " .. c.devices[3].pid) end
+      end
+      assert.are.same(ref, st.token_ids)
+      assert.are.equal(2, #c.devices)
+      local it2, st2 = c:generate(PROMPTS[1], { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+      for _ in it2 do end
+      assert.are.equal(3, #c.devices)
+      assert.are.equal(1, c.taken_back)
+      assert.are.equal(3, #c.plan_table.devices)
+      assert.are.same(ref, st2.token_ids)
+      for _, d in ipairs(c.devices) do assert.is_true(require("loip.cluster.proc").alive(d.pid)) end
+    end)
+  end)
 
   it("goes on with every request of a burst, each with its own tokens", function()
     local refs = {}

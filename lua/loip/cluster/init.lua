@@ -462,9 +462,13 @@ end
 function Cluster:replan_after_loss(why)
   local t0 = core.now_ms()
   local keep, lost, gone = {}, {}, {}
+  -- the options and devices as first planned: a local device lost is taken back when nothing runs
+  self.full_plan_opts = self.full_plan_opts or self.plan_opts
+  self.lost_devices = self.lost_devices or {}
   for i, d in ipairs(self.devices) do
     if d.failed then
       lost[#lost + 1], gone[i] = i, true
+      if d.pid then table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] }) end
       if d.pid then
         os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
         local deadline = core.now_ms() + 3000
@@ -509,6 +513,34 @@ function Cluster:replan_after_loss(why)
   self.losses = self.losses or {}
   self.losses[#self.losses + 1] = { step = self.step_no, devices = lost, why = tostring(why), devices_left = #keep,
     replan_ms = core.now_ms() - t0 }
+end
+
+-- Local devices lost earlier (replan_after_loss) started again and taken back, between
+-- requests: a new plan over every device as first planned. Returns how many came back.
+function Cluster:take_back()
+  if not self.spawned or not self.lost_devices or #self.lost_devices == 0 then return 0 end
+  local back = self.lost_devices
+  self.lost_devices = nil
+  for _, l in ipairs(back) do
+    -- in its place in the ring: before the device it was before, else at the end
+    local at = #self.devices + 1
+    for j, d in ipairs(self.devices) do if d == l.before then at = j break end end
+    table.insert(self.devices, at, l.d)
+  end
+  for i, d in ipairs(self.devices) do
+    if d.failed or not alive(d.pid) then
+      spawn(self, i)
+      d.failed = nil
+    end
+  end
+  self:connect_all()
+  local o = {}
+  for k, v in pairs(self.full_plan_opts or self.plan_opts or {}) do o[k] = v end
+  o.keep_requests = true
+  self:plan(o)
+  self.full_plan_opts = nil
+  self.taken_back = (self.taken_back or 0) + #back
+  return #back
 end
 
 -- Restart local workers that died (same port: their neighbours reconnect by themselves) and

@@ -28,8 +28,11 @@ function M.install(Cluster)
     for i = 1, #self.devices do self:tell(i, { kind = "END", payload = body }) end
   end
 
-  -- Nothing runs: restart devices that died (their KV is gone, and nothing needs it now).
-  function Cluster:idle() self:revive() end
+  -- Nothing runs: take back local devices lost mid-request (a new plan over all of them, the
+  -- next plan boundary), restart devices that died (their KV is gone, and nothing needs it now).
+  function Cluster:idle()
+    if self:take_back() == 0 then self:revive() end
+  end
 
   -- One micro-batch around the ring: toks (see loip.serve.batcher) into device 1, the outputs
   -- back from device N.
