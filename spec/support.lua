@@ -86,6 +86,14 @@ end
 -- (`loip test` is the loip binary), whatever build directory it is in.
 M.loip = os.getenv("LOIP_BIN") or require("loip.cluster.proc").exe()
 
+-- `loip generate --model store --threads 1 --temperature 0 --prompt 'Once upon a time' --json
+-- FLAGS`: its exit code, its JSON report (nil when it printed none) and its stderr.
+function M.generate_json(store, flags)
+  local rc, out, err = M.run(string.format("%s generate --model %s --threads 1 --temperature 0 "
+    .. "--prompt 'Once upon a time' --json %s", M.loip, store, flags))
+  return rc, require("loip.tools.json").decode(out), err
+end
+
 function M.u64le(n)
   local b = {}
   for i = 1, 8 do b[i] = string.char(n % 256) n = math.floor(n / 256) end

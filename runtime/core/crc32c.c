@@ -78,15 +78,6 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const uint8
 }
 #endif
 
-LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n) {
-    uint32_t c = ~crc;
-#if defined(__x86_64__)
-    if (have_hw < 0) have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    if (have_hw) return ~crc_hw(c, data, n);
-#endif
-    return ~crc_sw(c, data, n);
-}
-
 LOIP_API int loip_crc32c_hardware(void) {
 #if defined(__x86_64__)
     if (have_hw < 0) have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
@@ -96,12 +87,15 @@ LOIP_API int loip_crc32c_hardware(void) {
 #endif
 }
 
+LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n) {
+    return ~loip_crc32c_raw(~crc, data, n);
+}
+
 /* The raw CRC (no inversions) of n bytes continuing c: what pieces read in any order give, to be
  * put together with loip_crc32c_shift. */
 uint32_t loip_crc32c_raw(uint32_t c, const void *data, uint64_t n) {
 #if defined(__x86_64__)
-    if (have_hw < 0) have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    if (have_hw) return crc_hw(c, data, n);
+    if (loip_crc32c_hardware()) return crc_hw(c, data, n);
 #endif
     return crc_sw(c, data, n);
 }

@@ -431,14 +431,11 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
         if (s->n_free == 0)
             return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
                              "(%d tokens) are in use", seq, pos, s->n_groups, s->n_groups * s->kv_block);
-        if (s->kv_grows && s->budget) {
-            int rc = loip_budget_charge(s->budget, "kv", s->group_bytes);
-            if (rc) {
-                char why[400];
-                snprintf(why, sizeof why, "%s", loip_last_error());
-                return loip_fail(rc, "KV cache: sequence %d at position %d: %s", seq, pos, why);
-            }
-            s->kv_charged += s->group_bytes;
+        int rc = loip_session_kv_charge(s, s->group_bytes);
+        if (rc) {
+            char why[400];
+            snprintf(why, sizeof why, "%s", loip_last_error());
+            return loip_fail(rc, "KV cache: sequence %d at position %d: %s", seq, pos, why);
         }
         table[g] = s->free_groups[--s->n_free];
     }

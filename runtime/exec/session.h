@@ -6,6 +6,7 @@
 #include <stddef.h>
 
 #include "loip.h"
+#include "memory/budget.h"
 
 struct loip_session {
     const loip_model *m;
@@ -72,6 +73,20 @@ struct loip_session {
 /* The first row of chunk (layer slot, group g) of pool (k_cache or v_cache). */
 static inline float *chunk_at(const loip_session *s, float *pool, int slot, int32_t g) {
     return pool + ((size_t)slot * s->n_groups + (size_t)g) * s->kv_block * s->kv_dim;
+}
+
+/* The "kv" account of a growing session (loip_session_set_kv_growth) follows what it holds: bytes
+ * charged (the budget may refuse: its code, its message) or released. No-ops otherwise. */
+static inline int loip_session_kv_charge(loip_session *s, uint64_t bytes) {
+    if (!s->kv_grows || !s->budget) return LOIP_OK;
+    int rc = loip_budget_charge(s->budget, "kv", bytes);
+    if (rc == 0) s->kv_charged += bytes;
+    return rc;
+}
+static inline void loip_session_kv_release(loip_session *s, uint64_t bytes) {
+    if (!s->kv_grows || !s->budget) return;
+    loip_budget_release(s->budget, "kv", bytes);
+    s->kv_charged -= bytes;
 }
 
 /* Group g of seq back to the free list: its charge released, less its chunks lent away (their

@@ -25,10 +25,7 @@ void loip_session_release_group(loip_session *s, int32_t seq, int32_t g) {
         }
     }
     s->free_groups[s->n_free++] = g;
-    if (s->kv_grows && s->budget) {
-        loip_budget_release(s->budget, "kv", bytes);
-        s->kv_charged -= bytes;
-    }
+    loip_session_kv_release(s, bytes);
 }
 
 LOIP_API uint64_t loip_session_kv_chunk_bytes(const loip_session *s) { return s->chunk_bytes; }
@@ -41,9 +38,10 @@ static void drop_pages(void *p, size_t bytes) {
 }
 
 /* The chunks of seq's groups [g0, g0 + n) of layers [layer0, layer1): checked, each call visiting them in
- * one order (layers, then groups); want_lent: whether each must be lent (return) or home (lend). */
+ * one order (layers, then groups); want_lent: whether each must be lent (return) or home (lend);
+ * expect: the bytes a caller's buffer holds for them (UINT64_MAX: not checked). */
 static int lend_range(const loip_session *s, const char *what, int32_t seq, int32_t layer0, int32_t layer1,
-                      int32_t g0, int32_t n, int want_lent, uint64_t *bytes) {
+                      int32_t g0, int32_t n, int want_lent, uint64_t expect, uint64_t *bytes) {
     if (seq < 0 || seq >= s->max_seqs)
         return loip_fail(LOIP_EINVAL, "%s: sequence %d out of range (%d sequences)", what, seq, s->max_seqs);
     if (layer0 < 0 || layer1 > s->m->cfg.n_layers || layer0 >= layer1)
@@ -65,13 +63,16 @@ static int lend_range(const loip_session *s, const char *what, int32_t seq, int3
         }
     }
     *bytes = (uint64_t)(layer1 - layer0) * (uint64_t)n * s->chunk_bytes;
+    if (expect != UINT64_MAX && expect != *bytes)
+        return loip_fail(LOIP_EINVAL, "%s: %llu bytes for chunks of %llu", what, (unsigned long long)expect,
+                         (unsigned long long)*bytes);
     return LOIP_OK;
 }
 
 LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
                                   int32_t n, void *buf, uint64_t cap, uint64_t *bytes) {
     uint64_t need;
-    int rc = lend_range(s, "KV lend", seq, layer0, layer1, g0, n, 0, &need);
+    int rc = lend_range(s, "KV lend", seq, layer0, layer1, g0, n, 0, UINT64_MAX, &need);
     if (rc) return rc;
     if (need > cap)
         return loip_fail(LOIP_EINVAL, "KV lend: %llu bytes into a buffer of %llu", (unsigned long long)need,
@@ -91,10 +92,7 @@ LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, 
             s->seq_lent[(size_t)seq * s->n_kv_layers + slot]++;
         }
     }
-    if (s->kv_grows && s->budget) {
-        loip_budget_release(s->budget, "kv", need);
-        s->kv_charged -= need;
-    }
+    loip_session_kv_release(s, need);
     *bytes = need;
     return LOIP_OK;
 }
@@ -102,18 +100,12 @@ LOIP_API int loip_session_kv_lend(loip_session *s, int32_t seq, int32_t layer0, 
 LOIP_API int loip_session_kv_return(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
                                     int32_t n, const void *buf, uint64_t bytes) {
     uint64_t need;
-    int rc = lend_range(s, "KV return", seq, layer0, layer1, g0, n, 1, &need);
+    int rc = lend_range(s, "KV return", seq, layer0, layer1, g0, n, 1, bytes, &need);
     if (rc) return rc;
-    if (need != bytes)
-        return loip_fail(LOIP_EINVAL, "KV return: %llu bytes for chunks of %llu", (unsigned long long)bytes,
-                         (unsigned long long)need);
-    if (s->kv_grows && s->budget) {
-        if ((rc = loip_budget_charge(s->budget, "kv", need))) {
-            char why[400];
-            snprintf(why, sizeof why, "%s", loip_last_error());
-            return loip_fail(rc, "KV return: sequence %d's lent KV cannot come back: %s", seq, why);
-        }
-        s->kv_charged += need;
+    if ((rc = loip_session_kv_charge(s, need))) {
+        char why[400];
+        snprintf(why, sizeof why, "%s", loip_last_error());
+        return loip_fail(rc, "KV return: sequence %d's lent KV cannot come back: %s", seq, why);
     }
     const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
     size_t half = s->chunk_bytes / 2;
@@ -134,11 +126,8 @@ LOIP_API int loip_session_kv_return(loip_session *s, int32_t seq, int32_t layer0
 LOIP_API int loip_session_kv_attach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
                                     int32_t n, const void *buf, uint64_t bytes) {
     uint64_t need;
-    int rc = lend_range(s, "KV attach", seq, layer0, layer1, g0, n, 1, &need);
+    int rc = lend_range(s, "KV attach", seq, layer0, layer1, g0, n, 1, bytes, &need);
     if (rc) return rc;
-    if (need != bytes)
-        return loip_fail(LOIP_EINVAL, "KV attach: %llu bytes for chunks of %llu", (unsigned long long)bytes,
-                         (unsigned long long)need);
     const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
     const uint8_t *in = buf;
     for (int32_t l = layer0; l < layer1; l++)
@@ -153,7 +142,7 @@ LOIP_API int loip_session_kv_attach(loip_session *s, int32_t seq, int32_t layer0
 LOIP_API int loip_session_kv_detach(loip_session *s, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
                                     int32_t n) {
     uint64_t need;
-    int rc = lend_range(s, "KV detach", seq, layer0, layer1, g0, n, 1, &need);
+    int rc = lend_range(s, "KV detach", seq, layer0, layer1, g0, n, 1, UINT64_MAX, &need);
     if (rc) return rc;
     const int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
     for (int32_t l = layer0; l < layer1; l++)

@@ -7,10 +7,7 @@ teardown(function() T.cleanup() end)
 
 local S260 = T.root .. "/models/stories260K"
 
-local function generate(st, extra)
-  return T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --max-tokens 30 "
-    .. "--prompt 'Once upon a time' --json %s", T.loip, st, extra))
-end
+local function generate(st, extra) return T.generate_json(st, "--max-tokens 30 " .. extra) end
 
 describe("checked reads", function()
   it("slices a CRC32C per block file and names a damaged one on the read that finds it", function()
@@ -24,7 +21,7 @@ describe("checked reads", function()
     -- 1400K: every layer's blocks but the first few are read every step
     local rc0, out0, err0 = generate(st, "--mem 1400K --verify-reads")
     assert.are.equal(0, rc0, err0)
-    local ref = json.decode(out0).token_ids
+    local ref = out0.token_ids
     -- flip one bit of an offloaded block file
     local path = st .. "/layer-002-mlp.bin"
     local f = assert(io.open(path, "r+b"))
@@ -41,7 +38,7 @@ describe("checked reads", function()
     -- unchecked, the damage goes unnoticed (exit 0)
     local rc2, out2, err2 = generate(st, "--mem 1400K")
     assert.are.equal(0, rc2, err2)
-    assert.are.equal(30, #json.decode(out2).token_ids)
+    assert.are.equal(30, #out2.token_ids)
     assert.is_not_nil(ref)
   end)
 

@@ -30,11 +30,7 @@ local function tokens(st, devices, popts, n, each)
   return out
 end
 
-local function cli(st, extra)
-  local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --context 512 --stages 3 --temperature 0 "
-    .. "--max-tokens 400 --prompt 'Once upon a time' --json %s", T.loip, st, extra))
-  return rc, json.decode(out), err
-end
+local function cli(st, extra) return T.generate_json(st, "--context 512 --stages 3 --max-tokens 400 " .. extra) end
 
 describe("KV lending", function()
   it("ships a stage's oldest KV to another device after it runs and fetches it back: the same tokens", function()

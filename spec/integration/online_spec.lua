@@ -21,9 +21,7 @@ local function reference(st, n)
 end
 
 local function generate(st, extra)
-  local rc, out, err = T.run(string.format("%s generate --model %s --devices 2 --mem 960K,960K --threads 1 --context 512 "
-    .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --json %s", T.loip, st, extra))
-  return rc, json.decode(out), err
+  return T.generate_json(st, "--devices 2 --mem 960K,960K --context 512 --stages 3 --max-tokens 400 " .. extra)
 end
 
 describe("online adaptation", function()

@@ -37,6 +37,13 @@ Cluster.__index = Cluster
 -- requests through the ring: c:start, c:step, c:finish, c:batcher, c:generate, c:logits
 require("loip.cluster.requests").install(Cluster)
 
+-- A local worker killed (-9), waited for until it is gone (its socket path free again).
+local function kill_worker(pid)
+  os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+  local deadline = core.now_ms() + 3000
+  while alive(pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+end
+
 -- Spawn one local worker (device i) and wait for its endpoint. Local workers listen on Unix
 -- sockets in the cluster's directory (less per-message overhead than loopback TCP; a
 -- restarted worker takes the same path, so its neighbours reconnect by themselves).
@@ -468,11 +475,9 @@ function Cluster:replan_after_loss(why)
   for i, d in ipairs(self.devices) do
     if d.failed then
       lost[#lost + 1], gone[i] = i, true
-      if d.pid then table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] }) end
       if d.pid then
-        os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
-        local deadline = core.now_ms() + 3000
-        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+        table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] })
+        kill_worker(d.pid)
       end
       for _, k in ipairs({ "ctl", "hb", "bulk" }) do if d[k] then d[k]:close() d[k] = nil end end
     else
@@ -551,9 +556,7 @@ function Cluster:revive()
   for i, d in ipairs(self.devices) do
     if d.failed or not alive(d.pid) then
       -- a device that hung is replaced too; wait until the old process is gone (its port)
-      os.execute("kill -KILL " .. d.pid .. " 2>/dev/null")
-      local deadline = core.now_ms() + 3000
-      while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+      kill_worker(d.pid)
       spawn(self, i)
       d.failed, any = nil, true
     end

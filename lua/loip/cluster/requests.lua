@@ -132,14 +132,10 @@ function M.install(Cluster)
   -- small ones). A STATS round trip to every device.
   function Cluster:link_state()
     local N, out = #self.devices, {}
-    local stats = self:stats()
+    local stats, rates = self:stats(), self:link_rates()
     for i = 1, N do
       local recv = stats[i % N + 1] or {}
-      local l = { }
-      local now = (self.link_now or {})[i]
-      local planned = self.plan_opts and self.plan_opts.link and self.plan_opts.link.rate
-      local rate = now and now.rate or (type(planned) == "table" and planned[i] or planned)
-      l.rate_Bps = rate and transport.parse_rate(rate) or nil
+      local l = { rate_Bps = rates[i] }
       for _, x in ipairs(recv.links or {}) do
         if x.peer == "d" .. i then l.measured_Bps, l.latency_ms = x.bandwidth_Bps, x.latency_ms end
       end

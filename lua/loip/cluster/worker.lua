@@ -159,6 +159,16 @@ function Worker:build(msg)
   return d, budget, N, S, i, math.min(batch, ctx)
 end
 
+-- The device a between-steps message (CHANGE, LEND) applies to: it must name the plan it runs.
+local function current_device(self, body, what)
+  local d = self.dev
+  if not d or not d.device then error(what .. " before a plan", 0) end
+  if body.plan_id ~= d.plan_id then
+    error(string.format("%s of plan %s, this device runs plan %s (stale)", what, tostring(body.plan_id), tostring(d.plan_id)), 0)
+  end
+  return d
+end
+
 local function reply(self, to, kind, payload, status, sock)
   (sock or self.sock):send { to = to, kind = kind, payload = payload, status = status or 0, dtype = -1 }
 end
@@ -249,11 +259,7 @@ function Worker:handle(msg)
     -- a live plan change between steps: a stage's offloaded prefix grows or shrinks
     local ok, err = pcall(function()
       local body = assert(json.decode(msg.payload))
-      local d = self.dev
-      if not d or not d.device then error("CHANGE before a plan", 0) end
-      if body.plan_id ~= d.plan_id then
-        error(string.format("a change of plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
-      end
+      local d = current_device(self, body, "a change")
       local p2, descs = store.restage { verify_reads = d.verify_reads, runner = d.runner, model = d.model, keep = d.keep,
         dir = self.opts.store, man = self.man,
         plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
@@ -279,11 +285,7 @@ function Worker:handle(msg)
     -- them back before the stage runs again; no peer: everything comes home and lending stops
     local ok, err = pcall(function()
       local body = assert(json.decode(msg.payload))
-      local d = self.dev
-      if not d or not d.device then error("LEND before a plan", 0) end
-      if body.plan_id ~= d.plan_id then
-        error(string.format("lending for plan %s, this device runs plan %s (stale)", tostring(body.plan_id), tostring(d.plan_id)), 0)
-      end
+      local d = current_device(self, body, "lending")
       local S = #d.plan.devices[d.index].stages
       local layers = ffi.new("int32_t[?]", 2 * S)
       for s, st in ipairs(d.plan.devices[d.index].stages) do

@@ -105,15 +105,19 @@ function Online:before_step(toks)
   if not self.policy then return end
   local st = self:state(toks)
   local b = self.batcher
+  -- run change() and keep the adaptation a (with the step, the context and its time)
+  local function adapt(a, change)
+    local t0 = tonumber(core.C.loip_now_ns())
+    change()
+    local t1 = tonumber(core.C.loip_now_ns())
+    a.step, a.context, a.ms, a.t0_ns, a.t1_ns = st.step, st.context, (t1 - t0) / 1e6, t0, t1
+    b.adaptations[#b.adaptations + 1] = a
+  end
   local control = {
     restage = function(i, stage, offloaded)
       local d = st.devices[i]
       local from = d and d.stages[stage] and d.stages[stage].offloaded
-      local t0 = tonumber(core.C.loip_now_ns())
-      self.engine:restage(i, stage, offloaded)
-      local t1 = tonumber(core.C.loip_now_ns())
-      b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, device = i, stage = stage, from = from,
-        to = offloaded, ms = (t1 - t0) / 1e6, t0_ns = t0, t1_ns = t1 }
+      adapt({ device = i, stage = stage, from = from, to = offloaded }, function() self.engine:restage(i, stage, offloaded) end)
     end,
     log = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
     -- request id's first `positions` positions (a multiple of 16, never fewer) keep no KV from
@@ -137,13 +141,9 @@ function Online:before_step(toks)
     -- (nil: lending stops); loip.cluster's Cluster:lend
     lend = function(i, holder, groups)
       if not self.engine.lend then error("lend: this engine has one device", 0) end
-      local d = st.devices[i]
-      local from = d and d.lend
-      local t0 = tonumber(core.C.loip_now_ns())
-      self.engine:lend(i, holder, groups)
-      local t1 = tonumber(core.C.loip_now_ns())
-      b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, device = i, lend_to = holder,
-        lend_groups = holder and groups or 0, lend_from = from and from.groups or 0, ms = (t1 - t0) / 1e6, t0_ns = t0, t1_ns = t1 }
+      local from = st.devices[i] and st.devices[i].lend
+      adapt({ device = i, lend_to = holder, lend_groups = holder and groups or 0, lend_from = from and from.groups or 0 },
+        function() self.engine:lend(i, holder, groups) end)
     end,
   }
   self.policy.on_step(st, control)
