@@ -1,6 +1,9 @@
 /* Aligned allocation, buffers (aligned, zeroed) and read-only file mappings. */
 #include <errno.h>
 #include <fcntl.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,15 @@ void *loip_aligned_alloc(size_t bytes) {
 }
 
 void loip_aligned_free(void *p) { free(p); }
+
+LOIP_API uint64_t loip_heap_in_use(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 33)
+    struct mallinfo2 mi = mallinfo2();
+    return (uint64_t)mi.uordblks + (uint64_t)mi.hblkhd;
+#else
+    return 0;
+#endif
+}
 
 struct loip_buffer {
     void *data;

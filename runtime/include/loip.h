@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 22, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 23, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -120,6 +120,10 @@ LOIP_API int loip_buffer_new(uint64_t bytes, loip_buffer **out);
 LOIP_API void loip_buffer_free(loip_buffer *buf);
 LOIP_API void *loip_buffer_data(loip_buffer *buf);
 LOIP_API uint64_t loip_buffer_size(const loip_buffer *buf);
+
+/* Bytes the C heap (malloc) holds in use by this process, small and mmapped blocks alike
+ * (glibc's mallinfo2); 0 where the C library cannot say. */
+LOIP_API uint64_t loip_heap_in_use(void);
 
 typedef struct loip_mapping loip_mapping;
 /* Read-only memory map of a whole file. */

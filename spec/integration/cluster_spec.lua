@@ -296,6 +296,18 @@ describe("a cluster of local workers", function()
     assert.matches("start each `loip worker` with %-%-cpu%-latency", err10)
   end)
 
+  it("stops where one device stops: at the model's own stop ids (llama2.c's: BOS as well as EOS)", function()
+    -- seed 178 at temperature 1 ends its story with BOS after 104 tokens; the tokenizer alone
+    -- calls only EOS an end (the cluster used to go on to --max-tokens)
+    local flags = "--prompt Tom --temperature 1 --seed 178 --max-tokens 300 --context 512"
+    local rc1, one, err1 = T.generate_json(S260, flags)
+    assert.are.equal(0, rc1, err1)
+    assert.are.equal(104, one.generated_tokens)
+    local rc2, two, err2 = T.generate_json(store_of(S260, "s260"), "--devices 2 " .. flags)
+    assert.are.equal(0, rc2, err2)
+    assert.are.same(one.token_ids, two.token_ids)
+  end)
+
   it("refuses devices whose slice stores differ, before anything loads", function()
     local a = store_of(S260, "s260")
     local b = T.tmpdir() .. "/other"

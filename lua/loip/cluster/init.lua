@@ -327,7 +327,8 @@ end
 function Cluster:plan(opts)
   opts = opts or {}
   self.plan_opts = opts
-  local cfg = store.config(self.store, self.man)
+  local cfg, facts = store.config(self.store, self.man)
+  self.facts = facts
   local ctx, batch = opts.context or math.min(cfg.max_seq, 512), opts.batch or 64
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim

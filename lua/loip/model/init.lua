@@ -156,10 +156,17 @@ function M.open(path, opts)
         self.tokenizer.path, self.tokenizer.vocab_size, cfg.vocab_size), 0)
     end
   end
-  local eos = facts.eos_token_id
-  if eos == nil and self.tokenizer then eos = self.tokenizer.stop_ids or self.tokenizer.eos_id end
-  self.stop_ids = type(eos) == "table" and eos or { eos }
+  self.stop_ids = M.stop_ids(facts, self.tokenizer)
   return self
+end
+
+-- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;
+-- llama2.c's checkpoints stop on BOS as well as EOS), else the tokenizer's. One rule for a
+-- model on this machine and for a cluster serving its store.
+function M.stop_ids(facts, tok)
+  local eos = facts and facts.eos_token_id
+  if eos == nil and tok then eos = tok.stop_ids or tok.eos_id end
+  return type(eos) == "table" and eos or { eos }
 end
 
 -- The plan for a slice store: the one given (table or file), else everything resident when the

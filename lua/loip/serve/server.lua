@@ -35,7 +35,9 @@ function M.new(opts)
   self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
   self.n_sample = math.min(self.tok.vocab_size, self.vocab)
   self.stop_ids = {}
-  local stops = opts.stop_ids or (type(self.tok.stop_ids) == "table" and self.tok.stop_ids) or { self.tok.eos_id }
+  -- the model's stop ids, on one device or a cluster alike (loip.model.stop_ids)
+  local stops = opts.stop_ids or (opts.model and opts.model.stop_ids)
+    or require("loip.model").stop_ids(opts.cluster and opts.cluster.facts, self.tok)
   for _, id in ipairs(stops) do self.stop_ids[id] = true end
   local h, err = http.start { host = opts.host or "127.0.0.1", port = opts.port or 0, max_body = opts.max_body or 4 * 1024 * 1024,
     timeout_s = opts.timeout_s or 30 }
@@ -214,6 +216,22 @@ function Server:on_done(a)
   end
 end
 
+-- What /health answers: the model, requests running and queued and, when a cluster serves,
+-- its devices (endpoint, process id of a local worker), how many were lost (and `losses`, each
+-- with the step, the devices, why, how many were left and the re-plan's time) and taken back.
+function Server:health()
+  local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued() }
+  local c = self.opts.cluster
+  if c then
+    h.devices = {}
+    for i, d in ipairs(c.devices) do h.devices[i] = { device = i, endpoint = d.endpoint, pid = d.pid } end
+    h.device_losses = c.losses and #c.losses or 0
+    if h.device_losses > 0 then h.losses = c.losses end
+    h.devices_taken_back = c.taken_back or 0
+  end
+  return h
+end
+
 function Server:metrics_text()
   local m, b = self.metrics, self.batcher
   m:set("loip_queue_depth", "requests waiting for a slot", b:queued())
@@ -223,6 +241,8 @@ function Server:metrics_text()
   m:set("loip_steps_total", "micro-batch steps run", b.stats.steps)
   m:set("loip_adaptations_total", "live plan changes the online policy made", #b.adaptations)
   m:set("loip_step_ms_total", "time in steps", b.stats.step_ms)
+  m:set("loip_lua_heap_bytes", "the serving process's Lua heap", math.floor(collectgarbage("count") * 1024))
+  m:set("loip_c_heap_bytes", "the serving process's C heap in use (malloc)", tonumber(C.loip_heap_in_use()))
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   if dev then
     for i, d in ipairs(dev) do
@@ -280,7 +300,7 @@ function Server:dispatch(req)
     if id ~= self.name then return fail(req, 404, string.format("The model '%s' does not exist", id), nil, "model", "model_not_found") end
     answer(req, 200, openai.encode({ id = self.name, object = "model", created = self.created, owned_by = "loip" }))
   elseif path == "/health" then
-    answer(req, 200, json.encode({ status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued() }))
+    answer(req, 200, json.encode(self:health()))
   elseif path == "/metrics" then
     req:respond(200, "text/plain; version=0.0.4", self:metrics_text())
   else

@@ -127,7 +127,7 @@ local function run_cluster(o)
     local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()
     local stop = {}
-    for _, id in ipairs(type(tok.stop_ids) == "table" and tok.stop_ids or { tok.eos_id }) do stop[id] = true end
+    for _, id in ipairs(require("loip.model").stop_ids(c.facts, tok)) do stop[id] = true end
     local seed = o.seed or os.time()
     local it, st = c:generate(ids, { max_tokens = o.max_tokens, stop = stop, seed = seed,
       n_sample = math.min(tok.vocab_size, c.vocab), sampler = { temperature = o.temperature, top_k = o.top_k,

@@ -100,7 +100,7 @@ function M.commands(shared)
       local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template,
         name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
         prefill = o.prefill,
-        stop_ids = m and m.stop_ids, quiet = o.quiet }
+        quiet = o.quiet }
       -- the address first, on stdout (port 0: the one chosen), for scripts that start us
       io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
       io.stdout:flush()
