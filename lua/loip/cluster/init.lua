@@ -345,6 +345,9 @@ function Cluster:plan(opts)
   local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens, kv_plan_tokens = opts.kv_plan_tokens })
   self.sizes = sizes
+  -- the largest RESULT the last device sends: an output per token of a step and the logits
+  -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
+  self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = plan.load(p), p end
   local mopts = { cluster = true, loader = opts.loader }
@@ -622,7 +625,7 @@ function Cluster:await(step, timeout_ms)
           i, d.endpoint, silent / 1000), 0)
       end
     end
-    local r = self.results:recv(50, 64 * 1024 * 1024)
+    local r = self.results:recv(50, self.result_bytes)
     if r then
       local i = tonumber(r.from:match("^d(%d+)$"))
       if i and self.devices[i] then self.devices[i].last_seen = core.now_ms() end
