@@ -71,6 +71,10 @@ describe("a cluster of local workers", function()
             local l = c:logits(ids)
             assert.are.equal(0, T.bit_diffs(ref_l, l, #ids * V), what)
             assert.are.same(ref_t, greedy_ids(c, ids, 24), what)
+            -- the head's buffer for results is what the plan can send: a step's outputs and its
+            -- logits rows (it was 64 MiB, zero-filled: most of a serving head's memory)
+            assert.are.equal(7 * ffi.sizeof("loip_step_output") + 4 * V * 4, c.result_bytes)
+            assert.is_true(c.results.cap <= c.result_bytes, what)
           end
         end
         -- the conventional baseline: one stage each, offloaded blocks read when their turn comes
