@@ -99,6 +99,12 @@ function M.read_manifest(dir)
   local path = dir .. "/manifest.json"
   local man, err = json.load(path)
   if not man then error(err .. "; the manifest is damaged: " .. M.redo(nil, dir), 0) end
+  return M.check_manifest(man, dir)
+end
+
+-- A decoded manifest (of store dir, for the messages) checked as read_manifest checks it.
+function M.check_manifest(man, dir)
+  local path = dir .. "/manifest.json"
   if type(man) ~= "table" or man.format ~= M.FORMAT then
     error(path .. ": not a loip slice store manifest (no \"format\": \"" .. M.FORMAT .. "\")", 0)
   end
