@@ -92,6 +92,25 @@ describe("opening a bad model", function()
     assert.matches("config.json: invalid JSON", open_error(make_model("{ nope", tensors_for(base_config(), "F32"))), 1, true)
   end)
 
+  it("rejects a config.json of one JSON value, and JSON with a NUL byte or NaN (found by fuzz_manifest and fuzz_safetensors)", function()
+    -- a file of `false` used to raise an error with no message; cjson took the text before a
+    -- NUL byte for the whole, and NaN for a number
+    assert.matches("config.json: not a JSON object or array", open_error(make_model("false", tensors_for(base_config(), "F32"))), 1, true)
+    local cfg = cjson.encode(base_config())
+    assert.matches("config.json: invalid JSON: a NUL byte at offset " .. #cfg,
+      open_error(make_model(cfg .. "\0garbage", tensors_for(base_config(), "F32"))), 1, true)
+    assert.matches("config.json: invalid JSON", open_error(make_model(cfg:gsub('"rms_norm_eps":[^,}]+', '"rms_norm_eps":NaN'),
+      tensors_for(base_config(), "F32"))), 1, true)
+    -- a safetensors header that is JSON but not an object
+    local dir = make_model(base_config(), tensors_for(base_config(), "F32"))
+    for _, h in ipairs({ "false", "false\0\0\0{}", "[1, 2]" }) do
+      T.write(dir .. "/model.safetensors", T.u64le(#h) .. h)
+      local err = open_error(dir)
+      assert.is_string(err)
+      assert.matches("model.safetensors: ", err, 1, true)
+    end
+  end)
+
   it("names a missing tensor", function()
     local ts = tensors_for(base_config(), "F32")
     ts["model.layers.0.mlp.up_proj.weight"] = nil

@@ -25,6 +25,15 @@ describe("loip.serve.openai", function()
     assert.is_false(openai.utf8_valid("\xC3"))
     assert.is_false(openai.utf8_valid("\xED\xA0\x80")) -- a surrogate
     assert.is_true(openai.utf8_valid("caf\xC3\xA9 \xF0\x9F\x98\x80"))
+    -- found by fuzz_openai: NaN is no JSON, an overflowing number no value (both raised an
+    -- internal error: the server answered 500)
+    _, e = openai.parse("chat", '{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":NaN}')
+    assert.are.equal("invalid_json", e.code)
+    for _, k in ipairs({ "temperature", "seed", "max_tokens" }) do
+      _, e = openai.parse("completion", '{"model":"m","prompt":"x","' .. k .. '":1e400}')
+      assert.are.equal(400, e.status)
+      assert.are.equal(k, e.param)
+    end
   end)
 
   it("stops at a stop string split across pieces, holding back only what could begin one", function()

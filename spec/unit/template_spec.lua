@@ -459,6 +459,14 @@ describe("template: API", function()
     assert.equals("RecursionError at line 1: maximum recursion depth exceeded", err)
   end)
 
+  it("takes a truncated UTF-8 sequence for its bytes, not an internal error (found by fuzz_template)", function()
+    for _, src in ipairs({ '{{ "a\228\128"|trim }}', '{{ "\228\128 "|upper }}', '{{ "\240\159\152"|capitalize }}',
+      '{{ "\228\128".isspace() }}', '{{ "x\228\128"|title }}' }) do
+      local out, err = template.render(src, {})
+      assert.is_string(out, err)
+    end
+  end)
+
   it("refuses a non-string template", function()
     assert.has_error(function() template.compile(nil) end)
   end)

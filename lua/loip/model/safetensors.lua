@@ -42,7 +42,7 @@ function M.open(path)
     return fail(string.format("header length %d runs past the end of the file (%d bytes)", hlen, size))
   end
   local header, jerr = json.decode(ffi.string(base + 8, hlen), "header")
-  if not header then return fail(jerr) end
+  if header == nil then return fail(jerr) end
   if type(header) ~= "table" then return fail("header is not a JSON object") end
   local data_size = size - 8 - hlen
   local tensors, spans = {}, {}

@@ -55,7 +55,8 @@ end
 local function number_in(body, k, lo, hi, integer)
   local v = body[k]
   if v == nil or v == json.null then return true end
-  if type(v) ~= "number" or v ~= v then return false, string.format("'%s' must be a number, not %s", k, json.encode(v)) end
+  if type(v) ~= "number" then return false, string.format("'%s' must be a number, not %s", k, json.encode(v)) end
+  if v ~= v or v == math.huge or v == -math.huge then return false, string.format("'%s' must be a finite number", k) end
   if integer and v ~= math.floor(v) then return false, string.format("'%s' must be an integer, not %s", k, tostring(v)) end
   if (lo and v < lo) or (hi and v > hi) then
     return false, string.format("'%s' is %s; it must be in [%s, %s]", k, tostring(v), tostring(lo or "-inf"), tostring(hi or "inf"))

@@ -1,5 +1,8 @@
 -- JSON files with errors that name the file.
-local cjson = require "cjson.safe"
+-- a private instance, strict: NaN, Infinity and hexadecimal numbers are not JSON
+local cjson = require("cjson.safe").new()
+cjson.decode_invalid_numbers(false)
+cjson.encode_invalid_numbers(false)
 
 local M = {}
 
@@ -7,7 +10,9 @@ M.null = cjson.null
 -- cjson escapes every "/" as "\/": valid, but noisy in paths. Every "/" it emits carries
 -- that escape, so dropping the backslash before a "/" is exact.
 function M.encode(v)
-  return (cjson.encode(v):gsub("\\/", "/"))
+  local s, err = cjson.encode(v)
+  if not s then error("JSON: cannot encode: " .. tostring(err), 2) end
+  return (s:gsub("\\/", "/"))
 end
 
 local function holds_objects(a)
@@ -66,6 +71,10 @@ function M.encode_sorted(v, indent, level)
 end
 
 function M.decode(text, what)
+  -- cjson stops at a NUL byte and takes what came before it for the whole text; JSON has no
+  -- raw NUL anywhere (in a string it is escaped)
+  local nul = text:find("\0", 1, true)
+  if nul then return nil, string.format("%s: invalid JSON: a NUL byte at offset %d", what or "JSON", nul - 1) end
   local v, err = cjson.decode(text)
   if v == nil then return nil, (what or "JSON") .. ": invalid JSON: " .. tostring(err) end
   return v
@@ -93,11 +102,15 @@ function M.write_file(path, text)
   return true
 end
 
--- Decode a JSON file; nil, "path: reason" on any failure.
+-- Decode a JSON file holding an object or an array (every file loip reads); nil, "path:
+-- reason" on any failure, a file of one scalar (false, null, 3) included.
 function M.load(path)
   local text, err = M.read_file(path)
   if not text then return nil, err end
-  return M.decode(text, path)
+  local v, derr = M.decode(text, path)
+  if v == nil then return nil, derr end
+  if type(v) ~= "table" then return nil, path .. ": not a JSON object or array" end
+  return v
 end
 
 function M.exists(path)

@@ -38,9 +38,12 @@ end
 function M.cp(c)
   local b1, b2, b3, b4 = byte(c, 1, 4)
   if not b1 then return nil end
-  if b1 < 0x80 or not b2 then return b1 end
+  -- ASCII, a stray continuation byte, or a lead byte without all its continuation bytes
+  if b1 < 0xC0 or not b2 then return b1 end
   if b1 < 0xE0 then return (b1 - 0xC0) * 64 + (b2 - 0x80) end
+  if not b3 then return b1 end
   if b1 < 0xF0 then return ((b1 - 0xE0) * 64 + (b2 - 0x80)) * 64 + (b3 - 0x80) end
+  if not b4 then return b1 end
   return (((b1 - 0xF0) * 64 + (b2 - 0x80)) * 64 + (b3 - 0x80)) * 64 + (b4 - 0x80)
 end
 
