@@ -87,6 +87,68 @@ describe("losing a device", function()
     end)
   end)
 
+  it("takes back a --hosts worker that answers again (restarted on its port) for the next request", function()
+    local ref = reference(PROMPTS[1], 60, 0)
+    local st = store_of(S260, "s260")
+    local token = "spec-device-loss-" .. os.time()
+    local dir = T.tmpdir()
+    local pids = {}
+    -- a worker on endpoint ep ("tcp://127.0.0.1:*": any port); its pid and the endpoint it took
+    local function worker(k, ep)
+      local out = string.format("%s/worker-%d-%d.out", dir, k, #pids)
+      local p = io.popen(string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen '%s' --store %s --threads 1 > %s 2>/dev/null & echo $!",
+        token, T.loip, ep, st, out))
+      local pid = tonumber(p:read("*l"))
+      p:close()
+      pids[#pids + 1] = pid
+      local got
+      for _ = 1, 200 do
+        local f = io.open(out) -- (made when the shell starts it)
+        got = f and f:read("*a"):match("listening (%S+)")
+        if f then f:close() end
+        if got then break end
+        require("loip.core").C.loip_sleep_ms(25)
+      end
+      assert(got, "worker " .. k .. " started")
+      return pid, got
+    end
+    local ok, err = pcall(function()
+      local eps, wp = {}, {}
+      for k = 1, 3 do wp[k], eps[k] = worker(k, "tcp://127.0.0.1:*") end
+      local c = cluster.connect(eps, { store = st, token = token })
+      local cok, cerr = pcall(function()
+        c:plan { context = 256, batch = 16, stages = 2 }
+        local it, s1 = c:generate(PROMPTS[1], { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+        local n = 0
+        for _ in it do
+          n = n + 1
+          if n == 20 then os.execute("kill -KILL " .. wp[2]) end
+        end
+        assert.are.same(ref, s1.token_ids)
+        assert.are.equal(2, #c.devices)
+        -- while it is away, requests run on the other two
+        local it2, s2 = c:generate(PROMPTS[1], { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+        for _ in it2 do end
+        assert.are.same(ref, s2.token_ids)
+        assert.are.equal(2, #c.devices)
+        -- back on its port: the next request finds it
+        worker(2, eps[2])
+        require("loip.core").C.loip_sleep_ms(2100) -- (a device away is asked again every 2 s)
+        local it3, s3 = c:generate(PROMPTS[1], { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+        for _ in it3 do end
+        assert.are.same(ref, s3.token_ids)
+        assert.are.equal(3, #c.devices)
+        assert.are.equal(eps[2], c.devices[2].endpoint)
+        assert.are.equal(1, c.taken_back)
+        assert.are.equal(3, #c.plan_table.devices)
+      end)
+      c:close()
+      assert(cok, cerr)
+    end)
+    for _, pid in ipairs(pids) do os.execute("kill " .. pid .. " 2>/dev/null") end
+    assert(ok, err)
+  end)
+
   it("goes on with every request of a burst, each with its own tokens", function()
     local refs = {}
     for i, p in ipairs(PROMPTS) do refs[i] = reference(p, 60, 0) end

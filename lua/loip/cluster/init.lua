@@ -465,31 +465,9 @@ function Cluster:set_link(i, rate, delay_ms)
   self.link_now[i] = { rate = rate, delay_ms = delay_ms }
 end
 
--- A device was lost mid-request (died, hangs, unreachable: d.failed): it leaves the cluster (a
--- local worker is killed, its sockets closed) and the others get a new plan from the same
--- scheduler and options (more offloading where memory requires; an error naming the shortfall
--- when they cannot hold the model). The requests keep their slots; their KV is gone and the
--- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
-function Cluster:replan_after_loss(why)
-  local t0 = core.now_ms()
-  local keep, lost, gone = {}, {}, {}
-  -- the options and devices as first planned: a local device lost is taken back when nothing runs
-  self.full_plan_opts = self.full_plan_opts or self.plan_opts
-  self.lost_devices = self.lost_devices or {}
-  for i, d in ipairs(self.devices) do
-    if d.failed then
-      lost[#lost + 1], gone[i] = i, true
-      if d.pid then
-        table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] })
-        kill_worker(d.pid)
-      end
-      for _, k in ipairs({ "ctl", "hb", "bulk" }) do if d[k] then d[k]:close() d[k] = nil end end
-    else
-      keep[#keep + 1] = d
-    end
-  end
-  if #keep == 0 then error("every device of the cluster is lost: " .. tostring(why), 0) end
-  -- per-device options lose the lost devices' entries; a plan given for the old set no longer applies
+-- Plan options for the cluster without the devices gone[i]: the options given per device lose
+-- those entries; a plan given for the old set no longer applies; running requests are kept.
+local function without_devices(plan_opts, gone)
   local function drop(t)
     if type(t) ~= "table" then return t end
     local o = {}
@@ -497,7 +475,7 @@ function Cluster:replan_after_loss(why)
     return o
   end
   local opts = {}
-  for k, v in pairs(self.plan_opts or {}) do opts[k] = v end
+  for k, v in pairs(plan_opts or {}) do opts[k] = v end
   opts.slowdown, opts.disk_rate, opts.plan, opts.keep_requests = drop(opts.slowdown), drop(opts.disk_rate), nil, true
   if type(opts.link) == "table" then
     opts.link = { rate = drop(opts.link.rate), delay_ms = drop(opts.link.delay_ms), spin_us = opts.link.spin_us }
@@ -512,6 +490,37 @@ function Cluster:replan_after_loss(why)
     end
     opts.profile = pr
   end
+  return opts
+end
+
+-- A device was lost mid-request (died, hangs, unreachable: d.failed): it leaves the cluster (a
+-- local worker is killed, its sockets closed) and the others get a new plan from the same
+-- scheduler and options (more offloading where memory requires; an error naming the shortfall
+-- when they cannot hold the model). The requests keep their slots; their KV is gone and the
+-- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
+function Cluster:replan_after_loss(why)
+  local t0 = core.now_ms()
+  local keep, lost, gone = {}, {}, {}
+  -- the options and devices as first planned: a lost device is taken back when nothing runs
+  self.full_plan_opts = self.full_plan_opts or self.plan_opts
+  if not self.all_devices then
+    self.all_devices = {}
+    for i, d in ipairs(self.devices) do self.all_devices[i] = d end
+  end
+  self.lost_devices = self.lost_devices or {}
+  for i, d in ipairs(self.devices) do
+    if d.failed then
+      lost[#lost + 1], gone[i] = i, true
+      -- taken back later: a local worker started again, a remote one once it answers again
+      table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] })
+      if d.pid then kill_worker(d.pid) end
+      for _, k in ipairs({ "ctl", "hb", "bulk" }) do if d[k] then d[k]:close() d[k] = nil end end
+    else
+      keep[#keep + 1] = d
+    end
+  end
+  if #keep == 0 then error("every device of the cluster is lost: " .. tostring(why), 0) end
+  local opts = without_devices(self.plan_opts, gone)
   -- (the batcher starts its running requests again on the new plan)
   self.devices, self.lending, self.link_now, self.active = keep, nil, nil, 0
   local ok, err = pcall(self.plan, self, opts)
@@ -524,12 +533,38 @@ function Cluster:replan_after_loss(why)
     replan_ms = core.now_ms() - t0 }
 end
 
--- Local devices lost earlier (replan_after_loss) started again and taken back, between
--- requests: a new plan over every device as first planned. Returns how many came back.
+-- Whether a remote device lost earlier answers again (its worker restarted, its network back):
+-- a HELLO answered within timeout_ms on a socket of its own. Asked at most every
+-- REACH_EVERY_MS per device (a head that is idle often does not wait on one that is away).
+local REACH_EVERY_MS = 2000
+local function answers_again(c, l, timeout_ms)
+  local now = core.now_ms()
+  if l.next_probe and now < l.next_probe then return false end
+  l.next_probe = now + REACH_EVERY_MS
+  local sock = c.net:connect(l.d.endpoint, c.identity)
+  if not sock then return false end
+  local ok = sock:send({ kind = "HELLO" }, 200)
+  local deadline = now + timeout_ms
+  local back = false
+  while ok and not back and core.now_ms() < deadline do
+    local r = sock:recv(50)
+    back = r ~= nil and r.kind == "HELLO"
+  end
+  sock:close()
+  return back
+end
+
+-- Devices lost earlier (replan_after_loss) taken back, between requests: a local worker is
+-- started again, a remote one once it answers again; then a new plan over every device as
+-- first planned (when all are back; else over those back). Returns how many came back.
 function Cluster:take_back()
-  if not self.spawned or not self.lost_devices or #self.lost_devices == 0 then return 0 end
-  local back = self.lost_devices
-  self.lost_devices = nil
+  if not self.lost_devices or #self.lost_devices == 0 then return 0 end
+  local back, away = {}, {}
+  for _, l in ipairs(self.lost_devices) do
+    if l.d.pid or answers_again(self, l, 500) then back[#back + 1] = l else away[#away + 1] = l end
+  end
+  if #back == 0 then return 0 end
+  self.lost_devices = #away > 0 and away or nil
   for _, l in ipairs(back) do
     -- in its place in the ring: before the device it was before, else at the end
     local at = #self.devices + 1
@@ -537,17 +572,24 @@ function Cluster:take_back()
     table.insert(self.devices, at, l.d)
   end
   for i, d in ipairs(self.devices) do
-    if d.failed or not alive(d.pid) then
-      spawn(self, i)
-      d.failed = nil
-    end
+    if d.pid and (d.failed or not alive(d.pid)) then spawn(self, i) end
+    d.failed = nil
   end
   self:connect_all()
-  local o = {}
-  for k, v in pairs(self.full_plan_opts or self.plan_opts or {}) do o[k] = v end
-  o.keep_requests = true
+  local o
+  if self.lost_devices then
+    -- some are still away: the options as first given, less the entries of those away
+    local present, gone = {}, {}
+    for _, d in ipairs(self.devices) do present[d] = true end
+    for i, d in ipairs(self.all_devices) do gone[i] = not present[d] end
+    o = without_devices(self.full_plan_opts, gone)
+  else
+    o = {}
+    for k, v in pairs(self.full_plan_opts or self.plan_opts or {}) do o[k] = v end
+    o.keep_requests = true
+    self.full_plan_opts, self.all_devices = nil, nil
+  end
   self:plan(o)
-  self.full_plan_opts = nil
   self.taken_back = (self.taken_back or 0) + #back
   return #back
 end
