@@ -41,7 +41,7 @@ local spec = {
     { "max-tokens", "int", "most tokens a request asks for (1 to this many)", default = 160 },
     { "sample-every", "int", "the processes' memory and descriptors are sampled every so many requests", default = 50 },
     { "context", "int", "positions per request", default = 256 },
-    { "mem", "string", "per-device memory budgets of the soaked server (offloading when small)", default = "1000K,1000K,1000K" },
+    { "mem", "string", "per-device memory budgets of the soaked server (default: what one device fewer needs, with offloading)" },
     { "seed", "int", "seed of the requests' lengths, bursts and sampling", default = 1 },
     { "timeout", "int", "seconds a request may take", default = 120 },
     { "out", "string", "where to write soak.json and soak.svg", default = "bench-out" },
@@ -112,8 +112,22 @@ if not o.store then
   require("loip.model.slice").write(o.model, tmp_store)
   o.store = tmp_store
 end
-local cfg = store.config(o.store, store.read_manifest(o.store))
+local man = store.read_manifest(o.store)
+local cfg = store.config(o.store, man)
 local model_name = o.store:gsub("/+$", ""):match("([^/]+)$")
+if not o.mem then
+  -- Budgets with which the devices left after a loss still hold the model (one device fewer,
+  -- each with its share of the layers' KV for --max-burst requests, activations, a slot for a
+  -- layer's two blocks read from disk, and the embedding and head), plus 10%: the whole
+  -- cluster holds it all, one device short it offloads.
+  local sz = require("loip.plan").sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.max_burst })
+  local need = sz.kv_bytes[math.ceil(sz.n_layers / (o.devices - 1))] + sz.activation_bytes + sz.device_bytes
+    + sz.mha_bytes + sz.mlp_bytes + sz.embed_file_bytes + sz.head_file_bytes + (sz.tied and sz.embed_file_bytes or 0)
+  local each = {}
+  for i = 1, o.devices do each[i] = tostring(math.ceil(need * 1.1 / 1024)) .. "K" end
+  o.mem = table.concat(each, ",")
+  log("budgets %s (one device fewer holds the model)", o.mem)
+end
 
 math.randomseed(o.seed)
 local requests, bursts = {}, {}
