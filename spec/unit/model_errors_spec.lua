@@ -111,6 +111,17 @@ describe("opening a bad model", function()
     end
   end)
 
+  it("names a slice manifest's tensor entry that is not an object (found by fuzz_manifest)", function()
+    local store = require "loip.model.store"
+    local json = require "loip.tools.json"
+    local man = assert(json.load(T.root .. "/tests/fuzz/corpus/manifest/stories260K.json"))
+    assert.are.equal(man, store.check_manifest(man, "st"))
+    man.files[1].tensors[1] = false
+    local ok, err = pcall(store.check_manifest, man, "st")
+    assert.is_false(ok)
+    assert.matches("st/manifest.json: files[1] (" .. man.files[1].name .. "): tensors[1] is not an object", err, 1, true)
+  end)
+
   it("names a missing tensor", function()
     local ts = tensors_for(base_config(), "F32")
     ts["model.layers.0.mlp.up_proj.weight"] = nil

@@ -133,7 +133,8 @@ function M.check_manifest(man, dir)
       if list == "files" then
         if f.size % M.ALIGN ~= 0 then bad(where .. ": size is not a multiple of " .. M.ALIGN) end
         if type(f.tensors) ~= "table" then bad(where .. ": 'tensors' is missing") end
-        for _, t in ipairs(f.tensors) do
+        for k, t in ipairs(f.tensors) do
+          if type(t) ~= "table" then bad(string.format("%s: tensors[%d] is not an object", where, k)) end
           local tw = string.format("%s: tensor '%s'", where, tostring(t.name))
           if not M.kinds[t.kind] then bad(tw .. ": unknown kind '" .. tostring(t.kind) .. "'") end
           if not is_int(t.layer) then bad(tw .. ": 'layer' is not an integer") end
