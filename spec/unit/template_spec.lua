@@ -467,6 +467,22 @@ describe("template: API", function()
     end
   end)
 
+  it("refuses tojson's indent and separators of the wrong type clearly (found by fuzz_template)", function()
+    local cases = {
+      { "{{ [1]|tojson(indent=nope) }}", "TypeError at line 1: indent must be an int, a str or None, not 'Undefined'" },
+      { "{{ [1]|tojson(indent=[1]) }}", "TypeError at line 1: indent must be an int, a str or None, not 'list'" },
+      { "{{ [1, 2]|tojson(separators=3) }}", "ValueError at line 1: separators must be a pair (item separator, key separator), not 'int'" },
+      { "{{ {'a': 1}|tojson(separators=[',']) }}", "ValueError at line 1: separators must be a pair (item separator, key separator), not 1 items" },
+      { "{{ {'a': 1}|tojson(separators=(',', 2)) }}", "TypeError at line 1: separators must be strings" },
+    }
+    for _, c in ipairs(cases) do
+      local out, err = template.render(c[1], {})
+      assert.is_nil(out, c[1])
+      assert.equals(c[2], err)
+    end
+    assert.equals('{"a"=1}', template.render("{{ {'a': 1}|tojson(separators=(';', '=')) }}", {}))
+  end)
+
   it("refuses a non-string template", function()
     assert.has_error(function() template.compile(nil) end)
   end)

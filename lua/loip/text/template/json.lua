@@ -222,7 +222,14 @@ function M.dumps(v, opts)
   opts = opts or {}
   local indent = opts.indent
   if indent ~= nil and indent ~= V.null then
-    if type(indent) ~= "string" then indent = (" "):rep(math.max(0, V.num(indent))) end
+    if type(indent) ~= "string" then
+      local n = V.num(indent)
+      if not n then
+        -- Python: a TypeError (an int, a str or None only)
+        V.raise("TypeError", ("indent must be an int, a str or None, not '%s'"):format(V.typename(indent)))
+      end
+      indent = (" "):rep(math.max(0, n))
+    end
   else
     indent = nil
   end
@@ -230,6 +237,12 @@ function M.dumps(v, opts)
   if indent then item_sep = "," end
   local seps = opts.separators
   if seps ~= nil and seps ~= V.null then
+    local k = V.typename(seps)
+    if (k ~= "list" and k ~= "tuple") or #seps ~= 2 then
+      V.raise("ValueError", ("separators must be a pair (item separator, key separator), not %s"):format(
+        (k == "list" or k == "tuple") and (#seps .. " items") or ("'" .. k .. "'")))
+    end
+    if type(seps[1]) ~= "string" or type(seps[2]) ~= "string" then V.raise("TypeError", "separators must be strings") end
     item_sep, key_sep = seps[1], seps[2]
   end
   return encode(v, { indent = indent, item_sep = item_sep, key_sep = key_sep,
