@@ -104,7 +104,7 @@ function M.new(o)
   local pos = o.position or math.max(1, math.floor((o.context or o.model.context or 256) / 2))
   local mb = o.micro_batch or 1
   local p = { model = o.model, devices = {}, links = {}, context = o.context or o.model.context, batch = o.batch or o.model.batch,
-    micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader }
+    micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader, shape = o.shape }
   -- one profile per device, or one for all
   local function profile_of(i) return type(o.profiles) == "table" and o.profiles[i] or o.profiles end
   for i = 1, N do
@@ -115,7 +115,7 @@ function M.new(o)
       compute = { mha_ms = profile.block_ms(pr, "mha", mb, pos, sh), mlp_ms = profile.block_ms(pr, "mlp", mb, pos, sh),
         head_ms = profile.block_ms(pr, "head", mb, pos, sh), embed_ms = 0, stage_ms = pr.compute.stage_ms or 0,
         under_load = pr.compute.under_load or 1 },
-      load_ms = pr.disk and pr.disk.load_ms or 0, profile_host = pr.device and pr.device.host,
+      load_ms = pr.disk and pr.disk.load_ms or 0, profile_host = pr.device and pr.device.host, profile = pr,
       overlap_loads = pr.disk and pr.disk.overlap_loads or false }
     local flag, measured = each(o.disk_rate, i), pr.disk and pr.disk.read_bps
     d.disk_bps = (flag and measured) and math.min(flag, measured) or flag or measured

@@ -478,12 +478,16 @@ function M.block_ms(pr, kind, batch, context, shape)
     end
     return tbl[tostring(keys[#keys])]
   end
+  -- past the largest batch measured, time grows with the batch (compute-bound by then)
+  local most = 0
+  for k in pairs(cp.weight_bps) do most = math.max(most, tonumber(k)) end
+  local scale = batch > most and batch / most or 1
   local bps = at(cp.weight_bps, batch)
   if kind == "head" then return shape.head_bytes / at(cp.weight_bps, 1) * 1e3 end
-  if kind == "mlp" then return shape.mlp_bytes / bps * 1e3 end
+  if kind == "mlp" then return shape.mlp_bytes / bps * 1e3 * scale end
   local ps = pr.shape
   local heads = (shape.n_heads * shape.head_dim) / (ps.n_heads * ps.head_dim)
-  return shape.mha_bytes / bps * 1e3 + at(cp.mha_fixed_ms, batch) + at(cp.attention_ms_per_token, batch) * context * heads
+  return (shape.mha_bytes / bps * 1e3 + at(cp.mha_fixed_ms, batch) + at(cp.attention_ms_per_token, batch) * context * heads) * scale
 end
 
 -- A profile's problems as a message naming the field (nil when it is usable).

@@ -19,7 +19,8 @@
 --
 -- The engine: { max_seqs, context, kv_tokens, kv_block, step_tokens, logits_tokens, vocab,
 --   start(self, seq, request), step(self, toks) -> outs, finish(self, seq, request),
---   idle(self) (optional: nothing runs) }, toks a list of { seq, pos, request, id, flags },
+--   idle(self) (optional: nothing runs), clock (optional: a function giving the time in ms;
+--   default loip.core.now_ms; loip.sim's is simulated) }, toks a list of { seq, pos, request, id, flags },
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
@@ -52,7 +53,7 @@ function M.new(engine, opts)
   end
   local b = setmetatable({ engine = engine, max_batch = max_batch, max_queue = opts.max_queue or 64,
     prefill_chunk = opts.prefill_chunk, prefill = opts.prefill or "chunked", queue = {}, running = {}, free_seqs = {}, next_id = 0,
-    kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0,
+    kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0, now = engine.clock or core.now_ms,
     stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {},
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
@@ -99,7 +100,7 @@ function Batcher:submit(spec)
   local r = setmetatable({ batcher = self, id = self.next_id, prompt = prompt, n_prompt = n, max_tokens = max_tokens,
     sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
     want_logits = spec.logits, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
-    t_submit = core.now_ms() }, Request)
+    t_submit = self.now() }, Request)
   self.queue[#self.queue + 1] = r
   self.stats.requests = self.stats.requests + 1
   if not self.stepping then self:admit() end
@@ -122,7 +123,7 @@ function Batcher:admit()
         self:retire(r, "error", err)
         error(err, 0)
       end
-      r.state, r.t_admit = "prefill", core.now_ms()
+      r.state, r.t_admit = "prefill", self.now()
       self.running[#self.running + 1] = r
     end
   end
@@ -132,7 +133,7 @@ end
 function Batcher:retire(r, reason, err)
   if r.state == "done" then return end
   local was = r.state
-  r.state, r.finish_reason, r.error, r.t_done = "done", reason, err, core.now_ms()
+  r.state, r.finish_reason, r.error, r.t_done = "done", reason, err, self.now()
   if r.seq then
     for i, x in ipairs(self.running) do
       if x == r then table.remove(self.running, i) break end
@@ -182,7 +183,7 @@ function Batcher:step()
     end
   end
   if #toks == 0 then return true end
-  local t0 = core.now_ms()
+  local t0 = self.now()
   self.stepping = true
   local ok, outs, engine_failed = true, nil, false
   if self.online then ok, outs = pcall(self.online.before_step, self.online, toks) end
@@ -210,7 +211,7 @@ function Batcher:step()
     self.failed = nil
     error(outs, 0)
   end
-  local now = core.now_ms()
+  local now = self.now()
   local st = self.stats
   st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
   self.last_step = { ms = now - t0, tokens = #toks }
@@ -366,7 +367,7 @@ end
 
 -- Timings: ttft_ms (submit to first token), queue_ms, decode_ms_per_token.
 function Request:timings()
-  local t = { queue_ms = (self.t_admit or self.t_done or core.now_ms()) - self.t_submit }
+  local t = { queue_ms = (self.t_admit or self.t_done or self.batcher.now()) - self.t_submit }
   if self.t_first then t.ttft_ms = self.t_first - self.t_submit end
   if self.t_first and self.t_last and #self.token_ids > 1 then
     t.decode_ms_per_token = (self.t_last - self.t_first) / (#self.token_ids - 1)

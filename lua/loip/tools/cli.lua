@@ -531,6 +531,7 @@ end
 
 commands.plan = cp.commands.plan
 commands.profile = cp.commands.profile
+commands.simulate = require("loip.tools.cli_sim").commands.simulate
 for k, v in pairs(require("loip.tools.cli_serve").commands { threads_flag = threads_flag, kernels_flag = kernels_flag,
   use_kernels = use_kernels }) do commands[k] = v end
 
@@ -603,6 +604,7 @@ commands:
   slice       convert a model into a slice store (per-block files), or --verify one
   plan        print the plan a scheduler chooses for N devices and its predicted time, running nothing
   profile     measure a device (or running workers) for planning: compute, disk, transport
+  simulate    play a plan out over time on simulated devices (profiles) for a request pattern
   worker      run one device of a cluster (the head starts them with generate --devices)
   testbed     network namespaces shaped by tbf with a worker in each (root)
   trace       draw a trace written by --trace as an SVG timeline

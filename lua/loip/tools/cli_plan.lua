@@ -156,16 +156,17 @@ M.commands.plan = {
   }),
 }
 
-function M.commands.plan.run(o)
+-- The planning problem `loip plan` and `loip simulate` (cmd) build from their flags: the model
+-- (--model or --like), the profiles (--profile, else a calibration of this machine), budgets,
+-- disks, links, slowdowns. Returns problem, sizes.
+function M.problem_of(cmd, o)
   local problem = require "loip.plan.problem"
   local profile = require "loip.plan.profile"
-  local policy = require "loip.policy"
-  local plan = require "loip.plan"
-  if (o.model == nil) == (o.like == nil) then usage("plan", "give --model STORE|DIR or --like NAME (one of them)") end
+  if (o.model == nil) == (o.like == nil) then usage(cmd, "give --model STORE|DIR or --like NAME (one of them)") end
   local n = o.devices
-  local set = M.settings("plan", o, n)
+  local set = M.settings(cmd, o, n)
   local sizes, cfg, dtype, _
-  if o.max_batch > o.batch then usage("plan", "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
+  if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
   local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens }
   -- the context planned for: --context, else the model's, at most 512
   local function context_of(config) return math.min(o.context or 512, config.max_position_embeddings or 512) end
@@ -183,7 +184,7 @@ function M.commands.plan.run(o)
   if sopts.batch > sopts.context then sopts.batch = sopts.context end
   local pr = o.profile and profile.load(o.profile)
   if pr and pr.devices and #pr.devices ~= n then
-    usage("plan", "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
+    usage(cmd, "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
   end
   if not pr then
     pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
@@ -199,6 +200,14 @@ function M.commands.plan.run(o)
     profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
     link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
     context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch }
+  return prob, sizes
+end
+
+function M.commands.plan.run(o)
+  local policy = require "loip.policy"
+  local plan = require "loip.plan"
+  local prob, sizes = M.problem_of("plan", o)
+  local n = o.devices
   local p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
   if o.save_plan then plan.save(o.save_plan, p) end
   M.report(p, est, info, sizes, require("loip.plan.space").memory_opts(prob), o.json, { model = o.model or o.like, devices_count = n })

@@ -1,0 +1,269 @@
+-- The simulator: a plan played out over time on devices described by profiles, with no weights
+-- and no workers. It is an engine of loip.serve.batcher (the request loop the runtime runs),
+-- so requests are admitted, prefilled in chunks beside the others' decoding, batched and
+-- retired exactly as on devices, by the same code; only the time a step takes is simulated.
+--
+--   local sim = require "loip.sim"
+--   local s = sim.new(problem, plan, { context = 512, step_tokens = 64, max_seqs = 4 })
+--   local runs = s:play(arrivals)          -- a request pattern's arrivals (recipes/patterns)
+--   s:summary(runs), s:device_figures(), s:events(i)   -- ms/token, per device, trace events
+--
+-- A step is a timeline over each device's lanes, as the runtime runs it: its token batch
+-- crosses the ring hop by hop (device i's stage s when its input has arrived over the link, a
+-- serial wire of the link's rate plus its delay and the transport's per-message time); each
+-- device reads its stages' offloaded blocks in order into its slot, a read starting when its
+-- disk is free and the slot has room (a one-stage slot frees when the stage's offloaded blocks
+-- are computed, a ring of two stages' holds the next read meanwhile), across steps; a stage
+-- computes when its input and its reads are there, its blocks timed by the device's profile at
+-- the step's batch and context (compute while the disk streams slowed by the profile's
+-- under_load); the last device's sampled ids go to the head and the next tokens into device 1.
+-- The memory the plan charges each device is checked against its budget once, as the devices
+-- check it when they load the plan (the KV cache is the plan's: all of it charged).
+local plan = require "loip.plan"
+local profile = require "loip.plan.profile"
+local space = require "loip.plan.space"
+
+local M = {}
+
+M.KV_BLOCK = 16 -- positions per KV group (LOIP_KV_BLOCK_TOKENS)
+
+local Sim = {}
+Sim.__index = Sim
+
+-- ms of one message of bytes on link l whose wire is free at `free` (ms), ready at t: the time
+-- it arrives and when the wire is free again.
+local function send(l, t, bytes)
+  if not l then return t, t end
+  local start = math.max(t, l.free or 0)
+  local wire = (l.rate_bps or 0) > 0 and bytes / l.rate_bps * 1e3 or 0
+  l.free = start + wire
+  return l.free + (l.delay_ms or 0) + (l.transport_ms or 0), l.free
+end
+
+-- problem: loip.plan.problem (its devices carry their profiles: problem.new keeps them); p: a
+-- plan; opts: context, step_tokens (tokens a step carries), max_seqs (requests at once), kv_tokens
+-- (default context x max_seqs), trace (true: keep every device's events).
+function M.new(problem, p, opts)
+  opts = opts or {}
+  local bad = plan.check(p, problem.model.n_blocks, "plan")
+  if bad then error(bad, 0) end
+  if #p.devices ~= #problem.devices then
+    error(string.format("simulate: the plan has %d devices, the problem %d", #p.devices, #problem.devices), 0)
+  end
+  for i, d in ipairs(problem.devices) do
+    if not d.profile then error(string.format("simulate: device %d has no profile (loip.plan.problem keeps them)", i), 0) end
+  end
+  local self = setmetatable({ problem = problem, plan = p, now_ms = 0, trace = opts.trace, steps = 0 }, Sim)
+  self.clock = function() return self.now_ms end
+  self.context = opts.context or problem.context or problem.model.context
+  self.step_tokens = opts.step_tokens or problem.batch or 64
+  self.max_seqs = opts.max_seqs or 1
+  self.kv_block = M.KV_BLOCK
+  self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
+  self.logits_tokens = 1
+  self.vocab = problem.model.vocab or 32000
+  -- the memory each device's part needs, against its budget (as a device refuses a plan)
+  local mopts = space.memory_opts(problem)
+  local why = plan.over_budget(p, problem.model, (function()
+    local b = {}
+    for i, d in ipairs(problem.devices) do b[i] = d.budget or 0 end
+    return b
+  end)(), mopts, "simulate")
+  if why then error(why, 0) end
+  self.links = {}
+  for i, l in ipairs(problem.links) do
+    self.links[i] = { rate_bps = l.rate_bps, delay_ms = l.delay_ms, transport_ms = l.transport_ms, free = 0 }
+  end
+  local h = problem.head or {}
+  self.head = { in_process = h.in_process, step_ms = h.step_ms or 0,
+    from_last = h.from_last and { rate_bps = h.from_last.rate_bps, delay_ms = h.from_last.delay_ms, transport_ms = h.from_last.transport_ms, free = 0 } }
+  self.devices = {}
+  for i in ipairs(p.devices) do self.devices[i] = { disk = 0, live = {}, events = {}, comp_ms = 0, load_ms = 0, stall_ms = 0, send_ms = 0 } end
+  self:restaged()
+  return self
+end
+
+-- Device i's figures that follow from the plan (its part, its stages' blocks and reads).
+function Sim:restaged()
+  local sizes = self.problem.model
+  for i, d in ipairs(self.plan.devices) do
+    local x = self.devices[i]
+    x.part = plan.device_part(self.plan, i, sizes)
+    x.stages = {}
+    for s, st in ipairs(d.stages) do
+      local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0 }
+      for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
+      x.stages[s] = y
+    end
+  end
+end
+
+-- ms of block kind on device i for a batch of n tokens at context ctx (its profile, slowdown,
+-- and compute slowed while its disk streams).
+function Sim:block_ms(i, kind, n, ctx)
+  local d = self.problem.devices[i]
+  local f = (d.slowdown or 1) * ((self.devices[i].part.off_bytes > 0) and (d.compute.under_load or 1) or 1)
+  return profile.block_ms(d.profile, kind, n, ctx, self.problem.shape) * f
+end
+
+local function event(x, on, kind, stage, first, last, t0, t1)
+  if on and t1 > t0 then
+    x.events[#x.events + 1] = { kind = kind, stage = stage, first_block = first, last_block = last + 1,
+      t0_ns = math.floor(t0 * 1e6), t1_ns = math.floor(t1 * 1e6) }
+  end
+end
+
+-- ---- the engine the batcher drives -----------------------------------------------------------
+
+function Sim:start() end
+function Sim:finish() end
+
+-- One step of toks (the batcher's list): its time on the lanes; returns the outputs (a filler
+-- id for each sampled token: the simulator computes no text).
+function Sim:step(toks)
+  self.steps = self.steps + 1
+  local problem, sizes = self.problem, self.problem.model
+  local N, S = #self.plan.devices, #self.plan.devices[1].stages
+  local n, ctx, samples = #toks, 0, 0
+  for _, t in ipairs(toks) do
+    ctx = ctx + t.pos + 1
+    if t.flags % 2 == 1 then samples = samples + 1 end
+  end
+  ctx = ctx / n
+  local hidden = sizes.header_bytes + n * sizes.hidden_bytes
+  local tokens_bytes = sizes.header_bytes + n * ((sizes.token_bytes or 4) + 16)
+  local tr = self.trace
+  local t = self.now_ms
+  -- the tokens into device 1 (from the head process)
+  if not self.head.in_process then t = send(self.links[N], t, tokens_bytes) end
+  for s = 1, S do
+    for i = 1, N do
+      local x, y = self.devices[i], self.devices[i].stages[s]
+      local arrive = t
+      -- the stage's blocks at this batch and context
+      local off_ms, res_ms = 0, 0
+      for b = y.first, y.last do
+        local ms = self:block_ms(i, b % 2 == 0 and "mha" or "mlp", n, ctx)
+        if b - y.first < y.off then off_ms = off_ms + ms else res_ms = res_ms + ms end
+      end
+      if i == 1 and s == 1 then res_ms = res_ms + (problem.devices[1].compute.embed_ms or 0) end
+      local start, release
+      if y.bytes == 0 then
+        start, release = arrive, arrive
+      else
+        local d = problem.devices[i]
+        local read = y.bytes / d.disk_bps * 1e3 + (d.load_ms or 0)
+        local go = math.max(x.disk, self.plan.prefetch == false and arrive or 0)
+        -- the slot: one stage's reads (freed as the stage computes them), or a ring that holds
+        -- the next read beside the one being computed
+        local j = #x.live
+        if x.part.slots > 1 then
+          j = j - x.part.slots + 1
+        else
+          local live = y.bytes
+          while j >= 1 and live + x.live[j].bytes <= x.part.slot_bytes do live, j = live + x.live[j].bytes, j - 1 end
+        end
+        if j >= 1 then go = math.max(go, x.live[j].release) end
+        x.disk = go + read
+        event(x, tr, "load", s, y.first, y.first + y.off - 1, go, x.disk)
+        x.load_ms = x.load_ms + read
+        start = math.max(arrive, x.disk)
+        release = start + off_ms
+        x.live[#x.live + 1] = { bytes = y.bytes, release = release }
+        while #x.live > 8 do table.remove(x.live, 1) end
+        x.stall_ms = x.stall_ms + (start - arrive)
+        event(x, tr, "wait", s, y.first, y.last, arrive, start)
+      end
+      local finish = release + res_ms
+      if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
+      event(x, tr, "compute", s, y.first, y.last, start, finish)
+      x.comp_ms = x.comp_ms + (finish - start)
+      t = finish
+      if s < S or i < N then
+        local sent
+        t, sent = send(self.links[i], t, hidden)
+        x.send_ms = x.send_ms + (sent - finish)
+        event(x, tr, "send", s, y.first, y.last, finish, t)
+      end
+    end
+  end
+  -- the sampled ids to the head
+  if not self.head.in_process then
+    t = send(self.head.from_last, t, sizes.header_bytes + samples * (sizes.output_bytes or 16)) + self.head.step_ms
+  end
+  self.now_ms = t
+  local outs = {}
+  for _, tok in ipairs(toks) do
+    if tok.flags % 2 == 1 then outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = 3 } end
+  end
+  return outs
+end
+
+-- Change an emulated link as a link schedule does (rate: "100mbit" or bytes/s).
+function Sim:set_link(i, rate)
+  local bps = type(rate) == "number" and rate or require("loip.runtime.transport").parse_rate(rate)
+  if not bps then error("simulate: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 0) end
+  self.links[i].rate_bps = bps
+end
+
+-- ---- playing requests ---------------------------------------------------------------------------
+
+-- Play arrivals (a request pattern's: { at_ms | after = "previous" | "all", prompt_tokens,
+-- max_tokens }) through the request loop. Returns one record per request: { t_sent, t_first,
+-- t_done, ttft_ms, ms_per_token, tokens, status }.
+function Sim:play(arrivals, opts)
+  opts = opts or {}
+  local b = require("loip.serve.batcher").new(self, { max_batch = self.max_seqs, prefill = opts.prefill,
+    links = opts.links and require("loip.policy").load("links", opts.links) or nil })
+  self.batcher = b
+  local runs, reqs, done = {}, {}, 0
+  local t0 = self.now_ms
+  local k = 1
+  local function ready(a)
+    if a.after == "previous" then return done >= k - 1 end
+    if a.after == "all" then return done >= k - 1 and not b:busy() end
+    return (a.at_ms or 0) <= self.now_ms - t0
+  end
+  while k <= #arrivals or b:busy() do
+    while k <= #arrivals and ready(arrivals[k]) do
+      local a = arrivals[k]
+      local prompt = {}
+      for j = 1, math.max(1, a.prompt_tokens or 8) do prompt[j] = 3 + j % 100 end
+      local r = b:submit { prompt = prompt, max_tokens = a.max_tokens or 16, stop = {} }
+      local rec = { t_sent = self.now_ms, prompt_tokens = #prompt }
+      r.on_done = function(rr)
+        done = done + 1
+        rec.t_done, rec.tokens, rec.status = rr.t_done, #rr.token_ids, rr.finish_reason == "error" and tostring(rr.error) or 200
+        local tm = rr:timings()
+        rec.ttft_ms, rec.ms_per_token, rec.queue_ms = tm.ttft_ms, tm.decode_ms_per_token, tm.queue_ms
+      end
+      runs[k], reqs[k] = rec, r
+      k = k + 1
+    end
+    if not b:step() then
+      -- nothing runs: time goes to the next arrival that waits on the clock
+      local a = arrivals[k]
+      if not a then break end
+      if a.after then error("simulate: arrival " .. k .. " waits for requests that never come", 0) end
+      self.now_ms = math.max(self.now_ms, t0 + (a.at_ms or 0))
+    end
+  end
+  return runs
+end
+
+-- Per device, the totals of what every step's timeline held: compute, load, stall, send (ms),
+-- and per decoding token over the steps played (steps).
+function Sim:device_figures()
+  local out = {}
+  for i, x in ipairs(self.devices) do
+    out[i] = { comp_ms = x.comp_ms, load_ms = x.load_ms, stall_ms = x.stall_ms, send_ms = x.send_ms,
+      memory_bytes = plan.memory(self.plan, i, self.problem.model, space.memory_opts(self.problem)).total,
+      budget_bytes = self.problem.devices[i].budget }
+  end
+  return out
+end
+
+-- Device i's events (loip.tools.trace's format, as a device records them).
+function Sim:events(i) return self.devices[i].events end
+
+return M

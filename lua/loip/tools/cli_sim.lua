@@ -1,0 +1,110 @@
+-- `loip simulate`: the plan a scheduler chooses, played out over time by the simulator
+-- (loip.sim) on devices described by profiles, for a request pattern. The same flags as
+-- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
+-- requests; it prints the plan, then the simulated time per token beside the cost model's
+-- estimate, per device and per request, or one JSON object (--json).
+local cp = require "loip.tools.cli_plan"
+
+local M = {}
+
+local function usage(fmt, ...) error({ usage_error = true, msg = "simulate: " .. string.format(fmt, ...) }, 0) end
+
+local flags = {}
+for _, f in ipairs(cp.commands.plan.flags) do
+  if f[1] ~= "json" and f[1] ~= "save-plan" then flags[#flags + 1] = f end
+end
+for _, f in ipairs({
+  { "plan", "string", "simulate this plan (a file --save-plan wrote) instead of the scheduler's", metavar = "FILE" },
+  { "pattern", "string", "request pattern: sporadic, bursty, poisson (recipes/patterns) or a file", default = "sporadic" },
+  { "requests", "int", "sporadic and poisson: how many requests", default = 4, check = function(v) return v >= 1, "must be >= 1" end },
+  { "burst", "int", "bursty: requests of a burst (default --max-batch)", check = function(v) return v >= 1, "must be >= 1" end },
+  { "bursts", "int", "bursty: how many bursts, one after the other", default = 1, check = function(v) return v >= 1, "must be >= 1" end },
+  { "rate", "number", "poisson: arrivals per second", default = 1, check = function(v) return v > 0, "must be > 0" end },
+  { "input-tokens", "int", "prompt tokens of each request", default = 8, check = function(v) return v >= 1, "must be >= 1" end },
+  { "output-tokens", "int", "tokens each request generates", default = 32, check = function(v) return v >= 1, "must be >= 1" end },
+  { "seed", "int", "poisson: the arrivals' seed", default = 1 },
+  { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
+    check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
+  { "link-schedule", "string", "the emulated links change between steps (recipes/links: a name or a file)", metavar = "NAME|FILE" },
+  { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
+  { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
+}) do flags[#flags + 1] = f end
+
+M.commands = {}
+M.commands.simulate = {
+  usage = "loip simulate (--model STORE|DIR | --like NAME [shape flags]) --devices N [--mem a,b,...] [--profile FILE] [flags]",
+  summary = "Play the plan a scheduler chooses (or --plan) out over time on simulated devices: requests of a pattern\n"
+    .. "arrive, are batched and prefilled as loip serve does them, and each step crosses the devices' disk,\n"
+    .. "compute and network lanes as their profiles say. Prints the simulated time per token beside the cost\n"
+    .. "model's estimate, per device and per request; nothing runs and no weights are read.",
+  flags = flags,
+}
+
+local function mean(xs)
+  if #xs == 0 then return nil end
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  return s / #xs
+end
+
+function M.commands.simulate.run(o)
+  local plan = require "loip.plan"
+  local policy = require "loip.policy"
+  local sim = require "loip.sim"
+  local json = require "loip.tools.json"
+  local prob, sizes = cp.problem_of("simulate", o)
+  local p, est, info
+  if o.plan then
+    p = plan.load(o.plan)
+    local bad = plan.check(p, sizes.n_blocks, o.plan)
+    if bad then usage("%s", bad) end
+    est = policy.load("cost", o.cost_model or "loip").estimate(p, prob)
+  else
+    p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
+  end
+  local mopts = require("loip.plan.space").memory_opts(prob)
+  if not o.json then cp.report(p, est, info, sizes, mopts) end
+  local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
+    kv_tokens = o.kv_tokens, trace = o.trace ~= nil })
+  local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
+    bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
+  local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule })
+  local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
+  for _, r in ipairs(runs) do
+    if r.status ~= 200 then failed = failed + 1 end
+    if r.ms_per_token then mpt[#mpt + 1] = r.ms_per_token end
+    if r.ttft_ms then ttft[#ttft + 1] = r.ttft_ms end
+    tokens = tokens + (r.tokens or 0)
+    last = math.max(last, r.t_done or 0)
+  end
+  local steps = math.max(s.steps, 1)
+  local devs = s:device_figures()
+  for _, d in ipairs(devs) do
+    for _, k in ipairs({ "comp_ms", "load_ms", "stall_ms", "send_ms" }) do d[k .. "_per_step"] = d[k] / steps end
+  end
+  local out = { ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token, ttft_ms = mean(ttft),
+    tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
+    failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
+    scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices }
+  if o.trace then
+    local tr = require("loip.tools.trace").new()
+    for i = 1, #p.devices do tr:add(s:events(i), i) end
+    tr:write(o.trace)
+  end
+  if o.json then
+    io.stdout:write(json.encode(out), "\n")
+    return failed > 0 and 1 or 0
+  end
+  io.stdout:write(string.format("simulated %d %s request%s (%d + %d tokens each): %.2f ms/token (the cost model estimates %.2f), "
+    .. "first token after %.1f ms, %.1f tokens/s over %.1f s, %d steps\n", #runs, o.pattern, #runs == 1 and "" or "s",
+    o.input_tokens, o.output_tokens, out.ms_per_token or 0, out.estimate_ms_per_token or 0, out.ttft_ms or 0,
+    out.tokens_per_s or 0, last / 1e3, s.steps))
+  for i, d in ipairs(devs) do
+    io.stdout:write(string.format("  device %d per step: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms\n", i,
+      d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
+  end
+  if failed > 0 then io.stdout:write(string.format("%d request(s) failed: %s\n", failed, tostring(runs[1].status))) end
+  return failed > 0 and 1 or 0
+end
+
+return M

@@ -1,0 +1,96 @@
+-- loip simulate: a plan played out over time on devices a profile describes (here a profile of
+-- round figures, so that the expected times follow by hand), driven by the request loop the
+-- runtime runs: a steady decode takes what the cost model estimates; a burst batches its
+-- requests into each step (more tokens per second, each a little slower); later tokens attend
+-- more positions; a trace of every device's lanes that loip trace plot draws; the same result
+-- twice; a plan over a budget refused, naming the device.
+local json = require "loip.tools.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+
+-- One device's figures: 20 GB/s of weights at batch 1 (18 GB/s for a step of 4), attention
+-- `attention` ms per position attended, a 2 GB/s disk, 10 us per message.
+local function write_profile(dir, attention)
+  local path = dir .. "/profile.json"
+  T.write(path, json.encode({
+    loip_profile = 1,
+    shape = { dim = 2048, hidden_dim = 8192, n_heads = 32, n_kv_heads = 8, head_dim = 64, dtype = "BF16",
+      mha_bytes = 20 * 1024 * 1024 + 4096, mlp_bytes = 96 * 1024 * 1024 },
+    compute = { weight_bps = { ["1"] = 20e9, ["4"] = 18e9 }, mha_fixed_ms = { ["1"] = 0.05, ["4"] = 0.08 },
+      attention_ms_per_token = { ["1"] = attention, ["4"] = 3 * attention }, under_load = 1.1,
+      blocks = { { kind = "mlp", batch = 1, context = 64, ms = 5.0 } } },
+    disk = { read_bps = 2e9, load_ms = 0.05 },
+    link = { transport_ms = 0.01 },
+    device = { host = "spec", cpus = 4, threads = 1 },
+  }))
+  return path
+end
+
+local function simulate(args)
+  local rc, out, err = T.run(string.format("%s simulate --like llama-3.2-1b --devices 3 --mem 700M,300M,700M "
+    .. "--link-rate 100mbit --link-delay 2ms --context 256 %s", T.loip, args))
+  return rc, out, err
+end
+
+describe("loip simulate", function()
+  it("plays a steady decode at the cost model's estimate; a burst batches its requests", function()
+    local dir = T.tmpdir()
+    local flat = write_profile(dir, 0)
+    local rc, out, err = simulate("--profile " .. flat .. " --requests 2 --output-tokens 24 --json")
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    assert.are.equal(2, j.requests)
+    assert.are.equal(0, j.failed)
+    assert.is_true(#j.devices == 3 and j.stages >= 1)
+    -- (with no attention cost every decoding step is alike: the estimate's steady state)
+    assert.is_true(math.abs(j.ms_per_token - j.estimate_ms_per_token) <= 1e-6 * j.estimate_ms_per_token,
+      j.ms_per_token .. " vs " .. j.estimate_ms_per_token)
+    local rc2, out2 = simulate("--profile " .. flat .. " --requests 2 --output-tokens 24 --json")
+    assert.are.equal(0, rc2)
+    assert.are.same(j, json.decode(out2), "the same result twice")
+    -- four requests at once: each step carries four tokens (one read serves all)
+    local rc3, out3, err3 = simulate("--profile " .. flat .. " --pattern bursty --burst 4 --max-batch 4 --output-tokens 24 --json")
+    assert.are.equal(0, rc3, err3)
+    local b = json.decode(out3)
+    assert.are.equal(4, b.requests)
+    assert.is_true(b.tokens_per_s > 2.5 * j.tokens_per_s, b.tokens_per_s .. " vs " .. j.tokens_per_s)
+    assert.is_true(b.ms_per_token < 1.6 * j.ms_per_token, b.ms_per_token .. " vs " .. j.ms_per_token)
+    -- (within 2%: the first decoding steps follow the burst's prefill, whose reads run late)
+    assert.is_true(math.abs(b.ms_per_token - b.estimate_ms_per_token) <= 0.02 * b.estimate_ms_per_token)
+  end)
+
+  it("makes later tokens attend more positions, writes a trace loip trace plot draws, refuses a plan past a budget", function()
+    local dir = T.tmpdir()
+    local slow = write_profile(dir, 0.02)
+    local rc, out, err = simulate("--profile " .. slow .. " --requests 1 --output-tokens 8 --json")
+    assert.are.equal(0, rc, err)
+    local rc2, out2 = simulate("--profile " .. slow .. " --requests 1 --output-tokens 200 --json")
+    assert.are.equal(0, rc2)
+    assert.is_true(json.decode(out2).ms_per_token > json.decode(out).ms_per_token)
+    -- the human report and the trace
+    local rc3, text, err3 = simulate("--profile " .. slow .. " --requests 1 --output-tokens 8 --trace " .. dir .. "/t.json --save-plan "
+      .. dir .. "/p.lua")
+    assert.are.equal(2, rc3, "--save-plan is loip plan's") -- (a usage error: simulate has --plan, not --save-plan)
+    rc3, text, err3 = simulate("--profile " .. slow .. " --requests 1 --output-tokens 8 --trace " .. dir .. "/t.json")
+    assert.are.equal(0, rc3, err3)
+    assert.matches("simulated 1 sporadic request %(8 %+ 8 tokens each%): [%d.]+ ms/token %(the cost model estimates [%d.]+%)", text)
+    assert.matches("device 3 per step: compute [%d.]+ ms, load [%d.]+ ms, stall [%d.]+ ms, send [%d.]+ ms", text)
+    local lanes = {}
+    for _, e in ipairs(json.load(dir .. "/t.json").traceEvents) do
+      if e.ph == "X" then lanes[e.cat] = true end
+    end
+    assert.is_true(lanes.compute and lanes.load and lanes.send, "compute, load and send lanes")
+    local rc4, _, err4 = T.run(string.format("%s trace plot %s/t.json %s/t.svg", T.loip, dir, dir))
+    assert.are.equal(0, rc4, err4)
+    assert.matches("^<svg", T.read(dir .. "/t.svg"))
+    -- a plan that keeps every block of device 2 resident cannot fit its 300M
+    local rcp, _, errp = T.run(string.format("%s plan --like llama-3.2-1b --devices 3 --mem 700M,300M,700M --context 256 "
+      .. "--profile %s --scheduler even --save-plan %s/even.lua", T.loip, slow, dir))
+    assert.are.equal(0, rcp, errp)
+    local plan_text = T.read(dir .. "/even.lua"):gsub("offloaded = %d+", "offloaded = 0")
+    T.write(dir .. "/resident.lua", plan_text)
+    local rc5, _, err5 = simulate("--profile " .. slow .. " --plan " .. dir .. "/resident.lua")
+    assert.are.equal(1, rc5)
+    assert.matches("simulate: device %d needs .* but its budget is", err5)
+  end)
+end)
