@@ -24,6 +24,8 @@ M.kinds = {
     about = "an online policy: on_step(state, control) between decoding steps" },
   links = { dir = "links", needs = { "at" },
     about = "a link schedule: at(step) -> nil, a rate for every link, or one per link (emulated links change between steps)" },
+  device = { dir = "devices", needs = { "profile" },
+    about = "a device one does not own: its published figures (loip.sim.roofline.device); profile(shape) -> a loip profile" },
   pattern = { dir = "patterns", needs = { "requests" },
     about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them)" },
 }

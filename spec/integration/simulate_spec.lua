@@ -32,6 +32,39 @@ local function simulate(args)
   return rc, out, err
 end
 
+describe("devices from published figures (recipes/devices)", function()
+  it("turn into profiles by a roofline, each number sourced or assumed, and plan the paper's testbed", function()
+    local policy = require "loip.policy"
+    local problem = require "loip.plan.problem"
+    local profile = require "loip.plan.profile"
+    assert.are.same({ "jetson-agx-orin-32gb", "jetson-agx-orin-64gb", "jetson-xavier-nx-16gb" }, policy.list("device"))
+    local shape = problem.shape_of(require("loip.model.shapes").get("llama-3.3-70b"), "BF16")
+    for _, name in ipairs(policy.list("device")) do
+      local d = policy.load("device", name)
+      assert.is_true(#d.sources >= 1 and #d.assumptions >= 1, name)
+      local pr = d.profile(shape)
+      assert.is_nil(profile.check(pr, name))
+      -- decoding one token: an MLP block's weights read at the bandwidth a matrix-vector product reaches
+      local ms = profile.block_ms(pr, "mlp", 1, 256, shape)
+      assert.is_true(math.abs(ms - shape.mlp_bytes / (d.memory_bps * d.matvec_efficiency) * 1e3) < 1e-9 * ms, name)
+      -- BF16 weights stay bandwidth-bound up to about 90 tokens a step on these GPUs; past the
+      -- largest batch profiled (64) a step's time grows with its tokens
+      local m64 = profile.block_ms(pr, "mlp", 64, 256, shape)
+      assert.is_true(m64 >= ms, name)
+      assert.is_true(math.abs(profile.block_ms(pr, "mlp", 256, 256, shape) - 4 * m64) < 1e-9 * m64, name)
+    end
+    local rc, out, err = T.run(string.format("%s plan --like llama-3.3-70b --devices 4 --device-profile "
+      .. "jetson-agx-orin-64gb,jetson-agx-orin-64gb,jetson-agx-orin-32gb,jetson-xavier-nx-16gb --link-rate 100mbit --context 1024 --json", T.loip))
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    assert.is_true(j.estimate_ms_per_token > 500 and j.estimate_ms_per_token < 5000, tostring(j.estimate_ms_per_token))
+    local rc2, _, err2 = T.run(string.format("%s plan --like llama-3.3-70b --devices 2 --device-profile jetson-nano", T.loip))
+    assert.are.equal(2, rc2)
+    assert.matches("--device-profile jetson-nano: device 'jetson-nano': no such policy", err2, 1, true)
+    assert.matches("shipped: jetson-agx-orin-32gb, jetson-agx-orin-64gb, jetson-xavier-nx-16gb", err2, 1, true)
+  end)
+end)
+
 describe("loip simulate", function()
   it("plays a steady decode at the cost model's estimate; a burst batches its requests", function()
     local dir = T.tmpdir()

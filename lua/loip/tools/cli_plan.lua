@@ -143,6 +143,9 @@ M.commands.plan = {
     { "mem", "string", "each device's memory budget, e.g. 600M,400M,400M (one: the same for all; default unlimited)",
       metavar = "BYTES[,BYTES...]" },
     M.flags.disk_rate, M.flags.slowdown, M.flags.link_rate, M.flags.link_delay, M.flags.profile,
+    { "device-profile", "string", "devices one does not own, from published figures: recipes/devices names, one or one per "
+      .. "device (e.g. jetson-agx-orin-64gb,jetson-xavier-nx-16gb); budgets default to their memory less what the OS keeps",
+      metavar = "NAME[,NAME...]" },
     { "context", "int", "KV cache positions planned for (default: min(model max, 512))", check = function(v) return v > 0, "must be > 0" end },
     { "batch", "int", "tokens per message: prefill chunks and decoding requests (activations are sized for it)", default = 64,
       check = function(v) return v > 0, "must be > 0" end },
@@ -182,21 +185,43 @@ function M.problem_of(cmd, o)
     sizes, cfg, _, dtype = problem.model_of_source(o.model, sopts, function(config) sopts.context = context_of(config) end)
   end
   if sopts.batch > sopts.context then sopts.batch = sopts.context end
+  if o.profile and o.device_profile then usage(cmd, "give --profile or --device-profile, not both") end
+  local profiles = {}
+  local budgets = set.mem
+  if o.device_profile then
+    -- devices one does not own, from their published figures (recipes/devices), for this shape
+    local names = {}
+    for x in o.device_profile:gmatch("[^,]+") do names[#names + 1] = x end
+    if #names ~= 1 and #names ~= n then usage(cmd, "--device-profile names %d devices, --devices is %d", #names, n) end
+    local shape = problem.shape_of(cfg, dtype)
+    local devs = {}
+    for i = 1, n do
+      local name = names[#names == 1 and 1 or i]
+      local ok, dev = pcall(require("loip.policy").load, "device", name)
+      if not ok then usage(cmd, "--device-profile %s: %s", name, tostring(dev)) end
+      devs[i], profiles[i] = dev, dev.profile(shape)
+    end
+    if not budgets then
+      budgets = {}
+      for i, dev in ipairs(devs) do budgets[i] = dev.memory_bytes - dev.reserve_bytes end
+    end
+  end
   local pr = o.profile and profile.load(o.profile)
   if pr and pr.devices and #pr.devices ~= n then
     usage(cmd, "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
   end
-  if not pr then
+  if not pr and not o.device_profile then
     pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
   end
-  local profiles = {}
-  for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
+  if pr then
+    for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
+  end
   local link_rate -- bytes/s per link
   if set.link and set.link.rate then
     link_rate = {}
     for i, v in ipairs(set.link.rate) do link_rate[i] = require("loip.runtime.transport").parse_rate(v) end
   end
-  local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = set.mem or 0,
+  local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = budgets or 0,
     profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
     link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
     context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch }
