@@ -483,6 +483,14 @@ describe("template: API", function()
     assert.equals('{"a"=1}', template.render("{{ {'a': 1}|tojson(separators=(';', '=')) }}", {}))
   end)
 
+  it("refuses a slice inside a tuple subscript with a TypeError (found by fuzz_template)", function()
+    for _, src in ipairs({ "{{ x[1,:] }}", "{{ x[:,1] }}", "{{ x[1:2, 3] }}" }) do
+      local out, err = template.render(src, { x = { 1, 2, 3 } })
+      assert.is_nil(out, src)
+      assert.equals("TypeError at line 1: indices must be integers or slices, not tuple", err)
+    end
+  end)
+
   it("refuses a non-string template", function()
     assert.has_error(function() template.compile(nil) end)
   end)

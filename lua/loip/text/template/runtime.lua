@@ -200,6 +200,12 @@ function E.Getitem(rt, n, f)
   return getitem(obj, eval(rt, a, f))
 end
 
+-- A slice anywhere but the whole subscript (x[1, :], x[a:b, c]): Python makes a tuple holding a
+-- slice object, which no list, string or dict takes as a key.
+function E.Slice()
+  raise("TypeError", "indices must be integers or slices, not tuple")
+end
+
 function E.Call(rt, n, f)
   local callee = n.node
   if callee.k == "Getattr" then
