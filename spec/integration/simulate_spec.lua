@@ -7,6 +7,7 @@
 local json = require "loip.tools.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
 
 -- One device's figures: 20 GB/s of weights at batch 1 (18 GB/s for a step of 4), attention
 -- `attention` ms per position attended, a 2 GB/s disk, 10 us per message.
@@ -90,6 +91,23 @@ describe("loip simulate", function()
     assert.is_true(b.ms_per_token < 1.6 * j.ms_per_token, b.ms_per_token .. " vs " .. j.ms_per_token)
     -- (within 2%: the first decoding steps follow the burst's prefill, whose reads run late)
     assert.is_true(math.abs(b.ms_per_token - b.estimate_ms_per_token) <= 0.02 * b.estimate_ms_per_token)
+  end)
+
+  it("grows the KV cache inside the budgets: the runtime's online policy makes room as on devices, or a device runs out", function()
+    -- stories260K on 2 devices of 960K, planned for 32 positions (as online_spec runs it on workers:
+    -- 9 changes there too, at 49 to 273 positions)
+    local st = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local args = string.format("%s simulate --model %s --devices 2 --mem 960K,960K --context 512 --stages 3 --requests 1 "
+      .. "--input-tokens 4 --output-tokens 380 --plan-tokens 32 --json", T.loip, st)
+    local rc, out, err = T.run(args)
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    assert.are.equal("loip", j.online)
+    assert.is_true(j.adaptations >= 3, j.adaptations .. " changes")
+    for i, d in ipairs(j.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
+    local rc2, out2 = T.run(args .. " --online none")
+    assert.are.equal(1, rc2)
+    assert.matches("^device %d: out of memory at %d+ positions", json.decode(out2).error)
   end)
 
   it("makes later tokens attend more positions, writes a trace loip trace plot draws, refuses a plan past a budget", function()

@@ -17,8 +17,14 @@
 -- computes when its input and its reads are there, its blocks timed by the device's profile at
 -- the step's batch and context (compute while the disk streams slowed by the profile's
 -- under_load); the last device's sampled ids go to the head and the next tokens into device 1.
--- The memory the plan charges each device is checked against its budget once, as the devices
--- check it when they load the plan (the KV cache is the plan's: all of it charged).
+-- The memory the plan charges each device is checked against its budget as the devices check it
+-- when they load the plan. With kv_plan_tokens (fewer KV positions planned than the requests
+-- take) the KV cache is charged as the contexts grow, after every step, and an online policy
+-- (loip.serve.online, the runtime's: restage, lend, evict) makes room as on devices; a device
+-- past its budget stops the step with an error naming it, as a device's charge fails. KV lent
+-- to a holder travels: a stage's blob goes to the holder after the stage runs, over the wire into
+-- it, and is asked back when the lender's stage before it ends, over the wire into the lender; the
+-- stage waits for it.
 local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
 local space = require "loip.plan.space"
@@ -42,7 +48,9 @@ end
 
 -- problem: loip.plan.problem (its devices carry their profiles: problem.new keeps them); p: a
 -- plan; opts: context, step_tokens (tokens a step carries), max_seqs (requests at once), kv_tokens
--- (default context x max_seqs), trace (true: keep every device's events).
+-- (default context x max_seqs), kv_plan_tokens (KV positions the plan's memory holds, as
+-- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
+-- (true: keep every device's events).
 function M.new(problem, p, opts)
   opts = opts or {}
   local bad = plan.check(p, problem.model.n_blocks, "plan")
@@ -62,6 +70,12 @@ function M.new(problem, p, opts)
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
   self.vocab = problem.model.vocab or 32000
+  self.kv_grows = opts.kv_plan_tokens ~= nil and opts.kv_plan_tokens < self.kv_tokens
+  self.estimate = opts.estimate -- the cost model's (an online policy reads each device's idle window)
+  -- one 16-position group of one layer's keys and values (F32), per request
+  local sh = problem.shape
+  self.chunk_bytes = 2 * sh.n_kv_heads * sh.head_dim * 4 * M.KV_BLOCK
+  self.lending = {}
   -- the memory each device's part needs, against its budget (as a device refuses a plan)
   local mopts = space.memory_opts(problem)
   local why = plan.over_budget(p, problem.model, (function()
@@ -90,11 +104,19 @@ function Sim:restaged()
     local x = self.devices[i]
     x.part = plan.device_part(self.plan, i, sizes)
     x.stages = {}
+    x.kv_layers = 0
     for s, st in ipairs(d.stages) do
-      local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0 }
+      local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0,
+        -- the layers whose attention is in the stage keep their KV with it
+        kv_layers = math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1 }
       for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
       x.stages[s] = y
+      x.kv_layers = x.kv_layers + y.kv_layers
     end
+    -- memory outside the KV cache (the plan's charge less its KV), and a group's bytes
+    local m = plan.memory(self.plan, i, sizes, space.memory_opts(self.problem))
+    x.nonkv, x.slot_bytes = m.total - m.kv, m.slot_bytes
+    x.group_bytes = x.kv_layers * self.chunk_bytes
   end
 end
 
@@ -174,10 +196,27 @@ function Sim:step(toks)
         x.stall_ms = x.stall_ms + (start - arrive)
         event(x, tr, "wait", s, y.first, y.last, arrive, start)
       end
+      -- lent KV: the stage's blob must be back before it runs
+      local blob = self:blob_bytes(i, s)
+      if blob > 0 and x.back and x.back[s] and x.back[s] > start then
+        event(x, tr, "wait", s, y.first, y.last, start, x.back[s])
+        x.lend_wait_ms = (x.lend_wait_ms or 0) + (x.back[s] - start)
+        release, start = release + (x.back[s] - start), x.back[s]
+      end
       local finish = release + res_ms
       if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
       event(x, tr, "compute", s, y.first, y.last, start, finish)
       x.comp_ms = x.comp_ms + (finish - start)
+      if blob > 0 then
+        -- the blob goes to the holder, and the next stage's is asked back now: it travels
+        -- while the hops in between run
+        local h = self.lending[i].holder
+        send(self.links[(h - 2) % N + 1], finish, blob)
+        local nxt = s % S + 1
+        local back_bytes = self:blob_bytes(i, nxt)
+        x.back = x.back or {}
+        x.back[nxt] = back_bytes > 0 and (send(self.links[(i - 2) % N + 1], finish + (self.links[(h - 2) % N + 1].delay_ms or 0), back_bytes)) or nil
+      end
       t = finish
       if s < S or i < N then
         local sent
@@ -192,11 +231,106 @@ function Sim:step(toks)
     t = send(self.head.from_last, t, sizes.header_bytes + samples * (sizes.output_bytes or 16)) + self.head.step_ms
   end
   self.now_ms = t
+  if self.kv_grows then self:check_memory(toks) end
   local outs = {}
   for _, tok in ipairs(toks) do
     if tok.flags % 2 == 1 then outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = 3 } end
   end
   return outs
+end
+
+-- KV groups each running request holds after the step of toks (its newest position's), and the
+-- longest context.
+function Sim:held(toks)
+  local last = {}
+  for _, t in ipairs(toks or {}) do
+    if not last[t.seq] or t.pos > last[t.seq] then last[t.seq] = t.pos end
+  end
+  local per, ctx = {}, 0
+  for _, r in ipairs(self.batcher and self.batcher.running or {}) do
+    local p = last[r.seq] or (r.pos - 1)
+    if p >= 0 then
+      per[#per + 1] = math.floor(p / M.KV_BLOCK) + 1 - math.floor((r.evicted or 0) / M.KV_BLOCK)
+      ctx = math.max(ctx, p + 1)
+    end
+  end
+  return per, ctx
+end
+
+-- Bytes of device i's stage s that are lent (what travels each time the stage runs).
+function Sim:blob_bytes(i, s)
+  local l = self.lending[i]
+  if not l or not l.holder then return 0 end
+  local n = 0
+  for _, g in ipairs(self.held_now or {}) do n = n + math.max(0, math.min(l.groups, g - 1)) end
+  return n * self.devices[i].stages[s].kv_layers * self.chunk_bytes
+end
+
+-- Each device's memory after a step (outside its KV cache, its KV less what it lends plus one
+-- stage's blob, what it holds for others) against its budget: a device past it stops the step.
+function Sim:check_memory(toks)
+  local per, ctx = self:held(toks)
+  self.held_now = per
+  local G = 0
+  for _, g in ipairs(per) do G = G + g end
+  local mem = {}
+  for i, x in ipairs(self.devices) do mem[i] = x.nonkv + x.group_bytes * G end
+  for i, l in pairs(self.lending) do
+    if l.holder then
+      local x, lent, staging = self.devices[i], 0, 0
+      for _, g in ipairs(per) do lent = lent + math.max(0, math.min(l.groups, g - 1)) end
+      for s in ipairs(x.stages) do staging = math.max(staging, self:blob_bytes(i, s)) end
+      mem[i] = mem[i] - lent * x.group_bytes + staging
+      mem[l.holder] = mem[l.holder] + lent * x.group_bytes
+    end
+  end
+  for i, x in ipairs(self.devices) do
+    x.peak_bytes = math.max(x.peak_bytes or 0, mem[i])
+    local b = self.problem.devices[i].budget or 0
+    if b > 0 and mem[i] > b then
+      error(string.format("device %d: out of memory at %d positions: its KV cache and plan need %.0f bytes, its budget is %.0f",
+        i, ctx, mem[i], b), 0)
+    end
+  end
+end
+
+-- ---- what an online policy sees and changes (loip.serve.online) ------------------------------
+
+function Sim:online_devices()
+  local out = {}
+  local est = self.estimate
+  for i, x in ipairs(self.devices) do
+    local stages = {}
+    for s, y in ipairs(x.stages) do stages[s] = { first = y.first, last = y.last, offloaded = y.off, kv_layers = y.kv_layers } end
+    local l = self.lending[i]
+    out[i] = { limit = self.problem.devices[i].budget or 0, nonkv = x.nonkv, kv_base = 0, group_bytes = x.group_bytes,
+      slot_bytes = x.slot_bytes, stages = stages, block_bytes = self.problem.model.block_bytes, chunk_bytes = self.chunk_bytes,
+      lend = l and l.holder and { holder = l.holder, groups = l.groups } or nil, staging_bytes = 0,
+      idle_ms = est and est.devices and est.devices[i] and est.devices[i].idle_ms }
+  end
+  return out
+end
+
+-- The rate of each link now (bytes/s; nil: unlimited).
+function Sim:link_rates()
+  local out = {}
+  for i, l in ipairs(self.links) do out[i] = (l.rate_bps or 0) > 0 and l.rate_bps or nil end
+  return out
+end
+
+-- Device i's stage s offloads its first n blocks from the next step on (a restage).
+function Sim:restage(i, s, n)
+  local st = self.plan.devices[i].stages[s]
+  if not st or n < 0 or n > st.blocks[2] - st.blocks[1] + 1 then
+    error(string.format("restage: device %d has no stage %s of %s blocks", i, tostring(s), tostring(n)), 0)
+  end
+  st.offloaded = n
+  self:restaged()
+end
+
+-- Device i lends the oldest `groups` groups of every running request's KV to holder (nil: stops).
+function Sim:lend(i, holder, groups)
+  self.lending[i] = holder and { holder = holder, groups = type(groups) == "number" and groups or 0 } or nil
 end
 
 -- Change an emulated link as a link schedule does (rate: "100mbit" or bytes/s).
@@ -209,11 +343,15 @@ end
 -- ---- playing requests ---------------------------------------------------------------------------
 
 -- Play arrivals (a request pattern's: { at_ms | after = "previous" | "all", prompt_tokens,
--- max_tokens }) through the request loop. Returns one record per request: { t_sent, t_first,
--- t_done, ttft_ms, ms_per_token, tokens, status }.
+-- max_tokens }) through the request loop; opts: prefill, links (a link schedule), online (an
+-- online policy: a name, a path or a table). Returns one record per request: { t_sent, t_first,
+-- t_done, ttft_ms, ms_per_token, tokens, status }; a step that failed leaves s.failure (its
+-- message) and the requests it ended.
 function Sim:play(arrivals, opts)
   opts = opts or {}
-  local b = require("loip.serve.batcher").new(self, { max_batch = self.max_seqs, prefill = opts.prefill,
+  local online = opts.online
+  if type(online) == "string" then online = require("loip.policy").load("online", online) end
+  local b = require("loip.serve.batcher").new(self, { max_batch = self.max_seqs, prefill = opts.prefill, online = online,
     links = opts.links and require("loip.policy").load("links", opts.links) or nil })
   self.batcher = b
   local runs, reqs, done = {}, {}, 0
@@ -240,7 +378,14 @@ function Sim:play(arrivals, opts)
       runs[k], reqs[k] = rec, r
       k = k + 1
     end
-    if not b:step() then
+    local ok, more = pcall(b.step, b)
+    if not ok then
+      -- the step failed (a device out of memory, an online policy that cannot make room): every
+      -- request in it ended with the error, as on devices
+      self.failure = tostring(more)
+      break
+    end
+    if not more then
       -- nothing runs: time goes to the next arrival that waits on the clock
       local a = arrivals[k]
       if not a then break end
@@ -256,7 +401,8 @@ end
 function Sim:device_figures()
   local out = {}
   for i, x in ipairs(self.devices) do
-    out[i] = { comp_ms = x.comp_ms, load_ms = x.load_ms, stall_ms = x.stall_ms, send_ms = x.send_ms,
+    out[i] = { comp_ms = x.comp_ms, load_ms = x.load_ms, stall_ms = x.stall_ms, send_ms = x.send_ms, peak_bytes = x.peak_bytes,
+      lend_wait_ms = x.lend_wait_ms,
       memory_bytes = plan.memory(self.plan, i, self.problem.model, space.memory_opts(self.problem)).total,
       budget_bytes = self.problem.devices[i].budget }
   end

@@ -170,7 +170,8 @@ function M.problem_of(cmd, o)
   local set = M.settings(cmd, o, n)
   local sizes, cfg, dtype, _
   if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
-  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens }
+  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
+    kv_plan_tokens = o.plan_tokens }
   -- the context planned for: --context, else the model's, at most 512
   local function context_of(config) return math.min(o.context or 512, config.max_position_embeddings or 512) end
   local is_store = o.model and require("loip.model").locate(o.model) == "store"

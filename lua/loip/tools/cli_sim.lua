@@ -25,6 +25,10 @@ for _, f in ipairs({
   { "seed", "int", "poisson: the arrivals' seed", default = 1 },
   { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
     check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
+  { "plan-tokens", "int", "KV positions the plan's memory holds (fewer than --kv-tokens: the KV cache grows inside the budgets "
+    .. "and --online makes room as it does)", check = function(v) return v >= 1, "must be >= 1" end },
+  { "online", "string", "the online policy run before every step (recipes/policies/online: loip, thresholds, recompute; "
+    .. "none); the default is loip with --plan-tokens", metavar = "NAME|FILE" },
   { "link-schedule", "string", "the emulated links change between steps (recipes/links: a name or a file)", metavar = "NAME|FILE" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
@@ -65,10 +69,12 @@ function M.commands.simulate.run(o)
   local mopts = require("loip.plan.space").memory_opts(prob)
   if not o.json then cp.report(p, est, info, sizes, mopts) end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
-    kv_tokens = o.kv_tokens, trace = o.trace ~= nil })
+    kv_tokens = o.kv_tokens, kv_plan_tokens = o.plan_tokens, estimate = est, trace = o.trace ~= nil })
+  local online = o.online or (o.plan_tokens and "loip") or nil
+  if online == "none" then online = nil end
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
-  local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule })
+  local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online })
   local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
   for _, r in ipairs(runs) do
     if r.status ~= 200 then failed = failed + 1 end
@@ -85,7 +91,8 @@ function M.commands.simulate.run(o)
   local out = { ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token, ttft_ms = mean(ttft),
     tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
     failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
-    scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices }
+    scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
+    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0 }
   if o.trace then
     local tr = require("loip.tools.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
@@ -103,7 +110,11 @@ function M.commands.simulate.run(o)
     io.stdout:write(string.format("  device %d per step: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms\n", i,
       d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
   end
-  if failed > 0 then io.stdout:write(string.format("%d request(s) failed: %s\n", failed, tostring(runs[1].status))) end
+  if out.adaptations > 0 then
+    io.stdout:write(string.format("  %d live plan changes by the online policy %s\n", out.adaptations, tostring(online)))
+  end
+  if s.failure then io.stdout:write("the step failed: ", s.failure, "\n") end
+  if failed > 0 then io.stdout:write(string.format("%d request(s) failed\n", failed)) end
   return failed > 0 and 1 or 0
 end
 
