@@ -48,11 +48,9 @@ describe("devices from published figures (recipes/devices)", function()
       -- decoding one token: an MLP block's weights read at the bandwidth a matrix-vector product reaches
       local ms = profile.block_ms(pr, "mlp", 1, 256, shape)
       assert.is_true(math.abs(ms - shape.mlp_bytes / (d.memory_bps * d.matvec_efficiency) * 1e3) < 1e-9 * ms, name)
-      -- BF16 weights stay bandwidth-bound up to about 90 tokens a step on these GPUs; past the
-      -- largest batch profiled (64) a step's time grows with its tokens
+      -- BF16 weights stay bandwidth-bound up to about 90 tokens a step on these GPUs
       local m64 = profile.block_ms(pr, "mlp", 64, 256, shape)
-      assert.is_true(m64 >= ms, name)
-      assert.is_true(math.abs(profile.block_ms(pr, "mlp", 256, 256, shape) - 4 * m64) < 1e-9 * m64, name)
+      assert.is_true(math.abs(m64 - ms) < 1e-9 * ms, name)
     end
     local rc, out, err = T.run(string.format("%s plan --like llama-3.3-70b --devices 4 --device-profile "
       .. "jetson-agx-orin-64gb,jetson-agx-orin-64gb,jetson-agx-orin-32gb,jetson-xavier-nx-16gb --link-rate 100mbit --context 1024 --json", T.loip))

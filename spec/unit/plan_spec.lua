@@ -139,4 +139,17 @@ describe("loip.plan", function()
       assert.matches(c[2], why)
     end
   end)
+
+  it("times a block past the largest batch a profile measured as it grew between the two largest", function()
+    local profile = require "loip.plan.profile"
+    local sh = { mlp_bytes = 10, mha_bytes = 10, n_heads = 1, head_dim = 1 }
+    local pr = { shape = { n_heads = 1, head_dim = 1 }, compute = { weight_bps = { ["1"] = 10, ["4"] = 5 },
+      mha_fixed_ms = { ["1"] = 0 }, attention_ms_per_token = { ["1"] = 0 } } }
+    assert.are.equal(1000, profile.block_ms(pr, "mlp", 1, 1, sh))
+    assert.are.equal(2000, profile.block_ms(pr, "mlp", 4, 1, sh))
+    assert.is_true(math.abs(profile.block_ms(pr, "mlp", 16, 1, sh) - 6000) < 1e-6) -- 1000/3 ms more per token
+    -- one batch measured (a calibration): past it, as it was
+    pr.compute.weight_bps = { ["1"] = 10 }
+    assert.are.equal(1000, profile.block_ms(pr, "mlp", 8, 1, sh))
+  end)
 end)

@@ -478,10 +478,17 @@ function M.block_ms(pr, kind, batch, context, shape)
     end
     return tbl[tostring(keys[#keys])]
   end
-  -- past the largest batch measured, time grows with the batch (compute-bound by then)
-  local most = 0
-  for k in pairs(cp.weight_bps) do most = math.max(most, tonumber(k)) end
-  local scale = batch > most and batch / most or 1
+  -- past the largest batch measured, a block's time goes on growing as it grew between the two
+  -- largest batches measured (with one batch measured: it stays as it was)
+  local ks = {}
+  for k in pairs(cp.weight_bps) do ks[#ks + 1] = tonumber(k) end
+  table.sort(ks)
+  local scale = 1
+  local most, prev = ks[#ks], ks[#ks - 1]
+  if prev and batch > most then
+    local t1, t0 = 1 / cp.weight_bps[tostring(most)], 1 / cp.weight_bps[tostring(prev)]
+    scale = 1 + math.max(0, (t1 - t0) / (most - prev)) * (batch - most) / t1
+  end
   local bps = at(cp.weight_bps, batch)
   if kind == "head" then return shape.head_bytes / at(cp.weight_bps, 1) * 1e3 end
   if kind == "mlp" then return shape.mlp_bytes / bps * 1e3 * scale end
