@@ -175,7 +175,10 @@ function Sim:step(toks)
       else
         local d = problem.devices[i]
         local read = y.bytes / d.disk_bps * 1e3 + (d.load_ms or 0)
-        local go = math.max(x.disk, self.plan.prefetch == false and arrive or 0)
+        -- (a plan that does not read ahead, or reads block by block when each block's turn
+        -- comes, the conventional pipeline's: nothing before the stage starts)
+        local ahead = self.plan.prefetch ~= false and not self.plan.per_block
+        local go = math.max(x.disk, ahead and 0 or arrive)
         -- the slot: one stage's reads (freed as the stage computes them), or a ring that holds
         -- the next read beside the one being computed
         local j = #x.live
