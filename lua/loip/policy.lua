@@ -24,6 +24,8 @@ M.kinds = {
     about = "an online policy: on_step(state, control) between decoding steps" },
   links = { dir = "links", needs = { "at" },
     about = "a link schedule: at(step) -> nil, a rate for every link, or one per link (emulated links change between steps)" },
+  baseline = { dir = "baselines", needs = { "run" },
+    about = "a system compared against but not built (loip.sim.tp): run(problem, { batch, context }) -> { ms_per_token, ... } or nil, \"OOM: ...\"" },
   device = { dir = "devices", needs = { "profile" },
     about = "a device one does not own: its published figures (loip.sim.roofline.device); profile(shape) -> a loip profile" },
   pattern = { dir = "patterns", needs = { "requests" },

@@ -30,6 +30,8 @@ for _, f in ipairs({
   { "online", "string", "the online policy run before every step (recipes/policies/online: loip, thresholds, recompute; "
     .. "none); the default is loip with --plan-tokens", metavar = "NAME|FILE" },
   { "link-schedule", "string", "the emulated links change between steps (recipes/links: a name or a file)", metavar = "NAME|FILE" },
+  { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/baselines: galaxy, "
+    .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
 }) do flags[#flags + 1] = f end
@@ -57,6 +59,24 @@ function M.commands.simulate.run(o)
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
   local prob, sizes = cp.problem_of("simulate", o)
+  if o.baseline then
+    -- a system we do not build: its model's step time at the pattern's batch, mid-generation
+    local base = policy.load("baseline", o.baseline)
+    local batch = o.pattern == "bursty" and (o.burst or o.max_batch) or 1
+    local r, why = base.run(prob, { batch = batch, context = o.input_tokens + math.floor(o.output_tokens / 2) })
+    local out = { baseline = base.name or o.baseline, pattern = o.pattern, batch = batch, ms_per_token = r and r.ms_per_token,
+      comp_ms = r and r.comp_ms, comm_ms = r and r.comm_ms, load_ms = r and r.load_ms, oom = why, devices = r and r.devices,
+      model = o.model or o.like, devices_count = o.devices }
+    if o.json then
+      io.stdout:write(json.encode(out), "\n")
+    elseif r then
+      io.stdout:write(string.format("%s, %d token%s a step: %.2f ms/token = compute %.2f + all-reduces %.2f ms (disk %.2f ms, overlapped)\n",
+        out.baseline, batch, batch == 1 and "" or "s", r.ms_per_token, r.comp_ms, r.comm_ms, r.load_ms))
+    else
+      io.stdout:write(out.baseline, ": ", why, "\n")
+    end
+    return r and 0 or 1
+  end
   local p, est, info
   if o.plan then
     p = plan.load(o.plan)
