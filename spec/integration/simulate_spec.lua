@@ -143,3 +143,38 @@ describe("loip simulate", function()
     assert.matches("simulate: device %d needs .* but its budget is", err5)
   end)
 end)
+
+describe("tensor-parallel baselines (recipes/baselines)", function()
+  it("model Galaxy and TPI-LLM on the same problem: slices that must fit, or a sliding window read from disk; all-reduces on the links", function()
+    local dir = T.tmpdir()
+    local pr = write_profile(dir, 0.001)
+    local function run(args)
+      local rc, out, err = T.run(string.format("%s simulate --like llama-3.2-1b --devices 3 --link-delay 2ms --context 256 --profile %s --json %s",
+        T.loip, pr, args))
+      assert.is_true(rc == 0 or rc == 1, err)
+      return json.decode(out), rc
+    end
+    -- room for every slice: all three run; Galaxy's ring beats TPI-LLM's star on the same links
+    local g = run("--mem 2G,2G,2G --link-rate 100mbit --baseline galaxy")
+    local t = run("--mem 2G,2G,2G --link-rate 100mbit --baseline tpi-llm")
+    assert.is_nil(g.oom)
+    assert.is_true(g.ms_per_token > 0 and t.ms_per_token > 0)
+    assert.is_true(g.comm_ms < t.comm_ms, g.comm_ms .. " vs " .. t.comm_ms)
+    -- two all-reduces a layer: at 10x the rate the star's wire time falls tenfold (its latency stays)
+    local fast = run("--mem 2G,2G,2G --link-rate 1000mbit --baseline tpi-llm")
+    local lat = 2 * 16 * 2 * (2 + 0.01)
+    assert.is_true(math.abs((fast.comm_ms - lat) * 10 - (t.comm_ms - lat)) < 1e-6 * t.comm_ms)
+    -- a burst of 4: four tokens' activations a step
+    local burst = run("--mem 2G,2G,2G --link-rate 100mbit --baseline tpi-llm --pattern bursty --burst 4 --max-batch 4")
+    assert.are.equal(4, burst.batch)
+    assert.is_true(burst.comm_ms > 3 * t.comm_ms - 4 * lat)
+    -- budgets of 400M: the slices do not fit; Galaxy and TPI-LLM are out of memory, naming the
+    -- device; TPI-LLM's sliding window reads what does not fit from disk every step
+    local go, rc = run("--mem 400M,400M,400M --link-rate 100mbit --baseline galaxy")
+    assert.are.equal(1, rc)
+    assert.matches("^OOM: device %d cannot hold its %d+%% slice of every layer", go.oom)
+    local off = run("--mem 400M,400M,400M --link-rate 100mbit --baseline tpi-llm-offload")
+    assert.is_nil(off.oom)
+    assert.is_true(off.load_ms > 0 and off.ms_per_token >= off.load_ms)
+  end)
+end)

@@ -72,6 +72,7 @@ function M.new(problem, p, opts)
   self.vocab = problem.model.vocab or 32000
   self.kv_grows = opts.kv_plan_tokens ~= nil and opts.kv_plan_tokens < self.kv_tokens
   self.estimate = opts.estimate -- the cost model's (an online policy reads each device's idle window)
+  self.conventional_loads = opts.conventional_loads -- (the ablation of the paper's UMA-aware loading)
   -- one 16-position group of one layer's keys and values (F32), per request
   local sh = problem.shape
   self.chunk_bytes = 2 * sh.n_kv_heads * sh.head_dim * 4 * M.KV_BLOCK
@@ -175,6 +176,11 @@ function Sim:step(toks)
       else
         local d = problem.devices[i]
         local read = y.bytes / d.disk_bps * 1e3 + (d.load_ms or 0)
+        if self.conventional_loads then
+          -- the conventional path (read into a buffer, parse, copy to where the kernels read):
+          -- the bytes cross memory twice more, at the rate its matrix-vector products stream it
+          read = read + 2 * y.bytes * profile.block_ms(d.profile, "mlp", 1, 1, { mlp_bytes = 1 })
+        end
         -- (a plan that does not read ahead, or reads block by block when each block's turn
         -- comes, the conventional pipeline's: nothing before the stage starts)
         local ahead = self.plan.prefetch ~= false and not self.plan.per_block

@@ -1,0 +1,183 @@
+-- The LOIP paper's experiments (Sec. IV) on the simulator: a case is a model shape, a set of
+-- devices from recipes/devices with their memory reservations, a link rate (or a schedule of
+-- rates), a request pattern and a method: LOIP (the loip scheduler, its online policy), the
+-- PP-based baselines as schedulers on the same runtime (pipeline, edgeshard, pipeline-offload),
+-- the TP-based ones as models (recipes/baselines: galaxy, tpi-llm, tpi-llm-offload). A method that
+-- cannot place the model is OOM; one slower than the paper's limits is OOT (5 s/token sporadic,
+-- 2 s/token bursty). recipes/paper/*.lua run the figures' cases through M.run and print them
+-- beside the paper's ranges.
+local json = require "loip.tools.json"
+local policy = require "loip.policy"
+local sim = require "loip.sim"
+
+local M = {}
+
+M.OOT_MS = { sporadic = 5000, bursty = 2000 }
+M.PP = { "pipeline", "edgeshard", "pipeline-offload" }
+M.TP = { "galaxy", "tpi-llm", "tpi-llm-offload" }
+M.METHODS = { "loip", "pipeline", "edgeshard", "pipeline-offload", "galaxy", "tpi-llm", "tpi-llm-offload" }
+M.LABEL = { loip = "LOIP", pipeline = "Pipeline", edgeshard = "EdgeShard", ["pipeline-offload"] = "Pipeline+offloading",
+  galaxy = "Galaxy", ["tpi-llm"] = "TPI-LLM", ["tpi-llm-offload"] = "TPI-LLM+offloading" }
+
+local GiB = 1024 ^ 3
+
+-- The budgets of devices (names) less what the OS keeps and the case's reservations (GiB each).
+function M.budgets(names, reserve_gib)
+  local out = {}
+  for i, name in ipairs(names) do
+    local d = policy.load("device", name)
+    out[i] = math.floor(d.memory_bytes - d.reserve_bytes - (reserve_gib and reserve_gib[i] or 0) * GiB)
+  end
+  return out
+end
+
+-- One case: c = { model (a shape: llama-3.3-70b...), devices (names), reserve_gib (per device),
+-- link_rate ("100mbit"), link_delay_ms, link_schedule (a "links" policy: rates change between
+-- steps), pattern ("sporadic" | "bursty"), burst (4), requests (2), input_tokens, output_tokens,
+-- context, plan_tokens (KV positions planned: fewer, the KV cache grows inside the budgets), method,
+-- and the ablations' overrides: scheduler, online, conventional_loads; no_oot (report the time
+-- however long) }. Returns
+-- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why }.
+function M.run(c)
+  local cp = require "loip.tools.cli_plan"
+  local n = #c.devices
+  local bursty = c.pattern == "bursty"
+  local max_batch = bursty and (c.burst or 4) or 1
+  local mem = {}
+  for i, b in ipairs(M.budgets(c.devices, c.reserve_gib)) do mem[i] = tostring(b) end
+  local o = { like = c.model, dtype = "bf16", devices = n, mem = table.concat(mem, ","), device_profile = table.concat(c.devices, ","),
+    link_rate = c.link_rate or "100mbit", link_delay = c.link_delay_ms and (c.link_delay_ms .. "ms") or nil,
+    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_tokens = c.plan_tokens }
+  local ok, prob = pcall(cp.problem_of, "experiment", o)
+  if not ok then error(type(prob) == "table" and prob.msg or prob, 0) end
+  local io_len = (c.input_tokens or 32) + math.floor((c.output_tokens or 64) / 2)
+  local limit = c.no_oot and math.huge or M.OOT_MS[c.pattern] or math.huge
+  local function verdict(ms, why)
+    if not ms then return { outcome = "OOM", why = why and tostring(why):gsub("^OOM: ", "") or nil } end
+    if ms > limit then return { ms_per_token = ms, outcome = "OOT", why = string.format("%.0f ms/token > %.0f", ms, limit) } end
+    return { ms_per_token = ms, outcome = "ms" }
+  end
+  local tp = false
+  for _, m in ipairs(M.TP) do tp = tp or m == c.method end
+  if tp then
+    local base = policy.load("baseline", c.method)
+    if not c.link_schedule then
+      local r, why = base.run(prob, { batch = max_batch, context = io_len })
+      return verdict(r and r.ms_per_token, why)
+    end
+    -- rates that change between steps: each step at the slowest link's rate then
+    local sched = policy.load("links", c.link_schedule)
+    local transport = require "loip.runtime.transport"
+    local rate, sum, steps = nil, 0, c.output_tokens or 64
+    for k = 1, steps do
+      local r = sched.at(k)
+      if r ~= nil then
+        local list = type(r) == "table" and r or { r }
+        rate = math.huge
+        for i = 1, math.min(#list, n) do rate = math.min(rate, transport.parse_rate(list[i])) end
+      end
+      local res, why = base.run(prob, { batch = max_batch, context = (c.input_tokens or 32) + k, rate_bps = rate })
+      if not res then return verdict(nil, why) end
+      sum = sum + res.ms_per_token
+    end
+    return verdict(sum / steps)
+  end
+  local sched = c.scheduler or (c.method == "loip" and "loip" or c.method)
+  local pok, p, est = pcall(policy.plan, prob, { scheduler = sched })
+  if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
+  local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
+    conventional_loads = c.conventional_loads, kv_plan_tokens = c.plan_tokens })
+  local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
+    input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
+  local online = c.online
+  if online == nil and c.method == "loip" then online = "loip" end
+  local runs = s:play(arrivals, { links = c.link_schedule, online = online })
+  if s.failure then return verdict(nil, s.failure) end
+  local sum, k = 0, 0
+  for _, r in ipairs(runs) do
+    if r.ms_per_token then sum, k = sum + r.ms_per_token, k + 1 end
+  end
+  return verdict(k > 0 and sum / k or nil, k == 0 and "no request decoded" or nil)
+end
+
+-- LOIP's speedups over a group of methods across rows ({ config, method, ms_per_token }): the
+-- least and the most, over the configurations where both ran.
+function M.speedups(rows, group)
+  local by = {}
+  for _, r in ipairs(rows) do
+    by[r.config] = by[r.config] or {}
+    by[r.config][r.method] = r.ms_per_token
+  end
+  local lo, hi
+  for _, ms in pairs(by) do
+    for _, m in ipairs(group) do
+      if ms.loip and ms[m] then
+        local x = ms[m] / ms.loip
+        lo, hi = math.min(lo or x, x), math.max(hi or x, x)
+      end
+    end
+  end
+  return lo, hi
+end
+
+-- Run every case (a list), write <out>/<name>.json (rows) and <name>.md, print the table.
+function M.report(name, out, cases, paper)
+  local rows = {}
+  for _, c in ipairs(cases) do
+    local r = M.run(c)
+    rows[#rows + 1] = { config = c.config, method = c.method, ms_per_token = r.ms_per_token,
+      result = r.outcome == "ms" and r.ms_per_token or r.outcome, why = r.why }
+    io.stderr:write(string.format("%-48s %-20s %s\n", c.config, M.LABEL[c.method] or c.method,
+      r.outcome == "ms" and string.format("%.0f ms/token", r.ms_per_token) or (r.outcome .. (r.why and (": " .. r.why) or ""))))
+  end
+  local pp_lo, pp_hi = M.speedups(rows, M.PP)
+  local tp_lo, tp_hi = M.speedups(rows, M.TP)
+  local result = { name = name, rows = rows, paper = paper,
+    ours = { over_pp = pp_lo and { pp_lo, pp_hi } or nil, over_tp = tp_lo and { tp_lo, tp_hi } or nil } }
+  os.execute("mkdir -p '" .. out .. "'")
+  -- the table: configurations down, methods across
+  local methods, configs, cell = {}, {}, {}
+  for _, r in ipairs(rows) do
+    if not cell[r.method] then methods[#methods + 1] = r.method cell[r.method] = {} end
+    if not cell.__seen or not cell.__seen[r.config] then
+      cell.__seen = cell.__seen or {}
+      cell.__seen[r.config] = true
+      configs[#configs + 1] = r.config
+    end
+    cell[r.method][r.config] = type(r.result) == "number" and string.format("%.0f", r.result) or r.result
+  end
+  local head = { "| configuration |" }
+  local rule = { "|---|" }
+  for _, m in ipairs(methods) do head[#head + 1] = " " .. (M.LABEL[m] or m) .. " |" rule[#rule + 1] = "---|" end
+  local md = { table.concat(head), table.concat(rule) }
+  for _, cfg in ipairs(configs) do
+    local line = { "| " .. cfg .. " |" }
+    for _, m in ipairs(methods) do line[#line + 1] = " " .. (cell[m][cfg] or "") .. " |" end
+    md[#md + 1] = table.concat(line)
+  end
+  md[#md + 1] = ""
+  md[#md + 1] = "ms/token; OOM: the method cannot place the model; OOT: slower than 5 s/token (sporadic) or 2 s/token (bursty)."
+  md[#md + 1] = ""
+  local function range(x) return x and string.format("%.1f-%.1fx", x[1], x[2]) or "-" end
+  if result.ours.over_pp or result.ours.over_tp then
+    md[#md + 1] = string.format("LOIP's speedup over the PP-based baselines: %s (paper: %s); over the TP-based: %s (paper: %s)",
+      range(result.ours.over_pp), paper.over_pp or "-", range(result.ours.over_tp), paper.over_tp or "-")
+  end
+  if paper.ablation then md[#md + 1] = "The paper: " .. paper.ablation .. "." end
+  local text = table.concat(md, "\n") .. "\n"
+  local f = assert(io.open(out .. "/" .. name .. ".md", "w"))
+  f:write(text)
+  f:close()
+  local bars = {}
+  for _, r in ipairs(rows) do
+    bars[#bars + 1] = { string.format("%s: %s", r.config, M.LABEL[r.method] or r.method), r.ms_per_token or 0,
+      type(r.result) == "string" and r.result or nil, color = r.method == "loip" and "#27ae60" or "#7f8c8d" }
+  end
+  require("loip.tools.plot").bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
+  result.plot = name .. ".svg" -- (beside the JSON: the same bytes wherever --out is)
+  json.write_file(out .. "/" .. name .. ".json", json.encode_sorted(result, 2) .. "\n")
+  io.stdout:write(text)
+  return result
+end
+
+return M

@@ -1,0 +1,40 @@
+-- The paper's experiments as recipes (recipes/paper): each runs in seconds on the simulator, gives
+-- the same output twice, and writes its rows (configuration, method, ms/token or OOM/OOT), a
+-- table and a plot; on the paper's testbed LOIP places Llama-3.3-70B under every reservation of
+-- Fig. 6 and is the fastest method of every configuration.
+local json = require "loip.tools.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+
+describe("recipes/paper", function()
+  for _, name in ipairs({ "fig6", "fig7", "fig8", "table3" }) do
+    it(name .. " runs in seconds, the same twice", function()
+      local a, b = T.tmpdir(), T.tmpdir()
+      local t0 = require("loip.core").now_ms()
+      local rc, out, err = T.run(string.format("%s run %s/recipes/paper/%s.lua --out %s", T.loip, T.root, name, a))
+      assert.are.equal(0, rc, err)
+      assert.is_true(require("loip.core").now_ms() - t0 < 120000)
+      local rc2 = T.run(string.format("%s run %s/recipes/paper/%s.lua --out %s", T.loip, T.root, name, b))
+      assert.are.equal(0, rc2)
+      assert.are.equal(T.read(a .. "/" .. name .. ".json"), T.read(b .. "/" .. name .. ".json"))
+      assert.matches("^<svg", T.read(a .. "/" .. name .. ".svg"))
+      assert.matches("| configuration |", out, 1, true)
+      local j = json.load(a .. "/" .. name .. ".json")
+      local best = {}
+      for _, r in ipairs(j.rows) do
+        assert.is_true(type(r.result) == "number" or r.result == "OOM" or r.result == "OOT", tostring(r.result))
+        if r.ms_per_token and (not best[r.config] or r.ms_per_token < best[r.config].ms) then
+          best[r.config] = { ms = r.ms_per_token, method = r.method }
+        end
+      end
+      -- LOIP is the fastest of every configuration (table3: no ablation is faster)
+      for cfg, b in pairs(best) do assert.are.equal("loip", b.method, cfg) end
+      if name == "fig6" then
+        for _, r in ipairs(j.rows) do
+          if r.method == "loip" then assert.are.equal("number", type(r.result), r.config) end
+          if r.method == "galaxy" and r.config:match("^%(iii%)") then assert.are.equal("OOM", r.result) end
+        end
+      end
+    end)
+  end
+end)
