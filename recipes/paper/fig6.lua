@@ -12,7 +12,7 @@ local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig6.lua", usage = "loip run recipes/paper/fig6.lua [--out DIR]",
   summary = "The paper's Fig. 6 (Llama-3.3-70B, extreme memory pressure) on the simulator.",
-  flags = { { "out", "string", "where to write fig6.json, .md and .svg", default = "docs/paper" },
+  flags = { { "out", "string", "where to write fig6.json, .md and .svg", default = "bench-out" },
     { "output-tokens", "int", "tokens each request generates", default = 32 } } }, arg, 1)
 
 local devices = { "jetson-agx-orin-64gb", "jetson-agx-orin-32gb", "jetson-agx-orin-32gb", "jetson-agx-orin-32gb", "jetson-xavier-nx-16gb" }

@@ -11,7 +11,7 @@ local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig7.lua", usage = "loip run recipes/paper/fig7.lua [--out DIR]",
   summary = "The paper's Fig. 7 (end-to-end, 13B/32B/70B on matched device sets) on the simulator.",
-  flags = { { "out", "string", "where to write fig7.json, .md and .svg", default = "docs/paper" },
+  flags = { { "out", "string", "where to write fig7.json, .md and .svg", default = "bench-out" },
     { "output-tokens", "int", "tokens each request generates", default = 32 } } }, arg, 1)
 
 local sets = {

@@ -9,7 +9,7 @@ local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig8.lua", usage = "loip run recipes/paper/fig8.lua [--out DIR]",
   summary = "The paper's Fig. 8 (Llama-3.3-70B under changing bandwidth) on the simulator.",
-  flags = { { "out", "string", "where to write fig8.json, .md and .svg", default = "docs/paper" },
+  flags = { { "out", "string", "where to write fig8.json, .md and .svg", default = "bench-out" },
     { "output-tokens", "int", "tokens each request generates", default = 128 } } }, arg, 1)
 
 local devices = { "jetson-agx-orin-64gb", "jetson-agx-orin-64gb", "jetson-agx-orin-32gb", "jetson-xavier-nx-16gb" }

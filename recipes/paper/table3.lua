@@ -13,7 +13,7 @@ local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "table3.lua", usage = "loip run recipes/paper/table3.lua [--out DIR]",
   summary = "The paper's Table III (LOIP's ablations) on the simulator.",
-  flags = { { "out", "string", "where to write table3.json, .md and .svg", default = "docs/paper" },
+  flags = { { "out", "string", "where to write table3.json, .md and .svg", default = "bench-out" },
     { "output-tokens", "int", "tokens each request generates", default = 256 } } }, arg, 1)
 
 local devices = { "jetson-agx-orin-64gb", "jetson-agx-orin-64gb", "jetson-agx-orin-32gb", "jetson-xavier-nx-16gb" }
