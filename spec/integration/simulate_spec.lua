@@ -106,6 +106,12 @@ describe("loip simulate", function()
     local rc2, out2 = T.run(args .. " --online none")
     assert.are.equal(1, rc2)
     assert.matches("^device %d: out of memory at %d+ positions", json.decode(out2).error)
+    -- a loip generate command line simulates as it is (its --prompt, --max-tokens, --plan-context)
+    local rc3, out3, err3 = T.run(string.format("%s simulate --model %s --devices 2 --mem 960K,960K --context 512 --stages 3 "
+      .. "--prompt 'Once upon a time' --max-tokens 380 --plan-context 32 --requests 1", T.loip, st))
+    assert.are.equal(0, rc3, err3)
+    assert.matches("simulated 1 sporadic request (5 + 380 tokens each)", out3, 1, true)
+    assert.matches("live plan changes by the online policy loip", out3, 1, true)
   end)
 
   it("makes later tokens attend more positions, writes a trace loip trace plot draws, refuses a plan past a budget", function()

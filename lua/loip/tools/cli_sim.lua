@@ -23,6 +23,10 @@ for _, f in ipairs({
   { "input-tokens", "int", "prompt tokens of each request", default = 8, check = function(v) return v >= 1, "must be >= 1" end },
   { "output-tokens", "int", "tokens each request generates", default = 32, check = function(v) return v >= 1, "must be >= 1" end },
   { "seed", "int", "poisson: the arrivals' seed", default = 1 },
+  -- loip generate's names, so that a generate command line simulates as it is
+  { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
+  { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
+  { "plan-context", "int", "as --plan-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
   { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
     check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
   { "plan-tokens", "int", "KV positions the plan's memory holds (fewer than --kv-tokens: the KV cache grows inside the budgets "
@@ -54,6 +58,16 @@ local function mean(xs)
 end
 
 function M.commands.simulate.run(o)
+  if o.max_tokens then o.output_tokens = o.max_tokens end
+  if o.plan_context then o.plan_tokens = o.plan_context end
+  if o.prompt then
+    if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
+    local st = require "loip.model.store"
+    local vocab
+    if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
+    local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab })
+    o.input_tokens = #tok:encode(o.prompt, { bos = true })
+  end
   local plan = require "loip.plan"
   local policy = require "loip.policy"
   local sim = require "loip.sim"
