@@ -12,9 +12,9 @@
 -- bursty (--burst requests at once, the plan made for that many), online (on the pipeline cluster
 -- only: two requests at once with the plan made for 32 KV positions each, so that the KV cache grows
 -- inside the budgets and the online policy, loip, offloads blocks live; --online-tokens each). The
--- loip scheduler plans each
--- case on the running cluster from this machine's calibration; the simulator takes that very
--- problem and plan (loip.sim), and plays the same arrivals through the same request loop.
+-- loip scheduler plans each case on the running cluster from a profile of this machine that
+-- `loip profile` measured (--profile, made once); the simulator takes that very problem and plan
+-- (loip.sim), and plays the same arrivals through the same request loop.
 -- Target (issue 14): every case within 10%. JSON on stdout; a Markdown table and an SVG in --out.
 local bench = require "loip.tools.bench"
 local cluster = require "loip.cluster"
@@ -37,6 +37,8 @@ local spec = {
     { "burst", "int", "requests of a burst", default = 4 },
     { "context", "int", "KV cache positions per request", default = 256 },
     { "out", "string", "where to write fidelity.json, .md and .svg", default = "bench-out" },
+    { "profile", "string", "the profile both plan and simulate with (measured by loip profile; made if missing)",
+      default = "bench-out/fidelity-profile.json" },
     { "quick", "bool", "3 tokens, the gbit cluster only: check the recipe works" },
   }),
 }
@@ -45,6 +47,15 @@ if o.quick then o.tokens, o.clusters = 3, "gbit" end
 local log = bench.log
 
 bench.ensure_store(o.store, o.model)
+-- the figures: a profile of this machine measured by loip profile (batches 1 to 8: a burst's
+-- steps compute what it measured), which the cluster plans with and the simulator reads
+if not require("loip.tools.json").exists(o.profile) then
+  log("measuring this machine into %s (once): loip profile --batches 1,2,4,8 --contexts 64,256", o.profile)
+  os.execute("mkdir -p \"$(dirname '" .. o.profile .. "')\"")
+  local cmd = string.format("%s profile --model '%s' --threads 1 --batches 1,2,4,8 --contexts 64,256 --out '%s' >&2",
+    require("loip.cluster.proc").exe(), o.store, o.profile)
+  if os.execute(cmd) ~= 0 then error("loip profile failed", 0) end
+end
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local MB = 1000 * 1000
@@ -113,7 +124,7 @@ for name in o.clusters:gmatch("[^,]+") do
     local c = cluster.start_local { store = o.store, devices = cl.devices, mem = cl.mem, threads = 1 }
     local ok, err = pcall(function()
       local p, est = c:plan { context = o.context, batch = 32, max_batch = max_seqs, disk_rate = cl.disk_rate, link = cl.link,
-        slowdown = cl.slowdown, trace = false, kv_plan_tokens = plan_tokens, online = online and "loip" or nil }
+        slowdown = cl.slowdown, trace = false, kv_plan_tokens = plan_tokens, online = online and "loip" or nil, profile = o.profile }
       -- (the simulator starts from the plan as made: the online policy changes the cluster's as it runs)
       local function copy(t)
         if type(t) ~= "table" then return t end
