@@ -122,7 +122,9 @@ function M.commands.simulate.run(o)
   for _, d in ipairs(devs) do
     for _, k in ipairs({ "comp_ms", "load_ms", "stall_ms", "send_ms" }) do d[k .. "_per_step"] = d[k] / steps end
   end
-  local out = { ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token, ttft_ms = mean(ttft),
+  -- (decode_ms_per_token and estimate_ms_per_token as loip generate --json names them)
+  local out = { ms_per_token = mean(mpt), decode_ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token,
+    ttft_ms = mean(ttft),
     tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
     failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
     scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
