@@ -83,11 +83,7 @@ local function arrivals(pattern)
     input_tokens = #bench.PROMPT, output_tokens = o.tokens })
 end
 
-local function mean(xs)
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  return #xs > 0 and s / #xs or nil
-end
+local mean = require("loip.tools.bench").mean
 
 -- Requests on the running cluster c, through its request loop: each request's decoding ms/token.
 local function measure(c, pattern)

@@ -16,7 +16,6 @@
 -- tokens/s. Targets: bursty tokens/s >= 3x sporadic (one request at a time) on the interleaved
 -- plan, and >= 2x the conventional plan's under the same burst. JSON + SVG.
 local bench = require "loip.tools.bench"
-local core = require "loip.core"
 local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local load = require "loip.serve.load"
@@ -63,40 +62,11 @@ log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV for %d re
   N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
   100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.burst, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
 
-local proc = require "loip.cluster.proc"
-local exe, alive = proc.exe(), proc.alive
-
--- A `loip serve` child with the scheduler's plan; its URL and a stop function.
-local function start_server(scheduler, prefill, logfile)
-  local out = os.tmpname()
-  local cmd = string.format("%s serve --model '%s' --devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32 "
-    .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --prefill %s --port 0 --quiet > %s 2> %s & echo $!",
-    exe, o.store, N, table.concat(mem_list, ","), o.context, o.burst, o.link_rate, o.link_delay, o.disk_rate, scheduler, prefill,
-    out, logfile)
-  local p = io.popen(cmd)
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local url
-  local deadline = core.now_ms() + 300000
-  while not url and alive(pid) and core.now_ms() < deadline do
-    local f = io.open(out)
-    url = f and f:read("*a"):match("listening (http://%S+)")
-    if f then f:close() end
-    if not url then core.C.loip_sleep_ms(100) end
-  end
-  os.remove(out)
-  local function stop()
-    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
-    local t = core.now_ms()
-    while alive(pid) and core.now_ms() - t < 10000 do core.C.loip_sleep_ms(50) end
-    if alive(pid) then os.execute("kill -KILL " .. pid) end
-  end
-  if not url then
-    stop()
-    local f = io.open(logfile)
-    error("loip serve did not start:\n" .. (f and f:read("*a") or ""), 0)
-  end
-  return url, stop
+-- A `loip serve` child with the scheduler's plan (loip.tools.bench.serve).
+local function start_server(scheduler, prefill)
+  return bench.serve(string.format("--model '%s' --devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32 "
+    .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --prefill %s", o.store, N, table.concat(mem_list, ","),
+    o.context, o.burst, o.link_rate, o.link_delay, o.disk_rate, scheduler, prefill), scheduler)
 end
 
 local model_name = o.store:gsub("/+$", ""):match("([^/]+)$")
@@ -120,9 +90,9 @@ end
 local results, order, prefill_runs = {}, {}, {}
 for _, run in ipairs(runs_todo) do
   local sched = run.sched
-  local logfile = os.tmpname()
   log("%s (prefill %s): starting loip serve (planning, loading the resident blocks)", sched, run.prefill)
-  local url, stop = start_server(sched, run.prefill, logfile)
+  local srv = start_server(sched, run.prefill)
+  local url = srv.url
   local ok, err = pcall(function()
     local play = function(pattern, opts)
       opts.input_tokens, opts.output_tokens = o.input_tokens, o.output_tokens
@@ -148,12 +118,8 @@ for _, run in ipairs(runs_todo) do
     end
     if not order[#order] or order[#order] ~= sched then order[#order + 1] = sched end
   end)
-  stop()
-  local lf = io.open(logfile)
-  local server_log = lf and lf:read("*a") or ""
-  if lf then lf:close() end
-  os.remove(logfile)
-  if not ok then error(tostring(err) .. "\nthe server's log ends:\n" .. server_log:sub(-3000), 0) end
+  srv.stop()
+  if not ok then error(tostring(err) .. "\nthe server's log ends:\n" .. srv.log():sub(-3000), 0) end
 end
 
 local inter, conv = results[order[1]], results[order[2]]

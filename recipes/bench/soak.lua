@@ -16,6 +16,7 @@
 -- started again and taken back when the next burst arrives. The head's and each worker's RSS
 -- and open file descriptors are sampled after every kill and at the end. JSON (soak.json) and
 -- a plot of the RSS (soak.svg); exit 1 when a request was lost or wrong or something leaked.
+local bench = require "loip.tools.bench"
 local core = require "loip.core"
 local client = require "loip.serve.client"
 local flags = require "loip.tools.flags"
@@ -69,7 +70,7 @@ if o.max_prompt + o.max_tokens > o.context then
   usage(string.format("--max-prompt %d + --max-tokens %d do not fit --context %d", o.max_prompt, o.max_tokens, o.context))
 end
 local log = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
-local exe, alive = proc.exe(), proc.alive
+local alive = proc.alive
 
 -- ---- what /proc says about a process --------------------------------------------------------
 local function rss_kib(pid)
@@ -153,43 +154,9 @@ end
 -- ---- a server --------------------------------------------------------------------------------
 local cleanup = {}
 local function start_server(args, what)
-  local out, err = os.tmpname(), os.tmpname()
-  local p = io.popen(string.format("%s serve --model %s %s --port 0 --quiet > %s 2> %s & echo $!", exe,
-    proc.sh_quote(o.store), args, out, err))
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local url
-  local deadline = core.now_ms() + 120000
-  while not url and alive(pid) and core.now_ms() < deadline do
-    local f = io.open(out)
-    url = f and f:read("*a"):match("listening (http://%S+)")
-    if f then f:close() end
-    if not url then C.loip_sleep_ms(50) end
-  end
-  local srv = { pid = pid, url = url }
-  function srv.log()
-    local f = io.open(err)
-    local s = f and f:read("*a") or ""
-    if f then f:close() end
-    return s
-  end
-  function srv.stop()
-    if srv.stopped then return end
-    srv.stopped = true
-    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
-    local t = core.now_ms()
-    while alive(pid) and core.now_ms() - t < 15000 do C.loip_sleep_ms(50) end
-    srv.killed = alive(pid)
-    if srv.killed then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end
-    os.remove(out)
-    os.remove(err)
-  end
+  local ok, srv = pcall(bench.serve, string.format("--model %s %s", proc.sh_quote(o.store), args), what)
+  if not ok then error(srv, 0) end
   cleanup[#cleanup + 1] = srv.stop
-  if not url then
-    local msg = srv.log()
-    srv.stop()
-    error(what .. ": loip serve did not start:\n" .. msg, 0)
-  end
   return srv
 end
 

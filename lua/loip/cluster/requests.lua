@@ -97,8 +97,7 @@ function M.install(Cluster)
       local m = d.mem_state or {}
       local stages, kv_layers = {}, 0
       for s, st in ipairs(self.plan_table.devices[i].stages) do
-        -- the layers whose attention is in the stage keep their KV with it
-        local kl = math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1
+        local kl = require("loip.plan").stage_kv_layers(st)
         stages[s] = { first = st.blocks[1], last = st.blocks[2], offloaded = st.offloaded or 0, kv_layers = kl }
         kv_layers = kv_layers + kl
       end

@@ -244,6 +244,11 @@ end
 --   blocks of the stage before compute), loads (reads started per step), layers (KV cache),
 --   embed (computes the embedding), head (computes the head), first, last (holds the
 --   embedding / head files), per_block, prefetch }.
+-- The layers whose attention is in a stage (blocks {first, last}): they keep their KV cache with it.
+function M.stage_kv_layers(st)
+  return math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1
+end
+
 function M.device_part(p, i, sizes)
   local d, N = p.devices[i], #p.devices
   local part = { S = #d.stages, n_mha = 0, n_mlp = 0, off_mha = 0, off_mlp = 0, off_bytes = 0, res_bytes = 0,

@@ -108,8 +108,7 @@ function Sim:restaged()
     x.kv_layers = 0
     for s, st in ipairs(d.stages) do
       local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0,
-        -- the layers whose attention is in the stage keep their KV with it
-        kv_layers = math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1 }
+        kv_layers = plan.stage_kv_layers(st) }
       for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
       x.stages[s] = y
       x.kv_layers = x.kv_layers + y.kv_layers

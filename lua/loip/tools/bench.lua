@@ -33,6 +33,59 @@ function M.sh(cmd)
   return r
 end
 
+-- The mean of a list of numbers (nil when it is empty).
+function M.mean(xs)
+  if #xs == 0 then return nil end
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  return s / #xs
+end
+
+-- A `loip serve ARGS --port 0 --quiet` child: { pid, url, log() (its stderr), stop() (SIGTERM,
+-- then SIGKILL after 15 s: srv.killed; its files removed, its log kept for srv.log()) }.
+-- Raises, with its log, when it does not listen within 300 s (what: who started it).
+function M.serve(args, what)
+  local core = require "loip.core"
+  local proc = require "loip.cluster.proc"
+  local out, err = os.tmpname(), os.tmpname()
+  local p = io.popen(string.format("%s serve %s --port 0 --quiet > %s 2> %s & echo $!", proc.exe(), args, out, err))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local url
+  local deadline = core.now_ms() + 300000
+  while not url and proc.alive(pid) and core.now_ms() < deadline do
+    local f = io.open(out)
+    url = f and f:read("*a"):match("listening (http://%S+)")
+    if f then f:close() end
+    if not url then core.C.loip_sleep_ms(50) end
+  end
+  local srv = { pid = pid, url = url }
+  function srv.log()
+    if srv.log_text then return srv.log_text end
+    local f = io.open(err)
+    local s = f and f:read("*a") or ""
+    if f then f:close() end
+    return s
+  end
+  function srv.stop()
+    if srv.stopped then return end
+    srv.stopped = true
+    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
+    local t = core.now_ms()
+    while proc.alive(pid) and core.now_ms() - t < 15000 do core.C.loip_sleep_ms(50) end
+    srv.killed = proc.alive(pid)
+    if srv.killed then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end
+    srv.log_text = srv.log()
+    os.remove(out)
+    os.remove(err)
+  end
+  if not url then
+    srv.stop()
+    error(what .. ": loip serve did not start:\n" .. srv.log(), 0)
+  end
+  return srv
+end
+
 -- The synthetic llama-3.2-1b BF16 model and slice store the benchmarks share (made on first use
 -- by M.ensure_store), and the prompt (token ids) the decoding benchmarks start from.
 M.MODEL = "/tmp/loip-bench/llama-3.2-1b-bf16"

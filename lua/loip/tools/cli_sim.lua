@@ -50,12 +50,7 @@ M.commands.simulate = {
   flags = flags,
 }
 
-local function mean(xs)
-  if #xs == 0 then return nil end
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  return s / #xs
-end
+local mean = require("loip.tools.bench").mean
 
 function M.commands.simulate.run(o)
   if o.max_tokens then o.output_tokens = o.max_tokens end
