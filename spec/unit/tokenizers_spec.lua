@@ -256,7 +256,11 @@ local function llama3_hf()
   local dir = T.tmpdir()
   T.write(dir .. "/tokenizer.json", cjson.encode(j))
   T.write(dir .. "/tokenizer_config.json", config)
-  S.llama3_hf = { split = split, json = dir, n_merges = #merges }
+  local tokens = {}
+  for id = 0, n - 1 do tokens[id + 1] = spelled[id] end
+  for content, id in pairs(specials) do tokens[id + 1] = content end
+  table.remove(lines, 1) -- (the #version line)
+  S.llama3_hf = { split = split, json = dir, n_merges = #merges, tokens = tokens, merge_lines = lines, n_base = n }
   return S.llama3_hf
 end
 
@@ -425,6 +429,29 @@ describe("Llama 3 byte-level BPE", function()
     assert.are.equal("tiktoken", tok.kind)
     assert.are.equal(128256, tok.vocab_size)
     assert.are.equal(46, check_vectors(tok, cases()))
+  end)
+
+  it("passes them through a GGUF vocabulary (gpt2, pre llama-bpe) as llama.cpp's converter writes it", function()
+    local f = llama3_hf()
+    local types = {}
+    for i = 1, #f.tokens do types[i] = i > f.n_base and 3 or 1 end
+    local path = T.tmpdir() .. "/llama3-vocab.gguf"
+    T.write(path, require("loip.model.gguf").encode({
+      { "tokenizer.ggml.model", "STRING", "gpt2" }, { "tokenizer.ggml.pre", "STRING", "llama-bpe" },
+      { "tokenizer.ggml.tokens", "ARRAY[STRING]", f.tokens }, { "tokenizer.ggml.token_type", "ARRAY[INT32]", types },
+      { "tokenizer.ggml.merges", "ARRAY[STRING]", f.merge_lines },
+      { "tokenizer.ggml.bos_token_id", "UINT32", 128000 }, { "tokenizer.ggml.eos_token_id", "UINT32", 128001 },
+      { "tokenizer.ggml.eot_token_id", "UINT32", 128009 }, { "tokenizer.ggml.add_bos_token", "BOOL", true },
+    }))
+    local tok = tokenizer.open_file(path)
+    assert.are.equal("gguf", tok.kind)
+    assert.are.equal("llama3", tok.pretokenizer)
+    assert.are.equal(128256, tok.vocab_size)
+    assert.are.equal(46, check_vectors(tok, cases()))
+    for _, c in ipairs(cases()) do assert.are.equal(c.text, tok:decode(tok:encode(c.text, { add_special = false }))) end
+    assert.are.same({ 128000, 2028, 374, 264, 1296, 11914, 13 }, tok:encode("This is a test sentence."))
+    assert.are.same({ 128001, 128009 }, tok.stop_ids)
+    tok:close()
   end)
 
   it("passes them through vocab.json + merges.txt and tokenizer.json derived from it", function()

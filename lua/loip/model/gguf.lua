@@ -164,6 +164,7 @@ function M.open(path)
     local v, et = value(r, t, string.format("metadata '%s'", key), 0, fail)
     meta[key], types[key] = v, VALUE[t] and (VALUE[t][1] .. (et and ("[" .. et .. "]") or "")) or nil
   end
+  local meta_end = r.pos -- (the metadata pairs are bytes 24..meta_end; the tensor infos follow)
   local alignment = meta["general.alignment"]
   if alignment == nil then
     alignment = M.DEFAULT_ALIGNMENT
@@ -198,7 +199,8 @@ function M.open(path)
     order[#order + 1] = name
   end
   local data = math.ceil(r.pos / alignment) * alignment
-  if data > size then fail(string.format("the data section would start at %d, past the end of the file (%d bytes)", data, size)) end
+  -- (a file of metadata only, a vocabulary, may end right after its header, unpadded)
+  if data > size and n_tensors > 0 then fail(string.format("the data section would start at %d, past the end of the file (%d bytes)", data, size)) end
   local spans = {}
   for _, name in ipairs(order) do
     local x = tensors[name]
@@ -216,7 +218,8 @@ function M.open(path)
     end
   end
   return setmetatable({ path = path, map = map, base = base, size = size, version = version, alignment = alignment,
-    data_offset = data, metadata = meta, types = types, tensors = tensors, order = order }, File)
+    data_offset = data, metadata = meta, types = types, tensors = tensors, order = order, n_kv = n_kv,
+    meta_start = 24, meta_end = meta_end }, File)
 end
 
 -- A tensor's bytes (a pointer into the map; valid until close).
@@ -224,6 +227,78 @@ function File:data(name)
   local x = self.tensors[name]
   if not x then error(self.path .. ": no tensor '" .. tostring(name) .. "'", 2) end
   return ffi.cast("const uint8_t *", self.base) + x.offset, x.nbytes
+end
+
+-- The file's metadata as a GGUF of its own, without tensors (the bytes of its pairs as they are:
+-- a slice store keeps the vocabulary and chat template this way).
+function File:metadata_file()
+  local head = ffi.new("uint8_t[24]")
+  ffi.copy(head, self.base, 8)
+  ffi.cast("uint64_t *", head + 8)[0] = 0
+  ffi.cast("uint64_t *", head + 16)[0] = self.n_kv
+  return ffi.string(head, 24) .. ffi.string(ffi.cast("const uint8_t *", self.base) + self.meta_start,
+    self.meta_end - self.meta_start)
+end
+
+-- ---- writing (small files: tests, vocabularies) ---------------------------------------------
+
+local TYPE_ID = {}
+for id, v in pairs(VALUE) do TYPE_ID[v[1]] = id end
+local TENSOR_ID = {}
+for id, v in pairs(M.TYPES) do TENSOR_ID[v[1]] = id end
+
+local function pack(ctype, v)
+  local b = ffi.new(ctype .. "[1]", v)
+  return ffi.string(b, ffi.sizeof(ctype))
+end
+local function gstring(s) return pack("uint64_t", #s) .. s end
+
+local scalar_ctype = { UINT8 = "uint8_t", INT8 = "int8_t", UINT16 = "uint16_t", INT16 = "int16_t", UINT32 = "uint32_t",
+  INT32 = "int32_t", FLOAT32 = "float", UINT64 = "uint64_t", INT64 = "int64_t", FLOAT64 = "double" }
+
+local function encode_value(t, v, out)
+  if t == "STRING" then out[#out + 1] = gstring(v)
+  elseif t == "BOOL" then out[#out + 1] = pack("uint8_t", v and 1 or 0)
+  else out[#out + 1] = pack(scalar_ctype[t] or error("gguf.encode: unknown value type " .. tostring(t), 3), v) end
+end
+
+-- A GGUF v3 file as a string. metadata: a list of { key, type, value } (type: "UINT32", "STRING",
+-- ..., or "ARRAY[STRING]" with a Lua list as value); tensors: a list of { name, type = "F32" |
+-- "F16" | "BF16", dims (ne0 first), data = the bytes as a string }.
+function M.encode(metadata, tensors)
+  tensors = tensors or {}
+  local out = { M.MAGIC, pack("uint32_t", 3), pack("uint64_t", #tensors), pack("uint64_t", #metadata) }
+  local align = M.DEFAULT_ALIGNMENT
+  for _, kv in ipairs(metadata) do
+    local key, t, v = kv[1], kv[2], kv[3]
+    if key == "general.alignment" then align = v end
+    out[#out + 1] = gstring(key)
+    local et = t:match("^ARRAY%[(%w+)%]$")
+    if et then
+      out[#out + 1] = pack("uint32_t", TYPE_ID.ARRAY) .. pack("uint32_t", TYPE_ID[et]) .. pack("uint64_t", #v)
+      for _, x in ipairs(v) do encode_value(et, x, out) end
+    else
+      out[#out + 1] = pack("uint32_t", TYPE_ID[t] or error("gguf.encode: unknown value type " .. tostring(t), 2))
+      encode_value(t, v, out)
+    end
+  end
+  local off = 0
+  for _, x in ipairs(tensors) do
+    out[#out + 1] = gstring(x.name) .. pack("uint32_t", #x.dims)
+    for _, d in ipairs(x.dims) do out[#out + 1] = pack("uint64_t", d) end
+    out[#out + 1] = pack("uint32_t", TENSOR_ID[x.type] or error("gguf.encode: tensor type " .. tostring(x.type), 2))
+      .. pack("uint64_t", off)
+    x._off = off
+    off = math.ceil((off + #x.data) / align) * align
+  end
+  local head = table.concat(out)
+  if #tensors == 0 then return head end
+  local parts = { head, string.rep("\0", math.ceil(#head / align) * align - #head) }
+  for _, x in ipairs(tensors) do
+    parts[#parts + 1] = x.data
+    parts[#parts + 1] = string.rep("\0", math.ceil(#x.data / align) * align - #x.data)
+  end
+  return table.concat(parts)
 end
 
 function File:close()

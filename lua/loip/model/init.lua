@@ -1,4 +1,4 @@
--- Models: open a Hugging Face directory, a llama2.c checkpoint or a slice store (`loip slice`),
+-- Models: open a Hugging Face directory, a GGUF file, a llama2.c checkpoint or a slice store (`loip slice`),
 -- run it on one device.
 --
 --   local m = loip.model.open("models/stories260K")
@@ -25,12 +25,19 @@ local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
 local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
 local function is_file(p) return json.exists(p) end
 
--- What to open: ("store", dir), ("hf", dir) or ("llama2c", checkpoint path, tokenizer dir).
+-- What to open: ("store", dir), ("hf", dir), ("gguf", file: a .gguf, or the one in dir) or
+-- ("llama2c", checkpoint path, tokenizer dir).
 function M.locate(path)
   path = path:gsub("/+$", "")
   if is_file(path .. "/manifest.json") then return "store", path end
   if is_file(path .. "/config.json") then return "hf", path end
   if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
+  if path:match("%.gguf$") and is_file(path) then return "gguf", path end
+  local ggufs = M.gguf_files(path)
+  if #ggufs == 1 then return "gguf", path .. "/" .. ggufs[1] end
+  if #ggufs > 1 then
+    error(string.format("%s: holds %d GGUF files (%s): name the one to run", path, #ggufs, table.concat(ggufs, ", ")), 0)
+  end
   for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
     if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
   end
@@ -39,9 +46,22 @@ function M.locate(path)
     error(string.format("%s: an incomplete slice store (no manifest.json: loip slice was interrupted or failed); re-run `loip slice MODEL_DIR %s`",
       path, path), 0)
   end
-  error(string.format("%s: not a model (no manifest.json, config.json, model.bin or %s.bin)", path, basename(path)), 0)
+  error(string.format("%s: not a model (no manifest.json, config.json, model.bin, %s.bin or .gguf file)", path, basename(path)), 0)
 end
 local locate = M.locate
+
+-- The model .gguf files in directory dir, sorted (a store's tokenizer.gguf is not one).
+function M.gguf_files(dir)
+  local out = {}
+  local p = io.popen("ls -A '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
+  if not p then return out end
+  for name in p:lines() do
+    if name:match("%.gguf$") and name ~= "tokenizer.gguf" then out[#out + 1] = name end
+  end
+  p:close()
+  table.sort(out)
+  return out
+end
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (tokens per forward step: prompt chunks and the decoding requests together, default 128),
@@ -86,6 +106,8 @@ function M.open(path, opts)
     cfg, facts = hf.read_config(file)
   elseif kind == "store" then
     cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh })
+  elseif kind == "gguf" then
+    cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
@@ -119,7 +141,7 @@ function M.open(path, opts)
       error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
     end
     if budget then self:session() end
-    local mapped = kind == "llama2c" or opts.load == "mmap"
+    local mapped = kind == "llama2c" or kind == "gguf" or opts.load == "mmap"
     if kind == "hf" then
       keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
     elseif kind == "store" then
@@ -141,14 +163,15 @@ function M.open(path, opts)
   end)
   if not ok then
     self.facts = self.facts or facts
-    if not self.weights and kind == "llama2c" then self.weights = keep end
+    if not self.weights and (kind == "llama2c" or kind == "gguf") then self.weights = keep end
     self:close()
     error(e, 0)
   end
   self.architecture = facts.architecture
   self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
   if opts.tokenizer ~= false then
-    self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer, vocab_size = cfg.vocab_size })
+    self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer or (kind == "gguf" and file or nil),
+      vocab_size = cfg.vocab_size })
     -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
     -- rows); a tokenizer with more ids than the model has rows cannot work.
     if self.tokenizer.vocab_size > cfg.vocab_size then
@@ -396,9 +419,7 @@ function Model:generate(prompt, opts)
     n_sample = n_sample, stop = stop_set }
   local state = { prompt_ids = ids, token_ids = req.token_ids, seed = seed, request = req, stats = { prompt_tokens = n_prompt,
     generated = 0, prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
-  local prev = ids[n_prompt]
-  -- The text continues the prompt's: no start-of-text rules (leading-space stripping).
-  local stream = tok and tok.decode_stream and tok:decode_stream({ continued = true })
+  local stream = tok and tokenizer.text_stream(tok, ids)
   local function stop(reason)
     state.stop_reason = state.stop_reason or reason
     state.stop_id = req.stop_id
@@ -423,8 +444,7 @@ function Model:generate(prompt, opts)
     st.generated = req.head - 1
     st.decode_forwards = math.max(0, st.generated - 1)
     if req.t_last and req.t_first then st.decode_ms = req.t_last - req.t_first end
-    local text = stream and stream:put(id) or (tok and tok:piece_text(prev, id)) or ""
-    prev = id
+    local text = stream and stream:put(id) or ""
     return id, text
   end
   return function() return step() end, state
@@ -443,6 +463,7 @@ function Model:close()
   if self.weights then
     if self.facts.format == "hf" then require("loip.model.safetensors").close(self.weights)
     elseif self.facts.format == "store" then store.close(self.weights)
+    elseif self.facts.format == "gguf" then self.weights:close()
     else core.free(self.weights, C.loip_mapping_free) end
     self.weights = nil
   end

@@ -1,4 +1,4 @@
--- `loip slice`: a model directory (Hugging Face) or llama2.c checkpoint -> a slice store
+-- `loip slice`: a model directory (Hugging Face), GGUF file or llama2.c checkpoint -> a slice store
 -- (the layout is described in formats/store.lua), and `loip slice --verify`.
 --
 --   local slice = require "loip.model.slice"
@@ -8,8 +8,9 @@
 -- The manifest (manifest.json, keys sorted, so the same model always gives the same bytes):
 --   format, version, alignment    "loip-slice-store", 1, 4096
 --   config                        the source's config.json (llama2.c: its header translated,
---                                 with loip_rope_layout = "interleaved")
---   source                        format ("hf"/"llama2c"), path (as given; for messages only),
+--                                 with loip_rope_layout = "interleaved"; GGUF: its metadata
+--                                 translated, see gguf_model.lua)
+--   source                        format ("hf"/"gguf"/"llama2c"), path (as given; for messages only),
 --                                 files [{name, size, sha256}] (the weight files, whole: the
 --                                 sha256 Hugging Face lists for them), sha256 (of the lines
 --                                 "<name> <size> <sha256>\n" of those files in name order)
@@ -18,6 +19,8 @@
 --                                 --verify-reads), tensors [{name (Hugging Face's), kind, layer, dtype,
 --                                 shape, offset, nbytes}]
 --   model_files                   copied tokenizer and generation files: name, size, sha256
+--                                 (GGUF: tokenizer.gguf, the source's metadata as a GGUF of
+--                                 its own: vocabulary, chat template)
 --   total_bytes                   of all files but the manifest
 --
 -- A run is safe to interrupt: an existing manifest is removed before anything is written,
@@ -126,6 +129,15 @@ function M.open_source(path)
       if not view then src.close() error(verr, 0) end
       by_kind[w[1] .. ":" .. tonumber(w[2])] = { view = view, nbytes = f.tensors[w[3]].nbytes }
     end
+  elseif kind == "gguf" then
+    local facts, g, by
+    c, facts, g, _, by = require("loip.model.gguf_model").open(file)
+    src.close = function() g:close() end
+    src.config = facts.config
+    src.weight_files[1] = { name = basename(file), path = file, map = g.map }
+    -- the vocabulary and chat template travel as the GGUF's metadata, byte for byte
+    src.extra_files = { { name = "tokenizer.gguf", text = g:metadata_file() } }
+    for k, t in pairs(by) do by_kind[k] = t end
   else
     local map, tensors
     c, _, map, _, tensors = llama2c.open(file)
@@ -140,6 +152,7 @@ function M.open_source(path)
   for _, w in ipairs(hf.weight_list(c)) do
     local layer, k, name = w[1], w[2], w[3]
     local t = by_kind[layer .. ":" .. tonumber(k)]
+    if not t then src.close() error(string.format("%s: tensor '%s' is missing", path, name), 0) end
     local v = t.view
     local ok, berr = core.ok(C.loip_model_bind(m, layer, k, v))
     if not ok then src.close() error(string.format("%s: tensor '%s': %s", path, name, berr), 0) end
@@ -195,6 +208,11 @@ end
 
 -- The tokenizer and generation files of the source that a store carries along.
 local function model_files(src)
+  if src.extra_files then
+    local out = {}
+    for i, f in ipairs(src.extra_files) do out[i] = { name = f.name, text = f.text, size = #f.text } end
+    return out
+  end
   local names, seen = {}, {}
   local own = src.format == "llama2c" and basename(src.weight_files[1].path) or nil
   for _, n in ipairs(store.model_files) do

@@ -57,13 +57,6 @@ local function fail(req, status, message, kind, param, code, headers)
   answer(req, st, body, headers)
 end
 
--- The text of a request's ids as they come: whole UTF-8 characters, continuing the prompt's
--- (tokenizers without a streaming decoder give each id's piece after the previous id).
-local function text_stream(tok, prev)
-  if tok.decode_stream then return tok:decode_stream({ continued = true }) end
-  return { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end, finish = function() return "" end }
-end
-
 local function random_id(prefix, n)
   local f = io.open("/dev/urandom", "rb")
   local b = f:read(12)
@@ -126,7 +119,7 @@ function Server:generate(req, kind)
   self.seq = self.seq + 1
   local a = { http = req, spec = spec, kind = kind, request = r, id = random_id(kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
     created = os.time(), model = self.name, parts = {}, stopper = openai.stopper(spec.stop), first_chunk = true,
-    stream = text_stream(self.tok, ids[n]), n_prompt = n }
+    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n }
   self.active[r] = a
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
   if spec.stream then

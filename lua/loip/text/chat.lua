@@ -19,11 +19,59 @@ local function token_text(v)
   return nil
 end
 
--- The template text and the special tokens transformers would pass, for model directory dir.
--- opts.template_file: a .jinja file to use instead; opts.name: which of several named
--- templates (default "default").
+-- The GGUF whose metadata holds dir's template: dir itself (a .gguf file), or the
+-- tokenizer.gguf of a slice store made from one; nil for a Hugging Face directory.
+local function gguf_of(dir)
+  if dir:match("%.gguf$") and json.exists(dir) then return dir end
+  if not json.exists(dir .. "/tokenizer_config.json") and json.exists(dir .. "/tokenizer.gguf") then
+    return dir .. "/tokenizer.gguf"
+  end
+end
+
+-- Templates read from GGUF files, by path and size (a server renders one per request; reading
+-- a vocabulary of 150K tokens each time would cost more than the rendering).
+local gguf_cache = {}
+
+-- A GGUF's template (tokenizer.chat_template, or tokenizer.chat_template.<name>) and its
+-- special tokens' texts.
+local function load_gguf(path, opts)
+  local f = io.open(path, "rb")
+  local size = f and f:seek("end")
+  if f then f:close() end
+  local key = path .. "\0" .. tostring(size) .. "\0" .. (opts.name or "")
+  local hit = gguf_cache[key]
+  if hit then return hit[1], hit[2] end
+  local g = require("loip.model.gguf").open(path)
+  local md = g.metadata
+  g:close()
+  local tkey = opts.name and opts.name ~= "default" and ("tokenizer.chat_template." .. opts.name) or "tokenizer.chat_template"
+  local text = md[tkey]
+  if type(text) ~= "string" then
+    error(string.format("%s: the model has no chat template (no %s in its metadata); pass one with --chat-template FILE",
+      path, tkey), 0)
+  end
+  local specials, tokens = {}, md["tokenizer.ggml.tokens"]
+  for k, key2 in pairs({ bos_token = "bos", eos_token = "eos", unk_token = "unknown", pad_token = "padding" }) do
+    local id = md["tokenizer.ggml." .. key2 .. "_token_id"]
+    if type(id) == "number" and type(tokens) == "table" and type(tokens[id + 1]) == "string" then
+      specials[k] = tokens[id + 1]
+    end
+  end
+  gguf_cache[key] = { text, specials }
+  return text, specials
+end
+
+-- The template text and the special tokens transformers would pass, for model directory dir
+-- (or a GGUF file: the template in its metadata). opts.template_file: a .jinja file to use
+-- instead; opts.name: which of several named templates (default "default").
 function M.load(dir, opts)
   opts = opts or {}
+  local gpath = gguf_of(dir)
+  if gpath then
+    if not opts.template_file then return load_gguf(gpath, opts) end
+    local _, specials = pcall(load_gguf, gpath, {})
+    return read(opts.template_file), type(specials) == "table" and specials or {}
+  end
   local cfg_path = dir .. "/tokenizer_config.json"
   local cfg = {}
   if json.exists(cfg_path) then

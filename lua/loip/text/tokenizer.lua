@@ -6,7 +6,9 @@
 --
 -- In a directory, the first found of: tokenizer.json (Hugging Face), vocab.json + merges.txt
 -- (Hugging Face, split form), tokenizer.model (tiktoken ranks or SentencePiece, told apart by
--- content), tokenizer.bin (llama2.c), tok<vocab_size>.bin (llama2.c, with opts.vocab_size).
+-- content), tokenizer.bin (llama2.c), tokenizer.gguf (a slice store made from a GGUF: the GGUF's
+-- metadata), tok<vocab_size>.bin (llama2.c, with opts.vocab_size). A .gguf file is read for
+-- the tokenizer in its metadata.
 local json = require "loip.tools.json"
 
 local M = {}
@@ -16,6 +18,7 @@ M.formats = {
   hf = "loip.text.tokenizers.hf",                       -- tokenizer.json, vocab.json + merges.txt
   tiktoken = "loip.text.tokenizers.tiktoken",           -- tokenizer.model with base64 ranks (Llama 3)
   sentencepiece = "loip.text.tokenizers.sentencepiece", -- tokenizer.model, protobuf (Llama 2)
+  gguf = "loip.text.tokenizers.gguf",                   -- a .gguf file's metadata (tokenizer.ggml.*)
 }
 
 local function head(path, n)
@@ -27,7 +30,7 @@ local function head(path, n)
 end
 
 -- Format of the file at path: "hf" (tokenizer.json), "hf-split" (vocab.json or merges.txt),
--- "tiktoken", "sentencepiece" or "llama2c"; by name, then by content.
+-- "tiktoken", "sentencepiece", "gguf" or "llama2c"; by name, then by content.
 function M.detect(path)
   local name = path:match("([^/]*)$")
   if name == "vocab.json" or name == "merges.txt" then return "hf-split" end
@@ -35,6 +38,7 @@ function M.detect(path)
   if name:match("%.bin$") then return "llama2c" end
   local h = head(path, 256)
   if h == nil then error(path .. ": cannot open the tokenizer file", 0) end
+  if h:sub(1, 4) == "GGUF" then return "gguf" end
   if h:match("^%s*{") then return "hf" end
   if require(M.formats.tiktoken).sniff(h) then return "tiktoken" end
   -- A SentencePiece ModelProto starts with field 1 (pieces), length-delimited: 0x0A.
@@ -75,6 +79,24 @@ local function with_dir(t, dir)
   return t
 end
 
+-- The text of ids generated after the prompt ids, as they come: stream:put(id) -> text,
+-- stream:finish() -> what was held back. Whole UTF-8 characters (tokenizers with a streaming
+-- decoder), continuing the prompt's text (no start-of-text rules such as dropping the dummy
+-- prefix's space) unless the prompt shows no text (BOS alone, special tokens only); llama2c's
+-- tokenizer gives each id's piece after the previous id.
+function M.text_stream(tok, ids)
+  if tok.decode_stream then
+    local continued = false
+    for _, id in ipairs(ids) do
+      if id ~= tok.bos_id and not tok:is_special(id) then continued = true break end
+    end
+    return tok:decode_stream({ continued = continued })
+  end
+  local prev = ids[#ids]
+  return { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end,
+    finish = function() return "" end }
+end
+
 -- Find the tokenizer of a model directory (or use opts.path). Raises naming what was looked for.
 function M.open(dir, opts)
   opts = opts or {}
@@ -92,7 +114,7 @@ function M.find(dir, opts)
   if have(dir .. "/vocab.json") and have(dir .. "/merges.txt") then
     return require(M.formats.hf).open_split(dir, opts)
   end
-  for _, name in ipairs({ "tokenizer.model", "tokenizer.bin" }) do
+  for _, name in ipairs({ "tokenizer.model", "tokenizer.bin", "tokenizer.gguf" }) do
     if have(dir .. "/" .. name) then return M.open_file(dir .. "/" .. name, opts) end
   end
   if opts.vocab_size then

@@ -17,7 +17,7 @@ function M.commands(shared)
       .. "--max-batch requests decode together as one micro-batch; more wait in a queue (--max-queue; past it,\n"
       .. "429). On several devices (--devices, --hosts) the scheduler plans for that batch. Stops on SIGINT/SIGTERM.",
     flags = {
-      { "model", "string", "model directory, slice store (needed for --devices/--hosts) or llama2.c checkpoint", required = true, metavar = "DIR" },
+      { "model", "string", "model directory, GGUF file, slice store (needed for --devices/--hosts) or llama2.c checkpoint", required = true, metavar = "DIR" },
       { "port", "int", "TCP port (0: any free one, printed)", default = 8080,
         check = function(v) return v >= 0 and v <= 65535, "must be in 0..65535" end },
       { "host", "string", "IPv4 address to listen at (0.0.0.0: every interface)", default = "127.0.0.1" },

@@ -51,29 +51,40 @@ function M.open(path, opts)
     treat_whitespace_as_suffix = get(C.LOIP_SPM_TREAT_WHITESPACE_AS_SUFFIX) ~= 0,
     normalizer = name,
   }
-  local h = bpe.bpe(info.byte_fallback and C.LOIP_BPE_BYTE_FALLBACK or 0, path)
   local n = C.loip_spm_size(m)
   local piece, len, score, ty = ffi.new("const char *[1]"), ffi.new("int32_t[1]"), ffi.new("float[1]"),
     ffi.new("int32_t[1]")
+  local ok, tok = pcall(M.build, path, n, info, function(id)
+    core.check(C.loip_spm_piece(m, id, piece, len, score, ty), path)
+    return ffi.string(piece[0], len[0]), score[0], ty[0]
+  end)
+  core.free(m, C.loip_spm_free)
+  if not ok then error(tok, 0) end
+  return tok
+end
+
+-- The tokenizer of n SentencePiece pieces: piece(id) -> text, score, type (the protobuf's numbers:
+-- 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte; GGUF's token_type uses the
+-- same); info as the fields of the model's trainer and normalizer specs (byte_fallback, unk_id,
+-- bos_id, eos_id, add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces,
+-- treat_whitespace_as_suffix). kind names the format.
+function M.build(path, n, info, piece, kind)
+  local h = bpe.bpe(info.byte_fallback and C.LOIP_BPE_BYTE_FALLBACK or 0, path)
   local piece_type, user, added = {}, {}, {}
   for id = 0, n - 1 do
-    core.check(C.loip_spm_piece(m, id, piece, len, score, ty), path)
-    local kind = types[ty[0]]
-    piece_type[id] = kind
-    local unmatched = (kind == "unknown" or kind == "control" or kind == "byte") and C.LOIP_BPE_PIECE_UNMATCHED or 0
-    core.check(C.loip_bpe_add_token(h, piece[0], len[0], id, score[0], unmatched), path)
-    if kind == "user" then user[#user + 1] = { content = ffi.string(piece[0], len[0]), id = id } end
-    if kind == "control" or kind == "unknown" then
-      local s = ffi.string(piece[0], len[0])
-      if s ~= "" then added[#added + 1] = { content = s, id = id, special = true } end
-    end
+    local text, score, ty = piece(id)
+    local k = types[ty]
+    piece_type[id] = k
+    local unmatched = (k == "unknown" or k == "control" or k == "byte") and C.LOIP_BPE_PIECE_UNMATCHED or 0
+    core.check(C.loip_bpe_add_token(h, text, #text, id, score, unmatched), path)
+    if k == "user" then user[#user + 1] = { content = text, id = id } end
+    if (k == "control" or k == "unknown") and text ~= "" then added[#added + 1] = { content = text, id = id, special = true } end
   end
-  core.free(m, C.loip_spm_free)
   core.check(C.loip_bpe_derive_merges(h, C.LOIP_BPE_MERGES_BY_SCORE), path)
-  if info.unk_id >= 0 and info.unk_id < n then core.check(C.loip_bpe_set_unk(h, info.unk_id), path) end
-  local valid = function(id) return id >= 0 and id < n and id or nil end
+  if info.unk_id and info.unk_id >= 0 and info.unk_id < n then core.check(C.loip_bpe_set_unk(h, info.unk_id), path) end
+  local valid = function(id) return id and id >= 0 and id < n and id or nil end
   return bpe.new({
-    path = path, kind = "sentencepiece", bpe = h, added = added, user_defined = user,
+    path = path, kind = kind or "sentencepiece", bpe = h, added = added, user_defined = user,
     sanitize = true, spelling = "raw", decoder = "spm", spm_info = info, piece_type = piece_type,
     normalizers = { { type = "spm", add_dummy_prefix = info.add_dummy_prefix,
       remove_extra_whitespaces = info.remove_extra_whitespaces, escape_whitespaces = info.escape_whitespaces,

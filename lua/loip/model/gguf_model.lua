@@ -1,0 +1,224 @@
+-- GGUF files as models (architectures llama, qwen2, qwen3): the metadata as a Hugging Face
+-- config (so one config path, hf.parse_config, serves every format), GGUF's tensor names as
+-- loip's weights, used in place from the file's memory map.
+--
+-- RoPE: llama.cpp's converter stores a `llama` model's q/k rows in Meta's order, which pairs
+-- dimensions (2i, 2i+1) (llama2.c's layout: loip_rope_layout = "interleaved"); qwen2/qwen3 are
+-- stored as Hugging Face has them (rotate-half, llama.cpp's NEOX). Llama 3's frequency scaling
+-- comes as a tensor of per-frequency factors (rope_freqs.weight): the llama3 parameters that
+-- give exactly those factors are found, or the model is refused.
+local ffi = require "ffi"
+local core = require "loip.core"
+local gguf = require "loip.model.gguf"
+local hf = require "loip.model.hf"
+local C = core.C
+
+local M = {}
+
+-- Per GGUF architecture: the Hugging Face class, RoPE layout, biases and q/k norms.
+M.architectures = {
+  llama = { class = "LlamaForCausalLM", model_type = "llama", interleaved = true },
+  qwen2 = { class = "Qwen2ForCausalLM", model_type = "qwen2", qkv_bias = true },
+  qwen3 = { class = "Qwen3ForCausalLM", model_type = "qwen3", qk_norm = true },
+}
+
+-- GGUF tensor names (blk.N. prefix for the layers) -> loip weight kinds.
+local global_names = {
+  ["token_embd.weight"] = C.LOIP_W_EMBED, ["output_norm.weight"] = C.LOIP_W_OUTPUT_NORM,
+  ["output.weight"] = C.LOIP_W_LM_HEAD,
+}
+local layer_names = {
+  ["attn_norm.weight"] = C.LOIP_W_ATTN_NORM, ["attn_q.weight"] = C.LOIP_W_WQ, ["attn_k.weight"] = C.LOIP_W_WK,
+  ["attn_v.weight"] = C.LOIP_W_WV, ["attn_output.weight"] = C.LOIP_W_WO, ["attn_q.bias"] = C.LOIP_W_BQ,
+  ["attn_k.bias"] = C.LOIP_W_BK, ["attn_v.bias"] = C.LOIP_W_BV, ["attn_q_norm.weight"] = C.LOIP_W_Q_NORM,
+  ["attn_k_norm.weight"] = C.LOIP_W_K_NORM, ["ffn_norm.weight"] = C.LOIP_W_FFN_NORM,
+  ["ffn_gate.weight"] = C.LOIP_W_GATE, ["ffn_up.weight"] = C.LOIP_W_UP, ["ffn_down.weight"] = C.LOIP_W_DOWN,
+}
+M.global_names, M.layer_names = global_names, layer_names
+
+local dtypes = { F32 = C.LOIP_F32, F16 = C.LOIP_F16, BF16 = C.LOIP_BF16 }
+
+-- The llama3 rope_scaling whose per-frequency factors are rope_freqs (a Lua list, head_dim/2
+-- values), for head dimension hd and base theta; nil when none of Llama 3.x's fits.
+local function llama3_scaling(freqs, hd, theta)
+  local factor = 0
+  for _, f in ipairs(freqs) do factor = math.max(factor, f) end
+  for _, p in ipairs({ { 1, 4, 8192 } }) do
+    local low, high, orig = p[1], p[2], p[3]
+    local ok = true
+    for i, got in ipairs(freqs) do
+      local inv = theta ^ (-(2 * (i - 1)) / hd)
+      local wavelen = 2 * math.pi / inv
+      local want
+      if wavelen < orig / high then want = 1
+      elseif wavelen > orig / low then want = factor
+      else
+        local s = (orig / wavelen - low) / (high - low)
+        want = 1 / ((1 - s) / factor + s)
+      end
+      if math.abs(got - want) > 1e-5 * want then ok = false break end
+    end
+    if ok then
+      return { rope_type = "llama3", factor = factor, low_freq_factor = low, high_freq_factor = high,
+        original_max_position_embeddings = orig }
+    end
+  end
+  return nil
+end
+
+-- An open GGUF (loip.model.gguf) -> a Hugging Face config table (plus loip_rope_layout and
+-- loip_source_format); raises naming the key.
+function M.config(g)
+  local md, path = g.metadata, g.path
+  local arch = md["general.architecture"]
+  if type(arch) ~= "string" then error(path .. ": metadata general.architecture is missing", 0) end
+  local spec = M.architectures[arch]
+  if not spec then
+    local known = {}
+    for k in pairs(M.architectures) do known[#known + 1] = k end
+    table.sort(known)
+    error(string.format("%s: general.architecture '%s' is not supported (supported: %s)", path, arch,
+      table.concat(known, ", ")), 0)
+  end
+  local function get(key, default, kind)
+    local full = arch .. "." .. key
+    local v = md[full]
+    if v == nil then
+      if default ~= nil then return default end
+      error(string.format("%s: metadata %s is missing", path, full), 0)
+    end
+    if type(v) ~= "number" or ((kind or "int") == "int" and (v ~= math.floor(v) or v < 0)) then
+      error(string.format("%s: metadata %s is %s, not a%s number", path, full, tostring(v),
+        (kind or "int") == "int" and " whole" or ""), 0)
+    end
+    return v
+  end
+  local embd = g.tensors["token_embd.weight"]
+  if not embd then error(path .. ": tensor 'token_embd.weight' is missing", 0) end
+  if #embd.dims ~= 2 then error(string.format("%s: tensor 'token_embd.weight' has %d dimensions, not 2", path, #embd.dims), 0) end
+  local dim = get("embedding_length")
+  local heads = get("attention.head_count")
+  if heads == 0 then error(path .. ": metadata " .. arch .. ".attention.head_count is 0", 0) end
+  local hd = get("attention.key_length", math.floor(dim / heads))
+  local vlen = get("attention.value_length", hd)
+  if vlen ~= hd then
+    error(string.format("%s: %s.attention.value_length %d differs from key_length %d (not supported)", path, arch, vlen, hd), 0)
+  end
+  local rope_dims = get("rope.dimension_count", hd)
+  if rope_dims ~= hd then
+    error(string.format("%s: %s.rope.dimension_count %d is not the head dimension %d (partial rotary embeddings are not supported)",
+      path, arch, rope_dims, hd), 0)
+  end
+  local theta = get("rope.freq_base", 10000, "number")
+  local scaling = md[arch .. ".rope.scaling.type"]
+  if scaling ~= nil and scaling ~= "none" then
+    error(string.format("%s: %s.rope.scaling.type '%s' is not supported", path, arch, tostring(scaling)), 0)
+  end
+  local tok = md["tokenizer.ggml.tokens"]
+  local eos = md["tokenizer.ggml.eos_token_id"]
+  local stops = { eos }
+  for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
+    local id = md[k]
+    if type(id) == "number" and id ~= eos and (not tok or id < #tok) then stops[#stops + 1] = id end
+  end
+  local types = {}
+  for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
+  local cfg = {
+    architectures = { spec.class }, model_type = spec.model_type, hidden_act = "silu",
+    hidden_size = dim, intermediate_size = get("feed_forward_length"), num_hidden_layers = get("block_count"),
+    num_attention_heads = heads, num_key_value_heads = get("attention.head_count_kv", heads), head_dim = hd,
+    vocab_size = embd.dims[2], max_position_embeddings = get("context_length", 2048),
+    rms_norm_eps = get("attention.layer_norm_rms_epsilon", nil, "number"), rope_theta = theta,
+    tie_word_embeddings = g.tensors["output.weight"] == nil,
+    bos_token_id = md["tokenizer.ggml.bos_token_id"], eos_token_id = #stops > 1 and stops or eos,
+    torch_dtype = types.BF16 and "bfloat16" or types.F16 and "float16" or "float32",
+    loip_source_format = "gguf",
+  }
+  if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
+  if arch ~= "qwen2" and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
+  local rf = g.tensors["rope_freqs.weight"]
+  if rf then
+    local p = ffi.cast("const float *", (g:data("rope_freqs.weight")))
+    if rf.type ~= "F32" or rf.numel * 2 ~= hd then
+      error(string.format("%s: tensor 'rope_freqs.weight' is %s of %d values; expected F32 of %d", path, rf.type, rf.numel, hd / 2), 0)
+    end
+    local list = {}
+    for i = 0, rf.numel - 1 do list[i + 1] = p[i] end
+    cfg.rope_scaling = llama3_scaling(list, hd, theta)
+    if not cfg.rope_scaling then
+      error(path .. ": tensor 'rope_freqs.weight' holds frequency factors that no llama3 rope scaling (low 1, high 4, original context 8192) gives: not supported", 0)
+    end
+  end
+  return cfg
+end
+
+-- The weights of g as { layer, kind, name (GGUF's), view (a loip_tensor into the map), nbytes,
+-- dtype }, keyed by layer .. ":" .. kind; raises on a tensor loip does not know.
+function M.tensors(g, cfg)
+  local out = {}
+  local L = cfg.num_hidden_layers
+  for _, name in ipairs(g.order) do
+    local x = g.tensors[name]
+    local layer, kind = -1, global_names[name]
+    if not kind then
+      local n, rest = name:match("^blk%.(%d+)%.(.+)$")
+      kind = rest and layer_names[rest]
+      layer = tonumber(n)
+      if kind and layer >= L then
+        error(string.format("%s: tensor '%s' is past the model's %d layers", g.path, name, L), 0)
+      end
+    end
+    if not kind and name ~= "rope_freqs.weight" then
+      error(string.format("%s: tensor '%s' is not one loip knows for architecture %s", g.path, name,
+        g.metadata["general.architecture"]), 0)
+    end
+    if kind then
+      local v = ffi.new("loip_tensor")
+      v.dtype, v.ndim = dtypes[x.type], #x.dims
+      local shape = {}
+      for i = 1, #x.dims do
+        shape[i] = x.dims[#x.dims + 1 - i]
+        v.shape[i - 1] = shape[i]
+      end
+      v.data = (g:data(name))
+      out[layer .. ":" .. tonumber(kind)] = { layer = layer, kind = kind, name = name, view = v, nbytes = x.nbytes,
+        dtype = x.type, shape = shape }
+    end
+  end
+  return out
+end
+
+-- (loip_model_config, facts, file, bind(model), by_kind) for a .gguf file: as llama2c.open.
+-- The file stays open (its map holds the weights) until gguf_model.close(file).
+function M.open(path)
+  local g = gguf.open(path)
+  local ok, res = pcall(function()
+    local cfg = M.config(g)
+    local c, facts = hf.parse_config(cfg, path)
+    if cfg.loip_rope_layout == "interleaved" then c.rope_layout = C.LOIP_ROPE_INTERLEAVED end
+    facts.format, facts.architecture, facts.gguf_architecture = "gguf", cfg.architectures[1], g.metadata["general.architecture"]
+    local by_kind = M.tensors(g, cfg)
+    return { c = c, facts = facts, cfg = cfg, by_kind = by_kind }
+  end)
+  if not ok then g:close() error(res, 0) end
+  local function bind(m)
+    for _, w in ipairs(hf.weight_list(res.c)) do
+      local t = res.by_kind[w[1] .. ":" .. tonumber(w[2])]
+      if not t then
+        error(string.format("%s: tensor '%s' is missing", path, w[1] < 0 and M.gguf_name(w[2]) or
+          string.format("blk.%d.%s", w[1], M.gguf_name(w[2]))), 0)
+      end
+      core.check(C.loip_model_bind(m, t.layer, t.kind, t.view), path .. ": tensor '" .. t.name .. "'")
+    end
+  end
+  res.facts.config = res.cfg
+  return res.c, res.facts, g, bind, res.by_kind
+end
+
+-- The GGUF name (without blk.N.) of weight kind k.
+function M.gguf_name(k)
+  for n, kk in pairs(global_names) do if kk == k then return n end end
+  for n, kk in pairs(layer_names) do if kk == k then return n end end
+end
+
+return M
