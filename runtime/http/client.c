@@ -8,6 +8,10 @@
 
 #include "core/core.h"
 
+#if LIBCURL_VERSION_NUM < 0x073A00
+#error "libcurl >= 7.58 is needed: older ones send a custom Authorization header along a redirect to another host"
+#endif
+
 typedef struct transfer {
     CURL *easy;
     struct curl_slist *headers;
@@ -131,6 +135,18 @@ LOIP_API int loip_fetch_add(loip_fetch *f, const char *url, const char *method, 
     curl_easy_setopt(t->easy, CURLOPT_HEADERDATA, t);
     curl_easy_setopt(t->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(t->easy, CURLOPT_TCP_NODELAY, 1L);
+    /* Follow redirects (Hugging Face's resolve/ answers 302 to its CDN), a bounded number and
+     * only to http(s). A custom Authorization header goes with a redirect to the same host
+     * only: libcurl >= 7.58 drops it for another host (>= 7.83: another port or scheme too),
+     * unless CURLOPT_UNRESTRICTED_AUTH, which is never set here: a token is not handed to the
+     * CDN. */
+    curl_easy_setopt(t->easy, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(t->easy, CURLOPT_MAXREDIRS, 10L);
+#if LIBCURL_VERSION_NUM >= 0x075500 /* 7.85: protocols by name */
+    curl_easy_setopt(t->easy, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+    curl_easy_setopt(t->easy, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
     if (timeout_ms > 0) curl_easy_setopt(t->easy, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
     t->headers = curl_slist_append(NULL, "Expect:"); /* no 100-continue round trip */
     if (headers) {

@@ -7,6 +7,10 @@
 --   t.on_event = function(t, data, at_ms) ... end        -- each "data: ..." of a stream
 --   cl:wait()                                             -- until every transfer is done
 --   print(t.status, t.body)                               -- the whole body (non-streamed)
+--
+-- A download sets t.on_data = function(t, bytes, at_ms) ... end: the bytes go there as they
+-- arrive and are not kept (t.body is ""); t:response() tells its status and headers meanwhile.
+-- Redirects are followed (runtime/http/client.c); status and headers are the last response's.
 local ffi = require "ffi"
 local core = require "loip.core"
 local C = core.C
@@ -20,7 +24,7 @@ function M.new()
   local out = ffi.new("loip_fetch *[1]")
   core.check(C.loip_fetch_new(out), "http client")
   return setmetatable({ handle = ffi.gc(out[0], C.loip_fetch_free), live = {}, buf = ffi.new("char[65536]"),
-    when = ffi.new("uint64_t[1]") }, Client)
+    hbuf = ffi.new("char[65536]"), when = ffi.new("uint64_t[1]") }, Client)
 end
 
 -- Start a request; headers: a table name = value. opts: timeout_ms, method.
@@ -51,7 +55,11 @@ function Transfer:drain()
     local s = ffi.string(c.buf, n)
     local at = tonumber(c.when[0]) / 1e6
     if not self.t_first_byte then self.t_first_byte = at end
-    self.parts[#self.parts + 1] = s
+    if self.on_data then
+      self.on_data(self, s, at)
+    else
+      self.parts[#self.parts + 1] = s
+    end
     if self.on_event then
       self.pending = self.pending .. s
       while true do
@@ -70,6 +78,29 @@ function Transfer:drain()
   end
 end
 
+-- The status and headers (names in lower case) of the last response in raw header text: a
+-- followed redirect's come first.
+local function parse_head(raw)
+  local status, headers = 0, {}
+  for line in raw:gmatch("[^\r\n]+") do
+    local code = line:match("^HTTP/%S+%s+(%d%d%d)")
+    if code then
+      status, headers = tonumber(code), {}
+    else
+      local name, value = line:match("^([%w%-]+):%s*(.-)%s*$")
+      if name then headers[name:lower()] = value end
+    end
+  end
+  return status, headers
+end
+
+-- While t runs: the status and headers of its response so far (0 and {} before any came).
+function Transfer:response()
+  local c = self.client
+  if not c.live[self] then return self.status or 0, self.headers or {} end
+  return parse_head(ffi.string(c.hbuf, tonumber(C.loip_fetch_headers(c.handle, self.id, c.hbuf, 65536))))
+end
+
 -- Move every transfer along for up to timeout_ms; the transfers that finished now.
 function Client:run(timeout_ms)
   C.loip_fetch_run(self.handle, timeout_ms or 10)
@@ -80,10 +111,8 @@ function Client:run(timeout_ms)
     if C.loip_fetch_state(self.handle, t.id, st, err, 512) == 1 then
       t:drain()
       t.status, t.error = st[0], ffi.string(err)
-      local hb = ffi.new("char[16384]")
-      t.headers = {}
-      local raw = ffi.string(hb, tonumber(C.loip_fetch_headers(self.handle, t.id, hb, 16384)))
-      for name, value in raw:gmatch("([%w%-]+):%s*([^\r\n]*)") do t.headers[name:lower()] = value end
+      local _, headers = t:response()
+      t.headers = headers
       if t.error == "" then t.error = nil end
       t.body, t.t_done = table.concat(t.parts), core.now_ms()
       self.live[t] = nil

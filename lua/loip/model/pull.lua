@@ -1,0 +1,503 @@
+-- `loip pull`: a model repository from a Hugging Face-compatible endpoint into a directory.
+-- The files are listed through the Hub's API (GET {endpoint}/api/models/{repo}/tree/{rev}
+-- ?recursive=true, pages followed by their `Link: <...>; rel="next"`), and each one is
+-- downloaded from {endpoint}/{repo}/resolve/{rev}/{path} (the Hub redirects there to its CDN)
+-- into "<path>.incomplete" beside its place, written as the bytes arrive, verified (a Git LFS
+-- file: the sha256 the listing gives; another: its size), synced and only then renamed into
+-- place. An ".incomplete" left by an interrupted pull is continued with a Range request; within
+-- one pull a dropped connection is resumed a few times. Files already present and verified are
+-- skipped. On failure only ".incomplete" files remain, and the next pull continues them.
+--
+--   local r, err = require("loip.model.pull").pull {
+--     repo = "owner/name", revision = "main",
+--     endpoint = nil,  -- default: $HF_ENDPOINT, else https://huggingface.co
+--     to = nil,        -- default: models/<name>
+--     include = { "*.json", "*.safetensors" },   -- shell globs on the path (* and ? match "/" too)
+--     token = nil,     -- default: $HF_TOKEN; false: none. Sent as a bearer header, never printed
+--     quiet = false, retries = 4, stall_s = 60 }
+--   r: { repo, revision, endpoint, dir, bytes (downloaded now), downloaded, present,
+--        files = { { path, size, sha256 (LFS files), action = "downloaded" | "resumed" | "present" } } }
+-- Misuse (a repo that is not owner/name, a bad endpoint) raises; a failure returns nil, err.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local client = require "loip.serve.client"
+local progress = require "loip.tools.progress"
+local sh_quote = require("loip.cluster.proc").sh_quote
+local C = core.C
+
+pcall(ffi.cdef, "int open(const char *path, int flags, ...); int fsync(int fd); int close(int fd);")
+
+local M = {}
+
+M.DEFAULT_ENDPOINT = "https://huggingface.co"
+local CHUNK = 1024 * 1024
+
+-- owner, name of a repository id, or nil and why.
+function M.check_repo(repo)
+  local owner, name = tostring(repo):match("^([%w][%w%-_%.]*)/([%w][%w%-_%.]*)$")
+  if not owner or repo:find("..", 1, true) or #owner > 96 or #name > 96 then
+    return nil, string.format("'%s' is not a repository id: owner/name, e.g. karpathy/tinyllamas", tostring(repo))
+  end
+  return owner, name
+end
+
+-- The endpoint without a trailing slash, or nil and why.
+function M.check_endpoint(url)
+  url = tostring(url):gsub("/+$", "")
+  if not url:match("^https?://[^/%s]+[^%s]*$") then
+    return nil, string.format("'%s' is not an endpoint: an http:// or https:// URL", url)
+  end
+  return url
+end
+
+-- A shell glob as an anchored Lua pattern: * any characters, ? one (a "/" too, as
+-- huggingface_hub's --include matches with fnmatch), everything else itself.
+function M.glob_pattern(g)
+  local p = g:gsub("[%^%$%(%)%%%.%[%]%+%-]", "%%%0"):gsub("%*", ".*"):gsub("%?", ".")
+  return "^" .. p .. "$"
+end
+
+local function quote(s, keep)
+  return (s:gsub("[^%w%-%._~" .. (keep or "") .. "]", function(c) return string.format("%%%02X", c:byte()) end))
+end
+
+local function origin(url)
+  local o = url:match("^(https?://[^/]+)")
+  return o and o:lower()
+end
+
+-- A failure of the pull: raised inside, returned as nil, err by M.pull.
+local Failure = {}
+local function fail(fmt, ...) error(setmetatable({ msg = string.format(fmt, ...) }, Failure), 0) end
+
+local function file_size(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local n = f:seek("end")
+  f:close()
+  return n
+end
+
+local function sha256_file(path)
+  local hex, n = ffi.new("char[65]"), ffi.new("uint64_t[1]")
+  if C.loip_sha256_file(path, hex, n) ~= 0 then fail("%s: %s", path, core.last_error()) end
+  return ffi.string(hex), tonumber(n[0])
+end
+
+local function new_hash() return core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free) end
+
+local function hex_of(h)
+  local hex = ffi.new("char[65]")
+  C.loip_sha256_final(h, nil, hex)
+  return ffi.string(hex)
+end
+
+-- h over the first n bytes of path (the part of a download already there).
+local function hash_prefix(h, path, n)
+  local f, err = io.open(path, "rb")
+  if not f then fail("%s", err) end
+  while n > 0 do
+    local s = f:read(math.min(CHUNK, n))
+    if not s then break end
+    C.loip_sha256_update(h, s, #s)
+    n = n - #s
+  end
+  f:close()
+end
+
+-- Written bytes reach the disk before the rename makes the file visible whole.
+local function sync(path)
+  local fd = ffi.C.open(path, 0) -- O_RDONLY: fsync flushes the file's data whatever the mode
+  if fd < 0 then return end
+  ffi.C.fsync(fd)
+  ffi.C.close(fd)
+end
+
+-- dir, or the nearest directory above it that exists (where its free space is counted).
+local function existing_dir(dir)
+  while os.execute("test -d " .. sh_quote(dir)) ~= 0 do
+    local up = dir:match("^(.*)/[^/]*$")
+    if not up then return "." end
+    dir = up ~= "" and up or "/"
+  end
+  return dir
+end
+
+local function mkdir_p(dir)
+  if os.execute("mkdir -p " .. sh_quote(dir)) ~= 0 then fail("cannot create the directory %s", dir) end
+end
+
+-- A path from the listing that stays inside the target directory.
+local function safe_path(p)
+  if type(p) ~= "string" or p == "" or p:find("^/") or p:find("[%z\\]") then return false end
+  for seg in (p .. "/"):gmatch("([^/]*)/") do
+    if seg == "" or seg == "." or seg == ".." then return false end
+  end
+  return true
+end
+
+local Pull = {}
+Pull.__index = Pull
+
+function Pull:say(fmt, ...)
+  if not self.quiet then io.stderr:write(self:scrub(string.format(fmt, ...)), "\n") end
+end
+
+-- s without the token (a server's message might echo it): it is never printed.
+function Pull:scrub(s)
+  if not self.token then return s end
+  local out, i = {}, 1
+  while true do
+    local a, b = s:find(self.token, i, true)
+    if not a then break end
+    out[#out + 1] = s:sub(i, a - 1) .. "<HF_TOKEN>"
+    i = b + 1
+  end
+  out[#out + 1] = s:sub(i)
+  return table.concat(out)
+end
+
+function Pull:headers(url, extra)
+  local h = extra or {}
+  -- the token goes to the endpoint's own host only (a redirect elsewhere drops it: client.c)
+  if self.token and origin(url) == self.origin then h["Authorization"] = "Bearer " .. self.token end
+  return h
+end
+
+-- Hang up a running t, keeping what its response said so far.
+local function hang_up(t, err)
+  t.status, t.headers = t:response()
+  t:close()
+  t.error = t.error or err
+end
+
+-- Run t until it is done; one that receives nothing for stall_s seconds is hung up.
+function Pull:finish(t)
+  while self.cl.live[t] do
+    self.cl:run(50)
+    if self.cl.live[t] then
+      if t.abort then
+        hang_up(t, t.abort)
+      elseif core.now_ms() - (t.last_byte_ms or t.t_start) > self.stall_s * 1000 then
+        hang_up(t, string.format("no data for %g s", self.stall_s))
+      end
+    end
+  end
+end
+
+-- End the line a terminal's bar has drawn so far, before other text or when it stops short.
+local function break_line(bar)
+  if not bar.quiet and bar.tty and bar.last > 0 then
+    io.stderr:write("\n")
+    bar.last = 0
+  end
+end
+
+-- The message of a failed request: what it means for the repo (or file), and the URL.
+function Pull:http_failure(t, url, file)
+  local what = self.repo .. (file and (": " .. file) or "")
+  if t.status == 0 or t.status == nil then
+    fail("%s: cannot reach %s: %s", what, url, self:scrub(t.error or "no response"))
+  end
+  local h = t.headers or {}
+  local code = h["x-error-code"]
+  local server = h["x-error-message"]
+  if not server then
+    local body = json.decode(t.body or "")
+    server = type(body) == "table" and type(body.error) == "string" and body.error or nil
+  end
+  local why
+  if t.status == 401 then
+    why = self.token and "the token was refused (HF_TOKEN)"
+      or code == "RepoNotFound" and "repository not found, or private: it needs a token: set HF_TOKEN"
+      or "the repository needs a token (private or gated, or it does not exist): set HF_TOKEN"
+  elseif t.status == 403 then
+    why = self.token and "no access with this token (a gated repository: accept its conditions on its page; "
+      .. "or the token lacks read access)" or "access refused (a gated repository?): set HF_TOKEN"
+  elseif t.status == 404 then
+    why = code == "RevisionNotFound" and string.format("revision '%s' not found", self.revision)
+      or code == "RepoNotFound" and "repository not found"
+      or code == "EntryNotFound" and "file not found in the repository"
+      or file and "not found" or "repository or revision not found"
+  elseif t.status == 429 then
+    why = "too many requests: the endpoint limits this client, try again later"
+  else
+    why = string.format("the server answered %d", t.status)
+  end
+  if server and #server > 300 then server = server:sub(1, 300) .. "..." end
+  fail("%s: %s (GET %s: %d%s)", what, why, url, t.status, server and ("; the server says: " .. self:scrub(server)) or "")
+end
+
+-- The next page of a listing from its Link header, or nil.
+local function next_link(link, base)
+  for target, params in (link or ""):gmatch("<([^>]*)>([^,]*)") do
+    if params:find('rel%s*=%s*"?next"?') then
+      if target:find("^https?://") then return target end
+      return origin(base) .. (target:sub(1, 1) == "/" and "" or "/") .. target
+    end
+  end
+end
+
+-- The repository's files: { path, size, sha256 (LFS) }, sorted by path.
+function Pull:list()
+  local url = self.endpoint .. "/api/models/" .. self.repo .. "/tree/" .. quote(self.revision) .. "?recursive=true"
+  local files, seen = {}, {}
+  while url do
+    if seen[url] then fail("%s: the listing's pages go round in a circle (%s)", self.repo, url) end
+    seen[url] = true
+    local t = self.cl:get(url, self:headers(url), { timeout_ms = 300000 })
+    self:finish(t)
+    if t.error or t.status ~= 200 then self:http_failure(t, url) end
+    local entries, err = json.decode(t.body, "the listing")
+    if type(entries) ~= "table" or (next(entries) ~= nil and entries[1] == nil) then
+      fail("%s: %s is not a listing of files: %s", self.repo, url, err or "a JSON array was expected")
+    end
+    for _, e in ipairs(entries) do
+      if type(e) ~= "table" then fail("%s: the listing holds a %s where a file was expected", self.repo, type(e)) end
+      if e.type == "file" then
+        if not safe_path(e.path) then fail("%s: the listing names a file outside the repository: %q", self.repo, tostring(e.path)) end
+        if e.path:find("%.incomplete$") then
+          fail("%s: the repository's file %s clashes with pull's temporary names (*.incomplete)", self.repo, e.path)
+        end
+        local f = { path = e.path, size = e.size }
+        if type(e.lfs) == "table" then
+          f.sha256 = type(e.lfs.oid) == "string" and e.lfs.oid:lower() or nil
+          f.size = e.lfs.size or e.size
+          if not (f.sha256 and f.sha256:match("^%x+$") and #f.sha256 == 64) then
+            fail("%s: %s: the listing's lfs.oid is not a sha256: %s", self.repo, e.path, tostring(e.lfs.oid))
+          end
+        end
+        if type(f.size) ~= "number" or f.size < 0 or f.size ~= math.floor(f.size) then
+          fail("%s: %s: the listing gives no size", self.repo, e.path)
+        end
+        files[#files + 1] = f
+      end
+    end
+    url = next_link(t.headers.link, self.endpoint)
+  end
+  table.sort(files, function(a, b) return a.path < b.path end)
+  return files
+end
+
+-- One GET of url into part from byte st.have on (a Range request when st.have > 0), hashing
+-- into st.h. Returns the finished transfer; st.have is what part holds after it.
+function Pull:fetch(url, part, f, st, bar)
+  local headers = { ["Range"] = st.have > 0 and string.format("bytes=%d-", st.have) or nil }
+  local t = self.cl:get(url, self:headers(url, headers))
+  local fh, mode, errbody = nil, nil, {}
+  t.on_data = function(t, s)
+    t.last_byte_ms = core.now_ms()
+    if not mode then
+      local status, h = t:response()
+      if status == 206 then
+        local from = tonumber((h["content-range"] or ""):match("^bytes%s+(%d+)%-"))
+        if from ~= st.have then
+          mode, t.abort, t.bad_range = "ignore", string.format("the server sent bytes from %s on, %d were asked for",
+            tostring(from), st.have), true
+          return
+        end
+      elseif status == 200 and st.have > 0 then -- the Range was not honoured: the whole file comes again
+        break_line(bar)
+        self:say("%s: the server sent the whole file again: starting over", f.path)
+        st.have, st.h, st.restarted = 0, new_hash(), true
+      end
+      if status == 200 or status == 206 then
+        local err
+        fh, err = io.open(part, st.have == 0 and "wb" or "ab")
+        if not fh then mode, t.abort, t.fatal = "ignore", err, true return end
+        mode = "write"
+      else
+        mode = "error"
+      end
+    end
+    if mode == "write" then
+      if st.have + #s > f.size then
+        mode, t.abort, t.too_long = "ignore", "more bytes than the listing's size", true
+        return
+      end
+      local ok, err = fh:write(s)
+      if not ok then mode, t.abort, t.fatal = "ignore", err, true return end
+      C.loip_sha256_update(st.h, s, #s)
+      st.have = st.have + #s
+      bar:update(st.have)
+    elseif mode == "error" and #errbody < 64 then
+      errbody[#errbody + 1] = s
+    end
+  end
+  local ok, err = pcall(self.finish, self, t)
+  if fh then
+    local cok, cerr = fh:close()
+    if not cok and not t.fatal then t.abort, t.fatal = cerr, true end
+  end
+  if not ok then
+    t:close()
+    error(err, 0)
+  end
+  if mode == "error" then t.body = table.concat(errbody) end
+  return t
+end
+
+-- Download f unless it is here and verified (whole: ignore a part and what is here); returns
+-- the action taken.
+function Pull:download(f, n, count, whole)
+  local dest = self.dir .. "/" .. f.path
+  local part = dest .. ".incomplete"
+  local label = count > 1 and string.format("[%d/%d] %s", n, count, f.path) or f.path
+  local check = f.sha256 and "sha256" or "size"
+  if file_size(dest) and not whole then
+    local size = file_size(dest)
+    if size == f.size and (not f.sha256 or sha256_file(dest) == f.sha256) then
+      self:say("%s: present, %s verified", label, check)
+      return "present"
+    end
+    self:say("%s: present but not the repository's (%s differs): downloading it again", label,
+      size ~= f.size and "size" or "sha256")
+  end
+  mkdir_p(dest:match("^(.*)/[^/]*$"))
+  local url = self.endpoint .. "/" .. self.repo .. "/resolve/" .. quote(self.revision) .. "/" .. quote(f.path, "/")
+  local st = { have = file_size(part) or 0, h = new_hash() }
+  if st.have > f.size or whole then
+    os.remove(part)
+    st.have = 0
+  end
+  local resumed_from = st.have > 0 and st.have or nil
+  if resumed_from then
+    hash_prefix(st.h, part, st.have)
+    self:say("%s: resuming at %s of %s", label, progress.human(st.have), progress.human(f.size))
+  end
+  local bar = progress.new(f.size, label, { quiet = self.quiet })
+  local failures = 0
+  while st.have < f.size do
+    local before = st.have
+    local t = self:fetch(url, part, f, st, bar)
+    if t.too_long then
+      os.remove(part)
+      fail("%s: %s: the server sent more than the listing's %d bytes (removed %s)", self.repo, f.path, f.size, part)
+    elseif t.fatal then
+      fail("%s: %s: cannot write %s: %s", self.repo, f.path, part, tostring(t.abort))
+    end
+    local transient = t.abort or t.error or t.status == 206 or t.status == 200 or (t.status >= 500 and t.status <= 599)
+    if t.status == 416 or t.bad_range then -- the part is not a prefix of this file: start over
+      os.remove(part)
+      st.have, st.h, st.restarted = 0, new_hash(), true
+      transient = true
+    elseif not transient then
+      break_line(bar)
+      self:http_failure(t, url, f.path)
+    end
+    if st.have < f.size then
+      local why = self:scrub(t.abort or t.error or (t.status ~= 200 and t.status ~= 206 and ("HTTP " .. t.status))
+        or "the connection closed early")
+      failures = st.have > before and 1 or failures + 1
+      st.resumes = (st.resumes or 0) + 1
+      break_line(bar)
+      if failures > self.retries then
+        local tries = string.format("%d failed attempt%s in a row", failures, failures == 1 and "" or "s")
+        if not file_size(part) then fail("%s: %s: %s (GET %s), %s", self.repo, f.path, why, url, tries) end
+        fail("%s: %s: %s (GET %s) at %d of %d bytes, %s; kept %s: pull again to resume", self.repo,
+          f.path, why, url, st.have, f.size, tries, part)
+      end
+      self:say("%s: %s at %s of %s: resuming", label, why, progress.human(st.have), progress.human(f.size))
+      C.loip_sleep_ms(math.min(250 * 2 ^ (failures - 1), 8000))
+    end
+  end
+  if st.have == 0 and not file_size(part) then -- an empty file: nothing to ask for
+    local fh = assert(io.open(part, "wb"))
+    fh:close()
+  end
+  local size = file_size(part)
+  local got = hex_of(st.h)
+  if size ~= f.size or (f.sha256 and got ~= f.sha256) then
+    os.remove(part)
+    break_line(bar)
+    if resumed_from and not st.restarted then
+      -- the part left by an earlier pull was of another version of the file: once more, whole
+      self:say("%s: the part resumed from did not belong to this file: downloading it whole", label)
+      return self:download(f, n, count, true)
+    end
+    if size ~= f.size then
+      fail("%s: %s: %d bytes arrived, the listing says %d; removed %s", self.repo, f.path, size or 0, f.size, part)
+    end
+    fail("%s: %s: sha256 mismatch: the repository lists %s, the download has %s; removed %s", self.repo, f.path,
+      f.sha256, got, part)
+  end
+  sync(part)
+  local ok, err = os.rename(part, dest)
+  if not ok then fail("%s: %s: cannot rename %s into place: %s", self.repo, f.path, part, tostring(err)) end
+  bar:finish(check .. " verified" .. (resumed_from and not st.restarted and
+    string.format(", resumed at %s", progress.human(resumed_from)) or "")
+    .. (st.resumes and string.format(", %d transfer%s resumed", st.resumes, st.resumes == 1 and "" or "s") or ""))
+  return resumed_from and not st.restarted and "resumed" or "downloaded"
+end
+
+function M.pull(o)
+  if type(o) ~= "table" then error("pull: a table of options expected", 2) end
+  local owner, name = M.check_repo(o.repo)
+  if not owner then error("pull: " .. name, 2) end
+  local env_endpoint = os.getenv("HF_ENDPOINT")
+  local endpoint, why = M.check_endpoint(o.endpoint or (env_endpoint ~= "" and env_endpoint) or M.DEFAULT_ENDPOINT)
+  if not endpoint then error("pull: " .. why, 2) end
+  local include = o.include
+  if type(include) == "string" then include = { include } end
+  local token = o.token
+  if token == nil then token = os.getenv("HF_TOKEN") end
+  if token == "" or token == false then token = nil end
+  if token and token:find("[\r\n]") then error("pull: the token holds a line break", 2) end
+  local self = setmetatable({ repo = o.repo, revision = o.revision or "main", endpoint = endpoint, origin = origin(endpoint),
+    dir = (o.to or ("models/" .. name)):gsub("(.)/+$", "%1"), token = token, quiet = o.quiet,
+    retries = o.retries or 4, stall_s = o.stall_s or 60 }, Pull)
+  local ok, r = pcall(function()
+    self.cl = client.new()
+    local files = self:list()
+    if include and #include > 0 then
+      local pats, keep = {}, {}
+      for i, g in ipairs(include) do pats[i] = M.glob_pattern(g) end
+      for _, f in ipairs(files) do
+        for _, p in ipairs(pats) do
+          if f.path:match(p) then keep[#keep + 1] = f break end
+        end
+      end
+      if #keep == 0 then
+        fail("%s: no file of its %d matches --include %s", self.repo, #files, table.concat(include, " --include "))
+      end
+      files = keep
+    end
+    if #files == 0 then fail("%s: the repository has no files at revision %s", self.repo, self.revision) end
+    -- room for what is not here yet (a file present at its size counts as present)
+    local need = 0
+    for _, f in ipairs(files) do
+      local dest = self.dir .. "/" .. f.path
+      if file_size(dest) ~= f.size then
+        local part = file_size(dest .. ".incomplete") or 0
+        need = need + f.size - (part <= f.size and part or 0)
+      end
+    end
+    local free = ffi.new("uint64_t[1]")
+    local where = existing_dir(self.dir)
+    if C.loip_disk_free(where, free) == 0 and tonumber(free[0]) < need then
+      fail("%s: not enough disk space in %s: the files need %s more, %s are free", self.repo, self.dir,
+        progress.human(need), progress.human(tonumber(free[0])))
+    end
+    local out = { repo = self.repo, revision = self.revision, endpoint = self.endpoint, dir = self.dir, files = {},
+      bytes = 0, downloaded = 0, present = 0 }
+    for i, f in ipairs(files) do
+      local have = file_size(self.dir .. "/" .. f.path .. ".incomplete") or 0
+      local action = self:download(f, i, #files)
+      out.files[i] = { path = f.path, size = f.size, sha256 = f.sha256, action = action }
+      if action == "present" then
+        out.present = out.present + 1
+      else
+        out.downloaded = out.downloaded + 1
+        out.bytes = out.bytes + f.size - (action == "resumed" and have or 0)
+      end
+    end
+    return out
+  end)
+  if self.cl then self.cl:close() end
+  if ok then return r end
+  if getmetatable(r) == Failure then return nil, self:scrub(r.msg) end
+  error(r, 0)
+end
+
+return M
