@@ -17,7 +17,22 @@ local submodules = {
   plan = "loip.plan", trace = "loip.tools.trace", transport = "loip.runtime.transport",
   policy = "loip.policy", problem = "loip.plan.problem", profile = "loip.plan.profile",
   cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",
+  gguf = "loip.model.gguf", pull = "loip.model.pull", sim = "loip.sim", server = "loip.serve.server",
+  batcher = "loip.serve.batcher", client = "loip.serve.client", online = "loip.serve.online",
+  load = "loip.serve.load", openai = "loip.serve.openai", store = "loip.model.store", roofline = "loip.sim.roofline",
+  tp = "loip.sim.tp", experiments = "loip.sim.experiments", space = "loip.plan.space",
 }
+-- Not here, by design: the parts behind these (loip.core, the model formats' readers
+-- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template
+-- engine's parts loip.text.template.*, loip.cluster.proc/requests, loip.serve.http/
+-- local_engine/metrics) and the command line (loip.tools.cli*, flags, repl).
+-- (for a REPL's or a spec's listing: every name loip.<name> loads)
+loip.modules = function()
+  local names = {}
+  for k in pairs(submodules) do names[#names + 1] = k end
+  table.sort(names)
+  return names
+end
 
 setmetatable(loip, {
   __index = function(t, k)

@@ -85,10 +85,11 @@ describe("loip.runtime.memory", function()
 
   it("shares one budget between models and refuses the one that does not fit", function()
     local b = memory.budget("3M")
-    local m1 = loip.model.open(S260, { budget = b, context = 256 })
+    -- (a step of 128 tokens: the activations the arithmetic below is made for)
+    local m1 = loip.model.open(S260, { budget = b, context = 256, batch = 128 })
     local used = b:used()
     assert.is_true(used > 1024 * 1024 and used < 2 * 1024 * 1024)
-    local ok, err = pcall(loip.model.open, S260, { budget = b, context = 256 })
+    local ok, err = pcall(loip.model.open, S260, { budget = b, context = 256, batch = 128 })
     assert.is_false(ok)
     assert.matches("memory budget: %a+ needs", err)
     assert.are.equal(used, b:used()) -- the refused model gave back what it had charged, at once
@@ -98,7 +99,7 @@ describe("loip.runtime.memory", function()
 
   it("refuses a model that does not fit before loading it, naming the account", function()
     -- weights: 2 MiB of KV cache and activations fit, a megabyte of weights does not
-    local ok, err = pcall(loip.model.open, S260HF, { mem = "1.5M", context = 256, tokenizer = TOK })
+    local ok, err = pcall(loip.model.open, S260HF, { mem = "1.5M", context = 256, batch = 128, tokenizer = TOK })
     assert.is_false(ok)
     assert.matches("memory budget: weights needs [%d.]+ KiB more", err)
     assert.matches("kv ", err, 1, true)

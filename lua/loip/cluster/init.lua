@@ -329,7 +329,8 @@ function Cluster:plan(opts)
   self.plan_opts = opts
   local cfg, facts = store.config(self.store, self.man)
   self.facts = facts
-  local ctx, batch = opts.context or math.min(cfg.max_seq, 512), opts.batch or 64
+  local defaults = require "loip.model"
+  local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
   local threads = self.devices[1].threads or 1
@@ -707,6 +708,8 @@ function Cluster:stats()
 end
 
 function Cluster:close()
+  if self._tokenizer then self._tokenizer:close() end
+  self._tokenizer = nil
   for _, d in ipairs(self.devices or {}) do
     if d.ctl then
       if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end)

@@ -169,25 +169,79 @@ function M.install(Cluster)
     return r.logits
   end
 
-  -- Generate from prompt ids: an iterator of sampled ids (as loip.model's generate, without
-  -- text) and a state with .token_ids, .stats and .request (the batcher's). Iterators of several
-  -- calls may be interleaved: each is its own request, run in one micro-batch. gen: max_tokens,
-  -- stop (set of ids), sampler (temperature, top_k, ...), seed, n_sample.
-  function Cluster:generate(ids, gen)
+  -- The tokenizer of the cluster's store (the one `loip.model.open(store)` would run), opened
+  -- once; nil when the store has none.
+  function Cluster:tokenizer()
+    if self._tokenizer == nil then
+      local ok, t = pcall(require("loip.text.tokenizer").open, self.store, { vocab_size = self.vocab })
+      self._tokenizer = ok and t or false
+      self._tokenizer_error = not ok and t or nil
+    end
+    return self._tokenizer or nil
+  end
+
+  -- Generate from a prompt (text, or an array of token ids), as loip.model's generate: an
+  -- iterator of (id, text) (whole UTF-8 characters; a last pair (false, text) carries what was
+  -- held back) and a state with .token_ids, .stats, .seed, .stop_reason and .request (the
+  -- batcher's). Iterators of several calls may be interleaved: each is its own request, run in
+  -- one micro-batch. gen: max_tokens (default: to the end of the context), temperature, top_k,
+  -- top_p, min_p, repetition_penalty (or all of them in gen.sampler), seed, stop (ids, as a list
+  -- or a set; default the model's end tokens, as one device stops), bos (text: add BOS, default
+  -- true), n_sample, tokenizer (a tokenizer object to use instead of the store's).
+  function Cluster:generate(prompt, gen)
     gen = gen or {}
-    local req = self:batcher():submit { prompt = ids, max_tokens = gen.max_tokens, sampler = gen.sampler, seed = gen.seed,
-      n_sample = gen.n_sample, stop = gen.stop }
-    local state = { token_ids = req.token_ids, request = req,
+    if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+    local tok = gen.tokenizer or self:tokenizer()
+    local ids = prompt
+    if type(prompt) == "string" then
+      if not tok then error("cluster: the store has no tokenizer (" .. tostring(self._tokenizer_error) .. "): pass token ids", 2) end
+      ids = tok:encode(prompt, { bos = gen.bos ~= false })
+    end
+    if type(ids) ~= "table" or #ids == 0 then error("cluster: generate needs a prompt (text or a non-empty array of ids)", 2) end
+    if #ids >= self.context then
+      error(string.format("cluster: %d prompt tokens leave no room in the context of %d", #ids, self.context), 2)
+    end
+    local stop = {}
+    if gen.stop then
+      for k, v in pairs(gen.stop) do
+        if v == true then stop[k] = true else stop[v] = true end
+      end
+    else
+      for _, id in ipairs(require("loip.model").stop_ids(self.facts, tok)) do stop[id] = true end
+    end
+    local sampler = gen.sampler
+    if not sampler then
+      sampler = {}
+      for _, k in ipairs({ "temperature", "top_k", "top_p", "min_p", "repetition_penalty" }) do sampler[k] = gen[k] end
+    end
+    local room = self.context - #ids
+    local max_tokens = math.min(gen.max_tokens or room, room)
+    local seed = gen.seed or (os.time() * 1000 + math.floor(os.clock() * 1e6))
+    local req = self:batcher():submit { prompt = ids, max_tokens = max_tokens, sampler = sampler, seed = seed,
+      n_sample = gen.n_sample or (tok and math.min(tok.vocab_size, self.vocab)) or nil, stop = stop }
+    local state = { prompt_ids = ids, token_ids = req.token_ids, request = req, seed = seed,
       stats = { prefill_ms = 0, decode_ms = 0, decode_steps = 0, prompt_tokens = #ids } }
+    local stream = tok and require("loip.text.tokenizer").text_stream(tok, ids)
+    local done = false
     return function()
+      if done then return nil end
       local id = req:next()
       local st = state.stats
       if req.t_first then st.prefill_ms = req.t_first - req.t_submit end
       if req.t_first and req.t_last then st.decode_ms = req.t_last - req.t_first end
       st.generated = #req.token_ids
       st.decode_steps = math.max(0, st.generated - 1)
-      if id == nil then state.stop_id = req.stop_id end
-      return id
+      if id == nil then
+        done = true
+        state.stop_id = req.stop_id
+        local why = req.finish_reason
+        if why == "length" then why = max_tokens < room and "max_tokens" or "context" end
+        state.stop_reason = why
+        local rest = stream and stream:finish() or ""
+        if rest ~= "" then return false, rest end
+        return nil
+      end
+      return id, stream and stream:put(id) or ""
     end, state
   end
 end

@@ -120,7 +120,8 @@ function Worker:build(msg)
   local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, self.opts.threads or 0)
   if not pool then error(perr, 0) end
   d.pool = pool
-  local ctx, batch = msg.context or 512, msg.batch or 64
+  local defaults = require "loip.model" -- (the head sends both)
+  local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, kv_plan_tokens = msg.kv_plan_tokens })
   local mopts = { cluster = true, loader = msg.loader }

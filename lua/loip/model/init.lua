@@ -18,6 +18,11 @@ local C = core.C
 
 local M = {}
 
+-- One set of defaults for one device, a cluster, `loip plan` and `loip simulate`: the KV
+-- positions (at most the model's maximum) and the tokens a forward step carries.
+M.DEFAULT_CONTEXT, M.DEFAULT_BATCH = 4096, 64
+function M.default_context(max_seq) return math.min(max_seq, M.DEFAULT_CONTEXT) end
+
 local Model = {}
 Model.__index = Model
 
@@ -64,7 +69,7 @@ function M.gguf_files(dir)
 end
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
--- batch (tokens per forward step: prompt chunks and the decoding requests together, default 128),
+-- batch (tokens per forward step: prompt chunks and the decoding requests together, default 64),
 -- max_batch (requests served at once, each with its own KV cache; default 1), kv_tokens (the KV
 -- pool the requests share, in positions; default context x max_batch), kv_grows (true: the
 -- pool is charged to the budget's "kv" account as requests' contexts take it, not all at
@@ -117,13 +122,13 @@ function M.open(path, opts)
   if not pool then error(perr, 0) end
   self.handle, self.pool = m, pool
   self.threads = C.loip_pool_size(pool)
-  local ctx = opts.context or math.min(cfg.max_seq, 4096)
+  local ctx = opts.context or M.default_context(cfg.max_seq)
   if facts.sliding_window and ctx > facts.sliding_window then
     error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
       path, ctx, facts.sliding_window, facts.sliding_window), 0)
   end
   self.context = ctx
-  self.batch = math.min(opts.batch or 128, ctx)
+  self.batch = math.min(opts.batch or M.DEFAULT_BATCH, ctx)
   self.max_seqs = opts.max_batch or 1
   if type(self.max_seqs) ~= "number" or self.max_seqs < 1 or self.max_seqs ~= math.floor(self.max_seqs) then
     error("loip.model.open: max_batch must be a whole number >= 1", 2)

@@ -407,6 +407,32 @@ function M.write(src_path, out, opts)
   return res
 end
 
+-- The slice store of the model at src_path kept in the cache (loip.plan.profile.cache_dir(),
+-- stores/<key>): sliced there the first time, with a progress bar, and reused while the source
+-- is the same. The key is the source's real path and its weight files' names, sizes and
+-- modification times (no hashing of gigabytes to find it); a store found there must hold the
+-- source's config and whole files. Returns the store's directory and whether it was sliced now.
+function M.cached(src_path, opts)
+  opts = opts or {}
+  local src = M.open_source(src_path)
+  local paths = {}
+  for _, f in ipairs(src.weight_files) do paths[#paths + 1] = quote(f.path) end
+  local config = src.config
+  src.close()
+  local files = table.concat(paths, " ")
+  local p = io.popen("realpath -- " .. files .. " && stat -L -c '%s %Y' -- " .. files .. " 2>/dev/null")
+  local facts = p and p:read("*a") or ""
+  if p then p:close() end
+  local key = sha256_string(facts):sub(1, 24)
+  local dir = require("loip.plan.profile").cache_dir() .. "/stores/" .. key
+  if store.is_store(dir) then
+    local ok, man = pcall(store.read_manifest, dir)
+    if ok and canon(man.config) == canon(config) and pcall(store.check_files, dir, man, false) then return dir, false end
+  end
+  M.write(src_path, dir, { force = true, quiet = opts.quiet })
+  return dir, true
+end
+
 -- Re-hash every file of store dir against its manifest; with source (a model directory or
 -- checkpoint), also check that the store was sliced from it (config and source sha256).
 -- Returns { files, bytes, manifest }; raises naming the first file at fault.

@@ -406,8 +406,19 @@ function M.save(path, p)
   if not ok then error("--save-plan: " .. tostring(err), 0) end
 end
 
--- Read a plan from a Lua file (it returns the table; it runs with no globals but what a plain
--- table needs). Raises naming the file.
+-- What a plan file may use: data, and the pure standard functions (math without its random
+-- numbers, string without dump, table; the basic functions that touch no state or files).
+local function plan_env()
+  local env = { ipairs = ipairs, pairs = pairs, next = next, select = select, tonumber = tonumber, tostring = tostring,
+    type = type, unpack = unpack, error = error, assert = assert, math = {}, string = {}, table = {} }
+  for k, v in pairs(math) do if k ~= "random" and k ~= "randomseed" then env.math[k] = v end end
+  for k, v in pairs(string) do if k ~= "dump" then env.string[k] = v end end
+  for k, v in pairs(table) do env.table[k] = v end
+  return env
+end
+
+-- Read a plan from a Lua file (it returns the table; it runs with the pure functions above and
+-- no other globals). Raises naming the file.
 function M.load(path)
   local f, err = io.open(path, "rb")
   if not f then error("--plan: " .. tostring(err), 0) end
@@ -416,7 +427,7 @@ function M.load(path)
   if src:byte(1) == 27 then error(path .. ": a plan is Lua source, not bytecode", 0) end
   local chunk, perr = loadstring(src, "@" .. path)
   if not chunk then error(path .. ": " .. perr, 0) end
-  setfenv(chunk, {})
+  setfenv(chunk, plan_env())
   local ok, p = pcall(chunk)
   if not ok then error(path .. ": " .. tostring(p), 0) end
   if type(p) ~= "table" then error(path .. ": the file must return the plan table", 0) end

@@ -103,8 +103,37 @@ function M.open(dir, opts)
   return with_dir(M.find(dir, opts), dir)
 end
 
+-- The vocabulary size of the model at dir (a llama2.c checkpoint's header, a slice store's
+-- config), so that tok<N>.bin is found as the model finds it; nil when unknown.
+local function model_vocab(kind, file)
+  if kind == "llama2c" then
+    local f = io.open(file, "rb")
+    local h = f and f:read(28)
+    if f then f:close() end
+    if h and #h == 28 then
+      local v = require("ffi").cast("const int32_t *", h)[5]
+      return math.abs(v)
+    end
+  elseif kind == "store" then
+    local ok, man = pcall(require("loip.model.store").read_manifest, file)
+    if ok and type(man.config) == "table" then return man.config.vocab_size end
+  end
+end
+
 function M.find(dir, opts)
   if opts.path then return M.open_file(opts.path, opts) end
+  -- the tokenizer the model at dir runs with: a GGUF's own, a checkpoint's tok<vocab>.bin
+  local ok, kind, file, tokdir = pcall(require("loip.model").locate, dir)
+  if ok then
+    if kind == "gguf" then return M.open_file(file, opts) end
+    if not opts.vocab_size then
+      local v = model_vocab(kind, file)
+      if v then opts = setmetatable({ vocab_size = v }, { __index = opts }) end
+    end
+    dir = tokdir or file
+  elseif dir:match("%.gguf$") and json.exists(dir) then
+    return M.open_file(dir, opts)
+  end
   local looked = {}
   local function have(p)
     looked[#looked + 1] = p

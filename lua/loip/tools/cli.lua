@@ -26,7 +26,7 @@ commands.generate = {
   summary = "Generate text from a prompt on this machine. Prints the prompt followed by its continuation\n"
     .. "(as llama2.c's run.c does); with --json, one JSON object with the text, ids and timings.",
   flags = {
-    { "model", "string", "model directory (Hugging Face layout), slice store or llama2.c checkpoint", required = true, metavar = "DIR" },
+    { "model", "string", "model directory (Hugging Face layout), GGUF file, slice store or llama2.c checkpoint", required = true, metavar = "DIR" },
     { "prompt", "string", "prompt text", default = "" },
     { "max-tokens", "int", "tokens to generate at most", default = 256,
       check = function(v) return v >= 0, "must be >= 0" end },
@@ -58,7 +58,7 @@ commands.generate = {
     { "on-device-loss", "string", "with --devices/--hosts: when a device dies, hangs or disconnects mid-request: replan (the "
       .. "others take over, the request goes on with the same tokens) or fail", default = "replan",
       check = function(v) return v == "replan" or v == "fail", "must be replan or fail" end },
-    { "batch", "int", "with --devices/--hosts: tokens a step carries (prompt chunks, and the positions --online recompute "
+    { "batch", "int", "tokens a step carries (prompt chunks; with --devices/--hosts also the positions --online recompute "
       .. "recomputes; activations are sized for it; default 64)", check = function(v) return v > 0, "must be > 0" end },
     { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/links: switch, "
       .. "random; or a file: at(step) -> a rate, one per link, or nil)", metavar = "NAME|FILE.lua" },
@@ -84,27 +84,40 @@ commands.generate = {
   },
 }
 
+-- The fields of `loip generate --json` that one device and a cluster both report (README, "The
+-- --json report"): r.text the generated text, r.state generate's state, r.per_token the decode
+-- ms per token, r.threads, r.estimate (the cost model's, or nil), r.context and r.batch (the KV
+-- positions and the tokens a step carries).
+function M.generate_report(o, r)
+  local st = r.state
+  return {
+    prompt = o.prompt, text = r.text, prompt_ids = st.prompt_ids, token_ids = st.token_ids,
+    prompt_tokens = #st.prompt_ids, generated_tokens = #st.token_ids, stop_reason = st.stop_reason,
+    prefill_ms = st.stats.prefill_ms, decode_ms_per_token = r.per_token,
+    estimate_ms_per_token = r.estimate and r.estimate.ms_per_token or nil,
+    model = o.source_model or o.model, seed = st.seed, temperature = o.temperature, threads = r.threads, context = r.context, batch = r.batch,
+    kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
+  }
+end
+
 local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
-  local model = require "loip.model"
-  local kind = model.locate(o.model)
-  if kind ~= "store" then
-    error({ usage_error = true, msg = "generate: --devices/--hosts need a slice store (make one with loip slice)" }, 0)
-  end
   if o.hosts and o.cpu_latency then
     error({ usage_error = true, msg = "generate: --cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead" }, 0)
   end
   local hosts = cp.hosts("generate", o)
   local n = o.devices or #hosts
   local set = cp.settings("generate", o, n)
-  -- refuse what cannot work before any worker starts
+  -- refuse what cannot work before anything is sliced or any worker starts
+  local layers = cp.model_layers(o.model)
+  if n > 2 * layers then
+    error({ usage_error = true, msg = string.format("generate: %d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
+      n, 2 * layers, layers, 2 * layers) }, 0)
+  end
+  cp.store_for("generate", o)
   local st_mod = require "loip.model.store"
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
-  if n > 2 * scfg.n_layers then
-    error({ usage_error = true, msg = string.format("generate: %d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
-      n, 2 * scfg.n_layers, scfg.n_layers, 2 * scfg.n_layers) }, 0)
-  end
   if o.plan and (o.scheduler ~= "loip" or o.stages) then
     error({ usage_error = true, msg = "generate: --plan runs the plan given; --scheduler and --stages choose one (give one or the other)" }, 0)
   end
@@ -124,26 +137,17 @@ local function run_cluster(o)
       online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then cp.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
-    local ids = tok:encode(o.prompt, { bos = true })
     local before = c:stats()
-    local stop = {}
-    for _, id in ipairs(require("loip.model").stop_ids(c.facts, tok)) do stop[id] = true end
-    local seed = o.seed or os.time()
-    local it, st = c:generate(ids, { max_tokens = o.max_tokens, stop = stop, seed = seed,
-      n_sample = math.min(tok.vocab_size, c.vocab), sampler = { temperature = o.temperature, top_k = o.top_k,
-        top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty } })
-    -- text as loip.model streams it: whole UTF-8 characters, continuing the prompt's text
-    local stream = tok.decode_stream and tok:decode_stream({ continued = true })
-    local pieces, prev = {}, ids[#ids]
+    local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok,
+      temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
+    local ids = st.prompt_ids
+    local pieces = {}
     if not o.json then io.stdout:write(o.prompt) io.stdout:flush() end
-    for id in it do
-      local text = stream and stream:put(id) or tok:piece_text(prev, id)
-      prev = id
+    for _, text in it do
       pieces[#pieces + 1] = text
       if not o.json then io.stdout:write(text) io.stdout:flush() end
     end
-    local rest = stream and stream:finish() or ""
-    pieces[#pieces + 1] = rest
+    local rest = ""
     local after = c:stats()
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
@@ -172,23 +176,28 @@ local function run_cluster(o)
       end
     end
     local per_token = st.stats.decode_steps > 0 and st.stats.decode_ms / st.stats.decode_steps or 0
+    -- the devices' figures are per step over the whole request (the prompt's step and each
+    -- token's): with step_ms, the mean time a step took, they add up
+    local step_ms = (st.stats.prefill_ms + st.stats.decode_ms) / steps
     if o.json then
-      io.stdout:write(json.encode({ prompt = o.prompt, text = table.concat(pieces), token_ids = st.token_ids,
-        prompt_tokens = #ids, generated_tokens = #st.token_ids, seed = seed, prefill_ms = st.stats.prefill_ms,
-        decode_ms_per_token = per_token, estimate_ms_per_token = est and est.ms_per_token,
-        scheduler = info and info.scheduler, cost_model = info and info.cost, scheduler_ms = info and info.scheduler_ms,
-        devices = per_device, plan = require("loip.plan").bare(p), model = o.model,
-        adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil,
-        device_losses = c.losses,
-        link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil }), "\n")
+      local r = M.generate_report(o, { text = table.concat(pieces), state = st, per_token = per_token,
+        threads = o.threads, estimate = est, context = c.context, batch = c.batch })
+      r.step_ms, r.devices = step_ms, per_device
+      r.scheduler, r.cost_model, r.scheduler_ms = info and info.scheduler, info and info.cost, info and info.scheduler_ms
+      r.plan = require("loip.plan").bare(p)
+      r.adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil
+      r.device_losses = c.losses
+      r.link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil
+      io.stdout:write(json.encode(r), "\n")
     else
       io.stdout:write(rest, "\n")
       io.stdout:flush()
-      io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token%s\n", #c.devices,
+      io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token%s; stop: %s\n", #c.devices,
         #ids, st.stats.prefill_ms, #st.token_ids, per_token,
-        est and string.format(" (estimated %.2f)", est.ms_per_token) or ""))
+        est and string.format(" (estimated %.2f)", est.ms_per_token) or "", tostring(st.stop_reason)))
+      io.stderr:write(string.format("  per step (%d steps: the prompt's and each token's, %.2f ms each):\n", steps, step_ms))
       for i, d in ipairs(per_device) do
-        io.stderr:write(string.format("  device %d per token: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms, waiting for input %.2f ms\n",
+        io.stderr:write(string.format("  device %d: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms, waiting for input %.2f ms\n",
           i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
       end
       for _, a in ipairs(c:batcher().adaptations) do
@@ -224,7 +233,7 @@ function commands.generate.run(o)
     end
   end
   local disk_rate = cp.settings("generate", { disk_rate = o.disk_rate }, 1).disk_rate
-  local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, tokenizer = o.tokenizer,
+  local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, batch = o.batch, tokenizer = o.tokenizer,
     mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, verify_reads = o.verify_reads,
     disk_rate = disk_rate and disk_rate[1],
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages })
@@ -277,18 +286,13 @@ function commands.generate.run(o)
   local s = st.stats
   local per_token = s.decode_forwards > 0 and s.decode_ms / s.decode_forwards or 0
   if o.json then
-    io.stdout:write(json.encode({
-      prompt = o.prompt, text = table.concat(pieces), token_ids = st.token_ids,
-      prompt_ids = st.prompt_ids, prompt_tokens = s.prompt_tokens, generated_tokens = s.generated,
-      prefill_ms = s.prefill_ms, decode_ms_per_token = per_token, stop_reason = st.stop_reason,
-      model = o.model, threads = m.threads, kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
-      seed = st.seed, temperature = o.temperature,
-      plan = m.plan and { slots = m.plan.slots or 1, devices = plan_mod.bare(m.plan).devices,
-        memory = plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts) } or nil,
-      estimate_ms_per_token = m.estimate and m.estimate.ms_per_token or nil,
-      loader = m.loader and m.loader:mode() or nil,
-      runner = m.runner and m:runner_stats() or nil,
-    }), "\n")
+    local r = M.generate_report(o, { text = table.concat(pieces), state = st, per_token = per_token, threads = m.threads,
+      estimate = m.estimate, context = m.context, batch = m.batch })
+    r.plan = m.plan and { slots = m.plan.slots or 1, devices = plan_mod.bare(m.plan).devices,
+      memory = plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts) } or nil
+    r.loader = m.loader and m.loader:mode() or nil
+    r.runner = m.runner and m:runner_stats() or nil
+    io.stdout:write(json.encode(r), "\n")
   else
     io.stdout:write("\n")
   end
@@ -362,7 +366,8 @@ end
 
 commands.run = {
   usage = "loip run FILE.lua [ARGS...]",
-  summary = "Run a Lua script (a recipe) with require \"loip\" available and `arg` set as luajit sets it.",
+  summary = "Run a Lua script (a recipe) with the `loip` global the REPL has (require \"loip\" works too) and\n"
+    .. "`arg` set as luajit sets it.",
   flags = {}, stop_at_positional = true,
 }
 
@@ -376,6 +381,7 @@ function commands.run.run(_, pos, argv, at)
   for i = 2, #pos do a[i - 1] = pos[i] end
   a[-1], a[-2] = argv[at], argv[0]
   _G.arg = a
+  _G.loip = require "loip" -- as in the REPL: one rule for both
   chunk(unpack(pos, 2))
   return 0
 end
@@ -532,12 +538,13 @@ end
 commands.plan = cp.commands.plan
 commands.profile = cp.commands.profile
 commands.simulate = require("loip.tools.cli_sim").commands.simulate
+commands.pull = require("loip.tools.cli_pull").commands.pull
 for k, v in pairs(require("loip.tools.cli_serve").commands { threads_flag = threads_flag, kernels_flag = kernels_flag,
   use_kernels = use_kernels }) do commands[k] = v end
 
 commands.slice = {
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
-  summary = "Convert a Hugging Face model directory (or a llama2.c checkpoint) into a slice store: one\n"
+  summary = "Convert a Hugging Face model directory (or a GGUF file, or a llama2.c checkpoint) into a slice store: one\n"
     .. "4 KiB-aligned file per layer block (MHA, MLP), embedding and head, the tokenizer files, and a\n"
     .. "manifest with shapes, offsets and sha256s, written last. Weights keep their dtype and bytes.\n"
     .. "--verify re-hashes every file of a store (and, given MODEL_DIR, checks it was sliced from it).",
@@ -602,6 +609,7 @@ commands:
   run         run a Lua script (recipe) with the runtime available
   synth       write a random-weight model with a real model's shapes
   slice       convert a model into a slice store (per-block files), or --verify one
+  pull        download a model repository from Hugging Face (or a compatible endpoint), resumable
   plan        print the plan a scheduler chooses for N devices and its predicted time, running nothing
   profile     measure a device (or running workers) for planning: compute, disk, transport
   simulate    play a plan out over time on simulated devices (profiles) for a request pattern
@@ -613,6 +621,8 @@ commands:
   version     versions of the runtime and its kernels
 ]]
 end
+
+M.commands, M.usage = commands, usage -- (a spec checks that help lists every command)
 
 function M.main(argv)
   local cmd = argv[1]

@@ -30,6 +30,40 @@ M.flags = {
   curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
 }
 
+-- The layers of the model at path (a store, or any model loip opens), read without loading it.
+function M.model_layers(path)
+  local model = require "loip.model"
+  if model.locate(path) == "store" then
+    local st = require "loip.model.store"
+    return st.config(path, st.read_manifest(path)).n_layers
+  end
+  local src = require("loip.model.slice").open_source(path)
+  local layers = src.c.n_layers
+  src.close()
+  return layers
+end
+
+-- The slice store a cluster runs for --model: the store given, or, for --devices, the model
+-- sliced into the cache (loip.model.slice.cached; said on stderr); --hosts needs a store (each
+-- host holds a copy). Sets o.source_model to what the user named.
+function M.store_for(cmd, o)
+  local model = require "loip.model"
+  local kind = model.locate(o.model)
+  if kind == "store" then return o.model end
+  if o.hosts then
+    usage(cmd, "--hosts needs a slice store that every host holds a copy of: make one with loip slice %s STORE_DIR and copy it to them",
+      o.model)
+  end
+  local dir, made = require("loip.model.slice").cached(o.model, { quiet = o.json or o.quiet })
+  if not (o.json or o.quiet) or made then
+    io.stderr:write(made and string.format("%s: sliced %s into the slice store %s (kept for the next run)\n", cmd, o.model, dir)
+      or string.format("%s: running the slice store of %s in %s (sliced earlier)\n", cmd, o.model, dir))
+  end
+  o.source_model = o.model
+  o.model = dir
+  return dir
+end
+
 -- The workers of --hosts as a list; without a way to authenticate to them, a usage error (a
 -- random token could never work).
 function M.hosts(cmd, o)
@@ -146,7 +180,7 @@ M.commands.plan = {
     { "device-profile", "string", "devices one does not own, from published figures: recipes/devices names, one or one per "
       .. "device (e.g. jetson-agx-orin-64gb,jetson-xavier-nx-16gb); budgets default to their memory less what the OS keeps",
       metavar = "NAME[,NAME...]" },
-    { "context", "int", "KV cache positions planned for (default: min(model max, 512))", check = function(v) return v > 0, "must be > 0" end },
+    { "context", "int", "KV cache positions planned for (default: min(model max, 4096), as generate and serve run)", check = function(v) return v > 0, "must be > 0" end },
     { "batch", "int", "tokens per message: prefill chunks and decoding requests (activations are sized for it)", default = 64,
       check = function(v) return v > 0, "must be > 0" end },
     { "max-batch", "int", "requests decoding at once (loip serve's --max-batch): the KV cache of each, a micro-batch of them per step",
@@ -172,8 +206,11 @@ function M.problem_of(cmd, o)
   if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
   local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
     kv_plan_tokens = o.plan_tokens }
-  -- the context planned for: --context, else the model's, at most 512
-  local function context_of(config) return math.min(o.context or 512, config.max_position_embeddings or 512) end
+  -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
+  local function context_of(config)
+    local max = config.max_position_embeddings or 2048
+    return math.min(o.context or require("loip.model").default_context(max), max)
+  end
   local is_store = o.model and require("loip.model").locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab }

@@ -60,17 +60,23 @@ function M.commands(shared)
     shared.use_kernels(o.kernels)
     local model = require "loip.model"
     local server = require "loip.serve.server"
-    local kind, _, tokdir = model.locate(o.model)
     local hosts = cp.hosts("serve", o)
     local n = o.devices or #hosts
     local cluster_run = n > 0
-    if cluster_run and kind ~= "store" then usage("serve", "--devices/--hosts need a slice store (make one with loip slice)") end
+    local name = o.served_name or (o.model:gsub("/+$", ""):match("([^/]+)$"))
+    if cluster_run then
+      local layers = cp.model_layers(o.model)
+      if n > 2 * layers then
+        usage("serve", "%d devices but the model has only %d blocks (%d layers): use at most %d", n, 2 * layers, layers, 2 * layers)
+      end
+      cp.store_for("serve", o)
+    end
+    local _, _, tokdir = model.locate(o.model)
     if o.max_batch > o.step_tokens then
       usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
     end
     local api_key = o.api_key or os.getenv("LOIP_API_KEY")
     if api_key == "" then api_key = nil end
-    local name = o.served_name or (o.model:gsub("/+$", ""):match("([^/]+)$"))
     local m, c, tok
     local set = cp.settings("serve", o, math.max(n, 1))
     local ok, err = pcall(function()
@@ -83,7 +89,7 @@ function M.commands(shared)
           or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil }
         if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
         local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
-          context = o.context or math.min(cfg.max_seq, 4096), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
+          context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
           kv_plan_tokens = o.plan_tokens, online = (o.plan_tokens or o.online ~= "loip") and o.online or nil,
           link_schedule = o.link_schedule,
           disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }

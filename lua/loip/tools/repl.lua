@@ -1,5 +1,6 @@
 -- The interactive REPL: Lua with `loip` loaded; expressions print their values, plans and
--- tables print readably. History in ~/.loip_history.
+-- tables print readably. An error prints its message; `:trace` prints the last one's stack
+-- traceback. History in ~/.loip_history.
 local M = {}
 
 local function show(v, depth, seen)
@@ -33,12 +34,30 @@ function M.run()
   local hist = home and (home .. "/.loip_history")
   if hist then loip_history("load", hist) end
   print(require("loip.tools.cli").version())
-  print('loip REPL — `loip` is loaded; try: m = loip.model.open("models/stories260K")')
+  print('loip REPL — `loip` is loaded; try: m = loip.model.open("models/stories260K")  (:help for commands)')
   local buffer = ""
+  local last_trace
+  local function on_error(e)
+    last_trace = debug.traceback(tostring(e), 2)
+    return e
+  end
+  local commands = {
+    [":trace"] = function() print(last_trace or "no error yet") end,
+    [":help"] = function()
+      print(":trace   the stack traceback of the last error\n:quit    leave (also Ctrl-D)\n"
+        .. "loip.<module>: model, tokenizer, cluster, plan, policy, sim, serve, ... (see README, \"Using it\")")
+    end,
+  }
   while true do
     local line = loip_readline(buffer == "" and "loip> " or "  ... ")
     if not line then break end
     if line:match("%S") and hist then loip_history("add", line) end
+    local cmd = buffer == "" and line:match("^%s*(:%a+)%s*$")
+    if cmd == ":quit" then break end
+    if cmd then
+      if commands[cmd] then commands[cmd]() else print(cmd .. ": not a command (:help lists them)") end
+      goto continue
+    end
     buffer = buffer == "" and line or (buffer .. "\n" .. line)
     local chunk, err = loadstring("return " .. buffer, "=repl")
     if not chunk then chunk, err = loadstring(buffer, "=repl") end
@@ -49,9 +68,9 @@ function M.run()
       if not chunk then
         print(err)
       else
-        local res = { xpcall(chunk, debug.traceback) }
+        local res = { xpcall(chunk, on_error) }
         if not res[1] then
-          print(res[2])
+          print(tostring(res[2]))
         elseif #res > 1 then
           local out = {}
           for i = 2, table.maxn(res) do out[#out + 1] = show(res[i]) end
@@ -59,6 +78,7 @@ function M.run()
         end
       end
     end
+    ::continue::
   end
   if hist then loip_history("save", hist) end
   io.write("\n")
