@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 23, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 24, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -1238,8 +1238,72 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
+/* The CUDA side (kernels/cuda; issue 16's first part): devices, the memory the UMA-aware loading
+ * path uses, and the decoder's kernels on device pointers. Built without CUDA, every call but
+ * loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
+ * to launch is reported at once, one while running at loip_cuda_sync. */
+
 /* Number of CUDA devices; 0 when built without CUDA or none is present. */
 LOIP_API int32_t loip_cuda_device_count(void);
+/* Device dev's name (cap bytes with the NUL), whether it shares the host's memory (a Jetson),
+ * its SMs, memory, and peak memory bandwidth (from its memory clock and bus width). Any
+ * out-parameter may be NULL. */
+LOIP_API int loip_cuda_device_info(int32_t dev, char *name, size_t cap, int32_t *integrated,
+                                   int32_t *sm_count, uint64_t *total_bytes, double *bandwidth_Bps);
+
+enum {
+    LOIP_CUDA_MEM_DEVICE = 0, /* cudaMalloc: *dev only */
+    LOIP_CUDA_MEM_MAPPED = 1, /* pinned host memory mapped into the device: *host and *dev */
+};
+LOIP_API int loip_cuda_alloc(uint64_t bytes, int32_t kind, void **host, void **dev);
+/* p: the device pointer (DEVICE) or the host pointer (MAPPED); NULL is a no-op. */
+LOIP_API void loip_cuda_free(void *p, int32_t kind);
+/* Pin and map bytes of host memory allocated elsewhere (the loader's slot: io_uring's O_DIRECT
+ * reads land there and kernels read them in place); *dev its device address. */
+LOIP_API int loip_cuda_register(void *host, uint64_t bytes, void **dev);
+LOIP_API void loip_cuda_unregister(void *host);
+/* Any direction (unified addressing); waits for it. */
+LOIP_API int loip_cuda_copy(void *dst, const void *src, uint64_t bytes);
+/* Waits for every kernel launched; the first failure among them, named. */
+LOIP_API int loip_cuda_sync(void);
+
+/* y[r] = W[r, :] . x for r < rows; W rows x cols of dtype (LOIP_F32/BF16/F16), row-major. */
+LOIP_API int loip_cuda_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
+                              uint64_t cols);
+/* Y[t][r] = W[r, :] . X[t, :] for t < n (fp32 sums; 16-bit weights widened exactly). */
+LOIP_API int loip_cuda_matmul(int32_t dtype, float *Y, const void *W, const float *X, uint64_t n,
+                              uint64_t rows, uint64_t cols);
+/* o[t] = x[t] / rms(x[t]) * w for each of n_tokens rows of dim; w of wdtype. */
+LOIP_API int loip_cuda_rmsnorm(float *o, const float *x, const void *w, int32_t wdtype, uint64_t n_tokens,
+                               uint64_t dim, float eps);
+/* Rotate q ([n_tokens][n_heads][head_dim]) in place: pair i of token t by pos[t] * inv_freq[i]
+ * (inv_freq: head_dim/2 values, llama3 scaling already in them); layout LOIP_ROPE_*. */
+LOIP_API int loip_cuda_rope(float *q, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                            const int32_t *pos, const float *inv_freq, int32_t layout);
+/* h[i] = silu(h[i]) * u[i] */
+LOIP_API int loip_cuda_silu_gate(float *h, const float *u, uint64_t n);
+/* x[i] += y[i] */
+LOIP_API int loip_cuda_add(float *x, const float *y, uint64_t n);
+/* x[t] = table[ids[t]] (rows of dim, dtype) widened to fp32, for t < n. */
+LOIP_API int loip_cuda_embed(float *x, const void *table, int32_t dtype, const int32_t *ids, int32_t n,
+                             uint64_t dim);
+/* out[r] = the first index of the largest value of row r of logits (n_rows x vocab). */
+LOIP_API int loip_cuda_argmax(int32_t *out, const float *logits, int32_t n_rows, int32_t vocab);
+/* Attention of one new token per sequence (q: [n_seqs][n_heads][head_dim]) over its ctx_len[s]
+ * positions in a paged KV cache: position p's K and V rows are row p % block_tokens of group
+ * block_table[s * max_blocks + p / block_tokens] of k_pool / v_pool (groups of block_tokens x
+ * n_kv_heads*head_dim floats). The context is split in `splits` parts whose results are merged;
+ * scratch: loip_cuda_attention_scratch bytes of device memory. head_dim <= 256. */
+LOIP_API int loip_cuda_attention_decode(float *out, const float *q, const float *k_pool, const float *v_pool,
+                                        const int32_t *block_table, const int32_t *ctx_len, int32_t n_seqs,
+                                        int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                        int32_t block_tokens, int32_t max_blocks, float scale, float *scratch,
+                                        int32_t splits);
+LOIP_API uint64_t loip_cuda_attention_scratch(int32_t n_seqs, int32_t n_heads, int32_t head_dim,
+                                              int32_t splits);
+/* Causal attention of a prompt of n tokens over its own K and V ([n][n_kv_heads*head_dim]). */
+LOIP_API int loip_cuda_attention_prefill(float *out, const float *q, const float *k, const float *v, int32_t n,
+                                         int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale);
 
 /* FFI-END */
 
