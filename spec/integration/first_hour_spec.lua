@@ -97,6 +97,24 @@ describe("--devices on a model directory", function()
     for _, piece in it do text[#text + 1] = piece end
     m:close()
     assert.are.equal("Once upon a time" .. table.concat(text) .. "\n", out)
+    -- a source that changed is sliced again, and its old store goes
+    local copy = T.tmpdir() .. "/stories260K"
+    assert.are.equal(0, os.execute(string.format("cp -r %s %s", q(S260K), q(copy))))
+    local function run_copy()
+      local rc3, _, err3 = T.run(string.format("LOIP_CACHE_DIR=%s %s generate --model %s --devices 2 --threads 1 --max-tokens 4 --prompt x",
+        q(cache), T.loip, q(copy)))
+      assert.are.equal(0, rc3, err3)
+      return err3:match("sliced %S+ into the slice store (%S+) %(kept")
+    end
+    local a = run_copy()
+    assert.truthy(a)
+    assert.are.equal(0, os.execute("touch -d 2001-01-01 " .. q(copy .. "/stories260K.bin")))
+    local b = run_copy()
+    assert.truthy(b)
+    assert.are_not.equal(a, b)
+    assert.is_false(T.exists(a .. "/manifest.json"))
+    assert.is_true(T.exists(b .. "/manifest.json"))
+    assert.is_true(T.exists(dir .. "/manifest.json")) -- (another source's store stays)
   end)
 
   it("refuses more devices than blocks before slicing or starting anything", function()

@@ -402,6 +402,12 @@ describe("chat templates from GGUF metadata", function()
     local msgs = { { role = "user", content = "Tell me a story" } }
     assert.are.equal("<s>[user] Tell me a story\n[assistant]", m.tokenizer:apply_chat_template(msgs, { add_generation_prompt = true }))
     m:close()
+    -- a template file instead of the metadata's, still with the GGUF's special tokens
+    T.write(dir .. "/t.jinja", "{{ bos_token }}|{{ messages[0].content }}|{{ eos_token }}")
+    assert.are.equal("<s>|Tell me a story|</s>", require("loip.text.chat").apply(dir .. "/chat.gguf", msgs,
+      { template_file = dir .. "/t.jinja" }))
+    assert.are.equal("<s>|Tell me a story|</s>", require("loip.text.chat").apply(src, msgs,
+      { template_file = dir .. "/t.jinja" })) -- (stories260K.gguf has no template of its own)
     require("loip.model.slice").write(dir .. "/chat.gguf", dir .. "/store", { quiet = true })
     local s = loip.model.open(dir .. "/store")
     assert.are.equal("<s>[user] Tell me a story\n", s.tokenizer:apply_chat_template(msgs))

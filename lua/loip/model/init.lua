@@ -38,13 +38,13 @@ function M.locate(path)
   if is_file(path .. "/config.json") then return "hf", path end
   if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
   if path:match("%.gguf$") and is_file(path) then return "gguf", path end
+  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
+    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
+  end
   local ggufs = M.gguf_files(path)
   if #ggufs == 1 then return "gguf", path .. "/" .. ggufs[1] end
   if #ggufs > 1 then
     error(string.format("%s: holds %d GGUF files (%s): name the one to run", path, #ggufs, table.concat(ggufs, ", ")), 0)
-  end
-  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
-    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
   end
   -- loip slice writes the manifest last: block files without it are an unfinished store.
   if is_file(path .. "/embed.bin") or is_file(path .. "/layer-000-mha.bin") then

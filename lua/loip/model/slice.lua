@@ -411,7 +411,8 @@ end
 -- stores/<key>): sliced there the first time, with a progress bar, and reused while the source
 -- is the same. The key is the source's real path and its weight files' names, sizes and
 -- modification times (no hashing of gigabytes to find it); a store found there must hold the
--- source's config and whole files. Returns the store's directory and whether it was sliced now.
+-- source's config and whole files; a changed source's old store goes once the new one is made.
+-- Returns the store's directory and whether it was sliced now.
 function M.cached(src_path, opts)
   opts = opts or {}
   local src = M.open_source(src_path)
@@ -420,16 +421,28 @@ function M.cached(src_path, opts)
   local config = src.config
   src.close()
   local files = table.concat(paths, " ")
-  local p = io.popen("realpath -- " .. files .. " && stat -L -c '%s %Y' -- " .. files .. " 2>/dev/null")
-  local facts = p and p:read("*a") or ""
-  if p then p:close() end
-  local key = sha256_string(facts):sub(1, 24)
-  local dir = require("loip.plan.profile").cache_dir() .. "/stores/" .. key
+  local function run(cmd)
+    local p = io.popen(cmd .. " 2>/dev/null")
+    local out = p and p:read("*a") or ""
+    if p then p:close() end
+    return out
+  end
+  local where = run("realpath -- " .. files)
+  local facts = run("stat -L -c '%s %Y' -- " .. files)
+  -- <the source's place>-<its files' sizes and times>: a source that changed gets a new store,
+  -- and the old one of the same place is removed once the new one is whole
+  local place = sha256_string(where):sub(1, 16)
+  local name = place .. "-" .. sha256_string(where .. facts):sub(1, 16)
+  local stores = require("loip.plan.profile").cache_dir() .. "/stores"
+  local dir = stores .. "/" .. name
   if store.is_store(dir) then
     local ok, man = pcall(store.read_manifest, dir)
     if ok and canon(man.config) == canon(config) and pcall(store.check_files, dir, man, false) then return dir, false end
   end
   M.write(src_path, dir, { force = true, quiet = opts.quiet })
+  for _, old in ipairs(list_dir(stores) or {}) do
+    if old ~= name and old:sub(1, #place + 1) == place .. "-" then os.execute("rm -rf " .. quote(stores .. "/" .. old)) end
+  end
   return dir, true
 end
 

@@ -28,37 +28,48 @@ local function gguf_of(dir)
   end
 end
 
--- Templates read from GGUF files, by path and size (a server renders one per request; reading
--- a vocabulary of 150K tokens each time would cost more than the rendering).
+-- What chat needs from a GGUF's metadata ({ templates = key -> text, specials }), by path and
+-- size (a server renders one per request; reading a vocabulary of 150K tokens each time would
+-- cost more than the rendering).
 local gguf_cache = {}
-
--- A GGUF's template (tokenizer.chat_template, or tokenizer.chat_template.<name>) and its
--- special tokens' texts.
-local function load_gguf(path, opts)
+local function gguf_facts(path)
   local f = io.open(path, "rb")
   local size = f and f:seek("end")
   if f then f:close() end
-  local key = path .. "\0" .. tostring(size) .. "\0" .. (opts.name or "")
-  local hit = gguf_cache[key]
-  if hit then return hit[1], hit[2] end
+  local key = path .. "\0" .. tostring(size)
+  if gguf_cache[key] then return gguf_cache[key] end
   local g = require("loip.model.gguf").open(path)
   local md = g.metadata
   g:close()
-  local tkey = opts.name and opts.name ~= "default" and ("tokenizer.chat_template." .. opts.name) or "tokenizer.chat_template"
-  local text = md[tkey]
-  if type(text) ~= "string" then
-    error(string.format("%s: the model has no chat template (no %s in its metadata); pass one with --chat-template FILE",
-      path, tkey), 0)
+  local facts = { templates = {}, specials = {} }
+  for k, v in pairs(md) do
+    if (k == "tokenizer.chat_template" or k:match("^tokenizer%.chat_template%.")) and type(v) == "string" then
+      facts.templates[k] = v
+    end
   end
-  local specials, tokens = {}, md["tokenizer.ggml.tokens"]
+  local tokens = md["tokenizer.ggml.tokens"]
   for k, key2 in pairs({ bos_token = "bos", eos_token = "eos", unk_token = "unknown", pad_token = "padding" }) do
     local id = md["tokenizer.ggml." .. key2 .. "_token_id"]
     if type(id) == "number" and type(tokens) == "table" and type(tokens[id + 1]) == "string" then
-      specials[k] = tokens[id + 1]
+      facts.specials[k] = tokens[id + 1]
     end
   end
-  gguf_cache[key] = { text, specials }
-  return text, specials
+  gguf_cache[key] = facts
+  return facts
+end
+
+-- A GGUF's template (tokenizer.chat_template, or tokenizer.chat_template.<name>) and its
+-- special tokens' texts; opts.template_file instead of the metadata's template.
+local function load_gguf(path, opts)
+  local facts = gguf_facts(path)
+  if opts.template_file then return read(opts.template_file), facts.specials end
+  local tkey = opts.name and opts.name ~= "default" and ("tokenizer.chat_template." .. opts.name) or "tokenizer.chat_template"
+  local text = facts.templates[tkey]
+  if not text then
+    error(string.format("%s: the model has no chat template (no %s in its metadata); pass one with --chat-template FILE",
+      path, tkey), 0)
+  end
+  return text, facts.specials
 end
 
 -- The template text and the special tokens transformers would pass, for model directory dir
@@ -67,11 +78,7 @@ end
 function M.load(dir, opts)
   opts = opts or {}
   local gpath = gguf_of(dir)
-  if gpath then
-    if not opts.template_file then return load_gguf(gpath, opts) end
-    local _, specials = pcall(load_gguf, gpath, {})
-    return read(opts.template_file), type(specials) == "table" and specials or {}
-  end
+  if gpath then return load_gguf(gpath, opts) end
   local cfg_path = dir .. "/tokenizer_config.json"
   local cfg = {}
   if json.exists(cfg_path) then
