@@ -164,9 +164,10 @@ describe("reports", function()
     assert.are.equal(one.batch, two.batch)
     assert.are.same(one.token_ids, two.token_ids)
     assert.are.equal(one.stop_reason, two.stop_reason)
-    -- a device's figures per step add up to no more than a step took
+    -- a device's figures per step add up to no more than a step took (the loader's reads run
+    -- beside them: not in the sum)
     for i, d in ipairs(two.devices) do
-      local sum = d.compute_ms + d.load_ms + d.stall_ms + d.send_ms + d.recv_wait_ms
+      local sum = d.compute_ms + d.stall_ms + d.send_ms + d.recv_wait_ms
       assert.is_true(sum <= two.step_ms * 1.05 + 0.05, string.format("device %d: %.3f ms of figures in a %.3f ms step", i, sum, two.step_ms))
     end
     -- and `loip plan` plans what the cluster runs: the same memory per device

@@ -177,7 +177,8 @@ local function run_cluster(o)
     end
     local per_token = st.stats.decode_steps > 0 and st.stats.decode_ms / st.stats.decode_steps or 0
     -- the devices' figures are per step over the whole request (the prompt's step and each
-    -- token's): with step_ms, the mean time a step took, they add up
+    -- token's): compute, stall, send and waiting add up to step_ms, the mean time a step took;
+    -- the loader's reads run beside them
     local step_ms = (st.stats.prefill_ms + st.stats.decode_ms) / steps
     if o.json then
       local r = M.generate_report(o, { text = table.concat(pieces), state = st, per_token = per_token,
