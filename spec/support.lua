@@ -142,4 +142,27 @@ function M.drop_stores()
   stores = {}
 end
 
+-- llama.cpp's test-tokenizer files: inputs separated by "\n__ggml_vocab_test__\n" (the file
+-- ends with one), outputs one line of space-separated ids per input.
+function M.ggml_vectors(inp, out)
+  local text, outs = M.read(inp), M.read(out)
+  local sep = "\n__ggml_vocab_test__\n"
+  local cases, pos = {}, 1
+  while true do
+    local a, b = text:find(sep, pos, true)
+    if not a then break end
+    cases[#cases + 1] = { text = text:sub(pos, a - 1) }
+    pos = b + 1
+  end
+  local i = 0
+  for line in outs:gmatch("([^\n]*)\n") do
+    i = i + 1
+    local ids = {}
+    for n in line:gmatch("%d+") do ids[#ids + 1] = tonumber(n) end
+    cases[i].ids = ids
+  end
+  assert(i == #cases, "inputs and outputs differ in number")
+  return cases
+end
+
 return M

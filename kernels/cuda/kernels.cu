@@ -406,12 +406,6 @@ extern "C" LOIP_API int loip_cuda_attention_decode(float *out, const float *q, c
     return launched("attention (merge)");
 }
 
-extern "C" LOIP_API uint64_t loip_cuda_attention_scratch(int32_t n_seqs, int32_t n_heads, int32_t head_dim,
-                                                        int32_t splits) {
-    if (splits < 1) splits = 1;
-    return (uint64_t)n_seqs * n_heads * splits * ((uint64_t)head_dim + 2) * sizeof(float);
-}
-
 extern "C" LOIP_API int loip_cuda_attention_prefill(float *out, const float *q, const float *k, const float *v,
                                                    int32_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                                    float scale) {

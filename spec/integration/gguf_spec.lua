@@ -103,21 +103,7 @@ describe("llama-2-tiny-random.gguf (F16, untied, Llama 2 vocabulary)", function(
   end)
 end)
 
--- llama.cpp's test files: inputs separated by __ggml_vocab_test__, ids per line.
-local function vectors(inp, out)
-  local texts = {}
-  local s = T.read(inp):gsub("\n__ggml_vocab_test__\n$", "")
-  for part in (s .. "\n__ggml_vocab_test__\n"):gmatch("(.-)\n__ggml_vocab_test__\n") do texts[#texts + 1] = part end
-  local lines = {}
-  for line in (T.read(out) .. "\n"):gmatch("([^\n]*)\n") do lines[#lines + 1] = line end
-  local cases = {}
-  for i, t in ipairs(texts) do
-    local ids = {}
-    for id in (lines[i] or ""):gmatch("%d+") do ids[#ids + 1] = tonumber(id) end
-    cases[i] = { text = t, ids = ids }
-  end
-  return cases
-end
+local vectors = T.ggml_vectors
 
 local function check_vectors(tok, cases, opts)
   local n = 0

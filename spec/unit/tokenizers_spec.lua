@@ -16,28 +16,7 @@ local C = loip.C
 
 -- ---- helpers ---------------------------------------------------------------------------------
 
--- llama.cpp's test-tokenizer files: inputs separated by "\n__ggml_vocab_test__\n" (the file
--- ends with one), outputs one line of space-separated ids per input.
-local function vectors(inp, out)
-  local text, outs = T.read(inp), T.read(out)
-  local sep = "\n__ggml_vocab_test__\n"
-  local cases, pos = {}, 1
-  while true do
-    local a, b = text:find(sep, pos, true)
-    if not a then break end
-    cases[#cases + 1] = { text = text:sub(pos, a - 1) }
-    pos = b + 1
-  end
-  local i = 0
-  for line in outs:gmatch("([^\n]*)\n") do
-    i = i + 1
-    local ids = {}
-    for n in line:gmatch("%d+") do ids[#ids + 1] = tonumber(n) end
-    cases[i].ids = ids
-  end
-  assert(i == #cases, "inputs and outputs differ in number")
-  return cases
-end
+local vectors = T.ggml_vectors
 
 -- Runs every case; asserts all pass, naming those that do not. Returns the pass count.
 local function check_vectors(tok, cases, opts)

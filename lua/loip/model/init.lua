@@ -58,12 +58,9 @@ local locate = M.locate
 -- The model .gguf files in directory dir, sorted (a store's tokenizer.gguf is not one).
 function M.gguf_files(dir)
   local out = {}
-  local p = io.popen("ls -A '" .. dir:gsub("'", "'\\''") .. "' 2>/dev/null")
-  if not p then return out end
-  for name in p:lines() do
+  for _, name in ipairs(require("loip.tools.files").list(dir) or {}) do
     if name:match("%.gguf$") and name ~= "tokenizer.gguf" then out[#out + 1] = name end
   end
-  p:close()
   table.sort(out)
   return out
 end

@@ -23,7 +23,7 @@ local core = require "loip.core"
 local json = require "loip.tools.json"
 local client = require "loip.serve.client"
 local progress = require "loip.tools.progress"
-local sh_quote = require("loip.cluster.proc").sh_quote
+local fs = require "loip.tools.files"
 local C = core.C
 
 pcall(ffi.cdef, "int open(const char *path, int flags, ...); int fsync(int fd); int close(int fd);")
@@ -71,13 +71,7 @@ end
 local Failure = {}
 local function fail(fmt, ...) error(setmetatable({ msg = string.format(fmt, ...) }, Failure), 0) end
 
-local function file_size(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+local file_size = fs.size
 
 local function sha256_file(path)
   local hex, n = ffi.new("char[65]"), ffi.new("uint64_t[1]")
@@ -114,18 +108,8 @@ local function sync(path)
   ffi.C.close(fd)
 end
 
--- dir, or the nearest directory above it that exists (where its free space is counted).
-local function existing_dir(dir)
-  while os.execute("test -d " .. sh_quote(dir)) ~= 0 do
-    local up = dir:match("^(.*)/[^/]*$")
-    if not up then return "." end
-    dir = up ~= "" and up or "/"
-  end
-  return dir
-end
-
 local function mkdir_p(dir)
-  if os.execute("mkdir -p " .. sh_quote(dir)) ~= 0 then fail("cannot create the directory %s", dir) end
+  if not fs.mkdir_p(dir) then fail("cannot create the directory %s", dir) end
 end
 
 -- A path from the listing that stays inside the target directory.
@@ -474,7 +458,7 @@ function M.pull(o)
       end
     end
     local free = ffi.new("uint64_t[1]")
-    local where = existing_dir(self.dir)
+    local where = fs.existing_dir(self.dir)
     if C.loip_disk_free(where, free) == 0 and tonumber(free[0]) < need then
       fail("%s: not enough disk space in %s: the files need %s more, %s are free", self.repo, self.dir,
         progress.human(need), progress.human(tonumber(free[0])))

@@ -33,6 +33,7 @@ local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
 local progress = require "loip.tools.progress"
+local fs = require "loip.tools.files"
 local C = core.C
 
 local M = {}
@@ -41,38 +42,7 @@ local CHUNK = 64 * 1024 * 1024 -- bytes per write and hash call: progress update
 local SLACK = 1024 * 1024      -- disk room kept for the manifest and the filesystem's own needs
 
 local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
-local function quote(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
-
--- Names in directory dir (no . and ..); nil when it cannot be listed.
-local function list_dir(dir)
-  local p = io.popen("ls -A " .. quote(dir) .. " 2>/dev/null")
-  if not p then return nil end
-  local names = {}
-  for name in p:lines() do names[#names + 1] = name end
-  p:close()
-  return names
-end
-
-local function is_dir(p) return os.execute("test -d " .. quote(p)) == 0 end
-
--- The directory p with symbolic links resolved; nil when it does not exist.
-local function real_dir(p)
-  local h = io.popen("cd " .. quote(p) .. " 2>/dev/null && pwd -P")
-  local r = h and h:read("*l")
-  if h then h:close() end
-  return r ~= "" and r or nil
-end
-
--- p, or the nearest directory above it that exists (where its free space is counted).
-local function existing_dir(p)
-  p = p:gsub("/+$", "")
-  while p ~= "" and p ~= "." and not is_dir(p) do
-    local up = p:match("^(.*)/[^/]*$")
-    if not up then return "." end
-    p = up
-  end
-  return p == "" and "/" or p
-end
+local quote, list_dir, is_dir, real_dir, existing_dir = fs.quote, fs.list, fs.is_dir, fs.real_dir, fs.existing_dir
 
 local function hex_of(h)
   local hex = ffi.new("char[65]")
@@ -342,7 +312,7 @@ function M.write(src_path, out, opts)
     -- Room: everything, less what replacing files of an earlier run gives back (a file is
     -- replaced only once its successor is whole, so the largest counts twice then).
     local reclaim = 0
-    for _, f in ipairs(files) do reclaim = reclaim + (store.file_size(out .. "/" .. f.name) or 0) end
+    for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
     local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
     local free = ffi.new("uint64_t[1]")
     core.check(C.loip_disk_free(existing_dir(out), free), out)

@@ -64,13 +64,7 @@ M.model_file_pattern = "^tok[%w_.-]*%.bin$"
 function M.align_up(n) return math.ceil(n / M.ALIGN) * M.ALIGN end
 
 -- Size of the file at path, nil when it cannot be opened.
-function M.file_size(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local n = f:seek("end")
-  f:close()
-  return n
-end
+M.file_size = require("loip.tools.files").size
 
 function M.is_store(dir) return json.exists(dir .. "/manifest.json") end
 

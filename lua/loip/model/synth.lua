@@ -20,9 +20,8 @@ local STD = 0.02 -- default weight scale (as initializer_range)
 local CHUNK = 16 * 1024 * 1024 -- elements per fill
 
 local function mkdir_p(dir)
-  if os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") ~= 0 then
-    error(dir .. ": cannot create the directory", 0)
-  end
+  local ok, err = require("loip.tools.files").mkdir_p(dir)
+  if not ok then error(err, 0) end
 end
 
 -- Seed of one tensor: the run's seed and the tensor's name, so tensors do not depend on the

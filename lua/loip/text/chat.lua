@@ -33,10 +33,7 @@ end
 -- cost more than the rendering).
 local gguf_cache = {}
 local function gguf_facts(path)
-  local f = io.open(path, "rb")
-  local size = f and f:seek("end")
-  if f then f:close() end
-  local key = path .. "\0" .. tostring(size)
+  local key = path .. "\0" .. tostring(require("loip.tools.files").size(path))
   if gguf_cache[key] then return gguf_cache[key] end
   local g = require("loip.model.gguf").open(path)
   local md = g.metadata
