@@ -4,8 +4,11 @@ local ffi = require "ffi"
 local M = {}
 
 M.root = os.getenv("LOIP_REPO") or "."
--- ../shared holds data that is not shipped in the repo; specs that need it skip without it.
-M.shared = os.getenv("LOIP_SHARED_DIR") or (M.root .. "/../shared")
+-- Test data (models, tokenizers, chat templates, reference outputs) ships in the repository's
+-- models/ (models/README.md lists each folder with its source and licence). $LOIP_SHARED_DIR
+-- may name a folder laid out the same way (models/<folder>/...) holding more; nothing the specs
+-- use needs it.
+M.extra_data = os.getenv("LOIP_SHARED_DIR")
 
 function M.exists(p)
   local f = io.open(p, "rb")
@@ -13,10 +16,17 @@ function M.exists(p)
   return false
 end
 
-function M.shared_path(rel)
-  local p = M.shared .. "/" .. rel
+-- The path of test data rel ("models/<folder>/<file>"): the repository's copy, else
+-- $LOIP_SHARED_DIR's; nil and the reason (for pending()) when neither has it.
+function M.fixture_path(rel)
+  local p = M.root .. "/" .. rel
   if M.exists(p) then return p end
-  return nil, "needs ../shared (" .. p .. " not found): reference data absent in this checkout"
+  if M.extra_data and M.extra_data ~= "" then
+    local q = M.extra_data .. "/" .. rel
+    if M.exists(q) then return q end
+    return nil, string.format("needs %s: not in this checkout (%s) nor in LOIP_SHARED_DIR (%s)", rel, p, q)
+  end
+  return nil, string.format("needs %s: not in this checkout (%s); models/README.md lists the test data", rel, p)
 end
 
 function M.read(path)
@@ -47,10 +57,15 @@ function M.cleanup()
   made = {}
 end
 
--- float32 file -> cdata float array (kept alive by the returned string) and count.
+-- float32 file -> a float array holding a copy of it, and its count. (A pointer cast from the
+-- file's Lua string would not keep the string alive: a caller that dropped the string could
+-- read memory the GC had freed.)
 function M.read_f32(path)
   local s = M.read(path)
-  return ffi.cast("const float *", s), #s / 4, s
+  local n = #s / 4
+  local a = ffi.new("float[?]", n)
+  ffi.copy(a, s, n * 4)
+  return a, n
 end
 
 function M.max_abs_diff(a, b, n)

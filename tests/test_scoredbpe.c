@@ -6,9 +6,10 @@
  * rescan after every merge) on random strings, which checks the heap merge's tie-breaking.
  * Malformed files are written to a temporary directory.
  *
- * The shared models folder: $LOIP_SHARED_DIR, else <repo>/../shared with <repo> = argv[1],
- * else the repository this source file sits in, else the current directory. Without it the
- * synthetic checks still run, then the test exits 77 (skip) saying so.
+ * The data (models/stories260K, models/llama2-tokenizer) ships in the repository: <repo> =
+ * argv[1], else the repository this source file sits in, else the current directory; else
+ * $LOIP_SHARED_DIR, a folder laid out the same way. Without it the synthetic checks still run,
+ * then the test exits 77 (skip) saying so.
  * Exit 0 pass, 1 fail, 77 skip. */
 #include <math.h>
 #include <stdio.h>
@@ -558,37 +559,39 @@ static void test_malformed(const char *dir, const char *shared) {
 
 /* ---- main --------------------------------------------------------------------------------- */
 
-static int has_models(const char *shared) {
+static int has_models(const char *root) {
+    static const char *need[] = {"models/stories260K/tok512.bin",
+                                 "models/stories260K/reference/encode.json",
+                                 "models/llama2-tokenizer/tokenizer.bin",
+                                 "models/llama2-tokenizer/reference/sentencepiece_reference.json"};
     char probe[4200];
-    snprintf(probe, sizeof probe, "%s/models/stories260K/tok512.bin", shared);
-    return exists(probe);
+    for (size_t i = 0; i < sizeof need / sizeof *need; i++) {
+        snprintf(probe, sizeof probe, "%s/%s", root, need[i]);
+        if (!exists(probe)) return 0;
+    }
+    return 1;
 }
 
-/* The shared folder into buf, or NULL with the reason in why. */
+/* The folder holding models/ into buf, or NULL with the reason in why. */
 static const char *find_shared(int argc, char **argv, char *buf, size_t cap, char *why,
                                size_t wcap) {
-    const char *env = getenv("LOIP_SHARED_DIR");
-    if (env && *env) {
-        snprintf(buf, cap, "%s", env);
-        if (has_models(buf)) return buf;
-        snprintf(why, wcap, "LOIP_SHARED_DIR=%s has no models/stories260K/tok512.bin", env);
-        return NULL;
-    }
     /* __FILE__ is <repo>/tests/test_scoredbpe.c when CMake compiles it (absolute path), so
      * the test also finds the models when ctest runs it from a build folder without argv. */
     char src_repo[4096] = "";
     const char *cut = strstr(__FILE__, "tests/test_scoredbpe.c");
     if (cut && __FILE__[0] == '/')
         snprintf(src_repo, sizeof src_repo, "%.*s", (int)(cut - __FILE__), __FILE__);
-    const char *repos[3] = {argc > 1 ? argv[1] : NULL, src_repo[0] ? src_repo : NULL, "."};
-    for (int i = 0; i < 3; i++) {
-        if (!repos[i]) continue;
-        snprintf(buf, cap, "%s/../shared", repos[i]);
+    const char *env = getenv("LOIP_SHARED_DIR");
+    const char *roots[4] = {argc > 1 ? argv[1] : NULL, src_repo[0] ? src_repo : NULL, ".",
+                            env && *env ? env : NULL};
+    for (int i = 0; i < 4; i++) {
+        if (!roots[i]) continue;
+        snprintf(buf, cap, "%s", roots[i]);
         if (has_models(buf)) return buf;
     }
-    snprintf(why, wcap, "no <repo>/../shared/models/stories260K/tok512.bin (repo = argv[1], "
-                        "this source's repository, or the current directory); set "
-                        "LOIP_SHARED_DIR");
+    snprintf(why, wcap, "no models/stories260K/tok512.bin and models/llama2-tokenizer (with "
+                        "their reference/) in the repository (argv[1], this source's, or the "
+                        "current directory) nor in LOIP_SHARED_DIR");
     return NULL;
 }
 

@@ -1,9 +1,9 @@
 -- Tokenizer speed: encode throughput on one core, and loading time, for the Qwen2 (151k
 -- tokens; vocab.json + merges.txt, and a tokenizer.json made from them here) and Llama 3
--- (128k; tiktoken, and a tokenizer.json made from it here) vocabularies in ../shared/models,
--- with Llama 2's SentencePiece model as a point of comparison.
+-- (128k; tiktoken, and a tokenizer.json made from it here) vocabularies the repository ships in
+-- models/ (models/README.md), with Llama 2's SentencePiece model as a point of comparison.
 --
---   loip run recipes/bench/tokenizer.lua [--mb 4] [--out DIR] [--repeats 3] [--quick]
+--   loip run recipes/bench/tokenizer.lua [--mb 4] [--out DIR] [--repeats 3] [--quick] [--data DIR]
 --
 -- The text is made in the run (seeded): English-like prose from a Zipf-distributed lexicon
 -- of made-up words, source code, and CJK text, in about equal parts. Each encode runs on the
@@ -28,7 +28,8 @@ local spec = {
     { "mb", "number", "megabytes of text to encode", default = 4 },
     { "out", "string", "where to write tokenizer.json and the SVG charts", default = "bench-out" },
     { "repeats", "int", "encode passes per tokenizer after the first (median reported)", default = 3 },
-    { "shared", "string", "the shared data folder", default = (os.getenv("LOIP_SHARED_DIR") or "../shared") },
+    { "data", "string", "the folder whose models/ holds qwen2-tokenizer, llama3-tokenizer and llama2-tokenizer (default: this repository)",
+      default = core.build.source_dir },
     { "quick", "bool", "0.5 MB and one repeat, to check the recipe works" },
   },
 }
@@ -148,7 +149,7 @@ log("text: %.2f MB (english %.2f, code %.2f, cjk %.2f)", #text / 1e6, #kinds.eng
 
 -- ---- the tokenizers ------------------------------------------------------------------------------
 
-local models = o.shared .. "/models"
+local models = o.data .. "/models"
 local cases = {}
 local function add(name, open)
   cases[#cases + 1] = { name = name, open = open }
@@ -234,7 +235,7 @@ if json.exists(models .. "/llama2-tokenizer/tokenizer.model") then
   add("Llama 2 SentencePiece", function() return tokenizer.open_file(models .. "/llama2-tokenizer/tokenizer.model") end)
 end
 if #cases == 0 then
-  log("no tokenizer found under %s/models: nothing to measure (pass --shared DIR)", o.shared)
+  log("no tokenizer found under %s: nothing to measure (pass --data DIR)", models)
   print(cjson.encode({ skipped = "no tokenizers under " .. models }))
   os.exit(0)
 end

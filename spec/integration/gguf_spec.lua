@@ -1,5 +1,5 @@
--- GGUF files as models: the shared stories260K.gguf (llama.cpp's own conversion of the llama2.c
--- checkpoint) against run.c's outputs, the shared tiny random Llama 2 GGUF (F16, untied, the whole
+-- GGUF files as models: models/stories260K-gguf (llama.cpp's own conversion of the llama2.c
+-- checkpoint) against run.c's outputs, models/llama2-tiny-random-gguf (F16, untied, the whole
 -- Llama 2 vocabulary) against its references, the tokenizer from GGUF metadata against
 -- SentencePiece and llama.cpp's test vectors, and synthetic Hugging Face models converted to GGUF
 -- the way llama.cpp's converter does (q/k rows of `llama` permuted to Meta's order; qwen2/qwen3
@@ -13,8 +13,8 @@ local T = require "spec.support"
 
 local TOL = 1e-4
 
-local function shared(rel)
-  local p, why = T.shared_path(rel)
+local function fixture(rel)
+  local p, why = T.fixture_path(rel)
   if not p then pending(why) end
   return p
 end
@@ -38,11 +38,13 @@ local function greedy(m, prompt, n, stop)
 end
 
 describe("stories260K.gguf (llama.cpp's conversion) against run.c", function()
-  local REF = T.shared .. "/models/stories260K-gguf/reference"
+  -- (run.c's outputs: stories260K-gguf's reference/ is a byte-identical copy of stories260K's,
+  -- which the repository ships once)
+  local function ref(name) return fixture("models/stories260K/reference/" .. name) end
   local m
   local function model()
     -- the GGUF says context_length 128 (the converter's default): run.c's references go to 201
-    m = m or loip.model.open(shared("models/stories260K-gguf/stories260K.gguf"), { context = 512 })
+    m = m or loip.model.open(fixture("models/stories260K-gguf/stories260K.gguf"), { context = 512 })
     return m
   end
   teardown(function() if m then m:close() end end)
@@ -58,15 +60,15 @@ describe("stories260K.gguf (llama.cpp's conversion) against run.c", function()
 
   it("matches run.c's logits (seqA, seqB, the 201-position greedy sequence)", function()
     local mm = model()
-    check_logits(mm, { 1, 403, 407, 261, 378, 432, 383, 286 }, REF .. "/logits_seqA.f32", 512)
-    check_logits(mm, { 1, 100, 500, 42, 7, 300, 511, 3 }, REF .. "/logits_seqB.f32", 512)
-    local g = assert(json.load(REF .. "/greedy.json"))
-    check_logits(mm, g.cases[1].sequence_ids, REF .. "/logits_greedy_full.f32", 512)
+    check_logits(mm, { 1, 403, 407, 261, 378, 432, 383, 286 }, ref("logits_seqA.f32"), 512)
+    check_logits(mm, { 1, 100, 500, 42, 7, 300, 511, 3 }, ref("logits_seqB.f32"), 512)
+    local g = assert(json.load(ref("greedy.json")))
+    check_logits(mm, g.cases[1].sequence_ids, ref("logits_greedy_full.f32"), 512)
   end)
 
   it("generates run.c's greedy text for every reference prompt", function()
     local mm = model()
-    local g = assert(json.load(REF .. "/greedy.json"))
+    local g = assert(json.load(ref("greedy.json")))
     for _, c in ipairs(g.cases) do
       assert.are.same(c.prompt_ids, mm.tokenizer:encode(c.prompt))
       local text, ids = greedy(mm, c.prompt, g.steps - #c.prompt_ids + 1, { 1 })
@@ -76,7 +78,7 @@ describe("stories260K.gguf (llama.cpp's conversion) against run.c", function()
   end)
 
   it("encodes run.c's 18 strings as run.c does", function()
-    local cases = assert(json.load(REF .. "/encode.json")).cases
+    local cases = assert(json.load(ref("encode.json"))).cases
     local tok = model().tokenizer
     for _, c in ipairs(cases) do assert.are.same(c.ids, tok:encode(c.text), string.format("%q", c.text)) end
   end)
@@ -84,15 +86,15 @@ end)
 
 describe("llama-2-tiny-random.gguf (F16, untied, Llama 2 vocabulary)", function()
   local function ref()
-    return assert(json.load(shared("models/llama2-tiny-random-gguf/reference/reference.json")))
+    return assert(json.load(fixture("models/llama2-tiny-random-gguf/reference/reference.json")))
   end
 
   it("matches run.c's logits at 8 positions and its greedy text", function()
     local r = ref()
-    local m = loip.model.open(shared("models/llama2-tiny-random-gguf"))
+    local m = loip.model.open(fixture("models/llama2-tiny-random-gguf"))
     assert.are.equal(0, m.cfg.tied_embeddings)
     assert.are.equal(32000, m.vocab_size)
-    check_logits(m, r.token_ids, T.shared .. "/models/llama2-tiny-random-gguf/reference/logits_hello.f32", 32000)
+    check_logits(m, r.token_ids, fixture("models/llama2-tiny-random-gguf/reference/logits_hello.f32"), 32000)
     assert.are.same({ 1, 15043, 3186, 29892, 445, 338, 263, 1243 }, m.tokenizer:encode("Hello world, this is a test"))
     local text, ids = greedy(m, r.greedy.prompt, #r.greedy.sequence_ids - #r.greedy.prompt_ids)
     local want = {}
@@ -118,7 +120,7 @@ describe("the tokenizer in GGUF metadata", function()
   local plain = { add_special = false, parse_special = false }
 
   it("model llama: equals SentencePiece on its 57 strings and llama.cpp on its 46 vectors", function()
-    local d = shared("models/llama2-tokenizer")
+    local d = fixture("models/llama2-tokenizer")
     local path = d .. "/ggml-vocab-llama-spm.gguf" -- a vocabulary alone: no tensors
     local tok = loip.tokenizer.open_file(path)
     assert.are.equal("gguf", tok.kind)
@@ -140,7 +142,7 @@ describe("the tokenizer in GGUF metadata", function()
   end)
 
   it("model gpt2 (pre qwen2): a GGUF vocabulary from Qwen2's files passes llama.cpp's 46 vectors", function()
-    local d = shared("models/qwen2-tokenizer")
+    local d = fixture("models/qwen2-tokenizer")
     local vocab = require("cjson").decode(T.read(d .. "/vocab.json"))
     local added = require("cjson").decode(T.read(d .. "/added_tokens.json"))
     local tokens, types = {}, {}
@@ -321,7 +323,7 @@ end)
 
 describe("slice stores made from a GGUF", function()
   it("hold the GGUF's bytes and run as the GGUF does, on one device and on two", function()
-    local src = shared("models/stories260K-gguf/stories260K.gguf")
+    local src = fixture("models/stories260K-gguf/stories260K.gguf")
     local out = T.tmpdir() .. "/store"
     local man = require("loip.model.slice").write(src, out, { quiet = true })
     assert.are.equal("gguf", man.source.format)
@@ -362,7 +364,7 @@ end)
 
 describe("chat templates from GGUF metadata", function()
   it("render tokenizer.chat_template for a GGUF model and for its slice store", function()
-    local src = shared("models/stories260K-gguf/stories260K.gguf")
+    local src = fixture("models/stories260K-gguf/stories260K.gguf")
     local g = gguf.open(src)
     local md = {}
     for _, key in ipairs((function()

@@ -1,6 +1,6 @@
 -- A Hugging Face model directory end to end: real tokenizer (Qwen2's vocab.json + merges.txt
--- and its chat template, from ../shared), random weights with a real model's layout, and the
--- generated text streamed as whole UTF-8 characters.
+-- and its chat template: models/qwen2-tokenizer), random weights with a real model's layout,
+-- and the generated text streamed as whole UTF-8 characters.
 local json = require "loip.tools.json"
 local loip = require "loip"
 local T = require "spec.support"
@@ -23,14 +23,14 @@ end
 describe("a Hugging Face model with its own tokenizer", function()
   local dir
   setup(function()
-    local src = T.shared_path("models/qwen2-tokenizer/vocab.json")
+    local src = T.fixture_path("models/qwen2-tokenizer/vocab.json")
     if not src then return end
+    local q = src:gsub("vocab%.json$", "")
     dir = T.tmpdir() .. "/q"
     local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like qwen2.5-0.5b --layers 2 --dim 64 --heads 4 --kv-heads 2 --ffn 128 --std 0.5 %s",
       T.loip, dir))
     assert(rc == 0, err)
     os.remove(dir .. "/tokenizer.bin")
-    local q = T.shared .. "/models/qwen2-tokenizer/"
     for _, f in ipairs({ "vocab.json", "merges.txt", "tokenizer_config.json", "added_tokens.json" }) do
       T.write(dir .. "/" .. f, T.read(q .. f))
     end
@@ -38,7 +38,7 @@ describe("a Hugging Face model with its own tokenizer", function()
   teardown(function() T.cleanup() end)
 
   it("streams only whole characters, which join to the full decode", function()
-    if not dir then return pending(select(2, T.shared_path("models/qwen2-tokenizer/vocab.json"))) end
+    if not dir then return pending(select(2, T.fixture_path("models/qwen2-tokenizer/vocab.json"))) end
     local m = loip.model.open(dir, { threads = 2, load = "mmap" })
     assert.are.equal("hf", m.tokenizer.kind:sub(1, 2))
     local it, st = m:generate("你好，世界。Hello", { temperature = 1.0, top_p = 1, seed = 5, max_tokens = 60 })
@@ -55,7 +55,7 @@ describe("a Hugging Face model with its own tokenizer", function()
   end)
 
   it("generates from the model's chat template on the command line", function()
-    if not dir then return pending(select(2, T.shared_path("models/qwen2-tokenizer/vocab.json"))) end
+    if not dir then return pending(select(2, T.fixture_path("models/qwen2-tokenizer/vocab.json"))) end
     local rc, out, err = T.run(string.format("%s generate --model %s --chat --prompt 'Hi!' --temperature 0 --max-tokens 4 --json", T.loip, dir))
     assert.are.equal(0, rc, err)
     local r = json.decode(out)
@@ -66,7 +66,7 @@ describe("a Hugging Face model with its own tokenizer", function()
   end)
 
   it("shows ids, pieces and text with loip tokenize", function()
-    if not dir then return pending(select(2, T.shared_path("models/qwen2-tokenizer/vocab.json"))) end
+    if not dir then return pending(select(2, T.fixture_path("models/qwen2-tokenizer/vocab.json"))) end
     local rc, out, err = T.run(string.format("%s tokenize --model %s --json '你好 world<|im_end|>'", T.loip, dir))
     assert.are.equal(0, rc, err)
     local r = json.decode(out)

@@ -1,7 +1,8 @@
 -- The README's "Using it" examples, run as written: every ```sh block as one bash script (a
 -- user pasting it into a shell), every ```lua block through `loip run`, in README order, in a
--- scratch directory that links build/, models/ and recipes/ from the checkout (so relative
--- outputs such as the s260k store land there), with the cache there too. Lines marked ‡ say
+-- scratch directory that links build/, models/ and recipes/ from the checkout, with the cache
+-- there too. What the examples make must go into scratch/ (which git ignores), not the root of
+-- the checkout: the directory holds nothing else afterwards. Lines marked ‡ say
 -- what they need (other machines, the network, minutes, gigabytes) and are left out; so is a
 -- ```lua block whose first line is marked (a fragment). The harness adds one thing the text
 -- does not say: after a line that starts a server in the background (`&`), it waits until the
@@ -78,5 +79,34 @@ describe("README, \"Using it\"", function()
       end
     end
     assert.is_true(ran >= 30, "ran only " .. ran .. " examples")
+    -- what they made is in scratch/: nothing else beside the links, the cache and the scripts
+    local left, expected = {}, { build = true, models = true, recipes = true, scratch = true, [".cache"] = true,
+      ["block.sh"] = true, ["block.lua"] = true }
+    local ls = io.popen("ls -A '" .. dir .. "'")
+    for name in ls:lines() do
+      if not expected[name] then left[#left + 1] = name end
+    end
+    ls:close()
+    table.sort(left)
+    assert.are.same({}, left, "the README's examples wrote into the repository's root instead of scratch/: "
+      .. table.concat(left, ", "))
+    assert.is_true(T.exists(dir .. "/scratch/s260k/manifest.json"), "no slice store in scratch/s260k")
+  end)
+
+  it("runs the bundled GGUF (above) and keeps scratch/ out of git", function()
+    local n = 0
+    for _, b in ipairs(sections()) do
+      if b.lang == "sh" then
+        local script = script_of(b.body)
+        for l in script:gmatch("[^\n]+") do
+          if l:match("^build/loip generate %-%-model models/stories260K%-gguf/stories260K%.gguf ") then n = n + 1 end
+        end
+      end
+    end
+    assert.is_true(n >= 1, "no example runs models/stories260K-gguf/stories260K.gguf (without ‡)")
+    local h = io.open(T.root .. "/.gitignore")
+    local ignored = h:read("*a")
+    h:close()
+    assert.truthy(ignored:find("\n/scratch/\n", 1, true) or ignored:find("^/scratch/\n"), ".gitignore lacks /scratch/")
   end)
 end)

@@ -1,5 +1,5 @@
 -- stories260K against llama2.c run.c's own outputs (models/stories260K/reference, copied from
--- ../shared/models/stories260K/reference): logits at every position within 1e-4, and greedy
+-- the project's shared test data): logits at every position within 1e-4, and greedy
 -- generations identical, for the llama2.c checkpoint and the Hugging Face (rotate-half) copy.
 local loip = require "loip"
 local json = require "loip.tools.json"

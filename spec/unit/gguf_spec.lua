@@ -1,4 +1,4 @@
--- GGUF files (loip.model.gguf): the shared stories260K.gguf read as llama.cpp wrote it, and a
+-- GGUF files (loip.model.gguf): models/stories260K-gguf read as llama.cpp wrote it, and a
 -- strict header: a truncated file, a wrong magic or version, absurd counts, lengths and offsets
 -- past the end, unknown value and tensor types, quantized tensors, bad dimensions, alignment and
 -- overlaps each refused with an error naming the file and the key or tensor.
@@ -36,7 +36,7 @@ end
 
 describe("GGUF", function()
   it("reads stories260K.gguf as llama.cpp wrote it: metadata, vocabulary, 48 F32 tensors", function()
-    local p, why = T.shared_path("models/stories260K-gguf/stories260K.gguf")
+    local p, why = T.fixture_path("models/stories260K-gguf/stories260K.gguf")
     if not p then pending(why) return end
     local g = gguf.open(p)
     assert.are.equal(3, g.version)

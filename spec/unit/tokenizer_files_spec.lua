@@ -369,7 +369,7 @@ describe("tokenizer files", function()
       raises({ p, "no trainer_spec after its 2 pieces", "truncated" }, function() tokenizer.open_file(p) end)
       T.write(p, tiny_spm(1))
       raises({ p, "model type unigram is not supported" }, function() tokenizer.open_file(p) end)
-      local shared_model = T.shared_path("models/llama2-tokenizer/tokenizer.model")
+      local shared_model = T.fixture_path("models/llama2-tokenizer/tokenizer.model")
       if shared_model then
         T.write(p, T.read(shared_model):sub(1, 300000))
         raises({ p, "truncated or malformed at byte" }, function() tokenizer.open_file(p) end)

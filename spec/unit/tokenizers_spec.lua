@@ -1,6 +1,6 @@
 -- Hugging Face, tiktoken and SentencePiece tokenizers against references the project did not
 -- compute: llama.cpp's test-tokenizer vectors (Qwen2, Llama 3, Llama 2), Meta's Llama 3 test
--- values and SentencePiece 0.1.97's output (../shared/models/*/reference). The Qwen2 and
+-- values and SentencePiece 0.1.97's output (models/*/reference). The Qwen2 and
 -- Llama 3 tokenizer.json files, Llama 3's vocab.json + merges.txt and Llama 2's HF
 -- tokenizer.json are written here the way Hugging Face's converters write them.
 local bit = require "bit"
@@ -31,8 +31,8 @@ local function check_vectors(tok, cases, opts)
   return pass
 end
 
-local function shared(rel)
-  local p, why = T.shared_path(rel)
+local function fixture(rel)
+  local p, why = T.fixture_path(rel)
   if not p then pending(why) end
   return p
 end
@@ -119,7 +119,7 @@ local function spell(raw) return (raw:gsub(".", function(c) return b2u[c:byte()]
 
 local S = {} -- fixtures made once
 
-local function qwen_dir() return shared("models/qwen2-tokenizer") end
+local function qwen_dir() return fixture("models/qwen2-tokenizer") end
 
 -- Qwen2's tokenizer.json as HF writes it (tokenizers 0.19), from vocab.json + merges.txt.
 local function qwen_json()
@@ -156,7 +156,7 @@ local function qwen_json()
 end
 
 local function llama3_tiktoken()
-  if S.llama3 == nil then S.llama3 = tokenizer.open(shared("models/llama3-tokenizer")) end
+  if S.llama3 == nil then S.llama3 = tokenizer.open(fixture("models/llama3-tokenizer")) end
   return S.llama3
 end
 
@@ -197,7 +197,7 @@ local function llama3_hf()
     pairs_json[i] = { spelled[m[1]], spelled[m[2]] }
     lines[i + 1] = spelled[m[1]] .. " " .. spelled[m[2]]
   end
-  local specials = cjson.decode(T.read(shared("models/llama3-tokenizer/special_tokens.json"))).special_tokens
+  local specials = cjson.decode(T.read(fixture("models/llama3-tokenizer/special_tokens.json"))).special_tokens
   local added, decoder_cfg = {}, {}
   for content, id in pairs(specials) do
     added[#added + 1] = { id = id, content = content, single_word = false, lstrip = false, rstrip = false,
@@ -248,7 +248,7 @@ end
 -- piece's score (highest first), then by the ids of the two parts.
 local function llama2_json()
   if S.llama2_json then return S.llama2_json end
-  local path = shared("models/llama2-tokenizer/tokenizer.model")
+  local path = fixture("models/llama2-tokenizer/tokenizer.model")
   local out = ffi.new("loip_spm *[1]")
   assert.are.equal(0, C.loip_spm_open(path, out))
   local m = ffi.gc(out[0], C.loip_spm_free)
@@ -399,7 +399,7 @@ describe("Llama 3 byte-level BPE", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
   local function cases()
-    local d = shared("models/llama3-tokenizer")
+    local d = fixture("models/llama3-tokenizer")
     return vectors(d .. "/reference/ggml-vocab-llama-bpe.gguf.inp", d .. "/reference/ggml-vocab-llama-bpe.gguf.out")
   end
 
@@ -454,7 +454,7 @@ describe("Llama 3 byte-level BPE", function()
 
   it("passes Meta's test_tokenizer.py values", function()
     local tok = llama3_tiktoken()
-    local ref = cjson.decode(T.read(shared("models/llama3-tokenizer/reference/meta_test_vectors.json")))
+    local ref = cjson.decode(T.read(fixture("models/llama3-tokenizer/reference/meta_test_vectors.json")))
     local function header(role)
       local ids = { tok:token_to_id("<|start_header_id|>") }
       for _, id in ipairs(tok:encode(role, { add_special = false })) do ids[#ids + 1] = id end
@@ -495,7 +495,7 @@ describe("Llama 3 byte-level BPE", function()
   end)
 
   it("has Meta's special tokens, as special_tokens.json lists them", function()
-    local want = cjson.decode(T.read(shared("models/llama3-tokenizer/special_tokens.json"))).special_tokens
+    local want = cjson.decode(T.read(fixture("models/llama3-tokenizer/special_tokens.json"))).special_tokens
     assert.are.same(want, require("loip.text.tokenizers.tiktoken").llama3_special_tokens(128000))
   end)
 
@@ -526,16 +526,16 @@ describe("Llama 2 SentencePiece BPE", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
   local function reference()
-    return cjson.decode(T.read(shared("models/llama2-tokenizer/reference/sentencepiece_reference.json"))).cases
+    return cjson.decode(T.read(fixture("models/llama2-tokenizer/reference/sentencepiece_reference.json"))).cases
   end
   local function cases()
-    local d = shared("models/llama2-tokenizer")
+    local d = fixture("models/llama2-tokenizer")
     return vectors(d .. "/reference/ggml-vocab-llama-spm.gguf.inp", d .. "/reference/ggml-vocab-llama-spm.gguf.out")
   end
   local plain = { add_special = false, parse_special = false }
 
   it("reproduces SentencePiece through tokenizer.model (57 cases) and llama.cpp (46)", function()
-    local tok = tokenizer.open_file(shared("models/llama2-tokenizer/tokenizer.model"))
+    local tok = tokenizer.open_file(fixture("models/llama2-tokenizer/tokenizer.model"))
     assert.are.equal("sentencepiece", tok.kind)
     assert.are.equal(32000, tok.vocab_size)
     local ref = reference()
@@ -555,7 +555,7 @@ describe("Llama 2 SentencePiece BPE", function()
   end)
 
   it("reproduces it through llama2.c's tokenizer.bin where run.c agrees", function()
-    local path = shared("models/llama2-tokenizer/tokenizer.bin")
+    local path = fixture("models/llama2-tokenizer/tokenizer.bin")
     local tok = tokenizer.open_file(path)
     assert.are.equal("llama2c", tok.kind)
     local n = 0
@@ -588,12 +588,12 @@ describe("Llama 2 SentencePiece BPE", function()
   end)
 
   it("replaces malformed UTF-8 with U+FFFD before encoding, as SentencePiece does", function()
-    local tok = tokenizer.open_file(shared("models/llama2-tokenizer/tokenizer.model"))
+    local tok = tokenizer.open_file(fixture("models/llama2-tokenizer/tokenizer.model"))
     assert.are.same(tok:encode("a\239\191\189b"), tok:encode("a\255b"))
   end)
 
   it("holds byte-fallback pieces back until their character is complete", function()
-    local tok = tokenizer.open_file(shared("models/llama2-tokenizer/tokenizer.model"))
+    local tok = tokenizer.open_file(fixture("models/llama2-tokenizer/tokenizer.model"))
     local ids = tok:encode("\240\159\154\128 go", { add_special = false }) -- U+1F680 has no piece
     local st = tok:decode_stream()
     local out = {}
