@@ -11,8 +11,51 @@
 --   policy.list("scheduler")                                      -- the shipped names
 --
 -- A policy file returns a table of functions over plain tables (no FFI, no globals). It is run
--- in an environment of its own, with the standard library and `require`.
+-- in an environment of its own: the standard library and `require`, less what M.withheld names
+-- (the FFI, and what reaches around the environment); assigning a global is refused. This keeps
+-- a policy to the convention against mistakes; it is not a security boundary (a policy runs in
+-- the process, and the loip modules it requires are the process's own).
 local M = {}
+
+-- What a policy's environment does not give it, and why (docs/planning.md, "Policies").
+M.withheld = {
+  debug = "it reaches any function's locals and the registry",
+  package = "package.loaded holds every module, the FFI among them",
+  getfenv = "it returns the process's globals", setfenv = "it changes another function's globals",
+  load = "code it loads runs in the process's globals", loadstring = "code it loads runs in the process's globals",
+  loadfile = "code it loads runs in the process's globals", dofile = "code it runs has the process's globals",
+  module = "it makes globals",
+}
+-- Modules a policy may not require: the FFI, and loip.core (its C namespace).
+M.withheld_modules = { ffi = true, ["loip.core"] = true }
+
+-- The environment a policy file runs in (see M.withheld). Its errors name the file and line.
+local function policy_env()
+  local env
+  local function req(name)
+    if M.withheld_modules[name] then
+      error(string.format("requires '%s': a policy is given no FFI (it decides from the plain tables it is passed; "
+        .. "the runtime's wrappers make the C calls)", tostring(name)), 2)
+    end
+    return require(name)
+  end
+  -- the globals it sees: a copy of the process's at load (a lookup stays a table's, as fast
+  -- as _G's: schedulers run interpreted), less the withheld names, which raise when read
+  local seen = {}
+  for k, v in pairs(_G) do if not M.withheld[k] then seen[k] = v end end
+  seen.require = req
+  setmetatable(seen, { __index = function(_, k)
+    if M.withheld[k] then error(string.format("uses '%s', which a policy is not given (%s)", k, M.withheld[k]), 2) end
+    return _G[k]
+  end })
+  env = setmetatable({}, {
+    __index = seen,
+    __newindex = function(_, k)
+      error(string.format("assigns the global '%s' (a policy keeps its state in locals or its table)", tostring(k)), 2)
+    end })
+  rawset(env, "_G", env)
+  return env
+end
 
 -- What each kind must provide. New kinds (a later issue's) are added here.
 M.kinds = {
@@ -98,10 +141,7 @@ function M.load(kind, name)
   local chunk, err = loadstring(src, "@" .. path)
   if not chunk then error(string.format("%s '%s': %s", kind, name, err), 0) end
   -- its own globals: a policy cannot leak state into the process, nor see another's
-  local env = setmetatable({}, { __index = _G, __newindex = function(_, k)
-    error(string.format("%s: assigns the global '%s' (a policy keeps its state in locals or its table)", path, tostring(k)), 2)
-  end })
-  setfenv(chunk, env)
+  setfenv(chunk, policy_env())
   local ok, mod = pcall(chunk)
   if not ok then error(string.format("%s '%s': %s", kind, name, tostring(mod)), 0) end
   if type(mod) ~= "table" then error(string.format("%s: a %s policy returns a table of functions", path, kind), 0) end
@@ -116,15 +156,58 @@ function M.load(kind, name)
   return mod
 end
 
--- Run a scheduler on a problem with a cost model; check what it returns (a well-formed plan for
--- the problem's devices that fits every budget) and estimate it. opts: scheduler, cost (names,
--- paths or tables; default "loip" for both). Returns plan, estimate, { scheduler_ms,
--- scheduler, cost }; raises with the scheduler's reason when it finds no plan.
+-- "scheduler greedy (my/greedy.lua)": a loaded policy of a kind as messages name it, its file
+-- too when it is not the shipped one of its name. noun: what to call the kind (default: kind).
+function M.label(kind, mod, noun)
+  local name = tostring(mod.name or "?")
+  noun = noun or kind
+  local ok, shipped = pcall(M.path, kind, name)
+  if mod.path and not (ok and shipped == mod.path) then return string.format("%s %s (%s)", noun, name, mod.path) end
+  return noun .. " " .. name
+end
+
+-- What a scheduler's plan p breaks of what the problem fixes, as a message (nil: nothing): a
+-- well-formed plan (no unknown keys) of the model's blocks, on the problem's devices, with its
+-- stage count (problem.stages, --stages), within every budget. who: the scheduler, as
+-- M.label names it.
+function M.check_plan(p, problem, who)
+  local plan = require "loip.plan"
+  local bad = plan.check(p, problem.model.n_blocks, who)
+  if bad then return bad end
+  if #p.devices ~= #problem.devices then
+    return string.format("%s: a plan for %d device%s, the problem has %d", who, #p.devices, #p.devices == 1 and "" or "s",
+      #problem.devices)
+  end
+  local S = #p.devices[1].stages
+  if problem.stages and S ~= problem.stages then
+    return string.format("%s: a plan of %d stage%s per device, but %d %s asked for (--stages %d)", who, S, S == 1 and "" or "s",
+      problem.stages, problem.stages == 1 and "was" or "were", problem.stages)
+  end
+  local budgets = {}
+  for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
+  return (plan.over_budget(p, problem.model, budgets, require("loip.plan.space").memory_opts(problem),
+    who .. ": its plan breaks a budget"))
+end
+
+-- What a cost model's estimate est breaks of its contract (a table whose ms_per_token is a
+-- finite number >= 0), as a message; nil when it keeps it.
+function M.check_estimate(est, who)
+  if type(est) ~= "table" then return string.format("%s: estimate returned %s, not a table", who, type(est)) end
+  local t = est.ms_per_token
+  if type(t) ~= "number" or t ~= t or t < 0 or t == math.huge then
+    return string.format("%s: estimate's ms_per_token is %s, not a finite number >= 0", who, tostring(t))
+  end
+end
+
+-- Run a scheduler on a problem with a cost model; check what it returns (M.check_plan: a
+-- well-formed plan for the problem's devices, blocks and stage count that fits every budget)
+-- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
+-- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
+-- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
 function M.plan(problem, opts)
   opts = opts or {}
   local cost = M.load("cost", opts.cost or "loip")
   local sched = M.load("scheduler", opts.scheduler or "loip")
-  local plan = require "loip.plan"
   local t0 = require("loip.core").now_ms()
   -- A scheduler is a short, branchy search: LuaJIT's trace compiler spends more recording and
   -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices, when measured: 70 ms
@@ -134,19 +217,14 @@ function M.plan(problem, opts)
   local ok, p, why = pcall(sched.schedule, problem, cost)
   if was_on then jit.on() end
   local ms = require("loip.core").now_ms() - t0
-  if not ok then error(string.format("scheduler %s: %s", sched.name, tostring(p)), 0) end
-  if p == nil then error(string.format("scheduler %s: %s", sched.name, why or "found no plan (and gave no reason)"), 0) end
-  local bad = plan.check(p, problem.model.n_blocks, "scheduler " .. sched.name)
+  local who = M.label("scheduler", sched)
+  if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
+  if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
+  local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
-  if #p.devices ~= #problem.devices then
-    error(string.format("scheduler %s: a plan for %d devices, the problem has %d", sched.name, #p.devices, #problem.devices), 0)
-  end
-  local budgets = {}
-  for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
-  local over = plan.over_budget(p, problem.model, budgets, require("loip.plan.space").memory_opts(problem),
-    "scheduler " .. sched.name .. ": its plan breaks a budget")
-  if over then error(over, 0) end
   local est = cost.estimate(p, problem)
+  bad = M.check_estimate(est, M.label("cost", cost, "cost model"))
+  if bad then error(bad, 0) end
   return p, est, { scheduler_ms = ms, scheduler = sched.name, cost = cost.name }
 end
 

@@ -159,24 +159,65 @@ end
 
 local function is_count(v) return type(v) == "number" and v >= 0 and v == math.floor(v) end
 
+-- The keys a plan may have at each level (M.check refuses any other: a misspelt `offload` would
+-- otherwise be read as "nothing offloaded").
+M.keys = {
+  plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch" },
+  device = { "slot_bytes", "stages" },
+  stage = { "blocks", "offloaded" },
+}
+
+local function key_name(k) return type(k) == "string" and ("'" .. k .. "'") or tostring(k) end
+
+-- The first key of table t (in sorted order, for a stable message) that is not one of the names
+-- M.keys[kind] or, with list = n, not an index 1..n: a message naming it and `what` (the field
+-- path), or nil.
+local function unknown_key(t, kind, list, what)
+  local known = M.keys[kind]
+  local allowed = {}
+  for _, k in ipairs(known or {}) do allowed[k] = true end
+  local odd = {}
+  for k in pairs(t) do
+    local index = type(k) == "number" and k >= 1 and k <= (list or 0) and k == math.floor(k)
+    if not allowed[k] and not index then odd[#odd + 1] = k end
+  end
+  if #odd == 0 then return nil end
+  table.sort(odd, function(a, b) return tostring(a) < tostring(b) end)
+  local k = odd[1]
+  if list then
+    return string.format("%s: the key %s in a list (it holds entries 1..%d only)", what, key_name(k), list)
+  end
+  return string.format("%s: unknown key %s%s; a %s has only %s", what, key_name(k),
+    require("loip.tools.suggest").hint(k, known), kind, table.concat(known, ", "))
+end
+
 -- A plan's problems as a message naming the field (nil when it is well formed for a model of
 -- n_blocks blocks): devices, each with the same number of stages, whose hops in ring order
--- cover blocks 0..n_blocks-1 in order.
+-- cover blocks 0..n_blocks-1 in order; no key at any level that a plan does not have (M.keys).
 function M.check(p, n_blocks, where)
   where = where or "plan"
   local function bad(f, ...) return where .. ": " .. string.format(f, ...) end
   if type(p) ~= "table" then return bad("not a table") end
+  local odd = unknown_key(p, "plan", nil, "the plan")
+  if odd then return bad("%s", odd) end
   if p.slots ~= nil and (not is_count(p.slots) or p.slots < 1) then return bad("slots must be a positive integer") end
   if p.slot_bytes ~= nil and not is_count(p.slot_bytes) then return bad("slot_bytes must be a byte count") end
   for _, f in ipairs({ "per_block", "prefetch" }) do
     if p[f] ~= nil and type(p[f]) ~= "boolean" then return bad("%s must be true or false", f) end
   end
   if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
+  odd = unknown_key(p.devices, nil, #p.devices, "devices")
+  if odd then return bad("%s", odd) end
   local S
   for i, d in ipairs(p.devices) do
-    if type(d) ~= "table" or type(d.stages) ~= "table" or #d.stages == 0 then
+    if type(d) ~= "table" then return bad("devices[%d] must be a table { stages = {...} }", i) end
+    odd = unknown_key(d, "device", nil, string.format("devices[%d]", i))
+    if odd then return bad("%s", odd) end
+    if type(d.stages) ~= "table" or #d.stages == 0 then
       return bad("devices[%d].stages must be a non-empty list", i)
     end
+    odd = unknown_key(d.stages, nil, #d.stages, string.format("devices[%d].stages", i))
+    if odd then return bad("%s", odd) end
     S = S or #d.stages
     if #d.stages ~= S then
       return bad("devices[%d] has %d stages, devices[1] has %d: every device holds the same number", i, #d.stages, S)
@@ -184,7 +225,10 @@ function M.check(p, n_blocks, where)
     if d.slot_bytes ~= nil and not is_count(d.slot_bytes) then return bad("devices[%d].slot_bytes must be a byte count", i) end
     for s, st in ipairs(d.stages) do
       local sw = string.format("devices[%d].stages[%d]", i, s)
-      if type(st) ~= "table" or type(st.blocks) ~= "table" or #st.blocks ~= 2 then
+      if type(st) ~= "table" then return bad("%s must be a table { blocks = { first, last }, offloaded = n }", sw) end
+      odd = unknown_key(st, "stage", nil, sw)
+      if odd then return bad("%s", odd) end
+      if type(st.blocks) ~= "table" or #st.blocks ~= 2 or unknown_key(st.blocks, nil, 2, "") then
         return bad("%s.blocks must be { first, last }", sw)
       end
       local a, b = st.blocks[1], st.blocks[2]
@@ -365,7 +409,8 @@ function M.describe(p, sizes, opts, est)
   if est then
     lines[#lines + 1] = string.format("  estimate: %.1f ms/token = compute %.1f + communication %.1f + uncovered loading %.1f ms%s",
       est.ms_per_token, est.comp_ms, est.comm_ms, est.uncover_ms,
-      est.bottleneck and string.format(" (bottleneck: device %d)", est.bottleneck) or "")
+      est.bound and string.format(" (bound by %s%s)", est.bound, est.bottleneck and string.format(": device %d", est.bottleneck) or "")
+      or est.bottleneck and string.format(" (bottleneck: device %d)", est.bottleneck) or "")
   end
   return table.concat(lines, "\n")
 end

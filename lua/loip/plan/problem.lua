@@ -140,14 +140,16 @@ end
 -- Why no plan fits a problem: too many devices for the model's blocks, or the device furthest
 -- from fitting even its least part (one block per stage, read every step: the embedding or
 -- head it must hold, a slot for one block, the KV cache of one layer, the activations), or, when
--- every device could fit alone, what the budgets together lack.
+-- every device could fit alone, what the budgets together lack. Only the stage counts the
+-- problem allows are considered (problem.stages, when it fixes one).
 function M.why_none(problem)
   local N, m = #problem.devices, problem.model
   if N > m.n_blocks then
     return string.format("%d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d devices",
       N, m.n_blocks, m.n_layers, m.n_blocks)
   end
-  if N == 1 then
+  local fixed = problem.stages
+  if N == 1 and (not fixed or fixed == m.n_blocks) then
     -- one device holds every layer: its least is everything read, one block at a time
     local d = problem.devices[1]
     local p = { slots = 1, devices = { { stages = {} } } }
@@ -177,7 +179,7 @@ function M.why_none(problem)
   -- each device fits a least part, but the blocks must go somewhere: the even split of the
   -- blocks over the hops, every block read, for the stage count that comes closest
   local close
-  for S = 1, math.floor(m.n_blocks / N) do
+  for S = fixed or 1, fixed or math.floor(m.n_blocks / N) do
     local shares = {}
     for h = 1, N * S do shares[h] = 1 end
     local p = space.ring_of(N, space.split(m.n_blocks, shares))
@@ -192,12 +194,14 @@ function M.why_none(problem)
   end
   if close then
     local mem = space.memory(problem, plan.device_part(close.p, close.i, m))
-    return string.format("no plan fits %s: even the closest (%d stage%s, every block read from disk) needs %s on device %d (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s; raise --mem or lower --context",
-      N == 1 and "the budget" or string.format("all %d budgets at once", N), close.S, close.S == 1 and "" or "s", fmt(close.need), close.i, fmt(mem.weights), fmt(mem.slots), fmt(mem.kv),
-      fmt(mem.activations), fmt(problem.devices[close.i].budget), fmt(close.short))
+    return string.format("no plan fits %s: even the closest (%d stage%s%s, every block read from disk) needs %s on device %d (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s; raise --mem or lower --context%s",
+      N == 1 and "the budget" or string.format("all %d budgets at once", N), close.S, close.S == 1 and "" or "s",
+      fixed and " as --stages asks" or "", fmt(close.need), close.i, fmt(mem.weights), fmt(mem.slots), fmt(mem.kv),
+      fmt(mem.activations), fmt(problem.devices[close.i].budget), fmt(close.short), fixed and " (or let the scheduler choose the stages)" or "")
   end
-  return string.format("no plan of this scheduler fits all %d budgets at once (they total %s); raise --mem or lower --context",
-    N, total_budget < math.huge and fmt(total_budget) or "unlimited")
+  return string.format("no plan of this scheduler fits all %d budgets at once (they total %s)%s; raise --mem or lower --context",
+    N, total_budget < math.huge and fmt(total_budget) or "unlimited",
+    fixed and string.format(" with %d stage%s per device (--stages)", fixed, fixed == 1 and "" or "s") or "")
 end
 
 -- A short description of the problem's devices and links (for reports).

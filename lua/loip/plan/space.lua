@@ -14,12 +14,66 @@
 -- lets a DP over devices be exact.
 --
 -- Layers of a model have the same shapes: blocks count by kind (MHA = even block numbers).
+--
+-- The helpers a scheduler of one's own calls (shapes_for, shapes, build, budget, speed, split,
+-- ring_of, least_offload, fill, oom, memory_opts) check their arguments and raise naming the
+-- helper and the argument, at the caller's line; part, part_total, total and memory, the DP's
+-- inner loop, do not.
 local plan = require "loip.plan"
 
 local M = {}
 
+-- Misuse of a helper: raised at the line that called it (the first frame outside this file).
+local here = debug.getinfo(1, "S").source
+local function misuse(fn, f, ...)
+  local level = 2
+  while true do
+    local info = debug.getinfo(level, "S")
+    if not info or info.source ~= here then break end
+    level = level + 1
+  end
+  error(string.format("loip.plan.space.%s: " .. f, fn, ...), level)
+end
+
+local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
+
+-- The argument name of fn must be an integer >= least.
+local function want_int(fn, name, v, least)
+  if not is_int(v) or v < least then
+    misuse(fn, "%s is %s, not an integer >= %d", name, v == nil and "nil" or (type(v) == "number" and tostring(v) or "a " .. type(v)), least)
+  end
+end
+
+-- problem must be a problem table (loip.plan.problem).
+local function want_problem(fn, problem)
+  if type(problem) ~= "table" or type(problem.devices) ~= "table" or type(problem.model) ~= "table" then
+    misuse(fn, "problem is %s, not a problem (a table with devices and model: loip.plan.problem)",
+      problem == nil and "nil" or "a " .. type(problem) .. (type(problem) == "table" and " without devices or model" or ""))
+  end
+end
+
+-- ... and i one of its devices.
+local function want_device(fn, problem, i)
+  want_problem(fn, problem)
+  if not is_int(i) or i < 1 or i > #problem.devices then
+    misuse(fn, "device i is %s, not a device of the problem (1..%d)", tostring(i), #problem.devices)
+  end
+end
+
+-- p must be a plan with a device i that has stages.
+local function want_plan(fn, p, i)
+  if type(p) ~= "table" or type(p.devices) ~= "table" or type(p.devices[i]) ~= "table" or type(p.devices[i].stages) ~= "table"
+    or #p.devices[i].stages == 0 then
+    misuse(fn, "p is %s, not a plan whose devices[%d] has stages", p == nil and "nil" or "a " .. type(p) .. (type(p) == "table"
+      and " without devices[" .. tostring(i) .. "].stages" or ""), i)
+  end
+end
+
 -- The shapes for S stages on N devices of a model of nb blocks: { {S=, R=, E=}, ... }.
 function M.shapes_for(S, N, nb)
+  want_int("shapes_for", "S (stages)", S, 1)
+  want_int("shapes_for", "N (devices)", N, 1)
+  want_int("shapes_for", "nb (blocks)", nb, 1)
   local out = {}
   if S == 1 then
     if nb >= N then out[1] = { S = 1, R = nb, E = 0 } end
@@ -37,6 +91,7 @@ end
 
 -- Every shape of a problem: S from 1 up (or problem.stages alone).
 function M.shapes(problem)
+  want_problem("shapes", problem)
   local N, nb = #problem.devices, problem.model.n_blocks
   local out = {}
   local from, to = problem.stages or 1, problem.stages or math.floor(nb / N)
@@ -123,6 +178,17 @@ end
 -- The plan of a shape and a choice { n = {...}, x = {...}, o = {...}, k = {...} } (x and k may
 -- be nil: none, 1).
 function M.build(problem, shape, choice)
+  want_problem("build", problem)
+  if type(shape) ~= "table" or not is_int(shape.S) or not is_int(shape.R) then
+    misuse("build", "shape is %s, not a shape { S, R, E } (M.shapes)", shape == nil and "nil" or "a " .. type(shape))
+  end
+  if type(choice) ~= "table" or type(choice.n) ~= "table" or type(choice.o) ~= "table" then
+    misuse("build", "choice is %s, not a choice { n = {...}, o = {...} [, x, k] }", choice == nil and "nil" or "a " .. type(choice))
+  end
+  for i = 1, #problem.devices do
+    if not is_int(choice.n[i]) or choice.n[i] < 1 then misuse("build", "choice.n[%d] is %s, not a block count >= 1", i, tostring(choice.n[i])) end
+    if not is_int(choice.o[i]) or choice.o[i] < 0 then misuse("build", "choice.o[%d] is %s, not a block count >= 0", i, tostring(choice.o[i])) end
+  end
   local N, S, R = #problem.devices, shape.S, shape.R
   local p = { slots = 1, devices = {} }
   local L, X = 0, 0
@@ -148,12 +214,14 @@ end
 
 -- Bytes device i of problem has for its part: its budget (0: unlimited -> math.huge).
 function M.budget(problem, i)
+  want_device("budget", problem, i)
   local b = problem.devices[i].budget or 0
   return b > 0 and b or math.huge
 end
 
 -- The memory accounting options a problem implies (loip.plan.memory, part_memory, over_budget).
 function M.memory_opts(problem)
+  want_problem("memory_opts", problem)
   return { cluster = problem.cluster, loader = problem.loader }
 end
 
@@ -166,10 +234,37 @@ function M.total(problem, part)
 end
 
 -- Blocks 0..nb-1 split into #shares contiguous ranges sized in proportion to shares (each at
--- least one block): { {first, last}, ... }.
+-- least one block): { {first, last}, ... }. shares: a list of finite numbers >= 0, not all 0,
+-- at most nb of them.
 function M.split(nb, shares)
+  want_int("split", "nb (blocks)", nb, 1)
+  if type(shares) ~= "table" then
+    misuse("split", "shares is %s, not a list of numbers (one per range)", shares == nil and "nil" or "a " .. type(shares))
+  end
+  local last = 0
+  for k in pairs(shares) do
+    if not is_int(k) or k < 1 then misuse("split", "shares has the key %s: it is a list (1..n) of numbers", tostring(k)) end
+    last = math.max(last, k)
+  end
+  if last == 0 then
+    misuse("split", "shares is empty: a list of numbers, one per range, is needed (were its values nil? a misspelt field "
+      .. "of the problem, e.g. disk_rate for disk_bps, is nil)")
+  end
   local total = 0
-  for _, w in ipairs(shares) do total = total + w end
+  for k = 1, last do
+    local w = shares[k]
+    if w == nil then
+      misuse("split", "shares[%d] is nil (shares has %d entries: a misspelt field of the problem, e.g. disk_rate for disk_bps, is nil)",
+        k, last)
+    end
+    if type(w) ~= "number" or w ~= w or w < 0 or w == math.huge then
+      misuse("split", "shares[%d] is %s, not a finite number >= 0%s", k, type(w) == "number" and tostring(w) or "a " .. type(w),
+        w == math.huge and " (an unlimited budget is math.huge: cap it, e.g. math.min(space.budget(problem, i), 2^40))" or "")
+    end
+    total = total + w
+  end
+  if total <= 0 then misuse("split", "shares are all 0: nothing to split %d blocks by", nb) end
+  if last > nb then misuse("split", "%d shares but only %d blocks: every range needs a block", last, nb) end
   local out, at, acc = {}, 0, 0
   for k, w in ipairs(shares) do
     acc = acc + w / total
@@ -184,6 +279,19 @@ end
 -- A plan whose hops, in ring order (stage by stage, device by device), hold `ranges`
 -- (#ranges = N * S), nothing offloaded yet.
 function M.ring_of(N, ranges)
+  want_int("ring_of", "N (devices)", N, 1)
+  if type(ranges) ~= "table" or #ranges == 0 then
+    misuse("ring_of", "ranges is %s, not a non-empty list of { first, last } (space.split makes one)",
+      ranges == nil and "nil" or type(ranges) == "table" and "empty" or "a " .. type(ranges))
+  end
+  if #ranges % N ~= 0 then
+    misuse("ring_of", "%d ranges for %d devices: one per hop, N x S of them (S stages per device)", #ranges, N)
+  end
+  for k, r in ipairs(ranges) do
+    if type(r) ~= "table" or not is_int(r[1]) or not is_int(r[2]) or r[2] < r[1] then
+      misuse("ring_of", "ranges[%d] is not { first, last } (two block numbers, first <= last)", k)
+    end
+  end
   local p = { slots = 1, devices = {} }
   for i = 1, N do p.devices[i] = { stages = {} } end
   for k, r in ipairs(ranges) do
@@ -196,6 +304,8 @@ end
 -- Device i offloads the fewest blocks per stage (the same count in every stage, at most its
 -- length) that fit its budget. Returns true, or false leaving every block offloaded.
 function M.least_offload(problem, p, i)
+  want_device("least_offload", problem, i)
+  want_plan("least_offload", p, i)
   local d, budget = p.devices[i], M.budget(problem, i)
   local longest = 0
   for _, st in ipairs(d.stages) do longest = math.max(longest, st.blocks[2] - st.blocks[1] + 1) end
@@ -217,6 +327,8 @@ end
 
 -- "OOM: device i ..." for a plan that breaks device i's budget even so, and the shortfall.
 function M.oom(problem, p, i, what)
+  want_device("oom", problem, i)
+  want_plan("oom", p, i)
   local m = M.memory(problem, plan.device_part(p, i, problem.model))
   local fmt = require("loip.runtime.memory").format_bytes
   return string.format("OOM: device %d needs %s%s (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s",
@@ -226,7 +338,11 @@ end
 
 -- How fast device i computes a block, relative (1 / ms of an average block, slowed).
 function M.speed(problem, i)
+  want_device("speed", problem, i)
   local d = problem.devices[i]
+  if type(d.compute) ~= "table" or type(d.compute.mha_ms) ~= "number" or type(d.compute.mlp_ms) ~= "number" then
+    misuse("speed", "problem.devices[%d].compute has no mha_ms and mlp_ms (a problem from loip.plan.problem has them)", i)
+  end
   return 1 / ((d.compute.mha_ms + d.compute.mlp_ms) / 2 * (d.slowdown or 1))
 end
 
@@ -235,6 +351,8 @@ end
 -- time (it saves the most reading). A slot the plan sizes (slot_bytes) keeps its size; otherwise
 -- it follows the largest stage's reads. Changes p in place; returns how many blocks it kept.
 function M.fill(problem, p, i)
+  want_device("fill", problem, i)
+  want_plan("fill", p, i)
   local d, sizes = p.devices[i], problem.model
   local budget = M.budget(problem, i)
   local part = plan.device_part(p, i, sizes)

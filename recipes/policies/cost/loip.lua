@@ -81,10 +81,19 @@ function M.comm(problem, S)
   return total, per
 end
 
+-- What bounds a step that no device's loading holds up (that is "load", with its bottleneck
+-- device): the largest part of its time, "compute" (the devices' blocks and the ends),
+-- "communication" (the hops: a slow link, not the devices' work) or "load" (reads waited for
+-- as they come: plans that read nothing ahead).
+function M.bound(comp_ms, comm_ms, uncover_ms)
+  if uncover_ms > comp_ms and uncover_ms > comm_ms then return "load" end
+  return comm_ms > comp_ms and "communication" or "compute"
+end
+
 -- The closed form of plan p (what the DP scheduler minimises): { ms_per_token, comp_ms,
--- comm_ms, uncover_ms, bound ("compute" | "load"), bottleneck (the device whose loading bounds
--- the step, if any), devices = { { comp_ms, load_ms, uncover_ms, comm_ms, idle_ms, serial_ms,
--- memory_bytes }, ... } }. Every stage of a device is taken as the average of its stages: exact
+-- comm_ms, uncover_ms, bound ("compute" | "communication" | "load": M.bound), bottleneck (the
+-- device whose loading bounds the step, if any), devices = { { comp_ms, load_ms, uncover_ms,
+-- comm_ms, idle_ms, serial_ms, memory_bytes }, ... } }. Every stage of a device is taken as the average of its stages: exact
 -- when they are alike (the DP's templates), a lower bound otherwise.
 function M.closed(p, problem)
   local N, S = #p.devices, #p.devices[1].stages
@@ -110,7 +119,7 @@ function M.closed(p, problem)
     if t.serial_ms > T then T, bottleneck = t.serial_ms, i end
   end
   return { ms_per_token = T, comp_ms = comp - exposed, comm_ms = comm, uncover_ms = T - A + exposed,
-    bound = bottleneck and "load" or "compute", bottleneck = bottleneck, devices = devs, stages = S }
+    bound = bottleneck and "load" or M.bound(comp - exposed, comm, T - A + exposed), bottleneck = bottleneck, devices = devs, stages = S }
 end
 
 -- The estimate of plan p, stage by stage: the same figures as M.closed, from a timeline of a few
@@ -219,8 +228,9 @@ function M.estimate(p, problem)
     comp = comp + c
     if x.stall > most then most, bottleneck = x.stall, i end
   end
-  return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = math.max(0, T - comp - comm),
-    bound = (bottleneck and most > 0.01 * T) and "load" or "compute", bottleneck = (most > 0.01 * T) and bottleneck or nil,
+  local uncover = math.max(0, T - comp - comm)
+  return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = uncover,
+    bound = (bottleneck and most > 0.01 * T) and "load" or M.bound(comp, comm, uncover), bottleneck = (most > 0.01 * T) and bottleneck or nil,
     devices = devs, stages = S }
 end
 

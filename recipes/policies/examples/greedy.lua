@@ -1,11 +1,11 @@
 -- scheduler "greedy" (an example to copy): blocks in proportion to each device's compute speed
--- and free memory, fewest reads that fit, then the stage count with the least estimated time.
+-- and free memory, fewest reads that fit, then the S (problem.stages when fixed) estimated fastest.
 local space = require "loip.plan.space"
 local M = { name = "greedy" }
 
 function M.schedule(problem, cost)
   local N, nb, best, best_ms = #problem.devices, problem.model.n_blocks, nil, nil
-  for S = 1, math.floor(nb / N) do
+  for S = problem.stages or 1, problem.stages or math.floor(nb / N) do
     local shares = {}
     for h = 1, N * S do
       local i = (h - 1) % N + 1

@@ -108,7 +108,6 @@ function M.search(problem, cost)
     end)
   end
   if not best then return nil, require("loip.plan.problem").why_none(problem) end
-  best.estimate = best_est
   return best, best_est, count
 end
 

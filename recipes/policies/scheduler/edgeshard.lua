@@ -7,6 +7,10 @@ local space = require "loip.plan.space"
 local M = { name = "edgeshard" }
 
 function M.schedule(problem, cost)
+  if (problem.stages or 1) ~= 1 then
+    return nil, string.format("one stage per device (the edgeshard baseline's), but %d were asked for (--stages %d)",
+      problem.stages, problem.stages)
+  end
   local N, nb = #problem.devices, problem.model.n_blocks
   local shape = { S = 1, R = nb, E = 0 }
   local _, hops = cost.comm(problem, 1)

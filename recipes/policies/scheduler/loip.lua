@@ -497,7 +497,6 @@ function M.search(problem, cost, opts)
     end
     ::next::
   end
-  best.estimate = best_est
   return best, best_est
 end
 

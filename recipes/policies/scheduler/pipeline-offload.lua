@@ -7,6 +7,10 @@ local space = require "loip.plan.space"
 local M = { name = "pipeline-offload" }
 
 function M.schedule(problem, cost)
+  if (problem.stages or 1) ~= 1 then
+    return nil, string.format("one stage per device (the pipeline-offload baseline's), but %d were asked for (--stages %d)",
+      problem.stages, problem.stages)
+  end
   local N, nb = #problem.devices, problem.model.n_blocks
   local shares = {}
   for i = 1, N do shares[i] = space.speed(problem, i) end

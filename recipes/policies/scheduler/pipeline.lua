@@ -30,6 +30,10 @@ function M.partition(problem, shares, fits)
 end
 
 function M.schedule(problem, cost)
+  if (problem.stages or 1) ~= 1 then
+    return nil, string.format("one stage per device (the pipeline baseline's), but %d were asked for (--stages %d)",
+      problem.stages, problem.stages)
+  end
   local N = #problem.devices
   local shares = {}
   for i = 1, N do shares[i] = space.speed(problem, i) end
@@ -39,13 +43,12 @@ function M.schedule(problem, cost)
   end
   local counts, i, at, want = M.partition(problem, shares, fits)
   if not counts then
-    local p = space.ring_of(N, { { at, at + want - 1 } })
     local part = space.part(problem, shape, i, at, 0, want, 0, 0, 1)
     local m = space.memory(problem, part)
     return nil, string.format("OOM: device %d cannot hold its share resident (%d blocks from %s): it needs %s but its budget is %s: short by %s",
       i, want, plan.block_name(at), require("loip.runtime.memory").format_bytes(m.total),
       require("loip.runtime.memory").format_bytes(problem.devices[i].budget),
-      require("loip.runtime.memory").format_bytes(m.total - problem.devices[i].budget)), p
+      require("loip.runtime.memory").format_bytes(m.total - problem.devices[i].budget))
   end
   return space.build(problem, shape, { n = counts, o = (function() local o = {} for k = 1, N do o[k] = 0 end return o end)() })
 end

@@ -8,6 +8,10 @@ local M = { name = "uniform" }
 
 function M.schedule(problem, cost)
   local N, L = #problem.devices, problem.model.n_layers
+  if problem.stages and problem.stages * N > L then
+    return nil, string.format("whole layers for every hop: %d stages on %d devices need %d layers, the model has %d",
+      problem.stages, N, problem.stages * N, L)
+  end
   local best, best_t, why, short
   for S = problem.stages or 1, problem.stages or math.floor(L / N) do
     local shares = {}
