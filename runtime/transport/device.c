@@ -207,15 +207,17 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     return LOIP_OK;
 }
 
-/* Report a refusal or a failure to the head (best effort) and return rc. */
+/* Report a refusal or a failure to the head (best effort) and return rc. The head names the
+ * device (1-based, as every message does), so the report is the message alone; the last error
+ * (the worker's own log) names it too. */
 int loip_device_report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
     char text[600];
-    int len = snprintf(text, sizeof text, "device %d: %s", d->cfg.device, msg);
+    int len = snprintf(text, sizeof text, "%s", msg);
     loip_msg_header h = {.kind = LOIP_MSG_ERROR, .plan_id = d->cfg.plan_id, .hop = in ? in->hop : -1,
                          .step = in ? in->step : 0, .dtype = -1, .status = rc,
                          .payload_bytes = (uint64_t)(len < (int)sizeof text ? len : (int)sizeof text - 1)};
     loip_sock_send(d->cfg.head, NULL, &h, text, 1000);
-    return loip_fail(rc, "%s", text);
+    return loip_fail(rc, "device %d: %s", d->cfg.device + 1, text);
 }
 
 static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, const void *payload) {
@@ -281,7 +283,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {
         snprintf(why, sizeof why, "message for hop %d, not one of this device's (device %d of %d, %d stages)",
-                 h->hop, d->cfg.device, d->cfg.n_devices, d->cfg.n_stages);
+                 h->hop, d->cfg.device + 1, d->cfg.n_devices, d->cfg.n_stages);
         return loip_device_report(d, h, LOIP_EPROTO, why);
     }
     if (h->n_tokens > d->cfg.max_tokens) {

@@ -171,6 +171,39 @@ describe("losing a device", function()
     end)
   end)
 
+  it("counts a loss the others cannot take over: /health says so, the error is one line", function()
+    -- budgets three devices can share the model under and two cannot
+    local c = cluster.start_local { store = store_of(S260, "s260"), devices = 3, threads = 1, mem = 900 * 1024 }
+    local ok, err = pcall(function()
+      c:plan { context = 512, batch = 64 }
+      local srv = require("loip.serve.server").new { cluster = c, tokenizer = c:tokenizer(), quiet = true }
+      local okh, herr = pcall(function()
+        local it = c:generate(PROMPTS[1], { max_tokens = 100, sampler = { temperature = 0 }, stop = {} })
+        local n = 0
+        local okg, gerr = pcall(function()
+          for _ in it do
+            n = n + 1
+            if n == 10 then os.execute("kill -KILL " .. c.devices[2].pid) end
+          end
+        end)
+        assert.is_false(okg)
+        local msg = tostring(gerr)
+        assert.matches("^lost device 2: device 2 %(.-, pid %d+%) died during the request; the 2 left cannot take over: ", msg)
+        assert.is_nil(msg:find("\n", 1, true), msg)           -- no worker log lines in it
+        assert.matches("short", msg)                          -- the scheduler's shortfall
+        local h = srv:health()
+        assert.are.equal(1, h.device_losses)
+        assert.are.equal("degraded", h.status)
+        assert.is_false(h.losses[1].replanned)
+        assert.are.same({ 2 }, h.losses[1].devices)
+      end)
+      srv:close()
+      if not okh then error(herr, 0) end
+    end)
+    c:close()
+    if not ok then error(err, 0) end
+  end)
+
   it("stops the request with a clear error under on_device_loss = fail", function()
     with_cluster({ context = 256, batch = 16, stages = 2, on_device_loss = "fail" }, function(c)
       local it = c:generate(PROMPTS[1], { max_tokens = 120, sampler = { temperature = 0 }, stop = {} })

@@ -80,11 +80,63 @@ describe("online adaptation", function()
     local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --mem 800K,800K --threads 1 --context 512 "
       .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --plan-context 32", T.loip, st))
     assert.are.equal(1, rc2)
-    assert.matches("device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
+    assert.matches("online policy loip: device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
+    -- after asking for a plan for the positions the request may reach, which none holds
+    assert.matches("short by %d+%); planning again: no plan holds 416 KV positions: scheduler loip: ", err2)
     -- on one device it is a usage error (the online policy drives clusters)
     local rc3, _, err3 = T.run(string.format("%s generate --model %s --plan-context 32 --prompt hi", T.loip, S260))
     assert.are.equal(2, rc3)
     assert.matches("--plan-context is for several devices", err3, 1, true)
+  end)
+
+  it("plans again for a longer context when offloading and lending cannot make room: the static plan's tokens", function()
+    -- 3 devices whose budgets hold 480 positions only in a plan made for them: planned for 64,
+    -- device 2 runs out at about 240 with every block offloaded; planned for 256, device 1 at 401
+    local st = store_of(S260, "s260")
+    local m = loip.model.open(st, { context = 512, threads = 1 })
+    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
+    for _ in it0 do end
+    m:close()
+    for _, pc in ipairs({ 64, 256 }) do
+      local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
+        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --link-rate 100mbit --max-tokens 480 --plan-context %d",
+        T.loip, st, pc))
+      assert.are.equal(0, rc, err)
+      local j = json.decode(out)
+      assert.are.same(s0.token_ids, j.token_ids)
+      local replans = 0
+      for _, a in ipairs(j.adaptations) do
+        if a.replan then
+          replans = replans + 1
+          assert.is_true(a.replan > pc and a.replan <= 512 and a.replan_from == pc, "planned again for " .. a.replan)
+          assert.are.equal(1, a.resumed)
+        end
+      end
+      -- planned for 64 the three single-stage parts cannot lend: a new plan it must be; planned
+      -- for 256 (three stages each) lending may make room first
+      if pc == 64 then assert.are.equal(1, replans) else assert.is_true(replans <= 1) end
+      for i, d in ipairs(j.devices) do
+        assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      end
+    end
+  end)
+
+  it("says which online policy let a device run past its budget, numbering devices once", function()
+    local st = store_of(S260, "s260")
+    local dir = T.tmpdir()
+    T.write(dir .. "/idle.lua", "local M = { name = 'idle' }\nfunction M.on_step() end\nreturn M\n")
+    local rc, _, err = T.run(string.format("%s generate --model %s --devices 3 --mem 790K,770K,800K --threads 1 --context 512 "
+      .. "--temperature 0 --max-tokens 480 --prompt 'A big red ball' --plan-context 64 --online %s/idle.lua", T.loip, st, dir))
+    assert.are.equal(1, rc)
+    assert.matches("loip: device %d: KV cache: sequence 0 at position %d+: memory budget: ", err)
+    assert.matches("(the online policy idle did not make room before this step)", err, 1, true)
+    assert.is_nil(err:find("device %d+: device %d+"), err)
+    -- a policy's own error names it
+    T.write(dir .. "/broken.lua", "local M = { name = 'broken' }\nfunction M.on_step() error('no idea', 0) end\nreturn M\n")
+    local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --threads 1 --context 128 --max-tokens 4 "
+      .. "--prompt hi --plan-context 32 --online %s/broken.lua", T.loip, st, dir))
+    assert.are.equal(1, rc2)
+    assert.matches("online policy broken: no idea", err2, 1, true)
   end)
 
   it("changes the emulated links while the request runs (a link schedule), which a policy sees, the same tokens", function()

@@ -353,7 +353,11 @@ function Cluster:plan(opts)
   if type(p) == "string" then p, where = plan.load(p), p end
   local mopts = { cluster = true, loader = opts.loader }
   local est, info
-  if p == nil then
+  if p == nil and opts.plan_chosen then
+    -- (chosen already: Cluster:replan_kv)
+    self.problem_table = self:problem(opts, sizes)
+    p, est, info = opts.plan_chosen[1], opts.plan_chosen[2], opts.plan_chosen[3]
+  elseif p == nil then
     self.problem_table = self:problem(opts, sizes)
     p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
   else
@@ -455,6 +459,36 @@ function Cluster:lend(i, holder, groups)
   return rep
 end
 
+-- Plan again for `positions` KV positions, the requests kept (an online policy's last resort,
+-- loip.serve.online's control.replan: the KV cache outgrew the plan and neither restaging nor
+-- lending makes room): the same scheduler and options; every device loads its new part, the
+-- running requests' KV is gone and the batcher prefills them again, as after a device loss, so
+-- no token changes. A plan that was given (opts.plan) is not replaced. Raises naming the
+-- shortfall when no plan holds that many positions; the cluster keeps its plan then.
+function Cluster:replan_kv(positions)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  local o = self.plan_opts or {}
+  if o.plan then
+    error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
+      .. "or give one for a longer --plan-context)", positions), 0)
+  end
+  local opts = {}
+  for k, v in pairs(o) do opts[k] = v end
+  opts.kv_plan_tokens, opts.keep_requests = positions, true
+  -- the scheduler decides first: a failure there leaves every device on its plan
+  local ok, p, est, info = pcall(function()
+    local sizes = plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
+      threads = self.devices[1].threads or 1, logits_tokens = o.logits_tokens, max_seqs = self.sizes.max_seqs,
+      kv_tokens = o.kv_tokens, kv_plan_tokens = positions })
+    return policy.plan(self:problem(opts, sizes), { scheduler = opts.scheduler, cost = opts.cost })
+  end)
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(p)), 0) end
+  opts.plan_chosen = { p, est, info }
+  self.lending, self.active = nil, 0
+  self:plan(opts)
+  opts.plan_chosen = nil
+end
+
 -- Change the emulated link i (from device i to the next; emulated where it arrives) while
 -- requests run: rate ("100mbit", bytes/s) and delay_ms (nil: as it was). No reply.
 function Cluster:set_link(i, rate, delay_ms)
@@ -524,14 +558,21 @@ function Cluster:replan_after_loss(why)
   local opts = without_devices(self.plan_opts, gone)
   -- (the batcher starts its running requests again on the new plan)
   self.devices, self.lending, self.link_now, self.active = keep, nil, nil, 0
-  local ok, err = pcall(self.plan, self, opts)
-  if not ok then
-    error(string.format("lost device%s %s (%s), and the %d left cannot take over: %s", #lost > 1 and "s" or "",
-      table.concat(lost, ", "), tostring(why), #keep, tostring(err)), 0)
-  end
+  -- the loss counts whether or not the others can take over; why in one line (a worker's last
+  -- log lines, when it died, are kept apart)
+  local text = tostring(why)
+  local first, rest = text:match("^([^\n]*):\n(.*)$")
+  local loss = { step = self.step_no, devices = lost, why = first or text, log = rest, devices_left = #keep }
   self.losses = self.losses or {}
-  self.losses[#self.losses + 1] = { step = self.step_no, devices = lost, why = tostring(why), devices_left = #keep,
-    replan_ms = core.now_ms() - t0 }
+  self.losses[#self.losses + 1] = loss
+  local ok, err = pcall(self.plan, self, opts)
+  loss.replan_ms, loss.replanned = core.now_ms() - t0, ok
+  self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
+  if not ok then
+    loss.error = tostring(err)
+    error(string.format("lost device%s %s: %s; the %d left cannot take over: %s", #lost > 1 and "s" or "",
+      table.concat(lost, ", "), loss.why, #keep, loss.error), 0)
+  end
 end
 
 -- Whether a remote device lost earlier answers again (its worker restarted, its network back):
@@ -591,6 +632,7 @@ function Cluster:take_back()
     self.full_plan_opts, self.all_devices = nil, nil
   end
   self:plan(o)
+  self.degraded = nil
   self.taken_back = (self.taken_back or 0) + #back
   return #back
 end

@@ -193,12 +193,18 @@ function Batcher:step()
     engine_failed = not ok
   end
   self.stepping = nil
-  if not ok and engine_failed and type(outs) == "table" and outs.replanned then
-    -- the engine lost a device and planned again over the others: every request's KV is gone;
-    -- each is started again with its tokens so far as its prompt (its sampler resumed where it
-    -- was) and prefilled on the new plan, so that it goes on with the tokens it would have had
+  if not ok and type(outs) == "table" and outs.replanned then
+    -- the engine lost a device and planned again over the others, or the online policy had it
+    -- plan again for a longer context: every request's KV is gone; each is started again with
+    -- its tokens so far as its prompt (its sampler resumed where it was) and prefilled on the
+    -- new plan, so that it goes on with the tokens it would have had
     self:resume_all()
     return true
+  end
+  if not ok and engine_failed and self.online and self.online.policy
+      and (tostring(outs):find("memory budget", 1, true) or tostring(outs):find("out of memory", 1, true)) then
+    -- a device's budget broke in a step the online policy let run: say which policy that was
+    outs = string.format("%s (the online policy %s did not make room before this step)", tostring(outs), self.online:name())
   end
   if not ok then
     -- the step failed: every request in it fails with the error. After the engine's own failure

@@ -6,7 +6,8 @@
 -- requests will hold after the step follow from their positions.
 --
 -- state = { step, last_step = { ms, tokens } (the step before), context (the longest request's
---   positions after the step), requests = { { id, positions, max_positions, evicted } }, groups
+--   positions after the step), requests = { { id, positions, max_positions, evicted,
+--   prompt_positions (its prompt's: reached within a few steps while it is prefilled) } }, groups
 --   (KV groups every device holds after the step: the same count on each, of its own layers;
 --   evicted ones not counted), devices = { { limit, nonkv, kv_base, group_bytes, slot_bytes,
 --   stages = { { first, last, offloaded, kv_layers } }, block_bytes = { [b] = bytes },
@@ -15,7 +16,18 @@
 --   not emulated), links (measured, lazily: a round trip), memo (a table the policy keeps
 --   between steps of this request loop) }
 -- control = { restage(device, stage, offloaded), lend(device, holder, groups), evict(request,
---   positions), log(fmt, ...) }
+--   positions), replan(positions), log(fmt, ...) }
+-- state.plan_positions is what the plan's memory holds (KV positions of all requests together)
+-- and state.pool_positions what the requests may take at most (the KV pool). control.replan
+-- is the last resort, when restaging and lending cannot make room: the engine plans again (the
+-- same scheduler and options) for `positions` KV positions, and every running request resumes
+-- on the new plan from its tokens (its KV prefilled again, its sampler where it was), so no
+-- token changes; the step is taken again on the new plan, and the policy's turn ends there
+-- (control's other functions refuse after it). It raises, naming the shortfall, when no plan
+-- holds that many positions.
+--
+-- A policy's error stops the step; its message is prefixed "online policy NAME: ". A device
+-- past its budget in the step the policy let run says which policy was running.
 --
 -- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms,
 -- t0_ns, t1_ns } (loip.trace draws them as "adapt" events on the device's plan lane).
@@ -35,6 +47,11 @@ function M.new(batcher, policy, links)
   return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0, memo = {} }, Online)
 end
 
+-- The policy's name in messages.
+function Online:name()
+  return self.policy and tostring(self.policy.name or "(unnamed)") or "none"
+end
+
 -- What the step of toks (the batcher's list) leaves each request holding.
 function Online:state(toks)
   local last = {}
@@ -52,9 +69,13 @@ function Online:state(toks)
     end
     local ev = r.evicted or 0
     st.groups = st.groups - ev / kb
-    st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = r.n_prompt + r.max_tokens,
-      evicted = ev }
+    -- (a request resumed after a re-plan has its tokens so far in its prompt)
+    local reach = math.min(#(r.prompt0 or r.prompt) + r.max_tokens, self.engine.context or math.huge)
+    st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = reach, evicted = ev,
+      prompt_positions = r.n_prompt }
   end
+  st.plan_positions = self.engine.sizes and self.engine.sizes.kv_plan_tokens or self.engine.kv_plan_tokens
+  st.pool_positions = self.engine.kv_tokens
   st.devices = self.engine:online_devices()
   st.link_rates = self.engine.link_rates and self.engine:link_rates() or {}
   -- the links' figures (a round trip to every device): only when a policy reads them
@@ -70,7 +91,10 @@ end
 
 -- An adaptation (an entry of batcher.adaptations) in words.
 function M.describe(a)
-  if a.evicted then
+  if a.replan then
+    return string.format("at %d positions: re-planned for %d KV positions (was %d): %d request%s resumed on the new plan",
+      a.context, a.replan, a.replan_from or 0, a.resumed or 0, a.resumed == 1 and "" or "s")
+  elseif a.evicted then
     return string.format("at %d positions: request %d evicts positions 0..%d (recomputed every step)", a.context, a.request,
       a.evicted - 1)
   elseif a.lend_groups then
@@ -113,8 +137,13 @@ function Online:before_step(toks)
     a.step, a.context, a.ms, a.t0_ns, a.t1_ns = st.step, st.context, (t1 - t0) / 1e6, t0, t1
     b.adaptations[#b.adaptations + 1] = a
   end
+  local replanned = false
+  local function live(what)
+    if replanned then error(what .. ": the plan was replaced this step (control.replan ends the policy's turn)", 0) end
+  end
   local control = {
     restage = function(i, stage, offloaded)
+      live("restage")
       local d = st.devices[i]
       local from = d and d.stages[stage] and d.stages[stage].offloaded
       adapt({ device = i, stage = stage, from = from, to = offloaded }, function() self.engine:restage(i, stage, offloaded) end)
@@ -123,6 +152,7 @@ function Online:before_step(toks)
     -- request id's first `positions` positions (a multiple of 16, never fewer) keep no KV from
     -- this step on: recomputed in every step (the baselines' KV handling)
     evict = function(id, positions)
+      live("evict")
       for _, r in ipairs(b.running) do
         if r.id == id then
           if positions % self.engine.kv_block ~= 0 or positions < (r.evicted or 0) or positions > r.pos then
@@ -140,13 +170,36 @@ function Online:before_step(toks)
     -- device i lends the oldest `groups` groups of every running request's KV to device holder
     -- (nil: lending stops); loip.cluster's Cluster:lend
     lend = function(i, holder, groups)
+      live("lend")
       if not self.engine.lend then error("lend: this engine has one device", 0) end
       local from = st.devices[i] and st.devices[i].lend
       adapt({ device = i, lend_to = holder, lend_groups = holder and groups or 0, lend_from = from and from.groups or 0 },
         function() self.engine:lend(i, holder, groups) end)
     end,
+    -- plan again for `positions` KV positions (more than the plan holds, at most the pool's);
+    -- the running requests resume on the new plan
+    replan = function(positions)
+      live("replan")
+      if not self.engine.replan_kv then error("replan: this engine cannot plan again", 0) end
+      local now, pool = st.plan_positions or 0, st.pool_positions or math.huge
+      if type(positions) ~= "number" or positions ~= math.floor(positions) or positions <= now then
+        error(string.format("replan: %s positions (a whole number above the %d the plan holds)", tostring(positions), now), 0)
+      end
+      positions = math.min(positions, pool)
+      adapt({ replan = positions, replan_from = now, resumed = #b.running }, function() self.engine:replan_kv(positions) end)
+      replanned = true
+    end,
   }
-  self.policy.on_step(st, control)
+  local ok, err = pcall(self.policy.on_step, st, control)
+  if not ok then
+    if type(err) == "table" then error(err, 0) end
+    error(string.format("online policy %s: %s", self:name(), tostring(err)), 0)
+  end
+  -- the step is not taken on the old plan: the batcher resumes every request on the new one
+  if replanned then
+    error(setmetatable({ replanned = true, msg = "re-planned by the online policy " .. self:name() },
+      { __tostring = function(e) return e.msg end }), 0)
+  end
 end
 
 return M

@@ -50,7 +50,9 @@ end
 -- plan; opts: context, step_tokens (tokens a step carries), max_seqs (requests at once), kv_tokens
 -- (default context x max_seqs), kv_plan_tokens (KV positions the plan's memory holds, as
 -- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
--- (true: keep every device's events).
+-- (true: keep every device's events), replanner (function(kv_plan_tokens) -> problem, plan,
+-- estimate: how the plan was made, for a longer context; an online policy's control.replan
+-- needs it).
 function M.new(problem, p, opts)
   opts = opts or {}
   local bad = plan.check(p, problem.model.n_blocks, "plan")
@@ -70,7 +72,9 @@ function M.new(problem, p, opts)
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
   self.vocab = problem.model.vocab or 32000
-  self.kv_grows = opts.kv_plan_tokens ~= nil and opts.kv_plan_tokens < self.kv_tokens
+  self.kv_plan_tokens = math.min(opts.kv_plan_tokens or self.kv_tokens, self.kv_tokens)
+  self.kv_grows = self.kv_plan_tokens < self.kv_tokens
+  self.replanner = opts.replanner
   self.estimate = opts.estimate -- the cost model's (an online policy reads each device's idle window)
   self.conventional_loads = opts.conventional_loads -- (the ablation of the paper's UMA-aware loading)
   -- one 16-position group of one layer's keys and values (F32), per request
@@ -334,6 +338,21 @@ function Sim:restage(i, s, n)
   end
   st.offloaded = n
   self:restaged()
+end
+
+-- Plan again for `positions` KV positions (an online policy's control.replan), as the cluster
+-- does: the same scheduler and options (opts.replanner), the links as they are now; the
+-- batcher then prefills every running request again on the new plan. (The devices' loading of
+-- their new parts, before the next step, is not simulated.)
+function Sim:replan_kv(positions)
+  if not self.replanner then error("this simulation plays the plan it was given: it does not plan again", 0) end
+  local prob, p, est = self.replanner(positions)
+  self.problem, self.plan, self.estimate = prob, p, est
+  self.kv_plan_tokens = positions
+  self.kv_grows = positions < self.kv_tokens
+  self.lending = {}
+  self:restaged()
+  self.replans = (self.replans or 0) + 1
 end
 
 -- Device i lends the oldest `groups` groups of every running request's KV to holder (nil: stops).

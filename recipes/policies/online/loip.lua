@@ -4,9 +4,12 @@
 -- shortfall at the least extra load: the stages' offloaded prefixes grow evenly (the same on
 -- every stage of the device, the largest stage's reads, which the slot must hold, growing
 -- least). When requests end and their KV goes back, blocks offloaded earlier are put back
--- (most read first) while twice the lookahead's room stays free. No token changes; a device
--- that cannot hold the KV cache even with every block offloaded stops the step with a message
--- naming it.
+-- (most read first) while twice the lookahead's room stays free. When even every block of a
+-- device offloaded (and what lending takes) cannot hold the lookahead, the engine plans again
+-- for the positions the running requests may reach (control.replan: a plan for the whole
+-- context served them, so planning short never loses a request that planning long serves);
+-- they resume on the new plan with the same tokens. Only when no plan holds them and this step
+-- does not fit either does the step stop, with a message naming the device and the shortfall.
 local M = { name = "loip" }
 
 -- Positions of headroom a change buys for every running request (fewer changes, each larger).
@@ -245,9 +248,10 @@ function M.on_step(state, control, o)
   o = o or M
   local ahead = 0
   for _, r in ipairs(state.requests) do
-    -- the groups each request will take within the lookahead (no further than it can go)
+    -- the groups each request will take within the lookahead, or its prompt's if longer (a
+    -- prompt is prefilled within a few steps), no further than it can go
     local now = r.positions
-    local later = math.min(now + M.lookahead, math.max(now, r.max_positions))
+    local later = math.min(math.max(now + M.lookahead, r.prompt_positions or 0), math.max(now, r.max_positions))
     ahead = ahead + (math.floor((later - 1) / 16) - math.floor(math.max(now - 1, 0) / 16))
   end
   local base, ahead_bytes = {}, {}
@@ -260,11 +264,24 @@ function M.on_step(state, control, o)
     if at_step > d.limit and d.limit > 0 or (d.limit > 0 and at_step + d.group_bytes * ahead > d.limit) then
       local need = at_step + d.group_bytes * ahead - d.limit
       local off = choose(d, need)
+      local replan_why
       if not off then
+        -- a plan for the positions the running requests may reach (each rounded to KV groups),
+        -- once per reach (a scheduler that found none is not asked again every step)
+        local reach = 0
+        for _, r in ipairs(state.requests) do reach = reach + math.ceil(math.max(r.max_positions, r.positions) / 16) * 16 end
+        reach = math.min(reach, state.pool_positions or reach)
+        if control.replan and state.plan_positions and reach > state.plan_positions and state.memo.replan_failed ~= reach then
+          local ok, err = pcall(control.replan, reach)
+          if ok then return end
+          state.memo.replan_failed, state.memo.replan_why = reach, tostring(err)
+        end
+        replan_why = state.memo.replan_failed and state.memo.replan_why
         off = choose(d, at_step - d.limit) -- room for this step at least
         if not off then
           error(string.format("device %d cannot hold the KV cache of %d positions even with every block offloaded "
-            .. "(budget %d bytes, %d needed)", i, state.context, d.limit, at_step), 0)
+            .. "(budget %d bytes, %d needed, short by %d)%s", i, state.context, d.limit, at_step, at_step - d.limit,
+            replan_why and ("; planning again: " .. replan_why) or ""), 0)
         end
       end
       apply(control, i, d, off)
