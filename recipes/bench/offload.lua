@@ -63,7 +63,7 @@ local function run_here(mem, p, loader)
   local steps, last = {}, nil
   -- a step is the time between two tokens (one forward pass and a sample); the last token
   -- has no forward pass after it, so one more is generated and its step dropped
-  local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, stop = {} })
+  local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, ignore_eos = true })
   for _ in it do
     local now = core.now_ms()
     if last then steps[#steps + 1] = now - last end

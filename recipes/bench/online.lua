@@ -91,7 +91,7 @@ local function run(variant, schedule)
     if variant ~= "static" then popts.kv_plan_tokens, popts.online = o.plan_context, variant end
     if variant == "recompute" then popts.batch = o.context end
     c:plan(popts)
-    local it, st = c:generate(prompt, { max_tokens = o.tokens, sampler = { temperature = 0 }, stop = {} })
+    local it, st = c:generate(prompt, { max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true })
     local times, last = {}, nil
     local bar = require("loip.tools.progress").new(o.tokens, variant .. (schedule and " (links switching)" or "") .. " (tokens)",
       { bytes = false })

@@ -40,7 +40,7 @@ local spec = {
     { "link-rate", "string", "emulated link rate", default = "100mbit" },
     { "link-delay", "number", "emulated one-way delay, ms", default = 2 },
     { "disk-rate", "bytes", "each device's disk read rate", default = 600 * 1000 * 1000 },
-    { "tokens", "int", "tokens per measurement", default = 6 },
+    { "tokens", "int", "tokens per measurement (the model's end tokens do not cut it short)", default = 6 },
     { "rounds", "int", "measurements of each plan (alternated)", default = 2 },
     { "context", "int", "KV cache positions", default = 256 },
     { "out", "string", "where to write pipeline.json and pipeline.svg", default = "bench-out" },
@@ -94,7 +94,7 @@ end
 local function measure(kind, no_trace)
   local p = plan_for(kind)
   local before = c:stats()
-  local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 } })
+  local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 }, ignore_eos = true })
   local steps, last = {}, nil
   for _ in it do
     local now = core.now_ms()

@@ -37,7 +37,7 @@ local spec = {
     { "burst", "int", "requests of a burst (and the server's --max-batch)", default = 4 },
     { "sporadic", "int", "requests sent one after another", default = 2 },
     { "input-tokens", "int", "prompt tokens per request", default = 8 },
-    { "output-tokens", "int", "tokens generated per request", default = 8 },
+    { "output-tokens", "int", "tokens generated per request (ignore_eos: the model's end tokens do not cut it short)", default = 8 },
     { "poisson-rate", "number", "open-loop arrivals at this many requests/s on the interleaved plan (0: none)", default = 0.5 },
     { "prefill", "string", "the ways of prefilling newcomers compared under Poisson arrivals", default = "chunked,own" },
     { "schedulers", "string", "the plans compared, comma-separated", default = "loip,pipeline-offload" },
@@ -96,7 +96,7 @@ for _, run in ipairs(runs_todo) do
   local ok, err = pcall(function()
     local play = function(pattern, opts)
       opts.input_tokens, opts.output_tokens = o.input_tokens, o.output_tokens
-      local runs = load.play(url, model_name, load.pattern(pattern, opts), { vocab = cfg.vocab_size })
+      local runs = load.play(url, model_name, load.pattern(pattern, opts), { vocab = cfg.vocab_size, ignore_eos = true })
       local s = load.summary(runs)
       if s.failed > 0 then
         for _, r in ipairs(runs) do if r.status ~= 200 then error(string.format("%s %s: HTTP %s %s", sched, pattern, tostring(r.status), tostring(r.error)), 0) end end

@@ -7,6 +7,7 @@ local MODEL = T.root .. "/models/stories260K"
 local greedy = assert(json.load(T.root .. "/models/stories260K/reference/greedy.json"))
 
 local function q(s) return "'" .. s:gsub("'", "'\\''") .. "'" end
+teardown(T.drop_stores)
 
 describe("loip generate", function()
   after_each(function() T.cleanup() end)
@@ -61,6 +62,67 @@ describe("loip generate", function()
     rc, _, err = T.run(loip .. " generate --bogus")
     assert.are.equal(2, rc)
     assert.matches("unknown flag --bogus", err, 1, true)
+  end)
+
+  it("suggests the flag a mistyped one meant, and prints no empty default in --help", function()
+    for typo, meant in pairs({ ["max-token"] = "max-tokens", temprature = "temperature", ["ignore-eso"] = "ignore-eos",
+      prom = "prompt" }) do
+      local rc, out, err = T.run(string.format("%s generate --model %s --%s 3", loip, MODEL, typo))
+      assert.are.equal(2, rc)
+      assert.are.equal("", out)
+      assert.matches("unknown flag --" .. typo .. "; did you mean --" .. meant .. "?", err, 1, true)
+    end
+    local _, _, err = T.run(loip .. " generate --zebra-crossing")
+    assert.matches("unknown flag --zebra-crossing (see --help)", err, 1, true) -- nothing close: no guess
+    local _, help = T.run(loip .. " generate --help")
+    assert.is_nil(help:find("(default )", 1, true), "--prompt's empty default shows no '(default )'")
+    assert.matches("--prompt STRING%s+prompt text %(none: generate from the start of a document", help)
+  end)
+
+  -- "Lily" greedily: 223 tokens, then llama2.c's end token (BOS, id 1)
+  it("--ignore-eos runs past the model's end tokens to --max-tokens or the context, one device and a cluster", function()
+    local function gen(model, extra)
+      local rc, out, err = T.run(string.format("%s generate --model %s --prompt Lily --temperature 0 --threads 1 --json %s",
+        loip, model, extra))
+      assert.are.equal(0, rc, err)
+      return json.decode(out)
+    end
+    local plain = gen(MODEL, "--max-tokens 240")
+    assert.are.equal("stop", plain.stop_reason)
+    assert.are.equal(223, plain.generated_tokens)
+    local long = gen(MODEL, "--max-tokens 240 --ignore-eos")
+    assert.are.equal("max_tokens", long.stop_reason)
+    assert.are.equal(240, long.generated_tokens)
+    assert.are.same(plain.token_ids, { unpack(long.token_ids, 1, 223) })
+    assert.are.equal(1, long.token_ids[224]) -- the end token, generated and passed
+    local ctx = gen(MODEL, "--max-tokens 1000 --context 240 --ignore-eos")
+    assert.are.equal("context", ctx.stop_reason)
+    assert.are.equal(240 - #ctx.prompt_ids, ctx.generated_tokens)
+    -- a cluster of 2 local devices: the same tokens
+    local st = T.slice_store(MODEL, "s260-cli")
+    local two = gen(st, "--devices 2 --max-tokens 240 --ignore-eos")
+    assert.are.equal("max_tokens", two.stop_reason)
+    assert.are.same(long.token_ids, two.token_ids)
+    local two_plain = gen(st, "--devices 2 --max-tokens 240")
+    assert.are.equal("stop", two_plain.stop_reason)
+    assert.are.equal(223, two_plain.generated_tokens)
+  end)
+
+  it("gen.ignore_eos in Lua: the model's end tokens do not stop, a stop given still does", function()
+    local m = require("loip.model").open(MODEL, { threads = 1, context = 256 })
+    local function run(opts)
+      opts.temperature, opts.max_tokens = 0, 240
+      local it, st = m:generate("Lily", opts)
+      for _ in it do end
+      return st
+    end
+    local a = run({ ignore_eos = true })
+    assert.are.equal("max_tokens", a.stop_reason)
+    assert.are.equal(240, #a.token_ids)
+    local b = run({ ignore_eos = true, stop = { 1 } })
+    assert.are.equal("stop", b.stop_reason)
+    assert.are.equal(223, #b.token_ids)
+    m:close()
   end)
 
   it("exits 1 naming the file when the model is bad, printing nothing on stdout", function()

@@ -91,6 +91,8 @@ describe("loip serve", function()
     assert.are.equal(r.completion.text, r.completion_stream.text)
     assert.are.equal("length", r.completion_stream.finish)
     assert.are.same({ text = ", there was a little ", finish = "stop" }, r.completion_stop)
+    assert.are.same({ finish = "length", tokens = 240 }, r.ignore_eos)
+    assert.are.same({ prompt_tokens = 1, tokens = 8 }, r.empty_prompt)
     assert.are.same({ "stories260K" }, r.models)
     assert.are.equal(401, r.errors.bad_key.status)
     assert.are.equal("invalid_api_key", r.errors.bad_key.code)
@@ -98,6 +100,94 @@ describe("loip serve", function()
     assert.are.equal(400, r.errors.n2.status)
     assert.are.equal(400, r.errors.too_long.status)
     assert.are.equal("context_length_exceeded", r.errors.too_long.code)
+  end)
+
+  -- in this process: a server over a model (or one whose tokenizer adds no BOS), driven by turns
+  local function in_process(tok)
+    local server = require "loip.serve.server"
+    local m = loip.model.open(S260, { threads = 1, context = 512 })
+    local srv = server.new { model = m, tokenizer = tok or m.tokenizer, dir = S260, name = "stories260K", port = 0, quiet = true }
+    local cl = client.new()
+    local function ask(body)
+      local t = cl:post(string.format("http://127.0.0.1:%d/v1/completions", srv.port), json.encode(body))
+      while cl:busy() do srv:turn(5) cl:run(5) end
+      return t.status, json.decode(t.body) or t.body
+    end
+    local function close() cl:close() srv:close() m:close() end
+    return ask, m, close
+  end
+
+  it("completes an empty prompt from the start of a document (the BOS alone), as loip generate does", function()
+    local m = loip.model.open(S260, { threads = 1, context = 512 })
+    local it, st = m:generate("", { temperature = 0, max_tokens = 16 })
+    local parts = {}
+    for _, piece in it do parts[#parts + 1] = piece end
+    m:close()
+    assert.are.same({ 1 }, st.prompt_ids)
+    local ask, _, close = in_process()
+    local ok, err = pcall(function()
+      for _, prompt in ipairs({ "", { "" } }) do
+        local status, body = ask({ model = "stories260K", prompt = prompt, max_tokens = 16, temperature = 0 })
+        assert.are.equal(200, status, json.encode(body))
+        assert.are.equal(table.concat(parts), body.choices[1].text)
+        assert.are.equal(1, body.usage.prompt_tokens)
+        assert.are.equal(16, body.usage.completion_tokens)
+      end
+    end)
+    close()
+    assert(ok, err)
+    -- a tokenizer that adds no BOS (Qwen2's) leaves nothing to start from: a clear 400
+    local qwen = T.root .. "/models/qwen2-tokenizer"
+    if not T.exists(qwen .. "/vocab.json") then pending("needs models/qwen2-tokenizer") return end
+    local tok = require("loip.text.tokenizer").open(qwen)
+    assert.are.same({}, tok:encode("", { bos = true }))
+    local ask2, _, close2 = in_process(tok)
+    local ok2, err2 = pcall(function()
+      local status, body = ask2({ model = "stories260K", prompt = "", max_tokens = 4 })
+      assert.are.equal(400, status)
+      assert.are.equal("prompt", body.error.param)
+      assert.matches("'prompt' is empty and this model's tokenizer adds no BOS token", body.error.message, 1, true)
+    end)
+    close2()
+    tok:close()
+    assert(ok2, err2)
+  end)
+
+  -- "Lily" greedily: 223 tokens, then llama2.c's end token
+  it("ignore_eos (as llama.cpp's server takes it) runs to max_tokens past the end token; a stop string still stops", function()
+    local ask, _, close = in_process()
+    local ok, err = pcall(function()
+      local base = { model = "stories260K", prompt = "Lily", max_tokens = 240, temperature = 0 }
+      local function with(extra)
+        local b = {}
+        for k, v in pairs(base) do b[k] = v end
+        for k, v in pairs(extra) do b[k] = v end
+        local status, body = ask(b)
+        assert.are.equal(200, status, json.encode(body))
+        return body.choices[1], body.usage
+      end
+      local plain, pu = with({})
+      assert.are.equal("stop", plain.finish_reason)
+      assert.are.equal(223, pu.completion_tokens)
+      local long, lu = with({ ignore_eos = true })
+      assert.are.equal("length", long.finish_reason)
+      assert.are.equal(240, lu.completion_tokens)
+      assert.are.equal(plain.text, long.text:sub(1, #plain.text))
+      local _, fu = with({ ignore_eos = false })
+      assert.are.equal(223, fu.completion_tokens)
+      -- a stop string past where the end token was still ends it
+      local rest = long.text:sub(#plain.text + 1)
+      local word
+      for w in rest:gmatch("%a%a%a%a+") do
+        if not plain.text:find(w, 1, true) then word = w break end
+      end
+      assert.is_string(word, rest)
+      local cut = with({ ignore_eos = true, stop = { word } })
+      assert.are.equal("stop", cut.finish_reason)
+      assert.are.equal(long.text:sub(1, long.text:find(word, 1, true) - 1), cut.text)
+    end)
+    close()
+    assert(ok, err)
   end)
 
   it("loip chat streams each reply and keeps the conversation", function()
@@ -120,6 +210,46 @@ describe("loip serve", function()
     assert.is_true(prompts[2] > prompts[1] + 12, "the history went with the second message")
     assert.are.equal(1, rc2)
     assert.matches("HTTP 401: Incorrect API key provided", err2, 1, true)
+  end)
+
+  it("loip chat: /help and other commands never reach the model, a URL without /v1 is hinted, a piped reply ends its line at once", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    local url, stop, errlog = serve(string.format("--model %s --chat-template %s/chat.jinja", S260, dir), { verbose = true })
+    local ok, err = pcall(function()
+      T.write(dir .. "/in", "/help\n/frobnicate\nOnce upon a time\n//help\n")
+      local rc, out, e = T.run(string.format("%s chat --url %s --max-tokens 4 --temperature 0 < %s/in", T.loip, url, dir))
+      assert.are.equal(0, rc, e)
+      assert.matches("/reset clears the conversation", e, 1, true)
+      assert.matches("chat: no command /frobnicate (/help lists them; //frobnicate sends it as a message)", e, 1, true)
+      assert.are_not.equal("", out)
+      local sent = {} -- two requests: "Once upon a time" and "/help" sent as text
+      for n_prompt in read(errlog):gmatch("chatcmpl%-%x+: (%d+)%+%d+ tokens") do sent[#sent + 1] = tonumber(n_prompt) end
+      assert.are.equal(2, #sent)
+      -- the server's root instead of its API: the 404 says where the API is
+      local base = url:gsub("/v1$", "")
+      local rc2, _, e2 = T.run(string.format("%s chat --url %s < /dev/null", T.loip, base))
+      assert.are.equal(1, rc2)
+      assert.matches("HTTP 404", e2, 1, true)
+      assert.matches("try --url " .. base .. "/v1", e2, 1, true)
+      -- into a pipe, a reply's newline comes with the reply, not when the next message does
+      local p = io.popen(string.format("%s chat --url %s --max-tokens 4 --temperature 0 > %s/piped 2> %s/piped.err", T.loip, url,
+        dir, dir), "w")
+      p:write("Once upon a time\n")
+      p:flush()
+      local got = ""
+      for _ = 1, 1200 do
+        got = read(dir .. "/piped")
+        if got:sub(-1) == "\n" then break end
+        C.loip_sleep_ms(50)
+      end
+      p:close()
+      assert.is_true(#got > 1 and got:sub(-1) == "\n", "the reply's line ended while chat waited for input: " .. json.encode(got)
+        .. " " .. read(dir .. "/piped.err"))
+    end)
+    stop()
+    assert(ok, tostring(err) .. "\n" .. read(errlog))
   end)
 
   it("serves 8 concurrent greedy requests on 3 offloading devices, each as its prompt alone", function()
@@ -230,7 +360,8 @@ describe("loip serve", function()
         { "/v1/completions", with("model", 7), 400, "'model' is required" },
         { "/v1/completions", with("model", "gpt-4"), 404, "does not exist" },
         { "/v1/completions", with("prompt", json.null), 400, "'prompt' must be" },
-        { "/v1/completions", with("prompt", ""), 400, "must not be empty" },
+        { "/v1/completions", with("ignore_eos", "yes"), 400, "'ignore_eos' must be true or false, not \"yes\"" },
+        { "/v1/completions", with("ignore_eos", 1), 400, "'ignore_eos' must be true or false, not 1" },
         { "/v1/completions", with("prompt", { 1, -5 }), 400, "is not a token id" },
         { "/v1/completions", with("prompt", { 1, 99999 }), 400, "below the vocabulary size" },
         { "/v1/completions", with("max_tokens", "ten"), 400, "'max_tokens' must be a number" },

@@ -91,6 +91,30 @@ describe("loip simulate", function()
     assert.is_true(math.abs(b.ms_per_token - b.estimate_ms_per_token) <= 0.02 * b.estimate_ms_per_token)
   end)
 
+  it("takes a loip generate command line as it is: sampling flags and --ignore-eos accepted, ignored, said with --verbose", function()
+    local dir = T.tmpdir()
+    local flat = write_profile(dir, 0)
+    local base = "--profile " .. flat .. " --requests 1 --max-tokens 24 --json"
+    local rc, out, err = simulate(base)
+    assert.are.equal(0, rc, err)
+    local sampling = "--temperature 0.7 --top-k 40 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.1 --ignore-eos --on-device-loss fail"
+    local rc2, out2, err2 = simulate(base .. " " .. sampling)
+    assert.are.equal(0, rc2, err2)
+    assert.are.same(json.decode(out), json.decode(out2), "the same timing")
+    assert.are.equal("", err2, "quiet without --verbose")
+    local rc3, _, err3 = simulate(base .. " " .. sampling .. " --verbose")
+    assert.are.equal(0, rc3, err3)
+    for _, f in ipairs({ "temperature", "top-k", "top-p", "min-p", "repeat-penalty", "ignore-eos", "on-device-loss" }) do
+      assert.matches("simulate: ignoring --" .. f .. " (does not change the timing)", err3, 1, true)
+    end
+    -- --tokenizer counts --prompt's tokens, as generate's does
+    local st = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local rc4, out4, err4 = T.run(string.format("%s simulate --model %s --devices 2 --context 256 --requests 1 --prompt 'Once upon a time' "
+      .. "--max-tokens 4 --tokenizer %s/models/stories260K/tok512.bin", T.loip, st, T.root))
+    assert.are.equal(0, rc4, err4)
+    assert.matches("simulated 1 sporadic request (5 + 4 tokens each)", out4, 1, true)
+  end)
+
   it("grows the KV cache inside the budgets: the runtime's online policy makes room as on devices, or a device runs out", function()
     -- stories260K on 2 devices of 960K, planned for 32 positions (as online_spec runs it on workers:
     -- 9 changes there too, at 49 to 273 positions)
@@ -112,6 +136,15 @@ describe("loip simulate", function()
     assert.are.equal(0, rc3, err3)
     assert.matches("simulated 1 sporadic request (5 + 380 tokens each)", out3, 1, true)
     assert.matches("live plan changes by the online policy loip", out3, 1, true)
+    -- budgets that hold the whole context only in a plan made for it: the policy has the
+    -- scheduler plan again, as on devices
+    local rc4, out4, err4 = T.run(string.format("%s simulate --model %s --devices 3 --mem 790K,770K,800K --context 512 "
+      .. "--link-rate 100mbit --prompt 'A big red ball' --max-tokens 480 --plan-context 64 --requests 1 --json", T.loip, st))
+    assert.are.equal(0, rc4, err4)
+    local j4 = json.decode(out4)
+    assert.are.equal(0, j4.failed)
+    assert.are.equal(1, j4.replans)
+    for i, d in ipairs(j4.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
   end)
 
   it("makes later tokens attend more positions, writes a trace loip trace plot draws, refuses a plan past a budget", function()

@@ -15,6 +15,23 @@ describe("loip.serve.openai", function()
     assert.are.equal(1, s.sampler.top_p)
   end)
 
+  it("takes ignore_eos as llama.cpp's server does (a boolean), and an empty prompt as the start of a document", function()
+    local s = assert(openai.parse("completion", json.encode({ model = "m", prompt = "", ignore_eos = true })))
+    assert.are.equal("", s.prompt)
+    assert.is_true(s.ignore_eos)
+    s = assert(openai.parse("chat", json.encode({ model = "m", messages = { { role = "user", content = "hi" } } })))
+    assert.is_false(s.ignore_eos)
+    assert.are.equal("", assert(openai.parse("completion", json.encode({ model = "m", prompt = { "" } }))).prompt)
+    for _, v in ipairs({ "true", 1, { true } }) do
+      local _, e = openai.parse("chat", json.encode({ model = "m", messages = { { role = "user", content = "hi" } }, ignore_eos = v }))
+      assert.are.equal(400, e.status)
+      assert.are.equal("ignore_eos", e.param)
+      assert.matches("'ignore_eos' must be true or false", e.message, 1, true)
+    end
+    local _, e = openai.parse("completion", json.encode({ model = "m", prompt = {} }))
+    assert.are.equal("prompt", e.param)
+  end)
+
   it("names the field of a bad request", function()
     local _, e = openai.parse("completion", json.encode({ model = "m", prompt = "x", temperature = -1 }))
     assert.are.equal("temperature", e.param)

@@ -1,6 +1,6 @@
 // The official OpenAI client (npm "openai"), unchanged, against a running `loip serve`: chat and
-// completions, streamed and not, the model list, and the errors the client raises. Prints one
-// JSON object with what it got; spec/integration/serve_spec.lua checks it.
+// completions, streamed and not, ignore_eos and an empty prompt, the model list, and the errors the
+// client raises. Prints one JSON object with what it got; spec/integration/serve_spec.lua checks it.
 // Usage: node client.mjs BASE_URL API_KEY MODEL
 import OpenAI from "openai";
 
@@ -45,6 +45,12 @@ out.completion = { text: comp.choices[0].text, finish: comp.choices[0].finish_re
 out.completion_stream = await streamed("completion", compParams);
 const stopped = await client.completions.create({ ...compParams, stop: ["girl"] });
 out.completion_stop = { text: stopped.choices[0].text, finish: stopped.choices[0].finish_reason };
+// llama.cpp's ignore_eos passes through the client as any extra field does: "Lily" ends after 223 tokens without it
+const long = await client.completions.create({ model, prompt: "Lily", max_tokens: 240, temperature: 0, ignore_eos: true });
+out.ignore_eos = { finish: long.choices[0].finish_reason, tokens: long.usage.completion_tokens };
+// an empty prompt: from the start of a document
+const empty = await client.completions.create({ model, prompt: "", max_tokens: 8, temperature: 0 });
+out.empty_prompt = { prompt_tokens: empty.usage.prompt_tokens, tokens: empty.usage.completion_tokens };
 
 const models = await client.models.list();
 out.models = models.data.map((m) => m.id);

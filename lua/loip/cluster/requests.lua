@@ -186,8 +186,9 @@ function M.install(Cluster)
   -- batcher's). Iterators of several calls may be interleaved: each is its own request, run in
   -- one micro-batch. gen: max_tokens (default: to the end of the context), temperature, top_k,
   -- top_p, min_p, repetition_penalty (or all of them in gen.sampler), seed, stop (ids, as a list
-  -- or a set; default the model's end tokens, as one device stops), bos (text: add BOS, default
-  -- true), n_sample, tokenizer (a tokenizer object to use instead of the store's).
+  -- or a set; default the model's end tokens, as one device stops), ignore_eos (true: the model's
+  -- end tokens do not stop it, a stop given still does), bos (text: add BOS, default true),
+  -- n_sample, tokenizer (a tokenizer object to use instead of the store's).
   function Cluster:generate(prompt, gen)
     gen = gen or {}
     if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
@@ -206,7 +207,7 @@ function M.install(Cluster)
       for k, v in pairs(gen.stop) do
         if v == true then stop[k] = true else stop[v] = true end
       end
-    else
+    elseif not gen.ignore_eos then
       for _, id in ipairs(require("loip.model").stop_ids(self.facts, tok)) do stop[id] = true end
     end
     local sampler = gen.sampler

@@ -395,7 +395,8 @@ end
 -- several generate calls may be interleaved: each is its own request, and they run as one
 -- batch (state.request is the loip.serve.batcher request; m:batcher() the loop).
 -- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
--- repetition_penalty, seed, stop (array of ids; default the model's end tokens), bos.
+-- repetition_penalty, seed, stop (array of ids; default the model's end tokens), ignore_eos
+-- (true: the model's end tokens do not stop it, a stop given still does: a fixed length), bos.
 function Model:generate(prompt, opts)
   opts = opts or {}
   local tok = self.tokenizer
@@ -411,7 +412,7 @@ function Model:generate(prompt, opts)
   local room = self.context - n_prompt
   local max_tokens = math.min(opts.max_tokens or room, room)
   local stop_set = {}
-  for _, id in ipairs(opts.stop or self.stop_ids) do stop_set[id] = true end
+  for _, id in ipairs(opts.stop or (not opts.ignore_eos and self.stop_ids) or {}) do stop_set[id] = true end
   -- Rows of a padded embedding past the tokenizer's last id have no text: never sample them.
   local n_sample = tok and math.min(tok.vocab_size, self.vocab_size) or self.vocab_size
   local params = {}

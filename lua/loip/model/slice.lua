@@ -369,7 +369,8 @@ function M.write(src_path, out, opts)
     end
     local text = json.encode_sorted(man, 1) .. "\n"
     write_file(out .. "/manifest.json", function(put) put(text, #text) end)
-    bar:finish(string.format("%s: %d block files, %d other files", out, #files, #mfiles))
+    bar:finish(string.format("%s: %d block file%s, %d other file%s", out, #files, #files == 1 and "" or "s",
+      #mfiles, #mfiles == 1 and "" or "s"))
     return man
   end)
   src.close()

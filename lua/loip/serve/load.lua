@@ -29,7 +29,9 @@ function M.pattern(name, opts)
   return require("loip.policy").load("pattern", name).requests(opts or {})
 end
 
--- Play arrivals; opts: vocab (prompt ids below it), api_key, temperature (0), timeout_ms.
+-- Play arrivals; opts: vocab (prompt ids below it), api_key, temperature (0), timeout_ms,
+-- ignore_eos (true: each request generates its max_tokens whatever the model ends on, as a
+-- benchmark of a fixed length needs).
 -- Returns one record per request: { status, prompt_tokens, tokens, t_sent, t_first, t_done
 -- (ms, loip.core.now_ms), ttft_ms, ms_per_token, error }.
 function M.play(url, model, arrivals, opts)
@@ -43,7 +45,8 @@ function M.play(url, model, arrivals, opts)
     local r = { prompt_tokens = a.prompt_tokens, tokens = 0, t_sent = core.now_ms(), times = {} }
     runs[k] = r
     local body = json.encode({ model = model, prompt = M.prompt(a.prompt_tokens, k, opts.vocab or 32000),
-      max_tokens = a.max_tokens, temperature = opts.temperature or 0, stream = true, stream_options = { include_usage = true } })
+      max_tokens = a.max_tokens, temperature = opts.temperature or 0, ignore_eos = opts.ignore_eos or nil, stream = true,
+      stream_options = { include_usage = true } })
     local h = {}
     for x, y in pairs(headers or {}) do h[x] = y end
     local t = cl:post(url .. "/completions", body, h, { timeout_ms = opts.timeout_ms })

@@ -44,7 +44,7 @@ end
 -- Fields each endpoint knows; those accepted and ignored are listed with what they must be.
 local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
   stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
-  logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true }
+  logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true }
 local CHAT = { messages = true, max_completion_tokens = true, response_format = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
 
@@ -65,8 +65,9 @@ local function number_in(body, k, lo, hi, integer)
 end
 
 -- Check an endpoint's body. kind: "chat" or "completion". Returns a spec { model, messages |
--- prompt (string or ids), max_tokens (nil: to the end of the context), sampler, seed, stop
--- (list of strings), stream, include_usage }, or nil and { status, message, param, code }.
+-- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
+-- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
+-- end tokens do not stop it), stream, include_usage }, or nil and { status, message, param, code }.
 function M.parse(kind, text)
   if not M.utf8_valid(text) then
     return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
@@ -106,6 +107,10 @@ function M.parse(kind, text)
   end
   if body.stream ~= nil and type(body.stream) ~= "boolean" then return bad("stream", "'stream' must be true or false") end
   s.stream = body.stream == true
+  if body.ignore_eos ~= nil and body.ignore_eos ~= json.null and type(body.ignore_eos) ~= "boolean" then
+    return bad("ignore_eos", "'ignore_eos' must be true or false, not %s", json.encode(body.ignore_eos))
+  end
+  s.ignore_eos = body.ignore_eos == true
   if body.stream_options ~= nil and body.stream_options ~= json.null then
     if type(body.stream_options) ~= "table" then return bad("stream_options", "'stream_options' must be an object") end
     s.include_usage = body.stream_options.include_usage == true
@@ -160,15 +165,14 @@ function M.parse(kind, text)
     local p = body.prompt
     if type(p) == "table" and p ~= json.null and #p == 1 and type(p[1]) == "string" then p = p[1] end
     if type(p) == "string" then
-      if p == "" then return bad("prompt", "'prompt' must not be empty") end
-      s.prompt = p
+      s.prompt = p -- "": from the start of a document (the BOS alone), as OpenAI's API and loip generate do
     elseif type(p) == "table" and p ~= json.null and #p > 0 and type(p[1]) == "number" then
       for i, id in ipairs(p) do
         if type(id) ~= "number" or id ~= math.floor(id) or id < 0 then return bad("prompt", "'prompt' token %d is not a token id", i - 1) end
       end
       s.prompt_ids = p
     else
-      return bad("prompt", "'prompt' must be a non-empty string (or one string in an array, or an array of token ids)")
+      return bad("prompt", "'prompt' must be a string (or one string in an array, or a non-empty array of token ids)")
     end
     if body.echo == true then return bad("echo", "'echo' is not supported") end
     if body.suffix ~= nil and body.suffix ~= json.null then return bad("suffix", "'suffix' is not supported") end

@@ -96,7 +96,11 @@ function Server:generate(req, kind)
   end
   local ids, st, msg = self:prompt_ids(spec)
   if not ids then return fail(req, st, msg, nil, kind == "chat" and "messages" or "prompt") end
-  if #ids == 0 then return fail(req, 400, "the prompt is empty after tokenization", nil, "prompt") end
+  if #ids == 0 then
+    return fail(req, 400, spec.prompt == "" and "'prompt' is empty and this model's tokenizer adds no BOS token to start "
+      .. "a document from: give a prompt (text or token ids)" or "the prompt is empty after tokenization", nil,
+      kind == "chat" and "messages" or "prompt")
+  end
   local n = #ids
   if spec.max_tokens and n + spec.max_tokens > self.context or n >= self.context then
     return fail(req, 400, string.format("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
@@ -105,7 +109,7 @@ function Server:generate(req, kind)
   end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
   local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
-    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = self.stop_ids })
+    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {} })
   if not ok then
     if type(r) == "table" and r.kind == "overloaded" then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
@@ -211,7 +215,9 @@ end
 
 -- What /health answers: the model, requests running and queued and, when a cluster serves,
 -- its devices (endpoint, process id of a local worker), how many were lost (and `losses`, each
--- with the step, the devices, why, how many were left and the re-plan's time) and taken back.
+-- with the step, the devices, why (one line; a worker's last log lines in `log`), how many were
+-- left, whether the others could take over (`replanned`, else `error`) and the re-plan's time)
+-- and taken back; status "degraded" while the last loss left devices that could not.
 function Server:health()
   local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued() }
   local c = self.opts.cluster
@@ -220,6 +226,9 @@ function Server:health()
     for i, d in ipairs(c.devices) do h.devices[i] = { device = i, endpoint = d.endpoint, pid = d.pid } end
     h.device_losses = c.losses and #c.losses or 0
     if h.device_losses > 0 then h.losses = c.losses end
+    -- a loss left devices that could not take over: nothing is served until the lost device is
+    -- back (taken back when nothing runs)
+    if c.degraded then h.status, h.error = "degraded", c.degraded end
     h.devices_taken_back = c.taken_back or 0
   end
   return h

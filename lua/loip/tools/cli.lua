@@ -27,11 +27,13 @@ commands.generate = {
     .. "(as llama2.c's run.c does); with --json, one JSON object with the text, ids and timings.",
   flags = {
     { "model", "string", "model directory (Hugging Face layout), GGUF file, slice store or llama2.c checkpoint", required = true, metavar = "DIR" },
-    { "prompt", "string", "prompt text", default = "" },
+    { "prompt", "string", "prompt text (none: generate from the start of a document, the BOS token alone)", default = "" },
     { "max-tokens", "int", "tokens to generate at most", default = 256,
       check = function(v) return v >= 0, "must be >= 0" end },
     { "temperature", "number", "sampling temperature; 0 is greedy", default = 0.8,
       check = function(v) return v >= 0, "must be >= 0" end },
+    { "ignore-eos", "bool", "do not stop at the model's end tokens: generate --max-tokens tokens (or to the end of the "
+      .. "context), as a benchmark of a fixed length needs" },
     { "top-k", "int", "keep the k most likely tokens (0: off)", default = 0 },
     { "top-p", "number", "nucleus sampling threshold (1: off)", default = 0.95,
       check = function(v) return v > 0 and v <= 1, "must be in (0, 1]" end },
@@ -138,7 +140,7 @@ local function run_cluster(o)
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then cp.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
-    local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok,
+    local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok, ignore_eos = o.ignore_eos,
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
     local pieces = {}
@@ -258,7 +260,7 @@ function commands.generate.run(o)
   end
   if o.verbose and m.budget then stderr("memory:\n%s\n", tostring(m.budget:report())) end
   local gen_opts = { max_tokens = o.max_tokens, temperature = o.temperature, top_k = o.top_k,
-    top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed }
+    top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty, seed = o.seed, ignore_eos = o.ignore_eos }
   local input = o.prompt
   if o.chat or o.chat_template then
     local messages = {}
@@ -567,8 +569,9 @@ function commands.slice.run(o, pos)
   end
   if not pos[2] or pos[3] then error({ usage_error = true, msg = "slice: MODEL_DIR OUT_DIR (see --help)" }, 0) end
   local man = slice.write(pos[1], pos[2], { force = o.force })
-  print(string.format("%s: %d block files, %d other files, %s; source sha256 %s", pos[2], #man.files,
-    #man.model_files, human(man.total_bytes), man.source.sha256))
+  local function count(n, what) return string.format("%d %s%s", n, what, n == 1 and "" or "s") end
+  print(string.format("%s: %s, %s, %s; source sha256 %s", pos[2], count(#man.files, "block file"),
+    count(#man.model_files, "other file"), human(man.total_bytes), man.source.sha256))
   return 0
 end
 

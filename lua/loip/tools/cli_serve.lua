@@ -127,7 +127,8 @@ function M.commands(shared)
     usage = "loip chat --url URL [--api-key KEY] [--model NAME] [--system TEXT]",
     summary = "Chat with an OpenAI-compatible server (loip serve, or another): each line you type is a user\n"
       .. "message, the reply streams as it is generated, and the conversation is kept (/reset clears it,\n"
-      .. "/exit or end of input leaves). Without a terminal, reads one message per line from stdin.",
+      .. "/exit or end of input leaves, /help lists the commands). Without a terminal, reads one message per\n"
+      .. "line from stdin.",
     flags = {
       { "url", "string", "the API's base URL, e.g. http://127.0.0.1:8080/v1", required = true },
       { "api-key", "string", "sent as Authorization: Bearer KEY (default: LOIP_API_KEY, else OPENAI_API_KEY)", metavar = "KEY" },
@@ -149,7 +150,10 @@ function M.commands(shared)
     local function fail_of(t)
       local e = json.decode(t.body or "")
       local msg = type(e) == "table" and type(e.error) == "table" and e.error.message or t.error or (t.body or ""):sub(1, 200)
-      return string.format("%s: %s%s", url, t.status and t.status > 0 and ("HTTP " .. t.status .. ": ") or "", tostring(msg))
+      -- a bare 404 from a URL without the API's version: the usual mistake, said
+      local hint = t.status == 404 and not url:match("/v%d+$")
+        and string.format(" (the API's base URL ends in /v1 on loip serve and OpenAI-compatible servers: try --url %s/v1)", url) or ""
+      return string.format("%s: %s%s%s", url, t.status and t.status > 0 and ("HTTP " .. t.status .. ": ") or "", tostring(msg), hint)
     end
     local model = o.model
     if not model then
@@ -162,7 +166,7 @@ function M.commands(shared)
     local interactive = LOIP_INTERACTIVE
     local history = {}
     if o.system then history[1] = { role = "system", content = o.system } end
-    if interactive then io.stderr:write(string.format("chatting with %s at %s (/reset, /exit)\n", model, url)) end
+    if interactive then io.stderr:write(string.format("chatting with %s at %s (/help, /reset, /exit)\n", model, url)) end
     while true do
       local line
       if interactive then line = loip_readline("you> ") else line = io.read("*l") end
@@ -170,7 +174,13 @@ function M.commands(shared)
       if line == "/reset" then
         history = o.system and { { role = "system", content = o.system } } or {}
         io.stderr:write("(history cleared)\n")
+      elseif line == "/help" then
+        io.stderr:write("/reset clears the conversation, /exit (or end of input) leaves, /help shows this; "
+          .. "a line that starts with // is sent as a message with one / less\n")
+      elseif line:match("^/[%w_-]*$") then -- a command, never a message to the model
+        io.stderr:write(string.format("chat: no command %s (/help lists them; //%s sends it as a message)\n", line, line:sub(2)))
       elseif line:match("%S") then
+        if line:sub(1, 2) == "//" then line = line:sub(2) end
         if interactive then loip_history("add", line) end
         history[#history + 1] = { role = "user", content = line }
         local body = { model = model, messages = history, stream = true, max_tokens = o.max_tokens, temperature = o.temperature }
@@ -188,7 +198,8 @@ function M.commands(shared)
           end
         end
         cl:wait(3600 * 1000)
-        io.stdout:write("\n")
+        io.stdout:write("\n") -- each reply ends its line now, also into a pipe (the next waits for input)
+        io.stdout:flush()
         if t.status ~= 200 then
           history[#history] = nil
           io.stderr:write("chat: ", fail_of(t), "\n")

@@ -27,6 +27,7 @@ for _, f in ipairs({
   { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
   { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
   { "plan-context", "int", "as --plan-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
+  { "tokenizer", "string", "as loip generate takes it: the tokenizer file that counts --prompt's tokens", metavar = "FILE" },
   { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
     check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
   { "plan-tokens", "int", "KV positions the plan's memory holds (fewer than --kv-tokens: the KV cache grows inside the budgets "
@@ -38,7 +39,22 @@ for _, f in ipairs({
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
+  { "verbose", "bool", "say which of loip generate's flags were ignored" },
 }) do flags[#flags + 1] = f end
+
+-- loip generate's flags that do not change the timing, taken so that its command line simulates
+-- as it is, and ignored (--verbose says so): the sampler's (every token costs the same, whichever
+-- is drawn), --ignore-eos (a simulated request always generates --max-tokens), --on-device-loss
+-- (no simulated device is lost). (--seed is simulate's own: the Poisson arrivals'.)
+local IGNORED = {
+  { "temperature", "number" }, { "top-k", "int" }, { "top-p", "number" }, { "min-p", "number" },
+  { "repeat-penalty", "number" }, { "ignore-eos", "bool" }, { "on-device-loss", "string" },
+}
+M.ignored = {}
+for _, f in ipairs(IGNORED) do
+  flags[#flags + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
+  M.ignored[#M.ignored + 1] = f[1]
+end
 
 M.commands = {}
 M.commands.simulate = {
@@ -53,6 +69,11 @@ M.commands.simulate = {
 local mean = require("loip.tools.bench").mean
 
 function M.commands.simulate.run(o)
+  for _, name in ipairs(M.ignored) do
+    if o[name:gsub("-", "_")] ~= nil and o.verbose then
+      io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", name))
+    end
+  end
   if o.max_tokens then o.output_tokens = o.max_tokens end
   if o.plan_context then o.plan_tokens = o.plan_context end
   if o.prompt then
@@ -60,7 +81,7 @@ function M.commands.simulate.run(o)
     local st = require "loip.model.store"
     local vocab
     if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
-    local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab })
+    local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab, path = o.tokenizer })
     o.input_tokens = #tok:encode(o.prompt, { bos = true })
   end
   local plan = require "loip.plan"
@@ -97,8 +118,15 @@ function M.commands.simulate.run(o)
   end
   local mopts = require("loip.plan.space").memory_opts(prob)
   if not o.json then cp.report(p, est, info, sizes, mopts) end
+  -- (an online policy may have the scheduler plan again for a longer context, as on devices)
+  local function replanner(positions)
+    local prob2 = cp.problem_of("simulate", setmetatable({ plan_tokens = positions }, { __index = o }))
+    local p2, est2 = policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model })
+    return prob2, p2, est2
+  end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
-    kv_tokens = o.kv_tokens, kv_plan_tokens = o.plan_tokens, estimate = est, trace = o.trace ~= nil })
+    kv_tokens = o.kv_tokens, kv_plan_tokens = o.plan_tokens, estimate = est, trace = o.trace ~= nil,
+    replanner = not o.plan and replanner or nil })
   local online = o.online or (o.plan_tokens and "loip") or nil
   if online == "none" then online = nil end
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
@@ -123,7 +151,7 @@ function M.commands.simulate.run(o)
     tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
     failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
     scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
-    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0 }
+    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans }
   if o.trace then
     local tr = require("loip.tools.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
@@ -142,7 +170,8 @@ function M.commands.simulate.run(o)
       d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
   end
   if out.adaptations > 0 then
-    io.stdout:write(string.format("  %d live plan changes by the online policy %s\n", out.adaptations, tostring(online)))
+    io.stdout:write(string.format("  %d live plan changes by the online policy %s%s\n", out.adaptations, tostring(online),
+      s.replans and string.format(" (%d a new plan for a longer context)", s.replans) or ""))
   end
   if s.failure then io.stdout:write("the step failed: ", s.failure, "\n") end
   if failed > 0 then io.stdout:write(string.format("%d request(s) failed\n", failed)) end

@@ -47,7 +47,12 @@ function M.parse(spec, argv, first)
       local name, value = a:match("^%-%-([^=]+)=(.*)$")
       name = name or a:sub(3)
       local f = byname[name]
-      if not f then fail(spec.name, "unknown flag --" .. name .. " (see --help)") end
+      if not f then
+        local names = {}
+        for _, x in ipairs(spec.flags) do names[#names + 1] = x[1] end
+        local near = require("loip.tools.suggest").closest(name, names)
+        fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
+      end
       local key = name:gsub("-", "_")
       if f[2] == "bool" then
         if value ~= nil then fail(spec.name, "--" .. name .. " takes no value") end
@@ -86,7 +91,7 @@ function M.help(spec)
   for _, f in ipairs(spec.flags) do
     local left = "  --" .. f[1] .. (f[2] ~= "bool" and (" " .. (f.metavar or f[2]:upper())) or "")
     local right = f[3]
-    if f.default ~= nil and f[2] ~= "bool" then right = right .. " (default " .. tostring(f.default) .. ")" end
+    if f.default ~= nil and f.default ~= "" and f[2] ~= "bool" then right = right .. " (default " .. tostring(f.default) .. ")" end
     if f.required then right = right .. " (required)" end
     out[#out + 1] = string.format("%-30s %s", left, right)
   end
