@@ -90,6 +90,19 @@ LOIP_API int loip_disk_free(const char *path, uint64_t *bytes) {
     return LOIP_OK;
 }
 
+/* A profile measures the disk, not the page cache: a file just written (by loip slice) sits in
+ * it, and a buffered read of it would time memory. Written pages are flushed first: the kernel
+ * drops only clean ones. */
+LOIP_API int loip_file_drop_cache(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return loip_fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    fdatasync(fd);
+    int rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+    if (rc != 0) return loip_fail(-rc, "%s: cannot drop its cached pages: %s", path, strerror(rc));
+    return LOIP_OK;
+}
+
 /* Weights are read once into memory that keeps them: through the page cache they would sit in
  * memory twice until the kernel reclaims the cache, which a memory-starved device cannot
  * afford. O_DIRECT needs 4 KiB-aligned offsets, lengths and memory (slice stores are laid out

@@ -184,11 +184,12 @@ end
 function M.start_local(opts)
   local n = opts.devices or 1
   local devices = {}
-  local ncpu = tonumber(io.popen("nproc"):read("*l")) or 1
+  -- the workers share this machine's cores: split among them unless told
+  local threads = require("loip.plan.profile").split_threads(n, opts.threads)
   for i = 1, n do
     local m = type(opts.mem) == "table" and opts.mem[i] or opts.mem or 0
     if type(m) == "string" then m = require("loip.tools.flags").parse_bytes(m) end
-    devices[i] = { mem = m or 0, threads = opts.threads or math.max(1, math.floor(ncpu / n)) }
+    devices[i] = { mem = m or 0, threads = threads }
   end
   local dir = opts.dir
   if dir then os.execute("mkdir -p " .. sh_quote(dir))
@@ -203,6 +204,7 @@ function M.start_local(opts)
   c.exe = opts.exe or exe()
   c.dir = dir
   c.spawned = true
+  c.local_devices = n -- (sharing this machine: its calibration's readers, kept after a loss)
   local ok, err = pcall(function()
     if opts.cpu_latency_us then
       c.wake_before = C.loip_cpu_wake_latency_held() -- what this process held before, restored at close
@@ -267,7 +269,12 @@ function Cluster:profiles(opts)
     return out
   end
   if self.spawned then
-    local here = profile.calibrate { store = self.store, threads = self.devices[1].threads, context = self.context }
+    -- local devices share this machine: its disk read by all of them at once (each device's
+    -- rate is its share), its cores split among them (each device's threads, start_local), and
+    -- compute timed while as many readers stream. (As many as were started: a re-plan after a
+    -- loss reuses the calibration rather than measure again while requests wait.)
+    local here = profile.calibrate { store = self.store, threads = self.devices[1].threads, context = self.context,
+      readers = self.local_devices or N }
     for i = 1, N do out[i] = here end
     return out
   end

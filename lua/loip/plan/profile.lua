@@ -11,13 +11,21 @@
 --   device   cpus, threads, kernels, mem_total_bytes, mem_available_bytes, host
 --   shape    the block shape measured: dim, hidden_dim, n_heads, n_kv_heads, head_dim, dtype,
 --            mha_bytes, mlp_bytes (weights of one block)
---   compute  blocks: [{ kind, batch, context, ms }] measured on that shape; weight_bps[batch]
---            (weight bytes computed per second, from the MLP); attention_ms_per_token[batch]
---            (per position attended, for the shape's heads); mha_fixed_ms[batch]; under_load
---            (compute time while the loader streams / alone)
---   disk     read_bps (O_DIRECT through the loader, cold), load_ms (a small read's fixed cost),
---            bytes, path; in_order and overlapped ({ first_ms, read_bps } of loads queued two at
---            a time, without and with overlap_loads) and overlap_loads (whether to overlap them)
+--   compute  blocks: [{ kind, batch, context, ms, spread, spread_rounds, samples, steady }]
+--            measured on that shape (ms: the median of the steadiest round of samples; spread:
+--            that round's interquartile range / median; spread_rounds: how far the rounds'
+--            medians were apart, max/min - 1; steady: false when no round settled, see
+--            M.steady); weight_bps[batch] (weight bytes computed per second, from the MLP);
+--            attention_ms_per_token[batch] (per position attended, for the shape's heads);
+--            mha_fixed_ms[batch]; under_load (compute time while the loader streams / alone);
+--            spread (the largest of the figures'); unsteady (the figures that did not settle,
+--            named; absent when all did: a busy machine, the figures may be far off)
+--   disk     read_bps (O_DIRECT through the loader, cold: the files' pages dropped first), load_ms
+--            (a small read's fixed cost), bytes, path; readers (how many read the disk at once,
+--            as the local devices of a cluster on this machine do: read_bps is then each one's
+--            rate while all read, read_bps_alone one reader's by itself; absent: one); in_order
+--            and overlapped ({ first_ms, read_bps } of loads queued two at a time, without and
+--            with overlap_loads) and overlap_loads (whether to overlap them)
 --   link     transport_ms (one way through ZeroMQ, send to receipt, between two sockets of one
 --            process), timer_late_us (how late a 1 ms sleep wakes, median and p90)
 -- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
@@ -95,18 +103,83 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
     threads = tonumber(C.loip_pool_size(pool)) }
 end
 
--- Median ms of fn over reps runs (after one warm-up), at least min_ms of runs in all.
-local function timed(fn, reps, min_ms)
+-- The relative spread of samples: their interquartile range over their median (0: all alike).
+-- Robust to one stray sample at either end of five; a busy machine that slows a quarter of
+-- them or more shows.
+function M.spread(xs)
+  local m = median(xs)
+  if not m or m <= 0 then return 0 end
+  local s = {}
+  for i, v in ipairs(xs) do s[i] = v end
+  table.sort(s)
+  -- quartiles between ranks (of five samples: the 2nd and the 4th)
+  local function q(p)
+    local at = 1 + p * (#s - 1)
+    local lo = math.floor(at)
+    return s[lo] + (s[math.min(#s, lo + 1)] - s[lo]) * (at - lo)
+  end
+  return (q(0.75) - q(0.25)) / m
+end
+
+-- A figure measured until it is steady. sample() returns one measurement (ms). A round takes
+-- opts.reps samples (5), and goes on until opts.min_ms of them in all (0; at most 200); the round
+-- is steady when its spread (M.spread) is at most opts.tolerance (0.25) and its median is within
+-- opts.tolerance of the round before (there is none before the first). Rounds go on until one
+-- is steady, at most opts.rounds (4); the figure is the median of the steadiest round (least
+-- spread). opts.pooled: a figure whose samples vary by nature (compute while the disk streams):
+-- a round is steady when its median is within opts.tolerance of the round before, whatever its
+-- spread, and the figure is the median of every sample (its spread theirs). When none is
+-- steady, opts.warn (default: a line on stderr) is told, naming opts.name and the spread.
+-- Returns { ms, spread (of that round), spread_rounds (max/min of the rounds' medians, less 1),
+-- samples (in all), rounds, steady }.
+function M.steady(sample, opts)
+  opts = opts or {}
+  local reps, min_ms, tol, most = opts.reps or 5, opts.min_ms or 0, opts.tolerance or 0.25, opts.rounds or 4
+  local best, prev, n, meds, out, all = nil, nil, 0, {}, nil, {}
+  for r = 1, most do
+    local xs, spent = {}, 0
+    while #xs < reps or spent < min_ms do
+      local dt = sample()
+      xs[#xs + 1], spent = dt, spent + dt
+      if #xs >= 200 then break end
+    end
+    n = n + #xs
+    for _, x in ipairs(xs) do all[#all + 1] = x end
+    local m, s = median(xs), M.spread(xs)
+    if opts.pooled then s = prev and 0 or math.huge end
+    meds[r] = m
+    if not best or s < best.spread then best = { ms = m, spread = s } end
+    local agrees = not prev or math.abs(m - prev) <= tol * math.min(m, prev)
+    if s <= tol and agrees then
+      out = { ms = m, spread = s, steady = true, rounds = r }
+      break
+    end
+    prev = m
+  end
+  out = out or { ms = best.ms, spread = best.spread, steady = false, rounds = #meds }
+  if opts.pooled then out.ms, out.spread = median(all), M.spread(all) end
+  local lo, hi = math.huge, 0
+  for _, m in ipairs(meds) do lo, hi = math.min(lo, m), math.max(hi, m) end
+  out.spread_rounds = lo > 0 and hi / lo - 1 or 0
+  out.samples = n
+  if not out.steady then
+    local msg = string.format("profile: %s did not settle: its samples spread by %.0f%% of their median (tolerance %.0f%%) "
+      .. "and its rounds' medians by %.0f%%, over %d rounds of %d samples; the figure kept (%.3f ms) may be far off: "
+      .. "measure on a quieter machine", opts.name or "a measurement", 100 * out.spread, 100 * tol, 100 * out.spread_rounds,
+      out.rounds, reps, out.ms)
+    if opts.warn then opts.warn(msg) else io.stderr:write(msg, "\n") end
+  end
+  return out
+end
+
+-- fn timed until steady (M.steady, after one warm-up): its result; name says what it is.
+local function timed(fn, reps, min_ms, name, warn, pooled)
   fn()
-  local xs, spent = {}, 0
-  while #xs < reps or spent < (min_ms or 0) do
+  return M.steady(function()
     local t0 = core.now_ms()
     fn()
-    local dt = core.now_ms() - t0
-    xs[#xs + 1], spent = dt, spent + dt
-    if #xs >= 200 then break end
-  end
-  return median(xs)
+    return core.now_ms() - t0
+  end, { reps = reps, min_ms = min_ms, name = name, warn = warn, pooled = pooled })
 end
 
 -- Least-squares line through (x, y): intercept, slope.
@@ -132,32 +205,120 @@ local function file_sizes(files)
   return sizes, biggest
 end
 
--- Streams reads of files (a list of paths, each read whole, round after round) through an
--- io_uring loader at rate (bytes/s, 0: as fast as it goes) while fn runs; returns what fn returns.
-local function while_reading(files, rate, fn)
+-- Streams reads of files (a list of paths, each read whole, round after round) through
+-- `readers` io_uring loaders (1; each its own files of the list, as a cluster's local devices
+-- read their blocks at once), each at rate (bytes/s, 0: as fast as it goes), while fn runs;
+-- returns what fn returns.
+local function while_reading(files, rate, fn, readers)
   local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
-  local l, err = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
-  if not l then error("profile: " .. err, 0) end
-  local tag, k = 0, 0
-  local function submit()
-    k = k % #files + 1
-    tag = tag + 1
-    assert(l:submit((tag - 1) % 2 + 1, { { path = files[k], offset = 0, length = sizes[k] } }, tag))
+  local ls = {}
+  for r = 1, readers or 1 do
+    local l, err = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
+    if not l then
+      for _, x in ipairs(ls) do x:close() end
+      error("profile: " .. err, 0)
+    end
+    ls[r] = { l = l, tag = 0, k = r - 1 }
   end
-  submit()
-  submit()
-  local out = { fn(function() for _ in ipairs(l:poll(0)) do submit() end end) }
-  while l:pending() > 0 do l:poll(-1) end
-  l:close()
-  return unpack(out)
+  local function submit(x)
+    x.k = x.k % #files + 1
+    x.tag = x.tag + 1
+    assert(x.l:submit((x.tag - 1) % 2 + 1, { { path = files[x.k], offset = 0, length = sizes[x.k] } }, x.tag))
+  end
+  for _, x in ipairs(ls) do submit(x) submit(x) end
+  -- the streams running before fn starts (a loader's first load waits for its slots to be set
+  -- up: pinned, registered), and how long a load takes then: fn should span a few
+  for _, x in ipairs(ls) do
+    local ok, err = x.l:wait(1)
+    if not ok then
+      for _, y in ipairs(ls) do y.l:close() end
+      error("profile: " .. tostring(err), 0)
+    end
+    submit(x)
+  end
+  local t1 = core.now_ms()
+  for _, x in ipairs(ls) do
+    local ok, err = x.l:wait(2)
+    if not ok then
+      for _, y in ipairs(ls) do y.l:close() end
+      error("profile: " .. tostring(err), 0)
+    end
+    submit(x)
+  end
+  local load_ms = core.now_ms() - t1
+  local out = { pcall(fn, function()
+    for _, x in ipairs(ls) do
+      for _ in ipairs(x.l:poll(0)) do submit(x) end
+    end
+  end, load_ms) }
+  for _, x in ipairs(ls) do
+    while x.l:pending() > 0 do x.l:poll(-1) end
+    x.l:close()
+  end
+  if not out[1] then error(out[2], 0) end
+  return unpack(out, 2)
 end
 
--- Read rate of files through the loader (io_uring, O_DIRECT: the page cache is not read):
--- bytes/s and a small read's fixed cost in ms. bytes: how much to read at most.
-function M.disk(files, bytes, rate)
+-- The files' pages out of the page cache: a store just sliced (or read) would otherwise be
+-- read from memory wherever the loader reads buffered (no io_uring, or O_DIRECT refused).
+local function drop_cache(files)
+  for _, p in ipairs(files) do C.loip_file_drop_cache(p) end
+end
+
+-- Per reader, the read rate of `readers` loaders reading at once, each its own files of the
+-- list (as the local devices of a cluster read their blocks from this machine's one disk):
+-- each reads at least `bytes` (whole files, from a cold cache), its loads queued back to back as
+-- a device reading ahead queues them, all starting together; bytes/s each, over the time until
+-- the last is done (waited for in C: no polling in between).
+function M.disk_shared(files, bytes, rate, readers)
   local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
+  drop_cache(files)
+  local ls = {}
+  local function close_all() for _, x in ipairs(ls) do x:close() end end
+  for r = 1, readers do
+    local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
+    if not l then close_all() error("profile: " .. err, 0) end
+    ls[r] = l
+  end
+  -- reader r reads files r, r + readers, ... (wrapping) until it has its bytes
+  local plans, total = {}, 0
+  for r = 1, readers do
+    local list, got, k = {}, 0, r
+    while got < bytes do
+      local j = (k - 1) % #files + 1
+      list[#list + 1], got, k = j, got + sizes[j], k + readers
+    end
+    plans[r], total = list, total + got
+  end
+  local t0 = core.now_ms()
+  for r = 1, readers do
+    for n, j in ipairs(plans[r]) do
+      local ok, err = ls[r]:submit(1, { { path = files[j], offset = 0, length = sizes[j] } }, n)
+      if not ok then close_all() error("profile: " .. tostring(err), 0) end
+    end
+  end
+  for r = 1, readers do
+    for n = 1, #plans[r] do
+      local ok, err = ls[r]:wait(n)
+      if not ok then close_all() error("profile: " .. tostring(err), 0) end
+    end
+  end
+  local ms = core.now_ms() - t0
+  close_all()
+  return total / readers / ms * 1e3
+end
+
+-- Read rate of files through the loader (io_uring, O_DIRECT where the filesystem allows; the
+-- files' pages are dropped from the page cache first, so that a buffered read is cold too):
+-- bytes/s and a small read's fixed cost in ms. bytes: how much to read at most. readers (1):
+-- how many read this disk at once (a cluster's local devices): read_bps is then each one's
+-- rate with all of them reading (M.disk_shared), read_bps_alone one reader's by itself.
+function M.disk(files, bytes, rate, readers)
+  local loader = require "loip.runtime.loader"
+  local sizes, biggest = file_sizes(files)
+  drop_cache(files)
   local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
   if not l then error("profile: " .. err, 0) end
   local small = {}
@@ -213,6 +374,12 @@ function M.disk(files, bytes, rate)
       out.overlap_loads = overlapped.first_ms <= in_order.first_ms and overlapped.read_bps > in_order.read_bps * 1.03
     end
   end
+  if (readers or 1) > 1 then
+    -- (never more than one reader gets alone: tiny files read back to back may beat the one
+    -- reader's figure, which waits for each)
+    out.readers, out.read_bps_alone = readers, out.read_bps
+    out.read_bps = math.min(out.read_bps, M.disk_shared(files, bytes, rate, readers))
+  end
   return out
 end
 
@@ -256,7 +423,9 @@ end
 -- Measure this machine. opts: cfg (a Hugging Face config table: the shape whose blocks are
 -- timed; layers beyond the first are not made), dtype ("BF16"), threads, batches ({1,2,4,8}),
 -- contexts ({64, 256, 1024} up to the shape's positions), reps, disk = { files = {...}, bytes,
--- rate } (nil: not measured), quick (batch 1 and one context: a calibration), progress (a
+-- rate, readers (1: how many read this disk at once, see M.disk; the compute under load is then
+-- timed while as many stream) } (nil: not measured), warn (told of a figure that did not
+-- settle, see M.steady; default: stderr), quick (batch 1 and one context: a calibration), progress (a
 -- function(text) told what is being measured).
 function M.measure(opts)
   local hf = require "loip.model.hf"
@@ -285,15 +454,29 @@ function M.measure(opts)
   local function block(first, n, pos)
     return function() core.check(C.loip_session_blocks(s, first, first + 1, h, n, pos)) end
   end
+  -- each figure with its spread (M.steady): the profile's compute.spread is the largest, and
+  -- compute.unsteady names the figures that did not settle (a busy machine)
+  local worst, unsteady = 0, {}
+  local function record(t, name)
+    worst = math.max(worst, t.spread)
+    if not t.steady then unsteady[#unsteady + 1] = name end
+    return t
+  end
   for _, b in ipairs(batches) do
     say(string.format("compute, batch %d", b))
-    local mlp = timed(block(1, b, 0), reps, 20)
-    pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mlp", batch = b, context = ctxs[1], ms = mlp }
+    local name = string.format("the MLP block (batch %d)", b)
+    local t = record(timed(block(1, b, 0), reps, 20, name, opts.warn), name)
+    local mlp = t.ms
+    pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mlp", batch = b, context = ctxs[1], ms = mlp, spread = t.spread,
+      spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
     pr.compute.weight_bps[tostring(b)] = lay.bytes.mlp / mlp * 1e3
     local xs, ys = {}, {}
     for _, x in ipairs(ctxs) do
-      local ms = timed(block(0, b, x - b), reps, 20)
-      pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mha", batch = b, context = x, ms = ms }
+      name = string.format("the MHA block (batch %d, context %d)", b, x)
+      t = record(timed(block(0, b, x - b), reps, 20, name, opts.warn), name)
+      local ms = t.ms
+      pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mha", batch = b, context = x, ms = ms, spread = t.spread,
+        spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
       xs[#xs + 1], ys[#ys + 1] = x, ms
     end
     local fixed, per = fit(xs, ys)
@@ -302,15 +485,24 @@ function M.measure(opts)
   end
   if opts.disk and opts.disk.files and #opts.disk.files > 0 then
     say("disk")
-    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate)
+    local readers = opts.disk.readers or 1
+    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers)
     pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
     say("compute while the disk streams")
-    local quiet = timed(block(1, 1, 0), reps, 30)
-    local loaded = while_reading(opts.disk.files, opts.disk.rate, function(keep_busy)
-      return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, 60)
-    end)
-    pr.compute.under_load = math.max(1, loaded / quiet)
+    -- quiet before and after, each figure the median of every sample (a machine whose load
+    -- drifts moves both alike), so that the ratio compares like with like
+    local function quiet_ms(name) return record(timed(block(1, 1, 0), reps * 2, 60, name, opts.warn, true), name).ms end
+    local before = quiet_ms("the MLP block (batch 1) before the disk streams")
+    local name = readers > 1 and string.format("the MLP block while %d readers stream", readers) or "the MLP block while the disk streams"
+    local loaded = record(while_reading(opts.disk.files, opts.disk.rate, function(keep_busy, load_ms)
+      -- (each round spans a load at least: the samples see the streams as they run)
+      return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, math.max(60, load_ms), name, opts.warn, true)
+    end, readers), name).ms
+    local after = quiet_ms("the MLP block (batch 1) after the disk streamed")
+    pr.compute.under_load = math.max(1, loaded / ((before + after) / 2))
   end
+  pr.compute.spread = worst
+  pr.compute.unsteady = #unsteady > 0 and unsteady or nil
   say("transport")
   pr.link = M.transport(opts.quick and 40 or 100)
   C.loip_session_free(ffi.gc(lay.session, nil))
@@ -318,6 +510,23 @@ function M.measure(opts)
   C.loip_model_free(ffi.gc(lay.model, nil))
   C.loip_buffer_free(ffi.gc(lay.buffer, nil))
   return pr
+end
+
+-- This machine's CPUs (nproc: those this process may run on).
+function M.cpus()
+  local p = io.popen("nproc")
+  local n = p and tonumber(p:read("*l"))
+  if p then p:close() end
+  return n or 1
+end
+
+-- Compute threads of each of n local devices sharing this machine's cpus (default M.cpus()):
+-- threads when given (> 0), else the cores split among them, at least one each. One rule for
+-- the local cluster's workers (loip.cluster.start_local) and for `loip plan --devices n`, which
+-- plans what they run from the same calibration.
+function M.split_threads(n, threads, cpus)
+  if threads and threads > 0 then return threads end
+  return math.max(1, math.floor((cpus or M.cpus()) / math.max(1, n)))
 end
 
 -- Where calibrations are kept: $LOIP_CACHE_DIR, else $XDG_CACHE_HOME/loip, else ~/.cache/loip.
@@ -341,7 +550,9 @@ end
 -- and the planned context, the disk through the loader, the transport), measured once and kept
 -- in the cache (a few seconds the first time). opts: store (a slice store: its shape, and its
 -- block files for the disk) or cfg + dtype (a shape with no weights: the disk is measured on a
--- scratch file in the cache directory), threads, context, fresh (measure again), quiet.
+-- scratch file in the cache directory), threads, context, fresh (measure again), quiet,
+-- readers (1: how many devices of this machine read its disk at once, a local cluster's count:
+-- the disk and the compute under load are measured with as many readers, see M.disk).
 function M.calibrate(opts)
   local hf = require "loip.model.hf"
   local cfg, dtype, files = opts.cfg, opts.dtype, nil
@@ -380,9 +591,11 @@ function M.calibrate(opts)
       measured_cfg.num_key_value_heads = measured_cfg.num_key_value_heads - 1
     end
   end
+  local readers = math.max(1, math.floor(tonumber(opts.readers) or 1))
   local key = table.concat({ "v1", io.popen("hostname"):read("*l") or "?", ffi.string(C.loip_kernels_name()), threads,
     c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, tostring(dtype), context,
     opts.store and (io.popen("df -P '" .. opts.store:gsub("'", "") .. "' 2>/dev/null | tail -1 | cut -d' ' -f1"):read("*l") or "?") or "scratch" }, "|")
+    .. (readers > 1 and ("|readers " .. readers) or "")
   local dir = M.cache_dir()
   local path = string.format("%s/calibration-%s.json", dir, sha_hex(key):sub(1, 16))
   if not opts.fresh then
@@ -408,18 +621,21 @@ function M.calibrate(opts)
     end
   end
   local ok, pr = pcall(M.measure, { cfg = measured_cfg, dtype = dtype, threads = threads, quick = true, context = context,
-    disk = files and { files = files, bytes = 64 * 1024 * 1024 } or nil })
+    disk = files and { files = files, bytes = 64 * 1024 * 1024, readers = readers } or nil })
   if scratch then os.remove(scratch) end
   if not ok then error(pr, 0) end
   pr.calibration = { key = key, context = context }
   M.save(path, pr)
-  return pr, path
+  -- the figures as the cache holds them (JSON keeps 14 significant digits), not as measured: a
+  -- plan made now and one made later from the cache, by another process, start from the same
+  -- numbers (plans nearly tied went apart on the last digits)
+  return json.decode(json.encode_sorted(pr), path) or pr, path
 end
 
 -- A full profile of this machine for a slice store's shape: compute at opts.batches and
 -- opts.contexts, the disk on its block files (opts.read bytes, through the loader at
 -- opts.disk_rate when given), the transport. opts: threads, batches, contexts, read, disk_rate,
--- progress.
+-- readers (local devices reading this disk at once, see M.disk), progress.
 function M.of_store(dir, opts)
   local store = require "loip.model.store"
   local man = store.read_manifest(dir)
@@ -428,7 +644,8 @@ function M.of_store(dir, opts)
     if f.name:match("^layer%-") then files[#files + 1] = dir .. "/" .. f.name end
   end
   local pr = M.measure { cfg = man.config, dtype = store.layer_dtype(man), threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
-    disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate }, progress = opts.progress }
+    disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate, readers = opts.readers },
+    progress = opts.progress }
   pr.store = dir
   return pr
 end
@@ -532,6 +749,13 @@ function M.check(pr, where)
   end
   if pr.disk ~= nil and (type(pr.disk) ~= "table" or type(pr.disk.read_bps) ~= "number" or pr.disk.read_bps <= 0) then
     return bad("disk.read_bps must be a positive number (bytes/s)")
+  end
+  local r = pr.disk and pr.disk.readers
+  if r ~= nil and (type(r) ~= "number" or r < 1 or r % 1 ~= 0) then
+    return bad("disk.readers must be a whole number >= 1 (how many read the disk at once)")
+  end
+  if cp.spread ~= nil and (type(cp.spread) ~= "number" or cp.spread < 0) then
+    return bad("compute.spread must be a number >= 0")
   end
   return nil
 end

@@ -18,9 +18,17 @@ function M.new(m)
   local e = setmetatable({ model = m, session = s, max_seqs = tonumber(C.loip_session_max_seqs(s)), context = m.context,
     kv_tokens = m.kv_tokens, kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
     logits_tokens = T, vocab = m.vocab_size, seqs = {},
-    ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T),
-    logits = ffi.new("float[?]", T * m.vocab_size) }, Engine)
+    ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
+  e:logits_room(math.max(1, e.max_seqs))
   return e
+end
+
+-- Room for n rows of logits (C packs one per token asked for): the rows a decoding step samples
+-- (one a request), grown when a step asks for more (every position's logits, m:logits). Not a
+-- row for every token a step may carry: no budget holds that (64 rows of a 128K vocabulary are
+-- 33 MB), and the process's own memory beside its budget stays small.
+function Engine:logits_room(n)
+  if n > (self.logits_rows or 0) then self.logits, self.logits_rows = ffi.new("float[?]", n * self.vocab), n end
 end
 
 function Engine:start(seq, r)
@@ -46,6 +54,7 @@ function Engine:step(toks)
     self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos = t.id, t.seq, t.pos
     if t.flags ~= 0 then self.rows[rows] = i - 1 rows = rows + 1 end
   end
+  self:logits_room(rows)
   local m = self.model
   local rc
   if m.runner then

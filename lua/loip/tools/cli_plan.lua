@@ -249,7 +249,10 @@ function M.problem_of(cmd, o)
     usage(cmd, "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
   end
   if not pr and not o.device_profile then
-    pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context }
+    -- (this machine's figures for every device: its local devices, as `loip generate --devices N`
+    -- starts them, sharing its disk; the same calibration, from the same cache file, as theirs)
+    pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context,
+      readers = n }
   end
   if pr then
     for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
@@ -293,6 +296,9 @@ M.commands.profile = {
     { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
     { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
     { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
+    { "readers", "int", "local devices that will read this disk at once (a cluster of N local workers): the disk and "
+      .. "compute while it streams are measured with as many readers, each device priced at its share", default = 1,
+      check = function(v) return v >= 1, "must be >= 1" end },
   },
 }
 
@@ -331,7 +337,7 @@ function M.commands.profile.run(o)
   else
     if not o.model then usage("profile", "--model STORE is required (or --hosts)") end
     pr = profile.of_store(o.model, { threads = o.threads, batches = numbers("profile", "batches", o.batches),
-      contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate,
+      contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate, readers = o.readers,
       progress = function(what) io.stderr:write("measuring ", what, "\n") end })
   end
   if o.out then
