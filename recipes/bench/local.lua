@@ -16,7 +16,6 @@
 -- slowdown while they read, MLP ms) and each device's budget, accounted peak and peak RSS.
 local bench = require "loip.tools.bench"
 local cluster = require "loip.cluster"
-local core = require "loip.core"
 local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local memory = require "loip.runtime.memory"
@@ -72,13 +71,7 @@ local function run(pr)
   local p, est = c:plan { context = o.context, link = { rate = o.link_rate }, profile = pr }
   local before = c:stats()
   local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 }, ignore_eos = true })
-  local steps, last = {}, nil
-  for _ in it do
-    local now = core.now_ms()
-    if last then steps[#steps + 1] = now - last end
-    last = now
-  end
-  steps[#steps] = nil
+  local steps = bench.token_steps(it)
   local after = c:stats()
   local per = bench.device_figures(before, after, st.stats.decode_steps + 1)
   local measured = median(steps)

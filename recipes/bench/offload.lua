@@ -60,16 +60,8 @@ local prompt = bench.PROMPT
 local function run_here(mem, p, loader)
   local m = model.open(o.store, { mem = mem, plan = p, loader = loader, threads = o.threads, context = o.context,
     tokenizer = false })
-  local steps, last = {}, nil
-  -- a step is the time between two tokens (one forward pass and a sample); the last token
-  -- has no forward pass after it, so one more is generated and its step dropped
   local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, ignore_eos = true })
-  for _ in it do
-    local now = core.now_ms()
-    if last then steps[#steps + 1] = now - last end
-    last = now
-  end
-  steps[#steps] = nil
+  local steps = bench.token_steps(it)
   local out = { ms = median(steps), steps = steps, tokens = st.token_ids, loader = m.loader and m.loader:mode() or "none",
     stats = m:runner_stats() }
   m:close()

@@ -95,13 +95,7 @@ local function measure(kind, no_trace)
   local p = plan_for(kind)
   local before = c:stats()
   local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 }, ignore_eos = true })
-  local steps, last = {}, nil
-  for _ in it do
-    local now = core.now_ms()
-    if last then steps[#steps + 1] = now - last end
-    last = now
-  end
-  steps[#steps] = nil
+  local steps = bench.token_steps(it)
   local after = c:stats()
   -- the timeline of this measurement: one trace per kind (the last round's), drawn over two
   -- tokens from the middle of the decode

@@ -295,7 +295,10 @@ describe("loip serve", function()
       local steps = tonumber(t.body:match("\nloip_steps_total (%d+)"))
       assert.is_true(steps < 8 * 24 / 2, steps .. " steps for 8 x 24 tokens")
       -- per device: compute, loads, and memory by account
-      assert.is_true(tonumber(t.body:match('\nloip_device_load_ms_total{device="3"} ([%d.]+)')) > 0)
+      -- (which devices read blocks is the scheduler's choice, by this machine's calibration)
+      local load_ms = 0
+      for d = 1, 3 do load_ms = load_ms + tonumber(t.body:match('\nloip_device_load_ms_total{device="' .. d .. '"} ([%d.]+)')) end
+      assert.is_true(load_ms > 0)
       assert.is_true(tonumber(t.body:match('\nloip_memory_bytes{account="kv",device="2"} (%d+)')) > 0)
       assert.matches('loip_time_to_first_token_ms_bucket{le="+Inf"} 8', t.body, 1, true)
       -- /health names the cluster's devices (a local worker's process id) and its losses

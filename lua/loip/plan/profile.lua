@@ -227,25 +227,22 @@ local function while_reading(files, rate, fn, readers)
     assert(x.l:submit((x.tag - 1) % 2 + 1, { { path = files[x.k], offset = 0, length = sizes[x.k] } }, x.tag))
   end
   for _, x in ipairs(ls) do submit(x) submit(x) end
+  -- each stream's load `tag` waited for, and its next one submitted
+  local function next_loads(tag)
+    for _, x in ipairs(ls) do
+      local ok, err = x.l:wait(tag)
+      if not ok then
+        for _, y in ipairs(ls) do y.l:close() end
+        error("profile: " .. tostring(err), 0)
+      end
+      submit(x)
+    end
+  end
   -- the streams running before fn starts (a loader's first load waits for its slots to be set
   -- up: pinned, registered), and how long a load takes then: fn should span a few
-  for _, x in ipairs(ls) do
-    local ok, err = x.l:wait(1)
-    if not ok then
-      for _, y in ipairs(ls) do y.l:close() end
-      error("profile: " .. tostring(err), 0)
-    end
-    submit(x)
-  end
+  next_loads(1)
   local t1 = core.now_ms()
-  for _, x in ipairs(ls) do
-    local ok, err = x.l:wait(2)
-    if not ok then
-      for _, y in ipairs(ls) do y.l:close() end
-      error("profile: " .. tostring(err), 0)
-    end
-    submit(x)
-  end
+  next_loads(2)
   local load_ms = core.now_ms() - t1
   local out = { pcall(fn, function()
     for _, x in ipairs(ls) do

@@ -101,6 +101,22 @@ function M.store_flags(what, own)
   return rows
 end
 
+-- The decoding steps of a generation (an iterator of loip.model's or a cluster's generate), ms
+-- each: the time between two tokens (one forward pass and a sample). Generate two tokens more
+-- than the steps wanted: the first token's time is the prompt's, and the last token has no
+-- forward pass after it, so its step is dropped.
+function M.token_steps(it)
+  local now_ms = require("loip.core").now_ms
+  local steps, last = {}, nil
+  for _ in it do
+    local now = now_ms()
+    if last then steps[#steps + 1] = now - last end
+    last = now
+  end
+  steps[#steps] = nil
+  return steps
+end
+
 -- Per device and decoding step, what the devices' stats (Cluster:stats) grew by between two
 -- snapshots over n_steps steps: compute, load, stall, send and waiting ms.
 function M.device_figures(before, after, n_steps)
