@@ -10,7 +10,7 @@
 //
 // usage: node tests/hf_server.js --root DIR [--repo OWNER/NAME] [--revision REV]
 //          [--lfs GLOB]... [--page-size N] [--token T] [--cut PATH:N]... [--corrupt PATH]
-//          [--no-range] [--cdn-host HOST] [--log FILE]
+//          [--list-size PATH:N]... [--no-range] [--cdn-host HOST] [--log FILE]
 //   --lfs GLOB      files listed as stored with Git LFS (their sha256 in lfs.oid); default *.safetensors
 //   --token T       tree and resolve need "Authorization: Bearer T": 401 without, 403 with another
 //   --refuse 401    answer another token with 401 (the Hub's answer to an invalid token), not 403
@@ -18,6 +18,7 @@
 //                   drops the connection (once)
 //   --stall PATH:N  as --cut, but the connection stays open and silent after byte N (once)
 //   --corrupt PATH  PATH is served with one byte changed (its listing stays right)
+//   --list-size PATH:N  the listing gives PATH's size as N (its bytes are served as they are)
 //   --no-range      Range is ignored: always 200 and the whole file
 //   --log FILE      a JSON line per request: kind, path, host, range, auth (none|ok|wrong), status
 //                   (never the token itself)
@@ -30,7 +31,7 @@ const path = require('path');
 const crypto = require('crypto');
 
 function parseArgs(argv) {
-  const o = { repo: 'test/model', revision: 'main', lfs: [], cut: {}, stall: {}, pageSize: 0, range: true, refuse: 403 };
+  const o = { repo: 'test/model', revision: 'main', lfs: [], cut: {}, stall: {}, listSize: {}, pageSize: 0, range: true, refuse: 403 };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const val = () => {
@@ -52,6 +53,10 @@ function parseArgs(argv) {
       const m = /^(.*):(\d+)$/.exec(val());
       if (!m) throw new Error('--stall PATH:N');
       o.stall[m[1]] = parseInt(m[2], 10);
+    } else if (a === '--list-size') {
+      const m = /^(.*):(\d+)$/.exec(val());
+      if (!m) throw new Error('--list-size PATH:N');
+      o.listSize[m[1]] = parseInt(m[2], 10);
     } else if (a === '--corrupt') o.corrupt = val();
     else if (a === '--no-range') o.range = false;
     else if (a === '--cdn-host') o.cdnHost = val();
@@ -97,6 +102,10 @@ function walk(rel) {
         entry.lfs = { oid, size: bytes.length, pointerSize: pointer.length };
       } else {
         entry.oid = sha('sha1', `blob ${bytes.length}\0`, bytes);
+      }
+      if (opts.listSize[p] !== undefined) {
+        entry.size = opts.listSize[p];
+        if (entry.lfs) entry.lfs.size = opts.listSize[p];
       }
       let served = bytes;
       if (p === opts.corrupt) {

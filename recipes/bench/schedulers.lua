@@ -3,7 +3,7 @@
 --
 --   loip run recipes/bench/schedulers.lua [--store DIR] [--clusters pipeline,hetero,gbit]
 --        [--schedulers loip,even,uniform,pipeline,pipeline-offload,edgeshard] [--tokens N]
---        [--rounds R] [--out DIR] [--quick]
+--        [--rounds R] [--out DIR] [--quick] [--decide-only]
 --
 -- Clusters (a synthetic llama-3.2-1b BF16 slice store, made on first use; context 256):
 --   pipeline  the pipeline benchmark's: 3 devices whose budgets total 60% of the weights (with KV
@@ -18,6 +18,12 @@
 -- Targets (docs/planning.md): loip >= 1.15x faster than even on pipeline, >= 1.4x on hetero,
 -- >= 2x faster than pipeline-offload on both, within 10% of its prediction. JSON on stdout; an
 -- SVG and a Markdown table in --out.
+--
+-- First, no cluster needed ("decide"; alone with --decide-only): the time loip's scheduler (the
+-- DP and its refinement) takes to plan llama-3.3-70b (context 4096) on the paper's 8 boards
+-- (Orin 64 GB x2, Orin 32 GB x3, Xavier NX 16 GB x3) with most of their memory for the model
+-- (it fits) and with a share of it (it does not: offloading), the best of 5 decisions each.
+-- Target: under 50 ms each.
 local bench = require "loip.tools.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
@@ -34,18 +40,64 @@ local spec = {
   flags = bench.store_flags("to run", {
     { "clusters", "string", "clusters to run (pipeline, hetero, gbit)", default = "pipeline,hetero,gbit" },
     { "schedulers", "string", "schedulers to run", default = "loip,even,uniform,pipeline,pipeline-offload,edgeshard" },
-    { "tokens", "int", "tokens per measurement", default = 6 },
+    { "tokens", "int", "tokens per measurement (the model's end tokens do not cut it short)", default = 6 },
     { "rounds", "int", "measurements of each plan (alternated)", default = 3 },
     { "context", "int", "KV cache positions", default = 256 },
     { "out", "string", "where to write schedulers.json, .svg and .md", default = "bench-out" },
     { "cpu-latency", "int", "hold the CPU wake-up latency at US microseconds while measuring (root; -1: do not)",
       default = 0, metavar = "US" },
     { "quick", "bool", "2 tokens, 1 round: check the recipe works" },
+    { "decide-only", "bool", "only the scheduler's decision times (llama-3.3-70b on 8 devices): no store, no cluster" },
   }),
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.tokens, o.rounds = 2, 1 end
 local log, median = bench.log, bench.median
+
+-- "decide": the scheduler's own time on llama-3.3-70b over 8 boards (the problem
+-- spec/unit/scheduler_spec.lua checks the plans of), no weights, no devices.
+local function decide_70b()
+  local policy = require "loip.policy"
+  local problem = require "loip.plan.problem"
+  local m = problem.model_of_shape("llama-3.3-70b", {}, { context = 4096, batch = 64, threads = 1 })
+  local GiB = 1024 ^ 3
+  local disks = { 2.5e9, 2.5e9, 2e9, 2e9, 2e9, 1.2e9, 1.2e9, 1.2e9 } -- bytes/s: NVMe on the Orins, slower on the NX
+  local out = {}
+  for _, budgets in ipairs({ { 60, 60, 28, 28, 28, 14, 14, 14 }, { 24, 24, 12, 12, 12, 6, 6, 6 } }) do
+    local p = { model = m, devices = {}, links = {}, micro_batch = 1, cluster = true, loader = "uring", context = 4096,
+      head = { step_ms = 0.2, from_last = { transport_ms = 0.2 } } }
+    for i = 1, 8 do
+      local speed = i <= 2 and 150e9 or (i <= 5 and 100e9 or 50e9) -- bytes/s of weights streamed through compute
+      p.devices[i] = { budget = budgets[i] * GiB, compute = { mha_ms = m.mha_bytes / speed * 1e3, mlp_ms = m.mlp_bytes / speed * 1e3,
+        head_ms = m.head_bytes / speed * 1e3, under_load = 1.1 }, disk_bps = disks[i], load_ms = 0.1 }
+      p.links[i] = { rate_bps = 12.5e6, delay_ms = 1, transport_ms = 0.2 }
+    end
+    p.head.to_first = p.links[8]
+    local times, q, est = {}, nil, nil
+    for k = 1, 5 do
+      collectgarbage()
+      local info
+      q, est, info = policy.plan(p, { scheduler = "loip", cost = "loip" })
+      if not q then error("decide: no plan for budgets " .. table.concat(budgets, ",") .. " GiB: " .. tostring(est), 0) end
+      times[k] = info.scheduler_ms
+    end
+    local best = math.min(unpack(times))
+    out[#out + 1] = { model = "llama-3.3-70b", devices = 8, budgets_gib = budgets, best_ms = best, median_ms = median(times),
+      runs_ms = times, stages = #q.devices[1].stages, predicted_ms_per_token = est.ms_per_token }
+    log("decide: llama-3.3-70b on 8 devices, budgets %s GiB: %.1f ms (best of 5; median %.1f), S = %d, %.0f ms/token predicted",
+      table.concat(budgets, ","), best, median(times), #q.devices[1].stages, est.ms_per_token)
+  end
+  return out
+end
+local decide = decide_70b()
+local function decide_target()
+  for _, d in ipairs(decide) do if d.best_ms >= 50 then return false end end
+  return true
+end
+if o.decide_only then
+  print(json.encode_sorted({ decide = decide, targets = { decide_70b_8_under_50ms = decide_target() } }))
+  return
+end
 
 bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
@@ -108,7 +160,7 @@ local function run_cluster(name)
         c:plan(setmetatable({ plan = plans[s].p, estimate = false }, { __index = common }))
         -- the devices' figures over decoding steps only: taken after the first token (the prefill
         -- is behind it), and the step that carried the snapshot left out of the times
-        local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 } })
+        local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 }, ignore_eos = true })
         local steps, last, before, k = {}, nil, nil, 0
         for _ in it do
           local now = core.now_ms()
@@ -156,7 +208,7 @@ local function run_cluster(name)
   return out
 end
 
-local results = { store = o.store, tokens = o.tokens, rounds = o.rounds, context = o.context, clusters = {} }
+local results = { store = o.store, tokens = o.tokens, rounds = o.rounds, context = o.context, clusters = {}, decide = decide }
 local ok, err = pcall(function()
   for name in o.clusters:gmatch("[^,]+") do results.clusters[#results.clusters + 1] = run_cluster(name) end
 end)
@@ -174,6 +226,7 @@ for _, cl in ipairs(results.clusters) do
   end
   t[cl.name .. "_fidelity"] = cl.loip_fidelity and math.abs(cl.loip_fidelity - 1) <= 0.1
 end
+t.decide_70b_8_under_50ms = decide_target()
 results.targets = t
 
 -- the plot, the table

@@ -3,6 +3,7 @@
  * gives the REPL line editing (libedit) when it was found at build time. */
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +41,97 @@ static void set_paths(lua_State *L) {
     lua_setglobal(L, "LOIP_LUA_DIR");
 }
 
-/* line = loip_readline(prompt) -> string or nil at end of input */
+/* Ctrl-C in the REPL, while loip_repl_signals(true) holds: at the prompt it cancels the line
+ * being typed (the read returns, interrupted, and loip_readline gives false); while a chunk runs
+ * (loip_repl_call) a hook set from the handler raises "interrupted" in the chunk at its next Lua
+ * instruction, as LuaJIT's own lua.c does (lua_sethook is safe in a signal handler). Compiled
+ * code (a JIT trace looping without leaving it) and a C call do not see the hook until they
+ * return to the interpreter: a second Ctrl-C says so, a third ends loip as Ctrl-C used to. */
+static lua_State *repl_L;
+static volatile sig_atomic_t repl_interrupted; /* at the prompt */
+static volatile sig_atomic_t repl_running;     /* a chunk runs */
+static volatile sig_atomic_t repl_pending;     /* Ctrl-Cs the running chunk has not seen yet */
+static struct sigaction repl_old_sigint;
+
+static void repl_stop(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lua_sethook(L, NULL, 0, 0);
+    repl_pending = 0;
+    luaL_error(L, "interrupted (Ctrl-C)");
+}
+
+static void repl_on_sigint(int sig) {
+    if (!repl_running) {
+        repl_interrupted = 1;
+        return;
+    }
+    if (repl_pending >= 2) {
+        static const char bye[] = "\nloip: interrupted three times; leaving\n";
+        ssize_t w = write(2, bye, sizeof bye - 1);
+        (void)w;
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    if (repl_pending == 1) {
+        static const char msg[] = "\nloip: the chunk has not reached a Lua instruction yet (a compiled loop or a C call); "
+                                  "Ctrl-C once more leaves loip\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+    }
+    repl_pending++;
+    lua_sethook(repl_L, repl_stop, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1);
+}
+
+/* loip_repl_signals(on): take Ctrl-C (SIGINT) over while the REPL runs (again before each
+ * prompt: a chunk may have installed a handler of its own, as `loip serve`'s loop does), or
+ * give it back */
+static int l_repl_signals(lua_State *L) {
+    static int held;
+    if (lua_toboolean(L, 1)) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = repl_on_sigint; /* no SA_RESTART: a read at the prompt returns */
+        sigemptyset(&sa.sa_mask);
+        repl_L = L;
+        sigaction(SIGINT, &sa, held ? NULL : &repl_old_sigint);
+        held = 1;
+    } else if (held) {
+        sigaction(SIGINT, &repl_old_sigint, NULL);
+        held = 0;
+    }
+    return 0;
+}
+
+/* ok, ... = loip_repl_call(handler, f): xpcall(f, handler) with Ctrl-C interrupting f */
+static int l_repl_call(lua_State *L) {
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    repl_pending = 0;
+    repl_running = 1;
+    int rc = lua_pcall(L, 0, LUA_MULTRET, 1);
+    repl_running = 0;
+    if (repl_pending) { /* a Ctrl-C after the chunk's last instruction: its hook must not fire later */
+        lua_sethook(L, NULL, 0, 0);
+        repl_pending = 0;
+    }
+    lua_pushboolean(L, rc == 0);
+    lua_replace(L, 1); /* (the handler's slot) */
+    return lua_gettop(L);
+}
+
+/* line = loip_readline(prompt) -> string, false when Ctrl-C cancelled the line, or nil at the
+ * end of input */
 static int l_readline(lua_State *L) {
     const char *prompt = luaL_optstring(L, 1, "> ");
+    repl_interrupted = 0;
 #ifdef LOIP_HAVE_LIBEDIT
     char *line = readline(prompt);
-    if (!line) return 0;
+    if (!line) {
+        if (!repl_interrupted) return 0;
+        lua_pushboolean(L, 0);
+        return 1;
+    }
     lua_pushstring(L, line);
     free(line);
     return 1;
@@ -53,7 +139,12 @@ static int l_readline(lua_State *L) {
     char buf[65536];
     fputs(prompt, stdout);
     fflush(stdout);
-    if (!fgets(buf, sizeof buf, stdin)) return 0;
+    if (!fgets(buf, sizeof buf, stdin)) {
+        if (!repl_interrupted) return 0;
+        clearerr(stdin);
+        lua_pushboolean(L, 0);
+        return 1;
+    }
     size_t n = strlen(buf);
     if (n && buf[n - 1] == '\n') buf[--n] = '\0';
     lua_pushlstring(L, buf, n);
@@ -89,6 +180,8 @@ int main(int argc, char **argv) {
     set_paths(L);
     lua_register(L, "loip_readline", l_readline);
     lua_register(L, "loip_history", l_history);
+    lua_register(L, "loip_repl_signals", l_repl_signals);
+    lua_register(L, "loip_repl_call", l_repl_call);
     /* The runtime is linked in: Lua finds it through ffi.C (this reference also keeps the
      * linker from dropping the library as unneeded). */
     lua_pushinteger(L, loip_abi_version());

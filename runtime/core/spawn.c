@@ -1,5 +1,6 @@
 /* Child processes that die with their parent: a cluster's local workers must not outlive the
- * head, however it ends (an error, a signal, kill -9). The child asks the kernel for SIGTERM when
+ * head, however it ends (an error, a signal, kill -9), and that leave the terminal's signals to
+ * it (a process group of their own). The child asks the kernel for SIGTERM when
  * the thread that forked it exits (PR_SET_PDEATHSIG), before it executes anything, and checks
  * that its parent did not already go in between. */
 #include <errno.h>
@@ -52,6 +53,10 @@ LOIP_API int loip_spawn(const char *const *argv, const char *const *env, const c
     pid_t pid = fork();
     if (pid == 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
+        /* a process group of its own: a Ctrl-C typed at the head's terminal is the head's to
+         * handle (the REPL keeps its cluster, `loip serve` stops it in order), not every
+         * worker's; the child still ends with the head (the death signal above) */
+        setpgid(0, 0);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);

@@ -173,6 +173,31 @@ describe("reports", function()
     -- and `loip plan` plans what the cluster runs: the same memory per device
     local rc3, out3, err3 = T.run(string.format("LOIP_CACHE_DIR=%s %s plan --model %s/store --devices 2 --json", q(dir), T.loip, q(dir)))
     assert.are.equal(0, rc3, err3)
+    -- from the same figures (issue 24: the two once planned apart): one calibration of this
+    -- machine, in one cache file, for both (the same devices sharing its disk) ...
+    local cals = {}
+    for f in io.popen("ls " .. q(dir)):lines() do if f:match("^calibration%-.*%.json$") then cals[#cals + 1] = f end end
+    assert.are.equal(1, #cals, "calibrations: " .. table.concat(cals, ", "))
+    -- ... and the run that measured it planned with the figures the file gives back, not the
+    -- digits JSON leaves out (nearly tied plans went apart on them)
+    T.write(dir .. "/roundtrip.lua", [[
+local profile = require "loip.plan.profile"
+local opts = { store = arg[1], threads = 1, context = 2048, readers = 2, quiet = true }
+local a = profile.calibrate(setmetatable({ fresh = true }, { __index = opts }))
+local b = profile.calibrate(opts)
+local function diff(x, y, where)
+  if type(x) ~= "table" or type(y) ~= "table" then
+    if x ~= y then return string.format("%s: %.17g measured, %.17g from the cache", where, tonumber(x) or 0 / 0, tonumber(y) or 0 / 0) end
+    return nil
+  end
+  for k, v in pairs(x) do local d = diff(v, y[k], where .. "." .. tostring(k)) if d then return d end end
+  for k in pairs(y) do if x[k] == nil then return where .. "." .. tostring(k) .. ": only in the cache" end end
+end
+io.write(diff(a, b, "calibration") or "same")
+]])
+    local rc4, out4, err4 = T.run(string.format("LOIP_CACHE_DIR=%s %s run %s/roundtrip.lua %s/store", q(dir), T.loip, q(dir), q(dir)))
+    assert.are.equal(0, rc4, err4)
+    assert.are.equal("same", out4)
     local planned = json.decode(out3)
     for i, d in ipairs(two.devices) do
       local used = 0

@@ -315,6 +315,52 @@ describe("loip pull", function()
     assert_pulled(out, { "README.md", "config.json", "generation_config.json" }) -- those before it, whole
   end)
 
+  -- (issue 24: a listing longer than the file was reported as "the connection closed early",
+  -- and asked for again and again)
+  it("names a file whose size is not the listing's, with both sizes, and does not ask again", function()
+    if not have_node then return pending(NO_NODE) end
+    local function gets(s, path)
+      local n = 0
+      for _, r in ipairs(s.requests("cdn")) do if r.path == path then n = n + 1 end end
+      return n
+    end
+    -- (before, a listing longer than the file had it asked for forever, a short response and a
+    -- 416 in turn: a time limit, so that this fails instead)
+    local size, small = #source("model.safetensors"), #source("generation_config.json")
+    -- the listing says more than the file: the response ends, whole, short of it
+    local s = server("--list-size model.safetensors:" .. (size + 100))
+    local out = T.tmpdir() .. "/out"
+    local rc, _, err = pull(string.format("test/model --endpoint %s --to %s", s.url, sh(out)), "timeout 120")
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find(string.format("test/model: model.safetensors: the server's file is %d bytes, the listing says %d (GET ",
+      size, size + 100), 1, true), err)
+    assert.truthy(err:find("disagree, not retried", 1, true), err)
+    assert.is_nil(err:find("closed early", 1, true), err)
+    assert.are.equal(1, gets(s, "model.safetensors"))
+    assert.is_false(T.exists(out .. "/model.safetensors.incomplete"))
+    s.stop()
+    -- the listing says less: the response's length says the file is longer, before its bytes
+    s = server("--list-size generation_config.json:" .. (small - 6))
+    out = T.tmpdir() .. "/out"
+    rc, _, err = pull(string.format("test/model --endpoint %s --to %s", s.url, sh(out)), "timeout 120")
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find(string.format("test/model: generation_config.json: the server's file is %d bytes, the listing says %d",
+      small, small - 6), 1, true), err)
+    assert.are.equal(1, gets(s, "generation_config.json"))
+    s.stop()
+    -- a part that holds the whole file, the listing longer: the server's 416 tells the file's size
+    local conf = source("config.json")
+    s = server("--list-size config.json:" .. (#conf + 10))
+    out = T.tmpdir() .. "/out"
+    write_part(out .. "/config.json.incomplete", conf)
+    rc, _, err = pull(string.format("test/model --endpoint %s --to %s", s.url, sh(out)), "timeout 120")
+    assert.are.equal(1, rc, err)
+    assert.truthy(err:find(string.format("test/model: config.json: the server's file is %d bytes, the listing says %d",
+      #conf, #conf + 10), 1, true), err)
+    assert.are.equal(1, gets(s, "config.json"))
+    assert.is_false(T.exists(out .. "/config.json.incomplete"))
+  end)
+
   it("names a repository or a revision that does not exist (404), and writes nothing", function()
     if not have_node then return pending(NO_NODE) end
     local s = server()

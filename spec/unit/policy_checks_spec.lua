@@ -10,21 +10,8 @@ local T = require "spec.support"
 
 local MiB = 1024 * 1024
 
--- Model sizes as loip.plan.sizes makes them: L layers, MHA and MLP blocks of the given bytes.
-local function sizes_of(L, mha, mlp)
-  local s = { n_layers = L, n_blocks = 2 * L, block_bytes = {}, files = {}, mha_bytes = mha, mlp_bytes = mlp,
-    embed_file_bytes = 8 * MiB, head_file_bytes = 8 * MiB, tied = false, head_bytes = 8 * MiB,
-    dim = 512, vocab = 4096, hidden_bytes = 2048, header_bytes = 64, activation_bytes = 2 * MiB, device_bytes = MiB,
-    kv_bytes = {}, context = 256, batch = 16 }
-  for k = 0, L do s.kv_bytes[k] = k * MiB / 4 end
-  s.weight_bytes = s.embed_file_bytes + s.head_file_bytes
-  for b = 0, 2 * L - 1 do
-    s.block_bytes[b] = b % 2 == 0 and mha or mlp
-    s.files[b] = string.format("layer-%03d-%s.bin", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")
-    s.weight_bytes = s.weight_bytes + s.block_bytes[b]
-  end
-  return s
-end
+-- Model sizes as loip.plan.sizes makes them (spec.support.model_sizes).
+local sizes_of = T.model_sizes
 
 -- N devices of the same figures (budgets: one per device, 0 unlimited), links of rate_bps.
 local function problem_of(N, L, budgets, opts)

@@ -1,5 +1,5 @@
 -- loip.template, the chat-template renderer: every reference rendering of transformers'
--- apply_chat_template in ../shared/models/chat-templates (165 cases), then the Jinja
+-- apply_chat_template in models/chat-templates (165 cases), then the Jinja
 -- language feature by feature. The expected strings of the feature cases were produced by
 -- jinja2 3.1.6 in transformers' environment (ImmutableSandboxedEnvironment, trim_blocks,
 -- lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now), not by this code.
@@ -12,7 +12,7 @@ local PINNED_NOW = os.time({ year = 2024, month = 7, day = 26, hour = 0, min = 0
 describe("template: reference renderings", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
-  local path, why = T.shared_path("models/chat-templates/reference.json")
+  local path, why = T.fixture_path("models/chat-templates/reference.json")
   if not path then
     it("renders the 165 reference cases", function() pending(why) end)
     return
@@ -136,6 +136,11 @@ local CASES = {
     { "int and float arithmetic as in Python",
       "{{ 1 + 2 * 3 }} {{ 2 ** 3 ** 2 }} {{ 7 // 2 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 6 / 2 }} {{ 1.5 + 1 }} {{ 0.1 * 3 }} {{ 1e3 }} {{ 1_000 }} {{ 0x1F }} {{ f2 }} {{ f2 * 2 }} {{ 10 % 3.5 }} {{ 2 ** -2 }} {{ 1e16 }} {{ 1.5e-5 }} {{ 1/3 }}",
       "7 64 3 -4 2 3.5 3.0 2.5 0.30000000000000004 1000.0 1000 31 2.0 4.0 3.0 0.25 1e+16 1.5e-05 0.3333333333333333" },
+    -- (LuaJIT's tonumber gives nil past a seven-digit exponent: 9E99999999 was an internal
+    -- error, found by fuzz_template; tests/fuzz/corpus/template/exponent-overflow.jinja)
+    { "a float past the double range is inf (or 0.0), whatever the length of its exponent",
+      "{{ 9E99999999 }} {{ 9e99999999 }} {{ 9e999 }} {{ -1E99999999 }} {{ 0e99999999 }} {{ 1e-99999999 }} {{ 1_0e1_0000000 }} {{ '9E99999999'|float }} {{ '-1e-99999999'|float }} {{ '9E99999999'|int }} {{ '1E400'|int(7) }}",
+      "inf inf inf -inf 0.0 0.0 inf inf -0.0 0 7" },
     { "string and list operators",
       "{{ 'a' ~ 1 ~ none ~ true }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ [1,2] + [3] }} {{ (1,) + (2,) }} {{ 'x' + 'y' }}",
       "a1NoneTrue ababab [1, 1] [1, 2, 3] (1, 2) xy" },

@@ -264,6 +264,14 @@ function Pull:list()
   return files
 end
 
+-- The whole file's size as a response tells it: a 206's or a 416's Content-Range total, a 200's
+-- Content-Length (unless the body is encoded); nil when it does not say.
+local function served_total(status, h)
+  if status == 206 or status == 416 then return tonumber((h["content-range"] or ""):match("/(%d+)%s*$")) end
+  if status == 200 and not h["content-encoding"] then return tonumber(h["content-length"] or "") end
+  return nil
+end
+
 -- One GET of url into part from byte st.have on (a Range request when st.have > 0), hashing
 -- into st.h. Returns the finished transfer; st.have is what part holds after it.
 function Pull:fetch(url, part, f, st, bar)
@@ -285,6 +293,13 @@ function Pull:fetch(url, part, f, st, bar)
         break_line(bar)
         self:say("%s: the server sent the whole file again: starting over", f.path)
         st.have, st.h, st.restarted = 0, new_hash(), true
+      end
+      -- a file of another size than the listing's: no use reading it (nor asking again)
+      local total = served_total(status, h)
+      t.told_total = total
+      if total and total ~= f.size then
+        mode, t.abort, t.served_size = "ignore", "the server's file is not the listing's size", total
+        return
       end
       if status == 200 or status == 206 then
         local err
@@ -360,6 +375,18 @@ function Pull:download(f, n, count, whole)
       fail("%s: %s: the server sent more than the listing's %d bytes (removed %s)", self.repo, f.path, f.size, part)
     elseif t.fatal then
       fail("%s: %s: cannot write %s: %s", self.repo, f.path, part, tostring(t.abort))
+    end
+    -- the server's file is not the size the listing gives: its headers say so (a 416's too), or,
+    -- when they give no size, its response ended complete short of the listing's size (a
+    -- connection that closed early is an error). Asking again gives the same.
+    local served = t.served_size or (t.status == 416 and served_total(416, t.headers or {}))
+      or (t.told_total == nil and not t.abort and not t.error and (t.status == 200 or t.status == 206)
+        and st.have < f.size and st.have) or nil
+    if served and served ~= f.size then
+      break_line(bar)
+      local removed = file_size(part) and os.remove(part) and string.format("; removed %s", part) or ""
+      fail("%s: %s: the server's file is %d bytes, the listing says %d (GET %s): the repository's listing and its "
+        .. "file disagree, not retried%s", self.repo, f.path, served, f.size, self:scrub(url), removed)
     end
     local transient = t.abort or t.error or t.status == 206 or t.status == 200 or (t.status >= 500 and t.status <= 599)
     if t.status == 416 or t.bad_range then -- the part is not a prefix of this file: start over

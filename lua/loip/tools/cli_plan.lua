@@ -187,7 +187,8 @@ M.commands.plan = {
       default = 1, check = function(v) return v >= 1, "must be >= 1" end },
     { "kv-tokens", "int", "KV cache positions the requests share (default: context x max-batch)",
       check = function(v) return v > 0, "must be > 0" end },
-    { "threads", "int", "compute threads per device (for a calibration)", default = 1 },
+    { "threads", "int", "compute threads per device (for a calibration; 0: this machine's CPUs split among --devices, "
+      .. "as loip generate --devices N gives its local devices)", default = 0, check = function(v) return v >= 0, "must be >= 0" end },
     M.flags.stages, M.flags.scheduler, M.flags.cost, M.flags.save_plan,
     { "json", "bool", "print one JSON object: plan, estimate_ms_per_token, devices, scheduler_ms" },
   }),
@@ -202,6 +203,8 @@ function M.problem_of(cmd, o)
   if (o.model == nil) == (o.like == nil) then usage(cmd, "give --model STORE|DIR or --like NAME (one of them)") end
   local n = o.devices
   local set = M.settings(cmd, o, n)
+  -- (the threads a local device gets: the calibration and the sizes as the cluster's)
+  o.threads = profile.split_threads(n, o.threads)
   local sizes, cfg, dtype, _
   if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
   local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,

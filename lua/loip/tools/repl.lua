@@ -1,6 +1,10 @@
 -- The interactive REPL: Lua with `loip` loaded; expressions print their values, plans and
 -- tables print readably. An error prints its message; `:trace` prints the last one's stack
--- traceback. History in ~/.loip_history.
+-- traceback. History in ~/.loip_history. Ctrl-C cancels the line being typed, or interrupts the
+-- running chunk (what it and earlier lines set is kept); Ctrl-D (or :quit) leaves. The binary
+-- gives the line editing and the Ctrl-C handling (runtime/cli/main.c: loip_readline,
+-- loip_repl_signals, loip_repl_call). What is typed here runs interpreted (jit.off), so that
+-- Ctrl-C reaches a loop written here; loip's modules it calls run compiled.
 local M = {}
 
 local function show(v, depth, seen)
@@ -45,11 +49,21 @@ function M.run()
     [":trace"] = function() print(last_trace or "no error yet") end,
     [":help"] = function()
       print(":trace   the stack traceback of the last error\n:quit    leave (also Ctrl-D)\n"
+        .. "Ctrl-C   cancel the line being typed, or interrupt the running chunk (variables are kept)\n"
         .. "loip.<module>: model, tokenizer, cluster, plan, policy, sim, serve, ... (see README, \"Using it\")")
     end,
   }
+  local signals = rawget(_G, "loip_repl_signals")
+  local call = rawget(_G, "loip_repl_call") or function(handler, f) return xpcall(f, handler) end
   while true do
+    if signals then signals(true) end -- (again: a chunk may have taken Ctrl-C over)
     local line = loip_readline(buffer == "" and "loip> " or "  ... ")
+    if line == false then
+      -- Ctrl-C: the line, and a statement left unfinished on the lines before, are dropped
+      buffer = ""
+      io.write("\n")
+      goto continue
+    end
     if not line then break end
     if line:match("%S") and hist then loip_history("add", line) end
     local cmd = buffer == "" and line:match("^%s*(:%a+)%s*$")
@@ -68,8 +82,13 @@ function M.run()
       if not chunk then
         print(err)
       else
-        local res = { xpcall(chunk, on_error) }
+        -- (interpreted, with the functions it defines: a loop LuaJIT compiled would not see
+        -- Ctrl-C until it ended; loip's own modules stay compiled)
+        jit.off(chunk, true)
+        local res = { call(on_error, chunk) }
         if not res[1] then
+          -- (after the "^C" the terminal echoed)
+          if res[2] == "interrupted (Ctrl-C)" then io.write("\n") end
           print(tostring(res[2]))
         elseif #res > 1 then
           local out = {}
@@ -80,6 +99,7 @@ function M.run()
     end
     ::continue::
   end
+  if signals then signals(false) end
   if hist then loip_history("save", hist) end
   io.write("\n")
   return 0

@@ -185,8 +185,9 @@ function F.int(_, v, args, kwargs)
       n = tonumber(s:match("^[-+]?%d+$") and s or "")
       if not n then
         -- Jinja falls back to int(float(value)).
-        local f = tonumber(s:match("^[-+]?%d*%.?%d+[eE]?[-+]?%d*$") and s or "")
-        if f then n = f >= 0 and floor(f) or -floor(-f) end
+        local f = s:match("^[-+]?%d*%.?%d+[eE]?[-+]?%d*$") and V.decimal(s)
+        -- (int(float('1e400')) is an OverflowError in Python: the default)
+        if f and f - f == 0 then n = f >= 0 and floor(f) or -floor(-f) end
       end
     else
       local sign = 1
@@ -209,7 +210,7 @@ function F.float(_, v, args, kwargs)
   if V.NUMERIC[k] then return V.float(V.num(v)) end
   if k == "str" then
     local s = text.strip(v):lower()
-    local n = tonumber(s:match("^[-+]?%d*%.?%d*e?[-+]?%d*$") and s:find("%d") and s or "")
+    local n = s:match("^[-+]?%d*%.?%d*e?[-+]?%d*$") and s:find("%d") and V.decimal(s) or nil
     if s == "inf" or s == "infinity" or s == "+inf" then n = math.huge end
     if s == "-inf" or s == "-infinity" then n = -math.huge end
     if s == "nan" then n = 0 / 0 end

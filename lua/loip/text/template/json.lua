@@ -70,7 +70,7 @@ local function decode_number(s, pos)
   if fe then e, is_float = fe, true end
   local _, ee = find(s, "^[eE][-+]?%d+", e + 1)
   if ee then e, is_float = ee, true end
-  local x = tonumber(sub(s, pos, e))
+  local x = V.decimal(sub(s, pos, e))
   if is_float then return V.float(x), e + 1 end
   return x, e + 1
 end

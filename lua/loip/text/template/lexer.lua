@@ -129,7 +129,7 @@ local function float_at(src, p)
   end
   local stop = exp_end or frac_end
   if not stop then return nil end
-  return stop, V.float(tonumber((sub(src, p, stop):gsub("_", ""))))
+  return stop, V.float(V.decimal((sub(src, p, stop):gsub("_", ""))))
 end
 
 -- The token inside a tag at p (not whitespace, not the tag's end): type, value, and the

@@ -86,6 +86,20 @@ local function mkfloat(x)
 end
 V.float = mkfloat
 
+-- The number a decimal numeral s stands for ([-+] digits [. digits] [e [-+] digits]), as
+-- Python's float() reads it, or nil when s is not one. LuaJIT's tonumber gives nil when the
+-- exponent has more than about seven digits ("9E99999999"), where Python saturates: inf, or
+-- 0.0 when the mantissa is zero or the exponent negative (a mantissa of more digits than
+-- such an exponent is beyond any template).
+function V.decimal(s)
+  local x = tonumber(s)
+  if x then return x end
+  local sign, mant, esign = s:match("^([-+]?)(%d*%.?%d*)[eE]([-+]?)%d+$")
+  if not mant or not mant:find("%d") then return nil end
+  x = (esign == "-" or tonumber(mant) == 0) and 0 or huge
+  return sign == "-" and -x or x
+end
+
 -- Numeric value of int, float and bool (Python's bool is an int subclass).
 local function num(v)
   local t = type(v)
