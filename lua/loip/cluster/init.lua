@@ -361,9 +361,9 @@ function Cluster:plan(opts)
   local mopts = { cluster = true, loader = opts.loader }
   local est, info
   if p == nil and opts.plan_chosen then
-    -- (chosen already: Cluster:replan_kv)
-    self.problem_table = self:problem(opts, sizes)
-    p, est, info = opts.plan_chosen[1], opts.plan_chosen[2], opts.plan_chosen[3]
+    -- (chosen already, on this problem: Cluster:replan_kv)
+    local c = opts.plan_chosen
+    self.problem_table, p, est, info = c.problem, c.plan, c.estimate, c.info
   elseif p == nil then
     self.problem_table = self:problem(opts, sizes)
     p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
@@ -483,14 +483,16 @@ function Cluster:replan_kv(positions)
   for k, v in pairs(o) do opts[k] = v end
   opts.kv_plan_tokens, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan
-  local ok, p, est, info = pcall(function()
+  local chosen = {}
+  local ok, err = pcall(function()
     local sizes = plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
       threads = self.devices[1].threads or 1, logits_tokens = o.logits_tokens, max_seqs = self.sizes.max_seqs,
       kv_tokens = o.kv_tokens, kv_plan_tokens = positions })
-    return policy.plan(self:problem(opts, sizes), { scheduler = opts.scheduler, cost = opts.cost })
+    chosen.problem = self:problem(opts, sizes)
+    chosen.plan, chosen.estimate, chosen.info = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
   end)
-  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(p)), 0) end
-  opts.plan_chosen = { p, est, info }
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
+  opts.plan_chosen = chosen
   self.lending, self.active = nil, 0
   self:plan(opts)
   opts.plan_chosen = nil

@@ -205,22 +205,30 @@ local function file_sizes(files)
   return sizes, biggest
 end
 
+-- n io_uring loaders of slots slots of `biggest` bytes each, reading at rate (bytes/s, 0: as fast
+-- as it goes): the list, and a function that closes them all; raises (every one closed) when
+-- one cannot be made.
+local function open_loaders(n, slots, biggest, rate)
+  local loader = require "loip.runtime.loader"
+  local ls = {}
+  local function close_all() for _, l in ipairs(ls) do l:close() end end
+  for r = 1, n do
+    local l, err = loader.new { slots = slots, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
+    if not l then close_all() error("profile: " .. err, 0) end
+    ls[r] = l
+  end
+  return ls, close_all
+end
+
 -- Streams reads of files (a list of paths, each read whole, round after round) through
 -- `readers` io_uring loaders (1; each its own files of the list, as a cluster's local devices
 -- read their blocks at once), each at rate (bytes/s, 0: as fast as it goes), while fn runs;
 -- returns what fn returns.
 local function while_reading(files, rate, fn, readers)
-  local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
+  local loaders, close_all = open_loaders(readers or 1, 2, biggest, rate)
   local ls = {}
-  for r = 1, readers or 1 do
-    local l, err = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
-    if not l then
-      for _, x in ipairs(ls) do x:close() end
-      error("profile: " .. err, 0)
-    end
-    ls[r] = { l = l, tag = 0, k = r - 1 }
-  end
+  for r, l in ipairs(loaders) do ls[r] = { l = l, tag = 0, k = r - 1 } end
   local function submit(x)
     x.k = x.k % #files + 1
     x.tag = x.tag + 1
@@ -231,10 +239,7 @@ local function while_reading(files, rate, fn, readers)
   local function next_loads(tag)
     for _, x in ipairs(ls) do
       local ok, err = x.l:wait(tag)
-      if not ok then
-        for _, y in ipairs(ls) do y.l:close() end
-        error("profile: " .. tostring(err), 0)
-      end
+      if not ok then close_all() error("profile: " .. tostring(err), 0) end
       submit(x)
     end
   end
@@ -251,8 +256,8 @@ local function while_reading(files, rate, fn, readers)
   end, load_ms) }
   for _, x in ipairs(ls) do
     while x.l:pending() > 0 do x.l:poll(-1) end
-    x.l:close()
   end
+  close_all()
   if not out[1] then error(out[2], 0) end
   return unpack(out, 2)
 end
@@ -269,16 +274,9 @@ end
 -- a device reading ahead queues them, all starting together; bytes/s each, over the time until
 -- the last is done (waited for in C: no polling in between).
 function M.disk_shared(files, bytes, rate, readers)
-  local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
   drop_cache(files)
-  local ls = {}
-  local function close_all() for _, x in ipairs(ls) do x:close() end end
-  for r = 1, readers do
-    local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
-    if not l then close_all() error("profile: " .. err, 0) end
-    ls[r] = l
-  end
+  local ls, close_all = open_loaders(readers, 1, biggest, rate)
   -- reader r reads files r, r + readers, ... (wrapping) until it has its bytes
   local plans, total = {}, 0
   for r = 1, readers do
@@ -441,7 +439,7 @@ function M.measure(opts)
   local lay = synthetic_layer(c, dtype, opts.threads, max_ctx + max_batch, max_batch)
   local reps = opts.reps or (opts.quick and 5 or 9)
   local pr = { loip_profile = M.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"),
-    device = { host = hostname(), cpus = tonumber(io.popen("nproc"):read("*l")) or 1, threads = lay.threads,
+    device = { host = hostname(), cpus = M.cpus(), threads = lay.threads,
       kernels = ffi.string(C.loip_kernels_name()) },
     shape = { dim = c.dim, hidden_dim = c.hidden_dim, n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim,
       dtype = dtype, mha_bytes = lay.bytes.mha, mlp_bytes = lay.bytes.mlp },

@@ -35,12 +35,15 @@ local function misuse(fn, f, ...)
   error(string.format("loip.plan.space.%s: " .. f, fn, ...), level)
 end
 
+-- What a bad argument is, in a message: "nil", or "a TYPE".
+local function kind_of(v) return v == nil and "nil" or "a " .. type(v) end
+
 local function is_int(v) return type(v) == "number" and v == math.floor(v) and v > -math.huge and v < math.huge end
 
 -- The argument name of fn must be an integer >= least.
 local function want_int(fn, name, v, least)
   if not is_int(v) or v < least then
-    misuse(fn, "%s is %s, not an integer >= %d", name, v == nil and "nil" or (type(v) == "number" and tostring(v) or "a " .. type(v)), least)
+    misuse(fn, "%s is %s, not an integer >= %d", name, type(v) == "number" and tostring(v) or kind_of(v), least)
   end
 end
 
@@ -48,7 +51,7 @@ end
 local function want_problem(fn, problem)
   if type(problem) ~= "table" or type(problem.devices) ~= "table" or type(problem.model) ~= "table" then
     misuse(fn, "problem is %s, not a problem (a table with devices and model: loip.plan.problem)",
-      problem == nil and "nil" or "a " .. type(problem) .. (type(problem) == "table" and " without devices or model" or ""))
+      kind_of(problem) .. (type(problem) == "table" and " without devices or model" or ""))
   end
 end
 
@@ -64,7 +67,7 @@ end
 local function want_plan(fn, p, i)
   if type(p) ~= "table" or type(p.devices) ~= "table" or type(p.devices[i]) ~= "table" or type(p.devices[i].stages) ~= "table"
     or #p.devices[i].stages == 0 then
-    misuse(fn, "p is %s, not a plan whose devices[%d] has stages", p == nil and "nil" or "a " .. type(p) .. (type(p) == "table"
+    misuse(fn, "p is %s, not a plan whose devices[%d] has stages", kind_of(p) .. (type(p) == "table"
       and " without devices[" .. tostring(i) .. "].stages" or ""), i)
   end
 end
@@ -180,10 +183,10 @@ end
 function M.build(problem, shape, choice)
   want_problem("build", problem)
   if type(shape) ~= "table" or not is_int(shape.S) or not is_int(shape.R) then
-    misuse("build", "shape is %s, not a shape { S, R, E } (M.shapes)", shape == nil and "nil" or "a " .. type(shape))
+    misuse("build", "shape is %s, not a shape { S, R, E } (M.shapes)", kind_of(shape))
   end
   if type(choice) ~= "table" or type(choice.n) ~= "table" or type(choice.o) ~= "table" then
-    misuse("build", "choice is %s, not a choice { n = {...}, o = {...} [, x, k] }", choice == nil and "nil" or "a " .. type(choice))
+    misuse("build", "choice is %s, not a choice { n = {...}, o = {...} [, x, k] }", kind_of(choice))
   end
   for i = 1, #problem.devices do
     if not is_int(choice.n[i]) or choice.n[i] < 1 then misuse("build", "choice.n[%d] is %s, not a block count >= 1", i, tostring(choice.n[i])) end
@@ -239,7 +242,7 @@ end
 function M.split(nb, shares)
   want_int("split", "nb (blocks)", nb, 1)
   if type(shares) ~= "table" then
-    misuse("split", "shares is %s, not a list of numbers (one per range)", shares == nil and "nil" or "a " .. type(shares))
+    misuse("split", "shares is %s, not a list of numbers (one per range)", kind_of(shares))
   end
   local last = 0
   for k in pairs(shares) do
@@ -282,7 +285,7 @@ function M.ring_of(N, ranges)
   want_int("ring_of", "N (devices)", N, 1)
   if type(ranges) ~= "table" or #ranges == 0 then
     misuse("ring_of", "ranges is %s, not a non-empty list of { first, last } (space.split makes one)",
-      ranges == nil and "nil" or type(ranges) == "table" and "empty" or "a " .. type(ranges))
+      type(ranges) == "table" and "empty" or kind_of(ranges))
   end
   if #ranges % N ~= 0 then
     misuse("ring_of", "%d ranges for %d devices: one per hop, N x S of them (S stages per device)", #ranges, N)

@@ -50,10 +50,8 @@ local IGNORED = {
   { "temperature", "number" }, { "top-k", "int" }, { "top-p", "number" }, { "min-p", "number" },
   { "repeat-penalty", "number" }, { "ignore-eos", "bool" }, { "on-device-loss", "string" },
 }
-M.ignored = {}
 for _, f in ipairs(IGNORED) do
   flags[#flags + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
-  M.ignored[#M.ignored + 1] = f[1]
 end
 
 M.commands = {}
@@ -69,9 +67,9 @@ M.commands.simulate = {
 local mean = require("loip.tools.bench").mean
 
 function M.commands.simulate.run(o)
-  for _, name in ipairs(M.ignored) do
-    if o[name:gsub("-", "_")] ~= nil and o.verbose then
-      io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", name))
+  for _, f in ipairs(IGNORED) do
+    if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
+      io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
     end
   end
   if o.max_tokens then o.output_tokens = o.max_tokens end
