@@ -94,7 +94,7 @@ local function measure(c, pattern)
   while k <= #list do
     -- a burst goes in at once; a sporadic request when the one before is done
     repeat
-      reqs[#reqs + 1] = b:submit { prompt = bench.PROMPT, max_tokens = list[k].max_tokens, sampler = { temperature = 0 }, stop = {} }
+      reqs[#reqs + 1] = b:submit { prompt = bench.prompt(cfg.vocab_size), max_tokens = list[k].max_tokens, sampler = { temperature = 0 }, stop = {} }
       k = k + 1
     until k > #list or list[k].after == "previous"
     b:drain()

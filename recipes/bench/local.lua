@@ -62,18 +62,14 @@ end
 log("%d local devices, budgets %s, links %s", N,
   table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "), o.link_rate)
 
-local prompt = {} -- (the benchmarks' prompt, within a small model's vocabulary)
-for i, id in ipairs(bench.PROMPT) do prompt[i] = id % cfg.vocab_size end
+local prompt = bench.prompt(cfg.vocab_size)
 local c = cluster.start_local { store = o.store, devices = N, mem = mems }
 local result
 -- one plan, priced from the calibration `pr` (nil: the local cluster's own), decoded and measured
 local function run(pr)
   local p, est = c:plan { context = o.context, link = { rate = o.link_rate }, profile = pr }
-  local before = c:stats()
-  local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 }, ignore_eos = true })
-  local steps = bench.token_steps(it)
-  local after = c:stats()
-  local per = bench.device_figures(before, after, st.stats.decode_steps + 1)
+  local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 }, ignore_eos = true })
+  local steps, per, after = bench.decode_figures(c, it)
   local measured = median(steps)
   local prob = c.problem_table
   local devices = {}

@@ -54,7 +54,7 @@ local sh = bench.sh
 bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
 
-local prompt = bench.PROMPT
+local prompt = bench.prompt(store.config(o.store, man).vocab_size)
 -- One run in this process: open the store under mem with plan p (nil: all resident), decode;
 -- ms per step.
 local function run_here(mem, p, loader)

@@ -79,7 +79,7 @@ log("%d devices, budgets %s (%.0f%% of %.0f MB of weights, with the KV cache of 
 
 local slow = {}
 for x in o.slowdown:gmatch("[^,]+") do slow[#slow + 1] = tonumber(x) end
-local prompt = bench.PROMPT
+local prompt = bench.prompt(cfg.vocab_size)
 
 -- recompute's steps carry the evicted positions: its batch holds the context
 local function run(variant, schedule)

@@ -80,7 +80,7 @@ end
 local c = cluster.start_local { store = o.store, devices = N, mem = mems, threads = 1 }
 local link = { rate = o.link_rate, delay_ms = o.link_delay }
 local common = { context = o.context, batch = 32, disk_rate = o.disk_rate, link = link }
-local prompt = bench.PROMPT
+local prompt = bench.prompt(cfg.vocab_size)
 
 local function plan_for(kind)
   local opts = { trace = true }
@@ -93,10 +93,8 @@ end
 -- Decode o.tokens tokens: ms per step (median) and per-device per-token figures.
 local function measure(kind, no_trace)
   local p = plan_for(kind)
-  local before = c:stats()
-  local it, st = c:generate(prompt, { max_tokens = o.tokens + 2, sampler = { temperature = 0 }, ignore_eos = true })
-  local steps = bench.token_steps(it)
-  local after = c:stats()
+  local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 }, ignore_eos = true })
+  local steps, per, after, last = bench.decode_figures(c, it)
   -- the timeline of this measurement: one trace per kind (the last round's), drawn over two
   -- tokens from the middle of the decode
   if no_trace then
@@ -115,7 +113,6 @@ local function measure(kind, no_trace)
     to_ms = t_end_ms - median(steps),
     title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
       N, o.link_rate, o.link_delay) })
-  local per = bench.device_figures(before, after, st.stats.decode_steps + 1)
   for i = 1, N do per[i].links = after[i].links end
   return { ms = median(steps), steps = steps, tokens = st.token_ids, devices = per, stages = #p.devices[1].stages,
     plan = plan_mod.to_lua(p) }

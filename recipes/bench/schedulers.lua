@@ -124,7 +124,7 @@ if o.cpu_latency >= 0 then
   log(ok and ("CPU wake-up latency held at " .. o.cpu_latency .. " us while measuring") or ("not holding a CPU wake-up latency: " .. tostring(err)))
 end
 
-local prompt = bench.PROMPT
+local prompt = bench.prompt(cfg.vocab_size)
 local names = {}
 for s in o.schedulers:gmatch("[^,]+") do names[#names + 1] = s end
 
@@ -158,20 +158,10 @@ local function run_cluster(name)
       if r % 2 == 0 then for k = 1, math.floor(#order / 2) do order[k], order[#order + 1 - k] = order[#order + 1 - k], order[k] end end
       for _, s in ipairs(order) do
         c:plan(setmetatable({ plan = plans[s].p, estimate = false }, { __index = common }))
-        -- the devices' figures over decoding steps only: taken after the first token (the prefill
-        -- is behind it), and the step that carried the snapshot left out of the times
+        -- the devices' figures over decoding steps only (the prefill left out)
         local it, st = c:generate(prompt, { max_tokens = o.tokens + 3, sampler = { temperature = 0 }, ignore_eos = true })
-        local steps, last, before, k = {}, nil, nil, 0
-        for _ in it do
-          local now = core.now_ms()
-          k = k + 1
-          if k == 1 then before = c:stats() end
-          if k >= 3 then steps[#steps + 1] = now - last end
-          last = now
-        end
-        steps[#steps] = nil -- the last token has no forward pass after it
-        local after = c:stats()
-        local run = { ms = median(steps), steps = steps, tokens = st.token_ids, devices = bench.device_figures(before, after, k - 1) }
+        local steps, devices = bench.decode_figures(c, it)
+        local run = { ms = median(steps), steps = steps, tokens = st.token_ids, devices = devices }
         local rs = out.schedulers[s].runs
         rs[#rs + 1] = run
         log("  round %d: %-16s %.1f ms/token (predicted %.1f)", r, s, run.ms, plans[s].est.ms_per_token)

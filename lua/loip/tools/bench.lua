@@ -92,6 +92,14 @@ M.MODEL = "/tmp/loip-bench/llama-3.2-1b-bf16"
 M.STORE = M.MODEL .. "-store"
 M.PROMPT = { 1, 2028, 374, 264, 1296, 315, 279, 1887 }
 
+-- The benchmarks' prompt for a model of vocab_size tokens (M.PROMPT's ids folded into its
+-- vocabulary: a small model, stories260K's 512, runs every recipe too).
+function M.prompt(vocab_size)
+  local ids = {}
+  for i, id in ipairs(M.PROMPT) do ids[i] = id % vocab_size end
+  return ids
+end
+
 -- A recipe's flags (loip.tools.flags rows): --store and --model of the shared store, then the
 -- recipe's own.
 function M.store_flags(what, own)
@@ -115,6 +123,26 @@ function M.token_steps(it)
   end
   steps[#steps] = nil
   return steps
+end
+
+-- A cluster's decoding (the iterator of its generate, asked for two tokens more than the steps
+-- wanted, as M.token_steps), measured over decoding steps only: the devices' stats snapshot
+-- after the first token (the prefill is behind it) and at the end, and the step that carried the
+-- snapshot left out of the times. Returns the steps (ms each), the per-device figures per
+-- decoding step (M.device_figures), the end snapshot, and when the last token came (core.now_ms).
+function M.decode_figures(c, it)
+  local now_ms = require("loip.core").now_ms
+  local steps, last, before, k = {}, nil, nil, 0
+  for _ in it do
+    local now = now_ms()
+    k = k + 1
+    if k == 1 then before = c:stats() end
+    if k >= 3 then steps[#steps + 1] = now - last end
+    last = now
+  end
+  steps[#steps] = nil -- the last token has no forward pass after it
+  local after = c:stats()
+  return steps, M.device_figures(before or after, after, math.max(1, k - 1)), after, last
 end
 
 -- Per device and decoding step, what the devices' stats (Cluster:stats) grew by between two

@@ -1,0 +1,44 @@
+-- The benchmarks (recipes/bench/*.lua) are recipes a user runs by hand on a big model; each has
+-- --quick to check that it works. Run every one that takes a store on stories260K's (a model of
+-- 512 tokens and 10 blocks: the benchmarks' prompt must fit its vocabulary, their plans its
+-- blocks), and check that it ends well and prints its JSON report. (Their figures are not checked
+-- here: a busy machine's timings mean nothing; the benchmarks are for measuring. soak.lua is
+-- left out: it checks that /tmp is as it found it, which specs running beside it upset.)
+local json = require "loip.tools.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
+
+local S260 = T.root .. "/models/stories260K"
+
+-- recipe, its extra flags, fields its report must have
+local RECIPES = {
+  { "pipeline", "", { "interleaved_ms", "conventional_ms", "same_tokens" } },
+  { "local", "--tokens 3", { "estimated_ms", "measured_ms", "per_device" } },
+  { "schedulers", "", { "clusters", "decide" } },
+  { "offload", "", { "budgets", "same_tokens" } },
+  { "online", "--stages 3", { "variants" } },
+  { "fidelity", "", { "rows", "worst_error" } },
+  { "serve", "", {} },
+  { "loader", "", {} },
+}
+
+describe("the benchmark recipes", function()
+  for _, r in ipairs(RECIPES) do
+    local name, extra, fields = r[1], r[2], r[3]
+    it(name .. ".lua --quick runs on a small model and prints its report", function()
+      local store = T.slice_store(S260, "s260-bench")
+      local out = T.tmpdir()
+      local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/%s.lua --store %s --quick --out %s %s",
+        T.loip, T.root, name, store, out, extra))
+      assert.are.equal(0, rc, name .. ".lua failed:\n" .. stderr)
+      local last = stdout:match("([^\n]+)\n?$")
+      local report = last and json.decode(last)
+      assert.is_table(report, name .. ".lua printed no JSON report:\n" .. stdout)
+      for _, f in ipairs(fields) do
+        assert.is_not_nil(report[f], name .. ".lua's report has no " .. f)
+      end
+      if report.same_tokens ~= nil then assert.is_true(report.same_tokens, name .. ": the plans' tokens differ") end
+    end)
+  end
+end)
