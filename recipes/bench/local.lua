@@ -90,7 +90,8 @@ local function run(pr)
     calibration = { disk_readers = pr.disk and pr.disk.readers or 1, read_bps = pr.disk and pr.disk.read_bps,
       read_bps_alone = pr.disk and pr.disk.read_bps_alone, under_load = pr.compute and pr.compute.under_load,
       weight_bps = pr.compute and pr.compute.weight_bps["1"], spread = pr.compute and pr.compute.spread,
-      unsteady = pr.compute and pr.compute.unsteady },
+      unsteady = pr.compute and pr.compute.unsteady, disk_spread = pr.disk and pr.disk.spread,
+      disk_steady = pr.disk and pr.disk.steady },
     estimated_ms = est.ms_per_token, measured_ms = measured, ratio = measured / est.ms_per_token, target = TARGET,
     within_target = measured / est.ms_per_token <= TARGET and est.ms_per_token / measured <= TARGET,
     steps = steps, token_ids = st.token_ids, per_device = devices, plan = plan_mod.bare(p) }

@@ -307,37 +307,44 @@ end
 
 -- Read rate of files through the loader (io_uring, O_DIRECT where the filesystem allows; the
 -- files' pages are dropped from the page cache first, so that a buffered read is cold too):
--- bytes/s and a small read's fixed cost in ms. bytes: how much to read at most. readers (1):
--- how many read this disk at once (a cluster's local devices): read_bps is then each one's
--- rate with all of them reading (M.disk_shared), read_bps_alone one reader's by itself.
-function M.disk(files, bytes, rate, readers)
+-- bytes/s and a small read's fixed cost in ms, each measured until steady (M.steady: a disk
+-- shared with other work varies, and a calibration is kept); `steady` is false when one did not
+-- settle (warn was told, as M.steady tells it). bytes: how much to read at most per sample.
+-- readers (1): how many read this disk at once (a cluster's local devices): read_bps is then
+-- each one's rate with all of them reading (M.disk_shared), read_bps_alone one reader's by itself.
+function M.disk(files, bytes, rate, readers, warn)
   local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
   drop_cache(files)
   local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
   if not l then error("profile: " .. err, 0) end
-  local small = {}
-  for j = 1, 8 do
+  local tag, k = 0, 0
+  -- one read of `length` bytes of the next file (whole when nil), waited for: ms
+  local function read_one(length)
+    k, tag = k % #files + 1, tag + 1
     local t0 = core.now_ms()
-    assert(l:submit(1, { { path = files[(j - 1) % #files + 1], offset = 0, length = 4096 } }, j))
-    assert(l:wait(j))
-    small[j] = core.now_ms() - t0
-  end
-  local read, tag = 0, 100
-  local t0 = core.now_ms()
-  local k = 0
-  while read < bytes do
-    k = k % #files + 1
-    tag = tag + 1
-    assert(l:submit(1, { { path = files[k], offset = 0, length = sizes[k] } }, tag))
+    assert(l:submit(1, { { path = files[k], offset = 0, length = length or sizes[k] } }, tag))
     local ok, werr = l:wait(tag)
     if not ok then l:close() error("profile: " .. tostring(werr), 0) end
-    read = read + sizes[k]
+    return core.now_ms() - t0, length or sizes[k]
   end
-  local ms = core.now_ms() - t0
+  local small = M.steady(function() drop_cache(files) return (read_one(4096)) end, { reps = 8, rounds = 3, tolerance = 0.5, name = "a small read's time", warn = warn })
+  -- a sample: reads of at least `bytes` from a cold cache, as ms per GB
+  local read = 0
+  local whole = M.steady(function()
+    drop_cache(files)
+    local ms, got = 0, 0
+    repeat
+      local dt, n = read_one()
+      ms, got = ms + dt, got + n
+    until got >= bytes
+    read = read + got
+    return ms / got * 1e9
+  end, { reps = 3, rounds = 3, name = "the disk's read rate", warn = warn })
   local mode = l:mode()
   l:close()
-  local out = { read_bps = read / ms * 1e3, load_ms = median(small), bytes = read, loader = mode }
+  local out = { read_bps = 1e12 / whole.ms, load_ms = small.ms, bytes = read, loader = mode,
+    spread = math.max(small.spread, whole.spread), steady = small.steady and whole.steady }
   -- Loads queued back to back, as a device reads ahead: does letting the next load's reads start
   -- before the current one's have landed (overlap_loads) finish the load a stage waits for sooner?
   -- (On a disk that serves queued reads in parallel, the first load ends later with overlap.)
@@ -373,7 +380,10 @@ function M.disk(files, bytes, rate, readers)
     -- (never more than one reader gets alone: tiny files read back to back may beat the one
     -- reader's figure, which waits for each)
     out.readers, out.read_bps_alone = readers, out.read_bps
-    out.read_bps = math.min(out.read_bps, M.disk_shared(files, bytes, rate, readers))
+    local shared = M.steady(function() return 1e12 / M.disk_shared(files, bytes, rate, readers) end,
+      { reps = 3, rounds = 2, name = string.format("the disk's read rate with %d readers", readers), warn = warn })
+    out.read_bps = math.min(out.read_bps, 1e12 / shared.ms)
+    out.spread, out.steady = math.max(out.spread, shared.spread), out.steady and shared.steady
   end
   return out
 end
@@ -481,7 +491,7 @@ function M.measure(opts)
   if opts.disk and opts.disk.files and #opts.disk.files > 0 then
     say("disk")
     local readers = opts.disk.readers or 1
-    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers)
+    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers, opts.warn)
     pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
     say("compute while the disk streams")
     -- quiet before and after, each figure the median of every sample (a machine whose load
