@@ -5,7 +5,8 @@
 -- KV tables, and the bytes of one KV group (16 positions of its layers); the groups the running
 -- requests will hold after the step follow from their positions.
 --
--- state = { step, last_step = { ms, tokens } (the step before), context (the longest request's
+-- state = { step, last_step = { ms, tokens } (the step before), kv_block (positions a KV group
+--   holds: LOIP_KV_BLOCK_TOKENS), context (the longest request's
 --   positions after the step), requests = { { id, positions, max_positions, evicted,
 --   prompt_positions (its prompt's: reached within a few steps while it is prefilled) } }, groups
 --   (KV groups every device holds after the step: the same count on each, of its own layers;
@@ -60,7 +61,7 @@ function Online:state(toks)
   end
   local kb = self.engine.kv_block
   local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
-    memo = self.memo }
+    memo = self.memo, kv_block = kb }
   for _, r in ipairs(self.batcher.running) do
     local p = last[r.seq] or (r.pos - 1)
     if p >= 0 then

@@ -17,6 +17,15 @@ local space = require "loip.plan.space"
 
 local M = { name = "loip" }
 
+-- Its settings (docs/planning.md, "The policy API"), e.g. --scheduler loip:refine=off.
+M.settings = {
+  { "refine", "bool", "after the DP, block-level refinement and the even-split layouts (off: the DP's best as it is)",
+    default = true },
+  { "relayout", "bool", "move single blocks between the devices of a round when a plan has a few blocks per hop", default = true },
+  { "unit", "int", "blocks the DP places at a time, 1 (a block) or 2 (a layer); 0: 2 for models over 64 blocks, else 1",
+    default = 0, check = function(v) return v >= 0 and v <= 2, "must be 0, 1 or 2" end },
+}
+
 -- MHA blocks among len blocks from block `start` (the even ones).
 local function mha_in(start, len) return math.floor((len + 1 - start % 2) / 2) end
 
@@ -397,7 +406,8 @@ function M.relayout(problem, cost, p)
 end
 
 -- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
--- the brute-force spec compares), or nil and why.
+-- the brute-force spec compares), or nil and why. opts: the settings (M.settings), any left out
+-- at its default.
 function M.search(problem, cost, opts)
   opts = opts or {}
   if type(cost.device) ~= "function" or type(cost.comm) ~= "function" then
@@ -408,7 +418,7 @@ function M.search(problem, cost, opts)
   local mha_ms, mlp_ms, head = least_compute(problem)
   local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
   -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
-  local u = opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
+  local u = (opts.unit or 0) > 0 and opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
   local ushapes = {}
   local N, nb = #problem.devices, problem.model.n_blocks
   for S = problem.stages or 1, problem.stages or math.floor(nb / u / N) do
@@ -500,8 +510,8 @@ function M.search(problem, cost, opts)
   return best, best_est
 end
 
-function M.schedule(problem, cost)
-  return M.search(problem, cost)
+function M.schedule(problem, cost, params)
+  return M.search(problem, cost, params)
 end
 
 -- Why no plan fits (loip.plan.problem.why_none).
