@@ -38,7 +38,7 @@
 -- the state/memo its caller hands it.
 local M = {}
 
--- What a policy's environment does not give it, and why (docs/planning.md, "Policies").
+-- What a policy's environment does not give it, and why (docs/planning.md, "The policy API").
 M.withheld = {
   debug = "it reaches any function's locals and the registry",
   package = "package.loaded holds every module, the FFI among them",
