@@ -42,10 +42,13 @@ local M = {}
 local Online = {}
 Online.__index = Online
 
--- policy: a loip.policy "online" table (or nil); links: a "links" schedule (or nil); engine: the
--- batcher's (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
+-- policy: a loip.policy "online" policy (or nil); links: a "links" schedule (or nil); each a
+-- name, a path or a table, loaded (its settings resolved) by loip.policy; engine: the batcher's
+-- (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
 function M.new(batcher, policy, links)
-  return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0, memo = {} }, Online)
+  local load = require("loip.policy").load
+  return setmetatable({ batcher = batcher, policy = policy and load("online", policy), links = links and load("links", links),
+    engine = batcher.engine, steps = 0, memo = {} }, Online)
 end
 
 -- The policy's name in messages.
