@@ -21,7 +21,7 @@ local submodules = {
   batcher = "loip.serve.batcher", client = "loip.serve.client", online = "loip.serve.online",
   load = "loip.serve.load", openai = "loip.serve.openai", store = "loip.model.store", roofline = "loip.sim.roofline",
   tp = "loip.sim.tp", experiments = "loip.sim.experiments", space = "loip.plan.space", files = "loip.tools.files",
-  suggest = "loip.tools.suggest",
+  suggest = "loip.tools.suggest", refine = "loip.plan.refine",
 }
 -- Not here, by design: the parts behind these (loip.core, the model formats' readers
 -- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template

@@ -1,23 +1,44 @@
--- The policy loader (docs/planning.md, "Policies"): cost models, schedulers, online policies and
--- request patterns are Lua files a researcher copies and swaps. A name resolves to
--- recipes/policies/<kind>/<name>.lua (request patterns: recipes/patterns/<name>.lua); anything
+-- The policy loader (docs/planning.md, "The policy API"): cost models, schedulers, online
+-- policies, link schedules, request patterns, baselines and device profiles are Lua files a
+-- researcher copies and swaps. A name resolves to recipes/policies/<kind>/<name>.lua; anything
 -- with a slash or ending in .lua is a path, loaded as given. Shipped and user policies go
--- through the same loader and the same checks.
+-- through the same loader and the same checks. A name may carry settings (M.parse):
 --
 --   local policy = require "loip.policy"
 --   local cost = policy.load("cost", "loip")                      -- recipes/policies/cost/loip.lua
 --   local sched = policy.load("scheduler", "my/greedy.lua")       -- a file of one's own
---   local p, est = policy.plan(problem, { scheduler = "loip", cost = "loip" })
+--   local on = policy.load("online", "loip:lookahead=64,lend=off") -- as --online takes it
+--   local on2 = policy.load("online", "loip", { lookahead = 64 }) -- the same
+--   local p, est = policy.plan(problem, { scheduler = "loip:refine=off", cost = "loip" })
 --   policy.list("scheduler")                                      -- the shipped names
+--   policy.describe("online", "loip")                             -- what it decides, its settings
 --
 -- A policy file returns a table of functions over plain tables (no FFI, no globals). It is run
 -- in an environment of its own: the standard library and `require`, less what M.withheld names
 -- (the FFI, and what reaches around the environment); assigning a global is refused. This keeps
 -- a policy to the convention against mistakes; it is not a security boundary (a policy runs in
 -- the process, and the loip modules it requires are the process's own).
+--
+-- Settings (Torch7 optim's config beside its state): a policy declares what can be set in
+-- M.settings, in the shape a command declares its flags (loip.tools.flags):
+--
+--   M.settings = {
+--     { "lookahead", "int", "KV positions of headroom a change buys", default = 32,
+--       check = function(v) return v >= 1, "must be >= 1" end },
+--   }
+--
+-- types: int, number, bool (on/off, true/false, yes/no, 1/0), string, list (strings; "a/b/c" in
+-- a name). load() resolves them (each default, overridden by what is given) and returns an
+-- instance of the policy: a table over the file's (its functions and fields read through), whose
+-- entry function (M.kinds[kind].needs) gets the resolved settings as its last argument, e.g.
+-- on_step(state, control, params); a pattern's requests(opts) gets them in opts (a setting given
+-- by name wins over the caller's opts, which win over the default). instance.params holds them,
+-- instance.given what was given, instance.module the file's table. A policy reads its settings
+-- from params, never from constants of its own table, and keeps what it learns between calls in
+-- the state/memo its caller hands it.
 local M = {}
 
--- What a policy's environment does not give it, and why (docs/planning.md, "Policies").
+-- What a policy's environment does not give it, and why (docs/planning.md, "The policy API").
 M.withheld = {
   debug = "it reaches any function's locals and the registry",
   package = "package.loaded holds every module, the FFI among them",
@@ -57,23 +78,36 @@ local function policy_env()
   return env
 end
 
--- What each kind must provide. New kinds (a later issue's) are added here.
+-- What each kind must provide: its entry function (needs), the arguments it takes before the
+-- settings (args; merge: the settings go into its one opts table instead). Every kind lives in
+-- recipes/policies/<kind>/. New kinds (a later issue's) are added here.
 M.kinds = {
-  cost = { dir = "policies/cost", needs = { "estimate" },
-    about = "a cost model: estimate(plan, problem) -> { ms_per_token, devices = {...} }" },
-  scheduler = { dir = "policies/scheduler", needs = { "schedule" },
-    about = "a scheduler: schedule(problem, cost) -> plan, or nil and why" },
-  online = { dir = "policies/online", needs = { "on_step" },
-    about = "an online policy: on_step(state, control) between decoding steps" },
-  links = { dir = "links", needs = { "at" },
-    about = "a link schedule: at(step) -> nil, a rate for every link, or one per link (emulated links change between steps)" },
-  baseline = { dir = "baselines", needs = { "run" },
-    about = "a system compared against but not built (loip.sim.tp): run(problem, { batch, context }) -> { ms_per_token, ... } or nil, \"OOM: ...\"" },
-  device = { dir = "devices", needs = { "profile" },
-    about = "a device one does not own: its published figures (loip.sim.roofline.device); profile(shape) -> a loip profile" },
-  pattern = { dir = "patterns", needs = { "requests" },
-    about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them)" },
+  cost = { needs = { "estimate" }, args = 2,
+    about = "a cost model: estimate(plan, problem, params) -> { ms_per_token, devices = {...} }" },
+  scheduler = { needs = { "schedule" }, args = 2,
+    about = "a scheduler: schedule(problem, cost, params) -> plan, or nil and why" },
+  online = { needs = { "on_step" }, args = 2,
+    about = "an online policy: on_step(state, control, params) between decoding steps" },
+  links = { needs = { "at" }, args = 1,
+    about = "a link schedule: at(step, params) -> nil, a rate for every link, or one per link (emulated links change between steps)" },
+  baseline = { needs = { "run" }, args = 2,
+    about = "a system compared against but not built (loip.sim.tp): run(problem, { batch, context }, params) -> { ms_per_token, ... } or nil, \"OOM: ...\"" },
+  device = { needs = { "profile" }, args = 1,
+    about = "a device one does not own: its published figures (loip.sim.roofline.device); profile(shape, params) -> a loip profile" },
+  pattern = { needs = { "requests" }, merge = true,
+    about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them); its settings arrive in opts" },
 }
+
+-- Folders the kinds had before they all moved under recipes/policies/ (issue 25): a path into one
+-- still loads, with a notice, for one release.
+M.moved = { ["recipes/patterns/"] = "pattern", ["recipes/links/"] = "links", ["recipes/baselines/"] = "baseline",
+  ["recipes/devices/"] = "device" }
+
+local function kind_of(kind, level)
+  local k = M.kinds[kind]
+  if not k then error(string.format("loip.policy: unknown kind '%s' (%s)", tostring(kind), table.concat(M.kind_names(), ", ")), level + 1) end
+  return k
+end
 
 -- The recipes/ directory: $LOIP_RECIPES_DIR, else beside the Lua modules' tree (lua/ and
 -- recipes/ sit side by side in a checkout and under the install prefix's share/loip).
@@ -84,13 +118,18 @@ function M.recipes_dir()
   return (lua_dir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/recipes"
 end
 
--- The file a name or path stands for.
+-- The folder of a kind's shipped policies.
+function M.dir(kind)
+  kind_of(kind, 2)
+  return M.recipes_dir() .. "/policies/" .. kind
+end
+
+-- The file a name or path stands for (settings after the name are not part of it: M.parse).
 function M.path(kind, name)
-  local k = M.kinds[kind]
-  if not k then error(string.format("loip.policy: unknown kind '%s' (%s)", tostring(kind), table.concat(M.kind_names(), ", ")), 2) end
+  kind_of(kind, 2)
   if type(name) ~= "string" or name == "" then error("loip.policy: a " .. kind .. " name or path is needed", 2) end
   if name:find("/", 1, true) or name:match("%.lua$") then return name end
-  return string.format("%s/%s/%s.lua", M.recipes_dir(), k.dir, name)
+  return string.format("%s/%s.lua", M.dir(kind), name)
 end
 
 function M.kind_names()
@@ -100,12 +139,15 @@ function M.kind_names()
   return out
 end
 
--- The shipped policies of a kind, by name.
+-- The shipped policies of a kind, by name; with no kind, every kind's: { [kind] = names }.
 function M.list(kind)
-  local k = M.kinds[kind]
-  if not k then error("loip.policy: unknown kind '" .. tostring(kind) .. "'", 2) end
+  if kind == nil then
+    local all = {}
+    for _, k in ipairs(M.kind_names()) do all[k] = M.list(k) end
+    return all
+  end
   local out = {}
-  local p = io.popen("ls '" .. M.recipes_dir() .. "/" .. k.dir .. "' 2>/dev/null")
+  local p = io.popen("ls '" .. M.dir(kind) .. "' 2>/dev/null")
   for f in p:lines() do
     local n = f:match("^(.+)%.lua$")
     if n then out[#out + 1] = n end
@@ -115,26 +157,171 @@ function M.list(kind)
   return out
 end
 
+-- ---- settings --------------------------------------------------------------------------------
+
+-- A policy named with settings, as a command line gives it: "NAME:KEY=VALUE,KEY=VALUE" (NAME a
+-- shipped name or a path; e.g. "loip:lookahead=64,lend=off", "my/greedy.lua:spread=2"). Returns
+-- the name and { key = "value" } (nil when none are given). The one place this is parsed: every
+-- flag that names a policy (--scheduler, --cost-model, --online, --link-schedule, --pattern,
+-- --baseline, --device-profile) passes its string to M.load, which calls this.
+function M.parse(spec)
+  if type(spec) ~= "string" then return spec, nil end
+  -- the first ':' that a KEY= follows (a path may hold ':' elsewhere)
+  local name, rest = spec:match("^(.-):([%a_][%w_]*=.*)$")
+  if not name or name == "" then return spec, nil end
+  local given = {}
+  for item in (rest .. ","):gmatch("([^,]*),") do
+    local k, v = item:match("^([%a_][%w_]*)=(.*)$")
+    if not k then error(string.format("%s: '%s' is not KEY=VALUE (settings are NAME:KEY=VALUE,KEY=VALUE)", spec, item), 0) end
+    if given[k] ~= nil then error(string.format("%s: the setting '%s' is given twice", spec, k), 0) end
+    given[k] = v
+  end
+  return name, given
+end
+
+local truth = { on = true, ["true"] = true, yes = true, ["1"] = true, off = false, ["false"] = false, no = false, ["0"] = false }
+-- Each type: what it is called in messages, and its value from a string (nil: not one) or from a
+-- Lua value (nil: not one).
+M.types = {
+  int = { "a whole number", function(v)
+    local n = tonumber(v)
+    if n and n == math.floor(n) and n > -math.huge and n < math.huge then return n end
+  end },
+  number = { "a number", function(v) local n = tonumber(v) if n and n == n then return n end end },
+  bool = { "on or off (true/false, yes/no, 1/0)", function(v)
+    if type(v) == "boolean" then return v end
+    return truth[type(v) == "string" and v:lower() or v]
+  end },
+  string = { "a string", function(v) if type(v) == "string" then return v end end },
+  list = { "a list of strings (a/b/c)", function(v)
+    if type(v) == "string" then
+      local out = {}
+      for x in v:gmatch("[^/]+") do out[#out + 1] = x end
+      return out
+    end
+    if type(v) ~= "table" then return nil end
+    for _, x in ipairs(v) do if type(x) ~= "string" and type(x) ~= "number" then return nil end end
+    return v
+  end },
+}
+
+-- A value of the setting s (a declaration) as given (a string from a name, or a Lua value), or
+-- raises naming the setting, the policy (who) and the type expected.
+local function convert(who, s, v)
+  local t = M.types[s[2]]
+  local x = t[2](v)
+  if x == nil then
+    error(string.format("%s: setting '%s' must be %s (%s), not %s", who, s[1], t[1], s[2],
+      type(v) == "string" and ("'" .. v .. "'") or tostring(v)), 0)
+  end
+  if s.check then
+    local ok, why = s.check(x)
+    if not ok then error(string.format("%s: setting '%s' = %s: %s", who, s[1], tostring(v), why or "refused"), 0) end
+  end
+  return x
+end
+
+-- The declarations of a policy table (its M.settings), checked: raises naming the file when one
+-- is not { NAME, TYPE, HELP, default = ... } with a known type.
+function M.settings_of(mod, who)
+  local decl = mod.settings or {}
+  if type(decl) ~= "table" then error(string.format("%s: M.settings is a %s, not a list of settings", who, type(decl)), 0) end
+  for i, s in ipairs(decl) do
+    if type(s) ~= "table" or type(s[1]) ~= "string" or not M.types[s[2]] or type(s[3]) ~= "string" then
+      local types = {}
+      for t in pairs(M.types) do types[#types + 1] = t end
+      table.sort(types)
+      error(string.format("%s: settings[%d] is not { NAME, TYPE, HELP, default = ... } with TYPE one of %s", who, i,
+        table.concat(types, ", ")), 0)
+    end
+  end
+  return decl
+end
+
+-- The settings a policy table runs with: each default, overridden by given ({ name = value }).
+-- Raises naming an unknown setting, the policy (who) and the ones it has, or a bad value.
+function M.resolve(mod, given, who)
+  local decl = M.settings_of(mod, who)
+  local by, names, params = {}, {}, {}
+  for _, s in ipairs(decl) do
+    by[s[1]], names[#names + 1] = s, s[1]
+    if s.default ~= nil then params[s[1]] = s.default end
+  end
+  local keys = {}
+  for k in pairs(given or {}) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  for _, k in ipairs(keys) do
+    if not by[k] then
+      local hint = #names > 0 and require("loip.tools.suggest").hint(k, names) or ""
+      error(string.format("%s: no setting '%s'%s (%s)", who, k, hint,
+        #names > 0 and ("its settings: " .. table.concat(names, ", ")) or "it has no settings"), 0)
+    end
+    params[k] = convert(who, by[k], given[k])
+  end
+  return params
+end
+
+-- The instance of policy table mod with settings given: its entry functions get the resolved
+-- settings (M.kinds[kind]: args, merge); everything else reads through to mod.
+local instances = setmetatable({}, { __mode = "k" })
+local function instance(kind, mod, given)
+  local k = M.kinds[kind]
+  local who = M.label(kind, mod)
+  local params = M.resolve(mod, given, who)
+  local inst = setmetatable({ name = mod.name, path = mod.path, module = mod, params = params, given = given },
+    { __index = mod })
+  for _, fn in ipairs(k.needs) do
+    local f = mod[fn]
+    if k.merge then
+      inst[fn] = function(opts, ...)
+        local o = {}
+        for n, v in pairs(params) do o[n] = v end
+        for n, v in pairs(opts or {}) do o[n] = v end
+        for n in pairs(given) do o[n] = params[n] end
+        return f(o, ...)
+      end
+    elseif k.args == 1 then
+      inst[fn] = function(a) return f(a, params) end
+    else
+      inst[fn] = function(a, b) return f(a, b, params) end
+    end
+  end
+  instances[inst] = true
+  return inst
+end
+
+-- ---- loading ---------------------------------------------------------------------------------
+
 -- Shipped policies are loaded once; a file of one's own is read again each time (it is being
 -- edited).
 local cache = {}
 
--- Load a policy of kind by name or path (a table is returned as it is, after the same checks).
--- Raises naming the file and what is wrong.
-function M.load(kind, name)
-  if type(name) == "table" then
-    for _, f in ipairs(M.kinds[kind].needs) do
-      if type(name[f]) ~= "function" then error(string.format("%s policy: it has no %s function (%s)", kind, f, M.kinds[kind].about), 2) end
-    end
-    return name
-  end
+-- The policy table of a file (name: a shipped name or a path). Raises naming the file and what
+-- is wrong.
+local function load_file(kind, name)
   local path = M.path(kind, name)
   if cache[path] then return cache[path] end
   local f = io.open(path, "rb")
   if not f then
+    for old, to in pairs(M.moved) do
+      local at = path:find(old, 1, true)
+      if at and to == kind then
+        local new = path:sub(1, at - 1) .. "recipes/policies/" .. to .. "/" .. path:sub(at + #old)
+        f = io.open(new, "rb")
+        if f then
+          io.stderr:write(string.format("loip: %s moved to recipes/policies/%s/ (%s); the old path works until the next release\n",
+            old, to, new))
+          path = new
+          break
+        end
+      end
+    end
+  end
+  if not f then
     local known = M.list(kind)
-    error(string.format("%s '%s': no such policy (%s not found; shipped: %s)", kind, name, path,
-      #known > 0 and table.concat(known, ", ") or "none"), 0)
+    error(string.format("%s '%s': no such policy (%s not found; shipped: %s)%s", kind, name, path,
+      #known > 0 and table.concat(known, ", ") or "none",
+      name:find(":", 1, true) and "; settings are given as NAME:KEY=VALUE,KEY=VALUE" or ""), 0)
   end
   local src = f:read("*a")
   f:close()
@@ -152,8 +339,65 @@ function M.load(kind, name)
   end
   mod.name = mod.name or name
   mod.path = path
+  M.settings_of(mod, path)
   if path ~= name then cache[path] = mod end
   return mod
+end
+
+-- Load a policy of kind by name or path, with settings: in the name (M.parse) and/or params
+-- ({ name = value }: strings as a name gives them, or Lua values; these win). A table is taken
+-- as the policy (after the same checks); one with no settings declared and none given is
+-- returned as it is, and an instance loaded again with more settings keeps those it had.
+-- Returns the instance (see the top of this file). Raises naming the file, the setting and what
+-- is wrong.
+function M.load(kind, name, params)
+  local k = kind_of(kind, 2)
+  local given
+  name, given = M.parse(name)
+  if params ~= nil then
+    if type(params) ~= "table" then error("loip.policy.load: params must be a table of settings", 2) end
+    given = given or {}
+    for n, v in pairs(params) do given[n] = v end
+  end
+  local mod
+  if type(name) == "table" then
+    if instances[name] then
+      if not given then return name end
+      local all = {}
+      for n, v in pairs(name.given) do all[n] = v end
+      for n, v in pairs(given) do all[n] = v end
+      return instance(kind, name.module, all)
+    end
+    for _, f in ipairs(k.needs) do
+      if type(name[f]) ~= "function" then error(string.format("%s policy: it has no %s function (%s)", kind, f, k.about), 2) end
+    end
+    if not given and name.settings == nil then return name end
+    mod = name
+  else
+    mod = load_file(kind, name)
+  end
+  return instance(kind, mod, given or {})
+end
+
+-- What a policy is, for help: { kind, name, path, about (its file's opening comment, a line
+-- each), settings = { { name, type, default, help } } }. name: a shipped name or a path.
+function M.describe(kind, name)
+  local p = M.load(kind, name)
+  local about = {}
+  local f = p.path and io.open(p.path, "rb")
+  if f then
+    for line in f:lines() do
+      local c = line:match("^%-%-%s?(.*)$")
+      if not c then break end
+      about[#about + 1] = c
+    end
+    f:close()
+  end
+  local settings = {}
+  for _, s in ipairs(M.settings_of(p.module, p.path or kind)) do
+    settings[#settings + 1] = { name = s[1], type = s[2], default = s.default, help = s[3] }
+  end
+  return { kind = kind, name = p.name, path = p.path, about = about, settings = settings }
 end
 
 -- "scheduler greedy (my/greedy.lua)": a loaded policy of a kind as messages name it, its file

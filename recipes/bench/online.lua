@@ -9,7 +9,7 @@
 --               one with room, sized by the link's rate and the idle window
 --   static      (optional) the plan made for the final context from the first token
 -- Then (b) and (c) again with every link switching between 50 and 250 Mbit/s every 32 tokens
--- (recipes/links/switch.lua). Reports ms/token per window of --window tokens, the adaptations,
+-- (recipes/policies/links/switch.lua). Reports ms/token per window of --window tokens, the adaptations,
 -- ratios over the late half; JSON and a plot of ms/token against the token index.
 --
 --   loip run recipes/bench/online.lua [--tokens 512] [--context 640] [--out DIR] [--quick]

@@ -1,5 +1,5 @@
 -- The LOIP paper's Fig. 6 on the simulator: Llama-3.3-70B (BF16) under extreme memory pressure
--- on 1 x Jetson AGX Orin 64GB, 3 x AGX Orin 32GB and 1 x Xavier NX 16GB (recipes/devices), with
+-- on 1 x Jetson AGX Orin 64GB, 3 x AGX Orin 32GB and 1 x Xavier NX 16GB (recipes/policies/device), with
 -- three memory reservations: (i) none, (ii) 3 GB on each of two Orin 32GB, (iii) as (ii) and 5 GB
 -- more on the Orin 64GB and 1 GB on the NX; links of 100 and 200 Mbit/s; sporadic and bursty
 -- (4) requests; LOIP against the PP-based baselines (pipeline, EdgeShard, pipeline+offloading)

@@ -1,6 +1,6 @@
 -- The LOIP paper's Fig. 8 on the simulator: Llama-3.3-70B (BF16) on 2 x AGX Orin 64GB + AGX Orin
 -- 32GB + Xavier NX 16GB while the links' bandwidth changes: every 32 tokens each link takes a
--- rate drawn uniformly in 50-250 Mbit/s (recipes/links/random, seeded); sporadic and bursty (4)
+-- rate drawn uniformly in 50-250 Mbit/s (recipes/policies/links/random, seeded); sporadic and bursty (4)
 -- requests; LOIP against the PP- and TP-based baselines.
 --
 --   loip run recipes/paper/fig8.lua [--out DIR]

@@ -33,7 +33,7 @@ local function simulate(args)
   return rc, out, err
 end
 
-describe("devices from published figures (recipes/devices)", function()
+describe("devices from published figures (recipes/policies/device)", function()
   it("turn into profiles by a roofline, each number sourced or assumed, and plan the paper's testbed", function()
     local policy = require "loip.policy"
     local problem = require "loip.plan.problem"
@@ -183,7 +183,7 @@ describe("loip simulate", function()
   end)
 end)
 
-describe("tensor-parallel baselines (recipes/baselines)", function()
+describe("tensor-parallel baselines (recipes/policies/baseline)", function()
   it("model Galaxy and TPI-LLM on the same problem: slices that must fit, or a sliding window read from disk; all-reduces on the links", function()
     local dir = T.tmpdir()
     local pr = write_profile(dir, 0.001)

@@ -1,4 +1,4 @@
--- A load driver: plays a request pattern (recipes/patterns) against an OpenAI-compatible
+-- A load driver: plays a request pattern (recipes/policies/pattern) against an OpenAI-compatible
 -- server through loip.serve.client (libcurl's multi interface: every request in flight at
 -- once), streaming, and times each request where its bytes land: time to first token, ms per
 -- token after it, and the run's aggregate tokens per second.
@@ -23,7 +23,7 @@ function M.prompt(n, k, vocab)
   return ids
 end
 
--- The arrivals of a pattern (loip.policy kind "pattern": a name in recipes/patterns or a file)
+-- The arrivals of a pattern (loip.policy kind "pattern": a name in recipes/policies/pattern or a file)
 -- for its options.
 function M.pattern(name, opts)
   return require("loip.policy").load("pattern", name).requests(opts or {})

@@ -5,7 +5,8 @@
 -- KV tables, and the bytes of one KV group (16 positions of its layers); the groups the running
 -- requests will hold after the step follow from their positions.
 --
--- state = { step, last_step = { ms, tokens } (the step before), context (the longest request's
+-- state = { step, last_step = { ms, tokens } (the step before), kv_block (positions a KV group
+--   holds: LOIP_KV_BLOCK_TOKENS), context (the longest request's
 --   positions after the step), requests = { { id, positions, max_positions, evicted,
 --   prompt_positions (its prompt's: reached within a few steps while it is prefilled) } }, groups
 --   (KV groups every device holds after the step: the same count on each, of its own layers;
@@ -41,10 +42,13 @@ local M = {}
 local Online = {}
 Online.__index = Online
 
--- policy: a loip.policy "online" table (or nil); links: a "links" schedule (or nil); engine: the
--- batcher's (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
+-- policy: a loip.policy "online" policy (or nil); links: a "links" schedule (or nil); each a
+-- name, a path or a table, loaded (its settings resolved) by loip.policy; engine: the batcher's
+-- (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
 function M.new(batcher, policy, links)
-  return setmetatable({ batcher = batcher, policy = policy, links = links, engine = batcher.engine, steps = 0, memo = {} }, Online)
+  local load = require("loip.policy").load
+  return setmetatable({ batcher = batcher, policy = policy and load("online", policy), links = links and load("links", links),
+    engine = batcher.engine, steps = 0, memo = {} }, Online)
 end
 
 -- The policy's name in messages.
@@ -60,7 +64,7 @@ function Online:state(toks)
   end
   local kb = self.engine.kv_block
   local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
-    memo = self.memo }
+    memo = self.memo, kv_block = kb }
   for _, r in ipairs(self.batcher.running) do
     local p = last[r.seq] or (r.pos - 1)
     if p >= 0 then

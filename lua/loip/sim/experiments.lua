@@ -1,8 +1,8 @@
 -- The LOIP paper's experiments (Sec. IV) on the simulator: a case is a model shape, a set of
--- devices from recipes/devices with their memory reservations, a link rate (or a schedule of
+-- devices from recipes/policies/device with their memory reservations, a link rate (or a schedule of
 -- rates), a request pattern and a method: LOIP (the loip scheduler, its online policy), the
 -- PP-based baselines as schedulers on the same runtime (pipeline, edgeshard, pipeline-offload),
--- the TP-based ones as models (recipes/baselines: galaxy, tpi-llm, tpi-llm-offload). A method that
+-- the TP-based ones as models (recipes/policies/baseline: galaxy, tpi-llm, tpi-llm-offload). A method that
 -- cannot place the model is OOM; one slower than the paper's limits is OOT (5 s/token sporadic,
 -- 2 s/token bursty). recipes/paper/*.lua run the figures' cases through M.run and print them
 -- beside the paper's ranges.

@@ -5,7 +5,7 @@
 --
 --   local sim = require "loip.sim"
 --   local s = sim.new(problem, plan, { context = 512, step_tokens = 64, max_seqs = 4 })
---   local runs = s:play(arrivals)          -- a request pattern's arrivals (recipes/patterns)
+--   local runs = s:play(arrivals)          -- a request pattern's arrivals (recipes/policies/pattern)
 --   s:summary(runs), s:device_figures(), s:events(i)   -- ms/token, per device, trace events
 --
 -- A step is a timeline over each device's lanes, as the runtime runs it: its token batch

@@ -1,5 +1,5 @@
 -- Profiles of devices one does not own, from their published figures: a device file
--- (recipes/devices/<name>.lua, loip.policy kind "device") gives its memory, memory bandwidth,
+-- (recipes/policies/device/<name>.lua, loip.policy kind "device") gives its memory, memory bandwidth,
 -- dense FP16 matrix throughput, disk and per-message figures, each with its source or its stated
 -- assumption; profile(shape) turns them into the profile `loip profile` would have measured for
 -- that model shape (loip.plan.profile's format), by a roofline: a block takes the longer of its
@@ -48,7 +48,7 @@ function M.device(spec)
     return {
       loip_profile = 1,
       device = { host = spec.name, mem_total_bytes = spec.memory_bytes, mem_available_bytes = spec.memory_bytes - spec.reserve_bytes,
-        derived_from = "recipes/devices/" .. spec.name .. ".lua (a roofline of published figures)" },
+        derived_from = "recipes/policies/device/" .. spec.name .. ".lua (a roofline of published figures)" },
       shape = { dim = shape.dim, hidden_dim = shape.hidden_dim, n_heads = shape.n_heads, n_kv_heads = shape.n_kv_heads,
         head_dim = shape.head_dim, dtype = shape.dtype, mha_bytes = shape.mha_bytes, mlp_bytes = shape.mlp_bytes },
       -- while the disk streams, its DMA takes its share of the memory bandwidth

@@ -1,7 +1,7 @@
 -- Tensor-parallel systems as simulator models (the LOIP paper's TP baselines; we do not build
 -- them as runtimes): every device holds a slice of every layer and computes its part of each
 -- layer at once; after each layer's attention and after its MLP the partial results are summed
--- across the devices (an all-reduce over the links). A baseline file (recipes/baselines/<name>.lua,
+-- across the devices (an all-reduce over the links). A baseline file (recipes/policies/baseline/<name>.lua,
 -- loip.policy kind "baseline") gives its choices to M.model: how layers are split (by speed or
 -- evenly), how it all-reduces (a ring or a star through the first device), and whether it reads the
 -- slices that do not fit from disk (a sliding window of layers, prefetched while the others compute).

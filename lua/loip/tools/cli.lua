@@ -62,7 +62,7 @@ commands.generate = {
       check = function(v) return v == "replan" or v == "fail", "must be replan or fail" end },
     { "batch", "int", "tokens a step carries (prompt chunks; with --devices/--hosts also the positions --online recompute "
       .. "recomputes; activations are sized for it; default 64)", check = function(v) return v > 0, "must be > 0" end },
-    { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/links: switch, "
+    { "link-schedule", "string", "local devices: the emulated links change while the request runs (recipes/policies/links: switch, "
       .. "random; or a file: at(step) -> a rate, one per link, or nil)", metavar = "NAME|FILE.lua" },
     cpu_latency_flag,
     { "plan", "string", "slice store: the plan to run (a Lua file returning the table; see loip.plan); "
@@ -542,6 +542,7 @@ commands.plan = cp.commands.plan
 commands.profile = cp.commands.profile
 commands.simulate = require("loip.tools.cli_sim").commands.simulate
 commands.pull = require("loip.tools.cli_pull").commands.pull
+commands.policy = require("loip.tools.cli_policy").commands.policy
 for k, v in pairs(require("loip.tools.cli_serve").commands { threads_flag = threads_flag, kernels_flag = kernels_flag,
   use_kernels = use_kernels }) do commands[k] = v end
 
@@ -621,7 +622,8 @@ commands:
   testbed     network namespaces shaped by tbf with a worker in each (root)
   trace       draw a trace written by --trace as an SVG timeline
   test        run busted specs under the runtime
-  help CMD    flags of a command (also: loip CMD --help)
+  policy      the policies of each kind and their settings (list, show KIND NAME)
+  help CMD    flags of a command (also: loip CMD --help); help policies: every policy and its settings
   version     versions of the runtime and its kernels
 ]]
 end
@@ -633,6 +635,7 @@ function M.main(argv)
   local ok, rc = xpcall(function()
     if cmd == nil then return require("loip.tools.repl").run() end
     if cmd == "--help" or cmd == "-h" then io.stdout:write(usage()) return 0 end
+    if cmd == "help" and argv[2] == "policies" then io.stdout:write(require("loip.tools.cli_policy").list_text()) return 0 end
     if cmd == "help" then
       local c = commands[argv[2] or ""]
       io.stdout:write(c and flags.help(c) or usage())

@@ -177,7 +177,7 @@ M.commands.plan = {
     { "mem", "string", "each device's memory budget, e.g. 600M,400M,400M (one: the same for all; default unlimited)",
       metavar = "BYTES[,BYTES...]" },
     M.flags.disk_rate, M.flags.slowdown, M.flags.link_rate, M.flags.link_delay, M.flags.profile,
-    { "device-profile", "string", "devices one does not own, from published figures: recipes/devices names, one or one per "
+    { "device-profile", "string", "devices one does not own, from published figures: recipes/policies/device names, one or one per "
       .. "device (e.g. jetson-agx-orin-64gb,jetson-xavier-nx-16gb); budgets default to their memory less what the OS keeps",
       metavar = "NAME[,NAME...]" },
     { "context", "int", "KV cache positions planned for (default: min(model max, 4096), as generate and serve run)", check = function(v) return v > 0, "must be > 0" end },
@@ -230,7 +230,7 @@ function M.problem_of(cmd, o)
   local profiles = {}
   local budgets = set.mem
   if o.device_profile then
-    -- devices one does not own, from their published figures (recipes/devices), for this shape
+    -- devices one does not own, from their published figures (recipes/policies/device), for this shape
     local names = {}
     for x in o.device_profile:gmatch("[^,]+") do names[#names + 1] = x end
     if #names ~= 1 and #names ~= n then usage(cmd, "--device-profile names %d devices, --devices is %d", #names, n) end

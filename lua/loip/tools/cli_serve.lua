@@ -36,7 +36,7 @@ function M.commands(shared)
         metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
       { "online", "string", "the online policy (recipes/policies/online: loip, the default with --plan-tokens) or a file; none: off",
         default = "loip", metavar = "NAME|FILE.lua" },
-      { "link-schedule", "string", "local devices: emulated links that change while serving (recipes/links or a file)",
+      { "link-schedule", "string", "local devices: emulated links that change while serving (recipes/policies/links or a file)",
         metavar = "NAME|FILE.lua" },
       { "step-tokens", "int", "tokens one step carries: the decoding requests' and prompt chunks (default 64)",
         default = 64, check = function(v) return v >= 1, "must be >= 1" end },

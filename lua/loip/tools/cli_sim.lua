@@ -15,7 +15,7 @@ for _, f in ipairs(cp.commands.plan.flags) do
 end
 for _, f in ipairs({
   { "plan", "string", "simulate this plan (a file --save-plan wrote) instead of the scheduler's", metavar = "FILE" },
-  { "pattern", "string", "request pattern: sporadic, bursty, poisson (recipes/patterns) or a file", default = "sporadic" },
+  { "pattern", "string", "request pattern: sporadic, bursty, poisson (recipes/policies/pattern) or a file", default = "sporadic" },
   { "requests", "int", "sporadic and poisson: how many requests", default = 4, check = function(v) return v >= 1, "must be >= 1" end },
   { "burst", "int", "bursty: requests of a burst (default --max-batch)", check = function(v) return v >= 1, "must be >= 1" end },
   { "bursts", "int", "bursty: how many bursts, one after the other", default = 1, check = function(v) return v >= 1, "must be >= 1" end },
@@ -34,8 +34,8 @@ for _, f in ipairs({
     .. "and --online makes room as it does)", check = function(v) return v >= 1, "must be >= 1" end },
   { "online", "string", "the online policy run before every step (recipes/policies/online: loip, thresholds, recompute; "
     .. "none); the default is loip with --plan-tokens", metavar = "NAME|FILE" },
-  { "link-schedule", "string", "the emulated links change between steps (recipes/links: a name or a file)", metavar = "NAME|FILE" },
-  { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/baselines: galaxy, "
+  { "link-schedule", "string", "the emulated links change between steps (recipes/policies/links: a name or a file)", metavar = "NAME|FILE" },
+  { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/policies/baseline: galaxy, "
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
@@ -90,7 +90,8 @@ function M.commands.simulate.run(o)
   if o.baseline then
     -- a system we do not build: its model's step time at the pattern's batch, mid-generation
     local base = policy.load("baseline", o.baseline)
-    local batch = o.pattern == "bursty" and (o.burst or o.max_batch) or 1
+    local pat = policy.load("pattern", o.pattern) -- (its name may carry settings: bursty:burst=8)
+    local batch = pat.name == "bursty" and (pat.given.burst and pat.params.burst or o.burst or o.max_batch) or 1
     local r, why = base.run(prob, { batch = batch, context = o.input_tokens + math.floor(o.output_tokens / 2) })
     local out = { baseline = base.name or o.baseline, pattern = o.pattern, batch = batch, ms_per_token = r and r.ms_per_token,
       comp_ms = r and r.comp_ms, comm_ms = r and r.comm_ms, load_ms = r and r.load_ms, oom = why, devices = r and r.devices,

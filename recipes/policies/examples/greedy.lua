@@ -1,5 +1,5 @@
--- scheduler "greedy" (an example to copy): blocks in proportion to each device's compute speed
--- and free memory, fewest reads that fit, then the S (problem.stages when fixed) estimated fastest.
+-- scheduler "greedy" (to copy; its API: docs/planning.md, "The policy API"): blocks by each device's
+-- speed and free memory, fewest reads that fit, then the S (problem.stages when fixed) estimated fastest.
 local space = require "loip.plan.space"
 local M = { name = "greedy" }
 

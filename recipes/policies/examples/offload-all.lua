@@ -2,6 +2,9 @@
 -- device's KV cache would pass its budget at this step, offload every block of the device at
 -- once: one change per device, the most headroom, the most reading from then on. Compare with
 -- recipes/policies/online/loip.lua, which offloads just enough, evenly across stages.
+-- What it is given (state, control) and how a policy takes settings (M.settings, read from its
+-- params, e.g. --online offload-all.lua:KEY=VALUE): docs/planning.md, "The policy API" and
+-- "Online policies".
 --   loip generate --model STORE --devices 3 --mem ... --plan-context 32 --online recipes/policies/examples/offload-all.lua
 local M = { name = "offload-all" }
 

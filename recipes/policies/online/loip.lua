@@ -10,25 +10,32 @@
 -- context served them, so planning short never loses a request that planning long serves);
 -- they resume on the new plan with the same tokens. Only when no plan holds them and this step
 -- does not fit either does the step stop, with a message naming the device and the shortfall.
-local M = { name = "loip" }
-
--- Positions of headroom a change buys for every running request (fewer changes, each larger).
-M.lookahead = 32
-
 -- The KV transfer protocol (Alg. 2): a device at its threshold lends the oldest KV groups of
 -- every running request (split evenly: the same count each) to the device with the most room,
 -- as much as one stage's round trip carries within `window_share` of the idle window a stage
 -- has between two of its runs at the link's rate, and as much as the holder holds beside its
 -- own lookahead. Cut at once when the bandwidth drops; raised only when the lender is at a
 -- threshold or has blocks offloaded that lending could put back, and then by at least
--- `min_change` groups (smaller changes are filtered). lending = false: thresholds only.
-M.lending = true
-M.window_share = 0.7
-M.min_change = 2
--- Steps a rate is remembered: lending is sized for the slowest rate of the link within them, so
--- that KV lent at a high rate never has to come back at a low one slower than the idle window
--- (a cut takes effect as each stage runs next: what is away comes back at the new rate).
-M.rate_horizon = 96
+-- `min_change` groups (smaller changes are filtered). Lending is sized for the slowest rate of
+-- the link within `rate_horizon` steps, so that KV lent at a high rate never has to come back at
+-- a low one slower than the idle window (a cut takes effect as each stage runs next: what is
+-- away comes back at the new rate).
+-- Its settings (M.settings; docs/planning.md, "The policy API"): --online loip:lookahead=64,lend=off.
+local M = { name = "loip" }
+
+local function at_least(n) return function(v) return v >= n, "must be >= " .. n end end
+M.settings = {
+  { "lookahead", "int", "KV positions of headroom a change buys every running request (fewer changes, each larger)",
+    default = 32, check = at_least(1) },
+  { "lend", "bool", "lend KV groups to the device with the most room (the KV transfer protocol); off: thresholds only",
+    default = true },
+  { "window_share", "number", "share of a stage's idle window that lending's round trip may take", default = 0.7,
+    check = function(v) return v > 0 and v <= 1, "must be in (0, 1]" end },
+  { "min_change", "int", "KV groups a raise of lending changes at least (smaller changes are filtered)", default = 2,
+    check = at_least(1) },
+  { "rate_horizon", "int", "steps a link's rate is remembered: lending is sized for the slowest within them", default = 96,
+    check = at_least(1) },
+}
 
 -- The stages' offloaded prefixes of device d grown until `need` bytes are freed (net of the
 -- slot's growth): the new offloaded count per stage, or nil when every block is offloaded.
@@ -93,13 +100,14 @@ local function apply(control, i, d, off)
   end
 end
 
--- Groups request r holds after the step (evicted ones not), and what lending takes of it.
-local function held_groups(r) return math.floor((r.positions - 1) / 16) + 1 - math.floor(r.evicted / 16) end
+-- Groups request r holds after the step (evicted ones not), and what lending takes of it; kb:
+-- positions a KV group holds (state.kv_block).
+local function held_groups(r, kb) return math.floor((r.positions - 1) / kb) + 1 - math.floor(r.evicted / kb) end
 
 -- Bytes device d ships for stage s with g groups per request.
 local function stage_lent(state, d, s, g)
   local n = 0
-  for _, r in ipairs(state.requests) do n = n + math.max(0, math.min(g, held_groups(r) - 1)) end
+  for _, r in ipairs(state.requests) do n = n + math.max(0, math.min(g, held_groups(r, state.kv_block) - 1)) end
   return n * d.stages[s].kv_layers * d.chunk_bytes
 end
 
@@ -145,7 +153,7 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
     for s, st in ipairs(d.stages) do memo.planned[i][s] = memo.planned[i][s] or st.offloaded end
     if d.lend then lends[i] = { holder = d.lend.holder, groups = type(d.lend.groups) == "number" and d.lend.groups or 0 } end
   end
-  if not o.lending or #state.devices < 2 or not state.last_step or #state.requests == 0 then return lends end
+  if not o.lend or #state.devices < 2 or not state.last_step or #state.requests == 0 then return lends end
   local function room(i) return state.devices[i].limit - at_step[i] - ahead_bytes[i] end
   -- the step's time, smoothed (one slow step does not move the windows much)
   memo.step_ms = memo.step_ms and (0.9 * memo.step_ms + 0.1 * state.last_step.ms) or state.last_step.ms
@@ -245,14 +253,13 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
 end
 
 function M.on_step(state, control, o)
-  o = o or M
-  local ahead = 0
+  local ahead, kb = 0, state.kv_block
   for _, r in ipairs(state.requests) do
     -- the groups each request will take within the lookahead, or its prompt's if longer (a
     -- prompt is prefilled within a few steps), no further than it can go
     local now = r.positions
-    local later = math.min(math.max(now + M.lookahead, r.prompt_positions or 0), math.max(now, r.max_positions))
-    ahead = ahead + (math.floor((later - 1) / 16) - math.floor(math.max(now - 1, 0) / 16))
+    local later = math.min(math.max(now + o.lookahead, r.prompt_positions or 0), math.max(now, r.max_positions))
+    ahead = ahead + (math.floor((later - 1) / kb) - math.floor(math.max(now - 1, 0) / kb))
   end
   local base, ahead_bytes = {}, {}
   for i, d in ipairs(state.devices) do
@@ -269,7 +276,7 @@ function M.on_step(state, control, o)
         -- a plan for the positions the running requests may reach (each rounded to KV groups),
         -- once per reach (a scheduler that found none is not asked again every step)
         local reach = 0
-        for _, r in ipairs(state.requests) do reach = reach + math.ceil(math.max(r.max_positions, r.positions) / 16) * 16 end
+        for _, r in ipairs(state.requests) do reach = reach + math.ceil(math.max(r.max_positions, r.positions) / kb) * kb end
         reach = math.min(reach, state.pool_positions or reach)
         if control.replan and state.plan_positions and reach > state.plan_positions and state.memo.replan_failed ~= reach then
           local ok, err = pcall(control.replan, reach)

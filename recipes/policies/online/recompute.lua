@@ -1,13 +1,13 @@
 -- The baselines' KV handling (the paper's pipeline baselines; DESIGN §4): no block is offloaded
 -- live; when the KV cache of the running requests would pass a device's budget, the oldest
--- positions of the longest request are evicted (a KV group, 16 positions, at a time, on every
--- device alike) and recomputed in every later step: their rows ride in the micro-batch, their
+-- positions of the longest request are evicted (a KV group, state.kv_block positions, at a
+-- time, on every device alike) and recomputed in every later step: their rows ride in the micro-batch, their
 -- K/V serve one layer at a time and are not kept. Tokens never change; each step costs a prefill
 -- of the evicted positions, and the plan's batch must hold them (a clear error says when not).
 local M = { name = "recompute" }
 
 function M.on_step(state, control)
-  local kb = 16
+  local kb = state.kv_block
   -- groups to give up so that every device fits: the tightest device decides
   local over = 0
   for _, d in ipairs(state.devices) do

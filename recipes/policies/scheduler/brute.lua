@@ -6,7 +6,13 @@
 local plan = require "loip.plan"
 local space = require "loip.plan.space"
 
-local M = { name = "brute", limit = 2e6 }
+local M = { name = "brute" }
+
+-- Its settings (docs/planning.md, "The policy API"), e.g. --scheduler brute:limit=1e7.
+M.settings = {
+  { "limit", "number", "plans the search estimates at most (a few seconds' work); a larger space is refused", default = 2e6,
+    check = function(v) return v > 0, "must be > 0" end },
+}
 
 -- Compositions of total into k positive parts, each passed to fn (the table is reused).
 local function compositions(total, k, fn)
@@ -47,11 +53,12 @@ function M.size(problem)
 end
 
 -- Every fitting plan of the space, estimated: the best plan and its estimate, the number of
--- plans estimated; or nil and why.
-function M.search(problem, cost)
+-- plans estimated; or nil and why. o: the settings (default: M.settings' defaults).
+function M.search(problem, cost, o)
   local N = #problem.devices
   local templates = M.size(problem)
-  if templates * 4 ^ N > M.limit * 64 then
+  local limit = o and o.limit or M.settings[1].default
+  if templates * 4 ^ N > limit * 64 then
     return nil, string.format("brute: %.3g round templates on %d devices (each times every offloaded count and slot): too many for a brute-force search; use --scheduler loip (its DP finds the same optimum)",
       templates, N)
   end
@@ -91,7 +98,7 @@ function M.search(problem, cost)
         local function rec(i)
           if i > N then
             count = count + 1
-            if count > M.limit then error(string.format("brute: more than %d plans; use --scheduler loip", M.limit), 0) end
+            if count > limit then error(string.format("brute: more than %d plans; use --scheduler loip", limit), 0) end
             local est = cost.estimate(p, problem)
             if not best_t or est.ms_per_token < best_t then
               best_t, best_est, best = est.ms_per_token, est, plan.bare(p)
@@ -111,8 +118,8 @@ function M.search(problem, cost)
   return best, best_est, count
 end
 
-function M.schedule(problem, cost)
-  local p, est_or_why = M.search(problem, cost)
+function M.schedule(problem, cost, params)
+  local p, est_or_why = M.search(problem, cost, params)
   if not p then return nil, est_or_why end
   return p
 end

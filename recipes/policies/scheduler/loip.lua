@@ -14,8 +14,18 @@
 -- is minimised exactly. O(N * R^2) moves per S (R = blocks per round), pruned by what the best
 -- plan so far allows.
 local space = require "loip.plan.space"
+local refine = require "loip.plan.refine"
 
 local M = { name = "loip" }
+
+-- Its settings (docs/planning.md, "The policy API"), e.g. --scheduler loip:refine=off.
+M.settings = {
+  { "refine", "bool", "after the DP, block-level refinement and the even-split layouts (off: the DP's best as it is)",
+    default = true },
+  { "relayout", "bool", "move single blocks between the devices of a round when a plan has a few blocks per hop", default = true },
+  { "unit", "int", "blocks the DP places at a time, 1 (a block) or 2 (a layer); 0: 2 for models over 64 blocks, else 1",
+    default = 0, check = function(v) return v >= 0 and v <= 2, "must be 0, 1 or 2" end },
+}
 
 -- MHA blocks among len blocks from block `start` (the even ones).
 local function mha_in(start, len) return math.floor((len + 1 - start % 2) / 2) end
@@ -300,104 +310,9 @@ local function in_blocks(c, choice)
   return out
 end
 
--- Block-level refinement of p (in place): the device whose loading bounds the step keeps resident
--- the offloaded blocks its memory still holds, largest first (the paper's: one of its offloaded
--- layers after another becomes block-level offloading), then the next device, and so on. A change
--- is kept when the estimate does not grow. Returns p and its estimate.
-function M.refine(problem, cost, p)
-  local est = cost.estimate(p, problem)
-  -- a change is kept when the estimate does not get worse (a smaller slot, say, can hold fewer
-  -- reads ahead)
-  local function try(i)
-    local keep = p.devices[i]
-    local d = { slot_bytes = keep.slot_bytes, stages = {} }
-    for s, st in ipairs(keep.stages) do d.stages[s] = { blocks = st.blocks, offloaded = st.offloaded } end
-    p.devices[i] = d
-    if space.fill(problem, p, i) == 0 then p.devices[i] = keep return false end
-    local new = cost.estimate(p, problem)
-    if new.ms_per_token > est.ms_per_token * (1 + 1e-9) then p.devices[i] = keep return false end
-    est = new
-    return true
-  end
-  -- the bottleneck first, then the others: each keeps what its memory holds (a device's memory
-  -- is its own, so the order changes nothing but which change is judged first)
-  local order = {}
-  for i = 1, #p.devices do order[i] = i end
-  table.sort(order, function(x, y) return (est.devices[x].uncover_ms or 0) > (est.devices[y].uncover_ms or 0) end)
-  for _, i in ipairs(order) do try(i) end
-  return p, est
-end
-
--- Layout refinement of p (in place): the template space gives every round the same split, so
--- which blocks are MHA and which MLP falls the same way on a device round after round; moving
--- one block at a time across a hop boundary (then offloading the fewest blocks that fit on the
--- two devices it touches and keeping resident what else fits) reaches the mixes it cannot. The
--- move that shortens the step most is taken (on a tie, the one that evens out the devices'
--- serial times), until none does. Returns p and its estimate.
-function M.relayout(problem, cost, p)
-  local N, S = #p.devices, #p.devices[1].stages
-  local H = N * S
-  local lens = {}
-  for h = 1, H do
-    local st = p.devices[(h - 1) % N + 1].stages[math.floor((h - 1) / N) + 1]
-    lens[h] = st.blocks[2] - st.blocks[1] + 1
-  end
-  -- the step's time, then how evenly the devices wait for their reads
-  local function score(q)
-    local est = cost.estimate(q, problem)
-    local sq = 0
-    for _, d in ipairs(est.devices) do sq = sq + (d.uncover_ms or 0) ^ 2 end
-    return est.ms_per_token, sq, est
-  end
-  -- device i's stages from the hop lengths, the fewest reads that fit, then resident what fits
-  local function place(q, i)
-    local at, d = 0, q.devices[i]
-    d.slot_bytes = nil
-    for h = 1, H do
-      if (h - 1) % N + 1 == i then
-        d.stages[math.floor((h - 1) / N) + 1] = { blocks = { at, at + lens[h] - 1 }, offloaded = 0 }
-      end
-      at = at + lens[h]
-    end
-    if not space.least_offload(problem, q, i) then return false end
-    space.fill(problem, q, i)
-    return true
-  end
-  local t, sq, est = score(p)
-  while true do
-    local best
-    for h = 1, H - 1 do
-      for _, dir in ipairs({ 1, -1 }) do
-        -- dir 1: hop h's last block to hop h+1; -1: hop h+1's first block to hop h
-        local from, to = dir == 1 and h or h + 1, dir == 1 and h + 1 or h
-        if lens[from] > 1 then
-          lens[from], lens[to] = lens[from] - 1, lens[to] + 1
-          local i, j = (h - 1) % N + 1, h % N + 1
-          local q = { slots = p.slots, devices = {} }
-          for k = 1, N do q.devices[k] = p.devices[k] end
-          q.devices[i] = { stages = {} }
-          q.devices[j] = i == j and q.devices[i] or { stages = {} }
-          if place(q, i) and (i == j or place(q, j)) then
-            local nt, nsq, nest = score(q)
-            local bt, bsq = best and best.t or t, best and best.sq or sq
-            if nt < bt - 1e-9 or (nt <= bt + 1e-9 and nsq < bsq * (1 - 1e-9)) then
-              best = { t = nt, sq = nsq, est = nest, h = h, dir = dir, q = q }
-            end
-          end
-          lens[from], lens[to] = lens[from] + 1, lens[to] - 1
-        end
-      end
-    end
-    if not best then break end
-    local from, to = best.dir == 1 and best.h or best.h + 1, best.dir == 1 and best.h + 1 or best.h
-    lens[from], lens[to] = lens[from] - 1, lens[to] + 1
-    p.devices, t, sq, est = best.q.devices, best.t, best.sq, best.est
-  end
-  return p, est
-end
-
 -- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
--- the brute-force spec compares), or nil and why.
+-- the brute-force spec compares), or nil and why. opts: the settings (M.settings), any left out
+-- at its default.
 function M.search(problem, cost, opts)
   opts = opts or {}
   if type(cost.device) ~= "function" or type(cost.comm) ~= "function" then
@@ -408,7 +323,7 @@ function M.search(problem, cost, opts)
   local mha_ms, mlp_ms, head = least_compute(problem)
   local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
   -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
-  local u = opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
+  local u = (opts.unit or 0) > 0 and opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
   local ushapes = {}
   local N, nb = #problem.devices, problem.model.n_blocks
   for S = problem.stages or 1, problem.stages or math.floor(nb / u / N) do
@@ -472,7 +387,7 @@ function M.search(problem, cost, opts)
   for _, f in ipairs(plans) do
     local p, est = f.p, nil
     -- (the DP alone is judged by what it minimises)
-    if opts.refine ~= false then p, est = M.refine(problem, cost, p) else est = (cost.closed or cost.estimate)(p, problem) end
+    if opts.refine ~= false then p, est = refine.blocks(problem, cost, p) else est = (cost.closed or cost.estimate)(p, problem) end
     est.layout = f.even and "even split" or "template (DP)"
     local cur = by_s[f.S]
     if not cur or est.ms_per_token < cur.est.ms_per_token then by_s[f.S] = { p = p, est = est, S = f.S } end
@@ -487,7 +402,7 @@ function M.search(problem, cost, opts)
     -- round; with many, every device gets a mix anyway and moving single blocks gains little
     if opts.refine ~= false and opts.relayout ~= false and u == 1 and problem.model.n_blocks <= 3 * #problem.devices * S then
       local layout = f.est.layout
-      f.p, f.est = M.relayout(problem, cost, f.p)
+      f.p, f.est = refine.layout(problem, cost, f.p)
       f.est.layout = layout .. ", relaid out"
     end
     local t = f.est.ms_per_token
@@ -500,8 +415,8 @@ function M.search(problem, cost, opts)
   return best, best_est
 end
 
-function M.schedule(problem, cost)
-  return M.search(problem, cost)
+function M.schedule(problem, cost, params)
+  return M.search(problem, cost, params)
 end
 
 -- Why no plan fits (loip.plan.problem.why_none).
