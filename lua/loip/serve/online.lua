@@ -52,23 +52,31 @@ function Online:name()
   return self.policy and tostring(self.policy.name or "(unnamed)") or "none"
 end
 
--- What the step of toks (the batcher's list) leaves each request holding.
-function Online:state(toks)
+-- Where each of the running requests stands after the step of toks (the batcher's list): its
+-- newest position (-1: none yet) and the KV groups of kb positions it holds then (the evicted
+-- ones not counted). One count for an online policy's state and the simulator's memory.
+function M.held(running, toks, kb)
   local last = {}
-  for _, t in ipairs(toks) do
+  for _, t in ipairs(toks or {}) do
     if not last[t.seq] or t.pos > last[t.seq] then last[t.seq] = t.pos end
   end
-  local kb = self.engine.kv_block
+  local out = {}
+  for k, r in ipairs(running) do
+    local p = last[r.seq] or (r.pos - 1)
+    out[k] = { pos = p, groups = p >= 0 and (math.floor(p / kb) + 1 - (r.evicted or 0) / kb) or 0 }
+  end
+  return out
+end
+
+-- What the step of toks (the batcher's list) leaves each request holding.
+function Online:state(toks)
   local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
     memo = self.memo }
-  for _, r in ipairs(self.batcher.running) do
-    local p = last[r.seq] or (r.pos - 1)
-    if p >= 0 then
-      st.groups = st.groups + math.floor(p / kb) + 1
-      st.context = math.max(st.context, p + 1)
-    end
+  for k, h in ipairs(M.held(self.batcher.running, toks, self.engine.kv_block)) do
+    local r, p = self.batcher.running[k], h.pos
+    st.groups = st.groups + h.groups
+    if p >= 0 then st.context = math.max(st.context, p + 1) end
     local ev = r.evicted or 0
-    st.groups = st.groups - ev / kb
     -- (a request resumed after a re-plan has its tokens so far in its prompt)
     local reach = math.min(#(r.prompt0 or r.prompt) + r.max_tokens, self.engine.context or math.huge)
     st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = reach, evicted = ev,
