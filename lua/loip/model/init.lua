@@ -221,6 +221,9 @@ function Model:_choose_plan(cfg, facts, budget)
     end
   else
     if opts.slots and type(p) == "table" then p.slots = opts.slots end
+    if type(p) == "table" and type(p.devices) == "table" and #p.devices > 1 then
+      error(string.format("%s: %d devices: this runs on one device (several devices: loip generate --devices)", where, #p.devices), 0)
+    end
     -- (its memory is checked below, against what is left of the budget)
     engine.check_plan(p, { model = sizes, devices = { {} }, loader = opts.loader }, where)
   end
