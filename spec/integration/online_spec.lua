@@ -93,10 +93,15 @@ describe("online adaptation", function()
     local st = store_of(S260, "s260")
     local ref = reference(st, 400)
     -- 1200K holds the blocks and 32 positions of KV, not the 341 this story takes beside them
-    local rc, j, err = T.generate_json(st, "--mem 1200K --context 512 --max-tokens 400 --plan-context 32")
+    local dir = T.tmpdir()
+    local rc, j, err = T.generate_json(st, "--mem 1200K --context 512 --max-tokens 400 --plan-context 32 --trace " .. dir .. "/t.json")
     assert.are.equal(0, rc, err)
     assert.are.same(ref, j.token_ids)
     assert.is_true(#j.adaptations >= 2, #j.adaptations .. " changes")
+    -- each change on the plan lane of the trace, as a cluster's
+    local n = 0
+    for _, e in ipairs(json.load(dir .. "/t.json").traceEvents) do if e.cat == "adapt" then n = n + 1 end end
+    assert.are.equal(#j.adaptations, n)
     for _, a in ipairs(j.adaptations) do
       assert.are.equal(1, a.device)
       assert.is_true(a.to > a.from, "blocks offloaded as the context grows")

@@ -114,6 +114,18 @@ function M.describe(a)
     a.stage, a.to, a.from or 0)
 end
 
+-- The adaptations (batcher.adaptations) as "adapt" events on each device's plan lane of tr (a
+-- loip.trace); one device's or a cluster's alike. Returns tr.
+function M.add_to_trace(tr, adaptations)
+  for _, a in ipairs(adaptations) do
+    if a.device and a.t0_ns then
+      tr:add({ { kind = "adapt", stage = a.stage or 0, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns,
+        t1_ns = a.t1_ns, text = not a.stage and M.describe(a) or nil } }, a.device)
+    end
+  end
+  return tr
+end
+
 -- The link schedule's change for this step, if any, to every link (or each its own).
 function Online:apply_links()
   local r = self.links.at(self.steps)

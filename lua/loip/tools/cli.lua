@@ -153,12 +153,7 @@ local function run_cluster(o)
     local after = c:stats()
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
-      for _, a in ipairs(c:batcher().adaptations) do
-        if a.device and a.t0_ns then
-          tr:add({ { kind = "adapt", stage = a.stage or 0, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns,
-            t1_ns = a.t1_ns, text = not a.stage and require("loip.serve.online").describe(a) or nil } }, a.device)
-        end
-      end
+      require("loip.serve.online").add_to_trace(tr, c:batcher().adaptations)
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end
@@ -311,6 +306,7 @@ function commands.generate.run(o)
       tostring(st.stop_reason))
   end
   if o.trace then
+    require("loip.serve.online").add_to_trace(m.trace, m:batcher().adaptations)
     m.trace:write(o.trace)
     if o.verbose then stderr("trace: %d events -> %s\n", m.trace:count(), o.trace) end
   end
