@@ -89,7 +89,7 @@ describe("online adaptation", function()
     assert.matches("--plan-context needs a slice store", err3, 1, true)
   end)
 
-  it("adapts one device online as well: the unplanned run's tokens, every change in --json, the peak in its budget", function()
+  it("adapts one device online as well: the unplanned run's tokens, every change in --json, a new plan when offloading cannot make room", function()
     local st = store_of(S260, "s260")
     local ref = reference(st, 400)
     -- 1200K holds the blocks and 32 positions of KV, not the 341 this story takes beside them
@@ -107,6 +107,13 @@ describe("online adaptation", function()
       assert.is_true(a.to > a.from, "blocks offloaded as the context grows")
     end
     assert.are.same(j.adaptations[#j.adaptations].to, j.plan.devices[1].stages[j.adaptations[#j.adaptations].stage].offloaded)
+    -- 1300K: everything resident holds 32 positions and nothing to offload makes room for more:
+    -- the device plans again for the positions the request may reach, as a cluster does
+    local rc2, j2, err2 = T.generate_json(st, "--mem 1300K --context 512 --max-tokens 400 --plan-context 32")
+    assert.are.equal(0, rc2, err2)
+    assert.are.same(ref, j2.token_ids)
+    assert.are.equal(416, j2.adaptations[1].replan)
+    assert.are.equal(1, j2.adaptations[1].resumed)
     -- the API: loip.model.open's kv_plan_tokens and online; the budget's peak within its limit
     local m = loip.model.open(st, { context = 512, threads = 1, mem = "1200K", kv_plan_tokens = 32, online = "loip" })
     local it, s = m:generate("Once upon a time", { temperature = 0, max_tokens = 400 })

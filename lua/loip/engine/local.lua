@@ -51,6 +51,7 @@ function Engine:finish(seq)
 end
 
 function Engine:step(toks)
+  if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
   local n, rows = #toks, 0
   for i, t in ipairs(toks) do
     self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos = t.id, t.seq, t.pos
@@ -103,6 +104,21 @@ function Engine:online_devices()
 end
 
 function Engine:link_rates() return {} end
+
+-- Plan again for `positions` KV positions (Model:replan_kv): every request's KV is gone (the
+-- batcher starts each again), and the session is the new plan's.
+function Engine:replan_kv(positions)
+  local before = self.session
+  local ok, err = pcall(self.model.replan_kv, self.model, positions)
+  if not ok and self.model._session == before then error(err, 0) end -- (no plan: nothing changed)
+  if not ok then
+    -- the old plan was let go and the new one could not be made: no step runs on this model
+    self.broken = tostring(err)
+    error(err, 0)
+  end
+  self.session, self.seqs = self.model:session(), {}
+  self.kv_plan_tokens = self.model.plan_sizes.kv_plan_tokens
+end
 
 -- Stage k of the plan reads its first n blocks from the next step on (Model:restage).
 function Engine:restage(i, k, n)

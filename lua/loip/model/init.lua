@@ -152,6 +152,7 @@ function M.open(path, opts)
       keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
     elseif kind == "store" then
       keep = bind(m, self.plan)
+      self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)
       self.weights = keep
       if self.plan then self:_start_runner(file, facts) end
     else
@@ -198,8 +199,7 @@ M.stop_ids = engine.stop_ids
 -- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
-    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens, kv_plan_tokens = opts.kv_plan_tokens })
+  local sizes = self:_sizes(cfg, facts, opts.kv_plan_tokens)
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -208,7 +208,11 @@ function Model:_choose_plan(cfg, facts, budget)
   if limit > 0 and avail <= 0 then
     error(string.format("memory budget: nothing left of %s for %s", memory.format_bytes(limit), self.path), 0)
   end
-  if p == nil then
+  self.plan_avail = avail -- (what a plan made again may take: Model:replan_kv)
+  if p == nil and opts.plan_chosen then
+    local c = opts.plan_chosen -- (chosen already, for this budget: Model:replan_kv)
+    p, self.estimate, self.problem_table = c.plan, c.estimate, c.problem
+  elseif p == nil then
     p = { slots = 1, devices = { { stages = { { blocks = { 0, sizes.n_blocks - 1 }, offloaded = 0 } } } } }
     -- (a plan for fewer KV positions than the pool adapts online as it grows: the scheduler's
     -- stages, as a cluster's, whether or not everything would fit now)
@@ -237,6 +241,13 @@ function Model:_choose_plan(cfg, facts, budget)
       memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
   end
   self.plan, self.plan_sizes, self.plan_opts = p, sizes, mopts
+end
+
+-- The sizes of the plan's parts (loip.plan.sizes) for this model, with kv_plan_tokens KV
+-- positions in the plan's memory (nil: all of the pool).
+function Model:_sizes(cfg, facts, kv_plan_tokens)
+  return planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
+    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens, kv_plan_tokens = kv_plan_tokens })
 end
 
 -- The planning problem of this model on this machine alone (loip.plan.problem), for a budget of
@@ -306,6 +317,43 @@ function Model:restage(k, offloaded)
     end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
+end
+
+-- Plan again for `positions` KV positions (an online policy's last resort, as a cluster's:
+-- loip.serve.online's control.replan), between steps: the scheduler chooses a plan for the
+-- budget the model had at open; then every request's KV goes (the batcher prefills them again
+-- on the new plan, so no token changes), the runner, its loader, the session and the resident
+-- blocks are freed and made again for the new plan. A plan that was given is not replaced.
+-- When no plan holds that many positions this raises, naming the shortfall, and the model
+-- goes on with its plan and its KV.
+function Model:replan_kv(positions)
+  if not self.bind_store or not self.plan_avail or self.plan_avail <= 0 then
+    error("replan: this model runs no plan under a budget (open a slice store with mem)", 2)
+  end
+  if self.opts.plan ~= nil then
+    error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
+      .. "or give one for a longer --plan-context)", positions), 0)
+  end
+  -- the scheduler decides first: a failure there leaves the model on its plan
+  local opts = setmetatable({ kv_plan_tokens = positions }, { __index = self.opts })
+  local chosen = {}
+  local ok, err = pcall(function()
+    chosen.problem = self:problem(self:_sizes(self.cfg, self.facts, positions), self.plan_avail)
+    chosen.plan, chosen.estimate = require("loip.policy").plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+  end)
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
+  opts.plan_chosen = chosen
+  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.loader then self.loader:close() self.loader = nil end
+  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
+  if self.weights then store.close(self.weights) self.weights = nil end
+  self.opts = opts
+  self:_choose_plan(self.cfg, self.facts, self.budget)
+  opts.plan_chosen = nil
+  if self.budget then self:session() end
+  self.weights = self.bind_store(self.handle, self.plan)
+  self:_start_runner(self.path, self.facts)
+  return self.plan
 end
 
 -- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
