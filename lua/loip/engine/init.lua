@@ -90,10 +90,10 @@ end
 -- (a "links" policy), and the batcher's own options (max_batch, max_queue, prefill_chunk, prefill).
 function M.batcher(engine, o)
   o = o or {}
-  local opts = setmetatable({}, { __index = o })
-  if o.online and o.online ~= "none" then opts.online = policy.load("online", o.online) else opts.online = nil end
-  if o.links then opts.links = policy.load("links", o.links) end
-  return require("loip.serve.batcher").new(engine, opts)
+  return require("loip.serve.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
+    prefill_chunk = o.prefill_chunk, prefill = o.prefill,
+    online = o.online and o.online ~= "none" and policy.load("online", o.online) or nil,
+    links = o.links and policy.load("links", o.links) or nil })
 end
 
 -- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;
