@@ -21,12 +21,13 @@ local submodules = {
   batcher = "loip.serve.batcher", client = "loip.serve.client", online = "loip.serve.online",
   load = "loip.serve.load", openai = "loip.serve.openai", store = "loip.model.store", roofline = "loip.sim.roofline",
   tp = "loip.sim.tp", experiments = "loip.sim.experiments", space = "loip.plan.space", files = "loip.tools.files",
-  suggest = "loip.tools.suggest", refine = "loip.plan.refine",
+  suggest = "loip.tools.suggest", refine = "loip.plan.refine", engine = "loip.engine",
 }
 -- Not here, by design: the parts behind these (loip.core, the model formats' readers
 -- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template
--- engine's parts loip.text.template.*, loip.cluster.proc/requests, loip.serve.http/
--- local_engine/metrics) and the command line (loip.tools.cli*, flags, repl).
+-- engine's parts loip.text.template.*, a cluster's parts loip.cluster.proc/rpc/members/control,
+-- the engines loip.engine.local/ring/sim, loip.serve.http/metrics) and the command line
+-- (loip.tools.cli*, flags, repl).
 -- (for a REPL's or a spec's listing: every name loip.<name> loads)
 loip.modules = function()
   local names = {}

@@ -413,8 +413,9 @@ end
 -- What a scheduler's plan p breaks of what the problem fixes, as a message (nil: nothing): a
 -- well-formed plan (no unknown keys) of the model's blocks, on the problem's devices, with its
 -- stage count (problem.stages, --stages), within every budget. who: the scheduler, as
--- M.label names it.
-function M.check_plan(p, problem, who)
+-- M.label names it (or the plan file); over: how a broken budget is introduced (default
+-- "WHO: its plan breaks a budget"). The one check of a plan: loip.engine.check_plan.
+function M.check_plan(p, problem, who, over)
   local plan = require "loip.plan"
   local bad = plan.check(p, problem.model.n_blocks, who)
   if bad then return bad end
@@ -430,7 +431,7 @@ function M.check_plan(p, problem, who)
   local budgets = {}
   for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
   return (plan.over_budget(p, problem.model, budgets, require("loip.plan.space").memory_opts(problem),
-    who .. ": its plan breaks a budget"))
+    over or (who .. ": its plan breaks a budget")))
 end
 
 -- What a cost model's estimate est breaks of its contract (a table whose ms_per_token is a

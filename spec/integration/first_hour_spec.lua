@@ -29,8 +29,9 @@ end)
 describe("modules", function()
   it("every public module is loip.<name>, loaded on first use; the rest are named as internal", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
-      "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.requests$",
-      "^loip%.serve%.http$", "^loip%.serve%.local_engine$", "^loip%.serve%.metrics$", "^loip%.tools%.cli",
+      "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
+      "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
+      "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do

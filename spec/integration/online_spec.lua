@@ -83,10 +83,46 @@ describe("online adaptation", function()
     assert.matches("online policy loip: device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
     -- after asking for a plan for the positions the request may reach, which none holds
     assert.matches("short by %d+%); planning again: no plan holds 416 KV positions: scheduler loip: ", err2)
-    -- on one device it is a usage error (the online policy drives clusters)
+    -- a model that is not a slice store has no plan to adapt: a usage error
     local rc3, _, err3 = T.run(string.format("%s generate --model %s --plan-context 32 --prompt hi", T.loip, S260))
     assert.are.equal(2, rc3)
-    assert.matches("--plan-context is for several devices", err3, 1, true)
+    assert.matches("--plan-context needs a slice store", err3, 1, true)
+  end)
+
+  it("adapts one device online as well: the unplanned run's tokens, every change in --json, a new plan when offloading cannot make room", function()
+    local st = store_of(S260, "s260")
+    local ref = reference(st, 400)
+    -- 1200K holds the blocks and 32 positions of KV, not the 341 this story takes beside them
+    local dir = T.tmpdir()
+    local rc, j, err = T.generate_json(st, "--mem 1200K --context 512 --max-tokens 400 --plan-context 32 --trace " .. dir .. "/t.json")
+    assert.are.equal(0, rc, err)
+    assert.are.same(ref, j.token_ids)
+    assert.is_true(#j.adaptations >= 2, #j.adaptations .. " changes")
+    -- each change on the plan lane of the trace, as a cluster's
+    local n = 0
+    for _, e in ipairs(json.load(dir .. "/t.json").traceEvents) do if e.cat == "adapt" then n = n + 1 end end
+    assert.are.equal(#j.adaptations, n)
+    for _, a in ipairs(j.adaptations) do
+      assert.are.equal(1, a.device)
+      assert.is_true(a.to > a.from, "blocks offloaded as the context grows")
+    end
+    assert.are.same(j.adaptations[#j.adaptations].to, j.plan.devices[1].stages[j.adaptations[#j.adaptations].stage].offloaded)
+    -- 1300K: everything resident holds 32 positions and nothing to offload makes room for more:
+    -- the device plans again for the positions the request may reach, as a cluster does
+    local rc2, j2, err2 = T.generate_json(st, "--mem 1300K --context 512 --max-tokens 400 --plan-context 32")
+    assert.are.equal(0, rc2, err2)
+    assert.are.same(ref, j2.token_ids)
+    assert.are.equal(416, j2.adaptations[1].replan)
+    assert.are.equal(1, j2.adaptations[1].resumed)
+    -- the API: loip.model.open's kv_plan_tokens and online; the budget's peak within its limit
+    local m = loip.model.open(st, { context = 512, threads = 1, mem = "1200K", kv_plan_tokens = 32, online = "loip" })
+    local it, s = m:generate("Once upon a time", { temperature = 0, max_tokens = 400 })
+    for _ in it do end
+    local b, peak, limit = m:batcher(), m.budget:peak(), m.budget:limit()
+    m:close()
+    assert.are.same(ref, s.token_ids)
+    assert.are.equal(#j.adaptations, #b.adaptations)
+    assert.is_true(peak <= limit, "peak " .. peak .. " of " .. limit)
   end)
 
   it("plans again for a longer context when offloading and lending cannot make room: the static plan's tokens", function()

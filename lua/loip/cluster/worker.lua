@@ -1,5 +1,6 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, LINK, STATS, PING, STOP) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP: one
+-- handler each, in a dispatch table) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
@@ -108,10 +109,6 @@ function Worker:build(msg)
   end
   local cfg = store.config(dir, man)
   local p, i = msg.plan, msg.device
-  local bad = plan.check(p, 2 * cfg.n_layers, "plan")
-  if bad then error(bad, 0) end
-  local N, S = #p.devices, #p.devices[1].stages
-  if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
   local d = {}
   self.dev = d
   local budget = memory.budget(self.opts.mem or 0)
@@ -125,8 +122,13 @@ function Worker:build(msg)
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, kv_plan_tokens = msg.kv_plan_tokens })
   local mopts = { cluster = true, loader = msg.loader }
-  local over = plan.over_budget(p, sizes, { [i] = budget:limit() }, mopts) -- (this device's budget only)
-  if over then error(over, 0) end
+  -- the plan as every plan is checked, against this device's budget only
+  local devices = {}
+  for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
+  if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
+  require("loip.engine").check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
+  local N, S = #p.devices, #p.devices[1].stages
+  if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
   local need = plan.memory(p, i, sizes, mopts)
   local layers = plan.device_layers(p, i)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
@@ -199,6 +201,201 @@ function Worker:owned_by_other(msg)
   return false
 end
 
+-- One function per message kind (self, msg, body: its JSON payload decoded, or nil): it returns
+-- the reply's kind and payload (nil: no reply), answered on the socket the message came by.
+local handlers = {}
+
+function handlers.HELLO(self)
+  return "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint, bulk = self.bulk:endpoint(),
+    store = self.opts.store, store_id = self.store_id,
+    mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version })
+end
+
+function handlers.PING() return "PONG", "" end
+
+function handlers.PLAN(self, _, body)
+  body = assert(body, "a message without its JSON body")
+  local d, budget, N, S, i, batch = self:build(body)
+  local cfg = ffi.new("loip_device_config")
+  cfg.runner, cfg.session = d.runner, d.session
+  cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
+  cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
+  cfg.max_tokens, cfg.logits_tokens, cfg.max_seqs = batch, body.logits_tokens or 1, body.max_seqs or 1
+  cfg.slowdown = body.slowdown or 1
+  cfg.heartbeat = self.hb
+  local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
+  if not dev then error(derr, 0) end
+  d.device, d.plan_id = dev, body.plan_id
+  log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
+    memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
+  return "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts(budget),
+    kv_group_bytes = tonumber(C.loip_session_kv_group_bytes(d.session)),
+    loader = d.loader and d.loader:mode() or "none" })
+end
+
+function handlers.START(self, _, body)
+  if not self.dev then error("START before a plan", 0) end
+  body = assert(body, "a message without its JSON body")
+  local p = ffi.new("loip_sampler_params")
+  for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
+  local prompt = body.prompt or {}
+  local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
+  for k, id in ipairs(prompt) do ids[k - 1] = id end
+  core.check(C.loip_device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
+    #prompt, #prompt + (body.max_tokens or 0) + 1))
+  -- a request resumed on a new plan: its sampler goes on where it was
+  if (body.draws or 0) > 0 then core.check(C.loip_device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
+  return "READY", ""
+end
+
+-- a live plan change between steps: a stage's offloaded prefix grows or shrinks
+function handlers.CHANGE(self, _, body)
+  body = assert(body, "a message without its JSON body")
+  local d = current_device(self, body, "a change")
+  local p2, descs = store.restage { verify_reads = d.verify_reads, runner = d.runner, model = d.model, keep = d.keep,
+    dir = self.opts.store, man = self.man,
+    plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
+    new_loader = function(bytes) return new_loader(d, bytes) end,
+    on_loader = function(l)
+      if d.loader and d.loader ~= l then d.loader:close() end
+      d.loader = l
+    end }
+  d.plan, d.descs = p2, descs or d.descs
+  log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
+    memory.format_bytes(d.budget:used()))
+  return "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(),
+    slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = accounts(d.budget) })
+end
+
+-- KV lending (the paper's transfer protocol): from now on this device ships the oldest groups
+-- of each running sequence's KV (body.groups: per sequence slot, 0-based keys as strings, or one
+-- count for all) to the holder at body.peer after each stage, and fetches them back before the
+-- stage runs again; no peer: everything comes home and lending stops
+function handlers.LEND(self, _, body)
+  body = assert(body, "a message without its JSON body")
+  local d = current_device(self, body, "lending")
+  local S = #d.plan.devices[d.index].stages
+  local layers = ffi.new("int32_t[?]", 2 * S)
+  for s, st in ipairs(d.plan.devices[d.index].stages) do
+    -- the layers whose attention (even block) is in the stage keep their KV with it
+    layers[2 * (s - 1)], layers[2 * (s - 1) + 1] = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) + 1
+  end
+  local n_seqs = tonumber(C.loip_session_max_seqs(d.session))
+  local groups = ffi.new("int32_t[?]", n_seqs)
+  for q = 0, n_seqs - 1 do
+    local g = type(body.groups) == "table" and body.groups[tostring(q)] or body.groups
+    groups[q] = tonumber(g) or 0
+  end
+  local old = d.lend_sock
+  if body.peer and body.peer ~= d.lend_peer then
+    d.lend_sock = assert(self.net:connect(body.peer, "d" .. d.index .. "-lend"))
+    d.lend_sock:emulate(self.link or {})
+  elseif not body.peer then
+    core.check(C.loip_device_recall(d.device))
+    d.lend_sock = nil
+  end
+  core.check(C.loip_device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
+  if old and old ~= d.lend_sock then old:close() end
+  d.lend_peer = body.peer
+  return "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(), accounts = accounts(d.budget) })
+end
+
+-- the emulated link into this device changes (a link schedule): rate and delay, no reply
+function handlers.LINK(self, _, body)
+  body = body or {}
+  local o = { rate = body.rate, delay_ms = body.delay_ms or (self.link and self.link.delay_ms) or 0,
+    spin_us = self.link and self.link.spin_us }
+  self.sock:emulate(o)
+  self.bulk:emulate(o)
+  -- lent KV comes back into this device too
+  if self.dev and self.dev.lend_sock then self.dev.lend_sock:emulate(o) end
+  self.link = o
+end
+
+-- a request is done: its slot's KV goes back (no reply; a failure is only logged)
+function handlers.END(self, _, body)
+  body = body or {}
+  if self.dev and self.dev.device and type(body.seq) == "number" then
+    if C.loip_device_end(self.dev.device, body.seq, body.request or 0) ~= 0 then log("END: %s", core.last_error()) end
+  end
+end
+
+function handlers.STATS(self)
+  local st = {}
+  if self.dev then
+    local ds = ffi.new("loip_device_stats_t")
+    C.loip_device_stats(self.dev.device, ds)
+    local rs = ffi.new("loip_runner_stats_t")
+    C.loip_runner_stats(self.dev.runner, rs)
+    st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
+      bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
+      compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
+      bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
+      lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
+      lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
+    -- the budget's accounts (weights, slots, kv, activations)
+    st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
+    -- the budget's limit and peak, and this process's peak resident memory
+    st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
+    local f = io.open("/proc/self/status")
+    local status = f and f:read("*a") or ""
+    if f then f:close() end
+    local hwm = status:match("VmHWM:%s*(%d+) kB")
+    st.peak_rss_bytes = hwm and tonumber(hwm) * 1024 or nil
+    st.accounts = accounts(self.dev.budget)
+  end
+  return "STATS", json.encode(st)
+end
+
+-- the events recorded since the last TRACE (with the plan's trace on), on this host's clock
+function handlers.TRACE(self)
+  local evs = {}
+  if self.dev and self.dev.trace then
+    local kinds = require("loip.model").event_kinds
+    local buf = ffi.new("loip_runner_event[4096]")
+    repeat
+      local k = C.loip_runner_events(self.dev.runner, buf, 4096)
+      for j = 0, k - 1 do
+        local e = buf[j]
+        evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
+          t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = e.offloaded ~= 0,
+          tokens = e.n_tokens }
+      end
+    until k < 4096
+  end
+  return "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs })
+end
+
+function handlers.PROFILE(self, _, o)
+  o = o or {}
+  local profile = require "loip.plan.profile"
+  local pr
+  if o.full then
+    pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
+      read = o.read, disk_rate = o.disk_rate })
+  else
+    pr = profile.calibrate { store = self.opts.store, threads = self.opts.threads, context = o.context, quiet = true }
+  end
+  if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
+  return "PROFILE", json.encode(pr)
+end
+
+function handlers.STOP(self, _, body)
+  if body and body.release then -- the head is done with us: free for the next one
+    log("released by head %s", tostring(self.owner and self.owner.id))
+    self:drop_device()
+    self.owner = nil
+    return
+  end
+  self.stopping = true
+  return "READY", ""
+end
+
+-- A message that failed: what is logged (the kind's word: "plan refused: why"), whether the
+-- device is dropped (a plan half built), and whether it is answered ERROR (LINK has no reply).
+local failure = { PLAN = { log = "plan", drop = true }, CHANGE = { log = "change" }, LEND = { log = "lending" },
+  LINK = { log = "LINK", quiet = true } }
+
 function Worker:handle(msg)
   local kind = msg.kind
   if kind ~= "PING" and self:owned_by_other(msg) then
@@ -208,204 +405,20 @@ function Worker:handle(msg)
     reply(self, msg.from, "ERROR", why, C.LOIP_ESTATE, msg.via)
     return
   end
-  if kind == "HELLO" then
-    reply(self, msg.from, "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint,
-      bulk = self.bulk:endpoint(),
-      store = self.opts.store, store_id = self.store_id,
-      mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version }))
-  elseif kind == "PING" then
-    reply(self, msg.from, "PONG", "")
-  elseif kind == "PLAN" then
-    local ok, err = pcall(function()
-      local body = assert(json.decode(msg.payload))
-      local d, budget, N, S, i, batch = self:build(body)
-      local cfg = ffi.new("loip_device_config")
-      cfg.runner, cfg.session = d.runner, d.session
-      cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
-      cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
-      cfg.max_tokens, cfg.logits_tokens, cfg.max_seqs = batch, body.logits_tokens or 1, body.max_seqs or 1
-      cfg.slowdown = body.slowdown or 1
-      cfg.heartbeat = self.hb
-      local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
-      if not dev then error(derr, 0) end
-      d.device, d.plan_id = dev, body.plan_id
-      log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
-        memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
-      reply(self, msg.from, "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts(budget),
-        kv_group_bytes = tonumber(C.loip_session_kv_group_bytes(d.session)),
-        loader = d.loader and d.loader:mode() or "none" }))
-    end)
-    if not ok then
-      self:drop_device()
-      log("plan refused: %s", tostring(err))
-      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
-    end
-  elseif kind == "START" then
-    local ok, err = pcall(function()
-      if not self.dev then error("START before a plan", 0) end
-      local body = assert(json.decode(msg.payload))
-      local p = ffi.new("loip_sampler_params")
-      for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
-      local prompt = body.prompt or {}
-      local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
-      for k, id in ipairs(prompt) do ids[k - 1] = id end
-      core.check(C.loip_device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
-        #prompt, #prompt + (body.max_tokens or 0) + 1))
-      -- a request resumed on a new plan: its sampler goes on where it was
-      if (body.draws or 0) > 0 then core.check(C.loip_device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
-      reply(self, msg.from, "READY", "")
-    end)
-    if not ok then reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL) end
-  elseif kind == "CHANGE" then
-    -- a live plan change between steps: a stage's offloaded prefix grows or shrinks
-    local ok, err = pcall(function()
-      local body = assert(json.decode(msg.payload))
-      local d = current_device(self, body, "a change")
-      local p2, descs = store.restage { verify_reads = d.verify_reads, runner = d.runner, model = d.model, keep = d.keep,
-        dir = self.opts.store, man = self.man,
-        plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
-        new_loader = function(bytes) return new_loader(d, bytes) end,
-        on_loader = function(l)
-          if d.loader and d.loader ~= l then d.loader:close() end
-          d.loader = l
-        end }
-      d.plan, d.descs = p2, descs or d.descs
-      log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
-        memory.format_bytes(d.budget:used()))
-      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(),
-        slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = accounts(d.budget) }))
-    end)
-    if not ok then
-      log("change refused: %s", tostring(err))
-      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
-    end
-  elseif kind == "LEND" then
-    -- KV lending (the paper's transfer protocol): from now on this device ships the oldest
-    -- groups of each running sequence's KV (body.groups: per sequence slot, 0-based keys as
-    -- strings, or one count for all) to the holder at body.peer after each stage, and fetches
-    -- them back before the stage runs again; no peer: everything comes home and lending stops
-    local ok, err = pcall(function()
-      local body = assert(json.decode(msg.payload))
-      local d = current_device(self, body, "lending")
-      local S = #d.plan.devices[d.index].stages
-      local layers = ffi.new("int32_t[?]", 2 * S)
-      for s, st in ipairs(d.plan.devices[d.index].stages) do
-        -- the layers whose attention (even block) is in the stage keep their KV with it
-        layers[2 * (s - 1)], layers[2 * (s - 1) + 1] = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) + 1
-      end
-      local n_seqs = tonumber(C.loip_session_max_seqs(d.session))
-      local groups = ffi.new("int32_t[?]", n_seqs)
-      for q = 0, n_seqs - 1 do
-        local g = type(body.groups) == "table" and body.groups[tostring(q)] or body.groups
-        groups[q] = tonumber(g) or 0
-      end
-      local old = d.lend_sock
-      if body.peer and body.peer ~= d.lend_peer then
-        d.lend_sock = assert(self.net:connect(body.peer, "d" .. d.index .. "-lend"))
-        d.lend_sock:emulate(self.link or {})
-      elseif not body.peer then
-        core.check(C.loip_device_recall(d.device))
-        d.lend_sock = nil
-      end
-      core.check(C.loip_device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
-      if old and old ~= d.lend_sock then old:close() end
-      d.lend_peer = body.peer
-      reply(self, msg.from, "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(), accounts = accounts(d.budget) }))
-    end)
-    if not ok then
-      log("lending refused: %s", tostring(err))
-      reply(self, msg.from, "ERROR", tostring(err), C.LOIP_EINVAL)
-    end
-  elseif kind == "LINK" then
-    -- the emulated link into this device changes (a link schedule): rate and delay, no reply
-    local body = json.decode(msg.payload) or {}
-    local ok, err = pcall(function()
-      local o = { rate = body.rate, delay_ms = body.delay_ms or (self.link and self.link.delay_ms) or 0,
-        spin_us = self.link and self.link.spin_us }
-      self.sock:emulate(o)
-      self.bulk:emulate(o)
-      -- lent KV comes back into this device too
-      if self.dev and self.dev.lend_sock then self.dev.lend_sock:emulate(o) end
-      self.link = o
-    end)
-    if not ok then log("LINK refused: %s", tostring(err)) end
-  elseif kind == "END" then
-    -- a request is done: its slot's KV goes back (no reply; a failure is only logged)
-    local body = json.decode(msg.payload) or {}
-    if self.dev and self.dev.device and type(body.seq) == "number" then
-      if C.loip_device_end(self.dev.device, body.seq, body.request or 0) ~= 0 then log("END: %s", core.last_error()) end
-    end
-  elseif kind == "STATS" then
-    local st = {}
-    if self.dev then
-      local ds = ffi.new("loip_device_stats_t")
-      C.loip_device_stats(self.dev.device, ds)
-      local rs = ffi.new("loip_runner_stats_t")
-      C.loip_runner_stats(self.dev.runner, rs)
-      st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
-        bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
-        compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
-        bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
-        lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
-        lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
-      -- the budget's accounts (weights, slots, kv, activations)
-      st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
-      -- the budget's limit and peak, and this process's peak resident memory
-      st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
-      local f = io.open("/proc/self/status")
-      local status = f and f:read("*a") or ""
-      if f then f:close() end
-      local hwm = status:match("VmHWM:%s*(%d+) kB")
-      st.peak_rss_bytes = hwm and tonumber(hwm) * 1024 or nil
-      st.accounts = accounts(self.dev.budget)
-    end
-    reply(self, msg.from, "STATS", json.encode(st))
-  elseif kind == "TRACE" then
-    -- the events recorded since the last TRACE (with the plan's trace on), on this host's clock
-    local evs = {}
-    if self.dev and self.dev.trace then
-      local kinds = require("loip.model").event_kinds
-      local buf = ffi.new("loip_runner_event[4096]")
-      repeat
-        local k = C.loip_runner_events(self.dev.runner, buf, 4096)
-        for j = 0, k - 1 do
-          local e = buf[j]
-          evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
-            t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = e.offloaded ~= 0,
-            tokens = e.n_tokens }
-        end
-      until k < 4096
-    end
-    reply(self, msg.from, "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs }), 0, msg.via)
-  elseif kind == "PROFILE" then
-    local ok, res = pcall(function()
-      local profile = require "loip.plan.profile"
-      local o = json.decode(msg.payload) or {}
-      local pr
-      if o.full then
-        pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
-          read = o.read, disk_rate = o.disk_rate })
-      else
-        pr = profile.calibrate { store = self.opts.store, threads = self.opts.threads, context = o.context, quiet = true }
-      end
-      if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
-      return json.encode(pr)
-    end)
-    if ok then reply(self, msg.from, "PROFILE", res, 0, msg.via)
-    else reply(self, msg.from, "ERROR", tostring(res), C.LOIP_EINVAL, msg.via) end
-  elseif kind == "STOP" then
-    local body = msg.payload ~= "" and json.decode(msg.payload) or {}
-    if body and body.release then -- the head is done with us: free for the next one
-      log("released by head %s", tostring(self.owner and self.owner.id))
-      self:drop_device()
-      self.owner = nil
-      return
-    end
-    reply(self, msg.from, "READY", "")
-    self.stopping = true
-  else
-    log("ignored a %s message from %s", tostring(kind), msg.from)
+  local h = handlers[kind]
+  if not h then return log("ignored a %s message from %s", tostring(kind), msg.from) end
+  local ok, rkind, payload = pcall(function()
+    local body = msg.payload and msg.payload ~= "" and json.decode(msg.payload) or nil
+    return h(self, msg, type(body) == "table" and body or nil)
+  end)
+  if ok then
+    if rkind then reply(self, msg.from, rkind, payload, 0, msg.via) end
+    return
   end
+  local f = failure[kind] or {}
+  if f.drop then self:drop_device() end
+  if f.log then log("%s refused: %s", f.log, tostring(rkind)) end
+  if not f.quiet then reply(self, msg.from, "ERROR", tostring(rkind), C.LOIP_EINVAL, msg.via) end
 end
 
 -- One receive: through the device (data handled in C) when it exists, else the socket.

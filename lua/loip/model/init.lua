@@ -11,9 +11,9 @@ local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
 local tokenizer = require "loip.text.tokenizer"
-local sampler = require "loip.model.sampler"
 local memory = require "loip.runtime.memory"
 local planner = require "loip.plan"
+local engine = require "loip.engine"
 local C = core.C
 
 local M = {}
@@ -87,6 +87,10 @@ end
 -- conventional path), disk_rate (bytes/s: emulate a slower disk), trace (record
 -- load/compute/wait events into m.trace, a loip.trace: m.trace:write(path) saves them). m.plan
 -- is the plan used, m.estimate the cost model's estimate of it (when a scheduler chose it).
+-- Online adaptation (a slice store): kv_plan_tokens (KV positions the plan's memory holds,
+-- default kv_tokens; fewer: the KV cache grows inside the budget) and online (a loip.policy
+-- "online" name, path or table: before every step it may restage the plan live, as on a
+-- cluster: loip.serve.online); m:batcher().adaptations lists its changes.
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -148,6 +152,7 @@ function M.open(path, opts)
       keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
     elseif kind == "store" then
       keep = bind(m, self.plan)
+      self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)
       self.weights = keep
       if self.plan then self:_start_runner(file, facts) end
     else
@@ -185,23 +190,16 @@ function M.open(path, opts)
   return self
 end
 
--- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;
--- llama2.c's checkpoints stop on BOS as well as EOS), else the tokenizer's. One rule for a
--- model on this machine and for a cluster serving its store.
-function M.stop_ids(facts, tok)
-  local eos = facts and facts.eos_token_id
-  if eos == nil and tok then eos = tok.stop_ids or tok.eos_id end
-  return type(eos) == "table" and eos or { eos }
-end
+-- The ids that end a generation (loip.engine.stop_ids).
+M.stop_ids = engine.stop_ids
 
 -- The plan for a slice store: the one given (table or file), else everything resident when the
--- budget holds it, else the scheduler's (opts.scheduler, opts.cost: loip.policy names or paths;
--- figures from opts.profile or a calibration of this machine). Refused before anything is
--- allocated when it cannot fit.
+-- budget holds it (and the plan is for all of the KV pool), else the scheduler's
+-- (opts.scheduler, opts.cost: loip.policy names or paths; figures from opts.profile or a
+-- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
-    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens })
+  local sizes = self:_sizes(cfg, facts, opts.kv_plan_tokens)
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -210,9 +208,16 @@ function Model:_choose_plan(cfg, facts, budget)
   if limit > 0 and avail <= 0 then
     error(string.format("memory budget: nothing left of %s for %s", memory.format_bytes(limit), self.path), 0)
   end
-  if p == nil then
+  self.plan_avail = avail -- (what a plan made again may take: Model:replan_kv)
+  if p == nil and opts.plan_chosen then
+    local c = opts.plan_chosen -- (chosen already, for this budget: Model:replan_kv)
+    p, self.estimate, self.problem_table = c.plan, c.estimate, c.problem
+  elseif p == nil then
     p = { slots = 1, devices = { { stages = { { blocks = { 0, sizes.n_blocks - 1 }, offloaded = 0 } } } } }
-    if avail > 0 and planner.memory(p, 1, sizes, mopts).total > avail then
+    -- (a plan for fewer KV positions than the pool adapts online as it grows: the scheduler's
+    -- stages, as a cluster's, whether or not everything would fit now)
+    local adapts = sizes.kv_plan_tokens < sizes.kv_tokens
+    if avail > 0 and (adapts or planner.memory(p, 1, sizes, mopts).total > avail) then
       local prob = self:problem(sizes, avail)
       local est
       p, est = require("loip.policy").plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
@@ -223,8 +228,8 @@ function Model:_choose_plan(cfg, facts, budget)
     if type(p) == "table" and type(p.devices) == "table" and #p.devices > 1 then
       error(string.format("%s: %d devices: this runs on one device (several devices: loip generate --devices)", where, #p.devices), 0)
     end
-    local bad = planner.check(p, sizes.n_blocks, where)
-    if bad then error(bad, 0) end
+    -- (its memory is checked below, against what is left of the budget)
+    engine.check_plan(p, { model = sizes, devices = { {} }, loader = opts.loader }, where)
   end
   local need = planner.memory(p, 1, sizes, mopts)
   if limit > 0 and need.total > avail then
@@ -236,6 +241,13 @@ function Model:_choose_plan(cfg, facts, budget)
       memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
   end
   self.plan, self.plan_sizes, self.plan_opts = p, sizes, mopts
+end
+
+-- The sizes of the plan's parts (loip.plan.sizes) for this model, with kv_plan_tokens KV
+-- positions in the plan's memory (nil: all of the pool).
+function Model:_sizes(cfg, facts, kv_plan_tokens)
+  return planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
+    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens, kv_plan_tokens = kv_plan_tokens })
 end
 
 -- The planning problem of this model on this machine alone (loip.plan.problem), for a budget of
@@ -294,7 +306,7 @@ end
 -- read into the slot from the next step. No KV is touched and no token changes. The slot must
 -- hold the new stage. Returns the new plan (m.plan).
 function Model:restage(k, offloaded)
-  if not self.runner then error("restage: this model runs no offloading plan (open a slice store under a budget or with a plan)", 2) end
+  if not self.runner then error("restage: this model runs no plan (open a slice store)", 2) end
   local p2, descs = store.restage { verify_reads = self.opts.verify_reads, runner = self.runner, model = self.handle,
     keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
@@ -305,6 +317,43 @@ function Model:restage(k, offloaded)
     end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
+end
+
+-- Plan again for `positions` KV positions (an online policy's last resort, as a cluster's:
+-- loip.serve.online's control.replan), between steps: the scheduler chooses a plan for the
+-- budget the model had at open; then every request's KV goes (the batcher prefills them again
+-- on the new plan, so no token changes), the runner, its loader, the session and the resident
+-- blocks are freed and made again for the new plan. A plan that was given is not replaced.
+-- When no plan holds that many positions this raises, naming the shortfall, and the model
+-- goes on with its plan and its KV.
+function Model:replan_kv(positions)
+  if not self.bind_store or not self.plan_avail or self.plan_avail <= 0 then
+    error("replan: this model runs no plan under a budget (open a slice store with mem)", 2)
+  end
+  if self.opts.plan ~= nil then
+    error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
+      .. "or give one for a longer --plan-context)", positions), 0)
+  end
+  -- the scheduler decides first: a failure there leaves the model on its plan
+  local opts = setmetatable({ kv_plan_tokens = positions }, { __index = self.opts })
+  local chosen = {}
+  local ok, err = pcall(function()
+    chosen.problem = self:problem(self:_sizes(self.cfg, self.facts, positions), self.plan_avail)
+    chosen.plan, chosen.estimate = require("loip.policy").plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+  end)
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
+  opts.plan_chosen = chosen
+  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.loader then self.loader:close() self.loader = nil end
+  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
+  if self.weights then store.close(self.weights) self.weights = nil end
+  self.opts = opts
+  self:_choose_plan(self.cfg, self.facts, self.budget)
+  opts.plan_chosen = nil
+  if self.budget then self:session() end
+  self.weights = self.bind_store(self.handle, self.plan)
+  self:_start_runner(self.path, self.facts)
+  return self.plan
 end
 
 -- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
@@ -345,113 +394,52 @@ function Model:__tostring()
     c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, ffi.string(C.loip_kernels_name()))
 end
 
+-- Whether the KV pool is charged as requests' contexts take it: asked (opts.kv_grows), or the
+-- plan holds fewer positions than the pool (opts.kv_plan_tokens).
+function Model:kv_grows()
+  return self.opts.kv_grows or (self.plan_sizes ~= nil and self.plan_sizes.kv_plan_tokens < self.plan_sizes.kv_tokens)
+end
+
 -- The session (KV cache), made once and reused.
 function Model:session()
   if not self._session then
     local s, err = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free,
       self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil,
-      self.opts.kv_grows and C.LOIP_SESSION_KV_GROWS or 0)
+      self:kv_grows() and C.LOIP_SESSION_KV_GROWS or 0)
     if not s then error(self.path .. ": " .. err, 0) end
     self._session = s
+    -- (the KV tables alone, before any request: what an online policy counts the groups from)
+    self.kv_base = 0
+    for _, a in ipairs(self.budget and self.budget:report() or {}) do if a.account == "kv" then self.kv_base = a.bytes end end
   end
   return self._session
 end
 
-local function check_ids(self, ids)
-  if type(ids) ~= "table" or #ids == 0 then error("token ids must be a non-empty array", 3) end
-  if #ids > self.context then
-    error(string.format("%d tokens exceed the context of %d", #ids, self.context), 3)
-  end
-  for i, id in ipairs(ids) do
-    if type(id) ~= "number" or id < 0 or id >= self.vocab_size or id ~= math.floor(id) then
-      error(string.format("token id #%d (%s) is not in [0, %d)", i, tostring(id), self.vocab_size), 3)
-    end
-  end
-end
-
--- The request loop every generation and logits call goes through (loip.serve.batcher), made
--- once; opts (first call only): max_queue, prefill_chunk, prefill.
+-- The request loop every generation and logits call goes through (loip.serve.batcher over
+-- loip.engine.local), made once, with opts.online (the online policy); opts (first call only):
+-- max_queue, prefill_chunk, prefill.
 function Model:batcher(opts)
   if not self._batcher then
-    self._batcher = require("loip.serve.batcher").new(require("loip.serve.local_engine").new(self), opts)
+    local o = setmetatable({ online = self.opts.online }, { __index = opts or {} })
+    self._batcher = engine.batcher(require("loip.engine.local").new(self), o)
   end
   return self._batcher
 end
 
--- Forward ids at positions 0.. and return the logits of every position as a float array
--- [#ids * vocab] (cdata) plus an accessor: row(pos) -> float* of position pos (1-based).
-function Model:logits(ids)
-  check_ids(self, ids)
-  local r = self:batcher():submit { prompt = ids, logits = true }
-  r:wait()
-  local out, V = r.logits, self.vocab_size
-  return out, function(p) return out + (p - 1) * V end
+-- What loip.engine's generate and logits need of this model.
+function Model:front()
+  return { batcher = function() return self:batcher() end, tokenizer = self.tokenizer,
+    tokenizer_error = not self.tokenizer and "this model was opened without one" or nil, context = self.context,
+    vocab = self.vocab_size, stop_ids = self.stop_ids }
 end
 
--- Generate from a prompt (text, or an array of token ids). Returns an iterator for a generic
--- for (yielding token id and its text) and a state whose .stats fill in as it runs. Text
--- comes only as whole UTF-8 characters: bytes of an unfinished character are held back, and
--- a last pair (false, text) carries what was held when generation stops there. Iterators of
--- several generate calls may be interleaved: each is its own request, and they run as one
--- batch (state.request is the loip.serve.batcher request; m:batcher() the loop).
--- opts: max_tokens (default: to the end of the context), temperature, top_k, top_p, min_p,
--- repetition_penalty, seed, stop (array of ids; default the model's end tokens), ignore_eos
--- (true: the model's end tokens do not stop it, a stop given still does: a fixed length), bos.
-function Model:generate(prompt, opts)
-  opts = opts or {}
-  local tok = self.tokenizer
-  local ids
-  if type(prompt) == "table" then
-    ids = prompt
-  else
-    if not tok then error("this model was opened without a tokenizer: pass token ids", 2) end
-    ids = tok:encode(prompt or "", { bos = opts.bos ~= false })
-  end
-  check_ids(self, ids)
-  local n_prompt = #ids
-  local room = self.context - n_prompt
-  local max_tokens = math.min(opts.max_tokens or room, room)
-  local stop_set = {}
-  for _, id in ipairs(opts.stop or (not opts.ignore_eos and self.stop_ids) or {}) do stop_set[id] = true end
-  -- Rows of a padded embedding past the tokenizer's last id have no text: never sample them.
-  local n_sample = tok and math.min(tok.vocab_size, self.vocab_size) or self.vocab_size
-  local params = {}
-  for k in pairs(sampler.defaults) do params[k] = opts[k] end
-  local seed = opts.seed or (os.time() * 1000 + math.floor(os.clock() * 1e6))
-  local req = self:batcher():submit { prompt = ids, max_tokens = max_tokens, sampler = params, seed = seed,
-    n_sample = n_sample, stop = stop_set }
-  local state = { prompt_ids = ids, token_ids = req.token_ids, seed = seed, request = req, stats = { prompt_tokens = n_prompt,
-    generated = 0, prefill_ms = 0, decode_ms = 0, decode_forwards = 0 }, stop_reason = nil }
-  local stream = tok and tokenizer.text_stream(tok, ids)
-  local function stop(reason)
-    state.stop_reason = state.stop_reason or reason
-    state.stop_id = req.stop_id
-    if stream then
-      local rest = stream:finish()
-      stream = nil
-      if rest ~= "" then return false, rest end
-    end
-    return nil
-  end
-  local function step()
-    if state.stop_reason then return stop(state.stop_reason) end
-    local id = req:next()
-    local st = state.stats
-    if req.t_first then st.prefill_ms = req.t_first - req.t_submit end
-    if id == nil then
-      if req.t_last and req.t_first then st.decode_ms = req.t_last - req.t_first end
-      local why = req.finish_reason
-      if why == "length" then why = max_tokens < room and "max_tokens" or "context" end
-      return stop(why)
-    end
-    st.generated = req.head - 1
-    st.decode_forwards = math.max(0, st.generated - 1)
-    if req.t_last and req.t_first then st.decode_ms = req.t_last - req.t_first end
-    local text = stream and stream:put(id) or ""
-    return id, text
-  end
-  return function() return step() end, state
-end
+-- Forward ids at positions 0.. and return the logits of every position as a float array
+-- [#ids * vocab] (cdata) plus an accessor: row(pos) -> float* of position pos (1-based).
+function Model:logits(ids) return engine.logits(self:front(), ids) end
+
+-- Generate from a prompt (text, or an array of token ids): loip.engine.generate (its options,
+-- its iterator of (id, text) and its state with .stats).
+function Model:generate(prompt, opts) return engine.generate(self:front(), prompt, opts) end
 
 function Model:close()
   if self._batcher then

@@ -417,17 +417,11 @@ end
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
+  local p2 = require("loip.engine").restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
+  if p2 == p then return p end
   local st = p.devices[o.device].stages[k]
-  if not st then error(string.format("restage: stage %s is not one of the plan's %d", tostring(k), #p.devices[o.device].stages), 0) end
-  local n = st.blocks[2] - st.blocks[1] + 1
-  if type(offloaded) ~= "number" or offloaded < 0 or offloaded > n or offloaded ~= math.floor(offloaded) then
-    error(string.format("restage: stage %d has %d blocks; offloaded %s is not in 0..%d", k, n, tostring(offloaded), n), 0)
-  end
   local old = st.offloaded or 0
-  if offloaded == old then return p end
   local file = M.block_file
-  local p2 = require("loip.plan").bare(p)
-  p2.devices[o.device].stages[k].offloaded = offloaded
   local descs = M.stage_descs(o.dir, o.man, p2, o.device, o.verify_reads)
   local a = st.blocks[1]
   -- the slots must hold the largest stage's reads

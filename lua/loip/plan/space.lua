@@ -228,6 +228,12 @@ function M.memory_opts(problem)
   return { cluster = problem.cluster, loader = problem.loader }
 end
 
+-- ms to read `bytes` in `loads` reads on device d of a problem (its disk rate and the time a read
+-- takes besides): what the cost model and the simulator price a read at.
+function M.read_ms(d, bytes, loads)
+  return bytes / d.disk_bps * 1e3 + (loads or 1) * (d.load_ms or 0)
+end
+
 -- The memory of a part (loip.plan.part_memory) under the problem's accounting, and its total.
 function M.memory(problem, part)
   return plan.part_memory(part, problem.model, M.memory_opts(problem))

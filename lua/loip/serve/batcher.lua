@@ -1,7 +1,7 @@
 -- Requests and continuous batching: the one path by which tokens are generated, on one device
--- in-process (loip.serve.local_engine) or on a cluster (loip.cluster). Every request is an
--- object of its own (its id, its sequence slot with its own KV cache on every device, its
--- sampler, its stop conditions); one loop admits requests into the running micro-batch at step
+-- in-process (loip.engine.local), on a cluster (loip.engine.ring) or simulated (loip.sim).
+-- Every request is an object of its own (its id, its sequence slot with its own KV cache on
+-- every device, its sampler, its stop conditions); one loop admits requests into the running micro-batch at step
 -- boundaries and retires them when done, so that each step runs every stage once for the
 -- whole batch: an offloaded block read once serves every request in it.
 --
@@ -17,7 +17,7 @@
 -- max_tokens) out of engine.kv_tokens, so that a running request never runs out of cache; a
 -- request that does not fit yet waits in a bounded queue, one that never can is refused.
 --
--- The engine: { max_seqs, context, kv_tokens, kv_block, step_tokens, logits_tokens, vocab,
+-- The engine (loip.engine's interface): { max_seqs, context, kv_tokens, kv_block, step_tokens, logits_tokens, vocab,
 --   start(self, seq, request), step(self, toks) -> outs, finish(self, seq, request),
 --   idle(self) (optional: nothing runs), clock (optional: a function giving the time in ms;
 --   default loip.core.now_ms; loip.sim's is simulated) }, toks a list of { seq, pos, request, id, flags },

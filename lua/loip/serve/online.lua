@@ -56,23 +56,31 @@ function Online:name()
   return self.policy and tostring(self.policy.name or "(unnamed)") or "none"
 end
 
--- What the step of toks (the batcher's list) leaves each request holding.
-function Online:state(toks)
+-- Where each of the running requests stands after the step of toks (the batcher's list): its
+-- newest position (-1: none yet) and the KV groups of kb positions it holds then (the evicted
+-- ones not counted). One count for an online policy's state and the simulator's memory.
+function M.held(running, toks, kb)
   local last = {}
-  for _, t in ipairs(toks) do
+  for _, t in ipairs(toks or {}) do
     if not last[t.seq] or t.pos > last[t.seq] then last[t.seq] = t.pos end
   end
-  local kb = self.engine.kv_block
-  local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
-    memo = self.memo, kv_block = kb }
-  for _, r in ipairs(self.batcher.running) do
+  local out = {}
+  for k, r in ipairs(running) do
     local p = last[r.seq] or (r.pos - 1)
-    if p >= 0 then
-      st.groups = st.groups + math.floor(p / kb) + 1
-      st.context = math.max(st.context, p + 1)
-    end
+    out[k] = { pos = p, groups = p >= 0 and (math.floor(p / kb) + 1 - (r.evicted or 0) / kb) or 0 }
+  end
+  return out
+end
+
+-- What the step of toks (the batcher's list) leaves each request holding.
+function Online:state(toks)
+  local st = { step = self.steps, context = 0, requests = {}, groups = 0, last_step = self.batcher.last_step,
+    memo = self.memo, kv_block = self.engine.kv_block }
+  for k, h in ipairs(M.held(self.batcher.running, toks, self.engine.kv_block)) do
+    local r, p = self.batcher.running[k], h.pos
+    st.groups = st.groups + h.groups
+    if p >= 0 then st.context = math.max(st.context, p + 1) end
     local ev = r.evicted or 0
-    st.groups = st.groups - ev / kb
     -- (a request resumed after a re-plan has its tokens so far in its prompt)
     local reach = math.min(#(r.prompt0 or r.prompt) + r.max_tokens, self.engine.context or math.huge)
     st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = reach, evicted = ev,
@@ -108,6 +116,18 @@ function M.describe(a)
   end
   return string.format("at %d positions: device %d, stage %d now reads %d blocks every step (was %d)", a.context, a.device,
     a.stage, a.to, a.from or 0)
+end
+
+-- The adaptations (batcher.adaptations) as "adapt" events on each device's plan lane of tr (a
+-- loip.trace); one device's or a cluster's alike. Returns tr.
+function M.add_to_trace(tr, adaptations)
+  for _, a in ipairs(adaptations) do
+    if a.device and a.t0_ns then
+      tr:add({ { kind = "adapt", stage = a.stage or 0, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns,
+        t1_ns = a.t1_ns, text = not a.stage and M.describe(a) or nil } }, a.device)
+    end
+  end
+  return tr
 end
 
 -- The link schedule's change for this step, if any, to every link (or each its own).

@@ -51,7 +51,7 @@ commands.generate = {
     { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
     cp.flags.token, cp.flags.curve_keys,
     cp.flags.stages, cp.flags.link_rate, cp.flags.link_delay, cp.flags.slowdown,
-    { "plan-context", "int", "with --devices/--hosts: plan memory for this many KV positions (default: the whole --context); "
+    { "plan-context", "int", "slice store: plan memory for this many KV positions (default: the whole --context); "
       .. "past them the KV cache grows inside each budget and the --online policy makes room, offloading blocks live",
       metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
     { "online", "string", "the online policy run before every step (recipes/policies/online: loip, the default with "
@@ -153,12 +153,7 @@ local function run_cluster(o)
     local after = c:stats()
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
-      for _, a in ipairs(c:batcher().adaptations) do
-        if a.device and a.t0_ns then
-          tr:add({ { kind = "adapt", stage = a.stage or 0, from = a.from, to = a.to, context = a.context, t0_ns = a.t0_ns,
-            t1_ns = a.t1_ns, text = not a.stage and require("loip.serve.online").describe(a) or nil } }, a.device)
-        end
-      end
+      require("loip.serve.online").add_to_trace(tr, c:batcher().adaptations)
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end
@@ -224,13 +219,13 @@ function commands.generate.run(o)
     error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
   end
   o.mem = o.mem and cp.settings("generate", { mem = o.mem }, 1).mem[1]
-  for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "plan_context", "link_schedule" }) do
+  for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "link_schedule" }) do
     if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
   end
   local model = require "loip.model"
   local json = require "loip.tools.json"
   local is_store = model.locate(o.model) == "store"
-  for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan", "stages" }) do
+  for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan", "stages", "plan_context" }) do
     if o[f] and not is_store then
       error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " needs a slice store (make one with loip slice)" }, 0)
     end
@@ -239,7 +234,8 @@ function commands.generate.run(o)
   local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, batch = o.batch, tokenizer = o.tokenizer,
     mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, verify_reads = o.verify_reads,
     disk_rate = disk_rate and disk_rate[1],
-    trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages })
+    trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
+    kv_plan_tokens = o.plan_context, online = is_store and (o.plan_context or o.online ~= "loip") and o.online or nil })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
       error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.runtime.memory").format_bytes(o.mem)
@@ -287,7 +283,7 @@ function commands.generate.run(o)
     end
   end
   local s = st.stats
-  local per_token = s.decode_forwards > 0 and s.decode_ms / s.decode_forwards or 0
+  local per_token = s.decode_steps > 0 and s.decode_ms / s.decode_steps or 0
   if o.json then
     local r = M.generate_report(o, { text = table.concat(pieces), state = st, per_token = per_token, threads = m.threads,
       estimate = m.estimate, context = m.context, batch = m.batch })
@@ -295,17 +291,22 @@ function commands.generate.run(o)
       memory = plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts) } or nil
     r.loader = m.loader and m.loader:mode() or nil
     r.runner = m.runner and m:runner_stats() or nil
+    r.adaptations = #m:batcher().adaptations > 0 and m:batcher().adaptations or nil
     io.stdout:write(json.encode(r), "\n")
   else
     io.stdout:write("\n")
   end
   io.stdout:flush()
+  for _, a in ipairs(not o.json and m:batcher().adaptations or {}) do
+    stderr("  %s\n", require("loip.serve.online").describe(a))
+  end
   if o.verbose then
     stderr("prompt %d tokens in %.1f ms; %d tokens generated, %.2f ms/token (%.1f tokens/s); stop: %s\n",
       s.prompt_tokens, s.prefill_ms, s.generated, per_token, per_token > 0 and 1000 / per_token or 0,
       tostring(st.stop_reason))
   end
   if o.trace then
+    require("loip.serve.online").add_to_trace(m.trace, m:batcher().adaptations)
     m.trace:write(o.trace)
     if o.verbose then stderr("trace: %d events -> %s\n", m.trace:count(), o.trace) end
   end

@@ -31,7 +31,7 @@ function M.commands(shared)
         check = function(v) return v > 0, "must be > 0" end },
       { "kv-tokens", "int", "KV cache positions all requests share (default: context x max-batch)",
         check = function(v) return v > 0, "must be > 0" end },
-      { "plan-tokens", "int", "with --devices/--hosts: KV positions the plan's memory holds for all requests together "
+      { "plan-tokens", "int", "slice store: KV positions the plan's memory holds for all requests together "
         .. "(default: --kv-tokens); past them the KV cache grows inside each budget and the online policy makes room live",
         metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
       { "online", "string", "the online policy (recipes/policies/online: loip, the default with --plan-tokens) or a file; none: off",
@@ -96,10 +96,13 @@ function M.commands(shared)
         if not o.quiet then cp.report(p, est, info, c.sizes, { cluster = true }) end
       else
         if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
-        if o.plan_tokens or o.link_schedule then usage("serve", "--plan-tokens and --link-schedule are for several devices (--devices or --hosts)") end
+        if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end
+        local is_store = model.locate(o.model) == "store"
+        if o.plan_tokens and not is_store then usage("serve", "--plan-tokens needs a slice store (make one with loip slice)") end
         m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
           kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-          stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1] })
+          stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1],
+          kv_plan_tokens = o.plan_tokens, online = is_store and (o.plan_tokens or o.online ~= "loip") and o.online or nil })
         tok = m.tokenizer
         if m.plan and not o.quiet then cp.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
       end

@@ -42,7 +42,7 @@ function M.device(problem, i, part)
   local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
   local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
     + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
-  local load = reads and (part.off_bytes / d.disk_bps * 1e3 + part.loads * (d.load_ms or 0)) or 0
+  local load = reads and space.read_ms(d, part.off_bytes, part.loads) or 0
   if part.prefetch == false then
     -- nothing is read ahead: every read is waited for, and the step waits for every device
     return { comp_ms = comp + load, load_ms = load, serial_ms = 0, offloaded_ms = offloaded, exposed_ms = load }

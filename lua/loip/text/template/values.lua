@@ -24,6 +24,7 @@ V.Markup = Markup
 local KIND = { [List] = "list", [Tuple] = "tuple", [Dict] = "dict", [Float] = "float",
   [Undefined] = "undefined", [Callable] = "callable", [Namespace] = "namespace",
   [Object] = "object", [Markup] = "markup" }
+V.KIND = KIND
 
 -- "none" "bool" "int" "float" "str" "markup" "list" "tuple" "dict" "undefined" "callable"
 -- "namespace" "object"
@@ -176,66 +177,10 @@ function V.truthy(v)
   end
   return v ~= null and v ~= nil
 end
-
--- Python float repr: the shortest digit string that reads back to the same double, in fixed
--- notation when the decimal exponent is in [-4, 16), in scientific notation otherwise.
-local function float_repr(x)
-  if x ~= x then return "nan" end
-  if x == huge then return "inf" end
-  if x == -huge then return "-inf" end
-  if x == 0 then return 1 / x < 0 and "-0.0" or "0.0" end
-  local s
-  for p = 1, 17 do
-    s = format("%." .. (p - 1) .. "e", x)
-    if tonumber(s) == x then break end
-  end
-  local sign, d1, rest, exp = s:match("^(-?)(%d)%.?(%d*)e([-+]%d+)$")
-  local digits = (d1 .. rest):gsub("0+$", "")
-  if digits == "" then digits = "0" end
-  local e = tonumber(exp)
-  if e >= -4 and e < 16 then
-    if e < 0 then return sign .. "0." .. ("0"):rep(-e - 1) .. digits end
-    if #digits <= e + 1 then return sign .. digits .. ("0"):rep(e + 1 - #digits) .. ".0" end
-    return sign .. digits:sub(1, e + 1) .. "." .. digits:sub(e + 2)
-  end
-  local mant = digits:sub(1, 1)
-  if #digits > 1 then mant = mant .. "." .. digits:sub(2) end
-  return format("%s%se%s%02d", sign, mant, e < 0 and "-" or "+", math.abs(e))
-end
-V.float_repr = float_repr
-
-local function int_str(x)
-  if x == 0 then return "0" end
-  return format("%.0f", x)
-end
-V.int_str = int_str
-
--- Python repr of a str: single quotes unless the text has a ' and no ".
-local function str_repr(s)
-  local q = "'"
-  if s:find("'", 1, true) and not s:find('"', 1, true) then q = '"' end
-  local ascii = text.is_ascii(s)
-  local out = {}
-  for _, c in ipairs(ascii and { s } or text.chars(s)) do
-    if ascii or #c == 1 then
-      out[#out + 1] = c:gsub("[%c\\'\"\127]", function(ch)
-        if ch == q or ch == "\\" then return "\\" .. ch end
-        if ch == "\n" then return "\\n" elseif ch == "\r" then return "\\r"
-        elseif ch == "\t" then return "\\t" end
-        if ch == "'" or ch == '"' then return ch end
-        return format("\\x%02x", ch:byte())
-      end)
-    else
-      local cp = text.cp(c)
-      if text.is_printable(cp) then out[#out + 1] = c
-      elseif cp <= 0xFF then out[#out + 1] = format("\\x%02x", cp)
-      elseif cp <= 0xFFFF then out[#out + 1] = format("\\u%04x", cp)
-      else out[#out + 1] = format("\\U%08x", cp) end
-    end
-  end
-  return q .. concat(out) .. q
-end
-V.str_repr = str_repr
+-- Python repr of floats, ints and strs (loip.text.template.pyrepr).
+local R = require "loip.text.template.pyrepr"
+local float_repr, int_str, str_repr = R.float_repr, R.int_str, R.str_repr
+V.float_repr, V.int_str, V.str_repr = float_repr, int_str, str_repr
 
 local tostr
 
@@ -512,87 +457,8 @@ function V.to_int(v)
   return nil
 end
 
--- Values handed in by the caller become template values: plain arrays become lists, other
--- tables dicts (keys sorted, for a deterministic order), functions callables that receive
--- their positional arguments and, when there are keyword arguments, a trailing Lua table.
--- Ordered values from template.ordered_decode keep their order. nil entries are skipped.
-local import
-
-local function import_fn(fn, name)
-  return setmetatable({ name = name, fn = function(_, args, kwargs)
-    local a = {}
-    for i = 1, #args do a[i] = V.export(args[i]) end
-    local n = #args
-    if kwargs and kwargs.keys[1] then
-      n = n + 1
-      a[n] = V.export(kwargs)
-    end
-    return import(fn(unpack(a, 1, n)))
-  end }, Callable)
-end
-
-import = function(v, name)
-  local t = type(v)
-  if t == "nil" then return null end
-  if t == "function" then return import_fn(v, name) end
-  if t ~= "table" then return v end
-  local mt = getmetatable(v)
-  if mt == List or mt == Tuple then
-    local out = {}
-    for i = 1, #v do out[i] = import(v[i]) end
-    return setmetatable(out, mt)
-  end
-  if mt == Dict then
-    local d = V.dict()
-    for _, k in ipairs(v.keys) do V.dict_set(d, k, import(v.vals[dkey(k)])) end
-    return d
-  end
-  if mt and KIND[mt] then return v end
-  local n = #v
-  local is_list = n > 0 or (next(v) == nil and mt ~= nil and
-    (mt == cjson.array_mt or mt == cjson.empty_array_mt))
-  if is_list then
-    for k in pairs(v) do
-      if type(k) ~= "number" or k < 1 or k > n or k ~= floor(k) then is_list = false break end
-    end
-  end
-  if is_list then
-    local out = {}
-    for i = 1, n do out[i] = import(v[i]) end
-    return setmetatable(out, List)
-  end
-  local keys = {}
-  for k in pairs(v) do keys[#keys + 1] = k end
-  table.sort(keys, function(x, y)
-    local tx, ty = type(x), type(y)
-    if tx == ty and (tx == "number" or tx == "string") then return x < y end
-    if tx ~= ty then return tx < ty end -- numbers before strings
-    return tostring(x) < tostring(y)
-  end)
-  local d = V.dict()
-  for _, k in ipairs(keys) do V.dict_set(d, k, import(v[k], k)) end
-  return d
-end
-V.import = import
-
--- Template values back to plain Lua (for callbacks): lists become arrays, dicts tables,
--- None stays `null`, floats numbers.
-function V.export(v)
-  local k = kind(v)
-  if k == "list" or k == "tuple" then
-    local out = {}
-    for i = 1, #v do out[i] = V.export(v[i]) end
-    return out
-  end
-  if k == "dict" then
-    local out = {}
-    for _, key in ipairs(v.keys) do out[V.export(key)] = V.export(v.vals[dkey(key)]) end
-    return out
-  end
-  if k == "float" then return num(v) end
-  if k == "markup" then return v.s end
-  if k == "undefined" then return nil end
-  return v
-end
+-- Lua values in and out (loip.text.template.convert).
+function V.import(v, name) return require("loip.text.template.convert").import(v, name) end
+function V.export(v) return require("loip.text.template.convert").export(v) end
 
 return V

@@ -1,6 +1,7 @@
--- The in-process engine of loip.serve.batcher: one device, the model's session (several
--- sequences sharing its KV pool) or its runner (offloaded blocks read once per step for the
--- whole batch); sampling here, with each request's own sampler and history.
+-- The local engine (loip.engine's interface): one device in this process, the model's session
+-- (several sequences sharing its KV pool) or its runner (offloaded blocks read once per step for
+-- the whole batch); sampling here, with each request's own sampler and history. Its plan changes
+-- live (restage, Model:restage) and an online policy sees its memory from its budget.
 local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
@@ -16,7 +17,8 @@ function M.new(m)
   local s = m:session()
   local T = m.batch
   local e = setmetatable({ model = m, session = s, max_seqs = tonumber(C.loip_session_max_seqs(s)), context = m.context,
-    kv_tokens = m.kv_tokens, kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
+    kv_tokens = m.kv_tokens, kv_plan_tokens = m.plan_sizes and m.plan_sizes.kv_plan_tokens or m.kv_tokens,
+    kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
     logits_tokens = T, vocab = m.vocab_size, seqs = {},
     ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
   e:logits_room(math.max(1, e.max_seqs))
@@ -49,6 +51,7 @@ function Engine:finish(seq)
 end
 
 function Engine:step(toks)
+  if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
   local n, rows = #toks, 0
   for i, t in ipairs(toks) do
     self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos = t.id, t.seq, t.pos
@@ -80,6 +83,47 @@ function Engine:step(toks)
     end
   end
   return outs
+end
+
+-- What an online policy sees of the device (loip.engine.device_state): its memory read from
+-- its budget now (outside the KV cache: what is used less the kv account), its plan's stages.
+function Engine:online_devices()
+  local m = self.model
+  if not m.plan then error("online: this model runs no plan (open a slice store under a budget or with a plan)", 0) end
+  local kv, used = 0, 0
+  if m.budget then
+    local r = m.budget:report()
+    for _, a in ipairs(r) do if a.account == "kv" then kv = a.bytes end end
+    used = r.used
+  end
+  local est = m.estimate
+  return { require("loip.engine").device_state { stages = m.plan.devices[1].stages, limit = m.budget and m.budget:limit() or 0,
+    nonkv = used - kv, kv_base = m.kv_base, group_bytes = tonumber(C.loip_session_kv_group_bytes(self.session)),
+    slot_bytes = m.loader and m.loader:slot_bytes() or 0, block_bytes = m.plan_sizes.block_bytes,
+    idle_ms = est and est.devices and est.devices[1] and est.devices[1].idle_ms } }
+end
+
+function Engine:link_rates() return {} end
+
+-- Plan again for `positions` KV positions (Model:replan_kv): every request's KV is gone (the
+-- batcher starts each again), and the session is the new plan's.
+function Engine:replan_kv(positions)
+  local before = self.session
+  local ok, err = pcall(self.model.replan_kv, self.model, positions)
+  if not ok and self.model._session == before then error(err, 0) end -- (no plan: nothing changed)
+  if not ok then
+    -- the old plan was let go and the new one could not be made: no step runs on this model
+    self.broken = tostring(err)
+    error(err, 0)
+  end
+  self.session, self.seqs = self.model:session(), {}
+  self.kv_plan_tokens = self.model.plan_sizes.kv_plan_tokens
+end
+
+-- Stage k of the plan reads its first n blocks from the next step on (Model:restage).
+function Engine:restage(i, k, n)
+  if i ~= 1 then error(string.format("restage: device %s is not one of 1", tostring(i)), 0) end
+  self.model:restage(k, n)
 end
 
 return M

@@ -1,0 +1,276 @@
+-- A cluster's plan and its live control: the planning problem of its devices (their profiles,
+-- links, budgets), the plan chosen through loip.policy (or one given, checked as loip.engine
+-- checks every plan) and sent to every device (PLAN, READY), and the changes between steps: a
+-- stage restaged (CHANGE), KV lent (LEND), a plan for more KV positions (replan_kv), an
+-- emulated link's rate (LINK). Methods of loip.cluster's Cluster.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local plan = require "loip.plan"
+local policy = require "loip.policy"
+local engine = require "loip.engine"
+local store = require "loip.model.store"
+local transport = require "loip.runtime.transport"
+local proc = require "loip.cluster.proc"
+
+local alive, tail = proc.alive, proc.tail
+
+local Cluster = {}
+
+-- A value given once or once per device.
+local function each(v, i)
+  if type(v) == "table" then return v[i] end
+  return v
+end
+
+-- The figures of each device: opts.profile (a file or table: one device's, used for all, or a
+-- cluster's, one per device), else calibrations: local workers share this machine (measured
+-- here, once, kept in the cache); running workers each measure themselves (PROFILE).
+function Cluster:profiles(opts)
+  local profile = require "loip.plan.profile"
+  local pr = opts.profile
+  if type(pr) == "string" then pr = profile.load(pr) end
+  local N, out = #self.devices, {}
+  if pr then
+    if pr.devices and #pr.devices ~= N then
+      error(string.format("--profile: it profiles %d devices, the cluster has %d", #pr.devices, N), 0)
+    end
+    for i = 1, N do out[i] = pr.devices and pr.devices[i] or pr end
+    return out
+  end
+  if self.spawned then
+    -- local devices share this machine: its disk read by all of them at once (each device's
+    -- rate is its share), its cores split among them (each device's threads, start_local), and
+    -- compute timed while as many readers stream. (As many as were started: a re-plan after a
+    -- loss reuses the calibration rather than measure again while requests wait.)
+    local here = profile.calibrate { store = self.store, threads = self.devices[1].threads, context = self.context,
+      readers = self.local_devices or N }
+    for i = 1, N do out[i] = here end
+    return out
+  end
+  for i, d in ipairs(self.devices) do
+    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context }) }, 120000, d.bulk)
+    out[i] = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0)
+  end
+  return out
+end
+
+-- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
+function Cluster:problem(opts, sizes)
+  local problem = require "loip.plan.problem"
+  local N = #self.devices
+  local budgets, rates, delays = {}, {}, {}
+  for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+  local profiles = self:profiles(opts)
+  local link = opts.link or {}
+  for i = 1, N do
+    -- a link's figures: as given (emulated on local devices), else as its device measured it
+    local r, measured = each(link.rate, i), profiles[i].link and profiles[i].link.to_next
+    rates[i] = r and transport.parse_rate(r) or (measured and measured.rate_bps) or 0
+    delays[i] = each(link.delay_ms, i) or 0
+  end
+  return problem.new { model = sizes, shape = problem.shape_of(self.man.config, store.layer_dtype(self.man)), n = N,
+    budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
+    link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
+    batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }
+end
+
+-- A device's memory outside its KV cache (what it reported: used, less its kv account) and its
+-- slot, into m (Cluster:online_devices reads them).
+local function mem_update(m, rep)
+  -- outside the KV cache: neither this device's KV ("kv", with its lending staging buffer) nor
+  -- what it holds for others ("kv_lent"), which move every step
+  local a = rep.accounts or {}
+  if rep.memory then m.nonkv = rep.memory - (a.kv or 0) - (a.kv_lent or 0) end
+  m.slot_bytes = rep.slot_bytes or m.slot_bytes
+end
+
+-- Choose (or check) the plan and send each device its part; waits until all are READY.
+-- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
+-- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
+-- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
+-- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
+-- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
+-- loip_session_set_kv_growth), kv_plan_tokens (KV positions the plan's memory holds, default
+-- kv_tokens; fewer: the pool grows inside the budget and the online policy, opts.online, makes
+-- room as it does: loip.serve.online), link_schedule (a "links" policy name or path: the
+-- emulated links change between steps),
+-- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
+-- (each once or per link: link i runs from device i to the next, emulated where it arrives),
+-- slowdown (once or per device: compute that takes that many times as long, to mimic slower
+-- boards), logits_tokens, trace (record events for collect_trace), prefetch (false: stages read
+-- when they start, for a given plan). Returns the plan, the cost model's estimate of it and the
+-- scheduler's facts ({ scheduler_ms, scheduler, cost }, when one chose it).
+function Cluster:plan(opts)
+  opts = opts or {}
+  self.plan_opts = opts
+  local cfg, facts = store.config(self.store, self.man)
+  self.facts = facts
+  local defaults = require "loip.model"
+  local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
+  batch = math.min(batch, ctx)
+  self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
+  local threads = self.devices[1].threads or 1
+  local max_seqs = opts.max_batch or 1
+  if type(max_seqs) ~= "number" or max_seqs < 1 or max_seqs ~= math.floor(max_seqs) or max_seqs > batch then
+    error(string.format("cluster: max_batch %s is not a whole number in 1..%d (the tokens a step carries)", tostring(max_seqs), batch), 0)
+  end
+  if self._batcher and self._batcher:busy() and not opts.keep_requests then
+    error(string.format("cluster: %d requests are running or waiting; a new plan would drop their KV caches",
+      self._batcher:active() + self._batcher:queued()), 0)
+  end
+  if not opts.keep_requests then self._batcher = nil end
+  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens, kv_plan_tokens = opts.kv_plan_tokens })
+  self.sizes = sizes
+  -- the largest RESULT the last device sends: an output per token of a step and the logits
+  -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
+  self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
+  local p, where = opts.plan, "plan"
+  if type(p) == "string" then p, where = plan.load(p), p end
+  local mopts = { cluster = true, loader = opts.loader }
+  local est, info
+  if p == nil and opts.plan_chosen then
+    -- (chosen already, on this problem: Cluster:replan_kv)
+    local c = opts.plan_chosen
+    self.problem_table, p, est, info = c.problem, c.plan, c.estimate, c.info
+  elseif p == nil then
+    self.problem_table = self:problem(opts, sizes)
+    p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
+  else
+    local devices = {}
+    for i, d in ipairs(self.devices) do devices[i] = { budget = d.mem or 0 } end
+    engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = opts.loader }, where)
+    if opts.estimate ~= false then
+      self.problem_table = self:problem(opts, sizes)
+      est = policy.load("cost", opts.cost or "loip").estimate(p, self.problem_table)
+    end
+  end
+  self.plan_table = p
+  if opts.estimate ~= false then self.estimate = est end
+  self.plan_id = self.plan_id + 1
+  local N = #self.devices
+  local link = opts.link or {}
+  for i, d in ipairs(self.devices) do
+    local from = (i - 2) % N + 1 -- the link into device i
+    local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
+      next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
+      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_plan_tokens = sizes.kv_plan_tokens,
+      kv_grows = opts.kv_grows or sizes.kv_plan_tokens < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
+      disk_rate = each(opts.disk_rate, i),
+      -- the read order the device's profile found faster, unless told
+      overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
+        or opts.overlap_loads or false,
+      link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
+      logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
+    d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
+  end
+  for i, d in ipairs(self.devices) do
+    local r
+    local deadline = core.now_ms() + 300000
+    repeat
+      r = d.ctl:recv(200)
+      if r and r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+      if d.pid and not alive(d.pid) then
+        error(string.format("device %d (%s) exited while loading its plan:\n%s", i, d.endpoint, tail(d.log, 5)), 0)
+      end
+      if core.now_ms() > deadline then error(string.format("device %d (%s) did not load its plan within 300 s", i, d.endpoint), 0) end
+    until r and r.kind == "READY"
+    d.ready = json.decode(r.payload)
+    -- the memory the online policy reasons with: outside the KV cache (none held yet: its
+    -- account is the tables alone), and a KV group's bytes
+    d.mem_state = { limit = d.ready.limit or d.mem or 0, kv_base = (d.ready.accounts or {}).kv or 0,
+      group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
+    mem_update(d.mem_state, d.ready)
+  end
+  return p, est, info
+end
+
+-- A live plan change between steps (no request's KV is lost, no token changes): stage `stage`
+-- of device i now reads its first `offloaded` blocks every step (more: memory freed on that
+-- device; fewer: read back into it, charged to its budget). Returns the device's memory.
+function Cluster:restage(i, stage, offloaded)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  if not self.devices[i] then error(string.format("restage: device %s is not one of %d", tostring(i), #self.devices), 2) end
+  local p2 = engine.restaged(self.plan_table, i, stage, offloaded) -- (checked here before the device is asked)
+  self.change = (self.change or 0) + 1
+  local r = self:ask(i, { kind = "CHANGE", payload = json.encode({ plan_id = self.plan_id, change = self.change, stage = stage,
+    offloaded = offloaded }) }, 60000)
+  self.plan_table = p2
+  local rep = json.decode(r.payload) or {}
+  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
+  return rep
+end
+
+-- KV lending between steps (the paper's KV transfer protocol): device i ships the oldest
+-- `groups` KV groups (16 positions each) of every running request (a number, or a table by
+-- sequence slot) to device `holder` after each of its stages runs, and fetches them back before
+-- the stage runs again; holder nil (or groups 0): everything comes back and lending stops.
+-- Tokens never change. Returns device i's memory.
+function Cluster:lend(i, holder, groups)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  local N = #self.devices
+  if not self.devices[i] then error(string.format("lend: device %s is not one of %d", tostring(i), N), 2) end
+  if holder ~= nil and (not self.devices[holder] or holder == i) then
+    error(string.format("lend: holder %s is not another of the %d devices", tostring(holder), N), 2)
+  end
+  local g = groups
+  if type(groups) == "table" then
+    g = {}
+    for q, n in pairs(groups) do g[tostring(q)] = n end
+  end
+  if holder == nil or (type(g) == "number" and g <= 0) then holder, g = nil, 0 end
+  local r = self:ask(i, { kind = "LEND", payload = json.encode({ plan_id = self.plan_id,
+    peer = holder and self.devices[holder].endpoint or nil, groups = g }) }, 60000)
+  self.lending = self.lending or {}
+  self.lending[i] = holder and { holder = holder, groups = groups } or nil
+  local rep = json.decode(r.payload) or {}
+  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
+  return rep
+end
+
+-- Plan again for `positions` KV positions, the requests kept (an online policy's last resort,
+-- loip.serve.online's control.replan: the KV cache outgrew the plan and neither restaging nor
+-- lending makes room): the same scheduler and options; every device loads its new part, the
+-- running requests' KV is gone and the batcher prefills them again, as after a device loss, so
+-- no token changes. A plan that was given (opts.plan) is not replaced. Raises naming the
+-- shortfall when no plan holds that many positions; the cluster keeps its plan then.
+function Cluster:replan_kv(positions)
+  if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  local o = self.plan_opts or {}
+  if o.plan then
+    error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
+      .. "or give one for a longer --plan-context)", positions), 0)
+  end
+  local opts = {}
+  for k, v in pairs(o) do opts[k] = v end
+  opts.kv_plan_tokens, opts.keep_requests = positions, true
+  -- the scheduler decides first: a failure there leaves every device on its plan
+  local chosen = {}
+  local ok, err = pcall(function()
+    local sizes = plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
+      threads = self.devices[1].threads or 1, logits_tokens = o.logits_tokens, max_seqs = self.sizes.max_seqs,
+      kv_tokens = o.kv_tokens, kv_plan_tokens = positions })
+    chosen.problem = self:problem(opts, sizes)
+    chosen.plan, chosen.estimate, chosen.info = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+  end)
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
+  opts.plan_chosen = chosen
+  self.lending, self.active = nil, 0
+  self:plan(opts)
+  opts.plan_chosen = nil
+end
+
+-- Change the emulated link i (from device i to the next; emulated where it arrives) while
+-- requests run: rate ("100mbit", bytes/s) and delay_ms (nil: as it was). No reply.
+function Cluster:set_link(i, rate, delay_ms)
+  local N = #self.devices
+  if not self.devices[i] then error(string.format("set_link: link %s is not one of %d", tostring(i), N), 2) end
+  if rate ~= nil and not transport.parse_rate(rate) then error("set_link: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 2) end
+  self:tell(i % N + 1, { kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) })
+  self.link_now = self.link_now or {}
+  self.link_now[i] = { rate = rate, delay_ms = delay_ms }
+end
+
+
+return Cluster

@@ -1,0 +1,253 @@
+-- A cluster's members: local workers spawned (and killed), every device connected (HELLO: the
+-- same slice store, its heartbeat and bulk sockets), and the set changing while it serves: a
+-- device lost mid-request leaves and the others plan again, lost devices are taken back between
+-- requests, local workers that died are restarted. Methods of loip.cluster's Cluster.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local proc = require "loip.cluster.proc"
+local C = core.C
+
+local alive, tail = proc.alive, proc.tail
+
+local Cluster = {}
+
+-- A local worker killed (-9), waited for until it is gone (its socket path free again).
+local function kill_worker(pid)
+  os.execute("kill -KILL " .. pid .. " 2>/dev/null")
+  local deadline = core.now_ms() + 3000
+  while alive(pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+end
+
+-- Spawn one local worker (device i) and wait for its endpoint. Local workers listen on Unix
+-- sockets in the cluster's directory (less per-message overhead than loopback TCP; a
+-- restarted worker takes the same path, so its neighbours reconnect by themselves).
+function Cluster:spawn(i)
+  local c = self
+  local d = c.devices[i]
+  local out, log = c.dir .. "/worker-" .. i .. ".out", c.dir .. "/worker-" .. i .. ".log"
+  os.remove(out)
+  local listen = c.opts.tcp and "tcp://127.0.0.1:*" or ("ipc://" .. c.dir .. "/worker-" .. i .. ".sock")
+  if d.endpoint then listen = d.endpoint end
+  -- a child that dies with the head (however the head ends), and then removes the head's
+  -- directory (its sockets, logs and key) unless the logs are to be kept
+  local args = { c.exe, "worker", "--listen", listen, "--store", c.store, "--mem", tostring(d.mem),
+    "--threads", tostring(d.threads) }
+  if not c.opts.keep_logs then args[#args + 1] = "--head-dir" args[#args + 1] = c.dir end
+  local argv = ffi.new("const char *[?]", #args + 1) -- (NULL-ended; the strings anchored by args)
+  for k, a in ipairs(args) do argv[k - 1] = a end
+  local token_var = "LOIP_CLUSTER_TOKEN=" .. c.token
+  local env = ffi.new("const char *[2]")
+  env[0] = token_var
+  local pid = ffi.new("int32_t[1]")
+  core.check(C.loip_spawn(argv, env, out, log, pid), "device " .. i)
+  local _ = { args, token_var }
+  d.pid = pid[0]
+  d.log = log
+  local deadline = core.now_ms() + 30000
+  while core.now_ms() < deadline do
+    local f = io.open(out)
+    local line = f and f:read("*l")
+    if f then f:close() end
+    local ep = line and line:match("^listening (%S+)")
+    if ep then d.endpoint = ep return ep end
+    if not alive(d.pid) then
+      error(string.format("device %d: the worker exited at start:\n%s", i, tail(log, 8)), 0)
+    end
+    C.loip_sleep_ms(20)
+  end
+  error(string.format("device %d: the worker did not start within 30 s:\n%s", i, tail(log, 8)), 0)
+end
+
+function Cluster:connect_all()
+  for i, d in ipairs(self.devices) do
+    if d.ctl then d.ctl:close() end
+    d.ctl = assert(self.net:connect(d.endpoint, self.identity))
+    local t0 = tonumber(C.loip_now_ns())
+    local r = self:ask(i, { kind = "HELLO" }, 10000)
+    local t1 = tonumber(C.loip_now_ns())
+    local hello = json.decode(r.payload) or {}
+    -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
+    -- round trip; events it records are moved by this for one timeline
+    d.clock_offset_ns = (d.pid and 0) or (hello.now_ns and hello.now_ns - (t0 + t1) / 2) or 0
+    if hello.store_id ~= self.store_id then
+      error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
+        i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
+    end
+    d.hello, d.mem = hello, d.mem or hello.mem or 0
+    -- a worker listening on every address (0.0.0.0) reports its other sockets so: reach them
+    -- at the address we reached it by
+    local host = d.endpoint:match("^tcp://([^:]+):")
+    local function reachable(ep)
+      if host and ep:match("^tcp://0%.0%.0%.0:") then return (ep:gsub("^tcp://0%.0%.0%.0:", "tcp://" .. host .. ":")) end
+      return ep
+    end
+    if d.hb then d.hb:close() d.hb = nil end
+    if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), self.identity)) end
+    if d.bulk then d.bulk:close() d.bulk = nil end
+    if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), self.identity)) end
+  end
+end
+
+-- Plan options for the cluster without the devices gone[i]: the options given per device lose
+-- those entries; a plan given for the old set no longer applies; running requests are kept.
+local function without_devices(plan_opts, gone)
+  local function drop(t)
+    if type(t) ~= "table" then return t end
+    local o = {}
+    for i, v in ipairs(t) do if not gone[i] then o[#o + 1] = v end end
+    return o
+  end
+  local opts = {}
+  for k, v in pairs(plan_opts or {}) do opts[k] = v end
+  opts.slowdown, opts.disk_rate, opts.plan, opts.keep_requests = drop(opts.slowdown), drop(opts.disk_rate), nil, true
+  if type(opts.link) == "table" then
+    opts.link = { rate = drop(opts.link.rate), delay_ms = drop(opts.link.delay_ms), spin_us = opts.link.spin_us }
+  end
+  if opts.profile then
+    local pr = type(opts.profile) == "string" and require("loip.plan.profile").load(opts.profile) or opts.profile
+    if pr.devices then
+      local q = {}
+      for k, v in pairs(pr) do q[k] = v end
+      q.devices = drop(pr.devices)
+      pr = q
+    end
+    opts.profile = pr
+  end
+  return opts
+end
+
+-- A device was lost mid-request (died, hangs, unreachable: d.failed): it leaves the cluster (a
+-- local worker is killed, its sockets closed) and the others get a new plan from the same
+-- scheduler and options (more offloading where memory requires; an error naming the shortfall
+-- when they cannot hold the model). The requests keep their slots; their KV is gone and the
+-- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
+function Cluster:replan_after_loss(why)
+  local t0 = core.now_ms()
+  local keep, lost, gone = {}, {}, {}
+  -- the options and devices as first planned: a lost device is taken back when nothing runs
+  self.full_plan_opts = self.full_plan_opts or self.plan_opts
+  if not self.all_devices then
+    self.all_devices = {}
+    for i, d in ipairs(self.devices) do self.all_devices[i] = d end
+  end
+  self.lost_devices = self.lost_devices or {}
+  for i, d in ipairs(self.devices) do
+    if d.failed then
+      lost[#lost + 1], gone[i] = i, true
+      -- taken back later: a local worker started again, a remote one once it answers again
+      table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] })
+      if d.pid then kill_worker(d.pid) end
+      for _, k in ipairs({ "ctl", "hb", "bulk" }) do if d[k] then d[k]:close() d[k] = nil end end
+    else
+      keep[#keep + 1] = d
+    end
+  end
+  if #keep == 0 then error("every device of the cluster is lost: " .. tostring(why), 0) end
+  local opts = without_devices(self.plan_opts, gone)
+  -- (the batcher starts its running requests again on the new plan)
+  self.devices, self.lending, self.link_now, self.active = keep, nil, nil, 0
+  -- the loss counts whether or not the others can take over; why in one line (a worker's last
+  -- log lines, when it died, are kept apart)
+  local text = tostring(why)
+  local first, rest = text:match("^([^\n]*):\n(.*)$")
+  local loss = { step = self.step_no, devices = lost, why = first or text, log = rest, devices_left = #keep }
+  self.losses = self.losses or {}
+  self.losses[#self.losses + 1] = loss
+  local ok, err = pcall(self.plan, self, opts)
+  loss.replan_ms, loss.replanned = core.now_ms() - t0, ok
+  self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
+  if not ok then
+    loss.error = tostring(err)
+    error(string.format("lost device%s %s: %s; the %d left cannot take over: %s", #lost > 1 and "s" or "",
+      table.concat(lost, ", "), loss.why, #keep, loss.error), 0)
+  end
+end
+
+-- Whether a remote device lost earlier answers again (its worker restarted, its network back):
+-- a HELLO answered within timeout_ms on a socket of its own. Asked at most every
+-- REACH_EVERY_MS per device (a head that is idle often does not wait on one that is away).
+local REACH_EVERY_MS = 2000
+local function answers_again(c, l, timeout_ms)
+  local now = core.now_ms()
+  if l.next_probe and now < l.next_probe then return false end
+  l.next_probe = now + REACH_EVERY_MS
+  local sock = c.net:connect(l.d.endpoint, c.identity)
+  if not sock then return false end
+  local ok = sock:send({ kind = "HELLO" }, 200)
+  local deadline = now + timeout_ms
+  local back = false
+  while ok and not back and core.now_ms() < deadline do
+    local r = sock:recv(50)
+    back = r ~= nil and r.kind == "HELLO"
+  end
+  sock:close()
+  return back
+end
+
+-- Devices lost earlier (replan_after_loss) taken back, between requests: a local worker is
+-- started again, a remote one once it answers again; then a new plan over every device as
+-- first planned (when all are back; else over those back). Returns how many came back.
+function Cluster:take_back()
+  if not self.lost_devices or #self.lost_devices == 0 then return 0 end
+  local back, away = {}, {}
+  for _, l in ipairs(self.lost_devices) do
+    if l.d.pid or answers_again(self, l, 500) then back[#back + 1] = l else away[#away + 1] = l end
+  end
+  if #back == 0 then return 0 end
+  self.lost_devices = #away > 0 and away or nil
+  for _, l in ipairs(back) do
+    -- in its place in the ring: before the device it was before, else at the end
+    local at = #self.devices + 1
+    for j, d in ipairs(self.devices) do if d == l.before then at = j break end end
+    table.insert(self.devices, at, l.d)
+  end
+  for i, d in ipairs(self.devices) do
+    if d.pid and (d.failed or not alive(d.pid)) then self:spawn(i) end
+    d.failed = nil
+  end
+  self:connect_all()
+  local o
+  if self.lost_devices then
+    -- some are still away: the options as first given, less the entries of those away
+    local present, gone = {}, {}
+    for _, d in ipairs(self.devices) do present[d] = true end
+    for i, d in ipairs(self.all_devices) do gone[i] = not present[d] end
+    o = without_devices(self.full_plan_opts, gone)
+  else
+    o = {}
+    for k, v in pairs(self.full_plan_opts or self.plan_opts or {}) do o[k] = v end
+    o.keep_requests = true
+    self.full_plan_opts, self.all_devices = nil, nil
+  end
+  self:plan(o)
+  self.degraded = nil
+  self.taken_back = (self.taken_back or 0) + #back
+  return #back
+end
+
+-- Restart local workers that died (same port: their neighbours reconnect by themselves) and
+-- give them the current plan again.
+function Cluster:revive()
+  if not self.spawned then return end
+  local any = false
+  for i, d in ipairs(self.devices) do
+    if d.failed or not alive(d.pid) then
+      -- a device that hung is replaced too; wait until the old process is gone (its port)
+      kill_worker(d.pid)
+      self:spawn(i)
+      d.failed, any = nil, true
+    end
+  end
+  if any then
+    self:connect_all()
+    -- the same plan again (the figures did not change; a scheduler would choose the same)
+    if self.plan_table then
+      local o = setmetatable({ plan = self.plan_table, estimate = false, keep_requests = true }, { __index = self.plan_opts })
+      self:plan(o)
+    end
+  end
+end
+
+
+return Cluster

@@ -1,0 +1,146 @@
+-- A cluster's messages to its devices (docs/design.md, sections 2-3): control exchanges with one
+-- device (ask, tell, answer), the wait for a step's result while watching every device
+-- (heartbeats, process checks, ERROR messages: a device that dies, hangs or disconnects is
+-- noticed within 2 s), and what the devices recorded (stats, collect_trace). Methods of
+-- loip.cluster's Cluster.
+local ffi = require "ffi"
+local core = require "loip.core"
+local json = require "loip.tools.json"
+local proc = require "loip.cluster.proc"
+
+local alive, tail = proc.alive, proc.tail
+local HEARTBEAT_MS, DEAD_MS = 250, 1500 -- a device silent for 1.5 s is lost: noticed within 2 s
+
+local Cluster = {}
+
+-- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
+-- to use (default the control link; d.bulk for large replies).
+function Cluster:ask(i, msg, timeout_ms, via)
+  self:tell(i, msg, via)
+  return self:answer(i, msg.kind, timeout_ms, via)
+end
+
+-- Send msg to device i (no answer awaited).
+function Cluster:tell(i, msg, via)
+  local d = self.devices[i]
+  local ok, err = (via or d.ctl):send(msg, 2000)
+  if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+end
+
+-- Device i's answer to a `kind` message sent before, within timeout_ms (PONGs skipped, ERROR
+-- raised, its key refused or its process gone reported at once).
+function Cluster:answer(i, kind, timeout_ms, via)
+  local d = self.devices[i]
+  local sock = via or d.ctl
+  local deadline = core.now_ms() + (timeout_ms or 10000)
+  while true do
+    local left = deadline - core.now_ms()
+    if left <= 0 then
+      error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, kind, (timeout_ms or 10000) / 1000), 0)
+    end
+    local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
+    if not r and sock:refused() > 0 then
+      error(string.format("device %d (%s) refused our key: wrong cluster token? (give every member the same --token, LOIP_CLUSTER_TOKEN or --curve-keys)",
+        i, d.endpoint), 0)
+    end
+    if r and r.kind ~= "PONG" then
+      if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+      return r
+    end
+    if d.pid and not alive(d.pid) then
+      error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
+    end
+  end
+end
+
+-- Wait for the result of step, watching every device. Returns the message.
+function Cluster:await(step, timeout_ms)
+  local deadline = core.now_ms() + (timeout_ms or 600000)
+  local next_beat = core.now_ms()
+  -- silence counts only while the head listens: a caller busy elsewhere (a STATS exchange with
+  -- one device during a request, say) sends no heartbeats meanwhile, and the others' answers to
+  -- the next ones are on their way
+  local listening = core.now_ms()
+  for _, d in ipairs(self.devices) do d.last_seen = d.last_seen or listening end
+  while true do
+    local now = core.now_ms()
+    if now >= next_beat then
+      for i, d in ipairs(self.devices) do
+        if d.pid and not alive(d.pid) then
+          d.failed = true
+          error(string.format("device %d (%s, pid %d) died during the request:\n%s", i, d.endpoint, d.pid, tail(d.log, 3)), 0)
+        end
+        ;(d.hb or d.ctl):send({ kind = "PING" }, 0)
+      end
+      next_beat = now + HEARTBEAT_MS
+    end
+    for i, d in ipairs(self.devices) do
+      local r = d.ctl:recv(0)
+      while r do
+        if not d.hb then d.last_seen = core.now_ms() end
+        if r.kind == "ERROR" then error(string.format("device %d (%s): %s", i, d.endpoint, r.payload), 0) end
+        r = d.ctl:recv(0)
+      end
+      -- the heartbeat thread answers even during a long stage; it says how long the device has
+      -- been busy with one message, which must stay under the stage limit
+      local b = d.hb and d.hb:recv(0)
+      while b do
+        if b.kind == "PONG" then
+          d.last_seen = core.now_ms()
+          local busy = #b.payload >= 8 and tonumber(ffi.cast("const uint64_t *", b.payload)[0]) / 1e6 or 0
+          if busy > self.stage_limit_ms then
+            d.failed = true
+            error(string.format("device %d (%s) has been computing one message for %.0f s (limit %.0f s): it hangs",
+              i, d.endpoint, busy / 1000, self.stage_limit_ms / 1000), 0)
+          end
+        end
+        b = d.hb:recv(0)
+      end
+      local silent = core.now_ms() - math.max(d.last_seen, listening)
+      if silent > DEAD_MS then
+        d.failed = true
+        error(string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable",
+          i, d.endpoint, silent / 1000), 0)
+      end
+    end
+    local r = self.results:recv(50, self.result_bytes)
+    if r then
+      local i = tonumber(r.from:match("^d(%d+)$"))
+      if i and self.devices[i] then self.devices[i].last_seen = core.now_ms() end
+      -- an error about this step stops it; one about an older step (a late message of a step
+      -- that was stopped) or about a message nobody can attribute (malformed) does not
+      if r.kind == "ERROR" then
+        if r.step == step then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        self.warnings = self.warnings or {}
+        table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
+      end
+      if r.kind == "RESULT" and r.step == step and r.plan_id == self.plan_id then return r end
+    end
+    if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end
+  end
+end
+
+-- The devices' recorded events (plan with trace = true) since the last call, added to tr (a
+-- loip.trace) with one process per device, on the head's clock.
+function Cluster:collect_trace(tr)
+  for i, d in ipairs(self.devices) do
+    local body = json.decode(self:ask(i, { kind = "TRACE" }, 30000, d.bulk).payload) or {}
+    local evs = body.events or {}
+    local off = d.clock_offset_ns or 0
+    if off ~= 0 then
+      for _, e in ipairs(evs) do e.t0_ns, e.t1_ns = e.t0_ns - off, e.t1_ns - off end
+    end
+    tr:add(evs, i)
+  end
+  return tr
+end
+
+-- Per-device statistics (STATS), as tables.
+function Cluster:stats()
+  local out = {}
+  for i = 1, #self.devices do out[i] = json.decode(self:ask(i, { kind = "STATS" }, 5000).payload) or {} end
+  return out
+end
+
+
+return Cluster

@@ -1,0 +1,347 @@
+-- The simulator's engine (loip.engine's interface; loip.sim plays requests through it): a plan
+-- played out over time on devices described by profiles, with no weights and no workers. It is
+-- an engine of loip.serve.batcher (the request loop the runtime runs), so requests are admitted,
+-- prefilled in chunks beside the others' decoding, batched and retired exactly as on devices, by
+-- the same code; only the time a step takes is simulated.
+--
+-- A step is a timeline over each device's lanes, as the runtime runs it: its token batch
+-- crosses the ring hop by hop (device i's stage s when its input has arrived over the link, a
+-- serial wire of the link's rate plus its delay and the transport's per-message time); each
+-- device reads its stages' offloaded blocks in order into its slot, a read starting when its
+-- disk is free and the slot has room (a one-stage slot frees when the stage's offloaded blocks
+-- are computed, a ring of two stages' holds the next read meanwhile), across steps; a stage
+-- computes when its input and its reads are there, its blocks timed by the device's profile at
+-- the step's batch and context (compute while the disk streams slowed by the profile's
+-- under_load); the last device's sampled ids go to the head and the next tokens into device 1.
+-- The memory the plan charges each device is checked against its budget as the devices check it
+-- when they load the plan. With kv_plan_tokens (fewer KV positions planned than the requests
+-- take) the KV cache is charged as the contexts grow, after every step, and an online policy
+-- (loip.serve.online, the runtime's: restage, lend, evict) makes room as on devices; a device
+-- past its budget stops the step with an error naming it, as a device's charge fails. KV lent
+-- to a holder travels: a stage's blob goes to the holder after the stage runs, over the wire into
+-- it, and is asked back when the lender's stage before it ends, over the wire into the lender; the
+-- stage waits for it.
+local plan = require "loip.plan"
+local profile = require "loip.plan.profile"
+local space = require "loip.plan.space"
+local engine = require "loip.engine"
+
+local M = {}
+
+M.KV_BLOCK = 16 -- positions per KV group (LOIP_KV_BLOCK_TOKENS)
+
+local Sim = {}
+Sim.__index = Sim
+
+-- ms of one message of bytes on link l whose wire is free at `free` (ms), ready at t: the time
+-- it arrives and when the wire is free again.
+local function send(l, t, bytes)
+  if not l then return t, t end
+  local start = math.max(t, l.free or 0)
+  local wire = (l.rate_bps or 0) > 0 and bytes / l.rate_bps * 1e3 or 0
+  l.free = start + wire
+  return l.free + (l.delay_ms or 0) + (l.transport_ms or 0), l.free
+end
+
+-- problem: loip.plan.problem (its devices carry their profiles: problem.new keeps them); p: a
+-- plan; opts: context, step_tokens (tokens a step carries), max_seqs (requests at once), kv_tokens
+-- (default context x max_seqs), kv_plan_tokens (KV positions the plan's memory holds, as
+-- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
+-- (true: keep every device's events), replanner (function(kv_plan_tokens) -> problem, plan,
+-- estimate: how the plan was made, for a longer context; an online policy's control.replan
+-- needs it).
+function M.new(problem, p, opts)
+  opts = opts or {}
+  -- the memory each device's part needs, against its budget (as a device refuses a plan)
+  engine.check_plan(p, problem, "plan", "simulate")
+  for i, d in ipairs(problem.devices) do
+    if not d.profile then error(string.format("simulate: device %d has no profile (loip.plan.problem keeps them)", i), 0) end
+  end
+  local self = setmetatable({ problem = problem, plan = p, now_ms = 0, trace = opts.trace, steps = 0 }, Sim)
+  self.clock = function() return self.now_ms end
+  self.context = opts.context or problem.context or problem.model.context
+  self.step_tokens = opts.step_tokens or problem.batch or 64
+  self.max_seqs = opts.max_seqs or 1
+  self.kv_block = M.KV_BLOCK
+  self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
+  self.logits_tokens = 1
+  self.vocab = problem.model.vocab or 32000
+  self.kv_plan_tokens = math.min(opts.kv_plan_tokens or self.kv_tokens, self.kv_tokens)
+  self.kv_grows = self.kv_plan_tokens < self.kv_tokens
+  self.replanner = opts.replanner
+  self.estimate = opts.estimate -- the cost model's (an online policy reads each device's idle window)
+  self.conventional_loads = opts.conventional_loads -- (the ablation of the paper's UMA-aware loading)
+  -- one 16-position group of one layer's keys and values (F32), per request
+  local sh = problem.shape
+  self.chunk_bytes = 2 * sh.n_kv_heads * sh.head_dim * 4 * M.KV_BLOCK
+  self.lending = {}
+  self.links = {}
+  for i, l in ipairs(problem.links) do
+    self.links[i] = { rate_bps = l.rate_bps, delay_ms = l.delay_ms, transport_ms = l.transport_ms, free = 0 }
+  end
+  local h = problem.head or {}
+  self.head = { in_process = h.in_process, step_ms = h.step_ms or 0,
+    from_last = h.from_last and { rate_bps = h.from_last.rate_bps, delay_ms = h.from_last.delay_ms, transport_ms = h.from_last.transport_ms, free = 0 } }
+  self.devices = {}
+  for i in ipairs(p.devices) do self.devices[i] = { disk = 0, live = {}, events = {}, comp_ms = 0, load_ms = 0, stall_ms = 0, send_ms = 0 } end
+  self:restaged()
+  return self
+end
+
+-- Device i's figures that follow from the plan (its part, its stages' blocks and reads).
+function Sim:restaged()
+  local sizes = self.problem.model
+  for i, d in ipairs(self.plan.devices) do
+    local x = self.devices[i]
+    x.part = plan.device_part(self.plan, i, sizes)
+    x.stages = {}
+    x.kv_layers = 0
+    for s, st in ipairs(d.stages) do
+      local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0,
+        kv_layers = plan.stage_kv_layers(st) }
+      for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
+      x.stages[s] = y
+      x.kv_layers = x.kv_layers + y.kv_layers
+    end
+    -- memory outside the KV cache (the plan's charge less its KV), and a group's bytes
+    local m = plan.memory(self.plan, i, sizes, space.memory_opts(self.problem))
+    x.nonkv, x.slot_bytes = m.total - m.kv, m.slot_bytes
+    x.group_bytes = x.kv_layers * self.chunk_bytes
+  end
+end
+
+-- ms of block kind on device i for a batch of n tokens at context ctx (its profile, slowdown,
+-- and compute slowed while its disk streams).
+function Sim:block_ms(i, kind, n, ctx)
+  local d = self.problem.devices[i]
+  local f = (d.slowdown or 1) * ((self.devices[i].part.off_bytes > 0) and (d.compute.under_load or 1) or 1)
+  return profile.block_ms(d.profile, kind, n, ctx, self.problem.shape) * f
+end
+
+local function event(x, on, kind, stage, first, last, t0, t1)
+  if on and t1 > t0 then
+    x.events[#x.events + 1] = { kind = kind, stage = stage, first_block = first, last_block = last + 1,
+      t0_ns = math.floor(t0 * 1e6), t1_ns = math.floor(t1 * 1e6) }
+  end
+end
+
+-- ---- the engine the batcher drives -----------------------------------------------------------
+
+function Sim:start() end
+function Sim:finish() end
+
+-- One step of toks (the batcher's list): its time on the lanes; returns the outputs (a filler
+-- id for each sampled token: the simulator computes no text).
+function Sim:step(toks)
+  self.steps = self.steps + 1
+  local problem, sizes = self.problem, self.problem.model
+  local N, S = #self.plan.devices, #self.plan.devices[1].stages
+  local n, ctx, samples = #toks, 0, 0
+  for _, t in ipairs(toks) do
+    ctx = ctx + t.pos + 1
+    if t.flags % 2 == 1 then samples = samples + 1 end
+  end
+  ctx = ctx / n
+  local hidden = sizes.header_bytes + n * sizes.hidden_bytes
+  local tokens_bytes = sizes.header_bytes + n * ((sizes.token_bytes or 4) + 16)
+  local tr = self.trace
+  local t = self.now_ms
+  -- the tokens into device 1 (from the head process)
+  if not self.head.in_process then t = send(self.links[N], t, tokens_bytes) end
+  for s = 1, S do
+    for i = 1, N do
+      local x, y = self.devices[i], self.devices[i].stages[s]
+      local arrive = t
+      -- the stage's blocks at this batch and context
+      local off_ms, res_ms = 0, 0
+      for b = y.first, y.last do
+        local ms = self:block_ms(i, b % 2 == 0 and "mha" or "mlp", n, ctx)
+        if b - y.first < y.off then off_ms = off_ms + ms else res_ms = res_ms + ms end
+      end
+      if i == 1 and s == 1 then res_ms = res_ms + (problem.devices[1].compute.embed_ms or 0) end
+      local start, release
+      if y.bytes == 0 then
+        start, release = arrive, arrive
+      else
+        local d = problem.devices[i]
+        local read = space.read_ms(d, y.bytes, 1)
+        if self.conventional_loads then
+          -- the conventional path (read into a buffer, parse, copy to where the kernels read):
+          -- the bytes cross memory twice more, at the rate its matrix-vector products stream it
+          read = read + 2 * y.bytes * profile.block_ms(d.profile, "mlp", 1, 1, { mlp_bytes = 1 })
+        end
+        -- (a plan that does not read ahead, or reads block by block when each block's turn
+        -- comes, the conventional pipeline's: nothing before the stage starts)
+        local ahead = self.plan.prefetch ~= false and not self.plan.per_block
+        local go = math.max(x.disk, ahead and 0 or arrive)
+        -- the slot: one stage's reads (freed as the stage computes them), or a ring that holds
+        -- the next read beside the one being computed
+        local j = #x.live
+        if x.part.slots > 1 then
+          j = j - x.part.slots + 1
+        else
+          local live = y.bytes
+          while j >= 1 and live + x.live[j].bytes <= x.part.slot_bytes do live, j = live + x.live[j].bytes, j - 1 end
+        end
+        if j >= 1 then go = math.max(go, x.live[j].release) end
+        x.disk = go + read
+        event(x, tr, "load", s, y.first, y.first + y.off - 1, go, x.disk)
+        x.load_ms = x.load_ms + read
+        start = math.max(arrive, x.disk)
+        release = start + off_ms
+        x.live[#x.live + 1] = { bytes = y.bytes, release = release }
+        while #x.live > 8 do table.remove(x.live, 1) end
+        x.stall_ms = x.stall_ms + (start - arrive)
+        event(x, tr, "wait", s, y.first, y.last, arrive, start)
+      end
+      -- lent KV: the stage's blob must be back before it runs
+      local blob = self:blob_bytes(i, s)
+      if blob > 0 and x.back and x.back[s] and x.back[s] > start then
+        event(x, tr, "wait", s, y.first, y.last, start, x.back[s])
+        x.lend_wait_ms = (x.lend_wait_ms or 0) + (x.back[s] - start)
+        release, start = release + (x.back[s] - start), x.back[s]
+      end
+      local finish = release + res_ms
+      if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
+      event(x, tr, "compute", s, y.first, y.last, start, finish)
+      x.comp_ms = x.comp_ms + (finish - start)
+      if blob > 0 then
+        -- the blob goes to the holder, and the next stage's is asked back now: it travels
+        -- while the hops in between run
+        local h = self.lending[i].holder
+        send(self.links[(h - 2) % N + 1], finish, blob)
+        local nxt = s % S + 1
+        local back_bytes = self:blob_bytes(i, nxt)
+        x.back = x.back or {}
+        x.back[nxt] = back_bytes > 0 and (send(self.links[(i - 2) % N + 1], finish + (self.links[(h - 2) % N + 1].delay_ms or 0), back_bytes)) or nil
+      end
+      t = finish
+      if s < S or i < N then
+        local sent
+        t, sent = send(self.links[i], t, hidden)
+        x.send_ms = x.send_ms + (sent - finish)
+        event(x, tr, "send", s, y.first, y.last, finish, t)
+      end
+    end
+  end
+  -- the sampled ids to the head
+  if not self.head.in_process then
+    t = send(self.head.from_last, t, sizes.header_bytes + samples * (sizes.output_bytes or 16)) + self.head.step_ms
+  end
+  self.now_ms = t
+  if self.kv_grows then self:check_memory(toks) end
+  local outs = {}
+  for _, tok in ipairs(toks) do
+    if tok.flags % 2 == 1 then outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = 3 } end
+  end
+  return outs
+end
+
+-- KV groups each running request holds after the step of toks (its newest position's), and the
+-- longest context.
+function Sim:held(toks)
+  local per, ctx = {}, 0
+  for _, h in ipairs(require("loip.serve.online").held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
+    if h.pos >= 0 then
+      per[#per + 1] = h.groups
+      ctx = math.max(ctx, h.pos + 1)
+    end
+  end
+  return per, ctx
+end
+
+-- Bytes of device i's stage s that are lent (what travels each time the stage runs).
+function Sim:blob_bytes(i, s)
+  local l = self.lending[i]
+  if not l or not l.holder then return 0 end
+  local n = 0
+  for _, g in ipairs(self.held_now or {}) do n = n + math.max(0, math.min(l.groups, g - 1)) end
+  return n * self.devices[i].stages[s].kv_layers * self.chunk_bytes
+end
+
+-- Each device's memory after a step (outside its KV cache, its KV less what it lends plus one
+-- stage's blob, what it holds for others) against its budget: a device past it stops the step.
+function Sim:check_memory(toks)
+  local per, ctx = self:held(toks)
+  self.held_now = per
+  local G = 0
+  for _, g in ipairs(per) do G = G + g end
+  local mem = {}
+  for i, x in ipairs(self.devices) do mem[i] = x.nonkv + x.group_bytes * G end
+  for i, l in pairs(self.lending) do
+    if l.holder then
+      local x, lent, staging = self.devices[i], 0, 0
+      for _, g in ipairs(per) do lent = lent + math.max(0, math.min(l.groups, g - 1)) end
+      for s in ipairs(x.stages) do staging = math.max(staging, self:blob_bytes(i, s)) end
+      mem[i] = mem[i] - lent * x.group_bytes + staging
+      mem[l.holder] = mem[l.holder] + lent * x.group_bytes
+    end
+  end
+  for i, x in ipairs(self.devices) do
+    x.peak_bytes = math.max(x.peak_bytes or 0, mem[i])
+    local b = self.problem.devices[i].budget or 0
+    if b > 0 and mem[i] > b then
+      error(string.format("device %d: out of memory at %d positions: its KV cache and plan need %.0f bytes, its budget is %.0f",
+        i, ctx, mem[i], b), 0)
+    end
+  end
+end
+
+-- ---- what an online policy sees and changes (loip.serve.online) ------------------------------
+
+function Sim:online_devices()
+  local out = {}
+  local est = self.estimate
+  for i, x in ipairs(self.devices) do
+    out[i] = engine.device_state { stages = self.plan.devices[i].stages, limit = self.problem.devices[i].budget, nonkv = x.nonkv,
+      group_bytes = x.group_bytes, slot_bytes = x.slot_bytes, block_bytes = self.problem.model.block_bytes,
+      chunk_bytes = self.chunk_bytes, lend = self.lending[i] and self.lending[i].holder and self.lending[i],
+      idle_ms = est and est.devices and est.devices[i] and est.devices[i].idle_ms }
+  end
+  return out
+end
+
+-- The rate of each link now (bytes/s; nil: unlimited).
+function Sim:link_rates()
+  local out = {}
+  for i, l in ipairs(self.links) do out[i] = (l.rate_bps or 0) > 0 and l.rate_bps or nil end
+  return out
+end
+
+-- Device i's stage s offloads its first n blocks from the next step on (a restage).
+function Sim:restage(i, s, n)
+  engine.restaged(self.plan, i, s, n) -- (checks the stage and the count)
+  self.plan.devices[i].stages[s].offloaded = n -- (in place: the plan played is the plan reported)
+  self:restaged()
+end
+
+-- Plan again for `positions` KV positions (an online policy's control.replan), as the cluster
+-- does: the same scheduler and options (opts.replanner), the links as they are now; the
+-- batcher then prefills every running request again on the new plan. (The devices' loading of
+-- their new parts, before the next step, is not simulated.)
+function Sim:replan_kv(positions)
+  if not self.replanner then error("this simulation plays the plan it was given: it does not plan again", 0) end
+  local prob, p, est = self.replanner(positions)
+  self.problem, self.plan, self.estimate = prob, p, est
+  self.kv_plan_tokens = positions
+  self.kv_grows = positions < self.kv_tokens
+  self.lending = {}
+  self:restaged()
+  self.replans = (self.replans or 0) + 1
+end
+
+-- Device i lends the oldest `groups` groups of every running request's KV to holder (nil: stops).
+function Sim:lend(i, holder, groups)
+  self.lending[i] = holder and { holder = holder, groups = type(groups) == "number" and groups or 0 } or nil
+end
+
+-- Change an emulated link as a link schedule does (rate: "100mbit" or bytes/s).
+function Sim:set_link(i, rate)
+  local bps = type(rate) == "number" and rate or require("loip.runtime.transport").parse_rate(rate)
+  if not bps then error("simulate: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 0) end
+  self.links[i].rate_bps = bps
+end
+
+M.Sim = Sim -- (loip.sim plays requests through it)
+
+return M
