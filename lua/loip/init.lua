@@ -26,7 +26,7 @@ local submodules = {
 -- Not here, by design: the parts behind these (loip.core, the model formats' readers
 -- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template
 -- engine's parts loip.text.template.*, loip.cluster.proc/requests, loip.serve.http/
--- local_engine/metrics) and the command line (loip.tools.cli*, flags, repl).
+-- local_engine/metrics) and the command line (loip.tools.cli and its commands, loip.cmd.*; flags, repl).
 -- (for a REPL's or a spec's listing: every name loip.<name> loads)
 loip.modules = function()
   local names = {}

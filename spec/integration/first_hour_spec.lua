@@ -30,7 +30,7 @@ describe("modules", function()
   it("every public module is loip.<name>, loaded on first use; the rest are named as internal", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.requests$",
-      "^loip%.serve%.http$", "^loip%.serve%.local_engine$", "^loip%.serve%.metrics$", "^loip%.tools%.cli",
+      "^loip%.serve%.http$", "^loip%.serve%.local_engine$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do

@@ -39,7 +39,7 @@ end
 -- the time however long, marked "(OOT)" past the limit) }. Returns
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why } (an OOT keeps its ms_per_token).
 function M.run(c)
-  local cp = require "loip.tools.cli_plan"
+  local cp = require "loip.cmd.common"
   local n = #c.devices
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1

@@ -3,6 +3,8 @@
 --   spec = { usage = "loip generate [flags]", summary = "...",
 --            flags = { { "max-tokens", "int", "tokens to generate", default = 256 }, ... },
 --            positional = { "FILE" } (names, for the usage text) }
+-- A row { "old-name", "int", alias_of = "new-name" } keeps a renamed flag working for a release:
+-- it sets new-name's option and says once on stderr that it is deprecated and what to use.
 local M = {}
 
 local function fail(cmd, msg) error({ usage_error = true, msg = cmd .. ": " .. msg }, 0) end
@@ -97,6 +99,55 @@ function M.help(spec)
   end
   if spec.epilog then out[#out + 1] = "" out[#out + 1] = spec.epilog end
   return table.concat(out, "\n") .. "\n"
+end
+
+-- The flag rows several commands take, defined once here (a command lists them in its flags).
+M.shared = {
+  threads = { "threads", "int", "compute threads (0: all CPUs)", default = 0,
+    check = function(v) return v >= 0, "must be >= 0" end },
+  kernels = { "kernels", "string", "CPU kernel variant: auto, ref, avx2, avx512", default = "auto" },
+  cpu_latency = { "cpu-latency", "int", "hold this machine's CPU wake-up latency at US microseconds while "
+    .. "running (Linux PM QoS, /dev/cpu_dma_latency; root): fewer slow wake-ups per hop, more idle power",
+    metavar = "US", check = function(v) return v >= 0, "must be >= 0" end },
+  scheduler = { "scheduler", "string", "the scheduler that decides the plan: a name (recipes/policies/scheduler: loip, "
+    .. "even, uniform, pipeline, pipeline-offload, edgeshard, brute) or a file of your own", default = "loip",
+    metavar = "NAME|FILE.lua" },
+  cost_model = { "cost-model", "string", "the cost model the scheduler minimises: a name (recipes/policies/cost) or a file",
+    default = "loip", metavar = "NAME|FILE.lua" },
+  profile = { "profile", "string", "measured figures of the devices (loip profile); default: a calibration of this "
+    .. "machine (a few seconds, once, kept in ~/.cache/loip)", metavar = "FILE.json" },
+  stages = { "stages", "int", "stages per device (default: the scheduler's choice)", metavar = "S",
+    check = function(v) return v >= 1, "must be >= 1" end },
+  link_rate = { "link-rate", "string", "links between devices of this rate (emulated on local devices), e.g. 100mbit; "
+    .. "one, or one per link (link i: device i to the next)", metavar = "RATE[,RATE...]" },
+  link_delay = { "link-delay", "string", "this one-way delay per link, e.g. 2ms; one, or one per link", metavar = "TIME[,TIME...]" },
+  disk_rate = { "disk-rate", "string", "slice store: each device's disk at most this fast, bytes/s (e.g. 500M; emulated); "
+    .. "one, or one per device", metavar = "BYTES[,BYTES...]" },
+  slowdown = { "slowdown", "string", "devices whose compute takes this many times as long (emulated on local devices), "
+    .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
+  save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
+  token = { "token", "string", "with --hosts: the cluster secret the workers hold (default: LOIP_CLUSTER_TOKEN)", metavar = "SECRET" },
+  curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
+}
+
+-- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth
+-- reads them from the parsed options: layers, dim, ffn, heads, kv_heads, head_dim, vocab), their
+-- help starting with `lead`.
+function M.shape_flags(lead)
+  local rows = {}
+  for _, r in ipairs({ { "layers", "num_hidden_layers" }, { "dim", "hidden_size" }, { "ffn", "intermediate_size" },
+    { "heads", "num_attention_heads" }, { "kv-heads", "num_key_value_heads" }, { "head-dim", "head_dim" },
+    { "vocab", "vocab_size" } }) do
+    rows[#rows + 1] = { r[1], "int", lead .. "override " .. r[2] }
+  end
+  return rows
+end
+
+-- Lists of flag rows, one after the other.
+function M.rows(...)
+  local out = {}
+  for _, list in ipairs({ ... }) do for _, r in ipairs(list) do out[#out + 1] = r end end
+  return out
 end
 
 return M

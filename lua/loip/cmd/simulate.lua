@@ -3,15 +3,13 @@
 -- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
-local cp = require "loip.tools.cli_plan"
+local common = require "loip.cmd.common"
 
-local M = {}
+local function usage(fmt, ...) common.usage("simulate", fmt, ...) end
 
-local function usage(fmt, ...) error({ usage_error = true, msg = "simulate: " .. string.format(fmt, ...) }, 0) end
-
-local flags = {}
-for _, f in ipairs(cp.commands.plan.flags) do
-  if f[1] ~= "json" and f[1] ~= "save-plan" then flags[#flags + 1] = f end
+local rows = {}
+for _, f in ipairs(require("loip.cmd.plan").flags) do
+  if f[1] ~= "json" and f[1] ~= "save-plan" then rows[#rows + 1] = f end
 end
 for _, f in ipairs({
   { "plan", "string", "simulate this plan (a file --save-plan wrote) instead of the scheduler's", metavar = "FILE" },
@@ -40,7 +38,7 @@ for _, f in ipairs({
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
   { "verbose", "bool", "say which of loip generate's flags were ignored" },
-}) do flags[#flags + 1] = f end
+}) do rows[#rows + 1] = f end
 
 -- loip generate's flags that do not change the timing, taken so that its command line simulates
 -- as it is, and ignored (--verbose says so): the sampler's (every token costs the same, whichever
@@ -51,22 +49,22 @@ local IGNORED = {
   { "repeat-penalty", "number" }, { "ignore-eos", "bool" }, { "on-device-loss", "string" },
 }
 for _, f in ipairs(IGNORED) do
-  flags[#flags + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
+  rows[#rows + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
 end
 
-M.commands = {}
-M.commands.simulate = {
+local M = {
+  brief = "play a plan out over time on simulated devices (profiles) for a request pattern",
   usage = "loip simulate (--model STORE|DIR | --like NAME [shape flags]) --devices N [--mem a,b,...] [--profile FILE] [flags]",
   summary = "Play the plan a scheduler chooses (or --plan) out over time on simulated devices: requests of a pattern\n"
     .. "arrive, are batched and prefilled as loip serve does them, and each step crosses the devices' disk,\n"
     .. "compute and network lanes as their profiles say. Prints the simulated time per token beside the cost\n"
     .. "model's estimate, per device and per request; nothing runs and no weights are read.",
-  flags = flags,
+  flags = rows,
 }
 
 local mean = require("loip.tools.bench").mean
 
-function M.commands.simulate.run(o)
+function M.run(o)
   for _, f in ipairs(IGNORED) do
     if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
       io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
@@ -86,7 +84,7 @@ function M.commands.simulate.run(o)
   local policy = require "loip.policy"
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
-  local prob, sizes = cp.problem_of("simulate", o)
+  local prob, sizes = common.problem_of("simulate", o)
   if o.baseline then
     -- a system we do not build: its model's step time at the pattern's batch, mid-generation
     local base = policy.load("baseline", o.baseline)
@@ -115,10 +113,10 @@ function M.commands.simulate.run(o)
     p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
   end
   local mopts = require("loip.plan.space").memory_opts(prob)
-  if not o.json then cp.report(p, est, info, sizes, mopts) end
+  if not o.json then common.report(p, est, info, sizes, mopts) end
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
-    local prob2 = cp.problem_of("simulate", setmetatable({ plan_tokens = positions }, { __index = o }))
+    local prob2 = common.problem_of("simulate", setmetatable({ plan_tokens = positions }, { __index = o }))
     local p2, est2 = policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model })
     return prob2, p2, est2
   end
