@@ -153,8 +153,8 @@ function M.install(Cluster)
       self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
       self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
       local o = setmetatable({}, { __index = opts or {} })
-      local online = self.plan_opts and self.plan_opts.online
-      if online and online ~= "none" then o.online = require("loip.policy").load("online", online) end
+      local online = require("loip.serve.online").choose(self.plan_opts and self.plan_opts.online)
+      if online then o.online = require("loip.policy").load("online", online) end
       local links = self.plan_opts and self.plan_opts.link_schedule
       if links then o.links = require("loip.policy").load("links", links) end
       self._batcher = require("loip.serve.batcher").new(self, o)

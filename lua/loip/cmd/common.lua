@@ -143,7 +143,7 @@ function M.problem_of(cmd, o)
   local sizes, cfg, dtype, _
   if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
   local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
-    kv_plan_tokens = o.plan_tokens }
+    plan_positions = o.plan_positions }
   -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
   local function context_of(config)
     local max = config.max_position_embeddings or 2048

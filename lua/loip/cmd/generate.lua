@@ -33,12 +33,7 @@ local M = {
     { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown,
-    { "plan-context", "int", "with --devices/--hosts: plan memory for this many KV positions (default: the whole --context); "
-      .. "past them the KV cache grows inside each budget and the --online policy makes room, offloading blocks live",
-      metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
-    { "online", "string", "the online policy run before every step (recipes/policies/online: loip, the default with "
-      .. "--plan-context) or a file; none: off",
-      default = "loip", metavar = "NAME|FILE.lua" },
+    flags.shared.plan_positions, flags.alias("plan-context", flags.shared.plan_positions), flags.shared.online,
     { "on-device-loss", "string", "with --devices/--hosts: when a device dies, hangs or disconnects mid-request: replan (the "
       .. "others take over, the request goes on with the same tokens) or fail", default = "replan",
       check = function(v) return v == "replan" or v == "fail", "must be replan or fail" end },
@@ -117,8 +112,8 @@ local function run_cluster(o)
       stages = o.stages, context = o.context, batch = o.batch, loader = loader, verify_reads = o.verify_reads,
       on_device_loss = o.on_device_loss,
       disk_rate = set.disk_rate,
-      link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, kv_plan_tokens = o.plan_context,
-      online = (o.plan_context or o.online ~= "loip") and o.online or nil, link_schedule = o.link_schedule }
+      link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
+      online = require("loip.serve.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
@@ -206,7 +201,7 @@ function M.run(o)
     error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
   end
   o.mem = o.mem and common.settings("generate", { mem = o.mem }, 1).mem[1]
-  for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "plan_context", "link_schedule" }) do
+  for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "plan_positions", "link_schedule" }) do
     if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
   end
   local model = require "loip.model"

@@ -26,11 +26,7 @@ local M = {
       check = function(v) return v > 0, "must be > 0" end },
     { "kv-tokens", "int", "KV cache positions all requests share (default: context x max-batch)",
       check = function(v) return v > 0, "must be > 0" end },
-    { "plan-tokens", "int", "with --devices/--hosts: KV positions the plan's memory holds for all requests together "
-      .. "(default: --kv-tokens); past them the KV cache grows inside each budget and the online policy makes room live",
-      metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
-    { "online", "string", "the online policy (recipes/policies/online: loip, the default with --plan-tokens) or a file; none: off",
-      default = "loip", metavar = "NAME|FILE.lua" },
+    flags.shared.plan_positions, flags.alias("plan-tokens", flags.shared.plan_positions), flags.shared.online,
     { "link-schedule", "string", "local devices: emulated links that change while serving (recipes/links or a file)",
       metavar = "NAME|FILE.lua" },
     { "step-tokens", "int", "tokens one step carries: the decoding requests' and prompt chunks (default 64)",
@@ -85,13 +81,13 @@ function M.run(o)
       if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
-        kv_plan_tokens = o.plan_tokens, online = (o.plan_tokens or o.online ~= "loip") and o.online or nil,
+        plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
         link_schedule = o.link_schedule,
         disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
       if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
     else
       if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
-      if o.plan_tokens or o.link_schedule then usage("serve", "--plan-tokens and --link-schedule are for several devices (--devices or --hosts)") end
+      if o.plan_positions or o.link_schedule then usage("serve", "--plan-positions and --link-schedule are for several devices (--devices or --hosts)") end
       m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
         kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
         stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1] })

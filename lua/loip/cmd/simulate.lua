@@ -4,6 +4,7 @@
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
 local common = require "loip.cmd.common"
+local flags = require "loip.tools.flags"
 
 local function usage(fmt, ...) common.usage("simulate", fmt, ...) end
 
@@ -24,14 +25,11 @@ for _, f in ipairs({
   -- loip generate's names, so that a generate command line simulates as it is
   { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
   { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
-  { "plan-context", "int", "as --plan-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
   { "tokenizer", "string", "as loip generate takes it: the tokenizer file that counts --prompt's tokens", metavar = "FILE" },
   { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
     check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
-  { "plan-tokens", "int", "KV positions the plan's memory holds (fewer than --kv-tokens: the KV cache grows inside the budgets "
-    .. "and --online makes room as it does)", check = function(v) return v >= 1, "must be >= 1" end },
-  { "online", "string", "the online policy run before every step (recipes/policies/online: loip, thresholds, recompute; "
-    .. "none); the default is loip with --plan-tokens", metavar = "NAME|FILE" },
+  flags.shared.plan_positions, flags.alias("plan-tokens", flags.shared.plan_positions),
+  flags.alias("plan-context", flags.shared.plan_positions), flags.shared.online,
   { "link-schedule", "string", "the emulated links change between steps (recipes/links: a name or a file)", metavar = "NAME|FILE" },
   { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/baselines: galaxy, "
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
@@ -71,7 +69,6 @@ function M.run(o)
     end
   end
   if o.max_tokens then o.output_tokens = o.max_tokens end
-  if o.plan_context then o.plan_tokens = o.plan_context end
   if o.prompt then
     if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
     local st = require "loip.model.store"
@@ -116,15 +113,14 @@ function M.run(o)
   if not o.json then common.report(p, est, info, sizes, mopts) end
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
-    local prob2 = common.problem_of("simulate", setmetatable({ plan_tokens = positions }, { __index = o }))
+    local prob2 = common.problem_of("simulate", setmetatable({ plan_positions = positions }, { __index = o }))
     local p2, est2 = policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model })
     return prob2, p2, est2
   end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
-    kv_tokens = o.kv_tokens, kv_plan_tokens = o.plan_tokens, estimate = est, trace = o.trace ~= nil,
+    kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
     replanner = not o.plan and replanner or nil })
-  local online = o.online or (o.plan_tokens and "loip") or nil
-  if online == "none" then online = nil end
+  local online = require("loip.serve.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
   local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online })

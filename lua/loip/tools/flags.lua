@@ -9,6 +9,23 @@ local M = {}
 
 local function fail(cmd, msg) error({ usage_error = true, msg = cmd .. ": " .. msg }, 0) end
 
+-- Says once (per process) on stderr that `old`, a renamed flag or option of `who`, is deprecated
+-- and what to use instead; the old name keeps working for a release.
+local warned = {}
+function M.deprecated(who, old, new)
+  if warned[who .. old] then return end
+  warned[who .. old] = true
+  io.stderr:write(string.format("%s: %s is deprecated (it goes in a later release): use %s\n", who, old, new))
+end
+
+-- opts[new], else opts[old] (a Lua option renamed: deprecated, said once); who names the
+-- function taking the options.
+function M.renamed(opts, old, new, who)
+  if opts[new] ~= nil or opts[old] == nil then return opts[new] end
+  M.deprecated(who, old, new)
+  return opts[old]
+end
+
 -- Parses "1.5G", "600M", "4096" into bytes.
 function M.parse_bytes(s)
   local num, unit = tostring(s):match("^(%d+%.?%d*)%s*([KkMmGgTt]?)[iI]?[bB]?$")
@@ -51,9 +68,13 @@ function M.parse(spec, argv, first)
       local f = byname[name]
       if not f then
         local names = {}
-        for _, x in ipairs(spec.flags) do names[#names + 1] = x[1] end
+        for _, x in ipairs(spec.flags) do if not x.alias_of then names[#names + 1] = x[1] end end
         local near = require("loip.tools.suggest").closest(name, names)
         fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
+      end
+      if f.alias_of then
+        M.deprecated(spec.name, "--" .. name, "--" .. f.alias_of)
+        name, f = f.alias_of, byname[f.alias_of]
       end
       local key = name:gsub("-", "_")
       if f[2] == "bool" then
@@ -92,7 +113,7 @@ function M.help(spec)
   if #spec.flags > 0 then out[#out + 1] = "flags:" end
   for _, f in ipairs(spec.flags) do
     local left = "  --" .. f[1] .. (f[2] ~= "bool" and (" " .. (f.metavar or f[2]:upper())) or "")
-    local right = f[3]
+    local right = f[3] or ("deprecated: use --" .. f.alias_of)
     if f.default ~= nil and f.default ~= "" and f[2] ~= "bool" then right = right .. " (default " .. tostring(f.default) .. ")" end
     if f.required then right = right .. " (required)" end
     out[#out + 1] = string.format("%-30s %s", left, right)
@@ -127,8 +148,16 @@ M.shared = {
     .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
   save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
   token = { "token", "string", "with --hosts: the cluster secret the workers hold (default: LOIP_CLUSTER_TOKEN)", metavar = "SECRET" },
+  plan_positions = { "plan-positions", "int", "KV positions the plan's memory holds, all requests together (default: "
+    .. "all the run takes); past them the KV cache grows inside each budget and the --online policy makes room live "
+    .. "(restaging, lending, offloading blocks)", metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
+  online = { "online", "string", "the online policy run before every step: a name (recipes/policies/online: loip, "
+    .. "thresholds, recompute), a file, or none (default: loip with --plan-positions, else none)", metavar = "NAME|FILE.lua" },
   curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
 }
+
+-- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
+function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end
 
 -- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth
 -- reads them from the parsed options: layers, dim, ffn, heads, kv_heads, head_dim, vocab), their

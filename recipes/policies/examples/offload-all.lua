@@ -2,7 +2,7 @@
 -- device's KV cache would pass its budget at this step, offload every block of the device at
 -- once: one change per device, the most headroom, the most reading from then on. Compare with
 -- recipes/policies/online/loip.lua, which offloads just enough, evenly across stages.
---   loip generate --model STORE --devices 3 --mem ... --plan-context 32 --online recipes/policies/examples/offload-all.lua
+--   loip generate --model STORE --devices 3 --mem ... --plan-positions 32 --online recipes/policies/examples/offload-all.lua
 local M = { name = "offload-all" }
 
 function M.on_step(state, control)
