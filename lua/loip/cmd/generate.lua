@@ -26,11 +26,7 @@ local M = {
     { "context", "int", "KV cache positions (default: min(model max, 4096))",
       check = function(v) return v > 0, "must be > 0" end },
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
-    { "mem", "string", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited); "
-      .. "with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
-    { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
-      check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
-    { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
+    flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown,
     flags.shared.plan_positions, flags.alias("plan-context", flags.shared.plan_positions), flags.shared.online,

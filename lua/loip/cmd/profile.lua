@@ -16,7 +16,7 @@ local M = {
     { "hosts", "string", "running workers to profile instead (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
     flags.shared.token, flags.shared.curve_keys,
     { "out", "string", "the profile file to write (default: print it)", metavar = "FILE.json" },
-    { "threads", "int", "compute threads (0: all CPUs)", default = 0 },
+    flags.shared.threads,
     { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
     { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
     { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },

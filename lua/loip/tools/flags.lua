@@ -148,6 +148,11 @@ M.shared = {
     .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
   save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
   token = { "token", "string", "with --hosts: the cluster secret the workers hold (default: LOIP_CLUSTER_TOKEN)", metavar = "SECRET" },
+  mem = { "mem", "string", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited); "
+    .. "with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
+  devices = { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
+    check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+  hosts = { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
   plan_positions = { "plan-positions", "int", "KV positions the plan's memory holds, all requests together (default: "
     .. "all the run takes); past them the KV cache grows inside each budget and the --online policy makes room live "
     .. "(restaging, lending, offloading blocks)", metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
