@@ -14,14 +14,16 @@ local M = {}
 local ORDER = { "generate", "serve", "chat", "tokenize", "run", "synth", "slice", "pull", "plan", "profile",
   "simulate", "worker", "testbed", "trace", "test" }
 
-M.commands, M.order = {}, {}
+M.commands, M.order, M.modules = {}, {}, {}
 
--- Where a command defined elsewhere plugs in: M.add(name, module) lists it in `loip help` (after
--- the others) and runs it as `loip NAME`; module is a table as above or the name to require.
--- M.topics[name] = function() -> text adds a help topic, `loip help NAME`.
+-- Where a command defined elsewhere plugs in (a line at the end of this file): M.add(name,
+-- module) lists it in `loip help` (after the others) and runs it as `loip NAME`; module is the
+-- name to require (kept in M.modules) or a table as above. M.topics[name] = function() -> text
+-- adds a help topic, `loip help NAME` (e.g. M.topics.policies).
 function M.add(name, module)
   if M.commands[name] then error("loip: command " .. name .. " is defined twice", 2) end
   M.commands[name] = type(module) == "string" and require(module) or module
+  M.modules[name] = type(module) == "string" and module or nil
   M.order[#M.order + 1] = name
 end
 M.topics = {}
