@@ -73,7 +73,7 @@ function M.parse(spec, argv, first)
         fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
       end
       if f.alias_of then
-        M.deprecated(spec.name, "--" .. name, "--" .. f.alias_of)
+        M.deprecated(spec.name or "loip", "--" .. name, "--" .. f.alias_of)
         name, f = f.alias_of, byname[f.alias_of]
       end
       local key = name:gsub("-", "_")
