@@ -79,7 +79,7 @@ local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
   if o.hosts and o.cpu_latency then
-    error({ usage_error = true, msg = "generate: --cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead" }, 0)
+    common.usage("generate", "--cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead")
   end
   local hosts = common.hosts("generate", o)
   local n = o.devices or #hosts
@@ -87,14 +87,14 @@ local function run_cluster(o)
   -- refuse what cannot work before anything is sliced or any worker starts
   local layers = common.model_layers(o.model)
   if n > 2 * layers then
-    error({ usage_error = true, msg = string.format("generate: %d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
-      n, 2 * layers, layers, 2 * layers) }, 0)
+    common.usage("generate", "%d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
+      n, 2 * layers, layers, 2 * layers)
   end
   common.store_for("generate", o)
   local st_mod = require "loip.model.store"
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
   if o.plan and (o.scheduler ~= "loip" or o.stages) then
-    error({ usage_error = true, msg = "generate: --plan runs the plan given; --scheduler and --stages choose one (give one or the other)" }, 0)
+    common.usage("generate", "--plan runs the plan given; --scheduler and --stages choose one (give one or the other)")
   end
   -- the tokenizer runs at the head: the store carries the model's tokenizer files
   local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = scfg.vocab_size })
@@ -194,18 +194,18 @@ function M.run(o)
   common.use_kernels(o.kernels)
   if o.devices or o.hosts then return run_cluster(o) end
   if o.mem and tostring(o.mem):find(",", 1, true) then
-    error({ usage_error = true, msg = "generate: several --mem budgets need --devices or --hosts" }, 0)
+    common.usage("generate", "several --mem budgets need --devices or --hosts")
   end
   o.mem = o.mem and common.settings("generate", { mem = o.mem }, 1).mem[1]
   for _, f in ipairs({ "link_rate", "link_delay", "slowdown", "plan_positions", "link_schedule" }) do
-    if o[f] then error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " is for several devices (--devices or --hosts)" }, 0) end
+    if o[f] then common.usage("generate", "--%s is for several devices (--devices or --hosts)", (f:gsub("_", "-"))) end
   end
   local model = require "loip.model"
   local json = require "loip.tools.json"
   local is_store = model.locate(o.model) == "store"
   for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan", "stages" }) do
     if o[f] and not is_store then
-      error({ usage_error = true, msg = "generate: --" .. f:gsub("_", "-") .. " needs a slice store (make one with loip slice)" }, 0)
+      common.usage("generate", "--%s needs a slice store (make one with loip slice)", (f:gsub("_", "-")))
     end
   end
   local disk_rate = common.settings("generate", { disk_rate = o.disk_rate }, 1).disk_rate

@@ -11,7 +11,7 @@ local M = {
 
 function M.run(_, pos, argv, at)
   local file = pos[1]
-  if not file then error({ usage_error = true, msg = "run: which script? (loip run FILE.lua)" }, 0) end
+  if not file then common.usage("run", "which script? (loip run FILE.lua)") end
   local chunk, err = loadfile(file)
   if not chunk then common.stderr("loip: %s\n", err) return 1 end
   -- arg as luajit sets it: arg[0] the script, arg[1..] its arguments, negatives before.

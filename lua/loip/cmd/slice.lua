@@ -1,4 +1,6 @@
 -- `loip slice`: convert a model into a slice store (per-block files), or --verify one.
+local common = require "loip.cmd.common"
+
 local M = {
   brief = "convert a model into a slice store (per-block files), or --verify one",
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
@@ -16,13 +18,13 @@ function M.run(o, pos)
   local slice = require "loip.model.slice"
   local human = require("loip.tools.progress").human
   if o.verify then
-    if not pos[1] or pos[3] then error({ usage_error = true, msg = "slice: --verify STORE [MODEL_DIR]" }, 0) end
+    if not pos[1] or pos[3] then common.usage("slice", "--verify STORE [MODEL_DIR]") end
     local r = slice.verify(pos[1], { source = pos[2] })
     print(string.format("%s: %d files verified (%s)%s", pos[1], r.files, human(r.bytes),
       pos[2] and (", sliced from " .. pos[2]) or ""))
     return 0
   end
-  if not pos[2] or pos[3] then error({ usage_error = true, msg = "slice: MODEL_DIR OUT_DIR (see --help)" }, 0) end
+  if not pos[2] or pos[3] then common.usage("slice", "MODEL_DIR OUT_DIR (see --help)") end
   local man = slice.write(pos[1], pos[2], { force = o.force })
   local function count(n, what) return string.format("%d %s%s", n, what, n == 1 and "" or "s") end
   print(string.format("%s: %s, %s, %s; source sha256 %s", pos[2], count(#man.files, "block file"),

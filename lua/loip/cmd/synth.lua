@@ -1,4 +1,5 @@
 -- `loip synth`: write a random-weight model with a real model's shapes.
+local common = require "loip.cmd.common"
 local flags = require "loip.tools.flags"
 
 local M = {
@@ -25,8 +26,8 @@ function M.run(o, pos)
     for _, name in ipairs(require("loip.model.shapes").names()) do print(name) end
     return 0
   end
-  if not o.like then error({ usage_error = true, msg = "synth: --like NAME is required (see --list)" }, 0) end
-  if not pos[1] then error({ usage_error = true, msg = "synth: OUT_DIR is required" }, 0) end
+  if not o.like then common.usage("synth", "--like NAME is required (see --list)") end
+  if not pos[1] then common.usage("synth", "OUT_DIR is required") end
   synth.write(pos[1], o)
   return 0
 end

@@ -31,7 +31,7 @@ function M.run(o, pos)
     return 0
   elseif what == "shape" then
     local i, rate = tonumber(pos[2]), pos[3]
-    if not i or not rate then error({ usage_error = true, msg = "testbed: shape I RATE (e.g. shape 2 50mbit)" }, 0) end
+    if not i or not rate then common.usage("testbed", "shape I RATE (e.g. shape 2 50mbit)") end
     testbed.shape(i, rate)
     io.stderr:write(string.format("testbed: device %d's link now at %s\n", i, rate))
     return 0
@@ -40,13 +40,13 @@ function M.run(o, pos)
     io.stdout:write(st and require("loip.tools.json").encode(st) .. "\n" or "none\n")
     return 0
   elseif what ~= "up" then
-    error({ usage_error = true, msg = "testbed: up N | shape I RATE | down | status (see --help)" }, 0)
+    common.usage("testbed", "up N | shape I RATE | down | status (see --help)")
   end
   local n = tonumber(pos[2])
   if not n or n < 1 or n > 32 or n ~= math.floor(n) then
-    error({ usage_error = true, msg = "testbed: up N: N devices, 1..32" }, 0)
+    common.usage("testbed", "up N: N devices, 1..32")
   end
-  if not o.store then error({ usage_error = true, msg = "testbed: up needs --store DIR" }, 0) end
+  if not o.store then common.usage("testbed", "up needs --store DIR") end
   local mems = common.settings("testbed", { mem = o.mem }, n).mem
   local token = o.token or os.getenv("LOIP_CLUSTER_TOKEN")
   if not token then

@@ -1,4 +1,6 @@
 -- `loip trace`: draw a trace written by --trace as an SVG timeline.
+local common = require "loip.cmd.common"
+
 local M = {
   brief = "draw a trace written by --trace as an SVG timeline",
   usage = "loip trace plot TRACE.json OUT.svg [--from MS] [--to MS]",
@@ -13,7 +15,7 @@ local M = {
 
 function M.run(o, pos)
   if pos[1] ~= "plot" or not pos[2] or not pos[3] or pos[4] then
-    error({ usage_error = true, msg = "trace: usage: loip trace plot TRACE.json OUT.svg (see --help)" }, 0)
+    common.usage("trace", "usage: loip trace plot TRACE.json OUT.svg (see --help)")
   end
   local n = require("loip.tools.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
   io.stderr:write(string.format("%d events -> %s\n", n, pos[3]))

@@ -24,7 +24,7 @@ function M.run(o)
   common.use_kernels(o.kernels)
   local token = o.token or os.getenv("LOIP_CLUSTER_TOKEN")
   if not token and not o.curve_keys then
-    error({ usage_error = true, msg = "worker: give --token, --curve-keys or LOIP_CLUSTER_TOKEN: peers must authenticate" }, 0)
+    common.usage("worker", "give --token, --curve-keys or LOIP_CLUSTER_TOKEN: peers must authenticate")
   end
   if o.cpu_latency then
     local ok, err = require("loip.core").wake_latency(o.cpu_latency)
