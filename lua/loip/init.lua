@@ -27,7 +27,7 @@ local submodules = {
 -- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template
 -- engine's parts loip.text.template.*, a cluster's parts loip.cluster.proc/rpc/members/control,
 -- the engines loip.engine.local/ring/sim, loip.serve.http/metrics) and the command line
--- (loip.tools.cli*, flags, repl).
+-- (loip.tools.cli and its commands, loip.cmd.*; flags, repl).
 -- (for a REPL's or a spec's listing: every name loip.<name> loads)
 loip.modules = function()
   local names = {}

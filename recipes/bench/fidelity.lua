@@ -60,9 +60,9 @@ local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local MB = 1000 * 1000
 
-local function clusters_for(max_seqs, kv_plan_tokens)
+local function clusters_for(max_seqs, plan_positions)
   local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = max_seqs,
-    kv_plan_tokens = kv_plan_tokens })
+    plan_positions = plan_positions })
   return {
     pipeline = { devices = 3, mem = bench.budgets(sizes, 3, 0.6), link = { rate = "100mbit", delay_ms = 2 }, disk_rate = 600 * MB,
       about = "3 devices, 60% of the weights, 100 Mbit/s + 2 ms, disks 600 MB/s" },
@@ -111,8 +111,8 @@ for name in o.clusters:gmatch("[^,]+") do
     end
     local online = pattern == "online"
     local max_seqs = online and 2 or pattern == "bursty" and o.burst or 1
-    local plan_tokens = online and 2 * 32 or nil
-    local cl = clusters_for(max_seqs, plan_tokens)[name] or error("--clusters: unknown cluster '" .. name .. "' (pipeline, hetero, gbit)", 0)
+    local plan_positions = online and 2 * 32 or nil
+    local cl = clusters_for(max_seqs, plan_positions)[name] or error("--clusters: unknown cluster '" .. name .. "' (pipeline, hetero, gbit)", 0)
     local mems = {}
     for i, m in ipairs(cl.mem) do mems[i] = memory.format_bytes(m) end
     if online and name ~= "pipeline" then goto next_case end
@@ -120,7 +120,7 @@ for name in o.clusters:gmatch("[^,]+") do
     local c = cluster.start_local { store = o.store, devices = cl.devices, mem = cl.mem, threads = 1 }
     local ok, err = pcall(function()
       local p, est = c:plan { context = o.context, batch = 32, max_batch = max_seqs, disk_rate = cl.disk_rate, link = cl.link,
-        slowdown = cl.slowdown, trace = false, kv_plan_tokens = plan_tokens, online = online and "loip" or nil, profile = o.profile }
+        slowdown = cl.slowdown, trace = false, plan_positions = plan_positions, online = online and "loip" or nil, profile = o.profile }
       -- (the simulator starts from the plan as made: the online policy changes the cluster's as it runs)
       local function copy(t)
         if type(t) ~= "table" then return t end
@@ -131,7 +131,7 @@ for name in o.clusters:gmatch("[^,]+") do
       local planned = copy(p)
       local measured, changes = measure(c, pattern)
       local s = sim.new(c.problem_table, planned, { context = o.context, step_tokens = 32, max_seqs = max_seqs, estimate = est,
-        kv_plan_tokens = plan_tokens })
+        plan_positions = plan_positions })
       local runs = s:play(arrivals(pattern), { online = online and "loip" or nil })
       if s.failure then error("the simulation failed: " .. s.failure, 0) end
       local simulated = {}

@@ -39,7 +39,8 @@ local spec = {
     { "disk-rate", "bytes", "each device's disk read rate (an SD card / eMMC class board)", default = 300 * 1024 * 1024 },
     { "context", "int", "the run's context (the final KV cache)", default = 640 },
     { "tokens", "int", "tokens generated", default = 512 },
-    { "plan-context", "int", "positions the online variants plan for", default = 64 },
+    { "plan-positions", "int", "positions the online variants plan for", default = 64 },
+    { "plan-context", "int", alias_of = "plan-positions" },
     { "variants", "string", "variants, in order", default = "recompute,thresholds,loip" },
     { "switch", "string", "also run thresholds and loip with the links switching 50/250 Mbit/s every 32 tokens (no: not)", default = "yes" },
     { "stages", "int", "stages per device (lending keeps one stage's KV home of S)", default = 4 },
@@ -49,7 +50,7 @@ local spec = {
   },
 }
 local o = flags.parse(spec, arg, 1)
-if o.quick then o.tokens, o.context, o.plan_context, o.window, o.spare = 64, 256, 32, 16, "0,16M,0" end
+if o.quick then o.tokens, o.context, o.plan_positions, o.window, o.spare = 64, 256, 32, 16, "0,16M,0" end
 local log = bench.log
 
 if not store.is_store(o.store) then
@@ -88,7 +89,7 @@ local function run(variant, schedule)
   local ok, err = pcall(function()
     local popts = { context = o.context, batch = 16, stages = o.stages, disk_rate = o.disk_rate, slowdown = slow,
       link = { rate = o.link_rate, delay_ms = o.link_delay }, link_schedule = schedule }
-    if variant ~= "static" then popts.kv_plan_tokens, popts.online = o.plan_context, variant end
+    if variant ~= "static" then popts.plan_positions, popts.online = o.plan_positions, variant end
     if variant == "recompute" then popts.batch = o.context end
     c:plan(popts)
     local it, st = c:generate(prompt, { max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true })
@@ -153,7 +154,7 @@ local same = true
 for _, v in ipairs(order) do same = same and table.concat(results[v].tokens, ",") == table.concat(first.tokens, ",") end
 local function late_ratio(a, b) return results[a] and results[b] and results[a].late_ms / results[b].late_ms or nil end
 local result = {
-  devices = N, budgets = mems, slowdown = slow, context = o.context, tokens = o.tokens, plan_context = o.plan_context,
+  devices = N, budgets = mems, slowdown = slow, context = o.context, tokens = o.tokens, plan_positions = o.plan_positions,
   link_rate = o.link_rate, link_delay_ms = o.link_delay, disk_rate = o.disk_rate, store = o.store, same_tokens = same,
   late_thresholds_over_recompute = late_ratio("recompute", "thresholds"),
   late_loip_over_thresholds = late_ratio("thresholds", "loip"),

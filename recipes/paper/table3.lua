@@ -29,7 +29,7 @@ for _, pattern in ipairs({ "sporadic", "bursty" }) do
   for _, v in ipairs(variants) do
     cases[#cases + 1] = { config = "100 Mbit/s, " .. pattern, model = "llama-3.3-70b", devices = devices, reserve_gib = { 14, 14, 6, 3 },
       link_rate = "100mbit", link_delay_ms = 1, pattern = pattern, burst = 4, input_tokens = 32, output_tokens = o.output_tokens,
-      context = 1024, plan_tokens = 64, method = v[1], scheduler = v.scheduler or "loip", online = v.online or "loip",
+      context = 1024, plan_positions = 64, method = v[1], scheduler = v.scheduler or "loip", online = v.online or "loip",
       conventional_loads = v.conventional_loads, no_oot = true }
   end
 end

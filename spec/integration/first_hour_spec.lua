@@ -31,7 +31,7 @@ describe("modules", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
-      "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli",
+      "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do

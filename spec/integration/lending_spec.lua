@@ -81,7 +81,7 @@ describe("KV lending", function()
     assert.are.equal(0, rc0, err0)
     -- device 1 tight, device 2 with room to hold what device 1 lends
     for _, extra in ipairs({ "", "--link-schedule switch" }) do
-      local rc, j, err = cli(st, "--devices 3 --mem 820K,1400K,900K --plan-context 32 --link-rate 1gbit " .. extra)
+      local rc, j, err = cli(st, "--devices 3 --mem 820K,1400K,900K --plan-positions 32 --link-rate 1gbit " .. extra)
       assert.are.equal(0, rc, err)
       assert.are.same(ref.token_ids, j.token_ids)
       local lends = 0
@@ -108,7 +108,7 @@ describe("evict and recompute (the baselines' KV handling)", function()
     local rc0, ref, err0 = cli(st, "--devices 2")
     assert.are.equal(0, rc0, err0)
     -- the batch holds the positions recomputed: 400 (their activations are in the budgets)
-    local rc, j, err = cli(st, "--devices 2 --mem 1900K,1900K --plan-context 32 --online recompute --batch 400")
+    local rc, j, err = cli(st, "--devices 2 --mem 1900K,1900K --plan-positions 32 --online recompute --batch 400")
     assert.are.equal(0, rc, err)
     assert.are.same(ref.token_ids, j.token_ids)
     local evicted = 0
@@ -123,7 +123,7 @@ describe("evict and recompute (the baselines' KV handling)", function()
       assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
     end
     -- a batch too small for the positions to recompute: a clear error
-    local rc2, _, err2 = cli(st, "--devices 2 --mem 1000K,1000K --plan-context 32 --online recompute --batch 64")
+    local rc2, _, err2 = cli(st, "--devices 2 --mem 1000K,1000K --plan-positions 32 --online recompute --batch 64")
     assert.are.equal(1, rc2)
     assert.matches("plan with a larger batch", err2, 1, true)
   end)

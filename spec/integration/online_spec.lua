@@ -35,7 +35,7 @@ describe("online adaptation", function()
     assert.matches("no plan fits", err0, 1, true)
     -- planned for 32 positions, adapted as the context grows
     local dir = T.tmpdir()
-    local rc, j, err = generate(st, "--plan-context 32 --trace " .. dir .. "/t.json")
+    local rc, j, err = generate(st, "--plan-positions 32 --trace " .. dir .. "/t.json")
     assert.are.equal(0, rc, err)
     assert.are.same(ref, j.token_ids)
     assert.is_true(#j.adaptations >= 3, #j.adaptations .. " changes")
@@ -69,7 +69,7 @@ describe("online adaptation", function()
 
   it("runs a policy of one's own, and names the device that cannot hold the KV cache at all", function()
     local st = store_of(S260, "s260")
-    local rc, j, err = generate(st, "--plan-context 32 --online " .. T.root .. "/recipes/policies/examples/offload-all.lua")
+    local rc, j, err = generate(st, "--plan-positions 32 --online " .. T.root .. "/recipes/policies/examples/offload-all.lua")
     assert.are.equal(0, rc, err)
     assert.are.same(reference(st, 400), j.token_ids)
     local per_device = {}
@@ -78,15 +78,15 @@ describe("online adaptation", function()
     assert.matches("passes its budget at %d+ positions: offloading all its blocks", err)
     -- 800K: even with every block offloaded the KV cache of 400 positions does not fit
     local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --mem 800K,800K --threads 1 --context 512 "
-      .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --plan-context 32", T.loip, st))
+      .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --plan-positions 32", T.loip, st))
     assert.are.equal(1, rc2)
     assert.matches("online policy loip: device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
     -- after asking for a plan for the positions the request may reach, which none holds
     assert.matches("short by %d+%); planning again: no plan holds 416 KV positions: scheduler loip: ", err2)
     -- a model that is not a slice store has no plan to adapt: a usage error
-    local rc3, _, err3 = T.run(string.format("%s generate --model %s --plan-context 32 --prompt hi", T.loip, S260))
+    local rc3, _, err3 = T.run(string.format("%s generate --model %s --plan-positions 32 --prompt hi", T.loip, S260))
     assert.are.equal(2, rc3)
-    assert.matches("--plan-context needs a slice store", err3, 1, true)
+    assert.matches("--plan-positions needs a slice store", err3, 1, true)
   end)
 
   it("adapts one device online as well: the unplanned run's tokens, every change in --json, a new plan when offloading cannot make room", function()
@@ -94,7 +94,7 @@ describe("online adaptation", function()
     local ref = reference(st, 400)
     -- 1200K holds the blocks and 32 positions of KV, not the 341 this story takes beside them
     local dir = T.tmpdir()
-    local rc, j, err = T.generate_json(st, "--mem 1200K --context 512 --max-tokens 400 --plan-context 32 --trace " .. dir .. "/t.json")
+    local rc, j, err = T.generate_json(st, "--mem 1200K --context 512 --max-tokens 400 --plan-positions 32 --trace " .. dir .. "/t.json")
     assert.are.equal(0, rc, err)
     assert.are.same(ref, j.token_ids)
     assert.is_true(#j.adaptations >= 2, #j.adaptations .. " changes")
@@ -109,13 +109,13 @@ describe("online adaptation", function()
     assert.are.same(j.adaptations[#j.adaptations].to, j.plan.devices[1].stages[j.adaptations[#j.adaptations].stage].offloaded)
     -- 1300K: everything resident holds 32 positions and nothing to offload makes room for more:
     -- the device plans again for the positions the request may reach, as a cluster does
-    local rc2, j2, err2 = T.generate_json(st, "--mem 1300K --context 512 --max-tokens 400 --plan-context 32")
+    local rc2, j2, err2 = T.generate_json(st, "--mem 1300K --context 512 --max-tokens 400 --plan-positions 32")
     assert.are.equal(0, rc2, err2)
     assert.are.same(ref, j2.token_ids)
     assert.are.equal(416, j2.adaptations[1].replan)
     assert.are.equal(1, j2.adaptations[1].resumed)
-    -- the API: loip.model.open's kv_plan_tokens and online; the budget's peak within its limit
-    local m = loip.model.open(st, { context = 512, threads = 1, mem = "1200K", kv_plan_tokens = 32, online = "loip" })
+    -- the API: loip.model.open's plan_positions and online; the budget's peak within its limit
+    local m = loip.model.open(st, { context = 512, threads = 1, mem = "1200K", plan_positions = 32, online = "loip" })
     local it, s = m:generate("Once upon a time", { temperature = 0, max_tokens = 400 })
     for _ in it do end
     local b, peak, limit = m:batcher(), m.budget:peak(), m.budget:limit()
@@ -135,7 +135,7 @@ describe("online adaptation", function()
     m:close()
     for _, pc in ipairs({ 64, 256 }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
-        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --link-rate 100mbit --max-tokens 480 --plan-context %d",
+        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --link-rate 100mbit --max-tokens 480 --plan-positions %d",
         T.loip, st, pc))
       assert.are.equal(0, rc, err)
       local j = json.decode(out)
@@ -162,7 +162,7 @@ describe("online adaptation", function()
     local dir = T.tmpdir()
     T.write(dir .. "/idle.lua", "local M = { name = 'idle' }\nfunction M.on_step() end\nreturn M\n")
     local rc, _, err = T.run(string.format("%s generate --model %s --devices 3 --mem 790K,770K,800K --threads 1 --context 512 "
-      .. "--temperature 0 --max-tokens 480 --prompt 'A big red ball' --plan-context 64 --online %s/idle.lua", T.loip, st, dir))
+      .. "--temperature 0 --max-tokens 480 --prompt 'A big red ball' --plan-positions 64 --online %s/idle.lua", T.loip, st, dir))
     assert.are.equal(1, rc)
     assert.matches("loip: device %d: KV cache: sequence 0 at position %d+: memory budget: ", err)
     assert.matches("(the online policy idle did not make room before this step)", err, 1, true)
@@ -170,7 +170,7 @@ describe("online adaptation", function()
     -- a policy's own error names it
     T.write(dir .. "/broken.lua", "local M = { name = 'broken' }\nfunction M.on_step() error('no idea', 0) end\nreturn M\n")
     local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --threads 1 --context 128 --max-tokens 4 "
-      .. "--prompt hi --plan-context 32 --online %s/broken.lua", T.loip, st, dir))
+      .. "--prompt hi --plan-positions 32 --online %s/broken.lua", T.loip, st, dir))
     assert.are.equal(1, rc2)
     assert.matches("online policy broken: no idea", err2, 1, true)
   end)
@@ -204,7 +204,7 @@ return M
     local st = store_of(S260, "s260")
     local c = cluster.start_local { store = st, devices = 2, threads = 1, mem = { "960K", "960K" } }
     local ok, err = pcall(function()
-      c:plan { context = 512, stages = 3, kv_plan_tokens = 32, online = "loip" }
+      c:plan { context = 512, stages = 3, plan_positions = 32, online = "loip" }
       local it = c:generate({ 1, 403, 407 }, { max_tokens = 400, sampler = { temperature = 0 }, stop = {} })
       for _ in it do end
       local b = c:batcher()

@@ -517,7 +517,7 @@ describe("loip serve", function()
     local alone = table.concat(parts)
     m:close()
     local url, stop = serve(string.format("--model %s --devices 2 --mem 1000K,1000K --threads 1 --context 512 --max-batch 2 "
-      .. "--step-tokens 16 --stages 3 --plan-tokens 64", st))
+      .. "--step-tokens 16 --stages 3 --plan-positions 64", st))
     local ok, err = pcall(function()
       local cl = client.new()
       local name = st:match("([^/]+)$")

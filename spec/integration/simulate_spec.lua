@@ -120,26 +120,36 @@ describe("loip simulate", function()
     -- 9 changes there too, at 49 to 273 positions)
     local st = T.slice_store(T.root .. "/models/stories260K", "s260")
     local args = string.format("%s simulate --model %s --devices 2 --mem 960K,960K --context 512 --stages 3 --requests 1 "
-      .. "--input-tokens 4 --output-tokens 380 --plan-tokens 32 --json", T.loip, st)
+      .. "--input-tokens 4 --output-tokens 380 --plan-positions 32 --json", T.loip, st)
     local rc, out, err = T.run(args)
     assert.are.equal(0, rc, err)
     local j = json.decode(out)
     assert.are.equal("loip", j.online)
     assert.is_true(j.adaptations >= 3, j.adaptations .. " changes")
     for i, d in ipairs(j.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
+    -- the older names (simulate's and serve's --plan-tokens, generate's --plan-context) are
+    -- aliases for a release: the same simulation, and said once on stderr
+    for _, old in ipairs({ "--plan-tokens", "--plan-context" }) do
+      local rc5, out5, err5 = T.run((args:gsub("%-%-plan%-positions 32", old .. " 16 " .. old .. " 32")))
+      assert.are.equal(0, rc5, err5)
+      local j5 = json.decode(out5)
+      assert.are.same({ j.adaptations, j.plan, j.steps }, { j5.adaptations, j5.plan, j5.steps })
+      local _, warned = err5:gsub(old:gsub("%-", "%%-") .. " is deprecated %(it goes in a later release%): use %-%-plan%-positions", "")
+      assert.are.equal(1, warned, err5)
+    end
     local rc2, out2 = T.run(args .. " --online none")
     assert.are.equal(1, rc2)
     assert.matches("^device %d: out of memory at %d+ positions", json.decode(out2).error)
-    -- a loip generate command line simulates as it is (its --prompt, --max-tokens, --plan-context)
+    -- a loip generate command line simulates as it is (its --prompt, --max-tokens, --plan-positions)
     local rc3, out3, err3 = T.run(string.format("%s simulate --model %s --devices 2 --mem 960K,960K --context 512 --stages 3 "
-      .. "--prompt 'Once upon a time' --max-tokens 380 --plan-context 32 --requests 1", T.loip, st))
+      .. "--prompt 'Once upon a time' --max-tokens 380 --plan-positions 32 --requests 1", T.loip, st))
     assert.are.equal(0, rc3, err3)
     assert.matches("simulated 1 sporadic request (5 + 380 tokens each)", out3, 1, true)
     assert.matches("live plan changes by the online policy loip", out3, 1, true)
     -- budgets that hold the whole context only in a plan made for it: the policy has the
     -- scheduler plan again, as on devices
     local rc4, out4, err4 = T.run(string.format("%s simulate --model %s --devices 3 --mem 790K,770K,800K --context 512 "
-      .. "--link-rate 100mbit --prompt 'A big red ball' --max-tokens 480 --plan-context 64 --requests 1 --json", T.loip, st))
+      .. "--link-rate 100mbit --prompt 'A big red ball' --max-tokens 480 --plan-positions 64 --requests 1 --json", T.loip, st))
     assert.are.equal(0, rc4, err4)
     local j4 = json.decode(out4)
     assert.are.equal(0, j4.failed)

@@ -91,7 +91,7 @@ end
 -- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
 -- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
 -- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
--- loip_session_set_kv_growth), kv_plan_tokens (KV positions the plan's memory holds, default
+-- loip_session_set_kv_growth), plan_positions (KV positions the plan's memory holds, default
 -- kv_tokens; fewer: the pool grows inside the budget and the online policy, opts.online, makes
 -- room as it does: loip.serve.online), link_schedule (a "links" policy name or path: the
 -- emulated links change between steps),
@@ -121,7 +121,8 @@ function Cluster:plan(opts)
   end
   if not opts.keep_requests then self._batcher = nil end
   local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
-    max_seqs = max_seqs, kv_tokens = opts.kv_tokens, kv_plan_tokens = opts.kv_plan_tokens })
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
+    plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
   self.sizes = sizes
   -- the largest RESULT the last device sends: an output per token of a step and the logits
   -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
@@ -155,8 +156,8 @@ function Cluster:plan(opts)
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
-      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, kv_plan_tokens = sizes.kv_plan_tokens,
-      kv_grows = opts.kv_grows or sizes.kv_plan_tokens < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
+      context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, plan_positions = sizes.plan_positions,
+      kv_grows = opts.kv_grows or sizes.plan_positions < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
       disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
@@ -244,13 +245,13 @@ function Cluster:replan_kv(positions)
   end
   local opts = {}
   for k, v in pairs(o) do opts[k] = v end
-  opts.kv_plan_tokens, opts.keep_requests = positions, true
+  opts.plan_positions, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan
   local chosen = {}
   local ok, err = pcall(function()
     local sizes = plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
       threads = self.devices[1].threads or 1, logits_tokens = o.logits_tokens, max_seqs = self.sizes.max_seqs,
-      kv_tokens = o.kv_tokens, kv_plan_tokens = positions })
+      kv_tokens = o.kv_tokens, plan_positions = positions })
     chosen.problem = self:problem(opts, sizes)
     chosen.plan, chosen.estimate, chosen.info = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
   end)

@@ -5,7 +5,7 @@
 -- cleanly (sockets closed, buffers freed).
 --
 -- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, max_seqs, kv_tokens, kv_plan_tokens, kv_grows, loader,
+-- head (endpoints), context, batch, max_seqs, kv_tokens, plan_positions, kv_grows, loader,
 -- overlap_loads, disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into
 -- this device, emulated on receipt), logits_tokens, slowdown. The worker loads its part of its
 -- own slice store (its resident blocks, the embedding on device 1, the head on device N) under
@@ -120,7 +120,7 @@ function Worker:build(msg)
   local defaults = require "loip.model" -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
-    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, kv_plan_tokens = msg.kv_plan_tokens })
+    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, plan_positions = msg.plan_positions })
   local mopts = { cluster = true, loader = msg.loader }
   -- the plan as every plan is checked, against this device's budget only
   local devices = {}

@@ -22,7 +22,7 @@
 --              set_link(i, rate) (optional): an emulated link's rate
 --   state      online_devices() -> per device M.device_state(...): what an online policy sees
 --              link_rates() -> per link bytes/s (nil: not emulated); link_state() (optional)
---              kv_plan_tokens (or sizes.kv_plan_tokens): KV positions the plan's memory holds
+--              plan_positions (or sizes.plan_positions): KV positions the plan's memory holds
 --   losses     (ring) c.losses: { step, devices, why, replan_ms, replanned }
 --
 -- The front-end (the functions below) is what loip.model's Model, loip.cluster's Cluster and
@@ -92,7 +92,7 @@ function M.batcher(engine, o)
   o = o or {}
   return require("loip.serve.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
     prefill_chunk = o.prefill_chunk, prefill = o.prefill,
-    online = o.online and o.online ~= "none" and policy.load("online", o.online) or nil,
+    online = require("loip.serve.online").choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil })
 end
 

@@ -17,7 +17,7 @@ function M.new(m)
   local s = m:session()
   local T = m.batch
   local e = setmetatable({ model = m, session = s, max_seqs = tonumber(C.loip_session_max_seqs(s)), context = m.context,
-    kv_tokens = m.kv_tokens, kv_plan_tokens = m.plan_sizes and m.plan_sizes.kv_plan_tokens or m.kv_tokens,
+    kv_tokens = m.kv_tokens, plan_positions = m.plan_sizes and m.plan_sizes.plan_positions or m.kv_tokens,
     kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
     logits_tokens = T, vocab = m.vocab_size, seqs = {},
     ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
@@ -117,7 +117,7 @@ function Engine:replan_kv(positions)
     error(err, 0)
   end
   self.session, self.seqs = self.model:session(), {}
-  self.kv_plan_tokens = self.model.plan_sizes.kv_plan_tokens
+  self.plan_positions = self.model.plan_sizes.plan_positions
 end
 
 -- Stage k of the plan reads its first n blocks from the next step on (Model:restage).

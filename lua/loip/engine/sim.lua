@@ -14,7 +14,7 @@
 -- the step's batch and context (compute while the disk streams slowed by the profile's
 -- under_load); the last device's sampled ids go to the head and the next tokens into device 1.
 -- The memory the plan charges each device is checked against its budget as the devices check it
--- when they load the plan. With kv_plan_tokens (fewer KV positions planned than the requests
+-- when they load the plan. With plan_positions (fewer KV positions planned than the requests
 -- take) the KV cache is charged as the contexts grow, after every step, and an online policy
 -- (loip.serve.online, the runtime's: restage, lend, evict) makes room as on devices; a device
 -- past its budget stops the step with an error naming it, as a device's charge fails. KV lent
@@ -45,9 +45,9 @@ end
 
 -- problem: loip.plan.problem (its devices carry their profiles: problem.new keeps them); p: a
 -- plan; opts: context, step_tokens (tokens a step carries), max_seqs (requests at once), kv_tokens
--- (default context x max_seqs), kv_plan_tokens (KV positions the plan's memory holds, as
+-- (default context x max_seqs), plan_positions (KV positions the plan's memory holds, as
 -- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
--- (true: keep every device's events), replanner (function(kv_plan_tokens) -> problem, plan,
+-- (true: keep every device's events), replanner (function(plan_positions) -> problem, plan,
 -- estimate: how the plan was made, for a longer context; an online policy's control.replan
 -- needs it).
 function M.new(problem, p, opts)
@@ -66,8 +66,9 @@ function M.new(problem, p, opts)
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
   self.vocab = problem.model.vocab or 32000
-  self.kv_plan_tokens = math.min(opts.kv_plan_tokens or self.kv_tokens, self.kv_tokens)
-  self.kv_grows = self.kv_plan_tokens < self.kv_tokens
+  self.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
+    or self.kv_tokens, self.kv_tokens)
+  self.kv_grows = self.plan_positions < self.kv_tokens
   self.replanner = opts.replanner
   self.estimate = opts.estimate -- the cost model's (an online policy reads each device's idle window)
   self.conventional_loads = opts.conventional_loads -- (the ablation of the paper's UMA-aware loading)
@@ -323,7 +324,7 @@ function Sim:replan_kv(positions)
   if not self.replanner then error("this simulation plays the plan it was given: it does not plan again", 0) end
   local prob, p, est = self.replanner(positions)
   self.problem, self.plan, self.estimate = prob, p, est
-  self.kv_plan_tokens = positions
+  self.plan_positions = positions
   self.kv_grows = positions < self.kv_tokens
   self.lending = {}
   self:restaged()

@@ -87,7 +87,7 @@ end
 -- conventional path), disk_rate (bytes/s: emulate a slower disk), trace (record
 -- load/compute/wait events into m.trace, a loip.trace: m.trace:write(path) saves them). m.plan
 -- is the plan used, m.estimate the cost model's estimate of it (when a scheduler chose it).
--- Online adaptation (a slice store): kv_plan_tokens (KV positions the plan's memory holds,
+-- Online adaptation (a slice store): plan_positions (KV positions the plan's memory holds,
 -- default kv_tokens; fewer: the KV cache grows inside the budget) and online (a loip.policy
 -- "online" name, path or table: before every step it may restage the plan live, as on a
 -- cluster: loip.serve.online); m:batcher().adaptations lists its changes.
@@ -199,7 +199,7 @@ M.stop_ids = engine.stop_ids
 -- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = self:_sizes(cfg, facts, opts.kv_plan_tokens)
+  local sizes = self:_sizes(cfg, facts, require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -216,7 +216,7 @@ function Model:_choose_plan(cfg, facts, budget)
     p = { slots = 1, devices = { { stages = { { blocks = { 0, sizes.n_blocks - 1 }, offloaded = 0 } } } } }
     -- (a plan for fewer KV positions than the pool adapts online as it grows: the scheduler's
     -- stages, as a cluster's, whether or not everything would fit now)
-    local adapts = sizes.kv_plan_tokens < sizes.kv_tokens
+    local adapts = sizes.plan_positions < sizes.kv_tokens
     if avail > 0 and (adapts or planner.memory(p, 1, sizes, mopts).total > avail) then
       local prob = self:problem(sizes, avail)
       local est
@@ -243,11 +243,11 @@ function Model:_choose_plan(cfg, facts, budget)
   self.plan, self.plan_sizes, self.plan_opts = p, sizes, mopts
 end
 
--- The sizes of the plan's parts (loip.plan.sizes) for this model, with kv_plan_tokens KV
+-- The sizes of the plan's parts (loip.plan.sizes) for this model, with plan_positions KV
 -- positions in the plan's memory (nil: all of the pool).
-function Model:_sizes(cfg, facts, kv_plan_tokens)
+function Model:_sizes(cfg, facts, plan_positions)
   return planner.sizes(facts.manifest, cfg, { context = self.context, batch = self.batch, threads = self.threads,
-    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens, kv_plan_tokens = kv_plan_tokens })
+    max_seqs = self.max_seqs, kv_tokens = self.kv_tokens, plan_positions = plan_positions })
 end
 
 -- The planning problem of this model on this machine alone (loip.plan.problem), for a budget of
@@ -335,7 +335,7 @@ function Model:replan_kv(positions)
       .. "or give one for a longer --plan-context)", positions), 0)
   end
   -- the scheduler decides first: a failure there leaves the model on its plan
-  local opts = setmetatable({ kv_plan_tokens = positions }, { __index = self.opts })
+  local opts = setmetatable({ plan_positions = positions }, { __index = self.opts })
   local chosen = {}
   local ok, err = pcall(function()
     chosen.problem = self:problem(self:_sizes(self.cfg, self.facts, positions), self.plan_avail)
@@ -395,9 +395,9 @@ function Model:__tostring()
 end
 
 -- Whether the KV pool is charged as requests' contexts take it: asked (opts.kv_grows), or the
--- plan holds fewer positions than the pool (opts.kv_plan_tokens).
+-- plan holds fewer positions than the pool (opts.plan_positions).
 function Model:kv_grows()
-  return self.opts.kv_grows or (self.plan_sizes ~= nil and self.plan_sizes.kv_plan_tokens < self.plan_sizes.kv_tokens)
+  return self.opts.kv_grows or (self.plan_sizes ~= nil and self.plan_sizes.plan_positions < self.plan_sizes.kv_tokens)
 end
 
 -- The session (KV cache), made once and reused.

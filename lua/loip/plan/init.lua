@@ -83,7 +83,7 @@ end
 -- context, batch, logits_tokens, max_seqs, kv_tokens }.
 -- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
 -- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
--- shared by those requests; default context x max_seqs), kv_plan_tokens (the KV positions the
+-- shared by those requests; default context x max_seqs), plan_positions (the KV positions the
 -- plan's memory holds; default kv_tokens: with fewer, the KV pool grows inside the budget and
 -- an online policy makes room as it does).
 function M.sizes(man, cfg, opts)
@@ -91,7 +91,8 @@ function M.sizes(man, cfg, opts)
   local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {},
     global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
-  s.kv_plan_tokens = math.min(opts.kv_plan_tokens or s.kv_tokens, s.kv_tokens)
+  s.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
+    or s.kv_tokens, s.kv_tokens)
   for _, f in ipairs(man.files) do
     local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
     if layer then
@@ -129,11 +130,11 @@ function M.sizes(man, cfg, opts)
   s.token_bytes = 4 + ffi.sizeof("loip_step_token") -- a token id into the ring, with its entry
   s.output_bytes = ffi.sizeof("loip_step_output")    -- a sampled id back to the head
   local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.kv_plan_tokens, max_seqs, kv, act))
+  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.plan_positions, max_seqs, kv, act))
   s.activation_bytes = tonumber(act[0])
   s.kv_bytes = {}
   for k = 0, cfg.n_layers do
-    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.kv_plan_tokens, max_seqs, kv, act))
+    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.plan_positions, max_seqs, kv, act))
     s.kv_bytes[k] = tonumber(kv[0])
   end
   local dev = ffi.new("uint64_t[1]")

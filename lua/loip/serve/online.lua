@@ -39,6 +39,16 @@ local core = require "loip.core"
 
 local M = {}
 
+-- The online policy a run gets, one rule for every command and engine: the one named (a name, a
+-- file or a table; "none": off), else loip when the plan was made for fewer KV positions than
+-- the run takes (planned: the plan_positions given, --plan-positions), else none. Returns the
+-- policy (as given) or nil.
+function M.choose(name, planned)
+  if name == "none" then return nil end
+  if name ~= nil then return name end
+  return planned and "loip" or nil
+end
+
 local Online = {}
 Online.__index = Online
 
@@ -86,7 +96,7 @@ function Online:state(toks)
     st.requests[#st.requests + 1] = { id = r.id, positions = p + 1, max_positions = reach, evicted = ev,
       prompt_positions = r.n_prompt }
   end
-  st.plan_positions = self.engine.sizes and self.engine.sizes.kv_plan_tokens or self.engine.kv_plan_tokens
+  st.plan_positions = self.engine.sizes and self.engine.sizes.plan_positions or self.engine.plan_positions
   st.pool_positions = self.engine.kv_tokens
   st.devices = self.engine:online_devices()
   st.link_rates = self.engine.link_rates and self.engine:link_rates() or {}

@@ -34,12 +34,12 @@ end
 -- One case: c = { model (a shape: llama-3.3-70b...), devices (names), reserve_gib (per device),
 -- link_rate ("100mbit"), link_delay_ms, link_schedule (a "links" policy: rates change between
 -- steps), pattern ("sporadic" | "bursty"), burst (4), requests (2), input_tokens, output_tokens,
--- context, plan_tokens (KV positions planned: fewer, the KV cache grows inside the budgets), method,
+-- context, plan_positions (KV positions planned: fewer, the KV cache grows inside the budgets), method,
 -- and the ablations' overrides: scheduler, online, conventional_loads; no_oot (the table shows
 -- the time however long, marked "(OOT)" past the limit) }. Returns
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why } (an OOT keeps its ms_per_token).
 function M.run(c)
-  local cp = require "loip.tools.cli_plan"
+  local cp = require "loip.cmd.common"
   local n = #c.devices
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1
@@ -47,7 +47,7 @@ function M.run(c)
   for i, b in ipairs(M.budgets(c.devices, c.reserve_gib)) do mem[i] = tostring(b) end
   local o = { like = c.model, dtype = "bf16", devices = n, mem = table.concat(mem, ","), device_profile = table.concat(c.devices, ","),
     link_rate = c.link_rate or "100mbit", link_delay = c.link_delay_ms and (c.link_delay_ms .. "ms") or nil,
-    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_tokens = c.plan_tokens }
+    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = c.plan_positions }
   local ok, prob = pcall(cp.problem_of, "experiment", o)
   if not ok then error(type(prob) == "table" and prob.msg or prob, 0) end
   local io_len = (c.input_tokens or 32) + math.floor((c.output_tokens or 64) / 2)
@@ -86,7 +86,7 @@ function M.run(c)
   local pok, p, est = pcall(policy.plan, prob, { scheduler = sched })
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
   local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
-    conventional_loads = c.conventional_loads, kv_plan_tokens = c.plan_tokens })
+    conventional_loads = c.conventional_loads, plan_positions = c.plan_positions })
   local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
     input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
   local online = c.online

@@ -3,9 +3,28 @@
 --   spec = { usage = "loip generate [flags]", summary = "...",
 --            flags = { { "max-tokens", "int", "tokens to generate", default = 256 }, ... },
 --            positional = { "FILE" } (names, for the usage text) }
+-- A row { "old-name", "int", alias_of = "new-name" } keeps a renamed flag working for a release:
+-- it sets new-name's option and says once on stderr that it is deprecated and what to use.
 local M = {}
 
 local function fail(cmd, msg) error({ usage_error = true, msg = cmd .. ": " .. msg }, 0) end
+
+-- Says once (per process) on stderr that `old`, a renamed flag or option of `who`, is deprecated
+-- and what to use instead; the old name keeps working for a release.
+local warned = {}
+function M.deprecated(who, old, new)
+  if warned[who .. old] then return end
+  warned[who .. old] = true
+  io.stderr:write(string.format("%s: %s is deprecated (it goes in a later release): use %s\n", who, old, new))
+end
+
+-- opts[new], else opts[old] (a Lua option renamed: deprecated, said once); who names the
+-- function taking the options.
+function M.renamed(opts, old, new, who)
+  if opts[new] ~= nil or opts[old] == nil then return opts[new] end
+  M.deprecated(who, old, new)
+  return opts[old]
+end
 
 -- Parses "1.5G", "600M", "4096" into bytes.
 function M.parse_bytes(s)
@@ -49,9 +68,13 @@ function M.parse(spec, argv, first)
       local f = byname[name]
       if not f then
         local names = {}
-        for _, x in ipairs(spec.flags) do names[#names + 1] = x[1] end
+        for _, x in ipairs(spec.flags) do if not x.alias_of then names[#names + 1] = x[1] end end
         local near = require("loip.tools.suggest").closest(name, names)
         fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
+      end
+      if f.alias_of then
+        M.deprecated(spec.name or "loip", "--" .. name, "--" .. f.alias_of)
+        name, f = f.alias_of, byname[f.alias_of]
       end
       local key = name:gsub("-", "_")
       if f[2] == "bool" then
@@ -90,13 +113,75 @@ function M.help(spec)
   if #spec.flags > 0 then out[#out + 1] = "flags:" end
   for _, f in ipairs(spec.flags) do
     local left = "  --" .. f[1] .. (f[2] ~= "bool" and (" " .. (f.metavar or f[2]:upper())) or "")
-    local right = f[3]
+    local right = f[3] or ("deprecated: use --" .. f.alias_of)
     if f.default ~= nil and f.default ~= "" and f[2] ~= "bool" then right = right .. " (default " .. tostring(f.default) .. ")" end
     if f.required then right = right .. " (required)" end
     out[#out + 1] = string.format("%-30s %s", left, right)
   end
   if spec.epilog then out[#out + 1] = "" out[#out + 1] = spec.epilog end
   return table.concat(out, "\n") .. "\n"
+end
+
+-- The flag rows several commands take, defined once here (a command lists them in its flags).
+M.shared = {
+  threads = { "threads", "int", "compute threads (0: all CPUs)", default = 0,
+    check = function(v) return v >= 0, "must be >= 0" end },
+  kernels = { "kernels", "string", "CPU kernel variant: auto, ref, avx2, avx512", default = "auto" },
+  cpu_latency = { "cpu-latency", "int", "hold this machine's CPU wake-up latency at US microseconds while "
+    .. "running (Linux PM QoS, /dev/cpu_dma_latency; root): fewer slow wake-ups per hop, more idle power",
+    metavar = "US", check = function(v) return v >= 0, "must be >= 0" end },
+  scheduler = { "scheduler", "string", "the scheduler that decides the plan: a name (recipes/policies/scheduler: loip, "
+    .. "even, uniform, pipeline, pipeline-offload, edgeshard, brute) or a file of your own", default = "loip",
+    metavar = "NAME|FILE.lua" },
+  cost_model = { "cost-model", "string", "the cost model the scheduler minimises: a name (recipes/policies/cost) or a file",
+    default = "loip", metavar = "NAME|FILE.lua" },
+  profile = { "profile", "string", "measured figures of the devices (loip profile); default: a calibration of this "
+    .. "machine (a few seconds, once, kept in ~/.cache/loip)", metavar = "FILE.json" },
+  stages = { "stages", "int", "stages per device (default: the scheduler's choice)", metavar = "S",
+    check = function(v) return v >= 1, "must be >= 1" end },
+  link_rate = { "link-rate", "string", "links between devices of this rate (emulated on local devices), e.g. 100mbit; "
+    .. "one, or one per link (link i: device i to the next)", metavar = "RATE[,RATE...]" },
+  link_delay = { "link-delay", "string", "this one-way delay per link, e.g. 2ms; one, or one per link", metavar = "TIME[,TIME...]" },
+  disk_rate = { "disk-rate", "string", "slice store: each device's disk at most this fast, bytes/s (e.g. 500M; emulated); "
+    .. "one, or one per device", metavar = "BYTES[,BYTES...]" },
+  slowdown = { "slowdown", "string", "devices whose compute takes this many times as long (emulated on local devices), "
+    .. "e.g. 1,1.5,2; one, or one per device", metavar = "F[,F...]" },
+  save_plan = { "save-plan", "string", "write the plan as a Lua file (what --plan reads)", metavar = "FILE.lua" },
+  token = { "token", "string", "with --hosts: the cluster secret the workers hold (default: LOIP_CLUSTER_TOKEN)", metavar = "SECRET" },
+  mem = { "mem", "string", "memory budget for weights, KV cache and activations, e.g. 1.5G (default: unlimited); "
+    .. "with --devices, one per device: 600M,400M,400M", metavar = "BYTES" },
+  devices = { "devices", "int", "run on N local devices (worker processes) of a cluster", metavar = "N",
+    check = function(v) return v >= 1 and v <= 64, "must be in 1..64" end },
+  hosts = { "hosts", "string", "run on running workers: host:port,host:port,... (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
+  plan_positions = { "plan-positions", "int", "slice store: KV positions the plan's memory holds, all requests together (default: "
+    .. "all the run takes); past them the KV cache grows inside each budget and the --online policy makes room live "
+    .. "(restaging, lending, offloading blocks)", metavar = "N", check = function(v) return v >= 1, "must be >= 1" end },
+  online = { "online", "string", "the online policy run before every step: a name (recipes/policies/online: loip, "
+    .. "thresholds, recompute), a file, or none (default: loip with --plan-positions, else none)", metavar = "NAME|FILE.lua" },
+  curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
+}
+
+-- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
+function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end
+
+-- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth
+-- reads them from the parsed options: layers, dim, ffn, heads, kv_heads, head_dim, vocab), their
+-- help starting with `lead`.
+function M.shape_flags(lead)
+  local rows = {}
+  for _, r in ipairs({ { "layers", "num_hidden_layers" }, { "dim", "hidden_size" }, { "ffn", "intermediate_size" },
+    { "heads", "num_attention_heads" }, { "kv-heads", "num_key_value_heads" }, { "head-dim", "head_dim" },
+    { "vocab", "vocab_size" } }) do
+    rows[#rows + 1] = { r[1], "int", lead .. "override " .. r[2] }
+  end
+  return rows
+end
+
+-- Lists of flag rows, one after the other.
+function M.rows(...)
+  local out = {}
+  for _, list in ipairs({ ... }) do for _, r in ipairs(list) do out[#out + 1] = r end end
+  return out
 end
 
 return M

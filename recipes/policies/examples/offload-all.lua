@@ -5,7 +5,7 @@
 -- What it is given (state, control) and how a policy takes settings (M.settings, read from its
 -- params, e.g. --online offload-all.lua:KEY=VALUE): docs/planning.md, "The policy API" and
 -- "Online policies".
---   loip generate --model STORE --devices 3 --mem ... --plan-context 32 --online recipes/policies/examples/offload-all.lua
+--   loip generate --model STORE --devices 3 --mem ... --plan-positions 32 --online recipes/policies/examples/offload-all.lua
 local M = { name = "offload-all" }
 
 function M.on_step(state, control)

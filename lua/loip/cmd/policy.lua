@@ -3,7 +3,14 @@
 -- choose a policy take NAME or NAME:KEY=VALUE,KEY=VALUE (docs/planning.md, "The policy API").
 local policy = require "loip.policy"
 
-local M = {}
+local M = {
+  brief = "the policies of each kind and their settings (list, show KIND NAME)",
+  usage = "loip policy [list [KIND] | show KIND NAME]",
+  summary = "The policies loip decides with (cost models, schedulers, online policies, link schedules, request\n"
+    .. "patterns, baselines, device profiles): `list` names each kind's shipped ones with their settings\n"
+    .. "(as `loip help policies`), `show KIND NAME` one in full (NAME may be a path).",
+  flags = {},
+}
 
 local function usage(fmt, ...) error({ usage_error = true, msg = "policy: " .. string.format(fmt, ...) }, 0) end
 
@@ -83,16 +90,7 @@ function M.show_text(kind, name)
   return table.concat(out, "\n") .. "\n"
 end
 
-M.commands = {}
-M.commands.policy = {
-  usage = "loip policy [list [KIND] | show KIND NAME]",
-  summary = "The policies loip decides with (cost models, schedulers, online policies, link schedules, request\n"
-    .. "patterns, baselines, device profiles): `list` names each kind's shipped ones with their settings\n"
-    .. "(as `loip help policies`), `show KIND NAME` one in full (NAME may be a path).",
-  flags = {},
-}
-
-function M.commands.policy.run(_, pos)
+function M.run(_, pos)
   local what = pos[1] or "list"
   if what == "list" then
     if pos[2] then

@@ -3,15 +3,14 @@
 -- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
-local cp = require "loip.tools.cli_plan"
+local common = require "loip.cmd.common"
+local flags = require "loip.tools.flags"
 
-local M = {}
+local function usage(fmt, ...) common.usage("simulate", fmt, ...) end
 
-local function usage(fmt, ...) error({ usage_error = true, msg = "simulate: " .. string.format(fmt, ...) }, 0) end
-
-local flags = {}
-for _, f in ipairs(cp.commands.plan.flags) do
-  if f[1] ~= "json" and f[1] ~= "save-plan" then flags[#flags + 1] = f end
+local rows = {}
+for _, f in ipairs(require("loip.cmd.plan").flags) do
+  if f[1] ~= "json" and f[1] ~= "save-plan" then rows[#rows + 1] = f end
 end
 for _, f in ipairs({
   { "plan", "string", "simulate this plan (a file --save-plan wrote) instead of the scheduler's", metavar = "FILE" },
@@ -26,21 +25,18 @@ for _, f in ipairs({
   -- loip generate's names, so that a generate command line simulates as it is
   { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
   { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
-  { "plan-context", "int", "as --plan-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
   { "tokenizer", "string", "as loip generate takes it: the tokenizer file that counts --prompt's tokens", metavar = "FILE" },
   { "prefill", "string", "newcomers' prompts: chunked (beside the others' decoding) or own (steps of their own)", default = "chunked",
     check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
-  { "plan-tokens", "int", "KV positions the plan's memory holds (fewer than --kv-tokens: the KV cache grows inside the budgets "
-    .. "and --online makes room as it does)", check = function(v) return v >= 1, "must be >= 1" end },
-  { "online", "string", "the online policy run before every step (recipes/policies/online: loip, thresholds, recompute; "
-    .. "none); the default is loip with --plan-tokens", metavar = "NAME|FILE" },
+  flags.shared.plan_positions, flags.alias("plan-tokens", flags.shared.plan_positions),
+  flags.alias("plan-context", flags.shared.plan_positions), flags.shared.online,
   { "link-schedule", "string", "the emulated links change between steps (recipes/policies/links: a name or a file)", metavar = "NAME|FILE" },
   { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/policies/baseline: galaxy, "
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
   { "verbose", "bool", "say which of loip generate's flags were ignored" },
-}) do flags[#flags + 1] = f end
+}) do rows[#rows + 1] = f end
 
 -- loip generate's flags that do not change the timing, taken so that its command line simulates
 -- as it is, and ignored (--verbose says so): the sampler's (every token costs the same, whichever
@@ -51,29 +47,28 @@ local IGNORED = {
   { "repeat-penalty", "number" }, { "ignore-eos", "bool" }, { "on-device-loss", "string" },
 }
 for _, f in ipairs(IGNORED) do
-  flags[#flags + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
+  rows[#rows + 1] = { f[1], f[2], "as loip generate takes it; ignored: it does not change the timing" }
 end
 
-M.commands = {}
-M.commands.simulate = {
+local M = {
+  brief = "play a plan out over time on simulated devices (profiles) for a request pattern",
   usage = "loip simulate (--model STORE|DIR | --like NAME [shape flags]) --devices N [--mem a,b,...] [--profile FILE] [flags]",
   summary = "Play the plan a scheduler chooses (or --plan) out over time on simulated devices: requests of a pattern\n"
     .. "arrive, are batched and prefilled as loip serve does them, and each step crosses the devices' disk,\n"
     .. "compute and network lanes as their profiles say. Prints the simulated time per token beside the cost\n"
     .. "model's estimate, per device and per request; nothing runs and no weights are read.",
-  flags = flags,
+  flags = rows,
 }
 
 local mean = require("loip.tools.bench").mean
 
-function M.commands.simulate.run(o)
+function M.run(o)
   for _, f in ipairs(IGNORED) do
     if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
       io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
     end
   end
   if o.max_tokens then o.output_tokens = o.max_tokens end
-  if o.plan_context then o.plan_tokens = o.plan_context end
   if o.prompt then
     if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
     local st = require "loip.model.store"
@@ -86,7 +81,7 @@ function M.commands.simulate.run(o)
   local policy = require "loip.policy"
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
-  local prob, sizes = cp.problem_of("simulate", o)
+  local prob, sizes = common.problem_of("simulate", o)
   if o.baseline then
     -- a system we do not build: its model's step time at the pattern's batch, mid-generation
     local base = policy.load("baseline", o.baseline)
@@ -116,18 +111,17 @@ function M.commands.simulate.run(o)
     p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
   end
   local mopts = require("loip.plan.space").memory_opts(prob)
-  if not o.json then cp.report(p, est, info, sizes, mopts) end
+  if not o.json then common.report(p, est, info, sizes, mopts) end
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
-    local prob2 = cp.problem_of("simulate", setmetatable({ plan_tokens = positions }, { __index = o }))
+    local prob2 = common.problem_of("simulate", setmetatable({ plan_positions = positions }, { __index = o }))
     local p2, est2 = policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model })
     return prob2, p2, est2
   end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
-    kv_tokens = o.kv_tokens, kv_plan_tokens = o.plan_tokens, estimate = est, trace = o.trace ~= nil,
+    kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
     replanner = not o.plan and replanner or nil })
-  local online = o.online or (o.plan_tokens and "loip") or nil
-  if online == "none" then online = nil end
+  local online = require("loip.serve.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
   local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online })

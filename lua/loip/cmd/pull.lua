@@ -1,11 +1,9 @@
 -- `loip pull REPO`: a model repository from Hugging Face (or a compatible endpoint) into a
 -- directory, resumable and verified (loip.model.pull does the work).
-local M = {}
+local function usage(fmt, ...) require("loip.cmd.common").usage("pull", fmt, ...) end
 
-local function usage(fmt, ...) error({ usage_error = true, msg = "pull: " .. string.format(fmt, ...) }, 0) end
-
-M.commands = {}
-M.commands.pull = {
+local M = {
+  brief = "download a model repository from Hugging Face (or a compatible endpoint), resumable",
   usage = "loip pull REPO [--revision REV] [--endpoint URL] [--to DIR] [--include GLOB]... [flags]",
   summary = "Download a model repository (owner/name) from Hugging Face or a compatible endpoint into a\n"
     .. "directory that loip generate, slice and serve take. Files are listed through the Hub's API, each\n"
@@ -31,7 +29,7 @@ M.commands.pull = {
 -- Every --include of the command line (flags.parse keeps the last of a repeated flag).
 local function includes(argv)
   local takes_value = {}
-  for _, f in ipairs(M.commands.pull.flags) do takes_value[f[1]] = f[2] ~= "bool" end
+  for _, f in ipairs(M.flags) do takes_value[f[1]] = f[2] ~= "bool" end
   local out, i = {}, 2
   while i <= #argv do
     local a = argv[i]
@@ -50,7 +48,7 @@ local function includes(argv)
   return out
 end
 
-function M.commands.pull.run(o, pos, argv)
+function M.run(o, pos, argv)
   local pull = require "loip.model.pull"
   if not pos[1] or pos[2] then usage("one REPO, owner/name (see --help)") end
   local ok, why = pull.check_repo(pos[1])

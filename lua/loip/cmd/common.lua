@@ -1,0 +1,210 @@
+-- What the commands of lua/loip/cmd/ share beyond their flags (those are loip.tools.flags'):
+-- usage errors, the kernels chosen, the model a cluster runs (a store, sliced into the cache when
+-- needed), the workers of --hosts, the values a flag takes once or once per device, the
+-- planning problem `plan` and `simulate` build, and the plan's report.
+local flags = require "loip.tools.flags"
+
+local M = {}
+
+-- A usage error of command cmd (the dispatcher prints "loip: cmd: ..." and exits 2).
+function M.usage(cmd, fmt, ...) error({ usage_error = true, msg = cmd .. ": " .. string.format(fmt, ...) }, 0) end
+local usage = M.usage
+
+function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
+
+-- The CPU kernel variant of --kernels.
+function M.use_kernels(name)
+  local core = require "loip.core"
+  core.check(core.C.loip_kernels_use(name), "--kernels")
+end
+
+-- The layers of the model at path (a store, or any model loip opens), read without loading it.
+function M.model_layers(path)
+  local model = require "loip.model"
+  if model.locate(path) == "store" then
+    local st = require "loip.model.store"
+    return st.config(path, st.read_manifest(path)).n_layers
+  end
+  local src = require("loip.model.slice").open_source(path)
+  local layers = src.c.n_layers
+  src.close()
+  return layers
+end
+
+-- The slice store a cluster runs for --model: the store given, or, for --devices, the model
+-- sliced into the cache (loip.model.slice.cached; said on stderr); --hosts needs a store (each
+-- host holds a copy). Sets o.source_model to what the user named.
+function M.store_for(cmd, o)
+  local model = require "loip.model"
+  local kind = model.locate(o.model)
+  if kind == "store" then return o.model end
+  if o.hosts then
+    usage(cmd, "--hosts needs a slice store that every host holds a copy of: make one with loip slice %s STORE_DIR and copy it to them",
+      o.model)
+  end
+  local dir, made = require("loip.model.slice").cached(o.model, { quiet = o.json or o.quiet })
+  if not (o.json or o.quiet) or made then
+    io.stderr:write(made and string.format("%s: sliced %s into the slice store %s (kept for the next run)\n", cmd, o.model, dir)
+      or string.format("%s: running the slice store of %s in %s (sliced earlier)\n", cmd, o.model, dir))
+  end
+  o.source_model = o.model
+  o.model = dir
+  return dir
+end
+
+-- The workers of --hosts as a list; without a way to authenticate to them, a usage error (a
+-- random token could never work).
+function M.hosts(cmd, o)
+  local hosts = {}
+  if not o.hosts then return hosts end
+  for h in o.hosts:gmatch("[^,]+") do hosts[#hosts + 1] = h end
+  if #hosts == 0 then usage(cmd, "--hosts: no host:port in '%s'", o.hosts) end
+  if not M.token(o) and not o.curve_keys then
+    usage(cmd, "--hosts needs the cluster's secret: --token SECRET, LOIP_CLUSTER_TOKEN, or --curve-keys DIR (as the workers were started with)")
+  end
+  return hosts
+end
+function M.token(o) return o.token or os.getenv("LOIP_CLUSTER_TOKEN") end
+
+-- A comma-separated list of n values (one value: the same for all) through parse(item) ->
+-- value or nil; nil when text is nil. Usage errors name the flag.
+function M.each(cmd, flag, text, n, parse, what, noun)
+  if text == nil then return nil end
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    local v = parse(item)
+    if v == nil then usage(cmd, "--%s: '%s' is not %s", flag, item, what) end
+    out[#out + 1] = v
+  end
+  if #out == 0 then usage(cmd, "--%s: no value", flag) end
+  if #out == 1 then for i = 2, n do out[i] = out[1] end end
+  if #out ~= n then usage(cmd, "--%s gives %d %s for %d devices (give one, or one per device)", flag, #out, noun or "values", n) end
+  return out
+end
+
+local function time_ms(s)
+  local num, unit = tostring(s):match("^(%d+%.?%d*)%s*(%a*)$")
+  local mult = ({ [""] = 1, ms = 1, us = 1e-3, s = 1e3 })[unit or ""]
+  return num and mult and tonumber(num) * mult or nil
+end
+
+-- The per-device settings of options o for n devices: { mem, disk_rate, slowdown, link = { rate,
+-- delay_ms } } (each nil when not given).
+function M.settings(cmd, o, n)
+  local transport = require "loip.runtime.transport"
+  local r = {}
+  r.mem = M.each(cmd, "mem", o.mem, n, flags.parse_bytes, "a size (e.g. 1.5G, 600M)", "budgets")
+  r.disk_rate = M.each(cmd, "disk-rate", o.disk_rate, n, function(v) local b = flags.parse_bytes(v) return b and b > 0 and b or nil end,
+    "a rate in bytes/s (e.g. 500M)")
+  r.slowdown = M.each(cmd, "slowdown", o.slowdown, n, function(v) local f = tonumber(v) return f and f >= 1 and f or nil end,
+    "a factor >= 1", "factors")
+  local rates = M.each(cmd, "link-rate", o.link_rate, n, function(v) return transport.parse_rate(v) and v or nil end,
+    "a rate such as 100mbit")
+  local delays = M.each(cmd, "link-delay", o.link_delay, n, time_ms, "a time such as 2ms")
+  if rates or delays then r.link = { rate = rates, delay_ms = delays } end
+  return r
+end
+
+-- Print a plan, its estimate and the scheduler's facts (human), or the JSON `loip plan` gives.
+function M.report(p, est, info, sizes, mopts, as_json, extra)
+  local plan = require "loip.plan"
+  if as_json then
+    local devs = {}
+    for i, d in ipairs(est and est.devices or {}) do
+      devs[i] = { comp_ms = d.comp_ms, load_ms = d.load_ms, uncover_ms = d.uncover_ms, comm_ms = d.comm_ms,
+        memory_bytes = d.memory_bytes, idle_ms = d.idle_ms }
+    end
+    local out = { plan = plan.bare(p), estimate_ms_per_token = est and est.ms_per_token, devices = devs,
+      scheduler_ms = info and info.scheduler_ms, scheduler = info and info.scheduler, cost_model = info and info.cost,
+      stages = #p.devices[1].stages, bound = est and est.bound, bottleneck = est and est.bottleneck,
+      comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms }
+    for k, v in pairs(extra or {}) do out[k] = v end
+    io.stdout:write(require("loip.tools.json").encode(out), "\n")
+    return
+  end
+  io.stderr:write(plan.describe(p, sizes, mopts, est), "\n")
+  if info then
+    io.stderr:write(string.format("  scheduler %s with cost model %s: %.1f ms to decide%s\n", info.scheduler, info.cost,
+      info.scheduler_ms, est and est.layout and (" (" .. est.layout .. ")") or ""))
+  end
+end
+
+-- The planning problem `loip plan` and `loip simulate` (cmd) build from their flags: the model
+-- (--model or --like), the profiles (--profile, else a calibration of this machine), budgets,
+-- disks, links, slowdowns. Returns problem, sizes.
+function M.problem_of(cmd, o)
+  local problem = require "loip.plan.problem"
+  local profile = require "loip.plan.profile"
+  if (o.model == nil) == (o.like == nil) then usage(cmd, "give --model STORE|DIR or --like NAME (one of them)") end
+  local n = o.devices
+  local set = M.settings(cmd, o, n)
+  -- (the threads a local device gets: the calibration and the sizes as the cluster's)
+  o.threads = profile.split_threads(n, o.threads)
+  local sizes, cfg, dtype, _
+  if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
+  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
+    plan_positions = o.plan_positions }
+  -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
+  local function context_of(config)
+    local max = config.max_position_embeddings or 2048
+    return math.min(o.context or require("loip.model").default_context(max), max)
+  end
+  local is_store = o.model and require("loip.model").locate(o.model) == "store"
+  if o.like then
+    local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab }
+    sopts.context = context_of(require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
+    sizes, cfg, _, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
+  elseif is_store then
+    sopts.context = context_of(require("loip.model.store").read_manifest(o.model).config)
+    sizes, cfg, _, dtype = problem.model_of_store(o.model, sopts)
+  else
+    sizes, cfg, _, dtype = problem.model_of_source(o.model, sopts, function(config) sopts.context = context_of(config) end)
+  end
+  if sopts.batch > sopts.context then sopts.batch = sopts.context end
+  if o.profile and o.device_profile then usage(cmd, "give --profile or --device-profile, not both") end
+  local profiles = {}
+  local budgets = set.mem
+  if o.device_profile then
+    -- devices one does not own, from their published figures (recipes/policies/device), for this shape
+    local names = {}
+    for x in o.device_profile:gmatch("[^,]+") do names[#names + 1] = x end
+    if #names ~= 1 and #names ~= n then usage(cmd, "--device-profile names %d devices, --devices is %d", #names, n) end
+    local shape = problem.shape_of(cfg, dtype)
+    local devs = {}
+    for i = 1, n do
+      local name = names[#names == 1 and 1 or i]
+      local ok, dev = pcall(require("loip.policy").load, "device", name)
+      if not ok then usage(cmd, "--device-profile %s: %s", name, tostring(dev)) end
+      devs[i], profiles[i] = dev, dev.profile(shape)
+    end
+    if not budgets then
+      budgets = {}
+      for i, dev in ipairs(devs) do budgets[i] = dev.memory_bytes - dev.reserve_bytes end
+    end
+  end
+  local pr = o.profile and profile.load(o.profile)
+  if pr and pr.devices and #pr.devices ~= n then
+    usage(cmd, "--profile %s profiles %d devices, --devices is %d", o.profile, #pr.devices, n)
+  end
+  if not pr and not o.device_profile then
+    -- (this machine's figures for every device: its local devices, as `loip generate --devices N`
+    -- starts them, sharing its disk; the same calibration, from the same cache file, as theirs)
+    pr = profile.calibrate { store = is_store and o.model or nil, cfg = cfg, dtype = dtype, threads = o.threads, context = sopts.context,
+      readers = n }
+  end
+  if pr then
+    for i = 1, n do profiles[i] = pr.devices and pr.devices[i] or pr end
+  end
+  local link_rate -- bytes/s per link
+  if set.link and set.link.rate then
+    link_rate = {}
+    for i, v in ipairs(set.link.rate) do link_rate[i] = require("loip.runtime.transport").parse_rate(v) end
+  end
+  local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = budgets or 0,
+    profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
+    link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
+    context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch }
+  return prob, sizes
+end
+
+return M

@@ -1,0 +1,77 @@
+-- `loip profile`: measure a device (or running workers) for planning: compute, disk, transport.
+local common = require "loip.cmd.common"
+local flags = require "loip.tools.flags"
+
+local usage = common.usage
+
+local M = {
+  brief = "measure a device (or running workers) for planning: compute, disk, transport",
+  usage = "loip profile --model STORE [--out FILE] [flags]\n       loip profile --hosts h1:p,h2:p,... --out FILE",
+  summary = "Measure a device for planning and write a JSON profile (for --profile): compute time of an MHA and an\n"
+    .. "MLP block of the store's shape for batches and context lengths, compute while the disk streams, the\n"
+    .. "loader's cold read rate (O_DIRECT), the transport's time per message, memory available. With --hosts,\n"
+    .. "every running worker measures itself on its own store, and the link to its ring neighbour.",
+  flags = {
+    { "model", "string", "the slice store whose blocks are timed and read", metavar = "STORE" },
+    { "hosts", "string", "running workers to profile instead (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
+    flags.shared.token, flags.shared.curve_keys,
+    { "out", "string", "the profile file to write (default: print it)", metavar = "FILE.json" },
+    flags.shared.threads,
+    { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
+    { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
+    { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
+    { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
+    { "readers", "int", "local devices that will read this disk at once (a cluster of N local workers): the disk and "
+      .. "compute while it streams are measured with as many readers, each device priced at its share", default = 1,
+      check = function(v) return v >= 1, "must be >= 1" end },
+  },
+}
+
+local function numbers(cmd, flag, text)
+  local out = {}
+  for item in tostring(text):gmatch("[^,]+") do
+    local v = tonumber(item)
+    if not v or v < 1 or v ~= math.floor(v) then usage(cmd, "--%s: '%s' is not a positive integer", flag, item) end
+    out[#out + 1] = v
+  end
+  return out
+end
+
+function M.run(o)
+  local profile = require "loip.plan.profile"
+  local json = require "loip.tools.json"
+  local pr
+  if o.hosts then
+    local cluster = require "loip.cluster"
+    local hosts = common.hosts("profile", o)
+    if not o.model then usage("profile", "--hosts needs --model STORE: the head's copy of the store the workers hold") end
+    local c = cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys })
+    local ok, err = pcall(function()
+      pr = { loip_profile = profile.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"), devices = {} }
+      for i, d in ipairs(c.devices) do
+        io.stderr:write(string.format("device %d (%s): measuring\n", i, d.endpoint))
+        local nxt = c.devices[i % #c.devices + 1].endpoint
+        local r = c:ask(i, { kind = "PROFILE", payload = json.encode({ full = true, batches = numbers("profile", "batches", o.batches),
+          contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate,
+          link_to = #c.devices > 1 and nxt or nil }) }, 600000, d.bulk)
+        pr.devices[i] = json.decode(r.payload)
+      end
+    end)
+    c:close()
+    if not ok then error(err, 0) end
+  else
+    if not o.model then usage("profile", "--model STORE is required (or --hosts)") end
+    pr = profile.of_store(o.model, { threads = o.threads, batches = numbers("profile", "batches", o.batches),
+      contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate, readers = o.readers,
+      progress = function(what) io.stderr:write("measuring ", what, "\n") end })
+  end
+  if o.out then
+    profile.save(o.out, pr)
+    io.stderr:write("profile -> ", o.out, "\n")
+  else
+    io.stdout:write(json.encode_sorted(pr, 2), "\n")
+  end
+  return 0
+end
+
+return M

@@ -1,0 +1,117 @@
+-- `loip serve`: serve the model over HTTP with OpenAI's API, on one device or a cluster.
+local common = require "loip.cmd.common"
+local flags = require "loip.tools.flags"
+
+local usage = common.usage
+
+local M = {
+  brief = "serve the model over HTTP with OpenAI's API (many requests at once)",
+  usage = "loip serve --model DIR|STORE [--devices N | --hosts LIST] [--mem ...] [--context N] [--host 127.0.0.1] --port P [--api-key KEY] [--max-batch B]",
+  summary = "Serve the model over HTTP with OpenAI's API: POST /v1/chat/completions and /v1/completions\n"
+    .. "(stream: true for server-sent events), GET /v1/models, /health and /metrics (Prometheus). Up to\n"
+    .. "--max-batch requests decode together as one micro-batch; more wait in a queue (--max-queue; past it,\n"
+    .. "429). On several devices (--devices, --hosts) the scheduler plans for that batch. Stops on SIGINT/SIGTERM.",
+  flags = {
+    { "model", "string", "model directory, GGUF file, slice store (needed for --devices/--hosts) or llama2.c checkpoint", required = true, metavar = "DIR" },
+    { "port", "int", "TCP port (0: any free one, printed)", default = 8080,
+      check = function(v) return v >= 0 and v <= 65535, "must be in 0..65535" end },
+    { "host", "string", "IPv4 address to listen at (0.0.0.0: every interface)", default = "127.0.0.1" },
+    { "api-key", "string", "require Authorization: Bearer KEY on /v1 (default: LOIP_API_KEY, else none)", metavar = "KEY" },
+    { "served-name", "string", "the model id clients name (default: the model directory's name)", metavar = "NAME" },
+    { "max-batch", "int", "requests decoding at once (sequence slots, each with its own KV cache)", default = 4,
+      check = function(v) return v >= 1 and v <= 256, "must be in 1..256" end },
+    { "max-queue", "int", "requests waiting for a slot before the server answers 429", default = 64,
+      check = function(v) return v >= 0, "must be >= 0" end },
+    { "context", "int", "positions per request (prompt and completion; default: min(model max, 4096))",
+      check = function(v) return v > 0, "must be > 0" end },
+    { "kv-tokens", "int", "KV cache positions all requests share (default: context x max-batch)",
+      check = function(v) return v > 0, "must be > 0" end },
+    flags.shared.plan_positions, flags.alias("plan-tokens", flags.shared.plan_positions), flags.shared.online,
+    { "link-schedule", "string", "local devices: emulated links that change while serving (recipes/policies/links or a file)",
+      metavar = "NAME|FILE.lua" },
+    { "step-tokens", "int", "tokens one step carries: the decoding requests' and prompt chunks (default 64)",
+      default = 64, check = function(v) return v >= 1, "must be >= 1" end },
+    { "prefill", "string", "newcomers' prompts: chunked (in the steps beside the others' decoding) or own (steps of their own)",
+      default = "chunked", check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
+    { "max-body", "bytes", "largest request body", default = 4 * 1024 * 1024, metavar = "BYTES" },
+    { "chat-template", "string", "Jinja chat template to use instead of the model's", metavar = "FILE" },
+    flags.shared.mem, flags.shared.devices, flags.shared.hosts,
+    flags.shared.token, flags.shared.curve_keys,
+    flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
+    flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
+    flags.shared.threads, flags.shared.kernels,
+    { "quiet", "bool", "no log line per request" },
+  },
+}
+
+function M.run(o)
+  common.use_kernels(o.kernels)
+  local model = require "loip.model"
+  local server = require "loip.serve.server"
+  local hosts = common.hosts("serve", o)
+  local n = o.devices or #hosts
+  local cluster_run = n > 0
+  local name = o.served_name or (o.model:gsub("/+$", ""):match("([^/]+)$"))
+  if cluster_run then
+    local layers = common.model_layers(o.model)
+    if n > 2 * layers then
+      usage("serve", "%d devices but the model has only %d blocks (%d layers): use at most %d", n, 2 * layers, layers, 2 * layers)
+    end
+    common.store_for("serve", o)
+  end
+  local _, _, tokdir = model.locate(o.model)
+  if o.max_batch > o.step_tokens then
+    usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
+  end
+  local api_key = o.api_key or os.getenv("LOIP_API_KEY")
+  if api_key == "" then api_key = nil end
+  local m, c, tok
+  local set = common.settings("serve", o, math.max(n, 1))
+  local ok, err = pcall(function()
+    if cluster_run then
+      local cluster = require "loip.cluster"
+      local st = require "loip.model.store"
+      local cfg = st.config(o.model, st.read_manifest(o.model))
+      tok = require("loip.text.tokenizer").open(o.model, { vocab_size = cfg.vocab_size })
+      c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys })
+        or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil }
+      if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
+      local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
+        context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
+        plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
+        link_schedule = o.link_schedule,
+        disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
+      if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
+    else
+      if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
+      if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end
+      local is_store = model.locate(o.model) == "store"
+      if o.plan_positions and not is_store then usage("serve", "--plan-positions needs a slice store (make one with loip slice)") end
+      m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
+        kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
+        stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
+        online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
+      tok = m.tokenizer
+      if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
+    end
+    local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template,
+      name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
+      prefill = o.prefill,
+      quiet = o.quiet }
+    -- the address first, on stdout (port 0: the one chosen), for scripts that start us
+    io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
+    io.stdout:flush()
+    if srv.chat_error and not o.quiet then
+      io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
+    end
+    local rok, rerr = pcall(srv.run, srv)
+    srv:close()
+    if not rok then error(rerr, 0) end
+  end)
+  if c then c:close() end
+  if m then m:close() end
+  if not ok then error(err, 0) end
+  return 0
+end
+
+return M

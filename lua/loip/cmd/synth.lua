@@ -1,0 +1,35 @@
+-- `loip synth`: write a random-weight model with a real model's shapes.
+local common = require "loip.cmd.common"
+local flags = require "loip.tools.flags"
+
+local M = {
+  brief = "write a random-weight model with a real model's shapes",
+  usage = "loip synth --like NAME [--dtype bf16] [flags] OUT_DIR",
+  summary = "Write a random-weight (seeded) Hugging Face model directory with the exact shapes of a named\n"
+    .. "model, plus a tokenizer.bin it can be run with. Shapes can be overridden.",
+  flags = flags.rows({
+    { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
+    { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
+    { "seed", "int", "random seed", default = 1 },
+    { "std", "number", "standard deviation of the random weights", default = 0.02,
+      check = function(v) return v >= 0, "must be >= 0" end },
+  }, flags.shape_flags(""), {
+    { "shard-size", "bytes", "largest safetensors shard", default = 5 * 1024 ^ 3 },
+    { "force", "bool", "replace OUT_DIR's model files if they exist" },
+    { "list", "bool", "list the known shapes" },
+  }),
+}
+
+function M.run(o, pos)
+  local synth = require "loip.model.synth"
+  if o.list then
+    for _, name in ipairs(require("loip.model.shapes").names()) do print(name) end
+    return 0
+  end
+  if not o.like then common.usage("synth", "--like NAME is required (see --list)") end
+  if not pos[1] then common.usage("synth", "OUT_DIR is required") end
+  synth.write(pos[1], o)
+  return 0
+end
+
+return M

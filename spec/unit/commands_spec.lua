@@ -1,0 +1,144 @@
+-- The command line's shape: one module of lua/loip/cmd/ per command `loip help` lists, each
+-- module's flags in its help, renamed flags and options kept as aliases that say so once, and
+-- one rule for the online policy a run gets.
+local cli = require "loip.tools.cli"
+local flags = require "loip.tools.flags"
+local T = require "spec.support"
+
+teardown(T.drop_stores)
+
+-- The commands `loip help` lists (not the REPL, help and version lines).
+local function listed()
+  local out, body = {}, cli.usage():match("\ncommands:\n(.*)$")
+  for line in body:gmatch("[^\n]+") do
+    local name = line:match("^  (%S+)")
+    if name ~= "(none)" and name ~= "help" and name ~= "version" then out[#out + 1] = name end
+  end
+  return out
+end
+
+-- The modules in lua/loip/cmd/ (common.lua is what they share, not a command).
+local function modules()
+  local out = {}
+  local p = io.popen("ls " .. T.root .. "/lua/loip/cmd")
+  for f in p:lines() do
+    local name = f:match("^(.+)%.lua$")
+    if name and name ~= "common" then out[#out + 1] = name end
+  end
+  p:close()
+  return out
+end
+
+-- Runs f with io.stderr replaced by a writer that keeps the text; returns f's results and the text.
+local function stderr_of(f)
+  local text, real = {}, io.stderr
+  io.stderr = { write = function(self, ...) for _, s in ipairs({ ... }) do text[#text + 1] = s end return self end }
+  local ok, a, b = pcall(f)
+  io.stderr = real
+  if not ok then error(a, 0) end
+  return a, b, table.concat(text)
+end
+
+describe("loip's commands", function()
+  it("are one module each in lua/loip/cmd/, as loip help lists them", function()
+    local names, files, inside = listed(), modules(), {}
+    table.sort(files)
+    assert.is_true(#names >= 15, #names .. " commands listed")
+    for _, name in ipairs(names) do
+      -- (one plugged in from elsewhere, cli.add's, is a module of its own too)
+      assert.is_string(cli.modules[name], name .. ": no module")
+      if cli.modules[name]:match("^loip%.cmd%.") then inside[#inside + 1] = name end
+    end
+    table.sort(inside)
+    assert.are.same(files, inside)
+    local seen = {}
+    for _, name in ipairs(names) do
+      local m = require(cli.modules[name])
+      assert.are.equal(m, cli.commands[name], name)
+      assert.is_nil(seen[m], name .. " and " .. tostring(seen[m]) .. " share a module")
+      seen[m] = name
+      assert.is_string(m.brief, name)
+      assert.is_function(m.run, name)
+    end
+  end)
+
+  it("show every flag of theirs in their help, each name once", function()
+    for name, m in pairs(cli.commands) do
+      local help, once = flags.help(m), {}
+      for _, f in ipairs(m.flags) do
+        assert.is_nil(once[f[1]], name .. ": --" .. f[1] .. " twice")
+        once[f[1]] = true
+        assert.matches("\n  %-%-" .. f[1]:gsub("%-", "%%-") .. "[ \n]", help, nil, false, name .. ": --" .. f[1])
+      end
+    end
+  end)
+
+  it("take a command plugged in from elsewhere, listed in help", function()
+    local before = #cli.order
+    local cmd = { brief = "a test's command", usage = "loip spec-cmd", summary = "s", flags = {},
+      run = function() return 7 end }
+    cli.add("spec-cmd", cmd)
+    local ok, err = pcall(function()
+      assert.matches("\n  spec-cmd    a test's command\n", cli.usage(), 1, true)
+      assert.is_nil(cli.modules["spec-cmd"])
+      assert.are.equal(7, cli.main({ [0] = "loip", "spec-cmd" }))
+      assert.has_error(function() cli.add("spec-cmd", cmd) end, "loip: command spec-cmd is defined twice")
+    end)
+    cli.commands["spec-cmd"], cli.order[before + 1] = nil, nil
+    assert(ok, err)
+  end)
+end)
+
+describe("renamed flags and options", function()
+  it("plan for N KV positions is --plan-positions; the old names set it and say so once", function()
+    for _, case in ipairs({ { "generate", "--plan-context" }, { "serve", "--plan-tokens" },
+      { "simulate", "--plan-tokens" }, { "simulate", "--plan-context" } }) do
+      local spec = setmetatable({ name = case[1] .. "-alias-" .. case[2] }, { __index = cli.commands[case[1]] })
+      local o, _, err = stderr_of(function()
+        return flags.parse(spec, { "--model", "m", case[2], "16", case[2] .. "=32" }, 1)
+      end)
+      assert.are.equal(32, o.plan_positions, case[1] .. " " .. case[2])
+      assert.is_nil(o[case[2]:sub(3):gsub("%-", "_")])
+      assert.are.equal(spec.name .. ": " .. case[2] .. " is deprecated (it goes in a later release): use --plan-positions\n", err)
+      assert.matches(case[2]:gsub("%-", "%%-") .. " N%s+deprecated: use %-%-plan%-positions", flags.help(spec))
+    end
+    -- (checked as the new name is: the value's type and range)
+    local spec = setmetatable({ name = "generate" }, { __index = cli.commands.generate })
+    local ok, e = pcall(stderr_of, function() return flags.parse(spec, { "--model", "m", "--plan-context", "0" }, 1) end)
+    assert.is_false(ok)
+    assert.matches("generate: --plan-positions: must be >= 1", e.msg or tostring(e), 1, true)
+  end)
+
+  it("the Lua option kv_plan_tokens is plan_positions, said once", function()
+    local v, _, err = stderr_of(function()
+      flags.renamed({ kv_plan_tokens = 8 }, "kv_plan_tokens", "plan_positions", "spec.renamed")
+      return flags.renamed({ kv_plan_tokens = 16 }, "kv_plan_tokens", "plan_positions", "spec.renamed")
+    end)
+    assert.are.equal(16, v)
+    assert.are.equal("spec.renamed: kv_plan_tokens is deprecated (it goes in a later release): use plan_positions\n", err)
+    assert.are.equal(4, flags.renamed({ plan_positions = 4, kv_plan_tokens = 16 }, "kv_plan_tokens", "plan_positions", "x"))
+    assert.is_nil(flags.renamed({}, "kv_plan_tokens", "plan_positions", "x"))
+    -- plan.sizes takes both names
+    local plan = require "loip.plan"
+    local store = require "loip.model.store"
+    local dir = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local man = store.read_manifest(dir)
+    local cfg = store.config(dir, man)
+    local a = plan.sizes(man, cfg, { context = 256, batch = 16, plan_positions = 32 })
+    local b = stderr_of(function() return plan.sizes(man, cfg, { context = 256, batch = 16, kv_plan_tokens = 32 }) end)
+    assert.are.equal(32, a.plan_positions)
+    assert.are.same(a, b)
+  end)
+end)
+
+describe("the online policy a run gets", function()
+  it("is the one named, none for none, else loip when planned for fewer positions", function()
+    local choose = require("loip.serve.online").choose
+    assert.is_nil(choose(nil, nil))
+    assert.are.equal("loip", choose(nil, 32))
+    assert.is_nil(choose("none", 32))
+    assert.are.equal("recompute", choose("recompute", nil))
+    assert.are.equal("loip", choose("loip", nil))
+    assert.are.equal("x.lua", choose("x.lua", 32))
+  end)
+end)
