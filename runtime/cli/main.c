@@ -1,5 +1,5 @@
 /* The loip command: LuaJIT with the runtime linked in and lua/ on its path. Everything the
- * command does is decided in Lua (lua/loip/cli.lua); this file only hosts the interpreter and
+ * command does is decided in Lua (lua/loip/tools/cli.lua); this file only hosts the interpreter and
  * gives the REPL line editing (libedit) when it was found at build time. */
 #include <errno.h>
 #include <limits.h>
