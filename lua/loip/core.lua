@@ -8,6 +8,9 @@ local cdef = require "loip.cdef"
 ffi.cdef(cdef)
 local build = require "loip.build_config"
 M.build = build
+-- loip.h's enumerators as plain numbers (generated beside the cdef): message kinds, flags,
+-- dtypes, the KV group, never retyped here.
+M.constants = require "loip.constants"
 
 -- Inside the loip command the runtime is linked in (and exported with -rdynamic); under a
 -- plain luajit, load libloip from LOIP_LIB, the build tree, or the install prefix.
@@ -64,8 +67,9 @@ function M.check(rc, context)
   end
 end
 
-M.dtype = { F32 = C.LOIP_F32, BF16 = C.LOIP_BF16, F16 = C.LOIP_F16, I32 = C.LOIP_I32 }
-M.dtype_name = { [0] = "F32", [1] = "BF16", [2] = "F16", [3] = "I32" }
+M.dtype = M.constants.dtype
+M.dtype_name = {}
+for name, v in pairs(M.dtype) do M.dtype_name[v] = name end
 
 -- Hold the CPUs' wake-up latency at us microseconds (Linux PM QoS, /dev/cpu_dma_latency) while
 -- this process runs, or release it (us nil). Machine-wide: it covers every process here, e.g.

@@ -26,7 +26,7 @@ static int is_dir(const char *p) {
 }
 
 /* lua/ from LOIP_LUA_DIR, else the source tree this binary was built from, else the install
- * prefix; the build tree's generated modules (cdef.lua, build_config.lua) come first. */
+ * prefix; the build tree's generated modules (cdef.lua, constants.lua, build_config.lua) come first. */
 static void set_paths(lua_State *L) {
     const char *env = getenv("LOIP_LUA_DIR");
     const char *src = env && *env ? env : (is_dir(LOIP_SOURCE_LUA_DIR) ? LOIP_SOURCE_LUA_DIR : LOIP_INSTALL_LUA_DIR);

@@ -94,7 +94,8 @@ local function apply(control, i, d, off)
 end
 
 -- Groups request r holds after the step (evicted ones not), and what lending takes of it.
-local function held_groups(r) return math.floor((r.positions - 1) / 16) + 1 - math.floor(r.evicted / 16) end
+local KV_GROUP = require("loip.constants").KV_BLOCK_TOKENS -- positions per group
+local function held_groups(r) return math.floor((r.positions - 1) / KV_GROUP) + 1 - math.floor(r.evicted / KV_GROUP) end
 
 -- Bytes device d ships for stage s with g groups per request.
 local function stage_lent(state, d, s, g)
