@@ -84,6 +84,9 @@ end
 function M.now_ms()
   return tonumber(C.loip_now_ns()) / 1e6
 end
+-- The monotonic clock in nanoseconds (a number), and a sleep of ms milliseconds.
+function M.now_ns() return tonumber(C.loip_now_ns()) end
+function M.sleep_ms(ms) C.loip_sleep_ms(ms) end
 
 -- An owning handle: h = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, args...)
 function M.new(ctype, ctor, dtor, ...)
