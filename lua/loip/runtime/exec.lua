@@ -24,6 +24,8 @@ function M.model_new(cfg) return core.new("loip_model *", C.loip_model_new, C.lo
 function M.model_free(m) core.free(m, C.loip_model_free) end
 -- Bind weight view t (a loip_tensor) as (layer, which); the shape and dtype are checked.
 function M.model_bind(m, layer, which, t, context) return core.ok(C.loip_model_bind(m, layer, which, t), context) end
+-- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).
+function M.model_check(m, first, last, context) return core.ok(C.loip_model_check(m, first, last), context) end
 
 -- ---- sessions
 -- A session keeping the KV cache of the layers with mask[l] ~= 0 (a uint8_t array; nil: all).

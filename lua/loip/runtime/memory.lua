@@ -48,10 +48,11 @@ function Budget:peak() return tonumber(C.loip_budget_peak(self.handle)) end
 
 -- Charge bytes to account (for memory the runtime does not allocate itself); nil, err when it
 -- does not fit. Give it back with :release.
-function Budget:charge(account, bytes)
-  return core.ok(C.loip_budget_charge(self.handle, account, bytes))
-end
-function Budget:release(account, bytes) C.loip_budget_release(self.handle, account, bytes) end
+function Budget:charge(account, bytes) return M.charge(self.handle, account, bytes) end
+function Budget:release(account, bytes) M.release(self.handle, account, bytes) end
+-- The same on a loip_budget * (a handle C code was given).
+function M.charge(handle, account, bytes, context) return core.ok(C.loip_budget_charge(handle, account, bytes), context) end
+function M.release(handle, account, bytes) C.loip_budget_release(handle, account, bytes) end
 
 -- ---- buffers (runtime/core/memory.c): aligned memory owned by the runtime, charged to a budget
 -- account (budget: a loip_budget *) or not; *_free is the explicit, idempotent close.
