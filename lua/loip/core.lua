@@ -36,6 +36,7 @@ M.C = C
 -- Lua side of the ABI handshake: the declarations above and the library must agree.
 local lua_abi = tonumber(C.LOIP_ABI_VERSION)
 local lib_abi = C.loip_abi_version()
+M.abi_version = lib_abi
 if lib_abi ~= lua_abi then
   error(string.format("ABI mismatch: the Lua modules expect version %d but libloip is %d; "
     .. "rebuild, or point LOIP_LIB/LOIP_LUA_DIR at the same build", lua_abi, lib_abi), 0)
