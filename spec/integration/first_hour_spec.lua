@@ -31,7 +31,8 @@ describe("modules", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.requests$",
       "^loip%.serve%.http$", "^loip%.serve%.local_engine$", "^loip%.serve%.metrics$", "^loip%.tools%.cli",
-      "^loip%.tools%.flags$", "^loip%.tools%.repl$" }
+      "^loip%.tools%.flags$", "^loip%.tools%.repl$",
+      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do
       local m = loip[name]
