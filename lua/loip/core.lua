@@ -8,6 +8,9 @@ local cdef = require "loip.cdef"
 ffi.cdef(cdef)
 local build = require "loip.build_config"
 M.build = build
+-- loip.h's enumerators as plain numbers (generated beside the cdef): message kinds, flags,
+-- dtypes, the KV group, never retyped here.
+M.constants = require "loip.constants"
 
 -- Inside the loip command the runtime is linked in (and exported with -rdynamic); under a
 -- plain luajit, load libloip from LOIP_LIB, the build tree, or the install prefix.
@@ -33,6 +36,7 @@ M.C = C
 -- Lua side of the ABI handshake: the declarations above and the library must agree.
 local lua_abi = tonumber(C.LOIP_ABI_VERSION)
 local lib_abi = C.loip_abi_version()
+M.abi_version = lib_abi
 if lib_abi ~= lua_abi then
   error(string.format("ABI mismatch: the Lua modules expect version %d but libloip is %d; "
     .. "rebuild, or point LOIP_LIB/LOIP_LUA_DIR at the same build", lua_abi, lib_abi), 0)
@@ -64,8 +68,9 @@ function M.check(rc, context)
   end
 end
 
-M.dtype = { F32 = C.LOIP_F32, BF16 = C.LOIP_BF16, F16 = C.LOIP_F16, I32 = C.LOIP_I32 }
-M.dtype_name = { [0] = "F32", [1] = "BF16", [2] = "F16", [3] = "I32" }
+M.dtype = M.constants.dtype
+M.dtype_name = {}
+for name, v in pairs(M.dtype) do M.dtype_name[v] = name end
 
 -- Hold the CPUs' wake-up latency at us microseconds (Linux PM QoS, /dev/cpu_dma_latency) while
 -- this process runs, or release it (us nil). Machine-wide: it covers every process here, e.g.
@@ -80,6 +85,9 @@ end
 function M.now_ms()
   return tonumber(C.loip_now_ns()) / 1e6
 end
+-- The monotonic clock in nanoseconds (a number), and a sleep of ms milliseconds.
+function M.now_ns() return tonumber(C.loip_now_ns()) end
+function M.sleep_ms(ms) C.loip_sleep_ms(ms) end
 
 -- An owning handle: h = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, args...)
 function M.new(ctype, ctor, dtor, ...)

@@ -4,7 +4,7 @@ local core = require "loip.core"
 
 local loip = {
   version = core.build.version,
-  abi = core.C.loip_abi_version(),
+  abi = core.abi_version,
   C = core.C,
 }
 

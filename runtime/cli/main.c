@@ -1,5 +1,5 @@
 /* The loip command: LuaJIT with the runtime linked in and lua/ on its path. Everything the
- * command does is decided in Lua (lua/loip/cli.lua); this file only hosts the interpreter and
+ * command does is decided in Lua (lua/loip/tools/cli.lua); this file only hosts the interpreter and
  * gives the REPL line editing (libedit) when it was found at build time. */
 #include <errno.h>
 #include <limits.h>
@@ -26,7 +26,7 @@ static int is_dir(const char *p) {
 }
 
 /* lua/ from LOIP_LUA_DIR, else the source tree this binary was built from, else the install
- * prefix; the build tree's generated modules (cdef.lua, build_config.lua) come first. */
+ * prefix; the build tree's generated modules (cdef.lua, constants.lua, build_config.lua) come first. */
 static void set_paths(lua_State *L) {
     const char *env = getenv("LOIP_LUA_DIR");
     const char *src = env && *env ? env : (is_dir(LOIP_SOURCE_LUA_DIR) ? LOIP_SOURCE_LUA_DIR : LOIP_INSTALL_LUA_DIR);

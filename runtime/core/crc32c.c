@@ -78,7 +78,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const uint8
 }
 #endif
 
-LOIP_API int loip_crc32c_hardware(void) {
+static int crc32c_hardware(void) {
 #if defined(__x86_64__)
     if (have_hw < 0) have_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
     return have_hw;
@@ -95,7 +95,7 @@ LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n) {
  * put together with loip_crc32c_shift. */
 uint32_t loip_crc32c_raw(uint32_t c, const void *data, uint64_t n) {
 #if defined(__x86_64__)
-    if (loip_crc32c_hardware()) return crc_hw(c, data, n);
+    if (crc32c_hardware()) return crc_hw(c, data, n);
 #endif
     return crc_sw(c, data, n);
 }

@@ -23,7 +23,6 @@ LOIP_API const char *loip_last_error(void) { return last_error; }
 
 LOIP_API int loip_abi_version(void) { return LOIP_ABI_VERSION; }
 
-LOIP_API const char *loip_version_string(void) { return "0.1.0"; }
 
 LOIP_API uint64_t loip_now_ns(void) {
     struct timespec ts;

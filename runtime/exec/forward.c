@@ -50,11 +50,6 @@ LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, in
     return LOIP_OK;
 }
 
-LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                              int32_t max_batch, loip_budget *budget, loip_session **out) {
-    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, NULL, 0, out);
-}
-
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out) {
@@ -592,21 +587,6 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
                                  int32_t n, int32_t pos) {
     int rc = loip_session_prepare(s, n, NULL, pos);
     return rc ? rc : loip_session_run(s, first, last, hidden);
-}
-
-LOIP_API int loip_session_blocks_batch(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                       int32_t n, const loip_batch_token *toks) {
-    if (!toks) return loip_fail(LOIP_EINVAL, "forward: a batch without its tokens' sequences and positions");
-    int rc = loip_session_prepare(s, n, toks, 0);
-    return rc ? rc : loip_session_run(s, first, last, hidden);
-}
-
-LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                 int32_t n, int32_t pos) {
-    if (first < 0 || last > s->m->cfg.n_layers || first > last)
-        return loip_fail(LOIP_EINVAL, "model check: layer range [%d, %d) invalid for %d layers",
-                         first, last, s->m->cfg.n_layers);
-    return loip_session_blocks(s, 2 * first, 2 * last, hidden, n, pos);
 }
 
 static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {

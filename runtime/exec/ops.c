@@ -31,13 +31,9 @@ static int check_dtype(int32_t dtype) {
     return LOIP_OK;
 }
 
-LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
-                            float *y, int64_t rows, int64_t cols) {
-    return loip_op_matmul(pool, dtype, W, x, y, 1, rows, cols);
-}
-
-LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
-                            float *Y, int64_t n, int64_t rows, int64_t cols) {
+/* Y[n, rows] = X[n, cols] . W[rows, cols]^T. */
+static int op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X, float *Y, int64_t n,
+                     int64_t rows, int64_t cols) {
     int rc = check_dtype(dtype);
     if (rc) return rc;
     if (n <= 0 || rows <= 0 || cols <= 0)
@@ -47,6 +43,11 @@ LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const
                                 .rows = (size_t)rows, .cols = (size_t)cols}};
     loip_linear_run(pool, jobs);
     return LOIP_OK;
+}
+
+LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
+                            float *y, int64_t rows, int64_t cols) {
+    return op_matmul(pool, dtype, W, x, y, 1, rows, cols);
 }
 
 typedef struct {

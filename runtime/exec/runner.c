@@ -483,11 +483,6 @@ LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
 }
 
 /* Bad batches or positions fail in the preparation, before a load is consumed. */
-LOIP_API int loip_runner_stage(loip_runner *r, int32_t k, float *hidden, int32_t n, int32_t pos) {
-    int rc = loip_session_prepare(r->s, n, NULL, pos);
-    return rc ? rc : stage_run(r, k, hidden, n);
-}
-
 LOIP_API int loip_runner_stage_batch(loip_runner *r, int32_t k, float *hidden, int32_t n,
                                      const loip_batch_token *toks) {
     if (!toks) return loip_fail(LOIP_EINVAL, "runner: a batch without its tokens' sequences and positions");
@@ -513,18 +508,6 @@ static void head_done(loip_runner *r, int32_t n, uint64_t t0) {
     int32_t n_blocks = 2 * r->m->cfg.n_layers;
     r->stats.compute_ns += t1 - t0;
     record(r, LOIP_EVENT_COMPUTE, -1, n_blocks, n_blocks + 1, t0, t1, 0, 0, n);
-}
-
-LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
-                                 float *logits, int32_t mode) {
-    float *hidden = loip_session_hidden(r->s);
-    int rc = loip_session_prepare(r->s, n, NULL, pos);
-    if (rc || (rc = forward_prepared(r, tokens, n, hidden))) return rc;
-    if (mode == LOIP_LOGITS_NONE) return LOIP_OK;
-    uint64_t t0 = loip_now_ns();
-    rc = loip_session_head(r->s, hidden, n, logits, mode);
-    head_done(r, n, t0);
-    return rc;
 }
 
 LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, int32_t n,

@@ -1,5 +1,11 @@
-# Generates lua/loip/cdef.lua (in the build tree) from loip.h: the text between the FFI-BEGIN
-# and FFI-END markers with LOIP_API removed, so the FFI declarations are never hand-copied.
+# Generates, in the build tree, from loip.h:
+#  - lua/loip/cdef.lua (OUT): the text between the FFI-BEGIN and FFI-END markers with LOIP_API
+#    removed, so the FFI declarations are never hand-copied;
+#  - lua/loip/constants.lua (CONSTANTS): every enumerator between the markers as a plain Lua
+#    number (LOIP_ prefix dropped), and the groups Lua looks up by name (message kinds, token
+#    flags, dtypes), so that Lua never retypes a constant C declares (spec/unit/ffi_spec.lua
+#    checks them against the library).
+cmake_minimum_required(VERSION 3.18) # (a -P script: the policies of the project's version)
 file(READ "${HEADER}" text)
 string(FIND "${text}" "/* FFI-BEGIN */" begin)
 string(FIND "${text}" "/* FFI-END */" end)
@@ -18,3 +24,48 @@ if(decls MATCHES "]=]")
 endif()
 file(WRITE "${OUT}.tmp" "-- Generated from runtime/include/loip.h by gen_cdef.cmake; do not edit.\nreturn [=[\n${decls}]=]\n")
 file(RENAME "${OUT}.tmp" "${OUT}")
+
+if(NOT CONSTANTS)
+  return()
+endif()
+# The enums, comments removed; each enumerator has a literal value (loip.h's rule for the FFI).
+string(REGEX REPLACE "/\\*[^*]*\\*+([^/*][^*]*\\*+)*/" "" code "${decls}")
+string(REGEX MATCHALL "enum[ \t\n]*{[^}]*}" blocks "${code}")
+set(flat "")
+set(n 0)
+foreach(block IN LISTS blocks)
+  string(REGEX MATCHALL "LOIP_[A-Z0-9_]+[ \t\n]*=[ \t\n]*[^,}]+" items "${block}")
+  foreach(item IN LISTS items)
+    if(NOT item MATCHES "^LOIP_([A-Z0-9_]+)[ \t\n]*=[ \t\n]*(-?(0x[0-9a-fA-F]+|[0-9]+))[ \t\n]*$")
+      message(FATAL_ERROR "${HEADER}: enumerator '${item}' has no literal value")
+    endif()
+    string(APPEND flat "  ${CMAKE_MATCH_1} = ${CMAKE_MATCH_2},\n")
+    math(EXPR n "${n} + 1")
+  endforeach()
+endforeach()
+# A group: the enum holding `anchor`, each member less `strip`, but for those named in `skip`.
+function(group name anchor strip skip about out)
+  foreach(block IN LISTS blocks)
+    if(block MATCHES "LOIP_${anchor}[ \t\n]*=")
+      string(REGEX MATCHALL "LOIP_[A-Z0-9_]+[ \t\n]*=[ \t\n]*[^,}]+" items "${block}")
+      set(body "")
+      foreach(item IN LISTS items)
+        string(REGEX MATCH "^LOIP_${strip}([A-Z0-9_]+)[ \t\n]*=[ \t\n]*(-?(0x[0-9a-fA-F]+|[0-9]+))" m "${item}")
+        if(m AND NOT CMAKE_MATCH_1 IN_LIST skip)
+          string(APPEND body " ${CMAKE_MATCH_1} = ${CMAKE_MATCH_2},")
+        endif()
+      endforeach()
+      set(${out} "${${out}}-- ${about}\nM.${name} = {${body} }\n" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  message(FATAL_ERROR "${HEADER}: no enum holds LOIP_${anchor} (the constants group '${name}')")
+endfunction()
+set(groups "")
+group(msg MSG_HELLO MSG_ "KINDS" "message kinds (LOIP_MSG_*: transport)" groups)
+group(tokf TOKF_SAMPLE TOKF_ "" "a step token's flags (LOIP_TOKF_*: the device loop)" groups)
+group(dtype F32 "" "DTYPE_COUNT" "element types (LOIP_F32 ...)" groups)
+file(WRITE "${CONSTANTS}.tmp" "-- Generated from runtime/include/loip.h by gen_cdef.cmake; do not edit.\n"
+     "-- Every enumerator of loip.h (${n}) without its LOIP_ prefix, then the groups Lua names.\n"
+     "local M = {\n${flat}}\n${groups}return M\n")
+file(RENAME "${CONSTANTS}.tmp" "${CONSTANTS}")

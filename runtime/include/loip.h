@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 24, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 25, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -48,7 +48,6 @@ enum {
 };
 
 LOIP_API int loip_abi_version(void);
-LOIP_API const char *loip_version_string(void);
 /* Message of the last failure on the calling thread ("" if none). */
 LOIP_API const char *loip_last_error(void);
 /* Monotonic clock, nanoseconds. */
@@ -224,9 +223,6 @@ LOIP_API void loip_charge_free(loip_charge *c);
 /* y[rows] = W[rows, cols] (dtype) . x[cols], split over the pool's threads. */
 LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
                             float *y, int64_t rows, int64_t cols);
-/* Y[n, rows] = X[n, cols] . W[rows, cols]^T. */
-LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
-                            float *Y, int64_t n, int64_t rows, int64_t cols);
 /* Streaming read of bytes of buf, reps times, split over the pool's threads; returns a
  * checksum so that the reads cannot be optimised away. */
 LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes, int32_t reps,
@@ -250,7 +246,6 @@ LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
  * slice store's manifest. Hardware (SSE4.2) where the CPU has it; _portable: the table path. */
 LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n);
 LOIP_API uint32_t loip_crc32c_portable(uint32_t crc, const void *data, uint64_t n);
-LOIP_API int loip_crc32c_hardware(void);
 
 /* ---- loader --------------------------------------------------------------------------- */
 
@@ -453,20 +448,14 @@ enum {
 };
 
 typedef struct loip_session loip_session;
-/* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens, charged
- * to budget's "kv" and "activations" accounts (budget NULL: not charged) before allocation. */
-LOIP_API int loip_session_new(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                              int32_t max_batch, loip_budget *budget, loip_session **out);
 LOIP_API void loip_session_free(loip_session *s);
 /* Tokens tokens[0..n) at positions pos..pos+n-1 through embedding, layers and head. The KV
  * cache must hold positions 0..pos-1 (they were forwarded before). */
 LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_t n, int32_t pos,
                                   float *logits, int32_t logits_mode);
-/* The same, in three parts, for running a range of layers (a pipeline stage). hidden is
- * [n, dim] fp32. */
+/* The same, in parts, for running a range of blocks (a pipeline stage: loip_session_blocks).
+ * hidden is [n, dim] fp32. */
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden);
-LOIP_API int loip_session_layers(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                 int32_t n, int32_t pos);
 LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, float *logits,
                                int32_t logits_mode);
 enum {
@@ -485,16 +474,18 @@ LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
                                int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
                                int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes);
-/* A session keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a
- * device of a cluster holds its own layers' cache. */
+/* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens, charged
+ * to budget's "kv" and "activations" accounts (budget NULL: not charged) before allocation,
+ * keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a device of a
+ * cluster holds its own layers' cache. */
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                      int32_t max_batch, loip_budget *budget,
                                      const uint8_t *kv_layers, loip_session **out);
 /* A session serving up to max_seqs sequences (requests) at once, numbered 0..max_seqs-1, each
  * up to max_ctx positions, sharing a KV pool of kv_tokens positions (<= 0: max_ctx) in groups of
  * LOIP_KV_BLOCK_TOKENS: a sequence takes a group when it first writes a position in it and gives
- * its groups back with loip_session_seq_free. loip_session_new and _new_layers are one sequence
- * with a pool of max_ctx. flags: LOIP_SESSION_*. */
+ * its groups back with loip_session_seq_free. loip_session_new_layers is one sequence with a
+ * pool of max_ctx. flags: LOIP_SESSION_*. */
 LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
                                    int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
                                    loip_budget *budget, const uint8_t *kv_layers, uint32_t flags,
@@ -575,12 +566,9 @@ enum {
     LOIP_BLOCK_MHA = 0,
     LOIP_BLOCK_MLP = 1,
 };
-/* Blocks [first, last) over hidden [n, dim]; loip_session_layers(f, l) is blocks [2f, 2l). */
+/* Blocks [first, last) over hidden [n, dim] (layers [f, l) are blocks [2f, 2l)). */
 LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, float *hidden,
                                  int32_t n, int32_t pos);
-/* The same over a batch of several sequences (see loip_session_forward_batch). */
-LOIP_API int loip_session_blocks_batch(loip_session *s, int32_t first, int32_t last, float *hidden,
-                                       int32_t n, const loip_batch_token *toks);
 
 /* ---- offloaded execution (runtime/exec/runner.c) --------------------------------------- */
 
@@ -663,18 +651,14 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
                              int32_t event_capacity, loip_runner **out);
 /* Waits for the loads in flight (they write into slots). */
 LOIP_API void loip_runner_free(loip_runner *r);
-/* Run stage over hidden [n, dim] at positions pos..pos+n-1. A failed load fails the stage with
- * the loader's message (nothing is computed from its slot); the next run reads it again. */
-LOIP_API int loip_runner_stage(loip_runner *r, int32_t stage, float *hidden, int32_t n,
-                               int32_t pos);
-/* One device holding the whole model: embedding, every stage in order, head (as
- * loip_session_forward). */
-LOIP_API int loip_runner_forward(loip_runner *r, const int32_t *tokens, int32_t n, int32_t pos,
-                                 float *logits, int32_t logits_mode);
-/* The same over a batch of several sequences (as loip_session_forward_batch): an offloaded
- * block is read once per step for every sequence of the batch. */
+/* Run stage over hidden [n, dim], a batch of several sequences (toks[t]: token t's sequence
+ * and position, as loip_session_forward_batch): an offloaded block is read once per step for
+ * every sequence of the batch. A failed load fails the stage with the loader's message (nothing
+ * is computed from its slot); the next run reads it again. */
 LOIP_API int loip_runner_stage_batch(loip_runner *r, int32_t stage, float *hidden, int32_t n,
                                      const loip_batch_token *toks);
+/* One device holding the whole model: embedding, every stage in order, the head of the rows
+ * rows[0..n_rows) (as loip_session_forward_batch). */
 LOIP_API int loip_runner_forward_batch(loip_runner *r, const int32_t *tokens, int32_t n,
                                        const loip_batch_token *toks, const int32_t *rows,
                                        int32_t n_rows, float *logits);
@@ -897,7 +881,7 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
                                  const loip_sampler_params *p, const int32_t *history,
                                  int32_t n_history, int32_t *token);
 
-/* ---- a device of a cluster (runtime/transport/device.c) -------------------------------- */
+/* ---- a device of a cluster (runtime/worker: device.c, lending.c) ---------------------- */
 
 /* The per-step path of a worker, in C: receive tokens (first hop) or hidden states, run the
  * stage they are for (loading, compute and the network overlapping through the runner and
@@ -942,14 +926,6 @@ typedef struct loip_device loip_device;
  * max_tokens is lowered to the session's max_batch, logits_tokens (<= 0: 1) to max_tokens,
  * max_seqs to the session's. */
 LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget, loip_device **out);
-/* What loip_device_new charges to "activations" for a device of a model with cfg: the hidden
- * states and token table (max_tokens x (dim floats + a loip_step_token)), the logits of the most rows one message returns
- * (max(logits_tokens, max_seqs), at most max_tokens, x vocab_size floats) with their outputs,
- * the incoming payloads (the hidden states and token table, at least the 64 KiB a control
- * message may need), the token ids and tables, into *bytes. logits_tokens is clamped as
- * loip_device_new clamps it (<= 0: 1; at most max_tokens), max_seqs <= 0 is 1; lowering
- * max_tokens to the session's max_batch is the caller's (pass the smaller). LOIP_EINVAL for
- * max_tokens <= 0, or a cfg without a positive dim and vocab_size. */
 /* KV lending (the paper's bandwidth-sensitive KV transfer protocol, Alg. 2), this device the
  * lender: after each of its stages runs, the K/V of the stage's layers [stage_layers[2k],
  * stage_layers[2k+1]) of each running sequence's oldest groups (groups[seq] of them, at most
@@ -966,6 +942,15 @@ LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *st
 /* Everything lent comes back now (blocking) and lending stops: before a plan change, or to
  * detach the peer. */
 LOIP_API int loip_device_recall(loip_device *d);
+/* What loip_device_new charges to "activations" for a device of a model with cfg: the hidden
+ * states and token table (max_tokens x (dim floats + a loip_step_token)), the logits of the
+ * most rows one message returns (max(logits_tokens, max_seqs), at most max_tokens, x
+ * vocab_size floats) with their outputs, the incoming payloads (the hidden states and token
+ * table, at least the 64 KiB a control message may need), the token ids and tables, into
+ * *bytes. logits_tokens is clamped as
+ * loip_device_new clamps it (<= 0: 1; at most max_tokens), max_seqs <= 0 is 1; lowering
+ * max_tokens to the session's max_batch is the caller's (pass the smaller). LOIP_EINVAL for
+ * max_tokens <= 0, or a cfg without a positive dim and vocab_size. */
 LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
                               int32_t logits_tokens, int32_t max_seqs, uint64_t *bytes);
 LOIP_API void loip_device_free(loip_device *d);
@@ -1076,8 +1061,6 @@ LOIP_API int loip_scoredbpe_encode(const loip_scoredbpe *t, const char *text, si
  * composes across them. The result is at most 3 * len bytes. */
 LOIP_API int loip_utf8_nfc(const char *text, size_t len, char *out, size_t cap, size_t *n_out,
                            int32_t *unchanged);
-/* Unicode version of the NFC tables, e.g. "14.0.0". */
-LOIP_API const char *loip_unicode_version_string(void);
 
 /* Pre-tokenizer: a sequence of regex splits, each applied to every chunk of the one before,
  * with Hugging Face's SplitDelimiterBehavior. Patterns are PCRE2 (UTF, Unicode properties,
@@ -1100,7 +1083,6 @@ LOIP_API void loip_pretok_free(loip_pretok *p);
 /* LOIP_EINVAL with PCRE2's message and the offset in the pattern when it does not compile. */
 LOIP_API int loip_pretok_add_split(loip_pretok *p, const char *pattern, size_t len,
                                    int32_t behavior, int32_t flags);
-LOIP_API int32_t loip_pretok_steps(const loip_pretok *p);
 /* Chunks of text as bounds[2i] = start, bounds[2i+1] = end (byte offsets); *n_out chunks,
  * LOIP_ERANGE when more than cap. Empty chunks are left out. */
 LOIP_API int loip_pretok_split(loip_pretok *p, const char *text, size_t len, int32_t *bounds,
@@ -1121,7 +1103,6 @@ LOIP_API void loip_added_free(loip_added *a);
 /* LOIP_EINVAL for an empty string; adding the same string again replaces its id and flags. */
 LOIP_API int loip_added_add(loip_added *a, const char *text, size_t len, int32_t id,
                             int32_t flags);
-LOIP_API int32_t loip_added_count(const loip_added *a);
 /* Segments of text: seg[3i] = start, seg[3i+1] = end, seg[3i+2] = the added token's id, or -1
  * for text between added tokens (empty text segments are left out). skip_special: special
  * tokens are not looked for. *n_out segments; LOIP_ERANGE when more than cap. */

@@ -97,7 +97,6 @@ LOIP_API void loip_added_free(loip_added *a) {
     free(a);
 }
 
-LOIP_API int32_t loip_added_count(const loip_added *a) { return a ? a->n : 0; }
 
 LOIP_API int loip_added_add(loip_added *a, const char *text, size_t len, int32_t id,
                             int32_t flags) {

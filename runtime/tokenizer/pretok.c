@@ -82,7 +82,6 @@ LOIP_API void loip_pretok_free(loip_pretok *p) {
     free(p);
 }
 
-LOIP_API int32_t loip_pretok_steps(const loip_pretok *p) { return p ? p->n : 0; }
 
 LOIP_API int loip_pretok_add_split(loip_pretok *p, const char *pattern, size_t len,
                                    int32_t behavior, int32_t flags) {

@@ -324,4 +324,3 @@ LOIP_API int loip_utf8_nfc(const char *text, size_t len, char *out, size_t cap, 
     return 0;
 }
 
-LOIP_API const char *loip_unicode_version_string(void) { return loip_unicode_version; }

@@ -32,7 +32,8 @@ describe("modules", function()
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
-      "^loip%.tools%.flags$", "^loip%.tools%.repl$" }
+      "^loip%.tools%.flags$", "^loip%.tools%.repl$",
+      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do
       local m = loip[name]

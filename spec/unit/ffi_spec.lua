@@ -45,6 +45,41 @@ describe("the FFI surface", function()
     assert.are.equal(region:gsub("LOIP_API ", ""), cdef)
   end)
 
+  it("holds every enumerator of loip.h in loip.constants (generated), as the library has it", function()
+    local K = require "loip.constants"
+    local decls = (require "loip.cdef"):gsub("/%*.-%*/", "")
+    local n, seen = 0, {}
+    for name in decls:gmatch("LOIP_([%w_]+)%s*=") do
+      n, seen[name] = n + 1, true
+      assert.are.equal(tonumber(loip.C["LOIP_" .. name]), K[name], "LOIP_" .. name)
+    end
+    for name, v in pairs(K) do
+      if type(v) ~= "table" then assert.is_true(seen[name], "loip.constants." .. name .. " is not in loip.h") end
+    end
+    assert.is_true(n > 100)
+    assert.are.equal(loip.C.loip_abi_version(), K.ABI_VERSION)
+    -- the groups Lua names: each member is the enumerator, each enumerator of the group is there
+    local function group(g, prefix, count)
+      local k = 0
+      for name, v in pairs(g) do
+        k = k + 1
+        assert.are.equal(K[prefix .. name], v, prefix .. name)
+      end
+      assert.are.equal(count, k, prefix .. "*")
+    end
+    group(K.msg, "MSG_", K.MSG_KINDS - 1)
+    local n_tokf = 0
+    for name in pairs(K) do if name:match("^TOKF_") then n_tokf = n_tokf + 1 end end
+    group(K.tokf, "TOKF_", n_tokf)
+    group(K.dtype, "", K.DTYPE_COUNT)
+    for name, v in pairs(K.dtype) do assert.is_true(loip.C.loip_dtype_size(v) > 0, name) end
+    assert.are.equal(0, loip.C.loip_dtype_size(K.DTYPE_COUNT))
+    -- what the Lua side reads from them
+    assert.are.same(K.msg, require("loip.runtime.transport").kinds)
+    assert.are.same(K.dtype, require("loip.core").dtype)
+    assert.are.equal(K.KV_BLOCK_TOKENS, require("loip.sim").KV_BLOCK)
+  end)
+
   it("reports errors through loip_last_error", function()
     local out = ffi.new("loip_mapping *[1]")
     local rc = loip.C.loip_mapping_open("/nonexistent/file", out)

@@ -144,7 +144,7 @@ end
 function Cluster:batcher(opts)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   if not self._batcher then
-    self.max_seqs, self.kv_block = self.sizes.max_seqs, C.LOIP_KV_BLOCK_TOKENS
+    self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
     self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
     local po = self.plan_opts or {}

@@ -28,7 +28,7 @@ local engine = require "loip.engine"
 
 local M = {}
 
-M.KV_BLOCK = 16 -- positions per KV group (LOIP_KV_BLOCK_TOKENS)
+M.KV_BLOCK = require("loip.constants").KV_BLOCK_TOKENS -- positions per KV group
 
 local Sim = {}
 Sim.__index = Sim

@@ -17,8 +17,7 @@
 -- All little-endian.
 local ffi = require "ffi"
 local bit = require "bit"
-local core = require "loip.core"
-local C = core.C
+local files_rt = require "loip.runtime.files"
 
 local M = {}
 
@@ -135,14 +134,14 @@ end
 
 -- Open and check path. Returns a File, or raises "path: reason".
 function M.open(path)
-  local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, path)
+  local map, err = files_rt.map(path)
   if not map then error(err, 0) end
-  local size = tonumber(C.loip_mapping_size(map))
+  local size = files_rt.map_size(map)
   local function fail(msg)
-    core.free(map, C.loip_mapping_free)
+    files_rt.map_free(map)
     error(path .. ": " .. msg, 0)
   end
-  local base = C.loip_mapping_data(map)
+  local base = files_rt.map_data(map)
   local r = reader(base, size, fail)
   r.size = size
   if size < 4 or ffi.string(base, 4) ~= M.MAGIC then fail("not a GGUF file (no \"GGUF\" magic)") end
@@ -302,7 +301,7 @@ function M.encode(metadata, tensors)
 end
 
 function File:close()
-  if self.map then core.free(self.map, C.loip_mapping_free) end
+  if self.map then files_rt.map_free(self.map) end
   self.map, self.base = nil, nil
 end
 

@@ -11,7 +11,8 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local gguf = require "loip.model.gguf"
 local hf = require "loip.model.hf"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local K = core.constants
 
 local M = {}
 
@@ -24,19 +25,19 @@ M.architectures = {
 
 -- GGUF tensor names (blk.N. prefix for the layers) -> loip weight kinds.
 local global_names = {
-  ["token_embd.weight"] = C.LOIP_W_EMBED, ["output_norm.weight"] = C.LOIP_W_OUTPUT_NORM,
-  ["output.weight"] = C.LOIP_W_LM_HEAD,
+  ["token_embd.weight"] = K.W_EMBED, ["output_norm.weight"] = K.W_OUTPUT_NORM,
+  ["output.weight"] = K.W_LM_HEAD,
 }
 local layer_names = {
-  ["attn_norm.weight"] = C.LOIP_W_ATTN_NORM, ["attn_q.weight"] = C.LOIP_W_WQ, ["attn_k.weight"] = C.LOIP_W_WK,
-  ["attn_v.weight"] = C.LOIP_W_WV, ["attn_output.weight"] = C.LOIP_W_WO, ["attn_q.bias"] = C.LOIP_W_BQ,
-  ["attn_k.bias"] = C.LOIP_W_BK, ["attn_v.bias"] = C.LOIP_W_BV, ["attn_q_norm.weight"] = C.LOIP_W_Q_NORM,
-  ["attn_k_norm.weight"] = C.LOIP_W_K_NORM, ["ffn_norm.weight"] = C.LOIP_W_FFN_NORM,
-  ["ffn_gate.weight"] = C.LOIP_W_GATE, ["ffn_up.weight"] = C.LOIP_W_UP, ["ffn_down.weight"] = C.LOIP_W_DOWN,
+  ["attn_norm.weight"] = K.W_ATTN_NORM, ["attn_q.weight"] = K.W_WQ, ["attn_k.weight"] = K.W_WK,
+  ["attn_v.weight"] = K.W_WV, ["attn_output.weight"] = K.W_WO, ["attn_q.bias"] = K.W_BQ,
+  ["attn_k.bias"] = K.W_BK, ["attn_v.bias"] = K.W_BV, ["attn_q_norm.weight"] = K.W_Q_NORM,
+  ["attn_k_norm.weight"] = K.W_K_NORM, ["ffn_norm.weight"] = K.W_FFN_NORM,
+  ["ffn_gate.weight"] = K.W_GATE, ["ffn_up.weight"] = K.W_UP, ["ffn_down.weight"] = K.W_DOWN,
 }
 M.global_names, M.layer_names = global_names, layer_names
 
-local dtypes = { F32 = C.LOIP_F32, F16 = C.LOIP_F16, BF16 = C.LOIP_BF16 }
+local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16 }
 
 -- The llama3 rope_scaling whose per-frequency factors are rope_freqs (a Lua list, head_dim/2
 -- values), for head dimension hd and base theta; nil when none of Llama 3.x's fits.
@@ -195,7 +196,7 @@ function M.open(path)
   local ok, res = pcall(function()
     local cfg = M.config(g)
     local c, facts = hf.parse_config(cfg, path)
-    if cfg.loip_rope_layout == "interleaved" then c.rope_layout = C.LOIP_ROPE_INTERLEAVED end
+    if cfg.loip_rope_layout == "interleaved" then c.rope_layout = K.ROPE_INTERLEAVED end
     facts.format, facts.architecture, facts.gguf_architecture = "gguf", cfg.architectures[1], g.metadata["general.architecture"]
     local by_kind = M.tensors(g, cfg)
     return { c = c, facts = facts, cfg = cfg, by_kind = by_kind }
@@ -208,7 +209,7 @@ function M.open(path)
         error(string.format("%s: tensor '%s' is missing", path, w[1] < 0 and M.gguf_name(w[2]) or
           string.format("blk.%d.%s", w[1], M.gguf_name(w[2]))), 0)
       end
-      core.check(C.loip_model_bind(m, t.layer, t.kind, t.view), path .. ": tensor '" .. t.name .. "'")
+      assert(exec.model_bind(m, t.layer, t.kind, t.view, path .. ": tensor '" .. t.name .. "'"))
     end
   end
   res.facts.config = res.cfg

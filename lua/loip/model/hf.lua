@@ -3,7 +3,8 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local safetensors = require "loip.model.safetensors"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local K = core.constants
 
 local M = {}
 
@@ -72,13 +73,13 @@ function M.parse_config(cfg, path)
   c.max_seq = field(cfg, path, "max_position_embeddings", "int", 2048)
   c.norm_eps = field(cfg, path, "rms_norm_eps", "number", 1e-6)
   c.rope_theta = field(cfg, path, "rope_theta", "number", 10000)
-  c.rope_layout = C.LOIP_ROPE_HALF
-  c.rope_scaling = C.LOIP_ROPE_SCALING_NONE
+  c.rope_layout = K.ROPE_HALF
+  c.rope_scaling = K.ROPE_SCALING_NONE
   local rs = cfg.rope_scaling
   if type(rs) == "table" then
     local kind = rs.rope_type or rs.type
     if kind == "llama3" then
-      c.rope_scaling = C.LOIP_ROPE_SCALING_LLAMA3
+      c.rope_scaling = K.ROPE_SCALING_LLAMA3
       c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
       c.rope_low_freq_factor = field(rs, path .. " rope_scaling", "low_freq_factor", "number")
       c.rope_high_freq_factor = field(rs, path .. " rope_scaling", "high_freq_factor", "number")
@@ -103,20 +104,20 @@ function M.parse_config(cfg, path)
 end
 
 local layer_names = {
-  { C.LOIP_W_ATTN_NORM, "input_layernorm.weight" },
-  { C.LOIP_W_WQ, "self_attn.q_proj.weight" },
-  { C.LOIP_W_WK, "self_attn.k_proj.weight" },
-  { C.LOIP_W_WV, "self_attn.v_proj.weight" },
-  { C.LOIP_W_WO, "self_attn.o_proj.weight" },
-  { C.LOIP_W_BQ, "self_attn.q_proj.bias", "qkv_bias" },
-  { C.LOIP_W_BK, "self_attn.k_proj.bias", "qkv_bias" },
-  { C.LOIP_W_BV, "self_attn.v_proj.bias", "qkv_bias" },
-  { C.LOIP_W_Q_NORM, "self_attn.q_norm.weight", "qk_norm" },
-  { C.LOIP_W_K_NORM, "self_attn.k_norm.weight", "qk_norm" },
-  { C.LOIP_W_FFN_NORM, "post_attention_layernorm.weight" },
-  { C.LOIP_W_GATE, "mlp.gate_proj.weight" },
-  { C.LOIP_W_UP, "mlp.up_proj.weight" },
-  { C.LOIP_W_DOWN, "mlp.down_proj.weight" },
+  { K.W_ATTN_NORM, "input_layernorm.weight" },
+  { K.W_WQ, "self_attn.q_proj.weight" },
+  { K.W_WK, "self_attn.k_proj.weight" },
+  { K.W_WV, "self_attn.v_proj.weight" },
+  { K.W_WO, "self_attn.o_proj.weight" },
+  { K.W_BQ, "self_attn.q_proj.bias", "qkv_bias" },
+  { K.W_BK, "self_attn.k_proj.bias", "qkv_bias" },
+  { K.W_BV, "self_attn.v_proj.bias", "qkv_bias" },
+  { K.W_Q_NORM, "self_attn.q_norm.weight", "qk_norm" },
+  { K.W_K_NORM, "self_attn.k_norm.weight", "qk_norm" },
+  { K.W_FFN_NORM, "post_attention_layernorm.weight" },
+  { K.W_GATE, "mlp.gate_proj.weight" },
+  { K.W_UP, "mlp.up_proj.weight" },
+  { K.W_DOWN, "mlp.down_proj.weight" },
 }
 M.layer_names = layer_names
 
@@ -124,13 +125,13 @@ M.layer_names = layer_names
 function M.shape_of(c, kind)
   local q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
   local shapes = {
-    [C.LOIP_W_EMBED] = { c.vocab_size, c.dim }, [C.LOIP_W_LM_HEAD] = { c.vocab_size, c.dim },
-    [C.LOIP_W_OUTPUT_NORM] = { c.dim }, [C.LOIP_W_ATTN_NORM] = { c.dim }, [C.LOIP_W_FFN_NORM] = { c.dim },
-    [C.LOIP_W_WQ] = { q, c.dim }, [C.LOIP_W_WK] = { kv, c.dim }, [C.LOIP_W_WV] = { kv, c.dim },
-    [C.LOIP_W_WO] = { c.dim, q }, [C.LOIP_W_BQ] = { q }, [C.LOIP_W_BK] = { kv }, [C.LOIP_W_BV] = { kv },
-    [C.LOIP_W_Q_NORM] = { c.head_dim }, [C.LOIP_W_K_NORM] = { c.head_dim },
-    [C.LOIP_W_GATE] = { c.hidden_dim, c.dim }, [C.LOIP_W_UP] = { c.hidden_dim, c.dim },
-    [C.LOIP_W_DOWN] = { c.dim, c.hidden_dim },
+    [K.W_EMBED] = { c.vocab_size, c.dim }, [K.W_LM_HEAD] = { c.vocab_size, c.dim },
+    [K.W_OUTPUT_NORM] = { c.dim }, [K.W_ATTN_NORM] = { c.dim }, [K.W_FFN_NORM] = { c.dim },
+    [K.W_WQ] = { q, c.dim }, [K.W_WK] = { kv, c.dim }, [K.W_WV] = { kv, c.dim },
+    [K.W_WO] = { c.dim, q }, [K.W_BQ] = { q }, [K.W_BK] = { kv }, [K.W_BV] = { kv },
+    [K.W_Q_NORM] = { c.head_dim }, [K.W_K_NORM] = { c.head_dim },
+    [K.W_GATE] = { c.hidden_dim, c.dim }, [K.W_UP] = { c.hidden_dim, c.dim },
+    [K.W_DOWN] = { c.dim, c.hidden_dim },
   }
   return shapes[kind]
 end
@@ -138,7 +139,7 @@ end
 -- Every { layer, kind, tensor name } the model needs, in the order layers run
 -- (embedding first, then layer by layer, then the final norm and the head).
 function M.weight_list(c)
-  local list = { { -1, C.LOIP_W_EMBED, "model.embed_tokens.weight" } }
+  local list = { { -1, K.W_EMBED, "model.embed_tokens.weight" } }
   for l = 0, c.n_layers - 1 do
     for _, e in ipairs(layer_names) do
       if not e[3] or c[e[3]] ~= 0 then
@@ -146,8 +147,8 @@ function M.weight_list(c)
       end
     end
   end
-  list[#list + 1] = { -1, C.LOIP_W_OUTPUT_NORM, "model.norm.weight" }
-  if c.tied_embeddings == 0 then list[#list + 1] = { -1, C.LOIP_W_LM_HEAD, "lm_head.weight" } end
+  list[#list + 1] = { -1, K.W_OUTPUT_NORM, "model.norm.weight" }
+  if c.tied_embeddings == 0 then list[#list + 1] = { -1, K.W_LM_HEAD, "lm_head.weight" } end
   return list
 end
 
@@ -165,7 +166,7 @@ function M.bind_weights(dir, c, m, opts)
     end
     local view, verr = f:view(name)
     if not view then safetensors.close(set) error(verr, 0) end
-    local ok, berr = core.ok(C.loip_model_bind(m, layer, kind, view))
+    local ok, berr = exec.model_bind(m, layer, kind, view)
     if not ok then
       safetensors.close(set)
       error(string.format("%s: tensor '%s': %s", f.path, name, berr), 0)

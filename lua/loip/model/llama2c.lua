@@ -2,7 +2,9 @@
 -- arrays in a fixed order; interleaved RoPE; classifier tied unless vocab_size < 0.
 local ffi = require "ffi"
 local core = require "loip.core"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local K = core.constants
 
 local M = {}
 
@@ -13,15 +15,15 @@ M.BOS, M.EOS = 1, { 1, 2 } -- run.c stops on BOS (it starts every story) as well
 
 -- (loip_model_config, facts, mapping, bind(model), tensors) for a .bin file; raises "path: reason".
 function M.open(path)
-  local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, path)
+  local map, err = files_rt.map(path)
   if not map then error(err, 0) end
-  local size = tonumber(C.loip_mapping_size(map))
+  local size = files_rt.map_size(map)
   local function fail(msg)
-    core.free(map, C.loip_mapping_free)
+    files_rt.map_free(map)
     error(path .. ": " .. msg, 0)
   end
   if size < HEADER then fail(string.format("truncated: %d bytes, shorter than the 28-byte header", size)) end
-  local base = C.loip_mapping_data(map)
+  local base = files_rt.map_data(map)
   local h = ffi.cast("const int32_t *", base)
   local names = { "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len" }
   local hv = {}
@@ -46,27 +48,27 @@ function M.open(path)
   c.head_dim = hv.dim / hv.n_heads
   c.vocab_size, c.max_seq = vocab, hv.seq_len
   c.norm_eps, c.rope_theta = M.NORM_EPS, M.ROPE_THETA
-  c.rope_layout = C.LOIP_ROPE_INTERLEAVED
+  c.rope_layout = K.ROPE_INTERLEAVED
   c.tied_embeddings = shared and 1 or 0
   local L, dim, hid, hd = hv.n_layers, hv.dim, hv.hidden_dim, hv.dim / hv.n_heads
   local kv = hv.n_kv_heads * hd
   -- The arrays of run.c's memory_map_weights, in file order.
   local arrays = {
-    { "token_embedding", vocab * dim, -1, C.LOIP_W_EMBED, { vocab, dim } },
-    { "rms_att", L * dim, C.LOIP_W_ATTN_NORM, { dim } },
-    { "wq", L * dim * dim, C.LOIP_W_WQ, { dim, dim } },
-    { "wk", L * kv * dim, C.LOIP_W_WK, { kv, dim } },
-    { "wv", L * kv * dim, C.LOIP_W_WV, { kv, dim } },
-    { "wo", L * dim * dim, C.LOIP_W_WO, { dim, dim } },
-    { "rms_ffn", L * dim, C.LOIP_W_FFN_NORM, { dim } },
-    { "w1", L * hid * dim, C.LOIP_W_GATE, { hid, dim } },
-    { "w2", L * dim * hid, C.LOIP_W_DOWN, { dim, hid } },
-    { "w3", L * hid * dim, C.LOIP_W_UP, { hid, dim } },
-    { "rms_final", dim, -1, C.LOIP_W_OUTPUT_NORM, { dim } },
+    { "token_embedding", vocab * dim, -1, K.W_EMBED, { vocab, dim } },
+    { "rms_att", L * dim, K.W_ATTN_NORM, { dim } },
+    { "wq", L * dim * dim, K.W_WQ, { dim, dim } },
+    { "wk", L * kv * dim, K.W_WK, { kv, dim } },
+    { "wv", L * kv * dim, K.W_WV, { kv, dim } },
+    { "wo", L * dim * dim, K.W_WO, { dim, dim } },
+    { "rms_ffn", L * dim, K.W_FFN_NORM, { dim } },
+    { "w1", L * hid * dim, K.W_GATE, { hid, dim } },
+    { "w2", L * dim * hid, K.W_DOWN, { dim, hid } },
+    { "w3", L * hid * dim, K.W_UP, { hid, dim } },
+    { "rms_final", dim, -1, K.W_OUTPUT_NORM, { dim } },
     { "freq_cis_real", hv.seq_len * hd / 2 },
     { "freq_cis_imag", hv.seq_len * hd / 2 },
   }
-  if not shared then arrays[#arrays + 1] = { "wcls", vocab * dim, -1, C.LOIP_W_LM_HEAD, { vocab, dim } } end
+  if not shared then arrays[#arrays + 1] = { "wcls", vocab * dim, -1, K.W_LM_HEAD, { vocab, dim } } end
   local offset = HEADER
   local bindings = {}
   for _, a in ipairs(arrays) do
@@ -93,7 +95,7 @@ function M.open(path)
       for _, d in ipairs(shape) do n = n * d end
       for l = 0, per_layer and L - 1 or 0 do
         local v = ffi.new("loip_tensor")
-        v.dtype, v.ndim = C.LOIP_F32, #shape
+        v.dtype, v.ndim = K.F32, #shape
         for i, d in ipairs(shape) do v.shape[i - 1] = d end
         v.data = base + b.offset + l * n * 4
         tensors[#tensors + 1] = { layer = per_layer and l or -1, kind = kind, view = v, array = a[1],
@@ -104,7 +106,7 @@ function M.open(path)
   -- Binding needs the model object: hand back a function that binds into it.
   local function bind(m)
     for _, t in ipairs(tensors) do
-      core.check(C.loip_model_bind(m, t.layer, t.kind, t.view), path .. ": " .. t.array)
+      assert(exec.model_bind(m, t.layer, t.kind, t.view, path .. ": " .. t.array))
     end
   end
   return c, facts, map, bind, tensors

@@ -24,7 +24,7 @@ local json = require "loip.tools.json"
 local client = require "loip.serve.client"
 local progress = require "loip.tools.progress"
 local fs = require "loip.tools.files"
-local C = core.C
+local files_rt = require "loip.runtime.files"
 
 pcall(ffi.cdef, "int open(const char *path, int flags, ...); int fsync(int fd); int close(int fd);")
 
@@ -74,18 +74,14 @@ local function fail(fmt, ...) error(setmetatable({ msg = string.format(fmt, ...)
 local file_size = fs.size
 
 local function sha256_file(path)
-  local hex, n = ffi.new("char[65]"), ffi.new("uint64_t[1]")
-  if C.loip_sha256_file(path, hex, n) ~= 0 then fail("%s: %s", path, core.last_error()) end
-  return ffi.string(hex), tonumber(n[0])
+  local hex, n = files_rt.sha256_file(path)
+  if not hex then fail("%s: %s", path, n) end
+  return hex, n
 end
 
-local function new_hash() return core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free) end
+local new_hash = files_rt.sha256
 
-local function hex_of(h)
-  local hex = ffi.new("char[65]")
-  C.loip_sha256_final(h, nil, hex)
-  return ffi.string(hex)
-end
+local function hex_of(h) return (files_rt.sha256_hex(h)) end
 
 -- h over the first n bytes of path (the part of a download already there).
 local function hash_prefix(h, path, n)
@@ -94,7 +90,7 @@ local function hash_prefix(h, path, n)
   while n > 0 do
     local s = f:read(math.min(CHUNK, n))
     if not s then break end
-    C.loip_sha256_update(h, s, #s)
+    files_rt.sha256_update(h, s)
     n = n - #s
   end
   f:close()
@@ -317,7 +313,7 @@ function Pull:fetch(url, part, f, st, bar)
       end
       local ok, err = fh:write(s)
       if not ok then mode, t.abort, t.fatal = "ignore", err, true return end
-      C.loip_sha256_update(st.h, s, #s)
+      files_rt.sha256_update(st.h, s)
       st.have = st.have + #s
       bar:update(st.have)
     elseif mode == "error" and #errbody < 64 then
@@ -410,7 +406,7 @@ function Pull:download(f, n, count, whole)
           f.path, why, url, st.have, f.size, tries, part)
       end
       self:say("%s: %s at %s of %s: resuming", label, why, progress.human(st.have), progress.human(f.size))
-      C.loip_sleep_ms(math.min(250 * 2 ^ (failures - 1), 8000))
+      core.sleep_ms(math.min(250 * 2 ^ (failures - 1), 8000))
     end
   end
   if st.have == 0 and not file_size(part) then -- an empty file: nothing to ask for
@@ -484,11 +480,10 @@ function M.pull(o)
         need = need + f.size - (part <= f.size and part or 0)
       end
     end
-    local free = ffi.new("uint64_t[1]")
-    local where = fs.existing_dir(self.dir)
-    if C.loip_disk_free(where, free) == 0 and tonumber(free[0]) < need then
+    local free = files_rt.disk_free(fs.existing_dir(self.dir))
+    if free and free < need then
       fail("%s: not enough disk space in %s: the files need %s more, %s are free", self.repo, self.dir,
-        progress.human(need), progress.human(tonumber(free[0])))
+        progress.human(need), progress.human(free))
     end
     local out = { repo = self.repo, revision = self.revision, endpoint = self.endpoint, dir = self.dir, files = {},
       bytes = 0, downloaded = 0, present = 0 }

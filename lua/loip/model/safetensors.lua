@@ -3,15 +3,17 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
-local C = core.C
+local memory = require "loip.runtime.memory"
+local files_rt = require "loip.runtime.files"
+local dtype = core.constants.dtype
 
 local M = {}
 
 local MAX_HEADER = 100 * 1024 * 1024 -- the format's own limit
 
 local dtypes = {
-  F32 = { id = C.LOIP_F32, size = 4 }, BF16 = { id = C.LOIP_BF16, size = 2 },
-  F16 = { id = C.LOIP_F16, size = 2 },
+  F32 = { id = dtype.F32, size = 4 }, BF16 = { id = dtype.BF16, size = 2 },
+  F16 = { id = dtype.F16, size = 2 },
 }
 -- Types a file may legally hold that loip cannot compute with: named in the error.
 local known_other = { F64 = 8, I64 = 8, I32 = 4, I16 = 2, I8 = 1, U8 = 1, BOOL = 1,
@@ -28,12 +30,12 @@ end
 
 -- Open and validate one .safetensors file. Returns a File, or nil and "path: reason".
 function M.open(path)
-  local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, path)
+  local map, err = files_rt.map(path)
   if not map then return nil, err end
-  local size = tonumber(C.loip_mapping_size(map))
-  local fail = function(msg) core.free(map, C.loip_mapping_free) return nil, path .. ": " .. msg end
+  local size = files_rt.map_size(map)
+  local fail = function(msg) files_rt.map_free(map) return nil, path .. ": " .. msg end
   if size < 8 then return fail(string.format("truncated: %d bytes, not even the 8-byte header length", size)) end
-  local base = C.loip_mapping_data(map)
+  local base = files_rt.map_data(map)
   local hlen = u64le(base)
   if hlen > MAX_HEADER then
     return fail(string.format("header length %.0f is absurd (limit %d bytes)", hlen, MAX_HEADER))
@@ -101,10 +103,9 @@ end
 -- budget: optional loip_budget * whose "weights" account is charged before the allocation.
 function File:load(bar, done, budget)
   if self.buffer then return done end
-  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, "weights",
-    math.max(self.data_size, 1))
+  local buf, err = memory.buffer_charged(budget, "weights", math.max(self.data_size, 1))
   if not buf then return nil, self.path .. ": " .. err end
-  local dst = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+  local dst = ffi.cast("uint8_t *", memory.buffer_data(buf))
   local step = 64 * 1024 * 1024
   for off = 0, self.data_size - 1, step do
     local n = math.min(step, self.data_size - off)
@@ -113,7 +114,7 @@ function File:load(bar, done, budget)
     if bar then bar:update(done) end
   end
   self.buffer, self.data = buf, dst
-  core.free(self.map, C.loip_mapping_free)
+  files_rt.map_free(self.map)
   self.map = nil
   return done
 end
@@ -137,8 +138,8 @@ function File:view(name)
 end
 
 function File:close()
-  core.free(self.map, C.loip_mapping_free)
-  core.free(self.buffer, C.loip_buffer_free)
+  files_rt.map_free(self.map)
+  memory.buffer_free(self.buffer)
   self.map, self.buffer = nil, nil
 end
 
@@ -188,9 +189,9 @@ function M.open_dir(dir, opts)
     for _, f in ipairs(set.files) do total = total + math.max(f.data_size, 1) end
     -- opts.budget (loip_budget *): all shards must fit before the first is read.
     if opts.budget then
-      local ok, err = core.ok(C.loip_budget_charge(opts.budget, "weights", total), dir)
+      local ok, err = memory.charge(opts.budget, "weights", total, dir)
       if not ok then M.close(set) return nil, err end
-      C.loip_budget_release(opts.budget, "weights", total)
+      memory.release(opts.budget, "weights", total)
     end
     local bar = total >= 256 * 1024 * 1024 and require("loip.tools.progress").new(total, "loading " .. dir) or nil
     local done = 0

@@ -1,7 +1,6 @@
 -- Sampling parameters (Lua) over the C sampler. A policy can replace `choose` in a recipe.
 local ffi = require "ffi"
-local core = require "loip.core"
-local C = core.C
+local csampler = require "loip.runtime.sampler"
 
 local M = {}
 
@@ -14,7 +13,7 @@ Sampler.__index = Sampler
 function M.new(vocab_size, opts)
   opts = opts or {}
   local seed = opts.seed or (os.time() * 1000 + math.floor(os.clock() * 1e6))
-  local h, err = core.new("loip_sampler *", C.loip_sampler_new, C.loip_sampler_free, vocab_size, seed)
+  local h, err = csampler.new(vocab_size, seed)
   if not h then error(err, 2) end
   local p = ffi.new("loip_sampler_params")
   for k, v in pairs(M.defaults) do p[k] = opts[k] == nil and v or opts[k] end
@@ -23,7 +22,7 @@ end
 
 -- Next token from logits (float*), given the history (int32_t* of n ids).
 function Sampler:sample(logits, history, n_history)
-  core.check(C.loip_sampler_sample(self.handle, logits, self.params, history, n_history or 0, self.out), "sampler")
+  assert(csampler.sample(self.handle, logits, self.params, history, n_history or 0, self.out, "sampler"))
   return self.out[0]
 end
 

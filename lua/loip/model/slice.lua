@@ -27,14 +27,14 @@
 -- every file goes to a temporary name and is renamed when whole, and the manifest is written
 -- last. The checks that can refuse (bad model, another model's store, disk space) come first.
 local ffi = require "ffi"
-local core = require "loip.core"
 local json = require "loip.tools.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
 local progress = require "loip.tools.progress"
 local fs = require "loip.tools.files"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
 
 local M = {}
 
@@ -44,17 +44,13 @@ local SLACK = 1024 * 1024      -- disk room kept for the manifest and the filesy
 local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
 local quote, list_dir, is_dir, real_dir, existing_dir = fs.quote, fs.list, fs.is_dir, fs.real_dir, fs.existing_dir
 
-local function hex_of(h)
-  local hex = ffi.new("char[65]")
-  C.loip_sha256_final(h, nil, hex)
-  return ffi.string(hex)
-end
+local function hex_of(h) return (files_rt.sha256_hex(h)) end
 
-local function new_hash() return core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free) end
+local new_hash = files_rt.sha256
 
 local function sha256_string(s)
   local h = new_hash()
-  C.loip_sha256_update(h, s, #s)
+  files_rt.sha256_update(h, s)
   return hex_of(h)
 end
 
@@ -111,28 +107,28 @@ function M.open_source(path)
   else
     local map, tensors
     c, _, map, _, tensors = llama2c.open(file)
-    src.close = function() core.free(map, C.loip_mapping_free) end
+    src.close = function() files_rt.map_free(map) end
     src.config = llama2c_config(c)
     src.weight_files[1] = { name = basename(file), path = file, map = map }
     for _, t in ipairs(tensors) do by_kind[t.layer .. ":" .. tonumber(t.kind)] = t end
   end
   src.c = c
-  local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, c)
+  local m, err = exec.model_new(c)
   if not m then src.close() error(path .. ": " .. err, 0) end
   for _, w in ipairs(hf.weight_list(c)) do
     local layer, k, name = w[1], w[2], w[3]
     local t = by_kind[layer .. ":" .. tonumber(k)]
     if not t then src.close() error(string.format("%s: tensor '%s' is missing", path, name), 0) end
     local v = t.view
-    local ok, berr = core.ok(C.loip_model_bind(m, layer, k, v))
+    local ok, berr = exec.model_bind(m, layer, k, v)
     if not ok then src.close() error(string.format("%s: tensor '%s': %s", path, name, berr), 0) end
     local shape = {}
     for i = 0, v.ndim - 1 do shape[i + 1] = tonumber(v.shape[i]) end
     src.tensors[#src.tensors + 1] = { layer = layer, kind = k, name = name, view = v, nbytes = t.nbytes,
       dtype = store.dtype_name[tonumber(v.dtype)], shape = shape }
   end
-  local ok, cerr = core.ok(C.loip_model_check(m, 0, c.n_layers))
-  core.free(m, C.loip_model_free)
+  local ok, cerr = exec.model_check(m, 0, c.n_layers)
+  exec.model_free(m)
   if not ok then src.close() error(path .. ": " .. cerr, 0) end
   return src
 end
@@ -205,16 +201,16 @@ end
 -- { name, size, sha256 } in name order and the source's hash over them.
 function M.hash_source(src, quiet)
   local total = 0
-  for _, f in ipairs(src.weight_files) do total = total + tonumber(C.loip_mapping_size(f.map)) end
+  for _, f in ipairs(src.weight_files) do total = total + files_rt.map_size(f.map) end
   local bar = progress.new(total, "hashing " .. src.path, { quiet = quiet })
   local h, done, list = new_hash(), 0, {}
   for _, f in ipairs(src.weight_files) do
-    local size = tonumber(C.loip_mapping_size(f.map))
-    local base = C.loip_mapping_data(f.map)
+    local size = files_rt.map_size(f.map)
+    local base = files_rt.map_data(f.map)
     for off = 0, size - 1, CHUNK do
       local k = math.min(CHUNK, size - off)
-      if off + k < size then C.loip_mapping_prefetch(f.map, off + k, math.min(CHUNK, size - off - k)) end
-      C.loip_sha256_update(h, base + off, k)
+      if off + k < size then files_rt.map_prefetch(f.map, off + k, math.min(CHUNK, size - off - k)) end
+      files_rt.sha256_update(h, base + off, k)
       done = done + k
       bar:update(done)
     end
@@ -231,20 +227,20 @@ end
 -- and hashes. Returns the sha256 of what was written and its CRC32C. On any failure the
 -- temporary is removed.
 local function write_file(path, fill)
-  local w, err = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
+  local w, err = files_rt.writer(path)
   if not w then error(err, 0) end
   local h = new_hash()
   local crc = 0
   local function put(p, n)
-    core.check(C.loip_writer_write(w, p, n))
-    C.loip_sha256_update(h, p, n)
-    crc = C.loip_crc32c(crc, p, n)
+    assert(files_rt.write(w, p, n))
+    files_rt.sha256_update(h, p, n)
+    crc = files_rt.crc32c(crc, p, n)
   end
   local ok, ferr = pcall(function()
     fill(put)
-    core.check(C.loip_writer_commit(w))
+    assert(files_rt.commit(w))
   end)
-  core.free(w, C.loip_writer_free)
+  files_rt.writer_free(w)
   if not ok then error(ferr, 0) end
   return hex_of(h), tonumber(crc)
 end
@@ -314,11 +310,10 @@ function M.write(src_path, out, opts)
     local reclaim = 0
     for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
     local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
-    local free = ffi.new("uint64_t[1]")
-    core.check(C.loip_disk_free(existing_dir(out), free), out)
-    if tonumber(free[0]) < need then
+    local free = assert(files_rt.disk_free(existing_dir(out), out))
+    if free < need then
       error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
-        out, progress.human(need), progress.human(tonumber(free[0]))), 0)
+        out, progress.human(need), progress.human(free)), 0)
     end
     local source_files, source_hash = M.hash_source(src, opts.quiet)
     if old and not opts.force and old.source.sha256 ~= source_hash then

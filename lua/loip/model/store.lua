@@ -18,7 +18,10 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local hf = require "loip.model.hf"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
+local K = core.constants
 
 local M = {}
 
@@ -27,13 +30,13 @@ M.FORMAT, M.VERSION, M.ALIGN = "loip-slice-store", 1, 4096
 -- Weight kinds as the manifest names them (names, not the C enum's numbers, so that a store
 -- outlives a renumbering), and the block each belongs to.
 local kind_list = {
-  { "embed", C.LOIP_W_EMBED, "embed" }, { "output_norm", C.LOIP_W_OUTPUT_NORM, "head" },
-  { "lm_head", C.LOIP_W_LM_HEAD, "head" }, { "attn_norm", C.LOIP_W_ATTN_NORM, "mha" },
-  { "wq", C.LOIP_W_WQ, "mha" }, { "wk", C.LOIP_W_WK, "mha" }, { "wv", C.LOIP_W_WV, "mha" },
-  { "wo", C.LOIP_W_WO, "mha" }, { "bq", C.LOIP_W_BQ, "mha" }, { "bk", C.LOIP_W_BK, "mha" },
-  { "bv", C.LOIP_W_BV, "mha" }, { "q_norm", C.LOIP_W_Q_NORM, "mha" }, { "k_norm", C.LOIP_W_K_NORM, "mha" },
-  { "ffn_norm", C.LOIP_W_FFN_NORM, "mlp" }, { "gate", C.LOIP_W_GATE, "mlp" }, { "up", C.LOIP_W_UP, "mlp" },
-  { "down", C.LOIP_W_DOWN, "mlp" },
+  { "embed", K.W_EMBED, "embed" }, { "output_norm", K.W_OUTPUT_NORM, "head" },
+  { "lm_head", K.W_LM_HEAD, "head" }, { "attn_norm", K.W_ATTN_NORM, "mha" },
+  { "wq", K.W_WQ, "mha" }, { "wk", K.W_WK, "mha" }, { "wv", K.W_WV, "mha" },
+  { "wo", K.W_WO, "mha" }, { "bq", K.W_BQ, "mha" }, { "bk", K.W_BK, "mha" },
+  { "bv", K.W_BV, "mha" }, { "q_norm", K.W_Q_NORM, "mha" }, { "k_norm", K.W_K_NORM, "mha" },
+  { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
+  { "down", K.W_DOWN, "mlp" },
 }
 M.kinds, M.kind_name, M.block_of = {}, {}, {}
 for _, k in ipairs(kind_list) do
@@ -41,8 +44,8 @@ for _, k in ipairs(kind_list) do
 end
 local per_layer = { mha = true, mlp = true }
 
-M.dtypes = { F32 = { C.LOIP_F32, 4 }, BF16 = { C.LOIP_BF16, 2 }, F16 = { C.LOIP_F16, 2 } }
-M.dtype_name = { [tonumber(C.LOIP_F32)] = "F32", [tonumber(C.LOIP_BF16)] = "BF16", [tonumber(C.LOIP_F16)] = "F16" }
+M.dtypes = { F32 = { K.F32, 4 }, BF16 = { K.BF16, 2 }, F16 = { K.F16, 2 } }
+M.dtype_name = { [K.F32] = "F32", [K.BF16] = "BF16", [K.F16] = "F16" }
 
 -- The file of a block: "embed.bin", "head.bin", "layer-003-mha.bin".
 function M.file_name(block, layer)
@@ -170,10 +173,9 @@ function M.check_files(dir, man, verify, bar)
     bytes = bytes + size
   end
   if verify then
-    local hex, done = ffi.new("char[65]"), 0
+    local done = 0
     for _, f in ipairs(all) do
-      core.check(C.loip_sha256_file(dir .. "/" .. f.name, hex, nil))
-      local got = ffi.string(hex)
+      local got = assert(files_rt.sha256_file(dir .. "/" .. f.name))
       if got ~= f.sha256 then
         error(string.format("%s/%s: sha256 %s does not match the manifest's %s: the file is damaged; %s",
           dir, f.name, got, f.sha256, M.redo(man, dir)), 0)
@@ -189,7 +191,7 @@ end
 -- loip_rope_layout = "interleaved" for a store made from a llama2.c checkpoint.
 function M.config(dir, man)
   local c, facts = hf.parse_config(man.config, dir .. "/manifest.json (config)")
-  if man.config.loip_rope_layout == "interleaved" then c.rope_layout = C.LOIP_ROPE_INTERLEAVED end
+  if man.config.loip_rope_layout == "interleaved" then c.rope_layout = K.ROPE_INTERLEAVED end
   facts.format, facts.source_format = "store", man.source.format
   -- as hf.read_config: the generation settings' end tokens win over config.json's
   local gpath = dir .. "/generation_config.json"
@@ -212,10 +214,10 @@ function M.load_files(dir, man, how, budget, names, spare)
     keep.maps = {}
     for _, f in ipairs(files) do
       if not names or names[f.name] then
-        local map, err = core.new("loip_mapping *", C.loip_mapping_open, C.loip_mapping_free, dir .. "/" .. f.name)
+        local map, err = files_rt.map(dir .. "/" .. f.name)
         if not map then M.close(keep) error(err, 0) end
         keep.maps[#keep.maps + 1] = map
-        keep.base[f.name] = C.loip_mapping_data(map)
+        keep.base[f.name] = files_rt.map_data(map)
       end
     end
     return keep
@@ -229,21 +231,20 @@ function M.load_files(dir, man, how, budget, names, spare)
     total = total + f.size
     if not names or names[f.name] then loading = loading + f.size end
   end
-  local buf, err = core.new("loip_buffer *", C.loip_buffer_new_reserved, C.loip_buffer_free, budget, "weights",
-    math.max(total, 1))
+  local buf, err = memory.buffer_reserved(budget, "weights", math.max(total, 1))
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
-  local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+  local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
   local bar = loading >= 256 * 1024 * 1024 and require("loip.tools.progress").new(loading, "loading " .. dir) or nil
-  local off, done, direct = 0, 0, ffi.new("int32_t[1]")
+  local off, done = 0, 0
   for _, f in ipairs(files) do
     keep.base[f.name], keep.offset[f.name] = base + off, off
     if not names or names[f.name] then
-      local tok, terr = core.ok(C.loip_buffer_take_range(buf, off, f.size))
+      local tok, terr = memory.buffer_take_range(buf, off, f.size)
       if not tok then M.close(keep) error(dir .. ": " .. terr, 0) end
-      local ok, rerr = core.ok(C.loip_file_read(dir .. "/" .. f.name, 0, f.size, base + off, C.LOIP_READ_DIRECT, direct))
-      if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
-      keep.direct = keep.direct + direct[0]
+      local ok, direct = files_rt.read(dir .. "/" .. f.name, 0, f.size, base + off, true)
+      if not ok then M.close(keep) error(direct .. "; " .. M.redo(man, dir), 0) end
+      keep.direct = keep.direct + direct
       done = done + f.size
       if bar then bar:update(done) end
     else
@@ -285,7 +286,7 @@ function M.stage_descs(dir, man, p, device, verify_reads)
     local d = out.descs[k - 1]
     local a, off = st.blocks[1], st.offloaded or 0
     d.first_block, d.last_block, d.n_offloaded = a, st.blocks[2] + 1, off
-    if p.per_block then d.flags = C.LOIP_STAGE_PER_BLOCK end
+    if p.per_block then d.flags = K.STAGE_PER_BLOCK end
     if off > 0 then
       local files, n_views = {}, 0
       for b = a, a + off - 1 do
@@ -334,7 +335,7 @@ local function bind_tensors(m, dir, f, base)
     local v = ffi.new("loip_tensor")
     v.data = base + t.offset
     fill_view(v, t)
-    local ok, err = core.ok(C.loip_model_bind(m, t.layer, M.kinds[t.kind], v))
+    local ok, err = exec.model_bind(m, t.layer, M.kinds[t.kind], v)
     if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
   end
 end
@@ -383,18 +384,17 @@ end
 function M.evict(keep, man, name)
   local f = loaded_file(keep, man, name)
   if keep.evicted[name] then return end
-  core.check(C.loip_buffer_drop_range(keep.buffer, keep.offset[name], f.size), name)
+  assert(memory.buffer_drop_range(keep.buffer, keep.offset[name], f.size, name))
   keep.evicted[name] = true
 end
 
 function M.reload(keep, dir, man, name)
   local f = loaded_file(keep, man, name)
   if not keep.evicted[name] then return end
-  core.check(C.loip_buffer_take_range(keep.buffer, keep.offset[name], f.size), dir .. "/" .. name)
-  local direct = ffi.new("int32_t[1]")
-  local ok, err = core.ok(C.loip_file_read(dir .. "/" .. name, 0, f.size, keep.base[name], C.LOIP_READ_DIRECT, direct))
+  assert(memory.buffer_take_range(keep.buffer, keep.offset[name], f.size, dir .. "/" .. name))
+  local ok, err = files_rt.read(dir .. "/" .. name, 0, f.size, keep.base[name], true)
   if not ok then
-    C.loip_buffer_drop_range(keep.buffer, keep.offset[name], f.size)
+    memory.buffer_drop_range(keep.buffer, keep.offset[name], f.size)
     error(err .. "; " .. M.redo(man, dir), 0)
   end
   keep.evicted[name] = nil
@@ -453,22 +453,23 @@ function M.restage(o)
     for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) gone[#gone + 1] = file(b) end
     -- the old slot goes before the new one is made: both at once could pass the budget
     local old_bytes = o.loader and o.loader:slot_bytes() or 0
-    C.loip_runner_set_loader(o.runner, nil)
+    exec.runner_set_loader(o.runner, nil)
     if o.on_loader then o.on_loader(nil) end
     local ok, l = pcall(o.new_loader, need)
     if not ok then
       local back_ok, old_l = pcall(o.new_loader, old_bytes) -- (the room it had is free again)
-      if back_ok then C.loip_runner_set_loader(o.runner, old_l.handle) if o.on_loader then o.on_loader(old_l) end end
+      if back_ok then exec.runner_set_loader(o.runner, old_l.handle) if o.on_loader then o.on_loader(old_l) end end
       undo(tostring(l))
     end
-    if C.loip_runner_set_loader(o.runner, l.handle) ~= 0 then
-      local err = core.last_error()
+    local set, err = exec.runner_set_loader(o.runner, l.handle)
+    if not set then
       l:close()
       undo(err)
     end
     if o.on_loader then o.on_loader(l) end
   end
-  if C.loip_runner_restage(o.runner, k - 1, descs.descs + (k - 1)) ~= 0 then undo(core.last_error()) end
+  local restaged, rerr = exec.runner_restage(o.runner, k - 1, descs.descs + (k - 1))
+  if not restaged then undo(rerr) end
   for _, name in ipairs(back) do M.bind_file(o.model, o.dir, o.man, o.keep, name) end
   if not grow then
     for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) end -- read every step now
@@ -477,8 +478,8 @@ function M.restage(o)
 end
 
 function M.close(keep)
-  core.free(keep.buffer, C.loip_buffer_free)
-  for _, map in ipairs(keep.maps or {}) do core.free(map, C.loip_mapping_free) end
+  memory.buffer_free(keep.buffer)
+  for _, map in ipairs(keep.maps or {}) do files_rt.map_free(map) end
   keep.buffer, keep.maps = nil, nil
 end
 

@@ -11,11 +11,14 @@ local json = require "loip.tools.json"
 local shapes = require "loip.model.shapes"
 local hf = require "loip.model.hf"
 local progress = require "loip.tools.progress"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
 
 local M = {}
 
-local dtypes = { bf16 = { "BF16", C.LOIP_BF16, 2 }, f16 = { "F16", C.LOIP_F16, 2 }, f32 = { "F32", C.LOIP_F32, 4 } }
+local K = core.constants
+local dtypes = { bf16 = { "BF16", K.BF16, 2 }, f16 = { "F16", K.F16, 2 }, f32 = { "F32", K.F32, 4 } }
 local STD = 0.02 -- default weight scale (as initializer_range)
 local CHUNK = 16 * 1024 * 1024 -- elements per fill
 
@@ -91,14 +94,12 @@ local function u64le(n)
   return table.concat(b)
 end
 
-local function check(rc, what) core.check(rc, what) end
-
 local function write_file(path, text)
-  local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
-  if not w then error(core.last_error(), 0) end
-  check(C.loip_writer_write(w, text, #text))
-  check(C.loip_writer_commit(w))
-  core.free(w, C.loip_writer_free)
+  local w, err = files_rt.writer(path)
+  if not w then error(err, 0) end
+  assert(files_rt.write(w, text))
+  assert(files_rt.commit(w))
+  files_rt.writer_free(w)
 end
 
 -- tokenizer.bin in llama2.c's format: <unk>, BOS, EOS, 256 byte tokens, then printable
@@ -135,9 +136,9 @@ function M.write(dir, o)
   if not dt then error(string.format("synth: --dtype '%s' is not one of bf16, f16, f32", tostring(o.dtype)), 0) end
   local cfg = M.config(o)
   local c = hf.parse_config(cfg, "synth config") -- validates the shape as the loader will
-  local cm, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, c)
+  local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
-  core.free(cm, C.loip_model_free)
+  exec.model_free(cm)
   local plan = tensor_plan(c, o.std or STD)
   local es = dt[3]
   local total = 0
@@ -146,18 +147,17 @@ function M.write(dir, o)
   if json.exists(dir .. "/config.json") and not o.force then
     error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
   end
-  local free = ffi.new("uint64_t[1]")
-  check(C.loip_disk_free(dir, free), dir)
+  local free = assert(files_rt.disk_free(dir, dir))
   local need = total + 64 * 1024 * 1024
-  if tonumber(free[0]) < need then
+  if free < need then
     error(string.format("%s: not enough disk space: the model needs %s, %s are free", dir,
-      progress.human(need), progress.human(tonumber(free[0]))), 0)
+      progress.human(need), progress.human(free)), 0)
   end
   os.remove(dir .. "/config.json") -- the directory is not a model until we finish
   local shards = shard(plan, es, o.shard_size or 5 * 1024 ^ 3)
   local bar = progress.new(total, string.format("synth %s %s", o.like, o.dtype))
-  local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, CHUNK * es)
-  local data = C.loip_buffer_data(buf)
+  local buf = memory.buffer(CHUNK * es)
+  local data = memory.buffer_data(buf)
   local written, weight_map = 0, {}
   for si, list in ipairs(shards) do
     local fname = #shards == 1 and "model.safetensors"
@@ -170,25 +170,25 @@ function M.write(dir, o)
     end
     local h = json.encode_sorted(header)
     h = h .. string.rep(" ", (8 - #h % 8) % 8)
-    local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, dir .. "/" .. fname)
-    if not w then error(core.last_error(), 0) end
-    check(C.loip_writer_write(w, u64le(#h) .. h, 8 + #h))
+    local w, werr = files_rt.writer(dir .. "/" .. fname)
+    if not w then error(werr, 0) end
+    assert(files_rt.write(w, u64le(#h) .. h))
     for _, t in ipairs(list) do
       local seed = tensor_seed(o.seed or 1, t.name)
       local first = 0
       while first < t.numel do
         local k = math.min(CHUNK, t.numel - first)
-        check(C.loip_fill_random(data, k, dt[2], seed, first, t.mean, t.std))
-        check(C.loip_writer_write(w, data, k * es))
+        assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std))
+        assert(files_rt.write(w, data, k * es))
         first = first + k
         written = written + k * es
         bar:update(written)
       end
     end
-    check(C.loip_writer_commit(w))
-    core.free(w, C.loip_writer_free)
+    assert(files_rt.commit(w))
+    files_rt.writer_free(w)
   end
-  core.free(buf, C.loip_buffer_free)
+  memory.buffer_free(buf)
   if #shards > 1 then
     write_file(dir .. "/model.safetensors.index.json",
       json.encode_sorted({ metadata = { total_size = total }, weight_map = weight_map }, 2))

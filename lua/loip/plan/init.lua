@@ -28,9 +28,8 @@
 -- summarised for cost models, descriptions and plan files. Deciding a plan is a policy's job
 -- (recipes/policies/, loaded by loip.policy).
 local ffi = require "ffi"
-local core = require "loip.core"
 local memory = require "loip.runtime.memory"
-local C = core.C
+local exec = require "loip.runtime.exec"
 
 local M = {}
 
@@ -54,22 +53,20 @@ end
 local scratch_of = { uring = {}, buffered = {} }
 local auto_path
 local function loader_size(slot_bytes, mode)
-  local cfg = ffi.new("loip_loader_config")
-  cfg.n_slots, cfg.slot_bytes, cfg.mode = 1, slot_bytes, mode
-  local slots, scratch = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_loader_size(cfg, slots, scratch), "loader size")
-  return tonumber(scratch[0])
+  local slots, scratch = require("loip.runtime.loader").size{ slots = 1, slot_bytes = slot_bytes, mode = mode }
+  if not slots then error("loader size: " .. scratch, 0) end
+  return scratch
 end
 function M.loader_scratch(slot_bytes, loader)
   if slot_bytes <= 0 then return 0 end
   local path = loader
   if path ~= "uring" and path ~= "buffered" then
-    auto_path = auto_path or (loader_size(4096, C.LOIP_LOADER_AUTO) > 0 and "buffered" or "uring")
+    auto_path = auto_path or (loader_size(4096, "auto") > 0 and "buffered" or "uring")
     path = auto_path
   end
   local known = scratch_of[path]
   if not known[slot_bytes] then
-    known[slot_bytes] = loader_size(slot_bytes, path == "uring" and C.LOIP_LOADER_URING or C.LOIP_LOADER_BUFFERED)
+    known[slot_bytes] = loader_size(slot_bytes, path)
   end
   return known[slot_bytes]
 end
@@ -129,17 +126,13 @@ function M.sizes(man, cfg, opts)
   s.header_bytes = ffi.sizeof("loip_msg_header")
   s.token_bytes = 4 + ffi.sizeof("loip_step_token") -- a token id into the ring, with its entry
   s.output_bytes = ffi.sizeof("loip_step_output")    -- a sampled id back to the head
-  local kv, act = ffi.new("uint64_t[1]"), ffi.new("uint64_t[1]")
-  core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.plan_positions, max_seqs, kv, act))
-  s.activation_bytes = tonumber(act[0])
+  local _, act = assert(exec.session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.plan_positions, max_seqs))
+  s.activation_bytes = act
   s.kv_bytes = {}
   for k = 0, cfg.n_layers do
-    core.check(C.loip_session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.plan_positions, max_seqs, kv, act))
-    s.kv_bytes[k] = tonumber(kv[0])
+    s.kv_bytes[k] = assert(exec.session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.plan_positions, max_seqs))
   end
-  local dev = ffi.new("uint64_t[1]")
-  core.check(C.loip_device_size(cfg, opts.batch, s.logits_tokens, max_seqs, dev))
-  s.device_bytes = tonumber(dev[0])
+  s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end
   return s

@@ -31,9 +31,11 @@
 -- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
 local ffi = require "ffi"
 local core = require "loip.core"
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
 local json = require "loip.tools.json"
 local median, quantile = require("loip.tools.bench").median, require("loip.tools.bench").quantile
-local C = core.C
 
 local M = {}
 
@@ -79,28 +81,28 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
       total = total + bytes
     end
   end
-  local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, total)
-  if not buf then error("profile: " .. core.last_error(), 0) end
-  local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
-  local m = assert(core.new("loip_model *", C.loip_model_new, C.loip_model_free, c))
+  local buf, berr = memory.buffer(total)
+  if not buf then error("profile: " .. berr, 0) end
+  local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
+  local m = assert(exec.model_new(c))
   local bytes = { mha = 0, mlp = 0 }
   for i, t in ipairs(tensors) do
-    core.check(C.loip_fill_random(base + t.offset, t.n, dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02))
+    assert(exec.fill_random(base + t.offset, t.n, dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02))
     local v = ffi.new("loip_tensor")
     v.data, v.dtype, v.ndim = base + t.offset, dt[1], #t.shape
     for k, d in ipairs(t.shape) do v.shape[k - 1] = d end
-    core.check(C.loip_model_bind(m, 0, t.kind, v), "profile: bind")
+    assert(exec.model_bind(m, 0, t.kind, v, "profile: bind"))
     bytes[t.block] = (bytes[t.block] or 0) + t.n * dt[2]
   end
-  local pool = assert(core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, threads or 0))
+  local pool = assert(exec.pool_new(threads or 0))
   local mask = ffi.new("uint8_t[?]", c.n_layers)
   mask[0] = 1
-  local s, err = core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, m, pool, max_ctx, max_batch, nil, mask)
+  local s, err = exec.session_new_layers(m, pool, max_ctx, max_batch, nil, mask)
   if not s then error("profile: " .. err, 0) end
   local hidden = ffi.new("float[?]", max_batch * c.dim)
   for k = 0, max_batch * c.dim - 1 do hidden[k] = ((k * 7919) % 1000) / 1000 - 0.5 end
   return { model = m, pool = pool, session = s, hidden = hidden, bytes = bytes, dim = c.dim, buffer = buf,
-    threads = tonumber(C.loip_pool_size(pool)) }
+    threads = exec.pool_size(pool) }
 end
 
 -- The relative spread of samples: their interquartile range over their median (0: all alike).
@@ -265,7 +267,7 @@ end
 -- The files' pages out of the page cache: a store just sliced (or read) would otherwise be
 -- read from memory wherever the loader reads buffered (no io_uring, or O_DIRECT refused).
 local function drop_cache(files)
-  for _, p in ipairs(files) do C.loip_file_drop_cache(p) end
+  for _, p in ipairs(files) do files_rt.drop_cache(p) end
 end
 
 -- Per reader, the read rate of `readers` loaders reading at once, each its own files of the
@@ -418,9 +420,9 @@ function M.transport(rounds)
   if not ok then error(res, 0) end
   local late = {}
   for j = 1, 40 do
-    local t0 = tonumber(C.loip_now_ns())
-    C.loip_sleep_ms(1)
-    late[j] = (tonumber(C.loip_now_ns()) - t0) / 1e3 - 1000
+    local t0 = core.now_ns()
+    core.sleep_ms(1)
+    late[j] = (core.now_ns() - t0) / 1e3 - 1000
   end
   return { transport_ms = res, timer_late_us = { median = median(late), p90 = quantile(late, 0.9) } }
 end
@@ -450,14 +452,14 @@ function M.measure(opts)
   local reps = opts.reps or (opts.quick and 5 or 9)
   local pr = { loip_profile = M.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"),
     device = { host = hostname(), cpus = M.cpus(), threads = lay.threads,
-      kernels = ffi.string(C.loip_kernels_name()) },
+      kernels = exec.kernels_name() },
     shape = { dim = c.dim, hidden_dim = c.hidden_dim, n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim,
       dtype = dtype, mha_bytes = lay.bytes.mha, mlp_bytes = lay.bytes.mlp },
     compute = { blocks = {}, weight_bps = {}, attention_ms_per_token = {}, mha_fixed_ms = {} } }
   pr.device.mem_total_bytes, pr.device.mem_available_bytes = meminfo()
   local s, h = lay.session, lay.hidden
   local function block(first, n, pos)
-    return function() core.check(C.loip_session_blocks(s, first, first + 1, h, n, pos)) end
+    return function() assert(exec.session_blocks(s, first, first + 1, h, n, pos)) end
   end
   -- each figure with its spread (M.steady): the profile's compute.spread is the largest, and
   -- compute.unsteady names the figures that did not settle (a busy machine)
@@ -510,10 +512,10 @@ function M.measure(opts)
   pr.compute.unsteady = #unsteady > 0 and unsteady or nil
   say("transport")
   pr.link = M.transport(opts.quick and 40 or 100)
-  C.loip_session_free(ffi.gc(lay.session, nil))
-  C.loip_pool_free(ffi.gc(lay.pool, nil))
-  C.loip_model_free(ffi.gc(lay.model, nil))
-  C.loip_buffer_free(ffi.gc(lay.buffer, nil))
+  exec.session_free(lay.session)
+  exec.pool_free(lay.pool)
+  exec.model_free(lay.model)
+  memory.buffer_free(lay.buffer)
   return pr
 end
 
@@ -544,11 +546,9 @@ function M.cache_dir()
 end
 
 local function sha_hex(s)
-  local h = core.new("loip_sha256 *", C.loip_sha256_new, C.loip_sha256_free)
-  C.loip_sha256_update(h, s, #s)
-  local hex = ffi.new("char[65]")
-  C.loip_sha256_final(h, nil, hex)
-  return ffi.string(hex)
+  local h = files_rt.sha256()
+  files_rt.sha256_update(h, s)
+  return (files_rt.sha256_hex(h))
 end
 
 -- A calibration: a short profile of this machine for the model a run plans (compute at batch 1
@@ -575,9 +575,9 @@ function M.calibrate(opts)
   end
   local c = hf.parse_config(cfg, "calibration shape")
   local threads = tonumber(opts.threads) or 0
-  local pool = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, threads)
-  threads = tonumber(C.loip_pool_size(pool))
-  C.loip_pool_free(ffi.gc(pool, nil))
+  local pool = exec.pool_new(threads)
+  threads = exec.pool_size(pool)
+  exec.pool_free(pool)
   local context = math.min(opts.context or 256, c.max_seq)
   -- blocks larger than this are timed on a narrower layer of the same model (rates carry over)
   local cap = 256 * 1024 * 1024
@@ -597,7 +597,7 @@ function M.calibrate(opts)
     end
   end
   local readers = math.max(1, math.floor(tonumber(opts.readers) or 1))
-  local key = table.concat({ "v1", io.popen("hostname"):read("*l") or "?", ffi.string(C.loip_kernels_name()), threads,
+  local key = table.concat({ "v1", io.popen("hostname"):read("*l") or "?", exec.kernels_name(), threads,
     c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, tostring(dtype), context,
     opts.store and (io.popen("df -P '" .. opts.store:gsub("'", "") .. "' 2>/dev/null | tail -1 | cut -d' ' -f1"):read("*l") or "?") or "scratch" }, "|")
     .. (readers > 1 and ("|readers " .. readers) or "")
@@ -616,12 +616,12 @@ function M.calibrate(opts)
   if not files then
     -- a scratch file of 64 MiB for the disk, removed after
     scratch = dir .. "/calibration-disk.tmp"
-    local w = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, scratch)
+    local w = files_rt.writer(scratch)
     if w then
       local chunk = ffi.new("uint8_t[?]", 1024 * 1024)
-      for _ = 1, 64 do C.loip_writer_write(w, chunk, 1024 * 1024) end
-      C.loip_writer_commit(w)
-      C.loip_writer_free(ffi.gc(w, nil))
+      for _ = 1, 64 do files_rt.write(w, chunk, 1024 * 1024) end
+      files_rt.commit(w)
+      files_rt.writer_free(w)
       files = { scratch }
     end
   end

@@ -48,10 +48,27 @@ function Budget:peak() return tonumber(C.loip_budget_peak(self.handle)) end
 
 -- Charge bytes to account (for memory the runtime does not allocate itself); nil, err when it
 -- does not fit. Give it back with :release.
-function Budget:charge(account, bytes)
-  return core.ok(C.loip_budget_charge(self.handle, account, bytes))
+function Budget:charge(account, bytes) return M.charge(self.handle, account, bytes) end
+function Budget:release(account, bytes) M.release(self.handle, account, bytes) end
+-- The same on a loip_budget * (a handle C code was given).
+function M.charge(handle, account, bytes, context) return core.ok(C.loip_budget_charge(handle, account, bytes), context) end
+function M.release(handle, account, bytes) C.loip_budget_release(handle, account, bytes) end
+
+-- ---- buffers (runtime/core/memory.c): aligned memory owned by the runtime, charged to a budget
+-- account (budget: a loip_budget *) or not; *_free is the explicit, idempotent close.
+function M.buffer(bytes) return core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, bytes) end
+-- Charged to account before it is allocated.
+function M.buffer_charged(budget, account, bytes)
+  return core.new("loip_buffer *", C.loip_buffer_new_charged, C.loip_buffer_free, budget, account, bytes)
 end
-function Budget:release(account, bytes) C.loip_budget_release(self.handle, account, bytes) end
+-- Address space only: ranges are charged and backed as they are taken (buffer_take_range).
+function M.buffer_reserved(budget, account, bytes)
+  return core.new("loip_buffer *", C.loip_buffer_new_reserved, C.loip_buffer_free, budget, account, bytes)
+end
+function M.buffer_data(buf) return C.loip_buffer_data(buf) end
+function M.buffer_take_range(buf, offset, bytes, context) return core.ok(C.loip_buffer_take_range(buf, offset, bytes), context) end
+function M.buffer_drop_range(buf, offset, bytes, context) return core.ok(C.loip_buffer_drop_range(buf, offset, bytes), context) end
+function M.buffer_free(buf) core.free(buf, C.loip_buffer_free) end
 
 local Report = {}
 Report.__index = Report

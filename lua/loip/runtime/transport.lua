@@ -27,9 +27,7 @@ M.smoothing = 0.2
 -- machine's, not every machine's: a profile should measure it where it runs, and set this.
 M.emulate_spin_us = 300
 
-M.kinds = { HELLO = 1, PLAN = 2, READY = 3, ERROR = 4, START = 5, TOKENS = 6, HIDDEN = 7, RESULT = 8,
-  STATS = 9, PING = 10, PONG = 11, STOP = 12, TRACE = 13, PROFILE = 14, END = 15, CHANGE = 16, LINK = 17,
-  KV_PUT = 18, KV_GET = 19, KV_DATA = 20, KV_DROP = 21, LEND = 22 }
+M.kinds = core.constants.msg -- LOIP_MSG_* by name
 M.kind_name = {}
 for k, v in pairs(M.kinds) do M.kind_name[v] = k end
 

@@ -28,7 +28,8 @@ local C = core.C
 
 local M = {}
 
-local SAMPLE, LOGITS, RECOMPUTE = 1, 2, 4 -- LOIP_TOKF_*
+local tokf = core.constants.tokf
+local SAMPLE, LOGITS, RECOMPUTE = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE
 
 -- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
 local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end

@@ -57,7 +57,7 @@ function M.serve(args, what)
     local f = io.open(out)
     url = f and f:read("*a"):match("listening (http://%S+)")
     if f then f:close() end
-    if not url then core.C.loip_sleep_ms(50) end
+    if not url then core.sleep_ms(50) end
   end
   local srv = { pid = pid, url = url }
   function srv.log()
@@ -72,7 +72,7 @@ function M.serve(args, what)
     srv.stopped = true
     os.execute("kill -TERM " .. pid .. " 2>/dev/null")
     local t = core.now_ms()
-    while proc.alive(pid) and core.now_ms() - t < 15000 do core.C.loip_sleep_ms(50) end
+    while proc.alive(pid) and core.now_ms() - t < 15000 do core.sleep_ms(50) end
     srv.killed = proc.alive(pid)
     if srv.killed then os.execute("kill -KILL " .. pid .. " 2>/dev/null") end
     srv.log_text = srv.log()

@@ -91,13 +91,12 @@ end
 -- Write text to path whole or not at all (through the runtime's writer: a temporary file, synced
 -- and renamed when complete); true, or nil and why.
 function M.write_file(path, text)
-  local core = require "loip.core"
-  local C = core.C
-  local w, err = core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path)
+  local files_rt = require "loip.runtime.files"
+  local w, err = files_rt.writer(path)
   if not w then return nil, err end
-  local ok, werr = core.ok(C.loip_writer_write(w, text, #text))
-  if ok then ok, werr = core.ok(C.loip_writer_commit(w)) end
-  core.free(w, C.loip_writer_free)
+  local ok, werr = files_rt.write(w, text)
+  if ok then ok, werr = files_rt.commit(w) end
+  files_rt.writer_free(w)
   if not ok then return nil, werr end
   return true
 end

@@ -8,7 +8,7 @@ local M = {}
 local Bar = {}
 Bar.__index = Bar
 
-local function now() return tonumber(require("loip.core").C.loip_now_ns()) / 1e9 end
+local function now() return require("loip.core").now_ns() / 1e9 end
 
 local function human(n)
   if n >= 1e9 then return string.format("%.2f GB", n / 1e9) end

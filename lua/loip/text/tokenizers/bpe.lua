@@ -22,7 +22,8 @@ local bit = require "bit"
 local ffi = require "ffi"
 local core = require "loip.core"
 local decoder = require "loip.text.tokenizers.decoder"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
+local K = core.constants
 
 local M = {}
 
@@ -37,14 +38,12 @@ M.patterns = {
 -- file in errors.
 function M.pretok(steps, what)
   if #steps == 0 then return nil end
-  local h, err = core.new("loip_pretok *", C.loip_pretok_new, C.loip_pretok_free)
+  local h, err = tk.pretok_new()
   if not h then error(what .. ": " .. err, 0) end
   for _, st in ipairs(steps) do
-    local rc = C.loip_pretok_add_split(h, st.pattern, #st.pattern, st.behavior or C.LOIP_SPLIT_ISOLATED,
-      st.flags or 0)
-    if rc ~= 0 then
-      local msg = core.last_error()
-      core.free(h, C.loip_pretok_free)
+    local ok, msg = tk.pretok_add_split(h, st.pattern, st.behavior or K.SPLIT_ISOLATED, st.flags or 0)
+    if not ok then
+      tk.pretok_free(h)
       error(what .. ": " .. msg, 0)
     end
   end
@@ -53,7 +52,7 @@ end
 
 -- A loip_bpe with flags; what names the file in errors.
 function M.bpe(flags, what)
-  local h, err = core.new("loip_bpe *", C.loip_bpe_new, C.loip_bpe_free, flags)
+  local h, err = tk.bpe_new(flags)
   if not h then error(what .. ": " .. err, 0) end
   return h
 end
@@ -100,18 +99,18 @@ end
 -- ---- construction --------------------------------------------------------------------------
 
 local flag_bits = {
-  special = C.LOIP_ADDED_SPECIAL, lstrip = C.LOIP_ADDED_LSTRIP,
-  rstrip = C.LOIP_ADDED_RSTRIP, single_word = C.LOIP_ADDED_SINGLE_WORD,
+  special = K.ADDED_SPECIAL, lstrip = K.ADDED_LSTRIP,
+  rstrip = K.ADDED_RSTRIP, single_word = K.ADDED_SINGLE_WORD,
 }
 
 local function added_matcher(list, what)
   if #list == 0 then return nil end
-  local h, err = core.new("loip_added *", C.loip_added_new, C.loip_added_free)
+  local h, err = tk.added_new()
   if not h then error(what .. ": " .. err, 0) end
   for _, t in ipairs(list) do
     local flags = 0
     for k, b in pairs(flag_bits) do if t[k] then flags = bit.bor(flags, b) end end
-    core.check(C.loip_added_add(h, t.content, #t.content, t.id, flags), what)
+    assert(tk.added_add(h, t.content, t.id, flags, what))
   end
   return h
 end
@@ -124,7 +123,7 @@ function M.new(desc)
   self.prefix_ids = desc.prefix_ids or {}
   self.suffix_ids = desc.suffix_ids or {}
   self.added_by_id, self.added_by_text, self.special = {}, {}, {}
-  local size = tonumber(C.loip_bpe_size(self.bpe))
+  local size = tk.bpe_size(self.bpe)
   for _, t in ipairs(self.added) do
     self.added_by_id[t.id] = t.content
     self.added_by_text[t.content] = t.id
@@ -166,12 +165,12 @@ end
 local nfc_len, nfc_same = ffi.new("size_t[1]"), ffi.new("int32_t[1]")
 
 local function nfc(s, what)
-  local rc = C.loip_utf8_nfc(s, #s, nil, 0, nfc_len, nfc_same)
-  if rc == 0 and nfc_same[0] == 1 then return s end
-  if rc ~= C.LOIP_ERANGE then core.check(rc, what) end
+  local ok, err, rc = tk.nfc(s, nil, 0, nfc_len, nfc_same, what)
+  if ok and nfc_same[0] == 1 then return s end
+  if not ok and rc ~= K.ERANGE then error(err, 0) end
   local n = tonumber(nfc_len[0])
   local buf = ffi.new("char[?]", n)
-  core.check(C.loip_utf8_nfc(s, #s, buf, n, nfc_len, nfc_same), what)
+  assert(tk.nfc(s, buf, n, nfc_len, nfc_same, what))
   return ffi.string(buf, nfc_len[0])
 end
 M.nfc = nfc
@@ -229,13 +228,13 @@ function Tokenizer:_encode_text(s, out)
   if s == "" then return end
   local cap = #s + 1
   local ids = self:_scratch(cap)
-  local rc = C.loip_bpe_encode(self.bpe, self.pretok, s, #s, ids, cap, n_out)
-  if rc == C.LOIP_ERANGE then
+  local ok, err, rc = tk.bpe_encode(self.bpe, self.pretok, s, ids, cap, n_out, self.path)
+  if rc == K.ERANGE then
     cap = n_out[0]
     ids = self:_scratch(cap)
-    rc = C.loip_bpe_encode(self.bpe, self.pretok, s, #s, ids, cap, n_out)
+    ok, err = tk.bpe_encode(self.bpe, self.pretok, s, ids, cap, n_out, self.path)
   end
-  core.check(rc, self.path)
+  if not ok then error(err, 0) end
   local k = #out
   for i = 0, n_out[0] - 1 do out[k + i + 1] = ids[i] end
 end
@@ -245,9 +244,9 @@ local function segments(h, s, skip_special)
   local cap = 16
   while true do
     local seg = ffi.new("int32_t[?]", 3 * cap)
-    local rc = C.loip_added_split(h, s, #s, skip_special and 1 or 0, seg, cap, n_out)
-    if rc == 0 then return seg, n_out[0] end
-    if rc ~= C.LOIP_ERANGE then core.check(rc) end
+    local ok, err, rc = tk.added_split(h, s, skip_special, seg, cap, n_out)
+    if ok then return seg, n_out[0] end
+    if rc ~= K.ERANGE then error(err, 0) end
     cap = n_out[0]
   end
 end
@@ -305,7 +304,7 @@ function Tokenizer:piece(id)
   if p then return p end
   p = self.added_by_id[id]
   if p == nil then
-    if C.loip_bpe_piece(self.bpe, id, piece_ptr, piece_len) ~= 0 then return nil end
+    if not tk.bpe_piece(self.bpe, id, piece_ptr, piece_len) then return nil end
     p = ffi.string(piece_ptr[0], piece_len[0])
   end
   self.pieces[id] = p
@@ -336,7 +335,7 @@ function Tokenizer:token_to_id(s)
   local id = self.added_by_text[s]
   if id then return id end
   if self.spelling == "gpt2" then s = M.gpt2_decode(s) or s end
-  id = C.loip_bpe_lookup(self.bpe, s, #s)
+  id = tk.bpe_lookup(self.bpe, s)
   return id >= 0 and id or nil
 end
 
@@ -375,10 +374,10 @@ function Tokenizer:piece_text(prev, id)
 end
 
 function Tokenizer:close()
-  if self.bpe then core.free(self.bpe, C.loip_bpe_free) self.bpe = nil end
-  if self.pretok then core.free(self.pretok, C.loip_pretok_free) self.pretok = nil end
-  if self.matcher then core.free(self.matcher, C.loip_added_free) self.matcher = nil end
-  if self.user_matcher then core.free(self.user_matcher, C.loip_added_free) self.user_matcher = nil end
+  if self.bpe then tk.bpe_free(self.bpe) self.bpe = nil end
+  if self.pretok then tk.pretok_free(self.pretok) self.pretok = nil end
+  if self.matcher then tk.added_free(self.matcher) self.matcher = nil end
+  if self.user_matcher then tk.added_free(self.user_matcher) self.user_matcher = nil end
 end
 
 return M

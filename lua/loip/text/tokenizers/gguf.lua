@@ -12,7 +12,8 @@ local core = require "loip.core"
 local gguf = require "loip.model.gguf"
 local bpe = require "loip.text.tokenizers.bpe"
 local sentencepiece = require "loip.text.tokenizers.sentencepiece"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
+local K = core.constants
 
 local M = {}
 
@@ -85,8 +86,8 @@ local function gpt2(md, path, tokens, types, opts)
     error(string.format("%s: tokenizer.ggml.pre '%s' is not a pre-tokenizer loip knows (%s)", path, tostring(pre),
       table.concat(known, ", ")), 0)
   end
-  local flags = bit.bor(C.LOIP_BPE_BYTELEVEL, C.LOIP_BPE_GPT2_SPELLING)
-  if name == "llama3" then flags = bit.bor(flags, C.LOIP_BPE_IGNORE_MERGES) end
+  local flags = bit.bor(K.BPE_BYTELEVEL, K.BPE_GPT2_SPELLING)
+  if name == "llama3" then flags = bit.bor(flags, K.BPE_IGNORE_MERGES) end
   local h = bpe.bpe(flags, path)
   local added = {}
   for i, t in ipairs(tokens) do
@@ -95,11 +96,11 @@ local function gpt2(md, path, tokens, types, opts)
     if ty == TYPE_CONTROL or ty == TYPE_USER then
       added[#added + 1] = { content = t, id = i - 1, special = ty == TYPE_CONTROL }
     end
-    local unmatched = (ty == TYPE_CONTROL or ty == TYPE_UNUSED) and C.LOIP_BPE_PIECE_UNMATCHED or 0
-    core.check(C.loip_bpe_add_token(h, t, #t, i - 1, 0, unmatched), path .. ": tokenizer.ggml.tokens[" .. (i - 1) .. "]")
+    local unmatched = (ty == TYPE_CONTROL or ty == TYPE_UNUSED) and K.BPE_PIECE_UNMATCHED or 0
+    assert(tk.bpe_add_token(h, t, i - 1, 0, unmatched, path .. ": tokenizer.ggml.tokens[" .. (i - 1) .. "]"))
   end
   local text = table.concat(merges, "\n")
-  core.check(C.loip_bpe_add_merges(h, text, #text, 0), path .. ": tokenizer.ggml.merges")
+  assert(tk.bpe_add_merges(h, text, 0, path .. ": tokenizer.ggml.merges"))
   local n = #tokens
   local desc = {
     path = path, kind = "gguf", bpe = h, added = added,

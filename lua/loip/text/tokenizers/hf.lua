@@ -34,7 +34,8 @@ local ffi = require "ffi"
 local json = require "loip.tools.json"
 local core = require "loip.core"
 local bpe = require "loip.text.tokenizers.bpe"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
+local K = core.constants
 
 local M = {}
 
@@ -75,9 +76,9 @@ end
 -- ---- the parts of tokenizer.json -----------------------------------------------------------
 
 local behaviors = {
-  Removed = C.LOIP_SPLIT_REMOVED, Isolated = C.LOIP_SPLIT_ISOLATED,
-  MergedWithPrevious = C.LOIP_SPLIT_MERGED_WITH_PREVIOUS, MergedWithNext = C.LOIP_SPLIT_MERGED_WITH_NEXT,
-  Contiguous = C.LOIP_SPLIT_CONTIGUOUS,
+  Removed = K.SPLIT_REMOVED, Isolated = K.SPLIT_ISOLATED,
+  MergedWithPrevious = K.SPLIT_MERGED_WITH_PREVIOUS, MergedWithNext = K.SPLIT_MERGED_WITH_NEXT,
+  Contiguous = K.SPLIT_CONTIGUOUS,
 }
 
 local function behavior(v, path)
@@ -125,10 +126,10 @@ local function pretokenizers(p, path, st)
     local s = pat.Regex
     if s == nil then
       s = pat.String
-      flags = C.LOIP_SPLIT_LITERAL
+      flags = K.SPLIT_LITERAL
     end
     if type(s) ~= "string" then fail(path, "pre_tokenizer: Split without a pattern") end
-    if p.invert then flags = bit.bor(flags, C.LOIP_SPLIT_INVERT) end
+    if p.invert then flags = bit.bor(flags, K.SPLIT_INVERT) end
     split(s, behavior(p.behavior, path), flags)
   elseif t == "ByteLevel" then
     st.byte_level = true
@@ -136,7 +137,7 @@ local function pretokenizers(p, path, st)
       no_split_before("ByteLevel with add_prefix_space")
       st.prefix_space = true
     end
-    if p.use_regex ~= false then split(bpe.patterns.gpt2, C.LOIP_SPLIT_ISOLATED) end
+    if p.use_regex ~= false then split(bpe.patterns.gpt2, K.SPLIT_ISOLATED) end
   elseif t == "Metaspace" then
     no_split_before("Metaspace")
     local rep = p.replacement or "\226\150\129"
@@ -146,13 +147,13 @@ local function pretokenizers(p, path, st)
       fail(path, "pre_tokenizer: Metaspace prepend_scheme %q is unknown", tostring(scheme))
     end
     st.metaspace = { replacement = rep, scheme = scheme }
-    if p.split ~= false then split(rep, C.LOIP_SPLIT_MERGED_WITH_NEXT, C.LOIP_SPLIT_LITERAL) end
+    if p.split ~= false then split(rep, K.SPLIT_MERGED_WITH_NEXT, K.SPLIT_LITERAL) end
   elseif t == "Digits" then
-    split(p.individual_digits and [[\p{N}]] or [[\p{N}+]], C.LOIP_SPLIT_ISOLATED)
+    split(p.individual_digits and [[\p{N}]] or [[\p{N}+]], K.SPLIT_ISOLATED)
   elseif t == "Whitespace" then
-    split([[\w+|[^\w\s]+]], C.LOIP_SPLIT_REMOVED, C.LOIP_SPLIT_INVERT)
+    split([[\w+|[^\w\s]+]], K.SPLIT_REMOVED, K.SPLIT_INVERT)
   elseif t == "WhitespaceSplit" then
-    split([[\s+]], C.LOIP_SPLIT_REMOVED)
+    split([[\s+]], K.SPLIT_REMOVED)
   elseif t == "Punctuation" then
     split("[\\p{P}$+<=>^`|~]", behavior(p.behavior or "Isolated", path))
   else
@@ -267,7 +268,7 @@ local spans = ffi.new("int64_t[4]")
 -- replaced by {} and [] (C has checked the whole text first, so errors give file offsets).
 local function read_tokenizer_json(path)
   local text = read_text(path)
-  core.check(C.loip_bpe_json_spans(text, #text, spans), path)
+  assert(tk.bpe_json_spans(text, spans, path))
   local vocab = spans[0] >= 0 and { tonumber(spans[0]), tonumber(spans[1]) } or nil
   local merges = spans[2] >= 0 and { tonumber(spans[2]), tonumber(spans[3]) } or nil
   local cuts = {}
@@ -310,24 +311,24 @@ function M.open_json(path, opts)
   if #dec == 0 then dec = st.byte_level and { { type = "bytes" } } or { { type = "join" } } end
 
   local flags = 0
-  if st.byte_level then flags = bit.bor(flags, C.LOIP_BPE_BYTELEVEL, C.LOIP_BPE_GPT2_SPELLING) end
-  if m.byte_fallback == true then flags = bit.bor(flags, C.LOIP_BPE_BYTE_FALLBACK) end
-  if m.ignore_merges == true then flags = bit.bor(flags, C.LOIP_BPE_IGNORE_MERGES) end
-  if m.fuse_unk == true then flags = bit.bor(flags, C.LOIP_BPE_FUSE_UNK) end
+  if st.byte_level then flags = bit.bor(flags, K.BPE_BYTELEVEL, K.BPE_GPT2_SPELLING) end
+  if m.byte_fallback == true then flags = bit.bor(flags, K.BPE_BYTE_FALLBACK) end
+  if m.ignore_merges == true then flags = bit.bor(flags, K.BPE_IGNORE_MERGES) end
+  if m.fuse_unk == true then flags = bit.bor(flags, K.BPE_FUSE_UNK) end
   local h = bpe.bpe(flags, path)
-  core.check(C.loip_bpe_add_vocab_json(h, text, vocab[1], vocab[2]), path)
+  assert(tk.bpe_add_vocab_json(h, text, vocab[1], vocab[2], path))
   -- Merges are pairs [a, b] (tokenizers >= 0.20) or strings "a b" split at their one space
   -- (pieces may hold any other character, "\r" included).
-  core.check(C.loip_bpe_add_merges_json(h, text, merges[1], merges[2]), path)
+  assert(tk.bpe_add_merges_json(h, text, merges[1], merges[2], path))
   if not is_null(m.unk_token) then
     local unk = m.unk_token
     local id = -1
     if type(unk) == "string" then
       local stored = st.byte_level and bpe.gpt2_decode(unk) or unk
-      id = C.loip_bpe_lookup(h, stored, #stored)
+      id = tk.bpe_lookup(h, stored)
     end
     if id < 0 then fail(path, "unk_token %q is not in the vocab", tostring(unk)) end
-    core.check(C.loip_bpe_set_unk(h, id), path)
+    assert(tk.bpe_set_unk(h, id, path))
   end
 
   local added = {}
@@ -403,11 +404,11 @@ function M.open_split(dir, opts)
 
   local name = opts.pretokenizer or choose_pretokenizer(cfg, added)
   local pattern = bpe.patterns[name] or name
-  local flags = bit.bor(C.LOIP_BPE_BYTELEVEL, C.LOIP_BPE_GPT2_SPELLING)
-  if name == "llama3" then flags = bit.bor(flags, C.LOIP_BPE_IGNORE_MERGES) end
+  local flags = bit.bor(K.BPE_BYTELEVEL, K.BPE_GPT2_SPELLING)
+  if name == "llama3" then flags = bit.bor(flags, K.BPE_IGNORE_MERGES) end
   local h = bpe.bpe(flags, vocab_path)
-  core.check(C.loip_bpe_add_vocab_json(h, vocab, 0, #vocab), vocab_path)
-  core.check(C.loip_bpe_add_merges(h, merges, #merges, 1), merges_path)
+  assert(tk.bpe_add_vocab_json(h, vocab, 0, #vocab, vocab_path))
+  assert(tk.bpe_add_merges(h, merges, 1, merges_path))
 
   local desc = {
     path = vocab_path, kind = "hf-split", bpe = h, added = added,

@@ -2,8 +2,7 @@
 -- llama2.c checkpoints ship with. Encoding runs in C; turning ids back into text (piece
 -- rules, byte tokens) is done here.
 local ffi = require "ffi"
-local core = require "loip.core"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
 
 local M = {}
 
@@ -13,15 +12,14 @@ Tokenizer.__index = Tokenizer
 -- Open a tokenizer.bin file. opts.vocab_size: the model's vocabulary size (checked).
 function M.open(path, opts)
   opts = opts or {}
-  local h, err = core.new("loip_scoredbpe *", C.loip_scoredbpe_open, C.loip_scoredbpe_free,
-    path, opts.vocab_size or 0)
+  local h, err = tk.scoredbpe_open(path, opts.vocab_size or 0)
   if not h then return nil, err end
-  local n = C.loip_scoredbpe_size(h)
+  local n = tk.scoredbpe_size(h)
   local t = setmetatable({ handle = h, path = path, kind = "llama2c", vocab_size = n,
     bos_id = 1, eos_id = 2, pieces = {} }, Tokenizer)
   local piece, len, score = ffi.new("const char *[1]"), ffi.new("int32_t[1]"), ffi.new("float[1]")
   for id = 0, n - 1 do
-    core.check(C.loip_scoredbpe_piece(h, id, piece, len, score))
+    assert(tk.scoredbpe_piece(h, id, piece, len, score))
     t.pieces[id] = ffi.string(piece[0], len[0])
   end
   return t
@@ -34,8 +32,7 @@ function Tokenizer:encode(text, opts)
   local eos = opts.eos == true
   local cap = #text + 3
   local ids, n = ffi.new("int32_t[?]", cap), ffi.new("int32_t[1]")
-  core.check(C.loip_scoredbpe_encode(self.handle, text, #text, bos and 1 or 0, eos and 1 or 0, ids, cap, n),
-    self.path)
+  assert(tk.scoredbpe_encode(self.handle, text, bos, eos, ids, cap, n, self.path))
   local out = {}
   for i = 0, n[0] - 1 do out[i + 1] = ids[i] end
   return out
@@ -71,7 +68,7 @@ function Tokenizer:decode(ids, prev)
 end
 
 function Tokenizer:close()
-  core.free(self.handle, C.loip_scoredbpe_free)
+  tk.scoredbpe_free(self.handle)
   self.handle = nil
 end
 

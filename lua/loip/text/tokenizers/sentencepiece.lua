@@ -14,51 +14,52 @@
 local core = require "loip.core"
 local ffi = require "ffi"
 local bpe = require "loip.text.tokenizers.bpe"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
+local K = core.constants
 
 local M = {}
 
-local types = { [C.LOIP_SPM_UNKNOWN] = "unknown", [C.LOIP_SPM_CONTROL] = "control",
-  [C.LOIP_SPM_BYTE] = "byte", [C.LOIP_SPM_USER_DEFINED] = "user", [C.LOIP_SPM_UNUSED] = "unused" }
+local types = { [K.SPM_UNKNOWN] = "unknown", [K.SPM_CONTROL] = "control",
+  [K.SPM_BYTE] = "byte", [K.SPM_USER_DEFINED] = "user", [K.SPM_UNUSED] = "unused" }
 local model_types = { "unigram", "BPE", "word", "char" }
 
 function M.open(path, opts)
-  local m, err = core.new("loip_spm *", C.loip_spm_open, C.loip_spm_free, path)
+  local m, err = tk.spm_open(path)
   if not m then error(err, 0) end
   local v = ffi.new("int32_t[1]")
   local function get(field)
-    core.check(C.loip_spm_get(m, field, v), path)
+    assert(tk.spm_get(m, field, v, path))
     return v[0]
   end
-  local model_type = get(C.LOIP_SPM_MODEL_TYPE)
+  local model_type = get(K.SPM_MODEL_TYPE)
   if model_type ~= 2 then
-    core.free(m, C.loip_spm_free)
+    tk.spm_free(m)
     error(string.format("%s: SentencePiece model type %s is not supported (only BPE)", path,
       model_types[model_type] or tostring(model_type)), 0)
   end
-  local name = ffi.string(C.loip_spm_normalizer_name(m))
-  if get(C.LOIP_SPM_CHARSMAP_BYTES) > 0 then
-    core.free(m, C.loip_spm_free)
+  local name = tk.spm_normalizer_name(m)
+  if get(K.SPM_CHARSMAP_BYTES) > 0 then
+    tk.spm_free(m)
     error(string.format("%s: SentencePiece normalizer %q (a precompiled charsmap) is not supported; "
       .. "only identity", path, name), 0)
   end
   local info = {
-    byte_fallback = get(C.LOIP_SPM_BYTE_FALLBACK) ~= 0,
-    unk_id = get(C.LOIP_SPM_UNK_ID), bos_id = get(C.LOIP_SPM_BOS_ID), eos_id = get(C.LOIP_SPM_EOS_ID),
-    add_dummy_prefix = get(C.LOIP_SPM_ADD_DUMMY_PREFIX) ~= 0,
-    remove_extra_whitespaces = get(C.LOIP_SPM_REMOVE_EXTRA_WHITESPACES) ~= 0,
-    escape_whitespaces = get(C.LOIP_SPM_ESCAPE_WHITESPACES) ~= 0,
-    treat_whitespace_as_suffix = get(C.LOIP_SPM_TREAT_WHITESPACE_AS_SUFFIX) ~= 0,
+    byte_fallback = get(K.SPM_BYTE_FALLBACK) ~= 0,
+    unk_id = get(K.SPM_UNK_ID), bos_id = get(K.SPM_BOS_ID), eos_id = get(K.SPM_EOS_ID),
+    add_dummy_prefix = get(K.SPM_ADD_DUMMY_PREFIX) ~= 0,
+    remove_extra_whitespaces = get(K.SPM_REMOVE_EXTRA_WHITESPACES) ~= 0,
+    escape_whitespaces = get(K.SPM_ESCAPE_WHITESPACES) ~= 0,
+    treat_whitespace_as_suffix = get(K.SPM_TREAT_WHITESPACE_AS_SUFFIX) ~= 0,
     normalizer = name,
   }
-  local n = C.loip_spm_size(m)
+  local n = tk.spm_size(m)
   local piece, len, score, ty = ffi.new("const char *[1]"), ffi.new("int32_t[1]"), ffi.new("float[1]"),
     ffi.new("int32_t[1]")
   local ok, tok = pcall(M.build, path, n, info, function(id)
-    core.check(C.loip_spm_piece(m, id, piece, len, score, ty), path)
+    assert(tk.spm_piece(m, id, piece, len, score, ty, path))
     return ffi.string(piece[0], len[0]), score[0], ty[0]
   end)
-  core.free(m, C.loip_spm_free)
+  tk.spm_free(m)
   if not ok then error(tok, 0) end
   return tok
 end
@@ -69,19 +70,19 @@ end
 -- bos_id, eos_id, add_dummy_prefix, remove_extra_whitespaces, escape_whitespaces,
 -- treat_whitespace_as_suffix). kind names the format.
 function M.build(path, n, info, piece, kind)
-  local h = bpe.bpe(info.byte_fallback and C.LOIP_BPE_BYTE_FALLBACK or 0, path)
+  local h = bpe.bpe(info.byte_fallback and K.BPE_BYTE_FALLBACK or 0, path)
   local piece_type, user, added = {}, {}, {}
   for id = 0, n - 1 do
     local text, score, ty = piece(id)
     local k = types[ty]
     piece_type[id] = k
-    local unmatched = (k == "unknown" or k == "control" or k == "byte") and C.LOIP_BPE_PIECE_UNMATCHED or 0
-    core.check(C.loip_bpe_add_token(h, text, #text, id, score, unmatched), path)
+    local unmatched = (k == "unknown" or k == "control" or k == "byte") and K.BPE_PIECE_UNMATCHED or 0
+    assert(tk.bpe_add_token(h, text, id, score, unmatched, path))
     if k == "user" then user[#user + 1] = { content = text, id = id } end
     if (k == "control" or k == "unknown") and text ~= "" then added[#added + 1] = { content = text, id = id, special = true } end
   end
-  core.check(C.loip_bpe_derive_merges(h, C.LOIP_BPE_MERGES_BY_SCORE), path)
-  if info.unk_id and info.unk_id >= 0 and info.unk_id < n then core.check(C.loip_bpe_set_unk(h, info.unk_id), path) end
+  assert(tk.bpe_derive_merges(h, K.BPE_MERGES_BY_SCORE, path))
+  if info.unk_id and info.unk_id >= 0 and info.unk_id < n then assert(tk.bpe_set_unk(h, info.unk_id, path)) end
   local valid = function(id) return id and id >= 0 and id < n and id or nil end
   return bpe.new({
     path = path, kind = kind or "sentencepiece", bpe = h, added = added, user_defined = user,

@@ -8,7 +8,8 @@ local bit = require "bit"
 local json = require "loip.tools.json"
 local core = require "loip.core"
 local bpe = require "loip.text.tokenizers.bpe"
-local C = core.C
+local tk = require "loip.runtime.tokenizer"
+local K = core.constants
 
 local M = {}
 
@@ -32,10 +33,10 @@ function M.open(path, opts)
   opts = opts or {}
   local text, err = json.read_file(path)
   if not text then error(path .. ": " .. tostring(err), 0) end
-  local h = bpe.bpe(bit.bor(C.LOIP_BPE_BYTELEVEL, C.LOIP_BPE_IGNORE_MERGES), path)
-  core.check(C.loip_bpe_add_tiktoken(h, text, #text), path)
-  core.check(C.loip_bpe_derive_merges(h, C.LOIP_BPE_MERGES_BY_ID), path)
-  local n_base = tonumber(C.loip_bpe_size(h))
+  local h = bpe.bpe(bit.bor(K.BPE_BYTELEVEL, K.BPE_IGNORE_MERGES), path)
+  assert(tk.bpe_add_tiktoken(h, text, path))
+  assert(tk.bpe_derive_merges(h, K.BPE_MERGES_BY_ID, path))
+  local n_base = tk.bpe_size(h)
 
   local specials, where = opts.special_tokens, "opts.special_tokens"
   if specials == nil then

@@ -1,10 +1,4 @@
-/* The transport: authenticated ZeroMQ sockets carrying framed, checked messages.
- *
- * Authentication is CURVE everywhere. With a cluster token every member derives the same
- * keypair from it (secret = SHA-256 of a label and the token), so the token itself never
- * crosses the wire and a peer without it cannot complete a handshake; with a keys directory
- * the keys come from files. A ZAP handler (RFC 27), on its own thread in the context, accepts
- * only the cluster's public key (or the authorized ones) and logs every refusal.
+/* The transport: authenticated ZeroMQ sockets (auth.c) carrying framed, checked messages.
  *
  * A message is two frames: the 64-byte header and the payload (absent when empty). Receiving
  * checks every header field against the frame sizes; a bad message is drained whole and
@@ -13,8 +7,6 @@
  * carried it, plus the one-way delay (the kernel here has no netem). */
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +14,7 @@
 #include <zmq.h>
 
 #include "core/core.h"
+#include "transport/net.h"
 
 /* Under ThreadSanitizer: libzmq is not instrumented, and a message it received on its I/O
  * thread reaches ours through its lock-free pipes, which TSan cannot see; reading the bytes of
@@ -39,8 +32,9 @@ void AnnotateIgnoreReadsBegin(const char *file, int line);
 void AnnotateIgnoreReadsEnd(const char *file, int line);
 #endif
 
+
 /* n bytes of a message libzmq received into dst. */
-static void msg_copy(void *dst, zmq_msg_t *m, size_t n) {
+void loip_zmsg_copy(void *dst, zmq_msg_t *m, size_t n) {
 #ifdef LOIP_TSAN
     AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
 #endif
@@ -50,213 +44,12 @@ static void msg_copy(void *dst, zmq_msg_t *m, size_t n) {
 #endif
 }
 
-#define ZAP_ENDPOINT "inproc://zeromq.zap.01"
-#define MAX_PEERS 32
-#define AUTH_LOG_LINES 64
 
-struct loip_net {
-    void *ctx;
-    char public_z85[41], secret_z85[41];
-    uint8_t allowed[MAX_PEERS][32]; /* client keys the ZAP handler accepts */
-    int n_allowed;
-    pthread_t zap_thread;
-    int zap_ok;
-    void *zap_ready; /* bound before any socket exists */
-    pthread_mutex_t mu;
-    char log[AUTH_LOG_LINES][200];
-    int n_log;
-    int dropped_log;
-    struct loip_sock *socks; /* open sockets (under mu): closed by loip_net_free if still open */
-};
-
-typedef struct peer {
-    char id[64];
-    loip_link_stats st;
-} peer;
-
-struct loip_sock {
-    loip_net *net;   /* NULL once the net is freed (the socket is closed then) */
-    struct loip_sock *prev, *next; /* in the net's list */
-    int thread_owned; /* a heartbeat thread's: it closes the socket itself on ETERM */
-    /* client: the handshake's state from the monitor: connected, and whether it ever succeeded;
-     * refused counts connections the server dropped before a handshake succeeded (a wrong
-     * cluster token or key: the server cannot read ours) */
-    int connected, handshaken, refused;
-    void *z;
-    void *mon;   /* server: the socket monitor's events (failed handshakes are logged) */
-    char endpoint[256];
-    int server;
-    uint64_t rate_bps, delay_ns, wire_free_ns;
-    uint64_t spin_ns; /* an emulated delivery sleeps until this long before its time, then
-                         spins: the timer's lateness would add to every emulated hop (0: sleep
-                         only; loip_sock_emulate_spin, measured by a profile) */
-    double weight;    /* of a new sample in the link statistics' moving averages (1: none) */
-    peer peers[MAX_PEERS];
-    int n_peers;
-};
-
-static int zfail(int code, const char *what) {
+int loip_zfail(int code, const char *what) {
     return loip_fail(code, "%s: %s", what, zmq_strerror(zmq_errno()));
 }
 
-/* ---- authentication ---------------------------------------------------------------------- */
-
-static void auth_log(loip_net *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void auth_log(loip_net *n, const char *fmt, ...) {
-    pthread_mutex_lock(&n->mu);
-    if (n->n_log < AUTH_LOG_LINES) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(n->log[n->n_log++], sizeof n->log[0], fmt, ap);
-        va_end(ap);
-    } else {
-        n->dropped_log++;
-    }
-    pthread_mutex_unlock(&n->mu);
-}
-
-/* One frame of a ZAP request into buf (NUL-terminated, truncated); its size. */
-static int zap_frame(void *z, char *buf, size_t cap, int *more) {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    int rc = zmq_msg_recv(&m, z, 0);
-    if (rc < 0) {
-        zmq_msg_close(&m);
-        return -1;
-    }
-    size_t n = zmq_msg_size(&m) < cap - 1 ? zmq_msg_size(&m) : cap - 1;
-    msg_copy(buf, &m, n);
-    buf[n] = 0;
-    *more = zmq_msg_more(&m);
-    zmq_msg_close(&m);
-    return rc;
-}
-
-static void *zap_main(void *arg) {
-    loip_net *n = arg;
-    void *z = n->zap_ready;
-    for (;;) {
-        char f[8][256];
-        int sizes[8], more = 1, k = 0;
-        while (more && k < 8) {
-            sizes[k] = zap_frame(z, f[k], sizeof f[k], &more);
-            if (sizes[k] < 0) {
-                if (zmq_errno() == ETERM) goto done;
-                more = 0;
-                break;
-            }
-            k++;
-        }
-        while (more) { /* drain frames past 8 */
-            char junk[8];
-            if (zap_frame(z, junk, sizeof junk, &more) < 0) break;
-        }
-        if (k < 6) continue;
-        /* frames: version, request id, domain, address, identity, mechanism, credentials */
-        const char *mech = f[5], *address = f[3];
-        int ok = 0;
-        if (!strcmp(mech, "CURVE") && k >= 7 && sizes[6] == 32) {
-            for (int i = 0; i < n->n_allowed && !ok; i++) ok = !memcmp(f[6], n->allowed[i], 32);
-            if (!ok) {
-                char key[41];
-                zmq_z85_encode(key, (const uint8_t *)f[6], 32);
-                auth_log(n, "rejected a peer from %s: unknown key %s (wrong cluster token or keys)", address, key);
-            }
-        } else {
-            auth_log(n, "rejected a peer from %s: mechanism %s (CURVE required)", address, mech);
-        }
-        const char *status = ok ? "200" : "400", *text = ok ? "OK" : "unknown peer";
-        zmq_send(z, "1.0", 3, ZMQ_SNDMORE);
-        zmq_send(z, f[1], (size_t)sizes[1], ZMQ_SNDMORE);
-        zmq_send(z, status, 3, ZMQ_SNDMORE);
-        zmq_send(z, text, strlen(text), ZMQ_SNDMORE);
-        zmq_send(z, "", 0, ZMQ_SNDMORE);
-        zmq_send(z, "", 0, 0);
-    }
-done:
-    zmq_close(z);
-    return NULL;
-}
-
-static int read_key(const char *path, char *z85) {
-    FILE *f = fopen(path, "r");
-    if (!f) return loip_fail(LOIP_EINVAL, "%s: cannot open: %s", path, strerror(errno));
-    char line[128] = {0};
-    if (!fgets(line, sizeof line, f)) line[0] = 0;
-    fclose(f);
-    size_t len = strcspn(line, " \t\r\n");
-    line[len] = 0;
-    uint8_t raw[32];
-    if (len != 40 || !zmq_z85_decode(raw, line))
-        return loip_fail(LOIP_EINVAL, "%s: not a CURVE key (40 z85 characters)", path);
-    memcpy(z85, line, 41);
-    return LOIP_OK;
-}
-
-LOIP_API int loip_net_new(const char *token, const char *keys_dir, loip_net **out) {
-    *out = NULL;
-    if ((!token || !*token) && !keys_dir)
-        return loip_fail(LOIP_EINVAL, "transport: a cluster token or a keys directory is required "
-                                      "(peers must authenticate)");
-    if (!zmq_has("curve"))
-        return loip_fail(LOIP_ENOSYS, "transport: this libzmq has no CURVE support (built without libsodium)");
-    loip_net *n = calloc(1, sizeof *n);
-    if (!n) return loip_fail(LOIP_ENOMEM, "transport: out of memory");
-    pthread_mutex_init(&n->mu, NULL);
-    int rc = LOIP_OK;
-    if (token && *token) {
-        /* secret = SHA-256("loip cluster key v1\0" || token): the same for every member */
-        loip_sha256 *h;
-        uint8_t secret[32], pub[32];
-        if ((rc = loip_sha256_new(&h))) goto fail;
-        static const char label[] = "loip cluster key v1";
-        loip_sha256_update(h, label, sizeof label);
-        loip_sha256_update(h, token, strlen(token));
-        loip_sha256_final(h, secret, NULL);
-        loip_sha256_free(h);
-        zmq_z85_encode(n->secret_z85, secret, 32);
-        if (zmq_curve_public(n->public_z85, n->secret_z85) != 0) {
-            rc = zfail(LOIP_ENOSYS, "transport: deriving the public key");
-            goto fail;
-        }
-        zmq_z85_decode(pub, n->public_z85);
-        memcpy(n->allowed[n->n_allowed++], pub, 32);
-    } else {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/secret.key", keys_dir);
-        if ((rc = read_key(path, n->secret_z85))) goto fail;
-        if (zmq_curve_public(n->public_z85, n->secret_z85) != 0) {
-            rc = zfail(LOIP_ENOSYS, "transport: deriving the public key");
-            goto fail;
-        }
-        uint8_t pub[32];
-        zmq_z85_decode(pub, n->public_z85);
-        memcpy(n->allowed[n->n_allowed++], pub, 32);
-    }
-    if (!(n->ctx = zmq_ctx_new())) {
-        rc = zfail(LOIP_ENOMEM, "transport: zmq context");
-        goto fail;
-    }
-    n->zap_ready = zmq_socket(n->ctx, ZMQ_REP);
-    if (!n->zap_ready || zmq_bind(n->zap_ready, ZAP_ENDPOINT) != 0) {
-        rc = zfail(LOIP_EINVAL, "transport: ZAP handler");
-        goto fail;
-    }
-    if (pthread_create(&n->zap_thread, NULL, zap_main, n) != 0) {
-        rc = loip_fail(LOIP_ENOMEM, "transport: cannot start the ZAP thread");
-        goto fail;
-    }
-    n->zap_ok = 1;
-    *out = n;
-    return LOIP_OK;
-fail:
-    if (n->zap_ready && !n->zap_ok) zmq_close(n->zap_ready);
-    if (n->ctx) zmq_ctx_term(n->ctx);
-    free(n);
-    return rc ? rc : LOIP_EINVAL;
-}
-
-static void sock_close_z(loip_sock *s) {
+void loip_sock_close_z(loip_sock *s) {
     if (s->mon) {
         zmq_socket_monitor(s->z, NULL, 0);
         zmq_close(s->mon);
@@ -264,47 +57,6 @@ static void sock_close_z(loip_sock *s) {
     }
     if (s->z) zmq_close(s->z);
     s->z = NULL;
-}
-
-LOIP_API void loip_net_free(loip_net *n) {
-    if (!n) return;
-    /* ctx_term blocks until every socket is closed. Sockets belong to the caller, who should
-     * free them first; any still open (a program that stopped on an error, finalizers run in
-     * any order) are closed here, with linger 0, and stay as husks their owner frees later.
-     * A heartbeat thread's socket is closed by its thread on ETERM; the ZAP thread exits on
-     * ETERM too. */
-    pthread_mutex_lock(&n->mu);
-    for (loip_sock *s = n->socks; s; s = s->next) {
-        if (!s->thread_owned) sock_close_z(s);
-        s->net = NULL;
-    }
-    n->socks = NULL;
-    pthread_mutex_unlock(&n->mu);
-    zmq_ctx_shutdown(n->ctx);
-    if (n->zap_ok) pthread_join(n->zap_thread, NULL);
-    zmq_ctx_term(n->ctx);
-    pthread_mutex_destroy(&n->mu);
-    free(n);
-}
-
-LOIP_API int loip_net_auth_log(loip_net *n, char *buf, size_t cap) {
-    pthread_mutex_lock(&n->mu);
-    size_t at = 0;
-    int k = 0;
-    if (cap) buf[0] = 0;
-    while (k < n->n_log) {
-        size_t len = strlen(n->log[k]);
-        if (at + len + 2 > cap) break;
-        memcpy(buf + at, n->log[k], len);
-        at += len;
-        buf[at++] = '\n';
-        buf[at] = 0;
-        k++;
-    }
-    memmove(n->log, n->log + k, (size_t)(n->n_log - k) * sizeof n->log[0]);
-    n->n_log -= k;
-    pthread_mutex_unlock(&n->mu);
-    return k;
 }
 
 /* ---- sockets ----------------------------------------------------------------------------- */
@@ -316,7 +68,7 @@ static int sock_new(loip_net *n, int type, loip_sock **out) {
     s->weight = 1.0; /* C decides nothing: the last sample, until the caller smooths */
     if (!(s->z = zmq_socket(n->ctx, type))) {
         free(s);
-        return zfail(LOIP_EINVAL, "transport: socket");
+        return loip_zfail(LOIP_EINVAL, "transport: socket");
     }
     int linger = 0, hwm = 64;
     zmq_setsockopt(s->z, ZMQ_LINGER, &linger, sizeof linger);
@@ -341,7 +93,7 @@ LOIP_API void loip_sock_free(loip_sock *s) {
         if (s->next) s->next->prev = s->prev;
         pthread_mutex_unlock(&n->mu);
     }
-    sock_close_z(s);
+    loip_sock_close_z(s);
     free(s);
 }
 
@@ -363,7 +115,7 @@ static void poll_monitor(loip_sock *s) {
         uint32_t value = 0;
         if (zmq_msg_size(&ev) >= 6) {
             uint8_t raw[6];
-            msg_copy(raw, &ev, sizeof raw);
+            loip_zmsg_copy(raw, &ev, sizeof raw);
             memcpy(&event, raw, 2);
             memcpy(&value, raw + 2, 4);
         }
@@ -374,7 +126,7 @@ static void poll_monitor(loip_sock *s) {
             zmq_msg_init(&addr);
             if (zmq_msg_recv(&addr, s->mon, 0) >= 0) {
                 size_t n = zmq_msg_size(&addr) < sizeof where - 1 ? zmq_msg_size(&addr) : sizeof where - 1;
-                msg_copy(where, &addr, n);
+                loip_zmsg_copy(where, &addr, n);
                 where[n] = 0;
             }
             zmq_msg_close(&addr);
@@ -392,7 +144,7 @@ static void poll_monitor(loip_sock *s) {
                           : event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "CURVE handshake failed (wrong cluster token or keys?)"
                                                                           : "handshake failed";
         loip_net *n = s->net; /* (valid while this socket is open: the net's ctx_term waits for it) */
-        if (n) auth_log(n, "rejected a peer on %s: %s (code %u)", where[0] ? where : s->endpoint, why, value);
+        if (n) loip_auth_log(n, "rejected a peer on %s: %s (code %u)", where[0] ? where : s->endpoint, why, value);
     }
 }
 
@@ -432,7 +184,7 @@ LOIP_API int loip_sock_bind(loip_net *n, const char *endpoint, loip_sock **out) 
 LOIP_API int loip_sock_endpoint(loip_sock *s, char *buf, size_t cap) {
     CHECK_OPEN(s);
     size_t len = cap;
-    if (zmq_getsockopt(s->z, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return zfail(LOIP_EINVAL, "transport: endpoint");
+    if (zmq_getsockopt(s->z, ZMQ_LAST_ENDPOINT, buf, &len) != 0) return loip_zfail(LOIP_EINVAL, "transport: endpoint");
     return LOIP_OK;
 }
 
@@ -500,7 +252,7 @@ fail:
     if (zmq_errno() == EAGAIN)
         return loip_fail(LOIP_ETIMEDOUT, "send to %s: not accepted within %d ms", to ? to : "server", timeout_ms);
     if (zmq_errno() == EHOSTUNREACH) return loip_fail(LOIP_EIO, "send: %s is not connected", to ? to : "peer");
-    return zfail(LOIP_EIO, "send");
+    return loip_zfail(LOIP_EIO, "send");
 }
 
 static peer *peer_of(loip_sock *s, const char *id) {
@@ -586,7 +338,7 @@ static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void 
             goto recv_fail;
         }
         size_t n = zmq_msg_size(&m) < sizeof id - 1 ? zmq_msg_size(&m) : sizeof id - 1;
-        msg_copy(id, &m, n);
+        loip_zmsg_copy(id, &m, n);
         id[n] = 0;
         zmq_msg_close(&m);
         if (from) snprintf(from, 64, "%s", id);
@@ -607,7 +359,7 @@ static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void 
         drain(s->z);
         return rc;
     }
-    msg_copy(h, &m, sizeof *h);
+    loip_zmsg_copy(h, &m, sizeof *h);
     zmq_msg_close(&m);
     const char *who = id[0] ? id : "server";
     int kv = h->kind >= LOIP_MSG_KV_PUT && h->kind <= LOIP_MSG_KV_DROP;
@@ -634,7 +386,7 @@ static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void 
             return loip_fail(LOIP_ENOMEM, "message from %s: no memory for a payload of %llu bytes", who,
                              (unsigned long long)got);
         }
-        if (got == h->payload_bytes) msg_copy(into, &m, got);
+        if (got == h->payload_bytes) loip_zmsg_copy(into, &m, got);
         zmq_msg_close(&m);
         if (got != h->payload_bytes || extra) {
             if (large && *large) free(*large), *large = NULL;
@@ -691,7 +443,7 @@ recv_fail:
     if (zmq_errno() == EAGAIN) return loip_fail(LOIP_ETIMEDOUT, "receive: nothing within %d ms", timeout_ms);
     if (zmq_errno() == ETERM) return loip_fail(LOIP_ESTATE, "receive: the transport is shutting down");
     if (zmq_errno() == EINTR) return loip_fail(LOIP_ETIMEDOUT, "receive: interrupted by a signal");
-    return zfail(LOIP_EIO, "receive");
+    return loip_zfail(LOIP_EIO, "receive");
 }
 
 LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns) {
@@ -719,74 +471,3 @@ LOIP_API int loip_sock_stats(loip_sock *s, loip_link_stats *out, int32_t cap) {
     return k;
 }
 
-/* ---- heartbeat ----------------------------------------------------------------------------- */
-
-struct loip_heartbeat {
-    loip_sock *sock;       /* used by the thread only, after creation */
-    pthread_t thread;
-    atomic_int stop;
-    _Atomic uint64_t busy_since; /* loip_now_ns() when the current message started, 0: idle */
-    _Atomic uint64_t done;
-};
-
-static void *heartbeat_main(void *arg) {
-    loip_heartbeat *hb = arg;
-    char from[64];
-    uint8_t buf[256];
-    while (!atomic_load(&hb->stop)) {
-        loip_msg_header h;
-        int rc = loip_sock_recv(hb->sock, 100, &h, buf, sizeof buf, from);
-        if (rc != LOIP_OK && zmq_errno() == ETERM) { /* the net is being freed: close, and stop */
-            sock_close_z(hb->sock);
-            break;
-        }
-        if (rc != LOIP_OK || h.kind != LOIP_MSG_PING) continue;
-        uint64_t since = atomic_load(&hb->busy_since), now = loip_now_ns();
-        uint64_t reply[2] = {since && now > since ? now - since : 0, atomic_load(&hb->done)};
-        loip_msg_header r = {.kind = LOIP_MSG_PONG, .dtype = -1, .step = h.step, .payload_bytes = sizeof reply};
-        loip_sock_send(hb->sock, from, &r, reply, 100);
-    }
-    return NULL;
-}
-
-LOIP_API int loip_heartbeat_new(loip_net *n, const char *endpoint, loip_heartbeat **out) {
-    *out = NULL;
-    loip_heartbeat *hb = calloc(1, sizeof *hb);
-    if (!hb) return loip_fail(LOIP_ENOMEM, "heartbeat: out of memory");
-    int rc = loip_sock_bind(n, endpoint, &hb->sock);
-    if (rc) {
-        free(hb);
-        return rc;
-    }
-    hb->sock->thread_owned = 1;
-    if (pthread_create(&hb->thread, NULL, heartbeat_main, hb) != 0) {
-        loip_sock_free(hb->sock);
-        free(hb);
-        return loip_fail(LOIP_ENOMEM, "heartbeat: cannot start its thread");
-    }
-    *out = hb;
-    return LOIP_OK;
-}
-
-LOIP_API void loip_heartbeat_free(loip_heartbeat *hb) {
-    if (!hb) return;
-    atomic_store(&hb->stop, 1);
-    pthread_join(hb->thread, NULL);
-    loip_sock_free(hb->sock);
-    free(hb);
-}
-
-LOIP_API int loip_heartbeat_endpoint(loip_heartbeat *hb, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s", hb->sock->endpoint);
-    return LOIP_OK;
-}
-
-LOIP_API void loip_heartbeat_busy(loip_heartbeat *hb, int32_t busy) {
-    if (!hb) return;
-    if (busy) {
-        atomic_store(&hb->busy_since, loip_now_ns());
-    } else {
-        atomic_store(&hb->busy_since, 0);
-        atomic_fetch_add(&hb->done, 1);
-    }
-}

@@ -15,7 +15,7 @@
 #include "exec/model.h"
 #include "exec/session.h"
 #include "memory/budget.h"
-#include "transport/device_internal.h"
+#include "worker/worker.h"
 
 enum { CONTROL_CAP = 64 * 1024 }; /* control messages (JSON plans) are small */
 
@@ -78,17 +78,8 @@ LOIP_API void loip_device_free(loip_device *d) {
     if (d->seqs)
         for (int32_t i = 0; i < d->cfg.max_seqs; i++) seq_clear(&d->seqs[i]);
     free(d->seqs);
-    free(d->lend);
-    free(d->lend_groups);
-    free(d->lend_n);
-    free(d->lend_off);
-    free(d->lend_old);
-    free(d->lend_buf);
-    for (int32_t i = 0; i < d->n_held; i++) free(d->held[i].data);
-    free(d->held);
+    lend_free(&d->lend);
     if (d->budget) {
-        loip_budget_release(d->budget, "kv", d->lend_charged);
-        loip_budget_release(d->budget, "kv_lent", d->st.held_bytes);
         loip_budget_release(d->budget, "activations", d->charged);
         loip_budget_free(d->budget);
     }
@@ -137,13 +128,12 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     d->rows = malloc(T * sizeof(int32_t));
     d->payload = malloc(d->payload_cap);
     d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
-    d->lend = calloc((size_t)d->cfg.n_stages, sizeof *d->lend);
-    d->lend_groups = calloc((size_t)d->cfg.max_seqs, sizeof *d->lend_groups);
-    d->lend_n = calloc((size_t)d->cfg.max_seqs * 2, sizeof *d->lend_n);
-    d->lend_off = calloc((size_t)d->cfg.max_seqs * 2, sizeof *d->lend_off);
-    d->lend_old = calloc((size_t)d->cfg.max_seqs, sizeof *d->lend_old);
-    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs ||
-        !d->lend || !d->lend_groups || !d->lend_n || !d->lend_off || !d->lend_old) {
+    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
+        loip_device_free(d);
+        return loip_fail(LOIP_ENOMEM, "device: out of memory");
+    }
+    if (lend_init(&d->lend, d->cfg.session, d->cfg.runner, d->budget, d->seqs, d->cfg.max_seqs, d->cfg.n_stages,
+                  d->cfg.plan_id)) {
         loip_device_free(d);
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
     }
@@ -193,24 +183,32 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
         return loip_fail(LOIP_ESTATE, "device: slot %d runs request %u, not %u", seq, q->request, request);
     seq_clear(q);
     int rc = loip_session_seq_free(d->cfg.session, seq);
-    if (rc || !d->lend_peer) return rc;
+    if (rc || !d->lend.peer) return rc;
     /* no request left: what is away is stale, forget it at the holder */
     for (int32_t i = 0; i < d->cfg.max_seqs; i++)
         if (d->seqs[i].request) return LOIP_OK;
-    for (int32_t k = 0; k < d->cfg.n_stages; k++) {
-        lend_stage *ls = &d->lend[k];
-        if (ls->asked) rc = loip_lend_fetch(d, k, 0, 0);
-        else if (ls->away) rc = loip_lend_send(d, LOIP_MSG_KV_DROP, k, 0, NULL, 0);
-        ls->away = ls->asked = ls->home = 0;
-        if (rc) return rc;
-    }
-    return LOIP_OK;
+    return lend_forget(&d->lend);
+}
+
+LOIP_API int loip_device_recall(loip_device *d) { return lend_recall(&d->lend); }
+
+LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *stage_layers, const int32_t *groups) {
+    if (peer && d->cfg.n_devices < 2) return loip_fail(LOIP_EINVAL, "KV lending: a device alone has no one to lend to");
+    int32_t n_layers = d->m->cfg.n_layers;
+    if (stage_layers)
+        for (int32_t k = 0; k < d->cfg.n_stages; k++) {
+            int32_t a = stage_layers[2 * k], b = stage_layers[2 * k + 1];
+            if (a < 0 || b > n_layers || a > b)
+                return loip_fail(LOIP_EINVAL, "KV lending: stage %d's layers [%d, %d) out of range (%d layers)", k, a,
+                                 b, n_layers);
+        }
+    return lend_set(&d->lend, peer, stage_layers, groups);
 }
 
 /* Report a refusal or a failure to the head (best effort) and return rc. The head names the
  * device (1-based, as every message does), so the report is the message alone; the last error
  * (the worker's own log) names it too. */
-int loip_device_report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
+static int report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
     char text[600];
     int len = snprintf(text, sizeof text, "%s", msg);
     loip_msg_header h = {.kind = LOIP_MSG_ERROR, .plan_id = d->cfg.plan_id, .hop = in ? in->hop : -1,
@@ -242,23 +240,23 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
             int32_t f = d->toks[t].flags;
             if (!(f & (LOIP_TOKF_SAMPLE | LOIP_TOKF_LOGITS)) || !!(f & LOIP_TOKF_LOGITS) != (pass == 0)) continue;
             if (n_rows == d->out_cap)
-                return loip_device_report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
+                return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
             if (pass == 0 && ++n_logits > d->cfg.logits_tokens)
-                return loip_device_report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
+                return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
             outs[n_rows] = (loip_step_output){d->toks[t].seq, d->toks[t].request, -1, f};
             d->rows[n_rows++] = t;
         }
     uint64_t t0 = loip_now_ns();
     int rc;
     if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
-        return loip_device_report(d, in, rc, loip_last_error());
+        return report(d, in, rc, loip_last_error());
     for (int32_t i = 0; i < n_rows; i++) {
         if (!(outs[i].flags & LOIP_TOKF_SAMPLE)) continue;
         seq_state *q = &d->seqs[outs[i].seq];
-        if (!q->sampler) return loip_device_report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
+        if (!q->sampler) return report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
         if ((rc = loip_sampler_sample(q->sampler, d->logits + (size_t)i * d->vocab, &q->params, q->history,
                                       q->n_history, &outs[i].id)))
-            return loip_device_report(d, in, rc, loip_last_error());
+            return report(d, in, rc, loip_last_error());
         if (q->n_history < q->max_history) q->history[q->n_history++] = outs[i].id;
     }
     d->st.head_ns += loip_now_ns() - t0;
@@ -269,7 +267,7 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
     loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
                          .step = in->step, .n_tokens = n_rows, .dim = d->vocab, .dtype = -1,
                          .payload_bytes = out_bytes + logit_bytes};
-    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return loip_device_report(d, in, rc, loip_last_error());
+    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return report(d, in, rc, loip_last_error());
     return LOIP_OK;
 }
 
@@ -279,27 +277,27 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     int32_t hops = d->cfg.n_devices * d->cfg.n_stages;
     if (h->plan_id != d->cfg.plan_id) {
         snprintf(why, sizeof why, "message for plan %u, this device runs plan %u (stale)", h->plan_id, d->cfg.plan_id);
-        return loip_device_report(d, h, LOIP_EPROTO, why);
+        return report(d, h, LOIP_EPROTO, why);
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {
         snprintf(why, sizeof why, "message for hop %d, not one of this device's (device %d of %d, %d stages)",
                  h->hop, d->cfg.device + 1, d->cfg.n_devices, d->cfg.n_stages);
-        return loip_device_report(d, h, LOIP_EPROTO, why);
+        return report(d, h, LOIP_EPROTO, why);
     }
     if (h->n_tokens > d->cfg.max_tokens) {
         snprintf(why, sizeof why, "%d tokens in one message, the limit is %d", h->n_tokens, d->cfg.max_tokens);
-        return loip_device_report(d, h, LOIP_EPROTO, why);
+        return report(d, h, LOIP_EPROTO, why);
     }
     int32_t k = h->n_tokens;
     if (h->kind == LOIP_MSG_TOKENS) {
         if (h->hop != 0 || h->dim != 1) {
             snprintf(why, sizeof why, "token ids for hop %d (dim %d): tokens enter at hop 0, one id each", h->hop, h->dim);
-            return loip_device_report(d, h, LOIP_EPROTO, why);
+            return report(d, h, LOIP_EPROTO, why);
         }
     } else if (h->hop == 0 || h->dim != d->dim) {
         snprintf(why, sizeof why, "hidden states of dim %d for hop %d (model dim %d; hop 0 takes token ids)",
                  h->dim, h->hop, d->dim);
-        return loip_device_report(d, h, LOIP_EPROTO, why);
+        return report(d, h, LOIP_EPROTO, why);
     }
     uint64_t data = (uint64_t)k * (uint64_t)h->dim * 4;
     memcpy(d->toks, d->payload + data, (size_t)k * sizeof *d->toks);
@@ -308,12 +306,12 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         if (e->seq < 0 || e->seq >= d->cfg.max_seqs) {
             snprintf(why, sizeof why, "token %d of the batch in sequence slot %d (this device has %d)", t, e->seq,
                      d->cfg.max_seqs);
-            return loip_device_report(d, h, LOIP_EPROTO, why);
+            return report(d, h, LOIP_EPROTO, why);
         }
         if (e->request == 0 || e->request != d->seqs[e->seq].request) {
             snprintf(why, sizeof why, "token %d of the batch is of request %u, slot %d runs request %u (stale)", t,
                      e->request, e->seq, d->seqs[e->seq].request);
-            return loip_device_report(d, h, LOIP_EPROTO, why);
+            return report(d, h, LOIP_EPROTO, why);
         }
         d->bt[t] = (loip_batch_token){e->seq, e->pos};
     }
@@ -324,7 +322,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         while (t + e < k && d->toks[t + e].seq == q && (d->toks[t + e].flags & LOIP_TOKF_RECOMPUTE)) e++;
         if (e > loip_session_kv_evicted(d->cfg.session, q)) {
             int rc = loip_session_kv_evict(d->cfg.session, q, e);
-            if (rc) return loip_device_report(d, h, rc, loip_last_error());
+            if (rc) return report(d, h, rc, loip_last_error());
         }
     }
     if (h->kind == LOIP_MSG_TOKENS) {
@@ -332,7 +330,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         uint64_t t0 = loip_now_ns();
         int rc = loip_session_embed(d->cfg.session, d->ids, k, d->hidden);
         d->st.head_ns += loip_now_ns() - t0;
-        if (rc) return loip_device_report(d, h, rc, loip_last_error());
+        if (rc) return report(d, h, rc, loip_last_error());
     } else {
         memcpy(d->hidden, d->payload, data);
     }
@@ -342,8 +340,8 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
 
 /* After a stage's output left: its KV lent out, the next stage's asked back. */
 static int lend_after(loip_device *d, const loip_msg_header *h, int32_t stage) {
-    int rc = loip_lend_ship(d, stage, h->step);
-    return rc ? loip_device_report(d, h, rc, loip_last_error()) : LOIP_OK;
+    int rc = lend_ship(&d->lend, stage, h->step);
+    return rc ? report(d, h, rc, loip_last_error()) : LOIP_OK;
 }
 
 /* One data message, in full: checks, this device's hops, the output. waited: how long the
@@ -366,9 +364,9 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         int32_t stage = h.hop / d->cfg.n_devices;
         loip_runner_stats_t before;
         if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
-        if ((rc = loip_lend_fetch(d, stage, h.step, 1))) return loip_device_report(d, &h, rc, loip_last_error());
+        if ((rc = lend_fetch(&d->lend, stage, h.step, 1))) return report(d, &h, rc, loip_last_error());
         if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
-            return loip_device_report(d, &h, rc, loip_last_error());
+            return report(d, &h, rc, loip_last_error());
         if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
             loip_runner_stats_t after;
             loip_runner_stats(d->cfg.runner, &after);
@@ -380,8 +378,8 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         /* the next stage's lent KV asked back now, before the output goes on: the holder, idle
          * until that output reaches it, answers first, and the blob travels during the hops
          * in between */
-        if (d->lend_peer && (rc = loip_lend_ask(d, (stage + 1) % d->cfg.n_stages, h.step)))
-            return loip_device_report(d, &h, rc, loip_last_error());
+        if (d->lend.peer && (rc = lend_ask(&d->lend, (stage + 1) % d->cfg.n_stages, h.step)))
+            return report(d, &h, rc, loip_last_error());
         if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
             if ((rc = finish(d, &h, n))) return rc;
             return lend_after(d, &h, stage);
@@ -394,7 +392,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         loip_msg_header o = h;
         o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
         o.payload_bytes = data + (uint64_t)n * sizeof *d->toks;
-        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return loip_device_report(d, &h, rc, loip_last_error());
+        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
         return lend_after(d, &h, stage);
     }
 }
@@ -410,21 +408,22 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
         if (rc == LOIP_ETIMEDOUT) return 0;
         if (rc) {
             d->st.rejected++;
-            return loip_device_report(d, NULL, rc, loip_last_error());
+            return report(d, NULL, rc, loip_last_error());
         }
         if (h.kind == LOIP_MSG_KV_PUT || h.kind == LOIP_MSG_KV_GET || h.kind == LOIP_MSG_KV_DROP) {
-            if ((rc = loip_hold(d, &h, large))) return rc;
+            if ((rc = lend_hold(&d->lend, d->cfg.in, d->from, &h, d->payload, large)))
+                return report(d, &h, rc, loip_last_error());
             continue;
         }
         if (large) { /* only lent KV may exceed the device's buffer */
             free(large);
             d->st.rejected++;
-            return loip_device_report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
+            return report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
         }
         if (h.kind != LOIP_MSG_TOKENS && h.kind != LOIP_MSG_HIDDEN) {
             if (h.payload_bytes > cap) {
                 d->st.rejected++;
-                return loip_device_report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
+                return report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
             }
             *out = h;
             memcpy(out_payload, d->payload, h.payload_bytes);
@@ -441,5 +440,7 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
 
 LOIP_API int loip_device_stats(loip_device *d, loip_device_stats_t *out) {
     *out = d->st;
+    out->lent_bytes = d->lend.lent_bytes, out->fetched_bytes = d->lend.fetched_bytes;
+    out->lend_wait_ns = d->lend.wait_ns, out->held_bytes = d->lend.held_bytes;
     return LOIP_OK;
 }

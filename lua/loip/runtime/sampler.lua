@@ -1,0 +1,20 @@
+-- The sampler (kernels/cpu/sample.c: temperature, top-k, top-p, min-p, repetition penalty over
+-- a row of logits, with its own seeded stream) seen from Lua: one thin function per C call of
+-- loip.h. loip.model.sampler holds the parameters and is what the rest of Lua uses.
+local core = require "loip.core"
+local C = core.C
+
+local M = {}
+
+-- A sampler over ids [0, vocab_size) drawing from seed's stream; nil, err.
+function M.new(vocab_size, seed)
+  return core.new("loip_sampler *", C.loip_sampler_new, C.loip_sampler_free, vocab_size, seed)
+end
+-- The next id from logits (float *) with params (a loip_sampler_params) and history (int32_t *
+-- of n ids), into out[0] (an int32_t[1]); true, or nil, err.
+function M.sample(s, logits, params, history, n, out, context)
+  return core.ok(C.loip_sampler_sample(s, logits, params, history, n, out), context)
+end
+function M.free(s) core.free(s, C.loip_sampler_free) end
+
+return M
