@@ -16,7 +16,7 @@ local submodules = {
   loader = "loip.runtime.loader", slice = "loip.model.slice", bench = "loip.tools.bench", memory = "loip.runtime.memory",
   plan = "loip.plan", trace = "loip.tools.trace", transport = "loip.runtime.transport",
   policy = "loip.policy", problem = "loip.plan.problem", profile = "loip.plan.profile", steady = "loip.plan.steady",
-  disk = "loip.plan.disk", calibration = "loip.plan.calibration",
+  disk = "loip.plan.disk", calibration = "loip.plan.calibration", hub = "loip.model.hub",
   cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",
   gguf = "loip.model.gguf", pull = "loip.model.pull", sim = "loip.sim", server = "loip.serve.server",
   batcher = "loip.serve.batcher", client = "loip.serve.client", online = "loip.serve.online",
