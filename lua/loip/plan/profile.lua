@@ -32,14 +32,22 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
-local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
 local json = require "loip.tools.json"
 local median, quantile = require("loip.tools.bench").median, require("loip.tools.bench").quantile
+local steady = require "loip.plan.steady"
+local disk = require "loip.plan.disk"
+local calibration = require "loip.plan.calibration"
 
 local M = {}
 
 M.VERSION = 1
+
+-- Measured in modules of their own, re-exported here: figures until steady (loip.plan.steady),
+-- the disk (loip.plan.disk), the calibration cache (loip.plan.calibration).
+M.spread, M.steady = steady.spread, steady.steady
+M.disk, M.disk_shared = disk.disk, disk.disk_shared
+M.cache_dir = calibration.cache_dir
 
 local function meminfo()
   local f = io.open("/proc/meminfo")
@@ -105,75 +113,6 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
     threads = exec.pool_size(pool) }
 end
 
--- The relative spread of samples: their interquartile range over their median (0: all alike).
--- Robust to one stray sample at either end of five; a busy machine that slows a quarter of
--- them or more shows.
-function M.spread(xs)
-  local m = median(xs)
-  if not m or m <= 0 then return 0 end
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  -- quartiles between ranks (of five samples: the 2nd and the 4th)
-  local function q(p)
-    local at = 1 + p * (#s - 1)
-    local lo = math.floor(at)
-    return s[lo] + (s[math.min(#s, lo + 1)] - s[lo]) * (at - lo)
-  end
-  return (q(0.75) - q(0.25)) / m
-end
-
--- A figure measured until it is steady. sample() returns one measurement (ms). A round takes
--- opts.reps samples (5), and goes on until opts.min_ms of them in all (0; at most 200); the round
--- is steady when its spread (M.spread) is at most opts.tolerance (0.25) and its median is within
--- opts.tolerance of the round before (there is none before the first). Rounds go on until one
--- is steady, at most opts.rounds (4); the figure is the median of the steadiest round (least
--- spread). opts.pooled: a figure whose samples vary by nature (compute while the disk streams):
--- a round is steady when its median is within opts.tolerance of the round before, whatever its
--- spread, and the figure is the median of every sample (its spread theirs). When none is
--- steady, opts.warn (default: a line on stderr) is told, naming opts.name and the spread.
--- Returns { ms, spread (of that round), spread_rounds (max/min of the rounds' medians, less 1),
--- samples (in all), rounds, steady }.
-function M.steady(sample, opts)
-  opts = opts or {}
-  local reps, min_ms, tol, most = opts.reps or 5, opts.min_ms or 0, opts.tolerance or 0.25, opts.rounds or 4
-  local best, prev, n, meds, out, all = nil, nil, 0, {}, nil, {}
-  for r = 1, most do
-    local xs, spent = {}, 0
-    while #xs < reps or spent < min_ms do
-      local dt = sample()
-      xs[#xs + 1], spent = dt, spent + dt
-      if #xs >= 200 then break end
-    end
-    n = n + #xs
-    for _, x in ipairs(xs) do all[#all + 1] = x end
-    local m, s = median(xs), M.spread(xs)
-    if opts.pooled then s = prev and 0 or math.huge end
-    meds[r] = m
-    if not best or s < best.spread then best = { ms = m, spread = s } end
-    local agrees = not prev or math.abs(m - prev) <= tol * math.min(m, prev)
-    if s <= tol and agrees then
-      out = { ms = m, spread = s, steady = true, rounds = r }
-      break
-    end
-    prev = m
-  end
-  out = out or { ms = best.ms, spread = best.spread, steady = false, rounds = #meds }
-  if opts.pooled then out.ms, out.spread = median(all), M.spread(all) end
-  local lo, hi = math.huge, 0
-  for _, m in ipairs(meds) do lo, hi = math.min(lo, m), math.max(hi, m) end
-  out.spread_rounds = lo > 0 and hi / lo - 1 or 0
-  out.samples = n
-  if not out.steady then
-    local msg = string.format("profile: %s did not settle: its samples spread by %.0f%% of their median (tolerance %.0f%%) "
-      .. "and its rounds' medians by %.0f%%, over %d rounds of %d samples; the figure kept (%.3f ms) may be far off: "
-      .. "measure on a quieter machine", opts.name or "a measurement", 100 * out.spread, 100 * tol, 100 * out.spread_rounds,
-      out.rounds, reps, out.ms)
-    if opts.warn then opts.warn(msg) else io.stderr:write(msg, "\n") end
-  end
-  return out
-end
-
 -- fn timed until steady (M.steady, after one warm-up): its result; name says what it is.
 local function timed(fn, reps, min_ms, name, warn, pooled)
   fn()
@@ -192,202 +131,6 @@ local function fit(xs, ys)
   if n < 2 or d == 0 then return sy / math.max(n, 1), 0 end
   local slope = (n * sxy - sx * sy) / d
   return (sy - slope * sx) / n, math.max(0, slope)
-end
-
--- The sizes of files (a list of paths) and the largest; raises naming one that cannot be opened.
-local function file_sizes(files)
-  local sizes, biggest = {}, 0
-  for i, p in ipairs(files) do
-    local f, err = io.open(p, "rb")
-    if not f then error("profile: " .. tostring(err), 0) end
-    sizes[i] = f:seek("end")
-    f:close()
-    biggest = math.max(biggest, sizes[i])
-  end
-  return sizes, biggest
-end
-
--- n io_uring loaders of slots slots of `biggest` bytes each, reading at rate (bytes/s, 0: as fast
--- as it goes): the list, and a function that closes them all; raises (every one closed) when
--- one cannot be made.
-local function open_loaders(n, slots, biggest, rate)
-  local loader = require "loip.runtime.loader"
-  local ls = {}
-  local function close_all() for _, l in ipairs(ls) do l:close() end end
-  for r = 1, n do
-    local l, err = loader.new { slots = slots, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
-    if not l then close_all() error("profile: " .. err, 0) end
-    ls[r] = l
-  end
-  return ls, close_all
-end
-
--- Streams reads of files (a list of paths, each read whole, round after round) through
--- `readers` io_uring loaders (1; each its own files of the list, as a cluster's local devices
--- read their blocks at once), each at rate (bytes/s, 0: as fast as it goes), while fn runs;
--- returns what fn returns.
-local function while_reading(files, rate, fn, readers)
-  local sizes, biggest = file_sizes(files)
-  local loaders, close_all = open_loaders(readers or 1, 2, biggest, rate)
-  local ls = {}
-  for r, l in ipairs(loaders) do ls[r] = { l = l, tag = 0, k = r - 1 } end
-  local function submit(x)
-    x.k = x.k % #files + 1
-    x.tag = x.tag + 1
-    assert(x.l:submit((x.tag - 1) % 2 + 1, { { path = files[x.k], offset = 0, length = sizes[x.k] } }, x.tag))
-  end
-  for _, x in ipairs(ls) do submit(x) submit(x) end
-  -- each stream's load `tag` waited for, and its next one submitted
-  local function next_loads(tag)
-    for _, x in ipairs(ls) do
-      local ok, err = x.l:wait(tag)
-      if not ok then close_all() error("profile: " .. tostring(err), 0) end
-      submit(x)
-    end
-  end
-  -- the streams running before fn starts (a loader's first load waits for its slots to be set
-  -- up: pinned, registered), and how long a load takes then: fn should span a few
-  next_loads(1)
-  local t1 = core.now_ms()
-  next_loads(2)
-  local load_ms = core.now_ms() - t1
-  local out = { pcall(fn, function()
-    for _, x in ipairs(ls) do
-      for _ in ipairs(x.l:poll(0)) do submit(x) end
-    end
-  end, load_ms) }
-  for _, x in ipairs(ls) do
-    while x.l:pending() > 0 do x.l:poll(-1) end
-  end
-  close_all()
-  if not out[1] then error(out[2], 0) end
-  return unpack(out, 2)
-end
-
--- The files' pages out of the page cache: a store just sliced (or read) would otherwise be
--- read from memory wherever the loader reads buffered (no io_uring, or O_DIRECT refused).
-local function drop_cache(files)
-  for _, p in ipairs(files) do files_rt.drop_cache(p) end
-end
-
--- Per reader, the read rate of `readers` loaders reading at once, each its own files of the
--- list (as the local devices of a cluster read their blocks from this machine's one disk):
--- each reads at least `bytes` (whole files, from a cold cache), its loads queued back to back as
--- a device reading ahead queues them, all starting together; bytes/s each, over the time until
--- the last is done (waited for in C: no polling in between).
-function M.disk_shared(files, bytes, rate, readers)
-  local sizes, biggest = file_sizes(files)
-  drop_cache(files)
-  local ls, close_all = open_loaders(readers, 1, biggest, rate)
-  -- reader r reads files r, r + readers, ... (wrapping) until it has its bytes
-  local plans, total = {}, 0
-  for r = 1, readers do
-    local list, got, k = {}, 0, r
-    while got < bytes do
-      local j = (k - 1) % #files + 1
-      list[#list + 1], got, k = j, got + sizes[j], k + readers
-    end
-    plans[r], total = list, total + got
-  end
-  local t0 = core.now_ms()
-  for r = 1, readers do
-    for n, j in ipairs(plans[r]) do
-      local ok, err = ls[r]:submit(1, { { path = files[j], offset = 0, length = sizes[j] } }, n)
-      if not ok then close_all() error("profile: " .. tostring(err), 0) end
-    end
-  end
-  for r = 1, readers do
-    for n = 1, #plans[r] do
-      local ok, err = ls[r]:wait(n)
-      if not ok then close_all() error("profile: " .. tostring(err), 0) end
-    end
-  end
-  local ms = core.now_ms() - t0
-  close_all()
-  return total / readers / ms * 1e3
-end
-
--- Read rate of files through the loader (io_uring, O_DIRECT where the filesystem allows; the
--- files' pages are dropped from the page cache first, so that a buffered read is cold too):
--- bytes/s and a small read's fixed cost in ms, each measured until steady (M.steady: a disk
--- shared with other work varies, and a calibration is kept); `steady` is false when one did not
--- settle (warn was told, as M.steady tells it). bytes: how much to read at most per sample.
--- readers (1): how many read this disk at once (a cluster's local devices): read_bps is then
--- each one's rate with all of them reading (M.disk_shared), read_bps_alone one reader's by itself.
-function M.disk(files, bytes, rate, readers, warn)
-  local loader = require "loip.runtime.loader"
-  local sizes, biggest = file_sizes(files)
-  drop_cache(files)
-  local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }
-  if not l then error("profile: " .. err, 0) end
-  local tag, k = 0, 0
-  -- one read of `length` bytes of the next file (whole when nil), waited for: ms
-  local function read_one(length)
-    k, tag = k % #files + 1, tag + 1
-    local t0 = core.now_ms()
-    assert(l:submit(1, { { path = files[k], offset = 0, length = length or sizes[k] } }, tag))
-    local ok, werr = l:wait(tag)
-    if not ok then l:close() error("profile: " .. tostring(werr), 0) end
-    return core.now_ms() - t0, length or sizes[k]
-  end
-  local small = M.steady(function() drop_cache(files) return (read_one(4096)) end, { reps = 8, rounds = 3, tolerance = 0.5, name = "a small read's time", warn = warn })
-  -- a sample: reads of at least `bytes` from a cold cache, as ms per GB
-  local read = 0
-  local whole = M.steady(function()
-    drop_cache(files)
-    local ms, got = 0, 0
-    repeat
-      local dt, n = read_one()
-      ms, got = ms + dt, got + n
-    until got >= bytes
-    read = read + got
-    return ms / got * 1e9
-  end, { reps = 3, rounds = 3, name = "the disk's read rate", warn = warn })
-  local mode = l:mode()
-  l:close()
-  local out = { read_bps = 1e12 / whole.ms, load_ms = small.ms, bytes = read, loader = mode,
-    spread = math.max(small.spread, whole.spread), steady = small.steady and whole.steady }
-  -- Loads queued back to back, as a device reads ahead: does letting the next load's reads start
-  -- before the current one's have landed (overlap_loads) finish the load a stage waits for sooner?
-  -- (On a disk that serves queued reads in parallel, the first load ends later with overlap.)
-  local function pairs_of(overlap)
-    local lp = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0, overlap_loads = overlap }
-    if not lp then return nil end
-    local firsts, t_all, done = {}, core.now_ms(), 0
-    local j = 0
-    while done < math.min(bytes, 256 * 1024 * 1024) do
-      local a, b = files[j % #files + 1], files[(j + 1) % #files + 1]
-      j = j + 2
-      local t1 = core.now_ms()
-      assert(lp:submit(1, { { path = a, offset = 0, length = sizes[(j - 2) % #files + 1] } }, 2 * j))
-      assert(lp:submit(2, { { path = b, offset = 0, length = sizes[(j - 1) % #files + 1] } }, 2 * j + 1))
-      assert(lp:wait(2 * j))
-      firsts[#firsts + 1] = core.now_ms() - t1
-      assert(lp:wait(2 * j + 1))
-      done = done + sizes[(j - 2) % #files + 1] + sizes[(j - 1) % #files + 1]
-    end
-    local total = core.now_ms() - t_all
-    lp:close()
-    return { first_ms = median(firsts), read_bps = done / total * 1e3 }
-  end
-  if mode == "uring" then
-    local in_order, overlapped = pairs_of(false), pairs_of(true)
-    if in_order and overlapped then
-      out.in_order, out.overlapped = in_order, overlapped
-      -- overlap only when it gets the waited-for load no later and reads faster
-      out.overlap_loads = overlapped.first_ms <= in_order.first_ms and overlapped.read_bps > in_order.read_bps * 1.03
-    end
-  end
-  if (readers or 1) > 1 then
-    -- (never more than one reader gets alone: tiny files read back to back may beat the one
-    -- reader's figure, which waits for each)
-    out.readers, out.read_bps_alone = readers, out.read_bps
-    local shared = M.steady(function() return 1e12 / M.disk_shared(files, bytes, rate, readers) end,
-      { reps = 3, rounds = 2, name = string.format("the disk's read rate with %d readers", readers), warn = warn })
-    out.read_bps = math.min(out.read_bps, 1e12 / shared.ms)
-    out.spread, out.steady = math.max(out.spread, shared.spread), out.steady and shared.steady
-  end
-  return out
 end
 
 -- One-way time through the transport between two sockets of this process (ipc), ms; and how
@@ -501,7 +244,7 @@ function M.measure(opts)
     local function quiet_ms(name) return record(timed(block(1, 1, 0), reps * 2, 60, name, opts.warn, true), name).ms end
     local before = quiet_ms("the MLP block (batch 1) before the disk streams")
     local name = readers > 1 and string.format("the MLP block while %d readers stream", readers) or "the MLP block while the disk streams"
-    local loaded = record(while_reading(opts.disk.files, opts.disk.rate, function(keep_busy, load_ms)
+    local loaded = record(disk.while_reading(opts.disk.files, opts.disk.rate, function(keep_busy, load_ms)
       -- (each round spans a load at least: the samples see the streams as they run)
       return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, math.max(60, load_ms), name, opts.warn, true)
     end, readers), name).ms
@@ -536,106 +279,9 @@ function M.split_threads(n, threads, cpus)
   return math.max(1, math.floor((cpus or M.cpus()) / math.max(1, n)))
 end
 
--- Where calibrations are kept: $LOIP_CACHE_DIR, else $XDG_CACHE_HOME/loip, else ~/.cache/loip.
-function M.cache_dir()
-  local d = os.getenv("LOIP_CACHE_DIR")
-  if d and d ~= "" then return d end
-  local x = os.getenv("XDG_CACHE_HOME")
-  if x and x ~= "" then return x .. "/loip" end
-  return (os.getenv("HOME") or "/tmp") .. "/.cache/loip"
-end
-
-local function sha_hex(s)
-  local h = files_rt.sha256()
-  files_rt.sha256_update(h, s)
-  return (files_rt.sha256_hex(h))
-end
-
--- A calibration: a short profile of this machine for the model a run plans (compute at batch 1
--- and the planned context, the disk through the loader, the transport), measured once and kept
--- in the cache (a few seconds the first time). opts: store (a slice store: its shape, and its
--- block files for the disk) or cfg + dtype (a shape with no weights: the disk is measured on a
--- scratch file in the cache directory), threads, context, fresh (measure again), quiet,
--- readers (1: how many devices of this machine read its disk at once, a local cluster's count:
--- the disk and the compute under load are measured with as many readers, see M.disk).
-function M.calibrate(opts)
-  local hf = require "loip.model.hf"
-  local cfg, dtype, files = opts.cfg, opts.dtype, nil
-  if opts.store then
-    local store = require "loip.model.store"
-    local man = store.read_manifest(opts.store)
-    cfg, dtype = man.config, dtype or store.layer_dtype(man)
-    local sized = {}
-    for _, f in ipairs(man.files) do
-      if f.name:match("^layer%-") then sized[#sized + 1] = f end
-    end
-    table.sort(sized, function(a, b) return a.size > b.size end)
-    files = {}
-    for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
-  end
-  local c = hf.parse_config(cfg, "calibration shape")
-  local threads = tonumber(opts.threads) or 0
-  local pool = exec.pool_new(threads)
-  threads = exec.pool_size(pool)
-  exec.pool_free(pool)
-  local context = math.min(opts.context or 256, c.max_seq)
-  -- blocks larger than this are timed on a narrower layer of the same model (rates carry over)
-  local cap = 256 * 1024 * 1024
-  local shape = require("loip.plan.problem").shape_of(cfg, dtype)
-  local measured_cfg = cfg
-  if shape.mlp_bytes > cap then
-    local f = math.sqrt(shape.mlp_bytes / cap)
-    measured_cfg = {}
-    for k, v in pairs(cfg) do measured_cfg[k] = v end
-    measured_cfg.hidden_size = math.floor(c.dim / f / 64) * 64
-    measured_cfg.intermediate_size = math.floor(c.hidden_dim / f / 64) * 64
-    measured_cfg.head_dim = c.head_dim
-    measured_cfg.num_attention_heads = math.max(1, math.floor(c.n_heads / f))
-    measured_cfg.num_key_value_heads = math.max(1, math.min(measured_cfg.num_attention_heads, c.n_kv_heads))
-    while measured_cfg.num_attention_heads % measured_cfg.num_key_value_heads ~= 0 do
-      measured_cfg.num_key_value_heads = measured_cfg.num_key_value_heads - 1
-    end
-  end
-  local readers = math.max(1, math.floor(tonumber(opts.readers) or 1))
-  local key = table.concat({ "v1", io.popen("hostname"):read("*l") or "?", exec.kernels_name(), threads,
-    c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, tostring(dtype), context,
-    opts.store and (io.popen("df -P '" .. opts.store:gsub("'", "") .. "' 2>/dev/null | tail -1 | cut -d' ' -f1"):read("*l") or "?") or "scratch" }, "|")
-    .. (readers > 1 and ("|readers " .. readers) or "")
-  local dir = M.cache_dir()
-  local path = string.format("%s/calibration-%s.json", dir, sha_hex(key):sub(1, 16))
-  if not opts.fresh then
-    local old = json.exists(path) and json.load(path)
-    if old and not M.check(old) then return old, path end
-  end
-  os.execute("mkdir -p '" .. dir:gsub("'", "") .. "'")
-  if not opts.quiet then
-    io.stderr:write(string.format("calibrating this machine for %s (a few seconds, once; kept in %s; `loip profile` measures more)\n",
-      opts.store or "the shape", path))
-  end
-  local scratch
-  if not files then
-    -- a scratch file of 64 MiB for the disk, removed after
-    scratch = dir .. "/calibration-disk.tmp"
-    local w = files_rt.writer(scratch)
-    if w then
-      local chunk = ffi.new("uint8_t[?]", 1024 * 1024)
-      for _ = 1, 64 do files_rt.write(w, chunk, 1024 * 1024) end
-      files_rt.commit(w)
-      files_rt.writer_free(w)
-      files = { scratch }
-    end
-  end
-  local ok, pr = pcall(M.measure, { cfg = measured_cfg, dtype = dtype, threads = threads, quick = true, context = context,
-    disk = files and { files = files, bytes = 64 * 1024 * 1024, readers = readers } or nil })
-  if scratch then os.remove(scratch) end
-  if not ok then error(pr, 0) end
-  pr.calibration = { key = key, context = context }
-  M.save(path, pr)
-  -- the figures as the cache holds them (JSON keeps 14 significant digits), not as measured: a
-  -- plan made now and one made later from the cache, by another process, start from the same
-  -- numbers (plans nearly tied went apart on the last digits)
-  return json.decode(json.encode_sorted(pr), path) or pr, path
-end
+-- A calibration of this machine, kept in the cache (loip.plan.calibration.calibrate: opts there),
+-- measured with this module's M.measure and kept where M.cache_dir says: pr, its path.
+function M.calibrate(opts) return calibration.calibrate(opts, M) end
 
 -- A full profile of this machine for a slice store's shape: compute at opts.batches and
 -- opts.contexts, the disk on its block files (opts.read bytes, through the loader at
