@@ -6,7 +6,8 @@
 --     model   = loip.plan.sizes(...)            block bytes and files, KV bytes per layer count,
 --                                               activations, the ends, hidden state and header bytes
 --     devices = { { name, budget (bytes, 0: none), compute = { mha_ms, mlp_ms, head_ms, embed_ms,
---                   stage_ms, under_load }, disk_bps, load_ms, slowdown }, ... }
+--                   stage_ms, under_load }, disk_bps, disk_shared_bps (a disk local devices share:
+--                   each one's rate with k of them reading, k = 1 .. n), load_ms, slowdown }, ... }
 --     links   = { { rate_bps (0: unlimited), delay_ms, transport_ms }, ... }  -- device i -> the next
 --     head    = { in_process, step_ms, to_first = link, from_last = link }    -- the token's way around
 --     context, batch (prefill tokens per message), micro_batch (tokens per decoding step),
@@ -119,6 +120,11 @@ function M.new(o)
       overlap_loads = pr.disk and pr.disk.overlap_loads or false }
     local flag, measured = each(o.disk_rate, i), pr.disk and pr.disk.read_bps
     d.disk_bps = (flag and measured) and math.min(flag, measured) or flag or measured
+    -- a disk this machine's local devices share: each one's rate with k reading at once
+    -- (disk_bps: with all of them, the price a plan is chosen at; the estimate prices each read at
+    -- the rate of as many as read beside it)
+    local by = pr.disk and pr.disk.read_bps_by_readers
+    if not flag and type(by) == "table" and #by > 1 then d.disk_shared_bps = by end
     if not d.disk_bps then
       error(string.format("problem: device %d: no disk read rate (give --disk-rate, or a profile that measured the disk)", i), 0)
     end

@@ -25,7 +25,8 @@
 --
 -- From the problem (loip.plan.problem): per device compute.{mha_ms, mlp_ms, head_ms, embed_ms,
 -- stage_ms, under_load} (ms of one block at the problem's batch and context; under_load: how
--- much slower compute is while the device's disk streams), disk_bps, load_ms (a read's fixed
+-- much slower compute is while the device's disk streams), disk_bps, disk_shared_bps (local
+-- devices sharing one disk: each one's rate with k reading, see M.estimate), load_ms (a read's fixed
 -- cost), slowdown (stages take that many times as long, as `--slowdown` makes them); per link
 -- rate_bps, delay_ms, transport_ms; head.{in_process, step_ms, to_first, from_last}.
 local plan = require "loip.plan"
@@ -129,8 +130,9 @@ end
 -- holds the next reads meanwhile), and a stage computes when its input has arrived and its
 -- reads have landed. The window each read has is then the stage's own, not an average: plans
 -- whose stages differ (a split that is not the same every round) are estimated as they run.
--- The last step's figures are reported (the first ones start with every read ahead).
-function M.estimate(p, problem)
+-- The last step's figures are reported (the first ones start with every read ahead). (play:
+-- the timeline, each device i reading at rates[i] bytes/s when given, else at its disk_bps.)
+local function play(p, problem, rates)
   local N, S = #p.devices, #p.devices[1].stages
   local sizes = problem.model
   local comm, per = M.comm(problem, S)
@@ -145,7 +147,7 @@ function M.estimate(p, problem)
     local c = problem.devices[i].compute
     local reads = part.off_mha + part.off_mlp > 0
     local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
-    local rate, fixed = problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
+    local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
     local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
       comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
     for s, st in ipairs(d.stages) do
@@ -232,6 +234,36 @@ function M.estimate(p, problem)
   return { ms_per_token = T, comp_ms = comp, comm_ms = comm, uncover_ms = uncover,
     bound = (bottleneck and most > 0.01 * T) and "load" or M.bound(comp, comm, uncover), bottleneck = (most > 0.01 * T) and bottleneck or nil,
     devices = devs, stages = S }
+end
+
+-- Each reader's rate of a shared disk (rates by how many read at once, 1 .. n) with k reading,
+-- k fractional: between the two counts either side.
+local function rate_with(by, k)
+  k = math.max(1, math.min(#by, k))
+  local lo = math.floor(k)
+  return lo >= #by and by[#by] or by[lo] + (by[lo + 1] - by[lo]) * (k - lo)
+end
+
+function M.estimate(p, problem)
+  local est = play(p, problem)
+  -- Local devices sharing one disk (disk_shared_bps): the plan was priced at the rate of all of
+  -- them reading at once; each read is rather at the rate of itself and the others' share of the
+  -- step they spend reading (a fixed point, a few rounds from there).
+  local shared = {}
+  for i, d in ipairs(problem.devices) do if d.disk_shared_bps then shared[#shared + 1] = i end end
+  if #shared < 2 then return est end
+  for _ = 1, 3 do
+    local rates = {}
+    for _, i in ipairs(shared) do
+      local k = 1
+      for _, j in ipairs(shared) do
+        if j ~= i then k = k + math.min(1, est.devices[j].load_ms / est.ms_per_token) end
+      end
+      rates[i] = rate_with(problem.devices[i].disk_shared_bps, k)
+    end
+    est = play(p, problem, rates)
+  end
+  return est
 end
 
 return M
