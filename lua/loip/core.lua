@@ -68,6 +68,13 @@ function M.check(rc, context)
   end
 end
 
+-- A wrapper's result raised as core.check raises (the message alone, no position; assert()
+-- would prefix the caller's): `local h = core.must(exec.model_new(cfg))`. Returns its arguments.
+function M.must(v, err, ...)
+  if v == nil or v == false then error(err, 0) end
+  return v, err, ...
+end
+
 M.dtype = M.constants.dtype
 M.dtype_name = {}
 for name, v in pairs(M.dtype) do M.dtype_name[v] = name end
@@ -81,6 +88,9 @@ function M.wake_latency(us)
   end
   return M.ok(C.loip_cpu_wake_latency(us or -1))
 end
+
+-- The wake-up latency this process holds (wake_latency), -1 when none.
+function M.wake_latency_held() return tonumber(C.loip_cpu_wake_latency_held()) end
 
 function M.now_ms()
   return tonumber(C.loip_now_ns()) / 1e6

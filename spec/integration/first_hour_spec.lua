@@ -33,7 +33,8 @@ describe("modules", function()
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$",
-      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$" }
+      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
+      "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$" }
     local reachable = {}
     for _, name in ipairs(loip.modules()) do
       local m = loip[name]

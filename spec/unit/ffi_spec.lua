@@ -80,6 +80,26 @@ describe("the FFI surface", function()
     assert.are.equal(K.KV_BLOCK_TOKENS, require("loip.sim").KV_BLOCK)
   end)
 
+  it("is called only by the wrappers: lua/loip/runtime/* and loip.core (the rest calls them)", function()
+    local p = io.popen("cd '" .. T.root .. "' && find lua -name '*.lua' | sort")
+    local direct, n = {}, 0
+    for f in p:lines() do
+      if not f:match("^lua/loip/runtime/") and f ~= "lua/loip/core.lua" then
+        n = n + 1
+        local ln = 0
+        for line in io.lines(T.root .. "/" .. f) do
+          ln = ln + 1
+          local code = line:gsub("%-%-.*$", "") -- (a comment may name a C function)
+          local call = code:match("%f[%w_]C%.loip_[%w_]+")
+          if call then direct[#direct + 1] = f .. ":" .. ln .. ": " .. call end
+        end
+      end
+    end
+    p:close()
+    assert.is_true(n > 50)
+    assert.are.same({}, direct)
+  end)
+
   it("reports errors through loip_last_error", function()
     local out = ffi.new("loip_mapping *[1]")
     local rc = loip.C.loip_mapping_open("/nonexistent/file", out)

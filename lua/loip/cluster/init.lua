@@ -16,7 +16,7 @@ local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.worker"
 local proc = require "loip.cluster.proc"
-local C = core.C
+local process = require "loip.runtime.process"
 
 local M = {}
 
@@ -98,7 +98,7 @@ function M.start_local(opts)
   c.local_devices = n -- (sharing this machine: its calibration's readers, kept after a loss)
   local ok, err = pcall(function()
     if opts.cpu_latency_us then
-      c.wake_before = C.loip_cpu_wake_latency_held() -- what this process held before, restored at close
+      c.wake_before = core.wake_latency_held() -- what this process held before, restored at close
       local held, why = core.wake_latency(opts.cpu_latency_us)
       if not held then error("cluster: cpu_latency_us: " .. why, 0) end
     end
@@ -154,12 +154,12 @@ function Cluster:close()
     for _, d in ipairs(self.devices) do
       if d.pid then
         local deadline = core.now_ms() + 3000
-        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
+        while alive(d.pid) and core.now_ms() < deadline do core.sleep_ms(20) end
         if alive(d.pid) then os.execute("kill -TERM " .. d.pid .. " 2>/dev/null") end
         deadline = core.now_ms() + 2000
-        while alive(d.pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
+        while alive(d.pid) and core.now_ms() < deadline do core.sleep_ms(20) end
         if alive(d.pid) then os.execute("kill -KILL " .. d.pid .. " 2>/dev/null") end
-        C.loip_reap(d.pid)
+        process.reap(d.pid)
       end
     end
   end

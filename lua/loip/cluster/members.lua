@@ -2,11 +2,10 @@
 -- same slice store, its heartbeat and bulk sockets), and the set changing while it serves: a
 -- device lost mid-request leaves and the others plan again, lost devices are taken back between
 -- requests, local workers that died are restarted. Methods of loip.cluster's Cluster.
-local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local proc = require "loip.cluster.proc"
-local C = core.C
+local process = require "loip.runtime.process"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -16,7 +15,7 @@ local Cluster = {}
 local function kill_worker(pid)
   os.execute("kill -KILL " .. pid .. " 2>/dev/null")
   local deadline = core.now_ms() + 3000
-  while alive(pid) and core.now_ms() < deadline do C.loip_sleep_ms(10) end
+  while alive(pid) and core.now_ms() < deadline do core.sleep_ms(10) end
 end
 
 -- Spawn one local worker (device i) and wait for its endpoint. Local workers listen on Unix
@@ -34,15 +33,7 @@ function Cluster:spawn(i)
   local args = { c.exe, "worker", "--listen", listen, "--store", c.store, "--mem", tostring(d.mem),
     "--threads", tostring(d.threads) }
   if not c.opts.keep_logs then args[#args + 1] = "--head-dir" args[#args + 1] = c.dir end
-  local argv = ffi.new("const char *[?]", #args + 1) -- (NULL-ended; the strings anchored by args)
-  for k, a in ipairs(args) do argv[k - 1] = a end
-  local token_var = "LOIP_CLUSTER_TOKEN=" .. c.token
-  local env = ffi.new("const char *[2]")
-  env[0] = token_var
-  local pid = ffi.new("int32_t[1]")
-  core.check(C.loip_spawn(argv, env, out, log, pid), "device " .. i)
-  local _ = { args, token_var }
-  d.pid = pid[0]
+  d.pid = core.must(process.spawn(args, { "LOIP_CLUSTER_TOKEN=" .. c.token }, out, log, "device " .. i))
   d.log = log
   local deadline = core.now_ms() + 30000
   while core.now_ms() < deadline do
@@ -54,7 +45,7 @@ function Cluster:spawn(i)
     if not alive(d.pid) then
       error(string.format("device %d: the worker exited at start:\n%s", i, tail(log, 8)), 0)
     end
-    C.loip_sleep_ms(20)
+    core.sleep_ms(20)
   end
   error(string.format("device %d: the worker did not start within 30 s:\n%s", i, tail(log, 8)), 0)
 end
@@ -63,9 +54,9 @@ function Cluster:connect_all()
   for i, d in ipairs(self.devices) do
     if d.ctl then d.ctl:close() end
     d.ctl = assert(self.net:connect(d.endpoint, self.identity))
-    local t0 = tonumber(C.loip_now_ns())
+    local t0 = core.now_ns()
     local r = self:ask(i, { kind = "HELLO" }, 10000)
-    local t1 = tonumber(C.loip_now_ns())
+    local t1 = core.now_ns()
     local hello = json.decode(r.payload) or {}
     -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
     -- round trip; events it records are moved by this for one timeline

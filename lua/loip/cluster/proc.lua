@@ -1,7 +1,6 @@
 -- Processes of a local cluster: the head's own executable, whether a worker lives (and
 -- collecting it when it exited: workers are the head's children), the end of its log.
-local core = require "loip.core"
-local C = core.C
+local process = require "loip.runtime.process"
 
 local M = {}
 
@@ -21,7 +20,7 @@ function M.alive(pid)
   local st = f:read("*l") or ""
   f:close()
   local state = st:match("^%d+ %b() (%a)")
-  if state == "Z" then C.loip_reap(pid) end -- our child (a local worker) that exited
+  if state == "Z" then process.reap(pid) end -- our child (a local worker) that exited
   return state ~= nil and state ~= "Z" and state ~= "X"
 end
 function M.tail(path, n)

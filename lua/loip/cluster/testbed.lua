@@ -10,7 +10,6 @@
 --   loip testbed down
 local json = require "loip.tools.json"
 local core = require "loip.core"
-local C = core.C
 
 local M = {}
 
@@ -103,7 +102,7 @@ function M.up(opts)
       local deadline = core.now_ms() + 20000
       while not try(string.format("ip netns exec %s-%d ss -ltn | grep -q '%s'", M.PREFIX, i, host)) do
         if core.now_ms() > deadline then error("testbed: the worker in " .. M.PREFIX .. "-" .. i .. " did not start; see " .. state.logs[i], 0) end
-        C.loip_sleep_ms(50)
+        core.sleep_ms(50)
       end
     end
   end)
@@ -138,7 +137,7 @@ function M.down(opts)
   for _, pid in ipairs(state.pids or {}) do try("kill -TERM " .. pid) end
   local deadline = core.now_ms() + 3000
   for _, pid in ipairs(state.pids or {}) do
-    while try("kill -0 " .. pid) and core.now_ms() < deadline do C.loip_sleep_ms(20) end
+    while try("kill -0 " .. pid) and core.now_ms() < deadline do core.sleep_ms(20) end
     try("kill -KILL " .. pid)
   end
   for _, veth in ipairs(state.links or {}) do try("ip link del " .. veth) end

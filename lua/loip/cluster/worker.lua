@@ -19,7 +19,11 @@ local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files = require "loip.runtime.files"
+local process = require "loip.runtime.process"
+local rw = require "loip.runtime.worker"
+local K = core.constants
 
 local M = {}
 
@@ -27,9 +31,7 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 
 -- sha256 of the store's manifest: two stores are the same when these match.
 function M.store_id(dir)
-  local hex = ffi.new("char[65]")
-  core.check(C.loip_sha256_file(dir .. "/manifest.json", hex, nil), dir)
-  return ffi.string(hex)
+  return (core.must(files.sha256_file(dir .. "/manifest.json", dir)))
 end
 
 local Worker = {}
@@ -65,12 +67,10 @@ function M.new(opts)
   -- the heartbeat answers on its own thread and socket, even while a long stage computes
   local ep = sock:endpoint()
   local hb_ep = ep:match("^ipc://") and (ep .. ".hb") or (ep:gsub(":%d+$", ":*"))
-  local hb, herr = core.new("loip_heartbeat *", C.loip_heartbeat_new, C.loip_heartbeat_free, net.handle, hb_ep)
+  local hb, herr = transport.heartbeat_new(net.handle, hb_ep)
   if not hb then self:close() error(herr, 0) end
   self.hb = hb
-  local buf = ffi.new("char[256]")
-  C.loip_heartbeat_endpoint(hb, buf, 256)
-  self.hb_endpoint = ffi.string(buf)
+  self.hb_endpoint = transport.heartbeat_endpoint(hb)
   -- the bulk link: large transfers (traces now, KV cache blocks later) stay off the control
   -- socket, where they would hold up the per-step messages
   local bulk, bulk_err = net:bind(ep:match("^ipc://") and (ep .. ".bulk") or (ep:gsub(":%d+$", ":*")))
@@ -85,16 +85,16 @@ function Worker:endpoint() return self.sock:endpoint() end
 function Worker:drop_device()
   local d = self.dev
   if not d then return end
-  if d.device ~= nil then C.loip_device_free(ffi.gc(d.device, nil)) end
+  if d.device ~= nil then rw.device_free(d.device) end
   if d.lend_sock then d.lend_sock:close() end
-  if d.runner ~= nil then C.loip_runner_free(ffi.gc(d.runner, nil)) end
+  if d.runner ~= nil then exec.runner_free(d.runner) end
   if d.loader then d.loader:close() end
   if d.next then d.next:close() end
   if d.head then d.head:close() end
-  if d.session then core.free(d.session, C.loip_session_free) end
+  if d.session then exec.session_free(d.session) end
   if d.keep then store.close(d.keep) end
-  if d.pool then core.free(d.pool, C.loip_pool_free) end
-  if d.model then core.free(d.model, C.loip_model_free) end
+  if d.pool then exec.pool_free(d.pool) end
+  if d.model then exec.model_free(d.model) end
   self.dev = nil
   collectgarbage()
 end
@@ -113,13 +113,13 @@ function Worker:build(msg)
   self.dev = d
   local budget = memory.budget(self.opts.mem or 0)
   d.budget = budget
-  d.model = assert(core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg))
-  local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, self.opts.threads or 0)
+  d.model = assert(exec.model_new(cfg))
+  local pool, perr = exec.pool_new(self.opts.threads or 0)
   if not pool then error(perr, 0) end
   d.pool = pool
   local defaults = require "loip.model" -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
-  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = C.loip_pool_size(pool),
+  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, plan_positions = msg.plan_positions })
   local mopts = { cluster = true, loader = msg.loader }
   -- the plan as every plan is checked, against this device's budget only
@@ -133,8 +133,8 @@ function Worker:build(msg)
   local layers = plan.device_layers(p, i)
   local mask = ffi.new("uint8_t[?]", cfg.n_layers)
   for l in pairs(layers) do mask[l] = 1 end
-  local s, serr = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free, d.model, pool, ctx,
-    math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs, budget.handle, mask, msg.kv_grows and C.LOIP_SESSION_KV_GROWS or 0)
+  local s, serr = exec.session_new_seqs(d.model, pool, ctx, math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs,
+    budget.handle, mask, msg.kv_grows and K.SESSION_KV_GROWS or 0)
   if not s then error(serr, 0) end
   d.session = s
   -- (room kept for the offloaded blocks: a live change may make them resident)
@@ -146,12 +146,10 @@ function Worker:build(msg)
   local slot = need.slot_bytes
   d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
   if slot > 0 then d.loader = new_loader(d, slot) end
-  local out = ffi.new("loip_runner *[1]")
-  core.check(C.loip_runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
-    msg.trace and 65536 or 0, out))
+  d.runner = core.must(exec.runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
+    msg.trace and 65536 or 0))
   d.trace = msg.trace
-  d.runner = ffi.gc(out[0], C.loip_runner_free)
-  if p.prefetch == false or msg.prefetch == false then C.loip_runner_set_prefetch(d.runner, 0) end
+  if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
@@ -206,7 +204,7 @@ end
 local handlers = {}
 
 function handlers.HELLO(self)
-  return "HELLO", json.encode({ now_ns = tonumber(C.loip_now_ns()), heartbeat = self.hb_endpoint, bulk = self.bulk:endpoint(),
+  return "HELLO", json.encode({ now_ns = core.now_ns(), heartbeat = self.hb_endpoint, bulk = self.bulk:endpoint(),
     store = self.opts.store, store_id = self.store_id,
     mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version })
 end
@@ -223,13 +221,13 @@ function handlers.PLAN(self, _, body)
   cfg.max_tokens, cfg.logits_tokens, cfg.max_seqs = batch, body.logits_tokens or 1, body.max_seqs or 1
   cfg.slowdown = body.slowdown or 1
   cfg.heartbeat = self.hb
-  local dev, derr = core.new("loip_device *", C.loip_device_new, C.loip_device_free, cfg, budget.handle)
+  local dev, derr = rw.device_new(cfg, budget.handle)
   if not dev then error(derr, 0) end
   d.device, d.plan_id = dev, body.plan_id
   log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
     memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
   return "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts(budget),
-    kv_group_bytes = tonumber(C.loip_session_kv_group_bytes(d.session)),
+    kv_group_bytes = exec.session_kv_group_bytes(d.session),
     loader = d.loader and d.loader:mode() or "none" })
 end
 
@@ -241,10 +239,10 @@ function handlers.START(self, _, body)
   local prompt = body.prompt or {}
   local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
   for k, id in ipairs(prompt) do ids[k - 1] = id end
-  core.check(C.loip_device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
+  core.must(rw.device_start(self.dev.device, body.seq or 0, body.request, p, body.seed or 0, body.n_sample, ids,
     #prompt, #prompt + (body.max_tokens or 0) + 1))
   -- a request resumed on a new plan: its sampler goes on where it was
-  if (body.draws or 0) > 0 then core.check(C.loip_device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
+  if (body.draws or 0) > 0 then core.must(rw.device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
   return "READY", ""
 end
 
@@ -280,7 +278,7 @@ function handlers.LEND(self, _, body)
     -- the layers whose attention (even block) is in the stage keep their KV with it
     layers[2 * (s - 1)], layers[2 * (s - 1) + 1] = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) + 1
   end
-  local n_seqs = tonumber(C.loip_session_max_seqs(d.session))
+  local n_seqs = exec.session_max_seqs(d.session)
   local groups = ffi.new("int32_t[?]", n_seqs)
   for q = 0, n_seqs - 1 do
     local g = type(body.groups) == "table" and body.groups[tostring(q)] or body.groups
@@ -291,10 +289,10 @@ function handlers.LEND(self, _, body)
     d.lend_sock = assert(self.net:connect(body.peer, "d" .. d.index .. "-lend"))
     d.lend_sock:emulate(self.link or {})
   elseif not body.peer then
-    core.check(C.loip_device_recall(d.device))
+    core.must(rw.device_recall(d.device))
     d.lend_sock = nil
   end
-  core.check(C.loip_device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
+  core.must(rw.device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
   if old and old ~= d.lend_sock then old:close() end
   d.lend_peer = body.peer
   return "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(), accounts = accounts(d.budget) })
@@ -316,17 +314,16 @@ end
 function handlers.END(self, _, body)
   body = body or {}
   if self.dev and self.dev.device and type(body.seq) == "number" then
-    if C.loip_device_end(self.dev.device, body.seq, body.request or 0) ~= 0 then log("END: %s", core.last_error()) end
+    local ok, err = rw.device_end(self.dev.device, body.seq, body.request or 0)
+    if not ok then log("END: %s", err) end
   end
 end
 
 function handlers.STATS(self)
   local st = {}
   if self.dev then
-    local ds = ffi.new("loip_device_stats_t")
-    C.loip_device_stats(self.dev.device, ds)
-    local rs = ffi.new("loip_runner_stats_t")
-    C.loip_runner_stats(self.dev.runner, rs)
+    local ds = rw.device_stats(self.dev.device, ffi.new("loip_device_stats_t"))
+    local rs = exec.runner_stats(self.dev.runner, ffi.new("loip_runner_stats_t"))
     st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
       bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
       compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
@@ -334,7 +331,7 @@ function handlers.STATS(self)
       lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
       lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
     -- the budget's accounts (weights, slots, kv, activations)
-    st.kv_free_tokens = tonumber(C.loip_session_kv_free_tokens(self.dev.session))
+    st.kv_free_tokens = exec.session_kv_free_tokens(self.dev.session)
     -- the budget's limit and peak, and this process's peak resident memory
     st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
     local f = io.open("/proc/self/status")
@@ -354,7 +351,7 @@ function handlers.TRACE(self)
     local kinds = require("loip.model").event_kinds
     local buf = ffi.new("loip_runner_event[4096]")
     repeat
-      local k = C.loip_runner_events(self.dev.runner, buf, 4096)
+      local k = exec.runner_events(self.dev.runner, buf, 4096)
       for j = 0, k - 1 do
         local e = buf[j]
         evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
@@ -363,7 +360,7 @@ function handlers.TRACE(self)
       end
     until k < 4096
   end
-  return "TRACE", json.encode({ now_ns = tonumber(C.loip_now_ns()), events = evs })
+  return "TRACE", json.encode({ now_ns = core.now_ns(), events = evs })
 end
 
 function handlers.PROFILE(self, _, o)
@@ -402,7 +399,7 @@ function Worker:handle(msg)
     local why = self.owner and string.format("this worker serves head %s (since %s); stop that head first, or start another worker",
       self.owner.id, self.owner.since) or "say HELLO first"
     log("refused %s from %s: %s", tostring(kind), msg.from, why)
-    reply(self, msg.from, "ERROR", why, C.LOIP_ESTATE, msg.via)
+    reply(self, msg.from, "ERROR", why, K.ESTATE, msg.via)
     return
   end
   local h = handlers[kind]
@@ -418,16 +415,16 @@ function Worker:handle(msg)
   local f = failure[kind] or {}
   if f.drop then self:drop_device() end
   if f.log then log("%s refused: %s", f.log, tostring(rkind)) end
-  if not f.quiet then reply(self, msg.from, "ERROR", tostring(rkind), C.LOIP_EINVAL, msg.via) end
+  if not f.quiet then reply(self, msg.from, "ERROR", tostring(rkind), K.EINVAL, msg.via) end
 end
 
 -- One receive: through the device (data handled in C) when it exists, else the socket.
 function Worker:poll(timeout_ms)
   if self.dev and self.dev.device then
-    local rc = C.loip_device_serve(self.dev.device, timeout_ms, self.header, self.buf, self.cap, self.from)
-    if rc == 0 then return nil end
-    if rc < 0 then
-      log("refused or failed: %s", core.last_error())
+    local got, err = rw.device_serve(self.dev.device, timeout_ms, self.header, self.buf, self.cap, self.from)
+    if got == false then return nil end
+    if not got then
+      log("refused or failed: %s", err)
       return nil
     end
     local h = self.header
@@ -450,13 +447,13 @@ local function parent_pid()
 end
 
 function Worker:run()
-  C.loip_signal_watch()
+  process.signal_watch()
   local h = io.open("/proc/sys/kernel/hostname")
   self.hostname = h and h:read("*l")
   if h then h:close() end
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
-  while not self.stopping and C.loip_signal_received() == 0 do
+  while not self.stopping and process.signal_received() == 0 do
     local msg = self:poll(200)
     if msg then self:handle(msg) end
     -- the bulk link (answered on it)
@@ -468,7 +465,7 @@ function Worker:run()
     end
     for _, line in ipairs(self.net:auth_log()) do log("%s", line) end
   end
-  log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. C.loip_signal_received())
+  log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. process.signal_received())
   self:close()
   -- a local head that died (kill -9, a crash) could not remove its directory: its last worker does
   if self.opts.head_dir and not self.stopping and parent_pid() ~= self.parent then
@@ -479,7 +476,7 @@ end
 function Worker:close()
   self:drop_device()
   if self.bulk then self.bulk:close() self.bulk = nil end
-  if self.hb then core.free(self.hb, C.loip_heartbeat_free) self.hb = nil end
+  if self.hb then transport.heartbeat_free(self.hb) self.hb = nil end
   if self.sock then self.sock:close() self.sock = nil end
   if self.net then self.net:close() self.net = nil end
 end

@@ -14,8 +14,7 @@ function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
 
 -- The CPU kernel variant of --kernels.
 function M.use_kernels(name)
-  local core = require "loip.core"
-  core.check(core.C.loip_kernels_use(name), "--kernels")
+  require("loip.core").must(require("loip.runtime.exec").kernels_use(name, "--kernels"))
 end
 
 -- The layers of the model at path (a store, or any model loip opens), read without loading it.

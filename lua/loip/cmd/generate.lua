@@ -71,7 +71,7 @@ function M.generate_report(o, r)
     prefill_ms = st.stats.prefill_ms, decode_ms_per_token = r.per_token,
     estimate_ms_per_token = r.estimate and r.estimate.ms_per_token or nil,
     model = o.source_model or o.model, seed = st.seed, temperature = o.temperature, threads = r.threads, context = r.context, batch = r.batch,
-    kernels = require("ffi").string(require("loip.core").C.loip_kernels_name()),
+    kernels = require("loip.runtime.exec").kernels_name(),
   }
 end
 

@@ -5,7 +5,8 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local LOGITS = core.constants.tokf.LOGITS
 
 local M = {}
 
@@ -16,9 +17,9 @@ Engine.__index = Engine
 function M.new(m)
   local s = m:session()
   local T = m.batch
-  local e = setmetatable({ model = m, session = s, max_seqs = tonumber(C.loip_session_max_seqs(s)), context = m.context,
+  local e = setmetatable({ model = m, session = s, max_seqs = exec.session_max_seqs(s), context = m.context,
     kv_tokens = m.kv_tokens, plan_positions = m.plan_sizes and m.plan_sizes.plan_positions or m.kv_tokens,
-    kv_block = tonumber(C.loip_session_kv_block_tokens(s)), step_tokens = T,
+    kv_block = exec.session_kv_block_tokens(s), step_tokens = T,
     logits_tokens = T, vocab = m.vocab_size, seqs = {},
     ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
   e:logits_room(math.max(1, e.max_seqs))
@@ -42,12 +43,12 @@ function Engine:start(seq, r)
   o.seed = r.seed
   self.seqs[seq] = { request = r.id, sampler = (not r.want_logits) and sampler.new(r.n_sample, o) or nil, history = hist, n = n,
     cap = n + r.max_tokens + 1 }
-  core.check(C.loip_session_seq_free(self.session, seq))
+  core.must(exec.session_seq_free(self.session, seq))
 end
 
 function Engine:finish(seq)
   self.seqs[seq] = nil
-  core.check(C.loip_session_seq_free(self.session, seq))
+  core.must(exec.session_seq_free(self.session, seq))
 end
 
 function Engine:step(toks)
@@ -59,21 +60,21 @@ function Engine:step(toks)
   end
   self:logits_room(rows)
   local m = self.model
-  local rc
+  local ok, err
   if m.runner then
-    rc = C.loip_runner_forward_batch(m.runner, self.ids, n, self.bt, self.rows, rows, self.logits)
+    ok, err = exec.runner_forward_batch(m.runner, self.ids, n, self.bt, self.rows, rows, self.logits, m.path)
     if m.trace then m.trace:add(m:events()) end
   else
-    rc = C.loip_session_forward_batch(self.session, self.ids, n, self.bt, self.rows, rows, self.logits)
+    ok, err = exec.session_forward_batch(self.session, self.ids, n, self.bt, self.rows, rows, self.logits, m.path)
   end
-  core.check(rc, m.path)
+  core.must(ok, err)
   local outs, V, k = {}, self.vocab, 0
   for _, t in ipairs(toks) do
     if t.flags ~= 0 then
       local row = self.logits + k * V
       k = k + 1
       local q = self.seqs[t.seq]
-      if t.flags == 2 then
+      if t.flags == LOGITS then
         outs[#outs + 1] = { seq = t.seq, request = t.request, id = -1, logits = row }
       else
         local id = q.sampler:sample(row, q.history, q.n)
@@ -98,7 +99,7 @@ function Engine:online_devices()
   end
   local est = m.estimate
   return { require("loip.engine").device_state { stages = m.plan.devices[1].stages, limit = m.budget and m.budget:limit() or 0,
-    nonkv = used - kv, kv_base = m.kv_base, group_bytes = tonumber(C.loip_session_kv_group_bytes(self.session)),
+    nonkv = used - kv, kv_base = m.kv_base, group_bytes = exec.session_kv_group_bytes(self.session),
     slot_bytes = m.loader and m.loader:slot_bytes() or 0, block_bytes = m.plan_sizes.block_bytes,
     idle_ms = est and est.devices and est.devices[1] and est.devices[1].idle_ms } }
 end

@@ -9,7 +9,7 @@ local core = require "loip.core"
 local json = require "loip.tools.json"
 local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
-local C = core.C
+local K = core.constants
 
 local Cluster = {}
 
@@ -51,7 +51,7 @@ function Cluster:step(toks)
   self.step_no = (self.step_no or 0) + 1
   local step = self.step_no
   local ok, err = self.devices[1].ctl:send({ kind = "TOKENS", plan_id = self.plan_id, hop = 0, step = step, n_tokens = n,
-    dtype = C.LOIP_I32, dim = 1, payload = payload, bytes = ffi.sizeof(payload) }, 5000)
+    dtype = K.I32, dim = 1, payload = payload, bytes = ffi.sizeof(payload) }, 5000)
   if not ok then error("device 1 (" .. self.devices[1].endpoint .. "): " .. err, 0) end
   local ok_wait, r = pcall(self.await, self, step)
   if not ok_wait then
@@ -72,7 +72,7 @@ function Cluster:step(toks)
   local outs, n_logits = {}, 0
   for j = 0, k - 1 do
     local x = { seq = o[j].seq, request = o[j].request, id = o[j].id, flags = o[j].flags }
-    if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then n_logits = n_logits + 1 end
+    if bit.band(x.flags, K.tokf.LOGITS) ~= 0 then n_logits = n_logits + 1 end
     outs[j + 1] = x
   end
   if #r.payload ~= k * OUT + n_logits * V * 4 then
@@ -86,7 +86,7 @@ function Cluster:step(toks)
     ffi.copy(self.logits_buf, ffi.cast("const uint8_t *", r.payload) + k * OUT, n_logits * V * 4)
     local row = 0
     for _, x in ipairs(outs) do
-      if bit.band(x.flags, C.LOIP_TOKF_LOGITS) ~= 0 then x.logits = self.logits_buf + row * V row = row + 1 end
+      if bit.band(x.flags, K.tokf.LOGITS) ~= 0 then x.logits = self.logits_buf + row * V row = row + 1 end
     end
   end
   return outs

@@ -12,9 +12,10 @@ local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
 local tokenizer = require "loip.text.tokenizer"
 local memory = require "loip.runtime.memory"
+local exec = require "loip.runtime.exec"
+local files = require "loip.runtime.files"
 local planner = require "loip.plan"
 local engine = require "loip.engine"
-local C = core.C
 
 local M = {}
 
@@ -117,12 +118,12 @@ function M.open(path, opts)
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
-  local m, err = core.new("loip_model *", C.loip_model_new, C.loip_model_free, cfg)
+  local m, err = exec.model_new(cfg)
   if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
-  local pool, perr = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, opts.threads or 0)
+  local pool, perr = exec.pool_new(opts.threads or 0)
   if not pool then error(perr, 0) end
   self.handle, self.pool = m, pool
-  self.threads = C.loip_pool_size(pool)
+  self.threads = exec.pool_size(pool)
   local ctx = opts.context or M.default_context(cfg.max_seq)
   if facts.sliding_window and ctx > facts.sliding_window then
     error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
@@ -159,11 +160,11 @@ function M.open(path, opts)
       bind(m)
     end
     self.cfg, self.facts, self.weights = cfg, facts, keep
-    core.check(C.loip_model_check(m, 0, cfg.n_layers), path)
-    self.weight_bytes = tonumber(C.loip_model_weight_bytes(m))
+    core.must(exec.model_check(m, 0, cfg.n_layers, path))
+    self.weight_bytes = exec.model_weight_bytes(m)
     -- Weights used in place from a file mapping become resident as they are read: charged too.
     if budget and mapped then
-      local ch, cerr = core.new("loip_charge *", C.loip_charge_new, C.loip_charge_free, bh, "weights", self.weight_bytes)
+      local ch, cerr = memory.charge_new(bh, "weights", self.weight_bytes)
       if not ch then error(path .. ": " .. cerr, 0) end
       self.weight_charge = ch
     end
@@ -288,11 +289,10 @@ function Model:_start_runner(dir, facts)
     self.loader = loader
   end
   local s, model, lh = self:session(), self.handle, loader and loader.handle or nil
-  local out = ffi.new("loip_runner *[1]")
-  local rc = C.loip_runner_new(s, model, lh, descs.descs, descs.n, opts.trace and 65536 or 0, out)
-  if rc ~= 0 then error(dir .. ": " .. core.last_error(), 0) end
   -- The finalizer holds the loader, session and model: none is collected before the runner.
-  self.runner = ffi.gc(out[0], function(r) C.loip_runner_free(r) local _ = { lh, s, model } end)
+  local r, err = exec.runner_new(s, model, lh, descs.descs, descs.n, opts.trace and 65536 or 0, { lh, s, model })
+  if not r then error(dir .. ": " .. err, 0) end
+  self.runner = r
   self.runner_descs = descs
   if opts.trace then
     self.event_buf = ffi.new("loip_runner_event[4096]")
@@ -343,9 +343,9 @@ function Model:replan_kv(positions)
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
-  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.runner then exec.runner_free(self.runner) self.runner = nil end
   if self.loader then self.loader:close() self.loader = nil end
-  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
+  if self._session then exec.session_free(self._session) self._session = nil end
   if self.weights then store.close(self.weights) self.weights = nil end
   self.opts = opts
   self:_choose_plan(self.cfg, self.facts, self.budget)
@@ -365,7 +365,7 @@ function Model:events()
   local out = {}
   if not self.runner or not self.event_buf then return out end
   repeat
-    local k = C.loip_runner_events(self.runner, self.event_buf, 4096)
+    local k = exec.runner_events(self.runner, self.event_buf, 4096)
     for i = 0, k - 1 do
       local e = self.event_buf[i]
       out[#out + 1] = { kind = event_kinds[e.kind], stage = e.stage + 1, first_block = e.first_block,
@@ -379,8 +379,7 @@ end
 -- Runner statistics in ms and bytes (nil without a runner).
 function Model:runner_stats()
   if not self.runner then return nil end
-  local st = ffi.new("loip_runner_stats_t")
-  C.loip_runner_stats(self.runner, st)
+  local st = exec.runner_stats(self.runner, ffi.new("loip_runner_stats_t"))
   return { stage_runs = tonumber(st.stage_runs), compute_ms = tonumber(st.compute_ns) / 1e6,
     stall_ms = tonumber(st.stall_ns) / 1e6, load_ms = tonumber(st.load_ns) / 1e6,
     bytes_loaded = tonumber(st.bytes_loaded), loads = tonumber(st.loads),
@@ -391,7 +390,7 @@ function Model:__tostring()
   local c = self.cfg
   return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, %.1f MB of weights, %d threads, kernels %s",
     self.path, self.architecture, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
-    c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, ffi.string(C.loip_kernels_name()))
+    c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, exec.kernels_name())
 end
 
 -- Whether the KV pool is charged as requests' contexts take it: asked (opts.kv_grows), or the
@@ -403,9 +402,8 @@ end
 -- The session (KV cache), made once and reused.
 function Model:session()
   if not self._session then
-    local s, err = core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free,
-      self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs, self.budget and self.budget.handle, nil,
-      self:kv_grows() and C.LOIP_SESSION_KV_GROWS or 0)
+    local s, err = exec.session_new_seqs(self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs,
+      self.budget and self.budget.handle, nil, self:kv_grows() and core.constants.SESSION_KV_GROWS or 0)
     if not s then error(self.path .. ": " .. err, 0) end
     self._session = s
     -- (the KV tables alone, before any request: what an online policy counts the groups from)
@@ -446,19 +444,19 @@ function Model:close()
     for _, r in ipairs(self._batcher.running) do r.state, r.finish_reason, r.error = "done", "error", "the model was closed" end
     self._batcher = nil
   end
-  if self.runner then C.loip_runner_free(ffi.gc(self.runner, nil)) self.runner = nil end
+  if self.runner then exec.runner_free(self.runner) self.runner = nil end
   if self.loader then self.loader:close() self.loader = nil end
-  if self._session then core.free(self._session, C.loip_session_free) self._session = nil end
-  if self.pool then core.free(self.pool, C.loip_pool_free) self.pool = nil end
-  if self.handle then core.free(self.handle, C.loip_model_free) self.handle = nil end
+  if self._session then exec.session_free(self._session) self._session = nil end
+  if self.pool then exec.pool_free(self.pool) self.pool = nil end
+  if self.handle then exec.model_free(self.handle) self.handle = nil end
   if self.weights then
     if self.facts.format == "hf" then require("loip.model.safetensors").close(self.weights)
     elseif self.facts.format == "store" then store.close(self.weights)
     elseif self.facts.format == "gguf" then self.weights:close()
-    else core.free(self.weights, C.loip_mapping_free) end
+    else files.map_free(self.weights) end
     self.weights = nil
   end
-  if self.weight_charge then core.free(self.weight_charge, C.loip_charge_free) self.weight_charge = nil end
+  if self.weight_charge then memory.charge_free(self.weight_charge) self.weight_charge = nil end
   if self.tokenizer then self.tokenizer:close() self.tokenizer = nil end
 end
 

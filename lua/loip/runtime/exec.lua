@@ -26,6 +26,8 @@ function M.model_free(m) core.free(m, C.loip_model_free) end
 function M.model_bind(m, layer, which, t, context) return core.ok(C.loip_model_bind(m, layer, which, t), context) end
 -- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).
 function M.model_check(m, first, last, context) return core.ok(C.loip_model_check(m, first, last), context) end
+-- Bytes of the weights bound.
+function M.model_weight_bytes(m) return tonumber(C.loip_model_weight_bytes(m)) end
 
 -- ---- sessions
 -- A session keeping the KV cache of the layers with mask[l] ~= 0 (a uint8_t array; nil: all).
@@ -33,6 +35,23 @@ function M.session_new_layers(m, pool, max_ctx, max_batch, budget, mask)
   return core.new("loip_session *", C.loip_session_new_layers, C.loip_session_free, m, pool, max_ctx, max_batch, budget, mask)
 end
 function M.session_free(s) core.free(s, C.loip_session_free) end
+-- A session of max_seqs sequences sharing a KV pool of kv_tokens positions (loip_session_new_seqs:
+-- budget a loip_budget * or nil, kv_layers a uint8_t mask or nil, flags LOIP_SESSION_*).
+function M.session_new_seqs(m, pool, max_ctx, max_batch, kv_tokens, max_seqs, budget, kv_layers, flags)
+  return core.new("loip_session *", C.loip_session_new_seqs, C.loip_session_free, m, pool, max_ctx, max_batch,
+    kv_tokens, max_seqs, budget, kv_layers, flags or 0)
+end
+function M.session_max_seqs(s) return tonumber(C.loip_session_max_seqs(s)) end
+function M.session_kv_block_tokens(s) return tonumber(C.loip_session_kv_block_tokens(s)) end
+function M.session_kv_group_bytes(s) return tonumber(C.loip_session_kv_group_bytes(s)) end
+function M.session_kv_free_tokens(s) return tonumber(C.loip_session_kv_free_tokens(s)) end
+-- Sequence seq's KV groups back to the pool.
+function M.session_seq_free(s, seq, context) return core.ok(C.loip_session_seq_free(s, seq), context) end
+-- tokens[0..n) of several sequences (toks: loip_batch_token[n]) through the whole model, the
+-- logits of rows[0..n_rows) into logits.
+function M.session_forward_batch(s, tokens, n, toks, rows, n_rows, logits, context)
+  return core.ok(C.loip_session_forward_batch(s, tokens, n, toks, rows, n_rows, logits), context)
+end
 -- Blocks [first, last) over hidden [n, dim] at positions pos..pos+n-1.
 function M.session_blocks(s, first, last, hidden, n, pos, context)
   return core.ok(C.loip_session_blocks(s, first, last, hidden, n, pos), context)
@@ -46,6 +65,25 @@ function M.session_size(cfg, max_ctx, max_batch, threads, kv_layers, kv_tokens, 
 end
 
 -- ---- runners and devices
+-- A runner of n stages (descs: loip_stage_desc[n]) over session s of model m; loader a
+-- loip_loader * or nil; event_capacity events kept for runner_events. keep (optional): what the
+-- finalizer holds (the session, model and loader must outlive the runner).
+function M.runner_new(s, m, loader, descs, n, event_capacity, keep)
+  local dtor = C.loip_runner_free
+  if keep ~= nil then dtor = function(r) C.loip_runner_free(r) local _ = keep end end
+  return core.new("loip_runner *", C.loip_runner_new, dtor, s, m, loader, descs, n, event_capacity or 0)
+end
+function M.runner_free(r) core.free(r, C.loip_runner_free) end
+-- As session_forward_batch, through the runner's stages (offloaded blocks read once a step).
+function M.runner_forward_batch(r, tokens, n, toks, rows, n_rows, logits, context)
+  return core.ok(C.loip_runner_forward_batch(r, tokens, n, toks, rows, n_rows, logits), context)
+end
+-- on false: a stage's reads start only when the stage runs (a baseline without prefetching).
+function M.runner_set_prefetch(r, on, context) return core.ok(C.loip_runner_set_prefetch(r, on and 1 or 0), context) end
+-- Up to cap recorded events into out (loip_runner_event[cap]), oldest first; how many.
+function M.runner_events(r, out, cap) return tonumber(C.loip_runner_events(r, out, cap)) end
+-- The runner's statistics into st (a loip_runner_stats_t).
+function M.runner_stats(r, st) C.loip_runner_stats(r, st) return st end
 function M.runner_restage(r, k, desc, context) return core.ok(C.loip_runner_restage(r, k, desc), context) end
 -- loader: a loip_loader * (nil: none).
 function M.runner_set_loader(r, loader, context) return core.ok(C.loip_runner_set_loader(r, loader), context) end
@@ -60,6 +98,10 @@ end
 -- ---- kernels
 -- The CPU kernels chosen for this machine (e.g. "avx2").
 function M.kernels_name() return ffi.string(C.loip_kernels_name()) end
+-- Use the CPU kernels called name from now on.
+function M.kernels_use(name, context) return core.ok(C.loip_kernels_use(name), context) end
+-- CUDA devices visible (an error code < 0 when CUDA is not built in).
+function M.cuda_device_count() return tonumber(C.loip_cuda_device_count()) end
 -- n seeded random elements of dtype into dst: normal(mean, std) from stream `first` of seed.
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)

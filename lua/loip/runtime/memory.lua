@@ -54,6 +54,15 @@ function Budget:release(account, bytes) M.release(self.handle, account, bytes) e
 function M.charge(handle, account, bytes, context) return core.ok(C.loip_budget_charge(handle, account, bytes), context) end
 function M.release(handle, account, bytes) C.loip_budget_release(handle, account, bytes) end
 
+-- ---- charges: bytes charged to account of budget (a loip_budget *) with no memory behind them
+-- (weights used in place from a file mapping), until charge_free; nil, err when they do not fit.
+function M.charge_new(budget, account, bytes)
+  return core.new("loip_charge *", C.loip_charge_new, C.loip_charge_free, budget, account, bytes)
+end
+function M.charge_free(c) core.free(c, C.loip_charge_free) end
+-- The process's C heap in use (malloc), in bytes.
+function M.heap_in_use() return tonumber(C.loip_heap_in_use()) end
+
 -- ---- buffers (runtime/core/memory.c): aligned memory owned by the runtime, charged to a budget
 -- account (budget: a loip_budget *) or not; *_free is the explicit, idempotent close.
 function M.buffer(bytes) return core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, bytes) end

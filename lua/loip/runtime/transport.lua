@@ -181,4 +181,17 @@ function Sock:close()
   if self.net then self.net.socks[self] = nil end
 end
 
+-- ---- heartbeats: answered on their own thread and socket, even while a long stage computes
+-- A heartbeat bound at endpoint on net (a loip_net *); nil, err.
+function M.heartbeat_new(net, endpoint)
+  return core.new("loip_heartbeat *", C.loip_heartbeat_new, C.loip_heartbeat_free, net, endpoint)
+end
+-- The endpoint it is bound to (a port chosen for "*").
+function M.heartbeat_endpoint(hb)
+  local buf = ffi.new("char[256]")
+  C.loip_heartbeat_endpoint(hb, buf, 256)
+  return ffi.string(buf)
+end
+function M.heartbeat_free(hb) core.free(hb, C.loip_heartbeat_free) end
+
 return M

@@ -24,7 +24,6 @@
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
-local C = core.C
 
 local M = {}
 

@@ -13,7 +13,7 @@
 -- Redirects are followed (runtime/http/client.c); status and headers are the last response's.
 local ffi = require "ffi"
 local core = require "loip.core"
-local C = core.C
+local rt = require "loip.runtime.http"
 
 local M = {}
 
@@ -21,9 +21,9 @@ local Client, Transfer = {}, {}
 Client.__index, Transfer.__index = Client, Transfer
 
 function M.new()
-  local out = ffi.new("loip_fetch *[1]")
-  core.check(C.loip_fetch_new(out), "http client")
-  return setmetatable({ handle = ffi.gc(out[0], C.loip_fetch_free), live = {}, buf = ffi.new("char[65536]"),
+  local h, err = rt.fetch_new()
+  if not h then error("http client: " .. err, 0) end
+  return setmetatable({ handle = h, live = {}, buf = ffi.new("char[65536]"),
     hbuf = ffi.new("char[65536]"), when = ffi.new("uint64_t[1]") }, Client)
 end
 
@@ -31,10 +31,9 @@ end
 function Client:request(method, url, body, headers, opts)
   local lines = {}
   for k, v in pairs(headers or {}) do lines[#lines + 1] = k .. ": " .. tostring(v) end
-  local id = ffi.new("int32_t[1]")
-  core.check(C.loip_fetch_add(self.handle, url, method, table.concat(lines, "\n"), body, body and #body or 0,
-    opts and opts.timeout_ms or 0, id), url)
-  local t = setmetatable({ client = self, id = id[0], url = url, parts = {}, pending = "", t_start = core.now_ms() }, Transfer)
+  local id, err = rt.fetch_add(self.handle, url, method, table.concat(lines, "\n"), body, opts and opts.timeout_ms or 0, url)
+  if not id then error(err, 0) end
+  local t = setmetatable({ client = self, id = id, url = url, parts = {}, pending = "", t_start = core.now_ms() }, Transfer)
   self.live[t] = true
   return t
 end
@@ -50,7 +49,7 @@ function Client:get(url, headers, opts) return self:request("GET", url, nil, hea
 function Transfer:drain()
   local c = self.client
   while true do
-    local n = tonumber(C.loip_fetch_take(c.handle, self.id, c.buf, 65536, c.when))
+    local n = rt.fetch_take(c.handle, self.id, c.buf, 65536, c.when)
     if n <= 0 then break end
     local s = ffi.string(c.buf, n)
     local at = tonumber(c.when[0]) / 1e6
@@ -98,25 +97,26 @@ end
 function Transfer:response()
   local c = self.client
   if not c.live[self] then return self.status or 0, self.headers or {} end
-  return parse_head(ffi.string(c.hbuf, tonumber(C.loip_fetch_headers(c.handle, self.id, c.hbuf, 65536))))
+  return parse_head(rt.fetch_headers(c.handle, self.id, c.hbuf, 65536))
 end
 
 -- Move every transfer along for up to timeout_ms; the transfers that finished now.
 function Client:run(timeout_ms)
-  C.loip_fetch_run(self.handle, timeout_ms or 10)
+  rt.fetch_run(self.handle, timeout_ms or 10)
   local finished = {}
   local st, err = ffi.new("int32_t[1]"), ffi.new("char[512]")
   for t in pairs(self.live) do
     t:drain()
-    if C.loip_fetch_state(self.handle, t.id, st, err, 512) == 1 then
+    local status, terr = rt.fetch_state(self.handle, t.id, st, err, 512)
+    if status then
       t:drain()
-      t.status, t.error = st[0], ffi.string(err)
+      t.status, t.error = status, terr
       local _, headers = t:response()
       t.headers = headers
       if t.error == "" then t.error = nil end
       t.body, t.t_done = table.concat(t.parts), core.now_ms()
       self.live[t] = nil
-      C.loip_fetch_close(self.handle, t.id)
+      rt.fetch_close(self.handle, t.id)
       finished[#finished + 1] = t
       if t.on_done then t.on_done(t) end
     end
@@ -140,13 +140,13 @@ function Transfer:close()
   local c = self.client
   if c.live[self] then
     c.live[self] = nil
-    C.loip_fetch_close(c.handle, self.id)
+    rt.fetch_close(c.handle, self.id)
     self.closed = true
   end
 end
 
 function Client:close()
-  if self.handle then C.loip_fetch_free(ffi.gc(self.handle, nil)) self.handle = nil end
+  if self.handle then rt.fetch_free(self.handle) self.handle = nil end
 end
 
 return M

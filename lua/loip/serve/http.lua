@@ -5,9 +5,7 @@
 --   local req = srv:next(100)                     -- nil after 100 ms without one
 --   req:respond(200, "application/json", '{"ok":true}')
 --   srv:close()
-local ffi = require "ffi"
-local core = require "loip.core"
-local C = core.C
+local rt = require "loip.runtime.http"
 
 local M = {}
 
@@ -18,37 +16,31 @@ Server.__index, Request.__index = Server, Request
 -- max_connections (256), timeout_s (an idle connection is closed after this; 30).
 function M.start(opts)
   opts = opts or {}
-  local out = ffi.new("loip_http *[1]")
-  local rc = C.loip_http_start(opts.host or "127.0.0.1", opts.port or 0, opts.max_body or 4 * 1024 * 1024,
-    opts.max_connections or 256, opts.timeout_s or 30, out)
-  if rc ~= 0 then return nil, core.last_error() end
-  local s = setmetatable({ handle = ffi.gc(out[0], C.loip_http_stop) }, Server)
-  s.port = tonumber(C.loip_http_port(s.handle))
+  local h, err = rt.start(opts.host or "127.0.0.1", opts.port or 0, opts.max_body or 4 * 1024 * 1024,
+    opts.max_connections or 256, opts.timeout_s or 30)
+  if not h then return nil, err end
+  local s = setmetatable({ handle = h }, Server)
+  s.port = rt.port(h)
   return s
 end
 
 -- The next request within timeout_ms, or nil.
 function Server:next(timeout_ms)
-  local out = ffi.new("loip_http_req *[1]")
-  if C.loip_http_next(self.handle, timeout_ms or 0, out) == 0 then return nil end
-  local h = out[0]
-  local len, big = ffi.new("uint64_t[1]"), ffi.new("int32_t[1]")
-  local body = C.loip_http_body(h, len, big)
-  return setmetatable({ handle = ffi.gc(h, C.loip_http_release), method = ffi.string(C.loip_http_method(h)),
-    url = ffi.string(C.loip_http_url(h)), body = ffi.string(body, tonumber(len[0])), too_large = big[0] ~= 0 }, Request)
+  local h = rt.next(self.handle, timeout_ms or 0)
+  if not h then return nil end
+  local body, too_large = rt.body(h)
+  return setmetatable({ handle = h, method = rt.method(h), url = rt.url(h), body = body, too_large = too_large }, Request)
 end
 
 function Server:close()
-  if self.handle then C.loip_http_stop(ffi.gc(self.handle, nil)) self.handle = nil end
+  if self.handle then rt.stop(self.handle) self.handle = nil end
 end
 
 function Request:header(name)
-  local buf = ffi.new("char[4096]")
-  if C.loip_http_header(self.handle, name, buf, 4096) == 0 then return nil end
-  return ffi.string(buf)
+  return rt.header(self.handle, name)
 end
 
-function Request:cancelled() return self.handle ~= nil and C.loip_http_cancelled(self.handle) ~= 0 end
+function Request:cancelled() return self.handle ~= nil and rt.cancelled(self.handle) end
 
 -- headers: a table of name = value (optional).
 local function header_lines(headers)
@@ -60,18 +52,18 @@ end
 
 function Request:respond(status, content_type, body, headers)
   body = body or ""
-  local rc = C.loip_http_respond(self.handle, status, content_type, header_lines(headers), body, #body)
+  local ok = rt.respond(self.handle, status, content_type, header_lines(headers), body)
   self:release()
-  return rc == 0
+  return ok == true
 end
 
 function Request:stream_begin(status, content_type, headers)
-  return C.loip_http_stream_begin(self.handle, status, content_type, header_lines(headers)) == 0
+  return rt.stream_begin(self.handle, status, content_type, header_lines(headers)) == true
 end
 
 -- false when the client hung up.
 function Request:write(data, last)
-  return C.loip_http_stream_write(self.handle, data, #data, last and 1 or 0) == 0
+  return rt.stream_write(self.handle, data, last) == true
 end
 
 function Request:finish(data)
@@ -81,7 +73,7 @@ function Request:finish(data)
 end
 
 function Request:release()
-  if self.handle then C.loip_http_release(ffi.gc(self.handle, nil)) self.handle = nil end
+  if self.handle then rt.release(self.handle) self.handle = nil end
 end
 
 return M

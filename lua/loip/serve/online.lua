@@ -165,9 +165,9 @@ function Online:before_step(toks)
   local b = self.batcher
   -- run change() and keep the adaptation a (with the step, the context and its time)
   local function adapt(a, change)
-    local t0 = tonumber(core.C.loip_now_ns())
+    local t0 = core.now_ns()
     change()
-    local t1 = tonumber(core.C.loip_now_ns())
+    local t1 = core.now_ns()
     a.step, a.context, a.ms, a.t0_ns, a.t1_ns = st.step, st.context, (t1 - t0) / 1e6, t0, t1
     b.adaptations[#b.adaptations + 1] = a
   end

@@ -7,12 +7,13 @@
 --     dir = model dir (chat template), name = "stories260K", api_key = nil, port = 8080 }
 --   srv:run()              -- until SIGINT/SIGTERM (or srv:run(function() return done end))
 --   srv:close()
-local core = require "loip.core"
 local http = require "loip.serve.http"
 local json = require "loip.tools.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local memory = require "loip.runtime.memory"
+local process = require "loip.runtime.process"
 
 local M = {}
 
@@ -244,7 +245,7 @@ function Server:metrics_text()
   m:set("loip_adaptations_total", "live plan changes the online policy made", #b.adaptations)
   m:set("loip_step_ms_total", "time in steps", b.stats.step_ms)
   m:set("loip_lua_heap_bytes", "the serving process's Lua heap", math.floor(collectgarbage("count") * 1024))
-  m:set("loip_c_heap_bytes", "the serving process's C heap in use (malloc)", tonumber(C.loip_heap_in_use()))
+  m:set("loip_c_heap_bytes", "the serving process's C heap in use (malloc)", memory.heap_in_use())
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   if dev then
     for i, d in ipairs(dev) do
@@ -265,7 +266,7 @@ function Server:metrics_text()
       m:set("loip_device_stall_ms_total", "time a device waited for its loads", st.stall_ms, { device = 1 })
     end
     m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free",
-      tonumber(C.loip_session_kv_free_tokens(self.opts.model:session())), { device = 1 })
+      exec.session_kv_free_tokens(self.opts.model:session()), { device = 1 })
     if self.opts.model.budget then
       for _, acc in ipairs(self.opts.model.budget:report()) do
         m:set("loip_memory_bytes", "memory charged per device and account", acc.bytes, { device = 1, account = acc.account })
@@ -333,13 +334,13 @@ end
 
 -- Serve until a signal (SIGINT/SIGTERM) or done() returns true.
 function Server:run(done)
-  C.loip_signal_watch()
+  process.signal_watch()
   if not self.quiet then
     log("serving %s at http://%s:%d/v1 (context %d, %d requests at once)%s", self.name, self.opts.host or "127.0.0.1",
       self.port, self.context, self.batcher.max_batch, self.opts.api_key and ", API key required" or "")
   end
-  while C.loip_signal_received() == 0 and not (done and done()) do self:turn(50) end
-  if not self.quiet then log("stopping (%s)", C.loip_signal_received() ~= 0 and "signal " .. C.loip_signal_received() or "done") end
+  while process.signal_received() == 0 and not (done and done()) do self:turn(50) end
+  if not self.quiet then log("stopping (%s)", process.signal_received() ~= 0 and "signal " .. process.signal_received() or "done") end
 end
 
 function Server:close()

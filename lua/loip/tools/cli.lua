@@ -34,10 +34,9 @@ for _, name in ipairs(ORDER) do M.add(name, "loip.cmd." .. name) end
 
 function M.version()
   local core = require "loip.core"
-  local ffi = require "ffi"
+  local exec = require "loip.runtime.exec"
   return string.format("loip %s (abi %d, kernels %s, cuda %s)", core.build.version,
-    core.C.loip_abi_version(), ffi.string(core.C.loip_kernels_name()),
-    core.build.cuda and (core.C.loip_cuda_device_count() .. " device(s)") or "not built")
+    core.abi_version, exec.kernels_name(), core.build.cuda and (exec.cuda_device_count() .. " device(s)") or "not built")
 end
 
 -- `loip help`: every command, one line each (a spec checks that it lists every command).
