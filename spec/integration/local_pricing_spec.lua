@@ -38,6 +38,13 @@ describe("a local cluster's pricing", function()
         assert.are.equal(pr.disk.read_bps, d.disk_bps, "device " .. i)
         assert.is_true(pr.disk.read_bps_alone > 0, "device " .. i)
         assert.are.equal("number", type(pr.compute.spread), "device " .. i)
+        -- each reader's rate with 1, 2 and 3 reading: what the estimate prices a read at
+        local by = pr.disk.read_bps_by_readers
+        assert.are.equal(3, #by, "device " .. i)
+        assert.are.equal(pr.disk.read_bps_alone, by[1])
+        assert.are.equal(pr.disk.read_bps, by[3])
+        assert.is_true(by[1] >= by[2] and by[2] >= by[3], "device " .. i)
+        assert.are.same(by, d.disk_shared_bps, "device " .. i)
       end
     end)
     c:close()

@@ -275,3 +275,43 @@ describe("loip.policy", function()
     assert.is_true(est.ms_per_token > 0)
   end)
 end)
+
+describe("the cost model's shared disk", function()
+  -- three local devices sharing one disk (disk_shared_bps: each one's rate with 1, 2, 3 reading)
+  local function problem3(shared)
+    local m = sizes_of(12, 4 * MiB, 8 * MiB, false)
+    local p = { model = m, devices = {}, links = {}, micro_batch = 1, cluster = true, loader = "uring", context = 256, batch = 16,
+      head = { step_ms = 0.1, from_last = { transport_ms = 0.1 } } }
+    for i = 1, 3 do
+      p.devices[i] = { budget = 0, compute = { mha_ms = 15, mlp_ms = 30, head_ms = 1, embed_ms = 0.01, stage_ms = 0, under_load = 1 },
+        disk_bps = 1e8, disk_shared_bps = shared and shared[i], load_ms = 0, slowdown = 1 }
+      p.links[i] = { rate_bps = 125e6, delay_ms = 0, transport_ms = 0.05 }
+    end
+    p.head.to_first = p.links[3]
+    return p
+  end
+  -- 3 devices x 2 stages of 4 blocks, each stage's first block (an MHA) read every step
+  local p = { slots = 1, devices = {} }
+  for i = 1, 3 do
+    p.devices[i] = { stages = {} }
+    for s = 1, 2 do
+      local first = ((s - 1) * 3 + i - 1) * 4
+      p.devices[i].stages[s] = { blocks = { first, first + 3 }, offloaded = 1 }
+    end
+  end
+
+  it("prices each device's reads at the rate of as many as read beside it, between all reading and one alone", function()
+    local by = { 3e8, 1.5e8, 1e8 }
+    local all = cost.estimate(p, problem3(nil))                 -- every read at the all-reading rate
+    local shared = cost.estimate(p, problem3({ by, by, by }))
+    for i = 1, 3 do
+      local a, s = all.devices[i].load_ms, shared.devices[i].load_ms
+      assert.is_true(s < a, string.format("device %d: %.1f ms, not less than %.1f", i, s, a))
+      assert.is_true(s >= a / 3 - 1e-9, string.format("device %d reads faster than alone", i))
+    end
+    assert.is_true(shared.ms_per_token <= all.ms_per_token)
+    -- only one device of this machine: nobody shares its disk, its reads priced as they were
+    local one = cost.estimate(p, problem3({ by }))
+    assert.is_true(close(all.devices[1].load_ms, one.devices[1].load_ms))
+  end)
+end)
