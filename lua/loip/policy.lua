@@ -190,7 +190,7 @@ M.types = {
   number = { "a number", function(v) local n = tonumber(v) if n and n == n then return n end end },
   bool = { "on or off (true/false, yes/no, 1/0)", function(v)
     if type(v) == "boolean" then return v end
-    return truth[type(v) == "string" and v:lower() or v]
+    return truth[tostring(v):lower()]
   end },
   string = { "a string", function(v) if type(v) == "string" then return v end end },
   list = { "a list of strings (a/b/c)", function(v)
@@ -301,6 +301,7 @@ local cache = {}
 local function load_file(kind, name)
   local path = M.path(kind, name)
   if cache[path] then return cache[path] end
+  local asked = path -- (a moved path is cached under the path asked for too: one notice)
   local f = io.open(path, "rb")
   if not f then
     for old, to in pairs(M.moved) do
@@ -340,7 +341,7 @@ local function load_file(kind, name)
   mod.name = mod.name or name
   mod.path = path
   M.settings_of(mod, path)
-  if path ~= name then cache[path] = mod end
+  if path ~= name then cache[path], cache[asked] = mod, mod end
   return mod
 end
 

@@ -10,10 +10,13 @@
 static _Thread_local char last_error[1024];
 
 int loip_fail(int code, const char *fmt, ...) {
+    /* formatted apart first: a message may quote the one before it (loip_last_error()) */
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return code;
 }
 

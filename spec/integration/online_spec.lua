@@ -125,6 +125,35 @@ describe("online adaptation", function()
     assert.is_true(peak <= limit, "peak " .. peak .. " of " .. limit)
   end)
 
+  it("keeps one device's trace across a new plan, and a plan that cannot be made once the old one is let go breaks the model cleanly", function()
+    local memory = require "loip.runtime.memory"
+    local st = store_of(S260, "s260")
+    -- 1100K restages as the context grows, then plans again: the trace keeps the steps before
+    local m = loip.model.open(st, { context = 512, threads = 1, mem = "1100K", plan_positions = 32, online = "loip", trace = true })
+    for _ in m:generate("Once upon a time", { temperature = 0, max_tokens = 400 }) do end
+    local replan
+    for _, a in ipairs(m:batcher().adaptations) do if a.replan then replan = replan or a end end
+    assert.is_not_nil(replan, "a new plan")
+    assert.is_true(replan.step > 1)
+    local first = math.huge
+    for _, x in ipairs(m.trace.events) do first = math.min(first, x.e.t0_ns) end
+    m:close()
+    assert.is_true(first < replan.t0_ns, "events from before the new plan are kept")
+    -- a budget shared with something that charges it after open: the new plan no longer fits once
+    -- the old one is let go; the request fails naming why, and so does every later use
+    local b = memory.budget("1100K")
+    m = loip.model.open(st, { context = 512, threads = 1, budget = b, plan_positions = 32, online = "loip" })
+    local other = memory.charge_new(b.handle, "other", 100 * 1024)
+    local ok, err = pcall(function() for _ in m:generate("Once upon a time", { temperature = 0, max_tokens = 400 }) do end end)
+    assert.is_false(ok)
+    assert.matches("could not be made after the old one was let go", tostring(err), 1, true)
+    ok, err = pcall(function() for _ in m:generate("Again", { temperature = 0, max_tokens = 5 }) do end end)
+    assert.is_false(ok)
+    assert.matches("open the model again", tostring(err), 1, true)
+    m:close()
+    memory.charge_free(other)
+  end)
+
   it("plans again for a longer context when offloading and lending cannot make room: the static plan's tokens", function()
     -- 3 devices whose budgets hold 480 positions only in a plan made for them: planned for 64,
     -- device 2 runs out at about 240 with every block offloaded; planned for 256, device 1 at 401

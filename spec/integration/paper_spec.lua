@@ -49,4 +49,24 @@ describe("recipes/paper", function()
       end
     end)
   end
+
+  it("takes an experiment's planned positions by the old name too (plan_tokens), saying so", function()
+    local dir = T.tmpdir()
+    T.write(dir .. "/exp.lua", [[
+      local ex = require "loip.sim.experiments"
+      local out = {}
+      for _, key in ipairs({ "plan_positions", "plan_tokens" }) do
+        local c = { model = "llama-3.3-70b", reserve_gib = { 14, 14, 6, 3 }, link_rate = "100mbit", link_delay_ms = 1,
+          devices = { "jetson-agx-orin-64gb", "jetson-agx-orin-64gb", "jetson-agx-orin-32gb", "jetson-xavier-nx-16gb" },
+          pattern = "sporadic", input_tokens = 32, output_tokens = 16, context = 1024, method = "loip", no_oot = true }
+        c[key] = 64
+        out[#out + 1] = string.format("%.6f", ex.run(c).ms_per_token)
+      end
+      print(table.concat(out, " "))]])
+    local rc, out, err = T.run(T.loip .. " run " .. dir .. "/exp.lua")
+    assert.are.equal(0, rc, err)
+    local a, b = out:match("^(%S+) (%S+)")
+    assert.are.equal(a, b)
+    assert.matches("plan_tokens is deprecated", err, 1, true)
+  end)
 end)

@@ -136,6 +136,22 @@ describe("a policy's settings", function()
     local p = policy.load("pattern", policy.recipes_dir() .. "/patterns/bursty.lua:burst=3")
     assert.are.equal(policy.recipes_dir() .. "/policies/pattern/bursty.lua", p.path)
     assert.are.equal(3, #p.requests({}))
+    -- the notice once, however often the old path is loaded
+    local dir = T.tmpdir()
+    T.write(dir .. "/twice.lua", string.format([[
+      local policy = require "loip.policy"
+      policy.load("links", %q)
+      policy.load("links", %q)]], policy.recipes_dir() .. "/links/switch.lua", policy.recipes_dir() .. "/links/switch.lua"))
+    local rc, _, err = T.run(T.loip .. " run " .. dir .. "/twice.lua")
+    assert.are.equal(0, rc, err)
+    local _, notices = err:gsub("moved to recipes/policies/links/", "")
+    assert.are.equal(1, notices, err)
+  end)
+
+  it("takes a setting's value from Lua as the command line writes it: a bool as 1/0 too", function()
+    assert.is_false(policy.load("online", "loip", { lend = 0 }).params.lend)
+    assert.is_true(policy.load("online", "loip", { lend = 1 }).params.lend)
+    assert.is_false(policy.load("online", "loip", { lend = false }).params.lend)
   end)
 end)
 

@@ -157,6 +157,7 @@ function Cluster:plan(opts)
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
       context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, plan_positions = sizes.plan_positions,
+      kv_plan_tokens = sizes.plan_positions, -- (the name a worker of the release before reads)
       kv_grows = opts.kv_grows or sizes.plan_positions < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
       disk_rate = each(opts.disk_rate, i),
       -- the read order the device's profile found faster, unless told
@@ -241,7 +242,7 @@ function Cluster:replan_kv(positions)
   local o = self.plan_opts or {}
   if o.plan then
     error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
-      .. "or give one for a longer --plan-context)", positions), 0)
+      .. "or give one for a longer --plan-positions)", positions), 0)
   end
   local opts = {}
   for k, v in pairs(o) do opts[k] = v end

@@ -120,7 +120,8 @@ function Worker:build(msg)
   local defaults = require "loip.model" -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
-    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens, plan_positions = msg.plan_positions })
+    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
+    plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: a head of the release before)
   local mopts = { cluster = true, loader = msg.loader }
   -- the plan as every plan is checked, against this device's budget only
   local devices = {}

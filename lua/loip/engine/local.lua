@@ -35,6 +35,7 @@ function Engine:logits_room(n)
 end
 
 function Engine:start(seq, r)
+  if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
   local n = r.n_prompt
   local hist = ffi.new("int32_t[?]", n + r.max_tokens + 1)
   for i = 1, n do hist[i - 1] = r.prompt[i] end
@@ -48,6 +49,7 @@ end
 
 function Engine:finish(seq)
   self.seqs[seq] = nil
+  if self.broken then return end -- (the session is gone with the plan)
   core.must(exec.session_seq_free(self.session, seq))
 end
 
@@ -109,12 +111,11 @@ function Engine:link_rates() return {} end
 -- Plan again for `positions` KV positions (Model:replan_kv): every request's KV is gone (the
 -- batcher starts each again), and the session is the new plan's.
 function Engine:replan_kv(positions)
-  local before = self.session
   local ok, err = pcall(self.model.replan_kv, self.model, positions)
-  if not ok and self.model._session == before then error(err, 0) end -- (no plan: nothing changed)
+  if not ok and not self.model.broken then error(err, 0) end -- (no plan: nothing changed)
   if not ok then
     -- the old plan was let go and the new one could not be made: no step runs on this model
-    self.broken = tostring(err)
+    self.broken, self.session, self.seqs = self.model.broken, nil, {}
     error(err, 0)
   end
   self.session, self.seqs = self.model:session(), {}

@@ -295,8 +295,9 @@ function Model:_start_runner(dir, facts)
   self.runner = r
   self.runner_descs = descs
   if opts.trace then
-    self.event_buf = ffi.new("loip_runner_event[4096]")
-    self.trace = require("loip.tools.trace").new() -- every forward's events, for m.trace:write(path)
+    self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
+    -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
+    self.trace = self.trace or require("loip.tools.trace").new()
   end
 end
 
@@ -306,6 +307,7 @@ end
 -- read into the slot from the next step. No KV is touched and no token changes. The slot must
 -- hold the new stage. Returns the new plan (m.plan).
 function Model:restage(k, offloaded)
+  if self.broken then error(self.path .. ": " .. self.broken, 0) end
   if not self.runner then error("restage: this model runs no plan (open a slice store)", 2) end
   local p2, descs = store.restage { verify_reads = self.opts.verify_reads, runner = self.runner, model = self.handle,
     keep = self.weights, dir = self.path,
@@ -325,14 +327,16 @@ end
 -- on the new plan, so no token changes), the runner, its loader, the session and the resident
 -- blocks are freed and made again for the new plan. A plan that was given is not replaced.
 -- When no plan holds that many positions this raises, naming the shortfall, and the model
--- goes on with its plan and its KV.
+-- goes on with its plan and its KV. When the new plan cannot be made once the old one is let go
+-- (a budget shared with something that charged it since the model opened) the model is broken:
+-- this raises, and every later use of it raises naming why.
 function Model:replan_kv(positions)
   if not self.bind_store or not self.plan_avail or self.plan_avail <= 0 then
     error("replan: this model runs no plan under a budget (open a slice store with mem)", 2)
   end
   if self.opts.plan ~= nil then
     error(string.format("the plan given cannot hold %d KV positions, and a given plan is not replaced (leave out --plan, "
-      .. "or give one for a longer --plan-context)", positions), 0)
+      .. "or give one for a longer --plan-positions)", positions), 0)
   end
   -- the scheduler decides first: a failure there leaves the model on its plan
   local opts = setmetatable({ plan_positions = positions }, { __index = self.opts })
@@ -343,16 +347,27 @@ function Model:replan_kv(positions)
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
-  if self.runner then exec.runner_free(self.runner) self.runner = nil end
-  if self.loader then self.loader:close() self.loader = nil end
-  if self._session then exec.session_free(self._session) self._session = nil end
-  if self.weights then store.close(self.weights) self.weights = nil end
+  local function let_go()
+    if self.runner then exec.runner_free(self.runner) self.runner = nil end
+    if self.loader then self.loader:close() self.loader = nil end
+    if self._session then exec.session_free(self._session) self._session = nil end
+    if self.weights then store.close(self.weights) self.weights = nil end
+  end
+  let_go()
   self.opts = opts
-  self:_choose_plan(self.cfg, self.facts, self.budget)
+  local made, why = pcall(function()
+    self:_choose_plan(self.cfg, self.facts, self.budget)
+    if self.budget then self:session() end
+    self.weights = self.bind_store(self.handle, self.plan)
+    self:_start_runner(self.path, self.facts)
+  end)
   opts.plan_chosen = nil
-  if self.budget then self:session() end
-  self.weights = self.bind_store(self.handle, self.plan)
-  self:_start_runner(self.path, self.facts)
+  if not made then
+    let_go()
+    self.broken = string.format("the plan for %d KV positions could not be made after the old one was let go: %s; "
+      .. "open the model again", positions, tostring(why))
+    error(self.broken, 0)
+  end
   return self.plan
 end
 
@@ -401,6 +416,7 @@ end
 
 -- The session (KV cache), made once and reused.
 function Model:session()
+  if self.broken then error(self.path .. ": " .. self.broken, 0) end
   if not self._session then
     local s, err = exec.session_new_seqs(self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs,
       self.budget and self.budget.handle, nil, self:kv_grows() and core.constants.SESSION_KV_GROWS or 0)

@@ -41,13 +41,14 @@ end
 function M.run(c)
   local cp = require "loip.cmd.common"
   local n = #c.devices
+  local plan_positions = require("loip.tools.flags").renamed(c, "plan_tokens", "plan_positions", "experiments.run")
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1
   local mem = {}
   for i, b in ipairs(M.budgets(c.devices, c.reserve_gib)) do mem[i] = tostring(b) end
   local o = { like = c.model, dtype = "bf16", devices = n, mem = table.concat(mem, ","), device_profile = table.concat(c.devices, ","),
     link_rate = c.link_rate or "100mbit", link_delay = c.link_delay_ms and (c.link_delay_ms .. "ms") or nil,
-    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = c.plan_positions }
+    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = plan_positions }
   local ok, prob = pcall(cp.problem_of, "experiment", o)
   if not ok then error(type(prob) == "table" and prob.msg or prob, 0) end
   local io_len = (c.input_tokens or 32) + math.floor((c.output_tokens or 64) / 2)
@@ -86,7 +87,7 @@ function M.run(c)
   local pok, p, est = pcall(policy.plan, prob, { scheduler = sched })
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
   local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
-    conventional_loads = c.conventional_loads, plan_positions = c.plan_positions })
+    conventional_loads = c.conventional_loads, plan_positions = plan_positions })
   local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
     input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
   local online = c.online
