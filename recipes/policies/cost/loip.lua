@@ -251,7 +251,7 @@ function M.estimate(p, problem)
   -- step they spend reading (a fixed point, a few rounds from there).
   local shared = {}
   for i, d in ipairs(problem.devices) do if d.disk_shared_bps then shared[#shared + 1] = i end end
-  if #shared < 2 then return est end
+  if #shared < 2 or not (est.ms_per_token > 0) then return est end
   for _ = 1, 3 do
     local rates = {}
     for _, i in ipairs(shared) do
