@@ -72,11 +72,13 @@ function M.parse(spec, argv, first)
         local near = require("loip.tools.suggest").closest(name, names)
         fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
       end
+      local typed = name -- (errors name the flag as typed; an alias sets its new name's option)
       if f.alias_of then
         M.deprecated(spec.name or "loip", "--" .. name, "--" .. f.alias_of)
         name, f = f.alias_of, byname[f.alias_of]
       end
       local key = name:gsub("-", "_")
+      name = typed
       if f[2] == "bool" then
         if value ~= nil then fail(spec.name, "--" .. name .. " takes no value") end
         opts[key] = true
