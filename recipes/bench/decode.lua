@@ -13,7 +13,9 @@ local bench = require "loip.tools.bench"
 local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local plot = require "loip.tools.plot"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local memory = require "loip.runtime.memory"
+local K = require "loip.constants"
 
 local spec = {
   name = "decode.lua", usage = "loip run recipes/bench/decode.lua [flags]",
@@ -41,9 +43,9 @@ local median = bench.median
 local function timed(fn, reps)
   local ts = {}
   for r = 1, reps do
-    local t0 = C.loip_now_ns()
+    local t0 = core.now_ns()
     fn()
-    ts[r] = tonumber(C.loip_now_ns() - t0) / 1e9
+    ts[r] = (core.now_ns() - t0) / 1e9
   end
   return median(ts), ts
 end
@@ -51,20 +53,18 @@ end
 local log = bench.log
 
 local result = { machine = {}, probe = {}, matvec = {}, decode = {}, prefill = {} }
-local info = ffi.new("loip_cpu_info")
-C.loip_cpu_info_get(info)
-result.machine = { cpus = info.n_cpus, avx512 = info.has_avx512 == 1, avx512_bf16 = info.has_avx512_bf16 == 1,
-  kernels = ffi.string(C.loip_kernels_name()) }
+local info = exec.cpu_info()
+result.machine = { cpus = info.cpus, avx512 = info.avx512, avx512_bf16 = info.avx512_bf16, kernels = exec.kernels_name() }
 
 -- One buffer serves the probe and the matvec weights: the same bytes, read the same way.
 local bytes = o.weights_mb * 1024 * 1024
-local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, bytes)
-local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
-core.check(C.loip_fill_random(base, bytes / 2, C.LOIP_BF16, 7, 0, 0, 0.02))
+local buf = assert(memory.buffer(bytes))
+local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
+core.must(exec.fill_random(base, bytes / 2, K.BF16, 7, 0, 0, 0.02))
 
 local pools = {}
 for _, t in ipairs(thread_counts) do
-  pools[t] = core.new("loip_pool *", C.loip_pool_new, C.loip_pool_free, t)
+  pools[t] = assert(exec.pool_new(t))
 end
 
 -- Each measurement is paired with a probe pass run right before it, and the ratio is taken per
@@ -72,9 +72,9 @@ end
 -- cancels. Reported: the median of the pair ratios, and the medians of each side.
 local sum = ffi.new("double[1]")
 local function probe_pass(t)
-  local t0 = C.loip_now_ns()
-  C.loip_op_read_probe(pools[t], base, bytes, 1, sum)
-  return bytes / (tonumber(C.loip_now_ns() - t0) / 1e9) / 1e9
+  local t0 = core.now_ns()
+  core.must(exec.op_read_probe(pools[t], base, bytes, 1, sum))
+  return bytes / ((core.now_ns() - t0) / 1e9) / 1e9
 end
 
 -- run() does one measured unit of work and returns the bytes of weights it streamed.
@@ -82,9 +82,9 @@ local function paired(t, run, reps)
   local ratios, gbs, probes, secs = {}, {}, {}, {}
   for r = 1, reps do
     local p = probe_pass(t)
-    local t0 = C.loip_now_ns()
+    local t0 = core.now_ns()
     local nbytes = run()
-    local sec = tonumber(C.loip_now_ns() - t0) / 1e9
+    local sec = (core.now_ns() - t0) / 1e9
     probes[r], secs[r], gbs[r] = p, sec, nbytes / sec / 1e9
     ratios[r] = gbs[r] / p
   end
@@ -111,7 +111,7 @@ for _, shape in ipairs({ { 4096, 4096 }, { 8192, 2048 } }) do
   for _, t in ipairs(thread_counts) do
     local function pass()
       for i = 0, count - 1 do
-        C.loip_op_matvec(pools[t], C.LOIP_BF16, base + i * mbytes, x, y, rows, cols)
+        core.must(exec.op_matvec(pools[t], K.BF16, base + i * mbytes, x, y, rows, cols))
       end
       return count * mbytes
     end
@@ -138,12 +138,12 @@ for _, t in ipairs(thread_counts) do
   local logits = ffi.new("float[?]", m.vocab_size)
   -- prefill: the whole prompt in one batch
   local pre = timed(function()
-    core.check(C.loip_session_forward(s, ids, o.prefill, 0, logits, C.LOIP_LOGITS_LAST))
+    core.must(exec.session_forward(s, ids, o.prefill, 0, logits, K.LOGITS_LAST))
   end, math.max(2, math.floor(o.repeats / 2)))
   -- decode: o.tokens single-token steps after the prompt per measurement
   local d = paired(t, function()
     for k = 0, o.tokens - 1 do
-      core.check(C.loip_session_forward(s, ids + (k % o.prefill), 1, o.prefill + k, logits, C.LOIP_LOGITS_LAST))
+      core.must(exec.session_forward(s, ids + (k % o.prefill), 1, o.prefill + k, logits, K.LOGITS_LAST))
     end
     return model_bytes * o.tokens
   end, o.repeats)
@@ -155,7 +155,7 @@ for _, t in ipairs(thread_counts) do
     t, d.ms_per_token, d.gbps, 100 * d.ratio, 100 * d.ratio_min, 100 * d.ratio_max, o.prefill, o.prefill / pre)
   m:close()
 end
-core.free(buf, C.loip_buffer_free)
+memory.buffer_free(buf)
 
 -- report
 os.execute("mkdir -p '" .. o.out .. "'")

@@ -19,7 +19,9 @@ local json = require "loip.tools.json"
 local plot = require "loip.tools.plot"
 local loader = require "loip.runtime.loader"
 local store = require "loip.model.store"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
 
 local spec = {
   name = "loader.lua", usage = "loip run recipes/bench/loader.lua [flags]",
@@ -62,8 +64,8 @@ local why_warm = not root and "not root: the page cache cannot be dropped"
 if why_warm then log("WARM RUN: %s", why_warm) end
 
 -- Memory every method reads into, touched once now so that no method pays first-touch faults.
-local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, largest)
-local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+local buf = assert(memory.buffer(largest))
+local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
 ffi.fill(base, largest, 1)
 local function new_loader(mode, slots)
   local l, err = loader.new { mode = mode, slots = slots, slot_bytes = largest,
@@ -78,13 +80,12 @@ local buffered = assert(new_loader("buffered", 1))
 if not uring1 then log("SKIP loader io_uring: %s", uring_err) end
 
 -- The methods: each reads every file of the list once (total bytes).
-local direct = ffi.new("int32_t[1]")
 local direct_files, raw_files = 0, 0
-local function raw(flags_)
+local function raw(direct)
   return function()
     for _, f in ipairs(files) do
-      core.check(C.loip_file_read(f.path, 0, f.size, base, flags_, direct))
-      if flags_ ~= 0 then direct_files, raw_files = direct_files + direct[0], raw_files + 1 end
+      local used = select(2, core.must(files_rt.read(f.path, 0, f.size, base, direct)))
+      if direct then direct_files, raw_files = direct_files + used, raw_files + 1 end
     end
   end
 end
@@ -107,8 +108,8 @@ local function double_buffered(l) -- file k+1 goes to the other slot while file 
   end
 end
 local methods = {
-  { key = "raw_buffered", label = "raw buffered read", run = raw(0), color = "#7f8c8d" },
-  { key = "raw_direct", label = "raw O_DIRECT read", run = raw(C.LOIP_READ_DIRECT), color = "#95a5a6" },
+  { key = "raw_buffered", label = "raw buffered read", run = raw(false), color = "#7f8c8d" },
+  { key = "raw_direct", label = "raw O_DIRECT read", run = raw(true), color = "#95a5a6" },
   uring1 and { key = "loader_uring", label = "loader io_uring, 1 slot", run = one_at_a_time(uring1), color = "#27ae60" },
   uring2 and { key = "loader_uring_2slots", label = "loader io_uring, 2 slots", run = double_buffered(uring2), color = "#2ecc71" },
   { key = "loader_buffered", label = "loader buffered (conventional)", run = one_at_a_time(buffered) },
@@ -131,9 +132,9 @@ for r = 1, o.repeats do
   for i = 0, #methods - 1 do
     local m = methods[(i + r - 1) % #methods + 1]
     if cold then assert(drop_caches(), "drop_caches failed mid-run") end
-    local t0 = C.loip_now_ns()
+    local t0 = core.now_ns()
     m.run()
-    local gbs = total / (tonumber(C.loip_now_ns() - t0) / 1e9) / 1e9
+    local gbs = total / ((core.now_ns() - t0) / 1e9) / 1e9
     got[m.key] = gbs
     table.insert(samples[m.key], gbs)
     log("round %d: %-32s %6.3f GB/s", r, m.label, gbs)
@@ -145,10 +146,9 @@ for r = 1, o.repeats do
 end
 
 -- Report.
-local info = ffi.new("loip_cpu_info")
-C.loip_cpu_info_get(info)
+local info = exec.cpu_info()
 local result = {
-  machine = { cpus = info.n_cpus, kernel = sh("uname -r"), store_device = sh("findmnt -no SOURCE,FSTYPE -T '" .. o.store .. "'"),
+  machine = { cpus = info.cpus, kernel = sh("uname -r"), store_device = sh("findmnt -no SOURCE,FSTYPE -T '" .. o.store .. "'"),
     mem_total = sh("grep MemTotal /proc/meminfo"):match("%d+ kB"), root = root },
   cache = cold and "cold (page cache dropped before every method)" or "warm", warm_reason = why_warm,
   store = o.store, store_bytes = man.total_bytes, files = #files, bytes_per_method = total, largest_file = largest,
@@ -169,7 +169,7 @@ result.loader_ratio = result.ratios.loader_uring and result.ratios.loader_uring.
 result.meets_target = result.loader_ratio and result.loader_ratio >= TARGET or false
 if direct_files < raw_files then log("NOTE: only %s raw O_DIRECT reads were direct", result.raw_direct_files_direct) end
 for _, l in ipairs({ uring1, uring2, buffered }) do l:close() end
-core.free(buf, C.loip_buffer_free)
+memory.buffer_free(buf)
 
 os.execute("mkdir -p '" .. o.out .. "'")
 local raw_best = math.max(result.gbps.raw_buffered, result.gbps.raw_direct)

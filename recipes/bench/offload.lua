@@ -27,7 +27,9 @@ local plan = require "loip.plan"
 local model = require "loip.model"
 local memory = require "loip.runtime.memory"
 local store = require "loip.model.store"
-local C = core.C
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
 
 local spec = {
   name = "offload.lua", usage = "loip run recipes/bench/offload.lua [flags]",
@@ -93,16 +95,16 @@ for _, f in ipairs(man.files) do
     largest, total = math.max(largest, f.size), total + f.size
   end
 end
-local buf = core.new("loip_buffer *", C.loip_buffer_new, C.loip_buffer_free, largest)
-local base = ffi.cast("uint8_t *", C.loip_buffer_data(buf))
+local buf = assert(memory.buffer(largest))
+local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
 ffi.fill(base, largest, 1)
 local function raw_speed()
   local best = {}
-  for _, fl in ipairs({ C.LOIP_READ_DIRECT, 0 }) do
+  for _, direct in ipairs({ true, false }) do
     drop_caches()
-    local t0 = C.loip_now_ns()
-    for _, f in ipairs(files) do core.check(C.loip_file_read(f.path, 0, f.size, base, fl, nil)) end
-    best[#best + 1] = total / (tonumber(C.loip_now_ns() - t0) / 1e9)
+    local t0 = core.now_ns()
+    for _, f in ipairs(files) do core.must(files_rt.read(f.path, 0, f.size, base, direct)) end
+    best[#best + 1] = total / ((core.now_ns() - t0) / 1e9)
   end
   return math.max(best[1], best[2]), best[1], best[2]
 end
@@ -215,13 +217,12 @@ for item in o.budgets:gmatch("[^,]+") do
     r.uring_vs_bound, r.buffered_vs_bound, r.same_tokens and "" or " TOKENS DIFFER")
   results[#results + 1] = r
 end
-core.free(buf, C.loip_buffer_free)
+memory.buffer_free(buf)
 os.remove(plan_file)
 os.remove(err_file)
 if use_cgroup then os.execute("rmdir " .. cgroup .. " 2>/dev/null") end
 
-local info = ffi.new("loip_cpu_info")
-C.loip_cpu_info_get(info)
+local info = exec.cpu_info()
 local worst = 0
 local same = true
 for _, r in ipairs(results) do
@@ -229,7 +230,7 @@ for _, r in ipairs(results) do
   same = same and r.same_tokens
 end
 local result = {
-  machine = { cpus = info.n_cpus, kernel = sh("uname -r"), store_device = sh("findmnt -no SOURCE,FSTYPE -T '" .. o.store .. "'"),
+  machine = { cpus = info.cpus, kernel = sh("uname -r"), store_device = sh("findmnt -no SOURCE,FSTYPE -T '" .. o.store .. "'"),
     root = root },
   cache = cold and "cold (page cache dropped before every read measurement and run)" or "warm",
   memory_cgroup = use_cgroup and string.format("each run limited to its budget + %s", memory.format_bytes(o.slack)) or false,

@@ -107,7 +107,7 @@ local function measure(kind, no_trace)
   local first = math.huge
   for _, x in ipairs(tr.events) do first = math.min(first, x.e.t0_ns) end
   local mid = (last - core.now_ms()) -- (last step's end, relative to now: negative)
-  local t_end_ms = (tonumber(require("loip.core").C.loip_now_ns()) - first) / 1e6 + mid
+  local t_end_ms = (core.now_ns() - first) / 1e6 + mid
   local span = 2 * median(steps)
   require("loip.tools.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
     to_ms = t_end_ms - median(steps),

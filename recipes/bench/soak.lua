@@ -25,7 +25,6 @@ local load = require "loip.serve.load"
 local plot = require "loip.tools.plot"
 local proc = require "loip.cluster.proc"
 local store = require "loip.model.store"
-local C = core.C
 
 local spec = {
   name = "soak.lua", usage = "loip run recipes/bench/soak.lua [flags]",
@@ -258,7 +257,7 @@ local ok, err = pcall(function()
   local base = srv.url:gsub("/v1$", "")
   local samples, worker_seen = {}, {}
   local function sample(at)
-    C.loip_sleep_ms(300) -- the HTTP connections of the last burst close
+    core.sleep_ms(300) -- the HTTP connections of the last burst close
     local h = get_json(base .. "/health")
     if not h then error("/health did not answer\n" .. srv.log():sub(-2000), 0) end
     local m = client.new()
@@ -426,7 +425,7 @@ local ok, err = pcall(function()
   if srv.killed then problem("the soaked server did not stop on SIGTERM within 15 s") end
   local left = {}
   for pid in pairs(worker_seen) do if alive(pid) then left[#left + 1] = pid end end
-  C.loip_sleep_ms(200)
+  core.sleep_ms(200)
   for i = #left, 1, -1 do if not alive(left[i]) then table.remove(left, i) end end
   if #left > 0 then problem("workers still running after the server stopped: %s", table.concat(left, ", ")) end
   result.workers_left = #left

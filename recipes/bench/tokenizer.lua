@@ -19,7 +19,6 @@ local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local plot = require "loip.tools.plot"
 local tokenizer = require "loip.text.tokenizer"
-local C = core.C
 
 local spec = {
   name = "tokenizer.lua", usage = "loip run recipes/bench/tokenizer.lua [flags]",
@@ -277,9 +276,7 @@ for _, c in ipairs(cases) do
     encode_mb_s = #text / 1e6 / median(secs), first_pass_mb_s = #text / 1e6 / first, tokens = #ids,
     bytes_per_token = #text / #ids, by_kind_mb_s = by_kind }
   if tok.bpe then
-    local e, hit, total = require("ffi").new("int64_t[1]"), require("ffi").new("int64_t[1]"), require("ffi").new("int64_t[1]")
-    C.loip_bpe_cache_stats(tok.bpe, e, hit, total)
-    entry.cache_entries = tonumber(e[0])
+    entry.cache_entries = require("loip.runtime.tokenizer").bpe_cache_stats(tok.bpe)
   end
   result.tokenizers[#result.tokenizers + 1] = entry
   log("%-28s load %6.1f ms  encode %6.2f MB/s (first pass %.2f; english %.1f, code %.1f, cjk %.1f)  %.2f bytes/token",

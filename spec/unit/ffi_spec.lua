@@ -80,8 +80,8 @@ describe("the FFI surface", function()
     assert.are.equal(K.KV_BLOCK_TOKENS, require("loip.sim").KV_BLOCK)
   end)
 
-  it("is called only by the wrappers: lua/loip/runtime/* and loip.core (the rest calls them)", function()
-    local p = io.popen("cd '" .. T.root .. "' && find lua -name '*.lua' | sort")
+  it("is called only by the wrappers: lua/loip/runtime/* and loip.core (the rest, recipes too, calls them)", function()
+    local p = io.popen("cd '" .. T.root .. "' && find lua recipes -name '*.lua' | sort")
     local direct, n = {}, 0
     for f in p:lines() do
       if not f:match("^lua/loip/runtime/") and f ~= "lua/loip/core.lua" then

@@ -52,6 +52,11 @@ function M.session_seq_free(s, seq, context) return core.ok(C.loip_session_seq_f
 function M.session_forward_batch(s, tokens, n, toks, rows, n_rows, logits, context)
   return core.ok(C.loip_session_forward_batch(s, tokens, n, toks, rows, n_rows, logits), context)
 end
+-- tokens[0..n) of one sequence at positions pos.. through the whole model, logits as mode says
+-- (loip.constants.LOGITS_*).
+function M.session_forward(s, tokens, n, pos, logits, mode, context)
+  return core.ok(C.loip_session_forward(s, tokens, n, pos, logits, mode), context)
+end
 -- Blocks [first, last) over hidden [n, dim] at positions pos..pos+n-1.
 function M.session_blocks(s, first, last, hidden, n, pos, context)
   return core.ok(C.loip_session_blocks(s, first, last, hidden, n, pos), context)
@@ -102,6 +107,23 @@ function M.kernels_name() return ffi.string(C.loip_kernels_name()) end
 function M.kernels_use(name, context) return core.ok(C.loip_kernels_use(name), context) end
 -- CUDA devices visible (an error code < 0 when CUDA is not built in).
 function M.cuda_device_count() return tonumber(C.loip_cuda_device_count()) end
+-- This machine's CPU as the kernels see it: { cpus (online), avx2, avx512, avx512_bf16, neon,
+-- cuda (built with CUDA and a device present) }.
+function M.cpu_info()
+  local info = ffi.new("loip_cpu_info")
+  C.loip_cpu_info_get(info)
+  return { cpus = info.n_cpus, avx2 = info.has_avx2 == 1, avx512 = info.has_avx512 == 1,
+    avx512_bf16 = info.has_avx512_bf16 == 1, neon = info.has_neon == 1, cuda = info.has_cuda == 1 }
+end
+-- y[rows] = W[rows, cols] (dtype) x[cols] on pool's threads (a benchmark's unit of work).
+function M.op_matvec(pool, dtype, w, x, y, rows, cols, context)
+  return core.ok(C.loip_op_matvec(pool, dtype, w, x, y, rows, cols), context)
+end
+-- bytes of buf read reps times on pool's threads, as fast as memory gives them; their sum into
+-- sum[0] (so that the reads are not optimised away).
+function M.op_read_probe(pool, buf, bytes, reps, sum, context)
+  return core.ok(C.loip_op_read_probe(pool, buf, bytes, reps, sum), context)
+end
 -- n seeded random elements of dtype into dst: normal(mean, std) from stream `first` of seed.
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)

@@ -37,6 +37,12 @@ function M.added_free(a) core.free(a, C.loip_added_free) end
 function M.bpe_new(flags) return core.new("loip_bpe *", C.loip_bpe_new, C.loip_bpe_free, flags) end
 function M.bpe_free(b) core.free(b, C.loip_bpe_free) end
 function M.bpe_size(b) return tonumber(C.loip_bpe_size(b)) end
+-- The encode cache of b: its entries, and the bytes of text it answered and was asked for.
+function M.bpe_cache_stats(b)
+  local e, hit, total = ffi.new("int64_t[1]"), ffi.new("int64_t[1]"), ffi.new("int64_t[1]")
+  C.loip_bpe_cache_stats(b, e, hit, total)
+  return tonumber(e[0]), tonumber(hit[0]), tonumber(total[0])
+end
 function M.bpe_add_token(b, piece, id, score, flags, context)
   return ok(C.loip_bpe_add_token(b, piece, #piece, id, score, flags), context)
 end
