@@ -46,15 +46,9 @@ bench.ensure_store(o.store, o.model)
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local N = o.devices
-local mems = {}
+local mems
 if o.mem then
-  local i = 0
-  for m in o.mem:gmatch("[^,]+") do
-    i = i + 1
-    mems[i] = flags.parse_bytes(m) or error("--mem: '" .. m .. "' is not a size (e.g. 4G)", 0)
-  end
-  if i == 1 then for k = 2, N do mems[k] = mems[1] end end
-  if #mems ~= N then error(string.format("--mem: %d budgets for %d devices", #mems, N), 0) end
+  mems = require("loip.cmd.common").settings("local.lua", { mem = o.mem }, N).mem -- (one, or one per device)
 else
   local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 64, threads = 1 })
   mems = bench.budgets(sizes, N, 0.5)

@@ -42,9 +42,6 @@ local calibration = require "loip.plan.calibration"
 local M = {}
 
 M.VERSION = 1
--- Bytes of weights the compute timings cycle through, at most (opts.cycle_bytes): more than a
--- last-level cache holds, so that a block's weights come from memory as in a decoding step.
-M.CYCLE_BYTES = 1024 * 1024 * 1024
 
 -- Measured in modules of their own, re-exported here: figures until steady (loip.plan.steady),
 -- the disk (loip.plan.disk), the calibration cache (loip.plan.calibration).
@@ -72,13 +69,10 @@ local function hostname()
   return h
 end
 
--- Layers of config cfg with seeded random weights of dtype in memory (block 2l: layer l's MHA,
--- 2l + 1: its MLP), bound to a fresh model, and a session over them: { model, pool, session,
--- hidden, bytes = { mha, mlp } (one layer's), layers, close }. As many layers as the model has, up
--- to cycle_bytes of weights (at least one): a block timed again and again would find its weights
--- in the caches (a last-level cache of 96 MB holds most of an 8B model's MLP matrix), which a
--- decoding step streaming every layer never does; the timings cycle through the layers instead.
-local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch, cycle_bytes)
+-- One layer (block 0: its MHA, block 1: its MLP) of config cfg with seeded random weights of
+-- dtype in memory, bound to a fresh model, and a session over it: { model, pool, session,
+-- hidden, bytes = { mha, mlp }, close }.
+local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
   local hf = require "loip.model.hf"
   local store = require "loip.model.store"
   local dt = store.dtypes[dtype] or error("profile: dtype must be F32, BF16 or F16, not " .. tostring(dtype), 0)
@@ -95,35 +89,28 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch, cycle_by
       total = total + bytes
     end
   end
-  local layers = math.max(1, math.min(c.n_layers, math.ceil((cycle_bytes or 0) / total)))
-  local buf, berr = memory.buffer(total * layers)
+  local buf, berr = memory.buffer(total)
   if not buf then error("profile: " .. berr, 0) end
   local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
   local m = assert(exec.model_new(c))
   local bytes = { mha = 0, mlp = 0 }
   for i, t in ipairs(tensors) do
     assert(exec.fill_random(base + t.offset, t.n, dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02))
+    local v = ffi.new("loip_tensor")
+    v.data, v.dtype, v.ndim = base + t.offset, dt[1], #t.shape
+    for k, d in ipairs(t.shape) do v.shape[k - 1] = d end
+    assert(exec.model_bind(m, 0, t.kind, v, "profile: bind"))
     bytes[t.block] = (bytes[t.block] or 0) + t.n * dt[2]
   end
-  -- (the other layers: copies of the first, at their own addresses)
-  for l = 1, layers - 1 do ffi.copy(base + l * total, base, total) end
-  local mask = ffi.new("uint8_t[?]", c.n_layers)
-  for l = 0, layers - 1 do
-    mask[l] = 1
-    for _, t in ipairs(tensors) do
-      local v = ffi.new("loip_tensor")
-      v.data, v.dtype, v.ndim = base + l * total + t.offset, dt[1], #t.shape
-      for k, d in ipairs(t.shape) do v.shape[k - 1] = d end
-      assert(exec.model_bind(m, l, t.kind, v, "profile: bind"))
-    end
-  end
   local pool = assert(exec.pool_new(threads or 0))
+  local mask = ffi.new("uint8_t[?]", c.n_layers)
+  mask[0] = 1
   local s, err = exec.session_new_layers(m, pool, max_ctx, max_batch, nil, mask)
   if not s then error("profile: " .. err, 0) end
   local hidden = ffi.new("float[?]", max_batch * c.dim)
   for k = 0, max_batch * c.dim - 1 do hidden[k] = ((k * 7919) % 1000) / 1000 - 0.5 end
   return { model = m, pool = pool, session = s, hidden = hidden, bytes = bytes, dim = c.dim, buffer = buf,
-    threads = exec.pool_size(pool), layers = layers }
+    threads = exec.pool_size(pool) }
 end
 
 -- fn timed until steady (M.steady, after one warm-up): its result; name says what it is.
@@ -184,12 +171,11 @@ function M.transport(rounds)
 end
 
 -- Measure this machine. opts: cfg (a Hugging Face config table: the shape whose blocks are
--- timed; as many of its layers are made as cycle_bytes holds), dtype ("BF16"), threads, batches ({1,2,4,8}),
+-- timed; layers beyond the first are not made), dtype ("BF16"), threads, batches ({1,2,4,8}),
 -- contexts ({64, 256, 1024} up to the shape's positions), reps, disk = { files = {...}, bytes,
 -- rate, readers (1: how many read this disk at once, see M.disk; the compute under load is then
 -- timed while as many stream) } (nil: not measured), warn (told of a figure that did not
--- settle, see M.steady; default: stderr), cycle_bytes (M.CYCLE_BYTES: the layers the blocks are timed
--- on cycle through that many bytes of weights), quick (batch 1 and one context: a calibration), progress (a
+-- settle, see M.steady; default: stderr), quick (batch 1 and one context: a calibration), progress (a
 -- function(text) told what is being measured).
 function M.measure(opts)
   local hf = require "loip.model.hf"
@@ -205,24 +191,18 @@ function M.measure(opts)
   for _, b in ipairs(batches) do max_batch = math.max(max_batch, b) end
   for _, x in ipairs(ctxs) do max_ctx = math.max(max_ctx, x) end
   local dtype = (opts.dtype or "BF16"):upper()
-  local lay = synthetic_layer(c, dtype, opts.threads, max_ctx + max_batch, max_batch, opts.cycle_bytes or M.CYCLE_BYTES)
+  local lay = synthetic_layer(c, dtype, opts.threads, max_ctx + max_batch, max_batch)
   local reps = opts.reps or (opts.quick and 5 or 9)
   local pr = { loip_profile = M.VERSION, created = os.date("!%Y-%m-%dT%H:%M:%SZ"),
     device = { host = hostname(), cpus = M.cpus(), threads = lay.threads,
       kernels = exec.kernels_name() },
     shape = { dim = c.dim, hidden_dim = c.hidden_dim, n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim,
-      dtype = dtype, mha_bytes = lay.bytes.mha, mlp_bytes = lay.bytes.mlp, layers_cycled = lay.layers },
+      dtype = dtype, mha_bytes = lay.bytes.mha, mlp_bytes = lay.bytes.mlp },
     compute = { blocks = {}, weight_bps = {}, attention_ms_per_token = {}, mha_fixed_ms = {} } }
   pr.device.mem_total_bytes, pr.device.mem_available_bytes = meminfo()
   local s, h = lay.session, lay.hidden
-  -- block `first` of the next layer each time (0: the MHA, 1: the MLP), cycling through them
-  local turn = 0
   local function block(first, n, pos)
-    return function()
-      turn = turn % lay.layers + 1
-      local b = 2 * (turn - 1) + first
-      assert(exec.session_blocks(s, b, b + 1, h, n, pos))
-    end
+    return function() assert(exec.session_blocks(s, first, first + 1, h, n, pos)) end
   end
   -- each figure with its spread (M.steady): the profile's compute.spread is the largest, and
   -- compute.unsteady names the figures that did not settle (a busy machine)
