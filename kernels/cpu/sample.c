@@ -258,26 +258,14 @@ LOIP_API int loip_sampler_skip(loip_sampler *s, uint64_t n) {
 
 /* ---- sample ------------------------------------------------------------------------------- */
 
-LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
-                                 const loip_sampler_params *p, const int32_t *history,
-                                 int32_t n_history, int32_t *token) {
+/* The distribution a draw is made from (steps 1-6), after the argument checks: *best the greedy
+ * token (step 2); for temperature > 0 the kept candidates s->cand[0..*n) with their
+ * unnormalised weights and *sum their total. The caller's logits are never written. */
+static int distribution(loip_sampler *s, const float *logits, const loip_sampler_params *p,
+                        const int32_t *history, int32_t n_history, int32_t *best_out, int32_t *n_out,
+                        double *sum_out) {
     const char *fn = "loip_sampler_sample";
-    if (s == NULL || logits == NULL || p == NULL || token == NULL)
-        return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn,
-                         s == NULL ? "sampler" : logits == NULL ? "logits"
-                                             : p == NULL        ? "params" : "token");
-    if (n_history < 0 || (n_history > 0 && history == NULL))
-        return loip_fail(LOIP_EINVAL, "%s: history is NULL or n_history (%d) is negative", fn,
-                         (int)n_history);
-    int rc = check_params(p);
-    if (rc != 0) return rc;
     const int32_t V = s->vocab;
-    /* All of it, whether or not the penalty reads it: a bad id is a caller's bug either way. */
-    for (int32_t i = 0; i < n_history; i++)
-        if (history[i] < 0 || history[i] >= V)
-            return loip_fail(LOIP_EINVAL, "%s: history[%d] = %d is outside the vocabulary "
-                                          "[0, %d)", fn, (int)i, (int)history[i], (int)V);
-
     const float *x = logits;
     const float penalty = p->repetition_penalty;
     if (penalty > 0.0f && penalty != 1.0f && n_history > 0) {
@@ -295,10 +283,8 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
             best = i;
         }
     }
-    if (p->temperature <= 0.0f) {
-        *token = best;
-        return 0;
-    }
+    *best_out = best;
+    if (p->temperature <= 0.0f) return 0;
     if (isinf(maxv))
         return loip_fail(LOIP_EINVAL, "%s: %s", fn,
                          maxv > 0 ? "a logit is +inf, the distribution is undefined"
@@ -334,22 +320,103 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
 
     /* Step 6. */
     if (p->top_p < 1.0f) n = nucleus(c, n, sum, p->top_p, &sum);
+    *n_out = n, *sum_out = sum;
+    return 0;
+}
 
-    /* Step 7: renormalising is scaling r by the kept total. */
+/* Step 7 over c[0..n) of total sum, leaving out token `skip` (-1: none; its weight is not in
+ * sum then): renormalising is scaling r by the kept total. */
+static int32_t draw(loip_sampler *s, const cand *c, int32_t n, double sum, int32_t skip) {
     const double r = uniform01(s->rng) * sum;
     double cdf = 0.0;
     int32_t last = -1;
     for (int32_t j = 0; j < n; j++) {
-        if (c[j].v <= 0.0f) continue; /* underflowed: never drawn, not even by the fallback */
+        if (c[j].v <= 0.0f || c[j].id == skip) continue; /* underflowed: never drawn */
         cdf += c[j].v;
         last = j;
-        if (r < cdf) {
-            *token = c[j].id;
-            return 0;
-        }
+        if (r < cdf) return c[j].id;
     }
-    /* r rounded onto the total: the last token with any weight. last >= 0, because the
-     * max's weight is exactly 1 and it is never dropped. */
-    *token = c[last].id;
+    /* r rounded onto the total: the last token with any weight (there is one: the max's
+     * weight is exactly 1 and never dropped; with a token skipped, the caller saw weight left) */
+    return last >= 0 ? c[last].id : skip;
+}
+
+/* The checks every call makes (see the file's header). */
+static int check_call(const loip_sampler *s, const float *logits, const loip_sampler_params *p,
+                      const int32_t *history, int32_t n_history, const void *out) {
+    const char *fn = "loip_sampler_sample";
+    if (s == NULL || logits == NULL || p == NULL || out == NULL)
+        return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn,
+                         s == NULL ? "sampler" : logits == NULL ? "logits"
+                                             : p == NULL        ? "params" : "token");
+    if (n_history < 0 || (n_history > 0 && history == NULL))
+        return loip_fail(LOIP_EINVAL, "%s: history is NULL or n_history (%d) is negative", fn,
+                         (int)n_history);
+    int rc = check_params(p);
+    if (rc != 0) return rc;
+    /* All of it, whether or not the penalty reads it: a bad id is a caller's bug either way. */
+    for (int32_t i = 0; i < n_history; i++)
+        if (history[i] < 0 || history[i] >= s->vocab)
+            return loip_fail(LOIP_EINVAL, "%s: history[%d] = %d is outside the vocabulary "
+                                          "[0, %d)", fn, (int)i, (int)history[i], (int)s->vocab);
+    return 0;
+}
+
+LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
+                                 const loip_sampler_params *p, const int32_t *history,
+                                 int32_t n_history, int32_t *token) {
+    int rc = check_call(s, logits, p, history, n_history, token);
+    if (rc != 0) return rc;
+    int32_t best, n = 0;
+    double sum = 0.0;
+    if ((rc = distribution(s, logits, p, history, n_history, &best, &n, &sum))) return rc;
+    *token = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
+    return 0;
+}
+
+/* Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with a deterministic draft
+ * (q = 1 on its token): draft j is accepted with probability p_j(d_j), the weight the sampler's
+ * own distribution gives it (0 when a filter drops it); at the first rejection the token is
+ * drawn from norm(max(0, p_j - q)), p_j without d_j; all accepted, the next is drawn from the
+ * last row. Every emitted token is then distributed as loip_sampler_sample would draw it.
+ * Greedy: a draft is accepted when it is the argmax, the first that is not is replaced by it.
+ * Draws (temperature > 0): one per draft examined, one more for the token drawn. */
+LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
+                                 const int32_t *drafts, const loip_sampler_params *p,
+                                 int32_t *history, int32_t *n_history, int32_t max_history,
+                                 int32_t *out, int32_t *n_out) {
+    const char *fn = "loip_sampler_verify";
+    if (n_history == NULL || n_out == NULL || (k > 0 && drafts == NULL))
+        return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn, n_history == NULL ? "n_history" : n_out == NULL ? "n_out" : "drafts");
+    if (k < 0) return loip_fail(LOIP_EINVAL, "%s: %d drafts", fn, (int)k);
+    int rc = check_call(s, logits, p, history, *n_history, out);
+    if (rc != 0) return rc;
+    for (int32_t j = 0; j < k; j++)
+        if (drafts[j] < 0 || drafts[j] >= s->vocab)
+            return loip_fail(LOIP_EINVAL, "%s: draft %d is token %d, outside the vocabulary [0, %d)", fn, (int)j,
+                             (int)drafts[j], (int)s->vocab);
+    const int32_t V = s->vocab;
+    *n_out = 0;
+    for (int32_t j = 0; j <= k; j++) {
+        const float *row = logits + (size_t)j * V;
+        int32_t best, n = 0, id;
+        double sum = 0.0;
+        if ((rc = distribution(s, row, p, history, *n_history, &best, &n, &sum))) return rc;
+        int accepted = 0;
+        if (j == k) {
+            id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
+        } else if (p->temperature <= 0.0f) {
+            id = best, accepted = drafts[j] == best;
+        } else {
+            double w = 0.0;
+            for (int32_t i = 0; i < n; i++)
+                if (s->cand[i].id == drafts[j]) w = s->cand[i].v;
+            accepted = uniform01(s->rng) * sum < w;
+            id = accepted ? drafts[j] : draw(s, s->cand, n, sum - w, drafts[j]);
+        }
+        out[(*n_out)++] = id;
+        if (*n_history < max_history) history[(*n_history)++] = id;
+        if (!accepted) break;
+    }
     return 0;
 }

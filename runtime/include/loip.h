@@ -760,6 +760,7 @@ typedef struct loip_step_token {
     int32_t pos;
     uint32_t request;
     int32_t flags;          /* LOIP_TOKF_* */
+    int32_t id;             /* the token's id (the last device verifies a draft against it) */
 } loip_step_token;
 enum {
     LOIP_TOKF_SAMPLE = 1,   /* sample the sequence's next token from this token's logits */
@@ -767,6 +768,10 @@ enum {
     LOIP_TOKF_RECOMPUTE = 4, /* an evicted position recomputed (loip_session_kv_evict): the
                                sequence's rows 0..E-1 so flagged evict its first E positions
                                on every device before the step runs */
+    LOIP_TOKF_DRAFT = 8,    /* with SAMPLE: a draft token, verified on the last device against
+                               the distribution of the sequence's row before it (a run of rows
+                               SAMPLE, SAMPLE|DRAFT, ...: loip_sampler_verify); the outputs are
+                               the accepted drafts (flags SAMPLE|DRAFT) and the next token */
 };
 typedef struct loip_step_output {
     int32_t seq;
@@ -880,6 +885,18 @@ LOIP_API int loip_sampler_skip(loip_sampler *s, uint64_t n);
 LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
                                  const loip_sampler_params *p, const int32_t *history,
                                  int32_t n_history, int32_t *token);
+/* Verify k draft tokens against k + 1 rows of logits (row j: the distribution after the
+ * history and drafts[0..j)): drafts accepted in order, each with the probability the sampler's
+ * distribution gives it (greedy: when it is the argmax); at the first rejection a token drawn
+ * from that row without the draft (greedy: the argmax); all accepted, one drawn from the last
+ * row. The tokens go to out (room for k + 1) and, as far as max_history allows, onto history
+ * (*n_history grows); *n_out = accepted + 1. Exactly the distribution of sampling each in turn
+ * (speculative sampling with q = 1 on the draft). Draws (temperature > 0): *n_out, one more
+ * after a rejection. */
+LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
+                                 const int32_t *drafts, const loip_sampler_params *p,
+                                 int32_t *history, int32_t *n_history, int32_t max_history,
+                                 int32_t *out, int32_t *n_out);
 
 /* ---- a device of a cluster (runtime/worker: device.c, lending.c) ---------------------- */
 
@@ -919,6 +936,8 @@ typedef struct loip_device_stats {
     uint64_t fetched_bytes;
     uint64_t lend_wait_ns;
     uint64_t held_bytes;
+    uint64_t drafted;        /* draft tokens verified (last device) */
+    uint64_t accepted;       /* ... of which accepted */
 } loip_device_stats_t;
 
 typedef struct loip_device loip_device;

@@ -45,7 +45,8 @@ static int sizes_for(int32_t dim, int32_t vocab, int32_t max_tokens, int32_t log
     z->outputs = ((uint64_t)z->out_cap * sizeof(loip_step_output) + 63) / 64 * 64;
     z->result = z->outputs + (uint64_t)z->out_cap * (uint64_t)vocab * sizeof(float);
     z->payload = z->hidden > CONTROL_CAP ? z->hidden : CONTROL_CAP;
-    z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 2 + sizeof(loip_step_token) + sizeof(loip_batch_token));
+    /* ids twice over: a message's ids, or a verified run's drafts and its tokens out */
+    z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 3 + sizeof(loip_step_token) + sizeof(loip_batch_token));
     z->total = z->hidden + z->result + z->payload + z->ids;
     return LOIP_OK;
 }
@@ -122,7 +123,7 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     size_t T = (size_t)d->cfg.max_tokens;
     d->hidden = loip_aligned_alloc(z.hidden);
     d->result = loip_aligned_alloc(z.result);
-    d->ids = malloc(T * sizeof(int32_t));
+    d->ids = malloc(2 * T * sizeof(int32_t));
     d->toks = malloc(T * sizeof *d->toks);
     d->bt = malloc(T * sizeof *d->bt);
     d->rows = malloc(T * sizeof(int32_t));
@@ -250,15 +251,30 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
     int rc;
     if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
         return report(d, in, rc, loip_last_error());
-    for (int32_t i = 0; i < n_rows; i++) {
-        if (!(outs[i].flags & LOIP_TOKF_SAMPLE)) continue;
-        seq_state *q = &d->seqs[outs[i].seq];
+    /* sampled rows: one token each, or a run SAMPLE, SAMPLE|DRAFT... verified as one (its
+     * accepted drafts and the next token); the outputs move down over the rows they replace */
+    int32_t w = n_logits;
+    for (int32_t i = n_logits; i < n_rows;) {
+        loip_step_output o = outs[i];
+        seq_state *q = &d->seqs[o.seq];
         if (!q->sampler) return report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
-        if ((rc = loip_sampler_sample(q->sampler, d->logits + (size_t)i * d->vocab, &q->params, q->history,
-                                      q->n_history, &outs[i].id)))
+        if (o.flags & LOIP_TOKF_DRAFT) return report(d, in, LOIP_EPROTO, "a draft token with no row of its sequence before it");
+        int32_t k = 0;
+        while (i + 1 + k < n_rows && (outs[i + 1 + k].flags & LOIP_TOKF_DRAFT) && outs[i + 1 + k].seq == o.seq &&
+               d->toks[d->rows[i + 1 + k]].pos == d->toks[d->rows[i]].pos + 1 + k) {
+            d->ids[k] = d->toks[d->rows[i + 1 + k]].id; /* (the ids are not needed past the embedding) */
+            k++;
+        }
+        int32_t *got = d->ids + d->cfg.max_tokens, n_got = 0;
+        if ((rc = loip_sampler_verify(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, &q->params,
+                                      q->history, &q->n_history, q->max_history, got, &n_got)))
             return report(d, in, rc, loip_last_error());
-        if (q->n_history < q->max_history) q->history[q->n_history++] = outs[i].id;
+        for (int32_t j = 0; j < n_got; j++)
+            outs[w++] = (loip_step_output){o.seq, o.request, got[j], j + 1 < n_got ? (o.flags | LOIP_TOKF_DRAFT) : o.flags};
+        d->st.drafted += (uint64_t)k, d->st.accepted += (uint64_t)(n_got - 1);
+        i += 1 + k;
     }
+    n_rows = w;
     d->st.head_ns += loip_now_ns() - t0;
     /* the outputs, then the returned logits rows right after them */
     uint64_t out_bytes = (uint64_t)n_rows * sizeof *outs, logit_bytes = (uint64_t)n_logits * d->vocab * sizeof(float);

@@ -221,19 +221,19 @@ describe("a cluster of local workers", function()
       m:send { kind = "HIDDEN", plan_id = c.plan_id, hop = 1, n_tokens = 2, dim = 64, dtype = 0, payload = ffi.string(f, 200) }
       m:send { kind = "HIDDEN", plan_id = c.plan_id, hop = 1, n_tokens = 1, dim = 64, dtype = 3, payload = ffi.string(f, 256) }
       -- a token of another plan, and one of a request its slot does not run
-      local tok = ffi.new("uint8_t[20]")
+      local tok = ffi.new("uint8_t[?]", 4 + ffi.sizeof("loip_step_token"))
       ffi.cast("int32_t *", tok)[0] = 5
       local e = ffi.cast("loip_step_token *", tok + 4)
       e.seq, e.pos, e.request, e.flags = 0, 0, 1, 1
-      m:send { kind = "TOKENS", plan_id = c.plan_id + 7, hop = 0, n_tokens = 1, dim = 1, dtype = 3, payload = ffi.string(tok, 20) }
+      m:send { kind = "TOKENS", plan_id = c.plan_id + 7, hop = 0, n_tokens = 1, dim = 1, dtype = 3, payload = ffi.string(tok, ffi.sizeof(tok)) }
       e.request = 4242
-      m:send { kind = "TOKENS", plan_id = c.plan_id, hop = 0, n_tokens = 1, dim = 1, dtype = 3, payload = ffi.string(tok, 20) }
+      m:send { kind = "TOKENS", plan_id = c.plan_id, hop = 0, n_tokens = 1, dim = 1, dtype = 3, payload = ffi.string(tok, ffi.sizeof(tok)) }
       C.loip_sleep_ms(300)
       member:close()
       assert.are.same(ref_t, greedy_ids(c, ids, 12))
       local log = T.read(c.devices[1].log)
       assert.matches("rejected a peer", log)
-      assert.matches("payload of 200 bytes but n_tokens 2 x (dim 64 x 4 + 16)", log, 1, true)
+      assert.matches("payload of 200 bytes but n_tokens 2 x (dim 64 x 4 + " .. ffi.sizeof("loip_step_token") .. ")", log, 1, true)
       assert.matches("dtype 3 not allowed", log, 1, true)
       assert.matches("message for plan " .. (c.plan_id + 7) .. ", this device runs plan " .. c.plan_id .. " (stale)", log, 1, true)
       assert.matches("is of request 4242, slot 0 runs request 0 (stale)", log, 1, true)

@@ -120,6 +120,13 @@ function Cluster:plan(opts)
       self._batcher:active() + self._batcher:queued()), 0)
   end
   if not opts.keep_requests then self._batcher = nil end
+  -- speculative decoding (opts.draft): the last device computes the logits of every row it
+  -- verifies, each decoding request's last token and its drafts (its buffer, in the plan's
+  -- activations, is sized for them)
+  if opts.draft and opts.draft ~= "none" then
+    local k = opts.draft_tokens or require("loip.serve.draft").MAX
+    opts.logits_tokens = math.max(opts.logits_tokens or 1, math.min(batch, max_seqs * (k + 1)))
+  end
   local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
     plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })

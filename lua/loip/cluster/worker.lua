@@ -327,6 +327,7 @@ function handlers.STATS(self)
     local rs = exec.runner_stats(self.dev.runner, ffi.new("loip_runner_stats_t"))
     st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
       bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
+      drafted = tonumber(ds.drafted), accepted = tonumber(ds.accepted),
       compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
       bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
       lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),

@@ -206,4 +206,28 @@ function M.problem_of(cmd, o)
   return prob, sizes
 end
 
+
+-- The draft policy of --draft (with --draft-model and --draft-mem as its settings): a
+-- loip.policy instance, or nil (none). Refuses what does not go together, naming the flags.
+function M.draft(cmd, o)
+  local name = o.draft
+  if name == nil or name == "none" then
+    for _, f in ipairs({ "draft_tokens", "draft_model", "draft_mem" }) do
+      if o[f] ~= nil then M.usage(cmd, "--%s needs --draft", (f:gsub("_", "-"))) end
+    end
+    return nil
+  end
+  local policy = require "loip.policy"
+  local base = policy.parse(name)
+  local params = {}
+  if o.draft_model then
+    if base ~= "model" then M.usage(cmd, "--draft-model is the model of --draft model (not --draft %s)", tostring(base)) end
+    params.path = o.draft_model
+  end
+  if o.draft_mem then params.mem = o.draft_mem end
+  local ok, p = pcall(policy.load, "draft", name, next(params) and params or nil)
+  if not ok then M.usage(cmd, "--draft %s: %s", name, tostring(p)) end
+  return p
+end
+
 return M

@@ -53,6 +53,7 @@ local M = {
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
+    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_mem,
     flags.shared.threads, flags.shared.kernels,
     { "json", "bool", "print one JSON object instead of the text" },
     { "verbose", "bool", "print the model and timings on stderr" },
@@ -75,6 +76,12 @@ function M.generate_report(o, r)
   }
 end
 
+-- speculative decoding's figures (--json's draft: policy, drafted, accepted, steps, tokens,
+-- tokens_per_step, acceptance), or nil without --draft
+function M.draft_report(b)
+  return b.draft and b.draft:report() or nil
+end
+
 local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
@@ -90,6 +97,7 @@ local function run_cluster(o)
     common.usage("generate", "%d devices but the model has only %d blocks (%d layers): every device needs at least one block per stage; use at most %d",
       n, 2 * layers, layers, 2 * layers)
   end
+  local draft = common.draft("generate", o)
   common.store_for("generate", o)
   local st_mod = require "loip.model.store"
   local scfg = st_mod.config(o.model, st_mod.read_manifest(o.model))
@@ -109,7 +117,8 @@ local function run_cluster(o)
       on_device_loss = o.on_device_loss,
       disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
-      online = require("loip.serve.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule }
+      online = require("loip.serve.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule,
+      draft = draft, draft_tokens = o.draft_tokens }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
@@ -159,6 +168,7 @@ local function run_cluster(o)
       r.adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil
       r.device_losses = c.losses
       r.link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil
+      r.draft = M.draft_report(c:batcher())
       io.stdout:write(json.encode(r), "\n")
     else
       io.stdout:write(rest, "\n")
@@ -203,12 +213,13 @@ function M.run(o)
       common.usage("generate", "--%s needs a slice store (make one with loip slice)", (f:gsub("_", "-")))
     end
   end
+  local draft = common.draft("generate", o)
   local disk_rate = common.settings("generate", { disk_rate = o.disk_rate }, 1).disk_rate
   local ok, m = pcall(model.open, o.model, { threads = o.threads, context = o.context, batch = o.batch, tokenizer = o.tokenizer,
     mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, verify_reads = o.verify_reads,
     disk_rate = disk_rate and disk_rate[1],
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
-    plan_positions = o.plan_positions,
+    plan_positions = o.plan_positions, draft = draft, draft_tokens = o.draft_tokens,
     online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
@@ -266,6 +277,7 @@ function M.run(o)
     r.loader = m.loader and m.loader:mode() or nil
     r.runner = m.runner and m:runner_stats() or nil
     r.adaptations = #m:batcher().adaptations > 0 and m:batcher().adaptations or nil
+    r.draft = M.draft_report(m:batcher())
     io.stdout:write(json.encode(r), "\n")
   else
     io.stdout:write("\n")
@@ -273,6 +285,11 @@ function M.run(o)
   io.stdout:flush()
   for _, a in ipairs(not o.json and m:batcher().adaptations or {}) do
     common.stderr("  %s\n", require("loip.serve.online").describe(a))
+  end
+  local dr = not o.json and M.draft_report(m:batcher())
+  if dr then
+    common.stderr("draft %s: %d of %d drafts accepted (%.0f%%), %.2f tokens per verifying step\n", dr.policy, dr.accepted,
+      dr.drafted, 100 * dr.acceptance, dr.tokens_per_step)
   end
   if o.verbose then
     common.stderr("prompt %d tokens in %.1f ms; %d tokens generated, %.2f ms/token (%.1f tokens/s); stop: %s\n",

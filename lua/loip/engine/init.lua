@@ -87,13 +87,30 @@ end
 
 -- The request loop over engine (loip.serve.batcher), with the plan's online policy and link
 -- schedule: o.online (a loip.policy "online" name, path or table; "none" or nil: none), o.links
--- (a "links" policy), and the batcher's own options (max_batch, max_queue, prefill_chunk, prefill).
+-- (a "links" policy), speculative decoding: o.draft (a "draft" policy; "none" or nil: none) with
+-- o.draft_tokens (a fixed draft length; nil: chosen each step), o.draft_target (what the draft
+-- knows of the model: path, context, vocab, max_seqs, tokenizer); and the batcher's own options
+-- (max_batch, max_queue, prefill_chunk, prefill).
 function M.batcher(engine, o)
   o = o or {}
   return require("loip.serve.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
     prefill_chunk = o.prefill_chunk, prefill = o.prefill,
     online = require("loip.serve.online").choose(o.online) and policy.load("online", o.online) or nil,
-    links = o.links and policy.load("links", o.links) or nil })
+    links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
+end
+
+-- Speculative decoding's drafts for engine (loip.serve.draft), or nil: o.draft, o.draft_tokens,
+-- o.draft_target as M.batcher takes them.
+function M.draft(engine, o)
+  if o.draft == nil or o.draft == "none" or o.draft == false then return nil end
+  local k = o.draft_tokens
+  if k ~= nil and (type(k) ~= "number" or k < 0 or k ~= math.floor(k)) then
+    error(string.format("--draft-tokens: %s is not a whole number >= 0", tostring(k)), 0)
+  end
+  local t = setmetatable({}, { __index = o.draft_target or {} })
+  t.vocab, t.context = t.vocab or engine.vocab, t.context or engine.context
+  t.max_seqs = t.max_seqs or engine.max_seqs
+  return require("loip.serve.draft").new(policy.load("draft", o.draft), t, { tokens = k, engine = engine })
 end
 
 -- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;

@@ -6,7 +6,7 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
-local LOGITS = core.constants.tokf.LOGITS
+local LOGITS, SAMPLE, DRAFT = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT
 
 local M = {}
 
@@ -71,19 +71,38 @@ function Engine:step(toks)
   end
   core.must(ok, err)
   local outs, V, k = {}, self.vocab, 0
-  for _, t in ipairs(toks) do
+  local i = 1
+  while i <= n do
+    local t = toks[i]
     if t.flags ~= 0 then
       local row = self.logits + k * V
       k = k + 1
       local q = self.seqs[t.seq]
       if t.flags == LOGITS then
         outs[#outs + 1] = { seq = t.seq, request = t.request, id = -1, logits = row }
+      elseif bit.band(t.flags, DRAFT) ~= 0 then
+        error("step: a draft token with no row of its sequence before it", 0)
       else
-        local id = q.sampler:sample(row, q.history, q.n)
-        if q.n < q.cap then q.history[q.n] = id q.n = q.n + 1 end
-        outs[#outs + 1] = { seq = t.seq, request = t.request, id = id }
+        -- the drafts after it (consecutive rows of its sequence): verified together
+        local drafts = {}
+        while i + #drafts < n and toks[i + #drafts + 1].seq == t.seq and bit.band(toks[i + #drafts + 1].flags, DRAFT) ~= 0 do
+          drafts[#drafts + 1] = toks[i + #drafts + 1].id
+        end
+        if #drafts == 0 then
+          local id = q.sampler:sample(row, q.history, q.n)
+          if q.n < q.cap then q.history[q.n] = id q.n = q.n + 1 end
+          outs[#outs + 1] = { seq = t.seq, request = t.request, id = id }
+        else
+          local got
+          got, q.n = q.sampler:verify(row, drafts, q.history, q.n, q.cap)
+          for j, id in ipairs(got) do
+            outs[#outs + 1] = { seq = t.seq, request = t.request, id = id, flags = j < #got and SAMPLE + DRAFT or SAMPLE }
+          end
+          k, i = k + #drafts, i + #drafts
+        end
       end
     end
+    i = i + 1
   end
   return outs
 end

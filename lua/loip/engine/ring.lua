@@ -46,7 +46,7 @@ function Cluster:step(toks)
   local tab = ffi.cast("loip_step_token *", payload + 4 * n)
   for i, t in ipairs(toks) do
     ids[i - 1] = t.id
-    tab[i - 1].seq, tab[i - 1].pos, tab[i - 1].request, tab[i - 1].flags = t.seq, t.pos, t.request, t.flags
+    tab[i - 1].seq, tab[i - 1].pos, tab[i - 1].request, tab[i - 1].flags, tab[i - 1].id = t.seq, t.pos, t.request, t.flags, t.id
   end
   self.step_no = (self.step_no or 0) + 1
   local step = self.step_no
@@ -147,8 +147,12 @@ function Cluster:batcher(opts)
     self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
     self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
+    -- rows the last device samples in one step (its result's outputs: loip_device_new's out_cap)
+    self.sample_rows = math.min(self.batch, math.max(self.sizes.logits_tokens or 1, self.max_seqs))
     local po = self.plan_opts or {}
-    self._batcher = engine.batcher(self, setmetatable({ online = po.online, links = po.link_schedule }, { __index = opts or {} }))
+    self._batcher = engine.batcher(self, setmetatable({ online = po.online, links = po.link_schedule, draft = po.draft,
+      draft_tokens = po.draft_tokens, draft_target = { path = self.store, tokenizer = self:tokenizer(), context = self.context,
+        vocab = self.vocab, max_seqs = self.max_seqs } }, { __index = opts or {} }))
   end
   return self._batcher
 end

@@ -107,12 +107,15 @@ function M.open(path, opts)
   end
   local bh = budget and budget.handle
   local kind, file, tokdir = locate(path)
+  if opts.layers and kind ~= "store" then
+    error(string.format("%s: layers = %s (the first layers alone) needs a slice store (loip slice)", path, tostring(opts.layers)), 0)
+  end
   local self = setmetatable({ path = path, opts = opts, dir = tokdir or file, budget = budget }, Model)
   local cfg, facts, keep, bind
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
   elseif kind == "store" then
-    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh })
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers })
   elseif kind == "gguf" then
     cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
   else
@@ -141,10 +144,11 @@ function M.open(path, opts)
   -- before they are read: a model that does not fit is refused before anything loads, and
   -- what it had charged is given back at once (a shared budget must not wait for the GC).
   local ok, e = pcall(function()
-    if kind == "store" and (opts.load or "memory") == "memory" then
+    if kind == "store" and (opts.load or "memory") == "memory" and not opts.layers then
       self.facts_manifest = facts.manifest
       self:_choose_plan(cfg, facts, budget)
     elseif kind == "store" and opts.plan ~= nil then
+      if opts.layers then error("loip.model.open: layers (a model's first layers alone) runs without a plan", 0) end
       error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
     end
     if budget then self:session() end
@@ -434,7 +438,10 @@ end
 -- max_queue, prefill_chunk, prefill.
 function Model:batcher(opts)
   if not self._batcher then
-    local o = setmetatable({ online = self.opts.online }, { __index = opts or {} })
+    local so = self.opts
+    local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens,
+      draft_target = { path = self.path, tokenizer = self.tokenizer, context = self.context, vocab = self.vocab_size,
+        max_seqs = self.max_seqs } }, { __index = opts or {} })
     self._batcher = engine.batcher(require("loip.engine.local").new(self), o)
   end
   return self._batcher
@@ -456,6 +463,7 @@ function Model:logits(ids) return engine.logits(self:front(), ids) end
 function Model:generate(prompt, opts) return engine.generate(self:front(), prompt, opts) end
 
 function Model:close()
+  if self._batcher and self._batcher.draft then self._batcher.draft:close() end
   if self._batcher then
     for _, r in ipairs(self._batcher.running) do r.state, r.finish_reason, r.error = "done", "error", "the model was closed" end
     self._batcher = nil

@@ -352,12 +352,29 @@ function M.open(dir, opts)
   local c, facts = M.config(dir, man)
   M.check_files(dir, man, opts.verify)
   facts.manifest = man
+  -- opts.layers: the model's first L layers and its head, nothing of the others loaded (a
+  -- draft of the model made of itself: recipes/policies/draft/self.lua)
+  local L = opts.layers
+  if L then
+    if type(L) ~= "number" or L < 1 or L > c.n_layers or L ~= math.floor(L) then
+      error(string.format("%s: layers %s: the model has %d layers (1..%d)", dir, tostring(L), c.n_layers, c.n_layers), 0)
+    end
+    c.n_layers = L
+  end
   local function bind(m, p)
     -- under a plan: the resident blocks loaded, room kept for the offloaded ones
     local names, spare
     if p then
       names, spare = {}, M.offloaded_files(p, 1)
       for _, f in ipairs(man.files) do if not spare[f.name] then names[f.name] = true end end
+    end
+    if L then
+      names = names or {}
+      for _, f in ipairs(man.files) do
+        local inside = names[f.name] or not p
+        for _, t in ipairs(f.tensors) do inside = inside and (t.layer or -1) < L end
+        names[f.name] = inside or nil
+      end
     end
     local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, spare)
     local ok, err = pcall(M.bind_loaded, m, dir, man, keep)

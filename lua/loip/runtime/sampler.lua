@@ -15,6 +15,13 @@ end
 function M.sample(s, logits, params, history, n, out, context)
   return core.ok(C.loip_sampler_sample(s, logits, params, history, n, out), context)
 end
+-- Verify k drafts (int32_t *) against k + 1 rows of logits from `logits` on: the accepted
+-- drafts and the next token into out (int32_t *, room for k + 1), appended to history (int32_t
+-- *, n_history an int32_t[1] that grows, up to max_history); n_out (int32_t[1]) their count.
+-- true, or nil, err (loip_sampler_verify).
+function M.verify(s, logits, k, drafts, params, history, n_history, max_history, out, n_out, context)
+  return core.ok(C.loip_sampler_verify(s, logits, k, drafts, params, history, n_history, max_history, out, n_out), context)
+end
 function M.free(s) core.free(s, C.loip_sampler_free) end
 
 return M

@@ -28,13 +28,20 @@ local core = require "loip.core"
 local M = {}
 
 local tokf = core.constants.tokf
-local SAMPLE, LOGITS, RECOMPUTE = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE
+local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
 -- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
 local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end
 M.refusal = refusal
 
 local Batcher, Request = {}, {}
+
+-- r's sampling temperature (its sampler's, else the default): > 0 draws from the sampler's stream.
+local function temperature(r)
+  local t = r.sampler and r.sampler.temperature
+  if t == nil then t = require("loip.model.sampler").defaults.temperature end
+  return t
+end
 Batcher.__index, Request.__index = Batcher, Request
 
 -- opts: max_batch (requests decoding at once; default the engine's slots), max_queue (requests
@@ -57,6 +64,7 @@ function M.new(engine, opts)
     stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {},
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
+  b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end
@@ -144,6 +152,7 @@ function Batcher:retire(r, reason, err)
     r.seq = nil
   end
   self.stats.finished = self.stats.finished + 1
+  if self.draft then self.draft:finish(r) end
   if r.on_done then r.on_done(r) end
 end
 
@@ -159,11 +168,35 @@ function Batcher:step()
   if self.prefill == "own" then
     for _, r in ipairs(self.running) do if r.state == "prefill" then prompts_wait = true break end end
   end
+  local decoding = {}
   for _, r in ipairs(self.running) do
     if r.state == "decode" and budget > 0 and not prompts_wait then
-      toks[#toks + 1] = { seq = r.seq, pos = r.pos, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
-      owners[#toks] = r
+      decoding[#decoding + 1] = r
       budget = budget - 1
+    end
+  end
+  -- speculative decoding: each decoding request's drafts ride after its last token, verified
+  -- in this step (within the step's budget, the rows the engine samples at once, the request's
+  -- max_tokens and the context: the KV reserved for it holds every drafted position)
+  local drafts = {}
+  if self.draft then
+    local sample_left = (e.sample_rows or e.step_tokens) - #decoding
+    for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
+    local rows = #decoding
+    for _, r in ipairs(decoding) do
+      local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos)
+      if (r.evicted or 0) > 0 then room = 0 end
+      local ids = self.draft:for_step(r, rows, math.max(0, room))
+      drafts[r] = ids
+      budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
+    end
+  end
+  for _, r in ipairs(decoding) do
+    toks[#toks + 1] = { seq = r.seq, pos = r.pos, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
+    owners[#toks] = r
+    for j, id in ipairs(drafts[r] or {}) do
+      toks[#toks + 1] = { seq = r.seq, pos = r.pos + j, request = r.id, id = id, flags = SAMPLE + DRAFT }
+      owners[#toks] = r
     end
   end
   -- then prompt chunks, oldest request first
@@ -227,14 +260,29 @@ function Batcher:step()
     local r = owners[i]
     if r and t.flags ~= RECOMPUTE then seen[r] = (seen[r] or 0) + 1 end
   end
-  local decoding = 0
-  for r, k in pairs(seen) do
-    r.pos = r.pos + k
-    if r.state == "decode" then decoding = decoding + 1 end
-  end
-  st.batch_sum = st.batch_sum + decoding
   local by_seq = {}
   for _, r in ipairs(self.running) do by_seq[r.seq] = r end
+  if self.draft then
+    -- a request that drafted keeps the KV of its last token and of its accepted drafts: its
+    -- position moves by the tokens it got (the rejected rows are written over from there)
+    local got = {}
+    for _, o in ipairs(outs) do
+      local r = by_seq[o.seq]
+      if r and r.id == o.request and drafts[r] then got[r] = (got[r] or 0) + 1 end
+    end
+    for r, ids in pairs(drafts) do
+      if #ids > 0 then seen[r] = got[r] or 0 end
+      self.draft:observe(r, #ids, got[r] or 0)
+      if #ids > 0 and (got[r] or 0) <= #ids and temperature(r) > 0 then r.draws_used = (r.draws_used or 0) + 1 end
+    end
+    if not next(drafts) or #decoding == #toks - self:drafted_rows(drafts) then self.draft:measured(#toks, now - t0) end
+  end
+  local n_decoding = 0
+  for r, k in pairs(seen) do
+    r.pos = r.pos + k
+    if r.state == "decode" then n_decoding = n_decoding + 1 end
+  end
+  st.batch_sum = st.batch_sum + n_decoding
   for _, o in ipairs(outs) do
     local r = by_seq[o.seq]
     if r and r.id == o.request then
@@ -245,6 +293,7 @@ function Batcher:step()
         ffi.copy(r.logits + r.logit_rows * V, o.logits, 4 * V)
         r.logit_rows = r.logit_rows + 1
       else
+        if temperature(r) > 0 then r.draws_used = (r.draws_used or 0) + 1 end
         self:deliver(r, o.id, now)
       end
     end
@@ -255,6 +304,13 @@ function Batcher:step()
     end
   end
   return true
+end
+
+-- The rows of a step's drafts.
+function Batcher:drafted_rows(drafts)
+  local n = 0
+  for _, ids in pairs(drafts) do n = n + #ids end
+  return n
 end
 
 -- Evict-and-recompute (the baselines' KV handling; an online policy's control.evict): a
@@ -299,9 +355,8 @@ function Batcher:resume_all()
     for _, id in ipairs(r.token_ids) do full[#full + 1] = id end
     r.prompt, r.n_prompt, r.pos, r.evicted = full, #full, 0, nil
     r.logit_rows = r.want_logits and 0 or r.logit_rows
-    local t = r.sampler and r.sampler.temperature
-    if t == nil then t = require("loip.model.sampler").defaults.temperature end
-    r.draws = t > 0 and #r.token_ids or 0
+    -- (the draws its sampler made: one a token, one more after each rejected draft)
+    r.draws = temperature(r) > 0 and (r.draws_used or #r.token_ids) or 0
     r.state = "prefill"
     self.engine:start(r.seq, r)
   end

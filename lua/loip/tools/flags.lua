@@ -161,7 +161,18 @@ M.shared = {
   online = { "online", "string", "the online policy run before every step: a name (recipes/policies/online: loip, "
     .. "thresholds, recompute), a file, or none (default: loip with --plan-positions, else none)", metavar = "NAME|FILE.lua" },
   curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
+  -- speculative decoding (loip.serve.draft)
+  draft = { "draft", "string", "speculative decoding: a draft policy proposes tokens that one step verifies, exactly the "
+    .. "model's output (recipes/policies/draft: ngram, self[:layers=L|all], model; or a file); none: off", metavar = "NAME[:SETTINGS]|FILE.lua" },
+  draft_tokens = { "draft-tokens", "int", "with --draft: draft K tokens every step (default: chosen each step from the measured "
+    .. "acceptance and the price of a step)", metavar = "K", check = function(v) return v >= 0 and v <= 64, "must be in 0..64" end },
+  draft_model = { "draft-model", "string", "with --draft model: the draft model (it must share the target's tokenizer)", metavar = "DIR" },
+  draft_mem = { "draft-mem", "string", "with --draft model or self: a memory budget for the draft's weights and KV cache, e.g. 256M",
+    metavar = "BYTES" },
 }
+
+-- The flags of speculative decoding, in order.
+M.draft_rows = { M.shared.draft, M.shared.draft_tokens, M.shared.draft_model, M.shared.draft_mem }
 
 -- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
 function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end

@@ -1,0 +1,222 @@
+-- Speculative decoding's side of the request loop (docs/serving.md, "Speculative decoding"):
+-- a draft policy (loip.policy kind "draft", recipes/policies/draft/) proposes tokens for a
+-- decoding request; the batcher sends them as rows after the request's last token (flags
+-- SAMPLE|DRAFT) and the engine verifies them all in that one step (loip_sampler_verify on the
+-- last device: the accepted drafts, then one token of the model's own). This module chooses how
+-- many to draft (the policy's `length`, else the rule below), keeps each request's acceptance
+-- and the run's figures, and gives the policy its context.
+--
+-- The draft length, each step and each request, unless fixed (--draft-tokens K): the k in
+-- 0..max that maximises the expected tokens per millisecond,
+--   E(k) / (step(rows + k) + k * draft_ms),  E(k) = (1 - a^(k+1)) / (1 - a),
+-- a the request's measured acceptance (the chance a draft is accepted given the ones before it
+-- were; a running average, a prior until measured), step(r) the price of a step of r rows (the
+-- engine's price when it has one, e.g. the simulator's cost model; else the step times measured
+-- by row count, interpolated), draft_ms the measured time to propose one draft. With a near 0,
+-- E(k) is 1 whatever k is and any extra row costs: drafting turns itself down (k = 0). While a
+-- request drafts nothing, every `probe` steps its draft is asked anyway and compared with the
+-- tokens that follow, unsent (no step pays for it), so that it turns back up when drafts would
+-- be accepted again.
+local core = require "loip.core"
+
+local M = {}
+
+-- The most tokens drafted in a step when not fixed (a plan sizes the rows it verifies for it).
+M.MAX = 8
+
+local Draft = {}
+Draft.__index = Draft
+
+-- policy: a loaded "draft" policy (loip.policy.load); target: what the policy may know of the
+-- model it drafts for { path (its store or file), context, vocab, max_seqs, tokenizer, who };
+-- opts: tokens (a fixed k; nil: chosen), max (the most drafts a step; default 8), probe (steps
+-- between unsent probes while k = 0; default 8), prior (the acceptance assumed before any is
+-- measured; default 0.5), engine (for its step price and clock).
+function M.new(policy, target, opts)
+  opts = opts or {}
+  local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
+    probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
+    memo = {}, reqs = {}, cost = {}, draft_ms = nil,
+    stats = { drafted = 0, accepted = 0, steps = 0, tokens = 0, turned_down = 0, probes = 0, probe_hits = 0 } }, Draft)
+  d.ctx = { target = target, memo = d.memo }
+  if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
+  return d
+end
+
+function Draft:name() return self.policy.name or "draft" end
+
+-- The sequence of request r so far: its prompt, then its tokens (after a re-plan r.prompt holds
+-- both; r.prompt0 is the first prompt).
+local function ids_of(r)
+  local p = r.prompt0 or r.prompt
+  local out = {}
+  for i = 1, #p do out[i] = p[i] end
+  for _, id in ipairs(r.token_ids) do out[#out + 1] = id end
+  return out
+end
+
+local function state_of(self, r)
+  local s = self.reqs[r]
+  if not s then
+    s = { memo = {}, a = nil, examined = 0, accepted = 0, steps = 0, quiet = 0 }
+    self.reqs[r] = s
+  end
+  return s
+end
+
+-- The request as the policy sees it: ids (its sequence so far), n, k (how many are wanted), id
+-- (the request's), seq (its slot), memo (its own table, kept until it ends).
+local function view(r, s, k)
+  local ids = ids_of(r)
+  return { ids = ids, n = #ids, k = k, id = r.id, seq = r.seq, memo = s.memo }
+end
+
+-- The price of a step of `rows` rows (ms): the engine's, else measured (nearest row counts,
+-- linear between them; flat beyond), nil when nothing is known.
+function Draft:price(rows)
+  local e = self.engine
+  if e and e.step_price then return e:step_price(rows) end
+  local lo, hi
+  for n, ms in pairs(self.cost) do
+    if n <= rows and (not lo or n > lo) then lo = n end
+    if n >= rows and (not hi or n < hi) then hi = n end
+  end
+  if lo and hi then
+    if lo == hi then return self.cost[lo] end
+    return self.cost[lo] + (self.cost[hi] - self.cost[lo]) * (rows - lo) / (hi - lo)
+  end
+  return (lo and self.cost[lo]) or (hi and self.cost[hi])
+end
+
+-- How many tokens to draft for r in a step of `rows` rows so far, at most `room`.
+function Draft:length(r, rows, room)
+  local s = state_of(self, r)
+  if room <= 0 then return 0 end
+  if self.fixed then return math.min(self.fixed, room) end
+  local pm = self.policy.module
+  if pm and pm.length then
+    local k = pm.length(view(r, s, room), self.ctx, self.policy.params)
+    return math.max(0, math.min(math.floor(k or 0), room))
+  end
+  local a = s.a or self.prior
+  a = math.min(a, 0.999)
+  local base = self:price(rows + 1)
+  if not base then return math.min(self.max, room) end -- (nothing measured yet: try)
+  local best, best_rate = 0, 1 / base
+  local dm = self.draft_ms or 0
+  for k = 1, math.min(self.max, room) do
+    local e = (1 - a ^ (k + 1)) / (1 - a)
+    local rate = e / ((self:price(rows + 1 + k) or base) + k * dm)
+    if rate > best_rate * 1.0001 then best, best_rate = k, rate end
+  end
+  return best
+end
+
+-- Drafts for r (a list of ids, at most k; fewer or none when the policy has none).
+function Draft:propose(r, k)
+  local s = state_of(self, r)
+  local t0 = self.now()
+  local ids = self.policy.propose(view(r, s, k), self.ctx) or {}
+  local dt = self.now() - t0
+  if #ids > k then
+    local cut = {}
+    for i = 1, k do cut[i] = ids[i] end
+    ids = cut
+  end
+  for i, id in ipairs(ids) do
+    if type(id) ~= "number" or id < 0 or id >= self.target.vocab or id ~= math.floor(id) then
+      error(string.format("draft policy %s: draft %d is %s, not a token id in [0, %d)", self:name(), i, tostring(id), self.target.vocab), 0)
+    end
+  end
+  if #ids > 0 then
+    local per = dt / #ids
+    self.draft_ms = self.draft_ms and (0.8 * self.draft_ms + 0.2 * per) or per
+  end
+  return ids
+end
+
+-- Before a step: the drafts of r (k chosen, then proposed), or an unsent probe while r drafts
+-- nothing. rows: the step's rows so far; room: the most r may add.
+function Draft:for_step(r, rows, room)
+  local s = state_of(self, r)
+  local k = self:length(r, rows, room)
+  if k > 0 then
+    s.quiet = 0
+    return self:propose(r, k)
+  end
+  s.quiet = s.quiet + 1
+  if not self.fixed and room > 0 and s.quiet % self.probe == 0 then
+    -- unsent: compared with the tokens r has after the step(s) that follow
+    s.probe = { at = #r.token_ids, ids = self:propose(r, math.min(self.max, room)) }
+    self.stats.probes = self.stats.probes + 1
+  end
+  return {}
+end
+
+local function learn(s, examined, accepted)
+  s.examined, s.accepted = s.examined + examined, s.accepted + accepted
+  if examined > 0 then
+    -- a running average of the per-draft acceptance, each step's weighted by its drafts
+    local x = accepted / examined
+    local w = math.min(1, examined / 8)
+    s.a = s.a and ((1 - w) * s.a + w * x) or x
+  end
+end
+
+-- After a step: r drafted k and got `got` tokens from it (the accepted drafts and one more);
+-- step_ms and rows: the step's time and rows (measured: the price of a step of that many rows).
+function Draft:observe(r, k, got)
+  local s = state_of(self, r)
+  local st = self.stats
+  if k > 0 then
+    local acc = got - 1
+    st.drafted, st.accepted, st.steps, st.tokens = st.drafted + k, st.accepted + acc, st.steps + 1, st.tokens + got
+    s.steps = s.steps + 1
+    -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
+    learn(s, acc < k and acc + 1 or acc, acc)
+  end
+  local p = s.probe
+  if p and #r.token_ids >= p.at + #p.ids then
+    local hits = 0
+    for i, id in ipairs(p.ids) do
+      if r.token_ids[p.at + i] ~= id then break end
+      hits = hits + 1
+    end
+    st.probe_hits = st.probe_hits + hits
+    learn(s, hits < #p.ids and hits + 1 or hits, hits)
+    s.probe = nil
+  end
+  local pm = self.policy.module
+  if pm and pm.on_step then pm.on_step({ request = r.id, drafted = k, accepted = k > 0 and got - 1 or 0, acceptance = s.a }, self.ctx, self.policy.params) end
+end
+
+-- A step of `rows` rows took ms (the measured price of a step of that many rows).
+function Draft:measured(rows, ms)
+  local c = self.cost[rows]
+  self.cost[rows] = c and (0.7 * c + 0.3 * ms) or ms
+end
+
+-- r ended: its state goes, and the policy's (a model draft frees its slot).
+function Draft:finish(r)
+  local s = self.reqs[r]
+  self.reqs[r] = nil
+  local pm = self.policy.module
+  if s and pm and pm.finish then pm.finish(view(r, s, 0), self.ctx, self.policy.params) end
+end
+
+-- The run's figures: { policy, drafted, accepted, steps (steps that verified drafts), tokens
+-- (tokens those steps gave), tokens_per_step, acceptance, probes }.
+function Draft:report()
+  local st = self.stats
+  return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
+    tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
+    probes = st.probes, fixed = self.fixed }
+end
+
+-- Close what the policy opened (a draft model).
+function Draft:close()
+  local pm = self.policy.module
+  if pm and pm.close then pm.close(self.ctx, self.policy.params) end
+end
+
+return M

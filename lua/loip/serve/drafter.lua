@@ -1,0 +1,112 @@
+-- A draft model run in this process (the head's) for speculative decoding: the `model` and
+-- `self` draft policies (recipes/policies/draft/) propose with it. It is a loip.model (a small
+-- sibling of the target, or the target's own first layers and head: opts.layers) with a
+-- sequence slot per request of the target's batch; each proposal feeds the request's tokens the
+-- draft has not seen yet (one batch), then drafts greedily one token a forward. Its KV keeps
+-- the positions whose tokens the target accepted; the others are written over next time. Its
+-- memory (weights, KV cache) is charged to its own budget (opts.mem), as a device's is.
+local ffi = require "ffi"
+local core = require "loip.core"
+local exec = require "loip.runtime.exec"
+
+local M = {}
+
+local Drafter = {}
+Drafter.__index = Drafter
+
+-- path: a model (a slice store for layers); opts: layers (the first L layers and the head;
+-- nil: all), context, max_seqs (slots: the target's), mem (a budget for its memory, a size),
+-- threads, tokenizer (false: none opened).
+function M.open(path, opts)
+  opts = opts or {}
+  local model = require "loip.model"
+  local m = model.open(path, { layers = opts.layers, context = opts.context, max_batch = opts.max_seqs or 1,
+    mem = opts.mem, threads = opts.threads, tokenizer = opts.tokenizer, batch = opts.batch })
+  local e = require("loip.engine.local").new(m)
+  return setmetatable({ model = m, engine = e, slots = {}, vocab = m.vocab_size, forwards = 0, fed = 0 }, Drafter)
+end
+
+-- The id of the largest logit (the lowest among equal ones), as the greedy sampler picks.
+local function argmax(row, n)
+  local best, bv = 0, row[0]
+  for i = 1, n - 1 do
+    if row[i] > bv then best, bv = i, row[i] end
+  end
+  return best
+end
+
+-- Slot req.seq for request req.id: started afresh when another request had it.
+function Drafter:slot(req)
+  local s = self.slots[req.seq]
+  if not s or s.request ~= req.id then
+    self.engine:start(req.seq, { id = req.id, n_prompt = 0, prompt = {}, max_tokens = 0, sampler = {}, want_logits = true })
+    s = { request = req.id, valid = 0, ids = {} }
+    self.slots[req.seq] = s
+  end
+  return s
+end
+
+-- k greedy drafts after req.ids (req: ids, n, k, id, seq as a draft policy gets them). The
+-- draft's own vocabulary may be larger (padded) or smaller: drafts outside vocab are cut.
+function Drafter:propose(req, k, vocab)
+  if k <= 0 then return {} end
+  local s = self:slot(req)
+  local ids, n = req.ids, req.n
+  local ctx = self.model.context
+  if n + k > ctx then k = ctx - n end
+  if k <= 0 then return {} end
+  -- positions whose tokens changed since the draft saw them are fed again
+  local v = math.min(s.valid, n - 1)
+  for i = 1, v do
+    if s.ids[i] ~= ids[i] then v = i - 1 break end
+  end
+  local out = {}
+  local T = self.engine.step_tokens
+  local V = math.min(self.vocab, vocab or self.vocab)
+  local pos = v
+  while pos < n do
+    local toks, last = {}, math.min(n, pos + T)
+    for p = pos, last - 1 do
+      toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and 2 or 0 }
+    end
+    local outs = self.engine:step(toks)
+    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    if last == n then out[1] = argmax(outs[1].logits, V) end
+    pos = last
+  end
+  for p = 1, v do s.ids[p] = ids[p] end
+  for p = v + 1, n do s.ids[p] = ids[p] end
+  s.valid = n
+  while #out < k do
+    local d = out[#out]
+    local outs = self.engine:step { { seq = req.seq, pos = n + #out - 1, request = req.id, id = d, flags = 2 } }
+    self.forwards = self.forwards + 1
+    s.ids[n + #out] = d
+    s.valid = n + #out
+    out[#out + 1] = argmax(outs[1].logits, V)
+  end
+  return out
+end
+
+-- Request req ended: its slot's KV goes back.
+function Drafter:release(req)
+  local s = self.slots[req.seq]
+  if s and s.request == req.id then
+    self.engine:finish(req.seq)
+    self.slots[req.seq] = nil
+  end
+end
+
+-- The draft's memory by account (its budget's report), and its forwards so far.
+function Drafter:report()
+  local b = self.model.budget
+  return { forwards = self.forwards, fed = self.fed, memory = b and b:used() or nil, limit = b and b:limit() or nil,
+    layers = self.model.n_layers, weight_bytes = self.model.weight_bytes }
+end
+
+function Drafter:close()
+  if self.model then self.model:close() self.model = nil end
+end
+
+M.argmax = argmax
+return M

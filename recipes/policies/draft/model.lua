@@ -1,0 +1,50 @@
+-- A small model sharing the target's tokenizer as the draft (e.g. Llama-3.2-1B for Llama-3.x,
+-- Qwen3-0.6B for Qwen3), run in the head's process, its weights and KV cache charged to a
+-- budget of its own (mem). Refused when its tokenizer is not the target's. A speculative
+-- decoding draft (loip.policy kind "draft"):
+--   loip generate --model big --draft model --draft-model small/ [--draft-mem 512M]
+local M = { name = "model" }
+
+M.settings = {
+  { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },
+  { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
+}
+
+-- Whether two tokenizers are one: the same vocabulary, every id the same piece (a sample of at
+-- most 4096 ids spread over it), a text encoded alike. nil, or why not.
+local function differ(a, b)
+  if not a or not b then return nil end
+  if a.vocab_size ~= b.vocab_size then
+    return string.format("%d tokens against the target's %d", b.vocab_size, a.vocab_size)
+  end
+  local step = math.max(1, math.floor(a.vocab_size / 4096))
+  for id = 0, a.vocab_size - 1, step do
+    local x, y = a:decode({ id }), b:decode({ id })
+    if x ~= y then return string.format("token %d is %q, the target's is %q", id, y, x) end
+  end
+  local text = "Once upon a time, 12 robots said: \"hello, world!\""
+  local x, y = a:encode(text), b:encode(text)
+  if table.concat(x, ",") ~= table.concat(y, ",") then return "a text encodes differently" end
+end
+
+function M.open(ctx, o)
+  local t = ctx.target
+  if o.path == "" then error("draft model: which model? (--draft-model DIR, or --draft model:path=DIR)", 0) end
+  local d = require("loip.serve.drafter").open(o.path, { context = t.context, max_seqs = t.max_seqs,
+    mem = o.mem ~= "" and o.mem or nil })
+  local why
+  if not t.tokenizer then why = "the target has no tokenizer to compare with"
+  elseif not d.model.tokenizer then why = "it has no tokenizer"
+  else why = differ(t.tokenizer, d.model.tokenizer) end
+  if why then
+    d:close()
+    error(string.format("draft model %s: its tokenizer is not the target's (%s): a draft must share the target's tokenizer", o.path, why), 0)
+  end
+  ctx.drafter = d
+end
+
+function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
+function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
+
+return M

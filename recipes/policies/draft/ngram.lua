@@ -1,0 +1,45 @@
+-- Prompt and history lookup (prompt lookup decoding): the longest recent n-gram of the
+-- request's own tokens that ends its sequence and occurred before proposes what followed it
+-- then. No model and no memory; it pays where text repeats (code, quoting, summaries, agents).
+-- A speculative decoding draft (loip.policy kind "draft"):
+--   loip generate ... --draft ngram:n=4,min=2
+local M = { name = "ngram" }
+
+local function at_least(n) return function(v) return v >= n, "must be >= " .. n end end
+M.settings = {
+  { "n", "int", "the longest n-gram matched (tried from n down to min)", default = 3, check = at_least(1) },
+  { "min", "int", "the shortest n-gram matched", default = 1, check = at_least(1) },
+  { "window", "int", "how far back a match is looked for, in tokens (0: the whole sequence)", default = 0, check = at_least(0) },
+}
+
+-- The continuation after the most recent earlier occurrence of the sequence's last m tokens.
+local function continuation(ids, n, m, k, window)
+  local first = window > 0 and math.max(1, n - window) or 1
+  -- an occurrence ending at e (< n): ids[e - m + 1 .. e] == ids[n - m + 1 .. n]
+  for e = n - 1, first + m - 1, -1 do
+    local same = true
+    for j = 0, m - 1 do
+      if ids[e - j] ~= ids[n - j] then same = false break end
+    end
+    if same then
+      local out = {}
+      for j = 1, k do
+        local id = ids[e + j]
+        if id == nil then break end
+        out[j] = id
+      end
+      if #out > 0 then return out end
+    end
+  end
+end
+
+function M.propose(req, ctx, o)
+  local ids, n = req.ids, req.n
+  for m = math.min(o.n, n - 1), o.min, -1 do
+    local out = continuation(ids, n, m, req.k, o.window)
+    if out then return out end
+  end
+  return {}
+end
+
+return M

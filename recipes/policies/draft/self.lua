@@ -1,0 +1,29 @@
+-- The target's own first layers and its output head as the draft (LayerSkip's early exit,
+-- SpecExec's and Draft&Verify's self-speculation): useful where no small sibling exists. It is
+-- read from the same store and run in the head's process, its weights and KV cache charged to
+-- a budget of its own (mem). layers=all makes the draft the whole target: every draft is
+-- accepted, the check that verifying k + 1 rows costs about one step. A speculative decoding
+-- draft (loip.policy kind "draft"):
+--   loip generate --model s260k --devices 3 ... --draft self:layers=all --draft-tokens 4
+local M = { name = "self" }
+
+M.settings = {
+  { "layers", "string", "the target's first layers the draft runs: a count, or all", default = "all",
+    check = function(v) return v == "all" or (tonumber(v) ~= nil and tonumber(v) >= 1 and tonumber(v) == math.floor(tonumber(v))),
+      "must be a whole number >= 1, or all" end },
+  { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
+}
+
+function M.open(ctx, o)
+  local t = ctx.target
+  if not t.path then error("draft self: the target's store is not known here", 0) end
+  local layers = o.layers ~= "all" and tonumber(o.layers) or nil
+  ctx.drafter = require("loip.serve.drafter").open(t.path, { layers = layers, context = t.context, max_seqs = t.max_seqs,
+    mem = o.mem ~= "" and o.mem or nil, tokenizer = false, threads = 1 })
+end
+
+function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
+function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
+
+return M
