@@ -439,6 +439,111 @@ static void test_invalid(void) {
     loip_sampler_free(s);
 }
 
+
+/* loip_sampler_verify: drafts checked against their rows (greedy: the argmax; sampling: the
+ * first output distributed as a plain draw, whatever the draft), tokens appended to the
+ * history, and the draws it made as documented (a sampler skipped that many continues alike). */
+static int32_t verify(loip_sampler *s, const float *rows, int32_t k, const int32_t *drafts,
+                      const loip_sampler_params *p, int32_t *hist, int32_t *nh, int32_t cap, int32_t *out) {
+    int32_t n_out = -1;
+    int rc = loip_sampler_verify(s, rows, k, drafts, p, hist, nh, cap, out, &n_out);
+    if (rc != 0) {
+        fprintf(stderr, "loip_sampler_verify: %d %s\n", rc, loip_last_error());
+        exit(1);
+    }
+    return n_out;
+}
+
+static void test_verify(void) {
+    enum { V = 6 };
+    /* row j's argmax: 3, 5, 1 */
+    const float rows[3 * V] = {0, 1, 2, 9, 0, 0, /**/ 0, 0, 0, 0, 1, 7, /**/ 0, 4, 0, 0, 0, 0};
+    loip_sampler_params g = defaults();
+    g.temperature = 0;
+    loip_sampler *s = new_sampler(V, 1);
+    int32_t hist[16] = {2}, nh = 1, out[3];
+    int32_t all[2] = {3, 5}, half[2] = {3, 4}, none[2] = {0, 5};
+    int32_t n = verify(s, rows, 2, all, &g, hist, &nh, 16, out);
+    CHECK(n == 3 && out[0] == 3 && out[1] == 5 && out[2] == 1, "greedy: both drafts and the next (got %d)", n);
+    CHECK(nh == 4 && hist[1] == 3 && hist[2] == 5 && hist[3] == 1, "greedy: the history grows by the tokens");
+    n = verify(s, rows, 2, half, &g, hist, &nh, 16, out);
+    CHECK(n == 2 && out[0] == 3 && out[1] == 5, "greedy: the second draft is replaced by the argmax");
+    n = verify(s, rows, 2, none, &g, hist, &nh, 16, out);
+    CHECK(n == 1 && out[0] == 3, "greedy: the first draft rejected");
+    nh = 15;
+    n = verify(s, rows, 2, all, &g, hist, &nh, 16, out);
+    CHECK(n == 3 && nh == 16, "greedy: the history stops at its capacity");
+    int32_t bad[1] = {V};
+    nh = 1;
+    int32_t n_out;
+    CHECK(loip_sampler_verify(s, rows, 1, bad, &g, hist, &nh, 16, out, &n_out) == LOIP_EINVAL &&
+              strstr(loip_last_error(), "draft 0 is token 6") != NULL,
+          "a draft outside the vocabulary is refused, named");
+    loip_sampler_free(s);
+
+    /* sampling with top_k = 3 over row 0: the first token is distributed as a plain draw's,
+     * the draft accepted with its probability; a second token after an accepted draft follows
+     * row 1's distribution */
+    loip_sampler_params p = defaults();
+    p.top_k = 3;
+    const float l0[V] = {0.5f, 1.0f, 0.2f, 1.5f, -1.0f, 0.0f};
+    const float l1[V] = {0.0f, 0.3f, 1.1f, 0.0f, 0.7f, -0.4f};
+    float two[2 * V];
+    memcpy(two, l0, sizeof l0);
+    memcpy(two + V, l1, sizeof l1);
+    double want0[V] = {0}, want1[V] = {0}, p0[V], p1[V];
+    softmax(l0, V, 1.0, p0);
+    softmax(l1, V, 1.0, p1);
+    /* top-3 of l0: ids 3, 1, 0; of l1: 2, 4, 1 */
+    double z0 = p0[3] + p0[1] + p0[0], z1 = p1[2] + p1[4] + p1[1];
+    want0[3] = p0[3] / z0, want0[1] = p0[1] / z0, want0[0] = p0[0] / z0;
+    want1[2] = p1[2] / z1, want1[4] = p1[4] / z1, want1[1] = p1[1] / z1;
+    for (int32_t d = 0; d < V; d++) { /* every draft: a likely one, an unlikely one, one filtered out */
+        s = new_sampler(V, 100 + (uint64_t)d);
+        long c0[V] = {0}, c1[V] = {0}, acc = 0;
+        const int draws = 200000;
+        for (int i = 0; i < draws; i++) {
+            nh = 0;
+            int32_t dr[1] = {d};
+            n = verify(s, two, 1, dr, &p, hist, &nh, 16, out);
+            c0[out[0]]++;
+            if (n == 2) {
+                acc++;
+                c1[out[1]]++;
+            }
+        }
+        int ok = 1;
+        for (int t = 0; t < V; t++) {
+            double sd = sqrt(draws * want0[t] * (1 - want0[t])) + 1e-9;
+            if (fabs(c0[t] - draws * want0[t]) > 5 * sd + (want0[t] == 0 ? 0 : 1)) ok = 0;
+            if (acc > 0) {
+                double sd1 = sqrt(acc * want1[t] * (1 - want1[t])) + 1e-9;
+                if (fabs(c1[t] - acc * want1[t]) > 5 * sd1 + (want1[t] == 0 ? 0 : 1)) ok = 0;
+            }
+        }
+        double sda = sqrt(draws * want0[d] * (1 - want0[d])) + 1e-9;
+        CHECK(ok && fabs(acc - draws * want0[d]) <= 5 * sda + 1,
+              "sampling with draft %d: the first token as a plain draw, acceptance p(d) (%ld of %d)", d, acc, draws);
+        loip_sampler_free(s);
+    }
+
+    /* draws: one per token out; a sampler that skips as many goes on alike, and the tokens are
+     * those plain draws give from the same seed */
+    const float flat[3 * V] = {0};
+    int same = 1;
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        loip_sampler *a = new_sampler(V, seed), *b = new_sampler(V, seed);
+        int32_t dr[2] = {1, 2};
+        nh = 0;
+        n = verify(a, flat, 2, dr, &p, hist, &nh, 16, out);
+        for (int32_t j = 0; j < n; j++) same = same && draw(b, flat, &p, NULL, 0) == out[j];
+        for (int i = 0; i < 8; i++) same = same && draw(a, flat, &p, NULL, 0) == draw(b, flat, &p, NULL, 0);
+        loip_sampler_free(a);
+        loip_sampler_free(b);
+    }
+    CHECK(same, "verify draws once per token, the tokens of plain draws");
+}
+
 int main(void) {
     test_greedy();
     test_temperature();
@@ -449,6 +554,7 @@ int main(void) {
     test_penalty();
     test_seed();
     test_invalid();
+    test_verify();
     printf("test_sampler: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail == 0 ? 0 : 1;
 }

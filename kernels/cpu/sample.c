@@ -374,13 +374,15 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
     return 0;
 }
 
-/* Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with a deterministic draft
- * (q = 1 on its token): draft j is accepted with probability p_j(d_j), the weight the sampler's
- * own distribution gives it (0 when a filter drops it); at the first rejection the token is
- * drawn from norm(max(0, p_j - q)), p_j without d_j; all accepted, the next is drawn from the
- * last row. Every emitted token is then distributed as loip_sampler_sample would draw it.
- * Greedy: a draft is accepted when it is the argmax, the first that is not is replaced by it.
- * Draws (temperature > 0): one per draft examined, one more for the token drawn. */
+/* Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with a deterministic draft (q
+ * = 1 on its token) accepts draft j with probability p_j(d_j) and, at the first rejection, draws
+ * from norm(max(0, p_j - q)): p_j without d_j. Drawing t from p_j as a plain sample would
+ * (one uniform), accepting when t == d_j and emitting t otherwise is that same rule, coupled:
+ * acceptance has probability p_j(d_j), and a rejected draft's replacement is p_j given t != d_j.
+ * So every token is exactly the one loip_sampler_sample would draw at that point of the
+ * stream: a seeded request gives the same tokens with or without drafts, whatever their length,
+ * and a sampler draws once per token out, as without them. Greedy is the same rule with the
+ * argmax. */
 LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
                                  const int32_t *drafts, const loip_sampler_params *p,
                                  int32_t *history, int32_t *n_history, int32_t max_history,
@@ -399,24 +401,13 @@ LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k
     *n_out = 0;
     for (int32_t j = 0; j <= k; j++) {
         const float *row = logits + (size_t)j * V;
-        int32_t best, n = 0, id;
+        int32_t best, n = 0;
         double sum = 0.0;
         if ((rc = distribution(s, row, p, history, *n_history, &best, &n, &sum))) return rc;
-        int accepted = 0;
-        if (j == k) {
-            id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
-        } else if (p->temperature <= 0.0f) {
-            id = best, accepted = drafts[j] == best;
-        } else {
-            double w = 0.0;
-            for (int32_t i = 0; i < n; i++)
-                if (s->cand[i].id == drafts[j]) w = s->cand[i].v;
-            accepted = uniform01(s->rng) * sum < w;
-            id = accepted ? drafts[j] : draw(s, s->cand, n, sum - w, drafts[j]);
-        }
+        int32_t id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
         out[(*n_out)++] = id;
         if (*n_history < max_history) history[(*n_history)++] = id;
-        if (!accepted) break;
+        if (j == k || id != drafts[j]) break;
     }
     return 0;
 }

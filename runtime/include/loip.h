@@ -886,13 +886,13 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
                                  const loip_sampler_params *p, const int32_t *history,
                                  int32_t n_history, int32_t *token);
 /* Verify k draft tokens against k + 1 rows of logits (row j: the distribution after the
- * history and drafts[0..j)): drafts accepted in order, each with the probability the sampler's
- * distribution gives it (greedy: when it is the argmax); at the first rejection a token drawn
- * from that row without the draft (greedy: the argmax); all accepted, one drawn from the last
- * row. The tokens go to out (room for k + 1) and, as far as max_history allows, onto history
- * (*n_history grows); *n_out = accepted + 1. Exactly the distribution of sampling each in turn
- * (speculative sampling with q = 1 on the draft). Draws (temperature > 0): *n_out, one more
- * after a rejection. */
+ * history and drafts[0..j)): row j's token drawn as loip_sampler_sample draws it (greedy: the
+ * argmax), the draft accepted when they are equal, else that token emitted instead and the rest
+ * rejected; all accepted, the last row's token too. The tokens go to out (room for k + 1) and,
+ * as far as max_history allows, onto history (*n_history grows); *n_out = accepted + 1. This is
+ * speculative sampling with q = 1 on the draft (accepted with probability p(d), else a draw from
+ * p without d), coupled to the sampler's stream: one draw per token out, the tokens a seeded
+ * sampler gives without drafts. */
 LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
                                  const int32_t *drafts, const loip_sampler_params *p,
                                  int32_t *history, int32_t *n_history, int32_t max_history,

@@ -273,7 +273,6 @@ function Batcher:step()
     for r, ids in pairs(drafts) do
       if #ids > 0 then seen[r] = got[r] or 0 end
       self.draft:observe(r, #ids, got[r] or 0)
-      if #ids > 0 and (got[r] or 0) <= #ids and temperature(r) > 0 then r.draws_used = (r.draws_used or 0) + 1 end
     end
     if not next(drafts) or #decoding == #toks - self:drafted_rows(drafts) then self.draft:measured(#toks, now - t0) end
   end
@@ -293,7 +292,6 @@ function Batcher:step()
         ffi.copy(r.logits + r.logit_rows * V, o.logits, 4 * V)
         r.logit_rows = r.logit_rows + 1
       else
-        if temperature(r) > 0 then r.draws_used = (r.draws_used or 0) + 1 end
         self:deliver(r, o.id, now)
       end
     end
@@ -355,8 +353,8 @@ function Batcher:resume_all()
     for _, id in ipairs(r.token_ids) do full[#full + 1] = id end
     r.prompt, r.n_prompt, r.pos, r.evicted = full, #full, 0, nil
     r.logit_rows = r.want_logits and 0 or r.logit_rows
-    -- (the draws its sampler made: one a token, one more after each rejected draft)
-    r.draws = temperature(r) > 0 and (r.draws_used or #r.token_ids) or 0
+    -- (its sampler drew once a token, drafts or not: loip_sampler_verify)
+    r.draws = temperature(r) > 0 and #r.token_ids or 0
     r.state = "prefill"
     self.engine:start(r.seq, r)
   end
