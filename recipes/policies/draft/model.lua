@@ -17,14 +17,20 @@ local function differ(a, b)
   if a.vocab_size ~= b.vocab_size then
     return string.format("%d tokens against the target's %d", b.vocab_size, a.vocab_size)
   end
+  -- (control and byte tokens are left out: formats spell them differently, "<unk>" or " ⁇ ",
+  -- "" or the byte)
+  local function control(s)
+    return s == "" or s:match("^%s*<.*>%s*$") or s:find("\226\129\135", 1, true) or s == "\239\191\189" or (#s == 1 and (s:byte() < 32 or s:byte() > 126))
+  end
   local step = math.max(1, math.floor(a.vocab_size / 4096))
   for id = 0, a.vocab_size - 1, step do
     local x, y = a:decode({ id }), b:decode({ id })
-    if x ~= y then return string.format("token %d is %q, the target's is %q", id, y, x) end
+    if x ~= y and not (control(x) and control(y)) then return string.format("token %d is %q, the target's is %q", id, y, x) end
   end
-  local text = "Once upon a time, 12 robots said: \"hello, world!\""
-  local x, y = a:encode(text), b:encode(text)
-  if table.concat(x, ",") ~= table.concat(y, ",") then return "a text encodes differently" end
+  for _, text in ipairs({ "Once upon a time, 12 robots said: \"hello, world!\"", "  tabs\tand\nnew lines, ÄÖÜ é 東京 🙂" }) do
+    local x, y = a:encode(text), b:encode(text)
+    if table.concat(x, ",") ~= table.concat(y, ",") then return string.format("%q encodes differently", text) end
+  end
 end
 
 function M.open(ctx, o)

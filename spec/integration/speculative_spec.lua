@@ -1,0 +1,286 @@
+-- Speculative decoding (docs/serving.md, "Speculative decoding"): drafts verified in one step give
+-- exactly the model's output. Greedy: the tokens of no speculation (llama2.c's references) for
+-- every draft policy, on one device and on three, with other requests in the batch, across a live
+-- restage and a device loss. Sampling: the first three tokens over 2,000 seeds distributed as
+-- without drafts (a chi-square test of homogeneity, p > 0.001), and a seeded request gives the
+-- same tokens with or without drafts (verification draws from the sampler's own stream).
+local loip = require "loip"
+local cluster = require "loip.cluster"
+local json = require "loip.tools.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
+
+local S260 = T.root .. "/models/stories260K"
+local GGUF = T.root .. "/models/stories260K-gguf/stories260K.gguf"
+local greedy = json.load(T.root .. "/models/stories260K/reference/greedy.json")
+
+local function store() return T.slice_store(S260, "s260") end
+
+-- Greedy tokens of prompt ids on model or cluster g (llama2.c stops at BOS).
+local function run(g, ids, n, opts)
+  local o = { max_tokens = n, sampler = { temperature = 0 }, stop = { [1] = true } }
+  for k, v in pairs(opts or {}) do o[k] = v end
+  local it, s = g:generate(ids, o)
+  for _ in it do end
+  return s.token_ids
+end
+
+local function prefix(ref, n)
+  local out = {}
+  for i = 1, math.min(n, #ref) do out[i] = ref[i] end
+  return out
+end
+
+-- The draft policies a spec runs: with the draft length fixed, and chosen every step.
+local DRAFTS = {
+  { "ngram", 4 }, { "ngram" }, { "self", 4 }, { "self" }, { "self:layers=2", 3 },
+  { "model:path=" .. GGUF, 4 },
+}
+
+describe("speculative decoding, greedy", function()
+  it("gives llama2.c's tokens on one device for every draft policy and the 7 reference prompts", function()
+    for _, d in ipairs(DRAFTS) do
+      local m = loip.model.open(store(), { context = 256, threads = 1, draft = d[1], draft_tokens = d[2] })
+      local drafted = 0
+      for _, case in ipairs(greedy.cases) do
+        assert.are.same(prefix(case.generated_ids, 120), run(m, case.prompt_ids, 120), d[1] .. " on " .. json.encode(case.prompt))
+      end
+      local r = m:batcher().draft:report()
+      drafted = r.drafted
+      assert.is_true(drafted > 0, d[1] .. " drafted nothing")
+      if d[1] == "self" then assert.are.equal(r.drafted, r.accepted) end -- the whole model: every draft accepted
+      if d[2] and d[1] == "self" then assert.is_true(r.tokens_per_step > 4, "k = 4, all accepted: " .. r.tokens_per_step) end
+      m:close()
+    end
+  end)
+
+  it("verifies each request's drafts in one step beside other requests and a prompt being prefilled", function()
+    local m = loip.model.open(store(), { context = 256, threads = 1, max_batch = 3, batch = 16, draft = "self:layers=3", draft_tokens = 3 })
+    local its, states = {}, {}
+    for i = 1, 3 do
+      its[i], states[i] = m:generate(greedy.cases[i + 1].prompt_ids, { max_tokens = 100, sampler = { temperature = 0 }, stop = { [1] = true } })
+    end
+    -- interleaved: one token of each at a time, the third joining late (its prompt chunked beside the others' drafts)
+    local live = { true, true, false }
+    local n = 0
+    repeat
+      local any = false
+      for i = 1, 3 do
+        if live[i] ~= nil and (live[i] or n >= 10) then
+          live[i] = true
+          if its[i]() == nil then live[i] = nil else any = true end
+        end
+      end
+      n = n + 1
+    until not any and live[3] == nil
+    for i = 1, 3 do assert.are.same(prefix(greedy.cases[i + 1].generated_ids, 100), states[i].token_ids) end
+    assert.is_true(m:batcher().draft:report().drafted > 0)
+    m:close()
+  end)
+
+  it("gives the same tokens on 3 devices, for every draft policy, with another request in the batch", function()
+    local c = cluster.start_local { store = store(), devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      for _, d in ipairs({ { "ngram", 3 }, { "self" }, { "self:layers=2", 4 }, { "model:path=" .. GGUF } }) do
+        c:plan { context = 256, batch = 16, max_batch = 2, stages = 2, draft = loip.policy.load("draft", d[1]), draft_tokens = d[2] }
+        local a, sa = c:generate(greedy.cases[2].prompt_ids, { max_tokens = 80, sampler = { temperature = 0 }, stop = { [1] = true } })
+        local b, sb = c:generate(greedy.cases[5].prompt_ids, { max_tokens = 80, sampler = { temperature = 0 }, stop = { [1] = true } })
+        local more = true
+        while more do
+          local x, y = a(), b()
+          more = x ~= nil or y ~= nil
+        end
+        assert.are.same(prefix(greedy.cases[2].generated_ids, 80), sa.token_ids, d[1])
+        assert.are.same(prefix(greedy.cases[5].generated_ids, 80), sb.token_ids, d[1])
+        local r = c:batcher().draft:report()
+        assert.is_true(r.drafted > 0, d[1] .. " drafted nothing")
+        -- the last device counted what it verified
+        local st = c:stats()
+        assert.is_true((st[3].drafted or 0) >= r.drafted)
+      end
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
+  it("keeps the tokens across a live restage and a lost device", function()
+    local case = greedy.cases[3]
+    local c = cluster.start_local { store = store(), devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      c:plan { context = 256, batch = 16, stages = 2, draft = "self", draft_tokens = 4 }
+      local it, s = c:generate(case.prompt_ids, { max_tokens = 120, sampler = { temperature = 0 }, stop = { [1] = true } })
+      local restaged, killed = false, false
+      for _ in it do
+        if #s.token_ids >= 20 and not restaged then c:restage(2, 1, 1) restaged = true end
+        if #s.token_ids >= 50 and not killed then os.execute("kill -KILL " .. c.devices[2].pid) killed = true end
+      end
+      assert.are.same(prefix(case.generated_ids, 120), s.token_ids)
+      assert.are.equal(1, #c.losses)
+      assert.is_true(c:batcher().draft:report().accepted > 0)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+end)
+
+-- ---- sampling ----------------------------------------------------------------------------------
+
+-- log Γ(x) (Lanczos, g = 7, n = 9), for the chi-square distribution's tail.
+local LANCZOS = { 0.99999999999980993, 676.5203681218851, -1259.1392167224028, 771.32342877765313,
+  -176.61502916214059, 12.507343278686905, -0.13857109526572012, 9.9843695780195716e-6, 1.5056327351493116e-7 }
+local function lgamma(x)
+  x = x - 1
+  local a, t = LANCZOS[1], x + 7.5
+  for i = 2, 9 do a = a + LANCZOS[i] / (x + i - 1) end
+  return 0.5 * math.log(2 * math.pi) + (x + 0.5) * math.log(t) - t + math.log(a)
+end
+
+-- Q(a, x) = Γ(a, x) / Γ(a): a series below a + 1, a continued fraction above (Lentz).
+local function gamma_q(a, x)
+  if x <= 0 then return 1 end
+  local lead = -x + a * math.log(x) - lgamma(a)
+  if x < a + 1 then
+    local sum, term, n = 1 / a, 1 / a, a
+    repeat n = n + 1 term = term * x / n sum = sum + term until math.abs(term) < math.abs(sum) * 1e-15
+    return 1 - sum * math.exp(lead)
+  end
+  local tiny = 1e-300
+  local b, c, d = x + 1 - a, 1 / tiny, 1 / (x + 1 - a)
+  local h = d
+  for i = 1, 1000 do
+    local an = -i * (i - a)
+    b = b + 2
+    d = an * d + b
+    if math.abs(d) < tiny then d = tiny end
+    c = b + an / c
+    if math.abs(c) < tiny then c = tiny end
+    d = 1 / d
+    local del = d * c
+    h = h * del
+    if math.abs(del - 1) < 1e-15 then break end
+  end
+  return math.exp(lead) * h
+end
+
+-- Two samples of categories (value -> count, n each): the chi-square test of homogeneity's p,
+-- categories expected fewer than 5 times pooled into one.
+local function homogeneity_p(a, b)
+  local na, nb = 0, 0
+  for _, v in pairs(a) do na = na + v end
+  for _, v in pairs(b) do nb = nb + v end
+  local keys, pooled = {}, { 0, 0 }
+  for k in pairs(a) do keys[k] = true end
+  for k in pairs(b) do keys[k] = true end
+  local cells = {}
+  for k in pairs(keys) do
+    local x, y = a[k] or 0, b[k] or 0
+    if (x + y) * math.min(na, nb) / (na + nb) < 5 then pooled[1], pooled[2] = pooled[1] + x, pooled[2] + y
+    else cells[#cells + 1] = { x, y } end
+  end
+  if pooled[1] + pooled[2] > 0 then cells[#cells + 1] = pooled end
+  local chi = 0
+  for _, c in ipairs(cells) do
+    local tot = c[1] + c[2]
+    local ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
+    chi = chi + (c[1] - ea) ^ 2 / ea + (c[2] - eb) ^ 2 / eb
+  end
+  local dof = #cells - 1
+  if dof < 1 then return 1, chi, dof end
+  return gamma_q(dof / 2, chi / 2), chi, dof
+end
+
+describe("speculative decoding, sampling", function()
+  it("tests homogeneity correctly (a check of the test itself)", function()
+    assert.is_true(homogeneity_p({ a = 500, b = 500 }, { a = 500, b = 500 }) > 0.99)
+    assert.is_true(homogeneity_p({ a = 600, b = 400 }, { a = 400, b = 600 }) < 1e-6)
+    -- chi-square 3.841 on 1 degree of freedom is p = 0.05; 11.07 on 5 is 0.05
+    assert.is_true(math.abs(gamma_q(0.5, 3.841 / 2) - 0.05) < 1e-3)
+    assert.is_true(math.abs(gamma_q(2.5, 11.07 / 2) - 0.05) < 1e-3)
+  end)
+
+  -- a prompt that repeats itself, so that ngram has something to propose from the start
+  local seq = greedy.cases[2].generated_ids
+  local PROMPT = { 1 }
+  for i = 1, 30 do PROMPT[#PROMPT + 1] = seq[i] end
+  for i = 10, 24 do PROMPT[#PROMPT + 1] = seq[i] end
+
+  -- The first three tokens of `n` requests seeded seed0 + 1 .. seed0 + n at temperature 1.
+  local function first_three(draft, seed0, n)
+    local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = draft and 3 or nil })
+    local out = { {}, {}, {} }
+    for s = seed0 + 1, seed0 + n do
+      local it, st = m:generate(PROMPT, { max_tokens = 3, sampler = { temperature = 1, top_p = 1 }, seed = s, stop = {} })
+      for _ in it do end
+      for j = 1, 3 do
+        local id = st.token_ids[j]
+        out[j][id] = (out[j][id] or 0) + 1
+      end
+    end
+    local r = m:batcher().draft and m:batcher().draft:report()
+    m:close()
+    return out, r
+  end
+
+  it("draws the first 3 tokens as without drafts over 2,000 seeds (self and ngram; chi-square p > 0.001)", function()
+    local base = first_three(nil, 0, 2000)
+    for i, d in ipairs({ "self:layers=3", "ngram" }) do
+      local got, r = first_three(d, 10000 * i, 2000)
+      -- drafts were verified, and some of them rejected: both paths of verification ran
+      assert.is_true(r.accepted > 0 and r.accepted < r.drafted, string.format("%s: %d of %d accepted", d, r.accepted, r.drafted))
+      for j = 1, 3 do
+        local p, chi, dof = homogeneity_p(base[j], got[j])
+        assert.is_true(p > 0.001, string.format("%s, token %d: chi-square %.1f on %d degrees of freedom, p = %.2g", d, j, chi, dof, p))
+      end
+    end
+  end)
+
+  it("gives a seeded request the same tokens with and without drafts, run to run", function()
+    local function tokens(draft, k)
+      local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = k })
+      local all = {}
+      for s = 1, 12 do
+        local it, st = m:generate(PROMPT, { max_tokens = 40, sampler = { temperature = 0.9 }, seed = s, stop = {} })
+        for _ in it do end
+        all[s] = st.token_ids
+      end
+      m:close()
+      return all
+    end
+    local none = tokens(nil)
+    assert.are.same(none, tokens("self", 4))
+    assert.are.same(none, tokens("self:layers=2"))
+    assert.are.same(none, tokens("ngram", 2))
+    assert.are.same(tokens("ngram"), tokens("ngram"))
+  end)
+end)
+
+describe("speculative decoding's flags", function()
+  local function fails(args, want)
+    local rc, out, err = T.run(T.loip .. " generate --model " .. store() .. " --max-tokens 4 " .. args)
+    assert.are_not.equal(0, rc, out)
+    assert.matches(want, err, 1, true)
+  end
+
+  it("refuses what does not go together, naming the flag", function()
+    fails("--draft-tokens 3", "--draft-tokens needs --draft")
+    fails("--draft self --draft-model " .. GGUF, "--draft-model is the model of --draft model (not --draft self)")
+    fails("--draft nosuch", "draft 'nosuch': no such policy")
+    fails("--draft self:layers=0", "layers")
+    fails("--draft model", "draft model: which model? (--draft-model DIR")
+    fails("--draft model --draft-model " .. T.root .. "/models/llama2-tiny-random-gguf",
+      "its tokenizer is not the target's (32000 tokens against the target's 512)")
+    fails("--draft self:layers=9", "layers 9: the model has 5 layers")
+  end)
+
+  it("reports the drafts in --json", function()
+    local rc, out = T.run(T.loip .. " generate --model " .. store() .. " --prompt 'Once upon a time' --max-tokens 30 "
+      .. "--temperature 0 --draft self --draft-tokens 4 --json")
+    assert.are.equal(0, rc, out)
+    local r = json.decode(out)
+    assert.are.equal("self", r.draft.policy)
+    assert.are.equal(r.draft.drafted, r.draft.accepted)
+    assert.is_true(r.draft.tokens_per_step > 4)
+    assert.are.same(prefix(greedy.cases[2].generated_ids, 30), r.token_ids)
+  end)
+end)
