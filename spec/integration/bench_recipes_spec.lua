@@ -21,6 +21,7 @@ local RECIPES = {
   { "fidelity", "", { "rows", "worst_error" } },
   { "serve", "", {} },
   { "loader", "", {} },
+  { "speculative", "", { "variants", "self_k4_speedup", "ngram_worst_speedup", "same_tokens" } },
 }
 
 describe("the benchmark recipes", function()

@@ -1,0 +1,222 @@
+-- Speculative decoding on a read-bound offloading ring, in one run (issue 26): tokens/s and
+-- tokens per step against the draft length k, for each draft policy, the tokens checked equal
+-- to no speculation's.
+--
+--   loip run recipes/bench/speculative.lua [--tokens 200] [--ks 1,2,4,8] [--synthetic] [--out DIR] [--quick]
+--
+-- The cluster: stories260K's slice store on --devices local devices with budgets --mem (they
+-- offload part of their blocks: every step reads them again), each disk held to --disk-rate,
+-- links of --link-rate and --link-delay ms; steps of 64 tokens, --context positions. Every variant
+-- runs the same plan: made for the largest verifying step. Variants:
+--   none          no drafts
+--   self k=K      the whole model as its own draft, K drafts a step (every draft accepted: the
+--                 price of verifying K + 1 rows against one step's)
+--   self          the same, the draft length chosen each step
+--   ngram         prompt lookup on each of the 7 reference prompts (their texts repeat), the
+--                 length chosen each step: against no drafts on the same prompt
+--   tree          (when the draft policy offers it) self:layers=L with tree=on against the chain
+-- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
+-- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
+-- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
+-- Targets: self k=4 >= 3x none's tokens/s; ngram >= 0.95x none's on every prompt. JSON + SVG.
+local bench = require "loip.tools.bench"
+local cluster = require "loip.cluster"
+local core = require "loip.core"
+local flags = require "loip.tools.flags"
+local json = require "loip.tools.json"
+local plot = require "loip.tools.plot"
+local policy = require "loip.policy"
+local store = require "loip.model.store"
+
+local S260_STORE = "/tmp/loip-bench/stories260K-store"
+local spec = {
+  name = "speculative.lua", usage = "loip run recipes/bench/speculative.lua [flags]",
+  summary = "Speculative decoding on a read-bound offloading ring: tokens/s and tokens per step vs k, per draft.",
+  flags = {
+    { "store", "string", "the slice store run (made from models/stories260K if missing)", default = S260_STORE },
+    { "devices", "int", "local devices", default = 3 },
+    { "mem", "string", "each device's budget", default = "790K,770K,800K" },
+    { "disk-rate", "string", "each device's disk at most this fast", default = "20M" },
+    { "link-rate", "string", "emulated link rate", default = "100mbit" },
+    { "link-delay", "number", "emulated one-way delay, ms", default = 2 },
+    { "context", "int", "KV positions (at 512 the verifying step's 9 logits rows do not fit device 3's 800K by 4.6 KiB)",
+      default = 480 },
+    { "tokens", "int", "tokens generated per run", default = 200 },
+    { "ks", "string", "draft lengths of the self draft", default = "1,2,4,8" },
+    { "tree", "string", "the tree variant's draft (when the policy offers tree=on), against its chain", default = "self:layers=3" },
+    { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
+    { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
+    { "synthetic-tokens", "int", "tokens of the synthetic runs", default = 48 },
+    { "out", "string", "where to write speculative.json and speculative.svg", default = "bench-out" },
+    { "quick", "bool", "40 tokens, k 1 and 4, two ngram prompts: check the recipe works" },
+  },
+}
+local o = flags.parse(spec, arg, 1)
+if o.quick then o.tokens, o.ks, o.synthetic_tokens = 40, "1,4", 16 end
+local log = bench.log
+
+local src = (require("loip.core").build.source_dir or ".") .. "/models/stories260K"
+if not store.is_store(o.store) then
+  log("slicing %s into %s (once)", src, o.store)
+  require("loip.model.slice").write(src, o.store, { quiet = true })
+end
+local greedy = json.load(src .. "/reference/greedy.json")
+local mems = {}
+for x in o.mem:gmatch("[^,]+") do mems[#mems + 1] = x end
+local disk = assert(flags.parse_bytes(o.disk_rate), "--disk-rate: not a size")
+-- every variant is planned for the largest verifying step's logits rows (the last device's
+-- buffer, in its activations), so that all of them run the same plan: the comparison is of
+-- drafting alone, not of plans offloading more or less
+local LOGITS_ROWS = require("loip.serve.draft").MAX + 1
+for k in o.ks:gmatch("%d+") do LOGITS_ROWS = math.max(LOGITS_ROWS, tonumber(k) + 1) end
+
+-- One generation on cluster c planned with draft d (a name, or nil) and k: tokens/s over the
+-- decoding (first token to last), the tokens, and the draft's report.
+local function run(c, d, k, prompt, n, extra)
+  local popts = { context = o.context, disk_rate = disk, link = { rate = o.link_rate, delay_ms = o.link_delay },
+    draft = d and policy.load("draft", d) or nil, draft_tokens = k, logits_tokens = LOGITS_ROWS }
+  for key, v in pairs(extra or {}) do popts[key] = v end
+  c:plan(popts)
+  local it, st = c:generate(prompt, { max_tokens = n, sampler = { temperature = 0 }, ignore_eos = true })
+  local first, last, got = nil, nil, 0
+  for _ in it do
+    last = core.now_ms()
+    first = first or last
+    got = got + 1
+  end
+  local r = c:batcher().draft and c:batcher().draft:report() or nil
+  return { tokens_per_s = (got - 1) / ((last - first) / 1000), tokens = st.token_ids, draft = r,
+    tokens_per_step = r and r.steps > 0 and r.tokens_per_step or 1 }
+end
+
+local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
+
+local result = { devices = o.devices, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay,
+  tokens = o.tokens, store = o.store, variants = {} }
+local c = cluster.start_local { store = o.store, devices = o.devices, mem = mems, threads = 1 }
+local ok, err = pcall(function()
+  local prompt = greedy.cases[2].prompt_ids
+  log("none: %d tokens, no drafts", o.tokens)
+  local none = run(c, nil, nil, prompt, o.tokens)
+  -- what each device reads every step (the plan under its budget)
+  result.offloaded_bytes = {}
+  for i = 1, #c.devices do
+    result.offloaded_bytes[i] = require("loip.plan").memory(c.plan_table, i, c.sizes).offloaded_bytes
+  end
+  log("  %.1f tokens/s; offloaded (read every step) per device: %s bytes", none.tokens_per_s,
+    table.concat(result.offloaded_bytes, ", "))
+  result.variants.none = { tokens_per_s = none.tokens_per_s, tokens_per_step = 1 }
+  local all_same = true
+  local self_k = {}
+  for k in o.ks:gmatch("%d+") do
+    k = tonumber(k)
+    local r = run(c, "self", k, prompt, o.tokens)
+    all_same = all_same and same(r.tokens, none.tokens)
+    self_k[#self_k + 1] = { k = k, tokens_per_s = r.tokens_per_s, tokens_per_step = r.tokens_per_step,
+      speedup = r.tokens_per_s / none.tokens_per_s, acceptance = r.draft.acceptance }
+    log("self k=%d: %.1f tokens/s (%.2fx none), %.2f tokens per step, acceptance %.2f", k, r.tokens_per_s,
+      r.tokens_per_s / none.tokens_per_s, r.tokens_per_step, r.draft.acceptance)
+  end
+  result.variants.self = self_k
+  local chosen = run(c, "self", nil, prompt, o.tokens)
+  all_same = all_same and same(chosen.tokens, none.tokens)
+  result.variants.self_chosen = { tokens_per_s = chosen.tokens_per_s, tokens_per_step = chosen.tokens_per_step,
+    speedup = chosen.tokens_per_s / none.tokens_per_s }
+  log("self (k chosen): %.1f tokens/s (%.2fx), %.2f tokens per step", chosen.tokens_per_s, chosen.tokens_per_s / none.tokens_per_s,
+    chosen.tokens_per_step)
+  for _, x in ipairs(self_k) do if x.k == 4 then result.self_k4_speedup = x.speedup end end
+  -- ngram on the reference prompts, each against no drafts on the same prompt
+  local ng, worst = {}, nil
+  for i, case in ipairs(greedy.cases) do
+    if not o.quick or i <= 2 then
+      local base = run(c, nil, nil, case.prompt_ids, o.tokens)
+      local r = run(c, "ngram", nil, case.prompt_ids, o.tokens)
+      all_same = all_same and same(r.tokens, base.tokens)
+      local x = { prompt = case.prompt, speedup = r.tokens_per_s / base.tokens_per_s, tokens_per_s = r.tokens_per_s,
+        none_tokens_per_s = base.tokens_per_s, acceptance = r.draft.acceptance, drafted = r.draft.drafted,
+        accepted = r.draft.accepted, tokens_per_step = r.tokens_per_step }
+      ng[#ng + 1] = x
+      worst = (not worst or x.speedup < worst) and x.speedup or worst
+      log("ngram on %q: %.2fx none (%.1f vs %.1f tokens/s), %d of %d drafts accepted", case.prompt, x.speedup, r.tokens_per_s,
+        base.tokens_per_s, r.draft.accepted, r.draft.drafted)
+    end
+  end
+  result.variants.ngram, result.ngram_worst_speedup = ng, worst
+  -- tree against chain, where the draft policy has a tree mode
+  local mod = policy.load("draft", (o.tree:match("^[^:]+"))).module
+  local has_tree = false
+  for _, s in ipairs(mod.settings or {}) do has_tree = has_tree or s[1] == "tree" end
+  if has_tree then
+    local sep = o.tree:find(":", 1, true) and "," or ":"
+    local chain = run(c, o.tree, 4, prompt, o.tokens)
+    local tree = run(c, o.tree .. sep .. "tree=on", 4, prompt, o.tokens)
+    all_same = all_same and same(tree.tokens, none.tokens) and same(chain.tokens, none.tokens)
+    result.variants.tree = { draft = o.tree, chain_tokens_per_step = chain.tokens_per_step, tree_tokens_per_step = tree.tokens_per_step,
+      chain_tokens_per_s = chain.tokens_per_s, tree_tokens_per_s = tree.tokens_per_s }
+    log("tree (%s): %.2f tokens per step against the chain's %.2f; %.1f vs %.1f tokens/s", o.tree, tree.tokens_per_step,
+      chain.tokens_per_step, tree.tokens_per_s, chain.tokens_per_s)
+  end
+  result.same_tokens = all_same
+end)
+c:close()
+if not ok then error(err, 0) end
+
+if o.synthetic then
+  -- a draft of random weights: acceptance near 0; drafting must turn itself down
+  local L = {}
+  for x in o.synthetic_layers:gmatch("%d+") do L[#L + 1] = tonumber(x) end
+  local function synthetic(like, layers)
+    local dir = string.format("/tmp/loip-bench/%s-l%d-bf16", like, layers)
+    if not store.is_store(dir .. "-store") then
+      if not json.exists(dir .. "/config.json") then
+        log("making the synthetic %s (%d layers) in %s (once)", like, layers, dir)
+        require("loip.model.synth").write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
+      end
+      require("loip.model.slice").write(dir, dir .. "-store", { quiet = true })
+    end
+    return dir .. "-store"
+  end
+  local draft_store, target = synthetic("llama-3.2-1b", L[1]), synthetic("llama-3.2-3b", L[2])
+  local man = store.read_manifest(target)
+  local sizes = require("loip.plan").sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
+  local budgets = bench.budgets(sizes, o.devices, 0.6)
+  local sc = cluster.start_local { store = target, devices = o.devices, mem = budgets, threads = 1 }
+  local sok, serr = pcall(function()
+    local prompt = bench.prompt(sizes.vocab or 128256)
+    local extra = { context = 256, disk_rate = nil, link = { rate = "1gbit", delay_ms = 1 } }
+    log("synthetic: llama-3.2-3b (%d layers) on %d offloading devices, no drafts", L[2], o.devices)
+    local base = run(sc, nil, nil, prompt, o.synthetic_tokens, extra)
+    log("synthetic: drafted by llama-3.2-1b (%d layers), the draft length chosen", L[1])
+    local r = run(sc, "model:path=" .. draft_store, nil, prompt, o.synthetic_tokens, extra)
+    result.synthetic = { same_tokens = same(base.tokens, r.tokens), speedup = r.tokens_per_s / base.tokens_per_s,
+      none_tokens_per_s = base.tokens_per_s, tokens_per_s = r.tokens_per_s, acceptance = r.draft.acceptance,
+      drafted = r.draft.drafted, accepted = r.draft.accepted, probes = r.draft.probes, layers = L }
+    log("synthetic: %.2fx no drafts (%.2f vs %.2f tokens/s), %d of %d drafts accepted, same tokens: %s", result.synthetic.speedup,
+      r.tokens_per_s, base.tokens_per_s, r.draft.accepted, r.draft.drafted, tostring(result.synthetic.same_tokens))
+  end)
+  sc:close()
+  if not sok then error(serr, 0) end
+end
+
+log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95); same tokens: %s",
+  result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, tostring(result.same_tokens))
+os.execute("mkdir -p '" .. o.out .. "'")
+local tps, steps = {}, {}
+for _, x in ipairs(result.variants.self) do
+  tps[#tps + 1] = { x.k, x.tokens_per_s }
+  steps[#steps + 1] = { x.k, x.tokens_per_step }
+end
+local none_line = {}
+for _, x in ipairs(result.variants.self) do none_line[#none_line + 1] = { x.k, result.variants.none.tokens_per_s } end
+result.plot = plot.lines(o.out .. "/speculative.svg", {
+  title = string.format("speculative decoding on %d offloading devices (disks %s/s, %s links): tokens/s vs k", o.devices,
+    o.disk_rate, o.link_rate),
+  xlabel = "draft tokens k", ylabel = "tokens/s",
+  series = { { label = "self (every draft accepted)", points = tps }, { label = "no drafts", points = none_line } } })
+result.plot_steps = plot.lines(o.out .. "/speculative-steps.svg", {
+  title = "tokens per verifying step vs k (self)", xlabel = "draft tokens k", ylabel = "tokens per step",
+  series = { { label = "self", points = steps } } })
+local f = assert(io.open(o.out .. "/speculative.json", "w"))
+f:write(json.encode_sorted(result, 2), "\n")
+f:close()
+print(json.encode_sorted(result))
