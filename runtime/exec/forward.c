@@ -468,6 +468,28 @@ static int find_recomputed(loip_session *s, int32_t n) {
     return LOIP_OK;
 }
 
+/* A sequence's groups wholly past its last position in the prepared batch back to the pool:
+ * a step that verified drafts (LOIP_TOKF_DRAFT) and rejected some moved the sequence back, and
+ * the KV of those positions is dropped, as a sequence holds groups up to its last position only.
+ * (Groups lent away are left alone: lending moves a sequence's oldest groups, never these.) */
+static void drop_past(loip_session *s, int32_t n) {
+    for (int32_t t = 0; t < n; t++) {
+        if (t + 1 < n && s->tok_seq[t + 1] == s->tok_seq[t]) continue; /* the end of a run of the sequence */
+        int32_t seq = s->tok_seq[t], last = -1;
+        for (int32_t u = 0; u < n; u++)
+            if (s->tok_seq[u] == seq && s->tok_pos[u] > last) last = s->tok_pos[u];
+        int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
+        for (int32_t g = last / s->kv_block + 1; g < s->blocks_per_seq; g++) {
+            if (table[g] < 0) continue;
+            int lent = 0;
+            for (int32_t k = 0; k < s->n_kv_layers; k++) lent |= s->lent[(size_t)table[g] * s->n_kv_layers + k];
+            if (lent) continue;
+            loip_session_release_group(s, seq, table[g]);
+            table[g] = -1;
+        }
+    }
+}
+
 int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *toks, int32_t pos) {
     s->n_prepared = 0;
     int rc = check_batch(s, n);
@@ -489,6 +511,7 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     for (int32_t t = 0; t < n; t++)
         if (s->tok_pos[t] >= s->evicted[s->tok_seq[t]] && (rc = map_groups(s, s->tok_seq[t], s->tok_pos[t])))
             return rc;
+    drop_past(s, n);
     /* cos/sin of each token's position for RoPE, once per batch */
     const loip_model *m = s->m;
     int half = m->cfg.head_dim / 2;

@@ -124,6 +124,30 @@ describe("speculative decoding, greedy", function()
   end)
 end)
 
+describe("speculative decoding's KV", function()
+  it("drops the rejected rows: the groups past a sequence's position go back to the pool at its next step", function()
+    local exec = require "loip.runtime.exec"
+    local m = loip.model.open(store(), { context = 256, threads = 1 })
+    local e = require("loip.engine.local").new(m)
+    e:start(0, { id = 1, n_prompt = 0, prompt = {}, max_tokens = 0, sampler = {}, want_logits = true })
+    local free0 = exec.session_kv_free_tokens(e.session)
+    -- 40 positions (3 groups of 16), as a step verifying drafts up to position 39 leaves them
+    local toks = {}
+    for p = 0, 39 do toks[#toks + 1] = { seq = 0, pos = p, request = 1, id = 1 + p % 100, flags = 0 } end
+    e:step(toks)
+    assert.are.equal(free0 - 48, exec.session_kv_free_tokens(e.session))
+    -- the drafts past position 20 rejected: the next step runs position 21 (two groups kept)
+    e:step { { seq = 0, pos = 21, request = 1, id = 5, flags = 0 } }
+    assert.are.equal(free0 - 32, exec.session_kv_free_tokens(e.session))
+    -- and they are taken again as the sequence grows
+    e:step { { seq = 0, pos = 33, request = 1, id = 5, flags = 0 } }
+    assert.are.equal(free0 - 48, exec.session_kv_free_tokens(e.session))
+    e:finish(0)
+    assert.are.equal(free0, exec.session_kv_free_tokens(e.session))
+    m:close()
+  end)
+end)
+
 -- ---- sampling ----------------------------------------------------------------------------------
 
 -- log Γ(x) (Lanczos, g = 7, n = 9), for the chi-square distribution's tail.

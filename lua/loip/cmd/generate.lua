@@ -122,6 +122,7 @@ local function run_cluster(o)
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
+    local steps0 = c:batcher().stats.steps
     local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok, ignore_eos = o.ignore_eos,
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
@@ -140,6 +141,8 @@ local function run_cluster(o)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end
     local steps = math.max(1, st.stats.decode_steps + 1)
+    -- (with drafts a step gives several tokens: the steps the ring ran)
+    if draft then steps = math.max(1, c:batcher().stats.steps - steps0) end
     local per_device = {}
     for i = 1, #c.devices do
       local a, b = after[i], before[i]
