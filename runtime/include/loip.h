@@ -728,7 +728,9 @@ enum {
     LOIP_MSG_KV_DROP = 21, /* lender -> holder: forget the stage's blob (its requests ended) */
     LOIP_MSG_LEND = 22,    /* head -> device, between steps: lend KV (JSON: plan_id, peer, groups);
                               reply: READY with its memory, or ERROR */
-    LOIP_MSG_KINDS = 23,
+    LOIP_MSG_DRAFT = 23,   /* head -> device: speculative decoding's draft run there (JSON: plan_id,
+                              op open|propose|release|close; reply: DRAFT, JSON) */
+    LOIP_MSG_KINDS = 24,
 };
 
 typedef struct loip_msg_header {

@@ -104,6 +104,38 @@ describe("speculative decoding, greedy", function()
     assert(ok, err)
   end)
 
+  it("runs the draft on a device of the cluster, charged to its budget, which the scheduler plans with", function()
+    local case = greedy.cases[4]
+    local c = cluster.start_local { store = store(), devices = 3, threads = 1, mem = { "2M", "2M", "3M" } }
+    local ok, err = pcall(function()
+      local popts = { context = 256, batch = 16, stages = 2 }
+      for _, d in ipairs({ { "self:layers=3,device=2", 2 }, { "model:device=auto,path=" .. GGUF, 3 } }) do
+        popts.draft, popts.draft_tokens = d[1], 3
+        c:plan(popts)
+        assert.are.equal(d[2], c.draft_device, d[1])
+        assert.is_true(c.draft_reserve > 0)
+        assert.are.same(prefix(case.generated_ids, 60), run(c, case.prompt_ids, 60), d[1])
+        assert.is_true(c:batcher().draft:report().drafted > 0)
+        -- the device holds the draft's weights and KV cache in its budget, beside its part
+        local st = c:stats()
+        local part = require("loip.plan").memory(c.plan_table, d[2], c.sizes)
+        assert.are.equal(c.draft_reserve, c:batcher().draft.ctx.drafter.bytes, d[1])
+        assert.is_true(part.total <= 2 * 1024 * 1024 * (d[2] == 3 and 1.5 or 1) - c.draft_reserve, d[1])
+        assert.is_true(st[d[2]].memory >= part.weights + c.draft_reserve, d[1])
+        assert.is_true(st[d[2]].memory <= st[d[2]].budget_bytes)
+        c:batcher().draft:close()
+      end
+      -- a budget that cannot hold the draft is refused, naming the device
+      popts.draft = "model:device=1,path=" .. GGUF
+      c.devices[1].mem = 900 * 1024
+      local ok2, e2 = pcall(c.plan, c, popts)
+      assert.is_false(ok2)
+      assert.matches("--draft-device 1: device 1's budget of 900.0 KiB cannot hold the draft", tostring(e2), 1, true)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("keeps the tokens across a live restage and a lost device", function()
     local case = greedy.cases[3]
     local c = cluster.start_local { store = store(), devices = 3, threads = 1 }

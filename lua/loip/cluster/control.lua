@@ -11,6 +11,7 @@ local policy = require "loip.policy"
 local engine = require "loip.engine"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
+local memory = require "loip.runtime.memory"
 local proc = require "loip.cluster.proc"
 
 local alive, tail = proc.alive, proc.tail
@@ -60,7 +61,7 @@ function Cluster:problem(opts, sizes)
   local problem = require "loip.plan.problem"
   local N = #self.devices
   local budgets, rates, delays = {}, {}, {}
-  for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+  for i, d in ipairs(self.devices) do budgets[i] = self:budget_of(i) end
   local profiles = self:profiles(opts)
   local link = opts.link or {}
   for i = 1, N do
@@ -73,6 +74,35 @@ function Cluster:problem(opts, sizes)
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
     batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }
+end
+
+-- Device i's budget for its part of the plan (bytes; 0: unlimited): less what a draft run
+-- there takes (Cluster:reserve_draft).
+function Cluster:budget_of(i)
+  local b = self.devices[i].mem or 0
+  if b > 0 and self.draft_device == i then b = b - self.draft_reserve end
+  return b
+end
+
+-- Speculative decoding's draft on a device (its policy's `device` setting, --draft-device): the
+-- device (auto: the largest budget) and the bytes its draft takes there, kept out of the
+-- budget the scheduler plans that device with. Raises when the budget cannot hold the draft.
+function Cluster:reserve_draft(opts, ctx, max_seqs)
+  local inst = policy.load("draft", opts.draft)
+  local where = inst.params and inst.params.device
+  if not where or where == "head" or not inst.module.memory then return end
+  local budgets = {}
+  for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+  -- (after a device loss a device number past the others left: the draft goes where auto puts it)
+  if tonumber(where) and tonumber(where) > #budgets and #(self.losses or {}) > 0 then where = "auto" end
+  local i = require("loip.cluster.draft").device_of(where, budgets)
+  local bytes = inst.module.memory({ path = self.store, context = ctx, max_seqs = max_seqs }, inst.params)
+  local b = budgets[i]
+  if b > 0 and bytes >= b then
+    error(string.format("--draft-device %s: device %d's budget of %s cannot hold the draft (%s: weights, KV cache and scratch)",
+      tostring(where), i, memory.format_bytes(b), memory.format_bytes(bytes)), 0)
+  end
+  self.draft_device, self.draft_reserve = i, bytes
 end
 
 -- A device's memory outside its KV cache (what it reported: used, less its kv account) and its
@@ -123,9 +153,11 @@ function Cluster:plan(opts)
   -- speculative decoding (opts.draft): the last device computes the logits of every row it
   -- verifies, each decoding request's last token and its drafts (its buffer, in the plan's
   -- activations, is sized for them)
+  self.draft_device, self.draft_reserve = nil, nil
   if opts.draft and opts.draft ~= "none" then
     local k = opts.draft_tokens or require("loip.serve.draft").MAX
     opts.logits_tokens = math.max(opts.logits_tokens or 1, math.min(batch, max_seqs * (k + 1)))
+    self:reserve_draft(opts, ctx, max_seqs)
   end
   local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
@@ -147,7 +179,7 @@ function Cluster:plan(opts)
     p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
   else
     local devices = {}
-    for i, d in ipairs(self.devices) do devices[i] = { budget = d.mem or 0 } end
+    for i in ipairs(self.devices) do devices[i] = { budget = self:budget_of(i) } end
     engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = opts.loader }, where)
     if opts.estimate ~= false then
       self.problem_table = self:problem(opts, sizes)

@@ -85,6 +85,7 @@ function Worker:endpoint() return self.sock:endpoint() end
 function Worker:drop_device()
   local d = self.dev
   if not d then return end
+  if d.drafter then d.drafter:close() end
   if d.device ~= nil then rw.device_free(d.device) end
   if d.lend_sock then d.lend_sock:close() end
   if d.runner ~= nil then exec.runner_free(d.runner) end
@@ -377,6 +378,12 @@ function handlers.PROFILE(self, _, o)
   end
   if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
   return "PROFILE", json.encode(pr)
+end
+
+-- speculative decoding's draft run here, charged to this device's budget (loip.cluster.draft)
+function handlers.DRAFT(self, _, body)
+  body = assert(body, "a message without its JSON body")
+  return "DRAFT", json.encode(require("loip.cluster.draft").handle(current_device(self, body, "DRAFT"), self.opts.store, body))
 end
 
 function handlers.STOP(self, _, body)

@@ -212,7 +212,7 @@ end
 function M.draft(cmd, o)
   local name = o.draft
   if name == nil or name == "none" then
-    for _, f in ipairs({ "draft_tokens", "draft_model", "draft_mem" }) do
+    for _, f in ipairs({ "draft_tokens", "draft_model", "draft_mem", "draft_device" }) do
       if o[f] ~= nil then M.usage(cmd, "--%s needs --draft", (f:gsub("_", "-"))) end
     end
     return nil
@@ -225,6 +225,10 @@ function M.draft(cmd, o)
     params.path = o.draft_model
   end
   if o.draft_mem then params.mem = o.draft_mem end
+  if o.draft_device then
+    if base ~= "model" and base ~= "self" then M.usage(cmd, "--draft-device is for --draft model or self (not --draft %s)", tostring(base)) end
+    params.device = o.draft_device
+  end
   local ok, p = pcall(policy.load, "draft", name, next(params) and params or nil)
   if not ok then M.usage(cmd, "--draft %s: %s", name, tostring(p)) end
   return p

@@ -53,7 +53,7 @@ local M = {
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
-    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_mem,
+    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     flags.shared.threads, flags.shared.kernels,
     { "json", "bool", "print one JSON object instead of the text" },
     { "verbose", "bool", "print the model and timings on stderr" },

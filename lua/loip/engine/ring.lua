@@ -152,7 +152,8 @@ function Cluster:batcher(opts)
     local po = self.plan_opts or {}
     self._batcher = engine.batcher(self, setmetatable({ online = po.online, links = po.link_schedule, draft = po.draft,
       draft_tokens = po.draft_tokens, draft_target = { path = self.store, tokenizer = self:tokenizer(), context = self.context,
-        vocab = self.vocab, max_seqs = self.max_seqs } }, { __index = opts or {} }))
+        vocab = self.vocab, max_seqs = self.max_seqs, cluster = self, draft_device = self.draft_device } },
+      { __index = opts or {} }))
   end
   return self._batcher
 end

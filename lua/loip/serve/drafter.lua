@@ -15,13 +15,14 @@ local Drafter = {}
 Drafter.__index = Drafter
 
 -- path: a model (a slice store for layers); opts: layers (the first L layers and the head;
--- nil: all), context, max_seqs (slots: the target's), mem (a budget for its memory, a size),
--- threads, tokenizer (false: none opened).
+-- nil: all), context, max_seqs (slots: the target's), mem (a budget for its memory, a size) or
+-- budget (a loip.memory budget it is charged to: a device's), threads, tokenizer (false: none
+-- opened).
 function M.open(path, opts)
   opts = opts or {}
   local model = require "loip.model"
   local m = model.open(path, { layers = opts.layers, context = opts.context, max_batch = opts.max_seqs or 1,
-    mem = opts.mem, threads = opts.threads, tokenizer = opts.tokenizer, batch = opts.batch })
+    mem = opts.mem, budget = opts.budget, threads = opts.threads, tokenizer = opts.tokenizer, batch = opts.batch })
   local e = require("loip.engine.local").new(m)
   return setmetatable({ model = m, engine = e, slots = {}, vocab = m.vocab_size, forwards = 0, fed = 0 }, Drafter)
 end
@@ -106,6 +107,39 @@ end
 
 function Drafter:close()
   if self.model then self.model:close() self.model = nil end
+end
+
+-- The bytes a draft of path takes (opts as M.open's: layers, context, max_seqs, batch): its
+-- weights (a slice store's files of its layers and globals; else the model's files) and its
+-- session (KV cache for max_seqs x context positions, scratch), what a device's budget must
+-- hold for it.
+function M.bytes(path, opts)
+  opts = opts or {}
+  local model, store = require "loip.model", require "loip.model.store"
+  local kind, file = model.locate(path)
+  local cfg, weights = nil, 0
+  if kind == "store" then
+    local man = store.read_manifest(file)
+    cfg = store.config(file, man)
+    local L = opts.layers or cfg.n_layers
+    for _, f in ipairs(man.files) do
+      local inside = true
+      for _, t in ipairs(f.tensors) do inside = inside and (t.layer or -1) < L end
+      if inside then weights = weights + f.size end
+    end
+    cfg.n_layers = L
+  else
+    -- (another format: open it to read its shape; its weights are its files)
+    local m = model.open(path, { tokenizer = false, load = "mmap", context = opts.context })
+    cfg, weights = m.cfg, m.weight_bytes
+    m:close()
+  end
+  local ctx = opts.context or model.default_context(cfg.max_seq)
+  local batch = math.min(opts.batch or model.DEFAULT_BATCH, ctx)
+  local seqs = opts.max_seqs or 1
+  local kv, scratch = exec.session_size(cfg, ctx, batch, 1, -1, ctx * seqs, seqs, path)
+  if not kv then error(scratch, 0) end
+  return weights + kv + scratch, weights
 end
 
 M.argmax = argmax

@@ -167,12 +167,15 @@ M.shared = {
   draft_tokens = { "draft-tokens", "int", "with --draft: draft K tokens every step (default: chosen each step from the measured "
     .. "acceptance and the price of a step)", metavar = "K", check = function(v) return v >= 0 and v <= 64, "must be in 0..64" end },
   draft_model = { "draft-model", "string", "with --draft model: the draft model (it must share the target's tokenizer)", metavar = "DIR" },
+  draft_device = { "draft-device", "string", "with --draft model or self and several devices: where the draft runs: head (the "
+    .. "head's process, the default), a device number, or auto (the device with the largest budget); its memory is charged to "
+    .. "that device's budget, which the scheduler plans with", metavar = "N|auto|head" },
   draft_mem = { "draft-mem", "string", "with --draft model or self: a memory budget for the draft's weights and KV cache, e.g. 256M",
     metavar = "BYTES" },
 }
 
 -- The flags of speculative decoding, in order.
-M.draft_rows = { M.shared.draft, M.shared.draft_tokens, M.shared.draft_model, M.shared.draft_mem }
+M.draft_rows = { M.shared.draft, M.shared.draft_tokens, M.shared.draft_model, M.shared.draft_device, M.shared.draft_mem }
 
 -- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
 function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end

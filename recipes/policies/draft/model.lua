@@ -7,6 +7,8 @@ local M = { name = "model" }
 
 M.settings = {
   { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },
+  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the device with the "
+    .. "largest budget): its memory is charged to that device's budget, which the scheduler plans with (--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
 }
 
@@ -33,11 +35,23 @@ local function differ(a, b)
   end
 end
 
+local function need_path(o)
+  if o.path == "" then error("draft model: which model? (--draft-model DIR, or --draft model:path=DIR)", 0) end
+end
+
+-- The bytes the draft takes where it runs (its weights, KV cache and scratch).
+function M.memory(t, o)
+  need_path(o)
+  return require("loip.serve.drafter").bytes(o.path, { context = t.context, max_seqs = t.max_seqs })
+end
+
 function M.open(ctx, o)
   local t = ctx.target
-  if o.path == "" then error("draft model: which model? (--draft-model DIR, or --draft model:path=DIR)", 0) end
+  need_path(o)
+  if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
+  -- the tokenizers compared here (a device's copy of the draft must be the same files)
   local d = require("loip.serve.drafter").open(o.path, { context = t.context, max_seqs = t.max_seqs,
-    mem = o.mem ~= "" and o.mem or nil })
+    mem = not t.draft_device and o.mem ~= "" and o.mem or nil })
   local why
   if not t.tokenizer then why = "the target has no tokenizer to compare with"
   elseif not d.model.tokenizer then why = "it has no tokenizer"
@@ -45,6 +59,12 @@ function M.open(ctx, o)
   if why then
     d:close()
     error(string.format("draft model %s: its tokenizer is not the target's (%s): a draft must share the target's tokenizer", o.path, why), 0)
+  end
+  if t.draft_device then
+    d:close()
+    ctx.drafter = require("loip.cluster.draft").open(t.cluster, t.draft_device, { path = o.path, context = t.context,
+      max_seqs = t.max_seqs })
+    return
   end
   ctx.drafter = d
 end

@@ -11,14 +11,28 @@ M.settings = {
   { "layers", "string", "the target's first layers the draft runs: a count, or all", default = "all",
     check = function(v) return v == "all" or (tonumber(v) ~= nil and tonumber(v) >= 1 and tonumber(v) == math.floor(tonumber(v))),
       "must be a whole number >= 1, or all" end },
+  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the device with the "
+    .. "largest budget): its memory is charged to that device's budget, which the scheduler plans with (--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
 }
+
+local function layers_of(o) return o.layers ~= "all" and tonumber(o.layers) or nil end
+
+-- The bytes the draft takes where it runs (weights of its layers, its KV cache and scratch).
+function M.memory(t, o)
+  return require("loip.serve.drafter").bytes(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs })
+end
 
 function M.open(ctx, o)
   local t = ctx.target
   if not t.path then error("draft self: the target's store is not known here", 0) end
-  local layers = o.layers ~= "all" and tonumber(o.layers) or nil
-  ctx.drafter = require("loip.serve.drafter").open(t.path, { layers = layers, context = t.context, max_seqs = t.max_seqs,
+  if t.draft_device then -- on a device of the cluster, from its own copy of the store
+    ctx.drafter = require("loip.cluster.draft").open(t.cluster, t.draft_device, { layers = layers_of(o), context = t.context,
+      max_seqs = t.max_seqs })
+    return
+  end
+  if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
+  ctx.drafter = require("loip.serve.drafter").open(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs,
     mem = o.mem ~= "" and o.mem or nil, tokenizer = false, threads = 1 })
 end
 

@@ -1,0 +1,131 @@
+-- Speculative decoding's draft run on a device of the cluster (--draft-device N|auto) rather than
+-- in the head's process: the `self` and `model` drafts' loip.serve.drafter, opened in the worker
+-- and charged to its budget (the scheduler planned the device's part with that much less). The
+-- head keeps, per slot, the tokens the device's draft has; each proposal sends only what it
+-- lacks (DRAFT messages: open, propose, release, close; docs/serving.md, "Speculative decoding").
+local json = require "loip.tools.json"
+
+local M = {}
+
+-- ---- the head's side -------------------------------------------------------------------------
+
+local Remote = {}
+Remote.__index = Remote
+
+-- The device the draft runs on: "head" (nil), a device number, or "auto" (the device with the
+-- largest budget; the first of equals). budgets: each device's bytes (0: unlimited).
+function M.device_of(spec, budgets)
+  if spec == nil or spec == "" or spec == "head" then return nil end
+  if spec == "auto" then
+    local best
+    for i, b in ipairs(budgets) do
+      local v = b == 0 and math.huge or b
+      if not best or v > (budgets[best] == 0 and math.huge or budgets[best]) then best = i end
+    end
+    return best
+  end
+  local i = tonumber(spec)
+  if not i or i ~= math.floor(i) or i < 1 or i > #budgets then
+    error(string.format("--draft-device: %s is not head, auto or a device in 1..%d", tostring(spec), #budgets), 0)
+  end
+  return i
+end
+
+-- Open the draft on device i of cluster c: o = { path (nil: the cluster's store), layers,
+-- context, max_seqs }. Returns an object with the drafter's propose/release/close.
+function M.open(c, i, o)
+  local r = setmetatable({ c = c, i = i, o = o }, Remote)
+  r:reopen(i)
+  return r
+end
+
+-- Open the draft on device i (again: a new plan dropped the old one with the device's part).
+function Remote:reopen(i)
+  if not i then error("draft: no device of the new plan runs the draft", 0) end
+  self.i, self.sent, self.plan_id = i, {}, self.c.plan_id
+  local o = self.o
+  self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs }).bytes
+end
+
+function Remote:ask(body)
+  local c, i = self.c, self.i
+  body.plan_id = c.plan_id
+  local ok, r = pcall(function()
+    c:tell(i, { kind = "DRAFT", payload = json.encode(body) })
+    return c:answer(i, "DRAFT", 30000)
+  end)
+  if not ok then error(string.format("draft on device %d: %s", i, tostring(r)), 0) end
+  return json.decode(r.payload)
+end
+
+-- As loip.serve.drafter's: k drafts after req.ids, the device sent what it lacks of them.
+function Remote:propose(req, k, vocab)
+  if k <= 0 then return {} end
+  if self.plan_id ~= self.c.plan_id then self:reopen(self.c.draft_device) end
+  local s = self.sent[req.seq]
+  if not s or s.request ~= req.id then
+    s = { request = req.id, ids = {} }
+    self.sent[req.seq] = s
+  end
+  local from = 0
+  while from < #s.ids and from < req.n and s.ids[from + 1] == req.ids[from + 1] do from = from + 1 end
+  local new = {}
+  for p = from + 1, req.n do new[#new + 1] = req.ids[p] end
+  local ans = self:ask { op = "propose", seq = req.seq, request = req.id, from = from, ids = new, k = k, vocab = vocab }
+  for p = from + 1, req.n do s.ids[p] = req.ids[p] end
+  for p = req.n + 1, #s.ids do s.ids[p] = nil end
+  return ans.ids or {}
+end
+
+function Remote:release(req)
+  if self.plan_id ~= self.c.plan_id then return end -- (the device's draft went with its old plan)
+  local s = self.sent[req.seq]
+  if s and s.request == req.id then
+    self.sent[req.seq] = nil
+    pcall(self.ask, self, { op = "release", seq = req.seq, request = req.id })
+  end
+end
+
+function Remote:close()
+  if self.closed then return end
+  self.closed = true
+  if self.plan_id == self.c.plan_id then pcall(self.ask, self, { op = "close" }) end
+end
+
+-- ---- the worker's side -----------------------------------------------------------------------
+
+-- The DRAFT message on a worker (its device d, built by a PLAN; store: its slice store).
+function M.handle(d, store, body)
+  local op = body.op
+  if op == "open" then
+    if d.drafter then d.drafter:close() d.drafter = nil end
+    local before = d.budget:used()
+    d.drafter = require("loip.serve.drafter").open(body.path or store, { layers = body.layers, context = body.context,
+      max_seqs = body.max_seqs, budget = d.budget, threads = 1, tokenizer = false })
+    d.draft_ids = {}
+    return { bytes = d.budget:used() - before }
+  end
+  if not d.drafter then error("DRAFT " .. tostring(op) .. " before open", 0) end
+  if op == "propose" then
+    local s = d.draft_ids[body.seq]
+    if not s or s.request ~= body.request then
+      s = { request = body.request, ids = {} }
+      d.draft_ids[body.seq] = s
+    end
+    local ids = s.ids
+    for p = #ids, body.from + 1, -1 do ids[p] = nil end
+    for _, id in ipairs(body.ids) do ids[#ids + 1] = id end
+    return { ids = d.drafter:propose({ ids = ids, n = #ids, k = body.k, id = body.request, seq = body.seq }, body.k, body.vocab) }
+  elseif op == "release" then
+    d.draft_ids[body.seq] = nil
+    d.drafter:release { seq = body.seq, id = body.request }
+    return {}
+  elseif op == "close" then
+    d.drafter:close()
+    d.drafter, d.draft_ids = nil, nil
+    return {}
+  end
+  error("DRAFT: unknown op " .. tostring(op), 0)
+end
+
+return M
