@@ -16,6 +16,7 @@
 --                the others (the batcher then resumes every request from its tokens).
 --              finish(seq, request): the slot's KV is freed
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
+--              step_price(rows) (optional): the cost model's ms for a step of that many rows
 --   plan       restage(device, stage, offloaded): live, between steps (no token changes)
 --              lend(device, holder, groups) (optional: several devices): KV lending
 --              replan_kv(positions) (optional): plan again for more KV positions
@@ -97,6 +98,18 @@ function M.batcher(engine, o)
     prefill_chunk = o.prefill_chunk, prefill = o.prefill,
     online = require("loip.serve.online").choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
+end
+
+-- The cost model's price (ms) of a step of `rows` rows on plan p for problem (a copy of it with
+-- that micro-batch), cached in cache (a table kept by the caller per plan); nil without both.
+function M.step_price(p, problem, cost, rows, cache)
+  if not p or not problem then return nil end
+  if cache[rows] == nil then
+    local prob = setmetatable({ micro_batch = rows }, { __index = problem })
+    local ok, est = pcall(policy.load("cost", cost or "loip").estimate, p, prob)
+    cache[rows] = ok and type(est) == "table" and est.ms_per_token or false
+  end
+  return cache[rows] or nil
 end
 
 -- Speculative decoding's drafts for engine (loip.serve.draft), or nil: o.draft, o.draft_tokens,

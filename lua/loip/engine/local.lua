@@ -127,6 +127,14 @@ end
 
 function Engine:link_rates() return {} end
 
+-- The cost model's price (ms) of a step of `rows` rows on the plan the scheduler chose (nil:
+-- no such plan; loip.serve.draft measures instead).
+function Engine:step_price(rows)
+  local m = self.model
+  if self.price_plan ~= m.plan then self.price_cache, self.price_plan = {}, m.plan end
+  return require("loip.engine").step_price(m.estimate and m.plan, m.problem_table, m.opts.cost, rows, self.price_cache)
+end
+
 -- Plan again for `positions` KV positions (Model:replan_kv): every request's KV is gone (the
 -- batcher starts each again), and the session is the new plan's.
 function Engine:replan_kv(positions)

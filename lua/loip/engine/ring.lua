@@ -92,6 +92,13 @@ function Cluster:step(toks)
   return outs
 end
 
+-- The cost model's price (ms) of a step of `rows` rows on the plan (speculative decoding's draft
+-- length weighs it: loip.serve.draft).
+function Cluster:step_price(rows)
+  if self.price_plan ~= self.plan_id then self.price_cache, self.price_plan = {}, self.plan_id end
+  return engine.step_price(self.plan_table, self.problem_table, self.plan_opts and self.plan_opts.cost, rows, self.price_cache)
+end
+
 -- What loip.serve.online needs of each device (loip.engine.device_state): its memory outside
 -- the KV cache, from the last PLAN or CHANGE reply; its stages and block sizes.
 function Cluster:online_devices()

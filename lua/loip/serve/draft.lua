@@ -11,8 +11,8 @@
 --   E(k) / (step(rows + k) + k * draft_ms),  E(k) = (1 - a^(k+1)) / (1 - a),
 -- a the request's measured acceptance (the chance a draft is accepted given the ones before it
 -- were; a running average, a prior until measured), step(r) the price of a step of r rows (the
--- engine's price when it has one, e.g. the simulator's cost model; else the step times measured
--- by row count, interpolated), draft_ms the measured time to propose one draft. With a near 0,
+-- cost model's, engine:step_price, scaled to the measured step times; without one the step
+-- times measured by row count, interpolated), draft_ms the measured time to propose one draft. With a near 0,
 -- E(k) is 1 whatever k is and any extra row costs: drafting turns itself down (k = 0). While a
 -- request drafts nothing, every `probe` steps its draft is asked anyway and compared with the
 -- tokens that follow, unsent (no step pays for it), so that it turns back up when drafts would
@@ -71,11 +71,21 @@ local function view(r, s, k)
   return { ids = ids, n = #ids, k = k, id = r.id, seq = r.seq, memo = s.memo }
 end
 
--- The price of a step of `rows` rows (ms): the engine's, else measured (nearest row counts,
--- linear between them; flat beyond), nil when nothing is known.
+-- The price of a step of `rows` rows (ms): the cost model's (the engine's step_price) scaled to
+-- the step times measured at the nearest row count; without a cost model the measured times
+-- (nearest row counts, linear between them, flat beyond); nil when nothing is known.
 function Draft:price(rows)
   local e = self.engine
-  if e and e.step_price then return e:step_price(rows) end
+  local model = e and e.step_price and e:step_price(rows)
+  if model then
+    local near
+    for n in pairs(self.cost) do
+      if not near or math.abs(n - rows) < math.abs(near - rows) then near = n end
+    end
+    local at = near and e:step_price(near)
+    if at and at > 0 then return self.cost[near] * model / at end
+    return model
+  end
   local lo, hi
   for n, ms in pairs(self.cost) do
     if n <= rows and (not lo or n > lo) then lo = n end
