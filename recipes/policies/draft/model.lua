@@ -8,6 +8,11 @@ local M = { name = "model" }
 M.settings = {
   { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
+  { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
+  { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
+    check = function(v) return v >= 1, "must be >= 1" end },
+  { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
+    check = function(v) return v >= 0, "must be >= 0" end },
 }
 
 -- Whether two tokenizers are one: the same vocabulary, every id the same piece (a sample of at
@@ -44,6 +49,7 @@ function M.open(ctx, o)
 end
 
 function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+function M.propose_tree(req, ctx, o) return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels) end
 function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
 function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
 

@@ -5,6 +5,7 @@
 -- accepted, the check that verifying k + 1 rows costs about one step. A speculative decoding
 -- draft (loip.policy kind "draft"):
 --   loip generate --model s260k --devices 3 ... --draft self:layers=all --draft-tokens 4
+-- tree=on (width, levels): a tree of drafts verified in one step (loip.serve.tree).
 local M = { name = "self" }
 
 M.settings = {
@@ -12,6 +13,11 @@ M.settings = {
     check = function(v) return v == "all" or (tonumber(v) ~= nil and tonumber(v) >= 1 and tonumber(v) == math.floor(tonumber(v))),
       "must be a whole number >= 1, or all" end },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
+  { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
+  { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
+    check = function(v) return v >= 1, "must be >= 1" end },
+  { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
+    check = function(v) return v >= 0, "must be >= 0" end },
 }
 
 function M.open(ctx, o)
@@ -23,6 +29,7 @@ function M.open(ctx, o)
 end
 
 function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+function M.propose_tree(req, ctx, o) return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels) end
 function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
 function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
 
