@@ -122,6 +122,7 @@ function M.kept(r, ids, got, outs)
   local a = 0
   while a < #path and path[a + 1] == a + 1 do a = a + 1 end
   r.refeed = #path - a > 0 and #path - a or nil
+  r.refed = (r.refed or 0) + #path - a -- (accepted tokens fed again, over the request's life)
   return sent + 1 + a
 end
 
