@@ -782,7 +782,7 @@ enum {
     LOIP_TOKF_TREE = 16,    /* with SAMPLE|DRAFT: a node of a tree of drafts (its parent set):
                                the run after a SAMPLE row is verified as a tree
                                (loip_sampler_verify_tree); the outputs are the accepted path's
-                               drafts (SAMPLE|DRAFT|TREE) and the next token */
+                               drafts (SAMPLE|DRAFT) and the next token */
 };
 typedef struct loip_step_output {
     int32_t seq;
