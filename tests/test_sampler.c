@@ -381,64 +381,6 @@ static void test_seed(void) {
     free(l);
 }
 
-static void expect_einval(const char *what, loip_sampler *s, const float *l,
-                          const loip_sampler_params *p, const int32_t *h, int32_t nh,
-                          const char *needle) {
-    int32_t tok = -7;
-    int rc = loip_sampler_sample(s, l, p, h, nh, &tok);
-    CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), needle) != NULL,
-          "%s: rc %d, message \"%s\" (want EINVAL naming \"%s\")", what, rc, loip_last_error(),
-          needle);
-}
-
-static void test_invalid(void) {
-    loip_sampler *s = NULL;
-    CHECK(loip_sampler_new(0, 1, &s) == LOIP_EINVAL && s == NULL, "vocab 0 accepted");
-    CHECK(loip_sampler_new(-5, 1, &s) == LOIP_EINVAL, "vocab -5 accepted");
-    CHECK(loip_sampler_new(5, 1, NULL) == LOIP_EINVAL, "NULL out accepted");
-    loip_sampler_free(NULL);
-    s = new_sampler(4, 1);
-    float l[4] = {1, 2, 3, 4};
-    loip_sampler_params p;
-    p = defaults(); p.temperature = NAN;
-    expect_einval("NaN temperature", s, l, &p, NULL, 0, "temperature");
-    p = defaults(); p.temperature = INFINITY;
-    expect_einval("inf temperature", s, l, &p, NULL, 0, "temperature");
-    p = defaults(); p.top_p = 0.0f;
-    expect_einval("top_p 0", s, l, &p, NULL, 0, "top_p");
-    p = defaults(); p.top_p = -0.5f;
-    expect_einval("top_p < 0", s, l, &p, NULL, 0, "top_p");
-    p = defaults(); p.top_p = NAN;
-    expect_einval("NaN top_p", s, l, &p, NULL, 0, "top_p");
-    p = defaults(); p.min_p = NAN;
-    expect_einval("NaN min_p", s, l, &p, NULL, 0, "min_p");
-    p = defaults(); p.min_p = 1.5f;
-    expect_einval("min_p > 1", s, l, &p, NULL, 0, "min_p");
-    p = defaults(); p.repetition_penalty = NAN;
-    expect_einval("NaN penalty", s, l, &p, NULL, 0, "repetition_penalty");
-    p = defaults(); p.repetition_penalty = 1.3f;
-    int32_t bad[2] = {1, 4}, neg[2] = {-1, 0};
-    expect_einval("history id = vocab", s, l, &p, bad, 2, "history[1]");
-    expect_einval("history id < 0", s, l, &p, neg, 2, "history[0]");
-    expect_einval("n_history < 0", s, l, &p, bad, -1, "n_history");
-    expect_einval("NULL history", s, l, &p, NULL, 3, "history");
-    p.repetition_penalty = 1.0f; /* checked even when the penalty is off */
-    expect_einval("history id, penalty off", s, l, &p, bad, 2, "history[1]");
-    p = defaults();
-    expect_einval("NULL logits", s, NULL, &p, NULL, 0, "logits");
-    float nan_l[4] = {1, NAN, 3, 4};
-    expect_einval("NaN logit", s, nan_l, &p, NULL, 0, "logits[1]");
-    float inf_l[4] = {1, INFINITY, 3, 4};
-    expect_einval("+inf logit", s, inf_l, &p, NULL, 0, "+inf");
-    float ninf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    expect_einval("all -inf", s, ninf, &p, NULL, 0, "-inf");
-    int32_t tok = -1;
-    CHECK(loip_sampler_sample(s, l, &p, NULL, 0, NULL) == LOIP_EINVAL, "NULL token accepted");
-    CHECK(loip_sampler_sample(NULL, l, &p, NULL, 0, &tok) == LOIP_EINVAL, "NULL sampler");
-    CHECK(loip_sampler_sample(s, l, NULL, NULL, 0, &tok) == LOIP_EINVAL, "NULL params");
-    loip_sampler_free(s);
-}
-
 /* Counts against want[] (sums to 1): each within 5 standard deviations of a binomial. */
 static int freqs_ok(const char *what, const long *cnt, const double *want, int n, long draws) {
     int ok = 1;
@@ -497,19 +439,90 @@ static void test_verify_tree(void) {
     }
     CHECK(freqs_ok("tree first token", c0, p0, V, draws), "sampled tree: the first token is not the root row's distribution");
     CHECK(freqs_ok("tree after node 1", c1, p1, V, after0), "sampled tree: the token after node 1 is not its row's distribution");
-    /* the stream moves by m + 1 draws whatever was accepted */
-    loip_sampler *a = new_sampler(V, 99), *b = new_sampler(V, 99);
-    nh = 1;
-    loip_sampler_verify_tree(a, l, M, drafts, parents, &p, hist, &nh, 16, out, &n_out);
-    loip_sampler_skip(b, M + 1);
+    /* coupled to the stream: the tokens are those sampling each row of the path in turn draws
+     * with the same seed, one draw each (then the streams go on together) */
     int same = 1;
-    for (int i = 0; i < 50; i++) same &= draw(a, l, &p, NULL, 0) == draw(b, l, &p, NULL, 0);
-    CHECK(same, "a sampled tree verification did not use m + 1 draws");
-    loip_sampler_free(a), loip_sampler_free(b), loip_sampler_free(s);
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        loip_sampler *a = new_sampler(V, seed), *b = new_sampler(V, seed);
+        nh = 1;
+        loip_sampler_verify_tree(a, l, M, drafts, parents, &p, hist, &nh, 16, out, &n_out);
+        int32_t node = 0;
+        for (int32_t j = 0; j < n_out; j++) {
+            same &= draw(b, l + (size_t)node * V, &p, NULL, 0) == out[j];
+            int32_t next = -1;
+            for (int32_t c = 0; c < M && next < 0; c++)
+                if (parents[c] == node && drafts[c] == out[j]) next = c + 1;
+            node = next;
+        }
+        same &= node < 0 && draw(a, l, &p, NULL, 0) == draw(b, l, &p, NULL, 0);
+        loip_sampler_free(a), loip_sampler_free(b);
+    }
+    CHECK(same, "a sampled tree's tokens are not those sampling its path draws, one draw each");
+    loip_sampler_free(s);
+}
+
+
+static void expect_einval(const char *what, loip_sampler *s, const float *l,
+                          const loip_sampler_params *p, const int32_t *h, int32_t nh,
+                          const char *needle) {
+    int32_t tok = -7;
+    int rc = loip_sampler_sample(s, l, p, h, nh, &tok);
+    CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), needle) != NULL,
+          "%s: rc %d, message \"%s\" (want EINVAL naming \"%s\")", what, rc, loip_last_error(),
+          needle);
+}
+
+static void test_invalid(void) {
+    loip_sampler *s = NULL;
+    CHECK(loip_sampler_new(0, 1, &s) == LOIP_EINVAL && s == NULL, "vocab 0 accepted");
+    CHECK(loip_sampler_new(-5, 1, &s) == LOIP_EINVAL, "vocab -5 accepted");
+    CHECK(loip_sampler_new(5, 1, NULL) == LOIP_EINVAL, "NULL out accepted");
+    loip_sampler_free(NULL);
+    s = new_sampler(4, 1);
+    float l[4] = {1, 2, 3, 4};
+    loip_sampler_params p;
+    p = defaults(); p.temperature = NAN;
+    expect_einval("NaN temperature", s, l, &p, NULL, 0, "temperature");
+    p = defaults(); p.temperature = INFINITY;
+    expect_einval("inf temperature", s, l, &p, NULL, 0, "temperature");
+    p = defaults(); p.top_p = 0.0f;
+    expect_einval("top_p 0", s, l, &p, NULL, 0, "top_p");
+    p = defaults(); p.top_p = -0.5f;
+    expect_einval("top_p < 0", s, l, &p, NULL, 0, "top_p");
+    p = defaults(); p.top_p = NAN;
+    expect_einval("NaN top_p", s, l, &p, NULL, 0, "top_p");
+    p = defaults(); p.min_p = NAN;
+    expect_einval("NaN min_p", s, l, &p, NULL, 0, "min_p");
+    p = defaults(); p.min_p = 1.5f;
+    expect_einval("min_p > 1", s, l, &p, NULL, 0, "min_p");
+    p = defaults(); p.repetition_penalty = NAN;
+    expect_einval("NaN penalty", s, l, &p, NULL, 0, "repetition_penalty");
+    p = defaults(); p.repetition_penalty = 1.3f;
+    int32_t bad[2] = {1, 4}, neg[2] = {-1, 0};
+    expect_einval("history id = vocab", s, l, &p, bad, 2, "history[1]");
+    expect_einval("history id < 0", s, l, &p, neg, 2, "history[0]");
+    expect_einval("n_history < 0", s, l, &p, bad, -1, "n_history");
+    expect_einval("NULL history", s, l, &p, NULL, 3, "history");
+    p.repetition_penalty = 1.0f; /* checked even when the penalty is off */
+    expect_einval("history id, penalty off", s, l, &p, bad, 2, "history[1]");
+    p = defaults();
+    expect_einval("NULL logits", s, NULL, &p, NULL, 0, "logits");
+    float nan_l[4] = {1, NAN, 3, 4};
+    expect_einval("NaN logit", s, nan_l, &p, NULL, 0, "logits[1]");
+    float inf_l[4] = {1, INFINITY, 3, 4};
+    expect_einval("+inf logit", s, inf_l, &p, NULL, 0, "+inf");
+    float ninf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    expect_einval("all -inf", s, ninf, &p, NULL, 0, "-inf");
+    int32_t tok = -1;
+    CHECK(loip_sampler_sample(s, l, &p, NULL, 0, NULL) == LOIP_EINVAL, "NULL token accepted");
+    CHECK(loip_sampler_sample(NULL, l, &p, NULL, 0, &tok) == LOIP_EINVAL, "NULL sampler");
+    CHECK(loip_sampler_sample(s, l, NULL, NULL, 0, &tok) == LOIP_EINVAL, "NULL params");
+    loip_sampler_free(s);
 }
 
 int main(void) {
     test_greedy();
+    test_verify_tree();
     test_temperature();
     test_top_k();
     test_top_p();
@@ -518,7 +531,6 @@ int main(void) {
     test_penalty();
     test_seed();
     test_invalid();
-    test_verify_tree();
     printf("test_sampler: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail == 0 ? 0 : 1;
 }

@@ -422,11 +422,14 @@ LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k
 }
 
 /* Multi-candidate speculative sampling over a tree of deterministic drafts (SpecInfer's and
- * SpecExec's verification with q = 1 on each candidate): at a node, its children are tried in
- * order; child c is accepted with probability w(c) / W, W the weight left once the rejected
- * siblings' weights are taken out (their tokens get weight 0: p' = norm(max(0, p - 1[rejected]))),
- * so that the token leaving the node is distributed as p whatever the children are. None
- * accepted: drawn from the weight left. Greedy: the first child equal to the argmax. */
+ * SpecExec's verification with q = 1 on each candidate): at a node, child c is accepted with
+ * probability p'(c), p' the row's p with the children rejected before it removed and
+ * renormalised, and none accepted, a token is drawn from what is left. Drawing t from p as a
+ * plain sample (one uniform) and following the first child whose token is t, or emitting t when
+ * none is, is that same rule, coupled (as loip_sampler_verify's): a set of distinct children is
+ * left with probability p(the set), and the token emitted then is p given t outside it. So every
+ * token is the one loip_sampler_sample would draw at that point of the stream, one draw per
+ * token out. Greedy: the same rule with the argmax. */
 LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
                                       const int32_t *drafts, const int32_t *parents,
                                       const loip_sampler_params *p, int32_t *history,
@@ -448,46 +451,17 @@ LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int3
                              (int)i + 1, (int)parents[i]);
     }
     const int32_t V = s->vocab;
-    const int sampling = p->temperature > 0.0f;
-    uint64_t draws = 0;
-    int32_t node = 0;
     *n_out = 0;
-    for (;;) {
-        int32_t best, n = 0, id = -1, next = -1;
+    for (int32_t node = 0; node >= 0;) {
+        int32_t best, n = 0, next = -1;
         double sum = 0.0;
         if ((rc = distribution(s, logits + (size_t)node * V, p, history, *n_history, &best, &n, &sum))) return rc;
-        for (int32_t c = node; c < m && next < 0; c++) {
-            if (parents[c] != node) continue;
-            if (!sampling) {
-                if (drafts[c] == best) next = c + 1;
-                continue;
-            }
-            double w = 0.0;
-            int32_t at = -1;
-            for (int32_t i = 0; i < n; i++)
-                if (s->cand[i].id == drafts[c]) w = s->cand[i].v, at = i;
-            draws++;
-            if (w > 0.0 && uniform01(s->rng) * sum < w) {
-                next = c + 1;
-            } else if (at >= 0) {
-                sum -= w;
-                s->cand[at].v = 0.0f; /* rejected: never drawn from here */
-            }
-        }
-        if (next > 0) {
-            id = drafts[next - 1];
-        } else if (sampling) {
-            id = draw(s, s->cand, n, sum, -1);
-            if (id < 0) id = best; /* every weight gone (rounding): the argmax */
-            draws++;
-        } else {
-            id = best;
-        }
+        int32_t id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
+        for (int32_t c = node; c < m && next < 0; c++) /* (a node's children come after it) */
+            if (parents[c] == node && drafts[c] == id) next = c + 1;
         out[(*n_out)++] = id;
         if (*n_history < max_history) history[(*n_history)++] = id;
-        if (next < 0) break;
         node = next;
     }
-    if (sampling && draws < (uint64_t)m + 1) loip_sampler_skip(s, (uint64_t)m + 1 - draws);
     return 0;
 }

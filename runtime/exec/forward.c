@@ -471,6 +471,27 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
     return LOIP_OK;
 }
 
+/* Token t's rotation and what it reads (tok_seq/tok_pos of rows 0..t set): an ordinary row its
+ * own position and 0..pos; a tree node (parent > 0) its parent's rotation + 1 and its root's
+ * positions 0..base with its ancestors' and its own past the root (loip_batch_token). */
+static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
+    int32_t parent = toks ? toks[t].parent : 0;
+    s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
+    if (parent == 0) return LOIP_OK;
+    int32_t a = t - parent;
+    if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
+        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "
+                         "%d rows before it, not an earlier position of its sequence in the batch", t, s->tok_seq[t],
+                         s->tok_pos[t], parent);
+    int32_t base = s->tok_mask[a] ? s->tok_base[a] : s->tok_pos[a], o = s->tok_pos[t] - base;
+    if (o > 64)
+        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d) at position %d, %d past its tree's "
+                         "root (at most 64)", t, s->tok_seq[t], s->tok_pos[t], o);
+    s->tok_rope[t] = s->tok_rope[a] + 1, s->tok_base[t] = base;
+    s->tok_mask[t] = s->tok_mask[a] | (uint64_t)1 << (o - 1);
+    return LOIP_OK;
+}
+
 /* The prepared tokens' recomputed rows: a sequence with evicted positions must bring all of
  * them, in order, as consecutive rows (recompute_row[seq] is the first), whenever it has a
  * token in the batch. */
@@ -499,27 +520,6 @@ static int find_recomputed(loip_session *s, int32_t n) {
             return loip_fail(LOIP_EINVAL, "forward: sequence %d's evicted position %d twice in one batch", q,
                              s->tok_pos[t]);
     }
-    return LOIP_OK;
-}
-
-/* Token t's rotation and what it reads (tok_seq/tok_pos of rows 0..t set): an ordinary row its
- * own position and 0..pos; a tree node (parent > 0) its parent's rotation + 1 and its root's
- * positions 0..base with its ancestors' and its own past the root (loip_batch_token). */
-static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
-    int32_t parent = toks ? toks[t].parent : 0;
-    s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
-    if (parent == 0) return LOIP_OK;
-    int32_t a = t - parent;
-    if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
-        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "
-                         "%d rows before it, not an earlier position of its sequence in the batch", t, s->tok_seq[t],
-                         s->tok_pos[t], parent);
-    int32_t base = s->tok_mask[a] ? s->tok_base[a] : s->tok_pos[a], o = s->tok_pos[t] - base;
-    if (o > 64)
-        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d) at position %d, %d past its tree's "
-                         "root (at most 64)", t, s->tok_seq[t], s->tok_pos[t], o);
-    s->tok_rope[t] = s->tok_rope[a] + 1, s->tok_base[t] = base;
-    s->tok_mask[t] = s->tok_mask[a] | (uint64_t)1 << (o - 1);
     return LOIP_OK;
 }
 

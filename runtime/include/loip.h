@@ -910,14 +910,13 @@ LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k
                                  int32_t *out, int32_t *n_out);
 /* Verify a tree of m drafts against m + 1 rows of logits (row 0: the root's, after the history;
  * row i: node i's, after the history and node i's path): node i (1..m) is token drafts[i-1],
- * child of node parents[i-1] (0: the root; < i). From the root, each node's children are tried
- * in order: greedy, the first equal to the argmax is accepted, none: the argmax ends the path;
- * sampling, child c is accepted with the probability p'(c), p' the row's distribution with the
- * children rejected before it removed and renormalised; none accepted: a token is drawn from
- * what is left. The path's drafts, then the next token, go to out (room for m + 1) and onto
- * history as loip_sampler_verify does. Every emitted token is distributed as
- * loip_sampler_sample would draw it. Draws (temperature > 0): always m + 1 (unused ones
- * skipped), so that a sampler's stream position follows from the steps it verified. */
+ * child of node parents[i-1] (0: the root; < i). From the root, a token is drawn from the row
+ * as loip_sampler_sample would (greedy: the argmax); the first child with that token is
+ * accepted and the walk goes on from it, none: the token ends the path (speculative sampling
+ * over several candidates: a child accepted with its probability under the row's distribution
+ * less the children rejected before it, renormalised). The path's drafts, then the next token,
+ * go to out (room for m + 1) and onto history as loip_sampler_verify does; one draw per token
+ * out, each the token sampling alone would give at that point of the stream. */
 LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
                                       const int32_t *drafts, const int32_t *parents,
                                       const loip_sampler_params *p, int32_t *history,

@@ -1,6 +1,7 @@
 -- Speculative decoding's tree mode (loip.serve.tree): a tree of drafts verified in one step
 -- gives exactly the tokens of no speculation (greedy), in-process and on 3 local devices, with
--- another request in the batch; a tree node's logits are those of its path run as a chain.
+-- another request in the batch, and sampling the tokens of no speculation for a seeded request;
+-- a tree node's logits are those of its path run as a chain.
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local json = require "loip.tools.json"
@@ -50,6 +51,20 @@ describe("speculative decoding, tree mode", function()
     local d = check(reqs, cases, 40, b)
     assert.is_true(d.tokens_per_step > 1)
     assert.are.equal(0, b.kv_used)
+    -- sampling: a seeded request gives the tokens it gives with no drafts (one draw a token)
+    local plain = loip.model.open(st, { threads = 1, context = 256, max_batch = 2 })
+    local function sampled(model, seed)
+      local r = model:batcher():submit { prompt = cases[1].prompt_ids, max_tokens = 40, sampler = { temperature = 0.9 }, seed = seed }
+      model:batcher():drain()
+      return r
+    end
+    local accepted = b.draft:report().accepted
+    for seed = 1, 3 do
+      local r = sampled(m, seed)
+      assert.are.same(sampled(plain, seed).token_ids, r.token_ids)
+    end
+    assert.is_true(b.draft:report().accepted > accepted, "sampled trees accepted drafts")
+    plain:close()
     m:close()
   end)
 

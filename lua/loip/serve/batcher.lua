@@ -275,7 +275,6 @@ function Batcher:step()
     for r, ids in pairs(drafts) do
       if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
       self.draft:observe(r, #ids, got[r] or 0)
-      if #ids > 0 and temperature(r) > 0 then r.draws_used = (r.draws_used or 0) + tree.extra_draws(ids, got[r] or 0) end
     end
     if not next(drafts) or #decoding == #toks - self:drafted_rows(drafts) then self.draft:measured(#toks, now - t0) end
   end

@@ -126,11 +126,4 @@ function M.kept(r, ids, got, outs)
   return sent + 1 + a
 end
 
--- The sampler draws a step of drafts ids took beyond one a token: a tree's verification
--- always takes #ids + 1; a chain's one more after a rejection.
-function M.extra_draws(ids, got)
-  if ids.parents then return #ids + 1 - got end
-  return got <= #ids and 1 or 0
-end
-
 return M
