@@ -49,7 +49,10 @@ function M.open(ctx, o)
 end
 
 function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
-function M.propose_tree(req, ctx, o) return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels) end
+function M.propose_tree(req, ctx, o)
+  if not ctx.drafter.propose_tree then error("draft " .. M.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
+  return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
+end
 function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
 function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
 
