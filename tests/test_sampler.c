@@ -381,6 +381,87 @@ static void test_seed(void) {
     free(l);
 }
 
+/* Counts against want[] (sums to 1): each within 5 standard deviations of a binomial. */
+static int freqs_ok(const char *what, const long *cnt, const double *want, int n, long draws) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        double f = (double)cnt[i] / (double)draws, sd = sqrt(want[i] * (1 - want[i]) / (double)draws);
+        if (want[i] == 0 ? cnt[i] != 0 : fabs(f - want[i]) > 5 * sd + 1e-9) {
+            fprintf(stderr, "  %s: token %d freq %.5f want %.5f (sd %.5f)\n", what, i, f, want[i], sd);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* loip_sampler_verify_tree: greedy follows the argmax through the tree; sampling gives every
+ * token the distribution of sampling it alone, whichever children the tree offers. */
+static void test_verify_tree(void) {
+    enum { V = 4, M = 4 };
+    /* rows: root, then nodes 1..4; node 1 (token 0) and 2 (token 1) children of the root, node
+     * 3 (token 2) of node 1, node 4 (token 3) of node 2 */
+    const float l[(M + 1) * V] = {0.5f, 1.0f, -0.2f, 0.3f, /* root: argmax 1 */
+                                  2.0f, 0.1f, 1.0f, -1.0f, /* node 1 */
+                                  0.0f, 0.2f, 0.4f, 1.5f,  /* node 2: argmax 3 */
+                                  1.0f, 1.0f, 1.0f, 1.0f,  /* node 3 */
+                                  0.3f, 0.2f, 2.5f, 0.1f}; /* node 4: argmax 2 */
+    const int32_t drafts[M] = {0, 1, 2, 3}, parents[M] = {0, 0, 1, 2};
+    loip_sampler_params p = defaults();
+    p.temperature = 0.0f;
+    loip_sampler *s = new_sampler(V, 7);
+    int32_t hist[16] = {2}, nh = 1, out[M + 1], n_out = 0;
+    int rc = loip_sampler_verify_tree(s, l, M, drafts, parents, &p, hist, &nh, 16, out, &n_out);
+    CHECK(rc == 0 && n_out == 3 && out[0] == 1 && out[1] == 3 && out[2] == 2,
+          "greedy tree: want 1 3 2 (node 2, node 4, then node 4's argmax), got %d tokens %d %d %d", (int)n_out,
+          out[0], out[1], out[2]);
+    CHECK(nh == 4 && hist[1] == 1 && hist[3] == 2, "greedy tree: the tokens go onto the history");
+    const int32_t bad_parent[M] = {0, 0, 3, 2};
+    nh = 1;
+    CHECK(loip_sampler_verify_tree(s, l, M, drafts, bad_parent, &p, hist, &nh, 16, out, &n_out) == LOIP_EINVAL &&
+              strstr(loip_last_error(), "node 3's parent") != NULL,
+          "a parent after its node is refused, naming the node");
+
+    /* sampling: the first token is distributed as the root's row, the second (after token 0,
+     * node 1) as node 1's, whether node 1's child (token 2) is accepted or drawn */
+    p = defaults();
+    double p0[V], p1[V];
+    softmax(l, V, 1.0, p0);
+    softmax(l + V, V, 1.0, p1);
+    long c0[V] = {0}, c1[V] = {0}, after0 = 0, draws = 200000;
+    for (long d = 0; d < draws; d++) {
+        nh = 1;
+        if ((rc = loip_sampler_verify_tree(s, l, M, drafts, parents, &p, hist, &nh, 16, out, &n_out)) != 0) {
+            CHECK(0, "sampled tree: %d %s", rc, loip_last_error());
+            break;
+        }
+        c0[out[0]]++;
+        if (out[0] == 0) c1[out[1]]++, after0++;
+    }
+    CHECK(freqs_ok("tree first token", c0, p0, V, draws), "sampled tree: the first token is not the root row's distribution");
+    CHECK(freqs_ok("tree after node 1", c1, p1, V, after0), "sampled tree: the token after node 1 is not its row's distribution");
+    /* coupled to the stream: the tokens are those sampling each row of the path in turn draws
+     * with the same seed, one draw each (then the streams go on together) */
+    int same = 1;
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        loip_sampler *a = new_sampler(V, seed), *b = new_sampler(V, seed);
+        nh = 1;
+        loip_sampler_verify_tree(a, l, M, drafts, parents, &p, hist, &nh, 16, out, &n_out);
+        int32_t node = 0;
+        for (int32_t j = 0; j < n_out; j++) {
+            same &= draw(b, l + (size_t)node * V, &p, NULL, 0) == out[j];
+            int32_t next = -1;
+            for (int32_t c = 0; c < M && next < 0; c++)
+                if (parents[c] == node && drafts[c] == out[j]) next = c + 1;
+            node = next;
+        }
+        same &= node < 0 && draw(a, l, &p, NULL, 0) == draw(b, l, &p, NULL, 0);
+        loip_sampler_free(a), loip_sampler_free(b);
+    }
+    CHECK(same, "a sampled tree's tokens are not those sampling its path draws, one draw each");
+    loip_sampler_free(s);
+}
+
+
 static void expect_einval(const char *what, loip_sampler *s, const float *l,
                           const loip_sampler_params *p, const int32_t *h, int32_t nh,
                           const char *needle) {
@@ -546,6 +627,7 @@ static void test_verify(void) {
 
 int main(void) {
     test_greedy();
+    test_verify_tree();
     test_temperature();
     test_top_k();
     test_top_p();

@@ -152,9 +152,11 @@ static void test_device_sizes(void) {
     }
     /* the payload buffer never drops below the control cap; misuse */
     uint64_t n = 0;
-    /* hidden and table, outputs (to 64 bytes) and logits, payload, ids and tables */
+    /* hidden and table, outputs (to 64 bytes) and logits, payload, ids (four: a message's, a
+     * verified run's drafts, its tokens out, a tree's parents) and tables */
     CHECK(loip_device_size(&mc, 1, 1, 1, &n) == 0 &&
-              n == (64 * 4 + 16) + (64 + 512 * 4) + 64 * 1024 + (4 + 4 + 16 + 8),
+              n == (64 * 4 + sizeof(loip_step_token)) + (64 + 512 * 4) + 64 * 1024 +
+                       (4 * 4 + sizeof(loip_step_token) + sizeof(loip_batch_token)),
           "one token of a small model: %llu", (unsigned long long)n);
     CHECK(loip_device_size(&mc, 0, 1, 1, &n) == LOIP_EINVAL, "max_tokens 0 refused");
     loip_model_config none = {0};

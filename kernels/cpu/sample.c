@@ -411,3 +411,48 @@ LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k
     }
     return 0;
 }
+
+/* Multi-candidate speculative sampling over a tree of deterministic drafts (SpecInfer's and
+ * SpecExec's verification with q = 1 on each candidate): at a node, child c is accepted with
+ * probability p'(c), p' the row's p with the children rejected before it removed and
+ * renormalised, and none accepted, a token is drawn from what is left. Drawing t from p as a
+ * plain sample (one uniform) and following the first child whose token is t, or emitting t when
+ * none is, is that same rule, coupled (as loip_sampler_verify's): a set of distinct children is
+ * left with probability p(the set), and the token emitted then is p given t outside it. So every
+ * token is the one loip_sampler_sample would draw at that point of the stream, one draw per
+ * token out. Greedy: the same rule with the argmax. */
+LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
+                                      const int32_t *drafts, const int32_t *parents,
+                                      const loip_sampler_params *p, int32_t *history,
+                                      int32_t *n_history, int32_t max_history, int32_t *out,
+                                      int32_t *n_out) {
+    const char *fn = "loip_sampler_verify_tree";
+    if (n_history == NULL || n_out == NULL || (m > 0 && (drafts == NULL || parents == NULL)))
+        return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn,
+                         n_history == NULL ? "n_history" : n_out == NULL ? "n_out" : drafts == NULL ? "drafts" : "parents");
+    if (m < 0) return loip_fail(LOIP_EINVAL, "%s: %d drafts", fn, (int)m);
+    int rc = check_call(s, logits, p, history, *n_history, out);
+    if (rc != 0) return rc;
+    for (int32_t i = 0; i < m; i++) {
+        if (drafts[i] < 0 || drafts[i] >= s->vocab)
+            return loip_fail(LOIP_EINVAL, "%s: node %d is token %d, outside the vocabulary [0, %d)", fn, (int)i + 1,
+                             (int)drafts[i], (int)s->vocab);
+        if (parents[i] < 0 || parents[i] > i)
+            return loip_fail(LOIP_EINVAL, "%s: node %d's parent is %d (the root 0, or a node before it)", fn,
+                             (int)i + 1, (int)parents[i]);
+    }
+    const int32_t V = s->vocab;
+    *n_out = 0;
+    for (int32_t node = 0; node >= 0;) {
+        int32_t best, n = 0, next = -1;
+        double sum = 0.0;
+        if ((rc = distribution(s, logits + (size_t)node * V, p, history, *n_history, &best, &n, &sum))) return rc;
+        int32_t id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
+        for (int32_t c = node; c < m && next < 0; c++) /* (a node's children come after it) */
+            if (parents[c] == node && drafts[c] == id) next = c + 1;
+        out[(*n_out)++] = id;
+        if (*n_history < max_history) history[(*n_history)++] = id;
+        node = next;
+    }
+    return 0;
+}

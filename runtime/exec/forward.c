@@ -106,8 +106,12 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     s->evicted = calloc((size_t)max_seqs, sizeof(int32_t));
     s->recompute_row = malloc((size_t)max_seqs * sizeof(int32_t));
     s->lent_at = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), sizeof *s->lent_at);
-    if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at) {
-        free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
+    s->tok_rope = calloc(B, sizeof(int32_t)), s->tok_base = calloc(B, sizeof(int32_t));
+    s->tok_mask = calloc(B, sizeof(uint64_t));
+    if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at || !s->tok_rope || !s->tok_base ||
+        !s->tok_mask) {
+        free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
         return loip_fail(LOIP_ENOMEM, "session: out of memory");
     }
     for (int32_t q = 0; q < max_seqs; q++) s->recompute_row[q] = -1;
@@ -124,7 +128,8 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             int rc = loip_fail(LOIP_ESTATE, "session: internal size mismatch (kv %llu/%llu, scratch %llu/%llu)",
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
                                (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
-            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
+            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
             return rc;
         }
     }
@@ -138,7 +143,8 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
             loip_budget_release(budget, "kv", kv_now);
         if (rc) {
-            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at), free(s);
+            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
             return rc;
         }
         s->budget = loip_budget_retain(budget);
@@ -192,6 +198,9 @@ LOIP_API void loip_session_free(loip_session *s) {
     free(s->layer_slot);
     free(s->tok_seq);
     free(s->tok_pos);
+    free(s->tok_rope);
+    free(s->tok_base);
+    free(s->tok_mask);
     free(s->lent);
     free(s->seq_lent);
     free(s->evicted);
@@ -347,47 +356,72 @@ static void qkv_post_task(void *p, int ith, int nth) {
     }
 }
 
+/* Scores of q against positions lo..hi of seq into scores[at..], block by block (each block's
+ * rows contiguous); *maxv their running max. */
+static int score_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, const float *q,
+                       int lo, int hi, float *scores, int at, float scale, float *maxv) {
+    int hd = s->m->cfg.head_dim, kb = s->kv_block;
+    for (int p = lo; p <= hi;) {
+        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
+        const float *kc = kv_block_at(s, 0, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        for (int i = 0; i < n; i++) {
+            float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
+            scores[at++] = sc;
+            if (sc > *maxv) *maxv = sc;
+        }
+        p += n;
+    }
+    return at;
+}
+
+/* o += the values of positions lo..hi of seq weighted by scores[at..] / sum. */
+static int mix_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, float *o, int lo,
+                     int hi, const float *scores, int at, float sum) {
+    int hd = s->m->cfg.head_dim, kb = s->kv_block;
+    for (int p = lo; p <= hi;) {
+        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
+        const float *vc = kv_block_at(s, 1, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        for (int i = 0; i < n; i++) k->axpy_f32(o, scores[at++] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
+        p += n;
+    }
+    return at;
+}
+
 /* Causal grouped-query attention over the paged cache: one work item per (token, head);
- * token t attends to positions 0..tok_pos[t] of its sequence, read block by block (each block's rows contiguous).
- * Softmax in fp32 as run.c does, positions in the same order as an unpaged cache would give
- * them, so the result does not depend on the block size. */
+ * token t attends to positions 0..tok_pos[t] of its sequence (a tree node: 0..tok_base[t] and
+ * the positions its mask names), read block by block. Softmax in fp32 as run.c does, positions
+ * in the same order as an unpaged cache would give them, so the result does not depend on the
+ * block size, and a tree node's equals the same path's run as a chain. */
 static void attention_task(void *p, int ith, int nth) {
     step_job *j = p;
     loip_session *s = j->s;
     const loip_model_config *c = &s->m->cfg;
     const loip_kernels *k = loip_kernels_current();
-    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads, kb = s->kv_block;
+    int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
     size_t b, e;
     loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
     for (size_t item = b; item < e; item++) {
         size_t t = item / c->n_heads;
-        int h = (int)(item % c->n_heads), kvh = h / group, last = s->tok_pos[t], seq = s->tok_seq[t];
+        int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
+        uint64_t mask = s->tok_mask[t];
+        int last = mask ? s->tok_base[t] : s->tok_pos[t];
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
-        for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *kc = kv_block_at(s, 0, j->layer, seq, b0) + (size_t)kvh * hd;
-            int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
-            for (int i = 0; i < n; i++) {
-                float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
-                scores[b0 + i] = sc;
-                if (sc > maxv) maxv = sc;
-            }
-        }
+        int n = score_range(s, k, j->layer, seq, kvh, q, 0, last, scores, 0, scale, &maxv);
+        for (int o = 1; o <= 64; o++)
+            if (mask >> (o - 1) & 1) n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
         float sum = 0.0f;
-        for (int pp = 0; pp <= last; pp++) {
+        for (int pp = 0; pp < n; pp++) {
             scores[pp] = expf(scores[pp] - maxv);
             sum += scores[pp];
         }
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        for (int b0 = 0; b0 <= last; b0 += kb) {
-            const float *vc = kv_block_at(s, 1, j->layer, seq, b0) + (size_t)kvh * hd;
-            int n = last - b0 + 1 < kb ? last - b0 + 1 : kb;
-            for (int i = 0; i < n; i++)
-                k->axpy_f32(o, scores[b0 + i] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
-        }
+        int at = mix_range(s, k, j->layer, seq, kvh, o, 0, last, scores, 0, sum);
+        for (int oo = 1; oo <= 64; oo++)
+            if (mask >> (oo - 1) & 1) at = mix_range(s, k, j->layer, seq, kvh, o, last + oo, last + oo, scores, at, sum);
     }
 }
 
@@ -434,6 +468,27 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
         }
         table[g] = s->free_groups[--s->n_free];
     }
+    return LOIP_OK;
+}
+
+/* Token t's rotation and what it reads (tok_seq/tok_pos of rows 0..t set): an ordinary row its
+ * own position and 0..pos; a tree node (parent > 0) its parent's rotation + 1 and its root's
+ * positions 0..base with its ancestors' and its own past the root (loip_batch_token). */
+static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
+    int32_t parent = toks ? toks[t].parent : 0;
+    s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
+    if (parent == 0) return LOIP_OK;
+    int32_t a = t - parent;
+    if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
+        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "
+                         "%d rows before it, not an earlier position of its sequence in the batch", t, s->tok_seq[t],
+                         s->tok_pos[t], parent);
+    int32_t base = s->tok_mask[a] ? s->tok_base[a] : s->tok_pos[a], o = s->tok_pos[t] - base;
+    if (o > 64)
+        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d) at position %d, %d past its tree's "
+                         "root (at most 64)", t, s->tok_seq[t], s->tok_pos[t], o);
+    s->tok_rope[t] = s->tok_rope[a] + 1, s->tok_base[t] = base;
+    s->tok_mask[t] = s->tok_mask[a] | (uint64_t)1 << (o - 1);
     return LOIP_OK;
 }
 
@@ -506,6 +561,7 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
             return loip_fail(LOIP_ERANGE, "forward: token %d of the batch (sequence %d) at position %d, past "
                              "the context of %d tokens", t, seq, p, s->max_ctx);
         s->tok_seq[t] = seq, s->tok_pos[t] = p;
+        if ((rc = tree_node(s, toks, t))) return rc;
     }
     if ((rc = find_recomputed(s, n))) return rc;
     for (int32_t t = 0; t < n; t++)
@@ -517,7 +573,7 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     int half = m->cfg.head_dim / 2;
     for (int t = 0; t < n; t++)
         for (int i = 0; i < half; i++) {
-            float val = (float)s->tok_pos[t] * m->inv_freq[i];
+            float val = (float)s->tok_rope[t] * m->inv_freq[i];
             s->rope_cos[t * half + i] = cosf(val);
             s->rope_sin[t * half + i] = sinf(val);
         }

@@ -55,6 +55,10 @@ struct loip_session {
     int32_t *recompute_row;
     int32_t *tok_seq;      /* (max_batch) the prepared batch: each token's sequence */
     int32_t *tok_pos;      /* (max_batch) and position */
+    /* Trees of drafts (loip_batch_token.parent): outside the budget's sizes, as the tables above */
+    int32_t *tok_rope;     /* (max_batch) the position a token is rotated as (a node: root + depth) */
+    int32_t *tok_base;     /* (max_batch) a node's root position: it reads 0..base whole */
+    uint64_t *tok_mask;    /* (max_batch) and base + o for each bit o - 1 set; 0: not a node */
     int n_prepared;        /* tokens prepared (loip_session_prepare), 0: none */
     float *x;        /* (max_batch, dim) hidden state used by loip_session_forward */
     float *xb;       /* (max_batch, dim) normalised input of a sub-block */

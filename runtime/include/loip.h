@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 25, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 26, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -544,10 +544,16 @@ LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq);
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
 
-/* A token of a batch of several sequences: its sequence and position. */
+/* A token of a batch of several sequences: its sequence and position (the KV position it is
+ * written at). parent > 0 makes it a node of a tree of drafts (speculative decoding's tree mode):
+ * its parent is the row `parent` rows before it (same sequence, a lower position); the tree's
+ * root is the first ancestor with parent 0, at position n. A node at depth d (a child of the
+ * root: 1) is rotated as position n + d and attends to positions 0..n and to its ancestors' and
+ * its own positions only, which must lie in n+1..n+64 (siblings and cousins are not seen). */
 typedef struct loip_batch_token {
     int32_t seq;
     int32_t pos;
+    int32_t parent;         /* 0: an ordinary row */
 } loip_batch_token;
 /* Tokens tokens[0..n) of several sequences (toks[t]: token t's sequence and position; a
  * sequence's positions before the ones here must have been forwarded before, or come earlier
@@ -763,6 +769,7 @@ typedef struct loip_step_token {
     uint32_t request;
     int32_t flags;          /* LOIP_TOKF_* */
     int32_t id;             /* the token's id (the last device verifies a draft against it) */
+    int32_t parent;         /* a tree node's parent, rows back (loip_batch_token); 0: none */
 } loip_step_token;
 enum {
     LOIP_TOKF_SAMPLE = 1,   /* sample the sequence's next token from this token's logits */
@@ -774,6 +781,10 @@ enum {
                                the distribution of the sequence's row before it (a run of rows
                                SAMPLE, SAMPLE|DRAFT, ...: loip_sampler_verify); the outputs are
                                the accepted drafts (flags SAMPLE|DRAFT) and the next token */
+    LOIP_TOKF_TREE = 16,    /* with SAMPLE|DRAFT: a node of a tree of drafts (its parent set):
+                               the run after a SAMPLE row is verified as a tree
+                               (loip_sampler_verify_tree); the outputs are the accepted path's
+                               drafts (SAMPLE|DRAFT) and the next token */
 };
 typedef struct loip_step_output {
     int32_t seq;
@@ -899,6 +910,20 @@ LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k
                                  const int32_t *drafts, const loip_sampler_params *p,
                                  int32_t *history, int32_t *n_history, int32_t max_history,
                                  int32_t *out, int32_t *n_out);
+/* Verify a tree of m drafts against m + 1 rows of logits (row 0: the root's, after the history;
+ * row i: node i's, after the history and node i's path): node i (1..m) is token drafts[i-1],
+ * child of node parents[i-1] (0: the root; < i). From the root, a token is drawn from the row
+ * as loip_sampler_sample would (greedy: the argmax); the first child with that token is
+ * accepted and the walk goes on from it, none: the token ends the path (speculative sampling
+ * over several candidates: a child accepted with its probability under the row's distribution
+ * less the children rejected before it, renormalised). The path's drafts, then the next token,
+ * go to out (room for m + 1) and onto history as loip_sampler_verify does; one draw per token
+ * out, each the token sampling alone would give at that point of the stream. */
+LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
+                                      const int32_t *drafts, const int32_t *parents,
+                                      const loip_sampler_params *p, int32_t *history,
+                                      int32_t *n_history, int32_t max_history, int32_t *out,
+                                      int32_t *n_out);
 
 /* ---- a device of a cluster (runtime/worker: device.c, lending.c) ---------------------- */
 

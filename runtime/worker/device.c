@@ -45,8 +45,9 @@ static int sizes_for(int32_t dim, int32_t vocab, int32_t max_tokens, int32_t log
     z->outputs = ((uint64_t)z->out_cap * sizeof(loip_step_output) + 63) / 64 * 64;
     z->result = z->outputs + (uint64_t)z->out_cap * (uint64_t)vocab * sizeof(float);
     z->payload = z->hidden > CONTROL_CAP ? z->hidden : CONTROL_CAP;
-    /* ids twice over: a message's ids, or a verified run's drafts and its tokens out */
-    z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 3 + sizeof(loip_step_token) + sizeof(loip_batch_token));
+    /* ids three times over: a message's ids, or a verified run's drafts, its tokens out and a
+     * tree's parents */
+    z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 4 + sizeof(loip_step_token) + sizeof(loip_batch_token));
     z->total = z->hidden + z->result + z->payload + z->ids;
     return LOIP_OK;
 }
@@ -123,7 +124,7 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     size_t T = (size_t)d->cfg.max_tokens;
     d->hidden = loip_aligned_alloc(z.hidden);
     d->result = loip_aligned_alloc(z.result);
-    d->ids = malloc(2 * T * sizeof(int32_t));
+    d->ids = malloc(3 * T * sizeof(int32_t));
     d->toks = malloc(T * sizeof *d->toks);
     d->bt = malloc(T * sizeof *d->bt);
     d->rows = malloc(T * sizeof(int32_t));
@@ -266,9 +267,23 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
             k++;
         }
         int32_t *got = d->ids + d->cfg.max_tokens, n_got = 0;
-        if ((rc = loip_sampler_verify(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, &q->params,
-                                      q->history, &q->n_history, q->max_history, got, &n_got)))
-            return report(d, in, rc, loip_last_error());
+        if (k > 0 && (outs[i + 1].flags & LOIP_TOKF_TREE)) {
+            /* a tree: each node's parent as a node number (0 the root), kept in got[] until
+             * verified (the tokens out are at most as many as the nodes, written after) */
+            int32_t *parents = got + k + 1;
+            for (int32_t j = 0; j < k; j++) {
+                int32_t row = d->rows[i + 1 + j], up = d->toks[row].parent;
+                parents[j] = row - up - d->rows[i];
+                if (row != d->rows[i] + 1 + j || up <= 0 || parents[j] < 0 || parents[j] > j)
+                    return report(d, in, LOIP_EPROTO, "a tree node whose parent is not an earlier row of its tree");
+            }
+            rc = loip_sampler_verify_tree(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, parents,
+                                          &q->params, q->history, &q->n_history, q->max_history, got, &n_got);
+        } else {
+            rc = loip_sampler_verify(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, &q->params, q->history,
+                                     &q->n_history, q->max_history, got, &n_got);
+        }
+        if (rc) return report(d, in, rc, loip_last_error());
         for (int32_t j = 0; j < n_got; j++)
             outs[w++] = (loip_step_output){o.seq, o.request, got[j], j + 1 < n_got ? (o.flags | LOIP_TOKF_DRAFT) : o.flags};
         d->st.drafted += (uint64_t)k, d->st.accepted += (uint64_t)(n_got - 1);
@@ -329,7 +344,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
                      e->request, e->seq, d->seqs[e->seq].request);
             return report(d, h, LOIP_EPROTO, why);
         }
-        d->bt[t] = (loip_batch_token){e->seq, e->pos};
+        d->bt[t] = (loip_batch_token){e->seq, e->pos, e->parent};
     }
     /* a sequence recomputing positions 0..E-1 (rows so flagged) has evicted them: from now on */
     for (int32_t t = 0; t < k; t++) {

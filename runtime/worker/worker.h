@@ -103,7 +103,7 @@ struct loip_device {
     float *hidden;      /* (max_tokens, dim), then room for the token table */
     uint8_t *result;    /* out_cap loip_step_output, then logits (out_cap, vocab) */
     float *logits;      /* inside result */
-    int32_t *ids;       /* (2 max_tokens) a message's ids; a verified run's drafts, then its tokens */
+    int32_t *ids;       /* (3 max_tokens) a message's ids; a verified run's drafts, its tokens, a tree's parents */
     loip_step_token *toks; /* (max_tokens) the message's table */
     loip_batch_token *bt;  /* (max_tokens) the same for the session */
     int32_t *rows;         /* (max_tokens) rows whose logits the last device computes */

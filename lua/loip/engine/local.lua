@@ -6,7 +6,8 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
-local LOGITS, SAMPLE, DRAFT = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT
+local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
+  core.constants.tokf.TREE
 
 local M = {}
 
@@ -57,7 +58,7 @@ function Engine:step(toks)
   if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
   local n, rows = #toks, 0
   for i, t in ipairs(toks) do
-    self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos = t.id, t.seq, t.pos
+    self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos, self.bt[i - 1].parent = t.id, t.seq, t.pos, t.parent or 0
     if t.flags ~= 0 then self.rows[rows] = i - 1 rows = rows + 1 end
   end
   self:logits_room(rows)
@@ -84,9 +85,15 @@ function Engine:step(toks)
         error("step: a draft token with no row of its sequence before it", 0)
       else
         -- the drafts after it (consecutive rows of its sequence): verified together
-        local drafts = {}
+        local drafts, parents = {}, nil
         while i + #drafts < n and toks[i + #drafts + 1].seq == t.seq and bit.band(toks[i + #drafts + 1].flags, DRAFT) ~= 0 do
-          drafts[#drafts + 1] = toks[i + #drafts + 1].id
+          local d = toks[i + #drafts + 1]
+          if bit.band(d.flags, TREE) ~= 0 then
+            -- a tree node: its parent as a node number (0 the root)
+            parents = parents or {}
+            parents[#drafts + 1] = #drafts + 1 - d.parent
+          end
+          drafts[#drafts + 1] = d.id
         end
         if #drafts == 0 then
           local id = q.sampler:sample(row, q.history, q.n)
@@ -94,7 +101,7 @@ function Engine:step(toks)
           outs[#outs + 1] = { seq = t.seq, request = t.request, id = id }
         else
           local got
-          got, q.n = q.sampler:verify(row, drafts, q.history, q.n, q.cap)
+          got, q.n = q.sampler:verify(row, drafts, q.history, q.n, q.cap, parents)
           for j, id in ipairs(got) do
             outs[#outs + 1] = { seq = t.seq, request = t.request, id = id, flags = j < #got and SAMPLE + DRAFT or SAMPLE }
           end

@@ -47,6 +47,7 @@ function Cluster:step(toks)
   for i, t in ipairs(toks) do
     ids[i - 1] = t.id
     tab[i - 1].seq, tab[i - 1].pos, tab[i - 1].request, tab[i - 1].flags, tab[i - 1].id = t.seq, t.pos, t.request, t.flags, t.id
+    tab[i - 1].parent = t.parent or 0 -- (a tree node's, rows back)
   end
   self.step_no = (self.step_no or 0) + 1
   local step = self.step_no

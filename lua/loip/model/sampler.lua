@@ -29,16 +29,24 @@ end
 -- Verify drafts (a Lua list of ids) against #drafts + 1 rows of logits from `logits` on, the
 -- history (int32_t * of n ids, room for cap): the tokens (the accepted drafts, then the next one:
 -- loip_sampler_verify) as a list, and the history's new length.
-function Sampler:verify(logits, drafts, history, n_history, cap)
+-- parents (tree mode): each draft's parent (0 the root, else a draft's number before it): the
+-- drafts are a tree's nodes, verified by loip_sampler_verify_tree.
+function Sampler:verify(logits, drafts, history, n_history, cap, parents)
   local k = #drafts
   if not self.vbuf or self.vcap < k + 1 then
     self.vcap = math.max(k + 1, 16)
-    self.vbuf, self.vout = ffi.new("int32_t[?]", self.vcap), ffi.new("int32_t[?]", self.vcap)
+    self.vbuf, self.vout, self.vpar = ffi.new("int32_t[?]", self.vcap), ffi.new("int32_t[?]", self.vcap), ffi.new("int32_t[?]", self.vcap)
     self.vn, self.vnh = ffi.new("int32_t[1]"), ffi.new("int32_t[1]")
   end
   for j = 1, k do self.vbuf[j - 1] = drafts[j] end
   self.vnh[0] = n_history
-  assert(csampler.verify(self.handle, logits, k, self.vbuf, self.params, history, self.vnh, cap, self.vout, self.vn, "sampler"))
+  if parents then
+    for j = 1, k do self.vpar[j - 1] = parents[j] end
+    assert(csampler.verify_tree(self.handle, logits, k, self.vbuf, self.vpar, self.params, history, self.vnh, cap, self.vout,
+      self.vn, "sampler"))
+  else
+    assert(csampler.verify(self.handle, logits, k, self.vbuf, self.params, history, self.vnh, cap, self.vout, self.vn, "sampler"))
+  end
   local out = {}
   for j = 0, self.vn[0] - 1 do out[j + 1] = self.vout[j] end
   return out, self.vnh[0]

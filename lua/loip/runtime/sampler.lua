@@ -22,6 +22,14 @@ end
 function M.verify(s, logits, k, drafts, params, history, n_history, max_history, out, n_out, context)
   return core.ok(C.loip_sampler_verify(s, logits, k, drafts, params, history, n_history, max_history, out, n_out), context)
 end
+
+-- Verify a tree of m drafts (int32_t *) with their parents (int32_t *: 0 the root, else a node
+-- number before it) against m + 1 rows of logits: the accepted path's drafts and the next token
+-- into out (room for m + 1), as M.verify (loip_sampler_verify_tree).
+function M.verify_tree(s, logits, m, drafts, parents, params, history, n_history, max_history, out, n_out, context)
+  return core.ok(C.loip_sampler_verify_tree(s, logits, m, drafts, parents, params, history, n_history, max_history, out, n_out),
+    context)
+end
 function M.free(s) core.free(s, C.loip_sampler_free) end
 
 return M

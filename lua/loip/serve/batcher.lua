@@ -24,6 +24,7 @@
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
+local tree = require "loip.serve.tree"
 
 local M = {}
 
@@ -170,9 +171,9 @@ function Batcher:step()
   end
   local decoding = {}
   for _, r in ipairs(self.running) do
-    if r.state == "decode" and budget > 0 and not prompts_wait then
+    if r.state == "decode" and budget > (r.refeed or 0) and not prompts_wait then
       decoding[#decoding + 1] = r
-      budget = budget - 1
+      budget = budget - 1 - (r.refeed or 0) -- (and the rows of its last tree's path fed again)
     end
   end
   -- speculative decoding: each decoding request's drafts ride after its last token, verified
@@ -184,7 +185,7 @@ function Batcher:step()
     for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
     local rows = #decoding
     for _, r in ipairs(decoding) do
-      local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos)
+      local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
       if (r.evicted or 0) > 0 then room = 0 end
       local ids = self.draft:for_step(r, rows, math.max(0, room))
       drafts[r] = ids
@@ -192,10 +193,11 @@ function Batcher:step()
     end
   end
   for _, r in ipairs(decoding) do
-    toks[#toks + 1] = { seq = r.seq, pos = r.pos, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
+    local at = tree.refeed_rows(r, toks, owners)
+    toks[#toks + 1] = { seq = r.seq, pos = at, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
     owners[#toks] = r
-    for j, id in ipairs(drafts[r] or {}) do
-      toks[#toks + 1] = { seq = r.seq, pos = r.pos + j, request = r.id, id = id, flags = SAMPLE + DRAFT }
+    for j in ipairs(drafts[r] or {}) do
+      toks[#toks + 1] = tree.draft_row(r, at, j, drafts[r])
       owners[#toks] = r
     end
   end
@@ -271,7 +273,7 @@ function Batcher:step()
       if r and r.id == o.request and drafts[r] then got[r] = (got[r] or 0) + 1 end
     end
     for r, ids in pairs(drafts) do
-      if #ids > 0 then seen[r] = got[r] or 0 end
+      if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
       self.draft:observe(r, #ids, got[r] or 0)
     end
     if not next(drafts) or #decoding == #toks - self:drafted_rows(drafts) then self.draft:measured(#toks, now - t0) end
@@ -351,7 +353,7 @@ function Batcher:resume_all()
     local full = {}
     for i, id in ipairs(r.prompt0) do full[i] = id end
     for _, id in ipairs(r.token_ids) do full[#full + 1] = id end
-    r.prompt, r.n_prompt, r.pos, r.evicted = full, #full, 0, nil
+    r.prompt, r.n_prompt, r.pos, r.evicted, r.refeed = full, #full, 0, nil, nil
     r.logit_rows = r.want_logits and 0 or r.logit_rows
     -- (its sampler drew once a token, drafts or not: loip_sampler_verify)
     r.draws = temperature(r) > 0 and #r.token_ids or 0
@@ -371,7 +373,7 @@ function Batcher:deliver(r, id, now)
   r.pending[r.tail] = id
   r.t_last = now
   if r.on_token then r.on_token(r, id) end
-  if #r.token_ids >= r.max_tokens or r.pos + 1 >= self.engine.context then
+  if #r.token_ids >= r.max_tokens or r.pos + (r.refeed or 0) + 1 >= self.engine.context then
     return self:retire(r, "length")
   end
 end

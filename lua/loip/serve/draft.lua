@@ -39,6 +39,7 @@ function M.new(policy, target, opts)
     memo = {}, reqs = {}, cost = {}, draft_ms = nil,
     stats = { drafted = 0, accepted = 0, steps = 0, tokens = 0, turned_down = 0, probes = 0, probe_hits = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
+  d.tree = require("loip.serve.tree").wanted(policy) -- (tree=on: trees of drafts, loip.serve.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
@@ -126,7 +127,9 @@ end
 function Draft:propose(r, k)
   local s = state_of(self, r)
   local t0 = self.now()
-  local ids = self.policy.propose(view(r, s, k), self.ctx) or {}
+  local ids
+  if self.tree then ids = require("loip.serve.tree").propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
+  else ids = self.policy.propose(view(r, s, k), self.ctx) or {} end
   local dt = self.now() - t0
   if #ids > k then
     local cut = {}

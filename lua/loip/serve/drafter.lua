@@ -36,6 +36,20 @@ local function argmax(row, n)
   return best
 end
 
+-- The w ids of the largest logits, largest first (ties: the lower id first).
+local function top(row, n, w)
+  local ids = {}
+  for i = 0, n - 1 do
+    local v = row[i]
+    if #ids < w or v > row[ids[#ids]] then
+      local j = math.min(#ids + 1, w)
+      while j > 1 and v > row[ids[j - 1]] do ids[j] = ids[j - 1] j = j - 1 end
+      ids[j] = i
+    end
+  end
+  return ids
+end
+
 -- Slot req.seq for request req.id: started afresh when another request had it.
 function Drafter:slot(req)
   local s = self.slots[req.seq]
@@ -49,7 +63,9 @@ end
 
 -- k greedy drafts after req.ids (req: ids, n, k, id, seq as a draft policy gets them). The
 -- draft's own vocabulary may be larger (padded) or smaller: drafts outside vocab are cut.
-function Drafter:propose(req, k, vocab)
+-- alts (optional, a table): alts[j] gets the next `width` best ids after draft j - 1 (draft
+-- j's runners-up) for j = 1..levels, { width, levels } read from it.
+function Drafter:propose(req, k, vocab, alts)
   if k <= 0 then return {} end
   local s = self:slot(req)
   local ids, n = req.ids, req.n
@@ -72,7 +88,10 @@ function Drafter:propose(req, k, vocab)
     end
     local outs = self.engine:step(toks)
     self.forwards, self.fed = self.forwards + 1, self.fed + #toks
-    if last == n then out[1] = argmax(outs[1].logits, V) end
+    if last == n then
+      out[1] = argmax(outs[1].logits, V)
+      if alts and alts.levels >= 1 then alts[1] = top(outs[1].logits, V, alts.width + 1) end
+    end
     pos = last
   end
   for p = 1, v do s.ids[p] = ids[p] end
@@ -85,8 +104,31 @@ function Drafter:propose(req, k, vocab)
     s.ids[n + #out] = d
     s.valid = n + #out
     out[#out + 1] = argmax(outs[1].logits, V)
+    if alts and #out <= alts.levels then alts[#out] = top(outs[1].logits, V, alts.width + 1) end
   end
   return out
+end
+
+-- A tree of at most k drafts (tree mode: { ids, parents }): the greedy chain, and at each of its
+-- first `levels` levels the draft's next `width - 1` best tokens as leaves beside it.
+function Drafter:propose_tree(req, k, vocab, width, levels)
+  levels = math.min(levels, k)
+  local extra = (width - 1) * levels
+  local chain = math.max(levels, k - extra)
+  local alts = { width = width - 1, levels = levels }
+  local out = self:propose(req, chain, vocab, alts)
+  local paths = { out }
+  for j = 1, math.min(levels, #out) do
+    for _, id in ipairs(alts[j] or {}) do
+      if id ~= out[j] and #paths <= (width - 1) * j then
+        local p = {}
+        for i = 1, j - 1 do p[i] = out[i] end
+        p[j] = id
+        paths[#paths + 1] = p
+      end
+    end
+  end
+  return require("loip.serve.tree").from_paths(paths, k)
 end
 
 -- Request req ended: its slot's KV goes back.

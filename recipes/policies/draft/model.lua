@@ -10,6 +10,11 @@ M.settings = {
   { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the device with the "
     .. "largest budget): its memory is charged to that device's budget, which the scheduler plans with (--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
+  { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
+  { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
+    check = function(v) return v >= 1, "must be >= 1" end },
+  { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
+    check = function(v) return v >= 0, "must be >= 0" end },
 }
 
 -- Whether two tokenizers are one: the same vocabulary, every id the same piece (a sample of at
@@ -70,6 +75,10 @@ function M.open(ctx, o)
 end
 
 function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+function M.propose_tree(req, ctx, o)
+  if not ctx.drafter.propose_tree then error("draft " .. M.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
+  return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
+end
 function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
 function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
 

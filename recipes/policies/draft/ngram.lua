@@ -3,6 +3,8 @@
 -- then. No model and no memory; it pays where text repeats (code, quoting, summaries, agents).
 -- A speculative decoding draft (loip.policy kind "draft"):
 --   loip generate ... --draft ngram:n=4,min=2
+-- tree=on: the continuations of up to `branches` earlier occurrences (the most recent, longest
+-- n-grams first, distinct continuations) as the branches of a tree verified in one step.
 local M = { name = "ngram" }
 
 local function at_least(n) return function(v) return v >= n, "must be >= " .. n end end
@@ -10,13 +12,16 @@ M.settings = {
   { "n", "int", "the longest n-gram matched (tried from n down to min)", default = 3, check = at_least(1) },
   { "min", "int", "the shortest n-gram matched", default = 1, check = at_least(1) },
   { "window", "int", "how far back a match is looked for, in tokens (0: the whole sequence)", default = 0, check = at_least(0) },
+  { "tree", "bool", "propose a tree: several earlier matches' continuations, verified at once", default = false },
+  { "branches", "int", "with tree=on: the most earlier matches whose continuations branch", default = 3, check = at_least(1) },
 }
 
--- The continuation after the most recent earlier occurrence of the sequence's last m tokens.
-local function continuation(ids, n, m, k, window)
+-- The continuation after the most recent earlier occurrence of the sequence's last m tokens
+-- (ending before `before`, default n).
+local function continuation(ids, n, m, k, window, before)
   local first = window > 0 and math.max(1, n - window) or 1
   -- an occurrence ending at e (< n): ids[e - m + 1 .. e] == ids[n - m + 1 .. n]
-  for e = n - 1, first + m - 1, -1 do
+  for e = (before or n) - 1, first + m - 1, -1 do
     local same = true
     for j = 0, m - 1 do
       if ids[e - j] ~= ids[n - j] then same = false break end
@@ -28,7 +33,7 @@ local function continuation(ids, n, m, k, window)
         if id == nil then break end
         out[j] = id
       end
-      if #out > 0 then return out end
+      if #out > 0 then return out, e end
     end
   end
 end
@@ -40,6 +45,24 @@ function M.propose(req, ctx, o)
     if out then return out end
   end
   return {}
+end
+
+-- tree=on: up to `branches` continuations (longest n-gram first, then the most recent), those
+-- that differ merged into a tree of at most req.k nodes (loip.serve.tree.from_paths).
+function M.propose_tree(req, ctx, o)
+  local ids, n = req.ids, req.n
+  local paths, seen = {}, {}
+  for m = math.min(o.n, n - 1), o.min, -1 do
+    local before = n
+    while #paths < o.branches do
+      local out, e = continuation(ids, n, m, req.k, o.window, before)
+      if not out then break end
+      local key = table.concat(out, ",")
+      if not seen[key] then seen[key] = true paths[#paths + 1] = out end
+      before = e
+    end
+  end
+  return require("loip.serve.tree").from_paths(paths, req.k)
 end
 
 return M
