@@ -47,6 +47,8 @@ local spec = {
     { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
     { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
     { "synthetic-tokens", "int", "tokens of the synthetic runs", default = 48 },
+    { "synthetic-budget", "number", "the synthetic target's budgets together, as a share of its weights (the devices at "
+      .. "the ends hold its embedding and tied head on top of an equal share: they offload layers)", default = 1.0 },
     { "out", "string", "where to write speculative.json and speculative.svg", default = "bench-out" },
     { "quick", "bool", "40 tokens, k 1 and 4, two ngram prompts: check the recipe works" },
   },
@@ -179,7 +181,7 @@ if o.synthetic then
   local draft_store, target = synthetic("llama-3.2-1b", L[1]), synthetic("llama-3.2-3b", L[2])
   local man = store.read_manifest(target)
   local sizes = require("loip.plan").sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
-  local budgets = bench.budgets(sizes, o.devices, 0.6)
+  local budgets = bench.budgets(sizes, o.devices, o.synthetic_budget)
   local sc = cluster.start_local { store = target, devices = o.devices, mem = budgets, threads = 1 }
   local sok, serr = pcall(function()
     local prompt = bench.prompt(sizes.vocab or 128256)
