@@ -14,6 +14,10 @@ local M = {}
 
 M.lanes = { disk = 1, compute = 2, network = 3, wait = 4, plan = 5 }
 local lane_of = { load = "disk", compute = "compute", wait = "wait", send = "network", recv = "network", adapt = "plan" }
+-- Device 0 is the head, the process that runs the request loop: its lanes hold events named by
+-- their `name`, with their `args` (speculative decoding's "draft" and "verify" spans,
+-- loip.serve.draft_trace).
+M.head_lanes = { draft = 1, verify = 2 }
 
 local Trace = {}
 Trace.__index = Trace
@@ -23,6 +27,7 @@ function M.new() return setmetatable({ events = {}, devices = {}, t0 = nil }, Tr
 local function blocks(e)
   if e.kind == "adapt" then return nil end
   if e.kind == "send" or e.kind == "recv" then return "hidden state" end
+  if e.first_block == nil then return nil end
   if e.first_block < 0 then return "embedding" end
   if e.stage == 0 then return "head" end
   if e.last_block - e.first_block == 1 then return plan.block_name(e.first_block) end
@@ -30,6 +35,7 @@ local function blocks(e)
 end
 
 local function name(e)
+  if e.name then return e.name end
   if e.kind == "load" then return string.format("load stage %d", e.stage) end
   if e.kind == "send" then return string.format("send (stage %d)", e.stage) end
   if e.kind == "recv" then return string.format("transit into stage %d", e.stage) end
@@ -61,8 +67,8 @@ function Trace:count() return #self.events end
 function Trace:chrome()
   local out = {}
   for d in pairs(self.devices) do
-    out[#out + 1] = { ph = "M", name = "process_name", pid = d, tid = 0, args = { name = "device " .. d } }
-    for lane, tid in pairs(M.lanes) do
+    out[#out + 1] = { ph = "M", name = "process_name", pid = d, tid = 0, args = { name = d == 0 and "head" or "device " .. d } }
+    for lane, tid in pairs(d == 0 and M.head_lanes or M.lanes) do
       out[#out + 1] = { ph = "M", name = "thread_name", pid = d, tid = tid, args = { name = lane } }
       out[#out + 1] = { ph = "M", name = "thread_sort_index", pid = d, tid = tid, args = { sort_index = tid } }
     end
@@ -77,7 +83,9 @@ function Trace:chrome()
       if s > 0 then args.GBps = math.floor(e.bytes / s / 1e7 + 0.5) / 100 end
     end
     if e.tokens and e.tokens > 0 then args.tokens = e.tokens end
-    out[#out + 1] = { ph = "X", name = name(e), cat = e.kind, pid = x.device, tid = M.lanes[lane_of[e.kind] or "compute"],
+    for k, v in pairs(e.args or {}) do args[k] = v end
+    local tid = x.device == 0 and (M.head_lanes[e.kind] or 1) or M.lanes[lane_of[e.kind] or "compute"]
+    out[#out + 1] = { ph = "X", name = name(e), cat = e.kind, pid = x.device, tid = tid,
       ts = (e.t0_ns - t0) / 1e3, dur = math.max(0, e.t1_ns - e.t0_ns) / 1e3, args = args }
   end
   return { traceEvents = out, displayTimeUnit = "ms" }
