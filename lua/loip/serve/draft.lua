@@ -187,6 +187,7 @@ function Draft:observe(r, k, got)
     learn(s, hits < #p.ids and hits + 1 or hits, hits)
     s.probe = nil
   end
+  -- (watchers: loip.serve.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)
   if self.spans then self:span_verified(r, k, k > 0 and got - 1 or 0) end
   if self.on_observe then self.on_observe(r, k, k > 0 and got - 1 or 0) end
   local pm = self.policy.module
