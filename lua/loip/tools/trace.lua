@@ -105,9 +105,10 @@ function Trace:write(path)
 end
 
 -- An SVG timeline of a Chrome trace file (as Trace:write makes them): per device, one row per
--- lane (disk, compute, network, wait), events as bars, a time axis in ms. opts: from_ms, to_ms
--- (a window of the trace), width (px), title.
-local colors = { load = "#27ae60", compute = "#2c7fb8", wait = "#c0392b", send = "#e67e22", recv = "#f5b041" }
+-- lane (disk, compute, network, wait; the head's: draft, verify), events as bars, a time axis
+-- in ms. opts: from_ms, to_ms (a window of the trace), width (px), title.
+local colors = { load = "#27ae60", compute = "#2c7fb8", wait = "#c0392b", send = "#e67e22", recv = "#f5b041", draft = "#8e44ad",
+  verify = "#16a085" }
 function M.plot(trace_path, svg_path, opts)
   opts = opts or {}
   local t, err = json.load(trace_path)
@@ -132,7 +133,8 @@ function M.plot(trace_path, svg_path, opts)
   local plist = {}
   for p in pairs(pids) do plist[#plist + 1] = p end
   table.sort(plist)
-  local lanes = { "disk", "compute", "network", "wait" }
+  local device_lanes, head_lanes = { "disk", "compute", "network", "wait" }, { "draft", "verify" }
+  local function lanes_of(p) return p == 0 and head_lanes or device_lanes end
   local left, width, lane_h, top = 150, opts.width or 1200, 14, 40
   local row_of = {}
   local y = top
@@ -141,7 +143,7 @@ function M.plot(trace_path, svg_path, opts)
   local function esc(x) return (tostring(x):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")) end
   for _, p in ipairs(plist) do
     row_of[p] = y
-    y = y + #lanes * lane_h + 14
+    y = y + #lanes_of(p) * lane_h + 14
   end
   local height = y + 40
   add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">', left + width + 20, height)
@@ -152,7 +154,7 @@ function M.plot(trace_path, svg_path, opts)
   for _, p in ipairs(plist) do
     local y0 = row_of[p]
     add('<text x="8" y="%d" font-weight="bold">%s</text>', y0 + 10, esc(names[p] or ("device " .. p)))
-    for li, lane in ipairs(lanes) do
+    for li, lane in ipairs(lanes_of(p)) do
       local ly = y0 + (li - 1) * lane_h
       add('<text x="%d" y="%d" fill="#555">%s</text>', left - 50, ly + 11, lane)
       add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#eee"/>', left, ly + lane_h, left + width, ly + lane_h)
