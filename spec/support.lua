@@ -157,6 +157,48 @@ function M.drop_stores()
   stores = {}
 end
 
+-- A file's text, "" while it does not exist yet.
+function M.read_or_empty(p) return require("loip.tools.json").read_file(p) or "" end
+
+-- Servers still running when a spec ends (it failed before stopping its own): M.stop_servers
+-- (after_each) stops them, so that a failure leaves no process behind.
+local servers = {}
+function M.stop_servers()
+  for stop in pairs(servers) do stop() end
+end
+
+-- Start `loip serve ARGS --port 0`; returns its base URL, a stop function (SIGTERM, waited for;
+-- then SIGKILL), the stderr path. opts.verbose: its log line per request (not --quiet).
+function M.serve(args, opts)
+  local alive = require("loip.cluster.proc").alive
+  local C = require("loip.core").C
+  local dir = M.tmpdir()
+  local p = io.popen(string.format("%s serve %s --port 0%s > %s/out 2> %s/err & echo $!", M.loip, args,
+    opts and opts.verbose and "" or " --quiet", dir, dir))
+  local pid = tonumber(p:read("*l"))
+  p:close()
+  local url
+  for _ = 1, 600 do
+    url = M.read_or_empty(dir .. "/out"):match("listening (http://%S+)")
+    if url or not alive(pid) then break end
+    C.loip_sleep_ms(50)
+  end
+  local stop
+  stop = function()
+    servers[stop] = nil
+    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
+    for _ = 1, 200 do
+      if not alive(pid) then break end
+      C.loip_sleep_ms(25)
+    end
+    if alive(pid) then os.execute("kill -KILL " .. pid) end
+  end
+  servers[stop] = true
+  if not url then stop() end
+  assert(url, "the server started: " .. M.read_or_empty(dir .. "/err"))
+  return url, stop, dir .. "/err"
+end
+
 -- llama.cpp's test-tokenizer files: inputs separated by "\n__ggml_vocab_test__\n" (the file
 -- ends with one), outputs one line of space-separated ids per input.
 function M.ggml_vectors(inp, out)

@@ -16,46 +16,10 @@ local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 local store_of = T.slice_store
 teardown(T.drop_stores)
 
-local function read(p) return require("loip.tools.json").read_file(p) or "" end -- "" until it exists
-
+local read = T.read_or_empty
 local alive = require("loip.cluster.proc").alive
-
--- Servers still running when a spec ends (it failed before stopping its own): stopped then, so
--- that a failure leaves no process behind.
-local running = {}
-after_each(function()
-  for stop in pairs(running) do stop() end
-end)
-
--- Start `loip serve ARGS --port 0`; returns base URL, a stop function, the stderr path.
--- opts.verbose: its log line per request (not --quiet).
-local function serve(args, opts)
-  local dir = T.tmpdir()
-  local p = io.popen(string.format("%s serve %s --port 0%s > %s/out 2> %s/err & echo $!", T.loip, args,
-    opts and opts.verbose and "" or " --quiet", dir, dir))
-  local pid = tonumber(p:read("*l"))
-  p:close()
-  local url
-  for _ = 1, 600 do
-    url = read(dir .. "/out"):match("listening (http://%S+)")
-    if url or not alive(pid) then break end
-    C.loip_sleep_ms(50)
-  end
-  local stop
-  stop = function()
-    running[stop] = nil
-    os.execute("kill -TERM " .. pid .. " 2>/dev/null")
-    for _ = 1, 200 do
-      if not alive(pid) then break end
-      C.loip_sleep_ms(25)
-    end
-    if alive(pid) then os.execute("kill -KILL " .. pid) end
-  end
-  running[stop] = true
-  if not url then stop() end
-  assert(url, "the server started: " .. read(dir .. "/err"))
-  return url, stop, dir .. "/err"
-end
+local serve = T.serve
+after_each(T.stop_servers)
 
 local function post(cl, url, body, headers)
   local t = cl:post(url, type(body) == "string" and body or json.encode(body), headers)

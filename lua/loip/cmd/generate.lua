@@ -123,6 +123,7 @@ local function run_cluster(o)
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
     local steps0 = c:batcher().stats.steps
+    if o.trace then require("loip.serve.draft_trace").record(c:batcher().draft) end
     local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok, ignore_eos = o.ignore_eos,
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
@@ -137,6 +138,7 @@ local function run_cluster(o)
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
       require("loip.serve.online").add_to_trace(tr, c:batcher().adaptations)
+      require("loip.serve.draft_trace").add_to_trace(tr, c:batcher().draft)
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end
@@ -257,6 +259,7 @@ function M.run(o)
     input = m.tokenizer:encode(text, { add_special = false, bos = false })
     if o.verbose then common.stderr("chat prompt (%d tokens):\n%s\n", #input, text) end
   end
+  if o.trace then require("loip.serve.draft_trace").record(m:batcher().draft) end
   local it, st = m:generate(input, gen_opts)
   local pieces = {}
   if not o.json then
@@ -301,6 +304,7 @@ function M.run(o)
   end
   if o.trace then
     require("loip.serve.online").add_to_trace(m.trace, m:batcher().adaptations)
+    require("loip.serve.draft_trace").add_to_trace(m.trace, m:batcher().draft)
     m.trace:write(o.trace)
     if o.verbose then common.stderr("trace: %d events -> %s\n", m.trace:count(), o.trace) end
   end

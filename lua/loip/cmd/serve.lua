@@ -6,7 +6,7 @@ local usage = common.usage
 
 local M = {
   brief = "serve the model over HTTP with OpenAI's API (many requests at once)",
-  usage = "loip serve --model DIR|STORE [--devices N | --hosts LIST] [--mem ...] [--context N] [--host 127.0.0.1] --port P [--api-key KEY] [--max-batch B]",
+  usage = "loip serve --model DIR|STORE [--devices N | --hosts LIST] [--mem ...] [--context N] [--host 127.0.0.1] --port P [--api-key KEY] [--max-batch B] [--draft ngram|self|model ...]",
   summary = "Serve the model over HTTP with OpenAI's API: POST /v1/chat/completions and /v1/completions\n"
     .. "(stream: true for server-sent events), GET /v1/models, /health and /metrics (Prometheus). Up to\n"
     .. "--max-batch requests decode together as one micro-batch; more wait in a queue (--max-queue; past it,\n"
@@ -39,10 +39,23 @@ local M = {
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
+    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_mem,
+    { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait, and of speculative decoding's "
+      .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
     flags.shared.threads, flags.shared.kernels,
     { "quiet", "bool", "no log line per request" },
   },
 }
+
+-- --trace: the devices' events (one device's m.trace, a cluster's collected), the online
+-- policy's adaptations and speculative decoding's spans, written to path.
+function M.write_trace(path, m, c, b, quiet)
+  local tr = c and c:collect_trace(require("loip.tools.trace").new()) or m.trace or require("loip.tools.trace").new()
+  require("loip.serve.online").add_to_trace(tr, b.adaptations)
+  require("loip.serve.draft_trace").add_to_trace(tr, b.draft)
+  tr:write(path)
+  if not quiet then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), path)) end
+end
 
 function M.run(o)
   common.use_kernels(o.kernels)
@@ -63,6 +76,7 @@ function M.run(o)
   if o.max_batch > o.step_tokens then
     usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
   end
+  local draft = common.draft("serve", o)
   local api_key = o.api_key or os.getenv("LOIP_API_KEY")
   if api_key == "" then api_key = nil end
   local m, c, tok
@@ -79,7 +93,7 @@ function M.run(o)
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
         plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
-        link_schedule = o.link_schedule,
+        link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
         disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
       if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
     else
@@ -87,9 +101,11 @@ function M.run(o)
       if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end
       local is_store = model.locate(o.model) == "store"
       if o.plan_positions and not is_store then usage("serve", "--plan-positions needs a slice store (make one with loip slice)") end
+      if o.trace and not is_store then usage("serve", "--trace needs a slice store (make one with loip slice) or --devices/--hosts") end
       m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
         kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
         stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
+        trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
         online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
       tok = m.tokenizer
       if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
@@ -104,8 +120,11 @@ function M.run(o)
     if srv.chat_error and not o.quiet then
       io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
     end
+    if o.trace then require("loip.serve.draft_trace").record(srv.batcher.draft) end
     local rok, rerr = pcall(srv.run, srv)
     srv:close()
+    if c and srv.batcher.draft then srv.batcher.draft:close() end -- (a model's batcher closes its own)
+    if o.trace then M.write_trace(o.trace, m, c, srv.batcher, o.quiet) end
     if not rok then error(rerr, 0) end
   end)
   if c then c:close() end

@@ -141,6 +141,7 @@ function Draft:propose(r, k)
       error(string.format("draft policy %s: draft %d is %s, not a token id in [0, %d)", self:name(), i, tostring(id), self.target.vocab), 0)
     end
   end
+  if self.spans then self:span_draft(r, k, #ids, t0, dt) end
   if #ids > 0 then
     local per = dt / #ids
     self.draft_ms = self.draft_ms and (0.8 * self.draft_ms + 0.2 * per) or per
@@ -199,6 +200,9 @@ function Draft:observe(r, k, got)
     learn(s, hits < #p.ids and hits + 1 or hits, hits)
     s.probe = nil
   end
+  -- (watchers: loip.serve.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)
+  if self.spans then self:span_verified(r, k, k > 0 and got - 1 or 0) end
+  if self.on_observe then self.on_observe(r, k, k > 0 and got - 1 or 0) end
   local pm = self.policy.module
   if pm and pm.on_step then pm.on_step({ request = r.id, drafted = k, accepted = k > 0 and got - 1 or 0, acceptance = s.a }, self.ctx, self.policy.params) end
 end

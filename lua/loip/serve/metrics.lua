@@ -30,15 +30,17 @@ function Metrics:set(name, help, v, labels)
   self.gauges[key(name, labels)] = v
 end
 
-function Metrics:observe(name, help, v)
+-- One observation v of histogram `name`; buckets: its upper bounds, ascending (default: times
+-- in ms, 1 .. 60000), fixed by its first observation.
+function Metrics:observe(name, help, v, buckets)
   self.help[name] = { help, "histogram" }
   local h = self.hists[name]
   if not h then
-    h = { counts = {}, sum = 0, n = 0 }
-    for i = 1, #MS_BUCKETS do h.counts[i] = 0 end
+    h = { counts = {}, sum = 0, n = 0, buckets = buckets or MS_BUCKETS }
+    for i = 1, #h.buckets do h.counts[i] = 0 end
     self.hists[name] = h
   end
-  for i, b in ipairs(MS_BUCKETS) do if v <= b then h.counts[i] = h.counts[i] + 1 end end
+  for i, b in ipairs(h.buckets) do if v <= b then h.counts[i] = h.counts[i] + 1 end end
   h.sum, h.n = h.sum + v, h.n + 1
 end
 
@@ -58,7 +60,7 @@ function Metrics:text()
       for _, k in ipairs(ks) do out[#out + 1] = k .. " " .. num(src[k]) end
     else
       local h = self.hists[n]
-      for i, b in ipairs(MS_BUCKETS) do out[#out + 1] = string.format('%s_bucket{le="%s"} %d', n, num(b), h.counts[i]) end
+      for i, b in ipairs(h.buckets) do out[#out + 1] = string.format('%s_bucket{le="%s"} %d', n, num(b), h.counts[i]) end
       out[#out + 1] = string.format('%s_bucket{le="+Inf"} %d', n, h.n)
       out[#out + 1] = string.format("%s_sum %s", n, num(h.sum))
       out[#out + 1] = string.format("%s_count %d", n, h.n)

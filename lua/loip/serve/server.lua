@@ -33,6 +33,9 @@ function M.new(opts)
   self.engine_owner = eng
   self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill })
   self.context = eng.context
+  -- speculative decoding (the batcher's loip.serve.draft): each verifying step counted as it is seen
+  local d = self.batcher.draft
+  if d then d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end end
   self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
   self.n_sample = math.min(self.tok.vocab_size, self.vocab)
   self.stop_ids = {}
@@ -159,6 +162,23 @@ function Server:on_token(a, id)
   end
 end
 
+-- Histogram buckets: accepted drafts per verifying step (0 .. 8, more: +Inf), and a request's
+-- acceptance (its accepted drafts over its drafted ones).
+local STEP_BUCKETS = { 0, 1, 2, 3, 4, 5, 6, 7, 8 }
+local RATE_BUCKETS = { 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1 }
+
+-- A step verified request r's k drafts, `accepted` of them (loip.serve.draft's on_observe).
+function Server:on_draft(r, k, accepted)
+  if k == 0 then return end
+  local m = self.metrics
+  m:add("loip_draft_tokens_total", "tokens drafted (speculative decoding) and verified", k)
+  m:add("loip_draft_accepted_total", "drafted tokens accepted", accepted)
+  m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 1)
+  m:observe("loip_draft_accepted_per_step", "drafts accepted per verifying step (of a request)", accepted, STEP_BUCKETS)
+  local a = self.active[r]
+  if a then a.drafted, a.accepted = (a.drafted or 0) + k, (a.accepted or 0) + accepted end
+end
+
 function Server:on_done(a)
   if a.finished then return end
   a.finished = true
@@ -200,6 +220,10 @@ function Server:on_done(a)
   if t.ttft_ms then m:observe("loip_time_to_first_token_ms", "time from arrival to the first token", t.ttft_ms) end
   if t.decode_ms_per_token then m:observe("loip_ms_per_token", "decoding time per token after the first", t.decode_ms_per_token) end
   m:observe("loip_queue_ms", "time waiting for a slot and KV", t.queue_ms)
+  if (a.drafted or 0) > 0 then
+    m:observe("loip_draft_request_acceptance", "a request's accepted drafts over its drafted ones, at its end (requests that drafted)",
+      a.accepted / a.drafted, RATE_BUCKETS)
+  end
   if a.spec.stream then
     self:send_chunk(a, nil, finish)
     if a.spec.include_usage then self:send_chunk(a, nil, nil, usage) end
@@ -218,9 +242,11 @@ end
 -- its devices (endpoint, process id of a local worker), how many were lost (and `losses`, each
 -- with the step, the devices, why (one line; a worker's last log lines in `log`), how many were
 -- left, whether the others could take over (`replanned`, else `error`) and the re-plan's time)
--- and taken back; status "degraded" while the last loss left devices that could not.
+-- and taken back; status "degraded" while the last loss left devices that could not; with
+-- speculative decoding, `draft`: its figures (loip.serve.draft's report).
 function Server:health()
-  local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued() }
+  local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued(),
+    draft = self.batcher.draft and self.batcher.draft:report() or nil }
   local c = self.opts.cluster
   if c then
     h.devices = {}
@@ -246,6 +272,11 @@ function Server:metrics_text()
   m:set("loip_step_ms_total", "time in steps", b.stats.step_ms)
   m:set("loip_lua_heap_bytes", "the serving process's Lua heap", math.floor(collectgarbage("count") * 1024))
   m:set("loip_c_heap_bytes", "the serving process's C heap in use (malloc)", memory.heap_in_use())
+  if b.draft then -- (there from the start, at 0)
+    m:add("loip_draft_tokens_total", "tokens drafted (speculative decoding) and verified", 0)
+    m:add("loip_draft_accepted_total", "drafted tokens accepted", 0)
+    m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
+  end
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   if dev then
     for i, d in ipairs(dev) do

@@ -14,6 +14,10 @@ local M = {}
 
 M.lanes = { disk = 1, compute = 2, network = 3, wait = 4, plan = 5 }
 local lane_of = { load = "disk", compute = "compute", wait = "wait", send = "network", recv = "network", adapt = "plan" }
+-- Device 0 is the head, the process that runs the request loop: its lanes hold events named by
+-- their `name`, with their `args` (speculative decoding's "draft" and "verify" spans,
+-- loip.serve.draft_trace).
+M.head_lanes = { draft = 1, verify = 2 }
 
 local Trace = {}
 Trace.__index = Trace
@@ -23,6 +27,7 @@ function M.new() return setmetatable({ events = {}, devices = {}, t0 = nil }, Tr
 local function blocks(e)
   if e.kind == "adapt" then return nil end
   if e.kind == "send" or e.kind == "recv" then return "hidden state" end
+  if e.first_block == nil then return nil end
   if e.first_block < 0 then return "embedding" end
   if e.stage == 0 then return "head" end
   if e.last_block - e.first_block == 1 then return plan.block_name(e.first_block) end
@@ -30,6 +35,7 @@ local function blocks(e)
 end
 
 local function name(e)
+  if e.name then return e.name end
   if e.kind == "load" then return string.format("load stage %d", e.stage) end
   if e.kind == "send" then return string.format("send (stage %d)", e.stage) end
   if e.kind == "recv" then return string.format("transit into stage %d", e.stage) end
@@ -61,8 +67,8 @@ function Trace:count() return #self.events end
 function Trace:chrome()
   local out = {}
   for d in pairs(self.devices) do
-    out[#out + 1] = { ph = "M", name = "process_name", pid = d, tid = 0, args = { name = "device " .. d } }
-    for lane, tid in pairs(M.lanes) do
+    out[#out + 1] = { ph = "M", name = "process_name", pid = d, tid = 0, args = { name = d == 0 and "head" or "device " .. d } }
+    for lane, tid in pairs(d == 0 and M.head_lanes or M.lanes) do
       out[#out + 1] = { ph = "M", name = "thread_name", pid = d, tid = tid, args = { name = lane } }
       out[#out + 1] = { ph = "M", name = "thread_sort_index", pid = d, tid = tid, args = { sort_index = tid } }
     end
@@ -77,7 +83,9 @@ function Trace:chrome()
       if s > 0 then args.GBps = math.floor(e.bytes / s / 1e7 + 0.5) / 100 end
     end
     if e.tokens and e.tokens > 0 then args.tokens = e.tokens end
-    out[#out + 1] = { ph = "X", name = name(e), cat = e.kind, pid = x.device, tid = M.lanes[lane_of[e.kind] or "compute"],
+    for k, v in pairs(e.args or {}) do args[k] = v end
+    local tid = x.device == 0 and (M.head_lanes[e.kind] or 1) or M.lanes[lane_of[e.kind] or "compute"]
+    out[#out + 1] = { ph = "X", name = name(e), cat = e.kind, pid = x.device, tid = tid,
       ts = (e.t0_ns - t0) / 1e3, dur = math.max(0, e.t1_ns - e.t0_ns) / 1e3, args = args }
   end
   return { traceEvents = out, displayTimeUnit = "ms" }
@@ -97,9 +105,10 @@ function Trace:write(path)
 end
 
 -- An SVG timeline of a Chrome trace file (as Trace:write makes them): per device, one row per
--- lane (disk, compute, network, wait), events as bars, a time axis in ms. opts: from_ms, to_ms
--- (a window of the trace), width (px), title.
-local colors = { load = "#27ae60", compute = "#2c7fb8", wait = "#c0392b", send = "#e67e22", recv = "#f5b041" }
+-- lane (disk, compute, network, wait; the head's: draft, verify), events as bars, a time axis
+-- in ms. opts: from_ms, to_ms (a window of the trace), width (px), title.
+local colors = { load = "#27ae60", compute = "#2c7fb8", wait = "#c0392b", send = "#e67e22", recv = "#f5b041", draft = "#8e44ad",
+  verify = "#16a085" }
 function M.plot(trace_path, svg_path, opts)
   opts = opts or {}
   local t, err = json.load(trace_path)
@@ -124,7 +133,8 @@ function M.plot(trace_path, svg_path, opts)
   local plist = {}
   for p in pairs(pids) do plist[#plist + 1] = p end
   table.sort(plist)
-  local lanes = { "disk", "compute", "network", "wait" }
+  local device_lanes, head_lanes = { "disk", "compute", "network", "wait" }, { "draft", "verify" }
+  local function lanes_of(p) return p == 0 and head_lanes or device_lanes end
   local left, width, lane_h, top = 150, opts.width or 1200, 14, 40
   local row_of = {}
   local y = top
@@ -133,7 +143,7 @@ function M.plot(trace_path, svg_path, opts)
   local function esc(x) return (tostring(x):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")) end
   for _, p in ipairs(plist) do
     row_of[p] = y
-    y = y + #lanes * lane_h + 14
+    y = y + #lanes_of(p) * lane_h + 14
   end
   local height = y + 40
   add('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">', left + width + 20, height)
@@ -144,7 +154,7 @@ function M.plot(trace_path, svg_path, opts)
   for _, p in ipairs(plist) do
     local y0 = row_of[p]
     add('<text x="8" y="%d" font-weight="bold">%s</text>', y0 + 10, esc(names[p] or ("device " .. p)))
-    for li, lane in ipairs(lanes) do
+    for li, lane in ipairs(lanes_of(p)) do
       local ly = y0 + (li - 1) * lane_h
       add('<text x="%d" y="%d" fill="#555">%s</text>', left - 50, ly + 11, lane)
       add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#eee"/>', left, ly + lane_h, left + width, ly + lane_h)
