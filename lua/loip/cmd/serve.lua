@@ -39,7 +39,7 @@ local M = {
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
-    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_mem,
+    flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait, and of speculative decoding's "
       .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
     flags.shared.threads, flags.shared.kernels,
