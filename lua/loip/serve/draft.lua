@@ -172,6 +172,7 @@ function Draft:observe(r, k, got)
     local acc = got - 1
     st.drafted, st.accepted, st.steps, st.tokens = st.drafted + k, st.accepted + acc, st.steps + 1, st.tokens + got
     s.steps = s.steps + 1
+    st.examined = (st.examined or 0) + (acc < k and acc + 1 or acc) -- (per_draft's denominator)
     -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
     learn(s, acc < k and acc + 1 or acc, acc)
   end
@@ -210,7 +211,10 @@ function Draft:report()
   local st = self.stats
   return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
-    probes = st.probes, fixed = self.fixed }
+    probes = st.probes, fixed = self.fixed,
+    -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
+    -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
+    per_draft = (st.examined or 0) > 0 and st.accepted / st.examined or nil }
 end
 
 -- Close what the policy opened (a draft model).
