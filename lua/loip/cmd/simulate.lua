@@ -21,7 +21,7 @@ for _, f in ipairs({
   { "rate", "number", "poisson: arrivals per second", default = 1, check = function(v) return v > 0, "must be > 0" end },
   { "input-tokens", "int", "prompt tokens of each request", default = 8, check = function(v) return v >= 1, "must be >= 1" end },
   { "output-tokens", "int", "tokens each request generates", default = 32, check = function(v) return v >= 1, "must be >= 1" end },
-  { "seed", "int", "poisson: the arrivals' seed", default = 1 },
+  { "seed", "int", "the seed of poisson's arrivals and of --draft's acceptance draws", default = 1 },
   -- loip generate's names, so that a generate command line simulates as it is
   { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
   { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
