@@ -296,6 +296,16 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     assert.is_true(d0.draft.steps <= 2 and d0.draft.probes > 0, d0.draft.steps .. " steps drafted")
     assert.are.equal(none.steps, d0.steps)
     assert.is_true(d0.tokens_per_s >= 0.95 * none.tokens_per_s, d0.tokens_per_s .. " vs " .. none.tokens_per_s)
+    -- the recipe of docs/paper/speculative.md: the same twice, more tokens/s the more drafts are accepted
+    local a, b = T.tmpdir(), T.tmpdir()
+    for _, out in ipairs({ a, b }) do
+      local rc, _, err = T.run(string.format("%s run %s/recipes/paper/speculative.lua --out %s --output-tokens 48", T.loip, T.root, out))
+      assert.are.equal(0, rc, err)
+    end
+    assert.are.equal(T.read(a .. "/speculative.json"), T.read(b .. "/speculative.json"))
+    local by = {}
+    for _, r in ipairs(json.load(a .. "/speculative.json").rows) do by[tostring(r.acceptance) .. "/" .. tostring(r.k)] = r.tokens_per_s end
+    assert.is_true(by["1/chosen"] > by["0.7/chosen"] and by["0.7/chosen"] > by["none/-"] and by["0/chosen"] >= 0.95 * by["none/-"])
   end)
 
   it("reads the acceptance from a measured run's JSON, refuses bad ones naming the flag and a draft past its device's budget", function()

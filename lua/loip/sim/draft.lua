@@ -174,6 +174,12 @@ function Draft:policy(engine)
     -- what the draft's KV cache holds that the sequence keeps: the sequence, and the drafts it ran
     -- (all but the last) that are accepted
     m.valid = req.n + math.min(j, k - 1)
+    if engine.trace and ms > 0 and type(d.device) == "number" then
+      -- (on its device's compute lane: loip trace plot draws it)
+      local ev = engine.devices[d.device].events
+      ev[#ev + 1] = { kind = "draft", stage = 0, first_block = 0, last_block = 0, t0_ns = math.floor(engine.now_ms * 1e6),
+        t1_ns = math.floor((engine.now_ms + ms) * 1e6) }
+    end
     engine.now_ms = engine.now_ms + ms
     d.total_ms, d.proposals = d.total_ms + ms, d.proposals + 1
     return ids
