@@ -110,6 +110,7 @@ end
 -- Device i's figures that follow from the plan (its part, its stages' blocks and reads).
 function Sim:restaged()
   local sizes = self.problem.model
+  self.prices = nil -- (step_price's, of the plan before)
   for i, d in ipairs(self.plan.devices) do
     local x = self.devices[i]
     x.part = plan.device_part(self.plan, i, sizes)
