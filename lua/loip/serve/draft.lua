@@ -145,7 +145,9 @@ function Draft:for_step(r, rows, room)
     return self:propose(r, k)
   end
   s.quiet = s.quiet + 1
-  if not self.fixed and room > 0 and s.quiet % self.probe == 0 then
+  -- (not while one waits for its tokens: the batcher observes a step before it delivers the
+  -- step's token, so a probe of `probe` drafts is judged only after the next probe's turn)
+  if not self.fixed and room > 0 and s.quiet % self.probe == 0 and not s.probe then
     -- unsent: compared with the tokens r has after the step(s) that follow
     s.probe = { at = #r.token_ids, ids = self:propose(r, math.min(self.max, room)) }
     self.stats.probes = self.stats.probes + 1
