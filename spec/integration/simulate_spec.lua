@@ -291,6 +291,10 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     assert.is_true(d7.tokens_per_s > 1.5 * none.tokens_per_s, d7.tokens_per_s .. " vs " .. none.tokens_per_s)
     -- its weights and KV cache are charged to device 1, which the plan left room for
     assert.is_true(d7.devices[1].draft_bytes > 2e9 and d7.devices[1].memory_bytes + d7.devices[1].draft_bytes <= d7.devices[1].budget_bytes)
+    -- (a request whose first drafts are rejected drafts again once a probe finds them accepted)
+    local d5 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0.5 --draft-device auto")
+    assert.are.equal(1, d5.draft.device)
+    assert.is_true(d5.tokens_per_s > 1.3 * none.tokens_per_s, d5.tokens_per_s .. " vs " .. none.tokens_per_s)
     local d0 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0")
     assert.are.equal(0, d0.draft.accepted)
     assert.is_true(d0.draft.steps <= 2 and d0.draft.probes > 0, d0.draft.steps .. " steps drafted")

@@ -38,8 +38,8 @@ for _, f in ipairs({
     .. "before it were), in [0, 1], or a measured run's JSON (loip generate --json --draft: its draft.acceptance)", metavar = "A|FILE.json" },
   { "draft-like", "string", "with --draft model: the draft's shape (loip synth's: llama-3.2-1b ...), priced by its device's profile",
     metavar = "NAME" },
-  { "draft-device", "string", "with --draft model or self: the device the draft runs on (1-based), or head (device 1's machine, "
-    .. "its own memory); default: the fastest for the draft by the profiles", metavar = "N|head" },
+  { "draft-device", "string", "with --draft model or self: the device the draft runs on (1-based), head (device 1's machine, "
+    .. "its own memory), or auto (the default: the fastest for the draft by the profiles)", metavar = "N|auto|head" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
   { "verbose", "bool", "say which of loip generate's flags were ignored" },

@@ -58,7 +58,7 @@ Draft.__index = Draft
 
 -- The draft of opts on problem: opts.draft (a draft policy: ngram, self[:layers=L], model, a
 -- file), acceptance (a number in [0, 1]), like (model: the draft's shape), dtype, device (a
--- device number, "head", nil: the fastest), seed, max_seqs. Raises naming the flag.
+-- device number, "head", "auto" or nil: the fastest), seed, max_seqs. Raises naming the flag.
 function M.new(problem, opts)
   local inst = policy.load("draft", opts.draft) -- (checks the name and its settings)
   local d = setmetatable({ name = inst.name or tostring(opts.draft), a = opts.acceptance, seed = opts.seed or 1,
@@ -92,7 +92,7 @@ function M.new(problem, opts)
   -- its device: given, or the one whose profile runs a one-row forward of it fastest
   if d.shape then
     local dev = opts.device
-    if dev == nil then
+    if dev == nil or dev == "auto" then
       local best
       for i, x in ipairs(problem.devices) do
         local ms = d:forward_ms(1, context, x.profile, x.slowdown)
@@ -101,7 +101,7 @@ function M.new(problem, opts)
     elseif dev ~= "head" then
       dev = tonumber(dev)
       if not dev or dev ~= math.floor(dev) or dev < 1 or dev > #problem.devices then
-        error(string.format("--draft-device %s: a device number from 1 to %d, or head", tostring(opts.device), #problem.devices), 0)
+        error(string.format("--draft-device %s: a device number from 1 to %d, auto or head", tostring(opts.device), #problem.devices), 0)
       end
     end
     d.device, d.explicit = dev, opts.device ~= nil
