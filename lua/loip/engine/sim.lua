@@ -270,20 +270,26 @@ function Sim:step(toks)
   return outs
 end
 
--- The cost model's price (ms) of a decoding step of `rows` rows on the plan (the compute
--- figures at that many tokens a step): what loip.serve.draft chooses a draft length from.
-function Sim:step_price(rows)
-  self.prices = self.prices or {}
-  if self.prices[rows] then return self.prices[rows] end
-  local pb = self.problem
+-- Problem pb as a step of `rows` tokens sees it: its micro-batch, and every device's compute
+-- figures at that batch by its profile (a view: pb is not changed).
+function M.at_rows(pb, rows)
   local devs = {}
   for i, d in ipairs(pb.devices) do
     local c = setmetatable({}, { __index = d.compute })
-    for _, kind in ipairs({ "mha", "mlp", "head" }) do c[kind .. "_ms"] = profile.block_ms(d.profile, kind, rows, pb.position, pb.shape) end
+    if d.profile then
+      for _, kind in ipairs({ "mha", "mlp", "head" }) do c[kind .. "_ms"] = profile.block_ms(d.profile, kind, rows, pb.position, pb.shape) end
+    end
     devs[i] = setmetatable({ compute = c }, { __index = d })
   end
-  local at = setmetatable({ devices = devs, micro_batch = rows }, { __index = pb })
-  local ms = require("loip.policy").load("cost", self.cost or "loip").estimate(self.plan, at).ms_per_token
+  return setmetatable({ devices = devs, micro_batch = rows }, { __index = pb })
+end
+
+-- The cost model's price (ms) of a decoding step of `rows` rows on the plan (M.at_rows: the
+-- compute figures at that many tokens a step): what loip.serve.draft chooses a draft length from.
+function Sim:step_price(rows)
+  self.prices = self.prices or {}
+  if self.prices[rows] then return self.prices[rows] end
+  local ms = require("loip.policy").load("cost", self.cost or "loip").estimate(self.plan, M.at_rows(self.problem, rows)).ms_per_token
   self.prices[rows] = ms
   return ms
 end
