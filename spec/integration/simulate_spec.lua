@@ -3,7 +3,8 @@
 -- runtime runs: a steady decode takes what the cost model estimates; a burst batches its
 -- requests into each step (more tokens per second, each a little slower); later tokens attend
 -- more positions; a trace of every device's lanes that loip trace plot draws; the same result
--- twice; a plan over a budget refused, naming the device.
+-- twice; a plan over a budget refused, naming the device; speculative decoding at an assumed
+-- acceptance (tokens per verifying step, the draft's time and memory on its device).
 local json = require "loip.tools.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
@@ -230,5 +231,123 @@ describe("tensor-parallel baselines (recipes/policies/baseline)", function()
     local off = run("--mem 800M,800M,800M --link-rate 100mbit --baseline tpi-llm-offload")
     assert.is_nil(off.oom)
     assert.is_true(off.load_ms > 0 and off.ms_per_token >= off.load_ms)
+  end)
+end)
+
+describe("speculative decoding on the simulator (--draft, --acceptance)", function()
+  local TESTBED = "--like llama-3.3-70b --devices 4 --device-profile jetson-agx-orin-64gb,jetson-agx-orin-64gb,"
+    .. "jetson-agx-orin-32gb,jetson-xavier-nx-16gb --link-rate 100mbit --link-delay 1ms --context 1024 --requests 2 "
+    .. "--input-tokens 32 --output-tokens 128 --json"
+  local function run(args)
+    local rc, out, err = T.run(string.format("%s simulate %s", T.loip, args))
+    assert.are.equal(0, rc, err)
+    local j, why = json.decode(out)
+    assert(j, tostring(why) .. ": " .. out)
+    return j
+  end
+
+  it("verifies k drafts in one step: at acceptance 1 five tokens a step, read-bound steps priced as one; at 0 one", function()
+    local flat = write_profile(T.tmpdir(), 0)
+    local base = "--profile " .. flat .. " --requests 1 --output-tokens 26 --json"
+    local rc, out, err = simulate(base)
+    assert.are.equal(0, rc, err)
+    local none = json.decode(out)
+    assert.is_nil(none.draft)
+    local function with(args)
+      local rc2, out2, err2 = simulate(base .. " " .. args)
+      assert.are.equal(0, rc2, err2)
+      return json.decode(out2)
+    end
+    local all = with("--draft ngram --acceptance 1 --draft-tokens 4")
+    local d = all.draft
+    assert.are.same({ "ngram", 1, 4, 20, 20, 5, 5 }, { d.policy, d.acceptance, d.k, d.drafted, d.accepted, d.steps, d.tokens_per_step })
+    assert.are.equal(6, all.steps, "a prefill step, then 5 verifying steps of 5 tokens")
+    assert.is_true(all.tokens_per_s > 3 * none.tokens_per_s, all.tokens_per_s .. " vs " .. none.tokens_per_s)
+    -- (the plan re-reads offloaded blocks every step: five rows cost little more than one)
+    local per_step = function(j) return j.simulated_ms / j.steps end
+    assert.is_true(per_step(all) < 1.15 * per_step(none), per_step(all) .. " vs " .. per_step(none))
+    -- a model draft on a device of its own choosing costs its forwards before the step
+    local self = with("--draft self:layers=2 --draft-device head --acceptance 1 --draft-tokens 4")
+    assert.are.same({ 5, "head" }, { self.draft.tokens_per_step, self.draft.device })
+    assert.is_true(self.draft.draft_ms_per_step > 0 and self.tokens_per_s < all.tokens_per_s and self.tokens_per_s > none.tokens_per_s)
+    local zero = with("--draft ngram --acceptance 0 --draft-tokens 4")
+    assert.are.same({ 0, 1 }, { zero.draft.accepted, zero.draft.tokens_per_step })
+    assert.are.equal(none.steps, zero.steps)
+    -- the same seed, the same acceptances; the text says the acceptance is assumed
+    local half = with("--draft ngram --acceptance 0.6 --draft-tokens 3")
+    assert.are.same(half.draft, with("--draft ngram --acceptance 0.6 --draft-tokens 3").draft)
+    assert.is_true(half.draft.accepted > 0 and half.draft.accepted < half.draft.drafted)
+    local rc3, text, err3 = simulate("--profile " .. flat .. " --requests 1 --output-tokens 26 --draft ngram --acceptance 0.6")
+    assert.are.equal(0, rc3, err3)
+    assert.matches("acceptance 0.60 ASSUMED", text, 1, true)
+    assert.matches("draft length chosen each step", text, 1, true)
+  end)
+
+  it("prices the paper's testbed with a 1B draft; the chosen draft length turns down to 0 at acceptance 0", function()
+    local none = run(TESTBED)
+    local d7 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0.7")
+    assert.are.same({ "model", 0.7, "chosen", 1 }, { d7.draft.policy, d7.draft.acceptance, d7.draft.k, d7.draft.device })
+    assert.is_true(d7.draft.tokens_per_step > 2 and d7.draft.draft_ms_per_step > 0)
+    assert.is_true(d7.tokens_per_s > 1.5 * none.tokens_per_s, d7.tokens_per_s .. " vs " .. none.tokens_per_s)
+    -- its weights and KV cache are charged to device 1, which the plan left room for
+    assert.is_true(d7.devices[1].draft_bytes > 2e9 and d7.devices[1].memory_bytes + d7.devices[1].draft_bytes <= d7.devices[1].budget_bytes)
+    -- (a request whose first drafts are rejected drafts again once a probe finds them accepted)
+    local d5 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0.5 --draft-device auto")
+    assert.are.equal(1, d5.draft.device)
+    assert.is_true(d5.tokens_per_s > 1.3 * none.tokens_per_s, d5.tokens_per_s .. " vs " .. none.tokens_per_s)
+    local d0 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0")
+    assert.are.equal(0, d0.draft.accepted)
+    assert.is_true(d0.draft.steps <= 2 and d0.draft.probes > 0, d0.draft.steps .. " steps drafted")
+    assert.are.equal(none.steps, d0.steps)
+    assert.is_true(d0.tokens_per_s >= 0.95 * none.tokens_per_s, d0.tokens_per_s .. " vs " .. none.tokens_per_s)
+    -- the recipe of docs/paper/speculative.md: the same twice, more tokens/s the more drafts are accepted
+    local a, b = T.tmpdir(), T.tmpdir()
+    for _, out in ipairs({ a, b }) do
+      local rc, _, err = T.run(string.format("%s run %s/recipes/paper/speculative.lua --out %s --output-tokens 48", T.loip, T.root, out))
+      assert.are.equal(0, rc, err)
+    end
+    assert.are.equal(T.read(a .. "/speculative.json"), T.read(b .. "/speculative.json"))
+    local by = {}
+    for _, r in ipairs(json.load(a .. "/speculative.json").rows) do by[tostring(r.acceptance) .. "/" .. tostring(r.k)] = r.tokens_per_s end
+    assert.is_true(by["1/chosen"] > by["0.7/chosen"] and by["0.7/chosen"] > by["none/-"] and by["0/chosen"] >= 0.95 * by["none/-"])
+  end)
+
+  it("reads the acceptance from a measured run's JSON, refuses bad ones naming the flag and a draft past its device's budget", function()
+    local dir = T.tmpdir()
+    local st = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local rc, out, err = T.run(string.format("%s generate --model %s --devices 2 --prompt 'Once upon a time' --max-tokens 24 "
+      .. "--temperature 0 --draft self --draft-tokens 3 --json", T.loip, st))
+    assert.are.equal(0, rc, err)
+    T.write(dir .. "/run.json", out)
+    local g = json.decode(out).draft
+    local j = run(string.format("--model %s --devices 2 --context 256 --requests 1 --output-tokens 8 --draft self --acceptance %s/run.json --json",
+      st, dir))
+    assert.are.equal(g.per_draft or g.acceptance, j.draft.acceptance)
+    T.write(dir .. "/none.json", json.encode({ ms_per_token = 3 }))
+    local flat = write_profile(dir, 0)
+    for _, bad in ipairs({ "1.5", "-0.1", "often", dir .. "/none.json" }) do
+      local rc2, _, err2 = simulate("--profile " .. flat .. " --draft ngram --acceptance " .. bad)
+      assert.are.equal(2, rc2, bad)
+      assert.matches("--acceptance " .. bad:gsub("%p", "%%%0") .. ": ", err2)
+    end
+    -- (and a 1B draft does not fit 700M, nor 300M)
+    for _, case in ipairs({
+      { "--draft ngram", 2, "--draft needs --acceptance" },
+      { "--acceptance 0.5", 2, "--acceptance needs --draft" },
+      { "--draft model --draft-like llama-3.2-1b --acceptance 0.5", 1,
+        "the draft (llama-3.2-1b: 2.30 GiB of weights, 16.0 MiB of KV cache and activations) does not fit device 1's budget" },
+      { "--draft model --draft-like llama-3.2-1b --draft-device 2 --acceptance 0.5", 1, "does not fit device 2's budget of 300.0 MiB" },
+    }) do
+      local rc3, _, err3 = simulate("--profile " .. flat .. " " .. case[1])
+      assert.are.equal(case[2], rc3, case[1])
+      assert.matches(case[3], err3, 1, true)
+    end
+    -- a plan made without the draft has no room for it
+    local rcp, _, errp = T.run(string.format("%s plan --like llama-3.2-1b --devices 3 --mem 700M,300M,700M --context 256 --profile %s "
+      .. "--save-plan %s/p.lua", T.loip, flat, dir))
+    assert.are.equal(0, rcp, errp)
+    local rc7, _, err7 = simulate("--profile " .. flat .. " --plan " .. dir .. "/p.lua --draft self:layers=1 --draft-device 3 --acceptance 0.5")
+    assert.are.equal(1, rc7)
+    assert.matches("simulate: device 3 needs [%d.]+ [GM]iB for the plan and the draft %(the target's first 1 layers and head", err7)
   end)
 end)

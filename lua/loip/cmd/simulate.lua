@@ -21,7 +21,7 @@ for _, f in ipairs({
   { "rate", "number", "poisson: arrivals per second", default = 1, check = function(v) return v > 0, "must be > 0" end },
   { "input-tokens", "int", "prompt tokens of each request", default = 8, check = function(v) return v >= 1, "must be >= 1" end },
   { "output-tokens", "int", "tokens each request generates", default = 32, check = function(v) return v >= 1, "must be >= 1" end },
-  { "seed", "int", "poisson: the arrivals' seed", default = 1 },
+  { "seed", "int", "the seed of poisson's arrivals and of --draft's acceptance draws", default = 1 },
   -- loip generate's names, so that a generate command line simulates as it is
   { "prompt", "string", "as loip generate takes it: its token count (the model's tokenizer) is --input-tokens", metavar = "TEXT" },
   { "max-tokens", "int", "as --output-tokens (loip generate's name)", check = function(v) return v >= 1, "must be >= 1" end },
@@ -33,6 +33,13 @@ for _, f in ipairs({
   { "link-schedule", "string", "the emulated links change between steps (recipes/policies/links: a name or a file)", metavar = "NAME|FILE" },
   { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/policies/baseline: galaxy, "
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
+  flags.shared.draft, flags.shared.draft_tokens,
+  { "acceptance", "string", "with --draft: the per-draft acceptance assumed (the chance a draft is accepted given the ones "
+    .. "before it were), in [0, 1], or a measured run's JSON (loip generate --json --draft: its draft.acceptance)", metavar = "A|FILE.json" },
+  { "draft-like", "string", "with --draft model: the draft's shape (loip synth's: llama-3.2-1b ...), priced by its device's profile",
+    metavar = "NAME" },
+  { "draft-device", "string", "with --draft model or self: the device the draft runs on (1-based), head (device 1's machine, "
+    .. "its own memory), or auto (the default: the fastest for the draft by the profiles)", metavar = "N|auto|head" },
   { "trace", "string", "write every device's simulated timeline as a Chrome trace (loip trace plot draws it)", metavar = "FILE.json" },
   { "json", "bool", "print one JSON object: ms_per_token, estimate_ms_per_token, devices, requests, plan" },
   { "verbose", "bool", "say which of loip generate's flags were ignored" },
@@ -56,7 +63,8 @@ local M = {
   summary = "Play the plan a scheduler chooses (or --plan) out over time on simulated devices: requests of a pattern\n"
     .. "arrive, are batched and prefilled as loip serve does them, and each step crosses the devices' disk,\n"
     .. "compute and network lanes as their profiles say. Prints the simulated time per token beside the cost\n"
-    .. "model's estimate, per device and per request; nothing runs and no weights are read.",
+    .. "model's estimate, per device and per request; nothing runs and no weights are read. With --draft, speculative\n"
+    .. "decoding at an acceptance assumed (--acceptance), the draft priced on its device (docs/planning.md).",
   flags = rows,
 }
 
@@ -101,6 +109,23 @@ function M.run(o)
     end
     return r and 0 or 1
   end
+  -- speculative decoding: the draft's time and memory on its device, its acceptance assumed
+  local draft
+  if o.draft == nil or o.draft == "none" then
+    for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device" }) do
+      if o[f] ~= nil then usage("--%s needs --draft", (f:gsub("_", "-"))) end
+    end
+  else
+    local sd = require "loip.sim.draft"
+    local a, why = sd.acceptance(o.acceptance)
+    if not a then usage("%s", why) end
+    local ok, d = pcall(sd.new, prob, { draft = o.draft, acceptance = a, like = o.draft_like, dtype = o.dtype, device = o.draft_device,
+      seed = o.seed, max_seqs = o.max_batch })
+    if not ok then usage("%s", tostring(d)) end
+    draft = d
+  end
+  -- (the scheduler plans with the draft's device's budget less what the draft takes)
+  local function reserving(pr, fn) if draft then return draft:reserve(pr, fn) end return fn() end
   local p, est, info
   if o.plan then
     p = plan.load(o.plan)
@@ -108,23 +133,24 @@ function M.run(o)
     if bad then usage("%s", bad) end
     est = policy.load("cost", o.cost_model or "loip").estimate(p, prob)
   else
-    p, est, info = policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model })
+    p, est, info = reserving(prob, function() return policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model }) end)
   end
   local mopts = require("loip.plan.space").memory_opts(prob)
   if not o.json then common.report(p, est, info, sizes, mopts) end
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
     local prob2 = common.problem_of("simulate", setmetatable({ plan_positions = positions }, { __index = o }))
-    local p2, est2 = policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model })
+    local p2, est2 = reserving(prob2, function()
+      return policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model }) end)
     return prob2, p2, est2
   end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
     kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
-    replanner = not o.plan and replanner or nil })
+    replanner = not o.plan and replanner or nil, cost = o.cost_model, draft = draft })
   local online = require("loip.serve.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
-  local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online })
+  local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online, draft_tokens = o.draft_tokens })
   local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
   for _, r in ipairs(runs) do
     if r.status ~= 200 then failed = failed + 1 end
@@ -144,7 +170,8 @@ function M.run(o)
     tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
     failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
     scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
-    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans }
+    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
+    draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }
   if o.trace then
     local tr = require("loip.tools.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
@@ -162,6 +189,7 @@ function M.run(o)
     io.stdout:write(string.format("  device %d per step: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms\n", i,
       d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
   end
+  if out.draft then require("loip.sim.draft").describe(out.draft, io.stdout) end
   if out.adaptations > 0 then
     io.stdout:write(string.format("  %d live plan changes by the online policy %s%s\n", out.adaptations, tostring(online),
       s.replans and string.format(" (%d a new plan for a longer context)", s.replans) or ""))

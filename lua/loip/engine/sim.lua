@@ -20,7 +20,9 @@
 -- past its budget stops the step with an error naming it, as a device's charge fails. KV lent
 -- to a holder travels: a stage's blob goes to the holder after the stage runs, over the wire into
 -- it, and is asked back when the lender's stage before it ends, over the wire into the lender; the
--- stage waits for it.
+-- stage waits for it. Speculative decoding (loip.sim.draft): a step's draft rows are priced with
+-- its other rows and verified against the filler id the simulated target samples (the accepted
+-- drafts, then one more); step_price(rows) is the cost model's price of a step of that many rows.
 local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
 local space = require "loip.plan.space"
@@ -29,6 +31,9 @@ local engine = require "loip.engine"
 local M = {}
 
 M.KV_BLOCK = require("loip.constants").KV_BLOCK_TOKENS -- positions per KV group
+local SAMPLE, DRAFT = require("loip.constants").tokf.SAMPLE, require("loip.constants").tokf.DRAFT
+local bit = require "bit"
+M.FILLER = 3 -- the id every sampled row gives (the simulator computes no text)
 
 local Sim = {}
 Sim.__index = Sim
@@ -49,15 +54,28 @@ end
 -- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
 -- (true: keep every device's events), replanner (function(plan_positions) -> problem, plan,
 -- estimate: how the plan was made, for a longer context; an online policy's control.replan
--- needs it).
+-- needs it), cost (the cost model step_price asks; default loip), draft (loip.sim.draft: a draft
+-- whose memory its device's budget holds beside the plan's).
 function M.new(problem, p, opts)
   opts = opts or {}
   -- the memory each device's part needs, against its budget (as a device refuses a plan)
   engine.check_plan(p, problem, "plan", "simulate")
+  local dr = opts.draft
+  for i, d in ipairs(problem.devices) do
+    local extra = dr and dr:bytes_on(i) or 0
+    if extra > 0 and (d.budget or 0) > 0 then
+      local need = plan.memory(p, i, problem.model, space.memory_opts(problem)).total + extra
+      if need > d.budget then
+        local fmt = require("loip.runtime.memory").format_bytes
+        error(string.format("simulate: device %d needs %s for the plan and the draft (%s: %s) but its budget is %s", i, fmt(need),
+          dr.what, fmt(extra), fmt(d.budget)), 0)
+      end
+    end
+  end
   for i, d in ipairs(problem.devices) do
     if not d.profile then error(string.format("simulate: device %d has no profile (loip.plan.problem keeps them)", i), 0) end
   end
-  local self = setmetatable({ problem = problem, plan = p, now_ms = 0, trace = opts.trace, steps = 0 }, Sim)
+  local self = setmetatable({ problem = problem, plan = p, now_ms = 0, trace = opts.trace, steps = 0, cost = opts.cost, draft = dr }, Sim)
   self.clock = function() return self.now_ms end
   self.context = opts.context or problem.context or problem.model.context
   self.step_tokens = opts.step_tokens or problem.batch or 64
@@ -92,6 +110,7 @@ end
 -- Device i's figures that follow from the plan (its part, its stages' blocks and reads).
 function Sim:restaged()
   local sizes = self.problem.model
+  self.prices = nil -- (step_price's, of the plan before)
   for i, d in ipairs(self.plan.devices) do
     local x = self.devices[i]
     x.part = plan.device_part(self.plan, i, sizes)
@@ -106,7 +125,7 @@ function Sim:restaged()
     end
     -- memory outside the KV cache (the plan's charge less its KV), and a group's bytes
     local m = plan.memory(self.plan, i, sizes, space.memory_opts(self.problem))
-    x.nonkv, x.slot_bytes = m.total - m.kv, m.slot_bytes
+    x.nonkv, x.slot_bytes = m.total - m.kv + (self.draft and self.draft:bytes_on(i) or 0), m.slot_bytes
     x.group_bytes = x.kv_layers * self.chunk_bytes
   end
 end
@@ -231,11 +250,48 @@ function Sim:step(toks)
   end
   self.now_ms = t
   if self.kv_grows then self:check_memory(toks) end
-  local outs = {}
-  for _, tok in ipairs(toks) do
-    if tok.flags % 2 == 1 then outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = 3 } end
+  -- every sampled row gives the filler id; drafts after a row of their sequence are verified
+  -- as a greedy sampler verifies them: the leading ones that are the filler, then one more
+  local outs, i = {}, 1
+  while i <= n do
+    local tok = toks[i]
+    i = i + 1
+    if tok.flags % 2 == 1 then
+      local got, open = 1, true
+      while i <= n and toks[i].seq == tok.seq and bit.band(toks[i].flags, DRAFT) ~= 0 do
+        if open and toks[i].id == M.FILLER then got = got + 1 else open = false end
+        i = i + 1
+      end
+      for j = 1, got do
+        outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = M.FILLER, flags = j < got and SAMPLE + DRAFT or nil }
+      end
+    end
   end
   return outs
+end
+
+-- Problem pb as a step of `rows` tokens sees it: its micro-batch, and every device's compute
+-- figures at that batch by its profile (a view: pb is not changed).
+function M.at_rows(pb, rows)
+  local devs = {}
+  for i, d in ipairs(pb.devices) do
+    local c = setmetatable({}, { __index = d.compute })
+    if d.profile then
+      for _, kind in ipairs({ "mha", "mlp", "head" }) do c[kind .. "_ms"] = profile.block_ms(d.profile, kind, rows, pb.position, pb.shape) end
+    end
+    devs[i] = setmetatable({ compute = c }, { __index = d })
+  end
+  return setmetatable({ devices = devs, micro_batch = rows }, { __index = pb })
+end
+
+-- The cost model's price (ms) of a decoding step of `rows` rows on the plan (M.at_rows: the
+-- compute figures at that many tokens a step): what loip.serve.draft chooses a draft length from.
+function Sim:step_price(rows)
+  self.prices = self.prices or {}
+  if self.prices[rows] then return self.prices[rows] end
+  local ms = require("loip.policy").load("cost", self.cost or "loip").estimate(self.plan, M.at_rows(self.problem, rows)).ms_per_token
+  self.prices[rows] = ms
+  return ms
 end
 
 -- KV groups each running request holds after the step of toks (its newest position's), and the

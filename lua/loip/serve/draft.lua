@@ -159,7 +159,9 @@ function Draft:for_step(r, rows, room)
     return self:propose(r, k)
   end
   s.quiet = s.quiet + 1
-  if not self.fixed and room > 0 and s.quiet % self.probe == 0 then
+  -- (not while one waits for its tokens: the batcher observes a step before it delivers the
+  -- step's token, so a probe of `probe` drafts is judged only after the next probe's turn)
+  if not self.fixed and room > 0 and s.quiet % self.probe == 0 and not s.probe then
     -- unsent: compared with the tokens r has after the step(s) that follow
     s.probe = { at = #r.token_ids, ids = self:propose(r, math.min(self.max, room)) }
     self.stats.probes = self.stats.probes + 1
@@ -186,6 +188,7 @@ function Draft:observe(r, k, got)
     local acc = got - 1
     st.drafted, st.accepted, st.steps, st.tokens = st.drafted + k, st.accepted + acc, st.steps + 1, st.tokens + got
     s.steps = s.steps + 1
+    st.examined = (st.examined or 0) + (acc < k and acc + 1 or acc) -- (per_draft's denominator)
     -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
     learn(s, acc < k and acc + 1 or acc, acc)
   end
@@ -227,7 +230,10 @@ function Draft:report()
   local st = self.stats
   return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
-    probes = st.probes, fixed = self.fixed }
+    probes = st.probes, fixed = self.fixed,
+    -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
+    -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
+    per_draft = (st.examined or 0) > 0 and st.accepted / st.examined or nil }
 end
 
 -- Close what the policy opened (a draft model).

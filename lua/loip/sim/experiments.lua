@@ -36,8 +36,10 @@ end
 -- steps), pattern ("sporadic" | "bursty"), burst (4), requests (2), input_tokens, output_tokens,
 -- context, plan_positions (KV positions planned: fewer, the KV cache grows inside the budgets), method,
 -- and the ablations' overrides: scheduler, online, conventional_loads; no_oot (the table shows
--- the time however long, marked "(OOT)" past the limit) }. Returns
--- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why } (an OOT keeps its ms_per_token).
+-- the time however long, marked "(OOT)" past the limit); speculative decoding: draft (a draft
+-- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed }. Returns
+-- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
+-- (an OOT keeps its ms_per_token).
 function M.run(c)
   local cp = require "loip.cmd.common"
   local n = #c.devices
@@ -84,21 +86,31 @@ function M.run(c)
     return verdict(sum / steps)
   end
   local sched = c.scheduler or (c.method == "loip" and "loip" or c.method)
-  local pok, p, est = pcall(policy.plan, prob, { scheduler = sched })
+  -- speculative decoding (loip.sim.draft): the plan leaves the draft room on its device
+  local draft = c.draft and require("loip.sim.draft").new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
+    dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch })
+  local pok, p, est = pcall(function()
+    if draft then return draft:reserve(prob, function() return policy.plan(prob, { scheduler = sched }) end) end
+    return policy.plan(prob, { scheduler = sched })
+  end)
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
   local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
-    conventional_loads = c.conventional_loads, plan_positions = plan_positions })
+    conventional_loads = c.conventional_loads, plan_positions = plan_positions, draft = draft })
   local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
     input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
   local online = c.online
   if online == nil and c.method == "loip" then online = "loip" end
-  local runs = s:play(arrivals, { links = c.link_schedule, online = online })
+  local runs = s:play(arrivals, { links = c.link_schedule, online = online, draft_tokens = c.draft_tokens })
   if s.failure then return verdict(nil, s.failure) end
-  local sum, k = 0, 0
+  local sum, k, tokens, last = 0, 0, 0, 0
   for _, r in ipairs(runs) do
     if r.ms_per_token then sum, k = sum + r.ms_per_token, k + 1 end
+    tokens, last = tokens + (r.tokens or 0), math.max(last, r.t_done or 0)
   end
-  return verdict(k > 0 and sum / k or nil, k == 0 and "no request decoded" or nil)
+  local v = verdict(k > 0 and sum / k or nil, k == 0 and "no request decoded" or nil)
+  v.tokens_per_s = last > 0 and tokens / last * 1e3 or nil
+  v.draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), c.draft_tokens)
+  return v
 end
 
 -- LOIP's speedups over a group of methods across rows ({ config, method, ms_per_token }): the

@@ -30,12 +30,14 @@ end
 
 -- Play arrivals (a request pattern's: { at_ms | after = "previous" | "all", prompt_tokens,
 -- max_tokens }) through the request loop; opts: prefill, links (a link schedule), online (an
--- online policy: a name, a path or a table). Returns one record per request: { t_sent, t_first,
+-- online policy: a name, a path or a table), draft_tokens (with the simulation's draft: a fixed
+-- draft length; nil: chosen each step). Returns one record per request: { t_sent, t_first,
 -- t_done, ttft_ms, ms_per_token, tokens, status }; a step that failed leaves s.failure (its
 -- message) and the requests it ended.
 function Sim:play(arrivals, opts)
   opts = opts or {}
-  local b = engine.batcher(self, { max_batch = self.max_seqs, prefill = opts.prefill, online = opts.online, links = opts.links })
+  local b = engine.batcher(self, { max_batch = self.max_seqs, prefill = opts.prefill, online = opts.online, links = opts.links,
+    draft = self.draft and self.draft:policy(self), draft_tokens = opts.draft_tokens })
   self.batcher = b
   local runs, reqs, done = {}, {}, 0
   local t0 = self.now_ms
@@ -85,7 +87,7 @@ function Sim:device_figures()
   local out = {}
   for i, x in ipairs(self.devices) do
     out[i] = { comp_ms = x.comp_ms, load_ms = x.load_ms, stall_ms = x.stall_ms, send_ms = x.send_ms, peak_bytes = x.peak_bytes,
-      lend_wait_ms = x.lend_wait_ms,
+      lend_wait_ms = x.lend_wait_ms, draft_bytes = self.draft and self.draft:bytes_on(i) > 0 and self.draft.bytes or nil,
       memory_bytes = plan.memory(self.plan, i, self.problem.model, space.memory_opts(self.problem)).total,
       budget_bytes = self.problem.devices[i].budget }
   end
