@@ -95,8 +95,18 @@ function Cluster:reserve_draft(opts, ctx, max_seqs)
   for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
   -- (after a device loss a device number past the others left: the draft goes where auto puts it)
   if tonumber(where) and tonumber(where) > #budgets and #(self.losses or {}) > 0 then where = "auto" end
-  local i = require("loip.cluster.draft").device_of(where, budgets)
   local bytes = inst.module.memory({ path = self.store, context = ctx, max_seqs = max_seqs }, inst.params)
+  local ms
+  if where == "auto" then
+    -- each device's time for a block of the target, by its profile (and emulated slowdown)
+    local profile, pb = require "loip.plan.profile", require "loip.plan.problem"
+    local profiles, shape = self:profiles(opts), pb.shape_of(self.man.config, store.layer_dtype(self.man))
+    ms = {}
+    for i in ipairs(self.devices) do
+      ms[i] = profile.block_ms(profiles[i], "mlp", 1, ctx, shape) * (each(opts.slowdown, i) or 1)
+    end
+  end
+  local i = require("loip.cluster.draft").device_of(where, budgets, bytes, ms)
   local b = budgets[i]
   if b > 0 and bytes >= b then
     error(string.format("--draft-device %s: device %d's budget of %s cannot hold the draft (%s: weights, KV cache and scratch)",

@@ -12,15 +12,23 @@ local M = {}
 local Remote = {}
 Remote.__index = Remote
 
--- The device the draft runs on: "head" (nil), a device number, or "auto" (the device with the
--- largest budget; the first of equals). budgets: each device's bytes (0: unlimited).
-function M.device_of(spec, budgets)
+-- The device the draft runs on: "head" (nil), a device number, or "auto": of the devices whose
+-- budget holds twice the draft (or is unlimited), the fastest (ms: each device's time for a
+-- block, its profile's), the largest budget of equals; none: the largest budget. budgets: each
+-- device's bytes (0: unlimited); bytes: the draft's; ms: per device (nil: all alike).
+function M.device_of(spec, budgets, bytes, ms)
   if spec == nil or spec == "" or spec == "head" then return nil end
   if spec == "auto" then
+    local function room(i) return budgets[i] == 0 and math.huge or budgets[i] end
     local best
-    for i, b in ipairs(budgets) do
-      local v = b == 0 and math.huge or b
-      if not best or v > (budgets[best] == 0 and math.huge or budgets[best]) then best = i end
+    for i in ipairs(budgets) do
+      if room(i) >= 2 * (bytes or 0) then
+        local t, bt = ms and ms[i] or 0, best and ms and ms[best] or 0
+        if not best or t < bt * 0.98 or (t <= bt * 1.02 and room(i) > room(best)) then best = i end
+      end
+    end
+    if not best then
+      for i in ipairs(budgets) do if not best or room(i) > room(best) then best = i end end
     end
     return best
   end

@@ -100,13 +100,27 @@ function M.batcher(engine, o)
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
 end
 
--- The cost model's price (ms) of a step of `rows` rows on plan p for problem (a copy of it with
--- that micro-batch), cached in cache (a table kept by the caller per plan); nil without both.
+-- The problem pb at `rows` tokens a step: its micro-batch, and each device's compute figures
+-- from its profile at that many rows (a view over pb).
+function M.at_rows(pb, rows)
+  local profile = require "loip.plan.profile"
+  local devs = {}
+  for i, d in ipairs(pb.devices) do
+    local c = setmetatable({}, { __index = d.compute })
+    if d.profile then
+      for _, kind in ipairs({ "mha", "mlp", "head" }) do c[kind .. "_ms"] = profile.block_ms(d.profile, kind, rows, pb.position, pb.shape) end
+    end
+    devs[i] = setmetatable({ compute = c }, { __index = d })
+  end
+  return setmetatable({ devices = devs, micro_batch = rows }, { __index = pb })
+end
+
+-- The cost model's price (ms) of a step of `rows` rows on plan p for problem (M.at_rows), cached
+-- in cache (a table kept by the caller per plan); nil without both.
 function M.step_price(p, problem, cost, rows, cache)
   if not p or not problem then return nil end
   if cache[rows] == nil then
-    local prob = setmetatable({ micro_batch = rows }, { __index = problem })
-    local ok, est = pcall(policy.load("cost", cost or "loip").estimate, p, prob)
+    local ok, est = pcall(policy.load("cost", cost or "loip").estimate, p, M.at_rows(problem, rows))
     cache[rows] = ok and type(est) == "table" and est.ms_per_token or false
   end
   return cache[rows] or nil

@@ -270,28 +270,13 @@ function Sim:step(toks)
   return outs
 end
 
--- Problem pb as a step of `rows` tokens sees it: its micro-batch, and every device's compute
--- figures at that batch by its profile (a view: pb is not changed).
-function M.at_rows(pb, rows)
-  local devs = {}
-  for i, d in ipairs(pb.devices) do
-    local c = setmetatable({}, { __index = d.compute })
-    if d.profile then
-      for _, kind in ipairs({ "mha", "mlp", "head" }) do c[kind .. "_ms"] = profile.block_ms(d.profile, kind, rows, pb.position, pb.shape) end
-    end
-    devs[i] = setmetatable({ compute = c }, { __index = d })
-  end
-  return setmetatable({ devices = devs, micro_batch = rows }, { __index = pb })
-end
-
--- The cost model's price (ms) of a decoding step of `rows` rows on the plan (M.at_rows: the
--- compute figures at that many tokens a step): what loip.serve.draft chooses a draft length from.
+-- The problem at `rows` tokens a step (loip.engine.at_rows), and the cost model's price (ms)
+-- of a decoding step of that many rows on the plan: what loip.serve.draft chooses a draft
+-- length from.
+M.at_rows = engine.at_rows
 function Sim:step_price(rows)
   self.prices = self.prices or {}
-  if self.prices[rows] then return self.prices[rows] end
-  local ms = require("loip.policy").load("cost", self.cost or "loip").estimate(self.plan, M.at_rows(self.problem, rows)).ms_per_token
-  self.prices[rows] = ms
-  return ms
+  return engine.step_price(self.plan, self.problem, self.cost, rows, self.prices)
 end
 
 -- KV groups each running request holds after the step of toks (its newest position's), and the

@@ -163,19 +163,20 @@ function Draft:for_step(r, rows, room)
   -- step's token, so a probe of `probe` drafts is judged only after the next probe's turn)
   if not self.fixed and room > 0 and s.quiet % self.probe == 0 and not s.probe then
     -- unsent: compared with the tokens r has after the step(s) that follow
-    s.probe = { at = #r.token_ids, ids = self:propose(r, math.min(self.max, room)) }
+    s.probe = { at = #r.token_ids, ids = self:propose(r, math.min(self.max, room, 4)) }
     self.stats.probes = self.stats.probes + 1
   end
   return {}
 end
 
-local function learn(s, examined, accepted)
+local function learn(s, examined, accepted, prior)
   s.examined, s.accepted = s.examined + examined, s.accepted + accepted
   if examined > 0 then
-    -- a running average of the per-draft acceptance, each step's weighted by its drafts
+    -- a running average of the per-draft acceptance from the prior, each step's weighted by its
+    -- drafts (a first rejected draft does not settle it: one step is little evidence)
     local x = accepted / examined
-    local w = math.min(1, examined / 8)
-    s.a = s.a and ((1 - w) * s.a + w * x) or x
+    local w = examined / (examined + 4)
+    s.a = (1 - w) * (s.a or prior) + w * x
   end
 end
 
@@ -190,7 +191,7 @@ function Draft:observe(r, k, got)
     s.steps = s.steps + 1
     st.examined = (st.examined or 0) + (acc < k and acc + 1 or acc) -- (per_draft's denominator)
     -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
-    learn(s, acc < k and acc + 1 or acc, acc)
+    learn(s, acc < k and acc + 1 or acc, acc, self.prior)
   end
   local p = s.probe
   if p and #r.token_ids >= p.at + #p.ids then
@@ -200,7 +201,7 @@ function Draft:observe(r, k, got)
       hits = hits + 1
     end
     st.probe_hits = st.probe_hits + hits
-    learn(s, hits < #p.ids and hits + 1 or hits, hits)
+    learn(s, hits < #p.ids and hits + 1 or hits, hits, self.prior)
     s.probe = nil
   end
   -- (watchers: loip.serve.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)

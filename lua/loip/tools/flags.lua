@@ -168,8 +168,8 @@ M.shared = {
     .. "acceptance and the price of a step)", metavar = "K", check = function(v) return v >= 0 and v <= 64, "must be in 0..64" end },
   draft_model = { "draft-model", "string", "with --draft model: the draft model (it must share the target's tokenizer)", metavar = "DIR" },
   draft_device = { "draft-device", "string", "with --draft model or self and several devices: where the draft runs: head (the "
-    .. "head's process, the default), a device number, or auto (the device with the largest budget); its memory is charged to "
-    .. "that device's budget, which the scheduler plans with", metavar = "N|auto|head" },
+    .. "head's process, the default), a device number, or auto (the fastest device whose budget holds it twice over); its "
+    .. "memory is charged to that device's budget, which the scheduler plans with", metavar = "N|auto|head" },
   draft_mem = { "draft-mem", "string", "with --draft model or self: a memory budget for the draft's weights and KV cache, e.g. 256M",
     metavar = "BYTES" },
 }

@@ -7,8 +7,9 @@ local M = { name = "model" }
 
 M.settings = {
   { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },
-  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the device with the "
-    .. "largest budget): its memory is charged to that device's budget, which the scheduler plans with (--draft-device)", default = "head" },
+  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the fastest device "
+    .. "whose budget holds it twice over): its memory is charged to that device's budget, which the scheduler plans with "
+    .. "(--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
   { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
   { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,

@@ -12,8 +12,9 @@ M.settings = {
   { "layers", "string", "the target's first layers the draft runs: a count, or all", default = "all",
     check = function(v) return v == "all" or (tonumber(v) ~= nil and tonumber(v) >= 1 and tonumber(v) == math.floor(tonumber(v))),
       "must be a whole number >= 1, or all" end },
-  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the device with the "
-    .. "largest budget): its memory is charged to that device's budget, which the scheduler plans with (--draft-device)", default = "head" },
+  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the fastest device "
+    .. "whose budget holds it twice over): its memory is charged to that device's budget, which the scheduler plans with "
+    .. "(--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
   { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
   { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
