@@ -297,7 +297,8 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     assert.is_true(d5.tokens_per_s > 1.3 * none.tokens_per_s, d5.tokens_per_s .. " vs " .. none.tokens_per_s)
     local d0 = run(TESTBED .. " --draft model --draft-like llama-3.2-1b --acceptance 0")
     assert.are.equal(0, d0.draft.accepted)
-    assert.is_true(d0.draft.steps <= 2 and d0.draft.probes > 0, d0.draft.steps .. " steps drafted")
+    -- (each request drafts a few steps while its measured acceptance falls from the prior's 0.5)
+    assert.is_true(d0.draft.steps <= 0.1 * none.steps and d0.draft.probes > 0, d0.draft.steps .. " steps drafted of " .. none.steps)
     assert.are.equal(none.steps, d0.steps)
     assert.is_true(d0.tokens_per_s >= 0.95 * none.tokens_per_s, d0.tokens_per_s .. " vs " .. none.tokens_per_s)
     -- the recipe of docs/paper/speculative.md: the same twice, more tokens/s the more drafts are accepted

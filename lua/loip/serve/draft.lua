@@ -175,7 +175,7 @@ local function learn(s, examined, accepted, prior)
     -- a running average of the per-draft acceptance from the prior, each step's weighted by its
     -- drafts (a first rejected draft does not settle it: one step is little evidence)
     local x = accepted / examined
-    local w = examined / (examined + 4)
+    local w = examined / (examined + 1)
     s.a = (1 - w) * (s.a or prior) + w * x
   end
 end

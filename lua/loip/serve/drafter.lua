@@ -184,5 +184,33 @@ function M.bytes(path, opts)
   return weights + kv + scratch, weights
 end
 
+-- What a draft policy running a drafter (ctx.drafter: recipes/policies/draft/self.lua and
+-- model.lua) shares: its settings device (--draft-device), tree, width, levels, added to the
+-- policy's settings rows; and its functions propose, propose_tree, finish, close, set in the
+-- policy's table P.
+function M.settings(rows)
+  rows[#rows + 1] = { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the "
+    .. "fastest device whose budget holds it twice over): its memory is charged to that device's budget, which the scheduler "
+    .. "plans with (--draft-device)", default = "head" }
+  rows[#rows + 1] = { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it",
+    default = false }
+  rows[#rows + 1] = { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)",
+    default = 2, check = function(v) return v >= 1, "must be >= 1" end }
+  rows[#rows + 1] = { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
+    check = function(v) return v >= 0, "must be >= 0" end }
+  return rows
+end
+
+function M.policy(P)
+  function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
+  function P.propose_tree(req, ctx, o)
+    if not ctx.drafter.propose_tree then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
+    return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
+  end
+  function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
+  function P.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
+  return P
+end
+
 M.argmax = argmax
 return M

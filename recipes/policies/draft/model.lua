@@ -4,19 +4,13 @@
 -- decoding draft (loip.policy kind "draft"):
 --   loip generate --model big --draft model --draft-model small/ [--draft-mem 512M]
 local M = { name = "model" }
+local drafter = require "loip.serve.drafter"
 
 M.settings = {
   { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },
-  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the fastest device "
-    .. "whose budget holds it twice over): its memory is charged to that device's budget, which the scheduler plans with "
-    .. "(--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
-  { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
-  { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
-    check = function(v) return v >= 1, "must be >= 1" end },
-  { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
-    check = function(v) return v >= 0, "must be >= 0" end },
 }
+drafter.settings(M.settings) -- (device, tree, width, levels)
 
 -- Whether two tokenizers are one: the same vocabulary, every id the same piece (a sample of at
 -- most 4096 ids spread over it), a text encoded alike. nil, or why not.
@@ -48,7 +42,7 @@ end
 -- The bytes the draft takes where it runs (its weights, KV cache and scratch).
 function M.memory(t, o)
   need_path(o)
-  return require("loip.serve.drafter").bytes(o.path, { context = t.context, max_seqs = t.max_seqs })
+  return drafter.bytes(o.path, { context = t.context, max_seqs = t.max_seqs })
 end
 
 function M.open(ctx, o)
@@ -56,7 +50,7 @@ function M.open(ctx, o)
   need_path(o)
   if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
   -- the tokenizers compared here (a device's copy of the draft must be the same files)
-  local d = require("loip.serve.drafter").open(o.path, { context = t.context, max_seqs = t.max_seqs,
+  local d = drafter.open(o.path, { context = t.context, max_seqs = t.max_seqs,
     mem = not t.draft_device and o.mem ~= "" and o.mem or nil })
   local why
   if not t.tokenizer then why = "the target has no tokenizer to compare with"
@@ -75,12 +69,7 @@ function M.open(ctx, o)
   ctx.drafter = d
 end
 
-function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
-function M.propose_tree(req, ctx, o)
-  if not ctx.drafter.propose_tree then error("draft " .. M.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
-  return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
-end
-function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
-function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
+-- propose, propose_tree, finish, close: a drafter's (ctx.drafter), as every model draft's
+drafter.policy(M)
 
 return M

@@ -7,27 +7,21 @@
 --   loip generate --model s260k --devices 3 ... --draft self:layers=all --draft-tokens 4
 -- tree=on (width, levels): a tree of drafts verified in one step (loip.serve.tree).
 local M = { name = "self" }
+local drafter = require "loip.serve.drafter"
 
 M.settings = {
   { "layers", "string", "the target's first layers the draft runs: a count, or all", default = "all",
     check = function(v) return v == "all" or (tonumber(v) ~= nil and tonumber(v) >= 1 and tonumber(v) == math.floor(tonumber(v))),
       "must be a whole number >= 1, or all" end },
-  { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the fastest device "
-    .. "whose budget holds it twice over): its memory is charged to that device's budget, which the scheduler plans with "
-    .. "(--draft-device)", default = "head" },
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
-  { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it", default = false },
-  { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)", default = 2,
-    check = function(v) return v >= 1, "must be >= 1" end },
-  { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
-    check = function(v) return v >= 0, "must be >= 0" end },
 }
+drafter.settings(M.settings) -- (device, tree, width, levels)
 
 local function layers_of(o) return o.layers ~= "all" and tonumber(o.layers) or nil end
 
 -- The bytes the draft takes where it runs (weights of its layers, its KV cache and scratch).
 function M.memory(t, o)
-  return require("loip.serve.drafter").bytes(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs })
+  return drafter.bytes(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs })
 end
 
 function M.open(ctx, o)
@@ -39,16 +33,11 @@ function M.open(ctx, o)
     return
   end
   if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
-  ctx.drafter = require("loip.serve.drafter").open(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs,
+  ctx.drafter = drafter.open(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs,
     mem = o.mem ~= "" and o.mem or nil, tokenizer = false, threads = 1 })
 end
 
-function M.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
-function M.propose_tree(req, ctx, o)
-  if not ctx.drafter.propose_tree then error("draft " .. M.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
-  return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
-end
-function M.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
-function M.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
+-- propose, propose_tree, finish, close: a drafter's (ctx.drafter), as every model draft's
+drafter.policy(M)
 
 return M
