@@ -136,6 +136,23 @@ describe("speculative decoding, greedy", function()
     assert(ok, err)
   end)
 
+  it("adapts online as the KV cache grows, the drafts counted in it: the same tokens", function()
+    local function gen(draft)
+      local m = loip.model.open(store(), { threads = 1, mem = "1200K", context = 512, plan_positions = 32, online = "loip",
+        draft = draft, draft_tokens = draft and 3 or nil })
+      local ids = run(m, greedy.cases[2].prompt_ids, 300, { stop = {} })
+      local n = #m:batcher().adaptations
+      local r = m:batcher().draft and m:batcher().draft:report()
+      m:close()
+      return ids, n, r
+    end
+    local plain, n0 = gen(nil)
+    local ids, n, r = gen("self:layers=3")
+    assert.are.same(plain, ids)
+    assert.is_true(n0 > 0 and n > 0, n0 .. " and " .. n .. " adaptations")
+    assert.is_true(r.accepted > 0)
+  end)
+
   it("keeps the tokens across a live restage and a lost device", function()
     local case = greedy.cases[3]
     local c = cluster.start_local { store = store(), devices = 3, threads = 1 }
