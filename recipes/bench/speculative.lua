@@ -120,6 +120,20 @@ local ok, err = pcall(function()
       r.tokens_per_s / none.tokens_per_s, r.tokens_per_step, r.draft.acceptance)
   end
   result.variants.self = self_k
+  -- ngram at each k too, on the reference prompt whose text repeats most
+  local rep = greedy.cases[4]
+  local rep_none = run(c, nil, nil, rep.prompt_ids, o.tokens)
+  local ngram_k = {}
+  for k in o.ks:gmatch("%d+") do
+    k = tonumber(k)
+    local r = run(c, "ngram", k, rep.prompt_ids, o.tokens)
+    all_same = all_same and same(r.tokens, rep_none.tokens)
+    ngram_k[#ngram_k + 1] = { k = k, tokens_per_s = r.tokens_per_s, tokens_per_step = r.tokens_per_step,
+      speedup = r.tokens_per_s / rep_none.tokens_per_s, acceptance = r.draft.acceptance }
+    log("ngram k=%d on %q: %.1f tokens/s (%.2fx none's %.1f), %.2f tokens per step", k, rep.prompt, r.tokens_per_s,
+      r.tokens_per_s / rep_none.tokens_per_s, rep_none.tokens_per_s, r.tokens_per_step)
+  end
+  result.variants.ngram_k = { prompt = rep.prompt, none_tokens_per_s = rep_none.tokens_per_s, runs = ngram_k }
   local chosen = run(c, "self", nil, prompt, o.tokens)
   all_same = all_same and same(chosen.tokens, none.tokens)
   result.variants.self_chosen = { tokens_per_s = chosen.tokens_per_s, tokens_per_step = chosen.tokens_per_step,
@@ -203,21 +217,25 @@ end
 log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95); same tokens: %s",
   result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, tostring(result.same_tokens))
 os.execute("mkdir -p '" .. o.out .. "'")
-local tps, steps = {}, {}
-for _, x in ipairs(result.variants.self) do
-  tps[#tps + 1] = { x.k, x.tokens_per_s }
-  steps[#steps + 1] = { x.k, x.tokens_per_step }
+local function series(runs, key)
+  local pts = {}
+  for _, x in ipairs(runs) do pts[#pts + 1] = { x.k, x[key] } end
+  return pts
 end
 local none_line = {}
 for _, x in ipairs(result.variants.self) do none_line[#none_line + 1] = { x.k, result.variants.none.tokens_per_s } end
+local ng = result.variants.ngram_k
 result.plot = plot.lines(o.out .. "/speculative.svg", {
   title = string.format("speculative decoding on %d offloading devices (disks %s/s, %s links): tokens/s vs k", o.devices,
     o.disk_rate, o.link_rate),
   xlabel = "draft tokens k", ylabel = "tokens/s",
-  series = { { label = "self (every draft accepted)", points = tps }, { label = "no drafts", points = none_line } } })
+  series = { { label = "self (every draft accepted)", points = series(result.variants.self, "tokens_per_s") },
+    { label = "ngram (" .. ng.prompt .. ")", points = series(ng.runs, "tokens_per_s") },
+    { label = "no drafts", points = none_line } } })
 result.plot_steps = plot.lines(o.out .. "/speculative-steps.svg", {
-  title = "tokens per verifying step vs k (self)", xlabel = "draft tokens k", ylabel = "tokens per step",
-  series = { { label = "self", points = steps } } })
+  title = "tokens per verifying step vs k", xlabel = "draft tokens k", ylabel = "tokens per step",
+  series = { { label = "self", points = series(result.variants.self, "tokens_per_step") },
+    { label = "ngram", points = series(ng.runs, "tokens_per_step") } } })
 local f = assert(io.open(o.out .. "/speculative.json", "w"))
 f:write(json.encode_sorted(result, 2), "\n")
 f:close()
