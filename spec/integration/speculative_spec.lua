@@ -344,6 +344,8 @@ describe("speculative decoding's flags", function()
     fails("--draft model --draft-model " .. T.root .. "/models/llama2-tiny-random-gguf",
       "its tokenizer is not the target's (32000 tokens against the target's 512)")
     fails("--draft self:layers=9", "layers 9: the model has 5 layers")
+    fails("--draft self --draft-device 2", "--draft-device is for several devices (--devices or --hosts)")
+    fails("--draft ngram --draft-device 2 --devices 2", "--draft-device is for --draft model or self (not --draft ngram)")
   end)
 
   it("reports the drafts in --json", function()

@@ -227,6 +227,9 @@ function M.draft(cmd, o)
   if o.draft_mem then params.mem = o.draft_mem end
   if o.draft_device then
     if base ~= "model" and base ~= "self" then M.usage(cmd, "--draft-device is for --draft model or self (not --draft %s)", tostring(base)) end
+    if not o.devices and not o.hosts then
+      M.usage(cmd, "--draft-device is for several devices (--devices or --hosts): one device runs its draft in its own process")
+    end
     params.device = o.draft_device
   end
   local ok, p = pcall(policy.load, "draft", name, next(params) and params or nil)
