@@ -111,13 +111,14 @@ function Draft:length(r, rows, room)
   end
   local a = s.a or self.prior
   a = math.min(a, 0.999)
-  local base = self:price(rows + 1)
+  -- (rows: the step's so far, r's own last token among them)
+  local base = self:price(rows)
   if not base then return math.min(self.max, room) end -- (nothing measured yet: try)
   local best, best_rate = 0, 1 / base
   local dm = self.draft_ms or 0
   for k = 1, math.min(self.max, room) do
     local e = (1 - a ^ (k + 1)) / (1 - a)
-    local rate = e / ((self:price(rows + 1 + k) or base) + k * dm)
+    local rate = e / ((self:price(rows + k) or base) + k * dm)
     if rate > best_rate * 1.0001 then best, best_rate = k, rate end
   end
   return best
