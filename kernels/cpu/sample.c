@@ -382,62 +382,34 @@ LOIP_API int loip_sampler_sample(loip_sampler *s, const float *logits,
  * So every token is exactly the one loip_sampler_sample would draw at that point of the
  * stream: a seeded request gives the same tokens with or without drafts, whatever their length,
  * and a sampler draws once per token out, as without them. Greedy is the same rule with the
- * argmax. */
-LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
-                                 const int32_t *drafts, const loip_sampler_params *p,
-                                 int32_t *history, int32_t *n_history, int32_t max_history,
-                                 int32_t *out, int32_t *n_out) {
-    const char *fn = "loip_sampler_verify";
-    if (n_history == NULL || n_out == NULL || (k > 0 && drafts == NULL))
-        return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn, n_history == NULL ? "n_history" : n_out == NULL ? "n_out" : "drafts");
-    if (k < 0) return loip_fail(LOIP_EINVAL, "%s: %d drafts", fn, (int)k);
-    int rc = check_call(s, logits, p, history, *n_history, out);
-    if (rc != 0) return rc;
-    for (int32_t j = 0; j < k; j++)
-        if (drafts[j] < 0 || drafts[j] >= s->vocab)
-            return loip_fail(LOIP_EINVAL, "%s: draft %d is token %d, outside the vocabulary [0, %d)", fn, (int)j,
-                             (int)drafts[j], (int)s->vocab);
-    const int32_t V = s->vocab;
-    *n_out = 0;
-    for (int32_t j = 0; j <= k; j++) {
-        const float *row = logits + (size_t)j * V;
-        int32_t best, n = 0;
-        double sum = 0.0;
-        if ((rc = distribution(s, row, p, history, *n_history, &best, &n, &sum))) return rc;
-        int32_t id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
-        out[(*n_out)++] = id;
-        if (*n_history < max_history) history[(*n_history)++] = id;
-        if (j == k || id != drafts[j]) break;
-    }
-    return 0;
-}
-
-/* Multi-candidate speculative sampling over a tree of deterministic drafts (SpecInfer's and
- * SpecExec's verification with q = 1 on each candidate): at a node, child c is accepted with
- * probability p'(c), p' the row's p with the children rejected before it removed and
- * renormalised, and none accepted, a token is drawn from what is left. Drawing t from p as a
- * plain sample (one uniform) and following the first child whose token is t, or emitting t when
- * none is, is that same rule, coupled (as loip_sampler_verify's): a set of distinct children is
- * left with probability p(the set), and the token emitted then is p given t outside it. So every
- * token is the one loip_sampler_sample would draw at that point of the stream, one draw per
- * token out. Greedy: the same rule with the argmax. */
-LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
-                                      const int32_t *drafts, const int32_t *parents,
-                                      const loip_sampler_params *p, int32_t *history,
-                                      int32_t *n_history, int32_t max_history, int32_t *out,
-                                      int32_t *n_out) {
-    const char *fn = "loip_sampler_verify_tree";
-    if (n_history == NULL || n_out == NULL || (m > 0 && (drafts == NULL || parents == NULL)))
+ * argmax.
+ *
+ * Over a tree of drafts (SpecInfer's and SpecExec's multi-candidate verification with q = 1 on
+ * each candidate: at a node, child c accepted with probability p'(c), p' the row's p with the
+ * children rejected before it removed and renormalised; none accepted, a token drawn from what
+ * is left) the coupled rule is the same walk: draw t at a node as a plain sample, follow the
+ * first child whose token is t, or emit t when none is. A set of distinct children is left with
+ * probability p(the set), and the token emitted then is p given t outside it. A chain is the
+ * tree whose node j + 1 is node j's only child (parents NULL).
+ *
+ * Both entry points: the checks (drafts in the vocabulary; a tree's parents earlier nodes), then
+ * the walk from the root (row 0), row j + 1 the distribution after node j. */
+static int verify_walk(const char *fn, loip_sampler *s, const float *logits, int32_t m, const int32_t *drafts,
+                       const int32_t *parents, const loip_sampler_params *p, int32_t *history,
+                       int32_t *n_history, int32_t max_history, int32_t *out, int32_t *n_out) {
+    if (n_history == NULL || n_out == NULL || (m > 0 && drafts == NULL))
         return loip_fail(LOIP_EINVAL, "%s: %s is NULL", fn,
-                         n_history == NULL ? "n_history" : n_out == NULL ? "n_out" : drafts == NULL ? "drafts" : "parents");
+                         n_history == NULL ? "n_history" : n_out == NULL ? "n_out" : "drafts");
     if (m < 0) return loip_fail(LOIP_EINVAL, "%s: %d drafts", fn, (int)m);
     int rc = check_call(s, logits, p, history, *n_history, out);
     if (rc != 0) return rc;
     for (int32_t i = 0; i < m; i++) {
         if (drafts[i] < 0 || drafts[i] >= s->vocab)
-            return loip_fail(LOIP_EINVAL, "%s: node %d is token %d, outside the vocabulary [0, %d)", fn, (int)i + 1,
-                             (int)drafts[i], (int)s->vocab);
-        if (parents[i] < 0 || parents[i] > i)
+            return parents ? loip_fail(LOIP_EINVAL, "%s: node %d is token %d, outside the vocabulary [0, %d)", fn,
+                                       (int)i + 1, (int)drafts[i], (int)s->vocab)
+                           : loip_fail(LOIP_EINVAL, "%s: draft %d is token %d, outside the vocabulary [0, %d)", fn,
+                                       (int)i, (int)drafts[i], (int)s->vocab);
+        if (parents && (parents[i] < 0 || parents[i] > i))
             return loip_fail(LOIP_EINVAL, "%s: node %d's parent is %d (the root 0, or a node before it)", fn,
                              (int)i + 1, (int)parents[i]);
     }
@@ -449,10 +421,28 @@ LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int3
         if ((rc = distribution(s, logits + (size_t)node * V, p, history, *n_history, &best, &n, &sum))) return rc;
         int32_t id = p->temperature <= 0.0f ? best : draw(s, s->cand, n, sum, -1);
         for (int32_t c = node; c < m && next < 0; c++) /* (a node's children come after it) */
-            if (parents[c] == node && drafts[c] == id) next = c + 1;
+            if ((parents ? parents[c] : c) == node && drafts[c] == id) next = c + 1;
         out[(*n_out)++] = id;
         if (*n_history < max_history) history[(*n_history)++] = id;
         node = next;
     }
     return 0;
+}
+
+LOIP_API int loip_sampler_verify(loip_sampler *s, const float *logits, int32_t k,
+                                 const int32_t *drafts, const loip_sampler_params *p,
+                                 int32_t *history, int32_t *n_history, int32_t max_history,
+                                 int32_t *out, int32_t *n_out) {
+    return verify_walk("loip_sampler_verify", s, logits, k, drafts, NULL, p, history, n_history, max_history, out,
+                       n_out);
+}
+
+LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int32_t m,
+                                      const int32_t *drafts, const int32_t *parents,
+                                      const loip_sampler_params *p, int32_t *history,
+                                      int32_t *n_history, int32_t max_history, int32_t *out,
+                                      int32_t *n_out) {
+    if (m > 0 && parents == NULL) return loip_fail(LOIP_EINVAL, "loip_sampler_verify_tree: parents is NULL");
+    return verify_walk("loip_sampler_verify_tree", s, logits, m, drafts, parents, p, history, n_history, max_history,
+                       out, n_out);
 }

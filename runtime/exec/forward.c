@@ -410,8 +410,10 @@ static void attention_task(void *p, int ith, int nth) {
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
         int n = score_range(s, k, j->layer, seq, kvh, q, 0, last, scores, 0, scale, &maxv);
-        for (int o = 1; o <= 64; o++)
-            if (mask >> (o - 1) & 1) n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
+        for (uint64_t bits = mask; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
+            int o = __builtin_ctzll(bits) + 1;
+            n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
+        }
         float sum = 0.0f;
         for (int pp = 0; pp < n; pp++) {
             scores[pp] = expf(scores[pp] - maxv);
@@ -420,8 +422,10 @@ static void attention_task(void *p, int ith, int nth) {
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         int at = mix_range(s, k, j->layer, seq, kvh, o, 0, last, scores, 0, sum);
-        for (int oo = 1; oo <= 64; oo++)
-            if (mask >> (oo - 1) & 1) at = mix_range(s, k, j->layer, seq, kvh, o, last + oo, last + oo, scores, at, sum);
+        for (uint64_t bits = mask; bits; bits &= bits - 1) {
+            int off = __builtin_ctzll(bits) + 1;
+            at = mix_range(s, k, j->layer, seq, kvh, o, last + off, last + off, scores, at, sum);
+        }
     }
 }
 

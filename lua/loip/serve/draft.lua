@@ -37,7 +37,7 @@ function M.new(policy, target, opts)
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
     memo = {}, reqs = {}, cost = {}, draft_ms = nil,
-    stats = { drafted = 0, accepted = 0, steps = 0, tokens = 0, turned_down = 0, probes = 0, probe_hits = 0 } }, Draft)
+    stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.tree = require("loip.serve.tree").wanted(policy) -- (tree=on: trees of drafts, loip.serve.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
@@ -59,7 +59,7 @@ end
 local function state_of(self, r)
   local s = self.reqs[r]
   if not s then
-    s = { memo = {}, a = nil, examined = 0, accepted = 0, steps = 0, quiet = 0 }
+    s = { memo = {}, a = nil, quiet = 0 }
     self.reqs[r] = s
   end
   return s
@@ -171,7 +171,6 @@ function Draft:for_step(r, rows, room)
 end
 
 local function learn(s, examined, accepted, prior)
-  s.examined, s.accepted = s.examined + examined, s.accepted + accepted
   if examined > 0 then
     -- a running average of the per-draft acceptance from the prior, each step's weighted by its
     -- drafts (a first rejected draft does not settle it: one step is little evidence)
@@ -189,10 +188,10 @@ function Draft:observe(r, k, got)
   if k > 0 then
     local acc = got - 1
     st.drafted, st.accepted, st.steps, st.tokens = st.drafted + k, st.accepted + acc, st.steps + 1, st.tokens + got
-    s.steps = s.steps + 1
-    st.examined = (st.examined or 0) + (acc < k and acc + 1 or acc) -- (per_draft's denominator)
     -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
-    learn(s, acc < k and acc + 1 or acc, acc, self.prior)
+    local examined = acc < k and acc + 1 or acc
+    st.examined = st.examined + examined -- (per_draft's denominator)
+    learn(s, examined, acc, self.prior)
   end
   local p = s.probe
   if p and #r.token_ids >= p.at + #p.ids then
@@ -201,7 +200,6 @@ function Draft:observe(r, k, got)
       if r.token_ids[p.at + i] ~= id then break end
       hits = hits + 1
     end
-    st.probe_hits = st.probe_hits + hits
     learn(s, hits < #p.ids and hits + 1 or hits, hits, self.prior)
     s.probe = nil
   end
@@ -235,7 +233,7 @@ function Draft:report()
     probes = st.probes, fixed = self.fixed,
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
-    per_draft = (st.examined or 0) > 0 and st.accepted / st.examined or nil }
+    per_draft = st.examined > 0 and st.accepted / st.examined or nil }
 end
 
 -- Close what the policy opened (a draft model).

@@ -5,9 +5,9 @@
 -- draft has not seen yet (one batch), then drafts greedily one token a forward. Its KV keeps
 -- the positions whose tokens the target accepted; the others are written over next time. Its
 -- memory (weights, KV cache) is charged to its own budget (opts.mem), as a device's is.
-local ffi = require "ffi"
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
+local LOGITS = core.constants.tokf.LOGITS
 
 local M = {}
 
@@ -84,7 +84,7 @@ function Drafter:propose(req, k, vocab, alts)
   while pos < n do
     local toks, last = {}, math.min(n, pos + T)
     for p = pos, last - 1 do
-      toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and 2 or 0 }
+      toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and LOGITS or 0 }
     end
     local outs = self.engine:step(toks)
     self.forwards, self.fed = self.forwards + 1, self.fed + #toks
@@ -94,12 +94,11 @@ function Drafter:propose(req, k, vocab, alts)
     end
     pos = last
   end
-  for p = 1, v do s.ids[p] = ids[p] end
-  for p = v + 1, n do s.ids[p] = ids[p] end
+  for p = v + 1, n do s.ids[p] = ids[p] end -- (1..v are the same)
   s.valid = n
   while #out < k do
     local d = out[#out]
-    local outs = self.engine:step { { seq = req.seq, pos = n + #out - 1, request = req.id, id = d, flags = 2 } }
+    local outs = self.engine:step { { seq = req.seq, pos = n + #out - 1, request = req.id, id = d, flags = LOGITS } }
     self.forwards = self.forwards + 1
     s.ids[n + #out] = d
     s.valid = n + #out

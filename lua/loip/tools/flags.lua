@@ -174,8 +174,6 @@ M.shared = {
     metavar = "BYTES" },
 }
 
--- The flags of speculative decoding, in order.
-M.draft_rows = { M.shared.draft, M.shared.draft_tokens, M.shared.draft_model, M.shared.draft_device, M.shared.draft_mem }
 
 -- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
 function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end
