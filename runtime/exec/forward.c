@@ -14,6 +14,7 @@
 #include "core/runtime.h"
 #include "cpu/kernels.h"
 #include "exec/model.h"
+#include "exec/moe.h"
 #include "exec/ops.h"
 #include "exec/session.h"
 #include "memory/budget.h"
@@ -35,9 +36,13 @@ static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t m
     uint64_t groups = (uint64_t)((kv_tokens + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
     *kv_bytes = 2 * groups * (uint64_t)kv_layers * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) +
                 ((uint64_t)max_seqs * per_seq + groups + (uint64_t)c->n_layers) * sizeof(int32_t);
+    uint64_t E = (uint64_t)c->n_experts, Bk = B * (uint64_t)c->n_experts_used;
     *scratch_bytes = (3 * B * c->dim + 2 * B * q_dim + 2 * B * kv_dim + 2 * B * c->hidden_dim +
                       (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float) +
                      2 * B * sizeof(int32_t);
+    if (E) /* the mixture of experts' (moe.c) */
+        *scratch_bytes += (B * E + Bk + 2 * Bk * c->dim + 2 * Bk * c->expert_dim + B) * sizeof(float) +
+                          (2 * Bk + 9 * E) * sizeof(int32_t);
 }
 
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
@@ -95,10 +100,20 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         {&s->att, B * s->q_dim}, {&s->hb, B * c->hidden_dim}, {&s->hb2, B * c->hidden_dim},
         {&s->scores, (size_t)s->n_threads * max_ctx},
         {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
+        {&s->moe_logits, B * c->n_experts}, {&s->moe_w, B * c->n_experts_used},
+        {&s->moe_x, B * c->n_experts_used * c->dim}, {&s->moe_y, B * c->n_experts_used * c->dim},
+        {&s->moe_h, B * c->n_experts_used * c->expert_dim}, {&s->moe_h2, B * c->n_experts_used * c->expert_dim},
+        {&s->moe_sgate, c->n_experts ? B : 0},
     };
     struct { int32_t **p; size_t n; int kv; } ints[] = {
         {&s->block_table, (size_t)max_seqs * s->blocks_per_seq, 1}, {&s->free_groups, (size_t)s->n_groups, 1},
         {&s->layer_slot, (size_t)c->n_layers, 1}, {&s->tok_seq, B, 0}, {&s->tok_pos, B, 0},
+        {&s->moe_sel, B * c->n_experts_used, 0}, {&s->moe_place, B * c->n_experts_used, 0},
+        {&s->moe_count, (size_t)c->n_experts, 0}, {&s->moe_start, (size_t)c->n_experts, 0},
+        {&s->moe_fill, (size_t)c->n_experts, 0}, {&s->moe_list, (size_t)c->n_experts, 0},
+        {&s->moe_now, (size_t)c->n_experts, 0}, {&s->moe_slot, (size_t)c->n_experts, 0},
+        {&s->moe_done, (size_t)c->n_experts, 0}, {&s->moe_range_start, (size_t)c->n_experts, 0},
+        {&s->moe_range_count, (size_t)c->n_experts, 0},
     };
     /* the lending and eviction tables: small, outside the budget's sizes (as the session struct) */
     s->lent = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), 1);
@@ -108,10 +123,12 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     s->lent_at = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), sizeof *s->lent_at);
     s->tok_rope = calloc(B, sizeof(int32_t)), s->tok_base = calloc(B, sizeof(int32_t));
     s->tok_mask = calloc(B, sizeof(uint64_t));
+    s->moe_views = calloc((size_t)c->n_experts + 1, sizeof *s->moe_views);
+    s->moe_jobs = calloc(2 * (size_t)c->n_experts + 1, sizeof *s->moe_jobs);
     if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at || !s->tok_rope || !s->tok_base ||
-        !s->tok_mask) {
+        !s->tok_mask || !s->moe_views || !s->moe_jobs) {
         free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
+        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
         return loip_fail(LOIP_ENOMEM, "session: out of memory");
     }
     for (int32_t q = 0; q < max_seqs; q++) s->recompute_row[q] = -1;
@@ -129,7 +146,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
                                (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
             return rc;
         }
     }
@@ -144,7 +161,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             loip_budget_release(budget, "kv", kv_now);
         if (rc) {
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
             return rc;
         }
         s->budget = loip_budget_retain(budget);
@@ -190,8 +207,8 @@ LOIP_API void loip_session_free(loip_session *s) {
     if (!s) return;
     if (s->k_cache) munmap(s->k_cache, s->pool_bytes);
     if (s->v_cache) munmap(s->v_cache, s->pool_bytes);
-    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v,
-                       s->att, s->hb, s->hb2, s->scores, s->rope_cos, s->rope_sin};
+    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->scores, s->rope_cos,
+                       s->rope_sin, s->moe_logits, s->moe_w, s->moe_x, s->moe_y, s->moe_h, s->moe_h2, s->moe_sgate};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
     free(s->block_table);
     free(s->free_groups);
@@ -201,6 +218,11 @@ LOIP_API void loip_session_free(loip_session *s) {
     free(s->tok_rope);
     free(s->tok_base);
     free(s->tok_mask);
+    int32_t *moe_ints[] = {s->moe_sel, s->moe_place, s->moe_count, s->moe_start, s->moe_fill, s->moe_list,
+                           s->moe_now, s->moe_slot, s->moe_done, s->moe_range_start, s->moe_range_count};
+    for (size_t i = 0; i < sizeof moe_ints / sizeof moe_ints[0]; i++) free(moe_ints[i]);
+    free(s->moe_views);
+    free(s->moe_jobs);
     free(s->lent);
     free(s->seq_lent);
     free(s->evicted);
@@ -604,6 +626,7 @@ LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t 
 /* Attention block of layer l: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att. */
 static void mha_block(loip_session *s, int l, float *hidden, int n) {
     const loip_model *m = s->m;
+    if (s->experts) loip_moe_predict(s, l, hidden, n); /* the layer's experts start loading now */
     step_job j = {.s = s, .n = n, .layer = l};
     j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
     j.in = hidden, j.out = s->xb, j.add = NULL;
@@ -624,12 +647,19 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
  * (The residual add of the attention output happens at the end of mha_block rather than
  * fused into this norm: the same float operations in the same order, so the results are
  * bit-identical either way, and a block can start a stage on its own.) */
-static void mlp_block(loip_session *s, int l, float *hidden, int n) {
+static int mlp_block(loip_session *s, int l, float *hidden, int n) {
     const loip_model *m = s->m;
     step_job j = {.s = s, .n = n, .layer = l};
     j.w = loip_layer_w(m, l, LOIP_W_FFN_NORM);
     j.in = hidden, j.out = s->xb, j.add = NULL;
     loip_pool_run(s->pool, norm_task, &j);
+    if (m->cfg.n_experts) {
+        int rc = loip_moe_ffn(s, l, n);
+        if (rc) return rc;
+        j.out = NULL, j.add = s->xb2;
+        loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+        return LOIP_OK;
+    }
     loip_linear_job gu[3] = {linear(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
                              linear(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
     loip_linear_run(s->pool, gu);
@@ -638,6 +668,7 @@ static void mlp_block(loip_session *s, int l, float *hidden, int n) {
     loip_linear_run(s->pool, down);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
+    return LOIP_OK;
 }
 
 int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden) {
@@ -661,7 +692,7 @@ int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden
     }
     for (int b = first; b < last; b++) {
         if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n);
-        else mlp_block(s, b / 2, hidden, n);
+        else if ((rc = mlp_block(s, b / 2, hidden, n))) return rc;
     }
     return LOIP_OK;
 }

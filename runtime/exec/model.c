@@ -9,8 +9,9 @@
 
 static const char *const weight_names[LOIP_W_COUNT] = {
     "embed", "output_norm", "lm_head", "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv",
-    "q_norm", "k_norm", "ffn_norm", "gate", "up", "down",
+    "q_norm", "k_norm", "ffn_norm", "gate", "up", "down", "router", "shared_gate",
 };
+static const char *const expert_part_names[LOIP_EXPERT_PARTS] = {"gate", "up", "down"};
 
 const char *loip_weight_name(int which) {
     return which >= 0 && which < LOIP_W_COUNT ? weight_names[which] : "?";
@@ -69,6 +70,18 @@ static int check_config(const loip_model_config *c) {
     } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
         return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
     }
+    if (c->n_experts < 0) return loip_fail(LOIP_EINVAL, "model config: n_experts must not be negative, got %d", c->n_experts);
+    if (c->n_experts > 0) {
+        if (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts)
+            return loip_fail(LOIP_EINVAL, "model config: n_experts_used (%d) must be in 1..n_experts (%d)",
+                             c->n_experts_used, c->n_experts);
+        if (c->expert_dim <= 0)
+            return loip_fail(LOIP_EINVAL, "model config: expert_dim must be positive, got %d", c->expert_dim);
+        if (c->shared_expert_gate && !c->shared_expert)
+            return loip_fail(LOIP_EINVAL, "model config: shared_expert_gate without a shared_expert");
+    } else if (c->n_experts_used || c->expert_dim || c->shared_expert || c->shared_expert_gate) {
+        return loip_fail(LOIP_EINVAL, "model config: n_experts_used, expert_dim and shared_expert need n_experts > 0");
+    }
     return LOIP_OK;
 }
 
@@ -81,7 +94,9 @@ LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->n_layers * LOIP_W_COUNT, sizeof(loip_tensor));
     m->inv_freq = calloc((size_t)cfg->head_dim / 2, sizeof(float));
-    if (!m->layers || !m->inv_freq) {
+    if (cfg->n_experts)
+        m->experts = calloc((size_t)cfg->n_layers * cfg->n_experts * LOIP_EXPERT_PARTS, sizeof(loip_tensor));
+    if (!m->layers || !m->inv_freq || (cfg->n_experts && !m->experts)) {
         loip_model_free(m);
         return loip_fail(LOIP_ENOMEM, "model: out of memory");
     }
@@ -93,6 +108,7 @@ LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
 LOIP_API void loip_model_free(loip_model *m) {
     if (!m) return;
     free(m->layers);
+    free(m->experts);
     free(m->inv_freq);
     free(m);
 }
@@ -112,23 +128,21 @@ static void expected_shape(const loip_model_config *c, int which, int64_t *rows,
     case LOIP_W_Q_NORM: case LOIP_W_K_NORM: *rows = c->head_dim; break;
     case LOIP_W_GATE: case LOIP_W_UP: *rows = c->hidden_dim; *cols = c->dim; break;
     case LOIP_W_DOWN: *rows = c->dim; *cols = c->hidden_dim; break;
+    case LOIP_W_ROUTER: *rows = c->n_experts; *cols = c->dim; break;
+    case LOIP_W_SHARED_GATE: *rows = 1; *cols = c->dim; break;
     default: *rows = 0; break;
     }
 }
 
-static int is_global(int which) { return which <= LOIP_W_LM_HEAD; }
+void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols) {
+    *rows = part == LOIP_EXPERT_DOWN ? c->dim : c->expert_dim;
+    *cols = part == LOIP_EXPERT_DOWN ? c->expert_dim : c->dim;
+}
 
-LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const loip_tensor *t) {
-    if (which < 0 || which >= LOIP_W_COUNT)
-        return loip_fail(LOIP_EINVAL, "bind: unknown weight kind %d", which);
-    const char *name = loip_weight_name(which);
-    if (is_global(which) ? layer != -1 : (layer < 0 || layer >= m->cfg.n_layers))
-        return loip_fail(LOIP_EINVAL, "bind %s: layer %d out of range", name, layer);
+int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int64_t cols) {
     if (!t->data) return loip_fail(LOIP_EINVAL, "bind %s: no data", name);
     if (t->dtype != LOIP_F32 && t->dtype != LOIP_BF16 && t->dtype != LOIP_F16)
         return loip_fail(LOIP_ESHAPE, "%s: dtype %d not supported (F32, BF16, F16)", name, t->dtype);
-    int64_t rows, cols;
-    expected_shape(&m->cfg, which, &rows, &cols);
     int want_ndim = cols ? 2 : 1;
     if (t->ndim != want_ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
         char got[96];
@@ -141,13 +155,61 @@ LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const 
                              (long long)rows, (long long)cols);
         return loip_fail(LOIP_ESHAPE, "%s: shape %s, expected [%lld]", name, got, (long long)rows);
     }
+    return LOIP_OK;
+}
+
+static int is_global(int which) { return which <= LOIP_W_LM_HEAD; }
+
+LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const loip_tensor *t) {
+    if (which < 0 || which >= LOIP_W_COUNT)
+        return loip_fail(LOIP_EINVAL, "bind: unknown weight kind %d", which);
+    const char *name = loip_weight_name(which);
+    if (is_global(which) ? layer != -1 : (layer < 0 || layer >= m->cfg.n_layers))
+        return loip_fail(LOIP_EINVAL, "bind %s: layer %d out of range", name, layer);
+    if (which >= LOIP_W_ROUTER && !m->cfg.n_experts)
+        return loip_fail(LOIP_EINVAL, "bind %s: the model has no experts (n_experts 0)", name);
+    if (which >= LOIP_W_GATE && which <= LOIP_W_DOWN && m->cfg.n_experts && !m->cfg.shared_expert)
+        return loip_fail(LOIP_EINVAL, "bind %s: a mixture of experts without a shared expert has no dense MLP "
+                         "(bind its experts with loip_model_bind_expert)", name);
+    if (which == LOIP_W_SHARED_GATE && !m->cfg.shared_expert_gate)
+        return loip_fail(LOIP_EINVAL, "bind shared_gate: the model's shared expert has no gate");
+    int64_t rows, cols;
+    expected_shape(&m->cfg, which, &rows, &cols);
+    int rc = loip_check_tensor(name, t, rows, cols);
+    if (rc) return rc;
     loip_tensor *slot = is_global(which) ? &m->global[which] : &m->layers[(size_t)layer * LOIP_W_COUNT + which];
+    *slot = *t;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_model_bind_expert(loip_model *m, int32_t layer, int32_t expert, int32_t part,
+                                    const loip_tensor *t) {
+    const loip_model_config *c = &m->cfg;
+    if (c->n_experts == 0) return loip_fail(LOIP_EINVAL, "bind expert: the model has no experts (n_experts 0)");
+    if (layer < 0 || layer >= c->n_layers || expert < 0 || expert >= c->n_experts || part < 0 ||
+        part >= LOIP_EXPERT_PARTS)
+        return loip_fail(LOIP_EINVAL, "bind expert: layer %d, expert %d, part %d out of range (%d layers, %d experts, "
+                         "%d parts)", layer, expert, part, c->n_layers, c->n_experts, LOIP_EXPERT_PARTS);
+    loip_tensor *slot = &m->experts[((size_t)layer * c->n_experts + (size_t)expert) * LOIP_EXPERT_PARTS + part];
+    if (!t || !t->data) {
+        memset(slot, 0, sizeof *slot);
+        return LOIP_OK;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "expert %d's %s of layer %d", expert, expert_part_names[part], layer);
+    int64_t rows, cols;
+    loip_expert_shape(c, part, &rows, &cols);
+    int rc = loip_check_tensor(name, t, rows, cols);
+    if (rc) return rc;
     *slot = *t;
     return LOIP_OK;
 }
 
 static int required(const loip_model_config *c, int which) {
     switch (which) {
+    case LOIP_W_GATE: case LOIP_W_UP: case LOIP_W_DOWN: return !c->n_experts || c->shared_expert;
+    case LOIP_W_ROUTER: return c->n_experts > 0;
+    case LOIP_W_SHARED_GATE: return c->shared_expert_gate;
     case LOIP_W_BQ: case LOIP_W_BK: case LOIP_W_BV: return c->qkv_bias;
     case LOIP_W_Q_NORM: case LOIP_W_K_NORM: return c->qk_norm;
     case LOIP_W_LM_HEAD: return !c->tied_embeddings;
@@ -199,5 +261,7 @@ LOIP_API uint64_t loip_model_weight_bytes(const loip_model *m) {
     for (int w = 0; w <= LOIP_W_LM_HEAD; w++) total += tensor_bytes(&m->global[w]);
     for (size_t i = 0; i < (size_t)m->cfg.n_layers * LOIP_W_COUNT; i++)
         total += tensor_bytes(&m->layers[i]);
+    for (size_t i = 0; i < (size_t)m->cfg.n_layers * m->cfg.n_experts * LOIP_EXPERT_PARTS; i++)
+        total += tensor_bytes(&m->experts[i]);
     return total;
 }

@@ -8,6 +8,8 @@ struct loip_model {
     loip_model_config cfg;
     loip_tensor global[LOIP_W_LM_HEAD + 1]; /* embed, output_norm, lm_head */
     loip_tensor *layers;                     /* (n_layers, LOIP_W_COUNT) */
+    loip_tensor *experts;                    /* (n_layers, n_experts, LOIP_EXPERT_PARTS): data NULL
+                                                when not in memory (the expert cache reads it) */
     float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies */
 };
 
@@ -15,7 +17,15 @@ static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, in
     return &m->layers[(size_t)layer * LOIP_W_COUNT + which];
 }
 
+static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, int expert, int part) {
+    return &m->experts[((size_t)layer * m->cfg.n_experts + (size_t)expert) * LOIP_EXPERT_PARTS + part];
+}
+
 const char *loip_weight_name(int which);
+/* Expected [rows, cols] of an expert's part (LOIP_EXPERT_*). */
+void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols);
+/* The weights and the tensor check shared by loip_model_bind and loip_model_bind_expert. */
+int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int64_t cols);
 /* The weights of blocks [first, last) are bound (block 2l: layer l's MHA, 2l+1: its MLP); the
  * embedding and head are not checked. */
 int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last);

@@ -72,6 +72,23 @@ struct loip_session {
     float *scores;   /* (n_threads, max_ctx) attention weights, one row per thread */
     float *rope_cos; /* (max_batch, head_dim/2) */
     float *rope_sin; /* (max_batch, head_dim/2) */
+    /* Mixture of experts (n_experts E > 0, k = n_experts_used; moe.c); all empty otherwise */
+    loip_experts *experts;  /* unbound experts are read through it; NULL: none */
+    float *moe_logits;      /* (max_batch, E) router logits */
+    float *moe_w;           /* (max_batch, k) each row's chosen experts' weights, by rank */
+    float *moe_x;           /* (max_batch * k, dim) xb rows gathered by expert; the shared expert's output */
+    float *moe_y;           /* (max_batch * k, dim) the experts' outputs, in the same places */
+    float *moe_h;           /* (max_batch * k, expert_dim) gate, then silu(gate) * up */
+    float *moe_h2;          /* (max_batch * k, expert_dim) up */
+    float *moe_sgate;       /* (max_batch) the shared expert's gate logits */
+    int32_t *moe_sel;       /* (max_batch, k) each row's chosen experts, by rank */
+    int32_t *moe_place;     /* (max_batch, k) where (row, rank) was gathered */
+    int32_t *moe_count, *moe_start, *moe_fill; /* (E) rows per expert, their first gathered row */
+    int32_t *moe_list, *moe_now, *moe_slot, *moe_done; /* (E) the chosen experts and their progress */
+    int32_t *moe_range_start, *moe_range_count;        /* (E) row ranges computed at once */
+    /* outside the budget's sizes, as the tables above */
+    loip_tensor (*moe_views)[LOIP_EXPERT_PARTS]; /* (E) the tensors of experts computed at once */
+    struct loip_linear_job_s *moe_jobs;          /* (2E + 1) their linear jobs */
 };
 
 /* The first row of chunk (layer slot, group g) of pool (k_cache or v_cache). */

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 26, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 27, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -399,6 +399,20 @@ typedef struct loip_model_config {
     int32_t qkv_bias;    /* q/k/v projections have biases (Qwen2) */
     int32_t qk_norm;     /* per-head RMSNorm of q and k before RoPE (Qwen3) */
     int32_t tied_embeddings;
+    /* Mixture of experts (n_experts > 0): every layer's MLP block is ffn_norm, a router
+     * (LOIP_W_ROUTER) whose softmax picks the n_experts_used most probable of n_experts experts
+     * per token (ties: the lower index), each a SwiGLU MLP of inner size expert_dim bound with
+     * loip_model_bind_expert, their outputs weighted by those probabilities (renormalised to sum
+     * 1 when norm_topk_prob: Mixtral, Qwen3-MoE) and summed in the order of the ranking; plus,
+     * when shared_expert, a SwiGLU MLP of hidden_dim (LOIP_W_GATE/UP/DOWN) run on every token
+     * and added, scaled by sigmoid(LOIP_W_SHARED_GATE . x) when shared_expert_gate (Qwen2-MoE).
+     * Without a shared expert, hidden_dim is not used (give expert_dim). */
+    int32_t n_experts;
+    int32_t n_experts_used;
+    int32_t expert_dim;
+    int32_t norm_topk_prob;
+    int32_t shared_expert;
+    int32_t shared_expert_gate;
 } loip_model_config;
 
 enum {
@@ -421,7 +435,9 @@ enum {
     LOIP_W_GATE = 14,       /* [hidden_dim, dim] */
     LOIP_W_UP = 15,         /* [hidden_dim, dim] */
     LOIP_W_DOWN = 16,       /* [dim, hidden_dim] */
-    LOIP_W_COUNT = 17,
+    LOIP_W_ROUTER = 17,     /* [n_experts, dim]: mixture of experts only */
+    LOIP_W_SHARED_GATE = 18, /* [1, dim]: the shared expert's gate (shared_expert_gate) */
+    LOIP_W_COUNT = 19,
 };
 
 typedef struct loip_tensor {
@@ -436,6 +452,18 @@ LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out);
 LOIP_API void loip_model_free(loip_model *m);
 /* Bind a weight view; the shape and dtype are checked against the config (LOIP_ESHAPE). */
 LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const loip_tensor *t);
+/* A routed expert's weights (mixture of experts): part LOIP_EXPERT_GATE and _UP are
+ * [expert_dim, dim], _DOWN [dim, expert_dim]. t->data NULL unbinds it: an expert not bound is
+ * not in memory, and a layer that routes a token to it reads it through the session's expert
+ * cache (loip_session_set_experts), or fails naming it. */
+enum {
+    LOIP_EXPERT_GATE = 0,
+    LOIP_EXPERT_UP = 1,
+    LOIP_EXPERT_DOWN = 2,
+    LOIP_EXPERT_PARTS = 3,
+};
+LOIP_API int loip_model_bind_expert(loip_model *m, int32_t layer, int32_t expert, int32_t part,
+                                    const loip_tensor *t);
 /* LOIP_ESTATE naming the first required tensor not bound in layers [first, last). */
 LOIP_API int loip_model_check(const loip_model *m, int32_t first_layer, int32_t last_layer);
 /* Bytes of the weights bound so far. */
@@ -691,6 +719,70 @@ LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t 
 LOIP_API int loip_runner_record(loip_runner *r, int32_t kind, int32_t stage, uint64_t t0_ns,
                                 uint64_t t1_ns, uint64_t bytes);
 LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out);
+
+/* ---- the expert cache (runtime/exec/experts.c) ------------------------------------------ */
+
+/* A device's routed experts that are not bound in the model (mixture of experts): a cache of
+ * its loader's slots, each holding one expert (its three tensors as one file extent). When a
+ * layer routes its batch, every expert the rows chose is computed: those bound or cached at
+ * once, while the others are read into slots (evicting by the policy experts not used by the
+ * layer running) and computed as they land; every chosen expert, never fewer. Before a layer's
+ * attention runs, its router (and that of the `prefetch` - 1 layers after it) is applied to the
+ * layer's input (pre-gating) and the experts it predicts start loading: a wrong prediction
+ * costs reads, never a token (the real router decides what is computed). */
+enum {
+    LOIP_EXPERTS_LRU = 0,    /* evict the expert used longest ago */
+    LOIP_EXPERTS_LFU = 1,    /* evict the expert routed least often (ties: longest ago) */
+    LOIP_EXPERTS_STATIC = 2, /* pinned experts (loip_experts_pin) stay; the rest as LRU */
+};
+
+typedef struct loip_experts_config {
+    int32_t policy;         /* LOIP_EXPERTS_* */
+    int32_t prefetch;       /* layers whose experts are predicted ahead (pre-gating); 0: off */
+    int32_t event_capacity; /* expert reads kept for loip_experts_events (0: none) */
+} loip_experts_config;
+
+typedef struct loip_experts_stats_t {
+    uint64_t routed;        /* experts a layer's batch chose (each expert once per layer run) */
+    uint64_t bound;         /* of those, bound in the model (a resident layer's) */
+    uint64_t cache_hits;    /* in a slot when the layer asked for it (prefetched or kept) */
+    uint64_t read;          /* read on demand, after the router chose it */
+    uint64_t prefetched;    /* reads started by pre-gating */
+    uint64_t prefetch_hits; /* prefetched experts the router then chose */
+    uint64_t bytes_read;    /* demand and prefetch reads */
+    uint64_t stall_ns;      /* waiting for experts the router chose */
+    uint64_t events_dropped;
+} loip_experts_stats_t;
+
+typedef struct loip_experts loip_experts;
+/* An expert cache of model m over loader's slots (each must hold the largest expert's extent;
+ * the loader is not owned and must outlive it). */
+LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_experts_config *cfg,
+                              loip_experts **out);
+/* Waits for its reads in flight. */
+LOIP_API void loip_experts_free(loip_experts *x);
+/* Where expert e of layer l lies: ext (its file; slot_offset 0) and its parts at offsets
+ * offset[LOIP_EXPERT_*] of the extent, of dtype (shapes from the model's config). */
+LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t expert,
+                                     const loip_load_extent *ext, const uint64_t *offset,
+                                     int32_t dtype);
+/* Layer l's ffn_norm and router for pre-gating (views the caller keeps alive); a layer without
+ * them is not predicted. */
+LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_tensor *ffn_norm,
+                                     const loip_tensor *router);
+/* Read expert e of layer l into a slot now and keep it there (LOIP_EXPERTS_STATIC), waiting for
+ * the read; LOIP_ENOMEM when every slot is pinned. */
+LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert);
+/* Forget every cached expert (after the model's bytes on disk or the plan changed); waits for
+ * reads in flight. Pinned experts are forgotten too. */
+LOIP_API int loip_experts_clear(loip_experts *x);
+LOIP_API int loip_experts_stats(loip_experts *x, loip_experts_stats_t *out);
+/* Moves up to cap recorded reads, oldest first, into out (kind LOIP_EVENT_LOAD, stage: the
+ * layer, first_block: the expert, offloaded: 1 for a prefetch); returns how many. */
+LOIP_API int loip_experts_events(loip_experts *x, loip_runner_event *out, int32_t cap);
+/* Route the session's layers' unbound experts through x (NULL: none; then such an expert is an
+ * error naming it). x must be of the session's model and outlive its use. */
+LOIP_API int loip_session_set_experts(loip_session *s, loip_experts *x);
 
 /* ---- transport (runtime/transport) ------------------------------------------------------ */
 

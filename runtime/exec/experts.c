@@ -1,0 +1,347 @@
+/* The expert cache: a device's routed experts that are not in memory, read on demand (or ahead,
+ * by pre-gating) into its loader's slots, one expert a slot, and kept there until the policy
+ * evicts them (loip.h, "the expert cache"). The MoE block (moe.c) holds the slots of the experts
+ * its batch chose while it computes them, so that no read lands over an expert in use; only the
+ * slots of other layers' experts are evicted. Nothing here allocates per step; the loader's
+ * submit and wait are the only calls out. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "exec/experts.h"
+#include "exec/model.h"
+
+typedef struct xslot {
+    int32_t layer, expert; /* held, -1: none */
+    int state;             /* XS_* */
+    uint64_t tag;
+    uint64_t last_use;     /* x->clock at its last acquire (LRU) */
+    uint64_t held_run;     /* x->run of the layer run holding it, 0: none */
+    int pinned;
+    int32_t prefetched_for; /* a prefetched expert's layer until it is chosen or that layer ran, -1 */
+    int prefetch_read;      /* its read was a prefetch (for the trace) */
+} xslot;
+
+typedef struct xsrc {
+    loip_load_extent ext; /* path owned; NULL path and fd -1: no source */
+    uint64_t off[LOIP_EXPERT_PARTS];
+    int32_t dtype;
+} xsrc;
+
+struct loip_experts {
+    loip_model *m;
+    loip_loader *l;
+    loip_experts_config cfg;
+    int32_t n_slots;
+    xslot *slots;
+    int32_t *where;       /* (n_layers, n_experts) the slot holding it, -1 */
+    xsrc *src;            /* (n_layers, n_experts) */
+    uint32_t *freq;       /* (n_layers, n_experts) times chosen (LFU) */
+    int32_t *has_src;     /* (n_layers) experts of the layer with a source */
+    const loip_tensor **gate_norm, **gate_router; /* (n_layers) pre-gating views, NULL: none */
+    loip_tensor *gate_views; /* (n_layers, 2) copies of those views */
+    uint64_t clock, run, next_tag;
+    loip_runner_event *ev;
+    int32_t ev_count;
+    loip_experts_stats_t st;
+};
+
+static size_t idx(const loip_experts *x, int32_t layer, int32_t e) {
+    return (size_t)layer * x->m->cfg.n_experts + (size_t)e;
+}
+
+LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_experts_config *cfg,
+                              loip_experts **out) {
+    *out = NULL;
+    const loip_model_config *c = &m->cfg;
+    if (c->n_experts == 0) return loip_fail(LOIP_EINVAL, "expert cache: the model has no experts");
+    if (!loader) return loip_fail(LOIP_EINVAL, "expert cache: needs a loader");
+    if (!cfg || cfg->policy < LOIP_EXPERTS_LRU || cfg->policy > LOIP_EXPERTS_STATIC || cfg->prefetch < 0 ||
+        cfg->event_capacity < 0)
+        return loip_fail(LOIP_EINVAL, "expert cache: policy %d, prefetch %d, event_capacity %d invalid",
+                         cfg ? cfg->policy : -1, cfg ? cfg->prefetch : -1, cfg ? cfg->event_capacity : -1);
+    loip_experts *x = calloc(1, sizeof *x);
+    if (!x) return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
+    size_t n = (size_t)c->n_layers * c->n_experts;
+    x->m = m, x->l = loader, x->cfg = *cfg, x->n_slots = loip_loader_slots(loader), x->next_tag = 1, x->run = 1;
+    x->slots = calloc((size_t)x->n_slots, sizeof *x->slots);
+    x->where = malloc(n * sizeof *x->where);
+    x->src = calloc(n, sizeof *x->src);
+    x->freq = calloc(n, sizeof *x->freq);
+    x->has_src = calloc((size_t)c->n_layers, sizeof *x->has_src);
+    x->gate_norm = calloc((size_t)c->n_layers, sizeof *x->gate_norm);
+    x->gate_router = calloc((size_t)c->n_layers, sizeof *x->gate_router);
+    x->gate_views = calloc((size_t)c->n_layers * 2, sizeof *x->gate_views);
+    if (cfg->event_capacity) x->ev = calloc((size_t)cfg->event_capacity, sizeof *x->ev);
+    if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->gate_norm || !x->gate_router ||
+        !x->gate_views || (cfg->event_capacity && !x->ev)) {
+        loip_experts_free(x);
+        return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) x->where[i] = -1, x->src[i].ext.fd = -1;
+    for (int32_t i = 0; i < x->n_slots; i++) x->slots[i] = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
+    *out = x;
+    return LOIP_OK;
+}
+
+/* Wait for every read in flight (they write into the slots). */
+static void drain(loip_experts *x) {
+    for (int32_t i = 0; i < x->n_slots; i++)
+        if (x->slots[i].state == XS_LOADING) {
+            loip_loader_wait(x->l, x->slots[i].tag, -1, NULL);
+            x->slots[i].state = XS_EMPTY;
+        }
+}
+
+LOIP_API void loip_experts_free(loip_experts *x) {
+    if (!x) return;
+    if (x->slots && x->l) drain(x);
+    if (x->src)
+        for (size_t i = 0; i < (size_t)x->m->cfg.n_layers * x->m->cfg.n_experts; i++) free((char *)x->src[i].ext.path);
+    free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src);
+    free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->ev);
+    free(x);
+}
+
+static int check_le(const loip_experts *x, int32_t layer, int32_t e, const char *what) {
+    const loip_model_config *c = &x->m->cfg;
+    if (layer < 0 || layer >= c->n_layers || e < 0 || e >= c->n_experts)
+        return loip_fail(LOIP_EINVAL, "expert cache %s: layer %d, expert %d out of range (%d layers, %d experts)",
+                         what, layer, e, c->n_layers, c->n_experts);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t expert, const loip_load_extent *ext,
+                                     const uint64_t *offset, int32_t dtype) {
+    int rc = check_le(x, layer, expert, "source");
+    if (rc) return rc;
+    const loip_model_config *c = &x->m->cfg;
+    if (!ext || (!ext->path && ext->fd < 0) || ext->slot_offset != 0)
+        return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d: an extent with a file at slot offset 0",
+                         expert, layer);
+    if (ext->length > loip_loader_slot_bytes(x->l))
+        return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d (%s) is %llu bytes, the slots hold %llu",
+                         expert, layer, ext->path ? ext->path : "fd", (unsigned long long)ext->length,
+                         (unsigned long long)loip_loader_slot_bytes(x->l));
+    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16)
+        return loip_fail(LOIP_ESHAPE, "expert cache: expert %d of layer %d: dtype %d not supported", expert, layer, dtype);
+    for (int p = 0; p < LOIP_EXPERT_PARTS; p++) {
+        int64_t rows, cols;
+        loip_expert_shape(c, p, &rows, &cols);
+        if (offset[p] + (uint64_t)(rows * cols) * (uint64_t)loip_dtype_size(dtype) > ext->length)
+            return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d: part %d ends past its extent (%s)",
+                             expert, layer, p, ext->path ? ext->path : "fd");
+    }
+    xsrc *s = &x->src[idx(x, layer, expert)];
+    char *path = ext->path ? strdup(ext->path) : NULL;
+    if (ext->path && !path) return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
+    if (s->ext.path || s->ext.fd >= 0) x->has_src[layer]--;
+    free((char *)s->ext.path);
+    s->ext = *ext, s->ext.path = path, s->dtype = dtype;
+    memcpy(s->off, offset, sizeof s->off);
+    x->has_src[layer]++;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_tensor *ffn_norm,
+                                     const loip_tensor *router) {
+    int rc = check_le(x, layer, 0, "gating");
+    if (rc) return rc;
+    const loip_model_config *c = &x->m->cfg;
+    if (!ffn_norm || !router) {
+        x->gate_norm[layer] = x->gate_router[layer] = NULL;
+        return LOIP_OK;
+    }
+    if ((rc = loip_check_tensor("gating ffn_norm", ffn_norm, c->dim, 0)) ||
+        (rc = loip_check_tensor("gating router", router, c->n_experts, c->dim)))
+        return rc;
+    x->gate_views[2 * layer] = *ffn_norm, x->gate_views[2 * layer + 1] = *router;
+    x->gate_norm[layer] = &x->gate_views[2 * layer], x->gate_router[layer] = &x->gate_views[2 * layer + 1];
+    return LOIP_OK;
+}
+
+static void record(loip_experts *x, int32_t layer, int32_t e, uint64_t t0, uint64_t t1, uint64_t bytes, int pre) {
+    if (!x->cfg.event_capacity) return;
+    if (x->ev_count == x->cfg.event_capacity) {
+        x->st.events_dropped++;
+        return;
+    }
+    x->ev[x->ev_count++] = (loip_runner_event){LOIP_EVENT_LOAD, layer, e, e + 1, t0, t1, bytes, pre, 0};
+}
+
+/* The slot to read into now, or -1: empty first, then the policy's victim among slots neither
+ * held by this layer run, pinned, loading, nor prefetched for a layer not yet run (unless
+ * for_prefetch is 0 and nothing else is left: a demand read outranks a guess). */
+static int32_t victim(loip_experts *x, int for_prefetch) {
+    int32_t best = -1;
+    for (int pass = 0; pass < 2 && best < 0; pass++) {
+        if (pass == 1 && for_prefetch) break;
+        for (int32_t i = 0; i < x->n_slots; i++) {
+            xslot *s = &x->slots[i];
+            if (s->state == XS_EMPTY) return i;
+            if (s->state == XS_LOADING || s->pinned || s->held_run == x->run) continue;
+            if (pass == 0 && s->prefetched_for >= 0) continue;
+            if (best < 0) { best = i; continue; }
+            xslot *b = &x->slots[best];
+            if (x->cfg.policy == LOIP_EXPERTS_LFU) {
+                uint32_t fs = x->freq[idx(x, s->layer, s->expert)], fb = x->freq[idx(x, b->layer, b->expert)];
+                if (fs < fb || (fs == fb && s->last_use < b->last_use)) best = i;
+            } else if (s->last_use < b->last_use) {
+                best = i;
+            }
+        }
+    }
+    return best;
+}
+
+/* Read expert e of layer l into slot i (evicting what it held). */
+static int start_read(loip_experts *x, int32_t i, int32_t layer, int32_t e, int prefetch) {
+    xslot *s = &x->slots[i];
+    const xsrc *src = &x->src[idx(x, layer, e)];
+    if (!src->ext.path && src->ext.fd < 0)
+        return loip_fail(LOIP_ESTATE, "expert %d of layer %d is neither bound nor readable (no source)", e, layer);
+    if (s->layer >= 0) x->where[idx(x, s->layer, s->expert)] = -1;
+    uint64_t tag = x->next_tag++;
+    int rc = loip_loader_submit(x->l, i, &src->ext, 1, tag);
+    if (rc) {
+        *s = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
+        return rc;
+    }
+    *s = (xslot){.layer = layer, .expert = e, .state = XS_LOADING, .tag = tag, .last_use = ++x->clock,
+                 .prefetched_for = prefetch ? layer : -1, .prefetch_read = prefetch};
+    x->where[idx(x, layer, e)] = i;
+    x->st.bytes_read += src->ext.length;
+    if (prefetch) x->st.prefetched++;
+    else x->st.read++;
+    return LOIP_OK;
+}
+
+int loip_experts_acquire(loip_experts *x, int32_t layer, int32_t e, int32_t *slot, int *state) {
+    int32_t i = x->where[idx(x, layer, e)];
+    *slot = -1;
+    if (i >= 0) {
+        xslot *s = &x->slots[i];
+        if (s->prefetched_for >= 0) x->st.prefetch_hits++;
+        x->st.cache_hits++;
+        s->prefetched_for = -1, s->held_run = x->run, s->last_use = ++x->clock;
+        *state = s->state, *slot = i;
+        return LOIP_OK;
+    }
+    if ((i = victim(x, 0)) < 0) return LOIP_OK;
+    int rc = start_read(x, i, layer, e, 0);
+    if (rc) return rc;
+    x->slots[i].held_run = x->run;
+    *state = XS_LOADING, *slot = i;
+    return LOIP_OK;
+}
+
+void loip_experts_routed(loip_experts *x, int32_t layer, const int32_t *experts, int32_t n, int32_t n_bound) {
+    for (int32_t k = 0; k < n; k++) x->freq[idx(x, layer, experts[k])]++;
+    x->st.routed += (uint64_t)n;
+    x->st.bound += (uint64_t)n_bound;
+    /* the layer has run: what was prefetched for it and not chosen is an ordinary cached expert now */
+    for (int32_t i = 0; i < x->n_slots; i++)
+        if (x->slots[i].prefetched_for == layer) x->slots[i].prefetched_for = -1;
+}
+
+int loip_experts_wait(loip_experts *x, int32_t slot, int32_t timeout_ms) {
+    xslot *s = &x->slots[slot];
+    if (s->state != XS_LOADING) return LOIP_OK;
+    loip_load_done done = {0};
+    int rc = loip_loader_wait(x->l, s->tag, timeout_ms, &done);
+    if (rc == LOIP_ETIMEDOUT) return rc;
+    if (done.tag == s->tag) record(x, s->layer, s->expert, done.t_submit_ns, done.t_done_ns, done.bytes, s->prefetch_read);
+    if (rc) {
+        int32_t layer = s->layer, e = s->expert;
+        x->where[idx(x, layer, e)] = -1;
+        *s = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
+        return loip_fail(rc, "expert %d of layer %d: %s", e, layer, done.message[0] ? done.message : "read failed");
+    }
+    s->state = XS_READY;
+    return LOIP_OK;
+}
+
+void loip_experts_tensors(loip_experts *x, int32_t slot, loip_tensor out[LOIP_EXPERT_PARTS]) {
+    const xslot *s = &x->slots[slot];
+    const xsrc *src = &x->src[idx(x, s->layer, s->expert)];
+    const uint8_t *base = loip_loader_slot_data(x->l, slot);
+    for (int p = 0; p < LOIP_EXPERT_PARTS; p++) {
+        int64_t rows, cols;
+        loip_expert_shape(&x->m->cfg, p, &rows, &cols);
+        out[p] = (loip_tensor){.data = base + src->off[p], .dtype = src->dtype, .ndim = 2, .shape = {rows, cols}};
+    }
+}
+
+void loip_experts_release(loip_experts *x, int32_t slot) { x->slots[slot].held_run = 0; }
+
+void loip_experts_next_run(loip_experts *x) { x->run++; }
+
+void loip_experts_add_stall(loip_experts *x, uint64_t ns) { x->st.stall_ns += ns; }
+
+int32_t loip_experts_prefetch_depth(const loip_experts *x) { return x->cfg.prefetch; }
+
+int loip_experts_predicts(const loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
+                          const loip_tensor **router) {
+    if (!x->has_src[layer] || !x->gate_router[layer]) return 0;
+    *ffn_norm = x->gate_norm[layer], *router = x->gate_router[layer];
+    return 1;
+}
+
+void loip_experts_prefetch(loip_experts *x, int32_t layer, const int32_t *experts, int32_t n) {
+    for (int32_t k = 0; k < n; k++) {
+        int32_t e = experts[k];
+        if (loip_expert_w(x->m, layer, e, LOIP_EXPERT_GATE)->data || x->where[idx(x, layer, e)] >= 0) continue;
+        const xsrc *src = &x->src[idx(x, layer, e)];
+        if (!src->ext.path && src->ext.fd < 0) continue;
+        int32_t i = victim(x, 1);
+        if (i < 0) return;
+        if (start_read(x, i, layer, e, 1)) return; /* a guess that cannot be read is dropped: the demand read says why */
+    }
+}
+
+LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert) {
+    int rc = check_le(x, layer, expert, "pin");
+    if (rc) return rc;
+    int32_t i = x->where[idx(x, layer, expert)];
+    if (i < 0) {
+        int32_t best = -1;
+        for (int32_t k = 0; k < x->n_slots && best < 0; k++)
+            if (x->slots[k].state == XS_EMPTY) best = k;
+        for (int32_t k = 0; k < x->n_slots && best < 0; k++)
+            if (!x->slots[k].pinned && x->slots[k].state != XS_LOADING) best = k;
+        if (best < 0)
+            return loip_fail(LOIP_ENOMEM, "expert cache: every one of its %d slots is pinned: expert %d of layer %d "
+                             "cannot be", x->n_slots, expert, layer);
+        if ((rc = start_read(x, best, layer, expert, 0))) return rc;
+        x->st.read--; /* a pin is not a routed read */
+        i = best;
+    }
+    if ((rc = loip_experts_wait(x, i, -1))) return rc;
+    x->slots[i].pinned = 1;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_experts_clear(loip_experts *x) {
+    drain(x);
+    for (int32_t i = 0; i < x->n_slots; i++) {
+        xslot *s = &x->slots[i];
+        if (s->layer >= 0) x->where[idx(x, s->layer, s->expert)] = -1;
+        *s = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
+    }
+    return LOIP_OK;
+}
+
+LOIP_API int loip_experts_stats(loip_experts *x, loip_experts_stats_t *out) {
+    *out = x->st;
+    return LOIP_OK;
+}
+
+LOIP_API int loip_experts_events(loip_experts *x, loip_runner_event *out, int32_t cap) {
+    if (cap <= 0) return 0;
+    int32_t k = x->ev_count < cap ? x->ev_count : cap;
+    memcpy(out, x->ev, (size_t)k * sizeof *out);
+    memmove(x->ev, x->ev + k, (size_t)(x->ev_count - k) * sizeof *x->ev);
+    x->ev_count -= k;
+    return k;
+}
