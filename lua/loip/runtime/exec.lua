@@ -24,6 +24,11 @@ function M.model_new(cfg) return core.new("loip_model *", C.loip_model_new, C.lo
 function M.model_free(m) core.free(m, C.loip_model_free) end
 -- Bind weight view t (a loip_tensor) as (layer, which); the shape and dtype are checked.
 function M.model_bind(m, layer, which, t, context) return core.ok(C.loip_model_bind(m, layer, which, t), context) end
+-- Bind routed expert e's part (loip.constants.EXPERT_GATE/UP/DOWN) of layer to view t (nil:
+-- unbind: the expert is read through the session's expert cache).
+function M.model_bind_expert(m, layer, e, part, t, context)
+  return core.ok(C.loip_model_bind_expert(m, layer, e, part, t), context)
+end
 -- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).
 function M.model_check(m, first, last, context) return core.ok(C.loip_model_check(m, first, last), context) end
 -- Bytes of the weights bound.
@@ -92,6 +97,30 @@ function M.runner_stats(r, st) C.loip_runner_stats(r, st) return st end
 function M.runner_restage(r, k, desc, context) return core.ok(C.loip_runner_restage(r, k, desc), context) end
 -- loader: a loip_loader * (nil: none).
 function M.runner_set_loader(r, loader, context) return core.ok(C.loip_runner_set_loader(r, loader), context) end
+-- ---- the expert cache (mixture of experts: loip_experts_*)
+-- cfg: a loip_experts_config; loader: its slots (must outlive it, as the model: keep holds them).
+function M.experts_new(m, loader, cfg, keep)
+  local dtor = C.loip_experts_free
+  if keep ~= nil then dtor = function(x) C.loip_experts_free(x) local _ = keep end end
+  return core.new("loip_experts *", C.loip_experts_new, dtor, m, loader, cfg)
+end
+function M.experts_free(x) core.free(x, C.loip_experts_free) end
+-- Expert e of layer: ext (a loip_load_extent), offsets (uint64_t[3]) of its parts in it, dtype.
+function M.experts_set_source(x, layer, e, ext, offsets, dtype, context)
+  return core.ok(C.loip_experts_set_source(x, layer, e, ext, offsets, dtype), context)
+end
+-- Layer's ffn_norm and router views for pre-gating (nil, nil: none).
+function M.experts_set_gating(x, layer, norm, router, context)
+  return core.ok(C.loip_experts_set_gating(x, layer, norm, router), context)
+end
+function M.experts_pin(x, layer, e, context) return core.ok(C.loip_experts_pin(x, layer, e), context) end
+function M.experts_clear(x, context) return core.ok(C.loip_experts_clear(x), context) end
+-- The cache's statistics into st (a loip_experts_stats_t).
+function M.experts_stats(x, st) C.loip_experts_stats(x, st) return st end
+function M.experts_events(x, out, cap) return tonumber(C.loip_experts_events(x, out, cap)) end
+-- Route session s's unbound experts through cache x (nil: none).
+function M.session_set_experts(s, x, context) return core.ok(C.loip_session_set_experts(s, x), context) end
+
 -- What a device charges to "activations" (loip_device_size), in bytes.
 function M.device_size(cfg, max_tokens, logits_tokens, max_seqs, context)
   local out = ffi.new("uint64_t[1]")
