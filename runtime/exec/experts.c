@@ -171,8 +171,9 @@ static void record(loip_experts *x, int32_t layer, int32_t e, uint64_t t0, uint6
 }
 
 /* The slot to read into now, or -1: empty first, then the policy's victim among slots neither
- * held by this layer run, pinned, loading, nor prefetched for a layer not yet run (unless
- * for_prefetch is 0 and nothing else is left: a demand read outranks a guess). */
+ * held by this layer run, pinned, loading, nor prefetched for a layer not yet run; a demand read
+ * (for_prefetch 0) outranks a guess: when nothing else is left, it takes a prefetched slot, even
+ * one still loading (start_read waits for that read first). */
 static int32_t victim(loip_experts *x, int for_prefetch) {
     int32_t best = -1;
     for (int pass = 0; pass < 2 && best < 0; pass++) {
@@ -180,8 +181,9 @@ static int32_t victim(loip_experts *x, int for_prefetch) {
         for (int32_t i = 0; i < x->n_slots; i++) {
             xslot *s = &x->slots[i];
             if (s->state == XS_EMPTY) return i;
-            if (s->state == XS_LOADING || s->pinned || s->held_run == x->run) continue;
-            if (pass == 0 && s->prefetched_for >= 0) continue;
+            if (s->pinned || s->held_run == x->run) continue;
+            if (pass == 0 && (s->prefetched_for >= 0 || s->state == XS_LOADING)) continue;
+            if (s->state == XS_LOADING && s->prefetched_for < 0 && !s->prefetch_read) continue;
             if (best < 0) { best = i; continue; }
             xslot *b = &x->slots[best];
             if (x->cfg.policy == LOIP_EXPERTS_LFU) {
@@ -201,6 +203,11 @@ static int start_read(loip_experts *x, int32_t i, int32_t layer, int32_t e, int 
     const xsrc *src = &x->src[idx(x, layer, e)];
     if (!src->ext.path && src->ext.fd < 0)
         return loip_fail(LOIP_ESTATE, "expert %d of layer %d is neither bound nor readable (no source)", e, layer);
+    if (s->state == XS_LOADING) { /* a guess still landing: its read must end before another starts */
+        uint64_t t0 = loip_now_ns();
+        loip_loader_wait(x->l, s->tag, -1, NULL);
+        x->st.stall_ns += loip_now_ns() - t0;
+    }
     if (s->layer >= 0) x->where[idx(x, s->layer, s->expert)] = -1;
     uint64_t tag = x->next_tag++;
     int rc = loip_loader_submit(x->l, i, &src->ext, 1, tag);
@@ -314,7 +321,7 @@ LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert) {
             return loip_fail(LOIP_ENOMEM, "expert cache: every one of its %d slots is pinned: expert %d of layer %d "
                              "cannot be", x->n_slots, expert, layer);
         if ((rc = start_read(x, best, layer, expert, 0))) return rc;
-        x->st.read--; /* a pin is not a routed read */
+        x->st.read--, x->st.bytes_read -= x->src[idx(x, layer, expert)].ext.length; /* a pin is no routed read */
         i = best;
     }
     if ((rc = loip_experts_wait(x, i, -1))) return rc;
