@@ -266,8 +266,10 @@ function M.run(o)
     io.stdout:write(o.prompt)
     io.stdout:flush()
   end
+  local experts0 -- (a mixture of experts: the expert cache's figures after the prompt's step)
   for _, text in it do
     pieces[#pieces + 1] = text
+    if m.experts and not experts0 then experts0 = m.experts:stats() end
     if not o.json then
       io.stdout:write(text)
       io.stdout:flush()
@@ -282,6 +284,7 @@ function M.run(o)
       memory = plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts) } or nil
     r.loader = m.loader and m.loader:mode() or nil
     r.runner = m.runner and m:runner_stats() or nil
+    r.experts = m.experts and require("loip.model.experts").report(m.experts:stats(), st.stats.decode_steps, experts0) or nil
     r.adaptations = #m:batcher().adaptations > 0 and m:batcher().adaptations or nil
     r.draft = M.draft_report(m:batcher())
     io.stdout:write(json.encode(r), "\n")

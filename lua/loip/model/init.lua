@@ -115,7 +115,9 @@ function M.open(path, opts)
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
   elseif kind == "store" then
-    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers })
+    -- (a mixture of experts: the experts of an offloaded MLP block stay on disk: the expert cache reads them)
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
+      experts = function(l) return not (self.plan and require("loip.model.experts").offloaded_layers(self.plan, 1)[l]) end })
   elseif kind == "gguf" then
     cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
   else
@@ -236,6 +238,7 @@ function Model:_choose_plan(cfg, facts, budget)
     -- (its memory is checked below, against what is left of the budget)
     engine.check_plan(p, { model = sizes, devices = { {} }, loader = opts.loader }, where)
   end
+  require("loip.model.experts").size_cache(p, 1, sizes, avail, mopts)
   local need = planner.memory(p, 1, sizes, mopts)
   if limit > 0 and need.total > avail then
     error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
@@ -298,6 +301,8 @@ function Model:_start_runner(dir, facts)
   if not r then error(dir .. ": " .. err, 0) end
   self.runner = r
   self.runner_descs = descs
+  if self.experts then self.experts:close() end
+  self.experts = require("loip.model.experts").for_model(self)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
@@ -352,6 +357,7 @@ function Model:replan_kv(positions)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
   local function let_go()
+    if self.experts then self.experts:close() self.experts = nil end
     if self.runner then exec.runner_free(self.runner) self.runner = nil end
     if self.loader then self.loader:close() self.loader = nil end
     if self._session then exec.session_free(self._session) self._session = nil end
@@ -392,6 +398,7 @@ function Model:events()
         offloaded = e.offloaded ~= 0, tokens = e.n_tokens }
     end
   until k < 4096
+  for _, e in ipairs(self.experts and self.experts:events() or {}) do out[#out + 1] = e end -- (expert reads)
   return out
 end
 
@@ -468,6 +475,7 @@ function Model:close()
     for _, r in ipairs(self._batcher.running) do r.state, r.finish_reason, r.error = "done", "error", "the model was closed" end
     self._batcher = nil
   end
+  if self.experts then self.experts:close() self.experts = nil end
   if self.runner then exec.runner_free(self.runner) self.runner = nil end
   if self.loader then self.loader:close() self.loader = nil end
   if self._session then exec.session_free(self._session) self._session = nil end

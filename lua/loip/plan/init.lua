@@ -90,9 +90,15 @@ function M.sizes(man, cfg, opts)
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
   s.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
     or s.kv_tokens, s.kv_tokens)
+  local expert_bytes = {} -- (mixture of experts) per layer: its experts' files, summed
   for _, f in ipairs(man.files) do
     local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
-    if layer then
+    local xl = f.name:match("^layer%-(%d+)%-exp%-%d+%.bin$")
+    if xl then
+      xl = tonumber(xl)
+      expert_bytes[xl] = (expert_bytes[xl] or 0) + f.size
+      s.expert_file_bytes = math.max(s.expert_file_bytes or 0, f.size)
+    elseif layer then
       local b = 2 * tonumber(layer) + (kind == "mlp" and 1 or 0)
       s.block_bytes[b], s.files[b] = f.size, f.name
     else
@@ -119,6 +125,22 @@ function M.sizes(man, cfg, opts)
         s.block_bytes[b], M.block_name(b % 2), s.block_bytes[b % 2]), 0)
     end
   end
+  -- A mixture of experts: an MLP block's file is its router, norm and shared expert, read into
+  -- the slot when offloaded; its experts are resident with it, or read one by one into the
+  -- device's expert cache (expert_slots of expert_file_bytes) as the router picks them.
+  -- res_bytes[b]: what block b holds resident (its file, and an MLP block's experts).
+  s.res_bytes = {}
+  for b = 0, s.n_blocks - 1 do
+    s.res_bytes[b] = s.block_bytes[b] + (b % 2 == 1 and expert_bytes[(b - 1) / 2] or 0)
+  end
+  s.mlp_res_bytes = s.res_bytes[1]
+  if cfg.n_experts > 0 then
+    if not s.expert_file_bytes then
+      error(string.format("manifest: the model has %d experts per layer but no expert files (layer-000-exp-000.bin): "
+        .. "re-run `loip slice`", cfg.n_experts), 0)
+    end
+    s.moe = { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes }
+  end
   s.tied = cfg.tied_embeddings ~= 0
   s.dim, s.vocab = cfg.dim, cfg.vocab_size
   -- a token's hidden state and its entry in the micro-batch's table
@@ -134,8 +156,31 @@ function M.sizes(man, cfg, opts)
   end
   s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
   s.weight_bytes = s.global_bytes
-  for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.block_bytes[b] end
+  for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.res_bytes[b] end
   return s
+end
+
+-- (mixture of experts) The experts a step of `rows` tokens routes one layer to, on average,
+-- under uniform routing: each row picks `used` of `experts`.
+function M.experts_per_layer(moe, rows)
+  local E, k = moe.experts, moe.used
+  return E * (1 - (1 - k / E) ^ math.max(1, rows or 1))
+end
+
+-- The expert cache a device needs at the least when it offloads MLP blocks of a mixture of
+-- experts: one layer's chosen experts for one token.
+function M.min_expert_slots(sizes) return sizes.moe and sizes.moe.used or 0 end
+
+-- Expected expert reads per step of part (its offloaded MoE MLP blocks) for `rows` tokens a
+-- step, with its cache of part.expert_slots: uniform routing, and a cache that keeps a random
+-- share of the experts it serves (LRU under uniform routing). Returns bytes and reads.
+function M.expert_reads(sizes, part, rows)
+  local moe = sizes.moe
+  if not moe or (part.off_moe or 0) == 0 then return 0, 0 end
+  local per_layer = M.experts_per_layer(moe, rows)
+  local hit = math.min(1, (part.expert_slots or 0) / (part.off_moe * moe.experts))
+  local reads = part.off_moe * per_layer * (1 - hit)
+  return reads * moe.expert_bytes, reads
 end
 
 -- The hops of p in ring order: { device, stage, blocks = {a, b}, offloaded, hop (0-based) }.
@@ -304,7 +349,7 @@ function M.device_part(p, i, sizes)
         if mha then part.off_mha = part.off_mha + 1 else part.off_mlp = part.off_mlp + 1 end
         if p.per_block then part.loads = part.loads + 1 end
       else
-        part.res_bytes = part.res_bytes + sizes.block_bytes[b]
+        part.res_bytes = part.res_bytes + (sizes.res_bytes and sizes.res_bytes[b] or sizes.block_bytes[b])
       end
     end
     if off > 0 and not p.per_block then part.loads = part.loads + 1 end
@@ -318,7 +363,16 @@ function M.device_part(p, i, sizes)
   part.slot_bytes = need > 0 and math.max(need, given or 0) or 0
   part.slots = need > 0 and (p.slots or 1) or 0
   part.ring = not p.per_block and need > 0 and ((p.slots or 1) > 1 or part.slot_bytes >= 2 * need)
+  if sizes.moe then -- its offloaded MLP blocks' experts come through its expert cache
+    part.off_moe = part.off_mlp
+    part.expert_slots = part.off_moe > 0 and math.max(d.expert_slots or 0, M.min_expert_slots(sizes)) or 0
+  end
   return part
+end
+
+-- Bytes of part's expert cache.
+function M.expert_cache_bytes(part, sizes)
+  return sizes.moe and (part.expert_slots or 0) * sizes.moe.expert_bytes or 0
 end
 
 -- The memory of a device's part by account: { weights, slots, kv, activations, scratch, total,
@@ -330,7 +384,8 @@ function M.part_memory(part, sizes, opts)
   local weights = part.res_bytes
   if part.first or (part.last and sizes.tied) then weights = weights + sizes.embed_file_bytes end
   if part.last then weights = weights + sizes.head_file_bytes end
-  local m = { weights = weights, slots = part.slots * part.slot_bytes, kv = sizes.kv_bytes[part.layers],
+  local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes),
+    experts = M.expert_cache_bytes(part, sizes), kv = sizes.kv_bytes[part.layers],
     activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
     scratch = part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0,
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
@@ -340,7 +395,8 @@ end
 
 -- part_memory(...).total without the table (schedulers call this in their inner loops).
 function M.part_total(part, sizes, opts)
-  return M.total_of(sizes, opts, part.first, part.last, part.res_bytes, part.slots * part.slot_bytes, part.layers)
+  return M.total_of(sizes, opts, part.first, part.last, part.res_bytes,
+    part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers)
 end
 
 -- The same from its figures: whether the device holds the first / last end, its resident

@@ -138,10 +138,11 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
   local n_mha, n_mlp, off_mha, off_mlp, most, loads = holds(sz, shape, L, X, n, x, o)
   local mb, pb = sz.mha_bytes, sz.mlp_bytes
   return { S = shape.S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
-    off_bytes = off_mha * mb + off_mlp * pb, res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * pb,
+    off_bytes = off_mha * mb + off_mlp * pb, res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * (sz.mlp_res_bytes or pb),
     stage_off_max = most, loads = loads, layers = n_mha, slot_bytes = k * most, slots = most > 0 and 1 or 0,
     ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
-    prefetch = true }
+    prefetch = true, off_moe = sz.moe and off_mlp or nil,
+    expert_slots = sz.moe and off_mlp > 0 and plan.min_expert_slots(sz) or nil }
 end
 
 -- What device i of a problem holds whatever its part (the ends, activations, message buffers),
@@ -171,9 +172,10 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local n_mha, n_mlp, off_mha, off_mlp, most = holds(sz, shape, L, X, n, x, o)
   local kv = sz.kv_bytes[n_mha]
   if not kv then return math.huge end -- more layers than the model has: no such part
-  local res = (n_mha - off_mha) * sz.mha_bytes + (n_mlp - off_mlp) * sz.mlp_bytes
+  local res = (n_mha - off_mha) * sz.mha_bytes + (n_mlp - off_mlp) * (sz.mlp_res_bytes or sz.mlp_bytes)
   local base, bounce = fixed(problem, i)
   local slot = k * most
+  if sz.moe and off_mlp > 0 then slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes end
   if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
   return res + slot + kv + base
 end
@@ -390,14 +392,15 @@ function M.fill(problem, p, i)
     for s, st in ipairs(d.stages) do
       local off = st.offloaded or 0
       if off > 0 then
-        local bytes = sizes.block_bytes[st.blocks[1] + off - 1]
+        local b = st.blocks[1] + off - 1
+        local bytes = (sizes.res_bytes or sizes.block_bytes)[b] -- resident, it holds this much; it no longer reads block_bytes[b]
         if not best_bytes or bytes > best_bytes then
           local before = read[s]
           if per_block then
             read[s] = 0
             for b = st.blocks[1], st.blocks[1] + off - 2 do read[s] = math.max(read[s], sizes.block_bytes[b]) end
           else
-            read[s] = before - bytes
+            read[s] = before - sizes.block_bytes[b]
           end
           if total(res + bytes, slot()) <= budget then best, best_bytes, best_read = s, bytes, read[s] end
           read[s] = before

@@ -43,7 +43,9 @@ function M.device(problem, i, part)
   local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
   local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
     + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
-  local load = reads and space.read_ms(d, part.off_bytes, part.loads) or 0
+  -- (a mixture of experts: its offloaded MLP blocks' routed experts are read too, one by one)
+  local xbytes, xreads = plan.expert_reads(problem.model, part, problem.micro_batch)
+  local load = reads and space.read_ms(d, part.off_bytes + xbytes, part.loads + xreads) or 0
   if part.prefetch == false then
     -- nothing is read ahead: every read is waited for, and the step waits for every device
     return { comp_ms = comp + load, load_ms = load, serial_ms = 0, offloaded_ms = offloaded, exposed_ms = load }
@@ -150,13 +152,17 @@ local function play(p, problem, rates)
     local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
     local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
       comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
+    -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
+    local xbytes = plan.expert_reads(sizes, part, problem.micro_batch)
+    x.expert_bytes = (part.off_moe or 0) > 0 and xbytes / part.off_moe or 0
     for s, st in ipairs(d.stages) do
       local y = { off = 0, res = c.stage_ms or 0, bytes = 0, blocks = {} }
       for b = st.blocks[1], st.blocks[2] do
         local ms = (b % 2 == 0 and c.mha_ms or c.mlp_ms) * f
         if b - st.blocks[1] < (st.offloaded or 0) then
-          y.off, y.bytes = y.off + ms, y.bytes + sizes.block_bytes[b]
-          y.blocks[#y.blocks + 1] = { read = sizes.block_bytes[b] / rate * 1e3 + fixed, ms = ms }
+          local bytes = sizes.block_bytes[b] + (b % 2 == 1 and x.expert_bytes or 0)
+          y.off, y.bytes = y.off + ms, y.bytes + bytes
+          y.blocks[#y.blocks + 1] = { read = bytes / rate * 1e3 + fixed, ms = ms }
         else
           y.res = y.res + ms
         end

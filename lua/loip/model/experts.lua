@@ -1,0 +1,238 @@
+-- A device's expert cache (mixture of experts, loip.h "the expert cache"), made from a slice
+-- store's manifest for the layers whose MLP blocks the plan offloads: their routed experts are
+-- read one by one into slots of a loader of their own (io_uring, O_DIRECT: an expert is one
+-- block file), only the ones a step's router picks (or pre-gating predicts), and kept there as
+-- the `experts` policy says (recipes/policies/experts/). Pre-gating needs those layers' ffn_norm
+-- and router in memory while their block files are offloaded: a copy of those two tensors per
+-- layer is kept, charged to the budget's "weights".
+--
+--   local cache = experts.open { model = m.handle, session = s, dir = dir, man = man, cfg = cfg,
+--     layers = { [3] = true, ... }, slots = 24, policy = "lru", budget = budget }
+--   cache:stats()   -- { routed, read, cache_hits, prefetched, prefetch_hits, bytes_read, ... }
+local ffi = require "ffi"
+local core = require "loip.core"
+local exec = require "loip.runtime.exec"
+local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
+local store = require "loip.model.store"
+local K = core.constants
+
+local M = {}
+
+local Cache = {}
+Cache.__index = Cache
+
+local parts = { expert_gate = K.EXPERT_GATE, expert_up = K.EXPERT_UP, expert_down = K.EXPERT_DOWN }
+local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC }
+M.replacements = { "lru", "lfu", "static" }
+
+-- The manifest's expert files: by_layer[layer][expert] = file entry (0-based numbers).
+function M.expert_files(man)
+  local by_layer = {}
+  for _, f in ipairs(man.files) do
+    if f.expert ~= nil then
+      by_layer[f.layer] = by_layer[f.layer] or {}
+      by_layer[f.layer][f.expert] = f
+    end
+  end
+  return by_layer
+end
+
+local function view_of(t, data)
+  local v = ffi.new("loip_tensor")
+  v.data, v.dtype, v.ndim = data, store.dtypes[t.dtype][1], #t.shape
+  for i, d in ipairs(t.shape) do v.shape[i - 1] = d end
+  return v
+end
+
+-- o: model (loip_model *), session (loip_session *: its unbound experts go through the cache),
+-- dir, man, cfg (loip_model_config), layers (set of 0-based layers whose experts it serves),
+-- slots (experts it holds), policy ("lru" | "lfu" | "static"), prefetch (layers predicted ahead,
+-- default 1; 0: off), pins ({ { layer, expert } ... }: kept for good, "static"), budget (a
+-- loip.memory budget or nil), mode / rate (the loader's: "auto", bytes/s), verify_reads (check
+-- each read's CRC32C), trace (keep read events). Raises naming the file or the setting.
+function M.open(o)
+  local by_layer = M.expert_files(o.man)
+  local E = o.cfg.n_experts
+  local biggest = 0
+  for l in pairs(o.layers) do
+    for e = 0, E - 1 do
+      local f = by_layer[l] and by_layer[l][e]
+      if not f then
+        error(string.format("%s/manifest.json: no file for expert %d of layer %d (%s): %s", o.dir, e, l,
+          store.expert_file(l, e), store.redo(o.man, o.dir)), 0)
+      end
+      biggest = math.max(biggest, f.size)
+    end
+  end
+  local policy = replacement[o.policy or "lru"]
+  if not policy then
+    error(string.format("experts: replacement '%s' is not one of %s", tostring(o.policy), table.concat(M.replacements, ", ")), 0)
+  end
+  local self = setmetatable({ layers = o.layers, slots = o.slots, anchors = {} }, Cache)
+  local loader, err = require("loip.runtime.loader").new { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
+    rate = o.rate or 0, budget = o.budget }
+  if not loader then error(o.dir .. ": expert cache: " .. err, 0) end
+  self.loader = loader
+  local cfg = ffi.new("loip_experts_config")
+  cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
+  local x, xerr = exec.experts_new(o.model, loader.handle, cfg, { loader })
+  if not x then loader:close() error(o.dir .. ": expert cache: " .. xerr, 0) end
+  self.handle = x
+  local ok, why = pcall(function()
+    local ext, offs = ffi.new("loip_load_extent"), ffi.new("uint64_t[3]")
+    for l in pairs(o.layers) do
+      for e = 0, E - 1 do
+        local f = by_layer[l][e]
+        local path = o.dir .. "/" .. f.name
+        self.anchors[#self.anchors + 1] = path
+        ext.path, ext.fd, ext.file_offset, ext.length, ext.slot_offset = path, -1, 0, f.size, 0
+        ext.check, ext.crc32c = 0, 0
+        if o.verify_reads and f.crc32c then ext.check, ext.crc32c = 1, f.crc32c end
+        local dtype
+        for _, t in ipairs(f.tensors) do
+          local p = parts[t.kind]
+          if p then offs[p], dtype = t.offset, store.dtypes[t.dtype][1] end
+        end
+        core.must(exec.experts_set_source(x, l, e, ext, offs, dtype or K.F32, path))
+      end
+    end
+    if (o.prefetch or 1) > 0 then self:_gating(o) end
+    for _, pin in ipairs(o.pins or {}) do core.must(exec.experts_pin(x, pin[1], pin[2], "experts: pin")) end
+    core.must(exec.session_set_experts(o.session, x))
+  end)
+  if not ok then
+    self:close()
+    error(why, 0)
+  end
+  self.session = o.session
+  return self
+end
+
+-- Copies of the served layers' ffn_norm and router (their MLP block files are read into the
+-- slot only when their stage runs; pre-gating runs before that).
+function Cache:_gating(o)
+  local want, total = {}, 0
+  for _, f in ipairs(o.man.files) do
+    local l = f.expert == nil and f.name:match("^layer%-(%d+)%-mlp%.bin$")
+    if l and o.layers[tonumber(l)] then
+      local norm, router
+      for _, t in ipairs(f.tensors) do
+        if t.kind == "ffn_norm" then norm = t elseif t.kind == "router" then router = t end
+      end
+      if norm and router then
+        want[#want + 1] = { layer = tonumber(l), file = f, norm = norm, router = router }
+        total = total + store.align_up(norm.nbytes) + store.align_up(router.nbytes)
+      end
+    end
+  end
+  if total == 0 then return end
+  local buf, err
+  if o.budget then buf, err = memory.buffer_charged(o.budget.handle, "weights", total)
+  else buf, err = memory.buffer(total) end
+  if not buf then error(o.dir .. ": the routers kept for pre-gating: " .. err, 0) end
+  self.gating = buf
+  local base, at = ffi.cast("uint8_t *", memory.buffer_data(buf)), 0
+  for _, w in ipairs(want) do
+    local path = o.dir .. "/" .. w.file.name
+    local views = {}
+    for i, t in ipairs({ w.norm, w.router }) do
+      core.must(files_rt.read(path, t.offset, t.nbytes, base + at, false, path))
+      views[i] = view_of(t, base + at)
+      at = at + store.align_up(t.nbytes)
+    end
+    core.must(exec.experts_set_gating(self.handle, w.layer, views[1], views[2], path))
+  end
+end
+
+-- What the cache did: routed (experts chosen, per layer run), bound (of those, resident),
+-- cache_hits, read (on demand), prefetched, prefetch_hits, bytes_read, stall_ms.
+function Cache:stats()
+  local st = exec.experts_stats(self.handle, ffi.new("loip_experts_stats_t"))
+  return { routed = tonumber(st.routed), bound = tonumber(st.bound), cache_hits = tonumber(st.cache_hits),
+    read = tonumber(st.read), prefetched = tonumber(st.prefetched), prefetch_hits = tonumber(st.prefetch_hits),
+    bytes_read = tonumber(st.bytes_read), stall_ms = tonumber(st.stall_ns) / 1e6, slots = self.slots }
+end
+
+-- Recorded expert reads since the last call, as loip.model's m:events() lists the runner's: a
+-- "load" on the disk lane of block 2l+1 (layer l's MLP), with expert and prefetch.
+function Cache:events()
+  local out = {}
+  self.event_buf = self.event_buf or ffi.new("loip_runner_event[1024]")
+  repeat
+    local k = exec.experts_events(self.handle, self.event_buf, 1024)
+    for i = 0, k - 1 do
+      local e = self.event_buf[i]
+      out[#out + 1] = { kind = "load", stage = 0, first_block = 2 * e.stage + 1, last_block = 2 * e.stage + 2,
+        t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = true, tokens = 0,
+        expert = e.first_block, prefetch = e.offloaded ~= 0 }
+    end
+  until k < 1024
+  return out
+end
+
+-- ---- for loip.model (one device under a plan) ---------------------------------------------
+
+-- The 0-based layers whose MLP blocks device i of plan p offloads: a set and a sorted list.
+function M.offloaded_layers(p, i)
+  local set, list = {}, {}
+  for _, st in ipairs(p.devices[i or 1].stages) do
+    for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
+      if b % 2 == 1 then set[(b - 1) / 2] = true list[#list + 1] = (b - 1) / 2 end
+    end
+  end
+  table.sort(list)
+  return set, list
+end
+
+-- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
+-- it serves; at least the top-k, which the plan's memory already counts). Changes p in place.
+function M.size_cache(p, i, sizes, avail, opts)
+  if not sizes.moe then return end
+  local plan = require "loip.plan"
+  local d = p.devices[i]
+  local part = plan.device_part(p, i, sizes)
+  if (part.off_moe or 0) == 0 or d.expert_slots then return end
+  local room = avail > 0 and (avail - plan.memory(p, i, sizes, opts).total) or math.huge
+  local most = part.off_moe * sizes.moe.experts
+  d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
+end
+
+-- The expert cache of loip.model m (after its runner is made), when its plan offloads MLP blocks
+-- of a mixture of experts; nil otherwise. The policy: m.opts.experts (a loip.policy "experts"
+-- name or path, default "lru"), with m.opts.routing (a routing profile's table) for "static".
+function M.for_model(m)
+  local sizes, p = m.plan_sizes, m.plan
+  if not (sizes and sizes.moe and p) then return nil end
+  local set, list = M.offloaded_layers(p, 1)
+  if #list == 0 then return nil end
+  local part = require("loip.plan").device_part(p, 1, sizes)
+  local pol = require("loip.policy").load("experts", m.opts.experts or "lru")
+  local routing = m.opts.routing
+  local conf = pol.configure { slots = part.expert_slots, layers = list, experts = sizes.moe.experts,
+    used = sizes.moe.used, routing = routing and routing.frequencies or nil }
+  return M.open { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
+    layers = set, slots = part.expert_slots, policy = conf.replacement, prefetch = conf.prefetch, pins = conf.pins,
+    budget = m.budget, mode = m.opts.loader, rate = m.opts.disk_rate, verify_reads = m.opts.verify_reads,
+    trace = m.opts.trace }
+end
+
+-- The report's figures (`--json`'s experts): the cache's counts, and bytes_read_per_token over
+-- the `tokens` decoded since `since` (its stats after the prompt's step; nil: over all).
+function M.report(stats, tokens, since)
+  local r = {}
+  for k, v in pairs(stats) do r[k] = v end
+  r.bytes_read_per_token = tokens > 0 and (stats.bytes_read - (since and since.bytes_read or 0)) / tokens or 0
+  r.hit_rate = stats.routed - stats.bound > 0 and stats.cache_hits / (stats.routed - stats.bound) or nil
+  r.prefetch_hit_rate = stats.prefetched > 0 and stats.prefetch_hits / stats.prefetched or nil
+  return r
+end
+
+function Cache:close()
+  if self.session ~= nil then exec.session_set_experts(self.session, nil) self.session = nil end
+  if self.handle ~= nil then exec.experts_free(self.handle) self.handle = nil end
+  if self.loader then self.loader:close() self.loader = nil end
+  if self.gating ~= nil then memory.buffer_free(self.gating) self.gating = nil end
+end
+
+return M
