@@ -472,6 +472,12 @@ function M.plan(problem, opts)
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
   local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
+  -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
+  local space = require "loip.plan.space"
+  for i = 1, problem.model.moe and #p.devices or 0 do
+    local b = space.budget(problem, i)
+    require("loip.model.experts").size_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))
+  end
   local est = cost.estimate(p, problem)
   bad = M.check_estimate(est, M.label("cost", cost, "cost model"))
   if bad then error(bad, 0) end

@@ -208,7 +208,7 @@ function Cluster:plan(opts)
       context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, plan_positions = sizes.plan_positions,
       kv_plan_tokens = sizes.plan_positions, -- (the name a worker of the release before reads)
       kv_grows = opts.kv_grows or sizes.plan_positions < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
-      disk_rate = each(opts.disk_rate, i),
+      disk_rate = each(opts.disk_rate, i), experts = opts.experts, routing = opts.routing,
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
         or opts.overlap_loads or false,

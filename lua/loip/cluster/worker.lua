@@ -88,6 +88,7 @@ function Worker:drop_device()
   if d.drafter then d.drafter:close() end
   if d.device ~= nil then rw.device_free(d.device) end
   if d.lend_sock then d.lend_sock:close() end
+  if d.experts then d.experts:close() end
   if d.runner ~= nil then exec.runner_free(d.runner) end
   if d.loader then d.loader:close() end
   if d.next then d.next:close() end
@@ -151,6 +152,9 @@ function Worker:build(msg)
   d.runner = core.must(exec.runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
     msg.trace and 65536 or 0))
   d.trace = msg.trace
+  d.experts = require("loip.model.experts").for_device { model = d.model, session = s, dir = dir, man = man, cfg = cfg,
+    plan = p, device = i, sizes = sizes, experts = msg.experts, routing = msg.routing, budget = budget,
+    mode = msg.loader, rate = msg.disk_rate, verify_reads = msg.verify_reads, trace = msg.trace }
   if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
@@ -335,6 +339,7 @@ function handlers.STATS(self)
       lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
     -- the budget's accounts (weights, slots, kv, activations)
     st.kv_free_tokens = exec.session_kv_free_tokens(self.dev.session)
+    st.experts = self.dev.experts and self.dev.experts:stats() or nil
     -- the budget's limit and peak, and this process's peak resident memory
     st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
     local f = io.open("/proc/self/status")

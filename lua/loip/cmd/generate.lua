@@ -53,6 +53,7 @@ local M = {
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
+    flags.shared.experts, flags.shared.routing_profile,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     flags.shared.threads, flags.shared.kernels,
     { "json", "bool", "print one JSON object instead of the text" },
@@ -118,7 +119,8 @@ local function run_cluster(o)
       disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
       online = require("loip.serve.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule,
-      draft = draft, draft_tokens = o.draft_tokens }
+      draft = draft, draft_tokens = o.draft_tokens,
+      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile) }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
@@ -152,7 +154,8 @@ local function run_cluster(o)
       per_device[i] = { compute_ms = per("compute_ms"), load_ms = per("load_ms"), stall_ms = per("stall_ms"),
         send_ms = per("send_ms"), recv_wait_ms = per("recv_wait_ms"), head_ms = per("head_ms"),
         memory = a.memory, budget_bytes = a.budget_bytes, peak_bytes = a.peak_bytes, peak_rss_bytes = a.peak_rss_bytes,
-        accounts = a.accounts, links = a.links }
+        accounts = a.accounts, links = a.links,
+        experts = a.experts and require("loip.model.experts").report(a.experts, st.stats.decode_steps + 1, b.experts) or nil }
       local e = est and est.devices[i]
       if e then
         per_device[i].estimate = { comp_ms = e.comp_ms, load_ms = e.load_ms, uncover_ms = e.uncover_ms, comm_ms = e.comm_ms,
@@ -225,6 +228,7 @@ function M.run(o)
     disk_rate = disk_rate and disk_rate[1],
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
     plan_positions = o.plan_positions, draft = draft, draft_tokens = o.draft_tokens,
+      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then

@@ -39,6 +39,7 @@ local M = {
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
+    flags.shared.experts, flags.shared.routing_profile,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait, and of speculative decoding's "
       .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
@@ -94,6 +95,7 @@ function M.run(o)
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
         plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
         link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
+      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
         disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
       if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
     else
@@ -106,6 +108,7 @@ function M.run(o)
         kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
         stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
         trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
+      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
         online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
       tok = m.tokenizer
       if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end

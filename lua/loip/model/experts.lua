@@ -171,6 +171,28 @@ function Cache:events()
   return out
 end
 
+-- A routing profile (`loip profile --routing`): { format = "loip-routing", layers, experts, tokens,
+-- frequencies[layer + 1][expert + 1] (the share of tokens that chose it) }; nil for no path.
+-- Raises naming the file and the field.
+function M.load_routing(path)
+  if path == nil then return nil end
+  local json = require "loip.tools.json"
+  local r, err = json.load(path)
+  if not r then error(err, 0) end
+  if type(r) ~= "table" or r.format ~= "loip-routing" then
+    error(path .. ": not a routing profile (no \"format\": \"loip-routing\"; make one with loip profile --routing)", 0)
+  end
+  if type(r.frequencies) ~= "table" or #r.frequencies ~= r.layers then
+    error(string.format("%s: field 'frequencies' must list %s layers", path, tostring(r.layers)), 0)
+  end
+  for l, f in ipairs(r.frequencies) do
+    if type(f) ~= "table" or #f ~= r.experts then
+      error(string.format("%s: frequencies[%d] must list %s experts", path, l, tostring(r.experts)), 0)
+    end
+  end
+  return r
+end
+
 -- ---- for loip.model (one device under a plan) ---------------------------------------------
 
 -- The 0-based layers whose MLP blocks device i of plan p offloads: a set and a sorted list.
@@ -198,23 +220,30 @@ function M.size_cache(p, i, sizes, avail, opts)
   d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
 end
 
--- The expert cache of loip.model m (after its runner is made), when its plan offloads MLP blocks
--- of a mixture of experts; nil otherwise. The policy: m.opts.experts (a loip.policy "experts"
--- name or path, default "lru"), with m.opts.routing (a routing profile's table) for "static".
-function M.for_model(m)
-  local sizes, p = m.plan_sizes, m.plan
+-- The expert cache of device i of plan p (sizes: loip.plan.sizes), when its part offloads MLP
+-- blocks of a mixture of experts; nil otherwise. o: model, session, dir, man, cfg, plan, device,
+-- sizes, experts (a loip.policy "experts" name or path, default "lru"), routing (a routing
+-- profile's table, for "static"), budget, mode, rate, verify_reads, trace.
+function M.for_device(o)
+  local sizes, p = o.sizes, o.plan
   if not (sizes and sizes.moe and p) then return nil end
-  local set, list = M.offloaded_layers(p, 1)
+  local set, list = M.offloaded_layers(p, o.device)
   if #list == 0 then return nil end
-  local part = require("loip.plan").device_part(p, 1, sizes)
-  local pol = require("loip.policy").load("experts", m.opts.experts or "lru")
-  local routing = m.opts.routing
+  local part = require("loip.plan").device_part(p, o.device, sizes)
+  local pol = require("loip.policy").load("experts", o.experts or "lru")
   local conf = pol.configure { slots = part.expert_slots, layers = list, experts = sizes.moe.experts,
-    used = sizes.moe.used, routing = routing and routing.frequencies or nil }
-  return M.open { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
-    layers = set, slots = part.expert_slots, policy = conf.replacement, prefetch = conf.prefetch, pins = conf.pins,
-    budget = m.budget, mode = m.opts.loader, rate = m.opts.disk_rate, verify_reads = m.opts.verify_reads,
-    trace = m.opts.trace }
+    used = sizes.moe.used, routing = o.routing and o.routing.frequencies or nil }
+  return M.open { model = o.model, session = o.session, dir = o.dir, man = o.man, cfg = o.cfg, layers = set,
+    slots = part.expert_slots, policy = conf.replacement, prefetch = conf.prefetch, pins = conf.pins, budget = o.budget,
+    mode = o.mode, rate = o.rate, verify_reads = o.verify_reads, trace = o.trace }
+end
+
+-- The same for loip.model m (one device; after its runner is made).
+function M.for_model(m)
+  local o = m.opts
+  return M.for_device { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
+    plan = m.plan, device = 1, sizes = m.plan_sizes, experts = o.experts, routing = o.routing, budget = m.budget,
+    mode = o.loader, rate = o.disk_rate, verify_reads = o.verify_reads, trace = o.trace }
 end
 
 -- The report's figures (`--json`'s experts): the cache's counts, and bytes_read_per_token over

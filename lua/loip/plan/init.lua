@@ -85,7 +85,7 @@ end
 -- an online policy makes room as it does).
 function M.sizes(man, cfg, opts)
   local max_seqs = opts.max_seqs or 1
-  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {},
+  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {}, expert_files = {},
     global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
   s.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
@@ -97,6 +97,8 @@ function M.sizes(man, cfg, opts)
     if xl then
       xl = tonumber(xl)
       expert_bytes[xl] = (expert_bytes[xl] or 0) + f.size
+      s.expert_files[xl] = s.expert_files[xl] or {}
+      table.insert(s.expert_files[xl], f.name)
       s.expert_file_bytes = math.max(s.expert_file_bytes or 0, f.size)
     elseif layer then
       local b = 2 * tonumber(layer) + (kind == "mlp" and 1 or 0)
@@ -304,7 +306,13 @@ function M.device_files(p, i, sizes)
     if sizes.tied then resident["embed.bin"] = true end
   end
   for _, st in ipairs(p.devices[i].stages) do
-    for b = st.blocks[1] + (st.offloaded or 0), st.blocks[2] do resident[sizes.files[b]] = true end
+    for b = st.blocks[1] + (st.offloaded or 0), st.blocks[2] do
+      resident[sizes.files[b]] = true
+      -- (a resident MLP block of a mixture of experts holds its experts)
+      for _, name in ipairs(b % 2 == 1 and sizes.expert_files and sizes.expert_files[(b - 1) / 2] or {}) do
+        resident[name] = true
+      end
+    end
   end
   return resident
 end

@@ -161,6 +161,11 @@ M.shared = {
   online = { "online", "string", "the online policy run before every step: a name (recipes/policies/online: loip, "
     .. "thresholds, recompute), a file, or none (default: loip with --plan-positions, else none)", metavar = "NAME|FILE.lua" },
   curve_keys = { "curve-keys", "string", "with --hosts: the cluster's CURVE key directory instead of a token (DIR/secret.key)", metavar = "DIR" },
+  -- mixture of experts (loip.model.experts)
+  experts = { "experts", "string", "a mixture of experts' expert cache: which experts stay in memory and how far pre-gating "
+    .. "reads ahead (recipes/policies/experts: lru, lfu, static; or a file; default lru:prefetch=1)", metavar = "NAME[:SETTINGS]|FILE.lua" },
+  routing_profile = { "routing-profile", "string", "a routing profile (loip profile --routing) for --experts static",
+    metavar = "FILE" },
   -- speculative decoding (loip.serve.draft)
   draft = { "draft", "string", "speculative decoding: a draft policy proposes tokens that one step verifies, exactly the "
     .. "model's output (recipes/policies/draft: ngram, self[:layers=L|all], model; or a file); none: off", metavar = "NAME[:SETTINGS]|FILE.lua" },
