@@ -125,10 +125,11 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     s->tok_mask = calloc(B, sizeof(uint64_t));
     s->moe_views = calloc((size_t)c->n_experts + 1, sizeof *s->moe_views);
     s->moe_jobs = calloc(2 * (size_t)c->n_experts + 1, sizeof *s->moe_jobs);
+    s->moe_routed = calloc((size_t)c->n_layers * c->n_experts + 1, sizeof *s->moe_routed);
     if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at || !s->tok_rope || !s->tok_base ||
-        !s->tok_mask || !s->moe_views || !s->moe_jobs) {
+        !s->tok_mask || !s->moe_views || !s->moe_jobs || !s->moe_routed) {
         free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
+        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
         return loip_fail(LOIP_ENOMEM, "session: out of memory");
     }
     for (int32_t q = 0; q < max_seqs; q++) s->recompute_row[q] = -1;
@@ -146,7 +147,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
                                (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
             return rc;
         }
     }
@@ -161,7 +162,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             loip_budget_release(budget, "kv", kv_now);
         if (rc) {
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s);
+            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
             return rc;
         }
         s->budget = loip_budget_retain(budget);
@@ -223,6 +224,7 @@ LOIP_API void loip_session_free(loip_session *s) {
     for (size_t i = 0; i < sizeof moe_ints / sizeof moe_ints[0]; i++) free(moe_ints[i]);
     free(s->moe_views);
     free(s->moe_jobs);
+    free(s->moe_routed);
     free(s->lent);
     free(s->seq_lent);
     free(s->evicted);

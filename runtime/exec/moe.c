@@ -100,12 +100,13 @@ static void run_experts(loip_session *s, const int32_t *list, int m, const loip_
 /* Routes of the prepared batch's n rows of xb: moe_sel/moe_w, and the rows gathered by expert
  * into moe_x (moe_start/moe_count per expert, moe_place: each (row, rank)'s gathered row);
  * returns how many experts were chosen, listed in moe_list in ascending order. */
-static int gather(loip_session *s, int n) {
+static int gather(loip_session *s, int l, int n) {
     const loip_model_config *c = &s->m->cfg;
     int E = c->n_experts, k = c->n_experts_used, m = 0;
     route(c, s->moe_logits, n, s->moe_sel, s->moe_w);
     memset(s->moe_count, 0, (size_t)E * sizeof(int32_t));
     for (int i = 0; i < n * k; i++) s->moe_count[s->moe_sel[i]]++;
+    for (int e = 0; e < E; e++) s->moe_routed[(size_t)l * E + e] += (uint64_t)s->moe_count[e];
     for (int e = 0, at = 0; e < E; e++) {
         s->moe_start[e] = at;
         at += s->moe_count[e];
@@ -231,7 +232,7 @@ int loip_moe_ffn(loip_session *s, int l, int n) {
     const loip_model_config *c = &m->cfg;
     loip_linear_job r[2] = {linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, s->moe_logits, n), {0}};
     loip_linear_run(s->pool, r);
-    int chosen = gather(s, n);
+    int chosen = gather(s, l, n);
     int rc = compute_chosen(s, l, chosen);
     if (rc) return rc;
     combine_job cj = {.s = s, .n = n};
@@ -274,6 +275,16 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
             if (s->moe_count[s->moe_sel[i]]++ == 0) s->moe_list[m++] = s->moe_sel[i];
         loip_experts_prefetch(x, l + d, s->moe_list, m);
     }
+}
+
+LOIP_API int loip_session_take_routing(loip_session *s, uint64_t *out, int64_t cap) {
+    const loip_model_config *c = &s->m->cfg;
+    int64_t n = (int64_t)c->n_layers * c->n_experts;
+    if (n == 0) return loip_fail(LOIP_EINVAL, "session: the model has no experts to count the routing of");
+    if (cap < n) return loip_fail(LOIP_EINVAL, "session: the routing needs %lld entries, got %lld", (long long)n, (long long)cap);
+    for (int64_t i = 0; i < n; i++) out[i] += s->moe_routed[i];
+    memset(s->moe_routed, 0, (size_t)n * sizeof *s->moe_routed);
+    return LOIP_OK;
 }
 
 LOIP_API int loip_session_set_experts(loip_session *s, loip_experts *x) {

@@ -88,6 +88,7 @@ struct loip_session {
     int32_t *moe_range_start, *moe_range_count;        /* (E) row ranges computed at once */
     /* outside the budget's sizes, as the tables above */
     loip_tensor (*moe_views)[LOIP_EXPERT_PARTS]; /* (E) the tensors of experts computed at once */
+    uint64_t *moe_routed;   /* (n_layers, E) tokens routed to each expert (loip_session_take_routing) */
     struct loip_linear_job_s *moe_jobs;          /* (2E + 1) their linear jobs */
 };
 

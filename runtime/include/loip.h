@@ -783,6 +783,10 @@ LOIP_API int loip_experts_events(loip_experts *x, loip_runner_event *out, int32_
 /* Route the session's layers' unbound experts through x (NULL: none; then such an expert is an
  * error naming it). x must be of the session's model and outlive its use. */
 LOIP_API int loip_session_set_experts(loip_session *s, loip_experts *x);
+/* The routing seen so far (a routing profile): out[layer * n_experts + e] += the tokens whose
+ * router chose expert e of layer (cap >= n_layers * n_experts entries), then the counts restart
+ * from 0. Counted by every MoE layer the session runs (pre-gating's predictions are not). */
+LOIP_API int loip_session_take_routing(loip_session *s, uint64_t *out, int64_t cap);
 
 /* ---- transport (runtime/transport) ------------------------------------------------------ */
 

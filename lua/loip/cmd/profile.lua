@@ -21,6 +21,10 @@ local M = {
     { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
     { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
     { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
+    { "routing", "string", "instead: record a mixture of experts' routing over the prompts of FILE (one a line): how "
+      .. "often each layer's router picks each expert (a routing profile, for --experts static and the planner)",
+      metavar = "PROMPTS.txt" },
+    { "generate", "int", "with --routing: greedy tokens generated after each prompt, counted too", default = 0 },
     { "readers", "int", "local devices that will read this disk at once (a cluster of N local workers): the disk and "
       .. "compute while it streams are measured with as many readers, each device priced at its share", default = 1,
       check = function(v) return v >= 1, "must be >= 1" end },
@@ -41,7 +45,23 @@ function M.run(o)
   local profile = require "loip.plan.profile"
   local json = require "loip.tools.json"
   local pr
-  if o.hosts then
+  if o.routing then
+    if not o.model then usage("profile", "--routing needs --model (the model whose routing is recorded)") end
+    local prompts = {}
+    local f, err = io.open(o.routing, "rb")
+    if not f then usage("profile", "--routing: %s", err) end
+    for line in f:lines() do if line:match("%S") then prompts[#prompts + 1] = line end end
+    f:close()
+    if #prompts == 0 then usage("profile", "--routing: %s holds no prompt (one a line)", o.routing) end
+    local m = require("loip.model").open(o.model, { threads = o.threads > 0 and o.threads or nil })
+    local bar = require("loip.tools.progress").new(#prompts, "routing " .. o.model, { bytes = false })
+    local ok, r = pcall(require("loip.model.experts").profile_routing, m, prompts,
+      { generate = o.generate, on_prompt = function(i) bar:update(i) end })
+    bar:finish()
+    m:close()
+    if not ok then error(r, 0) end
+    pr = r
+  elseif o.hosts then
     local cluster = require "loip.cluster"
     local hosts = common.hosts("profile", o)
     if not o.model then usage("profile", "--hosts needs --model STORE: the head's copy of the store the workers hold") end
@@ -65,7 +85,10 @@ function M.run(o)
       contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate, readers = o.readers,
       progress = function(what) io.stderr:write("measuring ", what, "\n") end })
   end
-  if o.out then
+  if o.out and o.routing then
+    require("loip.tools.json").write_file(o.out, json.encode_sorted(pr, 2) .. "\n")
+    io.stderr:write("routing profile -> ", o.out, "\n")
+  elseif o.out then
     profile.save(o.out, pr)
     io.stderr:write("profile -> ", o.out, "\n")
   else

@@ -193,6 +193,44 @@ function M.load_routing(path)
   return r
 end
 
+-- Record a routing profile: every prompt (text) of the list through loip.model m (its prefill,
+-- then `generate` tokens greedily, default 0), counting the tokens each layer's router sends to
+-- each expert. Returns the profile table (as M.load_routing reads it). on_prompt(i, n) reports
+-- progress.
+function M.profile_routing(m, prompts, opts)
+  opts = opts or {}
+  local c = m.cfg
+  if c.n_experts == 0 then error(m.path .. ": not a mixture of experts (no routing to profile)", 0) end
+  local n = c.n_layers * c.n_experts
+  local counts = ffi.new("uint64_t[?]", n)
+  local s = m:session()
+  core.must(exec.session_take_routing(s, counts, n, "routing")) -- (what ran before is not counted)
+  ffi.fill(counts, ffi.sizeof("uint64_t") * n)
+  local tokens = 0
+  for i, text in ipairs(prompts) do
+    local ids = m.tokenizer:encode(text)
+    if #ids > m.context then error(string.format("prompt %d: %d tokens, more than the context of %d", i, #ids, m.context), 0) end
+    if (opts.generate or 0) > 0 then
+      local it, st = m:generate(ids, { max_tokens = opts.generate, temperature = 0 })
+      for _ in it do end
+      tokens = tokens + #ids + st.stats.generated - 1 -- (the last token is never run through the layers)
+    else
+      m:logits(ids)
+      tokens = tokens + #ids
+    end
+    core.must(exec.session_take_routing(s, counts, n, "routing"))
+    if opts.on_prompt then opts.on_prompt(i, #prompts) end
+  end
+  local freq = {}
+  for l = 0, c.n_layers - 1 do
+    local row = {}
+    for e = 0, c.n_experts - 1 do row[e + 1] = tokens > 0 and tonumber(counts[l * c.n_experts + e]) / tokens or 0 end
+    freq[l + 1] = row
+  end
+  return { format = "loip-routing", model = m.path, layers = c.n_layers, experts = c.n_experts, used = c.n_experts_used,
+    prompts = #prompts, tokens = tokens, frequencies = freq }
+end
+
 -- ---- for loip.model (one device under a plan) ---------------------------------------------
 
 -- The 0-based layers whose MLP blocks device i of plan p offloads: a set and a sorted list.

@@ -118,6 +118,8 @@ function M.experts_clear(x, context) return core.ok(C.loip_experts_clear(x), con
 -- The cache's statistics into st (a loip_experts_stats_t).
 function M.experts_stats(x, st) C.loip_experts_stats(x, st) return st end
 function M.experts_events(x, out, cap) return tonumber(C.loip_experts_events(x, out, cap)) end
+-- Add the routing counted since the last call to out (uint64_t[n_layers * n_experts]).
+function M.session_take_routing(s, out, n, context) return core.ok(C.loip_session_take_routing(s, out, n), context) end
 -- Route session s's unbound experts through cache x (nil: none).
 function M.session_set_experts(s, x, context) return core.ok(C.loip_session_set_experts(s, x), context) end
 
