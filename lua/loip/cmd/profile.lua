@@ -86,7 +86,8 @@ function M.run(o)
       progress = function(what) io.stderr:write("measuring ", what, "\n") end })
   end
   if o.out and o.routing then
-    require("loip.tools.json").write_file(o.out, json.encode_sorted(pr, 2) .. "\n")
+    local wrote, werr = json.write_file(o.out, json.encode_sorted(pr, 2) .. "\n")
+    if not wrote then error(werr, 0) end
     io.stderr:write("routing profile -> ", o.out, "\n")
   elseif o.out then
     profile.save(o.out, pr)

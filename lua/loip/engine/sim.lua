@@ -120,6 +120,11 @@ function Sim:restaged()
       local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0,
         kv_layers = plan.stage_kv_layers(st) }
       for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
+      -- (a mixture of experts: the offloaded MLP blocks' layers, whose routed experts it reads)
+      y.moe_layers = {}
+      for b = y.first + 1 - y.first % 2, y.first + y.off - 1, 2 do
+        if sizes.moe then y.moe_layers[#y.moe_layers + 1] = (b - 1) / 2 end
+      end
       x.stages[s] = y
       x.kv_layers = x.kv_layers + y.kv_layers
     end
@@ -127,6 +132,12 @@ function Sim:restaged()
     local m = plan.memory(self.plan, i, sizes, space.memory_opts(self.problem))
     x.nonkv, x.slot_bytes = m.total - m.kv + (self.draft and self.draft:bytes_on(i) or 0), m.slot_bytes
     x.group_bytes = x.kv_layers * self.chunk_bytes
+    if sizes.moe and (x.part.off_moe or 0) > 0 then
+      x.experts = require("loip.sim.experts").new { experts = sizes.moe.experts, used = sizes.moe.used,
+        slots = x.part.expert_slots, routing = self.problem.routing, seed = i }
+    else
+      x.experts = nil
+    end
   end
 end
 
@@ -180,6 +191,14 @@ function Sim:step(toks)
       end
       if i == 1 and s == 1 then res_ms = res_ms + (problem.devices[1].compute.embed_ms or 0) end
       local start, release
+      -- (a mixture of experts: the experts the router picks that the cache lacks are read once the
+      -- stage's input is here, pre-gating's time, after what the disk reads before them)
+      local xread = 0
+      if x.experts and #y.moe_layers > 0 then
+        local reads = x.experts:step(y.moe_layers, n)
+        local d = problem.devices[i]
+        xread = reads > 0 and space.read_ms(d, reads * sizes.moe.expert_bytes, reads) or 0
+      end
       if y.bytes == 0 then
         start, release = arrive, arrive
       else
@@ -209,6 +228,12 @@ function Sim:step(toks)
         x.load_ms = x.load_ms + read
         start = math.max(arrive, x.disk)
         release = start + off_ms
+        if xread > 0 then -- the experts' reads, after the block's; the stage computes what it has meanwhile
+          local go2 = math.max(x.disk, arrive)
+          event(x, tr, "load", s, y.first, y.first + y.off - 1, go2, go2 + xread)
+          x.disk, x.load_ms = go2 + xread, x.load_ms + xread
+          release = math.max(release, x.disk)
+        end
         x.live[#x.live + 1] = { bytes = y.bytes, release = release }
         while #x.live > 8 do table.remove(x.live, 1) end
         x.stall_ms = x.stall_ms + (start - arrive)
