@@ -61,6 +61,7 @@ function M.calibrate(opts, profile)
     files = {}
     for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
   end
+  cfg = require("loip.plan.problem").dense_equivalent(cfg) -- (a mixture of experts: a token's work)
   local c = hf.parse_config(cfg, "calibration shape")
   local threads = tonumber(opts.threads) or 0
   local pool = exec.pool_new(threads)

@@ -179,7 +179,8 @@ end
 -- function(text) told what is being measured).
 function M.measure(opts)
   local hf = require "loip.model.hf"
-  local c = hf.parse_config(opts.cfg, "profile shape")
+  -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.problem)
+  local c = hf.parse_config(require("loip.plan.problem").dense_equivalent(opts.cfg), "profile shape")
   local say = opts.progress or function() end
   local batches = opts.quick and { 1 } or (opts.batches or { 1, 2, 4, 8 })
   local max_pos = math.min(c.max_seq, 4096)
