@@ -204,7 +204,7 @@ local function is_count(v) return type(v) == "number" and v >= 0 and v == math.f
 -- otherwise be read as "nothing offloaded").
 M.keys = {
   plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch" },
-  device = { "slot_bytes", "stages" },
+  device = { "slot_bytes", "stages", "expert_slots" },
   stage = { "blocks", "offloaded" },
 }
 
@@ -264,6 +264,9 @@ function M.check(p, n_blocks, where)
       return bad("devices[%d] has %d stages, devices[1] has %d: every device holds the same number", i, #d.stages, S)
     end
     if d.slot_bytes ~= nil and not is_count(d.slot_bytes) then return bad("devices[%d].slot_bytes must be a byte count", i) end
+    if d.expert_slots ~= nil and (not is_count(d.expert_slots) or d.expert_slots < 1) then
+      return bad("devices[%d].expert_slots must be a positive integer (experts its cache holds)", i)
+    end
     for s, st in ipairs(d.stages) do
       local sw = string.format("devices[%d].stages[%d]", i, s)
       if type(st) ~= "table" then return bad("%s must be a table { blocks = { first, last }, offloaded = n }", sw) end
@@ -481,7 +484,8 @@ function M.to_lua(p)
   if p.prefetch == false then out[#out + 1] = "  prefetch = false, -- a stage's reads start when the stage starts" end
   out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
-    out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "") .. "stages = {"
+    out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "")
+      .. (d.expert_slots and string.format("expert_slots = %d, ", d.expert_slots) or "") .. "stages = {"
     for _, st in ipairs(d.stages) do
       out[#out + 1] = string.format("      { blocks = { %d, %d }, offloaded = %d },", st.blocks[1], st.blocks[2], st.offloaded or 0)
     end
@@ -498,7 +502,7 @@ function M.bare(p)
   for i, d in ipairs(p.devices) do
     local stages = {}
     for s, st in ipairs(d.stages) do stages[s] = { blocks = { st.blocks[1], st.blocks[2] }, offloaded = st.offloaded or 0 } end
-    q.devices[i] = { slot_bytes = d.slot_bytes, stages = stages }
+    q.devices[i] = { slot_bytes = d.slot_bytes, expert_slots = d.expert_slots, stages = stages }
   end
   return q
 end
