@@ -1,0 +1,127 @@
+-- The sizes a plan needs (loip.plan.sizes, re-exported by loip.plan): a store's blocks, files,
+-- KV cache and activations by the run's settings; for a mixture of experts, its expert files and
+-- what a device's expert cache is expected to read (docs/planning.md).
+local ffi = require "ffi"
+local exec = require "loip.runtime.exec"
+
+local M = {}
+
+local function block_name(b)
+  return string.format("layer %d %s", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")
+end
+
+-- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
+-- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
+-- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
+-- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
+-- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
+-- activation_bytes (a session's), device_bytes (a cluster device's buffers),
+-- context, batch, logits_tokens, max_seqs, kv_tokens }.
+-- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
+-- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
+-- shared by those requests; default context x max_seqs), plan_positions (the KV positions the
+-- plan's memory holds; default kv_tokens: with fewer, the KV pool grows inside the budget and
+-- an online policy makes room as it does).
+function M.sizes(man, cfg, opts)
+  local max_seqs = opts.max_seqs or 1
+  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {}, expert_files = {},
+    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
+  s.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
+    or s.kv_tokens, s.kv_tokens)
+  local expert_bytes = {} -- (mixture of experts) per layer: its experts' files, summed
+  for _, f in ipairs(man.files) do
+    local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
+    local xl = f.name:match("^layer%-(%d+)%-exp%-%d+%.bin$")
+    if xl then
+      xl = tonumber(xl)
+      expert_bytes[xl] = (expert_bytes[xl] or 0) + f.size
+      s.expert_files[xl] = s.expert_files[xl] or {}
+      table.insert(s.expert_files[xl], f.name)
+      s.expert_file_bytes = math.max(s.expert_file_bytes or 0, f.size)
+    elseif layer then
+      local b = 2 * tonumber(layer) + (kind == "mlp" and 1 or 0)
+      s.block_bytes[b], s.files[b] = f.size, f.name
+    else
+      s.global_bytes = s.global_bytes + f.size
+      if f.name == "embed.bin" then s.embed_file_bytes = f.size end
+      if f.name == "head.bin" then s.head_file_bytes = f.size end
+    end
+    for _, t in ipairs(f.tensors or {}) do
+      if t.kind == "lm_head" or (t.kind == "embed" and not s.head_bytes) then s.head_bytes = t.nbytes end
+    end
+  end
+  s.embed_file_bytes, s.head_file_bytes, s.head_bytes = s.embed_file_bytes or 0, s.head_file_bytes or 0, s.head_bytes or 0
+  for b = 0, s.n_blocks - 1 do
+    if not s.block_bytes[b] then
+      error(string.format("manifest: no file for %s (expected layer-%03d-%s.bin)", block_name(b),
+        math.floor(b / 2), b % 2 == 0 and "mha" or "mlp"), 0)
+    end
+  end
+  -- every layer of a model has the same shapes: the schedulers count blocks by kind
+  s.mha_bytes, s.mlp_bytes = s.block_bytes[0], s.block_bytes[1]
+  for b = 0, s.n_blocks - 1 do
+    if s.block_bytes[b] ~= (b % 2 == 0 and s.mha_bytes or s.mlp_bytes) then
+      error(string.format("manifest: %s has %d bytes, %s has %d: the layers differ in size", block_name(b),
+        s.block_bytes[b], block_name(b % 2), s.block_bytes[b % 2]), 0)
+    end
+  end
+  -- A mixture of experts: an MLP block's file is its router, norm and shared expert, read into
+  -- the slot when offloaded; its experts are resident with it, or read one by one into the
+  -- device's expert cache (expert_slots of expert_file_bytes) as the router picks them.
+  -- res_bytes[b]: what block b holds resident (its file, and an MLP block's experts).
+  s.res_bytes = {}
+  for b = 0, s.n_blocks - 1 do
+    s.res_bytes[b] = s.block_bytes[b] + (b % 2 == 1 and expert_bytes[(b - 1) / 2] or 0)
+  end
+  s.mlp_res_bytes = s.res_bytes[1]
+  if cfg.n_experts > 0 then
+    if not s.expert_file_bytes then
+      error(string.format("manifest: the model has %d experts per layer but no expert files (layer-000-exp-000.bin): "
+        .. "re-run `loip slice`", cfg.n_experts), 0)
+    end
+    s.moe = { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes }
+  end
+  s.tied = cfg.tied_embeddings ~= 0
+  s.dim, s.vocab = cfg.dim, cfg.vocab_size
+  -- a token's hidden state and its entry in the micro-batch's table
+  s.hidden_bytes = cfg.dim * ffi.sizeof("float") + ffi.sizeof("loip_step_token")
+  s.header_bytes = ffi.sizeof("loip_msg_header")
+  s.token_bytes = 4 + ffi.sizeof("loip_step_token") -- a token id into the ring, with its entry
+  s.output_bytes = ffi.sizeof("loip_step_output")    -- a sampled id back to the head
+  local _, act = assert(exec.session_size(cfg, opts.context, opts.batch, opts.threads or 1, -1, s.plan_positions, max_seqs))
+  s.activation_bytes = act
+  s.kv_bytes = {}
+  for k = 0, cfg.n_layers do
+    s.kv_bytes[k] = assert(exec.session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.plan_positions, max_seqs))
+  end
+  s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
+  s.weight_bytes = s.global_bytes
+  for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.res_bytes[b] end
+  return s
+end
+
+-- (mixture of experts) The experts a step of `rows` tokens routes one layer to, on average,
+-- under uniform routing: each row picks `used` of `experts`.
+function M.experts_per_layer(moe, rows)
+  local E, k = moe.experts, moe.used
+  return E * (1 - (1 - k / E) ^ math.max(1, rows or 1))
+end
+
+-- The expert cache a device needs at the least when it offloads MLP blocks of a mixture of
+-- experts: one layer's chosen experts for one token.
+function M.min_expert_slots(sizes) return sizes.moe and sizes.moe.used or 0 end
+
+-- Expected expert reads per step of part (its offloaded MoE MLP blocks) for `rows` tokens a
+-- step, with its cache of part.expert_slots: uniform routing, and a cache that keeps a random
+-- share of the experts it serves (LRU under uniform routing). Returns bytes and reads.
+function M.expert_reads(sizes, part, rows)
+  local moe = sizes.moe
+  if not moe or (part.off_moe or 0) == 0 then return 0, 0 end
+  local per_layer = M.experts_per_layer(moe, rows)
+  local hit = math.min(1, (part.expert_slots or 0) / (part.off_moe * moe.experts))
+  local reads = part.off_moe * per_layer * (1 - hit)
+  return reads * moe.expert_bytes, reads
+end
+
+return M
