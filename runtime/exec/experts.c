@@ -57,7 +57,7 @@ LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_exp
     const loip_model_config *c = &m->cfg;
     if (c->n_experts == 0) return loip_fail(LOIP_EINVAL, "expert cache: the model has no experts");
     if (!loader) return loip_fail(LOIP_EINVAL, "expert cache: needs a loader");
-    if (!cfg || cfg->policy < LOIP_EXPERTS_LRU || cfg->policy > LOIP_EXPERTS_STATIC || cfg->prefetch < 0 ||
+    if (!cfg || cfg->policy < LOIP_EXPERTS_LRU || cfg->policy > LOIP_EXPERTS_ALL || cfg->prefetch < 0 ||
         cfg->event_capacity < 0)
         return loip_fail(LOIP_EINVAL, "expert cache: policy %d, prefetch %d, event_capacity %d invalid",
                          cfg ? cfg->policy : -1, cfg ? cfg->prefetch : -1, cfg ? cfg->event_capacity : -1);
@@ -282,6 +282,23 @@ void loip_experts_tensors(loip_experts *x, int32_t slot, loip_tensor out[LOIP_EX
 
 void loip_experts_release(loip_experts *x, int32_t slot) { x->slots[slot].held_run = 0; }
 
+void loip_experts_layer_done(loip_experts *x, int32_t layer) {
+    if (x->cfg.policy != LOIP_EXPERTS_ALL) return;
+    for (int32_t i = 0; i < x->n_slots; i++) { /* the baseline keeps nothing for the next run */
+        xslot *s = &x->slots[i];
+        if (s->layer != layer || s->held_run == x->run) continue;
+        if (s->state == XS_LOADING) { /* (as a dense block: read whole before the layer is done) */
+            uint64_t t0 = loip_now_ns();
+            loip_experts_wait(x, i, -1);
+            x->st.stall_ns += loip_now_ns() - t0;
+        }
+        x->where[idx(x, s->layer, s->expert)] = -1;
+        *s = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
+    }
+}
+
+int loip_experts_reads_all(const loip_experts *x) { return x->cfg.policy == LOIP_EXPERTS_ALL; }
+
 void loip_experts_next_run(loip_experts *x) { x->run++; }
 
 void loip_experts_add_stall(loip_experts *x, uint64_t ns) { x->st.stall_ns += ns; }
@@ -290,9 +307,9 @@ int32_t loip_experts_prefetch_depth(const loip_experts *x) { return x->cfg.prefe
 
 int loip_experts_predicts(const loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
                           const loip_tensor **router) {
-    if (!x->has_src[layer] || !x->gate_router[layer]) return 0;
     *ffn_norm = x->gate_norm[layer], *router = x->gate_router[layer];
-    return 1;
+    if (x->cfg.policy == LOIP_EXPERTS_ALL) return x->has_src[layer] > 0; /* (no router needed) */
+    return x->has_src[layer] && x->gate_router[layer];
 }
 
 void loip_experts_prefetch(loip_experts *x, int32_t layer, const int32_t *experts, int32_t n) {

@@ -172,7 +172,10 @@ static int compute_chosen(loip_session *s, int l, int m) {
             loip_experts_tensors(x, slot[i], w[n_now]);
             now[n_now] = list[i], s->moe_done[n_now++] = i;
         }
-        if (left == 0) return LOIP_OK;
+        if (left == 0) {
+            if (x) loip_experts_layer_done(x, l);
+            return LOIP_OK;
+        }
         if (n_now == 0) { /* block on the first one still loading */
             int first = -1, stuck = -1;
             for (int i = 0; i < m && first < 0; i++)
@@ -261,6 +264,11 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
     for (int d = 0; d < depth && l + d < c->n_layers; d++) {
         const loip_tensor *norm, *router;
         if (!loip_experts_predicts(x, l + d, &norm, &router)) continue;
+        if (loip_experts_reads_all(x)) { /* the baseline: every expert, no prediction */
+            for (int e = 0; e < c->n_experts; e++) s->moe_list[e] = e;
+            loip_experts_prefetch(x, l + d, s->moe_list, c->n_experts);
+            continue;
+        }
         /* the layer's ffn_norm and router over this layer's input: moe_x and moe_logits are free
          * until the MLP block runs */
         for (int t = 0; t < n; t++)

@@ -23,8 +23,8 @@ local Cache = {}
 Cache.__index = Cache
 
 local parts = { expert_gate = K.EXPERT_GATE, expert_up = K.EXPERT_UP, expert_down = K.EXPERT_DOWN }
-local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC }
-M.replacements = { "lru", "lfu", "static" }
+local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC, all = K.EXPERTS_ALL }
+M.replacements = { "lru", "lfu", "static", "all" }
 
 -- The manifest's expert files: by_layer[layer][expert] = file entry (0-based numbers).
 function M.expert_files(man)
