@@ -115,7 +115,8 @@ function M.open(path, opts)
   if kind == "hf" then
     cfg, facts = hf.read_config(file)
   elseif kind == "store" then
-    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers })
+    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
+      experts = opts.experts })
   elseif kind == "gguf" then
     cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
   else
@@ -154,7 +155,7 @@ function M.open(path, opts)
     if budget then self:session() end
     local mapped = kind == "llama2c" or kind == "gguf" or opts.load == "mmap"
     if kind == "hf" then
-      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
+      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh, architecture = facts.architecture })
     elseif kind == "store" then
       keep = bind(m, self.plan)
       self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)
