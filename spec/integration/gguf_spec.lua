@@ -194,97 +194,9 @@ describe("the tokenizer in GGUF metadata", function()
   end)
 end)
 
--- ---- Hugging Face -> GGUF, as llama.cpp's convert_hf_to_gguf.py writes it ---------------------
+-- ---- Hugging Face -> GGUF, as llama.cpp's convert_hf_to_gguf.py writes it (spec/support/to_gguf.lua)
 
-local hf_to_gguf = {
-  ["model.embed_tokens.weight"] = "token_embd.weight", ["model.norm.weight"] = "output_norm.weight",
-  ["lm_head.weight"] = "output.weight",
-}
-local layer_to_gguf = {
-  ["input_layernorm.weight"] = "attn_norm.weight", ["self_attn.q_proj.weight"] = "attn_q.weight",
-  ["self_attn.k_proj.weight"] = "attn_k.weight", ["self_attn.v_proj.weight"] = "attn_v.weight",
-  ["self_attn.o_proj.weight"] = "attn_output.weight", ["self_attn.q_proj.bias"] = "attn_q.bias",
-  ["self_attn.k_proj.bias"] = "attn_k.bias", ["self_attn.v_proj.bias"] = "attn_v.bias",
-  ["self_attn.q_norm.weight"] = "attn_q_norm.weight", ["self_attn.k_norm.weight"] = "attn_k_norm.weight",
-  ["post_attention_layernorm.weight"] = "ffn_norm.weight", ["mlp.gate_proj.weight"] = "ffn_gate.weight",
-  ["mlp.up_proj.weight"] = "ffn_up.weight", ["mlp.down_proj.weight"] = "ffn_down.weight",
-}
-
--- Rows of a q/k matrix from rotate-half order back to Meta's pairs, per head of hd rows
--- (llama.cpp's LlamaModel.permute): Meta's row 2k+e is Hugging Face's row e*hd/2 + k.
-local function to_pairs(data, rows, row_bytes, hd)
-  local out = {}
-  for r = 0, rows - 1 do
-    local h, i = math.floor(r / hd), r % hd
-    local src = h * hd + (i % 2) * hd / 2 + math.floor(i / 2)
-    out[r + 1] = data:sub(src * row_bytes + 1, (src + 1) * row_bytes)
-  end
-  return table.concat(out)
-end
-
--- The GGUF of the Hugging Face directory dir (loip synth's output), written to path.
-local function convert(dir, path, arch)
-  local cfg = assert(json.load(dir .. "/config.json"))
-  local set = assert(require("loip.model.safetensors").open_dir(dir))
-  local hd = cfg.head_dim or cfg.hidden_size / cfg.num_attention_heads
-  local tensors = {}
-  local names = {}
-  for name in pairs(set.index) do names[#names + 1] = name end
-  table.sort(names)
-  for _, name in ipairs(names) do
-    local f = set.index[name]
-    local t = f.tensors[name]
-    local data = ffi.string(f.data + t.offset, t.nbytes)
-    local l, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
-    local gname = l and ("blk." .. l .. "." .. layer_to_gguf[rest]) or hf_to_gguf[name]
-    assert(gname, name)
-    if arch == "llama" and (rest == "self_attn.q_proj.weight" or rest == "self_attn.k_proj.weight") then
-      data = to_pairs(data, t.shape[1], t.nbytes / t.shape[1], hd)
-    end
-    local dims = {}
-    for i = #t.shape, 1, -1 do dims[#dims + 1] = t.shape[i] end
-    tensors[#tensors + 1] = { name = gname, type = t.dtype, dims = dims, data = data }
-  end
-  require("loip.model.safetensors").close(set)
-  local rs = cfg.rope_scaling
-  if type(rs) == "table" and rs.rope_type == "llama3" then
-    local f = {}
-    for i = 0, hd / 2 - 1 do
-      local wavelen = 2 * math.pi / (cfg.rope_theta ^ (-(2 * i) / hd))
-      local orig = rs.original_max_position_embeddings
-      if wavelen < orig / rs.high_freq_factor then f[i + 1] = 1
-      elseif wavelen > orig / rs.low_freq_factor then f[i + 1] = rs.factor
-      else
-        local s = (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
-        f[i + 1] = 1 / ((1 - s) / rs.factor + s)
-      end
-    end
-    tensors[#tensors + 1] = { name = "rope_freqs.weight", type = "F32", dims = { hd / 2 }, data = T.f32_bytes(f) }
-  end
-  local tok = loip.tokenizer.open_file(dir .. "/tokenizer.bin")
-  local tokens, scores, types = {}, {}, {}
-  for id = 0, tok.vocab_size - 1 do
-    local p = tok.pieces[id]
-    tokens[id + 1], scores[id + 1] = p:gsub(" ", "\226\150\129"), 0
-    types[id + 1] = p:match("^<0x%x%x>$") and 6 or (id <= 2 and (id == 0 and 2 or 3) or 1)
-    if not p:match("^<0x%x%x>$") and id > 2 then scores[id + 1] = -id end
-  end
-  tok:close()
-  local a = function(k) return arch .. "." .. k end
-  T.write(path, gguf.encode({
-    { "general.architecture", "STRING", arch },
-    { a "context_length", "UINT32", cfg.max_position_embeddings }, { a "embedding_length", "UINT32", cfg.hidden_size },
-    { a "block_count", "UINT32", cfg.num_hidden_layers }, { a "feed_forward_length", "UINT32", cfg.intermediate_size },
-    { a "attention.head_count", "UINT32", cfg.num_attention_heads },
-    { a "attention.head_count_kv", "UINT32", cfg.num_key_value_heads },
-    { a "attention.key_length", "UINT32", hd }, { a "attention.value_length", "UINT32", hd },
-    { a "rope.dimension_count", "UINT32", hd }, { a "rope.freq_base", "FLOAT32", cfg.rope_theta },
-    { a "attention.layer_norm_rms_epsilon", "FLOAT32", cfg.rms_norm_eps },
-    { "tokenizer.ggml.model", "STRING", "llama" }, { "tokenizer.ggml.tokens", "ARRAY[STRING]", tokens },
-    { "tokenizer.ggml.scores", "ARRAY[FLOAT32]", scores }, { "tokenizer.ggml.token_type", "ARRAY[INT32]", types },
-    { "tokenizer.ggml.bos_token_id", "UINT32", 1 }, { "tokenizer.ggml.eos_token_id", "UINT32", 2 },
-  }, tensors))
-end
+local convert = require("spec.support.to_gguf").convert
 
 describe("Hugging Face models converted to GGUF as llama.cpp does", function()
   local cases = {
@@ -430,7 +342,7 @@ describe("GGUF models loip refuses", function()
   local embd = { name = "token_embd.weight", type = "F32", dims = { 8, 10 }, data = f32(80) }
 
   it("names the architecture, the missing key, the missing or unknown tensor", function()
-    assert.matches("general.architecture 'gpt2' is not supported %(supported: llama, qwen2, qwen3%)",
+    assert.matches("general.architecture 'gpt2' is not supported %(supported: llama, qwen2, qwen2moe, qwen3, qwen3moe%)",
       model_err({ { "general.architecture", "STRING", "gpt2" } }, { embd }))
     assert.matches("metadata llama.feed_forward_length is missing", model_err({ { "general.architecture", "STRING", "llama" },
       { "llama.embedding_length", "UINT32", 8 }, { "llama.block_count", "UINT32", 1 },

@@ -1,6 +1,9 @@
--- GGUF files as models (architectures llama, qwen2, qwen3): the metadata as a Hugging Face
--- config (so one config path, hf.parse_config, serves every format), GGUF's tensor names as
--- loip's weights, used in place from the file's memory map.
+-- GGUF files as models (architectures llama, qwen2, qwen3; mixtures of experts qwen2moe,
+-- qwen3moe and llama with experts, Mixtral): the metadata as a Hugging Face config (so one config
+-- path, hf.parse_config, serves every format), GGUF's tensor names as loip's weights, used in
+-- place from the file's memory map. A layer's routed experts are one 3-D tensor per part
+-- (ffn_gate_exps, ffn_up_exps, ffn_down_exps: expert e's matrix is its e-th slice), each expert
+-- bound to a view of its slice.
 --
 -- RoPE: llama.cpp's converter stores a `llama` model's q/k rows in Meta's order, which pairs
 -- dimensions (2i, 2i+1) (llama2.c's layout: loip_rope_layout = "interleaved"); qwen2/qwen3 are
@@ -16,11 +19,19 @@ local K = core.constants
 
 local M = {}
 
--- Per GGUF architecture: the Hugging Face class, RoPE layout, biases and q/k norms.
+-- Per GGUF architecture: the Hugging Face class, RoPE layout, biases and q/k norms; for a
+-- mixture of experts (moe: the class with experts) whether llama.cpp renormalises the top-k
+-- (it does not read norm_topk_prob: qwen3moe and llama do, qwen2moe does not) and the shared
+-- expert.
 M.architectures = {
-  llama = { class = "LlamaForCausalLM", model_type = "llama", interleaved = true },
+  llama = { class = "LlamaForCausalLM", model_type = "llama", interleaved = true,
+    moe = { class = "MixtralForCausalLM", model_type = "mixtral" } },
   qwen2 = { class = "Qwen2ForCausalLM", model_type = "qwen2", qkv_bias = true },
   qwen3 = { class = "Qwen3ForCausalLM", model_type = "qwen3", qk_norm = true },
+  qwen2moe = { class = "Qwen2MoeForCausalLM", model_type = "qwen2_moe", qkv_bias = true, experts = true,
+    norm_topk_prob = false, shared = true },
+  qwen3moe = { class = "Qwen3MoeForCausalLM", model_type = "qwen3_moe", qk_norm = true, experts = true,
+    norm_topk_prob = true },
 }
 
 -- GGUF tensor names (blk.N. prefix for the layers) -> loip weight kinds.
@@ -35,7 +46,18 @@ local layer_names = {
   ["attn_k_norm.weight"] = K.W_K_NORM, ["ffn_norm.weight"] = K.W_FFN_NORM,
   ["ffn_gate.weight"] = K.W_GATE, ["ffn_up.weight"] = K.W_UP, ["ffn_down.weight"] = K.W_DOWN,
 }
-M.global_names, M.layer_names = global_names, layer_names
+-- A mixture of experts' layers: the same attention, then the router, the shared expert and its
+-- gate (Qwen2-MoE) and the routed experts (3-D: M.tensors cuts them into experts).
+local moe_layer_names = {
+  ["ffn_gate_inp.weight"] = K.W_ROUTER, ["ffn_gate_shexp.weight"] = K.W_GATE, ["ffn_up_shexp.weight"] = K.W_UP,
+  ["ffn_down_shexp.weight"] = K.W_DOWN, ["ffn_gate_inp_shexp.weight"] = K.W_SHARED_GATE,
+  ["ffn_gate_exps.weight"] = hf.W_EXPERT + K.EXPERT_GATE, ["ffn_up_exps.weight"] = hf.W_EXPERT + K.EXPERT_UP,
+  ["ffn_down_exps.weight"] = hf.W_EXPERT + K.EXPERT_DOWN,
+}
+for n, k in pairs(layer_names) do
+  if k ~= K.W_GATE and k ~= K.W_UP and k ~= K.W_DOWN then moe_layer_names[n] = k end
+end
+M.global_names, M.layer_names, M.moe_layer_names = global_names, layer_names, moe_layer_names
 
 local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16 }
 
@@ -65,6 +87,40 @@ local function llama3_scaling(freqs, hd, theta)
     end
   end
   return nil
+end
+
+-- A mixture of experts' Hugging Face config fields from g's metadata (architectures, model_type,
+-- the expert count, top-k, sizes, norm_topk_prob as llama.cpp runs it), nil for a dense model
+-- (llama without experts). get(key, default) reads arch.key; raises naming the key.
+function M.experts_of(g, arch, spec, get)
+  local md, path = g.metadata, g.path
+  if not spec.experts and not spec.moe then return nil end
+  if spec.moe and md[arch .. ".expert_count"] == nil then
+    -- (llama: experts when the file has them; then their keys must be there)
+    local exps = g.tensors["blk.0.ffn_gate_exps.weight"] or g.tensors["blk.0.ffn_up_exps.weight"]
+    if not exps and not g.tensors["blk.0.ffn_gate_inp.weight"] then return nil end
+    get("expert_count") -- (raises: the key is missing)
+  end
+  local key = function(k) return arch .. "." .. k end
+  local n, used = get("expert_count"), get("expert_used_count")
+  if n < 1 then error(string.format("%s: metadata %s is 0: a mixture of experts needs experts", path, key "expert_count"), 0) end
+  if used < 1 or used > n then
+    error(string.format("%s: metadata %s is %d: must be 1..%d (%s)", path, key "expert_used_count", used, n, key "expert_count"), 0)
+  end
+  if spec.moe then
+    -- Mixtral: feed_forward_length is an expert's size; the top-k renormalised
+    return { architectures = { spec.moe.class }, model_type = spec.moe.model_type, num_local_experts = n,
+      num_experts_per_tok = used }
+  end
+  local ffn = md[key "feed_forward_length"]
+  -- (llama.cpp: without expert_feed_forward_length an expert has feed_forward_length / top-k)
+  local size = get("expert_feed_forward_length", type(ffn) == "number" and math.floor(ffn / used) or nil)
+  local out = { num_experts = n, num_experts_per_tok = used, moe_intermediate_size = size,
+    norm_topk_prob = spec.norm_topk_prob }
+  if spec.shared then
+    out.shared_expert_intermediate_size = get("expert_shared_feed_forward_length", type(ffn) == "number" and ffn or nil)
+  end
+  return out
 end
 
 -- An open GGUF (loip.model.gguf) -> a Hugging Face config table (plus loip_rope_layout and
@@ -124,9 +180,10 @@ function M.config(g)
   end
   local types = {}
   for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
+  local moe = M.experts_of(g, arch, spec, get)
   local cfg = {
     architectures = { spec.class }, model_type = spec.model_type, hidden_act = "silu",
-    hidden_size = dim, intermediate_size = get("feed_forward_length"), num_hidden_layers = get("block_count"),
+    hidden_size = dim, intermediate_size = get("feed_forward_length", moe and moe.moe_intermediate_size), num_hidden_layers = get("block_count"),
     num_attention_heads = heads, num_key_value_heads = get("attention.head_count_kv", heads), head_dim = hd,
     vocab_size = embd.dims[2], max_position_embeddings = get("context_length", 2048),
     rms_norm_eps = get("attention.layer_norm_rms_epsilon", nil, "number"), rope_theta = theta,
@@ -136,6 +193,7 @@ function M.config(g)
     loip_source_format = "gguf",
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
+  for k, v in pairs(moe or {}) do cfg[k] = v end
   if arch ~= "qwen2" and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
   local rf = g.tensors["rope_freqs.weight"]
   if rf then
@@ -153,37 +211,64 @@ function M.config(g)
   return cfg
 end
 
+-- A view (loip_tensor) of data: dtype (GGUF's name), shape (rows first).
+local function view_of(dtype, shape, data)
+  local v = ffi.new("loip_tensor")
+  v.dtype, v.ndim, v.data = dtypes[dtype], #shape, data
+  for i, d in ipairs(shape) do v.shape[i - 1] = d end
+  return v
+end
+
 -- The weights of g as { layer, kind, name (GGUF's), view (a loip_tensor into the map), nbytes,
--- dtype }, keyed by layer .. ":" .. kind; raises on a tensor loip does not know.
+-- dtype, shape [, expert] }, keyed by hf.weight_key; raises on a tensor loip does not know. A
+-- layer's routed experts (3-D, [experts, rows, cols]) give one entry per expert, a view of its
+-- slice; they, and the router, must hold the config's expert count.
 function M.tensors(g, cfg)
   local out = {}
   local L = cfg.num_hidden_layers
+  local arch = g.metadata["general.architecture"]
+  local n_experts = cfg.num_experts or cfg.num_local_experts
+  local names = n_experts and moe_layer_names or layer_names
+  local function refuse(name, what, n)
+    error(string.format("%s: tensor '%s' %s %d experts but metadata %s.expert_count is %d", g.path, name, what, n,
+      arch, n_experts), 0)
+  end
   for _, name in ipairs(g.order) do
     local x = g.tensors[name]
     local layer, kind = -1, global_names[name]
     if not kind then
       local n, rest = name:match("^blk%.(%d+)%.(.+)$")
-      kind = rest and layer_names[rest]
+      kind = rest and names[rest]
       layer = tonumber(n)
       if kind and layer >= L then
         error(string.format("%s: tensor '%s' is past the model's %d layers", g.path, name, L), 0)
       end
     end
     if not kind and name ~= "rope_freqs.weight" then
-      error(string.format("%s: tensor '%s' is not one loip knows for architecture %s", g.path, name,
-        g.metadata["general.architecture"]), 0)
+      error(string.format("%s: tensor '%s' is not one loip knows for architecture %s", g.path, name, arch), 0)
     end
     if kind then
-      local v = ffi.new("loip_tensor")
-      v.dtype, v.ndim = dtypes[x.type], #x.dims
       local shape = {}
-      for i = 1, #x.dims do
-        shape[i] = x.dims[#x.dims + 1 - i]
-        v.shape[i - 1] = shape[i]
+      for i = 1, #x.dims do shape[i] = x.dims[#x.dims + 1 - i] end
+      local data = ffi.cast("const uint8_t *", (g:data(name)))
+      if hf.expert_part(kind) then
+        if #shape ~= 3 then
+          error(string.format("%s: tensor '%s' has %d dimensions; a layer's experts are 3 (experts, rows, columns)", g.path,
+            name, #shape), 0)
+        end
+        if shape[1] ~= n_experts then refuse(name, "holds", shape[1]) end
+        local each, eshape = x.nbytes / n_experts, { shape[2], shape[3] }
+        for e = 0, n_experts - 1 do
+          out[hf.weight_key(layer, kind, e)] = { layer = layer, kind = kind, name = name, expert = e, nbytes = each,
+            view = view_of(x.type, eshape, data + e * each), dtype = x.type, shape = eshape }
+        end
+      else
+        -- (the shared expert's gate: [1, dim] as Hugging Face has it; GGUF's is [dim] or [dim, 1])
+        if kind == K.W_SHARED_GATE and #shape == 1 then shape = { 1, shape[1] } end
+        if kind == K.W_ROUTER and shape[1] ~= n_experts then refuse(name, "routes to", shape[1]) end
+        out[hf.weight_key(layer, kind)] = { layer = layer, kind = kind, name = name, view = view_of(x.type, shape, data),
+          nbytes = x.nbytes, dtype = x.type, shape = shape }
       end
-      v.data = (g:data(name))
-      out[layer .. ":" .. tonumber(kind)] = { layer = layer, kind = kind, name = name, view = v, nbytes = x.nbytes,
-        dtype = x.type, shape = shape }
     end
   end
   return out
@@ -203,23 +288,25 @@ function M.open(path)
   end)
   if not ok then g:close() error(res, 0) end
   local function bind(m)
+    local experts = res.c.n_experts > 0
     for _, w in ipairs(hf.weight_list(res.c)) do
-      local t = res.by_kind[w[1] .. ":" .. tonumber(w[2])]
+      local t = res.by_kind[hf.weight_key(w[1], w[2], w.expert)]
       if not t then
         error(string.format("%s: tensor '%s' is missing", path, w[1] < 0 and M.gguf_name(w[2]) or
-          string.format("blk.%d.%s", w[1], M.gguf_name(w[2]))), 0)
+          string.format("blk.%d.%s", w[1], M.gguf_name(w[2], experts))), 0)
       end
-      assert(exec.model_bind(m, t.layer, t.kind, t.view, path .. ": tensor '" .. t.name .. "'"))
+      local bound, err = hf.bind(m, t.layer, t.kind, t.view, t.expert)
+      if not bound then error(string.format("%s: tensor '%s': %s", path, t.name, err), 0) end
     end
   end
   res.facts.config = res.cfg
   return res.c, res.facts, g, bind, res.by_kind
 end
 
--- The GGUF name (without blk.N.) of weight kind k.
-function M.gguf_name(k)
+-- The GGUF name (without blk.N.) of weight kind k (experts: of a mixture of experts' layer).
+function M.gguf_name(k, experts)
   for n, kk in pairs(global_names) do if kk == k then return n end end
-  for n, kk in pairs(layer_names) do if kk == k then return n end end
+  for n, kk in pairs(experts and moe_layer_names or layer_names) do if kk == k then return n end end
 end
 
 return M

@@ -156,7 +156,7 @@ function M.open(path, opts)
     if budget then self:session() end
     local mapped = kind == "llama2c" or kind == "gguf" or opts.load == "mmap"
     if kind == "hf" then
-      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh })
+      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh, architecture = facts.architecture })
     elseif kind == "store" then
       keep = bind(m, self.plan)
       self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)

@@ -47,7 +47,43 @@ M.shapes = {
     num_hidden_layers = 64, num_attention_heads = 64, num_key_value_heads = 8, head_dim = 128,
     vocab_size = 151936, max_position_embeddings = 40960, rms_norm_eps = 1e-6, rope_theta = 1000000.0,
     attention_bias = false, tie_word_embeddings = false },
+  -- mixtures of experts (loip synth --experts N --experts-per-token K; --ffn: an expert's size)
+  ["qwen3-30b-a3b"] = { architectures = { "Qwen3MoeForCausalLM" }, hidden_size = 2048, intermediate_size = 6144,
+    moe_intermediate_size = 768, num_experts = 128, num_experts_per_tok = 8, norm_topk_prob = true,
+    num_hidden_layers = 48, num_attention_heads = 32, num_key_value_heads = 4, head_dim = 128,
+    vocab_size = 151936, max_position_embeddings = 40960, rms_norm_eps = 1e-6, rope_theta = 1000000.0,
+    attention_bias = false, tie_word_embeddings = false },
+  ["mixtral-8x7b"] = { architectures = { "MixtralForCausalLM" }, hidden_size = 4096, intermediate_size = 14336,
+    num_local_experts = 8, num_experts_per_tok = 2, num_hidden_layers = 32, num_attention_heads = 32,
+    num_key_value_heads = 8, vocab_size = 32000, max_position_embeddings = 32768, rms_norm_eps = 1e-5,
+    rope_theta = 1000000.0, tie_word_embeddings = false },
+  -- OLMoE-1B-7B's dimensions (64 experts of 1024, top-8, not renormalised) carried by the Qwen3-MoE
+  -- architecture: OLMoE's own q/k norms span all heads at once, which loip does not run, so this
+  -- shape is its sizes and costs, not a model OLMoE's weights would load into
+  ["olmoe-1b-7b"] = { architectures = { "Qwen3MoeForCausalLM" }, hidden_size = 2048, intermediate_size = 1024,
+    moe_intermediate_size = 1024, num_experts = 64, num_experts_per_tok = 8, norm_topk_prob = false,
+    num_hidden_layers = 16, num_attention_heads = 16, num_key_value_heads = 16, head_dim = 128, vocab_size = 50304,
+    max_position_embeddings = 4096, rms_norm_eps = 1e-5, rope_theta = 10000.0, attention_bias = false,
+    tie_word_embeddings = false },
+  -- Qwen1.5-MoE-A2.7B: a shared expert of 4 experts' size beside 60 routed ones, top-4
+  ["qwen1.5-moe-a2.7b"] = { architectures = { "Qwen2MoeForCausalLM" }, hidden_size = 2048, intermediate_size = 5632,
+    moe_intermediate_size = 1408, shared_expert_intermediate_size = 5632, num_experts = 60, num_experts_per_tok = 4,
+    norm_topk_prob = false, num_hidden_layers = 24, num_attention_heads = 16, num_key_value_heads = 16,
+    vocab_size = 151936, max_position_embeddings = 8192, rms_norm_eps = 1e-6, rope_theta = 1000000.0,
+    tie_word_embeddings = false },
 }
+
+-- The config fields of a mixture of experts' shape that loip synth's --experts,
+-- --experts-per-token and --ffn set (nil for a dense shape).
+function M.expert_fields(cfg)
+  local arch = cfg.architectures[1]
+  if arch == "MixtralForCausalLM" then
+    return { experts = "num_local_experts", experts_per_token = "num_experts_per_tok", ffn = "intermediate_size" }
+  elseif cfg.num_experts then
+    return { experts = "num_experts", experts_per_token = "num_experts_per_tok", ffn = "moe_intermediate_size" }
+  end
+  return nil
+end
 
 function M.names()
   local n = {}

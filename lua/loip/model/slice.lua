@@ -17,7 +17,10 @@
 --   files                         per block file, in load order: name, block, layer, size,
 --                                 sha256, crc32c (checked on every offloaded read with
 --                                 --verify-reads), tensors [{name (Hugging Face's), kind, layer, dtype,
---                                 shape, offset, nbytes}]
+--                                 shape, offset, nbytes}]; a routed expert's file (mixture of
+--                                 experts: layer-LLL-exp-EEE.bin, block "mlp") also has expert (its
+--                                 index), as do its tensors (kinds expert_gate, expert_up,
+--                                 expert_down)
 --   model_files                   copied tokenizer and generation files: name, size, sha256
 --                                 (GGUF: tokenizer.gguf, the source's metadata as a GGUF of
 --                                 its own: vocabulary, chat template)
@@ -88,12 +91,12 @@ function M.open_source(path)
     for _, f in ipairs(set.files) do
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
     end
-    for _, w in ipairs(hf.weight_list(c)) do
+    for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
       local f = set.index[w[3]]
       if not f then src.close() error(string.format("%s: tensor '%s' is missing", file, w[3]), 0) end
       local view, verr = f:view(w[3])
       if not view then src.close() error(verr, 0) end
-      by_kind[w[1] .. ":" .. tonumber(w[2])] = { view = view, nbytes = f.tensors[w[3]].nbytes }
+      by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = f.tensors[w[3]].nbytes }
     end
   elseif kind == "gguf" then
     local facts, g, by
@@ -110,22 +113,22 @@ function M.open_source(path)
     src.close = function() files_rt.map_free(map) end
     src.config = llama2c_config(c)
     src.weight_files[1] = { name = basename(file), path = file, map = map }
-    for _, t in ipairs(tensors) do by_kind[t.layer .. ":" .. tonumber(t.kind)] = t end
+    for _, t in ipairs(tensors) do by_kind[hf.weight_key(t.layer, t.kind)] = t end
   end
   src.c = c
   local m, err = exec.model_new(c)
   if not m then src.close() error(path .. ": " .. err, 0) end
-  for _, w in ipairs(hf.weight_list(c)) do
+  for _, w in ipairs(hf.weight_list(c, src.config.architectures[1])) do
     local layer, k, name = w[1], w[2], w[3]
-    local t = by_kind[layer .. ":" .. tonumber(k)]
+    local t = by_kind[hf.weight_key(layer, k, w.expert)]
     if not t then src.close() error(string.format("%s: tensor '%s' is missing", path, name), 0) end
     local v = t.view
-    local ok, berr = exec.model_bind(m, layer, k, v)
+    local ok, berr = hf.bind(m, layer, k, v, w.expert)
     if not ok then src.close() error(string.format("%s: tensor '%s': %s", path, name, berr), 0) end
     local shape = {}
     for i = 0, v.ndim - 1 do shape[i + 1] = tonumber(v.shape[i]) end
     src.tensors[#src.tensors + 1] = { layer = layer, kind = k, name = name, view = v, nbytes = t.nbytes,
-      dtype = store.dtype_name[tonumber(v.dtype)], shape = shape }
+      dtype = store.dtype_name[tonumber(v.dtype)], shape = shape, expert = w.expert }
   end
   local ok, cerr = exec.model_check(m, 0, c.n_layers)
   exec.model_free(m)
@@ -133,22 +136,24 @@ function M.open_source(path)
   return src
 end
 
--- The block files: tensors ({ layer, kind, name, dtype, shape, nbytes [, view] }, in the order
--- layers run) grouped by block, each at the next 4 KiB boundary.
+-- The block files: tensors ({ layer, kind, name, dtype, shape, nbytes [, view] [, expert] }, in
+-- the order layers run) grouped by block, each at the next 4 KiB boundary; a routed expert's in a
+-- file of its own (store.expert_file), which carries its layer and expert.
 local function layout(tensors)
   local files, by_name = {}, {}
   for _, t in ipairs(tensors) do
     local block = store.block_of[tonumber(t.kind)]
-    local name = store.file_name(block, t.layer)
+    local name = t.expert and store.expert_file(t.layer, t.expert) or store.file_name(block, t.layer)
     local f = by_name[name]
     if not f then
-      f = { name = name, block = block, layer = (block == "mha" or block == "mlp") and t.layer or -1, size = 0, tensors = {} }
+      f = { name = name, block = block, layer = (block == "mha" or block == "mlp") and t.layer or -1, size = 0, tensors = {},
+        expert = t.expert }
       by_name[name] = f
       files[#files + 1] = f
     end
     local off = store.align_up(f.size)
     f.tensors[#f.tensors + 1] = { name = t.name, kind = store.kind_name[tonumber(t.kind)], layer = t.layer,
-      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view and t.view.data }
+      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view and t.view.data, expert = t.expert }
     f.size = off + t.nbytes
   end
   for _, f in ipairs(files) do f.size = store.align_up(f.size) end
@@ -167,7 +172,8 @@ function M.layout_of(c, dtype)
     local shape = hf.shape_of(c, w[2])
     local n = 1
     for _, d in ipairs(shape) do n = n * d end
-    tensors[#tensors + 1] = { layer = w[1], kind = w[2], name = w[3], dtype = dtype, shape = shape, nbytes = n * es }
+    tensors[#tensors + 1] = { layer = w[1], kind = w[2], name = w[3], dtype = dtype, shape = shape, nbytes = n * es,
+      expert = w.expert }
   end
   return layout(tensors)
 end
@@ -357,10 +363,10 @@ function M.write(src_path, out, opts)
       local ts = {}
       for i, t in ipairs(f.tensors) do
         ts[i] = { name = t.name, kind = t.kind, layer = t.layer, dtype = t.dtype, shape = t.shape,
-          offset = t.offset, nbytes = t.nbytes }
+          offset = t.offset, nbytes = t.nbytes, expert = t.expert }
       end
       man.files[#man.files + 1] = { name = f.name, block = f.block, layer = f.layer, size = f.size,
-        sha256 = f.sha256, crc32c = f.crc32c, tensors = ts }
+        sha256 = f.sha256, crc32c = f.crc32c, tensors = ts, expert = f.expert }
     end
     local text = json.encode_sorted(man, 1) .. "\n"
     write_file(out .. "/manifest.json", function(put) put(text, #text) end)

@@ -5,7 +5,10 @@
 --   manifest.json             written last: a directory without it is not a store
 --   embed.bin                 the token embedding
 --   layer-000-mha.bin         attention norm, q/k/v/o projections, q/k/v biases, q/k norms
---   layer-000-mlp.bin         ffn norm, gate, up, down
+--   layer-000-mlp.bin         ffn norm, gate, up, down (a mixture of experts: ffn norm, router,
+--                             the shared expert's gate, up, down and its gate, when it has one)
+--   layer-000-exp-000.bin     a mixture of experts: routed expert 0 of layer 0 (its gate, up,
+--   layer-000-exp-001.bin     down), one file per expert, read alone when the router picks it
 --   ...
 --   head.bin                  final norm and (when not tied to the embedding) lm_head
 --   tokenizer files, generation_config.json ...   copied from the source, unchanged
@@ -36,12 +39,19 @@ local kind_list = {
   { "wo", K.W_WO, "mha" }, { "bq", K.W_BQ, "mha" }, { "bk", K.W_BK, "mha" },
   { "bv", K.W_BV, "mha" }, { "q_norm", K.W_Q_NORM, "mha" }, { "k_norm", K.W_K_NORM, "mha" },
   { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
-  { "down", K.W_DOWN, "mlp" },
+  { "down", K.W_DOWN, "mlp" }, { "router", K.W_ROUTER, "mlp" }, { "shared_gate", K.W_SHARED_GATE, "mlp" },
+  -- a routed expert's parts (hf.W_EXPERT + K.EXPERT_*): of its layer's MLP block, in a file of
+  -- their own (M.expert_file), their tensors and file with an integer "expert" field
+  { "expert_gate", hf.W_EXPERT + K.EXPERT_GATE, "mlp" }, { "expert_up", hf.W_EXPERT + K.EXPERT_UP, "mlp" },
+  { "expert_down", hf.W_EXPERT + K.EXPERT_DOWN, "mlp" },
 }
 M.kinds, M.kind_name, M.block_of = {}, {}, {}
 for _, k in ipairs(kind_list) do
   M.kinds[k[1]], M.kind_name[tonumber(k[2])], M.block_of[tonumber(k[2])] = k[2], k[1], k[3]
 end
+-- The expert kinds' names -> part (K.EXPERT_*), and the names in part order.
+M.expert_kinds, M.expert_kind_names = {}, { "expert_gate", "expert_up", "expert_down" }
+for _, name in ipairs(M.expert_kind_names) do M.expert_kinds[name] = hf.expert_part(M.kinds[name]) end
 local per_layer = { mha = true, mlp = true }
 
 M.dtypes = { F32 = { K.F32, 4 }, BF16 = { K.BF16, 2 }, F16 = { K.F16, 2 } }
@@ -55,6 +65,18 @@ end
 
 -- The file of block b (2l: layer l's attention, 2l+1: its MLP).
 function M.block_file(b) return M.file_name(b % 2 == 0 and "mha" or "mlp", math.floor(b / 2)) end
+
+-- The file of routed expert e (0-based) of layer l: "layer-003-exp-017.bin".
+function M.expert_file(l, e) return string.format("layer-%03d-exp-%03d.bin", l, e) end
+
+-- The manifest's files of layer l's routed experts, by expert (their "expert" field): a list
+-- of file entries ({ name, layer, expert, size, tensors, ... }) in expert order.
+function M.expert_files(man, l)
+  local out = {}
+  for _, f in ipairs(man.files) do if f.expert ~= nil and f.layer == l then out[#out + 1] = f end end
+  table.sort(out, function(a, b) return a.expert < b.expert end)
+  return out
+end
 
 -- Files of a model directory, besides its weights and config.json, that running the model
 -- reads (tokenizer, generation settings, chat template): a store keeps copies, so that it
@@ -88,104 +110,9 @@ function M.redo(man, dir, src, force)
     type(src) == "string" and src or "MODEL_DIR", dir)
 end
 
-local function is_int(v) return type(v) == "number" and v == math.floor(v) end
-
--- The manifest of store dir, checked for consistency (every tensor inside its file, aligned,
--- its bytes matching shape and dtype). Raises naming the file and the fault.
-function M.read_manifest(dir)
-  local path = dir .. "/manifest.json"
-  local man, err = json.load(path)
-  if not man then error(err .. "; the manifest is damaged: " .. M.redo(nil, dir), 0) end
-  return M.check_manifest(man, dir)
-end
-
--- A decoded manifest (of store dir, for the messages) checked as read_manifest checks it.
-function M.check_manifest(man, dir)
-  local path = dir .. "/manifest.json"
-  if type(man) ~= "table" or man.format ~= M.FORMAT then
-    error(path .. ": not a loip slice store manifest (no \"format\": \"" .. M.FORMAT .. "\")", 0)
-  end
-  if man.version ~= M.VERSION then
-    error(string.format("%s: store format version %s; this loip reads version %d: %s", path,
-      tostring(man.version), M.VERSION, M.redo(man, dir)), 0)
-  end
-  local function bad(what) error(string.format("%s: %s; the manifest is damaged: %s", path, what, M.redo(man, dir)), 0) end
-  if type(man.config) ~= "table" then bad("field 'config' is missing") end
-  if type(man.source) ~= "table" or type(man.source.sha256) ~= "string" then bad("field 'source.sha256' is missing") end
-  for _, list in ipairs({ "files", "model_files" }) do
-    if type(man[list]) ~= "table" then bad("field '" .. list .. "' is missing") end
-    for i, f in ipairs(man[list]) do
-      local where = string.format("%s[%d]", list, i)
-      if type(f) ~= "table" or type(f.name) ~= "string" or f.name:find("/", 1, true) or f.name == "manifest.json" then
-        bad(where .. ": not a file name")
-      end
-      where = string.format("%s (%s)", where, f.name)
-      if not is_int(f.size) or f.size < 0 then bad(where .. ": 'size' is not a byte count") end
-      if type(f.sha256) ~= "string" or not f.sha256:match("^" .. string.rep("%x", 64) .. "$") then
-        bad(where .. ": 'sha256' is not a sha256")
-      end
-      if f.crc32c ~= nil and (not is_int(f.crc32c) or f.crc32c < 0 or f.crc32c > 4294967295) then
-        bad(where .. ": 'crc32c' is not a 32-bit checksum")
-      end
-      if list == "files" then
-        if f.size % M.ALIGN ~= 0 then bad(where .. ": size is not a multiple of " .. M.ALIGN) end
-        if type(f.tensors) ~= "table" then bad(where .. ": 'tensors' is missing") end
-        for k, t in ipairs(f.tensors) do
-          if type(t) ~= "table" then bad(string.format("%s: tensors[%d] is not an object", where, k)) end
-          local tw = string.format("%s: tensor '%s'", where, tostring(t.name))
-          if not M.kinds[t.kind] then bad(tw .. ": unknown kind '" .. tostring(t.kind) .. "'") end
-          if not is_int(t.layer) then bad(tw .. ": 'layer' is not an integer") end
-          local dt = M.dtypes[t.dtype]
-          if not dt then bad(tw .. ": dtype '" .. tostring(t.dtype) .. "' is not F32, BF16 or F16") end
-          if type(t.shape) ~= "table" or #t.shape < 1 or #t.shape > 4 then bad(tw .. ": bad shape") end
-          local numel = 1
-          for _, d in ipairs(t.shape) do
-            if not is_int(d) or d < 0 then bad(tw .. ": bad shape") end
-            numel = numel * d
-          end
-          if not is_int(t.offset) or t.offset % M.ALIGN ~= 0 then bad(tw .. ": offset is not a multiple of " .. M.ALIGN) end
-          if t.nbytes ~= numel * dt[2] then bad(tw .. ": nbytes does not match shape and dtype") end
-          if t.offset + t.nbytes > f.size then bad(tw .. ": runs past the end of the file") end
-        end
-      end
-    end
-  end
-  return man
-end
-
--- Every file of the store: present with the manifest's size (fast), and with verify its sha256
--- (reads everything). Returns the number of files and bytes checked; raises naming the first
--- file at fault and what to do. bar: a progress bar (bytes) for the hashing.
-function M.check_files(dir, man, verify, bar)
-  local all = {}
-  for _, f in ipairs(man.files) do all[#all + 1] = f end
-  for _, f in ipairs(man.model_files) do all[#all + 1] = f end
-  local bytes = 0
-  for _, f in ipairs(all) do
-    local size = M.file_size(dir .. "/" .. f.name)
-    if not size then
-      error(string.format("%s/%s is missing: the store is incomplete; %s", dir, f.name, M.redo(man, dir)), 0)
-    end
-    if size ~= f.size then
-      error(string.format("%s/%s has %d bytes but the manifest says %d: the file is damaged or from another slicing; %s",
-        dir, f.name, size, f.size, M.redo(man, dir)), 0)
-    end
-    bytes = bytes + size
-  end
-  if verify then
-    local done = 0
-    for _, f in ipairs(all) do
-      local got = assert(files_rt.sha256_file(dir .. "/" .. f.name))
-      if got ~= f.sha256 then
-        error(string.format("%s/%s: sha256 %s does not match the manifest's %s: the file is damaged; %s",
-          dir, f.name, got, f.sha256, M.redo(man, dir)), 0)
-      end
-      done = done + f.size
-      if bar then bar:update(done) end
-    end
-  end
-  return #all, bytes
-end
+-- The manifest, read and checked (loip.model.manifest).
+local manifest = require "loip.model.manifest"
+M.read_manifest, M.check_manifest, M.check_files = manifest.read, manifest.check, manifest.check_files
 
 -- (loip_model_config, facts) of a store's manifest: the config is Hugging Face's, plus
 -- loip_rope_layout = "interleaved" for a store made from a llama2.c checkpoint.
@@ -323,29 +250,33 @@ function M.stage_descs(dir, man, p, device, verify_reads)
   return out
 end
 
--- Open store dir for loip.model.open: (config, facts, bind) where bind(model, plan) loads the
--- blocks (the resident ones only, under a plan), binds their tensors and returns what must stay
--- alive with the model; the offloaded blocks are bound later by the runner (M.stage_descs).
--- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
--- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated.
--- Bind every tensor of the files loaded in keep (M.load_files) to model m.
--- Bind the tensors of manifest file f, loaded at base, to model m.
+-- Bind the tensors of manifest file f, loaded at base, to model m (a routed expert's with
+-- loip_model_bind_expert).
 local function bind_tensors(m, dir, f, base)
   for _, t in ipairs(f.tensors) do
     local v = ffi.new("loip_tensor")
     v.data = base + t.offset
     fill_view(v, t)
-    local ok, err = exec.model_bind(m, t.layer, M.kinds[t.kind], v)
+    local ok, err = hf.bind(m, t.layer, M.kinds[t.kind], v, t.expert)
     if not ok then error(string.format("%s/%s: tensor '%s': %s", dir, f.name, t.name, err), 0) end
   end
 end
 
+-- Bind every tensor of the files loaded in keep (M.load_files) to model m.
 function M.bind_loaded(m, dir, man, keep)
   for _, f in ipairs(man.files) do
     if keep.base[f.name] and not keep.evicted[f.name] then bind_tensors(m, dir, f, keep.base[f.name]) end
   end
 end
 
+-- Open store dir for loip.model.open: (config, facts, bind) where bind(model, plan) loads the
+-- blocks (the resident ones only, under a plan), binds their tensors and returns what must stay
+-- alive with the model; the offloaded blocks are bound later by the runner (M.stage_descs).
+-- opts.load: "memory" (default) or "mmap"; opts.verify: check every file's sha256 first;
+-- opts.budget (loip_budget *): charged for the "memory" buffer before it is allocated;
+-- opts.experts(layer, e) -> bool (a mixture of experts; default: every one): which routed
+-- experts' files are loaded and bound now (the others are left unbound: an expert cache reads
+-- them, loip_session_set_experts).
 function M.open(dir, opts)
   opts = opts or {}
   local man = M.read_manifest(dir)
@@ -374,6 +305,15 @@ function M.open(dir, opts)
         local inside = names[f.name] or not p
         for _, t in ipairs(f.tensors) do inside = inside and (t.layer or -1) < L end
         names[f.name] = inside or nil
+      end
+    end
+    if opts.experts then
+      if not names then
+        names = {}
+        for _, f in ipairs(man.files) do names[f.name] = true end
+      end
+      for _, f in ipairs(man.files) do
+        if f.expert ~= nil and names[f.name] and not opts.experts(f.layer, f.expert) then names[f.name] = nil end
       end
     end
     local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, spare)

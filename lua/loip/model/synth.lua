@@ -35,18 +35,26 @@ local function tensor_seed(seed, name)
   return ffi.new("uint64_t", seed) * 4294967296ULL + ffi.new("uint64_t", bit.band(h, 0x7fffffff))
 end
 
--- The config table for the flags (shape name plus overrides).
+-- The config table for the flags (shape name plus overrides). For a mixture of experts'
+-- shape, experts and experts_per_token set its expert count and top-k, and ffn an expert's size
+-- (a shared expert keeps its ratio to it).
 function M.config(o)
   local cfg, err = shapes.get(o.like)
   if not cfg then error(err, 0) end
   local over = { layers = "num_hidden_layers", dim = "hidden_size", ffn = "intermediate_size",
-    heads = "num_attention_heads", kv_heads = "num_key_value_heads", head_dim = "head_dim", vocab = "vocab_size" }
+    heads = "num_attention_heads", kv_heads = "num_key_value_heads", head_dim = "head_dim", vocab = "vocab_size",
+    experts = false, experts_per_token = false }
+  local moe = shapes.expert_fields(cfg)
+  local shared_ratio = moe and cfg.shared_expert_intermediate_size and cfg.shared_expert_intermediate_size / cfg[moe.ffn]
   for flag, field in pairs(over) do
     if o[flag] ~= nil then
-      if o[flag] <= 0 then error(string.format("synth: --%s must be positive", flag:gsub("_", "-")), 0) end
-      cfg[field] = o[flag]
+      local name = "--" .. flag:gsub("_", "-")
+      if o[flag] <= 0 then error(string.format("synth: %s must be positive", name), 0) end
+      if not field and not moe then error(string.format("synth: %s is for a mixture of experts' shape; %s is dense", name, o.like), 0) end
+      cfg[moe and moe[flag] or field] = o[flag]
     end
   end
+  if shared_ratio and o.ffn then cfg.shared_expert_intermediate_size = math.floor(o.ffn * shared_ratio + 0.5) end
   if (o.dim or o.heads) and not o.head_dim and cfg.head_dim then
     cfg.head_dim = math.floor(cfg.hidden_size / cfg.num_attention_heads)
   end
@@ -58,9 +66,9 @@ function M.config(o)
 end
 
 -- Tensors of the model: { name, shape, mean, std, numel }.
-local function tensor_plan(c, std)
+local function tensor_plan(c, std, arch)
   local plan = {}
-  for _, w in ipairs(hf.weight_list(c)) do
+  for _, w in ipairs(hf.weight_list(c, arch)) do
     local kind, name = w[2], w[3]
     local shape = hf.shape_of(c, kind)
     local numel = 1
@@ -139,7 +147,7 @@ function M.write(dir, o)
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
   exec.model_free(cm)
-  local plan = tensor_plan(c, o.std or STD)
+  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1])
   local es = dt[3]
   local total = 0
   for _, t in ipairs(plan) do total = total + t.numel * es end

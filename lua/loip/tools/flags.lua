@@ -191,8 +191,10 @@ function M.shape_flags(lead)
   for _, r in ipairs({ { "layers", "num_hidden_layers" }, { "dim", "hidden_size" }, { "ffn", "intermediate_size" },
     { "heads", "num_attention_heads" }, { "kv-heads", "num_key_value_heads" }, { "head-dim", "head_dim" },
     { "vocab", "vocab_size" } }) do
-    rows[#rows + 1] = { r[1], "int", lead .. "override " .. r[2] }
+    rows[#rows + 1] = { r[1], "int", lead .. "override " .. r[2] .. (r[1] == "ffn" and " (a mixture of experts: an expert's)" or "") }
   end
+  rows[#rows + 1] = { "experts", "int", lead .. "a mixture of experts' shape: override its expert count" }
+  rows[#rows + 1] = { "experts-per-token", "int", lead .. "a mixture of experts' shape: override num_experts_per_tok" }
   return rows
 end
 

@@ -1,0 +1,178 @@
+-- Hugging Face -> GGUF for the specs, as llama.cpp's convert_hf_to_gguf.py writes it (the facts,
+-- with llama.cpp's file:line, are in docs/formats.md's "Mixture of experts"): q/k rows of
+-- `llama` (Mixtral too) permuted to Meta's pairs, qwen2/qwen3 and their MoE as they are; Llama
+-- 3's RoPE scaling as rope_freqs; a layer's routed experts stacked into one 3-D tensor per part
+-- (ffn_{gate,up,down}_exps: expert e's matrix is the e-th slice), the router as ffn_gate_inp,
+-- Qwen2-MoE's shared expert as ffn_*_shexp and its gate as ffn_gate_inp_shexp ([dim, 1]); 1-D
+-- tensors, norms, biases and routers in F32 (the converter forces them), every other matrix
+-- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's).
+--
+--   require("spec.support.to_gguf").convert("synth-dir", "out.gguf")   -- arch from config.json
+local ffi = require "ffi"
+local json = require "loip.tools.json"
+local gguf = require "loip.model.gguf"
+local core = require "loip.core"
+local T = require "spec.support"
+
+local M = {}
+
+-- The GGUF architecture of a Hugging Face class.
+M.arch_of = {
+  LlamaForCausalLM = "llama", MistralForCausalLM = "llama", MixtralForCausalLM = "llama",
+  Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3", Qwen2MoeForCausalLM = "qwen2moe",
+  Qwen3MoeForCausalLM = "qwen3moe",
+}
+
+local hf_to_gguf = {
+  ["model.embed_tokens.weight"] = "token_embd.weight", ["model.norm.weight"] = "output_norm.weight",
+  ["lm_head.weight"] = "output.weight",
+}
+local layer_to_gguf = {
+  ["input_layernorm.weight"] = "attn_norm.weight", ["self_attn.q_proj.weight"] = "attn_q.weight",
+  ["self_attn.k_proj.weight"] = "attn_k.weight", ["self_attn.v_proj.weight"] = "attn_v.weight",
+  ["self_attn.o_proj.weight"] = "attn_output.weight", ["self_attn.q_proj.bias"] = "attn_q.bias",
+  ["self_attn.k_proj.bias"] = "attn_k.bias", ["self_attn.v_proj.bias"] = "attn_v.bias",
+  ["self_attn.q_norm.weight"] = "attn_q_norm.weight", ["self_attn.k_norm.weight"] = "attn_k_norm.weight",
+  ["post_attention_layernorm.weight"] = "ffn_norm.weight", ["mlp.gate_proj.weight"] = "ffn_gate.weight",
+  ["mlp.up_proj.weight"] = "ffn_up.weight", ["mlp.down_proj.weight"] = "ffn_down.weight",
+  ["mlp.gate.weight"] = "ffn_gate_inp.weight", ["block_sparse_moe.gate.weight"] = "ffn_gate_inp.weight",
+  ["mlp.shared_expert.gate_proj.weight"] = "ffn_gate_shexp.weight", ["mlp.shared_expert.up_proj.weight"] = "ffn_up_shexp.weight",
+  ["mlp.shared_expert.down_proj.weight"] = "ffn_down_shexp.weight",
+  ["mlp.shared_expert_gate.weight"] = "ffn_gate_inp_shexp.weight",
+}
+-- A routed expert's part -> its stacked tensor (Mixtral: w1 gate, w3 up, w2 down).
+local expert_to_gguf = { gate_proj = "ffn_gate_exps.weight", up_proj = "ffn_up_exps.weight", down_proj = "ffn_down_exps.weight",
+  w1 = "ffn_gate_exps.weight", w3 = "ffn_up_exps.weight", w2 = "ffn_down_exps.weight" }
+
+-- Rows of a q/k matrix from rotate-half order back to Meta's pairs, per head of hd rows
+-- (llama.cpp's LlamaModel.permute): Meta's row 2k+e is Hugging Face's row e*hd/2 + k.
+local function to_pairs(data, rows, row_bytes, hd)
+  local out = {}
+  for r = 0, rows - 1 do
+    local h, i = math.floor(r / hd), r % hd
+    local src = h * hd + (i % 2) * hd / 2 + math.floor(i / 2)
+    out[r + 1] = data:sub(src * row_bytes + 1, (src + 1) * row_bytes)
+  end
+  return table.concat(out)
+end
+
+-- The bytes of a BF16/F16 tensor as F32 (exact).
+local function widen(data, dtype)
+  local K = core.constants
+  local n = #data / 2
+  local out = ffi.new("float[?]", n)
+  assert(core.C.loip_convert(out, K.F32, data, dtype == "BF16" and K.BF16 or K.F16, n) == 0)
+  return ffi.string(out, n * 4)
+end
+
+local function llama3_freqs(cfg, hd)
+  local rs, f = cfg.rope_scaling, {}
+  for i = 0, hd / 2 - 1 do
+    local wavelen = 2 * math.pi / (cfg.rope_theta ^ (-(2 * i) / hd))
+    local orig = rs.original_max_position_embeddings
+    if wavelen < orig / rs.high_freq_factor then f[i + 1] = 1
+    elseif wavelen > orig / rs.low_freq_factor then f[i + 1] = rs.factor
+    else
+      local s = (orig / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor)
+      f[i + 1] = 1 / ((1 - s) / rs.factor + s)
+    end
+  end
+  return { name = "rope_freqs.weight", type = "F32", dims = { hd / 2 }, data = T.f32_bytes(f) }
+end
+
+-- The vocabulary of tokenizer.bin as tokenizer.ggml.* metadata (SentencePiece-style "llama").
+local function vocab(dir)
+  local tok = require("loip").tokenizer.open_file(dir .. "/tokenizer.bin")
+  local tokens, scores, types = {}, {}, {}
+  for id = 0, tok.vocab_size - 1 do
+    local p = tok.pieces[id]
+    tokens[id + 1], scores[id + 1] = p:gsub(" ", "\226\150\129"), 0
+    types[id + 1] = p:match("^<0x%x%x>$") and 6 or (id <= 2 and (id == 0 and 2 or 3) or 1)
+    if not p:match("^<0x%x%x>$") and id > 2 then scores[id + 1] = -id end
+  end
+  tok:close()
+  return {
+    { "tokenizer.ggml.model", "STRING", "llama" }, { "tokenizer.ggml.tokens", "ARRAY[STRING]", tokens },
+    { "tokenizer.ggml.scores", "ARRAY[FLOAT32]", scores }, { "tokenizer.ggml.token_type", "ARRAY[INT32]", types },
+    { "tokenizer.ggml.bos_token_id", "UINT32", 1 }, { "tokenizer.ggml.eos_token_id", "UINT32", 2 },
+  }
+end
+
+-- The metadata keys of config cfg for architecture arch.
+local function keys(cfg, arch, hd)
+  local a = function(k) return arch .. "." .. k end
+  local md = {
+    { "general.architecture", "STRING", arch },
+    { a "context_length", "UINT32", cfg.max_position_embeddings }, { a "embedding_length", "UINT32", cfg.hidden_size },
+    { a "block_count", "UINT32", cfg.num_hidden_layers }, { a "feed_forward_length", "UINT32", cfg.intermediate_size },
+    { a "attention.head_count", "UINT32", cfg.num_attention_heads },
+    { a "attention.head_count_kv", "UINT32", cfg.num_key_value_heads },
+    { a "attention.key_length", "UINT32", hd }, { a "attention.value_length", "UINT32", hd },
+    { a "rope.dimension_count", "UINT32", hd }, { a "rope.freq_base", "FLOAT32", cfg.rope_theta },
+    { a "attention.layer_norm_rms_epsilon", "FLOAT32", cfg.rms_norm_eps },
+  }
+  local n = cfg.num_local_experts or cfg.num_experts
+  if n then
+    md[#md + 1] = { a "expert_count", "UINT32", n }
+    md[#md + 1] = { a "expert_used_count", "UINT32", cfg.num_experts_per_tok }
+  end
+  if cfg.moe_intermediate_size then md[#md + 1] = { a "expert_feed_forward_length", "UINT32", cfg.moe_intermediate_size } end
+  if cfg.shared_expert_intermediate_size then
+    md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
+  end
+  if arch == "llama" then md[#md + 1] = { a "vocab_size", "UINT32", cfg.vocab_size } end
+  return md
+end
+
+-- The GGUF of the Hugging Face directory dir (loip synth's output), written to path. arch: the
+-- GGUF architecture (default: the config's class's).
+function M.convert(dir, path, arch)
+  local cfg = assert(json.load(dir .. "/config.json"))
+  arch = arch or M.arch_of[cfg.architectures[1]]
+  local set = assert(require("loip.model.safetensors").open_dir(dir))
+  local hd = cfg.head_dim or cfg.hidden_size / cfg.num_attention_heads
+  local tensors, experts = {}, {}
+  local names = {}
+  for name in pairs(set.index) do names[#names + 1] = name end
+  table.sort(names)
+  for _, name in ipairs(names) do
+    local f = set.index[name]
+    local t = f.tensors[name]
+    local data = ffi.string(f.data + t.offset, t.nbytes)
+    local l, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
+    local e, part = (rest or ""):match("experts%.(%d+)%.([%w_]+)%.weight$")
+    if e then
+      -- stacked below, in expert order: [experts, rows, cols] is GGUF's { cols, rows, experts }
+      local key = "blk." .. l .. "." .. expert_to_gguf[part]
+      experts[key] = experts[key] or { name = key, type = t.dtype, dims = { t.shape[2], t.shape[1], 0 }, parts = {} }
+      experts[key].parts[tonumber(e) + 1] = data
+    else
+      local gname = l and ("blk." .. l .. "." .. layer_to_gguf[rest]) or hf_to_gguf[name]
+      assert(gname, name)
+      if arch == "llama" and (rest == "self_attn.q_proj.weight" or rest == "self_attn.k_proj.weight") then
+        data = to_pairs(data, t.shape[1], t.nbytes / t.shape[1], hd)
+      end
+      local dims = {}
+      for i = #t.shape, 1, -1 do dims[#dims + 1] = t.shape[i] end
+      local dtype = t.dtype
+      local f32 = #dims == 1 or gname:match("_norm%.weight$") or gname:match("ffn_gate_inp") or not gname:match("%.weight$")
+      if f32 and dtype ~= "F32" then data, dtype = widen(data, dtype), "F32" end
+      tensors[#tensors + 1] = { name = gname, type = dtype, dims = dims, data = data }
+    end
+  end
+  require("loip.model.safetensors").close(set)
+  local stacked = {}
+  for key in pairs(experts) do stacked[#stacked + 1] = key end
+  table.sort(stacked)
+  for _, key in ipairs(stacked) do
+    local x = experts[key]
+    x.dims[3], x.data, x.parts = #x.parts, table.concat(x.parts), nil
+    tensors[#tensors + 1] = x
+  end
+  if type(cfg.rope_scaling) == "table" and cfg.rope_scaling.rope_type == "llama3" then tensors[#tensors + 1] = llama3_freqs(cfg, hd) end
+  local md = keys(cfg, arch, hd)
+  for _, kv in ipairs(vocab(dir)) do md[#md + 1] = kv end
+  T.write(path, gguf.encode(md, tensors))
+end
+
+return M
