@@ -202,13 +202,11 @@ static void write_experts(const weights *W) {
     fclose(f);
 }
 
-static loip_experts *make_cache(loip_model *m, loip_loader **lo, int slots, int policy, int prefetch,
-                                const weights *W) {
+static loip_experts *make_cache(loip_model *m, int slots, int policy, int prefetch, const weights *W) {
     loip_loader_config lc = {.slot_bytes = EXPERT_BYTES, .n_slots = slots};
-    if (loip_loader_new(&lc, lo)) return NULL;
     loip_experts_config xc = {.policy = policy, .prefetch = prefetch, .event_capacity = 256};
     loip_experts *x = NULL;
-    if (loip_experts_new(m, *lo, &xc, &x)) return NULL;
+    if (loip_experts_new(m, &lc, &xc, &x)) return NULL;
     for (int l = 0; l < LAYERS; l++) {
         for (int e = 0; e < E; e++) {
             loip_load_extent ext = {.path = path, .fd = -1, .file_offset = expert_offset(l, e), .length = EXPERT_BYTES};
@@ -266,8 +264,7 @@ static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate)
     for (int si = 0; si < 4; si++)
         for (int policy = LOIP_EXPERTS_LRU; policy <= LOIP_EXPERTS_ALL; policy++)
             for (int prefetch = 0; prefetch <= 2; prefetch++) {
-                loip_loader *lo = NULL;
-                loip_experts *x = make_cache(mc, &lo, slot_counts[si], policy, prefetch, &W);
+                loip_experts *x = make_cache(mc, slot_counts[si], policy, prefetch, &W);
                 CHECK(x != NULL, "cache: %s", loip_last_error());
                 if (!x) continue;
                 if (policy == LOIP_EXPERTS_STATIC && slot_counts[si] > 1)
@@ -298,12 +295,10 @@ static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate)
                 int n_ev = loip_experts_events(x, ev, 256);
                 CHECK(n_ev > 0 && ev[0].kind == LOIP_EVENT_LOAD && ev[0].bytes == EXPERT_BYTES, "events: %d", n_ev);
                 loip_experts_free(x);
-                loip_loader_free(lo);
             }
     /* every slot pinned: a layer needing another expert says so */
     {
-        loip_loader *lo = NULL;
-        loip_experts *x = make_cache(mc, &lo, 1, LOIP_EXPERTS_STATIC, 0, &W);
+        loip_experts *x = make_cache(mc, 1, LOIP_EXPERTS_STATIC, 0, &W);
         CHECK(loip_experts_pin(x, 1, 5) == 0, "pin: %s", loip_last_error());
         rc = loip_experts_pin(x, 1, 4);
         CHECK(rc == LOIP_ENOMEM && strstr(loip_last_error(), "pinned"), "a second pin in one slot: %d %s", rc,
@@ -311,7 +306,6 @@ static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate)
         rc = run_blocks(mc, pool, x, 0, 2 * LAYERS, x0, got);
         CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "pinned"), "all pinned: %d %s", rc, loip_last_error());
         loip_experts_free(x);
-        loip_loader_free(lo);
     }
     loip_model_free(mc);
     loip_model_free(m);
@@ -324,16 +318,16 @@ static void errors(loip_pool *pool) {
     write_experts(&W);
     loip_model *mc = make_model(&W, 0);
     /* the expert file cut short: the read fails naming the file and the expert */
-    loip_loader *lo = NULL;
-    loip_experts *x = make_cache(mc, &lo, 2, LOIP_EXPERTS_LRU, 0, &W);
+    loip_experts *x = make_cache(mc, 2, LOIP_EXPERTS_LRU, 0, &W);
     CHECK(truncate(path, 4096) == 0, "truncate");
     float x0[N * DIM], got[N * DIM];
     for (int i = 0; i < N * DIM; i++) x0[i] = frand();
     int rc = run_blocks(mc, pool, x, 0, 2 * LAYERS, x0, got);
     CHECK(rc != 0 && strstr(loip_last_error(), path) && strstr(loip_last_error(), "expert"),
           "a truncated expert file: %d %s", rc, loip_last_error());
+    loip_model_free(mc); /* the model may go before its cache */
     loip_experts_free(x);
-    loip_loader_free(lo);
+    mc = make_model(&W, 0);
     /* bad configs and bindings */
     loip_model_config c = W.c;
     loip_model *bad = NULL;

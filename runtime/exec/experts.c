@@ -31,7 +31,8 @@ typedef struct xsrc {
 
 struct loip_experts {
     loip_model *m;
-    loip_loader *l;
+    int32_t n_layers, n_experts; /* the model's, copied: the model may go before the cache */
+    loip_loader *l;              /* owned */
     loip_experts_config cfg;
     int32_t n_slots;
     xslot *slots;
@@ -48,15 +49,15 @@ struct loip_experts {
 };
 
 static size_t idx(const loip_experts *x, int32_t layer, int32_t e) {
-    return (size_t)layer * x->m->cfg.n_experts + (size_t)e;
+    return (size_t)layer * x->n_experts + (size_t)e;
 }
 
-LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_experts_config *cfg,
+LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const loip_experts_config *cfg,
                               loip_experts **out) {
     *out = NULL;
     const loip_model_config *c = &m->cfg;
     if (c->n_experts == 0) return loip_fail(LOIP_EINVAL, "expert cache: the model has no experts");
-    if (!loader) return loip_fail(LOIP_EINVAL, "expert cache: needs a loader");
+    if (!lc) return loip_fail(LOIP_EINVAL, "expert cache: needs a loader config");
     if (!cfg || cfg->policy < LOIP_EXPERTS_LRU || cfg->policy > LOIP_EXPERTS_ALL || cfg->prefetch < 0 ||
         cfg->event_capacity < 0)
         return loip_fail(LOIP_EINVAL, "expert cache: policy %d, prefetch %d, event_capacity %d invalid",
@@ -64,7 +65,15 @@ LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_exp
     loip_experts *x = calloc(1, sizeof *x);
     if (!x) return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
     size_t n = (size_t)c->n_layers * c->n_experts;
-    x->m = m, x->l = loader, x->cfg = *cfg, x->n_slots = loip_loader_slots(loader), x->next_tag = 1, x->run = 1;
+    x->m = m, x->n_layers = c->n_layers, x->n_experts = c->n_experts, x->cfg = *cfg, x->next_tag = 1, x->run = 1;
+    int rc = loip_loader_new(lc, &x->l);
+    if (rc) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s", loip_last_error());
+        free(x);
+        return loip_fail(rc, "expert cache: %s", msg);
+    }
+    x->n_slots = loip_loader_slots(x->l);
     x->slots = calloc((size_t)x->n_slots, sizeof *x->slots);
     x->where = malloc(n * sizeof *x->where);
     x->src = calloc(n, sizeof *x->src);
@@ -97,8 +106,9 @@ static void drain(loip_experts *x) {
 LOIP_API void loip_experts_free(loip_experts *x) {
     if (!x) return;
     if (x->slots && x->l) drain(x);
+    loip_loader_free(x->l);
     if (x->src)
-        for (size_t i = 0; i < (size_t)x->m->cfg.n_layers * x->m->cfg.n_experts; i++) free((char *)x->src[i].ext.path);
+        for (size_t i = 0; i < (size_t)x->n_layers * x->n_experts; i++) free((char *)x->src[i].ext.path);
     free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src);
     free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->ev);
     free(x);
@@ -355,6 +365,8 @@ LOIP_API int loip_experts_clear(loip_experts *x) {
     }
     return LOIP_OK;
 }
+
+LOIP_API loip_loader *loip_experts_loader(loip_experts *x) { return x->l; }
 
 LOIP_API int loip_experts_stats(loip_experts *x, loip_experts_stats_t *out) {
     *out = x->st;

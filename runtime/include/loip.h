@@ -758,12 +758,15 @@ typedef struct loip_experts_stats_t {
 } loip_experts_stats_t;
 
 typedef struct loip_experts loip_experts;
-/* An expert cache of model m over loader's slots (each must hold the largest expert's extent;
- * the loader is not owned and must outlive it). */
-LOIP_API int loip_experts_new(loip_model *m, loip_loader *loader, const loip_experts_config *cfg,
+/* An expert cache of model m with a loader of its own made from lc (its n_slots experts, each
+ * slot_bytes: the largest expert's extent; charged to lc->budget's "slots" as a loader is). The
+ * model must outlive its use, not its free. */
+LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const loip_experts_config *cfg,
                               loip_experts **out);
-/* Waits for its reads in flight. */
+/* Waits for its reads in flight, frees its loader. */
 LOIP_API void loip_experts_free(loip_experts *x);
+/* Its loader (owned by it: for the loader's mode and statistics). */
+LOIP_API loip_loader *loip_experts_loader(loip_experts *x);
 /* Where expert e of layer l lies: ext (its file; slot_offset 0) and its parts at offsets
  * offset[LOIP_EXPERT_*] of the extent, of dtype (shapes from the model's config). */
 LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t expert,

@@ -70,14 +70,12 @@ function M.open(o)
     error(string.format("experts: replacement '%s' is not one of %s", tostring(o.policy), table.concat(M.replacements, ", ")), 0)
   end
   local self = setmetatable({ layers = o.layers, slots = o.slots, anchors = {} }, Cache)
-  local loader, err = require("loip.runtime.loader").new { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
+  local lc = require("loip.runtime.loader").config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
     rate = o.rate or 0, budget = o.budget }
-  if not loader then error(o.dir .. ": expert cache: " .. err, 0) end
-  self.loader = loader
   local cfg = ffi.new("loip_experts_config")
   cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
-  local x, xerr = exec.experts_new(o.model, loader.handle, cfg, { loader })
-  if not x then loader:close() error(o.dir .. ": expert cache: " .. xerr, 0) end
+  local x, xerr = exec.experts_new(o.model, lc, cfg)
+  if not x then error(o.dir .. ": expert cache: " .. xerr, 0) end
   self.handle = x
   local ok, why = pcall(function()
     local ext, offs = ffi.new("loip_load_extent"), ffi.new("uint64_t[3]")
@@ -298,7 +296,6 @@ end
 function Cache:close()
   if self.session ~= nil then exec.session_set_experts(self.session, nil) self.session = nil end
   if self.handle ~= nil then exec.experts_free(self.handle) self.handle = nil end
-  if self.loader then self.loader:close() self.loader = nil end
   if self.gating ~= nil then memory.buffer_free(self.gating) self.gating = nil end
 end
 

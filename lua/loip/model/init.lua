@@ -127,7 +127,7 @@ function M.open(path, opts)
   if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
   local pool, perr = exec.pool_new(opts.threads or 0)
   if not pool then error(perr, 0) end
-  self.handle, self.pool = m, pool
+  self.handle, self.pool, self.cfg = m, pool, cfg
   self.threads = exec.pool_size(pool)
   local ctx = opts.context or M.default_context(cfg.max_seq)
   if facts.sliding_window and ctx > facts.sliding_window then

@@ -265,8 +265,9 @@ function M.device_part(p, i, sizes)
   part.slot_bytes = need > 0 and math.max(need, given or 0) or 0
   part.slots = need > 0 and (p.slots or 1) or 0
   part.ring = not p.per_block and need > 0 and ((p.slots or 1) > 1 or part.slot_bytes >= 2 * need)
-  if sizes.moe then -- its offloaded MLP blocks' experts come through its expert cache
+  if sizes.moe then -- its offloaded MLP blocks' experts come through its expert cache; their routers stay
     part.off_moe = part.off_mlp
+    part.res_bytes = part.res_bytes + part.off_moe * sizes.moe.gating_bytes
     part.expert_slots = part.off_moe > 0 and math.max(d.expert_slots or 0, M.min_expert_slots(sizes)) or 0
   end
   return part

@@ -80,7 +80,17 @@ function M.sizes(man, cfg, opts)
       error(string.format("manifest: the model has %d experts per layer but no expert files (layer-000-exp-000.bin): "
         .. "re-run `loip slice`", cfg.n_experts), 0)
     end
-    s.moe = { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes }
+    -- gating_bytes: a layer's ffn_norm and router, kept in memory for pre-gating while its MLP
+    -- block is offloaded (loip.model.experts)
+    local gating = 0
+    for _, f in ipairs(man.files) do
+      if f.name == "layer-000-mlp.bin" then
+        for _, t in ipairs(f.tensors or {}) do
+          if t.kind == "ffn_norm" or t.kind == "router" then gating = gating + math.ceil(t.nbytes / 4096) * 4096 end
+        end
+      end
+    end
+    s.moe = { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes, gating_bytes = gating }
   end
   s.tied = cfg.tied_embeddings ~= 0
   s.dim, s.vocab = cfg.dim, cfg.vocab_size

@@ -138,7 +138,8 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
   local n_mha, n_mlp, off_mha, off_mlp, most, loads = holds(sz, shape, L, X, n, x, o)
   local mb, pb = sz.mha_bytes, sz.mlp_bytes
   return { S = shape.S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
-    off_bytes = off_mha * mb + off_mlp * pb, res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * (sz.mlp_res_bytes or pb),
+    off_bytes = off_mha * mb + off_mlp * pb,
+    res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * (sz.mlp_res_bytes or pb) + (sz.moe and off_mlp * sz.moe.gating_bytes or 0),
     stage_off_max = most, loads = loads, layers = n_mha, slot_bytes = k * most, slots = most > 0 and 1 or 0,
     ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
     prefetch = true, off_moe = sz.moe and off_mlp or nil,
@@ -175,7 +176,10 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local res = (n_mha - off_mha) * sz.mha_bytes + (n_mlp - off_mlp) * (sz.mlp_res_bytes or sz.mlp_bytes)
   local base, bounce = fixed(problem, i)
   local slot = k * most
-  if sz.moe and off_mlp > 0 then slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes end
+  if sz.moe and off_mlp > 0 then
+    slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes
+    res = res + off_mlp * sz.moe.gating_bytes
+  end
   if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
   return res + slot + kv + base
 end

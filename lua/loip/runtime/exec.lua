@@ -98,12 +98,12 @@ function M.runner_restage(r, k, desc, context) return core.ok(C.loip_runner_rest
 -- loader: a loip_loader * (nil: none).
 function M.runner_set_loader(r, loader, context) return core.ok(C.loip_runner_set_loader(r, loader), context) end
 -- ---- the expert cache (mixture of experts: loip_experts_*)
--- cfg: a loip_experts_config; loader: its slots (must outlive it, as the model: keep holds them).
-function M.experts_new(m, loader, cfg, keep)
-  local dtor = C.loip_experts_free
-  if keep ~= nil then dtor = function(x) C.loip_experts_free(x) local _ = keep end end
-  return core.new("loip_experts *", C.loip_experts_new, dtor, m, loader, cfg)
+-- lc: a loip_loader_config (the cache's own loader: its slots), cfg: a loip_experts_config.
+function M.experts_new(m, lc, cfg)
+  return core.new("loip_experts *", C.loip_experts_new, C.loip_experts_free, m, lc, cfg)
 end
+-- The cache's loader (owned by the cache).
+function M.experts_loader(x) return C.loip_experts_loader(x) end
 function M.experts_free(x) core.free(x, C.loip_experts_free) end
 -- Expert e of layer: ext (a loip_load_extent), offsets (uint64_t[3]) of its parts in it, dtype.
 function M.experts_set_source(x, layer, e, ext, offsets, dtype, context)

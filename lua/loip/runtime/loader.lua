@@ -49,6 +49,10 @@ local function config(opts)
   return cfg
 end
 
+-- The loip_loader_config for opts (as M.new takes them): for a loader another object owns (the
+-- expert cache's).
+function M.config(opts) return config(opts or {}) end
+
 -- opts: slots (1), slot_bytes (required), mode ("auto" | "uring" | "buffered"), rate (bytes/s,
 -- 0 = off), queue_depth (32), request_bytes (1 MiB), debug_short_every (tests), budget (from
 -- loip.memory.budget: the slots are charged to its "slots" account before they are allocated),

@@ -89,7 +89,10 @@ function Sim:device_figures()
     out[i] = { comp_ms = x.comp_ms, load_ms = x.load_ms, stall_ms = x.stall_ms, send_ms = x.send_ms, peak_bytes = x.peak_bytes,
       lend_wait_ms = x.lend_wait_ms, draft_bytes = self.draft and self.draft:bytes_on(i) > 0 and self.draft.bytes or nil,
       memory_bytes = plan.memory(self.plan, i, self.problem.model, space.memory_opts(self.problem)).total,
-      budget_bytes = self.problem.devices[i].budget }
+      budget_bytes = self.problem.devices[i].budget,
+      -- (a mixture of experts: what its expert cache played)
+      experts = x.experts and { slots = x.experts.slots, read = x.experts.reads, cache_hits = x.experts.hits,
+        hit_rate = x.experts.reads + x.experts.hits > 0 and x.experts.hits / (x.experts.reads + x.experts.hits) or nil } or nil }
   end
   return out
 end
