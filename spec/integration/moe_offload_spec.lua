@@ -167,6 +167,22 @@ describe("offloaded experts", function()
     assert.is_true(cached > 0, "some device offloads experts")
   end)
 
+  it("the scheduler's plans hold their budgets (routers kept for pre-gating and the smallest cache counted)", function()
+    for _, mem in ipairs({ "520K", "560K", "600K", "650K", "700K", "800K" }) do
+      local rc, out, err = T.run(string.format("LOIP_QUIET=1 %s plan --model %s --devices 3 --mem %s --context 64 --json",
+        T.loip, store(), mem))
+      assert.is_falsy(err:find("breaks a budget", 1, true), mem .. ": " .. err)
+      if rc == 0 then
+        local r = json.decode(out:match("([^\n]+)%s*$"))
+        for i, d in ipairs(r.devices) do
+          assert.is_true(d.memory_bytes <= tonumber(mem:sub(1, -2)) * 1024, mem .. " device " .. i)
+        end
+      else
+        assert.matches("no plan fits", err)
+      end
+    end
+  end)
+
   it("the simulator plays the expert cache of a plan", function()
     local rc, out, err = T.run(string.format("LOIP_QUIET=1 %s simulate --model %s --devices 3 --mem 650K --context 64 "
       .. "--input-tokens 8 --output-tokens 8 --json", T.loip, store()))

@@ -388,8 +388,17 @@ function M.fill(problem, p, i)
     return most > 0 and math.max(most, given) or 0
   end
   local slots = p.slots or 1
-  local function total(res, sl) return plan.total_of(sizes, problem, part.first, part.last, res, slots * sl, part.layers) end
-  local res = part.res_bytes
+  -- (a mixture of experts: while MLP blocks stay offloaded, their routers for pre-gating and the
+  -- smallest expert cache come with them)
+  local moe, off_mlp = sizes.moe, part.off_mlp
+  local function moe_bytes()
+    if not moe or off_mlp == 0 then return 0 end
+    return off_mlp * moe.gating_bytes + plan.min_expert_slots(sizes) * moe.expert_bytes
+  end
+  local function total(res, sl)
+    return plan.total_of(sizes, problem, part.first, part.last, res + moe_bytes(), slots * sl, part.layers)
+  end
+  local res = part.res_bytes - (moe and part.off_mlp * moe.gating_bytes or 0)
   local kept = 0
   while true do
     local best, best_bytes, best_read
@@ -406,13 +415,17 @@ function M.fill(problem, p, i)
           else
             read[s] = before - sizes.block_bytes[b]
           end
+          if b % 2 == 1 then off_mlp = off_mlp - 1 end
           if total(res + bytes, slot()) <= budget then best, best_bytes, best_read = s, bytes, read[s] end
+          if b % 2 == 1 then off_mlp = off_mlp + 1 end
           read[s] = before
         end
       end
     end
     if not best then return kept end
-    d.stages[best].offloaded = d.stages[best].offloaded - 1
+    local st = d.stages[best]
+    if (st.blocks[1] + st.offloaded - 1) % 2 == 1 then off_mlp = off_mlp - 1 end
+    st.offloaded = st.offloaded - 1
     read[best], res, kept = best_read, res + best_bytes, kept + 1
   end
 end

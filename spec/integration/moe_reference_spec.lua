@@ -1,0 +1,92 @@
+-- Mixtures of experts against an outside reference: llama.cpp's logits (models/moe-synth-reference)
+-- for tiny synthetic Qwen3-MoE, Qwen2-MoE and Mixtral models, which loip synth makes again here
+-- (the GGUF must be the one llama.cpp read: its sha256 is checked first). loip's logits, from the
+-- GGUF, its Hugging Face twin, the slice store, and the store with every MLP block offloaded (its
+-- experts read through a small expert cache), are within 1e-4 of the largest logit at every one
+-- of the 64 positions, and the 16 greedy tokens are llama.cpp's; 3 devices with offloaded experts
+-- give the same tokens.
+local ffi = require "ffi"
+local loip = require "loip"
+local json = require "loip.tools.json"
+local slice = require "loip.model.slice"
+local T = require "spec.support"
+local to_gguf = require "spec.support.to_gguf"
+
+teardown(function() T.cleanup() end)
+after_each(function() collectgarbage() collectgarbage() end)
+
+local ref_dir = assert(T.fixture_path("models/moe-synth-reference/reference.json")):match("^(.*)/[^/]*$")
+local ref = assert(json.load(ref_dir .. "/reference.json"))
+
+local function sha256_of(path) return require("loip.runtime.files").sha256_file(path) end
+
+-- The largest |logit - reference| over |largest reference logit|, over the positions.
+local function worst(out, R, n, V)
+  local w = 0
+  for p = 0, n - 1 do
+    local big, err = 0, 0
+    for v = 0, V - 1 do
+      big = math.max(big, math.abs(R[p * V + v]))
+      err = math.max(err, math.abs(out[p * V + v] - R[p * V + v]))
+    end
+    w = math.max(w, err / big)
+  end
+  return w
+end
+
+for _, arch in ipairs({ "qwen3moe", "qwen2moe", "mixtral" }) do
+  local r = ref.models[arch]
+  describe(arch, function()
+    local dir
+    setup(function()
+      dir = T.tmpdir()
+      local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, r.like, r.flags, dir))
+      assert.are.equal(0, rc, err)
+      to_gguf.convert(dir .. "/hf", dir .. "/m.gguf")
+      slice.write(dir .. "/hf", dir .. "/store", { quiet = true })
+    end)
+
+    it("is the model llama.cpp read", function()
+      assert.are.equal(r.gguf_sha256, sha256_of(dir .. "/m.gguf"))
+    end)
+
+    it("gives llama.cpp's logits within 1e-4 and its greedy tokens (GGUF, Hugging Face, store, offloaded experts)", function()
+      local R = ffi.cast("const float *", T.read(ref_dir .. "/" .. r.logits))
+      local n_layers = 4
+      local stages = {}
+      for l = 0, n_layers - 1 do stages[l + 1] = { blocks = { 2 * l, 2 * l + 1 }, offloaded = 2 } end
+      for _, case in ipairs({
+        { path = dir .. "/m.gguf" }, { path = dir .. "/hf" }, { path = dir .. "/store" },
+        { path = dir .. "/store", plan = { slots = 1, devices = { { expert_slots = 3, stages = stages } } } },
+      }) do
+        local m = loip.model.open(case.path, { threads = 1, context = 128, plan = case.plan, tokenizer = false })
+        assert.are.equal(case.plan ~= nil, m.experts ~= nil)
+        local out = m:logits(ref.tokens)
+        local w = worst(out, R, #ref.tokens, m.vocab_size)
+        assert.is_true(w <= 1e-4, string.format("%s%s: %.3g of the largest logit", case.path, case.plan and " (offloaded)" or "", w))
+        local it, st = m:generate(ref.tokens, { temperature = 0, max_tokens = #r.greedy, ignore_eos = true })
+        for _ in it do end
+        assert.are.same(r.greedy, st.token_ids, case.path)
+        m:close()
+      end
+    end)
+
+    it("3 devices with offloaded experts give llama.cpp's greedy tokens", function()
+      local cluster = require "loip.cluster"
+      local c = cluster.start_local { store = dir .. "/store", devices = 3, threads = 1 }
+      local ok, err = pcall(function()
+        -- every device offloads an MLP block: layer 0's (device 1), 1's (2), 3's (3), their experts in caches of 3
+        c:plan { context = 128, batch = 16, plan = { slots = 1, devices = {
+          { expert_slots = 3, stages = { { blocks = { 0, 2 }, offloaded = 2 } } },
+          { expert_slots = 3, stages = { { blocks = { 3, 5 }, offloaded = 1 } } },
+          { expert_slots = 3, stages = { { blocks = { 6, 7 }, offloaded = 2 } } } } } }
+        local it, st = c:generate(ref.tokens, { max_tokens = #r.greedy, sampler = { temperature = 0 }, stop = {} })
+        for _ in it do end
+        assert.are.same(r.greedy, st.token_ids)
+        for i, d in ipairs(c:stats()) do assert.is_true(d.experts.routed > d.experts.bound, "device " .. i .. " read experts") end
+      end)
+      c:close()
+      assert(ok, err)
+    end)
+  end)
+end
