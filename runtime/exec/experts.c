@@ -40,6 +40,8 @@ struct loip_experts {
     xsrc *src;            /* (n_layers, n_experts) */
     uint32_t *freq;       /* (n_layers, n_experts) times chosen (LFU) */
     int32_t *has_src;     /* (n_layers) experts of the layer with a source */
+    uint32_t *seen;       /* (n_layers, n_experts) LOIP_EXPERTS_ALL: the epoch of the layer it was last read in */
+    uint32_t *epoch;      /* (n_layers) LOIP_EXPERTS_ALL: runs of the layer done, + 1 */
     const loip_tensor **gate_norm, **gate_router; /* (n_layers) pre-gating views, NULL: none */
     loip_tensor *gate_views; /* (n_layers, 2) copies of those views */
     uint64_t clock, run, next_tag;
@@ -79,11 +81,13 @@ LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const
     x->src = calloc(n, sizeof *x->src);
     x->freq = calloc(n, sizeof *x->freq);
     x->has_src = calloc((size_t)c->n_layers, sizeof *x->has_src);
+    x->seen = calloc(n, sizeof *x->seen);
+    x->epoch = calloc((size_t)c->n_layers, sizeof *x->epoch);
     x->gate_norm = calloc((size_t)c->n_layers, sizeof *x->gate_norm);
     x->gate_router = calloc((size_t)c->n_layers, sizeof *x->gate_router);
     x->gate_views = calloc((size_t)c->n_layers * 2, sizeof *x->gate_views);
     if (cfg->event_capacity) x->ev = calloc((size_t)cfg->event_capacity, sizeof *x->ev);
-    if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->gate_norm || !x->gate_router ||
+    if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->seen || !x->epoch || !x->gate_norm || !x->gate_router ||
         !x->gate_views || (cfg->event_capacity && !x->ev)) {
         loip_experts_free(x);
         return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
@@ -109,7 +113,7 @@ LOIP_API void loip_experts_free(loip_experts *x) {
     loip_loader_free(x->l);
     if (x->src)
         for (size_t i = 0; i < (size_t)x->n_layers * x->n_experts; i++) free((char *)x->src[i].ext.path);
-    free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src);
+    free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src), free(x->seen), free(x->epoch);
     free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->ev);
     free(x);
 }
@@ -228,6 +232,7 @@ static int start_read(loip_experts *x, int32_t i, int32_t layer, int32_t e, int 
     *s = (xslot){.layer = layer, .expert = e, .state = XS_LOADING, .tag = tag, .last_use = ++x->clock,
                  .prefetched_for = prefetch ? layer : -1, .prefetch_read = prefetch};
     x->where[idx(x, layer, e)] = i;
+    x->seen[idx(x, layer, e)] = x->epoch[layer] + 1;
     x->st.bytes_read += src->ext.length;
     if (prefetch) x->st.prefetched++;
     else x->st.read++;
@@ -293,7 +298,17 @@ void loip_experts_tensors(loip_experts *x, int32_t slot, loip_tensor out[LOIP_EX
 void loip_experts_release(loip_experts *x, int32_t slot) { x->slots[slot].held_run = 0; }
 
 void loip_experts_layer_done(loip_experts *x, int32_t layer) {
-    if (x->cfg.policy != LOIP_EXPERTS_ALL) return;
+    if (x->cfg.policy != LOIP_EXPERTS_ALL || !x->has_src[layer]) return;
+    /* the baseline reads every expert of the layer: those neither routed nor prefetched now,
+     * one at a time through the slots no one holds (read, then dropped) */
+    for (int32_t e = 0; e < x->n_experts; e++) {
+        if (x->seen[idx(x, layer, e)] == x->epoch[layer] + 1 || x->where[idx(x, layer, e)] >= 0) continue;
+        int32_t i = victim(x, 0);
+        if (i < 0 || start_read(x, i, layer, e, 1)) break; /* (a read that fails here costs the baseline nothing) */
+        uint64_t t0 = loip_now_ns();
+        loip_experts_wait(x, i, -1);
+        x->st.stall_ns += loip_now_ns() - t0;
+    }
     for (int32_t i = 0; i < x->n_slots; i++) { /* the baseline keeps nothing for the next run */
         xslot *s = &x->slots[i];
         if (s->layer != layer || s->held_run == x->run) continue;
@@ -305,6 +320,7 @@ void loip_experts_layer_done(loip_experts *x, int32_t layer) {
         x->where[idx(x, s->layer, s->expert)] = -1;
         *s = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
     }
+    x->epoch[layer]++;
 }
 
 int loip_experts_reads_all(const loip_experts *x) { return x->cfg.policy == LOIP_EXPERTS_ALL; }

@@ -735,8 +735,9 @@ enum {
     LOIP_EXPERTS_LFU = 1,    /* evict the expert routed least often (ties: longest ago) */
     LOIP_EXPERTS_STATIC = 2, /* pinned experts (loip_experts_pin) stay; the rest as LRU */
     LOIP_EXPERTS_ALL = 3,    /* a baseline, offloading without routing: every expert of a layer is
-                                read (pre-gating reads them all) at each run of the layer, and none
-                                is kept for the next; the router still decides what is computed */
+                                read at each run of the layer (pre-gating reads what the slots
+                                hold, the rest after the layer computed, read and dropped), and
+                                none is kept for the next; the router still decides what is computed */
 };
 
 typedef struct loip_experts_config {
