@@ -70,8 +70,10 @@ function M.open(o)
     error(string.format("experts: replacement '%s' is not one of %s", tostring(o.policy), table.concat(M.replacements, ", ")), 0)
   end
   local self = setmetatable({ layers = o.layers, slots = o.slots, anchors = {} }, Cache)
+  -- (experts are independent loads: their reads overlap, so that the queue stays full while a
+  -- layer waits for several of them; o.overlap_loads = false reads them one after another)
   local lc = require("loip.runtime.loader").config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
-    rate = o.rate or 0, budget = o.budget }
+    rate = o.rate or 0, budget = o.budget, overlap_loads = o.overlap_loads ~= false }
   local cfg = ffi.new("loip_experts_config")
   cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
   local x, xerr = exec.experts_new(o.model, lc, cfg)
