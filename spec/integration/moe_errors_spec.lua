@@ -134,6 +134,15 @@ describe("GGUF mixtures of experts loip refuses", function()
     assert.matches("tensor 'blk.1.ffn_up_exps.weight' has type Q8_0: quantized and integer tensors are refused", open_error(q))
   end)
 
+  it("takes an expert's size as llama.cpp does without expert_feed_forward_length: feed_forward_length / top-k", function()
+    local m = loip.model.open(rewrite(base(), function(md)
+      set_key(md, "qwen3moe.expert_feed_forward_length", nil)
+      set_key(md, "qwen3moe.feed_forward_length", 33)
+    end), { threads = 1, tokenizer = false })
+    assert.are.same({ 16, 1 }, { m.cfg.expert_dim, m.cfg.norm_topk_prob }) -- (floor(33 / 2); renormalised, as llama.cpp's qwen3moe)
+    m:close()
+  end)
+
   it("names llama.expert_count when a llama file has experts but not the key", function()
     local d = make("mixtral-8x7b")
     assert.matches("metadata llama.expert_count is missing",
