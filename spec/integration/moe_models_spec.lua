@@ -94,6 +94,25 @@ for _, c in ipairs(cases) do
   end)
 end
 
+describe("a BF16 Qwen2-MoE", function()
+  it("runs the same from its GGUF, whose routers, norms and biases the converter widened to F32", function()
+    local dir = T.tmpdir()
+    local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like qwen1.5-moe-a2.7b %s --experts-per-token 2 %s/hf", T.loip,
+      SHAPE:gsub("f32", "bf16"), dir))
+    assert.are.equal(0, rc, err)
+    to_gguf.convert(dir .. "/hf", dir .. "/m.gguf")
+    local g = require("loip.model.gguf").open(dir .. "/m.gguf")
+    assert.are.same({ "F32", "BF16", "F32" }, { g.tensors["blk.0.ffn_gate_inp.weight"].type,
+      g.tensors["blk.0.ffn_up_exps.weight"].type, g.tensors["blk.0.ffn_gate_inp_shexp.weight"].type })
+    g:close()
+    local a, fa = run(dir .. "/hf")
+    local b, fb = run(dir .. "/m.gguf")
+    local d, scale = max_diff(a, b)
+    assert.is_true(scale > 1 and d <= 1e-6 * scale, string.format("max |diff| %.3g of max |logit| %.3g", d, scale))
+    assert.are.same(fa.tokens, fb.tokens)
+  end)
+end)
+
 describe("a mixture of experts' slice store", function()
   it("keeps each expert in layer-LLL-exp-EEE.bin, the router and shared expert in the layer's MLP block", function()
     local dir = make("qwen1.5-moe-a2.7b", "--experts-per-token 2")
