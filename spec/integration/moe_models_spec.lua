@@ -144,17 +144,26 @@ describe("a mixture of experts' slice store", function()
     for i, f in ipairs(man.files) do assert.are.same({ f.name, f.size }, { gman.files[i].name, gman.files[i].size }) end
   end)
 
-  it("loads and binds only the experts opts.experts chooses; a token routed to another names it", function()
+  it("loads and binds only the experts store.open's opts.experts chooses", function()
+    local exec = require "loip.runtime.exec"
     local dir = make("qwen3-30b-a3b", "--experts-per-token 2")
-    local all = loip.model.open(dir .. "/store", { threads = 1 })
-    local some = loip.model.open(dir .. "/store", { threads = 1, experts = function(l, e) return l ~= 1 or e < 4 end })
-    local f = store.expert_files(all.facts.manifest, 1)[1]
-    assert.are.equal(all.weight_bytes - 4 * (f.tensors[1].nbytes * 3), some.weight_bytes)
-    local ok, err = pcall(some.logits, some, IDS)
-    assert.is_false(ok)
-    assert.matches("expert [4-7] of layer 1 is not in memory", err)
-    all:close() some:close()
-    ok, err = pcall(store.open, dir .. "/store", { experts = true })
+    local function bound(choose)
+      local c, facts, bind = store.open(dir .. "/store", { experts = choose })
+      local m = assert(exec.model_new(c))
+      local keep = bind(m)
+      local loaded = {}
+      for _, f in ipairs(store.expert_files(facts.manifest, 1)) do loaded[#loaded + 1] = keep.base[f.name] ~= nil end
+      local bytes = exec.model_weight_bytes(m)
+      exec.model_free(m)
+      store.close(keep)
+      return bytes, loaded, store.expert_files(facts.manifest, 1)[1]
+    end
+    local all, every, f = bound(nil)
+    local some, chosen = bound(function(l, e) return l ~= 1 or e < 4 end)
+    assert.are.same({ true, true, true, true, true, true, true, true }, every)
+    assert.are.same({ true, true, true, true, false, false, false, false }, chosen)
+    assert.are.equal(all - 4 * (f.tensors[1].nbytes * 3), some)
+    local ok, err = pcall(store.open, dir .. "/store", { experts = true })
     assert.is_false(ok)
     assert.matches("experts must be a function%(layer, expert%)", err)
   end)
