@@ -1,5 +1,5 @@
--- Hugging Face -> GGUF for the specs, as llama.cpp's convert_hf_to_gguf.py writes it (the facts,
--- with llama.cpp's file:line, are in docs/formats.md's "Mixture of experts"): q/k rows of
+-- Hugging Face -> GGUF for the specs, as llama.cpp's convert_hf_to_gguf.py writes it (its
+-- mixtures of experts: docs/models.md, "Mixture of experts"): q/k rows of
 -- `llama` (Mixtral too) permuted to Meta's pairs, qwen2/qwen3 and their MoE as they are; Llama
 -- 3's RoPE scaling as rope_freqs; a layer's routed experts stacked into one 3-D tensor per part
 -- (ffn_{gate,up,down}_exps: expert e's matrix is the e-th slice), the router as ffn_gate_inp,

@@ -414,9 +414,11 @@ end
 
 function Model:__tostring()
   local c = self.cfg
-  return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), ffn %d, vocab %d, %.1f MB of weights, %d threads, kernels %s",
+  local ffn = c.n_experts > 0 and string.format("%d experts of %d (top %d%s)", c.n_experts, c.expert_dim, c.n_experts_used,
+    c.shared_expert ~= 0 and string.format(", a shared one of %d", c.hidden_dim) or "") or string.format("ffn %d", c.hidden_dim)
+  return string.format("loip model %s (%s): %d layers, dim %d, %d heads (%d kv, head_dim %d), %s, vocab %d, %.1f MB of weights, %d threads, kernels %s",
     self.path, self.architecture, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim,
-    c.hidden_dim, c.vocab_size, self.weight_bytes / 1e6, self.threads, exec.kernels_name())
+    ffn, c.vocab_size, self.weight_bytes / 1e6, self.threads, exec.kernels_name())
 end
 
 -- Whether the KV pool is charged as requests' contexts take it: asked (opts.kv_grows), or the

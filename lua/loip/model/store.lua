@@ -279,6 +279,9 @@ end
 -- them, loip_session_set_experts).
 function M.open(dir, opts)
   opts = opts or {}
+  if opts.experts ~= nil and type(opts.experts) ~= "function" then
+    error("store.open: experts must be a function(layer, expert) -> boolean", 2)
+  end
   local man = M.read_manifest(dir)
   local c, facts = M.config(dir, man)
   M.check_files(dir, man, opts.verify)
