@@ -2,7 +2,7 @@
 -- synthetic Qwen3-MoE larger than its budget, reading the experts the router picks through each
 -- device's expert cache (lru with pre-gating), against the same model and plan read as dense
 -- offloaded blocks (the `all` baseline: every expert of an offloaded layer read every step); on
--- one device and on --devices local devices; the cache and pre-gating hit rates, the bytes read a
+-- one device and on --devices local devices sharing the same memory; the cache and pre-gating hit rates, the bytes read a
 -- token, the accounted peaks against the budgets, and `loip simulate`'s ms/token for the
 -- one-device plan against the measured one.
 --
@@ -29,8 +29,9 @@ local spec = {
   flags = {
     { "store", "string", "the slice store run (made if missing)", default = "/tmp/loip-bench/moe-qwen3-store" },
     { "model", "string", "the synthetic model it is sliced from (made if missing)", default = "/tmp/loip-bench/moe-qwen3" },
-    { "mem", "string", "each device's memory budget", default = "1.5G" },
+    { "mem", "string", "the one device's memory budget", default = "1.5G" },
     { "devices", "int", "local devices of the ring (0: skip the ring)", default = 3 },
+    { "ring-mem", "string", "each ring device's budget (default: --mem shared out: the same memory in all)" },
     { "tokens", "int", "decoding steps measured per run", default = 6 },
     { "context", "int", "KV positions", default = 256 },
     { "threads", "int", "compute threads per device (0: all CPUs)", default = 0 },
@@ -102,8 +103,10 @@ end
 
 -- The ring: --devices local devices of budget mem each, experts policy `experts`, plan p (nil:
 -- the scheduler's).
+local ring_mem = o.ring_mem and (flags.parse_bytes(o.ring_mem) or error("--ring-mem: not a size: " .. o.ring_mem, 0))
+  or math.floor(mem / math.max(1, o.devices))
 local function ring(experts, p)
-  local c = cluster.start_local { store = o.store, devices = o.devices, mem = mem,
+  local c = cluster.start_local { store = o.store, devices = o.devices, mem = ring_mem,
     threads = o.threads > 0 and o.threads or nil }
   local out, used
   local ok, err = pcall(function()
@@ -172,7 +175,8 @@ if o.devices > 1 then
   for _, run in ipairs({ r3, a3 }) do
     for _, d in ipairs(run.devices) do within = within and (d.peak_bytes or 0) <= (d.budget_bytes or math.huge) end
   end
-  result.ring = { devices = o.devices, routed = r3, all = a3, speedup = a3.ms_per_token / r3.ms_per_token, peaks_within_budget = within }
+  result.ring = { devices = o.devices, budget_bytes = ring_mem, routed = r3, all = a3, speedup = a3.ms_per_token / r3.ms_per_token,
+    peaks_within_budget = within }
 end
 
 result.met = result.one_device.speedup >= TARGET and result.one_device.peaks_within_budget
