@@ -104,7 +104,7 @@ end
 -- The ring: --devices local devices of budget mem each, experts policy `experts`, plan p (nil:
 -- the scheduler's).
 local ring_mem = o.ring_mem and (flags.parse_bytes(o.ring_mem) or error("--ring-mem: not a size: " .. o.ring_mem, 0))
-  or math.floor(mem / math.max(1, o.devices))
+  or (o.quick and mem or math.floor(mem / math.max(1, o.devices))) -- (quick: a small model's KV and activations need more)
 local function ring(experts, p)
   local c = cluster.start_local { store = o.store, devices = o.devices, mem = ring_mem,
     threads = o.threads > 0 and o.threads or nil }

@@ -24,6 +24,18 @@ local RECIPES = {
   { "speculative", "", { "variants", "self_k4_speedup", "ngram_worst_speedup", "same_tokens" } },
 }
 
+-- moe.lua needs a mixture of experts: --quick makes a small one (in a scratch folder here)
+it("moe.lua --quick makes a small mixture of experts, runs it and prints its report", function()
+  local dir = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("LOIP_QUIET=1 %s run %s/recipes/bench/moe.lua --store %s/store --model %s/model "
+    .. "--quick --out %s", T.loip, T.root, dir, dir, dir))
+  assert.are.equal(0, rc, "moe.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  for _, f in ipairs({ "one_device", "ring", "simulate", "met" }) do assert.is_not_nil(report[f], "no " .. f) end
+  assert.is_true(report.one_device.routed.hit_rate ~= nil and report.one_device.peaks_within_budget)
+  assert.are.same(report.one_device.routed.tokens, report.one_device.all.tokens)
+end)
+
 describe("the benchmark recipes", function()
   for _, r in ipairs(RECIPES) do
     local name, extra, fields = r[1], r[2], r[3]
