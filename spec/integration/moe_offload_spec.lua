@@ -198,5 +198,15 @@ describe("offloaded experts", function()
       end
     end
     assert.is_true(played > 0, "a device's expert cache was played")
+    -- routes drawn from a routing profile instead
+    T.write(dir .. "/p.txt", "Once upon a time\n")
+    rc, out, err = T.run(string.format("LOIP_QUIET=1 %s profile --model %s --routing %s/p.txt --out %s/rp.json", T.loip, store(),
+      dir, dir))
+    assert.are.equal(0, rc, err)
+    rc, out, err = T.run(string.format("LOIP_QUIET=1 %s simulate --model %s --devices 3 --mem 650K --context 64 "
+      .. "--routing-profile %s/rp.json --json", T.loip, store(), dir))
+    assert.are.equal(0, rc, err)
+    r = json.decode(out:match("([^\n]+)%s*$"))
+    assert.is_true(r.ms_per_token > 0)
   end)
 end)

@@ -33,6 +33,7 @@ for _, f in ipairs({
   { "link-schedule", "string", "the emulated links change between steps (recipes/policies/links: a name or a file)", metavar = "NAME|FILE" },
   { "baseline", "string", "instead of a plan: a tensor-parallel system we do not build (recipes/policies/baseline: galaxy, "
     .. "tpi-llm, tpi-llm-offload), its step time for the pattern's batch", metavar = "NAME|FILE" },
+  flags.shared.routing_profile,
   flags.shared.draft, flags.shared.draft_tokens,
   { "acceptance", "string", "with --draft: the per-draft acceptance assumed (the chance a draft is accepted given the ones "
     .. "before it were), in [0, 1], or a measured run's JSON (loip generate --json --draft: its draft.acceptance)", metavar = "A|FILE.json" },
@@ -90,6 +91,10 @@ function M.run(o)
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
   local prob, sizes = common.problem_of("simulate", o)
+  -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
+  local routing = require("loip.model.experts").load_routing(o.routing_profile)
+  if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
+  prob.routing = routing and routing.frequencies
   if o.baseline then
     -- a system we do not build: its model's step time at the pattern's batch, mid-generation
     local base = policy.load("baseline", o.baseline)
@@ -140,6 +145,7 @@ function M.run(o)
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
     local prob2 = common.problem_of("simulate", setmetatable({ plan_positions = positions }, { __index = o }))
+    prob2.routing = prob.routing
     local p2, est2 = reserving(prob2, function()
       return policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model }) end)
     return prob2, p2, est2
