@@ -115,6 +115,21 @@ describe("offloaded experts", function()
     end
   end)
 
+  it("the trace shows expert reads on the disk lane", function()
+    local trace = dir .. "/trace.json"
+    local rc, _, err = T.generate_json(store(), "--mem 900K --context 64 --max-tokens 4 --trace " .. trace)
+    assert.are.equal(0, rc, err)
+    local t = json.load(trace)
+    local reads = 0
+    for _, e in ipairs(t.traceEvents or t) do
+      if e.cat == "load" and (e.name or ""):match("^read expert %d+ of layer %d+$") then
+        reads = reads + 1
+        assert.matches("^layer %d+ mlp expert %d+$", e.args.blocks)
+      end
+    end
+    assert.is_true(reads > 0, "no expert read in the trace")
+  end)
+
   it("a routing profile pins the experts it saw most (static), and the tokens stay", function()
     local m = loip.model.open(store(), { threads = 1, context = 64 })
     local r = require("loip.model.experts").profile_routing(m, { "Once upon a time", "a b c d e f g" })

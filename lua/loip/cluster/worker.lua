@@ -367,6 +367,7 @@ function handlers.TRACE(self)
           tokens = e.n_tokens }
       end
     until k < 4096
+    for _, e in ipairs(self.dev.experts and self.dev.experts:events() or {}) do evs[#evs + 1] = e end -- (expert reads)
   end
   return "TRACE", json.encode({ now_ns = core.now_ns(), events = evs })
 end

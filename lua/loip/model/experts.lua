@@ -165,7 +165,8 @@ function Cache:events()
       local e = self.event_buf[i]
       out[#out + 1] = { kind = "load", stage = 0, first_block = 2 * e.stage + 1, last_block = 2 * e.stage + 2,
         t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = true, tokens = 0,
-        expert = e.first_block, prefetch = e.offloaded ~= 0 }
+        expert = e.first_block, prefetch = e.offloaded ~= 0,
+        name = string.format("%s expert %d of layer %d", e.offloaded ~= 0 and "prefetch" or "read", e.first_block, e.stage) }
     end
   until k < 1024
   return out

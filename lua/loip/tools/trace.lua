@@ -28,6 +28,7 @@ local function blocks(e)
   if e.kind == "adapt" then return nil end
   if e.kind == "send" or e.kind == "recv" then return "hidden state" end
   if e.first_block == nil then return nil end
+  if e.expert then return string.format("%s expert %d", plan.block_name(e.first_block), e.expert) end -- (a mixture of experts' read)
   if e.first_block < 0 then return "embedding" end
   if e.stage == 0 then return "head" end
   if e.last_block - e.first_block == 1 then return plan.block_name(e.first_block) end
