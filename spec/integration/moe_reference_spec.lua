@@ -20,6 +20,14 @@ local ref = assert(json.load(ref_dir .. "/reference.json"))
 
 local function sha256_of(path) return require("loip.runtime.files").sha256_file(path) end
 
+-- The reference logits of model r, copied into an array of their own.
+local function reference_logits(r)
+  local bytes = T.read(ref_dir .. "/" .. r.logits)
+  local R = ffi.new("float[?]", #bytes / 4)
+  ffi.copy(R, bytes, #bytes)
+  return R
+end
+
 -- The largest |logit - reference| over |largest reference logit|, over the positions.
 local function worst(out, R, n, V)
   local w = 0
@@ -51,7 +59,7 @@ for _, arch in ipairs({ "qwen3moe", "qwen2moe", "mixtral" }) do
     end)
 
     it("gives llama.cpp's logits within 1e-4 and its greedy tokens (GGUF, Hugging Face, store, offloaded experts)", function()
-      local R = ffi.cast("const float *", T.read(ref_dir .. "/" .. r.logits))
+      local R = reference_logits(r)
       local n_layers = 4
       local stages = {}
       for l = 0, n_layers - 1 do stages[l + 1] = { blocks = { 2 * l, 2 * l + 1 }, offloaded = 2 } end
@@ -71,15 +79,25 @@ for _, arch in ipairs({ "qwen3moe", "qwen2moe", "mixtral" }) do
       end
     end)
 
-    it("3 devices with offloaded experts give llama.cpp's greedy tokens", function()
+    it("3 devices with offloaded experts give llama.cpp's logits (the single device's, bit for bit) and greedy tokens", function()
+      local m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false })
+      local one = m:logits(ref.tokens)
+      local V, n = m.vocab_size, #ref.tokens
+      local single = ffi.new("float[?]", n * V)
+      ffi.copy(single, one, n * V * 4)
+      m:close()
+      local R = reference_logits(r)
       local cluster = require "loip.cluster"
       local c = cluster.start_local { store = dir .. "/store", devices = 3, threads = 1 }
       local ok, err = pcall(function()
         -- every device offloads an MLP block: layer 0's (device 1), 1's (2), 3's (3), their experts in caches of 3
-        c:plan { context = 128, batch = 16, plan = { slots = 1, devices = {
+        c:plan { context = 128, batch = 16, logits_tokens = 16, plan = { slots = 1, devices = {
           { expert_slots = 3, stages = { { blocks = { 0, 2 }, offloaded = 2 } } },
           { expert_slots = 3, stages = { { blocks = { 3, 5 }, offloaded = 1 } } },
           { expert_slots = 3, stages = { { blocks = { 6, 7 }, offloaded = 2 } } } } } }
+        local l3 = c:logits(ref.tokens)
+        assert.is_true(worst(l3, R, n, V) <= 1e-4)
+        assert.are.equal(0, T.bit_diffs(single, l3, n * V))
         local it, st = c:generate(ref.tokens, { max_tokens = #r.greedy, sampler = { temperature = 0 }, stop = {} })
         for _ in it do end
         assert.are.same(r.greedy, st.token_ids)
