@@ -209,6 +209,7 @@ static void stage_free(rstage *t) {
 LOIP_API void loip_runner_free(loip_runner *r) {
     if (!r) return;
     if (r->l && r->st) drain(r);
+    loip_loader_free(r->l); /* (the runner's hold: loip_loader_retain) */
     for (int32_t k = 0; r->st && k < r->n; k++) stage_free(&r->st[k]);
     free(r->st);
     free(r->free_slots);
@@ -301,7 +302,7 @@ LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader
         return loip_fail(LOIP_EINVAL, "runner: needs a session, a model and at least one stage");
     loip_runner *r = calloc(1, sizeof *r);
     if (!r) return loip_fail(LOIP_ENOMEM, "runner: out of memory");
-    r->s = s, r->m = m, r->l = loader, r->n = n_stages, r->next_tag = 1;
+    r->s = s, r->m = m, r->l = loip_loader_retain(loader), r->n = n_stages, r->next_tag = 1;
     r->st = calloc((size_t)n_stages, sizeof *r->st);
     r->ev_cap = event_capacity;
     if (!r->st || (event_capacity && !(r->ev = calloc((size_t)event_capacity, sizeof *r->ev)))) {
@@ -442,6 +443,7 @@ LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_des
 LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
     if (!l) { /* detach: the loads in flight are waited for; nothing offloaded runs until a loader is set */
         if (r->l) drain(r);
+        loip_loader_free(r->l);
         r->l = NULL;
         return LOIP_OK;
     }
@@ -464,7 +466,8 @@ LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
     if (r->l) drain(r);
     free(r->free_slots);
     free(r->live);
-    r->l = l, r->free_slots = fs, r->live = live, r->n_free = 0, r->n_live = 0, r->ring_tail = 0;
+    loip_loader_free(r->l);
+    r->l = loip_loader_retain(l), r->free_slots = fs, r->live = live, r->n_free = 0, r->n_live = 0, r->ring_tail = 0;
     r->ring = n_slots == 1, r->ring_bytes = slot_bytes;
     for (int32_t i = n_slots - 1; i >= 0; i--) r->free_slots[r->n_free++] = i;
     /* the offloaded weights point into the new first slot until their next load rebinds them */

@@ -342,6 +342,10 @@ LOIP_API int loip_loader_size(const loip_loader_config *cfg, uint64_t *slot_byte
                               uint64_t *scratch_bytes);
 /* Waits for reads in flight (the kernel writes into the slots), drops loads not yet started. */
 LOIP_API void loip_loader_free(loip_loader *l);
+/* One more holder of l (the runner that reads through it): each loip_loader_free lets one go,
+ * and the loader is freed with the last, so that it outlives whoever reads through it whatever
+ * order they are freed in (a Lua state's finalizers at exit run in no set order). Returns l. */
+LOIP_API loip_loader *loip_loader_retain(loip_loader *l);
 /* LOIP_LOADER_URING or LOIP_LOADER_BUFFERED: the path in use. */
 LOIP_API int32_t loip_loader_mode(const loip_loader *l);
 /* A line saying which path is used and why (io_uring probe result, registered buffers, files
@@ -679,7 +683,8 @@ typedef struct loip_runner loip_runner;
  * offloaded blocks; its slots must hold every stage's offloaded bytes. The offloaded weights
  * are bound to the first slot now and re-bound after every load; the first loads start now.
  * event_capacity: events kept until drained by loip_runner_events (0: none recorded). The
- * session, model and loader must outlive the runner. */
+ * session and model must outlive the runner; it holds the loader (loip_loader_retain) until it
+ * is freed or given another. */
 LOIP_API int loip_runner_new(loip_session *s, loip_model *m, loip_loader *loader,
                              const loip_stage_desc *stages, int32_t n_stages,
                              int32_t event_capacity, loip_runner **out);
@@ -707,7 +712,7 @@ LOIP_API int loip_runner_restage(loip_runner *r, int32_t k, const loip_stage_des
 /* Read the offloaded blocks through loader l from now on (slots of another size, between steps:
  * a live change that needs a larger slot). The old loader's loads are waited for; it may be
  * freed once this returns. Every stage must fit l's slots (LOIP_EINVAL otherwise, nothing
- * changed); the runner does not own l. l NULL detaches the loader (its memory can go before the
+ * changed); the runner holds l (loip_loader_retain) and lets the old one go. l NULL detaches the loader (its memory can go before the
  * next one is made); a stage that offloads must not run until one is set. */
 LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l);
 /* prefetch 0: a stage's reads start only when the stage runs (a conventional pipeline with

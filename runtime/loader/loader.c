@@ -154,6 +154,7 @@ LOIP_API int loip_loader_new(const loip_loader_config *cfg, loip_loader **out) {
         if (brc) return brc;
     }
     loip_loader *l = calloc(1, sizeof *l);
+    if (l) l->refs = 1;
     if (!l) {
         if (c.budget) loip_budget_release(c.budget, "slots", slot_charge);
         return loip_fail(LOIP_ENOMEM, "loader: out of memory");
@@ -221,8 +222,13 @@ static void wake(loip_loader *l) {
     }
 }
 
+LOIP_API loip_loader *loip_loader_retain(loip_loader *l) {
+    if (l) __atomic_add_fetch(&l->refs, 1, __ATOMIC_ACQ_REL);
+    return l;
+}
+
 LOIP_API void loip_loader_free(loip_loader *l) {
-    if (!l) return;
+    if (!l || __atomic_sub_fetch(&l->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     if (l->thread_ok) {
         pthread_mutex_lock(&l->mu);
         l->stop = 1;

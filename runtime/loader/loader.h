@@ -89,6 +89,7 @@ struct loip_loader {
     double tokens;                /* rate limit bucket, bytes */
     uint64_t tokens_t;
     loip_loader_stats_t st;
+    int refs;                     /* loip_loader_retain: freed when the last holder lets go */
 };
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }

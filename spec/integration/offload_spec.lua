@@ -87,6 +87,20 @@ describe("offloaded execution", function()
     end
   end)
 
+  it("keeps a loader alive while its runner holds it, in whatever order they are freed (a Lua state's exit)", function()
+    local m = loip.model.open(store_of(S260, "s260"), { threads = 1, context = 64, plan = { slots = 1, devices = { { stages = {
+      { blocks = { 0, 3 }, offloaded = 2 }, { blocks = { 4, 9 }, offloaded = 2 } } } } } })
+    local it = m:generate({ 1, 403, 407 }, { temperature = 0, max_tokens = 3, stop = {} })
+    it() -- (the next step's loads are in flight now)
+    -- lua_close runs finalizers in no set order: the loader's before its runner's (which drains its loads)
+    local core = require "loip.core"
+    core.C.loip_loader_free(ffi.gc(m.loader.handle, nil))
+    m.loader.handle, m.loader = nil, nil
+    require("loip.runtime.exec").runner_free(m.runner) -- (under AddressSanitizer: no use after free)
+    m.runner = nil
+    m:close()
+  end)
+
   it("uses one slot as a ring: the next stage's load starts while the current one computes", function()
     local st = store_of(S260, "s260")
     local ids = greedy.cases[1].sequence_ids
