@@ -115,6 +115,32 @@ describe("offloaded experts", function()
     end
   end)
 
+  it("serves several requests in one batch and grows its KV online, the tokens unchanged", function()
+    local m = loip.model.open(store(), { threads = 1, context = 64, max_batch = 2,
+      plan = layer_plan(3, { [1] = true, [3] = true }), experts = "lfu" })
+    local a_it, a = m:generate("Once upon a time", { temperature = 0, max_tokens = 10, ignore_eos = true })
+    local b_it, b = m:generate("the cat", { temperature = 0, max_tokens = 10, ignore_eos = true })
+    local a_done, b_done = false, false
+    while not (a_done and b_done) do -- (interleaved: both in every step)
+      if not a_done then a_done = a_it() == nil end
+      if not b_done then b_done = b_it() == nil end
+    end
+    m:close()
+    assert.are.same(want_tokens, a.token_ids)
+    local alone = loip.model.open(store(), { threads = 1, context = 64 })
+    local it, st = alone:generate("the cat", { temperature = 0, max_tokens = 10, ignore_eos = true })
+    for _ in it do end
+    alone:close()
+    assert.are.same(st.token_ids, b.token_ids)
+    -- a plan for 16 positions whose KV grows online (the caches leave it its room)
+    local rc, r, err = T.generate_json(store(), "--mem 1100K --context 64 --plan-positions 16 --max-tokens 40 --ignore-eos")
+    assert.are.equal(0, rc, err)
+    local rc2, r2, err2 = T.generate_json(store(), "--context 64 --max-tokens 40 --ignore-eos")
+    assert.are.equal(0, rc2, err2)
+    assert.are.same(r2.token_ids, r.token_ids)
+    assert.is_truthy(r.experts, "experts offloaded")
+  end)
+
   it("the trace shows expert reads on the disk lane", function()
     local trace = dir .. "/trace.json"
     local rc, _, err = T.generate_json(store(), "--mem 900K --context 64 --max-tokens 4 --trace " .. trace)

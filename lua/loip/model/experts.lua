@@ -247,14 +247,19 @@ function M.offloaded_layers(p, i)
 end
 
 -- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
--- it serves; at least the top-k, which the plan's memory already counts). Changes p in place.
+-- it serves; at least the top-k, which the plan's memory already counts), less what a KV cache
+-- growing online past the plan's positions will take. Changes p in place.
 function M.size_cache(p, i, sizes, avail, opts)
   if not sizes.moe then return end
   local plan = require "loip.plan"
   local d = p.devices[i]
   local part = plan.device_part(p, i, sizes)
   if (part.off_moe or 0) == 0 or d.expert_slots then return end
-  local room = avail > 0 and (avail - plan.memory(p, i, sizes, opts).total) or math.huge
+  local m = plan.memory(p, i, sizes, opts)
+  -- (a KV cache that grows online past the plan's positions keeps its room: the cache does not take it)
+  local grows = sizes.plan_positions < sizes.kv_tokens
+    and math.ceil(m.kv / math.max(1, sizes.plan_positions) * (sizes.kv_tokens - sizes.plan_positions)) or 0
+  local room = avail > 0 and (avail - m.total - grows) or math.huge
   local most = part.off_moe * sizes.moe.experts
   d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
 end
