@@ -71,6 +71,7 @@ function Cluster:problem(opts, sizes)
     delays[i] = each(link.delay_ms, i) or 0
   end
   return problem.new { model = sizes, shape = problem.shape_of(self.man.config, store.layer_dtype(self.man)), n = N,
+    routing = opts.routing and opts.routing.frequencies,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
     batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }

@@ -128,7 +128,8 @@ function M.new(o)
   local pos = o.position or math.max(1, math.floor((o.context or o.model.context or 256) / 2))
   local mb = o.micro_batch or 1
   local p = { model = o.model, devices = {}, links = {}, context = o.context or o.model.context, batch = o.batch or o.model.batch,
-    micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader, shape = o.shape }
+    micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader, shape = o.shape,
+    routing = o.routing }
   -- one profile per device, or one for all
   local function profile_of(i) return type(o.profiles) == "table" and o.profiles[i] or o.profiles end
   for i = 1, N do

@@ -122,14 +122,31 @@ end
 -- experts: one layer's chosen experts for one token.
 function M.min_expert_slots(sizes) return sizes.moe and sizes.moe.used or 0 end
 
+-- The share of a layer's routed tokens that land on the `slots` most chosen experts among
+-- `layers` layers of a routing profile (frequencies[layer][expert], each layer's summing to
+-- top-k): what a cache keeping the favoured experts serves.
+local function favoured_share(routing, slots, layers, k)
+  local all = {}
+  for l = 1, #routing do for _, f in ipairs(routing[l]) do all[#all + 1] = f end end
+  table.sort(all, function(a, b) return a > b end)
+  local top = 0
+  -- (the device's layers are not named here: its share of the profile's slots, spread as the profile is)
+  local share = math.floor(slots * #routing / math.max(1, layers))
+  for i = 1, math.min(share, #all) do top = top + all[i] end
+  return math.min(1, top / (#routing * k))
+end
+
 -- Expected expert reads per step of part (its offloaded MoE MLP blocks) for `rows` tokens a
--- step, with its cache of part.expert_slots: uniform routing, and a cache that keeps a random
--- share of the experts it serves (LRU under uniform routing). Returns bytes and reads.
-function M.expert_reads(sizes, part, rows)
+-- step, with its cache of part.expert_slots: a cache that keeps a random share of the experts
+-- it serves under uniform routing (LRU), or, with a routing profile's frequencies, the experts
+-- the profile favours. Returns bytes and reads.
+function M.expert_reads(sizes, part, rows, routing)
   local moe = sizes.moe
   if not moe or (part.off_moe or 0) == 0 then return 0, 0 end
   local per_layer = M.experts_per_layer(moe, rows)
-  local hit = math.min(1, (part.expert_slots or 0) / (part.off_moe * moe.experts))
+  local slots = part.expert_slots or 0
+  local hit = routing and favoured_share(routing, slots, part.off_moe, moe.used)
+    or math.min(1, slots / (part.off_moe * moe.experts))
   local reads = part.off_moe * per_layer * (1 - hit)
   return reads * moe.expert_bytes, reads
 end
