@@ -79,7 +79,9 @@ describe("the test command's spec entries", function()
         if lua then
           assert.are.same({ "lua-only" }, labels, t.name .. "'s labels")
         else
-          assert.are.same({}, labels, t.name .. " is labelled: the sanitizers would skip it")
+          for _, l in ipairs(labels) do
+            assert.are_not.equal("lua-only", l, t.name .. " is labelled lua-only: the sanitizers would skip it")
+          end
         end
         assert.is_table(t.command, t.name .. ": ctest gives no command (is its loip built?)")
         for _, f in ipairs(files_run(t.command)) do
@@ -88,7 +90,9 @@ describe("the test command's spec entries", function()
           entry_of[f] = t.name
         end
       else
-        assert.are.same({}, label_of(t), t.name .. " is labelled lua-only but runs no spec")
+        for _, l in ipairs(label_of(t)) do
+          assert.are_not.equal("lua-only", l, t.name .. " is labelled lua-only but runs no spec")
+        end
       end
     end
     for _, e in ipairs({ "spec.unit", "spec.unit.lua", "spec.integration", "spec.integration.lua" }) do
