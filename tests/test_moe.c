@@ -296,6 +296,36 @@ static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate)
                 CHECK(n_ev > 0 && ev[0].kind == LOIP_EVENT_LOAD && ev[0].bytes == EXPERT_BYTES, "events: %d", n_ev);
                 loip_experts_free(x);
             }
+    /* pre-gating that the router does not confirm often enough stops (but for probes) */
+    {
+        loip_loader_config lc = {.slot_bytes = EXPERT_BYTES, .n_slots = E};
+        loip_experts_config xc = {.policy = LOIP_EXPERTS_LRU, .prefetch = 1, .prefetch_min_accuracy = 1.0f,
+                                  .prefetch_probe_every = 4};
+        loip_experts *x = NULL;
+        CHECK(loip_experts_new(mc, &lc, &xc, &x) == 0, "cache: %s", loip_last_error());
+        for (int l = 0; l < LAYERS; l++) {
+            for (int e = 0; e < E; e++) {
+                loip_load_extent ext = {.path = path, .fd = -1, .file_offset = expert_offset(l, e), .length = EXPERT_BYTES};
+                uint64_t off[3] = {0, 4096, 8192};
+                loip_experts_set_source(x, l, e, &ext, off, LOIP_F32);
+            }
+            loip_tensor norm = {.data = W.w[l][LOIP_W_FFN_NORM], .dtype = LOIP_F32, .ndim = 1, .shape = {DIM}};
+            loip_tensor router = {.data = W.w[l][LOIP_W_ROUTER], .dtype = LOIP_F32, .ndim = 2, .shape = {E, DIM}};
+            loip_experts_set_gating(x, l, &norm, &router);
+        }
+        for (int rep = 0; rep < 12; rep++) {
+            CHECK(run_blocks(mc, pool, x, 0, 2 * LAYERS, x0, got) == 0, "run: %s", loip_last_error());
+            CHECK(memcmp(got, want, sizeof got) == 0, "with pre-gating stopping, run %d differs", rep);
+        }
+        loip_experts_stats_t st;
+        loip_experts_stats(x, &st);
+        /* (an accuracy of 1 is never reached once a guess was wrong: most runs skip, every 4th probes) */
+        CHECK(st.prefetch_hits == st.prefetched || st.prefetch_skipped > 0, "skipped %llu of a wrong predictor",
+              (unsigned long long)st.prefetch_skipped);
+        loip_experts_free(x);
+        xc.prefetch_min_accuracy = 1.5f;
+        CHECK(loip_experts_new(mc, &lc, &xc, &x) == LOIP_EINVAL, "min accuracy 1.5 accepted");
+    }
     /* every slot pinned: a layer needing another expert says so */
     {
         loip_experts *x = make_cache(mc, 1, LOIP_EXPERTS_STATIC, 0, &W);

@@ -97,7 +97,7 @@ M.kinds = {
   draft = { needs = { "propose" }, args = 2,
     about = "a speculative decoding draft: propose(request, ctx, params) -> draft token ids (request: ids, n, k wanted, id, seq, memo); optional open, length, on_step, finish, close, propose_tree (the setting tree=on: { ids, parents }, a tree of drafts, loip.serve.tree)" },
   experts = { needs = { "configure" }, args = 1,
-    about = "an expert cache policy (mixture of experts): configure(ctx, params) -> { replacement = \"lru\" | \"lfu\" | \"static\" | \"all\", prefetch = layers predicted ahead, pins = { { layer, expert } } } (ctx: slots, layers, experts, used, routing)" },
+    about = "an expert cache policy (mixture of experts): configure(ctx, params) -> { replacement = \"lru\" | \"lfu\" | \"static\" | \"all\", prefetch = layers predicted ahead, min_accuracy, probe_every, pins = { { layer, expert } } } (ctx: slots, layers, experts, used, routing)" },
   pattern = { needs = { "requests" }, merge = true,
     about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them); its settings arrive in opts" },
 }

@@ -3,8 +3,9 @@
 -- device's expert cache (lru with pre-gating), against the same model and plan read as dense
 -- offloaded blocks (the `all` baseline: every expert of an offloaded layer read every step); on
 -- one device and on --devices local devices sharing the same memory; the cache and pre-gating hit rates, the bytes read a
--- token, the accounted peaks against the budgets, and `loip simulate`'s ms/token for the
--- one-device plan against the measured one.
+-- token (against those it had to read: the routed experts the cache lacked and the offloaded
+-- blocks' files; target: within 10%), the accounted peaks against the budgets, and `loip
+-- simulate`'s ms/token for the one-device plan against the measured one.
 --
 --   loip run recipes/bench/moe.lua [--mem 1.5G] [--tokens 6] [--devices 3] [--out DIR] [--quick]
 --
@@ -74,12 +75,12 @@ local function one_device(experts, p)
   local m = model.open(o.store, { mem = mem, plan = p, experts = experts, threads = o.threads > 0 and o.threads or nil,
     context = o.context, tokenizer = false })
   local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, ignore_eos = true })
-  local x0
+  local x0, r0
   local steps, last = {}, nil
   local now_ms = require("loip.core").now_ms
   for _ in it do
     local now = now_ms()
-    if not x0 then x0 = m.experts and m.experts:stats() end
+    if not r0 then x0, r0 = m.experts and m.experts:stats(), m:runner_stats() end
     if last then steps[#steps + 1] = now - last end
     last = now
   end
@@ -91,9 +92,17 @@ local function one_device(experts, p)
     peak_bytes = m.budget:peak(), budget_bytes = mem, plan = plan.bare(m.plan),
     expert_slots = m.plan.devices[1].expert_slots, runner_bytes_loaded = rs and rs.bytes_loaded }
   if x1 then
-    local r = require("loip.model.experts").report(x1, #steps + 1, x0)
+    local n = #steps + 1 -- (decoded tokens since the snapshot)
+    local r = require("loip.model.experts").report(x1, n, x0)
     out.hit_rate, out.prefetch_hit_rate, out.bytes_read_per_token = r.hit_rate, r.prefetch_hit_rate, r.bytes_read_per_token
     out.read, out.prefetched, out.routed = x1.read - x0.read, x1.prefetched - x0.prefetched, x1.routed - x0.routed
+    out.prefetch_hits, out.prefetch_skipped = x1.prefetch_hits - x0.prefetch_hits, x1.prefetch_skipped - x0.prefetch_skipped
+    -- every byte read a token, against what it had to read: the routed experts the cache lacked
+    -- (read on demand, or prefetched and then chosen) and the offloaded blocks' files
+    local blocks = (rs.bytes_loaded - r0.bytes_loaded) / n
+    out.bytes_per_token = out.bytes_read_per_token + blocks
+    out.needed_bytes_per_token = (out.read + out.prefetch_hits) * sizes.moe.expert_bytes / n + blocks
+    out.bytes_over_needed = out.bytes_per_token / out.needed_bytes_per_token
   end
   local used = m.plan
   m:close()
@@ -145,7 +154,8 @@ local all1 = one_device("all", baseline_plan(p1))
 log("  %.1f ms/token", all1.ms_per_token)
 assert(table.concat(routed.tokens, ",") == table.concat(all1.tokens, ","), "the baseline's tokens differ from the routed run's")
 result.one_device = { routed = routed, all = all1, speedup = all1.ms_per_token / routed.ms_per_token,
-  peaks_within_budget = routed.peak_bytes <= mem and all1.peak_bytes <= mem }
+  peaks_within_budget = routed.peak_bytes <= mem and all1.peak_bytes <= mem,
+  bytes_within_10_percent = routed.bytes_over_needed ~= nil and routed.bytes_over_needed <= 1.10 }
 
 -- the simulator on the routed run's plan, with the same calibration
 local plan_file = o.out .. "/moe-plan.lua"
@@ -180,6 +190,7 @@ if o.devices > 1 then
 end
 
 result.met = result.one_device.speedup >= TARGET and result.one_device.peaks_within_budget
+  and result.one_device.bytes_within_10_percent
   and (not result.ring or (result.ring.speedup >= TARGET and result.ring.peaks_within_budget))
   and result.simulate.error ~= nil and result.simulate.error <= SIM_TOLERANCE
 local bars = { { "1 device: routed experts", routed.tokens_per_s }, { "1 device: every expert", all1.tokens_per_s } }

@@ -42,6 +42,9 @@ struct loip_experts {
     int32_t *has_src;     /* (n_layers) experts of the layer with a source */
     uint32_t *seen;       /* (n_layers, n_experts) LOIP_EXPERTS_ALL: the epoch of the layer it was last read in */
     uint32_t *epoch;      /* (n_layers) LOIP_EXPERTS_ALL: runs of the layer done, + 1 */
+    float *accuracy;      /* (n_layers) running share of the layer's predictions the router confirmed */
+    uint32_t *unpredicted; /* (n_layers) runs of the layer not predicted since its last probe */
+    int32_t run_hits;     /* prefetched experts the layer running now chose */
     const loip_tensor **gate_norm, **gate_router; /* (n_layers) pre-gating views, NULL: none */
     loip_tensor *gate_views; /* (n_layers, 2) copies of those views */
     uint64_t clock, run, next_tag;
@@ -61,7 +64,8 @@ LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const
     if (c->n_experts == 0) return loip_fail(LOIP_EINVAL, "expert cache: the model has no experts");
     if (!lc) return loip_fail(LOIP_EINVAL, "expert cache: needs a loader config");
     if (!cfg || cfg->policy < LOIP_EXPERTS_LRU || cfg->policy > LOIP_EXPERTS_ALL || cfg->prefetch < 0 ||
-        cfg->event_capacity < 0)
+        cfg->event_capacity < 0 || !(cfg->prefetch_min_accuracy >= 0.0f && cfg->prefetch_min_accuracy <= 1.0f) ||
+        cfg->prefetch_probe_every < 0)
         return loip_fail(LOIP_EINVAL, "expert cache: policy %d, prefetch %d, event_capacity %d invalid",
                          cfg ? cfg->policy : -1, cfg ? cfg->prefetch : -1, cfg ? cfg->event_capacity : -1);
     loip_experts *x = calloc(1, sizeof *x);
@@ -83,16 +87,20 @@ LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const
     x->has_src = calloc((size_t)c->n_layers, sizeof *x->has_src);
     x->seen = calloc(n, sizeof *x->seen);
     x->epoch = calloc((size_t)c->n_layers, sizeof *x->epoch);
+    x->accuracy = malloc((size_t)c->n_layers * sizeof *x->accuracy);
+    x->unpredicted = calloc((size_t)c->n_layers, sizeof *x->unpredicted);
     x->gate_norm = calloc((size_t)c->n_layers, sizeof *x->gate_norm);
     x->gate_router = calloc((size_t)c->n_layers, sizeof *x->gate_router);
     x->gate_views = calloc((size_t)c->n_layers * 2, sizeof *x->gate_views);
     if (cfg->event_capacity) x->ev = calloc((size_t)cfg->event_capacity, sizeof *x->ev);
-    if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->seen || !x->epoch || !x->gate_norm || !x->gate_router ||
+    if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->seen || !x->epoch || !x->accuracy ||
+        !x->unpredicted || !x->gate_norm || !x->gate_router ||
         !x->gate_views || (cfg->event_capacity && !x->ev)) {
         loip_experts_free(x);
         return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
     }
     for (size_t i = 0; i < n; i++) x->where[i] = -1, x->src[i].ext.fd = -1;
+    for (int32_t l = 0; l < c->n_layers; l++) x->accuracy[l] = 1.0f; /* (trusted until shown otherwise) */
     for (int32_t i = 0; i < x->n_slots; i++) x->slots[i] = (xslot){.layer = -1, .expert = -1, .prefetched_for = -1};
     *out = x;
     return LOIP_OK;
@@ -114,6 +122,7 @@ LOIP_API void loip_experts_free(loip_experts *x) {
     if (x->src)
         for (size_t i = 0; i < (size_t)x->n_layers * x->n_experts; i++) free((char *)x->src[i].ext.path);
     free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src), free(x->seen), free(x->epoch);
+    free(x->accuracy), free(x->unpredicted);
     free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->ev);
     free(x);
 }
@@ -244,7 +253,7 @@ int loip_experts_acquire(loip_experts *x, int32_t layer, int32_t e, int32_t *slo
     *slot = -1;
     if (i >= 0) {
         xslot *s = &x->slots[i];
-        if (s->prefetched_for >= 0) x->st.prefetch_hits++;
+        if (s->prefetched_for >= 0) x->st.prefetch_hits++, x->run_hits++;
         x->st.cache_hits++;
         s->prefetched_for = -1, s->held_run = x->run, s->last_use = ++x->clock;
         *state = s->state, *slot = i;
@@ -262,9 +271,14 @@ void loip_experts_routed(loip_experts *x, int32_t layer, const int32_t *experts,
     for (int32_t k = 0; k < n; k++) x->freq[idx(x, layer, experts[k])]++;
     x->st.routed += (uint64_t)n;
     x->st.bound += (uint64_t)n_bound;
-    /* the layer has run: what was prefetched for it and not chosen is an ordinary cached expert now */
+    /* the layer has run: what was prefetched for it and not chosen is an ordinary cached expert
+     * now; the share of its predictions the router confirmed goes into its running average */
+    int32_t wrong = 0;
     for (int32_t i = 0; i < x->n_slots; i++)
-        if (x->slots[i].prefetched_for == layer) x->slots[i].prefetched_for = -1;
+        if (x->slots[i].prefetched_for == layer) x->slots[i].prefetched_for = -1, wrong++;
+    if (x->run_hits + wrong > 0)
+        x->accuracy[layer] = 0.75f * x->accuracy[layer] + 0.25f * (float)x->run_hits / (float)(x->run_hits + wrong);
+    x->run_hits = 0;
 }
 
 int loip_experts_wait(loip_experts *x, int32_t slot, int32_t timeout_ms) {
@@ -331,11 +345,20 @@ void loip_experts_add_stall(loip_experts *x, uint64_t ns) { x->st.stall_ns += ns
 
 int32_t loip_experts_prefetch_depth(const loip_experts *x) { return x->cfg.prefetch; }
 
-int loip_experts_predicts(const loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
+int loip_experts_predicts(loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
                           const loip_tensor **router) {
     *ffn_norm = x->gate_norm[layer], *router = x->gate_router[layer];
     if (x->cfg.policy == LOIP_EXPERTS_ALL) return x->has_src[layer] > 0; /* (no router needed) */
-    return x->has_src[layer] && x->gate_router[layer];
+    if (!x->has_src[layer] || !x->gate_router[layer]) return 0;
+    if (x->cfg.prefetch_min_accuracy > 0.0f && x->accuracy[layer] < x->cfg.prefetch_min_accuracy) {
+        /* its predictions do not pay: a probe now and then tells when they would again */
+        int32_t every = x->cfg.prefetch_probe_every > 0 ? x->cfg.prefetch_probe_every : 8;
+        if (++x->unpredicted[layer] % (uint32_t)every != 0) {
+            x->st.prefetch_skipped++;
+            return 0;
+        }
+    }
+    return 1;
 }
 
 void loip_experts_prefetch(loip_experts *x, int32_t layer, const int32_t *experts, int32_t n) {

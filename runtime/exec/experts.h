@@ -26,8 +26,9 @@ void loip_experts_layer_done(loip_experts *x, int32_t layer);
 int loip_experts_reads_all(const loip_experts *x);
 /* A new layer run begins (slots held by the last one are free to go). */
 void loip_experts_next_run(loip_experts *x);
-/* Pre-gating: does layer l have unbound experts this cache reads and views to predict them? */
-int loip_experts_predicts(const loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
+/* Pre-gating: predict layer l now? It has unbound experts this cache reads, views to predict
+ * them, and predictions that pay (loip_experts_config.prefetch_min_accuracy; a skip is counted). */
+int loip_experts_predicts(loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
                           const loip_tensor **router);
 /* Start reads of the predicted experts of layer l (those neither bound nor cached), into slots
  * not held by the layer run now and not holding experts prefetched for a layer not yet run. */

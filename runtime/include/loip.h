@@ -749,6 +749,11 @@ typedef struct loip_experts_config {
     int32_t policy;         /* LOIP_EXPERTS_* */
     int32_t prefetch;       /* layers whose experts are predicted ahead (pre-gating); 0: off */
     int32_t event_capacity; /* expert reads kept for loip_experts_events (0: none) */
+    /* Pre-gating that does not pay stops: a layer whose predictions the router confirmed less
+     * often than prefetch_min_accuracy (a running average over its runs) is predicted only at
+     * every prefetch_probe_every-th run of it, to notice when it would pay again. 0: always. */
+    float prefetch_min_accuracy;
+    int32_t prefetch_probe_every;
 } loip_experts_config;
 
 typedef struct loip_experts_stats_t {
@@ -758,6 +763,7 @@ typedef struct loip_experts_stats_t {
     uint64_t read;          /* read on demand, after the router chose it */
     uint64_t prefetched;    /* reads started by pre-gating */
     uint64_t prefetch_hits; /* prefetched experts the router then chose */
+    uint64_t prefetch_skipped; /* layer runs not predicted: their predictions did not pay */
     uint64_t bytes_read;    /* demand and prefetch reads */
     uint64_t stall_ns;      /* waiting for experts the router chose */
     uint64_t events_dropped;

@@ -47,8 +47,10 @@ end
 
 -- o: model (loip_model *), session (loip_session *: its unbound experts go through the cache),
 -- dir, man, cfg (loip_model_config), layers (set of 0-based layers whose experts it serves),
--- slots (experts it holds), policy ("lru" | "lfu" | "static"), prefetch (layers predicted ahead,
--- default 1; 0: off), pins ({ { layer, expert } ... }: kept for good, "static"), budget (a
+-- slots (experts it holds), policy ("lru" | "lfu" | "static" | "all"), prefetch (layers predicted
+-- ahead, default 1; 0: off), min_accuracy / probe_every (pre-gating that the router confirms
+-- less often than this stops, but for a probe every probe_every runs; 0: never stops), pins
+-- ({ { layer, expert } ... }: kept for good, "static"), budget (a
 -- loip.memory budget or nil), mode / rate (the loader's: "auto", bytes/s), verify_reads (check
 -- each read's CRC32C), trace (keep read events). Raises naming the file or the setting.
 function M.open(o)
@@ -76,6 +78,7 @@ function M.open(o)
     rate = o.rate or 0, budget = o.budget, overlap_loads = o.overlap_loads ~= false }
   local cfg = ffi.new("loip_experts_config")
   cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
+  cfg.prefetch_min_accuracy, cfg.prefetch_probe_every = o.min_accuracy or 0, o.probe_every or 0
   local x, xerr = exec.experts_new(o.model, lc, cfg)
   if not x then error(o.dir .. ": expert cache: " .. xerr, 0) end
   self.handle = x
@@ -151,6 +154,7 @@ function Cache:stats()
   local st = exec.experts_stats(self.handle, ffi.new("loip_experts_stats_t"))
   return { routed = tonumber(st.routed), bound = tonumber(st.bound), cache_hits = tonumber(st.cache_hits),
     read = tonumber(st.read), prefetched = tonumber(st.prefetched), prefetch_hits = tonumber(st.prefetch_hits),
+    prefetch_skipped = tonumber(st.prefetch_skipped),
     bytes_read = tonumber(st.bytes_read), stall_ms = tonumber(st.stall_ns) / 1e6, slots = self.slots }
 end
 
@@ -279,6 +283,7 @@ function M.for_device(o)
     used = sizes.moe.used, routing = o.routing and o.routing.frequencies or nil }
   return M.open { model = o.model, session = o.session, dir = o.dir, man = o.man, cfg = o.cfg, layers = set,
     slots = part.expert_slots, policy = conf.replacement, prefetch = conf.prefetch, pins = conf.pins, budget = o.budget,
+    min_accuracy = conf.min_accuracy, probe_every = conf.probe_every,
     mode = o.mode, rate = o.rate, verify_reads = o.verify_reads, trace = o.trace }
 end
 
