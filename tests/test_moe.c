@@ -220,17 +220,22 @@ static loip_experts *make_cache(loip_model *m, int slots, int policy, int prefet
     return x;
 }
 
-/* Blocks [first, last) of a model over a copy of x0 (N rows). */
-static int run_blocks(loip_model *m, loip_pool *pool, loip_experts *x, int first, int last, const float *x0,
-                      float *out) {
+/* Blocks [first, last) of a model over a copy of x0 (n rows). */
+static int run_rows(loip_model *m, loip_pool *pool, loip_experts *x, int first, int last, const float *x0, float *out,
+                    int n) {
     loip_session *s = NULL;
     int rc = loip_session_new_layers(m, pool, 64, N, NULL, NULL, &s);
     if (rc) return rc;
     if (x) loip_session_set_experts(s, x);
-    memcpy(out, x0, sizeof(float) * N * DIM);
-    rc = loip_session_blocks(s, first, last, out, N, 0);
+    memcpy(out, x0, sizeof(float) * (size_t)n * DIM);
+    rc = loip_session_blocks(s, first, last, out, n, 0);
     loip_session_free(s);
     return rc;
+}
+
+static int run_blocks(loip_model *m, loip_pool *pool, loip_experts *x, int first, int last, const float *x0,
+                      float *out) {
+    return run_rows(m, pool, x, first, last, x0, out, N);
 }
 
 static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate) {
@@ -296,6 +301,24 @@ static void variant(loip_pool *pool, int k, int norm_topk, int shared, int gate)
                 CHECK(n_ev > 0 && ev[0].kind == LOIP_EVENT_LOAD && ev[0].bytes == EXPERT_BYTES, "events: %d", n_ev);
                 loip_experts_free(x);
             }
+    /* a cache of exactly top-k slots with pre-gating: an expert already in a slot (a guess the
+     * router confirmed) is never read again in the same layer run to make room for another */
+    {
+        loip_experts *x = make_cache(mc, k, LOIP_EXPERTS_LRU, 1, &W);
+        int twice = 0;
+        for (int trial = 0; trial < 60; trial++) {
+            float one[DIM], out[DIM];
+            for (int i = 0; i < DIM; i++) one[i] = frand();
+            CHECK(run_rows(mc, pool, x, 0, 2 * LAYERS, one, out, 1) == 0, "one row: %s", loip_last_error());
+            loip_runner_event ev[64];
+            int n_ev = loip_experts_events(x, ev, 64);
+            for (int i = 0; i < n_ev; i++)
+                for (int j = i + 1; j < n_ev; j++)
+                    twice += ev[i].stage == ev[j].stage && ev[i].first_block == ev[j].first_block;
+        }
+        CHECK(twice == 0, "%d experts read twice in one layer run (k = %d slots)", twice, k);
+        loip_experts_free(x);
+    }
     /* pre-gating that the router does not confirm often enough stops (but for probes) */
     {
         loip_loader_config lc = {.slot_bytes = EXPERT_BYTES, .n_slots = E};
@@ -349,12 +372,28 @@ static void errors(loip_pool *pool) {
     loip_model *mc = make_model(&W, 0);
     /* the expert file cut short: the read fails naming the file and the expert */
     loip_experts *x = make_cache(mc, 2, LOIP_EXPERTS_LRU, 0, &W);
-    CHECK(truncate(path, 4096) == 0, "truncate");
-    float x0[N * DIM], got[N * DIM];
+    float x0[N * DIM], got[N * DIM], want[N * DIM];
     for (int i = 0; i < N * DIM; i++) x0[i] = frand();
+    loip_model *mb = make_model(&W, 1);
+    CHECK(run_blocks(mb, pool, NULL, 0, 2 * LAYERS, x0, want) == 0, "bound: %s", loip_last_error());
+    loip_model_free(mb);
+    CHECK(truncate(path, 4096) == 0, "truncate");
     int rc = run_blocks(mc, pool, x, 0, 2 * LAYERS, x0, got);
     CHECK(rc != 0 && strstr(loip_last_error(), path) && strstr(loip_last_error(), "expert"),
           "a truncated expert file: %d %s", rc, loip_last_error());
+    /* the file back: the next run reads again and gives the bound model's state (nothing left
+     * loading, held or failed from the run that failed) */
+    write_experts(&W);
+    for (int cache = 2; cache <= 3; cache++) {
+        loip_experts *y = make_cache(mc, cache, LOIP_EXPERTS_LRU, 1, &W);
+        CHECK(truncate(path, 4096) == 0, "truncate");
+        CHECK(run_blocks(mc, pool, y, 0, 2 * LAYERS, x0, got) != 0, "a truncated file read");
+        write_experts(&W);
+        rc = run_blocks(mc, pool, y, 0, 2 * LAYERS, x0, got);
+        CHECK(rc == 0 && memcmp(got, want, sizeof got) == 0, "after the file came back (%d slots): %d %s", cache, rc,
+              loip_last_error());
+        loip_experts_free(y);
+    }
     loip_model_free(mc); /* the model may go before its cache */
     loip_experts_free(x);
     mc = make_model(&W, 0);

@@ -152,7 +152,8 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
     for (int p = 0; p < LOIP_EXPERT_PARTS; p++) {
         int64_t rows, cols;
         loip_expert_shape(c, p, &rows, &cols);
-        if (offset[p] + (uint64_t)(rows * cols) * (uint64_t)loip_dtype_size(dtype) > ext->length)
+        uint64_t bytes = (uint64_t)(rows * cols) * (uint64_t)loip_dtype_size(dtype);
+        if (offset[p] > ext->length || bytes > ext->length - offset[p])
             return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d: part %d ends past its extent (%s)",
                              expert, layer, p, ext->path ? ext->path : "fd");
     }
@@ -227,9 +228,11 @@ static int start_read(loip_experts *x, int32_t i, int32_t layer, int32_t e, int 
     if (!src->ext.path && src->ext.fd < 0)
         return loip_fail(LOIP_ESTATE, "expert %d of layer %d is neither bound nor readable (no source)", e, layer);
     if (s->state == XS_LOADING) { /* a guess still landing: its read must end before another starts */
+        loip_load_done done = {0};
         uint64_t t0 = loip_now_ns();
-        loip_loader_wait(x->l, s->tag, -1, NULL);
+        loip_loader_wait(x->l, s->tag, -1, &done);
         x->st.stall_ns += loip_now_ns() - t0;
+        if (done.tag == s->tag) record(x, s->layer, s->expert, done.t_submit_ns, done.t_done_ns, done.bytes, s->prefetch_read);
     }
     if (s->layer >= 0) x->where[idx(x, s->layer, s->expert)] = -1;
     uint64_t tag = x->next_tag++;
@@ -311,12 +314,18 @@ void loip_experts_tensors(loip_experts *x, int32_t slot, loip_tensor out[LOIP_EX
 
 void loip_experts_release(loip_experts *x, int32_t slot) { x->slots[slot].held_run = 0; }
 
+int loip_experts_holds(const loip_experts *x, int32_t layer, int32_t e) { return x->where[idx(x, layer, e)] >= 0; }
+
+int loip_experts_was_prefetch(const loip_experts *x, int32_t slot) { return x->slots[slot].prefetch_read; }
+
 void loip_experts_layer_done(loip_experts *x, int32_t layer) {
     if (x->cfg.policy != LOIP_EXPERTS_ALL || !x->has_src[layer]) return;
     /* the baseline reads every expert of the layer: those neither routed nor prefetched now,
      * one at a time through the slots no one holds (read, then dropped) */
     for (int32_t e = 0; e < x->n_experts; e++) {
-        if (x->seen[idx(x, layer, e)] == x->epoch[layer] + 1 || x->where[idx(x, layer, e)] >= 0) continue;
+        if (x->seen[idx(x, layer, e)] == x->epoch[layer] + 1 || x->where[idx(x, layer, e)] >= 0 ||
+            loip_expert_w(x->m, layer, e, LOIP_EXPERT_GATE)->data)
+            continue; /* (read now, in a slot, or bound: in memory) */
         int32_t i = victim(x, 0);
         if (i < 0 || start_read(x, i, layer, e, 1)) break; /* (a read that fails here costs the baseline nothing) */
         uint64_t t0 = loip_now_ns();
@@ -325,7 +334,7 @@ void loip_experts_layer_done(loip_experts *x, int32_t layer) {
     }
     for (int32_t i = 0; i < x->n_slots; i++) { /* the baseline keeps nothing for the next run */
         xslot *s = &x->slots[i];
-        if (s->layer != layer || s->held_run == x->run) continue;
+        if (s->layer != layer || s->held_run == x->run || s->pinned) continue;
         if (s->state == XS_LOADING) { /* (as a dense block: read whole before the layer is done) */
             uint64_t t0 = loip_now_ns();
             loip_experts_wait(x, i, -1);

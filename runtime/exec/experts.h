@@ -20,6 +20,10 @@ int loip_experts_wait(loip_experts *x, int32_t slot, int32_t timeout_ms);
 /* The three tensors of the expert in a ready slot. */
 void loip_experts_tensors(loip_experts *x, int32_t slot, loip_tensor out[LOIP_EXPERT_PARTS]);
 void loip_experts_release(loip_experts *x, int32_t slot);
+/* Is expert e of layer l in a slot (ready or loading)? */
+int loip_experts_holds(const loip_experts *x, int32_t layer, int32_t e);
+/* Was the read into slot a prefetch (pre-gating's guess)? */
+int loip_experts_was_prefetch(const loip_experts *x, int32_t slot);
 /* The layer's run ended (LOIP_EXPERTS_ALL forgets its experts: the next run reads them again). */
 void loip_experts_layer_done(loip_experts *x, int32_t layer);
 /* LOIP_EXPERTS_ALL: pre-gating reads every expert of a layer, whatever its router says. */

@@ -5,6 +5,7 @@
  * which experts were in memory, in the cache, or read while others computed: every one of them
  * is computed, in whatever order their bytes arrive, and summed the same way. */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -122,19 +123,45 @@ static int gather(loip_session *s, int l, int n) {
     return m;
 }
 
+static int expert_bound(const loip_model *m, int l, int e) {
+    for (int p = 0; p < LOIP_EXPERT_PARTS; p++)
+        if (!loip_expert_w(m, l, e, p)->data) return 0;
+    return 1;
+}
+
+/* A layer run that failed part way: the reads it started are waited for (their status
+ * dropped: a failed one empties its slot) and its slots released, so that nothing is left
+ * loading or held for a later run to trip on; then the error. */
+static int abandon(loip_experts *x, int l, const int32_t *list, const int32_t *slot, int m, int routed, int rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", loip_last_error());
+    if (x) {
+        for (int i = 0; i < m; i++)
+            if (slot[i] >= 0) {
+                loip_experts_wait(x, slot[i], -1);
+                loip_experts_release(x, slot[i]);
+            }
+        if (!routed) loip_experts_routed(x, l, list, m, 0);
+    }
+    return loip_fail(rc, "%s", msg);
+}
+
 /* Every chosen expert computed: the bound ones and those cached at once, the rest as their reads
- * land (several at a time when several have), slots held only while their expert computes. */
+ * land (several at a time when several have), slots held only while their expert computes. The
+ * experts already in a slot are asked for first, so that a read for another never takes their
+ * slot; a prefetched read that failed is read again once, on demand. */
 static int compute_chosen(loip_session *s, int l, int m) {
     const loip_model *mod = s->m;
     loip_experts *x = s->experts;
-    int32_t *list = s->moe_list, *now = s->moe_now, *slot = s->moe_slot;
+    /* (retried: gather's moe_fill, free once the rows are gathered) */
+    int32_t *list = s->moe_list, *now = s->moe_now, *slot = s->moe_slot, *retried = s->moe_fill;
     loip_tensor (*w)[LOIP_EXPERT_PARTS] = s->moe_views;
-    int n_now = 0, n_bound = 0, rc;
+    int n_now = 0, n_bound = 0, rc, routed = 0;
     /* pass 1: bound experts, and every other one's slot asked for (reads start) */
     for (int i = 0; i < m; i++) {
         int32_t e = list[i];
-        slot[i] = -1;
-        if (loip_expert_w(mod, l, e, LOIP_EXPERT_GATE)->data) {
+        slot[i] = -1, retried[i] = 0;
+        if (expert_bound(mod, l, e)) {
             for (int p = 0; p < LOIP_EXPERT_PARTS; p++) w[n_now][p] = *loip_expert_w(mod, l, e, p);
             now[n_now++] = e, n_bound++;
             slot[i] = -3; /* done */
@@ -146,12 +173,15 @@ static int compute_chosen(loip_session *s, int l, int m) {
     }
     if (x) {
         loip_experts_next_run(x);
-        for (int i = 0; i < m; i++) {
-            if (slot[i] == -3) continue;
-            int state;
-            if ((rc = loip_experts_acquire(x, l, list[i], &slot[i], &state))) return rc;
-        }
+        for (int pass = 0; pass < 2; pass++) /* those in a slot, then the others */
+            for (int i = 0; i < m; i++) {
+                if (slot[i] != -1 || loip_experts_holds(x, l, list[i]) != (pass == 0)) continue;
+                int state;
+                if ((rc = loip_experts_acquire(x, l, list[i], &slot[i], &state)))
+                    return abandon(x, l, list, slot, m, routed, rc);
+            }
         loip_experts_routed(x, l, list, m, n_bound);
+        routed = 1;
     }
     run_experts(s, now, n_now, (const loip_tensor(*)[LOIP_EXPERT_PARTS])w);
     /* the rest: what has landed, computed together; wait only when nothing has */
@@ -163,12 +193,21 @@ static int compute_chosen(loip_session *s, int l, int m) {
             left++;
             if (slot[i] == -1) { /* no slot was free: ask again now that some are released */
                 int state;
-                if ((rc = loip_experts_acquire(x, l, list[i], &slot[i], &state))) return rc;
+                if ((rc = loip_experts_acquire(x, l, list[i], &slot[i], &state)))
+                    return abandon(x, l, list, slot, m, routed, rc);
                 if (slot[i] < 0) continue;
             }
+            int guess = loip_experts_was_prefetch(x, slot[i]);
             rc = loip_experts_wait(x, slot[i], 0);
             if (rc == LOIP_ETIMEDOUT) continue;
-            if (rc) return rc;
+            if (rc && guess && !retried[i]) { /* (its slot is empty again: read it on demand) */
+                slot[i] = -1, retried[i] = 1;
+                continue;
+            }
+            if (rc) {
+                slot[i] = -1; /* (emptied by the wait) */
+                return abandon(x, l, list, slot, m, routed, rc);
+            }
             loip_experts_tensors(x, slot[i], w[n_now]);
             now[n_now] = list[i], s->moe_done[n_now++] = i;
         }
@@ -181,13 +220,27 @@ static int compute_chosen(loip_session *s, int l, int m) {
             for (int i = 0; i < m && first < 0; i++)
                 if (slot[i] >= 0) first = i;
                 else if (slot[i] == -1 && stuck < 0) stuck = i;
-            if (first < 0)
-                return loip_fail(LOIP_ESTATE, "layer %d: no slot of the expert cache can take expert %d (every slot "
-                                 "is pinned)", l, list[stuck]);
+            if (first < 0) {
+                if (stuck >= 0 && retried[stuck] == 1) { /* (a failed guess: its slot is free, asked for again above) */
+                    retried[stuck] = 2;
+                    continue;
+                }
+                return abandon(x, l, list, slot, m, routed,
+                               loip_fail(LOIP_ESTATE, "layer %d: no slot of the expert cache can take expert %d "
+                                         "(every slot is pinned)", l, list[stuck]));
+            }
             uint64_t t0 = loip_now_ns();
+            int guess = loip_experts_was_prefetch(x, slot[first]);
             rc = loip_experts_wait(x, slot[first], -1);
             loip_experts_add_stall(x, loip_now_ns() - t0);
-            if (rc) return rc;
+            if (rc && guess && !retried[first]) {
+                slot[first] = -1, retried[first] = 1;
+                continue;
+            }
+            if (rc) {
+                slot[first] = -1;
+                return abandon(x, l, list, slot, m, routed, rc);
+            }
             continue;
         }
         run_experts(s, now, n_now, (const loip_tensor(*)[LOIP_EXPERT_PARTS])w);

@@ -466,8 +466,9 @@ LOIP_API int loip_runner_set_loader(loip_runner *r, loip_loader *l) {
     if (r->l) drain(r);
     free(r->free_slots);
     free(r->live);
+    loip_loader_retain(l); /* (before the old one goes: it may be the same) */
     loip_loader_free(r->l);
-    r->l = loip_loader_retain(l), r->free_slots = fs, r->live = live, r->n_free = 0, r->n_live = 0, r->ring_tail = 0;
+    r->l = l, r->free_slots = fs, r->live = live, r->n_free = 0, r->n_live = 0, r->ring_tail = 0;
     r->ring = n_slots == 1, r->ring_bytes = slot_bytes;
     for (int32_t i = n_slots - 1; i >= 0; i--) r->free_slots[r->n_free++] = i;
     /* the offloaded weights point into the new first slot until their next load rebinds them */

@@ -197,6 +197,14 @@ describe("offloaded experts", function()
     local ok, lerr = pcall(require("loip.model.experts").load_routing, out)
     assert.is_false(ok)
     assert.matches("frequencies%[2%] must list 8 experts", lerr)
+    -- a profile of another model is refused where it is used, naming it
+    r.frequencies[2], r.layers, r.frequencies[4] = r.frequencies[1], 3, nil
+    T.write(out, json.encode(r))
+    local routing = require("loip.model.experts").load_routing(out)
+    ok, lerr = pcall(loip.model.open, store(), { threads = 1, context = 64, plan = layer_plan(4, { [1] = true }),
+      experts = "static", routing = routing })
+    assert.is_false(ok)
+    assert.matches("r%.json: a routing profile of 3 layers of 8 experts, the model has 4 of 8", lerr)
   end)
 
   it("3 devices with offloaded experts give the single device's tokens and report their caches", function()
@@ -222,7 +230,18 @@ describe("offloaded experts", function()
       else
         assert.matches("no plan fits", err)
       end
+      -- the buffered loader's bounce buffers (the runner's and the expert cache's) are counted too
+      local brc, _, berr = T.generate_json(store(), "--loader buffered --mem " .. mem .. " --context 64 --max-tokens 3")
+      assert.is_true(brc == 0 or berr:find("no plan fits", 1, true) ~= nil or berr:find("cannot run this model", 1, true) ~= nil,
+        mem .. " buffered: " .. berr)
     end
+    -- no budget: a plan that offloads MLP blocks gets a cache of a layer's experts
+    local m = loip.model.open(store(), { threads = 1, context = 64, plan = layer_plan(nil, { [1] = true, [2] = true }) })
+    assert.are.equal(8, m.plan.devices[1].expert_slots)
+    m:close()
+    local ok, err = pcall(loip.model.open, store(), { threads = 1, context = 64, plan = layer_plan(2000, { [1] = true }) })
+    assert.is_false(ok)
+    assert.matches("expert_slots must be an integer in 1..1024", err)
   end)
 
   it("the simulator plays the expert cache of a plan", function()

@@ -94,6 +94,7 @@ function M.run(o)
   -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
   local routing = require("loip.model.experts").load_routing(o.routing_profile)
   if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
+  if routing then require("loip.model.experts").check_routing(routing, sizes.n_layers, sizes.moe.experts, o.routing_profile) end
   prob.routing = routing and routing.frequencies
   if o.baseline then
     -- a system we do not build: its model's step time at the pattern's batch, mid-generation

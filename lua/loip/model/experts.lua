@@ -23,6 +23,9 @@ local Cache = {}
 Cache.__index = Cache
 
 local parts = { expert_gate = K.EXPERT_GATE, expert_up = K.EXPERT_UP, expert_down = K.EXPERT_DOWN }
+-- The most experts a cache holds (its loader's slots: runtime/loader/loader.c takes 1024 at most).
+M.MAX_SLOTS = 1024
+
 local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC, all = K.EXPERTS_ALL }
 M.replacements = { "lru", "lfu", "static", "all" }
 
@@ -194,7 +197,11 @@ function M.load_routing(path)
     if type(f) ~= "table" or #f ~= r.experts then
       error(string.format("%s: frequencies[%d] must list %s experts", path, l, tostring(r.experts)), 0)
     end
+    for e, v in ipairs(f) do
+      if type(v) ~= "number" or v < 0 then error(string.format("%s: frequencies[%d][%d] is not a share >= 0", path, l, e), 0) end
+    end
   end
+  r.path = path
   return r
 end
 
@@ -236,6 +243,16 @@ function M.profile_routing(m, prompts, opts)
     prompts = #prompts, tokens = tokens, frequencies = freq }
 end
 
+-- Routing profile r (M.load_routing's) checked against a model of n_layers layers and n_experts
+-- experts per layer; raises naming `where` (the file) and what differs.
+function M.check_routing(r, n_layers, n_experts, where)
+  if r.layers ~= n_layers or r.experts ~= n_experts then
+    error(string.format("%s: a routing profile of %s layers of %s experts, the model has %d of %d", where or "routing profile",
+      tostring(r.layers), tostring(r.experts), n_layers, n_experts), 0)
+  end
+  return r
+end
+
 -- ---- for loip.model (one device under a plan) ---------------------------------------------
 
 -- The 0-based layers whose MLP blocks device i of plan p offloads: a set and a sorted list.
@@ -251,8 +268,9 @@ function M.offloaded_layers(p, i)
 end
 
 -- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
--- it serves; at least the top-k, which the plan's memory already counts), less what a KV cache
--- growing online past the plan's positions will take. Changes p in place.
+-- it serves, and M.MAX_SLOTS; at least the top-k, which the plan's memory already counts), less
+-- what a KV cache growing online past the plan's positions will take; without a budget (avail
+-- 0), a layer's experts. Changes p in place.
 function M.size_cache(p, i, sizes, avail, opts)
   if not sizes.moe then return end
   local plan = require "loip.plan"
@@ -263,8 +281,12 @@ function M.size_cache(p, i, sizes, avail, opts)
   -- (a KV cache that grows online past the plan's positions keeps its room: the cache does not take it)
   local grows = sizes.plan_positions < sizes.kv_tokens
     and math.ceil(m.kv / math.max(1, sizes.plan_positions) * (sizes.kv_tokens - sizes.plan_positions)) or 0
-  local room = avail > 0 and (avail - m.total - grows) or math.huge
-  local most = part.off_moe * sizes.moe.experts
+  local most = math.min(part.off_moe * sizes.moe.experts, M.MAX_SLOTS)
+  if avail <= 0 then -- (no budget: the memory a layer's experts read as one dense block would take)
+    d.expert_slots = math.min(most, math.max(part.expert_slots, sizes.moe.experts))
+    return
+  end
+  local room = avail - m.total - grows
   d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
 end
 
@@ -279,6 +301,7 @@ function M.for_device(o)
   if #list == 0 then return nil end
   local part = require("loip.plan").device_part(p, o.device, sizes)
   local pol = require("loip.policy").load("experts", o.experts or "lru")
+  if o.routing then M.check_routing(o.routing, o.cfg.n_layers, o.cfg.n_experts, o.routing.path) end
   local conf = pol.configure { slots = part.expert_slots, layers = list, experts = sizes.moe.experts,
     used = sizes.moe.used, routing = o.routing and o.routing.frequencies or nil }
   return M.open { model = o.model, session = o.session, dir = o.dir, man = o.man, cfg = o.cfg, layers = set,

@@ -155,8 +155,8 @@ function M.check(p, n_blocks, where)
       return bad("devices[%d] has %d stages, devices[1] has %d: every device holds the same number", i, #d.stages, S)
     end
     if d.slot_bytes ~= nil and not is_count(d.slot_bytes) then return bad("devices[%d].slot_bytes must be a byte count", i) end
-    if d.expert_slots ~= nil and (not is_count(d.expert_slots) or d.expert_slots < 1) then
-      return bad("devices[%d].expert_slots must be a positive integer (experts its cache holds)", i)
+    if d.expert_slots ~= nil and (not is_count(d.expert_slots) or d.expert_slots < 1 or d.expert_slots > 1024) then
+      return bad("devices[%d].expert_slots must be an integer in 1..1024 (experts its cache holds)", i)
     end
     for s, st in ipairs(d.stages) do
       local sw = string.format("devices[%d].stages[%d]", i, s)
@@ -278,6 +278,12 @@ function M.expert_cache_bytes(part, sizes)
   return sizes.moe and (part.expert_slots or 0) * sizes.moe.expert_bytes or 0
 end
 
+-- The expert cache's loader's bounce buffer (the buffered path's; 0 on io_uring), when part has one.
+function M.expert_scratch(part, sizes, opts)
+  if not sizes.moe or (part.off_moe or 0) == 0 then return 0 end
+  return M.loader_scratch(sizes.moe.expert_bytes, (opts or {}).loader)
+end
+
 -- The memory of a device's part by account: { weights, slots, kv, activations, scratch, total,
 -- slot_bytes, offloaded_bytes }. opts: cluster (the device is a worker: its message buffers
 -- count as activations), loader ("uring" | "buffered" | "auto": the bounce buffer of the
@@ -290,7 +296,7 @@ function M.part_memory(part, sizes, opts)
   local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes),
     experts = M.expert_cache_bytes(part, sizes), kv = sizes.kv_bytes[part.layers],
     activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
-    scratch = part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0,
+    scratch = (part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0) + M.expert_scratch(part, sizes, opts),
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
   m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
   return m
@@ -298,7 +304,7 @@ end
 
 -- part_memory(...).total without the table (schedulers call this in their inner loops).
 function M.part_total(part, sizes, opts)
-  return M.total_of(sizes, opts, part.first, part.last, part.res_bytes,
+  return M.total_of(sizes, opts, part.first, part.last, part.res_bytes + M.expert_scratch(part, sizes, opts),
     part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers)
 end
 

@@ -178,7 +178,7 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local slot = k * most
   if sz.moe and off_mlp > 0 then
     slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes
-    res = res + off_mlp * sz.moe.gating_bytes
+    res = res + off_mlp * sz.moe.gating_bytes + plan.loader_scratch(sz.moe.expert_bytes, problem.loader)
   end
   if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
   return res + slot + kv + base
@@ -394,6 +394,7 @@ function M.fill(problem, p, i)
   local function moe_bytes()
     if not moe or off_mlp == 0 then return 0 end
     return off_mlp * moe.gating_bytes + plan.min_expert_slots(sizes) * moe.expert_bytes
+      + plan.loader_scratch(moe.expert_bytes, problem.loader)
   end
   local function total(res, sl)
     return plan.total_of(sizes, problem, part.first, part.last, res + moe_bytes(), slots * sl, part.layers)

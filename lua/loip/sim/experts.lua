@@ -23,9 +23,15 @@ function Cache:random()
   return self.rng / 2147483647
 end
 
--- One row's k distinct experts of layer l.
+-- One row's k distinct experts of layer l (drawn from its profile while it names k experts with
+-- a share above 0, uniformly for the rest).
 function Cache:pick(l, out)
   local f = self.routing and self.routing[l + 1]
+  if f then
+    local named = 0
+    for _, v in ipairs(f) do if v > 0 then named = named + 1 end end
+    if named < self.k then f = nil end
+  end
   local got = 0
   while got < self.k do
     local e
