@@ -196,8 +196,7 @@ function Sim:step(toks)
       local xread = 0
       if x.experts and #y.moe_layers > 0 then
         local reads = x.experts:step(y.moe_layers, n)
-        local d = problem.devices[i]
-        xread = reads > 0 and space.read_ms(d, reads * sizes.moe.expert_bytes, reads) or 0
+        xread = space.expert_read_ms(problem.devices[i], reads * sizes.moe.expert_bytes, reads, #y.moe_layers)
       end
       if y.bytes == 0 then
         start, release = arrive, arrive

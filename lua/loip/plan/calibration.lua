@@ -48,15 +48,18 @@ end
 -- (loip.plan.profile, whose calibrate passes itself: call that one).
 function M.calibrate(opts, profile)
   local hf = require "loip.model.hf"
-  local cfg, dtype, files = opts.cfg, opts.dtype, nil
+  local cfg, dtype, files, experts, top_k = opts.cfg, opts.dtype, nil, nil, nil
   if opts.store then
     local store = require "loip.model.store"
     local man = store.read_manifest(opts.store)
     cfg, dtype = man.config, dtype or store.layer_dtype(man)
     local sized = {}
     for _, f in ipairs(man.files) do
-      if f.name:match("^layer%-") then sized[#sized + 1] = f end
+      if f.name:match("^layer%-") and f.expert == nil then sized[#sized + 1] = f end
     end
+    experts = select(2, profile.store_files(opts.store, man)) -- (a mixture of experts': read top-k at once)
+    if #experts == 0 then experts = nil end
+    top_k = man.config.num_experts_per_tok
     table.sort(sized, function(a, b) return a.size > b.size end)
     files = {}
     for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
@@ -86,7 +89,8 @@ function M.calibrate(opts, profile)
     end
   end
   local readers = math.max(1, math.floor(tonumber(opts.readers) or 1))
-  local key = key_of(c, threads, dtype, context, opts.store, readers)
+  -- (a mixture of experts' store: its experts' reads measured too)
+  local key = key_of(c, threads, dtype, context, opts.store, readers) .. (experts and ("|experts " .. tostring(top_k)) or "")
   local dir = profile.cache_dir()
   local path = string.format("%s/calibration-%s.json", dir, sha_hex(key):sub(1, 16))
   if not opts.fresh then
@@ -112,7 +116,7 @@ function M.calibrate(opts, profile)
     end
   end
   local ok, pr = pcall(profile.measure, { cfg = measured_cfg, dtype = dtype, threads = threads, quick = true, context = context,
-    disk = files and { files = files, bytes = 64 * 1024 * 1024, readers = readers } or nil })
+    disk = files and { files = files, bytes = 64 * 1024 * 1024, readers = readers, experts = experts, parallel = top_k } or nil })
   if scratch then os.remove(scratch) end
   if not ok then error(pr, 0) end
   pr.calibration = { key = key, context = context }

@@ -91,6 +91,36 @@ local function drop_cache(files)
   for _, p in ipairs(files) do files_rt.drop_cache(p) end
 end
 
+-- The read rate of `n` files read at once, wave after wave (a mixture of experts' layer reads the
+-- experts its router picked together, each a file: loip.model.experts), from a cold cache, at
+-- rate (bytes/s, 0: as fast as it goes): bytes/s over at least `bytes` (every file once at least).
+function M.parallel(files, n, bytes, rate)
+  local loader = require "loip.runtime.loader"
+  local sizes, biggest = file_sizes(files)
+  drop_cache(files)
+  n = math.max(1, math.min(n, #files))
+  local l, err = loader.new { slots = n, slot_bytes = biggest, mode = "auto", rate = rate or 0, overlap_loads = true }
+  if not l then error("profile: " .. err, 0) end
+  local got, k, tag = 0, 0, 0
+  local t0 = core.now_ms()
+  repeat
+    local first = tag + 1
+    for slot = 1, n do
+      k, tag = k % #files + 1, tag + 1
+      local ok, serr = l:submit(slot, { { path = files[k], offset = 0, length = sizes[k] } }, tag)
+      if not ok then l:close() error("profile: " .. tostring(serr), 0) end
+      got = got + sizes[k]
+    end
+    for t = first, tag do
+      local ok, werr = l:wait(t)
+      if not ok then l:close() error("profile: " .. tostring(werr), 0) end
+    end
+  until got >= bytes and k >= #files
+  local ms = core.now_ms() - t0
+  l:close()
+  return got / ms * 1e3
+end
+
 -- Per reader, the read rate of `readers` loaders reading at once, each its own files of the
 -- list (as the local devices of a cluster read their blocks from this machine's one disk):
 -- each reads at least `bytes` (whole files, from a cold cache), its loads queued back to back as

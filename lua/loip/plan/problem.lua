@@ -144,6 +144,9 @@ function M.new(o)
       overlap_loads = pr.disk and pr.disk.overlap_loads or false }
     local flag, measured = each(o.disk_rate, i), pr.disk and pr.disk.read_bps
     d.disk_bps = (flag and measured) and math.min(flag, measured) or flag or measured
+    -- (a mixture of experts: the rate of a layer's experts read at once, when the profile measured it)
+    local xm = pr.disk and pr.disk.expert_bps
+    d.expert_bps = xm and (flag and math.min(flag, xm) or xm) or nil
     -- a disk this machine's local devices share: each one's rate with k reading at once
     -- (disk_bps: with all of them, the price a plan is chosen at; the estimate prices each read at
     -- the rate of as many as read beside it)

@@ -239,6 +239,12 @@ function M.measure(opts)
     local readers = opts.disk.readers or 1
     pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers, opts.warn)
     pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
+    if opts.disk.experts and #opts.disk.experts > 0 then -- (a mixture of experts: a layer's picks read at once)
+      say("the experts' reads")
+      pr.disk.expert_bps = disk.parallel(opts.disk.experts, opts.disk.parallel or 8,
+        math.min(opts.disk.bytes or 256 * 1024 * 1024, 256 * 1024 * 1024), opts.disk.rate)
+      pr.disk.expert_reads_at_once = opts.disk.parallel or 8
+    end
     say("compute while the disk streams")
     -- quiet before and after, each figure the median of every sample (a machine whose load
     -- drifts moves both alike), so that the ratio compares like with like
@@ -284,6 +290,20 @@ end
 -- measured with this module's M.measure and kept where M.cache_dir says: pr, its path.
 function M.calibrate(opts) return calibration.calibrate(opts, M) end
 
+-- A store's block files a device reads into its slot (paths), and its experts' files (a mixture
+-- of experts: the first 64; none otherwise).
+function M.store_files(dir, man)
+  local files, experts = {}, {}
+  for _, f in ipairs(man.files) do
+    if f.expert ~= nil then
+      if #experts < 64 then experts[#experts + 1] = dir .. "/" .. f.name end
+    elseif f.name:match("^layer%-") then
+      files[#files + 1] = dir .. "/" .. f.name
+    end
+  end
+  return files, experts
+end
+
 -- A full profile of this machine for a slice store's shape: compute at opts.batches and
 -- opts.contexts, the disk on its block files (opts.read bytes, through the loader at
 -- opts.disk_rate when given), the transport. opts: threads, batches, contexts, read, disk_rate,
@@ -291,12 +311,10 @@ function M.calibrate(opts) return calibration.calibrate(opts, M) end
 function M.of_store(dir, opts)
   local store = require "loip.model.store"
   local man = store.read_manifest(dir)
-  local files = {}
-  for _, f in ipairs(man.files) do
-    if f.name:match("^layer%-") then files[#files + 1] = dir .. "/" .. f.name end
-  end
+  local files, experts = M.store_files(dir, man)
   local pr = M.measure { cfg = man.config, dtype = store.layer_dtype(man), threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
-    disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate, readers = opts.readers },
+    disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate, readers = opts.readers,
+      experts = experts, parallel = man.config.num_experts_per_tok },
     progress = opts.progress }
   pr.store = dir
   return pr

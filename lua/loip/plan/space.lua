@@ -240,6 +240,14 @@ function M.read_ms(d, bytes, loads)
   return bytes / d.disk_bps * 1e3 + (loads or 1) * (d.load_ms or 0)
 end
 
+-- ms to read a mixture of experts' `reads` experts (`bytes`) on device d: at the rate of a
+-- layer's experts read at once (d.expert_bps, when its profile measured it), each layer's reads
+-- together paying one read's time besides, over `layers` layer runs.
+function M.expert_read_ms(d, bytes, reads, layers)
+  if reads <= 0 then return 0 end
+  return bytes / (d.expert_bps or d.disk_bps) * 1e3 + math.min(reads, layers or reads) * (d.load_ms or 0)
+end
+
 -- The memory of a part (loip.plan.part_memory) under the problem's accounting, and its total.
 function M.memory(problem, part)
   return plan.part_memory(part, problem.model, M.memory_opts(problem))

@@ -45,7 +45,8 @@ function M.device(problem, i, part)
     + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
   -- (a mixture of experts: its offloaded MLP blocks' routed experts are read too, one by one)
   local xbytes, xreads = plan.expert_reads(problem.model, part, problem.micro_batch, problem.routing)
-  local load = reads and space.read_ms(d, part.off_bytes + xbytes, part.loads + xreads) or 0
+  local load = reads and (space.read_ms(d, part.off_bytes, part.loads) + space.expert_read_ms(d, xbytes, xreads, part.off_moe))
+    or 0
   if part.prefetch == false then
     -- nothing is read ahead: every read is waited for, and the step waits for every device
     return { comp_ms = comp + load, load_ms = load, serial_ms = 0, offloaded_ms = offloaded, exposed_ms = load }
@@ -153,8 +154,10 @@ local function play(p, problem, rates)
     local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
       comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
     -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
-    local xbytes = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
-    x.expert_bytes = (part.off_moe or 0) > 0 and xbytes / part.off_moe or 0
+    local xbytes, xreads = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
+    -- (as the block's read time: its experts' at their own rate, folded into its bytes at the disk's)
+    local xms = space.expert_read_ms(problem.devices[i], xbytes, xreads, part.off_moe)
+    x.expert_bytes = (part.off_moe or 0) > 0 and xms / 1e3 * rate / part.off_moe or 0
     for s, st in ipairs(d.stages) do
       local y = { off = 0, res = c.stage_ms or 0, bytes = 0, blocks = {} }
       for b = st.blocks[1], st.blocks[2] do
