@@ -33,7 +33,7 @@ local spec = {
     { "mem", "string", "the one device's memory budget", default = "1.5G" },
     { "devices", "int", "local devices of the ring (0: skip the ring)", default = 3 },
     { "ring-mem", "string", "each ring device's budget (default: --mem shared out: the same memory in all)" },
-    { "tokens", "int", "decoding steps measured per run", default = 6 },
+    { "tokens", "int", "decoding steps measured per run (their median: this disk's rate moves from step to step)", default = 12 },
     { "context", "int", "KV positions", default = 256 },
     { "threads", "int", "compute threads per device (0: all CPUs)", default = 0 },
     { "out", "string", "where to write moe.json and moe.svg", default = "bench-out" },
