@@ -52,14 +52,7 @@ end
 local log, median = bench.log, bench.median
 local TARGET, SIM_TOLERANCE = 4, 0.15
 
-if not store.is_store(o.store) then
-  if not json.exists(o.model .. "/config.json") then
-    log("making the synthetic model in %s (once)", o.model)
-    require("loip.model.synth").write(o.model, shape)
-  end
-  log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.model.slice").write(o.model, o.store)
-end
+bench.ensure_store(o.store, o.model, shape)
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local sizes = plan.sizes(man, cfg, { context = o.context, batch = 64 })

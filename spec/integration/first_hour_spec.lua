@@ -36,7 +36,8 @@ describe("modules", function()
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$",
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
-      "^loip%.model%.experts$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$", -- (a mixture of experts' cache, played and sized)
+      -- (a mixture of experts' cache, its policies' shared settings, played and sized)
+      "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
       "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$" }
     local reachable = {}

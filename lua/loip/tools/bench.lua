@@ -157,13 +157,13 @@ function M.device_figures(before, after, n_steps)
   return per
 end
 
--- The synthetic llama-3.2-1b BF16 slice store the benchmarks share: made on first use
--- (the model with loip.synth, then sliced).
-function M.ensure_store(store_dir, model_dir)
+-- A synthetic slice store made on first use (the model with loip.synth, then sliced): shape is
+-- loip.synth's options, by default the llama-3.2-1b BF16 model the benchmarks share.
+function M.ensure_store(store_dir, model_dir, shape)
   if require("loip.model.store").is_store(store_dir) then return store_dir end
   if not require("loip.tools.json").exists(model_dir .. "/config.json") then
     M.log("making the synthetic model in %s (once)", model_dir)
-    require("loip.model.synth").write(model_dir, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+    require("loip.model.synth").write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
   end
   M.log("slicing %s into %s (once)", model_dir, store_dir)
   require("loip.model.slice").write(model_dir, store_dir)

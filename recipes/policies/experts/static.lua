@@ -7,14 +7,8 @@
 -- configure(ctx, params): see lru.lua; ctx.routing is required.
 local M = { name = "static" }
 
-M.settings = {
-  { "prefetch", "int", "layers whose experts pre-gating predicts and reads ahead (0: off)", default = 1,
-    check = function(v) return v >= 0 and v <= 8, "must be 0..8" end },
-  { "min_accuracy", "number", "a layer whose predictions the router confirms less often than this (a running average) "
-    .. "is predicted only now and then (0: always): a wrong guess costs a read", default = 0.9,
-    check = function(v) return v >= 0 and v <= 1, "must be in [0, 1]" end },
-  { "probe_every", "int", "with min_accuracy: predict such a layer at every this many runs of it, to see whether it "
-    .. "pays again", default = 8, check = function(v) return v >= 1, "must be >= 1" end },
+local shared = require "loip.model.experts_policy"
+M.settings = shared.settings {
   { "spare", "int", "slots left unpinned for the experts the profile did not favour (at least top-k)", default = 0,
     check = function(v) return v >= 0, "must be >= 0" end },
 }
@@ -40,8 +34,7 @@ function M.configure(ctx, params)
     if not all[i] or all[i][3] <= 0 then break end
     pins[i] = { all[i][1], all[i][2] }
   end
-  return { replacement = "static", prefetch = params.prefetch, min_accuracy = params.min_accuracy,
-    probe_every = params.probe_every, pins = pins }
+  return shared.config("static", params, pins)
 end
 
 return M
