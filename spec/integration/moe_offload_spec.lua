@@ -244,6 +244,28 @@ describe("offloaded experts", function()
     assert.matches("expert_slots must be an integer in 1..1024", err)
   end)
 
+  it("loses a device mid-generation and re-plans over the others, experts still offloaded: the same tokens", function()
+    local cluster = require "loip.cluster"
+    local c = cluster.start_local { store = store(), devices = 3, threads = 1, mem = 650 * 1024 }
+    local ok, err = pcall(function()
+      local p = c:plan { context = 64, batch = 64, experts = "lru" }
+      local offloading = 0
+      for _, d in ipairs(p.devices) do if d.expert_slots then offloading = offloading + 1 end end
+      assert.is_true(offloading > 0, "a device reads experts")
+      local it, st = c:generate("Once upon a time", { max_tokens = 10, sampler = { temperature = 0 }, stop = {} })
+      local n, pid = 0, c.devices[2].pid
+      for _ in it do
+        n = n + 1
+        if n == 4 then os.execute("kill -KILL " .. pid) end
+      end
+      assert.are.same(want_tokens, st.token_ids)
+      assert.are.equal(1, #c.losses)
+      assert.are.equal(2, #c.devices)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("the simulator plays the expert cache of a plan", function()
     local rc, out, err = T.run(string.format("LOIP_QUIET=1 %s simulate --model %s --devices 3 --mem 650K --context 64 "
       .. "--input-tokens 8 --output-tokens 8 --json", T.loip, store()))
