@@ -3,9 +3,8 @@
 -- running layer uses). Pre-gating reads ahead the experts that `prefetch` layers' routers predict
 -- from the hidden state before their attention runs, for the layers whose predictions the router
 -- confirms at least `min_accuracy` of the time (a wrong guess costs a read; the others are
--- probed now and then). Under uniform routing it keeps a random
--- share of the experts; where routing repeats (a conversation, a language, a code base) it keeps
--- the ones in use.
+-- probed now and then). Under uniform routing it keeps a random share of the experts; where
+-- routing repeats (a conversation, a language, a code base) it keeps the ones in use.
 -- An expert cache policy (loip.policy kind "experts"):
 --   loip generate --model STORE --mem 1.5G --experts lru:prefetch=2
 -- configure(ctx, params) -> { replacement = "lru" | "lfu" | "static" | "all", prefetch = n, min_accuracy, probe_every,
