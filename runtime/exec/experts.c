@@ -422,10 +422,5 @@ LOIP_API int loip_experts_stats(loip_experts *x, loip_experts_stats_t *out) {
 }
 
 LOIP_API int loip_experts_events(loip_experts *x, loip_runner_event *out, int32_t cap) {
-    if (cap <= 0) return 0;
-    int32_t k = x->ev_count < cap ? x->ev_count : cap;
-    memcpy(out, x->ev, (size_t)k * sizeof *out);
-    memmove(x->ev, x->ev + k, (size_t)(x->ev_count - k) * sizeof *x->ev);
-    x->ev_count -= k;
-    return k;
+    return loip_events_take(x->ev, &x->ev_count, out, cap);
 }

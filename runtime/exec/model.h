@@ -24,6 +24,9 @@ static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, i
 const char *loip_weight_name(int which);
 /* Expected [rows, cols] of an expert's part (LOIP_EXPERT_*). */
 void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols);
+/* Moves up to cap of the count events buffered at ev, oldest first, into out; returns how many
+ * (the runner's and the expert cache's event buffers: loip_runner_events, loip_experts_events). */
+int loip_events_take(loip_runner_event *ev, int32_t *count, loip_runner_event *out, int32_t cap);
 /* The weights and the tensor check shared by loip_model_bind and loip_model_bind_expert. */
 int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int64_t cols);
 /* The weights of blocks [first, last) are bound (block 2l: layer l's MHA, 2l+1: its MLP); the

@@ -539,13 +539,17 @@ LOIP_API int loip_runner_set_prefetch(loip_runner *r, int32_t prefetch) {
     return LOIP_OK;
 }
 
-LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap) {
+int loip_events_take(loip_runner_event *ev, int32_t *count, loip_runner_event *out, int32_t cap) {
     if (cap <= 0) return 0;
-    int32_t k = r->ev_count < cap ? r->ev_count : cap;
-    memcpy(out, r->ev, (size_t)k * sizeof *out);
-    memmove(r->ev, r->ev + k, (size_t)(r->ev_count - k) * sizeof *r->ev);
-    r->ev_count -= k;
+    int32_t k = *count < cap ? *count : cap;
+    memcpy(out, ev, (size_t)k * sizeof *out);
+    memmove(ev, ev + k, (size_t)(*count - k) * sizeof *ev);
+    *count -= k;
     return k;
+}
+
+LOIP_API int loip_runner_events(loip_runner *r, loip_runner_event *out, int32_t cap) {
+    return loip_events_take(r->ev, &r->ev_count, out, cap);
 }
 
 LOIP_API int loip_runner_stats(loip_runner *r, loip_runner_stats_t *out) {
