@@ -141,6 +141,31 @@ describe("offloaded experts", function()
     assert.is_truthy(r.experts, "experts offloaded")
   end)
 
+  it("moves an MLP block's experts with it in a live restage, both ways, the tokens unchanged", function()
+    local m = loip.model.open(store(), { threads = 1, context = 64, mem = "4M", plan = layer_plan(nil, {}) })
+    assert.is_nil(m.experts) -- (everything resident: no cache yet)
+    local used0 = m.budget:used()
+    m:restage(3, 2) -- layer 2's attention and MLP blocks offloaded: its experts leave memory for a new cache
+    assert.is_truthy(m.experts)
+    assert.is_true(m.budget:used() < used0, "the experts' memory went back")
+    assert.are.same(want_tokens, greedy(m))
+    local st = m.experts:stats()
+    assert.is_true(st.routed > st.bound, "layer 2's experts read through the cache")
+    m:restage(2, 2) -- and layer 1's: the same cache serves it too
+    assert.are.same(want_tokens, greedy(m))
+    m:restage(3, 0) -- layer 2 back: its experts read into memory and bound again
+    m:restage(2, 0)
+    local before = m.experts:stats()
+    assert.are.same(want_tokens, greedy(m))
+    local after = m.experts:stats()
+    assert.are.equal(after.routed - before.routed, after.bound - before.bound) -- (every layer's experts resident again)
+    local logits = logits_of(m)
+    local differ = 0
+    for i = 1, #want_logits do if logits[i] ~= want_logits[i] then differ = differ + 1 end end
+    assert.are.equal(0, differ)
+    m:close()
+  end)
+
   it("the trace shows expert reads on the disk lane", function()
     local trace = dir .. "/trace.json"
     local rc, _, err = T.generate_json(store(), "--mem 900K --context 64 --max-tokens 4 --trace " .. trace)

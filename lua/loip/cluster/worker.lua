@@ -141,7 +141,7 @@ function Worker:build(msg)
   if not s then error(serr, 0) end
   d.session = s
   -- (room kept for the offloaded blocks: a live change may make them resident)
-  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i))
+  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i, man))
   store.bind_loaded(d.model, dir, man, d.keep)
   d.descs = store.stage_descs(dir, man, p, i, msg.verify_reads)
   d.verify_reads = msg.verify_reads
@@ -152,9 +152,10 @@ function Worker:build(msg)
   d.runner = core.must(exec.runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
     msg.trace and 65536 or 0))
   d.trace = msg.trace
-  d.experts = require("loip.model.experts").for_device { model = d.model, session = s, dir = dir, man = man, cfg = cfg,
-    plan = p, device = i, sizes = sizes, experts = msg.experts, routing = msg.routing, budget = budget,
-    mode = msg.loader, rate = msg.disk_rate, verify_reads = msg.verify_reads, trace = msg.trace }
+  d.experts_opts = { model = d.model, session = s, dir = dir, man = man, cfg = cfg, plan = p, device = i, sizes = sizes,
+    experts = msg.experts, routing = msg.routing, budget = budget, mode = msg.loader, rate = msg.disk_rate,
+    verify_reads = msg.verify_reads, trace = msg.trace }
+  d.experts = require("loip.model.experts").for_device(d.experts_opts)
   if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
@@ -260,10 +261,8 @@ function handlers.CHANGE(self, _, body)
     dir = self.opts.store, man = self.man,
     plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
     new_loader = function(bytes) return new_loader(d, bytes) end,
-    on_loader = function(l)
-      if d.loader and d.loader ~= l then d.loader:close() end
-      d.loader = l
-    end }
+    move_experts = require("loip.model.experts").mover(d, d.experts_opts, d.keep),
+    on_loader = function(l) if d.loader and d.loader ~= l then d.loader:close() end d.loader = l end }
   d.plan, d.descs = p2, descs or d.descs
   log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
     memory.format_bytes(d.budget:used()))

@@ -70,6 +70,15 @@ end
 -- its layers), o.slot_bytes, o.block_bytes, o.lend ({ holder, groups } or nil), o.staging_bytes,
 -- o.chunk_bytes (one layer's group; default group_bytes over the KV layers), o.idle_ms (the cost
 -- model's idle window per stage, or nil).
+-- What a block offloaded gives back to memory, by block (nil: its file, block_bytes): a mixture
+-- of experts' MLP block its experts too, less its router (kept for pre-gating). sizes: loip.plan.sizes.
+function M.freed_bytes(sizes)
+  if not (sizes and sizes.moe) then return nil end
+  local out = {}
+  for b = 0, sizes.n_blocks - 1 do out[b] = sizes.res_bytes[b] - (b % 2 == 1 and sizes.moe.gating_bytes or 0) end
+  return out
+end
+
 function M.device_state(o)
   local stages, kv_layers = {}, 0
   for s, st in ipairs(o.stages) do
@@ -79,7 +88,7 @@ function M.device_state(o)
   end
   local g = o.group_bytes or 0
   return { limit = o.limit or 0, nonkv = o.nonkv or 0, kv_base = o.kv_base or 0, group_bytes = g, slot_bytes = o.slot_bytes or 0,
-    stages = stages, block_bytes = o.block_bytes,
+    stages = stages, block_bytes = o.block_bytes, freed_bytes = M.freed_bytes(o.sizes),
     -- KV lending moves one layer's group (K and V) at a time (o.chunk_bytes: known as such)
     chunk_bytes = o.chunk_bytes or (kv_layers > 0 and g / kv_layers or 0),
     lend = o.lend and { holder = o.lend.holder, groups = o.lend.groups } or nil, staging_bytes = o.staging_bytes or 0,

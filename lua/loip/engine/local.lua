@@ -128,7 +128,7 @@ function Engine:online_devices()
   local est = m.estimate
   return { require("loip.engine").device_state { stages = m.plan.devices[1].stages, limit = m.budget and m.budget:limit() or 0,
     nonkv = used - kv, kv_base = m.kv_base, group_bytes = exec.session_kv_group_bytes(self.session),
-    slot_bytes = m.loader and m.loader:slot_bytes() or 0, block_bytes = m.plan_sizes.block_bytes,
+    slot_bytes = m.loader and m.loader:slot_bytes() or 0, block_bytes = m.plan_sizes.block_bytes, sizes = m.plan_sizes,
     idle_ms = est and est.devices and est.devices[1] and est.devices[1].idle_ms } }
 end
 

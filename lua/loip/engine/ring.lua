@@ -108,7 +108,7 @@ function Cluster:online_devices()
     local m = d.mem_state or {}
     local e = self.estimate and self.estimate.devices and self.estimate.devices[i]
     out[i] = engine.device_state { stages = self.plan_table.devices[i].stages, limit = m.limit or d.mem or 0, nonkv = m.nonkv,
-      kv_base = m.kv_base, group_bytes = m.group_bytes, slot_bytes = m.slot_bytes, block_bytes = self.sizes.block_bytes,
+      kv_base = m.kv_base, group_bytes = m.group_bytes, slot_bytes = m.slot_bytes, block_bytes = self.sizes.block_bytes, sizes = self.sizes,
       -- KV lending: what device i lends (holder, groups per request) and the staging buffer it
       -- keeps (the largest stage blob so far)
       lend = self.lending and self.lending[i], staging_bytes = d.lend_staging, idle_ms = e and e.idle_ms }

@@ -360,7 +360,7 @@ function Sim:online_devices()
   local est = self.estimate
   for i, x in ipairs(self.devices) do
     out[i] = engine.device_state { stages = self.plan.devices[i].stages, limit = self.problem.devices[i].budget, nonkv = x.nonkv,
-      group_bytes = x.group_bytes, slot_bytes = x.slot_bytes, block_bytes = self.problem.model.block_bytes,
+      group_bytes = x.group_bytes, slot_bytes = x.slot_bytes, block_bytes = self.problem.model.block_bytes, sizes = self.problem.model,
       chunk_bytes = self.chunk_bytes, lend = self.lending[i] and self.lending[i].holder and self.lending[i],
       idle_ms = est and est.devices and est.devices[i] and est.devices[i].idle_ms }
   end

@@ -111,17 +111,41 @@ function M.open(o)
     self:close()
     error(why, 0)
   end
-  self.session = o.session
+  self.session, self.o = o.session, o
   return self
+end
+
+-- Serve layer l's experts too (its MLP block is offloaded now: loip.model.store's live restage):
+-- their files as sources, and its router kept for pre-gating (charged as at open). A layer
+-- served already is left as it is.
+function Cache:serve(l)
+  if self.layers[l] then return end
+  local o = self.o
+  local ext, offs = ffi.new("loip_load_extent"), ffi.new("uint64_t[3]")
+  for _, f in ipairs(store.expert_files(o.man, l)) do
+    local path = o.dir .. "/" .. f.name
+    self.anchors[#self.anchors + 1] = path
+    ext.path, ext.fd, ext.file_offset, ext.length, ext.slot_offset = path, -1, 0, f.size, 0
+    ext.check, ext.crc32c = 0, 0
+    if o.verify_reads and f.crc32c then ext.check, ext.crc32c = 1, f.crc32c end
+    local dtype
+    for _, t in ipairs(f.tensors) do
+      local p = parts[t.kind]
+      if p then offs[p], dtype = t.offset, store.dtypes[t.dtype][1] end
+    end
+    core.must(exec.experts_set_source(self.handle, l, f.expert, ext, offs, dtype or K.F32, path))
+  end
+  self.layers[l] = true
+  if (o.prefetch or 1) > 0 then self:_gating(o, { [l] = true }) end
 end
 
 -- Copies of the served layers' ffn_norm and router (their MLP block files are read into the
 -- slot only when their stage runs; pre-gating runs before that).
-function Cache:_gating(o)
+function Cache:_gating(o, layers)
   local want, total = {}, 0
   for _, f in ipairs(o.man.files) do
     local l = f.expert == nil and f.name:match("^layer%-(%d+)%-mlp%.bin$")
-    if l and o.layers[tonumber(l)] then
+    if l and (layers or o.layers)[tonumber(l)] then
       local norm, router
       for _, t in ipairs(f.tensors) do
         if t.kind == "ffn_norm" then norm = t elseif t.kind == "router" then router = t end
@@ -137,7 +161,8 @@ function Cache:_gating(o)
   if o.budget then buf, err = memory.buffer_charged(o.budget.handle, "weights", total)
   else buf, err = memory.buffer(total) end
   if not buf then error(o.dir .. ": the routers kept for pre-gating: " .. err, 0) end
-  self.gating = buf
+  self.gating = self.gating or {}
+  self.gating[#self.gating + 1] = buf
   local base, at = ffi.cast("uint8_t *", memory.buffer_data(buf)), 0
   for _, w in ipairs(want) do
     local path = o.dir .. "/" .. w.file.name
@@ -310,12 +335,55 @@ function M.for_device(o)
     mode = o.mode, rate = o.rate, verify_reads = o.verify_reads, trace = o.trace }
 end
 
--- The same for loip.model m (one device; after its runner is made).
+-- The same for loip.model m (one device; after its runner is made). Its options are kept as
+-- m.experts_opts (a live restage's M.mover makes the cache with them when it needs one).
 function M.for_model(m)
   local o = m.opts
-  return M.for_device { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
+  m.experts_opts = { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
     plan = m.plan, device = 1, sizes = m.plan_sizes, experts = o.experts, routing = o.routing, budget = m.budget,
     mode = o.loader, rate = o.disk_rate, verify_reads = o.verify_reads, trace = o.trace }
+  return M.for_device(m.experts_opts)
+end
+
+-- loip.model.store.restage's move_experts for holder (a loip.model, or a worker's device: its
+-- `experts` field is the cache) whose cache options are xo (as M.for_device takes them) and
+-- loaded files keep; nil for a dense model.
+function M.mover(holder, xo, keep)
+  if not (xo and xo.sizes and xo.sizes.moe) then return nil end -- (a dense model's blocks hold all they need)
+  return function(p, p2)
+    holder.experts = M.move(holder.experts, { model = xo.model, keep = keep, dir = xo.dir, man = xo.man,
+      device = xo.device }, p, p2, function() return M.for_device(setmetatable({ plan = p2 }, { __index = xo })) end)
+  end
+end
+
+-- A live restage from plan p to p2 on device i moved MLP blocks of a mixture of experts between
+-- resident and offloaded (loip.model.store.restage's move_experts): their experts move with them.
+-- o: model, keep (the loaded files), dir, man, device. Experts coming into memory are read back
+-- (charged to "weights") and bound; those leaving are unbound and their memory given back; cache
+-- (or, when there is none yet, new_cache()) serves the layers now offloaded. Returns the cache.
+function M.move(cache, o, p, p2, new_cache)
+  local before, after = M.offloaded_layers(p, o.device), M.offloaded_layers(p2, o.device)
+  for l in pairs(before) do -- back in memory: read, then bound
+    if not after[l] then
+      for _, f in ipairs(store.expert_files(o.man, l)) do
+        store.reload(o.keep, o.dir, o.man, f.name)
+        store.bind_file(o.model, o.dir, o.man, o.keep, f.name)
+      end
+    end
+  end
+  local leaving = {}
+  for l in pairs(after) do if not before[l] then leaving[#leaving + 1] = l end end
+  if #leaving == 0 then return cache end
+  table.sort(leaving)
+  for _, l in ipairs(leaving) do -- read through the cache from now on: unbound, their memory back
+    for _, f in ipairs(store.expert_files(o.man, l)) do
+      for part = 0, K.EXPERT_PARTS - 1 do core.must(exec.model_bind_expert(o.model, l, f.expert, part, nil)) end
+      store.evict(o.keep, o.man, f.name)
+    end
+  end
+  cache = cache or new_cache()
+  for _, l in ipairs(leaving) do cache:serve(l) end
+  return cache
 end
 
 -- The report's figures (`--json`'s experts): the cache's counts, and bytes_read_per_token over
@@ -332,7 +400,8 @@ end
 function Cache:close()
   if self.session ~= nil then exec.session_set_experts(self.session, nil) self.session = nil end
   if self.handle ~= nil then exec.experts_free(self.handle) self.handle = nil end
-  if self.gating ~= nil then memory.buffer_free(self.gating) self.gating = nil end
+  for _, buf in ipairs(self.gating or {}) do memory.buffer_free(buf) end
+  self.gating = nil
 end
 
 return M

@@ -323,10 +323,8 @@ function Model:restage(k, offloaded)
     keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
     new_loader = function(bytes) return self:_new_loader(bytes) end,
-    on_loader = function(l)
-      if self.loader and self.loader ~= l then self.loader:close() end
-      self.loader = l
-    end }
+    move_experts = self.experts_opts and require("loip.model.experts").mover(self, self.experts_opts, self.weights),
+    on_loader = function(l) if self.loader and self.loader ~= l then self.loader:close() end self.loader = l end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
 end

@@ -184,11 +184,13 @@ function M.load_files(dir, man, how, budget, names, spare)
 end
 
 -- The block files of device's offloaded blocks under plan p (name -> true).
-function M.offloaded_files(p, device)
+function M.offloaded_files(p, device, man)
   local out = {}
   for _, st in ipairs(p.devices[device or 1].stages) do
     for b = st.blocks[1], st.blocks[1] + (st.offloaded or 0) - 1 do
       out[M.block_file(b)] = true
+      -- (with man, a mixture of experts: an offloaded MLP block's experts, read through the expert cache)
+      for _, f in ipairs(man and b % 2 == 1 and M.expert_files(man, (b - 1) / 2) or {}) do out[f.name] = true end
     end
   end
   return out
@@ -299,7 +301,7 @@ function M.open(dir, opts)
     -- under a plan: the resident blocks loaded, room kept for the offloaded ones
     local names, spare
     if p then
-      names, spare = {}, M.offloaded_files(p, 1)
+      names, spare = {}, M.offloaded_files(p, 1, man)
       for _, f in ipairs(man.files) do if not spare[f.name] then names[f.name] = true end end
     end
     if L then
@@ -434,6 +436,7 @@ function M.restage(o)
   if not grow then
     for b = a + old, a + offloaded - 1 do M.evict(o.keep, o.man, file(b)) end -- read every step now
   end
+  if o.move_experts then o.move_experts(p, p2) end -- (a mixture of experts: an MLP block's experts move with it)
   return p2, descs
 end
 

@@ -49,6 +49,10 @@ local function prefixes(d)
   return off, bytes
 end
 
+-- What offloading block b of device d gives back to memory (a mixture of experts' MLP block: its
+-- experts too), and what putting it back takes.
+local function freed_of(d, b) return d.freed_bytes and d.freed_bytes[b] or d.block_bytes[b] end
+
 local function choose(d, need)
   local off, bytes = prefixes(d)
   local slot = d.slot_bytes
@@ -66,7 +70,7 @@ local function choose(d, need)
     if not best then return nil end
     local b = d.stages[best].first + off[best]
     local grow = math.max(0, best_bytes - slot)
-    freed = freed + d.block_bytes[b] - grow
+    freed = freed + freed_of(d, b) - grow
     slot = slot + grow
     off[best], bytes[best] = off[best] + 1, best_bytes
   end
@@ -86,8 +90,8 @@ local function put_back(d, room, keep_free)
     if not best then break end
     local b = d.stages[best].first + off[best] - 1
     -- the slot stays as large as it is: bringing a block back costs its bytes
-    if room - d.block_bytes[b] < keep_free then break end
-    room = room - d.block_bytes[b]
+    if room - freed_of(d, b) < keep_free then break end
+    room = room - freed_of(d, b)
     off[best], bytes[best], changed = off[best] - 1, bytes[best] - d.block_bytes[b], true
   end
   return changed and off or nil
