@@ -133,8 +133,11 @@ function Sim:restaged()
     x.nonkv, x.slot_bytes = m.total - m.kv + (self.draft and self.draft:bytes_on(i) or 0), m.slot_bytes
     x.group_bytes = x.kv_layers * self.chunk_bytes
     if sizes.moe and (x.part.off_moe or 0) > 0 then
-      x.experts = require("loip.sim.experts").new { experts = sizes.moe.experts, used = sizes.moe.used,
-        slots = x.part.expert_slots, routing = self.problem.routing, seed = i }
+      -- (a cache of the same size keeps what it holds through a restage, as the runtime's does)
+      if not (x.experts and x.experts.slots == x.part.expert_slots) then
+        x.experts = require("loip.sim.experts").new { experts = sizes.moe.experts, used = sizes.moe.used,
+          slots = x.part.expert_slots, routing = self.problem.routing, seed = i }
+      end
     else
       x.experts = nil
     end
