@@ -85,24 +85,9 @@ function M.open(o)
   local x, xerr = exec.experts_new(o.model, lc, cfg)
   if not x then error(o.dir .. ": expert cache: " .. xerr, 0) end
   self.handle = x
+  self.o = o
   local ok, why = pcall(function()
-    local ext, offs = ffi.new("loip_load_extent"), ffi.new("uint64_t[3]")
-    for l in pairs(o.layers) do
-      for e = 0, E - 1 do
-        local f = by_layer[l][e]
-        local path = o.dir .. "/" .. f.name
-        self.anchors[#self.anchors + 1] = path
-        ext.path, ext.fd, ext.file_offset, ext.length, ext.slot_offset = path, -1, 0, f.size, 0
-        ext.check, ext.crc32c = 0, 0
-        if o.verify_reads and f.crc32c then ext.check, ext.crc32c = 1, f.crc32c end
-        local dtype
-        for _, t in ipairs(f.tensors) do
-          local p = parts[t.kind]
-          if p then offs[p], dtype = t.offset, store.dtypes[t.dtype][1] end
-        end
-        core.must(exec.experts_set_source(x, l, e, ext, offs, dtype or K.F32, path))
-      end
-    end
+    for l in pairs(o.layers) do self:_sources(l, store.expert_files(o.man, l)) end
     if (o.prefetch or 1) > 0 then self:_gating(o) end
     for _, pin in ipairs(o.pins or {}) do core.must(exec.experts_pin(x, pin[1], pin[2], "experts: pin")) end
     core.must(exec.session_set_experts(o.session, x))
@@ -111,7 +96,7 @@ function M.open(o)
     self:close()
     error(why, 0)
   end
-  self.session, self.o = o.session, o
+  self.session = o.session
   return self
 end
 
@@ -120,9 +105,16 @@ end
 -- served already is left as it is.
 function Cache:serve(l)
   if self.layers[l] then return end
+  self:_sources(l, store.expert_files(self.o.man, l))
+  self.layers[l] = true
+  if (self.o.prefetch or 1) > 0 then self:_gating(self.o, { [l] = true }) end
+end
+
+-- Layer l's expert files (manifest entries) as the cache's sources: where each expert lies.
+function Cache:_sources(l, files)
   local o = self.o
   local ext, offs = ffi.new("loip_load_extent"), ffi.new("uint64_t[3]")
-  for _, f in ipairs(store.expert_files(o.man, l)) do
+  for _, f in ipairs(files) do
     local path = o.dir .. "/" .. f.name
     self.anchors[#self.anchors + 1] = path
     ext.path, ext.fd, ext.file_offset, ext.length, ext.slot_offset = path, -1, 0, f.size, 0
@@ -135,8 +127,6 @@ function Cache:serve(l)
     end
     core.must(exec.experts_set_source(self.handle, l, f.expert, ext, offs, dtype or K.F32, path))
   end
-  self.layers[l] = true
-  if (o.prefetch or 1) > 0 then self:_gating(o, { [l] = true }) end
 end
 
 -- Copies of the served layers' ffn_norm and router (their MLP block files are read into the
