@@ -453,24 +453,6 @@ static void attention_task(void *p, int ith, int nth) {
     }
 }
 
-/* hb = silu(hb) * hb2, as run.c computes it. */
-static void swiglu_task(void *p, int ith, int nth) {
-    step_job *j = p;
-    size_t total = (size_t)j->n * j->s->m->cfg.hidden_dim, b, e;
-    loip_split(total, 16, ith, nth, &b, &e);
-    float *hb = j->s->hb, *hb2 = j->s->hb2;
-    for (size_t i = b; i < e; i++) {
-        float v = hb[i];
-        v *= 1.0f / (1.0f + expf(-v));
-        hb[i] = v * hb2[i];
-    }
-}
-
-static loip_linear_job linear(const loip_tensor *w, const float *x, float *y, int n) {
-    return (loip_linear_job){.W = w->data, .dtype = w->dtype, .x = x, .y = y, .n = (size_t)n,
-                             .rows = (size_t)w->shape[0], .cols = (size_t)w->shape[1]};
-}
-
 /* ---- public entry points ----------------------------------------------------------------- */
 
 static int check_batch(const loip_session *s, int32_t n) {
@@ -633,13 +615,13 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
     j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
     j.in = hidden, j.out = s->xb, j.add = NULL;
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job qkv[4] = {linear(loip_layer_w(m, l, LOIP_W_WQ), s->xb, s->q, n),
-                              linear(loip_layer_w(m, l, LOIP_W_WK), s->xb, s->k, n),
-                              linear(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
+    loip_linear_job qkv[4] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WQ), s->xb, s->q, n),
+                              loip_linear_of(loip_layer_w(m, l, LOIP_W_WK), s->xb, s->k, n),
+                              loip_linear_of(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
     loip_linear_run(s->pool, qkv);
     loip_pool_run(s->pool, qkv_post_task, &j);
     loip_pool_run(s->pool, attention_task, &j);
-    loip_linear_job wo[2] = {linear(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
+    loip_linear_job wo[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
     loip_linear_run(s->pool, wo);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
@@ -662,11 +644,12 @@ static int mlp_block(loip_session *s, int l, float *hidden, int n) {
         loip_pool_run(s->pool, norm_task, &j); /* residual add only */
         return LOIP_OK;
     }
-    loip_linear_job gu[3] = {linear(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
-                             linear(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
+    loip_linear_job gu[3] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
+                             loip_linear_of(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
     loip_linear_run(s->pool, gu);
-    loip_pool_run(s->pool, swiglu_task, &j);
-    loip_linear_job down[2] = {linear(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
+    int32_t start = 0, count = n;
+    loip_swiglu_run(s->pool, s->hb, s->hb2, &start, &count, 1, m->cfg.hidden_dim);
+    loip_linear_job down[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
     loip_linear_run(s->pool, down);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
@@ -731,7 +714,7 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     /* The norm only reads its input here (no residual add), so the cast is safe. */
     step_job j = {.s = s, .n = count, .w = norm, .in = (float *)hidden + (size_t)first * c->dim, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {linear(W, s->xb, logits, count), {0}};
+    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
     loip_linear_run(s->pool, head);
     return LOIP_OK;
 }
@@ -754,7 +737,7 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     }
     step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {linear(W, s->xb, logits, n_rows), {0}};
+    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
     loip_linear_run(s->pool, head);
     return LOIP_OK;
 }

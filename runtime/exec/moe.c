@@ -18,11 +18,6 @@
 #include "exec/ops.h"
 #include "exec/session.h"
 
-static loip_linear_job linear_of(const loip_tensor *w, const float *x, float *y, int n) {
-    return (loip_linear_job){.W = w->data, .dtype = w->dtype, .x = x, .y = y, .n = (size_t)n,
-                             .rows = (size_t)w->shape[0], .cols = (size_t)w->shape[1]};
-}
-
 /* Softmax over each row's router logits and its top k (ties: the lower index), as
  * transformers' and llama.cpp's routers choose them; the weights renormalised when asked. */
 static void route(const loip_model_config *c, const float *logits, int n, int32_t *sel, float *sel_w) {
@@ -52,26 +47,6 @@ static void route(const loip_model_config *c, const float *logits, int n, int32_
     }
 }
 
-typedef struct {
-    float *hg, *hg2;
-    const int32_t *start, *count; /* row ranges of the experts computed now */
-    int n_ranges, width;
-} swiglu_job;
-
-static void swiglu_ranges_task(void *p, int ith, int nth) {
-    swiglu_job *j = p;
-    for (int r = 0; r < j->n_ranges; r++) {
-        size_t total = (size_t)j->count[r] * j->width, b, e;
-        loip_split(total, 16, ith, nth, &b, &e);
-        float *hb = j->hg + (size_t)j->start[r] * j->width, *hb2 = j->hg2 + (size_t)j->start[r] * j->width;
-        for (size_t i = b; i < e; i++) {
-            float v = hb[i];
-            v *= 1.0f / (1.0f + expf(-v));
-            hb[i] = v * hb2[i];
-        }
-    }
-}
-
 /* Experts list[0..m) (their tensors in w[i]) over their gathered rows: gate and up in one
  * dispatch, silu(gate) * up, down in one. */
 static void run_experts(loip_session *s, const int32_t *list, int m, const loip_tensor (*w)[LOIP_EXPERT_PARTS]) {
@@ -81,18 +56,17 @@ static void run_experts(loip_session *s, const int32_t *list, int m, const loip_
     int nj = 0;
     for (int i = 0; i < m; i++) {
         int32_t e = list[i], at = s->moe_start[e], rows = s->moe_count[e];
-        jobs[nj++] = linear_of(&w[i][LOIP_EXPERT_GATE], s->moe_x + (size_t)at * c->dim, s->moe_h + (size_t)at * c->expert_dim, rows);
-        jobs[nj++] = linear_of(&w[i][LOIP_EXPERT_UP], s->moe_x + (size_t)at * c->dim, s->moe_h2 + (size_t)at * c->expert_dim, rows);
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_GATE], s->moe_x + (size_t)at * c->dim, s->moe_h + (size_t)at * c->expert_dim, rows);
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_UP], s->moe_x + (size_t)at * c->dim, s->moe_h2 + (size_t)at * c->expert_dim, rows);
         s->moe_range_start[i] = at, s->moe_range_count[i] = rows;
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
-    swiglu_job sj = {s->moe_h, s->moe_h2, s->moe_range_start, s->moe_range_count, m, c->expert_dim};
-    loip_pool_run(s->pool, swiglu_ranges_task, &sj);
+    loip_swiglu_run(s->pool, s->moe_h, s->moe_h2, s->moe_range_start, s->moe_range_count, m, c->expert_dim);
     nj = 0;
     for (int i = 0; i < m; i++) {
         int32_t e = list[i], at = s->moe_start[e], rows = s->moe_count[e];
-        jobs[nj++] = linear_of(&w[i][LOIP_EXPERT_DOWN], s->moe_h + (size_t)at * c->expert_dim, s->moe_y + (size_t)at * c->dim, rows);
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_DOWN], s->moe_h + (size_t)at * c->expert_dim, s->moe_y + (size_t)at * c->dim, rows);
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
@@ -286,21 +260,20 @@ static void combine_task(void *p, int ith, int nth) {
 int loip_moe_ffn(loip_session *s, int l, int n) {
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
-    loip_linear_job r[2] = {linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, s->moe_logits, n), {0}};
+    loip_linear_job r[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, s->moe_logits, n), {0}};
     loip_linear_run(s->pool, r);
     int chosen = gather(s, l, n);
     int rc = compute_chosen(s, l, chosen);
     if (rc) return rc;
     combine_job cj = {.s = s, .n = n};
     if (c->shared_expert) { /* a dense SwiGLU of hidden_dim over every row; its output in moe_x (free now) */
-        loip_linear_job gu[4] = {linear_of(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
-                                 linear_of(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}, {0}};
-        if (c->shared_expert_gate) gu[2] = linear_of(loip_layer_w(m, l, LOIP_W_SHARED_GATE), s->xb, s->moe_sgate, n);
+        loip_linear_job gu[4] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
+                                 loip_linear_of(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}, {0}};
+        if (c->shared_expert_gate) gu[2] = loip_linear_of(loip_layer_w(m, l, LOIP_W_SHARED_GATE), s->xb, s->moe_sgate, n);
         loip_linear_run(s->pool, gu);
         int32_t start = 0, count = n;
-        swiglu_job sj = {s->hb, s->hb2, &start, &count, 1, c->hidden_dim};
-        loip_pool_run(s->pool, swiglu_ranges_task, &sj);
-        loip_linear_job down[2] = {linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->moe_x, n), {0}};
+        loip_swiglu_run(s->pool, s->hb, s->hb2, &start, &count, 1, c->hidden_dim);
+        loip_linear_job down[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->moe_x, n), {0}};
         loip_linear_run(s->pool, down);
         cj.shared = s->moe_x, cj.sgate = c->shared_expert_gate ? s->moe_sgate : NULL;
     }
@@ -327,7 +300,7 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
         for (int t = 0; t < n; t++)
             k->rmsnorm(s->moe_x + (size_t)t * c->dim, hidden + (size_t)t * c->dim, norm->data, norm->dtype,
                        (size_t)c->dim, c->norm_eps);
-        loip_linear_job r[2] = {linear_of(router, s->moe_x, s->moe_logits, n), {0}};
+        loip_linear_job r[2] = {loip_linear_of(router, s->moe_x, s->moe_logits, n), {0}};
         loip_linear_run(s->pool, r);
         route(c, s->moe_logits, n, s->moe_sel, s->moe_w);
         int m = 0;

@@ -1,5 +1,6 @@
 /* Single operations on the thread pool: the building blocks the executor uses, exported for
  * tests, benchmarks and experiments. */
+#include <math.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -23,6 +24,34 @@ static void matvec_task(void *p, int ith, int nth) {
 
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs) {
     loip_pool_run(pool, matvec_task, jobs);
+}
+
+typedef struct {
+    float *h;
+    const float *h2;
+    const int32_t *start, *count;
+    int n_ranges, width;
+} swiglu_job;
+
+static void swiglu_task(void *p, int ith, int nth) {
+    swiglu_job *j = p;
+    for (int r = 0; r < j->n_ranges; r++) {
+        size_t total = (size_t)j->count[r] * j->width, b, e;
+        loip_split(total, 16, ith, nth, &b, &e);
+        float *h = j->h + (size_t)j->start[r] * j->width;
+        const float *h2 = j->h2 + (size_t)j->start[r] * j->width;
+        for (size_t i = b; i < e; i++) {
+            float v = h[i];
+            v *= 1.0f / (1.0f + expf(-v));
+            h[i] = v * h2[i];
+        }
+    }
+}
+
+void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *start, const int32_t *count,
+                     int n_ranges, int width) {
+    swiglu_job j = {h, h2, start, count, n_ranges, width};
+    loip_pool_run(pool, swiglu_task, &j);
 }
 
 static int check_dtype(int32_t dtype) {

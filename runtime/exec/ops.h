@@ -19,4 +19,16 @@ typedef struct loip_linear_job_s {
 
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs);
 
+/* The job y = w . x for n tokens (w a bound [rows, cols] weight). */
+static inline loip_linear_job loip_linear_of(const loip_tensor *w, const float *x, float *y, int n) {
+    return (loip_linear_job){.W = w->data, .dtype = w->dtype, .x = x, .y = y, .n = (size_t)n,
+                             .rows = (size_t)w->shape[0], .cols = (size_t)w->shape[1]};
+}
+
+/* h = silu(h) * h2, as run.c computes it, over rows [start[r], start[r] + count[r]) of width
+ * floats each, r < n_ranges (a dense MLP: one range; a mixture of experts: the experts computed
+ * at once), in one dispatch. */
+void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *start, const int32_t *count,
+                     int n_ranges, int width);
+
 #endif

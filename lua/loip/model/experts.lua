@@ -29,18 +29,6 @@ M.MAX_SLOTS = 1024
 local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC, all = K.EXPERTS_ALL }
 M.replacements = { "lru", "lfu", "static", "all" }
 
--- The manifest's expert files: by_layer[layer][expert] = file entry (0-based numbers).
-function M.expert_files(man)
-  local by_layer = {}
-  for _, f in ipairs(man.files) do
-    if f.expert ~= nil then
-      by_layer[f.layer] = by_layer[f.layer] or {}
-      by_layer[f.layer][f.expert] = f
-    end
-  end
-  return by_layer
-end
-
 local function view_of(t, data)
   local v = ffi.new("loip_tensor")
   v.data, v.dtype, v.ndim = data, store.dtypes[t.dtype][1], #t.shape
@@ -57,13 +45,13 @@ end
 -- loip.memory budget or nil), mode / rate (the loader's: "auto", bytes/s), verify_reads (check
 -- each read's CRC32C), trace (keep read events). Raises naming the file or the setting.
 function M.open(o)
-  local by_layer = M.expert_files(o.man)
   local E = o.cfg.n_experts
   local biggest = 0
   for l in pairs(o.layers) do
+    local files = store.expert_files(o.man, l) -- (in expert order: the first missing one named)
     for e = 0, E - 1 do
-      local f = by_layer[l] and by_layer[l][e]
-      if not f then
+      local f = files[e + 1]
+      if not f or f.expert ~= e then
         error(string.format("%s/manifest.json: no file for expert %d of layer %d (%s): %s", o.dir, e, l,
           store.expert_file(l, e), store.redo(o.man, o.dir)), 0)
       end
