@@ -93,6 +93,8 @@ function M.run(o)
       if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
+        -- a row of logits back per request (logprobs and grammars sample at the head: loip.serve.head_sample)
+        logits_tokens = o.max_batch,
         plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
         link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),

@@ -25,6 +25,7 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local tree = require "loip.serve.tree"
+local head_sample = require "loip.serve.head_sample"
 
 local M = {}
 
@@ -76,8 +77,10 @@ local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block
 -- context; clamped there), sampler (loip.model.sampler fields), seed, n_sample (ids sampled
 -- over; default the vocabulary), stop (set of ids ending it, not returned), logits (true: return
 -- the logits of every prompt position in r.logits and generate nothing), strict (true: a prompt
--- plus max_tokens past the context is refused rather than clamped). Raises a refusal (kind
--- "too_long" or "overloaded") when it cannot be served.
+-- plus max_tokens past the context is refused rather than clamped), logprobs (the number of
+-- top alternatives to report per token, 0 for the chosen one's: r.token_logprobs), constraint (a
+-- grammar's matcher: loip.serve.head_sample); with either, r's tokens are sampled at the head.
+-- Raises a refusal (kind "too_long" or "overloaded") when it cannot be served.
 function Batcher:submit(spec)
   local e = self.engine
   local prompt = spec.prompt
@@ -108,8 +111,9 @@ function Batcher:submit(spec)
   self.next_id = self.next_id % 4294967295 + 1
   local r = setmetatable({ batcher = self, id = self.next_id, prompt = prompt, n_prompt = n, max_tokens = max_tokens,
     sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
-    want_logits = spec.logits, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
+    want_logits = spec.logits, logprobs = spec.logprobs, constraint = spec.constraint, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
     t_submit = self.now() }, Request)
+  r.at_head = head_sample.wants(r) and not spec.logits or nil
   self.queue[#self.queue + 1] = r
   self.stats.requests = self.stats.requests + 1
   if not self.stepping then self:admit() end
@@ -170,8 +174,12 @@ function Batcher:step()
     for _, r in ipairs(self.running) do if r.state == "prefill" then prompts_wait = true break end end
   end
   local decoding = {}
+  -- rows of logits the engine returns in a step: logits requests' and those sampled at the head
+  local logit_rows = e.logits_tokens
   for _, r in ipairs(self.running) do
-    if r.state == "decode" and budget > (r.refeed or 0) and not prompts_wait then
+    local room = not r.at_head or logit_rows > 0
+    if r.state == "decode" and budget > (r.refeed or 0) and not prompts_wait and room then
+      if r.at_head then logit_rows = logit_rows - 1 end
       decoding[#decoding + 1] = r
       budget = budget - 1 - (r.refeed or 0) -- (and the rows of its last tree's path fed again)
     end
@@ -186,7 +194,7 @@ function Batcher:step()
     local rows = #decoding
     for _, r in ipairs(decoding) do
       local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
-      if (r.evicted or 0) > 0 then room = 0 end
+      if (r.evicted or 0) > 0 or r.at_head then room = 0 end
       local ids = self.draft:for_step(r, rows, math.max(0, room))
       drafts[r] = ids
       budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
@@ -194,7 +202,7 @@ function Batcher:step()
   end
   for _, r in ipairs(decoding) do
     local at = tree.refeed_rows(r, toks, owners)
-    toks[#toks + 1] = { seq = r.seq, pos = at, request = r.id, id = r.token_ids[#r.token_ids], flags = SAMPLE }
+    toks[#toks + 1] = { seq = r.seq, pos = at, request = r.id, id = r.token_ids[#r.token_ids], flags = r.at_head and LOGITS or SAMPLE }
     owners[#toks] = r
     for j in ipairs(drafts[r] or {}) do
       toks[#toks + 1] = tree.draft_row(r, at, j, drafts[r])
@@ -202,15 +210,18 @@ function Batcher:step()
     end
   end
   -- then prompt chunks, oldest request first
-  local logit_rows = e.logits_tokens
   for _, r in ipairs(self.running) do
     if r.state == "prefill" and budget > 0 then
       local k = math.min(budget, r.n_prompt - r.pos, self.prefill_chunk or budget)
       if r.want_logits then k = math.min(k, logit_rows) logit_rows = logit_rows - k end
+      if r.at_head and r.pos + k == r.n_prompt and r.max_tokens > 0 then
+        -- its last row comes back as logits: within the step's rows of them, else the next step
+        if logit_rows > 0 then logit_rows = logit_rows - 1 else k = k - 1 end
+      end
       for j = 1, k do
         local p = r.pos + j - 1
         local last = p == r.n_prompt - 1
-        local flags = r.want_logits and LOGITS or ((last and r.max_tokens > 0) and SAMPLE or 0)
+        local flags = r.want_logits and LOGITS or ((last and r.max_tokens > 0) and (r.at_head and LOGITS or SAMPLE) or 0)
         toks[#toks + 1] = { seq = r.seq, pos = p, request = r.id, id = r.prompt[p + 1], flags = flags }
         owners[#toks] = r
       end
@@ -293,6 +304,9 @@ function Batcher:step()
         r.logit_rows = (r.logit_rows or 0)
         ffi.copy(r.logits + r.logit_rows * V, o.logits, 4 * V)
         r.logit_rows = r.logit_rows + 1
+      elseif r.at_head then
+        if o.logits == nil then error(string.format("request %d: the engine returned no logits to sample at the head", r.id), 0) end
+        self:deliver(r, head_sample.sample(r, o.logits), now)
       else
         self:deliver(r, o.id, now)
       end
@@ -373,6 +387,7 @@ function Batcher:deliver(r, id, now)
   r.pending[r.tail] = id
   r.t_last = now
   if r.on_token then r.on_token(r, id) end
+  if r.at_head and head_sample.must_end(r) then return self:retire(r, "stop") end
   if #r.token_ids >= r.max_tokens or r.pos + (r.refeed or 0) + 1 >= self.engine.context then
     return self:retire(r, "length")
   end

@@ -44,8 +44,9 @@ end
 -- Fields each endpoint knows; those accepted and ignored are listed with what they must be.
 local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
   stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
-  logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true }
-local CHAT = { messages = true, max_completion_tokens = true, response_format = true }
+  logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
+  grammar = true }
+local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
 
 local function bad(param, fmt, ...)
@@ -64,10 +65,71 @@ local function number_in(body, k, lo, hi, integer)
   return true
 end
 
+-- logprobs: chat's `logprobs` (true/false) with `top_logprobs` (0..20), or completions'
+-- `logprobs` (0..5, the alternatives): the number of alternatives per token, or nil.
+local function parse_logprobs(kind, body)
+  local lp, top = body.logprobs, body.top_logprobs
+  if lp == json.null then lp = nil end
+  if top == json.null then top = nil end
+  if kind == "chat" then
+    if lp ~= nil and type(lp) ~= "boolean" then return nil, "logprobs", "'logprobs' must be true or false" end
+    if top ~= nil then
+      if type(top) ~= "number" or top ~= math.floor(top) or top < 0 or top > 20 then
+        return nil, "top_logprobs", "'top_logprobs' must be an integer in [0, 20]"
+      end
+      if lp ~= true then return nil, "top_logprobs", "'top_logprobs' needs 'logprobs': true" end
+    end
+    return lp == true and (top or 0) or nil
+  end
+  if lp == nil or lp == false then return nil end
+  if type(lp) ~= "number" or lp ~= math.floor(lp) or lp < 0 or lp > 5 then
+    return nil, "logprobs", "'logprobs' must be an integer in [0, 5] (the alternatives per token)"
+  end
+  return lp
+end
+
+-- response_format (chat) and llama.cpp's `grammar` (GBNF text): spec.format = { type = "text" |
+-- "json_object" | "json_schema", name, schema, strict } or { type = "grammar", gbnf = text }.
+local function parse_format(kind, body)
+  local rf, g = body.response_format, body.grammar
+  if rf == json.null then rf = nil end
+  if g == json.null then g = nil end
+  if g ~= nil then
+    if type(g) ~= "string" or g == "" then return nil, "grammar", "'grammar' must be a non-empty string (GBNF)" end
+    if rf ~= nil then return nil, "grammar", "give 'grammar' or 'response_format', not both" end
+    return { type = "grammar", gbnf = g }
+  end
+  if rf == nil then return nil end
+  if type(rf) ~= "table" or #rf > 0 then return nil, "response_format", "'response_format' must be an object" end
+  if rf.type == "text" then return nil end
+  if rf.type == "json_object" then return { type = "json_object" } end
+  if rf.type ~= "json_schema" then
+    return nil, "response_format.type", string.format("'response_format.type' must be text, json_object or json_schema, not %s",
+      json.encode(rf.type))
+  end
+  local js = rf.json_schema
+  if type(js) ~= "table" or js == json.null or #js > 0 then
+    return nil, "response_format.json_schema", "'response_format.json_schema' must be an object {name, schema, strict}"
+  end
+  if type(js.name) ~= "string" or not js.name:match("^[%w_%-]+$") or #js.name > 64 then
+    return nil, "response_format.json_schema.name", "'response_format.json_schema.name' must be 1-64 letters, digits, _ or -"
+  end
+  local schema = js.schema
+  if schema == nil or schema == json.null then schema = {} end -- (OpenAI: absent, any JSON)
+  if type(schema) ~= "table" and type(schema) ~= "boolean" then
+    return nil, "response_format.json_schema.schema", "'response_format.json_schema.schema' must be a JSON schema (an object)"
+  end
+  if js.strict ~= nil and js.strict ~= json.null and type(js.strict) ~= "boolean" then
+    return nil, "response_format.json_schema.strict", "'response_format.json_schema.strict' must be true or false"
+  end
+  return { type = "json_schema", name = js.name, schema = schema, strict = js.strict == true }
+end
+
 -- Check an endpoint's body. kind: "chat" or "completion". Returns a spec { model, messages |
 -- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
 -- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
--- end tokens do not stop it), stream, include_usage }, or nil and { status, message, param, code }.
+-- end tokens do not stop it), stream, include_usage, logprobs (alternatives per token, or nil),
+-- format (response_format or grammar: parse_format), n }, or nil and { status, message, param, code }.
 function M.parse(kind, text)
   if not M.utf8_valid(text) then
     return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
@@ -99,9 +161,12 @@ function M.parse(kind, text)
     return bad(body.presence_penalty and "presence_penalty" or "frequency_penalty",
       "presence and frequency penalties are not supported (use repetition_penalty)")
   end
-  if body.logprobs ~= nil and body.logprobs ~= false and body.logprobs ~= json.null then
-    return bad("logprobs", "'logprobs' is not supported")
-  end
+  local lp, lp_param, lp_why = parse_logprobs(kind, body)
+  if lp_param then return bad(lp_param, "%s", lp_why) end
+  s.logprobs = lp
+  local fmt, f_param, f_why = parse_format(kind, body)
+  if f_param then return bad(f_param, "%s", f_why) end
+  s.format = fmt
   if body.logit_bias ~= nil and body.logit_bias ~= json.null and (type(body.logit_bias) ~= "table" or next(body.logit_bias)) then
     return bad("logit_bias", "'logit_bias' is not supported")
   end
@@ -215,25 +280,28 @@ function M.stopper(stops)
   return st
 end
 
--- The response object of a finished request (r: id, created, model, text, finish_reason, usage).
+-- The response object of a finished request (r: id, created, model, text, finish_reason, usage,
+-- logprobs (loip.serve.logprobs' object, or nil)).
 function M.response(kind, r)
+  local lp = r.logprobs or json.null
   local choice = kind == "chat"
-    and { index = 0, message = { role = "assistant", content = r.text }, finish_reason = r.finish_reason, logprobs = json.null }
-    or { index = 0, text = r.text, finish_reason = r.finish_reason, logprobs = json.null }
+    and { index = 0, message = { role = "assistant", content = r.text }, finish_reason = r.finish_reason, logprobs = lp }
+    or { index = 0, text = r.text, finish_reason = r.finish_reason, logprobs = lp }
   return M.encode({ id = r.id, object = kind == "chat" and "chat.completion" or "text_completion", created = r.created,
     model = r.model, choices = { choice }, usage = r.usage, system_fingerprint = "loip" })
 end
 
--- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage.
-function M.chunk(kind, r, text, finish_reason, usage)
+-- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage;
+-- logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
+function M.chunk(kind, r, text, finish_reason, usage, logprobs)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
-    choice = { index = 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = json.null }
+    choice = { index = 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else
-    choice = { index = 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = json.null }
+    choice = { index = 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   end
   local obj = { id = r.id, object = kind == "chat" and "chat.completion.chunk" or "text_completion", created = r.created,
     model = r.model, choices = usage and EMPTY or { choice }, system_fingerprint = "loip" }

@@ -113,7 +113,8 @@ function Server:generate(req, kind)
   end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
   local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
-    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {} })
+    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
+    logprobs = spec.logprobs })
   if not ok then
     if type(r) == "table" and r.kind == "overloaded" then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
@@ -127,7 +128,8 @@ function Server:generate(req, kind)
   self.seq = self.seq + 1
   local a = { http = req, spec = spec, kind = kind, request = r, id = random_id(kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
     created = os.time(), model = self.name, parts = {}, stopper = openai.stopper(spec.stop), first_chunk = true,
-    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n }
+    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n, prompt_last = ids[n], lp_sent = 0,
+    lp_offset = 0 }
   self.active[r] = a
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
   if spec.stream then
@@ -139,8 +141,25 @@ function Server:generate(req, kind)
   if r.state == "done" then self:on_done(a) end
 end
 
+-- The logprobs of a's tokens not yet sent (streamed: with the chunk that carries their text, or
+-- the last), or of all of them; nil when not asked for.
+function Server:logprobs_of(a, all)
+  local list = a.request.token_logprobs
+  if not a.spec.logprobs or not list then return nil end
+  local first = all and 1 or a.lp_sent + 1
+  if first > #list and not all then return nil end
+  local prev = first > 1 and list[first - 1].id or a.prompt_last
+  a.lp_sent = #list
+  local lp = require "loip.serve.logprobs"
+  if a.kind == "chat" then return lp.chat(self.tok, prev, list, first, #list) end
+  local o
+  o, a.lp_offset = lp.completion(self.tok, prev, list, first, #list, all and 0 or a.lp_offset)
+  return o
+end
+
 function Server:send_chunk(a, text, finish, usage)
-  local ok = a.http:write(openai.chunk(a.kind, a, text, finish, usage))
+  local lp = not usage and self:logprobs_of(a) or nil
+  local ok = a.http:write(openai.chunk(a.kind, a, text, finish, usage, lp))
   a.first_chunk = false
   if not ok then a.client_gone = true end
   return ok
@@ -211,7 +230,8 @@ function Server:on_done(a)
     if stopped then a.stop_string = true else self:emit(a, a.stopper.rest()) end
   end
   local finish = (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
-  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids }
+  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids,
+    prompt_tokens_details = { cached_tokens = r.cached_tokens or 0 } }
   local t = r:timings()
   local m = self.metrics
   m:add("loip_tokens_generated_total", "tokens generated", #r.token_ids)
@@ -230,7 +250,7 @@ function Server:on_done(a)
     a.http:finish("data: [DONE]\n\n")
   else
     answer(a.http, 200, openai.response(a.kind, { id = a.id, created = a.created, model = a.model,
-      text = table.concat(a.parts), finish_reason = finish, usage = usage }))
+      text = table.concat(a.parts), finish_reason = finish, usage = usage, logprobs = self:logprobs_of(a, true) }))
   end
   if not self.quiet then
     log("%s: %d+%d tokens, %s, ttft %.0f ms, %.1f ms/token", a.id, a.n_prompt, #r.token_ids, finish, t.ttft_ms or 0,

@@ -1,0 +1,159 @@
+-- `loip serve` for agents (issue 28): logprobs and top_logprobs equal the log of the model's
+-- probabilities (m:logits), on one device and on 3 offloading devices; `seed` makes a sampled
+-- request repeatable, and asking for logprobs changes no token; usage reports cached prompt
+-- tokens; bad input is a 400 naming the field.
+local json = require "loip.tools.json"
+local client = require "loip.serve.client"
+local loip = require "loip"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
+after_each(T.stop_servers)
+
+local S260 = T.root .. "/models/stories260K"
+local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
+
+local function post(cl, url, body)
+  local t = cl:post(url, type(body) == "string" and body or json.encode(body))
+  cl:wait(60000)
+  return t.status, json.decode(t.body) or t.body
+end
+
+-- The model's log-probabilities of tokens after prompt (ids), at each position.
+local function reference(prompt, tokens)
+  local m = loip.model.open(S260, { threads = 1, context = 256 })
+  local ids = {}
+  for _, id in ipairs(prompt) do ids[#ids + 1] = id end
+  for _, id in ipairs(tokens) do ids[#ids + 1] = id end
+  local logits, V = m:logits(ids), m.vocab_size
+  local out = {}
+  for j, id in ipairs(tokens) do
+    local row = logits + (#prompt + j - 2) * V
+    local mx = -math.huge
+    for i = 0, V - 1 do mx = math.max(mx, row[i]) end
+    local s = 0
+    for i = 0, V - 1 do s = s + math.exp(row[i] - mx) end
+    out[j] = row[id] - mx - math.log(s)
+  end
+  m:close()
+  return out
+end
+
+local function chat_template()
+  local dir = T.tmpdir()
+  T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+  return dir .. "/chat.jinja"
+end
+
+describe("loip serve for agents", function()
+  for _, where in ipairs({ "one device", "3 offloading devices" }) do
+    it("returns the model's logprobs (" .. where .. "): completions and chat, streamed and not", function()
+      local args = string.format("--model %s --context 256 --max-batch 2 --chat-template %s", S260, chat_template())
+      local name = "stories260K"
+      if where ~= "one device" then
+        local st = T.slice_store(S260, "s260")
+        name = st:match("([^/]+)$")
+        args = string.format("--model %s --devices 3 --mem 1000K,1000K,1000K --threads 1 --context 256 --max-batch 2 "
+          .. "--step-tokens 32 --kv-tokens 512 --chat-template %s", st, chat_template())
+      end
+      local url, stop, errlog = T.serve(args)
+      local ok, err = pcall(function()
+        local cl = client.new()
+        local case = greedy.cases[2]
+        local st, body = post(cl, url .. "/completions", { model = name, prompt = case.prompt_ids, max_tokens = 12,
+          temperature = 0, logprobs = 2 })
+        assert.are.equal(200, st, json.encode(body))
+        local lp = body.choices[1].logprobs
+        assert.are.equal(12, #lp.tokens)
+        assert.are.equal(body.choices[1].text, table.concat(lp.tokens))
+        local tokens = {}
+        for i = 1, 12 do tokens[i] = case.generated_ids[i] end
+        local ref = reference(case.prompt_ids, tokens)
+        for i = 1, 12 do
+          assert.is_true(math.abs(lp.token_logprobs[i] - ref[i]) < 1e-4, string.format("%d: %f vs %f", i, lp.token_logprobs[i], ref[i]))
+          local n = 0
+          for _, v in pairs(lp.top_logprobs[i]) do n = n + 1 assert.is_true(v <= lp.token_logprobs[i] + 1e-6) end
+          assert.are.equal(2, n)
+          if i > 1 then assert.are.equal(lp.text_offset[i - 1] + #lp.tokens[i - 1], lp.text_offset[i]) end
+        end
+        -- chat: the same prompt text through a template that passes it as is; streamed, the same entries
+        local msg = { { role = "user", content = case.prompt } }
+        local st2, c = post(cl, url .. "/chat/completions", { model = name, messages = msg, max_tokens = 12, temperature = 0,
+          logprobs = true, top_logprobs = 3 })
+        assert.are.equal(200, st2, json.encode(c))
+        local entries = c.choices[1].logprobs.content
+        assert.are.equal(12, #entries)
+        local text = {}
+        for i, e in ipairs(entries) do
+          text[i] = e.token
+          assert.are.equal(3, #e.top_logprobs)
+          assert.are.equal(e.token, e.top_logprobs[1].token, "greedy: the most likely")
+          assert.is_true(math.abs(e.logprob - e.top_logprobs[1].logprob) < 1e-6)
+          assert.are.equal(#e.token, #e.bytes)
+        end
+        assert.are.equal(c.choices[1].message.content, table.concat(text))
+        local t = cl:post(url .. "/chat/completions", json.encode({ model = name, messages = msg, max_tokens = 12, temperature = 0,
+          logprobs = true, stream = true }))
+        local streamed = {}
+        t.on_event = function(_, data)
+          local e = json.decode(data)
+          if e and e.choices and e.choices[1] and e.choices[1].logprobs ~= json.null and e.choices[1].logprobs then
+            for _, x in ipairs(e.choices[1].logprobs.content) do streamed[#streamed + 1] = x.logprob end
+          end
+        end
+        cl:wait(60000)
+        assert.are.equal(12, #streamed)
+        for i = 1, 12 do assert.is_true(math.abs(streamed[i] - entries[i].logprob) < 1e-6) end
+        assert.are.equal(0, c.usage.prompt_tokens_details.cached_tokens)
+        cl:close()
+      end)
+      stop()
+      assert(ok, tostring(err) .. "\n" .. T.read_or_empty(errlog))
+    end)
+  end
+
+  it("repeats a sampled request with its seed, logprobs or not; refuses bad fields naming them", function()
+    local url, stop, errlog = T.serve(string.format("--model %s --context 256 --max-batch 2 --chat-template %s", S260, chat_template()))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local req = { model = "stories260K", prompt = "Once upon a time", max_tokens = 30, temperature = 1, seed = 42 }
+      local _, a = post(cl, url .. "/completions", req)
+      local _, b = post(cl, url .. "/completions", req)
+      req.logprobs = 0
+      local _, c = post(cl, url .. "/completions", req)
+      req.seed, req.logprobs = 43, nil
+      local _, d = post(cl, url .. "/completions", req)
+      assert.are.equal(a.choices[1].text, b.choices[1].text)
+      assert.are.equal(a.choices[1].text, c.choices[1].text)
+      assert.are_not.equal(a.choices[1].text, d.choices[1].text)
+      local chat = { model = "stories260K", messages = { { role = "user", content = "Hi" } }, max_tokens = 4 }
+      local function with(base, k, v)
+        local x = {}
+        for kk, vv in pairs(base) do x[kk] = vv end
+        x[k] = v
+        return x
+      end
+      local cases = {
+        { "/completions", with(req, "logprobs", 6), "logprobs" },
+        { "/completions", with(req, "logprobs", true), "logprobs" },
+        { "/completions", with(req, "top_logprobs", 2), "top_logprobs" },
+        { "/chat/completions", with(chat, "top_logprobs", 2), "top_logprobs" },
+        { "/chat/completions", with(with(chat, "logprobs", true), "top_logprobs", 21), "top_logprobs" },
+        { "/chat/completions", with(chat, "logprobs", 2), "logprobs" },
+        { "/chat/completions", with(chat, "response_format", { type = "xml" }), "response_format.type" },
+        { "/chat/completions", with(chat, "response_format", { type = "json_schema", json_schema = { name = "a b" } }),
+          "response_format.json_schema.name" },
+        { "/chat/completions", with(with(chat, "response_format", { type = "json_object" }), "grammar", "root ::= \"a\""), "grammar" },
+        { "/completions", with(req, "grammar", 5), "grammar" },
+      }
+      for _, k in ipairs(cases) do
+        local st, e = post(cl, url .. k[1], k[2])
+        assert.are.equal(400, st, json.encode(k[2]) .. " -> " .. json.encode(e))
+        assert.are.equal(k[3], e.error.param, json.encode(e))
+      end
+      cl:close()
+    end)
+    stop()
+    assert(ok, tostring(err) .. "\n" .. T.read_or_empty(errlog))
+  end)
+end)
