@@ -112,6 +112,53 @@ describe("loip serve for agents", function()
     end)
   end
 
+  it("gives n choices: equal when greedy, each its own when sampled, streamed by index", function()
+    local url, stop, errlog = T.serve(string.format("--model %s --context 256 --max-batch 4 --chat-template %s", S260, chat_template()))
+    local ok, err = pcall(function()
+      local cl = client.new()
+      local req = { model = "stories260K", prompt = "Once upon a time", max_tokens = 20, temperature = 0, n = 3 }
+      local st, g = post(cl, url .. "/completions", req)
+      assert.are.equal(200, st, json.encode(g))
+      assert.are.equal(3, #g.choices)
+      for i = 1, 3 do
+        assert.are.equal(i - 1, g.choices[i].index)
+        assert.are.equal(greedy.cases[2].output_text:sub(#"Once upon a time" + 1, #"Once upon a time" + #g.choices[1].text), g.choices[i].text)
+      end
+      assert.are.equal(60, g.usage.completion_tokens)
+      req.temperature, req.seed = 0.8, 7
+      local _, s1 = post(cl, url .. "/completions", req)
+      local texts = {}
+      for i = 1, 3 do
+        assert.is_true(#s1.choices[i].text > 0)
+        texts[s1.choices[i].text] = true
+      end
+      assert.is_true(next(texts, next(texts)) ~= nil, "sampled choices differ")
+      -- streamed: each index's text is the non-streamed choice's
+      req.stream = true
+      local t = cl:post(url .. "/completions", json.encode(req))
+      local parts, finished = { {}, {}, {} }, 0
+      t.on_event = function(_, data)
+        local e = json.decode(data)
+        if e and e.choices and e.choices[1] then
+          local ch = e.choices[1]
+          table.insert(parts[ch.index + 1], ch.text)
+          if ch.finish_reason ~= json.null then finished = finished + 1 end
+        end
+      end
+      cl:wait(60000)
+      assert.are.equal(3, finished)
+      for i = 1, 3 do assert.are.equal(s1.choices[i].text, table.concat(parts[i])) end
+      -- more choices than slots: a 400 naming n
+      req.n, req.stream = 5, nil
+      local st5, e5 = post(cl, url .. "/completions", req)
+      assert.are.equal(400, st5)
+      assert.are.equal("n", e5.error.param)
+      cl:close()
+    end)
+    stop()
+    assert(ok, tostring(err) .. "\n" .. T.read_or_empty(errlog))
+  end)
+
   it("repeats a sampled request with its seed, logprobs or not; refuses bad fields naming them", function()
     local url, stop, errlog = T.serve(string.format("--model %s --context 256 --max-batch 2 --chat-template %s", S260, chat_template()))
     local ok, err = pcall(function()

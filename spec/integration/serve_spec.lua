@@ -61,7 +61,7 @@ describe("loip serve", function()
     assert.are.equal(401, r.errors.bad_key.status)
     assert.are.equal("invalid_api_key", r.errors.bad_key.code)
     assert.are.equal(404, r.errors.unknown_model.status)
-    assert.are.equal(400, r.errors.n2.status)
+    assert.are.equal(400, r.errors.n_over_slots.status) -- (--max-batch 2)
     assert.are.equal(400, r.errors.too_long.status)
     assert.are.equal("context_length_exceeded", r.errors.too_long.code)
   end)
@@ -337,7 +337,7 @@ describe("loip serve", function()
         { "/v1/completions", with("max_tokens", 1000000000), 400, "maximum context length is 128 tokens" },
         { "/v1/completions", with("temperature", 7), 400, "'temperature' is 7" },
         { "/v1/completions", with("top_p", "high"), 400, "'top_p' must be a number" },
-        { "/v1/completions", with("n", 3), 400, "'n' is 3" },
+        { "/v1/completions", with("n", 3), 400, "'n' is 3; this server runs 2 requests at once" },
         { "/v1/completions", with("stop", { 1, 2 }), 400, "'stop' item 0" },
         { "/v1/completions", with("stop", { "a", "b", "c", "d", "e" }), 400, "at most 4" },
         { "/v1/completions", with("stream", "yes"), 400, "'stream' must be true or false" },

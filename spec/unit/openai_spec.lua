@@ -80,9 +80,15 @@ describe("loip.serve.openai", function()
     assert.are.equal("chat.completion.chunk", c.object)
     local u = openai.chunk("chat", r, nil, nil, { prompt_tokens = 1, completion_tokens = 2, total_tokens = 3 })
     assert.matches('"choices":[]', u, 1, true)
-    local full = json.decode(openai.response("completion", { id = "cmpl-1", created = 1, model = "m", text = "hi",
-      finish_reason = "stop", usage = { prompt_tokens = 1, completion_tokens = 1, total_tokens = 2 } }))
+    local full = json.decode(openai.response("completion", { id = "cmpl-1", created = 1, model = "m",
+      choices = { { text = "hi", finish_reason = "stop" }, { text = "ho", finish_reason = "length" } },
+      usage = { prompt_tokens = 1, completion_tokens = 1, total_tokens = 2 } }))
     assert.are.equal("text_completion", full.object)
     assert.are.equal("hi", full.choices[1].text)
+    assert.are.equal(1, full.choices[2].index)
+    assert.are.equal("length", full.choices[2].finish_reason)
+    local second = json.decode(openai.chunk("completion", { id = "cmpl-1", created = 1, model = "m", index = 2 }, "x", nil)
+      :match("^data: (.*)\n\n$"))
+    assert.are.equal(2, second.choices[1].index)
   end)
 end)

@@ -58,7 +58,7 @@ out.models = models.data.map((m) => m.id);
 out.errors = {
   bad_key: await error(() => new OpenAI({ baseURL, apiKey: "not-the-key", maxRetries: 0 }).completions.create(compParams)),
   unknown_model: await error(() => client.completions.create({ ...compParams, model: "no-such-model" })),
-  n2: await error(() => client.completions.create({ ...compParams, n: 2 })),
+  n_over_slots: await error(() => client.completions.create({ ...compParams, n: 3 })),
   too_long: await error(() => client.completions.create({ ...compParams, max_tokens: 100000 })),
 };
 process.stdout.write(JSON.stringify(out) + "\n");

@@ -150,13 +150,13 @@ function M.parse(kind, text)
   if type(body.model) ~= "string" or body.model == "" then return bad("model", "'model' is required: a string naming the model") end
   s.model = body.model
   for _, c in ipairs({ { "temperature", 0, 2 }, { "top_p", 0, 1 }, { "max_tokens", 1, nil, true },
-    { "max_completion_tokens", 1, nil, true }, { "seed", nil, nil, true }, { "n", 1, 1, true },
+    { "max_completion_tokens", 1, nil, true }, { "seed", nil, nil, true }, { "n", 1, 128, true },
     { "presence_penalty", -2, 2 }, { "frequency_penalty", -2, 2 }, { "top_k", 0, nil, true }, { "min_p", 0, 1 },
     { "repetition_penalty", 0.01, 10 } }) do
     local ok, why = number_in(body, c[1], c[2], c[3], c[4])
     if not ok then return bad(c[1], "%s", why) end
   end
-  if body.n ~= nil and body.n ~= 1 then return bad("n", "'n' must be 1: loip returns one choice per request") end
+  s.n = body.n ~= json.null and body.n or 1
   if (body.presence_penalty or 0) ~= 0 or (body.frequency_penalty or 0) ~= 0 then
     return bad(body.presence_penalty and "presence_penalty" or "frequency_penalty",
       "presence and frequency penalties are not supported (use repetition_penalty)")
@@ -280,28 +280,37 @@ function M.stopper(stops)
   return st
 end
 
--- The response object of a finished request (r: id, created, model, text, finish_reason, usage,
--- logprobs (loip.serve.logprobs' object, or nil)).
+-- The response object of a finished request (r: id, created, model, usage, choices: each { text,
+-- finish_reason, logprobs (loip.serve.logprobs' object, or nil), message (chat: fields of the
+-- message beside role and content, e.g. tool_calls) }).
 function M.response(kind, r)
-  local lp = r.logprobs or json.null
-  local choice = kind == "chat"
-    and { index = 0, message = { role = "assistant", content = r.text }, finish_reason = r.finish_reason, logprobs = lp }
-    or { index = 0, text = r.text, finish_reason = r.finish_reason, logprobs = lp }
+  local choices = {}
+  for i, c in ipairs(r.choices) do
+    local lp = c.logprobs or json.null
+    if kind == "chat" then
+      local msg = { role = "assistant", content = c.text }
+      for k, v in pairs(c.message or {}) do msg[k] = v end
+      choices[i] = { index = i - 1, message = msg, finish_reason = c.finish_reason, logprobs = lp }
+    else
+      choices[i] = { index = i - 1, text = c.text, finish_reason = c.finish_reason, logprobs = lp }
+    end
+  end
   return M.encode({ id = r.id, object = kind == "chat" and "chat.completion" or "text_completion", created = r.created,
-    model = r.model, choices = { choice }, usage = r.usage, system_fingerprint = "loip" })
+    model = r.model, choices = choices, usage = r.usage, system_fingerprint = "loip" })
 end
 
--- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage;
--- logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
+-- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage, of
+-- choice r.index (r: id, created, model, first_chunk (the role goes with it), index); logprobs:
+-- those of the tokens it carries (loip.serve.logprobs), or nil.
 function M.chunk(kind, r, text, finish_reason, usage, logprobs)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
-    choice = { index = 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
+    choice = { index = r.index or 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else
-    choice = { index = 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
+    choice = { index = r.index or 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   end
   local obj = { id = r.id, object = kind == "chat" and "chat.completion.chunk" or "text_completion", created = r.created,
     model = r.model, choices = usage and EMPTY or { choice }, system_fingerprint = "loip" }

@@ -11,6 +11,7 @@ local http = require "loip.serve.http"
 local json = require "loip.tools.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
+local reply = require "loip.serve.reply"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
@@ -61,13 +62,6 @@ local function fail(req, status, message, kind, param, code, headers)
   answer(req, st, body, headers)
 end
 
-local function random_id(prefix, n)
-  local f = io.open("/dev/urandom", "rb")
-  local b = f:read(12)
-  f:close()
-  return prefix .. (b:gsub(".", function(c) return string.format("%02x", c:byte()) end)) .. string.format("%x", n)
-end
-
 -- The token ids of a parsed request, or nil, status, message.
 function Server:prompt_ids(spec)
   local tok = self.tok
@@ -111,10 +105,12 @@ function Server:generate(req, kind)
       self.context, n + (spec.max_tokens or 1), n, kind == "chat" and "messages" or "prompt", spec.max_tokens or 1,
       kind == "chat" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
   end
+  if spec.n > self.batcher.max_batch then
+    return fail(req, 400, string.format("'n' is %d; this server runs %d requests at once (--max-batch)", spec.n, self.batcher.max_batch),
+      nil, "n")
+  end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
-  local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
-    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
-    logprobs = spec.logprobs })
+  local ok, r = pcall(self.submit, self, spec, ids, seed)
   if not ok then
     if type(r) == "table" and r.kind == "overloaded" then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
@@ -126,59 +122,25 @@ function Server:generate(req, kind)
     error(r, 0)
   end
   self.seq = self.seq + 1
-  local a = { http = req, spec = spec, kind = kind, request = r, id = random_id(kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
-    created = os.time(), model = self.name, parts = {}, stopper = openai.stopper(spec.stop), first_chunk = true,
-    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n, prompt_last = ids[n], lp_sent = 0,
-    lp_offset = 0 }
-  self.active[r] = a
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
-  if spec.stream then
-    req:stream_begin(200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
-    if kind == "chat" then self:send_chunk(a, "") end -- the role first, as OpenAI does
+  reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq })
+end
+
+-- The batcher's requests of spec's n choices of prompt ids: choice i sampled with seed + i - 1.
+-- All or none: a refusal cancels those submitted.
+function Server:submit(spec, ids, seed)
+  local out = {}
+  for i = 1, spec.n do
+    local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
+      sampler = spec.sampler, seed = (seed + i - 1) % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
+      logprobs = spec.logprobs })
+    if not ok then
+      for _, x in ipairs(out) do x:cancel() end
+      error(r, 0)
+    end
+    out[i] = r
   end
-  r.on_token = function(_, id) self:on_token(a, id) end
-  r.on_done = function() self:on_done(a) end
-  if r.state == "done" then self:on_done(a) end
-end
-
--- The logprobs of a's tokens not yet sent (streamed: with the chunk that carries their text, or
--- the last), or of all of them; nil when not asked for.
-function Server:logprobs_of(a, all)
-  local list = a.request.token_logprobs
-  if not a.spec.logprobs or not list then return nil end
-  local first = all and 1 or a.lp_sent + 1
-  if first > #list and not all then return nil end
-  local prev = first > 1 and list[first - 1].id or a.prompt_last
-  a.lp_sent = #list
-  local lp = require "loip.serve.logprobs"
-  if a.kind == "chat" then return lp.chat(self.tok, prev, list, first, #list) end
-  local o
-  o, a.lp_offset = lp.completion(self.tok, prev, list, first, #list, all and 0 or a.lp_offset)
-  return o
-end
-
-function Server:send_chunk(a, text, finish, usage)
-  local lp = not usage and self:logprobs_of(a) or nil
-  local ok = a.http:write(openai.chunk(a.kind, a, text, finish, usage, lp))
-  a.first_chunk = false
-  if not ok then a.client_gone = true end
-  return ok
-end
-
-function Server:emit(a, text)
-  if text == "" then return end
-  a.parts[#a.parts + 1] = text
-  if a.spec.stream and not a.client_gone then self:send_chunk(a, text) end
-end
-
-function Server:on_token(a, id)
-  local piece = a.stream:put(id)
-  local show, stopped = a.stopper.put(piece)
-  self:emit(a, show)
-  if stopped then
-    a.stop_string = true
-    a.request:cancel()
-  end
+  return out
 end
 
 -- Histogram buckets: accepted drafts per verifying step (0 .. 8, more: +Inf), and a request's
@@ -198,63 +160,19 @@ function Server:on_draft(r, k, accepted)
   if a then a.drafted, a.accepted = (a.drafted or 0) + k, (a.accepted or 0) + accepted end
 end
 
-function Server:on_done(a)
-  if a.finished then return end
-  a.finished = true
-  local r = a.request
-  self.active[r] = nil
-  if a.shutdown then
-    local st, body = openai.error(503, "the server is stopping", "server_error", nil, "stopping")
-    if a.spec.stream then a.http:finish("data: " .. body .. "\n\ndata: [DONE]\n\n") else answer(a.http, st, body) end
-    return
-  end
-  if a.client_gone or (a.http:cancelled() and not a.stop_string) then
-    self.metrics:add("loip_requests_cancelled_total", "requests whose client hung up", 1)
-    a.http:release()
-    return
-  end
-  if r.finish_reason == "error" then
-    log("request %s failed: %s", a.id, tostring(r.error))
-    self.metrics:add("loip_requests_failed_total", "requests that failed", 1)
-    if a.spec.stream then
-      a.http:finish("data: " .. select(2, openai.error(500, tostring(r.error), "server_error", nil, "engine_error")) .. "\n\ndata: [DONE]\n\n")
-    else
-      fail(a.http, 500, tostring(r.error), "server_error", nil, "engine_error")
-    end
-    return
-  end
-  if not a.stop_string then -- what the detokenizer and the stop strings held back
-    local rest = a.stream:finish()
-    local show, stopped = a.stopper.put(rest)
-    self:emit(a, show)
-    if stopped then a.stop_string = true else self:emit(a, a.stopper.rest()) end
-  end
-  local finish = (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
-  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids,
-    prompt_tokens_details = { cached_tokens = r.cached_tokens or 0 } }
+-- Request r (choice c of a reply) ended with finish ("stop", "length"): the metrics count it.
+function Server:count_done(r, finish, n_prompt, c)
   local t = r:timings()
   local m = self.metrics
   m:add("loip_tokens_generated_total", "tokens generated", #r.token_ids)
-  m:add("loip_prompt_tokens_total", "prompt tokens processed", a.n_prompt)
+  m:add("loip_prompt_tokens_total", "prompt tokens processed", n_prompt)
   m:add("loip_requests_finished_total", "requests finished", 1, { finish_reason = finish })
   if t.ttft_ms then m:observe("loip_time_to_first_token_ms", "time from arrival to the first token", t.ttft_ms) end
   if t.decode_ms_per_token then m:observe("loip_ms_per_token", "decoding time per token after the first", t.decode_ms_per_token) end
   m:observe("loip_queue_ms", "time waiting for a slot and KV", t.queue_ms)
-  if (a.drafted or 0) > 0 then
+  if c and (c.drafted or 0) > 0 then
     m:observe("loip_draft_request_acceptance", "a request's accepted drafts over its drafted ones, at its end (requests that drafted)",
-      a.accepted / a.drafted, RATE_BUCKETS)
-  end
-  if a.spec.stream then
-    self:send_chunk(a, nil, finish)
-    if a.spec.include_usage then self:send_chunk(a, nil, nil, usage) end
-    a.http:finish("data: [DONE]\n\n")
-  else
-    answer(a.http, 200, openai.response(a.kind, { id = a.id, created = a.created, model = a.model,
-      text = table.concat(a.parts), finish_reason = finish, usage = usage, logprobs = self:logprobs_of(a, true) }))
-  end
-  if not self.quiet then
-    log("%s: %d+%d tokens, %s, ttft %.0f ms, %.1f ms/token", a.id, a.n_prompt, #r.token_ids, finish, t.ttft_ms or 0,
-      t.decode_ms_per_token or 0)
+      c.accepted / c.drafted, RATE_BUCKETS)
   end
 end
 
@@ -374,8 +292,8 @@ function Server:turn(wait_ms)
     end
     req = self.http:next(0)
   end
-  for r, a in pairs(self.active) do
-    if a.http:cancelled() then a.client_gone = true r:cancel() end
+  for r, c in pairs(self.active) do
+    if c.reply.http:cancelled() then c.reply.client_gone = true r:cancel() end
   end
   if self.batcher:busy() then
     local ok, err = pcall(self.batcher.step, self.batcher)
@@ -395,8 +313,8 @@ function Server:run(done)
 end
 
 function Server:close()
-  for r, a in pairs(self.active) do
-    a.shutdown = true
+  for r, c in pairs(self.active) do
+    c.reply.shutdown = true
     r:cancel()
   end
   if self.http then self.http:close() self.http = nil end
