@@ -36,10 +36,11 @@ fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
 
-# The official OpenAI client (npm), which the server's tests drive unchanged: the version
-# pinned in tests/openai/package-lock.json, into tests/openai/node_modules.
+# The official OpenAI client (npm), which the server's tests drive unchanged, and zod (its
+# structured outputs' schemas): the versions pinned in tests/openai/package-lock.json, into
+# tests/openai/node_modules (again when the lock file changed since).
 if command -v npm >/dev/null 2>&1; then
-  [ -f tests/openai/node_modules/openai/package.json ] ||
+  [ tests/openai/node_modules/.package-lock.json -nt tests/openai/package-lock.json ] ||
     (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 else
   echo "setup: npm not found: the OpenAI client test of loip serve will be skipped" >&2
