@@ -11,6 +11,7 @@ local http = require "loip.serve.http"
 local json = require "loip.tools.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
+local tools = require "loip.serve.tools"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
@@ -50,6 +51,13 @@ function M.new(opts)
   -- the chat template is read now: a model without one is told at start, not per request
   local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
+  self.template = ok and terr or nil
+  -- the tool-call parser: --tool-parser's, else the template's family's
+  if opts.tool_parser or self.template then
+    local pok, p = pcall(tools.parser, opts.tool_parser, self.template)
+    if not pok then h:close() error("serve: --tool-parser: " .. tostring(p), 0) end
+    self.tool_parser = p
+  end
   return self
 end
 
@@ -57,7 +65,7 @@ local function answer(req, status, body, headers)
   req:respond(status, "application/json", body, headers)
 end
 local function fail(req, status, message, kind, param, code, headers)
-  local st, body = openai.error(status, message, kind, param, code)
+  local st, body = (req.api or openai).error(status, message, kind, param, code)
   answer(req, st, body, headers)
 end
 
@@ -73,8 +81,8 @@ function Server:prompt_ids(spec)
   local tok = self.tok
   if spec.kind == "chat" then
     if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
-    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, spec.messages,
-      { add_generation_prompt = true, template_file = self.opts.chat_template })
+    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
+      { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools })
     if not ok then return nil, 400, tostring(text) end
     return tok:encode(text, { add_special = false, bos = false })
   end
@@ -92,7 +100,8 @@ function Server:generate(req, kind)
   if req.too_large then
     return fail(req, 413, string.format("the request body is larger than %d bytes", self.opts.max_body or 4 * 1024 * 1024), nil, nil, "body_too_large")
   end
-  local spec, e = openai.parse(kind, req.body)
+  local api = req.api or openai
+  local spec, e = api.parse(kind, req.body)
   if not spec then return fail(req, e.status, e.message, nil, e.param, e.code) end
   if spec.model ~= self.name then
     return fail(req, 404, string.format("The model '%s' does not exist; this server serves '%s'", spec.model, self.name),
@@ -125,39 +134,55 @@ function Server:generate(req, kind)
     error(r, 0)
   end
   self.seq = self.seq + 1
-  local a = { http = req, spec = spec, kind = kind, request = r, id = random_id(kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
+  local a = { http = req, spec = spec, kind = kind, request = r,
+    id = random_id(kind == "messages" and "msg_" or kind == "chat" and "chatcmpl-" or "cmpl-", self.seq),
     created = os.time(), model = self.name, parts = {}, stopper = openai.stopper(spec.stop), first_chunk = true,
-    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n }
+    stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n, api = api }
+  if tools.wanted(spec) and self.tool_parser then -- the model's calls parsed out of its text
+    a.tools = self.tool_parser.stream({ parallel = spec.parallel_tool_calls, id_prefix = api.call_id_prefix })
+  end
   self.active[r] = a
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
   if spec.stream then
     req:stream_begin(200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
-    if kind == "chat" then self:send_chunk(a, "") end -- the role first, as OpenAI does
+    if kind ~= "completion" then self:send_chunk(a, "") end -- the role first, as OpenAI does
   end
   r.on_token = function(_, id) self:on_token(a, id) end
   r.on_done = function() self:on_done(a) end
   if r.state == "done" then self:on_done(a) end
 end
 
-function Server:send_chunk(a, text, finish, usage)
-  local ok = a.http:write(openai.chunk(a.kind, a, text, finish, usage))
+function Server:send_chunk(a, text, finish, usage, tool_deltas)
+  local ok = a.http:write(a.api.chunk(a.kind, a, text, finish, usage, tool_deltas))
   a.first_chunk = false
   if not ok then a.client_gone = true end
   return ok
 end
 
-function Server:emit(a, text)
-  if text == "" then return end
-  a.parts[#a.parts + 1] = text
-  if a.spec.stream and not a.client_gone then self:send_chunk(a, text) end
+-- Text to the client (through the tool-call parser, which holds back what may begin a call;
+-- final: the end of the output).
+function Server:emit(a, text, final)
+  local deltas
+  if a.tools then
+    text, deltas = a.tools.put(text)
+    if final then
+      local t, d = a.tools.finish()
+      text = text .. t
+      for _, x in ipairs(d) do deltas[#deltas + 1] = x end
+    end
+    if not deltas[1] then deltas = nil end
+  end
+  if text == "" and not deltas then return end
+  if text ~= "" then a.parts[#a.parts + 1] = text end
+  if a.spec.stream and not a.client_gone then self:send_chunk(a, text ~= "" and text or nil, nil, nil, deltas) end
 end
 
 function Server:on_token(a, id)
   local piece = a.stream:put(id)
-  local show, stopped = a.stopper.put(piece)
+  local show, stopped, which = a.stopper.put(piece)
   self:emit(a, show)
   if stopped then
-    a.stop_string = true
+    a.stop_string, a.stop_sequence = true, which
     a.request:cancel()
   end
 end
@@ -185,8 +210,8 @@ function Server:on_done(a)
   local r = a.request
   self.active[r] = nil
   if a.shutdown then
-    local st, body = openai.error(503, "the server is stopping", "server_error", nil, "stopping")
-    if a.spec.stream then a.http:finish("data: " .. body .. "\n\ndata: [DONE]\n\n") else answer(a.http, st, body) end
+    local st, body = a.api.error(503, "the server is stopping", "server_error", nil, "stopping")
+    if a.spec.stream then a.http:finish(a.api.stream_error(body)) else answer(a.http, st, body) end
     return
   end
   if a.client_gone or (a.http:cancelled() and not a.stop_string) then
@@ -198,7 +223,7 @@ function Server:on_done(a)
     log("request %s failed: %s", a.id, tostring(r.error))
     self.metrics:add("loip_requests_failed_total", "requests that failed", 1)
     if a.spec.stream then
-      a.http:finish("data: " .. select(2, openai.error(500, tostring(r.error), "server_error", nil, "engine_error")) .. "\n\ndata: [DONE]\n\n")
+      a.http:finish(a.api.stream_error(select(2, a.api.error(500, tostring(r.error), "server_error", nil, "engine_error"))))
     else
       fail(a.http, 500, tostring(r.error), "server_error", nil, "engine_error")
     end
@@ -206,12 +231,15 @@ function Server:on_done(a)
   end
   if not a.stop_string then -- what the detokenizer and the stop strings held back
     local rest = a.stream:finish()
-    local show, stopped = a.stopper.put(rest)
+    local show, stopped, which = a.stopper.put(rest)
     self:emit(a, show)
-    if stopped then a.stop_string = true else self:emit(a, a.stopper.rest()) end
+    if stopped then a.stop_string, a.stop_sequence = true, which else self:emit(a, a.stopper.rest()) end
   end
-  local finish = (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
+  if a.tools then self:emit(a, "", true) end
+  local calls = a.tools and a.tools.tool_calls()
+  local finish = calls and "tool_calls" or (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
   local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids }
+  a.usage = usage
   local t = r:timings()
   local m = self.metrics
   m:add("loip_tokens_generated_total", "tokens generated", #r.token_ids)
@@ -227,10 +255,12 @@ function Server:on_done(a)
   if a.spec.stream then
     self:send_chunk(a, nil, finish)
     if a.spec.include_usage then self:send_chunk(a, nil, nil, usage) end
-    a.http:finish("data: [DONE]\n\n")
+    a.http:finish(a.api.DONE)
   else
-    answer(a.http, 200, openai.response(a.kind, { id = a.id, created = a.created, model = a.model,
-      text = table.concat(a.parts), finish_reason = finish, usage = usage }))
+    local text = table.concat(a.parts)
+    if calls and text:match("^%s*$") then text = nil end -- content null: only calls
+    answer(a.http, 200, a.api.response(a.kind, { id = a.id, created = a.created, model = a.model,
+      text = text, finish_reason = finish, usage = usage, tool_calls = calls, stop_sequence = a.stop_sequence }))
   end
   if not self.quiet then
     log("%s: %d+%d tokens, %s, ttft %.0f ms, %.1f ms/token", a.id, a.n_prompt, #r.token_ids, finish, t.ttft_ms or 0,
@@ -312,7 +342,8 @@ function Server:dispatch(req)
   local method = req.method
   if path:match("^/v1/") and self.opts.api_key then
     local auth = req:header("Authorization") or ""
-    if auth ~= "Bearer " .. self.opts.api_key then
+    if auth ~= "Bearer " .. self.opts.api_key and req:header("x-api-key") ~= self.opts.api_key then -- (x-api-key: Anthropic's)
+      if path == "/v1/messages" then req.api = require "loip.serve.anthropic" end
       return fail(req, 401, auth == "" and "You didn't provide an API key (Authorization: Bearer KEY)" or "Incorrect API key provided",
         "invalid_request_error", nil, "invalid_api_key")
     end
@@ -323,6 +354,9 @@ function Server:dispatch(req)
   end
   if path == "/v1/chat/completions" then
     if only("POST") then self:generate(req, "chat") end
+  elseif path == "/v1/messages" then
+    req.api = require "loip.serve.anthropic"
+    if only("POST") then self:generate(req, "messages") end
   elseif path == "/v1/completions" then
     if only("POST") then self:generate(req, "completion") end
   elseif path == "/v1/models" then
