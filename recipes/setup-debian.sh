@@ -41,6 +41,9 @@ cmake --build "$build" -j"$(nproc)"
 if command -v npm >/dev/null 2>&1; then
   [ -f tests/openai/node_modules/openai/package.json ] ||
     (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  # (and Anthropic's, for /v1/messages: tests/anthropic/package-lock.json)
+  [ -f tests/anthropic/node_modules/@anthropic-ai/sdk/package.json ] ||
+    (cd tests/anthropic && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 else
   echo "setup: npm not found: the OpenAI client test of loip serve will be skipped" >&2
 fi

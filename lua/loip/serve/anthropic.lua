@@ -173,12 +173,21 @@ local function input_of(arguments)
 end
 
 -- The message object of a finished request (r: id, model, text, finish_reason, usage,
--- tool_calls, stop_sequence).
+-- tool_calls, stop_sequence, order: its text and calls in the order they came, as the stream
+-- gave them).
 function M.response(_, r)
   local content = {}
-  if r.text and r.text ~= "" then content[1] = { type = "text", text = r.text } end
-  for _, c in ipairs(r.tool_calls or {}) do
-    content[#content + 1] = { type = "tool_use", id = c.id, name = c["function"].name, input = input_of(c["function"].arguments) }
+  local order = r.order or { r.text }
+  if not r.order then for i = 1, #(r.tool_calls or {}) do order[#order + 1] = i - 1 end end
+  for _, x in ipairs(order) do
+    local last = content[#content]
+    if type(x) == "string" then
+      if last and last.type == "text" then last.text = last.text .. x
+      elseif x ~= "" then content[#content + 1] = { type = "text", text = x } end
+    else
+      local c = r.tool_calls[x + 1]
+      content[#content + 1] = { type = "tool_use", id = c.id, name = c["function"].name, input = input_of(c["function"].arguments) }
+    end
   end
   return openai.encode({ id = r.id, type = "message", role = "assistant", model = r.model,
     content = #content > 0 and content or openai.EMPTY_ARRAY, stop_reason = stop_reason(r),
@@ -205,8 +214,9 @@ local function open_block(out, a, block)
 end
 
 -- The events of a stream step (a: the running request: id, model, n_prompt, first_chunk;
--- text, tool-call deltas in OpenAI's shape, finish: the end, a.usage and a.stop_sequence then).
-function M.chunk(_, a, text, finish, _, deltas)
+-- text, tool-call deltas in OpenAI's shape and order (the two in the order they came), finish:
+-- the end, a.usage and a.stop_sequence then).
+function M.chunk(_, a, text, finish, _, deltas, order)
   local out = {}
   if a.first_chunk then
     event(out, "message_start", { message = { id = a.id, type = "message", role = "assistant", model = a.model,
@@ -214,15 +224,22 @@ function M.chunk(_, a, text, finish, _, deltas)
       usage = { input_tokens = a.n_prompt, output_tokens = 0 } } })
     event(out, "ping", {})
   end
-  if text and text ~= "" then
-    if a.block_type ~= "text" then open_block(out, a, { type = "text", text = "" }) end
-    event(out, "content_block_delta", { index = a.block, delta = { type = "text_delta", text = text } })
+  if not order then
+    order = { text }
+    for _, d in ipairs(deltas or {}) do if d.id then order[#order + 1] = d.index end end
   end
-  for _, d in ipairs(deltas or {}) do
-    local f = d["function"]
-    if d.id then open_block(out, a, { type = "tool_use", id = d.id, name = f.name, input = {} }) end
-    if f.arguments and f.arguments ~= "" then
-      event(out, "content_block_delta", { index = a.block, delta = { type = "input_json_delta", partial_json = f.arguments } })
+  for _, x in ipairs(order) do
+    if type(x) == "string" and x ~= "" then
+      if a.block_type ~= "text" then open_block(out, a, { type = "text", text = "" }) end
+      event(out, "content_block_delta", { index = a.block, delta = { type = "text_delta", text = x } })
+    elseif type(x) == "number" then
+      for _, d in ipairs(deltas) do
+        local f = d["function"]
+        if d.index == x and d.id then open_block(out, a, { type = "tool_use", id = d.id, name = f.name, input = {} }) end
+        if d.index == x and f.arguments and f.arguments ~= "" then
+          event(out, "content_block_delta", { index = a.block, delta = { type = "input_json_delta", partial_json = f.arguments } })
+        end
+      end
     end
   end
   if finish then

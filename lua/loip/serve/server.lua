@@ -108,17 +108,17 @@ function Server:generate(req, kind)
       "invalid_request_error", "model", "model_not_found")
   end
   local ids, st, msg = self:prompt_ids(spec)
-  if not ids then return fail(req, st, msg, nil, kind == "chat" and "messages" or "prompt") end
+  if not ids then return fail(req, st, msg, nil, kind ~= "completion" and "messages" or "prompt") end
   if #ids == 0 then
     return fail(req, 400, spec.prompt == "" and "'prompt' is empty and this model's tokenizer adds no BOS token to start "
       .. "a document from: give a prompt (text or token ids)" or "the prompt is empty after tokenization", nil,
-      kind == "chat" and "messages" or "prompt")
+      kind ~= "completion" and "messages" or "prompt")
   end
   local n = #ids
   if spec.max_tokens and n + spec.max_tokens > self.context or n >= self.context then
     return fail(req, 400, string.format("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-      self.context, n + (spec.max_tokens or 1), n, kind == "chat" and "messages" or "prompt", spec.max_tokens or 1,
-      kind == "chat" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
+      self.context, n + (spec.max_tokens or 1), n, kind ~= "completion" and "messages" or "prompt", spec.max_tokens or 1,
+      kind ~= "completion" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
   end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
   local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
@@ -140,6 +140,7 @@ function Server:generate(req, kind)
     stream = require("loip.text.tokenizer").text_stream(self.tok, ids), n_prompt = n, api = api }
   if tools.wanted(spec) and self.tool_parser then -- the model's calls parsed out of its text
     a.tools = self.tool_parser.stream({ parallel = spec.parallel_tool_calls, id_prefix = api.call_id_prefix })
+    a.order = {} -- text and calls in the order they came (loip.serve.tool_calls' parts)
   end
   self.active[r] = a
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
@@ -152,8 +153,8 @@ function Server:generate(req, kind)
   if r.state == "done" then self:on_done(a) end
 end
 
-function Server:send_chunk(a, text, finish, usage, tool_deltas)
-  local ok = a.http:write(a.api.chunk(a.kind, a, text, finish, usage, tool_deltas))
+function Server:send_chunk(a, text, finish, usage, tool_deltas, order)
+  local ok = a.http:write(a.api.chunk(a.kind, a, text, finish, usage, tool_deltas, order))
   a.first_chunk = false
   if not ok then a.client_gone = true end
   return ok
@@ -162,19 +163,21 @@ end
 -- Text to the client (through the tool-call parser, which holds back what may begin a call;
 -- final: the end of the output).
 function Server:emit(a, text, final)
-  local deltas
+  local deltas, order
   if a.tools then
-    text, deltas = a.tools.put(text)
+    text, deltas, order = a.tools.put(text)
     if final then
-      local t, d = a.tools.finish()
+      local t, d, o = a.tools.finish()
       text = text .. t
       for _, x in ipairs(d) do deltas[#deltas + 1] = x end
+      for _, x in ipairs(o) do order[#order + 1] = x end
     end
+    for _, x in ipairs(order) do a.order[#a.order + 1] = x end
     if not deltas[1] then deltas = nil end
   end
   if text == "" and not deltas then return end
   if text ~= "" then a.parts[#a.parts + 1] = text end
-  if a.spec.stream and not a.client_gone then self:send_chunk(a, text ~= "" and text or nil, nil, nil, deltas) end
+  if a.spec.stream and not a.client_gone then self:send_chunk(a, text ~= "" and text or nil, nil, nil, deltas, order) end
 end
 
 function Server:on_token(a, id)
@@ -260,7 +263,7 @@ function Server:on_done(a)
     local text = table.concat(a.parts)
     if calls and text:match("^%s*$") then text = nil end -- content null: only calls
     answer(a.http, 200, a.api.response(a.kind, { id = a.id, created = a.created, model = a.model,
-      text = text, finish_reason = finish, usage = usage, tool_calls = calls, stop_sequence = a.stop_sequence }))
+      text = text, finish_reason = finish, usage = usage, tool_calls = calls, stop_sequence = a.stop_sequence, order = a.order }))
   end
   if not self.quiet then
     log("%s: %d+%d tokens, %s, ttft %.0f ms, %.1f ms/token", a.id, a.n_prompt, #r.token_ids, finish, t.ttft_ms or 0,

@@ -60,8 +60,8 @@ function M.scan_value(s, i)
       end
     end
   end
+  if not c:match("[-%dtfn]") then return false end
   local lit = s:match("^[-+%w%.]+", i)
-  if not lit then return false end
   if i + #lit > #s then return nil end -- a number or word may go on
   return i + #lit - 1
 end
@@ -148,9 +148,10 @@ function M.call_list(body, args_keys, sep, array)
   return out
 end
 
--- The stream machine over a parser p (p.markers, p.calls). Returns { put(piece) -> text, deltas;
--- finish() -> text, deltas; calls (all so far: { id, name, arguments }) }, deltas in OpenAI's
--- streamed shape (a call's first delta carries its id, type and name, then its arguments).
+-- The stream machine over a parser p (p.markers, p.calls). Returns { put(piece) -> text, deltas,
+-- parts; finish() -> the same; calls (all so far: { id, name, arguments }) }, deltas in OpenAI's
+-- streamed shape (a call's first delta carries its id, type and name, then its arguments), parts
+-- the text and calls in the order they came (strings, and calls' 0-based indices).
 -- Text that may begin a marker is held back; spaces are held until more content follows them,
 -- and dropped at the end when calls were made (content null, as OpenAI gives it).
 function M.stream(p, opts)
@@ -159,13 +160,17 @@ function M.stream(p, opts)
   local buf, mode, region = "", nil, ""
   local shown, spaces = false, "" -- whether content was shown; spaces held back
   local st = { calls = {} }
-  local text_out, deltas
+  local text_out, deltas, parts
 
   local function show(t)
     if t == "" then return end
-    if t:match("^%s*$") then spaces = spaces .. t return end
-    text_out[#text_out + 1] = spaces .. t
-    spaces, shown = "", true
+    local body, tail = t:match("^(.-)(%s*)$")
+    if body ~= "" then
+      text_out[#text_out + 1] = spaces .. body
+      parts[#parts + 1] = spaces .. body
+      spaces, shown = "", true
+    end
+    spaces = spaces .. tail
   end
   local function add_calls(list)
     for _, c in ipairs(list) do
@@ -175,6 +180,7 @@ function M.stream(p, opts)
       st.calls[idx + 1] = call
       deltas[#deltas + 1] = { index = idx, id = call.id, type = "function", ["function"] = { name = c.name, arguments = "" } }
       deltas[#deltas + 1] = { index = idx, ["function"] = { arguments = c.arguments } }
+      parts[#parts + 1] = idx
     end
   end
   -- a finished region (body without its markers): calls, or back to content as it was written
@@ -260,21 +266,21 @@ function M.stream(p, opts)
     return out
   end
   function st.put(piece)
-    text_out, deltas = {}, {}
+    text_out, deltas, parts = {}, {}, {}
     buf = buf .. piece
     run()
-    return table.concat(text_out), deltas
+    return table.concat(text_out), deltas, parts
   end
   function st.finish()
-    text_out, deltas = {}, {}
+    text_out, deltas, parts = {}, {}, {}
     run()
     if mode then
       if mode.text then show(region .. buf) else close_region(mode, region .. buf) end
       mode, region, buf = nil, "", ""
     else show(buf) buf = "" end
-    if #st.calls == 0 and spaces ~= "" then text_out[#text_out + 1] = spaces end
+    if #st.calls == 0 and spaces ~= "" then text_out[#text_out + 1], parts[#parts + 1] = spaces, spaces end
     spaces = ""
-    return table.concat(text_out), deltas
+    return table.concat(text_out), deltas, parts
   end
   return st
 end
@@ -333,6 +339,15 @@ function M.gbnf_rename(text, prefix)
     i = j + 1
   end
   return table.concat(out)
+end
+
+-- A parser's parse, stream and grammar made from its markers, calls and call syntax (M.syntax,
+-- as gbnf_calls takes it), where the file does not write its own. Returns M.
+function M.family(p)
+  p.parse = p.parse or function(text) return M.parse(p, text) end
+  p.stream = p.stream or function(opts) return M.stream(p, opts) end
+  p.grammar = p.grammar or function(req) return M.gbnf_calls(req, p.syntax) end
+  return p
 end
 
 -- The GBNF of calls in a family's syntax: root ::= open call (sep call)* close, each call

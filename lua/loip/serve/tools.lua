@@ -137,7 +137,9 @@ function M.template_messages(messages, template_text)
           local f = call["function"]
           local args = template.ordered_decode(f.arguments)
           if args == nil then args = f.arguments end
-          c.tool_calls[j] = { id = id_of(call.id), type = "function", ["function"] = { name = f.name, arguments = args } }
+          -- (in transformers' key order: templates that write a call with tojson show it)
+          c.tool_calls[j] = template.dict({ { "id", id_of(call.id) }, { "type", "function" },
+            { "function", template.dict({ { "name", f.name }, { "arguments", args } }) } })
         end
       end
       if m.tool_call_id then c.tool_call_id = id_of(m.tool_call_id) end

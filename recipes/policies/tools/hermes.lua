@@ -5,11 +5,14 @@
 -- A tools parser (loip.policy kind "tools"): serves(template) -> whether it is the family's
 -- template; parse(text) -> content, tool_calls; stream(opts) -> { put(piece), finish() } (text
 -- to show now and OpenAI's tool-call deltas); grammar(req) -> GBNF of the call syntax (req:
--- tools, choice, parallel, schema_gbnf). loip.serve.tool_calls does the work from M.markers
--- and M.calls.
+-- tools, choice, parallel, schema_gbnf). loip.serve.tool_calls makes the three from M.markers,
+-- M.calls and M.syntax (tc.family); a file may write any of them itself.
 local tc = require "loip.serve.tool_calls"
 
 local M = { name = "hermes" }
+
+-- the call syntax a grammar writes (tool_choice "required" or named)
+M.syntax = { open = "<tool_call>\n", sep = "\n</tool_call>\n<tool_call>\n", close = "\n</tool_call>" }
 
 M.markers = { { open = "<tool_call>", close = "</tool_call>" } }
 
@@ -22,11 +25,4 @@ function M.serves()
   return true -- the fallback: any template
 end
 
-function M.parse(text) return tc.parse(M, text) end
-function M.stream(opts) return tc.stream(M, opts) end
-
-function M.grammar(req)
-  return tc.gbnf_calls(req, { open = "<tool_call>\n", sep = "\n</tool_call>\n<tool_call>\n", close = "\n</tool_call>" })
-end
-
-return M
+return tc.family(M) -- parse, stream and grammar from the markers, calls and syntax

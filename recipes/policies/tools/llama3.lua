@@ -8,6 +8,9 @@ local tc = require "loip.serve.tool_calls"
 
 local M = { name = "llama3" }
 
+-- the call syntax a grammar writes (tool_choice "required" or named)
+M.syntax = { open = "", sep = "; ", close = "", args_key = "parameters" }
+
 -- both run to the end of the output (the call is the whole message)
 M.markers = { { open = "<|python_tag|>" }, { open = "{", keep = true, at_start = true } }
 
@@ -19,11 +22,4 @@ function M.serves(template)
   return template:find("<|start_header_id|>", 1, true) ~= nil and template:find("tool", 1, true) ~= nil
 end
 
-function M.parse(text) return tc.parse(M, text) end
-function M.stream(opts) return tc.stream(M, opts) end
-
-function M.grammar(req)
-  return tc.gbnf_calls(req, { open = "", sep = "; ", close = "", args_key = "parameters" })
-end
-
-return M
+return tc.family(M) -- parse, stream and grammar from the markers, calls and syntax

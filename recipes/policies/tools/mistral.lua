@@ -7,6 +7,9 @@ local tc = require "loip.serve.tool_calls"
 
 local M = { name = "mistral" }
 
+-- the call syntax a grammar writes (tool_choice "required" or named)
+M.syntax = { open = "[TOOL_CALLS][", sep = ", ", close = "]" }
+
 M.markers = { { open = "[TOOL_CALLS]", json = true } }
 
 function M.calls(body)
@@ -17,11 +20,4 @@ function M.serves(template)
   return template:find("[TOOL_CALLS]", 1, true) ~= nil
 end
 
-function M.parse(text) return tc.parse(M, text) end
-function M.stream(opts) return tc.stream(M, opts) end
-
-function M.grammar(req)
-  return tc.gbnf_calls(req, { open = "[TOOL_CALLS][", sep = ", ", close = "]" })
-end
-
-return M
+return tc.family(M) -- parse, stream and grammar from the markers, calls and syntax

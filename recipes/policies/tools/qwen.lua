@@ -7,6 +7,9 @@ local tc = require "loip.serve.tool_calls"
 
 local M = { name = "qwen" }
 
+-- the call syntax a grammar writes (tool_choice "required" or named)
+M.syntax = { open = "<tool_call>\n", sep = "\n</tool_call>\n<tool_call>\n", close = "\n</tool_call>" }
+
 M.markers = { { open = "<think>", close = "</think>", text = true }, { open = "<tool_call>", close = "</tool_call>" } }
 
 function M.calls(body)
@@ -17,11 +20,4 @@ function M.serves(template)
   return template:find("<tool_call>", 1, true) ~= nil and template:find("<|im_start|>", 1, true) ~= nil
 end
 
-function M.parse(text) return tc.parse(M, text) end
-function M.stream(opts) return tc.stream(M, opts) end
-
-function M.grammar(req)
-  return tc.gbnf_calls(req, { open = "<tool_call>\n", sep = "\n</tool_call>\n<tool_call>\n", close = "\n</tool_call>" })
-end
-
-return M
+return tc.family(M) -- parse, stream and grammar from the markers, calls and syntax
