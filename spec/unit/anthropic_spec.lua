@@ -27,7 +27,7 @@ describe("loip.serve.anthropic", function()
       tools = { { name = "get_weather", description = "d", input_schema = { type = "object" } } },
       tool_choice = { type = "any", disable_parallel_tool_use = true },
       messages = { { role = "user", content = "weather?" },
-        { role = "assistant", content = { { type = "text", text = "Looking." }, { type = "tool_use", id = "toolu_1", name = "get_weather", input = { city = "Paris" } } } },
+        { role = "assistant", content = { { type = "thinking", thinking = "hm", signature = "s" }, { type = "text", text = "Looking." }, { type = "tool_use", id = "toolu_1", name = "get_weather", input = { city = "Paris" } } } },
         { role = "user", content = { { type = "tool_result", tool_use_id = "toolu_1", content = { { type = "text", text = "sunny" } } } } } } }))
     assert.are.equal("chat", s.kind)
     assert.are.same({ role = "system", content = "Be brief." }, s.messages[1])

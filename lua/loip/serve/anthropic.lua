@@ -60,6 +60,7 @@ local function convert(out, m, i)
     local bat = string.format("%s.content.%d", at, j - 1)
     local kind = type(b) == "table" and b.type
     if kind == "text" and type(b.text) == "string" then texts[#texts + 1] = b.text
+    elseif (kind == "thinking" or kind == "redacted_thinking") and m.role == "assistant" then -- (another model's; not shown to this one)
     elseif kind == "tool_use" and m.role == "assistant" then
       if type(b.id) ~= "string" or type(b.name) ~= "string" or type(b.input) ~= "table" or b.input == json.null then
         return bat .. ": a tool_use block needs id, name and input (an object)", bat
