@@ -27,6 +27,7 @@ local CALLS = {
   { "mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Par}is"}}, {"name": "get_time", "arguments": {"zone": "CET"}, "id": "abcdefghi"}]',
     nil, { { "get_weather", '{"city": "Par}is"}' }, { "get_time", '{"zone": "CET"}' } } },
   { "mistral", 'Here: [TOOL_CALLS][{"name": "f", "arguments": {}}] done', "Here:  done", { { "f", "{}" } } },
+  { "mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"q": "say \\"hi]\\" {\\\\"}}]', nil, { { "f", '{"q": "say \\"hi]\\" {\\\\"}' } } },
 }
 
 -- malformed or absent calls: the whole text stays content

@@ -66,6 +66,39 @@ function M.scan_value(s, i)
   return i + #lit - 1
 end
 
+-- The same, resumable over a text that grows (a stream's region): st = {} at first, then the
+-- same table each time s has grown; the work done is kept, so a value of n bytes costs O(n) however
+-- it comes. A value that is not an object or array is scanned whole each time (it is short).
+function M.scan_more(s, st)
+  local i = st.pos or 1
+  if not st.depth then
+    i = skip_ws(s, i)
+    local c = s:sub(i, i)
+    if c ~= "{" and c ~= "[" then st.pos = i return M.scan_value(s, i) end
+    st.depth, i = 1, i + 1
+  end
+  while true do
+    if st.instr then
+      local k = s:find('[\\"]', i)
+      if not k then st.pos = #s + 1 return nil end
+      if s:sub(k, k) == '"' then st.instr, i = false, k + 1
+      elseif k == #s then st.pos = k return nil -- (the escaped character is still to come)
+      else i = k + 2 end
+    else
+      local k = s:find('[][{}"]', i)
+      if not k then st.pos = #s + 1 return nil end
+      local ch = s:sub(k, k)
+      if ch == '"' then st.instr = true
+      elseif ch == "{" or ch == "[" then st.depth = st.depth + 1
+      else
+        st.depth = st.depth - 1
+        if st.depth == 0 then return k end
+      end
+      i = k + 1
+    end
+  end
+end
+
 -- A JSON object's members in their order: { { key, raw value text } }, or nil when s[i..] is not
 -- one complete object (then also the index after it on success).
 function M.members(s, i)
@@ -158,6 +191,7 @@ function M.stream(p, opts)
   opts = opts or {}
   local markers = p.markers
   local buf, mode, region = "", nil, ""
+  local scan, searched = {}, 1 -- the region's JSON scan and where its closing string is looked for next
   local shown, spaces = false, "" -- whether content was shown; spaces held back
   local st = { calls = {} }
   local text_out, deltas, parts
@@ -216,6 +250,7 @@ function M.stream(p, opts)
         if at then
           show(buf:sub(1, at - 1))
           mode, region = m, m.keep and m.open or ""
+          scan, searched = {}, 1
           buf = buf:sub(at + #m.open)
           if m.text then show(m.open) end
         else
@@ -232,7 +267,7 @@ function M.stream(p, opts)
         region, buf = region .. buf, ""
         local m = mode
         if m.close then
-          local i = region:find(m.close, 1, true)
+          local i = region:find(m.close, searched, true)
           if i then
             local body, rest = region:sub(1, i - 1), region:sub(i + #m.close)
             if m.text then show(body .. m.close) else close_region(m, body, m.close) end
@@ -242,9 +277,12 @@ function M.stream(p, opts)
             show(region:sub(1, cut))
             region = region:sub(cut + 1)
             return
-          else return end
+          else
+            searched = math.max(1, #region - #m.close + 2)
+            return
+          end
         elseif m.json then
-          local e = M.scan_value(region, 1)
+          local e = M.scan_more(region, scan)
           if e == false then -- not JSON: the marker was content
             show(m.open)
             mode, buf, region = nil, region, ""
