@@ -106,7 +106,7 @@ function M.parse(_, text)
   end
   if not null(body.stream) and type(body.stream) ~= "boolean" then return bad("stream", "stream must be true or false") end
   if not null(body.metadata) and type(body.metadata) ~= "table" then return bad("metadata", "metadata must be an object") end
-  local s = { kind = "chat", model = body.model, max_tokens = body.max_tokens, stream = body.stream == true, stop = {},
+  local s = { kind = "chat", model = body.model, max_tokens = body.max_tokens, stream = body.stream == true, stop = {}, n = 1,
     sampler = { temperature = null(body.temperature) and 1 or body.temperature, top_p = null(body.top_p) and 1 or body.top_p,
       top_k = null(body.top_k) and 0 or body.top_k, min_p = 0, repetition_penalty = 1 } }
   if not null(body.stop_sequences) then
