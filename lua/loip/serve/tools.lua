@@ -182,4 +182,14 @@ function M.grammar(spec, p, schema_gbnf)
   return p.grammar({ tools = spec.tools, choice = spec.tool_choice, parallel = spec.parallel_tool_calls, schema_gbnf = schema_gbnf })
 end
 
+-- The constraint of a request whose tool_choice is "required" or a named function, as
+-- loip.serve.constrain takes a format: { type = "gbnf", gbnf, param = "tools" }; nil for "auto"
+-- and "none"; or nil, a message and the field it names (a function's parameters the grammar
+-- cannot take: "tools[i].function.parameters").
+function M.format(spec, p, schema_gbnf)
+  local ok, g = pcall(M.grammar, spec, p, schema_gbnf)
+  if not ok then return nil, tostring(g), tostring(g):match("tools%[%d+%]%.function%.parameters") or "tools" end
+  if g then return { type = "gbnf", gbnf = g, param = "tools" } end
+end
+
 return M
