@@ -42,6 +42,9 @@ cmake --build "$build" -j"$(nproc)"
 if command -v npm >/dev/null 2>&1; then
   [ tests/openai/node_modules/.package-lock.json -nt tests/openai/package-lock.json ] ||
     (cd tests/openai && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  # (and Anthropic's client, for /v1/messages: tests/anthropic/package-lock.json)
+  [ tests/anthropic/node_modules/.package-lock.json -nt tests/anthropic/package-lock.json ] ||
+    (cd tests/anthropic && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 else
   echo "setup: npm not found: the OpenAI client test of loip serve will be skipped" >&2
 fi

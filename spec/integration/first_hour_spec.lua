@@ -36,6 +36,8 @@ describe("modules", function()
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$",
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
+      -- (tool calling and Anthropic's Messages API: the server's; tools parsers require tool_calls)
+      "^loip%.serve%.tools$", "^loip%.serve%.tool_calls$", "^loip%.serve%.anthropic$",
       -- (the API for agents: sampling at the head, logprobs' shapes, a reply's choices, grammars)
       "^loip%.serve%.head_sample$", "^loip%.serve%.logprobs$", "^loip%.serve%.reply$", "^loip%.serve%.constrain$",
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)

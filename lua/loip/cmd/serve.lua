@@ -35,6 +35,8 @@ local M = {
       default = "chunked", check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
     { "max-body", "bytes", "largest request body", default = 4 * 1024 * 1024, metavar = "BYTES" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's", metavar = "FILE" },
+    { "tool-parser", "string", "how the model writes tool calls: llama3, qwen, mistral, hermes (recipes/policies/tools) or a "
+      .. "FILE.lua (default: detected from the chat template)", metavar = "NAME" },
     flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
@@ -115,7 +117,7 @@ function M.run(o)
       tok = m.tokenizer
       if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
     end
-    local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template,
+    local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template, tool_parser = o.tool_parser,
       name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
       prefill = o.prefill,
       quiet = o.quiet }

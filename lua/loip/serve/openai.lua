@@ -2,6 +2,7 @@
 -- (or an error naming the field, with the status OpenAI gives), and the response objects and
 -- streamed chunks built from a finished or running request. No I/O here.
 local json = require "loip.tools.json"
+local tools = require "loip.serve.tools"
 
 local M = {}
 
@@ -46,8 +47,11 @@ local COMMON = { model = true, max_tokens = true, temperature = true, top_p = tr
   stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
   logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
   grammar = true }
-local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true }
+local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true, tools = true,
+  tool_choice = true, parallel_tool_calls = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
+
+local function null_or_nil(v) return v == nil or v == json.null end
 
 local function bad(param, fmt, ...)
   return nil, { status = 400, message = string.format(fmt, ...), param = param, code = "invalid_value" }
@@ -211,6 +215,7 @@ function M.parse(kind, text)
         return bad("messages", "messages[%d].role must be system, developer, user, assistant or tool, not %s", i - 1, json.encode(role))
       end
       local content = m.content
+      if null_or_nil(content) and tools.content_optional(m) then content = "" end
       if type(content) == "table" and content ~= json.null then -- parts: text only
         local parts = {}
         for j, p in ipairs(content) do
@@ -225,7 +230,11 @@ function M.parse(kind, text)
         return bad("messages", "messages[%d].content must be a string or an array of text parts", i - 1)
       end
       s.messages[i] = { role = role == "developer" and "system" or role, content = content }
+      local terr = tools.message(s.messages[i], m, i - 1)
+      if terr then return nil, terr end
     end
+    local terr = tools.check(body, s, text)
+    if terr then return nil, terr end
   else
     local p = body.prompt
     if type(p) == "table" and p ~= json.null and #p == 1 and type(p[1]) == "string" then p = p[1] end
@@ -247,7 +256,7 @@ function M.parse(kind, text)
 end
 
 -- Text that stops at the first of several strings: put(piece) -> the text that may be shown now
--- (what could still begin a stop string is held back), and whether a stop string was met.
+-- (what could still begin a stop string is held back), whether a stop string was met, and which.
 function M.stopper(stops)
   local held, longest = "", 0
   for _, x in ipairs(stops) do longest = math.max(longest, #x) end
@@ -259,7 +268,12 @@ function M.stopper(stops)
       local i = buf:find(x, 1, true)
       if i and (not at or i < at) then at = i end
     end
-    if at then held = "" return buf:sub(1, at - 1), true end
+    if at then
+      held = ""
+      local which
+      for _, x in ipairs(stops) do if buf:find(x, 1, true) == at and (not which or #x > #which) then which = x end end
+      return buf:sub(1, at - 1), true, which
+    end
     -- hold the longest tail of buf that a stop string begins with
     local keep = 0
     for k = math.min(longest - 1, #buf), 1, -1 do
@@ -288,7 +302,7 @@ function M.response(kind, r)
   for i, c in ipairs(r.choices) do
     local lp = c.logprobs or json.null
     if kind == "chat" then
-      local msg = { role = "assistant", content = c.text }
+      local msg = { role = "assistant", content = c.text == nil and json.null or c.text } -- (nil: only tool calls)
       for k, v in pairs(c.message or {}) do msg[k] = v end
       choices[i] = { index = i - 1, message = msg, finish_reason = c.finish_reason, logprobs = lp }
     else
@@ -299,15 +313,20 @@ function M.response(kind, r)
     model = r.model, choices = choices, usage = r.usage, system_fingerprint = "loip" })
 end
 
--- One server-sent event of a stream: the delta (text) or the end (finish_reason), or usage, of
--- choice r.index (r: id, created, model, first_chunk (the role goes with it), index); logprobs:
--- those of the tokens it carries (loip.serve.logprobs), or nil.
-function M.chunk(kind, r, text, finish_reason, usage, logprobs)
+-- The end of a stream: after the last event, and after an error's body.
+M.DONE = "data: [DONE]\n\n"
+function M.stream_error(body) return "data: " .. body .. "\n\n" .. M.DONE end
+
+-- One server-sent event of a stream: the delta (text, tool-call deltas) or the end
+-- (finish_reason), or usage, of choice r.index (r: id, created, model, first_chunk (the role goes
+-- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
+function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
+    if tool_deltas and #tool_deltas > 0 then delta.tool_calls = tool_deltas end
     choice = { index = r.index or 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else
     choice = { index = r.index or 0, text = text or "", finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }

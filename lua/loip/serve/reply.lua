@@ -6,6 +6,7 @@
 --   local rp = reply.new(server, { http = req, spec, kind, ids (the prompt), requests = { r1, ... } })
 --   -- then the batcher calls rp:on_token(c, id) and rp:on_done(c) for each choice c
 local openai = require "loip.serve.openai"
+local tools = require "loip.serve.tools"
 local text_stream = require("loip.text.tokenizer").text_stream
 
 local M = {}
@@ -23,20 +24,25 @@ local function random_id(prefix, n)
 end
 
 -- o: http (the HTTP request), spec (openai.parse's), kind ("chat" | "completion"), ids (the
--- prompt's ids), requests (the batcher's, one per choice), seq (the server's count: ids).
+-- prompt's ids), requests (the batcher's, one per choice), seq (the server's count: ids), api
+-- (loip.serve.openai, or loip.serve.anthropic for kind "messages").
 function M.new(srv, o)
   local rp = setmetatable({ srv = srv, http = o.http, spec = o.spec, kind = o.kind, n_prompt = #o.ids, prompt_last = o.ids[#o.ids],
-    id = random_id(o.kind == "chat" and "chatcmpl-" or "cmpl-", o.seq), created = os.time(), model = srv.name, choices = {},
-    left = #o.requests }, Reply)
+    id = random_id(o.kind == "messages" and "msg_" or o.kind == "chat" and "chatcmpl-" or "cmpl-", o.seq), created = os.time(),
+    model = srv.name, choices = {}, left = #o.requests, api = o.api or openai }, Reply)
   for i, r in ipairs(o.requests) do
     local c = { reply = rp, index = i - 1, request = r, parts = {}, stopper = openai.stopper(o.spec.stop), first_chunk = true,
       stream = text_stream(srv.tok, o.ids), lp_sent = 0, lp_offset = 0 }
+    if tools.wanted(o.spec) and srv.tool_parser then -- the model's calls parsed out of its text
+      c.tools = srv.tool_parser.stream({ parallel = o.spec.parallel_tool_calls, id_prefix = rp.api.call_id_prefix })
+      c.order = {} -- text and calls in the order they came (loip.serve.tool_calls' parts)
+    end
     rp.choices[i] = c
     srv.active[r] = c
   end
   if o.spec.stream then
     o.http:stream_begin(200, "text/event-stream", { ["Cache-Control"] = "no-cache" })
-    if o.kind == "chat" then -- the role first, as OpenAI does
+    if o.kind ~= "completion" then -- the role first, as OpenAI does (Anthropic's message_start)
       for _, c in ipairs(rp.choices) do rp:send_chunk(c, "") end
     end
   end
@@ -66,26 +72,47 @@ function Reply:logprobs_of(c, all)
   return o
 end
 
-function Reply:send_chunk(c, text, finish, usage)
-  local lp = c and not usage and self:logprobs_of(c) or nil
-  local ok = self.http:write(openai.chunk(self.kind, { id = self.id, created = self.created, model = self.model,
-    first_chunk = c and c.first_chunk, index = c and c.index or 0 }, text, finish, usage, lp))
+function Reply:send_chunk(c, text, finish, usage, tool_deltas, order)
+  local ev
+  if self.api == openai then
+    local lp = c and not usage and self:logprobs_of(c) or nil
+    ev = openai.chunk(self.kind, { id = self.id, created = self.created, model = self.model,
+      first_chunk = c and c.first_chunk, index = c and c.index or 0 }, text, finish, usage, lp, tool_deltas)
+  else -- Anthropic's events: one choice, c keeping its blocks' state
+    c.id, c.model, c.n_prompt = self.id, self.model, self.n_prompt
+    ev = self.api.chunk(self.kind, c, text, finish, usage, tool_deltas, order)
+  end
+  local ok = self.http:write(ev)
   if c then c.first_chunk = false end
   if not ok then self.client_gone = true end
   return ok
 end
 
-function Reply:emit(c, text)
-  if text == "" then return end
-  c.parts[#c.parts + 1] = text
-  if self.spec.stream and not self.client_gone then self:send_chunk(c, text) end
+-- Text to the client (through the tool-call parser, which holds back what may begin a call;
+-- final: the end of the output).
+function Reply:emit(c, text, final)
+  local deltas, order
+  if c.tools then
+    text, deltas, order = c.tools.put(text)
+    if final then
+      local t, d, o = c.tools.finish()
+      text = text .. t
+      for _, x in ipairs(d) do deltas[#deltas + 1] = x end
+      for _, x in ipairs(o) do order[#order + 1] = x end
+    end
+    for _, x in ipairs(order) do c.order[#c.order + 1] = x end
+    if not deltas[1] then deltas = nil end
+  end
+  if text == "" and not deltas then return end
+  if text ~= "" then c.parts[#c.parts + 1] = text end
+  if self.spec.stream and not self.client_gone then self:send_chunk(c, text ~= "" and text or nil, nil, nil, deltas, order) end
 end
 
 function Reply:on_token(c, id)
-  local show, stopped = c.stopper.put(c.stream:put(id))
+  local show, stopped, which = c.stopper.put(c.stream:put(id))
   self:emit(c, show)
   if stopped then
-    c.stop_string = true
+    c.stop_string, c.stop_sequence = true, which
     c.request:cancel()
   end
 end
@@ -97,8 +124,8 @@ end
 
 -- The body of an error ending the reply: streamed as an event, else the answer.
 function Reply:fail(status, message, kind, code)
-  local st, body = openai.error(status, message, kind, nil, code)
-  if self.spec.stream then self.http:finish("data: " .. body .. "\n\ndata: [DONE]\n\n")
+  local st, body = self.api.error(status, message, kind, nil, code)
+  if self.spec.stream then self.http:finish(self.api.stream_error(body))
   else self.http:respond(st, "application/json", body) end
 end
 
@@ -137,12 +164,15 @@ function Reply:on_done(c)
     return self:fail(500, tostring(r.error), "server_error", "engine_error")
   end
   if not c.stop_string then -- what the detokenizer and the stop strings held back
-    local show, stopped = c.stopper.put(c.stream:finish())
+    local show, stopped, which = c.stopper.put(c.stream:finish())
     self:emit(c, show)
-    if stopped then c.stop_string = true else self:emit(c, c.stopper.rest()) end
+    if stopped then c.stop_string, c.stop_sequence = true, which else self:emit(c, c.stopper.rest()) end
   end
-  c.finish = (c.stop_string or r.finish_reason == "stop") and "stop" or "length"
+  if c.tools then self:emit(c, "", true) end
+  c.calls = c.tools and c.tools.tool_calls()
+  c.finish = c.calls and "tool_calls" or (c.stop_string or r.finish_reason == "stop") and "stop" or "length"
   srv:count_done(r, c.finish, self.n_prompt, c)
+  c.usage = { completion_tokens = #r.token_ids } -- (Anthropic's message_delta carries it)
   if self.spec.stream then self:send_chunk(c, nil, c.finish) end
   if self.left == 0 then self:finish() end
 end
@@ -159,14 +189,24 @@ function Reply:finish()
     prompt_tokens_details = { cached_tokens = cached } }
   if self.spec.stream then
     if self.spec.include_usage then self:send_chunk(nil, nil, nil, usage) end
-    self.http:finish("data: [DONE]\n\n")
+    self.http:finish(self.api.DONE)
   else
     local choices = {}
     for i, c in ipairs(self.choices) do
-      choices[i] = { text = table.concat(c.parts), finish_reason = c.finish, logprobs = self:logprobs_of(c, true) }
+      local text = table.concat(c.parts)
+      if c.calls and text:match("^%s*$") then text = nil end -- content null: only calls
+      choices[i] = { text = text, finish_reason = c.finish, logprobs = self:logprobs_of(c, true),
+        message = c.calls and { tool_calls = c.calls } or nil }
     end
-    self.http:respond(200, "application/json", openai.response(self.kind, { id = self.id, created = self.created, model = self.model,
-      choices = choices, usage = usage }))
+    local body
+    if self.api == openai then
+      body = openai.response(self.kind, { id = self.id, created = self.created, model = self.model, choices = choices, usage = usage })
+    else -- (one choice)
+      local c = self.choices[1]
+      body = self.api.response(self.kind, { id = self.id, model = self.model, text = choices[1].text, finish_reason = c.finish,
+        usage = usage, tool_calls = c.calls, stop_sequence = c.stop_sequence, order = c.order })
+    end
+    self.http:respond(200, "application/json", body)
   end
   if not self.srv.quiet then
     local t = self.choices[1].request:timings()

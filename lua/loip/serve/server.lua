@@ -11,6 +11,7 @@ local http = require "loip.serve.http"
 local json = require "loip.tools.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
+local tools = require "loip.serve.tools"
 local reply = require "loip.serve.reply"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
@@ -51,6 +52,13 @@ function M.new(opts)
   -- the chat template is read now: a model without one is told at start, not per request
   local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
+  self.template = ok and terr or nil
+  -- the tool-call parser: --tool-parser's, else the template's family's
+  if opts.tool_parser or self.template then
+    local pok, p = pcall(tools.parser, opts.tool_parser, self.template)
+    if not pok then h:close() error("serve: --tool-parser: " .. tostring(p), 0) end
+    self.tool_parser = p
+  end
   return self
 end
 
@@ -58,7 +66,7 @@ local function answer(req, status, body, headers)
   req:respond(status, "application/json", body, headers)
 end
 local function fail(req, status, message, kind, param, code, headers)
-  local st, body = openai.error(status, message, kind, param, code)
+  local st, body = (req.api or openai).error(status, message, kind, param, code)
   answer(req, st, body, headers)
 end
 
@@ -67,8 +75,8 @@ function Server:prompt_ids(spec)
   local tok = self.tok
   if spec.kind == "chat" then
     if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
-    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, spec.messages,
-      { add_generation_prompt = true, template_file = self.opts.chat_template })
+    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
+      { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools })
     if not ok then return nil, 400, tostring(text) end
     return tok:encode(text, { add_special = false, bos = false })
   end
@@ -86,24 +94,25 @@ function Server:generate(req, kind)
   if req.too_large then
     return fail(req, 413, string.format("the request body is larger than %d bytes", self.opts.max_body or 4 * 1024 * 1024), nil, nil, "body_too_large")
   end
-  local spec, e = openai.parse(kind, req.body)
+  local api = req.api or openai -- (loip.serve.anthropic for /v1/messages)
+  local spec, e = api.parse(kind, req.body)
   if not spec then return fail(req, e.status, e.message, nil, e.param, e.code) end
   if spec.model ~= self.name then
     return fail(req, 404, string.format("The model '%s' does not exist; this server serves '%s'", spec.model, self.name),
       "invalid_request_error", "model", "model_not_found")
   end
   local ids, st, msg = self:prompt_ids(spec)
-  if not ids then return fail(req, st, msg, nil, kind == "chat" and "messages" or "prompt") end
+  if not ids then return fail(req, st, msg, nil, kind ~= "completion" and "messages" or "prompt") end
   if #ids == 0 then
     return fail(req, 400, spec.prompt == "" and "'prompt' is empty and this model's tokenizer adds no BOS token to start "
       .. "a document from: give a prompt (text or token ids)" or "the prompt is empty after tokenization", nil,
-      kind == "chat" and "messages" or "prompt")
+      kind ~= "completion" and "messages" or "prompt")
   end
   local n = #ids
   if spec.max_tokens and n + spec.max_tokens > self.context or n >= self.context then
     return fail(req, 400, string.format("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-      self.context, n + (spec.max_tokens or 1), n, kind == "chat" and "messages" or "prompt", spec.max_tokens or 1,
-      kind == "chat" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
+      self.context, n + (spec.max_tokens or 1), n, kind ~= "completion" and "messages" or "prompt", spec.max_tokens or 1,
+      kind ~= "completion" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
   end
   if spec.n > self.batcher.max_batch then
     return fail(req, 400, string.format("'n' is %d; this server runs %d requests at once (--max-batch)", spec.n, self.batcher.max_batch),
@@ -123,7 +132,7 @@ function Server:generate(req, kind)
   end
   self.seq = self.seq + 1
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
-  reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq })
+  reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq, api = api })
 end
 
 -- The batcher's requests of spec's n choices of prompt ids: choice i sampled with seed + i - 1.
@@ -250,7 +259,8 @@ function Server:dispatch(req)
   local method = req.method
   if path:match("^/v1/") and self.opts.api_key then
     local auth = req:header("Authorization") or ""
-    if auth ~= "Bearer " .. self.opts.api_key then
+    if auth ~= "Bearer " .. self.opts.api_key and req:header("x-api-key") ~= self.opts.api_key then -- (x-api-key: Anthropic's)
+      if path == "/v1/messages" then req.api = require "loip.serve.anthropic" end
       return fail(req, 401, auth == "" and "You didn't provide an API key (Authorization: Bearer KEY)" or "Incorrect API key provided",
         "invalid_request_error", nil, "invalid_api_key")
     end
@@ -261,6 +271,9 @@ function Server:dispatch(req)
   end
   if path == "/v1/chat/completions" then
     if only("POST") then self:generate(req, "chat") end
+  elseif path == "/v1/messages" then
+    req.api = require "loip.serve.anthropic"
+    if only("POST") then self:generate(req, "messages") end
   elseif path == "/v1/completions" then
     if only("POST") then self:generate(req, "completion") end
   elseif path == "/v1/models" then
