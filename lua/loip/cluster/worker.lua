@@ -250,6 +250,8 @@ function handlers.START(self, _, body)
     #prompt, #prompt + (body.max_tokens or 0) + 1))
   -- a request resumed on a new plan: its sampler goes on where it was
   if (body.draws or 0) > 0 then core.must(rw.device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
+  -- another choice's prompt (loip.serve.choices): its first positions shared, copy-on-write
+  if body.share then core.must(exec.session_seq_share(self.dev.session, body.seq or 0, body.share.seq, body.share.positions)) end
   return "READY", ""
 end
 

@@ -9,6 +9,8 @@
 --   fields     max_seqs, context, kv_tokens, kv_block (positions per KV group), step_tokens,
 --              logits_tokens, vocab; clock (optional: ms now; the simulator's is simulated)
 --   a step     start(seq, request): a request takes sequence slot seq (its prompt, sampler, seed)
+--                and, with request.share = { seq, positions }, the first positions of sequence
+--                share.seq's KV shared copy-on-write (n > 1 choices: loip.serve.choices)
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
 --                token { seq, request, id, logits (a float* row, valid until the next step) }.

@@ -46,6 +46,8 @@ function Engine:start(seq, r)
   self.seqs[seq] = { request = r.id, sampler = (not r.want_logits) and sampler.new(r.n_sample, o) or nil, history = hist, n = n,
     cap = n + r.max_tokens + 1 }
   core.must(exec.session_seq_free(self.session, seq))
+  -- another choice's prompt (loip.serve.choices): its first positions shared, copy-on-write
+  if r.share then core.must(exec.session_seq_share(self.session, seq, r.share.seq, r.share.positions, self.model.path)) end
 end
 
 function Engine:finish(seq)

@@ -17,7 +17,7 @@ local Cluster = {}
 function Cluster:start(seq, r)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
-    n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws })
+    n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share })
   -- every device at once, then their answers
   for i = 1, #self.devices do self:tell(i, { kind = "START", payload = body }) end
   for i = 1, #self.devices do self:answer(i, "START", 10000) end

@@ -25,14 +25,18 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local tree = require "loip.serve.tree"
+local choices = require "loip.serve.choices"
 
 local M = {}
 
 local tokf = core.constants.tokf
 local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
--- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
-local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end
+-- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400), "invalid"
+-- (400; param: the request's field).
+local function refusal(kind, msg, param)
+  return setmetatable({ kind = kind, msg = msg, param = param }, { __tostring = function(e) return e.msg end })
+end
 M.refusal = refusal
 
 local Batcher, Request = {}, {}
@@ -76,8 +80,9 @@ local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block
 -- context; clamped there), sampler (loip.model.sampler fields), seed, n_sample (ids sampled
 -- over; default the vocabulary), stop (set of ids ending it, not returned), logits (true: return
 -- the logits of every prompt position in r.logits and generate nothing), strict (true: a prompt
--- plus max_tokens past the context is refused rather than clamped). Raises a refusal (kind
--- "too_long" or "overloaded") when it cannot be served.
+-- plus max_tokens past the context is refused rather than clamped), n (choices of the prompt,
+-- default 1: loip.serve.choices; the request returned is the first, its .choices all n). Raises a
+-- refusal (kind "too_long", "overloaded" or "invalid") when it cannot be served.
 function Batcher:submit(spec)
   local e = self.engine
   local prompt = spec.prompt
@@ -105,15 +110,20 @@ function Batcher:submit(spec)
   if #self.queue >= self.max_queue then
     error(refusal("overloaded", string.format("%d requests are waiting already (max_queue %d)", #self.queue, self.max_queue)), 0)
   end
-  self.next_id = self.next_id % 4294967295 + 1
-  local r = setmetatable({ batcher = self, id = self.next_id, prompt = prompt, n_prompt = n, max_tokens = max_tokens,
+  local r = setmetatable({ batcher = self, id = self:new_id(), prompt = prompt, n_prompt = n, max_tokens = max_tokens,
     sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
     want_logits = spec.logits, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
     t_submit = self.now() }, Request)
+  choices.attach(self, r, spec, Request, refusal)
   self.queue[#self.queue + 1] = r
   self.stats.requests = self.stats.requests + 1
   if not self.stepping then self:admit() end
   return r
+end
+
+function Batcher:new_id()
+  self.next_id = self.next_id % 4294967295 + 1
+  return self.next_id
 end
 
 -- Admit queued requests in order while there is a slot and KV for them.
@@ -121,11 +131,11 @@ function Batcher:admit()
   while #self.queue > 0 and #self.free_seqs > 0 do
     local r = self.queue[1]
     if r.state ~= "queued" then table.remove(self.queue, 1) -- cancelled while waiting
-    elseif self.kv_used + r.groups > self.kv_groups then break
+    elseif self.kv_used + choices.reserve(r) > self.kv_groups or #self.free_seqs < choices.slots(r) then break
     else
       table.remove(self.queue, 1)
       r.seq = table.remove(self.free_seqs)
-      self.kv_used = self.kv_used + r.groups
+      self.kv_used = self.kv_used + choices.reserve(r)
       if #self.running == 0 and self.engine.idle then self.engine:idle() end
       local ok, err = pcall(self.engine.start, self.engine, r.seq, r)
       if not ok then
@@ -134,6 +144,7 @@ function Batcher:admit()
       end
       r.state, r.t_admit = "prefill", self.now()
       self.running[#self.running + 1] = r
+      choices.admit(self, r)
     end
   end
 end
@@ -147,10 +158,12 @@ function Batcher:retire(r, reason, err)
     for i, x in ipairs(self.running) do
       if x == r then table.remove(self.running, i) break end
     end
-    if was ~= "queued" and not self.failed then pcall(self.engine.finish, self.engine, r.seq, r) end
+    if was ~= "queued" and was ~= "waiting" and not self.failed then pcall(self.engine.finish, self.engine, r.seq, r) end
     self.free_seqs[#self.free_seqs + 1] = r.seq
-    self.kv_used = self.kv_used - r.groups
     r.seq = nil
+    choices.release(self, r, reason, err)
+  elseif r.choices then
+    choices.release(self, r, reason, err, true)
   end
   self.stats.finished = self.stats.finished + 1
   if self.draft then self.draft:finish(r) end
@@ -205,7 +218,7 @@ function Batcher:step()
   local logit_rows = e.logits_tokens
   for _, r in ipairs(self.running) do
     if r.state == "prefill" and budget > 0 then
-      local k = math.min(budget, r.n_prompt - r.pos, self.prefill_chunk or budget)
+      local k = math.min(budget, (r.share_at or r.n_prompt) - r.pos, self.prefill_chunk or budget)
       if r.want_logits then k = math.min(k, logit_rows) logit_rows = logit_rows - k end
       for j = 1, k do
         local p = r.pos + j - 1
@@ -298,6 +311,7 @@ function Batcher:step()
       end
     end
   end
+  choices.after_step(self)
   for r in pairs(seen) do
     if r.state == "prefill" and r.pos >= r.n_prompt then
       if r.want_logits or r.max_tokens == 0 then self:retire(r, "length") else r.state = "decode" end
@@ -358,6 +372,7 @@ function Batcher:resume_all()
     -- (its sampler drew once a token, drafts or not: loip_sampler_verify)
     r.draws = temperature(r) > 0 and #r.token_ids or 0
     r.state = "prefill"
+    choices.resume(self, r)
     self.engine:start(r.seq, r)
   end
 end
