@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 27, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 28, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -884,7 +884,9 @@ enum {
                               reply: READY with its memory, or ERROR */
     LOIP_MSG_DRAFT = 23,   /* head -> device: speculative decoding's draft run there (JSON: plan_id,
                               op open|propose|release|close; reply: DRAFT, JSON) */
-    LOIP_MSG_KINDS = 24,
+    LOIP_MSG_LOOKUP = 24,  /* head -> device: which of a prompt's leading KV group keys it holds
+                              (JSON: keys; reply: READY, JSON held; loip.serve.prefix_cache) */
+    LOIP_MSG_KINDS = 25,
 };
 
 typedef struct loip_msg_header {

@@ -35,6 +35,7 @@ local M = {
       default = "chunked", check = function(v) return v == "chunked" or v == "own", "must be chunked or own" end },
     { "max-body", "bytes", "largest request body", default = 4 * 1024 * 1024, metavar = "BYTES" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's", metavar = "FILE" },
+    { "no-prompt-cache", "bool", "keep no KV of finished requests for later ones sharing their prefix (the exact prefix cache)" },
     flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
@@ -115,7 +116,7 @@ function M.run(o)
     end
     local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template,
       name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
-      prefill = o.prefill,
+      prefill = o.prefill, prefix_cache = not o.no_prompt_cache,
       quiet = o.quiet }
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))

@@ -26,6 +26,7 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local tree = require "loip.serve.tree"
 local choices = require "loip.serve.choices"
+local prefix_cache = require "loip.serve.prefix_cache"
 
 local M = {}
 
@@ -55,7 +56,8 @@ Batcher.__index, Request.__index = Batcher, Request
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
 -- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
 -- on_step runs before every step; loip.serve.online), links (a loip.policy "links" schedule:
--- the emulated links change between steps).
+-- the emulated links change between steps), prefix_cache (true: requests reuse the KV of
+-- prefixes the devices hold, loip.serve.prefix_cache, when the engine has cache_lookup).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
@@ -70,6 +72,7 @@ function M.new(engine, opts)
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
   b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
+  if opts.prefix_cache and engine.cache_lookup then b.prefix = prefix_cache.new(engine.cache_identity) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end
@@ -137,11 +140,13 @@ function Batcher:admit()
       r.seq = table.remove(self.free_seqs)
       self.kv_used = self.kv_used + choices.reserve(r)
       if #self.running == 0 and self.engine.idle then self.engine:idle() end
-      local ok, err = pcall(self.engine.start, self.engine, r.seq, r)
+      local ok, err = pcall(prefix_cache.admit, self, r)
+      if ok then ok, err = pcall(self.engine.start, self.engine, r.seq, r) end
       if not ok then
         self:retire(r, "error", err)
         error(err, 0)
       end
+      prefix_cache.started(r)
       r.state, r.t_admit = "prefill", self.now()
       self.running[#self.running + 1] = r
       choices.admit(self, r)
@@ -158,7 +163,10 @@ function Batcher:retire(r, reason, err)
     for i, x in ipairs(self.running) do
       if x == r then table.remove(self.running, i) break end
     end
-    if was ~= "queued" and was ~= "waiting" and not self.failed then pcall(self.engine.finish, self.engine, r.seq, r) end
+    if was ~= "queued" and was ~= "waiting" and not self.failed then
+      prefix_cache.retire(self, r, reason)
+      pcall(self.engine.finish, self.engine, r.seq, r)
+    end
     self.free_seqs[#self.free_seqs + 1] = r.seq
     r.seq = nil
     choices.release(self, r, reason, err)
@@ -373,6 +381,7 @@ function Batcher:resume_all()
     r.draws = temperature(r) > 0 and #r.token_ids or 0
     r.state = "prefill"
     choices.resume(self, r)
+    prefix_cache.resume(r)
     self.engine:start(r.seq, r)
   end
 end

@@ -24,14 +24,15 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
 -- chat_template (a file instead), name (the model id clients name), api_key, host, port,
--- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), max_body, quiet.
+-- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), prefix_cache (false: off;
+-- loip.serve.prefix_cache), max_body, quiet.
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
   local eng = opts.model or opts.cluster
   if not eng then error("serve: a model or a cluster", 2) end
   self.engine_owner = eng
-  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill })
+  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill, prefix_cache = opts.prefix_cache ~= false })
   self.context = eng.context
   -- speculative decoding (the batcher's loip.serve.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
@@ -211,7 +212,8 @@ function Server:on_done(a)
     if stopped then a.stop_string = true else self:emit(a, a.stopper.rest()) end
   end
   local finish = (a.stop_string or r.finish_reason == "stop") and "stop" or "length"
-  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids }
+  local usage = { prompt_tokens = a.n_prompt, completion_tokens = #r.token_ids, total_tokens = a.n_prompt + #r.token_ids,
+    prompt_tokens_details = { cached_tokens = r.cached_tokens or 0 } }
   local t = r:timings()
   local m = self.metrics
   m:add("loip_tokens_generated_total", "tokens generated", #r.token_ids)
@@ -278,6 +280,7 @@ function Server:metrics_text()
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
   end
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
+  require("loip.serve.prefix_cache").metrics(m, b, dev)
   if dev then
     for i, d in ipairs(dev) do
       local l = { device = i }
