@@ -180,6 +180,30 @@ static void sharing(loip_model *m, loip_pool *pool) {
     CHECK(loip_session_kv_drop(s, ids[0]) == 0 && loip_session_kv_refs(s, ids[0]) == 1, "dropped: the table's ref");
     CHECK(loip_session_seq_free(s, 0) == 0 && loip_session_kv_refs(s, ids[0]) == 0, "then free");
     CHECK(loip_session_kv_free_tokens(s) == 6 * KB, "every group free");
+
+    /* the disk tier's copies: two groups read out and dropped, loaded back into fresh groups and
+     * adopted: the logits of position 39 as before, bit for bit */
+    uint8_t *copy = malloc(2 * gb);
+    CHECK(run(s, 0, 0, 2 * KB, NULL) == 0 && loip_session_kv_hold(s, 0, 0, 2, ids) == 0, "hold two");
+    CHECK(loip_session_kv_read_group(s, ids[0], copy, gb) == 0 && loip_session_kv_read_group(s, ids[1], copy + gb, gb) == 0,
+          "read: %s", loip_last_error());
+    CHECK(loip_session_kv_read_group(s, ids[0], copy, gb - 1) != 0, "a short buffer refused");
+    CHECK(loip_session_seq_free(s, 0) == 0 && loip_session_kv_drop(s, ids[0]) == 0 && loip_session_kv_drop(s, ids[1]) == 0,
+          "dropped");
+    CHECK(run(s, 3, 0, 2 * KB, NULL) == 0, "another sequence writes over the pool");
+    int32_t back[2];
+    CHECK(loip_session_kv_load_group(s, copy, gb, &back[0]) == 0 && loip_session_kv_load_group(s, copy + gb, gb, &back[1]) == 0,
+          "load: %s", loip_last_error());
+    CHECK(loip_session_kv_load_group(s, copy, gb - 4, &back[0]) != 0, "a wrong size refused");
+    CHECK(loip_session_kv_refs(s, back[0]) == 1 && account(b, "prompt_cache") == 2 * gb, "loaded: held by the cache alone");
+    CHECK(loip_session_kv_touch(s, back[0]) == 0 && loip_session_kv_touch(s, 99) != 0,
+          "touch a held group; not a missing one");
+    CHECK(loip_session_kv_adopt(s, 2, back, 2) == 0 && run(s, 2, 2 * KB, 40, again) == 0, "adopted: %s", loip_last_error());
+    CHECK(!memcmp(own, again, sizeof own), "logits through groups loaded back equal the original's bit for bit");
+    CHECK(loip_session_seq_free(s, 2) == 0 && loip_session_seq_free(s, 3) == 0, "free");
+    CHECK(loip_session_kv_drop(s, back[0]) == 0 && loip_session_kv_drop(s, back[1]) == 0, "drop");
+    CHECK(loip_session_kv_free_tokens(s) == 6 * KB && account(b, "prompt_cache") == 0, "all back");
+    free(copy);
     loip_session_free(s);
     CHECK(loip_budget_used(b) == 0, "the session gave everything back: %llu", (unsigned long long)loip_budget_used(b));
     loip_budget_free(b);

@@ -51,16 +51,18 @@ static int evict_one(loip_session *s) {
 }
 
 int loip_session_take_group(loip_session *s, int32_t seq, int32_t pos, int32_t *out) {
+    char who[64] = "the prompt cache's disk tier"; /* seq < 0: loip_session_kv_load_group */
+    if (seq >= 0) snprintf(who, sizeof who, "sequence %d at position %d", seq, pos);
     while (s->n_free == 0)
         if (!evict_one(s))
-            return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
-                             "(%d tokens) are in use", seq, pos, s->n_groups, s->n_groups * s->kv_block);
+            return loip_fail(LOIP_ENOMEM, "KV cache full: %s needs a block and all %d (%d tokens) are in use", who,
+                             s->n_groups, s->n_groups * s->kv_block);
     int rc;
     while ((rc = loip_session_kv_charge(s, s->group_bytes)) != 0)
         if (!evict_one(s)) {
             char why[400];
             snprintf(why, sizeof why, "%s", loip_last_error());
-            return loip_fail(rc, "KV cache: sequence %d at position %d: %s", seq, pos, why);
+            return loip_fail(rc, "KV cache: %s: %s", who, why);
         }
     int32_t g = s->free_groups[--s->n_free];
     s->refs[g] = 1, s->holds[g] = 0;
@@ -214,4 +216,47 @@ LOIP_API void loip_session_kv_share_stats(const loip_session *s, loip_kv_share_s
     st->cow_copies = s->cow_copies;
     st->free_groups = s->n_free;
     st->n_groups = s->n_groups;
+}
+
+/* ---- the disk tier's copies (loip.serve.prefix_disk) ------------------------------------- */
+
+LOIP_API int loip_session_kv_touch(loip_session *s, int32_t id) {
+    int rc = check_held(s, "KV touch", id);
+    if (rc) return rc;
+    s->tick[id] = ++s->ticks;
+    return LOIP_OK;
+}
+
+/* group g's rows: per kept layer (in order) K then V, chunk_bytes / 2 each */
+static void copy_group(loip_session *s, int32_t g, uint8_t *out, const uint8_t *in) {
+    size_t half = s->chunk_bytes / 2;
+    for (int32_t k = 0; k < s->n_kv_layers; k++) {
+        float *kc = chunk_at(s, s->k_cache, k, g), *vc = chunk_at(s, s->v_cache, k, g);
+        if (out) memcpy(out, kc, half), memcpy(out + half, vc, half), out += 2 * half;
+        else memcpy(kc, in, half), memcpy(vc, in + half, half), in += 2 * half;
+    }
+}
+
+LOIP_API int loip_session_kv_read_group(loip_session *s, int32_t id, void *buf, uint64_t cap) {
+    int rc = check_held(s, "KV read", id);
+    if (rc) return rc;
+    if (cap < s->group_bytes)
+        return loip_fail(LOIP_EINVAL, "KV read: a group is %llu bytes, the buffer %llu", (unsigned long long)s->group_bytes,
+                         (unsigned long long)cap);
+    copy_group(s, id, buf, NULL);
+    return LOIP_OK;
+}
+
+LOIP_API int loip_session_kv_load_group(loip_session *s, const void *buf, uint64_t bytes, int32_t *id) {
+    if (bytes != s->group_bytes)
+        return loip_fail(LOIP_EINVAL, "KV load: %llu bytes for a group of %llu", (unsigned long long)bytes,
+                         (unsigned long long)s->group_bytes);
+    int32_t g;
+    int rc = loip_session_take_group(s, -1, -1, &g);
+    if (rc) return rc;
+    copy_group(s, g, NULL, buf);
+    s->holds[g] = 1, s->tick[g] = ++s->ticks; /* refs 1: the cache's hold alone */
+    charge_to_cache(s, 1);
+    *id = g;
+    return LOIP_OK;
 }

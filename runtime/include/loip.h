@@ -609,6 +609,13 @@ typedef struct loip_kv_share_stats {
     uint64_t cow_copies;         /* shared groups copied before a write */
 } loip_kv_share_stats;
 LOIP_API void loip_session_kv_share_stats(const loip_session *s, loip_kv_share_stats *st);
+/* The prompt cache's disk tier: held group id's rows (per kept layer in order, its K then its V
+ * rows: loip_session_kv_group_bytes) copied into buf; a group's rows (as read) loaded into a
+ * group taken for the cache alone (held once, charged as held; the least recent held group
+ * evicted for it when none is free); a held group made the most recently used. */
+LOIP_API int loip_session_kv_read_group(loip_session *s, int32_t id, void *buf, uint64_t cap);
+LOIP_API int loip_session_kv_load_group(loip_session *s, const void *buf, uint64_t bytes, int32_t *id);
+LOIP_API int loip_session_kv_touch(loip_session *s, int32_t id);
 
 /* A token of a batch of several sequences: its sequence and position (the KV position it is
  * written at). parent > 0 makes it a node of a tree of drafts (speculative decoding's tree mode):
