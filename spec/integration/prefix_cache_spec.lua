@@ -175,3 +175,82 @@ describe("the prefix cache", function()
     end
   end)
 end)
+
+describe("the prefix cache's disk tier", function()
+  after_each(function() collectgarbage() collectgarbage() end)
+
+  local function kv_files(dir, device)
+    local n = 0
+    for _, name in ipairs(require("loip.tools.files").list(dir) or {}) do
+      if name:match("%.d" .. device .. "%.kv$") then n = n + 1 end
+    end
+    return n
+  end
+
+  it("serves a prefix again after a restart, ignores files of another store, and keeps within its bound", function()
+    local dir = T.tmpdir() .. "/cache"
+    local m0 = loip.model.open(S260, { threads = 1, context = 512 })
+    local _, pa, pb = prompts(m0.tokenizer)
+    local want = run(m0:batcher(), pb).token_ids
+    local m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir })
+    assert.are.equal(0, run(m:batcher(), pa).cached_tokens)
+    local written = kv_files(dir, 1)
+    assert.is_true(written >= 6, "every held group written through: " .. written)
+    m:close()
+    -- a file of another store under a key's name, and one that is not a cache file at all
+    local names = require("loip.tools.files").list(dir)
+    local some = dir .. "/" .. names[1]
+    local foreign = T.read(some):gsub('"identity":"[^"]*"', '"identity":"store:0000"')
+    T.write(dir .. "/" .. string.rep("ab", 32) .. ".d1.kv", foreign)
+    T.write(dir .. "/" .. string.rep("cd", 32) .. ".d1.kv", "not a cache file")
+    -- restarted: the index from the directory; the shared prefix read back with the loader
+    m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir })
+    local b = m:batcher()
+    local r = run(b, pb)
+    assert.are.equal(80, r.cached_tokens)
+    assert.are.same(want, r.token_ids)
+    local st = b.engine:cache_stats()[1]
+    assert.are.equal(5, st.disk_reads, "the prompt's 5 full groups from disk")
+    assert.is_nil(io.open(dir .. "/" .. string.rep("cd", 32) .. ".d1.kv"), "a file that does not parse is removed")
+    assert.is_truthy(io.open(dir .. "/" .. string.rep("ab", 32) .. ".d1.kv"), "another store's file is left alone")
+    m:close()
+    -- a bound of 3 files: the least recently used go
+    m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir,
+      prompt_cache_disk = 3 * require("loip.serve.prefix_disk").HEADER * 6 })
+    b = m:batcher()
+    run(b, pa)
+    assert.is_true(b.engine:cache_stats()[1].disk_bytes <= 3 * 4096 * 6)
+    assert.is_true(kv_files(dir, 1) <= 4, "the bound holds (and the foreign file stays)")
+    m:close() m0:close()
+  end)
+
+  it("serves a prefix from every device's disk after a restart of a 3-device cluster", function()
+    local st = T.slice_store(S260, "s260")
+    local dir = T.tmpdir() .. "/cache"
+    local m0 = loip.model.open(S260, { threads = 1, context = 512 })
+    local _, pa, pb = prompts(m0.tokenizer)
+    local want = run(m0:batcher(), pb).token_ids
+    for round = 1, 2 do
+      local c = cluster.start_local { store = st, devices = 3, threads = 1, mem = { "1000K", "1000K", "1000K" } }
+      local ok, err = pcall(function()
+        c:plan { context = 512, batch = 32, max_batch = 2, kv_tokens = 2 * 256 }
+        local b = c:batcher({ prefix_cache = { dir = dir } })
+        if round == 1 then
+          assert.are.equal(0, run(b, pa).cached_tokens)
+          for i, x in ipairs(c:cache_stats()) do -- (a STATS round: after each device's END)
+            assert.are.equal(x.disk_files, kv_files(dir, i), "device " .. i)
+            assert.is_true(x.disk_writes >= 6, "device " .. i .. " wrote its layers' groups")
+          end
+        else
+          local r = run(b, pb)
+          assert.are.equal(80, r.cached_tokens)
+          assert.are.same(want, r.token_ids)
+          for i, x in ipairs(c:cache_stats()) do assert.are.equal(5, x.disk_reads, "device " .. i) end
+        end
+      end)
+      c:close()
+      assert(ok, err)
+    end
+    m0:close()
+  end)
+end)

@@ -323,7 +323,7 @@ end
 function handlers.END(self, _, body)
   body = body or {}
   if self.dev and self.dev.device and type(body.seq) == "number" then
-    prefix_cache.device_keep(self.dev, body.seq, body.keep, log) -- (its full groups held by the cache first)
+    prefix_cache.device_keep(self.dev, body, log) -- (its full groups held by the prefix cache first)
     local ok, err = rw.device_end(self.dev.device, body.seq, body.request or 0)
     if not ok then log("END: %s", err) end
   end

@@ -61,9 +61,22 @@ end
 
 -- The prefix cache of this device's session (loip.serve.prefix_cache), made anew with it.
 function Engine:cache()
-  if not self.store or self.store.s ~= self.session then self.store = prefix_cache.store(self.session) end
+  if not self.store or self.store.s ~= self.session then
+    local o, disk = self.cache_disk, nil
+    if o then
+      if self.store and self.store.disk then self.store.disk:close() end
+      local s = self.session
+      local layers = {}
+      for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
+      disk = require("loip.serve.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
+        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s) }
+    end
+    self.store = prefix_cache.store(self.session, disk)
+  end
   return self.store
 end
+-- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.serve.prefix_disk).
+function Engine:cache_configure(o) self.cache_disk, self.store = o, nil end
 function Engine:cache_lookup(keys) return self:cache():lookup(keys) end
 function Engine:cache_stats() return { self:cache():stats() } end
 

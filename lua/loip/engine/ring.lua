@@ -28,14 +28,14 @@ end
 -- Request r in slot seq is done: every device frees the slot (no reply).
 function Cluster:finish(seq, r)
   self.active = math.max(0, (self.active or 1) - 1)
-  local body = json.encode({ seq = seq, request = r.id, keep = r.keep })
+  local body = json.encode({ seq = seq, request = r.id, keep = r.keep, disk = r.keep and self.cache_disk })
   for i = 1, #self.devices do self:tell(i, { kind = "END", payload = body }) end
 end
 
 -- The prefix cache (loip.serve.prefix_cache): how many of keys, from the first, every device
 -- holds for its layers (a LOOKUP round: the least of their answers).
 function Cluster:cache_lookup(keys)
-  local body, k = json.encode({ keys = keys }), #keys
+  local body, k = json.encode({ keys = keys, disk = self.cache_disk }), #keys
   for i = 1, #self.devices do self:tell(i, { kind = "LOOKUP", payload = body }) end
   for i = 1, #self.devices do
     local r = self:answer(i, "LOOKUP", 10000)
@@ -44,6 +44,10 @@ function Cluster:cache_lookup(keys)
   end
   return k
 end
+
+-- The prefix cache's disk tier on every device: o = { dir, bytes, identity } (sent with each
+-- LOOKUP and END: a device makes its tier from the first; loip.serve.prefix_disk).
+function Cluster:cache_configure(o) self.cache_disk = o end
 
 -- Each device's cache now (a STATS round): { groups, shared_groups, bytes, evictions } by device.
 function Cluster:cache_stats()

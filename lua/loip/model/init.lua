@@ -72,7 +72,8 @@ end
 -- pool the requests share, in positions; default context x max_batch), kv_grows (true: the
 -- pool is charged to the budget's "kv" account as requests' contexts take it, not all at
 -- once: see loip_session_set_kv_growth), prefix_cache (true: requests reuse the KV of prefixes
--- held from earlier ones, loip.serve.prefix_cache), tokenizer (path to a tokenizer file),
+-- held from earlier ones, loip.serve.prefix_cache; prompt_cache_dir and prompt_cache_disk: its
+-- disk tier and bound), tokenizer (path to a tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
 -- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
@@ -448,7 +449,7 @@ end
 function Model:batcher(opts)
   if not self._batcher then
     local so = self.opts
-    local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens, prefix_cache = so.prefix_cache,
+    local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens, prefix_cache = so.prompt_cache_dir and { dir = so.prompt_cache_dir, bytes = so.prompt_cache_disk } or so.prefix_cache,
       draft_target = { path = self.path, tokenizer = self.tokenizer, context = self.context, vocab = self.vocab_size,
         max_seqs = self.max_seqs } }, { __index = opts or {} })
     self._batcher = engine.batcher(require("loip.engine.local").new(self), o)

@@ -71,6 +71,11 @@ function M.session_kv_adopt(s, seq, ids, context)
   return core.ok(C.loip_session_kv_adopt(s, seq, a, #ids), context)
 end
 function M.session_kv_drop(s, id, context) return core.ok(C.loip_session_kv_drop(s, id), context) end
+-- The disk tier: held group id's rows into buf (cap bytes); rows at buf loaded into a group the
+-- cache holds (its id into id, an int32_t[1]); a held group made the most recently used.
+function M.session_kv_read_group(s, id, buf, cap, context) return core.ok(C.loip_session_kv_read_group(s, id, buf, cap), context) end
+function M.session_kv_load_group(s, buf, bytes, id, context) return core.ok(C.loip_session_kv_load_group(s, buf, bytes, id), context) end
+function M.session_kv_touch(s, id, context) return core.ok(C.loip_session_kv_touch(s, id), context) end
 function M.session_kv_refs(s, id) return tonumber(C.loip_session_kv_refs(s, id)) end
 function M.session_kv_gen(s, id) return tonumber(C.loip_session_kv_gen(s, id)) end
 -- { n_groups, free_groups, cache_groups, cache_shared_groups, shared_groups, cache_bytes,

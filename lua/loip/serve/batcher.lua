@@ -56,8 +56,9 @@ Batcher.__index, Request.__index = Batcher, Request
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
 -- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
 -- on_step runs before every step; loip.serve.online), links (a loip.policy "links" schedule:
--- the emulated links change between steps), prefix_cache (true: requests reuse the KV of
--- prefixes the devices hold, loip.serve.prefix_cache, when the engine has cache_lookup).
+-- the emulated links change between steps), prefix_cache (true, or { dir, bytes } with a disk
+-- tier: requests reuse the KV of prefixes the devices hold, loip.serve.prefix_cache, when the
+-- engine has cache_lookup).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
@@ -72,7 +73,7 @@ function M.new(engine, opts)
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
   b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
-  if opts.prefix_cache and engine.cache_lookup then b.prefix = prefix_cache.new(engine.cache_identity) end
+  if opts.prefix_cache and engine.cache_lookup then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end

@@ -21,11 +21,12 @@ local files = require "loip.runtime.files"
 
 local M = {}
 
--- The identity h_0 of a model or store directory: its manifest's hash, else its path.
+-- The identity h_0 of a model or store directory: its manifest's hash, else its absolute path.
 function M.identity(dir)
   local ok, id = pcall(files.sha256_file, dir .. "/manifest.json")
   if ok and id then return "store:" .. id end
-  return "path:" .. tostring(dir)
+  dir = tostring(dir)
+  return "path:" .. (dir:sub(1, 1) == "/" and dir or (os.getenv("PWD") or ".") .. "/" .. dir)
 end
 
 -- Keys of groups first..last (1-based) of tokens (a list of ids), kb tokens each, extending
@@ -46,9 +47,15 @@ end
 
 -- ---- the batcher's side ------------------------------------------------------------------
 
--- The batcher's cache: identity (h_0) and its counters (M.metrics reads them).
-function M.new(identity)
-  return { identity = identity, stats = { lookups = 0, hits = 0, misses = 0, cached_tokens = 0, prompt_tokens = 0 } }
+-- The batcher's cache over engine: identity (h_0) and its counters (M.metrics reads them). opt:
+-- true, or { dir, bytes } for a disk tier on every device (engine:cache_configure: dir made
+-- absolute, so that every worker of this host finds the same).
+function M.new(engine, opt)
+  if type(opt) == "table" and opt.dir then
+    local dir = opt.dir:sub(1, 1) == "/" and opt.dir or (os.getenv("PWD") or ".") .. "/" .. opt.dir
+    engine:cache_configure { dir = dir, bytes = opt.bytes, identity = engine.cache_identity }
+  end
+  return { identity = engine.cache_identity, stats = { lookups = 0, hits = 0, misses = 0, cached_tokens = 0, prompt_tokens = 0 } }
 end
 
 -- Before r starts: the longest run of its prompt's full groups every device holds (at most
@@ -108,6 +115,10 @@ function M.metrics(m, b, dev)
   if dev then for i, d in ipairs(dev) do per[i] = d.prompt_cache or {} end else per = b.engine:cache_stats() end
   for i, c in ipairs(per) do
     m:set("loip_prompt_cache_bytes", "KV held by the prefix cache alone, per device and tier", c.bytes or 0, { device = i, tier = "memory" })
+    if c.disk_files and (c.disk_writes > 0 or c.disk_files > 0) then
+      m:set("loip_prompt_cache_bytes", "KV held by the prefix cache alone, per device and tier", c.disk_bytes, { device = i, tier = "disk" })
+      m:count("loip_prompt_cache_disk_reads_total", "groups read back from the disk tier, per device", c.disk_reads, { device = i })
+    end
     m:count("loip_prompt_cache_evictions_total", "held groups evicted for a request's KV, per device", c.evictions or 0, { device = i })
   end
 end
@@ -120,8 +131,9 @@ function M.resume(r) r.attach = nil end
 local Store = {}
 Store.__index = Store
 
--- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds.
-function M.store(s) return setmetatable({ s = s, index = {}, n = 0 }, Store) end
+-- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds; disk
+-- (optional): its disk tier (loip.serve.prefix_disk), written through and read on a miss.
+function M.store(s, disk) return setmetatable({ s = s, index = {}, n = 0, disk = disk }, Store) end
 
 local function valid(self, key)
   local e = self.index[key]
@@ -130,10 +142,20 @@ local function valid(self, key)
   return nil
 end
 
--- How many of keys, from the first, this device holds.
+-- How many of keys, from the first, this device holds: in memory, else read back from its disk
+-- tier (each made the most recently used, so that reading the next one evicts none of them).
 function Store:lookup(keys)
   for i, key in ipairs(keys) do
-    if not valid(self, key) then return i - 1 end
+    local e = valid(self, key)
+    if e then
+      exec.session_kv_touch(self.s, e.id)
+    elseif self.disk and self.disk:has(key) then
+      local id = self.disk:load(key, self.s)
+      if not id then return i - 1 end
+      self.index[key], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
+    else
+      return i - 1
+    end
   end
   return #keys
 end
@@ -156,6 +178,10 @@ function Store:keep(seq, keys)
       local ids, gens = exec.session_kv_hold(self.s, seq, i - 1, 1)
       if not ids then return nil, gens end
       self.index[key], self.n = { id = ids[1], gen = gens[1] }, self.n + 1
+      if self.disk then
+        local ok, err = self.disk:write(key, self.s, ids[1])
+        if not ok then return nil, err end
+      end
     end
   end
   return true
@@ -165,20 +191,30 @@ end
 -- evictions }.
 function Store:stats()
   local st = exec.session_kv_share_stats(self.s)
-  return { groups = st.cache_groups, shared_groups = st.cache_shared_groups, bytes = st.cache_bytes, evictions = st.evictions }
+  local d = self.disk
+  return { groups = st.cache_groups, shared_groups = st.cache_shared_groups, bytes = st.cache_bytes, evictions = st.evictions,
+    disk_files = d and d.n or 0, disk_bytes = d and d.total or 0, disk_reads = d and d.stats.reads or 0,
+    disk_writes = d and d.stats.writes or 0 }
 end
 
--- A worker's device d (loip.cluster.worker): its session's store, made with the session; what
--- it holds of keys (a device lending KV holds nothing: lending refuses shared groups); seq's
--- groups of keys held (a failure logged with log(fmt, ...)).
-function M.device_store(d)
+-- A worker's device d (loip.cluster.worker): its session's store, made with the session (disk:
+-- the head's { dir, bytes, identity } for its disk tier, from the first message that has it);
+-- what it holds of keys (a device lending KV holds nothing: lending refuses shared groups);
+-- seq's groups of keys held (a failure logged with log(fmt, ...)).
+function M.device_store(d, disk)
   if not d.store or d.store.s ~= d.session then d.store = M.store(d.session) end
+  if disk and not d.store.disk then
+    d.store.disk = require("loip.serve.prefix_disk").new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
+      device = d.index, layers = require("loip.serve.prefix_disk").stage_layers(d.plan.devices[d.index].stages),
+      kv_block = exec.session_kv_block_tokens(d.session), group_bytes = exec.session_kv_group_bytes(d.session) }
+  end
   return d.store
 end
 -- A LOOKUP's answer (body: { keys }): { held = k } as JSON.
 function M.device_lookup(d, body)
   local held = 0
-  if d and not d.lend_peer then held = M.device_store(d):lookup(assert(body, "a LOOKUP without its keys").keys or {}) end
+  body = assert(body, "a LOOKUP without its keys")
+  if d and not d.lend_peer then held = M.device_store(d, body.disk):lookup(body.keys or {}) end
   return require("loip.tools.json").encode({ held = held })
 end
 -- A START's (body) KV: the cache's groups its prompt starts with (body.attach: the head's LOOKUP
@@ -187,9 +223,9 @@ function M.device_start(d, body)
   if body.attach then M.device_store(d):adopt(body.seq or 0, body.attach) end
   if body.share then assert(exec.session_seq_share(d.session, body.seq or 0, body.share.seq, body.share.positions)) end
 end
-function M.device_keep(d, seq, keys, log)
-  if not keys or d.lend_peer then return end
-  local ok, kept, why = pcall(Store.keep, M.device_store(d), seq, keys)
+function M.device_keep(d, body, log)
+  if not body.keep or d.lend_peer then return end
+  local ok, kept, why = pcall(Store.keep, M.device_store(d, body.disk), body.seq, body.keep)
   if not (ok and kept) then log("END: the prefix cache: %s", tostring(ok and why or kept)) end
 end
 

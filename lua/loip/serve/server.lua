@@ -25,14 +25,14 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
 -- chat_template (a file instead), name (the model id clients name), api_key, host, port,
 -- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), prefix_cache (false: off;
--- loip.serve.prefix_cache), max_body, quiet.
+-- { dir, bytes }: with a disk tier; loip.serve.prefix_cache), max_body, quiet.
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
   local eng = opts.model or opts.cluster
   if not eng then error("serve: a model or a cluster", 2) end
   self.engine_owner = eng
-  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill, prefix_cache = opts.prefix_cache ~= false })
+  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill, prefix_cache = opts.prefix_cache == nil or opts.prefix_cache })
   self.context = eng.context
   -- speculative decoding (the batcher's loip.serve.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
