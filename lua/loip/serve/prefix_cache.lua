@@ -145,19 +145,21 @@ end
 -- How many of keys, from the first, this device holds: in memory, else read back from its disk
 -- tier (each made the most recently used, so that reading the next one evicts none of them).
 function Store:lookup(keys)
-  for i, key in ipairs(keys) do
-    local e = valid(self, key)
-    if e then
-      exec.session_kv_touch(self.s, e.id)
-    elseif self.disk and self.disk:has(key) then
-      local id = self.disk:load(key, self.s)
-      if not id then return i - 1 end
-      self.index[key], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
-    else
-      return i - 1
-    end
+  local k = 0
+  while k < #keys do
+    local e = valid(self, keys[k + 1])
+    if not e then break end
+    exec.session_kv_touch(self.s, e.id)
+    k = k + 1
   end
-  return #keys
+  local d, missing = self.disk, {}
+  while d and k + #missing < #keys and d:has(keys[k + #missing + 1]) do missing[#missing + 1] = keys[k + #missing + 1] end
+  if #missing == 0 then return k end
+  for i, id in ipairs(d:load(missing, self.s)) do
+    self.index[missing[i]], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
+    k = k + 1
+  end
+  return k
 end
 
 -- Sequence seq (holding nothing) starts with the groups of keys (all held: lookup said so).

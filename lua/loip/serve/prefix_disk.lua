@@ -3,9 +3,9 @@
 -- holds and a restart of the server with the same store.
 --
 -- Write-through: a group the cache takes (loip.serve.prefix_cache's Store:keep) is written at
--- once, every layer the device keeps of it, atomically (a temporary file renamed into place:
--- loip.runtime.files' writer), so that an eviction from memory loses nothing and a file is whole
--- or absent. A file is named KEY.dDEVICE.kv (KEY: the group's hash-chain key) and holds a header
+-- once, every layer the device keeps of it, atomically (a temporary file renamed into place; not
+-- fsynced: a torn file fails its CRC), so that an eviction from memory loses nothing and a file
+-- is whole or absent. A file is named KEY.dDEVICE.kv (KEY: the group's hash-chain key) and holds a header
 -- of HEADER bytes (JSON: format, version, the store identity, the key, device, layers, kv_block,
 -- dtype, bytes, the CRC-32C of the rows) then the group's rows as loip_session_kv_read_group
 -- gives them. A lookup that misses memory reads the file with the loader (loip.runtime.loader:
@@ -122,15 +122,21 @@ function Disk:write(key, s, id)
   local ok, err = exec.session_kv_read_group(s, id, self.buf, self.group_bytes)
   if not ok then return nil, err end
   local crc = files.crc32c(0, self.buf, self.group_bytes)
-  local w, werr = files.writer(self:path(key))
-  if not w then return nil, werr end
-  ok, err = files.write(w, self:header(key, crc))
-  if ok then ok, err = files.write(w, self.buf, self.group_bytes) end
-  local pad = self.file_bytes - M.HEADER - self.group_bytes
-  if ok and pad > 0 then ok, err = files.write(w, string.rep("\0", pad)) end
-  if ok then ok, err = files.commit(w) end
-  files.writer_free(w)
-  if not ok then return nil, err end
+  -- a temporary name renamed into place: the file is whole or absent. Not fsynced (a cache: a
+  -- file a crash tore fails its CRC and is removed when read), so that a request's end is not
+  -- held up by the disk.
+  local path = self:path(key)
+  local tmp = path .. ".tmp"
+  local f, ferr = io.open(tmp, "wb")
+  if not f then return nil, ferr end
+  ok, err = f:write(self:header(key, crc), ffi.string(self.buf, self.group_bytes),
+    string.rep("\0", self.file_bytes - M.HEADER - self.group_bytes))
+  f:close()
+  if ok then ok, err = os.rename(tmp, path) end
+  if not ok then
+    os.remove(tmp)
+    return nil, string.format("%s: %s", path, tostring(err))
+  end
   self.stats.writes = self.stats.writes + 1
   self:add(key, crc)
   self:trim()
@@ -153,33 +159,49 @@ function Disk:remove(key)
   self.stats.removed = self.stats.removed + 1
 end
 
--- The group keyed key read back into a group of session s the cache holds: its id, or nil and
--- why (a file that fails its CRC or cannot be read is removed).
-function Disk:load(key, s)
-  local e = self.index[key]
-  if not e then return nil, "not on disk" end
+M.BATCH = 16 -- groups read at once (the staging slot: BATCH x a group, outside the budgets)
+
+-- The groups keyed keys (in order, all on disk) read back into groups of session s the cache
+-- holds, BATCH files in flight at a time (one loader submission each): their ids, as many as
+-- were read before the first that failed (a file failing its CRC or its read is removed).
+function Disk:load(keys, s)
+  local stride = self.file_bytes - M.HEADER
   if not self.loader then
-    local l, err = loader.new { slots = 1, slot_bytes = self.file_bytes - M.HEADER, mode = "auto" }
-    if not l then return nil, err end
+    local l, err = loader.new { slots = 1, slot_bytes = M.BATCH * stride, mode = "auto" }
+    if not l then
+      self.log("prompt cache: the disk tier's loader: %s", tostring(err))
+      return {}
+    end
     self.loader = l
   end
-  self.reads = (self.reads or 0) + 1
-  local ok, err = self.loader:submit(1, { { path = self:path(key), offset = M.HEADER, length = self.group_bytes } }, self.reads)
-  if ok then ok, err = self.loader:wait(self.reads) end
-  local buf = self.loader:slot(1)
-  if ok and files.crc32c(0, buf, self.group_bytes) ~= e.crc then ok, err = nil, "its rows fail their CRC-32C" end
-  if not ok then
-    self.log("prompt cache: %s: %s; removed", self:path(key), tostring(err))
-    self:remove(key)
-    return nil, err
+  local ids, id = {}, ffi.new("int32_t[1]")
+  for first = 1, #keys, M.BATCH do
+    local ext = {}
+    for i = first, math.min(#keys, first + M.BATCH - 1) do
+      ext[#ext + 1] = { path = self:path(keys[i]), offset = M.HEADER, length = self.group_bytes, slot_offset = (i - first) * stride }
+    end
+    self.reads = (self.reads or 0) + 1
+    local ok, err = self.loader:submit(1, ext, self.reads)
+    if ok then ok, err = self.loader:wait(self.reads) end
+    local buf = self.loader:slot(1)
+    for j = 1, #ext do
+      local key, at = keys[first + j - 1], buf + (j - 1) * stride
+      local e = self.index[key]
+      if ok and files.crc32c(0, at, self.group_bytes) ~= e.crc then ok, err = nil, "its rows fail their CRC-32C" end
+      if not ok then
+        self.log("prompt cache: %s: %s; removed", self:path(key), tostring(err))
+        self:remove(key)
+        return ids
+      end
+      ok, err = exec.session_kv_load_group(s, at, self.group_bytes, id)
+      if not ok then return ids end -- (no group to be had: the plan's needs hold them)
+      ids[#ids + 1] = id[0]
+      self.stats.reads = self.stats.reads + 1
+      self.ticks = self.ticks + 1
+      e.tick = self.ticks
+    end
   end
-  local id = ffi.new("int32_t[1]")
-  ok, err = exec.session_kv_load_group(s, buf, self.group_bytes, id)
-  if not ok then return nil, err end
-  self.stats.reads = self.stats.reads + 1
-  self.ticks = self.ticks + 1
-  e.tick = self.ticks
-  return id[0]
+  return ids
 end
 
 function Disk:close()
