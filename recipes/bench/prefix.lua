@@ -38,6 +38,8 @@ local spec = {
     { "context", "int", "positions per request", default = 512 },
     { "synthetic", "bool", "also the synthetic llama-3.2-1b BF16 store (made on first use: minutes)" },
     { "synthetic-layers", "int", "its layers (16: the whole model)", default = 16 },
+    { "synthetic-model", "string", "where the synthetic model is made (its store beside it, -store)",
+      default = "/tmp/loip-bench/llama-3.2-1b-l{layers}-bf16" },
     { "synthetic-budget", "number", "the devices' budgets together, as a share of its weights", default = 0.8 },
     { "out", "string", "where to write prefix.json, prefix.svg and the disk tier (cache-*/)", default = "bench-out" },
     { "quick", "bool", "a 96-token prefix, 4 tokens: check the recipe works" },
@@ -150,7 +152,7 @@ local mems = {}
 for x in o.mem:gmatch("[^,]+") do mems[#mems + 1] = x end
 result.stories260K = measure("stories260K", o.store, mems, o.context)
 if o.synthetic then
-  local model = string.format("/tmp/loip-bench/llama-3.2-1b-l%d-bf16", o.synthetic_layers)
+  local model = o.synthetic_model:gsub("{layers}", tostring(o.synthetic_layers))
   local st = bench.ensure_store(model .. "-store", model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1,
     layers = o.synthetic_layers })
   local man = store.read_manifest(st)
