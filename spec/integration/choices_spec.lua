@@ -15,12 +15,7 @@ local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 teardown(T.drop_stores)
 
--- run.c's continuation of case c, n tokens of it (run.c stops at BOS, id 1)
-local function expected(c, n)
-  local out = {}
-  for i = 1, math.min(n, #c.generated_ids) do out[i] = c.generated_ids[i] end
-  return out
-end
+local expected = T.reference_ids -- (run.c's continuation of a case)
 
 -- a prompt of 40 tokens (two full groups and a partial one shared), from the references
 local function long_prompt()
