@@ -73,7 +73,9 @@ function M.new(engine, opts)
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
   b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
-  if opts.prefix_cache and engine.cache_lookup then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
+  -- (not beside an online policy that may lend KV: lending moves no shared group)
+  b.shares_kv = not (b.online and b.online.policy and engine.lend)
+  if opts.prefix_cache and engine.cache_lookup and b.shares_kv then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end

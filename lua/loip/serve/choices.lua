@@ -21,6 +21,10 @@ function M.attach(b, r, spec, Request, refusal)
   end
   if k == 1 then return end
   if spec.logits then error(refusal("invalid", "n > 1 returns generated choices, not a prompt's logits", "n"), 0) end
+  if not b.shares_kv then
+    error(refusal("invalid", "n > 1 shares the prompt's KV between the choices, and this cluster's online policy may lend "
+      .. "KV, which moves no shared group: ask for one choice at a time", "n"), 0)
+  end
   if k > b.max_batch then
     error(refusal("invalid", string.format("n = %d choices need %d sequence slots and this server has %d", k, k, b.max_batch),
       "n"), 0)

@@ -166,6 +166,15 @@ M.BATCH = 16 -- groups read at once (the staging slot: BATCH x a group, outside 
 -- were read before the first that failed (a file failing its CRC or its read is removed).
 function Disk:load(keys, s)
   local stride = self.file_bytes - M.HEADER
+  local ids, id = {}, ffi.new("int32_t[1]")
+  if stride == 0 then -- a device that keeps no layer's KV (its stages: MLP blocks, the head): groups of no rows
+    for _, key in ipairs(keys) do
+      if not exec.session_kv_load_group(s, id, 0, id) then break end
+      ids[#ids + 1] = id[0]
+      self:add(key, self.index[key].crc)
+    end
+    return ids
+  end
   if not self.loader then
     local l, err = loader.new { slots = 1, slot_bytes = M.BATCH * stride, mode = "auto" }
     if not l then
@@ -174,7 +183,6 @@ function Disk:load(keys, s)
     end
     self.loader = l
   end
-  local ids, id = {}, ffi.new("int32_t[1]")
   for first = 1, #keys, M.BATCH do
     local ext = {}
     for i = first, math.min(#keys, first + M.BATCH - 1) do
