@@ -224,6 +224,13 @@ describe("the prefix cache's disk tier", function()
     m:close() m0:close()
   end)
 
+  it("is a usage error beside --no-prompt-cache", function()
+    local rc, _, err = T.run(string.format("%s serve --model %s --no-prompt-cache --prompt-cache-dir %s/c --port 0", T.loip, S260,
+      T.tmpdir()))
+    assert.are.equal(2, rc)
+    assert.matches("--prompt-cache-dir", err, 1, true)
+  end)
+
   it("serves a prefix from every device's disk after a restart of a 3-device cluster", function()
     local st = T.slice_store(S260, "s260")
     local dir = T.tmpdir() .. "/cache"

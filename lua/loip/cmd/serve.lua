@@ -83,6 +83,7 @@ function M.run(o)
     usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
   end
   local draft = common.draft("serve", o)
+  if o.no_prompt_cache and o.prompt_cache_dir then usage("serve", "--prompt-cache-dir is the prefix cache's disk tier, which --no-prompt-cache turns off") end
   local api_key = o.api_key or os.getenv("LOIP_API_KEY")
   if api_key == "" then api_key = nil end
   local m, c, tok
