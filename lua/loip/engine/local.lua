@@ -148,7 +148,8 @@ function Engine:online_devices()
   local kv, used = 0, 0
   if m.budget then
     local r = m.budget:report()
-    for _, a in ipairs(r) do if a.account == "kv" then kv = a.bytes end end
+    -- (the prefix cache's held groups are KV too: evicted before any request's KV would fail)
+    for _, a in ipairs(r) do if a.account == "kv" or a.account == "prompt_cache" then kv = kv + a.bytes end end
     used = r.used
   end
   local est = m.estimate
