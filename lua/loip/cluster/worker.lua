@@ -1,6 +1,6 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP: one
--- handler each, in a dispatch table) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP,
+-- LOOKUP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
