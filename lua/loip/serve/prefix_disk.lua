@@ -83,6 +83,7 @@ function Disk:scan()
   p:close()
   local suffix = string.format(".d%d.kv", self.device)
   for _, name in ipairs(names) do
+    if name:sub(-#suffix - 4) == suffix .. ".tmp" then os.remove(self.dir .. "/" .. name) end -- (a write a crash cut short)
     local key = name:sub(-#suffix) == suffix and name:sub(1, -#suffix - 1) or nil
     if key and key:match("^%x+$") then
       local path = self.dir .. "/" .. name
