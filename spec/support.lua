@@ -10,6 +10,14 @@ M.root = os.getenv("LOIP_REPO") or "."
 -- use needs it.
 M.extra_data = os.getenv("LOIP_SHARED_DIR")
 
+-- run.c's continuation of a greedy reference case c (models/*/reference/greedy.json), its first n
+-- tokens (run.c stops at BOS, id 1).
+function M.reference_ids(c, n)
+  local out = {}
+  for i = 1, math.min(n, #c.generated_ids) do out[i] = c.generated_ids[i] end
+  return out
+end
+
 function M.exists(p)
   local f = io.open(p, "rb")
   if f then f:close() return true end

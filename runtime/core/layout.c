@@ -48,6 +48,7 @@ static const struct {
     SIZE(loip_device_config), FIELD(loip_device_config, plan_id), FIELD(loip_device_config, logits_tokens),
     FIELD(loip_device_config, heartbeat),
     SIZE(loip_device_stats_t), FIELD(loip_device_stats_t, head_ns),
+    SIZE(loip_kv_share_stats), FIELD(loip_kv_share_stats, cache_bytes), FIELD(loip_kv_share_stats, cow_copies),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

@@ -121,14 +121,17 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     s->evicted = calloc((size_t)max_seqs, sizeof(int32_t));
     s->recompute_row = malloc((size_t)max_seqs * sizeof(int32_t));
     s->lent_at = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), sizeof *s->lent_at);
+    s->refs = calloc((size_t)s->n_groups + 1, sizeof *s->refs), s->holds = calloc((size_t)s->n_groups + 1, sizeof *s->holds);
+    s->tick = calloc((size_t)s->n_groups + 1, sizeof *s->tick), s->gen = calloc((size_t)s->n_groups + 1, sizeof *s->gen);
     s->tok_rope = calloc(B, sizeof(int32_t)), s->tok_base = calloc(B, sizeof(int32_t));
     s->tok_mask = calloc(B, sizeof(uint64_t));
     s->moe_views = calloc((size_t)c->n_experts + 1, sizeof *s->moe_views);
     s->moe_jobs = calloc(2 * (size_t)c->n_experts + 1, sizeof *s->moe_jobs);
     s->moe_routed = calloc((size_t)c->n_layers * c->n_experts + 1, sizeof *s->moe_routed);
     if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at || !s->tok_rope || !s->tok_base ||
-        !s->tok_mask || !s->moe_views || !s->moe_jobs || !s->moe_routed) {
+        !s->tok_mask || !s->moe_views || !s->moe_jobs || !s->moe_routed || !s->refs || !s->holds || !s->tick || !s->gen) {
         free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
         free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
         return loip_fail(LOIP_ENOMEM, "session: out of memory");
     }
@@ -147,6 +150,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
                                (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
                                (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
             free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
             return rc;
         }
@@ -162,6 +166,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
             loip_budget_release(budget, "kv", kv_now);
         if (rc) {
             free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
+        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
             free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
             return rc;
         }
@@ -230,8 +235,10 @@ LOIP_API void loip_session_free(loip_session *s) {
     free(s->evicted);
     free(s->recompute_row);
     free(s->lent_at);
+    free(s->refs), free(s->holds), free(s->tick), free(s->gen);
     if (s->budget) {
         loip_budget_release(s->budget, "kv", s->kv_charged);
+        if (s->cache_charged) loip_budget_release(s->budget, "prompt_cache", s->cache_charged);
         loip_budget_release(s->budget, "activations", s->scratch_bytes);
         loip_budget_free(s->budget);
     }
@@ -467,16 +474,8 @@ static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
     int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
     for (int32_t g = s->evicted[seq] / s->kv_block; g <= pos / s->kv_block; g++) {
         if (table[g] >= 0) continue;
-        if (s->n_free == 0)
-            return loip_fail(LOIP_ENOMEM, "KV cache full: sequence %d at position %d needs a block and all %d "
-                             "(%d tokens) are in use", seq, pos, s->n_groups, s->n_groups * s->kv_block);
-        int rc = loip_session_kv_charge(s, s->group_bytes);
-        if (rc) {
-            char why[400];
-            snprintf(why, sizeof why, "%s", loip_last_error());
-            return loip_fail(rc, "KV cache: sequence %d at position %d: %s", seq, pos, why);
-        }
-        table[g] = s->free_groups[--s->n_free];
+        int rc = loip_session_take_group(s, seq, pos, &table[g]);
+        if (rc) return rc;
     }
     return LOIP_OK;
 }
@@ -575,7 +574,8 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     }
     if ((rc = find_recomputed(s, n))) return rc;
     for (int32_t t = 0; t < n; t++)
-        if (s->tok_pos[t] >= s->evicted[s->tok_seq[t]] && (rc = map_groups(s, s->tok_seq[t], s->tok_pos[t])))
+        if (s->tok_pos[t] >= s->evicted[s->tok_seq[t]] && ((rc = map_groups(s, s->tok_seq[t], s->tok_pos[t])) ||
+                                                          (rc = loip_session_own_group(s, s->tok_seq[t], s->tok_pos[t]))))
             return rc;
     drop_past(s, n);
     /* cos/sin of each token's position for RoPE, once per batch */

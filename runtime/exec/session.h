@@ -48,6 +48,18 @@ struct loip_session {
      * V in the lender's buffer, read in place; NULL: away (seq_lent counts those) */
     const uint8_t **lent_at;
     uint64_t chunk_bytes;  /* K and V of one (layer, group) chunk */
+    /* Sharing (session_share.c): refs[g] counts the block tables and the prompt cache's holds
+     * naming group g (0: free), holds[g] the holds alone; a group named more than once is
+     * never written (a write copies it first: copy-on-write). A group only the cache holds
+     * (refs == holds > 0) is charged to the "prompt_cache" account rather than "kv" (growing
+     * sessions: cache_charged) and is evicted, least recently held or adopted first (tick),
+     * when a sequence needs a group and none is free or the budget refuses one; gen[g] counts
+     * g's returns to the free list (a hold is still there while its gen is unchanged). */
+    int32_t *refs;
+    int32_t *holds;
+    uint64_t *tick;
+    uint32_t *gen;
+    uint64_t ticks, cache_charged, cache_evictions, cow_copies;
     /* Eviction (loip_session_kv_evict): a sequence's first evicted[seq] positions keep no KV
      * here; a batch recomputes them (their rows' K/V live in k/v for one layer at a time) and
      * recompute_row[seq] is the batch row of its position 0 (-1: not in this batch). */
@@ -110,6 +122,17 @@ static inline void loip_session_kv_release(loip_session *s, uint64_t bytes) {
     loip_budget_release(s->budget, "kv", bytes);
     s->kv_charged -= bytes;
 }
+
+/* A group for sequence seq at position pos (a free one, else the prompt cache's least recent
+ * evicted for it; charged to "kv"): LOIP_ENOMEM naming them when none can be had. */
+int loip_session_take_group(loip_session *s, int32_t seq, int32_t pos, int32_t *out);
+/* Sequence seq's group holding pos made its own before it is written: a shared one is copied
+ * (every kept layer's rows) into a fresh group (copy-on-write). */
+int loip_session_own_group(loip_session *s, int32_t seq, int32_t pos);
+
+/* One reference to shared group g (refs > 1) gone: left to the cache alone, its charge moves
+ * from "kv" to "prompt_cache". */
+void loip_session_unref_group(loip_session *s, int32_t g);
 
 /* Group g of seq back to the free list: its charge released, less its chunks lent away (their
  * charge went with them), and their lending forgotten. */

@@ -15,6 +15,11 @@
 /* Group g of seq back to the free list: its charge released, less its chunks lent away (their
  * charge went with them), and their lending forgotten (the borrower's copy is stale now). */
 void loip_session_release_group(loip_session *s, int32_t seq, int32_t g) {
+    if (s->refs[g] > 1) { /* shared: only this table's reference goes (its chunks are never lent) */
+        loip_session_unref_group(s, g);
+        return;
+    }
+    s->refs[g] = 0, s->holds[g] = 0, s->gen[g]++;
     uint64_t bytes = s->group_bytes;
     for (int32_t k = 0; k < s->n_kv_layers; k++) {
         size_t c = (size_t)g * s->n_kv_layers + k;
@@ -57,6 +62,10 @@ static int lend_range(const loip_session *s, const char *what, int32_t seq, int3
             if (table[i] < 0)
                 return loip_fail(LOIP_EINVAL, "%s: sequence %d holds no group for positions %d..%d", what, seq,
                                  i * s->kv_block, (i + 1) * s->kv_block - 1);
+            if (!want_lent && s->refs[table[i]] > 1)
+                return loip_fail(LOIP_ESTATE, "%s: sequence %d's positions %d..%d are shared (with another sequence or "
+                                 "the prompt cache): shared KV is not lent", what, seq, i * s->kv_block,
+                                 (i + 1) * s->kv_block - 1);
             if (!!s->lent[(size_t)table[i] * s->n_kv_layers + s->layer_slot[l]] != want_lent)
                 return loip_fail(LOIP_ESTATE, "%s: layer %d of sequence %d's positions %d..%d is %s", what, l, seq,
                                  i * s->kv_block, (i + 1) * s->kv_block - 1, want_lent ? "here, not lent" : "lent already");

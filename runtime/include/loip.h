@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 27, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 28, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -575,6 +575,47 @@ LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
+/* Sharing KV (runtime/exec/session_share.c, docs/prefix-cache.md). A group is named by block
+ * tables and by the prompt cache's holds, counted per group; a group named more than once is
+ * never written: a sequence's first write into it copies it into a fresh group of its own
+ * (copy-on-write: every kept layer's rows, charged as any group it takes). Lending refuses a
+ * shared group (LOIP_ESTATE naming the sequence); evicting (loip_session_kv_evict) or freeing a
+ * sequence drops its references only, a group going back to the pool when none is left.
+ * Sequence dst (holding no KV) takes src's groups covering positions [0, n_positions). */
+LOIP_API int loip_session_seq_share(loip_session *s, int32_t dst, int32_t src, int32_t n_positions);
+/* The prompt cache's holds: seq's groups [first, first + n) held outside any sequence (their ids
+ * into ids[n]; they stay when seq ends). A group only the cache holds is charged to the
+ * budget's "prompt_cache" account (growing sessions) instead of "kv", and is evicted, least
+ * recently held or adopted first, when a sequence needs a group and none is free or the budget
+ * refuses one: the plan's needs come first. Its gen (loip_session_kv_gen) changes whenever it
+ * goes back to the pool, so a holder knows whether its hold survived. */
+LOIP_API int loip_session_kv_hold(loip_session *s, int32_t seq, int32_t first, int32_t n, int32_t *ids);
+/* Sequence seq (holding no KV) starts with the held groups ids[0..n) as its first n groups. */
+LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *ids, int32_t n);
+/* One hold of group id given up (back to the pool when nothing names it). */
+LOIP_API int loip_session_kv_drop(loip_session *s, int32_t id);
+/* Block tables and holds naming group id (0: free; -1: no such group). */
+LOIP_API int32_t loip_session_kv_refs(const loip_session *s, int32_t id);
+LOIP_API uint32_t loip_session_kv_gen(const loip_session *s, int32_t id);
+typedef struct loip_kv_share_stats {
+    int32_t n_groups, free_groups;
+    int32_t cache_groups;        /* held by the cache alone */
+    int32_t cache_shared_groups; /* held by the cache and named by a sequence */
+    int32_t shared_groups;       /* named by more than one sequence */
+    int32_t pad;
+    uint64_t cache_bytes;        /* cache_groups x the group's bytes */
+    uint64_t cache_charged;      /* what the "prompt_cache" account holds for this session */
+    uint64_t evictions;          /* held groups evicted for a sequence's need */
+    uint64_t cow_copies;         /* shared groups copied before a write */
+} loip_kv_share_stats;
+LOIP_API void loip_session_kv_share_stats(const loip_session *s, loip_kv_share_stats *st);
+/* The prompt cache's disk tier: held group id's rows (per kept layer in order, its K then its V
+ * rows: loip_session_kv_group_bytes) copied into buf; a group's rows (as read) loaded into a
+ * group taken for the cache alone (held once, charged as held; the least recent held group
+ * evicted for it when none is free); a held group made the most recently used. */
+LOIP_API int loip_session_kv_read_group(loip_session *s, int32_t id, void *buf, uint64_t cap);
+LOIP_API int loip_session_kv_load_group(loip_session *s, const void *buf, uint64_t bytes, int32_t *id);
+LOIP_API int loip_session_kv_touch(loip_session *s, int32_t id);
 
 /* A token of a batch of several sequences: its sequence and position (the KV position it is
  * written at). parent > 0 makes it a node of a tree of drafts (speculative decoding's tree mode):
@@ -850,7 +891,9 @@ enum {
                               reply: READY with its memory, or ERROR */
     LOIP_MSG_DRAFT = 23,   /* head -> device: speculative decoding's draft run there (JSON: plan_id,
                               op open|propose|release|close; reply: DRAFT, JSON) */
-    LOIP_MSG_KINDS = 24,
+    LOIP_MSG_LOOKUP = 24,  /* head -> device: which of a prompt's leading KV group keys it holds
+                              (JSON: keys; reply: READY, JSON held; loip.serve.prefix_cache) */
+    LOIP_MSG_KINDS = 25,
 };
 
 typedef struct loip_msg_header {

@@ -179,3 +179,23 @@ LOIP_API void loip_charge_free(loip_charge *c) {
     }
     free(c);
 }
+
+int loip_budget_move(loip_budget *b, const char *from, const char *to, uint64_t bytes) {
+    if (!b || !bytes) return LOIP_OK;
+    pthread_mutex_lock(&b->mu);
+    loip_budget_account *f = find(b, from), *t = find(b, to);
+    if (!f || f->bytes < bytes || (!t && b->n == LOIP_BUDGET_MAX_ACCOUNTS) || strlen(to) >= LOIP_BUDGET_NAME_MAX) {
+        pthread_mutex_unlock(&b->mu);
+        return loip_fail(LOIP_ESTATE, "memory budget: cannot move %llu bytes from '%s' to '%s'",
+                         (unsigned long long)bytes, from, to);
+    }
+    if (!t) {
+        t = &b->acc[b->n++];
+        memset(t, 0, sizeof *t);
+        strcpy(t->name, to);
+    }
+    f->bytes -= bytes, t->bytes += bytes;
+    if (t->bytes > t->peak) t->peak = t->bytes;
+    pthread_mutex_unlock(&b->mu);
+    return LOIP_OK;
+}

@@ -22,6 +22,7 @@ local RECIPES = {
   { "serve", "", {} },
   { "loader", "", {} },
   { "speculative", "", { "variants", "self_k4_speedup", "ngram_worst_speedup", "same_tokens" } },
+  { "prefix", "", { "stories260K", "same_tokens" } },
 }
 
 -- moe.lua needs a mixture of experts: --quick makes a small one (in a scratch folder here)

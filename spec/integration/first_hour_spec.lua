@@ -40,6 +40,7 @@ describe("modules", function()
       "^loip%.serve%.tools$", "^loip%.serve%.tool_calls$", "^loip%.serve%.anthropic$",
       -- (the API for agents: sampling at the head, logprobs' shapes, a reply's choices, grammars)
       "^loip%.serve%.head_sample$", "^loip%.serve%.logprobs$", "^loip%.serve%.reply$", "^loip%.serve%.constrain$",
+      "^loip%.serve%.choices$", "^loip%.serve%.prefix_cache$", "^loip%.serve%.prefix_disk$", -- (n > 1, the prefix cache)
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",

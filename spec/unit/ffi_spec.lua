@@ -28,6 +28,7 @@ describe("the FFI surface", function()
       loip_link_stats = { "bw_bps", "latency_ns", "transit_sum_ns", "late_sum_ns" },
       loip_device_config = { "plan_id", "logits_tokens", "heartbeat" },
       loip_device_stats_t = { "head_ns" },
+      loip_kv_share_stats = { "cache_bytes", "cow_copies" },
     }
     for name, fields in pairs(structs) do
       assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)

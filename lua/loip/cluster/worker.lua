@@ -1,6 +1,6 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP: one
--- handler each, in a dispatch table) and, once it holds a plan, runs its stages
+-- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP,
+-- LOOKUP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
 -- cleanly (sockets closed, buffers freed).
 --
@@ -20,6 +20,7 @@ local plan = require "loip.plan"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local exec = require "loip.runtime.exec"
+local prefix_cache = require "loip.serve.prefix_cache"
 local files = require "loip.runtime.files"
 local process = require "loip.runtime.process"
 local rw = require "loip.runtime.worker"
@@ -238,6 +239,8 @@ function handlers.PLAN(self, _, body)
     loader = d.loader and d.loader:mode() or "none" })
 end
 
+-- which of a prompt's leading KV group keys this device holds for its layers (the prefix cache)
+function handlers.LOOKUP(self, _, body) return "READY", prefix_cache.device_lookup(self.dev, body) end
 function handlers.START(self, _, body)
   if not self.dev then error("START before a plan", 0) end
   body = assert(body, "a message without its JSON body")
@@ -250,6 +253,7 @@ function handlers.START(self, _, body)
     #prompt, #prompt + (body.max_tokens or 0) + 1))
   -- a request resumed on a new plan: its sampler goes on where it was
   if (body.draws or 0) > 0 then core.must(rw.device_skip_draws(self.dev.device, body.seq or 0, body.draws)) end
+  prefix_cache.device_start(self.dev, body) -- (KV its prompt starts with: cached, or another choice's)
   return "READY", ""
 end
 
@@ -319,6 +323,7 @@ end
 function handlers.END(self, _, body)
   body = body or {}
   if self.dev and self.dev.device and type(body.seq) == "number" then
+    prefix_cache.device_keep(self.dev, body, log) -- (its full groups held by the prefix cache first)
     local ok, err = rw.device_end(self.dev.device, body.seq, body.request or 0)
     if not ok then log("END: %s", err) end
   end
@@ -341,12 +346,9 @@ function handlers.STATS(self)
     st.experts = self.dev.experts and self.dev.experts:stats() or nil
     -- the budget's limit and peak, and this process's peak resident memory
     st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
-    local f = io.open("/proc/self/status")
-    local status = f and f:read("*a") or ""
-    if f then f:close() end
-    local hwm = status:match("VmHWM:%s*(%d+) kB")
-    st.peak_rss_bytes = hwm and tonumber(hwm) * 1024 or nil
+    st.peak_rss_bytes = process.peak_rss_bytes()
     st.accounts = accounts(self.dev.budget)
+    st.prompt_cache = prefix_cache.device_store(self.dev):stats()
   end
   return "STATS", json.encode(st)
 end

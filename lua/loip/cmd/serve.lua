@@ -37,6 +37,11 @@ local M = {
     { "chat-template", "string", "Jinja chat template to use instead of the model's", metavar = "FILE" },
     { "tool-parser", "string", "how the model writes tool calls: llama3, qwen, mistral, hermes (recipes/policies/tools) or a "
       .. "FILE.lua (default: detected from the chat template)", metavar = "NAME" },
+    { "no-prompt-cache", "bool", "keep no KV of finished requests for later ones sharing their prefix (the exact prefix cache)" },
+    { "prompt-cache-dir", "string", "the prefix cache's disk tier: every cached KV group written here too (per device), "
+      .. "read back on a hit, kept across restarts with the same store", metavar = "DIR" },
+    { "prompt-cache-disk", "bytes", "the disk tier's bound per device (least recently used files removed first)",
+      default = 2 ^ 31, metavar = "BYTES" },
     flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
@@ -80,6 +85,7 @@ function M.run(o)
     usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
   end
   local draft = common.draft("serve", o)
+  if o.no_prompt_cache and o.prompt_cache_dir then usage("serve", "--prompt-cache-dir is the prefix cache's disk tier, which --no-prompt-cache turns off") end
   local api_key = o.api_key or os.getenv("LOIP_API_KEY")
   if api_key == "" then api_key = nil end
   local m, c, tok
@@ -119,7 +125,8 @@ function M.run(o)
     end
     local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template, tool_parser = o.tool_parser,
       name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
-      prefill = o.prefill,
+      prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
+        bytes = o.prompt_cache_disk } or true),
       quiet = o.quiet }
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))

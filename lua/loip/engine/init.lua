@@ -9,12 +9,19 @@
 --   fields     max_seqs, context, kv_tokens, kv_block (positions per KV group), step_tokens,
 --              logits_tokens, vocab; clock (optional: ms now; the simulator's is simulated)
 --   a step     start(seq, request): a request takes sequence slot seq (its prompt, sampler, seed)
+--                and, with request.share = { seq, positions }, the first positions of sequence
+--                share.seq's KV shared copy-on-write (n > 1 choices: loip.serve.choices)
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
 --                token { seq, request, id, logits (a float* row, valid until the next step) }.
 --                A lost device raises { replanned = true } once the engine planned again over
 --                the others (the batcher then resumes every request from its tokens).
---              finish(seq, request): the slot's KV is freed
+--              finish(seq, request): the slot's KV is freed (request.keep: the keys of its first
+--                groups, held by the prefix cache first)
+--   prefix     cache_lookup(keys) (optional) -> how many of the keys, from the first, every device
+--                holds (loip.serve.prefix_cache); start's request.attach: the keys its sequence
+--                starts with; cache_identity: the model's h_0; cache_stats() -> per device
+--                { groups, shared_groups, bytes, evictions }
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
 --              step_price(rows) (optional): the cost model's ms for a step of that many rows
 --   plan       restage(device, stage, offloaded): live, between steps (no token changes)
@@ -100,11 +107,11 @@ end
 -- (a "links" policy), speculative decoding: o.draft (a "draft" policy; "none" or nil: none) with
 -- o.draft_tokens (a fixed draft length; nil: chosen each step), o.draft_target (what the draft
 -- knows of the model: path, context, vocab, max_seqs, tokenizer); and the batcher's own options
--- (max_batch, max_queue, prefill_chunk, prefill).
+-- (max_batch, max_queue, prefill_chunk, prefill, prefix_cache).
 function M.batcher(engine, o)
   o = o or {}
   return require("loip.serve.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
-    prefill_chunk = o.prefill_chunk, prefill = o.prefill,
+    prefill_chunk = o.prefill_chunk, prefill = o.prefill, prefix_cache = o.prefix_cache,
     online = require("loip.serve.online").choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
 end

@@ -6,6 +6,7 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
+local prefix_cache = require "loip.serve.prefix_cache"
 local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
   core.constants.tokf.TREE
 
@@ -20,7 +21,7 @@ function M.new(m)
   local T = m.batch
   local e = setmetatable({ model = m, session = s, max_seqs = exec.session_max_seqs(s), context = m.context,
     kv_tokens = m.kv_tokens, plan_positions = m.plan_sizes and m.plan_sizes.plan_positions or m.kv_tokens,
-    kv_block = exec.session_kv_block_tokens(s), step_tokens = T,
+    kv_block = exec.session_kv_block_tokens(s), step_tokens = T, cache_identity = prefix_cache.identity(m.path),
     logits_tokens = T, vocab = m.vocab_size, seqs = {},
     ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
   e:logits_room(math.max(1, e.max_seqs))
@@ -46,13 +47,38 @@ function Engine:start(seq, r)
   self.seqs[seq] = { request = r.id, sampler = (not r.want_logits) and sampler.new(r.n_sample, o) or nil, history = hist, n = n,
     cap = n + r.max_tokens + 1 }
   core.must(exec.session_seq_free(self.session, seq))
+  if r.attach then self:cache():adopt(seq, r.attach) end -- (the prefix cache's groups)
+  -- another choice's prompt (loip.serve.choices): its first positions shared, copy-on-write
+  if r.share then core.must(exec.session_seq_share(self.session, seq, r.share.seq, r.share.positions, self.model.path)) end
 end
 
-function Engine:finish(seq)
+function Engine:finish(seq, r)
   self.seqs[seq] = nil
   if self.broken then return end -- (the session is gone with the plan)
+  if r and r.keep then self:cache():keep(seq, r.keep) end
   core.must(exec.session_seq_free(self.session, seq))
 end
+
+-- The prefix cache of this device's session (loip.serve.prefix_cache), made anew with it.
+function Engine:cache()
+  if not self.store or self.store.s ~= self.session then
+    local o, disk = self.cache_disk, nil
+    if o then
+      if self.store and self.store.disk then self.store.disk:close() end
+      local s = self.session
+      local layers = {}
+      for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
+      disk = require("loip.serve.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
+        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s) }
+    end
+    self.store = prefix_cache.store(self.session, disk)
+  end
+  return self.store
+end
+-- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.serve.prefix_disk).
+function Engine:cache_configure(o) self.cache_disk, self.store = o, nil end
+function Engine:cache_lookup(keys) return self:cache():lookup(keys) end
+function Engine:cache_stats() return { self:cache():stats() } end
 
 function Engine:step(toks)
   if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
@@ -122,7 +148,8 @@ function Engine:online_devices()
   local kv, used = 0, 0
   if m.budget then
     local r = m.budget:report()
-    for _, a in ipairs(r) do if a.account == "kv" then kv = a.bytes end end
+    -- (the prefix cache's held groups are KV too: evicted before any request's KV would fail)
+    for _, a in ipairs(r) do if a.account == "kv" or a.account == "prompt_cache" then kv = kv + a.bytes end end
     used = r.used
   end
   local est = m.estimate

@@ -17,7 +17,8 @@ local Cluster = {}
 function Cluster:start(seq, r)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
-    n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws })
+    n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share,
+    attach = r.attach })
   -- every device at once, then their answers
   for i = 1, #self.devices do self:tell(i, { kind = "START", payload = body }) end
   for i = 1, #self.devices do self:answer(i, "START", 10000) end
@@ -27,8 +28,32 @@ end
 -- Request r in slot seq is done: every device frees the slot (no reply).
 function Cluster:finish(seq, r)
   self.active = math.max(0, (self.active or 1) - 1)
-  local body = json.encode({ seq = seq, request = r.id })
+  local body = json.encode({ seq = seq, request = r.id, keep = r.keep, disk = r.keep and self.cache_disk })
   for i = 1, #self.devices do self:tell(i, { kind = "END", payload = body }) end
+end
+
+-- The prefix cache (loip.serve.prefix_cache): how many of keys, from the first, every device
+-- holds for its layers (a LOOKUP round: the least of their answers).
+function Cluster:cache_lookup(keys)
+  local body, k = json.encode({ keys = keys, disk = self.cache_disk }), #keys
+  for i = 1, #self.devices do self:tell(i, { kind = "LOOKUP", payload = body }) end
+  for i = 1, #self.devices do
+    local r = self:answer(i, "LOOKUP", 10000)
+    local held = r and r.payload and json.decode(r.payload).held or 0
+    k = math.min(k, held)
+  end
+  return k
+end
+
+-- The prefix cache's disk tier on every device: o = { dir, bytes, identity } (sent with each
+-- LOOKUP and END: a device makes its tier from the first; loip.serve.prefix_disk).
+function Cluster:cache_configure(o) self.cache_disk = o end
+
+-- Each device's cache now (a STATS round): { groups, shared_groups, bytes, evictions } by device.
+function Cluster:cache_stats()
+  local out = {}
+  for i, st in ipairs(self:stats()) do out[i] = st.prompt_cache or {} end
+  return out
 end
 
 -- Nothing runs: take back local devices lost mid-request (a new plan over all of them, the
@@ -154,6 +179,7 @@ function Cluster:batcher(opts)
   if not self._batcher then
     self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
+    self.cache_identity = "store:" .. self.store_id -- (the prefix cache's h_0, as loip.serve.prefix_cache.identity)
     self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
     -- rows the last device samples in one step (its result's outputs: loip_device_new's out_cap)
     self.sample_rows = math.min(self.batch, math.max(self.sizes.logits_tokens or 1, self.max_seqs))

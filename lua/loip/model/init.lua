@@ -71,7 +71,9 @@ end
 -- max_batch (requests served at once, each with its own KV cache; default 1), kv_tokens (the KV
 -- pool the requests share, in positions; default context x max_batch), kv_grows (true: the
 -- pool is charged to the budget's "kv" account as requests' contexts take it, not all at
--- once: see loip_session_set_kv_growth), tokenizer (path to a tokenizer file),
+-- once: see loip_session_set_kv_growth), prefix_cache (true: requests reuse the KV of prefixes
+-- held from earlier ones, loip.serve.prefix_cache; prompt_cache_dir and prompt_cache_disk: its
+-- disk tier and bound), tokenizer (path to a tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
 -- "memory" reads the block files with O_DIRECT), verify (slice store: check every file's
@@ -443,11 +445,11 @@ end
 
 -- The request loop every generation and logits call goes through (loip.serve.batcher over
 -- loip.engine.local), made once, with opts.online (the online policy); opts (first call only):
--- max_queue, prefill_chunk, prefill.
+-- max_queue, prefill_chunk, prefill, prefix_cache (default the model's opts.prefix_cache).
 function Model:batcher(opts)
   if not self._batcher then
     local so = self.opts
-    local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens,
+    local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens, prefix_cache = so.prompt_cache_dir and { dir = so.prompt_cache_dir, bytes = so.prompt_cache_disk } or so.prefix_cache,
       draft_target = { path = self.path, tokenizer = self.tokenizer, context = self.context, vocab = self.vocab_size,
         max_seqs = self.max_seqs } }, { __index = opts or {} })
     self._batcher = engine.batcher(require("loip.engine.local").new(self), o)

@@ -52,6 +52,42 @@ function M.session_kv_group_bytes(s) return tonumber(C.loip_session_kv_group_byt
 function M.session_kv_free_tokens(s) return tonumber(C.loip_session_kv_free_tokens(s)) end
 -- Sequence seq's KV groups back to the pool.
 function M.session_seq_free(s, seq, context) return core.ok(C.loip_session_seq_free(s, seq), context) end
+-- Sharing KV (loip_session_seq_share and the prompt cache's holds; docs/prefix-cache.md).
+-- Sequence dst (holding nothing) takes src's groups of positions [0, n) (copy-on-write).
+function M.session_seq_share(s, dst, src, n, context) return core.ok(C.loip_session_seq_share(s, dst, src, n), context) end
+-- seq's groups [first, first + n) held by the cache: their ids (a Lua list) and gens, or nil, err.
+function M.session_kv_hold(s, seq, first, n, context)
+  local ids = ffi.new("int32_t[?]", math.max(n, 1))
+  local ok, err = core.ok(C.loip_session_kv_hold(s, seq, first, n, ids), context)
+  if not ok then return nil, err end
+  local out, gens = {}, {}
+  for i = 1, n do out[i] = ids[i - 1] gens[i] = tonumber(C.loip_session_kv_gen(s, ids[i - 1])) end
+  return out, gens
+end
+-- Sequence seq (holding nothing) starts with the held groups ids (a Lua list).
+function M.session_kv_adopt(s, seq, ids, context)
+  local a = ffi.new("int32_t[?]", math.max(#ids, 1))
+  for i, id in ipairs(ids) do a[i - 1] = id end
+  return core.ok(C.loip_session_kv_adopt(s, seq, a, #ids), context)
+end
+function M.session_kv_drop(s, id, context) return core.ok(C.loip_session_kv_drop(s, id), context) end
+-- The disk tier: held group id's rows into buf (cap bytes); rows at buf loaded into a group the
+-- cache holds (its id into id, an int32_t[1]); a held group made the most recently used.
+function M.session_kv_read_group(s, id, buf, cap, context) return core.ok(C.loip_session_kv_read_group(s, id, buf, cap), context) end
+function M.session_kv_load_group(s, buf, bytes, id, context) return core.ok(C.loip_session_kv_load_group(s, buf, bytes, id), context) end
+function M.session_kv_touch(s, id, context) return core.ok(C.loip_session_kv_touch(s, id), context) end
+function M.session_kv_refs(s, id) return tonumber(C.loip_session_kv_refs(s, id)) end
+function M.session_kv_gen(s, id) return tonumber(C.loip_session_kv_gen(s, id)) end
+-- { n_groups, free_groups, cache_groups, cache_shared_groups, shared_groups, cache_bytes,
+-- cache_charged, evictions, cow_copies } of session s now.
+function M.session_kv_share_stats(s)
+  local st = ffi.new("loip_kv_share_stats")
+  C.loip_session_kv_share_stats(s, st)
+  local out = {}
+  for _, k in ipairs({ "n_groups", "free_groups", "cache_groups", "cache_shared_groups", "shared_groups", "cache_bytes",
+    "cache_charged", "evictions", "cow_copies" }) do out[k] = tonumber(st[k]) end
+  return out
+end
 -- tokens[0..n) of several sequences (toks: loip_batch_token[n]) through the whole model, the
 -- logits of rows[0..n_rows) into logits.
 function M.session_forward_batch(s, tokens, n, toks, rows, n_rows, logits, context)

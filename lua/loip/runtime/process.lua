@@ -33,4 +33,13 @@ function M.reap(pid) return tonumber(C.loip_reap(pid)) end
 function M.signal_watch() C.loip_signal_watch() end
 function M.signal_received() return tonumber(C.loip_signal_received()) end
 
+-- This process's peak resident memory (VmHWM, bytes), or nil where /proc does not say.
+function M.peak_rss_bytes()
+  local f = io.open("/proc/self/status")
+  local status = f and f:read("*a") or ""
+  if f then f:close() end
+  local hwm = status:match("VmHWM:%s*(%d+) kB")
+  return hwm and tonumber(hwm) * 1024 or nil
+end
+
 return M

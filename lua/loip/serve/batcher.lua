@@ -26,14 +26,19 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local tree = require "loip.serve.tree"
 local head_sample = require "loip.serve.head_sample"
+local choices = require "loip.serve.choices"
+local prefix_cache = require "loip.serve.prefix_cache"
 
 local M = {}
 
 local tokf = core.constants.tokf
 local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
--- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400).
-local function refusal(kind, msg) return setmetatable({ kind = kind, msg = msg }, { __tostring = function(e) return e.msg end }) end
+-- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400), "invalid"
+-- (400; param: the request's field).
+local function refusal(kind, msg, param)
+  return setmetatable({ kind = kind, msg = msg, param = param }, { __tostring = function(e) return e.msg end })
+end
 M.refusal = refusal
 
 local Batcher, Request = {}, {}
@@ -52,7 +57,9 @@ Batcher.__index, Request.__index = Batcher, Request
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
 -- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
 -- on_step runs before every step; loip.serve.online), links (a loip.policy "links" schedule:
--- the emulated links change between steps).
+-- the emulated links change between steps), prefix_cache (true, or { dir, bytes } with a disk
+-- tier: requests reuse the KV of prefixes the devices hold, loip.serve.prefix_cache, when the
+-- engine has cache_lookup).
 function M.new(engine, opts)
   opts = opts or {}
   local max_batch = math.min(opts.max_batch or engine.max_seqs, engine.max_seqs)
@@ -67,6 +74,9 @@ function M.new(engine, opts)
     link_changes = {} }, Batcher)
   if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
   b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
+  -- (not beside an online policy that may lend KV: lending moves no shared group)
+  b.shares_kv = not (b.online and b.online.policy and engine.lend)
+  if opts.prefix_cache and engine.cache_lookup and b.shares_kv then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end
@@ -79,8 +89,10 @@ local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block
 -- the logits of every prompt position in r.logits and generate nothing), strict (true: a prompt
 -- plus max_tokens past the context is refused rather than clamped), logprobs (the number of
 -- top alternatives to report per token, 0 for the chosen one's: r.token_logprobs), constraint (a
--- grammar's matcher: loip.serve.head_sample); with either, r's tokens are sampled at the head.
--- Raises a refusal (kind "too_long" or "overloaded") when it cannot be served.
+-- grammar's matcher: loip.serve.head_sample; each choice gets a clone); with either, r's tokens
+-- are sampled at the head; n (choices of the prompt, default 1: loip.serve.choices; the request
+-- returned is the first, its .choices all n). Raises a refusal (kind "too_long", "overloaded" or
+-- "invalid") when it cannot be served.
 function Batcher:submit(spec)
   local e = self.engine
   local prompt = spec.prompt
@@ -108,16 +120,21 @@ function Batcher:submit(spec)
   if #self.queue >= self.max_queue then
     error(refusal("overloaded", string.format("%d requests are waiting already (max_queue %d)", #self.queue, self.max_queue)), 0)
   end
-  self.next_id = self.next_id % 4294967295 + 1
-  local r = setmetatable({ batcher = self, id = self.next_id, prompt = prompt, n_prompt = n, max_tokens = max_tokens,
+  local r = setmetatable({ batcher = self, id = self:new_id(), prompt = prompt, n_prompt = n, max_tokens = max_tokens,
     sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
     want_logits = spec.logits, logprobs = spec.logprobs, constraint = spec.constraint, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
     t_submit = self.now() }, Request)
   r.at_head = head_sample.wants(r) and not spec.logits or nil
+  choices.attach(self, r, spec, Request, refusal)
   self.queue[#self.queue + 1] = r
   self.stats.requests = self.stats.requests + 1
   if not self.stepping then self:admit() end
   return r
+end
+
+function Batcher:new_id()
+  self.next_id = self.next_id % 4294967295 + 1
+  return self.next_id
 end
 
 -- Admit queued requests in order while there is a slot and KV for them.
@@ -125,19 +142,22 @@ function Batcher:admit()
   while #self.queue > 0 and #self.free_seqs > 0 do
     local r = self.queue[1]
     if r.state ~= "queued" then table.remove(self.queue, 1) -- cancelled while waiting
-    elseif self.kv_used + r.groups > self.kv_groups then break
+    elseif self.kv_used + choices.reserve(r) > self.kv_groups or #self.free_seqs < choices.slots(r) then break
     else
       table.remove(self.queue, 1)
       r.seq = table.remove(self.free_seqs)
-      self.kv_used = self.kv_used + r.groups
+      self.kv_used = self.kv_used + choices.reserve(r)
       if #self.running == 0 and self.engine.idle then self.engine:idle() end
-      local ok, err = pcall(self.engine.start, self.engine, r.seq, r)
+      local ok, err = pcall(prefix_cache.admit, self, r)
+      if ok then ok, err = pcall(self.engine.start, self.engine, r.seq, r) end
       if not ok then
         self:retire(r, "error", err)
         error(err, 0)
       end
+      prefix_cache.started(r)
       r.state, r.t_admit = "prefill", self.now()
       self.running[#self.running + 1] = r
+      choices.admit(self, r)
     end
   end
 end
@@ -151,10 +171,15 @@ function Batcher:retire(r, reason, err)
     for i, x in ipairs(self.running) do
       if x == r then table.remove(self.running, i) break end
     end
-    if was ~= "queued" and not self.failed then pcall(self.engine.finish, self.engine, r.seq, r) end
+    if was ~= "queued" and was ~= "waiting" and not self.failed then
+      prefix_cache.retire(self, r, reason)
+      pcall(self.engine.finish, self.engine, r.seq, r)
+    end
     self.free_seqs[#self.free_seqs + 1] = r.seq
-    self.kv_used = self.kv_used - r.groups
     r.seq = nil
+    choices.release(self, r, reason, err)
+  elseif r.choices then
+    choices.release(self, r, reason, err, true)
   end
   self.stats.finished = self.stats.finished + 1
   if self.draft then self.draft:finish(r) end
@@ -212,7 +237,7 @@ function Batcher:step()
   -- then prompt chunks, oldest request first
   for _, r in ipairs(self.running) do
     if r.state == "prefill" and budget > 0 then
-      local k = math.min(budget, r.n_prompt - r.pos, self.prefill_chunk or budget)
+      local k = math.min(budget, (r.share_at or r.n_prompt) - r.pos, self.prefill_chunk or budget)
       if r.want_logits then k = math.min(k, logit_rows) logit_rows = logit_rows - k end
       if r.at_head and r.pos + k == r.n_prompt and r.max_tokens > 0 then
         -- its last row comes back as logits: within the step's rows of them, else the next step
@@ -312,6 +337,7 @@ function Batcher:step()
       end
     end
   end
+  choices.after_step(self)
   for r in pairs(seen) do
     if r.state == "prefill" and r.pos >= r.n_prompt then
       if r.want_logits or r.max_tokens == 0 then self:retire(r, "length") else r.state = "decode" end
@@ -372,6 +398,8 @@ function Batcher:resume_all()
     -- (its sampler drew once a token, drafts or not: loip_sampler_verify)
     r.draws = temperature(r) > 0 and #r.token_ids or 0
     r.state = "prefill"
+    choices.resume(self, r)
+    prefix_cache.resume(r)
     self.engine:start(r.seq, r)
   end
 end

@@ -25,6 +25,12 @@ function Metrics:add(name, help, v, labels)
   self.counters[k] = (self.counters[k] or 0) + (v or 1)
 end
 
+-- Counter `name` at its total v (a count kept elsewhere).
+function Metrics:count(name, help, v, labels)
+  self.help[name] = { help, "counter" }
+  self.counters[key(name, labels)] = v
+end
+
 function Metrics:set(name, help, v, labels)
   self.help[name] = { help, "gauge" }
   self.gauges[key(name, labels)] = v

@@ -26,14 +26,15 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
 -- chat_template (a file instead), name (the model id clients name), api_key, host, port,
--- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), max_body, quiet.
+-- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), prefix_cache (false: off;
+-- { dir, bytes }: with a disk tier; loip.serve.prefix_cache), max_body, quiet.
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
   local eng = opts.model or opts.cluster
   if not eng then error("serve: a model or a cluster", 2) end
   self.engine_owner = eng
-  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill })
+  self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill, prefix_cache = opts.prefix_cache == nil or opts.prefix_cache })
   self.context = eng.context
   -- speculative decoding (the batcher's loip.serve.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
@@ -128,6 +129,7 @@ function Server:generate(req, kind)
     if type(r) == "table" and r.kind == "too_long" then
       return fail(req, 400, tostring(r), nil, "max_tokens", "context_length_exceeded")
     end
+    if type(r) == "table" and r.kind == "invalid" then return fail(req, 400, tostring(r), nil, r.param) end
     error(r, 0)
   end
   self.seq = self.seq + 1
@@ -135,21 +137,13 @@ function Server:generate(req, kind)
   reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq, api = api })
 end
 
--- The batcher's requests of spec's n choices of prompt ids: choice i sampled with seed + i - 1.
--- All or none: a refusal cancels those submitted.
-function Server:submit(spec, ids, seed)
-  local out = {}
-  for i = 1, spec.n do
-    local ok, r = pcall(self.batcher.submit, self.batcher, { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
-      sampler = spec.sampler, seed = (seed + i - 1) % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
-      logprobs = spec.logprobs })
-    if not ok then
-      for _, x in ipairs(out) do x:cancel() end
-      error(r, 0)
-    end
-    out[i] = r
-  end
-  return out
+-- The batcher's requests of spec's n choices of prompt ids (loip.serve.choices: the prompt
+-- prefilled once, its KV shared copy-on-write; choice i sampled with seed + i - 1).
+function Server:submit(spec, ids, seed, extra)
+  local r = self.batcher:submit { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
+    sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
+    logprobs = spec.logprobs, n = spec.n, constraint = extra and extra.constraint }
+  return r.choices or { r }
 end
 
 -- Histogram buckets: accepted drafts per verifying step (0 .. 8, more: +Inf), and a request's
@@ -225,6 +219,7 @@ function Server:metrics_text()
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
   end
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
+  require("loip.serve.prefix_cache").metrics(m, b, dev)
   if dev then
     for i, d in ipairs(dev) do
       local l = { device = i }
