@@ -1,0 +1,242 @@
+-- JSON schemas to GBNF (loip.text.gbnf), for structured outputs: the document a model writes
+-- under the grammar is valid against the schema.
+--
+-- Supported: type (string, number, integer, boolean, null, object, array, and lists of them),
+-- enum, const, anyOf, oneOf (as anyOf: see docs/structured-outputs.md), allOf of one schema,
+-- properties + required + additionalProperties (false or absent: the document holds only the
+-- listed properties, in the schema's order; absent is read as false, which documents valid
+-- against the schema satisfy, as OpenAI's strict mode requires), items, minItems, maxItems,
+-- minLength, maxLength, $defs / definitions and $ref within the schema ("#", "#/$defs/x",
+-- "#/definitions/x"). Annotations (title, description, default, examples, $schema, $id,
+-- $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is refused naming
+-- it and its JSON pointer.
+--
+-- Whitespace is bounded so that a model cannot loop on it: between tokens of the document at
+-- most one space, or one newline and up to 24 spaces of indentation; none before or after the
+-- document. Numbers have at most 16 integer digits, 16 fraction digits and 3 exponent digits.
+local json = require "loip.tools.json"
+
+local M = {}
+
+-- The JSON rules every schema grammar includes (the json_object grammar is these and
+-- root ::= object).
+M.base = [[
+ws ::= ( " " | "\n" " "{0,24} )?
+string ::= "\"" char* "\""
+char ::= [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} )
+number ::= integer ( "." [0-9]{1,16} )? ( [eE] [-+]? [0-9]{1,3} )?
+integer ::= "-"? ( "0" | [1-9] [0-9]{0,15} )
+boolean ::= "true" | "false"
+null ::= "null"
+value ::= object | array | string | number | boolean | null
+object ::= "{" ws ( string ws ":" ws value ws ( "," ws string ws ":" ws value ws )* )? "}"
+array ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+]]
+
+local annotations = { title = true, description = true, default = true, examples = true, ["$schema"] = true,
+  ["$id"] = true, ["$comment"] = true, deprecated = true, readOnly = true, writeOnly = true }
+local supported = { type = true, enum = true, const = true, anyOf = true, oneOf = true, allOf = true,
+  properties = true, required = true, additionalProperties = true, items = true, minItems = true,
+  maxItems = true, minLength = true, maxLength = true, ["$ref"] = true, ["$defs"] = true, definitions = true }
+local types = { string = "string", number = "number", integer = "integer", boolean = "boolean", null = "null",
+  object = true, array = true }
+
+-- A GBNF literal of bytes s.
+function M.literal(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    if c == '"' then return '\\"' elseif c == "\\" then return "\\\\" end
+    return string.format("\\x%02X", c:byte())
+  end) .. '"'
+end
+
+local function ptr_token(k) return (tostring(k):gsub("~", "~0"):gsub("/", "~1")) end
+
+local function is_array(t) return type(t) == "table" and t ~= json.null and (#t > 0 or next(t) == nil) end
+
+local function sorted_keys(t)
+  local keys = {}
+  for k in pairs(t) do keys[#keys + 1] = k end
+  table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+  return keys
+end
+
+local function nonneg_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v <= 10000 end
+
+-- The GBNF text (root ::= ...) of schema (a decoded JSON value). where: the field's name in
+-- errors. Properties are listed in `required`'s order, then the others by name (a decoded
+-- table does not keep the text's order; OpenAI's strict mode requires every property, and
+-- clients list them in `required` in the schema's order).
+function M.gbnf(schema, where)
+  where = where or "schema"
+  local rules, n = {}, 0
+  local defs_done = {}
+  local function fail(ptr, msg) error(string.format("%s: %s: %s", where, ptr == "" and "/" or ptr, msg), 0) end
+  local function new_name(prefix)
+    n = n + 1
+    return prefix .. "-" .. n
+  end
+  local function rule(name, body) rules[#rules + 1] = name .. " ::= " .. body end
+  local gen
+
+  local function resolve(ref, ptr)
+    if type(ref) ~= "string" then fail(ptr, "'$ref' must be a string") end
+    if ref == "#" then return "schema-root" end
+    local kind, name = ref:match("^#/(%$defs)/([^/]+)$")
+    if not kind then kind, name = ref:match("^#/(definitions)/([^/]+)$") end
+    if not kind then fail(ptr, "'$ref' " .. ref .. " is not supported (only #, #/$defs/NAME and #/definitions/NAME)") end
+    local pname = name:gsub("~1", "/"):gsub("~0", "~")
+    local defs = type(schema) == "table" and schema[kind]
+    local target = type(defs) == "table" and defs[pname]
+    if not target then fail(ptr, "'$ref' " .. ref .. " names no definition") end
+    local key = kind .. "/" .. pname
+    if not defs_done[key] then
+      defs_done[key] = new_name("def")
+      rule(defs_done[key], gen(target, "/" .. kind .. "/" .. ptr_token(pname)))
+    end
+    return defs_done[key]
+  end
+
+  local function object(s, ptr)
+    local props = s.properties
+    local ap = s.additionalProperties
+    if ap ~= nil and ap ~= false and ap ~= true then
+      fail(ptr .. "/additionalProperties", "'additionalProperties' as a schema is not supported (only false)")
+    end
+    if props == nil then
+      if s.required ~= nil and #s.required > 0 then fail(ptr .. "/required", "'required' without 'properties'") end
+      if ap == false then return '"{" ws "}"' end
+      return "object"
+    end
+    if type(props) ~= "table" or props == json.null or (#props > 0) then fail(ptr .. "/properties", "'properties' must be an object") end
+    if ap == true then fail(ptr .. "/additionalProperties", "'additionalProperties': true with 'properties' is not supported") end
+    local req, order, listed = {}, {}, {}
+    if s.required ~= nil then
+      if not is_array(s.required) then fail(ptr .. "/required", "'required' must be an array of names") end
+      for i, name in ipairs(s.required) do
+        if type(name) ~= "string" then fail(ptr .. "/required/" .. (i - 1), "'required' must be an array of names") end
+        if props[name] == nil then fail(ptr .. "/required/" .. (i - 1), "'" .. name .. "' is not in 'properties'") end
+        if not listed[name] then order[#order + 1], listed[name] = name, true end
+        req[name] = true
+      end
+    end
+    for _, name in ipairs(sorted_keys(props)) do
+      if not listed[name] then order[#order + 1], listed[name] = name, true end
+    end
+    local base = new_name("object")
+    local kv = {}
+    for i, name in ipairs(order) do
+      kv[i] = M.literal(json.encode(tostring(name))) .. ' ws ":" ws ' .. gen(props[name], ptr .. "/properties/" .. ptr_token(name)) .. " ws"
+    end
+    -- first-i: members i.. with none before; rest-i: with one before (a comma first)
+    local k = #order
+    for i = k, 1, -1 do
+      local nxt_rest = i < k and (base .. "-rest-" .. (i + 1)) or ""
+      local nxt_first = i < k and (base .. "-first-" .. (i + 1)) or ""
+      local first = kv[i] .. " " .. nxt_rest
+      local rest = '"," ws ' .. kv[i] .. " " .. nxt_rest
+      if not req[order[i]] then
+        first = first .. " | " .. nxt_first
+        rest = rest .. " | " .. nxt_rest
+      end
+      rule(base .. "-first-" .. i, first)
+      rule(base .. "-rest-" .. i, rest)
+    end
+    rule(base, '"{" ws ' .. (k > 0 and base .. "-first-1 " or "") .. '"}"')
+    return base
+  end
+
+  local function array(s, ptr)
+    if s.items ~= nil and is_array(s.items) and #s.items > 0 then fail(ptr .. "/items", "'items' as an array (tuples) is not supported") end
+    local item = s.items == nil and "value" or gen(s.items, ptr .. "/items")
+    local min, max = s.minItems or 0, s.maxItems
+    if not nonneg_int(min) then fail(ptr .. "/minItems", "'minItems' must be a whole number 0..10000") end
+    if max ~= nil and not nonneg_int(max) then fail(ptr .. "/maxItems", "'maxItems' must be a whole number 0..10000") end
+    if max and max < min then fail(ptr .. "/maxItems", "'maxItems' is below 'minItems'") end
+    if max == 0 then return '( "[" ws "]" )' end
+    local name = new_name("array")
+    local first, rest = item .. " ws", '( "," ws ' .. item .. " ws )"
+    local reps
+    local lo = math.max(min - 1, 0)
+    if max == nil then reps = "{" .. lo .. ",}" else reps = "{" .. lo .. "," .. (max - 1) .. "}" end
+    if min == 0 then rule(name, '"[" ws ( ' .. first .. " " .. rest .. reps .. ' )? "]"')
+    else rule(name, '"[" ws ' .. first .. " " .. rest .. reps .. ' "]"') end
+    return name
+  end
+
+  local function string_of(s, ptr)
+    local min, max = s.minLength, s.maxLength
+    if min == nil and max == nil then return "string" end
+    min = min or 0
+    if not nonneg_int(min) then fail(ptr .. "/minLength", "'minLength' must be a whole number 0..10000") end
+    if max ~= nil and not nonneg_int(max) then fail(ptr .. "/maxLength", "'maxLength' must be a whole number 0..10000") end
+    if max and max < min then fail(ptr .. "/maxLength", "'maxLength' is below 'minLength'") end
+    return '( "\\"" char{' .. min .. "," .. (max or "") .. '} "\\"" )'
+  end
+
+  local function of_type(s, t, ptr)
+    if t == "object" then return object(s, ptr) end
+    if t == "array" then return array(s, ptr) end
+    if t == "string" then return string_of(s, ptr) end
+    return types[t]
+  end
+
+  local function literal_value(v) return M.literal(json.encode(v)) end
+
+  function gen(s, ptr)
+    if s == true then return "value" end
+    if type(s) ~= "table" or s == json.null or (#s > 0) then fail(ptr, "a schema must be an object or true") end
+    for _, k in ipairs(sorted_keys(s)) do
+      if not supported[k] and not annotations[k] then fail(ptr, "'" .. tostring(k) .. "' is not supported") end
+    end
+    local function only(kw)
+      for _, k in ipairs(sorted_keys(s)) do
+        if k ~= kw and supported[k] and k ~= "$defs" and k ~= "definitions" then
+          fail(ptr, "'" .. kw .. "' together with '" .. k .. "' is not supported")
+        end
+      end
+    end
+    if s["$ref"] ~= nil then
+      only("$ref")
+      return resolve(s["$ref"], ptr .. "/$ref")
+    end
+    if s.const ~= nil then return literal_value(s.const) end
+    if s.enum ~= nil then
+      if not is_array(s.enum) or #s.enum == 0 then fail(ptr .. "/enum", "'enum' must be a non-empty array") end
+      local alts = {}
+      for i, v in ipairs(s.enum) do alts[i] = literal_value(v) end
+      return "( " .. table.concat(alts, " | ") .. " )"
+    end
+    for _, kw in ipairs({ "anyOf", "oneOf", "allOf" }) do
+      local list = s[kw]
+      if list ~= nil then
+        only(kw)
+        if not is_array(list) or #list == 0 then fail(ptr .. "/" .. kw, "'" .. kw .. "' must be a non-empty array") end
+        if kw == "allOf" and #list > 1 then fail(ptr .. "/allOf", "'allOf' of more than one schema is not supported") end
+        local alts = {}
+        for i, sub in ipairs(list) do alts[i] = gen(sub, ptr .. "/" .. kw .. "/" .. (i - 1)) end
+        return "( " .. table.concat(alts, " | ") .. " )"
+      end
+    end
+    local t = s.type
+    if t == nil then
+      if s.properties ~= nil or s.additionalProperties ~= nil or s.required ~= nil then return object(s, ptr) end
+      if s.items ~= nil or s.minItems ~= nil or s.maxItems ~= nil then return array(s, ptr) end
+      if s.minLength ~= nil or s.maxLength ~= nil then return string_of(s, ptr) end
+      return "value"
+    end
+    local list = type(t) == "table" and t or { t }
+    if type(t) == "table" and (not is_array(t) or #t == 0) then fail(ptr .. "/type", "'type' must be a name or a non-empty array of names") end
+    local alts = {}
+    for i, name in ipairs(list) do
+      if not types[name] then fail(ptr .. "/type", "type '" .. tostring(name) .. "' is not a JSON schema type") end
+      alts[i] = of_type(s, name, ptr)
+    end
+    if #alts == 1 then return alts[1] end
+    return "( " .. table.concat(alts, " | ") .. " )"
+  end
+
+  rule("schema-root", gen(schema, ""))
+  return "root ::= schema-root\n" .. table.concat(rules, "\n") .. "\n" .. M.base
+end
+
+return M
