@@ -20,7 +20,7 @@
 #include "grammar/grammar.h"
 
 enum {
-    KEY_FRAMES = 3,
+    KEY_FRAMES = 5,
     CACHE_MAX_BYTES = 256 << 20, /* per grammar and vocabulary: past it the entries are dropped */
 };
 

@@ -292,6 +292,27 @@ describe("token masks", function()
     end)
   end
 
+  it("equal a brute force at every step of a deeply nested document (stacks deeper than the cache's key)", function()
+    local g = schema_grammar({ type = "object", properties = { n = { anyOf = { { ["$ref"] = "#" }, { type = "array",
+      items = { type = { "string", "number" } } } } } }, required = { "n" } })
+    local text = ('{"n": '):rep(7) .. '["a", 12, "b c", 3]' .. ("}"):rep(7)
+    for _, name in ipairs({ "stories260K", "llama3-tokenizer" }) do
+      local tok = tok_of(name)
+      local m = g:matcher(grammar.vocab(tok))
+      local ids = name == "stories260K" and greedy(tok, text) or tok:encode(text, { add_special = false })
+      local inside = false
+      for i, id in ipairs(ids) do
+        local b = grammar.token_bytes(tok, id)
+        if name == "stories260K" or (inside and b:find("[%d\"]")) then
+          assert.are.same({}, brute(m, tok.vocab_size), name .. " before token " .. i)
+        end
+        inside = inside or b:find("[", 1, true) ~= nil
+        assert.is_true(m:accept(id))
+      end
+      assert.is_true(m:must_end())
+    end
+  end)
+
   it("refuse special tokens and a stop id before the document is complete", function()
     local tok = tok_of("llama3-tokenizer")
     local m = schema_grammar({ type = "object" }):matcher(grammar.vocab(tok))
