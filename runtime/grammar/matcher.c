@@ -22,6 +22,7 @@
 enum {
     KEY_FRAMES = 5,
     CACHE_MAX_BYTES = 256 << 20, /* per grammar and vocabulary: past it the entries are dropped */
+    WALK_MAX_PARSES = 1 << 25,   /* parses advanced by one entry's walk: a grammar too ambiguous */
 };
 
 typedef struct {
@@ -136,9 +137,13 @@ static int walk(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t
     int rc = gstacks_add(&c->levels[0], frames, nk);
     if (rc) return rc;
     c->left[0] = 0;
+    int64_t parses = 0;
     for (int32_t i = 0; i < v->n_nodes && !rc;) {
         int32_t d = v->ndepth[i];
         gstacks *out = &c->levels[d];
+        if ((parses += c->levels[d - 1].n) > WALK_MAX_PARSES)
+            return loip_fail(LOIP_ERANGE, "grammar: a token mask needs more than %d parse steps (the grammar is "
+                             "too ambiguous)", WALK_MAX_PARSES);
         rc = grammar_advance(g, &c->levels[d - 1], v->nbyte[i], out, c->scratch);
         if (rc) break;
         int left_before = c->left[d - 1];

@@ -191,6 +191,37 @@ describe("JSON schema", function()
     assert.is_false(accepts(g, '{"m":null,"z":null}'))
   end)
 
+  it("given as JSON text (or decoded by json_ordered), lists properties in the text's order", function()
+    local text = '{"type": "object", "properties": {"z": {"type": "null"}, "a": {"type": "null"}, '
+      .. '"m": {"type": "null"}}, "required": ["m"]}'
+    local g = grammar.compile(grammar.from_schema(text, "s"), "s")
+    assert.is_true(accepts(g, '{"z":null,"a":null,"m":null}'))
+    assert.is_true(accepts(g, '{"m":null}'))
+    assert.is_false(accepts(g, '{"m":null,"z":null}'))
+    local ok, err = pcall(grammar.from_schema, '{"type": "object",}', "tools[0].function.parameters")
+    assert.is_false(ok)
+    assert.are.equal("tools[0].function.parameters: invalid JSON: expected a key at offset 18", err)
+  end)
+
+  it("json_ordered decodes as cjson does, keeping each object's key order", function()
+    local ordered = require "loip.tools.json_ordered"
+    local cases = { '{"b": [1, 2.5e3, -0.5, {"x": null}], "a": "\\u00e9\\ud83d\\ude00\\n\\"", "c": true, "d": false}',
+      "[]", "{}", '"s"', "12", '[[[]], {"k": []}]' }
+    for _, text in ipairs(cases) do
+      assert.are.same(json.decode(text), ordered.decode(text), text)
+      assert.are.equal(json.encode(json.decode(text)), json.encode(ordered.decode(text)), text)
+    end
+    local v = ordered.decode('{"z": 1, "a": {"y": 2, "b": 3}, "m": 4, "z": 5}')
+    assert.are.same({ "z", "a", "m" }, ordered.keys(v))
+    assert.are.same({ "y", "b" }, ordered.keys(v.a))
+    assert.are.equal(5, v.z)
+    for _, bad in ipairs({ "[1,]", '{"a" 1}', '"abc', "nul", "[1] x", '"\\q"' }) do
+      local r, err = ordered.decode(bad, "body")
+      assert.is_nil(r, bad)
+      assert.matches("^body: invalid JSON: .* at offset %d+$", err)
+    end
+  end)
+
   it("json_object: any JSON object", function()
     local g = grammar.compile(grammar.json_object_gbnf(), "response_format")
     assert.is_true(accepts(g, '{"a": [1, 2.5, "x", true, null, {}]}'))

@@ -4,7 +4,7 @@
 -- Supported: type (string, number, integer, boolean, null, object, array, and lists of them),
 -- enum, const, anyOf, oneOf (as anyOf: see docs/structured-outputs.md), allOf of one schema,
 -- properties + required + additionalProperties (false or absent: the document holds only the
--- listed properties, in the schema's order; absent is read as false, which documents valid
+-- listed properties, in the schema's order (M.gbnf); absent is read as false, which documents valid
 -- against the schema satisfy, as OpenAI's strict mode requires), items, minItems, maxItems,
 -- minLength, maxLength, $defs / definitions and $ref within the schema ("#", "#/$defs/x",
 -- "#/definitions/x"). Annotations (title, description, default, examples, $schema, $id,
@@ -15,6 +15,7 @@
 -- most one space, or one newline and up to 24 spaces of indentation; none before or after the
 -- document. Numbers have at most 16 integer digits, 16 fraction digits and 3 exponent digits.
 local json = require "loip.tools.json"
+local ordered = require "loip.tools.json_ordered"
 
 local M = {}
 
@@ -62,12 +63,18 @@ end
 
 local function nonneg_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v <= 10000 end
 
--- The GBNF text (root ::= ...) of schema (a decoded JSON value). where: the field's name in
--- errors. Properties are listed in `required`'s order, then the others by name (a decoded
--- table does not keep the text's order; OpenAI's strict mode requires every property, and
--- clients list them in `required` in the schema's order).
+-- The GBNF text (root ::= ...) of schema: a decoded JSON value, or JSON text. where: the
+-- field's name in errors. Properties come in the text's order when the schema was decoded by
+-- loip.tools.json_ordered (or given as text); in a table cjson decoded, that order is lost, and
+-- they come in `required`'s order, then the others by name (OpenAI's strict mode requires
+-- every property, and clients list them in `required` in the schema's order).
 function M.gbnf(schema, where)
   where = where or "schema"
+  if type(schema) == "string" then
+    local v, err = ordered.decode(schema, where)
+    if v == nil then error(err, 0) end
+    schema = v
+  end
   local rules, n = {}, 0
   local defs_done = {}
   local function fail(ptr, msg) error(string.format("%s: %s: %s", where, ptr == "" and "/" or ptr, msg), 0) end
@@ -119,7 +126,8 @@ function M.gbnf(schema, where)
         req[name] = true
       end
     end
-    for _, name in ipairs(sorted_keys(props)) do
+    if ordered.keys(props) then order, listed = {}, {} end -- decoded by json_ordered: the text's order
+    for _, name in ipairs(ordered.keys(props) or sorted_keys(props)) do
       if not listed[name] then order[#order + 1], listed[name] = name, true end
     end
     local base = new_name("object")
