@@ -3,16 +3,15 @@
  * shared prefix once, skips a rejected prefix's whole subtree by one index (nend), and finds a
  * subtree's tokens as one range of the sorted ids (XGrammar and llguidance keep their tries
  * this way: flat, in preorder). Special and control tokens are not in the trie. */
+#define _GNU_SOURCE /* qsort_r */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "grammar/grammar.h"
 
-static const loip_grammar_vocab *sort_vocab; /* qsort has no context argument */
-
-static int by_bytes(const void *a, const void *b) {
-    const loip_grammar_vocab *v = sort_vocab;
+static int by_bytes(const void *a, const void *b, void *ctx) {
+    const loip_grammar_vocab *v = ctx;
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     int64_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
     int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], (size_t)(lx < ly ? lx : ly));
@@ -58,9 +57,7 @@ LOIP_API int loip_grammar_vocab_new(const char *bytes, const int64_t *offsets, c
         nodes_max += len;
         if (len > v->max_len) v->max_len = (int32_t)len;
     }
-    sort_vocab = v;
-    qsort(v->sorted, (size_t)v->n_sorted, sizeof *v->sorted, by_bytes);
-    sort_vocab = NULL;
+    qsort_r(v->sorted, (size_t)v->n_sorted, sizeof *v->sorted, by_bytes, v);
     size_t nm = (size_t)(nodes_max ? nodes_max : 1);
     v->nbyte = malloc(nm), v->ndepth = malloc(nm * 4), v->nend = malloc(nm * 4);
     v->ntok = malloc(nm * 4), v->nsub = malloc(nm * 4), v->nexact = calloc(nm, 4);

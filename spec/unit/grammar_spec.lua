@@ -56,6 +56,36 @@ end  ::= ( "a" | "bb" ){2,} "!"{0,1} ]])
     assert.is_true(accepts(g, 'x\n\t"\\a  Z\xc3\xa9\xe2\x82\xacaa'))
   end)
 
+  it("a class matches exactly the UTF-8 of its code points (random ranges, negated or not)", function()
+    local gbnf_mod = require "loip.text.gbnf"
+    local seed = 7
+    local function rand(n)
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      return seed % n
+    end
+    local edges = { 0, 0x7F, 0x80, 0x7FF, 0x800, 0xFFF, 0x1000, 0xD7FF, 0xE000, 0xFFFF, 0x10000, 0x3FFFF, 0x40000, 0x10FFFF }
+    for _ = 1, 40 do
+      local lo = ({ rand(0x80), rand(0x800), rand(0x10000), rand(0x110000) })[rand(4) + 1]
+      local hi = math.min(0x10FFFF, lo + ({ 0, rand(64), rand(5000), rand(0x110000) })[rand(4) + 1])
+      local neg = rand(2) == 1
+      local function hex(cp) return string.format("\\U%08X", cp) end
+      local g = gbnf("root ::= [" .. (neg and "^" or "") .. hex(lo) .. "-" .. hex(hi) .. "]")
+      local probes = { lo, hi, lo - 1, hi + 1 }
+      for _, e in ipairs(edges) do probes[#probes + 1] = e end
+      for _ = 1, 30 do probes[#probes + 1] = rand(0x110000) end
+      for _, cp in ipairs(probes) do
+        if cp >= 0 and cp <= 0x10FFFF and not (cp >= 0xD800 and cp <= 0xDFFF) then
+          local bytes = {}
+          for k, b in ipairs(gbnf_mod.utf8_bytes(cp)) do bytes[k] = string.char(b) end
+          local want = (cp >= lo and cp <= hi) ~= neg
+          assert.are.equal(want, accepts(g, table.concat(bytes)), string.format("[%s%X-%X] U+%X", neg and "^" or "", lo, hi, cp))
+        end
+      end
+      assert.is_false(accepts(g, "\xed\xa0\x80")) -- a surrogate's encoding: never a character
+      assert.is_false(accepts(g, "\xc0\x80"))      -- an overlong encoding
+    end
+  end)
+
   it("rules may span lines, call each other and recurse", function()
     local g = gbnf([[
 root ::= list
