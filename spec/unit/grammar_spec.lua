@@ -252,6 +252,17 @@ describe("JSON schema", function()
     end
   end)
 
+  it("compose: several schemas' rules, prefixed, in one grammar", function()
+    local a, ra = grammar.schema_rules({ type = "object", properties = { x = { type = "integer" } }, required = { "x" } }, "tools[0]", "t0-")
+    local b, rb = grammar.schema_rules({ type = "array", items = { ["$ref"] = "#" }, maxItems = 1 }, "tools[1]", "t1-")
+    assert.are.equal("t0-schema-root", a)
+    local g = gbnf('root ::= "A" ' .. a .. ' | "B" ' .. b .. "\n" .. ra .. rb .. grammar.json_rules_gbnf())
+    assert.is_true(accepts(g, 'A{"x": 1}'))
+    assert.is_true(accepts(g, "B[[[]]]"))
+    assert.is_false(accepts(g, "A[]"))
+    assert.is_false(accepts(g, 'B{"x": 1}'))
+  end)
+
   it("json_object: any JSON object", function()
     local g = grammar.compile(grammar.json_object_gbnf(), "response_format")
     assert.is_true(accepts(g, '{"a": [1, 2.5, "x", true, null, {}]}'))

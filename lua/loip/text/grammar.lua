@@ -118,6 +118,15 @@ end
 -- keyword.
 function M.from_schema(s, where) return schema.gbnf(s, where or "schema") end
 
+-- For grammars made of several schemas (one per tool...): the rules of schema with names
+-- starting with prefix, and the name of its document's rule; they call the JSON rules of
+-- grammar.json_rules_gbnf(), to be added once. E.g.
+--   local a, ra = grammar.schema_rules(s1, "tools[0]", "t0-")
+--   local b, rb = grammar.schema_rules(s2, "tools[1]", "t1-")
+--   grammar.compile("root ::= " .. a .. " | " .. b .. "\n" .. ra .. rb .. grammar.json_rules_gbnf(), "tools")
+function M.schema_rules(s, where, prefix) return schema.rules(s, where or "schema", prefix) end
+function M.json_rules_gbnf() return schema.base end
+
 -- GBNF of any JSON object (response_format json_object).
 function M.json_object_gbnf() return "root ::= object\n" .. schema.base end
 

@@ -63,13 +63,18 @@ end
 
 local function nonneg_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v <= 10000 end
 
--- The GBNF text (root ::= ...) of schema: a decoded JSON value, or JSON text. where: the
--- field's name in errors. Properties come in the text's order when the schema was decoded by
--- loip.tools.json_ordered (or given as text); in a table cjson decoded, that order is lost, and
--- they come in `required`'s order, then the others by name (OpenAI's strict mode requires
--- every property, and clients list them in `required` in the schema's order).
-function M.gbnf(schema, where)
+-- The rules of schema (a decoded JSON value, or JSON text) as GBNF text, and the name of the
+-- rule of a document valid against it; the rules' names start with prefix (default ""), and
+-- they call M.base's rules, which the text does not hold (M.gbnf adds them; a grammar made of
+-- several schemas, e.g. one per tool, adds them once). where: the field's name in errors.
+-- Properties come in the text's order when the schema was decoded by loip.tools.json_ordered
+-- (or given as text); in a table cjson decoded, that order is lost, and they come in
+-- `required`'s order, then the others by name (OpenAI's strict mode requires every property,
+-- and clients list them in `required` in the schema's order).
+function M.rules(schema, where, prefix)
   where = where or "schema"
+  prefix = prefix or ""
+  if prefix ~= "" and not prefix:match("^[%w_%-]+$") then error("schema rules: prefix " .. prefix .. " is not a GBNF name", 2) end
   if type(schema) == "string" then
     local v, err = ordered.decode(schema, where)
     if v == nil then error(err, 0) end
@@ -78,16 +83,16 @@ function M.gbnf(schema, where)
   local rules, n = {}, 0
   local defs_done = {}
   local function fail(ptr, msg) error(string.format("%s: %s: %s", where, ptr == "" and "/" or ptr, msg), 0) end
-  local function new_name(prefix)
+  local function new_name(kind)
     n = n + 1
-    return prefix .. "-" .. n
+    return prefix .. kind .. "-" .. n
   end
   local function rule(name, body) rules[#rules + 1] = name .. " ::= " .. body end
   local gen
 
   local function resolve(ref, ptr)
     if type(ref) ~= "string" then fail(ptr, "'$ref' must be a string") end
-    if ref == "#" then return "schema-root" end
+    if ref == "#" then return prefix .. "schema-root" end
     local kind, name = ref:match("^#/(%$defs)/([^/]+)$")
     if not kind then kind, name = ref:match("^#/(definitions)/([^/]+)$") end
     if not kind then fail(ptr, "'$ref' " .. ref .. " is not supported (only #, #/$defs/NAME and #/definitions/NAME)") end
@@ -243,8 +248,14 @@ function M.gbnf(schema, where)
     return "( " .. table.concat(alts, " | ") .. " )"
   end
 
-  rule("schema-root", gen(schema, ""))
-  return "root ::= schema-root\n" .. table.concat(rules, "\n") .. "\n" .. M.base
+  rule(prefix .. "schema-root", gen(schema, ""))
+  return prefix .. "schema-root", table.concat(rules, "\n") .. "\n"
+end
+
+-- The GBNF text of schema: root ::= a document valid against it (see M.rules).
+function M.gbnf(schema, where)
+  local name, rules = M.rules(schema, where)
+  return "root ::= " .. name .. "\n" .. rules .. M.base
 end
 
 return M
