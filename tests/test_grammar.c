@@ -24,7 +24,7 @@ static int32_t set_of(const char *bytes) {
     return SET(n_sets++);
 }
 
-static const char *toks[] = {"a", "1", "12", "a1", "x", "1x", "b", "", "<eos>", "a12x", "2"};
+static const char *toks[] = {"a", "1", "12", "a1", "x", "1x", "b", "", "<eos>", "a12x", "2", "xx", "xxxx", "aaaa", "xxxxxxx"};
 enum { NT = sizeof toks / sizeof *toks, EOS = 8 };
 
 static loip_grammar_vocab *make_vocab(void) {
@@ -139,6 +139,18 @@ int main(void) {
     int32_t nest[] = {1, 2, 3, a, REF(0), x, 0};
     CHECK(loip_grammar_new(nest, 7, &sets[0][0], n_sets, 0, "r", &g) == 0, "nesting grammar");
     CHECK(loip_grammar_matcher_new(g, v, &stop, 1, &m) == 0, "matcher");
+    for (i = 0; i < 12; i++) { /* masks of stacks deeper than the cache's keys, against the brute force */
+        check_brute(m, "nested");
+        CHECK(loip_grammar_matcher_accept(m, 0) == 0, "nested a");
+    }
+    loip_grammar_matcher *k2 = NULL;
+    CHECK(loip_grammar_matcher_clone(m, &k2) == 0, "clone");
+    for (i = 0; i < 12; i++) {
+        check_brute(k2, "closing");
+        CHECK(loip_grammar_matcher_accept(k2, 4) == 0, "closing x %d: %s", i, loip_last_error());
+    }
+    CHECK(loip_grammar_matcher_must_end(k2), "closed");
+    loip_grammar_matcher_free(k2);
     rc = 0;
     for (i = 0; i < 5000 && !rc; i++) rc = loip_grammar_matcher_accept(m, 0);
     CHECK(rc == LOIP_ERANGE && strstr(loip_last_error(), "nesting deeper"), "nesting bounded (%d after %d): %s", rc, i,

@@ -6,11 +6,18 @@
  * never leaves the string rule): as XGrammar's adaptive token mask cache does, each stack's
  * top KEY_FRAMES frames are a key whose entry holds the tokens accepted without leaving those
  * frames (accepted whatever lies below) and the tokens that left them part way (uncertain);
- * the rest are rejected whatever lies below. An entry is made once per grammar and vocabulary
- * by walking the vocabulary's trie from the key's frames alone (a subtree pruned as soon as no
- * parse takes its prefix), and a mask is then the entries' accepted sets plus the uncertain
- * tokens checked one by one against the whole stack. A stack no deeper than the key has no
- * uncertain tokens: its entry is exact. */
+ * the rest are rejected whatever lies below. An entry is made once per grammar and vocabulary,
+ * and a mask is then the entries' accepted sets plus the uncertain tokens checked one by one
+ * against the whole stack. A stack no deeper than the key has no uncertain tokens: its entry
+ * is exact.
+ *
+ * Entries come in two depths. One of the top WALK_FRAMES frames is made by walking the
+ * vocabulary's trie from those frames alone (a subtree pruned as soon as no parse takes its
+ * prefix): the cost of a whole walk is paid once for, e.g., the inside of every JSON string,
+ * whatever property it is the value of. One of KEY_FRAMES, which a mask uses, refines it: the
+ * shallow entry's accepted tokens stay accepted and its refused ones refused, and only its
+ * uncertain ones (a few thousand at most) are tried on the deeper key, token by token; so the
+ * uncertain tokens left to check at each mask are few. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +27,8 @@
 #include "grammar/grammar.h"
 
 enum {
-    KEY_FRAMES = 5,
+    KEY_FRAMES = 5,  /* a mask's entries: a stack's top frames */
+    WALK_FRAMES = 3, /* the entries made by walking the trie; deeper ones refine these */
     CACHE_MAX_BYTES = 256 << 20, /* per grammar and vocabulary: past it the entries are dropped */
     WALK_MAX_PARSES = 1 << 25,   /* parses advanced by one entry's walk: a grammar too ambiguous */
 };
@@ -48,6 +56,7 @@ struct gcache {
     int32_t cap, used;
     int64_t bytes;
     gstacks *levels;  /* (v->max_len + 1) the walk's parses after each depth */
+    gstacks ta, tb;   /* a token's parses (refine) */
     uint8_t *left;    /* (v->max_len + 1) a parse left the key's frames by this depth */
     int32_t *scratch; /* (GRAMMAR_MAX_DEPTH) */
     ids acc, unc;
@@ -84,6 +93,7 @@ void grammar_caches_free(gcache *c) {
         free(c->tab);
         if (c->levels)
             for (int32_t d = 0; d <= c->v->max_len; d++) gstacks_free(&c->levels[d]);
+        gstacks_free(&c->ta), gstacks_free(&c->tb);
         free(c->levels), free(c->left), free(c->scratch), free(c->acc.d), free(c->unc.d);
         grammar_vocab_release(c->v);
         free(c);
@@ -168,8 +178,54 @@ static int walk(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t
     return rc;
 }
 
-static gentry *cache_lookup(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t depth, int *rc) {
-    int32_t nk = depth < KEY_FRAMES ? depth : KEY_FRAMES, trunc = depth > KEY_FRAMES;
+/* Token id from the key's frames alone: 1 accepted, 2 uncertain (it left them), 0 refused. */
+static int classify(const loip_grammar *g, gcache *c, const int32_t *key, int32_t nk, int trunc, int32_t id, int *rc) {
+    const loip_grammar_vocab *v = c->v;
+    const uint8_t *s = (const uint8_t *)v->bytes + v->off[id];
+    int64_t len = v->off[id + 1] - v->off[id];
+    gstacks *a = &c->ta, *b = &c->tb;
+    gstacks_reset(a);
+    if ((*rc = gstacks_add(a, key, nk))) return 0;
+    int left = 0;
+    for (int64_t i = 0; i < len; i++) {
+        for (int32_t o = 0; trunc && !left && o < a->len; o += gstack_next(a->d + o)) left = a->d[o + 1] == 0;
+        if ((*rc = grammar_advance(g, a, s[i], b, c->scratch))) return 0;
+        if (b->n == 0) return left ? 2 : 0;
+        gstacks *t = a;
+        a = b, b = t;
+    }
+    return 1;
+}
+
+static gentry *cache_lookup(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t depth, int32_t max_nk,
+                            int *rc);
+
+/* c->acc, c->unc of the key's top nk frames (deeper than WALK_FRAMES) from the entry of its
+ * top WALK_FRAMES: that entry's accepted tokens stay accepted and its refused ones refused;
+ * only its uncertain ones are tried, token by token, on the deeper key. */
+static int refine(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t depth, int32_t nk, int trunc) {
+    int rc = 0;
+    gentry *e = cache_lookup(g, c, frames, depth, WALK_FRAMES, &rc);
+    if (!e) return rc;
+    const uint32_t *bits = e->bits; /* the entry's arrays stay while no entry is added */
+    const int32_t *acc = e->acc, *unc = e->unc;
+    int32_t n_acc = e->n_acc, n_unc = e->n_unc, n_words = (c->v->n + 31) / 32;
+    c->acc.n = c->unc.n = 0;
+    for (int32_t w = 0; bits && w < n_words && !rc; w++)
+        for (uint32_t x = bits[w]; x && !rc; x &= x - 1) rc = ids_push(&c->acc, w * 32 + __builtin_ctz(x));
+    for (int32_t k = 0; k < n_acc && !rc; k++) rc = ids_push(&c->acc, acc[k]);
+    const int32_t *key = frames + depth - nk;
+    for (int32_t k = 0; k < n_unc && !rc; k++) {
+        int r = classify(g, c, key, nk, trunc, unc[k], &rc);
+        if (r == 1) rc = rc ? rc : ids_push(&c->acc, unc[k]);
+        else if (r == 2) rc = rc ? rc : ids_push(&c->unc, unc[k]);
+    }
+    return rc;
+}
+
+static gentry *cache_lookup(const loip_grammar *g, gcache *c, const int32_t *frames, int32_t depth, int32_t max_nk,
+                            int *rc) {
+    int32_t nk = depth < max_nk ? depth : max_nk, trunc = depth > max_nk;
     const int32_t *key = frames + depth - nk;
     uint32_t h = 2166136261u ^ (uint32_t)(nk * 2 + trunc);
     for (int32_t k = 0; k < nk; k++) h = (h ^ (uint32_t)key[k]) * 16777619u;
@@ -179,7 +235,7 @@ static gentry *cache_lookup(const loip_grammar *g, gcache *c, const int32_t *fra
         if (e->hash == h && e->nk == nk && e->trunc == trunc && !memcmp(e->key, key, (size_t)nk * 4)) return e;
     }
     /* not there: make it */
-    *rc = walk(g, c, key, nk, trunc);
+    *rc = nk > WALK_FRAMES ? refine(g, c, frames, depth, nk, trunc) : walk(g, c, key, nk, trunc);
     if (*rc) return NULL;
     const loip_grammar_vocab *v = c->v;
     int32_t n_words = (v->n + 31) / 32;
@@ -413,7 +469,7 @@ LOIP_API int loip_grammar_matcher_mask(loip_grammar_matcher *m, uint32_t *bits, 
         const int32_t *frames = m->cur.d + o + 2;
         int32_t depth = m->cur.d[o + 1];
         if (!depth) continue;
-        gentry *e = cache_lookup(m->g, m->c, frames, depth, &rc);
+        gentry *e = cache_lookup(m->g, m->c, frames, depth, KEY_FRAMES, &rc);
         if (!e) return rc;
         if (e->bits)
             for (int32_t w = 0; w < need; w++) bits[w] |= e->bits[w];
