@@ -7,7 +7,7 @@
 -- listed properties, in the schema's order (M.gbnf); absent is read as false, which documents valid
 -- against the schema satisfy, as OpenAI's strict mode requires), items, minItems, maxItems,
 -- minLength, maxLength, $defs / definitions and $ref within the schema ("#", "#/$defs/x",
--- "#/definitions/x"). Annotations (title, description, default, examples, $schema, $id,
+-- "#/definitions/x", any JSON pointer into the schema such as "#/properties/a"). Annotations (title, description, default, examples, $schema, $id,
 -- $comment, deprecated, readOnly, writeOnly) are ignored. Any other keyword is refused naming
 -- it and its JSON pointer.
 --
@@ -61,6 +61,24 @@ local function sorted_keys(t)
   return keys
 end
 
+-- The value at a reference within doc ("#", "#/$defs/x", "#/properties/a/items"; JSON
+-- pointer escapes ~0 ~1 and percent-encoding undone), or nil.
+function M.pointer(doc, ref)
+  if type(ref) ~= "string" or ref:sub(1, 1) ~= "#" then return nil end
+  local path = ref:sub(2):gsub("%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+  if path == "" then return doc end
+  if path:sub(1, 1) ~= "/" then return nil end
+  local v = doc
+  for tok in (path:sub(2) .. "/"):gmatch("([^/]*)/") do
+    tok = tok:gsub("~1", "/"):gsub("~0", "~")
+    if type(v) ~= "table" or v == json.null then return nil end
+    local nxt = v[tok]
+    if nxt == nil and tok:match("^%d+$") then nxt = v[tonumber(tok) + 1] end
+    v = nxt
+  end
+  return v
+end
+
 local function nonneg_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v <= 10000 end
 
 -- The rules of schema (a decoded JSON value, or JSON text) as GBNF text, and the name of the
@@ -93,19 +111,16 @@ function M.rules(schema, where, prefix)
   local function resolve(ref, ptr)
     if type(ref) ~= "string" then fail(ptr, "'$ref' must be a string") end
     if ref == "#" then return prefix .. "schema-root" end
-    local kind, name = ref:match("^#/(%$defs)/([^/]+)$")
-    if not kind then kind, name = ref:match("^#/(definitions)/([^/]+)$") end
-    if not kind then fail(ptr, "'$ref' " .. ref .. " is not supported (only #, #/$defs/NAME and #/definitions/NAME)") end
-    local pname = name:gsub("~1", "/"):gsub("~0", "~")
-    local defs = type(schema) == "table" and schema[kind]
-    local target = type(defs) == "table" and defs[pname]
-    if not target then fail(ptr, "'$ref' " .. ref .. " names no definition") end
-    local key = kind .. "/" .. pname
-    if not defs_done[key] then
-      defs_done[key] = new_name("def")
-      rule(defs_done[key], gen(target, "/" .. kind .. "/" .. ptr_token(pname)))
+    local target = M.pointer(schema, ref)
+    if target == nil then
+      if ref:sub(1, 2) ~= "#/" then fail(ptr, "'$ref' " .. ref .. " is not supported (only references within the schema: #, #/$defs/NAME, #/...)") end
+      fail(ptr, "'$ref' " .. ref .. " names nothing in the schema")
     end
-    return defs_done[key]
+    if not defs_done[ref] then
+      defs_done[ref] = new_name("ref")
+      rule(defs_done[ref], gen(target, ref:sub(2)))
+    end
+    return defs_done[ref]
   end
 
   local function object(s, ptr)

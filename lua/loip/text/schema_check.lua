@@ -44,9 +44,7 @@ function M.check(schema, value)
     local function no(msg) return nil, (ptr == "" and "/" or ptr) .. ": " .. msg end
     if s["$ref"] then
       local ref = s["$ref"]
-      if ref == "#" then return check(root, v, ptr) end
-      local kind, name = ref:match("^#/([^/]+)/([^/]+)$")
-      return check(root[kind][name], v, ptr)
+      return check(require("loip.text.schema").pointer(root, ref), v, ptr)
     end
     if s.const ~= nil and not equal(s.const, v) then return no("not the const value") end
     if s.enum ~= nil then
