@@ -163,6 +163,7 @@ local cases = {
       c = { anyOf = { { const = 0 }, { const = "x" } } }, d = { ["$ref"] = "#/properties/c/anyOf/1" } },
       required = { "a", "b", "d" } },
     { '{"a": 1, "b": 2, "d": "x"}', '{"a": 1, "b": 2, "d": "x", "c": 0}' }, { '{"a": 1, "b": 3, "d": "x"}', '{"a": 1, "b": 2, "d": 0}' } },
+  { { type = "number", nullable = true }, { "1.5", "null" }, { '"x"' } },
   { { type = "string", title = "t", description = "d", default = "x", examples = { "e" }, ["$schema"] = "x" },
     { '"ok"' }, { "1" } },
 }
@@ -450,6 +451,51 @@ describe("random walks over allowed tokens", function()
     end
     error("the walk did not end: " .. table.concat(out))
   end
+
+  -- what the OpenAI client's zod helper (zodResponseFormat, openai 4.x's zod-to-json-schema)
+  -- writes for z.object({title: z.string().max(16), mood: z.enum([...]), hero: Hero, friends:
+  -- z.array(z.string().max(8)).max(3), ending: z.union([z.literal("good"), z.literal("bad"),
+  -- z.null()])}) and z.object({a: Hero, b: Hero, n: z.number().nullable()}) (Hero used twice:
+  -- a $ref into its definitions; .nullable() as OpenAPI's nullable)
+  local zod = {
+    [[{"type": "object","properties": {"title": {"type": "string","maxLength": 16},
+"mood": {"type": "string","enum": ["happy","sad","scared"]},"hero": {"type": "object",
+"properties": {"name": {"type": "string","maxLength": 12},"age": {"type": "integer"},
+"brave": {"type": "boolean"}},"required": ["name","age","brave"],"additionalProperties": false},
+"friends": {"type": "array","items": {"type": "string","maxLength": 8},"maxItems": 3},
+"ending": {"anyOf": [{"type": "string","const": "good"},{"type": "string",
+"const": "bad"},{"type": "null"}]}},"required": ["title","mood","hero","friends","ending"],
+"additionalProperties": false,"$schema": "http://json-schema.org/draft-07/schema#"}]],
+    [[{"type": "object","properties": {"a": {"type": "object","properties": {"name": {"type": "string",
+"maxLength": 12},"age": {"type": "integer"},"brave": {"type": "boolean"}},"required": ["name","age",
+"brave"],"additionalProperties": false},"b": {"$ref": "#/definitions/twice_properties_a"},
+"n": {"type": "number","nullable": true}},"required": ["a","b","n"],"additionalProperties": false,
+"definitions": {"twice_properties_a": {"type": "object",
+"properties": {"name": {"$ref": "#/definitions/twice_properties_a_properties_name"},
+"age": {"$ref": "#/definitions/twice_properties_a_properties_age"},
+"brave": {"$ref": "#/definitions/twice_properties_a_properties_brave"}},"required": ["name","age",
+"brave"],"additionalProperties": false},"twice_properties_a_properties_name": {"type": "string",
+"maxLength": 12},"twice_properties_a_properties_age": {"type": "integer"},
+"twice_properties_a_properties_brave": {"type": "boolean"},"twice": {"type": "object",
+"properties": {"a": {"type": "object","properties": {"name": {"type": "string","maxLength": 12},
+"age": {"type": "integer"},"brave": {"type": "boolean"}},"required": ["name","age","brave"],
+"additionalProperties": false},"b": {"$ref": "#/definitions/twice_properties_a"},
+"n": {"type": "number","nullable": true}},"required": ["a","b","n"],"additionalProperties": false}},
+"$schema": "http://json-schema.org/draft-07/schema#"}]],
+  }
+
+  it("end in documents valid against the schemas the OpenAI client's zod helper writes", function()
+    local ordered = require "loip.tools.json_ordered"
+    for i, text in ipairs(zod) do
+      local g = grammar.compile(grammar.from_schema(text, "response_format.json_schema.schema"), "s")
+      local s = ordered.decode(text)
+      for seed = 1, 6 do
+        local doc = walk(g, tok_of("stories260K"), 100 * i + seed)
+        local ok, why = schema_check.check(s, json.decode(doc))
+        assert.is_true(ok, (why or "") .. ": " .. doc)
+      end
+    end
+  end)
 
   it("end in documents that parse as JSON and are valid against the schema", function()
     local g = schema_grammar(nested)

@@ -3,6 +3,7 @@
 --
 -- Supported: type (string, number, integer, boolean, null, object, array, and lists of them),
 -- enum, const, anyOf, oneOf (as anyOf: see docs/structured-outputs.md), allOf of one schema,
+-- nullable (OpenAPI's: the schema or null; the OpenAI client's zod helper writes it),
 -- properties + required + additionalProperties (false or absent: the document holds only the
 -- listed properties, in the schema's order (M.gbnf); absent is read as false, which documents valid
 -- against the schema satisfy, as OpenAI's strict mode requires), items, minItems, maxItems,
@@ -38,7 +39,8 @@ local annotations = { title = true, description = true, default = true, examples
   ["$id"] = true, ["$comment"] = true, deprecated = true, readOnly = true, writeOnly = true }
 local supported = { type = true, enum = true, const = true, anyOf = true, oneOf = true, allOf = true,
   properties = true, required = true, additionalProperties = true, items = true, minItems = true,
-  maxItems = true, minLength = true, maxLength = true, ["$ref"] = true, ["$defs"] = true, definitions = true }
+  maxItems = true, minLength = true, maxLength = true, ["$ref"] = true, ["$defs"] = true, definitions = true,
+  nullable = true }
 local types = { string = "string", number = "number", integer = "integer", boolean = "boolean", null = "null",
   object = true, array = true }
 
@@ -215,6 +217,12 @@ function M.rules(schema, where, prefix)
     if type(s) ~= "table" or s == json.null or (#s > 0) then fail(ptr, "a schema must be an object or true") end
     for _, k in ipairs(sorted_keys(s)) do
       if not supported[k] and not annotations[k] then fail(ptr, "'" .. tostring(k) .. "' is not supported") end
+    end
+    if s.nullable ~= nil and type(s.nullable) ~= "boolean" then fail(ptr .. "/nullable", "'nullable' must be true or false") end
+    if s.nullable == true then -- (OpenAPI's, as the OpenAI client's zod helper writes .nullable())
+      local rest = {}
+      for k, v in pairs(s) do if k ~= "nullable" then rest[k] = v end end
+      return "( " .. gen(rest, ptr) .. " | null )"
     end
     local function only(kw)
       for _, k in ipairs(sorted_keys(s)) do

@@ -1,5 +1,5 @@
 -- Validation of a decoded JSON value against a JSON schema, for the subset loip.text.schema
--- turns into grammars (type, enum, const, anyOf, oneOf, allOf, properties, required,
+-- turns into grammars (type, enum, const, anyOf, oneOf, allOf, nullable, properties, required,
 -- additionalProperties, items, minItems, maxItems, minLength, maxLength, $ref within the
 -- schema), with JSON Schema's meaning (additionalProperties absent: extra properties are
 -- valid; oneOf: exactly one branch). Checks what a model wrote under a schema's grammar (tool
@@ -42,6 +42,7 @@ function M.check(schema, value)
   local function check(s, v, ptr)
     if s == true then return true end
     local function no(msg) return nil, (ptr == "" and "/" or ptr) .. ": " .. msg end
+    if s.nullable == true and v == json.null then return true end
     if s["$ref"] then
       local ref = s["$ref"]
       return check(require("loip.text.schema").pointer(root, ref), v, ptr)
