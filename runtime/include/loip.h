@@ -1492,6 +1492,58 @@ LOIP_API uint64_t loip_cuda_attention_scratch(int32_t n_seqs, int32_t n_heads, i
 LOIP_API int loip_cuda_attention_prefill(float *out, const float *q, const float *k, const float *v, int32_t n,
                                          int32_t n_heads, int32_t n_kv_heads, int32_t head_dim, float scale);
 
+/* ---- grammars: constrained decoding ------------------------------------------------- */
+
+/* A grammar over UTF-8 bytes whose allowed next tokens form a mask over a tokenizer's
+ * vocabulary (structured outputs, GBNF). The Lua side (loip.text.grammar) parses GBNF and JSON
+ * schemas and hands over an IR of rules; the recogniser and the token masks run here.
+ *
+ * IR (int32): n_rules, then per rule: n_alts, then per alternative: n_elems, elements. An
+ * element is (kind << 28) | arg: LOIP_GRAMMAR_SET (arg: a byte set, 32 bytes each in sets,
+ * bit b of byte b/8 set when byte b matches) or LOIP_GRAMMAR_REF (arg: a rule). Repetition is
+ * rules (x* is r ::= x r | empty). names: the rules' names, '\n'-separated, for messages (or
+ * NULL). Left recursion is refused naming the rule. The objects are reference counted inside:
+ * a matcher keeps its grammar and vocabulary alive; nothing is safe to share between threads. */
+enum {
+    LOIP_GRAMMAR_SET = 1,
+    LOIP_GRAMMAR_REF = 2,
+};
+typedef struct loip_grammar loip_grammar;
+typedef struct loip_grammar_vocab loip_grammar_vocab;
+typedef struct loip_grammar_matcher loip_grammar_matcher;
+LOIP_API int loip_grammar_new(const int32_t *ir, int32_t n_ir, const uint8_t *sets, int32_t n_sets,
+                              int32_t root, const char *names, loip_grammar **out);
+LOIP_API void loip_grammar_free(loip_grammar *g);
+/* A tokenizer's tokens as bytes (token id i: bytes[offsets[i], offsets[i+1])), in a trie sorted
+ * so that shared prefixes are walked once. excluded[i] != 0: never allowed by a grammar
+ * (special and control tokens); empty tokens are never allowed either. */
+LOIP_API int loip_grammar_vocab_new(const char *bytes, const int64_t *offsets, const uint8_t *excluded,
+                                    int32_t n, loip_grammar_vocab **out);
+LOIP_API void loip_grammar_vocab_free(loip_grammar_vocab *v);
+LOIP_API int32_t loip_grammar_vocab_size(const loip_grammar_vocab *v);
+/* Trie nodes and tokens in it (statistics). */
+LOIP_API int64_t loip_grammar_vocab_nodes(const loip_grammar_vocab *v);
+/* A recogniser at the grammar's start. stop_ids: allowed exactly when the grammar may end, and
+ * only they when it must. */
+LOIP_API int loip_grammar_matcher_new(loip_grammar *g, loip_grammar_vocab *v, const int32_t *stop_ids,
+                                      int32_t n_stop, loip_grammar_matcher **out);
+LOIP_API int loip_grammar_matcher_clone(const loip_grammar_matcher *m, loip_grammar_matcher **out);
+LOIP_API void loip_grammar_matcher_free(loip_grammar_matcher *m);
+/* The allowed ids as bits (bit i%32 of bits[i/32]); n_words >= (vocab size + 31) / 32. */
+LOIP_API int loip_grammar_matcher_mask(loip_grammar_matcher *m, uint32_t *bits, int32_t n_words);
+/* logits[i] = -INFINITY for every id i < n not allowed (ids past the vocabulary too). */
+LOIP_API int loip_grammar_matcher_apply(loip_grammar_matcher *m, float *logits, int32_t n);
+/* Advance by token id: LOIP_EINVAL naming it when it is not allowed (the state unchanged). */
+LOIP_API int loip_grammar_matcher_accept(loip_grammar_matcher *m, int32_t id);
+/* Advance by raw bytes (documents checked without a tokenizer); LOIP_EINVAL naming the offset. */
+LOIP_API int loip_grammar_matcher_accept_bytes(loip_grammar_matcher *m, const char *s, size_t len);
+/* 1 when the grammar may end here (a stop id is allowed), else 0. */
+LOIP_API int loip_grammar_matcher_can_end(const loip_grammar_matcher *m);
+/* 1 when it must (nothing but a stop id is allowed), else 0. */
+LOIP_API int loip_grammar_matcher_must_end(const loip_grammar_matcher *m);
+/* The mask cache shared by the matchers of this grammar and vocabulary: entries, bytes. */
+LOIP_API void loip_grammar_matcher_cache_stats(const loip_grammar_matcher *m, int64_t *entries, int64_t *bytes);
+
 /* FFI-END */
 
 #ifdef __cplusplus

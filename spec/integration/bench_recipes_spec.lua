@@ -37,6 +37,18 @@ it("moe.lua --quick makes a small mixture of experts, runs it and prints its rep
   assert.are.same(report.one_device.routed.tokens, report.one_device.all.tokens)
 end)
 
+-- grammar.lua needs no store: Llama 3's tokenizer from models/, three documents
+it("grammar.lua --quick draws documents from token masks and prints its report", function()
+  local out = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/grammar.lua --quick --out %s", T.loip, T.root, out))
+  assert.are.equal(0, rc, "grammar.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  for _, f in ipairs({ "mask", "mask_cold", "mask_warm", "tokens_per_doc", "vocab_build_ms" }) do
+    assert.is_not_nil(report[f], "no " .. f)
+  end
+  assert.are.equal(3, report.valid_docs)
+end)
+
 describe("the benchmark recipes", function()
   for _, r in ipairs(RECIPES) do
     local name, extra, fields = r[1], r[2], r[3]

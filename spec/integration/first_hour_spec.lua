@@ -43,6 +43,9 @@ describe("modules", function()
       "^loip%.serve%.choices$", "^loip%.serve%.prefix_cache$", "^loip%.serve%.prefix_disk$", -- (n > 1, the prefix cache)
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
+      -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)
+      "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
+      "^loip%.runtime%.grammar$", "^loip%.tools%.json_ordered$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
       "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$" }
     local reachable = {}
