@@ -87,6 +87,23 @@ describe("the prefix cache", function()
     m:close() m0:close()
   end)
 
+  it("gives n choices of a prompt whose every position but the last is cached (nothing left to prefill first)", function()
+    local m = loip.model.open(S260, { threads = 1, context = 512, max_batch = 3, prefix_cache = true })
+    local b = m:batcher()
+    local kb = b.engine.kv_block
+    local base = prompts(m.tokenizer)
+    local ids = {}
+    for i = 1, 4 * kb + 1 do ids[i] = base[i] end -- 4 full groups and the last token
+    local one = run(b, ids)
+    local r = b:submit { prompt = ids, max_tokens = 24, sampler = { temperature = 0 }, n = 3 }
+    for _ = 1, 200 do if not b:busy() then break end b:step() end
+    assert.is_false(b:busy(), "the choices ran")
+    assert.are.equal(4 * kb, r.cached_tokens)
+    for _, c in ipairs(r.choices) do assert.are.same(one.token_ids, c.token_ids) end
+    assert.are.equal(0, b.kv_used)
+    m:close()
+  end)
+
   it("evicts held groups before a request's KV fails; every peak within its budget", function()
     local st = T.slice_store(S260, "s260")
     local m = loip.model.open(st, { threads = 1, mem = "1000K", context = 256, max_batch = 1, kv_tokens = 128, kv_grows = true,

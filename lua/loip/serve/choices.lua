@@ -61,7 +61,9 @@ function M.admit(b, r)
       b.running[#b.running + 1] = c
     end
   end
-  if r.share_at == 0 then M.share(b, r) end -- a one-token prompt: nothing to share
+  -- its KV holds the shared positions already (a one-token prompt: none; a cached prefix of all
+  -- of them): no step of its own comes first
+  if r.share_at and r.pos >= r.share_at then M.share(b, r) end
 end
 
 -- Slots r needs at admission.
