@@ -159,6 +159,42 @@ describe("loip serve for agents", function()
     assert(ok, tostring(err) .. "\n" .. T.read_or_empty(errlog))
   end)
 
+  it("samples under a grammar: GBNF and JSON on one device and on 3 offloading devices", function()
+    local st = T.slice_store(S260, "s260")
+    for _, where in ipairs({ "one", "three" }) do
+      local args = where == "one" and string.format("--model %s --context 256 --max-batch 2 --chat-template %s", S260, chat_template())
+        or string.format("--model %s --devices 3 --mem 1000K,1000K,1000K --threads 1 --context 256 --max-batch 2 --step-tokens 32 "
+          .. "--kv-tokens 512 --chat-template %s", st, chat_template())
+      local name = where == "one" and "stories260K" or st:match("([^/]+)$")
+      local url, stop, errlog = T.serve(args)
+      local ok, err = pcall(function()
+        local cl = client.new()
+        for seed = 1, 4 do
+          local s1, g = post(cl, url .. "/completions", { model = name, prompt = "Once upon a time", max_tokens = 20,
+            temperature = 1, seed = seed, grammar = 'root ::= " " ("yes" | "no") "!"' })
+          assert.are.equal(200, s1, json.encode(g))
+          assert.is_truthy(({ [" yes!"] = true, [" no!"] = true })[g.choices[1].text], g.choices[1].text)
+          assert.are.equal("stop", g.choices[1].finish_reason)
+        end
+        -- (as text: the properties' order is the text's)
+        local s2, j = post(cl, url .. "/chat/completions", '{"model": "' .. name .. '", "messages": [{"role": "user", '
+          .. '"content": "Once"}], "max_tokens": 200, "temperature": 0.7, "seed": 3, "logprobs": true, "response_format": '
+          .. '{"type": "json_schema", "json_schema": {"name": "pet", "strict": true, "schema": {"type": "object", '
+          .. '"properties": {"kind": {"enum": ["cat", "dog"]}, "legs": {"type": "integer"}}, "required": ["legs", "kind"], '
+          .. '"additionalProperties": false}}}}')
+        assert.are.equal(200, s2, json.encode(j))
+        local doc = json.decode(j.choices[1].message.content)
+        assert.is_table(doc, j.choices[1].message.content)
+        assert.is_truthy(({ cat = true, dog = true })[doc.kind])
+        assert.are.equal("number", type(doc.legs))
+        assert.matches('^{%s*"kind"', j.choices[1].message.content, "the schema's order: kind, then legs")
+        cl:close()
+      end)
+      stop()
+      assert(ok, tostring(err) .. "\n" .. T.read_or_empty(errlog))
+    end
+  end)
+
   it("repeats a sampled request with its seed, logprobs or not; refuses bad fields naming them", function()
     local url, stop, errlog = T.serve(string.format("--model %s --context 256 --max-batch 2 --chat-template %s", S260, chat_template()))
     local ok, err = pcall(function()
@@ -192,12 +228,21 @@ describe("loip serve for agents", function()
           "response_format.json_schema.name" },
         { "/chat/completions", with(with(chat, "response_format", { type = "json_object" }), "grammar", "root ::= \"a\""), "grammar" },
         { "/completions", with(req, "grammar", 5), "grammar" },
+        { "/completions", with(req, "grammar", "root ::= \"a\" foo"), "grammar" },
+        { "/chat/completions", with(chat, "response_format", { type = "json_schema", json_schema = { name = "x",
+          schema = { type = "object", properties = { a = { type = "string", pattern = "^a+$" } } } } }),
+          "response_format.json_schema.schema" },
+        { "/chat/completions", with(with(chat, "tools", { { type = "function", ["function"] = { name = "f",
+          parameters = { type = "object", properties = { a = { type = "string", format = "email" } } } } } }), "tool_choice",
+          "required"), "tools[0].function.parameters" },
       }
       for _, k in ipairs(cases) do
         local st, e = post(cl, url .. k[1], k[2])
         assert.are.equal(400, st, json.encode(k[2]) .. " -> " .. json.encode(e))
         assert.are.equal(k[3], e.error.param, json.encode(e))
       end
+      local _, e1 = post(cl, url .. "/chat/completions", cases[#cases - 1][2])
+      assert.matches("/properties/a: 'pattern' is not supported", e1.error.message, 1, true)
       cl:close()
     end)
     stop()

@@ -37,6 +37,28 @@ function Cache:compiled(text, where)
   return g
 end
 
+-- The schemas of a parsed request (spec: openai.parse's or anthropic.parse's) in the order
+-- their properties are written in the body's text (cjson's tables lose it; a schema's properties
+-- are generated in that order, as OpenAI's strict mode does): the body decoded again with
+-- loip.tools.json_ordered, its schemas put in spec in place of cjson's. anthropic: the body is
+-- Anthropic's (tools[i].input_schema).
+function M.keep_order(spec, text, anthropic)
+  local wants = spec.format and spec.format.type == "json_schema" or (spec.tools and spec.tool_choice ~= "none")
+  if not wants then return end
+  local body = require("loip.tools.json_ordered").decode(text)
+  if type(body) ~= "table" then return end
+  if spec.format and spec.format.type == "json_schema" then
+    local rf = body.response_format
+    local js = type(rf) == "table" and rf.json_schema
+    if type(js) == "table" and type(js.schema) == "table" then spec.format.schema = js.schema end
+  end
+  for i, t in ipairs(spec.tools or {}) do
+    local o = type(body.tools) == "table" and body.tools[i]
+    local schema = type(o) == "table" and (anthropic and o.input_schema or type(o["function"]) == "table" and o["function"].parameters)
+    if type(schema) == "table" and type(t["function"]) == "table" then t["function"].parameters = schema end
+  end
+end
+
 -- A matcher for format (nil: none) allowing the ids of the set `stops` when the grammar may end;
 -- or nil, a message and the field it names (a schema or grammar the request got wrong).
 function Cache:matcher(format, stops)

@@ -13,6 +13,7 @@ local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
 local reply = require "loip.serve.reply"
+local constrain = require "loip.serve.constrain"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
@@ -119,8 +120,10 @@ function Server:generate(req, kind)
     return fail(req, 400, string.format("'n' is %d; this server runs %d requests at once (--max-batch)", spec.n, self.batcher.max_batch),
       nil, "n")
   end
+  local constraint, cmsg, cparam = self:constraint(spec, req.body, api)
+  if cmsg then return fail(req, 400, cmsg, nil, cparam) end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
-  local ok, r = pcall(self.submit, self, spec, ids, seed)
+  local ok, r = pcall(self.submit, self, spec, ids, seed, { constraint = constraint })
   if not ok then
     if type(r) == "table" and r.kind == "overloaded" then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
@@ -135,6 +138,23 @@ function Server:generate(req, kind)
   self.seq = self.seq + 1
   self.metrics:add("loip_requests_total", "requests admitted or queued", 1, { endpoint = kind })
   reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq, api = api })
+end
+
+-- The grammar a request's tokens are sampled under (loip.serve.constrain): its response_format
+-- or `grammar`, else the call syntax of its tools when tool_choice is "required" or names one;
+-- nil when none; or nil, a message and the field it names.
+function Server:constraint(spec, text, api)
+  local fmt = spec.format
+  if not fmt and not spec.tools then return nil end
+  constrain.keep_order(spec, text, api ~= openai)
+  if not fmt then
+    local msg, param
+    fmt, msg, param = tools.format(spec, self.tool_parser)
+    if msg then return nil, msg, param end
+    if not fmt then return nil end
+  end
+  self.constrain = self.constrain or constrain.new(self.tok)
+  return self.constrain:matcher(fmt, not spec.ignore_eos and self.stop_ids or {})
 end
 
 -- The batcher's requests of spec's n choices of prompt ids (loip.serve.choices: the prompt
