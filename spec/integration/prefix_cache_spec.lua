@@ -231,6 +231,24 @@ describe("the prefix cache's disk tier", function()
     assert.is_nil(io.open(dir .. "/" .. string.rep("cd", 32) .. ".d1.kv"), "a file that does not parse is removed")
     assert.is_truthy(io.open(dir .. "/" .. string.rep("ab", 32) .. ".d1.kv"), "another store's file is left alone")
     m:close()
+    -- under a budget: the buffer files are read into is charged to it (slots) while they are read
+    m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir, mem = "4M" })
+    b = m:batcher()
+    local slots0
+    for _, a in ipairs(m.budget:report()) do if a.account == "slots" then slots0 = a.peak end end
+    r = run(b, pb)
+    local kb = b.engine.kv_block
+    assert.are.equal(math.floor((#pb - 1) / kb) * kb, r.cached_tokens, "pb's own groups, written through before")
+    local rep = m.budget:report()
+    local group = exec.session_kv_group_bytes(m:session())
+    for _, a in ipairs(rep) do
+      if a.account == "slots" then
+        assert.is_true(a.peak >= (slots0 or 0) + r.cached_tokens / kb * group, "the staging buffer was charged")
+        assert.are.equal(slots0 and a.bytes or 0, a.bytes, "and given back")
+      end
+    end
+    assert.is_true(rep.peak <= rep.limit)
+    m:close()
     -- a bound of 3 files: the least recently used go
     m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir,
       prompt_cache_disk = 3 * require("loip.serve.prefix_disk").HEADER * 6 })

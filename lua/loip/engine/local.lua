@@ -69,7 +69,7 @@ function Engine:cache()
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
       disk = require("loip.serve.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
-        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s) }
+        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)
   end

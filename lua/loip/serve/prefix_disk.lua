@@ -42,13 +42,14 @@ end
 
 -- o: dir, bytes (the bound; default M.DEFAULT_BYTES), identity (the store's: the chain's h_0),
 -- device (1-based), layers (the layers the session keeps, a list), kv_block, group_bytes, log
--- (fmt, ...; default stderr). Raises naming the directory when it cannot be made.
+-- (fmt, ...; default stderr), budget (the device's: the staging buffer files are read into is
+-- charged to its "slots" account while it exists). Raises naming the directory when it cannot be made.
 function M.new(o)
   assert(o.dir and o.identity and o.device and o.layers and o.kv_block and o.group_bytes, "prefix_disk.new: incomplete")
   local ok, err = fs.mkdir_p(o.dir)
   if not ok then error("--prompt-cache-dir " .. err, 0) end
   local d = setmetatable({ dir = o.dir:gsub("/+$", ""), limit = o.bytes or M.DEFAULT_BYTES, identity = o.identity,
-    device = o.device, layers = table.concat(o.layers, ","), kv_block = o.kv_block, group_bytes = o.group_bytes,
+    device = o.device, layers = table.concat(o.layers, ","), kv_block = o.kv_block, group_bytes = o.group_bytes, budget = o.budget,
     file_bytes = M.HEADER + math.ceil(o.group_bytes / 4096) * 4096, log = o.log or log, index = {}, n = 0, total = 0,
     ticks = 0, stats = { writes = 0, reads = 0, ignored = 0, removed = 0 } }, Disk)
   d:scan()
@@ -160,7 +161,7 @@ function Disk:remove(key)
   self.stats.removed = self.stats.removed + 1
 end
 
-M.BATCH = 16 -- groups read at once (the staging slot: BATCH x a group, outside the budgets)
+M.BATCH = 16 -- groups read at once (the staging slot: BATCH x a group, charged to the device's budget)
 
 -- The groups keyed keys (in order, all on disk) read back into groups of session s the cache
 -- holds, BATCH files in flight at a time (one loader submission each): their ids, as many as
@@ -176,17 +177,30 @@ function Disk:load(keys, s)
     end
     return ids
   end
-  if not self.loader then
-    local l, err = loader.new { slots = 1, slot_bytes = M.BATCH * stride, mode = "auto" }
-    if not l then
-      self.log("prompt cache: the disk tier's loader: %s", tostring(err))
-      return {}
-    end
-    self.loader = l
+  -- the staging buffer, charged while it is here: BATCH groups, else one when the budget has no
+  -- room for more (else nothing is read: the prefix is computed again)
+  local batch = math.min(M.BATCH, #keys)
+  local l, err = loader.new { slots = 1, slot_bytes = batch * stride, mode = "auto", budget = self.budget }
+  if not l and batch > 1 then
+    batch = 1
+    l, err = loader.new { slots = 1, slot_bytes = stride, mode = "auto", budget = self.budget }
   end
-  for first = 1, #keys, M.BATCH do
+  if not l then
+    self.log("prompt cache: the disk tier's staging buffer: %s", tostring(err))
+    return {}
+  end
+  self.loader = l
+  local got = self:read_into(keys, s, batch, stride, ids, id)
+  l:close()
+  self.loader = nil
+  return got
+end
+
+-- (Disk:load's reads, batch groups a submission through self.loader)
+function Disk:read_into(keys, s, batch, stride, ids, id)
+  for first = 1, #keys, batch do
     local ext = {}
-    for i = first, math.min(#keys, first + M.BATCH - 1) do
+    for i = first, math.min(#keys, first + batch - 1) do
       ext[#ext + 1] = { path = self:path(keys[i]), offset = M.HEADER, length = self.group_bytes, slot_offset = (i - first) * stride }
     end
     self.reads = (self.reads or 0) + 1
