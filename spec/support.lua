@@ -207,6 +207,25 @@ function M.serve(args, opts)
   return url, stop, dir .. "/err"
 end
 
+-- The model m's log-probabilities of each of tokens after prompt (ids): the log-softmax of its
+-- logits (m:logits of prompt .. tokens) at the position before each.
+function M.reference_logprobs(m, prompt, tokens)
+  local ids, V = {}, m.vocab_size
+  for _, id in ipairs(prompt) do ids[#ids + 1] = id end
+  for _, id in ipairs(tokens) do ids[#ids + 1] = id end
+  local logits = m:logits(ids)
+  local out = {}
+  for j, id in ipairs(tokens) do
+    local row = logits + (#prompt + j - 2) * V
+    local mx = -math.huge
+    for i = 0, V - 1 do mx = math.max(mx, row[i]) end
+    local s = 0
+    for i = 0, V - 1 do s = s + math.exp(row[i] - mx) end
+    out[j] = row[id] - mx - math.log(s)
+  end
+  return out
+end
+
 -- llama.cpp's test-tokenizer files: inputs separated by "\n__ggml_vocab_test__\n" (the file
 -- ends with one), outputs one line of space-separated ids per input.
 function M.ggml_vectors(inp, out)

@@ -12,25 +12,6 @@ local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
 teardown(T.drop_stores)
 
--- The log-softmax of each generated token at the position before it, from the model's logits of
--- prompt .. tokens (a float array, vocab V per row).
-local function reference_logprobs(m, prompt, tokens, V)
-  local ids = {}
-  for _, id in ipairs(prompt) do ids[#ids + 1] = id end
-  for _, id in ipairs(tokens) do ids[#ids + 1] = id end
-  local logits = m:logits(ids)
-  local out = {}
-  for j, id in ipairs(tokens) do
-    local row = logits + (#prompt + j - 2) * V
-    local mx = -math.huge
-    for i = 0, V - 1 do mx = math.max(mx, row[i]) end
-    local s = 0
-    for i = 0, V - 1 do s = s + math.exp(row[i] - mx) end
-    out[j] = row[id] - mx - math.log(s)
-  end
-  return out
-end
-
 local function run_pair(b, prompt, sampler_opts, seed)
   local plain = b:submit { prompt = prompt, max_tokens = 24, sampler = sampler_opts, seed = seed, stop = { [1] = true } }
   local with = b:submit { prompt = prompt, max_tokens = 24, sampler = sampler_opts, seed = seed, stop = { [1] = true },
@@ -46,7 +27,7 @@ local function check(m, b, V)
     assert.is_true(#with.token_ids > 5)
     assert.are.same(plain.token_ids, with.token_ids, "logprobs do not change the tokens")
     assert.are.equal(#with.token_ids, #with.token_logprobs)
-    local ref = reference_logprobs(m, case.prompt_ids, with.token_ids, V)
+    local ref = T.reference_logprobs(m, case.prompt_ids, with.token_ids)
     for j, lp in ipairs(with.token_logprobs) do
       assert.are.equal(with.token_ids[j], lp.id)
       assert.is_true(math.abs(lp.logprob - ref[j]) < 1e-4, string.format("token %d: %.6f vs %.6f", j, lp.logprob, ref[j]))

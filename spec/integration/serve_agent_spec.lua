@@ -22,19 +22,7 @@ end
 -- The model's log-probabilities of tokens after prompt (ids), at each position.
 local function reference(prompt, tokens)
   local m = loip.model.open(S260, { threads = 1, context = 256 })
-  local ids = {}
-  for _, id in ipairs(prompt) do ids[#ids + 1] = id end
-  for _, id in ipairs(tokens) do ids[#ids + 1] = id end
-  local logits, V = m:logits(ids), m.vocab_size
-  local out = {}
-  for j, id in ipairs(tokens) do
-    local row = logits + (#prompt + j - 2) * V
-    local mx = -math.huge
-    for i = 0, V - 1 do mx = math.max(mx, row[i]) end
-    local s = 0
-    for i = 0, V - 1 do s = s + math.exp(row[i] - mx) end
-    out[j] = row[id] - mx - math.log(s)
-  end
+  local out = T.reference_logprobs(m, prompt, tokens)
   m:close()
   return out
 end
