@@ -26,7 +26,8 @@ Server.__index = Server
 local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format(fmt, ...), "\n") io.stderr:flush() end
 
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
--- chat_template (a file instead), name (the model id clients name), api_key, host, port,
+-- chat_template (a file instead), tool_parser (a tools policy's name or file; default: the
+-- template's family), name (the model id clients name), api_key, host, port,
 -- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), prefix_cache (false: off;
 -- { dir, bytes }: with a disk tier; loip.serve.prefix_cache), max_body, quiet.
 function M.new(opts)
