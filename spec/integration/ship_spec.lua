@@ -1,0 +1,165 @@
+-- Blocks shipped, not copied by hand (loip.cluster.ship, loip.cluster.cache): local workers
+-- started with a --cache directory and no store get the files their plan reads from the head,
+-- each device at most its planned bytes (plus 5%), and give the single device's tokens; a second
+-- cluster over the same caches ships nothing; a block damaged on its way (or a partial file with
+-- wrong bytes left in the cache) is refused by its checksum, named and sent again; a disk quota
+-- too small is an error naming the device, and nothing half-written is used.
+local loip = require "loip"
+local cluster = require "loip.cluster"
+local ship = require "loip.cluster.ship"
+local json = require "loip.tools.json"
+local files = require "loip.tools.files"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
+
+local S260 = T.root .. "/models/stories260K"
+local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
+local ids = greedy.cases[1].sequence_ids
+
+-- 3 devices, one stage each, the first block of each stage offloaded (read from disk every
+-- step: it must be shipped too)
+local PLAN = { slots = 1, devices = {
+  { stages = { { blocks = { 0, 3 }, offloaded = 1 } } },
+  { stages = { { blocks = { 4, 6 }, offloaded = 1 } } },
+  { stages = { { blocks = { 7, 9 }, offloaded = 0 } } } } }
+
+local function reference(n)
+  local m = loip.model.open(S260, { threads = 1, context = 256, tokenizer = false })
+  local it, st = m:generate(ids, { temperature = 0, max_tokens = n, stop = {} })
+  for _ in it do end
+  m:close()
+  return st.token_ids
+end
+
+local function greedy_ids(c, n)
+  local it, st = c:generate(ids, { max_tokens = n, sampler = { temperature = 0 } })
+  for _ in it do end
+  return st.token_ids
+end
+
+-- The bytes of the files device i reads under PLAN (the manifest's sizes).
+local function planned_bytes(st, c, i)
+  local man, size = c.man, {}
+  for _, f in ipairs(man.files) do size[f.name] = f.size end
+  local n = 0
+  for _, name in ipairs(ship.files_of(man, PLAN, i, c.sizes)) do n = n + size[name] end
+  return n
+end
+
+-- The block files (not the manifest) a device's cache holds, and their bytes.
+local function cached(dir, id)
+  local n, names = 0, {}
+  for _, name in ipairs(files.list(dir .. "/" .. id) or {}) do
+    if name:match("%.bin$") then n, names[#names + 1] = n + files.size(dir .. "/" .. id .. "/" .. name), name end
+  end
+  table.sort(names)
+  return n, names
+end
+
+local function with_cluster(opts, f)
+  local c = cluster.start_local(setmetatable({ devices = 3, threads = 1, keep_logs = true, dir = T.tmpdir() }, { __index = opts }))
+  local ok, err = pcall(f, c)
+  c:close()
+  assert(ok, err)
+end
+
+describe("blocks shipped to workers' caches", function()
+  after_each(function() collectgarbage() collectgarbage() end)
+
+  it("ships each device its planned blocks once, checked, and gives the single device's tokens", function()
+    local st = T.slice_store(S260, "s260")
+    local caches = T.tmpdir()
+    local ref = reference(20)
+    local first = {}
+    with_cluster({ store = st, cache = caches }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+      assert.are.same(ref, greedy_ids(c, 20))
+      for i = 1, 3 do
+        local want = planned_bytes(st, c, i)
+        local sent = c.devices[i].shipped_bytes
+        assert.is_true(sent > 0 and sent <= want * 1.05, string.format("device %d: %d shipped, %d planned", i, sent, want))
+        -- on disk: the planned files and no others, whole
+        local on_disk, names = cached(caches .. "/device-" .. i, c.store_id)
+        assert.is_true(on_disk <= want * 1.05, string.format("device %d: %d cached, %d planned", i, on_disk, want))
+        local want_names = ship.files_of(c.man, PLAN, i, c.sizes)
+        table.sort(want_names)
+        assert.are.same(want_names, names)
+        first[i] = sent
+      end
+      assert.are.same(ship.shipped(c), first)
+    end)
+    -- a second cluster over the same caches ships nothing
+    with_cluster({ store = st, cache = caches }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+      assert.are.same({ 0, 0, 0 }, ship.shipped(c))
+      assert.are.same(ref, greedy_ids(c, 20))
+    end)
+  end)
+
+  it("refuses a block damaged on its way or left half-written with wrong bytes, names it and sends it again", function()
+    local st = T.slice_store(S260, "s260")
+    local caches = T.tmpdir()
+    local ref = reference(12)
+    local id = require("loip.cluster.worker").store_id(st)
+    -- a partial file of device 2's first block with wrong bytes, left in its cache
+    local dir2 = caches .. "/device-2/" .. id
+    assert(files.mkdir_p(dir2))
+    local f = assert(io.open(dir2 .. "/layer-002-mha.bin.part", "wb"))
+    f:write(string.rep("\1", 100))
+    f:close()
+    -- device 3's first block: one byte flipped on its first way
+    local flipped = 0
+    ship.tamper = function(i, name, off, bytes)
+      if i == 3 and name == "layer-003-mlp.bin" and off == 0 and flipped == 0 then
+        flipped = 1
+        return string.char((bytes:byte(1) + 1) % 256) .. bytes:sub(2)
+      end
+      return bytes
+    end
+    local ok, err = pcall(with_cluster, { store = st, cache = caches }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+      assert.are.equal(1, flipped)
+      assert.are.same(ref, greedy_ids(c, 12))
+      local log2, log3 = T.read_or_empty(c.devices[2].log), T.read_or_empty(c.devices[3].log)
+      assert.matches("layer%-002%-mha%.bin failed its check", log2)
+      assert.matches("layer%-003%-mlp%.bin failed its check", log3)
+      -- sent twice: the damaged file counts again (a resumed one: its rest, then all of it)
+      local size = {}
+      for _, e in ipairs(c.man.files) do size[e.name] = e.size end
+      assert.are.equal(planned_bytes(st, c, 3) + size["layer-003-mlp.bin"], c.devices[3].shipped_bytes)
+      assert.are.equal(planned_bytes(st, c, 2) + size["layer-002-mha.bin"] - 100, c.devices[2].shipped_bytes)
+      -- nothing half-written is left
+      for i = 1, 3 do
+        for _, name in ipairs(files.list(caches .. "/device-" .. i .. "/" .. id) or {}) do
+          assert.is_nil(name:match("%.part$"), name)
+        end
+      end
+    end)
+    ship.tamper = nil
+    assert(ok, err)
+    -- damaged every time: an error naming the file and the device
+    ship.tamper = function(i, name, _, bytes)
+      if i == 1 and name == "embed.bin" then return string.char((bytes:byte(1) + 1) % 256) .. bytes:sub(2) end
+      return bytes
+    end
+    ok, err = pcall(with_cluster, { store = st, cache = T.tmpdir() }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+    end)
+    ship.tamper = nil
+    assert.is_false(ok)
+    assert.matches("device 1 %(.-%): embed%.bin failed its checksum twice", err)
+  end)
+
+  it("a disk quota too small is an error naming the device, before anything is shipped there", function()
+    local st = T.slice_store(S260, "s260")
+    local caches = T.tmpdir()
+    local ok, err = pcall(with_cluster, { store = st, cache = caches, disk_quota = { 0, 4096, 0 } }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+    end)
+    assert.is_false(ok)
+    assert.matches("device 2 %(.-%): %-%-disk%-quota 4%.0 KiB of the cache .- cannot hold", err)
+    local id = require("loip.cluster.worker").store_id(st)
+    assert.are.same({}, select(2, cached(caches .. "/device-2", id)))
+  end)
+end)
