@@ -151,6 +151,69 @@ describe("blocks shipped to workers' caches", function()
     assert.matches("device 1 %(.-%): embed%.bin failed its checksum twice", err)
   end)
 
+  it("loip worker --cache: running workers with no store get their blocks from loip generate --hosts; --json reports shipped_bytes", function()
+    local st = T.slice_store(S260, "s260")
+    local token = "spec-ship-" .. os.time()
+    local dir = T.tmpdir()
+    local pids, eps = {}, {}
+    for i = 1, 3 do
+      local p = io.popen(string.format("LOIP_CLUSTER_TOKEN=%s %s worker --listen 'tcp://127.0.0.1:*' --cache %s/cache-%d --threads 1 > %s/w%d.out 2> %s/w%d.log & echo $!",
+        token, T.loip, dir, i, dir, i, dir, i))
+      pids[i] = tonumber(p:read("*l"))
+      p:close()
+    end
+    local ok, err = pcall(function()
+      local core = require "loip.core"
+      local deadline = core.now_ms() + 10000
+      for i = 1, 3 do
+        repeat
+          eps[i] = T.read_or_empty(dir .. "/w" .. i .. ".out"):match("listening tcp://(%S+)")
+          if not eps[i] then core.sleep_ms(50) end
+        until eps[i] or core.now_ms() > deadline
+        assert.is_truthy(eps[i], "worker " .. i .. " started")
+      end
+      local cmd = string.format("LOIP_QUIET=1 %s generate --model %s --hosts %s --token %s --prompt 'Once upon a time' --max-tokens 12 --temperature 0 --context 256 --json",
+        T.loip, st, table.concat(eps, ","), token)
+      local rc, out, e = T.run(cmd)
+      assert.are.equal(0, rc, e)
+      local r = assert(json.decode(out:match("{.*}")))
+      local alone
+      rc, alone, e = T.run(string.format("LOIP_QUIET=1 %s generate --model %s --prompt 'Once upon a time' --max-tokens 12 --temperature 0 --context 256 --json",
+        T.loip, st))
+      assert.are.equal(0, rc, e)
+      assert.are.equal(json.decode(alone:match("{.*}")).text, r.text)
+      for i = 1, 3 do
+        assert.is_true(r.devices[i].shipped_bytes > 0, "device " .. i)
+        assert.are.equal(r.devices[i].shipped_bytes, r.devices[i].estimate.ship_bytes, "device " .. i .. ": as priced")
+      end
+      -- the workers keep their caches for the next head: nothing shipped again
+      rc, out, e = T.run(cmd)
+      assert.are.equal(0, rc, e)
+      r = assert(json.decode(out:match("{.*}")))
+      for i = 1, 3 do assert.are.equal(0, r.devices[i].shipped_bytes, "device " .. i) end
+    end)
+    for i = 1, 3 do os.execute("kill " .. pids[i] .. " 2>/dev/null") end
+    assert(ok, err)
+  end)
+
+  it("the cost model prices shipping: loip plan --json reports each device's ship_bytes and the ship time", function()
+    local st = T.slice_store(S260, "s260")
+    local man = assert(json.load(st .. "/manifest.json"))
+    local rc, out, err = T.run(string.format("LOIP_QUIET=1 %s plan --model %s --devices 3 --link-rate 1mbit --json", T.loip, st))
+    assert.are.equal(0, rc, err)
+    local r = assert(json.decode(out:match("{.*}")))
+    -- every block once, the embedding twice (device 1, and the tied head on device 3), the head
+    local want, sum = 0, 0
+    for _, f in ipairs(man.files) do want = want + f.size * (f.name == "embed.bin" and 2 or 1) end
+    for i = 1, 3 do
+      assert.is_true(r.devices[i].ship_bytes > 0)
+      sum = sum + r.devices[i].ship_bytes
+    end
+    assert.are.equal(want, sum)
+    -- one device after another, each over its link (1 Mbit/s: 125000 bytes/s)
+    assert.is_true(math.abs(r.ship_ms - sum / 125000 * 1000) < 1e-6 * r.ship_ms)
+  end)
+
   it("a disk quota too small is an error naming the device, before anything is shipped there", function()
     local st = T.slice_store(S260, "s260")
     local caches = T.tmpdir()

@@ -50,7 +50,9 @@ function Cluster:profiles(opts)
     return out
   end
   for i, d in ipairs(self.devices) do
-    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context }) }, 120000, d.bulk)
+    -- (the model's shape: a worker whose blocks are shipped may hold none yet)
+    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.man.config,
+      dtype = store.layer_dtype(self.man) }) }, 120000, d.bulk)
     out[i] = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0)
   end
   return out

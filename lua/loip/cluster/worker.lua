@@ -382,7 +382,9 @@ function handlers.PROFILE(self, _, o)
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
       read = o.read, disk_rate = o.disk_rate })
   else
-    pr = profile.calibrate { store = self.opts.store, threads = self.opts.threads, context = o.context, quiet = true }
+    -- (a cache's store is partial: the model's shape the head sent, a scratch file for the disk)
+    pr = profile.calibrate { store = not self.cache and self.opts.store or nil, cfg = o.cfg, dtype = o.dtype,
+      threads = self.opts.threads, context = o.context, quiet = true }
   end
   if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
   return "PROFILE", json.encode(pr)
@@ -426,8 +428,7 @@ function Worker:handle(msg)
     return h(self, msg, type(body) == "table" and body or nil)
   end)
   if ok then
-    if rkind then reply(self, msg.from, rkind, payload, 0, msg.via) end
-    return
+    if rkind then reply(self, msg.from, rkind, payload, 0, msg.via) end return
   end
   local f = failure[kind] or {}
   if f.drop then self:drop_device() end
@@ -458,8 +459,7 @@ end
 
 local function parent_pid()
   local f = io.open("/proc/self/stat")
-  local st = f:read("*l") f:close()
-  return tonumber(st:match("^%d+ %b() %a (%d+)"))
+  local st = f:read("*l") f:close() return tonumber(st:match("^%d+ %b() %a (%d+)"))
 end
 
 function Worker:run()
