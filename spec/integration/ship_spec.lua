@@ -38,12 +38,12 @@ local function greedy_ids(c, n)
   return st.token_ids
 end
 
--- The bytes of the files device i reads under PLAN (the manifest's sizes).
-local function planned_bytes(st, c, i)
+-- The bytes of the files device i reads under plan p (default PLAN; the manifest's sizes).
+local function planned_bytes(st, c, i, p)
   local man, size = c.man, {}
   for _, f in ipairs(man.files) do size[f.name] = f.size end
   local n = 0
-  for _, name in ipairs(ship.files_of(man, PLAN, i, c.sizes)) do n = n + size[name] end
+  for _, name in ipairs(ship.files_of(man, p or PLAN, i, c.sizes)) do n = n + size[name] end
   return n
 end
 
@@ -94,6 +94,32 @@ describe("blocks shipped to workers' caches", function()
       c:plan { plan = PLAN, context = 256, batch = 7 }
       assert.are.same({ 0, 0, 0 }, ship.shipped(c))
       assert.are.same(ref, greedy_ids(c, 20))
+    end)
+  end)
+
+  it("a re-plan after a loss ships what the devices left lack before it takes effect: the same tokens", function()
+    local st = T.slice_store(S260, "s260")
+    local ref = reference(60)
+    with_cluster({ store = st, cache = T.tmpdir() }, function(c)
+      c:plan { plan = PLAN, context = 256, batch = 7 }
+      local before = ship.shipped(c)
+      local d1, d3 = c.devices[1], c.devices[3]
+      local it, s = c:generate(ids, { max_tokens = 60, sampler = { temperature = 0 }, stop = {} })
+      local n = 0
+      for _ in it do
+        n = n + 1
+        if n == 20 then os.execute("kill -KILL " .. c.devices[2].pid) end
+      end
+      assert.are.same(ref, s.token_ids)
+      assert.are.equal(1, #c.losses)
+      -- device 2's blocks went to the two left, shipped to them for the new plan
+      local more = (d1.shipped_bytes - before[1]) + (d3.shipped_bytes - before[3])
+      assert.is_true(more > 0, "shipped after the loss")
+      for i = 1, 2 do
+        local want = planned_bytes(st, c, i, c.plan_table)
+        assert.is_true(c.devices[i].shipped_bytes <= want * 1.05, string.format("device %d: %d shipped, %d planned",
+          i, c.devices[i].shipped_bytes, want))
+      end
     end)
   end)
 
