@@ -40,6 +40,13 @@ function M.unavailable()
   return nil
 end
 
+-- nil, or why a spec cannot bring a testbed up here now: unavailable, or one is up (its bridge).
+function M.skip_reason()
+  local why = M.unavailable()
+  if why then return why end
+  if try("ip link show " .. M.BRIDGE) then return "one is up already (" .. M.BRIDGE .. " exists)" end
+end
+
 function M.address(i) return string.format("%s.%d", M.SUBNET, 10 + i) end
 
 local function save(state)
