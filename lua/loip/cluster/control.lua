@@ -199,10 +199,11 @@ function Cluster:plan(opts)
       est = policy.load("cost", opts.cost or "loip").estimate(p, self.problem_table)
     end
   end
+  -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
+  -- leaves the cluster its plan)
+  require("loip.cluster.ship").plan(self, p, sizes)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
-  -- the blocks each device lacks, shipped to its cache before the plan takes effect
-  require("loip.cluster.ship").plan(self, p, sizes)
   self.plan_id = self.plan_id + 1
   local N = #self.devices
   local link = opts.link or {}

@@ -140,7 +140,7 @@ end
 -- /metrics: loip_shipped_bytes_total{device} (m: loip.serve.metrics).
 function M.metrics(m, c)
   for i, d in ipairs(c.devices) do
-    m:set("loip_shipped_bytes_total", "block bytes shipped to a device's cache", d.shipped_bytes or 0, { device = i })
+    m:count("loip_shipped_bytes_total", "block bytes shipped to a device's cache", d.shipped_bytes or 0, { device = i })
   end
 end
 
