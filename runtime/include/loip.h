@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 28, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 29, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -893,7 +893,10 @@ enum {
                               op open|propose|release|close; reply: DRAFT, JSON) */
     LOIP_MSG_LOOKUP = 24,  /* head -> device: which of a prompt's leading KV group keys it holds
                               (JSON: keys; reply: READY, JSON held; loip.serve.prefix_cache) */
-    LOIP_MSG_KINDS = 25,
+    LOIP_MSG_SHIP = 25,    /* head -> device, on the bulk link: block files shipped into its cache
+                              (JSON op need|check, reply SHIP, JSON; or flags 1: a chunk of file
+                              hop of the manifest at offset step, no reply; loip.cluster.cache) */
+    LOIP_MSG_KINDS = 26,
 };
 
 typedef struct loip_msg_header {

@@ -33,6 +33,7 @@ describe("modules", function()
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
+      "^loip%.cluster%.ship$", "^loip%.cluster%.cache$", -- (blocks shipped to workers' caches)
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$",
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)

@@ -25,12 +25,8 @@ end
 
 describe("the network testbed #net", function()
   it("runs a cluster across shaped namespaces losslessly and leaves nothing behind", function()
-    local why = testbed.unavailable()
+    local why = testbed.skip_reason()
     if why then pending("testbed skipped: " .. why) return end
-    if os.execute("ip link show " .. testbed.BRIDGE .. " >/dev/null 2>&1") == 0 then
-      pending("testbed skipped: one is up already (" .. testbed.BRIDGE .. " exists)")
-      return
-    end
     testbed.state_file = T.tmpdir() .. "/state.json"
     local st = T.slice_store(S260, "s260")
     local ids = greedy.cases[1].sequence_ids

@@ -50,7 +50,9 @@ function Cluster:profiles(opts)
     return out
   end
   for i, d in ipairs(self.devices) do
-    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context }) }, 120000, d.bulk)
+    -- (the model's shape: a worker whose blocks are shipped may hold none yet)
+    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.man.config,
+      dtype = store.layer_dtype(self.man) }) }, 120000, d.bulk)
     out[i] = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0)
   end
   return out
@@ -197,6 +199,9 @@ function Cluster:plan(opts)
       est = policy.load("cost", opts.cost or "loip").estimate(p, self.problem_table)
     end
   end
+  -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
+  -- leaves the cluster its plan)
+  require("loip.cluster.ship").plan(self, p, sizes)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1

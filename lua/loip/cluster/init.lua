@@ -71,7 +71,9 @@ end
 
 -- A local cluster: opts.devices workers on this machine; opts.mem a list of budgets (sizes or
 -- bytes; one value for all), opts.threads per device (default: the CPUs shared out);
--- opts.cpu_latency_us: hold the machine's CPU wake-up latency there until close (core.wake_latency).
+-- opts.cpu_latency_us: hold the machine's CPU wake-up latency there until close (core.wake_latency);
+-- opts.cache: workers with a block cache each (DIR/device-I, or a list) and no store, their blocks
+-- shipped (loip.cluster.ship), opts.disk_quota its bound (once or per device).
 function M.start_local(opts)
   local n = opts.devices or 1
   local devices = {}

@@ -30,8 +30,9 @@ function Cluster:spawn(i)
   if d.endpoint then listen = d.endpoint end
   -- a child that dies with the head (however the head ends), and then removes the head's
   -- directory (its sockets, logs and key) unless the logs are to be kept
-  local args = { c.exe, "worker", "--listen", listen, "--store", c.store, "--mem", tostring(d.mem),
-    "--threads", tostring(d.threads) }
+  -- (with start_local's cache, no store: its blocks are shipped, loip.cluster.ship)
+  local args = { c.exe, "worker", "--listen", listen, "--mem", tostring(d.mem), "--threads", tostring(d.threads) }
+  for _, a in ipairs(require("loip.cluster.ship").worker_args(c.opts, c.store, i)) do args[#args + 1] = a end
   if not c.opts.keep_logs then args[#args + 1] = "--head-dir" args[#args + 1] = c.dir end
   d.pid = core.must(process.spawn(args, { "LOIP_CLUSTER_TOKEN=" .. c.token }, out, log, "device " .. i))
   d.log = log
@@ -61,7 +62,7 @@ function Cluster:connect_all()
     -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
     -- round trip; events it records are moved by this for one timeline
     d.clock_offset_ns = (d.pid and 0) or (hello.now_ns and hello.now_ns - (t0 + t1) / 2) or 0
-    if hello.store_id ~= self.store_id then
+    if hello.store_id ~= self.store_id and not hello.cache then -- (a cache: blocks are shipped, loip.cluster.ship)
       error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
         i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
     end

@@ -40,6 +40,13 @@ function M.unavailable()
   return nil
 end
 
+-- nil, or why a spec cannot bring a testbed up here now: unavailable, or one is up (its bridge).
+function M.skip_reason()
+  local why = M.unavailable()
+  if why then return why end
+  if try("ip link show " .. M.BRIDGE) then return "one is up already (" .. M.BRIDGE .. " exists)" end
+end
+
 function M.address(i) return string.format("%s.%d", M.SUBNET, 10 + i) end
 
 local function save(state)
@@ -54,7 +61,8 @@ function M.state()
   return json.exists(M.state_file) and json.load(M.state_file) or nil
 end
 
--- opts: n, rate ("100mbit"), store, mem (list of sizes or one), threads, token, exe (loip).
+-- opts: n, rate ("100mbit"), store (or cache: a directory, the workers' caches in it), mem (list
+-- of sizes or one), threads, token, exe (loip).
 -- Returns the state (hosts, pids, token). Everything made so far is removed when a step fails.
 function M.up(opts)
   local why = M.unavailable()
@@ -89,8 +97,10 @@ function M.up(opts)
       local ns = string.format("%s-%d", M.PREFIX, i)
       local mem = type(opts.mem) == "table" and (opts.mem[i] or opts.mem[1]) or opts.mem or 0
       local log = string.format("/tmp/loip-testbed-%d.log", i)
-      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d --store %s --mem %d --threads %d > /dev/null 2> %s & echo $!",
-        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, q(opts.store), mem, opts.threads or 1, log)
+      -- (opts.cache: workers with an empty cache each, DIR/device-I, their blocks shipped: loip.cluster.ship)
+      local src = opts.cache and ("--cache " .. q(opts.cache .. "/device-" .. i)) or ("--store " .. q(opts.store))
+      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d %s --mem %d --threads %d > /dev/null 2> %s & echo $!",
+        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, src, mem, opts.threads or 1, log)
       local pid = tonumber(io.popen(cmd):read("*l"))
       state.pids[#state.pids + 1] = pid
       state.hosts[#state.hosts + 1] = string.format("%s:%d", M.address(i), M.PORT)

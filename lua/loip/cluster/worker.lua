@@ -1,16 +1,14 @@
 -- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
 -- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP,
--- LOOKUP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
+-- LOOKUP, SHIP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
 -- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
--- cleanly (sockets closed, buffers freed).
---
--- A PLAN message (JSON) carries: plan_id, device (1-based), plan (loip.plan tables), next and
--- head (endpoints), context, batch, max_seqs, kv_tokens, plan_positions, kv_grows, loader,
--- overlap_loads, disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into
--- this device, emulated on receipt), logits_tokens, slowdown. The worker loads its part of its
--- own slice store (its resident blocks, the embedding on device 1, the head on device N) under
--- its budget, and replies READY with its memory, or ERROR with why. A PROFILE message (JSON
--- options) makes it measure itself (loip.plan.profile.calibrate on its own store) and reply
+-- cleanly (sockets closed, buffers freed). A PLAN message (JSON) carries: plan_id, device
+-- (1-based), plan (loip.plan tables), next and head (endpoints), context, batch, max_seqs,
+-- kv_tokens, plan_positions, kv_grows, loader, overlap_loads, disk_rate (this device's), link =
+-- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
+-- slowdown. The worker loads its part of its slice store (its own, or its cache's: SHIP,
+-- loip.cluster.cache) under its budget, and replies READY with its memory, or ERROR with why.
+-- PROFILE makes it measure itself (loip.plan.profile.calibrate on its own store) and reply
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
 local core = require "loip.core"
@@ -41,8 +39,7 @@ Worker.__index = Worker
 -- A budget's accounts as name -> bytes.
 local function accounts(budget)
   local t = {}
-  for _, a in ipairs(budget:report()) do t[a.account] = a.bytes end
-  return t
+  for _, a in ipairs(budget:report()) do t[a.account] = a.bytes end return t
 end
 
 -- A loader for device d with slots of slot_bytes (its plan's count, the PLAN's read settings).
@@ -54,16 +51,18 @@ local function new_loader(d, slot_bytes)
   return l
 end
 
--- opts: listen (endpoint), store, mem (bytes, 0: unlimited), threads, token | keys.
+-- opts: listen (endpoint), store, cache (a block cache: loip.cluster.cache), disk_quota, mem
+-- (bytes, 0: unlimited), threads, token | keys. With a cache the store may be partial or absent.
 function M.new(opts)
-  local man = store.read_manifest(opts.store)
-  store.check_files(opts.store, man)
+  local man = opts.store and store.read_manifest(opts.store)
+  if man and not opts.cache then store.check_files(opts.store, man) end
   local net, err = transport.net { token = opts.token, keys = opts.keys }
   if not net then error(err, 0) end
   local sock, berr = net:bind(opts.listen)
   if not sock then net:close() error(berr, 0) end
-  local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = M.store_id(opts.store),
+  local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = man and M.store_id(opts.store),
     header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
+  if opts.cache then self.cache = require("loip.cluster.cache").new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
   self.buf = ffi.new("uint8_t[?]", self.cap)
   -- the heartbeat answers on its own thread and socket, even while a long stage computes
   local ep = sock:endpoint()
@@ -106,6 +105,7 @@ end
 function Worker:build(msg)
   self:drop_device()
   local dir, man = self.opts.store, self.man
+  if not man then error("no slice store: its blocks were not shipped to this worker's --cache", 0) end
   if msg.store_id and msg.store_id ~= self.store_id then
     error(string.format("store %s differs from the head's (manifest sha256 %s, head has %s)", dir,
       self.store_id:sub(1, 16), tostring(msg.store_id):sub(1, 16)), 0)
@@ -213,11 +213,12 @@ local handlers = {}
 
 function handlers.HELLO(self)
   return "HELLO", json.encode({ now_ns = core.now_ns(), heartbeat = self.hb_endpoint, bulk = self.bulk:endpoint(),
-    store = self.opts.store, store_id = self.store_id,
+    store = self.opts.store, store_id = self.store_id, cache = self.cache ~= nil,
     mem = self.opts.mem or 0, threads = self.opts.threads or 0, pid = self.pid, version = core.build.version })
 end
 
 function handlers.PING() return "PONG", "" end
+function handlers.SHIP(self, msg, body) return require("loip.cluster.cache").handle(self, msg, body) end -- (blocks shipped)
 
 function handlers.PLAN(self, _, body)
   body = assert(body, "a message without its JSON body")
@@ -381,7 +382,9 @@ function handlers.PROFILE(self, _, o)
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
       read = o.read, disk_rate = o.disk_rate })
   else
-    pr = profile.calibrate { store = self.opts.store, threads = self.opts.threads, context = o.context, quiet = true }
+    -- (a cache's store is partial: the model's shape the head sent, a scratch file for the disk)
+    pr = profile.calibrate { store = not self.cache and self.opts.store or nil, cfg = o.cfg, dtype = o.dtype,
+      threads = self.opts.threads, context = o.context, quiet = true }
   end
   if o.link_to then pr.link.to_next = profile.link_to(self.net, o.link_to, "profile-" .. (self.pid or 0)) end
   return "PROFILE", json.encode(pr)
@@ -421,12 +424,11 @@ function Worker:handle(msg)
   local h = handlers[kind]
   if not h then return log("ignored a %s message from %s", tostring(kind), msg.from) end
   local ok, rkind, payload = pcall(function()
-    local body = msg.payload and msg.payload ~= "" and json.decode(msg.payload) or nil
+    local body = msg.payload and msg.payload ~= "" and msg.flags ~= 1 and json.decode(msg.payload) or nil -- (1: a SHIP chunk)
     return h(self, msg, type(body) == "table" and body or nil)
   end)
   if ok then
-    if rkind then reply(self, msg.from, rkind, payload, 0, msg.via) end
-    return
+    if rkind then reply(self, msg.from, rkind, payload, 0, msg.via) end return
   end
   local f = failure[kind] or {}
   if f.drop then self:drop_device() end
@@ -457,9 +459,7 @@ end
 
 local function parent_pid()
   local f = io.open("/proc/self/stat")
-  local st = f:read("*l")
-  f:close()
-  return tonumber(st:match("^%d+ %b() %a (%d+)"))
+  local st = f:read("*l") f:close() return tonumber(st:match("^%d+ %b() %a (%d+)"))
 end
 
 function Worker:run()

@@ -111,12 +111,13 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
     local devs = {}
     for i, d in ipairs(est and est.devices or {}) do
       devs[i] = { comp_ms = d.comp_ms, load_ms = d.load_ms, uncover_ms = d.uncover_ms, comm_ms = d.comm_ms,
-        memory_bytes = d.memory_bytes, idle_ms = d.idle_ms }
+        memory_bytes = d.memory_bytes, idle_ms = d.idle_ms, ship_bytes = d.ship_bytes }
     end
     local out = { plan = plan.bare(p), estimate_ms_per_token = est and est.ms_per_token, devices = devs,
       scheduler_ms = info and info.scheduler_ms, scheduler = info and info.scheduler, cost_model = info and info.cost,
       stages = #p.devices[1].stages, bound = est and est.bound, bottleneck = est and est.bottleneck,
-      comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms }
+      comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms,
+      ship_ms = est and est.ship_ms } -- (shipping's one-off cost to empty caches: recipes/policies/cost/loip.lua)
     for k, v in pairs(extra or {}) do out[k] = v end
     io.stdout:write(require("loip.tools.json").encode(out), "\n")
     return
@@ -125,6 +126,12 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
   if info then
     io.stderr:write(string.format("  scheduler %s with cost model %s: %.1f ms to decide%s\n", info.scheduler, info.cost,
       info.scheduler_ms, est and est.layout and (" (" .. est.layout .. ")") or ""))
+  end
+  if est and est.ship_ms then -- (a one-off cost: loip.cluster.ship)
+    local n = 0
+    for _, d in ipairs(est.devices or {}) do n = n + (d.ship_bytes or 0) end
+    io.stderr:write(string.format("  shipping to empty caches: %s, %.1f s over the links\n", require("loip.tools.progress").human(n),
+      est.ship_ms / 1000))
   end
 end
 

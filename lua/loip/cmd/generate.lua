@@ -154,12 +154,12 @@ local function run_cluster(o)
       per_device[i] = { compute_ms = per("compute_ms"), load_ms = per("load_ms"), stall_ms = per("stall_ms"),
         send_ms = per("send_ms"), recv_wait_ms = per("recv_wait_ms"), head_ms = per("head_ms"),
         memory = a.memory, budget_bytes = a.budget_bytes, peak_bytes = a.peak_bytes, peak_rss_bytes = a.peak_rss_bytes,
-        accounts = a.accounts, links = a.links,
+        accounts = a.accounts, links = a.links, shipped_bytes = c.devices[i].shipped_bytes or 0, -- (loip.cluster.ship)
         experts = a.experts and require("loip.model.experts").report(a.experts, st.stats.decode_steps + 1, b.experts) or nil }
       local e = est and est.devices[i]
       if e then
         per_device[i].estimate = { comp_ms = e.comp_ms, load_ms = e.load_ms, uncover_ms = e.uncover_ms, comm_ms = e.comm_ms,
-          memory_bytes = e.memory_bytes }
+          memory_bytes = e.memory_bytes, ship_bytes = e.ship_bytes }
       end
     end
     local per_token = st.stats.decode_steps > 0 and st.stats.decode_ms / st.stats.decode_steps or 0

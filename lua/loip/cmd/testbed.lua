@@ -4,7 +4,7 @@ local flags = require "loip.tools.flags"
 
 local M = {
   brief = "network namespaces shaped by tbf with a worker in each (root)",
-  usage = "loip testbed up N --store DIR [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed shape I RATE | loip testbed down [--keep-logs] | loip testbed status",
+  usage = "loip testbed up N --store DIR [--cache DIR] [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed shape I RATE | loip testbed down [--keep-logs] | loip testbed status",
   summary = "A network testbed on this machine (root): N network namespaces joined by a bridge, every link shaped\n"
     .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...), logging to\n"
     .. "/tmp/loip-testbed-I.log. `shape I RATE` re-shapes device I's link live (requests keep running). `down`\n"
@@ -12,6 +12,7 @@ local M = {
     .. "is printed, and kept in the state file.",
   flags = {
     { "store", "string", "slice store the workers serve", metavar = "DIR" },
+    { "cache", "string", "the workers hold no store: each an empty cache DIR/device-I the head ships its blocks into (the store stays the head's)", metavar = "DIR" },
     { "rate", "string", "link rate (tc syntax: 100mbit, 1gbit)", default = "100mbit" },
     { "mem", "string", "budget per worker: one size, or one per worker (600M,400M,400M)", metavar = "LIST" },
     flags.shared.threads,
@@ -56,7 +57,7 @@ function M.run(o, pos)
   end
   local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
   local exe = io.popen("readlink -f /proc/" .. pid .. "/exe"):read("*l")
-  local st = testbed.up { n = n, rate = o.rate, store = o.store, mem = mems, threads = o.threads > 0 and o.threads or 1,
+  local st = testbed.up { n = n, rate = o.rate, store = o.store, cache = o.cache, mem = mems, threads = o.threads > 0 and o.threads or 1,
     token = token, exe = exe }
   io.stdout:write(string.format("testbed up: %d workers at %s, links shaped to %s\n", n, table.concat(st.hosts, ","), o.rate))
   io.stdout:write(string.format("run: LOIP_CLUSTER_TOKEN=%s loip generate --model %s --hosts %s --prompt ...\n", token, o.store,

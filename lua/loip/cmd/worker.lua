@@ -4,13 +4,15 @@ local flags = require "loip.tools.flags"
 
 local M = {
   brief = "run one device of a cluster (the head starts them with generate --devices)",
-  usage = "loip worker --listen HOST:PORT --store DIR [--mem BYTES] [--threads N] [--token SECRET | --curve-keys DIR]",
+  usage = "loip worker --listen HOST:PORT (--store DIR | --cache DIR [--disk-quota BYTES]) [--mem BYTES] [--threads N] [--token SECRET | --curve-keys DIR]",
   summary = "Run one device of a cluster: wait for a plan from the head, load its part of the slice store,\n"
     .. "run its stages every step. Stops cleanly on SIGINT/SIGTERM or when the head says so. The cluster\n"
     .. "token may also come from LOIP_CLUSTER_TOKEN (kept out of the process list).",
   flags = {
     { "listen", "string", "endpoint to listen at: HOST:PORT, tcp://HOST:PORT (port * or 0: any)", required = true },
-    { "store", "string", "this device's copy of the slice store", required = true, metavar = "DIR" },
+    { "store", "string", "this device's copy of the slice store (with --cache: its files are used where present)", metavar = "DIR" },
+    { "cache", "string", "a block cache: the head ships the store's files this device's plans need into DIR/<store id>/, kept for the next run", metavar = "DIR" },
+    { "disk-quota", "bytes", "the most the cache may hold on disk (default: no limit)", default = 0, metavar = "BYTES" },
     { "mem", "bytes", "memory budget of this device (default: unlimited)", default = 0, metavar = "BYTES" },
     flags.shared.threads, flags.shared.kernels,
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
@@ -26,16 +28,20 @@ function M.run(o)
   if not token and not o.curve_keys then
     common.usage("worker", "give --token, --curve-keys or LOIP_CLUSTER_TOKEN: peers must authenticate")
   end
+  if not o.store and not o.cache then common.usage("worker", "give --store DIR or --cache DIR (blocks shipped by the head)") end
+  if o.disk_quota > 0 and not o.cache then common.usage("worker", "--disk-quota limits --cache: give --cache DIR") end
   if o.cpu_latency then
     local ok, err = require("loip.core").wake_latency(o.cpu_latency)
     if not ok then error("worker: --cpu-latency: " .. err, 0) end
   end
   local listen = o.listen:match("://") and o.listen or ("tcp://" .. o.listen)
-  local w = require("loip.cluster.worker").new { listen = listen, store = o.store, mem = o.mem, threads = o.threads,
+  local w = require("loip.cluster.worker").new { listen = listen, store = o.store, cache = o.cache, disk_quota = o.disk_quota,
+    mem = o.mem, threads = o.threads,
     token = o.curve_keys and nil or token, keys = o.curve_keys, head_dir = o.head_dir }
   io.stdout:write("listening ", w:endpoint(), "\n")
   io.stdout:flush()
-  io.stderr:write(string.format("loip worker: %s, store %s, budget %s%s\n", w:endpoint(), o.store,
+  io.stderr:write(string.format("loip worker: %s, %s, budget %s%s\n", w:endpoint(),
+    o.cache and ("cache " .. o.cache .. (o.store and (", store " .. o.store) or "")) or ("store " .. o.store),
     o.mem > 0 and require("loip.runtime.memory").format_bytes(o.mem) or "unlimited",
     o.cpu_latency and string.format(", CPU wake-up latency held at %d us", o.cpu_latency) or ""))
   w:run()

@@ -212,7 +212,9 @@ function Server:health()
   local c = self.opts.cluster
   if c then
     h.devices = {}
-    for i, d in ipairs(c.devices) do h.devices[i] = { device = i, endpoint = d.endpoint, pid = d.pid } end
+    for i, d in ipairs(c.devices) do
+      h.devices[i] = { device = i, endpoint = d.endpoint, pid = d.pid, shipped_bytes = d.shipped_bytes or 0 } -- (loip.cluster.ship)
+    end
     h.device_losses = c.losses and #c.losses or 0
     if h.device_losses > 0 then h.losses = c.losses end
     -- a loss left devices that could not take over: nothing is served until the lost device is
@@ -242,6 +244,7 @@ function Server:metrics_text()
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   require("loip.serve.prefix_cache").metrics(m, b, dev)
   if dev then
+    require("loip.cluster.ship").metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
     for i, d in ipairs(dev) do
       local l = { device = i }
       m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)

@@ -253,7 +253,42 @@ local function rate_with(by, k)
   return lo >= #by and by[#by] or by[lo] + (by[lo + 1] - by[lo]) * (k - lo)
 end
 
+-- Shipping's one-off cost (blocks sent to workers that keep a cache instead of a store,
+-- loip.cluster.ship): the bytes of the files device i's part reads (every block of its stages,
+-- resident or offloaded, a mixture of experts' MLP with its experts; the embedding on device 1,
+-- and on device N with a tied head; the head on device N), as an empty cache lacks them, less
+-- problem.devices[i].held_bytes when known; sent one device after another, each over the link
+-- into it (problem.ship_rate_bps instead when given; a link of rate 0 is not priced).
+-- Returns bytes per device and the milliseconds of it all.
+function M.ship(p, problem)
+  local m, N, bytes, ms = problem.model, #p.devices, {}, 0
+  for i, dev in ipairs(p.devices) do
+    local n = 0
+    for _, st in ipairs(dev.stages) do
+      for b = st.blocks[1], st.blocks[2] do n = n + (m.res_bytes and m.res_bytes[b] or m.block_bytes[b] or 0) end
+    end
+    if i == 1 or (i == N and m.tied) then n = n + (m.embed_file_bytes or 0) end
+    if i == N then n = n + (m.head_file_bytes or 0) end
+    n = math.max(0, n - ((problem.devices[i] or {}).held_bytes or 0))
+    bytes[i] = n
+    local link = problem.links and problem.links[(i - 2) % N + 1]
+    local rate = problem.ship_rate_bps or (link and link.rate_bps) or 0
+    if rate > 0 then ms = ms + n / rate * 1000 end
+  end
+  return bytes, ms
+end
+
+-- The estimate of plan p: ms_per_token and its parts, per device, and shipping's one-off cost
+-- beside them (ship_bytes per device, ship_ms: M.ship).
 function M.estimate(p, problem)
+  local est = M.step_estimate(p, problem)
+  local bytes, ms = M.ship(p, problem)
+  for i, d in ipairs(est.devices) do d.ship_bytes = bytes[i] end
+  est.ship_ms = ms
+  return est
+end
+
+function M.step_estimate(p, problem)
   local est = play(p, problem)
   -- Local devices sharing one disk (disk_shared_bps): the plan was priced at the rate of all of
   -- them reading at once; each read is rather at the rate of itself and the others' share of the
