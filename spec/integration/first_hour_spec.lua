@@ -33,6 +33,8 @@ describe("modules", function()
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
+      -- (a serving cluster's membership: joins, leaves, drains; the head's, a worker's, the server's)
+      "^loip%.cluster%.membership$", "^loip%.cluster%.join$", "^loip%.serve%.membership$",
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
       "^loip%.tools%.flags$", "^loip%.tools%.repl$",
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
