@@ -3,7 +3,7 @@
 -- a worker killed (-9) mid-request is a loss, a fresh one joins; `loip cluster drain I` and a
 -- worker's SIGTERM let a device go; every request in flight goes on with exactly the tokens one
 -- device gives, and /health lists joins, leaves and losses in one list. A worker with the wrong
--- token is refused, and both sides log it.
+-- token is refused, and both sides log it; so is one holding another slice store.
 local loip = require "loip"
 local json = require "loip.tools.json"
 local client = require "loip.serve.client"
@@ -198,7 +198,17 @@ describe("a serving cluster's membership", function()
     wait_until("the refused worker to exit", function() return not alive(pid) end)
     assert.matches("refused our key: wrong cluster token", T.read_or_empty(wlog), 1, true)
     wait_until("the head's log of it", function() return T.read_or_empty(errlog):find("rejected a peer", 1, true) ~= nil end)
+    -- a worker holding another slice store: refused by the head, naming it; the set stays
+    local other = T.tmpdir() .. "/other"
+    os.execute(string.format("cp -r %s %s && printf ' ' >> %s/manifest.json", st, other, other))
+    local pid2, wlog2 = join(joins, other)
+    wait_until("the other store's worker to exit", function() return not alive(pid2) end)
+    assert.matches("refused us: device 2 %(tcp://[%d.:]+%) holds a different slice store", T.read_or_empty(wlog2))
+    assert.matches("refused the join of", T.read_or_empty(errlog), 1, true)
     assert.are.equal(1, #get_json(cl, base .. "/health").devices)
+    local t = stream(cl, url, model, 2, 20, auth)
+    cl:wait(60000)
+    assert.are.equal(reference(2, 20), table.concat(t.pieces))
     cl:close()
   end)
 end)
