@@ -106,6 +106,17 @@ local function serve(n, extra)
 end
 
 describe("a serving cluster's membership", function()
+  it("--join-listen needs a cluster, and on --devices the token workers that join prove", function()
+    local dir = T.tmpdir()
+    for _, case in ipairs({ { "", "give --devices or --hosts" }, { "--devices 2", "needs the token" } }) do
+      local rc = os.execute(string.format("env -u LOIP_CLUSTER_TOKEN %s serve --model %s %s --join-listen 127.0.0.1:0 --port 0 > %s/out 2> %s/err",
+        T.loip, T.slice_store(S260, "s260"), case[1], dir, dir))
+      assert.are_not.equal(0, rc)
+      assert.matches("--join-listen", T.read(dir .. "/err"), 1, true)
+      assert.matches(case[2], T.read(dir .. "/err"), 1, true)
+    end
+  end)
+
   it("admits a worker that joins mid-request and one that replaces a worker killed (-9): the same tokens, then all three serve", function()
     local st, model, url, errlog, joins = serve(2)
     local base = url:gsub("/v1$", "")
@@ -193,6 +204,12 @@ describe("a serving cluster's membership", function()
       assert.is_true(e.replan_ms > 0)
       assert.are.equal(0, h.device_losses)
     end
+    -- loip cluster members: the devices and the events, as JSON
+    local out = T.tmpdir() .. "/members"
+    assert.are.equal(0, os.execute(string.format("%s cluster members --url %s --api-key k > %s", T.loip, url, out)))
+    local m = json.decode(T.read(out))
+    assert.are.equal(1, #m.devices)
+    assert.are.same({ "leave", "leave" }, { m.membership[1].kind, m.membership[2].kind })
     -- a worker with another token: refused by the head's transport, logged by both
     local pid, wlog = join(joins, st, "not-the-token")
     wait_until("the refused worker to exit", function() return not alive(pid) end)
