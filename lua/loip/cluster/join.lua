@@ -55,13 +55,17 @@ end
 
 -- Whether the worker's loop goes on: no signal; or a SIGTERM while it serves a head's plan: it
 -- tells the head it leaves (again after each new plan), serving until told to stop or until
--- LEAVE_WAIT_MS passed.
+-- LEAVE_WAIT_MS passed; at once when its head, on this host, is gone.
 function M.keep_running(w)
   if w.join and not join_answer(w) then return false end
   local sig = process.signal_received()
   if sig == 0 then return true end
   local d = w.dev
   if sig ~= SIGTERM or not (d and d.head and d.plan_id) or not w.owner then return false end
+  -- a head on this host that is gone (a local head's workers get SIGTERM when it dies): no one
+  -- to tell, stop at once
+  local host, pid = w.owner.id:match("^head%-(.+)%-(%d+)$")
+  if host and host == w.hostname and not require("loip.cluster.proc").alive(tonumber(pid)) then return false end
   local now = core.now_ms()
   if not w.leaving then
     w.leaving = { deadline = now + LEAVE_WAIT_MS }
