@@ -26,7 +26,7 @@ end
 
 -- The figures of each device: opts.profile (a file or table: one device's, used for all, or a
 -- cluster's, one per device), else calibrations: local workers share this machine (measured
--- here, once, kept in the cache); running workers each measure themselves (PROFILE).
+-- here, once, kept in the cache); running workers each measure themselves (PROFILE), once.
 function Cluster:profiles(opts)
   local profile = require "loip.plan.profile"
   local pr = opts.profile
@@ -50,10 +50,16 @@ function Cluster:profiles(opts)
     return out
   end
   for i, d in ipairs(self.devices) do
-    -- (the model's shape: a worker whose blocks are shipped may hold none yet)
-    local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.man.config,
-      dtype = store.layer_dtype(self.man) }) }, 120000, d.bulk)
-    out[i] = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0)
+    -- (measured once per device and context: a re-plan after a join, a leave or a loss reuses
+    -- it rather than measure every device again while requests wait; the model's shape: a worker
+    -- whose blocks are shipped may hold none yet)
+    if not (d.measured and d.measured.context == self.context) then
+      local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.man.config,
+        dtype = store.layer_dtype(self.man) }) }, 120000, d.bulk)
+      d.measured = { context = self.context,
+        profile = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0) }
+    end
+    out[i] = d.measured.profile
   end
   return out
 end

@@ -30,14 +30,16 @@ end
 
 -- A Cluster's methods, one file a concern (a method lives in exactly one of them):
 --   loip.cluster.rpc      ask, tell, answer, await, stats, collect_trace
---   loip.cluster.members  spawn, connect_all, replan_after_loss, take_back, revive
+--   loip.cluster.members  spawn, connect_all, check_store, replan_after_loss, take_back, revive
+--   loip.cluster.membership  listen_joins, between_steps, admit, release_device, member_event
 --   loip.cluster.control  profiles, problem, plan, restage, lend, replan_kv, set_link
 --   loip.engine.ring      the engine (start, step, finish, idle, online_devices, link_rates,
 --                         link_state) and its front-end (batcher, generate, logits, tokenizer)
 -- and its life here: new, start_local, connect, close.
 local Cluster = {}
 Cluster.__index = Cluster
-for _, part in ipairs({ "loip.cluster.rpc", "loip.cluster.members", "loip.cluster.control", "loip.engine.ring" }) do
+for _, part in ipairs({ "loip.cluster.rpc", "loip.cluster.members", "loip.cluster.control", "loip.engine.ring",
+    "loip.cluster.membership" }) do
   for name, f in pairs(require(part)) do
     assert(Cluster[name] == nil, "loip.cluster: " .. name .. " is defined twice")
     Cluster[name] = f
@@ -146,8 +148,8 @@ function Cluster:close()
   for _, d in ipairs(self.devices or {}) do
     if d.ctl then
       if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end)
-      elseif not self.spawned then
-        -- a running worker stays up, free for the next head
+      elseif not self.spawned or not d.pid then
+        -- a running worker (one that joined too) stays up, free for the next head
         pcall(function() d.ctl:send({ kind = "STOP", payload = json.encode({ release = true }) }, 500) end)
       end
     end

@@ -51,8 +51,10 @@ function Cluster:spawn(i)
   error(string.format("device %d: the worker did not start within 30 s:\n%s", i, tail(log, 8)), 0)
 end
 
-function Cluster:connect_all()
-  for i, d in ipairs(self.devices) do
+-- Connect every device (or only device `only`: one that joins) and check what it holds.
+function Cluster:connect_all(only)
+  for i = only or 1, only or #self.devices do
+    local d = self.devices[i]
     if d.ctl then d.ctl:close() end
     d.ctl = assert(self.net:connect(d.endpoint, self.identity))
     local t0 = core.now_ns()
@@ -62,10 +64,7 @@ function Cluster:connect_all()
     -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
     -- round trip; events it records are moved by this for one timeline
     d.clock_offset_ns = (d.pid and 0) or (hello.now_ns and hello.now_ns - (t0 + t1) / 2) or 0
-    if hello.store_id ~= self.store_id and not hello.cache then -- (a cache: blocks are shipped, loip.cluster.ship)
-      error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
-        i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
-    end
+    self:check_store(i, d, hello)
     d.hello, d.mem = hello, d.mem or hello.mem or 0
     -- a worker listening on every address (0.0.0.0) reports its other sockets so: reach them
     -- at the address we reached it by
@@ -78,6 +77,16 @@ function Cluster:connect_all()
     if hello.heartbeat then d.hb = assert(self.net:connect(reachable(hello.heartbeat), self.identity)) end
     if d.bulk then d.bulk:close() d.bulk = nil end
     if hello.bulk then d.bulk = assert(self.net:connect(reachable(hello.bulk), self.identity)) end
+  end
+end
+
+-- Whether device i (d, its HELLO) can serve the head's store: the same slice store (its
+-- manifest's sha256). Raises naming the device and both stores. (Every device is checked here:
+-- those started with the cluster and those that join.)
+function Cluster:check_store(i, d, hello)
+  if hello.store_id ~= self.store_id and not hello.cache then -- (a cache: blocks are shipped, loip.cluster.ship)
+    error(string.format("device %d (%s) holds a different slice store (%s, manifest sha256 %s...) than the head's %s (%s...): slice the same model on every device",
+      i, d.endpoint, tostring(hello.store), tostring(hello.store_id):sub(1, 12), self.store, self.store_id:sub(1, 12)), 0)
   end
 end
 
@@ -108,6 +117,7 @@ local function without_devices(plan_opts, gone)
   end
   return opts
 end
+Cluster.plan_opts_without = without_devices -- (loip.cluster.membership: a device drained or leaving)
 
 -- A device was lost mid-request (died, hangs, unreachable: d.failed): it leaves the cluster (a
 -- local worker is killed, its sockets closed) and the others get a new plan from the same
@@ -116,7 +126,7 @@ end
 -- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
 function Cluster:replan_after_loss(why)
   local t0 = core.now_ms()
-  local keep, lost, gone = {}, {}, {}
+  local keep, lost, gone, lost_at = {}, {}, {}, {}
   -- the options and devices as first planned: a lost device is taken back when nothing runs
   self.full_plan_opts = self.full_plan_opts or self.plan_opts
   if not self.all_devices then
@@ -127,6 +137,7 @@ function Cluster:replan_after_loss(why)
   for i, d in ipairs(self.devices) do
     if d.failed then
       lost[#lost + 1], gone[i] = i, true
+      lost_at[#lost] = d.endpoint
       -- taken back later: a local worker started again, a remote one once it answers again
       table.insert(self.lost_devices, { d = d, before = self.devices[i + 1] })
       if d.pid then kill_worker(d.pid) end
@@ -148,6 +159,7 @@ function Cluster:replan_after_loss(why)
   self.losses[#self.losses + 1] = loss
   local ok, err = pcall(self.plan, self, opts)
   loss.replan_ms, loss.replanned = core.now_ms() - t0, ok
+  for k, i in ipairs(lost) do self:member_event("loss", i, lost_at[k], loss.replan_ms) end -- (loip.cluster.membership)
   self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
   if not ok then
     loss.error = tostring(err)
@@ -224,7 +236,7 @@ function Cluster:revive()
   if not self.spawned then return end
   local any = false
   for i, d in ipairs(self.devices) do
-    if d.failed or not alive(d.pid) then
+    if d.pid and (d.failed or not alive(d.pid)) then -- (one that joined is not ours to start)
       -- a device that hung is replaced too; wait until the old process is gone (its port)
       kill_worker(d.pid)
       self:spawn(i)

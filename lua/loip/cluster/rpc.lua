@@ -114,6 +114,7 @@ function Cluster:await(step, timeout_ms)
         self.warnings = self.warnings or {}
         table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
       end
+      if r.kind == "STOP" then self:note_leave(r) end -- (a worker leaving: loip.cluster.membership)
       if r.kind == "RESULT" and r.step == step and r.plan_id == self.plan_id then return r end
     end
     if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end

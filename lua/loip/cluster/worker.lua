@@ -469,7 +469,7 @@ function Worker:run()
   if h then h:close() end
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
-  while not self.stopping and process.signal_received() == 0 do
+  while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)
     local msg = self:poll(200)
     if msg then self:handle(msg) end
     -- the bulk link (answered on it)
@@ -481,7 +481,7 @@ function Worker:run()
     end
     for _, line in ipairs(self.net:auth_log()) do log("%s", line) end
   end
-  log("stopping (%s)", self.stopping and "asked by the head" or "signal " .. process.signal_received())
+  log("stopping (%s)", self.stopping and "asked by the head" or self.failed or ("signal " .. process.signal_received()))
   self:close()
   -- a local head that died (kill -9, a crash) could not remove its directory: its last worker does
   if self.opts.head_dir and not self.stopping and parent_pid() ~= self.parent then

@@ -174,7 +174,7 @@ local function run_cluster(o)
       r.scheduler, r.cost_model, r.scheduler_ms = info and info.scheduler, info and info.cost, info and info.scheduler_ms
       r.plan = require("loip.plan").bare(p)
       r.adaptations = #c:batcher().adaptations > 0 and c:batcher().adaptations or nil
-      r.device_losses = c.losses
+      r.device_losses, r.membership = c.losses, c.membership -- (membership: joins, leaves and losses in one list)
       r.link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil
       r.draft = M.draft_report(c:batcher())
       io.stdout:write(json.encode(r), "\n")

@@ -44,6 +44,8 @@ local M = {
       default = 2 ^ 31, metavar = "BYTES" },
     flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
+    { "join-listen", "string", "a cluster: admit workers that join while it serves (loip worker --join) at this address "
+      .. "(port 0: any, printed)", metavar = "ADDR:PORT" },
     flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
     flags.shared.experts, flags.shared.routing_profile,
@@ -84,6 +86,10 @@ function M.run(o)
   if o.max_batch > o.step_tokens then
     usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
   end
+  if o.join_listen and not cluster_run then usage("serve", "--join-listen admits workers into a cluster: give --devices or --hosts") end
+  if o.join_listen and o.devices and not common.token(o) then
+    usage("serve", "--join-listen on --devices needs the token workers that join prove: --token SECRET or LOIP_CLUSTER_TOKEN")
+  end
   local draft = common.draft("serve", o)
   if o.no_prompt_cache and o.prompt_cache_dir then usage("serve", "--prompt-cache-dir is the prefix cache's disk tier, which --no-prompt-cache turns off") end
   local api_key = o.api_key or os.getenv("LOIP_API_KEY")
@@ -97,7 +103,8 @@ function M.run(o)
       local cfg = st.config(o.model, st.read_manifest(o.model))
       tok = require("loip.text.tokenizer").open(o.model, { vocab_size = cfg.vocab_size })
       c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys })
-        or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil }
+        or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
+          token = o.join_listen and common.token(o), tcp = o.join_listen ~= nil } -- (joiners know the token, reach TCP)
       if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
@@ -108,6 +115,7 @@ function M.run(o)
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
         disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
       if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
+      if o.join_listen then io.stdout:write("joins ", c:listen_joins(o.join_listen), "\n") end
     else
       if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
       if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end

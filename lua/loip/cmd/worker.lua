@@ -4,10 +4,12 @@ local flags = require "loip.tools.flags"
 
 local M = {
   brief = "run one device of a cluster (the head starts them with generate --devices)",
-  usage = "loip worker --listen HOST:PORT (--store DIR | --cache DIR [--disk-quota BYTES]) [--mem BYTES] [--threads N] [--token SECRET | --curve-keys DIR]",
+  usage = "loip worker --listen HOST:PORT (--store DIR | --cache DIR [--disk-quota BYTES]) [--mem BYTES] [--threads N] [--token SECRET | --curve-keys DIR] [--join HEAD:PORT]",
   summary = "Run one device of a cluster: wait for a plan from the head, load its part of the slice store,\n"
-    .. "run its stages every step. Stops cleanly on SIGINT/SIGTERM or when the head says so. The cluster\n"
-    .. "token may also come from LOIP_CLUSTER_TOKEN (kept out of the process list).",
+    .. "run its stages every step. Stops cleanly on SIGINT/SIGTERM or when the head says so; SIGTERM while it\n"
+    .. "serves: it tells the head it leaves and stops once the head planned without it. --join: it asks a\n"
+    .. "serving head (loip serve --join-listen) to admit it. The cluster token may also come from\n"
+    .. "LOIP_CLUSTER_TOKEN (kept out of the process list).",
   flags = {
     { "listen", "string", "endpoint to listen at: HOST:PORT, tcp://HOST:PORT (port * or 0: any)", required = true },
     { "store", "string", "this device's copy of the slice store (with --cache: its files are used where present)", metavar = "DIR" },
@@ -18,6 +20,7 @@ local M = {
     { "token", "string", "cluster secret (peers prove they hold it; it never crosses the wire)", metavar = "SECRET" },
     { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
     flags.shared.cpu_latency,
+    { "join", "string", "join a serving cluster: the head's --join-listen address (admitted between steps)", metavar = "HEAD:PORT" },
     { "head-dir", "string", "a local head's private directory: removed when the head dies before this worker stops (the head sets it)", metavar = "DIR" },
   },
 }
@@ -44,8 +47,9 @@ function M.run(o)
     o.cache and ("cache " .. o.cache .. (o.store and (", store " .. o.store) or "")) or ("store " .. o.store),
     o.mem > 0 and require("loip.runtime.memory").format_bytes(o.mem) or "unlimited",
     o.cpu_latency and string.format(", CPU wake-up latency held at %d us", o.cpu_latency) or ""))
+  if o.join then require("loip.cluster.join").announce(w, o.join) end
   w:run()
-  return 0
+  return w.failed and 1 or 0
 end
 
 return M

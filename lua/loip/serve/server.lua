@@ -221,6 +221,7 @@ function Server:health()
     -- back (taken back when nothing runs)
     if c.degraded then h.status, h.error = "degraded", c.degraded end
     h.devices_taken_back = c.taken_back or 0
+    require("loip.serve.membership").health(c, h) -- (joins, leaves and losses: `membership`)
   end
   return h
 end
@@ -303,6 +304,8 @@ function Server:dispatch(req)
     local id = path:sub(#"/v1/models/" + 1)
     if id ~= self.name then return fail(req, 404, string.format("The model '%s' does not exist", id), nil, "model", "model_not_found") end
     answer(req, 200, openai.encode({ id = self.name, object = "model", created = self.created, owned_by = "loip" }))
+  elseif path == "/v1/cluster/drain" then
+    if only("POST") then require("loip.serve.membership").drain(self, req) end
   elseif path == "/health" then
     answer(req, 200, json.encode(self:health()))
   elseif path == "/metrics" then
@@ -327,6 +330,7 @@ function Server:turn(wait_ms)
   for r, c in pairs(self.active) do
     if c.reply.http:cancelled() then c.reply.client_gone = true r:cancel() end
   end
+  if self.opts.cluster then require("loip.serve.membership").turn(self) end -- (between steps: joins, leaves)
   if self.batcher:busy() then
     local ok, err = pcall(self.batcher.step, self.batcher)
     if not ok then log("step failed: %s", tostring(err)) end

@@ -12,7 +12,7 @@ local M = {}
 
 -- The commands, in the order `loip help` lists them, each the module loip.cmd.<name>.
 local ORDER = { "generate", "serve", "chat", "tokenize", "run", "synth", "slice", "pull", "plan", "profile",
-  "simulate", "worker", "testbed", "trace", "test", "policy" }
+  "simulate", "worker", "cluster", "testbed", "trace", "test", "policy" }
 
 M.commands, M.order, M.modules = {}, {}, {}
 
