@@ -259,6 +259,8 @@ async function start() {
       for (const k of ["devices", "links", "timeline", "adaptations", "losses", "requests"]) {
         if (!Array.isArray(state.snap[k])) state.snap[k] = [];
       }
+      const last = state.snap.timeline[state.snap.timeline.length - 1];
+      if (last && last.ms > 0) state.lastRate = 1000 * last.tokens / last.ms;
       render();
       if ((await stream()) === false) return;
     } catch (err) {
