@@ -3,7 +3,7 @@
 -- serve a burst: the page shows the 3 devices with their stages and a budget bar each, and its
 -- step count grows from the event stream; the page is public, /v1/cluster* need the API key.
 -- On one device the snapshot and the stream show that device; a client too slow for its
--- stream is dropped without holding the serving loop.
+-- stream is dropped without holding the serving loop; a device's loss is streamed.
 local json = require "loip.tools.json"
 local client = require "loip.serve.client"
 local loip = require "loip"
@@ -18,7 +18,7 @@ after_each(T.stop_servers)
 
 local function get(cl, url, headers)
   local t = cl:get(url, headers)
-  cl:wait(30000)
+  while cl.live[t] do cl:run(20) end -- (other transfers, an event stream, may go on)
   return t.status, t.body
 end
 
@@ -102,6 +102,59 @@ describe("the dashboard", function()
     -- nothing of the browser is left: no process holds its profile
     local _, ps = T.run("ps -eo pid=,args=")
     assert.is_nil(ps:find(dir .. "/profile", 1, true), ps)
+    assert(ok, err)
+  end)
+
+  it("streams a device's loss and the plan over the devices left; the snapshot lists the loss", function()
+    local st = T.slice_store(S260, "s260")
+    local url = T.serve(string.format("--model %s --devices 3 --threads 1 --context 256 --max-batch 2 --link-delay 10ms", st))
+    local base = url:gsub("/v1$", "")
+    local cl = client.new()
+    local ok, err = pcall(function()
+      local ev = cl:get(base .. "/v1/cluster/events")
+      local events = {}
+      ev.on_data = function(_, bytes) events[#events + 1] = bytes end
+      local function seen()
+        local out = {}
+        for kind, data in table.concat(events):gmatch("event: (%w+)\ndata: ([^\n]*)\n\n") do
+          out[kind] = out[kind] or {}
+          table.insert(out[kind], json.decode(data))
+        end
+        return out
+      end
+      local status, body = get(cl, base .. "/v1/cluster")
+      assert.are.equal(200, status, body)
+      local pid = json.decode(body).devices[2].pid
+      local r = cl:post(url .. "/completions", json.encode({ model = st:match("([^/]+)$"), prompt = "Once upon a time",
+        max_tokens = 200, ignore_eos = true, temperature = 0 }))
+      -- the request runs (a step event says so: 10 ms links make its 200 tokens take seconds),
+      -- then device 2's worker is killed
+      local function running()
+        local steps = seen().step
+        return steps and steps[#steps].running == 1 and steps[#steps].requests[1].tokens > 10
+      end
+      while cl.live[r] and not running() do cl:run(20) end
+      assert.is_true(running(), "the request runs while its device is killed")
+      os.execute("kill -KILL " .. pid)
+      while cl.live[r] do cl:run(20) end
+      assert.are.equal(200, r.status, r.body)
+      for _ = 1, 100 do
+        local s = seen()
+        if s.loss and #s.plan >= 2 then break end
+        cl:run(20)
+      end
+      local s = seen()
+      assert.are.equal(1, #s.loss, table.concat(events))
+      assert.are.same({ 2 }, s.loss[1].devices)
+      assert.is_true(s.loss[1].replanned)
+      assert.are.equal(3, #s.plan[1].devices)
+      assert.are.equal(2, #s.plan[#s.plan].devices)
+      local _, snap = get(cl, base .. "/v1/cluster")
+      snap = json.decode(snap)
+      assert.are.equal(2, #snap.devices)
+      assert.are.equal(1, #snap.losses)
+    end)
+    cl:close()
     assert(ok, err)
   end)
 
