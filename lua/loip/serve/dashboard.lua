@@ -114,9 +114,18 @@ function Dash:broadcast(text)
   self.clients = keep
 end
 
--- The events since the last turn, to every client (nothing to do when none watches).
+-- The events since the last turn, to every client (nothing to do when none watches). A failure
+-- here is logged and ends the streams: the dashboard never stops the serving.
 function Dash:tick()
   if #self.clients == 0 then self.seen = nil return end
+  local ok, err = pcall(self.events, self)
+  if not ok then
+    io.stderr:write(os.date("%H:%M:%S "), "dashboard: ", tostring(err), "; its event streams end\n")
+    self:close()
+  end
+end
+
+function Dash:events()
   local srv, seen = self.srv, self.seen
   local out = {}
   for _, a in ipairs(self.view:adaptations(seen.adaptations + 1)) do out[#out + 1] = event("adaptation", a) end
