@@ -429,6 +429,13 @@ LOIP_API int loip_http_stream_write(loip_http_req *r, const void *data, uint64_t
     return rc;
 }
 
+LOIP_API uint64_t loip_http_stream_pending(loip_http_req *r) {
+    pthread_mutex_lock(&r->mu);
+    uint64_t n = r->out_len - r->out_at;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 LOIP_API void loip_http_release(loip_http_req *r) {
     if (r) req_release(r);
 }

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 29, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 30, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -1212,6 +1212,9 @@ LOIP_API int loip_http_respond(loip_http_req *r, int32_t status, const char *con
 LOIP_API int loip_http_stream_begin(loip_http_req *r, int32_t status, const char *content_type,
                                     const char *headers);
 LOIP_API int loip_http_stream_write(loip_http_req *r, const void *data, uint64_t len, int32_t end);
+/* The bytes of r's stream written and not yet taken by its connection (a caller bounds what it
+ * buffers for a slow client with it). */
+LOIP_API uint64_t loip_http_stream_pending(loip_http_req *r);
 /* The caller is done with r (answered, or given up). */
 LOIP_API void loip_http_release(loip_http_req *r);
 

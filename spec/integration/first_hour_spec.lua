@@ -44,6 +44,7 @@ describe("modules", function()
       -- (the API for agents: sampling at the head, logprobs' shapes, a reply's choices, grammars)
       "^loip%.serve%.head_sample$", "^loip%.serve%.logprobs$", "^loip%.serve%.reply$", "^loip%.serve%.constrain$",
       "^loip%.serve%.choices$", "^loip%.serve%.prefix_cache$", "^loip%.serve%.prefix_disk$", -- (n > 1, the prefix cache)
+      "^loip%.serve%.dashboard$", "^loip%.serve%.cluster_view$", -- (the live page at /, /v1/cluster and its events)
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
       -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)

@@ -55,6 +55,8 @@ end
 function M.stream_write(r, data, last, context)
   return core.ok(C.loip_http_stream_write(r, data, #data, last and 1 or 0), context)
 end
+-- The bytes written to r's stream that its client has not taken yet.
+function M.stream_pending(r) return tonumber(C.loip_http_stream_pending(r)) end
 function M.release(r) core.free(r, C.loip_http_release) end
 
 -- ---- client (libcurl's multi interface)

@@ -66,6 +66,11 @@ function Request:write(data, last)
   return rt.stream_write(self.handle, data, last) == true
 end
 
+-- The bytes written and not yet taken by the client (0 once released).
+function Request:pending()
+  return self.handle and rt.stream_pending(self.handle) or 0
+end
+
 function Request:finish(data)
   local ok = self:write(data or "", true)
   self:release()

@@ -52,6 +52,7 @@ function M.new(opts)
     timeout_s = opts.timeout_s or 30 }
   if not h then error("serve: " .. err, 0) end
   self.http, self.port = h, h.port
+  self.dashboard = require("loip.serve.dashboard").new(self) -- (the page at /, /v1/cluster and its events)
   -- the chat template is read now: a model without one is told at start, not per request
   local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
@@ -285,6 +286,7 @@ function Server:dispatch(req)
         "invalid_request_error", nil, "invalid_api_key")
     end
   end
+  if self.dashboard:route(req, path, method) then return end
   local function only(m)
     if method ~= m then fail(req, 405, string.format("%s %s: use %s", method, path, m), nil, nil, "method_not_allowed") return false end
     return true
@@ -335,6 +337,7 @@ function Server:turn(wait_ms)
     local ok, err = pcall(self.batcher.step, self.batcher)
     if not ok then log("step failed: %s", tostring(err)) end
   end
+  self.dashboard:tick()
 end
 
 -- Serve until a signal (SIGINT/SIGTERM) or done() returns true.
@@ -353,6 +356,7 @@ function Server:close()
     c.reply.shutdown = true
     r:cancel()
   end
+  if self.dashboard then self.dashboard:close() end
   if self.http then self.http:close() self.http = nil end
 end
 
