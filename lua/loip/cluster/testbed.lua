@@ -54,7 +54,9 @@ function M.state()
   return json.exists(M.state_file) and json.load(M.state_file) or nil
 end
 
--- opts: n, rate ("100mbit"), store, mem (list of sizes or one), threads, token, exe (loip).
+-- opts: n, rate ("100mbit"), store, mem (list of sizes or one), threads, token, exe (loip),
+-- announce (true: each worker announces itself on the bridge, loip worker --announce, on UDP
+-- port beacon_port or discovery's default).
 -- Returns the state (hosts, pids, token). Everything made so far is removed when a step fails.
 function M.up(opts)
   local why = M.unavailable()
@@ -89,8 +91,9 @@ function M.up(opts)
       local ns = string.format("%s-%d", M.PREFIX, i)
       local mem = type(opts.mem) == "table" and (opts.mem[i] or opts.mem[1]) or opts.mem or 0
       local log = string.format("/tmp/loip-testbed-%d.log", i)
-      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d --store %s --mem %d --threads %d > /dev/null 2> %s & echo $!",
-        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, q(opts.store), mem, opts.threads or 1, log)
+      local announce = opts.announce and string.format(" --announce --beacon-port %d", opts.beacon_port or 7600) or ""
+      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d --store %s --mem %d --threads %d%s > /dev/null 2> %s & echo $!",
+        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, q(opts.store), mem, opts.threads or 1, announce, log)
       local pid = tonumber(io.popen(cmd):read("*l"))
       state.pids[#state.pids + 1] = pid
       state.hosts[#state.hosts + 1] = string.format("%s:%d", M.address(i), M.PORT)

@@ -52,6 +52,7 @@ local M = {
       .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
     flags.shared.threads, flags.shared.kernels,
     { "quiet", "bool", "no log line per request" },
+    unpack(require("loip.cmd.discover").serve_flags), -- (--discover: discovery on a LAN)
   },
 }
 
@@ -131,6 +132,7 @@ function M.run(o)
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
     io.stdout:flush()
+    require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
     if srv.chat_error and not o.quiet then
       io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
     end

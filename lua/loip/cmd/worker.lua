@@ -17,6 +17,7 @@ local M = {
     { "curve-keys", "string", "the cluster's CURVE secret key instead of a token: DIR/secret.key (z85, same on every member)", metavar = "DIR" },
     flags.shared.cpu_latency,
     { "head-dir", "string", "a local head's private directory: removed when the head dies before this worker stops (the head sets it)", metavar = "DIR" },
+    unpack(require("loip.cmd.discover").worker_flags), -- (--announce: discovery on a LAN)
   },
 }
 
@@ -35,6 +36,7 @@ function M.run(o)
     token = o.curve_keys and nil or token, keys = o.curve_keys, head_dir = o.head_dir }
   io.stdout:write("listening ", w:endpoint(), "\n")
   io.stdout:flush()
+  require("loip.cmd.discover").worker_announce(w, o) -- (--announce)
   io.stderr:write(string.format("loip worker: %s, store %s, budget %s%s\n", w:endpoint(), o.store,
     o.mem > 0 and require("loip.runtime.memory").format_bytes(o.mem) or "unlimited",
     o.cpu_latency and string.format(", CPU wake-up latency held at %d us", o.cpu_latency) or ""))
