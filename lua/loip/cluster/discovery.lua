@@ -119,6 +119,13 @@ function M.verify(payload, key, now, window_s)
   return f
 end
 
+-- The key and a beacon on opts' port and interface (both sides), or nil, err.
+local function open(opts)
+  local key = M.key(opts.secret)
+  local b, err = beacon.new { port = opts.beacon_port or M.PORT, interface = opts.interface }
+  return b and key, b or err
+end
+
 -- ---- a worker's announcer
 
 local Announcer = {}
@@ -128,9 +135,8 @@ Announcer.__index = Announcer
 -- threads, cpus }), beacon_port, interface, interval_ms, refresh_s. Raises on misuse; nil, err
 -- when the beacon cannot start.
 function M.announcer(opts)
-  local key = M.key(opts.secret)
-  local b, err = beacon.new { port = opts.beacon_port or M.PORT, interface = opts.interface }
-  if not b then return nil, err end
+  local key, b = open(opts)
+  if not key then return nil, b end
   local a = setmetatable({ key = key, beacon = b, port = opts.port, summary = opts.summary or {},
     interval_ms = opts.interval_ms or M.INTERVAL_MS, refresh_s = opts.refresh_s or M.REFRESH_S, at = nil }, Announcer)
   a:tick()
@@ -161,9 +167,8 @@ Listener.__index = Listener
 -- worker), log(line) (default: stderr). A candidate: { address, port, endpoint ("A:P"), mem,
 -- disk, threads, cpus, ts, seen (os.time()) }.
 function M.listener(opts)
-  local key = M.key(opts.secret)
-  local b, err = beacon.new { port = opts.beacon_port or M.PORT, interface = opts.interface }
-  if not b then return nil, err end
+  local key, b = open(opts)
+  if not key then return nil, b end
   assert(b:subscribe("LOIP"))
   return setmetatable({ key = key, beacon = b, window_s = opts.window_s or M.WINDOW_S, on_found = opts.on_found,
     log = opts.log or function(line) io.stderr:write(os.date("%H:%M:%S "), line, "\n") io.stderr:flush() end,
