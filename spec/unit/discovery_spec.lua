@@ -102,6 +102,19 @@ describe("loip.cluster.discovery", function()
     l:close()
   end)
 
+  it("loip discover and serve --discover need the cluster secret, naming the flags", function()
+    local rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " discover --seconds 0.1")
+    assert.are.equal(2, rc)
+    assert.matches("discover: give the cluster secret beacons prove: --token, --curve-keys or LOIP_CLUSTER_TOKEN", err, 1, true)
+    rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " discover --seconds 0")
+    assert.are.equal(2, rc)
+    assert.matches("--seconds", err, 1, true)
+    rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " serve --model " .. T.root .. "/models/stories260K "
+      .. "--threads 1 --port 0 --quiet --discover")
+    assert.are.equal(2, rc)
+    assert.matches("serve: --discover needs the cluster secret beacons prove: --token, --curve-keys or LOIP_CLUSTER_TOKEN", err, 1, true)
+  end)
+
   it("hears an announcer over UDP broadcast", function()
     local found = {}
     local l = assert(discovery.listener { secret = { token = TOKEN }, beacon_port = 7614, interface = "*",

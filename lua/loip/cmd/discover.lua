@@ -41,8 +41,8 @@ M.serve_flags = {
 local function secret(cmd, o)
   local token = common.token(o)
   if not token and not o.curve_keys then
-    common.usage(cmd, "--%s needs the cluster secret its beacons prove: --token, --curve-keys or LOIP_CLUSTER_TOKEN",
-      cmd == "worker" and "announce" or "discover")
+    common.usage(cmd, "%s the cluster secret beacons prove: --token, --curve-keys or LOIP_CLUSTER_TOKEN",
+      cmd == "discover" and "give" or cmd == "worker" and "--announce needs" or "--discover needs")
   end
   return { token = not o.curve_keys and token or nil, keys = o.curve_keys }
 end

@@ -129,10 +129,10 @@ function M.run(o)
       prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
         bytes = o.prompt_cache_disk } or true),
       quiet = o.quiet }
+    require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
     io.stdout:flush()
-    require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
     if srv.chat_error and not o.quiet then
       io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
     end
