@@ -6,6 +6,7 @@ local discovery = require "loip.cluster.discovery"
 local beacon = require "loip.runtime.beacon"
 local T = require "spec.support"
 
+local S260 = T.root .. "/models/stories260K"
 local TOKEN = "s3cret-token-of-the-cluster"
 local SUMMARY = { port = 7000, mem = 629145600, disk = 52428800000, threads = 4, cpus = 16 }
 
@@ -109,8 +110,8 @@ describe("loip.cluster.discovery", function()
     rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " discover --seconds 0")
     assert.are.equal(2, rc)
     assert.matches("--seconds", err, 1, true)
-    rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " serve --model " .. T.root .. "/models/stories260K "
-      .. "--threads 1 --port 0 --quiet --discover")
+    rc, _, err = T.run("env -u LOIP_CLUSTER_TOKEN " .. T.loip .. " serve --model " .. S260
+      .. " --threads 1 --port 0 --quiet --discover")
     assert.are.equal(2, rc)
     assert.matches("serve: --discover needs the cluster secret beacons prove: --token, --curve-keys or LOIP_CLUSTER_TOKEN", err, 1, true)
   end)
