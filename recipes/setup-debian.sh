@@ -18,7 +18,7 @@ while [ $# -gt 0 ]; do
 done
 
 packages=(build-essential cmake pkg-config luajit2 libluajit2-5.1-dev lua-cjson lua-busted
-          libedit-dev liburing-dev libzmq3-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
+          libedit-dev liburing-dev libzmq3-dev libczmq-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
           iproute2   # ip, tc, ss: loip testbed (network namespaces shaped by tbf)
           chromium)  # headless: spec/integration/dashboard_spec.lua loads loip serve's page in it
 sudo=""

@@ -1,7 +1,8 @@
 /* test_sha256.c — loip_sha256_* against the FIPS 180-4 / NIST CAVP known answers ("abc", the
  * empty message, the 448-bit message, a million 'a'), fed whole and in odd-sized pieces, with
  * the portable code ("ref" kernels) and the CPU's SHA instructions where present; and
- * loip_sha256_file on a file of those million 'a'. Exit 0 pass, 1 fail. */
+ * loip_sha256_file on a file of those million 'a'; loip_hmac_sha256 against RFC 4231's test
+ * cases (keys shorter than, equal to and longer than a block). Exit 0 pass, 1 fail. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,11 +62,63 @@ static void run_vectors(const char *kernels) {
     loip_sha256_free(NULL);
 }
 
+/* RFC 4231, HMAC-SHA-256 test cases 1-4, 6 and 7 (5 truncates the output); keys and data as
+ * the RFC gives them (repeated bytes expanded by rfc4231). */
+static const struct {
+    int key_byte, key_len; /* key: key_len bytes of key_byte, or key_text when key_byte < 0 */
+    const char *key_text;
+    int data_byte, data_len; /* data: data_len bytes of data_byte, or data_text */
+    const char *data_text;
+    const char *hex;
+} rfc4231[] = {
+    {0x0b, 20, NULL, -1, 0, "Hi There",
+     "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"},
+    {-1, 0, "Jefe", -1, 0, "what do ya want for nothing?",
+     "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"},
+    {0xaa, 20, NULL, 0xdd, 50, NULL,
+     "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"},
+    {-2, 25, NULL, 0xcd, 50, NULL, /* key 0x01..0x19 */
+     "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"},
+    {0xaa, 131, NULL, -1, 0, "Test Using Larger Than Block-Size Key - Hash Key First",
+     "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"},
+    {0xaa, 131, NULL, -1, 0,
+     "This is a test using a larger than block-size key and a larger than block-size data. "
+     "The key needs to be hashed before being used by the HMAC algorithm.",
+     "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"},
+};
+
+static void run_hmac(void) {
+    for (size_t v = 0; v < sizeof rfc4231 / sizeof rfc4231[0]; v++) {
+        uint8_t key[131], data[200], mac[32];
+        size_t key_len, data_len;
+        if (rfc4231[v].key_byte == -1) {
+            key_len = strlen(rfc4231[v].key_text);
+            memcpy(key, rfc4231[v].key_text, key_len);
+        } else {
+            key_len = (size_t)rfc4231[v].key_len;
+            for (size_t i = 0; i < key_len; i++)
+                key[i] = rfc4231[v].key_byte == -2 ? (uint8_t)(i + 1) : (uint8_t)rfc4231[v].key_byte;
+        }
+        if (rfc4231[v].data_text) {
+            data_len = strlen(rfc4231[v].data_text);
+            memcpy(data, rfc4231[v].data_text, data_len);
+        } else {
+            data_len = (size_t)rfc4231[v].data_len;
+            memset(data, rfc4231[v].data_byte, data_len);
+        }
+        CHECK(loip_hmac_sha256(key, key_len, data, data_len, mac) == 0, "hmac: %s", loip_last_error());
+        char hex[65];
+        for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+        CHECK(!strcmp(hex, rfc4231[v].hex), "RFC 4231 vector %zu of cases 1-4, 6, 7: %s", v + 1, hex);
+    }
+}
+
 int main(void) {
     const char *variants[] = {"ref", "auto"};
     for (int i = 0; i < 2; i++) {
         if (loip_kernels_use(variants[i]) != 0) continue;
         run_vectors(loip_kernels_name());
+        run_hmac();
     }
     char path[] = "/tmp/loip_test_sha256_XXXXXX";
     int fd = mkstemp(path);

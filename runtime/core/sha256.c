@@ -242,3 +242,27 @@ LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes) {
     if (bytes) *bytes = total;
     return LOIP_OK;
 }
+
+/* HMAC-SHA256 (RFC 2104): a key longer than a block is hashed first, as the RFC says. The
+ * proof a discovery beacon carries (lua/loip/cluster/discovery.lua). */
+LOIP_API int loip_hmac_sha256(const void *key, uint64_t key_len, const void *msg, uint64_t msg_len,
+                              uint8_t *mac) {
+    uint8_t k[64] = {0}, pad[64], inner[32];
+    loip_sha256 s;
+    reset(&s);
+    if (key_len > 64) {
+        loip_sha256_update(&s, key, key_len);
+        loip_sha256_final(&s, k, NULL);
+    } else if (key_len > 0) {
+        memcpy(k, key, (size_t)key_len);
+    }
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x36;
+    loip_sha256_update(&s, pad, 64);
+    loip_sha256_update(&s, msg, msg_len);
+    loip_sha256_final(&s, inner, NULL);
+    for (int i = 0; i < 64; i++) pad[i] = k[i] ^ 0x5c;
+    loip_sha256_update(&s, pad, 64);
+    loip_sha256_update(&s, inner, 32);
+    loip_sha256_final(&s, mac, NULL);
+    return LOIP_OK;
+}

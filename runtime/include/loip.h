@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 30, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 31, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -242,6 +242,9 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
+/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. */
+LOIP_API int loip_hmac_sha256(const void *key, uint64_t key_len, const void *msg, uint64_t msg_len,
+                              uint8_t *mac);
 /* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start): a block file's checksum in a
  * slice store's manifest. Hardware (SSE4.2) where the CPU has it; _portable: the table path. */
 LOIP_API uint32_t loip_crc32c(uint32_t crc, const void *data, uint64_t n);
@@ -1019,6 +1022,26 @@ LOIP_API void loip_heartbeat_free(loip_heartbeat *hb);
 LOIP_API int loip_heartbeat_endpoint(loip_heartbeat *hb, char *buf, size_t cap);
 /* busy: 1 when a message starts, 0 when it is done (counted). */
 LOIP_API void loip_heartbeat_busy(loip_heartbeat *hb, int32_t busy);
+
+/* A UDP broadcast beacon on a LAN (CZMQ's zbeacon actor: no daemon, no D-Bus): a speaker
+ * publishes a payload every interval, a listener receives (sender address, payload). Used by
+ * discovery (lua/loip/cluster/discovery.lua), which decides what a payload says. port: the UDP
+ * port; iface: an interface name, "*" (all: sends to 255.255.255.255), or NULL/"" for zbeacon's
+ * default (the first broadcast-capable interface). host[64]: the address it uses ("*" for all). */
+enum { LOIP_BEACON_MAX = 255 }; /* a payload's bytes at most (zbeacon's limit) */
+typedef struct loip_beacon loip_beacon;
+LOIP_API int loip_beacon_new(int32_t port, const char *iface, loip_beacon **out);
+LOIP_API void loip_beacon_free(loip_beacon *b);
+LOIP_API int loip_beacon_host(loip_beacon *b, char *host, size_t cap);
+/* Speak: send payload now and every interval_ms until _silence or _free (replaces the last). */
+LOIP_API int loip_beacon_publish(loip_beacon *b, const void *payload, int32_t len, int32_t interval_ms);
+LOIP_API int loip_beacon_silence(loip_beacon *b);
+/* Listen to beacons whose payload starts with prefix (len 0: all). */
+LOIP_API int loip_beacon_subscribe(loip_beacon *b, const void *prefix, int32_t len);
+/* One beacon heard within timeout_ms: its sender's address (addr[cap]) and payload
+ * (payload[LOIP_BEACON_MAX], *len bytes). 1: one; 0: none in time; < 0: failure. */
+LOIP_API int loip_beacon_recv(loip_beacon *b, int32_t timeout_ms, char *addr, size_t cap,
+                              uint8_t *payload, int32_t *len);
 
 typedef struct loip_link_stats {
     char peer[64];          /* sender identity ("" on a client socket) */

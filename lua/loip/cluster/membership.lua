@@ -160,7 +160,25 @@ function Cluster:between_steps(requests)
     events[#events + 1] = join_from(self, m, requests)
     m = self.joins:recv(0)
   end
+  -- workers discovered on the LAN (serve --discover): admitted as a join is, once each
+  local found = self.discovered or {}
+  self.discovered = {}
+  for _, ep in ipairs(found) do
+    local ok, e = pcall(self.admit, self, ep, requests)
+    if ok then events[#events + 1] = e else log("cluster: refused the discovered worker at %s: %s", ep, tostring(e)) end
+  end
   return events
+end
+
+-- A worker heard announcing itself (loip.cluster.discovery's candidate, its proof of the token
+-- verified) is admitted between steps, unless it is a device already; the transport's handshake
+-- authenticates it again when the head connects.
+function Cluster:discovered_worker(c)
+  local ep = "tcp://" .. c.endpoint
+  for _, d in ipairs(self.devices) do if d.endpoint == ep then return false end end
+  self.discovered = self.discovered or {}
+  self.discovered[#self.discovered + 1] = ep
+  return true
 end
 
 return Cluster

@@ -62,7 +62,8 @@ function M.state()
 end
 
 -- opts: n, rate ("100mbit"), store (or cache: a directory, the workers' caches in it), mem (list
--- of sizes or one), threads, token, exe (loip).
+-- of sizes or one), threads, token, exe (loip), announce (true: each worker announces itself on
+-- the bridge, loip worker --announce, on UDP port beacon_port or discovery's default).
 -- Returns the state (hosts, pids, token). Everything made so far is removed when a step fails.
 function M.up(opts)
   local why = M.unavailable()
@@ -99,8 +100,9 @@ function M.up(opts)
       local log = string.format("/tmp/loip-testbed-%d.log", i)
       -- (opts.cache: workers with an empty cache each, DIR/device-I, their blocks shipped: loip.cluster.ship)
       local src = opts.cache and ("--cache " .. q(opts.cache .. "/device-" .. i)) or ("--store " .. q(opts.store))
-      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d %s --mem %d --threads %d > /dev/null 2> %s & echo $!",
-        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, src, mem, opts.threads or 1, log)
+      local announce = opts.announce and string.format(" --announce --beacon-port %d", opts.beacon_port or 7600) or ""
+      local cmd = string.format("ip netns exec %s env LOIP_CLUSTER_TOKEN=%s %s worker --listen tcp://%s:%d %s --mem %d --threads %d%s > /dev/null 2> %s & echo $!",
+        ns, q(opts.token), q(opts.exe), M.address(i), M.PORT, src, mem, opts.threads or 1, announce, log)
       local pid = tonumber(io.popen(cmd):read("*l"))
       state.pids[#state.pids + 1] = pid
       state.hosts[#state.hosts + 1] = string.format("%s:%d", M.address(i), M.PORT)

@@ -472,6 +472,7 @@ function Worker:run()
   while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)
     local msg = self:poll(200)
     if msg then self:handle(msg) end
+    if self.opts.on_tick then self.opts.on_tick() end -- (e.g. worker --announce's beacon renewed)
     -- the bulk link (answered on it)
     local bmsg = self.bulk:recv(0, self.cap)
     while bmsg do

@@ -54,6 +54,7 @@ local M = {
       .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
     flags.shared.threads, flags.shared.kernels,
     { "quiet", "bool", "no log line per request" },
+    unpack(require("loip.cmd.discover").serve_flags), -- (--discover: discovery on a LAN)
   },
 }
 
@@ -136,6 +137,7 @@ function M.run(o)
       prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
         bytes = o.prompt_cache_disk } or true),
       quiet = o.quiet }
+    require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
     io.stdout:flush()

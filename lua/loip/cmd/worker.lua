@@ -22,6 +22,7 @@ local M = {
     flags.shared.cpu_latency,
     { "join", "string", "join a serving cluster: the head's --join-listen address (admitted between steps)", metavar = "HEAD:PORT" },
     { "head-dir", "string", "a local head's private directory: removed when the head dies before this worker stops (the head sets it)", metavar = "DIR" },
+    unpack(require("loip.cmd.discover").worker_flags), -- (--announce: discovery on a LAN)
   },
 }
 
@@ -43,6 +44,7 @@ function M.run(o)
     token = o.curve_keys and nil or token, keys = o.curve_keys, head_dir = o.head_dir }
   io.stdout:write("listening ", w:endpoint(), "\n")
   io.stdout:flush()
+  require("loip.cmd.discover").worker_announce(w, o) -- (--announce)
   io.stderr:write(string.format("loip worker: %s, %s, budget %s%s\n", w:endpoint(),
     o.cache and ("cache " .. o.cache .. (o.store and (", store " .. o.store) or "")) or ("store " .. o.store),
     o.mem > 0 and require("loip.runtime.memory").format_bytes(o.mem) or "unlimited",

@@ -210,6 +210,7 @@ end
 function Server:health()
   local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued(),
     draft = self.batcher.draft and self.batcher.draft:report() or nil }
+  if self.discovery then h.discovered = self.discovery:candidates() end -- (serve --discover)
   local c = self.opts.cluster
   if c then
     h.devices = {}
@@ -320,6 +321,7 @@ end
 -- One turn of the loop: take requests, notice hang-ups, step the batch. wait_ms: how long to
 -- wait for a request when nothing runs.
 function Server:turn(wait_ms)
+  if self.discovery then self.discovery:poll(0) end -- (serve --discover: beacons heard meanwhile)
   local req = self.http:next(self.batcher:busy() and 0 or wait_ms)
   while req do
     local ok, err = pcall(self.dispatch, self, req)

@@ -31,6 +31,7 @@ M.topics = {}
 M.topics.policies = function() return require("loip.cmd.policy").list_text() end
 
 for _, name in ipairs(ORDER) do M.add(name, "loip.cmd." .. name) end
+M.add("discover", "loip.cmd.discover") -- (discovery on a LAN: the workers loip worker --announce)
 
 function M.version()
   local core = require "loip.core"
