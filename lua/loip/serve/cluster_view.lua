@@ -175,6 +175,15 @@ function View:losses(from)
   return out
 end
 
+-- The cluster's membership events (joins, leaves and losses: c.membership, as /health reports
+-- them) from index `from` on.
+function View:membership(from)
+  local c = self.srv.opts.cluster
+  local out = {}
+  for k = from or 1, c and c.membership and #c.membership or 0 do out[#out + 1] = c.membership[k] end
+  return out
+end
+
 -- The whole picture (GET /v1/cluster).
 function View:snapshot()
   local s = self.last
@@ -191,7 +200,7 @@ function View:snapshot()
   return { object = "cluster", model = srv.name, status = h.status, error = h.error, cluster = srv.opts.cluster ~= nil,
     uptime_s = (core.now_ms() - self.t_start) / 1000, steps = b.stats.steps, tokens = b.stats.tokens, step_ms = b.stats.step_ms,
     running = b:active(), queued = b:queued(), devices = ring, links = s.links, timeline = self.timeline,
-    adaptations = self:adaptations(), losses = self:losses(), requests = self:requests() }
+    adaptations = self:adaptations(), losses = self:losses(), membership = self:membership(), requests = self:requests() }
 end
 
 return M

@@ -2,7 +2,7 @@
 -- this module, in dashboard/: no build step, nothing fetched from elsewhere), the snapshot
 -- GET /v1/cluster (loip.serve.cluster_view) and the event stream GET /v1/cluster/events
 -- (server-sent events: `plan` when a client connects and when the plan changes, `step` each
--- interval with the figures, `adaptation`, `loss`, `request` as they happen).
+-- interval with the figures, `adaptation`, `loss`, `member` (a join, leave or loss), `request` as they happen).
 --
 -- An event stream never holds the serving loop: an event is appended to the client's buffer
 -- (runtime/http/server.c sends it from the connection's thread); a client whose unsent bytes
@@ -92,6 +92,7 @@ function Dash:mark()
   local reqs = {}
   for r in pairs(self.srv.active) do reqs[r] = true end
   self.seen = { adaptations = #self.srv.batcher.adaptations, losses = c and c.losses and #c.losses or 0,
+    membership = c and c.membership and #c.membership or 0,
     plan_id = c and c.plan_id, requests = reqs, t_ms = 0 }
 end
 
@@ -133,6 +134,8 @@ function Dash:events()
   for _, l in ipairs(self.view:losses(seen.losses + 1)) do out[#out + 1] = event("loss", l) end
   local c = srv.opts.cluster
   seen.losses = c and c.losses and #c.losses or 0
+  for _, m in ipairs(self.view:membership(seen.membership + 1)) do out[#out + 1] = event("member", m) end
+  seen.membership = c and c.membership and #c.membership or 0
   if c and c.plan_id ~= seen.plan_id then
     seen.plan_id = c.plan_id
     out[#out + 1] = self:plan_event()

@@ -169,6 +169,10 @@ function renderLogs() {
     return "step " + (l.step != null ? l.step : "?") + ": device" + (devs.length > 1 ? "s " : " ") + devs.join(", ") + " lost: "
       + (l.why || "") + (l.replanned ? "; the " + l.devices_left + " left took over" : "; not re-planned");
   }), "no device lost");
+  list("membership", s.membership.map((m) => "step " + (m.step != null ? m.step : "?") + ": device " + m.device + " ("
+    + (m.endpoint || "") + ") " + ({ join: "joined", leave: "left", loss: "lost" }[m.kind] || m.kind)
+    + (m.by ? " (" + m.by + ")" : "") + (m.replan_ms != null ? ", re-planned in " + Math.round(m.replan_ms) + " ms" : "")),
+    "no join or leave");
 }
 
 function renderFigures() {
@@ -213,6 +217,7 @@ const on = {
   },
   adaptation(e) { state.snap.adaptations.push(e); },
   loss(e) { state.snap.losses.push(e); },
+  member(e) { state.snap.membership.push(e); },
   request(e) {
     if (e.state === "done") state.finished.push(e);
   },
@@ -256,7 +261,7 @@ async function start() {
       if (res.status === 401) { askKey(); return; }
       state.snap = await res.json();
       // (an empty list comes as {} from the server's JSON encoder)
-      for (const k of ["devices", "links", "timeline", "adaptations", "losses", "requests"]) {
+      for (const k of ["devices", "links", "timeline", "adaptations", "losses", "membership", "requests"]) {
         if (!Array.isArray(state.snap[k])) state.snap[k] = [];
       }
       const last = state.snap.timeline[state.snap.timeline.length - 1];
