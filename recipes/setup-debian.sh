@@ -19,7 +19,8 @@ done
 
 packages=(build-essential cmake pkg-config luajit2 libluajit2-5.1-dev lua-cjson lua-busted
           libedit-dev liburing-dev libzmq3-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
-          iproute2)  # ip, tc, ss: loip testbed (network namespaces shaped by tbf)
+          iproute2   # ip, tc, ss: loip testbed (network namespaces shaped by tbf)
+          openssh-client openssh-server)  # recipes/deploy over ssh; its spec runs a loopback sshd
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
 missing=()

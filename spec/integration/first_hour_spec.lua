@@ -47,7 +47,8 @@ describe("modules", function()
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
       "^loip%.runtime%.grammar$", "^loip%.tools%.json_ordered$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
-      "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$" }
+      "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$",
+      "^loip%.deploy$", "^loip%.deploy%.describe$", "^loip%.deploy%.host$" } -- (recipes/deploy)
     local reachable = {}
     for _, name in ipairs(loip.modules()) do
       local m = loip[name]
