@@ -3,7 +3,8 @@
 -- (distinct listen ports and prefixes); up.lua copies loip into each prefix, starts the workers
 -- and serves; the official OpenAI client's completion is the single device's text (run.c's);
 -- down.lua leaves no process and no file; a second down is a no-op. A description's error names
--- the file and the field. Skipped, with the reason, without root, sshd or ssh-keygen.
+-- the file and the field. Hosts that are network namespaces (netns =, as the testbed's) serve the
+-- same text through raw HTTP. Skipped, with the reason, without root, sshd, ssh-keygen or ip.
 local json = require "loip.tools.json"
 local core = require "loip.core"
 local alive = require("loip.cluster.proc").alive
@@ -134,6 +135,54 @@ describe("recipes/deploy #net", function()
       assert.matches("is not up", out4)
     end)
     stop_sshd()
+    assert(ok, err)
+  end)
+
+  it("hosts in network namespaces: up serves the single device's text, down leaves nothing", function()
+    if io.popen("id -u"):read("*l") ~= "0" then pending("netns hosts skipped: needs root") return end
+    local tag = tostring(math.random(10000, 99999))
+    local ns, veth, net = "loip-dep-" .. tag, "vldep" .. tag, "10.79." .. (tag % 250 + 1)
+    if os.execute("ip netns add " .. ns .. " >/dev/null 2>&1") ~= 0 then pending("netns hosts skipped: no `ip` or namespaces refused") return end
+    local ok, err = pcall(function()
+      for _, c in ipairs({ "ip link add %s type veth peer name eth0 netns %s", "ip addr add %s.1/24 dev %s", "ip link set %s up",
+        "ip netns exec %s ip addr add %s.2/24 dev eth0", "ip netns exec %s ip link set eth0 up", "ip netns exec %s ip link set lo up" }) do
+        local a, b = veth, ns
+        if c:match("^ip addr add") then a, b = net, veth elseif c:match("^ip netns exec %%s ip addr") then a, b = ns, net
+        elseif c:match("^ip netns exec") then a = ns end
+        assert(os.execute(string.format(c, a, b)) == 0, string.format(c, a, b))
+      end
+      local dir = T.tmpdir()
+      local store = T.slice_store(S260, "s260")
+      local hosts = {}
+      for i = 1, 3 do
+        hosts[i] = { netns = ns, address = net .. ".2", listen = 7100 + i, store = store, threads = 1, prefix = dir .. "/host" .. i }
+      end
+      local desc = dir .. "/ns.lua"
+      write_description(desc, { name = "ns3", model = store, token = "deploy-ns", hosts = hosts, state_dir = dir .. "/state",
+        serve = { port = 0, max_batch = 2, context = 256, quiet = true } })
+      local rc, out, e = T.run(string.format("%s run %s %s", T.loip, UP, desc))
+      local state = json.exists(dir .. "/state/state.json") and json.load(dir .. "/state/state.json")
+      local okc, errc = pcall(function()
+        assert.are.equal(0, rc, e)
+        local url = assert(out:match("serving at (http://%S+)"), out)
+        local cl = require("loip.serve.client").new()
+        local t = cl:post(url .. "/completions", json.encode({ model = store:match("([^/]+)$"), prompt = "Once upon a time",
+          max_tokens = 40, temperature = 0 }))
+        cl:wait(60000)
+        assert.are.equal(200, t.status, t.body)
+        local text = json.decode(t.body).choices[1].text
+        assert.are.equal(greedy.cases[2].output_text:sub(#"Once upon a time" + 1, #"Once upon a time" + #text), text)
+        assert.is_true(#text > 100, text)
+      end)
+      local rc3, _, e3 = T.run(string.format("%s run %s %s", T.loip, DOWN, desc))
+      assert(okc, errc)
+      assert.are.equal(0, rc3, e3)
+      for _, hs in ipairs(state.hosts) do assert.is_false(alive(hs.pid), "worker " .. hs.pid .. " stopped") end
+      assert.is_false(alive(state.serve.pid), "serve stopped")
+      for i = 1, 3 do assert.is_false(T.exists(hosts[i].prefix), "host " .. i .. "'s prefix removed") end
+      assert.is_false(T.exists(dir .. "/state"), "the state directory removed")
+    end)
+    os.execute("ip netns del " .. ns .. " >/dev/null 2>&1") -- (its veth end goes with it)
     assert(ok, err)
   end)
 

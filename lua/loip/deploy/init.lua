@@ -15,6 +15,8 @@ pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);
 local M = {}
 local q = host.q
 
+-- This loip's path (" (deleted)" dropped: a build that relinked it while it ran).
+local function exe() return (proc.exe():gsub(" %(deleted%)$", "")) end
 local function say(fmt, ...) io.stderr:write("deploy: ", string.format(fmt, ...), "\n") end
 local function sh(cmd) return os.execute(cmd .. " >/dev/null 2>&1") == 0 end
 local function capture(cmd)
@@ -39,8 +41,8 @@ end
 -- The installed tree of the loip running this (a build directory: `cmake --install` into a
 -- staging folder; an installed prefix: its bin, lib, share), packed once into STATE_DIR.
 local function pack(state)
-  local exe = proc.exe()
-  local dir = exe:match("^(.*)/[^/]+$")
+  local path = exe()
+  local dir = path:match("^(.*)/[^/]+$")
   local root
   if sh("test -f " .. q(dir .. "/CMakeCache.txt")) then
     root = state.state_dir .. "/stage"
@@ -49,7 +51,7 @@ local function pack(state)
   elseif sh("test -d " .. q(dir .. "/../share/loip/lua")) then
     root = dir .. "/.."
   else
-    error("deploy: " .. exe .. " is neither in a build directory nor in an installed prefix (PREFIX/bin, PREFIX/share/loip): nothing to copy", 0)
+    error("deploy: " .. path .. " is neither in a build directory nor in an installed prefix (PREFIX/bin, PREFIX/share/loip): nothing to copy", 0)
   end
   local tarball = state.state_dir .. "/loip.tar.gz"
   local ok, out = capture(string.format("tar -czf %s -C %s bin lib share", q(tarball), q(root)))
@@ -155,7 +157,7 @@ function M.up(d)
     for _, a in ipairs(d.serve.args) do args[#args + 1] = a end
     for i, a in ipairs(args) do args[i] = q(a) end
     local out, log = d.state_dir .. "/serve.out", d.state_dir .. "/serve.log"
-    local p = io.popen(string.format("setsid nohup %s %s > %s 2> %s < /dev/null & echo $!", q(proc.exe()),
+    local p = io.popen(string.format("setsid nohup %s %s > %s 2> %s < /dev/null & echo $!", q(exe()),
       table.concat(args, " "), q(out), q(log)))
     state.serve = { pid = tonumber(p:read("*l")), out = out, log = log }
     p:close()
