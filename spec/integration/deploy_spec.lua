@@ -92,7 +92,7 @@ describe("recipes/deploy #net", function()
       local hosts, p = {}, 17310
       for i = 1, 3 do
         p = free_port(p + 1)
-        hosts[i] = { ssh = "root@127.0.0.1", port = port, key = key, listen = p, store = store, threads = 1,
+        hosts[i] = { ssh = "root@127.0.0.1", port = port, key = key, known_hosts = dir .. "/known_hosts", listen = p, store = store, threads = 1,
           prefix = dir .. "/host" .. i .. "/opt/loip" }
       end
       local desc = dir .. "/cluster.lua"

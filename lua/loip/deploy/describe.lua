@@ -41,13 +41,13 @@ local function str(file, field, v, required)
 end
 
 local HOST_FIELDS = { ssh = 1, netns = 1, port = 1, key = 1, address = 1, listen = 1, mem = 1, disk_quota = 1, cache = 1,
-  store = 1, prefix = 1, threads = 1 }
+  store = 1, prefix = 1, threads = 1, known_hosts = 1 }
 
 local function host(file, i, h)
   local f = string.format("hosts[%d]", i)
   if type(h) ~= "table" then fail(file, f, "a table is needed, got %s", type(h)) end
   for k in pairs(h) do
-    if not HOST_FIELDS[k] then fail(file, f .. "." .. tostring(k), "not a host field (ssh, netns, port, key, address, listen, mem, disk_quota, cache, store, prefix, threads)") end
+    if not HOST_FIELDS[k] then fail(file, f .. "." .. tostring(k), "not a host field (ssh, netns, port, key, known_hosts, address, listen, mem, disk_quota, cache, store, prefix, threads)") end
   end
   if (h.ssh == nil) == (h.netns == nil) then fail(file, f, "say how to reach it: ssh = \"user@host\" or netns = \"name\" (one of them)") end
   local out = { i = i }
@@ -58,10 +58,14 @@ local function host(file, i, h)
     end
     out.port = port(file, f .. ".port", h.port)
     out.key = str(file, f .. ".key", h.key)
+    if out.key then out.key = out.key:gsub("^~/", (os.getenv("HOME") or "") .. "/") end
     if out.key and not exists(out.key) then fail(file, f .. ".key", "no identity file %s", out.key) end
+    out.known_hosts = str(file, f .. ".known_hosts", h.known_hosts)
     out.address = str(file, f .. ".address", h.address) or out.ssh:match("@(.+)$") or out.ssh
   else
-    if h.port or h.key then fail(file, f .. (h.port and ".port" or ".key"), "an ssh setting on a netns host") end
+    for _, k in ipairs({ "port", "key", "known_hosts" }) do
+      if h[k] ~= nil then fail(file, f .. "." .. k, "an ssh setting on a netns host") end
+    end
     out.netns = str(file, f .. ".netns", h.netns)
     out.address = str(file, f .. ".address", h.address, true)
   end

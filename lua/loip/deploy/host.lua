@@ -1,5 +1,6 @@
 -- How recipes/deploy reaches a host: a shell command run there, over ssh (BatchMode, the
--- description's key and port; the host key of a throwaway host is not kept) or in a testbed
+-- description's key and port; a host key not seen before is accepted and kept, in the
+-- description's known_hosts file or ssh's own, and a changed one refused) or in a testbed
 -- network namespace (ip netns exec); stdin may be fed from a file or a string.
 local M = {}
 
@@ -9,8 +10,8 @@ M.q = q
 -- The local command line that runs `cmd` (a shell command) on host h.
 function M.wrap(h, cmd)
   if h.netns then return "ip netns exec " .. q(h.netns) .. " sh -c " .. q(cmd) end
-  local opts = { "-o BatchMode=yes", "-o StrictHostKeyChecking=no", "-o UserKnownHostsFile=/dev/null",
-    "-o LogLevel=ERROR", "-o ConnectTimeout=10" }
+  local opts = { "-o BatchMode=yes", "-o StrictHostKeyChecking=accept-new", "-o LogLevel=ERROR", "-o ConnectTimeout=10" }
+  if h.known_hosts then opts[#opts + 1] = "-o UserKnownHostsFile=" .. q(h.known_hosts) end
   if h.port then opts[#opts + 1] = "-p " .. h.port end
   if h.key then opts[#opts + 1] = "-i " .. q(h.key) .. " -o IdentitiesOnly=yes" end
   return "ssh " .. table.concat(opts, " ") .. " " .. q(h.ssh) .. " " .. q(cmd)

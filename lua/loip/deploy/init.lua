@@ -141,7 +141,7 @@ function M.up(d)
   save(state)
   local ok, err = pcall(function()
     for _, h in ipairs(d.hosts) do
-      local hs = { i = h.i, ssh = h.ssh, port = h.port, key = h.key, netns = h.netns, prefix = h.prefix, made = {} }
+      local hs = { i = h.i, ssh = h.ssh, port = h.port, key = h.key, known_hosts = h.known_hosts, netns = h.netns, prefix = h.prefix, made = {} }
       state.hosts[h.i] = hs
       start_host(d, state, h, hs)
     end
@@ -206,7 +206,7 @@ function M.down(d)
   end
   local failed = {}
   for i, hs in pairs(state.hosts or {}) do
-    local h = { i = tonumber(i) or hs.i, ssh = hs.ssh, port = hs.port, key = hs.key, netns = hs.netns }
+    local h = { i = tonumber(i) or hs.i, ssh = hs.ssh, port = hs.port, key = hs.key, known_hosts = hs.known_hosts, netns = hs.netns }
     if hs.pid then stop_remote(h, hs.pid) end
     local paths = {}
     for _, m in ipairs(hs.made or {}) do paths[#paths + 1] = m end
