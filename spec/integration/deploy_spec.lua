@@ -43,6 +43,18 @@ local function write_description(path, d)
   T.write(path, table.concat(lines, "\n") .. "\n")
 end
 
+-- A description of hosts (name, token, store as the model, state in dir/state, serve on any
+-- port) written to dir/NAME.lua and brought up: its path, up's exit code, stdout, stderr, and the
+-- state it recorded (nil when none).
+local function up(dir, name, store, token, hosts)
+  local desc = dir .. "/" .. name .. ".lua"
+  write_description(desc, { name = name, model = store, token = token, hosts = hosts, state_dir = dir .. "/state",
+    serve = { port = 0, max_batch = 2, context = 256, quiet = true } })
+  local rc, out, e = T.run(string.format("%s run %s %s", T.loip, UP, desc))
+  local f = dir .. "/state/state.json"
+  return desc, rc, out, e, json.exists(f) and json.load(f) or nil
+end
+
 -- sshd -D on 127.0.0.1 with its own config, keys and authorized_keys in dir; returns its port,
 -- the client key, a stop function; or nil, why.
 local function start_sshd(dir)
@@ -95,11 +107,7 @@ describe("recipes/deploy #net", function()
         hosts[i] = { ssh = "root@127.0.0.1", port = port, key = key, known_hosts = dir .. "/known_hosts", listen = p, store = store, threads = 1,
           prefix = dir .. "/host" .. i .. "/opt/loip" }
       end
-      local desc = dir .. "/cluster.lua"
-      write_description(desc, { name = "spec3", model = store, token = "deploy-spec", hosts = hosts, state_dir = dir .. "/state",
-        serve = { port = 0, max_batch = 2, context = 256, quiet = true } })
-      local rc, out, e = T.run(string.format("%s run %s %s", T.loip, UP, desc))
-      local state = json.exists(dir .. "/state/state.json") and json.load(dir .. "/state/state.json")
+      local desc, rc, out, e, state = up(dir, "spec3", store, "deploy-spec", hosts)
       local pids = {}
       if state then
         for _, hs in ipairs(state.hosts) do pids[#pids + 1] = hs.pid end
@@ -157,11 +165,7 @@ describe("recipes/deploy #net", function()
       for i = 1, 3 do
         hosts[i] = { netns = ns, address = net .. ".2", listen = 7100 + i, store = store, threads = 1, prefix = dir .. "/host" .. i }
       end
-      local desc = dir .. "/ns.lua"
-      write_description(desc, { name = "ns3", model = store, token = "deploy-ns", hosts = hosts, state_dir = dir .. "/state",
-        serve = { port = 0, max_batch = 2, context = 256, quiet = true } })
-      local rc, out, e = T.run(string.format("%s run %s %s", T.loip, UP, desc))
-      local state = json.exists(dir .. "/state/state.json") and json.load(dir .. "/state/state.json")
+      local desc, rc, out, e, state = up(dir, "ns3", store, "deploy-ns", hosts)
       local okc, errc = pcall(function()
         assert.are.equal(0, rc, e)
         local url = assert(out:match("serving at (http://%S+)"), out)
