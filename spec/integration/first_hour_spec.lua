@@ -52,7 +52,8 @@ describe("modules", function()
       "^loip%.runtime%.grammar$", "^loip%.tools%.json_ordered$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
       "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$",
-      "^loip%.runtime%.beacon$", "^loip%.cluster%.discovery$" } -- (discovery on a LAN: worker --announce, serve --discover)
+      "^loip%.runtime%.beacon$", "^loip%.cluster%.discovery$", -- (discovery on a LAN: worker --announce, serve --discover)
+      "^loip%.deploy$", "^loip%.deploy%.describe$", "^loip%.deploy%.host$" } -- (recipes/deploy)
     local reachable = {}
     for _, name in ipairs(loip.modules()) do
       local m = loip[name]
