@@ -464,9 +464,8 @@ end
 
 function Worker:run()
   process.signal_watch()
-  local h = io.open("/proc/sys/kernel/hostname")
-  self.hostname = h and h:read("*l")
-  if h then h:close() end
+  local h = json.read_file("/proc/sys/kernel/hostname")
+  self.hostname = h and h:match("^[^\n]*")
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
   while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)

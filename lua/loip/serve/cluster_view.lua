@@ -167,22 +167,21 @@ function View:adaptations(from)
   return out
 end
 
--- The losses of the cluster (c.losses, as /health reports them) from index `from` on.
-function View:losses(from)
+-- The entries of the cluster's list `name` (none on one device) from index `from` on.
+local function cluster_list(self, name, from)
   local c = self.srv.opts.cluster
+  local all = c and c[name] or {}
   local out = {}
-  for k = from or 1, c and c.losses and #c.losses or 0 do out[#out + 1] = c.losses[k] end
+  for k = from or 1, #all do out[#out + 1] = all[k] end
   return out
 end
 
+-- The losses of the cluster (c.losses, as /health reports them) from index `from` on.
+function View:losses(from) return cluster_list(self, "losses", from) end
+
 -- The cluster's membership events (joins, leaves and losses: c.membership, as /health reports
 -- them) from index `from` on.
-function View:membership(from)
-  local c = self.srv.opts.cluster
-  local out = {}
-  for k = from or 1, c and c.membership and #c.membership or 0 do out[#out + 1] = c.membership[k] end
-  return out
-end
+function View:membership(from) return cluster_list(self, "membership", from) end
 
 -- The whole picture (GET /v1/cluster).
 function View:snapshot()
