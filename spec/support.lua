@@ -207,6 +207,16 @@ function M.serve(args, opts)
   return url, stop, dir .. "/err"
 end
 
+-- nil when node and an npm package the specs drive (pkg: its folder under tests/, default
+-- "openai/node_modules/openai") are installed, else why not (a spec marks itself pending with it:
+-- recipes/setup-debian.sh installs them).
+function M.npm_missing(pkg)
+  pkg = pkg or "openai/node_modules/openai"
+  if os.execute("node --version > /dev/null 2>&1") ~= 0 or not M.exists(M.root .. "/tests/" .. pkg .. "/package.json") then
+    return "needs node and the " .. pkg .. " npm package (recipes/setup-debian.sh installs it)"
+  end
+end
+
 -- The model m's log-probabilities of each of tokens after prompt (ids): the log-softmax of its
 -- logits (m:logits of prompt .. tokens) at the position before each.
 function M.reference_logprobs(m, prompt, tokens)

@@ -91,11 +91,8 @@ end
 
 describe("recipes/deploy #net", function()
   it("a 3-host description over ssh: up serves the single device's text, down leaves nothing", function()
-    local node_modules = T.root .. "/tests/openai/node_modules/openai"
-    if os.execute("node --version > /dev/null 2>&1") ~= 0 or not T.exists(node_modules .. "/package.json") then
-      pending("needs node and the openai npm package (recipes/setup-debian.sh installs them into tests/openai)")
-      return
-    end
+    local missing = T.npm_missing()
+    if missing then pending(missing) return end
     local dir = T.tmpdir()
     local port, key, stop_sshd = start_sshd(dir)
     if not port then pending("deploy skipped: " .. key) return end

@@ -17,10 +17,6 @@ after_each(T.stop_servers)
 local S260 = T.root .. "/models/stories260K"
 local STORY = "Lily went to the park. Lily went to the park. Lily went to the park. Lily went"
 
-local function has_client()
-  return os.execute("node --version > /dev/null 2>&1") == 0 and T.exists(T.root .. "/tests/openai/node_modules/openai/package.json")
-end
-
 local function chat_template()
   local dir = T.tmpdir()
   T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -101,10 +97,8 @@ end
 
 describe("loip serve --draft", function()
   it("gives the OpenAI client the texts it gives without drafts, token by token, and counts the drafts on /metrics", function()
-    if not has_client() then
-      pending("needs node and the openai npm package (recipes/setup-debian.sh installs them into tests/openai)")
-      return
-    end
+    local missing = T.npm_missing()
+    if missing then pending(missing) return end
     local tmpl = chat_template()
     local base = drive(string.format("--model %s --chat-template %s --max-batch 2", S260, tmpl), "stories260K")
     assert.is_nil(base.health.draft)

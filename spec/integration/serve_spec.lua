@@ -29,11 +29,8 @@ end
 
 describe("loip serve", function()
   it("works with the official OpenAI client, unchanged: stream and not, the same text", function()
-    local node_modules = T.root .. "/tests/openai/node_modules/openai"
-    if os.execute("node --version > /dev/null 2>&1") ~= 0 or not T.exists(node_modules .. "/package.json") then
-      pending("needs node and the openai npm package (recipes/setup-debian.sh installs them into tests/openai)")
-      return
-    end
+    local missing = T.npm_missing()
+    if missing then pending(missing) return end
     local dir = T.tmpdir()
     T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
       .. "{% if add_generation_prompt %}assistant:{% endif %}")

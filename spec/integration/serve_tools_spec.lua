@@ -43,17 +43,10 @@ local function start()
   return T.serve(string.format("--model %s --served-name stories260K --api-key spec-key --tool-parser %s/story.lua --max-batch 2", dir, dir))
 end
 
-local function needs(pkg)
-  if os.execute("node --version > /dev/null 2>&1") ~= 0 or not T.exists(T.root .. "/tests/" .. pkg .. "/package.json") then
-    pending("needs node and the " .. pkg .. " npm package (recipes/setup-debian.sh installs it)")
-    return false
-  end
-  return true
-end
-
 describe("loip serve with tools", function()
   it("works with the official OpenAI client: none and auto, calls streamed and not, tool conversations, 400s naming the field", function()
-    if not needs("openai/node_modules/openai") then return end
+    local missing = T.npm_missing("openai/node_modules/openai")
+    if missing then pending(missing) return end
     local url = start()
     local rc, out, err = T.run(string.format("node %s/tests/openai/tools.mjs %s spec-key stories260K", T.root, url))
     assert.are.equal(0, rc, err)
@@ -95,7 +88,8 @@ describe("loip serve with tools", function()
   end)
 
   it("answers Anthropic's Messages API (/v1/messages) with the official client: streamed and not, tool_use, tool_result, errors", function()
-    if not needs("anthropic/node_modules/@anthropic-ai/sdk") then return end
+    local missing = T.npm_missing("anthropic/node_modules/@anthropic-ai/sdk")
+    if missing then pending(missing) return end
     local url = start()
     local rc, out, err = T.run(string.format("node %s/tests/anthropic/client.mjs %s spec-key stories260K", T.root, url:gsub("/v1$", "")))
     assert.are.equal(0, rc, err)
