@@ -207,6 +207,20 @@ function M.serve(args, opts)
   return url, stop, dir .. "/err"
 end
 
+-- A streamed completion (POST url/completions with body, a table, stream = true added) on the
+-- loip.serve.client cl: its transfer, whose .events counts the chunks come so far and .pieces
+-- gathers their text.
+function M.stream_completion(cl, url, body, headers)
+  body.stream = true
+  local t = cl:post(url .. "/completions", require("loip.tools.json").encode(body), headers)
+  t.events, t.pieces = 0, {}
+  t.on_event = function(tr, data)
+    local e = require("loip.tools.json").decode(data)
+    if e and e.choices and e.choices[1] then tr.events = tr.events + 1 tr.pieces[#tr.pieces + 1] = e.choices[1].text end
+  end
+  return t
+end
+
 -- nil when node and an npm package the specs drive (pkg: its folder under tests/, default
 -- "openai/node_modules/openai") are installed, else why not (a spec marks itself pending with it:
 -- recipes/setup-debian.sh installs them).

@@ -27,14 +27,7 @@ local function reference(n)
 end
 
 local function stream(cl, url, model, n)
-  local t = cl:post(url .. "/completions", json.encode({ model = model, prompt = PROMPT, max_tokens = n, temperature = 0,
-    ignore_eos = true, stream = true }))
-  t.events, t.pieces = 0, {}
-  t.on_event = function(tr, data)
-    local e = json.decode(data)
-    if e and e.choices and e.choices[1] then tr.events = tr.events + 1 tr.pieces[#tr.pieces + 1] = e.choices[1].text end
-  end
-  return t
+  return T.stream_completion(cl, url, { model = model, prompt = PROMPT, max_tokens = n, temperature = 0, ignore_eos = true })
 end
 
 local function get_json(cl, url)

@@ -68,14 +68,8 @@ end
 -- A streamed completion of prompt k (n tokens, greedy, no stop): its transfer, whose .events
 -- counts the chunks come so far and .text gathers them.
 local function stream(cl, url, model, k, n, headers)
-  local t = cl:post(url .. "/completions", json.encode({ model = model, prompt = PROMPTS[k], max_tokens = n, temperature = 0,
-    ignore_eos = true, stream = true }), headers)
-  t.events, t.pieces = 0, {}
-  t.on_event = function(tr, data)
-    local e = json.decode(data)
-    if e and e.choices and e.choices[1] then tr.events = tr.events + 1 tr.pieces[#tr.pieces + 1] = e.choices[1].text end
-  end
-  return t
+  return T.stream_completion(cl, url, { model = model, prompt = PROMPTS[k], max_tokens = n, temperature = 0, ignore_eos = true },
+    headers)
 end
 
 -- Run the client until f() holds (transfers move meanwhile).

@@ -14,6 +14,7 @@
 -- repetition rules (x* is r ::= x r | empty; x{0,3} three nested optionals), as llama.cpp
 -- rewrites them. M.parse(text, where) -> rules; M.ir(rules, where) -> the C arrays.
 local ffi = require "ffi"
+local from_cp = require("loip.text.template.text").from_cp
 
 local M = {}
 
@@ -240,15 +241,7 @@ end
 
 -- ---- code points to UTF-8 byte ranges ----------------------------------------------------
 
-local function utf8_bytes(cp)
-  if cp < 0x80 then return { cp } end
-  if cp < 0x800 then return { 0xC0 + math.floor(cp / 64), 0x80 + cp % 64 } end
-  if cp < 0x10000 then
-    return { 0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64 }
-  end
-  return { 0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
-    0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64 }
-end
+local function utf8_bytes(cp) return { from_cp(cp):byte(1, -1) } end
 
 -- Sequences of byte ranges ({ {lo, hi}, ... }) matching exactly the UTF-8 of [lo, hi]
 -- (same encoded length): split until each continuation position spans whole blocks.

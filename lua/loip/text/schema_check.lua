@@ -14,10 +14,7 @@ local M = {}
 local function is_array(v) return type(v) == "table" and v ~= json.null and (#v > 0 or next(v) == nil) end
 local function is_object(v) return type(v) == "table" and v ~= json.null and (#v == 0) end
 
-local function utf8_len(s)
-  local _, n = s:gsub("[^\128-\191]", "")
-  return n
-end
+local utf8_len = require("loip.text.template.text").len -- (code points)
 
 local function equal(a, b)
   if type(a) ~= type(b) then return false end

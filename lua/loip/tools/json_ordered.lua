@@ -6,6 +6,7 @@
 --   decode(text, what) -> value | nil, "what: invalid JSON: why at offset N"
 local cjson = require "cjson"
 local json = require "loip.tools.json"
+local from_cp = require("loip.text.template.text").from_cp
 
 local M = {}
 
@@ -14,16 +15,6 @@ local order = setmetatable({}, { __mode = "k" })
 function M.keys(obj) return order[obj] end
 
 local escapes = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t" }
-
-local function utf8(cp)
-  if cp < 0x80 then return string.char(cp) end
-  if cp < 0x800 then return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64) end
-  if cp < 0x10000 then
-    return string.char(0xE0 + math.floor(cp / 4096), 0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-  end
-  return string.char(0xF0 + math.floor(cp / 262144), 0x80 + math.floor(cp / 4096) % 64,
-    0x80 + math.floor(cp / 64) % 64, 0x80 + cp % 64)
-end
 
 function M.decode(text, what)
   local i = 1
@@ -54,7 +45,7 @@ function M.decode(text, what)
             i = i + 6
           end
         end
-        parts[#parts + 1] = utf8(cp)
+        parts[#parts + 1] = from_cp(cp)
       else fail("unknown escape \\" .. e) end
     end
   end
