@@ -214,6 +214,16 @@ describe("online adaptation", function()
         assert.is_true(d.peak_bytes <= d.budget_bytes, draft .. ": device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
       end
     end
+    -- the first plan alike: 985K each holds the full context's plan with fewer draft rows only
+    local m1 = loip.model.open(st, { context = 512, threads = 1 })
+    local it1, s1 = m1:generate("Once upon a time", { temperature = 0, max_tokens = 40 })
+    for _ in it1 do end
+    m1:close()
+    local rc, j, err = T.generate_json(st, "--devices 2 --mem 985K,985K --context 512 --max-tokens 40 --draft ngram")
+    assert.are.equal(0, rc, err)
+    assert.are.same(s1.token_ids, j.token_ids)
+    assert.is_true(j.draft.plan_rows > 0 and j.draft.plan_rows < 8, "draft rows " .. tostring(j.draft.plan_rows))
+    for i, d in ipairs(j.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
   end)
 
   it("prints --json's object of a run that failed after it started: the tokens so far and the error", function()
