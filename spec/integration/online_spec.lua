@@ -186,6 +186,69 @@ describe("online adaptation", function()
     end
   end)
 
+  it("gives the draft's rows way before a re-plan fails (a draft of automatic length): the no-draft tokens", function()
+    -- planned for 64 positions, the re-plan for 496 holds the 9 rows an automatic draft length
+    -- may verify (8 drafts and the request's token) on no device; with fewer it does
+    local st = store_of(S260, "s260")
+    local m = loip.model.open(st, { context = 512, threads = 1 })
+    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
+    for _ in it0 do end
+    m:close()
+    for _, draft in ipairs({ "ngram", "self:layers=all" }) do
+      local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
+        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --max-tokens 480 --plan-positions 64 --online loip --draft %s",
+        T.loip, st, draft))
+      assert.are.equal(0, rc, draft .. ": " .. err)
+      local j = json.decode(out)
+      assert.are.same(s0.token_ids, j.token_ids, draft)
+      assert.is_true(j.draft.drafted > 0, draft)
+      local gave_way = 0
+      for _, a in ipairs(j.adaptations) do
+        if a.replan and a.draft_rows then
+          assert.is_true(a.draft_rows < a.draft_rows_from, draft .. ": draft rows " .. a.draft_rows .. " from " .. a.draft_rows_from)
+          gave_way = gave_way + 1
+        end
+      end
+      assert.are.equal(1, gave_way, draft)
+      for i, d in ipairs(j.devices) do
+        assert.is_true(d.peak_bytes <= d.budget_bytes, draft .. ": device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      end
+    end
+    -- the first plan alike: 985K each holds the full context's plan with fewer draft rows only
+    local m1 = loip.model.open(st, { context = 512, threads = 1 })
+    local it1, s1 = m1:generate("Once upon a time", { temperature = 0, max_tokens = 40 })
+    for _ in it1 do end
+    m1:close()
+    local rc, j, err = T.generate_json(st, "--devices 2 --mem 985K,985K --context 512 --max-tokens 40 --draft ngram")
+    assert.are.equal(0, rc, err)
+    assert.are.same(s1.token_ids, j.token_ids)
+    assert.is_true(j.draft.plan_rows > 0 and j.draft.plan_rows < 8, "draft rows " .. tostring(j.draft.plan_rows))
+    for i, d in ipairs(j.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
+  end)
+
+  it("prints --json's object of a run that failed after it started: the tokens so far and the error", function()
+    -- budgets the re-plan for 496 positions cannot meet: the run stops at about 200 positions
+    local st = store_of(S260, "s260")
+    local m = loip.model.open(st, { context = 512, threads = 1 })
+    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
+    for _ in it0 do end
+    m:close()
+    for _, where in ipairs({ "--devices 3 --mem 700K,700K,700K", "--mem 900K" }) do
+      local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
+        .. "--json %s --context 512 --max-tokens 480 --plan-positions 64", T.loip, st, where))
+      assert.are.equal(1, rc, where)
+      assert.matches("no plan holds 496 KV positions", err, 1, true)
+      local j = json.decode(out)
+      assert.is_table(j, where .. ": no --json object")
+      assert.matches("no plan holds 496 KV positions", j.error, 1, true)
+      assert.are.equal("error", j.stop_reason)
+      assert.is_true(#j.token_ids > 100 and #j.token_ids < 480, where .. ": " .. #j.token_ids .. " tokens")
+      assert.are.equal(#j.token_ids, j.generated_tokens)
+      for k, id in ipairs(j.token_ids) do assert.are.equal(s0.token_ids[k], id, where .. ": token " .. k) end
+      assert.is_true(#j.text > 0)
+    end
+  end)
+
   it("says which online policy let a device run past its budget, numbering devices once", function()
     local st = store_of(S260, "s260")
     local dir = T.tmpdir()

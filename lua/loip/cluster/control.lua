@@ -134,6 +134,50 @@ local function mem_update(m, rep)
   m.slot_bytes = rep.slot_bytes or m.slot_bytes
 end
 
+-- Speculative decoding's rows are an optimisation, never the reason a plan fails: the last
+-- device computes the logits of every row it verifies, each decoding request's last token and
+-- its k drafts (its result buffer, in the plan's activations, is sized for them). A plan is
+-- made for the k asked (--draft-tokens, else the most loip.serve.draft drafts); when none holds
+-- them, for fewer (the most that fit, by halving), then for none. choose(k) returns the plan
+-- for k draft rows a request (a table) or raises; returns it with draft_rows = k. Raises
+-- choose(0)'s error when no plan fits even without draft rows.
+local function fit_draft_rows(k, choose)
+  local ok, c = pcall(choose, k)
+  if not ok and k > 0 then
+    local ok0, c0 = pcall(choose, 0)
+    if not ok0 then error(c0, 0) end
+    local lo, hi = 0, k -- (lo fits, hi does not)
+    c = c0
+    while hi - lo > 1 do
+      local mid = math.floor((lo + hi) / 2)
+      local okm, cm = pcall(choose, mid)
+      if okm then lo, c = mid, cm else hi = mid end
+    end
+    ok, k = true, lo
+  end
+  if not ok then error(c, 0) end
+  c.draft_rows = k
+  return c
+end
+
+-- The sizes of a plan for this cluster's context and batch (Cluster:plan sets them) and opts
+-- (max_batch, kv_tokens, plan_positions, logits_tokens, draft) with k draft rows a request.
+function Cluster:plan_sizes(opts, k)
+  local max_seqs = opts.max_batch or 1
+  local lt = opts.logits_tokens or 1
+  if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
+  return plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
+    threads = self.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
+    plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
+end
+
+-- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come
+-- back) and sample_rows (rows the last device samples in one step: loip_device_new's out_cap).
+function Cluster:plan_rows()
+  self.logits_tokens = self.sizes.logits_tokens
+  self.sample_rows = math.min(self.batch, math.max(self.sizes.logits_tokens or 1, self.sizes.max_seqs or 1))
+end
+
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
 -- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
@@ -159,7 +203,6 @@ function Cluster:plan(opts)
   local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
-  local threads = self.devices[1].threads or 1
   local max_seqs = opts.max_batch or 1
   if type(max_seqs) ~= "number" or max_seqs < 1 or max_seqs ~= math.floor(max_seqs) or max_seqs > batch then
     error(string.format("cluster: max_batch %s is not a whole number in 1..%d (the tokens a step carries)", tostring(max_seqs), batch), 0)
@@ -169,42 +212,44 @@ function Cluster:plan(opts)
       self._batcher:active() + self._batcher:queued()), 0)
   end
   if not opts.keep_requests then self._batcher = nil end
-  -- speculative decoding (opts.draft): the last device computes the logits of every row it
-  -- verifies, each decoding request's last token and its drafts (its buffer, in the plan's
-  -- activations, is sized for them)
   self.draft_device, self.draft_reserve = nil, nil
-  if opts.draft and opts.draft ~= "none" then
-    local k = opts.draft_tokens or require("loip.serve.draft").MAX
-    opts.logits_tokens = math.max(opts.logits_tokens or 1, math.min(batch, max_seqs * (k + 1)))
-    self:reserve_draft(opts, ctx, max_seqs)
-  end
-  local sizes = plan.sizes(self.man, cfg, { context = ctx, batch = batch, threads = threads, logits_tokens = opts.logits_tokens,
-    max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
-    plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
-  self.sizes = sizes
-  -- the largest RESULT the last device sends: an output per token of a step and the logits
-  -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
-  self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
+  local drafting = opts.draft ~= nil and opts.draft ~= "none"
+  if drafting then self:reserve_draft(opts, ctx, max_seqs) end
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = plan.load(p), p end
   local mopts = { cluster = true, loader = opts.loader }
-  local est, info
-  if p == nil and opts.plan_chosen then
-    -- (chosen already, on this problem: Cluster:replan_kv)
-    local c = opts.plan_chosen
-    self.problem_table, p, est, info = c.problem, c.plan, c.estimate, c.info
-  elseif p == nil then
-    self.problem_table = self:problem(opts, sizes)
-    p, est, info = policy.plan(self.problem_table, { scheduler = opts.scheduler, cost = opts.cost })
-  else
-    local devices = {}
-    for i in ipairs(self.devices) do devices[i] = { budget = self:budget_of(i) } end
-    engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = opts.loader }, where)
-    if opts.estimate ~= false then
-      self.problem_table = self:problem(opts, sizes)
-      est = policy.load("cost", opts.cost or "loip").estimate(p, self.problem_table)
+  -- the plan for k draft rows a request (raises when none fits): { sizes, problem, plan,
+  -- estimate, info }
+  local function choose(k)
+    local c = { sizes = self:plan_sizes(opts, k) }
+    if p == nil then
+      c.problem = self:problem(opts, c.sizes)
+      c.plan, c.estimate, c.info = policy.plan(c.problem, { scheduler = opts.scheduler, cost = opts.cost })
+    else
+      local devices = {}
+      for i in ipairs(self.devices) do devices[i] = { budget = self:budget_of(i) } end
+      engine.check_plan(p, { model = c.sizes, devices = devices, cluster = true, loader = opts.loader }, where)
+      c.plan = p
+      if opts.estimate ~= false then
+        c.problem = self:problem(opts, c.sizes)
+        c.estimate = policy.load("cost", opts.cost or "loip").estimate(p, c.problem)
+      end
     end
+    return c
   end
+  -- (chosen already, on this problem: Cluster:replan_kv)
+  local c = opts.plan_chosen
+  if not c then
+    local k = drafting and (opts.draft_tokens or require("loip.serve.draft").MAX) or 0
+    c = fit_draft_rows(k, choose)
+  end
+  local sizes, est, info = c.sizes, c.estimate, c.info
+  p = c.plan
+  self.sizes, self.draft_rows = sizes, drafting and c.draft_rows or nil
+  if c.problem then self.problem_table = c.problem end
+  -- the largest RESULT the last device sends: an output per token of a step and the logits
+  -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
+  self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
   -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
   -- leaves the cluster its plan)
   require("loip.cluster.ship").plan(self, p, sizes)
@@ -225,7 +270,7 @@ function Cluster:plan(opts)
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
         or opts.overlap_loads or false,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
-      logits_tokens = opts.logits_tokens or 1, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
+      logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do
@@ -246,6 +291,8 @@ function Cluster:plan(opts)
       group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
     mem_update(d.mem_state, d.ready)
   end
+  -- a request loop kept across the new plan gives its steps the rows this plan holds
+  if self._batcher then self:plan_rows() end
   return p, est, info
 end
 
@@ -308,16 +355,16 @@ function Cluster:replan_kv(positions)
   local opts = {}
   for k, v in pairs(o) do opts[k] = v end
   opts.plan_positions, opts.keep_requests = positions, true
-  -- the scheduler decides first: a failure there leaves every device on its plan
-  local chosen = {}
-  local ok, err = pcall(function()
-    local sizes = plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
-      threads = self.devices[1].threads or 1, logits_tokens = o.logits_tokens, max_seqs = self.sizes.max_seqs,
-      kv_tokens = o.kv_tokens, plan_positions = positions })
-    chosen.problem = self:problem(opts, sizes)
-    chosen.plan, chosen.estimate, chosen.info = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+  -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
+  -- rows give way before it fails: fit_draft_rows)
+  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or require("loip.serve.draft").MAX) or 0
+  local ok, chosen = pcall(fit_draft_rows, k, function(rows)
+    local c = { sizes = self:plan_sizes(opts, rows) }
+    c.problem = self:problem(opts, c.sizes)
+    c.plan, c.estimate, c.info = policy.plan(c.problem, { scheduler = opts.scheduler, cost = opts.cost })
+    return c
   end)
-  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
+  if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(chosen)), 0) end
   opts.plan_chosen = chosen
   self.lending, self.active = nil, 0
   self:plan(opts)

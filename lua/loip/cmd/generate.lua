@@ -83,6 +83,21 @@ function M.draft_report(b)
   return b.draft and b.draft:report() or nil
 end
 
+-- The --json object of a run that failed after it started: what it generated so far (r as
+-- generate_report takes it: state, pieces, threads, context, batch), stop_reason "error" and
+-- the error in words; b: the run's request loop (its adaptations and drafts so far), or nil.
+function M.failure_report(o, r, err, b)
+  local s = r.state.stats
+  r.text, r.per_token = table.concat(r.pieces), s.decode_steps > 0 and s.decode_ms / s.decode_steps or 0
+  local out = M.generate_report(o, r)
+  out.stop_reason, out.error = "error", tostring(err)
+  if b then
+    out.adaptations = #b.adaptations > 0 and b.adaptations or nil
+    out.draft = M.draft_report(b)
+  end
+  return out
+end
+
 local function run_cluster(o)
   local json = require "loip.tools.json"
   local cluster = require "loip.cluster"
@@ -110,6 +125,7 @@ local function run_cluster(o)
   local c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys })
     or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
       cpu_latency_us = o.cpu_latency }
+  local started -- (the run once its request is in: a failure after it still prints --json's object)
   local ok, err = pcall(function()
     if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
     local loader = o.loader ~= "auto" and o.loader or nil
@@ -130,6 +146,7 @@ local function run_cluster(o)
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
     local pieces = {}
+    started = { state = st, pieces = pieces, threads = o.threads, context = c.context, batch = c.batch, batcher = c:batcher() }
     if not o.json then io.stdout:write(o.prompt) io.stdout:flush() end
     for _, text in it do
       pieces[#pieces + 1] = text
@@ -177,6 +194,8 @@ local function run_cluster(o)
       r.device_losses, r.membership = c.losses, c.membership -- (membership: joins, leaves and losses in one list)
       r.link_changes = #c:batcher().link_changes > 0 and c:batcher().link_changes or nil
       r.draft = M.draft_report(c:batcher())
+      -- (the drafts a request may verify in a step on the last plan: fewer than asked where memory was short)
+      if r.draft then r.draft.plan_rows = c.draft_rows end
       io.stdout:write(json.encode(r), "\n")
     else
       io.stdout:write(rest, "\n")
@@ -198,6 +217,12 @@ local function run_cluster(o)
       end
     end
   end)
+  if not ok and o.json and started then
+    local r = M.failure_report(o, started, err, started.batcher)
+    r.device_losses, r.membership = c.losses, c.membership
+    io.stdout:write(json.encode(r), "\n")
+    io.stdout:flush()
+  end
   c:close()
   if not ok then error(err, 0) end
   return 0
@@ -271,13 +296,25 @@ function M.run(o)
     io.stdout:flush()
   end
   local experts0 -- (a mixture of experts: the expert cache's figures after the prompt's step)
-  for _, text in it do
-    pieces[#pieces + 1] = text
-    if m.experts and not experts0 then experts0 = m.experts:stats() end
-    if not o.json then
-      io.stdout:write(text)
+  local run_ok, run_err = pcall(function()
+    for _, text in it do
+      pieces[#pieces + 1] = text
+      if m.experts and not experts0 then experts0 = m.experts:stats() end
+      if not o.json then
+        io.stdout:write(text)
+        io.stdout:flush()
+      end
+    end
+  end)
+  if not run_ok then
+    -- (a failure after the run started: --json still prints what it generated, with the error)
+    if o.json then
+      io.stdout:write(json.encode(M.failure_report(o, { state = st, pieces = pieces, threads = m.threads, context = m.context,
+        batch = m.batch }, run_err, m:batcher())), "\n")
       io.stdout:flush()
     end
+    m:close()
+    error(run_err, 0)
   end
   local s = st.stats
   local per_token = s.decode_steps > 0 and s.decode_ms / s.decode_steps or 0

@@ -180,9 +180,8 @@ function Cluster:batcher(opts)
     self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
     self.cache_identity = "store:" .. self.store_id -- (the prefix cache's h_0, as loip.serve.prefix_cache.identity)
-    self.step_tokens, self.logits_tokens = self.batch, self.sizes.logits_tokens
-    -- rows the last device samples in one step (its result's outputs: loip_device_new's out_cap)
-    self.sample_rows = math.min(self.batch, math.max(self.sizes.logits_tokens or 1, self.max_seqs))
+    self.step_tokens = self.batch
+    self:plan_rows() -- (logits_tokens, sample_rows: the rows of a step the plan holds)
     local po = self.plan_opts or {}
     self._batcher = engine.batcher(self, setmetatable({ online = po.online, links = po.link_schedule, draft = po.draft,
       draft_tokens = po.draft_tokens, draft_target = { path = self.store, tokenizer = self:tokenizer(), context = self.context,

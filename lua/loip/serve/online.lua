@@ -31,7 +31,8 @@
 -- past its budget in the step the policy let run says which policy was running.
 --
 -- Every change is kept in batcher.adaptations: { step, context, device, stage, from, to, ms,
--- t0_ns, t1_ns } (loip.trace draws them as "adapt" events on the device's plan lane).
+-- t0_ns, t1_ns } (a re-plan: replan, replan_from, resumed, and draft_rows, draft_rows_from when
+-- the draft's rows a request gave way to the KV) (loip.trace draws them as "adapt" events on the device's plan lane).
 -- A link schedule (loip.policy kind "links": at(step)) changes the emulated links first; its
 -- changes are kept in batcher.link_changes. state.links (read lazily, a round trip to every
 -- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
@@ -114,8 +115,9 @@ end
 -- An adaptation (an entry of batcher.adaptations) in words.
 function M.describe(a)
   if a.replan then
-    return string.format("at %d positions: re-planned for %d KV positions (was %d): %d request%s resumed on the new plan",
-      a.context, a.replan, a.replan_from or 0, a.resumed or 0, a.resumed == 1 and "" or "s")
+    return string.format("at %d positions: re-planned for %d KV positions (was %d): %d request%s resumed on the new plan%s",
+      a.context, a.replan, a.replan_from or 0, a.resumed or 0, a.resumed == 1 and "" or "s",
+      a.draft_rows and string.format("; it holds %d draft rows a request (was %d)", a.draft_rows, a.draft_rows_from) or "")
   elseif a.evicted then
     return string.format("at %d positions: request %d evicts positions 0..%d (recomputed every step)", a.context, a.request,
       a.evicted - 1)
@@ -220,7 +222,10 @@ function Online:before_step(toks)
         error(string.format("replan: %s positions (a whole number above the %d the plan holds)", tostring(positions), now), 0)
       end
       positions = math.min(positions, pool)
-      adapt({ replan = positions, replan_from = now, resumed = #b.running }, function() self.engine:replan_kv(positions) end)
+      -- (speculative decoding's rows give way to the KV: draft_rows, the most a request drafts)
+      local a, rows0 = { replan = positions, replan_from = now, resumed = #b.running }, self.engine.draft_rows
+      adapt(a, function() self.engine:replan_kv(positions) end)
+      if rows0 and self.engine.draft_rows ~= rows0 then a.draft_rows, a.draft_rows_from = self.engine.draft_rows, rows0 end
       replanned = true
     end,
   }
