@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 31, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 32, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -1141,11 +1141,14 @@ typedef struct loip_device_stats {
     uint64_t rejected;       /* malformed or stale messages refused */
     uint64_t head_ns;        /* embedding, head and sampling */
     /* KV lending: as lender, bytes shipped and fetched back and the time a stage waited for
-     * its KV to come back; as holder, the bytes held for other devices now */
+     * its KV to come back; as holder, the bytes held for other devices now and taken to hold
+     * in all (held_bytes goes to 0 whenever a lender fetches its KV back: held_in_bytes says
+     * that holding happened, whenever it is read) */
     uint64_t lent_bytes;
     uint64_t fetched_bytes;
     uint64_t lend_wait_ns;
     uint64_t held_bytes;
+    uint64_t held_in_bytes;
     uint64_t drafted;        /* draft tokens verified (last device) */
     uint64_t accepted;       /* ... of which accepted */
 } loip_device_stats_t;

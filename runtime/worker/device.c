@@ -473,5 +473,6 @@ LOIP_API int loip_device_stats(loip_device *d, loip_device_stats_t *out) {
     *out = d->st;
     out->lent_bytes = d->lend.lent_bytes, out->fetched_bytes = d->lend.fetched_bytes;
     out->lend_wait_ns = d->lend.wait_ns, out->held_bytes = d->lend.held_bytes;
+    out->held_in_bytes = d->lend.held_in_bytes;
     return LOIP_OK;
 }

@@ -360,6 +360,7 @@ int lend_hold(lend_state *L, loip_sock *in, const char *from, const loip_msg_hea
     snprintf(b->from, sizeof b->from, "%s", from);
     b->stage = h->hop, b->data = data, b->bytes = h->payload_bytes;
     L->held_bytes += b->bytes;
+    L->held_in_bytes += b->bytes;
     return LOIP_OK;
 }
 

@@ -65,7 +65,7 @@ typedef struct lend_state {
     held_blob *held;
     int32_t n_held, held_cap;
     /* statistics (loip_device_stats_t's lending fields) */
-    uint64_t lent_bytes, fetched_bytes, wait_ns, held_bytes;
+    uint64_t lent_bytes, fetched_bytes, wait_ns, held_bytes, held_in_bytes;
 } lend_state;
 
 /* Allocate L's arrays for a device's slots and stages (LOIP_ENOMEM); free what it holds and

@@ -341,7 +341,8 @@ function handlers.STATS(self)
       compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
       bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
       lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
-      lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes) }
+      lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes),
+      held_in_bytes = tonumber(ds.held_in_bytes) }
     -- the budget's accounts (weights, slots, kv, activations)
     st.kv_free_tokens = exec.session_kv_free_tokens(self.dev.session)
     st.experts = self.dev.experts and self.dev.experts:stats() or nil
