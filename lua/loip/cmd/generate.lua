@@ -130,10 +130,10 @@ local function run_cluster(o)
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
     local pieces = {}
-    if not o.json then io.stdout:write(o.prompt) io.stdout:flush() end
+    if not o.json then common.out(o.prompt) end
     for _, text in it do
       pieces[#pieces + 1] = text
-      if not o.json then io.stdout:write(text) io.stdout:flush() end
+      if not o.json then common.out(text) end
     end
     local rest = ""
     local after = c:stats()
@@ -179,8 +179,7 @@ local function run_cluster(o)
       r.draft = M.draft_report(c:batcher())
       io.stdout:write(json.encode(r), "\n")
     else
-      io.stdout:write(rest, "\n")
-      io.stdout:flush()
+      common.out(rest .. "\n")
       io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token%s; stop: %s\n", #c.devices,
         #ids, st.stats.prefill_ms, #st.token_ids, per_token,
         est and string.format(" (estimated %.2f)", est.ms_per_token) or "", tostring(st.stop_reason)))
@@ -205,6 +204,7 @@ end
 
 function M.run(o)
   common.use_kernels(o.kernels)
+  common.check_prompt("generate", o) -- (before anything is opened, sliced, planned or started)
   if o.devices or o.hosts then return run_cluster(o) end
   if o.mem and tostring(o.mem):find(",", 1, true) then
     common.usage("generate", "several --mem budgets need --devices or --hosts")
@@ -262,22 +262,17 @@ function M.run(o)
     -- The template writes the special tokens itself.
     input = m.tokenizer:encode(text, { add_special = false, bos = false })
     if o.verbose then common.stderr("chat prompt (%d tokens):\n%s\n", #input, text) end
+    if #input >= m.context then m:close() common.prompt_fits("generate", #input, m.context) end
   end
   if o.trace then require("loip.serve.draft_trace").record(m:batcher().draft) end
   local it, st = m:generate(input, gen_opts)
   local pieces = {}
-  if not o.json then
-    io.stdout:write(o.prompt)
-    io.stdout:flush()
-  end
+  if not o.json then common.out(o.prompt) end
   local experts0 -- (a mixture of experts: the expert cache's figures after the prompt's step)
   for _, text in it do
     pieces[#pieces + 1] = text
     if m.experts and not experts0 then experts0 = m.experts:stats() end
-    if not o.json then
-      io.stdout:write(text)
-      io.stdout:flush()
-    end
+    if not o.json then common.out(text) end
   end
   local s = st.stats
   local per_token = s.decode_steps > 0 and s.decode_ms / s.decode_steps or 0
@@ -293,7 +288,7 @@ function M.run(o)
     r.draft = M.draft_report(m:batcher())
     io.stdout:write(json.encode(r), "\n")
   else
-    io.stdout:write("\n")
+    common.out("\n")
   end
   io.stdout:flush()
   for _, a in ipairs(not o.json and m:batcher().adaptations or {}) do

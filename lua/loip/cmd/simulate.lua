@@ -85,12 +85,19 @@ function M.run(o)
     if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
     local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab, path = o.tokenizer })
     o.input_tokens = #tok:encode(o.prompt, { bos = true })
+    -- (before any work: the context planned for is --context, else the default, at most the model's)
+    local max = common.model_config(o.model).max_seq
+    common.prompt_fits("simulate", o.input_tokens, math.min(o.context or require("loip.model").default_context(max), max), max)
   end
   local plan = require "loip.plan"
   local policy = require "loip.policy"
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
   local prob, sizes = common.problem_of("simulate", o)
+  if o.input_tokens >= prob.context then
+    usage("--input-tokens %d leave no room in the context of %d: raise --context (to at least %d) or lower --input-tokens",
+      o.input_tokens, prob.context, o.input_tokens + 1)
+  end
   -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
   local routing = require("loip.model.experts").load_routing(o.routing_profile)
   if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
