@@ -62,12 +62,18 @@ end
 -- where it is applied.)
 function M.check_prompt(cmd, o)
   if o.prompt == nil or o.chat or o.chat_template then return end
+  -- (no token is shorter than a byte but a BOS, a leading space and a few specials: a prompt of
+  -- fewer bytes than the context fits, and nothing need be opened to know it)
+  local most = #o.prompt + 8
+  if o.context and most < o.context then return end
   local ok, n, ctx = pcall(function()
     local cfg = M.model_config(o.model)
+    local c = o.context or require("loip.model").default_context(cfg.max_seq)
+    if most < c then return 0, c end
     local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = cfg.vocab_size })
     local count = #tok:encode(o.prompt, { bos = true })
     tok:close()
-    return count, o.context or require("loip.model").default_context(cfg.max_seq)
+    return count, c
   end)
   if ok then M.prompt_fits(cmd, n, ctx) end
 end
