@@ -112,6 +112,13 @@ int main(void) {
     CHECK(loip_budget_charge(b, "kv", 136 * MiB) == 0, "exactly the rest fits");
     CHECK(loip_budget_charge(b, "kv", 1) == LOIP_ENOMEM, "one byte more does not");
     CHECK(loip_budget_charge(b, "x", UINT64_MAX) == LOIP_ENOMEM, "no overflow");
+    loip_budget_free(b);
+
+    /* what is asked beside what is left: with the digits it takes to differ */
+    CHECK(loip_budget_new(3 * MiB, &b) == 0, "3 MiB");
+    CHECK(loip_budget_charge(b, "kv", 3 * MiB + 18227) == LOIP_ENOMEM, "refused");
+    msg = loip_last_error();
+    CHECK(strstr(msg, "(asks 3.02 MiB) but only 3.00 MiB of the 3.0 MiB budget is left") != NULL, "figures in: %s", msg);
 
     /* names */
     CHECK(loip_budget_charge(b, "", 1) == LOIP_EINVAL, "empty name");

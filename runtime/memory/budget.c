@@ -21,14 +21,30 @@ struct loip_budget {
     loip_budget_account acc[LOIP_BUDGET_MAX_ACCOUNTS];
 };
 
-const char *loip_format_bytes(uint64_t bytes, char *buf, size_t cap) {
+/* bytes in the largest unit under it with `digits` decimals (-1: the usual, 1 below GiB, 2 from it) */
+static const char *format_digits(uint64_t bytes, int digits, char *buf, size_t cap) {
     static const char *units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
     double v = (double)bytes;
     int u = 0;
     while (v >= 1024 && u < 4) v /= 1024, u++;
+    if (digits < 0) digits = u >= 3 ? 2 : 1;
     if (u == 0) snprintf(buf, cap, "%llu bytes", (unsigned long long)bytes);
-    else snprintf(buf, cap, u >= 3 ? "%.2f %s" : "%.1f %s", v, units[u]);
+    else snprintf(buf, cap, "%.*f %s", digits, v, units[u]);
     return buf;
+}
+
+const char *loip_format_bytes(uint64_t bytes, char *buf, size_t cap) { return format_digits(bytes, -1, buf, cap); }
+
+/* Two figures of one message (what is asked beside what is left): when they differ but would
+ * print the same, both with the digits it takes to differ ("asks 3.02 MiB ... 3.00 MiB left"),
+ * as loip.runtime.memory.format_bytes(n, beside) prints them on the Lua side. */
+static void format_pair(uint64_t a, char *abuf, uint64_t b, char *bbuf, size_t cap) {
+    format_digits(a, -1, abuf, cap);
+    format_digits(b, -1, bbuf, cap);
+    for (int d = 2; a != b && d <= 9 && strcmp(abuf, bbuf) == 0; d++) {
+        format_digits(a, d, abuf, cap);
+        format_digits(b, d, bbuf, cap);
+    }
 }
 
 LOIP_API int loip_budget_new(uint64_t limit, loip_budget **out) {
@@ -102,10 +118,9 @@ LOIP_API int loip_budget_charge(loip_budget *b, const char *account, uint64_t by
             if (w > 0) off += (size_t)w;
         }
         loip_format_bytes(bytes - free_bytes, need, sizeof need);
-        loip_format_bytes(free_bytes, left, sizeof left);
         loip_format_bytes(b->limit, lim, sizeof lim);
         char total[32];
-        loip_format_bytes(bytes, total, sizeof total);
+        format_pair(bytes, total, free_bytes, left, sizeof total);
         pthread_mutex_unlock(&b->mu);
         return loip_fail(LOIP_ENOMEM,
                          "memory budget: %s needs %s more (asks %s) but only %s of the %s budget "

@@ -125,6 +125,87 @@ describe("loip generate", function()
     m:close()
   end)
 
+  it("refuses words past the flags', naming them, and suggests a flag one edit away, a swap of two letters too", function()
+    local rc, out, err = T.run(string.format("%s generate --model %s --prompt Once upon a time --max-tokens 4", loip, MODEL))
+    assert.are.equal(2, rc)
+    assert.are.equal("", out)
+    assert.are.equal("loip: generate: unexpected words 'upon' 'a' 'time': it takes no words besides its flags (if they belong to "
+      .. "--prompt's value, quote it: --prompt \"Once upon a time\")\n", err)
+    for _, case in ipairs({ { "generate", "modle", "model" }, { "serve", "prot", "port" }, { "generate", "promt", "prompt" } }) do
+      rc, out, err = T.run(string.format("%s %s --%s x", loip, case[1], case[2]))
+      assert.are.equal(2, rc)
+      assert.are.equal("loip: " .. case[1] .. ": unknown flag --" .. case[2] .. "; did you mean --" .. case[3] .. "?\n", err)
+    end
+  end)
+
+  it("refuses a prompt longer than the context in words, before any work, one device or several", function()
+    local long = string.rep("Once upon a time ", 250) -- (1002 tokens with the BOS)
+    local st = T.slice_store(MODEL, "s260-cli")
+    for _, case in ipairs({ { MODEL, "" }, { st, "--devices 2" }, { st, "--devices 2 --json" } }) do
+      local rc, out, err = T.run(string.format("%s generate --model %s %s --context 512 --max-tokens 4 --prompt %s", loip,
+        case[1], case[2], q(long)))
+      assert.are.equal(2, rc, err)
+      assert.are.equal("", out)
+      -- (the one line: nothing sliced, planned or shipped first)
+      assert.are.equal("loip: generate: the prompt has 1002 tokens; the context is 512: raise --context (to at least 1003) "
+        .. "or shorten the prompt\n", err)
+    end
+    local rc, _, err = T.run(string.format("%s generate --model %s --context 14 --max-tokens 4 --prompt %s", loip, MODEL,
+      q("Once upon a time there was a little girl named Lily")))
+    assert.are.equal(2, rc)
+    assert.matches("the prompt has 14 tokens; the context is 14, which leaves no room for a token to generate: raise --context "
+      .. "(to at least 15)", err, 1, true)
+    -- loip simulate takes generate's --prompt: the same words, before it plans
+    rc, _, err = T.run(string.format("%s simulate --model %s --devices 2 --context 256 --max-tokens 4 --prompt %s", loip, st,
+      q(string.rep("Once upon a time ", 100))))
+    assert.are.equal(2, rc)
+    assert.are.equal("loip: simulate: the prompt has 402 tokens; the context is 256: raise --context (to at least 403) or "
+      .. "shorten the prompt\n", err)
+    rc, _, err = T.run(string.format("%s simulate --model %s --devices 2 --context 512 --prompt %s", loip, st, q(long)))
+    assert.are.equal(2, rc)
+    assert.matches("the prompt has 1002 tokens; the context is 512, and this model takes at most 512: shorten the prompt", err, 1, true)
+  end)
+
+  it("starts an error printed after generated text on a line of its own", function()
+    local dir = T.tmpdir()
+    local st = dir .. "/st"
+    require("loip.model.slice").write(MODEL, st, { quiet = true })
+    local f = assert(io.open(st .. "/layer-002-mlp.bin", "r+b")) -- (a damaged block, read in the prompt's step)
+    f:seek("set", 5000)
+    local b = f:read(1)
+    f:seek("set", 5000)
+    f:write(string.char(bit.bxor(b:byte(), 0x10)))
+    f:close()
+    for _, extra in ipairs({ "--mem 1400K", "--devices 2 --mem 1000K,1000K" }) do
+      local cmd = string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens 8 --verify-reads %s", loip, st,
+        q("Once upon a time"), extra)
+      local rc, out, err = T.run(cmd)
+      assert.are.equal(1, rc, err)
+      assert.are.equal("Once upon a time\n", out)
+      -- (stdout and stderr on one terminal: the error's line starts with loip:)
+      local _, both = T.run("{ " .. cmd .. " 2>&1; }")
+      assert.matches("\nOnce upon a time\nloip: [^\n]*stage %d+: [^\n]*layer%-002%-mlp%.bin: CRC32C", "\n" .. both)
+    end
+  end)
+
+  it("prints a need and its budget with the digits it takes to tell them apart", function()
+    local st = T.slice_store(MODEL, "s260-cli")
+    -- 1 device, every block read from disk: the least it needs, found to the byte ("short by N bytes" under 1 KiB)
+    local function refusal(mem)
+      local rc, _, err = T.run(string.format("%s plan --model %s --mem %d --context 256", loip, st, mem))
+      assert.are.equal(1, rc, err)
+      return err
+    end
+    local kib = tonumber(refusal(300 * 1024):match("it needs ([%d.]+) KiB"))
+    local guess = math.floor(kib * 1024) - 300
+    local need = guess + tonumber(refusal(guess):match("short by (%d+) bytes"))
+    local err = refusal(need - 40)
+    local budget_s, need_s = err:match("memory budget of ([%d.]+) KiB cannot run this model: even with every block offloaded it needs ([%d.]+) KiB")
+    assert.is_string(budget_s, err)
+    assert.are_not.equal(budget_s, need_s, err)
+    assert.matches("short by 40 bytes", err, 1, true)
+  end)
+
   it("exits 1 naming the file when the model is bad, printing nothing on stdout", function()
     local dir = T.tmpdir()
     T.write(dir .. "/config.json", '{"architectures": ["LlamaForCausalLM"]}')

@@ -80,6 +80,91 @@ describe("loip serve", function()
     return ask, m, close
   end
 
+  -- in this process: a server with --api-key and a chat template (srv), one whose devices hold 64 KV positions
+  -- (srv2: a prompt that fits the context but not the KV cache), and ask(server, path, body, headers)
+  local function key_servers()
+    local server = require "loip.serve.server"
+    local dir = T.tmpdir()
+    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    local m = loip.model.open(S260, { threads = 1, context = 512 })
+    local m2 = loip.model.open(S260, { threads = 1, context = 512, kv_tokens = 64 })
+    local srv = server.new { model = m, tokenizer = m.tokenizer, dir = S260, name = "stories260K", port = 0, quiet = true,
+      api_key = "spec-key", chat_template = dir .. "/chat.jinja" }
+    local srv2 = server.new { model = m2, tokenizer = m2.tokenizer, dir = S260, name = "stories260K", port = 0, quiet = true }
+    local cl = client.new()
+    local function ask(s, path, body, headers)
+      local t = cl:post(string.format("http://127.0.0.1:%d/v1/%s", s.port, path), json.encode(body), headers)
+      while cl:busy() do srv:turn(5) srv2:turn(5) cl:run(5) end
+      return t.status, json.decode(t.body) or t.body
+    end
+    return srv, srv2, ask, function() cl:close() srv:close() srv2:close() m:close() m2:close() end
+  end
+  local long = string.rep("Once upon a time ", 250) -- (1002 tokens with the BOS; the context is 512)
+
+  it("says an API key given but wrong is incorrect, naming its header, and one not given missing", function()
+    local srv, _, ask, close = key_servers()
+    local ok, err = pcall(function()
+      local chat = { model = "stories260K", max_tokens = 4, messages = { { role = "user", content = "Hi" } } }
+      for _, case in ipairs({
+        { "completions", nil, "You didn't provide an API key (Authorization: Bearer KEY)" },
+        { "completions", { ["x-api-key"] = "wrong" }, "Incorrect API key provided (in the x-api-key header)" },
+        { "completions", { Authorization = "Bearer wrong" }, "Incorrect API key provided (in the Authorization header)" },
+        { "completions", { Authorization = "Bearer wrong", ["x-api-key"] = "wrong" },
+          "Incorrect API key provided (in the x-api-key and Authorization headers)" },
+        { "messages", nil, "You didn't provide an API key (x-api-key: KEY, or Authorization: Bearer KEY)" },
+        { "messages", { ["x-api-key"] = "wrong" }, "Incorrect API key provided (in the x-api-key header)" },
+        { "messages", { Authorization = "Bearer wrong" }, "Incorrect API key provided (in the Authorization header)" },
+      }) do
+        local status, body = ask(srv, case[1], case[1] == "messages" and chat or { model = "stories260K", prompt = "Hi" }, case[2])
+        local what = case[1] .. " " .. json.encode(case[2] or {})
+        assert.are.equal(401, status, what)
+        assert.are.equal(case[3], body.error.message, what)
+        if case[1] == "messages" then -- (Anthropic's shape)
+          assert.are.equal("authentication_error", body.error.type, what)
+        else
+          assert.are.equal("invalid_api_key", body.error.code, what)
+        end
+      end
+    end)
+    close()
+    assert(ok, err)
+  end)
+
+  it("blames the prompt's field (prompt, messages) for a prompt too long, max_tokens for a completion too long", function()
+    local srv, srv2, ask, close = key_servers()
+    local ok, err = pcall(function()
+      local key = { Authorization = "Bearer spec-key" }
+      -- context_length_exceeded: the prompt's field when the prompt alone fills the context, else max_tokens
+      for _, case in ipairs({
+        { "completions", { prompt = long, max_tokens = 4 }, "prompt" },
+        { "completions", { prompt = long }, "prompt" },
+        { "completions", { prompt = "Once", max_tokens = 600 }, "max_tokens" },
+        { "chat/completions", { messages = { { role = "user", content = long } }, max_tokens = 4 }, "messages" },
+      }) do
+        case[2].model = "stories260K"
+        local status, body = ask(srv, case[1], case[2], key)
+        assert.are.equal(400, status, json.encode(body))
+        assert.are.equal("context_length_exceeded", body.error.code, case[1])
+        assert.are.equal(case[3], body.error.param, case[1] .. " " .. case[3])
+      end
+      local status, body = ask(srv, "messages", { model = "stories260K", max_tokens = 4,
+        messages = { { role = "user", content = long } } }, { ["x-api-key"] = "spec-key" })
+      assert.are.equal(400, status)
+      assert.is_nil(body.error.message:find("^max_tokens"), body.error.message)
+      assert.matches("in the messages", body.error.message, 1, true)
+      -- past the KV cache the devices hold (64 positions): the prompt's when it alone is too long
+      status, body = ask(srv2, "completions", { model = "stories260K", prompt = string.rep("Once upon a time ", 20), max_tokens = 4 })
+      assert.are.equal(400, status, json.encode(body))
+      assert.are.equal("prompt", body.error.param, body.error.message)
+      status, body = ask(srv2, "completions", { model = "stories260K", prompt = "Once upon a time", max_tokens = 100 })
+      assert.are.equal(400, status, json.encode(body))
+      assert.are.equal("max_tokens", body.error.param, body.error.message)
+    end)
+    close()
+    assert(ok, err)
+  end)
+
   it("completes an empty prompt from the start of a document (the BOS alone), as loip generate does", function()
     local m = loip.model.open(S260, { threads = 1, context = 512 })
     local it, st = m:generate("", { temperature = 0, max_tokens = 16 })

@@ -116,6 +116,27 @@ describe("loip simulate", function()
     assert.matches("simulated 1 sporadic request (5 + 4 tokens each)", out4, 1, true)
   end)
 
+  it("simulates a loip generate command line as the one request generate runs, unless --requests says otherwise", function()
+    local dir = T.tmpdir()
+    local flat = write_profile(dir, 0)
+    local function requests(args)
+      local rc, out, err = simulate("--profile " .. flat .. " --json " .. args)
+      assert.are.equal(0, rc, err)
+      return json.decode(out).requests
+    end
+    assert.are.equal(1, requests("--max-tokens 24"))
+    assert.are.equal(1, requests("--output-tokens 24 --temperature 0"))
+    assert.are.equal(3, requests("--max-tokens 24 --requests 3"))
+    assert.are.equal(4, requests("--output-tokens 24"), "simulate's own line: its pattern's default")
+    -- the online case of online_spec as generate runs it: one request, one re-plan (as on the devices)
+    local st = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local rc, out, err = T.run(string.format("%s simulate --model %s --devices 3 --mem 790K,770K,800K --context 512 "
+      .. "--plan-positions 64 --prompt 'A big red ball' --max-tokens 480 --temperature 0", T.loip, st))
+    assert.are.equal(0, rc, err)
+    assert.matches("simulated 1 sporadic request (", out, 1, true)
+    assert.matches("\n  1 live plan change by the online policy loip (1 a new plan for a longer context)\n", out, 1, true)
+  end)
+
   it("grows the KV cache inside the budgets: the runtime's online policy makes room as on devices, or a device runs out", function()
     -- stories260K on 2 devices of 960K, planned for 32 positions (as online_spec runs it on workers:
     -- 9 changes there too, at 49 to 273 positions)

@@ -145,3 +145,78 @@ describe("the online policy a run gets", function()
     assert.are.equal("x.lua", choose("x.lua", 32))
   end)
 end)
+
+-- (the usage error flags.parse raises for argv, as its message; nil when it parses)
+local function refusal(name, argv)
+  local spec = setmetatable({ name = name }, { __index = cli.commands[name] })
+  local ok, e = pcall(stderr_of, function() return flags.parse(spec, argv, 1) end)
+  if ok then return nil end
+  assert.is_table(e, tostring(e))
+  assert.is_true(e.usage_error, e.msg)
+  return e.msg
+end
+
+describe("the command line's words", function()
+  it("past those a command takes are refused, naming them (no command drops one silently)", function()
+    local msg = refusal("generate", { "--model", "m", "--prompt", "Once", "upon", "a", "time" })
+    assert.are.equal("generate: unexpected words 'upon' 'a' 'time': it takes no words besides its flags (if they belong to "
+      .. "--prompt's value, quote it: --prompt \"Once upon a time\")", msg)
+    for name, m in pairs(cli.commands) do
+      local names = m.positional or {}
+      local many = names[#names] and names[#names]:sub(-3) == "..."
+      if not (m.passthrough or many) then
+        local argv = {}
+        for k = 1, #names do argv[k] = "w" .. k end
+        argv[#argv + 1] = "extra-word"
+        local e = refusal(name, argv)
+        assert.is_string(e, name .. " took " .. #argv .. " words, more than it names")
+        assert.matches("unexpected word 'extra-word': it takes ", e, 1, true)
+      end
+    end
+    assert.is_nil(refusal("synth", { "--like", "llama-3.2-1b", "out" }))
+    assert.are.equal("synth: unexpected word 'b': it takes 1 besides its flags (OUT_DIR)", refusal("synth", { "a", "b" }))
+    assert.is_nil(refusal("tokenize", { "--model", "m", "Once", "upon", "a", "time" }))
+    assert.is_nil(refusal("run", { "x.lua", "a", "b", "--c" }))
+  end)
+
+  it("a flag one edit from a command's flag (a letter left out, added, changed, or two swapped) gets a 'did you mean'", function()
+    local distance = require("loip.tools.suggest").distance
+    assert.are.equal(1, distance("modle", "model"))
+    assert.are.equal(1, distance("prot", "port"))
+    for name, m in pairs(cli.commands) do
+      for _, f in ipairs(m.flags) do
+        local flag = f[1]
+        if #flag >= 4 and not f.alias_of then
+          local typos = { flag:sub(2), flag .. "x" }
+          for k = 1, #flag - 1 do
+            if flag:sub(k, k) ~= flag:sub(k + 1, k + 1) then
+              typos[#typos + 1] = flag:sub(1, k - 1) .. flag:sub(k + 1, k + 1) .. flag:sub(k, k) .. flag:sub(k + 2)
+            end
+          end
+          for _, typo in ipairs(typos) do
+            local e = refusal(name, { "--" .. typo })
+            if not (e and e:find("unknown flag", 1, true)) then break end -- (the typo is another flag)
+            local meant = e:match("did you mean %-%-(%S+)%?$")
+            assert.is_string(meant, name .. " --" .. typo .. ": " .. e)
+            assert.is_true(distance(typo, meant) <= 1, name .. " --" .. typo .. ": " .. e)
+          end
+        end
+      end
+    end
+  end)
+end)
+
+describe("byte figures in a message", function()
+  it("print with the digits it takes for two figures that differ to print differently", function()
+    local fmt = require("loip.runtime.memory").format_bytes
+    local need, budget = 3 * 2 ^ 20 + 18227, 3 * 2 ^ 20
+    assert.are.equal("3.0 MiB", fmt(need))
+    assert.are.equal("3.02 MiB", fmt(need, budget))
+    assert.are.equal("3.00 MiB", fmt(budget, need))
+    assert.are.equal("1.000001 MiB", fmt(2 ^ 20 + 1, 2 ^ 20))
+    assert.are.equal("1.5 MiB", fmt(1.5 * 2 ^ 20, 3 * 2 ^ 20))
+    assert.are.equal("2.0 MiB", fmt(2 ^ 21, 2 ^ 21))
+    assert.are.equal("300 bytes", fmt(300, 301))
+    assert.are.equal("1.50 GiB", fmt(1.5 * 2 ^ 30))
+  end)
+end)

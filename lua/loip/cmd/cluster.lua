@@ -7,6 +7,7 @@ local json = require "loip.tools.json"
 local M = {
   brief = "a serving cluster's members: drain a device, list devices and joins, leaves, losses",
   usage = "loip cluster drain I | members [--url URL] [--api-key KEY]",
+  positional = { "drain|members", "I" },
   summary = "Talk to a serving head (loip serve with --devices or --hosts). `drain I`: device I (1-based, as /health\n"
     .. "lists them) finishes the step, the others are planned again without it, its worker stops; requests\n"
     .. "running go on with exactly their tokens. `members`: the devices and the membership events (joins,\n"

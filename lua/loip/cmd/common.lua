@@ -12,22 +12,70 @@ local usage = M.usage
 
 function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
 
+-- Text to stdout as it comes (a prompt, the tokens generated), flushed; M.mid_line says whether it
+-- left a line unfinished, so that an error printed after it starts on its own line (loip.tools.cli).
+M.mid_line = false
+function M.out(text)
+  if text == "" then return end
+  io.stdout:write(text)
+  io.stdout:flush()
+  M.mid_line = text:sub(-1) ~= "\n"
+end
+
 -- The CPU kernel variant of --kernels.
 function M.use_kernels(name)
   require("loip.core").must(require("loip.runtime.exec").kernels_use(name, "--kernels"))
 end
 
--- The layers of the model at path (a store, or any model loip opens), read without loading it.
-function M.model_layers(path)
+-- The runtime config of the model at path (a store, or any model loip opens: n_layers, max_seq,
+-- vocab_size ...), read without loading it.
+function M.model_config(path)
   local model = require "loip.model"
   if model.locate(path) == "store" then
     local st = require "loip.model.store"
-    return st.config(path, st.read_manifest(path)).n_layers
+    return st.config(path, st.read_manifest(path))
   end
   local src = require("loip.model.slice").open_source(path)
-  local layers = src.c.n_layers
+  local c = src.c
   src.close()
-  return layers
+  return c
+end
+
+-- The layers of the model at path, read without loading it.
+function M.model_layers(path) return M.model_config(path).n_layers end
+
+-- A usage error of cmd when a prompt of n tokens leaves no room in a context of ctx positions
+-- (most: the most --context may be, where the command caps it at the model's).
+function M.prompt_fits(cmd, n, ctx, most)
+  if n < ctx then return end
+  local room = n == ctx and ", which leaves no room for a token to generate" or ""
+  if most and n >= most then
+    usage(cmd, "the prompt has %d tokens; the context is %d%s, and this model takes at most %d: shorten the prompt", n, ctx, room, most)
+  end
+  usage(cmd, "the prompt has %d tokens; the context is %d%s: raise --context (to at least %d) or shorten the prompt", n, ctx, room, n + 1)
+end
+
+-- Refuses a --prompt that leaves no room in the context (--context, else the model's default)
+-- before any work (opening the model, slicing, planning, starting workers): counted by the model's
+-- tokenizer (--tokenizer's), with its BOS, as generation counts it. A model or tokenizer that cannot
+-- be read is left to the command, whose own path says why. (A chat template's tokens are counted
+-- where it is applied.)
+function M.check_prompt(cmd, o)
+  if o.prompt == nil or o.chat or o.chat_template then return end
+  -- (no token is shorter than a byte but a BOS, a leading space and a few specials: a prompt of
+  -- fewer bytes than the context fits, and nothing need be opened to know it)
+  local most = #o.prompt + 8
+  if o.context and most < o.context then return end
+  local ok, n, ctx = pcall(function()
+    local cfg = M.model_config(o.model)
+    local c = o.context or require("loip.model").default_context(cfg.max_seq)
+    if most < c then return 0, c end
+    local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = cfg.vocab_size })
+    local count = #tok:encode(o.prompt, { bos = true })
+    tok:close()
+    return count, c
+  end)
+  if ok then M.prompt_fits(cmd, n, ctx) end
 end
 
 -- The slice store a cluster runs for --model: the store given, or, for --devices, the model

@@ -147,10 +147,10 @@ local function run_cluster(o)
     local ids = st.prompt_ids
     local pieces = {}
     started = { state = st, pieces = pieces, threads = o.threads, context = c.context, batch = c.batch, batcher = c:batcher() }
-    if not o.json then io.stdout:write(o.prompt) io.stdout:flush() end
+    if not o.json then common.out(o.prompt) end
     for _, text in it do
       pieces[#pieces + 1] = text
-      if not o.json then io.stdout:write(text) io.stdout:flush() end
+      if not o.json then common.out(text) end
     end
     local rest = ""
     local after = c:stats()
@@ -198,8 +198,7 @@ local function run_cluster(o)
       if r.draft then r.draft.plan_rows = c.draft_rows end
       io.stdout:write(json.encode(r), "\n")
     else
-      io.stdout:write(rest, "\n")
-      io.stdout:flush()
+      common.out(rest .. "\n")
       io.stderr:write(string.format("%d devices: prompt %d tokens in %.1f ms; %d tokens, %.2f ms/token%s; stop: %s\n", #c.devices,
         #ids, st.stats.prefill_ms, #st.token_ids, per_token,
         est and string.format(" (estimated %.2f)", est.ms_per_token) or "", tostring(st.stop_reason)))
@@ -230,6 +229,7 @@ end
 
 function M.run(o)
   common.use_kernels(o.kernels)
+  common.check_prompt("generate", o) -- (before anything is opened, sliced, planned or started)
   if o.devices or o.hosts then return run_cluster(o) end
   if o.mem and tostring(o.mem):find(",", 1, true) then
     common.usage("generate", "several --mem budgets need --devices or --hosts")
@@ -287,23 +287,18 @@ function M.run(o)
     -- The template writes the special tokens itself.
     input = m.tokenizer:encode(text, { add_special = false, bos = false })
     if o.verbose then common.stderr("chat prompt (%d tokens):\n%s\n", #input, text) end
+    if #input >= m.context then m:close() common.prompt_fits("generate", #input, m.context) end
   end
   if o.trace then require("loip.serve.draft_trace").record(m:batcher().draft) end
   local it, st = m:generate(input, gen_opts)
   local pieces = {}
-  if not o.json then
-    io.stdout:write(o.prompt)
-    io.stdout:flush()
-  end
+  if not o.json then common.out(o.prompt) end
   local experts0 -- (a mixture of experts: the expert cache's figures after the prompt's step)
   local run_ok, run_err = pcall(function()
     for _, text in it do
       pieces[#pieces + 1] = text
       if m.experts and not experts0 then experts0 = m.experts:stats() end
-      if not o.json then
-        io.stdout:write(text)
-        io.stdout:flush()
-      end
+      if not o.json then common.out(text) end
     end
   end)
   if not run_ok then
@@ -330,7 +325,7 @@ function M.run(o)
     r.draft = M.draft_report(m:batcher())
     io.stdout:write(json.encode(r), "\n")
   else
-    io.stdout:write("\n")
+    common.out("\n")
   end
   io.stdout:flush()
   for _, a in ipairs(not o.json and m:batcher().adaptations or {}) do

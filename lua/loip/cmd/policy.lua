@@ -6,6 +6,7 @@ local policy = require "loip.policy"
 local M = {
   brief = "the policies of each kind and their settings (list, show KIND NAME)",
   usage = "loip policy [list [KIND] | show KIND NAME]",
+  positional = { "list|show", "KIND", "NAME" },
   summary = "The policies loip decides with (cost models, schedulers, online policies, link schedules, request\n"
     .. "patterns, baselines, device profiles): `list` names each kind's shipped ones with their settings\n"
     .. "(as `loip help policies`), `show KIND NAME` one in full (NAME may be a path).",

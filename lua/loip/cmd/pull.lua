@@ -5,6 +5,7 @@ local function usage(fmt, ...) require("loip.cmd.common").usage("pull", fmt, ...
 local M = {
   brief = "download a model repository from Hugging Face (or a compatible endpoint), resumable",
   usage = "loip pull REPO [--revision REV] [--endpoint URL] [--to DIR] [--include GLOB]... [flags]",
+  positional = { "REPO" },
   summary = "Download a model repository (owner/name) from Hugging Face or a compatible endpoint into a\n"
     .. "directory that loip generate, slice and serve take. Files are listed through the Hub's API, each\n"
     .. "written as PATH.incomplete, verified (Git LFS files: their sha256; others: their size) and renamed\n"

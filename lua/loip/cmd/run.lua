@@ -4,6 +4,7 @@ local common = require "loip.cmd.common"
 local M = {
   brief = "run a Lua script (recipe) with the runtime available",
   usage = "loip run FILE.lua [ARGS...]",
+  positional = { "FILE.lua", "ARGS..." },
   summary = "Run a Lua script (a recipe) with the `loip` global the REPL has (require \"loip\" works too) and\n"
     .. "`arg` set as luajit sets it.",
   flags = {}, stop_at_positional = true,

@@ -15,7 +15,8 @@ end
 for _, f in ipairs({
   { "plan", "string", "simulate this plan (a file --save-plan wrote) instead of the scheduler's", metavar = "FILE" },
   { "pattern", "string", "request pattern: sporadic, bursty, poisson (recipes/policies/pattern) or a file", default = "sporadic" },
-  { "requests", "int", "sporadic and poisson: how many requests", default = 4, check = function(v) return v >= 1, "must be >= 1" end },
+  { "requests", "int", "sporadic and poisson: how many requests (default 4; a loip generate command line, one with --prompt, "
+    .. "--max-tokens or another of generate's flags: 1, as generate runs)", check = function(v) return v >= 1, "must be >= 1" end },
   { "burst", "int", "bursty: requests of a burst (default --max-batch)", check = function(v) return v >= 1, "must be >= 1" end },
   { "bursts", "int", "bursty: how many bursts, one after the other", default = 1, check = function(v) return v >= 1, "must be >= 1" end },
   { "rate", "number", "poisson: arrivals per second", default = 1, check = function(v) return v > 0, "must be > 0" end },
@@ -71,12 +72,23 @@ local M = {
 
 local mean = require("loip.tools.bench").mean
 
+-- Whether o is a loip generate command line: one of generate's own flags given (--prompt,
+-- --max-tokens, --tokenizer, or one simulate ignores). It simulates as generate runs: one request.
+function M.generate_line(o)
+  if o.prompt ~= nil or o.max_tokens ~= nil or o.tokenizer ~= nil then return true end
+  for _, f in ipairs(IGNORED) do
+    if o[(f[1]:gsub("-", "_"))] ~= nil then return true end
+  end
+  return false
+end
+
 function M.run(o)
   for _, f in ipairs(IGNORED) do
     if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
       io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
     end
   end
+  if o.requests == nil then o.requests = M.generate_line(o) and 1 or 4 end
   if o.max_tokens then o.output_tokens = o.max_tokens end
   if o.prompt then
     if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
@@ -85,12 +97,19 @@ function M.run(o)
     if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
     local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab, path = o.tokenizer })
     o.input_tokens = #tok:encode(o.prompt, { bos = true })
+    -- (before any work: the context planned for is --context, else the default, at most the model's)
+    local max = common.model_config(o.model).max_seq
+    common.prompt_fits("simulate", o.input_tokens, math.min(o.context or require("loip.model").default_context(max), max), max)
   end
   local plan = require "loip.plan"
   local policy = require "loip.policy"
   local sim = require "loip.sim"
   local json = require "loip.tools.json"
   local prob, sizes = common.problem_of("simulate", o)
+  if o.input_tokens >= prob.context then
+    usage("--input-tokens %d leave no room in the context of %d: raise --context (to at least %d) or lower --input-tokens",
+      o.input_tokens, prob.context, o.input_tokens + 1)
+  end
   -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
   local routing = require("loip.model.experts").load_routing(o.routing_profile)
   if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
@@ -198,7 +217,8 @@ function M.run(o)
   end
   if out.draft then require("loip.sim.draft").describe(out.draft, io.stdout) end
   if out.adaptations > 0 then
-    io.stdout:write(string.format("  %d live plan changes by the online policy %s%s\n", out.adaptations, tostring(online),
+    io.stdout:write(string.format("  %d live plan change%s by the online policy %s%s\n", out.adaptations,
+      out.adaptations == 1 and "" or "s", tostring(online),
       s.replans and string.format(" (%d a new plan for a longer context)", s.replans) or ""))
   end
   if s.failure then io.stdout:write("the step failed: ", s.failure, "\n") end

@@ -4,6 +4,7 @@ local common = require "loip.cmd.common"
 local M = {
   brief = "convert a model into a slice store (per-block files), or --verify one",
   usage = "loip slice [--force] MODEL_DIR OUT_DIR\n       loip slice --verify STORE [MODEL_DIR]",
+  positional = { "MODEL_DIR|STORE", "OUT_DIR|MODEL_DIR" },
   summary = "Convert a Hugging Face model directory (or a GGUF file, or a llama2.c checkpoint) into a slice store: one\n"
     .. "4 KiB-aligned file per layer block (MHA, MLP), embedding and head, the tokenizer files, and a\n"
     .. "manifest with shapes, offsets and sha256s, written last. Weights keep their dtype and bytes.\n"

@@ -5,6 +5,7 @@ local flags = require "loip.tools.flags"
 local M = {
   brief = "write a random-weight model with a real model's shapes",
   usage = "loip synth --like NAME [--dtype bf16] [flags] OUT_DIR",
+  positional = { "OUT_DIR" },
   summary = "Write a random-weight (seeded) Hugging Face model directory with the exact shapes of a named\n"
     .. "model, plus a tokenizer.bin it can be run with. Shapes can be overridden.",
   flags = flags.rows({

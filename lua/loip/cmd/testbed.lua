@@ -5,6 +5,7 @@ local flags = require "loip.tools.flags"
 local M = {
   brief = "network namespaces shaped by tbf with a worker in each (root)",
   usage = "loip testbed up N --store DIR [--cache DIR] [--rate 100mbit] [--mem LIST] [--threads N] | loip testbed shape I RATE | loip testbed down [--keep-logs] | loip testbed status",
+  positional = { "up|shape|down|status", "N|I", "RATE" },
   summary = "A network testbed on this machine (root): N network namespaces joined by a bridge, every link shaped\n"
     .. "by tbf (real kernel shaping), one loip worker in each (10.77.0.11:7000, .12, ...), logging to\n"
     .. "/tmp/loip-testbed-I.log. `shape I RATE` re-shapes device I's link live (requests keep running). `down`\n"

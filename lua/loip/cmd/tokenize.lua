@@ -4,6 +4,7 @@ local common = require "loip.cmd.common"
 local M = {
   brief = "show the token ids and pieces of a text",
   usage = "loip tokenize --model DIR [--json] TEXT",
+  positional = { "TEXT..." },
   summary = "Print the token ids and pieces of TEXT under the model's tokenizer.",
   flags = {
     { "model", "string", "model directory, or a tokenizer file", required = true, metavar = "DIR" },

@@ -4,6 +4,7 @@ local common = require "loip.cmd.common"
 local M = {
   brief = "draw a trace written by --trace as an SVG timeline",
   usage = "loip trace plot TRACE.json OUT.svg [--from MS] [--to MS]",
+  positional = { "plot", "TRACE.json", "OUT.svg" },
   summary = "Draw a trace written by --trace (one device or a cluster) as an SVG timeline: per device,\n"
     .. "lanes for disk, compute, network and waits.",
   flags = {

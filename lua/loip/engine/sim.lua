@@ -67,8 +67,8 @@ function M.new(problem, p, opts)
       local need = plan.memory(p, i, problem.model, space.memory_opts(problem)).total + extra
       if need > d.budget then
         local fmt = require("loip.runtime.memory").format_bytes
-        error(string.format("simulate: device %d needs %s for the plan and the draft (%s: %s) but its budget is %s", i, fmt(need),
-          dr.what, fmt(extra), fmt(d.budget)), 0)
+        error(string.format("simulate: device %d needs %s for the plan and the draft (%s: %s) but its budget is %s", i, fmt(need, d.budget),
+          dr.what, fmt(extra), fmt(d.budget, need)), 0)
       end
     end
   end

@@ -245,10 +245,10 @@ function Model:_choose_plan(cfg, facts, budget)
   if limit > 0 and need.total > avail then
     error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
       .. "pass a larger --mem, or a plan that offloads more (or none, and let loip pick one)", where,
-      memory.format_bytes(need.total), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
+      memory.format_bytes(need.total, avail), memory.format_bytes(need.weights), memory.format_bytes(need.slots),
       memory.format_bytes(need.kv), memory.format_bytes(need.activations),
       need.scratch > 0 and (", scratch " .. memory.format_bytes(need.scratch)) or "",
-      memory.format_bytes(avail), memory.format_bytes(need.total - avail)), 0)
+      memory.format_bytes(avail, need.total), memory.format_bytes(need.total - avail)), 0)
   end
   self.plan, self.plan_sizes, self.plan_opts = p, sizes, mopts
 end

@@ -334,8 +334,8 @@ function M.over_budget(p, sizes, budgets, opts, where)
     local m = M.memory(p, i, sizes, opts)
     if b > 0 and m.total > b then
       return string.format("%sdevice %d needs %s (weights %s, slots %s, kv %s, activations %s%s) but its budget is %s: short by %s",
-        where and (where .. ": ") or "", i, fmt(m.total), fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
-        m.scratch > 0 and (", scratch " .. fmt(m.scratch)) or "", fmt(b), fmt(m.total - b)), m
+        where and (where .. ": ") or "", i, fmt(m.total, b), fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
+        m.scratch > 0 and (", scratch " .. fmt(m.scratch)) or "", fmt(b, m.total), fmt(m.total - b)), m
     end
   end
 end

@@ -190,7 +190,7 @@ function M.why_none(problem)
     local mem = plan.memory(p, 1, m, space.memory_opts(problem))
     if d.budget > 0 and mem.total > d.budget then
       return string.format("memory budget of %s cannot run this model: even with every block offloaded it needs %s (embedding and head %s, KV cache %s, activations %s, a slot for the largest block %s%s); short by %s; raise --mem or lower --context",
-        fmt(d.budget), fmt(mem.total), fmt(mem.weights), fmt(mem.kv), fmt(mem.activations), fmt(mem.slots),
+        fmt(d.budget, mem.total), fmt(mem.total, d.budget), fmt(mem.weights), fmt(mem.kv), fmt(mem.activations), fmt(mem.slots),
         mem.scratch > 0 and (", the conventional loader's bounce buffer " .. fmt(mem.scratch)) or "", fmt(mem.total - d.budget))
     end
   end
@@ -204,7 +204,7 @@ function M.why_none(problem)
     total_budget = total_budget + (d.budget > 0 and d.budget or math.huge)
     if d.budget > 0 and mem.total > d.budget and (not worst_short or mem.total - d.budget > worst_short) then
       worst, worst_short = string.format("device %d: its budget %s is short of the %s its least part needs (weights %s, a slot of %s for one block read every step, kv %s, activations %s%s); short by %s",
-        i, fmt(d.budget), fmt(mem.total), fmt(mem.weights), fmt(mem.slots), fmt(mem.kv), fmt(mem.activations),
+        i, fmt(d.budget, mem.total), fmt(mem.total, d.budget), fmt(mem.weights), fmt(mem.slots), fmt(mem.kv), fmt(mem.activations),
         mem.scratch > 0 and (", scratch " .. fmt(mem.scratch)) or "", fmt(mem.total - d.budget)), mem.total - d.budget
     end
   end
@@ -229,8 +229,8 @@ function M.why_none(problem)
     local mem = space.memory(problem, plan.device_part(close.p, close.i, m))
     return string.format("no plan fits %s: even the closest (%d stage%s%s, every block read from disk) needs %s on device %d (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s; raise --mem or lower --context%s",
       N == 1 and "the budget" or string.format("all %d budgets at once", N), close.S, close.S == 1 and "" or "s",
-      fixed and " as --stages asks" or "", fmt(close.need), close.i, fmt(mem.weights), fmt(mem.slots), fmt(mem.kv),
-      fmt(mem.activations), fmt(problem.devices[close.i].budget), fmt(close.short), fixed and " (or let the scheduler choose the stages)" or "")
+      fixed and " as --stages asks" or "", fmt(close.need, problem.devices[close.i].budget), close.i, fmt(mem.weights), fmt(mem.slots), fmt(mem.kv),
+      fmt(mem.activations), fmt(problem.devices[close.i].budget, close.need), fmt(close.short), fixed and " (or let the scheduler choose the stages)" or "")
   end
   return string.format("no plan of this scheduler fits all %d budgets at once (they total %s)%s; raise --mem or lower --context",
     N, total_budget < math.huge and fmt(total_budget) or "unlimited",

@@ -355,8 +355,8 @@ function M.oom(problem, p, i, what)
   local m = M.memory(problem, plan.device_part(p, i, problem.model))
   local fmt = require("loip.runtime.memory").format_bytes
   return string.format("OOM: device %d needs %s%s (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s",
-    i, fmt(m.total), what and (" " .. what) or "", fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
-    fmt(problem.devices[i].budget), fmt(m.total - problem.devices[i].budget)), m.total - problem.devices[i].budget
+    i, fmt(m.total, problem.devices[i].budget), what and (" " .. what) or "", fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
+    fmt(problem.devices[i].budget, m.total), fmt(m.total - problem.devices[i].budget)), m.total - problem.devices[i].budget
 end
 
 -- How fast device i computes a block, relative (1 / ms of an average block, slowed).

@@ -16,13 +16,28 @@ local Budget = {}
 Budget.__index = Budget
 M.Budget = Budget
 
--- "1.50 GiB", "512.0 MiB", "300 bytes" (as the runtime writes sizes in its messages).
-function M.format_bytes(n)
-  local units = { "bytes", "KiB", "MiB", "GiB", "TiB" }
+-- "1.50 GiB", "512.0 MiB", "300 bytes" (as the runtime writes sizes in its messages). With
+-- beside, another figure of the same message (a need beside its budget): when the two differ
+-- but would print the same, both print with more digits, as many as they take to differ (a
+-- call for each, each given the other: `needs 3.017 MiB … its budget is 3.000 MiB`).
+local UNITS = { "bytes", "KiB", "MiB", "GiB", "TiB" }
+local function scaled(n)
   local u = 1
-  while n >= 1024 and u < #units do n, u = n / 1024, u + 1 end
-  if u == 1 then return string.format("%d bytes", n) end
-  return string.format(u >= 4 and "%.2f %s" or "%.1f %s", n, units[u])
+  while n >= 1024 and u < #UNITS do n, u = n / 1024, u + 1 end
+  return n, u
+end
+local function with_digits(n, digits)
+  local v, u = scaled(n)
+  if u == 1 then return string.format("%d bytes", v) end
+  return string.format("%." .. digits .. "f %s", v, UNITS[u])
+end
+function M.format_bytes(n, beside)
+  local _, u = scaled(n)
+  local digits = u >= 4 and 2 or 1
+  if beside and beside ~= n then
+    while digits < 9 and with_digits(n, digits) == with_digits(beside, digits) do digits = digits + 1 end
+  end
+  return with_digits(n, digits)
 end
 
 -- A budget of limit bytes: a number, or a string such as "1.5G" or "600M"; 0: unlimited.

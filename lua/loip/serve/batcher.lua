@@ -35,7 +35,8 @@ local tokf = core.constants.tokf
 local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
 -- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400), "invalid"
--- (400; param: the request's field).
+-- (400); param: the request's field to blame ("prompt" for a prompt too long, whatever field
+-- holds it; "max_tokens", "n").
 local function refusal(kind, msg, param)
   return setmetatable({ kind = kind, msg = msg, param = param }, { __tostring = function(e) return e.msg end })
 end
@@ -100,22 +101,22 @@ function Batcher:submit(spec)
   local n = #prompt
   if n >= e.context and not spec.logits then
     error(refusal("too_long", string.format("the prompt has %d tokens; the context holds %d, with room for at least one more",
-      n, e.context)), 0)
+      n, e.context), "prompt"), 0)
   end
   if n > e.context then
-    error(refusal("too_long", string.format("%d tokens exceed the context of %d", n, e.context)), 0)
+    error(refusal("too_long", string.format("%d tokens exceed the context of %d", n, e.context), "prompt"), 0)
   end
   local room = e.context - n
   local max_tokens = spec.logits and 0 or spec.max_tokens or room
   if spec.strict and max_tokens > room then
     error(refusal("too_long", string.format("the context holds %d tokens: %d in the prompt leave room for %d, and %d were asked for",
-      e.context, n, room, max_tokens)), 0)
+      e.context, n, room, max_tokens), "max_tokens"), 0)
   end
   max_tokens = math.max(0, math.min(max_tokens, room))
   local need = groups_for(self, n + max_tokens)
   if need > self.kv_groups then
     error(refusal("too_long", string.format("%d tokens of KV cache (prompt %d, max_tokens %d) exceed the %d the devices hold",
-      n + max_tokens, n, max_tokens, self.kv_groups * e.kv_block)), 0)
+      n + max_tokens, n, max_tokens, self.kv_groups * e.kv_block), groups_for(self, n) > self.kv_groups and "prompt" or "max_tokens"), 0)
   end
   if #self.queue >= self.max_queue then
     error(refusal("overloaded", string.format("%d requests are waiting already (max_queue %d)", #self.queue, self.max_queue)), 0)

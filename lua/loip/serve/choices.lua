@@ -37,7 +37,7 @@ function M.attach(b, r, spec, Request, refusal)
   r.admit_groups = shared + k * r.groups
   if r.admit_groups > b.kv_groups then
     error(refusal("too_long", string.format("n = %d choices of %d tokens each (the prompt's %d shared) need %d groups of KV "
-      .. "and the devices hold %d", k, r.n_prompt + r.max_tokens, r.n_prompt - 1, r.admit_groups, b.kv_groups)), 0)
+      .. "and the devices hold %d", k, r.n_prompt + r.max_tokens, r.n_prompt - 1, r.admit_groups, b.kv_groups), "n"), 0)
   end
   for i = 1, k - 1 do
     local c = setmetatable({}, Request)

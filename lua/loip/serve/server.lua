@@ -105,18 +105,19 @@ function Server:generate(req, kind)
     return fail(req, 404, string.format("The model '%s' does not exist; this server serves '%s'", spec.model, self.name),
       "invalid_request_error", "model", "model_not_found")
   end
+  local prompt_param = kind ~= "completion" and "messages" or "prompt" -- (the field that holds the prompt)
   local ids, st, msg = self:prompt_ids(spec)
-  if not ids then return fail(req, st, msg, nil, kind ~= "completion" and "messages" or "prompt") end
+  if not ids then return fail(req, st, msg, nil, prompt_param) end
   if #ids == 0 then
     return fail(req, 400, spec.prompt == "" and "'prompt' is empty and this model's tokenizer adds no BOS token to start "
-      .. "a document from: give a prompt (text or token ids)" or "the prompt is empty after tokenization", nil,
-      kind ~= "completion" and "messages" or "prompt")
+      .. "a document from: give a prompt (text or token ids)" or "the prompt is empty after tokenization", nil, prompt_param)
   end
   local n = #ids
   if spec.max_tokens and n + spec.max_tokens > self.context or n >= self.context then
     return fail(req, 400, string.format("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-      self.context, n + (spec.max_tokens or 1), n, kind ~= "completion" and "messages" or "prompt", spec.max_tokens or 1,
-      kind ~= "completion" and "messages" or "prompt"), nil, spec.max_tokens and "max_tokens" or "messages", "context_length_exceeded")
+      self.context, n + (spec.max_tokens or 1), n, prompt_param, spec.max_tokens or 1, prompt_param), nil,
+      -- (the field to blame: the prompt when it fills the context alone, else max_tokens)
+      n >= self.context and prompt_param or "max_tokens", "context_length_exceeded")
   end
   if spec.n > self.batcher.max_batch then
     return fail(req, 400, string.format("'n' is %d; this server runs %d requests at once (--max-batch)", spec.n, self.batcher.max_batch),
@@ -132,7 +133,7 @@ function Server:generate(req, kind)
       return fail(req, 429, "the server is busy: " .. tostring(r), "rate_limit_exceeded", nil, "overloaded", { ["Retry-After"] = 1 })
     end
     if type(r) == "table" and r.kind == "too_long" then
-      return fail(req, 400, tostring(r), nil, "max_tokens", "context_length_exceeded")
+      return fail(req, 400, tostring(r), nil, r.param == "prompt" and prompt_param or r.param or "max_tokens", "context_length_exceeded")
     end
     if type(r) == "table" and r.kind == "invalid" then return fail(req, 400, tostring(r), nil, r.param) end
     error(r, 0)
@@ -280,10 +281,18 @@ function Server:dispatch(req)
   local path = req.url:gsub("%?.*$", "")
   local method = req.method
   if path:match("^/v1/") and self.opts.api_key then
-    local auth = req:header("Authorization") or ""
-    if auth ~= "Bearer " .. self.opts.api_key and req:header("x-api-key") ~= self.opts.api_key then -- (x-api-key: Anthropic's)
-      if path == "/v1/messages" then req.api = require "loip.serve.anthropic" end
-      return fail(req, 401, auth == "" and "You didn't provide an API key (Authorization: Bearer KEY)" or "Incorrect API key provided",
+    local auth, xkey = req:header("Authorization") or "", req:header("x-api-key") or "" -- (x-api-key: Anthropic's)
+    if auth ~= "Bearer " .. self.opts.api_key and xkey ~= self.opts.api_key then
+      local messages = path == "/v1/messages"
+      if messages then req.api = require "loip.serve.anthropic" end
+      -- a key given but wrong is incorrect (naming the header it came in), none given is missing
+      local given = {}
+      if xkey ~= "" then given[#given + 1] = "x-api-key" end
+      if auth ~= "" then given[#given + 1] = "Authorization" end
+      return fail(req, 401, #given > 0 and string.format("Incorrect API key provided (in the %s header%s)",
+          table.concat(given, " and "), #given > 1 and "s" or "")
+        or string.format("You didn't provide an API key (%s)", messages and "x-api-key: KEY, or Authorization: Bearer KEY"
+          or "Authorization: Bearer KEY"),
         "invalid_request_error", nil, "invalid_api_key")
     end
   end

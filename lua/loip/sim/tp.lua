@@ -49,14 +49,14 @@ function M.model(spec)
       if budget > 0 and need > budget then
         if not spec.offload then
           return nil, string.format("OOM: device %d cannot hold its %.0f%% slice of every layer: it needs %s but its budget is %s",
-            i, 100 * share[i], fmt(need), fmt(budget))
+            i, 100 * share[i], fmt(need, budget), fmt(budget, need))
         end
         -- the sliding window: what does not fit is read from disk every step, a window of layers
         -- in memory at least
         local window = (spec.window or 2) * share[i] * layer_bytes
         if fixed + window > budget then
           return nil, string.format("OOM: device %d cannot hold even its window of %d layers' slices: it needs %s but its budget is %s",
-            i, spec.window or 2, fmt(fixed + window), fmt(budget))
+            i, spec.window or 2, fmt(fixed + window, budget), fmt(budget, fixed + window))
         end
         read_bytes = math.min(slice, need - budget + window)
       end

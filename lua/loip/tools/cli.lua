@@ -78,6 +78,9 @@ function M.main(argv)
     return { msg = debug.traceback(tostring(e), 2) }
   end)
   if ok then return rc or 0 end
+  -- (after text that left its line unfinished, e.g. generate's tokens: the error on a line of its own)
+  local common = package.loaded["loip.cmd.common"]
+  if common and common.mid_line then io.stdout:write("\n") io.stdout:flush() common.mid_line = false end
   io.stderr:write(string.format("loip: %s\n", rc.msg))
   return rc.usage_error and 2 or 1
 end

@@ -2,7 +2,10 @@
 -- all come from that declaration.
 --   spec = { usage = "loip generate [flags]", summary = "...",
 --            flags = { { "max-tokens", "int", "tokens to generate", default = 256 }, ... },
---            positional = { "FILE" } (names, for the usage text) }
+--            positional = { "FILE" } }
+-- positional names the words a command takes besides its flags, in order (the last may end in
+-- "...": any number more); a command without it takes none. More words than it names are refused,
+-- naming them (a value with spaces not quoted: `--prompt Once upon a time`).
 -- A row { "old-name", "int", alias_of = "new-name" } keeps a renamed flag working for a release:
 -- it sets new-name's option and says once on stderr that it is deprecated and what to use.
 local M = {}
@@ -43,7 +46,7 @@ local convert = {
 
 -- Returns options table (flag names with '-' turned into '_') and positional array.
 function M.parse(spec, argv, first)
-  local opts, pos = {}, {}
+  local opts, pos, at = {}, {}, {} -- (at[k]: the index in argv of positional word k)
   local byname = {}
   for _, f in ipairs(spec.flags) do
     byname[f[1]] = f
@@ -101,13 +104,44 @@ function M.parse(spec, argv, first)
       break
     else
       pos[#pos + 1] = a
+      at[#pos] = i
     end
     i = i + 1
   end
+  M.check_positional(spec, pos, argv, at)
   for _, f in ipairs(spec.flags) do
     if f.required and opts[f[1]:gsub("-", "_")] == nil then fail(spec.name, "--" .. f[1] .. " is required") end
   end
   return opts, pos
+end
+
+-- Refuses the words past those spec.positional names (see above), naming them. at[k] is the
+-- index in argv of positional word k: when the first word refused follows a flag's value (given
+-- as `--flag value`), the message shows that flag with the words quoted, as probably meant.
+function M.check_positional(spec, pos, argv, at)
+  local names = spec.positional or {}
+  local last = names[#names]
+  if (last and last:sub(-3) == "...") or #pos <= #names then return end
+  local extra = {}
+  for k = #names + 1, #pos do extra[#extra + 1] = "'" .. pos[k] .. "'" end
+  local what = #names == 0 and "it takes no words besides its flags"
+    or string.format("it takes %d besides its flags (%s)", #names, table.concat(names, " "))
+  local hint = ""
+  local j = at and at[#names + 1]
+  local flag = j and j > 2 and argv[j - 2]:match("^%-%-([^=]+)$")
+  local row
+  for _, f in ipairs(spec.flags) do if f[1] == flag then row = f end end
+  if row and row[2] ~= "bool" then
+    local words = { argv[j - 1] }
+    for k = #names + 1, #pos do
+      if at[k] ~= j + (k - #names - 1) then break end -- (the words right after the value)
+      words[#words + 1] = pos[k]
+    end
+    hint = string.format(" (if %s --%s's value, quote it: --%s \"%s\")", #words == 2 and "it belongs to" or "they belong to",
+      flag, flag, table.concat(words, " "))
+  end
+  fail(spec.name or "loip", string.format("unexpected word%s %s: %s%s", #extra == 1 and "" or "s", table.concat(extra, " "),
+    what, hint))
 end
 
 function M.help(spec)

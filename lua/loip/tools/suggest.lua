@@ -1,31 +1,34 @@
--- "Did you mean": the known name closest to a mistyped one (a plan's keys, a policy's fields;
--- anything a message refuses by name). Closeness is the edit distance (Levenshtein: insertions,
--- deletions, substitutions), case-insensitive; a prefix counts as close (`offload` for
--- `offloaded`).
+-- "Did you mean": the known name closest to a mistyped one (a plan's keys, a policy's fields, a
+-- command's flags; anything a message refuses by name). Closeness is the edit distance with
+-- transpositions (optimal string alignment: insertions, deletions, substitutions, and two
+-- neighbours swapped, each one edit: `modle` is one from `model`), case-insensitive; a prefix
+-- counts as close (`offload` for `offloaded`).
 --
 --   local suggest = require "loip.tools.suggest"
 --   suggest.closest("offload", { "blocks", "offloaded" })   --> "offloaded"
 --   suggest.hint("offload", { "blocks", "offloaded" })      --> " (did you mean 'offloaded'?)"
 local M = {}
 
--- The edit distance between strings a and b.
+-- The edit distance between strings a and b (optimal string alignment: a swap of two neighbours
+-- is one edit).
 function M.distance(a, b)
   a, b = a:lower(), b:lower()
   local la, lb = #a, #b
   if la == 0 then return lb end
   if lb == 0 then return la end
-  local prev, cur = {}, {}
-  for j = 0, lb do prev[j] = j end
+  local d = {} -- d[i][j]: the distance between a's first i bytes and b's first j
+  for i = 0, la do d[i] = { [0] = i } end
+  for j = 1, lb do d[0][j] = j end
   for i = 1, la do
-    cur[0] = i
     local ca = a:byte(i)
     for j = 1, lb do
-      local sub = prev[j - 1] + (ca == b:byte(j) and 0 or 1)
-      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, sub)
+      local cb = b:byte(j)
+      local v = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (ca == cb and 0 or 1))
+      if i > 1 and j > 1 and ca == b:byte(j - 1) and a:byte(i - 1) == cb then v = math.min(v, d[i - 2][j - 2] + 1) end
+      d[i][j] = v
     end
-    prev, cur = cur, prev
   end
-  return prev[lb]
+  return d[la][lb]
 end
 
 -- The candidate closest to word, if it is close: within a third of the longer name's length
