@@ -276,10 +276,12 @@ static void test_rate(int mode) {
     loip_load_extent e[2] = {{paths[0], -1, 0, 0, 3 * MiB, 0, 0, 0}, {paths[1], -1, 0, 0, MiB, 3 * MiB, 0, 0}};
     uint64_t t0 = loip_now_ns();
     CHECK(loip_loader_submit(l, 0, e, 2, 1) == 0, "submit");
-    CHECK(loip_loader_wait(l, 1, 5000, NULL) == 0, "rate-limited load: %s", loip_last_error());
+    CHECK(loip_loader_wait(l, 1, 60000, NULL) == 0, "rate-limited load: %s", loip_last_error());
     double s = (double)(loip_now_ns() - t0) * 1e-9;
     double expect = (double)(4 * MiB - 256 * KiB) / (double)rate; /* the first request is free */
-    CHECK(s > 0.85 * expect && s < 2.0 * expect + 0.2, "mode %d: 4 MiB at 20 MB/s took %.3f s, "
+    /* never faster than the rate (a busy machine only makes it slower); the upper bound only
+     * catches a limiter that stalls (the achieved rate is printed below, not judged) */
+    CHECK(s > 0.85 * expect && s < 20.0 * expect + 5.0, "mode %d: 4 MiB at 20 MB/s took %.3f s, "
           "expected %.3f s", mode, s, expect);
     loip_loader_stats_t st;
     loip_loader_stats(l, &st);
