@@ -39,7 +39,7 @@ local spec = {
     { "kill-every", "int", "a worker is killed (-9) in the burst holding every so many requests (0: never)", default = 100 },
     { "max-burst", "int", "largest burst (bursts are 1 to this many requests; the server's --max-batch)", default = 8 },
     { "max-prompt", "int", "longest prompt, tokens (prompts are 1 to this long)", default = 48 },
-    { "max-tokens", "int", "most tokens a request asks for (1 to this many)", default = 160 },
+    { "max-tokens", "int", "most tokens a request asks for (1 to this many; one a kill waits for: what --context leaves after --max-prompt)", default = 160 },
     { "sample-every", "int", "the processes' memory and descriptors are sampled every so many requests", default = 50 },
     { "context", "int", "positions per request", default = 256 },
     { "mem", "string", "per-device memory budgets of the soaked server (default: what one device fewer needs, with offloading)" },
@@ -132,7 +132,10 @@ end
 
 math.randomseed(o.seed)
 local requests, bursts = {}, {}
-local MIN_KILL_TOKENS = math.min(o.max_tokens, 48) -- the request a kill waits for generates long enough to be cut
+-- The request a kill waits for asks for as many tokens as the context holds: still generating
+-- when its client has read 6 pieces, however late a busy machine lets the client read them (a
+-- worker killed after the request ended would be a loss between requests, not during one).
+local MIN_KILL_TOKENS = o.context - o.max_prompt
 for k = 1, o.requests do
   local kill = o.kill_every > 0 and k % o.kill_every == 0
   local max_tokens = math.random(1, o.max_tokens)
