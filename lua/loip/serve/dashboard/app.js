@@ -244,21 +244,27 @@ async function stream() {
   const reader = res.body.getReader();
   const dec = new TextDecoder();
   let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return true;
-    buf += dec.decode(value, { stream: true });
-    let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
-      const block = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      let kind = "message", data = "";
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event: ")) kind = line.slice(7);
-        else if (line.startsWith("data: ")) data += line.slice(6);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return true;
+      buf += dec.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        let kind = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) kind = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (data) dispatch(kind, data);
       }
-      if (data) dispatch(kind, data);
     }
+  } finally {
+    // (a stream left for a new one is closed: the server holds at most 16, and an abandoned
+    // one would count until it filled)
+    reader.cancel().catch(() => {});
   }
 }
 
