@@ -186,7 +186,7 @@ function M.serve(args, opts)
   local pid = tonumber(p:read("*l"))
   p:close()
   local url
-  for _ = 1, 600 do
+  for _ = 1, 2400 do -- (up to 2 minutes on a busy machine; a server that died ends the wait)
     url = M.read_or_empty(dir .. "/out"):match("listening (http://%S+)")
     if url or not alive(pid) then break end
     C.loip_sleep_ms(50)

@@ -112,7 +112,7 @@ static void test_roundtrip(int mode, int short_every) {
         loip_load_done done[LOADS];
         int got = 0;
         while (got < LOADS) {
-            int k = loip_loader_poll(l, done + got, LOADS - got, 2000);
+            int k = loip_loader_poll(l, done + got, LOADS - got, 30000);
             if (k <= 0) break;
             got += k;
         }
@@ -137,12 +137,12 @@ static void test_roundtrip(int mode, int short_every) {
     loip_load_extent tail = {paths[2], -1, 0, MiB, sizes[2] - MiB, 0, 0, 0};
     CHECK(loip_loader_submit(l, 0, &tail, 1, 7) == 0, "submit tail");
     loip_load_done d;
-    CHECK(loip_loader_wait(l, 7, 2000, &d) == 0 && d.bytes == tail.length, "tail: %s", d.message);
+    CHECK(loip_loader_wait(l, 7, 30000, &d) == 0 && d.bytes == tail.length, "tail: %s", d.message);
     CHECK(check_bytes(loip_loader_slot_data(l, 0), 0, 2, MiB, tail.length), "tail bytes");
     /* a caller's descriptor instead of a path */
     int fd = open(paths[1], O_RDONLY);
     loip_load_extent byfd = {NULL, fd, 0, 8192, 64 * KiB, 4096, 0, 0};
-    CHECK(loip_loader_submit(l, 1, &byfd, 1, 8) == 0 && loip_loader_wait(l, 8, 2000, NULL) == 0,
+    CHECK(loip_loader_submit(l, 1, &byfd, 1, 8) == 0 && loip_loader_wait(l, 8, 30000, NULL) == 0,
           "load through an fd: %s", loip_last_error());
     CHECK(check_bytes(loip_loader_slot_data(l, 1), 4096, 1, 8192, 64 * KiB), "fd bytes");
     loip_loader_stats_t st;
@@ -181,7 +181,7 @@ static void test_errors(int mode) {
     loip_load_extent past = {paths[2], -1, 0, 512 * KiB, MiB, 0, 0, 0};
     CHECK(loip_loader_submit(l, 0, &past, 1, 3) == 0, "submit past end");
     loip_load_done d;
-    rc = loip_loader_wait(l, 3, 2000, &d);
+    rc = loip_loader_wait(l, 3, 30000, &d);
     CHECK(rc == LOIP_EIO && d.status == LOIP_EIO && strstr(d.message, "file-2") &&
               strstr(d.message, "1048699"),
           "past the end: rc %d, %s", rc, d.message);
@@ -211,11 +211,11 @@ static void test_checked(int mode) {
     free(want);
     loip_load_extent good = {paths[0], -1, 1, 0, len, 0, crc, 0};
     loip_load_done d;
-    CHECK(loip_loader_submit(l, 0, &good, 1, 1) == 0 && loip_loader_wait(l, 1, 2000, &d) == 0 && d.status == 0,
+    CHECK(loip_loader_submit(l, 0, &good, 1, 1) == 0 && loip_loader_wait(l, 1, 30000, &d) == 0 && d.status == 0,
           "the right CRC32C passes: %s", d.message);
     loip_load_extent bad = {paths[0], -1, 1, 0, len, 0, crc ^ 1u, 0};
     CHECK(loip_loader_submit(l, 0, &bad, 1, 2) == 0, "submit");
-    int rc = loip_loader_wait(l, 2, 2000, &d);
+    int rc = loip_loader_wait(l, 2, 30000, &d);
     CHECK(rc == LOIP_EIO && strstr(d.message, "file-0") && strstr(d.message, "CRC32C"), "a wrong one fails naming the file: %s",
           d.message);
     loip_loader_stats_t st;
@@ -241,12 +241,12 @@ static void test_truncate(int mode) {
         loip_load_extent e = {path, -1, 0, (uint64_t)j * 512 * KiB, 512 * KiB, 0, 0, 0};
         CHECK(loip_loader_submit(l, j, &e, 1, (uint64_t)j) == 0, "submit %d", j);
     }
-    CHECK(loip_loader_wait(l, 0, 2000, NULL) == 0, "first load before the truncation");
+    CHECK(loip_loader_wait(l, 0, 30000, NULL) == 0, "first load before the truncation");
     CHECK(truncate(path, 1 * MiB) == 0, "truncate");
     int ok = 0, eio = 0, bad = 0;
     for (int got = 0; got < 7;) {
         loip_load_done d[8];
-        int k = loip_loader_poll(l, d, 8, 3000);
+        int k = loip_loader_poll(l, d, 8, 30000);
         if (k <= 0) break;
         for (int i = 0; i < k; i++) {
             int j = (int)d[i].tag;
@@ -276,10 +276,12 @@ static void test_rate(int mode) {
     loip_load_extent e[2] = {{paths[0], -1, 0, 0, 3 * MiB, 0, 0, 0}, {paths[1], -1, 0, 0, MiB, 3 * MiB, 0, 0}};
     uint64_t t0 = loip_now_ns();
     CHECK(loip_loader_submit(l, 0, e, 2, 1) == 0, "submit");
-    CHECK(loip_loader_wait(l, 1, 5000, NULL) == 0, "rate-limited load: %s", loip_last_error());
+    CHECK(loip_loader_wait(l, 1, 60000, NULL) == 0, "rate-limited load: %s", loip_last_error());
     double s = (double)(loip_now_ns() - t0) * 1e-9;
     double expect = (double)(4 * MiB - 256 * KiB) / (double)rate; /* the first request is free */
-    CHECK(s > 0.85 * expect && s < 2.0 * expect + 0.2, "mode %d: 4 MiB at 20 MB/s took %.3f s, "
+    /* never faster than the rate (a busy machine only makes it slower); the upper bound only
+     * catches a limiter that stalls (the achieved rate is printed below, not judged) */
+    CHECK(s > 0.85 * expect && s < 20.0 * expect + 5.0, "mode %d: 4 MiB at 20 MB/s took %.3f s, "
           "expected %.3f s", mode, s, expect);
     loip_loader_stats_t st;
     loip_loader_stats(l, &st);
@@ -315,7 +317,7 @@ static void test_many_files(int mode) {
     }
     int ok = 1;
     for (int i = 0; i < NF; i++) {
-        ok &= loip_loader_wait(l, (uint64_t)i, 3000, NULL) == 0;
+        ok &= loip_loader_wait(l, (uint64_t)i, 30000, NULL) == 0;
         ok &= check_bytes(loip_loader_slot_data(l, 0), (uint64_t)i * SZ, 10 + i, 0, SZ);
     }
     CHECK(ok, "mode %d: %d files, every byte", mode, NF);
@@ -361,7 +363,7 @@ static void test_overlap(int mode, int32_t overlap) {
         }
         for (int j = 0; j < LOADS; j++) {
             loip_load_done d;
-            int rc = loip_loader_wait(l, (uint64_t)j, 3000, &d);
+            int rc = loip_loader_wait(l, (uint64_t)j, 30000, &d);
             uint64_t want = 0;
             for (int e = 0; e < n[j]; e++) want += ext[j][e].length;
             CHECK(rc == 0 && d.bytes == want, "overlap %d load %d: rc %d, %llu of %llu bytes %s",
@@ -379,13 +381,13 @@ static void test_overlap(int mode, int32_t overlap) {
         loip_load_extent b = {paths[0], -1, 0, 64 * KiB, 256 * KiB, 0, 0, 0};
         CHECK(loip_loader_submit(l, 0, &a, 1, 100) == 0, "submit the pipe: %s", loip_last_error());
         CHECK(loip_loader_submit(l, 1, &b, 1, 101) == 0, "submit the file");
-        int rc = loip_loader_wait(l, 101, overlap ? 3000 : 300, NULL);
+        int rc = loip_loader_wait(l, 101, overlap ? 30000 : 300, NULL); /* (overlap 1: done, however busy the machine; 0: still waiting) */
         loip_load_done d;
         int early = loip_loader_wait(l, 100, 0, &d);
         if (early != LOIP_ETIMEDOUT) { /* the pipe's read did not stay in flight */
             printf("  overlap %d: a pipe read is not held in flight here (rc %d, %s): the rule "
                    "is not observed, only the bytes\n", overlap, early, d.message);
-            if (rc == LOIP_ETIMEDOUT) rc = loip_loader_wait(l, 101, 3000, NULL);
+            if (rc == LOIP_ETIMEDOUT) rc = loip_loader_wait(l, 101, 30000, NULL);
             CHECK(rc == 0, "the file load");
         } else {
             if (overlap)
@@ -396,10 +398,10 @@ static void test_overlap(int mode, int32_t overlap) {
             uint8_t buf[4096];
             for (int i = 0; i < 4096; i++) buf[i] = pattern(7, (uint64_t)i);
             CHECK(write(p[1], buf, sizeof buf) == (ssize_t)sizeof buf, "write the pipe");
-            rc = loip_loader_wait(l, 100, 3000, &d);
+            rc = loip_loader_wait(l, 100, 30000, &d);
             CHECK(rc == 0 && d.bytes == 4096 && check_bytes(loip_loader_slot_data(l, 0), 0, 7, 0, 4096),
                   "overlap %d: the pipe's bytes (rc %d, %s)", overlap, rc, d.message);
-            if (!overlap) CHECK(loip_loader_wait(l, 101, 3000, NULL) == 0, "then the file load");
+            if (!overlap) CHECK(loip_loader_wait(l, 101, 30000, NULL) == 0, "then the file load");
         }
         CHECK(check_bytes(loip_loader_slot_data(l, 1), 0, 0, 64 * KiB, 256 * KiB), "the file's bytes");
         close(p[1]); /* an unexpected read still in flight ends (end of file) before the free */

@@ -78,7 +78,7 @@ local function start_sshd(dir)
     for _ = 1, 100 do if not alive(pid) then break end core.sleep_ms(20) end
     if made_run then os.execute("rmdir /run/sshd 2>/dev/null") end
   end
-  for _ = 1, 200 do
+  for _ = 1, 2400 do -- (up to a minute on a busy machine; an sshd that died ends the wait)
     if listening(port) or not alive(pid) then break end
     core.sleep_ms(25)
   end

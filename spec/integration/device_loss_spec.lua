@@ -59,7 +59,8 @@ describe("losing a device", function()
         assert.are.equal(2, l.devices_left)
         assert.are.equal(2, #c.devices)
         assert.matches(sig == "KILL" and "died during the request" or "has not answered for", l.why)
-        assert.is_true(l.replan_ms < 5000, "re-planned in " .. l.replan_ms .. " ms")
+        -- (a re-plan takes well under a second here; the bound only catches one that hangs)
+        assert.is_true(l.replan_ms < 60000, "re-planned in " .. l.replan_ms .. " ms")
         assert.is_false(require("loip.cluster.proc").alive(pid))
         assert.is_not_nil(t_lost)
       end)
@@ -102,11 +103,11 @@ describe("losing a device", function()
       p:close()
       pids[#pids + 1] = pid
       local got
-      for _ = 1, 200 do
+      for _ = 1, 2400 do -- (up to a minute on a busy machine; a worker that died ends the wait)
         local f = io.open(out) -- (made when the shell starts it)
         got = f and f:read("*a"):match("listening (%S+)")
         if f then f:close() end
-        if got then break end
+        if got or not require("loip.cluster.proc").alive(pid) then break end
         require("loip.core").C.loip_sleep_ms(25)
       end
       assert(got, "worker " .. k .. " started")

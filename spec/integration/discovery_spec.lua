@@ -87,7 +87,7 @@ describe("discovery in the network testbed #net", function()
       -- (until the three are listed and the 4th's beacon, sent every second, was heard too)
       local health
       local wrong = "beacon from " .. testbed.address(1) .. ": wrong proof, ignored"
-      for _ = 1, 100 do
+      for _ = 1, 600 do -- (a minute at least: a busy machine hears them late, not never)
         local _, body = T.run("curl -s " .. url:gsub("/v1$", "") .. "/health")
         health = json.decode(body)
         if health and health.discovered and #health.discovered >= 3 and count(T.read(log), wrong) > 0 then break end
@@ -108,7 +108,7 @@ describe("discovery in the network testbed #net", function()
         .. "--beacon-interface %s --beacon-port %d", st, testbed.address(1) .. ":7000", TOKEN, testbed.BRIDGE, PORT),
         { verbose = true })
       local h2
-      for _ = 1, 200 do
+      for _ = 1, 600 do -- (a minute at least)
         local _, body = T.run("curl -s " .. url2:gsub("/v1$", "") .. "/health")
         h2 = json.decode(body)
         if h2 and h2.devices and #h2.devices >= 3 then break end

@@ -153,12 +153,12 @@ describe("loip plan", function()
     local rc, _, err = sh(string.format("%s plan --model %s --devices 11 --context 256", T.loip, st))
     assert.are.equal(1, rc)
     assert.matches("11 devices but the model has only 10 blocks", err)
-    -- generate refuses the same before any worker starts
-    local t0 = require("loip.core").now_ms()
+    -- generate refuses the same before any worker starts (a usage error, exit 2, raised before
+    -- the cluster starts; no time limit: a busy machine starts loip slowly too)
     rc, _, err = sh(string.format("%s generate --model %s --devices 11 --prompt hi", T.loip, st))
     assert.are.equal(2, rc)
     assert.matches("11 devices but the model has only 10 blocks", err)
-    assert.is_true(require("loip.core").now_ms() - t0 < 5000)
+    assert.is_nil(err:find("worker", 1, true), err)
     rc, _, err = sh(string.format("%s plan --model %s --devices 3 --mem 300K,300K,300K --context 256", T.loip, st))
     assert.are.equal(1, rc)
     assert.matches("device %d", err)
@@ -263,7 +263,7 @@ describe("loip profile --hosts", function()
         f:close()
       end
       for i = 1, 2 do
-        local deadline = require("loip.core").now_ms() + 20000
+        local deadline = require("loip.core").now_ms() + 60000
         repeat
           local out = T.exists(dir .. "/w" .. i .. ".out") and T.read(dir .. "/w" .. i .. ".out") or ""
           eps[i] = out:match("listening tcp://(%S+)")

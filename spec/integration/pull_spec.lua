@@ -61,7 +61,7 @@ local function server(args)
   local p = io.popen(string.format("exec node %s/tests/hf_server.js --root %s --log %s/log %s > %s/port 2> %s/err",
     sh(ROOT), sh(repo()), sh(dir), args or "", sh(dir), sh(dir)), "w")
   local port
-  for _ = 1, 500 do
+  for _ = 1, 6000 do -- (node starts slowly on a busy machine: up to a minute)
     port = (json.read_file(dir .. "/port") or ""):match("^(%d+)\n")
     if port then break end
     C.loip_sleep_ms(10)

@@ -35,7 +35,7 @@ local function script_of(body)
       kept = kept + 1
       local port = l:match("%-%-port (%d+)")
       if port and l:gsub("#.*$", ""):match("&%s*$") then
-        out[#out + 1] = string.format("for i in $(seq 300); do curl -s -o /dev/null localhost:%s/health && break; sleep 0.1; done", port)
+        out[#out + 1] = string.format("for i in $(seq 1200); do curl -s -o /dev/null localhost:%s/health && break; sleep 0.1; done", port)
       end
     end
   end

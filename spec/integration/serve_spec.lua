@@ -510,8 +510,10 @@ describe("loip serve", function()
       assert.is_true(metric("loip_kv_tokens_reserved") > 0)
       -- the slot is taken: one waits in the queue, the next is refused
       local b = cl:post(url .. "/completions", long)
-      local t0 = core.now_ms()
-      while core.now_ms() - t0 < 300 do cl:run(10) end -- (b is sent while the client runs)
+      -- (b is sent while the client runs: waited for until the server counts it queued)
+      local deadline = core.now_ms() + 60000
+      while metric("loip_queue_depth") ~= 1 and core.now_ms() < deadline do cl:run(10) end
+      assert.are.equal(1, metric("loip_queue_depth"), "b waits in the queue")
       assert.is_nil(b.status, "b waits in the queue")
       local c = cl:post(url .. "/completions", long)
       while not c.status do cl:run(10) end
@@ -521,7 +523,8 @@ describe("loip serve", function()
       a:close()
       b:close()
       local freed = false
-      for _ = 1, 100 do
+      deadline = core.now_ms() + 60000
+      while core.now_ms() < deadline do
         if metric("loip_kv_tokens_reserved") == 0 and metric("loip_batch_size") == 0 and metric("loip_queue_depth") == 0 then
           freed = true
           break
@@ -546,8 +549,15 @@ describe("loip serve", function()
     local cl = client.new()
     local t = cl:post(url .. "/completions", json.encode({ model = st:match("([^/]+)$"), prompt = "Once upon a time",
       max_tokens = 400, temperature = 0 }))
-    local t0 = core.now_ms()
-    while core.now_ms() - t0 < 500 do cl:run(10) end
+    -- (SIGTERM once the request runs: the server's batch holds it)
+    local base = url:gsub("/v1$", "")
+    local deadline, running = core.now_ms() + 60000, false
+    while not running and core.now_ms() < deadline do
+      local m = cl:get(base .. "/metrics")
+      while cl.live[m] do cl:run(10) end
+      running = (m.body or ""):match("\nloip_batch_size 1") ~= nil
+    end
+    assert.is_true(running, "the request runs")
     assert.is_nil(t.status, "still generating")
     stop()
     cl:wait(10000)

@@ -81,8 +81,10 @@ function budgetBar(d) {
 
 // A link's measured figures: what went over it in the last interval, its latency, and the
 // bandwidth its socket measured (once large messages were timed).
+// Before its first interval a link has no figures: it says so rather than "– now".
 function linkWords(l) {
-  const w = [rate(l.bytes_per_s) + " now"];
+  if (l.bytes_per_s == null && l.latency_ms == null && !l.bandwidth_Bps) return ["not measured yet"];
+  const w = [l.bytes_per_s != null ? rate(l.bytes_per_s) + " now" : "rate not measured yet"];
   if (l.latency_ms != null) w.push(l.latency_ms.toFixed(2) + " ms");
   if (l.bandwidth_Bps) w.push("measured " + rate(l.bandwidth_Bps));
   return w;
@@ -201,7 +203,7 @@ function render() {
 const on = {
   plan(e) {
     const old = new Map(state.snap.devices.map((d) => [d.device, d]));
-    state.snap.devices = e.devices.map((d) => Object.assign({}, old.get(d.device) || {}, d));
+    state.snap.devices = (Array.isArray(e.devices) ? e.devices : []).map((d) => Object.assign({}, old.get(d.device) || {}, d));
   },
   step(e) {
     const s = state.snap;
@@ -209,7 +211,7 @@ const on = {
     s.links = Array.isArray(e.links) ? e.links : [];
     s.requests = Array.isArray(e.requests) ? e.requests : [];
     if (e.interval && e.interval.ms > 0) state.lastRate = 1000 * e.interval.tokens / e.interval.ms;
-    e.devices.forEach((d, i) => { if (s.devices[i]) Object.assign(s.devices[i], d, { links: undefined }); });
+    (Array.isArray(e.devices) ? e.devices : []).forEach((d, i) => { if (s.devices[i]) Object.assign(s.devices[i], d, { links: undefined }); });
     if (e.interval && e.interval.ms > 0) {
       s.timeline.push(e.interval);
       if (s.timeline.length > 60) s.timeline.shift();
@@ -223,9 +225,15 @@ const on = {
   },
 };
 
+// Every event received counts, whatever its kind; one the page cannot read (or whose handler
+// fails) is logged and skipped, and the stream goes on.
 function dispatch(kind, data) {
   state.events++;
-  if (on[kind]) on[kind](JSON.parse(data));
+  try {
+    if (on[kind]) on[kind](JSON.parse(data));
+  } catch (err) {
+    console.error("dashboard: the " + kind + " event: " + err.message);
+  }
   render();
 }
 
@@ -236,21 +244,27 @@ async function stream() {
   const reader = res.body.getReader();
   const dec = new TextDecoder();
   let buf = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return true;
-    buf += dec.decode(value, { stream: true });
-    let cut;
-    while ((cut = buf.indexOf("\n\n")) >= 0) {
-      const block = buf.slice(0, cut);
-      buf = buf.slice(cut + 2);
-      let kind = "message", data = "";
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event: ")) kind = line.slice(7);
-        else if (line.startsWith("data: ")) data += line.slice(6);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return true;
+      buf += dec.decode(value, { stream: true });
+      let cut;
+      while ((cut = buf.indexOf("\n\n")) >= 0) {
+        const block = buf.slice(0, cut);
+        buf = buf.slice(cut + 2);
+        let kind = "message", data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event: ")) kind = line.slice(7);
+          else if (line.startsWith("data: ")) data += line.slice(6);
+        }
+        if (data) dispatch(kind, data);
       }
-      if (data) dispatch(kind, data);
     }
+  } finally {
+    // (a stream left for a new one is closed: the server holds at most 16, and an abandoned
+    // one would count until it filled)
+    reader.cancel().catch(() => {});
   }
 }
 
