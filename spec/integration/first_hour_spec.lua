@@ -49,6 +49,7 @@ describe("modules", function()
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
       -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
+      "^loip%.text%.utf8$", -- (well-formed UTF-8 out of token streams and into JSON)
       "^loip%.runtime%.grammar$", "^loip%.tools%.json_ordered$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
       "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$",

@@ -80,21 +80,28 @@ local function with_dir(t, dir)
 end
 
 -- The text of ids generated after the prompt ids, as they come: stream:put(id) -> text,
--- stream:finish() -> what was held back. Whole UTF-8 characters (tokenizers with a streaming
--- decoder), continuing the prompt's text (no start-of-text rules such as dropping the dummy
--- prefix's space) unless the prompt shows no text (BOS alone, special tokens only); llama2c's
--- tokenizer gives each id's piece after the previous id.
+-- stream:finish() -> what was held back. Whole, well-formed UTF-8 characters (loip.text.utf8's
+-- holder: a character split over tokens is held back until complete, bytes that cannot be
+-- one become U+FFFD, as does a character left incomplete at finish), continuing the prompt's
+-- text (no start-of-text rules such as dropping the dummy prefix's space) unless the prompt
+-- shows no text (BOS alone, special tokens only); llama2c's tokenizer gives each id's piece
+-- after the previous id.
 function M.text_stream(tok, ids)
+  local inner
   if tok.decode_stream then
     local continued = false
     for _, id in ipairs(ids) do
       if id ~= tok.bos_id and not tok:is_special(id) then continued = true break end
     end
-    return tok:decode_stream({ continued = continued })
+    inner = tok:decode_stream({ continued = continued })
+  else
+    local prev = ids[#ids]
+    inner = { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end,
+      finish = function() return "" end }
   end
-  local prev = ids[#ids]
-  return { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end,
-    finish = function() return "" end }
+  local h = require("loip.text.utf8").holder()
+  return { put = function(_, id) return h:put(inner:put(id)) end,
+    finish = function() return h:put(inner:finish()) .. h:finish() end }
 end
 
 -- Find the tokenizer of a model directory (or use opts.path). Raises naming what was looked for.

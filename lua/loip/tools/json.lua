@@ -3,16 +3,19 @@
 local cjson = require("cjson.safe").new()
 cjson.decode_invalid_numbers(false)
 cjson.encode_invalid_numbers(false)
+local utf8 = require "loip.text.utf8"
 
 local M = {}
 
 M.null = cjson.null
 -- cjson escapes every "/" as "\/": valid, but noisy in paths. Every "/" it emits carries
--- that escape, so dropping the backslash before a "/" is exact.
+-- that escape, so dropping the backslash before a "/" is exact. cjson copies a string's bytes
+-- >= 0x80 as they are, well-formed or not: JSON is UTF-8 (RFC 8259), so each ill-formed part
+-- becomes U+FFFD (loip.text.utf8; every such byte lies inside a string, between ASCII quotes).
 function M.encode(v)
   local s, err = cjson.encode(v)
   if not s then error("JSON: cannot encode: " .. tostring(err), 2) end
-  return (s:gsub("\\/", "/"))
+  return utf8.sanitize((s:gsub("\\/", "/")))
 end
 
 local function holds_objects(a)
