@@ -37,7 +37,7 @@ describe("modules", function()
       -- (a serving cluster's membership: joins, leaves, drains; the head's, a worker's, the server's)
       "^loip%.cluster%.membership$", "^loip%.cluster%.join$", "^loip%.serve%.membership$",
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
-      "^loip%.tools%.flags$", "^loip%.tools%.repl$",
+      "^loip%.tools%.flags$", "^loip%.tools%.repl$", "^loip%.tools%.leak$", -- (the soak's leak judgement)
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
       -- (tool calling and Anthropic's Messages API: the server's; tools parsers require tool_calls)
       "^loip%.serve%.tools$", "^loip%.serve%.tool_calls$", "^loip%.serve%.anthropic$",
