@@ -11,13 +11,17 @@ local A = require "luassert" -- (busted's assert, which a required module does n
 local M = {}
 
 local TOKEN = "combinations-spec-token"
-local MAX_TOKENS = 48
-M.MAX_TOKENS = MAX_TOKENS
+-- tokens a request generates; with online adaptation more, past what the short budgets hold
+-- with drafts' rows (issue 36: the draft must give way before a request fails)
+local MAX_TOKENS, ONLINE_TOKENS = 48, 160
 -- a literal of 3-byte characters first: byte tokens that split them (stories260K's and the
 -- synthetic tokenizer's byte fallbacks), then free lower-case text
 local GRAMMAR = 'root ::= "世界 ü" [a-z ]*'
--- budgets: the one device's and each of three devices' (--mem)
-local MEM1, MEM3 = "4M", "1500K"
+-- budgets (--mem): the one device's, each of three devices'; with online adaptation, short ones
+-- (the plan holds 32 positions, the requests take more: the online policy makes room; each row
+-- prints how often it adapted)
+local MEM1, MEM3 = "4M", { "1500K", "1500K", "1500K" }
+local MEM1_ONLINE, MEM3_ONLINE = "1800K", { "790K", "770K", "800K" }
 
 local scratch = {}
 local function tmpdir()
@@ -90,14 +94,17 @@ function M.server(s)
   local args = string.format("--model %s --served-name combo --threads 1 --context 256 --max-batch 4 %s %s", st,
     DRAFTS[s.draft], ONLINE[s.online])
   local srv = { engine = s.engine, model = s.model, store = st, worker_pids = {} }
+  local mem1, mem3 = MEM1, MEM3
+  if s.online ~= "none" then mem1, mem3 = MEM1_ONLINE, MEM3_ONLINE end
+  srv.mem3 = mem3
   if s.engine == "1dev" then
-    args = args .. " --mem " .. MEM1
+    args = args .. " --mem " .. mem1
   elseif s.engine == "local3" then
-    args = args .. string.format(" --devices 3 --mem %s,%s,%s --link-delay 2ms --token %s --join-listen 127.0.0.1:0", MEM3, MEM3, MEM3, TOKEN)
+    args = args .. string.format(" --devices 3 --mem %s --link-delay 2ms --token %s --join-listen 127.0.0.1:0", table.concat(mem3, ","), TOKEN)
   else
     local hosts = {}
     for i = 1, 3 do
-      local pid, dir = start_worker(string.format("--cache %s --mem %s", tmpdir(), MEM3))
+      local pid, dir = start_worker(string.format("--cache %s --mem %s", tmpdir(), mem3[i]))
       wait_until("worker " .. i .. " to listen", function() return T.read_or_empty(dir .. "/out"):match("listening tcp://(%S+)") or not alive(pid) end)
       hosts[i] = assert(T.read_or_empty(dir .. "/out"):match("listening tcp://(%S+)"), "worker " .. i .. ": " .. T.read_or_empty(dir .. "/err"))
       srv.worker_pids[i] = pid
@@ -184,8 +191,8 @@ end
 
 -- The single device's text for (model, prompt, grammar): a plain one-device server's, greedy.
 local refs, ref_servers = {}, {}
-local function reference(model, prompt, output)
-  local key = model .. "\0" .. prompt .. "\0" .. (output == "grammar" and "g" or "")
+local function reference(model, prompt, output, max_tokens)
+  local key = table.concat({ model, prompt, output == "grammar" and "g" or "", max_tokens }, "\0")
   if refs[key] then return refs[key] end
   if not ref_servers[model] then
     local url, stop = T.serve(string.format("--model %s --served-name combo --threads 1 --context 256 --max-batch 4", M.store(model)))
@@ -193,7 +200,7 @@ local function reference(model, prompt, output)
     stops[stop] = true
   end
   local cl = client.new()
-  local t = cl:post(ref_servers[model] .. "/completions", json.encode(body(prompt, output == "grammar" and "grammar" or "text")))
+  local t = cl:post(ref_servers[model] .. "/completions", json.encode(body(prompt, output == "grammar" and "grammar" or "text", { max_tokens = max_tokens })))
   cl:wait(60000)
   cl:close()
   assert(t.status == 200, "the reference: " .. t.body)
@@ -222,6 +229,7 @@ local function send(cl, url, b)
       if data == "[DONE]" then tr.done_marker = true return end
       check_utf8("a streamed chunk", data)
       local e = assert(json.decode(data), data)
+      if e.error then tr.stream_error = data end
       for _, ch in ipairs(e.choices or {}) do
         local i = ch.index + 1
         tr.events = tr.events + 1
@@ -243,6 +251,7 @@ end
 local function answer(t, what)
   if t.status ~= 200 then error(string.format("%s: HTTP %s %s", what, tostring(t.status), t.body), 2) end
   if t.req.stream then
+    if t.stream_error then error(string.format("%s: the stream ended in an error: %s", what, t.stream_error), 2) end
     assert(t.done_marker, what .. ": the stream ended with no [DONE]")
     local out = {}
     for i = 1, t.req.n or 1 do out[i] = { text = t.texts[i], lp = t.lp[i] } end
@@ -261,26 +270,37 @@ end
 local function check(t, model, output, what)
   local choices, usage = answer(t, what)
   A.are.equal(t.req.n or 1, #choices, what .. ": its choices")
-  local want = reference(model, t.req.prompt, output)
+  local want = reference(model, t.req.prompt, output, t.req.max_tokens)
   for i, ch in ipairs(choices) do
     check_utf8(what .. "'s text", ch.text or "")
     A.are.equal(want, ch.text, string.format("%s, choice %d: the single device's text", what, i))
     if output == "logprobs" then
-      A.are.equal(MAX_TOKENS, ch.lp and #ch.lp or 0, string.format("%s, choice %d: a logprob per token", what, i))
+      A.are.equal(t.req.max_tokens, ch.lp and #ch.lp or 0, string.format("%s, choice %d: a logprob per token", what, i))
     end
   end
   return usage
 end
 
 -- The row's requests: one streamed, or three at once (streamed, n: 2 not streamed, streamed).
-local function requests(cl, srv, r, base)
+local function requests(cl, srv, r, base, n)
   local out = {}
-  out[1] = send(cl, srv.url, body(prompt(base), r.output, { stream = true, stream_options = { include_usage = true } }))
+  out[1] = send(cl, srv.url, body(prompt(base), r.output, { stream = true, stream_options = { include_usage = true }, max_tokens = n }))
   if r.requests == "3n2" then
-    out[2] = send(cl, srv.url, body(prompt(base + 1), r.output, { n = 2 }))
-    out[3] = send(cl, srv.url, body(prompt(base + 2), r.output, { stream = true }))
+    out[2] = send(cl, srv.url, body(prompt(base + 1), r.output, { n = 2, max_tokens = n }))
+    out[3] = send(cl, srv.url, body(prompt(base + 2), r.output, { stream = true, max_tokens = n }))
   end
   return out
+end
+
+-- Three requests at once on the server at url (one with n: 2), n tokens each: each choice the
+-- single device's text.
+function M.concurrent(url, model, n)
+  local cl = client.new()
+  local ts = {}
+  for k = 1, 3 do ts[k] = send(cl, url, body(prompt(100 + k), "text", { max_tokens = n, n = k == 2 and 2 or nil })) end
+  cl:wait(120000)
+  cl:close()
+  for k, t in ipairs(ts) do check(t, model, "text", "request " .. k) end
 end
 
 local function run_until(cl, what, f)
@@ -299,22 +319,24 @@ end
 
 local function join(srv)
   assert(srv.joins, "the join address is printed")
-  local args = (srv.engine == "hosts3" and ("--cache " .. tmpdir()) or ("--store " .. srv.store)) .. " --mem " .. MEM3
+  local args = (srv.engine == "hosts3" and ("--cache " .. tmpdir()) or ("--store " .. srv.store)) .. " --mem " .. srv.mem3[3]
   return start_worker(args .. " --join " .. srv.joins)
 end
 
 -- One row of the covering array, checked. refused(r): nil, or how the design refuses the row's
--- request with n: 2 ({ param, says = { words the message holds } }).
+-- request with n: 2 ({ param, says = { words the message holds } }); where it does, the server
+-- keeps no prefix cache either, and says so when it starts.
 function M.run_row(r, refused)
   local srv = M.server(r)
   srv.clean = r.fault == "none"
   local base = r.index * 4 -- (prompts no other row sends: a cold prefix)
+  local n = r.online == "none" and MAX_TOKENS or ONLINE_TOKENS
   local cl = client.new()
   local ok, err = pcall(function()
     -- warm: the first request's prompt sent before (and checked); kill-idle: a request first, so
     -- that the worker dies idle after having served
     if r.prefix == "warm" or r.fault == "kill-idle" then
-      local t = send(cl, srv.url, body(r.prefix == "warm" and prompt(base) or prompt(base + 3), r.output))
+      local t = send(cl, srv.url, body(r.prefix == "warm" and prompt(base) or prompt(base + 3), r.output, { max_tokens = n }))
       cl:wait(120000)
       check(t, r.model, r.output, "the request before")
     end
@@ -322,7 +344,7 @@ function M.run_row(r, refused)
       wait_until("the server idle", function() return get_json(srv.base .. "/health").running == 0 end)
       kill(srv, 2)
     end
-    local ts = requests(cl, srv, r, base)
+    local ts = requests(cl, srv, r, base, n)
     local joined, jdir
     if r.fault == "kill-busy" or r.fault == "join" or r.fault == "drain" then
       run_until(cl, "the first tokens", function() return ts[1].events >= 2 or ts[1].t_done end)
@@ -346,7 +368,10 @@ function M.run_row(r, refused)
       end
       do
       local usage = check(t, r.model, r.output, "request " .. k)
-      if k == 1 and r.prefix == "warm" and r.fault == "none" then
+      if k == 1 and r.prefix == "warm" and r.fault == "none" and refused and refused(r) then
+        -- (the design keeps no prefix cache here: the server says so when it starts)
+        A.matches("no prefix cache: the online policy on a cluster", T.read_or_empty(srv.err), 1, true)
+      elseif k == 1 and r.prefix == "warm" and r.fault == "none" then
         A.is_true((((usage or {}).prompt_tokens_details or {}).cached_tokens or 0) > 0, "the warm prompt's prefix was cached")
       end
       end
@@ -367,13 +392,18 @@ function M.run_row(r, refused)
       A.are.equal(r.fault:match("^kill") and 1 or 0, h.device_losses, "device losses")
       A.are.equal("ok", h.status, h.error)
     end
-    -- every device's accounted peak within its budget
+    -- every device's accounted peak within its budget; online: the short budgets made it adapt
     local view = get_json(srv.base .. "/v1/cluster")
+    local peaks = {}
+    if os.getenv("DIAG") then local pk = {} for _, d in ipairs(view.devices) do pk[#pk+1] = d.peak_bytes .. "/" .. d.budget_bytes end io.stderr:write("DIAG2 row " .. r.index .. " adaptations " .. #view.adaptations .. " peaks " .. table.concat(pk, " ") .. "\n") end
     for _, d in ipairs(view.devices) do
       A.is_true((d.budget_bytes or 0) > 0, "device " .. d.device .. " has a budget")
       A.is_true((d.peak_bytes or 0) > 0, "device " .. d.device .. " reports its peak")
       A.is_true(d.peak_bytes <= d.budget_bytes, string.format("device %d: peak %d > budget %d", d.device, d.peak_bytes, d.budget_bytes))
+      peaks[#peaks + 1] = string.format("%.0f/%.0fK", d.peak_bytes / 1024, d.budget_bytes / 1024)
     end
+    io.stderr:write(string.format("  row %d: %d online adaptations; peak/budget per device %s\n", r.index, #view.adaptations,
+      table.concat(peaks, " ")))
   end)
   cl:close()
   if not ok then
