@@ -12,7 +12,8 @@ local M = {}
 
 local TOKEN = "combinations-spec-token"
 -- tokens a request generates; with online adaptation more, past what the short budgets hold
--- with drafts' rows (issue 36: the draft must give way before a request fails)
+-- with drafts' rows (issue 36: the draft must give way before a request fails), and with a
+-- fault mid-request
 local MAX_TOKENS, ONLINE_TOKENS = 48, 160
 -- a literal of 3-byte characters first: byte tokens that split them (stories260K's and the
 -- synthetic tokenizer's byte fallbacks), then free lower-case text
@@ -71,11 +72,13 @@ local function wait_until(what, f, ms)
   end
 end
 
+local check_utf8
 local function get_json(url)
   local cl = client.new()
   local t = cl:get(url)
   cl:wait(30000)
   cl:close()
+  check_utf8(url, t.body)
   return json.decode(t.body), t
 end
 
@@ -174,7 +177,7 @@ function M.valid_utf8(s)
   return true
 end
 
-local function check_utf8(what, s)
+function check_utf8(what, s)
   local ok, at = M.valid_utf8(s)
   if not ok then
     error(string.format("%s is not valid UTF-8 at byte %d: %q", what, at, s:sub(math.max(1, at - 20), at + 20)), 3)
@@ -330,7 +333,8 @@ function M.run_row(r, refused)
   local srv = M.server(r)
   srv.clean = r.fault == "none"
   local base = r.index * 4 -- (prompts no other row sends: a cold prefix)
-  local n = r.online == "none" and MAX_TOKENS or ONLINE_TOKENS
+  -- (a fault mid-request: a request long enough to be running when it comes)
+  local n = (r.online == "none" and not r.fault:match("busy") and r.fault ~= "join" and r.fault ~= "drain") and MAX_TOKENS or ONLINE_TOKENS
   local cl = client.new()
   local ok, err = pcall(function()
     -- warm: the first request's prompt sent before (and checked); kill-idle: a request first, so
