@@ -180,7 +180,8 @@ end
 function check_utf8(what, s)
   local ok, at = M.valid_utf8(s)
   if not ok then
-    error(string.format("%s is not valid UTF-8 at byte %d: %q", what, at, s:sub(math.max(1, at - 20), at + 20)), 3)
+    local near = s:sub(math.max(1, at - 20), at + 20):gsub("[\128-\255]", function(c) return string.format("\\x%02x", c:byte()) end)
+    error(string.format("%s is not valid UTF-8 at byte %d: %s", what, at, near), 3) -- (the log stays text)
   end
 end
 
