@@ -75,6 +75,14 @@ describe("features together (a pairwise covering array)", function()
     -- deterministic: the same seed gives the same rows; 5 x 4 values is the lower bound
     assert.are.same(ROWS, pw.generate(DIMS, { seed = 36, refused = REFUSED }))
     assert.is_true(#ROWS >= 20 and #ROWS <= 26, #ROWS .. " rows")
+    -- the checker sees a missing pair, and a refused pair a row holds
+    local small = { { name = "a", values = { "0", "1" } }, { name = "b", values = { "0", "1" } }, { name = "c", values = { "0", "1" } } }
+    local rows = pw.generate(small, { seed = 1 })
+    assert.is_true(#rows >= 4 and #rows <= 6)
+    assert.are.same({}, (pw.uncovered(small, rows)))
+    local missing, held = pw.uncovered(small, { rows[1] }, { { { "a", small[1].values[rows[1][1]] }, { "b", small[2].values[rows[1][2]] } } })
+    assert.are.equal(12 - 3, #missing) -- (of 3 x 4 value pairs, the row holds 3)
+    assert.are.equal(1, #held)
   end)
 
   it("refuses up front what one device cannot serve: a join, a drain; and has no worker to kill", function()
