@@ -137,6 +137,14 @@ function M.run(o)
       prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
         bytes = o.prompt_cache_disk } or true),
       quiet = o.quiet }
+    if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.serve.batcher)
+      if o.prompt_cache_dir then
+        usage("serve", "--prompt-cache-dir: the prefix cache is off beside the online policy on a cluster (--online %s "
+          .. "may lend KV between devices, which moves no shared group)", o.online or "loip")
+      end
+      io.stderr:write(string.format("serve: no prefix cache: the online policy on a cluster (--online %s) may lend KV between "
+        .. "devices, which moves no shared group (requests with n > 1 are refused too)\n", o.online or "loip"))
+    end
     require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
     -- the address first, on stdout (port 0: the one chosen), for scripts that start us
     io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))

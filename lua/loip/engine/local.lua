@@ -186,7 +186,18 @@ end
 -- Stage k of the plan reads its first n blocks from the next step on (Model:restage).
 function Engine:restage(i, k, n)
   if i ~= 1 then error(string.format("restage: device %s is not one of 1", tostring(i)), 0) end
-  self.model:restage(k, n)
+  local m = self.model
+  local st = m.plan and m.plan.devices[1].stages[k]
+  local old = st and st.offloaded or 0
+  if n < old and self.store and self.store.n > 0 and m.budget then
+    -- blocks taken back into memory: the prefix cache's held groups, which an online policy
+    -- counts as KV it may reclaim (online_devices), go first where the budget lacks the room
+    local back = 0
+    local res = m.plan_sizes.res_bytes or m.plan_sizes.block_bytes -- (a mixture of experts: with its experts)
+    for b = st.blocks[1] + n, st.blocks[1] + old - 1 do back = back + (res[b] or 0) end
+    if back > m.budget:limit() - m.budget:used() then self.store:clear() end
+  end
+  m:restage(k, n)
 end
 
 return M
