@@ -292,7 +292,8 @@ function M.step_estimate(p, problem)
   local est = play(p, problem)
   -- Local devices sharing one disk (disk_shared_bps): the plan was priced at the rate of all of
   -- them reading at once; each read is rather at the rate of itself and the others' share of the
-  -- step they spend reading (a fixed point, a few rounds from there).
+  -- step they spend reading (a fixed point, a few rounds from there). The rates it ends at are
+  -- est.read_bps[i] (for the devices sharing the disk; the DP scheduler plans again at them).
   local shared = {}
   for i, d in ipairs(problem.devices) do if d.disk_shared_bps then shared[#shared + 1] = i end end
   if #shared < 2 or not (est.ms_per_token > 0) then return est end
@@ -306,6 +307,7 @@ function M.step_estimate(p, problem)
       rates[i] = rate_with(problem.devices[i].disk_shared_bps, k)
     end
     est = play(p, problem, rates)
+    est.read_bps = rates
   end
   return est
 end
