@@ -320,7 +320,8 @@ describe("the loip scheduler on local devices sharing one disk", function()
   -- A llama-3.2-1b shape cut small (`loip plan --like llama-3.2-1b --layers L --dim 256 --ffn 768
   -- --heads 4 --kv-heads 2 --head-dim 64 --vocab 1000 --context 256`) on n local devices whose
   -- figures are a calibration's (made up here, seeded): each device's reads priced by the
-  -- estimate at the rate of as many as read beside it (disk_shared_bps).
+  -- estimate at the rate of as many as read beside it (disk_shared_bps). (The loader is named: with
+  -- "auto" the memory a plan needs would depend on whether this machine's io_uring answers.)
   local problem = require "loip.plan.problem"
   -- (fig: the figures instead of random ones: { by = rates by readers, weight_bps, mha_fixed_ms,
   -- under_load, load_ms, transport_ms })
@@ -342,7 +343,7 @@ describe("the loip scheduler on local devices sharing one disk", function()
       for i = 1, n do mem[i] = math.floor(2e6 + r.float(0, 1.2) * sizes.weight_bytes / n) end
     end
     return problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = mem, profiles = pr,
-      cluster = true, context = 256, batch = 64, micro_batch = 1 }, by, mem
+      cluster = true, context = 256, batch = 64, micro_batch = 1, loader = "uring" }, by, mem
   end
 
   it("plans no slower than brute force by the estimate on 30 random small problems", function()
