@@ -13,6 +13,11 @@
 -- the non-dominated (sum of comp, max of serial) pairs, so the objective's max of a sum and a max
 -- is minimised exactly. O(N * R^2) moves per S (R = blocks per round), pruned by what the best
 -- plan so far allows.
+--
+-- Local devices sharing one disk are priced by the estimate at the rate of as many as read beside
+-- them, which is not device by device: the DP runs once per set of them allowed to read and again
+-- at the rates a plan's estimate found (M.pricings, M.search), and the estimate judges the plans.
+local bit = require "bit"
 local space = require "loip.plan.space"
 local plan_of = require "loip.plan"
 local refine = require "loip.plan.refine"
@@ -335,7 +340,7 @@ local function dp_plans(problem, priced, cost, u, least, only_S)
   end
   -- the most promising first: their DP results tighten the bound for the others
   table.sort(todo, function(a, b) return (a.quick_t or math.huge) < (b.quick_t or math.huge) end)
-  local found, any_dp = {}, false
+  local found = {}
   for _, c in ipairs(todo) do
     -- no plan of this S can beat the bound: its communication alone is too much
     if least + c.comm < bound then
@@ -343,7 +348,6 @@ local function dp_plans(problem, priced, cost, u, least, only_S)
       if choice then
         bound = t
         found[#found + 1] = { c = c, choice = choice, t = t }
-        any_dp = true
       end
     end
   end
@@ -361,7 +365,7 @@ local function dp_plans(problem, priced, cost, u, least, only_S)
     local f = best_of[c.S]
     if f and f.c == c then plans[#plans + 1] = { p = space.build(problem, c.shape, in_blocks(c, f.choice)), S = c.S } end
   end
-  return plans, #found > 0, any_dp
+  return plans, #found > 0
 end
 
 -- (a rate no plan reads at if it can help it: a device priced so reads nothing)
