@@ -14,7 +14,7 @@ local S260 = T.root .. "/models/stories260K"
 -- recipe, its extra flags, fields its report must have
 local RECIPES = {
   { "pipeline", "", { "interleaved_ms", "conventional_ms", "same_tokens" } },
-  { "local", "--tokens 3", { "estimated_ms", "measured_ms", "per_device" } },
+  { "local", "--tokens 3", { "estimated_ms", "measured_ms", "per_device", "runs", "ratios", "median_ratio" } },
   { "schedulers", "", { "clusters", "decide" } },
   { "offload", "", { "budgets", "same_tokens" } },
   { "online", "--stages 3", { "variants" } },
@@ -65,6 +65,16 @@ describe("the benchmark recipes", function()
         assert.is_not_nil(report[f], name .. ".lua's report has no " .. f)
       end
       if report.same_tokens ~= nil then assert.is_true(report.same_tokens, name .. ": the plans' tokens differ") end
+      if name == "local" then
+        -- three runs, each with a fresh calibration, and the target judged on the median one
+        assert.are.equal(3, #report.runs)
+        local sorted = { unpack(report.ratios) }
+        table.sort(sorted)
+        assert.are.equal(sorted[2], report.median_ratio)
+        assert.are.equal(report.runs[report.median_run].ratio, report.median_ratio)
+        assert.are.equal(1.2, report.target)
+        assert.are.equal(report.median_ratio <= 1.2 and 1 / report.median_ratio <= 1.2, report.within_target)
+      end
     end)
   end
 end)

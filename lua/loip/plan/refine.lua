@@ -4,6 +4,7 @@
 --
 --   local refine = require "loip.plan.refine"
 --   p, est = refine.blocks(problem, cost, p)   -- resident what memory still holds, bottleneck first
+--   p, est = refine.rings(problem, cost, p)    -- a ring of two stages' reads where memory holds it
 --   p, est = refine.layout(problem, cost, p)   -- single blocks moved across hop boundaries
 local space = require "loip.plan.space"
 
@@ -34,6 +35,28 @@ function M.blocks(problem, cost, p)
   for i = 1, #p.devices do order[i] = i end
   table.sort(order, function(x, y) return (est.devices[x].uncover_ms or 0) > (est.devices[y].uncover_ms or 0) end)
   for _, i in ipairs(order) do try(i) end
+  return p, est
+end
+
+-- Ring refinement of p (in place): a device that reads into a one-stage slot gets a ring of two
+-- stages' reads (its next stage's reads run while it computes the blocks it has just read) where
+-- its memory holds it and the estimate gets shorter. The DP's closed form prices the two alike
+-- where the step is bound by compute on average; stage by stage, a stage whose reads overrun
+-- its own window stalls with one slot and not with a ring. est: p's estimate (nil: made here).
+-- Returns p and its estimate.
+function M.rings(problem, cost, p, est)
+  est = est or cost.estimate(p, problem)
+  if p.per_block or (p.slots or 1) > 1 then return p, est end
+  local plan = require "loip.plan"
+  for i, d in ipairs(p.devices) do
+    local part = plan.device_part(p, i, problem.model)
+    if part.stage_off_max > 0 and not part.ring then
+      local keep = d.slot_bytes
+      d.slot_bytes = 2 * part.stage_off_max
+      local new = space.total(problem, plan.device_part(p, i, problem.model)) <= space.budget(problem, i) and cost.estimate(p, problem)
+      if new and new.ms_per_token < est.ms_per_token * (1 - 1e-9) then est = new else d.slot_bytes = keep end
+    end
+  end
   return p, est
 end
 

@@ -290,14 +290,16 @@ end
 
 function M.step_estimate(p, problem)
   local est = play(p, problem)
-  -- Local devices sharing one disk (disk_shared_bps): the plan was priced at the rate of all of
+  -- Local devices sharing one disk (disk_shared_bps): disk_bps is each one's rate with all of
   -- them reading at once; each read is rather at the rate of itself and the others' share of the
-  -- step they spend reading (a fixed point, a few rounds from there).
+  -- step they spend reading (a fixed point, a few rounds from there). The rates it ends at are
+  -- est.read_bps[i] (every device's; the DP scheduler plans again at them).
   local shared = {}
   for i, d in ipairs(problem.devices) do if d.disk_shared_bps then shared[#shared + 1] = i end end
   if #shared < 2 or not (est.ms_per_token > 0) then return est end
+  local rates
   for _ = 1, 3 do
-    local rates = {}
+    rates = {}
     for _, i in ipairs(shared) do
       local k = 1
       for _, j in ipairs(shared) do
@@ -307,6 +309,8 @@ function M.step_estimate(p, problem)
     end
     est = play(p, problem, rates)
   end
+  est.read_bps = {}
+  for i, d in ipairs(problem.devices) do est.read_bps[i] = rates[i] or d.disk_bps end
   return est
 end
 

@@ -13,7 +13,13 @@
 -- the non-dominated (sum of comp, max of serial) pairs, so the objective's max of a sum and a max
 -- is minimised exactly. O(N * R^2) moves per S (R = blocks per round), pruned by what the best
 -- plan so far allows.
+--
+-- Local devices sharing one disk are priced by the estimate at the rate of as many as read beside
+-- them, which is not device by device: the DP runs once per set of them allowed to read and again
+-- at the rates a plan's estimate found (M.pricings, M.search), and the estimate judges the plans.
+local bit = require "bit"
 local space = require "loip.plan.space"
+local plan_of = require "loip.plan"
 local refine = require "loip.plan.refine"
 
 local M = { name = "loip" }
@@ -310,23 +316,14 @@ local function in_blocks(c, choice)
   return out
 end
 
--- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
--- the brute-force spec compares), or nil and why. opts: the settings (M.settings), any left out
--- at its default.
-function M.search(problem, cost, opts)
-  opts = opts or {}
-  if type(cost.device) ~= "function" or type(cost.comm) ~= "function" then
-    return nil, string.format("cost model %s has no device() and comm(): this DP needs a cost of the form "
-      .. "max(sum of device compute + comm, max of device serial time) (see recipes/policies/cost/loip.lua); "
-      .. "use --scheduler brute or even with it", tostring(cost.name))
-  end
-  local mha_ms, mlp_ms, head = least_compute(problem)
-  local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
-  -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
-  local u = (opts.unit or 0) > 0 and opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
+-- The DP's best plan of each stage count for problem, each device's reads priced as in `priced`
+-- (a problem with the same devices, their disk rates as a pricing of M.pricings sets them; the
+-- problem itself when its devices do not share a disk); only_S: that stage count alone. Returns
+-- the plans ({ p, S }, built on problem) and whether any was found.
+local function dp_plans(problem, priced, cost, u, least, only_S)
   local ushapes = {}
   local N, nb = #problem.devices, problem.model.n_blocks
-  for S = problem.stages or 1, problem.stages or math.floor(nb / u / N) do
+  for S = only_S or problem.stages or 1, only_S or problem.stages or math.floor(nb / u / N) do
     for _, sh in ipairs(space.shapes_for(S, N, nb / u)) do ushapes[#ushapes + 1] = sh end
   end
   -- every shape that can fit, with a quick plan: the best quick plan bounds every DP, and a DP
@@ -334,7 +331,7 @@ function M.search(problem, cost, opts)
   -- refined either)
   local todo, bound = {}, math.huge
   for _, shape in ipairs(ushapes) do
-    local c = prepare(problem, cost, shape, u)
+    local c = prepare(priced, cost, shape, u)
     if c then
       c.quick, c.quick_t = greedy(c)
       if c.quick_t then bound = math.min(bound, c.quick_t) end
@@ -358,7 +355,6 @@ function M.search(problem, cost, opts)
   for _, c in ipairs(todo) do
     if c.quick_t and c.quick_t <= bound then found[#found + 1] = { c = c, choice = c.quick, t = c.quick_t } end
   end
-  if #found == 0 and opts.refine == false then return nil, M.why_none(problem) end
   -- the best unrefined plan of each stage count goes on
   local best_of = {}
   for _, f in ipairs(found) do
@@ -369,6 +365,94 @@ function M.search(problem, cost, opts)
     local f = best_of[c.S]
     if f and f.c == c then plans[#plans + 1] = { p = space.build(problem, c.shape, in_blocks(c, f.choice)), S = c.S } end
   end
+  return plans, #found > 0
+end
+
+-- (a rate no plan reads at if it can help it: a device priced so reads nothing)
+local NO_READS = 1 -- bytes/s
+
+-- Local devices that share one disk (problem.devices[i].disk_shared_bps: each one's rate with k
+-- of them reading, k = 1 .. n) read it at a rate that depends on how much the others read: the
+-- estimate prices each read at the rate of itself and the others' share of the step they spend
+-- reading (recipes/policies/cost/loip.lua). The DP prices reads device by device, so it runs
+-- once per pricing: every set R of the sharing devices allowed to read, R's devices at the rate
+-- of |R| reading at once (what a plan in which they all read all the time gets; less reading
+-- gets more), the others at a rate that keeps them from reading. Each pricing's plans are then
+-- judged by the estimate itself. Returns the list of pricings: { [i] = bytes/s } per device
+-- priced apart from its disk_bps ({} first: the problem as it is, every device at the rate of
+-- all reading), and the sharing devices (fewer than 2: the problem's own pricing only). With
+-- more than 4 sharing devices only the problem's own pricing and the re-pricing at a plan's
+-- rates (M.search) are tried: the sets would be too many.
+function M.pricings(problem)
+  local shared = {}
+  for i, d in ipairs(problem.devices) do
+    if type(d.disk_shared_bps) == "table" and #d.disk_shared_bps > 1 then shared[#shared + 1] = i end
+  end
+  local list = { {} }
+  if #shared < 2 or #shared > 4 then return list, shared end
+  for mask = 1, 2 ^ #shared - 2 do
+    local m = 0
+    for j = 1, #shared do if bit.band(mask, 2 ^ (j - 1)) ~= 0 then m = m + 1 end end
+    local rates = {}
+    for j, i in ipairs(shared) do
+      local by = problem.devices[i].disk_shared_bps
+      rates[i] = bit.band(mask, 2 ^ (j - 1)) ~= 0 and by[math.min(m, #by)] or NO_READS
+    end
+    list[#list + 1] = rates
+  end
+  return list, shared
+end
+
+-- problem with devices' disk rates as `rates` gives them ({ [i] = bytes/s }; a mixture of
+-- experts' expert reads scaled alike); what the DP plans from (its plans are built on problem).
+local function priced(problem, rates)
+  if next(rates) == nil then return problem end
+  local q = setmetatable({ devices = {} }, { __index = problem })
+  for i, d in ipairs(problem.devices) do
+    local r = rates[i]
+    if r then
+      q.devices[i] = setmetatable({ disk_bps = r, expert_bps = d.expert_bps and d.expert_bps * r / d.disk_bps or nil },
+        { __index = d })
+    else
+      q.devices[i] = d
+    end
+  end
+  return q
+end
+
+-- A key of a plan's placement (its stages, offloaded counts and slots): the same plan from two
+-- pricings is refined once.
+local function key_of(p)
+  local t = {}
+  for i, d in ipairs(p.devices) do
+    t[#t + 1] = i .. ":" .. tostring(d.slot_bytes or 0)
+    for _, st in ipairs(d.stages) do t[#t + 1] = st.blocks[1] .. "-" .. st.blocks[2] .. "/" .. (st.offloaded or 0) end
+  end
+  return table.concat(t, ",")
+end
+
+-- The search. Returns plan, estimate (with opts.refine = false: the DP's best, unrefined: what
+-- the brute-force spec compares), or nil and why. opts: the settings (M.settings), any left out
+-- at its default.
+function M.search(problem, cost, opts)
+  opts = opts or {}
+  if type(cost.device) ~= "function" or type(cost.comm) ~= "function" then
+    return nil, string.format("cost model %s has no device() and comm(): this DP needs a cost of the form "
+      .. "max(sum of device compute + comm, max of device serial time) (see recipes/policies/cost/loip.lua); "
+      .. "use --scheduler brute or even with it", tostring(cost.name))
+  end
+  local mha_ms, mlp_ms, head = least_compute(problem)
+  local least = problem.model.n_layers * (mha_ms + mlp_ms) + head
+  -- large models are placed whole layers at a time (the paper's DP), their blocks by the refinements
+  local u = (opts.unit or 0) > 0 and opts.unit or (problem.model.n_blocks > 64 and 2 or 1)
+  local pricings, shared = M.pricings(problem)
+  local plans, any = {}, false
+  for _, rates in ipairs(pricings) do
+    local ps, found = dp_plans(problem, priced(problem, rates), cost, u, least)
+    any = any or found
+    for _, f in ipairs(ps) do plans[#plans + 1] = f end
+  end
+  if not any and opts.refine == false then return nil, M.why_none(problem) end
   -- The template space keeps each device's blocks per stage the same in every round (the extras
   -- in the last); an even split over the hops spreads them instead, which sometimes suits the
   -- mix of MHA and MLP blocks better. Those layouts, with the same least offloading and
@@ -381,38 +465,84 @@ function M.search(problem, cost, opts)
     end
   end
   if #plans == 0 then return nil, M.why_none(problem) end
-  -- each candidate refined, then (the best of each stage count) relaid out; the least time wins
-  -- (ties within 0.1% go to fewer stages)
-  local by_s = {}
-  for _, f in ipairs(plans) do
-    local p, est = f.p, nil
-    -- (the DP alone is judged by what it minimises)
-    if opts.refine ~= false then p, est = refine.blocks(problem, cost, p) else est = (cost.closed or cost.estimate)(p, problem) end
-    est.layout = f.even and "even split" or "template (DP)"
-    local cur = by_s[f.S]
-    if not cur or est.ms_per_token < cur.est.ms_per_token then by_s[f.S] = { p = p, est = est, S = f.S } end
+  local by_s = M.choose(problem, cost, opts, plans, u)
+  -- Devices sharing a disk: a plan's reads run at the rates its estimate found. For each stage
+  -- count the DP plans again at the rates of that count's best plan (a count the DP found no plan
+  -- of that beat the others: at the best plan's rates), until that no longer finds a better
+  -- plan (a few rounds: the rates a plan reads at depend on the plan).
+  if opts.refine ~= false and #shared >= 2 then
+    local first
+    for S = 1, problem.model.n_blocks do
+      if by_s[S] and (not first or by_s[S].est.ms_per_token < first.est.ms_per_token) then first = by_s[S] end
+    end
+    for S = problem.stages or 1, problem.stages or math.floor(problem.model.n_blocks / u / #problem.devices) do
+      local f = by_s[S]
+      for _ = 1, 3 do
+        local rates = (f or first).est.read_bps
+        if not rates then break end
+        local again = dp_plans(problem, priced(problem, rates), cost, u, least, S)
+        if #again == 0 then break end
+        local g = M.choose(problem, cost, opts, again, u)[S]
+        if not g or (f and g.est.ms_per_token >= f.est.ms_per_token * (1 - 1e-9)) then break end
+        f = g
+        by_s[S] = g
+      end
+    end
   end
+  -- the least time wins (ties within 0.1% go to fewer stages)
   local best, best_est
+  for S = 1, problem.model.n_blocks do
+    local f = by_s[S]
+    if f then
+      local t = f.est.ms_per_token
+      if not best or t < best_est.ms_per_token * 0.999 then best, best_est = f.p, f.est end
+    end
+  end
+  return best, best_est
+end
+
+-- The best of candidate plans ({ p, S [, even] }, p built on problem) of each stage count by the
+-- cost model's estimate: each refined, the best of each stage count relaid out. Returns
+-- { [S] = { p, est, S } }.
+function M.choose(problem, cost, opts, plans, u)
+  -- each candidate refined (the same plan from two pricings once)
+  local by_s, seen_plan = {}, {}
+  for _, f in ipairs(plans) do
+    local key = key_of(f.p)
+    if not seen_plan[key] then
+      seen_plan[key] = true
+      local p, est = f.p, nil
+      -- (the DP alone is judged by what it minimises)
+      if opts.refine ~= false then
+        -- (a ring takes memory that resident blocks would: both orders, the better kept)
+        local q, qe = refine.rings(problem, cost, plan_of.bare(p))
+        q, qe = refine.blocks(problem, cost, q)
+        p, est = refine.blocks(problem, cost, p)
+        p, est = refine.rings(problem, cost, p, est)
+        if qe.ms_per_token < est.ms_per_token * (1 - 1e-9) then p, est = q, qe end
+      else
+        est = (cost.closed or cost.estimate)(p, problem)
+      end
+      est.layout = f.even and "even split" or "template (DP)"
+      local cur = by_s[f.S]
+      if not cur or est.ms_per_token < cur.est.ms_per_token then by_s[f.S] = { p = p, est = est, S = f.S } end
+    end
+  end
   local seen = {}
   for _, g in ipairs(plans) do
     local f, S = by_s[g.S], g.S
-    if seen[S] then goto next end
-    seen[S] = true
-    -- with a few blocks per hop the kinds a device gets follow the template's pattern round after
-    -- round; with many, every device gets a mix anyway and moving single blocks gains little
-    if opts.refine ~= false and opts.relayout ~= false and u == 1 and problem.model.n_blocks <= 3 * #problem.devices * S then
-      local layout = f.est.layout
-      f.p, f.est = refine.layout(problem, cost, f.p)
-      f.est.layout = layout .. ", relaid out"
+    if not seen[S] then
+      seen[S] = true
+      -- with a few blocks per hop the kinds a device gets follow the template's pattern round after
+      -- round; with many, every device gets a mix anyway and moving single blocks gains little
+      if opts.refine ~= false and opts.relayout ~= false and u == 1 and problem.model.n_blocks <= 3 * #problem.devices * S then
+        local layout = f.est.layout
+        f.p, f.est = refine.layout(problem, cost, f.p)
+        f.est.layout = layout .. ", relaid out"
+      end
     end
-    local t = f.est.ms_per_token
-    if not best or t < best_est.ms_per_token * 0.999
-      or (t <= best_est.ms_per_token * 1.001 and S < #best.devices[1].stages) then
-      best, best_est = f.p, f.est
-    end
-    ::next::
   end
-  return best, best_est
+  return by_s
 end
 
 function M.schedule(problem, cost, params)
