@@ -56,9 +56,13 @@ function Cluster:cache_stats()
   return out
 end
 
--- Nothing runs: take back local devices lost mid-request (a new plan over all of them, the
--- next plan boundary), restart devices that died (their KV is gone, and nothing needs it now).
+-- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
+-- others planned again: Cluster:check_alive), devices lost before are taken back (a new plan over
+-- all of them, the next plan boundary), devices that failed are restarted (their KV is gone, and
+-- nothing needs it now).
 function Cluster:idle()
+  local ok, err = pcall(self.check_alive, self)
+  if not ok then io.stderr:write(os.date("%H:%M:%S "), "cluster: ", tostring(err), "\n") end
   if self:take_back() == 0 then self:revive() end
 end
 
