@@ -163,6 +163,36 @@ describe("a device dead while nothing runs", function()
     cl:close()
   end)
 
+  it("--hosts: a loss the other cannot take over fails the next request at once, and a join heals it", function()
+    local st = T.slice_store(S260, "s260")
+    local model = st:match("([^/]+)$")
+    local w = {}
+    for k = 1, 2 do
+      local pid, ep = worker()
+      w[k] = { pid = pid, ep = ep:gsub("^tcp://", "") }
+    end
+    -- 4 requests' KV: two budgets of 1500K hold the model, one does not
+    local url, _, errlog = T.serve(string.format("--model %s --hosts %s,%s --threads 1 --context 256 --max-batch 4 --token %s "
+      .. "--join-listen 127.0.0.1:0 --dead-after 1000", st, w[1].ep, w[2].ep, TOKEN), { verbose = true })
+    local joins = T.read_or_empty(errlog:gsub("err$", "out")):match("joins tcp://(%S+)")
+    local base = url:gsub("/v1$", "")
+    local cl = client.new()
+    os.execute("kill -KILL " .. w[2].pid)
+    wait_until("the loss in /health", function() return get_json(cl, base .. "/health").device_losses == 1 end)
+    local h = get_json(cl, base .. "/health")
+    assert.are.equal("degraded", h.status)
+    assert.matches("cluster: device 2 %([^)]+%) lost %(.-the others cannot take over%): 1 device now, no plan found", T.read(errlog))
+    local status, text = complete(cl, url, model)
+    assert.are.equal(500, status)
+    assert.matches("the cluster cannot serve now: the 1 devices left cannot take over: .*short by", text)
+    worker("--join " .. joins)
+    wait_until("the join", function() return get_json(cl, base .. "/health").status == "ok" end, 60000, { errlog })
+    status, text = complete(cl, url, model)
+    assert.are.equal(200, status, text)
+    assert.are.equal(reference(), text)
+    cl:close()
+  end)
+
   it("--devices: a local worker killed idle is a loss and a take-back, both logged", function()
     local st = T.slice_store(S260, "s260")
     local model = st:match("([^/]+)$")

@@ -162,12 +162,12 @@ function Cluster:replan_after_loss(why)
   self.losses[#self.losses + 1] = loss
   local ok, err = pcall(self.plan, self, opts)
   loss.replan_ms, loss.replanned = core.now_ms() - t0, ok
+  self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
   local events = {}
   for k, i in ipairs(lost) do -- (loip.cluster.membership: kept and logged)
     events[k] = self:member_event("loss", i, lost_at[k], loss.replan_ms, nil, nil,
       ok and loss.why or (loss.why .. "; the others cannot take over"))
   end
-  self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
   if not ok then
     loss.error = tostring(err)
     error(string.format("lost device%s %s: %s; the %d left cannot take over: %s", #lost > 1 and "s" or "",

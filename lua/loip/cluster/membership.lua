@@ -38,9 +38,10 @@ function Cluster:member_event(kind, i, endpoint, replan_ms, requests, by, why)
     requests = requests, by = by, time = os.time() }
   self.membership[#self.membership + 1] = e
   local verb = said[kind] or (by == "drain" and "drained" or "left")
-  log("cluster: device %d (%s) %s%s: %d devices now, re-planned in %.0f ms%s", i, tostring(endpoint), verb,
-    why and (" (" .. why .. ")") or "", #self.devices, replan_ms or 0,
-    requests and requests > 0 and string.format(", %d requests resumed", requests) or "")
+  local n = #self.devices
+  log("cluster: device %d (%s) %s%s: %d device%s now, %s in %.0f ms%s", i, tostring(endpoint), verb,
+    why and (" (" .. why .. ")") or "", n, n == 1 and "" or "s", self.degraded and "no plan found" or "re-planned",
+    replan_ms or 0, requests and requests > 0 and string.format(", %d requests resumed", requests) or "")
   return e
 end
 
