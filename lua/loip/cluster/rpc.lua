@@ -144,7 +144,8 @@ local function dead_devices(c, silent, what)
   local why
   for i, d in ipairs(c.devices) do
     local ms = d.hb and silent(i, d) or 0
-    if d.pid and not alive(d.pid) then
+    if d.failed then -- (lost already, its loss raised: every device was lost, nothing to plan on)
+    elseif d.pid and not alive(d.pid) then
       d.failed = true
       why = why or string.format("device %d (%s, pid %d) died %s:\n%s", i, d.endpoint, d.pid, what, tail(d.log, 3))
     elseif ms > c.dead_ms then
