@@ -98,6 +98,7 @@ static void test_heartbeat_while_busy(loip_net *net) {
     loip_heartbeat *hb = NULL;
     CHECK(loip_heartbeat_new(net, "tcp://127.0.0.1:*", &hb) == 0, "heartbeat: %s", loip_last_error());
     if (!hb) return;
+    CHECK(loip_heartbeat_last_ping(hb) == 0, "no PING yet: no time");
     char ep[128];
     loip_heartbeat_endpoint(hb, ep, sizeof ep);
     struct busy_args b = {.hb = hb};
@@ -121,6 +122,8 @@ static void test_heartbeat_while_busy(loip_net *net) {
     pthread_join(t, NULL);
     CHECK(pongs == 50, "%d of 50 pings answered while the device is busy", pongs);
     CHECK(monotonic, "the count of finished messages never goes back");
+    uint64_t last = loip_heartbeat_last_ping(hb);
+    CHECK(last > 0 && last <= loip_now_ns(), "the last PING's time is kept (%llu)", (unsigned long long)last);
     loip_sock_free(s);
     loip_heartbeat_free(hb);
 }

@@ -1022,6 +1022,9 @@ LOIP_API void loip_heartbeat_free(loip_heartbeat *hb);
 LOIP_API int loip_heartbeat_endpoint(loip_heartbeat *hb, char *buf, size_t cap);
 /* busy: 1 when a message starts, 0 when it is done (counted). */
 LOIP_API void loip_heartbeat_busy(loip_heartbeat *hb, int32_t busy);
+/* When the last PING came (loip_now_ns(); 0: none yet): a worker whose head pings it no more
+ * knows the head is gone. */
+LOIP_API uint64_t loip_heartbeat_last_ping(loip_heartbeat *hb);
 
 /* A UDP broadcast beacon on a LAN (CZMQ's zbeacon actor: no daemon, no D-Bus): a speaker
  * publishes a payload every interval, a listener receives (sender address, payload). Used by

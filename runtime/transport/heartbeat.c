@@ -16,6 +16,7 @@ struct loip_heartbeat {
     atomic_int stop;
     _Atomic uint64_t busy_since; /* loip_now_ns() when the current message started, 0: idle */
     _Atomic uint64_t done;
+    _Atomic uint64_t last_ping; /* loip_now_ns() of the last PING answered, 0: none yet */
 };
 
 static void *heartbeat_main(void *arg) {
@@ -31,6 +32,7 @@ static void *heartbeat_main(void *arg) {
         }
         if (rc != LOIP_OK || h.kind != LOIP_MSG_PING) continue;
         uint64_t since = atomic_load(&hb->busy_since), now = loip_now_ns();
+        atomic_store(&hb->last_ping, now);
         uint64_t reply[2] = {since && now > since ? now - since : 0, atomic_load(&hb->done)};
         loip_msg_header r = {.kind = LOIP_MSG_PONG, .dtype = -1, .step = h.step, .payload_bytes = sizeof reply};
         loip_sock_send(hb->sock, from, &r, reply, 100);
@@ -68,6 +70,10 @@ LOIP_API void loip_heartbeat_free(loip_heartbeat *hb) {
 LOIP_API int loip_heartbeat_endpoint(loip_heartbeat *hb, char *buf, size_t cap) {
     snprintf(buf, cap, "%s", hb->sock->endpoint);
     return LOIP_OK;
+}
+
+LOIP_API uint64_t loip_heartbeat_last_ping(loip_heartbeat *hb) {
+    return hb ? atomic_load(&hb->last_ping) : 0;
 }
 
 LOIP_API void loip_heartbeat_busy(loip_heartbeat *hb, int32_t busy) {

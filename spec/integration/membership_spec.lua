@@ -152,6 +152,12 @@ describe("a serving cluster's membership", function()
     assert.are.same({ "join", "loss", "join" }, kinds)
     assert.are.equal(h.membership[1].endpoint, h.membership[2].endpoint, "the loss is the joined worker's")
     assert.are.equal(1, h.device_losses)
+    -- the head's terminal tells every membership event /health lists, the loss mid-stream too
+    local said = T.read(errlog)
+    assert.matches("cluster: device 3 %(" .. h.membership[2].endpoint:gsub("%p", "%%%0") .. "%) lost %(device 3 .-%): 2 devices now", said)
+    local logged = {}
+    for verb in said:gmatch("cluster: device %d+ %([^)]+%) (%a+)") do logged[#logged + 1] = verb end
+    assert.are.same({ "joined", "lost", "joined" }, logged)
     local t4 = stream(cl, url, model, 1, 30)
     cl:wait(60000)
     assert.are.equal(reference(1, 30), table.concat(t4.pieces))

@@ -270,7 +270,8 @@ function Cluster:plan(opts)
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
         or opts.overlap_loads or false,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
-      logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i) }
+      logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i),
+      dead_ms = self.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
   for i, d in ipairs(self.devices) do
@@ -283,8 +284,8 @@ function Cluster:plan(opts)
         error(string.format("device %d (%s) exited while loading its plan:\n%s", i, d.endpoint, tail(d.log, 5)), 0)
       end
       if core.now_ms() > deadline then error(string.format("device %d (%s) did not load its plan within 300 s", i, d.endpoint), 0) end
-    until r and r.kind == "READY"
-    d.ready = json.decode(r.payload)
+    until r and r.kind == "READY" and r.payload ~= "" -- (an empty READY answered a STOP, not this plan)
+    d.ready = json.decode(r.payload) or {}
     -- the memory the online policy reasons with: outside the KV cache (none held yet: its
     -- account is the tables alone), and a KV group's bytes
     d.mem_state = { limit = d.ready.limit or d.mem or 0, kv_base = (d.ready.accounts or {}).kv or 0,

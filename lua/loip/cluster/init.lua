@@ -49,8 +49,15 @@ end
 -- opts: store (slice store dir, also read by the head for sizes and the tokenizer), token,
 -- head_listen (endpoint for results, default tcp://127.0.0.1:*), stage_limit_ms (a device busy
 -- with one message longer than this is taken as hung; default 120 s: a heartbeat thread
--- answers meanwhile, so long prefill stages are not mistaken for a dead device).
+-- answers meanwhile, so long prefill stages are not mistaken for a dead device), dead_ms (a
+-- device whose heartbeat is silent this long, during a request or while idle, is lost; default
+-- DEAD_MS).
+M.DEAD_MS = 1500
 local function new(opts, devices)
+  local dead_ms = opts.dead_ms or M.DEAD_MS
+  if type(dead_ms) ~= "number" or not (dead_ms > 0) then
+    error("cluster: dead_ms (--dead-after) " .. tostring(dead_ms) .. " is not a time in milliseconds > 0", 0)
+  end
   local token = opts.token or (not opts.keys and (os.getenv("LOIP_CLUSTER_TOKEN") or (opts.random_token and random_token())))
   if not token and not opts.keys then
     error("cluster: no cluster token: give token (--token), LOIP_CLUSTER_TOKEN or keys (--curve-keys)", 0)
@@ -58,7 +65,7 @@ local function new(opts, devices)
   local net, err = transport.net { token = token, keys = opts.keys }
   if not net then error(err, 0) end
   local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store, devices = devices,
-    plan_id = 0, stage_limit_ms = opts.stage_limit_ms or 120000 }, Cluster)
+    plan_id = 0, stage_limit_ms = opts.stage_limit_ms or 120000, dead_ms = dead_ms }, Cluster)
   -- who we are to the workers: a worker serves one head, and names it to any other
   local host = io.open("/proc/sys/kernel/hostname")
   c.identity = string.format("head-%s-%d", host and host:read("*l") or "?", tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")))

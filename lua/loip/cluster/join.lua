@@ -55,7 +55,9 @@ end
 
 -- Whether the worker's loop goes on: no signal; or a SIGTERM while it serves a head's plan: it
 -- tells the head it leaves (again after each new plan), serving until told to stop or until
--- LEAVE_WAIT_MS passed; at once when its head, on this host, is gone.
+-- LEAVE_WAIT_MS passed; at once when its head is gone (on this host, its process ended; anywhere,
+-- it has not pinged our heartbeat for the head's dead_ms, sent with the plan: a head pings its
+-- devices every turn, idle or not, and plans without one silent that long).
 function M.keep_running(w)
   if w.join and not join_answer(w) then return false end
   local sig = process.signal_received()
@@ -68,6 +70,13 @@ function M.keep_running(w)
   if host and host == w.hostname and not require("loip.cluster.proc").alive(tonumber(pid)) then return false end
   local now = core.now_ms()
   if not w.leaving then
+    local last = w.hb and require("loip.runtime.transport").heartbeat_last_ping(w.hb)
+    local patience = d.head_dead_ms or require("loip.cluster").DEAD_MS -- (a plan that did not say)
+    if not last or now - last > patience then
+      log("SIGTERM: the head %s has not pinged us for %s: it is gone; leaving at once", w.owner.id,
+        last and string.format("%.1f s", (now - last) / 1000) or "ever")
+      return false
+    end
     w.leaving = { deadline = now + LEAVE_WAIT_MS }
     log("SIGTERM: leaving the cluster once the head planned without us (at most %d s)", LEAVE_WAIT_MS / 1000)
   end

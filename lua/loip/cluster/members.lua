@@ -8,6 +8,7 @@ local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
 
 local alive, tail = proc.alive, proc.tail
+local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format(fmt, ...), "\n") io.stderr:flush() end
 
 local Cluster = {}
 
@@ -60,6 +61,7 @@ function Cluster:connect_all(only)
     local t0 = core.now_ns()
     local r = self:ask(i, { kind = "HELLO" }, 10000)
     local t1 = core.now_ns()
+    d.last_seen = core.now_ms() -- (heard: its silence, watched by Cluster:watch, counts from now)
     local hello = json.decode(r.payload) or {}
     -- the worker's clock against ours (0 on this host): its stamp taken halfway through the
     -- round trip; events it records are moved by this for one timeline
@@ -124,6 +126,7 @@ Cluster.plan_opts_without = without_devices -- (loip.cluster.membership: a devic
 -- scheduler and options (more offloading where memory requires; an error naming the shortfall
 -- when they cannot hold the model). The requests keep their slots; their KV is gone and the
 -- batcher prefills them again. Kept in c.losses: step, lost devices, why, the re-plan's time.
+-- Returns the membership events (one "loss" a device).
 function Cluster:replan_after_loss(why)
   local t0 = core.now_ms()
   local keep, lost, gone, lost_at = {}, {}, {}, {}
@@ -159,13 +162,18 @@ function Cluster:replan_after_loss(why)
   self.losses[#self.losses + 1] = loss
   local ok, err = pcall(self.plan, self, opts)
   loss.replan_ms, loss.replanned = core.now_ms() - t0, ok
-  for k, i in ipairs(lost) do self:member_event("loss", i, lost_at[k], loss.replan_ms) end -- (loip.cluster.membership)
   self.degraded = not ok and string.format("the %d devices left cannot take over: %s", #keep, tostring(err)) or nil
+  local events = {}
+  for k, i in ipairs(lost) do -- (loip.cluster.membership: kept and logged)
+    events[k] = self:member_event("loss", i, lost_at[k], loss.replan_ms, nil, nil,
+      ok and loss.why or (loss.why .. "; the others cannot take over"))
+  end
   if not ok then
     loss.error = tostring(err)
     error(string.format("lost device%s %s: %s; the %d left cannot take over: %s", #lost > 1 and "s" or "",
       table.concat(lost, ", "), loss.why, #keep, loss.error), 0)
   end
+  return events
 end
 
 -- Whether a remote device lost earlier answers again (its worker restarted, its network back):
@@ -227,6 +235,11 @@ function Cluster:take_back()
   self:plan(o)
   self.degraded = nil
   self.taken_back = (self.taken_back or 0) + #back
+  for _, l in ipairs(back) do
+    local at = 0
+    for j, d in ipairs(self.devices) do if d == l.d then at = j end end
+    log("cluster: device %d (%s) taken back: %d devices now", at, l.d.endpoint, #self.devices)
+  end
   return #back
 end
 
@@ -240,6 +253,7 @@ function Cluster:revive()
       -- a device that hung is replaced too; wait until the old process is gone (its port)
       kill_worker(d.pid)
       self:spawn(i)
+      log("cluster: device %d (%s) restarted (pid %d)", i, d.endpoint, d.pid)
       d.failed, any = nil, true
     end
   end

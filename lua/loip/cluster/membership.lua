@@ -29,12 +29,19 @@ end
 -- Record a membership event: kind "join", "leave" or "loss" of device i (its number in the set
 -- before the change; a join's in the set after it) at endpoint; replan_ms: the re-plan's time;
 -- requests: the requests running, resumed on the new plan; by: what made a device leave ("drain":
--- loip cluster drain; "worker": its SIGTERM). Returns the event.
-function Cluster:member_event(kind, i, endpoint, replan_ms, requests, by)
+-- loip cluster drain; "worker": its SIGTERM); why: a loss's cause (one line). Logged on the
+-- head's terminal as /health lists it. Returns the event.
+local said = { join = "joined", loss = "lost" }
+function Cluster:member_event(kind, i, endpoint, replan_ms, requests, by, why)
   self.membership = self.membership or {}
   local e = { step = self.step_no or 0, device = i, endpoint = endpoint, kind = kind, replan_ms = replan_ms,
     requests = requests, by = by, time = os.time() }
   self.membership[#self.membership + 1] = e
+  local verb = said[kind] or (by == "drain" and "drained" or "left")
+  local n = #self.devices
+  log("cluster: device %d (%s) %s%s: %d device%s now, %s in %.0f ms%s", i, tostring(endpoint), verb,
+    why and (" (" .. why .. ")") or "", n, n == 1 and "" or "s", self.degraded and "no plan found" or "re-planned",
+    replan_ms or 0, requests and requests > 0 and string.format(", %d requests resumed", requests) or "")
   return e
 end
 
@@ -64,10 +71,17 @@ end
 
 -- Device i leaves between steps (by "drain" or "worker"): the others are planned again without
 -- it, then it is told to stop (a local worker is waited for). Raises, and keeps it, when it is
--- the only device or the others cannot hold the model. Returns the event.
+-- the only device or the others cannot hold the model. Returns the event (a "loss" when it was
+-- found dead).
 function Cluster:release_device(i, by, requests)
   local d = self.devices[i]
   if not d then error(string.format("device %s is not one of the cluster's %d", tostring(i), #self.devices), 0) end
+  -- a dead device cannot be let go: it is a loss (found within dead_ms; so is any other dead one,
+  -- before the set is planned again), and its loss event is the answer
+  for _, e in ipairs(self:check_alive() or {}) do
+    if d.failed and e.endpoint == d.endpoint then return e end
+  end
+  for j, x in ipairs(self.devices) do if x == d then i = j end end
   if #self.devices == 1 then error(string.format("device %d is the cluster's only device: nothing could take over", i), 0) end
   local t0, old = core.now_ms(), self.plan_opts
   table.remove(self.devices, i)
@@ -80,10 +94,7 @@ function Cluster:release_device(i, by, requests)
     if proc.alive(d.pid) then os.execute("kill -KILL " .. d.pid .. " 2>/dev/null") end
     process.reap(d.pid)
   end
-  local e = self:member_event("leave", i, d.endpoint, core.now_ms() - t0, requests, by)
-  log("cluster: device %d (%s) %s: %d devices now, re-planned in %.0f ms", i, d.endpoint,
-    by == "drain" and "drained" or "left", #self.devices, e.replan_ms)
-  return e
+  return self:member_event("leave", i, d.endpoint, core.now_ms() - t0, requests, by)
 end
 
 -- Plan options for the set with one more device (appended): a plan given for the old set no
@@ -116,11 +127,13 @@ function Cluster:admit(endpoint, requests)
   end
   local ok, err = pcall(self.connect_all, self, i)
   if not ok then undo() error(err, 0) end
+  -- a lost device at this endpoint is not to be taken back: this worker replaces it
+  for k = #(self.lost_devices or {}), 1, -1 do
+    if self.lost_devices[k].d.endpoint == endpoint then table.remove(self.lost_devices, k) end
+  end
   if self.all_devices then self.all_devices[#self.all_devices + 1] = d end
   replan(self, opts, undo, old)
-  local e = self:member_event("join", i, endpoint, core.now_ms() - t0, requests)
-  log("cluster: device %d (%s) joined: %d devices now, re-planned in %.0f ms", i, endpoint, #self.devices, e.replan_ms)
-  return e
+  return self:member_event("join", i, endpoint, core.now_ms() - t0, requests)
 end
 
 -- A join request on the join socket (a HELLO, JSON { endpoint }): admitted, answered READY
@@ -137,12 +150,20 @@ local function join_from(self, m, requests)
 end
 
 -- Between steps (no step in flight): peers refused by the transport logged (a wrong token or
--- key), leaves carried out, joins admitted. requests: how many run now (kept in the events).
+-- key), every device watched (Cluster:watch: one dead while idle is a loss), leaves carried
+-- out, joins admitted. requests: how many run now (kept in the events).
 -- Returns the events of the changes made; after any, the caller resumes every running request
 -- from its tokens.
+local function add_loss(events, ok, lost)
+  if not ok then log("cluster: %s", tostring(lost)) return end
+  for _, e in ipairs(lost or {}) do events[#events + 1] = e end
+end
+
 function Cluster:between_steps(requests)
   local events = {}
   for _, line in ipairs(self.net:auth_log()) do log("cluster: %s", line) end
+  -- every device watched, idle too: one dead while nothing runs is a loss, planned around at once
+  add_loss(events, pcall(self.watch, self, requests == 0))
   local r = self.results:recv(0, self.result_bytes)
   while r do -- (a late result of a step already stopped is dropped here, as await drops it)
     if r.kind == "STOP" then self:note_leave(r) end
@@ -156,6 +177,9 @@ function Cluster:between_steps(requests)
     end
   end
   local m = self.joins and self.joins:recv(0)
+  -- before a join: every device answers now, or is a loss (a join is admitted whatever the
+  -- state of the others)
+  if m or (self.discovered and #self.discovered > 0) then add_loss(events, pcall(self.check_alive, self)) end
   while m do
     events[#events + 1] = join_from(self, m, requests)
     m = self.joins:recv(0)

@@ -1,15 +1,19 @@
 -- A cluster's messages to its devices (docs/design.md, sections 2-3): control exchanges with one
 -- device (ask, tell, answer), the wait for a step's result while watching every device
 -- (heartbeats, process checks, ERROR messages: a device that dies, hangs or disconnects is
--- noticed within 2 s), and what the devices recorded (stats, collect_trace). Methods of
--- loip.cluster's Cluster.
+-- noticed once silent for the cluster's dead_ms), the same watch between steps and while nothing
+-- runs (watch, check_alive: a device dead while idle is a loss too), and what the devices
+-- recorded (stats, collect_trace). Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 local proc = require "loip.cluster.proc"
 
 local alive, tail = proc.alive, proc.tail
-local HEARTBEAT_MS, DEAD_MS = 250, 1500 -- a device silent for 1.5 s is lost: noticed within 2 s
+
+-- How often a device is pinged: a quarter of the silence that makes it lost (c.dead_ms, the
+-- cluster's option, `--dead-after`), at most every 250 ms.
+local function beat_ms(c) return math.min(250, c.dead_ms / 4) end
 
 local Cluster = {}
 
@@ -72,7 +76,7 @@ function Cluster:await(step, timeout_ms)
         end
         ;(d.hb or d.ctl):send({ kind = "PING" }, 0)
       end
-      next_beat = now + HEARTBEAT_MS
+      next_beat = now + beat_ms(self)
     end
     for i, d in ipairs(self.devices) do
       local r = d.ctl:recv(0)
@@ -97,7 +101,7 @@ function Cluster:await(step, timeout_ms)
         b = d.hb:recv(0)
       end
       local silent = core.now_ms() - math.max(d.last_seen, listening)
-      if silent > DEAD_MS then
+      if silent > self.dead_ms then
         d.failed = true
         error(string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable",
           i, d.endpoint, silent / 1000), 0)
@@ -119,6 +123,94 @@ function Cluster:await(step, timeout_ms)
     end
     if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end
   end
+end
+
+-- PONGs waiting on device d's heartbeat socket read: when it was last heard (d.last_seen) and
+-- the last PING it answered (d.pong_step: a PONG carries its PING's step).
+local function read_pongs(d)
+  local b = d.hb and d.hb:recv(0)
+  while b do
+    if b.kind == "PONG" then d.last_seen, d.pong_step = core.now_ms(), b.step end
+    b = d.hb:recv(0)
+  end
+end
+
+-- The devices found dead now: a local worker whose process is gone, or one silent (silent(i, d):
+-- for how many ms) longer than dead_ms; d.failed set. Returns why, in words (nil: none).
+local function dead_devices(c, silent, what)
+  -- (told to fail on a loss, the cluster does not plan without a device between requests either:
+  -- Cluster:revive restarts a local one)
+  if c.plan_opts and c.plan_opts.on_device_loss == "fail" then return nil end
+  local why
+  for i, d in ipairs(c.devices) do
+    local ms = d.hb and silent(i, d) or 0
+    if d.failed then -- (lost already, its loss raised: every device was lost, nothing to plan on)
+    elseif d.pid and not alive(d.pid) then
+      d.failed = true
+      why = why or string.format("device %d (%s, pid %d) died %s:\n%s", i, d.endpoint, d.pid, what, tail(d.log, 3))
+    elseif ms > c.dead_ms then
+      d.failed = true
+      why = why or string.format("device %d (%s) has not answered for %.1f s %s: it hangs or is unreachable",
+        i, d.endpoint, ms / 1000, what)
+    end
+  end
+  return why
+end
+
+-- Between steps, every turn of a server's loop: every device pinged (every beat_ms) and its
+-- answers read; while nothing runs (idle), one silent for dead_ms, or a local worker whose
+-- process is gone, is a loss (replan_after_loss: the others planned again before the next
+-- request). Silence counts only while the head watches: a head busy elsewhere (a long step, a
+-- plan) starts counting again. Returns the loss's membership events, or nil; a re-plan that
+-- failed is raised.
+function Cluster:watch(idle)
+  local now = core.now_ms()
+  local beat = beat_ms(self)
+  if not self.watch_at or now - self.watch_at > 4 * beat then self.watch_since = now end
+  self.watch_at = now
+  if self.next_watch_beat and now < self.next_watch_beat then
+    for _, d in ipairs(self.devices) do read_pongs(d) end
+    return nil
+  end
+  self.next_watch_beat = now + beat
+  for _, d in ipairs(self.devices) do
+    read_pongs(d)
+    if d.hb then d.hb:send({ kind = "PING" }, 0) end
+  end
+  if not idle then return nil end
+  local since = self.watch_since
+  local why = dead_devices(self, function(_, d) return core.now_ms() - math.max(d.last_seen or 0, since) end, "while idle")
+  if not why then return nil end
+  self.watch_at = nil -- (the re-plan is time the head did not watch)
+  return self:replan_after_loss(why)
+end
+
+-- Before a request starts on an idle cluster: every device answers a PING now, or within
+-- dead_ms is a loss (as in watch). Costs one round trip when every device lives. Returns the
+-- loss's membership events, or nil; a re-plan that failed is raised.
+function Cluster:check_alive()
+  local t0 = core.now_ms()
+  -- (answers to this PING only: one sent before may have been answered by a device dead since)
+  self.ping_no = (self.ping_no or 0) + 1
+  local waiting = {}
+  for i, d in ipairs(self.devices) do
+    if d.hb then
+      d.hb:send({ kind = "PING", step = self.ping_no }, 0) -- (one that cannot take it now is silent as the dead are)
+      waiting[i] = d
+    end
+  end
+  while next(waiting) and core.now_ms() - t0 <= self.dead_ms do
+    for i, d in pairs(waiting) do
+      read_pongs(d)
+      if d.pong_step == self.ping_no or (d.pid and not alive(d.pid)) then waiting[i] = nil end
+    end
+    if next(waiting) then core.sleep_ms(1) end
+  end
+  -- dead: a local worker whose process is gone, or one that did not answer this PING
+  local why = dead_devices(self, function(i) return waiting[i] and core.now_ms() - t0 or 0 end, "while idle")
+  if not why then return nil end
+  self.watch_at = nil
+  return self:replan_after_loss(why)
 end
 
 -- The devices' recorded events (plan with trace = true) since the last call, added to tr (a

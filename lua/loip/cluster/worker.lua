@@ -146,7 +146,7 @@ function Worker:build(msg)
   store.bind_loaded(d.model, dir, man, d.keep)
   d.descs = store.stage_descs(dir, man, p, i, msg.verify_reads)
   d.verify_reads = msg.verify_reads
-  d.plan, d.index = p, i
+  d.plan, d.index, d.head_dead_ms = p, i, msg.dead_ms -- (the head pings us that often while it lives: loip.cluster.join)
   local slot = need.slot_bytes
   d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
   if slot > 0 then d.loader = new_loader(d, slot) end

@@ -44,8 +44,10 @@ function M.run(o, pos)
   io.stdout:write(json.encode(body), "\n")
   if what == "drain" then
     local e = body.event or {}
-    io.stderr:write(string.format("device %s (%s) drained: %d devices now, re-planned in %.0f ms\n", tostring(e.device),
-      tostring(e.endpoint), body.devices or 0, e.replan_ms or 0))
+    -- (a device found dead is not drained: its loss is the answer)
+    io.stderr:write(string.format("device %s (%s) %s: %d devices now, re-planned in %.0f ms\n", tostring(e.device),
+      tostring(e.endpoint), e.kind == "loss" and "was lost (it did not answer): removed" or "drained", body.devices or 0,
+      e.replan_ms or 0))
   end
   return 0
 end

@@ -42,7 +42,7 @@ local M = {
       .. "read back on a hit, kept across restarts with the same store", metavar = "DIR" },
     { "prompt-cache-disk", "bytes", "the disk tier's bound per device (least recently used files removed first)",
       default = 2 ^ 31, metavar = "BYTES" },
-    flags.shared.mem, flags.shared.devices, flags.shared.hosts,
+    flags.shared.mem, flags.shared.devices, flags.shared.hosts, flags.shared.dead_after,
     flags.shared.token, flags.shared.curve_keys,
     { "join-listen", "string", "a cluster: admit workers that join while it serves (loip worker --join) at this address "
       .. "(port 0: any, printed)", metavar = "ADDR:PORT" },
@@ -103,9 +103,10 @@ function M.run(o)
       local st = require "loip.model.store"
       local cfg = st.config(o.model, st.read_manifest(o.model))
       tok = require("loip.text.tokenizer").open(o.model, { vocab_size = cfg.vocab_size })
-      c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys })
+      c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys, dead_ms = o.dead_after })
         or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
-          token = o.join_listen and common.token(o), tcp = o.join_listen ~= nil } -- (joiners know the token, reach TCP)
+          token = o.join_listen and common.token(o), tcp = o.join_listen ~= nil, -- (joiners know the token, reach TCP)
+          dead_ms = o.dead_after }
       if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,

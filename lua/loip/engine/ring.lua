@@ -16,6 +16,9 @@ local Cluster = {}
 -- Start request r (loip.serve.batcher) in slot seq on every device (sampler state on the last).
 function Cluster:start(seq, r)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
+  -- (after a loss the others could not take over there is no plan to run: said at once, until a
+  -- device is taken back or joins)
+  if self.degraded then error("the cluster cannot serve now: " .. self.degraded, 0) end
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
     n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share,
     attach = r.attach })
@@ -56,9 +59,13 @@ function Cluster:cache_stats()
   return out
 end
 
--- Nothing runs: take back local devices lost mid-request (a new plan over all of them, the
--- next plan boundary), restart devices that died (their KV is gone, and nothing needs it now).
+-- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
+-- others planned again: Cluster:check_alive), devices lost before are taken back (a new plan over
+-- all of them, the next plan boundary), devices that failed are restarted (their KV is gone, and
+-- nothing needs it now).
 function Cluster:idle()
+  local ok, err = pcall(self.check_alive, self)
+  if not ok then io.stderr:write(os.date("%H:%M:%S "), "cluster: ", tostring(err), "\n") end
   if self:take_back() == 0 then self:revive() end
 end
 

@@ -192,6 +192,12 @@ function M.heartbeat_endpoint(hb)
   C.loip_heartbeat_endpoint(hb, buf, 256)
   return ffi.string(buf)
 end
+-- When the last PING came (ms on core.now_ms's clock), nil when none came yet: a worker whose
+-- head pings it no more knows the head is gone.
+function M.heartbeat_last_ping(hb)
+  local ns = tonumber(C.loip_heartbeat_last_ping(hb))
+  return ns > 0 and ns / 1e6 or nil
+end
 function M.heartbeat_free(hb) core.free(hb, C.loip_heartbeat_free) end
 
 return M

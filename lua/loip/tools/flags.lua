@@ -177,6 +177,9 @@ M.shared = {
     check = function(v) return v >= 1, "must be >= 1" end },
   link_rate = { "link-rate", "string", "links between devices of this rate (emulated on local devices), e.g. 100mbit; "
     .. "one, or one per link (link i: device i to the next)", metavar = "RATE[,RATE...]" },
+  dead_after = { "dead-after", "int", "with --devices/--hosts: a device whose heartbeat is silent this long, during a "
+    .. "request or idle, is lost and the others plan without it (default 1500)", metavar = "MS",
+    check = function(v) return v > 0, "must be > 0" end },
   link_delay = { "link-delay", "string", "this one-way delay per link, e.g. 2ms; one, or one per link", metavar = "TIME[,TIME...]" },
   disk_rate = { "disk-rate", "string", "slice store: each device's disk at most this fast, bytes/s (e.g. 500M; emulated); "
     .. "one, or one per device", metavar = "BYTES[,BYTES...]" },
