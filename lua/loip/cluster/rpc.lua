@@ -51,19 +51,22 @@ end
 
 -- Device i's answer to a `kind` message sent before, within timeout_ms (PONGs skipped, ERROR
 -- raised, its key refused reported at once). A device that is gone meanwhile raises a loss
--- (Cluster:recover): its process exited, or its heartbeat (pinged while we wait) is silent for
--- dead_ms (past timeout_ms too: a device whose heartbeat answers but not the message is late,
--- not lost); one without a heartbeat that does not answer in time.
+-- (Cluster:recover): its process exited, or, once the cluster has a plan, its heartbeat (pinged
+-- while we wait) is silent for dead_ms (past timeout_ms too: a device whose heartbeat answers
+-- but not the message is late, not lost); one without a heartbeat that does not answer in time.
 function Cluster:answer(i, kind, timeout_ms, via)
   local d = self.devices[i]
   local sock = via or d.ctl
   local t0 = core.now_ms()
   local limit, beat = timeout_ms or 10000, beat_ms(self)
-  local deadline, next_beat = t0 + limit, t0
+  -- (its heartbeat watched once planned: before, no request waits on the device, and a worker
+  -- counts the head's pings from its plan on)
+  local watch = d.hb and self.plan_table
+  local deadline, next_beat = t0 + limit, watch and t0 or math.huge
   while true do
     local now = core.now_ms()
     local silent = 0
-    if d.hb then
+    if watch then
       read_pongs(d)
       if now >= next_beat then d.hb:send({ kind = "PING" }, 0) next_beat = now + beat end
       silent = now - math.max(d.last_seen or 0, t0) -- (heard before we asked: counts from the asking)
@@ -72,7 +75,7 @@ function Cluster:answer(i, kind, timeout_ms, via)
           silent / 1000)), 0)
       end
     end
-    if now >= deadline and (not d.hb or silent <= 2 * beat) then
+    if now >= deadline and (not watch or silent <= 2 * beat) then
       local msg = string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, kind, limit / 1000)
       error(d.hb and msg or lost(d, msg), 0)
     end
