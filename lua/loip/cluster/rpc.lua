@@ -17,6 +17,24 @@ local function beat_ms(c) return math.min(250, c.dead_ms / 4) end
 
 local Cluster = {}
 
+-- PONGs waiting on device d's heartbeat socket read: when it was last heard (d.last_seen) and
+-- the last PING it answered (d.pong_step: a PONG carries its PING's step).
+local function read_pongs(d)
+  local b = d.hb and d.hb:recv(0)
+  while b do
+    if b.kind == "PONG" then d.last_seen, d.pong_step = core.now_ms(), b.step end
+    b = d.hb:recv(0)
+  end
+end
+
+-- The error of a control exchange that found device d lost (its process gone, its heartbeat
+-- silent for dead_ms, a message it could not take): a message that also names the device, so
+-- that a request's caller treats it as the loss it is (Cluster:recover) and any other reads it
+-- as text.
+local Lost = { __tostring = function(e) return e.msg end, __concat = function(a, b) return tostring(a) .. tostring(b) end }
+local function lost(d, msg) return setmetatable({ lost = d, msg = msg }, Lost) end
+local Replanned = { __tostring = function(e) return e.msg end }
+
 -- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
 -- to use (default the control link; d.bulk for large replies).
 function Cluster:ask(i, msg, timeout_ms, via)
@@ -28,21 +46,40 @@ end
 function Cluster:tell(i, msg, via)
   local d = self.devices[i]
   local ok, err = (via or d.ctl):send(msg, 2000)
-  if not ok then error(string.format("device %d (%s): %s", i, d.endpoint, err), 0) end
+  if not ok then error(lost(d, string.format("device %d (%s): %s", i, d.endpoint, err)), 0) end
 end
 
 -- Device i's answer to a `kind` message sent before, within timeout_ms (PONGs skipped, ERROR
--- raised, its key refused or its process gone reported at once).
+-- raised, its key refused reported at once). A device that is gone meanwhile raises a loss
+-- (Cluster:recover): its process exited, or, once the cluster has a plan, its heartbeat (pinged
+-- while we wait) is silent for dead_ms (past timeout_ms too: a device whose heartbeat answers
+-- but not the message is late, not lost); one without a heartbeat that does not answer in time.
 function Cluster:answer(i, kind, timeout_ms, via)
   local d = self.devices[i]
   local sock = via or d.ctl
-  local deadline = core.now_ms() + (timeout_ms or 10000)
+  local t0 = core.now_ms()
+  local limit, beat = timeout_ms or 10000, beat_ms(self)
+  -- (its heartbeat watched once planned: before, no request waits on the device, and a worker
+  -- counts the head's pings from its plan on)
+  local watch = d.hb and self.plan_table
+  local deadline, next_beat = t0 + limit, watch and t0 or math.huge
   while true do
-    local left = deadline - core.now_ms()
-    if left <= 0 then
-      error(string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, kind, (timeout_ms or 10000) / 1000), 0)
+    local now = core.now_ms()
+    local silent = 0
+    if watch then
+      read_pongs(d)
+      if now >= next_beat then d.hb:send({ kind = "PING" }, 0) next_beat = now + beat end
+      silent = now - math.max(d.last_seen or 0, t0) -- (heard before we asked: counts from the asking)
+      if silent > self.dead_ms then
+        error(lost(d, string.format("device %d (%s) has not answered for %.1f s: it hangs or is unreachable", i, d.endpoint,
+          silent / 1000)), 0)
+      end
     end
-    local r = sock:recv(math.min(left, 200), via and 64 * 1024 * 1024 or 1024 * 1024)
+    if now >= deadline and (not watch or silent <= 2 * beat) then
+      local msg = string.format("device %d (%s) did not answer %s within %.0f s", i, d.endpoint, kind, limit / 1000)
+      error(d.hb and msg or lost(d, msg), 0)
+    end
+    local r = sock:recv(math.max(1, math.min(deadline - now, next_beat - now, 200)), via and 64 * 1024 * 1024 or 1024 * 1024)
     if not r and sock:refused() > 0 then
       error(string.format("device %d (%s) refused our key: wrong cluster token? (give every member the same --token, LOIP_CLUSTER_TOKEN or --curve-keys)",
         i, d.endpoint), 0)
@@ -52,9 +89,45 @@ function Cluster:answer(i, kind, timeout_ms, via)
       return r
     end
     if d.pid and not alive(d.pid) then
-      error(string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5)), 0)
+      error(lost(d, string.format("device %d (%s, pid %d) exited:\n%s", i, d.endpoint, d.pid, tail(d.log, 5))), 0)
     end
   end
+end
+
+-- A round: msg to every device at once, then their answers (by device) within timeout_ms. One
+-- device's failure leaves no other's answer unread (it would be taken for the answer to that
+-- device's next exchange): every device told is answered before the first failure is raised.
+function Cluster:round(msg, timeout_ms)
+  local told, out, first = 0, {}, nil
+  for i = 1, #self.devices do
+    local ok, err = pcall(self.tell, self, i, msg)
+    if not ok then first = err break end
+    told = i
+  end
+  for i = 1, told do
+    local ok, r = pcall(self.answer, self, i, msg.kind, timeout_ms)
+    if ok then out[i] = r else first = first or r end
+  end
+  if first then error(first, 0) end
+  return out
+end
+
+-- err, met by a request's call to the cluster (a START, a LOOKUP round, an online policy's STATS
+-- or CHANGE, ...): when a control exchange found a device lost, it is a loss as a step's is (the
+-- others plan again: replan_after_loss) and a `replanned` error is returned (the batcher resumes
+-- every request from its tokens); told to fail on a loss, the error as text. Any other error is
+-- returned as it is, and so is a re-plan's failure.
+function Cluster:recover(err)
+  local d = type(err) == "table" and err.lost
+  if not d then return err end
+  local here = false
+  for _, x in ipairs(self.devices) do here = here or x == d end
+  if not here then return err.msg end -- (lost and planned without already)
+  d.failed = true
+  if (self.plan_opts and self.plan_opts.on_device_loss or "replan") ~= "replan" then return err.msg end
+  local ok, rerr = pcall(self.replan_after_loss, self, err.msg)
+  if not ok then return rerr end
+  return setmetatable({ replanned = true, msg = err.msg }, Replanned)
 end
 
 -- Wait for the result of step, watching every device. Returns the message.
@@ -122,16 +195,6 @@ function Cluster:await(step, timeout_ms)
       if r.kind == "RESULT" and r.step == step and r.plan_id == self.plan_id then return r end
     end
     if core.now_ms() > deadline then error("no result within " .. (timeout_ms or 600000) / 1000 .. " s", 0) end
-  end
-end
-
--- PONGs waiting on device d's heartbeat socket read: when it was last heard (d.last_seen) and
--- the last PING it answered (d.pong_step: a PONG carries its PING's step).
-local function read_pongs(d)
-  local b = d.hb and d.hb:recv(0)
-  while b do
-    if b.kind == "PONG" then d.last_seen, d.pong_step = core.now_ms(), b.step end
-    b = d.hb:recv(0)
   end
 end
 

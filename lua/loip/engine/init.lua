@@ -23,6 +23,9 @@
 --                starts with; cache_identity: the model's h_0; cache_stats() -> per device
 --                { groups, shared_groups, bytes, evictions }
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
+--              recover(err) (optional) -> err, or { replanned = true } when err (met by start,
+--                cache_lookup or an online policy's call) found a device lost and the engine
+--                planned again over the others: the batcher resumes every request then
 --              step_price(rows) (optional): the cost model's ms for a step of that many rows
 --   plan       restage(device, stage, offloaded): live, between steps (no token changes)
 --              lend(device, holder, groups) (optional: several devices): KV lending

@@ -22,9 +22,7 @@ function Cluster:start(seq, r)
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
     n_sample = r.n_sample or self.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share,
     attach = r.attach })
-  -- every device at once, then their answers
-  for i = 1, #self.devices do self:tell(i, { kind = "START", payload = body }) end
-  for i = 1, #self.devices do self:answer(i, "START", 10000) end
+  self:round({ kind = "START", payload = body }, 10000)
   self.active = (self.active or 0) + 1
 end
 
@@ -39,9 +37,7 @@ end
 -- holds for its layers (a LOOKUP round: the least of their answers).
 function Cluster:cache_lookup(keys)
   local body, k = json.encode({ keys = keys, disk = self.cache_disk }), #keys
-  for i = 1, #self.devices do self:tell(i, { kind = "LOOKUP", payload = body }) end
-  for i = 1, #self.devices do
-    local r = self:answer(i, "LOOKUP", 10000)
+  for _, r in ipairs(self:round({ kind = "LOOKUP", payload = body }, 10000)) do
     local held = r and r.payload and json.decode(r.payload).held or 0
     k = math.min(k, held)
   end

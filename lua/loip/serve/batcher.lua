@@ -152,15 +152,40 @@ function Batcher:admit()
       local ok, err = pcall(prefix_cache.admit, self, r)
       if ok then ok, err = pcall(self.engine.start, self.engine, r.seq, r) end
       if not ok then
-        self:retire(r, "error", err)
-        error(err, 0)
+        -- a device found lost meanwhile (its START or LOOKUP unanswered): the others plan again,
+        -- the running requests resume, and r waits first in the queue to be admitted on the new
+        -- plan; any other error is r's
+        self.free_seqs[#self.free_seqs + 1], r.seq = r.seq, nil
+        self.kv_used = self.kv_used - choices.reserve(r)
+        r.attach, r.cached_tokens = nil, nil
+        table.insert(self.queue, 1, r)
+        local resumed, rerr = self:resumed(err)
+        if not resumed then
+          table.remove(self.queue, 1)
+          self:retire(r, "error", rerr)
+          error(rerr, 0)
+        end
+        goto next
       end
       prefix_cache.started(r)
       r.state, r.t_admit = "prefill", self.now()
       self.running[#self.running + 1] = r
       choices.admit(self, r)
     end
+    ::next::
   end
+end
+
+-- err, met by a call to the engine while requests run: when the engine lost a device and
+-- planned again over the others (a step finds it so; engine.recover: so did a control round, a
+-- START, a LOOKUP, an online policy's STATS), every running request resumes from its tokens and
+-- true is returned. Else false and the error (err, or why the resuming or the re-plan failed).
+function Batcher:resumed(err)
+  if not (type(err) == "table" and err.replanned) and self.engine.recover then err = self.engine:recover(err) end
+  if not (type(err) == "table" and err.replanned) then return false, err end
+  local ok, rerr = pcall(self.resume_all, self)
+  if not ok then return false, rerr end
+  return true
 end
 
 -- r leaves the batch: its slot and KV go back (the engine is told, unless it failed).
@@ -265,13 +290,15 @@ function Batcher:step()
     engine_failed = not ok
   end
   self.stepping = nil
-  if not ok and type(outs) == "table" and outs.replanned then
-    -- the engine lost a device and planned again over the others, or the online policy had it
-    -- plan again for a longer context: every request's KV is gone; each is started again with
-    -- its tokens so far as its prompt (its sampler resumed where it was) and prefilled on the
-    -- new plan, so that it goes on with the tokens it would have had
-    self:resume_all()
-    return true
+  if not ok then
+    -- the engine lost a device and planned again over the others (in the step, or in the online
+    -- policy's STATS or CHANGE), or the online policy had it plan again for a longer context:
+    -- every request's KV is gone; each is started again with its tokens so far as its prompt
+    -- (its sampler resumed where it was) and prefilled on the new plan, so that it goes on with
+    -- the tokens it would have had
+    local resumed, err = self:resumed(outs)
+    if resumed then return true end
+    if err ~= outs then engine_failed, outs = true, err end
   end
   if not ok and engine_failed and self.online and self.online.policy
       and (tostring(outs):find("memory budget", 1, true) or tostring(outs):find("out of memory", 1, true)) then
@@ -389,6 +416,18 @@ end
 function Batcher:resume_all()
   self.resumes = (self.resumes or 0) + 1
   if self.online then self.online.memo = {} end
+  local ok, err = pcall(self.start_again, self)
+  -- (a device lost as they start again: the others plan again, and they start again once more;
+  -- each loss leaves one device fewer, and a cluster with none left fails)
+  while not ok do
+    if self.engine.recover then err = self.engine:recover(err) end
+    if not (type(err) == "table" and err.replanned) then error(err, 0) end
+    self.resumes = self.resumes + 1
+    ok, err = pcall(self.start_again, self)
+  end
+end
+
+function Batcher:start_again()
   for _, r in ipairs(self.running) do
     r.prompt0 = r.prompt0 or r.prompt
     local full = {}

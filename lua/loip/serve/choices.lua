@@ -108,7 +108,12 @@ function M.share(b, r)
       c.share, c.pos, c.state = at > 0 and { seq = r.seq, positions = at } or nil, at, "prefill"
       local ok, err = pcall(b.engine.start, b.engine, c.seq, c)
       c.share = nil
-      if not ok then b:retire(c, "error", err) end
+      if not ok then
+        -- (a device found lost: every request, this family's too, resumed on the others' plan)
+        local resumed, rerr = b:resumed(err)
+        if resumed then return end
+        b:retire(c, "error", rerr)
+      end
     end
   end
 end
