@@ -238,4 +238,33 @@ describe("a device dead while nothing runs", function()
     wait_until("worker 1 to exit", function() return not alive(w1) end, 25000)
     assert.matches("SIGTERM: the head head%-elsewhere%-head%-%d+ has not pinged us for .-: it is gone; leaving at once", T.read(log1))
   end)
+
+  it("a --listen worker leaving on SIGTERM leaves as soon as its head goes silent (it will not plan again)", function()
+    local st = T.slice_store(S260, "s260")
+    local w1, e1, log1 = worker()
+    local _, e2 = worker()
+    local head, dir = start(string.format("%s serve --model %s --hosts %s,%s --threads 1 --context 256 --port 0 --token %s "
+      .. "--dead-after 10000", T.loip, st, e1:gsub("^tcp://", ""), e2:gsub("^tcp://", ""), TOKEN))
+    local url
+    wait_until("the head to serve", function()
+      url = T.read_or_empty(dir .. "/out"):match("listening (http://%S+)")
+      return url ~= nil or not alive(head)
+    end, 60000)
+    assert(alive(head), "the head started: " .. T.read_or_empty(dir .. "/err"))
+    -- a request: before it starts, the head pings every device and waits for the answers, so
+    -- the worker has been pinged when it is done
+    local cl = client.new()
+    local status = complete(cl, url, st:match("([^/]+)$"))
+    cl:close()
+    assert.are.equal(200, status)
+    -- then the head stops answering (frozen: alive, but it pings and plans no more); the SIGTERM
+    -- comes within --dead-after of its last ping, so the worker first waits to be planned
+    -- without, and leaves once the head has been silent that long
+    os.execute("kill -STOP " .. head)
+    os.execute("kill -TERM " .. w1)
+    wait_until("worker 1 to exit (before the 30 s it gives a live head)", function() return not alive(w1) end, 25000, { log1 })
+    assert.matches("SIGTERM: leaving the cluster once the head planned without us", T.read(log1), 1, true)
+    assert.matches("SIGTERM: the head %S+ has not pinged us for .-: it is gone; leaving at once", T.read(log1))
+    os.execute("kill -KILL " .. head)
+  end)
 end)

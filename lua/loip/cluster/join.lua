@@ -69,14 +69,16 @@ function M.keep_running(w)
   local host, pid = w.owner.id:match("^head%-(.+)%-(%d+)$")
   if host and host == w.hostname and not require("loip.cluster.proc").alive(tonumber(pid)) then return false end
   local now = core.now_ms()
+  -- (asked at the signal and on every turn after it: a head that dies while we wait for it to
+  -- plan without us will not plan again)
+  local last = w.hb and require("loip.runtime.transport").heartbeat_last_ping(w.hb)
+  local patience = d.head_dead_ms or require("loip.cluster").DEAD_MS -- (a plan that did not say)
+  if not last or now - last > patience then
+    log("SIGTERM: the head %s has not pinged us for %s: it is gone; leaving at once", w.owner.id,
+      last and string.format("%.1f s", (now - last) / 1000) or "ever")
+    return false
+  end
   if not w.leaving then
-    local last = w.hb and require("loip.runtime.transport").heartbeat_last_ping(w.hb)
-    local patience = d.head_dead_ms or require("loip.cluster").DEAD_MS -- (a plan that did not say)
-    if not last or now - last > patience then
-      log("SIGTERM: the head %s has not pinged us for %s: it is gone; leaving at once", w.owner.id,
-        last and string.format("%.1f s", (now - last) / 1000) or "ever")
-      return false
-    end
     w.leaving = { deadline = now + LEAVE_WAIT_MS }
     log("SIGTERM: leaving the cluster once the head planned without us (at most %d s)", LEAVE_WAIT_MS / 1000)
   end
