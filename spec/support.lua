@@ -150,6 +150,16 @@ end
 
 -- A slice store of the model at src (sliced once per name and kept until M.drop_stores()).
 local stores = {}
+-- Flip one bit (0x10) of the byte at offset in the file at path: a damaged block.
+function M.flip_bit(path, offset)
+  local f = assert(io.open(path, "r+b"))
+  f:seek("set", offset)
+  local b = f:read(1)
+  f:seek("set", offset)
+  f:write(string.char(bit.bxor(b:byte(), 0x10)))
+  f:close()
+end
+
 function M.slice_store(src, name)
   if not stores[name] then
     local dir = os.tmpname()

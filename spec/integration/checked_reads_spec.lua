@@ -24,12 +24,7 @@ describe("checked reads", function()
     local ref = out0.token_ids
     -- flip one bit of an offloaded block file
     local path = st .. "/layer-002-mlp.bin"
-    local f = assert(io.open(path, "r+b"))
-    f:seek("set", 5000)
-    local b = f:read(1)
-    f:seek("set", 5000)
-    f:write(string.char(bit.bxor(b:byte(), 0x10)))
-    f:close()
+    T.flip_bit(path, 5000)
     for _, extra in ipairs({ "--mem 1400K", "--devices 2 --mem 1000K,1000K" }) do
       local rc, _, err = generate(st, extra .. " --verify-reads")
       assert.are.equal(1, rc)

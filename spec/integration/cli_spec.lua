@@ -170,12 +170,7 @@ describe("loip generate", function()
     local dir = T.tmpdir()
     local st = dir .. "/st"
     require("loip.model.slice").write(MODEL, st, { quiet = true })
-    local f = assert(io.open(st .. "/layer-002-mlp.bin", "r+b")) -- (a damaged block, read in the prompt's step)
-    f:seek("set", 5000)
-    local b = f:read(1)
-    f:seek("set", 5000)
-    f:write(string.char(bit.bxor(b:byte(), 0x10)))
-    f:close()
+    T.flip_bit(st .. "/layer-002-mlp.bin", 5000) -- (a damaged block, read in the prompt's step)
     for _, extra in ipairs({ "--mem 1400K", "--devices 2 --mem 1000K,1000K" }) do
       local cmd = string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens 8 --verify-reads %s", loip, st,
         q("Once upon a time"), extra)

@@ -12,10 +12,11 @@ local S260 = T.root .. "/models/stories260K"
 local store_of = T.slice_store
 teardown(T.drop_stores)
 
-local function reference(st, n)
+-- One device's greedy tokens of prompt (default "Once upon a time"), n at most.
+local function reference(st, n, prompt)
   local m = loip.model.open(st, { context = 512, threads = 1 })
   -- (with the model's stop ids, as loip generate has them: this story ends after 341 tokens)
-  local it, s = m:generate("Once upon a time", { temperature = 0, max_tokens = n })
+  local it, s = m:generate(prompt or "Once upon a time", { temperature = 0, max_tokens = n })
   for _ in it do end
   m:close()
   return s.token_ids
@@ -158,17 +159,14 @@ describe("online adaptation", function()
     -- 3 devices whose budgets hold 480 positions only in a plan made for them: planned for 64,
     -- device 2 runs out at about 240 with every block offloaded; planned for 256, device 1 at 401
     local st = store_of(S260, "s260")
-    local m = loip.model.open(st, { context = 512, threads = 1 })
-    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
-    for _ in it0 do end
-    m:close()
+    local s0_ids = reference(st, 480, "A big red ball")
     for _, pc in ipairs({ 64, 256 }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
         .. "--json --devices 3 --mem 790K,770K,800K --context 512 --link-rate 100mbit --max-tokens 480 --plan-positions %d",
         T.loip, st, pc))
       assert.are.equal(0, rc, err)
       local j = json.decode(out)
-      assert.are.same(s0.token_ids, j.token_ids)
+      assert.are.same(s0_ids, j.token_ids)
       local replans = 0
       for _, a in ipairs(j.adaptations) do
         if a.replan then
@@ -190,17 +188,14 @@ describe("online adaptation", function()
     -- planned for 64 positions, the re-plan for 496 holds the 9 rows an automatic draft length
     -- may verify (8 drafts and the request's token) on no device; with fewer it does
     local st = store_of(S260, "s260")
-    local m = loip.model.open(st, { context = 512, threads = 1 })
-    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
-    for _ in it0 do end
-    m:close()
+    local s0_ids = reference(st, 480, "A big red ball")
     for _, draft in ipairs({ "ngram", "self:layers=all" }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
         .. "--json --devices 3 --mem 790K,770K,800K --context 512 --max-tokens 480 --plan-positions 64 --online loip --draft %s",
         T.loip, st, draft))
       assert.are.equal(0, rc, draft .. ": " .. err)
       local j = json.decode(out)
-      assert.are.same(s0.token_ids, j.token_ids, draft)
+      assert.are.same(s0_ids, j.token_ids, draft)
       assert.is_true(j.draft.drafted > 0, draft)
       local gave_way = 0
       for _, a in ipairs(j.adaptations) do
@@ -215,13 +210,10 @@ describe("online adaptation", function()
       end
     end
     -- the first plan alike: 985K each holds the full context's plan with fewer draft rows only
-    local m1 = loip.model.open(st, { context = 512, threads = 1 })
-    local it1, s1 = m1:generate("Once upon a time", { temperature = 0, max_tokens = 40 })
-    for _ in it1 do end
-    m1:close()
+    local s1_ids = reference(st, 40, "Once upon a time")
     local rc, j, err = T.generate_json(st, "--devices 2 --mem 985K,985K --context 512 --max-tokens 40 --draft ngram")
     assert.are.equal(0, rc, err)
-    assert.are.same(s1.token_ids, j.token_ids)
+    assert.are.same(s1_ids, j.token_ids)
     assert.is_true(j.draft.plan_rows > 0 and j.draft.plan_rows < 8, "draft rows " .. tostring(j.draft.plan_rows))
     for i, d in ipairs(j.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i) end
   end)
@@ -229,10 +221,7 @@ describe("online adaptation", function()
   it("prints --json's object of a run that failed after it started: the tokens so far and the error", function()
     -- budgets the re-plan for 496 positions cannot meet: the run stops at about 200 positions
     local st = store_of(S260, "s260")
-    local m = loip.model.open(st, { context = 512, threads = 1 })
-    local it0, s0 = m:generate("A big red ball", { temperature = 0, max_tokens = 480 })
-    for _ in it0 do end
-    m:close()
+    local s0_ids = reference(st, 480, "A big red ball")
     for _, where in ipairs({ "--devices 3 --mem 700K,700K,700K", "--mem 900K" }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
         .. "--json %s --context 512 --max-tokens 480 --plan-positions 64", T.loip, st, where))
@@ -244,7 +233,7 @@ describe("online adaptation", function()
       assert.are.equal("error", j.stop_reason)
       assert.is_true(#j.token_ids > 100 and #j.token_ids < 480, where .. ": " .. #j.token_ids .. " tokens")
       assert.are.equal(#j.token_ids, j.generated_tokens)
-      for k, id in ipairs(j.token_ids) do assert.are.equal(s0.token_ids[k], id, where .. ": token " .. k) end
+      for k, id in ipairs(j.token_ids) do assert.are.equal(s0_ids[k], id, where .. ": token " .. k) end
       assert.is_true(#j.text > 0)
     end
   end)
