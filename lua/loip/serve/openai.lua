@@ -3,6 +3,7 @@
 -- streamed chunks built from a finished or running request. No I/O here.
 local json = require "loip.tools.json"
 local tools = require "loip.serve.tools"
+local utf8 = require "loip.text.utf8"
 
 local M = {}
 
@@ -20,27 +21,7 @@ function M.error(status, message, kind, param, code)
 end
 
 -- Whether s is well-formed UTF-8 (cjson lets malformed bytes through).
-function M.utf8_valid(s)
-  local i, n = 1, #s
-  while i <= n do
-    local c = s:byte(i)
-    if c < 0x80 then i = i + 1
-    else
-      local len = c >= 0xF0 and c <= 0xF4 and 4 or c >= 0xE0 and 3 or c >= 0xC2 and c < 0xE0 and 2 or 0
-      if len == 0 or i + len - 1 > n then return false end
-      for k = 1, len - 1 do
-        local b = s:byte(i + k)
-        if b < 0x80 or b > 0xBF then return false end
-      end
-      local c2 = s:byte(i + 1)
-      if (c == 0xE0 and c2 < 0xA0) or (c == 0xED and c2 > 0x9F) or (c == 0xF0 and c2 < 0x90) or (c == 0xF4 and c2 > 0x8F) then
-        return false
-      end
-      i = i + len
-    end
-  end
-  return true
-end
+M.utf8_valid = utf8.valid -- (loip.text.utf8: one check of UTF-8 for the project)
 
 -- Fields each endpoint knows; those accepted and ignored are listed with what they must be.
 local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
