@@ -99,6 +99,15 @@ local function kinds(h)
   return table.concat(out, ",")
 end
 
+-- `loip serve` of store st on the --listen workers at hosts (host:port each), --join-listen on:
+-- its API's URL, stderr path, the endpoint workers join, and the URL without /v1.
+local function serve_hosts(st, hosts, max_batch, dead_ms)
+  local url, _, errlog = T.serve(string.format("--model %s --hosts %s --threads 1 --context 256 --max-batch %d --token %s "
+    .. "--join-listen 127.0.0.1:0 --dead-after %d", st, table.concat(hosts, ","), max_batch, TOKEN, dead_ms), { verbose = true })
+  local joins = T.read_or_empty(errlog:gsub("err$", "out")):match("joins tcp://(%S+)")
+  return url, errlog, joins, url:gsub("/v1$", "")
+end
+
 describe("a device dead while nothing runs", function()
   it("--hosts: a worker killed idle is a loss, logged; the next request completes; a join and a drain of a dead device are answered at once", function()
     local st = T.slice_store(S260, "s260")
@@ -110,10 +119,7 @@ describe("a device dead while nothing runs", function()
     end
     local hosts = {}
     for k, w in ipairs(eps) do hosts[k] = w.ep:gsub("^tcp://", "") end
-    local url, _, errlog = T.serve(string.format("--model %s --hosts %s --threads 1 --context 256 --max-batch 2 --token %s "
-      .. "--join-listen 127.0.0.1:0 --dead-after 3000", st, table.concat(hosts, ","), TOKEN), { verbose = true })
-    local joins = T.read_or_empty(errlog:gsub("err$", "out")):match("joins tcp://(%S+)")
-    local base = url:gsub("/v1$", "")
+    local url, errlog, joins, base = serve_hosts(st, hosts, 2, 3000)
     local cl = client.new()
     local status, text = complete(cl, url, model)
     assert.are.equal(200, status, text)
@@ -172,10 +178,7 @@ describe("a device dead while nothing runs", function()
       w[k] = { pid = pid, ep = ep:gsub("^tcp://", "") }
     end
     -- 4 requests' KV: two budgets of 1500K hold the model, one does not
-    local url, _, errlog = T.serve(string.format("--model %s --hosts %s,%s --threads 1 --context 256 --max-batch 4 --token %s "
-      .. "--join-listen 127.0.0.1:0 --dead-after 1000", st, w[1].ep, w[2].ep, TOKEN), { verbose = true })
-    local joins = T.read_or_empty(errlog:gsub("err$", "out")):match("joins tcp://(%S+)")
-    local base = url:gsub("/v1$", "")
+    local url, errlog, joins, base = serve_hosts(st, { w[1].ep, w[2].ep }, 4, 1000)
     local cl = client.new()
     os.execute("kill -KILL " .. w[2].pid)
     wait_until("the loss in /health", function() return get_json(cl, base .. "/health").device_losses == 1 end)

@@ -143,19 +143,17 @@ end
 -- choose(0)'s error when no plan fits even without draft rows.
 local function fit_draft_rows(k, choose)
   local ok, c = pcall(choose, k)
-  if not ok and k > 0 then
-    local ok0, c0 = pcall(choose, 0)
-    if not ok0 then error(c0, 0) end
+  if not ok then
+    if k == 0 then error(c, 0) end
+    c = choose(0) -- (raises when no plan holds even none)
     local lo, hi = 0, k -- (lo fits, hi does not)
-    c = c0
     while hi - lo > 1 do
       local mid = math.floor((lo + hi) / 2)
       local okm, cm = pcall(choose, mid)
       if okm then lo, c = mid, cm else hi = mid end
     end
-    ok, k = true, lo
+    k = lo
   end
-  if not ok then error(c, 0) end
   c.draft_rows = k
   return c
 end
