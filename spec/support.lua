@@ -218,7 +218,7 @@ function M.serve(args, opts)
 end
 
 -- A streamed completion (POST url/completions with body, a table, stream = true added) on the
--- loip.serve.client cl: its transfer, whose .events counts the chunks come so far and .pieces
+-- loip.runtime.http_client cl: its transfer, whose .events counts the chunks come so far and .pieces
 -- gathers their text.
 function M.stream_completion(cl, url, body, headers)
   body.stream = true

@@ -19,7 +19,7 @@ local submodules = {
   disk = "loip.plan.disk", calibration = "loip.plan.calibration", hub = "loip.model.hub",
   cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",
   gguf = "loip.model.gguf", pull = "loip.model.pull", sim = "loip.sim", server = "loip.serve.server",
-  batcher = "loip.serve.batcher", client = "loip.serve.client", online = "loip.serve.online",
+  batcher = "loip.engine.request.batcher", client = "loip.runtime.http_client", online = "loip.engine.request.online",
   load = "loip.serve.load", openai = "loip.serve.openai", store = "loip.model.store", roofline = "loip.sim.roofline",
   tp = "loip.sim.tp", experiments = "loip.sim.experiments", space = "loip.plan.space", files = "loip.tools.files",
   suggest = "loip.tools.suggest", refine = "loip.plan.refine", engine = "loip.engine",

@@ -95,7 +95,7 @@ M.kinds = {
   device = { needs = { "profile" }, args = 1,
     about = "a device one does not own: its published figures (loip.sim.roofline.device); profile(shape, params) -> a loip profile" },
   draft = { needs = { "propose" }, args = 2,
-    about = "a speculative decoding draft: propose(request, ctx, params) -> draft token ids (request: ids, n, k wanted, id, seq, memo); optional open, length, on_step, finish, close, propose_tree (the setting tree=on: { ids, parents }, a tree of drafts, loip.serve.tree)" },
+    about = "a speculative decoding draft: propose(request, ctx, params) -> draft token ids (request: ids, n, k wanted, id, seq, memo); optional open, length, on_step, finish, close, propose_tree (the setting tree=on: { ids, parents }, a tree of drafts, loip.engine.request.tree)" },
   experts = { needs = { "configure" }, args = 1,
     about = "an expert cache policy (mixture of experts): configure(ctx, params) -> { replacement = \"lru\" | \"lfu\" | \"static\" | \"all\", prefetch = layers predicted ahead, min_accuracy, probe_every, pins = { { layer, expert } } } (ctx: slots, layers, experts, used, routing)" },
   tools = { needs = { "serves", "parse", "stream", "grammar" }, args = 1,

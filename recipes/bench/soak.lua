@@ -18,7 +18,7 @@
 -- a plot of the RSS (soak.svg); exit 1 when a request was lost or wrong or something leaked.
 local bench = require "loip.tools.bench"
 local core = require "loip.core"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local flags = require "loip.tools.flags"
 local json = require "loip.tools.json"
 local leak = require "loip.tools.leak"

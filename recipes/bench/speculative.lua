@@ -69,7 +69,7 @@ local disk = assert(flags.parse_bytes(o.disk_rate), "--disk-rate: not a size")
 -- every variant is planned for the largest verifying step's logits rows (the last device's
 -- buffer, in its activations), so that all of them run the same plan: the comparison is of
 -- drafting alone, not of plans offloading more or less
-local LOGITS_ROWS = require("loip.serve.draft").MAX + 1
+local LOGITS_ROWS = require("loip.engine.request.draft").MAX + 1
 for k in o.ks:gmatch("%d+") do LOGITS_ROWS = math.max(LOGITS_ROWS, tonumber(k) + 1) end
 
 -- One generation on cluster c planned with draft d (a name, or nil) and k: tokens/s over the

@@ -218,7 +218,7 @@ LOIP_API void loip_session_kv_share_stats(const loip_session *s, loip_kv_share_s
     st->n_groups = s->n_groups;
 }
 
-/* ---- the disk tier's copies (loip.serve.prefix_disk) ------------------------------------- */
+/* ---- the disk tier's copies (loip.engine.request.prefix_disk) ------------------------------------- */
 
 LOIP_API int loip_session_kv_touch(loip_session *s, int32_t id) {
     int rc = check_held(s, "KV touch", id);

@@ -895,7 +895,7 @@ enum {
     LOIP_MSG_DRAFT = 23,   /* head -> device: speculative decoding's draft run there (JSON: plan_id,
                               op open|propose|release|close; reply: DRAFT, JSON) */
     LOIP_MSG_LOOKUP = 24,  /* head -> device: which of a prompt's leading KV group keys it holds
-                              (JSON: keys; reply: READY, JSON held; loip.serve.prefix_cache) */
+                              (JSON: keys; reply: READY, JSON held; loip.engine.request.prefix_cache) */
     LOIP_MSG_SHIP = 25,    /* head -> device, on the bulk link: block files shipped into its cache
                               (JSON op need|check, reply SHIP, JSON; or flags 1: a chunk of file
                               hop of the manifest at offset step, no reply; loip.cluster.cache) */

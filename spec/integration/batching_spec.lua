@@ -1,4 +1,4 @@
--- Many requests at once (loip.serve.batcher): interleaved generate iterators each get their own
+-- Many requests at once (loip.engine.request.batcher): interleaved generate iterators each get their own
 -- tokens (they used to get each other's), and concurrent greedy requests in one micro-batch,
 -- in-process or on 3 local devices that offload, each give exactly run.c's text for their
 -- prompt; a cancelled request frees its slot and KV; requests that do not fit wait, ones that

@@ -1,4 +1,4 @@
--- n > 1 choices of one prompt (loip.serve.choices): the prompt prefilled once and its KV shared
+-- n > 1 choices of one prompt (loip.engine.request.choices): the prompt prefilled once and its KV shared
 -- copy-on-write by the n sequences. At temperature 0 the n choices are equal to each other and to
 -- the request alone (run.c's text), in-process and on 3 local devices that offload; at 0.8 each
 -- choice draws from its own stream (seed + its index); the shared groups are reserved once and

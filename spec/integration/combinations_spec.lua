@@ -9,7 +9,7 @@
 -- loip answers instead, checked too: on one device the server's own process runs the model, so
 -- there is no worker to kill, join or drain.
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"
 local pw = require "spec.support.pairwise"

@@ -7,7 +7,7 @@
 -- On one device the snapshot and the stream show that device; a client too slow for its
 -- stream is dropped without holding the serving loop; a device's loss is streamed.
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"
 local chromium = require "spec.support.chromium"

@@ -167,7 +167,7 @@ describe("recipes/deploy #net", function()
       local okc, errc = pcall(function()
         assert.are.equal(0, rc, e)
         local url = assert(out:match("serving at (http://%S+)"), out)
-        local cl = require("loip.serve.client").new()
+        local cl = require("loip.runtime.http_client").new()
         local t = cl:post(url .. "/completions", json.encode({ model = store:match("([^/]+)$"), prompt = "Once upon a time",
           max_tokens = 40, temperature = 0 }))
         cl:wait(60000)

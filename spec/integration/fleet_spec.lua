@@ -6,7 +6,7 @@
 -- on all three; a drained worker leaves without a failed request.
 local loip = require "loip"
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"
 

@@ -1,4 +1,4 @@
--- Sampling at the head (loip.serve.head_sample): a request asking for logprobs gets the log of
+-- Sampling at the head (loip.engine.request.head_sample): a request asking for logprobs gets the log of
 -- the model's probabilities of its chosen tokens (checked against m:logits, the model's own
 -- logits at every position) and its tokens are those it gets without them, greedy or sampled
 -- with a seed, in-process and on 3 offloading devices (the last device returns logits rows).

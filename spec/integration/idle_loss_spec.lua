@@ -8,7 +8,7 @@
 -- once on SIGTERM.
 local loip = require "loip"
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"
 local alive = require("loip.cluster.proc").alive

@@ -6,7 +6,7 @@
 -- token is refused, and both sides log it; so is one holding another slice store.
 local loip = require "loip"
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"
 local alive = require("loip.cluster.proc").alive

@@ -1,4 +1,4 @@
--- The exact prefix cache (loip.serve.prefix_cache, docs/prefix-cache.md): a second request
+-- The exact prefix cache (loip.engine.request.prefix_cache, docs/prefix-cache.md): a second request
 -- sharing a prefix with an earlier one adopts the KV groups the devices hold and computes only
 -- the rest, and gives the tokens it gives without the cache (temperature 0), on one device and
 -- on 3 local devices that offload; the logits computed after adopted groups are bit-identical to a
@@ -9,11 +9,11 @@
 -- (prefix_cache = false) keeps nothing.
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local exec = require "loip.runtime.exec"
 local ffi = require "ffi"
 local json = require "loip.tools.json"
-local prefix_cache = require "loip.serve.prefix_cache"
+local prefix_cache = require "loip.engine.request.prefix_cache"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)
@@ -251,7 +251,7 @@ describe("the prefix cache's disk tier", function()
     m:close()
     -- a bound of 3 files: the least recently used go
     m = loip.model.open(S260, { threads = 1, context = 512, prefix_cache = true, prompt_cache_dir = dir,
-      prompt_cache_disk = 3 * require("loip.serve.prefix_disk").HEADER * 6 })
+      prompt_cache_disk = 3 * require("loip.engine.request.prefix_disk").HEADER * 6 })
     b = m:batcher()
     run(b, pa)
     assert.is_true(b.engine:cache_stats()[1].disk_bytes <= 3 * 4096 * 6)

@@ -3,7 +3,7 @@
 -- request repeatable, and asking for logprobs changes no token; usage reports cached prompt
 -- tokens; bad input is a 400 naming the field.
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

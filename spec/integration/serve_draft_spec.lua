@@ -7,7 +7,7 @@
 -- verifying step on its head process.
 local json = require "loip.tools.json"
 local core = require "loip.core"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

@@ -5,7 +5,7 @@
 -- its request's KV; past the queue the server answers 429 with Retry-After.
 local json = require "loip.tools.json"
 local core = require "loip.core"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

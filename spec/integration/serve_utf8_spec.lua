@@ -5,7 +5,7 @@
 -- mixture of experts whose greedy tokens are ill-formed bytes: `loip generate --json` and the
 -- Anthropic API (whole and streamed) write U+FFFD for them, with the token ids unchanged.
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local valid = require("loip.text.tokenizers.decoder").valid -- (a checker apart from loip.text.utf8's)
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

@@ -1,4 +1,4 @@
--- Speculative decoding's tree mode (loip.serve.tree): a tree of drafts verified in one step
+-- Speculative decoding's tree mode (loip.engine.request.tree): a tree of drafts verified in one step
 -- gives exactly the tokens of no speculation (greedy), in-process and on 3 local devices, with
 -- another request in the batch, and sampling the tokens of no speculation for a seeded request;
 -- a tree node's logits are those of its path run as a chain.

@@ -2,7 +2,7 @@
 -- a `loip serve` per (engine, model, draft, online) shared by the rows that leave it as they found
 -- it, the single device's references, and one row of the covering array run and checked.
 local json = require "loip.tools.json"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"
 local alive = require("loip.cluster.proc").alive

@@ -1,10 +1,10 @@
--- n > 1 choices in the request loop (loip.serve.choices) over an engine that only records what it
+-- n > 1 choices in the request loop (loip.engine.request.choices) over an engine that only records what it
 -- is asked: the choices are admitted together with the prompt's full groups reserved once; the
 -- first prefills all but the prompt's last token, then the others start sharing those positions
 -- and all compute the last token in one step; the reservation comes back whole; a first choice
 -- cancelled while queued takes the others with it; beside an online policy that may lend KV,
 -- n > 1 is refused naming n and the prefix cache stays off.
-local batcher = require "loip.serve.batcher"
+local batcher = require "loip.engine.request.batcher"
 local SAMPLE = require("loip.core").constants.tokf.SAMPLE
 
 local function engine(o)

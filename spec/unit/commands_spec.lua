@@ -136,7 +136,7 @@ end)
 
 describe("the online policy a run gets", function()
   it("is the one named, none for none, else loip when planned for fewer positions", function()
-    local choose = require("loip.serve.online").choose
+    local choose = require("loip.engine.request.online").choose
     assert.is_nil(choose(nil, nil))
     assert.are.equal("loip", choose(nil, 32))
     assert.is_nil(choose("none", 32))

@@ -1,7 +1,7 @@
--- Speculative decoding's tree mode, its Lua side (loip.serve.tree): trees from candidate paths
+-- Speculative decoding's tree mode, its Lua side (loip.engine.request.tree): trees from candidate paths
 -- (the first path's nodes first), ngram's tree of earlier matches, the KV a request keeps after
 -- a tree step and the tokens it feeds again, and a policy's tree checked.
-local tree = require "loip.serve.tree"
+local tree = require "loip.engine.request.tree"
 local policy = require "loip.policy"
 
 describe("tree mode of speculative decoding", function()

@@ -337,7 +337,7 @@ describe("tool-call grammars", function()
     assert.is_nil(tools.grammar({ tools = TOOLS, tool_choice = "auto" }, p, schema_gbnf))
     assert.is_nil(tools.grammar({ tools = TOOLS, tool_choice = "none" }, p, schema_gbnf))
     assert.matches("^root ::=", tools.grammar({ tools = TOOLS, tool_choice = "required", parallel_tool_calls = true }, p, schema_gbnf))
-    -- as loip.serve.constrain takes a format; a schema the grammar cannot take names its function
+    -- as loip.engine.request.constrain takes a format; a schema the grammar cannot take names its function
     local f = tools.format({ tools = TOOLS, tool_choice = { name = "get_time" }, parallel_tool_calls = false }, p, schema_gbnf)
     assert.are.same({ "gbnf", "tools" }, { f.type, f.param })
     assert.matches("tool1%-call", f.gbnf)

@@ -137,7 +137,7 @@ end
 -- Speculative decoding's rows are an optimisation, never the reason a plan fails: the last
 -- device computes the logits of every row it verifies, each decoding request's last token and
 -- its k drafts (its result buffer, in the plan's activations, is sized for them). A plan is
--- made for the k asked (--draft-tokens, else the most loip.serve.draft drafts); when none holds
+-- made for the k asked (--draft-tokens, else the most loip.engine.request.draft drafts); when none holds
 -- them, for fewer (the most that fit, by halving), then for none. choose(k) returns the plan
 -- for k draft rows a request (a table) or raises; returns it with draft_rows = k. Raises
 -- choose(0)'s error when no plan fits even without draft rows.
@@ -184,7 +184,7 @@ end
 -- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
 -- loip_session_set_kv_growth), plan_positions (KV positions the plan's memory holds, default
 -- kv_tokens; fewer: the pool grows inside the budget and the online policy, opts.online, makes
--- room as it does: loip.serve.online), link_schedule (a "links" policy name or path: the
+-- room as it does: loip.engine.request.online), link_schedule (a "links" policy name or path: the
 -- emulated links change between steps),
 -- loader, overlap_loads, disk_rate (bytes/s, once or per device), link = { rate, delay_ms }
 -- (each once or per link: link i runs from device i to the next, emulated where it arrives),
@@ -238,7 +238,7 @@ function Cluster:plan(opts)
   -- (chosen already, on this problem: Cluster:replan_kv)
   local c = opts.plan_chosen
   if not c then
-    local k = drafting and (opts.draft_tokens or require("loip.serve.draft").MAX) or 0
+    local k = drafting and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
     c = fit_draft_rows(k, choose)
   end
   local sizes, est, info = c.sizes, c.estimate, c.info
@@ -339,7 +339,7 @@ function Cluster:lend(i, holder, groups)
 end
 
 -- Plan again for `positions` KV positions, the requests kept (an online policy's last resort,
--- loip.serve.online's control.replan: the KV cache outgrew the plan and neither restaging nor
+-- loip.engine.request.online's control.replan: the KV cache outgrew the plan and neither restaging nor
 -- lending makes room): the same scheduler and options; every device loads its new part, the
 -- running requests' KV is gone and the batcher prefills them again, as after a device loss, so
 -- no token changes. A plan that was given (opts.plan) is not replaced. Raises naming the
@@ -356,7 +356,7 @@ function Cluster:replan_kv(positions)
   opts.plan_positions, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
   -- rows give way before it fails: fit_draft_rows)
-  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or require("loip.serve.draft").MAX) or 0
+  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
   local ok, chosen = pcall(fit_draft_rows, k, function(rows)
     local c = { sizes = self:plan_sizes(opts, rows) }
     c.problem = self:problem(opts, c.sizes)

@@ -1,5 +1,5 @@
 -- Speculative decoding's draft run on a device of the cluster (--draft-device N|auto) rather than
--- in the head's process: the `self` and `model` drafts' loip.serve.drafter, opened in the worker
+-- in the head's process: the `self` and `model` drafts' loip.engine.request.drafter, opened in the worker
 -- and charged to its budget (the scheduler planned the device's part with that much less). The
 -- head keeps, per slot, the tokens the device's draft has; each proposal sends only what it
 -- lacks (DRAFT messages: open, propose, release, close; docs/serving.md, "Speculative decoding").
@@ -66,7 +66,7 @@ function Remote:ask(body)
   return json.decode(r.payload)
 end
 
--- As loip.serve.drafter's: k drafts after req.ids, the device sent what it lacks of them.
+-- As loip.engine.request.drafter's: k drafts after req.ids, the device sent what it lacks of them.
 function Remote:propose(req, k, vocab)
   if k <= 0 then return {} end
   if self.plan_id ~= self.c.plan_id then self:reopen(self.c.draft_device) end
@@ -108,7 +108,7 @@ function M.handle(d, store, body)
   if op == "open" then
     if d.drafter then d.drafter:close() d.drafter = nil end
     local before = d.budget:used()
-    d.drafter = require("loip.serve.drafter").open(body.path or store, { layers = body.layers, context = body.context,
+    d.drafter = require("loip.engine.request.drafter").open(body.path or store, { layers = body.layers, context = body.context,
       max_seqs = body.max_seqs, budget = d.budget, threads = 1, tokenizer = false })
     d.draft_ids = {}
     return { bytes = d.budget:used() - before }

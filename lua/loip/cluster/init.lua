@@ -8,7 +8,7 @@
 --   local c = cluster.start_local{ store = dir, devices = 3, mem = { "600M", "400M", "400M" } }
 --   c:plan{ scheduler = "loip" }              -- or plan = table / file; stages = S
 --   for id in c:generate(ids, { max_tokens = 20, sampler = { temperature = 0 } }) do ... end
---   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.serve.batcher)
+--   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.engine.request.batcher)
 --   c:close()
 local core = require "loip.core"
 local json = require "loip.tools.json"

@@ -5,7 +5,7 @@
 -- socket), and one list of membership events, joins, leaves and losses alike (c.membership:
 -- step, device, endpoint, kind, replan_ms, requests). Each change is made between steps: the
 -- head plans again over the new set with the same scheduler and options (Cluster:plan), and the
--- caller resumes every running request from its tokens (loip.serve.batcher's resume_all), as
+-- caller resumes every running request from its tokens (loip.engine.request.batcher's resume_all), as
 -- after a loss: no token changes. Methods of loip.cluster's Cluster.
 local core = require "loip.core"
 local json = require "loip.tools.json"

@@ -18,7 +18,7 @@ local M = {
 }
 
 function M.run(o)
-  local client = require "loip.serve.client"
+  local client = require "loip.runtime.http_client"
   local json = require "loip.tools.json"
   local url = o.url:gsub("/+$", "")
   local key = o.api_key or os.getenv("LOIP_API_KEY") or os.getenv("OPENAI_API_KEY")

@@ -23,7 +23,7 @@ function M.run(o, pos)
   local url = o.url:gsub("/+$", "")
   local key = o.api_key or os.getenv("LOIP_API_KEY")
   local headers = key and key ~= "" and { Authorization = "Bearer " .. key } or {}
-  local cl = require("loip.serve.client").new()
+  local cl = require("loip.runtime.http_client").new()
   local t
   if what == "drain" and tonumber(pos[2]) and not pos[3] then
     headers["Content-Type"] = "application/json"

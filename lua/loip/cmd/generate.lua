@@ -134,14 +134,14 @@ local function run_cluster(o)
       on_device_loss = o.on_device_loss,
       disk_rate = set.disk_rate,
       link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
-      online = require("loip.serve.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule,
+      online = require("loip.engine.request.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule,
       draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile) }
     if o.save_plan then require("loip.plan").save(o.save_plan, p) end
     if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
     local before = c:stats()
     local steps0 = c:batcher().stats.steps
-    if o.trace then require("loip.serve.draft_trace").record(c:batcher().draft) end
+    if o.trace then require("loip.engine.request.draft_trace").record(c:batcher().draft) end
     local it, st = c:generate(o.prompt, { max_tokens = o.max_tokens, seed = o.seed, tokenizer = tok, ignore_eos = o.ignore_eos,
       temperature = o.temperature, top_k = o.top_k, top_p = o.top_p, min_p = o.min_p, repetition_penalty = o.repeat_penalty })
     local ids = st.prompt_ids
@@ -156,8 +156,8 @@ local function run_cluster(o)
     local after = c:stats()
     if o.trace then
       local tr = c:collect_trace(require("loip.tools.trace").new())
-      require("loip.serve.online").add_to_trace(tr, c:batcher().adaptations)
-      require("loip.serve.draft_trace").add_to_trace(tr, c:batcher().draft)
+      require("loip.engine.request.online").add_to_trace(tr, c:batcher().adaptations)
+      require("loip.engine.request.draft_trace").add_to_trace(tr, c:batcher().draft)
       tr:write(o.trace)
       if not o.json then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), o.trace)) end
     end
@@ -208,7 +208,7 @@ local function run_cluster(o)
           i, d.compute_ms, d.load_ms, d.stall_ms, d.send_ms, d.recv_wait_ms))
       end
       for _, a in ipairs(c:batcher().adaptations) do
-        io.stderr:write("  ", require("loip.serve.online").describe(a), "\n")
+        io.stderr:write("  ", require("loip.engine.request.online").describe(a), "\n")
       end
       for _, l in ipairs(c.losses or {}) do
         io.stderr:write(string.format("  lost device %s at step %d (%s); re-planned over the %d left in %.0f ms\n",
@@ -254,7 +254,7 @@ function M.run(o)
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
     plan_positions = o.plan_positions, draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
-    online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
+    online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
   if not ok then
     if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
       error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.runtime.memory").format_bytes(o.mem)
@@ -289,7 +289,7 @@ function M.run(o)
     if o.verbose then common.stderr("chat prompt (%d tokens):\n%s\n", #input, text) end
     if #input >= m.context then m:close() common.prompt_fits("generate", #input, m.context) end
   end
-  if o.trace then require("loip.serve.draft_trace").record(m:batcher().draft) end
+  if o.trace then require("loip.engine.request.draft_trace").record(m:batcher().draft) end
   local it, st = m:generate(input, gen_opts)
   local pieces = {}
   if not o.json then common.out(o.prompt) end
@@ -329,7 +329,7 @@ function M.run(o)
   end
   io.stdout:flush()
   for _, a in ipairs(not o.json and m:batcher().adaptations or {}) do
-    common.stderr("  %s\n", require("loip.serve.online").describe(a))
+    common.stderr("  %s\n", require("loip.engine.request.online").describe(a))
   end
   local dr = not o.json and M.draft_report(m:batcher())
   if dr then
@@ -342,8 +342,8 @@ function M.run(o)
       tostring(st.stop_reason))
   end
   if o.trace then
-    require("loip.serve.online").add_to_trace(m.trace, m:batcher().adaptations)
-    require("loip.serve.draft_trace").add_to_trace(m.trace, m:batcher().draft)
+    require("loip.engine.request.online").add_to_trace(m.trace, m:batcher().adaptations)
+    require("loip.engine.request.draft_trace").add_to_trace(m.trace, m:batcher().draft)
     m.trace:write(o.trace)
     if o.verbose then common.stderr("trace: %d events -> %s\n", m.trace:count(), o.trace) end
   end

@@ -62,8 +62,8 @@ local M = {
 -- policy's adaptations and speculative decoding's spans, written to path.
 function M.write_trace(path, m, c, b, quiet)
   local tr = c and c:collect_trace(require("loip.tools.trace").new()) or m.trace or require("loip.tools.trace").new()
-  require("loip.serve.online").add_to_trace(tr, b.adaptations)
-  require("loip.serve.draft_trace").add_to_trace(tr, b.draft)
+  require("loip.engine.request.online").add_to_trace(tr, b.adaptations)
+  require("loip.engine.request.draft_trace").add_to_trace(tr, b.draft)
   tr:write(path)
   if not quiet then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), path)) end
 end
@@ -110,9 +110,9 @@ function M.run(o)
       if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
       local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
         context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
-        -- a row of logits back per request (logprobs and grammars sample at the head: loip.serve.head_sample)
+        -- a row of logits back per request (logprobs and grammars sample at the head: loip.engine.request.head_sample)
         logits_tokens = o.max_batch,
-        plan_positions = o.plan_positions, online = require("loip.serve.online").choose(o.online, o.plan_positions),
+        plan_positions = o.plan_positions, online = require("loip.engine.request.online").choose(o.online, o.plan_positions),
         link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
         disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
@@ -129,7 +129,7 @@ function M.run(o)
         stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
         trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
-        online = is_store and require("loip.serve.online").choose(o.online, o.plan_positions) or nil })
+        online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
       tok = m.tokenizer
       if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
     end
@@ -138,7 +138,7 @@ function M.run(o)
       prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
         bytes = o.prompt_cache_disk } or true),
       quiet = o.quiet }
-    if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.serve.batcher)
+    if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.engine.request.batcher)
       if o.prompt_cache_dir then
         usage("serve", "--prompt-cache-dir: the prefix cache is off beside the online policy on a cluster (--online %s "
           .. "may lend KV between devices, which moves no shared group)", o.online or "loip")
@@ -153,7 +153,7 @@ function M.run(o)
     if srv.chat_error and not o.quiet then
       io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
     end
-    if o.trace then require("loip.serve.draft_trace").record(srv.batcher.draft) end
+    if o.trace then require("loip.engine.request.draft_trace").record(srv.batcher.draft) end
     local rok, rerr = pcall(srv.run, srv)
     srv:close()
     if c and srv.batcher.draft then srv.batcher.draft:close() end -- (a model's batcher closes its own)

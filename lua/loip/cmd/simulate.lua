@@ -173,7 +173,7 @@ function M.run(o)
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
     kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
     replanner = not o.plan and replanner or nil, cost = o.cost_model, draft = draft })
-  local online = require("loip.serve.online").choose(o.online, o.plan_positions)
+  local online = require("loip.engine.request.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
   local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online, draft_tokens = o.draft_tokens })

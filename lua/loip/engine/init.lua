@@ -4,13 +4,13 @@
 -- loip.model), a ring of workers (loip.engine.ring, under loip.cluster) and the simulator
 -- (loip.engine.sim, under loip.sim). Each is a table with these fields and methods; everything
 -- else — plan choice and checks, generate and logits, the request loop and the online policy —
--- is written once, here and in loip.serve.batcher / loip.serve.online, over them.
+-- is written once, here and in loip.engine.request.batcher / loip.engine.request.online, over them.
 --
 --   fields     max_seqs, context, kv_tokens, kv_block (positions per KV group), step_tokens,
 --              logits_tokens, vocab; clock (optional: ms now; the simulator's is simulated)
 --   a step     start(seq, request): a request takes sequence slot seq (its prompt, sampler, seed)
 --                and, with request.share = { seq, positions }, the first positions of sequence
---                share.seq's KV shared copy-on-write (n > 1 choices: loip.serve.choices)
+--                share.seq's KV shared copy-on-write (n > 1 choices: loip.engine.request.choices)
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
 --                token { seq, request, id, logits (a float* row, valid until the next step) }.
@@ -19,7 +19,7 @@
 --              finish(seq, request): the slot's KV is freed (request.keep: the keys of its first
 --                groups, held by the prefix cache first)
 --   prefix     cache_lookup(keys) (optional) -> how many of the keys, from the first, every device
---                holds (loip.serve.prefix_cache); start's request.attach: the keys its sequence
+--                holds (loip.engine.request.prefix_cache); start's request.attach: the keys its sequence
 --                starts with; cache_identity: the model's h_0; cache_stats() -> per device
 --                { groups, shared_groups, bytes, evictions }
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
@@ -74,7 +74,7 @@ function M.check_plan(p, problem, where, over)
   return p, where
 end
 
--- What an online policy sees of one device (loip.serve.online's state.devices[i]): o.stages the
+-- What an online policy sees of one device (loip.engine.request.online's state.devices[i]): o.stages the
 -- device's stages in the plan (their offloaded counts), o.limit (bytes, 0: unlimited), o.nonkv
 -- (its memory outside the KV cache), o.kv_base (its KV tables), o.group_bytes (one KV group of
 -- its layers), o.slot_bytes, o.block_bytes, o.lend ({ holder, groups } or nil), o.staging_bytes,
@@ -105,7 +105,7 @@ function M.device_state(o)
     idle_ms = o.idle_ms }
 end
 
--- The request loop over engine (loip.serve.batcher), with the plan's online policy and link
+-- The request loop over engine (loip.engine.request.batcher), with the plan's online policy and link
 -- schedule: o.online (a loip.policy "online" name, path or table; "none" or nil: none), o.links
 -- (a "links" policy), speculative decoding: o.draft (a "draft" policy; "none" or nil: none) with
 -- o.draft_tokens (a fixed draft length; nil: chosen each step), o.draft_target (what the draft
@@ -113,9 +113,9 @@ end
 -- (max_batch, max_queue, prefill_chunk, prefill, prefix_cache).
 function M.batcher(engine, o)
   o = o or {}
-  return require("loip.serve.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
+  return require("loip.engine.request.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
     prefill_chunk = o.prefill_chunk, prefill = o.prefill, prefix_cache = o.prefix_cache,
-    online = require("loip.serve.online").choose(o.online) and policy.load("online", o.online) or nil,
+    online = require("loip.engine.request.online").choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
 end
 
@@ -145,7 +145,7 @@ function M.step_price(p, problem, cost, rows, cache)
   return cache[rows] or nil
 end
 
--- Speculative decoding's drafts for engine (loip.serve.draft), or nil: o.draft, o.draft_tokens,
+-- Speculative decoding's drafts for engine (loip.engine.request.draft), or nil: o.draft, o.draft_tokens,
 -- o.draft_target as M.batcher takes them.
 function M.draft(engine, o)
   if o.draft == nil or o.draft == "none" or o.draft == false then return nil end
@@ -156,7 +156,7 @@ function M.draft(engine, o)
   local t = setmetatable({}, { __index = o.draft_target or {} })
   t.vocab, t.context = t.vocab or engine.vocab, t.context or engine.context
   t.max_seqs = t.max_seqs or engine.max_seqs
-  return require("loip.serve.draft").new(policy.load("draft", o.draft), t, { tokens = k, engine = engine })
+  return require("loip.engine.request.draft").new(policy.load("draft", o.draft), t, { tokens = k, engine = engine })
 end
 
 -- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;

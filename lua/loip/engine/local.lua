@@ -6,7 +6,7 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
-local prefix_cache = require "loip.serve.prefix_cache"
+local prefix_cache = require "loip.engine.request.prefix_cache"
 local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
   core.constants.tokf.TREE
 
@@ -48,7 +48,7 @@ function Engine:start(seq, r)
     cap = n + r.max_tokens + 1 }
   core.must(exec.session_seq_free(self.session, seq))
   if r.attach then self:cache():adopt(seq, r.attach) end -- (the prefix cache's groups)
-  -- another choice's prompt (loip.serve.choices): its first positions shared, copy-on-write
+  -- another choice's prompt (loip.engine.request.choices): its first positions shared, copy-on-write
   if r.share then core.must(exec.session_seq_share(self.session, seq, r.share.seq, r.share.positions, self.model.path)) end
 end
 
@@ -59,7 +59,7 @@ function Engine:finish(seq, r)
   core.must(exec.session_seq_free(self.session, seq))
 end
 
--- The prefix cache of this device's session (loip.serve.prefix_cache), made anew with it.
+-- The prefix cache of this device's session (loip.engine.request.prefix_cache), made anew with it.
 function Engine:cache()
   if not self.store or self.store.s ~= self.session then
     local o, disk = self.cache_disk, nil
@@ -68,14 +68,14 @@ function Engine:cache()
       local s = self.session
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
-      disk = require("loip.serve.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
+      disk = require("loip.engine.request.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
         layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)
   end
   return self.store
 end
--- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.serve.prefix_disk).
+-- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.engine.request.prefix_disk).
 function Engine:cache_configure(o) self.cache_disk, self.store = o, nil end
 function Engine:cache_lookup(keys) return self:cache():lookup(keys) end
 function Engine:cache_stats() return { self:cache():stats() } end
@@ -162,7 +162,7 @@ end
 function Engine:link_rates() return {} end
 
 -- The cost model's price (ms) of a step of `rows` rows on the plan the scheduler chose (nil:
--- no such plan; loip.serve.draft measures instead).
+-- no such plan; loip.engine.request.draft measures instead).
 function Engine:step_price(rows)
   local m = self.model
   if self.price_plan ~= m.plan then self.price_cache, self.price_plan = {}, m.plan end

@@ -13,7 +13,7 @@ local K = core.constants
 
 local Cluster = {}
 
--- Start request r (loip.serve.batcher) in slot seq on every device (sampler state on the last).
+-- Start request r (loip.engine.request.batcher) in slot seq on every device (sampler state on the last).
 function Cluster:start(seq, r)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   -- (after a loss the others could not take over there is no plan to run: said at once, until a
@@ -33,7 +33,7 @@ function Cluster:finish(seq, r)
   for i = 1, #self.devices do self:tell(i, { kind = "END", payload = body }) end
 end
 
--- The prefix cache (loip.serve.prefix_cache): how many of keys, from the first, every device
+-- The prefix cache (loip.engine.request.prefix_cache): how many of keys, from the first, every device
 -- holds for its layers (a LOOKUP round: the least of their answers).
 function Cluster:cache_lookup(keys)
   local body, k = json.encode({ keys = keys, disk = self.cache_disk }), #keys
@@ -45,7 +45,7 @@ function Cluster:cache_lookup(keys)
 end
 
 -- The prefix cache's disk tier on every device: o = { dir, bytes, identity } (sent with each
--- LOOKUP and END: a device makes its tier from the first; loip.serve.prefix_disk).
+-- LOOKUP and END: a device makes its tier from the first; loip.engine.request.prefix_disk).
 function Cluster:cache_configure(o) self.cache_disk = o end
 
 -- Each device's cache now (a STATS round): { groups, shared_groups, bytes, evictions } by device.
@@ -65,7 +65,7 @@ function Cluster:idle()
   if self:take_back() == 0 then self:revive() end
 end
 
--- One micro-batch around the ring: toks (see loip.serve.batcher) into device 1, the outputs
+-- One micro-batch around the ring: toks (see loip.engine.request.batcher) into device 1, the outputs
 -- back from device N.
 function Cluster:step(toks)
   local n = #toks
@@ -122,13 +122,13 @@ function Cluster:step(toks)
 end
 
 -- The cost model's price (ms) of a step of `rows` rows on the plan (speculative decoding's draft
--- length weighs it: loip.serve.draft).
+-- length weighs it: loip.engine.request.draft).
 function Cluster:step_price(rows)
   if self.price_plan ~= self.plan_id then self.price_cache, self.price_plan = {}, self.plan_id end
   return engine.step_price(self.plan_table, self.problem_table, self.plan_opts and self.plan_opts.cost, rows, self.price_cache)
 end
 
--- What loip.serve.online needs of each device (loip.engine.device_state): its memory outside
+-- What loip.engine.request.online needs of each device (loip.engine.device_state): its memory outside
 -- the KV cache, from the last PLAN or CHANGE reply; its stages and block sizes.
 function Cluster:online_devices()
   local out = {}
@@ -182,7 +182,7 @@ function Cluster:batcher(opts)
   if not self._batcher then
     self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
-    self.cache_identity = "store:" .. self.store_id -- (the prefix cache's h_0, as loip.serve.prefix_cache.identity)
+    self.cache_identity = "store:" .. self.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
     self.step_tokens = self.batch
     self:plan_rows() -- (logits_tokens, sample_rows: the rows of a step the plan holds)
     local po = self.plan_opts or {}

@@ -1,6 +1,6 @@
 -- The simulator's engine (loip.engine's interface; loip.sim plays requests through it): a plan
 -- played out over time on devices described by profiles, with no weights and no workers. It is
--- an engine of loip.serve.batcher (the request loop the runtime runs), so requests are admitted,
+-- an engine of loip.engine.request.batcher (the request loop the runtime runs), so requests are admitted,
 -- prefilled in chunks beside the others' decoding, batched and retired exactly as on devices, by
 -- the same code; only the time a step takes is simulated.
 --
@@ -16,7 +16,7 @@
 -- The memory the plan charges each device is checked against its budget as the devices check it
 -- when they load the plan. With plan_positions (fewer KV positions planned than the requests
 -- take) the KV cache is charged as the contexts grow, after every step, and an online policy
--- (loip.serve.online, the runtime's: restage, lend, evict) makes room as on devices; a device
+-- (loip.engine.request.online, the runtime's: restage, lend, evict) makes room as on devices; a device
 -- past its budget stops the step with an error naming it, as a device's charge fails. KV lent
 -- to a holder travels: a stage's blob goes to the holder after the stage runs, over the wire into
 -- it, and is asked back when the lender's stage before it ends, over the wire into the lender; the
@@ -298,7 +298,7 @@ function Sim:step(toks)
 end
 
 -- The problem at `rows` tokens a step (loip.engine.at_rows), and the cost model's price (ms)
--- of a decoding step of that many rows on the plan: what loip.serve.draft chooses a draft
+-- of a decoding step of that many rows on the plan: what loip.engine.request.draft chooses a draft
 -- length from.
 M.at_rows = engine.at_rows
 function Sim:step_price(rows)
@@ -310,7 +310,7 @@ end
 -- longest context.
 function Sim:held(toks)
   local per, ctx = {}, 0
-  for _, h in ipairs(require("loip.serve.online").held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
+  for _, h in ipairs(require("loip.engine.request.online").held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
     if h.pos >= 0 then
       per[#per + 1] = h.groups
       ctx = math.max(ctx, h.pos + 1)
@@ -356,7 +356,7 @@ function Sim:check_memory(toks)
   end
 end
 
--- ---- what an online policy sees and changes (loip.serve.online) ------------------------------
+-- ---- what an online policy sees and changes (loip.engine.request.online) ------------------------------
 
 function Sim:online_devices()
   local out = {}

@@ -7,7 +7,7 @@
 --
 --   local s = setmetatable({ repo = "owner/name", revision = "main", endpoint = hub.DEFAULT_ENDPOINT,
 --     origin = hub.origin(hub.DEFAULT_ENDPOINT), token = nil, quiet = false, stall_s = 60,
---     cl = require("loip.serve.client").new() }, hub.Session)
+--     cl = require("loip.runtime.http_client").new() }, hub.Session)
 --   local files = s:list()   -- { { path, size, sha256 (LFS files) }, ... }; a failure raises hub.Failure
 local core = require "loip.core"
 local json = require "loip.tools.json"
@@ -69,7 +69,7 @@ local function safe_path(p)
 end
 
 -- A session with one repository of one endpoint: { repo, revision, endpoint (M.check_endpoint's),
--- origin (M.origin of the endpoint), token (nil: none), quiet, stall_s, cl (a loip.serve.client) }.
+-- origin (M.origin of the endpoint), token (nil: none), quiet, stall_s, cl (a loip.runtime.http_client) }.
 local Session = {}
 Session.__index = Session
 M.Session = Session

@@ -72,7 +72,7 @@ end
 -- pool the requests share, in positions; default context x max_batch), kv_grows (true: the
 -- pool is charged to the budget's "kv" account as requests' contexts take it, not all at
 -- once: see loip_session_set_kv_growth), prefix_cache (true: requests reuse the KV of prefixes
--- held from earlier ones, loip.serve.prefix_cache; prompt_cache_dir and prompt_cache_disk: its
+-- held from earlier ones, loip.engine.request.prefix_cache; prompt_cache_dir and prompt_cache_disk: its
 -- disk tier and bound), tokenizer (path to a tokenizer file),
 -- load ("memory", the default: weights copied into huge-page memory; "mmap": used in place
 -- from the file mapping, which starts faster and shares the page cache; for a slice store,
@@ -93,7 +93,7 @@ end
 -- Online adaptation (a slice store): plan_positions (KV positions the plan's memory holds,
 -- default kv_tokens; fewer: the KV cache grows inside the budget) and online (a loip.policy
 -- "online" name, path or table: before every step it may restage the plan live, as on a
--- cluster: loip.serve.online); m:batcher().adaptations lists its changes.
+-- cluster: loip.engine.request.online); m:batcher().adaptations lists its changes.
 function M.open(path, opts)
   opts = opts or {}
   if type(path) ~= "string" then error("loip.model.open: path must be a string", 2) end
@@ -332,7 +332,7 @@ function Model:restage(k, offloaded)
 end
 
 -- Plan again for `positions` KV positions (an online policy's last resort, as a cluster's:
--- loip.serve.online's control.replan), between steps: the scheduler chooses a plan for the
+-- loip.engine.request.online's control.replan), between steps: the scheduler chooses a plan for the
 -- budget the model had at open; then every request's KV goes (the batcher prefills them again
 -- on the new plan, so no token changes), the runner, its loader, the session and the resident
 -- blocks are freed and made again for the new plan. A plan that was given is not replaced.
@@ -443,7 +443,7 @@ function Model:session()
   return self._session
 end
 
--- The request loop every generation and logits call goes through (loip.serve.batcher over
+-- The request loop every generation and logits call goes through (loip.engine.request.batcher over
 -- loip.engine.local), made once, with opts.online (the online policy); opts (first call only):
 -- max_queue, prefill_chunk, prefill, prefix_cache (default the model's opts.prefix_cache).
 function Model:batcher(opts)

@@ -22,7 +22,7 @@
 -- verifies and resumes.
 local ffi = require "ffi"
 local core = require "loip.core"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local progress = require "loip.tools.progress"
 local fs = require "loip.tools.files"
 local files_rt = require "loip.runtime.files"

@@ -1,5 +1,5 @@
 -- The HTTP server and client (runtime/http/server.c, client.c) seen from Lua: one thin function
--- per C call of loip.h; loip.serve.http and loip.serve.client are the Lua side over them and
+-- per C call of loip.h; loip.serve.http and loip.runtime.http_client are the Lua side over them and
 -- what the rest of Lua uses. Owning handles (a server, a request, a client) are cdata under
 -- ffi.gc from birth; stop/release/fetch_free are the explicit, idempotent close. A runtime
 -- failure returns nil, err (context, when given, first, as core.ok).

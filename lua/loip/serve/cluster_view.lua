@@ -156,7 +156,7 @@ end
 
 -- The adaptations (batcher.adaptations) from index `from` on, each with its words.
 function View:adaptations(from)
-  local online = require "loip.serve.online"
+  local online = require "loip.engine.request.online"
   local out = {}
   local all = self.srv.batcher.adaptations
   for k = from or 1, #all do

@@ -1,12 +1,12 @@
 -- A load driver: plays a request pattern (recipes/policies/pattern) against an OpenAI-compatible
--- server through loip.serve.client (libcurl's multi interface: every request in flight at
+-- server through loip.runtime.http_client (libcurl's multi interface: every request in flight at
 -- once), streaming, and times each request where its bytes land: time to first token, ms per
 -- token after it, and the run's aggregate tokens per second.
 --
 --   local runs = load.play(url, model_name, arrivals, { vocab = 32000 })
 --   local s = load.summary(runs)   -- tokens_per_s, ttft_ms {p50, p99}, ms_per_token {p50, p99}
 local bench = require "loip.tools.bench"
-local client = require "loip.serve.client"
+local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local json = require "loip.tools.json"
 

@@ -1,4 +1,4 @@
--- `loip serve`: an OpenAI-compatible HTTP server over the request loop (loip.serve.batcher) of a
+-- `loip serve`: an OpenAI-compatible HTTP server over the request loop (loip.engine.request.batcher) of a
 -- model in-process or of a cluster. One loop takes requests from the HTTP threads, admits them
 -- into the running micro-batch, steps it, and streams each request's text as its tokens come
 -- (server-sent events) or answers when it ends. A client that hangs up cancels its request.
@@ -13,7 +13,7 @@ local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
 local reply = require "loip.serve.reply"
-local constrain = require "loip.serve.constrain"
+local constrain = require "loip.engine.request.constrain"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
@@ -28,8 +28,8 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 -- opts: model or cluster (one of them), tokenizer, dir (chat template's model directory),
 -- chat_template (a file instead), tool_parser (a tools policy's name or file; default: the
 -- template's family), name (the model id clients name), api_key, host, port,
--- max_queue, prefill ("chunked" or "own", see loip.serve.batcher), prefix_cache (false: off;
--- { dir, bytes }: with a disk tier; loip.serve.prefix_cache), max_body, quiet.
+-- max_queue, prefill ("chunked" or "own", see loip.engine.request.batcher), prefix_cache (false: off;
+-- { dir, bytes }: with a disk tier; loip.engine.request.prefix_cache), max_body, quiet.
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
@@ -38,7 +38,7 @@ function M.new(opts)
   self.engine_owner = eng
   self.batcher = eng:batcher({ max_queue = opts.max_queue or 64, prefill = opts.prefill, prefix_cache = opts.prefix_cache == nil or opts.prefix_cache })
   self.context = eng.context
-  -- speculative decoding (the batcher's loip.serve.draft): each verifying step counted as it is seen
+  -- speculative decoding (the batcher's loip.engine.request.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
   if d then d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end end
   self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
@@ -143,7 +143,7 @@ function Server:generate(req, kind)
   reply.new(self, { http = req, spec = spec, kind = kind, ids = ids, requests = r, seq = self.seq, api = api })
 end
 
--- The grammar a request's tokens are sampled under (loip.serve.constrain): its response_format
+-- The grammar a request's tokens are sampled under (loip.engine.request.constrain): its response_format
 -- or `grammar`, else the call syntax of its tools when tool_choice is "required" or names one;
 -- nil when none; or nil, a message and the field it names.
 function Server:constraint(spec, text, api)
@@ -160,7 +160,7 @@ function Server:constraint(spec, text, api)
   return self.constrain:matcher(fmt, not spec.ignore_eos and self.stop_ids or {})
 end
 
--- The batcher's requests of spec's n choices of prompt ids (loip.serve.choices: the prompt
+-- The batcher's requests of spec's n choices of prompt ids (loip.engine.request.choices: the prompt
 -- prefilled once, its KV shared copy-on-write; choice i sampled with seed + i - 1).
 function Server:submit(spec, ids, seed, extra)
   local r = self.batcher:submit { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
@@ -174,7 +174,7 @@ end
 local STEP_BUCKETS = { 0, 1, 2, 3, 4, 5, 6, 7, 8 }
 local RATE_BUCKETS = { 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1 }
 
--- A step verified request r's k drafts, `accepted` of them (loip.serve.draft's on_observe).
+-- A step verified request r's k drafts, `accepted` of them (loip.engine.request.draft's on_observe).
 function Server:on_draft(r, k, accepted)
   if k == 0 then return end
   local m = self.metrics
@@ -207,7 +207,7 @@ end
 -- with the step, the devices, why (one line; a worker's last log lines in `log`), how many were
 -- left, whether the others could take over (`replanned`, else `error`) and the re-plan's time)
 -- and taken back; status "degraded" while the last loss left devices that could not; with
--- speculative decoding, `draft`: its figures (loip.serve.draft's report).
+-- speculative decoding, `draft`: its figures (loip.engine.request.draft's report).
 function Server:health()
   local h = { status = "ok", model = self.name, running = self.batcher:active(), queued = self.batcher:queued(),
     draft = self.batcher.draft and self.batcher.draft:report() or nil }
@@ -246,7 +246,7 @@ function Server:metrics_text()
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
   end
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
-  require("loip.serve.prefix_cache").metrics(m, b, dev)
+  require("loip.engine.request.prefix_cache").metrics(m, b, dev)
   if dev then
     require("loip.cluster.ship").metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
     for i, d in ipairs(dev) do

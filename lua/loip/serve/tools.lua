@@ -183,7 +183,7 @@ function M.grammar(spec, p, schema_gbnf)
 end
 
 -- The constraint of a request whose tool_choice is "required" or a named function, as
--- loip.serve.constrain takes a format: { type = "gbnf", gbnf, param = "tools" }; nil for "auto"
+-- loip.engine.request.constrain takes a format: { type = "gbnf", gbnf, param = "tools" }; nil for "auto"
 -- and "none"; or nil, a message and the field it names (a function's parameters the grammar
 -- cannot take: "tools[i].function.parameters").
 function M.format(spec, p, schema_gbnf)

@@ -188,7 +188,7 @@ function Draft:policy(engine)
   end }
 end
 
--- The run's figures beside the batcher's (loip.serve.draft's report): the assumption and the
+-- The run's figures beside the batcher's (loip.engine.request.draft's report): the assumption and the
 -- draft's time per verifying step.
 function Draft:report(r, fixed)
   r = r or {}

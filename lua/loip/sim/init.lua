@@ -1,7 +1,7 @@
 -- The simulator: a plan played out over time on devices described by profiles, with no weights
 -- and no workers (the engine is loip.engine.sim: what a step takes on each device's lanes).
 -- Requests are admitted, prefilled in chunks beside the others' decoding, batched and retired
--- exactly as on devices, by the same code (loip.serve.batcher, loip.serve.online); only the time
+-- exactly as on devices, by the same code (loip.engine.request.batcher, loip.engine.request.online); only the time
 -- a step takes is simulated.
 --
 --   local sim = require "loip.sim"

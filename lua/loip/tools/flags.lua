@@ -203,7 +203,7 @@ M.shared = {
     .. "reads ahead (recipes/policies/experts: lru, lfu, static; or a file; default lru:prefetch=1)", metavar = "NAME[:SETTINGS]|FILE.lua" },
   routing_profile = { "routing-profile", "string", "a routing profile (loip profile --routing) for --experts static",
     metavar = "FILE" },
-  -- speculative decoding (loip.serve.draft)
+  -- speculative decoding (loip.engine.request.draft)
   draft = { "draft", "string", "speculative decoding: a draft policy proposes tokens that one step verifies, exactly the "
     .. "model's output (recipes/policies/draft: ngram, self[:layers=L|all], model; or a file); none: off", metavar = "NAME[:SETTINGS]|FILE.lua" },
   draft_tokens = { "draft-tokens", "int", "with --draft: draft K tokens every step (default: chosen each step from the measured "

@@ -16,7 +16,7 @@ M.lanes = { disk = 1, compute = 2, network = 3, wait = 4, plan = 5 }
 local lane_of = { load = "disk", compute = "compute", wait = "wait", send = "network", recv = "network", adapt = "plan" }
 -- Device 0 is the head, the process that runs the request loop: its lanes hold events named by
 -- their `name`, with their `args` (speculative decoding's "draft" and "verify" spans,
--- loip.serve.draft_trace).
+-- loip.engine.request.draft_trace).
 M.head_lanes = { draft = 1, verify = 2 }
 
 local Trace = {}

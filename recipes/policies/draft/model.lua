@@ -4,7 +4,7 @@
 -- decoding draft (loip.policy kind "draft"):
 --   loip generate --model big --draft model --draft-model small/ [--draft-mem 512M]
 local M = { name = "model" }
-local drafter = require "loip.serve.drafter"
+local drafter = require "loip.engine.request.drafter"
 
 M.settings = {
   { "path", "string", "the draft model (a slice store, Hugging Face directory, GGUF or llama2.c file; --draft-model)", default = "" },

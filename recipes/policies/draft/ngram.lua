@@ -48,7 +48,7 @@ function M.propose(req, ctx, o)
 end
 
 -- tree=on: up to `branches` continuations (longest n-gram first, then the most recent), those
--- that differ merged into a tree of at most req.k nodes (loip.serve.tree.from_paths).
+-- that differ merged into a tree of at most req.k nodes (loip.engine.request.tree.from_paths).
 function M.propose_tree(req, ctx, o)
   local ids, n = req.ids, req.n
   local paths, seen = {}, {}
@@ -62,7 +62,7 @@ function M.propose_tree(req, ctx, o)
       before = e
     end
   end
-  return require("loip.serve.tree").from_paths(paths, req.k)
+  return require("loip.engine.request.tree").from_paths(paths, req.k)
 end
 
 return M

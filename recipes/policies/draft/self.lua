@@ -5,9 +5,9 @@
 -- accepted, the check that verifying k + 1 rows costs about one step. A speculative decoding
 -- draft (loip.policy kind "draft"):
 --   loip generate --model s260k --devices 3 ... --draft self:layers=all --draft-tokens 4
--- tree=on (width, levels): a tree of drafts verified in one step (loip.serve.tree).
+-- tree=on (width, levels): a tree of drafts verified in one step (loip.engine.request.tree).
 local M = { name = "self" }
-local drafter = require "loip.serve.drafter"
+local drafter = require "loip.engine.request.drafter"
 
 M.settings = {
   { "layers", "string", "the target's first layers the draft runs: a count, or all", default = "all",

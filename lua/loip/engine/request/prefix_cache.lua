@@ -132,7 +132,7 @@ local Store = {}
 Store.__index = Store
 
 -- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds; disk
--- (optional): its disk tier (loip.serve.prefix_disk), written through and read on a miss.
+-- (optional): its disk tier (loip.engine.request.prefix_disk), written through and read on a miss.
 function M.store(s, disk) return setmetatable({ s = s, index = {}, n = 0, disk = disk }, Store) end
 
 local function valid(self, key)
@@ -206,8 +206,8 @@ end
 function M.device_store(d, disk)
   if not d.store or d.store.s ~= d.session then d.store = M.store(d.session) end
   if disk and not d.store.disk then
-    d.store.disk = require("loip.serve.prefix_disk").new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
-      device = d.index, layers = require("loip.serve.prefix_disk").stage_layers(d.plan.devices[d.index].stages),
+    d.store.disk = require("loip.engine.request.prefix_disk").new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
+      device = d.index, layers = require("loip.engine.request.prefix_disk").stage_layers(d.plan.devices[d.index].stages),
       kv_block = exec.session_kv_block_tokens(d.session), group_bytes = exec.session_kv_group_bytes(d.session), budget = d.budget }
   end
   return d.store

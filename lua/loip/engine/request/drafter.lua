@@ -127,7 +127,7 @@ function Drafter:propose_tree(req, k, vocab, width, levels)
       end
     end
   end
-  return require("loip.serve.tree").from_paths(paths, k)
+  return require("loip.engine.request.tree").from_paths(paths, k)
 end
 
 -- Request req ended: its slot's KV goes back.

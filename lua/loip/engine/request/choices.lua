@@ -1,4 +1,4 @@
--- n > 1 choices of one prompt (loip.serve.batcher's hooks; docs/prefix-cache.md): the prompt is
+-- n > 1 choices of one prompt (loip.engine.request.batcher's hooks; docs/prefix-cache.md): the prompt is
 -- prefilled once, its KV shared copy-on-write by the n sequences.
 --
 -- A request submitted with n = k > 1 is the first of k requests (its .choices lists all k in

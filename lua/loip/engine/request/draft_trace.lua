@@ -1,6 +1,6 @@
 -- Speculative decoding on the trace's timeline (docs/serving.md, "Speculative decoding"): a span
 -- per draft proposal (the policy's time, how many were asked and proposed, the request) and a
--- span per verifying step (its rows, drafts and accepted drafts), recorded by a loip.serve.draft
+-- span per verifying step (its rows, drafts and accepted drafts), recorded by a loip.engine.request.draft
 -- (times from its clock: the engine's, else core.now_ms, the clock the devices' events are
 -- shifted to) and drawn on the trace's "head" process (loip.trace, device 0), lanes "draft" and
 -- "verify".
@@ -61,14 +61,14 @@ local function span_verified(d, r, k, accepted)
     return
   end
   st.seen[r] = true
-  -- r proposed but sent nothing: an unsent probe (loip.serve.draft, while r drafts nothing)
+  -- r proposed but sent nothing: an unsent probe (loip.engine.request.draft, while r drafts nothing)
   local sp = st.proposals[r]
   if k == 0 and sp and sp.proposed > 0 then sp.probe = true end
   st.t1 = st.t1 or d.now()
   st.rows, st.drafted, st.accepted, st.requests = st.rows + 1 + k, st.drafted + k, st.accepted + accepted, st.requests + 1
 end
 
--- Start recording d's spans (a loip.serve.draft; nil: nothing). Returns d.
+-- Start recording d's spans (a loip.engine.request.draft; nil: nothing). Returns d.
 function M.record(d)
   if d and not d.spans then
     d.spans, d.span_draft, d.span_verified = {}, span_draft, span_verified

@@ -24,10 +24,10 @@
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
-local tree = require "loip.serve.tree"
-local head_sample = require "loip.serve.head_sample"
-local choices = require "loip.serve.choices"
-local prefix_cache = require "loip.serve.prefix_cache"
+local tree = require "loip.engine.request.tree"
+local head_sample = require "loip.engine.request.head_sample"
+local choices = require "loip.engine.request.choices"
+local prefix_cache = require "loip.engine.request.prefix_cache"
 
 local M = {}
 
@@ -57,9 +57,9 @@ Batcher.__index, Request.__index = Batcher, Request
 -- step's budget), prefill ("chunked", the default: newcomers' prompts ride in the steps beside
 -- the others' decoding; "own": a step with prompts carries nothing else, the others wait for it
 -- — recipes/bench/serve.lua --prefill measures both), online (a loip.policy "online" table: its
--- on_step runs before every step; loip.serve.online), links (a loip.policy "links" schedule:
+-- on_step runs before every step; loip.engine.request.online), links (a loip.policy "links" schedule:
 -- the emulated links change between steps), prefix_cache (true, or { dir, bytes } with a disk
--- tier: requests reuse the KV of prefixes the devices hold, loip.serve.prefix_cache, when the
+-- tier: requests reuse the KV of prefixes the devices hold, loip.engine.request.prefix_cache, when the
 -- engine has cache_lookup).
 function M.new(engine, opts)
   opts = opts or {}
@@ -73,8 +73,8 @@ function M.new(engine, opts)
     kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0, now = engine.clock or core.now_ms,
     stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {},
     link_changes = {} }, Batcher)
-  if opts.online or opts.links then b.online = require("loip.serve.online").new(b, opts.online, opts.links) end
-  b.draft = opts.draft -- (loip.serve.draft: speculative decoding's drafts, verified in the step)
+  if opts.online or opts.links then b.online = require("loip.engine.request.online").new(b, opts.online, opts.links) end
+  b.draft = opts.draft -- (loip.engine.request.draft: speculative decoding's drafts, verified in the step)
   -- (not beside an online policy that may lend KV: lending moves no shared group)
   b.shares_kv = not (b.online and b.online.policy and engine.lend)
   if opts.prefix_cache and engine.cache_lookup and b.shares_kv then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
@@ -90,8 +90,8 @@ local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block
 -- the logits of every prompt position in r.logits and generate nothing), strict (true: a prompt
 -- plus max_tokens past the context is refused rather than clamped), logprobs (the number of
 -- top alternatives to report per token, 0 for the chosen one's: r.token_logprobs), constraint (a
--- grammar's matcher: loip.serve.head_sample; each choice gets a clone); with either, r's tokens
--- are sampled at the head; n (choices of the prompt, default 1: loip.serve.choices; the request
+-- grammar's matcher: loip.engine.request.head_sample; each choice gets a clone); with either, r's tokens
+-- are sampled at the head; n (choices of the prompt, default 1: loip.engine.request.choices; the request
 -- returned is the first, its .choices all n). Raises a refusal (kind "too_long", "overloaded" or
 -- "invalid") when it cannot be served.
 function Batcher:submit(spec)

@@ -2,7 +2,7 @@
 -- device's held KV groups, each a file of its own in DIR, so that the cache outlives what memory
 -- holds and a restart of the server with the same store.
 --
--- Write-through: a group the cache takes (loip.serve.prefix_cache's Store:keep) is written at
+-- Write-through: a group the cache takes (loip.engine.request.prefix_cache's Store:keep) is written at
 -- once, every layer the device keeps of it, atomically (a temporary file renamed into place; not
 -- fsynced: a torn file fails its CRC), so that an eviction from memory loses nothing and a file
 -- is whole or absent. A file is named KEY.dDEVICE.kv (KEY: the group's hash-chain key) and holds a header

@@ -39,7 +39,7 @@ function M.new(policy, target, opts)
     memo = {}, reqs = {}, cost = {}, draft_ms = nil,
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
-  d.tree = require("loip.serve.tree").wanted(policy) -- (tree=on: trees of drafts, loip.serve.tree)
+  d.tree = require("loip.engine.request.tree").wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
@@ -129,7 +129,7 @@ function Draft:propose(r, k)
   local s = state_of(self, r)
   local t0 = self.now()
   local ids
-  if self.tree then ids = require("loip.serve.tree").propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
+  if self.tree then ids = require("loip.engine.request.tree").propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
   else ids = self.policy.propose(view(r, s, k), self.ctx) or {} end
   local dt = self.now() - t0
   if #ids > k then
@@ -203,7 +203,7 @@ function Draft:observe(r, k, got)
     learn(s, hits < #p.ids and hits + 1 or hits, hits, self.prior)
     s.probe = nil
   end
-  -- (watchers: loip.serve.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)
+  -- (watchers: loip.engine.request.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)
   if self.spans then self:span_verified(r, k, k > 0 and got - 1 or 0) end
   if self.on_observe then self.on_observe(r, k, k > 0 and got - 1 or 0) end
   local pm = self.policy.module

@@ -1,7 +1,7 @@
 -- Constrained decoding for the API: a request's format (response_format json_object or
 -- json_schema, llama.cpp's `grammar`, or a tool call's syntax) made into a matcher of the
 -- served tokenizer's vocabulary (loip.text.grammar), applied where the request's tokens are
--- sampled (loip.serve.head_sample). Compiled grammars are kept by their text (a few dozen, the
+-- sampled (loip.engine.request.head_sample). Compiled grammars are kept by their text (a few dozen, the
 -- least recently used dropped), so that repeated schemas cost their compilation once.
 local grammar = require "loip.text.grammar"
 

@@ -1,4 +1,4 @@
--- The logprobs of a request's tokens (loip.serve.head_sample's r.token_logprobs) in the OpenAI
+-- The logprobs of a request's tokens (loip.engine.request.head_sample's r.token_logprobs) in the OpenAI
 -- API's shapes: chat's { content = [{ token, logprob, bytes, top_logprobs }] } and the legacy
 -- completions' { tokens, token_logprobs, top_logprobs = [{ token: logprob }], text_offset }.
 -- A token's text is its piece after the token before it (tok:piece_text); one that is not whole
