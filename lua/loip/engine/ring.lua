@@ -18,7 +18,6 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.tools.json"
-local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
 local constants = require "loip.constants"
 local tokenizer = require "loip.text.tokenizer"
