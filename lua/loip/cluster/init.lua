@@ -20,8 +20,9 @@
 --   c.ring      loip.engine.ring       the ring engine, holding the cluster: start, step, finish, ...
 -- and its own configuration, set at birth and read by every part: opts, token, net, store, man,
 -- store_id, identity, dead_ms, stage_limit_ms; a local cluster's dir, exe, spawned, local_devices.
--- Its methods below are thin front-ends over the parts, and what callers read of the parts' state
--- (c.devices, c.losses, c.plan_table, ...) is read from the part that owns it (FIELDS).
+-- Its methods below are thin front-ends over the parts, and the parts' state callers read
+-- (c.devices, c.losses, c.plan_table, ...) is read from and written to the part that owns it
+-- (FIELDS).
 local core = require "loip.core"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
@@ -46,7 +47,7 @@ end
 
 local Cluster = {}
 
--- What callers read of a cluster's state, by the part that owns it.
+-- What callers read (and a spec sets) of a cluster's state, by the part that owns it.
 local FIELDS = {
   registry = { "devices", "losses", "membership", "taken_back", "degraded", "joins" },
   planner = { "plan_id", "plan_table", "plan_opts", "sizes", "problem_table", "estimate", "facts", "context", "batch",
@@ -60,6 +61,10 @@ function Cluster.__index(c, k)
   if f ~= nil then return f end
   local part = owner[k]
   if part then return c[part][k] end
+end
+function Cluster.__newindex(c, k, v)
+  local part = owner[k]
+  if part then c[part][k] = v else rawset(c, k, v) end
 end
 
 -- opts: store (slice store dir, also read by the head for sizes and the tokenizer), token,

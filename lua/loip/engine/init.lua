@@ -34,7 +34,7 @@
 --   state      online_devices() -> per device M.device_state(...): what an online policy sees
 --              link_rates() -> per link bytes/s (nil: not emulated); link_state() (optional)
 --              plan_positions (or sizes.plan_positions): KV positions the plan's memory holds
---   losses     (ring) c.losses: { step, devices, why, replan_ms, replanned }
+--   losses     (ring) its cluster's c.losses: { step, devices, why, replan_ms, replanned }
 --
 -- The front-end (the functions below) is what loip.model's Model, loip.cluster's Cluster and
 -- loip.sim call: M.generate and M.logits (one generate, one stats vocabulary), M.batcher (the
