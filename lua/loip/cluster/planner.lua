@@ -52,9 +52,10 @@ end
 -- cluster's, one per device), else calibrations: local workers share this machine (measured
 -- here, once, kept in the cache); running workers each measure themselves (PROFILE), once.
 function Planner:profiles(opts)
+  local c, devices = self.c, self.c.registry.devices
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
-  local N, out = #self.c.registry.devices, {}
+  local N, out = #devices, {}
   if pr then
     if pr.devices and #pr.devices ~= N then
       error(string.format("--profile: it profiles %d devices, the cluster has %d", #pr.devices, N), 0)
@@ -62,23 +63,23 @@ function Planner:profiles(opts)
     for i = 1, N do out[i] = pr.devices and pr.devices[i] or pr end
     return out
   end
-  if self.c.spawned then
+  if c.spawned then
     -- local devices share this machine: its disk read by all of them at once (each device's
     -- rate is its share), its cores split among them (each device's threads, start_local), and
     -- compute timed while as many readers stream. (As many as were started: a re-plan after a
     -- loss reuses the calibration rather than measure again while requests wait.)
-    local here = profile.calibrate { store = self.c.store, threads = self.c.registry.devices[1].threads, context = self.context,
-      readers = self.c.local_devices or N }
+    local here = profile.calibrate { store = c.store, threads = devices[1].threads, context = self.context,
+      readers = c.local_devices or N }
     for i = 1, N do out[i] = here end
     return out
   end
-  for i, d in ipairs(self.c.registry.devices) do
+  for i, d in ipairs(devices) do
     -- (measured once per device and context: a re-plan after a join, a leave or a loss reuses
     -- it rather than measure every device again while requests wait; the model's shape: a worker
     -- whose blocks are shipped may hold none yet)
     if not (d.measured and d.measured.context == self.context) then
-      local r = self.c.rpc:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.c.man.config,
-        dtype = store.layer_dtype(self.c.man) }) }, 120000, d.bulk)
+      local r = c.rpc:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = c.man.config,
+        dtype = store.layer_dtype(c.man) }) }, 120000, d.bulk)
       d.measured = { context = self.context,
         profile = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0) }
     end
@@ -89,9 +90,10 @@ end
 
 -- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
 function Planner:problem(opts, sizes)
+  local man = self.c.man
   local N = #self.c.registry.devices
   local budgets, rates, delays = {}, {}, {}
-  for i, d in ipairs(self.c.registry.devices) do budgets[i] = self:budget_of(i) end
+  for i = 1, N do budgets[i] = self:budget_of(i) end
   local profiles = self:profiles(opts)
   local link = opts.link or {}
   for i = 1, N do
@@ -100,7 +102,7 @@ function Planner:problem(opts, sizes)
     rates[i] = r and transport.parse_rate(r) or (measured and measured.rate_bps) or 0
     delays[i] = each(link.delay_ms, i) or 0
   end
-  return problem.new { model = sizes, shape = problem.shape_of(self.c.man.config, store.layer_dtype(self.c.man)), n = N,
+  return problem.new { model = sizes, shape = problem.shape_of(man.config, store.layer_dtype(man)), n = N,
     routing = opts.routing and opts.routing.frequencies,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
@@ -122,17 +124,18 @@ function Planner:reserve_draft(opts, ctx, max_seqs)
   local inst = policy.load("draft", opts.draft)
   local where = inst.params and inst.params.device
   if not where or where == "head" or not inst.module.memory then return end
+  local devices, man = self.c.registry.devices, self.c.man
   local budgets = {}
-  for i, d in ipairs(self.c.registry.devices) do budgets[i] = d.mem or 0 end
+  for i, d in ipairs(devices) do budgets[i] = d.mem or 0 end
   -- (after a device loss a device number past the others left: the draft goes where auto puts it)
   if tonumber(where) and tonumber(where) > #budgets and #(self.c.registry.losses or {}) > 0 then where = "auto" end
   local bytes = inst.module.memory({ path = self.c.store, context = ctx, max_seqs = max_seqs }, inst.params)
   local ms
   if where == "auto" then
     -- each device's time for a block of the target, by its profile (and emulated slowdown)
-    local profiles, shape = self:profiles(opts), problem.shape_of(self.c.man.config, store.layer_dtype(self.c.man))
+    local profiles, shape = self:profiles(opts), problem.shape_of(man.config, store.layer_dtype(man))
     ms = {}
-    for i in ipairs(self.c.registry.devices) do
+    for i in ipairs(devices) do
       ms[i] = profile.block_ms(profiles[i], "mlp", 1, ctx, shape) * (each(opts.slowdown, i) or 1)
     end
   end
