@@ -20,7 +20,7 @@
 -- the process, and the loip modules it requires are the process's own).
 --
 -- Settings (Torch7 optim's config beside its state): a policy declares what can be set in
--- M.settings, in the shape a command declares its flags (loip.tools.flags):
+-- M.settings, in the shape a command declares its flags (loip.ui.flags):
 --
 --   M.settings = {
 --     { "lookahead", "int", "KV positions of headroom a change buys", default = 32,
@@ -258,7 +258,7 @@ function M.resolve(mod, given, who)
   table.sort(keys)
   for _, k in ipairs(keys) do
     if not by[k] then
-      local hint = #names > 0 and require("loip.tools.suggest").hint(k, names) or ""
+      local hint = #names > 0 and require("loip.ui.suggest").hint(k, names) or ""
       error(string.format("%s: no setting '%s'%s (%s)", who, k, hint,
         #names > 0 and ("its settings: " .. table.concat(names, ", ")) or "it has no settings"), 0)
     end

@@ -14,12 +14,12 @@
 -- Targets: routed reads >= 4x the baseline's tokens/s on one device and on the ring; peaks
 -- within budgets; the simulator within 15% of the measured ms/token. Prints one JSON object and
 -- draws an SVG bar chart.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan = require "loip.plan"
 local model = require "loip.model"
 local store = require "loip.model.store"

@@ -13,13 +13,13 @@
 -- ratios over the late half; JSON and a plot of ms/token against the token index.
 --
 --   loip run recipes/bench/online.lua [--tokens 512] [--context 640] [--out DIR] [--quick]
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 
@@ -94,7 +94,7 @@ local function run(variant, schedule)
     c:plan(popts)
     local it, st = c:generate(prompt, { max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true })
     local times, last = {}, nil
-    local bar = require("loip.tools.progress").new(o.tokens, variant .. (schedule and " (links switching)" or "") .. " (tokens)",
+    local bar = require("loip.ui.progress").new(o.tokens, variant .. (schedule and " (links switching)" or "") .. " (tokens)",
       { bytes = false })
     for _ in it do
       local now = core.now_ms()

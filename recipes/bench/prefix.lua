@@ -17,11 +17,11 @@
 --   restarted  the cluster closed and started again over the same --prompt-cache-dir; prefix +
 --              tail C: the prefix from every device's disk tier
 -- Target: second and restarted TTFT <= 30% of the first's. Prints JSON, draws an SVG bar chart.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"

@@ -24,14 +24,14 @@
 -- (Orin 64 GB x2, Orin 32 GB x3, Xavier NX 16 GB x3) with most of their memory for the model
 -- (it fits) and with a share of it (it does not: offloading), the best of 5 decisions each.
 -- Target: under 50 ms each.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan_mod = require "loip.plan"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
 
 local spec = {

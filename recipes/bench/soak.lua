@@ -16,14 +16,14 @@
 -- started again and taken back when the next burst arrives. The head's and each worker's RSS
 -- and open file descriptors are sampled after every kill and at the end. JSON (soak.json) and
 -- a plot of the RSS (soak.svg); exit 1 when a request was lost or wrong or something leaked.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local core = require "loip.core"
 local client = require "loip.runtime.http_client"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local leak = require "loip.tools.leak"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local leak = require "loip.measure.leak"
 local load = require "loip.serve.load"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local proc = require "loip.cluster.proc"
 local store = require "loip.model.store"
 
@@ -351,7 +351,7 @@ local ok, err = pcall(function()
 
   -- ---- memory and descriptors ------------------------------------------------------------------
   -- A leak keeps what it took: per process, the floor of its samples' second half above the
-  -- peak of their first half by more than a stated bound (loip.tools.leak: RSS the larger of
+  -- peak of their first half by more than a stated bound (loip.measure.leak: RSS the larger of
   -- 4 MiB and 10%; each kind of descriptor the larger of 4 and 25%). The first half holds the
   -- warm-up (KV pages first touched, the Lua heap's collector finding its pace); a count that
   -- goes down, or one sample caught high (a connection closing, a burst batched otherwise on a

@@ -19,12 +19,12 @@
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
 -- Targets: self k=4 >= 3x none's tokens/s; ngram >= 0.95x none's on every prompt. JSON + SVG.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local policy = require "loip.policy"
 local store = require "loip.model.store"
 

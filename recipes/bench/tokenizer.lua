@@ -14,10 +14,10 @@
 local cjson = require "cjson"
 local loip = require "loip"
 local core = require "loip.core"
-local bench = require "loip.tools.bench"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local bench = require "loip.measure.bench"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local tokenizer = require "loip.text.tokenizer"
 
 local spec = {

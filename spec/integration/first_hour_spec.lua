@@ -3,7 +3,7 @@
 -- directory, `loip help`, reports that agree, plan files with math, and a cluster's generate
 -- from Lua.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local S260K = T.root .. "/models/stories260K"
@@ -152,7 +152,7 @@ end)
 
 describe("loip help", function()
   it("lists every command, one line each", function()
-    local cli = require "loip.tools.cli"
+    local cli = require "loip.cli"
     local usage = cli.usage()
     for name in pairs(cli.commands) do
       assert.truthy(usage:find("\n  " .. name .. " ", 1, true), "loip help does not list " .. name)

@@ -14,9 +14,9 @@
 --        removed and logged, naming it)
 --   { op = "check" }  the files refused since the last check and those still lacking
 -- Nothing half-written is ever used: a worker loads DIR/<id>/<file> only, never a .part.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local files_rt = require "loip.runtime.files"
-local tfiles = require "loip.tools.files"
+local tfiles = require "loip.runtime.shell"
 local memory = require "loip.runtime.memory"
 
 local M = {}

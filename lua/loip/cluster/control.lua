@@ -5,7 +5,7 @@
 -- emulated link's rate (LINK). Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local policy = require "loip.policy"
 local engine = require "loip.engine"
@@ -166,7 +166,7 @@ function Cluster:plan_sizes(opts, k)
   if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
   return plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
     threads = self.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
-    plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
+    plan_positions = require("loip.ui.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
 end
 
 -- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come

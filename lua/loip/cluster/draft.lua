@@ -3,7 +3,7 @@
 -- and charged to its budget (the scheduler planned the device's part with that much less). The
 -- head keeps, per slot, the tokens the device's draft has; each proposal sends only what it
 -- lacks (DRAFT messages: open, propose, release, close; docs/serving.md, "Speculative decoding").
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

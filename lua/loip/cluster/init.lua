@@ -11,7 +11,7 @@
 --   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.engine.request.batcher)
 --   c:close()
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.worker"
@@ -90,7 +90,7 @@ function M.start_local(opts)
   local threads = require("loip.plan.profile").split_threads(n, opts.threads)
   for i = 1, n do
     local m = type(opts.mem) == "table" and opts.mem[i] or opts.mem or 0
-    if type(m) == "string" then m = require("loip.tools.flags").parse_bytes(m) end
+    if type(m) == "string" then m = require("loip.ui.flags").parse_bytes(m) end
     devices[i] = { mem = m or 0, threads = threads }
   end
   local dir = opts.dir

@@ -5,7 +5,7 @@
 -- the head on the results link: the device serves on until the head planned again without it
 -- and told it to stop). Worker:run calls M.keep_running every turn of its loop.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local process = require "loip.runtime.process"
 
 local M = {}

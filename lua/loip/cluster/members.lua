@@ -3,7 +3,7 @@
 -- device lost mid-request leaves and the others plan again, lost devices are taken back between
 -- requests, local workers that died are restarted. Methods of loip.cluster's Cluster.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
 

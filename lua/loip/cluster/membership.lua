@@ -8,7 +8,7 @@
 -- caller resumes every running request from its tokens (loip.engine.request.batcher's resume_all), as
 -- after a loss: no token changes. Methods of loip.cluster's Cluster.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
 

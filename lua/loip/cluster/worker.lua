@@ -12,7 +12,7 @@
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
@@ -21,7 +21,7 @@ local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local files = require "loip.runtime.files"
 local process = require "loip.runtime.process"
-local rw = require "loip.runtime.worker"
+local rw = require "loip.runtime.device"
 local K = core.constants
 
 local M = {}

@@ -19,7 +19,7 @@ local M = {
 
 function M.run(o)
   local client = require "loip.runtime.http_client"
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local url = o.url:gsub("/+$", "")
   local key = o.api_key or os.getenv("LOIP_API_KEY") or os.getenv("OPENAI_API_KEY")
   local headers = key and key ~= "" and { Authorization = "Bearer " .. key } or {}

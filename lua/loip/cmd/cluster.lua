@@ -1,8 +1,8 @@
 -- `loip cluster`: tell a serving cluster's head (loip serve --devices/--hosts) what to do with its
 -- members: `drain I` lets device I finish the step, plans again without it and stops it
 -- (POST /v1/cluster/drain); `members` prints its devices and membership events (GET /health).
-local common = require "loip.cmd.common"
-local json = require "loip.tools.json"
+local common = require "loip.cli.inputs"
+local json = require "loip.text.json"
 
 local M = {
   brief = "a serving cluster's members: drain a device, list devices and joins, leaves, losses",

@@ -1,6 +1,6 @@
 -- `loip plan`: print the plan a scheduler chooses for N devices and its predicted time, running nothing.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "print the plan a scheduler chooses for N devices and its predicted time, running nothing",

@@ -1,6 +1,6 @@
 -- `loip synth`: write a random-weight model with a real model's shapes.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "write a random-weight model with a real model's shapes",

@@ -1,6 +1,6 @@
 -- `loip testbed`: network namespaces shaped by tbf with a worker in each (root).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "network namespaces shaped by tbf with a worker in each (root)",
@@ -39,7 +39,7 @@ function M.run(o, pos)
     return 0
   elseif what == "status" then
     local st = testbed.state()
-    io.stdout:write(st and require("loip.tools.json").encode(st) .. "\n" or "none\n")
+    io.stdout:write(st and require("loip.text.json").encode(st) .. "\n" or "none\n")
     return 0
   elseif what ~= "up" then
     common.usage("testbed", "up N | shape I RATE | down | status (see --help)")

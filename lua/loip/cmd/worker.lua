@@ -1,6 +1,6 @@
 -- `loip worker`: run one device of a cluster (the head starts them with generate --devices).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "run one device of a cluster (the head starts them with generate --devices)",

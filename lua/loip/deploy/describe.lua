@@ -1,7 +1,7 @@
 -- A cluster description for recipes/deploy (up.lua, down.lua): a Lua file returning a table, read
 -- and checked field by field; an error names the file and the field (hosts[2].listen). The
 -- description's fields are documented in docs/deploy.md.
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 
 local M = {}
 

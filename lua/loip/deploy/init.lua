@@ -5,7 +5,7 @@
 -- recorded in a state file (STATE_DIR/state.json) as it happens, so `down`, from any process,
 -- stops it all and removes it all; a failing `up` does the same before it raises.
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local host = require "loip.deploy.host"
 local proc = require "loip.cluster.proc"
@@ -165,7 +165,7 @@ function M.up(d)
     say("head: loip serve started, pid %d, log %s (profiling and planning over %d hosts)", state.serve.pid, log, #list)
     local deadline = core.now_ms() + 300000
     while true do
-      local text = require("loip.tools.json").read_file(out) or ""
+      local text = require("loip.text.json").read_file(out) or ""
       local url = text:match("listening (http://%S+)")
       if url then state.serve.url = url break end
       if not proc.alive(state.serve.pid) or core.now_ms() > deadline then

@@ -6,7 +6,7 @@
 -- loip.engine's. Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
 local K = core.constants

@@ -84,7 +84,7 @@ function M.new(problem, p, opts)
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
   self.vocab = problem.model.vocab or 32000
-  self.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
+  self.plan_positions = math.min(require("loip.ui.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
     or self.kv_tokens, self.kv_tokens)
   self.kv_grows = self.plan_positions < self.kv_tokens
   self.replanner = opts.replanner

@@ -187,7 +187,7 @@ end
 -- Raises naming the file and the field.
 function M.load_routing(path)
   if path == nil then return nil end
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local r, err = json.load(path)
   if not r then error(err, 0) end
   if type(r) ~= "table" or r.format ~= "loip-routing" then

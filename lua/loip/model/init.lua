@@ -6,7 +6,7 @@
 --   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
@@ -59,7 +59,7 @@ local locate = M.locate
 -- The model .gguf files in directory dir, sorted (a store's tokenizer.gguf is not one).
 function M.gguf_files(dir)
   local out = {}
-  for _, name in ipairs(require("loip.tools.files").list(dir) or {}) do
+  for _, name in ipairs(require("loip.runtime.shell").list(dir) or {}) do
     if name:match("%.gguf$") and name ~= "tokenizer.gguf" then out[#out + 1] = name end
   end
   table.sort(out)
@@ -208,7 +208,7 @@ M.stop_ids = engine.stop_ids
 -- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = self:_sizes(cfg, facts, require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
+  local sizes = self:_sizes(cfg, facts, require("loip.ui.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -309,7 +309,7 @@ function Model:_start_runner(dir, facts)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
-    self.trace = self.trace or require("loip.tools.trace").new()
+    self.trace = self.trace or require("loip.measure.trace").new()
   end
 end
 

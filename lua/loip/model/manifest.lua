@@ -1,7 +1,7 @@
 -- A slice store's manifest (loip.model.store, slice.lua describe it), read and checked: every
 -- file named and sized, every tensor inside its file, aligned, its bytes matching shape and
 -- dtype, and a routed expert's file (mixture of experts) holding that expert's parts alone.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local files_rt = require "loip.runtime.files"
 
 local M = {}

@@ -30,12 +30,12 @@
 -- every file goes to a temporary name and is renamed when whole, and the manifest is written
 -- last. The checks that can refuse (bad model, another model's store, disk space) come first.
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
-local progress = require "loip.tools.progress"
-local fs = require "loip.tools.files"
+local progress = require "loip.ui.progress"
+local fs = require "loip.runtime.shell"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 

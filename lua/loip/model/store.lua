@@ -19,7 +19,7 @@
 -- the model's config, the source's hash, and per file its size, sha256 and tensors.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
@@ -89,7 +89,7 @@ M.model_file_pattern = "^tok[%w_.-]*%.bin$"
 function M.align_up(n) return math.ceil(n / M.ALIGN) * M.ALIGN end
 
 -- Size of the file at path, nil when it cannot be opened.
-M.file_size = require("loip.tools.files").size
+M.file_size = require("loip.runtime.shell").size
 
 function M.is_store(dir) return json.exists(dir .. "/manifest.json") end
 
@@ -162,7 +162,7 @@ function M.load_files(dir, man, how, budget, names, spare)
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
   local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
-  local bar = loading >= 256 * 1024 * 1024 and require("loip.tools.progress").new(loading, "loading " .. dir) or nil
+  local bar = loading >= 256 * 1024 * 1024 and require("loip.ui.progress").new(loading, "loading " .. dir) or nil
   local off, done = 0, 0
   for _, f in ipairs(files) do
     keep.base[f.name], keep.offset[f.name] = base + off, off

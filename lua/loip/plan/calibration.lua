@@ -8,7 +8,7 @@
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

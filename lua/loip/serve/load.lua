@@ -5,10 +5,10 @@
 --
 --   local runs = load.play(url, model_name, arrivals, { vocab = 32000 })
 --   local s = load.summary(runs)   -- tokens_per_s, ttft_ms {p50, p99}, ms_per_token {p50, p99}
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

@@ -3,7 +3,7 @@
 -- operator drains a device with POST /v1/cluster/drain { "device": I } (`loip cluster drain I`,
 -- authenticated by --api-key as all of /v1). After any change every running request goes on
 -- from its tokens on the new plan (the batcher's resume_all), as after a loss.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local openai = require "loip.serve.openai"
 
 local M = {}

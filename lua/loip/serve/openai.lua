@@ -1,7 +1,7 @@
 -- The OpenAI API's shapes: a request body checked field by field into what the batcher needs
 -- (or an error naming the field, with the status OpenAI gives), and the response objects and
 -- streamed chunks built from a finished or running request. No I/O here.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local tools = require "loip.serve.tools"
 local utf8 = require "loip.text.utf8"
 

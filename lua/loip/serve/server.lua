@@ -8,7 +8,7 @@
 --   srv:run()              -- until SIGINT/SIGTERM (or srv:run(function() return done end))
 --   srv:close()
 local http = require "loip.serve.http"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"

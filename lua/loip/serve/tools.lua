@@ -3,7 +3,7 @@
 -- the conversation in the shape Hugging Face chat templates expect; the tool-call parser of the
 -- model's family (a policy of kind "tools", recipes/policies/tools/*.lua, detected from the chat
 -- template or named by --tool-parser) and the grammar of its call syntax. No I/O here.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

@@ -41,7 +41,7 @@ function M.acceptance(v)
   if not f then return nil, string.format("--acceptance %s: neither a number in [0, 1] nor a readable JSON file", v) end
   local text = f:read("*a")
   f:close()
-  local ok, j = pcall(require("loip.tools.json").decode, text)
+  local ok, j = pcall(require("loip.text.json").decode, text)
   if not ok or type(j) ~= "table" then return nil, string.format("--acceptance %s: not JSON (%s)", v, tostring(j)) end
   -- (per_draft: the conditional acceptance, when the run reports it; else acceptance, accepted /
   -- drafted, which counts the drafts after a rejection as rejected too: it understates A)

@@ -6,7 +6,7 @@
 -- cannot place the model is OOM; one slower than the paper's limits is OOT (5 s/token sporadic,
 -- 2 s/token bursty). recipes/paper/*.lua run the figures' cases through M.run and print them
 -- beside the paper's ranges.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local policy = require "loip.policy"
 local sim = require "loip.sim"
 
@@ -41,9 +41,9 @@ end
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
 -- (an OOT keeps its ms_per_token).
 function M.run(c)
-  local cp = require "loip.cmd.common"
+  local cp = require "loip.cli.inputs"
   local n = #c.devices
-  local plan_positions = require("loip.tools.flags").renamed(c, "plan_tokens", "plan_positions", "experiments.run")
+  local plan_positions = require("loip.ui.flags").renamed(c, "plan_tokens", "plan_positions", "experiments.run")
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1
   local mem = {}
@@ -191,7 +191,7 @@ function M.report(name, out, cases, paper)
     bars[#bars + 1] = { string.format("%s: %s", r.config, M.LABEL[r.method] or r.method), r.ms_per_token or 0,
       type(r.result) == "string" and r.result or nil, color = r.method == "loip" and "#27ae60" or "#7f8c8d" }
   end
-  require("loip.tools.plot").bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
+  require("loip.measure.plot").bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
   result.plot = name .. ".svg" -- (beside the JSON: the same bytes wherever --out is)
   json.write_file(out .. "/" .. name .. ".json", json.encode_sorted(result, 2) .. "\n")
   io.stdout:write(text)

@@ -2,7 +2,7 @@
 -- explicitly) rendered with loip.template in the environment transformers uses.
 --
 --   local text = chat.apply(dir, { { role = "user", content = "Hi" } }, { add_generation_prompt = true })
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 
@@ -33,7 +33,7 @@ end
 -- cost more than the rendering).
 local gguf_cache = {}
 local function gguf_facts(path)
-  local key = path .. "\0" .. tostring(require("loip.tools.files").size(path))
+  local key = path .. "\0" .. tostring(require("loip.runtime.shell").size(path))
   if gguf_cache[key] then return gguf_cache[key] end
   local g = require("loip.model.gguf").open(path)
   local md = g.metadata

@@ -5,9 +5,9 @@
 -- valid; oneOf: exactly one branch). Checks what a model wrote under a schema's grammar (tool
 -- arguments, structured outputs) and the grammar itself in the specs.
 --   check(schema, value) -> true | nil, "JSON pointer: why"
--- Values are decoded by loip.tools.json (cjson): null is json.null; an empty table is an
+-- Values are decoded by loip.text.json (cjson): null is json.null; an empty table is an
 -- empty object or array, either.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

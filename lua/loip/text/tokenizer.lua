@@ -9,7 +9,7 @@
 -- content), tokenizer.bin (llama2.c), tokenizer.gguf (a slice store made from a GGUF: the GGUF's
 -- metadata), tok<vocab_size>.bin (llama2.c, with opts.vocab_size). A .gguf file is read for
 -- the tokenizer in its metadata.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

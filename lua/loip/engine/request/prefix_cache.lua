@@ -217,7 +217,7 @@ function M.device_lookup(d, body)
   local held = 0
   body = assert(body, "a LOOKUP without its keys")
   if d and not d.lend_peer then held = M.device_store(d, body.disk):lookup(body.keys or {}) end
-  return require("loip.tools.json").encode({ held = held })
+  return require("loip.text.json").encode({ held = held })
 end
 -- A START's (body) KV: the cache's groups its prompt starts with (body.attach: the head's LOOKUP
 -- found them on every device) or another choice's first positions shared (body.share).

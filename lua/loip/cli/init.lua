@@ -2,11 +2,11 @@
 -- success, 1 runtime failure, 2 usage error.
 --
 -- Each command is one module, lua/loip/cmd/<name>.lua (luarocks' src/luarocks/cmd/*.lua): a table
--- { brief (its line in `loip help`), usage, summary, flags (loip.tools.flags rows; the rows several
+-- { brief (its line in `loip help`), usage, summary, flags (loip.ui.flags rows; the rows several
 -- commands share are flags.shared's), run(opts, positional, argv, at) -> exit code }, the work done
 -- by the library modules it calls. This file only dispatches: the REPL with no command, help,
 -- version, and a usage error naming the nearest command.
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -53,7 +53,7 @@ end
 function M.main(argv)
   local cmd = argv[1]
   local ok, rc = xpcall(function()
-    if cmd == nil then return require("loip.tools.repl").run() end
+    if cmd == nil then return require("loip.cli.repl").run() end
     if cmd == "--help" or cmd == "-h" then io.stdout:write(M.usage()) return 0 end
     if cmd == "help" then
       local c, topic = M.commands[argv[2] or ""], M.topics[argv[2] or ""]
@@ -63,7 +63,7 @@ function M.main(argv)
     if cmd == "version" or cmd == "--version" then print(M.version()) return 0 end
     local c = M.commands[cmd]
     if not c then
-      local near = require("loip.tools.suggest").closest(cmd, M.order)
+      local near = require("loip.ui.suggest").closest(cmd, M.order)
       io.stderr:write(string.format("loip: unknown command '%s'%s\n%s", cmd, near and ("; did you mean " .. near .. "?") or "",
         M.usage()))
       return 2
@@ -79,7 +79,7 @@ function M.main(argv)
   end)
   if ok then return rc or 0 end
   -- (after text that left its line unfinished, e.g. generate's tokens: the error on a line of its own)
-  local common = package.loaded["loip.cmd.common"]
+  local common = package.loaded["loip.cli.inputs"]
   if common and common.mid_line then io.stdout:write("\n") io.stdout:flush() common.mid_line = false end
   io.stderr:write(string.format("loip: %s\n", rc.msg))
   return rc.usage_error and 2 or 1

@@ -37,7 +37,7 @@ function M.run()
   local home = os.getenv("HOME")
   local hist = home and (home .. "/.loip_history")
   if hist then loip_history("load", hist) end
-  print(require("loip.tools.cli").version())
+  print(require("loip.cli").version())
   print('loip REPL — `loip` is loaded; try: m = loip.model.open("models/stories260K")  (:help for commands)')
   local buffer = ""
   local last_trace

@@ -100,7 +100,7 @@ function M.prompt(vocab_size)
   return ids
 end
 
--- A recipe's flags (loip.tools.flags rows): --store and --model of the shared store, then the
+-- A recipe's flags (loip.ui.flags rows): --store and --model of the shared store, then the
 -- recipe's own.
 function M.store_flags(what, own)
   local rows = { { "store", "string", "slice store " .. what .. " (made if missing)", default = M.STORE },
@@ -161,7 +161,7 @@ end
 -- loip.synth's options, by default the llama-3.2-1b BF16 model the benchmarks share.
 function M.ensure_store(store_dir, model_dir, shape)
   if require("loip.model.store").is_store(store_dir) then return store_dir end
-  if not require("loip.tools.json").exists(model_dir .. "/config.json") then
+  if not require("loip.text.json").exists(model_dir .. "/config.json") then
     M.log("making the synthetic model in %s (once)", model_dir)
     require("loip.model.synth").write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
   end
