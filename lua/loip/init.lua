@@ -14,7 +14,7 @@ local submodules = {
   progress = "loip.ui.progress", json = "loip.text.json", shapes = "loip.model.shapes",
   template = "loip.text.template", chat = "loip.text.chat", plot = "loip.measure.plot",
   loader = "loip.runtime.loader", slice = "loip.model.slice", bench = "loip.measure.bench", memory = "loip.runtime.memory",
-  plan = "loip.plan", trace = "loip.measure.trace", transport = "loip.runtime.transport",
+  plan = "loip.plan", trace = "loip.engine.trace", transport = "loip.runtime.transport",
   policy = "loip.policy", problem = "loip.plan.problem", profile = "loip.plan.profile", steady = "loip.plan.steady",
   disk = "loip.plan.disk", calibration = "loip.plan.calibration", hub = "loip.model.hub",
   cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",

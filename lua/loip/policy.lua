@@ -478,7 +478,7 @@ function M.plan(problem, opts)
   local space = require "loip.plan.space"
   for i = 1, problem.model.moe and #p.devices or 0 do
     local b = space.budget(problem, i)
-    require("loip.model.experts").size_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))
+    space.size_expert_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))
   end
   local est = cost.estimate(p, problem)
   bad = M.check_estimate(est, M.label("cost", cost, "cost model"))

@@ -188,7 +188,7 @@ describe("loip serve --draft", function()
       assert.are.equal(d.steps, proposed)
       -- `loip trace plot` draws the head's lanes
       local svg = path:gsub("json$", "svg")
-      require("loip.measure.trace").plot(path, svg)
+      require("loip.engine.trace").plot(path, svg)
       local drawn = T.read(svg)
       assert.matches(">head<", drawn, 1, true)
       assert.matches(">verify<", drawn, 1, true)

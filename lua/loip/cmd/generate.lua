@@ -155,7 +155,7 @@ local function run_cluster(o)
     local rest = ""
     local after = c:stats()
     if o.trace then
-      local tr = c:collect_trace(require("loip.measure.trace").new())
+      local tr = c:collect_trace(require("loip.engine.trace").new())
       require("loip.engine.request.online").add_to_trace(tr, c:batcher().adaptations)
       require("loip.engine.request.draft_trace").add_to_trace(tr, c:batcher().draft)
       tr:write(o.trace)

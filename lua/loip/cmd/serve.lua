@@ -61,7 +61,7 @@ local M = {
 -- --trace: the devices' events (one device's m.trace, a cluster's collected), the online
 -- policy's adaptations and speculative decoding's spans, written to path.
 function M.write_trace(path, m, c, b, quiet)
-  local tr = c and c:collect_trace(require("loip.measure.trace").new()) or m.trace or require("loip.measure.trace").new()
+  local tr = c and c:collect_trace(require("loip.engine.trace").new()) or m.trace or require("loip.engine.trace").new()
   require("loip.engine.request.online").add_to_trace(tr, b.adaptations)
   require("loip.engine.request.draft_trace").add_to_trace(tr, b.draft)
   tr:write(path)

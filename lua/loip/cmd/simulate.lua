@@ -70,7 +70,7 @@ local M = {
   flags = rows,
 }
 
-local mean = require("loip.measure.bench").mean
+local mean = require("loip.measure.stats").mean
 
 -- Whether o is a loip generate command line: one of generate's own flags given (--prompt,
 -- --max-tokens, --tokenizer, or one simulate ignores). It simulates as generate runs: one request.
@@ -199,7 +199,7 @@ function M.run(o)
     online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
     draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }
   if o.trace then
-    local tr = require("loip.measure.trace").new()
+    local tr = require("loip.engine.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
     tr:write(o.trace)
   end

@@ -18,7 +18,7 @@ function M.run(o, pos)
   if pos[1] ~= "plot" or not pos[2] or not pos[3] or pos[4] then
     common.usage("trace", "usage: loip trace plot TRACE.json OUT.svg (see --help)")
   end
-  local n = require("loip.measure.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
+  local n = require("loip.engine.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
   io.stderr:write(string.format("%d events -> %s\n", n, pos[3]))
   return 0
 end

@@ -45,22 +45,7 @@ local plan = require "loip.plan"
 
 local M = {}
 
--- The plan p with device i's stage k reading its first `offloaded` blocks every step (a bare
--- copy; p itself when nothing changes). Raises naming the stage or the count.
-function M.restaged(p, i, k, offloaded)
-  local d = p.devices[i]
-  if not d then error(string.format("restage: device %s is not one of %d", tostring(i), #p.devices), 0) end
-  local st = d.stages[k]
-  if not st then error(string.format("restage: stage %s is not one of the plan's %d", tostring(k), #d.stages), 0) end
-  local n = st.blocks[2] - st.blocks[1] + 1
-  if type(offloaded) ~= "number" or offloaded < 0 or offloaded > n or offloaded ~= math.floor(offloaded) then
-    error(string.format("restage: stage %d has %d blocks; offloaded %s is not in 0..%d", k, n, tostring(offloaded), n), 0)
-  end
-  if offloaded == (st.offloaded or 0) then return p end
-  local p2 = plan.bare(p)
-  p2.devices[i].stages[k].offloaded = offloaded
-  return p2
-end
+M.restaged = plan.restaged -- (loip.plan: one restage of a plan table)
 
 -- A plan given (a table, or a Lua file returning one) checked for a problem: loaded, then
 -- loip.policy.check_plan (well formed, the problem's devices and stage count, every budget).

@@ -1,27 +1,10 @@
--- Helpers the benchmark recipes (and the profiles' measurements) share: robust statistics and
+-- Helpers the benchmark recipes share: robust statistics (loip.measure.stats') and
 -- progress lines on stderr (stdout carries the recipe's one JSON object).
+local stats = require "loip.measure.stats"
+
 local M = {}
 
-local function sorted(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  return s
-end
-
--- The median of a list of numbers (nil when it is empty).
-function M.median(xs)
-  local s = sorted(xs)
-  local n = #s
-  if n == 0 then return nil end
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
-
--- The q-quantile (0..1) of a list of numbers, the nearest rank.
-function M.quantile(xs, q)
-  local s = sorted(xs)
-  return s[math.max(1, math.min(#s, math.floor(q * #s + 0.5)))]
-end
+M.median, M.quantile, M.mean = stats.median, stats.quantile, stats.mean -- (loip.measure.stats)
 
 function M.log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
 
@@ -31,14 +14,6 @@ function M.sh(cmd)
   local r = p and p:read("*l") or ""
   if p then p:close() end
   return r
-end
-
--- The mean of a list of numbers (nil when it is empty).
-function M.mean(xs)
-  if #xs == 0 then return nil end
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  return s / #xs
 end
 
 -- A `loip serve ARGS --port 0 --quiet` child: { pid, url, log() (its stderr), stop() (SIGTERM,

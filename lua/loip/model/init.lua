@@ -6,7 +6,6 @@
 --   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
@@ -16,6 +15,7 @@ local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
 local planner = require "loip.plan"
 local engine = require "loip.engine"
+local where = require "loip.model.locate"
 
 local M = {}
 
@@ -27,44 +27,8 @@ function M.default_context(max_seq) return math.min(max_seq, M.DEFAULT_CONTEXT) 
 local Model = {}
 Model.__index = Model
 
-local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
-local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
-local function is_file(p) return json.exists(p) end
-
--- What to open: ("store", dir), ("hf", dir), ("gguf", file: a .gguf, or the one in dir) or
--- ("llama2c", checkpoint path, tokenizer dir).
-function M.locate(path)
-  path = path:gsub("/+$", "")
-  if is_file(path .. "/manifest.json") then return "store", path end
-  if is_file(path .. "/config.json") then return "hf", path end
-  if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
-  if path:match("%.gguf$") and is_file(path) then return "gguf", path end
-  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
-    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
-  end
-  local ggufs = M.gguf_files(path)
-  if #ggufs == 1 then return "gguf", path .. "/" .. ggufs[1] end
-  if #ggufs > 1 then
-    error(string.format("%s: holds %d GGUF files (%s): name the one to run", path, #ggufs, table.concat(ggufs, ", ")), 0)
-  end
-  -- loip slice writes the manifest last: block files without it are an unfinished store.
-  if is_file(path .. "/embed.bin") or is_file(path .. "/layer-000-mha.bin") then
-    error(string.format("%s: an incomplete slice store (no manifest.json: loip slice was interrupted or failed); re-run `loip slice MODEL_DIR %s`",
-      path, path), 0)
-  end
-  error(string.format("%s: not a model (no manifest.json, config.json, model.bin, %s.bin or .gguf file)", path, basename(path)), 0)
-end
+M.locate, M.gguf_files = where.locate, where.gguf_files -- (loip.model.locate)
 local locate = M.locate
-
--- The model .gguf files in directory dir, sorted (a store's tokenizer.gguf is not one).
-function M.gguf_files(dir)
-  local out = {}
-  for _, name in ipairs(require("loip.runtime.shell").list(dir) or {}) do
-    if name:match("%.gguf$") and name ~= "tokenizer.gguf" then out[#out + 1] = name end
-  end
-  table.sort(out)
-  return out
-end
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (tokens per forward step: prompt chunks and the decoding requests together, default 64),
@@ -309,7 +273,7 @@ function Model:_start_runner(dir, facts)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
-    self.trace = self.trace or require("loip.measure.trace").new()
+    self.trace = self.trace or require("loip.engine.trace").new()
   end
 end
 

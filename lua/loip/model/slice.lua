@@ -34,6 +34,7 @@ local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
+local locate = require("loip.model.locate").locate
 local progress = require "loip.ui.progress"
 local fs = require "loip.runtime.shell"
 local exec = require "loip.runtime.exec"
@@ -76,7 +77,7 @@ end
 -- and the directory holding its tokenizer. Every tensor is bound to a model of that config
 -- first, so a model loip cannot run is refused before anything is written.
 function M.open_source(path)
-  local kind, file, tokdir = require("loip.model").locate(path)
+  local kind, file, tokdir = locate(path)
   if kind == "store" then error(path .. ": is a slice store already (slice its source model instead)", 0) end
   local src = { path = path:gsub("/+$", ""), format = kind, dir = tokdir or file, tensors = {}, weight_files = {} }
   local c, by_kind = nil, {}
@@ -379,7 +380,7 @@ function M.write(src_path, out, opts)
   return res
 end
 
--- The slice store of the model at src_path kept in the cache (loip.plan.profile.cache_dir(),
+-- The slice store of the model at src_path kept in the cache (loip.runtime.shell.cache_dir(),
 -- stores/<key>): sliced there the first time, with a progress bar, and reused while the source
 -- is the same. The key is the source's real path and its weight files' names, sizes and
 -- modification times (no hashing of gigabytes to find it); a store found there must hold the
@@ -405,7 +406,7 @@ function M.cached(src_path, opts)
   -- and the old one of the same place is removed once the new one is whole
   local place = sha256_string(where):sub(1, 16)
   local name = place .. "-" .. sha256_string(where .. facts):sub(1, 16)
-  local stores = require("loip.plan.profile").cache_dir() .. "/stores"
+  local stores = fs.cache_dir() .. "/stores"
   local dir = stores .. "/" .. name
   if store.is_store(dir) then
     local ok, man = pcall(store.read_manifest, dir)
@@ -425,7 +426,7 @@ function M.verify(dir, opts)
   opts = opts or {}
   dir = dir:gsub("/+$", "")
   if not store.is_store(dir) then
-    require("loip.model").locate(dir) -- names an interrupted store as such
+    locate(dir) -- names an interrupted store as such
     error(dir .. ": not a slice store (no manifest.json)", 0)
   end
   local man = store.read_manifest(dir)

@@ -379,7 +379,7 @@ end
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
-  local p2 = require("loip.engine").restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
+  local p2 = require("loip.plan").restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
   if p2 == p then return p end
   local st = p.devices[o.device].stages[k]
   local old = st.offloaded or 0

@@ -9,17 +9,12 @@ local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local json = require "loip.text.json"
+local shell = require "loip.runtime.shell"
 
 local M = {}
 
--- Where calibrations are kept: $LOIP_CACHE_DIR, else $XDG_CACHE_HOME/loip, else ~/.cache/loip.
-function M.cache_dir()
-  local d = os.getenv("LOIP_CACHE_DIR")
-  if d and d ~= "" then return d end
-  local x = os.getenv("XDG_CACHE_HOME")
-  if x and x ~= "" then return x .. "/loip" end
-  return (os.getenv("HOME") or "/tmp") .. "/.cache/loip"
-end
+-- Where calibrations are kept (loip's cache: loip.runtime.shell.cache_dir).
+M.cache_dir = shell.cache_dir
 
 local function sha_hex(s)
   local h = files_rt.sha256()

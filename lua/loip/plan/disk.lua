@@ -9,7 +9,7 @@
 --   local d = disk.disk({ "store/layer-000.bin", ... }, 256 * 1024 * 1024, 0, 1)   -- d.read_bps, d.load_ms
 local core = require "loip.core"
 local files_rt = require "loip.runtime.files"
-local median = require("loip.measure.bench").median
+local median = require("loip.measure.stats").median
 local steady = require "loip.plan.steady"
 
 local M = {}

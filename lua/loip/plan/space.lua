@@ -439,4 +439,29 @@ function M.fill(problem, p, i)
   end
 end
 
+-- The most experts a cache holds (its loader's slots: runtime/loader/loader.c takes 1024 at most).
+M.MAX_EXPERT_SLOTS = 1024
+
+-- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
+-- it serves, and M.MAX_EXPERT_SLOTS; at least the top-k, which the plan's memory already counts), less
+-- what a KV cache growing online past the plan's positions will take; without a budget (avail
+-- 0), a layer's experts. Changes p in place.
+function M.size_expert_cache(p, i, sizes, avail, opts)
+  if not sizes.moe then return end
+  local d = p.devices[i]
+  local part = plan.device_part(p, i, sizes)
+  if (part.off_moe or 0) == 0 or d.expert_slots then return end
+  local m = plan.memory(p, i, sizes, opts)
+  -- (a KV cache that grows online past the plan's positions keeps its room: the cache does not take it)
+  local grows = sizes.plan_positions < sizes.kv_tokens
+    and math.ceil(m.kv / math.max(1, sizes.plan_positions) * (sizes.kv_tokens - sizes.plan_positions)) or 0
+  local most = math.min(part.off_moe * sizes.moe.experts, M.MAX_EXPERT_SLOTS)
+  if avail <= 0 then -- (no budget: the memory a layer's experts read as one dense block would take)
+    d.expert_slots = math.min(most, math.max(part.expert_slots, sizes.moe.experts))
+    return
+  end
+  local room = avail - m.total - grows
+  d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
+end
+
 return M

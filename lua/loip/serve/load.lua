@@ -5,7 +5,7 @@
 --
 --   local runs = load.play(url, model_name, arrivals, { vocab = 32000 })
 --   local s = load.summary(runs)   -- tokens_per_s, ttft_ms {p50, p99}, ms_per_token {p50, p99}
-local bench = require "loip.measure.bench"
+local stats = require "loip.measure.stats"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local json = require "loip.text.json"
@@ -109,7 +109,7 @@ function M.summary(runs)
     if #xs == 0 then return nil end
     local sum = 0
     for _, x in ipairs(xs) do sum = sum + x end
-    return { p50 = bench.quantile(xs, 0.5), p99 = bench.quantile(xs, 0.99), mean = sum / #xs }
+    return { p50 = stats.quantile(xs, 0.5), p99 = stats.quantile(xs, 0.99), mean = sum / #xs }
   end
   s.ttft_ms, s.ms_per_token = q(ttft), q(mpt)
   return s

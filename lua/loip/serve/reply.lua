@@ -65,7 +65,7 @@ function Reply:logprobs_of(c, all)
   if first > #list and not all then return nil end
   local prev = first > 1 and list[first - 1].id or self.prompt_last
   c.lp_sent = #list
-  local lp = require "loip.engine.request.logprobs"
+  local lp = require "loip.serve.logprobs"
   if self.kind == "chat" then return lp.chat(self.srv.tok, prev, list, first, #list) end
   local o
   o, c.lp_offset = lp.completion(self.srv.tok, prev, list, first, #list, all and 0 or c.lp_offset)

@@ -10,6 +10,7 @@
 -- metadata), tok<vocab_size>.bin (llama2.c, with opts.vocab_size). A .gguf file is read for
 -- the tokenizer in its metadata.
 local json = require "loip.text.json"
+local locate = require("loip.model.locate").locate
 
 local M = {}
 
@@ -130,7 +131,7 @@ end
 function M.find(dir, opts)
   if opts.path then return M.open_file(opts.path, opts) end
   -- the tokenizer the model at dir runs with: a GGUF's own, a checkpoint's tok<vocab>.bin
-  local ok, kind, file, tokdir = pcall(require("loip.model").locate, dir)
+  local ok, kind, file, tokdir = pcall(locate, dir)
   if ok then
     if kind == "gguf" then return M.open_file(file, opts) end
     if not opts.vocab_size then
