@@ -53,7 +53,7 @@ end
 function M.main(argv)
   local cmd = argv[1]
   local ok, rc = xpcall(function()
-    if cmd == nil then return require("loip.cli.repl").run() end
+    if cmd == nil then return require("loip.cli.repl").run(M.version()) end -- (loaded when it runs: `loip` with no command)
     if cmd == "--help" or cmd == "-h" then io.stdout:write(M.usage()) return 0 end
     if cmd == "help" then
       local c, topic = M.commands[argv[2] or ""], M.topics[argv[2] or ""]

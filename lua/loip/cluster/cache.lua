@@ -70,7 +70,7 @@ function Cache:open_store(id, text)
     f:close()
     assert(os.rename(path .. ".part", path))
   end
-  local man = require("loip.model.manifest").check(json.decode(text), dir)
+  local man = require("loip.model.store").check_manifest(json.decode(text), dir)
   self.man, self.sdir, self.id = man, dir, id
   self.by_name, self.by_index = {}, {}
   for k, f in ipairs(man.files) do self.by_name[f.name], self.by_index[k] = f, f end

@@ -111,7 +111,7 @@ function M.redo(man, dir, src, force)
 end
 
 -- The manifest, read and checked (loip.model.manifest).
-local manifest = require "loip.model.manifest"
+local manifest = require("loip.model.manifest").for_store(M)
 M.read_manifest, M.check_manifest, M.check_files = manifest.read, manifest.check, manifest.check_files
 
 -- (loip_model_config, facts) of a store's manifest: the config is Hugging Face's, plus

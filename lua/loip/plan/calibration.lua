@@ -10,6 +10,7 @@ local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local json = require "loip.text.json"
 local shell = require "loip.runtime.shell"
+local plan_shape = require "loip.plan.shape"
 
 local M = {}
 
@@ -59,7 +60,7 @@ function M.calibrate(opts, profile)
     files = {}
     for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
   end
-  cfg = require("loip.plan.problem").dense_equivalent(cfg) -- (a mixture of experts: a token's work)
+  cfg = plan_shape.dense_equivalent(cfg) -- (a mixture of experts: a token's work)
   local c = hf.parse_config(cfg, "calibration shape")
   local threads = tonumber(opts.threads) or 0
   local pool = exec.pool_new(threads)
@@ -68,7 +69,7 @@ function M.calibrate(opts, profile)
   local context = math.min(opts.context or 256, c.max_seq)
   -- blocks larger than this are timed on a narrower layer of the same model (rates carry over)
   local cap = 256 * 1024 * 1024
-  local shape = require("loip.plan.problem").shape_of(cfg, dtype)
+  local shape = plan_shape.shape_of(cfg, dtype)
   local measured_cfg = cfg
   if shape.mlp_bytes > cap then
     local f = math.sqrt(shape.mlp_bytes / cap)

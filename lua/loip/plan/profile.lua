@@ -38,6 +38,7 @@ local median, quantile = require("loip.measure.stats").median, require("loip.mea
 local steady = require "loip.plan.steady"
 local disk = require "loip.plan.disk"
 local calibration = require "loip.plan.calibration"
+local plan_shape = require "loip.plan.shape"
 
 local M = {}
 
@@ -179,8 +180,8 @@ end
 -- function(text) told what is being measured).
 function M.measure(opts)
   local hf = require "loip.model.hf"
-  -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.problem)
-  local c = hf.parse_config(require("loip.plan.problem").dense_equivalent(opts.cfg), "profile shape")
+  -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.shape)
+  local c = hf.parse_config(plan_shape.dense_equivalent(opts.cfg), "profile shape")
   local say = opts.progress or function() end
   local batches = opts.quick and { 1 } or (opts.batches or { 1, 2, 4, 8 })
   local max_pos = math.min(c.max_seq, 4096)
