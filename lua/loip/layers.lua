@@ -3,7 +3,7 @@
 -- above (a lower layer that needs something of a higher one is passed a function, or the
 -- shared piece moves down). Requires go round no cycle, inside a layer either.
 -- spec/unit/layering_spec.lua reads every require in lua/ and recipes/ (those inside functions
--- too) against this table, and checks that docs/design.md's table (§2, "Layers") is this one.
+-- too) against this table, and checks that docs/design.md's table (§1, "Lua layers") is this one.
 --
 -- parts: "loip.x.*" is every module under lua/loip/x/ (lua/loip/x/init.lua is "loip.x", named
 -- on its own where it sits elsewhere); "loip.x.y" one module, which wins over its folder;

@@ -1,4 +1,4 @@
--- The Lua layers (lua/loip/layers.lua, mirrored by docs/design.md §2 "Layers"): every
+-- The Lua layers (lua/loip/layers.lua, mirrored by docs/design.md §1 "Lua layers"): every
 -- `require "name"` / `require("name")` in lua/ and recipes/, those inside functions too, read
 -- from the files; no require goes round a cycle, none goes up the table, every loip module it
 -- names exists and every module is in a layer. Failures name the file, the line and the rule.
@@ -285,7 +285,7 @@ describe("the Lua layers", function()
   it("is the table docs/design.md shows", function()
     local want = design_table()
     local doc = read(root .. "/docs/design.md")
-    assert(doc:find(want, 1, true), "docs/design.md (§2, \"Layers\") does not hold lua/loip/layers.lua's table; "
+    assert(doc:find(want, 1, true), "docs/design.md (§1, \"Lua layers\") does not hold lua/loip/layers.lua's table; "
       .. "write it as:\n" .. want)
   end)
 end)
