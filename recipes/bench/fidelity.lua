@@ -25,6 +25,8 @@ local plan_mod = require "loip.plan"
 local plot = require "loip.measure.plot"
 local sim = require "loip.sim"
 local store = require "loip.model.store"
+local proc = require "loip.cluster.proc"
+local policy = require "loip.policy"
 
 local spec = {
   name = "fidelity.lua", usage = "loip run recipes/bench/fidelity.lua [flags]",
@@ -53,7 +55,7 @@ if not require("loip.text.json").exists(o.profile) then
   log("measuring this machine into %s (once): loip profile --batches 1,2,4,8 --contexts 64,256", o.profile)
   os.execute("mkdir -p \"$(dirname '" .. o.profile .. "')\"")
   local cmd = string.format("%s profile --model '%s' --threads 1 --batches 1,2,4,8 --contexts 64,256 --out '%s' >&2",
-    require("loip.cluster.proc").exe(), o.store, o.profile)
+    proc.exe(), o.store, o.profile)
   if os.execute(cmd) ~= 0 then error("loip profile failed", 0) end
 end
 local man = store.read_manifest(o.store)
@@ -76,7 +78,7 @@ end
 
 local function arrivals(pattern)
   if pattern == "online" then
-    return require("loip.policy").load("pattern", "bursty").requests({ burst = 2, bursts = 1, input_tokens = #bench.PROMPT,
+    return policy.load("pattern", "bursty").requests({ burst = 2, bursts = 1, input_tokens = #bench.PROMPT,
       output_tokens = o.online_tokens })
   end
   return require("loip.policy").load("pattern", pattern).requests({ count = 2, burst = o.burst, bursts = 1,

@@ -23,6 +23,7 @@ local plot = require "loip.measure.plot"
 local plan = require "loip.plan"
 local model = require "loip.model"
 local store = require "loip.model.store"
+local core = require "loip.core"
 
 local spec = {
   name = "moe.lua", usage = "loip run recipes/bench/moe.lua [flags]",
@@ -70,7 +71,7 @@ local function one_device(experts, p)
   local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, ignore_eos = true })
   local x0, r0
   local steps, last = {}, nil
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   for _ in it do
     local now = now_ms()
     if not r0 then x0, r0 = m.experts and m.experts:stats(), m:runner_stats() end

@@ -23,6 +23,8 @@ local flags = require "loip.ui.flags"
 local json = require "loip.text.json"
 local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
+local core = require "loip.core"
+local plan = require "loip.plan"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -78,7 +80,7 @@ local settle
 
 -- one request on batcher b: its TTFT (ms), tokens, cached tokens; then settled
 local function ask(b, ids)
-  local steps, step_ms, t0 = b.stats.steps, b.stats.step_ms, require("loip.core").now_ms()
+  local steps, step_ms, t0 = b.stats.steps, b.stats.step_ms, core.now_ms()
   local r = b:submit { prompt = ids, max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true }
   local t_admit = require("loip.core").now_ms() - t0
   r:next()
@@ -156,7 +158,7 @@ if o.synthetic then
   local st = bench.ensure_store(model .. "-store", model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1,
     layers = o.synthetic_layers })
   local man = store.read_manifest(st)
-  local sizes = require("loip.plan").sizes(man, store.config(st, man), { context = o.context, batch = 64, threads = 1,
+  local sizes = plan.sizes(man, store.config(st, man), { context = o.context, batch = 64, threads = 1,
     max_seqs = 1, kv_tokens = o.context })
   result.synthetic = measure("synthetic-1b", st, bench.budgets(sizes, o.devices, o.synthetic_budget), o.context)
 end

@@ -33,6 +33,8 @@ local memory = require "loip.runtime.memory"
 local plan_mod = require "loip.plan"
 local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
+local policy = require "loip.policy"
+local problem = require "loip.plan.problem"
 
 local spec = {
   name = "schedulers.lua", usage = "loip run recipes/bench/schedulers.lua [flags]",
@@ -57,8 +59,6 @@ local log, median = bench.log, bench.median
 -- "decide": the scheduler's own time on llama-3.3-70b over 8 boards (the problem
 -- spec/unit/scheduler_spec.lua checks the plans of), no weights, no devices.
 local function decide_70b()
-  local policy = require "loip.policy"
-  local problem = require "loip.plan.problem"
   local m = problem.model_of_shape("llama-3.3-70b", {}, { context = 4096, batch = 64, threads = 1 })
   local GiB = 1024 ^ 3
   local disks = { 2.5e9, 2.5e9, 2e9, 2e9, 2e9, 1.2e9, 1.2e9, 1.2e9 } -- bytes/s: NVMe on the Orins, slower on the NX

@@ -27,6 +27,8 @@ local json = require "loip.text.json"
 local plot = require "loip.measure.plot"
 local policy = require "loip.policy"
 local store = require "loip.model.store"
+local plan = require "loip.plan"
+local synth = require "loip.model.synth"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -103,7 +105,7 @@ local ok, err = pcall(function()
   -- what each device reads every step (the plan under its budget)
   result.offloaded_bytes = {}
   for i = 1, #c.devices do
-    result.offloaded_bytes[i] = require("loip.plan").memory(c.plan_table, i, c.sizes).offloaded_bytes
+    result.offloaded_bytes[i] = plan.memory(c.plan_table, i, c.sizes).offloaded_bytes
   end
   log("  %.1f tokens/s; offloaded (read every step) per device: %s bytes", none.tokens_per_s,
     table.concat(result.offloaded_bytes, ", "))
@@ -186,7 +188,7 @@ if o.synthetic then
     if not store.is_store(dir .. "-store") then
       if not json.exists(dir .. "/config.json") then
         log("making the synthetic %s (%d layers) in %s (once)", like, layers, dir)
-        require("loip.model.synth").write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
+        synth.write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
       end
       require("loip.model.slice").write(dir, dir .. "-store", { quiet = true })
     end

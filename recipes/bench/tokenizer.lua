@@ -19,6 +19,7 @@ local flags = require "loip.ui.flags"
 local json = require "loip.text.json"
 local plot = require "loip.measure.plot"
 local tokenizer = require "loip.text.tokenizer"
+local bpe = require "loip.text.tokenizers.bpe"
 
 local spec = {
   name = "tokenizer.lua", usage = "loip run recipes/bench/tokenizer.lua [flags]",
@@ -187,7 +188,6 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
   -- Llama 3's tokenizer.json as transformers' converter writes it: the vocabulary in GPT-2
   -- spelling, and a merge for every split of a token into two tokens, by the token's rank.
   local tik = tokenizer.open(models .. "/llama3-tokenizer")
-  local bpe = require "loip.text.tokenizers.bpe"
   local raw, rank, spelled, vocab = {}, {}, {}, {}
   for id = 0, 127999 do
     raw[id] = tik:id_to_token(id)

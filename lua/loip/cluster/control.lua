@@ -13,6 +13,10 @@ local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local memory = require "loip.runtime.memory"
 local proc = require "loip.cluster.proc"
+local problem = require "loip.plan.problem"
+local flags = require "loip.ui.flags"
+local defaults = require "loip.model"
+local ship = require "loip.cluster.ship"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -66,7 +70,6 @@ end
 
 -- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
 function Cluster:problem(opts, sizes)
-  local problem = require "loip.plan.problem"
   local N = #self.devices
   local budgets, rates, delays = {}, {}, {}
   for i, d in ipairs(self.devices) do budgets[i] = self:budget_of(i) end
@@ -166,7 +169,7 @@ function Cluster:plan_sizes(opts, k)
   if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
   return plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
     threads = self.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
-    plan_positions = require("loip.ui.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
+    plan_positions = flags.renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
 end
 
 -- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come
@@ -197,7 +200,6 @@ function Cluster:plan(opts)
   self.plan_opts = opts
   local cfg, facts = store.config(self.store, self.man)
   self.facts = facts
-  local defaults = require "loip.model"
   local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
@@ -250,7 +252,7 @@ function Cluster:plan(opts)
   self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
   -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
   -- leaves the cluster its plan)
-  require("loip.cluster.ship").plan(self, p, sizes)
+  ship.plan(self, p, sizes)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1

@@ -18,6 +18,8 @@ local worker = require "loip.cluster.worker"
 local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
+local profile = require "loip.plan.profile"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -88,10 +90,10 @@ function M.start_local(opts)
   local n = opts.devices or 1
   local devices = {}
   -- the workers share this machine's cores: split among them unless told
-  local threads = require("loip.plan.profile").split_threads(n, opts.threads)
+  local threads = profile.split_threads(n, opts.threads)
   for i = 1, n do
     local m = type(opts.mem) == "table" and opts.mem[i] or opts.mem or 0
-    if type(m) == "string" then m = require("loip.ui.flags").parse_bytes(m) end
+    if type(m) == "string" then m = flags.parse_bytes(m) end
     devices[i] = { mem = m or 0, threads = threads }
   end
   local dir = opts.dir

@@ -11,6 +11,7 @@ local json = require "loip.text.json"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
 local cache = require "loip.cluster.cache"
+local progress = require "loip.ui.progress"
 
 local M = {}
 
@@ -83,7 +84,7 @@ function M.device(c, p, i, sizes)
   local need = r.need or {}
   for _, x in ipairs(need) do x.size = size[x.name] end
   local sent = { bytes = 0 }
-  local bar = #need > 0 and require("loip.ui.progress").new(total(need), string.format("shipping to device %d", i)) or nil
+  local bar = #need > 0 and progress.new(total(need), string.format("shipping to device %d", i)) or nil
   for attempt = 1, 2 do
     if #need == 0 then break end
     send_files(c, i, need, index, bar, sent)

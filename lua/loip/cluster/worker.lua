@@ -22,6 +22,11 @@ local prefix_cache = require "loip.engine.request.prefix_cache"
 local files = require "loip.runtime.files"
 local process = require "loip.runtime.process"
 local rw = require "loip.runtime.device"
+local engine = require "loip.engine"
+local sampler = require "loip.model.sampler"
+local profile = require "loip.plan.profile"
+local draft = require "loip.cluster.draft"
+local join = require "loip.cluster.join"
 local K = core.constants
 
 local M = {}
@@ -130,7 +135,7 @@ function Worker:build(msg)
   local devices = {}
   for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
   if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
-  require("loip.engine").check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
+  engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
   local N, S = #p.devices, #p.devices[1].stages
   if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
   local need = plan.memory(p, i, sizes, mopts)
@@ -246,7 +251,7 @@ function handlers.START(self, _, body)
   if not self.dev then error("START before a plan", 0) end
   body = assert(body, "a message without its JSON body")
   local p = ffi.new("loip_sampler_params")
-  for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
+  for k, v in pairs(sampler.defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
   local prompt = body.prompt or {}
   local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
   for k, id in ipairs(prompt) do ids[k - 1] = id end
@@ -377,7 +382,6 @@ end
 
 function handlers.PROFILE(self, _, o)
   o = o or {}
-  local profile = require "loip.plan.profile"
   local pr
   if o.full then
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
@@ -394,7 +398,7 @@ end
 -- speculative decoding's draft run here, charged to this device's budget (loip.cluster.draft)
 function handlers.DRAFT(self, _, body)
   body = assert(body, "a message without its JSON body")
-  return "DRAFT", json.encode(require("loip.cluster.draft").handle(current_device(self, body, "DRAFT"), self.opts.store, body))
+  return "DRAFT", json.encode(draft.handle(current_device(self, body, "DRAFT"), self.opts.store, body))
 end
 
 function handlers.STOP(self, _, body)
@@ -469,7 +473,7 @@ function Worker:run()
   self.hostname = h and h:match("^[^\n]*")
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
-  while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)
+  while not self.stopping and join.keep_running(self) do -- (a join's answer; SIGTERM: leave)
     local msg = self:poll(200)
     if msg then self:handle(msg) end
     if self.opts.on_tick then self.opts.on_tick() end -- (e.g. worker --announce's beacon renewed)

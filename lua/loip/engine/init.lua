@@ -42,6 +42,8 @@
 -- loip.policy.check_plan only) and M.restaged (one restage of a plan table).
 local policy = require "loip.policy"
 local plan = require "loip.plan"
+local batcher = require "loip.engine.request.batcher"
+local profile = require "loip.plan.profile"
 
 local M = {}
 
@@ -98,7 +100,7 @@ end
 -- (max_batch, max_queue, prefill_chunk, prefill, prefix_cache).
 function M.batcher(engine, o)
   o = o or {}
-  return require("loip.engine.request.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
+  return batcher.new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
     prefill_chunk = o.prefill_chunk, prefill = o.prefill, prefix_cache = o.prefix_cache,
     online = require("loip.engine.request.online").choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
@@ -107,7 +109,6 @@ end
 -- The problem pb at `rows` tokens a step: its micro-batch, and each device's compute figures
 -- from its profile at that many rows (a view over pb).
 function M.at_rows(pb, rows)
-  local profile = require "loip.plan.profile"
   local devs = {}
   for i, d in ipairs(pb.devices) do
     local c = setmetatable({}, { __index = d.compute })

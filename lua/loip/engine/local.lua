@@ -7,6 +7,7 @@ local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
+local prefix_disk = require "loip.engine.request.prefix_disk"
 local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
   core.constants.tokf.TREE
 
@@ -68,7 +69,7 @@ function Engine:cache()
       local s = self.session
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
-      disk = require("loip.engine.request.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
+      disk = prefix_disk.new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
         layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)

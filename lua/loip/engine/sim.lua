@@ -27,6 +27,8 @@ local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
 local space = require "loip.plan.space"
 local engine = require "loip.engine"
+local online = require "loip.engine.request.online"
+local transport = require "loip.runtime.transport"
 
 local M = {}
 
@@ -310,7 +312,7 @@ end
 -- longest context.
 function Sim:held(toks)
   local per, ctx = {}, 0
-  for _, h in ipairs(require("loip.engine.request.online").held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
+  for _, h in ipairs(online.held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
     if h.pos >= 0 then
       per[#per + 1] = h.groups
       ctx = math.max(ctx, h.pos + 1)
@@ -406,7 +408,7 @@ end
 
 -- Change an emulated link as a link schedule does (rate: "100mbit" or bytes/s).
 function Sim:set_link(i, rate)
-  local bps = type(rate) == "number" and rate or require("loip.runtime.transport").parse_rate(rate)
+  local bps = type(rate) == "number" and rate or transport.parse_rate(rate)
   if not bps then error("simulate: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 0) end
   self.links[i].rate_bps = bps
 end

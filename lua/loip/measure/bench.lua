@@ -1,6 +1,10 @@
 -- Helpers the benchmark recipes share: robust statistics (loip.measure.stats') and
 -- progress lines on stderr (stdout carries the recipe's one JSON object).
 local stats = require "loip.measure.stats"
+local core = require "loip.core"
+local proc = require "loip.cluster.proc"
+local json = require "loip.text.json"
+local synth = require "loip.model.synth"
 
 local M = {}
 
@@ -20,8 +24,6 @@ end
 -- then SIGKILL after 15 s: srv.killed; its files removed, its log kept for srv.log()) }.
 -- Raises, with its log, when it does not listen within 300 s (what: who started it).
 function M.serve(args, what)
-  local core = require "loip.core"
-  local proc = require "loip.cluster.proc"
   local out, err = os.tmpname(), os.tmpname()
   local p = io.popen(string.format("%s serve %s --port 0 --quiet > %s 2> %s & echo $!", proc.exe(), args, out, err))
   local pid = tonumber(p:read("*l"))
@@ -89,7 +91,7 @@ end
 -- than the steps wanted: the first token's time is the prompt's, and the last token has no
 -- forward pass after it, so its step is dropped.
 function M.token_steps(it)
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   local steps, last = {}, nil
   for _ in it do
     local now = now_ms()
@@ -106,7 +108,7 @@ end
 -- snapshot left out of the times. Returns the steps (ms each), the per-device figures per
 -- decoding step (M.device_figures), the end snapshot, and when the last token came (core.now_ms).
 function M.decode_figures(c, it)
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   local steps, last, before, k = {}, nil, nil, 0
   for _ in it do
     local now = now_ms()
@@ -136,9 +138,9 @@ end
 -- loip.synth's options, by default the llama-3.2-1b BF16 model the benchmarks share.
 function M.ensure_store(store_dir, model_dir, shape)
   if require("loip.model.store").is_store(store_dir) then return store_dir end
-  if not require("loip.text.json").exists(model_dir .. "/config.json") then
+  if not json.exists(model_dir .. "/config.json") then
     M.log("making the synthetic model in %s (once)", model_dir)
-    require("loip.model.synth").write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+    synth.write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
   end
   M.log("slicing %s into %s (once)", model_dir, store_dir)
   require("loip.model.slice").write(model_dir, store_dir)

@@ -16,6 +16,8 @@ local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
 local store = require "loip.model.store"
 local space = require "loip.plan.space"
+local loader = require "loip.runtime.loader"
+local json = require "loip.text.json"
 local K = core.constants
 
 local M = {}
@@ -66,7 +68,7 @@ function M.open(o)
   local self = setmetatable({ layers = o.layers, slots = o.slots, anchors = {} }, Cache)
   -- (experts are independent loads: their reads overlap, so that the queue stays full while a
   -- layer waits for several of them; o.overlap_loads = false reads them one after another)
-  local lc = require("loip.runtime.loader").config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
+  local lc = loader.config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
     rate = o.rate or 0, budget = o.budget, overlap_loads = o.overlap_loads ~= false }
   local cfg = ffi.new("loip_experts_config")
   cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
@@ -188,7 +190,6 @@ end
 -- Raises naming the file and the field.
 function M.load_routing(path)
   if path == nil then return nil end
-  local json = require "loip.text.json"
   local r, err = json.load(path)
   if not r then error(err, 0) end
   if type(r) ~= "table" or r.format ~= "loip-routing" then

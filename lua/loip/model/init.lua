@@ -16,6 +16,13 @@ local files = require "loip.runtime.files"
 local planner = require "loip.plan"
 local engine = require "loip.engine"
 local where = require "loip.model.locate"
+local gguf_model = require "loip.model.gguf_model"
+local flags = require "loip.ui.flags"
+local policy = require "loip.policy"
+local profile = require "loip.plan.profile"
+local problem = require "loip.plan.problem"
+local trace = require "loip.engine.trace"
+local safetensors = require "loip.model.safetensors"
 
 local M = {}
 
@@ -85,7 +92,7 @@ function M.open(path, opts)
     cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
       experts = function(l) return not (self.plan and require("loip.model.experts").offloaded_layers(self.plan, 1)[l]) end })
   elseif kind == "gguf" then
-    cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
+    cfg, facts, keep, bind = gguf_model.open(file)
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
@@ -172,7 +179,7 @@ M.stop_ids = engine.stop_ids
 -- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = self:_sizes(cfg, facts, require("loip.ui.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
+  local sizes = self:_sizes(cfg, facts, flags.renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -193,7 +200,7 @@ function Model:_choose_plan(cfg, facts, budget)
     if avail > 0 and (adapts or planner.memory(p, 1, sizes, mopts).total > avail) then
       local prob = self:problem(sizes, avail)
       local est
-      p, est = require("loip.policy").plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
+      p, est = policy.plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
       self.estimate, self.problem_table = est, prob
     end
   else
@@ -228,8 +235,6 @@ end
 -- avail bytes: figures from opts.profile (a file or table) or a calibration.
 function Model:problem(sizes, avail)
   local opts = self.opts
-  local profile = require "loip.plan.profile"
-  local problem = require "loip.plan.problem"
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
   if type(pr) == "table" and pr.devices then pr = pr.devices[1] end
@@ -273,7 +278,7 @@ function Model:_start_runner(dir, facts)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
-    self.trace = self.trace or require("loip.engine.trace").new()
+    self.trace = self.trace or trace.new()
   end
 end
 
@@ -449,7 +454,7 @@ function Model:close()
   if self.pool then exec.pool_free(self.pool) self.pool = nil end
   if self.handle then exec.model_free(self.handle) self.handle = nil end
   if self.weights then
-    if self.facts.format == "hf" then require("loip.model.safetensors").close(self.weights)
+    if self.facts.format == "hf" then safetensors.close(self.weights)
     elseif self.facts.format == "store" then store.close(self.weights)
     elseif self.facts.format == "gguf" then self.weights:close()
     else files.map_free(self.weights) end

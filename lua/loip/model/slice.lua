@@ -39,6 +39,8 @@ local progress = require "loip.ui.progress"
 local fs = require "loip.runtime.shell"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
+local safetensors = require "loip.model.safetensors"
+local gguf_model = require "loip.model.gguf_model"
 
 local M = {}
 
@@ -85,7 +87,7 @@ function M.open_source(path)
     local cfg, err = json.load(file .. "/config.json")
     if not cfg then error(err, 0) end
     c = hf.read_config(file)
-    local set, serr = require("loip.model.safetensors").open_dir(file)
+    local set, serr = safetensors.open_dir(file)
     if not set then error(serr, 0) end
     src.close = function() require("loip.model.safetensors").close(set) end
     src.config = cfg
@@ -101,7 +103,7 @@ function M.open_source(path)
     end
   elseif kind == "gguf" then
     local facts, g, by
-    c, facts, g, _, by = require("loip.model.gguf_model").open(file)
+    c, facts, g, _, by = gguf_model.open(file)
     src.close = function() g:close() end
     src.config = facts.config
     src.weight_files[1] = { name = basename(file), path = file, map = g.map }
@@ -166,7 +168,6 @@ function M.plan(src) return layout(src.tensors) end
 -- The block files (as a manifest lists them, without hashes) of a model of config c (a
 -- loip_model_config) whose weights are all of dtype ("BF16", ...): what its store would hold.
 function M.layout_of(c, dtype)
-  local hf = require "loip.model.hf"
   local es = store.dtypes[dtype][2]
   local tensors = {}
   for _, w in ipairs(hf.weight_list(c)) do

@@ -24,6 +24,8 @@ local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
+local progress = require "loip.ui.progress"
+local plan = require "loip.plan"
 local K = core.constants
 
 local M = {}
@@ -162,7 +164,7 @@ function M.load_files(dir, man, how, budget, names, spare)
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
   local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
-  local bar = loading >= 256 * 1024 * 1024 and require("loip.ui.progress").new(loading, "loading " .. dir) or nil
+  local bar = loading >= 256 * 1024 * 1024 and progress.new(loading, "loading " .. dir) or nil
   local off, done = 0, 0
   for _, f in ipairs(files) do
     keep.base[f.name], keep.offset[f.name] = base + off, off
@@ -379,7 +381,7 @@ end
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
-  local p2 = require("loip.plan").restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
+  local p2 = plan.restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
   if p2 == p then return p end
   local st = p.devices[o.device].stages[k]
   local old = st.offloaded or 0

@@ -11,6 +11,7 @@ local files_rt = require "loip.runtime.files"
 local json = require "loip.text.json"
 local shell = require "loip.runtime.shell"
 local plan_shape = require "loip.plan.shape"
+local hf = require "loip.model.hf"
 
 local M = {}
 
@@ -43,7 +44,6 @@ end
 -- profile: the module that measures, checks and saves it and says where the cache is
 -- (loip.plan.profile, whose calibrate passes itself: call that one).
 function M.calibrate(opts, profile)
-  local hf = require "loip.model.hf"
   local cfg, dtype, files, experts, top_k = opts.cfg, opts.dtype, nil, nil, nil
   if opts.store then
     local store = require "loip.model.store"

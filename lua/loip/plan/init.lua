@@ -30,6 +30,8 @@
 local ffi = require "ffi"
 local memory = require "loip.runtime.memory"
 local exec = require "loip.runtime.exec"
+local suggest = require "loip.ui.suggest"
+local json = require "loip.text.json"
 
 local M = {}
 
@@ -120,7 +122,7 @@ local function unknown_key(t, kind, list, what)
     return string.format("%s: the key %s in a list (it holds entries 1..%d only)", what, key_name(k), list)
   end
   return string.format("%s: unknown key %s%s; a %s has only %s", what, key_name(k),
-    require("loip.ui.suggest").hint(k, known), kind, table.concat(known, ", "))
+    suggest.hint(k, known), kind, table.concat(known, ", "))
 end
 
 -- A plan's problems as a message naming the field (nil when it is well formed for a model of
@@ -407,7 +409,7 @@ end
 
 -- Write p to path as Lua, whole or not at all.
 function M.save(path, p)
-  local ok, err = require("loip.text.json").write_file(path, M.to_lua(p))
+  local ok, err = json.write_file(path, M.to_lua(p))
   if not ok then error("--save-plan: " .. tostring(err), 0) end
 end
 

@@ -19,6 +19,10 @@ local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
 local space = require "loip.plan.space"
 local shape = require "loip.plan.shape"
+local store = require "loip.model.store"
+local synth = require "loip.model.synth"
+local hf = require "loip.model.hf"
+local slice = require "loip.model.slice"
 
 local M = {}
 
@@ -29,7 +33,6 @@ M.dense_equivalent, M.shape_of = shape.dense_equivalent, shape.shape_of -- (loip
 -- The model side of a problem for a slice store: sizes, the Hugging Face config, the runtime's
 -- config, the dtype. opts: context, batch, threads, logits_tokens.
 function M.model_of_store(dir, opts)
-  local store = require "loip.model.store"
   local man = store.read_manifest(dir)
   local c = store.config(dir, man)
   return plan.sizes(man, c, opts), man.config, c, store.layer_dtype(man), man
@@ -39,9 +42,6 @@ end
 -- layers, dim, ffn, heads, kv_heads, head_dim, vocab), laid out as `loip slice` would lay out
 -- its store. opts as model_of_store, plus dtype ("bf16").
 function M.model_of_shape(name, overrides, opts)
-  local synth = require "loip.model.synth"
-  local hf = require "loip.model.hf"
-  local slice = require "loip.model.slice"
   local o = { like = name, dtype = (opts.dtype or "bf16"):lower() }
   for k, v in pairs(overrides or {}) do o[k] = v end
   local cfg = synth.config(o)
@@ -54,14 +54,13 @@ end
 -- The same for a model directory or llama2.c checkpoint not sliced yet: laid out as `loip
 -- slice` will lay it out. on_cfg(config table), when given, is called first (to settle opts).
 function M.model_of_source(path, opts, on_cfg)
-  local slice = require "loip.model.slice"
   local src = slice.open_source(path)
   local ok, files = pcall(slice.plan, src)
   src.close()
   if not ok then error(files, 0) end
   if on_cfg then on_cfg(src.config) end
   local man = { files = files }
-  return plan.sizes(man, src.c, opts), src.config, src.c, require("loip.model.store").layer_dtype(man)
+  return plan.sizes(man, src.c, opts), src.config, src.c, store.layer_dtype(man)
 end
 
 -- A value given once or once per device (nil: none).

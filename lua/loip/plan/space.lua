@@ -20,6 +20,7 @@
 -- helper and the argument, at the caller's line; part, part_total, total and memory, the DP's
 -- inner loop, do not.
 local plan = require "loip.plan"
+local memory = require "loip.runtime.memory"
 
 local M = {}
 
@@ -353,7 +354,7 @@ function M.oom(problem, p, i, what)
   want_device("oom", problem, i)
   want_plan("oom", p, i)
   local m = M.memory(problem, plan.device_part(p, i, problem.model))
-  local fmt = require("loip.runtime.memory").format_bytes
+  local fmt = memory.format_bytes
   return string.format("OOM: device %d needs %s%s (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s",
     i, fmt(m.total, problem.devices[i].budget), what and (" " .. what) or "", fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
     fmt(problem.devices[i].budget, m.total), fmt(m.total - problem.devices[i].budget)), m.total - problem.devices[i].budget

@@ -9,6 +9,7 @@ local stats = require "loip.measure.stats"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local json = require "loip.text.json"
+local policy = require "loip.policy"
 
 local M = {}
 
@@ -26,7 +27,7 @@ end
 -- The arrivals of a pattern (loip.policy kind "pattern": a name in recipes/policies/pattern or a file)
 -- for its options.
 function M.pattern(name, opts)
-  return require("loip.policy").load("pattern", name).requests(opts or {})
+  return policy.load("pattern", name).requests(opts or {})
 end
 
 -- Play arrivals; opts: vocab (prompt ids below it), api_key, temperature (0), timeout_ms,

@@ -17,6 +17,10 @@ local constrain = require "loip.engine.request.constrain"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
+local dashboard = require "loip.serve.dashboard"
+local membership = require "loip.serve.membership"
+local ship = require "loip.cluster.ship"
+local anthropic = require "loip.serve.anthropic"
 
 local M = {}
 
@@ -52,7 +56,7 @@ function M.new(opts)
     timeout_s = opts.timeout_s or 30 }
   if not h then error("serve: " .. err, 0) end
   self.http, self.port = h, h.port
-  self.dashboard = require("loip.serve.dashboard").new(self) -- (the page at /, /v1/cluster and its events)
+  self.dashboard = dashboard.new(self) -- (the page at /, /v1/cluster and its events)
   -- the chat template is read now: a model without one is told at start, not per request
   local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
@@ -224,7 +228,7 @@ function Server:health()
     -- back (taken back when nothing runs)
     if c.degraded then h.status, h.error = "degraded", c.degraded end
     h.devices_taken_back = c.taken_back or 0
-    require("loip.serve.membership").health(c, h) -- (joins, leaves and losses: `membership`)
+    membership.health(c, h) -- (joins, leaves and losses: `membership`)
   end
   return h
 end
@@ -248,7 +252,7 @@ function Server:metrics_text()
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
   require("loip.engine.request.prefix_cache").metrics(m, b, dev)
   if dev then
-    require("loip.cluster.ship").metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
+    ship.metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
     for i, d in ipairs(dev) do
       local l = { device = i }
       m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)
@@ -284,7 +288,7 @@ function Server:dispatch(req)
     local auth, xkey = req:header("Authorization") or "", req:header("x-api-key") or "" -- (x-api-key: Anthropic's)
     if auth ~= "Bearer " .. self.opts.api_key and xkey ~= self.opts.api_key then
       local messages = path == "/v1/messages"
-      if messages then req.api = require "loip.serve.anthropic" end
+      if messages then req.api = anthropic end
       -- a key given but wrong is incorrect (naming the header it came in), none given is missing
       local given = {}
       if xkey ~= "" then given[#given + 1] = "x-api-key" end

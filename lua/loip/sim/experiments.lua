@@ -9,6 +9,10 @@
 local json = require "loip.text.json"
 local policy = require "loip.policy"
 local sim = require "loip.sim"
+local cp = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
+local transport = require "loip.runtime.transport"
+local plot = require "loip.measure.plot"
 
 local M = {}
 
@@ -41,9 +45,8 @@ end
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
 -- (an OOT keeps its ms_per_token).
 function M.run(c)
-  local cp = require "loip.cli.inputs"
   local n = #c.devices
-  local plan_positions = require("loip.ui.flags").renamed(c, "plan_tokens", "plan_positions", "experiments.run")
+  local plan_positions = flags.renamed(c, "plan_tokens", "plan_positions", "experiments.run")
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1
   local mem = {}
@@ -70,7 +73,6 @@ function M.run(c)
     end
     -- rates that change between steps: each step at the slowest link's rate then
     local sched = policy.load("links", c.link_schedule)
-    local transport = require "loip.runtime.transport"
     local rate, sum, steps = nil, 0, c.output_tokens or 64
     for k = 1, steps do
       local r = sched.at(k)
@@ -191,7 +193,7 @@ function M.report(name, out, cases, paper)
     bars[#bars + 1] = { string.format("%s: %s", r.config, M.LABEL[r.method] or r.method), r.ms_per_token or 0,
       type(r.result) == "string" and r.result or nil, color = r.method == "loip" and "#27ae60" or "#7f8c8d" }
   end
-  require("loip.measure.plot").bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
+  plot.bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
   result.plot = name .. ".svg" -- (beside the JSON: the same bytes wherever --out is)
   json.write_file(out .. "/" .. name .. ".json", json.encode_sorted(result, 2) .. "\n")
   io.stdout:write(text)

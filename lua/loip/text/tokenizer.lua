@@ -11,6 +11,8 @@
 -- the tokenizer in its metadata.
 local json = require "loip.text.json"
 local locate = require("loip.model.locate").locate
+local chat = require "loip.text.chat"
+local utf8 = require "loip.text.utf8"
 
 local M = {}
 
@@ -69,7 +71,7 @@ end
 local function apply_chat_template(self, messages, opts)
   opts = opts or {}
   if not self.dir then error("this tokenizer was opened from a file: its model directory (and template) is unknown", 2) end
-  local text = require("loip.text.chat").apply(self.dir, messages, opts)
+  local text = chat.apply(self.dir, messages, opts)
   if opts.tokenize then return self:encode(text, { add_special = false, bos = false }) end
   return text
 end
@@ -100,7 +102,7 @@ function M.text_stream(tok, ids)
     inner = { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end,
       finish = function() return "" end }
   end
-  local h = require("loip.text.utf8").holder()
+  local h = utf8.holder()
   return { put = function(_, id) return h:put(inner:put(id)) end,
     finish = function() return h:put(inner:finish()) .. h:finish() end }
 end

@@ -4,6 +4,7 @@
 -- that the budgets cannot hold resident is refused (OOM, naming the device and the shortfall).
 local plan = require "loip.plan"
 local space = require "loip.plan.space"
+local memory = require "loip.runtime.memory"
 
 local M = { name = "pipeline" }
 
@@ -46,7 +47,7 @@ function M.schedule(problem, cost)
     local part = space.part(problem, shape, i, at, 0, want, 0, 0, 1)
     local m = space.memory(problem, part)
     return nil, string.format("OOM: device %d cannot hold its share resident (%d blocks from %s): it needs %s but its budget is %s: short by %s",
-      i, want, plan.block_name(at), require("loip.runtime.memory").format_bytes(m.total),
+      i, want, plan.block_name(at), memory.format_bytes(m.total),
       require("loip.runtime.memory").format_bytes(problem.devices[i].budget),
       require("loip.runtime.memory").format_bytes(m.total - problem.devices[i].budget))
   end

@@ -4,6 +4,7 @@
 -- sampled (loip.engine.request.head_sample). Compiled grammars are kept by their text (a few dozen, the
 -- least recently used dropped), so that repeated schemas cost their compilation once.
 local grammar = require "loip.text.grammar"
+local json_ordered = require "loip.text.json_ordered"
 
 local M = {}
 
@@ -45,7 +46,7 @@ end
 function M.keep_order(spec, text, anthropic)
   local wants = spec.format and spec.format.type == "json_schema" or (spec.tools and spec.tool_choice ~= "none")
   if not wants then return end
-  local body = require("loip.text.json_ordered").decode(text)
+  local body = json_ordered.decode(text)
   if type(body) ~= "table" then return end
   if spec.format and spec.format.type == "json_schema" then
     local rf = body.response_format
