@@ -81,7 +81,7 @@ local function arrivals(pattern)
     return policy.load("pattern", "bursty").requests({ burst = 2, bursts = 1, input_tokens = #bench.PROMPT,
       output_tokens = o.online_tokens })
   end
-  return require("loip.policy").load("pattern", pattern).requests({ count = 2, burst = o.burst, bursts = 1,
+  return policy.load("pattern", pattern).requests({ count = 2, burst = o.burst, bursts = 1,
     input_tokens = #bench.PROMPT, output_tokens = o.tokens })
 end
 

@@ -24,6 +24,7 @@ local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 local synth = require "loip.model.synth"
 local progress = require "loip.ui.progress"
+local slice_mod = require "loip.model.slice"
 
 local SMALL = "/tmp/loip-bench/online-small"
 local spec = {
@@ -63,7 +64,7 @@ if not store.is_store(o.store) then
       ffn = 2816, heads = 16, kv_heads = 8, head_dim = 64, vocab = 8000 })
   end
   log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.model.slice").write(o.model, o.store)
+  slice_mod.write(o.model, o.store)
 end
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)

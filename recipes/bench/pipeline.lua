@@ -30,6 +30,7 @@ local plot = require "loip.measure.plot"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
+local trace_mod = require "loip.engine.trace"
 
 local spec = {
   name = "pipeline.lua", usage = "loip run recipes/bench/pipeline.lua [flags]",
@@ -100,7 +101,7 @@ local function measure(kind, no_trace)
   if no_trace then
     return { ms = median(steps), steps = steps, tokens = st.token_ids, stages = #p.devices[1].stages }
   end
-  local tr = c:collect_trace(require("loip.engine.trace").new())
+  local tr = c:collect_trace(trace_mod.new())
   local tpath = string.format("%s/pipeline-%s-trace.json", o.out, kind)
   os.execute("mkdir -p '" .. o.out .. "'")
   tr:write(tpath)
@@ -109,7 +110,7 @@ local function measure(kind, no_trace)
   local mid = (last - core.now_ms()) -- (last step's end, relative to now: negative)
   local t_end_ms = (core.now_ns() - first) / 1e6 + mid
   local span = 2 * median(steps)
-  require("loip.engine.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
+  trace_mod.plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
     to_ms = t_end_ms - median(steps),
     title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
       N, o.link_rate, o.link_delay) })

@@ -25,6 +25,7 @@ local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
 local core = require "loip.core"
 local plan = require "loip.plan"
+local slice_mod = require "loip.model.slice"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -54,7 +55,7 @@ local log = bench.log
 local src = (require("loip.core").build.source_dir or ".") .. "/models/stories260K"
 if not store.is_store(o.store) then
   log("slicing %s into %s (once)", src, o.store)
-  require("loip.model.slice").write(src, o.store, { quiet = true })
+  slice_mod.write(src, o.store, { quiet = true })
 end
 os.execute("mkdir -p '" .. o.out .. "'")
 
@@ -82,7 +83,7 @@ local settle
 local function ask(b, ids)
   local steps, step_ms, t0 = b.stats.steps, b.stats.step_ms, core.now_ms()
   local r = b:submit { prompt = ids, max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true }
-  local t_admit = require("loip.core").now_ms() - t0
+  local t_admit = core.now_ms() - t0
   r:next()
   local pre_steps, pre_ms = b.stats.steps - steps, b.stats.step_ms - step_ms
   r:wait()

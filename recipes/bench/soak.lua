@@ -26,6 +26,8 @@ local load = require "loip.serve.load"
 local plot = require "loip.measure.plot"
 local proc = require "loip.cluster.proc"
 local store = require "loip.model.store"
+local slice_mod = require "loip.model.slice"
+local plan_mod = require "loip.plan"
 
 local spec = {
   name = "soak.lua", usage = "loip run recipes/bench/soak.lua [flags]",
@@ -110,7 +112,7 @@ if not o.store then
   tmp_store = os.tmpname()
   os.remove(tmp_store)
   log("slicing %s into %s (removed at the end)", o.model, tmp_store)
-  require("loip.model.slice").write(o.model, tmp_store)
+  slice_mod.write(o.model, tmp_store)
   o.store = tmp_store
 end
 local man = store.read_manifest(o.store)
@@ -121,7 +123,7 @@ if not o.mem then
   -- each with its share of the layers' KV for --max-burst requests, activations, a slot for a
   -- layer's two blocks read from disk, and the embedding and head), plus 10%: the whole
   -- cluster holds it all, one device short it offloads.
-  local sz = require("loip.plan").sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.max_burst })
+  local sz = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.max_burst })
   local need = sz.kv_bytes[math.ceil(sz.n_layers / (o.devices - 1))] + sz.activation_bytes + sz.device_bytes
     + sz.mha_bytes + sz.mlp_bytes + sz.embed_file_bytes + sz.head_file_bytes + (sz.tied and sz.embed_file_bytes or 0)
   local each = {}

@@ -29,6 +29,7 @@ local policy = require "loip.policy"
 local store = require "loip.model.store"
 local plan = require "loip.plan"
 local synth = require "loip.model.synth"
+local slice_mod = require "loip.model.slice"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -62,7 +63,7 @@ local log = bench.log
 local src = (require("loip.core").build.source_dir or ".") .. "/models/stories260K"
 if not store.is_store(o.store) then
   log("slicing %s into %s (once)", src, o.store)
-  require("loip.model.slice").write(src, o.store, { quiet = true })
+  slice_mod.write(src, o.store, { quiet = true })
 end
 local greedy = json.load(src .. "/reference/greedy.json")
 local mems = {}
@@ -190,13 +191,13 @@ if o.synthetic then
         log("making the synthetic %s (%d layers) in %s (once)", like, layers, dir)
         synth.write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
       end
-      require("loip.model.slice").write(dir, dir .. "-store", { quiet = true })
+      slice_mod.write(dir, dir .. "-store", { quiet = true })
     end
     return dir .. "-store"
   end
   local draft_store, target = synthetic("llama-3.2-1b", L[1]), synthetic("llama-3.2-3b", L[2])
   local man = store.read_manifest(target)
-  local sizes = require("loip.plan").sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
+  local sizes = plan.sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
   local budgets = bench.budgets(sizes, o.devices, o.synthetic_budget)
   local sc = cluster.start_local { store = target, devices = o.devices, mem = budgets, threads = 1 }
   local sok, serr = pcall(function()

@@ -20,6 +20,8 @@ local json = require "loip.text.json"
 local plot = require "loip.measure.plot"
 local tokenizer = require "loip.text.tokenizer"
 local bpe = require "loip.text.tokenizers.bpe"
+local tiktoken_mod = require "loip.text.tokenizers.tiktoken"
+local tokenizer_mod = require "loip.runtime.tokenizer"
 
 local spec = {
   name = "tokenizer.lua", usage = "loip run recipes/bench/tokenizer.lua [flags]",
@@ -174,7 +176,7 @@ if json.exists(models .. "/qwen2-tokenizer/vocab.json") then
   local f = assert(io.open(dir .. "/tokenizer.json", "w"))
   f:write(cjson.encode({ version = "1.0", added_tokens = added, normalizer = { type = "NFC" },
     pre_tokenizer = { type = "Sequence", pretokenizers = {
-      { type = "Split", pattern = { Regex = require("loip.text.tokenizers.bpe").patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
+      { type = "Split", pattern = { Regex = bpe.patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
     post_processor = bl, decoder = bl,
     model = { type = "BPE", vocab = vocab, merges = merges, ignore_merges = false, byte_fallback = false } }))
   f:close()
@@ -206,7 +208,7 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
     for _, m in ipairs(loc) do merges[#merges + 1] = { spelled[m[1]], spelled[m[2]] } end
   end
   local added = {}
-  for content, id in pairs(require("loip.text.tokenizers.tiktoken").llama3_special_tokens(128000)) do
+  for content, id in pairs(tiktoken_mod.llama3_special_tokens(128000)) do
     added[#added + 1] = { id = id, content = content, special = true, normalized = false, lstrip = false,
       rstrip = false, single_word = false }
   end
@@ -276,7 +278,7 @@ for _, c in ipairs(cases) do
     encode_mb_s = #text / 1e6 / median(secs), first_pass_mb_s = #text / 1e6 / first, tokens = #ids,
     bytes_per_token = #text / #ids, by_kind_mb_s = by_kind }
   if tok.bpe then
-    entry.cache_entries = require("loip.runtime.tokenizer").bpe_cache_stats(tok.bpe)
+    entry.cache_entries = tokenizer_mod.bpe_cache_stats(tok.bpe)
   end
   result.tokenizers[#result.tokenizers + 1] = entry
   log("%-28s load %6.1f ms  encode %6.2f MB/s (first pass %.2f; english %.1f, code %.1f, cjk %.1f)  %.2f bytes/token",

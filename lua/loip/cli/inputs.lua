@@ -16,6 +16,7 @@ local problem = require "loip.plan.problem"
 local profile = require "loip.plan.profile"
 local synth = require "loip.model.synth"
 local policy = require "loip.policy"
+local slice_mod = require "loip.model.slice"
 
 local M = {}
 
@@ -46,7 +47,7 @@ function M.model_config(path)
   if model.locate(path) == "store" then
     return st.config(path, st.read_manifest(path))
   end
-  local src = require("loip.model.slice").open_source(path)
+  local src = slice_mod.open_source(path)
   local c = src.c
   src.close()
   return c
@@ -79,7 +80,7 @@ function M.check_prompt(cmd, o)
   if o.context and most < o.context then return end
   local ok, n, ctx = pcall(function()
     local cfg = M.model_config(o.model)
-    local c = o.context or require("loip.model").default_context(cfg.max_seq)
+    local c = o.context or model.default_context(cfg.max_seq)
     if most < c then return 0, c end
     local tok = tokenizer.open(o.model, { path = o.tokenizer, vocab_size = cfg.vocab_size })
     local count = #tok:encode(o.prompt, { bos = true })
@@ -99,7 +100,7 @@ function M.store_for(cmd, o)
     usage(cmd, "--hosts needs a slice store that every host holds a copy of: make one with loip slice %s STORE_DIR and copy it to them",
       o.model)
   end
-  local dir, made = require("loip.model.slice").cached(o.model, { quiet = o.json or o.quiet })
+  local dir, made = slice_mod.cached(o.model, { quiet = o.json or o.quiet })
   if not (o.json or o.quiet) or made then
     io.stderr:write(made and string.format("%s: sliced %s into the slice store %s (kept for the next run)\n", cmd, o.model, dir)
       or string.format("%s: running the slice store of %s in %s (sliced earlier)\n", cmd, o.model, dir))
@@ -207,9 +208,9 @@ function M.problem_of(cmd, o)
   -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
   local function context_of(config)
     local max = config.max_position_embeddings or 2048
-    return math.min(o.context or require("loip.model").default_context(max), max)
+    return math.min(o.context or model.default_context(max), max)
   end
-  local is_store = o.model and require("loip.model").locate(o.model) == "store"
+  local is_store = o.model and model.locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab,
       experts = o.experts, experts_per_token = o.experts_per_token }
@@ -234,7 +235,7 @@ function M.problem_of(cmd, o)
     local devs = {}
     for i = 1, n do
       local name = names[#names == 1 and 1 or i]
-      local ok, dev = pcall(require("loip.policy").load, "device", name)
+      local ok, dev = pcall(policy.load, "device", name)
       if not ok then usage(cmd, "--device-profile %s: %s", name, tostring(dev)) end
       devs[i], profiles[i] = dev, dev.profile(shape)
     end

@@ -17,6 +17,9 @@ local problem = require "loip.plan.problem"
 local flags = require "loip.ui.flags"
 local defaults = require "loip.model"
 local ship = require "loip.cluster.ship"
+local profile_mod = require "loip.plan.profile"
+local draft_mod = require "loip.cluster.draft"
+local request_draft = require "loip.engine.request.draft"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -32,7 +35,7 @@ end
 -- cluster's, one per device), else calibrations: local workers share this machine (measured
 -- here, once, kept in the cache); running workers each measure themselves (PROFILE), once.
 function Cluster:profiles(opts)
-  local profile = require "loip.plan.profile"
+  local profile = profile_mod
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
   local N, out = #self.devices, {}
@@ -111,14 +114,14 @@ function Cluster:reserve_draft(opts, ctx, max_seqs)
   local ms
   if where == "auto" then
     -- each device's time for a block of the target, by its profile (and emulated slowdown)
-    local profile, pb = require "loip.plan.profile", require "loip.plan.problem"
+    local profile, pb = profile_mod, problem
     local profiles, shape = self:profiles(opts), pb.shape_of(self.man.config, store.layer_dtype(self.man))
     ms = {}
     for i in ipairs(self.devices) do
       ms[i] = profile.block_ms(profiles[i], "mlp", 1, ctx, shape) * (each(opts.slowdown, i) or 1)
     end
   end
-  local i = require("loip.cluster.draft").device_of(where, budgets, bytes, ms)
+  local i = draft_mod.device_of(where, budgets, bytes, ms)
   local b = budgets[i]
   if b > 0 and bytes >= b then
     error(string.format("--draft-device %s: device %d's budget of %s cannot hold the draft (%s: weights, KV cache and scratch)",
@@ -240,7 +243,7 @@ function Cluster:plan(opts)
   -- (chosen already, on this problem: Cluster:replan_kv)
   local c = opts.plan_chosen
   if not c then
-    local k = drafting and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
+    local k = drafting and (opts.draft_tokens or request_draft.MAX) or 0
     c = fit_draft_rows(k, choose)
   end
   local sizes, est, info = c.sizes, c.estimate, c.info
@@ -358,7 +361,7 @@ function Cluster:replan_kv(positions)
   opts.plan_positions, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
   -- rows give way before it fails: fit_draft_rows)
-  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
+  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or request_draft.MAX) or 0
   local ok, chosen = pcall(fit_draft_rows, k, function(rows)
     local c = { sizes = self:plan_sizes(opts, rows) }
     c.problem = self:problem(opts, c.sizes)

@@ -11,6 +11,7 @@ local core = require "loip.core"
 local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
+local profile_mod = require "loip.plan.profile"
 
 local Cluster = {}
 
@@ -104,7 +105,7 @@ local function with_newcomer(opts)
   for k, v in pairs(opts or {}) do o[k] = v end
   o.plan, o.keep_requests = nil, true
   local pr = o.profile
-  if type(pr) == "string" then pr = require("loip.plan.profile").load(pr) end
+  if type(pr) == "string" then pr = profile_mod.load(pr) end
   if type(pr) == "table" and pr.devices then
     error("the cluster was planned with --profile of one profile per device: a device that joins has none "
       .. "(give one device's profile, used for all, or none, to admit joins)", 0)

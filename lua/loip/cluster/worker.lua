@@ -27,6 +27,10 @@ local sampler = require "loip.model.sampler"
 local profile = require "loip.plan.profile"
 local draft = require "loip.cluster.draft"
 local join = require "loip.cluster.join"
+local loader_mod = require "loip.runtime.loader"
+local cache_mod = require "loip.cluster.cache"
+local model_mod = require "loip.model"
+local experts_mod = require "loip.model.experts"
 local K = core.constants
 
 local M = {}
@@ -50,7 +54,7 @@ end
 -- A loader for device d with slots of slot_bytes (its plan's count, the PLAN's read settings).
 local function new_loader(d, slot_bytes)
   local o = d.loader_opts
-  local l, err = require("loip.runtime.loader").new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
+  local l, err = loader_mod.new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
     rate = o.rate, budget = d.budget, overlap_loads = o.overlap_loads }
   if not l then error(err, 0) end
   return l
@@ -67,7 +71,7 @@ function M.new(opts)
   if not sock then net:close() error(berr, 0) end
   local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = man and M.store_id(opts.store),
     header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
-  if opts.cache then self.cache = require("loip.cluster.cache").new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
+  if opts.cache then self.cache = cache_mod.new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
   self.buf = ffi.new("uint8_t[?]", self.cap)
   -- the heartbeat answers on its own thread and socket, even while a long stage computes
   local ep = sock:endpoint()
@@ -125,7 +129,7 @@ function Worker:build(msg)
   local pool, perr = exec.pool_new(self.opts.threads or 0)
   if not pool then error(perr, 0) end
   d.pool = pool
-  local defaults = require "loip.model" -- (the head sends both)
+  local defaults = model_mod -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
@@ -161,7 +165,7 @@ function Worker:build(msg)
   d.experts_opts = { model = d.model, session = s, dir = dir, man = man, cfg = cfg, plan = p, device = i, sizes = sizes,
     experts = msg.experts, routing = msg.routing, budget = budget, mode = msg.loader, rate = msg.disk_rate,
     verify_reads = msg.verify_reads, trace = msg.trace }
-  d.experts = require("loip.model.experts").for_device(d.experts_opts)
+  d.experts = experts_mod.for_device(d.experts_opts)
   if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
@@ -271,7 +275,7 @@ function handlers.CHANGE(self, _, body)
     dir = self.opts.store, man = self.man,
     plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
     new_loader = function(bytes) return new_loader(d, bytes) end,
-    move_experts = require("loip.model.experts").mover(d, d.experts_opts, d.keep),
+    move_experts = experts_mod.mover(d, d.experts_opts, d.keep),
     on_loader = function(l) if d.loader and d.loader ~= l then d.loader:close() end d.loader = l end }
   d.plan, d.descs = p2, descs or d.descs
   log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
@@ -364,7 +368,7 @@ end
 function handlers.TRACE(self)
   local evs = {}
   if self.dev and self.dev.trace then
-    local kinds = require("loip.model").event_kinds
+    local kinds = model_mod.event_kinds
     local buf = ffi.new("loip_runner_event[4096]")
     repeat
       local k = exec.runner_events(self.dev.runner, buf, 4096)

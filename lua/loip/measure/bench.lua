@@ -5,6 +5,8 @@ local core = require "loip.core"
 local proc = require "loip.cluster.proc"
 local json = require "loip.text.json"
 local synth = require "loip.model.synth"
+local store_mod = require "loip.model.store"
+local slice_mod = require "loip.model.slice"
 
 local M = {}
 
@@ -137,13 +139,13 @@ end
 -- A synthetic slice store made on first use (the model with loip.synth, then sliced): shape is
 -- loip.synth's options, by default the llama-3.2-1b BF16 model the benchmarks share.
 function M.ensure_store(store_dir, model_dir, shape)
-  if require("loip.model.store").is_store(store_dir) then return store_dir end
+  if store_mod.is_store(store_dir) then return store_dir end
   if not json.exists(model_dir .. "/config.json") then
     M.log("making the synthetic model in %s (once)", model_dir)
     synth.write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
   end
   M.log("slicing %s into %s (once)", model_dir, store_dir)
-  require("loip.model.slice").write(model_dir, store_dir)
+  slice_mod.write(model_dir, store_dir)
   return store_dir
 end
 

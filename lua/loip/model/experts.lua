@@ -18,6 +18,8 @@ local store = require "loip.model.store"
 local space = require "loip.plan.space"
 local loader = require "loip.runtime.loader"
 local json = require "loip.text.json"
+local plan_mod = require "loip.plan"
+local policy_mod = require "loip.policy"
 local K = core.constants
 
 local M = {}
@@ -283,8 +285,8 @@ function M.for_device(o)
   if not (sizes and sizes.moe and p) then return nil end
   local set, list = M.offloaded_layers(p, o.device)
   if #list == 0 then return nil end
-  local part = require("loip.plan").device_part(p, o.device, sizes)
-  local pol = require("loip.policy").load("experts", o.experts or "lru")
+  local part = plan_mod.device_part(p, o.device, sizes)
+  local pol = policy_mod.load("experts", o.experts or "lru")
   if o.routing then M.check_routing(o.routing, o.cfg.n_layers, o.cfg.n_experts, o.routing.path) end
   local conf = pol.configure { slots = part.expert_slots, layers = list, experts = sizes.moe.experts,
     used = sizes.moe.used, routing = o.routing and o.routing.frequencies or nil }

@@ -23,6 +23,9 @@ local profile = require "loip.plan.profile"
 local problem = require "loip.plan.problem"
 local trace = require "loip.engine.trace"
 local safetensors = require "loip.model.safetensors"
+local experts_mod = require "loip.model.experts"
+local loader_mod = require "loip.runtime.loader"
+local local_mod = require "loip.engine.local"
 
 local M = {}
 
@@ -90,7 +93,7 @@ function M.open(path, opts)
   elseif kind == "store" then
     -- (a mixture of experts: the experts of an offloaded MLP block stay on disk: the expert cache reads them)
     cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
-      experts = function(l) return not (self.plan and require("loip.model.experts").offloaded_layers(self.plan, 1)[l]) end })
+      experts = function(l) return not (self.plan and experts_mod.offloaded_layers(self.plan, 1)[l]) end })
   elseif kind == "gguf" then
     cfg, facts, keep, bind = gguf_model.open(file)
   else
@@ -211,7 +214,7 @@ function Model:_choose_plan(cfg, facts, budget)
     -- (its memory is checked below, against what is left of the budget)
     engine.check_plan(p, { model = sizes, devices = { {} }, loader = opts.loader }, where)
   end
-  require("loip.model.experts").size_cache(p, 1, sizes, avail, mopts)
+  experts_mod.size_cache(p, 1, sizes, avail, mopts)
   local need = planner.memory(p, 1, sizes, mopts)
   if limit > 0 and need.total > avail then
     error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
@@ -250,7 +253,7 @@ end
 -- A loader with slots of slot_bytes, as the model's options and profile say.
 function Model:_new_loader(slot_bytes)
   local opts = self.opts
-  local l, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
+  local l, err = loader_mod.new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
     overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
     mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
   if not l then error(self.path .. ": " .. err, 0) end
@@ -274,7 +277,7 @@ function Model:_start_runner(dir, facts)
   self.runner = r
   self.runner_descs = descs
   if self.experts then self.experts:close() end
-  self.experts = require("loip.model.experts").for_model(self)
+  self.experts = experts_mod.for_model(self)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
@@ -294,7 +297,7 @@ function Model:restage(k, offloaded)
     keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
     new_loader = function(bytes) return self:_new_loader(bytes) end,
-    move_experts = self.experts_opts and require("loip.model.experts").mover(self, self.experts_opts, self.weights),
+    move_experts = self.experts_opts and experts_mod.mover(self, self.experts_opts, self.weights),
     on_loader = function(l) if self.loader and self.loader ~= l then self.loader:close() end self.loader = l end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
@@ -322,7 +325,7 @@ function Model:replan_kv(positions)
   local chosen = {}
   local ok, err = pcall(function()
     chosen.problem = self:problem(self:_sizes(self.cfg, self.facts, positions), self.plan_avail)
-    chosen.plan, chosen.estimate = require("loip.policy").plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+    chosen.plan, chosen.estimate = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
@@ -421,7 +424,7 @@ function Model:batcher(opts)
     local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens, prefix_cache = so.prompt_cache_dir and { dir = so.prompt_cache_dir, bytes = so.prompt_cache_disk } or so.prefix_cache,
       draft_target = { path = self.path, tokenizer = self.tokenizer, context = self.context, vocab = self.vocab_size,
         max_seqs = self.max_seqs } }, { __index = opts or {} })
-    self._batcher = engine.batcher(require("loip.engine.local").new(self), o)
+    self._batcher = engine.batcher(local_mod.new(self), o)
   end
   return self._batcher
 end

@@ -89,7 +89,7 @@ function M.open_source(path)
     c = hf.read_config(file)
     local set, serr = safetensors.open_dir(file)
     if not set then error(serr, 0) end
-    src.close = function() require("loip.model.safetensors").close(set) end
+    src.close = function() safetensors.close(set) end
     src.config = cfg
     for _, f in ipairs(set.files) do
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }

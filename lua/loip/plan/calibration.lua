@@ -12,6 +12,7 @@ local json = require "loip.text.json"
 local shell = require "loip.runtime.shell"
 local plan_shape = require "loip.plan.shape"
 local hf = require "loip.model.hf"
+local store_mod = require "loip.model.store"
 
 local M = {}
 
@@ -46,7 +47,7 @@ end
 function M.calibrate(opts, profile)
   local cfg, dtype, files, experts, top_k = opts.cfg, opts.dtype, nil, nil, nil
   if opts.store then
-    local store = require "loip.model.store"
+    local store = store_mod
     local man = store.read_manifest(opts.store)
     cfg, dtype = man.config, dtype or store.layer_dtype(man)
     local sized = {}

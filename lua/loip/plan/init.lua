@@ -32,6 +32,7 @@ local memory = require "loip.runtime.memory"
 local exec = require "loip.runtime.exec"
 local suggest = require "loip.ui.suggest"
 local json = require "loip.text.json"
+local loader_mod = require "loip.runtime.loader"
 
 local M = {}
 
@@ -55,7 +56,7 @@ end
 local scratch_of = { uring = {}, buffered = {} }
 local auto_path
 local function loader_size(slot_bytes, mode)
-  local slots, scratch = require("loip.runtime.loader").size{ slots = 1, slot_bytes = slot_bytes, mode = mode }
+  local slots, scratch = loader_mod.size{ slots = 1, slot_bytes = slot_bytes, mode = mode }
   if not slots then error("loader size: " .. scratch, 0) end
   return scratch
 end

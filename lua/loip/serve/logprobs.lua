@@ -45,7 +45,7 @@ function M.completion(tok, prev, list, first, last, offset)
     for _, t in ipairs(lp.top or {}) do top[(token_text(tok, prev, t[1]))] = t[2] end
     local i = #o.tokens + 1
     o.tokens[i], o.token_logprobs[i], o.text_offset[i] = text, lp.logprob, offset
-    o.top_logprobs[i] = next(top) and top or require("loip.text.json").null
+    o.top_logprobs[i] = next(top) and top or json.null
     offset = offset + #text
     prev = lp.id
   end

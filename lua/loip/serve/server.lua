@@ -21,6 +21,9 @@ local dashboard = require "loip.serve.dashboard"
 local membership = require "loip.serve.membership"
 local ship = require "loip.cluster.ship"
 local anthropic = require "loip.serve.anthropic"
+local model_mod = require "loip.model"
+local chat_mod = require "loip.text.chat"
+local prefix_cache_mod = require "loip.engine.request.prefix_cache"
 
 local M = {}
 
@@ -50,7 +53,7 @@ function M.new(opts)
   self.stop_ids = {}
   -- the model's stop ids, on one device or a cluster alike (loip.model.stop_ids)
   local stops = opts.stop_ids or (opts.model and opts.model.stop_ids)
-    or require("loip.model").stop_ids(opts.cluster and opts.cluster.facts, self.tok)
+    or model_mod.stop_ids(opts.cluster and opts.cluster.facts, self.tok)
   for _, id in ipairs(stops) do self.stop_ids[id] = true end
   local h, err = http.start { host = opts.host or "127.0.0.1", port = opts.port or 0, max_body = opts.max_body or 4 * 1024 * 1024,
     timeout_s = opts.timeout_s or 30 }
@@ -58,7 +61,7 @@ function M.new(opts)
   self.http, self.port = h, h.port
   self.dashboard = dashboard.new(self) -- (the page at /, /v1/cluster and its events)
   -- the chat template is read now: a model without one is told at start, not per request
-  local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
+  local ok, terr = pcall(chat_mod.load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
   self.template = ok and terr or nil
   -- the tool-call parser: --tool-parser's, else the template's family's
@@ -83,7 +86,7 @@ function Server:prompt_ids(spec)
   local tok = self.tok
   if spec.kind == "chat" then
     if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
-    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
+    local ok, text = pcall(chat_mod.apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
       { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools })
     if not ok then return nil, 400, tostring(text) end
     return tok:encode(text, { add_special = false, bos = false })
@@ -250,7 +253,7 @@ function Server:metrics_text()
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
   end
   local dev = self.opts.cluster and self.opts.cluster:stats() or nil
-  require("loip.engine.request.prefix_cache").metrics(m, b, dev)
+  prefix_cache_mod.metrics(m, b, dev)
   if dev then
     ship.metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
     for i, d in ipairs(dev) do
@@ -308,7 +311,7 @@ function Server:dispatch(req)
   if path == "/v1/chat/completions" then
     if only("POST") then self:generate(req, "chat") end
   elseif path == "/v1/messages" then
-    req.api = require "loip.serve.anthropic"
+    req.api = anthropic
     if only("POST") then self:generate(req, "messages") end
   elseif path == "/v1/completions" then
     if only("POST") then self:generate(req, "completion") end
@@ -321,7 +324,7 @@ function Server:dispatch(req)
     if id ~= self.name then return fail(req, 404, string.format("The model '%s' does not exist", id), nil, "model", "model_not_found") end
     answer(req, 200, openai.encode({ id = self.name, object = "model", created = self.created, owned_by = "loip" }))
   elseif path == "/v1/cluster/drain" then
-    if only("POST") then require("loip.serve.membership").drain(self, req) end
+    if only("POST") then membership.drain(self, req) end
   elseif path == "/health" then
     answer(req, 200, json.encode(self:health()))
   elseif path == "/metrics" then
@@ -347,7 +350,7 @@ function Server:turn(wait_ms)
   for r, c in pairs(self.active) do
     if c.reply.http:cancelled() then c.reply.client_gone = true r:cancel() end
   end
-  if self.opts.cluster then require("loip.serve.membership").turn(self) end -- (between steps: joins, leaves)
+  if self.opts.cluster then membership.turn(self) end -- (between steps: joins, leaves)
   if self.batcher:busy() then
     local ok, err = pcall(self.batcher.step, self.batcher)
     if not ok then log("step failed: %s", tostring(err)) end

@@ -53,7 +53,7 @@ function M.check(body, s, text)
     end
     if #tools > 0 then
       s.tools = tools
-      local ordered = text and require("loip.text.template").ordered_decode(text)
+      local ordered = text and template.ordered_decode(text)
       s.template_tools = ordered and ordered.vals.tools or tools
     end
   end

@@ -13,6 +13,7 @@ local cp = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 local transport = require "loip.runtime.transport"
 local plot = require "loip.measure.plot"
+local draft_mod = require "loip.sim.draft"
 
 local M = {}
 
@@ -89,7 +90,7 @@ function M.run(c)
   end
   local sched = c.scheduler or (c.method == "loip" and "loip" or c.method)
   -- speculative decoding (loip.sim.draft): the plan leaves the draft room on its device
-  local draft = c.draft and require("loip.sim.draft").new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
+  local draft = c.draft and draft_mod.new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
     dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch })
   local pok, p, est = pcall(function()
     if draft then return draft:reserve(prob, function() return policy.plan(prob, { scheduler = sched }) end) end

@@ -13,6 +13,8 @@ local json = require "loip.text.json"
 local locate = require("loip.model.locate").locate
 local chat = require "loip.text.chat"
 local utf8 = require "loip.text.utf8"
+local ffi = require "ffi"
+local store_mod = require "loip.model.store"
 
 local M = {}
 
@@ -121,11 +123,11 @@ local function model_vocab(kind, file)
     local h = f and f:read(28)
     if f then f:close() end
     if h and #h == 28 then
-      local v = require("ffi").cast("const int32_t *", h)[5]
+      local v = ffi.cast("const int32_t *", h)[5]
       return math.abs(v)
     end
   elseif kind == "store" then
-    local ok, man = pcall(require("loip.model.store").read_manifest, file)
+    local ok, man = pcall(store_mod.read_manifest, file)
     if ok and type(man.config) == "table" then return man.config.vocab_size end
   end
 end

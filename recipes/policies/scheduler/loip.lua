@@ -22,6 +22,7 @@ local space = require "loip.plan.space"
 local plan_of = require "loip.plan"
 local refine = require "loip.plan.refine"
 local policy = require "loip.policy"
+local problem_mod = require "loip.plan.problem"
 
 local M = { name = "loip" }
 
@@ -552,7 +553,7 @@ end
 
 -- Why no plan fits (loip.plan.problem.why_none).
 function M.why_none(problem)
-  return require("loip.plan.problem").why_none(problem)
+  return problem_mod.why_none(problem)
 end
 
 return M

@@ -48,8 +48,8 @@ function M.schedule(problem, cost)
     local m = space.memory(problem, part)
     return nil, string.format("OOM: device %d cannot hold its share resident (%d blocks from %s): it needs %s but its budget is %s: short by %s",
       i, want, plan.block_name(at), memory.format_bytes(m.total),
-      require("loip.runtime.memory").format_bytes(problem.devices[i].budget),
-      require("loip.runtime.memory").format_bytes(m.total - problem.devices[i].budget))
+      memory.format_bytes(problem.devices[i].budget),
+      memory.format_bytes(m.total - problem.devices[i].budget))
   end
   return space.build(problem, shape, { n = counts, o = (function() local o = {} for k = 1, N do o[k] = 0 end return o end)() })
 end

@@ -130,7 +130,7 @@ function Draft:propose(r, k)
   local s = state_of(self, r)
   local t0 = self.now()
   local ids
-  if self.tree then ids = require("loip.engine.request.tree").propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
+  if self.tree then ids = tree.propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
   else ids = self.policy.propose(view(r, s, k), self.ctx) or {} end
   local dt = self.now() - t0
   if #ids > k then

@@ -209,7 +209,7 @@ function M.device_store(d, disk)
   if not d.store or d.store.s ~= d.session then d.store = M.store(d.session) end
   if disk and not d.store.disk then
     d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
-      device = d.index, layers = require("loip.engine.request.prefix_disk").stage_layers(d.plan.devices[d.index].stages),
+      device = d.index, layers = prefix_disk.stage_layers(d.plan.devices[d.index].stages),
       kv_block = exec.session_kv_block_tokens(d.session), group_bytes = exec.session_kv_group_bytes(d.session), budget = d.budget }
   end
   return d.store
