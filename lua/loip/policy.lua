@@ -36,11 +36,8 @@
 -- instance.given what was given, instance.module the file's table. A policy reads its settings
 -- from params, never from constants of its own table, and keeps what it learns between calls in
 -- the state/memo its caller hands it.
-local core = require "loip.core"
-local suggest = require "loip.ui.suggest"
-local plan = require "loip.plan"
-local space = require "loip.plan.space"
-
+-- Requires inside functions: the command line loads this module before a command runs (`loip
+-- help`), and loads no FFI then.
 local M = {}
 
 -- What a policy's environment does not give it, and why (docs/planning.md, "The policy API").
@@ -125,7 +122,7 @@ end
 function M.recipes_dir()
   local env = os.getenv("LOIP_RECIPES_DIR")
   if env and env ~= "" then return env end
-  local lua_dir = rawget(_G, "LOIP_LUA_DIR") or (core.build.source_dir .. "/lua")
+  local lua_dir = rawget(_G, "LOIP_LUA_DIR") or (require("loip.core").build.source_dir .. "/lua")
   return (lua_dir:gsub("/+$", ""):match("^(.*)/[^/]+$") or ".") .. "/recipes"
 end
 
@@ -263,7 +260,7 @@ function M.resolve(mod, given, who)
   table.sort(keys)
   for _, k in ipairs(keys) do
     if not by[k] then
-      local hint = #names > 0 and suggest.hint(k, names) or ""
+      local hint = #names > 0 and require("loip.ui.suggest").hint(k, names) or ""
       error(string.format("%s: no setting '%s'%s (%s)", who, k, hint,
         #names > 0 and ("its settings: " .. table.concat(names, ", ")) or "it has no settings"), 0)
     end
@@ -428,6 +425,7 @@ end
 -- M.label names it (or the plan file); over: how a broken budget is introduced (default
 -- "WHO: its plan breaks a budget"). The one check of a plan: loip.engine.check_plan.
 function M.check_plan(p, problem, who, over)
+  local plan = require "loip.plan"
   local bad = plan.check(p, problem.model.n_blocks, who)
   if bad then return bad end
   if #p.devices ~= #problem.devices then
@@ -441,7 +439,7 @@ function M.check_plan(p, problem, who, over)
   end
   local budgets = {}
   for i, d in ipairs(problem.devices) do budgets[i] = d.budget or 0 end
-  return (plan.over_budget(p, problem.model, budgets, space.memory_opts(problem),
+  return (plan.over_budget(p, problem.model, budgets, require("loip.plan.space").memory_opts(problem),
     over or (who .. ": its plan breaks a budget")))
 end
 
@@ -464,7 +462,7 @@ function M.plan(problem, opts)
   opts = opts or {}
   local cost = M.load("cost", opts.cost or "loip")
   local sched = M.load("scheduler", opts.scheduler or "loip")
-  local t0 = core.now_ms()
+  local t0 = require("loip.core").now_ms()
   -- A scheduler is a short, branchy search: LuaJIT's trace compiler spends more recording and
   -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices, when measured: 70 ms
   -- with it, 20 ms without), so it runs interpreted.
@@ -472,13 +470,14 @@ function M.plan(problem, opts)
   jit.off()
   local ok, p, why = pcall(sched.schedule, problem, cost)
   if was_on then jit.on() end
-  local ms = core.now_ms() - t0
+  local ms = require("loip.core").now_ms() - t0
   local who = M.label("scheduler", sched)
   if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
   local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
+  local space = require "loip.plan.space"
   for i = 1, problem.model.moe and #p.devices or 0 do
     local b = space.budget(problem, i)
     space.size_expert_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))

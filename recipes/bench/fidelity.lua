@@ -51,7 +51,7 @@ local log = bench.log
 bench.ensure_store(o.store, o.model)
 -- the figures: a profile of this machine measured by loip profile (batches 1 to 8: a burst's
 -- steps compute what it measured), which the cluster plans with and the simulator reads
-if not require("loip.text.json").exists(o.profile) then
+if not json.exists(o.profile) then
   log("measuring this machine into %s (once): loip profile --batches 1,2,4,8 --contexts 64,256", o.profile)
   os.execute("mkdir -p \"$(dirname '" .. o.profile .. "')\"")
   local cmd = string.format("%s profile --model '%s' --threads 1 --batches 1,2,4,8 --contexts 64,256 --out '%s' >&2",

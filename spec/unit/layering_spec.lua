@@ -1,7 +1,9 @@
 -- The Lua layers (lua/loip/layers.lua, mirrored by docs/design.md §1 "Lua layers"): every
 -- `require "name"` / `require("name")` in lua/ and recipes/, those inside functions too, read
 -- from the files; no require goes round a cycle, none goes up the table, every loip module it
--- names exists and every module is in a layer. Failures name the file, the line and the rule.
+-- names exists and every module is in a layer; a require inside a function or block has a
+-- comment on its line saying why (or its file's leading comment a line "Requires inside
+-- functions: why"). Failures name the file, the line and the rule.
 local T = require "spec.support"
 local layers = require "loip.layers"
 
@@ -22,6 +24,9 @@ local function read(path)
   return s
 end
 
+-- A file whose leading comment says this, and why, keeps its requires inside functions.
+local FILE_REASON = "Requires inside functions:"
+
 -- Modules the build generates (build/lua/loip/): they have no file under lua/.
 local GENERATED = { ["loip.cdef"] = true, ["loip.constants"] = true, ["loip.build_config"] = true }
 
@@ -34,10 +39,13 @@ local function module_of(rel)
   return (m:gsub("%.init$", ""))
 end
 
--- The requires of Lua source text: { { name =, line = } }, outside comments and strings (a
--- require written in a comment or a message is none), at any depth.
+-- The requires of Lua source text: { { name =, line =, depth = } }, outside comments and strings
+-- (a require written in a comment or a message is none), at any depth (0: the file's top level;
+-- more: inside a function or a block).
+local OPENS = { ["function"] = true, ["if"] = true, ["do"] = true, ["repeat"] = true }
+local CLOSES = { ["end"] = true, ["until"] = true }
 local function requires_of(text)
-  local out, i, n, line = {}, 1, #text, 1
+  local out, i, n, line, depth = { commented = {} }, 1, #text, 1, 0
   local function long_close(at)
     -- at: the first "[" of a long bracket; returns its level's closing pattern and the index
     -- after the opening, or nil when it is none
@@ -55,6 +63,7 @@ local function requires_of(text)
     local c = text:sub(i, i)
     if c == "\n" then line = line + 1 i = i + 1
     elseif c == "-" and text:sub(i, i + 1) == "--" then
+      out.commented[line] = true
       local close, after = long_close(i + 2)
       if close then i = skip_to(close, after)
       else
@@ -78,7 +87,9 @@ local function requires_of(text)
       local prev = i > 1 and text:sub(i - 1, i - 1) or ""
       if word == "require" and prev ~= "." and prev ~= ":" then
         local name = text:match("^require%s*%(?%s*[\"']([^\"'\n]+)[\"']", i)
-        if name then out[#out + 1] = { name = name, line = line } end
+        if name then out[#out + 1] = { name = name, line = line, depth = depth } end
+      elseif prev ~= "." and prev ~= ":" then
+        if OPENS[word] then depth = depth + 1 elseif CLOSES[word] then depth = depth - 1 end
       end
       i = i + #word
     else i = i + 1 end
@@ -116,12 +127,23 @@ end
 -- The graph: modules (name -> rel), edges (name -> list of { to =, line = }), problems found on
 -- the way (a loip module required that does not exist).
 local function graph()
-  local mods, edges, missing = {}, {}, {}
+  local mods, edges, missing, inner = {}, {}, {}, {}
   local files = sources()
   for _, f in ipairs(files) do mods[f.module] = f.rel end
   for _, f in ipairs(files) do
     local e = {}
-    for _, r in ipairs(requires_of(read(root .. "/" .. f.rel))) do
+    local text = read(root .. "/" .. f.rel)
+    local reqs = requires_of(text)
+    local said = false -- (the file's leading comment says why)
+    for l in text:gmatch("([^\n]*)\n") do
+      if l:sub(1, 2) ~= "--" then break end
+      if l:find(FILE_REASON, 1, true) then said = true end
+    end
+    for _, r in ipairs(reqs) do
+      if r.depth > 0 and not reqs.commented[r.line] and not said then
+        inner[#inner + 1] = string.format("%s:%d: requires %s inside a function or block with no comment on its line "
+          .. "saying why: move it to the top of the file (or say why not on that line)", f.rel, r.line, r.name)
+      end
       if mods[r.name] or GENERATED[r.name] then
         e[#e + 1] = { to = r.name, line = r.line }
       elseif r.name == "loip" or r.name:match("^loip%.") then
@@ -131,7 +153,7 @@ local function graph()
     end
     edges[f.module] = e
   end
-  return mods, edges, missing, files
+  return mods, edges, missing, files, inner
 end
 
 -- The cycles of the graph (Tarjan's strongly connected components), each written as one
@@ -280,6 +302,11 @@ describe("the Lua layers", function()
     local mods, edges, missing, files = graph()
     fail_with(missing, "require(s) of missing modules")
     fail_with(against_table(mods, edges, files), "require(s) against the layer table")
+  end)
+
+  it("has requires at the top of their files, or a comment saying why not", function()
+    local _, _, _, _, inner = graph()
+    fail_with(inner, "require(s) inside functions")
   end)
 
   it("is the table docs/design.md shows", function()

@@ -7,6 +7,7 @@
 -- by the library modules it calls. This file only dispatches: the REPL with no command, help,
 -- version, and a usage error naming the nearest command.
 local flags = require "loip.ui.flags"
+local suggest = require "loip.ui.suggest"
 
 local M = {}
 
@@ -28,14 +29,14 @@ function M.add(name, module)
 end
 M.topics = {}
 -- `loip help policies`: every kind's policies and their settings
-M.topics.policies = function() return require("loip.cmd.policy").list_text() end
+M.topics.policies = function() return M.commands.policy.list_text() end
 
 for _, name in ipairs(ORDER) do M.add(name, "loip.cmd." .. name) end
 M.add("discover", "loip.cmd.discover") -- (discovery on a LAN: the workers loip worker --announce)
 
 function M.version()
-  local core = require "loip.core"
-  local exec = require "loip.runtime.exec"
+  local core = require "loip.core" -- (for `loip version`: `loip help` loads no FFI)
+  local exec = require "loip.runtime.exec" -- (the same)
   return string.format("loip %s (abi %d, kernels %s, cuda %s)", core.build.version,
     core.abi_version, exec.kernels_name(), core.build.cuda and (exec.cuda_device_count() .. " device(s)") or "not built")
 end
@@ -63,7 +64,7 @@ function M.main(argv)
     if cmd == "version" or cmd == "--version" then print(M.version()) return 0 end
     local c = M.commands[cmd]
     if not c then
-      local near = require("loip.ui.suggest").closest(cmd, M.order)
+      local near = suggest.closest(cmd, M.order)
       io.stderr:write(string.format("loip: unknown command '%s'%s\n%s", cmd, near and ("; did you mean " .. near .. "?") or "",
         M.usage()))
       return 2

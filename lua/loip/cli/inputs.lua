@@ -2,21 +2,9 @@
 -- usage errors, the kernels chosen, the model a cluster runs (a store, sliced into the cache when
 -- needed), the workers of --hosts, the values a flag takes once or once per device, the
 -- planning problem `plan` and `simulate` build, and the plan's report.
+-- Requires inside functions: every command loads this module, and `loip help` every command;
+-- what a function uses loads when it runs (`loip help` loads no FFI).
 local flags = require "loip.ui.flags"
-local core = require "loip.core"
-local exec = require "loip.runtime.exec"
-local model = require "loip.model"
-local st = require "loip.model.store"
-local tokenizer = require "loip.text.tokenizer"
-local transport = require "loip.runtime.transport"
-local plan = require "loip.plan"
-local json = require "loip.text.json"
-local progress = require "loip.ui.progress"
-local problem = require "loip.plan.problem"
-local profile = require "loip.plan.profile"
-local synth = require "loip.model.synth"
-local policy = require "loip.policy"
-local slice_mod = require "loip.model.slice"
 
 local M = {}
 
@@ -38,16 +26,18 @@ end
 
 -- The CPU kernel variant of --kernels.
 function M.use_kernels(name)
-  core.must(exec.kernels_use(name, "--kernels"))
+  require("loip.core").must(require("loip.runtime.exec").kernels_use(name, "--kernels"))
 end
 
 -- The runtime config of the model at path (a store, or any model loip opens: n_layers, max_seq,
 -- vocab_size ...), read without loading it.
 function M.model_config(path)
+  local model = require "loip.model"
   if model.locate(path) == "store" then
+    local st = require "loip.model.store"
     return st.config(path, st.read_manifest(path))
   end
-  local src = slice_mod.open_source(path)
+  local src = require("loip.model.slice").open_source(path)
   local c = src.c
   src.close()
   return c
@@ -80,9 +70,9 @@ function M.check_prompt(cmd, o)
   if o.context and most < o.context then return end
   local ok, n, ctx = pcall(function()
     local cfg = M.model_config(o.model)
-    local c = o.context or model.default_context(cfg.max_seq)
+    local c = o.context or require("loip.model").default_context(cfg.max_seq)
     if most < c then return 0, c end
-    local tok = tokenizer.open(o.model, { path = o.tokenizer, vocab_size = cfg.vocab_size })
+    local tok = require("loip.text.tokenizer").open(o.model, { path = o.tokenizer, vocab_size = cfg.vocab_size })
     local count = #tok:encode(o.prompt, { bos = true })
     tok:close()
     return count, c
@@ -94,13 +84,14 @@ end
 -- sliced into the cache (loip.model.slice.cached; said on stderr); --hosts needs a store (each
 -- host holds a copy). Sets o.source_model to what the user named.
 function M.store_for(cmd, o)
+  local model = require "loip.model"
   local kind = model.locate(o.model)
   if kind == "store" then return o.model end
   if o.hosts then
     usage(cmd, "--hosts needs a slice store that every host holds a copy of: make one with loip slice %s STORE_DIR and copy it to them",
       o.model)
   end
-  local dir, made = slice_mod.cached(o.model, { quiet = o.json or o.quiet })
+  local dir, made = require("loip.model.slice").cached(o.model, { quiet = o.json or o.quiet })
   if not (o.json or o.quiet) or made then
     io.stderr:write(made and string.format("%s: sliced %s into the slice store %s (kept for the next run)\n", cmd, o.model, dir)
       or string.format("%s: running the slice store of %s in %s (sliced earlier)\n", cmd, o.model, dir))
@@ -149,6 +140,7 @@ end
 -- The per-device settings of options o for n devices: { mem, disk_rate, slowdown, link = { rate,
 -- delay_ms } } (each nil when not given).
 function M.settings(cmd, o, n)
+  local transport = require "loip.runtime.transport"
   local r = {}
   r.mem = M.each(cmd, "mem", o.mem, n, flags.parse_bytes, "a size (e.g. 1.5G, 600M)", "budgets")
   r.disk_rate = M.each(cmd, "disk-rate", o.disk_rate, n, function(v) local b = flags.parse_bytes(v) return b and b > 0 and b or nil end,
@@ -164,6 +156,7 @@ end
 
 -- Print a plan, its estimate and the scheduler's facts (human), or the JSON `loip plan` gives.
 function M.report(p, est, info, sizes, mopts, as_json, extra)
+  local plan = require "loip.plan"
   if as_json then
     local devs = {}
     for i, d in ipairs(est and est.devices or {}) do
@@ -176,7 +169,7 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
       comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms,
       ship_ms = est and est.ship_ms } -- (shipping's one-off cost to empty caches: recipes/policies/cost/loip.lua)
     for k, v in pairs(extra or {}) do out[k] = v end
-    io.stdout:write(json.encode(out), "\n")
+    io.stdout:write(require("loip.text.json").encode(out), "\n")
     return
   end
   io.stderr:write(plan.describe(p, sizes, mopts, est), "\n")
@@ -187,7 +180,7 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
   if est and est.ship_ms then -- (a one-off cost: loip.cluster.ship)
     local n = 0
     for _, d in ipairs(est.devices or {}) do n = n + (d.ship_bytes or 0) end
-    io.stderr:write(string.format("  shipping to empty caches: %s, %.1f s over the links\n", progress.human(n),
+    io.stderr:write(string.format("  shipping to empty caches: %s, %.1f s over the links\n", require("loip.ui.progress").human(n),
       est.ship_ms / 1000))
   end
 end
@@ -196,6 +189,8 @@ end
 -- (--model or --like), the profiles (--profile, else a calibration of this machine), budgets,
 -- disks, links, slowdowns. Returns problem, sizes.
 function M.problem_of(cmd, o)
+  local problem = require "loip.plan.problem"
+  local profile = require "loip.plan.profile"
   if (o.model == nil) == (o.like == nil) then usage(cmd, "give --model STORE|DIR or --like NAME (one of them)") end
   local n = o.devices
   local set = M.settings(cmd, o, n)
@@ -208,16 +203,16 @@ function M.problem_of(cmd, o)
   -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
   local function context_of(config)
     local max = config.max_position_embeddings or 2048
-    return math.min(o.context or model.default_context(max), max)
+    return math.min(o.context or require("loip.model").default_context(max), max)
   end
-  local is_store = o.model and model.locate(o.model) == "store"
+  local is_store = o.model and require("loip.model").locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab,
       experts = o.experts, experts_per_token = o.experts_per_token }
-    sopts.context = context_of(synth.config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
+    sopts.context = context_of(require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
     sizes, cfg, _, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
   elseif is_store then
-    sopts.context = context_of(st.read_manifest(o.model).config)
+    sopts.context = context_of(require("loip.model.store").read_manifest(o.model).config)
     sizes, cfg, _, dtype = problem.model_of_store(o.model, sopts)
   else
     sizes, cfg, _, dtype = problem.model_of_source(o.model, sopts, function(config) sopts.context = context_of(config) end)
@@ -235,7 +230,7 @@ function M.problem_of(cmd, o)
     local devs = {}
     for i = 1, n do
       local name = names[#names == 1 and 1 or i]
-      local ok, dev = pcall(policy.load, "device", name)
+      local ok, dev = pcall(require("loip.policy").load, "device", name)
       if not ok then usage(cmd, "--device-profile %s: %s", name, tostring(dev)) end
       devs[i], profiles[i] = dev, dev.profile(shape)
     end
@@ -260,7 +255,7 @@ function M.problem_of(cmd, o)
   local link_rate -- bytes/s per link
   if set.link and set.link.rate then
     link_rate = {}
-    for i, v in ipairs(set.link.rate) do link_rate[i] = transport.parse_rate(v) end
+    for i, v in ipairs(set.link.rate) do link_rate[i] = require("loip.runtime.transport").parse_rate(v) end
   end
   local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = budgets or 0,
     profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
@@ -280,6 +275,7 @@ function M.draft(cmd, o)
     end
     return nil
   end
+  local policy = require "loip.policy"
   local base = policy.parse(name)
   local params = {}
   if o.draft_model then

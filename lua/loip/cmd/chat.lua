@@ -1,4 +1,6 @@
 -- `loip chat`: chat with a loip serve (or any OpenAI-compatible) server, streaming.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local M = {
   brief = "chat with a loip serve (or any OpenAI-compatible) server, streaming",
   usage = "loip chat --url URL [--api-key KEY] [--model NAME] [--system TEXT]",

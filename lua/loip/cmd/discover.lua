@@ -1,5 +1,7 @@
 -- `loip discover`: list the workers announcing themselves on this LAN (loip worker --announce);
 -- and the discovery flags and hooks of `loip worker` (--announce) and `loip serve` (--discover).
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 
 local PORT = 7600 -- (loip.cluster.discovery.PORT; not required here so that `loip help` loads no FFI)

@@ -1,4 +1,6 @@
 -- `loip profile`: measure a device (or running workers) for planning: compute, disk, transport.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 

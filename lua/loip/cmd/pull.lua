@@ -1,5 +1,7 @@
 -- `loip pull REPO`: a model repository from Hugging Face (or a compatible endpoint) into a
 -- directory, resumable and verified (loip.model.pull does the work).
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local function usage(fmt, ...) require("loip.cli.inputs").usage("pull", fmt, ...) end
 
 local M = {

@@ -1,4 +1,6 @@
 -- `loip serve`: serve the model over HTTP with OpenAI's API, on one device or a cluster.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 

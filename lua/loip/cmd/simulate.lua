@@ -3,6 +3,8 @@
 -- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 

@@ -1,4 +1,6 @@
 -- `loip slice`: convert a model into a slice store (per-block files), or --verify one.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 
 local M = {

@@ -1,4 +1,6 @@
 -- `loip synth`: write a random-weight model with a real model's shapes.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 

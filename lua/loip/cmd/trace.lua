@@ -1,4 +1,6 @@
 -- `loip trace`: draw a trace written by --trace as an SVG timeline.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local common = require "loip.cli.inputs"
 
 local M = {

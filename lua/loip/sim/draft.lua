@@ -28,7 +28,7 @@ local M = {}
 M.FILLER = require("loip.engine.sim").FILLER -- the id the simulated target samples
 M.OTHER = M.FILLER + 1 -- a rejected draft's
 
-local fmt = function(b) return require("loip.runtime.memory").format_bytes(b) end
+local fmt = function(b) return memory.format_bytes(b) end
 
 -- The per-draft acceptance of --acceptance: a number in [0, 1], or a measured run's JSON (loip
 -- generate --json with --draft: its draft.acceptance). Returns a, source (nil: the number given),
