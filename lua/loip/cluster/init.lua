@@ -27,13 +27,14 @@ local core = require "loip.core"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.worker"
+local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
 local rpc = require "loip.cluster.rpc"
 local registry = require "loip.cluster.registry"
 local planner = require "loip.cluster.planner"
 local ring = require "loip.engine.ring"
 local profile = require "loip.plan.profile"
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -73,7 +74,7 @@ end
 -- answers meanwhile, so long prefill stages are not mistaken for a dead device), dead_ms (a
 -- device whose heartbeat is silent this long, during a request or while idle, is lost; default
 -- DEAD_MS).
-M.DEAD_MS = 1500
+M.DEAD_MS = join.DEAD_MS
 local function new(opts, devices)
   local dead_ms = opts.dead_ms or M.DEAD_MS
   if type(dead_ms) ~= "number" or not (dead_ms > 0) then

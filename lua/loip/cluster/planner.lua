@@ -17,7 +17,7 @@
 -- them through c.rpc, and tells the ring engine (c.ring) when a plan replaces its request loop.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local policy = require "loip.policy"
 local engine = require "loip.engine"
@@ -29,7 +29,7 @@ local ship = require "loip.cluster.ship"
 local draft = require "loip.cluster.draft"
 local profile = require "loip.plan.profile"
 local problem = require "loip.plan.problem"
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local model = require "loip.model"
 local request_draft = require "loip.engine.request.draft"
 

@@ -25,7 +25,7 @@
 -- be served, after a loss the others could not take over), joins (the join socket). It plans
 -- through c.planner, talks through c.rpc and names the ring engine's step (c.ring.step_no).
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
 local ship = require "loip.cluster.ship"

@@ -21,7 +21,7 @@
 -- watched once planned); a worker's STOP { leave } read here is given to c.registry:note_leave.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 
 local alive, tail = proc.alive, proc.tail

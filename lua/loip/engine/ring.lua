@@ -17,9 +17,8 @@
 --   for the planner: r:replacing_plan(keep_requests), r:planned();  r.step_no: the last step
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local engine = require "loip.engine"
-local constants = require "loip.constants"
 local tokenizer = require "loip.text.tokenizer"
 local K = core.constants
 
@@ -221,7 +220,7 @@ function Ring:batcher(opts)
   local c, pl = self.c, self.c.planner
   if not pl.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   if not self._batcher then
-    self.max_seqs, self.kv_block = pl.sizes.max_seqs, constants.KV_BLOCK_TOKENS
+    self.max_seqs, self.kv_block = pl.sizes.max_seqs, K.KV_BLOCK_TOKENS
     self.kv_tokens = pl.sizes.kv_tokens
     self.cache_identity = "store:" .. c.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
     self.step_tokens = pl.batch
