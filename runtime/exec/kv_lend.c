@@ -55,7 +55,7 @@ static int lend_range(const loip_kv *kv, const char *what, int32_t seq, int32_t 
 }
 
 int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                  int32_t n, void *buf, uint64_t cap, uint64_t *bytes) {
+                 int32_t n, void *buf, uint64_t cap, uint64_t *bytes) {
     uint64_t need;
     int rc = lend_range(kv, "KV lend", seq, layer0, layer1, g0, n, 0, UINT64_MAX, &need);
     if (rc) return rc;
@@ -83,7 +83,7 @@ int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32
 }
 
 int loip_kv_return(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n, const void *buf, uint64_t bytes) {
+                   int32_t n, const void *buf, uint64_t bytes) {
     uint64_t need;
     int rc = lend_range(kv, "KV return", seq, layer0, layer1, g0, n, 1, bytes, &need);
     if (rc) return rc;
@@ -109,7 +109,7 @@ int loip_kv_return(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int
 }
 
 int loip_kv_attach(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n, const void *buf, uint64_t bytes) {
+                   int32_t n, const void *buf, uint64_t bytes) {
     uint64_t need;
     int rc = lend_range(kv, "KV attach", seq, layer0, layer1, g0, n, 1, bytes, &need);
     if (rc) return rc;
@@ -125,7 +125,7 @@ int loip_kv_attach(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int
 }
 
 int loip_kv_detach(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0,
-                                    int32_t n) {
+                   int32_t n) {
     uint64_t need;
     int rc = lend_range(kv, "KV detach", seq, layer0, layer1, g0, n, 1, UINT64_MAX, &need);
     if (rc) return rc;

@@ -138,23 +138,24 @@ static void route(const loip_model_config *c, const float *logits, int n, int32_
 /* Experts list[0..m) (their tensors in w[i]) over their gathered rows: gate and up in one
  * dispatch, silu(gate) * up, down in one. */
 static void run_experts(loip_session *s, const int32_t *list, int m, const loip_tensor (*w)[LOIP_EXPERT_PARTS]) {
+    loip_moe *mo = s->moe;
     const loip_model_config *c = &s->m->cfg;
     if (m == 0) return;
-    loip_linear_job *jobs = s->moe->jobs;
+    loip_linear_job *jobs = mo->jobs;
     int nj = 0;
     for (int i = 0; i < m; i++) {
-        int32_t e = list[i], at = s->moe->start[e], rows = s->moe->count[e];
-        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_GATE], s->moe->x + (size_t)at * c->dim, s->moe->h + (size_t)at * c->expert_dim, rows);
-        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_UP], s->moe->x + (size_t)at * c->dim, s->moe->h2 + (size_t)at * c->expert_dim, rows);
-        s->moe->range_start[i] = at, s->moe->range_count[i] = rows;
+        int32_t e = list[i], at = mo->start[e], rows = mo->count[e];
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_GATE], mo->x + (size_t)at * c->dim, mo->h + (size_t)at * c->expert_dim, rows);
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_UP], mo->x + (size_t)at * c->dim, mo->h2 + (size_t)at * c->expert_dim, rows);
+        mo->range_start[i] = at, mo->range_count[i] = rows;
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
-    loip_swiglu_run(s->pool, s->moe->h, s->moe->h2, s->moe->range_start, s->moe->range_count, m, c->expert_dim);
+    loip_swiglu_run(s->pool, mo->h, mo->h2, mo->range_start, mo->range_count, m, c->expert_dim);
     nj = 0;
     for (int i = 0; i < m; i++) {
-        int32_t e = list[i], at = s->moe->start[e], rows = s->moe->count[e];
-        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_DOWN], s->moe->h + (size_t)at * c->expert_dim, s->moe->y + (size_t)at * c->dim, rows);
+        int32_t e = list[i], at = mo->start[e], rows = mo->count[e];
+        jobs[nj++] = loip_linear_of(&w[i][LOIP_EXPERT_DOWN], mo->h + (size_t)at * c->expert_dim, mo->y + (size_t)at * c->dim, rows);
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
@@ -164,23 +165,24 @@ static void run_experts(loip_session *s, const int32_t *list, int m, const loip_
  * into x (start/count per expert, place: each (row, rank)'s gathered row);
  * returns how many experts were chosen, listed in list in ascending order. */
 static int gather(loip_session *s, int l, int n) {
+    loip_moe *mo = s->moe;
     const loip_model_config *c = &s->m->cfg;
     int E = c->n_experts, k = c->n_experts_used, m = 0;
-    route(c, s->moe->logits, n, s->moe->sel, s->moe->w);
-    memset(s->moe->count, 0, (size_t)E * sizeof(int32_t));
-    for (int i = 0; i < n * k; i++) s->moe->count[s->moe->sel[i]]++;
-    for (int e = 0; e < E; e++) s->moe->routed[(size_t)l * E + e] += (uint64_t)s->moe->count[e];
+    route(c, mo->logits, n, mo->sel, mo->w);
+    memset(mo->count, 0, (size_t)E * sizeof(int32_t));
+    for (int i = 0; i < n * k; i++) mo->count[mo->sel[i]]++;
+    for (int e = 0; e < E; e++) mo->routed[(size_t)l * E + e] += (uint64_t)mo->count[e];
     for (int e = 0, at = 0; e < E; e++) {
-        s->moe->start[e] = at;
-        at += s->moe->count[e];
-        if (s->moe->count[e]) s->moe->list[m++] = e;
+        mo->start[e] = at;
+        at += mo->count[e];
+        if (mo->count[e]) mo->list[m++] = e;
     }
-    memset(s->moe->fill, 0, (size_t)E * sizeof(int32_t));
+    memset(mo->fill, 0, (size_t)E * sizeof(int32_t));
     for (int t = 0; t < n; t++)
         for (int j = 0; j < k; j++) {
-            int32_t e = s->moe->sel[t * k + j], row = s->moe->start[e] + s->moe->fill[e]++;
-            s->moe->place[t * k + j] = row;
-            memcpy(s->moe->x + (size_t)row * c->dim, s->xb + (size_t)t * c->dim, (size_t)c->dim * sizeof(float));
+            int32_t e = mo->sel[t * k + j], row = mo->start[e] + mo->fill[e]++;
+            mo->place[t * k + j] = row;
+            memcpy(mo->x + (size_t)row * c->dim, s->xb + (size_t)t * c->dim, (size_t)c->dim * sizeof(float));
         }
     return m;
 }
@@ -354,6 +356,7 @@ typedef struct {
 static void combine_task(void *p, int ith, int nth) {
     combine_job *j = p;
     loip_session *s = j->s;
+    loip_moe *mo = s->moe;
     const loip_model_config *c = &s->m->cfg;
     int k = c->n_experts_used, dim = c->dim;
     size_t b, e;
@@ -362,8 +365,8 @@ static void combine_task(void *p, int ith, int nth) {
         float *o = s->xb2 + t * dim;
         memset(o, 0, (size_t)dim * sizeof(float));
         for (int r = 0; r < k; r++) {
-            float w = s->moe->w[t * k + r];
-            const float *y = s->moe->y + (size_t)s->moe->place[t * k + r] * dim;
+            float w = mo->w[t * k + r];
+            const float *y = mo->y + (size_t)mo->place[t * k + r] * dim;
             for (int i = 0; i < dim; i++) o[i] += w * y[i];
         }
         if (j->shared) {
@@ -375,9 +378,10 @@ static void combine_task(void *p, int ith, int nth) {
 }
 
 int loip_moe_ffn(loip_session *s, int l, int n) {
+    loip_moe *mo = s->moe;
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
-    loip_linear_job r[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, s->moe->logits, n), {0}};
+    loip_linear_job r[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, mo->logits, n), {0}};
     loip_linear_run(s->pool, r);
     int chosen = gather(s, l, n);
     int rc = compute_chosen(s, l, chosen);
@@ -386,20 +390,21 @@ int loip_moe_ffn(loip_session *s, int l, int n) {
     if (c->shared_expert) { /* a dense SwiGLU of hidden_dim over every row; its output in x (free now) */
         loip_linear_job gu[4] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_GATE), s->xb, s->hb, n),
                                  loip_linear_of(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}, {0}};
-        if (c->shared_expert_gate) gu[2] = loip_linear_of(loip_layer_w(m, l, LOIP_W_SHARED_GATE), s->xb, s->moe->sgate, n);
+        if (c->shared_expert_gate) gu[2] = loip_linear_of(loip_layer_w(m, l, LOIP_W_SHARED_GATE), s->xb, mo->sgate, n);
         loip_linear_run(s->pool, gu);
         int32_t start = 0, count = n;
         loip_swiglu_run(s->pool, s->hb, s->hb2, &start, &count, 1, c->hidden_dim);
-        loip_linear_job down[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->moe->x, n), {0}};
+        loip_linear_job down[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, mo->x, n), {0}};
         loip_linear_run(s->pool, down);
-        cj.shared = s->moe->x, cj.sgate = c->shared_expert_gate ? s->moe->sgate : NULL;
+        cj.shared = mo->x, cj.sgate = c->shared_expert_gate ? mo->sgate : NULL;
     }
     loip_pool_run(s->pool, combine_task, &cj);
     return LOIP_OK;
 }
 
 void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
-    loip_experts *x = s->moe ? s->moe->experts : NULL;
+    loip_moe *mo = s->moe;
+    loip_experts *x = mo ? mo->experts : NULL;
     const loip_model_config *c = &s->m->cfg;
     if (!x) return;
     int depth = loip_experts_prefetch_depth(x);
@@ -408,33 +413,34 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
         const loip_tensor *norm, *router;
         if (!loip_experts_predicts(x, l + d, &norm, &router)) continue;
         if (loip_experts_reads_all(x)) { /* the baseline: every expert, no prediction */
-            for (int e = 0; e < c->n_experts; e++) s->moe->list[e] = e;
-            loip_experts_prefetch(x, l + d, s->moe->list, c->n_experts);
+            for (int e = 0; e < c->n_experts; e++) mo->list[e] = e;
+            loip_experts_prefetch(x, l + d, mo->list, c->n_experts);
             continue;
         }
         /* the layer's ffn_norm and router over this layer's input: its x and logits are free
          * until the MLP block runs */
         for (int t = 0; t < n; t++)
-            k->rmsnorm(s->moe->x + (size_t)t * c->dim, hidden + (size_t)t * c->dim, norm->data, norm->dtype,
+            k->rmsnorm(mo->x + (size_t)t * c->dim, hidden + (size_t)t * c->dim, norm->data, norm->dtype,
                        (size_t)c->dim, c->norm_eps);
-        loip_linear_job r[2] = {loip_linear_of(router, s->moe->x, s->moe->logits, n), {0}};
+        loip_linear_job r[2] = {loip_linear_of(router, mo->x, mo->logits, n), {0}};
         loip_linear_run(s->pool, r);
-        route(c, s->moe->logits, n, s->moe->sel, s->moe->w);
+        route(c, mo->logits, n, mo->sel, mo->w);
         int m = 0;
-        memset(s->moe->count, 0, (size_t)c->n_experts * sizeof(int32_t));
+        memset(mo->count, 0, (size_t)c->n_experts * sizeof(int32_t));
         for (int i = 0; i < n * c->n_experts_used; i++)
-            if (s->moe->count[s->moe->sel[i]]++ == 0) s->moe->list[m++] = s->moe->sel[i];
-        loip_experts_prefetch(x, l + d, s->moe->list, m);
+            if (mo->count[mo->sel[i]]++ == 0) mo->list[m++] = mo->sel[i];
+        loip_experts_prefetch(x, l + d, mo->list, m);
     }
 }
 
 LOIP_API int loip_session_take_routing(loip_session *s, uint64_t *out, int64_t cap) {
+    loip_moe *mo = s->moe;
     const loip_model_config *c = &s->m->cfg;
     int64_t n = (int64_t)c->n_layers * c->n_experts;
     if (n == 0) return loip_fail(LOIP_EINVAL, "session: the model has no experts to count the routing of");
     if (cap < n) return loip_fail(LOIP_EINVAL, "session: the routing needs %lld entries, got %lld", (long long)n, (long long)cap);
-    for (int64_t i = 0; i < n; i++) out[i] += s->moe->routed[i];
-    memset(s->moe->routed, 0, (size_t)n * sizeof *s->moe->routed);
+    for (int64_t i = 0; i < n; i++) out[i] += mo->routed[i];
+    memset(mo->routed, 0, (size_t)n * sizeof *mo->routed);
     return LOIP_OK;
 }
 
