@@ -230,8 +230,8 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
 
 /* ---- hashing -------------------------------------------------------------------------- */
 
-/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. Uses
- * the CPU's SHA instructions where present, except under the "ref" kernel variant. */
+/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. From
+ * OpenSSL's libcrypto, which uses the CPU's SHA instructions where present. */
 typedef struct loip_sha256 loip_sha256;
 LOIP_API int loip_sha256_new(loip_sha256 **out);
 LOIP_API void loip_sha256_free(loip_sha256 *h);
@@ -242,7 +242,8 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
-/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. */
+/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. The proof a discovery beacon
+ * carries (lua/loip/cluster/discovery.lua). */
 LOIP_API int loip_hmac_sha256(const void *key, uint64_t key_len, const void *msg, uint64_t msg_len,
                               uint8_t *mac);
 /* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start): a block file's checksum in a
