@@ -83,7 +83,7 @@ LOIP_API void loip_writer_free(loip_writer *w) {
     free(w);
 }
 
-LOIP_API int loip_disk_free(const char *path, uint64_t *bytes) {
+LOIP_API int loip_disk_available(const char *path, uint64_t *bytes) {
     struct statvfs st;
     if (statvfs(path, &st) != 0) return loip_fail(-errno, "%s: %s", path, strerror(errno));
     *bytes = (uint64_t)st.f_bavail * (uint64_t)st.f_frsize;

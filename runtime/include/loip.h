@@ -141,7 +141,7 @@ LOIP_API int loip_writer_write(loip_writer *w, const void *data, uint64_t len);
 LOIP_API int loip_writer_commit(loip_writer *w);
 LOIP_API void loip_writer_free(loip_writer *w);
 /* Bytes available to an unprivileged writer on the filesystem holding path. */
-LOIP_API int loip_disk_free(const char *path, uint64_t *bytes);
+LOIP_API int loip_disk_available(const char *path, uint64_t *bytes);
 /* Drop the file's pages from the page cache (written ones flushed first), so that the next
  * read comes from the disk: what a profile measures. */
 LOIP_API int loip_file_drop_cache(const char *path);

@@ -40,10 +40,10 @@ function M.read(path, offset, len, dst, direct, context)
 end
 -- path's pages out of the page cache (best effort: its result is not a failure of the caller).
 function M.drop_cache(path) return core.ok(C.loip_file_drop_cache(path)) end
--- Bytes free on the file system of path.
-function M.disk_free(path, context)
+-- Bytes available to this (unprivileged) user on the file system of path.
+function M.disk_available(path, context)
   local out = ffi.new("uint64_t[1]")
-  local ok, err = core.ok(C.loip_disk_free(path, out), context)
+  local ok, err = core.ok(C.loip_disk_available(path, out), context)
   if not ok then return nil, err end
   return tonumber(out[0])
 end
