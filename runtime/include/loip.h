@@ -1461,8 +1461,8 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
-/* The CUDA side (kernels/cuda; issue 16's first part): devices, the memory the UMA-aware loading
- * path uses, and the decoder's kernels on device pointers. Built without CUDA, every call but
+/* The CUDA side (kernels/cuda): devices, the memory the UMA-aware loading path uses, and the
+ * decoder's kernels on device pointers. Built without CUDA, every call but
  * loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
  * to launch is reported at once, one while running at loip_cuda_sync. */
 
