@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 32, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 33, /* bump on any change of this header's declarations */
 };
 
 enum {
