@@ -1,4 +1,4 @@
--- Files (runtime/core/files.c, sha256.c, crc32c.c) seen from Lua: read-only mappings, atomic
+-- Files (runtime/files; mappings: runtime/core/memory.c) seen from Lua: read-only mappings, atomic
 -- writers, direct reads, the page cache, free space and checksums. One thin function per C
 -- call of loip.h, the rest of the Lua side calls these rather than C. Owning handles are cdata
 -- under ffi.gc from birth; *_free is the explicit, idempotent close. A runtime failure returns
