@@ -14,7 +14,7 @@ local core = require "loip.core"
 local json = require "loip.tools.json"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
-local worker = require "loip.cluster.worker"
+local worker = require "loip.cluster.device_server"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
 

@@ -35,8 +35,9 @@ local function fail(where, err) error(where and (where .. ": " .. err) or err, 0
 --   threads      the pool's (0 or nil: every CPU); part.threads is the count
 --   budget       a loip.memory budget (nil: none) charged for all of it
 --   layout       function(part) -> { plan, index (1-based device), sizes (loip.plan.sizes),
---                memory_opts (loip.plan.memory's), overlap_loads }: a plan's part of a slice
---                store, asked once the pool is made (the sizes count its threads); nil: no plan
+--                memory_opts (loip.plan.memory's), overlap_loads, prefetch (false: a stage's
+--                reads start only when it runs) }: a plan's part of a slice store, asked once
+--                the pool is made (the sizes count its threads); nil: no plan
 --   session      function(part) -> { context, batch, kv_tokens, max_seqs, grows, layers (a
 --                uint8_t mask of the layers held; nil: all) }: the session is made at open
 --                under a budget or a plan (before the weights, so that a part that does not fit
@@ -45,8 +46,8 @@ local function fail(where, err) error(where and (where .. ": " .. err) or err, 0
 --                loip.model.store's loaded files: its resident blocks, room kept for the others)
 --   free_weights function(w) (default loip.model.store.close)
 --   dir, man     the slice store (a plan's stage reads, the expert cache's files)
---   loader, disk_rate, verify_reads, trace, prefetch (false: a stage's reads start when it
---   runs), experts, routing   the plan's reads (loip.model.open's options of those names)
+--   loader, disk_rate, verify_reads, trace, experts, routing   the plan's reads and the expert
+--                cache's (loip.model.open's options of those names)
 function M.open(o)
   local self = setmetatable({ o = o, cfg = o.cfg, where = o.where, budget = o.budget, dir = o.dir, man = o.man,
     free_weights = o.free_weights or store.close, tracing = o.trace and true or false }, Part)
@@ -68,8 +69,8 @@ function Part:_assemble()
   self.pool, self.threads = pool, exec.pool_size(pool)
   if o.layout then
     local l = o.layout(self)
-    self.plan, self.index, self.sizes, self.memory_opts, self.overlap_loads = l.plan, l.index, l.sizes, l.memory_opts,
-      l.overlap_loads or false
+    self.plan, self.index, self.sizes, self.memory_opts = l.plan, l.index, l.sizes, l.memory_opts
+    self.overlap_loads, self.prefetch = l.overlap_loads or false, l.prefetch ~= false
   end
   if self.budget or self.plan then self:open_session() end
   self.weights = o.weights(self)
@@ -117,7 +118,7 @@ function Part:_start_runner()
     device = self.index, sizes = self.sizes, experts = o.experts, routing = o.routing, budget = self.budget,
     mode = o.loader, rate = o.disk_rate, verify_reads = o.verify_reads, trace = o.trace }
   self.experts = experts.for_device(self.experts_opts)
-  if o.prefetch == false then exec.runner_set_prefetch(r, false) end
+  if not self.prefetch then exec.runner_set_prefetch(r, false) end
 end
 
 -- A live plan change between steps: stage k (1-based) of the plan now reads its first
