@@ -1,14 +1,14 @@
--- A device server: one device of a cluster, the process `loip worker` runs. It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP,
--- LOOKUP, SHIP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
--- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
--- cleanly (sockets closed, buffers freed). A PLAN message (JSON) carries: plan_id, device
--- (1-based), plan (loip.plan tables), next and head (endpoints), context, batch, max_seqs,
--- kv_tokens, plan_positions, kv_grows, loader, overlap_loads, disk_rate (this device's), link =
--- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
--- slowdown. The worker loads its part of its slice store (its own, or its cache's: SHIP,
--- loip.cluster.cache) under its budget (loip.model.part, as one device in a process is), and
--- replies READY with its memory, or ERROR with why.
+-- A device server: one device of a cluster, the process `loip worker` runs. It listens, answers
+-- the head's control messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE,
+-- PROFILE, PING, STOP, LOOKUP, SHIP: one handler each, in a dispatch table) and, once it holds a
+-- plan, runs its stages every step in C (loip_device_serve): Lua sees only control messages.
+-- SIGINT/SIGTERM stop it cleanly (sockets closed, buffers freed). A PLAN message (JSON)
+-- carries: plan_id, device (1-based), plan (loip.plan tables), next and head (endpoints),
+-- context, batch, max_seqs, kv_tokens, plan_positions, kv_grows, loader, overlap_loads,
+-- disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into this device,
+-- emulated on receipt), logits_tokens, slowdown. The worker loads its part of its slice store
+-- (its own, or its cache's: SHIP, loip.cluster.cache) under its budget (loip.model.part, as one
+-- device in a process is), and replies READY with its memory, or ERROR with why.
 -- PROFILE makes it measure itself (loip.plan.profile.calibrate on its own store) and reply
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
