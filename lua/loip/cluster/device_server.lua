@@ -13,7 +13,7 @@
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
@@ -23,7 +23,14 @@ local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local files = require "loip.runtime.files"
 local process = require "loip.runtime.process"
-local rw = require "loip.runtime.worker"
+local rw = require "loip.runtime.device"
+local engine = require "loip.engine"
+local sampler = require "loip.model.sampler"
+local profile = require "loip.plan.profile"
+local draft = require "loip.cluster.draft"
+local join = require "loip.cluster.join"
+local cache_mod = require "loip.cluster.cache"
+local model_mod = require "loip.model"
 local K = core.constants
 
 local M = {}
@@ -55,7 +62,7 @@ function M.new(opts)
   if not sock then net:close() error(berr, 0) end
   local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = man and M.store_id(opts.store),
     header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
-  if opts.cache then self.cache = require("loip.cluster.cache").new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
+  if opts.cache then self.cache = cache_mod.new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
   self.buf = ffi.new("uint8_t[?]", self.cap)
   -- the heartbeat answers on its own thread and socket, even while a long stage computes
   local ep = sock:endpoint()
@@ -104,7 +111,7 @@ function Worker:build(msg)
   local d = {}
   self.dev = d
   local budget = memory.budget(self.opts.mem or 0)
-  local defaults = require "loip.model" -- (the head sends both)
+  local defaults = model_mod -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local N, S
   d.part = part.open { cfg = cfg, threads = self.opts.threads, budget = budget, dir = dir, man = man,
@@ -118,7 +125,7 @@ function Worker:build(msg)
       local devices = {}
       for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
       if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
-      require("loip.engine").check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
+      engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
       N, S = #p.devices, #p.devices[1].stages
       if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
       return { plan = p, index = i, sizes = sizes, memory_opts = { cluster = true, loader = msg.loader },
@@ -227,7 +234,7 @@ function handlers.START(self, _, body)
   if not self.dev then error("START before a plan", 0) end
   body = assert(body, "a message without its JSON body")
   local p = ffi.new("loip_sampler_params")
-  for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
+  for k, v in pairs(sampler.defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
   local prompt = body.prompt or {}
   local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
   for k, id in ipairs(prompt) do ids[k - 1] = id end
@@ -340,7 +347,6 @@ end
 
 function handlers.PROFILE(self, _, o)
   o = o or {}
-  local profile = require "loip.plan.profile"
   local pr
   if o.full then
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
@@ -357,7 +363,7 @@ end
 -- speculative decoding's draft run here, charged to this device's budget (loip.cluster.draft)
 function handlers.DRAFT(self, _, body)
   body = assert(body, "a message without its JSON body")
-  return "DRAFT", json.encode(require("loip.cluster.draft").handle(current_device(self, body, "DRAFT"), self.opts.store, body))
+  return "DRAFT", json.encode(draft.handle(current_device(self, body, "DRAFT"), self.opts.store, body))
 end
 
 function handlers.STOP(self, _, body)
@@ -432,7 +438,7 @@ function Worker:run()
   self.hostname = h and h:match("^[^\n]*")
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
-  while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)
+  while not self.stopping and join.keep_running(self) do -- (a join's answer; SIGTERM: leave)
     local msg = self:poll(200)
     if msg then self:handle(msg) end
     if self.opts.on_tick then self.opts.on_tick() end -- (e.g. worker --announce's beacon renewed)
