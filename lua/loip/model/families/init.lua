@@ -43,6 +43,7 @@ local M = {}
 M.list = {
   require "loip.model.families.llama",
   require "loip.model.families.mixtral",
+  require "loip.model.families.phi3",
   require "loip.model.families.qwen2",
   require "loip.model.families.qwen2moe",
   require "loip.model.families.qwen3",
