@@ -1,9 +1,10 @@
--- GGUF files as models (architectures llama, qwen2, qwen3; mixtures of experts qwen2moe,
--- qwen3moe and llama with experts, Mixtral): the metadata as a Hugging Face config (so one config
--- path, hf.parse_config, serves every format), GGUF's tensor names as loip's weights, used in
--- place from the file's memory map. A layer's routed experts are one 3-D tensor per part
--- (ffn_gate_exps, ffn_up_exps, ffn_down_exps: expert e's matrix is its e-th slice), each expert
--- bound to a view of its slice.
+-- GGUF files as models (each family's architectures, lua/loip/model/families/: llama, qwen2,
+-- qwen3, phi3; mixtures of experts qwen2moe, qwen3moe and llama with experts, Mixtral): the
+-- metadata as a Hugging Face config (so one config path, hf.parse_config, serves every format),
+-- GGUF's tensor names as loip's weights, used in place from the file's memory map. A layer's
+-- routed experts are one 3-D tensor per part (ffn_gate_exps, ffn_up_exps, ffn_down_exps: expert
+-- e's matrix is its e-th slice), each expert bound to a view of its slice; a tensor fused by rows
+-- (phi3's attn_qkv) gives each part a view of its rows.
 --
 -- RoPE: llama.cpp's converter stores a `llama` model's q/k rows in Meta's order, which pairs
 -- dimensions (2i, 2i+1) (llama2.c's layout: loip_rope_layout = "interleaved"); qwen2/qwen3 are
