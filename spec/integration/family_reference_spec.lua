@@ -7,7 +7,7 @@
 -- tensors are fused by rows refuses such a tensor of the wrong size, naming it.
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local slice = require "loip.model.slice"
 local families = require "loip.model.families"
 local T = require "spec.support"
