@@ -32,6 +32,7 @@ describe("modules", function()
       "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
       "^loip%.model%.part$", -- (a device's part: a Model's and a worker's)
       "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
+      "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
