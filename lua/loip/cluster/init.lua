@@ -26,7 +26,7 @@
 local core = require "loip.core"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
-local worker = require "loip.cluster.worker"
+local worker = require "loip.cluster.device_server"
 local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
 local rpc = require "loip.cluster.rpc"
