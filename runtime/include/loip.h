@@ -1512,8 +1512,8 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* The CUDA side (runtime/cuda over kernels/cuda; issue 16's first part): devices, the memory
  * the UMA-aware loading path uses, and the decoder's kernels on device pointers. Built without
- * CUDA, every call but loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
- * to launch is reported at once, one while running at loip_cuda_sync. */
+ * CUDA, every call but loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the
+ * default stream: a failure to launch is reported at once, one while running at loip_cuda_sync. */
 
 /* Number of CUDA devices; 0 when built without CUDA or none is present. */
 LOIP_API int32_t loip_cuda_device_count(void);
