@@ -6,7 +6,7 @@
 -- recorded (stats, collect_trace). Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 
 local alive, tail = proc.alive, proc.tail

@@ -1,6 +1,8 @@
 -- `loip generate`: generate text from a prompt.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "generate text from a prompt",
@@ -99,7 +101,7 @@ function M.failure_report(o, r, err, b)
 end
 
 local function run_cluster(o)
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local cluster = require "loip.cluster"
   if o.hosts and o.cpu_latency then
     common.usage("generate", "--cpu-latency is for local devices; start each `loip worker` with --cpu-latency instead")
@@ -155,7 +157,7 @@ local function run_cluster(o)
     local rest = ""
     local after = c:stats()
     if o.trace then
-      local tr = c:collect_trace(require("loip.tools.trace").new())
+      local tr = c:collect_trace(require("loip.engine.trace").new())
       require("loip.engine.request.online").add_to_trace(tr, c:batcher().adaptations)
       require("loip.engine.request.draft_trace").add_to_trace(tr, c:batcher().draft)
       tr:write(o.trace)
@@ -239,7 +241,7 @@ function M.run(o)
     if o[f] then common.usage("generate", "--%s is for several devices (--devices or --hosts)", (f:gsub("_", "-"))) end
   end
   local model = require "loip.model"
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local is_store = model.locate(o.model) == "store"
   for _, f in ipairs({ "plan", "disk_rate", "trace", "save_plan", "stages", "plan_positions" }) do
     if o[f] and not is_store then

@@ -3,8 +3,10 @@
 -- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local function usage(fmt, ...) common.usage("simulate", fmt, ...) end
 
@@ -70,7 +72,7 @@ local M = {
   flags = rows,
 }
 
-local mean = require("loip.tools.bench").mean
+local mean = require("loip.measure.stats").mean
 
 -- Whether o is a loip generate command line: one of generate's own flags given (--prompt,
 -- --max-tokens, --tokenizer, or one simulate ignores). It simulates as generate runs: one request.
@@ -104,7 +106,7 @@ function M.run(o)
   local plan = require "loip.plan"
   local policy = require "loip.policy"
   local sim = require "loip.sim"
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local prob, sizes = common.problem_of("simulate", o)
   if o.input_tokens >= prob.context then
     usage("--input-tokens %d leave no room in the context of %d: raise --context (to at least %d) or lower --input-tokens",
@@ -199,7 +201,7 @@ function M.run(o)
     online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
     draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }
   if o.trace then
-    local tr = require("loip.tools.trace").new()
+    local tr = require("loip.engine.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
     tr:write(o.trace)
   end

@@ -10,7 +10,7 @@
 --     cl = require("loip.runtime.http_client").new() }, hub.Session)
 --   local files = s:list()   -- { { path, size, sha256 (LFS files) }, ... }; a failure raises hub.Failure
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

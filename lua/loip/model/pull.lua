@@ -23,8 +23,8 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local client = require "loip.runtime.http_client"
-local progress = require "loip.tools.progress"
-local fs = require "loip.tools.files"
+local progress = require "loip.ui.progress"
+local fs = require "loip.runtime.shell"
 local files_rt = require "loip.runtime.files"
 local hub = require "loip.model.hub"
 
