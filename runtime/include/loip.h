@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 32, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 33, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -141,7 +141,7 @@ LOIP_API int loip_writer_write(loip_writer *w, const void *data, uint64_t len);
 LOIP_API int loip_writer_commit(loip_writer *w);
 LOIP_API void loip_writer_free(loip_writer *w);
 /* Bytes available to an unprivileged writer on the filesystem holding path. */
-LOIP_API int loip_disk_free(const char *path, uint64_t *bytes);
+LOIP_API int loip_disk_available(const char *path, uint64_t *bytes);
 /* Drop the file's pages from the page cache (written ones flushed first), so that the next
  * read comes from the disk: what a profile measures. */
 LOIP_API int loip_file_drop_cache(const char *path);
@@ -230,8 +230,8 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
 
 /* ---- hashing -------------------------------------------------------------------------- */
 
-/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. Uses
- * the CPU's SHA instructions where present, except under the "ref" kernel variant. */
+/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. From
+ * OpenSSL's libcrypto, which uses the CPU's SHA instructions where present. */
 typedef struct loip_sha256 loip_sha256;
 LOIP_API int loip_sha256_new(loip_sha256 **out);
 LOIP_API void loip_sha256_free(loip_sha256 *h);
@@ -242,7 +242,8 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
-/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. */
+/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. The proof a discovery beacon
+ * carries (lua/loip/cluster/discovery.lua). */
 LOIP_API int loip_hmac_sha256(const void *key, uint64_t key_len, const void *msg, uint64_t msg_len,
                               uint8_t *mac);
 /* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start): a block file's checksum in a
@@ -1510,10 +1511,10 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
-/* The CUDA side (runtime/cuda over kernels/cuda; issue 16's first part): devices, the memory
- * the UMA-aware loading path uses, and the decoder's kernels on device pointers. Built without
- * CUDA, every call but loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the
- * default stream: a failure to launch is reported at once, one while running at loip_cuda_sync. */
+/* The CUDA side (runtime/cuda over kernels/cuda): devices, the memory the UMA-aware loading
+ * path uses, and the decoder's kernels on device pointers. Built without CUDA, every call but
+ * loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
+ * to launch is reported at once, one while running at loip_cuda_sync. */
 
 /* Number of CUDA devices; 0 when built without CUDA or none is present. */
 LOIP_API int32_t loip_cuda_device_count(void);

@@ -318,7 +318,7 @@ function M.write(src_path, out, opts)
     local reclaim = 0
     for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
     local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
-    local free = assert(files_rt.disk_free(existing_dir(out), out))
+    local free = assert(files_rt.disk_available(existing_dir(out), out))
     if free < need then
       error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
         out, progress.human(need), progress.human(free)), 0)

@@ -156,7 +156,7 @@ function M.write(dir, o)
   if json.exists(dir .. "/config.json") and not o.force then
     error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
   end
-  local free = assert(files_rt.disk_free(dir, dir))
+  local free = assert(files_rt.disk_available(dir, dir))
   local need = total + 64 * 1024 * 1024
   if free < need then
     error(string.format("%s: not enough disk space: the model needs %s, %s are free", dir,
