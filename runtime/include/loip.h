@@ -579,7 +579,7 @@ LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
-/* Sharing KV (runtime/exec/session_share.c, docs/prefix-cache.md). A group is named by block
+/* Sharing KV (runtime/exec/kv_share.c, docs/prefix-cache.md). A group is named by block
  * tables and by the prompt cache's holds, counted per group; a group named more than once is
  * never written: a sequence's first write into it copies it into a fresh group of its own
  * (copy-on-write: every kept layer's rows, charged as any group it takes). Lending refuses a
