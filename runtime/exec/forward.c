@@ -1,8 +1,9 @@
-/* The forward pass of a Llama-family decoder (Llama 2/3.x, Mistral, Qwen2, Qwen3) over a
- * session: KV cache plus scratch. Everything here runs per token, so it allocates nothing and
- * decides nothing; it follows llama2.c's run.c step by step (so that its references apply)
- * with batches of tokens for prefill, optional q/k/v biases (Qwen2), per-head q/k RMSNorm
- * (Qwen3), and both RoPE layouts. */
+/* The forward pass of a Llama-style decoder over a session: KV cache plus scratch. Everything
+ * here runs per token, so it allocates nothing and decides nothing; it follows llama2.c's run.c
+ * step by step (so that its references apply) with batches of tokens for prefill. What differs
+ * between families is switched by loip_model_config's fields, never by a family's name: q/k/v
+ * biases (qkv_bias), per-head q/k RMSNorm (qk_norm), the RoPE layout and scaling, a mixture of
+ * experts (n_experts, moe.c). Each family's description (lua/loip/model/families/) sets them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -387,6 +387,9 @@ enum {
     LOIP_ROPE_SCALING_LLAMA3 = 1,
 };
 
+/* A model's shape and the switches of its forward pass. Lua fills it from the family's
+ * description (lua/loip/model/families/: docs/adding-a-model.md); C reads only these fields and
+ * knows no family by name. */
 typedef struct loip_model_config {
     int32_t dim;         /* hidden size */
     int32_t hidden_dim;  /* FFN inner size */

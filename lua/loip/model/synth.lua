@@ -69,9 +69,8 @@ end
 -- Tensors of the model: { name, shape, mean, std, numel }.
 local function tensor_plan(c, std, arch)
   local plan = {}
-  for _, w in ipairs(hf.weight_list(c, arch)) do
-    local kind, name = w[2], w[3]
-    local shape = hf.shape_of(c, kind)
+  for _, t in ipairs(hf.tensor_list(c, arch)) do
+    local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
