@@ -3,6 +3,7 @@
 -- one rule for the online policy a run gets.
 local cli = require "loip.tools.cli"
 local flags = require "loip.tools.flags"
+local errors = require "loip.error"
 local T = require "spec.support"
 
 teardown(T.drop_stores)
@@ -152,8 +153,8 @@ local function refusal(name, argv)
   local ok, e = pcall(stderr_of, function() return flags.parse(spec, argv, 1) end)
   if ok then return nil end
   assert.is_table(e, tostring(e))
-  assert.is_true(e.usage_error, e.msg)
-  return e.msg
+  assert.is_true(errors.is(e, "usage"), tostring(e))
+  return e.message
 end
 
 describe("the command line's words", function()

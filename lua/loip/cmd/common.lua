@@ -3,11 +3,12 @@
 -- needed), the workers of --hosts, the values a flag takes once or once per device, the
 -- planning problem `plan` and `simulate` build, and the plan's report.
 local flags = require "loip.tools.flags"
+local errors = require "loip.error"
 
 local M = {}
 
 -- A usage error of command cmd (the dispatcher prints "loip: cmd: ..." and exits 2).
-function M.usage(cmd, fmt, ...) error({ usage_error = true, msg = cmd .. ": " .. string.format(fmt, ...) }, 0) end
+function M.usage(cmd, fmt, ...) errors.raise("usage", cmd .. ": " .. string.format(fmt, ...)) end
 local usage = M.usage
 
 function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end

@@ -1,6 +1,7 @@
 -- `loip generate`: generate text from a prompt.
 local common = require "loip.cmd.common"
 local flags = require "loip.tools.flags"
+local errors = require "loip.error"
 
 local M = {
   brief = "generate text from a prompt",
@@ -256,8 +257,8 @@ function M.run(o)
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
   if not ok then
-    if o.mem and tostring(m):find("memory budget:", 1, true) and not is_store then
-      error(tostring(m) .. "; the model does not fit in --mem " .. require("loip.runtime.memory").format_bytes(o.mem)
+    if o.mem and errors.is(m, "out_of_memory") and not is_store then
+      error(m .. "; the model does not fit in --mem " .. require("loip.runtime.memory").format_bytes(o.mem)
         .. ": pass a larger --mem, or slice it (loip slice) and run the store, which offloads what does not fit", 0)
     end
     error(m, 0)

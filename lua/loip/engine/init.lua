@@ -14,8 +14,8 @@
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
 --                token { seq, request, id, logits (a float* row, valid until the next step) }.
---                A lost device raises { replanned = true } once the engine planned again over
---                the others (the batcher then resumes every request from its tokens).
+--                A lost device raises an error of kind "replanned" (loip.error) once the engine
+--                planned again over the others (the batcher then resumes every request from its tokens).
 --              finish(seq, request): the slot's KV is freed (request.keep: the keys of its first
 --                groups, held by the prefix cache first)
 --   prefix     cache_lookup(keys) (optional) -> how many of the keys, from the first, every device
@@ -23,7 +23,7 @@
 --                starts with; cache_identity: the model's h_0; cache_stats() -> per device
 --                { groups, shared_groups, bytes, evictions }
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
---              recover(err) (optional) -> err, or { replanned = true } when err (met by start,
+--              recover(err) (optional) -> err, or an error of kind "replanned" when err (met by start,
 --                cache_lookup or an online policy's call) found a device lost and the engine
 --                planned again over the others: the batcher resumes every request then
 --              step_price(rows) (optional): the cost model's ms for a step of that many rows

@@ -6,6 +6,7 @@
 -- loip.engine's. Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.tools.json"
 local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
@@ -90,7 +91,7 @@ function Cluster:step(toks)
     for _, d in ipairs(self.devices) do lost = lost or d.failed end
     if lost and (self.plan_opts and self.plan_opts.on_device_loss or "replan") == "replan" then
       self:replan_after_loss(r)
-      error(setmetatable({ replanned = true, msg = tostring(r) }, { __tostring = function(e) return e.msg end }), 0)
+      errors.raise("replanned", tostring(r))
     end
     error(r, 0)
   end

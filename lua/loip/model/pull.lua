@@ -22,6 +22,7 @@
 -- verifies and resumes.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local client = require "loip.runtime.http_client"
 local progress = require "loip.tools.progress"
 local fs = require "loip.tools.files"
@@ -330,7 +331,7 @@ function M.pull(o)
   end)
   if self.cl then self.cl:close() end
   if ok then return r end
-  if getmetatable(r) == hub.Failure then return nil, self:scrub(r.msg) end
+  if errors.is(r, "hub") then return nil, self:scrub(r.message) end
   error(r, 0)
 end
 

@@ -17,6 +17,7 @@ local constrain = require "loip.engine.request.constrain"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
+local errors = require "loip.error"
 
 local M = {}
 
@@ -128,14 +129,14 @@ function Server:generate(req, kind)
   local seed = spec.seed or (os.time() * 1000 + self.seq)
   local ok, r = pcall(self.submit, self, spec, ids, seed, { constraint = constraint })
   if not ok then
-    if type(r) == "table" and r.kind == "overloaded" then
+    if errors.is(r, "overloaded") then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
       return fail(req, 429, "the server is busy: " .. tostring(r), "rate_limit_exceeded", nil, "overloaded", { ["Retry-After"] = 1 })
     end
-    if type(r) == "table" and r.kind == "too_long" then
+    if errors.is(r, "too_long") then
       return fail(req, 400, tostring(r), nil, r.param == "prompt" and prompt_param or r.param or "max_tokens", "context_length_exceeded")
     end
-    if type(r) == "table" and r.kind == "invalid" then return fail(req, 400, tostring(r), nil, r.param) end
+    if errors.is(r, "invalid") then return fail(req, 400, tostring(r), nil, r.param) end
     error(r, 0)
   end
   self.seq = self.seq + 1

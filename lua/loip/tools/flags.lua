@@ -8,9 +8,11 @@
 -- naming them (a value with spaces not quoted: `--prompt Once upon a time`).
 -- A row { "old-name", "int", alias_of = "new-name" } keeps a renamed flag working for a release:
 -- it sets new-name's option and says once on stderr that it is deprecated and what to use.
+local errors = require "loip.error"
+
 local M = {}
 
-local function fail(cmd, msg) error({ usage_error = true, msg = cmd .. ": " .. msg }, 0) end
+local function fail(cmd, msg) errors.raise("usage", cmd .. ": " .. msg) end
 
 -- Says once (per process) on stderr that `old`, a renamed flag or option of `who`, is deprecated
 -- and what to use instead; the old name keeps working for a release.

@@ -5,6 +5,7 @@
 -- a table this module did not decode.
 --   decode(text, what) -> value | nil, "what: invalid JSON: why at offset N"
 local cjson = require "cjson"
+local errors = require "loip.error"
 local json = require "loip.tools.json"
 local from_cp = require("loip.text.template.text").from_cp
 
@@ -18,7 +19,7 @@ local escapes = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n
 
 function M.decode(text, what)
   local i = 1
-  local function fail(msg) error({ msg = string.format("%s: invalid JSON: %s at offset %d", what or "JSON", msg, i - 1) }) end
+  local function fail(msg) errors.raise("json", string.format("%s: invalid JSON: %s at offset %d", what or "JSON", msg, i - 1)) end
   local function ws() i = text:find("[^ \t\r\n]", i) or #text + 1 end
   local value
   local function str()
@@ -109,7 +110,7 @@ function M.decode(text, what)
     return r
   end)
   if ok then return v end
-  if type(v) == "table" then return nil, v.msg end
+  if errors.is(v, "json") then return nil, v.message end
   error(v, 0)
 end
 

@@ -24,6 +24,7 @@
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local tree = require "loip.engine.request.tree"
 local head_sample = require "loip.engine.request.head_sample"
 local choices = require "loip.engine.request.choices"
@@ -34,11 +35,11 @@ local M = {}
 local tokf = core.constants.tokf
 local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
--- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400), "invalid"
--- (400); param: the request's field to blame ("prompt" for a prompt too long, whatever field
--- holds it; "max_tokens", "n").
+-- A request refused (loip.error): kind "overloaded" (a server answers 429), "too_long" (400),
+-- "invalid" (400); param: the request's field to blame ("prompt" for a prompt too long, whatever
+-- field holds it; "max_tokens", "n").
 local function refusal(kind, msg, param)
-  return setmetatable({ kind = kind, msg = msg, param = param }, { __tostring = function(e) return e.msg end })
+  return errors.new(kind, msg, { param = param })
 end
 M.refusal = refusal
 
@@ -181,8 +182,8 @@ end
 -- START, a LOOKUP, an online policy's STATS), every running request resumes from its tokens and
 -- true is returned. Else false and the error (err, or why the resuming or the re-plan failed).
 function Batcher:resumed(err)
-  if not (type(err) == "table" and err.replanned) and self.engine.recover then err = self.engine:recover(err) end
-  if not (type(err) == "table" and err.replanned) then return false, err end
+  if not errors.is(err, "replanned") and self.engine.recover then err = self.engine:recover(err) end
+  if not errors.is(err, "replanned") then return false, err end
   local ok, rerr = pcall(self.resume_all, self)
   if not ok then return false, rerr end
   return true
@@ -300,10 +301,9 @@ function Batcher:step()
     if resumed then return true end
     if err ~= outs then engine_failed, outs = true, err end
   end
-  if not ok and engine_failed and self.online and self.online.policy
-      and (tostring(outs):find("memory budget", 1, true) or tostring(outs):find("out of memory", 1, true)) then
+  if not ok and engine_failed and self.online and self.online.policy and errors.is(outs, "out_of_memory") then
     -- a device's budget broke in a step the online policy let run: say which policy that was
-    outs = string.format("%s (the online policy %s did not make room before this step)", tostring(outs), self.online:name())
+    outs = outs .. string.format(" (the online policy %s did not make room before this step)", self.online:name())
   end
   if not ok then
     -- the step failed: every request in it fails with the error. After the engine's own failure
@@ -421,7 +421,7 @@ function Batcher:resume_all()
   -- each loss leaves one device fewer, and a cluster with none left fails)
   while not ok do
     if self.engine.recover then err = self.engine:recover(err) end
-    if not (type(err) == "table" and err.replanned) then error(err, 0) end
+    if not errors.is(err, "replanned") then error(err, 0) end
     self.resumes = self.resumes + 1
     ok, err = pcall(self.start_again, self)
   end

@@ -37,6 +37,7 @@
 -- changes are kept in batcher.link_changes. state.links (read lazily, a round trip to every
 -- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
 local core = require "loip.core"
+local errors = require "loip.error"
 
 local M = {}
 
@@ -231,13 +232,15 @@ function Online:before_step(toks)
   }
   local ok, err = pcall(self.policy.on_step, st, control)
   if not ok then
-    if type(err) == "table" then error(err, 0) end
-    error(string.format("online policy %s: %s", self:name(), tostring(err)), 0)
+    -- (a device lost or a plan made again goes up as it is: the batcher resumes on it; an
+    -- allocation that failed keeps its kind under the policy's name)
+    if errors.is(err) and not errors.is(err, "out_of_memory") then error(err, 0) end
+    local named = string.format("online policy %s: ", self:name())
+    error(errors.is(err) and named .. err or named .. tostring(err), 0)
   end
   -- the step is not taken on the old plan: the batcher resumes every request on the new one
   if replanned then
-    error(setmetatable({ replanned = true, msg = "re-planned by the online policy " .. self:name() },
-      { __tostring = function(e) return e.msg end }), 0)
+    errors.raise("replanned", "re-planned by the online policy " .. self:name())
   end
 end
 
