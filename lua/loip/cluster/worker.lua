@@ -124,7 +124,7 @@ function Worker:build(msg)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
-    plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: a head of the release before)
+    plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: plan_positions' deprecated name, which a head may send)
   local mopts = { cluster = true, loader = msg.loader }
   -- the plan as every plan is checked, against this device's budget only
   local devices = {}

@@ -211,8 +211,7 @@ end
 -- given still does: a fixed length), bos (text: add BOS, default true), n_sample.
 -- state: prompt_ids, token_ids, seed, request, stop_reason, stop_id, stats = { prompt_tokens,
 -- generated, prefill_ms, decode_ms, decode_steps (steps after the first token's: decode_ms per
--- decode_steps is the ms per token); decode_forwards: the old name of decode_steps, kept for a
--- release }.
+-- decode_steps is the ms per token); decode_forwards: decode_steps under its deprecated name }.
 function M.generate(f, prompt, opts)
   opts = opts or {}
   local who, tok = f.who or "", f.tokenizer
