@@ -34,6 +34,10 @@
 --   state      online_devices() -> per device M.device_state(...): what an online policy sees
 --              link_rates() -> per link bytes/s (nil: not emulated); link_state() (optional)
 --              plan_positions (or sizes.plan_positions): KV positions the plan's memory holds
+--              device_stats() -> per device { compute_ms, load_ms, stall_ms (nil: no plan's
+--                runner measures them), kv_free_tokens, accounts ({ [account] = bytes }; nil:
+--                no budget), prompt_cache (as cache_stats') }: what a server's /metrics reports
+--              metrics(m) (optional): the engine's own figures added to a loip.serve.metrics m
 --   losses     (ring) c.losses: { step, devices, why, replan_ms, replanned }
 --
 -- The front-end (the functions below) is what loip.model's Model, loip.cluster's Cluster and

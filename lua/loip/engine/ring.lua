@@ -56,6 +56,17 @@ function Cluster:cache_stats()
   return out
 end
 
+-- Each device's figures (loip.engine's device_stats; a STATS round): a device that measured
+-- nothing yet counts 0 ms.
+function Cluster:device_stats()
+  local out = self:stats()
+  for _, d in ipairs(out) do d.compute_ms, d.load_ms, d.stall_ms = d.compute_ms or 0, d.load_ms or 0, d.stall_ms or 0 end
+  return out
+end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship).
+function Cluster:metrics(m) require("loip.cluster.ship").metrics(m, self) end
+
 -- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
 -- others planned again: Cluster:check_alive), devices lost before are taken back (a new plan over
 -- all of them, the next plan boundary), devices that failed are restarted (their KV is gone, and
