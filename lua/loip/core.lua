@@ -1,7 +1,7 @@
 -- The C runtime seen from Lua: FFI declarations (generated from loip.h), the library handle,
 -- the ABI handshake, and the adapters that turn return codes into Lua errors.
 local ffi = require "ffi"
-local err = require "loip.error"
+local errors = require "loip.error"
 
 local M = {}
 
@@ -57,7 +57,7 @@ end
 function M.failure(rc, context)
   local msg = M.last_error()
   if context then msg = context .. ": " .. msg end
-  return err.from_code(rc, msg)
+  return errors.from_code(rc, msg)
 end
 
 -- Runtime failure: nil, the error, the code. Use as `local ok, err = core.ok(C.f(...))`.
