@@ -114,7 +114,7 @@ M.loip = os.getenv("LOIP_BIN") or require("loip.cluster.proc").exe()
 function M.generate_json(store, flags)
   local rc, out, err = M.run(string.format("%s generate --model %s --threads 1 --temperature 0 "
     .. "--prompt 'Once upon a time' --json %s", M.loip, store, flags))
-  return rc, require("loip.tools.json").decode(out), err
+  return rc, require("loip.text.json").decode(out), err
 end
 
 function M.u64le(n)
@@ -176,7 +176,7 @@ function M.drop_stores()
 end
 
 -- A file's text, "" while it does not exist yet.
-function M.read_or_empty(p) return require("loip.tools.json").read_file(p) or "" end
+function M.read_or_empty(p) return require("loip.text.json").read_file(p) or "" end
 
 -- Servers still running when a spec ends (it failed before stopping its own): M.stop_servers
 -- (after_each) stops them, so that a failure leaves no process behind.
@@ -222,10 +222,10 @@ end
 -- gathers their text.
 function M.stream_completion(cl, url, body, headers)
   body.stream = true
-  local t = cl:post(url .. "/completions", require("loip.tools.json").encode(body), headers)
+  local t = cl:post(url .. "/completions", require("loip.text.json").encode(body), headers)
   t.events, t.pieces = 0, {}
   t.on_event = function(tr, data)
-    local e = require("loip.tools.json").decode(data)
+    local e = require("loip.text.json").decode(data)
     if e and e.choices and e.choices[1] then tr.events = tr.events + 1 tr.pieces[#tr.pieces + 1] = e.choices[1].text end
   end
   return t

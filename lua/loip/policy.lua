@@ -20,7 +20,7 @@
 -- the process, and the loip modules it requires are the process's own).
 --
 -- Settings (Torch7 optim's config beside its state): a policy declares what can be set in
--- M.settings, in the shape a command declares its flags (loip.tools.flags):
+-- M.settings, in the shape a command declares its flags (loip.ui.flags):
 --
 --   M.settings = {
 --     { "lookahead", "int", "KV positions of headroom a change buys", default = 32,
@@ -36,6 +36,8 @@
 -- instance.given what was given, instance.module the file's table. A policy reads its settings
 -- from params, never from constants of its own table, and keeps what it learns between calls in
 -- the state/memo its caller hands it.
+-- Requires inside functions: the command line loads this module before a command runs (`loip
+-- help`), and loads no FFI then.
 local M = {}
 
 -- What a policy's environment does not give it, and why (docs/planning.md, "The policy API").
@@ -258,7 +260,7 @@ function M.resolve(mod, given, who)
   table.sort(keys)
   for _, k in ipairs(keys) do
     if not by[k] then
-      local hint = #names > 0 and require("loip.tools.suggest").hint(k, names) or ""
+      local hint = #names > 0 and require("loip.ui.suggest").hint(k, names) or ""
       error(string.format("%s: no setting '%s'%s (%s)", who, k, hint,
         #names > 0 and ("its settings: " .. table.concat(names, ", ")) or "it has no settings"), 0)
     end
@@ -478,7 +480,7 @@ function M.plan(problem, opts)
   local space = require "loip.plan.space"
   for i = 1, problem.model.moe and #p.devices or 0 do
     local b = space.budget(problem, i)
-    require("loip.model.experts").size_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))
+    space.size_expert_cache(p, i, problem.model, b < math.huge and b or 0, space.memory_opts(problem))
   end
   local est = cost.estimate(p, problem)
   bad = M.check_estimate(est, M.label("cost", cost, "cost model"))

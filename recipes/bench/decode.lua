@@ -9,13 +9,14 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local core = require "loip.core"
-local bench = require "loip.tools.bench"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local bench = require "loip.measure.bench"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local K = require "loip.constants"
+local synth = require "loip.model.synth"
 
 local spec = {
   name = "decode.lua", usage = "loip run recipes/bench/decode.lua [flags]",
@@ -127,7 +128,7 @@ end
 -- 3. decode and prefill of a synthetic llama-3.2-1b
 if not json.exists(o.model .. "/config.json") then
   log("making the synthetic model in %s (once)", o.model)
-  require("loip.model.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+  synth.write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
 end
 for _, t in ipairs(thread_counts) do
   local m = loip.model.open(o.model, { threads = t, context = 1024, batch = o.prefill })

@@ -16,15 +16,17 @@
 -- `loip profile` measured (--profile, made once); the simulator takes that very problem and plan
 -- (loip.sim), and plays the same arrivals through the same request loop.
 -- Target (issue 14): every case within 10%. JSON on stdout; a Markdown table and an SVG in --out.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan_mod = require "loip.plan"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local sim = require "loip.sim"
 local store = require "loip.model.store"
+local proc = require "loip.cluster.proc"
+local policy = require "loip.policy"
 
 local spec = {
   name = "fidelity.lua", usage = "loip run recipes/bench/fidelity.lua [flags]",
@@ -49,11 +51,11 @@ local log = bench.log
 bench.ensure_store(o.store, o.model)
 -- the figures: a profile of this machine measured by loip profile (batches 1 to 8: a burst's
 -- steps compute what it measured), which the cluster plans with and the simulator reads
-if not require("loip.tools.json").exists(o.profile) then
+if not json.exists(o.profile) then
   log("measuring this machine into %s (once): loip profile --batches 1,2,4,8 --contexts 64,256", o.profile)
   os.execute("mkdir -p \"$(dirname '" .. o.profile .. "')\"")
   local cmd = string.format("%s profile --model '%s' --threads 1 --batches 1,2,4,8 --contexts 64,256 --out '%s' >&2",
-    require("loip.cluster.proc").exe(), o.store, o.profile)
+    proc.exe(), o.store, o.profile)
   if os.execute(cmd) ~= 0 then error("loip profile failed", 0) end
 end
 local man = store.read_manifest(o.store)
@@ -76,14 +78,14 @@ end
 
 local function arrivals(pattern)
   if pattern == "online" then
-    return require("loip.policy").load("pattern", "bursty").requests({ burst = 2, bursts = 1, input_tokens = #bench.PROMPT,
+    return policy.load("pattern", "bursty").requests({ burst = 2, bursts = 1, input_tokens = #bench.PROMPT,
       output_tokens = o.online_tokens })
   end
-  return require("loip.policy").load("pattern", pattern).requests({ count = 2, burst = o.burst, bursts = 1,
+  return policy.load("pattern", pattern).requests({ count = 2, burst = o.burst, bursts = 1,
     input_tokens = #bench.PROMPT, output_tokens = o.tokens })
 end
 
-local mean = require("loip.tools.bench").mean
+local mean = require("loip.measure.bench").mean
 
 -- Requests on the running cluster c, through its request loop: each request's decoding ms/token.
 local function measure(c, pattern)

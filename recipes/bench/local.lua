@@ -17,13 +17,14 @@
 -- devices were priced at: disk read rate with every local device reading, compute slowdown
 -- while they read, MLP ms; each device's budget, accounted peak and peak RSS), every run's in
 -- `runs`, and `ratios` and `median_ratio`.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
+local inputs = require "loip.cli.inputs"
 
 local spec = {
   name = "local.lua", usage = "loip run recipes/bench/local.lua [flags]",
@@ -53,7 +54,7 @@ local cfg = store.config(o.store, man)
 local N = o.devices
 local mems
 if o.mem then
-  mems = require("loip.cmd.common").settings("local.lua", { mem = o.mem }, N).mem -- (one, or one per device)
+  mems = inputs.settings("local.lua", { mem = o.mem }, N).mem -- (one, or one per device)
 else
   local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 64, threads = 1 })
   mems = bench.budgets(sizes, N, 0.5)

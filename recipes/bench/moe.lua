@@ -14,15 +14,18 @@
 -- Targets: routed reads >= 4x the baseline's tokens/s on one device and on the ring; peaks
 -- within budgets; the simulator within 15% of the measured ms/token. Prints one JSON object and
 -- draws an SVG bar chart.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan = require "loip.plan"
 local model = require "loip.model"
 local store = require "loip.model.store"
+local core = require "loip.core"
+local proc = require "loip.cluster.proc"
+local experts_mod = require "loip.model.experts"
 
 local spec = {
   name = "moe.lua", usage = "loip run recipes/bench/moe.lua [flags]",
@@ -70,7 +73,7 @@ local function one_device(experts, p)
   local it, st = m:generate(prompt, { temperature = 0, max_tokens = o.tokens + 2, ignore_eos = true })
   local x0, r0
   local steps, last = {}, nil
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   for _ in it do
     local now = now_ms()
     if not r0 then x0, r0 = m.experts and m.experts:stats(), m:runner_stats() end
@@ -86,7 +89,7 @@ local function one_device(experts, p)
     expert_slots = m.plan.devices[1].expert_slots, runner_bytes_loaded = rs and rs.bytes_loaded }
   if x1 then
     local n = #steps + 1 -- (decoded tokens since the snapshot)
-    local r = require("loip.model.experts").report(x1, n, x0)
+    local r = experts_mod.report(x1, n, x0)
     out.hit_rate, out.prefetch_hit_rate, out.bytes_read_per_token = r.hit_rate, r.prefetch_hit_rate, r.bytes_read_per_token
     out.read, out.prefetched, out.routed = x1.read - x0.read, x1.prefetched - x0.prefetched, x1.routed - x0.routed
     out.prefetch_hits, out.prefetch_skipped = x1.prefetch_hits - x0.prefetch_hits, x1.prefetch_skipped - x0.prefetch_skipped
@@ -155,7 +158,7 @@ local plan_file = o.out .. "/moe-plan.lua"
 os.execute("mkdir -p '" .. o.out:gsub("'", "") .. "'")
 plan.save(plan_file, p1)
 local rc = io.popen(string.format("LOIP_QUIET=1 %s simulate --model %s --mem %d --context %d --plan %s --input-tokens %d "
-  .. "--output-tokens %d --json 2>&1", require("loip.cluster.proc").exe(), o.store, mem, o.context, plan_file, #prompt, o.tokens + 2))
+  .. "--output-tokens %d --json 2>&1", proc.exe(), o.store, mem, o.context, plan_file, #prompt, o.tokens + 2))
 local sim_out = rc:read("*a")
 rc:close()
 local sim = json.decode(sim_out:match("([^\n]+)%s*$") or "null")

@@ -19,10 +19,10 @@
 -- object and draws an SVG bar chart.
 local ffi = require "ffi"
 local core = require "loip.core"
-local bench = require "loip.tools.bench"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local bench = require "loip.measure.bench"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local plan = require "loip.plan"
 local model = require "loip.model"
 local memory = require "loip.runtime.memory"
@@ -30,6 +30,7 @@ local store = require "loip.model.store"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
+local policy = require "loip.policy"
 
 local spec = {
   name = "offload.lua", usage = "loip run recipes/bench/offload.lua [flags]",
@@ -168,7 +169,7 @@ for item in o.budgets:gmatch("[^,]+") do
   local read_bps = raw_speed()
   -- the plan for this budget, as the conventional loader needs it (its bounce buffer too),
   -- so that both loaders run the same plan
-  local p, est = require("loip.policy").plan(problem_mod.new { model = sizes0,
+  local p, est = policy.plan(problem_mod.new { model = sizes0,
     shape = problem_mod.shape_of(man.config, store.layer_dtype(man)), n = 1, budgets = { mem },
     profiles = { calibration }, disk_rate = read_bps, in_process = true, loader = "buffered", context = o.context })
   p.estimate = est

@@ -13,15 +13,18 @@
 -- ratios over the late half; JSON and a plot of ms/token against the token index.
 --
 --   loip run recipes/bench/online.lua [--tokens 512] [--context 640] [--out DIR] [--quick]
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
+local synth = require "loip.model.synth"
+local progress = require "loip.ui.progress"
+local slice_mod = require "loip.model.slice"
 
 local SMALL = "/tmp/loip-bench/online-small"
 local spec = {
@@ -57,11 +60,11 @@ if not store.is_store(o.store) then
   if not json.exists(o.model .. "/config.json") then
     log("making the synthetic model in %s (once)", o.model)
     -- small enough that a long context runs in minutes; layers weigh more than the embedding
-    require("loip.model.synth").write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1, layers = 12, dim = 1024,
+    synth.write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1, layers = 12, dim = 1024,
       ffn = 2816, heads = 16, kv_heads = 8, head_dim = 64, vocab = 8000 })
   end
   log("slicing %s into %s (once)", o.model, o.store)
-  require("loip.model.slice").write(o.model, o.store)
+  slice_mod.write(o.model, o.store)
 end
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
@@ -94,7 +97,7 @@ local function run(variant, schedule)
     c:plan(popts)
     local it, st = c:generate(prompt, { max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true })
     local times, last = {}, nil
-    local bar = require("loip.tools.progress").new(o.tokens, variant .. (schedule and " (links switching)" or "") .. " (tokens)",
+    local bar = progress.new(o.tokens, variant .. (schedule and " (links switching)" or "") .. " (tokens)",
       { bytes = false })
     for _ in it do
       local now = core.now_ms()

@@ -20,16 +20,17 @@
 -- The measurements hold the machine's CPU wake-up latency at --cpu-latency us (the workers share
 -- this machine; see `loip worker --cpu-latency`), and the hop figures are also taken from one
 -- more interleaved measurement without it. Targets: speedup >= 1.5, hop time <= 1.1x. JSON + SVG.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
+local trace_mod = require "loip.engine.trace"
 
 local spec = {
   name = "pipeline.lua", usage = "loip run recipes/bench/pipeline.lua [flags]",
@@ -59,7 +60,7 @@ local log, median = bench.log, bench.median
 
 bench.ensure_store(o.store, o.model)
 
--- Budgets: --budget x the weights in all (loip.tools.bench.budgets says how they are shared).
+-- Budgets: --budget x the weights in all (loip.measure.bench.budgets says how they are shared).
 local man = store.read_manifest(o.store)
 local cfg = store.config(o.store, man)
 local sizes = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1 })
@@ -100,7 +101,7 @@ local function measure(kind, no_trace)
   if no_trace then
     return { ms = median(steps), steps = steps, tokens = st.token_ids, stages = #p.devices[1].stages }
   end
-  local tr = c:collect_trace(require("loip.tools.trace").new())
+  local tr = c:collect_trace(trace_mod.new())
   local tpath = string.format("%s/pipeline-%s-trace.json", o.out, kind)
   os.execute("mkdir -p '" .. o.out .. "'")
   tr:write(tpath)
@@ -109,7 +110,7 @@ local function measure(kind, no_trace)
   local mid = (last - core.now_ms()) -- (last step's end, relative to now: negative)
   local t_end_ms = (core.now_ns() - first) / 1e6 + mid
   local span = 2 * median(steps)
-  require("loip.tools.trace").plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
+  trace_mod.plot(tpath, (tpath:gsub("%.json$", ".svg")), { from_ms = math.max(0, t_end_ms - span - median(steps)),
     to_ms = t_end_ms - median(steps),
     title = string.format("%s pipeline (S=%d), two decoding steps: %d devices, %s + %g ms links", kind, #p.devices[1].stages,
       N, o.link_rate, o.link_delay) })

@@ -17,12 +17,15 @@
 --   restarted  the cluster closed and started again over the same --prompt-cache-dir; prefix +
 --              tail C: the prefix from every device's disk tier
 -- Target: second and restarted TTFT <= 30% of the first's. Prints JSON, draws an SVG bar chart.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
+local core = require "loip.core"
+local plan = require "loip.plan"
+local slice_mod = require "loip.model.slice"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -52,7 +55,7 @@ local log = bench.log
 local src = (require("loip.core").build.source_dir or ".") .. "/models/stories260K"
 if not store.is_store(o.store) then
   log("slicing %s into %s (once)", src, o.store)
-  require("loip.model.slice").write(src, o.store, { quiet = true })
+  slice_mod.write(src, o.store, { quiet = true })
 end
 os.execute("mkdir -p '" .. o.out .. "'")
 
@@ -78,9 +81,9 @@ local settle
 
 -- one request on batcher b: its TTFT (ms), tokens, cached tokens; then settled
 local function ask(b, ids)
-  local steps, step_ms, t0 = b.stats.steps, b.stats.step_ms, require("loip.core").now_ms()
+  local steps, step_ms, t0 = b.stats.steps, b.stats.step_ms, core.now_ms()
   local r = b:submit { prompt = ids, max_tokens = o.tokens, sampler = { temperature = 0 }, ignore_eos = true }
-  local t_admit = require("loip.core").now_ms() - t0
+  local t_admit = core.now_ms() - t0
   r:next()
   local pre_steps, pre_ms = b.stats.steps - steps, b.stats.step_ms - step_ms
   r:wait()
@@ -156,7 +159,7 @@ if o.synthetic then
   local st = bench.ensure_store(model .. "-store", model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1,
     layers = o.synthetic_layers })
   local man = store.read_manifest(st)
-  local sizes = require("loip.plan").sizes(man, store.config(st, man), { context = o.context, batch = 64, threads = 1,
+  local sizes = plan.sizes(man, store.config(st, man), { context = o.context, batch = 64, threads = 1,
     max_seqs = 1, kv_tokens = o.context })
   result.synthetic = measure("synthetic-1b", st, bench.budgets(sizes, o.devices, o.synthetic_budget), o.context)
 end

@@ -24,15 +24,17 @@
 -- (Orin 64 GB x2, Orin 32 GB x3, Xavier NX 16 GB x3) with most of their memory for the model
 -- (it fits) and with a share of it (it does not: offloading), the best of 5 decisions each.
 -- Target: under 50 ms each.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan_mod = require "loip.plan"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local store = require "loip.model.store"
+local policy = require "loip.policy"
+local problem = require "loip.plan.problem"
 
 local spec = {
   name = "schedulers.lua", usage = "loip run recipes/bench/schedulers.lua [flags]",
@@ -57,8 +59,6 @@ local log, median = bench.log, bench.median
 -- "decide": the scheduler's own time on llama-3.3-70b over 8 boards (the problem
 -- spec/unit/scheduler_spec.lua checks the plans of), no weights, no devices.
 local function decide_70b()
-  local policy = require "loip.policy"
-  local problem = require "loip.plan.problem"
   local m = problem.model_of_shape("llama-3.3-70b", {}, { context = 4096, batch = 64, threads = 1 })
   local GiB = 1024 ^ 3
   local disks = { 2.5e9, 2.5e9, 2e9, 2e9, 2e9, 1.2e9, 1.2e9, 1.2e9 } -- bytes/s: NVMe on the Orins, slower on the NX

@@ -15,12 +15,12 @@
 -- request: time to first token and ms/token after it (p50/p99); per run: the aggregate
 -- tokens/s. Targets: bursty tokens/s >= 3x sporadic (one request at a time) on the interleaved
 -- plan, and >= 2x the conventional plan's under the same burst. JSON + SVG.
-local bench = require "loip.tools.bench"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
+local bench = require "loip.measure.bench"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
 local load = require "loip.serve.load"
 local memory = require "loip.runtime.memory"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local plan_mod = require "loip.plan"
 local store = require "loip.model.store"
 
@@ -62,7 +62,7 @@ log("%d devices, budgets %s (%.0f%% of the %.2f GB of weights, with KV for %d re
   N, table.concat((function() local t = {} for i, m in ipairs(mems) do t[i] = memory.format_bytes(m) end return t end)(), ", "),
   100 * total / sizes.weight_bytes, sizes.weight_bytes / 1e9, o.burst, o.link_rate, o.link_delay, memory.format_bytes(o.disk_rate))
 
--- A `loip serve` child with the scheduler's plan (loip.tools.bench.serve).
+-- A `loip serve` child with the scheduler's plan (loip.measure.bench.serve).
 local function start_server(scheduler, prefill)
   return bench.serve(string.format("--model '%s' --devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32 "
     .. "--link-rate %s --link-delay %gms --disk-rate %d --scheduler %s --prefill %s", o.store, N, table.concat(mem_list, ","),

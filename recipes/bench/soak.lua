@@ -16,16 +16,18 @@
 -- started again and taken back when the next burst arrives. The head's and each worker's RSS
 -- and open file descriptors are sampled after every kill and at the end. JSON (soak.json) and
 -- a plot of the RSS (soak.svg); exit 1 when a request was lost or wrong or something leaked.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local core = require "loip.core"
 local client = require "loip.runtime.http_client"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local leak = require "loip.tools.leak"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local leak = require "loip.measure.leak"
 local load = require "loip.serve.load"
-local plot = require "loip.tools.plot"
+local plot = require "loip.measure.plot"
 local proc = require "loip.cluster.proc"
 local store = require "loip.model.store"
+local slice_mod = require "loip.model.slice"
+local plan_mod = require "loip.plan"
 
 local spec = {
   name = "soak.lua", usage = "loip run recipes/bench/soak.lua [flags]",
@@ -110,7 +112,7 @@ if not o.store then
   tmp_store = os.tmpname()
   os.remove(tmp_store)
   log("slicing %s into %s (removed at the end)", o.model, tmp_store)
-  require("loip.model.slice").write(o.model, tmp_store)
+  slice_mod.write(o.model, tmp_store)
   o.store = tmp_store
 end
 local man = store.read_manifest(o.store)
@@ -121,7 +123,7 @@ if not o.mem then
   -- each with its share of the layers' KV for --max-burst requests, activations, a slot for a
   -- layer's two blocks read from disk, and the embedding and head), plus 10%: the whole
   -- cluster holds it all, one device short it offloads.
-  local sz = require("loip.plan").sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.max_burst })
+  local sz = plan_mod.sizes(man, cfg, { context = o.context, batch = 32, threads = 1, max_seqs = o.max_burst })
   local need = sz.kv_bytes[math.ceil(sz.n_layers / (o.devices - 1))] + sz.activation_bytes + sz.device_bytes
     + sz.mha_bytes + sz.mlp_bytes + sz.embed_file_bytes + sz.head_file_bytes + (sz.tied and sz.embed_file_bytes or 0)
   local each = {}
@@ -403,7 +405,7 @@ local function worker_lives(samples)
 end
 
 -- Memory and descriptors. A leak keeps what it took: per process, the floor of its samples'
--- second half above the peak of their first half by more than a stated bound (loip.tools.leak:
+-- second half above the peak of their first half by more than a stated bound (loip.measure.leak:
 -- RSS the larger of 4 MiB and 10%; each kind of descriptor the larger of 4 and 25%). The first
 -- half holds the warm-up (KV pages first touched, the Lua heap's collector finding its pace); a
 -- count that goes down, or one sample caught high (a connection closing, a burst batched

@@ -19,14 +19,17 @@
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
 -- Targets: self k=4 >= 3x none's tokens/s; ngram >= 0.95x none's on every prompt. JSON + SVG.
-local bench = require "loip.tools.bench"
+local bench = require "loip.measure.bench"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local policy = require "loip.policy"
 local store = require "loip.model.store"
+local plan = require "loip.plan"
+local synth = require "loip.model.synth"
+local slice_mod = require "loip.model.slice"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -60,7 +63,7 @@ local log = bench.log
 local src = (require("loip.core").build.source_dir or ".") .. "/models/stories260K"
 if not store.is_store(o.store) then
   log("slicing %s into %s (once)", src, o.store)
-  require("loip.model.slice").write(src, o.store, { quiet = true })
+  slice_mod.write(src, o.store, { quiet = true })
 end
 local greedy = json.load(src .. "/reference/greedy.json")
 local mems = {}
@@ -103,7 +106,7 @@ local ok, err = pcall(function()
   -- what each device reads every step (the plan under its budget)
   result.offloaded_bytes = {}
   for i = 1, #c.devices do
-    result.offloaded_bytes[i] = require("loip.plan").memory(c.plan_table, i, c.sizes).offloaded_bytes
+    result.offloaded_bytes[i] = plan.memory(c.plan_table, i, c.sizes).offloaded_bytes
   end
   log("  %.1f tokens/s; offloaded (read every step) per device: %s bytes", none.tokens_per_s,
     table.concat(result.offloaded_bytes, ", "))
@@ -186,15 +189,15 @@ if o.synthetic then
     if not store.is_store(dir .. "-store") then
       if not json.exists(dir .. "/config.json") then
         log("making the synthetic %s (%d layers) in %s (once)", like, layers, dir)
-        require("loip.model.synth").write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
+        synth.write(dir, { like = like, dtype = "bf16", seed = 2, layers = layers })
       end
-      require("loip.model.slice").write(dir, dir .. "-store", { quiet = true })
+      slice_mod.write(dir, dir .. "-store", { quiet = true })
     end
     return dir .. "-store"
   end
   local draft_store, target = synthetic("llama-3.2-1b", L[1]), synthetic("llama-3.2-3b", L[2])
   local man = store.read_manifest(target)
-  local sizes = require("loip.plan").sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
+  local sizes = plan.sizes(man, store.config(target, man), { context = 256, batch = 16, threads = 1 })
   local budgets = bench.budgets(sizes, o.devices, o.synthetic_budget)
   local sc = cluster.start_local { store = target, devices = o.devices, mem = budgets, threads = 1 }
   local sok, serr = pcall(function()

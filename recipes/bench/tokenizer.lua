@@ -14,11 +14,14 @@
 local cjson = require "cjson"
 local loip = require "loip"
 local core = require "loip.core"
-local bench = require "loip.tools.bench"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plot = require "loip.tools.plot"
+local bench = require "loip.measure.bench"
+local flags = require "loip.ui.flags"
+local json = require "loip.text.json"
+local plot = require "loip.measure.plot"
 local tokenizer = require "loip.text.tokenizer"
+local bpe = require "loip.text.tokenizers.bpe"
+local tiktoken_mod = require "loip.text.tokenizers.tiktoken"
+local tokenizer_mod = require "loip.runtime.tokenizer"
 
 local spec = {
   name = "tokenizer.lua", usage = "loip run recipes/bench/tokenizer.lua [flags]",
@@ -173,7 +176,7 @@ if json.exists(models .. "/qwen2-tokenizer/vocab.json") then
   local f = assert(io.open(dir .. "/tokenizer.json", "w"))
   f:write(cjson.encode({ version = "1.0", added_tokens = added, normalizer = { type = "NFC" },
     pre_tokenizer = { type = "Sequence", pretokenizers = {
-      { type = "Split", pattern = { Regex = require("loip.text.tokenizers.bpe").patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
+      { type = "Split", pattern = { Regex = bpe.patterns.qwen2 }, behavior = "Isolated", invert = false }, bl } },
     post_processor = bl, decoder = bl,
     model = { type = "BPE", vocab = vocab, merges = merges, ignore_merges = false, byte_fallback = false } }))
   f:close()
@@ -187,7 +190,6 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
   -- Llama 3's tokenizer.json as transformers' converter writes it: the vocabulary in GPT-2
   -- spelling, and a merge for every split of a token into two tokens, by the token's rank.
   local tik = tokenizer.open(models .. "/llama3-tokenizer")
-  local bpe = require "loip.text.tokenizers.bpe"
   local raw, rank, spelled, vocab = {}, {}, {}, {}
   for id = 0, 127999 do
     raw[id] = tik:id_to_token(id)
@@ -206,7 +208,7 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
     for _, m in ipairs(loc) do merges[#merges + 1] = { spelled[m[1]], spelled[m[2]] } end
   end
   local added = {}
-  for content, id in pairs(require("loip.text.tokenizers.tiktoken").llama3_special_tokens(128000)) do
+  for content, id in pairs(tiktoken_mod.llama3_special_tokens(128000)) do
     added[#added + 1] = { id = id, content = content, special = true, normalized = false, lstrip = false,
       rstrip = false, single_word = false }
   end
@@ -276,7 +278,7 @@ for _, c in ipairs(cases) do
     encode_mb_s = #text / 1e6 / median(secs), first_pass_mb_s = #text / 1e6 / first, tokens = #ids,
     bytes_per_token = #text / #ids, by_kind_mb_s = by_kind }
   if tok.bpe then
-    entry.cache_entries = require("loip.runtime.tokenizer").bpe_cache_stats(tok.bpe)
+    entry.cache_entries = tokenizer_mod.bpe_cache_stats(tok.bpe)
   end
   result.tokenizers[#result.tokenizers + 1] = entry
   log("%-28s load %6.1f ms  encode %6.2f MB/s (first pass %.2f; english %.1f, code %.1f, cjk %.1f)  %.2f bytes/token",

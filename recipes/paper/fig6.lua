@@ -7,7 +7,7 @@
 -- model; OOT: slower than 5 s/token sporadic, 2 s/token bursty.
 --
 --   loip run recipes/paper/fig6.lua [--out DIR]
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig6.lua", usage = "loip run recipes/paper/fig6.lua [--out DIR]",

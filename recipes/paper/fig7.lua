@@ -6,7 +6,7 @@
 -- TP-based baselines.
 --
 --   loip run recipes/paper/fig7.lua [--out DIR]
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig7.lua", usage = "loip run recipes/paper/fig7.lua [--out DIR]",

@@ -4,7 +4,7 @@
 -- requests; LOIP against the PP- and TP-based baselines.
 --
 --   loip run recipes/paper/fig8.lua [--out DIR]
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "fig8.lua", usage = "loip run recipes/paper/fig8.lua [--out DIR]",

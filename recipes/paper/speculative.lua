@@ -5,9 +5,9 @@
 -- ones before it were), the draft length chosen each step or fixed at 4; beside no draft.
 --
 --   loip run recipes/paper/speculative.lua [--out DIR]
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local ex = require "loip.sim.experiments"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local o = flags.parse({ name = "speculative.lua", usage = "loip run recipes/paper/speculative.lua [--out DIR]",
   summary = "Speculative decoding with a 1B draft on the paper's 70B testbed (simulated), by assumed acceptance.",
@@ -58,7 +58,7 @@ for _, r in ipairs(rows) do
   bars[#bars + 1] = { string.format("A %s, k %s", tostring(r.acceptance), tostring(r.k)), r.tokens_per_s,
     color = r.acceptance == "none" and "#7f8c8d" or "#27ae60" }
 end
-require("loip.tools.plot").bars(o.out .. "/speculative.svg", { title = "Speculative decoding, 70B on the Jetson testbed (simulated)",
+require("loip.measure.plot").bars(o.out .. "/speculative.svg", { title = "Speculative decoding, 70B on the Jetson testbed (simulated)",
   unit = "tokens/s", bars = bars })
 json.write_file(o.out .. "/speculative.json", json.encode_sorted({ name = "speculative", rows = rows, plot = "speculative.svg" }, 2) .. "\n")
 io.stdout:write(text)

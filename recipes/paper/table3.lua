@@ -8,7 +8,7 @@
 -- conventional path: into a buffer, parsed, copied where the kernels read).
 --
 --   loip run recipes/paper/table3.lua [--out DIR]
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local ex = require "loip.sim.experiments"
 
 local o = flags.parse({ name = "table3.lua", usage = "loip run recipes/paper/table3.lua [--out DIR]",

@@ -1,5 +1,5 @@
 /* The loip command: LuaJIT with the runtime linked in and lua/ on its path. Everything the
- * command does is decided in Lua (lua/loip/tools/cli.lua); this file only hosts the interpreter and
+ * command does is decided in Lua (lua/loip/cli/init.lua); this file only hosts the interpreter and
  * gives the REPL line editing (libedit) when it was found at build time. */
 #include <errno.h>
 #include <limits.h>
@@ -191,7 +191,7 @@ int main(int argc, char **argv) {
 
     lua_pushcfunction(L, traceback);
     lua_getglobal(L, "require");
-    lua_pushstring(L, "loip.tools.cli");
+    lua_pushstring(L, "loip.cli");
     if (lua_pcall(L, 1, 1, 1) != 0) {
         fprintf(stderr, "loip: %s\n", lua_tostring(L, -1));
         lua_close(L);

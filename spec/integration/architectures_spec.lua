@@ -6,7 +6,7 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 local T = require "spec.support"
 

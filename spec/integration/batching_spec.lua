@@ -5,7 +5,7 @@
 -- never can are refused at once.
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

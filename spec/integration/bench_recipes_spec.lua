@@ -4,7 +4,7 @@
 -- blocks), and check that it ends well and prints its JSON report. (Their figures are not checked
 -- here: a busy machine's timings mean nothing; the benchmarks are for measuring. soak.lua is
 -- left out: it checks that /tmp is as it found it, which specs running beside it upset.)
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)

@@ -1,6 +1,6 @@
 -- generate --chat: the model's own template renders the conversation, and its text is what
 -- gets tokenized (with no special tokens added on top).
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local function model_with_template(template)

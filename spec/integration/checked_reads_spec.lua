@@ -1,7 +1,7 @@
 -- Checked reads (--verify-reads): every offloaded read is checked against its block file's
 -- CRC32C in the manifest; a flipped bit is caught and the file named, in-process and on a
 -- cluster, where without the check the text would silently change or not.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

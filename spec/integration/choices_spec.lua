@@ -7,7 +7,7 @@
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local exec = require "loip.runtime.exec"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

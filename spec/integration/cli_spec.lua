@@ -1,5 +1,5 @@
 -- The loip command as a user types it.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local loip = T.loip

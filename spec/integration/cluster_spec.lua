@@ -8,7 +8,7 @@ local ffi = require "ffi"
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local transport = require "loip.runtime.transport"
 local T = require "spec.support"
 teardown(function() T.cleanup() end) -- the temporary directories made here

@@ -8,7 +8,7 @@
 -- and nothing left in /tmp. Pairs the design cannot serve are listed in REFUSED, each with what
 -- loip answers instead, checked too: on one device the server's own process runs the model, so
 -- there is no worker to kill, join or drain.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"

@@ -6,7 +6,7 @@
 -- yet" until an interval measured it; the page is public, /v1/cluster* need the API key.
 -- On one device the snapshot and the stream show that device; a client too slow for its
 -- stream is dropped without holding the serving loop; a device's loss is streamed.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"

@@ -5,7 +5,7 @@
 -- down.lua leaves no process and no file; a second down is a no-op. A description's error names
 -- the file and the field. Hosts that are network namespaces (netns =, as the testbed's) serve the
 -- same text through raw HTTP. Skipped, with the reason, without root, sshd, ssh-keygen or ip.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local alive = require("loip.cluster.proc").alive
 local T = require "spec.support"

@@ -4,7 +4,7 @@
 -- summaries; a cluster serving with --discover admits the announced workers as workers that
 -- join and serves one device's text on them; a 4th announcer proving another token is ignored
 -- and logged once, never admitted; no beacon carries the token. Skipped, with the reason, where the testbed cannot run or one is up.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local testbed = require "loip.cluster.testbed"
 local beacon = require "loip.runtime.beacon"
 local core = require "loip.core"

@@ -3,7 +3,7 @@
 -- directory, `loip help`, reports that agree, plan files with math, and a cluster's generate
 -- from Lua.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local S260K = T.root .. "/models/stories260K"
@@ -29,15 +29,16 @@ end)
 describe("modules", function()
   it("every public module is loip.<name>, loaded on first use; the rest are named as internal", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
-      "^loip%.model%.manifest$",
+      "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
+      "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
       "^loip%.cluster%.ship$", "^loip%.cluster%.cache$", -- (blocks shipped to workers' caches)
       -- (a serving cluster's membership: joins, leaves, drains; the head's, a worker's, the server's)
       "^loip%.cluster%.membership$", "^loip%.cluster%.join$", "^loip%.serve%.membership$",
-      "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.tools%.cli$", "^loip%.cmd%.",
-      "^loip%.tools%.flags$", "^loip%.tools%.repl$", "^loip%.tools%.leak$", -- (the soak's leak judgement)
+      "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.cli$", "^loip%.cmd%.",
+      "^loip%.ui%.flags$", "^loip%.cli%.repl$", "^loip%.cli%.inputs$", "^loip%.measure%.leak$", -- (the soak's leak judgement)
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
       -- (tool calling and Anthropic's Messages API: the server's; tools parsers require tool_calls)
       "^loip%.serve%.tools$", "^loip%.serve%.tool_calls$", "^loip%.serve%.anthropic$",
@@ -50,9 +51,9 @@ describe("modules", function()
       -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
       "^loip%.text%.utf8$", -- (well-formed UTF-8 out of token streams and into JSON)
-      "^loip%.runtime%.grammar$", "^loip%.tools%.json_ordered$",
+      "^loip%.runtime%.grammar$", "^loip%.text%.json_ordered$",
       "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
-      "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.worker$",
+      "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.device$",
       "^loip%.runtime%.beacon$", "^loip%.cluster%.discovery$", -- (discovery on a LAN: worker --announce, serve --discover)
       "^loip%.deploy$", "^loip%.deploy%.describe$", "^loip%.deploy%.host$" } -- (recipes/deploy)
     local reachable = {}
@@ -152,7 +153,7 @@ end)
 
 describe("loip help", function()
   it("lists every command, one line each", function()
-    local cli = require "loip.tools.cli"
+    local cli = require "loip.cli"
     local usage = cli.usage()
     for name in pairs(cli.commands) do
       assert.truthy(usage:find("\n  " .. name .. " ", 1, true), "loip help does not list " .. name)

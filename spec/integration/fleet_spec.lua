@@ -5,7 +5,7 @@
 -- takes effect): the request completes with the single device's text and the next request runs
 -- on all three; a drained worker leaves without a failed request.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"

@@ -7,7 +7,7 @@
 -- Then slice stores made from a GGUF, chat templates from its metadata, and clear errors.
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
 local T = require "spec.support"
 

@@ -4,7 +4,7 @@
 -- with a seed, in-process and on 3 offloading devices (the last device returns logits rows).
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

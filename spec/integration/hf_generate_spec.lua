@@ -1,7 +1,7 @@
 -- A Hugging Face model directory end to end: real tokenizer (Qwen2's vocab.json + merges.txt
 -- and its chat template: models/qwen2-tokenizer), random weights with a real model's layout,
 -- and the generated text streamed as whole UTF-8 characters.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local loip = require "loip"
 local T = require "spec.support"
 

@@ -7,7 +7,7 @@
 -- worker whose head is gone (on another host: no PING for the head's --dead-after) leaves at
 -- once on SIGTERM.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"

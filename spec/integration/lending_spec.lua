@@ -1,6 +1,6 @@
 -- KV lending between devices (the paper's KV transfer protocol, Alg. 2) and the baselines'
 -- evict-and-recompute: the KV cache moves or is recomputed, the tokens never change.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

@@ -16,7 +16,7 @@ teardown(T.drop_stores)
 
 local alive = require("loip.cluster.proc").alive
 local function exists(p) return os.execute("test -e '" .. p .. "'") == 0 end
-local function read(p) return require("loip.tools.json").read_file(p) or "" end -- "" until it exists
+local function read(p) return require("loip.text.json").read_file(p) or "" end -- "" until it exists
 
 -- A head script run as its own process: it prints its directory and workers' pids, then runs
 -- `tail` (Lua source).

@@ -5,7 +5,7 @@
 -- device gives, and /health lists joins, leaves and losses in one list. A worker with the wrong
 -- token is refused, and both sides log it; so is one holding another slice store.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"

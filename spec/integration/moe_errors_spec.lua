@@ -4,7 +4,7 @@
 -- the expert keys, and slice store manifests whose expert fields disagree.
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
 local store = require "loip.model.store"
 local T = require "spec.support"

@@ -4,7 +4,7 @@
 -- greedy tokens, and the logits of a pure-Lua reference of the mixture
 -- (spec/support/moe_reference.lua). The stores keep each routed expert in a file of its own.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local store = require "loip.model.store"
 local slice = require "loip.model.slice"
 local T = require "spec.support"

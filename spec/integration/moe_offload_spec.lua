@@ -6,7 +6,7 @@
 -- one expert file per expert the cache lacked); 3 devices give the single device's tokens and
 -- report their caches; the simulator plays the cache.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local slice = require "loip.model.slice"
 local T = require "spec.support"
 

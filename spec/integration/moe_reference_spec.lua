@@ -7,7 +7,7 @@
 -- give the same tokens.
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local slice = require "loip.model.slice"
 local T = require "spec.support"
 local to_gguf = require "spec.support.to_gguf"

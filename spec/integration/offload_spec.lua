@@ -5,7 +5,7 @@
 -- are refused saying what to do; disk damage during a run is an error, never wrong weights.
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local T = require "spec.support"
 teardown(function() T.cleanup() end) -- the temporary directories made here
@@ -163,7 +163,7 @@ describe("offloaded execution", function()
       assert.are.equal(0, T.bit_diffs(ref_l, l, #ids * 512), mem)
       assert.are.same(ref_t, t, mem)
       assert.is_true(offloaded_share(info) > 0.2, mem .. " forces offloading")
-      assert.is_true(plan.memory(info.plan, 1, info.sizes).total <= require("loip.tools.flags").parse_bytes(mem), mem)
+      assert.is_true(plan.memory(info.plan, 1, info.sizes).total <= require("loip.ui.flags").parse_bytes(mem), mem)
     end
     local ok, err = pcall(loip.model.open, st, { mem = "600K", context = 256 })
     assert.is_false(ok)

@@ -4,7 +4,7 @@
 -- could not hold beside the resident plan completes, with the tokens of a run without
 -- adaptation, every device's accounted peak within its budget, each change in --json.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

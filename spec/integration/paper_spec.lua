@@ -2,7 +2,7 @@
 -- the same output twice, and writes its rows (configuration, method, ms/token or OOM/OOT), a
 -- table and a plot; on the paper's testbed LOIP places Llama-3.3-70B under every reservation of
 -- Fig. 6 and is the fastest method of every configuration.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

@@ -6,7 +6,7 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local T = require "spec.support"
 

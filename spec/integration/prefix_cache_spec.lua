@@ -12,7 +12,7 @@ local cluster = require "loip.cluster"
 local client = require "loip.runtime.http_client"
 local exec = require "loip.runtime.exec"
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
@@ -198,7 +198,7 @@ describe("the prefix cache's disk tier", function()
 
   local function kv_files(dir, device)
     local n = 0
-    for _, name in ipairs(require("loip.tools.files").list(dir) or {}) do
+    for _, name in ipairs(require("loip.runtime.shell").list(dir) or {}) do
       if name:match("%.d" .. device .. "%.kv$") then n = n + 1 end
     end
     return n
@@ -215,7 +215,7 @@ describe("the prefix cache's disk tier", function()
     assert.is_true(written >= 6, "every held group written through: " .. written)
     m:close()
     -- a file of another store under a key's name, and one that is not a cache file at all
-    local names = require("loip.tools.files").list(dir)
+    local names = require("loip.runtime.shell").list(dir)
     local some = dir .. "/" .. names[1]
     local foreign = T.read(some):gsub('"identity":"[^"]*"', '"identity":"store:0000"')
     T.write(dir .. "/" .. string.rep("ab", 32) .. ".d1.kv", foreign)

@@ -6,7 +6,7 @@
 -- a server that ignores Range and a part that is not the file's; a corrupted file refused and
 -- removed; 404 repository and revision; 401 and 403 around HF_TOKEN, the token never printed and
 -- never sent to the CDN's host; an endpoint that is down.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local sh = require("loip.cluster.proc").sh_quote
 local T = require "spec.support"

@@ -4,7 +4,7 @@
 -- without restarting anything or losing KV: the tokens are those of a run without changes.
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

@@ -4,7 +4,7 @@
 -- valid against their function's schema, streamed (the client's stream helper assembles the
 -- deltas) and not; n = 3 gives three equal choices at temperature 0 and three valid ones at 0.8.
 -- stories260K obeys any schema: its tokens are sampled under the schema's grammar.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 after_each(T.stop_servers)

@@ -2,7 +2,7 @@
 -- probabilities (m:logits), on one device and on 3 offloading devices; `seed` makes a sampled
 -- request repeatable, and asking for logprobs changes no token; usage reports cached prompt
 -- tokens; bad input is a 400 naming the field.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local loip = require "loip"
 local T = require "spec.support"

@@ -5,7 +5,7 @@
 -- and their acceptance (per verifying step, per request) and /health reports them; the Perfetto
 -- trace (`loip generate --trace`, `loip serve --trace`) has a span per proposal and per
 -- verifying step on its head process.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local client = require "loip.runtime.http_client"
 local loip = require "loip"
@@ -188,7 +188,7 @@ describe("loip serve --draft", function()
       assert.are.equal(d.steps, proposed)
       -- `loip trace plot` draws the head's lanes
       local svg = path:gsub("json$", "svg")
-      require("loip.tools.trace").plot(path, svg)
+      require("loip.engine.trace").plot(path, svg)
       local drawn = T.read(svg)
       assert.matches(">head<", drawn, 1, true)
       assert.matches(">verify<", drawn, 1, true)

@@ -3,7 +3,7 @@
 -- local devices that offload each give what their prompt gives alone (run.c's text); malformed
 -- requests each get a clear 4xx while the server keeps serving; a client that hangs up frees
 -- its request's KV; past the queue the server answers 429 with Retry-After.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local client = require "loip.runtime.http_client"
 local loip = require "loip"

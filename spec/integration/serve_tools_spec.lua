@@ -6,7 +6,7 @@
 -- "auto" are accepted; calls come the same streamed (as OpenAI's deltas, Anthropic's events) and
 -- not; a conversation carrying tool calls and their results renders and is answered; bad tool
 -- requests get a 400 naming the field; /v1/messages answers in Anthropic's shapes (x-api-key).
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 after_each(T.stop_servers)

@@ -4,7 +4,7 @@
 -- is U+FFFD), stop strings still stop, chat's logprobs keep each token's bytes. A tiny synthetic
 -- mixture of experts whose greedy tokens are ill-formed bytes: `loip generate --json` and the
 -- Anthropic API (whole and streamed) write U+FFFD for them, with the token ids unchanged.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local valid = require("loip.text.tokenizers.decoder").valid -- (a checker apart from loip.text.utf8's)
 local T = require "spec.support"

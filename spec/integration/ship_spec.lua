@@ -7,8 +7,8 @@
 local loip = require "loip"
 local cluster = require "loip.cluster"
 local ship = require "loip.cluster.ship"
-local json = require "loip.tools.json"
-local files = require "loip.tools.files"
+local json = require "loip.text.json"
+local files = require "loip.runtime.shell"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)

@@ -5,7 +5,7 @@
 -- more positions; a trace of every device's lanes that loip trace plot draws; the same result
 -- twice; a plan over a budget refused, naming the device; speculative decoding at an assumed
 -- acceptance (tokens per verifying step, the draft's time and memory on its device).
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)

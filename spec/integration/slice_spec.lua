@@ -6,7 +6,7 @@
 -- real: a 1 MiB tmpfs, and a tmpfs that runs out of inodes part-way (both need root to mount).
 local ffi = require "ffi"
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local store = require "loip.model.store"
 local slice = require "loip.model.slice"

@@ -6,7 +6,7 @@
 -- same tokens with or without drafts (verification draws from the sampler's own stream).
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)

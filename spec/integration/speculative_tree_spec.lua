@@ -4,7 +4,7 @@
 -- a tree node's logits are those of its path run as a chain.
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 

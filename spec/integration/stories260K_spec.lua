@@ -2,7 +2,7 @@
 -- the project's shared test data): logits at every position within 1e-4, and greedy
 -- generations identical, for the llama2.c checkpoint and the Hugging Face (rotate-half) copy.
 local loip = require "loip"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local REF = T.root .. "/models/stories260K/reference"

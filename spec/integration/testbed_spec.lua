@@ -5,7 +5,7 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local cluster = require "loip.cluster"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local testbed = require "loip.cluster.testbed"
 local T = require "spec.support"
 teardown(function() T.cleanup() T.drop_stores() end) -- the temporary directories and the store made here

@@ -9,7 +9,7 @@
 --   b:navigate("http://127.0.0.1:8080/")
 --   local html = b:eval("document.documentElement.outerHTML")
 --   b:close()
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local C = require("loip.core").C
 
 local M = {}

@@ -1,7 +1,7 @@
 -- combinations_spec's engine room: the models (stories260K's slice store, a tiny synthetic MoE's),
 -- a `loip serve` per (engine, model, draft, online) shared by the rows that leave it as they found
 -- it, the single device's references, and one row of the covering array run and checked.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
 local T = require "spec.support"

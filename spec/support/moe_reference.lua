@@ -9,7 +9,7 @@
 --
 --   local ref = require("spec.support.moe_reference").logits(dir, id, { norm_topk_prob = true })
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 
 local M = {}

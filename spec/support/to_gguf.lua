@@ -9,7 +9,7 @@
 --
 --   require("spec.support.to_gguf").convert("synth-dir", "out.gguf")   -- arch from config.json
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
 local core = require "loip.core"
 local T = require "spec.support"

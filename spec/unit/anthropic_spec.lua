@@ -1,7 +1,7 @@
 -- Anthropic's Messages API shapes (loip.serve.anthropic): requests into the server's spec (the
 -- conversation in OpenAI's shape), the message object, the streamed events and the errors.
 local anthropic = require "loip.serve.anthropic"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local function parse(body)
   local base = { model = "m", max_tokens = 16, messages = { { role = "user", content = "hi" } } }

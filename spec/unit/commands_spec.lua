@@ -1,9 +1,9 @@
 -- The command line's shape: one module of lua/loip/cmd/ per command `loip help` lists, each
 -- module's flags in its help, renamed flags and options kept as aliases that say so once, and
 -- one rule for the online policy a run gets.
-local cli = require "loip.tools.cli"
-local flags = require "loip.tools.flags"
+local cli = require "loip.cli"
 local errors = require "loip.error"
+local flags = require "loip.ui.flags"
 local T = require "spec.support"
 
 teardown(T.drop_stores)
@@ -18,13 +18,13 @@ local function listed()
   return out
 end
 
--- The modules in lua/loip/cmd/ (common.lua is what they share, not a command).
+-- The modules in lua/loip/cmd/ (one per command).
 local function modules()
   local out = {}
   local p = io.popen("ls " .. T.root .. "/lua/loip/cmd")
   for f in p:lines() do
     local name = f:match("^(.+)%.lua$")
-    if name and name ~= "common" then out[#out + 1] = name end
+    if name then out[#out + 1] = name end
   end
   p:close()
   return out
@@ -181,7 +181,7 @@ describe("the command line's words", function()
   end)
 
   it("a flag one edit from a command's flag (a letter left out, added, changed, or two swapped) gets a 'did you mean'", function()
-    local distance = require("loip.tools.suggest").distance
+    local distance = require("loip.ui.suggest").distance
     assert.are.equal(1, distance("modle", "model"))
     assert.are.equal(1, distance("prot", "port"))
     for name, m in pairs(cli.commands) do

@@ -3,7 +3,7 @@
 -- the .lua ones, and only they, carry the label lua-only, which CI's sanitizer stage skips and
 -- nothing else does. So a new spec cannot fall out of both entries, nor be run twice, nor miss
 -- the sanitizers unless it is listed. Read from the build that runs the specs (ctest --show-only).
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local T = require "spec.support"
 
 local function lines_of(cmd)

@@ -8,7 +8,7 @@ local ffi = require "ffi"
 local T = require "spec.support"
 local grammar = require "loip.text.grammar"
 local schema_check = require "loip.text.schema_check"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local tokenizer = require "loip.text.tokenizer"
 
 after_each(function() collectgarbage() collectgarbage() end)
@@ -222,7 +222,7 @@ describe("random walks over allowed tokens", function()
   }
 
   it("end in documents valid against the schemas the OpenAI client's zod helper writes", function()
-    local ordered = require "loip.tools.json_ordered"
+    local ordered = require "loip.text.json_ordered"
     for i, text in ipairs(zod) do
       local g = grammar.compile(grammar.from_schema(text, "response_format.json_schema.schema"), "s")
       local s = ordered.decode(text)

@@ -4,7 +4,7 @@
 -- tokenization, every keyword not supported is refused naming it and its place
 -- (grammar_masks_spec.lua: token masks and random walks).
 local grammar = require "loip.text.grammar"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 after_each(function() collectgarbage() collectgarbage() end)
 
@@ -233,7 +233,7 @@ describe("JSON schema", function()
   end)
 
   it("json_ordered decodes as cjson does, keeping each object's key order", function()
-    local ordered = require "loip.tools.json_ordered"
+    local ordered = require "loip.text.json_ordered"
     local cases = { '{"b": [1, 2.5e3, -0.5, {"x": null}], "a": "\\u00e9\\ud83d\\ude00\\n\\"", "c": true, "d": false}',
       "[]", "{}", '"s"', "12", '[[[]], {"k": []}]' }
     for _, text in ipairs(cases) do

@@ -1,7 +1,7 @@
--- The soak's leak judgement (loip.tools.leak, recipes/bench/soak.lua): a count that goes down
+-- The soak's leak judgement (loip.measure.leak, recipes/bench/soak.lua): a count that goes down
 -- is no leak, nor one sample caught high; growth that stays beyond the stated bound is, and the
 -- sentence says the bound.
-local leak = require "loip.tools.leak"
+local leak = require "loip.measure.leak"
 
 describe("the soak's leak judgement", function()
   after_each(function() collectgarbage() collectgarbage() end)

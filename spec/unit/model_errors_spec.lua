@@ -113,7 +113,7 @@ describe("opening a bad model", function()
 
   it("names a slice manifest's tensor entry that is not an object (found by fuzz_manifest)", function()
     local store = require "loip.model.store"
-    local json = require "loip.tools.json"
+    local json = require "loip.text.json"
     local man = assert(json.load(T.root .. "/tests/fuzz/corpus/manifest/stories260K.json"))
     assert.are.equal(man, store.check_manifest(man, "st"))
     man.files[1].tensors[1] = false

@@ -1,6 +1,6 @@
 -- The OpenAI request checks and the stop-string filter of loip serve (loip.serve.openai).
 local openai = require "loip.serve.openai"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 describe("loip.serve.openai", function()
   it("parses a chat request into what the batcher needs, with OpenAI's defaults", function()

@@ -3,7 +3,7 @@
 -- every flag that names a policy; an unknown setting or a bad value is refused naming it; `loip
 -- help policies` lists every kind's policies with their settings; every kind lives under
 -- recipes/policies/<kind>/; state.kv_block is the KV group the policies count in.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local policy = require "loip.policy"
 local T = require "spec.support"
 teardown(T.drop_stores)

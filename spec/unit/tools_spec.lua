@@ -8,7 +8,7 @@ local policy = require "loip.policy"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
 local tc = require "loip.serve.tool_calls"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local template = require "loip.text.template"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)

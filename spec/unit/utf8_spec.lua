@@ -1,10 +1,10 @@
 -- Well-formed UTF-8 out of any token stream (loip.text.utf8, loip.text.tokenizer's text_stream,
--- loip.tools.json's encoder): a character split over tokens is held back until whole, a part
+-- loip.text.json's encoder): a character split over tokens is held back until whole, a part
 -- that can never be one becomes U+FFFD (one per maximal subpart), and the JSON loip writes is
 -- well-formed whatever bytes its strings hold. Random token streams: the fuzz target's own
 -- checks (tests/fuzz/lua/utf8.lua) over seeded random inputs.
 local utf8 = require "loip.text.utf8"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local tokenizer = require "loip.text.tokenizer"
 local T = require "spec.support"
 
@@ -50,7 +50,7 @@ describe("loip.text.utf8", function()
   end)
 end)
 
-describe("loip.tools.json.encode", function()
+describe("loip.text.json.encode", function()
   it("never writes ill-formed UTF-8: each ill-formed part of a string becomes U+FFFD", function()
     assert.are.equal('{"text":"' .. R .. '"}', json.encode({ text = "\xe4" }))
     assert.are.equal('["' .. R .. 'V' .. R .. '","世界"]', json.encode({ "\xfdV\xab", "世界" }))

@@ -14,10 +14,11 @@
 --        removed and logged, naming it)
 --   { op = "check" }  the files refused since the last check and those still lacking
 -- Nothing half-written is ever used: a worker loads DIR/<id>/<file> only, never a .part.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local files_rt = require "loip.runtime.files"
-local tfiles = require "loip.tools.files"
+local tfiles = require "loip.runtime.shell"
 local memory = require "loip.runtime.memory"
+local store_mod = require "loip.model.store"
 
 local M = {}
 
@@ -70,7 +71,7 @@ function Cache:open_store(id, text)
     f:close()
     assert(os.rename(path .. ".part", path))
   end
-  local man = require("loip.model.manifest").check(json.decode(text), dir)
+  local man = store_mod.check_manifest(json.decode(text), dir)
   self.man, self.sdir, self.id = man, dir, id
   self.by_name, self.by_index = {}, {}
   for k, f in ipairs(man.files) do self.by_name[f.name], self.by_index[k] = f, f end

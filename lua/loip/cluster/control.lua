@@ -5,7 +5,7 @@
 -- emulated link's rate (LINK). Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local policy = require "loip.policy"
 local engine = require "loip.engine"
@@ -13,6 +13,13 @@ local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local memory = require "loip.runtime.memory"
 local proc = require "loip.cluster.proc"
+local problem = require "loip.plan.problem"
+local flags = require "loip.ui.flags"
+local defaults = require "loip.model"
+local ship = require "loip.cluster.ship"
+local profile_mod = require "loip.plan.profile"
+local draft_mod = require "loip.cluster.draft"
+local request_draft = require "loip.engine.request.draft"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -28,7 +35,7 @@ end
 -- cluster's, one per device), else calibrations: local workers share this machine (measured
 -- here, once, kept in the cache); running workers each measure themselves (PROFILE), once.
 function Cluster:profiles(opts)
-  local profile = require "loip.plan.profile"
+  local profile = profile_mod
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
   local N, out = #self.devices, {}
@@ -66,7 +73,6 @@ end
 
 -- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
 function Cluster:problem(opts, sizes)
-  local problem = require "loip.plan.problem"
   local N = #self.devices
   local budgets, rates, delays = {}, {}, {}
   for i, d in ipairs(self.devices) do budgets[i] = self:budget_of(i) end
@@ -108,14 +114,14 @@ function Cluster:reserve_draft(opts, ctx, max_seqs)
   local ms
   if where == "auto" then
     -- each device's time for a block of the target, by its profile (and emulated slowdown)
-    local profile, pb = require "loip.plan.profile", require "loip.plan.problem"
+    local profile, pb = profile_mod, problem
     local profiles, shape = self:profiles(opts), pb.shape_of(self.man.config, store.layer_dtype(self.man))
     ms = {}
     for i in ipairs(self.devices) do
       ms[i] = profile.block_ms(profiles[i], "mlp", 1, ctx, shape) * (each(opts.slowdown, i) or 1)
     end
   end
-  local i = require("loip.cluster.draft").device_of(where, budgets, bytes, ms)
+  local i = draft_mod.device_of(where, budgets, bytes, ms)
   local b = budgets[i]
   if b > 0 and bytes >= b then
     error(string.format("--draft-device %s: device %d's budget of %s cannot hold the draft (%s: weights, KV cache and scratch)",
@@ -166,7 +172,7 @@ function Cluster:plan_sizes(opts, k)
   if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
   return plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
     threads = self.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
-    plan_positions = require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
+    plan_positions = flags.renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
 end
 
 -- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come
@@ -197,7 +203,6 @@ function Cluster:plan(opts)
   self.plan_opts = opts
   local cfg, facts = store.config(self.store, self.man)
   self.facts = facts
-  local defaults = require "loip.model"
   local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
@@ -238,7 +243,7 @@ function Cluster:plan(opts)
   -- (chosen already, on this problem: Cluster:replan_kv)
   local c = opts.plan_chosen
   if not c then
-    local k = drafting and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
+    local k = drafting and (opts.draft_tokens or request_draft.MAX) or 0
     c = fit_draft_rows(k, choose)
   end
   local sizes, est, info = c.sizes, c.estimate, c.info
@@ -250,7 +255,7 @@ function Cluster:plan(opts)
   self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
   -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
   -- leaves the cluster its plan)
-  require("loip.cluster.ship").plan(self, p, sizes)
+  ship.plan(self, p, sizes)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1
@@ -356,7 +361,7 @@ function Cluster:replan_kv(positions)
   opts.plan_positions, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
   -- rows give way before it fails: fit_draft_rows)
-  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or require("loip.engine.request.draft").MAX) or 0
+  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or request_draft.MAX) or 0
   local ok, chosen = pcall(fit_draft_rows, k, function(rows)
     local c = { sizes = self:plan_sizes(opts, rows) }
     c.problem = self:problem(opts, c.sizes)

@@ -3,7 +3,8 @@
 -- and charged to its budget (the scheduler planned the device's part with that much less). The
 -- head keeps, per slot, the tokens the device's draft has; each proposal sends only what it
 -- lacks (DRAFT messages: open, propose, release, close; docs/serving.md, "Speculative decoding").
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local drafter = require "loip.engine.request.drafter"
 
 local M = {}
 
@@ -108,7 +109,7 @@ function M.handle(d, store, body)
   if op == "open" then
     if d.drafter then d.drafter:close() d.drafter = nil end
     local before = d.budget:used()
-    d.drafter = require("loip.engine.request.drafter").open(body.path or store, { layers = body.layers, context = body.context,
+    d.drafter = drafter.open(body.path or store, { layers = body.layers, context = body.context,
       max_seqs = body.max_seqs, budget = d.budget, threads = 1, tokenizer = false })
     d.draft_ids = {}
     return { bytes = d.budget:used() - before }

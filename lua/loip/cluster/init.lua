@@ -11,12 +11,15 @@
 --   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.engine.request.batcher)
 --   c:close()
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.worker"
+local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
+local profile = require "loip.plan.profile"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -52,7 +55,7 @@ end
 -- answers meanwhile, so long prefill stages are not mistaken for a dead device), dead_ms (a
 -- device whose heartbeat is silent this long, during a request or while idle, is lost; default
 -- DEAD_MS).
-M.DEAD_MS = 1500
+M.DEAD_MS = join.DEAD_MS
 local function new(opts, devices)
   local dead_ms = opts.dead_ms or M.DEAD_MS
   if type(dead_ms) ~= "number" or not (dead_ms > 0) then
@@ -87,10 +90,10 @@ function M.start_local(opts)
   local n = opts.devices or 1
   local devices = {}
   -- the workers share this machine's cores: split among them unless told
-  local threads = require("loip.plan.profile").split_threads(n, opts.threads)
+  local threads = profile.split_threads(n, opts.threads)
   for i = 1, n do
     local m = type(opts.mem) == "table" and opts.mem[i] or opts.mem or 0
-    if type(m) == "string" then m = require("loip.tools.flags").parse_bytes(m) end
+    if type(m) == "string" then m = flags.parse_bytes(m) end
     devices[i] = { mem = m or 0, threads = threads }
   end
   local dir = opts.dir

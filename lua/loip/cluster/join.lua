@@ -5,10 +5,16 @@
 -- the head on the results link: the device serves on until the head planned again without it
 -- and told it to stop). Worker:run calls M.keep_running every turn of its loop.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local process = require "loip.runtime.process"
+local proc = require "loip.cluster.proc"
+local transport = require "loip.runtime.transport"
 
 local M = {}
+
+-- How long a silent heartbeat means a device (or, to a worker, its head) is lost, unless a plan
+-- says otherwise (loip.cluster's dead_ms).
+M.DEAD_MS = 1500
 
 local SIGTERM = 15
 local LEAVE_WAIT_MS = 30000  -- a head that does not let us go within this: we stop anyway
@@ -67,12 +73,12 @@ function M.keep_running(w)
   -- a head on this host that is gone (a local head's workers get SIGTERM when it dies): no one
   -- to tell, stop at once
   local host, pid = w.owner.id:match("^head%-(.+)%-(%d+)$")
-  if host and host == w.hostname and not require("loip.cluster.proc").alive(tonumber(pid)) then return false end
+  if host and host == w.hostname and not proc.alive(tonumber(pid)) then return false end
   local now = core.now_ms()
   -- (asked at the signal and on every turn after it: a head that dies while we wait for it to
   -- plan without us will not plan again)
-  local last = w.hb and require("loip.runtime.transport").heartbeat_last_ping(w.hb)
-  local patience = d.head_dead_ms or require("loip.cluster").DEAD_MS -- (a plan that did not say)
+  local last = w.hb and transport.heartbeat_last_ping(w.hb)
+  local patience = d.head_dead_ms or M.DEAD_MS -- (a plan that did not say)
   if not last or now - last > patience then
     log("SIGTERM: the head %s has not pinged us for %s: it is gone; leaving at once", w.owner.id,
       last and string.format("%.1f s", (now - last) / 1000) or "ever")

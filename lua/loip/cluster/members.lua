@@ -3,9 +3,11 @@
 -- device lost mid-request leaves and the others plan again, lost devices are taken back between
 -- requests, local workers that died are restarted. Methods of loip.cluster's Cluster.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
+local ship = require "loip.cluster.ship"
+local profile = require "loip.plan.profile"
 
 local alive, tail = proc.alive, proc.tail
 local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format(fmt, ...), "\n") io.stderr:flush() end
@@ -33,7 +35,7 @@ function Cluster:spawn(i)
   -- directory (its sockets, logs and key) unless the logs are to be kept
   -- (with start_local's cache, no store: its blocks are shipped, loip.cluster.ship)
   local args = { c.exe, "worker", "--listen", listen, "--mem", tostring(d.mem), "--threads", tostring(d.threads) }
-  for _, a in ipairs(require("loip.cluster.ship").worker_args(c.opts, c.store, i)) do args[#args + 1] = a end
+  for _, a in ipairs(ship.worker_args(c.opts, c.store, i)) do args[#args + 1] = a end
   if not c.opts.keep_logs then args[#args + 1] = "--head-dir" args[#args + 1] = c.dir end
   d.pid = core.must(process.spawn(args, { "LOIP_CLUSTER_TOKEN=" .. c.token }, out, log, "device " .. i))
   d.log = log
@@ -108,7 +110,7 @@ local function without_devices(plan_opts, gone)
     opts.link = { rate = drop(opts.link.rate), delay_ms = drop(opts.link.delay_ms), spin_us = opts.link.spin_us }
   end
   if opts.profile then
-    local pr = type(opts.profile) == "string" and require("loip.plan.profile").load(opts.profile) or opts.profile
+    local pr = type(opts.profile) == "string" and profile.load(opts.profile) or opts.profile
     if pr.devices then
       local q = {}
       for k, v in pairs(pr) do q[k] = v end

@@ -8,9 +8,10 @@
 -- caller resumes every running request from its tokens (loip.engine.request.batcher's resume_all), as
 -- after a loss: no token changes. Methods of loip.cluster's Cluster.
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
+local profile_mod = require "loip.plan.profile"
 
 local Cluster = {}
 
@@ -104,7 +105,7 @@ local function with_newcomer(opts)
   for k, v in pairs(opts or {}) do o[k] = v end
   o.plan, o.keep_requests = nil, true
   local pr = o.profile
-  if type(pr) == "string" then pr = require("loip.plan.profile").load(pr) end
+  if type(pr) == "string" then pr = profile_mod.load(pr) end
   if type(pr) == "table" and pr.devices then
     error("the cluster was planned with --profile of one profile per device: a device that joins has none "
       .. "(give one device's profile, used for all, or none, to admit joins)", 0)

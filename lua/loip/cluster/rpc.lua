@@ -7,7 +7,7 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local errors = require "loip.error"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 
 local alive, tail = proc.alive, proc.tail

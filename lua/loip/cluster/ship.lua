@@ -7,10 +7,11 @@
 -- failure, or a disk quota too small, is an error naming the file and the device. The head sends
 -- (peers that hold the blocks do not: the head first). Per device, d.shipped_bytes counts what
 -- was sent; progress on stderr.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
 local cache = require "loip.cluster.cache"
+local progress = require "loip.ui.progress"
 
 local M = {}
 
@@ -83,7 +84,7 @@ function M.device(c, p, i, sizes)
   local need = r.need or {}
   for _, x in ipairs(need) do x.size = size[x.name] end
   local sent = { bytes = 0 }
-  local bar = #need > 0 and require("loip.tools.progress").new(total(need), string.format("shipping to device %d", i)) or nil
+  local bar = #need > 0 and progress.new(total(need), string.format("shipping to device %d", i)) or nil
   for attempt = 1, 2 do
     if #need == 0 then break end
     send_files(c, i, need, index, bar, sent)

@@ -8,7 +8,7 @@
 --   loip testbed up 3 --rate 100mbit --store STORE [--mem 600M,400M,400M]
 --   LOIP_CLUSTER_TOKEN=... loip generate --model STORE --hosts 10.77.0.11:7000,10.77.0.12:7000,10.77.0.13:7000 ...
 --   loip testbed down
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 
 local M = {}

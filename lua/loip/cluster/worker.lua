@@ -12,7 +12,7 @@
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
@@ -21,7 +21,16 @@ local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local files = require "loip.runtime.files"
 local process = require "loip.runtime.process"
-local rw = require "loip.runtime.worker"
+local rw = require "loip.runtime.device"
+local engine = require "loip.engine"
+local sampler = require "loip.model.sampler"
+local profile = require "loip.plan.profile"
+local draft = require "loip.cluster.draft"
+local join = require "loip.cluster.join"
+local loader_mod = require "loip.runtime.loader"
+local cache_mod = require "loip.cluster.cache"
+local model_mod = require "loip.model"
+local experts_mod = require "loip.model.experts"
 local K = core.constants
 
 local M = {}
@@ -45,7 +54,7 @@ end
 -- A loader for device d with slots of slot_bytes (its plan's count, the PLAN's read settings).
 local function new_loader(d, slot_bytes)
   local o = d.loader_opts
-  local l, err = require("loip.runtime.loader").new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
+  local l, err = loader_mod.new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
     rate = o.rate, budget = d.budget, overlap_loads = o.overlap_loads }
   if not l then error(err, 0) end
   return l
@@ -62,7 +71,7 @@ function M.new(opts)
   if not sock then net:close() error(berr, 0) end
   local self = setmetatable({ opts = opts, net = net, sock = sock, man = man, store_id = man and M.store_id(opts.store),
     header = ffi.new("loip_msg_header"), from = ffi.new("char[64]"), cap = 1024 * 1024 }, Worker)
-  if opts.cache then self.cache = require("loip.cluster.cache").new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
+  if opts.cache then self.cache = cache_mod.new(opts.cache, opts.disk_quota, opts.store, self.store_id) end
   self.buf = ffi.new("uint8_t[?]", self.cap)
   -- the heartbeat answers on its own thread and socket, even while a long stage computes
   local ep = sock:endpoint()
@@ -120,7 +129,7 @@ function Worker:build(msg)
   local pool, perr = exec.pool_new(self.opts.threads or 0)
   if not pool then error(perr, 0) end
   d.pool = pool
-  local defaults = require "loip.model" -- (the head sends both)
+  local defaults = model_mod -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
@@ -130,7 +139,7 @@ function Worker:build(msg)
   local devices = {}
   for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
   if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
-  require("loip.engine").check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
+  engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
   local N, S = #p.devices, #p.devices[1].stages
   if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
   local need = plan.memory(p, i, sizes, mopts)
@@ -156,7 +165,7 @@ function Worker:build(msg)
   d.experts_opts = { model = d.model, session = s, dir = dir, man = man, cfg = cfg, plan = p, device = i, sizes = sizes,
     experts = msg.experts, routing = msg.routing, budget = budget, mode = msg.loader, rate = msg.disk_rate,
     verify_reads = msg.verify_reads, trace = msg.trace }
-  d.experts = require("loip.model.experts").for_device(d.experts_opts)
+  d.experts = experts_mod.for_device(d.experts_opts)
   if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
@@ -246,7 +255,7 @@ function handlers.START(self, _, body)
   if not self.dev then error("START before a plan", 0) end
   body = assert(body, "a message without its JSON body")
   local p = ffi.new("loip_sampler_params")
-  for k, v in pairs(require("loip.model.sampler").defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
+  for k, v in pairs(sampler.defaults) do p[k] = body.sampler[k] == nil and v or body.sampler[k] end
   local prompt = body.prompt or {}
   local ids = ffi.new("int32_t[?]", math.max(#prompt, 1))
   for k, id in ipairs(prompt) do ids[k - 1] = id end
@@ -266,7 +275,7 @@ function handlers.CHANGE(self, _, body)
     dir = self.opts.store, man = self.man,
     plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
     new_loader = function(bytes) return new_loader(d, bytes) end,
-    move_experts = require("loip.model.experts").mover(d, d.experts_opts, d.keep),
+    move_experts = experts_mod.mover(d, d.experts_opts, d.keep),
     on_loader = function(l) if d.loader and d.loader ~= l then d.loader:close() end d.loader = l end }
   d.plan, d.descs = p2, descs or d.descs
   log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
@@ -359,7 +368,7 @@ end
 function handlers.TRACE(self)
   local evs = {}
   if self.dev and self.dev.trace then
-    local kinds = require("loip.model").event_kinds
+    local kinds = model_mod.event_kinds
     local buf = ffi.new("loip_runner_event[4096]")
     repeat
       local k = exec.runner_events(self.dev.runner, buf, 4096)
@@ -377,7 +386,6 @@ end
 
 function handlers.PROFILE(self, _, o)
   o = o or {}
-  local profile = require "loip.plan.profile"
   local pr
   if o.full then
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
@@ -394,7 +402,7 @@ end
 -- speculative decoding's draft run here, charged to this device's budget (loip.cluster.draft)
 function handlers.DRAFT(self, _, body)
   body = assert(body, "a message without its JSON body")
-  return "DRAFT", json.encode(require("loip.cluster.draft").handle(current_device(self, body, "DRAFT"), self.opts.store, body))
+  return "DRAFT", json.encode(draft.handle(current_device(self, body, "DRAFT"), self.opts.store, body))
 end
 
 function handlers.STOP(self, _, body)
@@ -469,7 +477,7 @@ function Worker:run()
   self.hostname = h and h:match("^[^\n]*")
   self.pid = tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)"))
   self.parent = parent_pid()
-  while not self.stopping and require("loip.cluster.join").keep_running(self) do -- (a join's answer; SIGTERM: leave)
+  while not self.stopping and join.keep_running(self) do -- (a join's answer; SIGTERM: leave)
     local msg = self:poll(200)
     if msg then self:handle(msg) end
     if self.opts.on_tick then self.opts.on_tick() end -- (e.g. worker --announce's beacon renewed)

@@ -1,4 +1,6 @@
 -- `loip chat`: chat with a loip serve (or any OpenAI-compatible) server, streaming.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local M = {
   brief = "chat with a loip serve (or any OpenAI-compatible) server, streaming",
   usage = "loip chat --url URL [--api-key KEY] [--model NAME] [--system TEXT]",
@@ -19,7 +21,7 @@ local M = {
 
 function M.run(o)
   local client = require "loip.runtime.http_client"
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local url = o.url:gsub("/+$", "")
   local key = o.api_key or os.getenv("LOIP_API_KEY") or os.getenv("OPENAI_API_KEY")
   local headers = key and key ~= "" and { Authorization = "Bearer " .. key } or {}

@@ -1,8 +1,10 @@
 -- `loip cluster`: tell a serving cluster's head (loip serve --devices/--hosts) what to do with its
 -- members: `drain I` lets device I finish the step, plans again without it and stops it
 -- (POST /v1/cluster/drain); `members` prints its devices and membership events (GET /health).
-local common = require "loip.cmd.common"
-local json = require "loip.tools.json"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local json = require "loip.text.json"
 
 local M = {
   brief = "a serving cluster's members: drain a device, list devices and joins, leaves, losses",

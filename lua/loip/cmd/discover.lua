@@ -1,6 +1,8 @@
 -- `loip discover`: list the workers announcing themselves on this LAN (loip worker --announce);
 -- and the discovery flags and hooks of `loip worker` (--announce) and `loip serve` (--discover).
-local common = require "loip.cmd.common"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
 
 local PORT = 7600 -- (loip.cluster.discovery.PORT; not required here so that `loip help` loads no FFI)
 
@@ -108,7 +110,7 @@ function M.run(o)
   local found = l:candidates()
   l:close()
   if o.json then
-    io.stdout:write(require("loip.tools.json").encode(found), "\n")
+    io.stdout:write(require("loip.text.json").encode(found), "\n")
   else
     for _, c in ipairs(found) do io.stdout:write(M.describe(c), "\n") end
     io.stderr:write(string.format("discover: %d worker%s in %g s\n", #found, #found == 1 and "" or "s", o.seconds))

@@ -1,9 +1,9 @@
 -- `loip generate`: generate text from a prompt.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
 local errors = require "loip.error"
-local json = require "loip.tools.json"
-local plan_mod = require "loip.plan"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "generate text from a prompt",
@@ -139,7 +139,7 @@ end
 
 -- The trace of the run (--trace): the devices' events, the online policy's changes and the drafts.
 local function write_trace(o, c)
-  local tr = c:collect_trace(require("loip.tools.trace").new())
+  local tr = c:collect_trace(require("loip.engine.trace").new())
   require("loip.engine.request.online").add_to_trace(tr, c:batcher().adaptations)
   require("loip.engine.request.draft_trace").add_to_trace(tr, c:batcher().draft)
   tr:write(o.trace)
@@ -171,6 +171,7 @@ end
 -- plan's), st (the generation's state), ids (its prompt's), pieces (its text), steps, step_ms,
 -- per_token, per_device.
 local function report_cluster_run(o, c, run)
+  local json = require "loip.text.json"
   local st, est = run.st, run.est
   if o.json then
     local r = M.generate_report(o, { text = table.concat(run.pieces), state = st, per_token = run.per_token,
@@ -235,6 +236,7 @@ local function generate_on_cluster(o, c, set, draft, tok, run)
 end
 
 local function run_cluster(o)
+  local json = require "loip.text.json"
   local cluster = require "loip.cluster"
   local hosts, n, set, draft = check_cluster(o)
   common.store_for("generate", o)
@@ -305,6 +307,7 @@ end
 -- The model's plan told on stderr (when it offloads, or asked), saved (--save-plan), and its
 -- memory (--verbose).
 local function show_plan(o, m)
+  local plan_mod = require "loip.plan"
   if o.verbose then common.stderr("%s\n", tostring(m)) end
   local offloads = m.plan and plan_mod.memory(m.plan, 1, m.plan_sizes, m.plan_opts).offloaded_bytes > 0
   if m.plan and (offloads or o.verbose or o.plan) and not o.json then
@@ -337,6 +340,8 @@ end
 -- The run's report: --json's object on stdout, else a line end; then on stderr the online
 -- policy's changes, the drafts, the timings (--verbose); the trace written (--trace).
 local function report_local_run(o, m, st, pieces, experts0)
+  local json = require "loip.text.json"
+  local plan_mod = require "loip.plan"
   local s = st.stats
   local per_token = s.decode_steps > 0 and s.decode_ms / s.decode_steps or 0
   if o.json then
@@ -376,6 +381,7 @@ local function report_local_run(o, m, st, pieces, experts0)
 end
 
 function M.run(o)
+  local json = require "loip.text.json"
   common.use_kernels(o.kernels)
   common.check_prompt("generate", o) -- (before anything is opened, sliced, planned or started)
   if o.devices or o.hosts then return run_cluster(o) end

@@ -1,6 +1,8 @@
 -- `loip plan`: print the plan a scheduler chooses for N devices and its predicted time, running nothing.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "print the plan a scheduler chooses for N devices and its predicted time, running nothing",

@@ -1,6 +1,8 @@
 -- `loip profile`: measure a device (or running workers) for planning: compute, disk, transport.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local usage = common.usage
 
@@ -43,7 +45,7 @@ end
 
 function M.run(o)
   local profile = require "loip.plan.profile"
-  local json = require "loip.tools.json"
+  local json = require "loip.text.json"
   local pr
   if o.routing then
     if not o.model then usage("profile", "--routing needs --model (the model whose routing is recorded)") end
@@ -54,7 +56,7 @@ function M.run(o)
     f:close()
     if #prompts == 0 then usage("profile", "--routing: %s holds no prompt (one a line)", o.routing) end
     local m = require("loip.model").open(o.model, { threads = o.threads > 0 and o.threads or nil })
-    local bar = require("loip.tools.progress").new(#prompts, "routing " .. o.model, { bytes = false })
+    local bar = require("loip.ui.progress").new(#prompts, "routing " .. o.model, { bytes = false })
     local ok, r = pcall(require("loip.model.experts").profile_routing, m, prompts,
       { generate = o.generate, on_prompt = function(i) bar:update(i) end })
     bar:finish()

@@ -1,6 +1,8 @@
 -- `loip pull REPO`: a model repository from Hugging Face (or a compatible endpoint) into a
 -- directory, resumable and verified (loip.model.pull does the work).
-local function usage(fmt, ...) require("loip.cmd.common").usage("pull", fmt, ...) end
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local function usage(fmt, ...) require("loip.cli.inputs").usage("pull", fmt, ...) end
 
 local M = {
   brief = "download a model repository from Hugging Face (or a compatible endpoint), resumable",
@@ -70,10 +72,10 @@ function M.run(o, pos, argv)
     quiet = o.quiet, retries = o.retries }
   if not r then error(err, 0) end
   if o.json then
-    io.stdout:write(require("loip.tools.json").encode(r), "\n")
+    io.stdout:write(require("loip.text.json").encode(r), "\n")
     return 0
   end
-  local human = require("loip.tools.progress").human
+  local human = require("loip.ui.progress").human
   io.stdout:write(string.format("%s@%s -> %s: %d file%s, %d downloaded (%s), %d already present\n", r.repo, r.revision,
     r.dir, #r.files, #r.files == 1 and "" or "s", r.downloaded, human(r.bytes), r.present))
   return 0

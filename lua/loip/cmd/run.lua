@@ -1,5 +1,5 @@
 -- `loip run`: run a Lua script (recipe) with the runtime available.
-local common = require "loip.cmd.common"
+local common = require "loip.cli.inputs"
 
 local M = {
   brief = "run a Lua script (recipe) with the runtime available",

@@ -1,6 +1,8 @@
 -- `loip serve`: serve the model over HTTP with OpenAI's API, on one device or a cluster.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local usage = common.usage
 
@@ -61,7 +63,7 @@ local M = {
 -- --trace: the devices' events (one device's m.trace, a cluster's collected), the online
 -- policy's adaptations and speculative decoding's spans, written to path.
 function M.write_trace(path, m, c, b, quiet)
-  local tr = c and c:collect_trace(require("loip.tools.trace").new()) or m.trace or require("loip.tools.trace").new()
+  local tr = c and c:collect_trace(require("loip.engine.trace").new()) or m.trace or require("loip.engine.trace").new()
   require("loip.engine.request.online").add_to_trace(tr, b.adaptations)
   require("loip.engine.request.draft_trace").add_to_trace(tr, b.draft)
   tr:write(path)

@@ -3,12 +3,10 @@
 -- `loip plan` (the model or a shape, devices, budgets, profiles, links, disks), plus the
 -- requests; it prints the plan, then the simulated time per token beside the cost model's
 -- estimate, per device and per request, or one JSON object (--json).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
-local json = require "loip.tools.json"
-local plan = require "loip.plan"
-local policy = require "loip.policy"
-local sim = require "loip.sim"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local function usage(fmt, ...) common.usage("simulate", fmt, ...) end
 
@@ -74,7 +72,7 @@ local M = {
   flags = rows,
 }
 
-local mean = require("loip.tools.bench").mean
+local mean = require("loip.measure.stats").mean
 
 -- Whether o is a loip generate command line: one of generate's own flags given (--prompt,
 -- --max-tokens, --tokenizer, or one simulate ignores). It simulates as generate runs: one request.
@@ -103,6 +101,8 @@ end
 -- --baseline: a system we do not build, its model's step time at the pattern's batch,
 -- mid-generation. The exit status.
 local function run_baseline(o, prob)
+  local json = require "loip.text.json"
+  local policy = require "loip.policy"
   local base = policy.load("baseline", o.baseline)
   local pat = policy.load("pattern", o.pattern) -- (its name may carry settings: bursty:burst=8)
   local batch = pat.name == "bursty" and (pat.given.burst and pat.params.burst or o.burst or o.max_batch) or 1
@@ -141,6 +141,7 @@ end
 
 -- The runs' figures: per request, per device (per step too) and overall, as --json prints them.
 local function summary(o, s, runs, p, est, info, online, draft)
+  local plan = require "loip.plan"
   local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
   for _, r in ipairs(runs) do
     if r.status ~= 200 then failed = failed + 1 end
@@ -187,6 +188,9 @@ end
 -- The plan simulated (--plan's, else the scheduler's, planning with the draft's device's budget
 -- less what the draft takes), its estimate and how it was chosen; and the simulator over it.
 local function plan_and_sim(o, prob, sizes, draft)
+  local plan = require "loip.plan"
+  local policy = require "loip.policy"
+  local sim = require "loip.sim"
   local function reserving(pr, fn) if draft then return draft:reserve(pr, fn) end return fn() end
   local p, est, info
   if o.plan then
@@ -214,6 +218,8 @@ local function plan_and_sim(o, prob, sizes, draft)
 end
 
 function M.run(o)
+  local json = require "loip.text.json"
+  local policy = require "loip.policy"
   for _, f in ipairs(IGNORED) do
     if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
       io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
@@ -241,7 +247,7 @@ function M.run(o)
   local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online, draft_tokens = o.draft_tokens })
   local out, failed, last = summary(o, s, runs, p, est, info, online, draft)
   if o.trace then
-    local tr = require("loip.tools.trace").new()
+    local tr = require("loip.engine.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
     tr:write(o.trace)
   end

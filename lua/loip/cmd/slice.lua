@@ -1,5 +1,7 @@
 -- `loip slice`: convert a model into a slice store (per-block files), or --verify one.
-local common = require "loip.cmd.common"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
 
 local M = {
   brief = "convert a model into a slice store (per-block files), or --verify one",
@@ -17,7 +19,7 @@ local M = {
 
 function M.run(o, pos)
   local slice = require "loip.model.slice"
-  local human = require("loip.tools.progress").human
+  local human = require("loip.ui.progress").human
   if o.verify then
     if not pos[1] or pos[3] then common.usage("slice", "--verify STORE [MODEL_DIR]") end
     local r = slice.verify(pos[1], { source = pos[2] })

@@ -1,6 +1,8 @@
 -- `loip synth`: write a random-weight model with a real model's shapes.
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "write a random-weight model with a real model's shapes",

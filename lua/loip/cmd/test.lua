@@ -1,4 +1,6 @@
 -- `loip test`: run busted specs under the runtime.
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
 local M = {
   brief = "run busted specs under the runtime",
   usage = "loip test [BUSTED ARGS...] [SPEC DIRS...]",

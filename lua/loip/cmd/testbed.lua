@@ -1,6 +1,8 @@
 -- `loip testbed`: network namespaces shaped by tbf with a worker in each (root).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "network namespaces shaped by tbf with a worker in each (root)",
@@ -39,7 +41,7 @@ function M.run(o, pos)
     return 0
   elseif what == "status" then
     local st = testbed.state()
-    io.stdout:write(st and require("loip.tools.json").encode(st) .. "\n" or "none\n")
+    io.stdout:write(st and require("loip.text.json").encode(st) .. "\n" or "none\n")
     return 0
   elseif what ~= "up" then
     common.usage("testbed", "up N | shape I RATE | down | status (see --help)")

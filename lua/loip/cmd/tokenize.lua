@@ -1,5 +1,7 @@
 -- `loip tokenize`: show the token ids and pieces of a text.
-local common = require "loip.cmd.common"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
 
 local M = {
   brief = "show the token ids and pieces of a text",
@@ -38,7 +40,7 @@ function M.run(o, pos)
     texts[i] = tok:piece_text(nil, id)
   end
   if o.json then
-    print(require("loip.tools.json").encode({ text = text, ids = ids, pieces = pieces, texts = texts }))
+    print(require("loip.text.json").encode({ text = text, ids = ids, pieces = pieces, texts = texts }))
   else
     local function show(p)
       return '"' .. p:gsub('[%c"\\]', function(c)

@@ -1,5 +1,7 @@
 -- `loip trace`: draw a trace written by --trace as an SVG timeline.
-local common = require "loip.cmd.common"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
 
 local M = {
   brief = "draw a trace written by --trace as an SVG timeline",
@@ -18,7 +20,7 @@ function M.run(o, pos)
   if pos[1] ~= "plot" or not pos[2] or not pos[3] or pos[4] then
     common.usage("trace", "usage: loip trace plot TRACE.json OUT.svg (see --help)")
   end
-  local n = require("loip.tools.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
+  local n = require("loip.engine.trace").plot(pos[2], pos[3], { from_ms = o.from, to_ms = o.to, width = o.width })
   io.stderr:write(string.format("%d events -> %s\n", n, pos[3]))
   return 0
 end

@@ -1,6 +1,8 @@
 -- `loip worker`: run one device of a cluster (the head starts them with generate --devices).
-local common = require "loip.cmd.common"
-local flags = require "loip.tools.flags"
+-- Requires inside functions: `loip help` loads every command, so a command loads the modules
+-- it uses when it runs (`loip help` loads no FFI).
+local common = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
 
 local M = {
   brief = "run one device of a cluster (the head starts them with generate --devices)",

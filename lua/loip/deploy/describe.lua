@@ -1,7 +1,8 @@
 -- A cluster description for recipes/deploy (up.lua, down.lua): a Lua file returning a table, read
 -- and checked field by field; an error names the file and the field (hosts[2].listen). The
 -- description's fields are documented in docs/deploy.md.
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
+local serve_mod = require "loip.cmd.serve"
 
 local M = {}
 
@@ -89,7 +90,7 @@ local function serve(file, s)
   if s == nil then s = {} end
   if type(s) ~= "table" then fail(file, "serve", "a table of `loip serve` flags is needed, got %s", type(s)) end
   local known = {}
-  for _, row in ipairs(require("loip.cmd.serve").flags) do known[row[1]] = row end
+  for _, row in ipairs(serve_mod.flags) do known[row[1]] = row end
   local args, keys = {}, {}
   for k in pairs(s) do keys[#keys + 1] = tostring(k) end
   table.sort(keys)

@@ -5,10 +5,11 @@
 -- recorded in a state file (STATE_DIR/state.json) as it happens, so `down`, from any process,
 -- stops it all and removes it all; a failing `up` does the same before it raises.
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local host = require "loip.deploy.host"
 local proc = require "loip.cluster.proc"
+local describe = require "loip.deploy.describe"
 
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
 
@@ -165,7 +166,7 @@ function M.up(d)
     say("head: loip serve started, pid %d, log %s (profiling and planning over %d hosts)", state.serve.pid, log, #list)
     local deadline = core.now_ms() + 300000
     while true do
-      local text = require("loip.tools.json").read_file(out) or ""
+      local text = json.read_file(out) or ""
       local url = text:match("listening (http://%S+)")
       if url then state.serve.url = url break end
       if not proc.alive(state.serve.pid) or core.now_ms() > deadline then
@@ -241,7 +242,7 @@ function M.recipe(what, file)
     return 2
   end
   local ok, err = pcall(function()
-    local d = require("loip.deploy.describe").load(file)
+    local d = describe.load(file)
     if what == "up" then
       local state = M.up(d)
       io.stdout:write(string.format("up: %s serving at %s on %d hosts\n", d.name, state.serve.url, #d.hosts))

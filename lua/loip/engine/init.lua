@@ -46,25 +46,16 @@
 -- loip.policy.check_plan only) and M.restaged (one restage of a plan table).
 local policy = require "loip.policy"
 local plan = require "loip.plan"
+local batcher = require "loip.engine.request.batcher"
+local profile = require "loip.plan.profile"
+local online_mod = require "loip.engine.request.online"
+local draft_mod = require "loip.engine.request.draft"
+local sampler_mod = require "loip.model.sampler"
+local tokenizer_mod = require "loip.text.tokenizer"
 
 local M = {}
 
--- The plan p with device i's stage k reading its first `offloaded` blocks every step (a bare
--- copy; p itself when nothing changes). Raises naming the stage or the count.
-function M.restaged(p, i, k, offloaded)
-  local d = p.devices[i]
-  if not d then error(string.format("restage: device %s is not one of %d", tostring(i), #p.devices), 0) end
-  local st = d.stages[k]
-  if not st then error(string.format("restage: stage %s is not one of the plan's %d", tostring(k), #d.stages), 0) end
-  local n = st.blocks[2] - st.blocks[1] + 1
-  if type(offloaded) ~= "number" or offloaded < 0 or offloaded > n or offloaded ~= math.floor(offloaded) then
-    error(string.format("restage: stage %d has %d blocks; offloaded %s is not in 0..%d", k, n, tostring(offloaded), n), 0)
-  end
-  if offloaded == (st.offloaded or 0) then return p end
-  local p2 = plan.bare(p)
-  p2.devices[i].stages[k].offloaded = offloaded
-  return p2
-end
+M.restaged = plan.restaged -- (loip.plan: one restage of a plan table)
 
 -- A plan given (a table, or a Lua file returning one) checked for a problem: loaded, then
 -- loip.policy.check_plan (well formed, the problem's devices and stage count, every budget).
@@ -117,16 +108,15 @@ end
 -- (max_batch, max_queue, prefill_chunk, prefill, prefix_cache).
 function M.batcher(engine, o)
   o = o or {}
-  return require("loip.engine.request.batcher").new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
+  return batcher.new(engine, { max_batch = o.max_batch, max_queue = o.max_queue,
     prefill_chunk = o.prefill_chunk, prefill = o.prefill, prefix_cache = o.prefix_cache,
-    online = require("loip.engine.request.online").choose(o.online) and policy.load("online", o.online) or nil,
+    online = online_mod.choose(o.online) and policy.load("online", o.online) or nil,
     links = o.links and policy.load("links", o.links) or nil, draft = M.draft(engine, o) })
 end
 
 -- The problem pb at `rows` tokens a step: its micro-batch, and each device's compute figures
 -- from its profile at that many rows (a view over pb).
 function M.at_rows(pb, rows)
-  local profile = require "loip.plan.profile"
   local devs = {}
   for i, d in ipairs(pb.devices) do
     local c = setmetatable({}, { __index = d.compute })
@@ -160,7 +150,7 @@ function M.draft(engine, o)
   local t = setmetatable({}, { __index = o.draft_target or {} })
   t.vocab, t.context = t.vocab or engine.vocab, t.context or engine.context
   t.max_seqs = t.max_seqs or engine.max_seqs
-  return require("loip.engine.request.draft").new(policy.load("draft", o.draft), t, { tokens = k, engine = engine })
+  return draft_mod.new(policy.load("draft", o.draft), t, { tokens = k, engine = engine })
 end
 
 -- The ids that end a generation: the model's own (its config's eos_token_id, one or a list;
@@ -234,7 +224,7 @@ function M.generate(f, prompt, opts)
   local params = opts.sampler
   if not params then
     params = {}
-    for k in pairs(require("loip.model.sampler").defaults) do params[k] = opts[k] end
+    for k in pairs(sampler_mod.defaults) do params[k] = opts[k] end
   end
   local room = f.context - #ids
   local max_tokens = math.min(opts.max_tokens or room, room)
@@ -244,7 +234,7 @@ function M.generate(f, prompt, opts)
     n_sample = opts.n_sample or (tok and math.min(tok.vocab_size, f.vocab)) or nil, stop = stop }
   local state = { prompt_ids = ids, token_ids = req.token_ids, request = req, seed = seed,
     stats = { prompt_tokens = #ids, generated = 0, prefill_ms = 0, decode_ms = 0, decode_steps = 0, decode_forwards = 0 } }
-  local stream = tok and require("loip.text.tokenizer").text_stream(tok, ids)
+  local stream = tok and tokenizer_mod.text_stream(tok, ids)
   local done = false
   return function()
     if done then return nil end

@@ -7,6 +7,8 @@ local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
+local prefix_disk = require "loip.engine.request.prefix_disk"
+local engine_mod = require "loip.engine"
 local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
   core.constants.tokf.TREE
 
@@ -68,7 +70,7 @@ function Engine:cache()
       local s = self.session
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
-      disk = require("loip.engine.request.prefix_disk").new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
+      disk = prefix_disk.new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
         layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)
@@ -153,7 +155,7 @@ function Engine:online_devices()
     used = r.used
   end
   local est = m.estimate
-  return { require("loip.engine").device_state { stages = m.plan.devices[1].stages, limit = m.budget and m.budget:limit() or 0,
+  return { engine_mod.device_state { stages = m.plan.devices[1].stages, limit = m.budget and m.budget:limit() or 0,
     nonkv = used - kv, kv_base = m.kv_base, group_bytes = exec.session_kv_group_bytes(self.session),
     slot_bytes = m.loader and m.loader:slot_bytes() or 0, block_bytes = m.plan_sizes.block_bytes, sizes = m.plan_sizes,
     idle_ms = est and est.devices and est.devices[1] and est.devices[1].idle_ms } }
@@ -180,7 +182,7 @@ end
 function Engine:step_price(rows)
   local m = self.model
   if self.price_plan ~= m.plan then self.price_cache, self.price_plan = {}, m.plan end
-  return require("loip.engine").step_price(m.estimate and m.plan, m.problem_table, m.opts.cost, rows, self.price_cache)
+  return engine_mod.step_price(m.estimate and m.plan, m.problem_table, m.opts.cost, rows, self.price_cache)
 end
 
 -- Plan again for `positions` KV positions (Model:replan_kv): every request's KV is gone (the

@@ -7,9 +7,10 @@
 local ffi = require "ffi"
 local core = require "loip.core"
 local errors = require "loip.error"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
+local tokenizer_mod = require "loip.text.tokenizer"
 local K = core.constants
 
 local Cluster = {}
@@ -192,7 +193,7 @@ end
 function Cluster:batcher(opts)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   if not self._batcher then
-    self.max_seqs, self.kv_block = self.sizes.max_seqs, require("loip.constants").KV_BLOCK_TOKENS
+    self.max_seqs, self.kv_block = self.sizes.max_seqs, K.KV_BLOCK_TOKENS
     self.kv_tokens, self.context = self.sizes.kv_tokens, self.context
     self.cache_identity = "store:" .. self.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
     self.step_tokens = self.batch
@@ -222,7 +223,7 @@ function Cluster:logits(ids) return (engine.logits(self:front(), ids)) end
 -- once; nil when the store has none.
 function Cluster:tokenizer()
   if self._tokenizer == nil then
-    local ok, t = pcall(require("loip.text.tokenizer").open, self.store, { vocab_size = self.vocab })
+    local ok, t = pcall(tokenizer_mod.open, self.store, { vocab_size = self.vocab })
     self._tokenizer = ok and t or false
     self._tokenizer_error = not ok and t or nil
   end

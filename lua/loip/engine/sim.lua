@@ -27,6 +27,11 @@ local plan = require "loip.plan"
 local profile = require "loip.plan.profile"
 local space = require "loip.plan.space"
 local engine = require "loip.engine"
+local online = require "loip.engine.request.online"
+local transport = require "loip.runtime.transport"
+local memory_mod = require "loip.runtime.memory"
+local flags_mod = require "loip.ui.flags"
+local experts_mod = require "loip.sim.experts"
 
 local M = {}
 
@@ -66,7 +71,7 @@ function M.new(problem, p, opts)
     if extra > 0 and (d.budget or 0) > 0 then
       local need = plan.memory(p, i, problem.model, space.memory_opts(problem)).total + extra
       if need > d.budget then
-        local fmt = require("loip.runtime.memory").format_bytes
+        local fmt = memory_mod.format_bytes
         error(string.format("simulate: device %d needs %s for the plan and the draft (%s: %s) but its budget is %s", i, fmt(need, d.budget),
           dr.what, fmt(extra), fmt(d.budget, need)), 0)
       end
@@ -84,7 +89,7 @@ function M.new(problem, p, opts)
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
   self.vocab = problem.model.vocab or 32000
-  self.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
+  self.plan_positions = math.min(flags_mod.renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
     or self.kv_tokens, self.kv_tokens)
   self.kv_grows = self.plan_positions < self.kv_tokens
   self.replanner = opts.replanner
@@ -135,7 +140,7 @@ function Sim:restaged()
     if sizes.moe and (x.part.off_moe or 0) > 0 then
       -- (a cache of the same size keeps what it holds through a restage, as the runtime's does)
       if not (x.experts and x.experts.slots == x.part.expert_slots) then
-        x.experts = require("loip.sim.experts").new { experts = sizes.moe.experts, used = sizes.moe.used,
+        x.experts = experts_mod.new { experts = sizes.moe.experts, used = sizes.moe.used,
           slots = x.part.expert_slots, routing = self.problem.routing, seed = i }
       end
     else
@@ -334,7 +339,7 @@ end
 -- longest context.
 function Sim:held(toks)
   local per, ctx = {}, 0
-  for _, h in ipairs(require("loip.engine.request.online").held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
+  for _, h in ipairs(online.held(self.batcher and self.batcher.running or {}, toks, M.KV_BLOCK)) do
     if h.pos >= 0 then
       per[#per + 1] = h.groups
       ctx = math.max(ctx, h.pos + 1)
@@ -430,7 +435,7 @@ end
 
 -- Change an emulated link as a link schedule does (rate: "100mbit" or bytes/s).
 function Sim:set_link(i, rate)
-  local bps = type(rate) == "number" and rate or require("loip.runtime.transport").parse_rate(rate)
+  local bps = type(rate) == "number" and rate or transport.parse_rate(rate)
   if not bps then error("simulate: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 0) end
   self.links[i].rate_bps = bps
 end

@@ -15,6 +15,11 @@ local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
 local store = require "loip.model.store"
+local space = require "loip.plan.space"
+local loader = require "loip.runtime.loader"
+local json = require "loip.text.json"
+local plan_mod = require "loip.plan"
+local policy_mod = require "loip.policy"
 local K = core.constants
 
 local M = {}
@@ -23,8 +28,8 @@ local Cache = {}
 Cache.__index = Cache
 
 local parts = { expert_gate = K.EXPERT_GATE, expert_up = K.EXPERT_UP, expert_down = K.EXPERT_DOWN }
--- The most experts a cache holds (its loader's slots: runtime/loader/loader.c takes 1024 at most).
-M.MAX_SLOTS = 1024
+-- The most experts a cache holds (loip.plan.space sizes caches).
+M.MAX_SLOTS = space.MAX_EXPERT_SLOTS
 
 local replacement = { lru = K.EXPERTS_LRU, lfu = K.EXPERTS_LFU, static = K.EXPERTS_STATIC, all = K.EXPERTS_ALL }
 M.replacements = { "lru", "lfu", "static", "all" }
@@ -65,7 +70,7 @@ function M.open(o)
   local self = setmetatable({ layers = o.layers, slots = o.slots, anchors = {} }, Cache)
   -- (experts are independent loads: their reads overlap, so that the queue stays full while a
   -- layer waits for several of them; o.overlap_loads = false reads them one after another)
-  local lc = require("loip.runtime.loader").config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
+  local lc = loader.config { slots = o.slots, slot_bytes = biggest, mode = o.mode or "auto",
     rate = o.rate or 0, budget = o.budget, overlap_loads = o.overlap_loads ~= false }
   local cfg = ffi.new("loip_experts_config")
   cfg.policy, cfg.prefetch, cfg.event_capacity = policy, o.prefetch or 1, o.trace and 65536 or 0
@@ -187,7 +192,6 @@ end
 -- Raises naming the file and the field.
 function M.load_routing(path)
   if path == nil then return nil end
-  local json = require "loip.tools.json"
   local r, err = json.load(path)
   if not r then error(err, 0) end
   if type(r) ~= "table" or r.format ~= "loip-routing" then
@@ -270,28 +274,7 @@ function M.offloaded_layers(p, i)
   return set, list
 end
 
--- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
--- it serves, and M.MAX_SLOTS; at least the top-k, which the plan's memory already counts), less
--- what a KV cache growing online past the plan's positions will take; without a budget (avail
--- 0), a layer's experts. Changes p in place.
-function M.size_cache(p, i, sizes, avail, opts)
-  if not sizes.moe then return end
-  local plan = require "loip.plan"
-  local d = p.devices[i]
-  local part = plan.device_part(p, i, sizes)
-  if (part.off_moe or 0) == 0 or d.expert_slots then return end
-  local m = plan.memory(p, i, sizes, opts)
-  -- (a KV cache that grows online past the plan's positions keeps its room: the cache does not take it)
-  local grows = sizes.plan_positions < sizes.kv_tokens
-    and math.ceil(m.kv / math.max(1, sizes.plan_positions) * (sizes.kv_tokens - sizes.plan_positions)) or 0
-  local most = math.min(part.off_moe * sizes.moe.experts, M.MAX_SLOTS)
-  if avail <= 0 then -- (no budget: the memory a layer's experts read as one dense block would take)
-    d.expert_slots = math.min(most, math.max(part.expert_slots, sizes.moe.experts))
-    return
-  end
-  local room = avail - m.total - grows
-  d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
-end
+M.size_cache = space.size_expert_cache -- (loip.plan.space)
 
 -- The expert cache of device i of plan p (sizes: loip.plan.sizes), when its part offloads MLP
 -- blocks of a mixture of experts; nil otherwise. o: model, session, dir, man, cfg, plan, device,
@@ -302,8 +285,8 @@ function M.for_device(o)
   if not (sizes and sizes.moe and p) then return nil end
   local set, list = M.offloaded_layers(p, o.device)
   if #list == 0 then return nil end
-  local part = require("loip.plan").device_part(p, o.device, sizes)
-  local pol = require("loip.policy").load("experts", o.experts or "lru")
+  local part = plan_mod.device_part(p, o.device, sizes)
+  local pol = policy_mod.load("experts", o.experts or "lru")
   if o.routing then M.check_routing(o.routing, o.cfg.n_layers, o.cfg.n_experts, o.routing.path) end
   local conf = pol.configure { slots = part.expert_slots, layers = list, experts = sizes.moe.experts,
     used = sizes.moe.used, routing = o.routing and o.routing.frequencies or nil }

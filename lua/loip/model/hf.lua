@@ -1,7 +1,7 @@
 -- Hugging Face model directories: config.json -> loip_model_config, tensor names -> weights.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 local exec = require "loip.runtime.exec"
 local K = core.constants

@@ -11,7 +11,7 @@
 --   local files = s:list()   -- { { path, size, sha256 (LFS files) }, ... }; a failure raises a "hub" error
 local core = require "loip.core"
 local errors = require "loip.error"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 
 local M = {}
 

@@ -6,7 +6,6 @@
 --   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
@@ -16,6 +15,17 @@ local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
 local planner = require "loip.plan"
 local engine = require "loip.engine"
+local where = require "loip.model.locate"
+local gguf_model = require "loip.model.gguf_model"
+local flags = require "loip.ui.flags"
+local policy = require "loip.policy"
+local profile = require "loip.plan.profile"
+local problem = require "loip.plan.problem"
+local trace = require "loip.engine.trace"
+local safetensors = require "loip.model.safetensors"
+local experts_mod = require "loip.model.experts"
+local loader_mod = require "loip.runtime.loader"
+local local_mod = require "loip.engine.local"
 
 local M = {}
 
@@ -27,44 +37,8 @@ function M.default_context(max_seq) return math.min(max_seq, M.DEFAULT_CONTEXT) 
 local Model = {}
 Model.__index = Model
 
-local function basename(p) return (p:gsub("/+$", ""):match("([^/]+)$")) end
-local function dirname(p) return p:match("^(.*)/[^/]*$") or "." end
-local function is_file(p) return json.exists(p) end
-
--- What to open: ("store", dir), ("hf", dir), ("gguf", file: a .gguf, or the one in dir) or
--- ("llama2c", checkpoint path, tokenizer dir).
-function M.locate(path)
-  path = path:gsub("/+$", "")
-  if is_file(path .. "/manifest.json") then return "store", path end
-  if is_file(path .. "/config.json") then return "hf", path end
-  if path:match("%.bin$") and is_file(path) then return "llama2c", path, dirname(path) end
-  if path:match("%.gguf$") and is_file(path) then return "gguf", path end
-  for _, name in ipairs({ "model.bin", basename(path) .. ".bin" }) do
-    if is_file(path .. "/" .. name) then return "llama2c", path .. "/" .. name, path end
-  end
-  local ggufs = M.gguf_files(path)
-  if #ggufs == 1 then return "gguf", path .. "/" .. ggufs[1] end
-  if #ggufs > 1 then
-    error(string.format("%s: holds %d GGUF files (%s): name the one to run", path, #ggufs, table.concat(ggufs, ", ")), 0)
-  end
-  -- loip slice writes the manifest last: block files without it are an unfinished store.
-  if is_file(path .. "/embed.bin") or is_file(path .. "/layer-000-mha.bin") then
-    error(string.format("%s: an incomplete slice store (no manifest.json: loip slice was interrupted or failed); re-run `loip slice MODEL_DIR %s`",
-      path, path), 0)
-  end
-  error(string.format("%s: not a model (no manifest.json, config.json, model.bin, %s.bin or .gguf file)", path, basename(path)), 0)
-end
+M.locate, M.gguf_files = where.locate, where.gguf_files -- (loip.model.locate)
 local locate = M.locate
-
--- The model .gguf files in directory dir, sorted (a store's tokenizer.gguf is not one).
-function M.gguf_files(dir)
-  local out = {}
-  for _, name in ipairs(require("loip.tools.files").list(dir) or {}) do
-    if name:match("%.gguf$") and name ~= "tokenizer.gguf" then out[#out + 1] = name end
-  end
-  table.sort(out)
-  return out
-end
 
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (tokens per forward step: prompt chunks and the decoding requests together, default 64),
@@ -119,9 +93,9 @@ function M.open(path, opts)
   elseif kind == "store" then
     -- (a mixture of experts: the experts of an offloaded MLP block stay on disk: the expert cache reads them)
     cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
-      experts = function(l) return not (self.plan and require("loip.model.experts").offloaded_layers(self.plan, 1)[l]) end })
+      experts = function(l) return not (self.plan and experts_mod.offloaded_layers(self.plan, 1)[l]) end })
   elseif kind == "gguf" then
-    cfg, facts, keep, bind = require("loip.model.gguf_model").open(file)
+    cfg, facts, keep, bind = gguf_model.open(file)
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
@@ -208,7 +182,7 @@ M.stop_ids = engine.stop_ids
 -- calibration of this machine). Refused before anything is allocated when it cannot fit.
 function Model:_choose_plan(cfg, facts, budget)
   local opts = self.opts
-  local sizes = self:_sizes(cfg, facts, require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
+  local sizes = self:_sizes(cfg, facts, flags.renamed(opts, "kv_plan_tokens", "plan_positions", "loip.model.open"))
   local p, where = opts.plan, "plan"
   if type(p) == "string" then p, where = planner.load(p), p end
   local mopts = { loader = opts.loader }
@@ -229,7 +203,7 @@ function Model:_choose_plan(cfg, facts, budget)
     if avail > 0 and (adapts or planner.memory(p, 1, sizes, mopts).total > avail) then
       local prob = self:problem(sizes, avail)
       local est
-      p, est = require("loip.policy").plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
+      p, est = policy.plan(prob, { scheduler = opts.scheduler, cost = opts.cost })
       self.estimate, self.problem_table = est, prob
     end
   else
@@ -240,7 +214,7 @@ function Model:_choose_plan(cfg, facts, budget)
     -- (its memory is checked below, against what is left of the budget)
     engine.check_plan(p, { model = sizes, devices = { {} }, loader = opts.loader }, where)
   end
-  require("loip.model.experts").size_cache(p, 1, sizes, avail, mopts)
+  experts_mod.size_cache(p, 1, sizes, avail, mopts)
   local need = planner.memory(p, 1, sizes, mopts)
   if limit > 0 and need.total > avail then
     error(string.format("%s: the plan needs %s (weights %s, slots %s, kv %s, activations %s%s) but the memory budget has %s: short by %s; "
@@ -264,8 +238,6 @@ end
 -- avail bytes: figures from opts.profile (a file or table) or a calibration.
 function Model:problem(sizes, avail)
   local opts = self.opts
-  local profile = require "loip.plan.profile"
-  local problem = require "loip.plan.problem"
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
   if type(pr) == "table" and pr.devices then pr = pr.devices[1] end
@@ -281,7 +253,7 @@ end
 -- A loader with slots of slot_bytes, as the model's options and profile say.
 function Model:_new_loader(slot_bytes)
   local opts = self.opts
-  local l, err = require("loip.runtime.loader").new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
+  local l, err = loader_mod.new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
     overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
     mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
   if not l then error(self.path .. ": " .. err, 0) end
@@ -305,11 +277,11 @@ function Model:_start_runner(dir, facts)
   self.runner = r
   self.runner_descs = descs
   if self.experts then self.experts:close() end
-  self.experts = require("loip.model.experts").for_model(self)
+  self.experts = experts_mod.for_model(self)
   if opts.trace then
     self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
     -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
-    self.trace = self.trace or require("loip.tools.trace").new()
+    self.trace = self.trace or trace.new()
   end
 end
 
@@ -325,7 +297,7 @@ function Model:restage(k, offloaded)
     keep = self.weights, dir = self.path,
     man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
     new_loader = function(bytes) return self:_new_loader(bytes) end,
-    move_experts = self.experts_opts and require("loip.model.experts").mover(self, self.experts_opts, self.weights),
+    move_experts = self.experts_opts and experts_mod.mover(self, self.experts_opts, self.weights),
     on_loader = function(l) if self.loader and self.loader ~= l then self.loader:close() end self.loader = l end }
   self.plan, self.runner_descs = p2, descs or self.runner_descs
   return p2
@@ -353,7 +325,7 @@ function Model:replan_kv(positions)
   local chosen = {}
   local ok, err = pcall(function()
     chosen.problem = self:problem(self:_sizes(self.cfg, self.facts, positions), self.plan_avail)
-    chosen.plan, chosen.estimate = require("loip.policy").plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
+    chosen.plan, chosen.estimate = policy.plan(chosen.problem, { scheduler = opts.scheduler, cost = opts.cost })
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
@@ -452,7 +424,7 @@ function Model:batcher(opts)
     local o = setmetatable({ online = so.online, draft = so.draft, draft_tokens = so.draft_tokens, prefix_cache = so.prompt_cache_dir and { dir = so.prompt_cache_dir, bytes = so.prompt_cache_disk } or so.prefix_cache,
       draft_target = { path = self.path, tokenizer = self.tokenizer, context = self.context, vocab = self.vocab_size,
         max_seqs = self.max_seqs } }, { __index = opts or {} })
-    self._batcher = engine.batcher(require("loip.engine.local").new(self), o)
+    self._batcher = engine.batcher(local_mod.new(self), o)
   end
   return self._batcher
 end
@@ -485,7 +457,7 @@ function Model:close()
   if self.pool then exec.pool_free(self.pool) self.pool = nil end
   if self.handle then exec.model_free(self.handle) self.handle = nil end
   if self.weights then
-    if self.facts.format == "hf" then require("loip.model.safetensors").close(self.weights)
+    if self.facts.format == "hf" then safetensors.close(self.weights)
     elseif self.facts.format == "store" then store.close(self.weights)
     elseif self.facts.format == "gguf" then self.weights:close()
     else files.map_free(self.weights) end

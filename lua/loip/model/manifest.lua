@@ -1,13 +1,16 @@
 -- A slice store's manifest (loip.model.store, slice.lua describe it), read and checked: every
 -- file named and sized, every tensor inside its file, aligned, its bytes matching shape and
 -- dtype, and a routed expert's file (mixture of experts) holding that expert's parts alone.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local files_rt = require "loip.runtime.files"
 
 local M = {}
 
--- (loip.model.store requires this module: looked up when first used)
-local function store() return require "loip.model.store" end
+-- The store's format (its kinds, dtypes, files, alignment: loip.model.store), handed over by the
+-- store as it loads (it requires this module; its read_manifest, check_manifest and check_files
+-- are this module's read, check and check_files).
+local S
+function M.for_store(store) S = store return M end
 
 local function is_int(v) return type(v) == "number" and v == math.floor(v) end
 
@@ -49,7 +52,6 @@ end
 -- The manifest of store dir, checked for consistency (every tensor inside its file, aligned,
 -- its bytes matching shape and dtype). Raises naming the file and the fault.
 function M.read(dir)
-  local S = store()
   local path = dir .. "/manifest.json"
   local man, err = json.load(path)
   if not man then error(err .. "; the manifest is damaged: " .. S.redo(nil, dir), 0) end
@@ -58,7 +60,6 @@ end
 
 -- A decoded manifest (of store dir, for the messages) checked as read_manifest checks it.
 function M.check(man, dir)
-  local S = store()
   local path = dir .. "/manifest.json"
   if type(man) ~= "table" or man.format ~= S.FORMAT then
     error(path .. ": not a loip slice store manifest (no \"format\": \"" .. S.FORMAT .. "\")", 0)
@@ -117,7 +118,6 @@ end
 -- (reads everything). Returns the number of files and bytes checked; raises naming the first
 -- file at fault and what to do. bar: a progress bar (bytes) for the hashing.
 function M.check_files(dir, man, verify, bar)
-  local S = store()
   local all = {}
   for _, f in ipairs(man.files) do all[#all + 1] = f end
   for _, f in ipairs(man.model_files) do all[#all + 1] = f end

@@ -2,9 +2,10 @@
 -- memory map and tensors are views into it (no copy, stored dtype).
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local files_rt = require "loip.runtime.files"
+local progress = require "loip.ui.progress"
 local dtype = core.constants.dtype
 
 local M = {}
@@ -193,7 +194,7 @@ function M.open_dir(dir, opts)
       if not ok then M.close(set) return nil, err end
       memory.release(opts.budget, "weights", total)
     end
-    local bar = total >= 256 * 1024 * 1024 and require("loip.tools.progress").new(total, "loading " .. dir) or nil
+    local bar = total >= 256 * 1024 * 1024 and progress.new(total, "loading " .. dir) or nil
     local done = 0
     for _, f in ipairs(set.files) do
       local err

@@ -30,14 +30,17 @@
 -- every file goes to a temporary name and is renamed when whole, and the manifest is written
 -- last. The checks that can refuse (bad model, another model's store, disk space) come first.
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
 local store = require "loip.model.store"
-local progress = require "loip.tools.progress"
-local fs = require "loip.tools.files"
+local locate = require("loip.model.locate").locate
+local progress = require "loip.ui.progress"
+local fs = require "loip.runtime.shell"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
+local safetensors = require "loip.model.safetensors"
+local gguf_model = require "loip.model.gguf_model"
 
 local M = {}
 
@@ -76,7 +79,7 @@ end
 -- and the directory holding its tokenizer. Every tensor is bound to a model of that config
 -- first, so a model loip cannot run is refused before anything is written.
 function M.open_source(path)
-  local kind, file, tokdir = require("loip.model").locate(path)
+  local kind, file, tokdir = locate(path)
   if kind == "store" then error(path .. ": is a slice store already (slice its source model instead)", 0) end
   local src = { path = path:gsub("/+$", ""), format = kind, dir = tokdir or file, tensors = {}, weight_files = {} }
   local c, by_kind = nil, {}
@@ -84,9 +87,9 @@ function M.open_source(path)
     local cfg, err = json.load(file .. "/config.json")
     if not cfg then error(err, 0) end
     c = hf.read_config(file)
-    local set, serr = require("loip.model.safetensors").open_dir(file)
+    local set, serr = safetensors.open_dir(file)
     if not set then error(serr, 0) end
-    src.close = function() require("loip.model.safetensors").close(set) end
+    src.close = function() safetensors.close(set) end
     src.config = cfg
     for _, f in ipairs(set.files) do
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
@@ -100,7 +103,7 @@ function M.open_source(path)
     end
   elseif kind == "gguf" then
     local facts, g, by
-    c, facts, g, _, by = require("loip.model.gguf_model").open(file)
+    c, facts, g, _, by = gguf_model.open(file)
     src.close = function() g:close() end
     src.config = facts.config
     src.weight_files[1] = { name = basename(file), path = file, map = g.map }
@@ -165,7 +168,6 @@ function M.plan(src) return layout(src.tensors) end
 -- The block files (as a manifest lists them, without hashes) of a model of config c (a
 -- loip_model_config) whose weights are all of dtype ("BF16", ...): what its store would hold.
 function M.layout_of(c, dtype)
-  local hf = require "loip.model.hf"
   local es = store.dtypes[dtype][2]
   local tensors = {}
   for _, w in ipairs(hf.weight_list(c)) do
@@ -398,7 +400,7 @@ function M.write(src_path, out, opts)
   return res
 end
 
--- The slice store of the model at src_path kept in the cache (loip.plan.profile.cache_dir(),
+-- The slice store of the model at src_path kept in the cache (loip.runtime.shell.cache_dir(),
 -- stores/<key>): sliced there the first time, with a progress bar, and reused while the source
 -- is the same. The key is the source's real path and its weight files' names, sizes and
 -- modification times (no hashing of gigabytes to find it); a store found there must hold the
@@ -424,7 +426,7 @@ function M.cached(src_path, opts)
   -- and the old one of the same place is removed once the new one is whole
   local place = sha256_string(where):sub(1, 16)
   local name = place .. "-" .. sha256_string(where .. facts):sub(1, 16)
-  local stores = require("loip.plan.profile").cache_dir() .. "/stores"
+  local stores = fs.cache_dir() .. "/stores"
   local dir = stores .. "/" .. name
   if store.is_store(dir) then
     local ok, man = pcall(store.read_manifest, dir)
@@ -444,7 +446,7 @@ function M.verify(dir, opts)
   opts = opts or {}
   dir = dir:gsub("/+$", "")
   if not store.is_store(dir) then
-    require("loip.model").locate(dir) -- names an interrupted store as such
+    locate(dir) -- names an interrupted store as such
     error(dir .. ": not a slice store (no manifest.json)", 0)
   end
   local man = store.read_manifest(dir)

@@ -19,11 +19,13 @@
 -- the model's config, the source's hash, and per file its size, sha256 and tensors.
 local ffi = require "ffi"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
+local progress = require "loip.ui.progress"
+local plan = require "loip.plan"
 local K = core.constants
 
 local M = {}
@@ -89,7 +91,7 @@ M.model_file_pattern = "^tok[%w_.-]*%.bin$"
 function M.align_up(n) return math.ceil(n / M.ALIGN) * M.ALIGN end
 
 -- Size of the file at path, nil when it cannot be opened.
-M.file_size = require("loip.tools.files").size
+M.file_size = require("loip.runtime.shell").size
 
 function M.is_store(dir) return json.exists(dir .. "/manifest.json") end
 
@@ -111,7 +113,7 @@ function M.redo(man, dir, src, force)
 end
 
 -- The manifest, read and checked (loip.model.manifest).
-local manifest = require "loip.model.manifest"
+local manifest = require("loip.model.manifest").for_store(M)
 M.read_manifest, M.check_manifest, M.check_files = manifest.read, manifest.check, manifest.check_files
 
 -- (loip_model_config, facts) of a store's manifest: the config is Hugging Face's, plus
@@ -162,7 +164,7 @@ function M.load_files(dir, man, how, budget, names, spare)
   if not buf then error(dir .. ": " .. err, 0) end
   keep.buffer = buf
   local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
-  local bar = loading >= 256 * 1024 * 1024 and require("loip.tools.progress").new(loading, "loading " .. dir) or nil
+  local bar = loading >= 256 * 1024 * 1024 and progress.new(loading, "loading " .. dir) or nil
   local off, done = 0, 0
   for _, f in ipairs(files) do
     keep.base[f.name], keep.offset[f.name] = base + off, off
@@ -379,7 +381,7 @@ end
 -- copy) and the stage descriptors (kept alive by the caller), or the plan unchanged.
 function M.restage(o)
   local p, k, offloaded = o.plan, o.stage, o.offloaded
-  local p2 = require("loip.engine").restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
+  local p2 = plan.restaged(p, o.device, k, offloaded) -- (checks the stage and the count)
   if p2 == p then return p end
   local st = p.devices[o.device].stages[k]
   local old = st.offloaded or 0

@@ -7,13 +7,14 @@
 local ffi = require "ffi"
 local bit = require "bit"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local shapes = require "loip.model.shapes"
 local hf = require "loip.model.hf"
-local progress = require "loip.tools.progress"
+local progress = require "loip.ui.progress"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
 local memory = require "loip.runtime.memory"
+local shell = require "loip.runtime.shell"
 
 local M = {}
 
@@ -23,7 +24,7 @@ local STD = 0.02 -- default weight scale (as initializer_range)
 local CHUNK = 16 * 1024 * 1024 -- elements per fill
 
 local function mkdir_p(dir)
-  local ok, err = require("loip.tools.files").mkdir_p(dir)
+  local ok, err = shell.mkdir_p(dir)
   if not ok then error(err, 0) end
 end
 

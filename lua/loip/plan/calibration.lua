@@ -8,18 +8,16 @@
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local shell = require "loip.runtime.shell"
+local plan_shape = require "loip.plan.shape"
+local hf = require "loip.model.hf"
+local store_mod = require "loip.model.store"
 
 local M = {}
 
--- Where calibrations are kept: $LOIP_CACHE_DIR, else $XDG_CACHE_HOME/loip, else ~/.cache/loip.
-function M.cache_dir()
-  local d = os.getenv("LOIP_CACHE_DIR")
-  if d and d ~= "" then return d end
-  local x = os.getenv("XDG_CACHE_HOME")
-  if x and x ~= "" then return x .. "/loip" end
-  return (os.getenv("HOME") or "/tmp") .. "/.cache/loip"
-end
+-- Where calibrations are kept (loip's cache: loip.runtime.shell.cache_dir).
+M.cache_dir = shell.cache_dir
 
 local function sha_hex(s)
   local h = files_rt.sha256()
@@ -47,10 +45,9 @@ end
 -- profile: the module that measures, checks and saves it and says where the cache is
 -- (loip.plan.profile, whose calibrate passes itself: call that one).
 function M.calibrate(opts, profile)
-  local hf = require "loip.model.hf"
   local cfg, dtype, files, experts, top_k = opts.cfg, opts.dtype, nil, nil, nil
   if opts.store then
-    local store = require "loip.model.store"
+    local store = store_mod
     local man = store.read_manifest(opts.store)
     cfg, dtype = man.config, dtype or store.layer_dtype(man)
     local sized = {}
@@ -64,7 +61,7 @@ function M.calibrate(opts, profile)
     files = {}
     for j = 1, math.min(#sized, 8) do files[j] = opts.store .. "/" .. sized[j].name end
   end
-  cfg = require("loip.plan.problem").dense_equivalent(cfg) -- (a mixture of experts: a token's work)
+  cfg = plan_shape.dense_equivalent(cfg) -- (a mixture of experts: a token's work)
   local c = hf.parse_config(cfg, "calibration shape")
   local threads = tonumber(opts.threads) or 0
   local pool = exec.pool_new(threads)
@@ -73,7 +70,7 @@ function M.calibrate(opts, profile)
   local context = math.min(opts.context or 256, c.max_seq)
   -- blocks larger than this are timed on a narrower layer of the same model (rates carry over)
   local cap = 256 * 1024 * 1024
-  local shape = require("loip.plan.problem").shape_of(cfg, dtype)
+  local shape = plan_shape.shape_of(cfg, dtype)
   local measured_cfg = cfg
   if shape.mlp_bytes > cap then
     local f = math.sqrt(shape.mlp_bytes / cap)

@@ -9,8 +9,9 @@
 --   local d = disk.disk({ "store/layer-000.bin", ... }, 256 * 1024 * 1024, 0, 1)   -- d.read_bps, d.load_ms
 local core = require "loip.core"
 local files_rt = require "loip.runtime.files"
-local median = require("loip.tools.bench").median
+local median = require("loip.measure.stats").median
 local steady = require "loip.plan.steady"
+local loader = require "loip.runtime.loader"
 
 local M = {}
 
@@ -31,7 +32,6 @@ end
 -- as it goes): the list, and a function that closes them all; raises (every one closed) when
 -- one cannot be made.
 local function open_loaders(n, slots, biggest, rate)
-  local loader = require "loip.runtime.loader"
   local ls = {}
   local function close_all() for _, l in ipairs(ls) do l:close() end end
   for r = 1, n do
@@ -95,7 +95,6 @@ end
 -- experts its router picked together, each a file: loip.model.experts), from a cold cache, at
 -- rate (bytes/s, 0: as fast as it goes): bytes/s over at least `bytes` (every file once at least).
 function M.parallel(files, n, bytes, rate)
-  local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
   drop_cache(files)
   n = math.max(1, math.min(n, #files))
@@ -217,7 +216,6 @@ end
 -- each one's rate with all of them reading (M.disk_shared), read_bps_alone one reader's by itself,
 -- read_bps_by_readers[k] each one's with k reading (k = 1 .. readers).
 function M.disk(files, bytes, rate, readers, warn)
-  local loader = require "loip.runtime.loader"
   local sizes, biggest = file_sizes(files)
   drop_cache(files)
   local l, err = loader.new { slots = 1, slot_bytes = biggest, mode = "auto", rate = rate or 0 }

@@ -30,6 +30,9 @@
 local ffi = require "ffi"
 local memory = require "loip.runtime.memory"
 local exec = require "loip.runtime.exec"
+local suggest = require "loip.ui.suggest"
+local json = require "loip.text.json"
+local loader_mod = require "loip.runtime.loader"
 
 local M = {}
 
@@ -53,7 +56,7 @@ end
 local scratch_of = { uring = {}, buffered = {} }
 local auto_path
 local function loader_size(slot_bytes, mode)
-  local slots, scratch = require("loip.runtime.loader").size{ slots = 1, slot_bytes = slot_bytes, mode = mode }
+  local slots, scratch = loader_mod.size{ slots = 1, slot_bytes = slot_bytes, mode = mode }
   if not slots then error("loader size: " .. scratch, 0) end
   return scratch
 end
@@ -120,7 +123,7 @@ local function unknown_key(t, kind, list, what)
     return string.format("%s: the key %s in a list (it holds entries 1..%d only)", what, key_name(k), list)
   end
   return string.format("%s: unknown key %s%s; a %s has only %s", what, key_name(k),
-    require("loip.tools.suggest").hint(k, known), kind, table.concat(known, ", "))
+    suggest.hint(k, known), kind, table.concat(known, ", "))
 end
 
 -- A plan's problems as a message naming the field (nil when it is well formed for a model of
@@ -407,7 +410,7 @@ end
 
 -- Write p to path as Lua, whole or not at all.
 function M.save(path, p)
-  local ok, err = require("loip.tools.json").write_file(path, M.to_lua(p))
+  local ok, err = json.write_file(path, M.to_lua(p))
   if not ok then error("--save-plan: " .. tostring(err), 0) end
 end
 
@@ -437,6 +440,23 @@ function M.load(path)
   if not ok then error(path .. ": " .. tostring(p), 0) end
   if type(p) ~= "table" then error(path .. ": the file must return the plan table", 0) end
   return p
+end
+
+-- The plan p with device i's stage k reading its first `offloaded` blocks every step (a bare
+-- copy; p itself when nothing changes). Raises naming the stage or the count.
+function M.restaged(p, i, k, offloaded)
+  local d = p.devices[i]
+  if not d then error(string.format("restage: device %s is not one of %d", tostring(i), #p.devices), 0) end
+  local st = d.stages[k]
+  if not st then error(string.format("restage: stage %s is not one of the plan's %d", tostring(k), #d.stages), 0) end
+  local n = st.blocks[2] - st.blocks[1] + 1
+  if type(offloaded) ~= "number" or offloaded < 0 or offloaded > n or offloaded ~= math.floor(offloaded) then
+    error(string.format("restage: stage %d has %d blocks; offloaded %s is not in 0..%d", k, n, tostring(offloaded), n), 0)
+  end
+  if offloaded == (st.offloaded or 0) then return p end
+  local p2 = M.bare(p)
+  p2.devices[i].stages[k].offloaded = offloaded
+  return p2
 end
 
 return M

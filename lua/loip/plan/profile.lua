@@ -33,11 +33,15 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
-local json = require "loip.tools.json"
-local median, quantile = require("loip.tools.bench").median, require("loip.tools.bench").quantile
+local json = require "loip.text.json"
+local median, quantile = require("loip.measure.stats").median, require("loip.measure.stats").quantile
 local steady = require "loip.plan.steady"
 local disk = require "loip.plan.disk"
 local calibration = require "loip.plan.calibration"
+local plan_shape = require "loip.plan.shape"
+local hf = require "loip.model.hf"
+local store = require "loip.model.store"
+local transport = require "loip.runtime.transport"
 
 local M = {}
 
@@ -73,8 +77,6 @@ end
 -- dtype in memory, bound to a fresh model, and a session over it: { model, pool, session,
 -- hidden, bytes = { mha, mlp }, close }.
 local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
-  local hf = require "loip.model.hf"
-  local store = require "loip.model.store"
   local dt = store.dtypes[dtype] or error("profile: dtype must be F32, BF16 or F16, not " .. tostring(dtype), 0)
   local c = ffi.new("loip_model_config", cfg)
   local tensors, total = {}, 0
@@ -136,7 +138,6 @@ end
 -- One-way time through the transport between two sockets of this process (ipc), ms; and how
 -- late a 1 ms sleep wakes, us (median, p90).
 function M.transport(rounds)
-  local transport = require "loip.runtime.transport"
   local dir = os.tmpname()
   os.remove(dir)
   os.execute("mkdir -p '" .. dir .. "'")
@@ -232,9 +233,8 @@ end
 -- settle, see M.steady; default: stderr), quick (batch 1 and one context: a calibration), progress (a
 -- function(text) told what is being measured).
 function M.measure(opts)
-  local hf = require "loip.model.hf"
-  -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.problem)
-  local c = hf.parse_config(require("loip.plan.problem").dense_equivalent(opts.cfg), "profile shape")
+  -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.shape)
+  local c = hf.parse_config(plan_shape.dense_equivalent(opts.cfg), "profile shape")
   local say = opts.progress or function() end
   local batches = opts.quick and { 1 } or (opts.batches or { 1, 2, 4, 8 })
   local max_pos = math.min(c.max_seq, 4096)
@@ -320,7 +320,6 @@ end
 -- opts.disk_rate when given), the transport. opts: threads, batches, contexts, read, disk_rate,
 -- readers (local devices reading this disk at once, see M.disk), progress.
 function M.of_store(dir, opts)
-  local store = require "loip.model.store"
   local man = store.read_manifest(dir)
   local files, experts = M.store_files(dir, man)
   local pr = M.measure { cfg = man.config, dtype = store.layer_dtype(man), threads = opts.threads, batches = opts.batches, contexts = opts.contexts,

@@ -7,6 +7,7 @@
 --   p, est = refine.rings(problem, cost, p)    -- a ring of two stages' reads where memory holds it
 --   p, est = refine.layout(problem, cost, p)   -- single blocks moved across hop boundaries
 local space = require "loip.plan.space"
+local plan = require "loip.plan"
 
 local M = {}
 
@@ -47,7 +48,6 @@ end
 function M.rings(problem, cost, p, est)
   est = est or cost.estimate(p, problem)
   if p.per_block or (p.slots or 1) > 1 then return p, est end
-  local plan = require "loip.plan"
   for i, d in ipairs(p.devices) do
     local part = plan.device_part(p, i, problem.model)
     if part.stage_off_max > 0 and not part.ring then

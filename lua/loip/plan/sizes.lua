@@ -3,6 +3,7 @@
 -- what a device's expert cache is expected to read (docs/planning.md).
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -76,7 +77,7 @@ function M.sizes(man, cfg, opts)
   local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {}, expert_files = {},
     global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
     max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
-  s.plan_positions = math.min(require("loip.tools.flags").renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
+  s.plan_positions = math.min(flags.renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
     or s.kv_tokens, s.kv_tokens)
   local expert_bytes = file_sizes(s, man)
   s.embed_file_bytes, s.head_file_bytes, s.head_bytes = s.embed_file_bytes or 0, s.head_file_bytes or 0, s.head_bytes or 0

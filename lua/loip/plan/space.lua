@@ -20,6 +20,7 @@
 -- helper and the argument, at the caller's line; part, part_total, total and memory, the DP's
 -- inner loop, do not.
 local plan = require "loip.plan"
+local memory = require "loip.runtime.memory"
 
 local M = {}
 
@@ -353,7 +354,7 @@ function M.oom(problem, p, i, what)
   want_device("oom", problem, i)
   want_plan("oom", p, i)
   local m = M.memory(problem, plan.device_part(p, i, problem.model))
-  local fmt = require("loip.runtime.memory").format_bytes
+  local fmt = memory.format_bytes
   return string.format("OOM: device %d needs %s%s (weights %s, slot %s, kv %s, activations %s) but its budget is %s: short by %s",
     i, fmt(m.total, problem.devices[i].budget), what and (" " .. what) or "", fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations),
     fmt(problem.devices[i].budget, m.total), fmt(m.total - problem.devices[i].budget)), m.total - problem.devices[i].budget
@@ -437,6 +438,31 @@ function M.fill(problem, p, i)
     st.offloaded = st.offloaded - 1
     read[best], res, kept = best_read, res + best_bytes, kept + 1
   end
+end
+
+-- The most experts a cache holds (its loader's slots: runtime/loader/loader.c takes 1024 at most).
+M.MAX_EXPERT_SLOTS = 1024
+
+-- Give device i's expert cache the memory plan p leaves it of avail bytes (at most every expert
+-- it serves, and M.MAX_EXPERT_SLOTS; at least the top-k, which the plan's memory already counts), less
+-- what a KV cache growing online past the plan's positions will take; without a budget (avail
+-- 0), a layer's experts. Changes p in place.
+function M.size_expert_cache(p, i, sizes, avail, opts)
+  if not sizes.moe then return end
+  local d = p.devices[i]
+  local part = plan.device_part(p, i, sizes)
+  if (part.off_moe or 0) == 0 or d.expert_slots then return end
+  local m = plan.memory(p, i, sizes, opts)
+  -- (a KV cache that grows online past the plan's positions keeps its room: the cache does not take it)
+  local grows = sizes.plan_positions < sizes.kv_tokens
+    and math.ceil(m.kv / math.max(1, sizes.plan_positions) * (sizes.kv_tokens - sizes.plan_positions)) or 0
+  local most = math.min(part.off_moe * sizes.moe.experts, M.MAX_EXPERT_SLOTS)
+  if avail <= 0 then -- (no budget: the memory a layer's experts read as one dense block would take)
+    d.expert_slots = math.min(most, math.max(part.expert_slots, sizes.moe.experts))
+    return
+  end
+  local room = avail - m.total - grows
+  d.expert_slots = math.min(most, part.expert_slots + math.max(0, math.floor(room / sizes.moe.expert_bytes)))
 end
 
 return M

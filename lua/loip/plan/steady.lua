@@ -5,7 +5,7 @@
 --   local steady = require "loip.plan.steady"
 --   local t = steady.steady(function() return ms_of_one_run() end, { name = "the MLP block" })
 --   -- t.ms, t.spread, t.spread_rounds, t.samples, t.rounds, t.steady
-local median = require("loip.tools.bench").median
+local median = require("loip.measure.stats").median
 
 local M = {}
 

@@ -9,6 +9,7 @@
 --   local slot_bytes, scratch_bytes = loader.size{ slots = 2, slot_bytes = n }  -- what new charges
 local ffi = require "ffi"
 local core = require "loip.core"
+local memory = require "loip.runtime.memory"
 local C = core.C
 
 local M = {}
@@ -41,7 +42,7 @@ local function config(opts)
   cfg.debug_short_every = opts.debug_short_every or 0
   cfg.overlap_loads = opts.overlap_loads and 1 or 0
   if opts.budget ~= nil then
-    if not require("loip.runtime.memory").is_budget(opts.budget) then
+    if not memory.is_budget(opts.budget) then
       error("loader: budget must come from loip.memory.budget", 3)
     end
     cfg.budget = opts.budget.handle

@@ -7,7 +7,7 @@
 --   print(loip.memory.report(m))                   -- account, bytes, peak, with totals
 local ffi = require "ffi"
 local core = require "loip.core"
-local flags = require "loip.tools.flags"
+local flags = require "loip.ui.flags"
 local C = core.C
 
 local M = {}

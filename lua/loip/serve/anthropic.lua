@@ -4,7 +4,7 @@
 -- tool messages), and the message object, its streamed events and errors in Anthropic's shapes.
 -- The same functions as loip.serve.openai (parse, error, response, chunk, stream_error, DONE),
 -- so the server serves both alike. No I/O here.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
 

@@ -9,6 +9,8 @@
 --   local s = view:sample()                -- the devices' counters now (a STATS round on a cluster)
 --   view:snapshot()                        -- GET /v1/cluster's table (samples when none is recent)
 local core = require "loip.core"
+local exec = require "loip.runtime.exec"
+local online = require "loip.engine.request.online"
 
 local M = {}
 
@@ -62,7 +64,7 @@ function View:devices_now()
   local m = srv.opts.model
   -- (a model held whole has no runner: its steps are all compute)
   local st = m:runner_stats() or { compute_ms = srv.batcher.stats.step_ms }
-  st.kv_free_tokens = require("loip.runtime.exec").session_kv_free_tokens(m:session())
+  st.kv_free_tokens = exec.session_kv_free_tokens(m:session())
   if m.budget then
     st.budget_bytes, st.memory, st.peak_bytes, st.accounts = m.budget:limit(), m.budget:used(), m.budget:peak(), m.budget:report()
   end
@@ -156,7 +158,6 @@ end
 
 -- The adaptations (batcher.adaptations) from index `from` on, each with its words.
 function View:adaptations(from)
-  local online = require "loip.engine.request.online"
   local out = {}
   local all = self.srv.batcher.adaptations
   for k = from or 1, #all do

@@ -12,7 +12,7 @@
 --   dash:route(req, path, method)         -- true when it answered (/, /dashboard/*, /v1/cluster*)
 --   dash:tick()                           -- once a turn: the events since the last one
 --   dash:close()
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local view = require "loip.serve.cluster_view"
 

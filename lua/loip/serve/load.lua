@@ -5,10 +5,11 @@
 --
 --   local runs = load.play(url, model_name, arrivals, { vocab = 32000 })
 --   local s = load.summary(runs)   -- tokens_per_s, ttft_ms {p50, p99}, ms_per_token {p50, p99}
-local bench = require "loip.tools.bench"
+local stats = require "loip.measure.stats"
 local client = require "loip.runtime.http_client"
 local core = require "loip.core"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local policy = require "loip.policy"
 
 local M = {}
 
@@ -26,7 +27,7 @@ end
 -- The arrivals of a pattern (loip.policy kind "pattern": a name in recipes/policies/pattern or a file)
 -- for its options.
 function M.pattern(name, opts)
-  return require("loip.policy").load("pattern", name).requests(opts or {})
+  return policy.load("pattern", name).requests(opts or {})
 end
 
 -- Play arrivals; opts: vocab (prompt ids below it), api_key, temperature (0), timeout_ms,
@@ -109,7 +110,7 @@ function M.summary(runs)
     if #xs == 0 then return nil end
     local sum = 0
     for _, x in ipairs(xs) do sum = sum + x end
-    return { p50 = bench.quantile(xs, 0.5), p99 = bench.quantile(xs, 0.99), mean = sum / #xs }
+    return { p50 = stats.quantile(xs, 0.5), p99 = stats.quantile(xs, 0.99), mean = sum / #xs }
   end
   s.ttft_ms, s.ms_per_token = q(ttft), q(mpt)
   return s

@@ -3,8 +3,9 @@
 -- operator drains a device with POST /v1/cluster/drain { "device": I } (`loip cluster drain I`,
 -- authenticated by --api-key as all of /v1). After any change every running request goes on
 -- from its tokens on the new plan (the batcher's resume_all), as after a loss.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local openai = require "loip.serve.openai"
+local safe = require "cjson.safe"
 
 local M = {}
 
@@ -51,7 +52,7 @@ end
 -- /health's membership: joins, leaves and losses in one list (loip.cluster.membership's
 -- events), and where workers join (the join socket's endpoint).
 function M.health(c, h)
-  h.membership = c.membership or setmetatable({}, require("cjson.safe").array_mt)
+  h.membership = c.membership or setmetatable({}, safe.array_mt)
   h.join_endpoint = c.joins and c.joins:endpoint() or nil
 end
 

@@ -1,7 +1,7 @@
 -- The OpenAI API's shapes: a request body checked field by field into what the batcher needs
 -- (or an error naming the field, with the status OpenAI gives), and the response objects and
 -- streamed chunks built from a finished or running request. No I/O here.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local tools = require "loip.serve.tools"
 local utf8 = require "loip.text.utf8"
 
@@ -299,7 +299,7 @@ function M.stopper(stops)
 end
 
 -- The response object of a finished request (r: id, created, model, usage, choices: each { text,
--- finish_reason, logprobs (loip.engine.request.logprobs' object, or nil), message (chat: fields of the
+-- finish_reason, logprobs (loip.serve.logprobs' object, or nil), message (chat: fields of the
 -- message beside role and content, e.g. tool_calls) }).
 function M.response(kind, r)
   local choices = {}
@@ -323,7 +323,7 @@ function M.stream_error(body) return "data: " .. body .. "\n\n" .. M.DONE end
 
 -- One server-sent event of a stream: the delta (text, tool-call deltas) or the end
 -- (finish_reason), or usage, of choice r.index (r: id, created, model, first_chunk (the role goes
--- with it), index); logprobs: those of the tokens it carries (loip.engine.request.logprobs), or nil.
+-- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
 function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas)
   local choice
   if kind == "chat" then

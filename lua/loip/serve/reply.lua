@@ -7,6 +7,7 @@
 --   -- then the batcher calls rp:on_token(c, id) and rp:on_done(c) for each choice c
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
+local logprobs = require "loip.serve.logprobs"
 local text_stream = require("loip.text.tokenizer").text_stream
 
 local M = {}
@@ -65,7 +66,7 @@ function Reply:logprobs_of(c, all)
   if first > #list and not all then return nil end
   local prev = first > 1 and list[first - 1].id or self.prompt_last
   c.lp_sent = #list
-  local lp = require "loip.engine.request.logprobs"
+  local lp = logprobs
   if self.kind == "chat" then return lp.chat(self.srv.tok, prev, list, first, #list) end
   local o
   o, c.lp_offset = lp.completion(self.srv.tok, prev, list, first, #list, all and 0 or c.lp_offset)

@@ -8,7 +8,7 @@
 --   srv:run()              -- until SIGINT/SIGTERM (or srv:run(function() return done end))
 --   srv:close()
 local http = require "loip.serve.http"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local metrics = require "loip.serve.metrics"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
@@ -17,6 +17,11 @@ local constrain = require "loip.engine.request.constrain"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
 local errors = require "loip.error"
+local dashboard = require "loip.serve.dashboard"
+local membership = require "loip.serve.membership"
+local anthropic = require "loip.serve.anthropic"
+local chat_mod = require "loip.text.chat"
+local prefix_cache_mod = require "loip.engine.request.prefix_cache"
 
 local M = {}
 
@@ -52,9 +57,9 @@ function M.new(opts)
     timeout_s = opts.timeout_s or 30 }
   if not h then error("serve: " .. err, 0) end
   self.http, self.port = h, h.port
-  self.dashboard = require("loip.serve.dashboard").new(self) -- (the page at /, /v1/cluster and its events)
+  self.dashboard = dashboard.new(self) -- (the page at /, /v1/cluster and its events)
   -- the chat template is read now: a model without one is told at start, not per request
-  local ok, terr = pcall(require("loip.text.chat").load, opts.dir, { template_file = opts.chat_template })
+  local ok, terr = pcall(chat_mod.load, opts.dir, { template_file = opts.chat_template })
   self.chat_error = not ok and terr or nil
   self.template = ok and terr or nil
   -- the tool-call parser: --tool-parser's, else the template's family's
@@ -79,7 +84,7 @@ function Server:prompt_ids(spec)
   local tok = self.tok
   if spec.kind == "chat" then
     if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
-    local ok, text = pcall(require("loip.text.chat").apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
+    local ok, text = pcall(chat_mod.apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
       { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools })
     if not ok then return nil, 400, tostring(text) end
     return tok:encode(text, { add_special = false, bos = false })
@@ -224,7 +229,7 @@ function Server:health()
     -- back (taken back when nothing runs)
     if c.degraded then h.status, h.error = "degraded", c.degraded end
     h.devices_taken_back = c.taken_back or 0
-    require("loip.serve.membership").health(c, h) -- (joins, leaves and losses: `membership`)
+    membership.health(c, h) -- (joins, leaves and losses: `membership`)
   end
   return h
 end
@@ -247,7 +252,7 @@ function Server:metrics_text()
   end
   local e = b.engine
   local dev = e:device_stats()
-  require("loip.engine.request.prefix_cache").metrics(m, b, dev)
+  prefix_cache_mod.metrics(m, b, dev)
   if e.metrics then e:metrics(m) end -- (a ring: loip_shipped_bytes_total{device})
   for i, d in ipairs(dev) do
     local l = { device = i }
@@ -271,7 +276,7 @@ function Server:dispatch(req)
     local auth, xkey = req:header("Authorization") or "", req:header("x-api-key") or "" -- (x-api-key: Anthropic's)
     if auth ~= "Bearer " .. self.opts.api_key and xkey ~= self.opts.api_key then
       local messages = path == "/v1/messages"
-      if messages then req.api = require "loip.serve.anthropic" end
+      if messages then req.api = anthropic end
       -- a key given but wrong is incorrect (naming the header it came in), none given is missing
       local given = {}
       if xkey ~= "" then given[#given + 1] = "x-api-key" end
@@ -291,7 +296,7 @@ function Server:dispatch(req)
   if path == "/v1/chat/completions" then
     if only("POST") then self:generate(req, "chat") end
   elseif path == "/v1/messages" then
-    req.api = require "loip.serve.anthropic"
+    req.api = anthropic
     if only("POST") then self:generate(req, "messages") end
   elseif path == "/v1/completions" then
     if only("POST") then self:generate(req, "completion") end
@@ -304,7 +309,7 @@ function Server:dispatch(req)
     if id ~= self.name then return fail(req, 404, string.format("The model '%s' does not exist", id), nil, "model", "model_not_found") end
     answer(req, 200, openai.encode({ id = self.name, object = "model", created = self.created, owned_by = "loip" }))
   elseif path == "/v1/cluster/drain" then
-    if only("POST") then require("loip.serve.membership").drain(self, req) end
+    if only("POST") then membership.drain(self, req) end
   elseif path == "/health" then
     answer(req, 200, json.encode(self:health()))
   elseif path == "/metrics" then
@@ -330,7 +335,7 @@ function Server:turn(wait_ms)
   for r, c in pairs(self.active) do
     if c.reply.http:cancelled() then c.reply.client_gone = true r:cancel() end
   end
-  if self.opts.cluster then require("loip.serve.membership").turn(self) end -- (between steps: joins, leaves)
+  if self.opts.cluster then membership.turn(self) end -- (between steps: joins, leaves)
   if self.batcher:busy() then
     local ok, err = pcall(self.batcher.step, self.batcher)
     if not ok then log("step failed: %s", tostring(err)) end

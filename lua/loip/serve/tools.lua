@@ -3,7 +3,9 @@
 -- the conversation in the shape Hugging Face chat templates expect; the tool-call parser of the
 -- model's family (a policy of kind "tools", recipes/policies/tools/*.lua, detected from the chat
 -- template or named by --tool-parser) and the grammar of its call syntax. No I/O here.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local template = require "loip.text.template"
+local policy = require "loip.policy"
 
 local M = {}
 
@@ -51,7 +53,7 @@ function M.check(body, s, text)
     end
     if #tools > 0 then
       s.tools = tools
-      local ordered = text and require("loip.text.template").ordered_decode(text)
+      local ordered = text and template.ordered_decode(text)
       s.template_tools = ordered and ordered.vals.tools or tools
     end
   end
@@ -119,7 +121,6 @@ end
 -- takes), and, for templates that require call ids of 9 letters and digits (Mistral's), ids
 -- made of the last 9 of them (the call and its tool message alike).
 function M.template_messages(messages, template_text)
-  local template = require "loip.text.template"
   local nine = template_text and template_text:find("length != 9", 1, true) ~= nil
   local function id_of(id)
     if not nine or id:match("^%w+$") and #id == 9 then return id end
@@ -154,7 +155,6 @@ end
 -- The parser of a template: name (a shipped name or a file, --tool-parser) or the first of
 -- M.families that serves the template's text. Returns the policy instance (loip.policy).
 function M.parser(name, template_text)
-  local policy = require "loip.policy"
   if name then return policy.load("tools", name) end
   for _, fam in ipairs(M.families) do
     local p = policy.load("tools", fam)

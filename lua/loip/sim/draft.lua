@@ -19,13 +19,16 @@
 -- charged to its device's budget.
 local policy = require "loip.policy"
 local profile = require "loip.plan.profile"
+local json = require "loip.text.json"
+local pb = require "loip.plan.problem"
+local memory = require "loip.runtime.memory"
 
 local M = {}
 
 M.FILLER = require("loip.engine.sim").FILLER -- the id the simulated target samples
 M.OTHER = M.FILLER + 1 -- a rejected draft's
 
-local fmt = function(b) return require("loip.runtime.memory").format_bytes(b) end
+local fmt = function(b) return memory.format_bytes(b) end
 
 -- The per-draft acceptance of --acceptance: a number in [0, 1], or a measured run's JSON (loip
 -- generate --json with --draft: its draft.acceptance). Returns a, source (nil: the number given),
@@ -41,7 +44,7 @@ function M.acceptance(v)
   if not f then return nil, string.format("--acceptance %s: neither a number in [0, 1] nor a readable JSON file", v) end
   local text = f:read("*a")
   f:close()
-  local ok, j = pcall(require("loip.tools.json").decode, text)
+  local ok, j = pcall(json.decode, text)
   if not ok or type(j) ~= "table" then return nil, string.format("--acceptance %s: not JSON (%s)", v, tostring(j)) end
   -- (per_draft: the conditional acceptance, when the run reports it; else acceptance, accepted /
   -- drafted, which counts the drafts after a rejection as rejected too: it understates A)
@@ -66,7 +69,6 @@ function M.new(problem, opts)
   local context = problem.context
   if d.name == "model" then
     if not opts.like then error("--draft model: which draft? the simulator prices a shape: give --draft-like NAME (loip synth's shapes)", 0) end
-    local pb = require "loip.plan.problem"
     local ok, sizes, cfg, _, dtype = pcall(pb.model_of_shape, opts.like, nil, { dtype = opts.dtype, context = context,
       batch = math.min(64, context), threads = 1, logits_tokens = 1, max_seqs = opts.max_seqs or 1 })
     if not ok then error("--draft-like " .. tostring(opts.like) .. ": " .. tostring(sizes), 0) end
@@ -208,7 +210,7 @@ function M.describe(r, out)
     r.k == "chosen" and "draft length chosen each step from it and the cost model's step price" or ("draft length " .. r.k)))
   out:write(string.format("  %d of %d drafts accepted, %.2f tokens per verifying step (%d steps), draft %.2f ms per step "
     .. "(before the step, the ring waiting)%s\n", r.accepted, r.drafted, r.tokens_per_step, r.steps, r.draft_ms_per_step,
-    r.bytes > 0 and r.device ~= "head" and string.format(", %s on its device", require("loip.runtime.memory").format_bytes(r.bytes)) or ""))
+    r.bytes > 0 and r.device ~= "head" and string.format(", %s on its device", memory.format_bytes(r.bytes)) or ""))
 end
 
 return M

@@ -7,9 +7,14 @@
 -- 2 s/token bursty). recipes/paper/*.lua run the figures' cases through M.run and print them
 -- beside the paper's ranges.
 local errors = require "loip.error"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local policy = require "loip.policy"
 local sim = require "loip.sim"
+local cp = require "loip.cli.inputs"
+local flags = require "loip.ui.flags"
+local transport = require "loip.runtime.transport"
+local plot = require "loip.measure.plot"
+local draft_mod = require "loip.sim.draft"
 
 local M = {}
 
@@ -42,9 +47,8 @@ end
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
 -- (an OOT keeps its ms_per_token).
 function M.run(c)
-  local cp = require "loip.cmd.common"
   local n = #c.devices
-  local plan_positions = require("loip.tools.flags").renamed(c, "plan_tokens", "plan_positions", "experiments.run")
+  local plan_positions = flags.renamed(c, "plan_tokens", "plan_positions", "experiments.run")
   local bursty = c.pattern == "bursty"
   local max_batch = bursty and (c.burst or 4) or 1
   local mem = {}
@@ -71,7 +75,6 @@ function M.run(c)
     end
     -- rates that change between steps: each step at the slowest link's rate then
     local sched = policy.load("links", c.link_schedule)
-    local transport = require "loip.runtime.transport"
     local rate, sum, steps = nil, 0, c.output_tokens or 64
     for k = 1, steps do
       local r = sched.at(k)
@@ -88,7 +91,7 @@ function M.run(c)
   end
   local sched = c.scheduler or (c.method == "loip" and "loip" or c.method)
   -- speculative decoding (loip.sim.draft): the plan leaves the draft room on its device
-  local draft = c.draft and require("loip.sim.draft").new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
+  local draft = c.draft and draft_mod.new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
     dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch })
   local pok, p, est = pcall(function()
     if draft then return draft:reserve(prob, function() return policy.plan(prob, { scheduler = sched }) end) end
@@ -192,7 +195,7 @@ function M.report(name, out, cases, paper)
     bars[#bars + 1] = { string.format("%s: %s", r.config, M.LABEL[r.method] or r.method), r.ms_per_token or 0,
       type(r.result) == "string" and r.result or nil, color = r.method == "loip" and "#27ae60" or "#7f8c8d" }
   end
-  require("loip.tools.plot").bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
+  plot.bars(out .. "/" .. name .. ".svg", { title = paper.title or name, unit = "ms/token", bars = bars })
   result.plot = name .. ".svg" -- (beside the JSON: the same bytes wherever --out is)
   json.write_file(out .. "/" .. name .. ".json", json.encode_sorted(result, 2) .. "\n")
   io.stdout:write(text)

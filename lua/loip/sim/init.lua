@@ -97,7 +97,7 @@ function Sim:device_figures()
   return out
 end
 
--- Device i's events (loip.tools.trace's format, as a device records them).
+-- Device i's events (loip.engine.trace's format, as a device records them).
 function Sim:events(i) return self.devices[i].events end
 
 return M

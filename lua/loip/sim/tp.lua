@@ -7,10 +7,11 @@
 -- slices that do not fit from disk (a sliding window of layers, prefetched while the others compute).
 -- They run on the same problem as loip's plans (loip.plan.problem: profiles, budgets, disks, links).
 local profile = require "loip.plan.profile"
+local memory = require "loip.runtime.memory"
 
 local M = {}
 
-local function fmt(b) return require("loip.runtime.memory").format_bytes(b) end
+local function fmt(b) return memory.format_bytes(b) end
 
 -- Activations cross the links as FP16 (dim x 2 bytes a token), as these systems send them.
 M.ACT_BYTES = 2

@@ -2,7 +2,10 @@
 -- explicitly) rendered with loip.template in the environment transformers uses.
 --
 --   local text = chat.apply(dir, { { role = "user", content = "Hi" } }, { add_generation_prompt = true })
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local shell = require "loip.runtime.shell"
+local gguf = require "loip.model.gguf"
+local template = require "loip.text.template"
 
 local M = {}
 
@@ -33,9 +36,9 @@ end
 -- cost more than the rendering).
 local gguf_cache = {}
 local function gguf_facts(path)
-  local key = path .. "\0" .. tostring(require("loip.tools.files").size(path))
+  local key = path .. "\0" .. tostring(shell.size(path))
   if gguf_cache[key] then return gguf_cache[key] end
-  local g = require("loip.model.gguf").open(path)
+  local g = gguf.open(path)
   local md = g.metadata
   g:close()
   local facts = { templates = {}, specials = {} }
@@ -123,7 +126,6 @@ end
 -- variables (enable_thinking, date_string, ...) in opts.vars, template_file, name.
 function M.apply(dir, messages, opts)
   opts = opts or {}
-  local template = require "loip.text.template"
   local text, specials = M.load(dir, opts)
   local vars = { messages = messages, tools = opts.tools or template.null, documents = template.null,
     add_generation_prompt = opts.add_generation_prompt and true or false }

@@ -15,8 +15,8 @@
 -- Whitespace is bounded so that a model cannot loop on it: between tokens of the document at
 -- most one space, or one newline and up to 24 spaces of indentation; none before or after the
 -- document. Numbers have at most 16 integer digits, 16 fraction digits and 3 exponent digits.
-local json = require "loip.tools.json"
-local ordered = require "loip.tools.json_ordered"
+local json = require "loip.text.json"
+local ordered = require "loip.text.json_ordered"
 
 local M = {}
 
@@ -277,7 +277,7 @@ end
 -- rule of a document valid against it; the rules' names start with prefix (default ""), and
 -- they call M.base's rules, which the text does not hold (M.gbnf adds them; a grammar made of
 -- several schemas, e.g. one per tool, adds them once). where: the field's name in errors.
--- Properties come in the text's order when the schema was decoded by loip.tools.json_ordered
+-- Properties come in the text's order when the schema was decoded by loip.text.json_ordered
 -- (or given as text); in a table cjson decoded, that order is lost, and they come in
 -- `required`'s order, then the others by name (OpenAI's strict mode requires every property,
 -- and clients list them in `required` in the schema's order).

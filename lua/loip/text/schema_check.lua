@@ -5,9 +5,10 @@
 -- valid; oneOf: exactly one branch). Checks what a model wrote under a schema's grammar (tool
 -- arguments, structured outputs) and the grammar itself in the specs.
 --   check(schema, value) -> true | nil, "JSON pointer: why"
--- Values are decoded by loip.tools.json (cjson): null is json.null; an empty table is an
+-- Values are decoded by loip.text.json (cjson): null is json.null; an empty table is an
 -- empty object or array, either.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local schema_mod = require "loip.text.schema"
 
 local M = {}
 
@@ -42,7 +43,7 @@ function M.check(schema, value)
     if s.nullable == true and v == json.null then return true end
     if s["$ref"] then
       local ref = s["$ref"]
-      return check(require("loip.text.schema").pointer(root, ref), v, ptr)
+      return check(schema_mod.pointer(root, ref), v, ptr)
     end
     if s.const ~= nil and not equal(s.const, v) then return no("not the const value") end
     if s.enum ~= nil then

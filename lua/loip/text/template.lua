@@ -51,6 +51,7 @@
 -- Latin-1, Greek and Cyrillic. Macro calls nest at most 200 deep (Jinja: Python's
 -- recursion limit).
 local V = require "loip.text.template.values"
+local convert = require "loip.text.template.convert"
 local lexer = require "loip.text.template.lexer"
 local parser = require "loip.text.template.parser"
 local runtime = require "loip.text.template.runtime"
@@ -68,14 +69,14 @@ M.ordered_decode = json.decode
 -- An ordered dict from { {key, value}, ... } (values are imported like `vars`).
 function M.dict(pairs_)
   local d = V.dict()
-  for _, p in ipairs(pairs_) do V.dict_set(d, p[1], V.import(p[2])) end
+  for _, p in ipairs(pairs_) do V.dict_set(d, p[1], convert.import(p[2])) end
   return d
 end
 
 -- A list, even when empty (a plain empty table would be taken for a dict).
 function M.list(items)
   local l = V.list()
-  for i, v in ipairs(items or {}) do l[i] = V.import(v) end
+  for i, v in ipairs(items or {}) do l[i] = convert.import(v) end
   return l
 end
 
@@ -120,7 +121,7 @@ function Template:render(vars, opts)
     now = type(now) == "function" and now or function() return now or os.time() end }
   local ok, res = xpcall(function()
     local scope = { vars = {}, parent = { vars = builtins.globals(rt) } }
-    for name, v in pairs(vars or {}) do scope.vars[name] = V.import(v, name) end
+    for name, v in pairs(vars or {}) do scope.vars[name] = convert.import(v, name) end
     return runtime.render(rt, self.body, scope)
   end, function(e)
     if getmetatable(e) == V.Err then

@@ -9,7 +9,12 @@
 -- content), tokenizer.bin (llama2.c), tokenizer.gguf (a slice store made from a GGUF: the GGUF's
 -- metadata), tok<vocab_size>.bin (llama2.c, with opts.vocab_size). A .gguf file is read for
 -- the tokenizer in its metadata.
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
+local locate = require("loip.model.locate").locate
+local chat = require "loip.text.chat"
+local utf8 = require "loip.text.utf8"
+local ffi = require "ffi"
+local store_mod = require "loip.model.store"
 
 local M = {}
 
@@ -68,7 +73,7 @@ end
 local function apply_chat_template(self, messages, opts)
   opts = opts or {}
   if not self.dir then error("this tokenizer was opened from a file: its model directory (and template) is unknown", 2) end
-  local text = require("loip.text.chat").apply(self.dir, messages, opts)
+  local text = chat.apply(self.dir, messages, opts)
   if opts.tokenize then return self:encode(text, { add_special = false, bos = false }) end
   return text
 end
@@ -99,7 +104,7 @@ function M.text_stream(tok, ids)
     inner = { put = function(_, id) local t = tok:piece_text(prev, id) prev = id return t end,
       finish = function() return "" end }
   end
-  local h = require("loip.text.utf8").holder()
+  local h = utf8.holder()
   return { put = function(_, id) return h:put(inner:put(id)) end,
     finish = function() return h:put(inner:finish()) .. h:finish() end }
 end
@@ -118,11 +123,11 @@ local function model_vocab(kind, file)
     local h = f and f:read(28)
     if f then f:close() end
     if h and #h == 28 then
-      local v = require("ffi").cast("const int32_t *", h)[5]
+      local v = ffi.cast("const int32_t *", h)[5]
       return math.abs(v)
     end
   elseif kind == "store" then
-    local ok, man = pcall(require("loip.model.store").read_manifest, file)
+    local ok, man = pcall(store_mod.read_manifest, file)
     if ok and type(man.config) == "table" then return man.config.vocab_size end
   end
 end
@@ -130,7 +135,7 @@ end
 function M.find(dir, opts)
   if opts.path then return M.open_file(opts.path, opts) end
   -- the tokenizer the model at dir runs with: a GGUF's own, a checkpoint's tok<vocab>.bin
-  local ok, kind, file, tokdir = pcall(require("loip.model").locate, dir)
+  local ok, kind, file, tokdir = pcall(locate, dir)
   if ok then
     if kind == "gguf" then return M.open_file(file, opts) end
     if not opts.vocab_size then

@@ -1,4 +1,4 @@
--- UTF-8 as loip writes it: every JSON it encodes (loip.tools.json) and every text it streams
+-- UTF-8 as loip writes it: every JSON it encodes (loip.text.json) and every text it streams
 -- (loip.text.tokenizer's text_stream) is well-formed UTF-8, whatever bytes the tokens give.
 --
 --   valid(s)      -> whether s is well-formed UTF-8 (RFC 3629: no overlongs, no surrogates,

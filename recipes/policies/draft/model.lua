@@ -3,6 +3,8 @@
 -- budget of its own (mem). Refused when its tokenizer is not the target's. A speculative
 -- decoding draft (loip.policy kind "draft"):
 --   loip generate --model big --draft model --draft-model small/ [--draft-mem 512M]
+local draft_mod = require "loip.cluster.draft"
+
 local M = { name = "model" }
 local drafter = require "loip.engine.request.drafter"
 
@@ -62,7 +64,7 @@ function M.open(ctx, o)
   end
   if t.draft_device then
     d:close()
-    ctx.drafter = require("loip.cluster.draft").open(t.cluster, t.draft_device, { path = o.path, context = t.context,
+    ctx.drafter = draft_mod.open(t.cluster, t.draft_device, { path = o.path, context = t.context,
       max_seqs = t.max_seqs })
     return
   end

@@ -5,6 +5,8 @@
 --   loip generate ... --draft ngram:n=4,min=2
 -- tree=on: the continuations of up to `branches` earlier occurrences (the most recent, longest
 -- n-grams first, distinct continuations) as the branches of a tree verified in one step.
+local tree_mod = require "loip.engine.request.tree"
+
 local M = { name = "ngram" }
 
 local function at_least(n) return function(v) return v >= n, "must be >= " .. n end end
@@ -62,7 +64,7 @@ function M.propose_tree(req, ctx, o)
       before = e
     end
   end
-  return require("loip.engine.request.tree").from_paths(paths, req.k)
+  return tree_mod.from_paths(paths, req.k)
 end
 
 return M

@@ -6,6 +6,8 @@
 -- draft (loip.policy kind "draft"):
 --   loip generate --model s260k --devices 3 ... --draft self:layers=all --draft-tokens 4
 -- tree=on (width, levels): a tree of drafts verified in one step (loip.engine.request.tree).
+local draft_mod = require "loip.cluster.draft"
+
 local M = { name = "self" }
 local drafter = require "loip.engine.request.drafter"
 
@@ -28,7 +30,7 @@ function M.open(ctx, o)
   local t = ctx.target
   if not t.path then error("draft self: the target's store is not known here", 0) end
   if t.draft_device then -- on a device of the cluster, from its own copy of the store
-    ctx.drafter = require("loip.cluster.draft").open(t.cluster, t.draft_device, { layers = layers_of(o), context = t.context,
+    ctx.drafter = draft_mod.open(t.cluster, t.draft_device, { layers = layers_of(o), context = t.context,
       max_seqs = t.max_seqs })
     return
   end

@@ -5,6 +5,7 @@
 -- refuses a space of more than `limit` plans (a few seconds' work) rather than run for hours.
 local plan = require "loip.plan"
 local space = require "loip.plan.space"
+local problem_mod = require "loip.plan.problem"
 
 local M = { name = "brute" }
 
@@ -114,7 +115,7 @@ function M.search(problem, cost, o)
       end)
     end)
   end
-  if not best then return nil, require("loip.plan.problem").why_none(problem) end
+  if not best then return nil, problem_mod.why_none(problem) end
   return best, best_est, count
 end
 

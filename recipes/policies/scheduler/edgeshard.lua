@@ -3,6 +3,7 @@
 -- time (its compute and the hop it sends) within every budget. A model the budgets cannot hold
 -- resident is refused (OOM, naming the device that falls shortest and by how much).
 local space = require "loip.plan.space"
+local plan = require "loip.plan"
 
 local M = { name = "edgeshard" }
 
@@ -37,7 +38,7 @@ function M.schedule(problem, cost)
       local n = math.max(1, math.floor(nb / N))
       local p = space.build(problem, shape, { n = (function() local t = {} for k = 1, N do t[k] = k == N and nb - n * (N - 1) or n end return t end)(),
         o = (function() local t = {} for k = 1, N do t[k] = 0 end return t end)() })
-      local m = space.total(problem, require("loip.plan").device_part(p, i, problem.model))
+      local m = space.total(problem, plan.device_part(p, i, problem.model))
       local short = m - space.budget(problem, i)
       if short > 0 and (not worst or short > worst.short) then worst = { i = i, p = p, short = short } end
     end

@@ -3,6 +3,7 @@
 -- stage that fit its budget and keeps resident what else fits; the S with the least estimated
 -- time wins. Nothing weighs a device's budget, disk or compute when splitting.
 local space = require "loip.plan.space"
+local problem_mod = require "loip.plan.problem"
 
 local M = { name = "even" }
 
@@ -35,7 +36,7 @@ function M.schedule(problem, cost)
       if not best_t or t < best_t * 0.999 then best, best_t = p, t end
     end
   end
-  if not best then return nil, why or require("loip.plan.problem").why_none(problem) end
+  if not best then return nil, why or problem_mod.why_none(problem) end
   return best
 end
 

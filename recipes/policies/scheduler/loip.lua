@@ -21,6 +21,8 @@ local bit = require "bit"
 local space = require "loip.plan.space"
 local plan_of = require "loip.plan"
 local refine = require "loip.plan.refine"
+local policy = require "loip.policy"
+local problem_mod = require "loip.plan.problem"
 
 local M = { name = "loip" }
 
@@ -471,7 +473,7 @@ function M.search(problem, cost, opts)
   -- mix of MHA and MLP blocks better. Those layouts, with the same least offloading and
   -- refinement, are candidates too: the result is never worse than the even split's.
   if opts.refine ~= false and u == 1 then
-    local even = require("loip.policy").load("scheduler", "even")
+    local even = policy.load("scheduler", "even")
     for S = problem.stages or 1, problem.stages or math.floor(problem.model.n_blocks / #problem.devices) do
       local p = even.layout(problem, S)
       if p then plans[#plans + 1] = { p = p, S = S, even = true } end
@@ -564,7 +566,7 @@ end
 
 -- Why no plan fits (loip.plan.problem.why_none).
 function M.why_none(problem)
-  return require("loip.plan.problem").why_none(problem)
+  return problem_mod.why_none(problem)
 end
 
 return M

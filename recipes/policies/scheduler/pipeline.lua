@@ -4,6 +4,7 @@
 -- that the budgets cannot hold resident is refused (OOM, naming the device and the shortfall).
 local plan = require "loip.plan"
 local space = require "loip.plan.space"
+local memory = require "loip.runtime.memory"
 
 local M = { name = "pipeline" }
 
@@ -46,9 +47,9 @@ function M.schedule(problem, cost)
     local part = space.part(problem, shape, i, at, 0, want, 0, 0, 1)
     local m = space.memory(problem, part)
     return nil, string.format("OOM: device %d cannot hold its share resident (%d blocks from %s): it needs %s but its budget is %s: short by %s",
-      i, want, plan.block_name(at), require("loip.runtime.memory").format_bytes(m.total),
-      require("loip.runtime.memory").format_bytes(problem.devices[i].budget),
-      require("loip.runtime.memory").format_bytes(m.total - problem.devices[i].budget))
+      i, want, plan.block_name(at), memory.format_bytes(m.total),
+      memory.format_bytes(problem.devices[i].budget),
+      memory.format_bytes(m.total - problem.devices[i].budget))
   end
   return space.build(problem, shape, { n = counts, o = (function() local o = {} for k = 1, N do o[k] = 0 end return o end)() })
 end

@@ -3,6 +3,7 @@
 -- layers per device and stage), each device offloading the fewest blocks per stage its memory
 -- needs; no block-level refinement. The S with the least estimated time wins.
 local space = require "loip.plan.space"
+local problem_mod = require "loip.plan.problem"
 
 local M = { name = "uniform" }
 
@@ -36,7 +37,7 @@ function M.schedule(problem, cost)
   end
   if not best then
     if N > L then return nil, string.format("%d devices but the model has %d layers: uniform gives each device whole layers", N, L) end
-    return nil, why or require("loip.plan.problem").why_none(problem)
+    return nil, why or problem_mod.why_none(problem)
   end
   return best
 end

@@ -1,7 +1,7 @@
 -- fuzz_manifest: a slice store's manifest.json (loip.model.store.check_manifest, as
 -- read_manifest checks it: files, tensors, offsets, checksums), then the model config it
 -- carries (loip.model.store.config: Hugging Face's config.json rules).
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local store = require "loip.model.store"
 return function(data)
   local man = json.decode(data, "manifest.json")

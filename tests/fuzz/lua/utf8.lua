@@ -1,5 +1,5 @@
 -- fuzz_utf8: random token streams through the text the server streams and the JSON it writes
--- (loip.text.tokenizer's text_stream, loip.text.utf8's holder, loip.tools.json's encoder). The
+-- (loip.text.tokenizer's text_stream, loip.text.utf8's holder, loip.text.json's encoder). The
 -- first byte picks the source: raw byte pieces (their lengths from the input), or the ids of one
 -- of the repository's tokenizers (llama2.c's byte pieces, byte-level BPE, tiktoken,
 -- SentencePiece with byte fallback), two bytes an id. Every piece given out, and every JSON
@@ -9,7 +9,7 @@
 -- the holder holds back no more than the start of one character. spec/unit/utf8_spec.lua runs
 -- this function over seeded random inputs too.
 local utf8 = require "loip.text.utf8"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local cjson = require "cjson"
 local tokenizer = require "loip.text.tokenizer"
 

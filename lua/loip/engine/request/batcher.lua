@@ -29,6 +29,8 @@ local tree = require "loip.engine.request.tree"
 local head_sample = require "loip.engine.request.head_sample"
 local choices = require "loip.engine.request.choices"
 local prefix_cache = require "loip.engine.request.prefix_cache"
+local sampler_mod = require "loip.model.sampler"
+local online_mod = require "loip.engine.request.online"
 
 local M = {}
 
@@ -48,7 +50,7 @@ local Batcher, Request = {}, {}
 -- r's sampling temperature (its sampler's, else the default): > 0 draws from the sampler's stream.
 local function temperature(r)
   local t = r.sampler and r.sampler.temperature
-  if t == nil then t = require("loip.model.sampler").defaults.temperature end
+  if t == nil then t = sampler_mod.defaults.temperature end
   return t
 end
 Batcher.__index, Request.__index = Batcher, Request
@@ -74,7 +76,7 @@ function M.new(engine, opts)
     kv_groups = math.ceil(engine.kv_tokens / engine.kv_block), kv_used = 0, now = engine.clock or core.now_ms,
     stats = { steps = 0, tokens = 0, requests = 0, finished = 0, batch_sum = 0, step_ms = 0 }, adaptations = {},
     link_changes = {} }, Batcher)
-  if opts.online or opts.links then b.online = require("loip.engine.request.online").new(b, opts.online, opts.links) end
+  if opts.online or opts.links then b.online = online_mod.new(b, opts.online, opts.links) end
   b.draft = opts.draft -- (loip.engine.request.draft: speculative decoding's drafts, verified in the step)
   -- (not beside an online policy that may lend KV: lending moves no shared group)
   b.shares_kv = not (b.online and b.online.policy and engine.lend)

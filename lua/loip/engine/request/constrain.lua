@@ -4,6 +4,7 @@
 -- sampled (loip.engine.request.head_sample). Compiled grammars are kept by their text (a few dozen, the
 -- least recently used dropped), so that repeated schemas cost their compilation once.
 local grammar = require "loip.text.grammar"
+local json_ordered = require "loip.text.json_ordered"
 
 local M = {}
 
@@ -40,12 +41,12 @@ end
 -- The schemas of a parsed request (spec: openai.parse's or anthropic.parse's) in the order
 -- their properties are written in the body's text (cjson's tables lose it; a schema's properties
 -- are generated in that order, as OpenAI's strict mode does): the body decoded again with
--- loip.tools.json_ordered, its schemas put in spec in place of cjson's. anthropic: the body is
+-- loip.text.json_ordered, its schemas put in spec in place of cjson's. anthropic: the body is
 -- Anthropic's (tools[i].input_schema).
 function M.keep_order(spec, text, anthropic)
   local wants = spec.format and spec.format.type == "json_schema" or (spec.tools and spec.tool_choice ~= "none")
   if not wants then return end
-  local body = require("loip.tools.json_ordered").decode(text)
+  local body = json_ordered.decode(text)
   if type(body) ~= "table" then return end
   if spec.format and spec.format.type == "json_schema" then
     local rf = body.response_format

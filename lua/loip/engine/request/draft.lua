@@ -18,6 +18,7 @@
 -- tokens that follow, unsent (no step pays for it), so that it turns back up when drafts would
 -- be accepted again.
 local core = require "loip.core"
+local tree = require "loip.engine.request.tree"
 
 local M = {}
 
@@ -39,7 +40,7 @@ function M.new(policy, target, opts)
     memo = {}, reqs = {}, cost = {}, draft_ms = nil,
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
-  d.tree = require("loip.engine.request.tree").wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
+  d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
@@ -129,7 +130,7 @@ function Draft:propose(r, k)
   local s = state_of(self, r)
   local t0 = self.now()
   local ids
-  if self.tree then ids = require("loip.engine.request.tree").propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
+  if self.tree then ids = tree.propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
   else ids = self.policy.propose(view(r, s, k), self.ctx) or {} end
   local dt = self.now() - t0
   if #ids > k then

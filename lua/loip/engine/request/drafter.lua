@@ -7,6 +7,10 @@
 -- memory (weights, KV cache) is charged to its own budget (opts.mem), as a device's is.
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
+local local_mod = require "loip.engine.local"
+local tree_mod = require "loip.engine.request.tree"
+local model_mod = require "loip.model"
+local store_mod = require "loip.model.store"
 local LOGITS = core.constants.tokf.LOGITS
 
 local M = {}
@@ -20,10 +24,10 @@ Drafter.__index = Drafter
 -- opened).
 function M.open(path, opts)
   opts = opts or {}
-  local model = require "loip.model"
+  local model = model_mod
   local m = model.open(path, { layers = opts.layers, context = opts.context, max_batch = opts.max_seqs or 1,
     mem = opts.mem, budget = opts.budget, threads = opts.threads, tokenizer = opts.tokenizer, batch = opts.batch })
-  local e = require("loip.engine.local").new(m)
+  local e = local_mod.new(m)
   return setmetatable({ model = m, engine = e, slots = {}, vocab = m.vocab_size, forwards = 0, fed = 0 }, Drafter)
 end
 
@@ -127,7 +131,7 @@ function Drafter:propose_tree(req, k, vocab, width, levels)
       end
     end
   end
-  return require("loip.engine.request.tree").from_paths(paths, k)
+  return tree_mod.from_paths(paths, k)
 end
 
 -- Request req ended: its slot's KV goes back.
@@ -156,7 +160,7 @@ end
 -- hold for it.
 function M.bytes(path, opts)
   opts = opts or {}
-  local model, store = require "loip.model", require "loip.model.store"
+  local model, store = model_mod, store_mod
   local kind, file = model.locate(path)
   local cfg, weights = nil, 0
   if kind == "store" then

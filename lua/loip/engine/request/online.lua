@@ -38,6 +38,7 @@
 -- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
 local core = require "loip.core"
 local errors = require "loip.error"
+local policy_mod = require "loip.policy"
 
 local M = {}
 
@@ -58,7 +59,7 @@ Online.__index = Online
 -- name, a path or a table, loaded (its settings resolved) by loip.policy; engine: the batcher's
 -- (online_devices(), restage(i, s, n), set_link(i, rate), link_state()).
 function M.new(batcher, policy, links)
-  local load = require("loip.policy").load
+  local load = policy_mod.load
   return setmetatable({ batcher = batcher, policy = policy and load("online", policy), links = links and load("links", links),
     engine = batcher.engine, steps = 0, memo = {} }, Online)
 end

@@ -18,6 +18,8 @@
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
+local prefix_disk = require "loip.engine.request.prefix_disk"
+local json = require "loip.text.json"
 
 local M = {}
 
@@ -205,8 +207,8 @@ end
 function M.device_store(d, disk)
   if not d.store or d.store.s ~= d.session then d.store = M.store(d.session) end
   if disk and not d.store.disk then
-    d.store.disk = require("loip.engine.request.prefix_disk").new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
-      device = d.index, layers = require("loip.engine.request.prefix_disk").stage_layers(d.plan.devices[d.index].stages),
+    d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
+      device = d.index, layers = prefix_disk.stage_layers(d.plan.devices[d.index].stages),
       kv_block = exec.session_kv_block_tokens(d.session), group_bytes = exec.session_kv_group_bytes(d.session), budget = d.budget }
   end
   return d.store
@@ -216,7 +218,7 @@ function M.device_lookup(d, body)
   local held = 0
   body = assert(body, "a LOOKUP without its keys")
   if d and not d.lend_peer then held = M.device_store(d, body.disk):lookup(body.keys or {}) end
-  return require("loip.tools.json").encode({ held = held })
+  return json.encode({ held = held })
 end
 -- A START's (body) KV: the cache's groups its prompt starts with (body.attach: the head's LOOKUP
 -- found them on every device) or another choice's first positions shared (body.share).

@@ -16,8 +16,8 @@
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
-local fs = require "loip.tools.files"
-local json = require "loip.tools.json"
+local fs = require "loip.runtime.shell"
+local json = require "loip.text.json"
 local loader = require "loip.runtime.loader"
 
 local M = {}

@@ -2,6 +2,8 @@
 -- specs, with Python's rounding (ties to even) where LuaJIT's string.format differs.
 local V = require "loip.text.template.values"
 local text = require "loip.text.template.text"
+local methods = require "loip.text.template.methods"
+local S = require "loip.text.template.str"
 
 local M = {}
 
@@ -147,7 +149,6 @@ end
 M.spec = format_spec
 
 function M.str_format(s, args, kwargs)
-  local methods = require "loip.text.template.methods" -- (it requires this module)
   local auto = 0
   local out = s:gsub("{{", "\1"):gsub("}}", "\2"):gsub("{([^{}]*)}", function(field)
     local name, conv, spec = field:match("^([^!:]*)!?([rsa]?):?(.*)$")
@@ -178,5 +179,10 @@ function M.str_format(s, args, kwargs)
   end)
   return (out:gsub("\1", "{"):gsub("\2", "}"))
 end
+
+-- Python's `str % args` for values' `%` operator, and str.format among str's methods: set here,
+-- where they are written, for the modules below this one to call (they cannot require it).
+V.percent = M.percent
+S.STR.format = M.str_format
 
 return M

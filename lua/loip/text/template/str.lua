@@ -1,8 +1,10 @@
 -- Python's str methods as templates call them ("x".strip(), s.split(",", 1), s.startswith(p) …),
--- and how a method binds its arguments the Python way (loip.text.template.methods resolves
+-- and how a method binds its arguments (loip.text.template.args; loip.text.template.methods resolves
 -- `obj.name` to them; builtins and filters bind their arguments with the same M.bind).
 local V = require "loip.text.template.values"
 local text = require "loip.text.template.text"
+local args_ = require "loip.text.template.args"
+local seq = require "loip.text.template.seq"
 
 local M = {}
 
@@ -10,47 +12,7 @@ local kind, raise, null, str, plain = V.kind, V.raise, V.null, V.str, V.plain
 local floor = math.floor
 local sub, find = string.sub, string.find
 
--- Arguments bound the Python way: positional first, then keywords by name. Returns the
--- values in `names` order, nil where not given; Markup arguments arrive as plain strings.
-local function bind(fname, names, args, kwargs)
-  local out = {}
-  local n = #names
-  if #args > n then
-    raise("TypeError", ("%s() takes at most %d argument%s (%d given)"):format(fname, n, n == 1 and "" or "s", #args))
-  end
-  for i = 1, #args do out[i] = plain(args[i]) end
-  if kwargs then
-    for _, k in ipairs(kwargs.keys) do
-      local idx
-      for i, nm in ipairs(names) do if nm == k then idx = i break end end
-      if not idx then
-        raise("TypeError", ("%s() got an unexpected keyword argument %s"):format(fname, V.repr(k)))
-      end
-      if out[idx] ~= nil then
-        raise("TypeError", ("%s() got multiple values for argument %s"):format(fname, V.repr(k)))
-      end
-      out[idx] = plain(kwargs.vals[k])
-    end
-  end
-  return unpack(out, 1, n)
-end
-
-local function want_str(fname, v, what)
-  if type(v) ~= "string" then
-    raise("TypeError", ("%s() argument %s must be str, not %s"):format(fname, what or "1", V.typename(v)))
-  end
-  return v
-end
-
--- Optional integer argument (None counts as absent).
-local function opt_int(v, default)
-  if v == nil or v == null then return default end
-  local i = V.to_int(v)
-  if not i or kind(v) == "float" then
-    raise("TypeError", ("'%s' object cannot be interpreted as an integer"):format(V.typename(v)))
-  end
-  return i
-end
+local bind, want_str, opt_int = args_.bind, args_.want_str, args_.opt_int
 M.bind, M.want_str, M.opt_int = bind, want_str, opt_int
 
 local STR = {}
@@ -132,7 +94,7 @@ local function window(s, start, stop)
   if a < 0 then a = math.max(0, a + len) end
   if b < 0 then b = math.max(0, b + len) end
   if a > len then return nil, a end
-  local w = require("loip.text.template.methods").slice(s, a, b, nil) -- (it requires this module)
+  local w = seq.slice(s, a, b, nil)
   return w, a
 end
 
@@ -281,7 +243,7 @@ STR.islower = case_test("islower", false)
 
 function STR.join(s, args, kwargs)
   local iterable = bind("join", { "iterable" }, args, kwargs)
-  local items = require("loip.text.template.methods").iterate(iterable)
+  local items = seq.iterate(iterable)
   for i, it in ipairs(items) do
     it = plain(it)
     items[i] = it
@@ -357,7 +319,7 @@ function STR.removesuffix(s, args, kwargs)
   return s
 end
 
--- str.format lives with the other Python formatting code.
-function STR.format(s, args, kwargs) return require("loip.text.template.format").str_format(s, args, kwargs) end
+-- (STR.format: str.format, with the other Python formatting code in loip.text.template.format,
+-- which sets it)
 
 return M

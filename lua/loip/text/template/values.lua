@@ -338,7 +338,7 @@ local function markup_arith(op, a, b, ka, kb)
     end
     unsupported(op, a, b)
   end
-  if op == "mod" and ka == "markup" then return V.markup(require("loip.text.template.format").percent(a.s, escape_args(b))) end
+  if op == "mod" and ka == "markup" then return V.markup(V.percent(a.s, escape_args(b))) end
   local r = V.arith(op, plain(a), plain(b))
   if op == "mul" and type(r) == "string" then return V.markup(r) end
   return r
@@ -408,7 +408,7 @@ function V.arith(op, a, b)
     end
   elseif op == "mod" and ka == "str" then
     -- Required here: format.lua builds on this module.
-    return require("loip.text.template.format").percent(a, b)
+    return V.percent(a, b)
   end
   unsupported(op, a, b)
 end
@@ -457,8 +457,9 @@ function V.to_int(v)
   return nil
 end
 
--- Lua values in and out (loip.text.template.convert).
-function V.import(v, name) return require("loip.text.template.convert").import(v, name) end
-function V.export(v) return require("loip.text.template.convert").export(v) end
+
+-- Python's `str % args`, for `%` above: loip.text.template.format's percent, which sets it (that
+-- module requires this one).
+V.percent = nil
 
 return V

@@ -31,7 +31,7 @@
 -- from generation_config.json's eos_token_id.
 local bit = require "bit"
 local ffi = require "ffi"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local bpe = require "loip.text.tokenizers.bpe"
 local tk = require "loip.runtime.tokenizer"

@@ -5,7 +5,7 @@
 -- llama/tokenizer.py (ids from the number of ranks up), or the special_tokens.json beside the
 -- file ({"special_tokens": {"<|begin_of_text|>": 128000, ...}}), or opts.special_tokens.
 local bit = require "bit"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local core = require "loip.core"
 local bpe = require "loip.text.tokenizers.bpe"
 local tk = require "loip.runtime.tokenizer"

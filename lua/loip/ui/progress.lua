@@ -1,6 +1,7 @@
 -- Progress bars on stderr for long work (synthesis, slicing, loading): a redrawn bar on a
 -- terminal, a line every few seconds otherwise (logs, CI).
 local ffi = require "ffi"
+local core = require "loip.core"
 pcall(ffi.cdef, "int isatty(int fd);")
 
 local M = {}
@@ -8,7 +9,7 @@ local M = {}
 local Bar = {}
 Bar.__index = Bar
 
-local function now() return require("loip.core").now_ns() / 1e9 end
+local function now() return core.now_ns() / 1e9 end
 
 local function human(n)
   if n >= 1e9 then return string.format("%.2f GB", n / 1e9) end

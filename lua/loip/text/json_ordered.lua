@@ -1,4 +1,4 @@
--- JSON decoded as loip.tools.json (cjson) decodes it -- null is json.null, arrays are Lua
+-- JSON decoded as loip.text.json (cjson) decodes it -- null is json.null, arrays are Lua
 -- arrays (empty ones carry cjson's array metatable), objects tables -- and, besides, the order
 -- of each object's keys in the text, which cjson loses: a JSON schema's properties are
 -- generated in that order (OpenAI's strict mode does so). keys(obj) is that order, or nil for
@@ -6,7 +6,7 @@
 --   decode(text, what) -> value | nil, "what: invalid JSON: why at offset N"
 local cjson = require "cjson"
 local errors = require "loip.error"
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local from_cp = require("loip.text.template.text").from_cp
 
 local M = {}

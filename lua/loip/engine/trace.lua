@@ -7,7 +7,7 @@
 --   local tr = loip.trace.new()
 --   tr:add(m:events(), 1)            -- events of device 1 (repeat as they come)
 --   tr:write("out.json")
-local json = require "loip.tools.json"
+local json = require "loip.text.json"
 local plan = require "loip.plan"
 
 local M = {}

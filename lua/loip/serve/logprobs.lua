@@ -5,6 +5,7 @@
 -- UTF-8 (a byte of a character split over tokens) is written "bytes:\xNN..." as OpenAI does, and
 -- its bytes are given in `bytes`.
 local openai = require "loip.serve.openai"
+local json = require "loip.text.json"
 
 local M = {}
 
@@ -31,7 +32,7 @@ function M.chat(tok, prev, list, first, last)
     content[#content + 1] = { token = text, logprob = lp.logprob, bytes = bytes, top_logprobs = #top > 0 and top or openai.EMPTY_ARRAY }
     prev = lp.id
   end
-  return { content = #content > 0 and content or openai.EMPTY_ARRAY, refusal = require("loip.tools.json").null }
+  return { content = #content > 0 and content or openai.EMPTY_ARRAY, refusal = json.null }
 end
 
 -- The completions' object of tokens first..last; offset: the text offset of list[first].
@@ -44,7 +45,7 @@ function M.completion(tok, prev, list, first, last, offset)
     for _, t in ipairs(lp.top or {}) do top[(token_text(tok, prev, t[1]))] = t[2] end
     local i = #o.tokens + 1
     o.tokens[i], o.token_logprobs[i], o.text_offset[i] = text, lp.logprob, offset
-    o.top_logprobs[i] = next(top) and top or require("loip.tools.json").null
+    o.top_logprobs[i] = next(top) and top or json.null
     offset = offset + #text
     prev = lp.id
   end

@@ -4,7 +4,7 @@
 -- neighbours swapped, each one edit: `modle` is one from `model`), case-insensitive; a prefix
 -- counts as close (`offload` for `offloaded`).
 --
---   local suggest = require "loip.tools.suggest"
+--   local suggest = require "loip.ui.suggest"
 --   suggest.closest("offload", { "blocks", "offloaded" })   --> "offloaded"
 --   suggest.hint("offload", { "blocks", "offloaded" })      --> " (did you mean 'offloaded'?)"
 local M = {}

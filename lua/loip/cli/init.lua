@@ -2,12 +2,13 @@
 -- success, 1 runtime failure, 2 usage error.
 --
 -- Each command is one module, lua/loip/cmd/<name>.lua (luarocks' src/luarocks/cmd/*.lua): a table
--- { brief (its line in `loip help`), usage, summary, flags (loip.tools.flags rows; the rows several
+-- { brief (its line in `loip help`), usage, summary, flags (loip.ui.flags rows; the rows several
 -- commands share are flags.shared's), run(opts, positional, argv, at) -> exit code }, the work done
 -- by the library modules it calls. This file only dispatches: the REPL with no command, help,
 -- version, and a usage error naming the nearest command.
-local flags = require "loip.tools.flags"
 local errors = require "loip.error"
+local flags = require "loip.ui.flags"
+local suggest = require "loip.ui.suggest"
 
 local M = {}
 
@@ -29,14 +30,14 @@ function M.add(name, module)
 end
 M.topics = {}
 -- `loip help policies`: every kind's policies and their settings
-M.topics.policies = function() return require("loip.cmd.policy").list_text() end
+M.topics.policies = function() return M.commands.policy.list_text() end
 
 for _, name in ipairs(ORDER) do M.add(name, "loip.cmd." .. name) end
 M.add("discover", "loip.cmd.discover") -- (discovery on a LAN: the workers loip worker --announce)
 
 function M.version()
-  local core = require "loip.core"
-  local exec = require "loip.runtime.exec"
+  local core = require "loip.core" -- (for `loip version`: `loip help` loads no FFI)
+  local exec = require "loip.runtime.exec" -- (the same)
   return string.format("loip %s (abi %d, kernels %s, cuda %s)", core.build.version,
     core.abi_version, exec.kernels_name(), core.build.cuda and (exec.cuda_device_count() .. " device(s)") or "not built")
 end
@@ -54,7 +55,7 @@ end
 function M.main(argv)
   local cmd = argv[1]
   local ok, rc = xpcall(function()
-    if cmd == nil then return require("loip.tools.repl").run() end
+    if cmd == nil then return require("loip.cli.repl").run(M.version()) end -- (loaded when it runs: `loip` with no command)
     if cmd == "--help" or cmd == "-h" then io.stdout:write(M.usage()) return 0 end
     if cmd == "help" then
       local c, topic = M.commands[argv[2] or ""], M.topics[argv[2] or ""]
@@ -64,7 +65,7 @@ function M.main(argv)
     if cmd == "version" or cmd == "--version" then print(M.version()) return 0 end
     local c = M.commands[cmd]
     if not c then
-      local near = require("loip.tools.suggest").closest(cmd, M.order)
+      local near = suggest.closest(cmd, M.order)
       io.stderr:write(string.format("loip: unknown command '%s'%s\n%s", cmd, near and ("; did you mean " .. near .. "?") or "",
         M.usage()))
       return 2
@@ -80,7 +81,7 @@ function M.main(argv)
   end)
   if ok then return rc or 0 end
   -- (after text that left its line unfinished, e.g. generate's tokens: the error on a line of its own)
-  local common = package.loaded["loip.cmd.common"]
+  local common = package.loaded["loip.cli.inputs"]
   if common and common.mid_line then io.stdout:write("\n") io.stdout:flush() common.mid_line = false end
   io.stderr:write(string.format("loip: %s\n", rc.msg))
   return rc.usage and 2 or 1

@@ -5,6 +5,8 @@
 -- gives the line editing and the Ctrl-C handling (runtime/cli/main.c: loip_readline,
 -- loip_repl_signals, loip_repl_call). What is typed here runs interpreted (jit.off), so that
 -- Ctrl-C reaches a loop written here; loip's modules it calls run compiled.
+local loip = require "loip"
+
 local M = {}
 
 local function show(v, depth, seen)
@@ -31,13 +33,13 @@ local function show(v, depth, seen)
 end
 M.show = show
 
-function M.run()
-  local loip = require "loip"
+-- banner: the first line printed (loip.cli's version line).
+function M.run(banner)
   _G.loip = loip
   local home = os.getenv("HOME")
   local hist = home and (home .. "/.loip_history")
   if hist then loip_history("load", hist) end
-  print(require("loip.tools.cli").version())
+  print(banner)
   print('loip REPL — `loip` is loaded; try: m = loip.model.open("models/stories260K")  (:help for commands)')
   local buffer = ""
   local last_trace

@@ -9,6 +9,7 @@
 -- A row { "old-name", "int", alias_of = "new-name" } is a renamed flag's deprecated alias: it
 -- sets new-name's option and says once on stderr that it is deprecated and what to use.
 local errors = require "loip.error"
+local suggest = require "loip.ui.suggest"
 
 local M = {}
 
@@ -74,7 +75,7 @@ function M.parse(spec, argv, first)
       if not f then
         local names = {}
         for _, x in ipairs(spec.flags) do if not x.alias_of then names[#names + 1] = x[1] end end
-        local near = require("loip.tools.suggest").closest(name, names)
+        local near = suggest.closest(name, names)
         fail(spec.name, "unknown flag --" .. name .. (near and ("; did you mean --" .. near .. "?") or " (see --help)"))
       end
       local typed = name -- (errors name the flag as typed; an alias sets its new name's option)

@@ -1,27 +1,16 @@
--- Helpers the benchmark recipes (and the profiles' measurements) share: robust statistics and
+-- Helpers the benchmark recipes share: robust statistics (loip.measure.stats') and
 -- progress lines on stderr (stdout carries the recipe's one JSON object).
+local stats = require "loip.measure.stats"
+local core = require "loip.core"
+local proc = require "loip.cluster.proc"
+local json = require "loip.text.json"
+local synth = require "loip.model.synth"
+local store_mod = require "loip.model.store"
+local slice_mod = require "loip.model.slice"
+
 local M = {}
 
-local function sorted(xs)
-  local s = {}
-  for i, v in ipairs(xs) do s[i] = v end
-  table.sort(s)
-  return s
-end
-
--- The median of a list of numbers (nil when it is empty).
-function M.median(xs)
-  local s = sorted(xs)
-  local n = #s
-  if n == 0 then return nil end
-  return n % 2 == 1 and s[(n + 1) / 2] or (s[n / 2] + s[n / 2 + 1]) / 2
-end
-
--- The q-quantile (0..1) of a list of numbers, the nearest rank.
-function M.quantile(xs, q)
-  local s = sorted(xs)
-  return s[math.max(1, math.min(#s, math.floor(q * #s + 0.5)))]
-end
+M.median, M.quantile, M.mean = stats.median, stats.quantile, stats.mean -- (loip.measure.stats)
 
 function M.log(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end
 
@@ -33,20 +22,10 @@ function M.sh(cmd)
   return r
 end
 
--- The mean of a list of numbers (nil when it is empty).
-function M.mean(xs)
-  if #xs == 0 then return nil end
-  local s = 0
-  for _, x in ipairs(xs) do s = s + x end
-  return s / #xs
-end
-
 -- A `loip serve ARGS --port 0 --quiet` child: { pid, url, log() (its stderr), stop() (SIGTERM,
 -- then SIGKILL after 15 s: srv.killed; its files removed, its log kept for srv.log()) }.
 -- Raises, with its log, when it does not listen within 300 s (what: who started it).
 function M.serve(args, what)
-  local core = require "loip.core"
-  local proc = require "loip.cluster.proc"
   local out, err = os.tmpname(), os.tmpname()
   local p = io.popen(string.format("%s serve %s --port 0 --quiet > %s 2> %s & echo $!", proc.exe(), args, out, err))
   local pid = tonumber(p:read("*l"))
@@ -100,7 +79,7 @@ function M.prompt(vocab_size)
   return ids
 end
 
--- A recipe's flags (loip.tools.flags rows): --store and --model of the shared store, then the
+-- A recipe's flags (loip.ui.flags rows): --store and --model of the shared store, then the
 -- recipe's own.
 function M.store_flags(what, own)
   local rows = { { "store", "string", "slice store " .. what .. " (made if missing)", default = M.STORE },
@@ -114,7 +93,7 @@ end
 -- than the steps wanted: the first token's time is the prompt's, and the last token has no
 -- forward pass after it, so its step is dropped.
 function M.token_steps(it)
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   local steps, last = {}, nil
   for _ in it do
     local now = now_ms()
@@ -131,7 +110,7 @@ end
 -- snapshot left out of the times. Returns the steps (ms each), the per-device figures per
 -- decoding step (M.device_figures), the end snapshot, and when the last token came (core.now_ms).
 function M.decode_figures(c, it)
-  local now_ms = require("loip.core").now_ms
+  local now_ms = core.now_ms
   local steps, last, before, k = {}, nil, nil, 0
   for _ in it do
     local now = now_ms()
@@ -160,13 +139,13 @@ end
 -- A synthetic slice store made on first use (the model with loip.synth, then sliced): shape is
 -- loip.synth's options, by default the llama-3.2-1b BF16 model the benchmarks share.
 function M.ensure_store(store_dir, model_dir, shape)
-  if require("loip.model.store").is_store(store_dir) then return store_dir end
-  if not require("loip.tools.json").exists(model_dir .. "/config.json") then
+  if store_mod.is_store(store_dir) then return store_dir end
+  if not json.exists(model_dir .. "/config.json") then
     M.log("making the synthetic model in %s (once)", model_dir)
-    require("loip.model.synth").write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+    synth.write(model_dir, shape or { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
   end
   M.log("slicing %s into %s (once)", model_dir, store_dir)
-  require("loip.model.slice").write(model_dir, store_dir)
+  slice_mod.write(model_dir, store_dir)
   return store_dir
 end
 

@@ -4,7 +4,7 @@
 -- side over them. The device is cdata under ffi.gc from birth; device_free is the explicit,
 -- idempotent close. A runtime failure returns nil, err (context, when given, first, as core.ok).
 --
---   local rw = require "loip.runtime.worker"
+--   local rw = require "loip.runtime.device"
 --   local dev = assert(rw.device_new(cfg, budget.handle))   -- cfg: a loip_device_config
 --   local got = rw.device_serve(dev, 200, header, buf, cap, from)  -- true: a control message
 local core = require "loip.core"

@@ -52,4 +52,14 @@ function M.mkdir_p(dir)
   return true
 end
 
+-- Where loip keeps its cache (calibrations, slice stores): $LOIP_CACHE_DIR, else
+-- $XDG_CACHE_HOME/loip, else ~/.cache/loip.
+function M.cache_dir()
+  local d = os.getenv("LOIP_CACHE_DIR")
+  if d and d ~= "" then return d end
+  local x = os.getenv("XDG_CACHE_HOME")
+  if x and x ~= "" then return x .. "/loip" end
+  return (os.getenv("HOME") or "/tmp") .. "/.cache/loip"
+end
+
 return M

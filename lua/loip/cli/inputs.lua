@@ -1,9 +1,11 @@
--- What the commands of lua/loip/cmd/ share beyond their flags (those are loip.tools.flags'):
+-- What the commands of lua/loip/cmd/ share beyond their flags (those are loip.ui.flags'):
 -- usage errors, the kernels chosen, the model a cluster runs (a store, sliced into the cache when
 -- needed), the workers of --hosts, the values a flag takes once or once per device, the
 -- planning problem `plan` and `simulate` build, and the plan's report.
-local flags = require "loip.tools.flags"
+-- Requires inside functions: every command loads this module, and `loip help` every command;
+-- what a function uses loads when it runs (`loip help` loads no FFI).
 local errors = require "loip.error"
+local flags = require "loip.ui.flags"
 
 local M = {}
 
@@ -14,7 +16,7 @@ local usage = M.usage
 function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end
 
 -- Text to stdout as it comes (a prompt, the tokens generated), flushed; M.mid_line says whether it
--- left a line unfinished, so that an error printed after it starts on its own line (loip.tools.cli).
+-- left a line unfinished, so that an error printed after it starts on its own line (loip.cli).
 M.mid_line = false
 function M.out(text)
   if text == "" then return end
@@ -168,7 +170,7 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
       comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms,
       ship_ms = est and est.ship_ms } -- (shipping's one-off cost to empty caches: recipes/policies/cost/loip.lua)
     for k, v in pairs(extra or {}) do out[k] = v end
-    io.stdout:write(require("loip.tools.json").encode(out), "\n")
+    io.stdout:write(require("loip.text.json").encode(out), "\n")
     return
   end
   io.stderr:write(plan.describe(p, sizes, mopts, est), "\n")
@@ -179,7 +181,7 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
   if est and est.ship_ms then -- (a one-off cost: loip.cluster.ship)
     local n = 0
     for _, d in ipairs(est.devices or {}) do n = n + (d.ship_bytes or 0) end
-    io.stderr:write(string.format("  shipping to empty caches: %s, %.1f s over the links\n", require("loip.tools.progress").human(n),
+    io.stderr:write(string.format("  shipping to empty caches: %s, %.1f s over the links\n", require("loip.ui.progress").human(n),
       est.ship_ms / 1000))
   end
 end

@@ -94,7 +94,7 @@ end
 -- Write text to path whole or not at all (through the runtime's writer: a temporary file, synced
 -- and renamed when complete); true, or nil and why.
 function M.write_file(path, text)
-  local files_rt = require "loip.runtime.files"
+  local files_rt = require "loip.runtime.files" -- (not at the top: the command line reads JSON before a command runs, and loads no FFI)
   local w, err = files_rt.writer(path)
   if not w then return nil, err end
   local ok, werr = files_rt.write(w, text)

@@ -1,0 +1,49 @@
+-- A model's shape as planning prices it: the dense model a mixture of experts' token works like,
+-- and the weight bytes of each kind of block (loip.plan.problem, profiles and calibrations).
+local hf = require "loip.model.hf"
+local store = require "loip.model.store"
+
+local M = {}
+
+-- (mixture of experts) The dense model whose MLP does a token's work of this one's: its top-k
+-- experts side by side (and the shared expert), one SwiGLU of k x expert size. What compute is
+-- measured and priced on: a token reads the weights of its chosen experts, not all of them. A
+-- dense config table comes back as it is.
+local dense_of = { Qwen3MoeForCausalLM = "Qwen3ForCausalLM", Qwen2MoeForCausalLM = "Qwen2ForCausalLM",
+  MixtralForCausalLM = "MistralForCausalLM" }
+function M.dense_equivalent(cfg)
+  local arch = type(cfg.architectures) == "table" and cfg.architectures[1]
+  if not dense_of[arch] then return cfg end
+  local d = {}
+  for k, v in pairs(cfg) do d[k] = v end
+  local k = cfg.num_experts_per_tok or 1
+  local each = arch == "MixtralForCausalLM" and cfg.intermediate_size or cfg.moe_intermediate_size or cfg.intermediate_size
+  d.intermediate_size = k * each + (arch == "Qwen2MoeForCausalLM" and (cfg.shared_expert_intermediate_size or 0) or 0)
+  d.architectures = { dense_of[arch] }
+  d.model_type = dense_of[arch]:match("^(.-)ForCausalLM$"):lower()
+  for _, f in ipairs({ "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+    "output_router_logits" }) do d[f] = nil end
+  return d
+end
+
+-- Weight bytes of one block of each kind and of the head, for a Hugging Face config table and
+-- a dtype: what compute figures scale with (a mixture of experts: a token's, M.dense_equivalent).
+function M.shape_of(cfg, dtype)
+  cfg = M.dense_equivalent(cfg)
+  local c = hf.parse_config(cfg, "shape")
+  local es = (store.dtypes[(dtype or "BF16"):upper()] or store.dtypes.BF16)[2]
+  local sh = { dim = c.dim, hidden_dim = c.hidden_dim, n_heads = c.n_heads, n_kv_heads = c.n_kv_heads, head_dim = c.head_dim,
+    mha_bytes = 0, mlp_bytes = 0, head_bytes = c.vocab_size * c.dim * es, dtype = (dtype or "BF16"):upper() }
+  for _, w in ipairs(hf.weight_list(c)) do
+    if w[1] == 0 then
+      local n = 1
+      for _, d in ipairs(hf.shape_of(c, w[2])) do n = n * d end
+      local block = store.block_of[tonumber(w[2])]
+      sh[block .. "_bytes"] = sh[block .. "_bytes"] + n * es
+    end
+  end
+  return sh
+end
+
+return M
