@@ -18,7 +18,7 @@
 --   replanned      a device was lost and the engine planned again over the others: the batcher
 --                  resumes every request from its tokens
 --   hub            a model hub's request failed (loip.model.hub)
---   json           text that is not JSON (loip.tools.json_ordered, loip.text.template.json's
+--   json           text that is not JSON (loip.text.json_ordered, loip.text.template.json's
 --                  decoders, which return it as nil, message)
 --
 -- "context: " .. e (or e .. " more") is an error of e's kind and fields with the longer

@@ -9,6 +9,7 @@ local core = require "loip.core"
 local errors = require "loip.error"
 local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
+local ship = require "loip.cluster.ship"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -128,6 +129,10 @@ function Cluster:recover(err)
   if not ok then return rerr end
   return errors.new("replanned", err.message)
 end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship; the engine
+-- interface's metrics hook, loip.engine).
+function Cluster:metrics(m) ship.metrics(m, self) end
 
 -- Wait for the result of step, watching every device. Returns the message.
 function Cluster:await(step, timeout_ms)

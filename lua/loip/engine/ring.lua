@@ -65,9 +65,6 @@ function Cluster:device_stats()
   return out
 end
 
--- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship).
-function Cluster:metrics(m) require("loip.cluster.ship").metrics(m, self) end
-
 -- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
 -- others planned again: Cluster:check_alive), devices lost before are taken back (a new plan over
 -- all of them, the next plan boundary), devices that failed are restarted (their KV is gone, and

@@ -113,7 +113,7 @@ function Rules:resolve(ref, ptr)
 end
 
 -- An object's properties in the order they are written: `required`'s, then the others by name
--- (the text's order when decoded by loip.tools.json_ordered); and the set of required ones.
+-- (the text's order when decoded by loip.text.json_ordered); and the set of required ones.
 function Rules:property_order(s, props, ptr)
   local req, order, listed = {}, {}, {}
   if s.required ~= nil then
