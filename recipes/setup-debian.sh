@@ -19,6 +19,7 @@ done
 
 packages=(build-essential cmake pkg-config luajit2 libluajit2-5.1-dev lua-cjson lua-busted
           libedit-dev liburing-dev libzmq3-dev libczmq-dev libmicrohttpd-dev libcurl4-openssl-dev libpcre2-dev
+          libssl-dev  # libcrypto: SHA-256 and HMAC (store hashes, beacon proofs)
           iproute2   # ip, tc, ss: loip testbed (network namespaces shaped by tbf)
           chromium   # headless: spec/integration/dashboard_spec.lua loads loip serve's page in it
           openssh-client openssh-server)  # recipes/deploy over ssh; its spec runs a loopback sshd

@@ -1,5 +1,5 @@
 /* test_kv_share.c — KV groups shared between sequences and held by the prompt cache
- * (runtime/exec/session_share.c). A sequence sharing another's prompt (loip_session_seq_share)
+ * (runtime/exec/kv_share.c). A sequence sharing another's prompt (loip_session_seq_share)
  * and computing the next token gives the logits the owner gives for it, bit for bit; its first
  * write copies the shared partial group (copy-on-write) and leaves the owner's rows unchanged
  * bit for bit; full shared groups are not copied; held groups adopted by a new sequence serve it
@@ -81,15 +81,16 @@ static uint64_t account(loip_budget *b, const char *name) {
 }
 
 static int32_t group_of(const loip_session *s, int32_t seq, int32_t i) {
-    return s->block_table[(size_t)seq * s->blocks_per_seq + i];
+    return s->kv->block_table[(size_t)seq * s->kv->blocks_per_seq + i];
 }
 
 /* the rows of group g (every kept layer's K and V) equal to a copy saved before */
 static void save_group(const loip_session *s, int32_t g, float *out) {
-    size_t rows = (size_t)s->kv_block * s->kv_dim;
-    for (int k = 0; k < s->n_kv_layers; k++) {
-        memcpy(out + (2 * k) * rows, chunk_at(s, s->k_cache, k, g), rows * sizeof(float));
-        memcpy(out + (2 * k + 1) * rows, chunk_at(s, s->v_cache, k, g), rows * sizeof(float));
+    const loip_kv *kv = s->kv;
+    size_t rows = (size_t)kv->kv_block * kv->kv_dim;
+    for (int k = 0; k < kv->n_kv_layers; k++) {
+        memcpy(out + (2 * k) * rows, chunk_at(kv, kv->k_cache, k, g), rows * sizeof(float));
+        memcpy(out + (2 * k + 1) * rows, chunk_at(kv, kv->v_cache, k, g), rows * sizeof(float));
     }
 }
 

@@ -1,7 +1,7 @@
-// CUDA kernels of the decoder (issue 16, first part): the same operations as kernels/cpu and
-// runtime/exec/forward.c, on device pointers (device memory, or host memory mapped into the
-// device: a resident block on an integrated GPU, the loader's slot). Every kernel accumulates in
-// fp32. Kernels at the top, launchers (the loip.h entry points) at the bottom.
+// CUDA kernels of the decoder: the same operations as kernels/cpu and runtime/exec/forward.c,
+// on device pointers (device memory, or host memory mapped into the device: a resident block on
+// an integrated GPU, the loader's slot). Every kernel accumulates in fp32. Kernels at the top,
+// launchers (the loip.h entry points) at the bottom.
 //
 //   matvec      one warp per output row, 16-byte loads, a shuffle reduction: the decode path,
 //               bound by memory bandwidth (tests/gpu/run.sh measures the fraction reached)

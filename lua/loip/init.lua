@@ -17,7 +17,7 @@ local submodules = {
   plan = "loip.plan", trace = "loip.engine.trace", transport = "loip.runtime.transport",
   policy = "loip.policy", problem = "loip.plan.problem", profile = "loip.plan.profile", steady = "loip.plan.steady",
   disk = "loip.plan.disk", calibration = "loip.plan.calibration", hub = "loip.model.hub",
-  cluster = "loip.cluster", worker = "loip.cluster.worker", testbed = "loip.cluster.testbed",
+  cluster = "loip.cluster", worker = "loip.cluster.device_server", testbed = "loip.cluster.testbed",
   gguf = "loip.model.gguf", pull = "loip.model.pull", sim = "loip.sim", server = "loip.serve.server",
   batcher = "loip.engine.request.batcher", client = "loip.runtime.http_client", online = "loip.engine.request.online",
   load = "loip.serve.load", openai = "loip.serve.openai", store = "loip.model.store", roofline = "loip.sim.roofline",

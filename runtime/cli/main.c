@@ -46,7 +46,8 @@ static void set_paths(lua_State *L) {
  * (loip_repl_call) a hook set from the handler raises "interrupted" in the chunk at its next Lua
  * instruction, as LuaJIT's own lua.c does (lua_sethook is safe in a signal handler). Compiled
  * code (a JIT trace looping without leaving it) and a C call do not see the hook until they
- * return to the interpreter: a second Ctrl-C says so, a third ends loip as Ctrl-C used to. */
+ * return to the interpreter: a second Ctrl-C says so, a third ends loip (SIGINT's default
+ * action). */
 static lua_State *repl_L;
 static volatile sig_atomic_t repl_interrupted; /* at the prompt */
 static volatile sig_atomic_t repl_running;     /* a chunk runs */

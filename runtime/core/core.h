@@ -1,4 +1,9 @@
-/* Internal helpers shared by the runtime's parts (not part of the public header). */
+/* The runtime's ground floor, under every other part of runtime/ (not part of the public
+ * header): the error channel every failure goes through and aligned allocation. Beside it in
+ * runtime/core/: the clock and the ABI version (error.c), buffers and read-only mappings
+ * (memory.c), the CPU's facts and the kernel variant in use (cpu.c, runtime.h), the thread pool
+ * (pool.c), float dtypes over whole arrays (dtype.c), seeded synthetic weights (random.c) and
+ * the struct layouts the FFI checks (layout.c). */
 #ifndef LOIP_CORE_H
 #define LOIP_CORE_H
 
@@ -15,11 +20,5 @@ void loip_clear_error(void);
 /* Aligned allocation for large arrays; free with loip_aligned_free. NULL on failure. */
 void *loip_aligned_alloc(size_t bytes);
 void loip_aligned_free(void *p);
-
-/* CRC32C pieces (crc32c.c): the raw CRC of n bytes continuing c (no inversions), and a raw CRC
- * followed by n zero bytes. loip_crc32c(0, whole) == ~(shift(~0, len) ^ XOR over pieces of
- * shift(raw(0, piece), bytes after it)). */
-uint32_t loip_crc32c_raw(uint32_t c, const void *data, uint64_t n);
-uint32_t loip_crc32c_shift(uint32_t crc, uint64_t n);
 
 #endif

@@ -1,13 +1,13 @@
-/* The forward pass of a Llama-family decoder (Llama 2/3.x, Mistral, Qwen2, Qwen3) over a
- * session: KV cache plus scratch. Everything here runs per token, so it allocates nothing and
- * decides nothing; it follows llama2.c's run.c step by step (so that its references apply)
- * with batches of tokens for prefill, optional q/k/v biases (Qwen2), per-head q/k RMSNorm
- * (Qwen3), and both RoPE layouts. */
+/* The forward pass of a Llama-style decoder over a session: KV cache plus scratch. Everything
+ * here runs per token, so it allocates nothing and decides nothing; it follows llama2.c's run.c
+ * step by step (so that its references apply) with batches of tokens for prefill. What differs
+ * between families is switched by loip_model_config's fields, never by a family's name: q/k/v
+ * biases (qkv_bias), per-head q/k RMSNorm (qk_norm), the RoPE layout and scaling, a mixture of
+ * experts (n_experts, moe.c). Each family's description (lua/loip/model/families/) sets them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "core/core.h"
 #include "core/pool.h"
@@ -17,289 +17,20 @@
 #include "exec/moe.h"
 #include "exec/ops.h"
 #include "exec/session.h"
-#include "memory/budget.h"
-
-
-
-/* Bytes of the KV cache (pool, block tables, free list) and of the scratch arrays of a session,
- * as loip_session_new_seqs allocates them; n_threads sizes the per-thread attention rows. */
-static void session_sizes(const loip_model_config *c, int32_t max_ctx, int32_t max_batch,
-                          int32_t n_threads, int32_t kv_layers, int32_t kv_tokens, int32_t max_seqs,
-                          uint64_t *kv_bytes, uint64_t *scratch_bytes) {
-    if (max_batch > max_ctx) max_batch = max_ctx;
-    if (kv_layers < 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
-    if (kv_tokens <= 0) kv_tokens = max_ctx;
-    if (max_seqs <= 0) max_seqs = 1;
-    uint64_t B = (uint64_t)max_batch, q_dim = (uint64_t)c->n_heads * c->head_dim;
-    uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t per_seq = (uint64_t)((max_ctx + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
-    uint64_t groups = (uint64_t)((kv_tokens + LOIP_KV_BLOCK_TOKENS - 1) / LOIP_KV_BLOCK_TOKENS);
-    *kv_bytes = 2 * groups * (uint64_t)kv_layers * LOIP_KV_BLOCK_TOKENS * kv_dim * sizeof(float) +
-                ((uint64_t)max_seqs * per_seq + groups + (uint64_t)c->n_layers) * sizeof(int32_t);
-    uint64_t E = (uint64_t)c->n_experts, Bk = B * (uint64_t)c->n_experts_used;
-    *scratch_bytes = (3 * B * c->dim + 2 * B * q_dim + 2 * B * kv_dim + 2 * B * c->hidden_dim +
-                      (uint64_t)n_threads * max_ctx + 2 * B * (c->head_dim / 2)) * sizeof(float) +
-                     2 * B * sizeof(int32_t);
-    if (E) /* the mixture of experts' (moe.c) */
-        *scratch_bytes += (B * E + Bk + 2 * Bk * c->dim + 2 * Bk * c->expert_dim + B) * sizeof(float) +
-                          (2 * Bk + 9 * E) * sizeof(int32_t);
-}
-
-LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
-                               int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
-                               int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes) {
-    if (max_ctx <= 0 || max_batch <= 0 || n_threads <= 0)
-        return loip_fail(LOIP_EINVAL, "session: context (%d), batch (%d) and threads (%d) must be positive",
-                         max_ctx, max_batch, n_threads);
-    session_sizes(cfg, max_ctx, max_batch, n_threads, kv_layers, kv_tokens, max_seqs, kv_bytes, scratch_bytes);
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                                     int32_t max_batch, loip_budget *budget,
-                                     const uint8_t *kv_layers, loip_session **out) {
-    return loip_session_new_seqs(m, pool, max_ctx, max_batch, 0, 1, budget, kv_layers, 0, out);
-}
-
-LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t max_ctx,
-                                   int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
-                                   loip_budget *budget, const uint8_t *kv_layers, uint32_t flags,
-                                   loip_session **out) {
-    *out = NULL;
-    const loip_model_config *c = &m->cfg;
-    int32_t n_kv = 0;
-    for (int32_t l = 0; l < c->n_layers; l++) n_kv += !kv_layers || kv_layers[l];
-    if (max_ctx <= 0 || max_batch <= 0)
-        return loip_fail(LOIP_EINVAL, "session: context (%d) and batch (%d) must be positive",
-                         max_ctx, max_batch);
-    if (kv_tokens < 0 || max_seqs < 0)
-        return loip_fail(LOIP_EINVAL, "session: kv_tokens (%d) and max_seqs (%d) must not be negative",
-                         kv_tokens, max_seqs);
-    if (kv_tokens == 0) kv_tokens = max_ctx;
-    if (max_seqs == 0) max_seqs = 1;
-    if (max_batch > max_ctx) max_batch = max_ctx;
-    loip_session *s = calloc(1, sizeof *s);
-    if (!s) return loip_fail(LOIP_ENOMEM, "session: out of memory");
-    s->m = m;
-    s->pool = pool;
-    s->max_ctx = max_ctx;
-    s->max_batch = max_batch;
-    s->n_threads = loip_pool_size(pool);
-    s->q_dim = (size_t)c->n_heads * c->head_dim;
-    s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-    s->kv_block = LOIP_KV_BLOCK_TOKENS;
-    s->blocks_per_seq = (max_ctx + s->kv_block - 1) / s->kv_block;
-    s->max_seqs = max_seqs;
-    s->n_groups = (kv_tokens + s->kv_block - 1) / s->kv_block;
-    s->n_kv_layers = n_kv;
-    size_t B = (size_t)max_batch, kv = (size_t)s->n_groups * n_kv * s->kv_block * s->kv_dim;
-    struct { float **p; size_t n; } arrays[] = {
-        {&s->k_cache, kv}, {&s->v_cache, kv},
-        {&s->x, B * c->dim}, {&s->xb, B * c->dim}, {&s->xb2, B * c->dim},
-        {&s->q, B * s->q_dim}, {&s->k, B * s->kv_dim}, {&s->v, B * s->kv_dim},
-        {&s->att, B * s->q_dim}, {&s->hb, B * c->hidden_dim}, {&s->hb2, B * c->hidden_dim},
-        {&s->scores, (size_t)s->n_threads * max_ctx},
-        {&s->rope_cos, B * c->head_dim / 2}, {&s->rope_sin, B * c->head_dim / 2},
-        {&s->moe_logits, B * c->n_experts}, {&s->moe_w, B * c->n_experts_used},
-        {&s->moe_x, B * c->n_experts_used * c->dim}, {&s->moe_y, B * c->n_experts_used * c->dim},
-        {&s->moe_h, B * c->n_experts_used * c->expert_dim}, {&s->moe_h2, B * c->n_experts_used * c->expert_dim},
-        {&s->moe_sgate, c->n_experts ? B : 0},
-    };
-    struct { int32_t **p; size_t n; int kv; } ints[] = {
-        {&s->block_table, (size_t)max_seqs * s->blocks_per_seq, 1}, {&s->free_groups, (size_t)s->n_groups, 1},
-        {&s->layer_slot, (size_t)c->n_layers, 1}, {&s->tok_seq, B, 0}, {&s->tok_pos, B, 0},
-        {&s->moe_sel, B * c->n_experts_used, 0}, {&s->moe_place, B * c->n_experts_used, 0},
-        {&s->moe_count, (size_t)c->n_experts, 0}, {&s->moe_start, (size_t)c->n_experts, 0},
-        {&s->moe_fill, (size_t)c->n_experts, 0}, {&s->moe_list, (size_t)c->n_experts, 0},
-        {&s->moe_now, (size_t)c->n_experts, 0}, {&s->moe_slot, (size_t)c->n_experts, 0},
-        {&s->moe_done, (size_t)c->n_experts, 0}, {&s->moe_range_start, (size_t)c->n_experts, 0},
-        {&s->moe_range_count, (size_t)c->n_experts, 0},
-    };
-    /* the lending and eviction tables: small, outside the budget's sizes (as the session struct) */
-    s->lent = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), 1);
-    s->seq_lent = calloc((size_t)max_seqs * (n_kv ? n_kv : 1), sizeof(int32_t));
-    s->evicted = calloc((size_t)max_seqs, sizeof(int32_t));
-    s->recompute_row = malloc((size_t)max_seqs * sizeof(int32_t));
-    s->lent_at = calloc((size_t)s->n_groups * (n_kv ? n_kv : 1), sizeof *s->lent_at);
-    s->refs = calloc((size_t)s->n_groups + 1, sizeof *s->refs), s->holds = calloc((size_t)s->n_groups + 1, sizeof *s->holds);
-    s->tick = calloc((size_t)s->n_groups + 1, sizeof *s->tick), s->gen = calloc((size_t)s->n_groups + 1, sizeof *s->gen);
-    s->tok_rope = calloc(B, sizeof(int32_t)), s->tok_base = calloc(B, sizeof(int32_t));
-    s->tok_mask = calloc(B, sizeof(uint64_t));
-    s->moe_views = calloc((size_t)c->n_experts + 1, sizeof *s->moe_views);
-    s->moe_jobs = calloc(2 * (size_t)c->n_experts + 1, sizeof *s->moe_jobs);
-    s->moe_routed = calloc((size_t)c->n_layers * c->n_experts + 1, sizeof *s->moe_routed);
-    if (!s->lent || !s->seq_lent || !s->evicted || !s->recompute_row || !s->lent_at || !s->tok_rope || !s->tok_base ||
-        !s->tok_mask || !s->moe_views || !s->moe_jobs || !s->moe_routed || !s->refs || !s->holds || !s->tick || !s->gen) {
-        free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
-        free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
-        return loip_fail(LOIP_ENOMEM, "session: out of memory");
-    }
-    for (int32_t q = 0; q < max_seqs; q++) s->recompute_row[q] = -1;
-    /* Charge the whole session before allocating any of it; session_sizes is what
-     * loip_session_size reports for planning, and must agree with the arrays here. */
-    session_sizes(c, max_ctx, max_batch, s->n_threads, n_kv, kv_tokens, max_seqs, &s->kv_bytes, &s->scratch_bytes);
-    {
-        uint64_t kv_check = 0, scratch_check = 0;
-        for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
-            *(i < 2 ? &kv_check : &scratch_check) += arrays[i].n * sizeof(float);
-        for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-            *(ints[i].kv ? &kv_check : &scratch_check) += ints[i].n * sizeof(int32_t);
-        if (kv_check != s->kv_bytes || scratch_check != s->scratch_bytes) {
-            int rc = loip_fail(LOIP_ESTATE, "session: internal size mismatch (kv %llu/%llu, scratch %llu/%llu)",
-                               (unsigned long long)kv_check, (unsigned long long)s->kv_bytes,
-                               (unsigned long long)scratch_check, (unsigned long long)s->scratch_bytes);
-            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
-            return rc;
-        }
-    }
-    s->group_bytes = 2 * (uint64_t)n_kv * s->kv_block * s->kv_dim * sizeof(float);
-    s->chunk_bytes = 2 * (uint64_t)s->kv_block * s->kv_dim * sizeof(float);
-    s->kv_grows = (flags & LOIP_SESSION_KV_GROWS) != 0;
-    /* growing: the tables now, the groups as sequences take them */
-    uint64_t kv_now = s->kv_grows ? s->kv_bytes - (uint64_t)s->n_groups * s->group_bytes : s->kv_bytes;
-    if (budget) {
-        int rc = loip_budget_charge(budget, "kv", kv_now);
-        if (rc == 0 && (rc = loip_budget_charge(budget, "activations", s->scratch_bytes)) != 0)
-            loip_budget_release(budget, "kv", kv_now);
-        if (rc) {
-            free(s->lent), free(s->seq_lent), free(s->evicted), free(s->recompute_row), free(s->lent_at);
-        free(s->refs), free(s->holds), free(s->tick), free(s->gen);
-            free(s->tok_rope), free(s->tok_base), free(s->tok_mask), free(s->moe_views), free(s->moe_jobs), free(s->moe_routed), free(s);
-            return rc;
-        }
-        s->budget = loip_budget_retain(budget);
-    }
-    s->kv_charged = budget ? kv_now : 0;
-    s->pool_bytes = (kv ? kv : 1) * sizeof(float);
-    for (size_t i = 0; i < 2; i++) { /* the pool: pages become resident as positions are written */
-        void *p = mmap(NULL, s->pool_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) {
-            loip_session_free(s);
-            return loip_fail(LOIP_ENOMEM, "session: cannot map a KV pool of %zu bytes (%d KV tokens)", s->pool_bytes, kv_tokens);
-        }
-        /* huge pages only for a pool resident whole: growing, one would make a layer's whole
-         * region resident at its first position */
-        if (!s->kv_grows && s->pool_bytes >= (2u << 20)) madvise(p, s->pool_bytes, MADV_HUGEPAGE);
-        /* charged whole, resident whole (the first steps pay no page faults); growing: as written */
-        if (!s->kv_grows) memset(p, 0, s->pool_bytes);
-        *arrays[i].p = p;
-    }
-    for (size_t i = 2; i < sizeof arrays / sizeof arrays[0]; i++) {
-        *arrays[i].p = loip_aligned_alloc((arrays[i].n ? arrays[i].n : 1) * sizeof(float));
-        if (!*arrays[i].p) {
-            loip_session_free(s);
-            return loip_fail(LOIP_ENOMEM, "session: cannot allocate %zu bytes (context %d, batch %d, %d KV tokens)",
-                             arrays[i].n * sizeof(float), max_ctx, max_batch, kv_tokens);
-        }
-        memset(*arrays[i].p, 0, arrays[i].n * sizeof(float));
-    }
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if (!(*ints[i].p = malloc((ints[i].n ? ints[i].n : 1) * sizeof(int32_t)))) {
-            loip_session_free(s);
-            return loip_fail(LOIP_ENOMEM, "session: out of memory");
-        }
-    for (int32_t l = 0, k = 0; l < c->n_layers; l++) s->layer_slot[l] = (!kv_layers || kv_layers[l]) ? k++ : -1;
-    for (size_t i = 0; i < (size_t)max_seqs * s->blocks_per_seq; i++) s->block_table[i] = -1;
-    /* groups are handed out lowest first: a lone sequence's cache is contiguous, as before */
-    for (int32_t g = s->n_groups - 1; g >= 0; g--) s->free_groups[s->n_free++] = g;
-    *out = s;
-    return LOIP_OK;
-}
-
-LOIP_API void loip_session_free(loip_session *s) {
-    if (!s) return;
-    if (s->k_cache) munmap(s->k_cache, s->pool_bytes);
-    if (s->v_cache) munmap(s->v_cache, s->pool_bytes);
-    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->k, s->v, s->att, s->hb, s->hb2, s->scores, s->rope_cos,
-                       s->rope_sin, s->moe_logits, s->moe_w, s->moe_x, s->moe_y, s->moe_h, s->moe_h2, s->moe_sgate};
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) loip_aligned_free(arrays[i]);
-    free(s->block_table);
-    free(s->free_groups);
-    free(s->layer_slot);
-    free(s->tok_seq);
-    free(s->tok_pos);
-    free(s->tok_rope);
-    free(s->tok_base);
-    free(s->tok_mask);
-    int32_t *moe_ints[] = {s->moe_sel, s->moe_place, s->moe_count, s->moe_start, s->moe_fill, s->moe_list,
-                           s->moe_now, s->moe_slot, s->moe_done, s->moe_range_start, s->moe_range_count};
-    for (size_t i = 0; i < sizeof moe_ints / sizeof moe_ints[0]; i++) free(moe_ints[i]);
-    free(s->moe_views);
-    free(s->moe_jobs);
-    free(s->moe_routed);
-    free(s->lent);
-    free(s->seq_lent);
-    free(s->evicted);
-    free(s->recompute_row);
-    free(s->lent_at);
-    free(s->refs), free(s->holds), free(s->tick), free(s->gen);
-    if (s->budget) {
-        loip_budget_release(s->budget, "kv", s->kv_charged);
-        if (s->cache_charged) loip_budget_release(s->budget, "prompt_cache", s->cache_charged);
-        loip_budget_release(s->budget, "activations", s->scratch_bytes);
-        loip_budget_free(s->budget);
-    }
-    free(s);
-}
-
-LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s) { return s->scratch_bytes; }
-
-LOIP_API uint64_t loip_session_kv_bytes(const loip_session *s) { return s->kv_bytes; }
-LOIP_API int32_t loip_session_kv_block_tokens(const loip_session *s) { return s->kv_block; }
-LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s) { return s->n_free * s->kv_block; }
-LOIP_API int32_t loip_session_max_seqs(const loip_session *s) { return s->max_seqs; }
-
-LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) {
-    if (seq < 0 || seq >= s->max_seqs)
-        return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, s->max_seqs);
-    int32_t *t = s->block_table + (size_t)seq * s->blocks_per_seq;
-    for (int32_t i = 0; i < s->blocks_per_seq; i++)
-        if (t[i] >= 0) loip_session_release_group(s, seq, t[i]);
-    for (int32_t i = 0; i < s->blocks_per_seq; i++) t[i] = -1;
-    s->evicted[seq] = 0;
-    return LOIP_OK;
-}
-
-LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) {
-    grows = grows != 0;
-    if (grows == s->kv_grows) return LOIP_OK;
-    if (s->n_free != s->n_groups)
-        return loip_fail(LOIP_ESTATE, "session: KV growth changes only while no sequence holds KV (%d of %d groups held)",
-                         s->n_groups - s->n_free, s->n_groups);
-    uint64_t pool = (uint64_t)s->n_groups * s->group_bytes;
-    if (s->budget) {
-        if (grows) {
-            loip_budget_release(s->budget, "kv", pool);
-            s->kv_charged -= pool;
-        } else {
-            int rc = loip_budget_charge(s->budget, "kv", pool);
-            if (rc) return rc;
-            s->kv_charged += pool;
-        }
-    }
-    s->kv_grows = grows;
-    return LOIP_OK;
-}
-
-LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv_charged; }
-LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s) { return s->group_bytes; }
 
 /* The first of the kv_block rows (kv_dim floats each) of the group holding position pos of
- * sequence seq for layer in pool (k_cache or v_cache); the rows of one group are contiguous.
- * The group is mapped (loip_session_prepare made sure). */
-
-/* Positions a sequence has evicted are recomputed in the batch: their rows are the batch's k/v
+ * sequence seq for layer, keys or values; the rows of one group are contiguous. The group is
+ * mapped (loip_session_prepare made sure), or read in place where it is lent and attached.
+ * Positions a sequence has evicted are recomputed in the batch: their rows are the batch's k/v
  * rows of the layer being run, from the row of position 0 on (kv_block rows per group too). */
 static inline const float *kv_block_at(const loip_session *s, int value, int layer, int seq, int pos) {
-    if (pos < s->evicted[seq]) return (value ? s->v : s->k) + (size_t)(s->recompute_row[seq] + pos) * s->kv_dim;
-    int32_t g = s->block_table[(size_t)seq * s->blocks_per_seq + pos / s->kv_block];
-    int slot = s->layer_slot[layer];
-    const uint8_t *at = s->lent_at[(size_t)g * s->n_kv_layers + slot];
-    if (at) return (const float *)(at + (value ? s->chunk_bytes / 2 : 0));
-    return chunk_at(s, value ? s->v_cache : s->k_cache, slot, g);
+    const loip_kv *kv = s->kv;
+    if (pos < kv->evicted[seq]) return (value ? s->v : s->k) + (size_t)(s->recompute_row[seq] + pos) * s->kv_dim;
+    int32_t g = kv->block_table[(size_t)seq * kv->blocks_per_seq + pos / kv->kv_block];
+    int slot = kv->layer_slot[layer];
+    const uint8_t *at = kv->lent_at[(size_t)g * kv->n_kv_layers + slot];
+    if (at) return (const float *)(at + (value ? kv->chunk_bytes / 2 : 0));
+    return chunk_at(kv, value ? kv->v_cache : kv->k_cache, slot, g);
 }
 
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
@@ -379,11 +110,12 @@ static void qkv_post_task(void *p, int ith, int nth) {
             rotate(v, hd, c->rope_layout, cs, sn);
         }
         int pos = s->tok_pos[t], seq = s->tok_seq[t];
-        if (pos < s->evicted[seq]) continue; /* recomputed: its k/v rows serve this layer only */
-        int32_t g = s->block_table[(size_t)seq * s->blocks_per_seq + pos / s->kv_block];
-        size_t row = (size_t)(pos % s->kv_block) * s->kv_dim;
-        memcpy(chunk_at(s, s->k_cache, s->layer_slot[j->layer], g) + row, kk, s->kv_dim * sizeof(float));
-        memcpy(chunk_at(s, s->v_cache, s->layer_slot[j->layer], g) + row, vv, s->kv_dim * sizeof(float));
+        loip_kv *kv = s->kv;
+        if (pos < kv->evicted[seq]) continue; /* recomputed: its k/v rows serve this layer only */
+        int32_t g = kv->block_table[(size_t)seq * kv->blocks_per_seq + pos / kv->kv_block];
+        size_t row = (size_t)(pos % kv->kv_block) * s->kv_dim;
+        memcpy(chunk_at(kv, kv->k_cache, kv->layer_slot[j->layer], g) + row, kk, s->kv_dim * sizeof(float));
+        memcpy(chunk_at(kv, kv->v_cache, kv->layer_slot[j->layer], g) + row, vv, s->kv_dim * sizeof(float));
     }
 }
 
@@ -391,7 +123,7 @@ static void qkv_post_task(void *p, int ith, int nth) {
  * rows contiguous); *maxv their running max. */
 static int score_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, const float *q,
                        int lo, int hi, float *scores, int at, float scale, float *maxv) {
-    int hd = s->m->cfg.head_dim, kb = s->kv_block;
+    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
     for (int p = lo; p <= hi;) {
         int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
         const float *kc = kv_block_at(s, 0, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
@@ -408,7 +140,7 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
 /* o += the values of positions lo..hi of seq weighted by scores[at..] / sum. */
 static int mix_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, float *o, int lo,
                      int hi, const float *scores, int at, float sum) {
-    int hd = s->m->cfg.head_dim, kb = s->kv_block;
+    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
     for (int p = lo; p <= hi;) {
         int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
         const float *vc = kv_block_at(s, 1, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
@@ -468,18 +200,6 @@ static int check_batch(const loip_session *s, int32_t n) {
     return LOIP_OK;
 }
 
-/* Groups for positions 0..pos of seq (what a token at pos attends to), taken from the free list
- * where it has none yet: attention never reads an unmapped group. */
-static int map_groups(loip_session *s, int32_t seq, int32_t pos) {
-    int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-    for (int32_t g = s->evicted[seq] / s->kv_block; g <= pos / s->kv_block; g++) {
-        if (table[g] >= 0) continue;
-        int rc = loip_session_take_group(s, seq, pos, &table[g]);
-        if (rc) return rc;
-    }
-    return LOIP_OK;
-}
-
 /* Token t's rotation and what it reads (tok_seq/tok_pos of rows 0..t set): an ordinary row its
  * own position and 0..pos; a tree node (parent > 0) its parent's rotation + 1 and its root's
  * positions 0..base with its ancestors' and its own past the root (loip_batch_token). */
@@ -507,7 +227,7 @@ static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
 static int find_recomputed(loip_session *s, int32_t n) {
     for (int32_t t = 0; t < n; t++) s->recompute_row[s->tok_seq[t]] = -1;
     for (int32_t t = 0; t < n; t++) {
-        int32_t q = s->tok_seq[t], e = s->evicted[q];
+        int32_t q = s->tok_seq[t], e = s->kv->evicted[q];
         if (e == 0 || s->recompute_row[q] >= 0 || s->tok_pos[t] != 0) continue;
         if (t + e > n)
             return loip_fail(LOIP_EINVAL, "forward: sequence %d recomputes its %d evicted positions but the batch "
@@ -520,7 +240,7 @@ static int find_recomputed(loip_session *s, int32_t n) {
         s->recompute_row[q] = t;
     }
     for (int32_t t = 0; t < n; t++) {
-        int32_t q = s->tok_seq[t], e = s->evicted[q];
+        int32_t q = s->tok_seq[t], e = s->kv->evicted[q];
         if (e == 0) continue;
         if (s->recompute_row[q] < 0)
             return loip_fail(LOIP_EINVAL, "forward: sequence %d's positions 0..%d are evicted and the batch does not "
@@ -542,15 +262,7 @@ static void drop_past(loip_session *s, int32_t n) {
         int32_t seq = s->tok_seq[t], last = -1;
         for (int32_t u = 0; u < n; u++)
             if (s->tok_seq[u] == seq && s->tok_pos[u] > last) last = s->tok_pos[u];
-        int32_t *table = &s->block_table[(size_t)seq * s->blocks_per_seq];
-        for (int32_t g = last / s->kv_block + 1; g < s->blocks_per_seq; g++) {
-            if (table[g] < 0) continue;
-            int lent = 0;
-            for (int32_t k = 0; k < s->n_kv_layers; k++) lent |= s->lent[(size_t)table[g] * s->n_kv_layers + k];
-            if (lent) continue;
-            loip_session_release_group(s, seq, table[g]);
-            table[g] = -1;
-        }
+        loip_kv_trim(s->kv, seq, last);
     }
 }
 
@@ -563,9 +275,9 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
                          pos, pos + n - 1, s->max_ctx);
     for (int32_t t = 0; t < n; t++) {
         int32_t seq = toks ? toks[t].seq : 0, p = toks ? toks[t].pos : pos + t;
-        if (seq < 0 || seq >= s->max_seqs)
+        if (seq < 0 || seq >= s->kv->max_seqs)
             return loip_fail(LOIP_EINVAL, "forward: token %d of the batch is of sequence %d (the session has %d)",
-                             t, seq, s->max_seqs);
+                             t, seq, s->kv->max_seqs);
         if (p < 0 || p >= s->max_ctx)
             return loip_fail(LOIP_ERANGE, "forward: token %d of the batch (sequence %d) at position %d, past "
                              "the context of %d tokens", t, seq, p, s->max_ctx);
@@ -573,9 +285,8 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
         if ((rc = tree_node(s, toks, t))) return rc;
     }
     if ((rc = find_recomputed(s, n))) return rc;
-    for (int32_t t = 0; t < n; t++)
-        if (s->tok_pos[t] >= s->evicted[s->tok_seq[t]] && ((rc = map_groups(s, s->tok_seq[t], s->tok_pos[t])) ||
-                                                          (rc = loip_session_own_group(s, s->tok_seq[t], s->tok_pos[t]))))
+    for (int32_t t = 0; t < n; t++) /* (attention never reads an unmapped group) */
+        if (s->tok_pos[t] >= s->kv->evicted[s->tok_seq[t]] && (rc = loip_kv_prepare(s->kv, s->tok_seq[t], s->tok_pos[t])))
             return rc;
     drop_past(s, n);
     /* cos/sin of each token's position for RoPE, once per batch */
@@ -610,7 +321,7 @@ LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t 
 /* Attention block of layer l: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att. */
 static void mha_block(loip_session *s, int l, float *hidden, int n) {
     const loip_model *m = s->m;
-    if (s->experts) loip_moe_predict(s, l, hidden, n); /* the layer's experts start loading now */
+    if (s->moe) loip_moe_predict(s, l, hidden, n); /* the layer's experts start loading now */
     step_job j = {.s = s, .n = n, .layer = l};
     j.w = loip_layer_w(m, l, LOIP_W_ATTN_NORM);
     j.in = hidden, j.out = s->xb, j.add = NULL;
@@ -665,15 +376,16 @@ int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden
                          first, last, m->cfg.n_layers, 2 * m->cfg.n_layers);
     if (first == last) return LOIP_OK;
     if ((rc = loip_model_check_blocks(m, first, last))) return rc;
+    const loip_kv *kv = s->kv;
     for (int b = first; b < last; b += 2 - b % 2) {
         if (b % 2 != LOIP_BLOCK_MHA) continue;
-        int slot = s->layer_slot[b / 2];
+        int slot = kv->layer_slot[b / 2];
         if (slot < 0) return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
         for (int t = 0; t < n; t++)
-            if (s->seq_lent[(size_t)s->tok_seq[t] * s->n_kv_layers + slot])
+            if (kv->seq_lent[(size_t)s->tok_seq[t] * kv->n_kv_layers + slot])
                 return loip_fail(LOIP_ESTATE, "layer %d's KV cache of sequence %d is lent out (%d groups): fetch it "
                                  "back before the layer runs", b / 2, s->tok_seq[t],
-                                 s->seq_lent[(size_t)s->tok_seq[t] * s->n_kv_layers + slot]);
+                                 kv->seq_lent[(size_t)s->tok_seq[t] * kv->n_kv_layers + slot]);
     }
     for (int b = first; b < last; b++) {
         if (b % 2 == LOIP_BLOCK_MHA) mha_block(s, b / 2, hidden, n);
@@ -761,7 +473,3 @@ LOIP_API int loip_session_forward_batch(loip_session *s, const int32_t *tokens, 
     if ((rc = loip_session_run(s, 0, 2 * s->m->cfg.n_layers, s->x))) return rc;
     return loip_session_head_rows(s, s->x, n, rows, n_rows, logits);
 }
-
-float *loip_session_hidden(loip_session *s) { return s->x; }
-int32_t loip_session_max_batch(const loip_session *s) { return s->max_batch; }
-const loip_model *loip_session_model(const loip_session *s) { return s->m; }

@@ -1,8 +1,17 @@
-/* Internal: the mixture-of-experts MLP of the forward pass (moe.c). */
+/* Internal: the mixture-of-experts MLP of the forward pass and its scratch (moe.c). */
 #ifndef LOIP_MOE_H
 #define LOIP_MOE_H
 
 #include "loip.h"
+
+typedef struct loip_moe loip_moe;
+
+/* Bytes of the scratch loip_moe_new allocates for a batch of max_batch rows (charged with the
+ * session's to "activations"); 0 for a model without experts. */
+uint64_t loip_moe_scratch_bytes(const loip_model_config *c, int32_t max_batch);
+/* The scratch of a model's MoE layers (*out NULL for a model without experts). */
+int loip_moe_new(const loip_model_config *c, int32_t max_batch, loip_moe **out);
+void loip_moe_free(loip_moe *mo);
 
 /* xb2 = the layer's experts (and shared expert) over the n rows of xb (ffn_norm applied). */
 int loip_moe_ffn(loip_session *s, int layer, int n);

@@ -152,63 +152,65 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
     return rc;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
-    (void)version;
-    loip_http *srv = cls;
-    loip_http_req *r = *con_cls;
-    if (!r) { /* the headers are in: a request object, the body to come */
-        r = calloc(1, sizeof *r);
-        if (!r) return MHD_NO;
-        r->srv = srv, r->conn = c, r->refs = 1;
-        snprintf(r->method, sizeof r->method, "%s", method);
-        snprintf(r->url, sizeof r->url, "%s", url);
-        pthread_mutex_init(&r->mu, NULL);
-        pthread_cond_init(&r->cv, NULL);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > srv->max_body) r->too_large = 1;
-        pthread_mutex_lock(&srv->mu);
-        srv->inflight++;
-        pthread_mutex_unlock(&srv->mu);
-        *con_cls = r;
-        return MHD_YES;
+static const char STOPPING[] =
+    "{\"error\":{\"message\":\"the server is stopping\",\"type\":\"server_error\",\"code\":\"stopping\"}}";
+
+/* The headers are in: a request object, the body to come (NULL: out of memory). */
+static loip_http_req *req_new(loip_http *srv, struct MHD_Connection *c, const char *url, const char *method) {
+    loip_http_req *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->srv = srv, r->conn = c, r->refs = 1;
+    snprintf(r->method, sizeof r->method, "%s", method);
+    snprintf(r->url, sizeof r->url, "%s", url);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > srv->max_body) r->too_large = 1;
+    pthread_mutex_lock(&srv->mu);
+    srv->inflight++;
+    pthread_mutex_unlock(&srv->mu);
+    return r;
+}
+
+/* A piece of the body, appended (NUL-terminated); past max_body the body is dropped and the
+ * request marked too large. 0: out of memory. */
+static int req_append(loip_http_req *r, const char *upload, size_t n) {
+    if (r->too_large) return 1;
+    if (r->len + n > r->srv->max_body) {
+        r->too_large = 1;
+        free(r->body);
+        r->body = NULL, r->len = r->cap = 0;
+        return 1;
     }
-    if (*upload_size > 0) { /* a piece of the body */
-        if (!r->too_large) {
-            if (r->len + *upload_size > srv->max_body) {
-                r->too_large = 1;
-                free(r->body);
-                r->body = NULL, r->len = r->cap = 0;
-            } else {
-                if (r->len + *upload_size + 1 > r->cap) {
-                    uint64_t cap = r->cap ? r->cap : 4096;
-                    while (cap < r->len + *upload_size + 1) cap *= 2;
-                    char *b = realloc(r->body, cap);
-                    if (!b) return MHD_NO;
-                    r->body = b, r->cap = cap;
-                }
-                memcpy(r->body + r->len, upload, *upload_size);
-                r->len += *upload_size;
-                r->body[r->len] = 0;
-            }
-        }
-        *upload_size = 0;
-        return MHD_YES;
+    if (r->len + n + 1 > r->cap) {
+        uint64_t cap = r->cap ? r->cap : 4096;
+        while (cap < r->len + n + 1) cap *= 2;
+        char *b = realloc(r->body, cap);
+        if (!b) return 0;
+        r->body = b, r->cap = cap;
     }
-    if (r->state == WAITING && !r->queued) { /* the whole request: to the caller, then wait */
-        if (srv->stopping) return send_text(c, 503, "application/json",
-                                            "{\"error\":{\"message\":\"the server is stopping\",\"type\":\"server_error\",\"code\":\"stopping\"}}");
-        pthread_mutex_lock(&r->mu);
-        r->refs++, r->queued = 1;
-        pthread_mutex_unlock(&r->mu);
-        pthread_mutex_lock(&srv->mu);
-        if (srv->tail) srv->tail->next = r;
-        else srv->head = r;
-        srv->tail = r;
-        pthread_cond_signal(&srv->cv);
-        pthread_mutex_unlock(&srv->mu);
-    }
+    memcpy(r->body + r->len, upload, n);
+    r->len += n;
+    r->body[r->len] = 0;
+    return 1;
+}
+
+/* The whole request, queued for the caller (loip_http_next). */
+static void req_queue(loip_http *srv, loip_http_req *r) {
     pthread_mutex_lock(&r->mu);
+    r->refs++, r->queued = 1;
+    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_lock(&srv->mu);
+    if (srv->tail) srv->tail->next = r;
+    else srv->head = r;
+    srv->tail = r;
+    pthread_cond_signal(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Waits (r->mu held) until the caller answers or starts a stream, the client leaving meanwhile
+ * marking it cancelled; 0 when the server stops first. */
+static int req_wait_answer(loip_http *srv, loip_http_req *r, struct MHD_Connection *c) {
     while (r->state == WAITING && !srv->stopping) {
         pthread_mutex_unlock(&r->mu);
         int gone = !r->cancelled && peer_gone(c);
@@ -216,20 +218,47 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (gone) r->cancelled = 1;
         if (r->state == WAITING) wait_ms(r, 100);
     }
-    if (r->state == WAITING) { /* stopping with no answer */
+    return r->state != WAITING;
+}
+
+/* The answer (r->mu held): whole, or a stream its reader takes bytes from. */
+static struct MHD_Response *req_response(loip_http_req *r) {
+    if (r->state == ANSWERED)
+        return MHD_create_response_from_buffer((size_t)r->out_len, r->out ? r->out : (void *)"",
+                                               MHD_RESPMEM_MUST_COPY);
+    r->refs++; /* the stream's reader holds the request until MHD frees the response */
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, r,
+                                                                  stream_free);
+    if (!resp) r->refs--;
+    return resp;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    loip_http *srv = cls;
+    loip_http_req *r = *con_cls;
+    if (!r) {
+        if (!(r = req_new(srv, c, url, method))) return MHD_NO;
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        if (!req_append(r, upload, *upload_size)) return MHD_NO;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->state == WAITING && !r->queued) { /* the whole request: to the caller, then wait */
+        if (srv->stopping) return send_text(c, 503, "application/json", STOPPING);
+        req_queue(srv, r);
+    }
+    pthread_mutex_lock(&r->mu);
+    if (!req_wait_answer(srv, r, c)) { /* stopping with no answer */
         r->cancelled = 1;
         pthread_mutex_unlock(&r->mu);
-        return send_text(c, 503, "application/json",
-                         "{\"error\":{\"message\":\"the server is stopping\",\"type\":\"server_error\",\"code\":\"stopping\"}}");
+        return send_text(c, 503, "application/json", STOPPING);
     }
-    struct MHD_Response *resp;
-    if (r->state == ANSWERED) {
-        resp = MHD_create_response_from_buffer((size_t)r->out_len, r->out ? r->out : (void *)"", MHD_RESPMEM_MUST_COPY);
-    } else {
-        r->refs++; /* the stream's reader holds the request until MHD frees the response */
-        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, r, stream_free);
-        if (!resp) r->refs--;
-    }
+    struct MHD_Response *resp = req_response(r);
     int status = r->status;
     if (resp) add_headers(resp, r->content_type, r->headers);
     pthread_mutex_unlock(&r->mu);

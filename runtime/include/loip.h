@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 32, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 33, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -141,7 +141,7 @@ LOIP_API int loip_writer_write(loip_writer *w, const void *data, uint64_t len);
 LOIP_API int loip_writer_commit(loip_writer *w);
 LOIP_API void loip_writer_free(loip_writer *w);
 /* Bytes available to an unprivileged writer on the filesystem holding path. */
-LOIP_API int loip_disk_free(const char *path, uint64_t *bytes);
+LOIP_API int loip_disk_available(const char *path, uint64_t *bytes);
 /* Drop the file's pages from the page cache (written ones flushed first), so that the next
  * read comes from the disk: what a profile measures. */
 LOIP_API int loip_file_drop_cache(const char *path);
@@ -230,8 +230,8 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
 
 /* ---- hashing -------------------------------------------------------------------------- */
 
-/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. Uses
- * the CPU's SHA instructions where present, except under the "ref" kernel variant. */
+/* SHA-256 (FIPS 180-4), streaming: the content hashes of slice stores and their sources. From
+ * OpenSSL's libcrypto, which uses the CPU's SHA instructions where present. */
 typedef struct loip_sha256 loip_sha256;
 LOIP_API int loip_sha256_new(loip_sha256 **out);
 LOIP_API void loip_sha256_free(loip_sha256 *h);
@@ -242,7 +242,8 @@ LOIP_API int loip_sha256_update(loip_sha256 *h, const void *data, uint64_t len);
 LOIP_API int loip_sha256_final(loip_sha256 *h, uint8_t *digest, char *hex);
 /* SHA-256 of a whole file, read in large buffered requests; *bytes (may be NULL) its size. */
 LOIP_API int loip_sha256_file(const char *path, char *hex, uint64_t *bytes);
-/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. */
+/* HMAC-SHA256 (RFC 2104) of msg under key: mac[32] raw bytes. The proof a discovery beacon
+ * carries (lua/loip/cluster/discovery.lua). */
 LOIP_API int loip_hmac_sha256(const void *key, uint64_t key_len, const void *msg, uint64_t msg_len,
                               uint8_t *mac);
 /* CRC32C (Castagnoli) of n bytes, continuing crc (0 to start): a block file's checksum in a
@@ -386,6 +387,9 @@ enum {
     LOIP_ROPE_SCALING_LLAMA3 = 1,
 };
 
+/* A model's shape and the switches of its forward pass. Lua fills it from the family's
+ * description (lua/loip/model/families/: docs/adding-a-model.md); C reads only these fields and
+ * knows no family by name. */
 typedef struct loip_model_config {
     int32_t dim;         /* hidden size */
     int32_t hidden_dim;  /* FFN inner size */
@@ -578,7 +582,7 @@ LOIP_API int32_t loip_session_kv_evicted(const loip_session *s, int32_t seq);
 /* Positions the pool can still give out (free groups x LOIP_KV_BLOCK_TOKENS). */
 LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s);
 LOIP_API int32_t loip_session_max_seqs(const loip_session *s);
-/* Sharing KV (runtime/exec/session_share.c, docs/prefix-cache.md). A group is named by block
+/* Sharing KV (runtime/exec/kv_share.c, docs/prefix-cache.md). A group is named by block
  * tables and by the prompt cache's holds, counted per group; a group named more than once is
  * never written: a sequence's first write into it copies it into a fresh group of its own
  * (copy-on-write: every kept layer's rows, charged as any group it takes). Lending refuses a
@@ -1460,8 +1464,8 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
-/* The CUDA side (kernels/cuda; issue 16's first part): devices, the memory the UMA-aware loading
- * path uses, and the decoder's kernels on device pointers. Built without CUDA, every call but
+/* The CUDA side (kernels/cuda): devices, the memory the UMA-aware loading path uses, and the
+ * decoder's kernels on device pointers. Built without CUDA, every call but
  * loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
  * to launch is reported at once, one while running at loip_cuda_sync. */
 

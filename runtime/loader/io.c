@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "files/crc32c.h"
 #include "loader/loader.h"
 
 /* ---- completion bookkeeping (under mu) ------------------------------------------------ */

@@ -240,6 +240,80 @@ static int quick_nfc(const uint8_t *p, size_t len) {
     return 1;
 }
 
+/* Full canonical decomposition of text into a (an invalid byte kept as RAW_BYTE | byte). */
+static int decompose_text(cps *a, const uint8_t *p, size_t len) {
+    int rc = 0;
+    for (size_t i = 0; i < len && rc == 0;) {
+        uint32_t cp;
+        int k = loip_utf8_decode(p + i, len - i, &cp);
+        if (k == 0) {
+            rc = cps_push(a, RAW_BYTE | p[i]);
+            i++;
+        } else {
+            rc = decompose_into(a, cp, 0);
+            i += (size_t)k;
+        }
+    }
+    return rc;
+}
+
+/* Canonical ordering: a stable sort of each run of non-starters by class. */
+static void canonical_order(cps *a) {
+    for (size_t i = 1; i < a->n; i++) {
+        int c = ccc_of(a->v[i]);
+        if (c == 0) continue;
+        size_t j = i;
+        uint32_t x = a->v[i];
+        while (j > 0 && ccc_of(a->v[j - 1]) > c) {
+            a->v[j] = a->v[j - 1];
+            j--;
+        }
+        a->v[j] = x;
+    }
+}
+
+/* Canonical composition, in place: each character joins the last starter unless something
+ * between them has a class as high as its own (or is a starter). Returns the new length. */
+static size_t canonical_compose(cps *a) {
+    if (a->n == 0) return 0;
+    size_t starter = 0, w = 1;
+    int has_starter = ccc_of(a->v[0]) == 0;
+    int last = has_starter ? 0 : 256;
+    for (size_t i = 1; i < a->n; i++) {
+        uint32_t ch = a->v[i];
+        int c = ccc_of(ch);
+        uint32_t comp = has_starter && (last < c || last == 0) ? compose(a->v[starter], ch) : 0;
+        if (comp != 0) {
+            a->v[starter] = comp;
+            continue;
+        }
+        if (c == 0) {
+            starter = w;
+            has_starter = 1;
+        }
+        last = c;
+        a->v[w++] = ch;
+    }
+    return w;
+}
+
+/* The first w code points of a as UTF-8 (RAW_BYTE ones as their byte) into out: 0, or
+ * LOIP_ERANGE when they need more than cap bytes (*n_out: how many either way). */
+static int encode_text(const cps *a, size_t w, char *out, size_t cap, size_t *n_out) {
+    size_t need = 0;
+    uint8_t buf[4];
+    for (size_t i = 0; i < w; i++)
+        need += a->v[i] >= RAW_BYTE ? 1 : (size_t)loip_utf8_encode(a->v[i], buf);
+    *n_out = need;
+    if (need > cap) return loip_fail(LOIP_ERANGE, "loip_utf8_nfc: %zu bytes needed, cap is %zu", need, cap);
+    uint8_t *o = (uint8_t *)out;
+    for (size_t i = 0; i < w; i++) {
+        if (a->v[i] >= RAW_BYTE) *o++ = (uint8_t)(a->v[i] & 0xFF);
+        else o += loip_utf8_encode(a->v[i], o);
+    }
+    return 0;
+}
+
 LOIP_API int loip_utf8_nfc(const char *text, size_t len, char *out, size_t cap, size_t *n_out,
                            int32_t *unchanged) {
     if (n_out == NULL || unchanged == NULL || (text == NULL && len > 0) ||
@@ -254,73 +328,13 @@ LOIP_API int loip_utf8_nfc(const char *text, size_t len, char *out, size_t cap, 
         return 0;
     }
     cps a = {0};
-    int rc = 0;
-    for (size_t i = 0; i < len && rc == 0;) {
-        uint32_t cp;
-        int k = loip_utf8_decode(p + i, len - i, &cp);
-        if (k == 0) {
-            rc = cps_push(&a, RAW_BYTE | p[i]);
-            i++;
-        } else {
-            rc = decompose_into(&a, cp, 0);
-            i += (size_t)k;
-        }
-    }
-    if (rc != 0) {
+    if (decompose_text(&a, p, len) != 0) {
         free(a.v);
         return loip_fail(LOIP_ENOMEM, "loip_utf8_nfc: no memory for %zu bytes of text", len);
     }
-    /* Canonical ordering: a stable sort of each run of non-starters by class. */
-    for (size_t i = 1; i < a.n; i++) {
-        int c = ccc_of(a.v[i]);
-        if (c == 0) continue;
-        size_t j = i;
-        uint32_t x = a.v[i];
-        while (j > 0 && ccc_of(a.v[j - 1]) > c) {
-            a.v[j] = a.v[j - 1];
-            j--;
-        }
-        a.v[j] = x;
-    }
-    /* Canonical composition: each character joins the last starter unless something between
-     * them has a class as high as its own (or is a starter). */
-    size_t w = 0;
-    if (a.n > 0) {
-        size_t starter = 0;
-        int has_starter = ccc_of(a.v[0]) == 0;
-        int last = has_starter ? 0 : 256;
-        w = 1;
-        for (size_t i = 1; i < a.n; i++) {
-            uint32_t ch = a.v[i];
-            int c = ccc_of(ch);
-            uint32_t comp = has_starter && (last < c || last == 0) ? compose(a.v[starter], ch) : 0;
-            if (comp != 0) {
-                a.v[starter] = comp;
-                continue;
-            }
-            if (c == 0) {
-                starter = w;
-                has_starter = 1;
-            }
-            last = c;
-            a.v[w++] = ch;
-        }
-    }
-    size_t need = 0;
-    uint8_t buf[4];
-    for (size_t i = 0; i < w; i++)
-        need += a.v[i] >= RAW_BYTE ? 1 : (size_t)loip_utf8_encode(a.v[i], buf);
-    *n_out = need;
-    if (need > cap) {
-        free(a.v);
-        return loip_fail(LOIP_ERANGE, "loip_utf8_nfc: %zu bytes needed, cap is %zu", need, cap);
-    }
-    uint8_t *o = (uint8_t *)out;
-    for (size_t i = 0; i < w; i++) {
-        if (a.v[i] >= RAW_BYTE) *o++ = (uint8_t)(a.v[i] & 0xFF);
-        else o += loip_utf8_encode(a.v[i], o);
-    }
+    canonical_order(&a);
+    size_t w = canonical_compose(&a);
+    int rc = encode_text(&a, w, out, cap, n_out);
     free(a.v);
-    return 0;
+    return rc;
 }
-

@@ -19,7 +19,7 @@ struct loip_beacon {
 
 static void czmq_once(void) {
     /* CZMQ would otherwise install its own SIGINT/SIGTERM handlers over loip's
-     * (runtime/core/signal.c): a worker must still stop cleanly on SIGTERM. */
+     * (runtime/process/signal.c): a worker must still stop cleanly on SIGTERM. */
     static int done;
     if (done) return;
     done = 1;

@@ -323,127 +323,165 @@ LOIP_API int loip_sock_recv_large(loip_sock *s, int32_t timeout_ms, loip_msg_hea
     return sock_recv(s, timeout_ms, h, payload, cap, from, large);
 }
 
-static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload, uint64_t cap,
-                     char *from, void **large) {
-    CHECK_OPEN(s);
-    char id[64] = "";
+/* A receive that returned nothing: the reason, as the caller's error. */
+static int recv_failed(loip_sock *s, int32_t timeout_ms) {
     poll_monitor(s);
-    set_timeout(s->z, ZMQ_RCVTIMEO, timeout_ms);
+    if (zmq_errno() == EAGAIN) return loip_fail(LOIP_ETIMEDOUT, "receive: nothing within %d ms", timeout_ms);
+    if (zmq_errno() == ETERM) return loip_fail(LOIP_ESTATE, "receive: the transport is shutting down");
+    if (zmq_errno() == EINTR) return loip_fail(LOIP_ETIMEDOUT, "receive: interrupted by a signal");
+    return loip_zfail(LOIP_EIO, "receive");
+}
+
+/* A server socket's first frame: the sender's identity, into id[64] (and from). */
+static int recv_identity(loip_sock *s, int32_t timeout_ms, char *id, char *from) {
     zmq_msg_t m;
-    int rc;
-    if (s->server) {
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s->z, 0) < 0) {
-            zmq_msg_close(&m);
-            goto recv_fail;
-        }
-        size_t n = zmq_msg_size(&m) < sizeof id - 1 ? zmq_msg_size(&m) : sizeof id - 1;
-        loip_zmsg_copy(id, &m, n);
-        id[n] = 0;
-        zmq_msg_close(&m);
-        if (from) snprintf(from, 64, "%s", id);
-    } else if (from) {
-        from[0] = 0;
-    }
     zmq_msg_init(&m);
     if (zmq_msg_recv(&m, s->z, 0) < 0) {
         zmq_msg_close(&m);
-        goto recv_fail;
+        return recv_failed(s, timeout_ms);
     }
-    uint64_t t_recv = loip_now_ns();
-    int has_more = zmq_msg_more(&m);
+    size_t n = zmq_msg_size(&m) < 63 ? zmq_msg_size(&m) : 63;
+    loip_zmsg_copy(id, &m, n);
+    id[n] = 0;
+    zmq_msg_close(&m);
+    if (from) snprintf(from, 64, "%s", id);
+    return LOIP_OK;
+}
+
+/* The header frame, checked (loip_msg_check, with no payload limit for lent KV when the caller
+ * takes large payloads): *t_recv when it came, *has_more whether a frame follows. */
+static int recv_header(loip_sock *s, int32_t timeout_ms, const char *who, uint64_t cap, void **large,
+                       loip_msg_header *h, uint64_t *t_recv, int *has_more) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->z, 0) < 0) {
+        zmq_msg_close(&m);
+        return recv_failed(s, timeout_ms);
+    }
+    *t_recv = loip_now_ns();
+    *has_more = zmq_msg_more(&m);
+    int rc;
     if (zmq_msg_size(&m) != sizeof *h) {
-        rc = loip_fail(LOIP_EPROTO, "message from %s: header of %zu bytes, expected %zu",
-                       id[0] ? id : "server", zmq_msg_size(&m), sizeof *h);
+        rc = loip_fail(LOIP_EPROTO, "message from %s: header of %zu bytes, expected %zu", who,
+                       zmq_msg_size(&m), sizeof *h);
         zmq_msg_close(&m);
         drain(s->z);
         return rc;
     }
     loip_zmsg_copy(h, &m, sizeof *h);
     zmq_msg_close(&m);
-    const char *who = id[0] ? id : "server";
     int kv = h->kind >= LOIP_MSG_KV_PUT && h->kind <= LOIP_MSG_KV_DROP;
-    if ((rc = loip_msg_check(h, large && kv ? UINT64_MAX : cap, who))) {
-        drain(s->z);
-        return rc;
-    }
+    if ((rc = loip_msg_check(h, large && kv ? UINT64_MAX : cap, who))) drain(s->z);
+    return rc;
+}
+
+/* The payload frame the header announced, into payload (cap bytes) or, larger, into a buffer
+ * allocated for it (*large, the caller's to free); *got its size. */
+static int recv_payload(loip_sock *s, int32_t timeout_ms, const char *who, const loip_msg_header *h,
+                        int has_more, void *payload, uint64_t cap, void **large, uint64_t *got) {
+    int rc;
 #define BAD(...) do { rc = loip_fail(LOIP_EPROTO, __VA_ARGS__); drain(s->z); return rc; } while (0)
-    uint64_t got = 0;
-    if (h->payload_bytes) {
-        if (!has_more) BAD("message from %s: header announces %llu payload bytes, none came", who,
-                           (unsigned long long)h->payload_bytes);
-        zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s->z, 0) < 0) {
-            zmq_msg_close(&m);
-            goto recv_fail;
-        }
-        got = zmq_msg_size(&m);
-        int extra = zmq_msg_more(&m);
-        void *into = payload;
-        if (got == h->payload_bytes && got > cap && !(into = *large = malloc(got))) {
-            zmq_msg_close(&m);
-            drain(s->z);
-            return loip_fail(LOIP_ENOMEM, "message from %s: no memory for a payload of %llu bytes", who,
-                             (unsigned long long)got);
-        }
-        if (got == h->payload_bytes) loip_zmsg_copy(into, &m, got);
+    *got = 0;
+    if (!h->payload_bytes) {
+        if (has_more) BAD("message from %s: a payload frame the header does not announce", who);
+        return LOIP_OK;
+    }
+    if (!has_more) BAD("message from %s: header announces %llu payload bytes, none came", who,
+                       (unsigned long long)h->payload_bytes);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->z, 0) < 0) {
         zmq_msg_close(&m);
-        if (got != h->payload_bytes || extra) {
-            if (large && *large) free(*large), *large = NULL;
-            BAD("message from %s: payload of %llu bytes, the header says %llu", who,
-                (unsigned long long)got, (unsigned long long)h->payload_bytes);
-        }
-    } else if (has_more) {
-        BAD("message from %s: a payload frame the header does not announce", who);
+        return recv_failed(s, timeout_ms);
+    }
+    *got = zmq_msg_size(&m);
+    int extra = zmq_msg_more(&m);
+    void *into = payload;
+    if (*got == h->payload_bytes && *got > cap && !(into = *large = malloc(*got))) {
+        zmq_msg_close(&m);
+        drain(s->z);
+        return loip_fail(LOIP_ENOMEM, "message from %s: no memory for a payload of %llu bytes", who,
+                         (unsigned long long)*got);
+    }
+    if (*got == h->payload_bytes) loip_zmsg_copy(into, &m, *got);
+    zmq_msg_close(&m);
+    if (*got != h->payload_bytes || extra) {
+        if (large && *large) free(*large), *large = NULL;
+        BAD("message from %s: payload of %llu bytes, the header says %llu", who,
+            (unsigned long long)*got, (unsigned long long)h->payload_bytes);
     }
 #undef BAD
-    /* Emulated link: a serial wire of rate bytes/s, free from wire_free, then the delay. */
-    uint64_t bytes = sizeof *h + got, deliver = t_recv;
+    return LOIP_OK;
+}
+
+/* Emulated link: a serial wire of rate bytes/s, free from wire_free, then the delay. Waits
+ * until the message would have arrived (asleep, then spinning its last spin_ns) and returns
+ * that time (t_recv when nothing is emulated). */
+static uint64_t emulate_link(loip_sock *s, const loip_msg_header *h, uint64_t bytes, uint64_t t_recv) {
+    if (!s->rate_bps && !s->delay_ns) return t_recv;
     /* lent KV moves while its receiver works (it takes it when it needs it): its wire starts at
      * the send, on the sender's clock when it is ours */
+    int kv = h->kind >= LOIP_MSG_KV_PUT && h->kind <= LOIP_MSG_KV_DROP;
     uint64_t sent = kv && h->t_send_ns && h->t_send_ns <= t_recv ? h->t_send_ns : t_recv;
-    if (s->rate_bps || s->delay_ns) {
-        uint64_t start = s->wire_free_ns > sent ? s->wire_free_ns : sent;
-        uint64_t arrive = start + (s->rate_bps ? (uint64_t)((double)bytes / (double)s->rate_bps * 1e9) : 0);
-        s->wire_free_ns = arrive;
-        deliver = arrive + s->delay_ns;
-        uint64_t now = loip_now_ns();
-        if (deliver > now && deliver - now > s->spin_ns) {
-            uint64_t until = deliver - s->spin_ns;
-            struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
-            while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
-        }
-        while (loip_now_ns() < deliver) {}
+    uint64_t start = s->wire_free_ns > sent ? s->wire_free_ns : sent;
+    uint64_t arrive = start + (s->rate_bps ? (uint64_t)((double)bytes / (double)s->rate_bps * 1e9) : 0);
+    s->wire_free_ns = arrive;
+    uint64_t deliver = arrive + s->delay_ns;
+    uint64_t now = loip_now_ns();
+    if (deliver > now && deliver - now > s->spin_ns) {
+        uint64_t until = deliver - s->spin_ns;
+        struct timespec ts = {(time_t)(until / 1000000000ull), (long)(until % 1000000000ull)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {}
     }
+    while (loip_now_ns() < deliver) {}
+    return deliver;
+}
+
+/* The sender's statistics: messages, bytes, emulated time, and (same-host clocks only: a
+ * sender stamp from another machine's clock is meaningless) bandwidth or latency samples. */
+static void record_peer(loip_sock *s, const char *id, const loip_msg_header *h, uint64_t bytes,
+                        uint64_t t_recv, uint64_t deliver) {
     peer *p = peer_of(s, id);
-    if (p) {
-        p->st.messages++;
-        p->st.bytes += bytes;
-        p->st.emulated_ns += deliver - t_recv;
-        /* same-host clocks only: a sender stamp from another machine's clock is meaningless */
-        uint64_t now = loip_now_ns();
-        if (h->t_send_ns && h->t_send_ns <= now && now - h->t_send_ns < 60ull * 1000000000ull) {
-            double dt = (double)(now - h->t_send_ns);
-            if (bytes >= 64 * 1024) {
-                double bw = (double)bytes / (dt / 1e9);
-                p->st.bw_bps = p->st.bw_bps ? (1 - s->weight) * p->st.bw_bps + s->weight * bw : bw;
-            } else {
-                p->st.latency_ns = p->st.latency_ns ? (1 - s->weight) * p->st.latency_ns + s->weight * dt
-                                                    : dt;
-                p->st.latency_sum_ns += now - h->t_send_ns;
-                p->st.latency_count++;
-                if (t_recv >= h->t_send_ns) p->st.transit_sum_ns += t_recv - h->t_send_ns;
-                p->st.late_sum_ns += now - deliver;
-            }
-        }
+    if (!p) return;
+    p->st.messages++;
+    p->st.bytes += bytes;
+    p->st.emulated_ns += deliver - t_recv;
+    uint64_t now = loip_now_ns();
+    if (!h->t_send_ns || h->t_send_ns > now || now - h->t_send_ns >= 60ull * 1000000000ull) return;
+    double dt = (double)(now - h->t_send_ns);
+    if (bytes >= 64 * 1024) {
+        double bw = (double)bytes / (dt / 1e9);
+        p->st.bw_bps = p->st.bw_bps ? (1 - s->weight) * p->st.bw_bps + s->weight * bw : bw;
+    } else {
+        p->st.latency_ns = p->st.latency_ns ? (1 - s->weight) * p->st.latency_ns + s->weight * dt : dt;
+        p->st.latency_sum_ns += now - h->t_send_ns;
+        p->st.latency_count++;
+        if (t_recv >= h->t_send_ns) p->st.transit_sum_ns += t_recv - h->t_send_ns;
+        p->st.late_sum_ns += now - deliver;
     }
-    return LOIP_OK;
-recv_fail:
+}
+
+static int sock_recv(loip_sock *s, int32_t timeout_ms, loip_msg_header *h, void *payload, uint64_t cap,
+                     char *from, void **large) {
+    CHECK_OPEN(s);
+    char id[64] = "";
     poll_monitor(s);
-    if (zmq_errno() == EAGAIN) return loip_fail(LOIP_ETIMEDOUT, "receive: nothing within %d ms", timeout_ms);
-    if (zmq_errno() == ETERM) return loip_fail(LOIP_ESTATE, "receive: the transport is shutting down");
-    if (zmq_errno() == EINTR) return loip_fail(LOIP_ETIMEDOUT, "receive: interrupted by a signal");
-    return loip_zfail(LOIP_EIO, "receive");
+    set_timeout(s->z, ZMQ_RCVTIMEO, timeout_ms);
+    int rc;
+    if (s->server) {
+        if ((rc = recv_identity(s, timeout_ms, id, from))) return rc;
+    } else if (from) {
+        from[0] = 0;
+    }
+    const char *who = id[0] ? id : "server";
+    uint64_t t_recv = 0, got = 0;
+    int has_more = 0;
+    if ((rc = recv_header(s, timeout_ms, who, cap, large, h, &t_recv, &has_more))) return rc;
+    if ((rc = recv_payload(s, timeout_ms, who, h, has_more, payload, cap, large, &got))) return rc;
+    uint64_t bytes = sizeof *h + got;
+    uint64_t deliver = emulate_link(s, h, bytes, t_recv);
+    record_peer(s, id, h, bytes, t_recv, deliver);
+    return LOIP_OK;
 }
 
 LOIP_API int loip_sock_emulate(loip_sock *s, uint64_t rate_bps, uint64_t delay_ns) {

@@ -7,9 +7,11 @@
  * (a stale plan is refused), that the hop is this device's, the hidden size, the batch limit.
  * A refusal or a failed step is reported to the head as an ERROR naming this device, so the
  * head can stop the request at once rather than wait for a result that will not come. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "exec/model.h"
@@ -375,6 +377,18 @@ static int lend_after(loip_device *d, const loip_msg_header *h, int32_t stage) {
     return rc ? report(d, h, rc, loip_last_error()) : LOIP_OK;
 }
 
+/* A slower board: the stage's compute (its time since before) takes slowdown x as long, the
+ * extra spent asleep until a deadline on loip_now_ns's clock (CLOCK_MONOTONIC), so the emulated
+ * board's wait leaves the CPU to the others. */
+static void emulate_slowdown(loip_device *d, const loip_runner_stats_t *before) {
+    loip_runner_stats_t after;
+    loip_runner_stats(d->cfg.runner, &after);
+    double extra = (double)(after.compute_ns - before->compute_ns) * (d->cfg.slowdown - 1.0f);
+    uint64_t until = loip_now_ns() + (uint64_t)extra;
+    struct timespec at = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &at, NULL) == EINTR) {}
+}
+
 /* One data message, in full: checks, this device's hops, the output. waited: how long the
  * receive took (the transit's start when the sender's clock is not ours). */
 static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
@@ -398,13 +412,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         if ((rc = lend_fetch(&d->lend, stage, h.step, 1))) return report(d, &h, rc, loip_last_error());
         if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
             return report(d, &h, rc, loip_last_error());
-        if (d->cfg.slowdown > 1.0f) { /* a slower board: its compute takes slowdown x as long */
-            loip_runner_stats_t after;
-            loip_runner_stats(d->cfg.runner, &after);
-            double extra = (double)(after.compute_ns - before.compute_ns) * (d->cfg.slowdown - 1.0f);
-            uint64_t until = loip_now_ns() + (uint64_t)extra;
-            while (loip_now_ns() < until) loip_sleep_ms((int32_t)((until - loip_now_ns()) / 1000000));
-        }
+        if (d->cfg.slowdown > 1.0f) emulate_slowdown(d, &before);
         d->st.hops++;
         /* the next stage's lent KV asked back now, before the output goes on: the holder, idle
          * until that output reaches it, answers first, and the blob travels during the hops

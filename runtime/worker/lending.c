@@ -155,6 +155,118 @@ static int32_t lend_count(const lend_state *L, int32_t q) {
     return n > 0 ? n : 0;
 }
 
+/* One edit of a stage's blob by lend_ship. The per-sequence tables live in lend_state: n
+ * (groups, old then new), off (where they start, old then new), old (the old entries). */
+typedef struct ship_plan {
+    int32_t l0, l1;   /* the stage's layers */
+    uint64_t gb;      /* bytes of one group of them */
+    uint64_t old_end; /* the old blob's bytes (0 groups when it was not home) */
+    int32_t ne;       /* entries of the new blob */
+    uint64_t bytes;   /* the new blob's bytes */
+} ship_plan;
+
+/* What the blob holds now, by sequence slot (old n, off and entry), its groups detached from
+ * the session: entries of ended requests, or of other layers (a plan change), are left out. */
+static int ship_index_old(lend_state *L, const lend_stage *ls, ship_plan *p) {
+    int32_t n_old_e = 0;
+    lend_header oh = {LEND_MAGIC, 0, p->l0, p->l1};
+    if (ls->home) {
+        oh = blob_header(L);
+        n_old_e = oh.n_entries;
+        int rc = blob_each(L, BLOB_DETACH);
+        if (rc) return rc;
+    }
+    uint64_t ogb = group_bytes_of(L, oh.layer0, oh.layer1);
+    int32_t *old_n = L->n;
+    memset(old_n, 0, (size_t)L->max_seqs * sizeof *old_n);
+    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry);
+    for (int32_t i = 0; i < n_old_e; i++) {
+        lend_entry e = blob_entry(L, i);
+        if (entry_live(L, &e) && oh.layer0 == p->l0 && oh.layer1 == p->l1)
+            old_n[e.seq] = e.n, L->off[e.seq] = off, L->old[e.seq] = e;
+        off += (uint64_t)e.n * ogb;
+    }
+    p->old_end = off;
+    return LOIP_OK;
+}
+
+/* What each sequence lends now (new n, p->ne entries); what leaves the blob goes back into the
+ * session, the charge for it leaving the staging buffer first. The blob is not home after. */
+static int ship_return(lend_state *L, lend_stage *ls, ship_plan *p) {
+    int32_t M = L->max_seqs, *old_n = L->n, *new_n = L->n + M;
+    uint64_t keep_bytes = sizeof(lend_header);
+    p->ne = 0;
+    for (int32_t q = 0; q < M; q++) {
+        new_n[q] = L->peer && p->l1 > p->l0 ? lend_count(L, q) : 0;
+        int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
+        if (new_n[q] > 0) p->ne++, keep_bytes += sizeof(lend_entry);
+        keep_bytes += (uint64_t)kept * p->gb;
+    }
+    int rc = lend_charge(L, ls->home ? keep_bytes : 0);
+    for (int32_t q = 0; q < M && !rc && ls->home; q++)
+        for (int32_t g = new_n[q]; g < old_n[q] && !rc; g++)
+            rc = loip_session_kv_return(L->session, q, p->l0, p->l1, L->old[q].g0 + g, 1,
+                                        L->buf + L->off[q] + (uint64_t)g * p->gb, p->gb);
+    ls->home = 0;
+    return rc;
+}
+
+/* The kept groups moved to their new places (entries in slot order both times): new off, and
+ * the new blob's size. */
+static int ship_move_kept(lend_state *L, ship_plan *p) {
+    int32_t M = L->max_seqs, *old_n = L->n, *new_n = L->n + M;
+    uint64_t *old_off = L->off, *new_off = L->off + M;
+    p->bytes = sizeof(lend_header) + (uint64_t)p->ne * sizeof(lend_entry);
+    for (int32_t q = 0; q < M; q++) {
+        new_off[q] = p->bytes;
+        p->bytes += (uint64_t)new_n[q] * p->gb;
+    }
+    int rc = lend_room(L, p->bytes > p->old_end ? p->bytes : p->old_end);
+    for (int32_t pass = 0; pass < 2 && !rc; pass++)
+        for (int32_t k = 0; k < M; k++) {
+            int32_t q = pass == 0 ? M - 1 - k : k; /* right-movers last first, then left-movers */
+            int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
+            if (kept <= 0 || (pass == 0) != (new_off[q] > old_off[q])) continue;
+            memmove(L->buf + new_off[q], L->buf + old_off[q], (size_t)kept * p->gb);
+        }
+    return rc;
+}
+
+/* The groups that join are lent (released from the session) into their places. */
+static int ship_lend_new(lend_state *L, const ship_plan *p) {
+    int32_t M = L->max_seqs, *old_n = L->n, *new_n = L->n + M;
+    const uint64_t *new_off = L->off + M;
+    int rc = LOIP_OK;
+    for (int32_t q = 0; q < M && !rc; q++) {
+        int32_t g0 = loip_session_kv_evicted(L->session, q) / LOIP_KV_BLOCK_TOKENS;
+        for (int32_t g = old_n[q] < new_n[q] ? old_n[q] : new_n[q]; g < new_n[q] && !rc; g++) {
+            uint64_t got;
+            rc = loip_session_kv_lend(L->session, q, p->l0, p->l1, g0 + g, 1,
+                                      L->buf + new_off[q] + (uint64_t)g * p->gb, p->gb, &got);
+        }
+    }
+    return rc;
+}
+
+/* The new blob's header and entries written, and the blob sent to the holder. */
+static int ship_send(lend_state *L, lend_stage *ls, int32_t stage, uint64_t step, const ship_plan *p) {
+    const int32_t *new_n = L->n + L->max_seqs;
+    lend_header lh = {LEND_MAGIC, p->ne, p->l0, p->l1};
+    memcpy(L->buf, &lh, sizeof lh);
+    int32_t i = 0;
+    for (int32_t q = 0; q < L->max_seqs; q++) {
+        if (new_n[q] <= 0) continue;
+        lend_entry e = {q, L->seqs[q].request, loip_session_kv_evicted(L->session, q) / LOIP_KV_BLOCK_TOKENS,
+                        new_n[q]};
+        memcpy(L->buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
+    }
+    int rc = lend_send(L, LOIP_MSG_KV_PUT, stage, step, L->buf, p->bytes);
+    if (rc) return loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
+    L->lent_bytes += p->bytes;
+    ls->away = 1;
+    return LOIP_OK;
+}
+
 /* After stage ran (its blob, if any, attached in the staging buffer): the blob edited in place
  * to what each running sequence lends now (entries of ended requests dropped, shrunk ones'
  * last groups returned into the session, grown ones' next groups lent, new ones added; the
@@ -162,88 +274,16 @@ static int32_t lend_count(const lend_state *L, int32_t q) {
  * goes back into the session. */
 int lend_ship(lend_state *L, int32_t stage, uint64_t step) {
     lend_stage *ls = &L->stages[stage];
-    int rc;
-    int32_t l0 = ls->layer0, l1 = ls->layer1;
-    uint64_t gb = group_bytes_of(L, l0, l1);
-    /* what the blob holds now (old) and what it will (new), by sequence slot */
-    int32_t n_old_e = 0;
-    lend_header oh = {LEND_MAGIC, 0, l0, l1};
-    if (ls->home) {
-        oh = blob_header(L);
-        n_old_e = oh.n_entries;
-        if ((rc = blob_each(L, BLOB_DETACH))) return rc;
-    }
-    uint64_t ogb = group_bytes_of(L, oh.layer0, oh.layer1);
-    int32_t M = L->max_seqs;
-    int32_t *old_n = L->n, *new_n = old_n + M;
-    uint64_t *old_off = L->off, *new_off = old_off + M;
-    lend_entry *old_e = L->old;
-    memset(old_n, 0, (size_t)M * sizeof *old_n);
-    uint64_t off = sizeof oh + (uint64_t)n_old_e * sizeof(lend_entry);
-    for (int32_t i = 0; i < n_old_e; i++) {
-        lend_entry e = blob_entry(L, i);
-        if (entry_live(L, &e) && oh.layer0 == l0 && oh.layer1 == l1)
-            old_n[e.seq] = e.n, old_off[e.seq] = off, old_e[e.seq] = e;
-        off += (uint64_t)e.n * ogb;
-    }
-    /* 1. what leaves the blob goes back into the session: the charge for it leaves the
-     * staging buffer first */
-    int32_t ne = 0;
-    uint64_t keep_bytes = sizeof oh;
-    for (int32_t q = 0; q < M; q++) {
-        new_n[q] = L->peer && l1 > l0 ? lend_count(L, q) : 0;
-        int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
-        if (new_n[q] > 0) ne++, keep_bytes += sizeof(lend_entry);
-        keep_bytes += (uint64_t)kept * gb;
-    }
-    rc = lend_charge(L, ls->home ? keep_bytes : 0);
-    for (int32_t q = 0; q < M && !rc && ls->home; q++)
-        for (int32_t g = new_n[q]; g < old_n[q] && !rc; g++)
-            rc = loip_session_kv_return(L->session, q, l0, l1, old_e[q].g0 + g, 1,
-                                        L->buf + old_off[q] + (uint64_t)g * gb, gb);
-    /* entries of ended requests, or of other layers (a plan change), are stale: dropped */
-    ls->home = 0;
-    /* 2. the kept groups moved to their new places (entries in slot order both times) */
-    uint64_t bytes = sizeof oh + (uint64_t)ne * sizeof(lend_entry);
-    for (int32_t q = 0; q < M; q++) {
-        new_off[q] = bytes;
-        bytes += (uint64_t)new_n[q] * gb;
-    }
-    if (!rc && ne > 0) rc = lend_room(L, bytes > off ? bytes : off);
-    for (int32_t pass = 0; pass < 2 && !rc && ne > 0; pass++)
-        for (int32_t k = 0; k < M; k++) {
-            int32_t q = pass == 0 ? M - 1 - k : k; /* right-movers last first, then left-movers */
-            int32_t kept = old_n[q] < new_n[q] ? old_n[q] : new_n[q];
-            if (kept <= 0 || (pass == 0) != (new_off[q] > old_off[q])) continue;
-            memmove(L->buf + new_off[q], L->buf + old_off[q], (size_t)kept * gb);
-        }
-    /* 3. the groups that join are lent (released from the session), then charged here */
-    for (int32_t q = 0; q < M && !rc && ne > 0; q++) {
-        int32_t g0 = loip_session_kv_evicted(L->session, q) / LOIP_KV_BLOCK_TOKENS;
-        for (int32_t g = old_n[q] < new_n[q] ? old_n[q] : new_n[q]; g < new_n[q] && !rc; g++) {
-            uint64_t got;
-            rc = loip_session_kv_lend(L->session, q, l0, l1, g0 + g, 1, L->buf + new_off[q] + (uint64_t)g * gb,
-                                      gb, &got);
-        }
-    }
-    if (!rc) rc = lend_charge(L, ne > 0 ? bytes : 0);
-    if (!rc && ne > 0) {
-        lend_header lh = {LEND_MAGIC, ne, l0, l1};
-        memcpy(L->buf, &lh, sizeof lh);
-        int32_t i = 0;
-        for (int32_t q = 0; q < M; q++) {
-            if (new_n[q] <= 0) continue;
-            lend_entry e = {q, L->seqs[q].request, loip_session_kv_evicted(L->session, q) / LOIP_KV_BLOCK_TOKENS,
-                            new_n[q]};
-            memcpy(L->buf + sizeof lh + (uint64_t)i++ * sizeof e, &e, sizeof e);
-        }
-        if ((rc = lend_send(L, LOIP_MSG_KV_PUT, stage, step, L->buf, bytes)))
-            rc = loip_fail(rc, "KV lending: stage %d's KV could not be shipped: %s", stage, loip_last_error());
-        else {
-            L->lent_bytes += bytes;
-            ls->away = 1;
-        }
-    }
+    ship_plan p = {.l0 = ls->layer0, .l1 = ls->layer1};
+    p.gb = group_bytes_of(L, p.l0, p.l1);
+    int rc = ship_index_old(L, ls, &p);
+    if (rc) return rc;
+    rc = ship_return(L, ls, &p);
+    if (!rc && p.ne > 0) rc = ship_move_kept(L, &p);
+    if (!rc && p.ne > 0) rc = ship_lend_new(L, &p);
+    /* the lent groups charged here */
+    if (!rc) rc = lend_charge(L, p.ne > 0 ? p.bytes : 0);
+    if (!rc && p.ne > 0) rc = ship_send(L, ls, stage, step, &p);
     if (rc) return rc;
     return L->peer ? lend_ask(L, (stage + 1) % L->n_stages, step) : LOIP_OK;
 }

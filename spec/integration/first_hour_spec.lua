@@ -30,7 +30,9 @@ describe("modules", function()
   it("every public module is loip.<name>, loaded on first use; the rest are named as internal", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
+      "^loip%.model%.part$", -- (a device's part: a Model's and a worker's)
       "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
+      "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
       "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",

@@ -9,6 +9,7 @@ local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
+local families = require "loip.model.families"
 local T = require "spec.support"
 
 local TOL = 1e-4
@@ -342,7 +343,12 @@ describe("GGUF models loip refuses", function()
   local embd = { name = "token_embd.weight", type = "F32", dims = { 8, 10 }, data = f32(80) }
 
   it("names the architecture, the missing key, the missing or unknown tensor", function()
-    assert.matches("general.architecture 'gpt2' is not supported %(supported: llama, qwen2, qwen2moe, qwen3, qwen3moe%)",
+    -- (the supported list is every family's GGUF architectures, sorted: lua/loip/model/families/)
+    local supported = table.concat(families.names(families.gguf), ", ")
+    for _, a in ipairs({ "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe" }) do
+      assert.truthy((", " .. supported .. ", "):find(", " .. a .. ", ", 1, true), a)
+    end
+    assert.matches("general.architecture 'gpt2' is not supported %(supported: " .. supported:gsub("%p", "%%%0") .. "%)",
       model_err({ { "general.architecture", "STRING", "gpt2" } }, { embd }))
     assert.matches("metadata llama.feed_forward_length is missing", model_err({ { "general.architecture", "STRING", "llama" },
       { "llama.embedding_length", "UINT32", 8 }, { "llama.block_count", "UINT32", 1 },

@@ -5,7 +5,9 @@
 -- (ffn_{gate,up,down}_exps: expert e's matrix is the e-th slice), the router as ffn_gate_inp,
 -- Qwen2-MoE's shared expert as ffn_*_shexp and its gate as ffn_gate_inp_shexp ([dim, 1]); 1-D
 -- tensors, norms, biases and routers in F32 (the converter forces them), every other matrix
--- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's).
+-- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's). A
+-- family's own tensors (fused by rows: Phi-3's qkv_proj -> attn_qkv) and metadata keys come from
+-- its description (lua/loip/model/families/).
 --
 --   require("spec.support.to_gguf").convert("synth-dir", "out.gguf")   -- arch from config.json
 local ffi = require "ffi"
@@ -13,15 +15,20 @@ local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
 local core = require "loip.core"
 local T = require "spec.support"
+local families = require "loip.model.families"
 
 local M = {}
 
--- The GGUF architecture of a Hugging Face class.
-M.arch_of = {
-  LlamaForCausalLM = "llama", MistralForCausalLM = "llama", MixtralForCausalLM = "llama",
-  Qwen2ForCausalLM = "qwen2", Qwen3ForCausalLM = "qwen3", Qwen2MoeForCausalLM = "qwen2moe",
-  Qwen3MoeForCausalLM = "qwen3moe",
-}
+-- The GGUF architecture of a Hugging Face class: the one that reads as that class (or as it
+-- with experts), else its family's.
+M.arch_of = {}
+for arch, spec in pairs(families.gguf) do
+  M.arch_of[spec.class] = arch
+  if spec.moe then M.arch_of[spec.moe.class] = arch end
+end
+for class, f in pairs(families.family_of_class) do
+  if not M.arch_of[class] and f.gguf then M.arch_of[class] = next(f.gguf) end
+end
 
 local hf_to_gguf = {
   ["model.embed_tokens.weight"] = "token_embd.weight", ["model.norm.weight"] = "output_norm.weight",
@@ -40,6 +47,18 @@ local layer_to_gguf = {
   ["mlp.shared_expert.down_proj.weight"] = "ffn_down_shexp.weight",
   ["mlp.shared_expert_gate.weight"] = "ffn_gate_inp_shexp.weight",
 }
+-- A family's own tensors (its classes' and GGUF architecture's `layer`: fused by rows or renamed)
+-- matched by the weight kinds they hold.
+local function family_names(class, arch)
+  local out = {}
+  local hl, gl = (families.classes[class] or {}).layer or {}, (families.gguf[arch] or {}).layer or {}
+  local function key(k) return type(k) == "table" and table.concat(k, ",") or tostring(k) end
+  for hname, hk in pairs(hl) do
+    for gname, gk in pairs(gl) do if key(hk) == key(gk) then out[hname] = gname end end
+  end
+  return out
+end
+
 -- A routed expert's part -> its stacked tensor (Mixtral: w1 gate, w3 up, w2 down).
 local expert_to_gguf = { gate_proj = "ffn_gate_exps.weight", up_proj = "ffn_up_exps.weight", down_proj = "ffn_down_exps.weight",
   w1 = "ffn_gate_exps.weight", w3 = "ffn_up_exps.weight", w2 = "ffn_down_exps.weight" }
@@ -99,7 +118,7 @@ local function vocab(dir)
 end
 
 -- The metadata keys of config cfg for architecture arch.
-local function keys(cfg, arch, hd)
+local function keys(cfg, arch, hd, spec)
   local a = function(k) return arch .. "." .. k end
   local md = {
     { "general.architecture", "STRING", arch },
@@ -120,7 +139,10 @@ local function keys(cfg, arch, hd)
   if cfg.shared_expert_intermediate_size then
     md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
   end
-  if arch == "llama" then md[#md + 1] = { a "vocab_size", "UINT32", cfg.vocab_size } end
+  for _, k in ipairs(families.names(spec.keys or {})) do
+    local v = cfg[spec.keys[k]]
+    md[#md + 1] = { a(k), "UINT32", type(v) == "number" and v or 0 }
+  end
   return md
 end
 
@@ -131,6 +153,8 @@ function M.convert(dir, path, arch)
   arch = arch or M.arch_of[cfg.architectures[1]]
   local set = assert(require("loip.model.safetensors").open_dir(dir))
   local hd = cfg.head_dim or cfg.hidden_size / cfg.num_attention_heads
+  local spec = families.gguf[arch] or {}
+  local own = family_names(cfg.architectures[1], arch)
   local tensors, experts = {}, {}
   local names = {}
   for name in pairs(set.index) do names[#names + 1] = name end
@@ -147,9 +171,9 @@ function M.convert(dir, path, arch)
       experts[key] = experts[key] or { name = key, type = t.dtype, dims = { t.shape[2], t.shape[1], 0 }, parts = {} }
       experts[key].parts[tonumber(e) + 1] = data
     else
-      local gname = l and ("blk." .. l .. "." .. layer_to_gguf[rest]) or hf_to_gguf[name]
+      local gname = l and ("blk." .. l .. "." .. (own[rest] or layer_to_gguf[rest])) or hf_to_gguf[name]
       assert(gname, name)
-      if arch == "llama" and (rest == "self_attn.q_proj.weight" or rest == "self_attn.k_proj.weight") then
+      if spec.interleaved and (rest == "self_attn.q_proj.weight" or rest == "self_attn.k_proj.weight") then
         data = to_pairs(data, t.shape[1], t.nbytes / t.shape[1], hd)
       end
       local dims = {}
@@ -170,7 +194,7 @@ function M.convert(dir, path, arch)
     tensors[#tensors + 1] = x
   end
   if type(cfg.rope_scaling) == "table" and cfg.rope_scaling.rope_type == "llama3" then tensors[#tensors + 1] = llama3_freqs(cfg, hd) end
-  local md = keys(cfg, arch, hd)
+  local md = keys(cfg, arch, hd, spec)
   for _, kv in ipairs(vocab(dir)) do md[#md + 1] = kv end
   T.write(path, gguf.encode(md, tensors))
 end

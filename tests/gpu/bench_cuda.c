@@ -1,4 +1,4 @@
-/* bench_cuda: the CUDA figures issue 16 asks for, as one JSON object on stdout.
+/* bench_cuda: the CUDA kernels' figures, as one JSON object on stdout.
  *
  *   matvec     GB/s of the decode kernel over BF16 and F32 matrices (several of them in turn,
  *              together far larger than the L2 cache), and the fraction of the device's peak

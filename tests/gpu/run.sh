@@ -1,5 +1,5 @@
 #!/bin/sh
-# The GPU checks of issue 16, for any machine with an NVIDIA GPU and the CUDA Toolkit, as one
+# The GPU checks, for any machine with an NVIDIA GPU and the CUDA Toolkit, as one
 # command: builds loip with CUDA (build-gpu/, Release), runs test_cuda_kernels (every CUDA kernel
 # against an fp64 oracle; mapped and registered memory against device memory) and bench_cuda
 # (matvec bandwidth against the device's peak; one offloading step with the slot read in place

@@ -168,7 +168,7 @@ function Cache:check(body)
   return { bad = bad, need = out, bytes = bytes }
 end
 
--- The SHIP handler of a worker (loip.cluster.worker): a chunk has no reply; a request's reply is
+-- The SHIP handler of a worker (loip.cluster.device_server): a chunk has no reply; a request's reply is
 -- SHIP with JSON. After "need", the worker runs from the cache's store (its manifest, its id).
 function M.handle(w, msg, body)
   local c = w.cache or error("SHIP to a worker without --cache", 0)

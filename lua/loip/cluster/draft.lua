@@ -108,11 +108,11 @@ function M.handle(d, store, body)
   local op = body.op
   if op == "open" then
     if d.drafter then d.drafter:close() d.drafter = nil end
-    local before = d.budget:used()
+    local before = d.part.budget:used()
     d.drafter = drafter.open(body.path or store, { layers = body.layers, context = body.context,
-      max_seqs = body.max_seqs, budget = d.budget, threads = 1, tokenizer = false })
+      max_seqs = body.max_seqs, budget = d.part.budget, threads = 1, tokenizer = false })
     d.draft_ids = {}
-    return { bytes = d.budget:used() - before }
+    return { bytes = d.part.budget:used() - before }
   end
   if not d.drafter then error("DRAFT " .. tostring(op) .. " before open", 0) end
   if op == "propose" then

@@ -90,7 +90,7 @@ function M.keep_running(w)
   end
   if w.leaving.plan_id ~= d.plan_id then
     w.leaving.plan_id = d.plan_id
-    d.head:send({ kind = "STOP", payload = json.encode({ leave = true, plan_id = d.plan_id, device = d.index }) }, 1000)
+    d.head:send({ kind = "STOP", payload = json.encode({ leave = true, plan_id = d.plan_id, device = d.part.index }) }, 1000)
   end
   return now < w.leaving.deadline
 end

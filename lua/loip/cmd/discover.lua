@@ -63,7 +63,7 @@ function M.worker_announce(w, o)
   local discovery = require "loip.cluster.discovery"
   local port = tonumber(w:endpoint():match(":(%d+)$"))
   local dir = o.store or o.cache or "."
-  local disk = require("loip.runtime.files").disk_free(dir) or 0
+  local disk = require("loip.runtime.files").disk_available(dir) or 0
   local a, err = discovery.announcer { secret = secret("worker", o), port = port, beacon_port = o.beacon_port,
     interface = o.beacon_interface, summary = { mem = o.mem or 0, disk = disk,
       threads = o.threads > 0 and o.threads or require("loip.runtime.exec").cpu_info().cpus,

@@ -41,7 +41,7 @@ function M.run(o)
     if not ok then error("worker: --cpu-latency: " .. err, 0) end
   end
   local listen = o.listen:match("://") and o.listen or ("tcp://" .. o.listen)
-  local w = require("loip.cluster.worker").new { listen = listen, store = o.store, cache = o.cache, disk_quota = o.disk_quota,
+  local w = require("loip.cluster.device_server").new { listen = listen, store = o.store, cache = o.cache, disk_quota = o.disk_quota,
     mem = o.mem, threads = o.threads,
     token = o.curve_keys and nil or token, keys = o.curve_keys, head_dir = o.head_dir }
   io.stdout:write("listening ", w:endpoint(), "\n")

@@ -296,19 +296,9 @@ function M.for_device(o)
     mode = o.mode, rate = o.rate, verify_reads = o.verify_reads, trace = o.trace }
 end
 
--- The same for loip.model m (one device; after its runner is made). Its options are kept as
--- m.experts_opts (a live restage's M.mover makes the cache with them when it needs one).
-function M.for_model(m)
-  local o = m.opts
-  m.experts_opts = { model = m.handle, session = m:session(), dir = m.path, man = m.facts_manifest, cfg = m.cfg,
-    plan = m.plan, device = 1, sizes = m.plan_sizes, experts = o.experts, routing = o.routing, budget = m.budget,
-    mode = o.loader, rate = o.disk_rate, verify_reads = o.verify_reads, trace = o.trace }
-  return M.for_device(m.experts_opts)
-end
-
--- loip.model.store.restage's move_experts for holder (a loip.model, or a worker's device: its
--- `experts` field is the cache) whose cache options are xo (as M.for_device takes them) and
--- loaded files keep; nil for a dense model.
+-- loip.model.store.restage's move_experts for holder (a loip.model.part: its `experts` field is
+-- the cache) whose cache options are xo (as M.for_device takes them) and loaded files keep; nil
+-- for a dense model.
 function M.mover(holder, xo, keep)
   if not (xo and xo.sizes and xo.sizes.moe) then return nil end -- (a dense model's blocks hold all they need)
   return function(p, p2)

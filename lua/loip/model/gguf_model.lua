@@ -1,9 +1,10 @@
--- GGUF files as models (architectures llama, qwen2, qwen3; mixtures of experts qwen2moe,
--- qwen3moe and llama with experts, Mixtral): the metadata as a Hugging Face config (so one config
--- path, hf.parse_config, serves every format), GGUF's tensor names as loip's weights, used in
--- place from the file's memory map. A layer's routed experts are one 3-D tensor per part
--- (ffn_gate_exps, ffn_up_exps, ffn_down_exps: expert e's matrix is its e-th slice), each expert
--- bound to a view of its slice.
+-- GGUF files as models (each family's architectures, lua/loip/model/families/: llama, qwen2,
+-- qwen3, phi3; mixtures of experts qwen2moe, qwen3moe and llama with experts, Mixtral): the
+-- metadata as a Hugging Face config (so one config path, hf.parse_config, serves every format),
+-- GGUF's tensor names as loip's weights, used in place from the file's memory map. A layer's
+-- routed experts are one 3-D tensor per part (ffn_gate_exps, ffn_up_exps, ffn_down_exps: expert
+-- e's matrix is its e-th slice), each expert bound to a view of its slice; a tensor fused by rows
+-- (phi3's attn_qkv) gives each part a view of its rows.
 --
 -- RoPE: llama.cpp's converter stores a `llama` model's q/k rows in Meta's order, which pairs
 -- dimensions (2i, 2i+1) (llama2.c's layout: loip_rope_layout = "interleaved"); qwen2/qwen3 are
@@ -15,24 +16,14 @@ local core = require "loip.core"
 local gguf = require "loip.model.gguf"
 local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
+local families = require "loip.model.families"
 local K = core.constants
 
 local M = {}
 
--- Per GGUF architecture: the Hugging Face class, RoPE layout, biases and q/k norms; for a
--- mixture of experts (moe: the class with experts) whether llama.cpp renormalises the top-k
--- (it does not read norm_topk_prob: qwen3moe and llama do, qwen2moe does not) and the shared
--- expert.
-M.architectures = {
-  llama = { class = "LlamaForCausalLM", model_type = "llama", interleaved = true,
-    moe = { class = "MixtralForCausalLM", model_type = "mixtral" } },
-  qwen2 = { class = "Qwen2ForCausalLM", model_type = "qwen2", qkv_bias = true },
-  qwen3 = { class = "Qwen3ForCausalLM", model_type = "qwen3", qk_norm = true },
-  qwen2moe = { class = "Qwen2MoeForCausalLM", model_type = "qwen2_moe", qkv_bias = true, experts = true,
-    norm_topk_prob = false, shared = true },
-  qwen3moe = { class = "Qwen3MoeForCausalLM", model_type = "qwen3_moe", qk_norm = true, experts = true,
-    norm_topk_prob = true },
-}
+-- Per GGUF architecture: the Hugging Face class it reads as and what the file holds
+-- (families/init.lua says what each field means).
+M.architectures = families.gguf
 
 -- GGUF tensor names (blk.N. prefix for the layers) -> loip weight kinds.
 local global_names = {
@@ -131,11 +122,8 @@ function M.config(g)
   if type(arch) ~= "string" then error(path .. ": metadata general.architecture is missing", 0) end
   local spec = M.architectures[arch]
   if not spec then
-    local known = {}
-    for k in pairs(M.architectures) do known[#known + 1] = k end
-    table.sort(known)
     error(string.format("%s: general.architecture '%s' is not supported (supported: %s)", path, arch,
-      table.concat(known, ", ")), 0)
+      table.concat(families.names(M.architectures), ", ")), 0)
   end
   local function get(key, default, kind)
     local full = arch .. "." .. key
@@ -194,7 +182,8 @@ function M.config(g)
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
   for k, v in pairs(moe or {}) do cfg[k] = v end
-  if arch ~= "qwen2" and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
+  if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
+  if spec.config then spec.config(md, cfg, get) end
   local rf = g.tensors["rope_freqs.weight"]
   if rf then
     local p = ffi.cast("const float *", (g:data("rope_freqs.weight")))
@@ -219,16 +208,33 @@ local function view_of(dtype, shape, data)
   return v
 end
 
+-- The layer names of GGUF architecture arch (experts: of a mixture of experts' layer): the common
+-- names with the family's own (spec.layer: a name -> a kind, or a list of kinds fused by rows).
+local function layer_names_of(arch, experts)
+  local spec = M.architectures[arch] or {}
+  local names = experts and moe_layer_names or layer_names
+  if not spec.layer then return names end
+  local taken = {}
+  for _, k in pairs(spec.layer) do
+    for _, kk in ipairs(type(k) == "table" and k or { k }) do taken[kk] = true end
+  end
+  local out = {}
+  for n, k in pairs(names) do if not taken[k] then out[n] = k end end
+  for n, k in pairs(spec.layer) do out[n] = k end
+  return out
+end
+
 -- The weights of g as { layer, kind, name (GGUF's), view (a loip_tensor into the map), nbytes,
 -- dtype, shape [, expert] }, keyed by hf.weight_key; raises on a tensor loip does not know. A
 -- layer's routed experts (3-D, [experts, rows, cols]) give one entry per expert, a view of its
--- slice; they, and the router, must hold the config's expert count.
-function M.tensors(g, cfg)
+-- slice; they, and the router, must hold the config's expert count. A tensor fused by rows gives
+-- one entry per part, a view of its rows (their number from c, the loip_model_config).
+function M.tensors(g, cfg, c)
   local out = {}
   local L = cfg.num_hidden_layers
   local arch = g.metadata["general.architecture"]
   local n_experts = cfg.num_experts or cfg.num_local_experts
-  local names = n_experts and moe_layer_names or layer_names
+  local names = layer_names_of(arch, n_experts)
   local function refuse(name, what, n)
     error(string.format("%s: tensor '%s' %s %d experts but metadata %s.expert_count is %d", g.path, name, what, n,
       arch, n_experts), 0)
@@ -251,7 +257,20 @@ function M.tensors(g, cfg)
       local shape = {}
       for i = 1, #x.dims do shape[i] = x.dims[#x.dims + 1 - i] end
       local data = ffi.cast("const uint8_t *", (g:data(name)))
-      if hf.expert_part(kind) then
+      if type(kind) == "table" then
+        local v = view_of(x.type, shape, data)
+        local first, total = 0, 0
+        for _, k in ipairs(kind) do total = total + hf.shape_of(c, k)[1] end
+        for _, k in ipairs(kind) do
+          local rows = hf.shape_of(c, k)[1]
+          local part, bytes = hf.row_view(v, { first, rows, total })
+          if not part then error(string.format("%s: tensor '%s': %s", g.path, name, bytes), 0) end
+          local pshape = { rows, shape[2] }
+          out[hf.weight_key(layer, k)] = { layer = layer, kind = k, name = name, view = part, nbytes = bytes,
+            dtype = x.type, shape = pshape }
+          first = first + rows
+        end
+      elseif hf.expert_part(kind) then
         if #shape ~= 3 then
           error(string.format("%s: tensor '%s' has %d dimensions; a layer's experts are 3 (experts, rows, columns)", g.path,
             name, #shape), 0)
@@ -283,7 +302,7 @@ function M.open(path)
     local c, facts = hf.parse_config(cfg, path)
     if cfg.loip_rope_layout == "interleaved" then c.rope_layout = K.ROPE_INTERLEAVED end
     facts.format, facts.architecture, facts.gguf_architecture = "gguf", cfg.architectures[1], g.metadata["general.architecture"]
-    local by_kind = M.tensors(g, cfg)
+    local by_kind = M.tensors(g, cfg, c)
     return { c = c, facts = facts, cfg = cfg, by_kind = by_kind }
   end)
   if not ok then g:close() error(res, 0) end
@@ -293,7 +312,7 @@ function M.open(path)
       local t = res.by_kind[hf.weight_key(w[1], w[2], w.expert)]
       if not t then
         error(string.format("%s: tensor '%s' is missing", path, w[1] < 0 and M.gguf_name(w[2]) or
-          string.format("blk.%d.%s", w[1], M.gguf_name(w[2], experts))), 0)
+          string.format("blk.%d.%s", w[1], M.gguf_name(w[2], experts, res.facts.gguf_architecture))), 0)
       end
       local bound, err = hf.bind(m, t.layer, t.kind, t.view, t.expert)
       if not bound then error(string.format("%s: tensor '%s': %s", path, t.name, err), 0) end
@@ -303,10 +322,14 @@ function M.open(path)
   return res.c, res.facts, g, bind, res.by_kind
 end
 
--- The GGUF name (without blk.N.) of weight kind k (experts: of a mixture of experts' layer).
-function M.gguf_name(k, experts)
+-- The GGUF name (without blk.N.) of weight kind k (experts: of a mixture of experts' layer; arch:
+-- the GGUF architecture, whose family may name it or fuse it with others).
+function M.gguf_name(k, experts, arch)
   for n, kk in pairs(global_names) do if kk == k then return n end end
-  for n, kk in pairs(experts and moe_layer_names or layer_names) do if kk == k then return n end end
+  for n, kk in pairs(layer_names_of(arch, experts)) do
+    if kk == k then return n end
+    if type(kk) == "table" then for _, x in ipairs(kk) do if x == k then return n end end end
+  end
 end
 
 return M

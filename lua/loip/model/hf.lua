@@ -4,22 +4,13 @@ local core = require "loip.core"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 local exec = require "loip.runtime.exec"
+local families = require "loip.model.families"
 local K = core.constants
 
 local M = {}
 
--- Per architecture: which optional tensors exist, and for a mixture of experts (moe) how its
--- config and tensors name the experts (M.experts_of). Everything else is shared by the family.
-local architectures = {
-  LlamaForCausalLM = { qkv_bias = "attention_bias" },
-  MistralForCausalLM = { qkv_bias = false },
-  Qwen2ForCausalLM = { qkv_bias = true },
-  Qwen3ForCausalLM = { qkv_bias = "attention_bias", qk_norm = true },
-  Qwen3MoeForCausalLM = { qkv_bias = "attention_bias", qk_norm = true, moe = "qwen" },
-  Qwen2MoeForCausalLM = { qkv_bias = true, moe = "qwen", shared = true },
-  MixtralForCausalLM = { qkv_bias = false, moe = "mixtral" },
-}
-M.architectures = architectures
+-- Per Hugging Face class: its switches (families/init.lua says what each means).
+M.architectures = families.classes
 
 local function field(cfg, path, name, kind, default)
   local v = cfg[name]
@@ -48,19 +39,18 @@ function M.read_config(dir)
   return c, facts
 end
 
--- A mixture of experts' fields of config cfg (architecture spec) into c: n_experts,
--- n_experts_used, expert_dim, norm_topk_prob, the shared expert and its gate (Qwen2-MoE: its size
--- is hidden_dim; without one hidden_dim is expert_dim, unused). Raises naming the field of what
--- loip does not run: dense layers among the experts' (decoder_sparse_step, mlp_only_layers).
+-- A mixture of experts' fields of config cfg (class spec, its experts: families/init.lua) into
+-- c: n_experts, n_experts_used, expert_dim, norm_topk_prob, the shared expert and its gate
+-- (Qwen2-MoE: its size is hidden_dim; without one hidden_dim is expert_dim, unused). Raises
+-- naming the field of what loip does not run: dense layers among the experts'
+-- (decoder_sparse_step, mlp_only_layers).
 function M.experts_of(cfg, path, spec, c, field)
   local function refuse(name, why, ...) error(string.format("%s: field '%s' " .. why, path, name, ...), 0) end
-  local count = "num_experts"
-  if spec.moe == "mixtral" then
-    count = "num_local_experts"
-    c.expert_dim = field(cfg, path, "intermediate_size", "int")
-    c.norm_topk_prob = 1 -- (Mixtral renormalises its top-k always)
+  local x = spec.experts
+  c.expert_dim = field(cfg, path, x.size, "int")
+  if x.renormalise then
+    c.norm_topk_prob = 1
   else
-    c.expert_dim = field(cfg, path, "moe_intermediate_size", "int")
     c.norm_topk_prob = field(cfg, path, "norm_topk_prob", "bool", false) and 1 or 0
     local step = field(cfg, path, "decoder_sparse_step", "int", 1)
     if step ~= 1 then refuse("decoder_sparse_step", "is %d: only a mixture of experts in every layer (1) is supported", step) end
@@ -69,13 +59,13 @@ function M.experts_of(cfg, path, spec, c, field)
       refuse("mlp_only_layers", "lists dense layers: only a mixture of experts in every layer is supported")
     end
   end
-  c.n_experts = field(cfg, path, count, "int")
+  c.n_experts = field(cfg, path, x.count, "int")
   c.n_experts_used = field(cfg, path, "num_experts_per_tok", "int")
-  if c.n_experts < 1 then refuse(count, "is %d: a mixture of experts needs at least one", c.n_experts) end
+  if c.n_experts < 1 then refuse(x.count, "is %d: a mixture of experts needs at least one", c.n_experts) end
   if c.n_experts_used < 1 or c.n_experts_used > c.n_experts then
-    refuse("num_experts_per_tok", "is %d: must be 1..%d (%s)", c.n_experts_used, c.n_experts, count)
+    refuse("num_experts_per_tok", "is %d: must be 1..%d (%s)", c.n_experts_used, c.n_experts, x.count)
   end
-  if c.expert_dim < 1 then refuse(spec.moe == "mixtral" and "intermediate_size" or "moe_intermediate_size", "must be positive") end
+  if c.expert_dim < 1 then refuse(x.size, "must be positive") end
   c.hidden_dim = c.expert_dim
   if spec.shared then
     local size = field(cfg, path, "shared_expert_intermediate_size", "int")
@@ -92,19 +82,16 @@ function M.parse_config(cfg, path)
     error(path .. ": field 'architectures' is missing", 0)
   end
   local arch = arch_list[1]
-  local spec = architectures[arch]
+  local spec = M.architectures[arch]
   if not spec then
-    local known = {}
-    for k in pairs(architectures) do known[#known + 1] = k end
-    table.sort(known)
     error(string.format("%s: architecture '%s' is not supported (supported: %s)", path, arch,
-      table.concat(known, ", ")), 0)
+      table.concat(families.names(M.architectures), ", ")), 0)
   end
   local act = field(cfg, path, "hidden_act", "string", "silu")
   if act ~= "silu" then error(string.format("%s: field 'hidden_act' is '%s'; only silu is supported", path, act), 0) end
   local c = ffi.new("loip_model_config")
   c.dim = field(cfg, path, "hidden_size", "int")
-  if spec.moe then
+  if spec.experts then
     M.experts_of(cfg, path, spec, c, field)
   else
     c.hidden_dim = field(cfg, path, "intermediate_size", "int")
@@ -139,6 +126,7 @@ function M.parse_config(cfg, path)
   end
   c.qk_norm = spec.qk_norm and 1 or 0
   c.tied_embeddings = field(cfg, path, "tie_word_embeddings", "bool", false) and 1 or 0
+  if spec.config then spec.config(cfg, path, field, c) end
   local facts = {
     architecture = arch, format = "hf", config = cfg,
     bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
@@ -164,16 +152,6 @@ local layer_names = {
   { K.W_DOWN, "mlp.down_proj.weight", "dense" },
 }
 M.layer_names = layer_names
-
--- A mixture of experts' MLP, by family (the architecture's moe): the router, a routed expert's
--- parts (K.EXPERT_GATE, _UP, _DOWN in that order) and the shared expert (Qwen2-MoE).
-local moe_names = {
-  qwen = { router = "mlp.gate.weight", expert = "mlp.experts.%d.%s.weight", parts = { "gate_proj", "up_proj", "down_proj" },
-    shared = { { K.W_GATE, "mlp.shared_expert.gate_proj.weight" }, { K.W_UP, "mlp.shared_expert.up_proj.weight" },
-      { K.W_DOWN, "mlp.shared_expert.down_proj.weight" } }, shared_gate = "mlp.shared_expert_gate.weight" },
-  mixtral = { router = "block_sparse_moe.gate.weight", expert = "block_sparse_moe.experts.%d.%s.weight",
-    parts = { "w1", "w3", "w2" } },
-}
 
 -- Routed experts in these lists: one weight kind per part, M.W_EXPERT + part (K.EXPERT_*), past
 -- C's kinds (loip_model_bind refuses them). Such an entry also has .expert (0-based) and .part,
@@ -219,20 +197,49 @@ function M.shape_of(c, kind)
   return shapes[tonumber(kind)]
 end
 
+-- Each weight kind's tensor name in a layer for class spec: the common names (M.layer_names)
+-- with the family's own (spec.layer); a kind that is one part of a tensor fused by rows maps to
+-- { name, kinds (the tensor's parts, in row order), index (this kind's) }.
+local function layer_names_of(spec)
+  local out = {}
+  for _, e in ipairs(layer_names) do out[e[1]] = { e[2] } end
+  for name, kinds in pairs(spec.layer or {}) do
+    if type(kinds) ~= "table" then kinds = { kinds } end
+    for i, k in ipairs(kinds) do out[k] = #kinds > 1 and { name, kinds = kinds, index = i } or { name } end
+  end
+  return out
+end
+
+-- The rows { first, count, total } that kind takes of a tensor fused by rows (n: its names entry).
+local function fused_rows(c, n)
+  local first, total = 0, 0
+  for i, k in ipairs(n.kinds) do
+    local rows = M.shape_of(c, k)[1]
+    if i < n.index then first = first + rows end
+    total = total + rows
+  end
+  return { first, M.shape_of(c, n.kinds[n.index])[1], total }
+end
+
 -- Every { layer, kind, tensor name } the model needs, in the order layers run (embedding
 -- first, then layer by layer, then the final norm and the head); a routed expert's entry also
--- has expert and part (M.W_EXPERT). A mixture of experts' layer lists its attention, ffn_norm,
--- router, shared expert and gate (when it has them), then expert 0's gate, up and down, expert
--- 1's... arch (a Hugging Face architecture) names the experts' tensors (default: Qwen's).
+-- has expert and part (M.W_EXPERT), a part of a tensor fused by rows has rows ({ first, count,
+-- total }: M.row_view). A mixture of experts' layer lists its attention, ffn_norm, router, shared
+-- expert and gate (when it has them), then expert 0's gate, up and down, expert 1's... arch (a
+-- Hugging Face class) names the tensors (default: the common names, Qwen's experts).
 function M.weight_list(c, arch)
-  local spec = architectures[arch or ""] or {}
-  local moe = c.n_experts > 0 and moe_names[spec.moe or "qwen"]
+  local spec = M.architectures[arch or ""] or {}
+  local moe = c.n_experts > 0 and (spec.experts or families.default_experts)
+  local names = layer_names_of(spec)
   local list = { { -1, K.W_EMBED, "model.embed_tokens.weight" } }
   for l = 0, c.n_layers - 1 do
     local prefix = string.format("model.layers.%d.", l)
     for _, e in ipairs(layer_names) do
       local want = not e[3] or (e[3] == "dense" and not moe) or (e[3] ~= "dense" and c[e[3]] ~= 0)
-      if want then list[#list + 1] = { l, e[1], prefix .. e[2] } end
+      if want then
+        local n = names[e[1]]
+        list[#list + 1] = { l, e[1], prefix .. n[1], rows = n.kinds and fused_rows(c, n) }
+      end
     end
     if moe then
       list[#list + 1] = { l, K.W_ROUTER, prefix .. moe.router }
@@ -252,9 +259,54 @@ function M.weight_list(c, arch)
   return list
 end
 
+-- The tensors of M.weight_list as the files hold them, each once: { name, shape } in the order
+-- of their first part (a tensor fused by rows has the rows of all its parts).
+function M.tensor_list(c, arch)
+  local out, seen = {}, {}
+  for _, w in ipairs(M.weight_list(c, arch)) do
+    if not seen[w[3]] then
+      local shape = M.shape_of(c, w[2])
+      if w.rows then shape = { w.rows[3], shape[2] } end
+      seen[w[3]] = true
+      out[#out + 1] = { name = w[3], shape = shape }
+    end
+  end
+  return out
+end
+
+local elem_bytes = { [tonumber(K.F32)] = 4, [tonumber(K.BF16)] = 2, [tonumber(K.F16)] = 2 }
+
+-- Rows rows[1] .. rows[1] + rows[2] - 1 of view v (a 2-D loip_tensor of rows[3] rows: a
+-- tensor fused by rows) as a view of their own, and its bytes; nil and the message when v is
+-- not of that shape.
+function M.row_view(v, rows)
+  local first, count, total = rows[1], rows[2], rows[3]
+  local es = elem_bytes[tonumber(v.dtype)]
+  if v.ndim ~= 2 or v.shape[0] ~= total or not es then
+    local got = {}
+    for i = 0, v.ndim - 1 do got[#got + 1] = tostring(tonumber(v.shape[i])) end
+    return nil, string.format("shape [%s], expected %d rows (its fused parts' together)", table.concat(got, ", "), total)
+  end
+  local out = ffi.new("loip_tensor")
+  local row = tonumber(v.shape[1]) * es
+  out.data, out.dtype, out.ndim = ffi.cast("const uint8_t *", v.data) + first * row, v.dtype, 2
+  out.shape[0], out.shape[1] = count, v.shape[1]
+  return out, count * row
+end
+
+-- The view of weight w (a M.weight_list entry) in safetensors file f, and its bytes; nil and
+-- the message when it cannot be had.
+function M.view_of(f, w)
+  local view, err = f:view(w[3])
+  if not view or not w.rows then return view, err or f.tensors[w[3]].nbytes end
+  local part, perr = M.row_view(view, w.rows)
+  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, w[3], perr) end
+  return part, perr
+end
+
 -- Open the weights of dir and bind them to model m. Returns the safetensors set (keep it
 -- alive as long as m) or raises with the file and tensor named. opts: safetensors.open_dir's,
--- and architecture (the config's: names the experts' tensors).
+-- and architecture (the config's: names the tensors).
 function M.bind_weights(dir, c, m, opts)
   local set, err = safetensors.open_dir(dir, opts)
   if not set then error(err, 0) end
@@ -265,7 +317,7 @@ function M.bind_weights(dir, c, m, opts)
       safetensors.close(set)
       error(string.format("%s: tensor '%s' is missing", dir, name), 0)
     end
-    local view, verr = f:view(name)
+    local view, verr = M.view_of(f, w)
     if not view then safetensors.close(set) error(verr, 0) end
     local ok, berr = M.bind(m, layer, kind, view, w.expert)
     if not ok then

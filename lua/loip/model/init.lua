@@ -4,7 +4,6 @@
 --   local m = loip.model.open("models/stories260K")
 --   for id, text in m:generate("Once upon a time", { max_tokens = 50 }) do io.write(text) end
 --   local logits = m:logits({ 1, 403, 407 })   -- logits[pos][id], 1-based pos, 0-based id
-local ffi = require "ffi"
 local core = require "loip.core"
 local hf = require "loip.model.hf"
 local llama2c = require "loip.model.llama2c"
@@ -24,8 +23,8 @@ local problem = require "loip.plan.problem"
 local trace = require "loip.engine.trace"
 local safetensors = require "loip.model.safetensors"
 local experts_mod = require "loip.model.experts"
-local loader_mod = require "loip.runtime.loader"
 local local_mod = require "loip.engine.local"
+local part = require "loip.model.part"
 
 local M = {}
 
@@ -35,7 +34,25 @@ M.DEFAULT_CONTEXT, M.DEFAULT_BATCH = 4096, 64
 function M.default_context(max_seq) return math.min(max_seq, M.DEFAULT_CONTEXT) end
 
 local Model = {}
-Model.__index = Model
+-- What the device holds, read through the model (m.runner, m.loader, m.experts, m.weights, ...)
+-- and written there: its part (loip.model.part) owns them.
+local of_part = { handle = true, pool = true, weights = true, loader = true, runner = true, experts = true, kv_base = true }
+function Model.__index(m, k)
+  local v = Model[k]
+  if v == nil and of_part[k] then
+    local p = rawget(m, "part")
+    v = p and p[k]
+  end
+  return v
+end
+function Model.__newindex(m, k, v)
+  if of_part[k] then
+    local p = rawget(m, "part")
+    if p then p[k] = v end
+    return
+  end
+  rawset(m, k, v)
+end
 
 M.locate, M.gguf_files = where.locate, where.gguf_files -- (loip.model.locate)
 local locate = M.locate
@@ -99,12 +116,7 @@ function M.open(path, opts)
   else
     cfg, facts, keep, bind = llama2c.open(file)
   end
-  local m, err = exec.model_new(cfg)
-  if not m then error((kind == "hf" and file .. "/config.json" or file) .. ": " .. err, 0) end
-  local pool, perr = exec.pool_new(opts.threads or 0)
-  if not pool then error(perr, 0) end
-  self.handle, self.pool, self.cfg = m, pool, cfg
-  self.threads = exec.pool_size(pool)
+  self.cfg, self.facts = cfg, facts
   local ctx = opts.context or M.default_context(cfg.max_seq)
   if facts.sliding_window and ctx > facts.sliding_window then
     error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
@@ -118,32 +130,36 @@ function M.open(path, opts)
   end
   self.kv_tokens = opts.kv_tokens or ctx * self.max_seqs
   if type(self.kv_tokens) ~= "number" or self.kv_tokens < 1 then error("loip.model.open: kv_tokens must be a number >= 1", 2) end
-  -- Under a budget the session (KV cache, activations) is charged first, then the weights
-  -- before they are read: a model that does not fit is refused before anything loads, and
-  -- what it had charged is given back at once (a shared budget must not wait for the GC).
+  -- The device (loip.model.part): under a budget the session (KV cache, activations) is charged
+  -- first, then the weights before they are read: a model that does not fit is refused before
+  -- anything loads, and what it had charged is given back at once (a shared budget must not wait
+  -- for the GC).
+  local mapped = kind == "llama2c" or kind == "gguf" or opts.load == "mmap"
+  -- weights(part) reads and binds them into the part's model, which frees them from then on (a
+  -- mapped file, opened above, is the model's to free until it is bound)
+  local weights, free_weights
+  if kind == "hf" then
+    weights = function(p)
+      return hf.bind_weights(file, cfg, p.handle, { load = opts.load or "memory", budget = bh, architecture = facts.architecture })
+    end
+    free_weights = safetensors.close
+  elseif kind == "store" then
+    self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)
+    weights = function(p) return bind(p.handle, p.plan) end
+  else
+    weights = function(p) bind(p.handle) local w = keep keep = nil return w end
+    free_weights = kind == "gguf" and function(w) w:close() end or files.map_free
+  end
   local ok, e = pcall(function()
-    if kind == "store" and (opts.load or "memory") == "memory" and not opts.layers then
-      self.facts_manifest = facts.manifest
-      self:_choose_plan(cfg, facts, budget)
-    elseif kind == "store" and opts.plan ~= nil then
+    local planned = kind == "store" and (opts.load or "memory") == "memory" and not opts.layers
+    if kind == "store" and not planned and opts.plan ~= nil then
       if opts.layers then error("loip.model.open: layers (a model's first layers alone) runs without a plan", 0) end
       error("loip.model.open: a plan needs load = \"memory\" (offloaded blocks are read into slots, not mapped)", 0)
     end
-    if budget then self:session() end
-    local mapped = kind == "llama2c" or kind == "gguf" or opts.load == "mmap"
-    if kind == "hf" then
-      keep = hf.bind_weights(file, cfg, m, { load = opts.load or "memory", budget = bh, architecture = facts.architecture })
-    elseif kind == "store" then
-      keep = bind(m, self.plan)
-      self.bind_store = bind -- (a plan made again binds its resident blocks: Model:replan_kv)
-      self.weights = keep
-      if self.plan then self:_start_runner(file, facts) end
-    else
-      bind(m)
-    end
-    self.cfg, self.facts, self.weights = cfg, facts, keep
-    core.must(exec.model_check(m, 0, cfg.n_layers, path))
-    self.weight_bytes = exec.model_weight_bytes(m)
+    if planned then self.facts_manifest = facts.manifest end
+    self:_open_part(file, weights, free_weights, planned, kind == "hf" and file .. "/config.json" or file)
+    core.must(exec.model_check(self.handle, 0, cfg.n_layers, path))
+    self.weight_bytes = exec.model_weight_bytes(self.handle)
     -- Weights used in place from a file mapping become resident as they are read: charged too.
     if budget and mapped then
       local ch, cerr = memory.charge_new(bh, "weights", self.weight_bytes)
@@ -152,8 +168,7 @@ function M.open(path, opts)
     end
   end)
   if not ok then
-    self.facts = self.facts or facts
-    if not self.weights and (kind == "llama2c" or kind == "gguf") then self.weights = keep end
+    if keep then free_weights(keep) end -- (a mapped file never bound)
     self:close()
     error(e, 0)
   end
@@ -250,39 +265,27 @@ function Model:problem(sizes, avail)
     micro_batch = self.max_seqs }
 end
 
--- A loader with slots of slot_bytes, as the model's options and profile say.
-function Model:_new_loader(slot_bytes)
+-- The device (loip.model.part) for this model's weights (weights(part) reads and binds them,
+-- free_weights(w) frees them; dir: the slice store) and, when planned, a slice store's plan,
+-- chosen once the pool's threads are known (Model:_choose_plan). cfg_where names the file a
+-- configuration C refuses came from.
+function Model:_open_part(dir, weights, free_weights, planned, cfg_where)
   local opts = self.opts
-  local l, err = loader_mod.new { slots = self.plan.slots or 1, slot_bytes = slot_bytes,
-    overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false,
-    mode = opts.loader or "auto", rate = opts.disk_rate or 0, budget = self.budget }
-  if not l then error(self.path .. ": " .. err, 0) end
-  return l
-end
-
--- The loader (when the plan offloads) and the runner that executes the plan's stages.
-function Model:_start_runner(dir, facts)
-  local opts = self.opts
-  local descs = store.stage_descs(dir, facts.manifest, self.plan, 1, opts.verify_reads)
-  local slot = planner.memory(self.plan, 1, self.plan_sizes, self.plan_opts).slot_bytes
-  local loader
-  if slot > 0 then
-    loader = self:_new_loader(slot)
-    self.loader = loader
-  end
-  local s, model, lh = self:session(), self.handle, loader and loader.handle or nil
-  -- The finalizer holds the loader, session and model: none is collected before the runner.
-  local r, err = exec.runner_new(s, model, lh, descs.descs, descs.n, opts.trace and 65536 or 0, { lh, s, model })
-  if not r then error(dir .. ": " .. err, 0) end
-  self.runner = r
-  self.runner_descs = descs
-  if self.experts then self.experts:close() end
-  self.experts = experts_mod.for_model(self)
-  if opts.trace then
-    self.event_buf = self.event_buf or ffi.new("loip_runner_event[4096]")
-    -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
-    self.trace = self.trace or trace.new()
-  end
+  local layout = planned and function(p)
+    self.threads = p.threads
+    self:_choose_plan(self.cfg, self.facts, self.budget)
+    return { plan = self.plan, index = 1, sizes = self.plan_sizes, memory_opts = self.plan_opts,
+      overlap_loads = self.problem_table and self.problem_table.devices[1].overlap_loads or false }
+  end or nil
+  self.part = part.open { cfg = self.cfg, cfg_where = cfg_where, where = self.path, threads = opts.threads, budget = self.budget,
+    dir = dir, man = self.facts.manifest, loader = opts.loader, disk_rate = opts.disk_rate, verify_reads = opts.verify_reads,
+    trace = opts.trace, experts = opts.experts, routing = opts.routing, layout = layout,
+    session = function() return { context = self.context, batch = self.batch, kv_tokens = self.kv_tokens,
+      max_seqs = self.max_seqs, grows = self:kv_grows() } end,
+    weights = weights, free_weights = free_weights }
+  self.threads = self.part.threads
+  -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
+  if opts.trace and self.part.runner then self.trace = self.trace or trace.new() end
 end
 
 -- A live plan change between steps: stage k (1-based) of the plan now reads its first
@@ -293,21 +296,15 @@ end
 function Model:restage(k, offloaded)
   if self.broken then error(self.path .. ": " .. self.broken, 0) end
   if not self.runner then error("restage: this model runs no plan (open a slice store)", 2) end
-  local p2, descs = store.restage { verify_reads = self.opts.verify_reads, runner = self.runner, model = self.handle,
-    keep = self.weights, dir = self.path,
-    man = self.facts.manifest, plan = self.plan, device = 1, stage = k, offloaded = offloaded, loader = self.loader,
-    new_loader = function(bytes) return self:_new_loader(bytes) end,
-    move_experts = self.experts_opts and experts_mod.mover(self, self.experts_opts, self.weights),
-    on_loader = function(l) if self.loader and self.loader ~= l then self.loader:close() end self.loader = l end }
-  self.plan, self.runner_descs = p2, descs or self.runner_descs
-  return p2
+  self.plan = self.part:restage(k, offloaded)
+  return self.plan
 end
 
 -- Plan again for `positions` KV positions (an online policy's last resort, as a cluster's:
 -- loip.engine.request.online's control.replan), between steps: the scheduler chooses a plan for the
 -- budget the model had at open; then every request's KV goes (the batcher prefills them again
--- on the new plan, so no token changes), the runner, its loader, the session and the resident
--- blocks are freed and made again for the new plan. A plan that was given is not replaced.
+-- on the new plan, so no token changes), and the device (loip.model.part: runner, loader,
+-- session, resident blocks) is closed and opened again for the new plan. A plan that was given is not replaced.
 -- When no plan holds that many positions this raises, naming the shortfall, and the model
 -- goes on with its plan and its KV. When the new plan cannot be made once the old one is let go
 -- (a budget shared with something that charged it since the model opened) the model is broken:
@@ -329,24 +326,14 @@ function Model:replan_kv(positions)
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(err)), 0) end
   opts.plan_chosen = chosen
-  local function let_go()
-    if self.experts then self.experts:close() self.experts = nil end
-    if self.runner then exec.runner_free(self.runner) self.runner = nil end
-    if self.loader then self.loader:close() self.loader = nil end
-    if self._session then exec.session_free(self._session) self._session = nil end
-    if self.weights then store.close(self.weights) self.weights = nil end
-  end
-  let_go()
+  local dir = self.part.dir
+  self.part:close()
+  self.part = nil
   self.opts = opts
-  local made, why = pcall(function()
-    self:_choose_plan(self.cfg, self.facts, self.budget)
-    if self.budget then self:session() end
-    self.weights = self.bind_store(self.handle, self.plan)
-    self:_start_runner(self.path, self.facts)
-  end)
+  local made, why = pcall(self._open_part, self, dir, function(p) return self.bind_store(p.handle, p.plan) end, nil, true,
+    self.path)
   opts.plan_chosen = nil
   if not made then
-    let_go()
     self.broken = string.format("the plan for %d KV positions could not be made after the old one was let go: %s; "
       .. "open the model again", positions, tostring(why))
     error(self.broken, 0)
@@ -356,34 +343,12 @@ end
 
 -- Recorded events since the last call (m.opts.trace): a list of { kind = "load" | "compute" |
 -- "wait", stage (1-based; 0: embedding or head), first_block, last_block, t0_ns, t1_ns,
--- bytes, offloaded, tokens }.
-local event_kinds = { [0] = "load", "compute", "wait", "send", "recv" }
-M.event_kinds = event_kinds
-function Model:events()
-  local out = {}
-  if not self.runner or not self.event_buf then return out end
-  repeat
-    local k = exec.runner_events(self.runner, self.event_buf, 4096)
-    for i = 0, k - 1 do
-      local e = self.event_buf[i]
-      out[#out + 1] = { kind = event_kinds[e.kind], stage = e.stage + 1, first_block = e.first_block,
-        last_block = e.last_block, t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes),
-        offloaded = e.offloaded ~= 0, tokens = e.n_tokens }
-    end
-  until k < 4096
-  for _, e in ipairs(self.experts and self.experts:events() or {}) do out[#out + 1] = e end -- (expert reads)
-  return out
-end
+-- bytes, offloaded, tokens } (loip.model.part's Part:events).
+M.event_kinds = part.event_kinds
+function Model:events() return self.part and self.part:events() or {} end
 
 -- Runner statistics in ms and bytes (nil without a runner).
-function Model:runner_stats()
-  if not self.runner then return nil end
-  local st = exec.runner_stats(self.runner, ffi.new("loip_runner_stats_t"))
-  return { stage_runs = tonumber(st.stage_runs), compute_ms = tonumber(st.compute_ns) / 1e6,
-    stall_ms = tonumber(st.stall_ns) / 1e6, load_ms = tonumber(st.load_ns) / 1e6,
-    bytes_loaded = tonumber(st.bytes_loaded), loads = tonumber(st.loads),
-    events_dropped = tonumber(st.events_dropped) }
-end
+function Model:runner_stats() return self.part and self.part:runner_stats() end
 
 function Model:__tostring()
   local c = self.cfg
@@ -403,16 +368,7 @@ end
 -- The session (KV cache), made once and reused.
 function Model:session()
   if self.broken then error(self.path .. ": " .. self.broken, 0) end
-  if not self._session then
-    local s, err = exec.session_new_seqs(self.handle, self.pool, self.context, self.batch, self.kv_tokens, self.max_seqs,
-      self.budget and self.budget.handle, nil, self:kv_grows() and core.constants.SESSION_KV_GROWS or 0)
-    if not s then error(self.path .. ": " .. err, 0) end
-    self._session = s
-    -- (the KV tables alone, before any request: what an online policy counts the groups from)
-    self.kv_base = 0
-    for _, a in ipairs(self.budget and self.budget:report() or {}) do if a.account == "kv" then self.kv_base = a.bytes end end
-  end
-  return self._session
+  return self.part:open_session()
 end
 
 -- The request loop every generation and logits call goes through (loip.engine.request.batcher over
@@ -450,19 +406,7 @@ function Model:close()
     for _, r in ipairs(self._batcher.running) do r.state, r.finish_reason, r.error = "done", "error", "the model was closed" end
     self._batcher = nil
   end
-  if self.experts then self.experts:close() self.experts = nil end
-  if self.runner then exec.runner_free(self.runner) self.runner = nil end
-  if self.loader then self.loader:close() self.loader = nil end
-  if self._session then exec.session_free(self._session) self._session = nil end
-  if self.pool then exec.pool_free(self.pool) self.pool = nil end
-  if self.handle then exec.model_free(self.handle) self.handle = nil end
-  if self.weights then
-    if self.facts.format == "hf" then safetensors.close(self.weights)
-    elseif self.facts.format == "store" then store.close(self.weights)
-    elseif self.facts.format == "gguf" then self.weights:close()
-    else files.map_free(self.weights) end
-    self.weights = nil
-  end
+  if self.part then self.part:close() self.part = nil end
   if self.weight_charge then memory.charge_free(self.weight_charge) self.weight_charge = nil end
   if self.tokenizer then self.tokenizer:close() self.tokenizer = nil end
 end

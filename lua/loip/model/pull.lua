@@ -326,7 +326,7 @@ function M.pull(o)
         need = need + f.size - (part <= f.size and part or 0)
       end
     end
-    local free = files_rt.disk_free(fs.existing_dir(self.dir))
+    local free = files_rt.disk_available(fs.existing_dir(self.dir))
     if free and free < need then
       fail("%s: not enough disk space in %s: the files need %s more, %s are free", self.repo, self.dir,
         progress.human(need), progress.human(free))

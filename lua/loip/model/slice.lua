@@ -97,9 +97,9 @@ function M.open_source(path)
     for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
       local f = set.index[w[3]]
       if not f then src.close() error(string.format("%s: tensor '%s' is missing", file, w[3]), 0) end
-      local view, verr = f:view(w[3])
-      if not view then src.close() error(verr, 0) end
-      by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = f.tensors[w[3]].nbytes }
+      local view, bytes = hf.view_of(f, w)
+      if not view then src.close() error(bytes, 0) end
+      by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes }
     end
   elseif kind == "gguf" then
     local facts, g, by
@@ -307,7 +307,7 @@ local function check_room(out, files, extra)
   local reclaim = 0
   for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
   local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
-  local free = assert(files_rt.disk_free(existing_dir(out), out))
+  local free = assert(files_rt.disk_available(existing_dir(out), out))
   if free < need then
     error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
       out, progress.human(need), progress.human(free)), 0)

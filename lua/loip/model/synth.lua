@@ -69,9 +69,8 @@ end
 -- Tensors of the model: { name, shape, mean, std, numel }.
 local function tensor_plan(c, std, arch)
   local plan = {}
-  for _, w in ipairs(hf.weight_list(c, arch)) do
-    local kind, name = w[2], w[3]
-    local shape = hf.shape_of(c, kind)
+  for _, t in ipairs(hf.tensor_list(c, arch)) do
+    local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
@@ -156,7 +155,7 @@ function M.write(dir, o)
   if json.exists(dir .. "/config.json") and not o.force then
     error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
   end
-  local free = assert(files_rt.disk_free(dir, dir))
+  local free = assert(files_rt.disk_available(dir, dir))
   local need = total + 64 * 1024 * 1024
   if free < need then
     error(string.format("%s: not enough disk space: the model needs %s, %s are free", dir,

@@ -2,6 +2,7 @@
 -- and the weight bytes of each kind of block (loip.plan.problem, profiles and calibrations).
 local hf = require "loip.model.hf"
 local store = require "loip.model.store"
+local families = require "loip.model.families"
 
 local M = {}
 
@@ -9,18 +10,17 @@ local M = {}
 -- experts side by side (and the shared expert), one SwiGLU of k x expert size. What compute is
 -- measured and priced on: a token reads the weights of its chosen experts, not all of them. A
 -- dense config table comes back as it is.
-local dense_of = { Qwen3MoeForCausalLM = "Qwen3ForCausalLM", Qwen2MoeForCausalLM = "Qwen2ForCausalLM",
-  MixtralForCausalLM = "MistralForCausalLM" }
 function M.dense_equivalent(cfg)
   local arch = type(cfg.architectures) == "table" and cfg.architectures[1]
-  if not dense_of[arch] then return cfg end
+  local spec = families.classes[arch]
+  if not (spec and spec.dense) then return cfg end
   local d = {}
   for k, v in pairs(cfg) do d[k] = v end
   local k = cfg.num_experts_per_tok or 1
-  local each = arch == "MixtralForCausalLM" and cfg.intermediate_size or cfg.moe_intermediate_size or cfg.intermediate_size
-  d.intermediate_size = k * each + (arch == "Qwen2MoeForCausalLM" and (cfg.shared_expert_intermediate_size or 0) or 0)
-  d.architectures = { dense_of[arch] }
-  d.model_type = dense_of[arch]:match("^(.-)ForCausalLM$"):lower()
+  local each = cfg[spec.experts.size] or cfg.intermediate_size
+  d.intermediate_size = k * each + (spec.shared and (cfg.shared_expert_intermediate_size or 0) or 0)
+  d.architectures = { spec.dense }
+  d.model_type = spec.dense:match("^(.-)ForCausalLM$"):lower()
   for _, f in ipairs({ "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
     "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
     "output_router_logits" }) do d[f] = nil end

@@ -1,6 +1,6 @@
 -- The device loop (runtime/worker: loip_device_*) seen from Lua: a device runs its stages every
 -- step in C and hands Lua only control messages; KV lending ships a stage's oldest KV groups to
--- a holder and back. One thin function per C call of loip.h; loip.cluster.worker is the Lua
+-- a holder and back. One thin function per C call of loip.h; loip.cluster.device_server is the Lua
 -- side over them. The device is cdata under ffi.gc from birth; device_free is the explicit,
 -- idempotent close. A runtime failure returns nil, err (context, when given, first, as core.ok).
 --

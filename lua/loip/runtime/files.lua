@@ -1,4 +1,4 @@
--- Files (runtime/core/files.c, sha256.c, crc32c.c) seen from Lua: read-only mappings, atomic
+-- Files (runtime/files; mappings: runtime/core/memory.c) seen from Lua: read-only mappings, atomic
 -- writers, direct reads, the page cache, free space and checksums. One thin function per C
 -- call of loip.h, the rest of the Lua side calls these rather than C. Owning handles are cdata
 -- under ffi.gc from birth; *_free is the explicit, idempotent close. A runtime failure returns
@@ -40,10 +40,10 @@ function M.read(path, offset, len, dst, direct, context)
 end
 -- path's pages out of the page cache (best effort: its result is not a failure of the caller).
 function M.drop_cache(path) return core.ok(C.loip_file_drop_cache(path)) end
--- Bytes free on the file system of path.
-function M.disk_free(path, context)
+-- Bytes available to this (unprivileged) user on the file system of path.
+function M.disk_available(path, context)
   local out = ffi.new("uint64_t[1]")
-  local ok, err = core.ok(C.loip_disk_free(path, out), context)
+  local ok, err = core.ok(C.loip_disk_available(path, out), context)
   if not ok then return nil, err end
   return tonumber(out[0])
 end

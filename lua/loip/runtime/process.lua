@@ -1,4 +1,4 @@
--- Processes (runtime/core: spawn, reap, signals) seen from Lua: one thin function per C call of
+-- Processes (runtime/process: spawn, reap, signals) seen from Lua: one thin function per C call of
 -- loip.h, the rest of the Lua side calls these rather than C. A runtime failure returns nil, err
 -- (context, when given, first, as core.ok). The clock and sleep are core.now_ns, core.sleep_ms.
 --

@@ -200,16 +200,19 @@ function Store:stats()
     disk_writes = d and d.stats.writes or 0 }
 end
 
--- A worker's device d (loip.cluster.worker): its session's store, made with the session (disk:
--- the head's { dir, bytes, identity } for its disk tier, from the first message that has it);
--- what it holds of keys (a device lending KV holds nothing: lending refuses shared groups);
--- seq's groups of keys held (a failure logged with log(fmt, ...)).
+-- A worker's device d (loip.cluster.device_server; its part d.part, loip.model.part): its
+-- session's store, made with the session (disk: the head's { dir, bytes, identity } for its disk
+-- tier, from the first message that has it); what it holds of keys (a device lending KV holds
+-- nothing: lending refuses shared groups); seq's groups of keys held (a failure logged with
+-- log(fmt, ...)).
 function M.device_store(d, disk)
-  if not d.store or d.store.s ~= d.session then d.store = M.store(d.session) end
+  local pt = d.part
+  if not d.store or d.store.s ~= pt.session then d.store = M.store(pt.session) end
   if disk and not d.store.disk then
     d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
-      device = d.index, layers = prefix_disk.stage_layers(d.plan.devices[d.index].stages),
-      kv_block = exec.session_kv_block_tokens(d.session), group_bytes = exec.session_kv_group_bytes(d.session), budget = d.budget }
+      device = pt.index, layers = prefix_disk.stage_layers(pt.plan.devices[pt.index].stages),
+      kv_block = exec.session_kv_block_tokens(pt.session), group_bytes = exec.session_kv_group_bytes(pt.session),
+      budget = pt.budget }
   end
   return d.store
 end
@@ -224,7 +227,7 @@ end
 -- found them on every device) or another choice's first positions shared (body.share).
 function M.device_start(d, body)
   if body.attach then M.device_store(d):adopt(body.seq or 0, body.attach) end
-  if body.share then assert(exec.session_seq_share(d.session, body.seq or 0, body.share.seq, body.share.positions)) end
+  if body.share then assert(exec.session_seq_share(d.part.session, body.seq or 0, body.share.seq, body.share.positions)) end
 end
 function M.device_keep(d, body, log)
   if not body.keep or d.lend_peer then return end

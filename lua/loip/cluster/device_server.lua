@@ -1,13 +1,14 @@
--- A worker: one device of a cluster (`loip worker`). It listens, answers the head's control
--- messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE, PROFILE, PING, STOP,
--- LOOKUP, SHIP: one handler each, in a dispatch table) and, once it holds a plan, runs its stages
--- every step in C (loip_device_serve): Lua sees only control messages. SIGINT/SIGTERM stop it
--- cleanly (sockets closed, buffers freed). A PLAN message (JSON) carries: plan_id, device
--- (1-based), plan (loip.plan tables), next and head (endpoints), context, batch, max_seqs,
--- kv_tokens, plan_positions, kv_grows, loader, overlap_loads, disk_rate (this device's), link =
--- { rate, delay_ms, spin_us } (the link into this device, emulated on receipt), logits_tokens,
--- slowdown. The worker loads its part of its slice store (its own, or its cache's: SHIP,
--- loip.cluster.cache) under its budget, and replies READY with its memory, or ERROR with why.
+-- A device server: one device of a cluster, the process `loip worker` runs. It listens, answers
+-- the head's control messages (HELLO, PLAN, START, END, CHANGE, LEND, LINK, STATS, TRACE,
+-- PROFILE, PING, STOP, LOOKUP, SHIP: one handler each, in a dispatch table) and, once it holds a
+-- plan, runs its stages every step in C (loip_device_serve): Lua sees only control messages.
+-- SIGINT/SIGTERM stop it cleanly (sockets closed, buffers freed). A PLAN message (JSON)
+-- carries: plan_id, device (1-based), plan (loip.plan tables), next and head (endpoints),
+-- context, batch, max_seqs, kv_tokens, plan_positions, kv_grows, loader, overlap_loads,
+-- disk_rate (this device's), link = { rate, delay_ms, spin_us } (the link into this device,
+-- emulated on receipt), logits_tokens, slowdown. The worker loads its part of its slice store
+-- (its own, or its cache's: SHIP, loip.cluster.cache) under its budget (loip.model.part, as one
+-- device in a process is), and replies READY with its memory, or ERROR with why.
 -- PROFILE makes it measure itself (loip.plan.profile.calibrate on its own store) and reply
 -- PROFILE with the profile. A LINK message changes the emulation of the link into it.
 local ffi = require "ffi"
@@ -16,6 +17,7 @@ local json = require "loip.text.json"
 local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
+local part = require "loip.model.part"
 local transport = require "loip.runtime.transport"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -27,10 +29,8 @@ local sampler = require "loip.model.sampler"
 local profile = require "loip.plan.profile"
 local draft = require "loip.cluster.draft"
 local join = require "loip.cluster.join"
-local loader_mod = require "loip.runtime.loader"
 local cache_mod = require "loip.cluster.cache"
 local model_mod = require "loip.model"
-local experts_mod = require "loip.model.experts"
 local K = core.constants
 
 local M = {}
@@ -49,15 +49,6 @@ Worker.__index = Worker
 local function accounts(budget)
   local t = {}
   for _, a in ipairs(budget:report()) do t[a.account] = a.bytes end return t
-end
-
--- A loader for device d with slots of slot_bytes (its plan's count, the PLAN's read settings).
-local function new_loader(d, slot_bytes)
-  local o = d.loader_opts
-  local l, err = loader_mod.new { slots = d.plan.slots or 1, slot_bytes = slot_bytes, mode = o.mode,
-    rate = o.rate, budget = d.budget, overlap_loads = o.overlap_loads }
-  if not l then error(err, 0) end
-  return l
 end
 
 -- opts: listen (endpoint), store, cache (a block cache: loip.cluster.cache), disk_quota, mem
@@ -90,27 +81,23 @@ end
 
 function Worker:endpoint() return self.sock:endpoint() end
 
--- Free the device and what it holds (runner before loader, session before model).
+-- Free the device: what runs on its part first (the draft beside it, the C device serving its
+-- stages, the sockets), then the part (loip.model.part's one order).
 function Worker:drop_device()
   local d = self.dev
   if not d then return end
   if d.drafter then d.drafter:close() end
   if d.device ~= nil then rw.device_free(d.device) end
   if d.lend_sock then d.lend_sock:close() end
-  if d.experts then d.experts:close() end
-  if d.runner ~= nil then exec.runner_free(d.runner) end
-  if d.loader then d.loader:close() end
   if d.next then d.next:close() end
   if d.head then d.head:close() end
-  if d.session then exec.session_free(d.session) end
-  if d.keep then store.close(d.keep) end
-  if d.pool then exec.pool_free(d.pool) end
-  if d.model then exec.model_free(d.model) end
+  if d.part then d.part:close() end
   self.dev = nil
   collectgarbage()
 end
 
--- Build the device a PLAN message describes. Raises with a message for the head.
+-- Build the device a PLAN message describes: d.part (loip.model.part) is this device's part of
+-- the plan. Raises with a message for the head.
 function Worker:build(msg)
   self:drop_device()
   local dir, man = self.opts.store, self.man
@@ -124,13 +111,9 @@ function Worker:build(msg)
   local d = {}
   self.dev = d
   local budget = memory.budget(self.opts.mem or 0)
-  d.budget = budget
-  d.model = assert(exec.model_new(cfg))
-  local pool, perr = exec.pool_new(self.opts.threads or 0)
-  if not pool then error(perr, 0) end
-  d.pool = pool
   local defaults = model_mod -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
+<<<<<<< HEAD:lua/loip/cluster/worker.lua
   local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
     logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
     plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: plan_positions' deprecated name, which a head may send)
@@ -167,6 +150,41 @@ function Worker:build(msg)
     verify_reads = msg.verify_reads, trace = msg.trace }
   d.experts = experts_mod.for_device(d.experts_opts)
   if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
+=======
+  local N, S
+  d.part = part.open { cfg = cfg, threads = self.opts.threads, budget = budget, dir = dir, man = man,
+    loader = msg.loader, disk_rate = msg.disk_rate, verify_reads = msg.verify_reads, trace = msg.trace,
+    experts = msg.experts, routing = msg.routing,
+    layout = function(pt)
+      local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = pt.threads,
+        logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
+        plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: a head of the release before)
+      -- the plan as every plan is checked, against this device's budget only
+      local devices = {}
+      for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
+      if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
+      engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
+      N, S = #p.devices, #p.devices[1].stages
+      if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
+      return { plan = p, index = i, sizes = sizes, memory_opts = { cluster = true, loader = msg.loader },
+        overlap_loads = msg.overlap_loads, prefetch = not (p.prefetch == false or msg.prefetch == false) }
+    end,
+    session = function(pt)
+      local mask = ffi.new("uint8_t[?]", cfg.n_layers)
+      for l in pairs(plan.device_layers(p, i)) do mask[l] = 1 end
+      return { context = ctx, batch = math.min(batch, ctx), kv_tokens = pt.sizes.kv_tokens, max_seqs = pt.sizes.max_seqs,
+        grows = msg.kv_grows, layers = mask }
+    end,
+    -- (room kept for the offloaded blocks: a live change may make them resident)
+    weights = function(pt)
+      local keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, pt.sizes),
+        store.offloaded_files(p, i, man))
+      local ok, err = pcall(store.bind_loaded, pt.handle, dir, man, keep)
+      if not ok then store.close(keep) error(err, 0) end
+      return keep
+    end }
+  d.head_dead_ms = msg.dead_ms -- (the head pings us that often while it lives: loip.cluster.join)
+>>>>>>> main:lua/loip/cluster/device_server.lua
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
@@ -233,7 +251,7 @@ function handlers.PLAN(self, _, body)
   body = assert(body, "a message without its JSON body")
   local d, budget, N, S, i, batch = self:build(body)
   local cfg = ffi.new("loip_device_config")
-  cfg.runner, cfg.session = d.runner, d.session
+  cfg.runner, cfg.session = d.part.runner, d.part.session
   cfg["in"], cfg.next, cfg.head = self.sock.handle, d.next and d.next.handle or nil, d.head.handle
   cfg.plan_id, cfg.device, cfg.n_devices, cfg.n_stages = body.plan_id, i - 1, N, S
   cfg.max_tokens, cfg.logits_tokens, cfg.max_seqs = batch, body.logits_tokens or 1, body.max_seqs or 1
@@ -245,8 +263,8 @@ function handlers.PLAN(self, _, body)
   log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
     memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")
   return "READY", json.encode({ memory = budget:used(), limit = budget:limit(), accounts = accounts(budget),
-    kv_group_bytes = exec.session_kv_group_bytes(d.session),
-    loader = d.loader and d.loader:mode() or "none" })
+    kv_group_bytes = exec.session_kv_group_bytes(d.part.session),
+    loader = d.part.loader and d.part.loader:mode() or "none" })
 end
 
 -- which of a prompt's leading KV group keys this device holds for its layers (the prefix cache)
@@ -271,17 +289,12 @@ end
 function handlers.CHANGE(self, _, body)
   body = assert(body, "a message without its JSON body")
   local d = current_device(self, body, "a change")
-  local p2, descs = store.restage { verify_reads = d.verify_reads, runner = d.runner, model = d.model, keep = d.keep,
-    dir = self.opts.store, man = self.man,
-    plan = d.plan, device = d.index, stage = body.stage, offloaded = body.offloaded, loader = d.loader,
-    new_loader = function(bytes) return new_loader(d, bytes) end,
-    move_experts = experts_mod.mover(d, d.experts_opts, d.keep),
-    on_loader = function(l) if d.loader and d.loader ~= l then d.loader:close() end d.loader = l end }
-  d.plan, d.descs = p2, descs or d.descs
+  local pt = d.part
+  pt:restage(body.stage, body.offloaded)
   log("change %s: stage %d now reads %d blocks every step; %s used", tostring(body.change), body.stage, body.offloaded,
-    memory.format_bytes(d.budget:used()))
-  return "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(),
-    slot_bytes = d.loader and d.loader:slot_bytes() or 0, accounts = accounts(d.budget) })
+    memory.format_bytes(pt.budget:used()))
+  return "READY", json.encode({ memory = pt.budget:used(), limit = pt.budget:limit(),
+    slot_bytes = pt.loader and pt.loader:slot_bytes() or 0, accounts = accounts(pt.budget) })
 end
 
 -- KV lending (the paper's transfer protocol): from now on this device ships the oldest groups
@@ -291,13 +304,14 @@ end
 function handlers.LEND(self, _, body)
   body = assert(body, "a message without its JSON body")
   local d = current_device(self, body, "lending")
-  local S = #d.plan.devices[d.index].stages
+  local pt = d.part
+  local S = #pt.plan.devices[pt.index].stages
   local layers = ffi.new("int32_t[?]", 2 * S)
-  for s, st in ipairs(d.plan.devices[d.index].stages) do
+  for s, st in ipairs(pt.plan.devices[pt.index].stages) do
     -- the layers whose attention (even block) is in the stage keep their KV with it
     layers[2 * (s - 1)], layers[2 * (s - 1) + 1] = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) + 1
   end
-  local n_seqs = exec.session_max_seqs(d.session)
+  local n_seqs = exec.session_max_seqs(pt.session)
   local groups = ffi.new("int32_t[?]", n_seqs)
   for q = 0, n_seqs - 1 do
     local g = type(body.groups) == "table" and body.groups[tostring(q)] or body.groups
@@ -305,7 +319,7 @@ function handlers.LEND(self, _, body)
   end
   local old = d.lend_sock
   if body.peer and body.peer ~= d.lend_peer then
-    d.lend_sock = assert(self.net:connect(body.peer, "d" .. d.index .. "-lend"))
+    d.lend_sock = assert(self.net:connect(body.peer, "d" .. pt.index .. "-lend"))
     d.lend_sock:emulate(self.link or {})
   elseif not body.peer then
     core.must(rw.device_recall(d.device))
@@ -314,7 +328,7 @@ function handlers.LEND(self, _, body)
   core.must(rw.device_lend(d.device, d.lend_sock and d.lend_sock.handle or nil, layers, groups))
   if old and old ~= d.lend_sock then old:close() end
   d.lend_peer = body.peer
-  return "READY", json.encode({ memory = d.budget:used(), limit = d.budget:limit(), accounts = accounts(d.budget) })
+  return "READY", json.encode({ memory = pt.budget:used(), limit = pt.budget:limit(), accounts = accounts(pt.budget) })
 end
 
 -- the emulated link into this device changes (a link schedule): rate and delay, no reply
@@ -342,23 +356,24 @@ end
 function handlers.STATS(self)
   local st = {}
   if self.dev then
+    local pt = self.dev.part
     local ds = rw.device_stats(self.dev.device, ffi.new("loip_device_stats_t"))
-    local rs = exec.runner_stats(self.dev.runner, ffi.new("loip_runner_stats_t"))
+    local rs = pt:runner_stats()
     st = { hops = tonumber(ds.hops), recv_wait_ms = tonumber(ds.recv_wait_ns) / 1e6, send_ms = tonumber(ds.send_ns) / 1e6,
       bytes_sent = tonumber(ds.bytes_sent), rejected = tonumber(ds.rejected), head_ms = tonumber(ds.head_ns) / 1e6,
       drafted = tonumber(ds.drafted), accepted = tonumber(ds.accepted),
-      compute_ms = tonumber(rs.compute_ns) / 1e6, stall_ms = tonumber(rs.stall_ns) / 1e6, load_ms = tonumber(rs.load_ns) / 1e6,
-      bytes_loaded = tonumber(rs.bytes_loaded), memory = self.dev.budget:used(), links = self.sock:stats(),
+      compute_ms = rs.compute_ms, stall_ms = rs.stall_ms, load_ms = rs.load_ms,
+      bytes_loaded = rs.bytes_loaded, memory = pt.budget:used(), links = self.sock:stats(),
       lent_bytes = tonumber(ds.lent_bytes), fetched_bytes = tonumber(ds.fetched_bytes),
       lend_wait_ms = tonumber(ds.lend_wait_ns) / 1e6, held_bytes = tonumber(ds.held_bytes),
       held_in_bytes = tonumber(ds.held_in_bytes) }
     -- the budget's accounts (weights, slots, kv, activations)
-    st.kv_free_tokens = exec.session_kv_free_tokens(self.dev.session)
-    st.experts = self.dev.experts and self.dev.experts:stats() or nil
+    st.kv_free_tokens = exec.session_kv_free_tokens(pt.session)
+    st.experts = pt.experts and pt.experts:stats() or nil
     -- the budget's limit and peak, and this process's peak resident memory
-    st.budget_bytes, st.peak_bytes = self.dev.budget:limit(), self.dev.budget:peak()
+    st.budget_bytes, st.peak_bytes = pt.budget:limit(), pt.budget:peak()
     st.peak_rss_bytes = process.peak_rss_bytes()
-    st.accounts = accounts(self.dev.budget)
+    st.accounts = accounts(pt.budget)
     st.prompt_cache = prefix_cache.device_store(self.dev):stats()
   end
   return "STATS", json.encode(st)
@@ -366,22 +381,7 @@ end
 
 -- the events recorded since the last TRACE (with the plan's trace on), on this host's clock
 function handlers.TRACE(self)
-  local evs = {}
-  if self.dev and self.dev.trace then
-    local kinds = model_mod.event_kinds
-    local buf = ffi.new("loip_runner_event[4096]")
-    repeat
-      local k = exec.runner_events(self.dev.runner, buf, 4096)
-      for j = 0, k - 1 do
-        local e = buf[j]
-        evs[#evs + 1] = { kind = kinds[e.kind], stage = e.stage + 1, first_block = e.first_block, last_block = e.last_block,
-          t0_ns = tonumber(e.t0_ns), t1_ns = tonumber(e.t1_ns), bytes = tonumber(e.bytes), offloaded = e.offloaded ~= 0,
-          tokens = e.n_tokens }
-      end
-    until k < 4096
-    for _, e in ipairs(self.dev.experts and self.dev.experts:events() or {}) do evs[#evs + 1] = e end -- (expert reads)
-  end
-  return "TRACE", json.encode({ now_ns = core.now_ns(), events = evs })
+  return "TRACE", json.encode({ now_ns = core.now_ns(), events = self.dev and self.dev.part:events() or {} })
 end
 
 function handlers.PROFILE(self, _, o)

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "files/crc32c.h"
 
 static uint32_t table[8][256];
 static int have_table, have_hw = -1;

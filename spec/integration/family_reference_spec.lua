@@ -1,0 +1,112 @@
+-- Model families against an outside reference: llama.cpp's logits (models/family-reference) for a
+-- tiny random-weight model of each family listed there, which loip synth makes again here and
+-- spec/support/to_gguf.lua converts (the GGUF must be the one llama.cpp read: its sha256 is
+-- checked first). loip's logits from the GGUF, the Hugging Face directory and the slice store
+-- are within 1e-4 of the largest logit at every one of the 64 positions and the 16 greedy tokens
+-- are llama.cpp's; 2 devices give the single device's logits bit for bit. A family whose
+-- tensors are fused by rows refuses such a tensor of the wrong size, naming it.
+local ffi = require "ffi"
+local loip = require "loip"
+local json = require "loip.text.json"
+local slice = require "loip.model.slice"
+local families = require "loip.model.families"
+local T = require "spec.support"
+local to_gguf = require "spec.support.to_gguf"
+
+teardown(function() T.cleanup() end)
+after_each(function() collectgarbage() collectgarbage() end)
+
+local ref_dir = assert(T.fixture_path("models/family-reference/reference.json")):match("^(.*)/[^/]*$")
+local ref = assert(json.load(ref_dir .. "/reference.json"))
+
+-- The reference logits of model r, copied into an array of their own.
+local function reference_logits(r)
+  local bytes = T.read(ref_dir .. "/" .. r.logits)
+  local R = ffi.new("float[?]", #bytes / 4)
+  ffi.copy(R, bytes, #bytes)
+  return R
+end
+
+-- The largest |logit - reference| over |largest reference logit|, over the positions.
+local function worst(out, R, n, V)
+  local w = 0
+  for p = 0, n - 1 do
+    local big, err = 0, 0
+    for v = 0, V - 1 do
+      big = math.max(big, math.abs(R[p * V + v]))
+      err = math.max(err, math.abs(out[p * V + v] - R[p * V + v]))
+    end
+    w = math.max(w, err / big)
+  end
+  return w
+end
+
+for _, family in ipairs(families.names(ref.models)) do
+  local r = ref.models[family]
+  describe(family, function()
+    local dir
+    setup(function()
+      dir = T.tmpdir()
+      local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, r.like, r.flags, dir))
+      assert.are.equal(0, rc, err)
+      to_gguf.convert(dir .. "/hf", dir .. "/m.gguf")
+      slice.write(dir .. "/hf", dir .. "/store", { quiet = true })
+    end)
+
+    it("is the model llama.cpp read", function()
+      assert.are.equal(r.gguf_sha256, require("loip.runtime.files").sha256_file(dir .. "/m.gguf"))
+    end)
+
+    it("gives llama.cpp's logits within 1e-4 and its greedy tokens (GGUF, Hugging Face, store)", function()
+      local R = reference_logits(r)
+      for _, path in ipairs({ dir .. "/m.gguf", dir .. "/hf", dir .. "/store" }) do
+        local m = loip.model.open(path, { threads = 1, context = 128, tokenizer = false })
+        assert.are.equal(r.class, m.architecture)
+        local out = m:logits(ref.tokens)
+        local w = worst(out, R, #ref.tokens, m.vocab_size)
+        assert.is_true(w <= 1e-4, string.format("%s: %.3g of the largest logit", path, w))
+        local it, st = m:generate(ref.tokens, { temperature = 0, max_tokens = #r.greedy, ignore_eos = true })
+        for _ in it do end
+        assert.are.same(r.greedy, st.token_ids, path)
+        m:close()
+      end
+    end)
+
+    it("2 devices give the single device's logits bit for bit and llama.cpp's greedy tokens", function()
+      local m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false })
+      local V, n = m.vocab_size, #ref.tokens
+      local single = ffi.new("float[?]", n * V)
+      ffi.copy(single, m:logits(ref.tokens), n * V * 4)
+      m:close()
+      local c = require("loip.cluster").start_local { store = dir .. "/store", devices = 2, threads = 1 }
+      local ok, err = pcall(function()
+        c:plan { context = 128, batch = 16, logits_tokens = 16 }
+        assert.are.equal(0, T.bit_diffs(single, c:logits(ref.tokens), n * V))
+        local it, st = c:generate(ref.tokens, { max_tokens = #r.greedy, sampler = { temperature = 0 }, stop = {} })
+        for _ in it do end
+        assert.are.same(r.greedy, st.token_ids)
+      end)
+      c:close()
+      assert(ok, err)
+    end)
+
+    local fused = {}
+    for name, kinds in pairs(families.classes[r.class].layer or {}) do
+      if type(kinds) == "table" and #kinds > 1 then fused[#fused + 1] = name end
+    end
+    if #fused > 0 then
+      it("refuses a tensor fused by rows that does not hold its parts' rows, naming it", function()
+        -- (one key/value head: q, k and v take fewer rows than the file's qkv tensor has)
+        local bad = T.tmpdir()
+        assert.are.equal(0, (T.run(string.format("cp %s/hf/* %s/", dir, bad))))
+        local cfg = assert(json.load(bad .. "/config.json"))
+        assert.is_true(cfg.num_key_value_heads > 1)
+        cfg.num_key_value_heads = 1
+        T.write(bad .. "/config.json", json.encode_sorted(cfg, 2))
+        local ok, err = pcall(loip.model.open, bad, { threads = 1, context = 128, tokenizer = false })
+        assert.is_false(ok)
+        assert.matches("tensor 'model.layers.0.[%w_.]+': shape %[%d+, %d+%], expected %d+ rows", err)
+      end)
+    end
+  end)
+end
