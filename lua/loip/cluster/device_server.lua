@@ -113,44 +113,6 @@ function Worker:build(msg)
   local budget = memory.budget(self.opts.mem or 0)
   local defaults = model_mod -- (the head sends both)
   local ctx, batch = msg.context or defaults.default_context(cfg.max_seq), msg.batch or defaults.DEFAULT_BATCH
-<<<<<<< HEAD:lua/loip/cluster/worker.lua
-  local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = exec.pool_size(pool),
-    logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
-    plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: plan_positions' deprecated name, which a head may send)
-  local mopts = { cluster = true, loader = msg.loader }
-  -- the plan as every plan is checked, against this device's budget only
-  local devices = {}
-  for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
-  if type(i) == "number" and devices[i] then devices[i].budget = budget:limit() end
-  engine.check_plan(p, { model = sizes, devices = devices, cluster = true, loader = msg.loader }, "plan")
-  local N, S = #p.devices, #p.devices[1].stages
-  if type(i) ~= "number" or i < 1 or i > N then error("plan: device " .. tostring(i) .. " is not in 1.." .. N, 0) end
-  local need = plan.memory(p, i, sizes, mopts)
-  local layers = plan.device_layers(p, i)
-  local mask = ffi.new("uint8_t[?]", cfg.n_layers)
-  for l in pairs(layers) do mask[l] = 1 end
-  local s, serr = exec.session_new_seqs(d.model, pool, ctx, math.min(batch, ctx), sizes.kv_tokens, sizes.max_seqs,
-    budget.handle, mask, msg.kv_grows and K.SESSION_KV_GROWS or 0)
-  if not s then error(serr, 0) end
-  d.session = s
-  -- (room kept for the offloaded blocks: a live change may make them resident)
-  d.keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, sizes), store.offloaded_files(p, i, man))
-  store.bind_loaded(d.model, dir, man, d.keep)
-  d.descs = store.stage_descs(dir, man, p, i, msg.verify_reads)
-  d.verify_reads = msg.verify_reads
-  d.plan, d.index, d.head_dead_ms = p, i, msg.dead_ms -- (the head pings us that often while it lives: loip.cluster.join)
-  local slot = need.slot_bytes
-  d.loader_opts = { mode = msg.loader or "auto", rate = msg.disk_rate or 0, overlap_loads = msg.overlap_loads }
-  if slot > 0 then d.loader = new_loader(d, slot) end
-  d.runner = core.must(exec.runner_new(s, d.model, d.loader and d.loader.handle or nil, d.descs.descs, d.descs.n,
-    msg.trace and 65536 or 0))
-  d.trace = msg.trace
-  d.experts_opts = { model = d.model, session = s, dir = dir, man = man, cfg = cfg, plan = p, device = i, sizes = sizes,
-    experts = msg.experts, routing = msg.routing, budget = budget, mode = msg.loader, rate = msg.disk_rate,
-    verify_reads = msg.verify_reads, trace = msg.trace }
-  d.experts = experts_mod.for_device(d.experts_opts)
-  if p.prefetch == false or msg.prefetch == false then exec.runner_set_prefetch(d.runner, false) end
-=======
   local N, S
   d.part = part.open { cfg = cfg, threads = self.opts.threads, budget = budget, dir = dir, man = man,
     loader = msg.loader, disk_rate = msg.disk_rate, verify_reads = msg.verify_reads, trace = msg.trace,
@@ -158,7 +120,7 @@ function Worker:build(msg)
     layout = function(pt)
       local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = pt.threads,
         logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
-        plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: a head of the release before)
+        plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: plan_positions' deprecated name, which a head may send)
       -- the plan as every plan is checked, against this device's budget only
       local devices = {}
       for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end
@@ -184,7 +146,6 @@ function Worker:build(msg)
       return keep
     end }
   d.head_dead_ms = msg.dead_ms -- (the head pings us that often while it lives: loip.cluster.join)
->>>>>>> main:lua/loip/cluster/device_server.lua
   local ident = "d" .. i
   d.head = assert(self.net:connect(msg.head, ident))
   if N > 1 then d.next = assert(self.net:connect(msg.next, ident)) end
