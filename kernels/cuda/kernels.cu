@@ -1,7 +1,8 @@
 // CUDA kernels of the decoder: the same operations as kernels/cpu and runtime/exec/forward.c,
 // on device pointers (device memory, or host memory mapped into the device: a resident block on
 // an integrated GPU, the loader's slot). Every kernel accumulates in fp32. Kernels at the top,
-// launchers (the loip.h entry points) at the bottom.
+// launchers (cuda/kernels.h; runtime/cuda/launch.c checks their arguments and makes them
+// loip.h's entry points) at the bottom.
 //
 //   matvec      one warp per output row, 16-byte loads, a shuffle reduction: the decode path,
 //               bound by memory bandwidth (tests/gpu/run.sh measures the fraction reached)
@@ -20,12 +21,11 @@
 #include <float.h>
 #include <stdint.h>
 
-extern "C" {
-#include "core/core.h"
-}
-#include "loip.h"
+#include "cpu/kernels.h"
+#include "cuda/kernels.h"
 
 #define WARP 32
+static_assert(LOIP_CUDA_MAX_HEAD_DIM == 8 * WARP, "attention keeps 8 values of a head a lane");
 
 // ---- kernels --------------------------------------------------------------------------------
 
@@ -122,8 +122,8 @@ __global__ void rope_pairs(float *q, int n_tokens, int n_heads, int head_dim, co
     float a = (float)pos[t] * inv_freq[i];
     float c, s;
     sincosf(a, &s, &c);
-    int j0 = layout == LOIP_ROPE_INTERLEAVED ? 2 * i : i;
-    int j1 = layout == LOIP_ROPE_INTERLEAVED ? 2 * i + 1 : i + half;
+    int j0 = layout == 0 ? 2 * i : i; // (0: LOIP_ROPE_INTERLEAVED)
+    int j1 = layout == 0 ? 2 * i + 1 : i + half;
     float x0 = h[j0], x1 = h[j1];
     h[j0] = x0 * c - x1 * s;
     h[j1] = x0 * s + x1 * c;
@@ -297,121 +297,102 @@ __global__ void matmul_tiles(float *Y, const T *W, const float *X, int n, int ro
 
 // ---- launchers ------------------------------------------------------------------------------
 
-static int launched(const char *what) {
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return loip_fail(LOIP_EIO, "cuda: %s: %s", what, cudaGetErrorString(e));
-    return LOIP_OK;
-}
-
 static unsigned blocks_for(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
-extern "C" LOIP_API int loip_cuda_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
-                                        uint64_t cols) {
+extern "C" int loip_cuda_launch_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
+                                       uint64_t cols) {
     const unsigned threads = 256, rows_per_block = threads / WARP;
-    size_t es = dtype == LOIP_F32 ? 4 : 2;
+    size_t es = dtype == LOIP_KDT_F32 ? 4 : 2;
     int vec = ((uintptr_t)W % 16 == 0) && ((cols * es) % 16 == 0);
     unsigned grid = blocks_for(rows, rows_per_block);
-    if (rows == 0 || cols == 0) return LOIP_OK;
     switch (dtype) {
-    case LOIP_F32: matvec_rows<<<grid, threads>>>(y, (const float *)W, x, rows, cols, vec); break;
-    case LOIP_BF16: matvec_rows<<<grid, threads>>>(y, (const __nv_bfloat16 *)W, x, rows, cols, vec); break;
-    case LOIP_F16: matvec_rows<<<grid, threads>>>(y, (const __half *)W, x, rows, cols, vec); break;
-    default: return loip_fail(LOIP_EINVAL, "cuda matvec: dtype %d", dtype);
+    case LOIP_KDT_F32: matvec_rows<<<grid, threads>>>(y, (const float *)W, x, rows, cols, vec); break;
+    case LOIP_KDT_BF16: matvec_rows<<<grid, threads>>>(y, (const __nv_bfloat16 *)W, x, rows, cols, vec); break;
+    case LOIP_KDT_F16: matvec_rows<<<grid, threads>>>(y, (const __half *)W, x, rows, cols, vec); break;
+    default: return (int)cudaErrorInvalidValue;
     }
-    return launched("matvec");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_matmul(int32_t dtype, float *Y, const void *W, const float *X, uint64_t n,
-                                        uint64_t rows, uint64_t cols) {
-    if (n == 0 || rows == 0) return LOIP_OK;
-    if (rows > INT32_MAX || n > INT32_MAX || cols > INT32_MAX) return loip_fail(LOIP_EINVAL, "cuda matmul: too large");
+extern "C" int loip_cuda_launch_matmul(int32_t dtype, float *Y, const void *W, const float *X, int n, int rows,
+                                       int cols) {
     dim3 grid(blocks_for(rows, MM_TILE), blocks_for(n, MM_TILE)), block(MM_TILE / 4, MM_TILE / 4);
     switch (dtype) {
-    case LOIP_F32: matmul_tiles<<<grid, block>>>(Y, (const float *)W, X, (int)n, (int)rows, (int)cols); break;
-    case LOIP_BF16: matmul_tiles<<<grid, block>>>(Y, (const __nv_bfloat16 *)W, X, (int)n, (int)rows, (int)cols); break;
-    case LOIP_F16: matmul_tiles<<<grid, block>>>(Y, (const __half *)W, X, (int)n, (int)rows, (int)cols); break;
-    default: return loip_fail(LOIP_EINVAL, "cuda matmul: dtype %d", dtype);
+    case LOIP_KDT_F32: matmul_tiles<<<grid, block>>>(Y, (const float *)W, X, n, rows, cols); break;
+    case LOIP_KDT_BF16: matmul_tiles<<<grid, block>>>(Y, (const __nv_bfloat16 *)W, X, n, rows, cols); break;
+    case LOIP_KDT_F16: matmul_tiles<<<grid, block>>>(Y, (const __half *)W, X, n, rows, cols); break;
+    default: return (int)cudaErrorInvalidValue;
     }
-    return launched("matmul");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_rmsnorm(float *o, const float *x, const void *w, int32_t wdtype, uint64_t n_tokens,
-                                         uint64_t dim, float eps) {
-    if (n_tokens == 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_rmsnorm(float *o, const float *x, const void *w, int32_t wdtype, uint64_t n_tokens,
+                                        uint64_t dim, float eps) {
     switch (wdtype) {
-    case LOIP_F32: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const float *)w, dim, eps); break;
-    case LOIP_BF16: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const __nv_bfloat16 *)w, dim, eps); break;
-    case LOIP_F16: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const __half *)w, dim, eps); break;
-    default: return loip_fail(LOIP_EINVAL, "cuda rmsnorm: dtype %d", wdtype);
+    case LOIP_KDT_F32: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const float *)w, dim, eps); break;
+    case LOIP_KDT_BF16: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const __nv_bfloat16 *)w, dim, eps); break;
+    case LOIP_KDT_F16: rmsnorm_rows<<<(unsigned)n_tokens, 256>>>(o, x, (const __half *)w, dim, eps); break;
+    default: return (int)cudaErrorInvalidValue;
     }
-    return launched("rmsnorm");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_rope(float *q, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
-                                      const int32_t *pos, const float *inv_freq, int32_t layout) {
+extern "C" int loip_cuda_launch_rope(float *q, int32_t n_tokens, int32_t n_heads, int32_t head_dim,
+                                     const int32_t *pos, const float *inv_freq, int32_t layout) {
     size_t total = (size_t)n_tokens * n_heads * (head_dim / 2);
-    if (total == 0) return LOIP_OK;
     rope_pairs<<<blocks_for(total, 256), 256>>>(q, n_tokens, n_heads, head_dim, pos, inv_freq, layout);
-    return launched("rope");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_silu_gate(float *h, const float *u, uint64_t n) {
-    if (n == 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_silu_gate(float *h, const float *u, uint64_t n) {
     silu_gate_k<<<blocks_for(n, 256), 256>>>(h, u, n);
-    return launched("silu_gate");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_add(float *x, const float *y, uint64_t n) {
-    if (n == 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_add(float *x, const float *y, uint64_t n) {
     add_k<<<blocks_for(n, 256), 256>>>(x, y, n);
-    return launched("add");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_embed(float *x, const void *table, int32_t dtype, const int32_t *ids,
-                                       int32_t n, uint64_t dim) {
-    if (n <= 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_embed(float *x, const void *table, int32_t dtype, const int32_t *ids, int32_t n,
+                                      uint64_t dim) {
     switch (dtype) {
-    case LOIP_F32: embed_rows<<<n, 256>>>(x, (const float *)table, ids, dim); break;
-    case LOIP_BF16: embed_rows<<<n, 256>>>(x, (const __nv_bfloat16 *)table, ids, dim); break;
-    case LOIP_F16: embed_rows<<<n, 256>>>(x, (const __half *)table, ids, dim); break;
-    default: return loip_fail(LOIP_EINVAL, "cuda embed: dtype %d", dtype);
+    case LOIP_KDT_F32: embed_rows<<<n, 256>>>(x, (const float *)table, ids, dim); break;
+    case LOIP_KDT_BF16: embed_rows<<<n, 256>>>(x, (const __nv_bfloat16 *)table, ids, dim); break;
+    case LOIP_KDT_F16: embed_rows<<<n, 256>>>(x, (const __half *)table, ids, dim); break;
+    default: return (int)cudaErrorInvalidValue;
     }
-    return launched("embed");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_argmax(int32_t *out, const float *logits, int32_t n_rows, int32_t vocab) {
-    if (n_rows <= 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_argmax(int32_t *out, const float *logits, int32_t n_rows, int32_t vocab) {
     argmax_rows<<<n_rows, 1024>>>(out, logits, vocab);
-    return launched("argmax");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_attention_decode(float *out, const float *q, const float *k_pool,
-                                                  const float *v_pool, const int32_t *block_table,
-                                                  const int32_t *ctx_len, int32_t n_seqs, int32_t n_heads,
-                                                  int32_t n_kv_heads, int32_t head_dim, int32_t block_tokens,
-                                                  int32_t max_blocks, float scale, float *scratch,
-                                                  int32_t splits) {
-    if (head_dim > 8 * WARP) return loip_fail(LOIP_EINVAL, "cuda attention: head_dim %d > %d", head_dim, 8 * WARP);
-    if (n_kv_heads <= 0 || n_heads % n_kv_heads) return loip_fail(LOIP_EINVAL, "cuda attention: %d heads, %d kv heads", n_heads, n_kv_heads);
-    if (splits < 1) splits = 1;
-    if (n_seqs <= 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_attention_parts(float *scratch, const float *q, const float *k_pool,
+                                                const float *v_pool, const int32_t *block_table,
+                                                const int32_t *ctx_len, int32_t n_seqs, int32_t n_heads,
+                                                int32_t n_kv_heads, int32_t head_dim, int32_t block_tokens,
+                                                int32_t max_blocks, float scale, int32_t splits) {
     // scratch: parts' accumulators (n_seqs x n_heads x splits x head_dim) then (m, l) pairs
     float *acc = scratch, *ml = scratch + (size_t)n_seqs * n_heads * splits * head_dim;
     attn_decode_part<<<dim3(splits, n_heads, n_seqs), WARP>>>(acc, ml, q, k_pool, v_pool, block_table, ctx_len,
                                                              n_heads, n_kv_heads, head_dim, block_tokens, max_blocks,
                                                              scale, splits);
-    int rc = launched("attention (parts)");
-    if (rc) return rc;
-    attn_decode_merge<<<dim3(n_heads, n_seqs), 128>>>(out, acc, ml, n_heads, head_dim, splits);
-    return launched("attention (merge)");
+    return (int)cudaGetLastError();
 }
 
-extern "C" LOIP_API int loip_cuda_attention_prefill(float *out, const float *q, const float *k, const float *v,
-                                                   int32_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                                   float scale) {
-    if (head_dim > 8 * WARP) return loip_fail(LOIP_EINVAL, "cuda attention: head_dim %d > %d", head_dim, 8 * WARP);
-    if (n_kv_heads <= 0 || n_heads % n_kv_heads) return loip_fail(LOIP_EINVAL, "cuda attention: %d heads, %d kv heads", n_heads, n_kv_heads);
-    if (n <= 0) return LOIP_OK;
+extern "C" int loip_cuda_launch_attention_merge(float *out, const float *scratch, int32_t n_seqs, int32_t n_heads,
+                                                int32_t head_dim, int32_t splits) {
+    const float *acc = scratch, *ml = scratch + (size_t)n_seqs * n_heads * splits * head_dim;
+    attn_decode_merge<<<dim3(n_heads, n_seqs), 128>>>(out, acc, ml, n_heads, head_dim, splits);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int loip_cuda_launch_attention_prefill(float *out, const float *q, const float *k, const float *v,
+                                                  int32_t n, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                                  float scale) {
     attn_prefill_k<<<dim3(n, n_heads), WARP>>>(out, q, k, v, n_heads, n_kv_heads, head_dim, scale);
-    return launched("attention (prefill)");
+    return (int)cudaGetLastError();
 }

@@ -1,6 +1,6 @@
 /* The runtime's ground floor, under every other part of runtime/ (not part of the public
  * header): the error channel every failure goes through and aligned allocation. Beside it in
- * runtime/core/: the clock and the ABI version (error.c), buffers and read-only mappings
+ * runtime/core/: the clock and the ABI version (error.c), read-only mappings
  * (memory.c), the CPU's facts and the kernel variant in use (cpu.c, runtime.h), the thread pool
  * (pool.c), float dtypes over whole arrays (dtype.c), seeded synthetic weights (random.c) and
  * the struct layouts the FFI checks (layout.c). */

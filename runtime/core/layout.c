@@ -49,6 +49,10 @@ static const struct {
     FIELD(loip_device_config, heartbeat),
     SIZE(loip_device_stats_t), FIELD(loip_device_stats_t, head_ns),
     SIZE(loip_kv_share_stats), FIELD(loip_kv_share_stats, cache_bytes), FIELD(loip_kv_share_stats, cow_copies),
+    SIZE(loip_step_token), FIELD(loip_step_token, request), FIELD(loip_step_token, flags), FIELD(loip_step_token, id),
+    FIELD(loip_step_token, parent),
+    SIZE(loip_step_output), FIELD(loip_step_output, request), FIELD(loip_step_output, id),
+    FIELD(loip_step_output, flags),
 };
 
 LOIP_API int64_t loip_layout(const char *type, const char *field) {

@@ -1115,6 +1115,56 @@ LOIP_API int loip_sampler_verify_tree(loip_sampler *s, const float *logits, int3
                                       int32_t *n_history, int32_t max_history, int32_t *out,
                                       int32_t *n_out);
 
+/* ---- the head: a step's outputs (runtime/exec/head.c) ---------------------------------- */
+
+/* What follows a step's last layer, for both engines (the local one and a ring's last device):
+ * which rows give an output, and per sequence slot the sampler, its parameters and its history
+ * that turn a row of logits into tokens: one sampled, a chain or a tree of drafts verified, or
+ * (at the head of a request asking for logprobs or under a grammar) one sampled with its
+ * logprobs under a mask. */
+typedef struct loip_head loip_head;
+struct loip_grammar_matcher; /* (a grammar's matcher: below, with the grammars) */
+/* A head for max_seqs slots (each empty until loip_head_start) and steps of up to max_tokens
+ * rows. */
+LOIP_API int loip_head_new(int32_t max_seqs, int32_t max_tokens, loip_head **out);
+LOIP_API void loip_head_free(loip_head *h);
+/* Slot seq samples with p and seed over ids [0, n_sample), the prompt's n_prompt ids its first
+ * history for the repetition penalty (max_history ids kept, at least n_prompt); what the slot
+ * held before is freed. */
+LOIP_API int loip_head_start(loip_head *h, int32_t seq, const loip_sampler_params *p, uint64_t seed,
+                             int32_t n_sample, const int32_t *prompt, int32_t n_prompt, int32_t max_history);
+/* Slot seq is empty again (its sampler and history freed; an empty or out-of-range slot: nothing). */
+LOIP_API void loip_head_end(loip_head *h, int32_t seq);
+/* Slot seq's sampler as if it had drawn n times already (a request resumed on a new plan). */
+LOIP_API int loip_head_skip(loip_head *h, int32_t seq, uint64_t n);
+/* The rows of a step's n tokens that give an output (flagged SAMPLE or LOGITS), as token
+ * indices into rows (room for n): those flagged LOGITS first, in order, when logits_first (a
+ * RESULT carries their logits together after the outputs), else all in token order. *n_logits:
+ * how many of them are flagged LOGITS. */
+LOIP_API int loip_head_rows(const loip_step_token *toks, int32_t n, int32_t logits_first, int32_t *rows,
+                            int32_t *n_rows, int32_t *n_logits);
+/* A step's outputs from the logits of its n_rows rows (loip_head_rows; row r's logits at
+ * logits + r * vocab), in the rows' order: a row flagged LOGITS gives an output of id -1; a
+ * row flagged SAMPLE its slot's next token, or with the run of SAMPLE|DRAFT rows after it (its
+ * sequence's, at the next positions) the run verified as a chain (loip_sampler_verify) or,
+ * flagged TREE, as a tree (loip_sampler_verify_tree): the accepted drafts (flags with DRAFT)
+ * and the next token. outs: room for n_rows; out_rows (NULL: not wanted) each output's row;
+ * *n_outs their count; *drafted and *accepted (NULL: not wanted) the drafts verified and those
+ * accepted. LOIP_EPROTO for a draft with no row of its sequence before it or a tree node whose
+ * parent is not an earlier node of its tree; LOIP_ESTATE for a row to sample in an empty slot. */
+LOIP_API int loip_head_outputs(loip_head *h, const loip_step_token *toks, const int32_t *rows, int32_t n_rows,
+                               const float *logits, int32_t vocab, loip_step_output *outs, int32_t *out_rows,
+                               int32_t *n_outs, int32_t *drafted, int32_t *accepted);
+/* Slot seq's next token from row (its n_sample logits), into *token and onto the history: mask
+ * (NULL: none) sets what its grammar does not allow to -inf first, on a copy. With n_top >= 0,
+ * the model's log-probabilities (a log-softmax of the row before any mask, penalty or
+ * temperature): *logprob the token's, and the n_top most likely ids (ties: lower id first) with
+ * theirs, in descending order, into top_ids and top_logprobs (room for n_top), *n_top_out how
+ * many. */
+LOIP_API int loip_head_sample(loip_head *h, int32_t seq, const float *row, struct loip_grammar_matcher *mask,
+                              int32_t n_top, int32_t *token, double *logprob, int32_t *top_ids,
+                              double *top_logprobs, int32_t *n_top_out);
+
 /* ---- a device of a cluster (runtime/worker: device.c, lending.c) ---------------------- */
 
 /* The per-step path of a worker, in C: receive tokens (first hop) or hidden states, run the
@@ -1464,8 +1514,8 @@ LOIP_API int loip_spm_piece(const loip_spm *m, int32_t id, const char **piece, i
 
 /* ---- CUDA (optional) ------------------------------------------------------------------ */
 
-/* The CUDA side (kernels/cuda): devices, the memory the UMA-aware loading path uses, and the
- * decoder's kernels on device pointers. Built without CUDA, every call but
+/* The CUDA side (runtime/cuda over kernels/cuda): devices, the memory the UMA-aware loading
+ * path uses, and the decoder's kernels on device pointers. Built without CUDA, every call but
  * loip_cuda_device_count fails with LOIP_ENOSYS. Kernels run on the default stream: a failure
  * to launch is reported at once, one while running at loip_cuda_sync. */
 

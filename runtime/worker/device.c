@@ -47,8 +47,8 @@ static int sizes_for(int32_t dim, int32_t vocab, int32_t max_tokens, int32_t log
     z->outputs = ((uint64_t)z->out_cap * sizeof(loip_step_output) + 63) / 64 * 64;
     z->result = z->outputs + (uint64_t)z->out_cap * (uint64_t)vocab * sizeof(float);
     z->payload = z->hidden > CONTROL_CAP ? z->hidden : CONTROL_CAP;
-    /* ids three times over: a message's ids, or a verified run's drafts, its tokens out and a
-     * tree's parents */
+    /* ids four times over: the rows computed, and the head's (loip_head_new) drafts, tokens out
+     * and a tree's parents */
     z->ids = (uint64_t)max_tokens * (sizeof(int32_t) * 4 + sizeof(loip_step_token) + sizeof(loip_batch_token));
     z->total = z->hidden + z->result + z->payload + z->ids;
     return LOIP_OK;
@@ -64,24 +64,16 @@ LOIP_API int loip_device_size(const loip_model_config *cfg, int32_t max_tokens,
     return LOIP_OK;
 }
 
-static void seq_clear(seq_state *q) {
-    loip_sampler_free(q->sampler);
-    free(q->history);
-    memset(q, 0, sizeof *q);
-}
-
 LOIP_API void loip_device_free(loip_device *d) {
     if (!d) return;
     loip_aligned_free(d->hidden);
     loip_aligned_free(d->result);
-    free(d->ids);
     free(d->toks);
     free(d->bt);
     free(d->rows);
     free(d->payload);
-    if (d->seqs)
-        for (int32_t i = 0; i < d->cfg.max_seqs; i++) seq_clear(&d->seqs[i]);
     free(d->seqs);
+    loip_head_free(d->head);
     lend_free(&d->lend);
     if (d->budget) {
         loip_budget_release(d->budget, "activations", d->charged);
@@ -126,15 +118,19 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     size_t T = (size_t)d->cfg.max_tokens;
     d->hidden = loip_aligned_alloc(z.hidden);
     d->result = loip_aligned_alloc(z.result);
-    d->ids = malloc(3 * T * sizeof(int32_t));
     d->toks = malloc(T * sizeof *d->toks);
     d->bt = malloc(T * sizeof *d->bt);
     d->rows = malloc(T * sizeof(int32_t));
     d->payload = malloc(d->payload_cap);
     d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
-    if (!d->hidden || !d->result || !d->ids || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
+    if (!d->hidden || !d->result || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
         loip_device_free(d);
         return loip_fail(LOIP_ENOMEM, "device: out of memory");
+    }
+    int hrc = loip_head_new(d->cfg.max_seqs, d->cfg.max_tokens, &d->head);
+    if (hrc) {
+        loip_device_free(d);
+        return hrc;
     }
     if (lend_init(&d->lend, d->cfg.session, d->cfg.runner, d->budget, d->seqs, d->cfg.max_seqs, d->cfg.n_stages,
                   d->cfg.plan_id)) {
@@ -154,29 +150,17 @@ LOIP_API int loip_device_start(loip_device *d, int32_t seq, uint32_t request,
     if (request == 0) return loip_fail(LOIP_EINVAL, "device: request 0 (requests are numbered from 1)");
     if (n_sample <= 0 || n_sample > d->vocab)
         return loip_fail(LOIP_EINVAL, "device: sampling over %d ids of a %d-token vocabulary", n_sample, d->vocab);
-    if (max_history < n_prompt) max_history = n_prompt;
-    loip_sampler *smp;
-    int rc = loip_sampler_new(n_sample, seed, &smp);
+    int rc = loip_head_start(d->head, seq, p, seed, n_sample, prompt, n_prompt, max_history);
     if (rc) return rc;
-    int32_t *h = malloc((size_t)(max_history > 0 ? max_history : 1) * sizeof(int32_t));
-    if (!h) {
-        loip_sampler_free(smp);
-        return loip_fail(LOIP_ENOMEM, "device: out of memory");
-    }
-    if (n_prompt > 0) memcpy(h, prompt, (size_t)n_prompt * sizeof(int32_t));
-    seq_state *q = &d->seqs[seq];
-    seq_clear(q);
     loip_session_seq_free(d->cfg.session, seq);
-    q->sampler = smp, q->params = *p, q->history = h;
-    q->n_history = n_prompt, q->max_history = max_history;
-    q->request = request;
+    d->seqs[seq].request = request;
     return LOIP_OK;
 }
 
 LOIP_API int loip_device_skip_draws(loip_device *d, int32_t seq, uint64_t n) {
-    if (seq < 0 || seq >= d->cfg.max_seqs || !d->seqs[seq].sampler)
+    if (seq < 0 || seq >= d->cfg.max_seqs || !d->seqs[seq].request || loip_head_skip(d->head, seq, n))
         return loip_fail(LOIP_EINVAL, "device: no request in sequence slot %d", seq);
-    return loip_sampler_skip(d->seqs[seq].sampler, n);
+    return LOIP_OK;
 }
 
 LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
@@ -185,7 +169,8 @@ LOIP_API int loip_device_end(loip_device *d, int32_t seq, uint32_t request) {
     seq_state *q = &d->seqs[seq];
     if (request != 0 && q->request != request)
         return loip_fail(LOIP_ESTATE, "device: slot %d runs request %u, not %u", seq, q->request, request);
-    seq_clear(q);
+    q->request = 0;
+    loip_head_end(d->head, seq);
     int rc = loip_session_seq_free(d->cfg.session, seq);
     if (rc || !d->lend.peer) return rc;
     /* no request left: what is away is stale, forget it at the holder */
@@ -237,68 +222,27 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
  * with no outputs when nothing is flagged: the head hears of every step). */
 static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
     loip_step_output *outs = (loip_step_output *)d->result;
-    int32_t n_rows = 0, n_logits = 0;
-    /* rows returned as logits first, in order, then the rows only sampled */
-    for (int pass = 0; pass < 2; pass++)
-        for (int32_t t = 0; t < n; t++) {
-            int32_t f = d->toks[t].flags;
-            if (!(f & (LOIP_TOKF_SAMPLE | LOIP_TOKF_LOGITS)) || !!(f & LOIP_TOKF_LOGITS) != (pass == 0)) continue;
-            if (n_rows == d->out_cap)
-                return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
-            if (pass == 0 && ++n_logits > d->cfg.logits_tokens)
-                return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
-            outs[n_rows] = (loip_step_output){d->toks[t].seq, d->toks[t].request, -1, f};
-            d->rows[n_rows++] = t;
-        }
+    int32_t n_rows = 0, n_logits = 0, n_outs = 0, drafted = 0, accepted = 0;
+    int rc = loip_head_rows(d->toks, n, 1, d->rows, &n_rows, &n_logits);
+    if (rc) return report(d, in, rc, loip_last_error());
+    /* (a result's rows are the first limit a step meets when it is also the logits buffer's) */
+    if (n_logits > d->cfg.logits_tokens && d->cfg.logits_tokens < d->out_cap)
+        return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
+    if (n_rows > d->out_cap) return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
     uint64_t t0 = loip_now_ns();
-    int rc;
     if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
         return report(d, in, rc, loip_last_error());
-    /* sampled rows: one token each, or a run SAMPLE, SAMPLE|DRAFT... verified as one (its
-     * accepted drafts and the next token); the outputs move down over the rows they replace */
-    int32_t w = n_logits;
-    for (int32_t i = n_logits; i < n_rows;) {
-        loip_step_output o = outs[i];
-        seq_state *q = &d->seqs[o.seq];
-        if (!q->sampler) return report(d, in, LOIP_ESTATE, "a token to sample in a slot without a sampler");
-        if (o.flags & LOIP_TOKF_DRAFT) return report(d, in, LOIP_EPROTO, "a draft token with no row of its sequence before it");
-        int32_t k = 0;
-        while (i + 1 + k < n_rows && (outs[i + 1 + k].flags & LOIP_TOKF_DRAFT) && outs[i + 1 + k].seq == o.seq &&
-               d->toks[d->rows[i + 1 + k]].pos == d->toks[d->rows[i]].pos + 1 + k) {
-            d->ids[k] = d->toks[d->rows[i + 1 + k]].id; /* (the ids are not needed past the embedding) */
-            k++;
-        }
-        int32_t *got = d->ids + d->cfg.max_tokens, n_got = 0;
-        if (k > 0 && (outs[i + 1].flags & LOIP_TOKF_TREE)) {
-            /* a tree: each node's parent as a node number (0 the root), kept in got[] until
-             * verified (the tokens out are at most as many as the nodes, written after) */
-            int32_t *parents = got + k + 1;
-            for (int32_t j = 0; j < k; j++) {
-                int32_t row = d->rows[i + 1 + j], up = d->toks[row].parent;
-                parents[j] = row - up - d->rows[i];
-                if (row != d->rows[i] + 1 + j || up <= 0 || parents[j] < 0 || parents[j] > j)
-                    return report(d, in, LOIP_EPROTO, "a tree node whose parent is not an earlier row of its tree");
-            }
-            rc = loip_sampler_verify_tree(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, parents,
-                                          &q->params, q->history, &q->n_history, q->max_history, got, &n_got);
-        } else {
-            rc = loip_sampler_verify(q->sampler, d->logits + (size_t)i * d->vocab, k, d->ids, &q->params, q->history,
-                                     &q->n_history, q->max_history, got, &n_got);
-        }
-        if (rc) return report(d, in, rc, loip_last_error());
-        for (int32_t j = 0; j < n_got; j++)
-            outs[w++] = (loip_step_output){o.seq, o.request, got[j], j + 1 < n_got ? (o.flags | LOIP_TOKF_DRAFT) : o.flags};
-        d->st.drafted += (uint64_t)k, d->st.accepted += (uint64_t)(n_got - 1);
-        i += 1 + k;
-    }
-    n_rows = w;
+    rc = loip_head_outputs(d->head, d->toks, d->rows, n_rows, d->logits, d->vocab, outs, NULL, &n_outs, &drafted,
+                           &accepted);
+    if (rc) return report(d, in, rc, loip_last_error());
+    d->st.drafted += (uint64_t)drafted, d->st.accepted += (uint64_t)accepted;
     d->st.head_ns += loip_now_ns() - t0;
-    /* the outputs, then the returned logits rows right after them */
-    uint64_t out_bytes = (uint64_t)n_rows * sizeof *outs, logit_bytes = (uint64_t)n_logits * d->vocab * sizeof(float);
+    /* the outputs (those of the logits rows first), then the returned logits rows right after them */
+    uint64_t out_bytes = (uint64_t)n_outs * sizeof *outs, logit_bytes = (uint64_t)n_logits * d->vocab * sizeof(float);
     if (n_logits > 0 && (uint8_t *)d->logits != d->result + out_bytes)
         memmove(d->result + out_bytes, d->logits, logit_bytes);
     loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
-                         .step = in->step, .n_tokens = n_rows, .dim = d->vocab, .dtype = -1,
+                         .step = in->step, .n_tokens = n_outs, .dim = d->vocab, .dtype = -1,
                          .payload_bytes = out_bytes + logit_bytes};
     if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return report(d, in, rc, loip_last_error());
     return LOIP_OK;
@@ -359,9 +303,8 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         }
     }
     if (h->kind == LOIP_MSG_TOKENS) {
-        memcpy(d->ids, d->payload, (size_t)k * sizeof(int32_t));
         uint64_t t0 = loip_now_ns();
-        int rc = loip_session_embed(d->cfg.session, d->ids, k, d->hidden);
+        int rc = loip_session_embed(d->cfg.session, (const int32_t *)d->payload, k, d->hidden);
         d->st.head_ns += loip_now_ns() - t0;
         if (rc) return report(d, h, rc, loip_last_error());
     } else {

@@ -6,13 +6,9 @@
 
 #include "loip.h"
 
-/* A sequence slot: the request it runs and, on the last device, its sampler and history. */
+/* A sequence slot: the request it runs (its sampler and history: the device's head). */
 typedef struct seq_state {
     uint32_t request;   /* 0: free */
-    loip_sampler *sampler;
-    loip_sampler_params params;
-    int32_t *history;   /* prompt and sampled ids, for the repetition penalty */
-    int32_t n_history, max_history;
 } seq_state;
 
 /* A blob of lent KV (KV_PUT/KV_DATA payloads): a header, its entries, then the chunks of each
@@ -103,13 +99,13 @@ struct loip_device {
     float *hidden;      /* (max_tokens, dim), then room for the token table */
     uint8_t *result;    /* out_cap loip_step_output, then logits (out_cap, vocab) */
     float *logits;      /* inside result */
-    int32_t *ids;       /* (3 max_tokens) a message's ids; a verified run's drafts, its tokens, a tree's parents */
     loip_step_token *toks; /* (max_tokens) the message's table */
     loip_batch_token *bt;  /* (max_tokens) the same for the session */
     int32_t *rows;         /* (max_tokens) rows whose logits the last device computes */
     uint8_t *payload;   /* incoming payloads: max(hidden + table, control) bytes */
     uint64_t payload_cap;
     seq_state *seqs;    /* (max_seqs) */
+    loip_head *head;    /* the slots' samplers: the last hop's outputs (runtime/exec/head.c) */
     loip_device_stats_t st; /* (its lending fields are lend's, copied by loip_device_stats) */
     char from[64];
     lend_state lend;

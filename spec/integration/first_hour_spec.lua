@@ -54,7 +54,8 @@ describe("modules", function()
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
       "^loip%.text%.utf8$", -- (well-formed UTF-8 out of token streams and into JSON)
       "^loip%.runtime%.grammar$", "^loip%.text%.json_ordered$",
-      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.tokenizer$",
+      "^loip%.runtime%.exec$", "^loip%.runtime%.files$", "^loip%.runtime%.sampler$", "^loip%.runtime%.head$",
+      "^loip%.runtime%.tokenizer$",
       "^loip%.runtime%.http$", "^loip%.runtime%.process$", "^loip%.runtime%.device$",
       "^loip%.runtime%.beacon$", "^loip%.cluster%.discovery$", -- (discovery on a LAN: worker --announce, serve --discover)
       "^loip%.deploy$", "^loip%.deploy%.describe$", "^loip%.deploy%.host$" } -- (recipes/deploy)

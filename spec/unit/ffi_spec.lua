@@ -29,6 +29,8 @@ describe("the FFI surface", function()
       loip_device_config = { "plan_id", "logits_tokens", "heartbeat" },
       loip_device_stats_t = { "head_ns" },
       loip_kv_share_stats = { "cache_bytes", "cow_copies" },
+      loip_step_token = { "request", "flags", "id", "parent" },
+      loip_step_output = { "request", "id", "flags" },
     }
     for name, fields in pairs(structs) do
       assert.are.equal(ffi.sizeof(name), tonumber(loip.C.loip_layout(name, "")), "sizeof " .. name)

@@ -6,11 +6,10 @@ local ffi = require "ffi"
 local core = require "loip.core"
 local sampler = require "loip.model.sampler"
 local exec = require "loip.runtime.exec"
+local rhead = require "loip.runtime.head"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local prefix_disk = require "loip.engine.request.prefix_disk"
 local engine_mod = require "loip.engine"
-local LOGITS, SAMPLE, DRAFT, TREE = core.constants.tokf.LOGITS, core.constants.tokf.SAMPLE, core.constants.tokf.DRAFT,
-  core.constants.tokf.TREE
 
 local M = {}
 
@@ -24,10 +23,18 @@ function M.new(m)
   local e = setmetatable({ model = m, session = s, max_seqs = exec.session_max_seqs(s), context = m.context,
     kv_tokens = m.kv_tokens, plan_positions = m.plan_sizes and m.plan_sizes.plan_positions or m.kv_tokens,
     kv_block = exec.session_kv_block_tokens(s), step_tokens = T, cache_identity = prefix_cache.identity(m.path),
-    logits_tokens = T, vocab = m.vocab_size, seqs = {},
-    ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), rows = ffi.new("int32_t[?]", T) }, Engine)
+    logits_tokens = T, vocab = m.vocab_size,
+    ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), toks = ffi.new("loip_step_token[?]", T),
+    rows = ffi.new("int32_t[?]", T), outs = ffi.new("loip_step_output[?]", T), out_rows = ffi.new("int32_t[?]", T),
+    counts = ffi.new("int32_t[3]") }, Engine)
+  e:new_head()
   e:logits_room(math.max(1, e.max_seqs))
   return e
+end
+
+-- Each slot's sampler and history, and a step's outputs (loip.runtime.head), empty.
+function Engine:new_head()
+  self.head = core.must(rhead.head_new(math.max(1, self.max_seqs), self.step_tokens))
 end
 
 -- Room for n rows of logits (C packs one per token asked for): the rows a decoding step samples
@@ -41,13 +48,16 @@ end
 function Engine:start(seq, r)
   if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
   local n = r.n_prompt
-  local hist = ffi.new("int32_t[?]", n + r.max_tokens + 1)
-  for i = 1, n do hist[i - 1] = r.prompt[i] end
-  local o = {}
-  for k, v in pairs(r.sampler) do o[k] = v end
-  o.seed = r.seed
-  self.seqs[seq] = { request = r.id, sampler = (not r.want_logits) and sampler.new(r.n_sample, o) or nil, history = hist, n = n,
-    cap = n + r.max_tokens + 1 }
+  rhead.head_end(self.head, seq)
+  if not r.want_logits then
+    local prompt = ffi.new("int32_t[?]", n + 1)
+    for i = 1, n do prompt[i - 1] = r.prompt[i] end
+    local o = {}
+    for k, v in pairs(r.sampler) do o[k] = v end
+    o.seed = r.seed
+    local p, seed = sampler.params(o)
+    core.must(rhead.head_start(self.head, seq, p, seed, r.n_sample, prompt, n, n + r.max_tokens + 1))
+  end
   core.must(exec.session_seq_free(self.session, seq))
   if r.attach then self:cache():adopt(seq, r.attach) end -- (the prefix cache's groups)
   -- another choice's prompt (loip.engine.request.choices): its first positions shared, copy-on-write
@@ -55,7 +65,7 @@ function Engine:start(seq, r)
 end
 
 function Engine:finish(seq, r)
-  self.seqs[seq] = nil
+  rhead.head_end(self.head, seq)
   if self.broken then return end -- (the session is gone with the plan)
   if r and r.keep then self:cache():keep(seq, r.keep) end
   core.must(exec.session_seq_free(self.session, seq))
@@ -84,11 +94,16 @@ function Engine:cache_stats() return { self:cache():stats() } end
 
 function Engine:step(toks)
   if self.broken then error(self.model.path .. ": " .. self.broken, 0) end
-  local n, rows = #toks, 0
+  local n = #toks
   for i, t in ipairs(toks) do
-    self.ids[i - 1], self.bt[i - 1].seq, self.bt[i - 1].pos, self.bt[i - 1].parent = t.id, t.seq, t.pos, t.parent or 0
-    if t.flags ~= 0 then self.rows[rows] = i - 1 rows = rows + 1 end
+    local x, b = self.toks[i - 1], self.bt[i - 1]
+    x.seq, x.pos, x.request, x.flags, x.id, x.parent = t.seq, t.pos, t.request, t.flags, t.id, t.parent or 0
+    self.ids[i - 1], b.seq, b.pos, b.parent = t.id, t.seq, t.pos, t.parent or 0
   end
+  -- the rows that give an output, in token order (the head: runtime/exec/head.c)
+  local c = self.counts
+  core.must(rhead.head_rows(self.toks, n, 0, self.rows, c, c + 1, "step"))
+  local rows = c[0]
   self:logits_room(rows)
   local m = self.model
   local ok, err
@@ -99,45 +114,17 @@ function Engine:step(toks)
     ok, err = exec.session_forward_batch(self.session, self.ids, n, self.bt, self.rows, rows, self.logits, m.path)
   end
   core.must(ok, err)
-  local outs, V, k = {}, self.vocab, 0
-  local i = 1
-  while i <= n do
-    local t = toks[i]
-    if t.flags ~= 0 then
-      local row = self.logits + k * V
-      k = k + 1
-      local q = self.seqs[t.seq]
-      if t.flags == LOGITS then
-        outs[#outs + 1] = { seq = t.seq, request = t.request, id = -1, logits = row }
-      elseif bit.band(t.flags, DRAFT) ~= 0 then
-        error("step: a draft token with no row of its sequence before it", 0)
-      else
-        -- the drafts after it (consecutive rows of its sequence): verified together
-        local drafts, parents = {}, nil
-        while i + #drafts < n and toks[i + #drafts + 1].seq == t.seq and bit.band(toks[i + #drafts + 1].flags, DRAFT) ~= 0 do
-          local d = toks[i + #drafts + 1]
-          if bit.band(d.flags, TREE) ~= 0 then
-            -- a tree node: its parent as a node number (0 the root)
-            parents = parents or {}
-            parents[#drafts + 1] = #drafts + 1 - d.parent
-          end
-          drafts[#drafts + 1] = d.id
-        end
-        if #drafts == 0 then
-          local id = q.sampler:sample(row, q.history, q.n)
-          if q.n < q.cap then q.history[q.n] = id q.n = q.n + 1 end
-          outs[#outs + 1] = { seq = t.seq, request = t.request, id = id }
-        else
-          local got
-          got, q.n = q.sampler:verify(row, drafts, q.history, q.n, q.cap, parents)
-          for j, id in ipairs(got) do
-            outs[#outs + 1] = { seq = t.seq, request = t.request, id = id, flags = j < #got and SAMPLE + DRAFT or SAMPLE }
-          end
-          k, i = k + #drafts, i + #drafts
-        end
-      end
+  -- each row's output: its logits, its sequence's next token, or a run of drafts verified
+  core.must(rhead.head_outputs(self.head, self.toks, self.rows, rows, self.logits, self.vocab, self.outs, self.out_rows,
+    c + 2, nil, nil, "sampler"))
+  local outs, V = {}, self.vocab
+  for j = 0, c[2] - 1 do
+    local o = self.outs[j]
+    if o.id < 0 then
+      outs[j + 1] = { seq = o.seq, request = o.request, id = -1, logits = self.logits + self.out_rows[j] * V }
+    else
+      outs[j + 1] = { seq = o.seq, request = o.request, id = o.id, flags = o.flags }
     end
-    i = i + 1
   end
   return outs
 end
@@ -192,10 +179,12 @@ function Engine:replan_kv(positions)
   if not ok and not self.model.broken then error(err, 0) end -- (no plan: nothing changed)
   if not ok then
     -- the old plan was let go and the new one could not be made: no step runs on this model
-    self.broken, self.session, self.seqs = self.model.broken, nil, {}
+    self.broken, self.session = self.model.broken, nil
+    self:new_head()
     error(err, 0)
   end
-  self.session, self.seqs = self.model:session(), {}
+  self.session = self.model:session()
+  self:new_head()
   self.plan_positions = self.model.plan_sizes.plan_positions
 end
 

@@ -10,13 +10,20 @@ M.defaults = { temperature = 0.8, top_k = 0, top_p = 0.95, min_p = 0, repetition
 local Sampler = {}
 Sampler.__index = Sampler
 
-function M.new(vocab_size, opts)
+-- The C parameters of opts (a loip_sampler_params: opts' fields over M.defaults) and the seed
+-- (opts.seed, else one from the clock).
+function M.params(opts)
   opts = opts or {}
   local seed = opts.seed or (os.time() * 1000 + math.floor(os.clock() * 1e6))
-  local h, err = csampler.new(vocab_size, seed)
-  if not h then error(err, 2) end
   local p = ffi.new("loip_sampler_params")
   for k, v in pairs(M.defaults) do p[k] = opts[k] == nil and v or opts[k] end
+  return p, seed
+end
+
+function M.new(vocab_size, opts)
+  local p, seed = M.params(opts)
+  local h, err = csampler.new(vocab_size, seed)
+  if not h then error(err, 2) end
   return setmetatable({ handle = h, params = p, seed = seed, out = ffi.new("int32_t[1]") }, Sampler)
 end
 

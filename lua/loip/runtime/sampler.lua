@@ -1,4 +1,4 @@
--- The sampler (kernels/cpu/sample.c: temperature, top-k, top-p, min-p, repetition penalty over
+-- The sampler (runtime/exec/sampler.c: temperature, top-k, top-p, min-p, repetition penalty over
 -- a row of logits, with its own seeded stream) seen from Lua: one thin function per C call of
 -- loip.h. loip.model.sampler holds the parameters and is what the rest of Lua uses.
 local core = require "loip.core"

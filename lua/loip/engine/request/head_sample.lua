@@ -3,24 +3,29 @@
 -- most likely ones), and those under a grammar (constrained decoding: a mask over the
 -- vocabulary applied where the token is sampled). Such a request's sampling rows come back from
 -- the engine as logits (LOIP_TOKF_LOGITS: the local engine's buffer, or the ring's last device's
--- result) and are sampled here with the request's own sampler — the same C sampler, seed and
--- history as the engine's, so asking for logprobs does not change a request's tokens.
+-- result) and are sampled here by the request's own head (runtime/exec/head.c, the engines'
+-- C head) — the same C sampler, seed and history as the engine's, so asking for logprobs does
+-- not change a request's tokens.
 --
 --   r.logprobs    nil, or the number of top alternatives to report per token (0: the chosen one's)
---   r.constraint  nil, or a matcher: apply(logits, n) (-inf on what is not allowed),
---                 accept(id) -> true | nil, err, must_end() (loip.text.grammar's Matcher)
+--   r.constraint  nil, or a grammar's matcher (loip.text.grammar's Matcher): its handle masks the
+--                 row in C (-inf on what is not allowed); accept(id) -> true | nil, err, must_end()
 --   r.token_logprobs  filled: per generated token { id, logprob, top = { {id, logprob}... } }
 --
 -- The log-probabilities are the model's: a log-softmax of the raw logits over the ids a request
 -- samples from (n_sample), before any mask, penalty or temperature.
 local ffi = require "ffi"
+local core = require "loip.core"
 local sampler = require "loip.model.sampler"
+local rhead = require "loip.runtime.head"
 
 local M = {}
 
 -- Whether r is sampled here.
 function M.wants(r) return r.logprobs ~= nil or r.constraint ~= nil end
 
+-- r's own head (loip.runtime.head, one slot): its sampler, of r's seed, with r's prompt as the
+-- history, and room for what a sample gives back.
 local function state(r)
   local h = r.head_state
   if h then return h end
@@ -28,57 +33,28 @@ local function state(r)
   for k, v in pairs(r.sampler or {}) do o[k] = v end
   o.seed = r.seed
   local prompt = r.prompt0 or r.prompt
-  local cap = #prompt + r.max_tokens + 1
-  h = { sampler = sampler.new(r.n_sample, o), history = ffi.new("int32_t[?]", cap), n = #prompt, cap = cap,
-    scratch = r.constraint and ffi.new("float[?]", r.n_sample) or nil }
-  for i, id in ipairs(prompt) do h.history[i - 1] = id end
+  local ids = ffi.new("int32_t[?]", #prompt + 1)
+  for i, id in ipairs(prompt) do ids[i - 1] = id end
+  local k = r.logprobs or 0
+  h = { head = core.must(rhead.head_new(1, 1)), token = ffi.new("int32_t[1]"), logprob = ffi.new("double[1]"),
+    n_top = ffi.new("int32_t[1]"), top_ids = ffi.new("int32_t[?]", k + 1), top_logprobs = ffi.new("double[?]", k + 1) }
+  local p, seed = sampler.params(o)
+  core.must(rhead.head_start(h.head, 0, p, seed, r.n_sample, ids, #prompt, #prompt + r.max_tokens + 1))
   r.head_state = h
   return h
 end
 
--- The log-probabilities of row[0..n): the log of the softmax's normaliser (lse) and the top k
--- ids by logit (ties: lower id first), as { id, logprob } in descending order.
-local function log_softmax_top(row, n, k)
-  local mx = -math.huge
-  for i = 0, n - 1 do if row[i] > mx then mx = row[i] end end
-  local sum = 0
-  for i = 0, n - 1 do sum = sum + math.exp(row[i] - mx) end
-  local lse = mx + math.log(sum)
-  local top = {}
-  if k > 0 then
-    -- a sorted list of at most k: insertion when a logit beats the smallest kept
-    for i = 0, n - 1 do
-      local v = row[i]
-      if #top < k or v > top[#top][2] then
-        local at = #top + 1
-        while at > 1 and top[at - 1][2] < v do at = at - 1 end
-        table.insert(top, at, { i, v })
-        if #top > k then top[#top] = nil end
-      end
-    end
-    for _, t in ipairs(top) do t[2] = t[2] - lse end
-  end
-  return lse, top
-end
-M.log_softmax_top = log_softmax_top
-
 -- The id r samples from its row of logits (a float* of at least r.n_sample), its logprobs kept.
 function M.sample(r, row)
   local h = state(r)
-  local n = r.n_sample
-  local lse, top
-  if r.logprobs then lse, top = log_softmax_top(row, n, r.logprobs) end
-  local from = row
-  if r.constraint then
-    ffi.copy(h.scratch, row, 4 * n)
-    r.constraint:apply(h.scratch, n)
-    from = h.scratch
-  end
-  local id = h.sampler:sample(from, h.history, h.n)
-  if h.n < h.cap then h.history[h.n] = id h.n = h.n + 1 end
+  core.must(rhead.head_sample(h.head, 0, row, r.constraint and r.constraint.handle or nil, r.logprobs or -1, h.token,
+    h.logprob, h.top_ids, h.top_logprobs, h.n_top, "sampler"))
+  local id = h.token[0]
   if r.logprobs then
+    local top = {}
+    for j = 0, h.n_top[0] - 1 do top[j + 1] = { h.top_ids[j], h.top_logprobs[j] } end
     r.token_logprobs = r.token_logprobs or {}
-    r.token_logprobs[#r.token_logprobs + 1] = { id = id, logprob = row[id] - lse, top = top }
+    r.token_logprobs[#r.token_logprobs + 1] = { id = id, logprob = h.logprob[0], top = top }
   end
   if r.constraint and not r.stop[id] then
     local ok, err = r.constraint:accept(id)

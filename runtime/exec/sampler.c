@@ -1,4 +1,4 @@
-/* sample.c — choosing the next token from a row of logits.
+/* sampler.c — choosing the next token from a row of logits.
  *
  * The chain, always in this order, on the sampler's scratch (the caller's logits are never
  * written):

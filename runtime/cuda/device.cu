@@ -5,7 +5,7 @@
 //           pointer (an integrated GPU's resident blocks: one memory, no copy);
 //   registered  cudaHostRegister(Mapped) of memory someone else allocated: the loader's slot,
 //           which io_uring fills with O_DIRECT reads and the kernels then read where it landed.
-// Kernels go at the top of each .cu file, launchers at the bottom (CONVENTIONS.md); this file
+// The runtime's side of CUDA, with launch.c (the kernels themselves: kernels/cuda); this file
 // has no kernel.
 #include <cuda_runtime.h>
 #include <string.h>
