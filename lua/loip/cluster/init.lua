@@ -32,7 +32,7 @@ local function random_token()
 end
 
 -- A Cluster's methods, one file a concern (a method lives in exactly one of them):
---   loip.cluster.rpc      ask, tell, answer, await, stats, collect_trace
+--   loip.cluster.rpc      ask, tell, answer, await, stats, metrics, collect_trace
 --   loip.cluster.members  spawn, connect_all, check_store, replan_after_loss, take_back, revive
 --   loip.cluster.membership  listen_joins, between_steps, admit, release_device, member_event
 --   loip.cluster.control  profiles, problem, plan, restage, lend, replan_kv, set_link

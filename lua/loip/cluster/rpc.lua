@@ -6,8 +6,10 @@
 -- recorded (stats, collect_trace). Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
+local ship = require "loip.cluster.ship"
 
 local alive, tail = proc.alive, proc.tail
 
@@ -28,12 +30,10 @@ local function read_pongs(d)
 end
 
 -- The error of a control exchange that found device d lost (its process gone, its heartbeat
--- silent for dead_ms, a message it could not take): a message that also names the device, so
+-- silent for dead_ms, a message it could not take): kind device_lost, naming the device, so
 -- that a request's caller treats it as the loss it is (Cluster:recover) and any other reads it
 -- as text.
-local Lost = { __tostring = function(e) return e.msg end, __concat = function(a, b) return tostring(a) .. tostring(b) end }
-local function lost(d, msg) return setmetatable({ lost = d, msg = msg }, Lost) end
-local Replanned = { __tostring = function(e) return e.msg end }
+local function lost(d, msg) return errors.new("device_lost", msg, { lost = d }) end
 
 -- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
 -- to use (default the control link; d.bulk for large replies).
@@ -118,17 +118,21 @@ end
 -- every request from its tokens); told to fail on a loss, the error as text. Any other error is
 -- returned as it is, and so is a re-plan's failure.
 function Cluster:recover(err)
-  local d = type(err) == "table" and err.lost
+  local d = errors.is(err, "device_lost") and err.lost
   if not d then return err end
   local here = false
   for _, x in ipairs(self.devices) do here = here or x == d end
-  if not here then return err.msg end -- (lost and planned without already)
+  if not here then return err.message end -- (lost and planned without already)
   d.failed = true
-  if (self.plan_opts and self.plan_opts.on_device_loss or "replan") ~= "replan" then return err.msg end
-  local ok, rerr = pcall(self.replan_after_loss, self, err.msg)
+  if (self.plan_opts and self.plan_opts.on_device_loss or "replan") ~= "replan" then return err.message end
+  local ok, rerr = pcall(self.replan_after_loss, self, err.message)
   if not ok then return rerr end
-  return setmetatable({ replanned = true, msg = err.msg }, Replanned)
+  return errors.new("replanned", err.message)
 end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship; the engine
+-- interface's metrics hook, loip.engine).
+function Cluster:metrics(m) ship.metrics(m, self) end
 
 -- Wait for the result of step, watching every device. Returns the message.
 function Cluster:await(step, timeout_ms)
@@ -187,7 +191,7 @@ function Cluster:await(step, timeout_ms)
       -- an error about this step stops it; one about an older step (a late message of a step
       -- that was stopped) or about a message nobody can attribute (malformed) does not
       if r.kind == "ERROR" then
-        if r.step == step then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        if r.step == step then error(errors.from_code(r.status, string.format("device %s: %s", i or r.from, r.payload)), 0) end
         self.warnings = self.warnings or {}
         table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
       end

@@ -6,6 +6,7 @@
 -- loip.engine's. Methods of loip.cluster's Cluster.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local transport = require "loip.runtime.transport"
 local engine = require "loip.engine"
@@ -56,6 +57,14 @@ function Cluster:cache_stats()
   return out
 end
 
+-- Each device's figures (loip.engine's device_stats; a STATS round): a device that measured
+-- nothing yet counts 0 ms.
+function Cluster:device_stats()
+  local out = self:stats()
+  for _, d in ipairs(out) do d.compute_ms, d.load_ms, d.stall_ms = d.compute_ms or 0, d.load_ms or 0, d.stall_ms or 0 end
+  return out
+end
+
 -- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
 -- others planned again: Cluster:check_alive), devices lost before are taken back (a new plan over
 -- all of them, the next plan boundary), devices that failed are restarted (their KV is gone, and
@@ -91,7 +100,7 @@ function Cluster:step(toks)
     for _, d in ipairs(self.devices) do lost = lost or d.failed end
     if lost and (self.plan_opts and self.plan_opts.on_device_loss or "replan") == "replan" then
       self:replan_after_loss(r)
-      error(setmetatable({ replanned = true, msg = tostring(r) }, { __tostring = function(e) return e.msg end }), 0)
+      errors.raise("replanned", tostring(r))
     end
     error(r, 0)
   end
