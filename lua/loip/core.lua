@@ -1,6 +1,7 @@
 -- The C runtime seen from Lua: FFI declarations (generated from loip.h), the library handle,
 -- the ABI handshake, and the adapters that turn return codes into Lua errors.
 local ffi = require "ffi"
+local errors = require "loip.error"
 
 local M = {}
 
@@ -51,21 +52,23 @@ function M.last_error()
   return ffi.string(C.loip_last_error())
 end
 
--- Runtime failure: nil, message. Use as `local ok, err = core.ok(C.f(...))`.
-function M.ok(rc, context)
-  if rc == 0 then return true end
+-- A failure's error: the last error's message (after context, when given), as an error value
+-- of its kind where the code names one (LOIP_ENOMEM: out_of_memory; loip.error.from_code).
+function M.failure(rc, context)
   local msg = M.last_error()
   if context then msg = context .. ": " .. msg end
-  return nil, msg, rc
+  return errors.from_code(rc, msg)
+end
+
+-- Runtime failure: nil, the error, the code. Use as `local ok, err = core.ok(C.f(...))`.
+function M.ok(rc, context)
+  if rc == 0 then return true end
+  return nil, M.failure(rc, context), rc
 end
 
 -- Raise on failure (for code paths that are errors rather than results).
 function M.check(rc, context)
-  if rc ~= 0 then
-    local msg = M.last_error()
-    if context then msg = context .. ": " .. msg end
-    error(msg, 0)
-  end
+  if rc ~= 0 then error(M.failure(rc, context), 0) end
 end
 
 -- A wrapper's result raised as core.check raises (the message alone, no position; assert()
@@ -106,7 +109,7 @@ function M.new(ctype, ctor, dtor, ...)
   local args = { ... }
   args[n + 1] = out -- by count, not #args: an argument may be nil (a NULL pointer)
   local rc = ctor(unpack(args, 1, n + 1))
-  if rc ~= 0 then return nil, M.last_error(), rc end
+  if rc ~= 0 then return nil, M.failure(rc), rc end
   return ffi.gc(out[0], dtor)
 end
 

@@ -24,6 +24,7 @@ local submodules = {
   tp = "loip.sim.tp", experiments = "loip.sim.experiments", space = "loip.plan.space", files = "loip.runtime.shell",
   suggest = "loip.ui.suggest", refine = "loip.plan.refine", engine = "loip.engine",
   simdraft = "loip.sim.draft", -- (speculative decoding on the simulator)
+  error = "loip.error", -- (the error value code decides by: its kind, message and fields)
 }
 -- Not here, by design: the parts behind these (loip.core, the model formats' readers
 -- loip.model.hf/llama2c/gguf_model, the tokenizer formats loip.text.tokenizers.*, the template

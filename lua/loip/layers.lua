@@ -9,8 +9,8 @@
 -- on its own where it sits elsewhere); "loip.x.y" one module, which wins over its folder;
 -- "recipes/*" every file under recipes/. Plain data: this module requires nothing.
 return {
-  { name = "core", parts = { "loip.core", "loip.cdef", "loip.constants", "loip.build_config", "loip.layers" },
-    holds = "the FFI's one handle on the C runtime and what the build generates" },
+  { name = "core", parts = { "loip.core", "loip.cdef", "loip.constants", "loip.build_config", "loip.layers", "loip.error" },
+    holds = "the FFI's one handle on the C runtime, what the build generates, and the error value" },
   { name = "base", parts = { "loip.ui.*", "loip.measure.stats" },
     holds = "small helpers: flags and their help, did-you-mean hints, progress bars, statistics" },
   { name = "runtime", parts = { "loip.runtime.*" },

@@ -241,8 +241,8 @@ local function problem(fmt, ...)
   log("PROBLEM: %s", s)
 end
 
-local ok, err = pcall(function()
-  -- ---- the reference: one device, each request alone -----------------------------------------
+-- The reference: one device, each request alone. The answers by request.
+local function run_reference()
   local t0 = core.now_ms()
   log("reference: %d requests one at a time on a single device", o.requests)
   local ref_srv = start_server(string.format("--threads 1 --context %d --max-batch 1", o.context), "the reference server")
@@ -256,13 +256,15 @@ local ok, err = pcall(function()
   ref_srv.stop()
   result.reference_s = (core.now_ms() - t0) / 1000
   log("reference: %.1f s", result.reference_s)
+  return reference
+end
 
-  -- ---- the soak ------------------------------------------------------------------------------
-  local srv = start_server(string.format("--devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32",
-    o.devices, o.mem, o.context, o.max_burst), "the soaked server")
+-- A sampler of the soaked server srv: sample(at) keeps, after `at` requests, the head's and each
+-- worker's RSS and descriptors (and the head's heaps) in samples, and returns the sample and
+-- /health; worker_seen: the workers' pids seen.
+local function sampler(srv, samples, worker_seen)
   local base = srv.url:gsub("/v1$", "")
-  local samples, worker_seen = {}, {}
-  local function sample(at)
+  return function(at)
     local h = get_json(base .. "/health")
     if not h then error("/health did not answer\n" .. srv.log():sub(-2000), 0) end
     local m = client.new()
@@ -282,48 +284,58 @@ local ok, err = pcall(function()
     samples[#samples + 1] = s
     return s, h
   end
-  -- a warm-up request, so that the first sample sees a server that has run a step
-  local warm = play(srv.url, 1, 1)[1]
-  if warm.status ~= 200 then error("the soaked server failed its warm-up request: " .. tostring(warm.error), 0) end
-  sample(0)
+end
+
+-- One burst's requests against srv (a worker killed mid-request when one of them is marked),
+-- each checked against the reference: lost, wrong and kills grow; the tokens of those right.
+local function soak_burst(srv, burst, reference, sample, lost, wrong, kills)
+  local victim
+  for k = burst.first, burst.last do
+    if requests[k].kill then
+      local _, h = sample(burst.first - 1)
+      if #h.devices ~= o.devices then
+        problem("before the burst of request %d the server had %d devices, not %d (a lost worker not taken back)", k, #h.devices, o.devices)
+      end
+      local dev = #kills % #h.devices + 1
+      victim = { request = k, device = dev, pid = h.devices[dev].pid }
+    end
+  end
+  local res = play(srv.url, burst.first, burst.last, victim and function(k, n)
+    if k == victim.request and n == 6 and not victim.at then
+      os.execute("kill -KILL " .. victim.pid)
+      victim.at = core.now_ms()
+      kills[#kills + 1] = victim
+      log("request %d: killed device %d's worker (pid %d) after %d tokens", k, victim.device, victim.pid, n)
+    end
+  end)
+  if victim and not victim.at then
+    problem("request %d finished before its worker could be killed (%d pieces)", victim.request, res[victim.request].events)
+  end
+  local tokens = 0
+  for k = burst.first, burst.last do
+    local r, ref = res[k], reference[k]
+    if r.status ~= 200 then
+      lost[#lost + 1] = { request = k, status = r.status, error = r.error }
+      problem("request %d lost: %s %s", k, tostring(r.status), tostring(r.error))
+    elseif r.text ~= ref.text or r.tokens ~= ref.tokens then
+      wrong[#wrong + 1] = { request = k, text = r.text, reference = ref.text, tokens = r.tokens, reference_tokens = ref.tokens }
+      problem("request %d wrong: %s tokens %q, a single device gives %s tokens %q", k, tostring(r.tokens), r.text:sub(1, 80),
+        tostring(ref.tokens), ref.text:sub(1, 80))
+    else
+      tokens = tokens + (r.tokens or 0)
+    end
+  end
+  return tokens
+end
+
+-- The soak: every burst against srv, sampled every --sample-every requests; then one more
+-- request (the last lost worker taken back) and the last sample, the losses checked. The last
+-- sample.
+local function soak(srv, reference, sample)
   local t1 = core.now_ms()
   local lost, wrong, kills, tokens = {}, {}, {}, 0
   for b, burst in ipairs(bursts) do
-    local victim
-    for k = burst.first, burst.last do
-      if requests[k].kill then
-        local _, h = sample(burst.first - 1)
-        if #h.devices ~= o.devices then
-          problem("before the burst of request %d the server had %d devices, not %d (a lost worker not taken back)", k, #h.devices, o.devices)
-        end
-        local dev = #kills % #h.devices + 1
-        victim = { request = k, device = dev, pid = h.devices[dev].pid }
-      end
-    end
-    local res = play(srv.url, burst.first, burst.last, victim and function(k, n)
-      if k == victim.request and n == 6 and not victim.at then
-        os.execute("kill -KILL " .. victim.pid)
-        victim.at = core.now_ms()
-        kills[#kills + 1] = victim
-        log("request %d: killed device %d's worker (pid %d) after %d tokens", k, victim.device, victim.pid, n)
-      end
-    end)
-    if victim and not victim.at then
-      problem("request %d finished before its worker could be killed (%d pieces)", victim.request, res[victim.request].events)
-    end
-    for k = burst.first, burst.last do
-      local r, ref = res[k], reference[k]
-      if r.status ~= 200 then
-        lost[#lost + 1] = { request = k, status = r.status, error = r.error }
-        problem("request %d lost: %s %s", k, tostring(r.status), tostring(r.error))
-      elseif r.text ~= ref.text or r.tokens ~= ref.tokens then
-        wrong[#wrong + 1] = { request = k, text = r.text, reference = ref.text, tokens = r.tokens, reference_tokens = ref.tokens }
-        problem("request %d wrong: %s tokens %q, a single device gives %s tokens %q", k, tostring(r.tokens), r.text:sub(1, 80),
-          tostring(ref.tokens), ref.text:sub(1, 80))
-      else
-        tokens = tokens + (r.tokens or 0)
-      end
-    end
+    tokens = tokens + soak_burst(srv, burst, reference, sample, lost, wrong, kills)
     if b < #bursts and math.floor(burst.last / o.sample_every) > math.floor((burst.first - 1) / o.sample_every) then
       sample(burst.last)
     end
@@ -350,36 +362,24 @@ local ok, err = pcall(function()
   for _, l in ipairs(h.losses or {}) do replan[#replan + 1] = l.replan_ms end
   table.sort(replan)
   result.replan_ms = #replan > 0 and { min = replan[1], median = replan[math.ceil(#replan / 2)], max = replan[#replan] } or nil
+  return final
+end
 
-  -- ---- memory and descriptors ------------------------------------------------------------------
-  -- A leak keeps what it took: per process, the floor of its samples' second half above the
-  -- peak of their first half by more than a stated bound (loip.measure.leak: RSS the larger of
-  -- 4 MiB and 10%; each kind of descriptor the larger of 4 and 25%). The first half holds the
-  -- warm-up (KV pages first touched, the Lua heap's collector finding its pace); a count that
-  -- goes down, or one sample caught high (a connection closing, a burst batched otherwise on a
-  -- busy machine), is no leak. Descriptors are counted with the whole cluster up (a cluster
-  -- short of a device has other connections).
-  local first = samples[1]
+-- The peaks of get(sample)'s values in the samples of the soak's first half and of its second.
+local function peaks(samples, get)
   local half = o.requests / 2
-  local function peaks(get)
-    local p1, p2 = 0, 0
-    for _, smp in ipairs(samples) do
-      for _, v in ipairs(get(smp)) do
-        if smp.requests_done <= half then p1 = math.max(p1, v) else p2 = math.max(p2, v) end
-      end
+  local p1, p2 = 0, 0
+  for _, smp in ipairs(samples) do
+    for _, v in ipairs(get(smp)) do
+      if smp.requests_done <= half then p1 = math.max(p1, v) else p2 = math.max(p2, v) end
     end
-    return p1, p2
   end
-  local h1, h2 = peaks(function(smp) return { smp.head_rss_kib } end)
-  local w1, w2 = peaks(function(smp)
-    local t = {}
-    for _, w in ipairs(smp.workers) do t[#t + 1] = w.rss_kib end
-    return t
-  end)
-  result.head = { rss_kib_start = first.head_rss_kib, rss_kib_end = final.head_rss_kib, rss_kib_peak_first_half = h1,
-    rss_kib_peak_second_half = h2, rss_growth_kib = h2 - h1, fds_start = first.head_fds, fds_end = final.head_fds,
-    fd_kinds_end = final.head_fd_kinds }
-  result.worker_rss = { rss_kib_peak_first_half = w1, rss_kib_peak_second_half = w2, rss_growth_kib = w2 - w1 }
+  return p1, p2
+end
+
+-- Each worker's life in the samples (by pid): its device, samples, first and last figures, its
+-- RSS series and its descriptors' kinds while the cluster was whole.
+local function worker_lives(samples)
   local life = {}
   for _, smp in ipairs(samples) do
     for _, w in ipairs(smp.workers) do
@@ -401,6 +401,29 @@ local ok, err = pcall(function()
       rss_kib_end = l.last.rss_kib, fds = l.fds_whole, fds_end = l.last.fds, rss_series = l.rss, fd_kinds = l.fd_kinds }
   end
   table.sort(workers, function(a, b) return a.pid < b.pid end)
+  return workers
+end
+
+-- Memory and descriptors. A leak keeps what it took: per process, the floor of its samples'
+-- second half above the peak of their first half by more than a stated bound (loip.measure.leak:
+-- RSS the larger of 4 MiB and 10%; each kind of descriptor the larger of 4 and 25%). The first
+-- half holds the warm-up (KV pages first touched, the Lua heap's collector finding its pace); a
+-- count that goes down, or one sample caught high (a connection closing, a burst batched
+-- otherwise on a busy machine), is no leak. Descriptors are counted with the whole cluster up (a
+-- cluster short of a device has other connections).
+local function check_leaks(samples, final)
+  local first = samples[1]
+  local h1, h2 = peaks(samples, function(smp) return { smp.head_rss_kib } end)
+  local w1, w2 = peaks(samples, function(smp)
+    local t = {}
+    for _, w in ipairs(smp.workers) do t[#t + 1] = w.rss_kib end
+    return t
+  end)
+  result.head = { rss_kib_start = first.head_rss_kib, rss_kib_end = final.head_rss_kib, rss_kib_peak_first_half = h1,
+    rss_kib_peak_second_half = h2, rss_growth_kib = h2 - h1, fds_start = first.head_fds, fds_end = final.head_fds,
+    fd_kinds_end = final.head_fd_kinds }
+  result.worker_rss = { rss_kib_peak_first_half = w1, rss_kib_peak_second_half = w2, rss_growth_kib = w2 - w1 }
+  local workers = worker_lives(samples)
   log("head: RSS %.1f MiB after the warm-up, peaks %.1f / %.1f MiB in the soak's halves, %.1f at the end; %d -> %d descriptors",
     first.head_rss_kib / 1024, h1 / 1024, h2 / 1024, final.head_rss_kib / 1024, first.head_fds, final.head_fds)
   log("workers: RSS peaks %.1f / %.1f MiB in the soak's halves", w1 / 1024, w2 / 1024)
@@ -425,13 +448,15 @@ local ok, err = pcall(function()
   result.workers = workers
   result.samples = samples
   result.leak_bounds = { fd_min = leak.FD_MIN, fd_share = leak.FD_SHARE, rss_min_kib = leak.RSS_MIN_KIB, rss_share = leak.RSS_SHARE }
+end
 
-  -- ---- leaks once stopped ------------------------------------------------------------------------
+-- Leaks once stopped: the server stops on SIGTERM, and every worker seen ends with it (each
+-- waited for, 15 s at most, before it counts as left).
+local function check_stopped(srv, worker_seen)
   srv.stop()
   if srv.killed then problem("the soaked server did not stop on SIGTERM within 15 s") end
   local left = {}
   for pid in pairs(worker_seen) do if alive(pid) then left[#left + 1] = pid end end
-  -- (the server's workers end with it: each is waited for, 15 s at most, before it counts as left)
   local deadline = core.now_ms() + 15000
   repeat
     for i = #left, 1, -1 do if not alive(left[i]) then table.remove(left, i) end end
@@ -439,6 +464,21 @@ local ok, err = pcall(function()
   until #left == 0 or core.now_ms() > deadline
   if #left > 0 then problem("workers still running after the server stopped: %s", table.concat(left, ", ")) end
   result.workers_left = #left
+end
+
+local ok, err = pcall(function()
+  local reference = run_reference()
+  local srv = start_server(string.format("--devices %d --mem %s --threads 1 --context %d --max-batch %d --step-tokens 32",
+    o.devices, o.mem, o.context, o.max_burst), "the soaked server")
+  local samples, worker_seen = {}, {}
+  local sample = sampler(srv, samples, worker_seen)
+  -- a warm-up request, so that the first sample sees a server that has run a step
+  local warm = play(srv.url, 1, 1)[1]
+  if warm.status ~= 200 then error("the soaked server failed its warm-up request: " .. tostring(warm.error), 0) end
+  sample(0)
+  local final = soak(srv, reference, sample)
+  check_leaks(samples, final)
+  check_stopped(srv, worker_seen)
 end)
 for i = #cleanup, 1, -1 do cleanup[i]() end
 if tmp_store then os.execute("rm -rf " .. proc.sh_quote(tmp_store)) end

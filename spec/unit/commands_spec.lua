@@ -2,6 +2,7 @@
 -- module's flags in its help, renamed flags and options kept as aliases that say so once, and
 -- one rule for the online policy a run gets.
 local cli = require "loip.cli"
+local errors = require "loip.error"
 local flags = require "loip.ui.flags"
 local T = require "spec.support"
 
@@ -152,8 +153,8 @@ local function refusal(name, argv)
   local ok, e = pcall(stderr_of, function() return flags.parse(spec, argv, 1) end)
   if ok then return nil end
   assert.is_table(e, tostring(e))
-  assert.is_true(e.usage_error, e.msg)
-  return e.msg
+  assert.is_true(errors.is(e, "usage"), tostring(e))
+  return e.message
 end
 
 describe("the command line's words", function()

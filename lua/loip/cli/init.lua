@@ -6,6 +6,7 @@
 -- commands share are flags.shared's), run(opts, positional, argv, at) -> exit code }, the work done
 -- by the library modules it calls. This file only dispatches: the REPL with no command, help,
 -- version, and a usage error naming the nearest command.
+local errors = require "loip.error"
 local flags = require "loip.ui.flags"
 local suggest = require "loip.ui.suggest"
 
@@ -74,8 +75,8 @@ function M.main(argv)
     local opts, pos = flags.parse(c, argv, 2)
     return c.run(opts, pos, argv, 1)
   end, function(e)
-    if type(e) == "table" and e.usage_error then return e end
-    if type(e) == "string" and not os.getenv("LOIP_DEBUG") then return { msg = e } end
+    if errors.is(e, "usage") then return { msg = e.message, usage = true } end
+    if (type(e) == "string" or errors.is(e)) and not os.getenv("LOIP_DEBUG") then return { msg = tostring(e) } end
     return { msg = debug.traceback(tostring(e), 2) }
   end)
   if ok then return rc or 0 end
@@ -83,7 +84,7 @@ function M.main(argv)
   local common = package.loaded["loip.cli.inputs"]
   if common and common.mid_line then io.stdout:write("\n") io.stdout:flush() common.mid_line = false end
   io.stderr:write(string.format("loip: %s\n", rc.msg))
-  return rc.usage_error and 2 or 1
+  return rc.usage and 2 or 1
 end
 
 return M

@@ -4,12 +4,13 @@
 -- planning problem `plan` and `simulate` build, and the plan's report.
 -- Requires inside functions: every command loads this module, and `loip help` every command;
 -- what a function uses loads when it runs (`loip help` loads no FFI).
+local errors = require "loip.error"
 local flags = require "loip.ui.flags"
 
 local M = {}
 
 -- A usage error of command cmd (the dispatcher prints "loip: cmd: ..." and exits 2).
-function M.usage(cmd, fmt, ...) error({ usage_error = true, msg = cmd .. ": " .. string.format(fmt, ...) }, 0) end
+function M.usage(cmd, fmt, ...) errors.raise("usage", cmd .. ": " .. string.format(fmt, ...)) end
 local usage = M.usage
 
 function M.stderr(fmt, ...) io.stderr:write(string.format(fmt, ...)) end

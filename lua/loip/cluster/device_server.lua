@@ -120,7 +120,7 @@ function Worker:build(msg)
     layout = function(pt)
       local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = pt.threads,
         logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
-        plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: a head of the release before)
+        plan_positions = msg.plan_positions or msg.kv_plan_tokens }) -- (kv_plan_tokens: plan_positions' deprecated name, which a head may send)
       -- the plan as every plan is checked, against this device's budget only
       local devices = {}
       for k = 1, type(p) == "table" and type(p.devices) == "table" and #p.devices or 0 do devices[k] = {} end

@@ -198,6 +198,7 @@ function Cluster:generate(prompt, gen) return self.ring:generate(prompt, gen) en
 function Cluster:logits(ids) return self.ring:logits(ids) end
 function Cluster:tokenizer() return self.ring:tokenizer() end
 function Cluster:cache_stats() return self.ring:cache_stats() end
+function Cluster:front(gen) return self.ring:front(gen) end
 
 -- The devices' figures (loip.cluster.rpc): STATS per device, recorded events, one exchange.
 function Cluster:stats() return self.rpc:stats() end

@@ -274,7 +274,7 @@ function Planner:plan(opts)
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
       next = devices[i % N + 1].endpoint, head = self.c.rpc.results:endpoint(), store_id = self.c.store_id,
       context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, plan_positions = sizes.plan_positions,
-      kv_plan_tokens = sizes.plan_positions, -- (the name a worker of the release before reads)
+      kv_plan_tokens = sizes.plan_positions, -- (plan_positions' deprecated name, which a worker may read)
       kv_grows = opts.kv_grows or sizes.plan_positions < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
       disk_rate = each(opts.disk_rate, i), experts = opts.experts, routing = opts.routing,
       -- the read order the device's profile found faster, unless told

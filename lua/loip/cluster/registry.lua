@@ -25,6 +25,7 @@
 -- be served, after a loss the others could not take over), joins (the join socket). It plans
 -- through c.planner, talks through c.rpc and names the ring engine's step (c.ring.step_no).
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 local process = require "loip.runtime.process"
@@ -273,25 +274,23 @@ function Registry:revive()
   end
 end
 
-local Replanned = { __tostring = function(e) return e.msg end }
-
 -- err, met by a request's call to the cluster (a START, a LOOKUP round, an online policy's STATS
 -- or CHANGE, ...): when a control exchange found a device lost, it is a loss as a step's is (the
 -- others plan again: replan_after_loss) and a `replanned` error is returned (the batcher resumes
 -- every request from its tokens); told to fail on a loss, the error as text. Any other error is
 -- returned as it is, and so is a re-plan's failure.
 function Registry:recover(err)
-  local d = type(err) == "table" and err.lost
+  local d = errors.is(err, "device_lost") and err.lost
   if not d then return err end
   local here = false
   for _, x in ipairs(self.devices) do here = here or x == d end
-  if not here then return err.msg end -- (lost and planned without already)
+  if not here then return err.message end -- (lost and planned without already)
   d.failed = true
   local po = self.c.planner.plan_opts
-  if (po and po.on_device_loss or "replan") ~= "replan" then return err.msg end
-  local ok, rerr = pcall(self.replan_after_loss, self, err.msg)
+  if (po and po.on_device_loss or "replan") ~= "replan" then return err.message end
+  local ok, rerr = pcall(self.replan_after_loss, self, err.message)
   if not ok then return rerr end
-  return setmetatable({ replanned = true, msg = err.msg }, Replanned)
+  return errors.new("replanned", err.message)
 end
 
 -- The devices found dead now: a local worker whose process is gone, or one silent (silent(i, d):

@@ -21,6 +21,7 @@
 -- watched once planned); a worker's STOP { leave } read here is given to c.registry:note_leave.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local proc = require "loip.cluster.proc"
 
@@ -53,11 +54,10 @@ end
 M.read_pongs = read_pongs
 
 -- The error of a control exchange that found device d lost (its process gone, its heartbeat
--- silent for dead_ms, a message it could not take): a message that also names the device, so
+-- silent for dead_ms, a message it could not take): kind device_lost, naming the device, so
 -- that a request's caller treats it as the loss it is (loip.cluster.registry's recover) and any
 -- other reads it as text.
-local Lost = { __tostring = function(e) return e.msg end, __concat = function(a, b) return tostring(a) .. tostring(b) end }
-local function lost(d, msg) return setmetatable({ lost = d, msg = msg }, Lost) end
+local function lost(d, msg) return errors.new("device_lost", msg, { lost = d }) end
 
 -- A control exchange with device i: send, then the reply within timeout_ms; via: the socket
 -- to use (default the control link; d.bulk for large replies).
@@ -196,7 +196,7 @@ function Rpc:await(step, plan_id, timeout_ms)
       -- an error about this step stops it; one about an older step (a late message of a step
       -- that was stopped) or about a message nobody can attribute (malformed) does not
       if r.kind == "ERROR" then
-        if r.step == step then error(string.format("device %s: %s", i or r.from, r.payload), 0) end
+        if r.step == step then error(errors.from_code(r.status, string.format("device %s: %s", i or r.from, r.payload)), 0) end
         self.warnings = self.warnings or {}
         table.insert(self.warnings, string.format("device %s: %s", i or r.from, r.payload))
       end

@@ -2,6 +2,7 @@
 -- as loip.policy describes them (each file's opening comment and its M.settings). The flags that
 -- choose a policy take NAME or NAME:KEY=VALUE,KEY=VALUE (docs/planning.md, "The policy API").
 local policy = require "loip.policy"
+local errors = require "loip.error"
 
 local M = {
   brief = "the policies of each kind and their settings (list, show KIND NAME)",
@@ -13,7 +14,7 @@ local M = {
   flags = {},
 }
 
-local function usage(fmt, ...) error({ usage_error = true, msg = "policy: " .. string.format(fmt, ...) }, 0) end
+local function usage(fmt, ...) errors.raise("usage", "policy: " .. string.format(fmt, ...)) end
 
 -- The flag that chooses a policy of each kind, and what to call the kind.
 M.flag = { cost = "--cost-model", scheduler = "--scheduler", online = "--online", links = "--link-schedule",

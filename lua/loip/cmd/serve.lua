@@ -70,10 +70,83 @@ function M.write_trace(path, m, c, b, quiet)
   if not quiet then io.stderr:write(string.format("trace: %d events -> %s\n", tr:count(), path)) end
 end
 
+-- The cluster of --devices or --hosts started and planned (run.c: it, as soon as it exists, to
+-- be closed whatever happens next); run.tok: the store's tokenizer.
+local function start_cluster(o, run, hosts, n, set, draft)
+  local cluster = require "loip.cluster"
+  local st = require "loip.model.store"
+  local cfg = st.config(o.model, st.read_manifest(o.model))
+  run.tok = require("loip.text.tokenizer").open(o.model, { vocab_size = cfg.vocab_size })
+  local c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys, dead_ms = o.dead_after })
+    or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
+      token = o.join_listen and common.token(o), tcp = o.join_listen ~= nil, -- (joiners know the token, reach TCP)
+      dead_ms = o.dead_after }
+  run.c = c
+  if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
+  local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
+    context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
+    -- a row of logits back per request (logprobs and grammars sample at the head: loip.engine.request.head_sample)
+    logits_tokens = o.max_batch,
+    plan_positions = o.plan_positions, online = require("loip.engine.request.online").choose(o.online, o.plan_positions),
+    link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
+  experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
+    disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
+  if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
+  if o.join_listen then io.stdout:write("joins ", c:listen_joins(o.join_listen), "\n") end
+end
+
+-- The model opened on this device (run.m), its tokenizer (run.tok).
+local function open_local(o, run, set, draft)
+  local model = require "loip.model"
+  if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
+  if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end
+  local is_store = model.locate(o.model) == "store"
+  if o.plan_positions and not is_store then usage("serve", "--plan-positions needs a slice store (make one with loip slice)") end
+  if o.trace and not is_store then usage("serve", "--trace needs a slice store (make one with loip slice) or --devices/--hosts") end
+  local m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
+    kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
+    stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
+    trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
+  experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
+    online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
+  run.m, run.tok = m, m.tokenizer
+  if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
+end
+
+-- Serve run.m or run.c until a signal; then the trace written (--trace).
+local function serve_on(o, run, tokdir, name, api_key)
+  local m, c = run.m, run.c
+  local srv = require("loip.serve.server").new { model = m, cluster = c, tokenizer = run.tok, dir = tokdir or o.model,
+    chat_template = o.chat_template, tool_parser = o.tool_parser,
+    name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
+    prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
+      bytes = o.prompt_cache_disk } or true),
+    quiet = o.quiet }
+  if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.engine.request.batcher)
+    if o.prompt_cache_dir then
+      usage("serve", "--prompt-cache-dir: the prefix cache is off beside the online policy on a cluster (--online %s "
+        .. "may lend KV between devices, which moves no shared group)", o.online or "loip")
+    end
+    io.stderr:write(string.format("serve: no prefix cache: the online policy on a cluster (--online %s) may lend KV between "
+      .. "devices, which moves no shared group (requests with n > 1 are refused too)\n", o.online or "loip"))
+  end
+  require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
+  -- the address first, on stdout (port 0: the one chosen), for scripts that start us
+  io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
+  io.stdout:flush()
+  if srv.chat_error and not o.quiet then
+    io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
+  end
+  if o.trace then require("loip.engine.request.draft_trace").record(srv.batcher.draft) end
+  local rok, rerr = pcall(srv.run, srv)
+  srv:close()
+  if c and srv.batcher.draft then srv.batcher.draft:close() end -- (a model's batcher closes its own)
+  if o.trace then M.write_trace(o.trace, m, c, srv.batcher, o.quiet) end
+  if not rok then error(rerr, 0) end
+end
+
 function M.run(o)
   common.use_kernels(o.kernels)
-  local model = require "loip.model"
-  local server = require "loip.serve.server"
   local hosts = common.hosts("serve", o)
   local n = o.devices or #hosts
   local cluster_run = n > 0
@@ -85,7 +158,7 @@ function M.run(o)
     end
     common.store_for("serve", o)
   end
-  local _, _, tokdir = model.locate(o.model)
+  local _, _, tokdir = require("loip.model").locate(o.model)
   if o.max_batch > o.step_tokens then
     usage("serve", "--max-batch %d is more than --step-tokens %d: every decoding request needs a token in each step", o.max_batch, o.step_tokens)
   end
@@ -97,73 +170,14 @@ function M.run(o)
   if o.no_prompt_cache and o.prompt_cache_dir then usage("serve", "--prompt-cache-dir is the prefix cache's disk tier, which --no-prompt-cache turns off") end
   local api_key = o.api_key or os.getenv("LOIP_API_KEY")
   if api_key == "" then api_key = nil end
-  local m, c, tok
   local set = common.settings("serve", o, math.max(n, 1))
+  local run = {}
   local ok, err = pcall(function()
-    if cluster_run then
-      local cluster = require "loip.cluster"
-      local st = require "loip.model.store"
-      local cfg = st.config(o.model, st.read_manifest(o.model))
-      tok = require("loip.text.tokenizer").open(o.model, { vocab_size = cfg.vocab_size })
-      c = o.hosts and cluster.connect(hosts, { store = o.model, token = common.token(o), keys = o.curve_keys, dead_ms = o.dead_after })
-        or cluster.start_local { store = o.model, devices = n, mem = set.mem or 0, threads = o.threads > 0 and o.threads or nil,
-          token = o.join_listen and common.token(o), tcp = o.join_listen ~= nil, -- (joiners know the token, reach TCP)
-          dead_ms = o.dead_after }
-      if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
-      local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
-        context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
-        -- a row of logits back per request (logprobs and grammars sample at the head: loip.engine.request.head_sample)
-        logits_tokens = o.max_batch,
-        plan_positions = o.plan_positions, online = require("loip.engine.request.online").choose(o.online, o.plan_positions),
-        link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
-      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
-        disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
-      if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
-      if o.join_listen then io.stdout:write("joins ", c:listen_joins(o.join_listen), "\n") end
-    else
-      if set.mem and #set.mem > 1 then usage("serve", "several --mem budgets need --devices or --hosts") end
-      if o.link_schedule then usage("serve", "--link-schedule is for several devices (--devices or --hosts)") end
-      local is_store = model.locate(o.model) == "store"
-      if o.plan_positions and not is_store then usage("serve", "--plan-positions needs a slice store (make one with loip slice)") end
-      if o.trace and not is_store then usage("serve", "--trace needs a slice store (make one with loip slice) or --devices/--hosts") end
-      m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
-        kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-        stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
-        trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
-      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
-        online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
-      tok = m.tokenizer
-      if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end
-    end
-    local srv = server.new { model = m, cluster = c, tokenizer = tok, dir = tokdir or o.model, chat_template = o.chat_template, tool_parser = o.tool_parser,
-      name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
-      prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
-        bytes = o.prompt_cache_disk } or true),
-      quiet = o.quiet }
-    if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.engine.request.batcher)
-      if o.prompt_cache_dir then
-        usage("serve", "--prompt-cache-dir: the prefix cache is off beside the online policy on a cluster (--online %s "
-          .. "may lend KV between devices, which moves no shared group)", o.online or "loip")
-      end
-      io.stderr:write(string.format("serve: no prefix cache: the online policy on a cluster (--online %s) may lend KV between "
-        .. "devices, which moves no shared group (requests with n > 1 are refused too)\n", o.online or "loip"))
-    end
-    require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
-    -- the address first, on stdout (port 0: the one chosen), for scripts that start us
-    io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))
-    io.stdout:flush()
-    if srv.chat_error and not o.quiet then
-      io.stderr:write("serve: no chat template (", srv.chat_error, "): /v1/chat/completions answers 400; /v1/completions works\n")
-    end
-    if o.trace then require("loip.engine.request.draft_trace").record(srv.batcher.draft) end
-    local rok, rerr = pcall(srv.run, srv)
-    srv:close()
-    if c and srv.batcher.draft then srv.batcher.draft:close() end -- (a model's batcher closes its own)
-    if o.trace then M.write_trace(o.trace, m, c, srv.batcher, o.quiet) end
-    if not rok then error(rerr, 0) end
+    if cluster_run then start_cluster(o, run, hosts, n, set, draft) else open_local(o, run, set, draft) end
+    serve_on(o, run, tokdir, name, api_key)
   end)
-  if c then c:close() end
-  if m then m:close() end
+  if run.c then run.c:close() end
+  if run.m then run.m:close() end
   if not ok then error(err, 0) end
   return 0
 end

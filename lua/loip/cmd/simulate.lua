@@ -84,74 +84,113 @@ function M.generate_line(o)
   return false
 end
 
-function M.run(o)
-  for _, f in ipairs(IGNORED) do
-    if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
-      io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
-    end
-  end
-  if o.requests == nil then o.requests = M.generate_line(o) and 1 or 4 end
-  if o.max_tokens then o.output_tokens = o.max_tokens end
-  if o.prompt then
-    if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
-    local st = require "loip.model.store"
-    local vocab
-    if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
-    local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab, path = o.tokenizer })
-    o.input_tokens = #tok:encode(o.prompt, { bos = true })
-    -- (before any work: the context planned for is --context, else the default, at most the model's)
-    local max = common.model_config(o.model).max_seq
-    common.prompt_fits("simulate", o.input_tokens, math.min(o.context or require("loip.model").default_context(max), max), max)
-  end
-  local plan = require "loip.plan"
-  local policy = require "loip.policy"
-  local sim = require "loip.sim"
+-- --prompt's tokens counted as o.input_tokens (with --model's tokenizer), refused before any
+-- work when they do not fit the context planned for.
+local function prompt_tokens(o)
+  if not o.model then usage("--prompt needs --model (a shape has no tokenizer): give --input-tokens") end
+  local st = require "loip.model.store"
+  local vocab
+  if require("loip.model").locate(o.model) == "store" then vocab = st.config(o.model, st.read_manifest(o.model)).vocab_size end
+  local tok = require("loip.text.tokenizer").open(o.model, { vocab_size = vocab, path = o.tokenizer })
+  o.input_tokens = #tok:encode(o.prompt, { bos = true })
+  -- (before any work: the context planned for is --context, else the default, at most the model's)
+  local max = common.model_config(o.model).max_seq
+  common.prompt_fits("simulate", o.input_tokens, math.min(o.context or require("loip.model").default_context(max), max), max)
+end
+
+-- --baseline: a system we do not build, its model's step time at the pattern's batch,
+-- mid-generation. The exit status.
+local function run_baseline(o, prob)
   local json = require "loip.text.json"
-  local prob, sizes = common.problem_of("simulate", o)
-  if o.input_tokens >= prob.context then
-    usage("--input-tokens %d leave no room in the context of %d: raise --context (to at least %d) or lower --input-tokens",
-      o.input_tokens, prob.context, o.input_tokens + 1)
+  local policy = require "loip.policy"
+  local base = policy.load("baseline", o.baseline)
+  local pat = policy.load("pattern", o.pattern) -- (its name may carry settings: bursty:burst=8)
+  local batch = pat.name == "bursty" and (pat.given.burst and pat.params.burst or o.burst or o.max_batch) or 1
+  local r, why = base.run(prob, { batch = batch, context = o.input_tokens + math.floor(o.output_tokens / 2) })
+  local out = { baseline = base.name or o.baseline, pattern = o.pattern, batch = batch, ms_per_token = r and r.ms_per_token,
+    comp_ms = r and r.comp_ms, comm_ms = r and r.comm_ms, load_ms = r and r.load_ms, oom = why, devices = r and r.devices,
+    model = o.model or o.like, devices_count = o.devices }
+  if o.json then
+    io.stdout:write(json.encode(out), "\n")
+  elseif r then
+    io.stdout:write(string.format("%s, %d token%s a step: %.2f ms/token = compute %.2f + all-reduces %.2f ms (disk %.2f ms, overlapped)\n",
+      out.baseline, batch, batch == 1 and "" or "s", r.ms_per_token, r.comp_ms, r.comm_ms, r.load_ms))
+  else
+    io.stdout:write(out.baseline, ": ", why, "\n")
   end
-  -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
-  local routing = require("loip.model.experts").load_routing(o.routing_profile)
-  if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
-  if routing then require("loip.model.experts").check_routing(routing, sizes.n_layers, sizes.moe.experts, o.routing_profile) end
-  prob.routing = routing and routing.frequencies
-  if o.baseline then
-    -- a system we do not build: its model's step time at the pattern's batch, mid-generation
-    local base = policy.load("baseline", o.baseline)
-    local pat = policy.load("pattern", o.pattern) -- (its name may carry settings: bursty:burst=8)
-    local batch = pat.name == "bursty" and (pat.given.burst and pat.params.burst or o.burst or o.max_batch) or 1
-    local r, why = base.run(prob, { batch = batch, context = o.input_tokens + math.floor(o.output_tokens / 2) })
-    local out = { baseline = base.name or o.baseline, pattern = o.pattern, batch = batch, ms_per_token = r and r.ms_per_token,
-      comp_ms = r and r.comp_ms, comm_ms = r and r.comm_ms, load_ms = r and r.load_ms, oom = why, devices = r and r.devices,
-      model = o.model or o.like, devices_count = o.devices }
-    if o.json then
-      io.stdout:write(json.encode(out), "\n")
-    elseif r then
-      io.stdout:write(string.format("%s, %d token%s a step: %.2f ms/token = compute %.2f + all-reduces %.2f ms (disk %.2f ms, overlapped)\n",
-        out.baseline, batch, batch == 1 and "" or "s", r.ms_per_token, r.comp_ms, r.comm_ms, r.load_ms))
-    else
-      io.stdout:write(out.baseline, ": ", why, "\n")
-    end
-    return r and 0 or 1
-  end
-  -- speculative decoding: the draft's time and memory on its device, its acceptance assumed
-  local draft
+  return r and 0 or 1
+end
+
+-- Speculative decoding (--draft): the draft's time and memory on its device, its acceptance
+-- assumed (loip.sim.draft); nil without --draft.
+local function sim_draft(o, prob)
   if o.draft == nil or o.draft == "none" then
     for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device" }) do
       if o[f] ~= nil then usage("--%s needs --draft", (f:gsub("_", "-"))) end
     end
-  else
-    local sd = require "loip.sim.draft"
-    local a, why = sd.acceptance(o.acceptance)
-    if not a then usage("%s", why) end
-    local ok, d = pcall(sd.new, prob, { draft = o.draft, acceptance = a, like = o.draft_like, dtype = o.dtype, device = o.draft_device,
-      seed = o.seed, max_seqs = o.max_batch })
-    if not ok then usage("%s", tostring(d)) end
-    draft = d
+    return nil
   end
-  -- (the scheduler plans with the draft's device's budget less what the draft takes)
+  local sd = require "loip.sim.draft"
+  local a, why = sd.acceptance(o.acceptance)
+  if not a then usage("%s", why) end
+  local ok, d = pcall(sd.new, prob, { draft = o.draft, acceptance = a, like = o.draft_like, dtype = o.dtype, device = o.draft_device,
+    seed = o.seed, max_seqs = o.max_batch })
+  if not ok then usage("%s", tostring(d)) end
+  return d
+end
+
+-- The runs' figures: per request, per device (per step too) and overall, as --json prints them.
+local function summary(o, s, runs, p, est, info, online, draft)
+  local plan = require "loip.plan"
+  local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
+  for _, r in ipairs(runs) do
+    if r.status ~= 200 then failed = failed + 1 end
+    if r.ms_per_token then mpt[#mpt + 1] = r.ms_per_token end
+    if r.ttft_ms then ttft[#ttft + 1] = r.ttft_ms end
+    tokens = tokens + (r.tokens or 0)
+    last = math.max(last, r.t_done or 0)
+  end
+  local steps = math.max(s.steps, 1)
+  local devs = s:device_figures()
+  for _, d in ipairs(devs) do
+    for _, k in ipairs({ "comp_ms", "load_ms", "stall_ms", "send_ms" }) do d[k .. "_per_step"] = d[k] / steps end
+  end
+  -- (decode_ms_per_token and estimate_ms_per_token as loip generate --json names them)
+  return { ms_per_token = mean(mpt), decode_ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token,
+    ttft_ms = mean(ttft),
+    tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
+    failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
+    scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
+    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
+    draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }, failed, last
+end
+
+-- The figures told as lines on stdout.
+local function print_summary(o, s, out, runs, last, online)
+  io.stdout:write(string.format("simulated %d %s request%s (%d + %d tokens each): %.2f ms/token (the cost model estimates %.2f), "
+    .. "first token after %.1f ms, %.1f tokens/s over %.1f s, %d steps\n", #runs, o.pattern, #runs == 1 and "" or "s",
+    o.input_tokens, o.output_tokens, out.ms_per_token or 0, out.estimate_ms_per_token or 0, out.ttft_ms or 0,
+    out.tokens_per_s or 0, last / 1e3, s.steps))
+  for i, d in ipairs(out.devices) do
+    io.stdout:write(string.format("  device %d per step: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms\n", i,
+      d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
+  end
+  if out.draft then require("loip.sim.draft").describe(out.draft, io.stdout) end
+  if out.adaptations > 0 then
+    io.stdout:write(string.format("  %d live plan change%s by the online policy %s%s\n", out.adaptations,
+      out.adaptations == 1 and "" or "s", tostring(online),
+      s.replans and string.format(" (%d a new plan for a longer context)", s.replans) or ""))
+  end
+  if s.failure then io.stdout:write("the step failed: ", s.failure, "\n") end
+  if out.failed > 0 then io.stdout:write(string.format("%d request(s) failed\n", out.failed)) end
+end
+
+-- The plan simulated (--plan's, else the scheduler's, planning with the draft's device's budget
+-- less what the draft takes), its estimate and how it was chosen; and the simulator over it.
+local function plan_and_sim(o, prob, sizes, draft)
+  local plan = require "loip.plan"
+  local policy = require "loip.policy"
+  local sim = require "loip.sim"
   local function reserving(pr, fn) if draft then return draft:reserve(pr, fn) end return fn() end
   local p, est, info
   if o.plan then
@@ -175,31 +214,38 @@ function M.run(o)
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
     kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
     replanner = not o.plan and replanner or nil, cost = o.cost_model, draft = draft })
+  return s, p, est, info
+end
+
+function M.run(o)
+  local json = require "loip.text.json"
+  local policy = require "loip.policy"
+  for _, f in ipairs(IGNORED) do
+    if o.verbose and o[(f[1]:gsub("-", "_"))] ~= nil then
+      io.stderr:write(string.format("simulate: ignoring --%s (does not change the timing)\n", f[1]))
+    end
+  end
+  if o.requests == nil then o.requests = M.generate_line(o) and 1 or 4 end
+  if o.max_tokens then o.output_tokens = o.max_tokens end
+  if o.prompt then prompt_tokens(o) end
+  local prob, sizes = common.problem_of("simulate", o)
+  if o.input_tokens >= prob.context then
+    usage("--input-tokens %d leave no room in the context of %d: raise --context (to at least %d) or lower --input-tokens",
+      o.input_tokens, prob.context, o.input_tokens + 1)
+  end
+  -- (a mixture of experts: the expert caches draw their routes from a routing profile, else uniformly)
+  local routing = require("loip.model.experts").load_routing(o.routing_profile)
+  if routing and not sizes.moe then common.usage("simulate", "--routing-profile: the model is not a mixture of experts") end
+  if routing then require("loip.model.experts").check_routing(routing, sizes.n_layers, sizes.moe.experts, o.routing_profile) end
+  prob.routing = routing and routing.frequencies
+  if o.baseline then return run_baseline(o, prob) end
+  local draft = sim_draft(o, prob)
+  local s, p, est, info = plan_and_sim(o, prob, sizes, draft)
   local online = require("loip.engine.request.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })
   local runs = s:play(arrivals, { prefill = o.prefill, links = o.link_schedule, online = online, draft_tokens = o.draft_tokens })
-  local mpt, ttft, failed, tokens, last = {}, {}, 0, 0, 0
-  for _, r in ipairs(runs) do
-    if r.status ~= 200 then failed = failed + 1 end
-    if r.ms_per_token then mpt[#mpt + 1] = r.ms_per_token end
-    if r.ttft_ms then ttft[#ttft + 1] = r.ttft_ms end
-    tokens = tokens + (r.tokens or 0)
-    last = math.max(last, r.t_done or 0)
-  end
-  local steps = math.max(s.steps, 1)
-  local devs = s:device_figures()
-  for _, d in ipairs(devs) do
-    for _, k in ipairs({ "comp_ms", "load_ms", "stall_ms", "send_ms" }) do d[k .. "_per_step"] = d[k] / steps end
-  end
-  -- (decode_ms_per_token and estimate_ms_per_token as loip generate --json names them)
-  local out = { ms_per_token = mean(mpt), decode_ms_per_token = mean(mpt), estimate_ms_per_token = est and est.ms_per_token,
-    ttft_ms = mean(ttft),
-    tokens_per_s = last > 0 and tokens / last * 1e3 or nil, simulated_ms = last, steps = s.steps, requests = #runs,
-    failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
-    scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
-    online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
-    draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }
+  local out, failed, last = summary(o, s, runs, p, est, info, online, draft)
   if o.trace then
     local tr = require("loip.engine.trace").new()
     for i = 1, #p.devices do tr:add(s:events(i), i) end
@@ -209,22 +255,7 @@ function M.run(o)
     io.stdout:write(json.encode(out), "\n")
     return failed > 0 and 1 or 0
   end
-  io.stdout:write(string.format("simulated %d %s request%s (%d + %d tokens each): %.2f ms/token (the cost model estimates %.2f), "
-    .. "first token after %.1f ms, %.1f tokens/s over %.1f s, %d steps\n", #runs, o.pattern, #runs == 1 and "" or "s",
-    o.input_tokens, o.output_tokens, out.ms_per_token or 0, out.estimate_ms_per_token or 0, out.ttft_ms or 0,
-    out.tokens_per_s or 0, last / 1e3, s.steps))
-  for i, d in ipairs(devs) do
-    io.stdout:write(string.format("  device %d per step: compute %.2f ms, load %.2f ms, stall %.2f ms, send %.2f ms\n", i,
-      d.comp_ms_per_step, d.load_ms_per_step, d.stall_ms_per_step, d.send_ms_per_step))
-  end
-  if out.draft then require("loip.sim.draft").describe(out.draft, io.stdout) end
-  if out.adaptations > 0 then
-    io.stdout:write(string.format("  %d live plan change%s by the online policy %s%s\n", out.adaptations,
-      out.adaptations == 1 and "" or "s", tostring(online),
-      s.replans and string.format(" (%d a new plan for a longer context)", s.replans) or ""))
-  end
-  if s.failure then io.stdout:write("the step failed: ", s.failure, "\n") end
-  if failed > 0 then io.stdout:write(string.format("%d request(s) failed\n", failed)) end
+  print_summary(o, s, out, runs, last, online)
   return failed > 0 and 1 or 0
 end
 

@@ -14,8 +14,8 @@
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
 --                token { seq, request, id, logits (a float* row, valid until the next step) }.
---                A lost device raises { replanned = true } once the engine planned again over
---                the others (the batcher then resumes every request from its tokens).
+--                A lost device raises an error of kind "replanned" (loip.error) once the engine
+--                planned again over the others (the batcher then resumes every request from its tokens).
 --              finish(seq, request): the slot's KV is freed (request.keep: the keys of its first
 --                groups, held by the prefix cache first)
 --   prefix     cache_lookup(keys) (optional) -> how many of the keys, from the first, every device
@@ -23,7 +23,7 @@
 --                starts with; cache_identity: the model's h_0; cache_stats() -> per device
 --                { groups, shared_groups, bytes, evictions }
 --              idle() (optional): nothing runs (a ring takes lost devices back here)
---              recover(err) (optional) -> err, or { replanned = true } when err (met by start,
+--              recover(err) (optional) -> err, or an error of kind "replanned" when err (met by start,
 --                cache_lookup or an online policy's call) found a device lost and the engine
 --                planned again over the others: the batcher resumes every request then
 --              step_price(rows) (optional): the cost model's ms for a step of that many rows
@@ -34,6 +34,10 @@
 --   state      online_devices() -> per device M.device_state(...): what an online policy sees
 --              link_rates() -> per link bytes/s (nil: not emulated); link_state() (optional)
 --              plan_positions (or sizes.plan_positions): KV positions the plan's memory holds
+--              device_stats() -> per device { compute_ms, load_ms, stall_ms (nil: no plan's
+--                runner measures them), kv_free_tokens, accounts ({ [account] = bytes }; nil:
+--                no budget), prompt_cache (as cache_stats') }: what a server's /metrics reports
+--              metrics(m) (optional): the engine's own figures added to a loip.serve.metrics m
 --   losses     (ring) its cluster's c.losses: { step, devices, why, replan_ms, replanned }
 --
 -- The front-end (the functions below) is what loip.model's Model, loip.cluster's Cluster and
@@ -201,8 +205,7 @@ end
 -- given still does: a fixed length), bos (text: add BOS, default true), n_sample.
 -- state: prompt_ids, token_ids, seed, request, stop_reason, stop_id, stats = { prompt_tokens,
 -- generated, prefill_ms, decode_ms, decode_steps (steps after the first token's: decode_ms per
--- decode_steps is the ms per token); decode_forwards: the old name of decode_steps, kept for a
--- release }.
+-- decode_steps is the ms per token); decode_forwards: decode_steps under its deprecated name }.
 function M.generate(f, prompt, opts)
   opts = opts or {}
   local who, tok = f.who or "", f.tokenizer

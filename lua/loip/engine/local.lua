@@ -150,6 +150,20 @@ end
 
 function Engine:link_rates() return {} end
 
+-- The device's figures (loip.engine's device_stats): its plan's runner's times (none without a
+-- plan), its KV pool's free positions, its budget's accounts and its prefix cache.
+function Engine:device_stats()
+  local m = self.model
+  local st = m:runner_stats() or {}
+  local d = { compute_ms = st.compute_ms, load_ms = st.load_ms, stall_ms = st.stall_ms,
+    kv_free_tokens = exec.session_kv_free_tokens(m:session()), prompt_cache = self:cache():stats() }
+  if m.budget then
+    d.accounts = {}
+    for _, acc in ipairs(m.budget:report()) do d.accounts[acc.account] = acc.bytes end
+  end
+  return { d }
+end
+
 -- The cost model's price (ms) of a step of `rows` rows on the plan the scheduler chose (nil:
 -- no such plan; loip.engine.request.draft measures instead).
 function Engine:step_price(rows)

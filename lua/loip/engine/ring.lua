@@ -17,8 +17,10 @@
 --   for the planner: r:replacing_plan(keep_requests), r:planned();  r.step_no: the last step
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local engine = require "loip.engine"
+local ship = require "loip.cluster.ship"
 local tokenizer = require "loip.text.tokenizer"
 local K = core.constants
 
@@ -79,6 +81,18 @@ function Ring:cache_stats()
   return out
 end
 
+-- Each device's figures (loip.engine's device_stats; a STATS round): a device that measured
+-- nothing yet counts 0 ms.
+function Ring:device_stats()
+  local out = self.c:stats()
+  for _, d in ipairs(out) do d.compute_ms, d.load_ms, d.stall_ms = d.compute_ms or 0, d.load_ms or 0, d.stall_ms or 0 end
+  return out
+end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship; the engine
+-- interface's metrics hook, loip.engine).
+function Ring:metrics(m) ship.metrics(m, self.c) end
+
 -- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
 -- others planned again: the registry's check_alive), devices lost before are taken back (a new
 -- plan over all of them, the next plan boundary), devices that failed are restarted (their KV is
@@ -122,7 +136,7 @@ function Ring:step(toks)
     local po = c.planner.plan_opts
     if lost and (po and po.on_device_loss or "replan") == "replan" then
       c.registry:replan_after_loss(r)
-      error(setmetatable({ replanned = true, msg = tostring(r) }, { __tostring = function(e) return e.msg end }), 0)
+      errors.raise("replanned", tostring(r))
     end
     error(r, 0)
   end

@@ -169,121 +169,116 @@ end
 function Sim:start() end
 function Sim:finish() end
 
--- One step of toks (the batcher's list): its time on the lanes; returns the outputs (a filler
--- id for each sampled token: the simulator computes no text).
-function Sim:step(toks)
-  self.steps = self.steps + 1
-  local problem, sizes = self.problem, self.problem.model
+-- The ms device i's stage s (y) computes at a batch of n tokens and context ctx: its offloaded
+-- blocks' and its resident ones' (with the embedding on the first stage of device 1).
+function Sim:stage_ms(i, s, y, n, ctx)
+  local off_ms, res_ms = 0, 0
+  for b = y.first, y.last do
+    local ms = self:block_ms(i, b % 2 == 0 and "mha" or "mlp", n, ctx)
+    if b - y.first < y.off then off_ms = off_ms + ms else res_ms = res_ms + ms end
+  end
+  if i == 1 and s == 1 then res_ms = res_ms + (self.problem.devices[1].compute.embed_ms or 0) end
+  return off_ms, res_ms
+end
+
+-- Device i's stage s (y), its input here at `arrive`: its offloaded blocks read into the slot
+-- (and xread ms of experts after them), on the device's disk lane. When it starts, and when its
+-- offloaded blocks are computed (release).
+function Sim:stage_reads(i, s, y, arrive, off_ms, xread)
+  if y.bytes == 0 then return arrive, arrive end
+  local x, tr = self.devices[i], self.trace
+  local d = self.problem.devices[i]
+  local read = space.read_ms(d, y.bytes, 1)
+  if self.conventional_loads then
+    -- the conventional path (read into a buffer, parse, copy to where the kernels read):
+    -- the bytes cross memory twice more, at the rate its matrix-vector products stream it
+    read = read + 2 * y.bytes * profile.block_ms(d.profile, "mlp", 1, 1, { mlp_bytes = 1 })
+  end
+  -- (a plan that does not read ahead, or reads block by block when each block's turn
+  -- comes, the conventional pipeline's: nothing before the stage starts)
+  local ahead = self.plan.prefetch ~= false and not self.plan.per_block
+  local go = math.max(x.disk, ahead and 0 or arrive)
+  -- the slot: one stage's reads (freed as the stage computes them), or a ring that holds
+  -- the next read beside the one being computed
+  local j = #x.live
+  if x.part.slots > 1 then
+    j = j - x.part.slots + 1
+  else
+    local live = y.bytes
+    while j >= 1 and live + x.live[j].bytes <= x.part.slot_bytes do live, j = live + x.live[j].bytes, j - 1 end
+  end
+  if j >= 1 then go = math.max(go, x.live[j].release) end
+  x.disk = go + read
+  event(x, tr, "load", s, y.first, y.first + y.off - 1, go, x.disk)
+  x.load_ms = x.load_ms + read
+  local start = math.max(arrive, x.disk)
+  local release = start + off_ms
+  if xread > 0 then -- the experts' reads, after the block's; the stage computes what it has meanwhile
+    local go2 = math.max(x.disk, arrive)
+    event(x, tr, "load", s, y.first, y.first + y.off - 1, go2, go2 + xread)
+    x.disk, x.load_ms = go2 + xread, x.load_ms + xread
+    release = math.max(release, x.disk)
+  end
+  x.live[#x.live + 1] = { bytes = y.bytes, release = release }
+  while #x.live > 8 do table.remove(x.live, 1) end
+  x.stall_ms = x.stall_ms + (start - arrive)
+  event(x, tr, "wait", s, y.first, y.last, arrive, start)
+  return start, release
+end
+
+-- Device i's stage s with its input here at t, in a step of n tokens (samples sampled) at
+-- context ctx: its reads, waits for lent KV, compute and the send of its hidden state (hidden
+-- bytes) on. The time its output leaves.
+function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
   local N, S = #self.plan.devices, #self.plan.devices[1].stages
-  local n, ctx, samples = #toks, 0, 0
-  for _, t in ipairs(toks) do
-    ctx = ctx + t.pos + 1
-    if t.flags % 2 == 1 then samples = samples + 1 end
-  end
-  ctx = ctx / n
-  local hidden = sizes.header_bytes + n * sizes.hidden_bytes
-  local tokens_bytes = sizes.header_bytes + n * ((sizes.token_bytes or 4) + 16)
   local tr = self.trace
-  local t = self.now_ms
-  -- the tokens into device 1 (from the head process)
-  if not self.head.in_process then t = send(self.links[N], t, tokens_bytes) end
-  for s = 1, S do
-    for i = 1, N do
-      local x, y = self.devices[i], self.devices[i].stages[s]
-      local arrive = t
-      -- the stage's blocks at this batch and context
-      local off_ms, res_ms = 0, 0
-      for b = y.first, y.last do
-        local ms = self:block_ms(i, b % 2 == 0 and "mha" or "mlp", n, ctx)
-        if b - y.first < y.off then off_ms = off_ms + ms else res_ms = res_ms + ms end
-      end
-      if i == 1 and s == 1 then res_ms = res_ms + (problem.devices[1].compute.embed_ms or 0) end
-      local start, release
-      -- (a mixture of experts: the experts the router picks that the cache lacks are read once the
-      -- stage's input is here, pre-gating's time, after what the disk reads before them)
-      local xread = 0
-      if x.experts and #y.moe_layers > 0 then
-        local reads = x.experts:step(y.moe_layers, n)
-        xread = space.expert_read_ms(problem.devices[i], reads * sizes.moe.expert_bytes, reads, #y.moe_layers)
-      end
-      if y.bytes == 0 then
-        start, release = arrive, arrive
-      else
-        local d = problem.devices[i]
-        local read = space.read_ms(d, y.bytes, 1)
-        if self.conventional_loads then
-          -- the conventional path (read into a buffer, parse, copy to where the kernels read):
-          -- the bytes cross memory twice more, at the rate its matrix-vector products stream it
-          read = read + 2 * y.bytes * profile.block_ms(d.profile, "mlp", 1, 1, { mlp_bytes = 1 })
-        end
-        -- (a plan that does not read ahead, or reads block by block when each block's turn
-        -- comes, the conventional pipeline's: nothing before the stage starts)
-        local ahead = self.plan.prefetch ~= false and not self.plan.per_block
-        local go = math.max(x.disk, ahead and 0 or arrive)
-        -- the slot: one stage's reads (freed as the stage computes them), or a ring that holds
-        -- the next read beside the one being computed
-        local j = #x.live
-        if x.part.slots > 1 then
-          j = j - x.part.slots + 1
-        else
-          local live = y.bytes
-          while j >= 1 and live + x.live[j].bytes <= x.part.slot_bytes do live, j = live + x.live[j].bytes, j - 1 end
-        end
-        if j >= 1 then go = math.max(go, x.live[j].release) end
-        x.disk = go + read
-        event(x, tr, "load", s, y.first, y.first + y.off - 1, go, x.disk)
-        x.load_ms = x.load_ms + read
-        start = math.max(arrive, x.disk)
-        release = start + off_ms
-        if xread > 0 then -- the experts' reads, after the block's; the stage computes what it has meanwhile
-          local go2 = math.max(x.disk, arrive)
-          event(x, tr, "load", s, y.first, y.first + y.off - 1, go2, go2 + xread)
-          x.disk, x.load_ms = go2 + xread, x.load_ms + xread
-          release = math.max(release, x.disk)
-        end
-        x.live[#x.live + 1] = { bytes = y.bytes, release = release }
-        while #x.live > 8 do table.remove(x.live, 1) end
-        x.stall_ms = x.stall_ms + (start - arrive)
-        event(x, tr, "wait", s, y.first, y.last, arrive, start)
-      end
-      -- lent KV: the stage's blob must be back before it runs
-      local blob = self:blob_bytes(i, s)
-      if blob > 0 and x.back and x.back[s] and x.back[s] > start then
-        event(x, tr, "wait", s, y.first, y.last, start, x.back[s])
-        x.lend_wait_ms = (x.lend_wait_ms or 0) + (x.back[s] - start)
-        release, start = release + (x.back[s] - start), x.back[s]
-      end
-      local finish = release + res_ms
-      if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
-      event(x, tr, "compute", s, y.first, y.last, start, finish)
-      x.comp_ms = x.comp_ms + (finish - start)
-      if blob > 0 then
-        -- the blob goes to the holder, and the next stage's is asked back now: it travels
-        -- while the hops in between run
-        local h = self.lending[i].holder
-        send(self.links[(h - 2) % N + 1], finish, blob)
-        local nxt = s % S + 1
-        local back_bytes = self:blob_bytes(i, nxt)
-        x.back = x.back or {}
-        x.back[nxt] = back_bytes > 0 and (send(self.links[(i - 2) % N + 1], finish + (self.links[(h - 2) % N + 1].delay_ms or 0), back_bytes)) or nil
-      end
-      t = finish
-      if s < S or i < N then
-        local sent
-        t, sent = send(self.links[i], t, hidden)
-        x.send_ms = x.send_ms + (sent - finish)
-        event(x, tr, "send", s, y.first, y.last, finish, t)
-      end
-    end
+  local x, y = self.devices[i], self.devices[i].stages[s]
+  local arrive = t
+  local off_ms, res_ms = self:stage_ms(i, s, y, n, ctx)
+  -- (a mixture of experts: the experts the router picks that the cache lacks are read once the
+  -- stage's input is here, pre-gating's time, after what the disk reads before them)
+  local xread = 0
+  if x.experts and #y.moe_layers > 0 then
+    local reads = x.experts:step(y.moe_layers, n)
+    xread = space.expert_read_ms(self.problem.devices[i], reads * self.problem.model.moe.expert_bytes, reads, #y.moe_layers)
   end
-  -- the sampled ids to the head
-  if not self.head.in_process then
-    t = send(self.head.from_last, t, sizes.header_bytes + samples * (sizes.output_bytes or 16)) + self.head.step_ms
+  local start, release = self:stage_reads(i, s, y, arrive, off_ms, xread)
+  -- lent KV: the stage's blob must be back before it runs
+  local blob = self:blob_bytes(i, s)
+  if blob > 0 and x.back and x.back[s] and x.back[s] > start then
+    event(x, tr, "wait", s, y.first, y.last, start, x.back[s])
+    x.lend_wait_ms = (x.lend_wait_ms or 0) + (x.back[s] - start)
+    release, start = release + (x.back[s] - start), x.back[s]
   end
-  self.now_ms = t
-  if self.kv_grows then self:check_memory(toks) end
-  -- every sampled row gives the filler id; drafts after a row of their sequence are verified
-  -- as a greedy sampler verifies them: the leading ones that are the filler, then one more
+  local finish = release + res_ms
+  if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
+  event(x, tr, "compute", s, y.first, y.last, start, finish)
+  x.comp_ms = x.comp_ms + (finish - start)
+  if blob > 0 then
+    -- the blob goes to the holder, and the next stage's is asked back now: it travels
+    -- while the hops in between run
+    local h = self.lending[i].holder
+    send(self.links[(h - 2) % N + 1], finish, blob)
+    local nxt = s % S + 1
+    local back_bytes = self:blob_bytes(i, nxt)
+    x.back = x.back or {}
+    x.back[nxt] = back_bytes > 0 and (send(self.links[(i - 2) % N + 1], finish + (self.links[(h - 2) % N + 1].delay_ms or 0), back_bytes)) or nil
+  end
+  t = finish
+  if s < S or i < N then
+    local sent
+    t, sent = send(self.links[i], t, hidden)
+    x.send_ms = x.send_ms + (sent - finish)
+    event(x, tr, "send", s, y.first, y.last, finish, t)
+  end
+  return t
+end
+
+-- A step's outputs: every sampled row gives the filler id; drafts after a row of their sequence
+-- are verified as a greedy sampler verifies them: the leading ones that are the filler, then one
+-- more.
+local function filler_outputs(toks)
+  local n = #toks
   local outs, i = {}, 1
   while i <= n do
     local tok = toks[i]
@@ -300,6 +295,35 @@ function Sim:step(toks)
     end
   end
   return outs
+end
+
+-- One step of toks (the batcher's list): its time on the lanes; returns the outputs (a filler
+-- id for each sampled token: the simulator computes no text).
+function Sim:step(toks)
+  self.steps = self.steps + 1
+  local sizes = self.problem.model
+  local N, S = #self.plan.devices, #self.plan.devices[1].stages
+  local n, ctx, samples = #toks, 0, 0
+  for _, t in ipairs(toks) do
+    ctx = ctx + t.pos + 1
+    if t.flags % 2 == 1 then samples = samples + 1 end
+  end
+  ctx = ctx / n
+  local hidden = sizes.header_bytes + n * sizes.hidden_bytes
+  local tokens_bytes = sizes.header_bytes + n * ((sizes.token_bytes or 4) + 16)
+  local t = self.now_ms
+  -- the tokens into device 1 (from the head process)
+  if not self.head.in_process then t = send(self.links[N], t, tokens_bytes) end
+  for s = 1, S do
+    for i = 1, N do t = self:run_stage(i, s, t, n, ctx, samples, hidden) end
+  end
+  -- the sampled ids to the head
+  if not self.head.in_process then
+    t = send(self.head.from_last, t, sizes.header_bytes + samples * (sizes.output_bytes or 16)) + self.head.step_ms
+  end
+  self.now_ms = t
+  if self.kv_grows then self:check_memory(toks) end
+  return filler_outputs(toks)
 end
 
 -- The problem at `rows` tokens a step (loip.engine.at_rows), and the cost model's price (ms)

@@ -105,18 +105,13 @@ function Trace:write(path)
   return path
 end
 
--- An SVG timeline of a Chrome trace file (as Trace:write makes them): per device, one row per
--- lane (disk, compute, network, wait; the head's: draft, verify), events as bars, a time axis
--- in ms. opts: from_ms, to_ms (a window of the trace), width (px), title.
+-- The colours of the events' kinds on a timeline (M.plot).
 local colors = { load = "#27ae60", compute = "#2c7fb8", wait = "#c0392b", send = "#e67e22", recv = "#f5b041", draft = "#8e44ad",
   verify = "#16a085" }
-function M.plot(trace_path, svg_path, opts)
-  opts = opts or {}
-  local t, err = json.load(trace_path)
-  if not t then error(err, 0) end
-  if type(t) ~= "table" or type(t.traceEvents) ~= "table" then
-    error(trace_path .. ": not a Chrome trace (no traceEvents)", 0)
-  end
+
+-- The complete events ("X") of a Chrome trace t in the window opts.from_ms .. opts.to_ms, the
+-- processes they are on (a set), the processes' names, and the window's ends (ms).
+local function plot_events(t, trace_path, opts)
   local evs, pids, names, lo, hi = {}, {}, {}, math.huge, -math.huge
   for _, e in ipairs(t.traceEvents) do
     if e.ph == "M" and e.name == "process_name" then names[e.pid] = e.args and e.args.name end
@@ -130,7 +125,38 @@ function M.plot(trace_path, svg_path, opts)
     end
   end
   if #evs == 0 then error(trace_path .. ": no events" .. ((opts.from_ms or opts.to_ms) and " in that window" or ""), 0) end
-  lo, hi = opts.from_ms or lo, opts.to_ms or hi
+  return evs, pids, names, opts.from_ms or lo, opts.to_ms or hi
+end
+
+local function esc(x) return (tostring(x):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")) end
+
+-- The time axis under the rows (at y), from lo to hi ms over span, its ticks at round steps.
+local function plot_axis(add, x, left, width, y, lo, hi, span)
+  local step = 10 ^ math.floor(math.log10(span / 5))
+  if span / step > 12 then step = step * 5 elseif span / step > 6 then step = step * 2 end
+  local ay = y + 5
+  add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>', left, ay, left + width, ay)
+  local tick = math.ceil(lo / step) * step
+  while tick <= hi do
+    add('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>', x(tick), ay, x(tick), ay + 4)
+    add('<text x="%.1f" y="%d" text-anchor="middle">%s</text>', x(tick), ay + 16,
+      step >= 1 and string.format("%.0f", tick) or string.format("%g", tick))
+    tick = tick + step
+  end
+  add('<text x="%d" y="%d">ms</text>', left + width + 4, ay + 30)
+end
+
+-- An SVG timeline of a Chrome trace file (as Trace:write makes them): per device, one row per
+-- lane (disk, compute, network, wait; the head's: draft, verify), events as bars, a time axis
+-- in ms. opts: from_ms, to_ms (a window of the trace), width (px), title.
+function M.plot(trace_path, svg_path, opts)
+  opts = opts or {}
+  local t, err = json.load(trace_path)
+  if not t then error(err, 0) end
+  if type(t) ~= "table" or type(t.traceEvents) ~= "table" then
+    error(trace_path .. ": not a Chrome trace (no traceEvents)", 0)
+  end
+  local evs, pids, names, lo, hi = plot_events(t, trace_path, opts)
   local plist = {}
   for p in pairs(pids) do plist[#plist + 1] = p end
   table.sort(plist)
@@ -141,7 +167,6 @@ function M.plot(trace_path, svg_path, opts)
   local y = top
   local out = {}
   local function add(...) out[#out + 1] = string.format(...) end
-  local function esc(x) return (tostring(x):gsub("&", "&amp;"):gsub("<", "&lt;"):gsub(">", "&gt;")) end
   for _, p in ipairs(plist) do
     row_of[p] = y
     y = y + #lanes_of(p) * lane_h + 14
@@ -169,19 +194,7 @@ function M.plot(trace_path, svg_path, opts)
     add('<rect x="%.2f" y="%d" width="%.2f" height="%d" fill="%s"><title>%s %.3f ms</title></rect>', x(a), ly + 2,
       math.max(x(b) - x(a), 0.5), lane_h - 3, colors[e.cat] or "#888", esc(e.name), e.dur / 1e3)
   end
-  -- time axis
-  local step = 10 ^ math.floor(math.log10(span / 5))
-  if span / step > 12 then step = step * 5 elseif span / step > 6 then step = step * 2 end
-  local ay = y + 5
-  add('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>', left, ay, left + width, ay)
-  local tick = math.ceil(lo / step) * step
-  while tick <= hi do
-    add('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>', x(tick), ay, x(tick), ay + 4)
-    add('<text x="%.1f" y="%d" text-anchor="middle">%s</text>', x(tick), ay + 16,
-      step >= 1 and string.format("%.0f", tick) or string.format("%g", tick))
-    tick = tick + step
-  end
-  add('<text x="%d" y="%d">ms</text>', left + width + 4, ay + 30)
+  plot_axis(add, x, left, width, y, lo, hi, span)
   add("</svg>")
   local tmp = svg_path .. ".tmp"
   local f, ferr = io.open(tmp, "w")
@@ -191,5 +204,4 @@ function M.plot(trace_path, svg_path, opts)
   assert(os.rename(tmp, svg_path))
   return #evs
 end
-
 return M

@@ -132,6 +132,62 @@ local function value(r, t, what, depth, fail)
   return out, VALUE[et][1]
 end
 
+-- The tensor infos after the metadata (r at them): by name { name, type, type_id, dims, numel,
+-- rel (offset in the data section), nbytes }, and their names in file order.
+local function tensor_infos(r, n_tensors, alignment, fail)
+  local tensors, order = {}, {}
+  for i = 1, n_tensors do
+    local name = r.string(string.format("tensor %d's name", i))
+    local where = string.format("tensor '%s'", name)
+    if tensors[name] then fail(where .. " appears twice") end
+    local nd = r.u32(where .. "'s dimension count")
+    if nd < 1 or nd > MAX_DIMS then fail(string.format("%s: %d dimensions (1 to %d)", where, nd, MAX_DIMS)) end
+    local dims, numel = {}, 1
+    for d = 1, nd do
+      dims[d] = r.u64(string.format("%s's dimension %d", where, d))
+      numel = numel * dims[d]
+      if numel >= TWO53 then fail(where .. ": its dimensions multiply past 2^53 elements") end
+    end
+    local t = r.u32(where .. "'s type")
+    local ty = M.TYPES[t]
+    if not ty then
+      if M.OTHER_TYPES[t] then
+        fail(string.format("%s has type %s: quantized and integer tensors are refused (loip is lossless; convert the model to F32, F16 or BF16)",
+          where, M.OTHER_TYPES[t]))
+      end
+      fail(string.format("%s: unknown ggml type %d", where, t))
+    end
+    local off = r.u64(where .. "'s offset")
+    if off % alignment ~= 0 then fail(string.format("%s: offset %d is not a multiple of the alignment %d", where, off, alignment)) end
+    tensors[name] = { name = name, type = ty[1], type_id = t, dims = dims, numel = numel, rel = off, nbytes = numel * ty[2] }
+    order[#order + 1] = name
+  end
+  return tensors, order
+end
+
+-- Each tensor's offset in the file (the data section at data), checked: inside the file, and
+-- no two overlapping.
+local function place_tensors(tensors, order, data, size, n_tensors, fail)
+  -- (a file of metadata only, a vocabulary, may end right after its header, unpadded)
+  if data > size and n_tensors > 0 then fail(string.format("the data section would start at %d, past the end of the file (%d bytes)", data, size)) end
+  local spans = {}
+  for _, name in ipairs(order) do
+    local x = tensors[name]
+    x.offset = data + x.rel
+    if x.offset + x.nbytes > size then
+      fail(string.format("tensor '%s': its %d bytes at offset %d run past the end of the file (%d bytes)", name, x.nbytes, x.offset, size))
+    end
+    spans[#spans + 1] = x
+  end
+  table.sort(spans, function(a, b) return a.offset < b.offset or (a.offset == b.offset and a.name < b.name) end)
+  for i = 2, #spans do
+    local p, q = spans[i - 1], spans[i]
+    if q.offset < p.offset + p.nbytes and p.nbytes > 0 and q.nbytes > 0 then
+      fail(string.format("tensors '%s' and '%s' overlap", p.name, q.name))
+    end
+  end
+end
+
 -- Open and check path. Returns a File, or raises "path: reason".
 function M.open(path)
   local map, err = files_rt.map(path)
@@ -170,52 +226,9 @@ function M.open(path)
   elseif types["general.alignment"] ~= "UINT32" or alignment < 1 or alignment > 65536 or alignment % 8 ~= 0 then
     fail(string.format("general.alignment %s is not a UINT32 multiple of 8", tostring(alignment)))
   end
-  local tensors, order = {}, {}
-  for i = 1, n_tensors do
-    local name = r.string(string.format("tensor %d's name", i))
-    local where = string.format("tensor '%s'", name)
-    if tensors[name] then fail(where .. " appears twice") end
-    local nd = r.u32(where .. "'s dimension count")
-    if nd < 1 or nd > MAX_DIMS then fail(string.format("%s: %d dimensions (1 to %d)", where, nd, MAX_DIMS)) end
-    local dims, numel = {}, 1
-    for d = 1, nd do
-      dims[d] = r.u64(string.format("%s's dimension %d", where, d))
-      numel = numel * dims[d]
-      if numel >= TWO53 then fail(where .. ": its dimensions multiply past 2^53 elements") end
-    end
-    local t = r.u32(where .. "'s type")
-    local ty = M.TYPES[t]
-    if not ty then
-      if M.OTHER_TYPES[t] then
-        fail(string.format("%s has type %s: quantized and integer tensors are refused (loip is lossless; convert the model to F32, F16 or BF16)",
-          where, M.OTHER_TYPES[t]))
-      end
-      fail(string.format("%s: unknown ggml type %d", where, t))
-    end
-    local off = r.u64(where .. "'s offset")
-    if off % alignment ~= 0 then fail(string.format("%s: offset %d is not a multiple of the alignment %d", where, off, alignment)) end
-    tensors[name] = { name = name, type = ty[1], type_id = t, dims = dims, numel = numel, rel = off, nbytes = numel * ty[2] }
-    order[#order + 1] = name
-  end
+  local tensors, order = tensor_infos(r, n_tensors, alignment, fail)
   local data = math.ceil(r.pos / alignment) * alignment
-  -- (a file of metadata only, a vocabulary, may end right after its header, unpadded)
-  if data > size and n_tensors > 0 then fail(string.format("the data section would start at %d, past the end of the file (%d bytes)", data, size)) end
-  local spans = {}
-  for _, name in ipairs(order) do
-    local x = tensors[name]
-    x.offset = data + x.rel
-    if x.offset + x.nbytes > size then
-      fail(string.format("tensor '%s': its %d bytes at offset %d run past the end of the file (%d bytes)", name, x.nbytes, x.offset, size))
-    end
-    spans[#spans + 1] = x
-  end
-  table.sort(spans, function(a, b) return a.offset < b.offset or (a.offset == b.offset and a.name < b.name) end)
-  for i = 2, #spans do
-    local p, q = spans[i - 1], spans[i]
-    if q.offset < p.offset + p.nbytes and p.nbytes > 0 and q.nbytes > 0 then
-      fail(string.format("tensors '%s' and '%s' overlap", p.name, q.name))
-    end
-  end
+  place_tensors(tensors, order, data, size, n_tensors, fail)
   return setmetatable({ path = path, map = map, base = base, size = size, version = version, alignment = alignment,
     data_offset = data, metadata = meta, types = types, tensors = tensors, order = order, n_kv = n_kv,
     meta_start = 24, meta_end = meta_end }, File)

@@ -8,8 +8,9 @@
 --   local s = setmetatable({ repo = "owner/name", revision = "main", endpoint = hub.DEFAULT_ENDPOINT,
 --     origin = hub.origin(hub.DEFAULT_ENDPOINT), token = nil, quiet = false, stall_s = 60,
 --     cl = require("loip.runtime.http_client").new() }, hub.Session)
---   local files = s:list()   -- { { path, size, sha256 (LFS files) }, ... }; a failure raises hub.Failure
+--   local files = s:list()   -- { { path, size, sha256 (LFS files) }, ... }; a failure raises a "hub" error
 local core = require "loip.core"
+local errors = require "loip.error"
 local json = require "loip.text.json"
 
 local M = {}
@@ -52,11 +53,9 @@ function M.origin(url)
   return o and o:lower()
 end
 
--- A failure of a pull: raised inside (M.fail), returned as nil, err by loip.model.pull's pull,
--- which knows it by its metatable (M.Failure).
-local Failure = {}
-M.Failure = Failure
-function M.fail(fmt, ...) error(setmetatable({ msg = string.format(fmt, ...) }, Failure), 0) end
+-- A failure of a pull: raised inside (M.fail) as an error of kind "hub" (loip.error), returned
+-- as nil, err by loip.model.pull's pull.
+function M.fail(fmt, ...) errors.raise("hub", string.format(fmt, ...)) end
 local fail = M.fail
 
 -- A path from the listing that stays inside the target directory.

@@ -13,35 +13,29 @@ local HEADER = 28
 M.NORM_EPS, M.ROPE_THETA = 1e-5, 10000
 M.BOS, M.EOS = 1, { 1, 2 } -- run.c stops on BOS (it starts every story) as well as EOS
 
--- (loip_model_config, facts, mapping, bind(model), tensors) for a .bin file; raises "path: reason".
-function M.open(path)
-  local map, err = files_rt.map(path)
-  if not map then error(err, 0) end
-  local size = files_rt.map_size(map)
-  local function fail(msg)
-    files_rt.map_free(map)
-    error(path .. ": " .. msg, 0)
-  end
-  if size < HEADER then fail(string.format("truncated: %d bytes, shorter than the 28-byte header", size)) end
-  local base = files_rt.map_data(map)
-  local h = ffi.cast("const int32_t *", base)
-  local names = { "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len" }
+local NAMES = { "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len" }
+
+-- The header's fields by name (h: its int32s), checked (fail(msg) raises).
+local function header(h, fail)
   local hv = {}
-  for i, n in ipairs(names) do hv[n] = h[i - 1] end
-  for _, n in ipairs(names) do
+  for i, n in ipairs(NAMES) do hv[n] = h[i - 1] end
+  for _, n in ipairs(NAMES) do
     if n ~= "vocab_size" and (hv[n] <= 0 or hv[n] > 1e7) then
       fail(string.format("header field %s = %d is not a plausible size (is this a llama2.c checkpoint?)", n, hv[n]))
     end
   end
   if hv.vocab_size == 0 then fail("header field vocab_size is 0") end
-  local shared = hv.vocab_size > 0
-  local vocab = math.abs(hv.vocab_size)
   if hv.dim % hv.n_heads ~= 0 then
     fail(string.format("header: dim %d is not a multiple of n_heads %d", hv.dim, hv.n_heads))
   end
   if hv.n_heads % hv.n_kv_heads ~= 0 then
     fail(string.format("header: n_heads %d is not a multiple of n_kv_heads %d", hv.n_heads, hv.n_kv_heads))
   end
+  return hv
+end
+
+-- The model config of header hv (shared: the classifier is the embedding).
+local function config_of(hv, vocab, shared)
   local c = ffi.new("loip_model_config")
   c.dim, c.hidden_dim, c.n_layers = hv.dim, hv.hidden_dim, hv.n_layers
   c.n_heads, c.n_kv_heads = hv.n_heads, hv.n_kv_heads
@@ -50,9 +44,14 @@ function M.open(path)
   c.norm_eps, c.rope_theta = M.NORM_EPS, M.ROPE_THETA
   c.rope_layout = K.ROPE_INTERLEAVED
   c.tied_embeddings = shared and 1 or 0
+  return c
+end
+
+-- The arrays of run.c's memory_map_weights, in file order: { name, floats, per-layer kind
+-- (-1: one array, then its kind), shape } (nil kind: RoPE tables loip computes itself).
+local function arrays_of(hv, vocab, shared)
   local L, dim, hid, hd = hv.n_layers, hv.dim, hv.hidden_dim, hv.dim / hv.n_heads
   local kv = hv.n_kv_heads * hd
-  -- The arrays of run.c's memory_map_weights, in file order.
   local arrays = {
     { "token_embedding", vocab * dim, -1, K.W_EMBED, { vocab, dim } },
     { "rms_att", L * dim, K.W_ATTN_NORM, { dim } },
@@ -69,21 +68,12 @@ function M.open(path)
     { "freq_cis_imag", hv.seq_len * hd / 2 },
   }
   if not shared then arrays[#arrays + 1] = { "wcls", vocab * dim, -1, K.W_LM_HEAD, { vocab, dim } } end
-  local offset = HEADER
-  local bindings = {}
-  for _, a in ipairs(arrays) do
-    local bytes = a[2] * 4
-    if offset + bytes > size then
-      fail(string.format("truncated: array %s needs bytes %d..%d but the file has %d", a[1], offset, offset + bytes, size))
-    end
-    bindings[#bindings + 1] = { a = a, offset = offset }
-    offset = offset + bytes
-  end
-  if offset ~= size then
-    fail(string.format("%d unexpected bytes after the last array (expected a file of %d bytes)", size - offset, offset))
-  end
-  local facts = { architecture = "llama2.c", format = "llama2c", bos_token_id = M.BOS, eos_token_id = M.EOS }
-  -- Every weight as { layer, kind, view, array name, shape, nbytes } (the slicer copies them).
+  return arrays
+end
+
+-- Every weight of the arrays at their offsets (bindings) in the mapping at base, as { layer,
+-- kind, view, array name, shape, nbytes } (the slicer copies them).
+local function tensors_of(bindings, base, L)
   local tensors = {}
   for _, b in ipairs(bindings) do
     local a = b.a
@@ -103,6 +93,39 @@ function M.open(path)
       end
     end
   end
+  return tensors
+end
+
+-- (loip_model_config, facts, mapping, bind(model), tensors) for a .bin file; raises "path: reason".
+function M.open(path)
+  local map, err = files_rt.map(path)
+  if not map then error(err, 0) end
+  local size = files_rt.map_size(map)
+  local function fail(msg)
+    files_rt.map_free(map)
+    error(path .. ": " .. msg, 0)
+  end
+  if size < HEADER then fail(string.format("truncated: %d bytes, shorter than the 28-byte header", size)) end
+  local base = files_rt.map_data(map)
+  local hv = header(ffi.cast("const int32_t *", base), fail)
+  local shared = hv.vocab_size > 0
+  local vocab = math.abs(hv.vocab_size)
+  local c = config_of(hv, vocab, shared)
+  local offset = HEADER
+  local bindings = {}
+  for _, a in ipairs(arrays_of(hv, vocab, shared)) do
+    local bytes = a[2] * 4
+    if offset + bytes > size then
+      fail(string.format("truncated: array %s needs bytes %d..%d but the file has %d", a[1], offset, offset + bytes, size))
+    end
+    bindings[#bindings + 1] = { a = a, offset = offset }
+    offset = offset + bytes
+  end
+  if offset ~= size then
+    fail(string.format("%d unexpected bytes after the last array (expected a file of %d bytes)", size - offset, offset))
+  end
+  local facts = { architecture = "llama2.c", format = "llama2c", bos_token_id = M.BOS, eos_token_id = M.EOS }
+  local tensors = tensors_of(bindings, base, hv.n_layers)
   -- Binding needs the model object: hand back a function that binds into it.
   local function bind(m)
     for _, t in ipairs(tensors) do
@@ -111,5 +134,4 @@ function M.open(path)
   end
   return c, facts, map, bind, tensors
 end
-
 return M

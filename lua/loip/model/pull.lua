@@ -22,6 +22,7 @@
 -- verifies and resumes.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local client = require "loip.runtime.http_client"
 local progress = require "loip.ui.progress"
 local fs = require "loip.runtime.shell"
@@ -161,66 +162,59 @@ function Pull:fetch(url, part, f, st, bar)
   return t
 end
 
--- Download f unless it is here and verified (whole: ignore a part and what is here); returns
--- the action taken.
-function Pull:download(f, n, count, whole)
-  local dest = self.dir .. "/" .. f.path
-  local part = dest .. ".incomplete"
-  local label = count > 1 and string.format("[%d/%d] %s", n, count, f.path) or f.path
-  local check = f.sha256 and "sha256" or "size"
-  if file_size(dest) and not whole then
-    local size = file_size(dest)
-    if size == f.size and (not f.sha256 or sha256_file(dest) == f.sha256) then
-      self:say("%s: present, %s verified", label, check)
-      return "present"
-    end
-    self:say("%s: present but not the repository's (%s differs): downloading it again", label,
-      size ~= f.size and "size" or "sha256")
+-- Whether f is at dest already, whole and verified (check: how); told either way.
+function Pull:present(f, dest, label, check)
+  local size = file_size(dest)
+  if size == f.size and (not f.sha256 or sha256_file(dest) == f.sha256) then
+    self:say("%s: present, %s verified", label, check)
+    return true
   end
-  mkdir_p(dest:match("^(.*)/[^/]*$"))
-  local url = self:resolve_url(f.path)
-  local st = { have = file_size(part) or 0, h = new_hash() }
-  if st.have > f.size or whole then
+  self:say("%s: present but not the repository's (%s differs): downloading it again", label,
+    size ~= f.size and "size" or "sha256")
+  return false
+end
+
+-- One response t of a transfer of f into part (st: its state): a server that sends more than
+-- the listing's size, a write that failed, a file of another size and an HTTP failure that is
+-- not transient fail; a part that is not a prefix of the file starts over.
+function Pull:check_response(t, f, part, st, bar, url)
+  if t.too_long then
     os.remove(part)
-    st.have = 0
+    fail("%s: %s: the server sent more than the listing's %d bytes (removed %s)", self.repo, f.path, f.size, part)
+  elseif t.fatal then
+    fail("%s: %s: cannot write %s: %s", self.repo, f.path, part, tostring(t.abort))
   end
-  local resumed_from = st.have > 0 and st.have or nil
-  if resumed_from then
-    hash_prefix(st.h, part, st.have)
-    self:say("%s: resuming at %s of %s", label, progress.human(st.have), progress.human(f.size))
+  -- the server's file is not the size the listing gives: its headers say so (a 416's too), or,
+  -- when they give no size, its response ended complete short of the listing's size (a
+  -- connection that closed early is an error). Asking again gives the same.
+  local served = t.served_size or (t.status == 416 and served_total(416, t.headers or {}))
+    or (t.told_total == nil and not t.abort and not t.error and (t.status == 200 or t.status == 206)
+      and st.have < f.size and st.have) or nil
+  if served and served ~= f.size then
+    break_line(bar)
+    local removed = file_size(part) and os.remove(part) and string.format("; removed %s", part) or ""
+    fail("%s: %s: the server's file is %d bytes, the listing says %d (GET %s): the repository's listing and its "
+      .. "file disagree, not retried%s", self.repo, f.path, served, f.size, self:scrub(url), removed)
   end
-  local bar = progress.new(f.size, label, { quiet = self.quiet })
+  local transient = t.abort or t.error or t.status == 206 or t.status == 200 or (t.status >= 500 and t.status <= 599)
+  if t.status == 416 or t.bad_range then -- the part is not a prefix of this file: start over
+    os.remove(part)
+    st.have, st.h, st.restarted = 0, new_hash(), true
+    transient = true
+  elseif not transient then
+    break_line(bar)
+    self:http_failure(t, url, f.path)
+  end
+end
+
+-- f's bytes into part from st.have on, resuming after a transfer that stopped short (a pause
+-- that doubles up to 8 s; after self.retries failures in a row, fail: the part kept).
+function Pull:transfer(f, url, part, st, bar, label)
   local failures = 0
   while st.have < f.size do
     local before = st.have
     local t = self:fetch(url, part, f, st, bar)
-    if t.too_long then
-      os.remove(part)
-      fail("%s: %s: the server sent more than the listing's %d bytes (removed %s)", self.repo, f.path, f.size, part)
-    elseif t.fatal then
-      fail("%s: %s: cannot write %s: %s", self.repo, f.path, part, tostring(t.abort))
-    end
-    -- the server's file is not the size the listing gives: its headers say so (a 416's too), or,
-    -- when they give no size, its response ended complete short of the listing's size (a
-    -- connection that closed early is an error). Asking again gives the same.
-    local served = t.served_size or (t.status == 416 and served_total(416, t.headers or {}))
-      or (t.told_total == nil and not t.abort and not t.error and (t.status == 200 or t.status == 206)
-        and st.have < f.size and st.have) or nil
-    if served and served ~= f.size then
-      break_line(bar)
-      local removed = file_size(part) and os.remove(part) and string.format("; removed %s", part) or ""
-      fail("%s: %s: the server's file is %d bytes, the listing says %d (GET %s): the repository's listing and its "
-        .. "file disagree, not retried%s", self.repo, f.path, served, f.size, self:scrub(url), removed)
-    end
-    local transient = t.abort or t.error or t.status == 206 or t.status == 200 or (t.status >= 500 and t.status <= 599)
-    if t.status == 416 or t.bad_range then -- the part is not a prefix of this file: start over
-      os.remove(part)
-      st.have, st.h, st.restarted = 0, new_hash(), true
-      transient = true
-    elseif not transient then
-      break_line(bar)
-      self:http_failure(t, url, f.path)
-    end
+    self:check_response(t, f, part, st, bar, url)
     if st.have < f.size then
       local why = self:scrub(t.abort or t.error or (t.status ~= 200 and t.status ~= 206 and ("HTTP " .. t.status))
         or "the connection closed early")
@@ -237,6 +231,30 @@ function Pull:download(f, n, count, whole)
       core.sleep_ms(math.min(250 * 2 ^ (failures - 1), 8000))
     end
   end
+end
+
+-- Download f unless it is here and verified (whole: ignore a part and what is here); returns
+-- the action taken.
+function Pull:download(f, n, count, whole)
+  local dest = self.dir .. "/" .. f.path
+  local part = dest .. ".incomplete"
+  local label = count > 1 and string.format("[%d/%d] %s", n, count, f.path) or f.path
+  local check = f.sha256 and "sha256" or "size"
+  if file_size(dest) and not whole and self:present(f, dest, label, check) then return "present" end
+  mkdir_p(dest:match("^(.*)/[^/]*$"))
+  local url = self:resolve_url(f.path)
+  local st = { have = file_size(part) or 0, h = new_hash() }
+  if st.have > f.size or whole then
+    os.remove(part)
+    st.have = 0
+  end
+  local resumed_from = st.have > 0 and st.have or nil
+  if resumed_from then
+    hash_prefix(st.h, part, st.have)
+    self:say("%s: resuming at %s of %s", label, progress.human(st.have), progress.human(f.size))
+  end
+  local bar = progress.new(f.size, label, { quiet = self.quiet })
+  self:transfer(f, url, part, st, bar, label)
   if st.have == 0 and not file_size(part) then -- an empty file: nothing to ask for
     local fh = assert(io.open(part, "wb"))
     fh:close()
@@ -330,7 +348,7 @@ function M.pull(o)
   end)
   if self.cl then self.cl:close() end
   if ok then return r end
-  if getmetatable(r) == hub.Failure then return nil, self:scrub(r.msg) end
+  if errors.is(r, "hub") then return nil, self:scrub(r.message) end
   error(r, 0)
 end
 

@@ -297,6 +297,62 @@ local function existing_store(out, src, force)
   error(out .. ": holds a manifest.json that is not a readable slice store (" .. man .. "); pass --force to replace it", 0)
 end
 
+-- The bytes of a store of block files and extra (model) files; refused when the disk at out
+-- has not room for them: everything, less what replacing files of an earlier run gives back (a
+-- file is replaced only once its successor is whole, so the largest counts twice then).
+local function check_room(out, files, extra)
+  local total, largest = 0, 0
+  for _, f in ipairs(files) do total, largest = total + f.size, math.max(largest, f.size) end
+  for _, f in ipairs(extra) do total = total + f.size end
+  local reclaim = 0
+  for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
+  local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
+  local free = assert(files_rt.disk_available(existing_dir(out), out))
+  if free < need then
+    error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
+      out, progress.human(need), progress.human(free)), 0)
+  end
+  return total
+end
+
+-- The files of out that the store written now does not hold: the old store's (old) not planned
+-- again, and temporaries of a killed run.
+local function clear_old(out, files, extra, old)
+  local planned = {}
+  for _, f in ipairs(files) do planned[f.name] = true end
+  for _, f in ipairs(extra) do planned[f.name] = true end
+  for _, list in ipairs(old and { old.files, old.model_files } or {}) do
+    for _, f in ipairs(list) do
+      if not planned[f.name] then os.remove(out .. "/" .. f.name) end
+    end
+  end
+  for _, n in ipairs(list_dir(out) or {}) do -- temporaries of a killed run
+    local base = n:match("^(.+)%.tmp%.%d+$")
+    if base and (planned[base] or base == "manifest.json") then os.remove(out .. "/" .. n) end
+  end
+end
+
+-- The manifest of the store written: its block files (with their tensors) and model files
+-- (mfiles), the source's files and hash.
+local function manifest_of(src, files, mfiles, total, source_files, source_hash)
+  local man = {
+    format = store.FORMAT, version = store.VERSION, alignment = store.ALIGN,
+    config = src.config, total_bytes = total, model_files = mfiles,
+    source = { format = src.format, path = src.path, files = source_files, sha256 = source_hash },
+    files = {},
+  }
+  for _, f in ipairs(files) do
+    local ts = {}
+    for i, t in ipairs(f.tensors) do
+      ts[i] = { name = t.name, kind = t.kind, layer = t.layer, dtype = t.dtype, shape = t.shape,
+        offset = t.offset, nbytes = t.nbytes, expert = t.expert }
+    end
+    man.files[#man.files + 1] = { name = f.name, block = f.block, layer = f.layer, size = f.size,
+      sha256 = f.sha256, crc32c = f.crc32c, tensors = ts, expert = f.expert }
+  end
+  return man
+end
+
 -- Slice the model at src_path into directory out. opts: force (replace a store of another
 -- model), quiet (no progress bars). Returns the manifest.
 function M.write(src_path, out, opts)
@@ -310,19 +366,7 @@ function M.write(src_path, out, opts)
     end
     local files = M.plan(src)
     local extra = model_files(src)
-    local total, largest = 0, 0
-    for _, f in ipairs(files) do total, largest = total + f.size, math.max(largest, f.size) end
-    for _, f in ipairs(extra) do total = total + f.size end
-    -- Room: everything, less what replacing files of an earlier run gives back (a file is
-    -- replaced only once its successor is whole, so the largest counts twice then).
-    local reclaim = 0
-    for _, f in ipairs(files) do reclaim = reclaim + (fs.size(out .. "/" .. f.name) or 0) end
-    local need = total + SLACK - reclaim + (reclaim > 0 and largest or 0)
-    local free = assert(files_rt.disk_available(existing_dir(out), out))
-    if free < need then
-      error(string.format("%s: not enough disk space: the store needs %s, %s are free; free some space or slice elsewhere",
-        out, progress.human(need), progress.human(free)), 0)
-    end
+    local total = check_room(out, files, extra)
     local source_files, source_hash = M.hash_source(src, opts.quiet)
     if old and not opts.force and old.source.sha256 ~= source_hash then
       error(string.format(another, out, "same config, other weights: source sha256 " .. old.source.sha256
@@ -333,18 +377,7 @@ function M.write(src_path, out, opts)
     end
     -- From here on the directory is not a store until the new manifest lands.
     os.remove(out .. "/manifest.json")
-    local planned = {}
-    for _, f in ipairs(files) do planned[f.name] = true end
-    for _, f in ipairs(extra) do planned[f.name] = true end
-    for _, list in ipairs(old and { old.files, old.model_files } or {}) do
-      for _, f in ipairs(list) do
-        if not planned[f.name] then os.remove(out .. "/" .. f.name) end
-      end
-    end
-    for _, n in ipairs(list_dir(out) or {}) do -- temporaries of a killed run
-      local base = n:match("^(.+)%.tmp%.%d+$")
-      if base and (planned[base] or base == "manifest.json") then os.remove(out .. "/" .. n) end
-    end
+    clear_old(out, files, extra, old)
     local bar = progress.new(total, string.format("slicing %s -> %s", src.path, out), { quiet = opts.quiet })
     local done = 0
     for _, f in ipairs(files) do done = write_block(out, f, bar, done) end
@@ -355,21 +388,7 @@ function M.write(src_path, out, opts)
       done = done + f.size
       bar:update(done)
     end
-    local man = {
-      format = store.FORMAT, version = store.VERSION, alignment = store.ALIGN,
-      config = src.config, total_bytes = total, model_files = mfiles,
-      source = { format = src.format, path = src.path, files = source_files, sha256 = source_hash },
-      files = {},
-    }
-    for _, f in ipairs(files) do
-      local ts = {}
-      for i, t in ipairs(f.tensors) do
-        ts[i] = { name = t.name, kind = t.kind, layer = t.layer, dtype = t.dtype, shape = t.shape,
-          offset = t.offset, nbytes = t.nbytes, expert = t.expert }
-      end
-      man.files[#man.files + 1] = { name = f.name, block = f.block, layer = f.layer, size = f.size,
-        sha256 = f.sha256, crc32c = f.crc32c, tensors = ts, expert = f.expert }
-    end
+    local man = manifest_of(src, files, mfiles, total, source_files, source_hash)
     local text = json.encode_sorted(man, 1) .. "\n"
     write_file(out .. "/manifest.json", function(put) put(text, #text) end)
     bar:finish(string.format("%s: %d block file%s, %d other file%s", out, #files, #files == 1 and "" or "s",

@@ -157,6 +157,51 @@ function M.disk_shared(files, bytes, rate, readers)
   return total / readers / ms * 1e3
 end
 
+-- Loads queued back to back, as a device reads ahead: does letting the next load's reads start
+-- before the current one's have landed (overlap_loads) finish the load a stage waits for sooner?
+-- (On a disk that serves queued reads in parallel, the first load ends later with overlap.)
+-- Pairs of loads of files (their sizes; slots of biggest bytes) up to bytes (at most 256 MiB):
+-- the first's median ms and the rate; nil when no such loader can be made.
+local function load_pairs(loader, files, sizes, biggest, bytes, rate, overlap)
+  local lp = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0, overlap_loads = overlap }
+  if not lp then return nil end
+  local firsts, t_all, done = {}, core.now_ms(), 0
+  local j = 0
+  while done < math.min(bytes, 256 * 1024 * 1024) do
+    local a, b = files[j % #files + 1], files[(j + 1) % #files + 1]
+    j = j + 2
+    local t1 = core.now_ms()
+    assert(lp:submit(1, { { path = a, offset = 0, length = sizes[(j - 2) % #files + 1] } }, 2 * j))
+    assert(lp:submit(2, { { path = b, offset = 0, length = sizes[(j - 1) % #files + 1] } }, 2 * j + 1))
+    assert(lp:wait(2 * j))
+    firsts[#firsts + 1] = core.now_ms() - t1
+    assert(lp:wait(2 * j + 1))
+    done = done + sizes[(j - 2) % #files + 1] + sizes[(j - 1) % #files + 1]
+  end
+  local total = core.now_ms() - t_all
+  lp:close()
+  return { first_ms = median(firsts), read_bps = done / total * 1e3 }
+end
+
+-- With several readers of the disk: out.read_bps_by_readers[k], each reader's rate with k of
+-- them reading at once (k = 1 .. readers), and out.read_bps that of all of them.
+local function shared_rates(out, files, bytes, rate, readers, warn)
+  -- (never more than one reader gets alone: tiny files read back to back may beat the one
+  -- reader's figure, which waits for each)
+  out.readers, out.read_bps_alone = readers, out.read_bps
+  -- each reader's rate with k of them reading at once, k = 1 .. readers (a cluster's devices
+  -- do not all read all the time: the cost model prices a read at the rate of as many as
+  -- read beside it, loip.plan.problem's disk_shared_bps)
+  out.read_bps_by_readers = { out.read_bps }
+  for k = 2, readers do
+    local shared = steady.steady(function() return 1e12 / M.disk_shared(files, bytes, rate, k) end,
+      { reps = 3, rounds = 2, name = string.format("the disk's read rate with %d readers", k), warn = warn })
+    out.read_bps_by_readers[k] = math.min(out.read_bps_by_readers[k - 1], 1e12 / shared.ms)
+    out.spread, out.steady = math.max(out.spread, shared.spread), out.steady and shared.steady
+  end
+  out.read_bps = out.read_bps_by_readers[readers]
+end
+
 -- Read rate of files through the loader (io_uring, O_DIRECT where the filesystem allows; the
 -- files' pages are dropped from the page cache before each sample, so that a buffered read is
 -- cold too), as offloading reads them: the blocks a device offloads are read again every step,
@@ -203,53 +248,16 @@ function M.disk(files, bytes, rate, readers, warn)
   l:close()
   local out = { read_bps = 1e12 / whole.ms, load_ms = small.ms, bytes = read, loader = mode,
     spread = math.max(small.spread, whole.spread), steady = small.steady and whole.steady }
-  -- Loads queued back to back, as a device reads ahead: does letting the next load's reads start
-  -- before the current one's have landed (overlap_loads) finish the load a stage waits for sooner?
-  -- (On a disk that serves queued reads in parallel, the first load ends later with overlap.)
-  local function pairs_of(overlap)
-    local lp = loader.new { slots = 2, slot_bytes = biggest, mode = "auto", rate = rate or 0, overlap_loads = overlap }
-    if not lp then return nil end
-    local firsts, t_all, done = {}, core.now_ms(), 0
-    local j = 0
-    while done < math.min(bytes, 256 * 1024 * 1024) do
-      local a, b = files[j % #files + 1], files[(j + 1) % #files + 1]
-      j = j + 2
-      local t1 = core.now_ms()
-      assert(lp:submit(1, { { path = a, offset = 0, length = sizes[(j - 2) % #files + 1] } }, 2 * j))
-      assert(lp:submit(2, { { path = b, offset = 0, length = sizes[(j - 1) % #files + 1] } }, 2 * j + 1))
-      assert(lp:wait(2 * j))
-      firsts[#firsts + 1] = core.now_ms() - t1
-      assert(lp:wait(2 * j + 1))
-      done = done + sizes[(j - 2) % #files + 1] + sizes[(j - 1) % #files + 1]
-    end
-    local total = core.now_ms() - t_all
-    lp:close()
-    return { first_ms = median(firsts), read_bps = done / total * 1e3 }
-  end
   if mode == "uring" then
-    local in_order, overlapped = pairs_of(false), pairs_of(true)
+    local in_order, overlapped = load_pairs(loader, files, sizes, biggest, bytes, rate, false),
+      load_pairs(loader, files, sizes, biggest, bytes, rate, true)
     if in_order and overlapped then
       out.in_order, out.overlapped = in_order, overlapped
       -- overlap only when it gets the waited-for load no later and reads faster
       out.overlap_loads = overlapped.first_ms <= in_order.first_ms and overlapped.read_bps > in_order.read_bps * 1.03
     end
   end
-  if (readers or 1) > 1 then
-    -- (never more than one reader gets alone: tiny files read back to back may beat the one
-    -- reader's figure, which waits for each)
-    out.readers, out.read_bps_alone = readers, out.read_bps
-    -- each reader's rate with k of them reading at once, k = 1 .. readers (a cluster's devices
-    -- do not all read all the time: the cost model prices a read at the rate of as many as
-    -- read beside it, loip.plan.problem's disk_shared_bps)
-    out.read_bps_by_readers = { out.read_bps }
-    for k = 2, readers do
-      local shared = steady.steady(function() return 1e12 / M.disk_shared(files, bytes, rate, k) end,
-        { reps = 3, rounds = 2, name = string.format("the disk's read rate with %d readers", k), warn = warn })
-      out.read_bps_by_readers[k] = math.min(out.read_bps_by_readers[k - 1], 1e12 / shared.ms)
-      out.spread, out.steady = math.max(out.spread, shared.spread), out.steady and shared.steady
-    end
-    out.read_bps = out.read_bps_by_readers[readers]
-  end
+  if (readers or 1) > 1 then shared_rates(out, files, bytes, rate, readers, warn) end
   return out
 end
 

@@ -171,6 +171,60 @@ function M.transport(rounds)
   return { transport_ms = res, timer_late_us = { median = median(late), p90 = quantile(late, 0.9) } }
 end
 
+-- The compute figures of profile pr: per batch, the MLP block's time (and so the weights' rate)
+-- and the MHA block's at each context (a line: fixed ms and ms per token of context). block(first,
+-- n, pos): a function running two blocks; record(t, name) keeps a figure's spread.
+local function measure_compute(pr, lay, batches, ctxs, reps, block, record, say, warn)
+  for _, b in ipairs(batches) do
+    say(string.format("compute, batch %d", b))
+    local name = string.format("the MLP block (batch %d)", b)
+    local t = record(timed(block(1, b, 0), reps, 20, name, warn), name)
+    local mlp = t.ms
+    pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mlp", batch = b, context = ctxs[1], ms = mlp, spread = t.spread,
+      spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
+    pr.compute.weight_bps[tostring(b)] = lay.bytes.mlp / mlp * 1e3
+    local xs, ys = {}, {}
+    for _, x in ipairs(ctxs) do
+      name = string.format("the MHA block (batch %d, context %d)", b, x)
+      t = record(timed(block(0, b, x - b), reps, 20, name, warn), name)
+      local ms = t.ms
+      pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mha", batch = b, context = x, ms = ms, spread = t.spread,
+        spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
+      xs[#xs + 1], ys[#ys + 1] = x, ms
+    end
+    local fixed, per = fit(xs, ys)
+    pr.compute.attention_ms_per_token[tostring(b)] = per
+    pr.compute.mha_fixed_ms[tostring(b)] = math.max(0, fixed - lay.bytes.mha / pr.compute.weight_bps[tostring(b)] * 1e3)
+  end
+end
+
+-- The disk figures of profile pr (opts.disk: M.measure's), the experts' parallel reads, and
+-- compute while the disk streams against compute before and after (pr.compute.under_load).
+local function measure_disk(opts, pr, reps, block, record, say)
+  say("disk")
+  local readers = opts.disk.readers or 1
+  pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers, opts.warn)
+  pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
+  if opts.disk.experts and #opts.disk.experts > 0 then -- (a mixture of experts: a layer's picks read at once)
+    say("the experts' reads")
+    pr.disk.expert_bps = disk.parallel(opts.disk.experts, opts.disk.parallel or 8,
+      math.min(opts.disk.bytes or 256 * 1024 * 1024, 256 * 1024 * 1024), opts.disk.rate)
+    pr.disk.expert_reads_at_once = opts.disk.parallel or 8
+  end
+  say("compute while the disk streams")
+  -- quiet before and after, each figure the median of every sample (a machine whose load
+  -- drifts moves both alike), so that the ratio compares like with like
+  local function quiet_ms(name) return record(timed(block(1, 1, 0), reps * 2, 60, name, opts.warn, true), name).ms end
+  local before = quiet_ms("the MLP block (batch 1) before the disk streams")
+  local name = readers > 1 and string.format("the MLP block while %d readers stream", readers) or "the MLP block while the disk streams"
+  local loaded = record(disk.while_reading(opts.disk.files, opts.disk.rate, function(keep_busy, load_ms)
+    -- (each round spans a load at least: the samples see the streams as they run)
+    return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, math.max(60, load_ms), name, opts.warn, true)
+  end, readers), name).ms
+  local after = quiet_ms("the MLP block (batch 1) after the disk streamed")
+  pr.compute.under_load = math.max(1, loaded / ((before + after) / 2))
+end
+
 -- Measure this machine. opts: cfg (a Hugging Face config table: the shape whose blocks are
 -- timed; layers beyond the first are not made), dtype ("BF16"), threads, batches ({1,2,4,8}),
 -- contexts ({64, 256, 1024} up to the shape's positions), reps, disk = { files = {...}, bytes,
@@ -213,51 +267,8 @@ function M.measure(opts)
     if not t.steady then unsteady[#unsteady + 1] = name end
     return t
   end
-  for _, b in ipairs(batches) do
-    say(string.format("compute, batch %d", b))
-    local name = string.format("the MLP block (batch %d)", b)
-    local t = record(timed(block(1, b, 0), reps, 20, name, opts.warn), name)
-    local mlp = t.ms
-    pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mlp", batch = b, context = ctxs[1], ms = mlp, spread = t.spread,
-      spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
-    pr.compute.weight_bps[tostring(b)] = lay.bytes.mlp / mlp * 1e3
-    local xs, ys = {}, {}
-    for _, x in ipairs(ctxs) do
-      name = string.format("the MHA block (batch %d, context %d)", b, x)
-      t = record(timed(block(0, b, x - b), reps, 20, name, opts.warn), name)
-      local ms = t.ms
-      pr.compute.blocks[#pr.compute.blocks + 1] = { kind = "mha", batch = b, context = x, ms = ms, spread = t.spread,
-        spread_rounds = t.spread_rounds, samples = t.samples, steady = t.steady }
-      xs[#xs + 1], ys[#ys + 1] = x, ms
-    end
-    local fixed, per = fit(xs, ys)
-    pr.compute.attention_ms_per_token[tostring(b)] = per
-    pr.compute.mha_fixed_ms[tostring(b)] = math.max(0, fixed - lay.bytes.mha / pr.compute.weight_bps[tostring(b)] * 1e3)
-  end
-  if opts.disk and opts.disk.files and #opts.disk.files > 0 then
-    say("disk")
-    local readers = opts.disk.readers or 1
-    pr.disk = M.disk(opts.disk.files, opts.disk.bytes or 256 * 1024 * 1024, opts.disk.rate, readers, opts.warn)
-    pr.disk.path = opts.disk.files[1]:match("^(.*)/[^/]*$") or "."
-    if opts.disk.experts and #opts.disk.experts > 0 then -- (a mixture of experts: a layer's picks read at once)
-      say("the experts' reads")
-      pr.disk.expert_bps = disk.parallel(opts.disk.experts, opts.disk.parallel or 8,
-        math.min(opts.disk.bytes or 256 * 1024 * 1024, 256 * 1024 * 1024), opts.disk.rate)
-      pr.disk.expert_reads_at_once = opts.disk.parallel or 8
-    end
-    say("compute while the disk streams")
-    -- quiet before and after, each figure the median of every sample (a machine whose load
-    -- drifts moves both alike), so that the ratio compares like with like
-    local function quiet_ms(name) return record(timed(block(1, 1, 0), reps * 2, 60, name, opts.warn, true), name).ms end
-    local before = quiet_ms("the MLP block (batch 1) before the disk streams")
-    local name = readers > 1 and string.format("the MLP block while %d readers stream", readers) or "the MLP block while the disk streams"
-    local loaded = record(disk.while_reading(opts.disk.files, opts.disk.rate, function(keep_busy, load_ms)
-      -- (each round spans a load at least: the samples see the streams as they run)
-      return timed(function() keep_busy() block(1, 1, 0)() end, reps * 2, math.max(60, load_ms), name, opts.warn, true)
-    end, readers), name).ms
-    local after = quiet_ms("the MLP block (batch 1) after the disk streamed")
-    pr.compute.under_load = math.max(1, loaded / ((before + after) / 2))
-  end
+  measure_compute(pr, lay, batches, ctxs, reps, block, record, say, opts.warn)
+  if opts.disk and opts.disk.files and #opts.disk.files > 0 then measure_disk(opts, pr, reps, block, record, say) end
   pr.compute.spread = worst
   pr.compute.unsteady = #unsteady > 0 and unsteady or nil
   say("transport")

@@ -11,25 +11,11 @@ local function block_name(b)
   return string.format("layer %d %s", math.floor(b / 2), b % 2 == 0 and "mha" or "mlp")
 end
 
--- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
--- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
--- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
--- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
--- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
--- activation_bytes (a session's), device_bytes (a cluster device's buffers),
--- context, batch, logits_tokens, max_seqs, kv_tokens }.
--- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
--- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
--- shared by those requests; default context x max_seqs), plan_positions (the KV positions the
--- plan's memory holds; default kv_tokens: with fewer, the KV pool grows inside the budget and
--- an online policy makes room as it does).
-function M.sizes(man, cfg, opts)
-  local max_seqs = opts.max_seqs or 1
-  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {}, expert_files = {},
-    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
-    max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
-  s.plan_positions = math.min(flags.renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
-    or s.kv_tokens, s.kv_tokens)
+-- The sizes of a manifest's files into s: each block's file (block_bytes, files), the expert
+-- files (expert_files by layer, expert_file_bytes: the largest), the others' bytes (global_bytes;
+-- embed_file_bytes, head_file_bytes) and the tensor the head reads (head_bytes). Returns the
+-- bytes of each layer's experts.
+local function file_sizes(s, man)
   local expert_bytes = {} -- (mixture of experts) per layer: its experts' files, summed
   for _, f in ipairs(man.files) do
     local layer, kind = f.name:match("^layer%-(%d+)%-(%a+)%.bin$")
@@ -52,6 +38,48 @@ function M.sizes(man, cfg, opts)
       if t.kind == "lm_head" or (t.kind == "embed" and not s.head_bytes) then s.head_bytes = t.nbytes end
     end
   end
+  return expert_bytes
+end
+
+-- A mixture of experts' sizes (s.moe): experts per layer, those a token uses, an expert file's
+-- bytes and gating_bytes: a layer's ffn_norm and router, kept in memory for pre-gating while
+-- its MLP block is offloaded (loip.model.experts).
+local function moe_sizes(s, man, cfg)
+  if not s.expert_file_bytes then
+    error(string.format("manifest: the model has %d experts per layer but no expert files (layer-000-exp-000.bin): "
+      .. "re-run `loip slice`", cfg.n_experts), 0)
+  end
+  local gating = 0
+  for _, f in ipairs(man.files) do
+    if f.name == "layer-000-mlp.bin" then
+      for _, t in ipairs(f.tensors or {}) do
+        if t.kind == "ffn_norm" or t.kind == "router" then gating = gating + math.ceil(t.nbytes / 4096) * 4096 end
+      end
+    end
+  end
+  return { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes, gating_bytes = gating }
+end
+
+-- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
+-- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
+-- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
+-- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
+-- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
+-- activation_bytes (a session's), device_bytes (a cluster device's buffers),
+-- context, batch, logits_tokens, max_seqs, kv_tokens }.
+-- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
+-- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
+-- shared by those requests; default context x max_seqs), plan_positions (the KV positions the
+-- plan's memory holds; default kv_tokens: with fewer, the KV pool grows inside the budget and
+-- an online policy makes room as it does).
+function M.sizes(man, cfg, opts)
+  local max_seqs = opts.max_seqs or 1
+  local s = { n_layers = cfg.n_layers, n_blocks = 2 * cfg.n_layers, block_bytes = {}, files = {}, expert_files = {},
+    global_bytes = 0, context = opts.context, batch = opts.batch, logits_tokens = opts.logits_tokens or 1,
+    max_seqs = max_seqs, kv_tokens = opts.kv_tokens or opts.context * max_seqs }
+  s.plan_positions = math.min(flags.renamed(opts, "kv_plan_tokens", "plan_positions", "plan.sizes")
+    or s.kv_tokens, s.kv_tokens)
+  local expert_bytes = file_sizes(s, man)
   s.embed_file_bytes, s.head_file_bytes, s.head_bytes = s.embed_file_bytes or 0, s.head_file_bytes or 0, s.head_bytes or 0
   for b = 0, s.n_blocks - 1 do
     if not s.block_bytes[b] then
@@ -76,23 +104,7 @@ function M.sizes(man, cfg, opts)
     s.res_bytes[b] = s.block_bytes[b] + (b % 2 == 1 and expert_bytes[(b - 1) / 2] or 0)
   end
   s.mlp_res_bytes = s.res_bytes[1]
-  if cfg.n_experts > 0 then
-    if not s.expert_file_bytes then
-      error(string.format("manifest: the model has %d experts per layer but no expert files (layer-000-exp-000.bin): "
-        .. "re-run `loip slice`", cfg.n_experts), 0)
-    end
-    -- gating_bytes: a layer's ffn_norm and router, kept in memory for pre-gating while its MLP
-    -- block is offloaded (loip.model.experts)
-    local gating = 0
-    for _, f in ipairs(man.files) do
-      if f.name == "layer-000-mlp.bin" then
-        for _, t in ipairs(f.tensors or {}) do
-          if t.kind == "ffn_norm" or t.kind == "router" then gating = gating + math.ceil(t.nbytes / 4096) * 4096 end
-        end
-      end
-    end
-    s.moe = { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes, gating_bytes = gating }
-  end
+  if cfg.n_experts > 0 then s.moe = moe_sizes(s, man, cfg) end
   s.tied = cfg.tied_embeddings ~= 0
   s.dim, s.vocab = cfg.dim, cfg.vocab_size
   -- a token's hidden state and its entry in the micro-batch's table

@@ -416,7 +416,7 @@ function M.fill(problem, p, i)
       local off = st.offloaded or 0
       if off > 0 then
         local b = st.blocks[1] + off - 1
-        local bytes = (sizes.res_bytes or sizes.block_bytes)[b] -- resident, it holds this much; it no longer reads block_bytes[b]
+        local bytes = (sizes.res_bytes or sizes.block_bytes)[b] -- resident, it holds this much and reads none of block_bytes[b]
         if not best_bytes or bytes > best_bytes then
           local before = read[s]
           if per_block then

@@ -44,7 +44,7 @@ end
 function Beacon:recv(timeout_ms)
   local rc = C.loip_beacon_recv(self.handle, timeout_ms or 0, self.addr, 64, self.buf, self.len)
   if rc == 0 then return nil, "timeout" end
-  if rc < 0 then return nil, core.last_error() end
+  if rc < 0 then return nil, core.failure(rc) end
   return ffi.string(self.addr), ffi.string(self.buf, self.len[0])
 end
 

@@ -45,7 +45,7 @@ function M.device_recall(d, context) return core.ok(C.loip_device_recall(d), con
 function M.device_serve(d, timeout_ms, header, payload, cap, from)
   local rc = C.loip_device_serve(d, timeout_ms, header, payload, cap, from)
   if rc == 0 then return false end
-  if rc < 0 then return nil, core.last_error(), rc end
+  if rc < 0 then return nil, core.failure(rc), rc end
   return true
 end
 -- The device's statistics into st (a loip_device_stats_t).

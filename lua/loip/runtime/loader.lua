@@ -154,8 +154,8 @@ end
 function Loader:wait(tag, timeout_ms)
   local rc = C.loip_loader_wait(handle(self), tag, timeout_ms or -1, self.one)
   if rc == 0 then return true, record(self.one[0]) end
-  if rc == C.LOIP_ETIMEDOUT or rc == C.LOIP_EINVAL then return nil, core.last_error() end
-  return nil, core.last_error(), record(self.one[0])
+  if rc == C.LOIP_ETIMEDOUT or rc == C.LOIP_EINVAL then return nil, core.failure(rc) end
+  return nil, core.failure(rc), record(self.one[0])
 end
 
 function Loader:pending() return tonumber(C.loip_loader_pending(handle(self))) end

@@ -127,7 +127,7 @@ function Sock:recv(timeout_ms, max_bytes)
   if self.cap < max_bytes then self.buf, self.cap = ffi.new("uint8_t[?]", max_bytes), max_bytes end
   local rc = C.loip_sock_recv(self.handle, timeout_ms or -1, self.header, self.buf, max_bytes, self.from)
   if rc == C.LOIP_ETIMEDOUT then return nil, "timeout" end
-  if rc ~= 0 then return nil, core.last_error(), rc end
+  if rc ~= 0 then return nil, core.failure(rc), rc end
   local h = self.header
   return { kind = M.kind_name[h.kind], kind_id = h.kind, from = ffi.string(self.from), plan_id = h.plan_id,
     hop = h.hop, step = tonumber(h.step), n_tokens = h.n_tokens, pos = h.pos, dtype = h.dtype, dim = h.dim,

@@ -110,30 +110,9 @@ local function parse_format(kind, body)
   return { type = "json_schema", name = js.name, schema = schema, strict = js.strict == true }
 end
 
--- Check an endpoint's body. kind: "chat" or "completion". Returns a spec { model, messages |
--- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
--- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
--- end tokens do not stop it), stream, include_usage, logprobs (alternatives per token, or nil),
--- format (response_format or grammar: parse_format), n }, or nil and { status, message, param, code }.
-function M.parse(kind, text)
-  if not M.utf8_valid(text) then
-    return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
-  end
-  local body, err = json.decode(text)
-  if type(body) ~= "table" or body == json.null or #body > 0 then
-    return nil, { status = 400, message = body == nil and ("the request body is not valid JSON: " .. tostring(err))
-      or "the request body must be a JSON object", code = "invalid_json" }
-  end
-  local known = kind == "chat" and CHAT or COMPLETION
-  for k in pairs(body) do
-    if not COMMON[k] and not known[k] then
-      return nil, { status = 400, message = "Unrecognized request argument supplied: " .. tostring(k), param = k,
-        code = "unknown_parameter" }
-    end
-  end
-  local s = { kind = kind }
-  if type(body.model) ~= "string" or body.model == "" then return bad("model", "'model' is required: a string naming the model") end
-  s.model = body.model
+-- The sampling fields of body into spec s (the numbers' ranges, n, logprobs, format, stream,
+-- ignore_eos, max_tokens, the sampler, seed): true, or nil and the error (as M.parse's).
+local function parse_sampling(kind, s, body)
   for _, c in ipairs({ { "temperature", 0, 2 }, { "top_p", 0, 1 }, { "max_tokens", 1, nil, true },
     { "max_completion_tokens", 1, nil, true }, { "seed", nil, nil, true }, { "n", 1, 128, true },
     { "presence_penalty", -2, 2 }, { "frequency_penalty", -2, 2 }, { "top_k", 0, nil, true }, { "min_p", 0, 1 },
@@ -173,6 +152,11 @@ function M.parse(kind, text)
     top_k = body.top_k ~= json.null and body.top_k or 0, min_p = body.min_p ~= json.null and body.min_p or 0,
     repetition_penalty = body.repetition_penalty ~= json.null and body.repetition_penalty or 1 }
   if body.seed ~= nil and body.seed ~= json.null then s.seed = body.seed end
+  return true
+end
+
+-- body.stop into s.stop (a list of strings): true, or nil and the error.
+local function parse_stop(s, body)
   local stop = body.stop
   if stop == nil or stop == json.null then s.stop = {}
   elseif type(stop) == "string" then s.stop = stop ~= "" and { stop } or {}
@@ -184,55 +168,94 @@ function M.parse(kind, text)
       s.stop[i] = x
     end
   else return bad("stop", "'stop' must be a string or an array of strings") end
-  if kind == "chat" then
-    if type(body.messages) ~= "table" or body.messages == json.null or #body.messages == 0 then
-      return bad("messages", "'messages' must be a non-empty array of {role, content}")
-    end
-    s.messages = {}
-    for i, m in ipairs(body.messages) do
-      if type(m) ~= "table" or m == json.null then return bad("messages", "messages[%d] must be an object", i - 1) end
-      local role = m.role
-      if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" and role ~= "tool" then
-        return bad("messages", "messages[%d].role must be system, developer, user, assistant or tool, not %s", i - 1, json.encode(role))
-      end
-      local content = m.content
-      if null_or_nil(content) and tools.content_optional(m) then content = "" end
-      if type(content) == "table" and content ~= json.null then -- parts: text only
-        local parts = {}
-        for j, p in ipairs(content) do
-          if type(p) ~= "table" or p.type ~= "text" or type(p.text) ~= "string" then
-            return bad("messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i - 1, j - 1)
-          end
-          parts[#parts + 1] = p.text
-        end
-        content = table.concat(parts)
-      end
-      if type(content) ~= "string" then
-        return bad("messages", "messages[%d].content must be a string or an array of text parts", i - 1)
-      end
-      s.messages[i] = { role = role == "developer" and "system" or role, content = content }
-      local terr = tools.message(s.messages[i], m, i - 1)
-      if terr then return nil, terr end
-    end
-    local terr = tools.check(body, s, text)
-    if terr then return nil, terr end
-  else
-    local p = body.prompt
-    if type(p) == "table" and p ~= json.null and #p == 1 and type(p[1]) == "string" then p = p[1] end
-    if type(p) == "string" then
-      s.prompt = p -- "": from the start of a document (the BOS alone), as OpenAI's API and loip generate do
-    elseif type(p) == "table" and p ~= json.null and #p > 0 and type(p[1]) == "number" then
-      for i, id in ipairs(p) do
-        if type(id) ~= "number" or id ~= math.floor(id) or id < 0 then return bad("prompt", "'prompt' token %d is not a token id", i - 1) end
-      end
-      s.prompt_ids = p
-    else
-      return bad("prompt", "'prompt' must be a string (or one string in an array, or a non-empty array of token ids)")
-    end
-    if body.echo == true then return bad("echo", "'echo' is not supported") end
-    if body.suffix ~= nil and body.suffix ~= json.null then return bad("suffix", "'suffix' is not supported") end
-    if body.best_of ~= nil and body.best_of ~= json.null and body.best_of ~= 1 then return bad("best_of", "'best_of' must be 1") end
+  return true
+end
+
+-- A chat's messages (and tools) into s.messages: true, or nil and the error.
+local function parse_messages(s, body, text)
+  if type(body.messages) ~= "table" or body.messages == json.null or #body.messages == 0 then
+    return bad("messages", "'messages' must be a non-empty array of {role, content}")
   end
+  s.messages = {}
+  for i, m in ipairs(body.messages) do
+    if type(m) ~= "table" or m == json.null then return bad("messages", "messages[%d] must be an object", i - 1) end
+    local role = m.role
+    if role ~= "system" and role ~= "user" and role ~= "assistant" and role ~= "developer" and role ~= "tool" then
+      return bad("messages", "messages[%d].role must be system, developer, user, assistant or tool, not %s", i - 1, json.encode(role))
+    end
+    local content = m.content
+    if null_or_nil(content) and tools.content_optional(m) then content = "" end
+    if type(content) == "table" and content ~= json.null then -- parts: text only
+      local parts = {}
+      for j, p in ipairs(content) do
+        if type(p) ~= "table" or p.type ~= "text" or type(p.text) ~= "string" then
+          return bad("messages", "messages[%d].content[%d]: only {\"type\": \"text\", \"text\": ...} parts are supported", i - 1, j - 1)
+        end
+        parts[#parts + 1] = p.text
+      end
+      content = table.concat(parts)
+    end
+    if type(content) ~= "string" then
+      return bad("messages", "messages[%d].content must be a string or an array of text parts", i - 1)
+    end
+    s.messages[i] = { role = role == "developer" and "system" or role, content = content }
+    local terr = tools.message(s.messages[i], m, i - 1)
+    if terr then return nil, terr end
+  end
+  local terr = tools.check(body, s, text)
+  if terr then return nil, terr end
+  return true
+end
+
+-- A completion's prompt (text or ids) into s.prompt or s.prompt_ids: true, or nil and the error.
+local function parse_prompt(s, body)
+  local p = body.prompt
+  if type(p) == "table" and p ~= json.null and #p == 1 and type(p[1]) == "string" then p = p[1] end
+  if type(p) == "string" then
+    s.prompt = p -- "": from the start of a document (the BOS alone), as OpenAI's API and loip generate do
+  elseif type(p) == "table" and p ~= json.null and #p > 0 and type(p[1]) == "number" then
+    for i, id in ipairs(p) do
+      if type(id) ~= "number" or id ~= math.floor(id) or id < 0 then return bad("prompt", "'prompt' token %d is not a token id", i - 1) end
+    end
+    s.prompt_ids = p
+  else
+    return bad("prompt", "'prompt' must be a string (or one string in an array, or a non-empty array of token ids)")
+  end
+  if body.echo == true then return bad("echo", "'echo' is not supported") end
+  if body.suffix ~= nil and body.suffix ~= json.null then return bad("suffix", "'suffix' is not supported") end
+  if body.best_of ~= nil and body.best_of ~= json.null and body.best_of ~= 1 then return bad("best_of", "'best_of' must be 1") end
+  return true
+end
+
+-- Check an endpoint's body. kind: "chat" or "completion". Returns a spec { model, messages |
+-- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
+-- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
+-- end tokens do not stop it), stream, include_usage, logprobs (alternatives per token, or nil),
+-- format (response_format or grammar: parse_format), n }, or nil and { status, message, param, code }.
+function M.parse(kind, text)
+  if not M.utf8_valid(text) then
+    return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
+  end
+  local body, err = json.decode(text)
+  if type(body) ~= "table" or body == json.null or #body > 0 then
+    return nil, { status = 400, message = body == nil and ("the request body is not valid JSON: " .. tostring(err))
+      or "the request body must be a JSON object", code = "invalid_json" }
+  end
+  local known = kind == "chat" and CHAT or COMPLETION
+  for k in pairs(body) do
+    if not COMMON[k] and not known[k] then
+      return nil, { status = 400, message = "Unrecognized request argument supplied: " .. tostring(k), param = k,
+        code = "unknown_parameter" }
+    end
+  end
+  local s = { kind = kind }
+  if type(body.model) ~= "string" or body.model == "" then return bad("model", "'model' is required: a string naming the model") end
+  s.model = body.model
+  local ok, e = parse_sampling(kind, s, body)
+  if ok then ok, e = parse_stop(s, body) end
+  if ok and kind == "chat" then ok, e = parse_messages(s, body, text)
+  elseif ok then ok, e = parse_prompt(s, body) end
+  if not ok then return nil, e end
   return s
 end
 

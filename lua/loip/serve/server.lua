@@ -14,14 +14,12 @@ local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
 local reply = require "loip.serve.reply"
 local constrain = require "loip.engine.request.constrain"
-local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local process = require "loip.runtime.process"
+local errors = require "loip.error"
 local dashboard = require "loip.serve.dashboard"
 local membership = require "loip.serve.membership"
-local ship = require "loip.cluster.ship"
 local anthropic = require "loip.serve.anthropic"
-local model_mod = require "loip.model"
 local chat_mod = require "loip.text.chat"
 local prefix_cache_mod = require "loip.engine.request.prefix_cache"
 
@@ -48,13 +46,13 @@ function M.new(opts)
   -- speculative decoding (the batcher's loip.engine.request.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
   if d then d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end end
-  self.vocab = opts.model and opts.model.vocab_size or opts.cluster.vocab
+  -- the vocabulary and the model's stop ids, on one device or a cluster alike (loip.engine's
+  -- front-end: the cluster's with this tokenizer)
+  local front = eng:front({ tokenizer = self.tok })
+  self.vocab = front.vocab
   self.n_sample = math.min(self.tok.vocab_size, self.vocab)
   self.stop_ids = {}
-  -- the model's stop ids, on one device or a cluster alike (loip.model.stop_ids)
-  local stops = opts.stop_ids or (opts.model and opts.model.stop_ids)
-    or model_mod.stop_ids(opts.cluster and opts.cluster.facts, self.tok)
-  for _, id in ipairs(stops) do self.stop_ids[id] = true end
+  for _, id in ipairs(opts.stop_ids or front.stop_ids) do self.stop_ids[id] = true end
   local h, err = http.start { host = opts.host or "127.0.0.1", port = opts.port or 0, max_body = opts.max_body or 4 * 1024 * 1024,
     timeout_s = opts.timeout_s or 30 }
   if not h then error("serve: " .. err, 0) end
@@ -135,14 +133,14 @@ function Server:generate(req, kind)
   local seed = spec.seed or (os.time() * 1000 + self.seq)
   local ok, r = pcall(self.submit, self, spec, ids, seed, { constraint = constraint })
   if not ok then
-    if type(r) == "table" and r.kind == "overloaded" then
+    if errors.is(r, "overloaded") then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
       return fail(req, 429, "the server is busy: " .. tostring(r), "rate_limit_exceeded", nil, "overloaded", { ["Retry-After"] = 1 })
     end
-    if type(r) == "table" and r.kind == "too_long" then
+    if errors.is(r, "too_long") then
       return fail(req, 400, tostring(r), nil, r.param == "prompt" and prompt_param or r.param or "max_tokens", "context_length_exceeded")
     end
-    if type(r) == "table" and r.kind == "invalid" then return fail(req, 400, tostring(r), nil, r.param) end
+    if errors.is(r, "invalid") then return fail(req, 400, tostring(r), nil, r.param) end
     error(r, 0)
   end
   self.seq = self.seq + 1
@@ -252,33 +250,20 @@ function Server:metrics_text()
     m:add("loip_draft_accepted_total", "drafted tokens accepted", 0)
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
   end
-  local dev = self.opts.cluster and self.opts.cluster:stats() or nil
+  local e = b.engine
+  local dev = e:device_stats()
   prefix_cache_mod.metrics(m, b, dev)
-  if dev then
-    ship.metrics(m, self.opts.cluster) -- (loip_shipped_bytes_total{device})
-    for i, d in ipairs(dev) do
-      local l = { device = i }
-      m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms or 0, l)
-      m:set("loip_device_load_ms_total", "offloaded-block read time per device", d.load_ms or 0, l)
-      m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms or 0, l)
-      m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free", d.kv_free_tokens or 0, l)
-      for account, bytes in pairs(d.accounts or {}) do
-        m:set("loip_memory_bytes", "memory charged per device and account", bytes, { device = i, account = account })
-      end
+  if e.metrics then e:metrics(m) end -- (a ring: loip_shipped_bytes_total{device})
+  for i, d in ipairs(dev) do
+    local l = { device = i }
+    if d.compute_ms then
+      m:set("loip_device_compute_ms_total", "compute time per device", d.compute_ms, l)
+      m:set("loip_device_load_ms_total", "offloaded-block read time per device", d.load_ms, l)
+      m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms, l)
     end
-  elseif self.opts.model then
-    local st = self.opts.model:runner_stats()
-    if st then
-      m:set("loip_device_compute_ms_total", "compute time per device", st.compute_ms, { device = 1 })
-      m:set("loip_device_load_ms_total", "offloaded-block read time per device", st.load_ms, { device = 1 })
-      m:set("loip_device_stall_ms_total", "time a device waited for its loads", st.stall_ms, { device = 1 })
-    end
-    m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free",
-      exec.session_kv_free_tokens(self.opts.model:session()), { device = 1 })
-    if self.opts.model.budget then
-      for _, acc in ipairs(self.opts.model.budget:report()) do
-        m:set("loip_memory_bytes", "memory charged per device and account", acc.bytes, { device = 1, account = acc.account })
-      end
+    m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free", d.kv_free_tokens or 0, l)
+    for account, bytes in pairs(d.accounts or {}) do
+      m:set("loip_memory_bytes", "memory charged per device and account", bytes, { device = i, account = account })
     end
   end
   return m:text()

@@ -181,6 +181,154 @@ function M.call_list(body, args_keys, sep, array)
   return out
 end
 
+-- The stream machine's state (M.stream): the parser p and opts, text not yet placed (buf), the
+-- marker of the region being read (mode) and the region so far, the region's JSON scan and
+-- where its closing string is looked for next, whether content was shown and the spaces held
+-- back, the calls so far; and what the current put or finish gives (text_out, deltas, parts).
+local Stream = {}
+Stream.__index = Stream
+
+function Stream:show(t)
+  if t == "" then return end
+  local body, tail = t:match("^(.-)(%s*)$")
+  if body ~= "" then
+    self.text_out[#self.text_out + 1] = self.spaces .. body
+    self.parts[#self.parts + 1] = self.spaces .. body
+    self.spaces, self.shown = "", true
+  end
+  self.spaces = self.spaces .. tail
+end
+
+function Stream:add_calls(list)
+  local calls, deltas = self.st.calls, self.deltas
+  for _, c in ipairs(list) do
+    if self.opts.parallel == false and #calls >= 1 then break end
+    local idx = #calls
+    local call = { id = M.call_id(self.opts.id_prefix), name = c.name, arguments = c.arguments }
+    calls[idx + 1] = call
+    deltas[#deltas + 1] = { index = idx, id = call.id, type = "function", ["function"] = { name = c.name, arguments = "" } }
+    deltas[#deltas + 1] = { index = idx, ["function"] = { arguments = c.arguments } }
+    self.parts[#self.parts + 1] = idx
+  end
+end
+
+-- a finished region (body without its markers): calls, or back to content as it was written
+function Stream:close_region(m, body, closing)
+  local list = self.p.calls(body, m)
+  if list and #list > 0 then self:add_calls(list)
+  else self:show((m.keep and "" or m.open) .. body .. (closing or "")) end
+end
+
+-- The first marker opening in buf: its position and the marker.
+function Stream:earliest()
+  local at, which
+  local buf = self.buf
+  for _, m in ipairs(self.p.markers) do
+    local i = buf:find(m.open, 1, true)
+    if i and m.at_start and (self.shown or not buf:sub(1, i - 1):match("^%s*$")) then i = nil end
+    if i and (not at or i < at) then at, which = i, m end
+  end
+  return at, which
+end
+
+-- the longest tail of s that a string of list begins with (and is not all of it)
+local function tail_len(s, opens)
+  for k = math.min(#s, 64), 1, -1 do
+    local tail = s:sub(-k)
+    for _, o in ipairs(opens) do
+      if #o > k and o:sub(1, k) == tail then return k end
+    end
+  end
+  return 0
+end
+
+-- Content: up to the next marker (a region starts there: true), else all that cannot begin
+-- one shown (false: wait for more).
+function Stream:content()
+  local at, m = self:earliest()
+  if at then
+    self:show(self.buf:sub(1, at - 1))
+    self.mode, self.region = m, m.keep and m.open or ""
+    self.scan, self.searched = {}, 1
+    self.buf = self.buf:sub(at + #m.open)
+    if m.text then self:show(m.open) end
+    return true
+  end
+  local opens = {}
+  for _, mk in ipairs(self.p.markers) do
+    if not mk.at_start or not self.shown then opens[#opens + 1] = mk.open end
+  end
+  local cut = #self.buf - tail_len(self.buf, opens)
+  self:show(self.buf:sub(1, cut))
+  self.buf = self.buf:sub(cut + 1)
+  return false
+end
+
+-- Inside a region: to its end when it is here (true: content follows), else false (wait).
+function Stream:in_region()
+  self.region, self.buf = self.region .. self.buf, ""
+  local m, region = self.mode, self.region
+  if m.close then
+    local i = region:find(m.close, self.searched, true)
+    if i then
+      local body, rest = region:sub(1, i - 1), region:sub(i + #m.close)
+      if m.text then self:show(body .. m.close) else self:close_region(m, body, m.close) end
+      self.mode, self.region, self.buf = nil, "", rest
+      return true
+    elseif m.text then -- shown as it comes, less what may begin the closing string
+      local cut = #region - tail_len(region, { m.close })
+      self:show(region:sub(1, cut))
+      self.region = region:sub(cut + 1)
+      return false
+    end
+    self.searched = math.max(1, #region - #m.close + 2)
+    return false
+  elseif m.json then
+    local e = M.scan_more(region, self.scan)
+    if e == false then -- not JSON: the marker was content
+      self:show(m.open)
+      self.mode, self.buf, self.region = nil, region, ""
+      return true
+    elseif e then
+      local body, rest = region:sub(1, e), region:sub(e + 1)
+      self:close_region(m, body)
+      self.mode, self.region, self.buf = nil, "", rest
+      return true
+    end
+    return false
+  end
+  return false -- to the end of the output
+end
+
+function Stream:run()
+  while true do
+    local more
+    if not self.mode then more = self:content() else more = self:in_region() end
+    if not more then return end
+  end
+end
+
+function Stream:put(piece)
+  self.text_out, self.deltas, self.parts = {}, {}, {}
+  self.buf = self.buf .. piece
+  self:run()
+  return table.concat(self.text_out), self.deltas, self.parts
+end
+
+function Stream:finish()
+  self.text_out, self.deltas, self.parts = {}, {}, {}
+  self:run()
+  if self.mode then
+    if self.mode.text then self:show(self.region .. self.buf) else self:close_region(self.mode, self.region .. self.buf) end
+    self.mode, self.region, self.buf = nil, "", ""
+  else self:show(self.buf) self.buf = "" end
+  if #self.st.calls == 0 and self.spaces ~= "" then
+    self.text_out[#self.text_out + 1], self.parts[#self.parts + 1] = self.spaces, self.spaces
+  end
+  self.spaces = ""
+  return table.concat(self.text_out), self.deltas, self.parts
+end
+
 -- The stream machine over a parser p (p.markers, p.calls). Returns { put(piece) -> text, deltas,
 -- parts; finish() -> the same; calls (all so far: { id, name, arguments }) }, deltas in OpenAI's
 -- streamed shape (a call's first delta carries its id, type and name, then its arguments), parts
@@ -188,114 +336,9 @@ end
 -- Text that may begin a marker is held back; spaces are held until more content follows them,
 -- and dropped at the end when calls were made (content null, as OpenAI gives it).
 function M.stream(p, opts)
-  opts = opts or {}
-  local markers = p.markers
-  local buf, mode, region = "", nil, ""
-  local scan, searched = {}, 1 -- the region's JSON scan and where its closing string is looked for next
-  local shown, spaces = false, "" -- whether content was shown; spaces held back
   local st = { calls = {} }
-  local text_out, deltas, parts
-
-  local function show(t)
-    if t == "" then return end
-    local body, tail = t:match("^(.-)(%s*)$")
-    if body ~= "" then
-      text_out[#text_out + 1] = spaces .. body
-      parts[#parts + 1] = spaces .. body
-      spaces, shown = "", true
-    end
-    spaces = spaces .. tail
-  end
-  local function add_calls(list)
-    for _, c in ipairs(list) do
-      if opts.parallel == false and #st.calls >= 1 then break end
-      local idx = #st.calls
-      local call = { id = M.call_id(opts.id_prefix), name = c.name, arguments = c.arguments }
-      st.calls[idx + 1] = call
-      deltas[#deltas + 1] = { index = idx, id = call.id, type = "function", ["function"] = { name = c.name, arguments = "" } }
-      deltas[#deltas + 1] = { index = idx, ["function"] = { arguments = c.arguments } }
-      parts[#parts + 1] = idx
-    end
-  end
-  -- a finished region (body without its markers): calls, or back to content as it was written
-  local function close_region(m, body, closing)
-    local list = p.calls(body, m)
-    if list and #list > 0 then add_calls(list)
-    else show((m.keep and "" or m.open) .. body .. (closing or "")) end
-  end
-  local function earliest()
-    local at, which
-    for _, m in ipairs(markers) do
-      local i = buf:find(m.open, 1, true)
-      if i and m.at_start and (shown or not buf:sub(1, i - 1):match("^%s*$")) then i = nil end
-      if i and (not at or i < at) then at, which = i, m end
-    end
-    return at, which
-  end
-  -- the longest tail of s that a string of list begins with (and is not all of it)
-  local function tail_len(s, opens)
-    for k = math.min(#s, 64), 1, -1 do
-      local tail = s:sub(-k)
-      for _, o in ipairs(opens) do
-        if #o > k and o:sub(1, k) == tail then return k end
-      end
-    end
-    return 0
-  end
-
-  local function run()
-    while true do
-      if not mode then
-        local at, m = earliest()
-        if at then
-          show(buf:sub(1, at - 1))
-          mode, region = m, m.keep and m.open or ""
-          scan, searched = {}, 1
-          buf = buf:sub(at + #m.open)
-          if m.text then show(m.open) end
-        else
-          local opens = {}
-          for _, m in ipairs(markers) do
-            if not m.at_start or not shown then opens[#opens + 1] = m.open end
-          end
-          local cut = #buf - tail_len(buf, opens)
-          show(buf:sub(1, cut))
-          buf = buf:sub(cut + 1)
-          return
-        end
-      else
-        region, buf = region .. buf, ""
-        local m = mode
-        if m.close then
-          local i = region:find(m.close, searched, true)
-          if i then
-            local body, rest = region:sub(1, i - 1), region:sub(i + #m.close)
-            if m.text then show(body .. m.close) else close_region(m, body, m.close) end
-            mode, region, buf = nil, "", rest
-          elseif m.text then -- shown as it comes, less what may begin the closing string
-            local cut = #region - tail_len(region, { m.close })
-            show(region:sub(1, cut))
-            region = region:sub(cut + 1)
-            return
-          else
-            searched = math.max(1, #region - #m.close + 2)
-            return
-          end
-        elseif m.json then
-          local e = M.scan_more(region, scan)
-          if e == false then -- not JSON: the marker was content
-            show(m.open)
-            mode, buf, region = nil, region, ""
-          elseif e then
-            local body, rest = region:sub(1, e), region:sub(e + 1)
-            close_region(m, body)
-            mode, region, buf = nil, "", rest
-          else return end
-        else return end -- to the end of the output
-      end
-    end
-  end
-
+  local sm = setmetatable({ p = p, opts = opts or {}, st = st, buf = "", mode = nil, region = "", scan = {}, searched = 1,
+    shown = false, spaces = "" }, Stream)
   -- the calls so far in OpenAI's message.tool_calls shape, nil when none
   function st.tool_calls()
     if #st.calls == 0 then return nil end
@@ -303,23 +346,8 @@ function M.stream(p, opts)
     for i, c in ipairs(st.calls) do out[i] = { id = c.id, type = "function", ["function"] = { name = c.name, arguments = c.arguments } } end
     return out
   end
-  function st.put(piece)
-    text_out, deltas, parts = {}, {}, {}
-    buf = buf .. piece
-    run()
-    return table.concat(text_out), deltas, parts
-  end
-  function st.finish()
-    text_out, deltas, parts = {}, {}, {}
-    run()
-    if mode then
-      if mode.text then show(region .. buf) else close_region(mode, region .. buf) end
-      mode, region, buf = nil, "", ""
-    else show(buf) buf = "" end
-    if #st.calls == 0 and spaces ~= "" then text_out[#text_out + 1], parts[#parts + 1] = spaces, spaces end
-    spaces = ""
-    return table.concat(text_out), deltas, parts
-  end
+  function st.put(piece) return sm:put(piece) end
+  function st.finish() return sm:finish() end
   return st
 end
 

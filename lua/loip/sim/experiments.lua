@@ -6,6 +6,7 @@
 -- cannot place the model is OOM; one slower than the paper's limits is OOT (5 s/token sporadic,
 -- 2 s/token bursty). recipes/paper/*.lua run the figures' cases through M.run and print them
 -- beside the paper's ranges.
+local errors = require "loip.error"
 local json = require "loip.text.json"
 local policy = require "loip.policy"
 local sim = require "loip.sim"
@@ -56,7 +57,7 @@ function M.run(c)
     link_rate = c.link_rate or "100mbit", link_delay = c.link_delay_ms and (c.link_delay_ms .. "ms") or nil,
     context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = plan_positions }
   local ok, prob = pcall(cp.problem_of, "experiment", o)
-  if not ok then error(type(prob) == "table" and prob.msg or prob, 0) end
+  if not ok then error(errors.message(prob), 0) end
   local io_len = (c.input_tokens or 32) + math.floor((c.output_tokens or 64) / 2)
   local limit = M.OOT_MS[c.pattern] or math.huge
   local function verdict(ms, why)

@@ -305,92 +305,106 @@ M.utf8_bytes = utf8_bytes
 local K = require("loip.core").constants
 local SET, REF = K.GRAMMAR_SET * 2 ^ 28, K.GRAMMAR_REF * 2 ^ 28 -- an element: (kind << 28) | arg
 
--- The C arrays of parsed rules: { ir = int32_t[], n_ir, sets = uint8_t[], n_sets, root,
--- names ('\n'-joined), n_rules }.
-function M.ir(rules)
-  local R, index = {}, {}
-  for i, name in ipairs(rules.order) do index[name], R[i] = i - 1, { name = name } end
-  local sets, set_index = {}, {}
-  local function set_elem(lo_hi_list)
-    local bytes = {}
-    for b = 0, 31 do bytes[b] = 0 end
-    for _, r in ipairs(lo_hi_list) do
-      for b = r[1], r[2] do bytes[math.floor(b / 8)] = bytes[math.floor(b / 8)] + 2 ^ (b % 8) end
-    end
-    local parts = {}
-    for b = 0, 31 do parts[b + 1] = string.char(bytes[b]) end
-    local key = table.concat(parts)
-    local k = set_index[key]
-    if not k then
-      sets[#sets + 1] = key
-      k = #sets - 1
-      set_index[key] = k
-    end
-    return SET + k
+-- The IR being built (M.ir): the rules (R: { name, alts }, 0-based ids by name in index) and
+-- the byte sets (32-byte bitmaps, each once).
+local Builder = {}
+Builder.__index = Builder
+
+-- The element of a byte set (a list of { lo, hi } byte ranges).
+function Builder:set_elem(lo_hi_list)
+  local bytes = {}
+  for b = 0, 31 do bytes[b] = 0 end
+  for _, r in ipairs(lo_hi_list) do
+    for b = r[1], r[2] do bytes[math.floor(b / 8)] = bytes[math.floor(b / 8)] + 2 ^ (b % 8) end
   end
-  local function new_rule(name, alts)
-    R[#R + 1] = { name = name, alts = alts }
-    return #R - 1
+  local parts = {}
+  for b = 0, 31 do parts[b + 1] = string.char(bytes[b]) end
+  local key = table.concat(parts)
+  local k = self.set_index[key]
+  if not k then
+    self.sets[#self.sets + 1] = key
+    k = #self.sets - 1
+    self.set_index[key] = k
   end
-  local emit
-  -- The elements of alternatives alts as one element: inline when there is one alternative of
-  -- one element, else a new rule.
-  local function as_one(alts, name)
-    if #alts == 1 and #alts[1] == 1 then return alts[1][1] end
-    return REF + new_rule(name, alts)
-  end
-  local function seq_elems(seq, name)
-    local out = {}
-    for _, it in ipairs(seq) do emit(it, out, name) end
-    return out
-  end
-  function emit(it, out, name)
-    if it.t == "lit" then
-      for _, cp in ipairs(it.cps) do
-        for _, b in ipairs(utf8_bytes(cp)) do out[#out + 1] = set_elem({ { b, b } }) end
-      end
-    elseif it.t == "ref" then
-      out[#out + 1] = REF + index[it.name]
-    elseif it.t == "class" then
-      local single, alts = {}, {}
-      for _, sq in ipairs(M.utf8_sequences(it.ranges, it.neg)) do
-        if #sq == 1 then single[#single + 1] = sq[1]
-        else
-          local e = {}
-          for k, r in ipairs(sq) do e[k] = set_elem({ r }) end
-          alts[#alts + 1] = e
-        end
-      end
-      if #single > 0 or #alts == 0 then table.insert(alts, 1, { set_elem(single) }) end
-      out[#out + 1] = as_one(alts, name .. "-char")
-    elseif it.t == "group" then
-      local alts = {}
-      for k, seq in ipairs(it.alts) do alts[k] = seq_elems(seq, name) end
-      if #alts == 1 then
-        for _, e in ipairs(alts[1]) do out[#out + 1] = e end
-      else
-        out[#out + 1] = REF + new_rule(name .. "-group", alts)
-      end
-    else -- rep
-      local x = seq_elems({ it.item }, name)
-      local unit = as_one({ x }, name .. "-item")
-      for _ = 1, it.min do out[#out + 1] = unit end
-      if it.max == nil then
-        local r = new_rule(name .. "-star", {})
-        R[r + 1].alts = { { unit, REF + r }, {} }
-        out[#out + 1] = REF + r
-      elseif it.max > it.min then
-        local r = new_rule(name .. "-opt", { { unit }, {} })
-        for _ = 2, it.max - it.min do r = new_rule(name .. "-opt", { { unit, REF + r }, {} }) end
-        out[#out + 1] = REF + r
-      end
+  return SET + k
+end
+
+function Builder:new_rule(name, alts)
+  local R = self.R
+  R[#R + 1] = { name = name, alts = alts }
+  return #R - 1
+end
+
+-- The elements of alternatives alts as one element: inline when there is one alternative of
+-- one element, else a new rule.
+function Builder:as_one(alts, name)
+  if #alts == 1 and #alts[1] == 1 then return alts[1][1] end
+  return REF + self:new_rule(name, alts)
+end
+
+function Builder:seq_elems(seq, name)
+  local out = {}
+  for _, it in ipairs(seq) do self:emit(it, out, name) end
+  return out
+end
+
+-- A character class: its UTF-8 byte sequences, the one-byte ones in one set.
+function Builder:class_elem(it, name)
+  local single, alts = {}, {}
+  for _, sq in ipairs(M.utf8_sequences(it.ranges, it.neg)) do
+    if #sq == 1 then single[#single + 1] = sq[1]
+    else
+      local e = {}
+      for k, r in ipairs(sq) do e[k] = self:set_elem({ r }) end
+      alts[#alts + 1] = e
     end
   end
-  for i, name in ipairs(rules.order) do
+  if #single > 0 or #alts == 0 then table.insert(alts, 1, { self:set_elem(single) }) end
+  return self:as_one(alts, name .. "-char")
+end
+
+-- A repetition's elements into out: min copies of its item, then a rule for the rest (any
+-- number more, or up to max).
+function Builder:emit_rep(it, out, name)
+  local x = self:seq_elems({ it.item }, name)
+  local unit = self:as_one({ x }, name .. "-item")
+  for _ = 1, it.min do out[#out + 1] = unit end
+  if it.max == nil then
+    local r = self:new_rule(name .. "-star", {})
+    self.R[r + 1].alts = { { unit, REF + r }, {} }
+    out[#out + 1] = REF + r
+  elseif it.max > it.min then
+    local r = self:new_rule(name .. "-opt", { { unit }, {} })
+    for _ = 2, it.max - it.min do r = self:new_rule(name .. "-opt", { { unit, REF + r }, {} }) end
+    out[#out + 1] = REF + r
+  end
+end
+
+function Builder:emit(it, out, name)
+  if it.t == "lit" then
+    for _, cp in ipairs(it.cps) do
+      for _, b in ipairs(utf8_bytes(cp)) do out[#out + 1] = self:set_elem({ { b, b } }) end
+    end
+  elseif it.t == "ref" then
+    out[#out + 1] = REF + self.index[it.name]
+  elseif it.t == "class" then
+    out[#out + 1] = self:class_elem(it, name)
+  elseif it.t == "group" then
     local alts = {}
-    for k, seq in ipairs(rules[name].alts) do alts[k] = seq_elems(seq, name) end
-    R[i].alts = alts
+    for k, seq in ipairs(it.alts) do alts[k] = self:seq_elems(seq, name) end
+    if #alts == 1 then
+      for _, e in ipairs(alts[1]) do out[#out + 1] = e end
+    else
+      out[#out + 1] = REF + self:new_rule(name .. "-group", alts)
+    end
+  else -- rep
+    self:emit_rep(it, out, name)
   end
+end
+
+-- The rules and sets as the C arrays M.ir returns.
+function Builder:pack()
+  local R = self.R
   local words = { #R }
   local names = {}
   for i, r in ipairs(R) do
@@ -403,11 +417,23 @@ function M.ir(rules)
   end
   local ir = ffi.new("int32_t[?]", #words)
   for k, w in ipairs(words) do ir[k - 1] = w end
-  local blob = table.concat(sets)
+  local blob = table.concat(self.sets)
   local setbuf = ffi.new("uint8_t[?]", math.max(#blob, 1))
   ffi.copy(setbuf, blob, #blob)
-  return { ir = ir, n_ir = #words, sets = setbuf, n_sets = #sets, root = index.root,
+  return { ir = ir, n_ir = #words, sets = setbuf, n_sets = #self.sets, root = self.index.root,
     names = table.concat(names, "\n"), n_rules = #R }
 end
 
+-- The C arrays of parsed rules: { ir = int32_t[], n_ir, sets = uint8_t[], n_sets, root,
+-- names ('\n'-joined), n_rules }.
+function M.ir(rules)
+  local b = setmetatable({ R = {}, index = {}, sets = {}, set_index = {} }, Builder)
+  for i, name in ipairs(rules.order) do b.index[name], b.R[i] = i - 1, { name = name } end
+  for i, name in ipairs(rules.order) do
+    local alts = {}
+    for k, seq in ipairs(rules[name].alts) do alts[k] = b:seq_elems(seq, name) end
+    b.R[i].alts = alts
+  end
+  return b:pack()
+end
 return M

@@ -83,6 +83,196 @@ end
 
 local function nonneg_int(v) return type(v) == "number" and v >= 0 and v == math.floor(v) and v <= 10000 end
 
+-- A schema's rules as they are written (M.rules): the schema, where (its name in errors), the
+-- rules' prefix, the rules so far and the names given, and the rule of each $ref made.
+local Rules = {}
+Rules.__index = Rules
+
+function Rules:fail(ptr, msg) error(string.format("%s: %s: %s", self.where, ptr == "" and "/" or ptr, msg), 0) end
+
+function Rules:new_name(kind)
+  self.n = self.n + 1
+  return self.prefix .. kind .. "-" .. self.n
+end
+
+function Rules:rule(name, body) self.rules[#self.rules + 1] = name .. " ::= " .. body end
+
+function Rules:resolve(ref, ptr)
+  if type(ref) ~= "string" then self:fail(ptr, "'$ref' must be a string") end
+  if ref == "#" then return self.prefix .. "schema-root" end
+  local target = M.pointer(self.schema, ref)
+  if target == nil then
+    if ref:sub(1, 2) ~= "#/" then self:fail(ptr, "'$ref' " .. ref .. " is not supported (only references within the schema: #, #/$defs/NAME, #/...)") end
+    self:fail(ptr, "'$ref' " .. ref .. " names nothing in the schema")
+  end
+  if not self.defs_done[ref] then
+    self.defs_done[ref] = self:new_name("ref")
+    self:rule(self.defs_done[ref], self:gen(target, ref:sub(2)))
+  end
+  return self.defs_done[ref]
+end
+
+-- An object's properties in the order they are written: `required`'s, then the others by name
+-- (the text's order when decoded by loip.text.json_ordered); and the set of required ones.
+function Rules:property_order(s, props, ptr)
+  local req, order, listed = {}, {}, {}
+  if s.required ~= nil then
+    if not is_array(s.required) then self:fail(ptr .. "/required", "'required' must be an array of names") end
+    for i, name in ipairs(s.required) do
+      if type(name) ~= "string" then self:fail(ptr .. "/required/" .. (i - 1), "'required' must be an array of names") end
+      if props[name] == nil then self:fail(ptr .. "/required/" .. (i - 1), "'" .. name .. "' is not in 'properties'") end
+      if not listed[name] then order[#order + 1], listed[name] = name, true end
+      req[name] = true
+    end
+  end
+  if ordered.keys(props) then order, listed = {}, {} end -- decoded by json_ordered: the text's order
+  for _, name in ipairs(ordered.keys(props) or sorted_keys(props)) do
+    if not listed[name] then order[#order + 1], listed[name] = name, true end
+  end
+  return order, req
+end
+
+function Rules:object(s, ptr)
+  local props = s.properties
+  local ap = s.additionalProperties
+  if ap ~= nil and ap ~= false and ap ~= true then
+    self:fail(ptr .. "/additionalProperties", "'additionalProperties' as a schema is not supported (only false)")
+  end
+  if props == nil then
+    if s.required ~= nil and #s.required > 0 then self:fail(ptr .. "/required", "'required' without 'properties'") end
+    if ap == false then return '"{" ws "}"' end
+    return "object"
+  end
+  if type(props) ~= "table" or props == json.null or (#props > 0) then self:fail(ptr .. "/properties", "'properties' must be an object") end
+  if ap == true then self:fail(ptr .. "/additionalProperties", "'additionalProperties': true with 'properties' is not supported") end
+  local order, req = self:property_order(s, props, ptr)
+  local base = self:new_name("object")
+  local kv = {}
+  for i, name in ipairs(order) do
+    kv[i] = M.literal(json.encode(tostring(name))) .. ' ws ":" ws ' .. self:gen(props[name], ptr .. "/properties/" .. ptr_token(name)) .. " ws"
+  end
+  -- first-i: members i.. with none before; rest-i: with one before (a comma first)
+  local k = #order
+  for i = k, 1, -1 do
+    local nxt_rest = i < k and (base .. "-rest-" .. (i + 1)) or ""
+    local nxt_first = i < k and (base .. "-first-" .. (i + 1)) or ""
+    local first = kv[i] .. " " .. nxt_rest
+    local rest = '"," ws ' .. kv[i] .. " " .. nxt_rest
+    if not req[order[i]] then
+      first = first .. " | " .. nxt_first
+      rest = rest .. " | " .. nxt_rest
+    end
+    self:rule(base .. "-first-" .. i, first)
+    self:rule(base .. "-rest-" .. i, rest)
+  end
+  self:rule(base, '"{" ws ' .. (k > 0 and base .. "-first-1 " or "") .. '"}"')
+  return base
+end
+
+function Rules:array(s, ptr)
+  if s.items ~= nil and is_array(s.items) and #s.items > 0 then self:fail(ptr .. "/items", "'items' as an array (tuples) is not supported") end
+  local item = s.items == nil and "value" or self:gen(s.items, ptr .. "/items")
+  local min, max = s.minItems or 0, s.maxItems
+  if not nonneg_int(min) then self:fail(ptr .. "/minItems", "'minItems' must be a whole number 0..10000") end
+  if max ~= nil and not nonneg_int(max) then self:fail(ptr .. "/maxItems", "'maxItems' must be a whole number 0..10000") end
+  if max and max < min then self:fail(ptr .. "/maxItems", "'maxItems' is below 'minItems'") end
+  if max == 0 then return '( "[" ws "]" )' end
+  local name = self:new_name("array")
+  local first, rest = item .. " ws", '( "," ws ' .. item .. " ws )"
+  local reps
+  local lo = math.max(min - 1, 0)
+  if max == nil then reps = "{" .. lo .. ",}" else reps = "{" .. lo .. "," .. (max - 1) .. "}" end
+  if min == 0 then self:rule(name, '"[" ws ( ' .. first .. " " .. rest .. reps .. ' )? "]"')
+  else self:rule(name, '"[" ws ' .. first .. " " .. rest .. reps .. ' "]"') end
+  return name
+end
+
+function Rules:string_of(s, ptr)
+  local min, max = s.minLength, s.maxLength
+  if min == nil and max == nil then return "string" end
+  min = min or 0
+  if not nonneg_int(min) then self:fail(ptr .. "/minLength", "'minLength' must be a whole number 0..10000") end
+  if max ~= nil and not nonneg_int(max) then self:fail(ptr .. "/maxLength", "'maxLength' must be a whole number 0..10000") end
+  if max and max < min then self:fail(ptr .. "/maxLength", "'maxLength' is below 'minLength'") end
+  return '( "\\"" char{' .. min .. "," .. (max or "") .. '} "\\"" )'
+end
+
+function Rules:of_type(s, t, ptr)
+  if t == "object" then return self:object(s, ptr) end
+  if t == "array" then return self:array(s, ptr) end
+  if t == "string" then return self:string_of(s, ptr) end
+  return types[t]
+end
+
+local function literal_value(v) return M.literal(json.encode(v)) end
+
+-- The rule of a schema of alternatives or one value ($ref, const, enum, anyOf, oneOf, allOf), or
+-- nil when s is none of them.
+function Rules:choice(s, ptr)
+  local function only(kw)
+    for _, k in ipairs(sorted_keys(s)) do
+      if k ~= kw and supported[k] and k ~= "$defs" and k ~= "definitions" then
+        self:fail(ptr, "'" .. kw .. "' together with '" .. k .. "' is not supported")
+      end
+    end
+  end
+  if s["$ref"] ~= nil then
+    only("$ref")
+    return self:resolve(s["$ref"], ptr .. "/$ref")
+  end
+  if s.const ~= nil then return literal_value(s.const) end
+  if s.enum ~= nil then
+    if not is_array(s.enum) or #s.enum == 0 then self:fail(ptr .. "/enum", "'enum' must be a non-empty array") end
+    local alts = {}
+    for i, v in ipairs(s.enum) do alts[i] = literal_value(v) end
+    return "( " .. table.concat(alts, " | ") .. " )"
+  end
+  for _, kw in ipairs({ "anyOf", "oneOf", "allOf" }) do
+    local list = s[kw]
+    if list ~= nil then
+      only(kw)
+      if not is_array(list) or #list == 0 then self:fail(ptr .. "/" .. kw, "'" .. kw .. "' must be a non-empty array") end
+      if kw == "allOf" and #list > 1 then self:fail(ptr .. "/allOf", "'allOf' of more than one schema is not supported") end
+      local alts = {}
+      for i, sub in ipairs(list) do alts[i] = self:gen(sub, ptr .. "/" .. kw .. "/" .. (i - 1)) end
+      return "( " .. table.concat(alts, " | ") .. " )"
+    end
+  end
+end
+
+-- The rule (a name or an expression) of a document valid against schema s at pointer ptr.
+function Rules:gen(s, ptr)
+  if s == true then return "value" end
+  if type(s) ~= "table" or s == json.null or (#s > 0) then self:fail(ptr, "a schema must be an object or true") end
+  for _, k in ipairs(sorted_keys(s)) do
+    if not supported[k] and not annotations[k] then self:fail(ptr, "'" .. tostring(k) .. "' is not supported") end
+  end
+  if s.nullable ~= nil and type(s.nullable) ~= "boolean" then self:fail(ptr .. "/nullable", "'nullable' must be true or false") end
+  if s.nullable == true then -- (OpenAPI's, as the OpenAI client's zod helper writes .nullable())
+    local rest = {}
+    for k, v in pairs(s) do if k ~= "nullable" then rest[k] = v end end
+    return "( " .. self:gen(rest, ptr) .. " | null )"
+  end
+  local chosen = self:choice(s, ptr)
+  if chosen then return chosen end
+  local t = s.type
+  if t == nil then
+    if s.properties ~= nil or s.additionalProperties ~= nil or s.required ~= nil then return self:object(s, ptr) end
+    if s.items ~= nil or s.minItems ~= nil or s.maxItems ~= nil then return self:array(s, ptr) end
+    if s.minLength ~= nil or s.maxLength ~= nil then return self:string_of(s, ptr) end
+    return "value"
+  end
+  local list = type(t) == "table" and t or { t }
+  if type(t) == "table" and (not is_array(t) or #t == 0) then self:fail(ptr .. "/type", "'type' must be a name or a non-empty array of names") end
+  local alts = {}
+  for i, name in ipairs(list) do
+    if not types[name] then self:fail(ptr .. "/type", "type '" .. tostring(name) .. "' is not a JSON schema type") end
+    alts[i] = self:of_type(s, name, ptr)
+  end
+  if #alts == 1 then return alts[1] end
+  return "( " .. table.concat(alts, " | ") .. " )"
+end
+
 -- The rules of schema (a decoded JSON value, or JSON text) as GBNF text, and the name of the
 -- rule of a document valid against it; the rules' names start with prefix (default ""), and
 -- they call M.base's rules, which the text does not hold (M.gbnf adds them; a grammar made of
@@ -100,179 +290,9 @@ function M.rules(schema, where, prefix)
     if v == nil then error(err, 0) end
     schema = v
   end
-  local rules, n = {}, 0
-  local defs_done = {}
-  local function fail(ptr, msg) error(string.format("%s: %s: %s", where, ptr == "" and "/" or ptr, msg), 0) end
-  local function new_name(kind)
-    n = n + 1
-    return prefix .. kind .. "-" .. n
-  end
-  local function rule(name, body) rules[#rules + 1] = name .. " ::= " .. body end
-  local gen
-
-  local function resolve(ref, ptr)
-    if type(ref) ~= "string" then fail(ptr, "'$ref' must be a string") end
-    if ref == "#" then return prefix .. "schema-root" end
-    local target = M.pointer(schema, ref)
-    if target == nil then
-      if ref:sub(1, 2) ~= "#/" then fail(ptr, "'$ref' " .. ref .. " is not supported (only references within the schema: #, #/$defs/NAME, #/...)") end
-      fail(ptr, "'$ref' " .. ref .. " names nothing in the schema")
-    end
-    if not defs_done[ref] then
-      defs_done[ref] = new_name("ref")
-      rule(defs_done[ref], gen(target, ref:sub(2)))
-    end
-    return defs_done[ref]
-  end
-
-  local function object(s, ptr)
-    local props = s.properties
-    local ap = s.additionalProperties
-    if ap ~= nil and ap ~= false and ap ~= true then
-      fail(ptr .. "/additionalProperties", "'additionalProperties' as a schema is not supported (only false)")
-    end
-    if props == nil then
-      if s.required ~= nil and #s.required > 0 then fail(ptr .. "/required", "'required' without 'properties'") end
-      if ap == false then return '"{" ws "}"' end
-      return "object"
-    end
-    if type(props) ~= "table" or props == json.null or (#props > 0) then fail(ptr .. "/properties", "'properties' must be an object") end
-    if ap == true then fail(ptr .. "/additionalProperties", "'additionalProperties': true with 'properties' is not supported") end
-    local req, order, listed = {}, {}, {}
-    if s.required ~= nil then
-      if not is_array(s.required) then fail(ptr .. "/required", "'required' must be an array of names") end
-      for i, name in ipairs(s.required) do
-        if type(name) ~= "string" then fail(ptr .. "/required/" .. (i - 1), "'required' must be an array of names") end
-        if props[name] == nil then fail(ptr .. "/required/" .. (i - 1), "'" .. name .. "' is not in 'properties'") end
-        if not listed[name] then order[#order + 1], listed[name] = name, true end
-        req[name] = true
-      end
-    end
-    if ordered.keys(props) then order, listed = {}, {} end -- decoded by json_ordered: the text's order
-    for _, name in ipairs(ordered.keys(props) or sorted_keys(props)) do
-      if not listed[name] then order[#order + 1], listed[name] = name, true end
-    end
-    local base = new_name("object")
-    local kv = {}
-    for i, name in ipairs(order) do
-      kv[i] = M.literal(json.encode(tostring(name))) .. ' ws ":" ws ' .. gen(props[name], ptr .. "/properties/" .. ptr_token(name)) .. " ws"
-    end
-    -- first-i: members i.. with none before; rest-i: with one before (a comma first)
-    local k = #order
-    for i = k, 1, -1 do
-      local nxt_rest = i < k and (base .. "-rest-" .. (i + 1)) or ""
-      local nxt_first = i < k and (base .. "-first-" .. (i + 1)) or ""
-      local first = kv[i] .. " " .. nxt_rest
-      local rest = '"," ws ' .. kv[i] .. " " .. nxt_rest
-      if not req[order[i]] then
-        first = first .. " | " .. nxt_first
-        rest = rest .. " | " .. nxt_rest
-      end
-      rule(base .. "-first-" .. i, first)
-      rule(base .. "-rest-" .. i, rest)
-    end
-    rule(base, '"{" ws ' .. (k > 0 and base .. "-first-1 " or "") .. '"}"')
-    return base
-  end
-
-  local function array(s, ptr)
-    if s.items ~= nil and is_array(s.items) and #s.items > 0 then fail(ptr .. "/items", "'items' as an array (tuples) is not supported") end
-    local item = s.items == nil and "value" or gen(s.items, ptr .. "/items")
-    local min, max = s.minItems or 0, s.maxItems
-    if not nonneg_int(min) then fail(ptr .. "/minItems", "'minItems' must be a whole number 0..10000") end
-    if max ~= nil and not nonneg_int(max) then fail(ptr .. "/maxItems", "'maxItems' must be a whole number 0..10000") end
-    if max and max < min then fail(ptr .. "/maxItems", "'maxItems' is below 'minItems'") end
-    if max == 0 then return '( "[" ws "]" )' end
-    local name = new_name("array")
-    local first, rest = item .. " ws", '( "," ws ' .. item .. " ws )"
-    local reps
-    local lo = math.max(min - 1, 0)
-    if max == nil then reps = "{" .. lo .. ",}" else reps = "{" .. lo .. "," .. (max - 1) .. "}" end
-    if min == 0 then rule(name, '"[" ws ( ' .. first .. " " .. rest .. reps .. ' )? "]"')
-    else rule(name, '"[" ws ' .. first .. " " .. rest .. reps .. ' "]"') end
-    return name
-  end
-
-  local function string_of(s, ptr)
-    local min, max = s.minLength, s.maxLength
-    if min == nil and max == nil then return "string" end
-    min = min or 0
-    if not nonneg_int(min) then fail(ptr .. "/minLength", "'minLength' must be a whole number 0..10000") end
-    if max ~= nil and not nonneg_int(max) then fail(ptr .. "/maxLength", "'maxLength' must be a whole number 0..10000") end
-    if max and max < min then fail(ptr .. "/maxLength", "'maxLength' is below 'minLength'") end
-    return '( "\\"" char{' .. min .. "," .. (max or "") .. '} "\\"" )'
-  end
-
-  local function of_type(s, t, ptr)
-    if t == "object" then return object(s, ptr) end
-    if t == "array" then return array(s, ptr) end
-    if t == "string" then return string_of(s, ptr) end
-    return types[t]
-  end
-
-  local function literal_value(v) return M.literal(json.encode(v)) end
-
-  function gen(s, ptr)
-    if s == true then return "value" end
-    if type(s) ~= "table" or s == json.null or (#s > 0) then fail(ptr, "a schema must be an object or true") end
-    for _, k in ipairs(sorted_keys(s)) do
-      if not supported[k] and not annotations[k] then fail(ptr, "'" .. tostring(k) .. "' is not supported") end
-    end
-    if s.nullable ~= nil and type(s.nullable) ~= "boolean" then fail(ptr .. "/nullable", "'nullable' must be true or false") end
-    if s.nullable == true then -- (OpenAPI's, as the OpenAI client's zod helper writes .nullable())
-      local rest = {}
-      for k, v in pairs(s) do if k ~= "nullable" then rest[k] = v end end
-      return "( " .. gen(rest, ptr) .. " | null )"
-    end
-    local function only(kw)
-      for _, k in ipairs(sorted_keys(s)) do
-        if k ~= kw and supported[k] and k ~= "$defs" and k ~= "definitions" then
-          fail(ptr, "'" .. kw .. "' together with '" .. k .. "' is not supported")
-        end
-      end
-    end
-    if s["$ref"] ~= nil then
-      only("$ref")
-      return resolve(s["$ref"], ptr .. "/$ref")
-    end
-    if s.const ~= nil then return literal_value(s.const) end
-    if s.enum ~= nil then
-      if not is_array(s.enum) or #s.enum == 0 then fail(ptr .. "/enum", "'enum' must be a non-empty array") end
-      local alts = {}
-      for i, v in ipairs(s.enum) do alts[i] = literal_value(v) end
-      return "( " .. table.concat(alts, " | ") .. " )"
-    end
-    for _, kw in ipairs({ "anyOf", "oneOf", "allOf" }) do
-      local list = s[kw]
-      if list ~= nil then
-        only(kw)
-        if not is_array(list) or #list == 0 then fail(ptr .. "/" .. kw, "'" .. kw .. "' must be a non-empty array") end
-        if kw == "allOf" and #list > 1 then fail(ptr .. "/allOf", "'allOf' of more than one schema is not supported") end
-        local alts = {}
-        for i, sub in ipairs(list) do alts[i] = gen(sub, ptr .. "/" .. kw .. "/" .. (i - 1)) end
-        return "( " .. table.concat(alts, " | ") .. " )"
-      end
-    end
-    local t = s.type
-    if t == nil then
-      if s.properties ~= nil or s.additionalProperties ~= nil or s.required ~= nil then return object(s, ptr) end
-      if s.items ~= nil or s.minItems ~= nil or s.maxItems ~= nil then return array(s, ptr) end
-      if s.minLength ~= nil or s.maxLength ~= nil then return string_of(s, ptr) end
-      return "value"
-    end
-    local list = type(t) == "table" and t or { t }
-    if type(t) == "table" and (not is_array(t) or #t == 0) then fail(ptr .. "/type", "'type' must be a name or a non-empty array of names") end
-    local alts = {}
-    for i, name in ipairs(list) do
-      if not types[name] then fail(ptr .. "/type", "type '" .. tostring(name) .. "' is not a JSON schema type") end
-      alts[i] = of_type(s, name, ptr)
-    end
-    if #alts == 1 then return alts[1] end
-    return "( " .. table.concat(alts, " | ") .. " )"
-  end
-
-  rule(prefix .. "schema-root", gen(schema, ""))
-  return prefix .. "schema-root", table.concat(rules, "\n") .. "\n"
+  local b = setmetatable({ schema = schema, where = where, prefix = prefix, rules = {}, n = 0, defs_done = {} }, Rules)
+  b:rule(prefix .. "schema-root", b:gen(schema, ""))
+  return prefix .. "schema-root", table.concat(b.rules, "\n") .. "\n"
 end
 
 -- The GBNF text of schema: root ::= a document valid against it (see M.rules).

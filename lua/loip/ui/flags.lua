@@ -6,16 +6,17 @@
 -- positional names the words a command takes besides its flags, in order (the last may end in
 -- "...": any number more); a command without it takes none. More words than it names are refused,
 -- naming them (a value with spaces not quoted: `--prompt Once upon a time`).
--- A row { "old-name", "int", alias_of = "new-name" } keeps a renamed flag working for a release:
--- it sets new-name's option and says once on stderr that it is deprecated and what to use.
+-- A row { "old-name", "int", alias_of = "new-name" } is a renamed flag's deprecated alias: it
+-- sets new-name's option and says once on stderr that it is deprecated and what to use.
+local errors = require "loip.error"
 local suggest = require "loip.ui.suggest"
 
 local M = {}
 
-local function fail(cmd, msg) error({ usage_error = true, msg = cmd .. ": " .. msg }, 0) end
+local function fail(cmd, msg) errors.raise("usage", cmd .. ": " .. msg) end
 
 -- Says once (per process) on stderr that `old`, a renamed flag or option of `who`, is deprecated
--- and what to use instead; the old name keeps working for a release.
+-- and what to use instead; the deprecated name works meanwhile.
 local warned = {}
 function M.deprecated(who, old, new)
   if warned[who .. old] then return end
@@ -219,7 +220,7 @@ M.shared = {
 }
 
 
--- A deprecated alias `old` of the flag row `row` (a renamed flag, kept working for a release).
+-- A deprecated alias `old` of the flag row `row` (a renamed flag's name, which still works).
 function M.alias(old, row) return { old, row[2], metavar = row.metavar, alias_of = row[1] } end
 
 -- The overrides of a named shape's config that `synth` and `plan --like` take (loip.model.synth

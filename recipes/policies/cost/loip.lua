@@ -126,6 +126,82 @@ function M.closed(p, problem)
     bound = bottleneck and "load" or M.bound(comp - exposed, comm, T - A + exposed), bottleneck = bottleneck, devices = devs, stages = S }
 end
 
+-- Device i of plan p (d) as the timeline plays it: per stage its offloaded compute, resident
+-- compute and each offloaded block's read (at rate bytes/s: rates[i], else its disk_bps), and
+-- its lanes' state (disk, the slot's live reads) and totals.
+local function timeline_device(p, problem, rates, i, d)
+  local sizes = problem.model
+  local part = plan.device_part(p, i, sizes)
+  local c = problem.devices[i].compute
+  local reads = part.off_mha + part.off_mlp > 0
+  local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
+  local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
+  local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
+    comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
+  -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
+  local xbytes, xreads = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
+  -- (as the block's read time: its experts' at their own rate, folded into its bytes at the disk's)
+  local xms = space.expert_read_ms(problem.devices[i], xbytes, xreads, part.off_moe)
+  x.expert_bytes = (part.off_moe or 0) > 0 and xms / 1e3 * rate / part.off_moe or 0
+  for s, st in ipairs(d.stages) do
+    local y = { off = 0, res = c.stage_ms or 0, bytes = 0, blocks = {} }
+    for b = st.blocks[1], st.blocks[2] do
+      local ms = (b % 2 == 0 and c.mha_ms or c.mlp_ms) * f
+      if b - st.blocks[1] < (st.offloaded or 0) then
+        local bytes = sizes.block_bytes[b] + (b % 2 == 1 and x.expert_bytes or 0)
+        y.off, y.bytes = y.off + ms, y.bytes + bytes
+        y.blocks[#y.blocks + 1] = { read = bytes / rate * 1e3 + fixed, ms = ms }
+      else
+        y.res = y.res + ms
+      end
+    end
+    y.read = y.bytes > 0 and (y.bytes / rate * 1e3 + fixed) or 0
+    x.stages[s] = y
+  end
+  return x
+end
+
+-- A stage (y) of device x with its input here at `arrive`: when it starts computing, and when
+-- its offloaded blocks are computed (release); its reads on the device's disk lane. last: the
+-- step whose figures are kept.
+local function stage_reads(x, y, arrive, last)
+  if y.bytes == 0 then return arrive, arrive end
+  if x.per_block then
+    -- each offloaded block read when its turn comes, then computed (a one-block slot)
+    local at = arrive
+    for _, blk in ipairs(y.blocks) do
+      local go = math.max(at, x.disk)
+      x.disk = go + blk.read
+      at = x.disk + blk.ms
+    end
+    if last then x.stall, x.load = x.stall + (at - arrive - y.off), x.load + y.read end
+    return arrive, at
+  end
+  -- the read: when the disk is free, the slot has room, and (without reading ahead) the
+  -- stage has started
+  local go = math.max(x.disk, x.prefetch and 0 or arrive)
+  local j = #x.live
+  if x.slots > 1 then
+    -- several slots, a stage's reads each: the read x.slots back must be released
+    j = j - x.slots + 1
+  else
+    -- one slot used as a ring, freed in read order: what is still held must fit beside it
+    local live = y.bytes
+    while j >= 1 and live + x.live[j].bytes <= x.cap do live, j = live + x.live[j].bytes, j - 1 end
+  end
+  if j >= 1 then go = math.max(go, x.live[j].release) end
+  x.disk = go + y.read
+  local start = math.max(arrive, x.disk)
+  local release = start + y.off
+  x.live[#x.live + 1] = { bytes = y.bytes, release = release }
+  if last then
+    x.stall, x.load = x.stall + (start - arrive), x.load + y.read
+    if x.last_release then x.windows = x.windows + (arrive - x.last_release) end
+  end
+  x.last_release = release
+  return start, release
+end
+
 -- The estimate of plan p, stage by stage: the same figures as M.closed, from a timeline of a few
 -- decoding steps in which the token crosses the ring hop by hop, each device reads its stages'
 -- offloaded blocks in order into its slot (a read starts when the disk is free and the slot has
@@ -143,38 +219,8 @@ local function play(p, problem, rates)
   local batch = problem.micro_batch or 1
   local hidden = sizes.header_bytes + batch * sizes.hidden_bytes
   local token = sizes.header_bytes + (sizes.token_bytes or 4) * batch
-  -- per device and stage: offloaded compute, resident compute, each offloaded block's read
   local dev = {}
-  for i, d in ipairs(p.devices) do
-    local part = plan.device_part(p, i, sizes)
-    local c = problem.devices[i].compute
-    local reads = part.off_mha + part.off_mlp > 0
-    local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
-    local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
-    local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
-      comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
-    -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
-    local xbytes, xreads = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
-    -- (as the block's read time: its experts' at their own rate, folded into its bytes at the disk's)
-    local xms = space.expert_read_ms(problem.devices[i], xbytes, xreads, part.off_moe)
-    x.expert_bytes = (part.off_moe or 0) > 0 and xms / 1e3 * rate / part.off_moe or 0
-    for s, st in ipairs(d.stages) do
-      local y = { off = 0, res = c.stage_ms or 0, bytes = 0, blocks = {} }
-      for b = st.blocks[1], st.blocks[2] do
-        local ms = (b % 2 == 0 and c.mha_ms or c.mlp_ms) * f
-        if b - st.blocks[1] < (st.offloaded or 0) then
-          local bytes = sizes.block_bytes[b] + (b % 2 == 1 and x.expert_bytes or 0)
-          y.off, y.bytes = y.off + ms, y.bytes + bytes
-          y.blocks[#y.blocks + 1] = { read = bytes / rate * 1e3 + fixed, ms = ms }
-        else
-          y.res = y.res + ms
-        end
-      end
-      y.read = y.bytes > 0 and (y.bytes / rate * 1e3 + fixed) or 0
-      x.stages[s] = y
-    end
-    dev[i] = x
-  end
+  for i, d in ipairs(p.devices) do dev[i] = timeline_device(p, problem, rates, i, d) end
   local steps, t, ends = 4, 0, {}
   for step = 1, steps do
     local last = step == steps
@@ -182,43 +228,7 @@ local function play(p, problem, rates)
       for i = 1, N do
         local x, y = dev[i], dev[i].stages[s]
         local arrive = t
-        local start, release
-        if y.bytes == 0 then
-          start, release = arrive, arrive
-        elseif x.per_block then
-          -- each offloaded block read when its turn comes, then computed (a one-block slot)
-          local at = arrive
-          for _, blk in ipairs(y.blocks) do
-            local go = math.max(at, x.disk)
-            x.disk = go + blk.read
-            at = x.disk + blk.ms
-          end
-          start, release = arrive, at
-          if last then x.stall, x.load = x.stall + (at - arrive - y.off), x.load + y.read end
-        else
-          -- the read: when the disk is free, the slot has room, and (without reading ahead) the
-          -- stage has started
-          local go = math.max(x.disk, x.prefetch and 0 or arrive)
-          local j = #x.live
-          if x.slots > 1 then
-            -- several slots, a stage's reads each: the read x.slots back must be released
-            j = j - x.slots + 1
-          else
-            -- one slot used as a ring, freed in read order: what is still held must fit beside it
-            local live = y.bytes
-            while j >= 1 and live + x.live[j].bytes <= x.cap do live, j = live + x.live[j].bytes, j - 1 end
-          end
-          if j >= 1 then go = math.max(go, x.live[j].release) end
-          x.disk = go + y.read
-          start = math.max(arrive, x.disk)
-          release = start + y.off
-          x.live[#x.live + 1] = { bytes = y.bytes, release = release }
-          if last then
-            x.stall, x.load = x.stall + (start - arrive), x.load + y.read
-            if x.last_release then x.windows = x.windows + (arrive - x.last_release) end
-          end
-          x.last_release = release
-        end
+        local start, release = stage_reads(x, y, arrive, last)
         local finish = release + y.res + ((i == 1 and s == 1) and (problem.devices[1].compute.embed_ms or 0) or 0)
         if last then x.comp = x.comp + (finish - start) end
         t = finish

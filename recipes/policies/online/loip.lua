@@ -146,6 +146,75 @@ local function rate_into(state, k)
   return l and l.measured_Bps
 end
 
+-- Each device's incoming rate now kept in memo.rates, and the slowest within the horizon.
+local function slowest_rates(state, memo, o)
+  memo.rates = memo.rates or {}
+  local slowest = {}
+  for i in ipairs(state.devices) do
+    local hist = memo.rates[i] or {}
+    memo.rates[i] = hist
+    hist[#hist + 1] = { step = state.step, bw = rate_into(state, i) or 0 }
+    while #hist > 1 and hist[1].step <= state.step - o.rate_horizon do table.remove(hist, 1) end
+    slowest[i] = math.huge
+    for _, x in ipairs(hist) do slowest[i] = math.min(slowest[i], x.bw) end
+  end
+  return slowest
+end
+
+-- The lenders: devices at a threshold, or with blocks offloaded that lending could put back
+-- (grown), or lending already; the one with least room first (a device lends or holds, never
+-- both).
+local function lenders(state, memo, lends, room)
+  local order = {}
+  for i, d in ipairs(state.devices) do
+    local grown = false
+    for s, st in ipairs(d.stages) do grown = grown or st.offloaded > memo.planned[i][s] end
+    local holding = false
+    for _, l in pairs(lends) do holding = holding or l.holder == i end
+    if d.limit > 0 and d.chunk_bytes > 0 and #d.stages >= 2 and not holding and (room(i) < 0 or grown or lends[i]) then
+      order[#order + 1] = { i = i, grown = grown }
+    end
+  end
+  table.sort(order, function(a, b) return room(a.i) < room(b.i) end)
+  return order
+end
+
+-- The groups lender may lend holder now (the least of what the wire carries in an idle window
+-- and what the holder has room for; cur: lent now), and the rate it was found at.
+local function lend_target(state, memo, o, lends, lender, holder, slowest, room, cur)
+  local L, H = state.devices[lender], state.devices[holder]
+  -- bandwidth: each direction of a stage's round trip within the idle window between its runs
+  -- the slowest rate into either within the horizon: raised lazily, cut at once
+  local bw = math.min(slowest[lender], slowest[holder])
+  local window_ms = memo.step_ms / #L.stages
+  if L.idle_ms and L.idle_ms > 0 then window_ms = math.min(window_ms, L.idle_ms) end
+  local all_layers, max_layers = 0, 0
+  for _, st in ipairs(L.stages) do
+    all_layers, max_layers = all_layers + st.kv_layers, math.max(max_layers, st.kv_layers)
+  end
+  local n_req = #state.requests
+  -- the holder's incoming wire carries every lender's blobs: what the others ship into it
+  -- a window comes off
+  local others_wire = 0
+  for j, lj in pairs(lends) do
+    if j ~= lender and lj.holder == holder then
+      local biggest = 0
+      for s in ipairs(state.devices[j].stages) do biggest = math.max(biggest, stage_lent(state, state.devices[j], s, lj.groups)) end
+      others_wire = others_wire + biggest
+    end
+  end
+  local wire = bw * window_ms / 1e3 * o.window_share - others_wire
+  local g_bw = math.max(0, math.floor(wire / (n_req * max_layers * L.chunk_bytes)))
+  -- memory: what the holder holds beside its own growth, the others' blobs and two groups spare
+  local held_now = 0
+  if lends[lender] then
+    for s in ipairs(L.stages) do held_now = held_now + stage_lent(state, L, s, cur) end
+  end
+  local others = lending_delta(state, holder, lends) - held_now
+  local g_mem = math.floor((room(holder) - others - 2 * H.group_bytes) / (n_req * all_layers * L.chunk_bytes))
+  return math.max(0, math.min(g_bw, g_mem)), bw
+end
+
 -- Lending for this step: the lender (least room), the holder (most), how many groups.
 local function plan_lending(state, control, at_step, ahead_bytes, o)
   local memo = state.memo
@@ -161,33 +230,9 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
   local function room(i) return state.devices[i].limit - at_step[i] - ahead_bytes[i] end
   -- the step's time, smoothed (one slow step does not move the windows much)
   memo.step_ms = memo.step_ms and (0.9 * memo.step_ms + 0.1 * state.last_step.ms) or state.last_step.ms
-  -- each device's incoming rate now, and the slowest within the horizon
-  memo.rates = memo.rates or {}
-  local slowest = {}
-  for i in ipairs(state.devices) do
-    local hist = memo.rates[i] or {}
-    memo.rates[i] = hist
-    hist[#hist + 1] = { step = state.step, bw = rate_into(state, i) or 0 }
-    while #hist > 1 and hist[1].step <= state.step - o.rate_horizon do table.remove(hist, 1) end
-    slowest[i] = math.huge
-    for _, x in ipairs(hist) do slowest[i] = math.min(slowest[i], x.bw) end
-  end
-  -- lenders: devices at a threshold, or with blocks offloaded that lending could put back, or
-  -- lending already; the one with least room first, each paired with the device with the most
-  -- room left (a device lends or holds, never both)
-  local order = {}
-  for i, d in ipairs(state.devices) do
-    local grown = false
-    for s, st in ipairs(d.stages) do grown = grown or st.offloaded > memo.planned[i][s] end
-    local holding = false
-    for _, l in pairs(lends) do holding = holding or l.holder == i end
-    if d.limit > 0 and d.chunk_bytes > 0 and #d.stages >= 2 and not holding and (room(i) < 0 or grown or lends[i]) then
-      order[#order + 1] = { i = i, grown = grown }
-    end
-  end
-  table.sort(order, function(a, b) return room(a.i) < room(b.i) end)
-  local holds = {}
-  for _, l in pairs(lends) do holds[l.holder] = true end
+  local slowest = slowest_rates(state, memo, o)
+  local order = lenders(state, memo, lends, room)
+  -- each lender paired with the device with the most room left
   for _, cand in ipairs(order) do
     local lender = cand.i
     local cur = lends[lender] and lends[lender].groups or 0
@@ -201,37 +246,8 @@ local function plan_lending(state, control, at_step, ahead_bytes, o)
       end
     end
     if holder and not lends[holder] then
-      local L, H = state.devices[lender], state.devices[holder]
-      -- bandwidth: each direction of a stage's round trip within the idle window between its runs
-      -- the slowest rate into either within the horizon: raised lazily, cut at once
-      local bw = math.min(slowest[lender], slowest[holder])
-      local window_ms = memo.step_ms / #L.stages
-      if L.idle_ms and L.idle_ms > 0 then window_ms = math.min(window_ms, L.idle_ms) end
-      local all_layers, max_layers = 0, 0
-      for _, st in ipairs(L.stages) do
-        all_layers, max_layers = all_layers + st.kv_layers, math.max(max_layers, st.kv_layers)
-      end
-      local n_req = #state.requests
-      -- the holder's incoming wire carries every lender's blobs: what the others ship into it
-      -- a window comes off
-      local others_wire = 0
-      for j, lj in pairs(lends) do
-        if j ~= lender and lj.holder == holder then
-          local biggest = 0
-          for s in ipairs(state.devices[j].stages) do biggest = math.max(biggest, stage_lent(state, state.devices[j], s, lj.groups)) end
-          others_wire = others_wire + biggest
-        end
-      end
-      local wire = bw * window_ms / 1e3 * o.window_share - others_wire
-      local g_bw = math.max(0, math.floor(wire / (n_req * max_layers * L.chunk_bytes)))
-      -- memory: what the holder holds beside its own growth, the others' blobs and two groups spare
-      local held_now = 0
-      if lends[lender] then
-        for s in ipairs(L.stages) do held_now = held_now + stage_lent(state, L, s, cur) end
-      end
-      local others = lending_delta(state, holder, lends) - held_now
-      local g_mem = math.floor((room(holder) - others - 2 * H.group_bytes) / (n_req * all_layers * L.chunk_bytes))
-      local target = math.max(0, math.min(g_bw, g_mem))
+      local L = state.devices[lender]
+      local target, bw = lend_target(state, memo, o, lends, lender, holder, slowest, room, cur)
       local want = cur
       local dropped = memo.bw_at and memo.bw_at[lender] and bw < memo.bw_at[lender]
       if target < cur and (dropped or target <= cur - o.min_change) then

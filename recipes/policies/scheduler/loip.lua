@@ -207,6 +207,51 @@ local function greedy(c)
   return choice, math.max(A + c.comm, B)
 end
 
+-- The DP's pairs are nodes in flat arrays (S.NA: compute so far, NB: the largest serial time,
+-- NV: the b a pair is compared by, and the move that made it: NP the node before, NN blocks per
+-- stage, NXs extras, NO offloaded, NK slots; S.nodes of them). Node (a, b, v) made from node e by
+-- the move (n, x, o, k) goes into front f (node ids sorted by v with a falling) unless a pair
+-- there dominates it; the pairs it dominates leave.
+local function add_node(S, f, a, b, v, e, n, x, o, k)
+  local NA, NV = S.NA, S.NV
+  local pos, m = nil, #f
+  for z = 1, m do
+    local w = f[z]
+    if NV[w] <= v and NA[w] <= a then return end
+    if NV[w] > v or (NV[w] == v and NA[w] > a) then pos = z break end
+  end
+  local id = S.nodes + 1
+  S.nodes = id
+  NA[id], S.NB[id], NV[id], S.NP[id] = a, b, v, e
+  S.NN[id], S.NXs[id], S.NO[id], S.NK[id] = n, x, o, k
+  pos = pos or m + 1
+  table.insert(f, pos, id)
+  -- drop what it dominates
+  local z = pos + 1
+  while z <= #f do
+    local w = f[z]
+    if NA[w] >= a and NV[w] >= v then table.remove(f, z) else z = z + 1 end
+  end
+end
+
+-- The best pair of the last state's front (its T: the larger of compute and comm, and the
+-- largest serial time) and the choice its moves make, device by device; or nil.
+local function best_of(S, last, comm, N)
+  if not last or #last == 0 then return nil end
+  local best, best_t
+  for _, e in ipairs(last) do
+    local t = math.max(S.NA[e] + comm, S.NB[e])
+    if not best_t or t < best_t then best, best_t = e, t end
+  end
+  local choice = { n = {}, x = {}, o = {}, k = {} }
+  local e = best
+  for i = N, 1, -1 do
+    choice.n[i], choice.x[i], choice.o[i], choice.k[i] = S.NN[e], S.NXs[e], S.NO[e], S.NK[e]
+    e = S.NP[e]
+  end
+  return choice, best_t
+end
+
 -- The DP of a prepared shape: the best choice whose T is below bound, and its T; or nil.
 local function dp(c, bound)
   local N, R, E = c.N, c.R, c.E
@@ -214,8 +259,8 @@ local function dp(c, bound)
   -- Pairs are nodes in flat arrays (a: compute so far, b: the largest serial time, v: the b a
   -- pair is compared by, and the move that made it); each state keeps the ids of its
   -- non-dominated nodes, sorted by v with a falling. Rows: F[i][L * nX + (X - lowX)].
-  local NA, NB, NV, NP, NN, NXs, NO, NK = { [0] = 0 }, { [0] = 0 }, { [0] = 0 }, {}, {}, {}, {}, {}
-  local nodes = 0
+  local S = { NA = { [0] = 0 }, NB = { [0] = 0 }, NV = { [0] = 0 }, NP = {}, NN = {}, NXs = {}, NO = {}, NK = {}, nodes = 0 }
+  local NA, NB = S.NA, S.NB
   local F, keys = { [0] = { [0 - lowX] = { 0 } } }, { [0] = { 0 - lowX } }
   for i = 1, N do
     local row, row_keys, rests = {}, {}, {}
@@ -266,26 +311,7 @@ local function dp(c, bound)
                   local v = a + line > b and a + line or b
                   if v < bound then
                     if not f then f = {} row[k2] = f row_keys[#row_keys + 1] = k2 end
-                    -- its place in f, unless a pair there dominates it
-                    local pos, m = nil, #f
-                    for z = 1, m do
-                      local w = f[z]
-                      if NV[w] <= v and NA[w] <= a then pos = false break end
-                      if NV[w] > v or (NV[w] == v and NA[w] > a) then pos = z break end
-                    end
-                    if pos ~= false then
-                      nodes = nodes + 1
-                      NA[nodes], NB[nodes], NV[nodes], NP[nodes] = a, b, v, e
-                      NN[nodes], NXs[nodes], NO[nodes], NK[nodes] = n, x, opts[q + 2], opts[q + 3]
-                      pos = pos or m + 1
-                      table.insert(f, pos, nodes)
-                      -- drop what it dominates
-                      local z = pos + 1
-                      while z <= #f do
-                        local w = f[z]
-                        if NA[w] >= a and NV[w] >= v then table.remove(f, z) else z = z + 1 end
-                      end
-                    end
+                    add_node(S, f, a, b, v, e, n, x, opts[q + 2], opts[q + 3])
                   end
                 end
               end
@@ -295,20 +321,7 @@ local function dp(c, bound)
       end
     end
   end
-  local last = F[N][R * nX + (E - lowX)]
-  if not last or #last == 0 then return nil end
-  local best, best_t
-  for _, e in ipairs(last) do
-    local t = math.max(NA[e] + comm, NB[e])
-    if not best_t or t < best_t then best, best_t = e, t end
-  end
-  local choice = { n = {}, x = {}, o = {}, k = {} }
-  local e = best
-  for i = N, 1, -1 do
-    choice.n[i], choice.x[i], choice.o[i], choice.k[i] = NN[e], NXs[e], NO[e], NK[e]
-    e = NP[e]
-  end
-  return choice, best_t
+  return best_of(S, F[N][R * nX + (E - lowX)], comm, N)
 end
 
 -- A choice in units as the plan space's (blocks).

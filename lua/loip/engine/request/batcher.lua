@@ -24,6 +24,7 @@
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
 local core = require "loip.core"
+local errors = require "loip.error"
 local tree = require "loip.engine.request.tree"
 local head_sample = require "loip.engine.request.head_sample"
 local choices = require "loip.engine.request.choices"
@@ -36,11 +37,11 @@ local M = {}
 local tokf = core.constants.tokf
 local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
 
--- An error a server maps to an HTTP status: kind "overloaded" (429), "too_long" (400), "invalid"
--- (400); param: the request's field to blame ("prompt" for a prompt too long, whatever field
--- holds it; "max_tokens", "n").
+-- A request refused (loip.error): kind "overloaded" (a server answers 429), "too_long" (400),
+-- "invalid" (400); param: the request's field to blame ("prompt" for a prompt too long, whatever
+-- field holds it; "max_tokens", "n").
 local function refusal(kind, msg, param)
-  return setmetatable({ kind = kind, msg = msg, param = param }, { __tostring = function(e) return e.msg end })
+  return errors.new(kind, msg, { param = param })
 end
 M.refusal = refusal
 
@@ -183,8 +184,8 @@ end
 -- START, a LOOKUP, an online policy's STATS), every running request resumes from its tokens and
 -- true is returned. Else false and the error (err, or why the resuming or the re-plan failed).
 function Batcher:resumed(err)
-  if not (type(err) == "table" and err.replanned) and self.engine.recover then err = self.engine:recover(err) end
-  if not (type(err) == "table" and err.replanned) then return false, err end
+  if not errors.is(err, "replanned") and self.engine.recover then err = self.engine:recover(err) end
+  if not errors.is(err, "replanned") then return false, err end
   local ok, rerr = pcall(self.resume_all, self)
   if not ok then return false, rerr end
   return true
@@ -214,21 +215,17 @@ function Batcher:retire(r, reason, err)
   if r.on_done then r.on_done(r) end
 end
 
--- One step of the running batch (admitting first). false when nothing runs.
-function Batcher:step()
-  self:admit()
-  if #self.running == 0 then return false end
+-- The requests that decode in this step, one token each (prefill "own": none while a prompt
+-- waits), with the step's token budget and rows of logits left after them (the rows the engine
+-- returns in a step: logits requests' and those sampled at the head).
+function Batcher:decoding()
   local e = self.engine
-  local budget = e.step_tokens
-  local toks, owners = {}, {}
-  -- decoding requests first: one token each (prefill "own": none while a prompt waits)
+  local budget, logit_rows = e.step_tokens, e.logits_tokens
   local prompts_wait = false
   if self.prefill == "own" then
     for _, r in ipairs(self.running) do if r.state == "prefill" then prompts_wait = true break end end
   end
   local decoding = {}
-  -- rows of logits the engine returns in a step: logits requests' and those sampled at the head
-  local logit_rows = e.logits_tokens
   for _, r in ipairs(self.running) do
     local room = not r.at_head or logit_rows > 0
     if r.state == "decode" and budget > (r.refeed or 0) and not prompts_wait and room then
@@ -237,32 +234,32 @@ function Batcher:step()
       budget = budget - 1 - (r.refeed or 0) -- (and the rows of its last tree's path fed again)
     end
   end
-  -- speculative decoding: each decoding request's drafts ride after its last token, verified
-  -- in this step (within the step's budget, the rows the engine samples at once, the request's
-  -- max_tokens and the context: the KV reserved for it holds every drafted position)
-  local drafts = {}
-  if self.draft then
-    local sample_left = (e.sample_rows or e.step_tokens) - #decoding
-    for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
-    local rows = #decoding
-    for _, r in ipairs(decoding) do
-      local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
-      if (r.evicted or 0) > 0 or r.at_head then room = 0 end
-      local ids = self.draft:for_step(r, rows, math.max(0, room))
-      drafts[r] = ids
-      budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
-    end
-  end
+  return decoding, budget, logit_rows
+end
+
+-- Speculative decoding: each decoding request's drafts ride after its last token, verified in
+-- this step (within the step's budget, the rows the engine samples at once, the request's
+-- max_tokens and the context: the KV reserved for it holds every drafted position). Returns the
+-- drafts by request and the budget left.
+function Batcher:drafts_for(decoding, budget)
+  local e, drafts = self.engine, {}
+  if not self.draft then return drafts, budget end
+  local sample_left = (e.sample_rows or e.step_tokens) - #decoding
+  for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
+  local rows = #decoding
   for _, r in ipairs(decoding) do
-    local at = tree.refeed_rows(r, toks, owners)
-    toks[#toks + 1] = { seq = r.seq, pos = at, request = r.id, id = r.token_ids[#r.token_ids], flags = r.at_head and LOGITS or SAMPLE }
-    owners[#toks] = r
-    for j in ipairs(drafts[r] or {}) do
-      toks[#toks + 1] = tree.draft_row(r, at, j, drafts[r])
-      owners[#toks] = r
-    end
+    local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
+    if (r.evicted or 0) > 0 or r.at_head then room = 0 end
+    local ids = self.draft:for_step(r, rows, math.max(0, room))
+    drafts[r] = ids
+    budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
   end
-  -- then prompt chunks, oldest request first
+  return drafts, budget
+end
+
+-- The prompt chunks of the step, oldest request first, in what is left of its budget and rows of
+-- logits: rows added to toks and owners.
+function Batcher:prompt_rows(toks, owners, budget, logit_rows)
   for _, r in ipairs(self.running) do
     if r.state == "prefill" and budget > 0 then
       local k = math.min(budget, (r.share_at or r.n_prompt) - r.pos, self.prefill_chunk or budget)
@@ -281,8 +278,32 @@ function Batcher:step()
       budget = budget - k
     end
   end
-  if #toks == 0 then return true end
-  local t0 = self.now()
+end
+
+-- The step's rows (toks, and the request owning each) and the decoding requests' drafts.
+function Batcher:rows()
+  local decoding, budget, logit_rows = self:decoding()
+  local drafts
+  drafts, budget = self:drafts_for(decoding, budget)
+  local toks, owners = {}, {}
+  for _, r in ipairs(decoding) do
+    local at = tree.refeed_rows(r, toks, owners)
+    toks[#toks + 1] = { seq = r.seq, pos = at, request = r.id, id = r.token_ids[#r.token_ids], flags = r.at_head and LOGITS or SAMPLE }
+    owners[#toks] = r
+    for j in ipairs(drafts[r] or {}) do
+      toks[#toks + 1] = tree.draft_row(r, at, j, drafts[r])
+      owners[#toks] = r
+    end
+  end
+  self:prompt_rows(toks, owners, budget, logit_rows)
+  return toks, owners, decoding, drafts
+end
+
+-- Run the step's rows through the online policy and the engine: the outputs, or nil when the
+-- engine lost a device and every request resumed on a new plan. A failure retires every
+-- running request with its error and raises it.
+function Batcher:run_rows(toks, owners)
+  local e = self.engine
   self.stepping = true
   local ok, outs, engine_failed = true, nil, false
   if self.online then ok, outs = pcall(self.online.before_step, self.online, toks) end
@@ -292,44 +313,38 @@ function Batcher:step()
     engine_failed = not ok
   end
   self.stepping = nil
-  if not ok then
-    -- the engine lost a device and planned again over the others (in the step, or in the online
-    -- policy's STATS or CHANGE), or the online policy had it plan again for a longer context:
-    -- every request's KV is gone; each is started again with its tokens so far as its prompt
-    -- (its sampler resumed where it was) and prefilled on the new plan, so that it goes on with
-    -- the tokens it would have had
-    local resumed, err = self:resumed(outs)
-    if resumed then return true end
-    if err ~= outs then engine_failed, outs = true, err end
-  end
-  if not ok and engine_failed and self.online and self.online.policy
-      and (tostring(outs):find("memory budget", 1, true) or tostring(outs):find("out of memory", 1, true)) then
+  if ok then return outs end
+  -- the engine lost a device and planned again over the others (in the step, or in the online
+  -- policy's STATS or CHANGE), or the online policy had it plan again for a longer context:
+  -- every request's KV is gone; each is started again with its tokens so far as its prompt
+  -- (its sampler resumed where it was) and prefilled on the new plan, so that it goes on with
+  -- the tokens it would have had
+  local resumed, err = self:resumed(outs)
+  if resumed then return nil end
+  if err ~= outs then engine_failed, outs = true, err end
+  if engine_failed and self.online and self.online.policy and errors.is(outs, "out_of_memory") then
     -- a device's budget broke in a step the online policy let run: say which policy that was
-    outs = string.format("%s (the online policy %s did not make room before this step)", tostring(outs), self.online:name())
+    outs = outs .. string.format(" (the online policy %s did not make room before this step)", self.online:name())
   end
-  if not ok then
-    -- the step failed: every request in it fails with the error. After the engine's own failure
-    -- its state is unknown (slots are reset when next started); after the online policy's (it
-    -- could not make room) the engine is told as usual.
-    local failed = {}
-    for _, r in ipairs(self.running) do failed[#failed + 1] = r end
-    self.failed = engine_failed
-    for _, r in ipairs(failed) do self:retire(r, "error", outs) end
-    self.failed = nil
-    error(outs, 0)
-  end
-  local now = self.now()
-  local st = self.stats
-  st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
-  self.last_step = { ms = now - t0, tokens = #toks }
-  -- positions advance; outputs go to their requests
+  -- the step failed: every request in it fails with the error. After the engine's own failure
+  -- its state is unknown (slots are reset when next started); after the online policy's (it
+  -- could not make room) the engine is told as usual.
+  local failed = {}
+  for _, r in ipairs(self.running) do failed[#failed + 1] = r end
+  self.failed = engine_failed
+  for _, r in ipairs(failed) do self:retire(r, "error", outs) end
+  self.failed = nil
+  error(outs, 0)
+end
+
+-- How many positions each request's rows in the step advance it (its recomputed rows aside;
+-- a request that drafted: its last token and its accepted drafts, tree.kept).
+function Batcher:advanced(toks, owners, outs, drafts, by_seq)
   local seen = {}
   for i, t in ipairs(toks) do
     local r = owners[i]
     if r and t.flags ~= RECOMPUTE then seen[r] = (seen[r] or 0) + 1 end
   end
-  local by_seq = {}
-  for _, r in ipairs(self.running) do by_seq[r.seq] = r end
   if self.draft then
     -- a request that drafted keeps the KV of its last token and of its accepted drafts: its
     -- position moves by the tokens it got (the rejected rows are written over from there)
@@ -342,14 +357,14 @@ function Batcher:step()
       if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
       self.draft:observe(r, #ids, got[r] or 0)
     end
-    if not next(drafts) or #decoding == #toks - self:drafted_rows(drafts) then self.draft:measured(#toks, now - t0) end
   end
-  local n_decoding = 0
-  for r, k in pairs(seen) do
-    r.pos = r.pos + k
-    if r.state == "decode" then n_decoding = n_decoding + 1 end
-  end
-  st.batch_sum = st.batch_sum + n_decoding
+  return seen
+end
+
+-- The step's outputs to their requests: logits rows kept, ids sampled at the head or by the
+-- engine delivered.
+function Batcher:deliver_outputs(outs, by_seq, now)
+  local e = self.engine
   for _, o in ipairs(outs) do
     local r = by_seq[o.seq]
     if r and r.id == o.request then
@@ -367,6 +382,33 @@ function Batcher:step()
       end
     end
   end
+end
+
+-- One step of the running batch (admitting first). false when nothing runs.
+function Batcher:step()
+  self:admit()
+  if #self.running == 0 then return false end
+  local toks, owners, decoding, drafts = self:rows()
+  if #toks == 0 then return true end
+  local t0 = self.now()
+  local outs = self:run_rows(toks, owners)
+  if not outs then return true end
+  local now = self.now()
+  local st = self.stats
+  st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
+  self.last_step = { ms = now - t0, tokens = #toks }
+  -- positions advance; outputs go to their requests
+  local by_seq = {}
+  for _, r in ipairs(self.running) do by_seq[r.seq] = r end
+  local seen = self:advanced(toks, owners, outs, drafts, by_seq)
+  if self.draft and (not next(drafts) or #decoding == #toks - self:drafted_rows(drafts)) then self.draft:measured(#toks, now - t0) end
+  local n_decoding = 0
+  for r, k in pairs(seen) do
+    r.pos = r.pos + k
+    if r.state == "decode" then n_decoding = n_decoding + 1 end
+  end
+  st.batch_sum = st.batch_sum + n_decoding
+  self:deliver_outputs(outs, by_seq, now)
   choices.after_step(self)
   for r in pairs(seen) do
     if r.state == "prefill" and r.pos >= r.n_prompt then
@@ -423,7 +465,7 @@ function Batcher:resume_all()
   -- each loss leaves one device fewer, and a cluster with none left fails)
   while not ok do
     if self.engine.recover then err = self.engine:recover(err) end
-    if not (type(err) == "table" and err.replanned) then error(err, 0) end
+    if not errors.is(err, "replanned") then error(err, 0) end
     self.resumes = self.resumes + 1
     ok, err = pcall(self.start_again, self)
   end

@@ -37,6 +37,7 @@
 -- changes are kept in batcher.link_changes. state.links (read lazily, a round trip to every
 -- device): per link { rate_Bps (emulated), measured_Bps, latency_ms }.
 local core = require "loip.core"
+local errors = require "loip.error"
 local policy_mod = require "loip.policy"
 
 local M = {}
@@ -158,13 +159,28 @@ function Online:apply_links()
   end
 end
 
--- Before a step: the policy's turn. Raises when it cannot make room (the step would break a
--- budget): the requests of the step end with its message.
-function Online:before_step(toks)
-  self.steps = self.steps + 1
-  if self.links then self:apply_links() end
-  if not self.policy then return end
-  local st = self:state(toks)
+-- Request id's first `positions` positions (a multiple of the KV block, never fewer) keep no KV
+-- from this step on: recomputed in every step (the baselines' KV handling). st: the step's state.
+function Online:evict(st, id, positions)
+  local b = self.batcher
+  for _, r in ipairs(b.running) do
+    if r.id == id then
+      if positions % self.engine.kv_block ~= 0 or positions < (r.evicted or 0) or positions > r.pos then
+        error(string.format("evict: request %d: %d positions (a multiple of %d, at least %d, at most %d)", id, positions,
+          self.engine.kv_block, r.evicted or 0, r.pos), 0)
+      end
+      if positions > (r.evicted or 0) then
+        b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, request = id, evicted_from = r.evicted or 0,
+          evicted = positions, ms = 0 }
+      end
+      r.evicted = positions
+    end
+  end
+end
+
+-- The control an online policy's on_step is given with state st: what it may change before this
+-- step. turn.replanned: control.replan ran (the policy's turn ends there).
+function Online:control(st, turn)
   local b = self.batcher
   -- run change() and keep the adaptation a (with the step, the context and its time)
   local function adapt(a, change)
@@ -174,11 +190,10 @@ function Online:before_step(toks)
     a.step, a.context, a.ms, a.t0_ns, a.t1_ns = st.step, st.context, (t1 - t0) / 1e6, t0, t1
     b.adaptations[#b.adaptations + 1] = a
   end
-  local replanned = false
   local function live(what)
-    if replanned then error(what .. ": the plan was replaced this step (control.replan ends the policy's turn)", 0) end
+    if turn.replanned then error(what .. ": the plan was replaced this step (control.replan ends the policy's turn)", 0) end
   end
-  local control = {
+  return {
     restage = function(i, stage, offloaded)
       live("restage")
       local d = st.devices[i]
@@ -186,23 +201,9 @@ function Online:before_step(toks)
       adapt({ device = i, stage = stage, from = from, to = offloaded }, function() self.engine:restage(i, stage, offloaded) end)
     end,
     log = function(fmt, ...) io.stderr:write(string.format(fmt, ...), "\n") end,
-    -- request id's first `positions` positions (a multiple of 16, never fewer) keep no KV from
-    -- this step on: recomputed in every step (the baselines' KV handling)
     evict = function(id, positions)
       live("evict")
-      for _, r in ipairs(b.running) do
-        if r.id == id then
-          if positions % self.engine.kv_block ~= 0 or positions < (r.evicted or 0) or positions > r.pos then
-            error(string.format("evict: request %d: %d positions (a multiple of %d, at least %d, at most %d)", id, positions,
-              self.engine.kv_block, r.evicted or 0, r.pos), 0)
-          end
-          if positions > (r.evicted or 0) then
-            b.adaptations[#b.adaptations + 1] = { step = st.step, context = st.context, request = id, evicted_from = r.evicted or 0,
-              evicted = positions, ms = 0 }
-          end
-          r.evicted = positions
-        end
-      end
+      self:evict(st, id, positions)
     end,
     -- device i lends the oldest `groups` groups of every running request's KV to device holder
     -- (nil: lending stops); loip.cluster's Cluster:lend
@@ -227,18 +228,30 @@ function Online:before_step(toks)
       local a, rows0 = { replan = positions, replan_from = now, resumed = #b.running }, self.engine.draft_rows
       adapt(a, function() self.engine:replan_kv(positions) end)
       if rows0 and self.engine.draft_rows ~= rows0 then a.draft_rows, a.draft_rows_from = self.engine.draft_rows, rows0 end
-      replanned = true
+      turn.replanned = true
     end,
   }
-  local ok, err = pcall(self.policy.on_step, st, control)
+end
+
+-- Before a step: the policy's turn. Raises when it cannot make room (the step would break a
+-- budget): the requests of the step end with its message.
+function Online:before_step(toks)
+  self.steps = self.steps + 1
+  if self.links then self:apply_links() end
+  if not self.policy then return end
+  local st = self:state(toks)
+  local turn = { replanned = false }
+  local ok, err = pcall(self.policy.on_step, st, self:control(st, turn))
   if not ok then
-    if type(err) == "table" then error(err, 0) end
-    error(string.format("online policy %s: %s", self:name(), tostring(err)), 0)
+    -- (a device lost or a plan made again goes up as it is: the batcher resumes on it; an
+    -- allocation that failed keeps its kind under the policy's name)
+    if errors.is(err) and not errors.is(err, "out_of_memory") then error(err, 0) end
+    local named = string.format("online policy %s: ", self:name())
+    error(errors.is(err) and named .. err or named .. tostring(err), 0)
   end
   -- the step is not taken on the old plan: the batcher resumes every request on the new one
-  if replanned then
-    error(setmetatable({ replanned = true, msg = "re-planned by the online policy " .. self:name() },
-      { __tostring = function(e) return e.msg end }), 0)
+  if turn.replanned then
+    errors.raise("replanned", "re-planned by the online policy " .. self:name())
   end
 end
 

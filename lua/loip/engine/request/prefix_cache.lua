@@ -113,9 +113,8 @@ function M.metrics(m, b, dev)
   m:count("loip_prompt_cache_hits_total", "requests that found a prefix of their prompt cached", st.hits)
   m:count("loip_prompt_cache_misses_total", "requests that found none", st.misses)
   m:count("loip_prompt_cache_tokens_total", "prompt tokens served from the cache (not computed)", st.cached_tokens)
-  local per = {}
-  if dev then for i, d in ipairs(dev) do per[i] = d.prompt_cache or {} end else per = b.engine:cache_stats() end
-  for i, c in ipairs(per) do
+  for i, d in ipairs(dev) do
+    local c = d.prompt_cache or {}
     m:set("loip_prompt_cache_bytes", "KV held by the prefix cache alone, per device and tier", c.bytes or 0, { device = i, tier = "memory" })
     if c.disk_files and (c.disk_writes > 0 or c.disk_files > 0) then
       m:set("loip_prompt_cache_bytes", "KV held by the prefix cache alone, per device and tier", c.disk_bytes, { device = i, tier = "disk" })

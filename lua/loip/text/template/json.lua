@@ -2,6 +2,7 @@
 -- order (it shows through `tojson` and `items()`), and numbers keep int-vs-float (1 vs 1.0).
 -- decode() gives template values (see loip/template.lua); dumps() is Python's json.dumps,
 -- which transformers' `tojson` filter calls.
+local errors = require "loip.error"
 local V = require "loip.text.template.values"
 local text = require "loip.text.template.text"
 
@@ -18,7 +19,7 @@ local ESC = { ['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "
 local function decode_error(s, pos, msg)
   local line, col = 1, pos
   for nl in s:sub(1, pos - 1):gmatch("()\n") do line, col = line + 1, pos - nl end
-  error({ json_error = ("%s: line %d column %d (char %d)"):format(msg, line, col, pos - 1) }, 0)
+  errors.raise("json", ("%s: line %d column %d (char %d)"):format(msg, line, col, pos - 1))
 end
 
 local function skip_ws(s, pos)
@@ -134,7 +135,7 @@ function M.decode(s)
     return v, pos
   end)
   if ok then return v end
-  if type(v) == "table" and v.json_error then return nil, v.json_error end
+  if errors.is(v, "json") then return nil, v.message end
   error(v, 0)
 end
 

@@ -161,160 +161,188 @@ local function scan_token(src, p, fail)
   fail(("unexpected char %s at %d"):format(V.str_repr(text.chars(sub(src, p, p + 3))[1]), p - 1), p)
 end
 
+-- A template being tokenized: its source (n bytes), the tokens so far, the line and column of
+-- byte positions (advanced incrementally: positions only grow) and `line_starting`: the previous
+-- match ended with a newline (Jinja's flag of the same name).
+local Lexer = {}
+Lexer.__index = Lexer
+
+function Lexer:where(p)
+  local source = self.source
+  while true do
+    local nl = find(source, "\n", self.cur_pos, true)
+    if not nl or nl >= p then break end
+    self.cur_line, self.line_start, self.cur_pos = self.cur_line + 1, nl + 1, nl + 1
+  end
+  if p > self.cur_pos then self.cur_pos = p end
+  return self.cur_line, p - self.line_start + 1
+end
+
+function Lexer:fail(msg, p)
+  local line, col = self:where(p)
+  V.raise("TemplateSyntaxError", msg, line, col)
+end
+
+function Lexer:emit(ttype, value, p)
+  local line, col = self:where(p)
+  self.toks[#self.toks + 1] = { type = ttype, value = value, line = line, col = col }
+end
+
+-- Data before a tag, with `-` stripping or lstrip_blocks applied.
+function Lexer:data_before(p, stop, sign, is_variable)
+  local s = sub(self.source, p, stop)
+  if sign == "-" then
+    s = rstrip(s)
+  elseif sign ~= "+" and not is_variable then
+    local l_pos = 1
+    local nl = s:match(".*()\n")
+    if nl then l_pos = nl + 1 end
+    if (nl or self.line_starting) and is_all_space(sub(s, l_pos)) then s = sub(s, 1, l_pos - 1) end
+  end
+  if s ~= "" then self:emit("data", s, p) end
+end
+
+-- `\s*` after a `-%}` style end: returns the position after the whitespace.
+local SPACE = text.SPACE
+function Lexer:skip_space(p)
+  local source, n = self.source, self.n
+  while p <= n do
+    local b = byte(source, p)
+    local w = b < 0x80 and 1 or b >= 0xF0 and 4 or b >= 0xE0 and 3 or 2
+    if not SPACE[w == 1 and b or text.cp(sub(source, p, p + w - 1))] then break end
+    p = p + w
+  end
+  return p
+end
+
+-- {% raw %} opening at s, its tag's words from after: the position its body starts at, or nil
+-- when the tag is another (trim_blocks does not apply to the opening tag).
+function Lexer:raw_body(after)
+  local source = self.source
+  local _, b = find(source, "^%s*raw%s*", after)
+  if b then
+    if sub(source, b + 1, b + 3) == "-%}" then return self:skip_space(b + 4)
+    elseif sub(source, b + 1, b + 2) == "%}" then return b + 3 end
+  end
+end
+
+-- A raw block's body from raw_body (its tag at s) to its {% endraw %}, as data: the position
+-- after it.
+function Lexer:raw(s, raw_body)
+  local source = self.source
+  local q, stop, body_end, esign = raw_body, nil, nil, nil
+  while true do
+    local a = find(source, "{%", q, true)
+    if not a then self:fail("Missing end of raw directive", s) end
+    local sg = sub(source, a + 2, a + 2)
+    if sg ~= "-" and sg ~= "+" then sg = "" end
+    local _, b = find(source, "^%s*endraw%s*", a + 2 + #sg)
+    if b then
+      if sub(source, b + 1, b + 3) == "+%}" then stop = b + 4
+      elseif sub(source, b + 1, b + 3) == "-%}" then stop = self:skip_space(b + 4)
+      elseif sub(source, b + 1, b + 2) == "%}" then
+        stop = b + 3
+        if byte(source, stop) == 10 then stop = stop + 1 end
+      end
+      if stop then body_end, esign = a - 1, sg break end
+    end
+    q = a + 1
+  end
+  self.line_starting = byte(source, raw_body - 1) == 10
+  self:data_before(raw_body, body_end, esign, false)
+  self.line_starting = byte(source, stop - 1) == 10
+  return stop
+end
+
+-- A comment tag at s (its words from after): the position after it.
+function Lexer:comment(s, after)
+  local source = self.source
+  local j = find(source, "#}", after, true)
+  if not j then self:fail("Missing end of comment tag", s) end
+  local stop = j + 2
+  local before = j > after and sub(source, j - 1, j - 1) or ""
+  if before == "-" then stop = self:skip_space(stop)
+  elseif before ~= "+" and byte(source, stop) == 10 then stop = stop + 1 end
+  self.line_starting = byte(source, stop - 1) == 10
+  return stop
+end
+
+-- The end of a block (is_block) or variable tag at pos: the position after it (and the
+-- whitespace its sign strips), or nil when none is there.
+function Lexer:tag_end(pos, is_block)
+  local source = self.source
+  if is_block then
+    if sub(source, pos, pos + 2) == "+%}" then return pos + 3
+    elseif sub(source, pos, pos + 2) == "-%}" then return self:skip_space(pos + 3)
+    elseif sub(source, pos, pos + 1) == "%}" then
+      local stop = pos + 2
+      if byte(source, stop) == 10 then stop = stop + 1 end
+      return stop
+    end
+  else
+    if sub(source, pos, pos + 2) == "-}}" then return self:skip_space(pos + 3)
+    elseif sub(source, pos, pos + 1) == "}}" then return pos + 2 end
+  end
+end
+
+-- A block or variable tag at s (its words from after): its tokens, then the position after it.
+function Lexer:tag(s, kind, after)
+  local source, n = self.source, self.n
+  local is_block = kind == "%"
+  self:emit(is_block and "block_begin" or "variable_begin", sub(source, s, after - 1), s)
+  local pos = after
+  local balance = {}
+  local function fail(msg, p) self:fail(msg, p) end
+  while pos <= n do
+    -- The end of the tag counts only when brackets are balanced.
+    local stop = #balance == 0 and self:tag_end(pos, is_block) or nil
+    if stop then
+      self:emit(is_block and "block_end" or "variable_end", sub(source, pos, stop - 1), pos)
+      self.line_starting = byte(source, stop - 1) == 10
+      return stop
+    end
+    local ws_end = select(2, find(source, "^%s+", pos))
+    if ws_end then
+      pos = ws_end + 1
+    else
+      local ty, v, e = scan_token(source, pos, fail)
+      if OPENS[ty] then
+        balance[#balance + 1] = CLOSER[v]
+      elseif CLOSES[ty] then
+        if #balance == 0 then self:fail("unexpected '" .. v .. "'", pos) end
+        local want = table.remove(balance)
+        if want ~= v then self:fail(("unexpected '%s', expected '%s'"):format(v, want), pos) end
+      end
+      self:emit(ty, v, pos)
+      pos = e + 1
+    end
+  end
+  return pos
+end
+
 -- Tokens: { type = , value = , line = , col = }; the last one has type "eof".
 function M.tokenize(source)
   source = source:gsub("\r\n", "\n"):gsub("\r", "\n")
   if sub(source, -1) == "\n" then source = sub(source, 1, -2) end
-
-  local toks, n = {}, #source
-  -- Line and column of byte positions, advanced incrementally (positions only grow).
-  local cur_pos, cur_line, line_start = 1, 1, 1
-  local function where(p)
-    while true do
-      local nl = find(source, "\n", cur_pos, true)
-      if not nl or nl >= p then break end
-      cur_line, line_start, cur_pos = cur_line + 1, nl + 1, nl + 1
-    end
-    if p > cur_pos then cur_pos = p end
-    return cur_line, p - line_start + 1
-  end
-  local function fail(msg, p)
-    local line, col = where(p)
-    V.raise("TemplateSyntaxError", msg, line, col)
-  end
-  local function emit(ttype, value, p)
-    local line, col = where(p)
-    toks[#toks + 1] = { type = ttype, value = value, line = line, col = col }
-  end
-
-  -- Data before a tag, with `-` stripping or lstrip_blocks applied. `line_starting`: the
-  -- previous match ended with a newline (Jinja's flag of the same name).
-  local line_starting = true
-  local function data_before(p, stop, sign, is_variable)
-    local s = sub(source, p, stop)
-    if sign == "-" then
-      s = rstrip(s)
-    elseif sign ~= "+" and not is_variable then
-      local l_pos = 1
-      local nl = s:match(".*()\n")
-      if nl then l_pos = nl + 1 end
-      if (nl or line_starting) and is_all_space(sub(s, l_pos)) then s = sub(s, 1, l_pos - 1) end
-    end
-    if s ~= "" then emit("data", s, p) end
-  end
-
-  -- `\s*` after a `-%}` style end: returns the position after the whitespace.
-  local SPACE = text.SPACE
-  local function skip_space(p)
-    while p <= n do
-      local b = byte(source, p)
-      local w = b < 0x80 and 1 or b >= 0xF0 and 4 or b >= 0xE0 and 3 or 2
-      if not SPACE[w == 1 and b or text.cp(sub(source, p, p + w - 1))] then break end
-      p = p + w
-    end
-    return p
-  end
-
+  local lx = setmetatable({ source = source, n = #source, toks = {}, cur_pos = 1, cur_line = 1, line_start = 1,
+    line_starting = true }, Lexer)
+  local toks, n = lx.toks, lx.n
   local pos = 1
   while pos <= n do
     local s = find(source, "{[%%{#]", pos)
     if not s then
-      emit("data", sub(source, pos), pos)
+      lx:emit("data", sub(source, pos), pos)
       break
     end
     local kind = sub(source, s + 1, s + 1)
     local sign = sub(source, s + 2, s + 2)
     if sign ~= "-" and sign ~= "+" then sign = "" end
     local after = s + 2 + #sign
-
-    -- {% raw %}: its own end rule; trim_blocks does not apply to the opening tag.
-    local raw_body
-    if kind == "%" then
-      local _, b = find(source, "^%s*raw%s*", after)
-      if b then
-        if sub(source, b + 1, b + 3) == "-%}" then raw_body = skip_space(b + 4)
-        elseif sub(source, b + 1, b + 2) == "%}" then raw_body = b + 3 end
-      end
-    end
-
-    data_before(pos, s - 1, sign, kind == "{")
-
-    if raw_body then
-      local q, stop, body_end, esign = raw_body, nil, nil, nil
-      while true do
-        local a = find(source, "{%", q, true)
-        if not a then fail("Missing end of raw directive", s) end
-        local sg = sub(source, a + 2, a + 2)
-        if sg ~= "-" and sg ~= "+" then sg = "" end
-        local _, b = find(source, "^%s*endraw%s*", a + 2 + #sg)
-        if b then
-          if sub(source, b + 1, b + 3) == "+%}" then stop = b + 4
-          elseif sub(source, b + 1, b + 3) == "-%}" then stop = skip_space(b + 4)
-          elseif sub(source, b + 1, b + 2) == "%}" then
-            stop = b + 3
-            if byte(source, stop) == 10 then stop = stop + 1 end
-          end
-          if stop then body_end, esign = a - 1, sg break end
-        end
-        q = a + 1
-      end
-      line_starting = byte(source, raw_body - 1) == 10
-      data_before(raw_body, body_end, esign, false)
-      line_starting = byte(source, stop - 1) == 10
-      pos = stop
-    elseif kind == "#" then
-      local j = find(source, "#}", after, true)
-      if not j then fail("Missing end of comment tag", s) end
-      local stop = j + 2
-      local before = j > after and sub(source, j - 1, j - 1) or ""
-      if before == "-" then stop = skip_space(stop)
-      elseif before ~= "+" and byte(source, stop) == 10 then stop = stop + 1 end
-      line_starting = byte(source, stop - 1) == 10
-      pos = stop
-    else
-      local is_block = kind == "%"
-      emit(is_block and "block_begin" or "variable_begin", sub(source, s, after - 1), s)
-      pos = after
-      local balance = {}
-      while pos <= n do
-        -- The end of the tag counts only when brackets are balanced.
-        local stop
-        if #balance == 0 then
-          if is_block then
-            if sub(source, pos, pos + 2) == "+%}" then stop = pos + 3
-            elseif sub(source, pos, pos + 2) == "-%}" then stop = skip_space(pos + 3)
-            elseif sub(source, pos, pos + 1) == "%}" then
-              stop = pos + 2
-              if byte(source, stop) == 10 then stop = stop + 1 end
-            end
-          else
-            if sub(source, pos, pos + 2) == "-}}" then stop = skip_space(pos + 3)
-            elseif sub(source, pos, pos + 1) == "}}" then stop = pos + 2 end
-          end
-        end
-        if stop then
-          emit(is_block and "block_end" or "variable_end", sub(source, pos, stop - 1), pos)
-          line_starting = byte(source, stop - 1) == 10
-          pos = stop
-          break
-        end
-        local ws_end = select(2, find(source, "^%s+", pos))
-        if ws_end then
-          pos = ws_end + 1
-        else
-          local ty, v, e = scan_token(source, pos, fail)
-          if OPENS[ty] then
-            balance[#balance + 1] = CLOSER[v]
-          elseif CLOSES[ty] then
-            if #balance == 0 then fail("unexpected '" .. v .. "'", pos) end
-            local want = table.remove(balance)
-            if want ~= v then fail(("unexpected '%s', expected '%s'"):format(v, want), pos) end
-          end
-          emit(ty, v, pos)
-          pos = e + 1
-        end
-      end
-    end
+    local raw_body = kind == "%" and lx:raw_body(after) or nil
+    lx:data_before(pos, s - 1, sign, kind == "{")
+    if raw_body then pos = lx:raw(s, raw_body)
+    elseif kind == "#" then pos = lx:comment(s, after)
+    else pos = lx:tag(s, kind, after) end
   end
   -- Jinja gives the end of the template the position of the last token.
   local last = toks[#toks]
