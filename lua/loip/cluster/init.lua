@@ -30,6 +30,7 @@ local worker = require "loip.cluster.device_server"
 local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
 local rpc = require "loip.cluster.rpc"
+local ship = require "loip.cluster.ship"
 local registry = require "loip.cluster.registry"
 local planner = require "loip.cluster.planner"
 local ring = require "loip.engine.ring"
@@ -204,6 +205,9 @@ function Cluster:front(gen) return self.ring:front(gen) end
 function Cluster:stats() return self.rpc:stats() end
 function Cluster:collect_trace(tr) return self.rpc:collect_trace(tr) end
 function Cluster:ask(i, msg, timeout_ms, via) return self.rpc:ask(i, msg, timeout_ms, via) end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship).
+function Cluster:metrics(m) ship.metrics(m, self) end
 
 -- Membership (loip.cluster.registry): the join socket, the changes between steps, a drain, a
 -- worker found on the LAN.

@@ -20,7 +20,6 @@ local core = require "loip.core"
 local errors = require "loip.error"
 local json = require "loip.text.json"
 local engine = require "loip.engine"
-local ship = require "loip.cluster.ship"
 local tokenizer = require "loip.text.tokenizer"
 local K = core.constants
 
@@ -89,9 +88,8 @@ function Ring:device_stats()
   return out
 end
 
--- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship; the engine
--- interface's metrics hook, loip.engine).
-function Ring:metrics(m) ship.metrics(m, self.c) end
+-- /metrics: the cluster's own figures (the engine interface's metrics hook, loip.engine).
+function Ring:metrics(m) return self.c:metrics(m) end
 
 -- Nothing runs and a request is about to start: a device that died meanwhile is a loss (the
 -- others planned again: the registry's check_alive), devices lost before are taken back (a new
