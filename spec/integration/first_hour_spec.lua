@@ -35,10 +35,10 @@ describe("modules", function()
       "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
       "^loip%.text%.tokenizers%.", "^loip%.text%.template%.", "^loip%.cluster%.proc$", "^loip%.cluster%.rpc$",
-      "^loip%.cluster%.members$", "^loip%.cluster%.control$", "^loip%.engine%.",
+      "^loip%.cluster%.planner$", "^loip%.engine%.",
       "^loip%.cluster%.ship$", "^loip%.cluster%.cache$", -- (blocks shipped to workers' caches)
       -- (a serving cluster's membership: joins, leaves, drains; the head's, a worker's, the server's)
-      "^loip%.cluster%.membership$", "^loip%.cluster%.join$", "^loip%.serve%.membership$",
+      "^loip%.cluster%.registry$", "^loip%.cluster%.join$", "^loip%.serve%.membership$",
       "^loip%.serve%.http$", "^loip%.serve%.metrics$", "^loip%.cli$", "^loip%.cmd%.",
       "^loip%.ui%.flags$", "^loip%.cli%.repl$", "^loip%.cli%.inputs$", "^loip%.measure%.leak$", -- (the soak's leak judgement)
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)

@@ -92,8 +92,8 @@ describe("a device lost in a request's control round", function()
       local r1 = b:submit { prompt = P1, max_tokens = N, sampler = GREEDY, stop = {} }
       for _ = 1, 3 do b:step() end
       -- the dead device met exactly when the second choice starts on the first's prompt
-      local start, pid = c.start, c.devices[2].pid
-      c.start = function(self, seq, r)
+      local start, pid = c.ring.start, c.devices[2].pid
+      c.ring.start = function(self, seq, r)
         if r.share and alive(pid) then kill(pid) end
         return start(self, seq, r)
       end

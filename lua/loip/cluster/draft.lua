@@ -51,17 +51,17 @@ end
 -- Open the draft on device i (again: a new plan dropped the old one with the device's part).
 function Remote:reopen(i)
   if not i then error("draft: no device of the new plan runs the draft", 0) end
-  self.i, self.sent, self.plan_id = i, {}, self.c.plan_id
+  self.i, self.sent, self.plan_id = i, {}, self.c.planner.plan_id
   local o = self.o
   self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs }).bytes
 end
 
 function Remote:ask(body)
   local c, i = self.c, self.i
-  body.plan_id = c.plan_id
+  body.plan_id = c.planner.plan_id
   local ok, r = pcall(function()
-    c:tell(i, { kind = "DRAFT", payload = json.encode(body) })
-    return c:answer(i, "DRAFT", 30000)
+    c.rpc:tell(i, { kind = "DRAFT", payload = json.encode(body) })
+    return c.rpc:answer(i, "DRAFT", 30000)
   end)
   if not ok then error(string.format("draft on device %d: %s", i, tostring(r)), 0) end
   return json.decode(r.payload)
@@ -70,7 +70,7 @@ end
 -- As loip.engine.request.drafter's: k drafts after req.ids, the device sent what it lacks of them.
 function Remote:propose(req, k, vocab)
   if k <= 0 then return {} end
-  if self.plan_id ~= self.c.plan_id then self:reopen(self.c.draft_device) end
+  if self.plan_id ~= self.c.planner.plan_id then self:reopen(self.c.planner.draft_device) end
   local s = self.sent[req.seq]
   if not s or s.request ~= req.id then
     s = { request = req.id, ids = {} }
@@ -87,7 +87,7 @@ function Remote:propose(req, k, vocab)
 end
 
 function Remote:release(req)
-  if self.plan_id ~= self.c.plan_id then return end -- (the device's draft went with its old plan)
+  if self.plan_id ~= self.c.planner.plan_id then return end -- (the device's draft went with its old plan)
   local s = self.sent[req.seq]
   if s and s.request == req.id then
     self.sent[req.seq] = nil
@@ -98,7 +98,7 @@ end
 function Remote:close()
   if self.closed then return end
   self.closed = true
-  if self.plan_id == self.c.plan_id then pcall(self.ask, self, { op = "close" }) end
+  if self.plan_id == self.c.planner.plan_id then pcall(self.ask, self, { op = "close" }) end
 end
 
 -- ---- the worker's side -----------------------------------------------------------------------

@@ -10,20 +10,36 @@
 --   for id in c:generate(ids, { max_tokens = 20, sampler = { temperature = 0 } }) do ... end
 --   c:batcher():submit{ prompt = ids, ... }   -- requests served together (loip.engine.request.batcher)
 --   c:close()
+--
+-- A Cluster is composed of parts that each own their state (the interface of each at the top of
+-- its file):
+--   c.rpc       loip.cluster.rpc       the ring's transport: ask, tell, answer, round, await, stats, traces
+--   c.registry  loip.cluster.registry  the member registry: spawn, connect, joins, leaves, losses
+--               (and idle-loss detection: watch, check_alive), taking devices back, revival
+--   c.planner   loip.cluster.planner   the problem, the plan, restage, lend, replan_kv, links
+--   c.ring      loip.engine.ring       the ring engine, holding the cluster: start, step, finish, ...
+-- and its own configuration, set at birth and read by every part: opts, token, net, store, man,
+-- store_id, identity, dead_ms, stage_limit_ms; a local cluster's dir, exe, spawned, local_devices.
+-- Its methods below are thin front-ends over the parts, and the parts' state callers read
+-- (c.devices, c.losses, c.plan_table, ...) is read from and written to the part that owns it
+-- (FIELDS).
 local core = require "loip.core"
-local json = require "loip.text.json"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local worker = require "loip.cluster.device_server"
 local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
-local process = require "loip.runtime.process"
+local rpc = require "loip.cluster.rpc"
+local ship = require "loip.cluster.ship"
+local registry = require "loip.cluster.registry"
+local planner = require "loip.cluster.planner"
+local ring = require "loip.engine.ring"
 local profile = require "loip.plan.profile"
 local flags = require "loip.ui.flags"
 
 local M = {}
 
-local sh_quote, exe, alive = proc.sh_quote, proc.exe, proc.alive
+local sh_quote, exe = proc.sh_quote, proc.exe
 local function random_token()
   local f = io.open("/dev/urandom", "rb")
   local b = f:read(24)
@@ -31,22 +47,26 @@ local function random_token()
   return (b:gsub(".", function(c) return string.format("%02x", c:byte()) end))
 end
 
--- A Cluster's methods, one file a concern (a method lives in exactly one of them):
---   loip.cluster.rpc      ask, tell, answer, await, stats, metrics, collect_trace
---   loip.cluster.members  spawn, connect_all, check_store, replan_after_loss, take_back, revive
---   loip.cluster.membership  listen_joins, between_steps, admit, release_device, member_event
---   loip.cluster.control  profiles, problem, plan, restage, lend, replan_kv, set_link
---   loip.engine.ring      the engine (start, step, finish, idle, online_devices, link_rates,
---                         link_state) and its front-end (batcher, generate, logits, tokenizer)
--- and its life here: new, start_local, connect, close.
 local Cluster = {}
-Cluster.__index = Cluster
-for _, part in ipairs({ "loip.cluster.rpc", "loip.cluster.members", "loip.cluster.control", "loip.engine.ring",
-    "loip.cluster.membership" }) do
-  for name, f in pairs(require(part)) do
-    assert(Cluster[name] == nil, "loip.cluster: " .. name .. " is defined twice")
-    Cluster[name] = f
-  end
+
+-- What callers read (and a spec sets) of a cluster's state, by the part that owns it.
+local FIELDS = {
+  registry = { "devices", "losses", "membership", "taken_back", "degraded", "joins" },
+  planner = { "plan_id", "plan_table", "plan_opts", "sizes", "problem_table", "estimate", "facts", "context", "batch",
+    "vocab", "dim", "draft_device", "draft_reserve", "draft_rows" },
+  rpc = { "results", "result_bytes" },
+}
+local owner = {}
+for part, names in pairs(FIELDS) do for _, k in ipairs(names) do owner[k] = part end end
+function Cluster.__index(c, k)
+  local f = Cluster[k]
+  if f ~= nil then return f end
+  local part = owner[k]
+  if part then return c[part][k] end
+end
+function Cluster.__newindex(c, k, v)
+  local part = owner[k]
+  if part then c[part][k] = v else rawset(c, k, v) end
 end
 
 -- opts: store (slice store dir, also read by the head for sizes and the tokenizer), token,
@@ -67,8 +87,8 @@ local function new(opts, devices)
   end
   local net, err = transport.net { token = token, keys = opts.keys }
   if not net then error(err, 0) end
-  local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store, devices = devices,
-    plan_id = 0, stage_limit_ms = opts.stage_limit_ms or 120000, dead_ms = dead_ms }, Cluster)
+  local c = setmetatable({ opts = opts, token = token, net = net, store = opts.store,
+    stage_limit_ms = opts.stage_limit_ms or 120000, dead_ms = dead_ms }, Cluster)
   -- who we are to the workers: a worker serves one head, and names it to any other
   local host = io.open("/proc/sys/kernel/hostname")
   c.identity = string.format("head-%s-%d", host and host:read("*l") or "?", tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")))
@@ -76,8 +96,8 @@ local function new(opts, devices)
   c.identity = c.identity:sub(1, 63)
   c.man = store.read_manifest(opts.store)
   c.store_id = worker.store_id(opts.store)
-  c.results = assert(net:bind(opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock"))
-    or "tcp://127.0.0.1:*"))
+  c.rpc = rpc.new(c, opts.head_listen or (opts.ipc_dir and ("ipc://" .. opts.ipc_dir .. "/head.sock")) or "tcp://127.0.0.1:*")
+  c.registry, c.planner, c.ring = registry.new(c, devices), planner.new(c), ring.new(c)
   return c
 end
 
@@ -116,8 +136,8 @@ function M.start_local(opts)
       local held, why = core.wake_latency(opts.cpu_latency_us)
       if not held then error("cluster: cpu_latency_us: " .. why, 0) end
     end
-    for i = 1, n do c:spawn(i) end
-    c:connect_all()
+    for i = 1, n do c.registry:spawn(i) end
+    c.registry:connect_all()
   end)
   if not ok then c:close() error(err, 0) end
   return c
@@ -147,36 +167,14 @@ function M.connect(endpoints, opts)
     opts = setmetatable({ head_listen = "tcp://" .. addr .. ":*" }, { __index = opts })
   end
   local c = new(opts, devices)
-  local ok, err = pcall(function() c:connect_all() end)
+  local ok, err = pcall(function() c.registry:connect_all() end)
   if not ok then c:close() error(err, 0) end
   return c
 end
 
 function Cluster:close()
-  if self._tokenizer then self._tokenizer:close() end
-  self._tokenizer = nil
-  for _, d in ipairs(self.devices or {}) do
-    if d.ctl then
-      if self.spawned and alive(d.pid) then pcall(function() d.ctl:send({ kind = "STOP" }, 500) end)
-      elseif not self.spawned or not d.pid then
-        -- a running worker (one that joined too) stays up, free for the next head
-        pcall(function() d.ctl:send({ kind = "STOP", payload = json.encode({ release = true }) }, 500) end)
-      end
-    end
-  end
-  if self.spawned then
-    for _, d in ipairs(self.devices) do
-      if d.pid then
-        local deadline = core.now_ms() + 3000
-        while alive(d.pid) and core.now_ms() < deadline do core.sleep_ms(20) end
-        if alive(d.pid) then os.execute("kill -TERM " .. d.pid .. " 2>/dev/null") end
-        deadline = core.now_ms() + 2000
-        while alive(d.pid) and core.now_ms() < deadline do core.sleep_ms(20) end
-        if alive(d.pid) then os.execute("kill -KILL " .. d.pid .. " 2>/dev/null") end
-        process.reap(d.pid)
-      end
-    end
-  end
+  self.ring:close()
+  self.registry:close()
   if self.net then self.net:close() self.net = nil end
   if self.spawned and self.dir and not self.opts.keep_logs then os.execute("rm -rf " .. sh_quote(self.dir)) end
   if self.wake_before then
@@ -184,5 +182,38 @@ function Cluster:close()
     self.wake_before = nil
   end
 end
+
+-- ---- the front-end: what callers use of a cluster, each the method of one part ----------------
+
+-- The plan (loip.cluster.planner): choose or check one and send it; live changes between steps.
+function Cluster:plan(opts) return self.planner:plan(opts) end
+function Cluster:restage(i, stage, offloaded) return self.planner:restage(i, stage, offloaded) end
+function Cluster:lend(i, holder, groups) return self.planner:lend(i, holder, groups) end
+function Cluster:replan_kv(positions) return self.planner:replan_kv(positions) end
+function Cluster:set_link(i, rate, delay_ms) return self.planner:set_link(i, rate, delay_ms) end
+
+-- Requests (loip.engine.ring): the request loop, generate, logits, the store's tokenizer, the
+-- prefix cache's figures per device.
+function Cluster:batcher(opts) return self.ring:batcher(opts) end
+function Cluster:generate(prompt, gen) return self.ring:generate(prompt, gen) end
+function Cluster:logits(ids) return self.ring:logits(ids) end
+function Cluster:tokenizer() return self.ring:tokenizer() end
+function Cluster:cache_stats() return self.ring:cache_stats() end
+function Cluster:front(gen) return self.ring:front(gen) end
+
+-- The devices' figures (loip.cluster.rpc): STATS per device, recorded events, one exchange.
+function Cluster:stats() return self.rpc:stats() end
+function Cluster:collect_trace(tr) return self.rpc:collect_trace(tr) end
+function Cluster:ask(i, msg, timeout_ms, via) return self.rpc:ask(i, msg, timeout_ms, via) end
+
+-- /metrics: the block bytes shipped to each device's cache (loip.cluster.ship).
+function Cluster:metrics(m) ship.metrics(m, self) end
+
+-- Membership (loip.cluster.registry): the join socket, the changes between steps, a drain, a
+-- worker found on the LAN.
+function Cluster:listen_joins(endpoint) return self.registry:listen_joins(endpoint) end
+function Cluster:between_steps(requests) return self.registry:between_steps(requests) end
+function Cluster:release_device(i, by, requests) return self.registry:release_device(i, by, requests) end
+function Cluster:discovered_worker(w) return self.registry:discovered_worker(w) end
 
 return M

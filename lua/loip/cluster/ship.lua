@@ -41,7 +41,7 @@ end
 
 -- Send device i the parts it lacks (need: { { name, offset } ... }), chunk by chunk.
 local function send_files(c, i, need, index, bar, sent)
-  local d = c.devices[i]
+  local d = c.registry.devices[i]
   for _, n in ipairs(need) do
     local f = assert(io.open(c.store .. "/" .. n.name, "rb"))
     f:seek("set", n.offset)
@@ -73,13 +73,13 @@ end
 
 -- Ship device i what plan p gives it (a no-op for a worker without a cache). Returns the bytes sent.
 function M.device(c, p, i, sizes)
-  local d = c.devices[i]
+  local d = c.registry.devices[i]
   if not (d.hello and d.hello.cache) or not d.bulk then return 0 end
   local names = M.files_of(c.man, p, i, sizes)
   local index, size = {}, {}
   for k, f in ipairs(c.man.files) do index[f.name], size[f.name] = k, f.size end
   c.manifest_text = c.manifest_text or read_manifest_text(c.store)
-  local r = json.decode(c:ask(i, { kind = "SHIP", payload = json.encode({ op = "need", store_id = c.store_id,
+  local r = json.decode(c.rpc:ask(i, { kind = "SHIP", payload = json.encode({ op = "need", store_id = c.store_id,
     manifest = c.manifest_text, files = names }) }, 60000, d.bulk).payload)
   local need = r.need or {}
   for _, x in ipairs(need) do x.size = size[x.name] end
@@ -89,7 +89,7 @@ function M.device(c, p, i, sizes)
     if #need == 0 then break end
     send_files(c, i, need, index, bar, sent)
     -- (after the chunks on the same link: the worker has checked every file by then)
-    local chk = json.decode(c:ask(i, { kind = "SHIP", payload = json.encode({ op = "check", files = names }) }, M.SEND_MS,
+    local chk = json.decode(c.rpc:ask(i, { kind = "SHIP", payload = json.encode({ op = "check", files = names }) }, M.SEND_MS,
       d.bulk).payload)
     need = chk.need or {}
     for _, x in ipairs(need) do x.size = size[x.name] end
@@ -109,16 +109,16 @@ function M.device(c, p, i, sizes)
   return sent.bytes
 end
 
--- Ship every device what plan p gives it, before the plan is sent (Cluster:plan calls this; a
--- re-plan goes through Cluster:plan too, and a join may call it for a plan of its own). Returns
+-- Ship every device what plan p gives it, before the plan is sent (the planner's plan calls this;
+-- a re-plan goes through it too, and a join may call it for a plan of its own). Returns
 -- the bytes sent per device (a list, by the devices' order now).
 function M.plan(c, p, sizes)
   local out = {}
-  for i in ipairs(c.devices) do out[i] = M.device(c, p, i, sizes) end
+  for i in ipairs(c.registry.devices) do out[i] = M.device(c, p, i, sizes) end
   return out
 end
 
--- A local worker's store arguments (loip.cluster.members spawns it): opts.cache (a directory,
+-- A local worker's store arguments (loip.cluster.registry spawns it): opts.cache (a directory,
 -- device i's cache its device-i folder; or a list, one per device) instead of the store, with
 -- opts.disk_quota (once or per device); else --store.
 function M.worker_args(opts, dir, i)

@@ -91,7 +91,7 @@ function M.serve_listen(srv, o)
 end
 
 -- A verified candidate worker heard by serve --discover: logged, listed, and on a cluster
--- admitted between steps as a worker that joins is (loip.cluster.membership).
+-- admitted between steps as a worker that joins is (loip.cluster.registry).
 function M.on_found(c, srv)
   io.stderr:write(os.date("%H:%M:%S "), "found worker at ", M.describe(c), "\n")
   io.stderr:flush()

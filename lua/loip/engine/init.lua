@@ -38,7 +38,7 @@
 --                runner measures them), kv_free_tokens, accounts ({ [account] = bytes }; nil:
 --                no budget), prompt_cache (as cache_stats') }: what a server's /metrics reports
 --              metrics(m) (optional): the engine's own figures added to a loip.serve.metrics m
---   losses     (ring) c.losses: { step, devices, why, replan_ms, replanned }
+--   losses     (ring) its cluster's c.losses: { step, devices, why, replan_ms, replanned }
 --
 -- The front-end (the functions below) is what loip.model's Model, loip.cluster's Cluster and
 -- loip.sim call: M.generate and M.logits (one generate, one stats vocabulary), M.batcher (the

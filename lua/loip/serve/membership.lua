@@ -1,4 +1,4 @@
--- The server's side of a serving cluster's membership (loip.cluster.membership): every turn of
+-- The server's side of a serving cluster's membership (loip.cluster.registry): every turn of
 -- its loop, between steps, the cluster admits workers that joined and lets leaving ones go; an
 -- operator drains a device with POST /v1/cluster/drain { "device": I } (`loip cluster drain I`,
 -- authenticated by --api-key as all of /v1). After any change every running request goes on
@@ -49,7 +49,7 @@ function M.drain(srv, req)
   req:respond(200, "application/json", json.encode({ object = "cluster.membership_event", event = e, devices = #c.devices }))
 end
 
--- /health's membership: joins, leaves and losses in one list (loip.cluster.membership's
+-- /health's membership: joins, leaves and losses in one list (loip.cluster.registry's
 -- events), and where workers join (the join socket's endpoint).
 function M.health(c, h)
   h.membership = c.membership or setmetatable({}, safe.array_mt)

@@ -1,8 +1,20 @@
--- A cluster's plan and its live control: the planning problem of its devices (their profiles,
--- links, budgets), the plan chosen through loip.policy (or one given, checked as loip.engine
--- checks every plan) and sent to every device (PLAN, READY), and the changes between steps: a
--- stage restaged (CHANGE), KV lent (LEND), a plan for more KV positions (replan_kv), an
--- emulated link's rate (LINK). Methods of loip.cluster's Cluster.
+-- A cluster's planner: the planning problem of its devices (their profiles, links, budgets), the
+-- plan chosen through loip.policy (or one given, checked as loip.engine checks every plan) and
+-- sent to every device (PLAN, READY), and the changes between steps: a stage restaged (CHANGE),
+-- KV lent (LEND), a plan for more KV positions (replan_kv), an emulated link's rate (LINK).
+--
+--   local pl = planner.new(c)                  -- c: loip.cluster's Cluster
+--   pl:plan(opts) -> plan, estimate, facts     choose (or check) a plan and send it (Cluster:plan)
+--   pl:restage(i, stage, offloaded), pl:lend(i, holder, groups), pl:replan_kv(positions),
+--   pl:set_link(i, rate, delay_ms)             live changes between steps
+--   pl:problem(opts, sizes), pl:profiles(opts), pl:budget_of(i), pl:plan_sizes(opts, k)
+--   pl.opts_without(opts, gone), pl.opts_with_newcomer(opts)   plan options for a changed set
+--   pl:new_set()                               the set changed: lending and live links forgotten
+--   pl:online_devices(), pl:link_rates()       what an online policy sees (the ring engine's)
+-- Its state, read by the other parts and by callers through the Cluster: plan_opts, plan_table,
+-- plan_id, sizes, problem_table, estimate, facts, context, batch, vocab, dim, draft_device,
+-- draft_reserve, draft_rows, lending, link_now. It reads the devices from c.registry, talks to
+-- them through c.rpc, and tells the ring engine (c.ring) when a plan replaces its request loop.
 local ffi = require "ffi"
 local core = require "loip.core"
 local json = require "loip.text.json"
@@ -13,17 +25,22 @@ local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
 local memory = require "loip.runtime.memory"
 local proc = require "loip.cluster.proc"
+local ship = require "loip.cluster.ship"
+local draft = require "loip.cluster.draft"
+local profile = require "loip.plan.profile"
 local problem = require "loip.plan.problem"
 local flags = require "loip.ui.flags"
-local defaults = require "loip.model"
-local ship = require "loip.cluster.ship"
-local profile_mod = require "loip.plan.profile"
-local draft_mod = require "loip.cluster.draft"
+local model = require "loip.model"
 local request_draft = require "loip.engine.request.draft"
 
 local alive, tail = proc.alive, proc.tail
 
-local Cluster = {}
+local M = {}
+
+local Planner = {}
+Planner.__index = Planner
+
+function M.new(c) return setmetatable({ c = c, plan_id = 0 }, Planner) end
 
 -- A value given once or once per device.
 local function each(v, i)
@@ -34,11 +51,11 @@ end
 -- The figures of each device: opts.profile (a file or table: one device's, used for all, or a
 -- cluster's, one per device), else calibrations: local workers share this machine (measured
 -- here, once, kept in the cache); running workers each measure themselves (PROFILE), once.
-function Cluster:profiles(opts)
-  local profile = profile_mod
+function Planner:profiles(opts)
+  local c, devices = self.c, self.c.registry.devices
   local pr = opts.profile
   if type(pr) == "string" then pr = profile.load(pr) end
-  local N, out = #self.devices, {}
+  local N, out = #devices, {}
   if pr then
     if pr.devices and #pr.devices ~= N then
       error(string.format("--profile: it profiles %d devices, the cluster has %d", #pr.devices, N), 0)
@@ -46,23 +63,23 @@ function Cluster:profiles(opts)
     for i = 1, N do out[i] = pr.devices and pr.devices[i] or pr end
     return out
   end
-  if self.spawned then
+  if c.spawned then
     -- local devices share this machine: its disk read by all of them at once (each device's
     -- rate is its share), its cores split among them (each device's threads, start_local), and
     -- compute timed while as many readers stream. (As many as were started: a re-plan after a
     -- loss reuses the calibration rather than measure again while requests wait.)
-    local here = profile.calibrate { store = self.store, threads = self.devices[1].threads, context = self.context,
-      readers = self.local_devices or N }
+    local here = profile.calibrate { store = c.store, threads = devices[1].threads, context = self.context,
+      readers = c.local_devices or N }
     for i = 1, N do out[i] = here end
     return out
   end
-  for i, d in ipairs(self.devices) do
+  for i, d in ipairs(devices) do
     -- (measured once per device and context: a re-plan after a join, a leave or a loss reuses
     -- it rather than measure every device again while requests wait; the model's shape: a worker
     -- whose blocks are shipped may hold none yet)
     if not (d.measured and d.measured.context == self.context) then
-      local r = self:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = self.man.config,
-        dtype = store.layer_dtype(self.man) }) }, 120000, d.bulk)
+      local r = c.rpc:ask(i, { kind = "PROFILE", payload = json.encode({ context = self.context, cfg = c.man.config,
+        dtype = store.layer_dtype(c.man) }) }, 120000, d.bulk)
       d.measured = { context = self.context,
         profile = json.decode(r.payload) or error(string.format("device %d (%s): an unreadable profile", i, d.endpoint), 0) }
     end
@@ -72,10 +89,11 @@ function Cluster:profiles(opts)
 end
 
 -- The planning problem of this cluster (loip.plan.problem) for the options of c:plan.
-function Cluster:problem(opts, sizes)
-  local N = #self.devices
+function Planner:problem(opts, sizes)
+  local man = self.c.man
+  local N = #self.c.registry.devices
   local budgets, rates, delays = {}, {}, {}
-  for i, d in ipairs(self.devices) do budgets[i] = self:budget_of(i) end
+  for i = 1, N do budgets[i] = self:budget_of(i) end
   local profiles = self:profiles(opts)
   local link = opts.link or {}
   for i = 1, N do
@@ -84,7 +102,7 @@ function Cluster:problem(opts, sizes)
     rates[i] = r and transport.parse_rate(r) or (measured and measured.rate_bps) or 0
     delays[i] = each(link.delay_ms, i) or 0
   end
-  return problem.new { model = sizes, shape = problem.shape_of(self.man.config, store.layer_dtype(self.man)), n = N,
+  return problem.new { model = sizes, shape = problem.shape_of(man.config, store.layer_dtype(man)), n = N,
     routing = opts.routing and opts.routing.frequencies,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
@@ -92,9 +110,9 @@ function Cluster:problem(opts, sizes)
 end
 
 -- Device i's budget for its part of the plan (bytes; 0: unlimited): less what a draft run
--- there takes (Cluster:reserve_draft).
-function Cluster:budget_of(i)
-  local b = self.devices[i].mem or 0
+-- there takes (Planner:reserve_draft).
+function Planner:budget_of(i)
+  local b = self.c.registry.devices[i].mem or 0
   if b > 0 and self.draft_device == i then b = b - self.draft_reserve end
   return b
 end
@@ -102,26 +120,26 @@ end
 -- Speculative decoding's draft on a device (its policy's `device` setting, --draft-device): the
 -- device (auto: the largest budget) and the bytes its draft takes there, kept out of the
 -- budget the scheduler plans that device with. Raises when the budget cannot hold the draft.
-function Cluster:reserve_draft(opts, ctx, max_seqs)
+function Planner:reserve_draft(opts, ctx, max_seqs)
   local inst = policy.load("draft", opts.draft)
   local where = inst.params and inst.params.device
   if not where or where == "head" or not inst.module.memory then return end
+  local devices, man = self.c.registry.devices, self.c.man
   local budgets = {}
-  for i, d in ipairs(self.devices) do budgets[i] = d.mem or 0 end
+  for i, d in ipairs(devices) do budgets[i] = d.mem or 0 end
   -- (after a device loss a device number past the others left: the draft goes where auto puts it)
-  if tonumber(where) and tonumber(where) > #budgets and #(self.losses or {}) > 0 then where = "auto" end
-  local bytes = inst.module.memory({ path = self.store, context = ctx, max_seqs = max_seqs }, inst.params)
+  if tonumber(where) and tonumber(where) > #budgets and #(self.c.registry.losses or {}) > 0 then where = "auto" end
+  local bytes = inst.module.memory({ path = self.c.store, context = ctx, max_seqs = max_seqs }, inst.params)
   local ms
   if where == "auto" then
     -- each device's time for a block of the target, by its profile (and emulated slowdown)
-    local profile, pb = profile_mod, problem
-    local profiles, shape = self:profiles(opts), pb.shape_of(self.man.config, store.layer_dtype(self.man))
+    local profiles, shape = self:profiles(opts), problem.shape_of(man.config, store.layer_dtype(man))
     ms = {}
-    for i in ipairs(self.devices) do
+    for i in ipairs(devices) do
       ms[i] = profile.block_ms(profiles[i], "mlp", 1, ctx, shape) * (each(opts.slowdown, i) or 1)
     end
   end
-  local i = draft_mod.device_of(where, budgets, bytes, ms)
+  local i = draft.device_of(where, budgets, bytes, ms)
   local b = budgets[i]
   if b > 0 and bytes >= b then
     error(string.format("--draft-device %s: device %d's budget of %s cannot hold the draft (%s: weights, KV cache and scratch)",
@@ -131,7 +149,7 @@ function Cluster:reserve_draft(opts, ctx, max_seqs)
 end
 
 -- A device's memory outside its KV cache (what it reported: used, less its kv account) and its
--- slot, into m (Cluster:online_devices reads them).
+-- slot, into m (Planner:online_devices reads them).
 local function mem_update(m, rep)
   -- outside the KV cache: neither this device's KV ("kv", with its lending staging buffer) nor
   -- what it holds for others ("kv_lent"), which move every step
@@ -164,27 +182,20 @@ local function fit_draft_rows(k, choose)
   return c
 end
 
--- The sizes of a plan for this cluster's context and batch (Cluster:plan sets them) and opts
+-- The sizes of a plan for this cluster's context and batch (Planner:plan sets them) and opts
 -- (max_batch, kv_tokens, plan_positions, logits_tokens, draft) with k draft rows a request.
-function Cluster:plan_sizes(opts, k)
+function Planner:plan_sizes(opts, k)
   local max_seqs = opts.max_batch or 1
   local lt = opts.logits_tokens or 1
   if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
-  return plan.sizes(self.man, store.config(self.store, self.man), { context = self.context, batch = self.batch,
-    threads = self.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
+  return plan.sizes(self.c.man, store.config(self.c.store, self.c.man), { context = self.context, batch = self.batch,
+    threads = self.c.registry.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
     plan_positions = flags.renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
-end
-
--- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come
--- back) and sample_rows (rows the last device samples in one step: loip_device_new's out_cap).
-function Cluster:plan_rows()
-  self.logits_tokens = self.sizes.logits_tokens
-  self.sample_rows = math.min(self.batch, math.max(self.sizes.logits_tokens or 1, self.sizes.max_seqs or 1))
 end
 
 -- Choose (or check) the plan and send each device its part; waits until all are READY.
 -- opts: plan (table or Lua file), else scheduler and cost (loip.policy names or paths; default
--- "loip"), stages (a fixed stage count), profile (see Cluster:profiles); context, batch (tokens
+-- "loip"), stages (a fixed stage count), profile (see Planner:profiles); context, batch (tokens
 -- a step carries: prompt chunks and decoding requests), max_batch (requests served at once,
 -- each with its own KV cache; default 1), kv_tokens (the KV pool they share, in positions;
 -- default context x max_batch), kv_grows (the KV pool charged as contexts take it:
@@ -198,23 +209,19 @@ end
 -- boards), logits_tokens, trace (record events for collect_trace), prefetch (false: stages read
 -- when they start, for a given plan). Returns the plan, the cost model's estimate of it and the
 -- scheduler's facts ({ scheduler_ms, scheduler, cost }, when one chose it).
-function Cluster:plan(opts)
+function Planner:plan(opts)
   opts = opts or {}
   self.plan_opts = opts
-  local cfg, facts = store.config(self.store, self.man)
+  local cfg, facts = store.config(self.c.store, self.c.man)
   self.facts = facts
-  local ctx, batch = opts.context or defaults.default_context(cfg.max_seq), opts.batch or defaults.DEFAULT_BATCH
+  local ctx, batch = opts.context or model.default_context(cfg.max_seq), opts.batch or model.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
   local max_seqs = opts.max_batch or 1
   if type(max_seqs) ~= "number" or max_seqs < 1 or max_seqs ~= math.floor(max_seqs) or max_seqs > batch then
     error(string.format("cluster: max_batch %s is not a whole number in 1..%d (the tokens a step carries)", tostring(max_seqs), batch), 0)
   end
-  if self._batcher and self._batcher:busy() and not opts.keep_requests then
-    error(string.format("cluster: %d requests are running or waiting; a new plan would drop their KV caches",
-      self._batcher:active() + self._batcher:queued()), 0)
-  end
-  if not opts.keep_requests then self._batcher = nil end
+  self.c.ring:replacing_plan(opts.keep_requests) -- (raises while requests run, unless they are kept)
   self.draft_device, self.draft_reserve = nil, nil
   local drafting = opts.draft ~= nil and opts.draft ~= "none"
   if drafting then self:reserve_draft(opts, ctx, max_seqs) end
@@ -230,7 +237,7 @@ function Cluster:plan(opts)
       c.plan, c.estimate, c.info = policy.plan(c.problem, { scheduler = opts.scheduler, cost = opts.cost })
     else
       local devices = {}
-      for i in ipairs(self.devices) do devices[i] = { budget = self:budget_of(i) } end
+      for i in ipairs(self.c.registry.devices) do devices[i] = { budget = self:budget_of(i) } end
       engine.check_plan(p, { model = c.sizes, devices = devices, cluster = true, loader = opts.loader }, where)
       c.plan = p
       if opts.estimate ~= false then
@@ -240,7 +247,7 @@ function Cluster:plan(opts)
     end
     return c
   end
-  -- (chosen already, on this problem: Cluster:replan_kv)
+  -- (chosen already, on this problem: Planner:replan_kv)
   local c = opts.plan_chosen
   if not c then
     local k = drafting and (opts.draft_tokens or request_draft.MAX) or 0
@@ -252,19 +259,20 @@ function Cluster:plan(opts)
   if c.problem then self.problem_table = c.problem end
   -- the largest RESULT the last device sends: an output per token of a step and the logits
   -- rows asked for (the results socket's buffer is this big, not a fixed ceiling)
-  self.result_bytes = batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4
+  self.c.rpc:expect_results(batch * ffi.sizeof("loip_step_output") + sizes.logits_tokens * cfg.vocab_size * 4)
   -- the blocks each device lacks, shipped to its cache before the plan takes effect (a failure
   -- leaves the cluster its plan)
-  ship.plan(self, p, sizes)
+  ship.plan(self.c, p, sizes)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1
-  local N = #self.devices
+  local devices = self.c.registry.devices
+  local N = #devices
   local link = opts.link or {}
-  for i, d in ipairs(self.devices) do
+  for i, d in ipairs(devices) do
     local from = (i - 2) % N + 1 -- the link into device i
     local body = { plan_id = self.plan_id, device = i, plan = plan.bare(p),
-      next = self.devices[i % N + 1].endpoint, head = self.results:endpoint(), store_id = self.store_id,
+      next = devices[i % N + 1].endpoint, head = self.c.rpc.results:endpoint(), store_id = self.c.store_id,
       context = ctx, batch = batch, max_seqs = max_seqs, kv_tokens = sizes.kv_tokens, plan_positions = sizes.plan_positions,
       kv_plan_tokens = sizes.plan_positions, -- (plan_positions' deprecated name, which a worker may read)
       kv_grows = opts.kv_grows or sizes.plan_positions < sizes.kv_tokens, loader = opts.loader, verify_reads = opts.verify_reads,
@@ -274,10 +282,10 @@ function Cluster:plan(opts)
         or opts.overlap_loads or false,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
       logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i),
-      dead_ms = self.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)
+      dead_ms = self.c.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
-  for i, d in ipairs(self.devices) do
+  for i, d in ipairs(devices) do
     local r
     local deadline = core.now_ms() + 300000
     repeat
@@ -295,24 +303,24 @@ function Cluster:plan(opts)
       group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
     mem_update(d.mem_state, d.ready)
   end
-  -- a request loop kept across the new plan gives its steps the rows this plan holds
-  if self._batcher then self:plan_rows() end
+  self.c.ring:planned() -- (a request loop kept across the new plan: the rows of a step it holds)
   return p, est, info
 end
 
 -- A live plan change between steps (no request's KV is lost, no token changes): stage `stage`
 -- of device i now reads its first `offloaded` blocks every step (more: memory freed on that
 -- device; fewer: read back into it, charged to its budget). Returns the device's memory.
-function Cluster:restage(i, stage, offloaded)
+function Planner:restage(i, stage, offloaded)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
-  if not self.devices[i] then error(string.format("restage: device %s is not one of %d", tostring(i), #self.devices), 2) end
+  local devices = self.c.registry.devices
+  if not devices[i] then error(string.format("restage: device %s is not one of %d", tostring(i), #devices), 2) end
   local p2 = engine.restaged(self.plan_table, i, stage, offloaded) -- (checked here before the device is asked)
   self.change = (self.change or 0) + 1
-  local r = self:ask(i, { kind = "CHANGE", payload = json.encode({ plan_id = self.plan_id, change = self.change, stage = stage,
+  local r = self.c.rpc:ask(i, { kind = "CHANGE", payload = json.encode({ plan_id = self.plan_id, change = self.change, stage = stage,
     offloaded = offloaded }) }, 60000)
   self.plan_table = p2
   local rep = json.decode(r.payload) or {}
-  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
+  if devices[i].mem_state then mem_update(devices[i].mem_state, rep) end
   return rep
 end
 
@@ -321,11 +329,12 @@ end
 -- sequence slot) to device `holder` after each of its stages runs, and fetches them back before
 -- the stage runs again; holder nil (or groups 0): everything comes back and lending stops.
 -- Tokens never change. Returns device i's memory.
-function Cluster:lend(i, holder, groups)
+function Planner:lend(i, holder, groups)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
-  local N = #self.devices
-  if not self.devices[i] then error(string.format("lend: device %s is not one of %d", tostring(i), N), 2) end
-  if holder ~= nil and (not self.devices[holder] or holder == i) then
+  local devices = self.c.registry.devices
+  local N = #devices
+  if not devices[i] then error(string.format("lend: device %s is not one of %d", tostring(i), N), 2) end
+  if holder ~= nil and (not devices[holder] or holder == i) then
     error(string.format("lend: holder %s is not another of the %d devices", tostring(holder), N), 2)
   end
   local g = groups
@@ -334,12 +343,12 @@ function Cluster:lend(i, holder, groups)
     for q, n in pairs(groups) do g[tostring(q)] = n end
   end
   if holder == nil or (type(g) == "number" and g <= 0) then holder, g = nil, 0 end
-  local r = self:ask(i, { kind = "LEND", payload = json.encode({ plan_id = self.plan_id,
-    peer = holder and self.devices[holder].endpoint or nil, groups = g }) }, 60000)
+  local r = self.c.rpc:ask(i, { kind = "LEND", payload = json.encode({ plan_id = self.plan_id,
+    peer = holder and devices[holder].endpoint or nil, groups = g }) }, 60000)
   self.lending = self.lending or {}
   self.lending[i] = holder and { holder = holder, groups = groups } or nil
   local rep = json.decode(r.payload) or {}
-  if self.devices[i].mem_state then mem_update(self.devices[i].mem_state, rep) end
+  if devices[i].mem_state then mem_update(devices[i].mem_state, rep) end
   return rep
 end
 
@@ -349,7 +358,7 @@ end
 -- running requests' KV is gone and the batcher prefills them again, as after a device loss, so
 -- no token changes. A plan that was given (opts.plan) is not replaced. Raises naming the
 -- shortfall when no plan holds that many positions; the cluster keeps its plan then.
-function Cluster:replan_kv(positions)
+function Planner:replan_kv(positions)
   if not self.plan_table then error("cluster: no plan yet (call c:plan first)", 2) end
   local o = self.plan_opts or {}
   if o.plan then
@@ -370,21 +379,97 @@ function Cluster:replan_kv(positions)
   end)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(chosen)), 0) end
   opts.plan_chosen = chosen
-  self.lending, self.active = nil, 0
+  self.lending = nil
   self:plan(opts)
   opts.plan_chosen = nil
 end
 
 -- Change the emulated link i (from device i to the next; emulated where it arrives) while
 -- requests run: rate ("100mbit", bytes/s) and delay_ms (nil: as it was). No reply.
-function Cluster:set_link(i, rate, delay_ms)
-  local N = #self.devices
-  if not self.devices[i] then error(string.format("set_link: link %s is not one of %d", tostring(i), N), 2) end
+function Planner:set_link(i, rate, delay_ms)
+  local devices = self.c.registry.devices
+  local N = #devices
+  if not devices[i] then error(string.format("set_link: link %s is not one of %d", tostring(i), N), 2) end
   if rate ~= nil and not transport.parse_rate(rate) then error("set_link: '" .. tostring(rate) .. "' is not a rate such as 100mbit", 2) end
-  self:tell(i % N + 1, { kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) })
+  self.c.rpc:tell(i % N + 1, { kind = "LINK", payload = json.encode({ rate = rate, delay_ms = delay_ms }) })
   self.link_now = self.link_now or {}
   self.link_now[i] = { rate = rate, delay_ms = delay_ms }
 end
 
+-- The set of devices changed (a loss, a join, a leave): what was lent and the links set live
+-- are forgotten (the new plan sends every device its part and its planned link).
+function Planner:new_set() self.lending, self.link_now = nil, nil end
 
-return Cluster
+-- What loip.engine.request.online needs of each device (loip.engine.device_state): its memory
+-- outside the KV cache, from the last PLAN or CHANGE reply; its stages and block sizes.
+function Planner:online_devices()
+  local out = {}
+  for i, d in ipairs(self.c.registry.devices) do
+    local m = d.mem_state or {}
+    local e = self.estimate and self.estimate.devices and self.estimate.devices[i]
+    out[i] = engine.device_state { stages = self.plan_table.devices[i].stages, limit = m.limit or d.mem or 0, nonkv = m.nonkv,
+      kv_base = m.kv_base, group_bytes = m.group_bytes, slot_bytes = m.slot_bytes, block_bytes = self.sizes.block_bytes, sizes = self.sizes,
+      -- KV lending: what device i lends (holder, groups per request) and the staging buffer it
+      -- keeps (the largest stage blob so far)
+      lend = self.lending and self.lending[i], staging_bytes = d.lend_staging, idle_ms = e and e.idle_ms }
+  end
+  return out
+end
+
+-- The rate each link is emulated at now (bytes/s; nil: not emulated), known at the head
+-- without asking.
+function Planner:link_rates()
+  local out = {}
+  local planned = self.plan_opts and self.plan_opts.link and self.plan_opts.link.rate
+  for i = 1, #self.c.registry.devices do
+    local now = (self.link_now or {})[i]
+    local rate = now and now.rate or (type(planned) == "table" and planned[i] or planned)
+    out[i] = rate and transport.parse_rate(rate) or nil
+  end
+  return out
+end
+
+-- Plan options opts for the set without the devices gone[i]: the options given per device lose
+-- those entries; a plan given for the old set no longer applies; running requests are kept.
+function Planner.opts_without(opts, gone)
+  local function drop(t)
+    if type(t) ~= "table" then return t end
+    local o = {}
+    for i, v in ipairs(t) do if not gone[i] then o[#o + 1] = v end end
+    return o
+  end
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.slowdown, o.disk_rate, o.plan, o.keep_requests = drop(o.slowdown), drop(o.disk_rate), nil, true
+  if type(o.link) == "table" then
+    o.link = { rate = drop(o.link.rate), delay_ms = drop(o.link.delay_ms), spin_us = o.link.spin_us }
+  end
+  if o.profile then
+    local pr = type(o.profile) == "string" and profile.load(o.profile) or o.profile
+    if pr.devices then
+      local q = {}
+      for k, v in pairs(pr) do q[k] = v end
+      q.devices = drop(pr.devices)
+      pr = q
+    end
+    o.profile = pr
+  end
+  return o
+end
+
+-- Plan options opts for the set with one more device (appended): a plan given for the old set
+-- no longer applies; per-device values given as lists leave the newcomer at the defaults.
+function Planner.opts_with_newcomer(opts)
+  local o = {}
+  for k, v in pairs(opts or {}) do o[k] = v end
+  o.plan, o.keep_requests = nil, true
+  local pr = o.profile
+  if type(pr) == "string" then pr = profile.load(pr) end
+  if type(pr) == "table" and pr.devices then
+    error("the cluster was planned with --profile of one profile per device: a device that joins has none "
+      .. "(give one device's profile, used for all, or none, to admit joins)", 0)
+  end
+  return o
+end
+
+return M
