@@ -86,6 +86,30 @@ function M.max_abs_diff(a, b, n)
   return m
 end
 
+-- The largest |logit - reference| over |largest reference logit|, over n positions of V logits
+-- (out and R: float arrays of n * V): how far a run is from an outside reference's logits.
+function M.worst_relative(out, R, n, V)
+  local w = 0
+  for p = 0, n - 1 do
+    local big, err = 0, 0
+    for v = 0, V - 1 do
+      big = math.max(big, math.abs(R[p * V + v]))
+      err = math.max(err, math.abs(out[p * V + v] - R[p * V + v]))
+    end
+    w = math.max(w, err / big)
+  end
+  return w
+end
+
+-- A shell command's output lines.
+function M.lines_of(cmd)
+  local p = assert(io.popen(cmd))
+  local out = {}
+  for l in p:lines() do out[#out + 1] = l end
+  p:close()
+  return out
+end
+
 -- Number of 32-bit words that differ between two arrays (0: bit-identical).
 function M.bit_diffs(a, b, n)
   local x, y = ffi.cast("const uint32_t *", a), ffi.cast("const uint32_t *", b)

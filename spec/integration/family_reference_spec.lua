@@ -19,27 +19,9 @@ after_each(function() collectgarbage() collectgarbage() end)
 local ref_dir = assert(T.fixture_path("models/family-reference/reference.json")):match("^(.*)/[^/]*$")
 local ref = assert(json.load(ref_dir .. "/reference.json"))
 
--- The reference logits of model r, copied into an array of their own.
-local function reference_logits(r)
-  local bytes = T.read(ref_dir .. "/" .. r.logits)
-  local R = ffi.new("float[?]", #bytes / 4)
-  ffi.copy(R, bytes, #bytes)
-  return R
-end
-
--- The largest |logit - reference| over |largest reference logit|, over the positions.
-local function worst(out, R, n, V)
-  local w = 0
-  for p = 0, n - 1 do
-    local big, err = 0, 0
-    for v = 0, V - 1 do
-      big = math.max(big, math.abs(R[p * V + v]))
-      err = math.max(err, math.abs(out[p * V + v] - R[p * V + v]))
-    end
-    w = math.max(w, err / big)
-  end
-  return w
-end
+-- The reference logits of model r, an array of their own (T.read_f32).
+local function reference_logits(r) return (T.read_f32(ref_dir .. "/" .. r.logits)) end
+local worst = T.worst_relative
 
 for _, family in ipairs(families.names(ref.models)) do
   local r = ref.models[family]

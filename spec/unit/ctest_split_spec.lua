@@ -6,13 +6,7 @@
 local json = require "loip.text.json"
 local T = require "spec.support"
 
-local function lines_of(cmd)
-  local p = assert(io.popen(cmd))
-  local out = {}
-  for l in p:lines() do out[#out + 1] = l end
-  p:close()
-  return out
-end
+local lines_of = T.lines_of
 
 -- the build directory the specs run from (LOIP_BIN's, as ctest gives it, else the running binary's)
 local function build_dir()

@@ -9,13 +9,7 @@ local T = require "spec.support"
 local ROOTS = { "runtime", "kernels" }
 local SEARCH = { "runtime/include", "runtime", "kernels" }
 
-local function lines_of(cmd)
-  local p = assert(io.popen(cmd))
-  local out = {}
-  for l in p:lines() do out[#out + 1] = l end
-  p:close()
-  return out
-end
+local lines_of = T.lines_of
 
 local function exists(path)
   local f = io.open(T.root .. "/" .. path, "rb")

@@ -9,13 +9,7 @@ local layers = require "loip.layers"
 
 local root = T.root
 
-local function lines_of(cmd)
-  local p = assert(io.popen(cmd))
-  local out = {}
-  for l in p:lines() do out[#out + 1] = l end
-  p:close()
-  return out
-end
+local lines_of = T.lines_of
 
 local function read(path)
   local f = assert(io.open(path, "rb"))
