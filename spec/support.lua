@@ -101,6 +101,18 @@ function M.worst_relative(out, R, n, V)
   return w
 end
 
+-- A reference model made again here (models/*-reference/reference.json's entry r: loip synth
+-- --like r.like r.flags): a fresh directory holding hf/ (the Hugging Face model), m.gguf (its
+-- GGUF, as spec.support.to_gguf writes it) and store/ (its slice store); the directory.
+function M.reference_model(r)
+  local dir = M.tmpdir()
+  local rc, _, err = M.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", M.loip, r.like, r.flags, dir))
+  assert(rc == 0, err)
+  require("spec.support.to_gguf").convert(dir .. "/hf", dir .. "/m.gguf")
+  require("loip.model.slice").write(dir .. "/hf", dir .. "/store", { quiet = true })
+  return dir
+end
+
 -- A shell command's output lines.
 function M.lines_of(cmd)
   local p = assert(io.popen(cmd))

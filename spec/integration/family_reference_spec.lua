@@ -8,10 +8,8 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
-local slice = require "loip.model.slice"
 local families = require "loip.model.families"
 local T = require "spec.support"
-local to_gguf = require "spec.support.to_gguf"
 
 teardown(function() T.cleanup() end)
 after_each(function() collectgarbage() collectgarbage() end)
@@ -27,13 +25,7 @@ for _, family in ipairs(families.names(ref.models)) do
   local r = ref.models[family]
   describe(family, function()
     local dir
-    setup(function()
-      dir = T.tmpdir()
-      local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, r.like, r.flags, dir))
-      assert.are.equal(0, rc, err)
-      to_gguf.convert(dir .. "/hf", dir .. "/m.gguf")
-      slice.write(dir .. "/hf", dir .. "/store", { quiet = true })
-    end)
+    setup(function() dir = T.reference_model(r) end)
 
     it("is the model llama.cpp read", function()
       assert.are.equal(r.gguf_sha256, require("loip.runtime.files").sha256_file(dir .. "/m.gguf"))

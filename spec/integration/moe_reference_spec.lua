@@ -8,9 +8,7 @@
 local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
-local slice = require "loip.model.slice"
 local T = require "spec.support"
-local to_gguf = require "spec.support.to_gguf"
 
 teardown(function() T.cleanup() end)
 after_each(function() collectgarbage() collectgarbage() end)
@@ -28,13 +26,7 @@ for _, arch in ipairs({ "qwen3moe", "qwen2moe", "mixtral" }) do
   local r = ref.models[arch]
   describe(arch, function()
     local dir
-    setup(function()
-      dir = T.tmpdir()
-      local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, r.like, r.flags, dir))
-      assert.are.equal(0, rc, err)
-      to_gguf.convert(dir .. "/hf", dir .. "/m.gguf")
-      slice.write(dir .. "/hf", dir .. "/store", { quiet = true })
-    end)
+    setup(function() dir = T.reference_model(r) end)
 
     it("is the model llama.cpp read", function()
       assert.are.equal(r.gguf_sha256, sha256_of(dir .. "/m.gguf"))
