@@ -57,6 +57,52 @@ end
 M.locate, M.gguf_files = where.locate, where.gguf_files -- (loip.model.locate)
 local locate = M.locate
 
+-- The model's format read (M.locate's kind of file): cfg, facts, and, as the format gives them,
+-- the mapped weights (keep) and the function that binds them (bind).
+local function read_format(self, kind, file, opts, bh)
+  if kind == "hf" then
+    return hf.read_config(file)
+  elseif kind == "store" then
+    -- (a mixture of experts: the experts of an offloaded MLP block stay on disk: the expert cache reads them)
+    local cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
+      experts = function(l) return not (self.plan and experts_mod.offloaded_layers(self.plan, 1)[l]) end })
+    return cfg, facts, nil, bind
+  elseif kind == "gguf" then
+    return gguf_model.open(file)
+  end
+  return llama2c.open(file)
+end
+
+-- The context, batch, requests and KV positions of model self from opts, checked (errors at
+-- level 3: M.open's caller).
+local function size_requests(self, cfg, facts, opts, path)
+  local ctx = opts.context or M.default_context(cfg.max_seq)
+  if facts.sliding_window and ctx > facts.sliding_window then
+    error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
+      path, ctx, facts.sliding_window, facts.sliding_window), 0)
+  end
+  self.context = ctx
+  self.batch = math.min(opts.batch or M.DEFAULT_BATCH, ctx)
+  self.max_seqs = opts.max_batch or 1
+  if type(self.max_seqs) ~= "number" or self.max_seqs < 1 or self.max_seqs ~= math.floor(self.max_seqs) then
+    error("loip.model.open: max_batch must be a whole number >= 1", 3)
+  end
+  self.kv_tokens = opts.kv_tokens or ctx * self.max_seqs
+  if type(self.kv_tokens) ~= "number" or self.kv_tokens < 1 then error("loip.model.open: kv_tokens must be a number >= 1", 3) end
+end
+
+-- The model's tokenizer (from dir, or opts.tokenizer; a GGUF holds its own), checked against
+-- the vocabulary.
+local function open_tokenizer(kind, dir, file, cfg, opts)
+  local tok = tokenizer.open(dir, { path = opts.tokenizer or (kind == "gguf" and file or nil), vocab_size = cfg.vocab_size })
+  -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
+  -- rows); a tokenizer with more ids than the model has rows cannot work.
+  if tok.vocab_size > cfg.vocab_size then
+    error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is only %d", tok.path, tok.vocab_size, cfg.vocab_size), 0)
+  end
+  return tok
+end
+
 -- opts: threads (default all CPUs), context (KV positions, default min(max_seq, 4096)),
 -- batch (tokens per forward step: prompt chunks and the decoding requests together, default 64),
 -- max_batch (requests served at once, each with its own KV cache; default 1), kv_tokens (the KV
@@ -104,32 +150,9 @@ function M.open(path, opts)
     error(string.format("%s: layers = %s (the first layers alone) needs a slice store (loip slice)", path, tostring(opts.layers)), 0)
   end
   local self = setmetatable({ path = path, opts = opts, dir = tokdir or file, budget = budget }, Model)
-  local cfg, facts, keep, bind
-  if kind == "hf" then
-    cfg, facts = hf.read_config(file)
-  elseif kind == "store" then
-    -- (a mixture of experts: the experts of an offloaded MLP block stay on disk: the expert cache reads them)
-    cfg, facts, bind = store.open(file, { verify = opts.verify, load = opts.load, budget = bh, layers = opts.layers,
-      experts = function(l) return not (self.plan and experts_mod.offloaded_layers(self.plan, 1)[l]) end })
-  elseif kind == "gguf" then
-    cfg, facts, keep, bind = gguf_model.open(file)
-  else
-    cfg, facts, keep, bind = llama2c.open(file)
-  end
+  local cfg, facts, keep, bind = read_format(self, kind, file, opts, bh)
   self.cfg, self.facts = cfg, facts
-  local ctx = opts.context or M.default_context(cfg.max_seq)
-  if facts.sliding_window and ctx > facts.sliding_window then
-    error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
-      path, ctx, facts.sliding_window, facts.sliding_window), 0)
-  end
-  self.context = ctx
-  self.batch = math.min(opts.batch or M.DEFAULT_BATCH, ctx)
-  self.max_seqs = opts.max_batch or 1
-  if type(self.max_seqs) ~= "number" or self.max_seqs < 1 or self.max_seqs ~= math.floor(self.max_seqs) then
-    error("loip.model.open: max_batch must be a whole number >= 1", 2)
-  end
-  self.kv_tokens = opts.kv_tokens or ctx * self.max_seqs
-  if type(self.kv_tokens) ~= "number" or self.kv_tokens < 1 then error("loip.model.open: kv_tokens must be a number >= 1", 2) end
+  size_requests(self, cfg, facts, opts, path)
   -- The device (loip.model.part): under a budget the session (KV cache, activations) is charged
   -- first, then the weights before they are read: a model that does not fit is refused before
   -- anything loads, and what it had charged is given back at once (a shared budget must not wait
@@ -174,16 +197,7 @@ function M.open(path, opts)
   end
   self.architecture = facts.architecture
   self.vocab_size, self.n_layers, self.dim = cfg.vocab_size, cfg.n_layers, cfg.dim
-  if opts.tokenizer ~= false then
-    self.tokenizer = tokenizer.open(tokdir or file, { path = opts.tokenizer or (kind == "gguf" and file or nil),
-      vocab_size = cfg.vocab_size })
-    -- Embedding tables are often padded past the tokenizer (Qwen2: 151646 tokens, 151936
-    -- rows); a tokenizer with more ids than the model has rows cannot work.
-    if self.tokenizer.vocab_size > cfg.vocab_size then
-      error(string.format("%s: tokenizer has %d tokens but the model's vocabulary is only %d",
-        self.tokenizer.path, self.tokenizer.vocab_size, cfg.vocab_size), 0)
-    end
-  end
+  if opts.tokenizer ~= false then self.tokenizer = open_tokenizer(kind, tokdir or file, file, cfg, opts) end
   self.stop_ids = M.stop_ids(facts, self.tokenizer)
   return self
 end
