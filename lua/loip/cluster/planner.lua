@@ -266,6 +266,15 @@ function Planner:plan(opts)
   self.plan_table = p
   if opts.estimate ~= false then self.estimate = est end
   self.plan_id = self.plan_id + 1
+  self:send_plans(p, sizes, opts, ctx, batch, max_seqs)
+  self:await_ready(p, sizes, mopts)
+  self.c.ring:planned() -- (a request loop kept across the new plan: the rows of a step it holds)
+  return p, est, info
+end
+
+-- Plan p sent to every device (PLAN: its part, the ring's endpoints, the sizes and settings of
+-- opts); Planner:await_ready waits for their answers.
+function Planner:send_plans(p, sizes, opts, ctx, batch, max_seqs)
   local devices = self.c.registry.devices
   local N = #devices
   local link = opts.link or {}
@@ -285,6 +294,12 @@ function Planner:plan(opts)
       dead_ms = self.c.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end
+end
+
+-- Every device's READY to plan p (an ERROR, an exit or 300 s without one raises, naming the
+-- device), and the memory each reports, kept for the online policy.
+function Planner:await_ready(p, sizes, mopts)
+  local devices = self.c.registry.devices
   for i, d in ipairs(devices) do
     local r
     local deadline = core.now_ms() + 300000
@@ -303,8 +318,6 @@ function Planner:plan(opts)
       group_bytes = d.ready.kv_group_bytes or 0, slot_bytes = plan.memory(p, i, sizes, mopts).slot_bytes }
     mem_update(d.mem_state, d.ready)
   end
-  self.c.ring:planned() -- (a request loop kept across the new plan: the rows of a step it holds)
-  return p, est, info
 end
 
 -- A live plan change between steps (no request's KV is lost, no token changes): stage `stage`
