@@ -114,6 +114,36 @@ function M.experts_of(g, arch, spec, get)
   return out
 end
 
+-- The GGUF's end-of-sequence id and every stop id (eos, then eot and eom when they differ and
+-- are in the vocabulary).
+local function stop_ids(md)
+  local tok = md["tokenizer.ggml.tokens"]
+  local eos = md["tokenizer.ggml.eos_token_id"]
+  local stops = { eos }
+  for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
+    local id = md[k]
+    if type(id) == "number" and id ~= eos and (not tok or id < #tok) then stops[#stops + 1] = id end
+  end
+  return eos, stops
+end
+
+-- The llama3 rope scaling whose frequency factors tensor 'rope_freqs.weight' holds (head dim hd,
+-- base theta); raises when none gives them.
+local function rope_scaling_of(g, hd, theta)
+  local path, rf = g.path, g.tensors["rope_freqs.weight"]
+  local p = ffi.cast("const float *", (g:data("rope_freqs.weight")))
+  if rf.type ~= "F32" or rf.numel * 2 ~= hd then
+    error(string.format("%s: tensor 'rope_freqs.weight' is %s of %d values; expected F32 of %d", path, rf.type, rf.numel, hd / 2), 0)
+  end
+  local list = {}
+  for i = 0, rf.numel - 1 do list[i + 1] = p[i] end
+  local scaling = llama3_scaling(list, hd, theta)
+  if not scaling then
+    error(path .. ": tensor 'rope_freqs.weight' holds frequency factors that no llama3 rope scaling (low 1, high 4, original context 8192) gives: not supported", 0)
+  end
+  return scaling
+end
+
 -- An open GGUF (loip.model.gguf) -> a Hugging Face config table (plus loip_rope_layout and
 -- loip_source_format); raises naming the key.
 function M.config(g)
@@ -159,13 +189,7 @@ function M.config(g)
   if scaling ~= nil and scaling ~= "none" then
     error(string.format("%s: %s.rope.scaling.type '%s' is not supported", path, arch, tostring(scaling)), 0)
   end
-  local tok = md["tokenizer.ggml.tokens"]
-  local eos = md["tokenizer.ggml.eos_token_id"]
-  local stops = { eos }
-  for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
-    local id = md[k]
-    if type(id) == "number" and id ~= eos and (not tok or id < #tok) then stops[#stops + 1] = id end
-  end
+  local eos, stops = stop_ids(md)
   local types = {}
   for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
   local moe = M.experts_of(g, arch, spec, get)
@@ -184,19 +208,7 @@ function M.config(g)
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
   if spec.config then spec.config(md, cfg, get) end
-  local rf = g.tensors["rope_freqs.weight"]
-  if rf then
-    local p = ffi.cast("const float *", (g:data("rope_freqs.weight")))
-    if rf.type ~= "F32" or rf.numel * 2 ~= hd then
-      error(string.format("%s: tensor 'rope_freqs.weight' is %s of %d values; expected F32 of %d", path, rf.type, rf.numel, hd / 2), 0)
-    end
-    local list = {}
-    for i = 0, rf.numel - 1 do list[i + 1] = p[i] end
-    cfg.rope_scaling = llama3_scaling(list, hd, theta)
-    if not cfg.rope_scaling then
-      error(path .. ": tensor 'rope_freqs.weight' holds frequency factors that no llama3 rope scaling (low 1, high 4, original context 8192) gives: not supported", 0)
-    end
-  end
+  if g.tensors["rope_freqs.weight"] then cfg.rope_scaling = rope_scaling_of(g, hd, theta) end
   return cfg
 end
 
