@@ -190,14 +190,7 @@ end
 
 -- Open and check path. Returns a File, or raises "path: reason".
 function M.open(path)
-  local map, err = files_rt.map(path)
-  if not map then error(err, 0) end
-  local size = files_rt.map_size(map)
-  local function fail(msg)
-    files_rt.map_free(map)
-    error(path .. ": " .. msg, 0)
-  end
-  local base = files_rt.map_data(map)
+  local map, size, base, fail = files_rt.map_checked(path)
   local r = reader(base, size, fail)
   r.size = size
   if size < 4 or ffi.string(base, 4) ~= M.MAGIC then fail("not a GGUF file (no \"GGUF\" magic)") end

@@ -98,15 +98,8 @@ end
 
 -- (loip_model_config, facts, mapping, bind(model), tensors) for a .bin file; raises "path: reason".
 function M.open(path)
-  local map, err = files_rt.map(path)
-  if not map then error(err, 0) end
-  local size = files_rt.map_size(map)
-  local function fail(msg)
-    files_rt.map_free(map)
-    error(path .. ": " .. msg, 0)
-  end
+  local map, size, base, fail = files_rt.map_checked(path)
   if size < HEADER then fail(string.format("truncated: %d bytes, shorter than the 28-byte header", size)) end
-  local base = files_rt.map_data(map)
   local hv = header(ffi.cast("const int32_t *", base), fail)
   local shared = hv.vocab_size > 0
   local vocab = math.abs(hv.vocab_size)

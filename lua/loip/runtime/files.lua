@@ -19,6 +19,18 @@ function M.map_data(map) return C.loip_mapping_data(map) end
 function M.map_size(map) return tonumber(C.loip_mapping_size(map)) end
 function M.map_prefetch(map, offset, len, context) return core.ok(C.loip_mapping_prefetch(map, offset, len), context) end
 function M.map_free(map) core.free(map, C.loip_mapping_free) end
+-- path mapped for a reader that checks it: map, its size, its bytes, and fail(msg), which frees
+-- the mapping and raises "path: msg" (a reader's checks fail through it); raises when path
+-- cannot be mapped.
+function M.map_checked(path)
+  local map, err = M.map(path)
+  if not map then error(err, 0) end
+  local function fail(msg)
+    M.map_free(map)
+    error(path .. ": " .. msg, 0)
+  end
+  return map, M.map_size(map), M.map_data(map), fail
+end
 
 -- ---- writers: a file written beside its name and renamed into place by commit
 function M.writer(path) return core.new("loip_writer *", C.loip_writer_open, C.loip_writer_free, path) end
