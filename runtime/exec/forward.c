@@ -33,6 +33,24 @@ static inline const float *kv_block_at(const loip_session *s, int value, int lay
     return chunk_at(kv, value ? kv->v_cache : kv->k_cache, slot, g);
 }
 
+/* The row of position p of seq for layer (keys or values) and in *n how many rows from it, up
+ * to position hi, lie one after another: a block's rest in the pool, a ring's rest up to where it
+ * wraps for a ringed window layer (kv_window.c), or the batch's recomputed rows. */
+static inline const float *kv_rows(const loip_session *s, int value, int layer, int seq, int p, int hi, int *n) {
+    const loip_kv *kv = s->kv;
+    int w = kv->win_slot[layer], left = hi - p + 1, run;
+    if (w >= 0 && p >= kv->evicted[seq]) {
+        int row = p % kv->win_ring;
+        run = kv->win_ring - row;
+        *n = left < run ? left : run;
+        return ring_at(kv, value ? kv->win_v : kv->win_k, w, seq) + (size_t)row * s->kv_dim;
+    }
+    int off = p % kv->kv_block;
+    run = kv->kv_block - off;
+    *n = left < run ? left : run;
+    return kv_block_at(s, value, layer, seq, p - off) + (size_t)off * s->kv_dim;
+}
+
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
 
 typedef struct {
@@ -112,6 +130,13 @@ static void qkv_post_task(void *p, int ith, int nth) {
         int pos = s->tok_pos[t], seq = s->tok_seq[t];
         loip_kv *kv = s->kv;
         if (pos < kv->evicted[seq]) continue; /* recomputed: its k/v rows serve this layer only */
+        int w = kv->win_slot[j->layer];
+        if (w >= 0) { /* a ringed window layer */
+            size_t at = (size_t)(pos % kv->win_ring) * s->kv_dim;
+            memcpy(ring_at(kv, kv->win_k, w, seq) + at, kk, s->kv_dim * sizeof(float));
+            memcpy(ring_at(kv, kv->win_v, w, seq) + at, vv, s->kv_dim * sizeof(float));
+            continue;
+        }
         int32_t g = kv->block_table[(size_t)seq * kv->blocks_per_seq + pos / kv->kv_block];
         size_t row = (size_t)(pos % kv->kv_block) * s->kv_dim;
         memcpy(chunk_at(kv, kv->k_cache, kv->layer_slot[j->layer], g) + row, kk, s->kv_dim * sizeof(float));
@@ -123,10 +148,9 @@ static void qkv_post_task(void *p, int ith, int nth) {
  * rows contiguous); *maxv their running max. */
 static int score_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, const float *q,
                        int lo, int hi, float *scores, int at, float scale, float *maxv) {
-    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
+    int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
-        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
-        const float *kc = kv_block_at(s, 0, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        const float *kc = kv_rows(s, 0, layer, seq, p, hi, &n) + (size_t)kvh * hd;
         for (int i = 0; i < n; i++) {
             float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
             scores[at++] = sc;
@@ -140,10 +164,9 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
 /* o += the values of positions lo..hi of seq weighted by scores[at..] / sum. */
 static int mix_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, float *o, int lo,
                      int hi, const float *scores, int at, float sum) {
-    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
+    int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
-        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
-        const float *vc = kv_block_at(s, 1, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        const float *vc = kv_rows(s, 1, layer, seq, p, hi, &n) + (size_t)kvh * hd;
         for (int i = 0; i < n; i++) k->axpy_f32(o, scores[at++] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
         p += n;
     }
@@ -163,6 +186,7 @@ static void attention_task(void *p, int ith, int nth) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
+    int window = loip_kv_layer_windowed(c, j->layer) ? c->sliding_window : 0;
     size_t b, e;
     loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
     for (size_t item = b; item < e; item++) {
@@ -170,9 +194,12 @@ static void attention_task(void *p, int ith, int nth) {
         int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
         uint64_t mask = s->tok_mask[t];
         int last = mask ? s->tok_base[t] : s->tok_pos[t];
+        /* a window layer: positions past pos - window only (loip_model_config.sliding_window;
+         * tree nodes never meet one: tree_node refuses them) */
+        int first = window && last - window + 1 > 0 ? last - window + 1 : 0;
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
-        int n = score_range(s, k, j->layer, seq, kvh, q, 0, last, scores, 0, scale, &maxv);
+        int n = score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv);
         for (uint64_t bits = mask; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
             int o = __builtin_ctzll(bits) + 1;
             n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
@@ -184,7 +211,7 @@ static void attention_task(void *p, int ith, int nth) {
         }
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        int at = mix_range(s, k, j->layer, seq, kvh, o, 0, last, scores, 0, sum);
+        int at = mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum);
         for (uint64_t bits = mask; bits; bits &= bits - 1) {
             int off = __builtin_ctzll(bits) + 1;
             at = mix_range(s, k, j->layer, seq, kvh, o, last + off, last + off, scores, at, sum);
@@ -207,6 +234,9 @@ static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
     int32_t parent = toks ? toks[t].parent : 0;
     s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
     if (parent == 0) return LOIP_OK;
+    if (s->m->cfg.sliding_window > 0 && s->m->cfg.sliding_window < s->max_ctx)
+        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch is a tree node: trees of drafts are not run on "
+                         "a model with sliding-window layers (window %d)", t, s->m->cfg.sliding_window);
     int32_t a = t - parent;
     if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
         return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "
@@ -288,6 +318,8 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     for (int32_t t = 0; t < n; t++) /* (attention never reads an unmapped group) */
         if (s->tok_pos[t] >= s->kv->evicted[s->tok_seq[t]] && (rc = loip_kv_prepare(s->kv, s->tok_seq[t], s->tok_pos[t])))
             return rc;
+    for (int32_t t = 0; t < n; t++) /* (what a ring holds: kv_window.c) */
+        if (s->tok_pos[t] >= s->kv->win_len[s->tok_seq[t]]) s->kv->win_len[s->tok_seq[t]] = s->tok_pos[t] + 1;
     drop_past(s, n);
     /* cos/sin of each token's position for RoPE, once per batch */
     const loip_model *m = s->m;
@@ -380,6 +412,7 @@ int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden
     for (int b = first; b < last; b += 2 - b % 2) {
         if (b % 2 != LOIP_BLOCK_MHA) continue;
         int slot = kv->layer_slot[b / 2];
+        if (slot < 0 && kv->win_slot[b / 2] >= 0) continue; /* a ringed window layer: never lent */
         if (slot < 0) return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
         for (int t = 0; t < n; t++)
             if (kv->seq_lent[(size_t)s->tok_seq[t] * kv->n_kv_layers + slot])

@@ -70,6 +70,8 @@ static int check_config(const loip_model_config *c) {
     } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
         return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
     }
+    if (c->sliding_window < 0)
+        return loip_fail(LOIP_EINVAL, "model config: sliding_window must not be negative, got %d", c->sliding_window);
     if (c->n_experts < 0) return loip_fail(LOIP_EINVAL, "model config: n_experts must not be negative, got %d", c->n_experts);
     if (c->n_experts > 0) {
         if (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts)

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 33, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 34, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -387,6 +387,10 @@ enum {
     LOIP_ROPE_SCALING_LLAMA3 = 1,
 };
 
+enum {
+    LOIP_MAX_LAYERS = 512, /* layers a model's per-layer switches (layer_window) name */
+};
+
 /* A model's shape and the switches of its forward pass. Lua fills it from the family's
  * description (lua/loip/model/families/: docs/adding-a-model.md); C reads only these fields and
  * knows no family by name. */
@@ -424,6 +428,15 @@ typedef struct loip_model_config {
     int32_t norm_topk_prob;
     int32_t shared_expert;
     int32_t shared_expert_gate;
+    /* Sliding-window attention (Hugging Face's sliding_window and layer_types: Mistral, Qwen2,
+     * Phi-3, Gemma 3, gpt-oss): a layer l with layer_window[l] != 0 lets the token at position p
+     * attend to the positions q with p - sliding_window < q <= p only: Hugging Face's
+     * sliding-window mask (kv_idx > q_idx - sliding_window), and llama.cpp's
+     * LLAMA_SWA_TYPE_STANDARD (masked when p - q >= n_swa), which agree. Such a layer keeps at
+     * most the window (and a batch) of KV positions per sequence (a ring: loip_session_kv_size).
+     * sliding_window 0: no layer is windowed. Layers past LOIP_MAX_LAYERS are never windowed. */
+    int32_t sliding_window;
+    uint8_t layer_window[LOIP_MAX_LAYERS];
 } loip_model_config;
 
 enum {
@@ -513,6 +526,20 @@ LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
                                int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
                                int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes);
+/* The KV cache a session keeping the layers kv_layers marks (NULL: all) would charge, as
+ * loip_session_size's kv_bytes (whose kv_layers count names the first layers): the paged pool of
+ * the layers attending to all positions, and a ring of the window and a batch
+ * (sliding_window - 1 + max_batch, rounded up to LOIP_KV_BLOCK_TOKENS) per sequence for each
+ * windowed layer where that is shorter than max_ctx (those layers' KV stops growing). */
+LOIP_API uint64_t loip_session_kv_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
+                                       const uint8_t *kv_layers, int32_t kv_tokens, int32_t max_seqs);
+/* Of a session: the layers whose KV is kept in windows (rings), and the ring's bytes (K and V of
+ * them all, every sequence), charged to "kv" whole when the session is made. */
+LOIP_API int32_t loip_session_kv_window_layers(const loip_session *s);
+/* The ring's positions per sequence that a session of cfg at this context and batch gives each
+ * windowed layer (0: none is ringed: no window, or one as long as the context). */
+LOIP_API int32_t loip_session_kv_ring_tokens(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch);
+LOIP_API uint64_t loip_session_kv_window_bytes(const loip_session *s);
 /* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens, charged
  * to budget's "kv" and "activations" accounts (budget NULL: not charged) before allocation,
  * keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a device of a
