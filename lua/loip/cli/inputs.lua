@@ -209,7 +209,7 @@ function M.problem_of(cmd, o)
   local is_store = o.model and require("loip.model").locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab,
-      experts = o.experts, experts_per_token = o.experts_per_token }
+      experts = o.experts, experts_per_token = o.experts_per_token, sliding_window = o.sliding_window, layer_types = o.layer_types }
     sopts.context = context_of(require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
     sizes, cfg, _, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
   elseif is_store then
