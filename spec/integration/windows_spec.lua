@@ -1,0 +1,115 @@
+-- Sliding-window attention and KV priced per layer (issue 38, item 4): a synthetic F32 Qwen2
+-- model (`loip synth --sliding-window 16 --layer-types sssssf`: five window layers to one full,
+-- as Gemma 3 lays them out) gives, at every position of a sequence three windows long, the
+-- logits of an independent double-precision reference with Hugging Face's sliding-window mask
+-- (spec/support/window_reference.lua), and not those of the same model without windows; `loip
+-- plan` prints the KV by layer kind; at a context whose full KV no budget below holds, the
+-- windows make room: planned and served on one device and on 3 local devices within budgets,
+-- with the tokens of the unbudgeted run, each device's accounted peak within its budget.
+local ffi = require "ffi"
+local loip = require "loip"
+local json = require "loip.text.json"
+local hf = require "loip.model.hf"
+local exec = require "loip.runtime.exec"
+local reference = require "spec.support.window_reference"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+
+local store_of = T.slice_store
+teardown(T.drop_stores)
+
+local SHAPE = "--like qwen2.5-7b --dtype f32 --layers 6 --dim 64 --heads 4 --kv-heads 2 --ffn 96 --std 0.3 --vocab 300"
+local src
+
+local function synth()
+  if src then return src end
+  src = os.tmpname()
+  os.remove(src)
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth %s --sliding-window 16 --layer-types sssssf %s", T.loip,
+    SHAPE, src))
+  assert.are.equal(0, rc, err)
+  return src
+end
+teardown(function() if src then os.execute("rm -rf '" .. src .. "'") end end)
+
+describe("sliding-window attention", function()
+  it("writes the windows as Hugging Face does and reads them back per layer", function()
+    local cfg = assert(json.load(synth() .. "/config.json"))
+    assert.are.equal(16, cfg.sliding_window)
+    assert.are.same({ "sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention",
+      "sliding_attention", "full_attention" }, cfg.layer_types)
+    local c = hf.parse_config(cfg, "config.json")
+    assert.are.equal(16, c.sliding_window)
+    for l = 0, 5 do assert.are.equal(l == 5 and 0 or 1, c.layer_window[l]) end
+    -- Qwen2's default: layers from max_window_layers on, when layer_types is absent
+    local q = { architectures = { "Qwen2ForCausalLM" }, hidden_size = 64, intermediate_size = 96, num_hidden_layers = 4,
+      num_attention_heads = 4, num_key_value_heads = 2, vocab_size = 300, max_position_embeddings = 256,
+      rms_norm_eps = 1e-6, use_sliding_window = true, sliding_window = 8, max_window_layers = 2 }
+    c = hf.parse_config(q, "q")
+    assert.are.same({ 0, 0, 1, 1 }, { c.layer_window[0], c.layer_window[1], c.layer_window[2], c.layer_window[3] })
+    q.use_sliding_window = false
+    assert.are.equal(0, hf.parse_config(q, "q").sliding_window)
+    q.use_sliding_window, q.layer_types = true, { "sliding_attention", "local" }
+    local ok, err = pcall(hf.parse_config, q, "q.json")
+    assert.is_false(ok)
+    assert.matches("q.json: field 'layer_types' must list one type per layer (4), got 2 entries", err, 1, true)
+    local rc, _, serr = T.run(string.format("LOIP_QUIET=1 %s synth %s --layer-types sf %s/x", T.loip, SHAPE, os.tmpname()))
+    assert.are_not.equal(0, rc)
+    assert.matches("--layer-types needs --sliding-window", serr, 1, true)
+  end)
+
+  it("gives the reference's logits at every position, three windows long, and not the unwindowed model's", function()
+    local dir = synth()
+    local ids = {}
+    for i = 1, 48 do ids[i] = (i * 37 + 11) % 300 end
+    local m = loip.model.open(dir, { threads = 1, context = 256, batch = 8, tokenizer = false })
+    assert.are.equal(5, exec.session_kv_window_layers(m:session()))
+    local got = m:logits(ids)
+    local V = m.vocab_size
+    local want = reference.logits(dir, ids)
+    local plain = reference.logits(dir, ids, { sliding_window = false })
+    local worst, differs = 0, 0
+    for t = 1, #ids do
+      local top = 0
+      for v = 0, V - 1 do top = math.max(top, math.abs(want[t][v])) end
+      for v = 0, V - 1 do
+        worst = math.max(worst, math.abs(got[(t - 1) * V + v] - want[t][v]) / top)
+        if t > 16 then differs = math.max(differs, math.abs(plain[t][v] - want[t][v]) / top) end
+      end
+    end
+    m:close()
+    assert.is_true(worst < 1e-4, "largest difference " .. worst .. " of the largest logit")
+    assert.is_true(differs > 1e-2, "the window changes the logits past it: " .. differs)
+  end)
+
+  it("prints the KV per layer kind, and serves a context whose full KV does not fit where the windows make room", function()
+    local st = store_of(synth(), "windows")
+    local rc, out, err = T.run(string.format("%s plan --model %s --context 4096 --devices 3", T.loip, st))
+    assert.are.equal(0, rc, err)
+    assert.matches("kv by layer kind: 1 full x 1.0 MiB %(4096 positions%) %+ 1 window x [%d.]+ KiB %(a ring of 80 "
+      .. "positions for a window of 16%)", out .. err)
+    -- the same weights without windows: 6 layers x 1 MiB of KV at 4096 positions, which these
+    -- budgets cannot hold (one device: 6 MiB; three: 2 MiB each)
+    local plain = os.tmpname()
+    os.remove(plain)
+    local rcp, _, errp = T.run(string.format("LOIP_QUIET=1 %s synth %s %s", T.loip, SHAPE, plain))
+    assert.are.equal(0, rcp, errp)
+    local plain_st = store_of(plain, "no windows")
+    local rc0, ref, err0 = T.generate_json(st, "--context 4096 --max-tokens 60 --devices 1")
+    assert.are.equal(0, rc0, err0)
+    assert.is_true(#ref.token_ids >= 40, "long enough to pass the window: " .. #ref.token_ids)
+    for _, set in ipairs({ { "1", "3M" }, { "3", "1800K,1800K,1800K" } }) do
+      local flags = string.format("--context 4096 --max-tokens 60 --devices %s --mem %s", set[1], set[2])
+      local rcf, _, errf = T.generate_json(plain_st, flags)
+      assert.are_not.equal(0, rcf, set[1] .. " devices: the full KV does not fit")
+      assert.matches("raise --mem or lower --context", errf, 1, true)
+      local rc1, j, err1 = T.generate_json(st, flags)
+      assert.are.equal(0, rc1, err1)
+      assert.are.same(ref.token_ids, j.token_ids, set[1] .. " devices")
+      for i, d in ipairs(j.devices) do
+        assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      end
+    end
+    os.execute("rm -rf '" .. plain .. "'")
+  end)
+end)
