@@ -5,8 +5,8 @@
 -- (spec/support/window_reference.lua), and not those of the same model without windows; `loip
 -- plan` prints the KV by layer kind; at a context whose full KV no budget below holds, the
 -- windows make room: planned and served on one device and on 3 local devices within budgets,
--- with the tokens of the unbudgeted run, each device's accounted peak within its budget.
-local ffi = require "ffi"
+-- with the tokens of the unbudgeted run, each device's accounted peak within its budget (and in
+-- this process at the same budget), where the same weights without windows are refused.
 local loip = require "loip"
 local json = require "loip.text.json"
 local hf = require "loip.model.hf"
@@ -110,6 +110,13 @@ describe("sliding-window attention", function()
         assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
       end
     end
+    -- one device in this process: the same tokens, the budget's peak within it
+    local m = loip.model.open(st, { threads = 1, context = 4096, mem = "3M" })
+    local it, gs = m:generate(ref.prompt_ids, { temperature = 0, max_tokens = #ref.token_ids, stop = {} })
+    for _ in it do end
+    assert.are.same(ref.token_ids, gs.token_ids, "in process")
+    assert.is_true(m.budget:peak() <= m.budget:limit(), "peak " .. m.budget:peak() .. " of " .. m.budget:limit())
+    m:close()
     os.execute("rm -rf '" .. plain .. "'")
   end)
 end)
