@@ -30,7 +30,11 @@ local function synth()
   assert.are.equal(0, rc, err)
   return src
 end
-teardown(function() if src then os.execute("rm -rf '" .. src .. "'") end end)
+local made = {} -- synthetic models to remove
+teardown(function()
+  if src then os.execute("rm -rf '" .. src .. "'") end
+  for _, d in ipairs(made) do os.execute("rm -rf '" .. d .. "'") end
+end)
 
 describe("sliding-window attention", function()
   it("writes the windows as Hugging Face does and reads them back per layer", function()
@@ -53,9 +57,12 @@ describe("sliding-window attention", function()
     local ok, err = pcall(hf.parse_config, q, "q.json")
     assert.is_false(ok)
     assert.matches("q.json: field 'layer_types' must list one type per layer (4), got 2 entries", err, 1, true)
-    local rc, _, serr = T.run(string.format("LOIP_QUIET=1 %s synth %s --layer-types sf %s/x", T.loip, SHAPE, os.tmpname()))
+    local out = os.tmpname()
+    os.remove(out)
+    local rc, _, serr = T.run(string.format("LOIP_QUIET=1 %s synth %s --layer-types sf %s", T.loip, SHAPE, out))
     assert.are_not.equal(0, rc)
     assert.matches("--layer-types needs --sliding-window", serr, 1, true)
+    assert.is_nil(io.open(out), "nothing written")
   end)
 
   it("gives the reference's logits at every position, three windows long, and not the unwindowed model's", function()
@@ -92,6 +99,7 @@ describe("sliding-window attention", function()
     -- budgets cannot hold (one device: 6 MiB; three: 2 MiB each)
     local plain = os.tmpname()
     os.remove(plain)
+    made[#made + 1] = plain
     local rcp, _, errp = T.run(string.format("LOIP_QUIET=1 %s synth %s %s", T.loip, SHAPE, plain))
     assert.are.equal(0, rcp, errp)
     local plain_st = store_of(plain, "no windows")
@@ -117,6 +125,5 @@ describe("sliding-window attention", function()
     assert.are.same(ref.token_ids, gs.token_ids, "in process")
     assert.is_true(m.budget:peak() <= m.budget:limit(), "peak " .. m.budget:peak() .. " of " .. m.budget:limit())
     m:close()
-    os.execute("rm -rf '" .. plain .. "'")
   end)
 end)
