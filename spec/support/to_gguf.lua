@@ -139,6 +139,13 @@ local function keys(cfg, arch, hd, spec)
   if cfg.shared_expert_intermediate_size then
     md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
   end
+  -- sliding windows (layer_types), as the converter writes a per-layer pattern: a bool a layer
+  if type(cfg.sliding_window) == "number" and type(cfg.layer_types) == "table" then
+    local pattern = {}
+    for i, t in ipairs(cfg.layer_types) do pattern[i] = t == "sliding_attention" end
+    md[#md + 1] = { a "attention.sliding_window", "UINT32", cfg.sliding_window }
+    md[#md + 1] = { a "attention.sliding_window_pattern", "ARRAY[BOOL]", pattern }
+  end
   for _, k in ipairs(families.names(spec.keys or {})) do
     local v = cfg[spec.keys[k]]
     md[#md + 1] = { a(k), "UINT32", type(v) == "number" and v or 0 }
