@@ -95,6 +95,16 @@ describe("sliding-window attention", function()
     assert.are.equal(0, rc, err)
     assert.matches("kv by layer kind: 1 full x 1.0 MiB %(4096 positions%) %+ 1 window x [%d.]+ KiB %(a ring of 80 "
       .. "positions for a window of 16%)", out .. err)
+    local rcj, j, errj = T.run(string.format("%s plan --model %s --context 4096 --devices 3 --json", T.loip, st))
+    assert.are.equal(0, rcj, errj)
+    j = json.decode(j)
+    assert.are.same({ 1, 5, 80 }, { j.kv_kinds.full_layers, j.kv_kinds.window_layers, j.kv_kinds.ring_tokens })
+    local full, win = 0, 0
+    for _, d in ipairs(j.devices) do
+      full, win = full + d.kv_full_layers, win + d.kv_window_layers
+      assert.is_true(d.kv_bytes >= d.kv_full_layers * j.kv_kinds.full_bytes + d.kv_window_layers * j.kv_kinds.window_bytes)
+    end
+    assert.are.same({ 1, 5 }, { full, win })
     -- the same weights without windows: 6 layers x 1 MiB of KV at 4096 positions, which these
     -- budgets cannot hold (one device: 6 MiB; three: 2 MiB each)
     local plain = os.tmpname()

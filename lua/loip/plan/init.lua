@@ -369,14 +369,20 @@ function M.over_budget(p, sizes, budgets, opts, where)
   end
 end
 
--- Device i's KV by layer kind (a model with sliding-window layers, sizes.kv_kinds): its full
--- layers' (growing with the context) and its window layers' (a ring each, that stops growing).
-function M.kv_kinds_line(p, i, sizes)
-  local k, set = sizes.kv_kinds, M.device_layers(p, i)
+-- Device i's KV by layer kind (a model with sliding-window layers, sizes.kv_kinds): how many
+-- full layers (KV growing with the context) and window layers (a ring each, that stops growing)
+-- it keeps (kv_layer_kinds), and a line saying so (kv_kinds_line).
+function M.kv_layer_kinds(p, i, sizes)
   local full, win = 0, 0
-  for l in pairs(set) do
+  for l in pairs((M.device_layers(p, i))) do
     if sizes.ringed[l] then win = win + 1 else full = full + 1 end
   end
+  return full, win
+end
+
+function M.kv_kinds_line(p, i, sizes)
+  local k = sizes.kv_kinds
+  local full, win = M.kv_layer_kinds(p, i, sizes)
   return string.format("    kv by layer kind: %d full x %s (%d positions) + %d window x %s (a ring of %d positions "
     .. "for a window of %d)", full, fmt(k.full_bytes or 0), sizes.plan_positions, win, fmt(k.window_bytes or 0),
     k.ring_tokens, k.window)
