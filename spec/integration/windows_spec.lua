@@ -6,7 +6,8 @@
 -- plan` prints the KV by layer kind; at a context whose full KV no budget below holds, the
 -- windows make room: planned and served on one device and on 3 local devices within budgets,
 -- with the tokens of the unbudgeted run, each device's accounted peak within its budget (and in
--- this process at the same budget), where the same weights without windows are refused.
+-- this process at the same budget), where the same weights without windows are refused; KV
+-- lending between devices ships the full layers' groups and keeps the rings: the same tokens.
 local loip = require "loip"
 local json = require "loip.text.json"
 local hf = require "loip.model.hf"
@@ -135,5 +136,43 @@ describe("sliding-window attention", function()
     assert.are.same(ref.token_ids, gs.token_ids, "in process")
     assert.is_true(m.budget:peak() <= m.budget:limit(), "peak " .. m.budget:peak() .. " of " .. m.budget:limit())
     m:close()
+  end)
+
+  it("lends the full layers' KV between devices and keeps the windows' rings: the same tokens", function()
+    local st = store_of(synth(), "windows")
+    local cluster = require "loip.cluster"
+    local function run(each)
+      local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+      local out
+      local ok, err = pcall(function()
+        -- 2 stages a device, a layer a stage: device 3's are layer 2 (a window) and layer 5 (full)
+        c:plan { context = 256, batch = 16, stages = 2, kv_grows = true }
+        local it, g = c:generate({ 1, 17, 290, 45, 100, 7 }, { max_tokens = 120, sampler = { temperature = 0 }, stop = {} })
+        local k = 0
+        for _ in it do
+          k = k + 1
+          if each then each(c, k) end
+        end
+        out = g.token_ids
+      end)
+      c:close()
+      assert(ok, err)
+      return out
+    end
+    local ref = run()
+    local seen = {}
+    local got = run(function(c, k)
+      if k == 3 then c:lend(3, 1, 4) c:lend(1, 2, 4) end
+      if k == 60 then
+        local s = c:stats()
+        seen.full, seen.windows = s[3].lent_bytes, s[1].lent_bytes
+      end
+      if k == 100 then c:lend(3, nil) c:lend(1, nil) end
+    end)
+    assert.are.same(ref, got)
+    -- device 3 ships layer 5's groups (4 KiB a group: 2 x 16 positions x 32 floats x 4 bytes);
+    -- device 1, whose layers 0 and 3 are windows, ships no group, only its blobs' headers
+    assert.is_true(seen.full >= 10 * 4096, "device 3 lent " .. tostring(seen.full))
+    assert.is_true(seen.windows < 4096, "device 1 lent " .. tostring(seen.windows))
   end)
 end)
