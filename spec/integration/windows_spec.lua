@@ -52,6 +52,11 @@ describe("sliding-window attention", function()
       rms_norm_eps = 1e-6, use_sliding_window = true, sliding_window = 8, max_window_layers = 2 }
     c = hf.parse_config(q, "q")
     assert.are.same({ 0, 0, 1, 1 }, { c.layer_window[0], c.layer_window[1], c.layer_window[2], c.layer_window[3] })
+    -- Gemma 3's older configs: sliding_window_pattern p (6 there, 3 here), every p-th layer full
+    q.max_window_layers, q.sliding_window_pattern, q.num_hidden_layers = nil, 3, 6
+    c = hf.parse_config(q, "q")
+    for l = 0, 5 do assert.are.equal((l + 1) % 3 == 0 and 0 or 1, c.layer_window[l], "layer " .. l) end
+    q.sliding_window_pattern, q.num_hidden_layers, q.max_window_layers = nil, 4, 2
     q.use_sliding_window = false
     assert.are.equal(0, hf.parse_config(q, "q").sliding_window)
     q.use_sliding_window, q.layer_types = true, { "sliding_attention", "local" }

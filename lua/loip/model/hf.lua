@@ -77,7 +77,8 @@ end
 -- The layers' attention windows (Hugging Face's names) into c: sliding_window (positions; null
 -- or absent, or use_sliding_window false: none) and layer_types ("sliding_attention" or
 -- "full_attention" per layer); without layer_types every layer is windowed, or (Qwen2's
--- max_window_layers) those from max_window_layers on, as transformers' configs default them.
+-- max_window_layers) those from max_window_layers on, or (Gemma 3's sliding_window_pattern p)
+-- all but every p-th, as transformers' configs default them.
 -- Returns the window (nil: none).
 function M.windows_of(cfg, path, c)
   if cfg.use_sliding_window == false then return nil end
@@ -95,6 +96,8 @@ function M.windows_of(cfg, path, c)
     end
   end
   local from = field(cfg, path, "max_window_layers", "int", 0)
+  local every = field(cfg, path, "sliding_window_pattern", "int", 0)
+  if every < 0 then error(string.format("%s: field 'sliding_window_pattern' must be positive, got %d", path, every), 0) end
   c.sliding_window = w
   for l = 0, n - 1 do
     local t = types and types ~= json.null and types[l + 1]
@@ -102,7 +105,11 @@ function M.windows_of(cfg, path, c)
       error(string.format("%s: field 'layer_types' entry %d is '%s' (sliding_attention or full_attention)", path,
         l + 1, tostring(t)), 0)
     end
-    local windowed = t == "sliding_attention" or (not t and (cfg.max_window_layers == nil or l >= from))
+    local windowed = t == "sliding_attention"
+    if not t then
+      if every > 0 then windowed = (l + 1) % every ~= 0
+      else windowed = cfg.max_window_layers == nil or l >= from end
+    end
     c.layer_window[l] = windowed and 1 or 0
   end
   return w
