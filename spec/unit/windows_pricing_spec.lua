@@ -43,6 +43,32 @@ describe("KV priced per layer", function()
     assert.is_true(sz.kv_bytes[6] < full.kv_bytes[6] / 5)
   end)
 
+  it("prices each device's layers by kind in the scheduler's inner loop as in the plan it builds", function()
+    local space = require "loip.plan.space"
+    local sz = sizes_of(OVER)
+    local prob = { model = sz, devices = { { budget = 0 }, { budget = 0 }, { budget = 0 } }, links = { {}, {}, {} },
+      loader = "uring" }
+    for _, S in ipairs({ 1, 2 }) do
+      for _, shape in ipairs(space.shapes_for(S, 3, 12)) do
+        local choice = S == 1 and { n = { 4, 4, 4 }, o = { 0, 1, 0 } } or { n = { 2, 2, 2 }, o = { 0, 0, 1 } }
+        local p = space.build(prob, shape, choice)
+        local L = 0
+        for i = 1, 3 do
+          local want = plan.part_total(plan.device_part(p, i, sz), sz, space.memory_opts(prob))
+          local got = space.part_total(prob, shape, i, L, 0, choice.n[i], 0, choice.o[i], 1)
+          assert.are.equal(want, got, string.format("S %d, device %d", S, i))
+          L = L + choice.n[i]
+        end
+        -- device 3 of one stage: layers 4 (window) and 5 (full); the others' windows alone
+        if S == 1 then
+          assert.are.equal(sz.kv_bytes[0] + sz.kv_kinds.full_bytes + sz.kv_kinds.window_bytes,
+            plan.part_memory(plan.device_part(p, 3, sz), sz).kv)
+          assert.are.equal(sz.kv_bytes[0] + 2 * sz.kv_kinds.window_bytes, plan.part_memory(plan.device_part(p, 1, sz), sz).kv)
+        end
+      end
+    end
+  end)
+
   it("attends min(position, window) in window layers in the cost model", function()
     local sz = sizes_of(OVER)
     assert.are.equal((1000 + 5 * 16) / 6, plan.attended(sz, 1000))

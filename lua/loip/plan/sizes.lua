@@ -80,6 +80,11 @@ local function window_kv(s, cfg, opts, max_seqs)
     end
   end
   s.kv_kinds = k
+  -- full layers' attention blocks before each block (the DP counts a part's layers by kind)
+  s.kv_full_before = { [0] = 0 }
+  for b = 0, 2 * cfg.n_layers - 1 do
+    s.kv_full_before[b + 1] = s.kv_full_before[b] + ((b % 2 == 0 and not s.ringed[b / 2]) and 1 or 0)
+  end
   for n = 1, cfg.n_layers do
     local most = 0
     for a = 0, cfg.n_layers - n do
