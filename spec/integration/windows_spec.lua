@@ -7,7 +7,8 @@
 -- windows make room: planned and served on one device and on 3 local devices within budgets,
 -- with the tokens of the unbudgeted run, each device's accounted peak within its budget (and in
 -- this process at the same budget), where the same weights without windows are refused; KV
--- lending between devices ships the full layers' groups and keeps the rings: the same tokens.
+-- lending between devices ships the full layers' groups and keeps the rings: the same tokens;
+-- loip simulate plays a windowed shape within budgets its windowless twin does not fit.
 local loip = require "loip"
 local json = require "loip.text.json"
 local hf = require "loip.model.hf"
@@ -141,6 +142,21 @@ describe("sliding-window attention", function()
     assert.are.same(ref.token_ids, gs.token_ids, "in process")
     assert.is_true(m.budget:peak() <= m.budget:limit(), "peak " .. m.budget:peak() .. " of " .. m.budget:limit())
     m:close()
+  end)
+
+  it("is simulated where the windows make room: a 8192 context on 3 devices of 60M that the same shape without windows cannot hold", function()
+    local shape = "--like qwen2.5-7b --layers 12 --dim 512 --heads 8 --kv-heads 4 --ffn 1024 --vocab 4000 --context 8192 "
+      .. "--devices 3 --mem 60M --device-profile jetson-agx-orin-64gb --json"
+    local rc0, _, err0 = T.run(string.format("%s simulate %s", T.loip, shape))
+    assert.are_not.equal(0, rc0)
+    assert.matches("kv 64.0 MiB", err0, 1, true) -- four full layers of 16 MiB on a device
+    local rc, out, err = T.run(string.format("%s simulate %s --sliding-window 64 --layer-types sssssf", T.loip, shape))
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    assert.are.equal(0, j.failed)
+    for i, d in ipairs(j.devices) do
+      assert.is_true(d.memory_bytes <= d.budget_bytes, "device " .. i .. ": " .. d.memory_bytes .. " of " .. d.budget_bytes)
+    end
   end)
 
   it("lends the full layers' KV between devices and keeps the windows' rings: the same tokens", function()
