@@ -159,6 +159,25 @@ describe("sliding-window attention", function()
     end
   end)
 
+  it("verifies a chain of drafts (the same tokens) and refuses trees of drafts, naming them", function()
+    local st = store_of(synth(), "windows")
+    local ids = { 1, 17, 290, 45, 100, 7 }
+    local function tokens(draft)
+      local m = loip.model.open(st, { threads = 1, context = 256, draft = draft, tokenizer = false })
+      local ok, it, g = pcall(m.generate, m, ids, { temperature = 0, max_tokens = 60, stop = {} })
+      local err
+      if ok then ok, err = pcall(function() for _ in it do end end) else err = it end
+      m:close()
+      assert(ok, err)
+      return g.token_ids
+    end
+    local plain = tokens(nil)
+    assert.are.same(plain, tokens("self:layers=3"))
+    local ok, err = pcall(tokens, "self:layers=3,tree=on,width=3,levels=2")
+    assert.is_false(ok)
+    assert.matches("draft: tree=on: trees of drafts are not run on a model with sliding-window layers", err, 1, true)
+  end)
+
   it("lends the full layers' KV between devices and keeps the windows' rings: the same tokens", function()
     local st = store_of(synth(), "windows")
     local cluster = require "loip.cluster"
