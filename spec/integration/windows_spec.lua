@@ -18,6 +18,7 @@ local T = require "spec.support"
 teardown(function() T.cleanup() end)
 
 local store_of = T.slice_store
+local S260 = T.root .. "/models/stories260K"
 teardown(T.drop_stores)
 
 local SHAPE = "--like qwen2.5-7b --dtype f32 --layers 6 --dim 64 --heads 4 --kv-heads 2 --ffn 96 --std 0.3 --vocab 300"
@@ -176,6 +177,30 @@ describe("sliding-window attention", function()
     local ok, err = pcall(tokens, "self:layers=3,tree=on,width=3,levels=2")
     assert.is_false(ok)
     assert.matches("draft: tree=on: trees of drafts are not run on a model with sliding-window layers", err, 1, true)
+  end)
+
+  it("keeps no prefix cache (a held group carries no window); n choices share a prompt with its windows", function()
+    local st = store_of(synth(), "windows")
+    local m = loip.model.open(st, { threads = 1, context = 256, max_batch = 3, prefix_cache = true, tokenizer = false })
+    local b = m:batcher()
+    assert.is_true(b.engine.kv_windows)
+    assert.is_nil(b.prefix)
+    m:close()
+    m = loip.model.open(st, { threads = 1, context = 256, max_batch = 3, tokenizer = false })
+    b = m:batcher()
+    -- n = 3 choices of a prompt of 40 (window 16): the prompt's KV shared, its windows copied exactly
+    local ids = {}
+    for i = 1, 40 do ids[i] = (i * 53 + 7) % 300 end
+    local one = b:submit { prompt = ids, max_tokens = 30, sampler = { temperature = 0 }, stop = {} }
+    one:wait()
+    local r = b:submit { prompt = ids, max_tokens = 30, sampler = { temperature = 0 }, stop = {}, n = 3 }
+    for _, c in ipairs(r.choices) do c:wait() end
+    for _, c in ipairs(r.choices) do assert.are.same(one.token_ids, c.token_ids) end
+    m:close()
+    -- the plain twin's batcher keeps one (prefix_cache = true asks for it)
+    local p = loip.model.open(S260, { threads = 1, context = 256, max_batch = 2, prefix_cache = true })
+    assert.is_not_nil(p:batcher().prefix)
+    p:close()
   end)
 
   it("lends the full layers' KV between devices and keeps the windows' rings: the same tokens", function()
