@@ -4,7 +4,8 @@
  * (16 positions each, never more) and its pool only layer 1's, and gives, position by position
  * through 70 positions, the logits of a session that keeps every layer's KV whole (the window
  * applied by the mask alone), bit for bit; the window changes the logits (the same model
- * unwindowed differs past the window); the KV charged is what loip_session_kv_size says; a
+ * unwindowed differs past the window); the KV charged is what loip_session_kv_size says (growing:
+ * the rings at the start, layer 1's groups as they are taken); a
  * sequence sharing another's positions takes its window rows (the same next logits, bit for
  * bit), refused where the rows are gone; the prompt cache's holds and tree nodes are refused.
  * Exit 0 pass, 1 fail. */
@@ -161,6 +162,22 @@ int main(void) {
     float out[VOCAB];
     rc = loip_session_forward_batch(ring, tids, 2, tree, rows, 1, out);
     CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), "tree"), "a tree node refused: %s", loip_last_error());
+
+    /* growing: the rings charged whole from the start, the pool (layer 1 alone) group by group */
+    loip_session *grows = NULL;
+    rc = loip_session_new_seqs(m, pool, CTX, 8, 0, 1, b, NULL, LOIP_SESSION_KV_GROWS, &grows);
+    CHECK(rc == 0, "growing session: %s", loip_last_error());
+    if (!rc) {
+        uint64_t gb = loip_session_kv_group_bytes(grows), start = loip_session_kv_charged(grows);
+        CHECK(start == loip_session_kv_bytes(grows) - (uint64_t)(CTX / LOIP_KV_BLOCK_TOKENS) * gb,
+              "the tables and the rings at the start: %llu", (unsigned long long)start);
+        CHECK(start >= loip_session_kv_window_bytes(grows), "the rings among them");
+        CHECK(run(grows, 0, 0, N, 8, w) == 0, "growing run");
+        CHECK(!memcmp(a, w, sizeof(float) * N * VOCAB), "growing: the same logits bit for bit");
+        CHECK(loip_session_kv_charged(grows) == start + 5 * gb, "70 positions: 5 groups of layer 1 charged, the rings no more: %llu",
+              (unsigned long long)(loip_session_kv_charged(grows) - start));
+        loip_session_free(grows);
+    }
 
     loip_session_free(ring), loip_session_free(whole), loip_session_free(unwindowed);
     CHECK(account(b, "kv") == 0, "all released");
