@@ -7,7 +7,8 @@
  * unwindowed differs past the window); the KV charged is what loip_session_kv_size says (growing:
  * the rings at the start, layer 1's groups as they are taken); a
  * sequence sharing another's positions takes its window rows (the same next logits, bit for
- * bit), refused where the rows are gone; the prompt cache's holds and tree nodes are refused.
+ * bit), refused where the rows are gone; the prompt cache's holds are refused; a tree of drafts
+ * gives each node the logits of its path run as a chain (the window counted from its depth).
  * Exit 0 pass, 1 fail. */
 #include <math.h>
 #include <stdio.h>
@@ -157,11 +158,25 @@ int main(void) {
     int32_t ids[1];
     rc = loip_session_kv_hold(ring, 0, 0, 1, ids);
     CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "rings"), "the prompt cache's hold refused: %s", loip_last_error());
-    loip_batch_token tree[2] = {{0, N + 1, 0}, {0, N + 2, 1}};
-    int32_t tids[2] = {1, 2}, rows[1] = {1};
-    float out[VOCAB];
-    rc = loip_session_forward_batch(ring, tids, 2, tree, rows, 1, out);
-    CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), "tree"), "a tree node refused: %s", loip_last_error());
+    /* a tree of drafts after position N: root r at N, its children a (N + 1) and b (N + 2), b's child
+     * c (N + 3, depth 2): b's and c's logits are those of the chain r, b, c at N, N + 1, N + 2, bit
+     * for bit (the window counted from each node's depth, not its KV position) */
+    CHECK(loip_session_seq_free(ring, 0) == 0 && run(ring, 0, 0, N, 8, a) == 0, "the prompt again");
+    loip_batch_token tree[4] = {{0, N, 0}, {0, N + 1, 1}, {0, N + 2, 2}, {0, N + 3, 1}};
+    int32_t tids[4] = {5, 9, 13, 17}, trows[2] = {2, 3}, chain[3] = {5, 13, 17};
+    float tout[2 * VOCAB], cout[3 * VOCAB];
+    CHECK(loip_session_forward_batch(ring, tids, 4, tree, trows, 2, tout) == 0, "tree: %s", loip_last_error());
+    CHECK(loip_session_seq_free(ring, 1) == 0, "free 1");
+    CHECK(loip_session_seq_share(ring, 1, 0, N) == 0, "sequence 1 shares the prompt");
+    for (int i = 0; i < 3; i++) {
+        loip_batch_token bt = {1, N + i, 0};
+        int32_t r0[1] = {0};
+        CHECK(loip_session_forward_batch(ring, &chain[i], 1, &bt, r0, 1, cout + (size_t)i * VOCAB) == 0, "chain %d", i);
+    }
+    CHECK(!memcmp(tout, cout + VOCAB, sizeof(float) * VOCAB), "node b as the chain's position N + 1: %g",
+          max_diff(tout, cout + VOCAB, VOCAB));
+    CHECK(!memcmp(tout + VOCAB, cout + 2 * VOCAB, sizeof(float) * VOCAB), "node c as the chain's position N + 2: %g",
+          max_diff(tout + VOCAB, cout + 2 * VOCAB, VOCAB));
 
     /* growing: the rings charged whole from the start, the pool (layer 1 alone) group by group */
     loip_session *grows = NULL;

@@ -173,6 +173,19 @@ static int mix_range(const loip_session *s, const loip_kernels *k, int layer, in
     return at;
 }
 
+/* Of a tree node's ancestors (mask: bit o - 1 for the node at root + o), those a window layer's
+ * token at position rope sees: the ancestor at root + o sits at position root + its depth (the
+ * ancestors set up to it), seen when past rope - window. */
+static inline uint64_t window_ancestors(uint64_t mask, int rope, int root, int window) {
+    uint64_t seen = 0;
+    int depth = 0;
+    for (uint64_t bits = mask; bits; bits &= bits - 1) {
+        depth++;
+        if (root + depth > rope - window) seen |= bits & (~bits + 1);
+    }
+    return seen;
+}
+
 /* Causal grouped-query attention over the paged cache: one work item per (token, head);
  * token t attends to positions 0..tok_pos[t] of its sequence (a tree node: 0..tok_base[t] and
  * the positions its mask names), read block by block. Softmax in fp32 as run.c does, positions
@@ -194,13 +207,14 @@ static void attention_task(void *p, int ith, int nth) {
         int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
         uint64_t mask = s->tok_mask[t];
         int last = mask ? s->tok_base[t] : s->tok_pos[t];
-        /* a window layer: positions past pos - window only (loip_model_config.sliding_window;
-         * tree nodes never meet one: tree_node refuses them) */
-        int first = window && last - window + 1 > 0 ? last - window + 1 : 0;
+        /* a window layer: the positions past (the token's position - window) only, a tree node's
+         * position being its root's plus its depth (tok_rope), an ancestor's likewise */
+        int rope = s->tok_rope[t], first = window && rope - window + 1 > 0 ? rope - window + 1 : 0;
+        uint64_t seen = window ? window_ancestors(mask, rope, last, window) : mask;
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
-        int n = score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv);
-        for (uint64_t bits = mask; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
+        int n = first <= last ? score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv) : 0;
+        for (uint64_t bits = seen; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
             int o = __builtin_ctzll(bits) + 1;
             n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
         }
@@ -211,8 +225,8 @@ static void attention_task(void *p, int ith, int nth) {
         }
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        int at = mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum);
-        for (uint64_t bits = mask; bits; bits &= bits - 1) {
+        int at = first <= last ? mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum) : 0;
+        for (uint64_t bits = seen; bits; bits &= bits - 1) {
             int off = __builtin_ctzll(bits) + 1;
             at = mix_range(s, k, j->layer, seq, kvh, o, last + off, last + off, scores, at, sum);
         }
@@ -234,9 +248,6 @@ static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
     int32_t parent = toks ? toks[t].parent : 0;
     s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
     if (parent == 0) return LOIP_OK;
-    if (s->m->cfg.sliding_window > 0 && s->m->cfg.sliding_window < s->max_ctx)
-        return loip_fail(LOIP_EINVAL, "forward: token %d of the batch is a tree node: trees of drafts are not run on "
-                         "a model with sliding-window layers (window %d)", t, s->m->cfg.sliding_window);
     int32_t a = t - parent;
     if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
         return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "

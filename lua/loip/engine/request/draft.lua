@@ -41,9 +41,6 @@ function M.new(policy, target, opts)
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
-  if d.tree and opts.engine and opts.engine.kv_windows then -- (a tree node's window is not its KV position's)
-    error("draft: tree=on: trees of drafts are not run on a model with sliding-window layers; use a chain of drafts", 0)
-  end
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
