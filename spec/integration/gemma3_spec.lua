@@ -50,8 +50,9 @@ describe("gemma3", function()
     synth(f32, "f32")
   end)
 
-  it("reads Gemma3ForConditionalGeneration's language model as the causal LM, bit for bit", function()
-    local want, count = logits(f32)
+  -- f32 as Gemma3ForConditionalGeneration: its config as text_config, its tensors renamed by rename
+  -- (the header alone is rewritten: the offsets stay)
+  local function conditional(rename)
     local cg = edited(f32, function(cfg)
       local text = {}
       for k, v in pairs(cfg) do
@@ -61,21 +62,34 @@ describe("gemma3", function()
       return { architectures = { "Gemma3ForConditionalGeneration" }, model_type = "gemma3", text_config = text,
         bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id, vision_config = { hidden_size = 8 } }
     end)
-    -- the tensors renamed under language_model. (offsets unchanged: the header alone is rewritten)
     local bytes = T.read(cg .. "/model.safetensors")
     local hlen = 0
     for i = 8, 1, -1 do hlen = hlen * 256 + bytes:byte(i) end
     local header = assert(json.decode(bytes:sub(9, 8 + hlen)))
     local renamed = {}
-    for k, v in pairs(header) do renamed[k == "__metadata__" and k or "language_model." .. k] = v end
+    for k, v in pairs(header) do renamed[k == "__metadata__" and k or rename(k)] = v end
     local h = json.encode_sorted(renamed)
     h = h .. string.rep(" ", (8 - #h % 8) % 8)
     T.write(cg .. "/model.safetensors", T.u64le(#h) .. h .. bytes:sub(9 + hlen))
-    local got = logits(cg)
-    assert.are.equal(0, T.bit_diffs(want, got, count))
-    local m = loip.model.open(cg, { threads = 1, context = 64, tokenizer = false })
-    assert.are.equal("Gemma3ForConditionalGeneration", m.architecture)
-    m:close()
+    return cg
+  end
+
+  it("reads Gemma3ForConditionalGeneration's language model as the causal LM, bit for bit (both layouts)", function()
+    local want, count = logits(f32)
+    for _, rename in ipairs({
+      function(k) return "language_model." .. k end, -- (Google's checkpoints)
+      function(k) return (k:gsub("^model%.", "model.language_model.")) end, -- (transformers 4.52 to 4.57)
+    }) do
+      local cg = conditional(rename)
+      assert.are.equal(0, T.bit_diffs(want, (logits(cg)), count))
+      local m = loip.model.open(cg, { threads = 1, context = 64, tokenizer = false })
+      assert.are.equal("Gemma3ForConditionalGeneration", m.architecture)
+      m:close()
+      -- its slice store too
+      local st = T.tmpdir() .. "/store"
+      require("loip.model.slice").write(cg, st, { quiet = true })
+      assert.are.equal(0, T.bit_diffs(want, (logits(st)), count))
+    end
   end)
 
   it("gives a BF16 model's logits bit for bit from its Hugging Face directory and its GGUF", function()

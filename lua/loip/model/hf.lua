@@ -314,13 +314,25 @@ function M.row_view(v, rows)
   return out, count * row
 end
 
--- The view of weight w (a M.weight_list entry) in safetensors file f, and its bytes; nil and
--- the message when it cannot be had.
-function M.view_of(f, w)
-  local view, err = f:view(w[3])
-  if not view or not w.rows then return view, err or f.tensors[w[3]].nbytes end
+-- The file of safetensors set holding weight w (a M.weight_list entry of class arch) and the
+-- name it is held under: w's own, or the class's other layout of it (its alias function:
+-- Gemma3ForConditionalGeneration saved by transformers 4.52 to 4.57, model.language_model.*);
+-- nil when neither is there.
+function M.find(set, w, arch)
+  if set.index[w[3]] then return set.index[w[3]], w[3] end
+  local alias = (M.architectures[arch or ""] or {}).alias
+  local other = alias and alias(w[3])
+  if other and set.index[other] then return set.index[other], other end
+end
+
+-- The view of weight w (a M.weight_list entry) in safetensors file f (under name: default w's),
+-- and its bytes; nil and the message when it cannot be had.
+function M.view_of(f, w, name)
+  name = name or w[3]
+  local view, err = f:view(name)
+  if not view or not w.rows then return view, err or f.tensors[name].nbytes end
   local part, perr = M.row_view(view, w.rows)
-  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, w[3], perr) end
+  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, name, perr) end
   return part, perr
 end
 
@@ -331,13 +343,13 @@ function M.bind_weights(dir, c, m, opts)
   local set, err = safetensors.open_dir(dir, opts)
   if not set then error(err, 0) end
   for _, w in ipairs(M.weight_list(c, opts and opts.architecture)) do
-    local layer, kind, name = w[1], w[2], w[3]
-    local f = set.index[name]
+    local layer, kind = w[1], w[2]
+    local f, name = M.find(set, w, opts and opts.architecture)
     if not f then
       safetensors.close(set)
-      error(string.format("%s: tensor '%s' is missing", dir, name), 0)
+      error(string.format("%s: tensor '%s' is missing", dir, w[3]), 0)
     end
-    local view, verr = M.view_of(f, w)
+    local view, verr = M.view_of(f, w, name)
     if not view then safetensors.close(set) error(verr, 0) end
     local ok, berr = M.bind(m, layer, kind, view, w.expert)
     if not ok then

@@ -141,7 +141,14 @@ local layer = { ["post_attention_layernorm.weight"] = K.W_POST_ATTN_NORM,
 M.classes = {
   Gemma3ForCausalLM = { qkv_bias = "attention_bias", qk_norm = true, layer = layer, prepare = prepare, config = config,
     norms_zero_centred = true },
+  -- (the checkpoints Google published: language_model.model.*; saved by transformers 4.52 to 4.57:
+  -- model.language_model.*, the head lm_head.*)
   Gemma3ForConditionalGeneration = { qkv_bias = "attention_bias", qk_norm = true, layer = layer, prefix = "language_model.",
+    alias = function(name)
+      local rest = name:match("^language_model%.model%.(.*)$")
+      if rest then return "model.language_model." .. rest end
+      return (name:gsub("^language_model%.lm_head%.", "lm_head."))
+    end,
     prepare = prepare, config = config, norms_zero_centred = true },
 }
 

@@ -19,6 +19,8 @@
 --                          gives them; replaces the common name of those kinds (hf.layer_names)
 --               prefix     prepended to every tensor name (a language model inside another:
 --                          Gemma3ForConditionalGeneration's language_model.)
+--               alias      function(name): the tensor's name in another layout of the class's
+--                          files, tried when name is not there (hf.find)
 --               prepare    function(cfg, path): the config table the class reads, made from
 --                          config.json's before any field is read (a nested text_config, the
 --                          class's defaults for fields left out)
