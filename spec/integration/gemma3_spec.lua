@@ -148,6 +148,59 @@ describe("gemma3", function()
     refused(function(c) c.architectures = { "Gemma3ForConditionalGeneration" } end, "field 'text_config' is missing")
   end)
 
+  it("scales the embedding rows in their dtype (BF16: the scale and the product rounded to BF16)", function()
+    local exec, core = require "loip.runtime.exec", require "loip.core"
+    local K = core.constants
+    local c = hf.parse_config(assert(json.load(f32 .. "/config.json")), "config.json")
+    assert.are.equal(8, c.embed_scale) -- sqrt(64)
+    c.embed_scale = math.sqrt(1152) -- (gemma-3-1b's: 33.94..., 34 in BF16)
+    local dim, vocab = c.dim, c.vocab_size
+    local row = { 0.3, -1.7, 2.5e-3, 7.0 }
+    local function to_bf16(v) -- (loip_convert: round to nearest even)
+      local dst = ffi.new("uint16_t[1]")
+      assert.are.equal(0, core.C.loip_convert(dst, K.BF16, ffi.new("float[1]", v), K.F32, 1))
+      return dst[0]
+    end
+    local function from_bf16(h)
+      local dst = ffi.new("float[1]")
+      assert.are.equal(0, core.C.loip_convert(dst, K.F32, ffi.new("uint16_t[1]", h), K.BF16, 1))
+      return dst[0]
+    end
+    for _, dt in ipairs({ "F32", "BF16" }) do
+      local E = ffi.new(dt == "F32" and "float[?]" or "uint16_t[?]", vocab * dim)
+      for i = 0, dim - 1 do
+        local v = row[i % #row + 1] * (1 + i / 64)
+        E[5 * dim + i] = dt == "F32" and v or to_bf16(v)
+      end
+      local m = assert(exec.model_new(c))
+      local t = ffi.new("loip_tensor")
+      t.data, t.dtype, t.ndim, t.shape[0], t.shape[1] = E, dt == "F32" and K.F32 or K.BF16, 2, vocab, dim
+      assert(exec.model_bind(m, -1, K.W_EMBED, t))
+      local pool = assert(exec.pool_new(1))
+      local sess = assert(exec.session_new_layers(m, pool, 16, 1, nil, nil))
+      local out = ffi.new("float[?]", dim)
+      assert.are.equal(0, core.C.loip_session_embed(sess, ffi.new("int32_t[1]", 5), 1, out))
+      local f = ffi.new("float[2]")
+      for i = 0, dim - 1 do
+        local want
+        if dt == "F32" then
+          f[0] = E[5 * dim + i]
+          f[1] = f[0] * c.embed_scale -- (exact in double, one rounding to float: the float product)
+          want = f[1]
+        else
+          local sc = from_bf16(to_bf16(c.embed_scale))
+          assert.are.equal(34, sc)
+          f[0] = from_bf16(E[5 * dim + i]) * sc
+          want = from_bf16(to_bf16(f[0]))
+        end
+        assert.are.equal(want, out[i], dt .. " " .. i .. ": " .. tostring(out[i]) .. " want " .. tostring(want))
+      end
+      exec.session_free(sess)
+      exec.pool_free(pool)
+      exec.model_free(m)
+    end
+  end)
+
   it("caps the logits when the config has final_logit_softcapping", function()
     local want, count = logits(f32)
     local capped = logits(edited(f32, function(cfg) cfg.final_logit_softcapping = 2.0 end))
