@@ -330,7 +330,8 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     int half = m->cfg.head_dim / 2;
     for (int table = 0; table < (m->cfg.rope_local_theta > 0 ? 2 : 1); table++) {
         const float *inv = m->inv_freq + table * half;
-        float *cs = s->rope_cos + (size_t)table * s->max_batch * half, *sn = s->rope_sin + (size_t)table * s->max_batch * half;
+        size_t at = (size_t)table * s->max_batch * half;
+        float *cs = s->rope_cos + at, *sn = s->rope_sin + at;
         for (int t = 0; t < n; t++)
             for (int i = 0; i < half; i++) {
                 float val = (float)s->tok_rope[t] * inv[i];

@@ -56,7 +56,8 @@ static int check_switches(const loip_model_config *c) {
     if (c->ffn_act != LOIP_ACT_SILU && c->ffn_act != LOIP_ACT_GELU_TANH)
         return loip_fail(LOIP_EINVAL, "model config: unknown ffn_act %d", c->ffn_act);
     if (c->ffn_act != LOIP_ACT_SILU && c->n_experts)
-        return loip_fail(LOIP_EINVAL, "model config: ffn_act %d with experts (only SwiGLU experts are run)", c->ffn_act);
+        return loip_fail(LOIP_EINVAL, "model config: ffn_act %d with experts (only SwiGLU experts are run)",
+                         c->ffn_act);
     if (!(c->embed_scale >= 0) || !(c->attn_scale >= 0) || !(c->rope_local_theta >= 0) || !(c->final_softcap >= 0))
         return loip_fail(LOIP_EINVAL, "model config: embed_scale, attn_scale, rope_local_theta and final_softcap must "
                          "be positive or 0 (not used)");

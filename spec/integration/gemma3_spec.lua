@@ -204,6 +204,24 @@ describe("gemma3", function()
     end
   end)
 
+  it("the runtime refuses a switch out of range, naming it", function()
+    local exec = require "loip.runtime.exec"
+    local base = assert(json.load(f32 .. "/config.json"))
+    for _, case in ipairs({ { "ffn_act", 7, "unknown ffn_act 7" }, { "attn_scale", -1, "attn_scale" },
+      { "embed_scale", 0 / 0, "embed_scale" }, { "rope_scaling", 9, "unknown rope_scaling 9" } }) do
+      local c = hf.parse_config(base, "config.json")
+      c[case[1]] = case[2]
+      local m, err = exec.model_new(c)
+      assert.is_nil(m)
+      assert.matches(case[3], err, 1, true)
+    end
+    local c = hf.parse_config(base, "config.json")
+    c.rope_scaling, c.rope_factor = 2, 0 -- (linear, without its factor)
+    local m, err = exec.model_new(c)
+    assert.is_nil(m)
+    assert.matches("linear rope scaling needs factor > 0", err, 1, true)
+  end)
+
   it("caps the logits when the config has final_logit_softcapping", function()
     local want, count = logits(f32)
     local capped = logits(edited(f32, function(cfg) cfg.final_logit_softcapping = 2.0 end))
