@@ -467,10 +467,11 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
     return rc ? rc : loip_session_run(s, first, last, hidden);
 }
 
-/* final_softcap: logits = cap * tanh(logits / cap), in fp32 (llama.cpp's scale, tanh, scale). */
+/* final_softcap: logits = tanh(logits / cap) * cap in fp32, as transformers divides, takes the
+ * tanh and multiplies (llama.cpp scales by 1/cap: within an ulp of the quotient). */
 static void softcap(const loip_model_config *c, float *logits, size_t n) {
     if (!(c->final_softcap > 0)) return;
-    for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] * (1.0f / c->final_softcap)) * c->final_softcap;
+    for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] / c->final_softcap) * c->final_softcap;
 }
 
 static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {
