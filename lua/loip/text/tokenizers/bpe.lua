@@ -32,6 +32,11 @@ M.patterns = {
   gpt2 = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]],
   llama3 = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]],
   qwen2 = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]],
+  -- tiktoken's o200k_base (GPT-4o; gpt-oss's o200k_harmony): words split at case changes,
+  -- contractions kept with the word, "/" kept after punctuation (tiktoken_ext/openai_public.py)
+  o200k = [=[[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?]=]
+    .. [=[|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?]=]
+    .. [=[|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+]=],
 }
 
 -- A loip_pretok with one Split step per {pattern, behavior, flags} in steps; what names the
@@ -131,6 +136,15 @@ function M.new(desc)
     if t.id + 1 > size then size = t.id + 1 end
   end
   self.vocab_size = size
+  -- o200k_harmony (gpt-oss; known by <|return|> and <|call|>): its message markers are text the
+  -- model writes and a grammar may ask for, not specials (llama.cpp makes them user-defined);
+  -- written in a text they are still those tokens only when special tokens are parsed
+  if self.added_by_text["<|return|>"] and self.added_by_text["<|call|>"] then
+    for _, name in ipairs({ "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>" }) do
+      local id = self.added_by_text[name]
+      if id then self.special[id] = nil end
+    end
+  end
   self.matcher = added_matcher(self.added, self.path)
   if desc.user_defined and #desc.user_defined > 0 then
     self.user_matcher = added_matcher(desc.user_defined, self.path)

@@ -12,6 +12,7 @@ local core = require "loip.core"
 local gguf = require "loip.model.gguf"
 local bpe = require "loip.text.tokenizers.bpe"
 local sentencepiece = require "loip.text.tokenizers.sentencepiece"
+local tiktoken = require "loip.text.tokenizers.tiktoken"
 local tk = require "loip.runtime.tokenizer"
 local K = core.constants
 
@@ -22,6 +23,7 @@ M.pretokenizers = {
   ["default"] = "gpt2", ["gpt-2"] = "gpt2", ["gpt2"] = "gpt2",
   ["llama-bpe"] = "llama3", ["llama3"] = "llama3", ["llama-v3"] = "llama3", ["smaug-bpe"] = "llama3",
   ["qwen2"] = "qwen2",
+  ["gpt-4o"] = "o200k", -- o200k_base's regex: GPT-4o and gpt-oss (o200k_harmony)
 }
 
 local TYPE_CONTROL, TYPE_USER, TYPE_UNUSED = 3, 4, 5
@@ -134,13 +136,14 @@ function M.open(path, opts)
     t.prefix_ids = (flag(md, path, "tokenizer.ggml.add_bos_token", bos_default) and t.bos_id) and { t.bos_id } or {}
     t.suffix_ids = (flag(md, path, "tokenizer.ggml.add_eos_token", false) and t.eos_id) and { t.eos_id } or {}
     t.ggml_model, t.chat_template = model, md["tokenizer.chat_template"]
-    for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
-      local id = id_of(md, path, k, n)
-      if id then
-        local seen = false
-        for _, s in ipairs(t.stop_ids) do seen = seen or s == id end
-        if not seen then t.stop_ids[#t.stop_ids + 1] = id end
-      end
+    local stops = {}
+    for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do stops[#stops + 1] = id_of(md, path, k, n) end
+    -- o200k_harmony (gpt-oss): <|return|> and <|call|> end a generation, as llama.cpp has them
+    for _, id in ipairs(tiktoken.harmony_stops(function(s) return t:token_to_id(s) end)) do stops[#stops + 1] = id end
+    for _, id in ipairs(stops) do
+      local seen = false
+      for _, s in ipairs(t.stop_ids) do seen = seen or s == id end
+      if not seen then t.stop_ids[#t.stop_ids + 1] = id end
     end
     return t
   end)
