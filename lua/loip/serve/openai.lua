@@ -321,15 +321,17 @@ end
 M.DONE = "data: [DONE]\n\n"
 function M.stream_error(body) return "data: " .. body .. "\n\n" .. M.DONE end
 
--- One server-sent event of a stream: the delta (text, tool-call deltas) or the end
+-- One server-sent event of a stream: the delta (text, tool-call deltas, reasoning) or the end
 -- (finish_reason), or usage, of choice r.index (r: id, created, model, first_chunk (the role goes
--- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
-function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas)
+-- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil;
+-- reasoning: delta.reasoning_content, as llama.cpp's server streams it.
+function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas, reasoning)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
+    if reasoning then delta.reasoning_content = reasoning end
     if tool_deltas and #tool_deltas > 0 then delta.tool_calls = tool_deltas end
     choice = { index = r.index or 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else
