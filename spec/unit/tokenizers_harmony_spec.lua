@@ -120,6 +120,43 @@ describe("o200k_harmony", function()
     assert.matches("special_tokens.json: \"encoding\" is 'p50k', not an encoding loip knows", err, 1, true)
   end)
 
+  it("reads gpt-oss's tokenizer.json form (Split by o200k's regex, ByteLevel, the harmony added tokens)", function()
+    local vocab, added = {}, {}
+    for line in io.lines(dir .. "/o200k_pieces.tiktoken") do
+      local b64, rank = line:match("^(%S+) (%d+)$")
+      vocab[#vocab + 1] = { b64, tonumber(rank) }
+    end
+    local tok0 = tiktoken.open(dir .. "/o200k_pieces.tiktoken") -- (its pieces' bytes, in GPT-2's spelling)
+    local spelled = {}
+    for _, v in ipairs(vocab) do spelled[bpe.gpt2_encode(tok0:piece(v[2]))] = v[2] end
+    for name, id in pairs(tiktoken.o200k_harmony_special_tokens()) do
+      added[#added + 1] = { id = id, content = name, single_word = false, lstrip = false, rstrip = false, normalized = false, special = true }
+    end
+    table.sort(added, function(a, b) return a.id < b.id end)
+    tok0:close()
+    local j = { version = "1.0", added_tokens = added, normalizer = cjson.null, post_processor = cjson.null,
+      pre_tokenizer = { type = "Sequence", pretokenizers = {
+        { type = "Split", pattern = { Regex = bpe.patterns.o200k }, behavior = "Isolated", invert = false },
+        { type = "ByteLevel", add_prefix_space = false, trim_offsets = true, use_regex = false } } },
+      decoder = { type = "ByteLevel", add_prefix_space = true, trim_offsets = true, use_regex = true },
+      model = { type = "BPE", dropout = cjson.null, unk_token = cjson.null, continuing_subword_prefix = cjson.null,
+        end_of_word_suffix = cjson.null, fuse_unk = false, byte_fallback = false, ignore_merges = true,
+        vocab = spelled, merges = {} } }
+    local d = T.tmpdir()
+    T.write(d .. "/tokenizer.json", (cjson.encode(j):gsub('"merges":{}', '"merges":[]'))) -- (no merges: whole pieces)
+    T.write(d .. "/tokenizer_config.json", cjson.encode({ bos_token = "<|startoftext|>", eos_token = "<|return|>" }))
+    local tok = tokenizer.open(d)
+    assert.are.equal("hf", tok.kind)
+    for _, c in ipairs(v.vectors) do
+      assert.are.same(c.ids, tok:encode(c.text), c.name)
+      assert.are.equal(c.text, tok:decode(c.ids), c.name)
+    end
+    assert.are.same({ 200002, 200012, 199999 }, tok.stop_ids)
+    assert.is_false(tok:is_special(200005))
+    assert.is_true(tok:is_special(200002))
+    tok:close()
+  end)
+
   it("reads a GGUF vocabulary as llama.cpp's converter writes gpt-oss's (pre gpt-4o)", function()
     -- the 256 byte tokens in GPT-2's spelling (o200k_base's order), the ids up to 199997
     -- unused pieces of their own, then the special tokens as control tokens

@@ -17,7 +17,7 @@ local gguf = require "loip.model.gguf"
 local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
 local families = require "loip.model.families"
-local tiktoken = require "loip.text.tokenizers.tiktoken"
+local bpe = require "loip.text.tokenizers.bpe"
 local K = core.constants
 
 local M = {}
@@ -129,7 +129,7 @@ local function stop_ids(md)
   if type(tok) == "table" then
     local want, at = { ["<|return|>"] = true, ["<|call|>"] = true, ["<|endoftext|>"] = true }, {}
     for i, t in ipairs(tok) do if want[t] then at[t] = i - 1 end end
-    for _, id in ipairs(tiktoken.harmony_stops(function(t) return at[t] end)) do
+    for _, id in ipairs(bpe.harmony_stops(function(t) return at[t] end)) do
       local seen = false
       for _, s in ipairs(stops) do seen = seen or s == id end
       if not seen then stops[#stops + 1] = id end

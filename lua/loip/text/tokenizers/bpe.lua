@@ -66,6 +66,22 @@ local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 M.Tokenizer = Tokenizer
 
+-- o200k_harmony's (gpt-oss's) message markers, and the ids that end a generation in a vocabulary
+-- that has its tokens: <|return|>, <|call|> and <|endoftext|> where <|return|> and <|call|> are
+-- both tokens, as llama.cpp's end-of-generation tokens and gpt-oss's generation_config.json have
+-- them (<|end|> ends a message, not the answer); {} otherwise. token_to_id: text -> id or nil.
+M.HARMONY_MARKERS = { "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>" }
+
+function M.harmony_stops(token_to_id)
+  if not token_to_id("<|return|>") or not token_to_id("<|call|>") then return {} end
+  local out = {}
+  for _, name in ipairs({ "<|return|>", "<|call|>", "<|endoftext|>" }) do
+    local id = token_to_id(name)
+    if id then out[#out + 1] = id end
+  end
+  return out
+end
+
 -- ---- GPT-2 bytes_to_unicode ------------------------------------------------------------------
 
 local gpt2_char, gpt2_byte = {}, {}
@@ -139,8 +155,9 @@ function M.new(desc)
   -- o200k_harmony (gpt-oss; known by <|return|> and <|call|>): its message markers are text the
   -- model writes and a grammar may ask for, not specials (llama.cpp makes them user-defined);
   -- written in a text they are still those tokens only when special tokens are parsed
-  if self.added_by_text["<|return|>"] and self.added_by_text["<|call|>"] then
-    for _, name in ipairs({ "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>" }) do
+  local harmony_stops = M.harmony_stops(function(t) return self.added_by_text[t] end)
+  if #harmony_stops > 0 then
+    for _, name in ipairs(M.HARMONY_MARKERS) do
       local id = self.added_by_text[name]
       if id then self.special[id] = nil end
     end
@@ -170,6 +187,7 @@ function M.new(desc)
   add_stop(self.eos_id)
   for _, s in ipairs(desc.stop_ids or {}) do add_stop(s) end
   for _, s in ipairs(desc.stop_tokens or {}) do add_stop(id_of(s, "stop token")) end
+  for _, id in ipairs(harmony_stops) do add_stop(id) end
   self.stop_ids = stop
   return self
 end

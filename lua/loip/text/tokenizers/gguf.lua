@@ -12,7 +12,6 @@ local core = require "loip.core"
 local gguf = require "loip.model.gguf"
 local bpe = require "loip.text.tokenizers.bpe"
 local sentencepiece = require "loip.text.tokenizers.sentencepiece"
-local tiktoken = require "loip.text.tokenizers.tiktoken"
 local tk = require "loip.runtime.tokenizer"
 local K = core.constants
 
@@ -136,14 +135,13 @@ function M.open(path, opts)
     t.prefix_ids = (flag(md, path, "tokenizer.ggml.add_bos_token", bos_default) and t.bos_id) and { t.bos_id } or {}
     t.suffix_ids = (flag(md, path, "tokenizer.ggml.add_eos_token", false) and t.eos_id) and { t.eos_id } or {}
     t.ggml_model, t.chat_template = model, md["tokenizer.chat_template"]
-    local stops = {}
-    for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do stops[#stops + 1] = id_of(md, path, k, n) end
-    -- o200k_harmony (gpt-oss): <|return|> and <|call|> end a generation, as llama.cpp has them
-    for _, id in ipairs(tiktoken.harmony_stops(function(s) return t:token_to_id(s) end)) do stops[#stops + 1] = id end
-    for _, id in ipairs(stops) do
-      local seen = false
-      for _, s in ipairs(t.stop_ids) do seen = seen or s == id end
-      if not seen then t.stop_ids[#t.stop_ids + 1] = id end
+    for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
+      local id = id_of(md, path, k, n)
+      if id then
+        local seen = false
+        for _, s in ipairs(t.stop_ids) do seen = seen or s == id end
+        if not seen then t.stop_ids[#t.stop_ids + 1] = id end
+      end
     end
     return t
   end)

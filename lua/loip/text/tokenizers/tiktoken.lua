@@ -134,18 +134,4 @@ function M.open(path, opts)
   })
 end
 
--- The ids that end a generation in a vocabulary of o200k_harmony's tokens (a GGUF's, a
--- tokenizer.json's): <|return|>, <|call|> and <|endoftext|> where <|return|> and <|call|> are
--- both tokens (llama.cpp's rule: then <|end|> does not end one); {} otherwise. token_to_id:
--- a function of the token's text.
-function M.harmony_stops(token_to_id)
-  if not token_to_id("<|return|>") or not token_to_id("<|call|>") then return {} end
-  local out = {}
-  for _, name in ipairs({ "<|return|>", "<|call|>", "<|endoftext|>" }) do
-    local id = token_to_id(name)
-    if id then out[#out + 1] = id end
-  end
-  return out
-end
-
 return M
