@@ -41,6 +41,9 @@ describe("loip serve with the harmony format", function()
       assert.are.same({}, c.calls)
     end
     assert.is_true(r.final.usage.prompt_tokens > r.call_usage.prompt_tokens)
+    -- reasoning_effort reaches the template ("Reasoning: high" is not "Reasoning: medium")
+    assert.are.equal("Sunny in Paris.", r.high.content)
+    assert.are_not.equal(r.plain.usage.prompt_tokens, r.high.usage.prompt_tokens)
     -- streamed: reasoning deltas first, then content (or the call), never a marker or part of one
     for _, s in ipairs({ r.call_stream, r.final_stream, r.plain_stream }) do
       assert.is_true(#s.pieces >= 2)

@@ -3,7 +3,8 @@
 -- the channel, <|constrain|>json or a bare type) and content (final, a commentary preamble), the
 -- same whole and however the text is split, no part of a marker ever shown; the template picks
 -- it; an OpenAI request's reasoning_content becomes the template's `thinking` (the render equal to
--- reference-gpt-oss.json's); its call grammar takes the call syntax and nothing else.
+-- reference-gpt-oss.json's) and its reasoning_effort the template's; its call grammar takes the
+-- call syntax and nothing else.
 local policy = require "loip.policy"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
@@ -179,6 +180,14 @@ describe("the harmony tools parser", function()
         { id = "c1", type = "function", ["function"] = { name = "get_weather", arguments = "{}" } } } } } })))
     local m = tools.template_messages(s.messages, T.read(dir .. "/gpt-oss-120b.jinja"))[2]
     assert.are.same({ "", "Need it." }, { m.content, m.thinking })
+    -- reasoning_effort is the template's variable of that name
+    local e = assert(openai.parse("chat", json.encode({ model = "m", reasoning_effort = "high", messages = { { role = "user", content = "Hi" } } })))
+    local mdir = T.tmpdir()
+    T.write(mdir .. "/tokenizer_config.json", "{}")
+    assert.matches("\nReasoning: high\n", require("loip.text.chat").apply(mdir, e.messages,
+      { add_generation_prompt = true, template_file = dir .. "/gpt-oss-120b.jinja", vars = e.template_vars }))
+    local _, eerr = openai.parse("chat", json.encode({ model = "m", reasoning_effort = "max", messages = { { role = "user", content = "Hi" } } }))
+    assert.are.same({ 400, "reasoning_effort" }, { eerr.status, eerr.param })
     -- reasoning_content must be a string
     local _, err = openai.parse("chat", json.encode({ model = "m", messages = { { role = "assistant", content = "x", reasoning_content = 3 } } }))
     assert.are.same({ 400, "messages[0].reasoning_content" }, { err.status, err.param })

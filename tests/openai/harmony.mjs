@@ -58,6 +58,9 @@ out.call_usage = call.usage;
 
 // no tools at all: the channels are still read
 const plain = await client.chat.completions.create({ ...base, messages: ask, grammar: gbnf(FINAL) });
-out.plain = shape(plain.choices[0]);
+out.plain = { ...shape(plain.choices[0]), usage: plain.usage };
+// reasoning_effort: the template's "Reasoning: high" instead of its default "medium"
+const high = await client.chat.completions.create({ ...base, messages: ask, grammar: gbnf(FINAL), reasoning_effort: "high" });
+out.high = { ...shape(high.choices[0]), usage: high.usage };
 out.plain_stream = await streamed({ ...base, messages: ask, grammar: gbnf(FINAL) });
 console.log(JSON.stringify(out));

@@ -29,7 +29,7 @@ local COMMON = { model = true, max_tokens = true, temperature = true, top_p = tr
   logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
   grammar = true }
 local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true, tools = true,
-  tool_choice = true, parallel_tool_calls = true }
+  tool_choice = true, parallel_tool_calls = true, reasoning_effort = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
 
 local function null_or_nil(v) return v == nil or v == json.null end
@@ -204,6 +204,14 @@ local function parse_messages(s, body, text)
   end
   local terr = tools.check(body, s, text)
   if terr then return nil, terr end
+  -- reasoning_effort: the chat template's variable of that name (gpt-oss's "Reasoning: ..."), as vLLM passes it
+  local effort = body.reasoning_effort
+  if not null_or_nil(effort) then
+    if effort ~= "low" and effort ~= "medium" and effort ~= "high" then
+      return bad("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\", not %s", json.encode(effort))
+    end
+    s.template_vars = { reasoning_effort = effort }
+  end
   return true
 end
 
