@@ -1,7 +1,8 @@
 -- gpt-oss's chat template (models/chat-templates/gpt-oss-120b.jinja, OpenAI's harmony format)
 -- rendered by loip.template: every case of models/chat-templates/reference-gpt-oss.json, whose
 -- expected strings jinja2 3.1.6 rendered in transformers' environment (the README says how),
--- then the harmony format itself as OpenAI documents it (openai/harmony's test-data): the
+-- then the harmony format itself as OpenAI's renderer writes it (openai/harmony's test-data,
+-- three of its files compared byte for byte): the
 -- system message with "Reasoning:" and "# Valid channels", the developer message with the
 -- tools as a TypeScript-like namespace, the calls on the commentary channel.
 local template = require "loip.text.template"
@@ -92,6 +93,25 @@ describe("template: the harmony format", function()
       .. "} // namespace functions<|end|><|start|>user<|message|>Weather?<|end|>"
       .. "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Paris\"}<|call|>"
       .. "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"sunny\"<|end|><|start|>assistant", out)
+  end)
+
+  it("writes the system and developer messages as OpenAI's own renderer does (openai/harmony's test-data)", function()
+    -- harmony's render_conversation_for_completion of a system message with a date and its
+    -- built-in tools (and a developer message with a function), byte for byte (each file ends
+    -- with a newline the renderer does not write)
+    local lookup = template.ordered_decode([[ [{"type": "function", "function": {"name": "lookup_weather",
+      "description": "Use this tool to lookup the weather in a given location. Call it with the parameter 'location', can be any textual description of a location.",
+      "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}}}] ]])
+    local cases = { { "test_browser_and_function_tool", { "browser" }, lookup }, { "test_browser_and_python_tool", { "browser", "python" } },
+      { "test_browser_tool_only", { "browser" } } }
+    local june28 = os.time({ year = 2025, month = 6, day = 28, hour = 0, min = 0, sec = 0 })
+    local t = assert(template.compile(T.read(dir .. "/gpt-oss-120b.jinja")))
+    for _, c in ipairs(cases) do
+      local want = T.read(dir .. "/harmony-test-data/" .. c[1] .. ".txt"):gsub("\n$", "")
+      local out, err = t:render({ messages = { { role = "developer", content = "" } }, tools = c[3] or template.null,
+        documents = template.null, add_generation_prompt = true, builtin_tools = c[2] }, { now = june28 })
+      assert.are.equal(want, out, err)
+    end
   end)
 
   it("keeps the analysis of a turn that ends with <|return|> only in training form", function()
