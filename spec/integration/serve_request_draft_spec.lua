@@ -119,6 +119,34 @@ describe("loip serve --draft-per-request", function()
   end)
 end)
 
+describe("loip serve --draft-per-request and the official OpenAI client", function()
+  it("sends a request's draft as the client sends any field: the texts of no draft, a refusal it raises with the field", function()
+    local missing = T.npm_missing()
+    if missing then pending(missing) return end
+    local function drive(args, mode)
+      local url, stop = T.serve(string.format("--model %s --chat-template %s %s", S260, chat_template(), args))
+      local rc, out, err = T.run(string.format("node %s/tests/openai/request_draft.mjs %s key stories260K %s", T.root, url, mode or ""))
+      stop()
+      assert.are.equal(0, rc, err)
+      return assert(json.decode(out), out)
+    end
+    local base = drive("", "plain")
+    local got = drive("--draft ngram:n=2 --draft-tokens 4 --draft-per-request none,ngram")
+    assert.are.equal(base.completion, got.completion)
+    assert.are.equal(base.chat, got.chat)
+    assert.are.equal(base.completion, got.stream)
+    assert.is_true(#got.completion > 0)
+    -- a server without --draft-per-request refuses the field; this one refuses a draft it has not
+    -- loaded: the client's BadRequestError carries the status, the field and the message
+    assert.are.equal(400, got.refused.status)
+    assert.are.equal("draft", got.refused.param)
+    assert.are.equal("draft_not_allowed", got.refused.code)
+    assert.matches("model is not allowed; this server (--draft ngram:n=2) lets a request choose: none, ngram", got.refused.message, 1, true)
+    assert.are.equal(400, base.refused.status)
+    assert.matches("lets no request choose its drafts", base.refused.message, 1, true)
+  end)
+end)
+
 describe("loip generate --json --draft", function()
   it("reports the tree size chosen, tokens per verifying step and the draft's share of step time", function()
     local rc, out, err = T.run(string.format("%s generate --model %s --prompt '%s' --max-tokens 40 --temperature 0 --threads 1 "
