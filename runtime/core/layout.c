@@ -20,6 +20,8 @@ static const struct {
     FIELD(loip_model_config, tied_embeddings),
     FIELD(loip_model_config, sliding_window),
     FIELD(loip_model_config, layer_window),
+    FIELD(loip_model_config, norm_add_one), FIELD(loip_model_config, embed_scale),
+    FIELD(loip_model_config, final_softcap),
     SIZE(loip_tensor), FIELD(loip_tensor, data), FIELD(loip_tensor, dtype),
     FIELD(loip_tensor, ndim), FIELD(loip_tensor, shape),
     SIZE(loip_sampler_params), FIELD(loip_sampler_params, temperature),

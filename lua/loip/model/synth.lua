@@ -40,11 +40,17 @@ end
 -- shape, experts and experts_per_token set its expert count and top-k, and ffn an expert's size
 -- (a shared expert keeps its ratio to it).
 -- --sliding-window and --layer-types into cfg as Hugging Face writes them: sliding_window and
--- layer_types, one per layer (the pattern of s and f repeated; no pattern: every layer windowed).
+-- layer_types, one per layer (the pattern of s and f repeated; no pattern: every layer windowed,
+-- or a shape's own windowed layers, Gemma 3's sliding_window_pattern, with the new window).
 local function windows(cfg, o)
   if o.layer_types ~= nil and o.sliding_window == nil then error("synth: --layer-types needs --sliding-window", 0) end
   if o.sliding_window == nil then return end
   if o.sliding_window <= 0 then error("synth: --sliding-window must be positive", 0) end
+  if o.layer_types == nil and cfg.sliding_window_pattern then
+    cfg.sliding_window = o.sliding_window
+    return
+  end
+  cfg.sliding_window_pattern = nil
   local pat = o.layer_types or "s"
   if type(pat) ~= "string" or not pat:match("^[sf]+$") then
     error(string.format("synth: --layer-types '%s' is not a pattern of s (sliding) and f (full), e.g. sssssf", tostring(pat)), 0)
@@ -64,6 +70,9 @@ function M.config(o)
     heads = "num_attention_heads", kv_heads = "num_key_value_heads", head_dim = "head_dim", vocab = "vocab_size",
     experts = false, experts_per_token = false }
   local moe = shapes.expert_fields(cfg)
+  -- (Gemma's query_pre_attn_scalar is the head dimension, or dim / heads (27b): kept so when they change)
+  local qpas = cfg.query_pre_attn_scalar
+  local qpas_of = qpas and (qpas == cfg.head_dim and "head_dim" or qpas == cfg.hidden_size / cfg.num_attention_heads and "width")
   local shared_ratio = moe and cfg.shared_expert_intermediate_size and cfg.shared_expert_intermediate_size / cfg[moe.ffn]
   for flag, field in pairs(over) do
     if o[flag] ~= nil then
@@ -77,6 +86,8 @@ function M.config(o)
   if (o.dim or o.heads) and not o.head_dim and cfg.head_dim then
     cfg.head_dim = math.floor(cfg.hidden_size / cfg.num_attention_heads)
   end
+  if qpas_of == "head_dim" then cfg.query_pre_attn_scalar = cfg.head_dim
+  elseif qpas_of == "width" then cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_attention_heads end
   windows(cfg, o)
   if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
@@ -85,16 +96,18 @@ function M.config(o)
   return cfg
 end
 
--- Tensors of the model: { name, shape, mean, std, numel }.
+-- Tensors of the model: { name, shape, mean, std, numel }. Norms are 1, or drawn around 0 (as
+-- random as the rest) for a class whose norms scale by 1 + w (Gemma's).
 local function tensor_plan(c, std, arch)
   local plan = {}
+  local centred = (hf.architectures[arch or ""] or {}).norms_zero_centred
   for _, t in ipairs(hf.tensor_list(c, arch)) do
     local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
-    plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = is_norm and 1 or 0,
-      std = is_norm and 0 or std }
+    plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = (is_norm and not centred) and 1 or 0,
+      std = (is_norm and not centred) and 0 or std }
   end
   return plan
 end
