@@ -10,6 +10,7 @@
 -- lending between devices ships the full layers' groups and keeps the rings: the same tokens;
 -- loip simulate plays a windowed shape within budgets its windowless twin does not fit; chains
 -- and trees of drafts verified give the plain tokens.
+local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
 local hf = require "loip.model.hf"
@@ -238,5 +239,93 @@ describe("sliding-window attention", function()
     -- device 1, whose layers 0 and 3 are windows, ships no group, only its blobs' headers
     assert.is_true(seen.full >= 10 * 4096, "device 3 lent " .. tostring(seen.full))
     assert.is_true(seen.windows < 4096, "device 1 lent " .. tostring(seen.windows))
+  end)
+end)
+
+-- Issue 38's acceptance names a Gemma-3-shaped model: `loip synth --like gemma-3-1b` (tiny
+-- dims, F32) with a window of 8, five window layers to one full as Gemma 3 lays them out (its
+-- sliding_window_pattern), each window layer rotating with its own RoPE base.
+local GEMMA = "--like gemma-3-1b --dtype f32 --layers 6 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 96 --vocab 300 "
+  .. "--std 0.02 --seed 5"
+local gemma
+local function gemma_dir()
+  if gemma then return gemma end
+  gemma = T.tmpdir() .. "/hf"
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth %s --sliding-window 8 %s", T.loip, GEMMA, gemma))
+  assert.are.equal(0, rc, err)
+  return gemma
+end
+
+describe("a Gemma-3-shaped model's windows", function()
+  it("gives the reference's logits three windows long, and 3 devices the single device's bit for bit", function()
+    local dir = gemma_dir()
+    local cfg = assert(json.load(dir .. "/config.json"))
+    assert.are.same({ 8, 6 }, { cfg.sliding_window, cfg.sliding_window_pattern })
+    local c = hf.parse_config(cfg, "config.json")
+    assert.are.same({ 8, 1, 1, 1, 1, 1, 0 }, { c.sliding_window, c.layer_window[0], c.layer_window[1], c.layer_window[2],
+      c.layer_window[3], c.layer_window[4], c.layer_window[5] })
+    local ids = {}
+    for i = 1, 24 do ids[i] = (i * 37 + 11) % 300 end
+    local want, plain = reference.logits(dir, ids), reference.logits(dir, ids, { sliding_window = false })
+    local st = store_of(dir, "gemma windows")
+    local m = loip.model.open(st, { threads = 1, context = 64, batch = 8, tokenizer = false })
+    assert.are.equal(5, exec.session_kv_window_layers(m:session()))
+    local V = m.vocab_size
+    local single = ffi.new("float[?]", #ids * V)
+    ffi.copy(single, m:logits(ids), #ids * V * 4)
+    m:close()
+    local worst, differs = 0, 0
+    for t = 1, #ids do
+      local top = 0
+      for v = 0, V - 1 do top = math.max(top, math.abs(want[t][v])) end
+      for v = 0, V - 1 do
+        worst = math.max(worst, math.abs(single[(t - 1) * V + v] - want[t][v]) / top)
+        if t > 8 then differs = math.max(differs, math.abs(plain[t][v] - want[t][v]) / top) end
+      end
+    end
+    assert.is_true(worst < 1e-4, "largest difference " .. worst .. " of the largest logit")
+    assert.is_true(differs > 1e-2, "the window changes the logits past it: " .. differs)
+    local cl = require("loip.cluster").start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      cl:plan { context = 64, batch = 8, logits_tokens = 8 }
+      assert.are.equal(0, T.bit_diffs(single, cl:logits(ids), #ids * V))
+    end)
+    cl:close()
+    assert(ok, err)
+  end)
+
+  it("serves a context whose full KV does not fit a budget where the windows do, with the unbudgeted tokens", function()
+    local st = store_of(gemma_dir(), "gemma windows")
+    local rc, out, err = T.run(string.format("%s plan --model %s --context 4096 --devices 1", T.loip, st))
+    assert.are.equal(0, rc, err)
+    assert.matches("kv by layer kind: 1 full x 1.0 MiB %(4096 positions%) %+ 5 window x [%d.]+ KiB %(a ring of %d+ "
+      .. "positions for a window of 8%)", out .. err)
+    -- the same weights with every layer full (sliding_window_pattern 1): 6 MiB of KV at 4096
+    local full = T.tmpdir() .. "/hf"
+    assert.are.equal(0, (T.run(string.format("mkdir -p %s && cp %s/* %s/", full, gemma_dir(), full))))
+    local fc = assert(json.load(full .. "/config.json"))
+    fc.sliding_window_pattern = 1
+    T.write(full .. "/config.json", json.encode_sorted(fc, 2))
+    local full_st = store_of(full, "gemma full")
+    local rc0, ref, err0 = T.generate_json(st, "--context 4096 --max-tokens 60 --devices 1")
+    assert.are.equal(0, rc0, err0)
+    assert.is_true(#ref.token_ids >= 40, "long enough to pass the window: " .. #ref.token_ids)
+    local distinct, n = {}, 0
+    for _, id in ipairs(ref.token_ids) do
+      if not distinct[id] then distinct[id], n = true, n + 1 end
+    end
+    assert.is_true(n >= 5, "tokens that tell runs apart: " .. n .. " distinct")
+    for _, set in ipairs({ { "1", "3M" }, { "3", "1800K,1800K,1800K" } }) do
+      local flags = string.format("--context 4096 --max-tokens 60 --devices %s --mem %s", set[1], set[2])
+      local rcf, _, errf = T.generate_json(full_st, flags)
+      assert.are_not.equal(0, rcf, set[1] .. " devices: the full KV does not fit")
+      assert.matches("raise --mem or lower --context", errf, 1, true)
+      local rc1, j, err1 = T.generate_json(st, flags)
+      assert.are.equal(0, rc1, err1)
+      assert.are.same(ref.token_ids, j.token_ids, set[1] .. " devices")
+      for i, d in ipairs(j.devices) do
+        assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      end
+    end
   end)
 end)
