@@ -3,10 +3,11 @@
  *
  * A tiny llama-shaped model (2 layers, dim 256 so that F8's 128-column blocks are several, a
  * mixture of experts in the second case, its experts MXFP4 as gpt-oss ships them) is bound
- * twice: once with the quantized bytes, once with loip_dequantize's F32 of them. Every kernel
- * variant (ref, avx2, avx512 where present) computes a quantized product bit for bit as its F32
+ * twice: once with the quantized bytes, once with loip_dequantize's F32 of them. Under every
+ * kernel variant (ref, avx2, avx512 where present) an MXFP4 product is bit for bit its F32
  * product of the dequantized weights (quant.h), so the logits of the two models, prefill and
- * decode, must be identical under each. Also: the weights' bytes counted (loip_model_weight_bytes)
+ * decode, must be identical; so must F8's under the reference, while the SIMD F8 kernels
+ * (block-scaled sums) must come within 1e-5 of the largest logit (the issue's bound). Also: the weights' bytes counted (loip_model_weight_bytes)
  * as loip_dtype_bytes, and bad bindings (an MXFP4 row that is not whole blocks, a quantized
  * norm, a quantized embedding) refused naming the tensor. Exit status 0: all passed. */
 #include <math.h>
@@ -189,11 +190,20 @@ static void compare(const char *what, int32_t dtype, int moe, loip_pool *pool) {
     for (int v = 0; v < 3; v++) {
         if (loip_kernels_use(names[v])) continue; /* not on this CPU */
         int ok = run(mq, pool, a) == LOIP_OK && run(mf, pool, b) == LOIP_OK;
-        int same = ok && !memcmp(a, b, (NTOK + 1) * VOCAB * 4);
         int finite = 1;
-        for (int i = 0; ok && i < (NTOK + 1) * VOCAB; i++) finite &= isfinite(a[i]) != 0;
-        CHECK(ok && same && finite, "%s, %s kernels: logits equal the dequantized F32 model's, bit for bit", what,
-              names[v]);
+        double top = 0, err = 0;
+        for (int i = 0; ok && i < (NTOK + 1) * VOCAB; i++) {
+            finite &= isfinite(a[i]) != 0;
+            top = fabs(b[i]) > top ? fabs(b[i]) : top;
+            err = fabs(a[i] - b[i]) > err ? fabs(a[i] - b[i]) : err;
+        }
+        if (dtype == LOIP_MXFP4 || v == 0) /* (quant.h: the SIMD F8 kernels scale per block) */
+            CHECK(ok && finite && !memcmp(a, b, (NTOK + 1) * VOCAB * 4),
+                  "%s, %s kernels: logits equal the dequantized F32 model's, bit for bit", what, names[v]);
+        else
+            CHECK(ok && finite && err <= 1e-5 * top,
+                  "%s, %s kernels: logits within 1e-5 of the largest of the dequantized F32 model's (%.3g)",
+                  what, names[v], err / top);
     }
     loip_kernels_use("auto");
     free(a), free(b);

@@ -2,12 +2,15 @@
  * read them: element decoding, the packed layouts' addresses, and each variant's matvec and
  * matmul (quant_ref.c, quant_avx2.c, quant_avx512.c), which kernels_*.c put in their tables.
  *
- * Every variant computes with the dequantized weight w, exactly the f32 value loip_dequantize
- * gives (MXFP4: E2M1 x 2^(e-127), exact or +-inf; F8: fl(E4M3 x scale_inv), one rounding), and
- * accumulates it as that variant's f32 kernel does (the same lanes, column order and final
- * reduction). So each quantized kernel equals, bit for bit, its variant's f32 kernel run on the
- * dequantized matrix (tests/test_quant_kernels.c checks it), and matmul equals matvec per token
- * (the determinism contract of kernels.h). */
+ * MXFP4, every variant, and F8 in the reference compute with the dequantized weight w, exactly
+ * the f32 value loip_dequantize gives (MXFP4: E2M1 x 2^(e-127), exact or +-inf; F8:
+ * fl(E4M3 x scale), one rounding), accumulated as that variant's f32 kernel does (the same
+ * lanes, column order and final reduction): bit for bit its f32 kernel on the dequantized
+ * matrix. The SIMD F8 kernels instead sum E4M3 x x over each 128-column block (every product
+ * exact) and add that sum times the block's scale: one multiply per block, not per weight,
+ * which is what keeps them at memory speed; within f32 rounding of the others
+ * (tests/test_quant_kernels.c checks both). In every variant matmul equals matvec per token, bit
+ * for bit (the determinism contract of kernels.h). */
 #ifndef LOIP_QUANT_H
 #define LOIP_QUANT_H
 
@@ -41,14 +44,11 @@ static inline float loip_e8m0_to_f32(uint8_t e) {
     return loip_q_bits_f32((uint32_t)e << 23);
 }
 
-/* E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; S.1111.111 is NaN, no infinity.
- * Its bits moved to an f32's (exponent and mantissa <<20) read as the value times 2^-120, for
- * subnormals too; 2^120 puts it back exactly. */
-static inline float loip_e4m3_to_f32(uint8_t b) {
-    if ((b & 0x7F) == 0x7F) return loip_q_bits_f32(0x7FC00000u | ((uint32_t)(b & 0x80) << 24));
-    return loip_q_bits_f32(((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7F) << 20)) *
-           0x1p120f;
-}
+/* E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits (subnormals below 2^-6); S.1111.111
+ * is NaN, there is no infinity. A table (quant_ref.c): computing it through an f32 subnormal
+ * would cost a microcode assist per value on x86. */
+extern const float loip_e4m3_table[256];
+static inline float loip_e4m3_to_f32(uint8_t b) { return loip_e4m3_table[b]; }
 
 /* The same for every e (quant_ref.c): what the SIMD kernels broadcast, a load and no shuffle. */
 extern const float loip_e8m0_table[256];

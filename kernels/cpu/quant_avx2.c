@@ -9,8 +9,10 @@
  *    magnitude (codes' low 3 bits) up in the 8 E2M1 magnitudes times the block's scale, and the
  *    code's top bit, shifted to bit 31, is xor'ed in as the sign. Per block, in column order:
  *    low nibbles of bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
- *  - F8: as the AVX-512 variant, 8 bytes at a time; NaN codes or'ed to all-ones (a NaN). */
+ *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
+ *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "cpu/quant.h"
@@ -34,6 +36,16 @@ AI float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
+ * its end, as far into the row R rows on, which this stream reads next (the same slot of the
+ * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
+ * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
+AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
+    const char *q = (const char *)p + off + PF_BYTES;
+    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
+    _mm_prefetch(q, _MM_HINT_T0);
 }
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
@@ -67,7 +79,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
         if (T == 1 && b % 3 == 0)
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) _mm_prefetch((const char *)q + i * rowb + PF_BYTES, _MM_HINT_T0);
+            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
         const float *xb = X + b * LOIP_MXFP4_BLOCK;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
@@ -89,14 +101,81 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 
 /* ---- F8 ------------------------------------------------------------------------------------ */
 
-/* 8 E4M3 bytes (in the low half of b) times the scale s, as loip_e4m3_to_f32(byte) * s. */
-AI __m256 f8_decode8(__m128i b, __m256 s) {
-    __m256i t = _mm256_cvtepi8_epi32(b);
-    __m256i u = _mm256_and_si256(_mm256_slli_epi32(t, 20), _mm256_set1_epi32((int)0x87F00000));
-    __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_castsi256_ps(u), _mm256_set1_ps(0x1p120f)), s);
-    __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x7F)),
-                                     _mm256_set1_epi32(0x7F));
-    return _mm256_or_ps(f, _mm256_castsi256_ps(nan));
+/* 8 E4M3 bytes (the low half of b) as f32 times 2^-8, exactly and without f32 subnormals: the
+ * bytes' fields moved into f16's and widened by vcvtph2ps (as the AVX-512 variant). */
+AI __m256 f8_widen8(__m128i b) {
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(b), 7);
+    return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
+}
+
+/* All-ones in the lanes of the 8 bytes' NaN codes (S.1111.111). */
+AI __m256 f8_nan8(__m128i b) {
+    __m128i n = _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
+    return _mm256_castsi256_ps(_mm256_cvtepi8_epi32(n));
+}
+
+/* 1 when one of the n (<= 128) bytes at p is a NaN code. */
+AI int f8_has_nan(const uint8_t *p, size_t n) {
+    const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xFF);
+    size_t k = 0;
+    int any = 0;
+    for (; k + 32 <= n; k += 32)
+        any |= _mm256_movemask_epi8(
+            _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256((const __m256i *)(p + k)), hi), ones));
+    for (; k < n; k++) any |= (p[k] & 0x7F) == 0x7F;
+    return any != 0;
+}
+
+/* Columns [c0, c1) of the tile's rows, one 128-column scale block: as the AVX-512 variant's
+ * (the block's sums of E4M3 * x, then times its scale). */
+AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS],
+                 const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
+                 size_t c1) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    const __m256 k256 = _mm256_set1_ps(256.0f);
+    __m256 blk[RMAX][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
+    size_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        if (T == 1 && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+        __m256 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)(row[i] + c));
+            __m256 w = f8_widen8(b);
+            if (nan) w = _mm256_or_ps(w, f8_nan8(b));
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) blk[i][j] = _mm256_fmadd_ps(w, xv[j], blk[i][j]);
+        }
+    }
+    if (c < c1) { /* the matrix's last columns: a partial chunk, zeros in the missing lanes */
+        size_t k = c1 - c;
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            uint8_t buf[16] = {0};
+            memcpy(buf, row[i] + c, k);
+            __m128i b = _mm_loadu_si128((const __m128i *)buf);
+            __m256 w = _mm256_and_ps(_mm256_or_ps(f8_widen8(b), f8_nan8(b)), _mm256_castsi256_ps(m));
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++)
+                blk[i][j] = _mm256_fmadd_ps(w, _mm256_mul_ps(_mm256_maskload_ps(X + j * cols + c, m), k256),
+                                            blk[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m256 sv = _mm256_set1_ps(s[i]);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_fmadd_ps(blk[i][j], sv, acc[i][j]);
+    }
 }
 
 AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
@@ -112,34 +191,17 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     }
-    size_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-        if (T == 1 && (c & 63) == 0)
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++) _mm_prefetch((const char *)row[i] + c + PF_BYTES, _MM_HINT_T0);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m256 w = f8_decode8(_mm_loadl_epi64((const __m128i *)(row[i] + c)),
-                                  _mm256_set1_ps(sc[i][c / LOIP_F8_BLOCK]));
-#pragma GCC unroll 8
-            for (int j = 0; j < T; j++)
-                acc[i][j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(X + j * cols + c), acc[i][j]);
-        }
-    }
-    if (c < cols) {
-        size_t k = cols - c;
-        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
+    for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
+        size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
+        float s[RMAX];
+        int nan = 0;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            uint8_t buf[16] = {0};
-            memcpy(buf, row[i] + c, k);
-            __m256 w = f8_decode8(_mm_loadu_si128((const __m128i *)buf),
-                                  _mm256_set1_ps(sc[i][c / LOIP_F8_BLOCK]));
-            w = _mm256_and_ps(w, _mm256_castsi256_ps(m));
-#pragma GCC unroll 8
-            for (int j = 0; j < T; j++)
-                acc[i][j] = _mm256_fmadd_ps(w, _mm256_maskload_ps(X + j * cols + c, m), acc[i][j]);
+            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            nan |= f8_has_nan(row[i] + c0, c1 - c0);
         }
+        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
+        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -175,13 +237,13 @@ AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, cons
 
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
+    const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
     for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
         size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             size_t r = rs;
-            for (; r + MM_ROWS <= re; r += MM_ROWS)
-                tile_any(dt, MM_ROWS, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            for (; r + TR <= re; r += TR) tile_any(dt, TR, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
             for (; r < re; r++) tile_any(dt, 1, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
         }
     }

@@ -9,9 +9,10 @@
  *    values already multiplied by the block's scale (exact: a power of two), vpermps taking the
  *    low nibble as is (it reads 4 index bits) and the high one after a shift: two vectors, the
  *    block's columns 0-15 and 16-31.
- *  - F8: bytes sign-extended to dwords, shifted so that exponent and mantissa land in an f32's
- *    (the value times 2^-120, exact), masked, times 2^120 (exact), times the block's scale (the
- *    one rounding), NaN codes (S.1111.111) set to NaN. */
+ *  - F8: bytes sign-extended to words, shifted so that sign, exponent and mantissa land in an
+ *    f16's, widened by vcvtph2ps (the value times 2^-8, exact, never an f32 subnormal), times
+ *    the block's scale times 2^8 (the one rounding); a 128-column block with a NaN code (or a
+ *    scale too large to take the 2^8) is done the careful way (f8_block's exact). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -30,6 +31,16 @@
 #define MM_TOKENS 4
 #define MM_SWEEP 32
 
+/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
+ * its end, as far into the row R rows on, which this stream reads next (the same slot of the
+ * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
+ * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
+AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
+    const char *q = (const char *)p + off + PF_BYTES;
+    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
+    _mm_prefetch(q, _MM_HINT_T0);
+}
+
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
 
 /* Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for i < R, j < T, all columns. */
@@ -47,7 +58,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
         if (T == 1 && b % 3 == 0) /* matvec: ~one prefetch per cache line of each row */
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) _mm_prefetch((const char *)q + i * rowb + PF_BYTES, _MM_HINT_T0);
+            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
         __m512 lo[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS], hi[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
@@ -76,14 +87,85 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 
 /* ---- F8 ------------------------------------------------------------------------------------ */
 
-/* 16 E4M3 bytes (b) times the scale s, exactly as loip_e4m3_to_f32(byte) * s. */
-AI __m512 f8_decode16(__m128i b, __m512 s) {
-    __m512i t = _mm512_cvtepi8_epi32(b);
-    __m512i u = _mm512_and_si512(_mm512_slli_epi32(t, 20), _mm512_set1_epi32((int)0x87F00000));
-    __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(u), _mm512_set1_ps(0x1p120f)), s);
-    __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_and_si512(t, _mm512_set1_epi32(0x7F)),
-                                            _mm512_set1_epi32(0x7F));
-    return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(NAN));
+/* 16 E4M3 bytes as f32 times 2^-8, exactly and without f32 subnormals (which would cost an
+ * assist each): the bytes' exponent and mantissa moved into f16's (bias 15, not 7: the 2^-8)
+ * and converted by vcvtph2ps. */
+AI __m512 f8_widen16(__m128i b) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
+}
+
+/* The 16 bytes' NaN codes (S.1111.111). */
+AI __mmask16 f8_nan16(__m128i b) {
+    return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
+}
+
+/* 1 when one of the n (<= 128) bytes at p is a NaN code. */
+AI int f8_has_nan(const uint8_t *p, size_t n) {
+    __mmask64 any = 0;
+    for (size_t k = 0; k < n; k += 64) {
+        __mmask64 m = n - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (n - k)) - 1;
+        __m512i v = _mm512_maskz_loadu_epi8(m, p + k);
+        any |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_or_si512(v, _mm512_set1_epi8((char)0x80)),
+                                           _mm512_set1_epi8((char)0xFF));
+    }
+    return any != 0;
+}
+
+/* Columns [c0, c1) of the tile's rows, one 128-column scale block (c0 a multiple of 128):
+ * blk[i][j] = sum of E4M3 * x over the block (f = E4M3 * 2^-8 against x * 2^8, each product
+ * exact), then acc[i][j] += blk * scale, the block's scale once. nan: the block has a NaN code
+ * (the widening reads it as a number), so the lanes of NaN codes are made NaN. */
+AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS],
+                 const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
+                 size_t c1) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    const __m512 k256 = _mm512_set1_ps(256.0f);
+    __m512 blk[RMAX][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) blk[i][j] = _mm512_setzero_ps();
+    size_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        if (T == 1 && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+        __m512 w[RMAX];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
+            w[i] = f8_widen16(b);
+            if (nan) w[i] = _mm512_mask_mov_ps(w[i], f8_nan16(b), _mm512_set1_ps(NAN));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c), k256);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) blk[i][j] = _mm512_fmadd_ps(w[i], xv, blk[i][j]);
+        }
+    }
+    if (c < c1) { /* the matrix's last columns: a partial chunk, zeros in the missing lanes */
+        __mmask16 m = (__mmask16)((1u << (c1 - c)) - 1);
+        __m512 w[RMAX];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_maskz_loadu_epi8(m, row[i] + c);
+            w[i] = _mm512_mask_mov_ps(f8_widen16(b), f8_nan16(b), _mm512_set1_ps(NAN));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, X + j * cols + c), k256);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) blk[i][j] = _mm512_fmadd_ps(w[i], xv, blk[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m512 sv = _mm512_set1_ps(s[i]);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm512_fmadd_ps(blk[i][j], sv, acc[i][j]);
+    }
 }
 
 AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
@@ -99,36 +181,17 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     }
-    size_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
-        if (T == 1 && (c & 63) == 0)
+    for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
+        size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
+        float s[RMAX];
+        int nan = 0;
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) _mm_prefetch((const char *)row[i] + c + PF_BYTES, _MM_HINT_T0);
-        __m512 w[RMAX];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++)
-            w[i] = f8_decode16(_mm_loadu_si128((const __m128i *)(row[i] + c)),
-                               _mm512_set1_ps(sc[i][c / LOIP_F8_BLOCK]));
-#pragma GCC unroll 8
-        for (int j = 0; j < T; j++) {
-            __m512 xv = _mm512_loadu_ps(X + j * cols + c);
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++) acc[i][j] = _mm512_fmadd_ps(w[i], xv, acc[i][j]);
+        for (int i = 0; i < R; i++) {
+            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            nan |= f8_has_nan(row[i] + c0, c1 - c0);
         }
-    }
-    if (c < cols) {
-        __mmask16 m = (__mmask16)((1u << (cols - c)) - 1);
-        __m512 w[RMAX];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++)
-            w[i] = _mm512_maskz_mov_ps(m, f8_decode16(_mm_maskz_loadu_epi8(m, row[i] + c),
-                                                      _mm512_set1_ps(sc[i][c / LOIP_F8_BLOCK])));
-#pragma GCC unroll 8
-        for (int j = 0; j < T; j++) {
-            __m512 xv = _mm512_maskz_loadu_ps(m, X + j * cols + c);
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++) acc[i][j] = _mm512_fmadd_ps(w[i], xv, acc[i][j]);
-        }
+        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
+        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -165,13 +228,13 @@ AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, cons
 
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
+    const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
     for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
         size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             size_t r = rs;
-            for (; r + MM_ROWS <= re; r += MM_ROWS)
-                tile_any(dt, MM_ROWS, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            for (; r + TR <= re; r += TR) tile_any(dt, TR, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
             for (; r < re; r++) tile_any(dt, 1, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
         }
     }
