@@ -7,7 +7,7 @@
  * (quant.h) in registers:
  *  - MXFP4: 8 code bytes zero-extended to dwords; vpermps reads 3 index bits, so it looks the
  *    magnitude (codes' low 3 bits) up in the 8 E2M1 magnitudes times the block's scale, and the
- *    code's top bit, shifted to bit 31, is xor'ed in as the sign. Per block, in column order:
+ *    code shifted to bits 28-31 is xor'ed in: its top bit is the sign (mx_decode). In column order:
  *    low nibbles of bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
  *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
  *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
@@ -50,17 +50,16 @@ AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
 
-/* The block's 32 weights as 4 vectors of 8, in column order, from its 8-entry scaled table. */
+/* The block's 32 weights as 4 vectors of 8, in column order. ts: the 8 magnitudes times the
+ * block's scale, entry i xor'ed with i << 28; a code n's lane gets entry n & 7 xor'ed with
+ * n << 28, which puts n's top bit in the sign and cancels the tweak (xor is its own inverse, so
+ * even a NaN or infinite scale comes back as it was). */
 AI void mx_decode(const uint8_t *p, __m256 ts, __m256 w[4]) {
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000);
     for (int h = 0; h < 2; h++) {
         __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 1 + 8 * h)));
-        __m256 lo = _mm256_permutevar8x32_ps(ts, v);
         __m256i hv = _mm256_srli_epi32(v, 4);
-        __m256 hi = _mm256_permutevar8x32_ps(ts, hv);
-        w[h] = _mm256_xor_ps(lo, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(v, 28), sign)));
-        w[2 + h] =
-            _mm256_xor_ps(hi, _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(hv, 28), sign)));
+        w[h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, v), _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
+        w[2 + h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, hv), _mm256_castsi256_ps(_mm256_slli_epi32(hv, 28)));
     }
 }
 
@@ -69,6 +68,8 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
     const __m256 mag = _mm256_loadu_ps(loip_e2m1_values);
+    const __m256 tweak = _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28,
+                                                               6 << 28, 7 << 28));
     __m256 acc[RMAX][MM_TOKENS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -85,7 +86,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         for (int i = 0; i < R; i++) {
             const uint8_t *p = q + i * rowb;
             __m256 w[4];
-            mx_decode(p, _mm256_mul_ps(mag, _mm256_set1_ps(loip_e8m0_table[p[0]])), w);
+            mx_decode(p, _mm256_xor_ps(_mm256_mul_ps(mag, _mm256_set1_ps(loip_e8m0_table[p[0]])), tweak), w);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
 #pragma GCC unroll 8
