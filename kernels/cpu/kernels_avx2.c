@@ -313,5 +313,6 @@ EXPORT const loip_kernels *loip_kernels_avx2(void) {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
         !has_f16c())
         return NULL;
+    loip_avx2_quant_init();
     return &avx2;
 }

@@ -304,5 +304,6 @@ EXPORT const loip_kernels *loip_kernels_avx512(void) {
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("fma") ||
         !has_f16c())
         return NULL;
+    loip_avx512_quant_init();
     return &avx512;
 }

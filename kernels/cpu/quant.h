@@ -87,5 +87,9 @@ LOIP_QUANT_KERNELS(ref)
 LOIP_QUANT_KERNELS(avx2)
 LOIP_QUANT_KERNELS(avx512)
 #undef LOIP_QUANT_KERNELS
+/* Their tables (MXFP4's E2M1 values under each of the 256 scales), made once; called by
+ * loip_kernels_avx2() / loip_kernels_avx512() once the CPU has passed their checks. */
+void loip_avx2_quant_init(void);
+void loip_avx512_quant_init(void);
 
 #endif

@@ -13,6 +13,7 @@
  *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "cpu/quant.h"
@@ -63,13 +64,27 @@ AI void mx_decode(const uint8_t *p, __m256 ts, __m256 w[4]) {
     }
 }
 
+/* The 8 E2M1 magnitudes times each scale 2^(e-127), entry i xor'ed with i << 28 (mx_decode):
+ * a block's table is one aligned load. */
+static float mx_tab[256][8] __attribute__((aligned(32)));
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+static void mx_init(void) {
+    for (int e = 0; e < 256; e++)
+        for (int i = 0; i < 8; i++) {
+            uint32_t u;
+            float f = loip_e2m1_values[i] * loip_e8m0_table[e];
+            memcpy(&u, &f, 4);
+            u ^= (uint32_t)i << 28;
+            memcpy(&mx_tab[e][i], &u, 4);
+        }
+}
+void loip_avx2_quant_init(void) { pthread_once(&mx_once, mx_init); }
+
 AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
                 const float *X, size_t r, size_t cols) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
-    const __m256 mag = _mm256_loadu_ps(loip_e2m1_values);
-    const __m256 tweak = _mm256_castsi256_ps(_mm256_setr_epi32(0, 1 << 28, 2 << 28, 3 << 28, 4 << 28, 5 << 28,
-                                                               6 << 28, 7 << 28));
+
     __m256 acc[RMAX][MM_TOKENS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -86,7 +101,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         for (int i = 0; i < R; i++) {
             const uint8_t *p = q + i * rowb;
             __m256 w[4];
-            mx_decode(p, _mm256_xor_ps(_mm256_mul_ps(mag, _mm256_set1_ps(loip_e8m0_table[p[0]])), tweak), w);
+            mx_decode(p, _mm256_load_ps(mx_tab[p[0]]), w);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
 #pragma GCC unroll 8

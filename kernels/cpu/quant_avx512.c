@@ -5,8 +5,8 @@
  * in lane c % 16, chunks of 16 columns FMA'd in column order, a partial last chunk (F8 only)
  * masked to zeros, the lanes reduced by _mm512_reduce_add_ps. Weights are dequantized exactly
  * (quant.h) in registers:
- *  - MXFP4: a block's 16 code bytes zero-extended to 16 dwords index a 16-entry table of E2M1
- *    values already multiplied by the block's scale (exact: a power of two), vpermps taking the
+ *  - MXFP4: a block's 16 code bytes zero-extended to 16 dwords index the 16 E2M1 values already
+ *    multiplied by the block's scale (exact: a power of two; mx_tab), vpermps taking the
  *    low nibble as is (it reads 4 index bits) and the high one after a shift: two vectors, the
  *    block's columns 0-15 and 16-31.
  *  - F8: bytes sign-extended to words, shifted so that sign, exponent and mantissa land in an
@@ -15,6 +15,7 @@
  *    scale too large to take the 2^8) is done the careful way (f8_block's exact). */
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 
 #include "cpu/quant.h"
 
@@ -43,11 +44,20 @@ AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
 
+/* The 16 E2M1 values times each scale 2^(e-127) (exact, or +-inf, or NaN for e = 0xFF): a
+ * block's table is one aligned load, no broadcast or multiply. */
+static float mx_tab[256][16] __attribute__((aligned(64)));
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+static void mx_init(void) {
+    for (int e = 0; e < 256; e++)
+        for (int i = 0; i < 16; i++) mx_tab[e][i] = loip_e2m1_values[i] * loip_e8m0_table[e];
+}
+void loip_avx512_quant_init(void) { pthread_once(&mx_once, mx_init); }
+
 /* Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for i < R, j < T, all columns. */
 AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
                 const float *X, size_t r, size_t cols) {
     const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
-    const __m512 tab = _mm512_loadu_ps(loip_e2m1_values);
     __m512 acc[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS][MM_TOKENS];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -63,7 +73,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             const uint8_t *p = q + i * rowb;
-            __m512 ts = _mm512_mul_ps(tab, _mm512_set1_ps(loip_e8m0_table[p[0]]));
+            __m512 ts = _mm512_load_ps(mx_tab[p[0]]);
             __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 1)));
             lo[i] = _mm512_permutexvar_ps(v, ts);
             hi[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), ts);
@@ -100,16 +110,15 @@ AI __mmask16 f8_nan16(__m128i b) {
     return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
 }
 
-/* 1 when one of the n (<= 128) bytes at p is a NaN code. */
-AI int f8_has_nan(const uint8_t *p, size_t n) {
-    __mmask64 any = 0;
+/* The largest of the n (<= 128) bytes at p with their top bit set, folded into m: 0xFF when one
+ * of them is a NaN code (S.1111.111). */
+AI __m512i f8_nan_max(__m512i m, const uint8_t *p, size_t n) {
     for (size_t k = 0; k < n; k += 64) {
-        __mmask64 m = n - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (n - k)) - 1;
-        __m512i v = _mm512_maskz_loadu_epi8(m, p + k);
-        any |= _mm512_mask_cmpeq_epi8_mask(m, _mm512_or_si512(v, _mm512_set1_epi8((char)0x80)),
-                                           _mm512_set1_epi8((char)0xFF));
+        __mmask64 l = n - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (n - k)) - 1;
+        __m512i v = _mm512_maskz_loadu_epi8(l, p + k); /* (missing bytes: 0, never 0xFF) */
+        m = _mm512_max_epu8(m, _mm512_or_si512(v, _mm512_set1_epi8((char)0x80)));
     }
-    return any != 0;
+    return m;
 }
 
 /* Columns [c0, c1) of the tile's rows, one 128-column scale block (c0 a multiple of 128):
@@ -184,12 +193,13 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
-        int nan = 0;
+        __m512i m = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             s[i] = sc[i][c0 / LOIP_F8_BLOCK];
-            nan |= f8_has_nan(row[i] + c0, c1 - c0);
+            m = f8_nan_max(m, row[i] + c0, c1 - c0);
         }
+        int nan = _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8((char)0xFF)) != 0;
         if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
         else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
     }
