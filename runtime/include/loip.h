@@ -109,8 +109,11 @@ enum {
     LOIP_F16 = 2,
     LOIP_I32 = 3,
     /* Block-quantized weights: a matrix [rows, cols] of these is not cols elements a row of one
-     * size, so its bytes are loip_dtype_bytes' (loip_dtype_size is 0). Both are computed from
-     * as stored, dequantized exactly (loip_dequantize) in registers, accumulated in f32.
+     * size, so its bytes are loip_dtype_bytes' (loip_dequantize: their f32 values). Both are
+     * computed from as stored, accumulated in f32: MXFP4 with its exact values (bit for bit the
+     * F32 kernels on the dequantized matrix), F8 by the SIMD kernels as the sum of E4M3 * x over
+     * each 128-column block (exact products) times the block's scale (within f32 rounding of the
+     * dequantized matrix's products; the reference kernel: bit for bit).
      * LOIP_MXFP4 (OCP MX FP4, GGUF's block_mxfp4): each row is cols/32 blocks of 17 bytes, an
      *   E8M0 scale byte e, then 16 bytes: element j in the low nibble of byte j, element j + 16
      *   in its high nibble; value = E2M1(nibble) * 2^(e-127) (E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6 and
