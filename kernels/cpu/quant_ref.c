@@ -88,18 +88,19 @@ static float reduce_lanes(float acc[LANES]) {
 }
 
 /* One MXFP4 row . x: block b holds columns [32b, 32b + 32); 32 is a multiple of LANES, so the
- * lanes of a block's columns are j % LANES in order. */
-static float dot_row_mxfp4(const uint8_t *w, const float *x, size_t cols) {
+ * lanes of a block's columns are j % LANES in order. The block is decoded into w first, so that
+ * the multiply-adds are a plain loop over arrays, which compilers vectorise. */
+static float dot_row_mxfp4(const uint8_t *q, const float *x, size_t cols) {
     float acc[LANES] = {0};
-    for (size_t b = 0; b < cols / LOIP_MXFP4_BLOCK; b++, w += LOIP_MXFP4_BLOCK_BYTES) {
-        float s = loip_e8m0_to_f32(w[0]);
+    for (size_t b = 0; b < cols / LOIP_MXFP4_BLOCK; b++, q += LOIP_MXFP4_BLOCK_BYTES) {
+        float s = loip_e8m0_table[q[0]], w[LOIP_MXFP4_BLOCK];
+        for (int j = 0; j < 16; j++) {
+            w[j] = loip_e2m1_values[q[1 + j] & 15] * s;
+            w[16 + j] = loip_e2m1_values[q[1 + j] >> 4] * s;
+        }
         const float *xb = x + b * LOIP_MXFP4_BLOCK;
-        for (int j = 0; j < 16; j++) {
-            acc[j % LANES] += loip_e2m1_values[w[1 + j] & 15] * s * xb[j];
-        }
-        for (int j = 0; j < 16; j++) {
-            acc[(16 + j) % LANES] += loip_e2m1_values[w[1 + j] >> 4] * s * xb[16 + j];
-        }
+        for (int c = 0; c < LOIP_MXFP4_BLOCK; c += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += w[c + j] * xb[c + j];
     }
     return reduce_lanes(acc);
 }
@@ -116,12 +117,18 @@ void loip_ref_matmul_mxfp4(float *Y, size_t ldy, const void *W, const float *X, 
     for (size_t t = 0; t < n; t++) loip_ref_matvec_mxfp4(Y + t * ldy, W, X + t * cols, r0, r1, cols);
 }
 
-/* One F8 row . x with its group's scales s (scale c / 128 for column c). */
-static float dot_row_f8(const uint8_t *w, const float *s, const float *x, size_t cols) {
-    float acc[LANES] = {0};
-    for (size_t c = 0; c < cols; c++) {
-        float v = loip_e4m3_to_f32(w[c]) * s[c / LOIP_F8_BLOCK];
-        acc[c % LANES] += v * x[c];
+/* One F8 row . x with its group's scales s (scale k for columns [128k, 128k + 128)), a block
+ * at a time: decoded into w, then multiply-added as a plain (vectorisable) loop. */
+static float dot_row_f8(const uint8_t *q, const float *s, const float *x, size_t cols) {
+    float acc[LANES] = {0}, w[LOIP_F8_BLOCK];
+    for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
+        size_t n = cols - c0 < LOIP_F8_BLOCK ? cols - c0 : LOIP_F8_BLOCK;
+        float sk = s[c0 / LOIP_F8_BLOCK];
+        for (size_t c = 0; c < n; c++) w[c] = loip_e4m3_to_f32(q[c0 + c]) * sk;
+        size_t c = 0; /* (c0 is a multiple of LANES: lanes stay c % LANES) */
+        for (; c + LANES <= n; c += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += w[c + j] * x[c0 + c + j];
+        for (int j = 0; c + j < n; j++) acc[j] += w[c + j] * x[c0 + c + j];
     }
     return reduce_lanes(acc);
 }
