@@ -4,6 +4,7 @@
 local json = require "loip.text.json"
 local tools = require "loip.serve.tools"
 local utf8 = require "loip.text.utf8"
+local request_draft = require "loip.serve.request_draft"
 
 local M = {}
 
@@ -27,9 +28,9 @@ M.utf8_valid = utf8.valid -- (loip.text.utf8: one check of UTF-8 for the project
 local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
   stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
   logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
-  grammar = true }
+  grammar = true, draft = true, draft_tokens = true }
 local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true, tools = true,
-  tool_choice = true, parallel_tool_calls = true }
+  tool_choice = true, parallel_tool_calls = true, reasoning_effort = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
 
 local function null_or_nil(v) return v == nil or v == json.null end
@@ -204,6 +205,14 @@ local function parse_messages(s, body, text)
   end
   local terr = tools.check(body, s, text)
   if terr then return nil, terr end
+  -- reasoning_effort: the chat template's variable of that name (gpt-oss's "Reasoning: ..."), as vLLM passes it
+  local effort = body.reasoning_effort
+  if not null_or_nil(effort) then
+    if effort ~= "low" and effort ~= "medium" and effort ~= "high" then
+      return bad("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\", not %s", json.encode(effort))
+    end
+    s.template_vars = { reasoning_effort = effort }
+  end
   return true
 end
 
@@ -231,7 +240,8 @@ end
 -- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
 -- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
 -- end tokens do not stop it), stream, include_usage, logprobs (alternatives per token, or nil),
--- format (response_format or grammar: parse_format), n }, or nil and { status, message, param, code }.
+-- format (response_format or grammar: parse_format), n, draft and draft_tokens (a request's own
+-- drafts, loip.serve.request_draft) }, or nil and { status, message, param, code }.
 function M.parse(kind, text)
   if not M.utf8_valid(text) then
     return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
@@ -253,6 +263,10 @@ function M.parse(kind, text)
   s.model = body.model
   local ok, e = parse_sampling(kind, s, body)
   if ok then ok, e = parse_stop(s, body) end
+  if ok then
+    local dp, why = request_draft.parse(body, s) -- (loip's draft, draft_tokens: loip.serve.request_draft)
+    if dp then ok, e = bad(dp, "%s", why) end
+  end
   if ok and kind == "chat" then ok, e = parse_messages(s, body, text)
   elseif ok then ok, e = parse_prompt(s, body) end
   if not ok then return nil, e end
@@ -321,15 +335,17 @@ end
 M.DONE = "data: [DONE]\n\n"
 function M.stream_error(body) return "data: " .. body .. "\n\n" .. M.DONE end
 
--- One server-sent event of a stream: the delta (text, tool-call deltas) or the end
+-- One server-sent event of a stream: the delta (text, tool-call deltas, reasoning) or the end
 -- (finish_reason), or usage, of choice r.index (r: id, created, model, first_chunk (the role goes
--- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
-function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas)
+-- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil;
+-- reasoning: delta.reasoning_content, as llama.cpp's server streams it.
+function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas, reasoning)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
+    if reasoning then delta.reasoning_content = reasoning end
     if tool_deltas and #tool_deltas > 0 then delta.tool_calls = tool_deltas end
     choice = { index = r.index or 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else
