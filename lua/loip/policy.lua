@@ -453,15 +453,8 @@ function M.check_estimate(est, who)
   end
 end
 
--- Run a scheduler on a problem with a cost model; check what it returns (M.check_plan: a
--- well-formed plan for the problem's devices, blocks and stage count that fits every budget)
--- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
--- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
--- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
-function M.plan(problem, opts)
-  opts = opts or {}
-  local cost = M.load("cost", opts.cost or "loip")
-  local sched = M.load("scheduler", opts.scheduler or "loip")
+-- One scheduler run on problem, checked and estimated (M.plan).
+local function plan_once(problem, cost, sched)
   local t0 = require("loip.core").now_ms()
   -- A scheduler is a short, branchy search: LuaJIT's trace compiler spends more recording and
   -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices, when measured: 70 ms
@@ -474,6 +467,8 @@ function M.plan(problem, opts)
   local who = M.label("scheduler", sched)
   if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
+  -- (where the embedding and head stay is the problem's: loip.plan.ends)
+  if problem.ends then p.embed_rows, p.head_rows = problem.ends.embed_rows, problem.ends.head_rows end
   local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
@@ -486,6 +481,41 @@ function M.plan(problem, opts)
   bad = M.check_estimate(est, M.label("cost", cost, "cost model"))
   if bad then error(bad, 0) end
   return p, est, { scheduler_ms = ms, scheduler = sched.name, cost = cost.name }
+end
+
+-- The problem with the ends (loip.plan.ends) kept as `ends` says: a copy.
+local function with_ends(problem, ends)
+  local q = {}
+  for k, v in pairs(problem) do q[k] = v end
+  q.ends = ends
+  return q
+end
+
+-- Run a scheduler on a problem with a cost model; check what it returns (M.check_plan: a
+-- well-formed plan for the problem's devices, blocks and stage count that fits every budget)
+-- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
+-- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
+-- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
+-- When no plan fits with the embedding and head in memory, the same with them on disk
+-- (loip.plan.ends.fallbacks): the plan says so (embed_rows, head_rows).
+function M.plan(problem, opts)
+  opts = opts or {}
+  local cost = M.load("cost", opts.cost or "loip")
+  local sched = M.load("scheduler", opts.scheduler or "loip")
+  local ok, p, est, info = pcall(plan_once, problem, cost, sched)
+  if ok then return p, est, info end
+  -- no plan with the embedding and head in memory: the same with them on disk, the embedding
+  -- first (a row a token), then the head too (read every step), each priced by the cost model
+  local budgeted = false
+  for _, d in ipairs(problem.devices) do budgeted = budgeted or (d.budget or 0) > 0 end
+  local err = p
+  if problem.ends or not budgeted then error(err, 0) end
+  for _, ends in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do
+    ok, p, est, info = pcall(plan_once, with_ends(problem, ends), cost, sched)
+    if ok then return p, est, info end
+    err = p
+  end
+  error(err, 0)
 end
 
 return M
