@@ -496,26 +496,33 @@ end
 -- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
 -- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
 -- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
--- When no plan fits with the embedding and head in memory, the same with them on disk
--- (loip.plan.ends.fallbacks): the plan says so (embed_rows, head_rows).
+-- Under budgets the embedding and head may stay on disk (loip.plan.ends.fallbacks): each way is
+-- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows).
 function M.plan(problem, opts)
   opts = opts or {}
   local cost = M.load("cost", opts.cost or "loip")
   local sched = M.load("scheduler", opts.scheduler or "loip")
-  local ok, p, est, info = pcall(plan_once, problem, cost, sched)
-  if ok then return p, est, info end
-  -- no plan with the embedding and head in memory: the same with them on disk, the embedding
-  -- first (a row a token), then the head too (read every step), each priced by the cost model
+  -- under budgets: the ends in memory, the embedding on disk, the head too (loip.plan.ends), each
+  -- scheduled and priced; the fastest by the cost model (the first of equals) is the plan
   local budgeted = false
   for _, d in ipairs(problem.devices) do budgeted = budgeted or (d.budget or 0) > 0 end
-  local err = p
-  if problem.ends or not budgeted then error(err, 0) end
-  for _, ends in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do
-    ok, p, est, info = pcall(plan_once, with_ends(problem, ends), cost, sched)
-    if ok then return p, est, info end
-    err = p
+  local options = { false }
+  if budgeted and not problem.ends then
+    for _, e in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do options[#options + 1] = e end
   end
-  error(err, 0)
+  local best, err, ms = nil, nil, 0
+  for _, ends in ipairs(options) do
+    local ok, p, est, info = pcall(plan_once, ends and with_ends(problem, ends) or problem, cost, sched)
+    if ok then
+      ms = ms + info.scheduler_ms
+      if not best or est.ms_per_token < best[2].ms_per_token then best = { p, est, info } end
+    else
+      err = p -- (the last: with the most on disk, the least a device needs)
+    end
+  end
+  if not best then error(err, 0) end
+  best[3].scheduler_ms = ms
+  return best[1], best[2], best[3]
 end
 
 return M

@@ -102,8 +102,9 @@ function M.read_ms(problem, i, part, rows)
   return embed, head
 end
 
--- The ways to keep the ends a scheduler tries, in order, when the default (both in memory)
--- fits no plan: the embedding on disk, then the head too.
+-- The other ways to keep the ends that loip.policy.plan schedules under budgets, beside both in
+-- memory: the embedding on disk, then the head too. (A problem whose `ends` is set, {} for both
+-- in memory, is planned with those alone.)
 function M.fallbacks(sizes)
   if (sizes.vocab or 0) <= 0 or M.row_bytes(sizes) <= 0 then return {} end
   return { { embed_rows = M.CACHE_ROWS }, { embed_rows = M.CACHE_ROWS, head_rows = M.chunk_rows(sizes) } }
