@@ -174,6 +174,14 @@ describe("the embedding and head kept on disk", function()
     assert.are.equal(0, rc, perr)
     assert.matches("head: on disk, read every step on device 3", perr)
     assert.matches("embedding: on disk, read by token on device 1", perr)
+    -- --ends memory keeps them in memory: these budgets hold no plan then
+    local rc2, _, err2 = T.run(string.format("%s plan --model %s --devices 3 --mem %s --ends memory --context %d --batch %d --threads 1",
+      T.loip, synth, table.concat(kb, ","), CTX, BATCH))
+    assert.are.equal(1, rc2, err2)
+    assert.matches("device %d", err2)
+    local rc3, _, err3 = T.run(string.format("%s plan --model %s --ends disk", T.loip, synth))
+    assert.are.equal(2, rc3)
+    assert.matches("--ends", err3, 1, true)
   end)
 
   it("refuses a plan whose ends settings are not counts", function()
