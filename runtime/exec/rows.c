@@ -139,7 +139,8 @@ LOIP_API int loip_rows_get(loip_rows *r, int32_t id, float *out) {
     } else {
         at = old;
         r->cache_ids[at] = -1;
-        int rc = read_at(r, r->cache + (size_t)at * r->row_bytes, r->row_bytes, r->offset + (uint64_t)id * r->row_bytes);
+        int rc = read_at(r, r->cache + (size_t)at * r->row_bytes, r->row_bytes,
+                         r->offset + (uint64_t)id * r->row_bytes);
         if (rc) return rc;
         r->cache_ids[at] = id;
     }
@@ -168,6 +169,7 @@ int loip_rows_head(loip_rows *r, loip_pool *pool, const float *x, int32_t n, flo
 }
 
 int loip_rows_fits(const loip_rows *r, int64_t rows, int64_t cols) { return r->rows == rows && r->cols == cols; }
+int32_t loip_rows_dtype(const loip_rows *r) { return r->dtype; }
 
 LOIP_API uint64_t loip_rows_bytes_read(const loip_rows *r) { return r ? r->bytes_read : 0; }
 LOIP_API uint64_t loip_rows_reads(const loip_rows *r) { return r ? r->reads : 0; }

@@ -81,13 +81,24 @@ local function sizes_of(st, opts)
   return plan.sizes(man, (store.config(st, man)), opts)
 end
 
+-- A tiny Gemma 3 (BF16): a tied table, its rows scaled in their dtype, capped logits when the shape has them.
+local function gemma_store()
+  local src = T.tmpdir() .. "/gemma"
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like gemma-3-1b --dtype bf16 --layers 2 --dim 64 --heads 4 "
+    .. "--kv-heads 2 --head-dim 16 --ffn 96 --vocab 512 --std 0.25 --seed 5 %s", T.loip, src))
+  assert.are.equal(0, rc, err)
+  return store_of(src, "gemma-ends")
+end
+
 describe("the embedding and head kept on disk", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
   it("give the resident model's logits bit for bit and its tokens, tied (stories260K) and untied, chunks that do not divide the vocabulary", function()
     local s260 = store_of(S260, "s260")
     local _, synth = untied_store()
-    for _, case in ipairs({ { s260, greedy.cases[1].sequence_ids, true }, { synth, { 1, 17, 4000, 45, 100, 7, 2600, 33, 5, 5, 9 }, false } }) do
+    local gemma = gemma_store()
+    for _, case in ipairs({ { s260, greedy.cases[1].sequence_ids, true }, { synth, { 1, 17, 4000, 45, 100, 7, 2600, 33, 5, 5, 9 }, false },
+      { gemma, { 1, 110, 140, 272, 16, 443, 95, 126, 455, 466, 439, 295 }, true } }) do
       local st, ids = case[1], case[2]
       local ref_l, ref_t, ref = run(st, {}, ids, 24)
       assert.are.equal(case[3], ref.sizes.tied)
