@@ -179,7 +179,8 @@ function Sim:stage_ms(i, s, y, n, ctx)
   end
   if i == 1 and s == 1 then
     -- (an embedding kept on disk: the step's rows read first, loip.plan.ends)
-    res_ms = res_ms + (self.problem.devices[1].compute.embed_ms or 0) + plan.ends.read_ms(self.problem, i, self.devices[i].part, n)
+    local rows_ms = plan.ends.read_ms(self.problem, i, self.devices[i].part, space.read_ms, n)
+    res_ms = res_ms + (self.problem.devices[1].compute.embed_ms or 0) + rows_ms
   end
   return off_ms, res_ms
 end
@@ -256,7 +257,7 @@ function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
   local finish = release + res_ms
   if i == N and s == S then
     -- (a head kept on disk: its table read chunk by chunk, each chunk's logits after it, loip.plan.ends)
-    local _, head_read = plan.ends.read_ms(self.problem, i, x.part)
+    local _, head_read = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
     if head_read > 0 then
       local go = math.max(finish, x.disk)
       event(x, tr, "load", s, self.problem.model.n_blocks, self.problem.model.n_blocks, go, go + head_read)

@@ -83,21 +83,21 @@ end
 -- ms the ends' reads add to device i's step (part: loip.plan.device_part's, or a part the
 -- schedulers build): the head's table read chunk by chunk (not overlapped: each chunk's
 -- logits wait for it), and the embedding's rows for the step's tokens (rows, default the
--- problem's micro-batch; priced as misses).
-function M.read_ms(problem, i, part, rows)
+-- problem's micro-batch; priced as misses). read(d, bytes, reads): how a read is priced
+-- (loip.plan.space.read_ms, which the cost model and the simulator pass).
+function M.read_ms(problem, i, part, read, rows)
   local ends = part.ends or problem.ends
   if not ends or not (part.first or part.last) then return 0, 0 end
-  local space = require "loip.plan.space"
   local sizes, d = problem.model, problem.devices[i]
   local _, _, how = M.memory(sizes, ends, part.first, part.last)
   local embed, head = 0, 0
   if how.embed == "rows" then
     rows = rows or problem.micro_batch or 1
-    embed = space.read_ms(d, rows * M.row_bytes(sizes), rows)
+    embed = read(d, rows * M.row_bytes(sizes), rows)
   end
   if how.head == "rows" then
     local chunk = M.chunk_rows(sizes, ends.head_rows)
-    head = space.read_ms(d, sizes.head_bytes, math.ceil(sizes.vocab / chunk))
+    head = read(d, sizes.head_bytes, math.ceil(sizes.vocab / chunk))
   end
   return embed, head
 end

@@ -45,7 +45,7 @@ function M.device(problem, i, part)
     + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
   -- (the embedding's rows and the head's table read from disk, when the plan keeps them there:
   -- on the step's path, nothing overlaps them)
-  local embed_read, head_read = plan.ends.read_ms(problem, i, part)
+  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
   comp = comp + embed_read + head_read
   -- (a mixture of experts: its offloaded MLP blocks' routed experts are read too, one by one)
   local xbytes, xreads = plan.expert_reads(problem.model, part, problem.micro_batch, problem.routing)
@@ -140,7 +140,7 @@ local function timeline_device(p, problem, rates, i, d)
   local reads = part.off_mha + part.off_mlp > 0
   local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
   local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
-  local embed_read, head_read = plan.ends.read_ms(problem, i, part)
+  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
   local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
     embed_read = embed_read, head_read = head_read,
     comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
