@@ -361,6 +361,16 @@ static void scale_embedding(float *x, int n, float scale, int32_t dtype) {
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
     const loip_model_config *c = &s->m->cfg;
     const loip_tensor *E = &s->m->global[LOIP_W_EMBED];
+    loip_rows *R = s->m->rows[LOIP_W_EMBED];
+    if (!E->data && R) { /* the table stays on disk: each token's row read (or found in its cache) */
+        for (int32_t t = 0; t < n; t++) {
+            int rc = loip_rows_get(R, tokens[t], hidden + (size_t)t * c->dim);
+            if (rc) return rc;
+            if (c->embed_scale > 0)
+                scale_embedding(hidden + (size_t)t * c->dim, c->dim, c->embed_scale, loip_rows_dtype(R));
+        }
+        return LOIP_OK;
+    }
     if (!E->data) return loip_fail(LOIP_ESTATE, "weight embed is not bound");
     for (int32_t t = 0; t < n; t++) {
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
@@ -474,12 +484,15 @@ static void softcap(const loip_model_config *c, float *logits, size_t n) {
     for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] / c->final_softcap) * c->final_softcap;
 }
 
-static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {
+/* The head's weights: the final norm, and its table in memory (*W) or read from its file (*R). */
+static int head_weights(const loip_session *s, const loip_tensor **W, loip_rows **R, const loip_tensor **norm) {
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
-    *W = c->tied_embeddings ? &m->global[LOIP_W_EMBED] : &m->global[LOIP_W_LM_HEAD];
+    int which = c->tied_embeddings ? LOIP_W_EMBED : LOIP_W_LM_HEAD;
+    *W = &m->global[which];
+    *R = (*W)->data ? NULL : m->rows[which];
     *norm = &m->global[LOIP_W_OUTPUT_NORM];
-    if (!(*W)->data || !(*norm)->data)
+    if ((!(*W)->data && !*R) || !(*norm)->data)
         return loip_fail(LOIP_ESTATE, "weight %s is not bound", !(*norm)->data ? "output_norm" :
                          c->tied_embeddings ? "embed" : "lm_head");
     return LOIP_OK;
@@ -494,14 +507,19 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     if (n <= 0 || n > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d tokens at once (batch limit %d)", n, s->max_batch);
     const loip_tensor *W, *norm;
-    int rc = head_weights(s, &W, &norm);
+    loip_rows *R;
+    int rc = head_weights(s, &W, &R, &norm);
     if (rc) return rc;
     int first = mode == LOIP_LOGITS_LAST ? n - 1 : 0, count = n - first;
     /* The norm only reads its input here (no residual add), so the cast is safe. */
     step_job j = {.s = s, .n = count, .w = norm, .in = (float *)hidden + (size_t)first * c->dim, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
-    loip_linear_run(s->pool, head);
+    if (R) {
+        if ((rc = loip_rows_head(R, s->pool, s->xb, count, logits))) return rc;
+    } else {
+        loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
+        loip_linear_run(s->pool, head);
+    }
     softcap(c, logits, (size_t)count * c->vocab_size);
     return LOIP_OK;
 }
@@ -513,7 +531,8 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     if (n_rows > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d rows at once (batch limit %d)", n_rows, s->max_batch);
     const loip_tensor *W, *norm;
-    int rc = head_weights(s, &W, &norm);
+    loip_rows *R;
+    int rc = head_weights(s, &W, &R, &norm);
     if (rc) return rc;
     for (int32_t i = 0; i < n_rows; i++) {
         if (rows[i] < 0 || rows[i] >= n)
@@ -524,8 +543,12 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     }
     step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
-    loip_linear_run(s->pool, head);
+    if (R) {
+        if ((rc = loip_rows_head(R, s->pool, s->xb, n_rows, logits))) return rc;
+    } else {
+        loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
+        loip_linear_run(s->pool, head);
+    }
     softcap(c, logits, (size_t)n_rows * c->vocab_size);
     return LOIP_OK;
 }

@@ -221,6 +221,19 @@ LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const 
                          t->dtype);
     loip_tensor *slot = is_global(which) ? &m->global[which] : &m->layers[(size_t)layer * LOIP_W_COUNT + which];
     *slot = *t;
+    if (is_global(which)) m->rows[which] = NULL; /* (in memory now: loip_model_bind_rows' table no longer used) */
+    return LOIP_OK;
+}
+
+LOIP_API int loip_model_bind_rows(loip_model *m, int32_t which, loip_rows *r) {
+    if (!m || (which != LOIP_W_EMBED && which != LOIP_W_LM_HEAD))
+        return loip_fail(LOIP_EINVAL, "bind rows: only the embedding (%d) or the head (%d) is read from its file, not "
+                         "kind %d", LOIP_W_EMBED, LOIP_W_LM_HEAD, which);
+    if (r && !loip_rows_fits(r, m->cfg.vocab_size, m->cfg.dim))
+        return loip_fail(LOIP_ESHAPE, "bind rows %s: the table is not [%d, %d] (vocab_size, dim)",
+                         loip_weight_name(which), m->cfg.vocab_size, m->cfg.dim);
+    m->rows[which] = r;
+    if (r) memset(&m->global[which], 0, sizeof m->global[which]); /* (one or the other) */
     return LOIP_OK;
 }
 
@@ -265,7 +278,7 @@ LOIP_API int loip_model_check(const loip_model *m, int32_t first, int32_t last) 
         return loip_fail(LOIP_EINVAL, "model check: layer range [%d, %d) invalid for %d layers",
                          first, last, m->cfg.n_layers);
     for (int w = 0; w <= LOIP_W_LM_HEAD; w++)
-        if (required(&m->cfg, w) && !m->global[w].data)
+        if (required(&m->cfg, w) && !m->global[w].data && !m->rows[w])
             return loip_fail(LOIP_ESTATE, "weight %s is not bound", loip_weight_name(w));
     for (int l = first; l < last; l++)
         for (int w = LOIP_W_ATTN_NORM; w < LOIP_W_COUNT; w++)

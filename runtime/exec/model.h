@@ -13,6 +13,8 @@ struct loip_model {
     float *ones;                             /* (max(dim, head_dim)) 1.0f: norm_add_one's unit weight */
     float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies, then (head_dim/2)
                                                 the windowed layers' (rope_local_theta > 0) */
+    loip_rows *rows[LOIP_W_LM_HEAD + 1];     /* the embedding or head read from its file instead
+                                                (loip_model_bind_rows; NULL: in memory, global[]) */
 };
 
 static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, int which) {
@@ -36,5 +38,10 @@ int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int6
 /* The weights of blocks [first, last) are bound (block 2l: layer l's MHA, 2l+1: its MLP); the
  * embedding and head are not checked. */
 int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last);
+/* (rows.c) The head's logits of n tokens (x: their normed states, [n, cols]) into logits
+ * ([n, rows]), the table read chunk by chunk; whether r is a [rows, cols] table. */
+int loip_rows_head(loip_rows *r, loip_pool *pool, const float *x, int32_t n, float *logits);
+int loip_rows_fits(const loip_rows *r, int64_t rows, int64_t cols);
+int32_t loip_rows_dtype(const loip_rows *r);
 
 #endif

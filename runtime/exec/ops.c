@@ -18,7 +18,7 @@ static void matvec_task(void *p, int ith, int nth) {
         if (j->n == 1)
             k->matvec[j->dtype](j->y, j->W, j->x, b, e, j->cols);
         else
-            k->matmul[j->dtype](j->y, j->rows, j->W, j->x, j->n, b, e, j->cols);
+            k->matmul[j->dtype](j->y, j->ldy ? j->ldy : j->rows, j->W, j->x, j->n, b, e, j->cols);
     }
 }
 

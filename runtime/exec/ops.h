@@ -15,6 +15,7 @@ typedef struct loip_linear_job_s {
     const float *x;
     float *y;
     size_t n, rows, cols;
+    size_t ldy; /* floats between two tokens' outputs (0: rows); a head read by chunks: the vocabulary */
 } loip_linear_job;
 
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs);

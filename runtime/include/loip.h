@@ -552,6 +552,26 @@ enum {
 };
 LOIP_API int loip_model_bind_expert(loip_model *m, int32_t layer, int32_t expert, int32_t part,
                                     const loip_tensor *t);
+/* A [rows, cols] weight table (the embedding or the output head of a large vocabulary) that
+ * stays in its file: dtype at offset of path, read with pread as it is needed. cache_rows: rows
+ * kept after their read (the embedding: a token's row, least recently used out); chunk_rows (a
+ * multiple of 16, 0: none): the rows the head reads at once into one buffer, each chunk's logits
+ * computed as it lands (the same logits, bit for bit, as the table in memory). Both buffers are
+ * charged to budget's "slots" account (NULL: not charged) before they are allocated. */
+typedef struct loip_rows loip_rows;
+LOIP_API int loip_rows_new(const char *path, uint64_t offset, int32_t dtype, int64_t rows, int64_t cols,
+                           int32_t cache_rows, int32_t chunk_rows, loip_budget *budget, loip_rows **out);
+LOIP_API void loip_rows_free(loip_rows *r);
+/* Row id of the table as floats into out[cols] (from the cache, or read into it). */
+LOIP_API int loip_rows_get(loip_rows *r, int32_t id, float *out);
+/* What the table's reads have read: bytes, reads, and rows found in the cache. */
+LOIP_API uint64_t loip_rows_bytes_read(const loip_rows *r);
+LOIP_API uint64_t loip_rows_reads(const loip_rows *r);
+LOIP_API uint64_t loip_rows_hits(const loip_rows *r);
+/* The embedding (LOIP_W_EMBED) or head (LOIP_W_LM_HEAD; a tied model's head is its embedding)
+ * read from r instead of a tensor in memory (r NULL: neither); r must be [vocab_size, dim] and
+ * outlive its use. loip_model_bind of the same kind binds memory again. */
+LOIP_API int loip_model_bind_rows(loip_model *m, int32_t which, loip_rows *r);
 /* LOIP_ESTATE naming the first required tensor not bound in layers [first, last). */
 LOIP_API int loip_model_check(const loip_model *m, int32_t first_layer, int32_t last_layer);
 /* Bytes of the weights bound so far. */

@@ -326,7 +326,10 @@ function M.open(dir, opts)
     local names, spare
     if p then
       names, spare = {}, M.offloaded_files(p, 1, man)
-      for _, f in ipairs(man.files) do if not spare[f.name] then names[f.name] = true end end
+      local on_disk = M.ends_files(p, 1, c.tied_embeddings ~= 0)
+      -- (a tied head read from disk keeps head.bin: its final norm)
+      if c.tied_embeddings ~= 0 then on_disk["head.bin"] = nil end
+      for _, f in ipairs(man.files) do if not spare[f.name] and not on_disk[f.name] then names[f.name] = true end end
     end
     if L then
       names = names or {}
@@ -346,7 +349,10 @@ function M.open(dir, opts)
       end
     end
     local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, spare)
-    local ok, err = pcall(M.bind_loaded, m, dir, man, keep)
+    local ok, err = pcall(function()
+      M.bind_loaded(m, dir, man, keep)
+      if p then keep.ends = M.bind_ends(m, dir, man, p, 1, c.tied_embeddings ~= 0, opts.budget) end
+    end)
     if not ok then
       M.close(keep)
       error(err, 0)
@@ -464,7 +470,72 @@ function M.restage(o)
   return p2, descs
 end
 
+-- ---- the embedding and head kept on disk (a plan's embed_rows, head_rows: loip.plan.ends)
+
+-- How device i (of plan p's #p.devices) keeps the ends, for a model tied or not.
+local function ends_how(p, i, tied)
+  return plan.ends.how(plan.ends.of(p), i == 1, i == #p.devices, tied)
+end
+
+-- The files device i reads from disk for the ends it keeps there (name -> true): shipped to a
+-- worker with its blocks, not loaded.
+function M.ends_files(p, i, tied)
+  local how, out = ends_how(p, i, tied), {}
+  if how.embed == "rows" or (how.head == "rows" and tied) then out["embed.bin"] = true end
+  if how.head == "rows" and not tied then out["head.bin"] = true end
+  return out
+end
+
+local function tensor_of(man, file, kind)
+  for _, f in ipairs(man.files) do
+    if f.name == file then
+      for _, t in ipairs(f.tensors) do if t.kind == kind then return t end end
+    end
+  end
+  error(string.format("manifest: %s has no tensor of kind %s", file, kind), 0)
+end
+
+-- Bind device i's ends kept on disk under plan p into model m: the embedding's table and an
+-- untied head's as loip_rows (row cache and head chunk charged to budget's "slots"), an untied
+-- head's final norm alone read into memory ("weights"). Returns what must live as long as the
+-- model (M.close frees it with the rest), or nil when both ends are in memory.
+function M.bind_ends(m, dir, man, p, i, tied, budget)
+  local ends, how = plan.ends.of(p), ends_how(p, i, tied)
+  if how.embed ~= "rows" and how.head ~= "rows" then return nil end
+  local keep = { rows = {} }
+  local function rows(file, kind, which, cache, chunk)
+    local t = tensor_of(man, file, kind)
+    local r, err = exec.rows_new(dir .. "/" .. file, t.offset, M.dtypes[t.dtype][1], t.shape[1], t.shape[2], cache, chunk, budget)
+    if not r then M.close(keep) error(string.format("%s/%s: %s", dir, file, err), 0) end
+    keep.rows[#keep.rows + 1] = r
+    local ok, berr = exec.model_bind_rows(m, which, r)
+    if not ok then M.close(keep) error(string.format("%s/%s: %s", dir, file, berr), 0) end
+  end
+  local head_chunk = how.head == "rows" and ends.head_rows or 0
+  if tied then
+    rows("embed.bin", "embed", K.W_EMBED, how.embed == "rows" and ends.embed_rows or 0, head_chunk)
+  else
+    if how.embed == "rows" then rows("embed.bin", "embed", K.W_EMBED, ends.embed_rows, 0) end
+    if how.head == "rows" then
+      rows("head.bin", "lm_head", K.W_LM_HEAD, 0, head_chunk)
+      local t = tensor_of(man, "head.bin", "output_norm")
+      local buf, err = memory.buffer_charged(budget, "weights", M.align_up(t.nbytes))
+      if not buf then M.close(keep) error(dir .. "/head.bin: " .. err, 0) end
+      keep.norm = buf
+      local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
+      local ok, rerr = files_rt.read(dir .. "/head.bin", t.offset, M.align_up(t.nbytes), base, true)
+      if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
+      bind_tensors(m, dir, { name = "head.bin", tensors = { t } }, base - t.offset)
+    end
+  end
+  return keep
+end
+
 function M.close(keep)
+  if keep.ends then M.close(keep.ends) keep.ends = nil end
+  for _, r in ipairs(keep.rows or {}) do exec.rows_free(r) end
+  keep.rows = nil
+  if keep.norm then memory.buffer_free(keep.norm) keep.norm = nil end
   memory.buffer_free(keep.buffer)
   for _, map in ipairs(keep.maps or {}) do files_rt.map_free(map) end
   keep.buffer, keep.maps = nil, nil

@@ -29,6 +29,21 @@ function M.model_bind(m, layer, which, t, context) return core.ok(C.loip_model_b
 function M.model_bind_expert(m, layer, e, part, t, context)
   return core.ok(C.loip_model_bind_expert(m, layer, e, part, t), context)
 end
+-- A [rows, cols] table of dtype at offset of path that stays there (the embedding or head of a
+-- large vocabulary): cache_rows rows kept after their read, chunk_rows (a multiple of 16) read
+-- at once by the head, both charged to budget's "slots" (nil: none); nil, err.
+function M.rows_new(path, offset, dtype, rows, cols, cache_rows, chunk_rows, budget)
+  return core.new("loip_rows *", C.loip_rows_new, C.loip_rows_free, path, offset, dtype, rows, cols, cache_rows,
+    chunk_rows, budget)
+end
+function M.rows_free(r) core.free(r, C.loip_rows_free) end
+-- What a table's reads have read: { bytes, reads, hits } (hits: rows found in its cache).
+function M.rows_stats(r)
+  return { bytes = tonumber(C.loip_rows_bytes_read(r)), reads = tonumber(C.loip_rows_reads(r)),
+    hits = tonumber(C.loip_rows_hits(r)) }
+end
+-- The embedding (K.W_EMBED) or head (K.W_LM_HEAD) read from rows r (nil: unbind) instead of memory.
+function M.model_bind_rows(m, which, r, context) return core.ok(C.loip_model_bind_rows(m, which, r), context) end
 -- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).
 function M.model_check(m, first, last, context) return core.ok(C.loip_model_check(m, first, last), context) end
 -- Bytes of the weights bound.
