@@ -273,8 +273,10 @@ static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, si
     }
     const uint16_t *W = Wv;
     size_t cols32 = (cols + 31) / 32 * 32, n16 = (n + 15) / 16 * 16;
-    size_t KC = panel_side < cols32 ? panel_side : cols32;
-    size_t NB = panel_side < n16 ? panel_side : n16;
+    /* Panels of at most panel_side, equal-sized (a last sliver would waste the packing). */
+    size_t nkb = (cols32 + panel_side - 1) / panel_side, ntb = (n16 + panel_side - 1) / panel_side;
+    size_t KC = ((cols + nkb - 1) / nkb + 31) / 32 * 32;
+    size_t NB = ((n + ntb - 1) / ntb + 15) / 16 * 16;
     size_t xp_elts = (NB / 16) * (KC / 32) * 3 * TILE_ELTS, wp_elts = 2 * (KC / 32) * TILE_ELTS;
     uint16_t *Xp = thread_buf((xp_elts + wp_elts) * 2);
     if (!Xp) abort(); /* no error path in the kernel interface; out of memory for a few MB */
@@ -314,10 +316,101 @@ static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, si
     _tile_release();
 }
 
-/* One token: the same code, so decode and prefill agree bit for bit. */
-static void matvec_bf16(float *y, const void *W, const float *x, size_t r0, size_t r1,
+/* ---- one token ---------------------------------------------------------------------------- */
+
+/* Decode is memory-bound: packing weights would cost more than reading them. So here the tiles
+ * take the other orientation: A = 16 weight rows x 32 columns loaded straight from W (row
+ * stride), B = the token's parts as 16 column pairs x 1 (4-byte rows: exactly the split's
+ * output), C = 16 rows x 1, contiguous in y. Per accumulator the sequence of TDPBF16PS updates
+ * is the one matmul_bf16 makes (per 32 columns in order, h then m then l), and each update adds
+ * the same products (the pairs' operands merely swap sides; bf16 x bf16 products are exact and
+ * commute), so matvec still equals matmul bit for bit. Tiles: C 0..1 (32 rows), A 2..3, B 4..6.
+ * Weight rows are prefetched PF_BYTES ahead, the avx512 matvec's distance (kernels_avx512.c),
+ * since the tile loads alone leave the core with too few misses in flight. */
+#define PF_BYTES 512
+
+/* Rows [r, r + nv) (nv <= 16) x columns [c, c + len) (len <= 32) into a zeroed 16 x 32 tile. */
+static void pad_rows(uint16_t *dst, const uint16_t *W, size_t cols, size_t r, size_t nv, size_t c,
+                     size_t len) {
+    __mmask32 mk = len >= 32 ? 0xffffffffu : (__mmask32)((1u << len) - 1);
+    for (size_t i = 0; i < 16; i++)
+        _mm512_store_si512(dst + i * 32, i < nv ? _mm512_maskz_loadu_epi16(mk, W + (r + i) * cols + c)
+                                                : _mm512_setzero_si512());
+}
+
+static void matvec_bf16(float *y, const void *Wv, const float *x, size_t r0, size_t r1,
                         size_t cols) {
-    matmul_bf16(y, 0, W, x, 1, r0, r1, cols);
+    if (r0 >= r1) return;
+    if (cols == 0) {
+        for (size_t r = r0; r < r1; r++) y[r] = 0.0f;
+        return;
+    }
+    const uint16_t *W = Wv;
+    size_t ns = (cols + 31) / 32, nfull = cols / 32;
+    uint16_t *xp = thread_buf(ns * 3 * 64 + 2 * 1024);
+    if (!xp) abort();
+    uint16_t *pad0 = xp + ns * 3 * 32, *pad1 = pad0 + TILE_ELTS;
+    for (size_t s = 0; s < ns; s++) {
+        size_t c = s * 32, len = cols - c < 32 ? cols - c : 32;
+        __mmask16 m0 = len >= 16 ? 0xffff : (__mmask16)((1u << len) - 1);
+        __mmask16 m1 = len >= 32 ? 0xffff : len > 16 ? (__mmask16)((1u << (len - 16)) - 1) : 0;
+        __m512i h0, mm0, l0, h1, mm1, l1;
+        split16(_mm512_maskz_loadu_ps(m0, x + c), &h0, &mm0, &l0);
+        split16(_mm512_maskz_loadu_ps(m1, x + c + 16), &h1, &mm1, &l1);
+        _mm512_store_si512(xp + (s * 3 + 0) * 32, pack_hi(h0, h1));
+        _mm512_store_si512(xp + (s * 3 + 1) * 32, pack_hi(mm0, mm1));
+        _mm512_store_si512(xp + (s * 3 + 2) * 32, pack_hi(l0, l1));
+    }
+    tilecfg cfg = {.palette = 1};
+    for (int i = 0; i < 7; i++) cfg.rows[i] = 16, cfg.colsb[i] = (i == 2 || i == 3) ? 64 : 4;
+    _tile_loadconfig(&cfg);
+    float tmp[16];
+    const size_t rowb = cols * 2;
+    for (size_t r = r0; r < r1; r += 32) {
+        size_t nr = r1 - r < 32 ? r1 - r : 32, v0 = nr < 16 ? nr : 16, v1 = nr - v0;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (size_t s = 0; s < ns; s++) {
+            int direct = s < nfull;
+            if (direct && v0 == 16) {
+                const char *w0 = (const char *)(W + r * cols + s * 32);
+                for (size_t i = 0; i < nr; i++) _mm_prefetch(w0 + i * rowb + PF_BYTES, _MM_HINT_T0);
+                _tile_loadd(2, w0, rowb);
+            } else {
+                pad_rows(pad0, W, cols, r, v0, s * 32, cols - s * 32 < 32 ? cols - s * 32 : 32);
+                _tile_loadd(2, pad0, 64);
+            }
+            if (v1) {
+                if (direct && v1 == 16) _tile_loadd(3, W + (r + 16) * cols + s * 32, rowb);
+                else {
+                    pad_rows(pad1, W, cols, r + 16, v1, s * 32,
+                             cols - s * 32 < 32 ? cols - s * 32 : 32);
+                    _tile_loadd(3, pad1, 64);
+                }
+            }
+            const uint16_t *b = xp + s * 3 * 32;
+            _tile_loadd(4, b, 4);
+            _tile_loadd(5, b + 32, 4);
+            _tile_loadd(6, b + 64, 4);
+            _tile_dpbf16ps(0, 2, 4);
+            if (v1) _tile_dpbf16ps(1, 3, 4);
+            _tile_dpbf16ps(0, 2, 5);
+            if (v1) _tile_dpbf16ps(1, 3, 5);
+            _tile_dpbf16ps(0, 2, 6);
+            if (v1) _tile_dpbf16ps(1, 3, 6);
+        }
+        if (v0 == 16) _tile_stored(0, y + r, 4);
+        else {
+            _tile_stored(0, tmp, 4);
+            memcpy(y + r, tmp, v0 * 4);
+        }
+        if (v1 == 16) _tile_stored(1, y + r + 16, 4);
+        else if (v1) {
+            _tile_stored(1, tmp, 4);
+            memcpy(y + r + 16, tmp, v1 * 4);
+        }
+    }
+    _tile_release();
 }
 
 /* ---- selection ---------------------------------------------------------------------------- */
