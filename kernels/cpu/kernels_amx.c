@@ -374,7 +374,9 @@ static void matvec_bf16(float *y, const void *Wv, const float *x, size_t r0, siz
             int direct = s < nfull;
             if (direct && v0 == 16) {
                 const char *w0 = (const char *)(W + r * cols + s * 32);
-                for (size_t i = 0; i < nr; i++) _mm_prefetch(w0 + i * rowb + PF_BYTES, _MM_HINT_T0);
+                /* past a row's end, the same distance into the next sweep's row */
+                size_t ahead = s * 64 + PF_BYTES < rowb ? PF_BYTES : PF_BYTES + 31 * rowb;
+                for (size_t i = 0; i < 32; i++) _mm_prefetch(w0 + i * rowb + ahead, _MM_HINT_T0);
                 _tile_loadd(2, w0, rowb);
             } else {
                 pad_rows(pad0, W, cols, r, v0, s * 32, cols - s * 32 < 32 ? cols - s * 32 : 32);
