@@ -28,10 +28,12 @@
  * Each accumulator receives, per 32 columns in column order, the h, m and l products in that
  * order, whatever n, so matvec (n = 1, the same code) equals matmul bit for bit.
  *
- * Blocking (from the cache, not from measurements): the split parts of a panel of NB tokens x KC
- * columns (3 x 2 bytes each) take at most half of L2 (sysconf), with NB = KC (square panel:
- * the weight packing is reused by NB/16 token tiles, Y's accumulators are re-read every KC
- * columns); each sweep's packed weights (2 x KC x 32 bytes) sit in L1. */
+ * Blocking (from the cache size and the traffic, not from measurements): the split parts of a
+ * panel of NB tokens x KC columns (3 x 2 bytes each) take at most half of L2 (sysconf). Every
+ * weight is read (and packed) once per NB tokens, 2 bytes each; every accumulator goes through
+ * Y (4 bytes in, 4 out) once per KC columns: traffic 2/NB + 8/KC per multiply-add, smallest for
+ * a fixed panel NB x KC at KC = 4 NB. Each sweep's packed weights (2 x KC x 32 bytes) sit in
+ * L1/L2, and the next sweep's weights are prefetched while the current one computes. */
 #include <cpuid.h>
 #include <immintrin.h>
 #include <pthread.h>
@@ -201,6 +203,21 @@ static void pack_weights(uint16_t *Wp, const uint16_t *W, size_t cols, size_t r,
 
 /* ---- the tile loop ------------------------------------------------------------------------ */
 
+/* The next weight block (the next sweep's rows, or the next column block's first sweep), fetched
+ * into L2 a few lines per column step while the current block computes: packing reads the
+ * weights from memory, and without this the packing loads wait on every miss. */
+typedef struct {
+    const char *base; /* first byte of the block's first row */
+    size_t rowb, lines_per_row, next, total, per_step;
+} prefetcher;
+
+AI void prefetch_some(prefetcher *p) {
+    for (size_t k = 0; k < p->per_step && p->next < p->total; k++, p->next++) {
+        size_t row = p->next / p->lines_per_row, line = p->next % p->lines_per_row;
+        _mm_prefetch(p->base + row * p->rowb + line * 64, _MM_HINT_T1);
+    }
+}
+
 typedef struct {
     float *Y;
     size_t ldy;
@@ -237,12 +254,13 @@ typedef struct {
  * steps. a: the first token tile's parts (the second follows at a + a_next); b: the packed
  * weights of row tile 0 (row tile 1 at b + b_next). */
 AI void tiles(const int TT, const int TR, ctx_c *cc, int fresh, const uint16_t *a, size_t a_next,
-              const uint16_t *b, size_t b_next, size_t ns) {
+              const uint16_t *b, size_t b_next, size_t ns, prefetcher *pf) {
     C_LOAD(0, 0, 0, fresh);
     if (TR > 1) C_LOAD(1, 0, 1, fresh);
     if (TT > 1) C_LOAD(2, 1, 0, fresh);
     if (TT > 1 && TR > 1) C_LOAD(3, 1, 1, fresh);
     for (size_t s = 0; s < ns; s++) {
+        prefetch_some(pf);
         _tile_loadd(4, b + s * TILE_ELTS, 64);
         if (TR > 1) _tile_loadd(5, b + b_next + s * TILE_ELTS, 64);
         const uint16_t *ap = a + s * 3 * TILE_ELTS;
@@ -261,7 +279,7 @@ AI void tiles(const int TT, const int TR, ctx_c *cc, int fresh, const uint16_t *
     if (TT > 1 && TR > 1) C_STORE(3, 1, 1);
 }
 
-static size_t panel_side; /* NB = KC, a multiple of 32; set once by amx_init */
+static size_t panel_nb, panel_kc; /* NB, KC: multiples of 32, KC = 4 NB; set once by amx_build */
 
 static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, size_t n, size_t r0,
                         size_t r1, size_t cols) {
@@ -273,8 +291,8 @@ static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, si
     }
     const uint16_t *W = Wv;
     size_t cols32 = (cols + 31) / 32 * 32, n16 = (n + 15) / 16 * 16;
-    /* Panels of at most panel_side, equal-sized (a last sliver would waste the packing). */
-    size_t nkb = (cols32 + panel_side - 1) / panel_side, ntb = (n16 + panel_side - 1) / panel_side;
+    /* Panels of at most panel_kc x panel_nb, equal-sized (a last sliver would waste packing). */
+    size_t nkb = (cols32 + panel_kc - 1) / panel_kc, ntb = (n16 + panel_nb - 1) / panel_nb;
     size_t KC = ((cols + nkb - 1) / nkb + 31) / 32 * 32;
     size_t NB = ((n + ntb - 1) / ntb + 15) / 16 * 16;
     size_t xp_elts = (NB / 16) * (KC / 32) * 3 * TILE_ELTS, wp_elts = 2 * (KC / 32) * TILE_ELTS;
@@ -295,6 +313,17 @@ static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, si
             for (size_t r = r0; r < r1; r += 32) {
                 size_t nr = r1 - r < 32 ? r1 - r : 32;
                 pack_weights(Wp, W, cols, r, nr, k0, kc, ns);
+                prefetcher pf = {.rowb = cols * 2};
+                size_t nk0 = k0, nkc = kc, nrow = r + 32;
+                if (nrow >= r1) nrow = r0, nk0 = k0 + KC, nkc = cols - nk0 < KC ? cols - nk0 : KC;
+                if (nk0 < cols) {
+                    size_t nnr = r1 - nrow < 32 ? r1 - nrow : 32;
+                    pf.base = (const char *)(W + nrow * cols + nk0);
+                    pf.lines_per_row = (nkc * 2 + 63) / 64 + 1;
+                    pf.total = nnr * pf.lines_per_row;
+                    size_t steps = (ntt + 1) / 2 * ns;
+                    pf.per_step = (pf.total + steps - 1) / steps;
+                }
                 cc.nr[0] = nr < 16 ? nr : 16;
                 cc.nr[1] = nr - cc.nr[0];
                 for (size_t tt = 0; tt < ntt; tt += 2) {
@@ -305,10 +334,10 @@ static void matmul_bf16(float *Y, size_t ldy, const void *Wv, const float *X, si
                     const uint16_t *a = Xp + tt * ns * 3 * TILE_ELTS;
                     size_t an = ns * 3 * TILE_ELTS, bn = ns * TILE_ELTS;
                     int fresh = k0 == 0;
-                    if (cc.nt[1] && cc.nr[1]) tiles(2, 2, &cc, fresh, a, an, Wp, bn, ns);
-                    else if (cc.nt[1]) tiles(2, 1, &cc, fresh, a, an, Wp, bn, ns);
-                    else if (cc.nr[1]) tiles(1, 2, &cc, fresh, a, an, Wp, bn, ns);
-                    else tiles(1, 1, &cc, fresh, a, an, Wp, bn, ns);
+                    if (cc.nt[1] && cc.nr[1]) tiles(2, 2, &cc, fresh, a, an, Wp, bn, ns, &pf);
+                    else if (cc.nt[1]) tiles(2, 1, &cc, fresh, a, an, Wp, bn, ns, &pf);
+                    else if (cc.nr[1]) tiles(1, 2, &cc, fresh, a, an, Wp, bn, ns, &pf);
+                    else tiles(1, 1, &cc, fresh, a, an, Wp, bn, ns, &pf);
                 }
             }
         }
@@ -428,10 +457,10 @@ __attribute__((noinline)) static void amx_build(const loip_kernels *base) {
     if (pthread_key_create(&buf_key, buf_free) != 0) return;
     long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
     if (l2 <= 0) l2 = 1 << 20; /* unknown: assume a 1 MiB L2 */
-    /* 3 parts x 2 bytes x NB x KC <= l2 / 2 with NB = KC, rounded down to 32 (at least 32). */
-    size_t side = 32;
-    while (6 * (side + 32) * (side + 32) <= (size_t)l2 / 2) side += 32;
-    panel_side = side;
+    /* 3 parts x 2 bytes x NB x KC <= l2 / 2 with KC = 4 NB, NB a multiple of 32 (at least 32). */
+    size_t nb = 32;
+    while (6 * (nb + 32) * 4 * (nb + 32) <= (size_t)l2 / 2) nb += 32;
+    panel_nb = nb, panel_kc = 4 * nb;
     amx = *base;
     amx.name = "amx";
     amx.matmul[LOIP_KDT_BF16] = matmul_bf16;
