@@ -26,7 +26,7 @@ local spec = {
   summary = "FMA roof probe, BF16 many-row matmul and synthetic llama-3.2-1b prefill, per kernel variant.",
   flags = {
     { "threads", "int", "threads", default = 2 },
-    { "kernels", "string", "CPU kernel variants to alternate, comma-separated", default = "amx,avx512" },
+    { "kernels", "string", "CPU kernel variants to alternate, comma-separated (default: the two best this CPU has, e.g. amx,avx512)" },
     { "model", "string", "synthetic model directory (made if missing)", default = bench.MODEL },
     { "out", "string", "where to write prefill.json", default = "bench-out" },
     { "prefill", "int", "prefill length (tokens; also the matmul's rows of activations)", default = 512 },
@@ -37,6 +37,13 @@ local spec = {
 }
 local o = flags.parse(spec, arg, 1)
 if o.quick then o.prefill, o.tokens, o.repeats = 16, 2, 1 end
+if not o.kernels then
+  local have = {}
+  for _, k in ipairs({ "amx", "avx512", "avx2", "ref" }) do
+    if #have < 2 and exec.kernels_use(k) then have[#have + 1] = k end
+  end
+  o.kernels = table.concat(have, ",")
+end
 local variants = {}
 for name in o.kernels:gmatch("[%w_]+") do
   core.must(exec.kernels_use(name, "--kernels " .. name))
@@ -115,7 +122,8 @@ end
 local m = loip.model.open(o.model, { threads = o.threads, context = n + o.tokens + 8, batch = n })
 local s = m:session()
 local ids = ffi.new("int32_t[?]", n)
-for i = 1, n do ids[i - 1] = 259 + (i * 37) % 1000 end
+local span = math.min(1000, m.vocab_size - 259) -- past the specials and bytes, within the vocabulary
+for i = 1, n do ids[i - 1] = 259 + (i * 37) % span end
 local logits = ffi.new("float[?]", m.vocab_size)
 local pre = alternated(function()
   core.must(exec.session_forward(s, ids, n, 0, logits, K.LOGITS_LAST))
