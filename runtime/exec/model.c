@@ -10,6 +10,7 @@
 static const char *const weight_names[LOIP_W_COUNT] = {
     "embed", "output_norm", "lm_head", "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv",
     "q_norm", "k_norm", "ffn_norm", "gate", "up", "down", "router", "shared_gate",
+    "post_attn_norm", "post_ffn_norm",
 };
 static const char *const expert_part_names[LOIP_EXPERT_PARTS] = {"gate", "up", "down"};
 
@@ -17,13 +18,23 @@ const char *loip_weight_name(int which) {
     return which >= 0 && which < LOIP_W_COUNT ? weight_names[which] : "?";
 }
 
-/* Inverse frequencies, computed in float as llama2.c and transformers do; Llama 3's
- * frequency-dependent rescaling (transformers' _compute_llama3_parameters) when asked. */
-static void rope_table(const loip_model_config *c, float *inv_freq) {
+int loip_weight_block(int which) {
+    switch (which) {
+    case LOIP_W_POST_ATTN_NORM: return LOIP_BLOCK_MHA;
+    case LOIP_W_POST_FFN_NORM: return LOIP_BLOCK_MLP;
+    default: return which >= LOIP_W_FFN_NORM ? LOIP_BLOCK_MLP : LOIP_BLOCK_MHA;
+    }
+}
+
+/* Inverse frequencies of base theta, computed in float as llama2.c and transformers do; Llama
+ * 3's frequency-dependent rescaling (transformers' _compute_llama3_parameters) or linear
+ * scaling (each divided by the factor: _compute_linear_scaling_rope_parameters) when scaled. */
+static void rope_table(const loip_model_config *c, float theta, int scaled, float *inv_freq) {
     int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        float f = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-        if (c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
+        float f = 1.0f / powf(theta, (float)(2 * i) / (float)c->head_dim);
+        if (scaled && c->rope_scaling == LOIP_ROPE_SCALING_LINEAR) f = f / c->rope_factor;
+        if (scaled && c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
             double old_ctx = c->rope_original_max_pos;
             double low_wavelen = old_ctx / c->rope_low_freq_factor;
             double high_wavelen = old_ctx / c->rope_high_freq_factor;
@@ -38,6 +49,21 @@ static void rope_table(const loip_model_config *c, float *inv_freq) {
         }
         inv_freq[i] = f;
     }
+}
+
+/* The Gemma-style switches (loip.h): known values, scales positive or 0. */
+static int check_switches(const loip_model_config *c) {
+    if (c->ffn_act != LOIP_ACT_SILU && c->ffn_act != LOIP_ACT_GELU_TANH)
+        return loip_fail(LOIP_EINVAL, "model config: unknown ffn_act %d", c->ffn_act);
+    if (c->ffn_act != LOIP_ACT_SILU && c->n_experts)
+        return loip_fail(LOIP_EINVAL, "model config: ffn_act %d with experts (only SwiGLU experts are run)",
+                         c->ffn_act);
+    if (!(c->embed_scale >= 0) || !(c->attn_scale >= 0) || !(c->rope_local_theta >= 0) || !(c->final_softcap >= 0))
+        return loip_fail(LOIP_EINVAL, "model config: embed_scale, attn_scale, rope_local_theta and final_softcap must "
+                         "be positive or 0 (not used)");
+    if (c->sliding_window < 0)
+        return loip_fail(LOIP_EINVAL, "model config: sliding_window must not be negative, got %d", c->sliding_window);
+    return LOIP_OK;
 }
 
 static int check_config(const loip_model_config *c) {
@@ -67,6 +93,8 @@ static int check_config(const loip_model_config *c) {
             return loip_fail(LOIP_EINVAL, "model config: llama3 rope scaling needs factor > 0, "
                                           "high_freq_factor > low_freq_factor > 0 and "
                                           "original_max_position_embeddings > 0");
+    } else if (c->rope_scaling == LOIP_ROPE_SCALING_LINEAR) {
+        if (!(c->rope_factor > 0)) return loip_fail(LOIP_EINVAL, "model config: linear rope scaling needs factor > 0");
     } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
         return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
     }
@@ -82,7 +110,7 @@ static int check_config(const loip_model_config *c) {
     } else if (c->n_experts_used || c->expert_dim || c->shared_expert || c->shared_expert_gate) {
         return loip_fail(LOIP_EINVAL, "model config: n_experts_used, expert_dim and shared_expert need n_experts > 0");
     }
-    return LOIP_OK;
+    return check_switches(c);
 }
 
 LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
@@ -93,14 +121,20 @@ LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
     if (!m) return loip_fail(LOIP_ENOMEM, "model: out of memory");
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->n_layers * LOIP_W_COUNT, sizeof(loip_tensor));
-    m->inv_freq = calloc((size_t)cfg->head_dim / 2, sizeof(float));
+    m->inv_freq = calloc((size_t)cfg->head_dim, sizeof(float)); /* global, then local (rope_local_theta) */
     if (cfg->n_experts)
         m->experts = calloc((size_t)cfg->n_layers * cfg->n_experts * LOIP_EXPERT_PARTS, sizeof(loip_tensor));
-    if (!m->layers || !m->inv_freq || (cfg->n_experts && !m->experts)) {
+    if (cfg->norm_add_one) {
+        int n = cfg->dim > cfg->head_dim ? cfg->dim : cfg->head_dim;
+        if ((m->ones = malloc((size_t)n * sizeof(float))))
+            for (int i = 0; i < n; i++) m->ones[i] = 1.0f;
+    }
+    if (!m->layers || !m->inv_freq || (cfg->n_experts && !m->experts) || (cfg->norm_add_one && !m->ones)) {
         loip_model_free(m);
         return loip_fail(LOIP_ENOMEM, "model: out of memory");
     }
-    rope_table(cfg, m->inv_freq);
+    rope_table(cfg, cfg->rope_theta, 1, m->inv_freq);
+    if (cfg->rope_local_theta > 0) rope_table(cfg, cfg->rope_local_theta, 0, m->inv_freq + cfg->head_dim / 2);
     *out = m;
     return LOIP_OK;
 }
@@ -110,6 +144,7 @@ LOIP_API void loip_model_free(loip_model *m) {
     free(m->layers);
     free(m->experts);
     free(m->inv_freq);
+    free(m->ones);
     free(m);
 }
 
@@ -120,6 +155,7 @@ static void expected_shape(const loip_model_config *c, int which, int64_t *rows,
     switch (which) {
     case LOIP_W_EMBED: case LOIP_W_LM_HEAD: *rows = c->vocab_size; *cols = c->dim; break;
     case LOIP_W_OUTPUT_NORM: case LOIP_W_ATTN_NORM: case LOIP_W_FFN_NORM: *rows = c->dim; break;
+    case LOIP_W_POST_ATTN_NORM: case LOIP_W_POST_FFN_NORM: *rows = c->dim; break;
     case LOIP_W_WQ: *rows = q; *cols = c->dim; break;
     case LOIP_W_WK: case LOIP_W_WV: *rows = kv; *cols = c->dim; break;
     case LOIP_W_WO: *rows = c->dim; *cols = q; break;
@@ -166,7 +202,7 @@ LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const 
     const char *name = loip_weight_name(which);
     if (is_global(which) ? layer != -1 : (layer < 0 || layer >= m->cfg.n_layers))
         return loip_fail(LOIP_EINVAL, "bind %s: layer %d out of range", name, layer);
-    if (which >= LOIP_W_ROUTER && !m->cfg.n_experts)
+    if ((which == LOIP_W_ROUTER || which == LOIP_W_SHARED_GATE) && !m->cfg.n_experts)
         return loip_fail(LOIP_EINVAL, "bind %s: the model has no experts (n_experts 0)", name);
     if (which >= LOIP_W_GATE && which <= LOIP_W_DOWN && m->cfg.n_experts && !m->cfg.shared_expert)
         return loip_fail(LOIP_EINVAL, "bind %s: a mixture of experts without a shared expert has no dense MLP "
@@ -213,6 +249,7 @@ static int required(const loip_model_config *c, int which) {
     case LOIP_W_BQ: case LOIP_W_BK: case LOIP_W_BV: return c->qkv_bias;
     case LOIP_W_Q_NORM: case LOIP_W_K_NORM: return c->qk_norm;
     case LOIP_W_LM_HEAD: return !c->tied_embeddings;
+    case LOIP_W_POST_ATTN_NORM: case LOIP_W_POST_FFN_NORM: return c->post_norms;
     default: return 1;
     }
 }
@@ -241,7 +278,7 @@ int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last) {
     for (int b = first; b < last; b++) {
         int l = b / 2, mlp = b % 2;
         for (int w = LOIP_W_ATTN_NORM; w < LOIP_W_COUNT; w++)
-            if ((w >= LOIP_W_FFN_NORM) == mlp && required(&m->cfg, w) &&
+            if ((loip_weight_block(w) == LOIP_BLOCK_MLP) == mlp && required(&m->cfg, w) &&
                 !m->layers[(size_t)l * LOIP_W_COUNT + w].data)
                 return loip_fail(LOIP_ESTATE, "weight %s of layer %d is not bound",
                                  loip_weight_name(w), l);

@@ -10,7 +10,9 @@ struct loip_model {
     loip_tensor *layers;                     /* (n_layers, LOIP_W_COUNT) */
     loip_tensor *experts;                    /* (n_layers, n_experts, LOIP_EXPERT_PARTS): data NULL
                                                 when not in memory (the expert cache reads it) */
-    float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies */
+    float *ones;                             /* (max(dim, head_dim)) 1.0f: norm_add_one's unit weight */
+    float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies, then (head_dim/2)
+                                                the windowed layers' (rope_local_theta > 0) */
 };
 
 static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, int which) {
@@ -22,6 +24,8 @@ static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, i
 }
 
 const char *loip_weight_name(int which);
+/* The block (LOIP_BLOCK_MHA or _MLP) a layer's weight kind belongs to. */
+int loip_weight_block(int which);
 /* Expected [rows, cols] of an expert's part (LOIP_EXPERT_*). */
 void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols);
 /* Moves up to cap of the count events buffered at ev, oldest first, into out; returns how many

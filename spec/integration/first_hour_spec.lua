@@ -44,6 +44,8 @@ describe("modules", function()
       "^loip%.serve%.draft_trace$", -- (speculative decoding's trace spans: serve and generate use them)
       -- (tool calling and Anthropic's Messages API: the server's; tools parsers require tool_calls)
       "^loip%.serve%.tools$", "^loip%.serve%.tool_calls$", "^loip%.serve%.anthropic$",
+      "^loip%.serve%.harmony$", -- (gpt-oss's harmony channels: the tools parser's)
+      "^loip%.serve%.request_draft$", -- (a request's own draft fields: the server's)
       -- (the API for agents: sampling at the head, logprobs' shapes, a reply's choices, grammars)
       "^loip%.serve%.head_sample$", "^loip%.serve%.logprobs$", "^loip%.serve%.reply$", "^loip%.serve%.constrain$",
       "^loip%.serve%.choices$", "^loip%.serve%.prefix_cache$", "^loip%.serve%.prefix_disk$", -- (n > 1, the prefix cache)

@@ -37,6 +37,7 @@ local layer_names = {
   ["attn_k.bias"] = K.W_BK, ["attn_v.bias"] = K.W_BV, ["attn_q_norm.weight"] = K.W_Q_NORM,
   ["attn_k_norm.weight"] = K.W_K_NORM, ["ffn_norm.weight"] = K.W_FFN_NORM,
   ["ffn_gate.weight"] = K.W_GATE, ["ffn_up.weight"] = K.W_UP, ["ffn_down.weight"] = K.W_DOWN,
+  ["post_attention_norm.weight"] = K.W_POST_ATTN_NORM, ["post_ffw_norm.weight"] = K.W_POST_FFN_NORM,
 }
 -- A mixture of experts' layers: the same attention, then the router, the shared expert and its
 -- gate (Qwen2-MoE) and the routed experts (3-D: M.tensors cuts them into experts).
@@ -197,8 +198,8 @@ function M.config(g)
   end
   local theta = get("rope.freq_base", 10000, "number")
   local scaling = md[arch .. ".rope.scaling.type"]
-  if scaling ~= nil and scaling ~= "none" then
-    error(string.format("%s: %s.rope.scaling.type '%s' is not supported", path, arch, tostring(scaling)), 0)
+  if scaling ~= nil and scaling ~= "none" and scaling ~= "linear" then
+    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (linear is)", path, arch, tostring(scaling)), 0)
   end
   local eos, stops = stop_ids(md)
   local types = {}
@@ -216,6 +217,7 @@ function M.config(g)
     loip_source_format = "gguf",
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
+  if scaling == "linear" then cfg.rope_scaling = { rope_type = "linear", factor = get("rope.scaling.factor", nil, "number") } end
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
   if spec.config then spec.config(md, cfg, get) end

@@ -42,6 +42,7 @@ local kind_list = {
   { "bv", K.W_BV, "mha" }, { "q_norm", K.W_Q_NORM, "mha" }, { "k_norm", K.W_K_NORM, "mha" },
   { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
   { "down", K.W_DOWN, "mlp" }, { "router", K.W_ROUTER, "mlp" }, { "shared_gate", K.W_SHARED_GATE, "mlp" },
+  { "post_attn_norm", K.W_POST_ATTN_NORM, "mha" }, { "post_ffn_norm", K.W_POST_FFN_NORM, "mlp" },
   -- a routed expert's parts (hf.W_EXPERT + K.EXPERT_*): of its layer's MLP block, in a file of
   -- their own (M.expert_file), their tensors and file with an integer "expert" field
   { "expert_gate", hf.W_EXPERT + K.EXPERT_GATE, "mlp" }, { "expert_up", hf.W_EXPERT + K.EXPERT_UP, "mlp" },
