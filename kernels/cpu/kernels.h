@@ -45,7 +45,10 @@ const loip_kernels *loip_kernels_ref(void);
 /* NULL when the CPU (or the compiler) lacks the instructions. */
 const loip_kernels *loip_kernels_avx2(void);
 const loip_kernels *loip_kernels_avx512(void);
-/* Best available for this CPU, or the one named (ref, avx2, avx512) when name != NULL;
+/* avx512 with the BF16 products on AMX tiles (kernels_amx.c); NULL without AMX-BF16, without
+ * the OS's tile permission, or when the compiler lacked AMX (then it is not built at all). */
+const loip_kernels *loip_kernels_amx(void);
+/* Best available for this CPU (never amx: only when named), or the one named (ref, avx2, avx512, amx) when name != NULL;
  * NULL when that one is unavailable. Environment variable LOIP_KERNELS overrides at startup. */
 const loip_kernels *loip_kernels_select(const char *name);
 

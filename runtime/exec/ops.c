@@ -91,6 +91,11 @@ static int op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float 
     return LOIP_OK;
 }
 
+LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
+                            float *Y, int64_t n, int64_t rows, int64_t cols) {
+    return op_matmul(pool, dtype, W, X, Y, n, rows, cols);
+}
+
 LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
                             float *y, int64_t rows, int64_t cols) {
     return op_matmul(pool, dtype, W, x, y, 1, rows, cols);
@@ -176,5 +181,82 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
     double s = 0;
     for (int i = 0; i < loip_pool_size(pool); i++) s += job.sums[i];
     *checksum = s;
+    return LOIP_OK;
+}
+
+/* ---- the FMA roof ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t iters;
+    double flops[1024];
+    float sink[1024];
+} fma_job;
+
+/* FMA_CHAINS independent accumulators: enough to cover the FMA latency on every port (4 cycles
+ * x 2 ports needs 8; 16 leaves room on any current core). Multiplier and addend are chosen so
+ * that the values stay finite and normal for any iteration count. */
+#define FMA_CHAINS 16
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters) {
+    __m512 a[FMA_CHAINS], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+#pragma GCC unroll 16
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm512_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm512_fmadd_ps(a[k], m, c);
+#pragma GCC unroll 16
+    for (int k = 1; k < FMA_CHAINS; k++) a[0] = _mm512_add_ps(a[0], a[k]);
+    return _mm512_reduce_add_ps(a[0]);
+}
+__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters) {
+    __m256 a[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+#pragma GCC unroll 16
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
+#pragma GCC unroll 16
+    for (int k = 1; k < FMA_CHAINS; k++) a[0] = _mm256_add_ps(a[0], a[k]);
+    float v[8];
+    _mm256_storeu_ps(v, a[0]);
+    return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+#endif
+static float fma_plain(int64_t iters) {
+    float a[FMA_CHAINS];
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = (float)k;
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = fmaf(a[k], 0.999999f, 1e-6f);
+    float s = 0;
+    for (int k = 0; k < FMA_CHAINS; k++) s += a[k];
+    return s;
+}
+
+static void fma_task(void *p, int ith, int nth) {
+    (void)nth;
+    fma_job *j = p;
+    double per = 2.0 * FMA_CHAINS * (double)j->iters;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) {
+        j->sink[ith] = fma_avx512(j->iters), j->flops[ith] = 16 * per;
+        return;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        j->sink[ith] = fma_avx2(j->iters), j->flops[ith] = 8 * per;
+        return;
+    }
+#endif
+    j->sink[ith] = fma_plain(j->iters), j->flops[ith] = per;
+}
+
+LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops) {
+    if (loip_pool_size(pool) > 1024) return loip_fail(LOIP_EINVAL, "fma probe: too many threads");
+    if (iters <= 0) return loip_fail(LOIP_EINVAL, "fma probe: iters must be positive (got %lld)", (long long)iters);
+    fma_job job = {.iters = iters};
+    loip_pool_run(pool, fma_task, &job);
+    double s = 0;
+    for (int i = 0; i < loip_pool_size(pool); i++) s += job.flops[i];
+    *flops = s;
     return LOIP_OK;
 }

@@ -262,6 +262,14 @@ LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const
  * checksum so that the reads cannot be optimised away. */
 LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes, int32_t reps,
                                 double *checksum);
+/* Y[n, rows] = X[n, cols] . W[rows, cols]^T (dtype), split over the pool's threads: the
+ * many-row product of a prefill or a verified tree, as one operation. */
+LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
+                            float *Y, int64_t n, int64_t rows, int64_t cols);
+/* The FMA roof: every thread of the pool runs `iters` rounds of independent fp32 fused
+ * multiply-adds on the widest vectors the CPU has; *flops gets the floating-point operations
+ * done (2 per FMA lane), for the caller to divide by the time it measured. */
+LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops);
 
 /* ---- hashing -------------------------------------------------------------------------- */
 

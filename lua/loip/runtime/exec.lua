@@ -206,6 +206,18 @@ end
 function M.op_read_probe(pool, buf, bytes, reps, sum, context)
   return core.ok(C.loip_op_read_probe(pool, buf, bytes, reps, sum), context)
 end
+-- Y[n, rows] = X[n, cols] W[rows, cols]^T (dtype) on pool's threads: the many-row product.
+function M.op_matmul(pool, dtype, w, x, y, n, rows, cols, context)
+  return core.ok(C.loip_op_matmul(pool, dtype, w, x, y, n, rows, cols), context)
+end
+-- The FMA roof: iters rounds of independent fp32 FMAs on every thread of pool; returns the
+-- floating-point operations done (divide by the measured time for FLOP/s).
+function M.op_fma_probe(pool, iters, context)
+  local out = ffi.new("double[1]")
+  local ok, err = core.ok(C.loip_op_fma_probe(pool, iters, out), context)
+  if not ok then return nil, err end
+  return out[0]
+end
 -- n seeded random elements of dtype into dst: normal(mean, std) from stream `first` of seed.
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)
