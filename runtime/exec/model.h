@@ -11,6 +11,7 @@ struct loip_model {
     loip_tensor *experts;                    /* (n_layers, n_experts, LOIP_EXPERT_PARTS): data NULL
                                                 when not in memory (the expert cache reads it) */
     float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies */
+    float rope_mscale;                       /* cos and sin scaled by it (YaRN's attention factor; else 1) */
 };
 
 static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, int which) {
@@ -21,7 +22,11 @@ static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, i
     return &m->experts[((size_t)layer * m->cfg.n_experts + (size_t)expert) * LOIP_EXPERT_PARTS + part];
 }
 
+/* Element i of a bound F32/BF16/F16 tensor, as a float (biases, sinks). */
+float loip_tensor_elem(const loip_tensor *t, size_t i);
 const char *loip_weight_name(int which);
+/* The block a per-layer weight kind belongs to: LOIP_BLOCK_MHA or LOIP_BLOCK_MLP. */
+int loip_weight_block(int which);
 /* Expected [rows, cols] of an expert's part (LOIP_EXPERT_*). */
 void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols);
 /* Moves up to cap of the count events buffered at ev, oldest first, into out; returns how many

@@ -72,7 +72,7 @@ static void record(loip_runner *r, int kind, int stage, int first, int last, uin
     r->ev[r->ev_count++] = (loip_runner_event){kind, stage, first, last, t0, t1, bytes, offloaded, n_tokens};
 }
 
-static int block_of(int which) { return which >= LOIP_W_FFN_NORM ? LOIP_BLOCK_MLP : LOIP_BLOCK_MHA; }
+static int block_of(int which) { return loip_weight_block(which); }
 
 static int next_offloading(const loip_runner *r, int32_t after) {
     for (int32_t i = 1; i <= r->n; i++) {

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 33, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 34, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -385,6 +385,21 @@ enum {
 enum {
     LOIP_ROPE_SCALING_NONE = 0,
     LOIP_ROPE_SCALING_LLAMA3 = 1,
+    LOIP_ROPE_SCALING_YARN = 2, /* YaRN (gpt-oss): rope_factor, rope_original_max_pos, rope_beta_* */
+};
+
+/* How a mixture of experts weighs its chosen experts (loip_model_config.moe_gating). */
+enum {
+    LOIP_GATING_SOFTMAX = 0,      /* softmax over all router logits, then the top k */
+    LOIP_GATING_TOPK_SOFTMAX = 1, /* the top k logits, then a softmax over those k (gpt-oss) */
+};
+
+/* The gated unit of an expert's MLP (loip_model_config.glu). */
+enum {
+    LOIP_GLU_SILU = 0, /* silu(gate) * up */
+    /* gpt-oss: g = min(gate, glu_limit), u = clamp(up, -glu_limit, glu_limit),
+     * g * sigmoid(glu_alpha * g) * (u + 1) */
+    LOIP_GLU_OAI_CLAMPED = 1,
 };
 
 /* A model's shape and the switches of its forward pass. Lua fills it from the family's
@@ -424,6 +439,28 @@ typedef struct loip_model_config {
     int32_t norm_topk_prob;
     int32_t shared_expert;
     int32_t shared_expert_gate;
+    /* gpt-oss's switches; 0 is "not used", so every other family's config is unchanged.
+     * attn_sinks: a learned logit per head (LOIP_W_SINKS) joins each softmax's denominator (it
+     * takes a share of the weight and gives no value); attn_out_bias: the output projection's
+     * bias (LOIP_W_BO); router_bias: the router's (LOIP_W_ROUTER_BIAS); expert_bias: each routed
+     * expert's gate, up and down biases (LOIP_W_EXPERT_*_BIAS, a row per expert). */
+    int32_t attn_sinks;
+    int32_t attn_out_bias;
+    int32_t router_bias;
+    int32_t expert_bias;
+    int32_t moe_gating;  /* LOIP_GATING_* */
+    int32_t glu;         /* LOIP_GLU_*: of the routed experts */
+    float glu_alpha;
+    float glu_limit;
+    /* YaRN (rope_scaling LOIP_ROPE_SCALING_YARN, with rope_factor and rope_original_max_pos):
+     * pair i's frequency blends base^(-2i/d) / factor (interpolated) and base^(-2i/d)
+     * (extrapolated) by a ramp between the pairs that turn beta_fast and beta_slow times in the
+     * original context (floored and ceiled when rope_yarn_truncate: Hugging Face's default and
+     * llama.cpp's only way); cos and sin are scaled by rope_attn_factor. */
+    float rope_beta_fast;
+    float rope_beta_slow;
+    float rope_attn_factor;
+    int32_t rope_yarn_truncate;
 } loip_model_config;
 
 enum {
@@ -448,7 +485,13 @@ enum {
     LOIP_W_DOWN = 16,       /* [dim, hidden_dim] */
     LOIP_W_ROUTER = 17,     /* [n_experts, dim]: mixture of experts only */
     LOIP_W_SHARED_GATE = 18, /* [1, dim]: the shared expert's gate (shared_expert_gate) */
-    LOIP_W_COUNT = 19,
+    LOIP_W_BO = 19,          /* [dim]: attn_out_bias (attention block) */
+    LOIP_W_SINKS = 20,       /* [n_heads]: attn_sinks (attention block) */
+    LOIP_W_ROUTER_BIAS = 21, /* [n_experts]: router_bias */
+    LOIP_W_EXPERT_GATE_BIAS = 22, /* [n_experts, expert_dim]: expert_bias, row e expert e's */
+    LOIP_W_EXPERT_UP_BIAS = 23,   /* [n_experts, expert_dim] */
+    LOIP_W_EXPERT_DOWN_BIAS = 24, /* [n_experts, dim] */
+    LOIP_W_COUNT = 25,
 };
 
 typedef struct loip_tensor {

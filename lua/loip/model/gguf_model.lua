@@ -144,6 +144,23 @@ local function rope_scaling_of(g, hd, theta)
   return scaling
 end
 
+-- The rope scaling of arch's metadata md as a Hugging Face rope_scaling table: nil (none), or
+-- YaRN's as llama.cpp runs it (its correction range always truncated: transformers' default;
+-- beta_fast and beta_slow 32 and 1 unless the file says otherwise; the attention factor
+-- 0.1 ln(factor) + 1 times rope.scaling.attn_factor). Raises on any other kind.
+function M.yarn_of(md, arch, get, path)
+  local scaling = md[arch .. ".rope.scaling.type"]
+  if scaling == nil or scaling == "none" then return nil end
+  if scaling ~= "yarn" then
+    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (yarn is)", path, arch, tostring(scaling)), 0)
+  end
+  local factor = get("rope.scaling.factor", nil, "number")
+  local attn = get("rope.scaling.attn_factor", 1, "number")
+  return { rope_type = "yarn", factor = factor, original_max_position_embeddings = get("rope.scaling.original_context_length"),
+    beta_fast = get("rope.scaling.yarn_beta_fast", 32, "number"), beta_slow = get("rope.scaling.yarn_beta_slow", 1, "number"),
+    attention_factor = attn * (factor > 1 and 0.1 * math.log(factor) + 1 or 1) }
+end
+
 -- An open GGUF (loip.model.gguf) -> a Hugging Face config table (plus loip_rope_layout and
 -- loip_source_format); raises naming the key.
 function M.config(g)
@@ -185,10 +202,7 @@ function M.config(g)
       path, arch, rope_dims, hd), 0)
   end
   local theta = get("rope.freq_base", 10000, "number")
-  local scaling = md[arch .. ".rope.scaling.type"]
-  if scaling ~= nil and scaling ~= "none" then
-    error(string.format("%s: %s.rope.scaling.type '%s' is not supported", path, arch, tostring(scaling)), 0)
-  end
+  local yarn = M.yarn_of(md, arch, get, path)
   local eos, stops = stop_ids(md)
   local types = {}
   for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
@@ -205,6 +219,7 @@ function M.config(g)
     loip_source_format = "gguf",
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
+  if yarn then cfg.rope_scaling = yarn end
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
   if spec.config then spec.config(md, cfg, get) end

@@ -208,6 +208,8 @@ end
 
 function M.close(set)
   for _, f in ipairs(set.files) do f:close() end
+  for _, buf in ipairs(set.derived or {}) do memory.buffer_free(buf) end
+  set.derived = nil
 end
 
 return M

@@ -29,7 +29,7 @@ function M.get(name)
   end
   local copy = {}
   for k, v in pairs(s) do copy[k] = v end
-  copy.model_type = copy.architectures[1]:match("^(.-)ForCausalLM$"):lower()
+  copy.model_type = copy.model_type or copy.architectures[1]:match("^(.-)ForCausalLM$"):lower()
   copy.hidden_act = "silu"
   return copy
 end

@@ -95,9 +95,7 @@ function M.open_source(path)
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
     end
     for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
-      local f = set.index[w[3]]
-      if not f then src.close() error(string.format("%s: tensor '%s' is missing", file, w[3]), 0) end
-      local view, bytes = hf.view_of(f, w)
+      local view, bytes = hf.weight_view(set, w, file)
       if not view then src.close() error(bytes, 0) end
       by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes }
     end

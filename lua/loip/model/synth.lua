@@ -59,32 +59,62 @@ function M.config(o)
   if (o.dim or o.heads) and not o.head_dim and cfg.head_dim then
     cfg.head_dim = math.floor(cfg.hidden_size / cfg.num_attention_heads)
   end
+  -- (per-layer attention kinds for another layer count: the shape's own list, cut or repeated)
+  if type(cfg.layer_types) == "table" and #cfg.layer_types ~= cfg.num_hidden_layers then
+    local t = {}
+    for i = 1, cfg.num_hidden_layers do t[i] = cfg.layer_types[(i - 1) % #cfg.layer_types + 1] end
+    cfg.layer_types = t
+  end
   if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
   cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]
   cfg.loip_synthetic = { like = o.like, seed = o.seed, std = o.std or STD }
+  if o.experts_dtype == "mxfp4" then -- (as gpt-oss is released: its experts only)
+    cfg.quantization_config = { quant_method = "mxfp4",
+      modules_to_not_convert = { "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head" } }
+  elseif o.experts_dtype ~= nil and o.experts_dtype ~= o.dtype then
+    error(string.format("synth: --experts-dtype '%s' is not mxfp4 (or --dtype's)", tostring(o.experts_dtype)), 0)
+  end
   return cfg
 end
 
--- Tensors of the model: { name, shape, mean, std, numel }.
-local function tensor_plan(c, std, arch)
+-- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }.
+local function tensor_plan(c, std, arch, experts_dtype)
   local plan = {}
-  for _, t in ipairs(hf.tensor_list(c, arch)) do
+  for _, t in ipairs(hf.tensor_list(c, arch, experts_dtype)) do
     local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
     plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = is_norm and 1 or 0,
-      std = is_norm and 0 or std }
+      std = is_norm and 0 or std, dtype = t.dtype, fill = t.fill }
   end
   return plan
+end
+
+-- Bytes of plan entry t when the model's dtype has es bytes an element (a U8 tensor: 1).
+local function bytes_of(t, es) return t.numel * (t.dtype == "U8" and 1 or es) end
+
+-- n random bytes at data for a U8 tensor (t.fill): MXFP4 blocks any 4-bit codes; MXFP4 scales
+-- exponents that give the E2M1 values (up to 6) about the standard deviation std (within a
+-- factor of 2 either way). Seeded as the float tensors, from the stream position first.
+local function fill_bytes(data, n, t, seed, first, std)
+  assert(exec.fill_random(data, n, K.F32, seed, first, 0, 1))
+  local f, out = ffi.cast("float *", data), ffi.cast("uint8_t *", data)
+  local centre = 127 + math.floor(math.log(math.max(std, 1e-6) / 2.5) / math.log(2) + 0.5)
+  for i = 0, n - 1 do -- (in place: byte i is written after float i is read, and i <= 4i)
+    local u = f[i] * 0.5 + 0.5 -- (a normal value: its fractional part is near uniform)
+    u = u - math.floor(u)
+    if t.fill == "mxfp4_scales" then out[i] = math.max(1, math.min(254, centre - 1 + math.floor(u * 3)))
+    else out[i] = math.floor(u * 256) % 256 end
+  end
 end
 
 -- Group tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own).
 local function shard(plan, es, shard_bytes)
   local shards, cur, size = {}, {}, 0
   for _, t in ipairs(plan) do
-    local b = t.numel * es
+    local b = bytes_of(t, es)
     if #cur > 0 and size + b > shard_bytes then
       shards[#shards + 1] = cur
       cur, size = {}, 0
@@ -147,10 +177,10 @@ function M.write(dir, o)
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
   exec.model_free(cm)
-  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1])
+  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], o.experts_dtype)
   local es = dt[3]
   local total = 0
-  for _, t in ipairs(plan) do total = total + t.numel * es end
+  for _, t in ipairs(plan) do total = total + bytes_of(t, es) end
   mkdir_p(dir)
   if json.exists(dir .. "/config.json") and not o.force then
     error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
@@ -172,8 +202,8 @@ function M.write(dir, o)
       or string.format("model-%05d-of-%05d.safetensors", si, #shards)
     local header, off = { __metadata__ = { format = "pt", loip_synthetic = "1" } }, 0
     for _, t in ipairs(list) do
-      header[t.name] = { dtype = dt[1], shape = t.shape, data_offsets = { off, off + t.numel * es } }
-      off = off + t.numel * es
+      header[t.name] = { dtype = t.dtype or dt[1], shape = t.shape, data_offsets = { off, off + bytes_of(t, es) } }
+      off = off + bytes_of(t, es)
       weight_map[t.name] = fname
     end
     local h = json.encode_sorted(header)
@@ -185,11 +215,14 @@ function M.write(dir, o)
       local seed = tensor_seed(o.seed or 1, t.name)
       local first = 0
       while first < t.numel do
-        local k = math.min(CHUNK, t.numel - first)
-        assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std))
-        assert(files_rt.write(w, data, k * es))
+        -- (a U8 tensor's bytes are drawn as floats first: a quarter of the buffer at a time)
+        local k = math.min(t.dtype == "U8" and math.floor(CHUNK * es / 4) or CHUNK, t.numel - first)
+        local kb = t.dtype == "U8" and k or k * es
+        if t.dtype == "U8" then fill_bytes(data, k, t, seed, first, o.std or STD)
+        else assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std)) end
+        assert(files_rt.write(w, data, kb))
         first = first + k
-        written = written + k * es
+        written = written + kb
         bar:update(written)
       end
     end

@@ -12,6 +12,10 @@
 --                          and part), parts (gate, up, down), count, size (config fields of the
 --                          expert count and an expert's size), renormalise (the top-k always
 --                          renormalised: no norm_topk_prob), shared, shared_gate }
+--                          router_bias (the router's bias tensor), list (function(c, l, prefix, W_EXPERT):
+--                          a layer's expert weights when the files hold them otherwise than one
+--                          tensor per expert and part; an entry may be derived from others:
+--                          hf.weight_view)
 --               shared     a shared expert beside the routed ones (Qwen2-MoE)
 --               dense      (a mixture of experts) the dense class a token's work is priced as
 --               layer      tensor name -> weight kind, or a list of kinds for a tensor fused by
@@ -42,6 +46,7 @@ local M = {}
 -- In the order `loip synth --like` and error messages list them.
 M.list = {
   require "loip.model.families.llama",
+  require "loip.model.families.gpt_oss",
   require "loip.model.families.mixtral",
   require "loip.model.families.phi3",
   require "loip.model.families.qwen2",

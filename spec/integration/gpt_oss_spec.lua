@@ -1,0 +1,92 @@
+-- gpt-oss's model side (lua/loip/model/families/gpt_oss.lua) beyond the llama.cpp reference
+-- (family_reference_spec): its fused Hugging Face experts bound as each expert's matrices, the
+-- shapes `loip synth --like` knows, and its bad input refused naming the tensor or field.
+local loip = require "loip"
+local json = require "loip.text.json"
+local T = require "spec.support"
+
+teardown(function() T.cleanup() end)
+after_each(function() collectgarbage() collectgarbage() end)
+
+local FLAGS = "--dtype f32 --layers 2 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 32 --experts 4 --vocab 512 --std 0.25 --seed 5"
+
+local function synth(like, flags)
+  local dir = T.tmpdir()
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, like, flags or FLAGS, dir))
+  assert(rc == 0, err)
+  return dir
+end
+
+-- A copy of dir/hf with its config.json changed by fix(cfg).
+local function with_config(dir, fix)
+  local bad = T.tmpdir()
+  assert.are.equal(0, (T.run(string.format("cp %s/hf/* %s/", dir, bad))))
+  local cfg = assert(json.load(bad .. "/config.json"))
+  fix(cfg)
+  T.write(bad .. "/config.json", json.encode_sorted(cfg, 2))
+  return bad
+end
+
+local function open(path) return loip.model.open(path, { threads = 1, context = 64, tokenizer = false }) end
+
+describe("gpt-oss", function()
+  local dir
+  setup(function() dir = synth("gpt-oss-20b") end)
+
+  it("synthesises the fused Hugging Face tensors of the 20b shape, alternating windows", function()
+    local cfg = assert(json.load(dir .. "/hf/config.json"))
+    assert.are.equal("GptOssForCausalLM", cfg.architectures[1])
+    assert.are.equal("gpt_oss", cfg.model_type)
+    assert.are.same({ "sliding_attention", "full_attention" }, cfg.layer_types)
+    assert.are.equal(false, cfg.rope_scaling.truncate)
+    local set = assert(require("loip.model.safetensors").open_dir(dir .. "/hf"))
+    local f = set.index["model.layers.1.mlp.experts.gate_up_proj"]
+    assert.are.same({ 4, 64, 64 }, f.tensors["model.layers.1.mlp.experts.gate_up_proj"].shape)
+    assert.are.same({ 4, 32, 64 }, set.index["model.layers.1.mlp.experts.down_proj"].tensors["model.layers.1.mlp.experts.down_proj"].shape)
+    assert.is_truthy(set.index["model.layers.0.self_attn.sinks"])
+    assert.is_truthy(set.index["model.layers.0.mlp.router.bias"])
+    require("loip.model.safetensors").close(set)
+  end)
+
+  it("binds each expert's gate, up and down from the fused tensors and runs", function()
+    local m = open(dir .. "/hf")
+    assert.are.equal("GptOssForCausalLM", m.architecture)
+    local out = m:logits({ 1, 2, 3, 4 })
+    for i = 0, 4 * m.vocab_size - 1 do assert(out[i] == out[i] and math.abs(out[i]) < 1e4, "logit " .. i) end
+    m:close()
+  end)
+
+  it("refuses a fused expert tensor of another shape, naming it", function()
+    local bad = with_config(dir, function(cfg) cfg.intermediate_size = 16 end)
+    local ok, err = pcall(open, bad)
+    assert.is_false(ok)
+    assert.matches("tensor 'model%.layers%.0%.mlp%.experts%.gate_up_proj_bias' is F32 %[4, 64%], expected F32, BF16 or F16 %[4, 32%]", err)
+  end)
+
+  it("refuses layer_types that do not list every layer, naming the field", function()
+    local bad = with_config(dir, function(cfg) cfg.layer_types = { "sliding_attention" } end)
+    local ok, err = pcall(open, bad)
+    assert.is_false(ok)
+    assert.matches("field 'layer_types' lists 1 layers; the model has 2", err)
+  end)
+
+  it("refuses DeepSeek's YaRN attention factor fields, naming them", function()
+    local bad = with_config(dir, function(cfg) cfg.rope_scaling.mscale = 1 end)
+    local ok, err = pcall(open, bad)
+    assert.is_false(ok)
+    assert.matches("rope_scaling: field 'mscale' is not supported", err)
+  end)
+
+  it("honours YaRN's truncate: the logits move when the correction range is truncated", function()
+    local a = open(dir .. "/hf")
+    local la = a:logits({ 1, 2, 3, 4, 5, 6, 7, 8 })
+    local V = a.vocab_size
+    local moved = with_config(dir, function(cfg) cfg.rope_scaling.truncate = true end)
+    local b = open(moved)
+    local lb = b:logits({ 1, 2, 3, 4, 5, 6, 7, 8 })
+    assert.are.equal(0, T.bit_diffs(la, lb, V)) -- position 0 does not rotate
+    assert.is_true(T.bit_diffs(la, lb, 8 * V) > 0)
+    a:close()
+    b:close()
+  end)
+end)
