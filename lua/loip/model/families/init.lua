@@ -2,7 +2,8 @@
 -- both formats, and this module is where the rest of loip asks about one. docs/adding-a-model.md
 -- walks through adding a family.
 --
--- A family file returns a plain table (no FFI; weight kinds from loip.core's constants):
+-- A family file returns a plain table (no FFI of its own: weight kinds from loip.core's constants,
+-- weights derived in memory by loip.model.derive):
 --
 --   name      the family's name
 --   classes   Hugging Face class (config.json's architectures[1]) -> its switches:
