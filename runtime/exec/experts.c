@@ -147,12 +147,14 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
         return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d (%s) is %llu bytes, the slots hold %llu",
                          expert, layer, ext->path ? ext->path : "fd", (unsigned long long)ext->length,
                          (unsigned long long)loip_loader_slot_bytes(x->l));
-    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16)
+    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16 && dtype != LOIP_MXFP4 &&
+        dtype != LOIP_F8_E4M3)
         return loip_fail(LOIP_ESHAPE, "expert cache: expert %d of layer %d: dtype %d not supported", expert, layer, dtype);
     for (int p = 0; p < LOIP_EXPERT_PARTS; p++) {
         int64_t rows, cols;
         loip_expert_shape(c, p, &rows, &cols);
-        uint64_t bytes = (uint64_t)(rows * cols) * (uint64_t)loip_dtype_size(dtype);
+        if ((rc = loip_dtype_check(dtype, rows, cols, "expert cache: an expert's part"))) return rc;
+        uint64_t bytes = loip_dtype_bytes(dtype, rows, cols);
         if (offset[p] > ext->length || bytes > ext->length - offset[p])
             return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d: part %d ends past its extent (%s)",
                              expert, layer, p, ext->path ? ext->path : "fd");

@@ -203,8 +203,11 @@ void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int6
 
 int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int64_t cols) {
     if (!t->data) return loip_fail(LOIP_EINVAL, "bind %s: no data", name);
-    if (t->dtype != LOIP_F32 && t->dtype != LOIP_BF16 && t->dtype != LOIP_F16)
-        return loip_fail(LOIP_ESHAPE, "%s: dtype %d not supported (F32, BF16, F16)", name, t->dtype);
+    /* the block-quantized dtypes are matrices' (the linear kernels'), never a vector's */
+    int quant = t->dtype == LOIP_MXFP4 || t->dtype == LOIP_F8_E4M3;
+    if (t->dtype != LOIP_F32 && t->dtype != LOIP_BF16 && t->dtype != LOIP_F16 && !(quant && cols))
+        return loip_fail(LOIP_ESHAPE, "%s: dtype %d not supported (F32, BF16, F16%s)", name, t->dtype,
+                         quant ? "; MXFP4 and F8_E4M3 for matrices only" : "");
     int want_ndim = cols ? 2 : 1;
     if (t->ndim != want_ndim || t->shape[0] != rows || (cols && t->shape[1] != cols)) {
         char got[96];
@@ -217,7 +220,7 @@ int loip_check_tensor(const char *name, const loip_tensor *t, int64_t rows, int6
                              (long long)rows, (long long)cols);
         return loip_fail(LOIP_ESHAPE, "%s: shape %s, expected [%lld]", name, got, (long long)rows);
     }
-    return LOIP_OK;
+    return quant ? loip_dtype_check(t->dtype, rows, cols, name) : LOIP_OK;
 }
 
 static int required(const loip_model_config *c, int which) {
@@ -270,6 +273,9 @@ LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const 
     expected_shape(&m->cfg, which, &rows, &cols);
     int rc = loip_check_tensor(name, t, rows, cols);
     if (rc) return rc;
+    if (which == LOIP_W_EMBED && loip_dtype_size(t->dtype) == 0) /* rows are read one at a time */
+        return loip_fail(LOIP_ESHAPE, "%s: dtype %d not supported for the embedding (F32, BF16, F16)", name,
+                         t->dtype);
     loip_tensor *slot = is_global(which) ? &m->global[which] : &m->layers[(size_t)layer * LOIP_W_COUNT + which];
     *slot = *t;
     return LOIP_OK;
@@ -332,10 +338,10 @@ int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last) {
 }
 
 static uint64_t tensor_bytes(const loip_tensor *t) {
-    if (!t->data) return 0;
-    uint64_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
-    return n * (uint64_t)loip_dtype_size(t->dtype);
+    if (!t->data || t->ndim < 1) return 0;
+    int64_t rows = 1; /* the leading dimensions as rows of the last: the block dtypes' bytes too */
+    for (int i = 0; i + 1 < t->ndim; i++) rows *= t->shape[i];
+    return loip_dtype_bytes(t->dtype, rows, t->shape[t->ndim - 1]);
 }
 
 LOIP_API uint64_t loip_model_weight_bytes(const loip_model *m) {

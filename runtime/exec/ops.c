@@ -71,7 +71,8 @@ void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const f
 }
 
 static int check_dtype(int32_t dtype) {
-    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16)
+    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16 && dtype != LOIP_MXFP4 &&
+        dtype != LOIP_F8_E4M3)
         return loip_fail(LOIP_EINVAL, "matvec: unsupported weight dtype %d", dtype);
     return LOIP_OK;
 }
@@ -84,6 +85,7 @@ static int op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float 
     if (n <= 0 || rows <= 0 || cols <= 0)
         return loip_fail(LOIP_EINVAL, "matmul: shape must be positive (n=%lld rows=%lld cols=%lld)",
                          (long long)n, (long long)rows, (long long)cols);
+    if ((rc = loip_dtype_check(dtype, rows, cols, "matvec: W"))) return rc;
     loip_linear_job jobs[2] = {{.W = W, .dtype = dtype, .x = X, .y = Y, .n = (size_t)n,
                                 .rows = (size_t)rows, .cols = (size_t)cols}};
     loip_linear_run(pool, jobs);

@@ -108,10 +108,40 @@ enum {
     LOIP_BF16 = 1,
     LOIP_F16 = 2,
     LOIP_I32 = 3,
-    LOIP_DTYPE_COUNT = 4,
+    /* Block-quantized weights: a matrix [rows, cols] of these is not cols elements a row of one
+     * size, so its bytes are loip_dtype_bytes' (loip_dtype_size is 0). Both are computed from
+     * as stored, dequantized exactly (loip_dequantize) in registers, accumulated in f32.
+     * LOIP_MXFP4 (OCP MX FP4, GGUF's block_mxfp4): each row is cols/32 blocks of 17 bytes, an
+     *   E8M0 scale byte e, then 16 bytes: element j in the low nibble of byte j, element j + 16
+     *   in its high nibble; value = E2M1(nibble) * 2^(e-127) (E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6 and
+     *   their negatives; e = 0xFF is NaN). cols % 32 == 0.
+     * LOIP_F8_E4M3 (E4M3FN with 128x128 block scales, as Hugging Face FP8 checkpoints store
+     *   weight + weight_scale_inv): the rows in groups of 128 (the last may be shorter), each
+     *   group ceil(cols/128) float32 scales (scale k covers its rows' columns [128k, 128k+128))
+     *   followed by its rows of cols E4M3 bytes; value = fl(E4M3 * scale), one f32 rounding
+     *   (S.1111.111 is NaN). The scales travel with the weights: one pointer, one tensor, and
+     *   rows [128g, ...) of a tensor are themselves a tensor of this dtype (loip_f8_pack). */
+    LOIP_MXFP4 = 4,
+    LOIP_F8_E4M3 = 5,
+    LOIP_DTYPE_COUNT = 6,
 };
 
 LOIP_API int32_t loip_dtype_size(int32_t dtype);
+/* Bytes of a [rows, cols] matrix of dtype (a vector: rows 1); 0 when the dtype is unknown or
+ * the shape does not fit it (MXFP4: cols not a multiple of 32). */
+LOIP_API uint64_t loip_dtype_bytes(int32_t dtype, int64_t rows, int64_t cols);
+/* LOIP_OK when a [rows, cols] tensor called name fits dtype, else LOIP_ESHAPE naming the tensor
+ * and the field (e.g. an MXFP4 row length that is not a whole number of blocks). */
+LOIP_API int loip_dtype_check(int32_t dtype, int64_t rows, int64_t cols, const char *name);
+/* dst[rows*cols] = the f32 values of a [rows, cols] matrix of any dtype (exact for all but
+ * F8's one rounding of E4M3 * scale). */
+LOIP_API int loip_dequantize(float *dst, const void *src, int32_t dtype, int64_t rows, int64_t cols);
+/* dst (loip_dtype_bytes(LOIP_F8_E4M3, rows, cols) bytes) = the LOIP_F8_E4M3 layout of a
+ * Hugging Face FP8 weight: w[rows*cols] E4M3FN bytes and scale_inv[scale_rows*scale_cols]
+ * (its weight_scale_inv). LOIP_ESHAPE naming the tensor (name) and its weight_scale_inv when
+ * the scales are not [ceil(rows/128), ceil(cols/128)]. */
+LOIP_API int loip_f8_pack(void *dst, const uint8_t *w, const float *scale_inv, int64_t rows,
+                          int64_t cols, int64_t scale_rows, int64_t scale_cols, const char *name);
 
 typedef struct loip_buffer loip_buffer;
 /* Zeroed, 64-byte aligned (huge-page advised when large) memory. */
@@ -160,7 +190,8 @@ LOIP_API int loip_file_read(const char *path, uint64_t offset, uint64_t len, voi
  * value of stream position first+i, so a tensor filled in chunks equals one filled at once. */
 LOIP_API int loip_fill_random(void *dst, uint64_t n, int32_t dtype, uint64_t seed,
                               uint64_t first, float mean, float std);
-/* Convert n elements between float dtypes (F32/BF16/F16; round to nearest even). */
+/* Convert n elements between float dtypes (F32/BF16/F16; round to nearest even); MXFP4 as a
+ * source too (n whole blocks of 32). */
 LOIP_API int loip_convert(void *dst, int32_t dst_dtype, const void *src, int32_t src_dtype,
                           uint64_t n);
 
@@ -220,7 +251,8 @@ LOIP_API void loip_charge_free(loip_charge *c);
 
 /* ---- single operations (tests, benchmarks, experiments) ------------------------------- */
 
-/* y[rows] = W[rows, cols] (dtype) . x[cols], split over the pool's threads. */
+/* y[rows] = W[rows, cols] (dtype: a float one, LOIP_MXFP4 or LOIP_F8_E4M3) . x[cols], split over
+ * the pool's threads. */
 LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
                             float *y, int64_t rows, int64_t cols);
 /* Streaming read of bytes of buf, reps times, split over the pool's threads; returns a
@@ -1586,7 +1618,8 @@ LOIP_API int loip_cuda_copy(void *dst, const void *src, uint64_t bytes);
 /* Waits for every kernel launched; the first failure among them, named. */
 LOIP_API int loip_cuda_sync(void);
 
-/* y[r] = W[r, :] . x for r < rows; W rows x cols of dtype (LOIP_F32/BF16/F16), row-major. */
+/* y[r] = W[r, :] . x for r < rows; W rows x cols of dtype (LOIP_F32/BF16/F16), row-major, or
+ * LOIP_MXFP4 / LOIP_F8_E4M3 in their layouts (above). */
 LOIP_API int loip_cuda_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
                               uint64_t cols);
 /* Y[t][r] = W[r, :] . X[t, :] for t < n (fp32 sums; 16-bit weights widened exactly). */

@@ -49,6 +49,24 @@ it("grammar.lua --quick draws documents from token masks and prints its report",
   assert.are.equal(3, report.valid_docs)
 end)
 
+-- quant.lua needs no store: it measures the MXFP4 and F8 kernels on matrices of its own
+it("quant.lua --quick measures the MXFP4 and F8 kernels against the read probe and prints its report", function()
+  local out = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/quant.lua --quick --threads 1,2 --out %s",
+    T.loip, T.root, out))
+  assert.are.equal(0, rc, "quant.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  assert.is_true(report.probe["1"] > 0 and report.probe["2"] > 0)
+  -- every dtype, every variant the kernels offer here (ref always), every thread count
+  for _, dt in ipairs({ "mxfp4", "f8" }) do
+    assert.is_true(report.fractions[dt]["ref/1"] > 0 and report.fractions[dt]["ref/2"] > 0, dt)
+    assert.is_table(report.kernels[dt .. " 2880x2880 ref 2T"], dt)
+  end
+  assert.are.equal(0.8, report.target)
+  assert.is_boolean(report.met)
+  assert.is_true(json.exists(out .. "/quant.svg") and json.exists(out .. "/quant.json"))
+end)
+
 describe("the benchmark recipes", function()
   for _, r in ipairs(RECIPES) do
     local name, extra, fields = r[1], r[2], r[3]

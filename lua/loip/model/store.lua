@@ -63,6 +63,27 @@ local per_layer = { mha = true, mlp = true }
 
 M.dtypes = { F32 = { K.F32, 4 }, BF16 = { K.BF16, 2 }, F16 = { K.F16, 2 } }
 M.dtype_name = { [K.F32] = "F32", [K.BF16] = "BF16", [K.F16] = "F16" }
+-- The block-quantized dtypes (loip.h's LOIP_MXFP4, LOIP_F8_E4M3): their second field is bytes
+-- per element on average (F8's scales left out); a tensor's exact bytes are M.tensor_bytes'.
+M.dtypes.MXFP4, M.dtype_name[K.MXFP4] = { K.MXFP4, 17 / 32 }, "MXFP4"
+M.dtypes.F8_E4M3, M.dtype_name[K.F8_E4M3] = { K.F8_E4M3, 1 }, "F8_E4M3"
+
+-- Bytes of a tensor of dtype (a M.dtypes name) and shape ({ rows, cols }, or { n }: one row),
+-- as loip_dtype_bytes counts them: MXFP4 in blocks of 32 values in 17 bytes, F8 with a float32
+-- scale per 128x128 block. nil and why when the shape does not fit the dtype.
+function M.tensor_bytes(dtype, shape)
+  local dt = M.dtypes[dtype]
+  if not dt then return nil, "unknown dtype '" .. tostring(dtype) .. "'" end
+  local rows, cols = 1, shape[#shape] or 1
+  for i = 1, #shape - 1 do rows = rows * shape[i] end
+  if dtype == "MXFP4" then
+    if cols % 32 ~= 0 then return nil, "MXFP4 row length " .. cols .. " is not a multiple of the block size 32" end
+    return rows * cols / 32 * 17
+  elseif dtype == "F8_E4M3" then
+    return rows * cols + 4 * math.ceil(cols / 128) * math.ceil(rows / 128)
+  end
+  return rows * cols * dt[2]
+end
 
 -- The file of a block: "embed.bin", "head.bin", "layer-003-mha.bin".
 function M.file_name(block, layer)
