@@ -50,7 +50,7 @@ for n, k in pairs(layer_names) do
 end
 M.global_names, M.layer_names, M.moe_layer_names = global_names, layer_names, moe_layer_names
 
-local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16 }
+local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16, MXFP4 = K.MXFP4 }
 
 -- The llama3 rope_scaling whose per-frequency factors are rope_freqs (a Lua list, head_dim/2
 -- values), for head dimension hd and base theta; nil when none of Llama 3.x's fits.
