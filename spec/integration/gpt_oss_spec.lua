@@ -89,4 +89,61 @@ describe("gpt-oss", function()
     a:close()
     b:close()
   end)
+
+  describe("with MXFP4 experts as released", function()
+    local mx
+    setup(function() mx = synth("gpt-oss-20b", FLAGS .. " --experts-dtype mxfp4") end)
+
+    it("keeps them MXFP4: blocks and scales in, GGUF's block_mxfp4 in the store, 17 bytes per 32 values", function()
+      local cfg = assert(json.load(mx .. "/hf/config.json"))
+      assert.are.equal("mxfp4", cfg.quantization_config.quant_method)
+      local set = assert(require("loip.model.safetensors").open_dir(mx .. "/hf"))
+      local name = "model.layers.0.mlp.experts.gate_up_proj_blocks"
+      assert.are.same({ 4, 64, 2, 16 }, set.index[name].tensors[name].shape)
+      assert.are.equal("U8", set.index[name].tensors[name].dtype)
+      require("loip.model.safetensors").close(set)
+      require("loip.model.slice").write(mx .. "/hf", mx .. "/store", { quiet = true })
+      local man = assert(json.load(mx .. "/store/manifest.json"))
+      local seen = 0
+      for _, f in ipairs(man.files) do
+        for _, t in ipairs(f.tensors) do
+          if t.expert then
+            seen = seen + 1
+            assert.are.equal("MXFP4", t.dtype, t.name)
+            assert.are.equal(t.shape[1] * t.shape[2] / 32 * 17, t.nbytes, t.name)
+          end
+        end
+      end
+      assert.are.equal(2 * 4 * 3, seen)
+      -- the directory and its store give the same logits, bit for bit
+      local a, b = open(mx .. "/hf"), open(mx .. "/store")
+      assert.are.equal(0, T.bit_diffs(a:logits({ 1, 2, 3 }), b:logits({ 1, 2, 3 }), 3 * a.vocab_size))
+      a:close()
+      b:close()
+    end)
+
+    it("refuses MXFP4 blocks or scales of another shape, naming the tensor", function()
+      -- (the same bytes, another shape: each file's header says so)
+      local function reshaped(name, from, to)
+        local bad = T.tmpdir()
+        assert.are.equal(0, (T.run(string.format("cp %s/hf/* %s/", mx, bad))))
+        local f = assert(io.open(bad .. "/model.safetensors", "rb"))
+        local data = f:read("*a")
+        f:close()
+        local at = assert(data:find('"' .. name .. '":', 1, true))
+        local s, e = data:find(from, at, true)
+        assert(s and #to == #from)
+        T.write(bad .. "/model.safetensors", data:sub(1, s - 1) .. to .. data:sub(e + 1))
+        return bad
+      end
+      local p = "model.layers.0.mlp.experts."
+      local ok, err = pcall(open, reshaped(p .. "gate_up_proj_blocks", '"shape":[4,64,2,16]', '"shape":[4,64,1,32]'))
+      assert.is_false(ok)
+      assert.matches("tensor '" .. p:gsub("%.", "%%.") .. "gate_up_proj_blocks' is U8 %[4, 64, 1, 32%], expected U8 %[4, 64, 2, 16%] %(MXFP4 blocks%)", err)
+      ok, err = pcall(open, reshaped(p .. "down_proj_scales", '"shape":[4,64,1]', '"shape":[4,32,2]'))
+      assert.is_false(ok)
+      assert.matches("tensor '" .. p:gsub("%.", "%%.") .. "down_proj_scales' is U8 %[4, 32, 2%], expected U8 %[4, 64, 1%] %(the scales of '"
+        .. p:gsub("%.", "%%.") .. "down_proj_blocks'%)", err)
+    end)
+  end)
 end)
