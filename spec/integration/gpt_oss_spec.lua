@@ -1,6 +1,7 @@
 -- gpt-oss's model side (lua/loip/model/families/gpt_oss.lua) beyond the llama.cpp reference
 -- (family_reference_spec): its fused Hugging Face experts bound as each expert's matrices, the
 -- shapes `loip synth --like` knows, and its bad input refused naming the tensor or field.
+local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
 local T = require "spec.support"
@@ -54,6 +55,25 @@ describe("gpt-oss", function()
     local out = m:logits({ 1, 2, 3, 4 })
     for i = 0, 4 * m.vocab_size - 1 do assert(out[i] == out[i] and math.abs(out[i]) < 1e4, "logit " .. i) end
     m:close()
+  end)
+
+  it("reads its GGUF as llama.cpp does: every other layer windowed, YaRN truncated, the same logits", function()
+    require("spec.support.to_gguf").convert(dir .. "/hf", dir .. "/m.gguf")
+    local g = open(dir .. "/m.gguf")
+    local cfg = g.facts.config
+    assert.are.equal(128, cfg.sliding_window)
+    assert.are.same({ "sliding_attention", "full_attention" }, cfg.layer_types)
+    assert.are.equal("yarn", cfg.rope_scaling.rope_type)
+    assert.are.equal(32, cfg.rope_scaling.factor)
+    assert.is_nil(cfg.rope_scaling.truncate) -- (transformers' default: truncated)
+    -- the directory with truncate set as the GGUF runs it gives the GGUF's logits
+    local h = open(with_config(dir, function(c) c.rope_scaling.truncate = true end))
+    local ids = { 1, 2, 3, 4, 5, 6, 7, 8 }
+    local a = ffi.new("float[?]", 8 * g.vocab_size)
+    ffi.copy(a, g:logits(ids), 8 * g.vocab_size * 4)
+    assert.is_true(T.worst_relative(h:logits(ids), a, 8, g.vocab_size) < 1e-5)
+    g:close()
+    h:close()
   end)
 
   it("refuses a fused expert tensor of another shape, naming it", function()
