@@ -9,7 +9,7 @@ local T = require "spec.support"
 teardown(function() T.cleanup() end)
 after_each(function() collectgarbage() collectgarbage() end)
 
-local FLAGS = "--dtype f32 --layers 2 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 32 --experts 4 --vocab 512 --std 0.25 --seed 5"
+local FLAGS = "--dtype f32 --experts-dtype f32 --layers 2 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 32 --experts 4 --vocab 512 --std 0.25 --seed 5"
 
 local function synth(like, flags)
   local dir = T.tmpdir()
@@ -110,9 +110,27 @@ describe("gpt-oss", function()
     b:close()
   end)
 
+  it("prices the 120b and 20b shapes as released: experts MXFP4, the rest BF16 (~61 GiB, ~13 GiB)", function()
+    local problem = require "loip.plan.problem"
+    for name, want in pairs({ ["gpt-oss-120b"] = { 60, 62 }, ["gpt-oss-20b"] = { 12.5, 13.5 } }) do
+      local _, cfg, _, _, man = problem.model_of_shape(name, {}, { context = 128, batch = 16, threads = 1, logits_tokens = 1 })
+      assert.are.equal("mxfp4", cfg.quantization_config.quant_method)
+      local total, expert = 0, 0
+      for _, f in ipairs(man.files) do
+        total = total + f.size
+        for _, t in ipairs(f.tensors) do
+          if t.expert then assert.are.equal("MXFP4", t.dtype) expert = expert + 1 end
+        end
+      end
+      assert.is_true(expert > 0)
+      local gib = total / 2 ^ 30
+      assert.is_true(gib > want[1] and gib < want[2], name .. ": " .. gib .. " GiB")
+    end
+  end)
+
   describe("with MXFP4 experts as released", function()
     local mx
-    setup(function() mx = synth("gpt-oss-20b", FLAGS .. " --experts-dtype mxfp4") end)
+    setup(function() mx = synth("gpt-oss-20b", (FLAGS:gsub("%-%-experts%-dtype f32", "--experts-dtype mxfp4"))) end)
 
     it("keeps them MXFP4: blocks and scales in, GGUF's block_mxfp4 in the store, 17 bytes per 32 values", function()
       local cfg = assert(json.load(mx .. "/hf/config.json"))

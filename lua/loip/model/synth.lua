@@ -69,13 +69,26 @@ function M.config(o)
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
   cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]
   cfg.loip_synthetic = { like = o.like, seed = o.seed, std = o.std or STD }
-  if o.experts_dtype == "mxfp4" then -- (as gpt-oss is released: its experts only)
-    cfg.quantization_config = { quant_method = "mxfp4",
-      modules_to_not_convert = { "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head" } }
-  elseif o.experts_dtype ~= nil and o.experts_dtype ~= o.dtype then
-    error(string.format("synth: --experts-dtype '%s' is not mxfp4 (or --dtype's)", tostring(o.experts_dtype)), 0)
+  -- the experts: as the shape is released (gpt-oss: MXFP4, its quantization_config), unless
+  -- --experts-dtype says mxfp4 or --dtype's
+  local released = type(cfg.quantization_config) == "table" and cfg.quantization_config.quant_method
+  if o.experts_dtype == "mxfp4" and released ~= "mxfp4" then
+    if not moe then error(string.format("synth: --experts-dtype mxfp4 is for a mixture of experts' shape; %s is dense", o.like), 0) end
+    cfg.quantization_config = { quant_method = "mxfp4" }
+  elseif o.experts_dtype ~= nil and o.experts_dtype ~= "mxfp4" then
+    if o.experts_dtype ~= o.dtype then
+      error(string.format("synth: --experts-dtype '%s' is neither mxfp4 nor --dtype's (%s)", tostring(o.experts_dtype), tostring(o.dtype)), 0)
+    end
+    cfg.quantization_config = nil
   end
   return cfg
+end
+
+-- The dtype a synthesised config's experts are written in: "mxfp4" (quantization_config), or nil
+-- (the model's).
+function M.experts_dtype(cfg)
+  local q = cfg.quantization_config
+  return type(q) == "table" and q.quant_method == "mxfp4" and "mxfp4" or nil
 end
 
 -- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }.
@@ -177,7 +190,7 @@ function M.write(dir, o)
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
   exec.model_free(cm)
-  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], o.experts_dtype)
+  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], M.experts_dtype(cfg))
   local es = dt[3]
   local total = 0
   for _, t in ipairs(plan) do total = total + bytes_of(t, es) end

@@ -175,6 +175,8 @@ local function shape(layers, experts)
     rope_scaling = { rope_type = "yarn", factor = 32.0, beta_fast = 32.0, beta_slow = 1.0,
       original_max_position_embeddings = 4096, truncate = false },
     attention_bias = true, sliding_window = 128, layer_types = layer_types(layers), swiglu_limit = 7.0,
+    quantization_config = { quant_method = "mxfp4",
+      modules_to_not_convert = { "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head" } },
     hidden_act = "silu", tie_word_embeddings = false }
 end
 
