@@ -142,6 +142,16 @@ LOIP_API int loip_dequantize(float *dst, const void *src, int32_t dtype, int64_t
  * the scales are not [ceil(rows/128), ceil(cols/128)]. */
 LOIP_API int loip_f8_pack(void *dst, const uint8_t *w, const float *scale_inv, int64_t rows,
                           int64_t cols, int64_t scale_rows, int64_t scale_cols, const char *name);
+/* Weights a file keeps otherwise than loip binds them (gpt-oss's fused experts), made anew:
+ * loip_gather_elements: dst[r * cols + c] = src[base + r * rs + c * cs] for r < rows, c < cols,
+ *   elements of elem_bytes (1, 2 or 4): a transposition or a de-interleaving;
+ * loip_mxfp4_from_openai: rows r < rows of an MXFP4 matrix as LOIP_MXFP4 (nb blocks a row), from
+ *   OpenAI's layout (Hugging Face's *_blocks: 16 bytes a block, value 2j in the low nibble of
+ *   byte j and 2j+1 in its high; *_scales: a byte a block) at source row first + r * step. */
+LOIP_API int loip_gather_elements(void *dst, const void *src, int32_t elem_bytes, int64_t base, int64_t rows,
+                                  int64_t rs, int64_t cols, int64_t cs);
+LOIP_API int loip_mxfp4_from_openai(void *dst, const uint8_t *blocks, const uint8_t *scales, int64_t first,
+                                    int64_t step, int64_t rows, int64_t nb);
 
 typedef struct loip_buffer loip_buffer;
 /* Zeroed, 64-byte aligned (huge-page advised when large) memory. */

@@ -3,9 +3,9 @@
 -- MXFP4 blocks and scales in OpenAI's layout): a new tensor in a buffer the caller frees
 -- (memory.buffer_free), returned as (view, bytes, buffer).
 local ffi = require "ffi"
-local bit = require "bit"
 local core = require "loip.core"
 local memory = require "loip.runtime.memory"
+local exec = require "loip.runtime.exec"
 local K = core.constants
 
 local M = {}
@@ -17,12 +17,7 @@ M.ELEM = { F32 = { 4, "uint32_t", K.F32 }, BF16 = { 2, "uint16_t", K.BF16 }, F16
 function M.gather(s, base, R, rs, C, cs)
   local e = M.ELEM[s.dtype]
   local buf = memory.buffer(R * C * e[1])
-  local out = ffi.cast(e[2] .. " *", memory.buffer_data(buf))
-  local src = ffi.cast("const " .. e[2] .. " *", s.data)
-  for r = 0, R - 1 do
-    local o, i = r * C, base + r * rs
-    for c = 0, C - 1 do out[o + c] = src[i + c * cs] end
-  end
+  core.must(exec.gather_elements(memory.buffer_data(buf), s.data, e[1], base, R, rs, C, cs, "gather"))
   local v = ffi.new("loip_tensor")
   v.data, v.dtype, v.ndim = memory.buffer_data(buf), e[3], 2
   v.shape[0], v.shape[1] = R, C
@@ -38,20 +33,8 @@ function M.mxfp4_rows(blocks, scales, x, rows_in, first, step, R, C)
   local nb = C / 32
   local bytes = R * nb * 17
   local buf = memory.buffer(bytes)
-  local out = ffi.cast("uint8_t *", memory.buffer_data(buf))
-  local bsrc, ssrc = ffi.cast("const uint8_t *", blocks.data), ffi.cast("const uint8_t *", scales.data)
-  for r = 0, R - 1 do
-    local row = x * rows_in + first + r * step
-    for b = 0, nb - 1 do
-      local o, i = (r * nb + b) * 17, (row * nb + b) * 16
-      out[o] = ssrc[row * nb + b]
-      for j = 0, 15 do
-        local lo = bit.band(bit.rshift(bsrc[i + bit.rshift(j, 1)], 4 * bit.band(j, 1)), 15)
-        local hi = bit.band(bit.rshift(bsrc[i + 8 + bit.rshift(j, 1)], 4 * bit.band(j, 1)), 15)
-        out[o + 1 + j] = bit.bor(lo, bit.lshift(hi, 4))
-      end
-    end
-  end
+  local out = memory.buffer_data(buf)
+  core.must(exec.mxfp4_from_openai(out, blocks.data, scales.data, x * rows_in + first, step, R, nb, "mxfp4"))
   local v = ffi.new("loip_tensor")
   v.data, v.dtype, v.ndim = out, K.MXFP4, 2
   v.shape[0], v.shape[1] = R, C

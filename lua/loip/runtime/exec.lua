@@ -195,5 +195,13 @@ end
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)
 end
+-- dst[r * cols + c] = src[base + r * rs + c * cs] (elements of elem_bytes): loip_gather_elements.
+function M.gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs, context)
+  return core.ok(C.loip_gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs), context)
+end
+-- rows of an MXFP4 matrix from OpenAI's layout (source rows first + r * step, nb blocks a row).
+function M.mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb, context)
+  return core.ok(C.loip_mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb), context)
+end
 
 return M
