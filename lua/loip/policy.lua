@@ -101,7 +101,7 @@ M.kinds = {
   experts = { needs = { "configure" }, args = 1,
     about = "an expert cache policy (mixture of experts): configure(ctx, params) -> { replacement = \"lru\" | \"lfu\" | \"static\" | \"all\", prefetch = layers predicted ahead, min_accuracy, probe_every, pins = { { layer, expert } } } (ctx: slots, layers, experts, used, routing)" },
   tools = { needs = { "serves", "parse", "stream", "grammar" }, args = 1,
-    about = "a tool-call parser (a model family's syntax): serves(template text) -> whether it is the family's; parse(text) -> content, tool_calls; stream(opts) -> { put(piece) -> text, deltas, parts; finish() -> the same; calls }; grammar(req) -> GBNF text of its calls (loip.serve.tool_calls; docs/serving.md \"Tools\")" },
+    about = "a tool-call parser (a model family's syntax): serves(template text) -> whether it is the family's; parse(text) -> content, tool_calls[, reasoning]; stream(opts) -> { put(piece) -> text, deltas, parts[, reasoning]; finish() -> the same; calls }; grammar(req) -> GBNF text of its calls; channels = true: its stream reads every chat reply, tools or not (loip.serve.tool_calls; docs/serving.md \"Tools\")" },
   pattern = { needs = { "requests" }, merge = true,
     about = "a request pattern: requests(opts) -> arrivals { at_ms | after, prompt_tokens, max_tokens } (loip.serve.load plays them); its settings arrive in opts" },
 }

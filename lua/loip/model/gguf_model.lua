@@ -17,6 +17,7 @@ local gguf = require "loip.model.gguf"
 local hf = require "loip.model.hf"
 local exec = require "loip.runtime.exec"
 local families = require "loip.model.families"
+local bpe = require "loip.text.tokenizers.bpe"
 local K = core.constants
 
 local M = {}
@@ -123,6 +124,16 @@ local function stop_ids(md)
   for _, k in ipairs({ "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id" }) do
     local id = md[k]
     if type(id) == "number" and id ~= eos and (not tok or id < #tok) then stops[#stops + 1] = id end
+  end
+  -- o200k_harmony (gpt-oss): <|return|> and <|call|> end a generation, as llama.cpp has them
+  if type(tok) == "table" then
+    local want, at = { ["<|return|>"] = true, ["<|call|>"] = true, ["<|endoftext|>"] = true }, {}
+    for i, t in ipairs(tok) do if want[t] then at[t] = i - 1 end end
+    for _, id in ipairs(bpe.harmony_stops(function(t) return at[t] end)) do
+      local seen = false
+      for _, s in ipairs(stops) do seen = seen or s == id end
+      if not seen then stops[#stops + 1] = id end
+    end
   end
   return eos, stops
 end

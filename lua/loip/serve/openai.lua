@@ -29,7 +29,7 @@ local COMMON = { model = true, max_tokens = true, temperature = true, top_p = tr
   logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
   grammar = true }
 local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true, tools = true,
-  tool_choice = true, parallel_tool_calls = true }
+  tool_choice = true, parallel_tool_calls = true, reasoning_effort = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
 
 local function null_or_nil(v) return v == nil or v == json.null end
@@ -204,6 +204,14 @@ local function parse_messages(s, body, text)
   end
   local terr = tools.check(body, s, text)
   if terr then return nil, terr end
+  -- reasoning_effort: the chat template's variable of that name (gpt-oss's "Reasoning: ..."), as vLLM passes it
+  local effort = body.reasoning_effort
+  if not null_or_nil(effort) then
+    if effort ~= "low" and effort ~= "medium" and effort ~= "high" then
+      return bad("reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\", not %s", json.encode(effort))
+    end
+    s.template_vars = { reasoning_effort = effort }
+  end
   return true
 end
 
@@ -321,15 +329,17 @@ end
 M.DONE = "data: [DONE]\n\n"
 function M.stream_error(body) return "data: " .. body .. "\n\n" .. M.DONE end
 
--- One server-sent event of a stream: the delta (text, tool-call deltas) or the end
+-- One server-sent event of a stream: the delta (text, tool-call deltas, reasoning) or the end
 -- (finish_reason), or usage, of choice r.index (r: id, created, model, first_chunk (the role goes
--- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil.
-function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas)
+-- with it), index); logprobs: those of the tokens it carries (loip.serve.logprobs), or nil;
+-- reasoning: delta.reasoning_content, as llama.cpp's server streams it.
+function M.chunk(kind, r, text, finish_reason, usage, logprobs, tool_deltas, reasoning)
   local choice
   if kind == "chat" then
     local delta = {}
     if r.first_chunk then delta.role = "assistant" end
     if text then delta.content = text end
+    if reasoning then delta.reasoning_content = reasoning end
     if tool_deltas and #tool_deltas > 0 then delta.tool_calls = tool_deltas end
     choice = { index = r.index or 0, delta = delta, finish_reason = finish_reason or json.null, logprobs = logprobs or json.null }
   else

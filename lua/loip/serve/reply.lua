@@ -34,9 +34,13 @@ function M.new(srv, o)
   for i, r in ipairs(o.requests) do
     local c = { reply = rp, index = i - 1, request = r, parts = {}, stopper = openai.stopper(o.spec.stop), first_chunk = true,
       stream = text_stream(srv.tok, o.ids), lp_sent = 0, lp_offset = 0 }
-    if tools.wanted(o.spec) and srv.tool_parser then -- the model's calls parsed out of its text
-      c.tools = srv.tool_parser.stream({ parallel = o.spec.parallel_tool_calls, id_prefix = rp.api.call_id_prefix })
+    local p, wanted = srv.tool_parser, tools.wanted(o.spec)
+    -- the model's calls parsed out of its text (and, for a parser of channels, its reasoning
+    -- apart from its content in every chat reply: harmony's)
+    if p and (wanted or (p.channels and o.kind ~= "completion")) then
+      c.tools = p.stream({ parallel = o.spec.parallel_tool_calls, id_prefix = rp.api.call_id_prefix, calls = wanted })
       c.order = {} -- text and calls in the order they came (loip.serve.tool_calls' parts)
+      c.reasoning = {}
     end
     rp.choices[i] = c
     srv.active[r] = c
@@ -73,13 +77,14 @@ function Reply:logprobs_of(c, all)
   return o
 end
 
-function Reply:send_chunk(c, text, finish, usage, tool_deltas, order)
+function Reply:send_chunk(c, text, finish, usage, tool_deltas, order, reasoning)
   local ev
   if self.api == openai then
     local lp = c and not usage and self:logprobs_of(c) or nil
     ev = openai.chunk(self.kind, { id = self.id, created = self.created, model = self.model,
-      first_chunk = c and c.first_chunk, index = c and c.index or 0 }, text, finish, usage, lp, tool_deltas)
-  else -- Anthropic's events: one choice, c keeping its blocks' state
+      first_chunk = c and c.first_chunk, index = c and c.index or 0 }, text, finish, usage, lp, tool_deltas, reasoning)
+  else -- Anthropic's events: one choice, c keeping its blocks' state (reasoning is not sent)
+    if text == nil and not tool_deltas and not finish and not usage and reasoning then return true end
     c.id, c.model, c.n_prompt = self.id, self.model, self.n_prompt
     ev = self.api.chunk(self.kind, c, text, finish, usage, tool_deltas, order)
   end
@@ -92,21 +97,25 @@ end
 -- Text to the client (through the tool-call parser, which holds back what may begin a call;
 -- final: the end of the output).
 function Reply:emit(c, text, final)
-  local deltas, order
+  local deltas, order, reasoning
   if c.tools then
-    text, deltas, order = c.tools.put(text)
+    text, deltas, order, reasoning = c.tools.put(text)
     if final then
-      local t, d, o = c.tools.finish()
-      text = text .. t
+      local t, d, o, r = c.tools.finish()
+      text, reasoning = text .. t, (reasoning or "") .. (r or "")
       for _, x in ipairs(d) do deltas[#deltas + 1] = x end
       for _, x in ipairs(o) do order[#order + 1] = x end
     end
     for _, x in ipairs(order) do c.order[#c.order + 1] = x end
     if not deltas[1] then deltas = nil end
+    if reasoning == "" then reasoning = nil end
+    if reasoning then c.reasoning[#c.reasoning + 1] = reasoning end
   end
-  if text == "" and not deltas then return end
+  if text == "" and not deltas and not reasoning then return end
   if text ~= "" then c.parts[#c.parts + 1] = text end
-  if self.spec.stream and not self.client_gone then self:send_chunk(c, text ~= "" and text or nil, nil, nil, deltas, order) end
+  if self.spec.stream and not self.client_gone then
+    self:send_chunk(c, text ~= "" and text or nil, nil, nil, deltas, order, reasoning)
+  end
 end
 
 function Reply:on_token(c, id)
@@ -196,8 +205,9 @@ function Reply:finish()
     for i, c in ipairs(self.choices) do
       local text = table.concat(c.parts)
       if c.calls and text:match("^%s*$") then text = nil end -- content null: only calls
+      local reasoning = c.reasoning and c.reasoning[1] and table.concat(c.reasoning) or nil
       choices[i] = { text = text, finish_reason = c.finish, logprobs = self:logprobs_of(c, true),
-        message = c.calls and { tool_calls = c.calls } or nil }
+        message = (c.calls or reasoning) and { tool_calls = c.calls, reasoning_content = reasoning } or nil }
     end
     local body
     if self.api == openai then

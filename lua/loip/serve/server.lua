@@ -85,7 +85,7 @@ function Server:prompt_ids(spec)
   if spec.kind == "chat" then
     if self.chat_error then return nil, 400, "this model has no chat template (" .. self.chat_error .. "); use /v1/completions" end
     local ok, text = pcall(chat_mod.apply, self.opts.dir, tools.template_messages(spec.messages, self.template),
-      { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools })
+      { add_generation_prompt = true, template_file = self.opts.chat_template, tools = spec.template_tools, vars = spec.template_vars })
     if not ok then return nil, 400, tostring(text) end
     return tok:encode(text, { add_special = false, bos = false })
   end

@@ -18,7 +18,7 @@ local function object(v) return type(v) == "table" and v ~= json.null and (next(
 
 -- The parsers tried, in this order, when none is named: the first whose serves(template) holds;
 -- hermes (the fallback) serves any template.
-M.families = { "llama3", "qwen", "mistral", "hermes" }
+M.families = { "harmony", "llama3", "qwen", "mistral", "hermes" }
 
 -- Check body's tools, tool_choice and parallel_tool_calls into spec s (s.tools: the functions as
 -- given, s.tool_choice: "none" | "auto" | "required" | { name }, s.parallel_tool_calls, and
@@ -79,10 +79,15 @@ function M.check(body, s, text)
 end
 
 -- Copy a request message's tool fields (m: as sent; i: its index, 0-based) into out, checked:
--- an assistant's tool_calls ({id, type "function", function {name, arguments (JSON text)}}), a
--- tool message's tool_call_id (and name). Returns nil or an error.
+-- an assistant's tool_calls ({id, type "function", function {name, arguments (JSON text)}}) and
+-- reasoning_content (its reasoning, as llama.cpp's server and vLLM answer it), a tool message's
+-- tool_call_id (and name). Returns nil or an error.
 function M.message(out, m, i)
   local at = string.format("messages[%d]", i)
+  if out.role == "assistant" and not null(m.reasoning_content) then
+    if type(m.reasoning_content) ~= "string" then return bad(at .. ".reasoning_content", "%s.reasoning_content must be a string", at) end
+    out.reasoning_content = m.reasoning_content
+  end
   if out.role == "assistant" and not null(m.tool_calls) then
     local calls = m.tool_calls
     if type(calls) ~= "table" or (next(calls) ~= nil and #calls == 0) then return bad(at .. ".tool_calls", "%s.tool_calls must be an array", at) end
@@ -119,9 +124,12 @@ end
 -- Messages as Hugging Face chat templates expect them: a call's arguments as an object (its keys
 -- in the order they were written; text that is not JSON stays text, which Qwen3's template
 -- takes), and, for templates that require call ids of 9 letters and digits (Mistral's), ids
--- made of the last 9 of them (the call and its tool message alike).
+-- made of the last 9 of them (the call and its tool message alike). An assistant's
+-- reasoning_content is also its `thinking`, which gpt-oss's template reads (and which it refuses
+-- beside content in a message with calls: the content goes, as llama.cpp's server does).
 function M.template_messages(messages, template_text)
   local nine = template_text and template_text:find("length != 9", 1, true) ~= nil
+  local thinking = template_text and template_text:find("message.thinking", 1, true) ~= nil
   local function id_of(id)
     if not nine or id:match("^%w+$") and #id == 9 then return id end
     local a = id:gsub("%W", "")
@@ -129,9 +137,13 @@ function M.template_messages(messages, template_text)
   end
   local out = {}
   for i, m in ipairs(messages) do
-    if m.tool_calls or m.tool_call_id then
+    if m.tool_calls or m.tool_call_id or m.reasoning_content then
       local c = {}
       for k, v in pairs(m) do c[k] = v end
+      if m.reasoning_content then
+        c.thinking = m.reasoning_content
+        if thinking and m.tool_calls then c.content = "" end
+      end
       if m.tool_calls then
         c.tool_calls = {}
         for j, call in ipairs(m.tool_calls) do

@@ -21,7 +21,7 @@ local M = {}
 M.formats = {
   llama2c = "loip.text.tokenizers.llama2c",             -- tokenizer.bin (llama2.c)
   hf = "loip.text.tokenizers.hf",                       -- tokenizer.json, vocab.json + merges.txt
-  tiktoken = "loip.text.tokenizers.tiktoken",           -- tokenizer.model with base64 ranks (Llama 3)
+  tiktoken = "loip.text.tokenizers.tiktoken",           -- tokenizer.model with base64 ranks (Llama 3, o200k)
   sentencepiece = "loip.text.tokenizers.sentencepiece", -- tokenizer.model, protobuf (Llama 2)
   gguf = "loip.text.tokenizers.gguf",                   -- a .gguf file's metadata (tokenizer.ggml.*)
 }

@@ -32,6 +32,11 @@ M.patterns = {
   gpt2 = [['s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+]],
   llama3 = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]],
   qwen2 = [[(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+]],
+  -- tiktoken's o200k_base (GPT-4o; gpt-oss's o200k_harmony): words split at case changes,
+  -- contractions kept with the word, "/" kept after punctuation (tiktoken_ext/openai_public.py)
+  o200k = [=[[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?]=]
+    .. [=[|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?]=]
+    .. [=[|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+]=],
 }
 
 -- A loip_pretok with one Split step per {pattern, behavior, flags} in steps; what names the
@@ -60,6 +65,22 @@ end
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 M.Tokenizer = Tokenizer
+
+-- o200k_harmony's (gpt-oss's) message markers, and the ids that end a generation in a vocabulary
+-- that has its tokens: <|return|>, <|call|> and <|endoftext|> where <|return|> and <|call|> are
+-- both tokens, as llama.cpp's end-of-generation tokens and gpt-oss's generation_config.json have
+-- them (<|end|> ends a message, not the answer); {} otherwise. token_to_id: text -> id or nil.
+M.HARMONY_MARKERS = { "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>", "<|end|>" }
+
+function M.harmony_stops(token_to_id)
+  if not token_to_id("<|return|>") or not token_to_id("<|call|>") then return {} end
+  local out = {}
+  for _, name in ipairs({ "<|return|>", "<|call|>", "<|endoftext|>" }) do
+    local id = token_to_id(name)
+    if id then out[#out + 1] = id end
+  end
+  return out
+end
 
 -- ---- GPT-2 bytes_to_unicode ------------------------------------------------------------------
 
@@ -131,6 +152,16 @@ function M.new(desc)
     if t.id + 1 > size then size = t.id + 1 end
   end
   self.vocab_size = size
+  -- o200k_harmony (gpt-oss; known by <|return|> and <|call|>): its message markers are text the
+  -- model writes and a grammar may ask for, not specials (llama.cpp makes them user-defined);
+  -- written in a text they are still those tokens only when special tokens are parsed
+  local harmony_stops = M.harmony_stops(function(t) return self.added_by_text[t] end)
+  if #harmony_stops > 0 then
+    for _, name in ipairs(M.HARMONY_MARKERS) do
+      local id = self.added_by_text[name]
+      if id then self.special[id] = nil end
+    end
+  end
   self.matcher = added_matcher(self.added, self.path)
   if desc.user_defined and #desc.user_defined > 0 then
     self.user_matcher = added_matcher(desc.user_defined, self.path)
@@ -156,6 +187,7 @@ function M.new(desc)
   add_stop(self.eos_id)
   for _, s in ipairs(desc.stop_ids or {}) do add_stop(s) end
   for _, s in ipairs(desc.stop_tokens or {}) do add_stop(id_of(s, "stop token")) end
+  for _, id in ipairs(harmony_stops) do add_stop(id) end
   self.stop_ids = stop
   return self
 end

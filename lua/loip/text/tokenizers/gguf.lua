@@ -22,6 +22,7 @@ M.pretokenizers = {
   ["default"] = "gpt2", ["gpt-2"] = "gpt2", ["gpt2"] = "gpt2",
   ["llama-bpe"] = "llama3", ["llama3"] = "llama3", ["llama-v3"] = "llama3", ["smaug-bpe"] = "llama3",
   ["qwen2"] = "qwen2",
+  ["gpt-4o"] = "o200k", -- o200k_base's regex: GPT-4o and gpt-oss (o200k_harmony)
 }
 
 local TYPE_CONTROL, TYPE_USER, TYPE_UNUSED = 3, 4, 5

@@ -1,0 +1,58 @@
+-- `loip serve` with gpt-oss's chat template (harmony), through the official OpenAI npm client
+-- (tests/openai/harmony.mjs): the harmony parser, picked from the template, answers a tool call
+-- and a final answer, streamed and not, with the analysis channel as reasoning_content apart
+-- from content, and never a piece of a marker in what it streams. stories260K writes the
+-- harmony text under a grammar (llama.cpp's `grammar` field), so the output is known; its
+-- tokens are short, so each marker comes in several pieces. (--context 1024: gpt-oss's system
+-- message and tools take ~400 of stories260K's tokens; past its 512 positions its answers mean
+-- nothing, but the grammar writes them.)
+local json = require "loip.text.json"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+after_each(T.stop_servers)
+
+local S260 = T.root .. "/models/stories260K"
+
+describe("loip serve with the harmony format", function()
+  it("answers a tool call and a final answer, reasoning_content apart, streamed and not (official OpenAI client)", function()
+    local missing = T.npm_missing("openai/node_modules/openai")
+    if missing then pending(missing) return end
+    local url, stop, errlog = T.serve(string.format("--model %s --chat-template %s/models/chat-templates/gpt-oss-120b.jinja "
+      .. "--context 1024 --max-batch 2 --api-key spec-key", S260, T.root))
+    local rc, out, err = T.run(string.format("node %s/tests/openai/harmony.mjs %s spec-key stories260K", T.root, url))
+    stop()
+    assert.are.equal(0, rc, err .. T.read_or_empty(errlog))
+    local r = assert(json.decode(out), out)
+    -- the call: its analysis as reasoning_content, no content, the call with its arguments
+    for _, c in ipairs({ r.call, r.call_stream }) do
+      assert.are.equal("tool_calls", c.finish)
+      assert.are.equal("Weather: call it.", c.reasoning)
+      assert.is_true(c.content == json.null or c.content == "", tostring(c.content))
+      assert.are.equal(1, #c.calls)
+      assert.are.same({ "function", "get_weather", '{"city": "Paris"}' }, { c.calls[1].type, c.calls[1].name, c.calls[1].arguments })
+      assert.matches("^call_%x+$", c.calls[1].id)
+    end
+    -- the answer after the call's result (rendered with the call and its reasoning), and a chat
+    -- without tools: the final channel as content, the analysis apart
+    for _, c in ipairs({ r.final, r.final_stream, r.plain, r.plain_stream }) do
+      assert.are.equal("stop", c.finish)
+      assert.are.equal("Sunny in Paris.", c.content)
+      assert.are.equal("It said sunny.", c.reasoning)
+      assert.are.same({}, c.calls)
+    end
+    assert.is_true(r.final.usage.prompt_tokens > r.call_usage.prompt_tokens)
+    -- reasoning_effort reaches the template ("Reasoning: high" is not "Reasoning: medium")
+    assert.are.equal("Sunny in Paris.", r.high.content)
+    assert.are_not.equal(r.plain.usage.prompt_tokens, r.high.usage.prompt_tokens)
+    -- streamed: reasoning deltas first, then content (or the call), never a marker or part of one
+    for _, s in ipairs({ r.call_stream, r.final_stream, r.plain_stream }) do
+      assert.is_true(#s.pieces >= 2)
+      assert.are.equal("reasoning", s.kinds[1])
+      for _, piece in ipairs(s.pieces) do
+        assert.is_nil(piece:find("[<|>]"), piece)
+      end
+    end
+    assert.are.equal("call", r.call_stream.kinds[#r.call_stream.kinds])
+    assert.are.equal("content", r.final_stream.kinds[#r.final_stream.kinds])
+  end)
+end)
