@@ -108,18 +108,22 @@ end
 -- Bytes of plan entry t when the model's dtype has es bytes an element (a U8 tensor: 1).
 local function bytes_of(t, es) return t.numel * (t.dtype == "U8" and 1 or es) end
 
--- n random bytes at data for a U8 tensor (t.fill): MXFP4 blocks any 4-bit codes; MXFP4 scales
--- exponents that give the E2M1 values (up to 6) about the standard deviation std (within a
--- factor of 2 either way). Seeded as the float tensors, from the stream position first.
+-- n random bytes at data for a U8 tensor (t.fill): MXFP4 blocks any 4-bit codes (the low byte of
+-- each normal float drawn: near uniform); MXFP4 scales exponents that give the E2M1 values (up to
+-- 6) about the standard deviation std (within a factor of 2 either way). Seeded as the float
+-- tensors, from the stream position first; the floats are drawn into data and read in place.
 local function fill_bytes(data, n, t, seed, first, std)
   assert(exec.fill_random(data, n, K.F32, seed, first, 0, 1))
+  if t.fill ~= "mxfp4_scales" then -- (byte i from byte 4i: read before it is written)
+    assert(exec.gather_elements(data, data, 1, 0, 1, 0, n, 4))
+    return
+  end
   local f, out = ffi.cast("float *", data), ffi.cast("uint8_t *", data)
   local centre = 127 + math.floor(math.log(math.max(std, 1e-6) / 2.5) / math.log(2) + 0.5)
   for i = 0, n - 1 do -- (in place: byte i is written after float i is read, and i <= 4i)
     local u = f[i] * 0.5 + 0.5 -- (a normal value: its fractional part is near uniform)
     u = u - math.floor(u)
-    if t.fill == "mxfp4_scales" then out[i] = math.max(1, math.min(254, centre - 1 + math.floor(u * 3)))
-    else out[i] = math.floor(u * 256) % 256 end
+    out[i] = math.max(1, math.min(254, centre - 1 + math.floor(u * 3)))
   end
 end
 
