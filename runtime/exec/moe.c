@@ -418,12 +418,13 @@ static void combine_task(void *p, int ith, int nth) {
     }
 }
 
-/* logits (n rows of n_experts) += the layer's router bias, where it has one and it is bound
- * (pre-gating may look at a layer held elsewhere: its guess goes without). */
-static void add_router_bias(const loip_model *m, int l, float *logits, int n) {
-    const loip_tensor *b = loip_layer_w(m, l, LOIP_W_ROUTER_BIAS);
+/* logits (n rows of n_experts) += the layer's router bias (router_bias): the bound one, or for
+ * pre-gating (x) the expert cache's copy, as its router is (the block's own views may be stale
+ * while it is offloaded), else none. */
+static void add_router_bias(const loip_model *m, const loip_experts *x, int l, float *logits, int n) {
+    const loip_tensor *b = x ? loip_experts_gating_bias(x, l) : loip_layer_w(m, l, LOIP_W_ROUTER_BIAS);
     int E = m->cfg.n_experts;
-    if (!m->cfg.router_bias || !b->data) return;
+    if (!m->cfg.router_bias || !b || !b->data) return;
     for (int t = 0; t < n; t++)
         for (int e = 0; e < E; e++) logits[(size_t)t * E + e] += loip_tensor_elem(b, (size_t)e);
 }
@@ -434,7 +435,7 @@ int loip_moe_ffn(loip_session *s, int l, int n) {
     const loip_model_config *c = &m->cfg;
     loip_linear_job r[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, mo->logits, n), {0}};
     loip_linear_run(s->pool, r);
-    add_router_bias(m, l, mo->logits, n);
+    add_router_bias(m, NULL, l, mo->logits, n);
     int chosen = gather(s, l, n);
     int rc = compute_chosen(s, l, chosen);
     if (rc) return rc;
@@ -476,7 +477,7 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
                        (size_t)c->dim, c->norm_eps);
         loip_linear_job r[2] = {loip_linear_of(router, mo->x, mo->logits, n), {0}};
         loip_linear_run(s->pool, r);
-        add_router_bias(s->m, l + d, mo->logits, n);
+        add_router_bias(s->m, x, l + d, mo->logits, n);
         route(c, mo->logits, n, mo->sel, mo->w);
         int m = 0;
         memset(mo->count, 0, (size_t)c->n_experts * sizeof(int32_t));

@@ -921,6 +921,9 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
  * them is not predicted. */
 LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_tensor *ffn_norm,
                                      const loip_tensor *router);
+/* Layer l's router bias for pre-gating (router_bias: gpt-oss), [n_experts], a view the caller
+ * keeps alive; NULL clears it. Without it the layer's prediction goes without its bias. */
+LOIP_API int loip_experts_set_gating_bias(loip_experts *x, int32_t layer, const loip_tensor *router_bias);
 /* Read expert e of layer l into a slot now and keep it there (LOIP_EXPERTS_STATIC), waiting for
  * the read; LOIP_ENOMEM when every slot is pinned. */
 LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert);

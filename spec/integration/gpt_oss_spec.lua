@@ -128,6 +128,39 @@ describe("gpt-oss", function()
     end
   end)
 
+  it("predicts offloaded layers' experts with their router's bias (pre-gating)", function()
+    -- 8 experts, top 4; layer 0's router bias +50 on experts 4..7 and -50 on 0..3, layer 1's the
+    -- other way round: the router picks those four whatever the token, and so does a prediction
+    -- that adds the layer's own bias (layer 1 is predicted at layer 0, before its MLP block is
+    -- read: from the expert cache's copy of the bias, not the block's views)
+    local d = synth("gpt-oss-20b", (FLAGS:gsub("%-%-experts 4", "--experts 8")))
+    local f = assert(io.open(d .. "/hf/model.safetensors", "r+b"))
+    local hlen = 0
+    for i, b in ipairs({ f:read(8):byte(1, 8) }) do hlen = hlen + b * 256 ^ (i - 1) end
+    local header = assert(json.decode(f:read(hlen)))
+    for l = 0, 1 do
+      local t = header[string.format("model.layers.%d.mlp.router.bias", l)]
+      local bias = ffi.new("float[8]", l == 0 and { -50, -50, -50, -50, 50, 50, 50, 50 } or { 50, 50, 50, 50, -50, -50, -50, -50 })
+      f:seek("set", 8 + hlen + t.data_offsets[1])
+      f:write(ffi.string(bias, 32))
+    end
+    f:close()
+    require("loip.model.slice").write(d .. "/hf", d .. "/store", { quiet = true })
+    local resident = open(d .. "/store")
+    local ids = { 1, 2, 3, 4, 5, 6 }
+    local want = ffi.new("float[?]", 6 * resident.vocab_size)
+    ffi.copy(want, resident:logits(ids), 6 * resident.vocab_size * 4)
+    resident:close()
+    local plan = { slots = 1, devices = { { expert_slots = 8, stages = {
+      { blocks = { 0, 1 }, offloaded = 2 }, { blocks = { 2, 3 }, offloaded = 2 } } } } }
+    local m = loip.model.open(d .. "/store", { threads = 1, context = 64, tokenizer = false, plan = plan, experts = "lru:prefetch=2" })
+    assert.are.equal(0, T.bit_diffs(want, m:logits(ids), 6 * m.vocab_size))
+    local st = m.experts:stats()
+    assert.is_true(st.prefetched > 0, "pre-gating predicted")
+    assert.are.equal(st.prefetched, st.prefetch_hits, "every prediction confirmed by the router")
+    m:close()
+  end)
+
   describe("with MXFP4 experts as released", function()
     local mx
     setup(function() mx = synth("gpt-oss-20b", (FLAGS:gsub("%-%-experts%-dtype f32", "--experts-dtype mxfp4"))) end)

@@ -149,6 +149,9 @@ end
 function M.experts_set_gating(x, layer, norm, router, context)
   return core.ok(C.loip_experts_set_gating(x, layer, norm, router), context)
 end
+function M.experts_set_gating_bias(x, layer, bias, context)
+  return core.ok(C.loip_experts_set_gating_bias(x, layer, bias), context)
+end
 function M.experts_pin(x, layer, e, context) return core.ok(C.loip_experts_pin(x, layer, e), context) end
 function M.experts_clear(x, context) return core.ok(C.loip_experts_clear(x), context) end
 -- The cache's statistics into st (a loip_experts_stats_t).
