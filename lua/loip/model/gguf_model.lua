@@ -233,7 +233,7 @@ function M.config(g)
   if yarn then cfg.rope_scaling = yarn end
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
-  if spec.config then spec.config(md, cfg, get) end
+  if spec.config then spec.config(md, cfg, get, path) end
   if g.tensors["rope_freqs.weight"] then cfg.rope_scaling = rope_scaling_of(g, hd, theta) end
   return cfg
 end

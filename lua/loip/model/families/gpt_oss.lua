@@ -143,11 +143,15 @@ M.gguf = {
       ["attn_sinks.weight"] = K.W_SINKS, ["ffn_gate_inp.bias"] = K.W_ROUTER_BIAS,
       ["ffn_gate_exps.bias"] = K.W_EXPERT_GATE_BIAS, ["ffn_up_exps.bias"] = K.W_EXPERT_UP_BIAS,
       ["ffn_down_exps.bias"] = K.W_EXPERT_DOWN_BIAS },
-    config = function(md, cfg, get)
+    config = function(md, cfg, get, path)
       cfg.num_local_experts, cfg.num_experts = cfg.num_experts, nil
       cfg.intermediate_size, cfg.moe_intermediate_size = cfg.moe_intermediate_size, nil
       cfg.norm_topk_prob = nil
       cfg.attention_bias = true
+      local scale = get("expert_weights_scale", 0, "number") -- (llama.cpp scales the weights by it)
+      if scale ~= 0 and scale ~= 1 then
+        error(string.format("%s: metadata gpt-oss.expert_weights_scale is %s: loip runs gpt-oss's experts unscaled", path, scale), 0)
+      end
       local w = get("attention.sliding_window", 0)
       if w > 0 then
         cfg.sliding_window = w

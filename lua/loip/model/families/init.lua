@@ -36,7 +36,7 @@
 --                                   config field it takes (0 when the config has none)
 --               layer               GGUF name (without blk.N.) -> kind or list of kinds (fused),
 --                                   over llama.cpp's common names (gguf_model.layer_names)
---               config              function(md, cfg, get): more metadata into the config table
+--               config              function(md, cfg, get, path): more metadata into the config table
 --                                   (as Hugging Face names it: the class's config then reads it)
 --   shapes    name -> a real model's config.json fields (`loip synth --like NAME`)
 --
