@@ -97,6 +97,22 @@ describe("gpt-oss", function()
     assert.matches("rope_scaling: field 'mscale' is not supported", err)
   end)
 
+  it("gives transformers' logits (a pure-Lua reference), YaRN's range untruncated as its config says", function()
+    local reference = require "spec.support.gpt_oss_reference"
+    local ids = { 1, 5, 9, 200, 7, 3, 300, 11 }
+    local truncated = with_config(dir, function(c) c.rope_scaling.truncate = true end)
+    local R = { [false] = reference.logits(dir .. "/hf", ids), [true] = reference.logits(truncated, ids) }
+    for trunc, path in pairs({ [false] = dir .. "/hf", [true] = truncated }) do
+      local m = open(path)
+      local out = m:logits(ids)
+      local w = T.worst_relative(out, R[trunc], #ids, m.vocab_size)
+      assert.is_true(w < 1e-5, string.format("truncate %s: %.3g of the largest logit", tostring(trunc), w))
+      -- (and the other YaRN is told apart)
+      assert.is_true(T.worst_relative(out, R[not trunc], #ids, m.vocab_size) > 1e-4)
+      m:close()
+    end
+  end)
+
   it("honours YaRN's truncate: the logits move when the correction range is truncated", function()
     local a = open(dir .. "/hf")
     local la = a:logits({ 1, 2, 3, 4, 5, 6, 7, 8 })
