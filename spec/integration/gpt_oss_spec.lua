@@ -76,6 +76,14 @@ describe("gpt-oss", function()
     h:close()
   end)
 
+  it("refuses a GGUF whose experts llama.cpp would scale, naming the key", function()
+    local path = T.tmpdir() .. "/scaled.gguf"
+    require("spec.support.to_gguf").convert(dir .. "/hf", path, nil, { { "gpt-oss.expert_weights_scale", "FLOAT32", 2.5 } })
+    local ok, err = pcall(open, path)
+    assert.is_false(ok)
+    assert.matches("scaled%.gguf: metadata gpt%-oss%.expert_weights_scale is 2%.5", err)
+  end)
+
   it("refuses a fused expert tensor of another shape, naming it", function()
     local bad = with_config(dir, function(cfg) cfg.intermediate_size = 16 end)
     local ok, err = pcall(open, bad)

@@ -232,8 +232,9 @@ local function keys(cfg, arch, hd, spec)
 end
 
 -- The GGUF of the Hugging Face directory dir (loip synth's output), written to path. arch: the
--- GGUF architecture (default: the config's class's).
-function M.convert(dir, path, arch)
+-- GGUF architecture (default: the config's class's); extra: metadata { key, type, value } to add
+-- (bad input for the specs).
+function M.convert(dir, path, arch, extra)
   local cfg = assert(json.load(dir .. "/config.json"))
   arch = arch or M.arch_of[cfg.architectures[1]]
   local set = assert(require("loip.model.safetensors").open_dir(dir))
@@ -287,6 +288,7 @@ function M.convert(dir, path, arch)
   if type(cfg.rope_scaling) == "table" and cfg.rope_scaling.rope_type == "llama3" then tensors[#tensors + 1] = llama3_freqs(cfg, hd) end
   local md = keys(cfg, arch, hd, spec)
   for _, kv in ipairs(vocab(dir)) do md[#md + 1] = kv end
+  for _, kv in ipairs(extra or {}) do md[#md + 1] = kv end
   T.write(path, gguf.encode(md, tensors))
 end
 
