@@ -76,6 +76,23 @@ describe("gpt-oss", function()
     h:close()
   end)
 
+  it("charges the experts it derives to the budget's weights, and gives them back at close", function()
+    local budget = require("loip.runtime.memory").budget(0) -- (unlimited: counts)
+    local m = loip.model.open(dir .. "/hf", { threads = 1, context = 64, tokenizer = false, budget = budget })
+    local weights
+    for _, a in ipairs(budget:report()) do if a.account == "weights" then weights = a.bytes end end
+    -- the file's tensors (read into memory; its header is under 64 KiB) and each expert's gate, up
+    -- and down (F32: 2 layers x 4 experts x 3 x 32 x 64 x 4 bytes) and the split gate/up biases
+    -- (2 x 2 x 4 x 32 x 4)
+    local derived = 2 * 4 * 3 * 32 * 64 * 4 + 2 * 2 * 4 * 32 * 4
+    local size = require("loip.model.store").file_size(dir .. "/hf/model.safetensors")
+    assert.is_true(weights >= size - 65536 + derived, string.format("weights %d, file %d + derived %d", weights, size, derived))
+    m:close()
+    for _, a in ipairs(budget:report()) do
+      if a.account == "weights" then assert.are.equal(0, a.bytes) end
+    end
+  end)
+
   it("refuses a GGUF whose experts llama.cpp would scale, naming the key", function()
     local path = T.tmpdir() .. "/scaled.gguf"
     require("spec.support.to_gguf").convert(dir .. "/hf", path, nil, { { "gpt-oss.expert_weights_scale", "FLOAT32", 2.5 } })

@@ -4,6 +4,7 @@ local core = require "loip.core"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 local exec = require "loip.runtime.exec"
+local memory = require "loip.runtime.memory"
 local families = require "loip.model.families"
 local K = core.constants
 
@@ -348,8 +349,9 @@ end
 
 -- The view of weight w (a M.weight_list entry) in the safetensors set, and its bytes; nil and
 -- the message when it cannot be had. A derived weight (w.derive: a family's, from the tensors
--- w.sources names) is made in memory the set owns (freed by safetensors.close).
-function M.weight_view(set, w, dir)
+-- w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
+-- budget's "weights" (a loip_budget *, when given) until then.
+function M.weight_view(set, w, dir, budget)
   -- (a weight a family can also derive from other sources: MXFP4 blocks and scales as released)
   if w.mxfp4 and w.sources and not set.index[w.sources[1].name] and set.index[w.mxfp4.sources[1].name] then
     w = { w[1], w[2], w[3], expert = w.expert, part = w.part, sources = w.mxfp4.sources, derive = w.mxfp4.derive }
@@ -366,6 +368,11 @@ function M.weight_view(set, w, dir)
     if not view then return nil, bytes end
     set.derived = set.derived or {}
     set.derived[#set.derived + 1] = buf
+    if budget then
+      local ok, err = memory.charge(budget, "weights", bytes, dir .. ": " .. w[3])
+      if not ok then return nil, err end
+      set.derived_budget, set.derived_charged = budget, (set.derived_charged or 0) + bytes
+    end
     return view, bytes
   end
   local f = set.index[w[3]]
@@ -391,7 +398,7 @@ function M.bind_weights(dir, c, m, opts)
   if not set then error(err, 0) end
   for _, w in ipairs(M.weight_list(c, opts and opts.architecture)) do
     local layer, kind, name = w[1], w[2], w[3]
-    local view, verr = M.weight_view(set, w, dir)
+    local view, verr = M.weight_view(set, w, dir, opts and opts.budget)
     if not view then safetensors.close(set) error(verr, 0) end
     local ok, berr = M.bind(m, layer, kind, view, w.expert)
     if not ok then
