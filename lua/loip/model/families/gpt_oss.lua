@@ -15,7 +15,10 @@
 -- (its columns gate and up interleaved) and down_proj [experts, ffn, dim], both transposed to
 -- loip's [rows, cols], with gate_up_proj_bias [experts, 2 x ffn] interleaved the same way: each
 -- expert's matrices are derived from them (llama.cpp's converter cuts them the same way into
--- GGUF's ffn_{gate,up,down}_exps). GGUF's post_attention_norm is the MLP's norm.
+-- GGUF's ffn_{gate,up,down}_exps). As released they are MXFP4 (quantization_config): *_blocks
+-- [experts, rows, cols/32, 16] and *_scales [experts, rows, cols/32], rows being outputs (gate's
+-- and up's interleaved), repacked into GGUF's block_mxfp4 and kept MXFP4. GGUF's
+-- post_attention_norm is the MLP's norm.
 local core = require "loip.core"
 local derive = require "loip.model.derive"
 local K = core.constants
