@@ -3,7 +3,10 @@
  * step by step (so that its references apply) with batches of tokens for prefill. What differs
  * between families is switched by loip_model_config's fields, never by a family's name: q/k/v
  * biases (qkv_bias), per-head q/k RMSNorm (qk_norm), the RoPE layout and scaling, a mixture of
- * experts (n_experts, moe.c). Each family's description (lua/loip/model/families/) sets them. */
+ * experts (n_experts, moe.c), and Gemma-style layers: (1 + w) norms (norm_add_one), normalised
+ * block outputs (post_norms), a GELU gate (ffn_act), scaled embeddings and attention scores, a
+ * second RoPE base for windowed layers (rope_local_theta) and capped logits (final_softcap).
+ * Each family's description (lua/loip/model/families/) sets them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +47,25 @@ typedef struct {
     int n, layer, pos;
 } step_job;
 
+/* out = rmsnorm(x) * w over n floats; with norm_add_one, * (1 + w): the kernel's x * inv * 1
+ * (exact), then times 1 + w in fp32: the floats the kernel gives with a weight of 1 + w, as
+ * llama.cpp's converter stores it. o may be x. */
+static void norm_row(const loip_model *m, const loip_kernels *k, float *o, const float *x, const loip_tensor *w,
+                     int n) {
+    const loip_model_config *c = &m->cfg;
+    if (!c->norm_add_one) {
+        k->rmsnorm(o, x, w->data, w->dtype, (size_t)n, c->norm_eps);
+        return;
+    }
+    k->rmsnorm(o, x, m->ones, LOIP_F32, (size_t)n, c->norm_eps);
+    for (int i = 0; i < n; i++) {
+        float wi = w->dtype == LOIP_F32 ? ((const float *)w->data)[i]
+                   : w->dtype == LOIP_BF16 ? loip_bf16_to_f32(((const uint16_t *)w->data)[i])
+                                          : loip_f16_to_f32(((const uint16_t *)w->data)[i]);
+        o[i] *= 1.0f + wi;
+    }
+}
+
 /* in += add (the residual), then out = rmsnorm(in) * w, for this thread's tokens. */
 static void norm_task(void *p, int ith, int nth) {
     step_job *j = p;
@@ -55,8 +77,18 @@ static void norm_task(void *p, int ith, int nth) {
         float *x = j->in + t * dim;
         if (j->add)
             for (int i = 0; i < dim; i++) x[i] += j->add[t * dim + i];
-        if (j->out) k->rmsnorm(j->out + t * dim, x, j->w->data, j->w->dtype, (size_t)dim, j->s->m->cfg.norm_eps);
+        if (j->out) norm_row(j->s->m, k, j->out + t * dim, x, j->w, dim);
     }
+}
+
+/* in = rmsnorm(in) * w in place, for this thread's tokens (post_norms: a block's output). */
+static void post_norm_task(void *p, int ith, int nth) {
+    step_job *j = p;
+    const loip_kernels *k = loip_kernels_current();
+    int dim = j->s->m->cfg.dim;
+    size_t b, e;
+    loip_split((size_t)j->n, 1, ith, nth, &b, &e);
+    for (size_t t = b; t < e; t++) norm_row(j->s->m, k, j->in + t * dim, j->in + t * dim, j->w, dim);
 }
 
 static void rotate(float *v, int head_dim, int layout, const float *cs, const float *sn) {
@@ -90,17 +122,20 @@ static void qkv_post_task(void *p, int ith, int nth) {
         add_bias(q, loip_layer_w(m, j->layer, LOIP_W_BQ), s->q_dim);
         add_bias(kk, loip_layer_w(m, j->layer, LOIP_W_BK), s->kv_dim);
         add_bias(vv, loip_layer_w(m, j->layer, LOIP_W_BV), s->kv_dim);
-        const float *cs = s->rope_cos + t * half, *sn = s->rope_sin + t * half;
+        /* (a windowed layer's own base: the second table, rows past max_batch's) */
+        size_t table = c->rope_local_theta > 0 && j->layer < LOIP_MAX_LAYERS && c->layer_window[j->layer]
+                           ? (size_t)s->max_batch * half : 0;
+        const float *cs = s->rope_cos + table + t * half, *sn = s->rope_sin + table + t * half;
         const loip_tensor *qn = loip_layer_w(m, j->layer, LOIP_W_Q_NORM);
         const loip_tensor *kn = loip_layer_w(m, j->layer, LOIP_W_K_NORM);
         for (int h = 0; h < c->n_heads; h++) {
             float *v = q + (size_t)h * hd;
-            if (c->qk_norm) k->rmsnorm(v, v, qn->data, qn->dtype, (size_t)hd, c->norm_eps);
+            if (c->qk_norm) norm_row(m, k, v, v, qn, hd);
             rotate(v, hd, c->rope_layout, cs, sn);
         }
         for (int h = 0; h < c->n_kv_heads; h++) {
             float *v = kk + (size_t)h * hd;
-            if (c->qk_norm) k->rmsnorm(v, v, kn->data, kn->dtype, (size_t)hd, c->norm_eps);
+            if (c->qk_norm) norm_row(m, k, v, v, kn, hd);
             rotate(v, hd, c->rope_layout, cs, sn);
         }
         int pos = s->tok_pos[t], seq = s->tok_seq[t];
@@ -122,7 +157,8 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
         int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
         const float *kc = kv_block_at(s, 0, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
         for (int i = 0; i < n; i++) {
-            float sc = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd) / scale;
+            float d = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd);
+            float sc = s->m->cfg.attn_scale > 0 ? d * s->m->cfg.attn_scale : d / scale;
             scores[at++] = sc;
             if (sc > *maxv) *maxv = sc;
         }
@@ -291,14 +327,35 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     /* cos/sin of each token's position for RoPE, once per batch */
     const loip_model *m = s->m;
     int half = m->cfg.head_dim / 2;
-    for (int t = 0; t < n; t++)
-        for (int i = 0; i < half; i++) {
-            float val = (float)s->tok_rope[t] * m->inv_freq[i];
-            s->rope_cos[t * half + i] = cosf(val) * m->rope_mscale;
-            s->rope_sin[t * half + i] = sinf(val) * m->rope_mscale;
-        }
+    for (int table = 0; table < (m->cfg.rope_local_theta > 0 ? 2 : 1); table++) {
+        const float *inv = m->inv_freq + table * half;
+        size_t at = (size_t)table * s->max_batch * half;
+        float *cs = s->rope_cos + at, *sn = s->rope_sin + at;
+        float scale = table ? 1.0f : m->rope_mscale; /* YaRN's factor: the scaled table's */
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < half; i++) {
+                float val = (float)s->tok_rope[t] * inv[i];
+                cs[t * half + i] = cosf(val) * scale;
+                sn[t * half + i] = sinf(val) * scale;
+            }
+    }
     s->n_prepared = n;
     return LOIP_OK;
+}
+
+/* x *= scale over n floats in the embedding's dtype: for BF16/F16 the scale and each product
+ * rounded to it, as Hugging Face multiplies a BF16 row by its scale cast to BF16 (Gemma); in
+ * fp32 for F32 (and llama.cpp, which scales the F32 row by sqrtf(dim)). */
+static void scale_embedding(float *x, int n, float scale, int32_t dtype) {
+    if (dtype == LOIP_BF16) {
+        float sc = loip_bf16_to_f32(loip_f32_to_bf16(scale));
+        for (int i = 0; i < n; i++) x[i] = loip_bf16_to_f32(loip_f32_to_bf16(x[i] * sc));
+    } else if (dtype == LOIP_F16) {
+        float sc = loip_f16_to_f32(loip_f32_to_f16(scale));
+        for (int i = 0; i < n; i++) x[i] = loip_f16_to_f32(loip_f32_to_f16(x[i] * sc));
+    } else {
+        for (int i = 0; i < n; i++) x[i] *= scale;
+    }
 }
 
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
@@ -313,8 +370,16 @@ LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t 
         int rc = loip_convert(hidden + (size_t)t * c->dim, LOIP_F32, (const char *)E->data + off * es,
                               E->dtype, (uint64_t)c->dim);
         if (rc) return rc;
+        if (c->embed_scale > 0) scale_embedding(hidden + (size_t)t * c->dim, c->dim, c->embed_scale, E->dtype);
     }
     return LOIP_OK;
+}
+
+/* post_norms: a block's output xb2 = rmsnorm(xb2) * its norm (which), before the residual add. */
+static void post_norm(loip_session *s, int l, int which, int n) {
+    if (!s->m->cfg.post_norms) return;
+    step_job j = {.s = s, .n = n, .layer = l, .w = loip_layer_w(s->m, l, which), .in = s->xb2};
+    loip_pool_run(s->pool, post_norm_task, &j);
 }
 
 /* Attention block of layer l: xb = norm(x); q, k, v; rope; cache; attend; x += wo . att. */
@@ -335,6 +400,7 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
     loip_linear_run(s->pool, wo);
     if (m->cfg.attn_out_bias)
         for (int t = 0; t < n; t++) add_bias(s->xb2 + (size_t)t * m->cfg.dim, loip_layer_w(m, l, LOIP_W_BO), (size_t)m->cfg.dim);
+    post_norm(s, l, LOIP_W_POST_ATTN_NORM, n);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
 }
@@ -352,6 +418,7 @@ static int mlp_block(loip_session *s, int l, float *hidden, int n) {
     if (m->cfg.n_experts) {
         int rc = loip_moe_ffn(s, l, n);
         if (rc) return rc;
+        post_norm(s, l, LOIP_W_POST_FFN_NORM, n);
         j.out = NULL, j.add = s->xb2;
         loip_pool_run(s->pool, norm_task, &j); /* residual add only */
         return LOIP_OK;
@@ -360,9 +427,10 @@ static int mlp_block(loip_session *s, int l, float *hidden, int n) {
                              loip_linear_of(loip_layer_w(m, l, LOIP_W_UP), s->xb, s->hb2, n), {0}};
     loip_linear_run(s->pool, gu);
     int32_t start = 0, count = n;
-    loip_swiglu_run(s->pool, s->hb, s->hb2, &start, &count, 1, m->cfg.hidden_dim);
+    loip_gate_run(s->pool, m->cfg.ffn_act, s->hb, s->hb2, &start, &count, 1, m->cfg.hidden_dim);
     loip_linear_job down[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_DOWN), s->hb, s->xb2, n), {0}};
     loip_linear_run(s->pool, down);
+    post_norm(s, l, LOIP_W_POST_FFN_NORM, n);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
     return LOIP_OK;
@@ -401,6 +469,13 @@ LOIP_API int loip_session_blocks(loip_session *s, int32_t first, int32_t last, f
     return rc ? rc : loip_session_run(s, first, last, hidden);
 }
 
+/* final_softcap: logits = tanh(logits / cap) * cap in fp32, as transformers divides, takes the
+ * tanh and multiplies (llama.cpp scales by 1/cap: within an ulp of the quotient). */
+static void softcap(const loip_model_config *c, float *logits, size_t n) {
+    if (!(c->final_softcap > 0)) return;
+    for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] / c->final_softcap) * c->final_softcap;
+}
+
 static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
@@ -429,6 +504,7 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     loip_pool_run(s->pool, norm_task, &j);
     loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
     loip_linear_run(s->pool, head);
+    softcap(c, logits, (size_t)count * c->vocab_size);
     return LOIP_OK;
 }
 
@@ -452,6 +528,7 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     loip_pool_run(s->pool, norm_task, &j);
     loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
     loip_linear_run(s->pool, head);
+    softcap(c, logits, (size_t)n_rows * c->vocab_size);
     return LOIP_OK;
 }
 

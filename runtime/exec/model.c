@@ -11,6 +11,7 @@
 static const char *const weight_names[LOIP_W_COUNT] = {
     "embed", "output_norm", "lm_head", "attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv",
     "q_norm", "k_norm", "ffn_norm", "gate", "up", "down", "router", "shared_gate",
+    "post_attn_norm", "post_ffn_norm",
     "bo", "sinks", "router_bias", "expert_gate_bias", "expert_up_bias", "expert_down_bias",
 };
 static const char *const expert_part_names[LOIP_EXPERT_PARTS] = {"gate", "up", "down"};
@@ -29,7 +30,8 @@ float loip_tensor_elem(const loip_tensor *t, size_t i) {
 
 int loip_weight_block(int which) {
     switch (which) {
-    case LOIP_W_BO: case LOIP_W_SINKS: return LOIP_BLOCK_MHA;
+    case LOIP_W_POST_ATTN_NORM: case LOIP_W_BO: case LOIP_W_SINKS: return LOIP_BLOCK_MHA;
+    case LOIP_W_POST_FFN_NORM: return LOIP_BLOCK_MLP;
     default: return which >= LOIP_W_FFN_NORM ? LOIP_BLOCK_MLP : LOIP_BLOCK_MHA;
     }
 }
@@ -55,15 +57,17 @@ static float yarn_freq(const loip_model_config *c, int i, float f) {
     return interp * ramp + f * (1.0f - ramp);
 }
 
-/* Inverse frequencies, computed in float as llama2.c and transformers do; Llama 3's
- * frequency-dependent rescaling (transformers' _compute_llama3_parameters) or YaRN's when
- * asked. */
-static void rope_table(const loip_model_config *c, float *inv_freq) {
+/* Inverse frequencies of base theta, computed in float as llama2.c and transformers do; Llama
+ * 3's frequency-dependent rescaling (transformers' _compute_llama3_parameters) or linear
+ * scaling (each divided by the factor: _compute_linear_scaling_rope_parameters) or YaRN's when
+ * scaled. */
+static void rope_table(const loip_model_config *c, float theta, int scaled, float *inv_freq) {
     int half = c->head_dim / 2;
     for (int i = 0; i < half; i++) {
-        float f = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
-        if (c->rope_scaling == LOIP_ROPE_SCALING_YARN) f = yarn_freq(c, i, f);
-        if (c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
+        float f = 1.0f / powf(theta, (float)(2 * i) / (float)c->head_dim);
+        if (scaled && c->rope_scaling == LOIP_ROPE_SCALING_YARN) f = yarn_freq(c, i, f);
+        if (scaled && c->rope_scaling == LOIP_ROPE_SCALING_LINEAR) f = f / c->rope_factor;
+        if (scaled && c->rope_scaling == LOIP_ROPE_SCALING_LLAMA3) {
             double old_ctx = c->rope_original_max_pos;
             double low_wavelen = old_ctx / c->rope_low_freq_factor;
             double high_wavelen = old_ctx / c->rope_high_freq_factor;
@@ -78,6 +82,21 @@ static void rope_table(const loip_model_config *c, float *inv_freq) {
         }
         inv_freq[i] = f;
     }
+}
+
+/* The Gemma-style switches (loip.h): known values, scales positive or 0. */
+static int check_switches(const loip_model_config *c) {
+    if (c->ffn_act != LOIP_ACT_SILU && c->ffn_act != LOIP_ACT_GELU_TANH)
+        return loip_fail(LOIP_EINVAL, "model config: unknown ffn_act %d", c->ffn_act);
+    if (c->ffn_act != LOIP_ACT_SILU && c->n_experts)
+        return loip_fail(LOIP_EINVAL, "model config: ffn_act %d with experts (only SwiGLU experts are run)",
+                         c->ffn_act);
+    if (!(c->embed_scale >= 0) || !(c->attn_scale >= 0) || !(c->rope_local_theta >= 0) || !(c->final_softcap >= 0))
+        return loip_fail(LOIP_EINVAL, "model config: embed_scale, attn_scale, rope_local_theta and final_softcap must "
+                         "be positive or 0 (not used)");
+    if (c->sliding_window < 0)
+        return loip_fail(LOIP_EINVAL, "model config: sliding_window must not be negative, got %d", c->sliding_window);
+    return LOIP_OK;
 }
 
 static int check_config(const loip_model_config *c) {
@@ -113,6 +132,8 @@ static int check_config(const loip_model_config *c) {
             return loip_fail(LOIP_EINVAL, "model config: yarn rope scaling needs factor > 0, "
                                           "original_max_position_embeddings > 0, beta_fast > beta_slow > 0 "
                                           "and an attention factor > 0");
+    } else if (c->rope_scaling == LOIP_ROPE_SCALING_LINEAR) {
+        if (!(c->rope_factor > 0)) return loip_fail(LOIP_EINVAL, "model config: linear rope scaling needs factor > 0");
     } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
         return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
     }
@@ -138,7 +159,7 @@ static int check_config(const loip_model_config *c) {
     } else if (c->glu != LOIP_GLU_SILU) {
         return loip_fail(LOIP_EINVAL, "model config: unknown glu %d", c->glu);
     }
-    return LOIP_OK;
+    return check_switches(c);
 }
 
 LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
@@ -149,14 +170,20 @@ LOIP_API int loip_model_new(const loip_model_config *cfg, loip_model **out) {
     if (!m) return loip_fail(LOIP_ENOMEM, "model: out of memory");
     m->cfg = *cfg;
     m->layers = calloc((size_t)cfg->n_layers * LOIP_W_COUNT, sizeof(loip_tensor));
-    m->inv_freq = calloc((size_t)cfg->head_dim / 2, sizeof(float));
+    m->inv_freq = calloc((size_t)cfg->head_dim, sizeof(float)); /* global, then local (rope_local_theta) */
     if (cfg->n_experts)
         m->experts = calloc((size_t)cfg->n_layers * cfg->n_experts * LOIP_EXPERT_PARTS, sizeof(loip_tensor));
-    if (!m->layers || !m->inv_freq || (cfg->n_experts && !m->experts)) {
+    if (cfg->norm_add_one) {
+        int n = cfg->dim > cfg->head_dim ? cfg->dim : cfg->head_dim;
+        if ((m->ones = malloc((size_t)n * sizeof(float))))
+            for (int i = 0; i < n; i++) m->ones[i] = 1.0f;
+    }
+    if (!m->layers || !m->inv_freq || (cfg->n_experts && !m->experts) || (cfg->norm_add_one && !m->ones)) {
         loip_model_free(m);
         return loip_fail(LOIP_ENOMEM, "model: out of memory");
     }
-    rope_table(cfg, m->inv_freq);
+    rope_table(cfg, cfg->rope_theta, 1, m->inv_freq);
+    if (cfg->rope_local_theta > 0) rope_table(cfg, cfg->rope_local_theta, 0, m->inv_freq + cfg->head_dim / 2);
     m->rope_mscale = cfg->rope_scaling == LOIP_ROPE_SCALING_YARN ? cfg->rope_attn_factor : 1.0f;
     *out = m;
     return LOIP_OK;
@@ -167,6 +194,7 @@ LOIP_API void loip_model_free(loip_model *m) {
     free(m->layers);
     free(m->experts);
     free(m->inv_freq);
+    free(m->ones);
     free(m);
 }
 
@@ -177,6 +205,7 @@ static void expected_shape(const loip_model_config *c, int which, int64_t *rows,
     switch (which) {
     case LOIP_W_EMBED: case LOIP_W_LM_HEAD: *rows = c->vocab_size; *cols = c->dim; break;
     case LOIP_W_OUTPUT_NORM: case LOIP_W_ATTN_NORM: case LOIP_W_FFN_NORM: *rows = c->dim; break;
+    case LOIP_W_POST_ATTN_NORM: case LOIP_W_POST_FFN_NORM: *rows = c->dim; break;
     case LOIP_W_WQ: *rows = q; *cols = c->dim; break;
     case LOIP_W_WK: case LOIP_W_WV: *rows = kv; *cols = c->dim; break;
     case LOIP_W_WO: *rows = c->dim; *cols = q; break;
@@ -231,6 +260,7 @@ static int required(const loip_model_config *c, int which) {
     case LOIP_W_BQ: case LOIP_W_BK: case LOIP_W_BV: return c->qkv_bias;
     case LOIP_W_Q_NORM: case LOIP_W_K_NORM: return c->qk_norm;
     case LOIP_W_LM_HEAD: return !c->tied_embeddings;
+    case LOIP_W_POST_ATTN_NORM: case LOIP_W_POST_FFN_NORM: return c->post_norms;
     case LOIP_W_BO: return c->attn_out_bias;
     case LOIP_W_SINKS: return c->attn_sinks;
     case LOIP_W_ROUTER_BIAS: return c->n_experts > 0 && c->router_bias;
@@ -260,9 +290,9 @@ LOIP_API int loip_model_bind(loip_model *m, int32_t layer, int32_t which, const 
     const char *name = loip_weight_name(which);
     if (is_global(which) ? layer != -1 : (layer < 0 || layer >= m->cfg.n_layers))
         return loip_fail(LOIP_EINVAL, "bind %s: layer %d out of range", name, layer);
-    if (which >= LOIP_W_BO && !required(&m->cfg, which)) /* (gpt-oss's kinds: only with their switch) */
+    if (which >= LOIP_W_BO && !required(&m->cfg, which)) /* (the bias and sink kinds: only with their switch) */
         return loip_fail(LOIP_EINVAL, "bind %s: the model's config has no such weight (%s)", name, switch_of(which));
-    if (which >= LOIP_W_ROUTER && which <= LOIP_W_SHARED_GATE && !m->cfg.n_experts)
+    if ((which == LOIP_W_ROUTER || which == LOIP_W_SHARED_GATE) && !m->cfg.n_experts)
         return loip_fail(LOIP_EINVAL, "bind %s: the model has no experts (n_experts 0)", name);
     if (which >= LOIP_W_GATE && which <= LOIP_W_DOWN && m->cfg.n_experts && !m->cfg.shared_expert)
         return loip_fail(LOIP_EINVAL, "bind %s: a mixture of experts without a shared expert has no dense MLP "

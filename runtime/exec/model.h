@@ -10,7 +10,9 @@ struct loip_model {
     loip_tensor *layers;                     /* (n_layers, LOIP_W_COUNT) */
     loip_tensor *experts;                    /* (n_layers, n_experts, LOIP_EXPERT_PARTS): data NULL
                                                 when not in memory (the expert cache reads it) */
-    float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies */
+    float *ones;                             /* (max(dim, head_dim)) 1.0f: norm_add_one's unit weight */
+    float *inv_freq;                         /* (head_dim/2) RoPE inverse frequencies, then (head_dim/2)
+                                                the windowed layers' (rope_local_theta > 0) */
     float rope_mscale;                       /* cos and sin scaled by it (YaRN's attention factor; else 1) */
 };
 
@@ -25,7 +27,7 @@ static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, i
 /* Element i of a bound F32/BF16/F16 tensor, as a float (biases, sinks). */
 float loip_tensor_elem(const loip_tensor *t, size_t i);
 const char *loip_weight_name(int which);
-/* The block a per-layer weight kind belongs to: LOIP_BLOCK_MHA or LOIP_BLOCK_MLP. */
+/* The block (LOIP_BLOCK_MHA or _MLP) a layer's weight kind belongs to. */
 int loip_weight_block(int which);
 /* Expected [rows, cols] of an expert's part (LOIP_EXPERT_*). */
 void loip_expert_shape(const loip_model_config *c, int part, int64_t *rows, int64_t *cols);

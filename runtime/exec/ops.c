@@ -30,7 +30,7 @@ typedef struct {
     float *h;
     const float *h2;
     const int32_t *start, *count;
-    int n_ranges, width;
+    int n_ranges, width, act;
     int glu;
     float alpha, limit;
 } swiglu_job;
@@ -50,6 +50,16 @@ static void swiglu_task(void *p, int ith, int nth) {
             }
             continue;
         }
+        if (j->act == LOIP_ACT_GELU_TANH) {
+            /* PyTorch's gelu(approximate="tanh") in fp32 */
+            const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+            for (size_t i = b; i < e; i++) {
+                float v = h[i];
+                v = 0.5f * v * (1.0f + tanhf(k0 * (v + k1 * v * v * v)));
+                h[i] = v * h2[i];
+            }
+            continue;
+        }
         for (size_t i = b; i < e; i++) {
             float v = h[i];
             v *= 1.0f / (1.0f + expf(-v));
@@ -60,13 +70,18 @@ static void swiglu_task(void *p, int ith, int nth) {
 
 void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *start, const int32_t *count,
                      int n_ranges, int width) {
-    swiglu_job j = {h, h2, start, count, n_ranges, width, LOIP_GLU_SILU, 0.0f, 0.0f};
+    loip_gate_run(pool, LOIP_ACT_SILU, h, h2, start, count, n_ranges, width);
+}
+
+void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
+                   int n_ranges, int width) {
+    swiglu_job j = {h, h2, start, count, n_ranges, width, act, LOIP_GLU_SILU, 0.0f, 0.0f};
     loip_pool_run(pool, swiglu_task, &j);
 }
 
 void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
                   const int32_t *count, int n_ranges, int width) {
-    swiglu_job j = {h, h2, start, count, n_ranges, width, c->glu, c->glu_alpha, c->glu_limit};
+    swiglu_job j = {h, h2, start, count, n_ranges, width, LOIP_ACT_SILU, c->glu, c->glu_alpha, c->glu_limit};
     loip_pool_run(pool, swiglu_task, &j);
 }
 

@@ -30,6 +30,9 @@ static inline loip_linear_job loip_linear_of(const loip_tensor *w, const float *
  * at once), in one dispatch. */
 void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *start, const int32_t *count,
                      int n_ranges, int width);
+/* The same with the gate's activation act (LOIP_ACT_*: SiLU, or GELU's tanh approximation). */
+void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
+                   int n_ranges, int width);
 /* The same with the config's gated unit (c->glu: LOIP_GLU_*; the routed experts'). */
 void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
                   const int32_t *count, int n_ranges, int width);

@@ -33,8 +33,10 @@ static size_t session_arrays(const loip_model_config *c, uint64_t B, uint64_t n_
     SESSION_ARRAY(hb, B * c->hidden_dim, COUNTED);
     SESSION_ARRAY(hb2, B * c->hidden_dim, COUNTED);
     SESSION_ARRAY(scores, n_threads * max_ctx, COUNTED);
-    SESSION_ARRAY(rope_cos, B * (c->head_dim / 2), COUNTED);
-    SESSION_ARRAY(rope_sin, B * (c->head_dim / 2), COUNTED);
+    /* (a second table for the windowed layers' own base: rope_local_theta) */
+    uint64_t rope_tables = c->rope_local_theta > 0 ? 2 : 1;
+    SESSION_ARRAY(rope_cos, rope_tables * B * (c->head_dim / 2), COUNTED);
+    SESSION_ARRAY(rope_sin, rope_tables * B * (c->head_dim / 2), COUNTED);
     SESSION_ARRAY(tok_seq, B, COUNTED);
     SESSION_ARRAY(tok_pos, B, COUNTED);
     SESSION_ARRAY(tok_rope, B, TABLE);

@@ -42,8 +42,8 @@ struct loip_session {
     float *hb;       /* (max_batch, hidden_dim) gate, then silu(gate) * up */
     float *hb2;      /* (max_batch, hidden_dim) up */
     float *scores;   /* (n_threads, max_ctx) attention weights, one row per thread */
-    float *rope_cos; /* (max_batch, head_dim/2) */
-    float *rope_sin; /* (max_batch, head_dim/2) */
+    float *rope_cos; /* (max_batch, head_dim/2), then as many for the windowed layers (rope_local_theta) */
+    float *rope_sin; /* (max_batch, head_dim/2), the same */
 };
 
 /* The session's own hidden state, (max_batch, dim) fp32, as loip_session_forward uses it. */

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 34, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 35, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -427,7 +427,8 @@ enum {
 enum {
     LOIP_ROPE_SCALING_NONE = 0,
     LOIP_ROPE_SCALING_LLAMA3 = 1,
-    LOIP_ROPE_SCALING_YARN = 2, /* YaRN (gpt-oss): rope_factor, rope_original_max_pos, rope_beta_* */
+    LOIP_ROPE_SCALING_LINEAR = 2, /* positions divided by rope_factor (inverse frequencies / factor) */
+    LOIP_ROPE_SCALING_YARN = 3, /* YaRN (gpt-oss): rope_factor, rope_original_max_pos, rope_beta_* */
 };
 
 /* How a mixture of experts weighs its chosen experts (loip_model_config.moe_gating). */
@@ -442,6 +443,16 @@ enum {
     /* gpt-oss: g = min(gate, glu_limit), u = clamp(up, -glu_limit, glu_limit),
      * g * sigmoid(glu_alpha * g) * (u + 1) */
     LOIP_GLU_OAI_CLAMPED = 1,
+};
+
+enum {
+    LOIP_MAX_LAYERS = 512, /* layers a model's per-layer switches (layer_window) name */
+};
+
+/* The activation of the MLP's gate (loip_model_config.ffn_act): act(gate . x) * (up . x). */
+enum {
+    LOIP_ACT_SILU = 0,      /* SwiGLU */
+    LOIP_ACT_GELU_TANH = 1, /* GELU, tanh approximation (PyTorch's gelu_pytorch_tanh): GeGLU */
 };
 
 /* A model's shape and the switches of its forward pass. Lua fills it from the family's
@@ -481,6 +492,35 @@ typedef struct loip_model_config {
     int32_t norm_topk_prob;
     int32_t shared_expert;
     int32_t shared_expert_gate;
+    /* Sliding-window attention (Hugging Face's sliding_window and layer_types: Mistral, Qwen2,
+     * Phi-3, Gemma 3, gpt-oss): a layer l with layer_window[l] != 0 lets the token at position p
+     * attend to the positions q with p - sliding_window < q <= p only: Hugging Face's
+     * sliding-window mask (kv_idx > q_idx - sliding_window), and llama.cpp's
+     * LLAMA_SWA_TYPE_STANDARD (masked when p - q >= n_swa), which agree. Such a layer keeps at
+     * most the window (and a batch) of KV positions per sequence (a ring: loip_session_kv_size).
+     * sliding_window 0: no layer is windowed. Layers past LOIP_MAX_LAYERS are never windowed. */
+    int32_t sliding_window;
+    uint8_t layer_window[LOIP_MAX_LAYERS];
+    /* Switches of Gemma-style layers; 0 means "not used", so every other config is unchanged.
+     * norm_add_one: every RMSNorm (the layers', q/k's and the output's) scales by (1 + w), the
+     * 1 added to the widened weight in fp32 (Hugging Face's Gemma checkpoints; llama.cpp's
+     * converter stores 1 + w, read with norm_add_one 0: the same floats).
+     * post_norms: the attention's and the MLP's outputs are RMS-normalised (LOIP_W_POST_ATTN_NORM,
+     * LOIP_W_POST_FFN_NORM) before they are added to the residual.
+     * ffn_act: LOIP_ACT_* of the MLP's gate (dense MLPs).
+     * embed_scale > 0: the embedding rows are multiplied by it after the lookup, in the
+     * embedding's dtype (the scale and the product rounded to BF16/F16 when the table is).
+     * attn_scale > 0: attention scores are (q . k) * attn_scale, in place of q . k / sqrt(head_dim).
+     * rope_local_theta > 0: the windowed layers (layer_window) rotate with this base and no
+     * rope_scaling; the others with rope_theta and rope_scaling.
+     * final_softcap > 0: the logits are final_softcap * tanh(logits / final_softcap). */
+    int32_t norm_add_one;
+    int32_t post_norms;
+    int32_t ffn_act;
+    float embed_scale;
+    float attn_scale;
+    float rope_local_theta;
+    float final_softcap;
     /* gpt-oss's switches; 0 is "not used", so every other family's config is unchanged.
      * attn_sinks: a learned logit per head (LOIP_W_SINKS) joins each softmax's denominator (it
      * takes a share of the weight and gives no value); attn_out_bias: the output projection's
@@ -527,13 +567,15 @@ enum {
     LOIP_W_DOWN = 16,       /* [dim, hidden_dim] */
     LOIP_W_ROUTER = 17,     /* [n_experts, dim]: mixture of experts only */
     LOIP_W_SHARED_GATE = 18, /* [1, dim]: the shared expert's gate (shared_expert_gate) */
-    LOIP_W_BO = 19,          /* [dim]: attn_out_bias (attention block) */
-    LOIP_W_SINKS = 20,       /* [n_heads]: attn_sinks (attention block) */
-    LOIP_W_ROUTER_BIAS = 21, /* [n_experts]: router_bias */
-    LOIP_W_EXPERT_GATE_BIAS = 22, /* [n_experts, expert_dim]: expert_bias, row e expert e's */
-    LOIP_W_EXPERT_UP_BIAS = 23,   /* [n_experts, expert_dim] */
-    LOIP_W_EXPERT_DOWN_BIAS = 24, /* [n_experts, dim] */
-    LOIP_W_COUNT = 25,
+    LOIP_W_POST_ATTN_NORM = 19, /* [dim]: the attention output's norm (post_norms); MHA block */
+    LOIP_W_POST_FFN_NORM = 20,  /* [dim]: the MLP output's norm (post_norms); MLP block */
+    LOIP_W_BO = 21,          /* [dim]: attn_out_bias (attention block) */
+    LOIP_W_SINKS = 22,       /* [n_heads]: attn_sinks (attention block) */
+    LOIP_W_ROUTER_BIAS = 23, /* [n_experts]: router_bias */
+    LOIP_W_EXPERT_GATE_BIAS = 24, /* [n_experts, expert_dim]: expert_bias, row e expert e's */
+    LOIP_W_EXPERT_UP_BIAS = 25,   /* [n_experts, expert_dim] */
+    LOIP_W_EXPERT_DOWN_BIAS = 26, /* [n_experts, dim] */
+    LOIP_W_COUNT = 27,
 };
 
 typedef struct loip_tensor {

@@ -1,11 +1,11 @@
 -- Model families against an outside reference: llama.cpp's logits (models/family-reference) for a
 -- tiny random-weight model of each family listed there, which loip synth makes again here and
 -- spec/support/to_gguf.lua converts (the GGUF must be the one llama.cpp read: its sha256 is
--- checked first). loip's logits from the GGUF, the Hugging Face directory and the slice store
--- are within 1e-4 of the largest logit at every one of the 64 positions and the 16 greedy tokens
--- are llama.cpp's; the store with blocks offloaded and 3 devices give the single device's logits
--- bit for bit. A family whose
--- tensors are fused by rows refuses such a tensor of the wrong size, naming it.
+-- checked first). loip's logits from the GGUF, the Hugging Face directory, the slice store and
+-- the store with every layer's blocks offloaded are within 1e-4 of the largest logit at every one
+-- of the 64 positions and the 16 greedy tokens are llama.cpp's; the store with blocks offloaded,
+-- 2 and 3 devices give the single device's logits bit for bit. A family whose tensors are fused
+-- by rows refuses such a tensor of the wrong size, naming it.
 local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
@@ -22,6 +22,16 @@ local ref = assert(json.load(ref_dir .. "/reference.json"))
 local function reference_logits(r) return (T.read_f32(ref_dir .. "/" .. r.logits)) end
 local worst = T.worst_relative
 
+-- A plan of n_blocks blocks in thirds over 3 devices, the last device's last block offloaded.
+local function thirds(n_blocks)
+  local p = { slots = 1, devices = {} }
+  for i = 0, 2 do
+    local a, b = math.floor(i * n_blocks / 3), math.floor((i + 1) * n_blocks / 3) - 1
+    p.devices[i + 1] = { stages = { { blocks = { a, b }, offloaded = i == 2 and 1 or 0 } } }
+  end
+  return p
+end
+
 for _, family in ipairs(families.names(ref.models)) do
   local r = ref.models[family]
   describe(family, function()
@@ -32,12 +42,21 @@ for _, family in ipairs(families.names(ref.models)) do
       assert.are.equal(r.gguf_sha256, require("loip.runtime.files").sha256_file(dir .. "/m.gguf"))
     end)
 
-    it("gives llama.cpp's logits within 1e-4 and its greedy tokens (GGUF, Hugging Face, store)", function()
+    it("gives llama.cpp's logits within 1e-4 and its greedy tokens (GGUF, Hugging Face, store, offloaded)", function()
       local R = reference_logits(r)
-      for _, path in ipairs({ dir .. "/m.gguf", dir .. "/hf", dir .. "/store" }) do
-        local m = loip.model.open(path, { threads = 1, context = 128, tokenizer = false })
+      -- (every layer a stage of its own, both its blocks offloaded: read from the store as they run)
+      local stages = {}
+      for l = 0, assert(json.load(dir .. "/hf/config.json")).num_hidden_layers - 1 do
+        stages[l + 1] = { blocks = { 2 * l, 2 * l + 1 }, offloaded = 2 }
+      end
+      for _, case in ipairs({ { path = dir .. "/m.gguf" }, { path = dir .. "/hf" }, { path = dir .. "/store" },
+        { path = dir .. "/store", plan = { slots = 1, devices = { { stages = stages } } } } }) do
+        local path = case.path .. (case.plan and " (offloaded)" or "")
+        local m = loip.model.open(case.path, { threads = 1, context = 128, plan = case.plan, tokenizer = false })
         assert.are.equal(r.class, m.architecture)
+        assert.are.equal(case.plan ~= nil, m.loader ~= nil, path) -- (offloaded blocks: read by a loader)
         local out = m:logits(ref.tokens)
+        if case.plan then assert.is_true(m:runner_stats().loads > 0, path) end
         local w = worst(out, R, #ref.tokens, m.vocab_size)
         assert.is_true(w <= 1e-4, string.format("%s: %.3g of the largest logit", path, w))
         local it, st = m:generate(ref.tokens, { temperature = 0, max_tokens = #r.greedy, ignore_eos = true })
@@ -67,23 +86,27 @@ for _, family in ipairs(families.names(ref.models)) do
       m:close()
     end)
 
-    it("3 devices give the single device's logits bit for bit and llama.cpp's greedy tokens", function()
-      local m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false })
-      local V, n = m.vocab_size, #ref.tokens
-      local single = ffi.new("float[?]", n * V)
-      ffi.copy(single, m:logits(ref.tokens), n * V * 4)
-      m:close()
-      local c = require("loip.cluster").start_local { store = dir .. "/store", devices = 3, threads = 1 }
-      local ok, err = pcall(function()
-        c:plan { context = 128, batch = 16, logits_tokens = 16 }
-        assert.are.equal(0, T.bit_diffs(single, c:logits(ref.tokens), n * V))
-        local it, st = c:generate(ref.tokens, { max_tokens = #r.greedy, sampler = { temperature = 0 }, stop = {} })
-        for _ in it do end
-        assert.are.same(r.greedy, st.token_ids)
+    for _, devices in ipairs({ 2, 3 }) do
+      it(devices .. " devices give the single device's logits bit for bit and llama.cpp's greedy tokens", function()
+        local m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false })
+        local V, n = m.vocab_size, #ref.tokens
+        local single = ffi.new("float[?]", n * V)
+        ffi.copy(single, m:logits(ref.tokens), n * V * 4)
+        m:close()
+        local c = require("loip.cluster").start_local { store = dir .. "/store", devices = devices, threads = 1 }
+        local ok, err = pcall(function()
+          -- (3 devices: the blocks in thirds, the last device's last block offloaded; 2: as planned)
+          c:plan { context = 128, batch = 16, logits_tokens = 16,
+            plan = devices == 3 and thirds(2 * assert(json.load(dir .. "/hf/config.json")).num_hidden_layers) or nil }
+          assert.are.equal(0, T.bit_diffs(single, c:logits(ref.tokens), n * V))
+          local it, st = c:generate(ref.tokens, { max_tokens = #r.greedy, sampler = { temperature = 0 }, stop = {} })
+          for _ in it do end
+          assert.are.same(r.greedy, st.token_ids)
+        end)
+        c:close()
+        assert(ok, err)
       end)
-      c:close()
-      assert(ok, err)
-    end)
+    end
 
     local fused = {}
     for name, kinds in pairs(families.classes[r.class].layer or {}) do

@@ -7,7 +7,10 @@
 -- tensors, norms, biases and routers in F32 (the converter forces them), every other matrix
 -- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's). A
 -- family's own tensors (fused by rows: Phi-3's qkv_proj -> attn_qkv) and metadata keys come from
--- its description (lua/loip/model/families/).
+-- its description (lua/loip/model/families/); a class whose norms scale by 1 + w (Gemma 3) has
+-- its norms stored as 1 + w in F32 (the converter's norm_shift), its config read through its
+-- prepare function (Gemma3ForConditionalGeneration: text_config, tensors under its prefix); a
+-- linear RoPE scaling is written as rope.scaling.type/factor.
 --
 --   require("spec.support.to_gguf").convert("synth-dir", "out.gguf")   -- arch from config.json
 local ffi = require "ffi"
@@ -50,6 +53,7 @@ local layer_to_gguf = {
   -- gpt-oss's
   ["self_attn.o_proj.bias"] = "attn_output.bias", ["self_attn.sinks"] = "attn_sinks.weight",
   ["mlp.router.weight"] = "ffn_gate_inp.weight", ["mlp.router.bias"] = "ffn_gate_inp.bias",
+  ["post_feedforward_layernorm.weight"] = "post_ffw_norm.weight",
 }
 
 -- gpt-oss's fused experts as GptOssModel.modify_tensors cuts them (MXFP4 blocks and scales as
@@ -160,6 +164,14 @@ local function widen(data, dtype)
   return ffi.string(out, n * 4)
 end
 
+-- F32 bytes w as 1 + w (the converter's norm_shift of Gemma 3's norms, added in F32).
+local function plus_one(data)
+  local n = #data / 4
+  local src, out = ffi.cast("const float *", data), ffi.new("float[?]", n)
+  for i = 0, n - 1 do out[i] = src[i] + 1 end
+  return ffi.string(out, n * 4)
+end
+
 local function llama3_freqs(cfg, hd)
   local rs, f = cfg.rope_scaling, {}
   for i = 0, hd / 2 - 1 do
@@ -225,8 +237,16 @@ local function keys(cfg, arch, hd, spec)
     md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
   end
   for _, k in ipairs(families.names(spec.keys or {})) do
-    local v = cfg[spec.keys[k]]
-    md[#md + 1] = { a(k), "UINT32", type(v) == "number" and v or 0 }
+    local field, kind = spec.keys[k], "UINT32"
+    if type(field) == "table" then field, kind = field[1], field[2] end
+    local v = cfg[field]
+    md[#md + 1] = { a(k), kind, type(v) == "number" and v or 0 }
+  end
+  -- (the converter's linear RoPE scaling: TextModel.set_gguf_parameters)
+  local rs = cfg.rope_scaling
+  if type(rs) == "table" and (rs.rope_type or rs.type) == "linear" then
+    md[#md + 1] = { a "rope.scaling.type", "STRING", "linear" }
+    md[#md + 1] = { a "rope.scaling.factor", "FLOAT32", rs.factor }
   end
   return md
 end
@@ -236,6 +256,8 @@ end
 -- (bad input for the specs).
 function M.convert(dir, path, arch, extra)
   local cfg = assert(json.load(dir .. "/config.json"))
+  local class = families.classes[cfg.architectures[1]] or {}
+  if class.prepare then cfg = class.prepare(cfg, dir .. "/config.json") end
   arch = arch or M.arch_of[cfg.architectures[1]]
   local set = assert(require("loip.model.safetensors").open_dir(dir))
   local hd = cfg.head_dim or cfg.hidden_size / cfg.num_attention_heads
@@ -245,10 +267,11 @@ function M.convert(dir, path, arch, extra)
   local names = {}
   for name in pairs(set.index) do names[#names + 1] = name end
   table.sort(names)
-  for _, name in ipairs(names) do
-    local f = set.index[name]
-    local t = f.tensors[name]
+  for _, full in ipairs(names) do
+    local f = set.index[full]
+    local t = f.tensors[full]
     local data = ffi.string(f.data + t.offset, t.nbytes)
+    local name = class.prefix and full:sub(1, #class.prefix) == class.prefix and full:sub(#class.prefix + 1) or full
     local l, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
     local e, part = (rest or ""):match("experts%.(%d+)%.([%w_]+)%.weight$")
     local fused = arch == "gpt-oss" and l and gpt_oss_experts(set, l, rest, t, data)
@@ -273,6 +296,7 @@ function M.convert(dir, path, arch, extra)
       local dtype = t.dtype
       local f32 = #dims == 1 or gname:match("_norm%.weight$") or gname:match("ffn_gate_inp") or not gname:match("%.weight$")
       if f32 and dtype ~= "F32" then data, dtype = widen(data, dtype), "F32" end
+      if class.norms_zero_centred and name:match("norm%.weight$") then data = plus_one(data) end
       tensors[#tensors + 1] = { name = gname, type = dtype, dims = dims, data = data }
     end
   end

@@ -1,5 +1,5 @@
 -- loip.template, the chat-template renderer: every reference rendering of transformers'
--- apply_chat_template in models/chat-templates (165 cases), then the Jinja
+-- apply_chat_template in models/chat-templates (183 cases), then the Jinja
 -- language feature by feature. The expected strings of the feature cases were produced by
 -- jinja2 3.1.6 in transformers' environment (ImmutableSandboxedEnvironment, trim_blocks,
 -- lstrip_blocks, loopcontrols, its tojson/raise_exception/strftime_now), not by this code.
@@ -14,13 +14,13 @@ describe("template: reference renderings", function()
 
   local path, why = T.fixture_path("models/chat-templates/reference.json")
   if not path then
-    it("renders the 165 reference cases", function() pending(why) end)
+    it("renders the 183 reference cases", function() pending(why) end)
     return
   end
   local dir = path:match("^(.*)/[^/]*$")
   local cases = assert(template.ordered_decode(T.read(path)))
 
-  it("has all 165 cases", function() assert.equals(165, #cases) end)
+  it("has all 183 cases", function() assert.equals(183, #cases) end)
 
   local compiled = {}
   for _, case in ipairs(cases) do

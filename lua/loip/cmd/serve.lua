@@ -52,6 +52,9 @@ local M = {
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
     flags.shared.experts, flags.shared.routing_profile,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
+    { "draft-per-request", "string", "what an API request's `draft` field may choose (comma-separated): none, ngram (loads "
+      .. "nothing) and the --draft policy's name (its settings that keep the loaded draft: tree, width, levels; and "
+      .. "draft_tokens up to --draft-tokens); default: any such field is refused", metavar = "LIST" },
     { "trace", "string", "write a Chrome trace (Perfetto) of every load, compute and wait, and of speculative decoding's "
       .. "drafts and verifying steps, when the server stops (a slice store or --devices/--hosts)", metavar = "OUT.json" },
     flags.shared.threads, flags.shared.kernels,
@@ -121,7 +124,7 @@ local function serve_on(o, run, tokdir, name, api_key)
     name = name, api_key = api_key, host = o.host, port = o.port, max_queue = o.max_queue, max_body = o.max_body,
     prefill = o.prefill, prefix_cache = not o.no_prompt_cache and (o.prompt_cache_dir and { dir = o.prompt_cache_dir,
       bytes = o.prompt_cache_disk } or true),
-    quiet = o.quiet }
+    quiet = o.quiet, draft_per_request = o.draft_per_request }
   if not o.no_prompt_cache and not srv.batcher.shares_kv then -- (a cluster's online policy may lend KV: loip.engine.request.batcher)
     if o.prompt_cache_dir then
       usage("serve", "--prompt-cache-dir: the prefix cache is off beside the online policy on a cluster (--online %s "

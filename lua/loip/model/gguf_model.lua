@@ -37,6 +37,7 @@ local layer_names = {
   ["attn_k.bias"] = K.W_BK, ["attn_v.bias"] = K.W_BV, ["attn_q_norm.weight"] = K.W_Q_NORM,
   ["attn_k_norm.weight"] = K.W_K_NORM, ["ffn_norm.weight"] = K.W_FFN_NORM,
   ["ffn_gate.weight"] = K.W_GATE, ["ffn_up.weight"] = K.W_UP, ["ffn_down.weight"] = K.W_DOWN,
+  ["post_attention_norm.weight"] = K.W_POST_ATTN_NORM, ["post_ffw_norm.weight"] = K.W_POST_FFN_NORM,
 }
 -- A mixture of experts' layers: the same attention, then the router, the shared expert and its
 -- gate (Qwen2-MoE) and the routed experts (3-D: M.tensors cuts them into experts).
@@ -155,15 +156,17 @@ local function rope_scaling_of(g, hd, theta)
   return scaling
 end
 
--- The rope scaling of arch's metadata md as a Hugging Face rope_scaling table: nil (none), or
--- YaRN's as llama.cpp runs it (its correction range always truncated: transformers' default;
+-- The rope scaling of arch's metadata md as a Hugging Face rope_scaling table: nil (none), linear's
+-- (rope.scaling.factor), or YaRN's as llama.cpp runs it (its correction range always truncated: transformers' default;
 -- beta_fast and beta_slow 32 and 1 unless the file says otherwise; the attention factor
 -- 0.1 ln(factor) + 1 times rope.scaling.attn_factor). Raises on any other kind.
-function M.yarn_of(md, arch, get, path)
+function M.metadata_scaling_of(md, arch, get, path)
   local scaling = md[arch .. ".rope.scaling.type"]
   if scaling == nil or scaling == "none" then return nil end
+  if scaling == "linear" then return { rope_type = "linear", factor = get("rope.scaling.factor", nil, "number") } end
   if scaling ~= "yarn" then
-    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (yarn is)", path, arch, tostring(scaling)), 0)
+    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (linear and yarn are)", path, arch,
+      tostring(scaling)), 0)
   end
   local factor = get("rope.scaling.factor", nil, "number")
   local attn = get("rope.scaling.attn_factor", 1, "number")
@@ -213,7 +216,7 @@ function M.config(g)
       path, arch, rope_dims, hd), 0)
   end
   local theta = get("rope.freq_base", 10000, "number")
-  local yarn = M.yarn_of(md, arch, get, path)
+  local scaling = M.metadata_scaling_of(md, arch, get, path)
   local eos, stops = stop_ids(md)
   local types = {}
   for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
@@ -230,7 +233,7 @@ function M.config(g)
     loip_source_format = "gguf",
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
-  if yarn then cfg.rope_scaling = yarn end
+  if scaling then cfg.rope_scaling = scaling end
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
   if spec.config then spec.config(md, cfg, get, path) end

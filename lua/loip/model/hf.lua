@@ -96,7 +96,8 @@ local function yarn_of(rs, path, c)
   c.rope_yarn_truncate = field(rs, at, "truncate", "bool", true) and 1 or 0
 end
 
--- The config's rope_scaling into c (none, llama3 or yarn); raises naming what is not supported.
+-- The config's rope_scaling into c (none, llama3, linear or yarn); raises naming what is not
+-- supported.
 function M.rope_scaling_of(cfg, path, c)
   c.rope_scaling = K.ROPE_SCALING_NONE
   local rs = cfg.rope_scaling
@@ -108,14 +109,23 @@ function M.rope_scaling_of(cfg, path, c)
     c.rope_low_freq_factor = field(rs, path .. " rope_scaling", "low_freq_factor", "number")
     c.rope_high_freq_factor = field(rs, path .. " rope_scaling", "high_freq_factor", "number")
     c.rope_original_max_pos = field(rs, path .. " rope_scaling", "original_max_position_embeddings", "int")
+  elseif kind == "linear" then
+    c.rope_scaling = K.ROPE_SCALING_LINEAR
+    c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
+    if not (c.rope_factor > 0) then error(path .. ": rope_scaling factor must be positive", 0) end
   elseif kind == "yarn" then
     yarn_of(rs, path, c)
   elseif kind ~= "default" then
-    error(string.format("%s: rope_scaling type '%s' is not supported (llama3 and yarn are)", path, tostring(kind)), 0)
+    error(string.format("%s: rope_scaling type '%s' is not supported (llama3, linear and yarn are)", path,
+      tostring(kind)), 0)
   end
 end
 
--- A decoded config.json table -> (loip_model_config, facts); path names it in errors.
+-- The MLP gate's activations loip runs (config.json's names -> K.ACT_*).
+local activations = { silu = K.ACT_SILU, gelu_pytorch_tanh = K.ACT_GELU_TANH }
+
+-- A decoded config.json table -> (loip_model_config, facts); path names it in errors. A class
+-- with a prepare function reads the table it returns (families/init.lua).
 function M.parse_config(cfg, path)
   if type(cfg) ~= "table" then error(path .. ": not a JSON object", 0) end
   local arch_list = cfg.architectures
@@ -128,9 +138,17 @@ function M.parse_config(cfg, path)
     error(string.format("%s: architecture '%s' is not supported (supported: %s)", path, arch,
       table.concat(families.names(M.architectures), ", ")), 0)
   end
-  local act = field(cfg, path, "hidden_act", "string", "silu")
-  if act ~= "silu" then error(string.format("%s: field 'hidden_act' is '%s'; only silu is supported", path, act), 0) end
+  if spec.prepare then cfg = spec.prepare(cfg, path) end
+  -- (the MLP gate's activation: hidden_activation where a config has it, as Gemma's, else hidden_act)
+  local act_field = cfg.hidden_activation ~= nil and "hidden_activation" or "hidden_act"
+  local act = field(cfg, path, act_field, "string", "silu")
+  local act_kind = activations[act]
+  if not act_kind or (act_kind ~= K.ACT_SILU and spec.experts) then
+    error(string.format("%s: field '%s' is '%s'; only %s supported", path, act_field, act,
+      spec.experts and "silu is" or "silu and gelu_pytorch_tanh are"), 0)
+  end
   local c = ffi.new("loip_model_config")
+  c.ffn_act = act_kind
   c.dim = field(cfg, path, "hidden_size", "int")
   if spec.experts then
     M.experts_of(cfg, path, spec, c, field)
@@ -176,10 +194,12 @@ local layer_names = {
   { K.W_BO, "self_attn.o_proj.bias", "attn_out_bias" },
   { K.W_SINKS, "self_attn.sinks", "attn_sinks" },
   { K.W_K_NORM, "self_attn.k_norm.weight", "qk_norm" },
+  { K.W_POST_ATTN_NORM, "post_attention_norm.weight", "post_norms" }, -- (Gemma's: post_attention_layernorm)
   { K.W_FFN_NORM, "post_attention_layernorm.weight" },
   { K.W_GATE, "mlp.gate_proj.weight", "dense" },
   { K.W_UP, "mlp.up_proj.weight", "dense" },
   { K.W_DOWN, "mlp.down_proj.weight", "dense" },
+  { K.W_POST_FFN_NORM, "post_feedforward_layernorm.weight", "post_norms" },
 }
 M.layer_names = layer_names
 
@@ -219,6 +239,7 @@ function M.shape_of(c, kind)
     [K.W_WQ] = { q, c.dim }, [K.W_WK] = { kv, c.dim }, [K.W_WV] = { kv, c.dim },
     [K.W_WO] = { c.dim, q }, [K.W_BQ] = { q }, [K.W_BK] = { kv }, [K.W_BV] = { kv },
     [K.W_Q_NORM] = { c.head_dim }, [K.W_K_NORM] = { c.head_dim },
+    [K.W_POST_ATTN_NORM] = { c.dim }, [K.W_POST_FFN_NORM] = { c.dim },
     [K.W_GATE] = { c.hidden_dim, c.dim }, [K.W_UP] = { c.hidden_dim, c.dim },
     [K.W_DOWN] = { c.dim, c.hidden_dim }, [K.W_ROUTER] = { c.n_experts, c.dim }, [K.W_SHARED_GATE] = { 1, c.dim },
     [M.W_EXPERT + K.EXPERT_GATE] = { c.expert_dim, c.dim }, [M.W_EXPERT + K.EXPERT_UP] = { c.expert_dim, c.dim },
@@ -264,9 +285,10 @@ function M.weight_list(c, arch)
   local spec = M.architectures[arch or ""] or {}
   local moe = c.n_experts > 0 and (spec.experts or families.default_experts)
   local names = layer_names_of(spec)
-  local list = { { -1, K.W_EMBED, "model.embed_tokens.weight" } }
+  local top = spec.prefix or "" -- (Gemma3ForConditionalGeneration's language model: language_model.)
+  local list = { { -1, K.W_EMBED, top .. "model.embed_tokens.weight" } }
   for l = 0, c.n_layers - 1 do
-    local prefix = string.format("model.layers.%d.", l)
+    local prefix = string.format("%smodel.layers.%d.", top, l)
     for _, e in ipairs(layer_names) do
       local want = not e[3] or (e[3] == "dense" and not moe) or (e[3] ~= "dense" and c[e[3]] ~= 0)
       if want then
@@ -295,8 +317,8 @@ function M.weight_list(c, arch)
       end
     end
   end
-  list[#list + 1] = { -1, K.W_OUTPUT_NORM, "model.norm.weight" }
-  if c.tied_embeddings == 0 then list[#list + 1] = { -1, K.W_LM_HEAD, "lm_head.weight" } end
+  list[#list + 1] = { -1, K.W_OUTPUT_NORM, top .. "model.norm.weight" }
+  if c.tied_embeddings == 0 then list[#list + 1] = { -1, K.W_LM_HEAD, top .. "lm_head.weight" } end
   return list
 end
 
@@ -347,11 +369,22 @@ function M.row_view(v, rows)
   return out, count * row
 end
 
--- The view of weight w (a M.weight_list entry) in the safetensors set, and its bytes; nil and
--- the message when it cannot be had. A derived weight (w.derive: a family's, from the tensors
--- w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
+-- The file of safetensors set holding weight w (a M.weight_list entry of class arch) and the
+-- name it is held under: w's own, or the class's other layout of it (its alias function:
+-- Gemma3ForConditionalGeneration saved by transformers 4.52 to 4.57, model.language_model.*);
+-- nil when neither is there.
+function M.find(set, w, arch)
+  if set.index[w[3]] then return set.index[w[3]], w[3] end
+  local alias = (M.architectures[arch or ""] or {}).alias
+  local other = alias and alias(w[3])
+  if other and set.index[other] then return set.index[other], other end
+end
+
+-- The view of weight w (a M.weight_list entry of class arch) in the safetensors set (found by
+-- M.find), and its bytes; nil and the message when it cannot be had. A derived weight (w.derive:
+-- a family's, from the tensors w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
 -- budget's "weights" (a loip_budget *, when given) until then.
-function M.weight_view(set, w, dir, budget)
+function M.weight_view(set, w, dir, budget, arch)
   -- (a weight a family can also derive from other sources: MXFP4 blocks and scales as released)
   if w.mxfp4 and w.sources and not set.index[w.sources[1].name] and set.index[w.mxfp4.sources[1].name] then
     w = { w[1], w[2], w[3], expert = w.expert, part = w.part, sources = w.mxfp4.sources, derive = w.mxfp4.derive }
@@ -375,18 +408,19 @@ function M.weight_view(set, w, dir, budget)
     end
     return view, bytes
   end
-  local f = set.index[w[3]]
+  local f, name = M.find(set, w, arch)
   if not f then return nil, string.format("%s: tensor '%s' is missing", dir, w[3]) end
-  return M.view_of(f, w)
+  return M.view_of(f, w, name)
 end
 
--- The view of weight w (a M.weight_list entry) in safetensors file f, and its bytes; nil and
--- the message when it cannot be had.
-function M.view_of(f, w)
-  local view, err = f:view(w[3])
-  if not view or not w.rows then return view, err or f.tensors[w[3]].nbytes end
+-- The view of weight w (a M.weight_list entry) in safetensors file f (under name: default w's),
+-- and its bytes; nil and the message when it cannot be had.
+function M.view_of(f, w, name)
+  name = name or w[3]
+  local view, err = f:view(name)
+  if not view or not w.rows then return view, err or f.tensors[name].nbytes end
   local part, perr = M.row_view(view, w.rows)
-  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, w[3], perr) end
+  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, name, perr) end
   return part, perr
 end
 
@@ -397,13 +431,14 @@ function M.bind_weights(dir, c, m, opts)
   local set, err = safetensors.open_dir(dir, opts)
   if not set then error(err, 0) end
   for _, w in ipairs(M.weight_list(c, opts and opts.architecture)) do
-    local layer, kind, name = w[1], w[2], w[3]
-    local view, verr = M.weight_view(set, w, dir, opts and opts.budget)
+    local layer, kind = w[1], w[2]
+    local view, verr = M.weight_view(set, w, dir, opts and opts.budget, opts and opts.architecture)
     if not view then safetensors.close(set) error(verr, 0) end
     local ok, berr = M.bind(m, layer, kind, view, w.expert)
     if not ok then
       safetensors.close(set)
-      error(string.format("%s: tensor '%s': %s", set.index[name] and set.index[name].path or dir, name, berr), 0)
+      local f, name = M.find(set, w, opts and opts.architecture)
+      error(string.format("%s: tensor '%s': %s", f and f.path or dir, name or w[3], berr), 0)
     end
   end
   return set

@@ -30,7 +30,7 @@ function M.get(name)
   local copy = {}
   for k, v in pairs(s) do copy[k] = v end
   copy.model_type = copy.model_type or copy.architectures[1]:match("^(.-)ForCausalLM$"):lower()
-  copy.hidden_act = "silu"
+  if not copy.hidden_activation then copy.hidden_act = "silu" end
   return copy
 end
 

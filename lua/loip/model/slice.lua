@@ -95,7 +95,7 @@ function M.open_source(path)
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
     end
     for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
-      local view, bytes = hf.weight_view(set, w, file)
+      local view, bytes = hf.weight_view(set, w, file, nil, cfg.architectures[1])
       if not view then src.close() error(bytes, 0) end
       by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes }
     end

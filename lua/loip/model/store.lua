@@ -42,6 +42,7 @@ local kind_list = {
   { "bv", K.W_BV, "mha" }, { "q_norm", K.W_Q_NORM, "mha" }, { "k_norm", K.W_K_NORM, "mha" },
   { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
   { "down", K.W_DOWN, "mlp" }, { "router", K.W_ROUTER, "mlp" }, { "shared_gate", K.W_SHARED_GATE, "mlp" },
+  { "post_attn_norm", K.W_POST_ATTN_NORM, "mha" }, { "post_ffn_norm", K.W_POST_FFN_NORM, "mlp" },
   -- gpt-oss's: the output projection's bias and the sinks with the attention, the router's and
   -- the experts' biases (a row per expert, all of a layer's together) with the MLP
   { "bo", K.W_BO, "mha" }, { "sinks", K.W_SINKS, "mha" }, { "router_bias", K.W_ROUTER_BIAS, "mlp" },

@@ -46,6 +46,9 @@ function M.config(o)
     heads = "num_attention_heads", kv_heads = "num_key_value_heads", head_dim = "head_dim", vocab = "vocab_size",
     experts = false, experts_per_token = false }
   local moe = shapes.expert_fields(cfg)
+  -- (Gemma's query_pre_attn_scalar is the head dimension, or dim / heads (27b): kept so when they change)
+  local qpas = cfg.query_pre_attn_scalar
+  local qpas_of = qpas and (qpas == cfg.head_dim and "head_dim" or qpas == cfg.hidden_size / cfg.num_attention_heads and "width")
   local shared_ratio = moe and cfg.shared_expert_intermediate_size and cfg.shared_expert_intermediate_size / cfg[moe.ffn]
   for flag, field in pairs(over) do
     if o[flag] ~= nil then
@@ -59,6 +62,8 @@ function M.config(o)
   if (o.dim or o.heads) and not o.head_dim and cfg.head_dim then
     cfg.head_dim = math.floor(cfg.hidden_size / cfg.num_attention_heads)
   end
+  if qpas_of == "head_dim" then cfg.query_pre_attn_scalar = cfg.head_dim
+  elseif qpas_of == "width" then cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_attention_heads end
   -- (per-layer attention kinds for another layer count: the shape's own list, cut or repeated)
   if type(cfg.layer_types) == "table" and #cfg.layer_types ~= cfg.num_hidden_layers then
     local t = {}
@@ -91,16 +96,18 @@ function M.experts_dtype(cfg)
   return type(q) == "table" and q.quant_method == "mxfp4" and "mxfp4" or nil
 end
 
--- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }.
+-- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }. Norms
+-- are 1, or drawn around 0 (as random as the rest) for a class whose norms scale by 1 + w (Gemma's).
 local function tensor_plan(c, std, arch, experts_dtype)
   local plan = {}
+  local centred = (hf.architectures[arch or ""] or {}).norms_zero_centred
   for _, t in ipairs(hf.tensor_list(c, arch, experts_dtype)) do
     local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
-    plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = is_norm and 1 or 0,
-      std = is_norm and 0 or std, dtype = t.dtype, fill = t.fill }
+    plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = (is_norm and not centred) and 1 or 0,
+      std = (is_norm and not centred) and 0 or std, dtype = t.dtype, fill = t.fill }
   end
   return plan
 end

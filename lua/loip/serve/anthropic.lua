@@ -7,6 +7,7 @@
 local json = require "loip.text.json"
 local openai = require "loip.serve.openai"
 local tools = require "loip.serve.tools"
+local request_draft = require "loip.serve.request_draft"
 
 local M = {}
 
@@ -14,7 +15,8 @@ M.DONE = ""              -- (no end marker after message_stop)
 M.call_id_prefix = "toolu_"
 
 local KNOWN = { model = true, max_tokens = true, messages = true, system = true, stop_sequences = true, temperature = true,
-  top_p = true, top_k = true, stream = true, metadata = true, tools = true, tool_choice = true, service_tier = true }
+  top_p = true, top_k = true, stream = true, metadata = true, tools = true, tool_choice = true, service_tier = true,
+  draft = true, draft_tokens = true } -- (loip's: a request's own drafts, loip.serve.request_draft)
 
 -- Anthropic's error types by HTTP status.
 local TYPES = { [400] = "invalid_request_error", [401] = "authentication_error", [403] = "permission_error",
@@ -109,6 +111,8 @@ function M.parse(_, text)
   local s = { kind = "chat", model = body.model, max_tokens = body.max_tokens, stream = body.stream == true, stop = {}, n = 1,
     sampler = { temperature = null(body.temperature) and 1 or body.temperature, top_p = null(body.top_p) and 1 or body.top_p,
       top_k = null(body.top_k) and 0 or body.top_k, min_p = 0, repetition_penalty = 1 } }
+  local dp, why = request_draft.parse(body, s)
+  if dp then return bad(dp, "%s", why) end
   if not null(body.stop_sequences) then
     if type(body.stop_sequences) ~= "table" then return bad("stop_sequences", "stop_sequences must be an array of strings") end
     for i, x in ipairs(body.stop_sequences) do

@@ -4,6 +4,7 @@
 local json = require "loip.text.json"
 local tools = require "loip.serve.tools"
 local utf8 = require "loip.text.utf8"
+local request_draft = require "loip.serve.request_draft"
 
 local M = {}
 
@@ -27,7 +28,7 @@ M.utf8_valid = utf8.valid -- (loip.text.utf8: one check of UTF-8 for the project
 local COMMON = { model = true, max_tokens = true, temperature = true, top_p = true, seed = true, stop = true, n = true,
   stream = true, stream_options = true, user = true, presence_penalty = true, frequency_penalty = true,
   logit_bias = true, logprobs = true, top_k = true, min_p = true, repetition_penalty = true, ignore_eos = true,
-  grammar = true }
+  grammar = true, draft = true, draft_tokens = true }
 local CHAT = { messages = true, max_completion_tokens = true, response_format = true, top_logprobs = true, tools = true,
   tool_choice = true, parallel_tool_calls = true, reasoning_effort = true }
 local COMPLETION = { prompt = true, echo = true, suffix = true, best_of = true }
@@ -239,7 +240,8 @@ end
 -- prompt (string, "" for the start of a document, or ids), max_tokens (nil: to the end of the
 -- context), sampler, seed, stop (list of strings), ignore_eos (llama.cpp's server's: the model's
 -- end tokens do not stop it), stream, include_usage, logprobs (alternatives per token, or nil),
--- format (response_format or grammar: parse_format), n }, or nil and { status, message, param, code }.
+-- format (response_format or grammar: parse_format), n, draft and draft_tokens (a request's own
+-- drafts, loip.serve.request_draft) }, or nil and { status, message, param, code }.
 function M.parse(kind, text)
   if not M.utf8_valid(text) then
     return nil, { status = 400, message = "the request body is not valid UTF-8", code = "invalid_encoding" }
@@ -261,6 +263,10 @@ function M.parse(kind, text)
   s.model = body.model
   local ok, e = parse_sampling(kind, s, body)
   if ok then ok, e = parse_stop(s, body) end
+  if ok then
+    local dp, why = request_draft.parse(body, s) -- (loip's draft, draft_tokens: loip.serve.request_draft)
+    if dp then ok, e = bad(dp, "%s", why) end
+  end
   if ok and kind == "chat" then ok, e = parse_messages(s, body, text)
   elseif ok then ok, e = parse_prompt(s, body) end
   if not ok then return nil, e end

@@ -22,6 +22,7 @@ local membership = require "loip.serve.membership"
 local anthropic = require "loip.serve.anthropic"
 local chat_mod = require "loip.text.chat"
 local prefix_cache_mod = require "loip.engine.request.prefix_cache"
+local request_draft = require "loip.serve.request_draft"
 
 local M = {}
 
@@ -34,7 +35,9 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 -- chat_template (a file instead), tool_parser (a tools policy's name or file; default: the
 -- template's family), name (the model id clients name), api_key, host, port,
 -- max_queue, prefill ("chunked" or "own", see loip.engine.request.batcher), prefix_cache (false: off;
--- { dir, bytes }: with a disk tier; loip.engine.request.prefix_cache), max_body, quiet.
+-- { dir, bytes }: with a disk tier; loip.engine.request.prefix_cache), max_body, quiet,
+-- draft_per_request (what a request's `draft` may choose: a comma-separated list,
+-- loip.serve.request_draft; nil: nothing).
 function M.new(opts)
   local self = setmetatable({ opts = opts, name = opts.name, tok = opts.tokenizer, active = {}, seq = 0,
     metrics = metrics.new(), created = os.time(), quiet = opts.quiet }, Server)
@@ -46,6 +49,7 @@ function M.new(opts)
   -- speculative decoding (the batcher's loip.engine.request.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
   if d then d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end end
+  self.draft_allowed = request_draft.allowance(opts.draft_per_request, d)
   -- the vocabulary and the model's stop ids, on one device or a cluster alike (loip.engine's
   -- front-end: the cluster's with this tokenizer)
   local front = eng:front({ tokenizer = self.tok })
@@ -130,8 +134,10 @@ function Server:generate(req, kind)
   end
   local constraint, cmsg, cparam = self:constraint(spec, req.body, api)
   if cmsg then return fail(req, 400, cmsg, nil, cparam) end
+  local draft, derr = request_draft.resolve(spec, self.draft_allowed, self.batcher.draft)
+  if derr then return fail(req, 400, derr.message, nil, derr.param, "draft_not_allowed") end
   local seed = spec.seed or (os.time() * 1000 + self.seq)
-  local ok, r = pcall(self.submit, self, spec, ids, seed, { constraint = constraint })
+  local ok, r = pcall(self.submit, self, spec, ids, seed, { constraint = constraint, draft = draft })
   if not ok then
     if errors.is(r, "overloaded") then
       self.metrics:add("loip_requests_refused_total", "requests refused", 1, { reason = "overloaded" })
@@ -170,7 +176,7 @@ end
 function Server:submit(spec, ids, seed, extra)
   local r = self.batcher:submit { prompt = ids, max_tokens = spec.max_tokens, strict = spec.max_tokens ~= nil,
     sampler = spec.sampler, seed = seed % 2^53, n_sample = self.n_sample, stop = not spec.ignore_eos and self.stop_ids or {},
-    logprobs = spec.logprobs, n = spec.n, constraint = extra and extra.constraint }
+    logprobs = spec.logprobs, n = spec.n, constraint = extra and extra.constraint, draft = extra and extra.draft }
   return r.choices or { r }
 end
 
@@ -178,6 +184,8 @@ end
 -- acceptance (its accepted drafts over its drafted ones).
 local STEP_BUCKETS = { 0, 1, 2, 3, 4, 5, 6, 7, 8 }
 local RATE_BUCKETS = { 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1 }
+-- the drafts (a tree's nodes) a verifying step verified for a request
+local SIZE_BUCKETS = { 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 }
 
 -- A step verified request r's k drafts, `accepted` of them (loip.engine.request.draft's on_observe).
 function Server:on_draft(r, k, accepted)
@@ -187,6 +195,13 @@ function Server:on_draft(r, k, accepted)
   m:add("loip_draft_accepted_total", "drafted tokens accepted", accepted)
   m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 1)
   m:observe("loip_draft_accepted_per_step", "drafts accepted per verifying step (of a request)", accepted, STEP_BUCKETS)
+  m:observe("loip_draft_tree_size", "drafts (a tree's nodes) verified per verifying step (of a request): the size chosen", k, SIZE_BUCKETS)
+  -- by the policy that drafted them (a request's own, --draft-per-request, or the server's)
+  local d = self.batcher:draft_of(r)
+  local l = { policy = d and d:name() or "none" }
+  m:add("loip_draft_policy_tokens_total", "tokens drafted, by draft policy", k, l)
+  m:add("loip_draft_policy_accepted_total", "drafted tokens accepted, by draft policy", accepted, l)
+  m:add("loip_draft_policy_steps_total", "verifying steps, by draft policy", 1, l)
   local a = self.active[r]
   if a then a.drafted, a.accepted = (a.drafted or 0) + k, (a.accepted or 0) + accepted end
 end
@@ -249,6 +264,11 @@ function Server:metrics_text()
     m:add("loip_draft_tokens_total", "tokens drafted (speculative decoding) and verified", 0)
     m:add("loip_draft_accepted_total", "drafted tokens accepted", 0)
     m:add("loip_draft_steps_total", "verifying steps, one per request that drafted in a step", 0)
+    local rep = b.draft:report()
+    m:set("loip_draft_tokens_per_step", "tokens a verifying step gave a request (its accepted drafts and one more), on average",
+      rep.tokens_per_step)
+    m:set("loip_draft_propose_ms_total", "time proposing drafts (the head's share of speculative decoding)", rep.propose_ms)
+    m:set("loip_draft_step_share", "the draft's share of step time: time proposing over time proposing and stepping", rep.draft_share)
   end
   local e = b.engine
   local dev = e:device_stats()

@@ -13,6 +13,7 @@ M.settings = {
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 512M; empty: none)", default = "" },
 }
 drafter.settings(M.settings) -- (device, tree, width, levels)
+M.per_request = drafter.PER_REQUEST -- (a request may change these: they load nothing; loip.serve.request_draft)
 
 -- Whether two tokenizers are one: the same vocabulary, every id the same piece (a sample of at
 -- most 4096 ids spread over it), a text encoded alike. nil, or why not.

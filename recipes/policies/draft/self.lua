@@ -18,6 +18,7 @@ M.settings = {
   { "mem", "string", "a memory budget for the draft's weights and KV cache (a size such as 64M; empty: none)", default = "" },
 }
 drafter.settings(M.settings) -- (device, tree, width, levels)
+M.per_request = drafter.PER_REQUEST -- (a request may change these: they load nothing; loip.serve.request_draft)
 
 local function layers_of(o) return o.layers ~= "all" and tonumber(o.layers) or nil end
 

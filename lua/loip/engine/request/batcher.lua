@@ -95,7 +95,8 @@ local function groups_for(b, tokens) return math.ceil(tokens / b.engine.kv_block
 -- top alternatives to report per token, 0 for the chosen one's: r.token_logprobs), constraint (a
 -- grammar's matcher: loip.engine.request.head_sample; each choice gets a clone); with either, r's tokens
 -- are sampled at the head; n (choices of the prompt, default 1: loip.engine.request.choices; the request
--- returned is the first, its .choices all n). Raises a refusal (kind "too_long", "overloaded" or
+-- returned is the first, its .choices all n), draft (its own drafts: a Draft:variant of the
+-- batcher's, loip.engine.request.draft; false: none; nil: the batcher's). Raises a refusal (kind "too_long", "overloaded" or
 -- "invalid") when it cannot be served.
 function Batcher:submit(spec)
   local e = self.engine
@@ -126,7 +127,8 @@ function Batcher:submit(spec)
   end
   local r = setmetatable({ batcher = self, id = self:new_id(), prompt = prompt, n_prompt = n, max_tokens = max_tokens,
     sampler = spec.sampler or {}, seed = spec.seed or 0, n_sample = spec.n_sample or e.vocab, stop = spec.stop or {},
-    want_logits = spec.logits, logprobs = spec.logprobs, constraint = spec.constraint, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
+    want_logits = spec.logits, logprobs = spec.logprobs, constraint = spec.constraint,
+    draft_policy = spec.draft, groups = need, state = "queued", pos = 0, token_ids = {}, pending = {}, head = 1, tail = 0,
     t_submit = self.now() }, Request)
   r.at_head = head_sample.wants(r) and not spec.logits or nil
   choices.attach(self, r, spec, Request, refusal)
@@ -211,7 +213,8 @@ function Batcher:retire(r, reason, err)
     choices.release(self, r, reason, err, true)
   end
   self.stats.finished = self.stats.finished + 1
-  if self.draft then self.draft:finish(r) end
+  local d = self:draft_of(r)
+  if d then d:finish(r) end
   if r.on_done then r.on_done(r) end
 end
 
@@ -237,6 +240,13 @@ function Batcher:decoding()
   return decoding, budget, logit_rows
 end
 
+-- The drafts request r uses: its own (r.draft_policy, a Draft:variant: an API request's `draft`),
+-- none (r.draft_policy == false: it asked for none), else the batcher's.
+function Batcher:draft_of(r)
+  if r.draft_policy == false then return nil end
+  return r.draft_policy or self.draft
+end
+
 -- Speculative decoding: each decoding request's drafts ride after its last token, verified in
 -- this step (within the step's budget, the rows the engine samples at once, the request's
 -- max_tokens and the context: the KV reserved for it holds every drafted position). Returns the
@@ -250,7 +260,8 @@ function Batcher:drafts_for(decoding, budget)
   for _, r in ipairs(decoding) do
     local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
     if (r.evicted or 0) > 0 or r.at_head then room = 0 end
-    local ids = self.draft:for_step(r, rows, math.max(0, room))
+    local d = self:draft_of(r)
+    local ids = d and d:for_step(r, rows, math.max(0, room)) or {}
     drafts[r] = ids
     budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
   end
@@ -355,7 +366,8 @@ function Batcher:advanced(toks, owners, outs, drafts, by_seq)
     end
     for r, ids in pairs(drafts) do
       if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
-      self.draft:observe(r, #ids, got[r] or 0)
+      local d = self:draft_of(r)
+      if d then d:observe(r, #ids, got[r] or 0) end
     end
   end
   return seen
@@ -402,6 +414,7 @@ function Batcher:step()
   for _, r in ipairs(self.running) do by_seq[r.seq] = r end
   local seen = self:advanced(toks, owners, outs, drafts, by_seq)
   if self.draft and (not next(drafts) or #decoding == #toks - self:drafted_rows(drafts)) then self.draft:measured(#toks, now - t0) end
+  if self.draft then self.draft:stepped(now - t0) end
   local n_decoding = 0
   for r, k in pairs(seen) do
     r.pos = r.pos + k

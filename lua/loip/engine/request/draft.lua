@@ -38,7 +38,8 @@ function M.new(policy, target, opts)
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
     memo = {}, reqs = {}, cost = {}, draft_ms = nil,
-    stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0 } }, Draft)
+    stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
+      propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
@@ -46,6 +47,25 @@ function M.new(policy, target, opts)
 end
 
 function Draft:name() return self.policy.name or "draft" end
+
+-- A request's own drafts (an API request's `draft`, loip.serve.request_draft): policy (loaded),
+-- opts.tokens (a fixed k; nil: the server's). A policy of the same module as this one shares its
+-- context (a self or model draft's drafter: no second model is loaded); another opens its own
+-- (ngram: nothing). The run's figures (stats), the measured step prices and the watchers
+-- (on_observe, spans) are this Draft's: the report and /metrics count every request's drafts.
+function Draft:variant(policy, opts)
+  opts = opts or {}
+  local same = policy.module == self.policy.module
+  local fixed = opts.tokens or self.fixed
+  local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
+    prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
+    stats = self.stats, parent = self }, Draft)
+  d.ctx = same and self.ctx or { target = self.target, memo = d.memo }
+  d.tree = tree.wanted(policy)
+  if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
+  d.shared = same
+  return d
+end
 
 -- The sequence of request r so far: its prompt, then its tokens (after a re-plan r.prompt holds
 -- both; r.prompt0 is the first prompt).
@@ -133,6 +153,7 @@ function Draft:propose(r, k)
   if self.tree then ids = tree.propose(self.policy, view(r, s, k), self.ctx, self.target.vocab)
   else ids = self.policy.propose(view(r, s, k), self.ctx) or {} end
   local dt = self.now() - t0
+  self.stats.propose_ms = self.stats.propose_ms + dt
   if #ids > k then
     local cut = {}
     for i = 1, k do cut[i] = ids[i] end
@@ -143,7 +164,8 @@ function Draft:propose(r, k)
       error(string.format("draft policy %s: draft %d is %s, not a token id in [0, %d)", self:name(), i, tostring(id), self.target.vocab), 0)
     end
   end
-  if self.spans then self:span_draft(r, k, #ids, t0, dt) end
+  local w = self.parent or self
+  if w.spans then w:span_draft(r, k, #ids, t0, dt) end
   if #ids > 0 then
     local per = dt / #ids
     self.draft_ms = self.draft_ms and (0.8 * self.draft_ms + 0.2 * per) or per
@@ -189,6 +211,7 @@ function Draft:observe(r, k, got)
   if k > 0 then
     local acc = got - 1
     st.drafted, st.accepted, st.steps, st.tokens = st.drafted + k, st.accepted + acc, st.steps + 1, st.tokens + got
+    st.largest, st.last = math.max(st.largest, k), k -- (the tree's nodes, or the chain's length, chosen)
     -- drafts examined: the accepted ones and the first rejected (those after it tell nothing)
     local examined = acc < k and acc + 1 or acc
     st.examined = st.examined + examined -- (per_draft's denominator)
@@ -205,10 +228,16 @@ function Draft:observe(r, k, got)
     s.probe = nil
   end
   -- (watchers: loip.engine.request.draft_trace's spans; on_observe(r, k, accepted), e.g. serve's /metrics)
-  if self.spans then self:span_verified(r, k, k > 0 and got - 1 or 0) end
-  if self.on_observe then self.on_observe(r, k, k > 0 and got - 1 or 0) end
+  local w = self.parent or self -- (a request's own drafts: the server's watchers)
+  if w.spans then w:span_verified(r, k, k > 0 and got - 1 or 0) end
+  if w.on_observe then w.on_observe(r, k, k > 0 and got - 1 or 0) end
   local pm = self.policy.module
   if pm and pm.on_step then pm.on_step({ request = r.id, drafted = k, accepted = k > 0 and got - 1 or 0, acceptance = s.a }, self.ctx, self.policy.params) end
+end
+
+-- A step (any, drafts or not) took ms: the time the draft's share is of.
+function Draft:stepped(ms)
+  self.stats.step_ms = self.stats.step_ms + ms
 end
 
 -- A step of `rows` rows took ms (the measured price of a step of that many rows).
@@ -223,15 +252,23 @@ function Draft:finish(r)
   self.reqs[r] = nil
   local pm = self.policy.module
   if s and pm and pm.finish then pm.finish(view(r, s, 0), self.ctx, self.policy.params) end
+  -- a request's own policy of another module: closed with the request (ngram: nothing held)
+  if self.parent and not self.shared and not next(self.reqs) and pm and pm.close then pm.close(self.ctx, self.policy.params) end
 end
 
 -- The run's figures: { policy, drafted, accepted, steps (steps that verified drafts), tokens
--- (tokens those steps gave), tokens_per_step, acceptance, probes }.
+-- (tokens those steps gave), tokens_per_step, acceptance, probes, tree (whether trees are
+-- proposed), tree_size (the drafts, a tree's nodes, a verifying step verified on average),
+-- tree_size_max and tree_size_last (the largest and the last chosen), propose_ms (time proposing),
+-- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms) }.
 function Draft:report()
   local st = self.stats
+  local busy = st.propose_ms + st.step_ms
   return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
-    probes = st.probes, fixed = self.fixed,
+    probes = st.probes, fixed = self.fixed, tree = self.tree,
+    tree_size = st.steps > 0 and st.drafted / st.steps or 0, tree_size_max = st.largest, tree_size_last = st.last,
+    propose_ms = st.propose_ms, step_ms = st.step_ms, draft_share = busy > 0 and st.propose_ms / busy or 0,
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
     per_draft = st.examined > 0 and st.accepted / st.examined or nil }

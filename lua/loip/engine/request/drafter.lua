@@ -204,6 +204,10 @@ function M.settings(rows)
   return rows
 end
 
+-- The settings of such a policy that a request may choose for itself (they change how the loaded
+-- draft proposes, not what is loaded): loip.serve.request_draft.
+M.PER_REQUEST = { tree = true, width = true, levels = true }
+
 function M.policy(P)
   function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
   function P.propose_tree(req, ctx, o)

@@ -22,6 +22,14 @@
 --               layer      tensor name -> weight kind, or a list of kinds for a tensor fused by
 --                          rows (Phi-3's qkv_proj: q, k, v), each part's rows as hf.shape_of
 --                          gives them; replaces the common name of those kinds (hf.layer_names)
+--               prefix     prepended to every tensor name (a language model inside another:
+--                          Gemma3ForConditionalGeneration's language_model.)
+--               alias      function(name): the tensor's name in another layout of the class's
+--                          files, tried when name is not there (hf.find)
+--               prepare    function(cfg, path): the config table the class reads, made from
+--                          config.json's before any field is read (a nested text_config, the
+--                          class's defaults for fields left out)
+--               norms_zero_centred   its norms scale by 1 + w (loip synth draws w around 0)
 --               config     function(cfg, path, field, c): after the common fields, refuses
 --                          what the family's forward does not run (raises "path: field ...";
 --                          field(cfg, path, name, kind, default) reads one) and sets the family's
@@ -33,7 +41,8 @@
 --               norm_topk_prob, shared   as llama.cpp runs it
 --               attention_bias      false: the class always has q/k/v biases (no key written)
 --               keys                metadata keys (without A.) llama.cpp's converter writes -> the
---                                   config field it takes (0 when the config has none)
+--                                   config field it takes (0 when the config has none), UINT32;
+--                                   or { field, GGUF type }
 --               layer               GGUF name (without blk.N.) -> kind or list of kinds (fused),
 --                                   over llama.cpp's common names (gguf_model.layer_names)
 --               config              function(md, cfg, get, path): more metadata into the config table
@@ -46,6 +55,7 @@ local M = {}
 
 -- In the order `loip synth --like` and error messages list them.
 M.list = {
+  require "loip.model.families.gemma3",
   require "loip.model.families.llama",
   require "loip.model.families.gpt_oss",
   require "loip.model.families.mixtral",
