@@ -104,13 +104,7 @@ static void rotate(float *v, int head_dim, int layout, const float *cs, const fl
 
 static void add_bias(float *y, const loip_tensor *b, size_t n) {
     if (!b->data) return;
-    for (size_t i = 0; i < n; i++) {
-        switch (b->dtype) {
-        case LOIP_F32: y[i] += ((const float *)b->data)[i]; break;
-        case LOIP_BF16: y[i] += loip_bf16_to_f32(((const uint16_t *)b->data)[i]); break;
-        default: y[i] += loip_f16_to_f32(((const uint16_t *)b->data)[i]); break;
-        }
-    }
+    for (size_t i = 0; i < n; i++) y[i] += loip_tensor_elem(b, i);
 }
 
 /* After the q/k/v products: biases, q/k norms, RoPE, and the k/v rows into the cache. */
@@ -213,11 +207,16 @@ static void attention_task(void *p, int ith, int nth) {
             int o = __builtin_ctzll(bits) + 1;
             n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
         }
+        /* attention sinks: the head's learned logit joins the max and the denominator, after
+         * the positions (transformers' eager_attention_forward: the sink is the last column) */
+        float sink = c->attn_sinks ? loip_tensor_elem(loip_layer_w(s->m, j->layer, LOIP_W_SINKS), (size_t)h) : 0.0f;
+        if (c->attn_sinks && sink > maxv) maxv = sink;
         float sum = 0.0f;
         for (int pp = 0; pp < n; pp++) {
             scores[pp] = expf(scores[pp] - maxv);
             sum += scores[pp];
         }
+        if (c->attn_sinks) sum += expf(sink - maxv);
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         int at = mix_range(s, k, j->layer, seq, kvh, o, 0, last, scores, 0, sum);
@@ -332,11 +331,12 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
         const float *inv = m->inv_freq + table * half;
         size_t at = (size_t)table * s->max_batch * half;
         float *cs = s->rope_cos + at, *sn = s->rope_sin + at;
+        float scale = table ? 1.0f : m->rope_mscale; /* YaRN's factor: the scaled table's */
         for (int t = 0; t < n; t++)
             for (int i = 0; i < half; i++) {
                 float val = (float)s->tok_rope[t] * inv[i];
-                cs[t * half + i] = cosf(val);
-                sn[t * half + i] = sinf(val);
+                cs[t * half + i] = cosf(val) * scale;
+                sn[t * half + i] = sinf(val) * scale;
             }
     }
     s->n_prepared = n;
@@ -408,6 +408,8 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
     loip_pool_run(s->pool, attention_task, &j);
     loip_linear_job wo[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
     loip_linear_run(s->pool, wo);
+    if (m->cfg.attn_out_bias)
+        for (int t = 0; t < n; t++) add_bias(s->xb2 + (size_t)t * m->cfg.dim, loip_layer_w(m, l, LOIP_W_BO), (size_t)m->cfg.dim);
     post_norm(s, l, LOIP_W_POST_ATTN_NORM, n);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */

@@ -15,6 +15,7 @@ struct loip_model {
                                                 the windowed layers' (rope_local_theta > 0) */
     loip_rows *rows[LOIP_W_LM_HEAD + 1];     /* the embedding or head read from its file instead
                                                 (loip_model_bind_rows; NULL: in memory, global[]) */
+    float rope_mscale;                       /* cos and sin scaled by it (YaRN's attention factor; else 1) */
 };
 
 static inline const loip_tensor *loip_layer_w(const loip_model *m, int layer, int which) {
@@ -25,6 +26,8 @@ static inline const loip_tensor *loip_expert_w(const loip_model *m, int layer, i
     return &m->experts[((size_t)layer * m->cfg.n_experts + (size_t)expert) * LOIP_EXPERT_PARTS + part];
 }
 
+/* Element i of a bound F32/BF16/F16 tensor, as a float (biases, sinks). */
+float loip_tensor_elem(const loip_tensor *t, size_t i);
 const char *loip_weight_name(int which);
 /* The block (LOIP_BLOCK_MHA or _MLP) a layer's weight kind belongs to. */
 int loip_weight_block(int which);

@@ -31,6 +31,8 @@ typedef struct {
     const float *h2;
     const int32_t *start, *count;
     int n_ranges, width, act;
+    int glu;
+    float alpha, limit;
 } swiglu_job;
 
 static void swiglu_task(void *p, int ith, int nth) {
@@ -40,6 +42,14 @@ static void swiglu_task(void *p, int ith, int nth) {
         loip_split(total, 16, ith, nth, &b, &e);
         float *h = j->h + (size_t)j->start[r] * j->width;
         const float *h2 = j->h2 + (size_t)j->start[r] * j->width;
+        if (j->glu == LOIP_GLU_OAI_CLAMPED) { /* as ggml's swiglu_oai computes it */
+            for (size_t i = b; i < e; i++) {
+                float g = h[i] < j->limit ? h[i] : j->limit;
+                float u = h2[i] < -j->limit ? -j->limit : h2[i] > j->limit ? j->limit : h2[i];
+                h[i] = g / (1.0f + expf(j->alpha * -g)) * (u + 1.0f);
+            }
+            continue;
+        }
         if (j->act == LOIP_ACT_GELU_TANH) {
             /* PyTorch's gelu(approximate="tanh") in fp32 */
             const float k0 = 0.7978845608028654f, k1 = 0.044715f;
@@ -65,7 +75,13 @@ void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *
 
 void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
                    int n_ranges, int width) {
-    swiglu_job j = {h, h2, start, count, n_ranges, width, act};
+    swiglu_job j = {h, h2, start, count, n_ranges, width, act, LOIP_GLU_SILU, 0.0f, 0.0f};
+    loip_pool_run(pool, swiglu_task, &j);
+}
+
+void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
+                  const int32_t *count, int n_ranges, int width) {
+    swiglu_job j = {h, h2, start, count, n_ranges, width, LOIP_ACT_SILU, c->glu, c->glu_alpha, c->glu_limit};
     loip_pool_run(pool, swiglu_task, &j);
 }
 

@@ -34,5 +34,8 @@ void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *
 /* The same with the gate's activation act (LOIP_ACT_*: SiLU, or GELU's tanh approximation). */
 void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
                    int n_ranges, int width);
+/* The same with the config's gated unit (c->glu: LOIP_GLU_*; the routed experts'). */
+void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
+                  const int32_t *count, int n_ranges, int width);
 
 #endif

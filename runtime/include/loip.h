@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 35, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 36, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -145,6 +145,16 @@ LOIP_API int loip_dequantize(float *dst, const void *src, int32_t dtype, int64_t
  * the scales are not [ceil(rows/128), ceil(cols/128)]. */
 LOIP_API int loip_f8_pack(void *dst, const uint8_t *w, const float *scale_inv, int64_t rows,
                           int64_t cols, int64_t scale_rows, int64_t scale_cols, const char *name);
+/* Weights a file keeps otherwise than loip binds them (gpt-oss's fused experts), made anew:
+ * loip_gather_elements: dst[r * cols + c] = src[base + r * rs + c * cs] for r < rows, c < cols,
+ *   elements of elem_bytes (1, 2 or 4): a transposition or a de-interleaving;
+ * loip_mxfp4_from_openai: rows r < rows of an MXFP4 matrix as LOIP_MXFP4 (nb blocks a row), from
+ *   OpenAI's layout (Hugging Face's *_blocks: 16 bytes a block, value 2j in the low nibble of
+ *   byte j and 2j+1 in its high; *_scales: a byte a block) at source row first + r * step. */
+LOIP_API int loip_gather_elements(void *dst, const void *src, int32_t elem_bytes, int64_t base, int64_t rows,
+                                  int64_t rs, int64_t cols, int64_t cs);
+LOIP_API int loip_mxfp4_from_openai(void *dst, const uint8_t *blocks, const uint8_t *scales, int64_t first,
+                                    int64_t step, int64_t rows, int64_t nb);
 
 typedef struct loip_buffer loip_buffer;
 /* Zeroed, 64-byte aligned (huge-page advised when large) memory. */
@@ -429,6 +439,21 @@ enum {
     LOIP_ROPE_SCALING_NONE = 0,
     LOIP_ROPE_SCALING_LLAMA3 = 1,
     LOIP_ROPE_SCALING_LINEAR = 2, /* positions divided by rope_factor (inverse frequencies / factor) */
+    LOIP_ROPE_SCALING_YARN = 3, /* YaRN (gpt-oss): rope_factor, rope_original_max_pos, rope_beta_* */
+};
+
+/* How a mixture of experts weighs its chosen experts (loip_model_config.moe_gating). */
+enum {
+    LOIP_GATING_SOFTMAX = 0,      /* softmax over all router logits, then the top k */
+    LOIP_GATING_TOPK_SOFTMAX = 1, /* the top k logits, then a softmax over those k (gpt-oss) */
+};
+
+/* The gated unit of an expert's MLP (loip_model_config.glu). */
+enum {
+    LOIP_GLU_SILU = 0, /* silu(gate) * up */
+    /* gpt-oss: g = min(gate, glu_limit), u = clamp(up, -glu_limit, glu_limit),
+     * g * sigmoid(glu_alpha * g) * (u + 1) */
+    LOIP_GLU_OAI_CLAMPED = 1,
 };
 
 enum {
@@ -507,6 +532,28 @@ typedef struct loip_model_config {
     float attn_scale;
     float rope_local_theta;
     float final_softcap;
+    /* gpt-oss's switches; 0 is "not used", so every other family's config is unchanged.
+     * attn_sinks: a learned logit per head (LOIP_W_SINKS) joins each softmax's denominator (it
+     * takes a share of the weight and gives no value); attn_out_bias: the output projection's
+     * bias (LOIP_W_BO); router_bias: the router's (LOIP_W_ROUTER_BIAS); expert_bias: each routed
+     * expert's gate, up and down biases (LOIP_W_EXPERT_*_BIAS, a row per expert). */
+    int32_t attn_sinks;
+    int32_t attn_out_bias;
+    int32_t router_bias;
+    int32_t expert_bias;
+    int32_t moe_gating;  /* LOIP_GATING_* */
+    int32_t glu;         /* LOIP_GLU_*: of the routed experts */
+    float glu_alpha;
+    float glu_limit;
+    /* YaRN (rope_scaling LOIP_ROPE_SCALING_YARN, with rope_factor and rope_original_max_pos):
+     * pair i's frequency blends base^(-2i/d) / factor (interpolated) and base^(-2i/d)
+     * (extrapolated) by a ramp between the pairs that turn beta_fast and beta_slow times in the
+     * original context (floored and ceiled when rope_yarn_truncate: Hugging Face's default and
+     * llama.cpp's only way); cos and sin are scaled by rope_attn_factor. */
+    float rope_beta_fast;
+    float rope_beta_slow;
+    float rope_attn_factor;
+    int32_t rope_yarn_truncate;
 } loip_model_config;
 
 enum {
@@ -533,7 +580,13 @@ enum {
     LOIP_W_SHARED_GATE = 18, /* [1, dim]: the shared expert's gate (shared_expert_gate) */
     LOIP_W_POST_ATTN_NORM = 19, /* [dim]: the attention output's norm (post_norms); MHA block */
     LOIP_W_POST_FFN_NORM = 20,  /* [dim]: the MLP output's norm (post_norms); MLP block */
-    LOIP_W_COUNT = 21,
+    LOIP_W_BO = 21,          /* [dim]: attn_out_bias (attention block) */
+    LOIP_W_SINKS = 22,       /* [n_heads]: attn_sinks (attention block) */
+    LOIP_W_ROUTER_BIAS = 23, /* [n_experts]: router_bias */
+    LOIP_W_EXPERT_GATE_BIAS = 24, /* [n_experts, expert_dim]: expert_bias, row e expert e's */
+    LOIP_W_EXPERT_UP_BIAS = 25,   /* [n_experts, expert_dim] */
+    LOIP_W_EXPERT_DOWN_BIAS = 26, /* [n_experts, dim] */
+    LOIP_W_COUNT = 27,
 };
 
 typedef struct loip_tensor {
@@ -941,6 +994,9 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
  * them is not predicted. */
 LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_tensor *ffn_norm,
                                      const loip_tensor *router);
+/* Layer l's router bias for pre-gating (router_bias: gpt-oss), [n_experts], a view the caller
+ * keeps alive; NULL clears it. Without it the layer's prediction goes without its bias. */
+LOIP_API int loip_experts_set_gating_bias(loip_experts *x, int32_t layer, const loip_tensor *router_bias);
 /* Read expert e of layer l into a slot now and keep it there (LOIP_EXPERTS_STATIC), waiting for
  * the read; LOIP_ENOMEM when every slot is pinned. */
 LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert);

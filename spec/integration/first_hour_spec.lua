@@ -31,6 +31,7 @@ describe("modules", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
       "^loip%.model%.part$", -- (a device's part: a Model's and a worker's)
+      "^loip%.model%.derive$", -- (weights converted at open: gpt-oss's fused experts)
       "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
       "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",

@@ -43,6 +43,11 @@ local kind_list = {
   { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
   { "down", K.W_DOWN, "mlp" }, { "router", K.W_ROUTER, "mlp" }, { "shared_gate", K.W_SHARED_GATE, "mlp" },
   { "post_attn_norm", K.W_POST_ATTN_NORM, "mha" }, { "post_ffn_norm", K.W_POST_FFN_NORM, "mlp" },
+  -- gpt-oss's: the output projection's bias and the sinks with the attention, the router's and
+  -- the experts' biases (a row per expert, all of a layer's together) with the MLP
+  { "bo", K.W_BO, "mha" }, { "sinks", K.W_SINKS, "mha" }, { "router_bias", K.W_ROUTER_BIAS, "mlp" },
+  { "expert_gate_bias", K.W_EXPERT_GATE_BIAS, "mlp" }, { "expert_up_bias", K.W_EXPERT_UP_BIAS, "mlp" },
+  { "expert_down_bias", K.W_EXPERT_DOWN_BIAS, "mlp" },
   -- a routed expert's parts (hf.W_EXPERT + K.EXPERT_*): of its layer's MLP block, in a file of
   -- their own (M.expert_file), their tensors and file with an integer "expert" field
   { "expert_gate", hf.W_EXPERT + K.EXPERT_GATE, "mlp" }, { "expert_up", hf.W_EXPERT + K.EXPERT_UP, "mlp" },

@@ -47,7 +47,7 @@ function M.model_of_shape(name, overrides, opts)
   local cfg = synth.config(o)
   local c = hf.parse_config(cfg, name)
   local dtype = o.dtype:upper()
-  local man = { files = slice.layout_of(c, dtype) }
+  local man = { files = slice.layout_of(c, dtype, synth.experts_dtype(cfg) and "MXFP4") }
   return plan.sizes(man, c, opts), cfg, c, dtype, man
 end
 

@@ -164,6 +164,9 @@ end
 function M.experts_set_gating(x, layer, norm, router, context)
   return core.ok(C.loip_experts_set_gating(x, layer, norm, router), context)
 end
+function M.experts_set_gating_bias(x, layer, bias, context)
+  return core.ok(C.loip_experts_set_gating_bias(x, layer, bias), context)
+end
 function M.experts_pin(x, layer, e, context) return core.ok(C.loip_experts_pin(x, layer, e), context) end
 function M.experts_clear(x, context) return core.ok(C.loip_experts_clear(x), context) end
 -- The cache's statistics into st (a loip_experts_stats_t).
@@ -221,6 +224,14 @@ end
 -- n seeded random elements of dtype into dst: normal(mean, std) from stream `first` of seed.
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)
+end
+-- dst[r * cols + c] = src[base + r * rs + c * cs] (elements of elem_bytes): loip_gather_elements.
+function M.gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs, context)
+  return core.ok(C.loip_gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs), context)
+end
+-- rows of an MXFP4 matrix from OpenAI's layout (source rows first + r * step, nb blocks a row).
+function M.mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb, context)
+  return core.ok(C.loip_mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb), context)
 end
 
 return M
