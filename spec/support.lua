@@ -102,12 +102,21 @@ function M.worst_relative(out, R, n, V)
 end
 
 -- A reference model made again here (models/*-reference/reference.json's entry r: loip synth
--- --like r.like r.flags): a fresh directory holding hf/ (the Hugging Face model), m.gguf (its
+-- --like r.like r.flags, then r.config's fields in its config.json): a fresh directory holding hf/ (the Hugging Face model), m.gguf (its
 -- GGUF, as spec.support.to_gguf writes it) and store/ (its slice store); the directory.
 function M.reference_model(r)
   local dir = M.tmpdir()
   local rc, _, err = M.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", M.loip, r.like, r.flags, dir))
   assert(rc == 0, err)
+  if r.config then -- (config.json fields the entry sets: a table's named fields replaced, the rest kept)
+    local json = require "loip.text.json"
+    local cfg = assert(json.load(dir .. "/hf/config.json"))
+    for k, v in pairs(r.config) do
+      if type(v) == "table" and type(cfg[k]) == "table" then for kk, vv in pairs(v) do cfg[k][kk] = vv end
+      else cfg[k] = v end
+    end
+    M.write(dir .. "/hf/config.json", json.encode_sorted(cfg, 2))
+  end
   require("spec.support.to_gguf").convert(dir .. "/hf", dir .. "/m.gguf")
   require("loip.model.slice").write(dir .. "/hf", dir .. "/store", { quiet = true })
   return dir

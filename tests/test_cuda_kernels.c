@@ -4,7 +4,8 @@
  *
  * Tolerances, and why:
  *  - matvec, matmul: |got - exact| <= 1e-5 * sum|w*x| (about 80 fp32 ulps of the magnitude
- *    sum, as test_kernels for the CPU): a wrong row, lane or tail is off by a whole term.
+ *    sum, as test_kernels for the CPU): a wrong row, lane or tail is off by a whole term. The
+ *    same for MXFP4 and F8 (kernels/cuda/quant.cu), the oracle from loip_dequantize's weights.
  *  - rmsnorm, rope, silu-gate: relative 1e-5 per element (fp32 arithmetic and fp32
  *    transcendental functions). RoPE's angle is pos * inv_freq in fp32, as the CPU forward
  *    computes it (runtime/exec/forward.c), so the oracle takes that fp32 angle too.
@@ -119,6 +120,51 @@ static void test_matmul(int dt, size_t n, size_t rows, size_t cols) {
     CHECK(bad == 0, "matmul %s n=%zu %zux%zu: %d values off", dname(dt), n, rows, cols, bad);
     loip_cuda_free(dw, 0), loip_cuda_free(dX, 0), loip_cuda_free(dY, 0);
     free(ew), free(w), free(X), free(Y);
+}
+
+/* MXFP4 and F8 (kernels/cuda/quant.cu): random codes under moderate scales, against the fp64
+ * oracle of loip_dequantize's weights, matvec and matmul (n tokens; n > 8 crosses its token
+ * groups); F8 with columns not a multiple of 128 (nor of 4) and rows across its 128-row groups. */
+static void test_quant(int32_t dt, size_t n, size_t rows, size_t cols) {
+    uint64_t bytes = loip_dtype_bytes(dt, (int64_t)rows, (int64_t)cols);
+    uint8_t *w = malloc(bytes);
+    if (dt == LOIP_MXFP4) {
+        for (uint64_t i = 0; i < bytes; i++) w[i] = (uint8_t)(frand() * 128 + 128);
+        for (uint64_t b = 0; b < bytes / 17; b++) w[b * 17] = (uint8_t)(120 + b % 8);
+    } else {
+        size_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        uint8_t *q = malloc(rows * cols);
+        float *scale = malloc(sr * sc * 4);
+        for (size_t i = 0; i < rows * cols; i++) {
+            q[i] = (uint8_t)(frand() * 128 + 128);
+            if ((q[i] & 0x7F) == 0x7F) q[i] ^= 1;
+        }
+        for (size_t i = 0; i < sr * sc; i++) scale[i] = 1e-2f * (1.5f + frand());
+        CHECK(loip_f8_pack(w, q, scale, rows, cols, sr, sc, "w") == 0, "f8_pack: %s", loip_last_error());
+        free(q), free(scale);
+    }
+    float *f = malloc(rows * cols * 4), *X = malloc(n * cols * 4), *Y = malloc(n * rows * 4);
+    CHECK(loip_dequantize(f, w, dt, rows, cols) == 0, "dequantize: %s", loip_last_error());
+    for (size_t i = 0; i < n * cols; i++) X[i] = frand();
+    void *dw = dev_copy(w, bytes);
+    float *dX = dev_copy(X, n * cols * 4), *dY = dev_zero(n * rows * 4);
+    if (n == 1) ok(loip_cuda_matvec(dt, dY, dw, dX, rows, cols), "matvec (quant)");
+    else ok(loip_cuda_matmul(dt, dY, dw, dX, n, rows, cols), "matmul (quant)");
+    back(Y, dY, n * rows * 4);
+    int bad = 0;
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < rows; r++) {
+            double s = 0, mag = 0;
+            for (size_t c = 0; c < cols; c++) {
+                double p = (double)f[r * cols + c] * X[t * cols + c];
+                s += p, mag += fabs(p);
+            }
+            if (fabs(Y[t * rows + r] - s) > 1e-5 * mag + 1e-30) bad++;
+        }
+    CHECK(bad == 0, "%s %s n=%zu %zux%zu: %d values off", n == 1 ? "matvec" : "matmul",
+          dt == LOIP_MXFP4 ? "mxfp4" : "f8", n, rows, cols, bad);
+    loip_cuda_free(dw, 0), loip_cuda_free(dX, 0), loip_cuda_free(dY, 0);
+    free(w), free(f), free(X), free(Y);
 }
 
 static void test_rmsnorm(int dt) {
@@ -382,6 +428,14 @@ int main(void) {
         test_matmul(dts[i], 128, 128, 250); /* whole tiles; a partial slice of columns */
         test_rmsnorm(dts[i]);
     }
+    test_quant(LOIP_MXFP4, 1, 1000, 2880);
+    test_quant(LOIP_MXFP4, 11, 37, 4096);
+    test_quant(LOIP_F8_E4M3, 1, 300, 1001);
+    test_quant(LOIP_F8_E4M3, 9, 130, 300);
+    /* an MXFP4 row that is not whole blocks: refused, naming it */
+    CHECK(loip_cuda_matvec(LOIP_MXFP4, NULL, NULL, NULL, 4, 100) == LOIP_ESHAPE &&
+              strstr(loip_last_error(), "MXFP4 row length"),
+          "cuda matvec of an MXFP4 row of 100: %s", loip_last_error());
     test_rope(LOIP_ROPE_INTERLEAVED);
     test_rope(LOIP_ROPE_HALF);
     test_pointwise();

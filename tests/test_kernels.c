@@ -366,10 +366,10 @@ int main(void) {
     check(loip_kernels_select("auto") != NULL, "select(\"auto\")");
     check(loip_kernels_select(NULL) == chosen, "select(NULL) follows LOIP_KERNELS");
     printf("test_kernels: select(NULL) -> %s\n", chosen ? chosen->name : "NULL");
-    const char *names[] = {"ref", "avx2", "avx512"};
-    const loip_kernels *variants[3];
+    const char *names[] = {"ref", "avx2", "avx512", "amx"};
+    const loip_kernels *variants[4];
     int nv = 0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         const loip_kernels *k = loip_kernels_select(names[i]);
         if (k) {
             variants[nv++] = k;

@@ -14,6 +14,10 @@
 #include <stdint.h>
 
 enum { LOIP_KDT_F32 = 0, LOIP_KDT_BF16 = 1, LOIP_KDT_F16 = 2, LOIP_KDT_COUNT = 3 };
+/* The block-quantized weights (loip.h's LOIP_MXFP4 and LOIP_F8_E4M3, same numbers; slot 3 is
+ * LOIP_I32, which has no kernel): W is the dtype's packed layout (loip.h), `cols` the matrix's
+ * columns (MXFP4: a multiple of 32). See cpu/quant.h. */
+enum { LOIP_KDT_MXFP4 = 4, LOIP_KDT_F8_E4M3 = 5, LOIP_KDT_SLOTS = 6 };
 
 /* y[r] = sum_c W[r*cols + c] * x[c] for r in [r0, r1). W holds `rows x cols` elements of
  * the variant's dtype, row-major (nn.Linear's [out, in]). */
@@ -26,8 +30,8 @@ typedef void (*loip_matmul_fn)(float *Y, size_t ldy, const void *W, const float 
 
 typedef struct loip_kernels {
     const char *name;                      /* "ref", "avx2", "avx512", "avx512bf16" */
-    loip_matvec_fn matvec[LOIP_KDT_COUNT]; /* indexed by LOIP_KDT_* */
-    loip_matmul_fn matmul[LOIP_KDT_COUNT];
+    loip_matvec_fn matvec[LOIP_KDT_SLOTS]; /* indexed by LOIP_KDT_* */
+    loip_matmul_fn matmul[LOIP_KDT_SLOTS];
     /* dot(a, b) over n floats; the attention score kernel. */
     float (*dot_f32)(const float *a, const float *b, size_t n);
     /* y += a * x over n floats; the attention value accumulation. */
@@ -41,7 +45,10 @@ const loip_kernels *loip_kernels_ref(void);
 /* NULL when the CPU (or the compiler) lacks the instructions. */
 const loip_kernels *loip_kernels_avx2(void);
 const loip_kernels *loip_kernels_avx512(void);
-/* Best available for this CPU, or the one named (ref, avx2, avx512) when name != NULL;
+/* avx512 with the BF16 products on AMX tiles (kernels_amx.c); NULL without AMX-BF16, without
+ * the OS's tile permission, or when the compiler lacked AMX (then it is not built at all). */
+const loip_kernels *loip_kernels_amx(void);
+/* Best available for this CPU (never amx: only when named), or the one named (ref, avx2, avx512, amx) when name != NULL;
  * NULL when that one is unavailable. Environment variable LOIP_KERNELS overrides at startup. */
 const loip_kernels *loip_kernels_select(const char *name);
 

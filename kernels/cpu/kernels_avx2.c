@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/quant.h"
 
 #define AI static inline __attribute__((always_inline))
 #define EXPORT __attribute__((visibility("default")))
@@ -288,9 +289,11 @@ static void rmsnorm(float *o, const float *x, const void *w, int wdt, size_t n, 
 static const loip_kernels avx2 = {
     .name = "avx2",
     .matvec = {[LOIP_KDT_F32] = matvec_f32, [LOIP_KDT_BF16] = matvec_bf16,
-               [LOIP_KDT_F16] = matvec_f16},
+               [LOIP_KDT_F16] = matvec_f16, [LOIP_KDT_MXFP4] = loip_avx2_matvec_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_avx2_matvec_f8},
     .matmul = {[LOIP_KDT_F32] = matmul_f32, [LOIP_KDT_BF16] = matmul_bf16,
-               [LOIP_KDT_F16] = matmul_f16},
+               [LOIP_KDT_F16] = matmul_f16, [LOIP_KDT_MXFP4] = loip_avx2_matmul_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_avx2_matmul_f8},
     .dot_f32 = dot_f32,
     .axpy_f32 = axpy_f32,
     .rmsnorm = rmsnorm,
@@ -310,5 +313,6 @@ EXPORT const loip_kernels *loip_kernels_avx2(void) {
     if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
         !has_f16c())
         return NULL;
+    loip_avx2_quant_init();
     return &avx2;
 }

@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "cpu/kernels.h"
+#include "cpu/quant.h"
 
 #define AI static inline __attribute__((always_inline))
 #define EXPORT __attribute__((visibility("default")))
@@ -278,9 +279,11 @@ static void rmsnorm(float *o, const float *x, const void *w, int wdt, size_t n, 
 static const loip_kernels avx512 = {
     .name = "avx512",
     .matvec = {[LOIP_KDT_F32] = matvec_f32, [LOIP_KDT_BF16] = matvec_bf16,
-               [LOIP_KDT_F16] = matvec_f16},
+               [LOIP_KDT_F16] = matvec_f16, [LOIP_KDT_MXFP4] = loip_avx512_matvec_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_avx512_matvec_f8},
     .matmul = {[LOIP_KDT_F32] = matmul_f32, [LOIP_KDT_BF16] = matmul_bf16,
-               [LOIP_KDT_F16] = matmul_f16},
+               [LOIP_KDT_F16] = matmul_f16, [LOIP_KDT_MXFP4] = loip_avx512_matmul_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_avx512_matmul_f8},
     .dot_f32 = dot_f32,
     .axpy_f32 = axpy_f32,
     .rmsnorm = rmsnorm,
@@ -301,5 +304,6 @@ EXPORT const loip_kernels *loip_kernels_avx512(void) {
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("fma") ||
         !has_f16c())
         return NULL;
+    loip_avx512_quant_init();
     return &avx512;
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cpu/kernels.h"
+#include "cpu/quant.h"
 
 #define LANES 8
 #define EXPORT __attribute__((visibility("default")))
@@ -121,9 +122,11 @@ static void rmsnorm(float *o, const float *x, const void *w, int wdt, size_t n, 
 static const loip_kernels ref = {
     .name = "ref",
     .matvec = {[LOIP_KDT_F32] = matvec_f32, [LOIP_KDT_BF16] = matvec_bf16,
-               [LOIP_KDT_F16] = matvec_f16},
+               [LOIP_KDT_F16] = matvec_f16, [LOIP_KDT_MXFP4] = loip_ref_matvec_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_ref_matvec_f8},
     .matmul = {[LOIP_KDT_F32] = matmul_f32, [LOIP_KDT_BF16] = matmul_bf16,
-               [LOIP_KDT_F16] = matmul_f16},
+               [LOIP_KDT_F16] = matmul_f16, [LOIP_KDT_MXFP4] = loip_ref_matmul_mxfp4,
+               [LOIP_KDT_F8_E4M3] = loip_ref_matmul_f8},
     .dot_f32 = dot_f32,
     .axpy_f32 = axpy_f32,
     .rmsnorm = rmsnorm,

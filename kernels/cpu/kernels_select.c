@@ -1,5 +1,5 @@
 /* Run-time choice of the kernel variant: the best the CPU supports, or one named by the caller
- * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, auto). */
+ * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, amx, auto). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +10,11 @@
 
 static const loip_kernels *best(void) {
 #ifdef LOIP_X86
-    const loip_kernels *k = loip_kernels_avx512();
-    if (k) return k;
+    /* (amx is not chosen here: its exact three-part products make prefill ~2x faster but decode's
+     * matrix-vector ~0.9x, and matvec must stay bit-equal to matmul within a variant; a user who
+     * prefills much picks it with LOIP_KERNELS=amx) */
+    const loip_kernels *k;
+    if ((k = loip_kernels_avx512())) return k;
     if ((k = loip_kernels_avx2())) return k;
 #endif
     return loip_kernels_ref();
@@ -23,6 +26,9 @@ static const loip_kernels *by_name(const char *name) {
 #ifdef LOIP_X86
     if (!strcmp(name, "avx2")) return loip_kernels_avx2();
     if (!strcmp(name, "avx512")) return loip_kernels_avx512();
+#ifdef LOIP_HAVE_AMX
+    if (!strcmp(name, "amx")) return loip_kernels_amx();
+#endif
 #endif
     return NULL;
 }

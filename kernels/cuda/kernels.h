@@ -19,6 +19,12 @@ extern "C" {
 
 int loip_cuda_launch_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows, uint64_t cols);
 int loip_cuda_launch_matmul(int32_t dtype, float *Y, const void *W, const float *X, int n, int rows, int cols);
+/* (quant.cu) the same for the block-quantized dtypes LOIP_KDT_MXFP4 and LOIP_KDT_F8_E4M3 (W in
+ * loip.h's layouts; MXFP4 cols a multiple of 32) */
+int loip_cuda_launch_matvec_quant(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
+                                  uint64_t cols);
+int loip_cuda_launch_matmul_quant(int32_t dtype, float *Y, const void *W, const float *X, int n, int rows,
+                                  int cols);
 int loip_cuda_launch_rmsnorm(float *o, const float *x, const void *w, int32_t wdtype, uint64_t n_tokens, uint64_t dim,
                              float eps);
 int loip_cuda_launch_rope(float *q, int32_t n_tokens, int32_t n_heads, int32_t head_dim, const int32_t *pos,

@@ -453,15 +453,8 @@ function M.check_estimate(est, who)
   end
 end
 
--- Run a scheduler on a problem with a cost model; check what it returns (M.check_plan: a
--- well-formed plan for the problem's devices, blocks and stage count that fits every budget)
--- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
--- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
--- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
-function M.plan(problem, opts)
-  opts = opts or {}
-  local cost = M.load("cost", opts.cost or "loip")
-  local sched = M.load("scheduler", opts.scheduler or "loip")
+-- One scheduler run on problem, checked and estimated (M.plan).
+local function plan_once(problem, cost, sched)
   local t0 = require("loip.core").now_ms()
   -- A scheduler is a short, branchy search: LuaJIT's trace compiler spends more recording and
   -- aborting traces in it than the traces save (llama-3.3-70b on 8 devices, when measured: 70 ms
@@ -474,6 +467,8 @@ function M.plan(problem, opts)
   local who = M.label("scheduler", sched)
   if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
+  -- (where the embedding and head stay is the problem's: loip.plan.ends)
+  if problem.ends then p.embed_rows, p.head_rows = problem.ends.embed_rows, problem.ends.head_rows end
   local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
@@ -486,6 +481,48 @@ function M.plan(problem, opts)
   bad = M.check_estimate(est, M.label("cost", cost, "cost model"))
   if bad then error(bad, 0) end
   return p, est, { scheduler_ms = ms, scheduler = sched.name, cost = cost.name }
+end
+
+-- The problem with the ends (loip.plan.ends) kept as `ends` says: a copy.
+local function with_ends(problem, ends)
+  local q = {}
+  for k, v in pairs(problem) do q[k] = v end
+  q.ends = ends
+  return q
+end
+
+-- Run a scheduler on a problem with a cost model; check what it returns (M.check_plan: a
+-- well-formed plan for the problem's devices, blocks and stage count that fits every budget)
+-- and estimate it. opts: scheduler, cost (names, paths or tables; default "loip" for both).
+-- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
+-- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
+-- Under budgets the embedding and head may stay on disk (loip.plan.ends.fallbacks): each way is
+-- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows).
+function M.plan(problem, opts)
+  opts = opts or {}
+  local cost = M.load("cost", opts.cost or "loip")
+  local sched = M.load("scheduler", opts.scheduler or "loip")
+  -- under budgets: the ends in memory, the embedding on disk, the head too (loip.plan.ends), each
+  -- scheduled and priced; the fastest by the cost model (the first of equals) is the plan
+  local budgeted = false
+  for _, d in ipairs(problem.devices) do budgeted = budgeted or (d.budget or 0) > 0 end
+  local options = { false }
+  if budgeted and not problem.ends then
+    for _, e in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do options[#options + 1] = e end
+  end
+  local best, err, ms = nil, nil, 0
+  for _, ends in ipairs(options) do
+    local ok, p, est, info = pcall(plan_once, ends and with_ends(problem, ends) or problem, cost, sched)
+    if ok then
+      ms = ms + info.scheduler_ms
+      if not best or est.ms_per_token < best[2].ms_per_token then best = { p, est, info } end
+    else
+      err = p -- (the last: with the most on disk, the least a device needs)
+    end
+  end
+  if not best then error(err, 0) end
+  best[3].scheduler_ms = ms
+  return best[1], best[2], best[3]
 end
 
 return M

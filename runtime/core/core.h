@@ -2,8 +2,9 @@
  * header): the error channel every failure goes through and aligned allocation. Beside it in
  * runtime/core/: the clock and the ABI version (error.c), read-only mappings
  * (memory.c), the CPU's facts and the kernel variant in use (cpu.c, runtime.h), the thread pool
- * (pool.c), float dtypes over whole arrays (dtype.c), seeded synthetic weights (random.c) and
- * the struct layouts the FFI checks (layout.c). */
+ * (pool.c), float dtypes over whole arrays (dtype.c), the block-quantized ones' shapes and
+ * conversions (quant.c), seeded synthetic weights (random.c) and the struct layouts the FFI
+ * checks (layout.c). */
 #ifndef LOIP_CORE_H
 #define LOIP_CORE_H
 

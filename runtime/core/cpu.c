@@ -25,7 +25,7 @@ LOIP_API int loip_kernels_use(const char *name) {
     if (!k)
         return loip_fail(LOIP_EINVAL,
                          "kernels: '%s' is unknown or not supported by this CPU "
-                         "(choose ref, avx2, avx512 or auto)", name);
+                         "(choose ref, avx2, avx512, amx or auto)", name);
     atomic_store(&current, k);
     return LOIP_OK;
 }

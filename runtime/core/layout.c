@@ -22,6 +22,8 @@ static const struct {
     FIELD(loip_model_config, layer_window),
     FIELD(loip_model_config, norm_add_one), FIELD(loip_model_config, embed_scale),
     FIELD(loip_model_config, final_softcap),
+    FIELD(loip_model_config, attn_sinks), FIELD(loip_model_config, glu_limit),
+    FIELD(loip_model_config, rope_yarn_truncate),
     SIZE(loip_tensor), FIELD(loip_tensor, data), FIELD(loip_tensor, dtype),
     FIELD(loip_tensor, ndim), FIELD(loip_tensor, shape),
     SIZE(loip_sampler_params), FIELD(loip_sampler_params, temperature),

@@ -17,8 +17,23 @@ static int launched(int e, const char *what) {
 
 static int dtype_ok(int32_t dtype) { return dtype == LOIP_F32 || dtype == LOIP_BF16 || dtype == LOIP_F16; }
 
+/* The block-quantized weights (kernels/cuda/quant.cu): LOIP_OK, or the error naming what does
+ * not fit. */
+static int quant_ok(int32_t dtype, uint64_t cols, const char *what) {
+    _Static_assert((int)LOIP_MXFP4 == (int)LOIP_KDT_MXFP4 && (int)LOIP_F8_E4M3 == (int)LOIP_KDT_F8_E4M3,
+                   "the kernels' block dtypes are loip.h's");
+    if (cols > INT64_MAX) return loip_fail(LOIP_EINVAL, "cuda %s: too many columns", what);
+    return loip_dtype_check(dtype, 1, (int64_t)cols, what);
+}
+static int is_quant(int32_t dtype) { return dtype == LOIP_MXFP4 || dtype == LOIP_F8_E4M3; }
+
 LOIP_API int loip_cuda_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows, uint64_t cols) {
     if (rows == 0 || cols == 0) return LOIP_OK;
+    if (is_quant(dtype)) {
+        int rc = quant_ok(dtype, cols, "matvec: W");
+        if (rc) return rc;
+        return launched(loip_cuda_launch_matvec_quant(dtype, y, W, x, rows, cols), "matvec");
+    }
     if (!dtype_ok(dtype)) return loip_fail(LOIP_EINVAL, "cuda matvec: dtype %d", dtype);
     return launched(loip_cuda_launch_matvec(dtype, y, W, x, rows, cols), "matvec");
 }
@@ -27,6 +42,11 @@ LOIP_API int loip_cuda_matmul(int32_t dtype, float *Y, const void *W, const floa
                               uint64_t cols) {
     if (n == 0 || rows == 0) return LOIP_OK;
     if (rows > INT32_MAX || n > INT32_MAX || cols > INT32_MAX) return loip_fail(LOIP_EINVAL, "cuda matmul: too large");
+    if (is_quant(dtype)) {
+        int rc = quant_ok(dtype, cols, "matmul: W");
+        if (rc) return rc;
+        return launched(loip_cuda_launch_matmul_quant(dtype, Y, W, X, (int)n, (int)rows, (int)cols), "matmul");
+    }
     if (!dtype_ok(dtype)) return loip_fail(LOIP_EINVAL, "cuda matmul: dtype %d", dtype);
     return launched(loip_cuda_launch_matmul(dtype, Y, W, X, (int)n, (int)rows, (int)cols), "matmul");
 }

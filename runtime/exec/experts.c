@@ -47,6 +47,7 @@ struct loip_experts {
     int32_t run_hits;     /* prefetched experts the layer running now chose */
     const loip_tensor **gate_norm, **gate_router; /* (n_layers) pre-gating views, NULL: none */
     loip_tensor *gate_views; /* (n_layers, 2) copies of those views */
+    loip_tensor *gate_bias;  /* (n_layers) the routers' biases for pre-gating, data NULL: none */
     uint64_t clock, run, next_tag;
     loip_runner_event *ev;
     int32_t ev_count;
@@ -91,10 +92,11 @@ LOIP_API int loip_experts_new(loip_model *m, const loip_loader_config *lc, const
     x->unpredicted = calloc((size_t)c->n_layers, sizeof *x->unpredicted);
     x->gate_norm = calloc((size_t)c->n_layers, sizeof *x->gate_norm);
     x->gate_router = calloc((size_t)c->n_layers, sizeof *x->gate_router);
+    x->gate_bias = calloc((size_t)c->n_layers, sizeof *x->gate_bias);
     x->gate_views = calloc((size_t)c->n_layers * 2, sizeof *x->gate_views);
     if (cfg->event_capacity) x->ev = calloc((size_t)cfg->event_capacity, sizeof *x->ev);
     if (!x->slots || !x->where || !x->src || !x->freq || !x->has_src || !x->seen || !x->epoch || !x->accuracy ||
-        !x->unpredicted || !x->gate_norm || !x->gate_router ||
+        !x->unpredicted || !x->gate_norm || !x->gate_router || !x->gate_bias ||
         !x->gate_views || (cfg->event_capacity && !x->ev)) {
         loip_experts_free(x);
         return loip_fail(LOIP_ENOMEM, "expert cache: out of memory");
@@ -123,7 +125,7 @@ LOIP_API void loip_experts_free(loip_experts *x) {
         for (size_t i = 0; i < (size_t)x->n_layers * x->n_experts; i++) free((char *)x->src[i].ext.path);
     free(x->slots), free(x->where), free(x->src), free(x->freq), free(x->has_src), free(x->seen), free(x->epoch);
     free(x->accuracy), free(x->unpredicted);
-    free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->ev);
+    free(x->gate_norm), free(x->gate_router), free(x->gate_views), free(x->gate_bias), free(x->ev);
     free(x);
 }
 
@@ -147,12 +149,14 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
         return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d (%s) is %llu bytes, the slots hold %llu",
                          expert, layer, ext->path ? ext->path : "fd", (unsigned long long)ext->length,
                          (unsigned long long)loip_loader_slot_bytes(x->l));
-    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16)
+    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16 && dtype != LOIP_MXFP4 &&
+        dtype != LOIP_F8_E4M3)
         return loip_fail(LOIP_ESHAPE, "expert cache: expert %d of layer %d: dtype %d not supported", expert, layer, dtype);
     for (int p = 0; p < LOIP_EXPERT_PARTS; p++) {
         int64_t rows, cols;
         loip_expert_shape(c, p, &rows, &cols);
-        uint64_t bytes = (uint64_t)(rows * cols) * (uint64_t)loip_dtype_size(dtype);
+        if ((rc = loip_dtype_check(dtype, rows, cols, "expert cache: an expert's part"))) return rc;
+        uint64_t bytes = loip_dtype_bytes(dtype, rows, cols);
         if (offset[p] > ext->length || bytes > ext->length - offset[p])
             return loip_fail(LOIP_EINVAL, "expert cache: expert %d of layer %d: part %d ends past its extent (%s)",
                              expert, layer, p, ext->path ? ext->path : "fd");
@@ -183,6 +187,22 @@ LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_
     x->gate_views[2 * layer] = *ffn_norm, x->gate_views[2 * layer + 1] = *router;
     x->gate_norm[layer] = &x->gate_views[2 * layer], x->gate_router[layer] = &x->gate_views[2 * layer + 1];
     return LOIP_OK;
+}
+
+LOIP_API int loip_experts_set_gating_bias(loip_experts *x, int32_t layer, const loip_tensor *router_bias) {
+    int rc = check_le(x, layer, 0, "gating bias");
+    if (rc) return rc;
+    if (!router_bias || !router_bias->data) {
+        memset(&x->gate_bias[layer], 0, sizeof x->gate_bias[layer]);
+        return LOIP_OK;
+    }
+    if ((rc = loip_check_tensor("gating router bias", router_bias, x->m->cfg.n_experts, 0))) return rc;
+    x->gate_bias[layer] = *router_bias;
+    return LOIP_OK;
+}
+
+const loip_tensor *loip_experts_gating_bias(const loip_experts *x, int32_t layer) {
+    return x->gate_bias[layer].data ? &x->gate_bias[layer] : NULL;
 }
 
 static void record(loip_experts *x, int32_t layer, int32_t e, uint64_t t0, uint64_t t1, uint64_t bytes, int pre) {

@@ -32,6 +32,8 @@ int loip_experts_reads_all(const loip_experts *x);
 void loip_experts_next_run(loip_experts *x);
 /* Pre-gating: predict layer l now? It has unbound experts this cache reads, views to predict
  * them, and predictions that pay (loip_experts_config.prefetch_min_accuracy; a skip is counted). */
+/* The router bias pre-gating adds for layer (loip_experts_set_gating_bias), NULL: none. */
+const loip_tensor *loip_experts_gating_bias(const loip_experts *x, int32_t layer);
 int loip_experts_predicts(loip_experts *x, int32_t layer, const loip_tensor **ffn_norm,
                           const loip_tensor **router);
 /* Start reads of the predicted experts of layer l (those neither bound nor cached), into slots

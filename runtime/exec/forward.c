@@ -122,13 +122,7 @@ static void rotate(float *v, int head_dim, int layout, const float *cs, const fl
 
 static void add_bias(float *y, const loip_tensor *b, size_t n) {
     if (!b->data) return;
-    for (size_t i = 0; i < n; i++) {
-        switch (b->dtype) {
-        case LOIP_F32: y[i] += ((const float *)b->data)[i]; break;
-        case LOIP_BF16: y[i] += loip_bf16_to_f32(((const uint16_t *)b->data)[i]); break;
-        default: y[i] += loip_f16_to_f32(((const uint16_t *)b->data)[i]); break;
-        }
-    }
+    for (size_t i = 0; i < n; i++) y[i] += loip_tensor_elem(b, i);
 }
 
 /* After the q/k/v products: biases, q/k norms, RoPE, and the k/v rows into the cache. */
@@ -253,11 +247,16 @@ static void attention_task(void *p, int ith, int nth) {
             int o = __builtin_ctzll(bits) + 1;
             n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
         }
+        /* attention sinks: the head's learned logit joins the max and the denominator, after
+         * the positions (transformers' eager_attention_forward: the sink is the last column) */
+        float sink = c->attn_sinks ? loip_tensor_elem(loip_layer_w(s->m, j->layer, LOIP_W_SINKS), (size_t)h) : 0.0f;
+        if (c->attn_sinks && sink > maxv) maxv = sink;
         float sum = 0.0f;
         for (int pp = 0; pp < n; pp++) {
             scores[pp] = expf(scores[pp] - maxv);
             sum += scores[pp];
         }
+        if (c->attn_sinks) sum += expf(sink - maxv);
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         int at = first <= last ? mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum) : 0;
@@ -374,11 +373,12 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
         const float *inv = m->inv_freq + table * half;
         size_t at = (size_t)table * s->max_batch * half;
         float *cs = s->rope_cos + at, *sn = s->rope_sin + at;
+        float scale = table ? 1.0f : m->rope_mscale; /* YaRN's factor: the scaled table's */
         for (int t = 0; t < n; t++)
             for (int i = 0; i < half; i++) {
                 float val = (float)s->tok_rope[t] * inv[i];
-                cs[t * half + i] = cosf(val);
-                sn[t * half + i] = sinf(val);
+                cs[t * half + i] = cosf(val) * scale;
+                sn[t * half + i] = sinf(val) * scale;
             }
     }
     s->n_prepared = n;
@@ -403,6 +403,16 @@ static void scale_embedding(float *x, int n, float scale, int32_t dtype) {
 LOIP_API int loip_session_embed(loip_session *s, const int32_t *tokens, int32_t n, float *hidden) {
     const loip_model_config *c = &s->m->cfg;
     const loip_tensor *E = &s->m->global[LOIP_W_EMBED];
+    loip_rows *R = s->m->rows[LOIP_W_EMBED];
+    if (!E->data && R) { /* the table stays on disk: each token's row read (or found in its cache) */
+        for (int32_t t = 0; t < n; t++) {
+            int rc = loip_rows_get(R, tokens[t], hidden + (size_t)t * c->dim);
+            if (rc) return rc;
+            if (c->embed_scale > 0)
+                scale_embedding(hidden + (size_t)t * c->dim, c->dim, c->embed_scale, loip_rows_dtype(R));
+        }
+        return LOIP_OK;
+    }
     if (!E->data) return loip_fail(LOIP_ESTATE, "weight embed is not bound");
     for (int32_t t = 0; t < n; t++) {
         if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
@@ -440,6 +450,8 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
     loip_pool_run(s->pool, attention_task, &j);
     loip_linear_job wo[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
     loip_linear_run(s->pool, wo);
+    if (m->cfg.attn_out_bias)
+        for (int t = 0; t < n; t++) add_bias(s->xb2 + (size_t)t * m->cfg.dim, loip_layer_w(m, l, LOIP_W_BO), (size_t)m->cfg.dim);
     post_norm(s, l, LOIP_W_POST_ATTN_NORM, n);
     j.out = NULL, j.add = s->xb2;
     loip_pool_run(s->pool, norm_task, &j); /* residual add only */
@@ -517,12 +529,15 @@ static void softcap(const loip_model_config *c, float *logits, size_t n) {
     for (size_t i = 0; i < n; i++) logits[i] = tanhf(logits[i] / c->final_softcap) * c->final_softcap;
 }
 
-static int head_weights(const loip_session *s, const loip_tensor **W, const loip_tensor **norm) {
+/* The head's weights: the final norm, and its table in memory (*W) or read from its file (*R). */
+static int head_weights(const loip_session *s, const loip_tensor **W, loip_rows **R, const loip_tensor **norm) {
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
-    *W = c->tied_embeddings ? &m->global[LOIP_W_EMBED] : &m->global[LOIP_W_LM_HEAD];
+    int which = c->tied_embeddings ? LOIP_W_EMBED : LOIP_W_LM_HEAD;
+    *W = &m->global[which];
+    *R = (*W)->data ? NULL : m->rows[which];
     *norm = &m->global[LOIP_W_OUTPUT_NORM];
-    if (!(*W)->data || !(*norm)->data)
+    if ((!(*W)->data && !*R) || !(*norm)->data)
         return loip_fail(LOIP_ESTATE, "weight %s is not bound", !(*norm)->data ? "output_norm" :
                          c->tied_embeddings ? "embed" : "lm_head");
     return LOIP_OK;
@@ -537,14 +552,19 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     if (n <= 0 || n > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d tokens at once (batch limit %d)", n, s->max_batch);
     const loip_tensor *W, *norm;
-    int rc = head_weights(s, &W, &norm);
+    loip_rows *R;
+    int rc = head_weights(s, &W, &R, &norm);
     if (rc) return rc;
     int first = mode == LOIP_LOGITS_LAST ? n - 1 : 0, count = n - first;
     /* The norm only reads its input here (no residual add), so the cast is safe. */
     step_job j = {.s = s, .n = count, .w = norm, .in = (float *)hidden + (size_t)first * c->dim, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
-    loip_linear_run(s->pool, head);
+    if (R) {
+        if ((rc = loip_rows_head(R, s->pool, s->xb, count, logits))) return rc;
+    } else {
+        loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, count), {0}};
+        loip_linear_run(s->pool, head);
+    }
     softcap(c, logits, (size_t)count * c->vocab_size);
     return LOIP_OK;
 }
@@ -556,7 +576,8 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     if (n_rows > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d rows at once (batch limit %d)", n_rows, s->max_batch);
     const loip_tensor *W, *norm;
-    int rc = head_weights(s, &W, &norm);
+    loip_rows *R;
+    int rc = head_weights(s, &W, &R, &norm);
     if (rc) return rc;
     for (int32_t i = 0; i < n_rows; i++) {
         if (rows[i] < 0 || rows[i] >= n)
@@ -567,8 +588,12 @@ LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_
     }
     step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = s->xb};
     loip_pool_run(s->pool, norm_task, &j);
-    loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
-    loip_linear_run(s->pool, head);
+    if (R) {
+        if ((rc = loip_rows_head(R, s->pool, s->xb, n_rows, logits))) return rc;
+    } else {
+        loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
+        loip_linear_run(s->pool, head);
+    }
     softcap(c, logits, (size_t)n_rows * c->vocab_size);
     return LOIP_OK;
 }

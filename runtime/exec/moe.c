@@ -106,8 +106,9 @@ void loip_moe_free(loip_moe *mo) {
     free(mo);
 }
 
-/* Softmax over each row's router logits and its top k (ties: the lower index), as
- * transformers' and llama.cpp's routers choose them; the weights renormalised when asked. */
+/* Each row's top k router logits (ties: the lower index), as transformers' and llama.cpp's
+ * routers choose them, weighted by the softmax over all logits (renormalised when asked) or,
+ * LOIP_GATING_TOPK_SOFTMAX, by the softmax over the k chosen ones (gpt-oss). */
 static void route(const loip_model_config *c, const float *logits, int n, int32_t *sel, float *sel_w) {
     int E = c->n_experts, k = c->n_experts_used;
     for (int t = 0; t < n; t++) {
@@ -127,6 +128,12 @@ static void route(const loip_model_config *c, const float *logits, int n, int32_
             ids[j] = best;
             w[j] = expf(z[best] - maxv) / sum;
         }
+        if (c->moe_gating == LOIP_GATING_TOPK_SOFTMAX) { /* ids[0] holds the largest */
+            float s = 0.0f;
+            for (int j = 0; j < k; j++) s += w[j] = expf(z[ids[j]] - z[ids[0]]);
+            for (int j = 0; j < k; j++) w[j] /= s;
+            continue;
+        }
         if (c->norm_topk_prob) {
             float s = 0.0f;
             for (int j = 0; j < k; j++) s += w[j];
@@ -135,9 +142,39 @@ static void route(const loip_model_config *c, const float *logits, int n, int32_
     }
 }
 
+typedef struct {
+    loip_session *s;
+    const int32_t *list; /* (m) the experts */
+    int m, layer, down;  /* down: the down biases into y, else gate's into h and up's into h2 */
+} expert_bias_job;
+
+/* The experts' biases (expert_bias: row e of the layer's LOIP_W_EXPERT_*_BIAS) added to their
+ * gathered rows, each thread a share of every expert's rows. */
+static void expert_bias_task(void *p, int ith, int nth) {
+    expert_bias_job *j = p;
+    loip_session *s = j->s;
+    loip_moe *mo = s->moe;
+    const loip_model_config *c = &s->m->cfg;
+    for (int i = 0; i < j->m; i++) {
+        int32_t e = j->list[i], at = mo->start[e];
+        size_t b, end;
+        loip_split((size_t)mo->count[e], 1, ith, nth, &b, &end);
+        for (int part = 0; part < (j->down ? 1 : 2); part++) {
+            int which = j->down ? LOIP_W_EXPERT_DOWN_BIAS : part ? LOIP_W_EXPERT_UP_BIAS : LOIP_W_EXPERT_GATE_BIAS;
+            const loip_tensor *bias = loip_layer_w(s->m, j->layer, which);
+            size_t width = j->down ? (size_t)c->dim : (size_t)c->expert_dim;
+            float *rows = j->down ? mo->y : part ? mo->h2 : mo->h;
+            for (size_t r = b; r < end; r++) {
+                float *y = rows + ((size_t)at + r) * width;
+                for (size_t x = 0; x < width; x++) y[x] += loip_tensor_elem(bias, (size_t)e * width + x);
+            }
+        }
+    }
+}
+
 /* Experts list[0..m) (their tensors in w[i]) over their gathered rows: gate and up in one
- * dispatch, silu(gate) * up, down in one. */
-static void run_experts(loip_session *s, const int32_t *list, int m, const loip_tensor (*w)[LOIP_EXPERT_PARTS]) {
+ * dispatch, (their biases,) the gated unit, down in one (, its bias). */
+static void run_experts(loip_session *s, int l, const int32_t *list, int m, const loip_tensor (*w)[LOIP_EXPERT_PARTS]) {
     loip_moe *mo = s->moe;
     const loip_model_config *c = &s->m->cfg;
     if (m == 0) return;
@@ -151,7 +188,9 @@ static void run_experts(loip_session *s, const int32_t *list, int m, const loip_
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
-    loip_swiglu_run(s->pool, mo->h, mo->h2, mo->range_start, mo->range_count, m, c->expert_dim);
+    expert_bias_job bj = {.s = s, .list = list, .m = m, .layer = l, .down = 0};
+    if (c->expert_bias) loip_pool_run(s->pool, expert_bias_task, &bj);
+    loip_glu_run(s->pool, c, mo->h, mo->h2, mo->range_start, mo->range_count, m, c->expert_dim);
     nj = 0;
     for (int i = 0; i < m; i++) {
         int32_t e = list[i], at = mo->start[e], rows = mo->count[e];
@@ -159,6 +198,8 @@ static void run_experts(loip_session *s, const int32_t *list, int m, const loip_
     }
     jobs[nj] = (loip_linear_job){0};
     loip_linear_run(s->pool, jobs);
+    bj.down = 1;
+    if (c->expert_bias) loip_pool_run(s->pool, expert_bias_task, &bj);
 }
 
 /* Routes of the prepared batch's n rows of xb: sel/w, and the rows gathered by expert
@@ -324,7 +365,7 @@ static int compute_chosen(loip_session *s, int l, int m) {
     const loip_tensor (*w)[LOIP_EXPERT_PARTS] = (const loip_tensor(*)[LOIP_EXPERT_PARTS])mo->views;
     int n_now, routed, left, rc = start_chosen(s, l, m, &n_now, &routed);
     if (rc) return rc;
-    run_experts(s, mo->now, n_now, w);
+    run_experts(s, l, mo->now, n_now, w);
     /* the rest: what has landed, computed together; wait only when nothing has */
     for (;;) {
         if ((rc = take_landed(s, l, m, routed, &n_now, &left))) return rc;
@@ -336,7 +377,7 @@ static int compute_chosen(loip_session *s, int l, int m) {
             if ((rc = wait_first(s, l, m, routed))) return rc;
             continue;
         }
-        run_experts(s, mo->now, n_now, w);
+        run_experts(s, l, mo->now, n_now, w);
         for (int i = 0; i < n_now; i++) {
             int k = mo->done[i];
             loip_experts_release(mo->experts, mo->slot[k]);
@@ -377,12 +418,24 @@ static void combine_task(void *p, int ith, int nth) {
     }
 }
 
+/* logits (n rows of n_experts) += the layer's router bias (router_bias): the bound one, or for
+ * pre-gating (x) the expert cache's copy, as its router is (the block's own views may be stale
+ * while it is offloaded), else none. */
+static void add_router_bias(const loip_model *m, const loip_experts *x, int l, float *logits, int n) {
+    const loip_tensor *b = x ? loip_experts_gating_bias(x, l) : loip_layer_w(m, l, LOIP_W_ROUTER_BIAS);
+    int E = m->cfg.n_experts;
+    if (!m->cfg.router_bias || !b || !b->data) return;
+    for (int t = 0; t < n; t++)
+        for (int e = 0; e < E; e++) logits[(size_t)t * E + e] += loip_tensor_elem(b, (size_t)e);
+}
+
 int loip_moe_ffn(loip_session *s, int l, int n) {
     loip_moe *mo = s->moe;
     const loip_model *m = s->m;
     const loip_model_config *c = &m->cfg;
     loip_linear_job r[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_ROUTER), s->xb, mo->logits, n), {0}};
     loip_linear_run(s->pool, r);
+    add_router_bias(m, NULL, l, mo->logits, n);
     int chosen = gather(s, l, n);
     int rc = compute_chosen(s, l, chosen);
     if (rc) return rc;
@@ -424,6 +477,7 @@ void loip_moe_predict(loip_session *s, int l, const float *hidden, int n) {
                        (size_t)c->dim, c->norm_eps);
         loip_linear_job r[2] = {loip_linear_of(router, mo->x, mo->logits, n), {0}};
         loip_linear_run(s->pool, r);
+        add_router_bias(s->m, x, l + d, mo->logits, n);
         route(c, mo->logits, n, mo->sel, mo->w);
         int m = 0;
         memset(mo->count, 0, (size_t)c->n_experts * sizeof(int32_t));

@@ -18,7 +18,7 @@ static void matvec_task(void *p, int ith, int nth) {
         if (j->n == 1)
             k->matvec[j->dtype](j->y, j->W, j->x, b, e, j->cols);
         else
-            k->matmul[j->dtype](j->y, j->rows, j->W, j->x, j->n, b, e, j->cols);
+            k->matmul[j->dtype](j->y, j->ldy ? j->ldy : j->rows, j->W, j->x, j->n, b, e, j->cols);
     }
 }
 
@@ -31,6 +31,8 @@ typedef struct {
     const float *h2;
     const int32_t *start, *count;
     int n_ranges, width, act;
+    int glu;
+    float alpha, limit;
 } swiglu_job;
 
 static void swiglu_task(void *p, int ith, int nth) {
@@ -40,6 +42,14 @@ static void swiglu_task(void *p, int ith, int nth) {
         loip_split(total, 16, ith, nth, &b, &e);
         float *h = j->h + (size_t)j->start[r] * j->width;
         const float *h2 = j->h2 + (size_t)j->start[r] * j->width;
+        if (j->glu == LOIP_GLU_OAI_CLAMPED) { /* as ggml's swiglu_oai computes it */
+            for (size_t i = b; i < e; i++) {
+                float g = h[i] < j->limit ? h[i] : j->limit;
+                float u = h2[i] < -j->limit ? -j->limit : h2[i] > j->limit ? j->limit : h2[i];
+                h[i] = g / (1.0f + expf(j->alpha * -g)) * (u + 1.0f);
+            }
+            continue;
+        }
         if (j->act == LOIP_ACT_GELU_TANH) {
             /* PyTorch's gelu(approximate="tanh") in fp32 */
             const float k0 = 0.7978845608028654f, k1 = 0.044715f;
@@ -65,12 +75,19 @@ void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *
 
 void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
                    int n_ranges, int width) {
-    swiglu_job j = {h, h2, start, count, n_ranges, width, act};
+    swiglu_job j = {h, h2, start, count, n_ranges, width, act, LOIP_GLU_SILU, 0.0f, 0.0f};
+    loip_pool_run(pool, swiglu_task, &j);
+}
+
+void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
+                  const int32_t *count, int n_ranges, int width) {
+    swiglu_job j = {h, h2, start, count, n_ranges, width, LOIP_ACT_SILU, c->glu, c->glu_alpha, c->glu_limit};
     loip_pool_run(pool, swiglu_task, &j);
 }
 
 static int check_dtype(int32_t dtype) {
-    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16)
+    if (dtype != LOIP_F32 && dtype != LOIP_BF16 && dtype != LOIP_F16 && dtype != LOIP_MXFP4 &&
+        dtype != LOIP_F8_E4M3)
         return loip_fail(LOIP_EINVAL, "matvec: unsupported weight dtype %d", dtype);
     return LOIP_OK;
 }
@@ -83,10 +100,16 @@ static int op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float 
     if (n <= 0 || rows <= 0 || cols <= 0)
         return loip_fail(LOIP_EINVAL, "matmul: shape must be positive (n=%lld rows=%lld cols=%lld)",
                          (long long)n, (long long)rows, (long long)cols);
+    if ((rc = loip_dtype_check(dtype, rows, cols, "matvec: W"))) return rc;
     loip_linear_job jobs[2] = {{.W = W, .dtype = dtype, .x = X, .y = Y, .n = (size_t)n,
                                 .rows = (size_t)rows, .cols = (size_t)cols}};
     loip_linear_run(pool, jobs);
     return LOIP_OK;
+}
+
+LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
+                            float *Y, int64_t n, int64_t rows, int64_t cols) {
+    return op_matmul(pool, dtype, W, X, Y, n, rows, cols);
 }
 
 LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
@@ -174,5 +197,82 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
     double s = 0;
     for (int i = 0; i < loip_pool_size(pool); i++) s += job.sums[i];
     *checksum = s;
+    return LOIP_OK;
+}
+
+/* ---- the FMA roof ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t iters;
+    double flops[1024];
+    float sink[1024];
+} fma_job;
+
+/* FMA_CHAINS independent accumulators: enough to cover the FMA latency on every port (4 cycles
+ * x 2 ports needs 8; 16 leaves room on any current core). Multiplier and addend are chosen so
+ * that the values stay finite and normal for any iteration count. */
+#define FMA_CHAINS 16
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static float fma_avx512(int64_t iters) {
+    __m512 a[FMA_CHAINS], m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+#pragma GCC unroll 16
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm512_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm512_fmadd_ps(a[k], m, c);
+#pragma GCC unroll 16
+    for (int k = 1; k < FMA_CHAINS; k++) a[0] = _mm512_add_ps(a[0], a[k]);
+    return _mm512_reduce_add_ps(a[0]);
+}
+__attribute__((target("avx2,fma"))) static float fma_avx2(int64_t iters) {
+    __m256 a[FMA_CHAINS], m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+#pragma GCC unroll 16
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = _mm256_fmadd_ps(a[k], m, c);
+#pragma GCC unroll 16
+    for (int k = 1; k < FMA_CHAINS; k++) a[0] = _mm256_add_ps(a[0], a[k]);
+    float v[8];
+    _mm256_storeu_ps(v, a[0]);
+    return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+}
+#endif
+static float fma_plain(int64_t iters) {
+    float a[FMA_CHAINS];
+    for (int k = 0; k < FMA_CHAINS; k++) a[k] = (float)k;
+    for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 16
+        for (int k = 0; k < FMA_CHAINS; k++) a[k] = fmaf(a[k], 0.999999f, 1e-6f);
+    float s = 0;
+    for (int k = 0; k < FMA_CHAINS; k++) s += a[k];
+    return s;
+}
+
+static void fma_task(void *p, int ith, int nth) {
+    (void)nth;
+    fma_job *j = p;
+    double per = 2.0 * FMA_CHAINS * (double)j->iters;
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("avx512f")) {
+        j->sink[ith] = fma_avx512(j->iters), j->flops[ith] = 16 * per;
+        return;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        j->sink[ith] = fma_avx2(j->iters), j->flops[ith] = 8 * per;
+        return;
+    }
+#endif
+    j->sink[ith] = fma_plain(j->iters), j->flops[ith] = per;
+}
+
+LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops) {
+    if (loip_pool_size(pool) > 1024) return loip_fail(LOIP_EINVAL, "fma probe: too many threads");
+    if (iters <= 0) return loip_fail(LOIP_EINVAL, "fma probe: iters must be positive (got %lld)", (long long)iters);
+    fma_job job = {.iters = iters};
+    loip_pool_run(pool, fma_task, &job);
+    double s = 0;
+    for (int i = 0; i < loip_pool_size(pool); i++) s += job.flops[i];
+    *flops = s;
     return LOIP_OK;
 }

@@ -15,6 +15,7 @@ typedef struct loip_linear_job_s {
     const float *x;
     float *y;
     size_t n, rows, cols;
+    size_t ldy; /* floats between two tokens' outputs (0: rows); a head read by chunks: the vocabulary */
 } loip_linear_job;
 
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs);
@@ -33,5 +34,8 @@ void loip_swiglu_run(loip_pool *pool, float *h, const float *h2, const int32_t *
 /* The same with the gate's activation act (LOIP_ACT_*: SiLU, or GELU's tanh approximation). */
 void loip_gate_run(loip_pool *pool, int act, float *h, const float *h2, const int32_t *start, const int32_t *count,
                    int n_ranges, int width);
+/* The same with the config's gated unit (c->glu: LOIP_GLU_*; the routed experts'). */
+void loip_glu_run(loip_pool *pool, const loip_model_config *c, float *h, const float *h2, const int32_t *start,
+                  const int32_t *count, int n_ranges, int width);
 
 #endif

@@ -270,8 +270,14 @@ static int copy_stage(loip_runner *r, int32_t k, const loip_stage_desc *d, uint6
                              "the stage's offloaded blocks [%d, %d)", k, i,
                              loip_weight_name(v->which), v->layer, d->first_block,
                              d->first_block + d->n_offloaded);
-        uint64_t nbytes = (uint64_t)loip_dtype_size(v->dtype);
-        for (int j = 0; j < v->ndim && j < 4; j++) nbytes *= (uint64_t)v->shape[j];
+        int nd = v->ndim < 0 ? 0 : v->ndim > 4 ? 4 : v->ndim;
+        int64_t vrows = 1; /* leading dimensions as rows of the last (the block dtypes' bytes) */
+        for (int j = 0; j + 1 < nd; j++) vrows *= v->shape[j];
+        int64_t vcols = nd ? v->shape[nd - 1] : 1;
+        uint64_t nbytes = loip_dtype_bytes(v->dtype, vrows, vcols);
+        if (nbytes == 0 && vrows != 0 && vcols != 0)
+            return loip_fail(LOIP_EINVAL, "runner: stage %d: view %d (%s of layer %d): its shape does not fit "
+                             "dtype %d", k, i, loip_weight_name(v->which), v->layer, v->dtype);
         if (t->per_block) { /* its block's extent is read to the start of the slot */
             const loip_load_extent *e = &d->extents[b - d->first_block];
             if (v->slot_offset < e->slot_offset || v->slot_offset - e->slot_offset + nbytes > slot_bytes ||

@@ -108,10 +108,53 @@ enum {
     LOIP_BF16 = 1,
     LOIP_F16 = 2,
     LOIP_I32 = 3,
-    LOIP_DTYPE_COUNT = 4,
+    /* Block-quantized weights: a matrix [rows, cols] of these is not cols elements a row of one
+     * size, so its bytes are loip_dtype_bytes' (loip_dequantize: their f32 values). Both are
+     * computed from as stored, accumulated in f32: MXFP4 with its exact values (bit for bit the
+     * F32 kernels on the dequantized matrix), F8 by the SIMD kernels as the sum of E4M3 * x over
+     * each 128-column block (exact products) times the block's scale (within f32 rounding of the
+     * dequantized matrix's products; the reference kernel: bit for bit).
+     * LOIP_MXFP4 (OCP MX FP4, GGUF's block_mxfp4): each row is cols/32 blocks of 17 bytes, an
+     *   E8M0 scale byte e, then 16 bytes: element j in the low nibble of byte j, element j + 16
+     *   in its high nibble; value = E2M1(nibble) * 2^(e-127) (E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6 and
+     *   their negatives; e = 0xFF is NaN). cols % 32 == 0.
+     * LOIP_F8_E4M3 (E4M3FN with 128x128 block scales, as Hugging Face FP8 checkpoints store
+     *   weight + weight_scale_inv): the rows in groups of 128 (the last may be shorter), each
+     *   group ceil(cols/128) float32 scales (scale k covers its rows' columns [128k, 128k+128))
+     *   followed by its rows of cols E4M3 bytes; value = fl(E4M3 * scale), one f32 rounding
+     *   (S.1111.111 is NaN). The scales travel with the weights: one pointer, one tensor, and
+     *   rows [128g, ...) of a tensor are themselves a tensor of this dtype (loip_f8_pack). */
+    LOIP_MXFP4 = 4,
+    LOIP_F8_E4M3 = 5,
+    LOIP_DTYPE_COUNT = 6,
 };
 
 LOIP_API int32_t loip_dtype_size(int32_t dtype);
+/* Bytes of a [rows, cols] matrix of dtype (a vector: rows 1); 0 when the dtype is unknown or
+ * the shape does not fit it (MXFP4: cols not a multiple of 32). */
+LOIP_API uint64_t loip_dtype_bytes(int32_t dtype, int64_t rows, int64_t cols);
+/* LOIP_OK when a [rows, cols] tensor called name fits dtype, else LOIP_ESHAPE naming the tensor
+ * and the field (e.g. an MXFP4 row length that is not a whole number of blocks). */
+LOIP_API int loip_dtype_check(int32_t dtype, int64_t rows, int64_t cols, const char *name);
+/* dst[rows*cols] = the f32 values of a [rows, cols] matrix of any dtype (exact for all but
+ * F8's one rounding of E4M3 * scale). */
+LOIP_API int loip_dequantize(float *dst, const void *src, int32_t dtype, int64_t rows, int64_t cols);
+/* dst (loip_dtype_bytes(LOIP_F8_E4M3, rows, cols) bytes) = the LOIP_F8_E4M3 layout of a
+ * Hugging Face FP8 weight: w[rows*cols] E4M3FN bytes and scale_inv[scale_rows*scale_cols]
+ * (its weight_scale_inv). LOIP_ESHAPE naming the tensor (name) and its weight_scale_inv when
+ * the scales are not [ceil(rows/128), ceil(cols/128)]. */
+LOIP_API int loip_f8_pack(void *dst, const uint8_t *w, const float *scale_inv, int64_t rows,
+                          int64_t cols, int64_t scale_rows, int64_t scale_cols, const char *name);
+/* Weights a file keeps otherwise than loip binds them (gpt-oss's fused experts), made anew:
+ * loip_gather_elements: dst[r * cols + c] = src[base + r * rs + c * cs] for r < rows, c < cols,
+ *   elements of elem_bytes (1, 2 or 4): a transposition or a de-interleaving;
+ * loip_mxfp4_from_openai: rows r < rows of an MXFP4 matrix as LOIP_MXFP4 (nb blocks a row), from
+ *   OpenAI's layout (Hugging Face's *_blocks: 16 bytes a block, value 2j in the low nibble of
+ *   byte j and 2j+1 in its high; *_scales: a byte a block) at source row first + r * step. */
+LOIP_API int loip_gather_elements(void *dst, const void *src, int32_t elem_bytes, int64_t base, int64_t rows,
+                                  int64_t rs, int64_t cols, int64_t cs);
+LOIP_API int loip_mxfp4_from_openai(void *dst, const uint8_t *blocks, const uint8_t *scales, int64_t first,
+                                    int64_t step, int64_t rows, int64_t nb);
 
 typedef struct loip_buffer loip_buffer;
 /* Zeroed, 64-byte aligned (huge-page advised when large) memory. */
@@ -160,7 +203,8 @@ LOIP_API int loip_file_read(const char *path, uint64_t offset, uint64_t len, voi
  * value of stream position first+i, so a tensor filled in chunks equals one filled at once. */
 LOIP_API int loip_fill_random(void *dst, uint64_t n, int32_t dtype, uint64_t seed,
                               uint64_t first, float mean, float std);
-/* Convert n elements between float dtypes (F32/BF16/F16; round to nearest even). */
+/* Convert n elements between float dtypes (F32/BF16/F16; round to nearest even); MXFP4 as a
+ * source too (n whole blocks of 32). */
 LOIP_API int loip_convert(void *dst, int32_t dst_dtype, const void *src, int32_t src_dtype,
                           uint64_t n);
 
@@ -220,13 +264,22 @@ LOIP_API void loip_charge_free(loip_charge *c);
 
 /* ---- single operations (tests, benchmarks, experiments) ------------------------------- */
 
-/* y[rows] = W[rows, cols] (dtype) . x[cols], split over the pool's threads. */
+/* y[rows] = W[rows, cols] (dtype: a float one, LOIP_MXFP4 or LOIP_F8_E4M3) . x[cols], split over
+ * the pool's threads. */
 LOIP_API int loip_op_matvec(loip_pool *pool, int32_t dtype, const void *W, const float *x,
                             float *y, int64_t rows, int64_t cols);
 /* Streaming read of bytes of buf, reps times, split over the pool's threads; returns a
  * checksum so that the reads cannot be optimised away. */
 LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes, int32_t reps,
                                 double *checksum);
+/* Y[n, rows] = X[n, cols] . W[rows, cols]^T (dtype), split over the pool's threads: the
+ * many-row product of a prefill or a verified tree, as one operation. */
+LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
+                            float *Y, int64_t n, int64_t rows, int64_t cols);
+/* The FMA roof: every thread of the pool runs `iters` rounds of independent fp32 fused
+ * multiply-adds on the widest vectors the CPU has; *flops gets the floating-point operations
+ * done (2 per FMA lane), for the caller to divide by the time it measured. */
+LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops);
 
 /* ---- hashing -------------------------------------------------------------------------- */
 
@@ -386,6 +439,21 @@ enum {
     LOIP_ROPE_SCALING_NONE = 0,
     LOIP_ROPE_SCALING_LLAMA3 = 1,
     LOIP_ROPE_SCALING_LINEAR = 2, /* positions divided by rope_factor (inverse frequencies / factor) */
+    LOIP_ROPE_SCALING_YARN = 3, /* YaRN (gpt-oss): rope_factor, rope_original_max_pos, rope_beta_* */
+};
+
+/* How a mixture of experts weighs its chosen experts (loip_model_config.moe_gating). */
+enum {
+    LOIP_GATING_SOFTMAX = 0,      /* softmax over all router logits, then the top k */
+    LOIP_GATING_TOPK_SOFTMAX = 1, /* the top k logits, then a softmax over those k (gpt-oss) */
+};
+
+/* The gated unit of an expert's MLP (loip_model_config.glu). */
+enum {
+    LOIP_GLU_SILU = 0, /* silu(gate) * up */
+    /* gpt-oss: g = min(gate, glu_limit), u = clamp(up, -glu_limit, glu_limit),
+     * g * sigmoid(glu_alpha * g) * (u + 1) */
+    LOIP_GLU_OAI_CLAMPED = 1,
 };
 
 enum {
@@ -464,6 +532,28 @@ typedef struct loip_model_config {
     float attn_scale;
     float rope_local_theta;
     float final_softcap;
+    /* gpt-oss's switches; 0 is "not used", so every other family's config is unchanged.
+     * attn_sinks: a learned logit per head (LOIP_W_SINKS) joins each softmax's denominator (it
+     * takes a share of the weight and gives no value); attn_out_bias: the output projection's
+     * bias (LOIP_W_BO); router_bias: the router's (LOIP_W_ROUTER_BIAS); expert_bias: each routed
+     * expert's gate, up and down biases (LOIP_W_EXPERT_*_BIAS, a row per expert). */
+    int32_t attn_sinks;
+    int32_t attn_out_bias;
+    int32_t router_bias;
+    int32_t expert_bias;
+    int32_t moe_gating;  /* LOIP_GATING_* */
+    int32_t glu;         /* LOIP_GLU_*: of the routed experts */
+    float glu_alpha;
+    float glu_limit;
+    /* YaRN (rope_scaling LOIP_ROPE_SCALING_YARN, with rope_factor and rope_original_max_pos):
+     * pair i's frequency blends base^(-2i/d) / factor (interpolated) and base^(-2i/d)
+     * (extrapolated) by a ramp between the pairs that turn beta_fast and beta_slow times in the
+     * original context (floored and ceiled when rope_yarn_truncate: Hugging Face's default and
+     * llama.cpp's only way); cos and sin are scaled by rope_attn_factor. */
+    float rope_beta_fast;
+    float rope_beta_slow;
+    float rope_attn_factor;
+    int32_t rope_yarn_truncate;
 } loip_model_config;
 
 enum {
@@ -490,7 +580,13 @@ enum {
     LOIP_W_SHARED_GATE = 18, /* [1, dim]: the shared expert's gate (shared_expert_gate) */
     LOIP_W_POST_ATTN_NORM = 19, /* [dim]: the attention output's norm (post_norms); MHA block */
     LOIP_W_POST_FFN_NORM = 20,  /* [dim]: the MLP output's norm (post_norms); MLP block */
-    LOIP_W_COUNT = 21,
+    LOIP_W_BO = 21,          /* [dim]: attn_out_bias (attention block) */
+    LOIP_W_SINKS = 22,       /* [n_heads]: attn_sinks (attention block) */
+    LOIP_W_ROUTER_BIAS = 23, /* [n_experts]: router_bias */
+    LOIP_W_EXPERT_GATE_BIAS = 24, /* [n_experts, expert_dim]: expert_bias, row e expert e's */
+    LOIP_W_EXPERT_UP_BIAS = 25,   /* [n_experts, expert_dim] */
+    LOIP_W_EXPERT_DOWN_BIAS = 26, /* [n_experts, dim] */
+    LOIP_W_COUNT = 27,
 };
 
 typedef struct loip_tensor {
@@ -517,6 +613,26 @@ enum {
 };
 LOIP_API int loip_model_bind_expert(loip_model *m, int32_t layer, int32_t expert, int32_t part,
                                     const loip_tensor *t);
+/* A [rows, cols] weight table (the embedding or the output head of a large vocabulary) that
+ * stays in its file: dtype at offset of path, read with pread as it is needed. cache_rows: rows
+ * kept after their read (the embedding: a token's row, least recently used out); chunk_rows (a
+ * multiple of 16, 0: none): the rows the head reads at once into one buffer, each chunk's logits
+ * computed as it lands (the same logits, bit for bit, as the table in memory). Both buffers are
+ * charged to budget's "slots" account (NULL: not charged) before they are allocated. */
+typedef struct loip_rows loip_rows;
+LOIP_API int loip_rows_new(const char *path, uint64_t offset, int32_t dtype, int64_t rows, int64_t cols,
+                           int32_t cache_rows, int32_t chunk_rows, loip_budget *budget, loip_rows **out);
+LOIP_API void loip_rows_free(loip_rows *r);
+/* Row id of the table as floats into out[cols] (from the cache, or read into it). */
+LOIP_API int loip_rows_get(loip_rows *r, int32_t id, float *out);
+/* What the table's reads have read: bytes, reads, and rows found in the cache. */
+LOIP_API uint64_t loip_rows_bytes_read(const loip_rows *r);
+LOIP_API uint64_t loip_rows_reads(const loip_rows *r);
+LOIP_API uint64_t loip_rows_hits(const loip_rows *r);
+/* The embedding (LOIP_W_EMBED) or head (LOIP_W_LM_HEAD; a tied model's head is its embedding)
+ * read from r instead of a tensor in memory (r NULL: neither); r must be [vocab_size, dim] and
+ * outlive its use. loip_model_bind of the same kind binds memory again. */
+LOIP_API int loip_model_bind_rows(loip_model *m, int32_t which, loip_rows *r);
 /* LOIP_ESTATE naming the first required tensor not bound in layers [first, last). */
 LOIP_API int loip_model_check(const loip_model *m, int32_t first_layer, int32_t last_layer);
 /* Bytes of the weights bound so far. */
@@ -892,6 +1008,9 @@ LOIP_API int loip_experts_set_source(loip_experts *x, int32_t layer, int32_t exp
  * them is not predicted. */
 LOIP_API int loip_experts_set_gating(loip_experts *x, int32_t layer, const loip_tensor *ffn_norm,
                                      const loip_tensor *router);
+/* Layer l's router bias for pre-gating (router_bias: gpt-oss), [n_experts], a view the caller
+ * keeps alive; NULL clears it. Without it the layer's prediction goes without its bias. */
+LOIP_API int loip_experts_set_gating_bias(loip_experts *x, int32_t layer, const loip_tensor *router_bias);
 /* Read expert e of layer l into a slot now and keep it there (LOIP_EXPERTS_STATIC), waiting for
  * the read; LOIP_ENOMEM when every slot is pinned. */
 LOIP_API int loip_experts_pin(loip_experts *x, int32_t layer, int32_t expert);
@@ -1599,7 +1718,8 @@ LOIP_API int loip_cuda_copy(void *dst, const void *src, uint64_t bytes);
 /* Waits for every kernel launched; the first failure among them, named. */
 LOIP_API int loip_cuda_sync(void);
 
-/* y[r] = W[r, :] . x for r < rows; W rows x cols of dtype (LOIP_F32/BF16/F16), row-major. */
+/* y[r] = W[r, :] . x for r < rows; W rows x cols of dtype (LOIP_F32/BF16/F16), row-major, or
+ * LOIP_MXFP4 / LOIP_F8_E4M3 in their layouts (above). */
 LOIP_API int loip_cuda_matvec(int32_t dtype, float *y, const void *W, const float *x, uint64_t rows,
                               uint64_t cols);
 /* Y[t][r] = W[r, :] . X[t, :] for t < n (fp32 sums; 16-bit weights widened exactly). */

@@ -49,6 +49,43 @@ it("grammar.lua --quick draws documents from token masks and prints its report",
   assert.are.equal(3, report.valid_docs)
 end)
 
+-- quant.lua needs no store: it measures the MXFP4 and F8 kernels on matrices of its own
+it("quant.lua --quick measures the MXFP4 and F8 kernels against the read probe and prints its report", function()
+  local out = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/quant.lua --quick --threads 1,2 --out %s",
+    T.loip, T.root, out))
+  assert.are.equal(0, rc, "quant.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  assert.is_true(report.probe["1"] > 0 and report.probe["2"] > 0)
+  -- every dtype, every variant the kernels offer here (ref always), every thread count
+  for _, dt in ipairs({ "mxfp4", "f8" }) do
+    assert.is_true(report.fractions[dt]["ref/1"] > 0 and report.fractions[dt]["ref/2"] > 0, dt)
+    assert.is_table(report.kernels[dt .. " 2880x2880 ref 2T"], dt)
+  end
+  assert.are.equal(0.8, report.target)
+  assert.is_boolean(report.met)
+  assert.is_true(json.exists(out .. "/quant.svg") and json.exists(out .. "/quant.json"))
+end)
+
+-- prefill.lua needs a BF16 model: a small synthetic llama (in a scratch folder here)
+it("prefill.lua --quick alternates the kernel variants and prints its report", function()
+  local dir = T.tmpdir()
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like llama-3.2-1b --dtype bf16 --layers 2 --dim 64 "
+    .. "--heads 4 --kv-heads 2 --ffn 96 --vocab 300 --seed 3 %s/m", T.loip, dir))
+  assert.are.equal(0, rc, err)
+  local stdout, stderr
+  rc, stdout, stderr = T.run(string.format("LOIP_QUIET=1 %s run %s/recipes/bench/prefill.lua --model %s/m --quick --out %s",
+    T.loip, T.root, dir, dir))
+  assert.are.equal(0, rc, "prefill.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  assert.is_true(report.fma.gflops > 0)
+  assert.is_true(#report.variants >= 1)
+  for _, v in ipairs(report.variants) do
+    assert.is_true(report.model[v].prefill_tokens_per_s > 0, v)
+    assert.is_true(report.matmul["64x96"][v].gflops > 0, v)
+  end
+end)
+
 describe("the benchmark recipes", function()
   for _, r in ipairs(RECIPES) do
     local name, extra, fields = r[1], r[2], r[3]

@@ -3,9 +3,9 @@
 -- spec/support/to_gguf.lua converts (the GGUF must be the one llama.cpp read: its sha256 is
 -- checked first). loip's logits from the GGUF, the Hugging Face directory, the slice store and
 -- the store with every layer's blocks offloaded are within 1e-4 of the largest logit at every one
--- of the 64 positions and the 16 greedy tokens are llama.cpp's; 2 and 3 devices give the single
--- device's logits bit for bit. A family whose tensors are fused by rows refuses such a tensor of
--- the wrong size, naming it.
+-- of the 64 positions and the 16 greedy tokens are llama.cpp's; the store with blocks offloaded,
+-- 2 and 3 devices give the single device's logits bit for bit. A family whose tensors are fused
+-- by rows refuses such a tensor of the wrong size, naming it.
 local ffi = require "ffi"
 local loip = require "loip"
 local json = require "loip.text.json"
@@ -64,6 +64,26 @@ for _, family in ipairs(families.names(ref.models)) do
         assert.are.same(r.greedy, st.token_ids, path)
         m:close()
       end
+    end)
+
+    it("gives the single device's logits bit for bit from its store with blocks offloaded", function()
+      local m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false })
+      local V, n, blocks = m.vocab_size, #ref.tokens, 2 * m.n_layers
+      local single = ffi.new("float[?]", n * V)
+      ffi.copy(single, m:logits(ref.tokens), n * V * 4)
+      m:close()
+      -- two stages, each offloading all but its last block (read from the store every step)
+      local half = blocks / 2
+      local plan = { slots = 1, devices = { { stages = { { blocks = { 0, half - 1 }, offloaded = half - 1 },
+        { blocks = { half, blocks - 1 }, offloaded = half - 1 } } } } }
+      m = loip.model.open(dir .. "/store", { threads = 1, context = 128, tokenizer = false, plan = plan })
+      assert.is_true(m.runner ~= nil and m.loader ~= nil, "offloading runs through the runner and its loader")
+      assert.are.equal(0, T.bit_diffs(single, m:logits(ref.tokens), n * V))
+      local it, st = m:generate(ref.tokens, { temperature = 0, max_tokens = #r.greedy, ignore_eos = true })
+      for _ in it do end
+      assert.are.same(r.greedy, st.token_ids)
+      assert.is_true(m:runner_stats().loads > 0)
+      m:close()
     end)
 
     for _, devices in ipairs({ 2, 3 }) do

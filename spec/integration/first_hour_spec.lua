@@ -31,6 +31,7 @@ describe("modules", function()
     local internal = { "^loip%.core$", "^loip%.model%.hf$", "^loip%.model%.llama2c$", "^loip%.model%.gguf_model$",
       "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
       "^loip%.model%.part$", -- (a device's part: a Model's and a worker's)
+      "^loip%.model%.derive$", -- (weights converted at open: gpt-oss's fused experts)
       "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
       "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",
@@ -52,6 +53,7 @@ describe("modules", function()
       "^loip%.serve%.dashboard$", "^loip%.serve%.cluster_view$", -- (the live page at /, /v1/cluster and its events)
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
+      "^loip%.plan%.ends$", -- (where the embedding and head stay: loip.plan.ends, re-exported by loip.plan)
       -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
       "^loip%.text%.utf8$", -- (well-formed UTF-8 out of token streams and into JSON)

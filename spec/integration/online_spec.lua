@@ -23,7 +23,8 @@ local function reference(st, n, prompt)
 end
 
 local function generate(st, extra)
-  return T.generate_json(st, "--devices 2 --mem 960K,960K --context 512 --stages 3 --max-tokens 400 " .. extra)
+  -- (the budgets are sized with the embedding and head in memory: --ends memory keeps them there)
+  return T.generate_json(st, "--devices 2 --mem 960K,960K --ends memory --context 512 --stages 3 --max-tokens 400 " .. extra)
 end
 
 describe("online adaptation", function()
@@ -78,7 +79,7 @@ describe("online adaptation", function()
     for _, n in pairs(per_device) do assert.is_true(n <= 3, "one change per stage, once") end
     assert.matches("passes its budget at %d+ positions: offloading all its blocks", err)
     -- 800K: even with every block offloaded the KV cache of 400 positions does not fit
-    local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --mem 800K,800K --threads 1 --context 512 "
+    local rc2, _, err2 = T.run(string.format("%s generate --model %s --devices 2 --mem 800K,800K --ends memory --threads 1 --context 512 "
       .. "--stages 3 --temperature 0 --max-tokens 400 --prompt 'Once upon a time' --plan-positions 32", T.loip, st))
     assert.are.equal(1, rc2)
     assert.matches("online policy loip: device %d cannot hold the KV cache of %d+ positions even with every block offloaded", err2)
@@ -162,7 +163,7 @@ describe("online adaptation", function()
     local s0_ids = reference(st, 480, "A big red ball")
     for _, pc in ipairs({ 64, 256 }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
-        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --link-rate 100mbit --max-tokens 480 --plan-positions %d",
+        .. "--json --devices 3 --mem 790K,770K,800K --ends memory --context 512 --link-rate 100mbit --max-tokens 480 --plan-positions %d",
         T.loip, st, pc))
       assert.are.equal(0, rc, err)
       local j = json.decode(out)
@@ -191,7 +192,7 @@ describe("online adaptation", function()
     local s0_ids = reference(st, 480, "A big red ball")
     for _, draft in ipairs({ "ngram", "self:layers=all" }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
-        .. "--json --devices 3 --mem 790K,770K,800K --context 512 --max-tokens 480 --plan-positions 64 --online loip --draft %s",
+        .. "--json --devices 3 --mem 790K,770K,800K --ends memory --context 512 --max-tokens 480 --plan-positions 64 --online loip --draft %s",
         T.loip, st, draft))
       assert.are.equal(0, rc, draft .. ": " .. err)
       local j = json.decode(out)
@@ -211,7 +212,7 @@ describe("online adaptation", function()
     end
     -- the first plan alike: 985K each holds the full context's plan with fewer draft rows only
     local s1_ids = reference(st, 40, "Once upon a time")
-    local rc, j, err = T.generate_json(st, "--devices 2 --mem 985K,985K --context 512 --max-tokens 40 --draft ngram")
+    local rc, j, err = T.generate_json(st, "--devices 2 --mem 985K,985K --ends memory --context 512 --max-tokens 40 --draft ngram")
     assert.are.equal(0, rc, err)
     assert.are.same(s1_ids, j.token_ids)
     assert.is_true(j.draft.plan_rows > 0 and j.draft.plan_rows < 8, "draft rows " .. tostring(j.draft.plan_rows))
@@ -222,7 +223,7 @@ describe("online adaptation", function()
     -- budgets the re-plan for 496 positions cannot meet: the run stops at about 200 positions
     local st = store_of(S260, "s260")
     local s0_ids = reference(st, 480, "A big red ball")
-    for _, where in ipairs({ "--devices 3 --mem 700K,700K,700K", "--mem 900K" }) do
+    for _, where in ipairs({ "--devices 3 --mem 700K,700K,700K --ends memory", "--mem 900K --ends memory" }) do
       local rc, out, err = T.run(string.format("%s generate --model %s --threads 1 --temperature 0 --prompt 'A big red ball' "
         .. "--json %s --context 512 --max-tokens 480 --plan-positions 64", T.loip, st, where))
       assert.are.equal(1, rc, where)

@@ -14,6 +14,7 @@
 --
 --   require("spec.support.to_gguf").convert("synth-dir", "out.gguf")   -- arch from config.json
 local ffi = require "ffi"
+local bit = require "bit"
 local json = require "loip.text.json"
 local gguf = require "loip.model.gguf"
 local core = require "loip.core"
@@ -49,8 +50,83 @@ local layer_to_gguf = {
   ["mlp.shared_expert.gate_proj.weight"] = "ffn_gate_shexp.weight", ["mlp.shared_expert.up_proj.weight"] = "ffn_up_shexp.weight",
   ["mlp.shared_expert.down_proj.weight"] = "ffn_down_shexp.weight",
   ["mlp.shared_expert_gate.weight"] = "ffn_gate_inp_shexp.weight",
+  -- gpt-oss's
+  ["self_attn.o_proj.bias"] = "attn_output.bias", ["self_attn.sinks"] = "attn_sinks.weight",
+  ["mlp.router.weight"] = "ffn_gate_inp.weight", ["mlp.router.bias"] = "ffn_gate_inp.bias",
   ["post_feedforward_layernorm.weight"] = "post_ffw_norm.weight",
 }
+
+-- gpt-oss's fused experts as GptOssModel.modify_tensors cuts them (MXFP4 blocks and scales as
+-- its repack_mxfp4 does: rows de-interleaved the same way, each block the scale byte then
+-- element j in the low nibble of byte j and j+16 in its high): gate_up_proj [E, dim, 2f]
+-- transposed to [E, 2f, dim] and its even rows the gates, odd rows the ups (ffn_gate_exps,
+-- ffn_up_exps); down_proj [E, f, dim] transposed (ffn_down_exps); gate_up_proj_bias [E, 2f]
+-- split the same way (ffn_{gate,up}_exps.bias), down_proj_bias as it is. Returns the GGUF
+-- tensors of HF tensor `rest` of layer l (t: its safetensors entry, data: its bytes), or nil
+-- when rest is not one of them.
+local function gpt_oss_experts(set, l, rest, t, data)
+  local es = t.dtype == "F32" and 4 or 2
+  local function pick(E, R, C, base, rs, cs) -- out[e][r][c] = in[e*plane + base + r*rs + c*cs] (elements)
+    local plane = t.nbytes / es / E
+    local out = {}
+    for e = 0, E - 1 do
+      for r = 0, R - 1 do
+        for c = 0, C - 1 do
+          local at = (e * plane + base + r * rs + c * cs) * es
+          out[#out + 1] = data:sub(at + 1, at + es)
+        end
+      end
+    end
+    return table.concat(out)
+  end
+  local b = "blk." .. l .. "."
+  if rest:match("_scales$") then return {} end -- (with its blocks)
+  if rest:match("_blocks$") then -- MXFP4 as released: repacked (GptOssModel.repack_mxfp4)
+    local sname = "model.layers." .. l .. "." .. rest:gsub("_blocks$", "_scales")
+    local f = set.index[sname]
+    local st = f.tensors[sname]
+    local scales = ffi.string(f.data + st.offset, st.nbytes)
+    local E, R, NB = t.shape[1], t.shape[2], t.shape[3]
+    local function repack(first, step, rows)
+      local out = {}
+      for e = 0, E - 1 do
+        for r = 0, rows - 1 do
+          local row = e * R + first + r * step
+          for k = 0, NB - 1 do
+            local i = (row * NB + k) * 16
+            local blk = { scales:sub(row * NB + k + 1, row * NB + k + 1) }
+            for j = 0, 15 do
+              local lo = bit.band(bit.rshift(data:byte(i + bit.rshift(j, 1) + 1), 4 * bit.band(j, 1)), 15)
+              local hi = bit.band(bit.rshift(data:byte(i + 8 + bit.rshift(j, 1) + 1), 4 * bit.band(j, 1)), 15)
+              blk[#blk + 1] = string.char(bit.bor(lo, bit.lshift(hi, 4)))
+            end
+            out[#out + 1] = table.concat(blk)
+          end
+        end
+      end
+      return table.concat(out)
+    end
+    if rest == "mlp.experts.down_proj_blocks" then
+      return { { name = b .. "ffn_down_exps.weight", type = "MXFP4", dims = { NB * 32, R, E }, data = repack(0, 1, R) } }
+    end
+    return { { name = b .. "ffn_gate_exps.weight", type = "MXFP4", dims = { NB * 32, R / 2, E }, data = repack(0, 2, R / 2) },
+      { name = b .. "ffn_up_exps.weight", type = "MXFP4", dims = { NB * 32, R / 2, E }, data = repack(1, 2, R / 2) } }
+  end
+  if rest == "mlp.experts.gate_up_proj" then
+    local E, D, F2 = t.shape[1], t.shape[2], t.shape[3]
+    return { { name = b .. "ffn_gate_exps.weight", type = t.dtype, dims = { D, F2 / 2, E }, data = pick(E, F2 / 2, D, 0, 2, F2) },
+      { name = b .. "ffn_up_exps.weight", type = t.dtype, dims = { D, F2 / 2, E }, data = pick(E, F2 / 2, D, 1, 2, F2) } }
+  elseif rest == "mlp.experts.down_proj" then
+    local E, F, D = t.shape[1], t.shape[2], t.shape[3]
+    return { { name = b .. "ffn_down_exps.weight", type = t.dtype, dims = { F, D, E }, data = pick(E, D, F, 0, 1, D) } }
+  elseif rest == "mlp.experts.gate_up_proj_bias" then
+    local E, F2 = t.shape[1], t.shape[2]
+    return { { name = b .. "ffn_gate_exps.bias", type = t.dtype, dims = { F2 / 2, E }, data = pick(E, 1, F2 / 2, 0, 0, 2) },
+      { name = b .. "ffn_up_exps.bias", type = t.dtype, dims = { F2 / 2, E }, data = pick(E, 1, F2 / 2, 1, 0, 2) } }
+  elseif rest == "mlp.experts.down_proj_bias" then
+    return { { name = b .. "ffn_down_exps.bias", type = t.dtype, dims = { t.shape[2], t.shape[1] }, data = data } }
+  end
+end
 -- A family's own tensors (its classes' and GGUF architecture's `layer`: fused by rows or renamed)
 -- matched by the weight kinds they hold.
 local function family_names(class, arch)
@@ -148,25 +224,33 @@ local function keys(cfg, arch, hd, spec)
     md[#md + 1] = { a "expert_used_count", "UINT32", cfg.num_experts_per_tok }
   end
   if cfg.moe_intermediate_size then md[#md + 1] = { a "expert_feed_forward_length", "UINT32", cfg.moe_intermediate_size } end
+  if arch == "gpt-oss" then md[#md + 1] = { a "expert_feed_forward_length", "UINT32", cfg.intermediate_size } end
+  local rs = cfg.rope_scaling
+  if type(rs) == "table" and rs.rope_type == "yarn" then -- (as TextModel.set_gguf_parameters writes YaRN)
+    md[#md + 1] = { a "rope.scaling.type", "STRING", "yarn" }
+    md[#md + 1] = { a "rope.scaling.factor", "FLOAT32", rs.factor }
+    md[#md + 1] = { a "rope.scaling.original_context_length", "UINT32", rs.original_max_position_embeddings }
+    if rs.beta_fast then md[#md + 1] = { a "rope.scaling.yarn_beta_fast", "FLOAT32", rs.beta_fast } end
+    if rs.beta_slow then md[#md + 1] = { a "rope.scaling.yarn_beta_slow", "FLOAT32", rs.beta_slow } end
+  end
   if cfg.shared_expert_intermediate_size then
     md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
   end
   -- sliding windows (layer_types), as the converter writes a per-layer pattern: a bool a layer
-  if type(cfg.sliding_window) == "number" and type(cfg.layer_types) == "table" then
+  -- (a family whose keys name the window, Gemma 3's and gpt-oss's, writes it alone, as their
+  -- converters do: llama.cpp knows their patterns)
+  local keys_of = spec.keys or {}
+  if type(cfg.sliding_window) == "number" and type(cfg.layer_types) == "table" and not keys_of["attention.sliding_window"] then
     local pattern = {}
     for i, t in ipairs(cfg.layer_types) do pattern[i] = t == "sliding_attention" end
     md[#md + 1] = { a "attention.sliding_window", "UINT32", cfg.sliding_window }
     md[#md + 1] = { a "attention.sliding_window_pattern", "ARRAY[BOOL]", pattern }
   end
-  local written = {}
-  for _, e in ipairs(md) do written[e[1]] = true end
-  for _, k in ipairs(families.names(spec.keys or {})) do
-    if not written[a(k)] then -- (the windows' keys are written above from layer_types)
-      local field, kind = spec.keys[k], "UINT32"
-      if type(field) == "table" then field, kind = field[1], field[2] end
-      local v = cfg[field]
-      md[#md + 1] = { a(k), kind, type(v) == "number" and v or 0 }
-    end
+  for _, k in ipairs(families.names(keys_of)) do
+    local field, kind = keys_of[k], "UINT32"
+    if type(field) == "table" then field, kind = field[1], field[2] end
+    local v = cfg[field]
+    md[#md + 1] = { a(k), kind, type(v) == "number" and v or 0 }
   end
   -- (the converter's linear RoPE scaling: TextModel.set_gguf_parameters)
   local rs = cfg.rope_scaling
@@ -178,8 +262,9 @@ local function keys(cfg, arch, hd, spec)
 end
 
 -- The GGUF of the Hugging Face directory dir (loip synth's output), written to path. arch: the
--- GGUF architecture (default: the config's class's).
-function M.convert(dir, path, arch)
+-- GGUF architecture (default: the config's class's); extra: metadata { key, type, value } to add
+-- (bad input for the specs).
+function M.convert(dir, path, arch, extra)
   local cfg = assert(json.load(dir .. "/config.json"))
   local class = families.classes[cfg.architectures[1]] or {}
   if class.prepare then cfg = class.prepare(cfg, dir .. "/config.json") end
@@ -199,7 +284,13 @@ function M.convert(dir, path, arch)
     local name = class.prefix and full:sub(1, #class.prefix) == class.prefix and full:sub(#class.prefix + 1) or full
     local l, rest = name:match("^model%.layers%.(%d+)%.(.+)$")
     local e, part = (rest or ""):match("experts%.(%d+)%.([%w_]+)%.weight$")
-    if e then
+    local fused = arch == "gpt-oss" and l and gpt_oss_experts(set, l, rest, t, data)
+    if fused then
+      for _, x in ipairs(fused) do
+        if x.type ~= "F32" and (#x.dims == 2) then x.data, x.type = widen(x.data, x.type), "F32" end -- (biases)
+        tensors[#tensors + 1] = x
+      end
+    elseif e then
       -- stacked below, in expert order: [experts, rows, cols] is GGUF's { cols, rows, experts }
       local key = "blk." .. l .. "." .. expert_to_gguf[part]
       experts[key] = experts[key] or { name = key, type = t.dtype, dims = { t.shape[2], t.shape[1], 0 }, parts = {} }
@@ -231,6 +322,7 @@ function M.convert(dir, path, arch)
   if type(cfg.rope_scaling) == "table" and cfg.rope_scaling.rope_type == "llama3" then tensors[#tensors + 1] = llama3_freqs(cfg, hd) end
   local md = keys(cfg, arch, hd, spec)
   for _, kv in ipairs(vocab(dir)) do md[#md + 1] = kv end
+  for _, kv in ipairs(extra or {}) do md[#md + 1] = kv end
   T.write(path, gguf.encode(md, tensors))
 end
 

@@ -12,7 +12,8 @@ describe("the FFI surface", function()
     local structs = {
       loip_cpu_info = { "n_cpus", "has_cuda" },
       loip_model_config = { "dim", "norm_eps", "rope_theta", "rope_layout", "rope_factor",
-        "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings", "sliding_window", "layer_window" },
+        "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings", "sliding_window", "layer_window",
+        "norm_add_one", "embed_scale", "final_softcap", "attn_sinks", "glu_limit", "rope_yarn_truncate" },
       loip_tensor = { "data", "dtype", "ndim", "shape" },
       loip_sampler_params = { "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalty_last_n" },
       loip_loader_config = { "rate_limit_bps", "n_slots", "debug_short_every", "overlap_loads", "budget" },
@@ -75,12 +76,33 @@ describe("the FFI surface", function()
     for name in pairs(K) do if name:match("^TOKF_") then n_tokf = n_tokf + 1 end end
     group(K.tokf, "TOKF_", n_tokf)
     group(K.dtype, "", K.DTYPE_COUNT)
-    for name, v in pairs(K.dtype) do assert.is_true(loip.C.loip_dtype_size(v) > 0, name) end
+    for name, v in pairs(K.dtype) do
+      -- the block-quantized dtypes have no element size: their matrices have bytes
+      local block = v == K.MXFP4 or v == K.F8_E4M3
+      assert.are.equal(not block, loip.C.loip_dtype_size(v) > 0, name)
+      assert.is_true(tonumber(loip.C.loip_dtype_bytes(v, 3, 256)) > 0, name)
+    end
+    assert.are.equal(0ULL, loip.C.loip_dtype_bytes(K.DTYPE_COUNT, 3, 256))
     assert.are.equal(0, loip.C.loip_dtype_size(K.DTYPE_COUNT))
     -- what the Lua side reads from them
     assert.are.same(K.msg, require("loip.runtime.transport").kinds)
     assert.are.same(K.dtype, require("loip.core").dtype)
     assert.are.equal(K.KV_BLOCK_TOKENS, require("loip.sim").KV_BLOCK)
+  end)
+
+  it("counts a tensor's bytes in Lua (store.tensor_bytes) as loip_dtype_bytes does", function()
+    local K, store = require "loip.constants", require "loip.model.store"
+    for _, name in ipairs({ "F32", "BF16", "F16", "MXFP4", "F8_E4M3" }) do
+      for _, shape in ipairs({ { 1, 32 }, { 3, 64 }, { 127, 2880 }, { 300, 129 }, { 2880 }, { 129, 1 } }) do
+        local rows, cols = #shape == 2 and shape[1] or 1, shape[#shape]
+        local c = tonumber(loip.C.loip_dtype_bytes(store.dtypes[name][1], rows, cols))
+        local l, why = store.tensor_bytes(name, shape)
+        if c == 0 then assert.is_nil(l, name) assert.matches("not a multiple of the block size 32", why)
+        else assert.are.equal(c, l, name .. " " .. table.concat(shape, "x")) end
+      end
+    end
+    assert.are.equal("MXFP4", store.dtype_name[K.MXFP4])
+    assert.are.equal("F8_E4M3", store.dtype_name[K.F8_E4M3])
   end)
 
   it("is called only by the wrappers: lua/loip/runtime/* and loip.core (the rest, recipes too, calls them)", function()

@@ -270,7 +270,7 @@ function M.problem_of(cmd, o)
   local prob = problem.new { model = sizes, shape = problem.shape_of(cfg, dtype), n = n, budgets = budgets or 0,
     profiles = profiles, disk_rate = set.disk_rate, slowdown = set.slowdown, link_rate = link_rate,
     link_delay_ms = set.link and set.link.delay_ms, cluster = n > 1, in_process = n == 1, stages = o.stages,
-    context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch }
+    context = sopts.context, batch = sopts.batch, micro_batch = o.max_batch, ends = o.ends }
   return prob, sizes
 end
 

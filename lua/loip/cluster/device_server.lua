@@ -141,7 +141,11 @@ function Worker:build(msg)
     weights = function(pt)
       local keep = store.load_files(dir, man, "memory", budget.handle, plan.device_files(p, i, pt.sizes),
         store.offloaded_files(p, i, man))
-      local ok, err = pcall(store.bind_loaded, pt.handle, dir, man, keep)
+      local ok, err = pcall(function()
+        store.bind_loaded(pt.handle, dir, man, keep)
+        -- (the embedding or head its plan keeps on disk: loip.plan.ends)
+        keep.ends = store.bind_ends(pt.handle, dir, man, p, i, cfg.tied_embeddings ~= 0, budget.handle)
+      end)
       if not ok then store.close(keep) error(err, 0) end
       return keep
     end }

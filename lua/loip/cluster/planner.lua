@@ -106,7 +106,7 @@ function Planner:problem(opts, sizes)
     routing = opts.routing and opts.routing.frequencies,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
-    batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1 }
+    batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1, ends = opts.ends }
 end
 
 -- Device i's budget for its part of the plan (bytes; 0: unlimited): less what a draft run

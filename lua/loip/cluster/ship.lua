@@ -27,6 +27,7 @@ M.tamper = nil
 function M.files_of(man, p, i, sizes)
   local want = plan.device_files(p, i, sizes)
   for name in pairs(store.offloaded_files(p, i, man)) do want[name] = true end
+  for name in pairs(store.ends_files(p, i, sizes.tied)) do want[name] = true end
   local out = {}
   for _, f in ipairs(man.files) do if want[f.name] then out[#out + 1] = f.name end end
   return out

@@ -31,7 +31,7 @@ local M = {
     { "tokenizer", "string", "tokenizer file to use instead of the model's", metavar = "FILE" },
     flags.shared.mem, flags.shared.devices, flags.shared.hosts,
     flags.shared.token, flags.shared.curve_keys,
-    flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown,
+    flags.shared.stages, flags.shared.ends, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown,
     flags.shared.plan_positions, flags.alias("plan-context", flags.shared.plan_positions), flags.shared.online,
     { "on-device-loss", "string", "with --devices/--hosts: when a device dies, hangs or disconnects mid-request: replan (the "
       .. "others take over, the request goes on with the same tokens) or fail", default = "replan",
@@ -125,7 +125,7 @@ local function plan_cluster(o, c, set, draft)
   if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
   local loader = o.loader ~= "auto" and o.loader or nil
   local p, est, info = c:plan { plan = o.plan, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-    stages = o.stages, context = o.context, batch = o.batch, loader = loader, verify_reads = o.verify_reads,
+    stages = o.stages, ends = o.ends, context = o.context, batch = o.batch, loader = loader, verify_reads = o.verify_reads,
     on_device_loss = o.on_device_loss,
     disk_rate = set.disk_rate,
     link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
@@ -290,7 +290,7 @@ local function open_model(o, is_store)
   local ok, m = pcall(require("loip.model").open, o.model, { threads = o.threads, context = o.context, batch = o.batch, tokenizer = o.tokenizer,
     mem = o.mem, plan = o.plan, slots = o.slots, loader = o.loader, verify_reads = o.verify_reads,
     disk_rate = disk_rate and disk_rate[1],
-    trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
+    trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages, ends = o.ends,
     plan_positions = o.plan_positions, draft = draft, draft_tokens = o.draft_tokens,
       experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })

@@ -31,7 +31,7 @@ local M = {
       check = function(v) return v > 0, "must be > 0" end },
     { "threads", "int", "compute threads per device (for a calibration; 0: this machine's CPUs split among --devices, "
       .. "as loip generate --devices N gives its local devices)", default = 0, check = function(v) return v >= 0, "must be >= 0" end },
-    flags.shared.stages, flags.shared.scheduler, flags.shared.cost_model, flags.shared.save_plan,
+    flags.shared.stages, flags.shared.ends, flags.shared.scheduler, flags.shared.cost_model, flags.shared.save_plan,
     { "json", "bool", "print one JSON object: plan, estimate_ms_per_token, devices, scheduler_ms" },
   }),
 }

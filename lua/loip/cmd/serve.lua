@@ -48,7 +48,7 @@ local M = {
     flags.shared.token, flags.shared.curve_keys,
     { "join-listen", "string", "a cluster: admit workers that join while it serves (loip worker --join) at this address "
       .. "(port 0: any, printed)", metavar = "ADDR:PORT" },
-    flags.shared.stages, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
+    flags.shared.stages, flags.shared.ends, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
     flags.shared.experts, flags.shared.routing_profile,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
@@ -86,7 +86,7 @@ local function start_cluster(o, run, hosts, n, set, draft)
       dead_ms = o.dead_after }
   run.c = c
   if o.hosts and set.mem then for i, d in ipairs(c.devices) do d.mem = set.mem[i] end end
-  local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages,
+  local p, est, info = c:plan { scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages, ends = o.ends,
     context = o.context or require("loip.model").default_context(cfg.max_seq), batch = o.step_tokens, max_batch = o.max_batch, kv_tokens = o.kv_tokens,
     -- a row of logits back per request (logprobs and grammars sample at the head: loip.engine.request.head_sample)
     logits_tokens = o.max_batch,
@@ -108,7 +108,7 @@ local function open_local(o, run, set, draft)
   if o.trace and not is_store then usage("serve", "--trace needs a slice store (make one with loip slice) or --devices/--hosts") end
   local m = model.open(o.model, { threads = o.threads, context = o.context, mem = set.mem and set.mem[1], max_batch = o.max_batch,
     kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
-    stages = o.stages, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
+    stages = o.stages, ends = o.ends, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
     trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
   experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })

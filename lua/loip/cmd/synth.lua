@@ -13,6 +13,7 @@ local M = {
   flags = flags.rows({
     { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
     { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
+    { "experts-dtype", "string", "a mixture of experts released so (gpt-oss): mxfp4 writes its experts as MXFP4 blocks and scales" },
     { "seed", "int", "random seed", default = 1 },
     { "std", "number", "standard deviation of the random weights", default = 0.02,
       check = function(v) return v >= 0, "must be >= 0" end },

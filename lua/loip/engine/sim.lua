@@ -179,7 +179,11 @@ function Sim:stage_ms(i, s, y, n, ctx)
     local ms = self:block_ms(i, b % 2 == 0 and "mha" or "mlp", n, ctx)
     if b - y.first < y.off then off_ms = off_ms + ms else res_ms = res_ms + ms end
   end
-  if i == 1 and s == 1 then res_ms = res_ms + (self.problem.devices[1].compute.embed_ms or 0) end
+  if i == 1 and s == 1 then
+    -- (an embedding kept on disk: the step's rows read first, loip.plan.ends)
+    local rows_ms = plan.ends.read_ms(self.problem, i, self.devices[i].part, space.read_ms, n)
+    res_ms = res_ms + (self.problem.devices[1].compute.embed_ms or 0) + rows_ms
+  end
   return off_ms, res_ms
 end
 
@@ -253,7 +257,17 @@ function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
     release, start = release + (x.back[s] - start), x.back[s]
   end
   local finish = release + res_ms
-  if i == N and s == S then finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx) end
+  if i == N and s == S then
+    -- (a head kept on disk: its table read chunk by chunk, each chunk's logits after it, loip.plan.ends)
+    local _, head_read = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
+    if head_read > 0 then
+      local go = math.max(finish, x.disk)
+      event(x, tr, "load", s, self.problem.model.n_blocks, self.problem.model.n_blocks, go, go + head_read)
+      x.disk, x.load_ms = go + head_read, x.load_ms + head_read
+      finish = go + head_read
+    end
+    finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx)
+  end
   event(x, tr, "compute", s, y.first, y.last, start, finish)
   x.comp_ms = x.comp_ms + (finish - start)
   if blob > 0 then

@@ -129,13 +129,14 @@ function Cache:_gating(o, layers)
   for _, f in ipairs(o.man.files) do
     local l = f.expert == nil and f.name:match("^layer%-(%d+)%-mlp%.bin$")
     if l and (layers or o.layers)[tonumber(l)] then
-      local norm, router
+      local norm, router, bias
       for _, t in ipairs(f.tensors) do
-        if t.kind == "ffn_norm" then norm = t elseif t.kind == "router" then router = t end
+        if t.kind == "ffn_norm" then norm = t elseif t.kind == "router" then router = t
+        elseif t.kind == "router_bias" then bias = t end
       end
       if norm and router then
-        want[#want + 1] = { layer = tonumber(l), file = f, norm = norm, router = router }
-        total = total + store.align_up(norm.nbytes) + store.align_up(router.nbytes)
+        want[#want + 1] = { layer = tonumber(l), file = f, norm = norm, router = router, bias = bias }
+        total = total + store.align_up(norm.nbytes) + store.align_up(router.nbytes) + (bias and store.align_up(bias.nbytes) or 0)
       end
     end
   end
@@ -150,12 +151,13 @@ function Cache:_gating(o, layers)
   for _, w in ipairs(want) do
     local path = o.dir .. "/" .. w.file.name
     local views = {}
-    for i, t in ipairs({ w.norm, w.router }) do
+    for i, t in ipairs({ w.norm, w.router, w.bias }) do -- (the router's bias: gpt-oss's)
       core.must(files_rt.read(path, t.offset, t.nbytes, base + at, false, path))
       views[i] = view_of(t, base + at)
       at = at + store.align_up(t.nbytes)
     end
     core.must(exec.experts_set_gating(self.handle, w.layer, views[1], views[2], path))
+    if views[3] then core.must(exec.experts_set_gating_bias(self.handle, w.layer, views[3], path)) end
   end
 end
 

@@ -37,6 +37,9 @@ local VALUE = {
 
 -- ggml tensor types: those loip computes with (bytes per element), and the names of the rest.
 M.TYPES = { [0] = { "F32", 4 }, [1] = { "F16", 2 }, [30] = { "BF16", 2 } }
+-- MXFP4 (gpt-oss's experts as released: blocks of 32 values in 17 bytes, loip.h's LOIP_MXFP4): its
+-- bytes an element on average (a tensor's rows are whole blocks)
+M.TYPES[39] = { "MXFP4", 17 / 32 }
 M.OTHER_TYPES = { [2] = "Q4_0", [3] = "Q4_1", [6] = "Q5_0", [7] = "Q5_1", [8] = "Q8_0", [9] = "Q8_1", [10] = "Q2_K",
   [11] = "Q3_K", [12] = "Q4_K", [13] = "Q5_K", [14] = "Q6_K", [15] = "Q8_K", [16] = "IQ2_XXS", [17] = "IQ2_XS",
   [18] = "IQ3_XXS", [19] = "IQ1_S", [20] = "IQ4_NL", [21] = "IQ3_S", [22] = "IQ2_S", [23] = "IQ4_XS", [24] = "I8",

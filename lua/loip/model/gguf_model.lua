@@ -52,7 +52,7 @@ for n, k in pairs(layer_names) do
 end
 M.global_names, M.layer_names, M.moe_layer_names = global_names, layer_names, moe_layer_names
 
-local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16 }
+local dtypes = { F32 = K.F32, F16 = K.F16, BF16 = K.BF16, MXFP4 = K.MXFP4 }
 
 -- The llama3 rope_scaling whose per-frequency factors are rope_freqs (a Lua list, head_dim/2
 -- values), for head dimension hd and base theta; nil when none of Llama 3.x's fits.
@@ -156,6 +156,25 @@ local function rope_scaling_of(g, hd, theta)
   return scaling
 end
 
+-- The rope scaling of arch's metadata md as a Hugging Face rope_scaling table: nil (none), linear's
+-- (rope.scaling.factor), or YaRN's as llama.cpp runs it (its correction range always truncated: transformers' default;
+-- beta_fast and beta_slow 32 and 1 unless the file says otherwise; the attention factor
+-- 0.1 ln(factor) + 1 times rope.scaling.attn_factor). Raises on any other kind.
+function M.metadata_scaling_of(md, arch, get, path)
+  local scaling = md[arch .. ".rope.scaling.type"]
+  if scaling == nil or scaling == "none" then return nil end
+  if scaling == "linear" then return { rope_type = "linear", factor = get("rope.scaling.factor", nil, "number") } end
+  if scaling ~= "yarn" then
+    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (linear and yarn are)", path, arch,
+      tostring(scaling)), 0)
+  end
+  local factor = get("rope.scaling.factor", nil, "number")
+  local attn = get("rope.scaling.attn_factor", 1, "number")
+  return { rope_type = "yarn", factor = factor, original_max_position_embeddings = get("rope.scaling.original_context_length"),
+    beta_fast = get("rope.scaling.yarn_beta_fast", 32, "number"), beta_slow = get("rope.scaling.yarn_beta_slow", 1, "number"),
+    attention_factor = attn * (factor > 1 and 0.1 * math.log(factor) + 1 or 1) }
+end
+
 -- An open GGUF (loip.model.gguf) -> a Hugging Face config table (plus loip_rope_layout and
 -- loip_source_format); raises naming the key.
 function M.config(g)
@@ -197,10 +216,7 @@ function M.config(g)
       path, arch, rope_dims, hd), 0)
   end
   local theta = get("rope.freq_base", 10000, "number")
-  local scaling = md[arch .. ".rope.scaling.type"]
-  if scaling ~= nil and scaling ~= "none" and scaling ~= "linear" then
-    error(string.format("%s: %s.rope.scaling.type '%s' is not supported (linear is)", path, arch, tostring(scaling)), 0)
-  end
+  local scaling = M.metadata_scaling_of(md, arch, get, path)
   local eos, stops = stop_ids(md)
   local types = {}
   for _, name in ipairs(g.order) do types[g.tensors[name].type] = true end
@@ -217,10 +233,10 @@ function M.config(g)
     loip_source_format = "gguf",
   }
   if spec.interleaved then cfg.loip_rope_layout = "interleaved" end
-  if scaling == "linear" then cfg.rope_scaling = { rope_type = "linear", factor = get("rope.scaling.factor", nil, "number") } end
+  if scaling then cfg.rope_scaling = scaling end
   for k, v in pairs(moe or {}) do cfg[k] = v end
   if spec.attention_bias ~= false and g.tensors["blk.0.attn_q.bias"] then cfg.attention_bias = true end
-  if spec.config then spec.config(md, cfg, get) end
+  if spec.config then spec.config(md, cfg, get, path) end
   if g.tensors["rope_freqs.weight"] then cfg.rope_scaling = rope_scaling_of(g, hd, theta) end
   return cfg
 end

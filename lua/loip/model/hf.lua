@@ -4,6 +4,7 @@ local core = require "loip.core"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
 local exec = require "loip.runtime.exec"
+local memory = require "loip.runtime.memory"
 local families = require "loip.model.families"
 local K = core.constants
 
@@ -118,6 +119,52 @@ function M.windows_of(cfg, path, c)
   return any and w or nil
 end
 
+-- YaRN's fields of rope_scaling table rs into c, as transformers' _compute_yarn_parameters reads
+-- them: beta_fast 32 and beta_slow 1 by default, the attention factor given or 0.1 ln(factor) + 1,
+-- the correction range truncated to whole pairs unless truncate is false (gpt-oss). DeepSeek's
+-- mscale/mscale_all_dim are refused.
+local function yarn_of(rs, path, c)
+  local at = path .. " rope_scaling"
+  c.rope_scaling = K.ROPE_SCALING_YARN
+  c.rope_factor = field(rs, at, "factor", "number")
+  c.rope_original_max_pos = field(rs, at, "original_max_position_embeddings", "int")
+  c.rope_beta_fast = field(rs, at, "beta_fast", "number", 32)
+  c.rope_beta_slow = field(rs, at, "beta_slow", "number", 1)
+  for _, f in ipairs({ "mscale", "mscale_all_dim" }) do
+    if rs[f] ~= nil and rs[f] ~= json.null then
+      error(string.format("%s: field '%s' is not supported (YaRN's attention factor from it: DeepSeek's)", at, f), 0)
+    end
+  end
+  local factor = c.rope_factor
+  c.rope_attn_factor = field(rs, at, "attention_factor", "number", factor > 1 and 0.1 * math.log(factor) + 1 or 1)
+  c.rope_yarn_truncate = field(rs, at, "truncate", "bool", true) and 1 or 0
+end
+
+-- The config's rope_scaling into c (none, llama3, linear or yarn); raises naming what is not
+-- supported.
+function M.rope_scaling_of(cfg, path, c)
+  c.rope_scaling = K.ROPE_SCALING_NONE
+  local rs = cfg.rope_scaling
+  if type(rs) ~= "table" then return end
+  local kind = rs.rope_type or rs.type
+  if kind == "llama3" then
+    c.rope_scaling = K.ROPE_SCALING_LLAMA3
+    c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
+    c.rope_low_freq_factor = field(rs, path .. " rope_scaling", "low_freq_factor", "number")
+    c.rope_high_freq_factor = field(rs, path .. " rope_scaling", "high_freq_factor", "number")
+    c.rope_original_max_pos = field(rs, path .. " rope_scaling", "original_max_position_embeddings", "int")
+  elseif kind == "linear" then
+    c.rope_scaling = K.ROPE_SCALING_LINEAR
+    c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
+    if not (c.rope_factor > 0) then error(path .. ": rope_scaling factor must be positive", 0) end
+  elseif kind == "yarn" then
+    yarn_of(rs, path, c)
+  elseif kind ~= "default" then
+    error(string.format("%s: rope_scaling type '%s' is not supported (llama3, linear and yarn are)", path,
+      tostring(kind)), 0)
+  end
+end
+
 -- The MLP gate's activations loip runs (config.json's names -> K.ACT_*).
 local activations = { silu = K.ACT_SILU, gelu_pytorch_tanh = K.ACT_GELU_TANH }
 
@@ -161,24 +208,7 @@ function M.parse_config(cfg, path)
   c.norm_eps = field(cfg, path, "rms_norm_eps", "number", 1e-6)
   c.rope_theta = field(cfg, path, "rope_theta", "number", 10000)
   c.rope_layout = K.ROPE_HALF
-  c.rope_scaling = K.ROPE_SCALING_NONE
-  local rs = cfg.rope_scaling
-  if type(rs) == "table" then
-    local kind = rs.rope_type or rs.type
-    if kind == "llama3" then
-      c.rope_scaling = K.ROPE_SCALING_LLAMA3
-      c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
-      c.rope_low_freq_factor = field(rs, path .. " rope_scaling", "low_freq_factor", "number")
-      c.rope_high_freq_factor = field(rs, path .. " rope_scaling", "high_freq_factor", "number")
-      c.rope_original_max_pos = field(rs, path .. " rope_scaling", "original_max_position_embeddings", "int")
-    elseif kind == "linear" then
-      c.rope_scaling = K.ROPE_SCALING_LINEAR
-      c.rope_factor = field(rs, path .. " rope_scaling", "factor", "number")
-      if not (c.rope_factor > 0) then error(path .. ": rope_scaling factor must be positive", 0) end
-    elseif kind ~= "default" then
-      error(string.format("%s: rope_scaling type '%s' is not supported (llama3 and linear are)", path, tostring(kind)), 0)
-    end
-  end
+  M.rope_scaling_of(cfg, path, c)
   if spec.qkv_bias == true then
     c.qkv_bias = 1
   elseif spec.qkv_bias then
@@ -205,6 +235,8 @@ local layer_names = {
   { K.W_BK, "self_attn.k_proj.bias", "qkv_bias" },
   { K.W_BV, "self_attn.v_proj.bias", "qkv_bias" },
   { K.W_Q_NORM, "self_attn.q_norm.weight", "qk_norm" },
+  { K.W_BO, "self_attn.o_proj.bias", "attn_out_bias" },
+  { K.W_SINKS, "self_attn.sinks", "attn_sinks" },
   { K.W_K_NORM, "self_attn.k_norm.weight", "qk_norm" },
   { K.W_POST_ATTN_NORM, "post_attention_norm.weight", "post_norms" }, -- (Gemma's: post_attention_layernorm)
   { K.W_FFN_NORM, "post_attention_layernorm.weight" },
@@ -256,6 +288,9 @@ function M.shape_of(c, kind)
     [K.W_DOWN] = { c.dim, c.hidden_dim }, [K.W_ROUTER] = { c.n_experts, c.dim }, [K.W_SHARED_GATE] = { 1, c.dim },
     [M.W_EXPERT + K.EXPERT_GATE] = { c.expert_dim, c.dim }, [M.W_EXPERT + K.EXPERT_UP] = { c.expert_dim, c.dim },
     [M.W_EXPERT + K.EXPERT_DOWN] = { c.dim, c.expert_dim },
+    [K.W_BO] = { c.dim }, [K.W_SINKS] = { c.n_heads }, [K.W_ROUTER_BIAS] = { c.n_experts },
+    [K.W_EXPERT_GATE_BIAS] = { c.n_experts, c.expert_dim }, [K.W_EXPERT_UP_BIAS] = { c.n_experts, c.expert_dim },
+    [K.W_EXPERT_DOWN_BIAS] = { c.n_experts, c.dim },
   }
   return shapes[tonumber(kind)]
 end
@@ -307,11 +342,19 @@ function M.weight_list(c, arch)
     end
     if moe then
       list[#list + 1] = { l, K.W_ROUTER, prefix .. moe.router }
+      if c.router_bias ~= 0 then list[#list + 1] = { l, K.W_ROUTER_BIAS, prefix .. (moe.router_bias or "mlp.gate.bias") } end
       if c.shared_expert ~= 0 then
         for _, e in ipairs(moe.shared) do list[#list + 1] = { l, e[1], prefix .. e[2] } end
         if c.shared_expert_gate ~= 0 then list[#list + 1] = { l, K.W_SHARED_GATE, prefix .. moe.shared_gate } end
       end
-      for x = 0, c.n_experts - 1 do
+      -- (experts stored otherwise than one tensor per expert and part: the family lists them)
+      if moe.list then for _, w in ipairs(moe.list(c, l, prefix, M.W_EXPERT)) do list[#list + 1] = w end
+      elseif c.expert_bias ~= 0 then
+        for i, k in ipairs({ K.W_EXPERT_GATE_BIAS, K.W_EXPERT_UP_BIAS, K.W_EXPERT_DOWN_BIAS }) do
+          list[#list + 1] = { l, k, prefix .. "mlp.experts." .. moe.parts[i] .. "_bias" }
+        end
+      end
+      for x = 0, moe.list and -1 or c.n_experts - 1 do
         for p = 0, K.EXPERT_PARTS - 1 do
           list[#list + 1] = { l, M.W_EXPERT + p, prefix .. moe.expert:format(x, moe.parts[p + 1]), expert = x, part = p }
         end
@@ -324,11 +367,23 @@ function M.weight_list(c, arch)
 end
 
 -- The tensors of M.weight_list as the files hold them, each once: { name, shape } in the order
--- of their first part (a tensor fused by rows has the rows of all its parts).
-function M.tensor_list(c, arch)
+-- of their first part (a tensor fused by rows has the rows of all its parts; a weight derived
+-- from others, its sources: { name, shape, dtype (a fixed one, else the model's), fill }).
+-- experts_dtype "mxfp4": the experts as a family releases them in MXFP4 (blocks and scales).
+function M.tensor_list(c, arch, experts_dtype)
   local out, seen = {}, {}
   for _, w in ipairs(M.weight_list(c, arch)) do
-    if not seen[w[3]] then
+    local sources = (experts_dtype == "mxfp4" and w.mxfp4 or w).sources
+    if experts_dtype == "mxfp4" and M.expert_part(w[2]) and not w.mxfp4 then
+      error(string.format("%s's experts are not released as MXFP4 (no blocks and scales to write)", arch or "the model"), 0)
+    end
+    for _, src in ipairs(sources or {}) do
+      if not seen[src.name] then
+        seen[src.name] = true
+        out[#out + 1] = { name = src.name, shape = src.shape, dtype = src.dtype, fill = src.fill }
+      end
+    end
+    if not sources and not seen[w[3]] then
       local shape = M.shape_of(c, w[2])
       if w.rows then shape = { w.rows[3], shape[2] } end
       seen[w[3]] = true
@@ -369,6 +424,39 @@ function M.find(set, w, arch)
   if other and set.index[other] then return set.index[other], other end
 end
 
+-- The view of weight w (a M.weight_list entry of class arch) in the safetensors set (found by
+-- M.find), and its bytes; nil and the message when it cannot be had. A derived weight (w.derive:
+-- a family's, from the tensors w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
+-- budget's "weights" (a loip_budget *, when given) until then.
+function M.weight_view(set, w, dir, budget, arch)
+  -- (a weight a family can also derive from other sources: MXFP4 blocks and scales as released)
+  if w.mxfp4 and w.sources and not set.index[w.sources[1].name] and set.index[w.mxfp4.sources[1].name] then
+    w = { w[1], w[2], w[3], expert = w.expert, part = w.part, sources = w.mxfp4.sources, derive = w.mxfp4.derive }
+  end
+  if w.derive then
+    local src = {}
+    for _, s in ipairs(w.sources) do
+      local f = set.index[s.name]
+      if not f then return nil, string.format("%s: tensor '%s' is missing", dir, s.name) end
+      local t = f.tensors[s.name]
+      src[s.name] = { data = f.data + t.offset, dtype = t.dtype, shape = t.shape, nbytes = t.nbytes, path = f.path }
+    end
+    local view, bytes, buf = w.derive(src, w)
+    if not view then return nil, bytes end
+    set.derived = set.derived or {}
+    set.derived[#set.derived + 1] = buf
+    if budget then
+      local ok, err = memory.charge(budget, "weights", bytes, dir .. ": " .. w[3])
+      if not ok then return nil, err end
+      set.derived_budget, set.derived_charged = budget, (set.derived_charged or 0) + bytes
+    end
+    return view, bytes
+  end
+  local f, name = M.find(set, w, arch)
+  if not f then return nil, string.format("%s: tensor '%s' is missing", dir, w[3]) end
+  return M.view_of(f, w, name)
+end
+
 -- The view of weight w (a M.weight_list entry) in safetensors file f (under name: default w's),
 -- and its bytes; nil and the message when it cannot be had.
 function M.view_of(f, w, name)
@@ -388,17 +476,13 @@ function M.bind_weights(dir, c, m, opts)
   if not set then error(err, 0) end
   for _, w in ipairs(M.weight_list(c, opts and opts.architecture)) do
     local layer, kind = w[1], w[2]
-    local f, name = M.find(set, w, opts and opts.architecture)
-    if not f then
-      safetensors.close(set)
-      error(string.format("%s: tensor '%s' is missing", dir, w[3]), 0)
-    end
-    local view, verr = M.view_of(f, w, name)
+    local view, verr = M.weight_view(set, w, dir, opts and opts.budget, opts and opts.architecture)
     if not view then safetensors.close(set) error(verr, 0) end
     local ok, berr = M.bind(m, layer, kind, view, w.expert)
     if not ok then
       safetensors.close(set)
-      error(string.format("%s: tensor '%s': %s", f.path, name, berr), 0)
+      local f, name = M.find(set, w, opts and opts.architecture)
+      error(string.format("%s: tensor '%s': %s", f and f.path or dir, name or w[3], berr), 0)
     end
   end
   return set

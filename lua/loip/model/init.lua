@@ -271,7 +271,7 @@ function Model:problem(sizes, avail)
   return problem.new { model = sizes, shape = problem.shape_of(man.config, store.layer_dtype(man)), n = 1,
     routing = opts.routing and opts.routing.frequencies,
     budgets = { avail }, profiles = { pr }, disk_rate = opts.disk_rate and opts.disk_rate > 0 and opts.disk_rate or nil,
-    in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader,
+    in_process = true, stages = opts.stages, context = self.context, batch = self.batch, loader = opts.loader, ends = opts.ends,
     micro_batch = self.max_seqs }
 end
 

@@ -208,6 +208,9 @@ end
 
 function M.close(set)
   for _, f in ipairs(set.files) do f:close() end
+  for _, buf in ipairs(set.derived or {}) do memory.buffer_free(buf) end
+  if set.derived_budget then memory.release(set.derived_budget, "weights", set.derived_charged) end
+  set.derived, set.derived_budget, set.derived_charged = nil, nil, nil
 end
 
 return M

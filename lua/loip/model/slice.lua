@@ -95,9 +95,7 @@ function M.open_source(path)
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
     end
     for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
-      local f, name = hf.find(set, w, cfg.architectures[1])
-      if not f then src.close() error(string.format("%s: tensor '%s' is missing", file, w[3]), 0) end
-      local view, bytes = hf.view_of(f, w, name)
+      local view, bytes = hf.weight_view(set, w, file, nil, cfg.architectures[1])
       if not view then src.close() error(bytes, 0) end
       by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes }
     end
@@ -166,15 +164,15 @@ end
 function M.plan(src) return layout(src.tensors) end
 
 -- The block files (as a manifest lists them, without hashes) of a model of config c (a
--- loip_model_config) whose weights are all of dtype ("BF16", ...): what its store would hold.
-function M.layout_of(c, dtype)
-  local es = store.dtypes[dtype][2]
+-- loip_model_config) whose weights are all of dtype ("BF16", ...), its routed experts of
+-- experts_dtype when given ("MXFP4": gpt-oss as released): what its store would hold.
+function M.layout_of(c, dtype, experts_dtype)
   local tensors = {}
   for _, w in ipairs(hf.weight_list(c)) do
     local shape = hf.shape_of(c, w[2])
-    local n = 1
-    for _, d in ipairs(shape) do n = n * d end
-    tensors[#tensors + 1] = { layer = w[1], kind = w[2], name = w[3], dtype = dtype, shape = shape, nbytes = n * es,
+    local dt = experts_dtype and hf.expert_part(w[2]) and experts_dtype or dtype
+    local nbytes = assert(store.tensor_bytes(dt, shape))
+    tensors[#tensors + 1] = { layer = w[1], kind = w[2], name = w[3], dtype = dt, shape = shape, nbytes = nbytes,
       expert = w.expert }
   end
   return layout(tensors)

@@ -43,6 +43,11 @@ local kind_list = {
   { "ffn_norm", K.W_FFN_NORM, "mlp" }, { "gate", K.W_GATE, "mlp" }, { "up", K.W_UP, "mlp" },
   { "down", K.W_DOWN, "mlp" }, { "router", K.W_ROUTER, "mlp" }, { "shared_gate", K.W_SHARED_GATE, "mlp" },
   { "post_attn_norm", K.W_POST_ATTN_NORM, "mha" }, { "post_ffn_norm", K.W_POST_FFN_NORM, "mlp" },
+  -- gpt-oss's: the output projection's bias and the sinks with the attention, the router's and
+  -- the experts' biases (a row per expert, all of a layer's together) with the MLP
+  { "bo", K.W_BO, "mha" }, { "sinks", K.W_SINKS, "mha" }, { "router_bias", K.W_ROUTER_BIAS, "mlp" },
+  { "expert_gate_bias", K.W_EXPERT_GATE_BIAS, "mlp" }, { "expert_up_bias", K.W_EXPERT_UP_BIAS, "mlp" },
+  { "expert_down_bias", K.W_EXPERT_DOWN_BIAS, "mlp" },
   -- a routed expert's parts (hf.W_EXPERT + K.EXPERT_*): of its layer's MLP block, in a file of
   -- their own (M.expert_file), their tensors and file with an integer "expert" field
   { "expert_gate", hf.W_EXPERT + K.EXPERT_GATE, "mlp" }, { "expert_up", hf.W_EXPERT + K.EXPERT_UP, "mlp" },
@@ -59,6 +64,27 @@ local per_layer = { mha = true, mlp = true }
 
 M.dtypes = { F32 = { K.F32, 4 }, BF16 = { K.BF16, 2 }, F16 = { K.F16, 2 } }
 M.dtype_name = { [K.F32] = "F32", [K.BF16] = "BF16", [K.F16] = "F16" }
+-- The block-quantized dtypes (loip.h's LOIP_MXFP4, LOIP_F8_E4M3): their second field is bytes
+-- per element on average (F8's scales left out); a tensor's exact bytes are M.tensor_bytes'.
+M.dtypes.MXFP4, M.dtype_name[K.MXFP4] = { K.MXFP4, 17 / 32 }, "MXFP4"
+M.dtypes.F8_E4M3, M.dtype_name[K.F8_E4M3] = { K.F8_E4M3, 1 }, "F8_E4M3"
+
+-- Bytes of a tensor of dtype (a M.dtypes name) and shape ({ rows, cols }, or { n }: one row),
+-- as loip_dtype_bytes counts them: MXFP4 in blocks of 32 values in 17 bytes, F8 with a float32
+-- scale per 128x128 block. nil and why when the shape does not fit the dtype.
+function M.tensor_bytes(dtype, shape)
+  local dt = M.dtypes[dtype]
+  if not dt then return nil, "unknown dtype '" .. tostring(dtype) .. "'" end
+  local rows, cols = 1, shape[#shape] or 1
+  for i = 1, #shape - 1 do rows = rows * shape[i] end
+  if dtype == "MXFP4" then
+    if cols % 32 ~= 0 then return nil, "MXFP4 row length " .. cols .. " is not a multiple of the block size 32" end
+    return rows * cols / 32 * 17
+  elseif dtype == "F8_E4M3" then
+    return rows * cols + 4 * math.ceil(cols / 128) * math.ceil(rows / 128)
+  end
+  return rows * cols * dt[2]
+end
 
 -- The file of a block: "embed.bin", "head.bin", "layer-003-mha.bin".
 function M.file_name(block, layer)
@@ -305,7 +331,10 @@ function M.open(dir, opts)
     local names, spare
     if p then
       names, spare = {}, M.offloaded_files(p, 1, man)
-      for _, f in ipairs(man.files) do if not spare[f.name] then names[f.name] = true end end
+      local on_disk = M.ends_files(p, 1, c.tied_embeddings ~= 0)
+      -- (a tied head read from disk keeps head.bin: its final norm)
+      if c.tied_embeddings ~= 0 then on_disk["head.bin"] = nil end
+      for _, f in ipairs(man.files) do if not spare[f.name] and not on_disk[f.name] then names[f.name] = true end end
     end
     if L then
       names = names or {}
@@ -325,7 +354,10 @@ function M.open(dir, opts)
       end
     end
     local keep = M.load_files(dir, man, opts.load or "memory", opts.budget, names, spare)
-    local ok, err = pcall(M.bind_loaded, m, dir, man, keep)
+    local ok, err = pcall(function()
+      M.bind_loaded(m, dir, man, keep)
+      if p then keep.ends = M.bind_ends(m, dir, man, p, 1, c.tied_embeddings ~= 0, opts.budget) end
+    end)
     if not ok then
       M.close(keep)
       error(err, 0)
@@ -443,7 +475,72 @@ function M.restage(o)
   return p2, descs
 end
 
+-- ---- the embedding and head kept on disk (a plan's embed_rows, head_rows: loip.plan.ends)
+
+-- How device i (of plan p's #p.devices) keeps the ends, for a model tied or not.
+local function ends_how(p, i, tied)
+  return plan.ends.how(plan.ends.of(p), i == 1, i == #p.devices, tied)
+end
+
+-- The files device i reads from disk for the ends it keeps there (name -> true): shipped to a
+-- worker with its blocks, not loaded.
+function M.ends_files(p, i, tied)
+  local how, out = ends_how(p, i, tied), {}
+  if how.embed == "rows" or (how.head == "rows" and tied) then out["embed.bin"] = true end
+  if how.head == "rows" and not tied then out["head.bin"] = true end
+  return out
+end
+
+local function tensor_of(man, file, kind)
+  for _, f in ipairs(man.files) do
+    if f.name == file then
+      for _, t in ipairs(f.tensors) do if t.kind == kind then return t end end
+    end
+  end
+  error(string.format("manifest: %s has no tensor of kind %s", file, kind), 0)
+end
+
+-- Bind device i's ends kept on disk under plan p into model m: the embedding's table and an
+-- untied head's as loip_rows (row cache and head chunk charged to budget's "slots"), an untied
+-- head's final norm alone read into memory ("weights"). Returns what must live as long as the
+-- model (M.close frees it with the rest), or nil when both ends are in memory.
+function M.bind_ends(m, dir, man, p, i, tied, budget)
+  local ends, how = plan.ends.of(p), ends_how(p, i, tied)
+  if how.embed ~= "rows" and how.head ~= "rows" then return nil end
+  local keep = { rows = {} }
+  local function rows(file, kind, which, cache, chunk)
+    local t = tensor_of(man, file, kind)
+    local r, err = exec.rows_new(dir .. "/" .. file, t.offset, M.dtypes[t.dtype][1], t.shape[1], t.shape[2], cache, chunk, budget)
+    if not r then M.close(keep) error(string.format("%s/%s: %s", dir, file, err), 0) end
+    keep.rows[#keep.rows + 1] = r
+    local ok, berr = exec.model_bind_rows(m, which, r)
+    if not ok then M.close(keep) error(string.format("%s/%s: %s", dir, file, berr), 0) end
+  end
+  local head_chunk = how.head == "rows" and ends.head_rows or 0
+  if tied then
+    rows("embed.bin", "embed", K.W_EMBED, how.embed == "rows" and ends.embed_rows or 0, head_chunk)
+  else
+    if how.embed == "rows" then rows("embed.bin", "embed", K.W_EMBED, ends.embed_rows, 0) end
+    if how.head == "rows" then
+      rows("head.bin", "lm_head", K.W_LM_HEAD, 0, head_chunk)
+      local t = tensor_of(man, "head.bin", "output_norm")
+      local buf, err = memory.buffer_charged(budget, "weights", M.align_up(t.nbytes))
+      if not buf then M.close(keep) error(dir .. "/head.bin: " .. err, 0) end
+      keep.norm = buf
+      local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
+      local ok, rerr = files_rt.read(dir .. "/head.bin", t.offset, M.align_up(t.nbytes), base, true)
+      if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
+      bind_tensors(m, dir, { name = "head.bin", tensors = { t } }, base - t.offset)
+    end
+  end
+  return keep
+end
+
 function M.close(keep)
+  if keep.ends then M.close(keep.ends) keep.ends = nil end
+  for _, r in ipairs(keep.rows or {}) do exec.rows_free(r) end
+  keep.rows = nil
+  if keep.norm then memory.buffer_free(keep.norm) keep.norm = nil end
   memory.buffer_free(keep.buffer)
   for _, map in ipairs(keep.maps or {}) do files_rt.map_free(map) end
   keep.buffer, keep.maps = nil, nil

@@ -41,12 +41,13 @@ end
 -- (a shared expert keeps its ratio to it).
 -- --sliding-window and --layer-types into cfg as Hugging Face writes them: sliding_window and
 -- layer_types, one per layer (the pattern of s and f repeated; no pattern: every layer windowed,
--- or a shape's own windowed layers, Gemma 3's sliding_window_pattern, with the new window).
+-- or a shape's own windowed layers, Gemma 3's sliding_window_pattern or gpt-oss's layer_types,
+-- with the new window).
 local function windows(cfg, o)
   if o.layer_types ~= nil and o.sliding_window == nil then error("synth: --layer-types needs --sliding-window", 0) end
   if o.sliding_window == nil then return end
   if o.sliding_window <= 0 then error("synth: --sliding-window must be positive", 0) end
-  if o.layer_types == nil and cfg.sliding_window_pattern then
+  if o.layer_types == nil and (cfg.sliding_window_pattern or type(cfg.layer_types) == "table") then
     cfg.sliding_window = o.sliding_window
     return
   end
@@ -88,35 +89,82 @@ function M.config(o)
   end
   if qpas_of == "head_dim" then cfg.query_pre_attn_scalar = cfg.head_dim
   elseif qpas_of == "width" then cfg.query_pre_attn_scalar = cfg.hidden_size / cfg.num_attention_heads end
+  -- (per-layer attention kinds for another layer count: the shape's own list, cut or repeated)
+  if type(cfg.layer_types) == "table" and #cfg.layer_types ~= cfg.num_hidden_layers then
+    local t = {}
+    for i = 1, cfg.num_hidden_layers do t[i] = cfg.layer_types[(i - 1) % #cfg.layer_types + 1] end
+    cfg.layer_types = t
+  end
   windows(cfg, o)
   if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
   cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]
   cfg.loip_synthetic = { like = o.like, seed = o.seed, std = o.std or STD }
+  -- the experts: as the shape is released (gpt-oss: MXFP4, its quantization_config), unless
+  -- --experts-dtype says mxfp4 or --dtype's
+  local released = type(cfg.quantization_config) == "table" and cfg.quantization_config.quant_method
+  if o.experts_dtype == "mxfp4" and released ~= "mxfp4" then
+    if not moe then error(string.format("synth: --experts-dtype mxfp4 is for a mixture of experts' shape; %s is dense", o.like), 0) end
+    cfg.quantization_config = { quant_method = "mxfp4" }
+  elseif o.experts_dtype ~= nil and o.experts_dtype ~= "mxfp4" then
+    if o.experts_dtype ~= o.dtype then
+      error(string.format("synth: --experts-dtype '%s' is neither mxfp4 nor --dtype's (%s)", tostring(o.experts_dtype), tostring(o.dtype)), 0)
+    end
+    cfg.quantization_config = nil
+  end
   return cfg
 end
 
--- Tensors of the model: { name, shape, mean, std, numel }. Norms are 1, or drawn around 0 (as
--- random as the rest) for a class whose norms scale by 1 + w (Gemma's).
-local function tensor_plan(c, std, arch)
+-- The dtype a synthesised config's experts are written in: "mxfp4" (quantization_config), or nil
+-- (the model's).
+function M.experts_dtype(cfg)
+  local q = cfg.quantization_config
+  return type(q) == "table" and q.quant_method == "mxfp4" and "mxfp4" or nil
+end
+
+-- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }. Norms
+-- are 1, or drawn around 0 (as random as the rest) for a class whose norms scale by 1 + w (Gemma's).
+local function tensor_plan(c, std, arch, experts_dtype)
   local plan = {}
   local centred = (hf.architectures[arch or ""] or {}).norms_zero_centred
-  for _, t in ipairs(hf.tensor_list(c, arch)) do
+  for _, t in ipairs(hf.tensor_list(c, arch, experts_dtype)) do
     local name, shape = t.name, t.shape
     local numel = 1
     for _, d in ipairs(shape) do numel = numel * d end
     local is_norm = name:match("norm%.weight$")
     plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = (is_norm and not centred) and 1 or 0,
-      std = (is_norm and not centred) and 0 or std }
+      std = (is_norm and not centred) and 0 or std, dtype = t.dtype, fill = t.fill }
   end
   return plan
+end
+
+-- Bytes of plan entry t when the model's dtype has es bytes an element (a U8 tensor: 1).
+local function bytes_of(t, es) return t.numel * (t.dtype == "U8" and 1 or es) end
+
+-- n random bytes at data for a U8 tensor (t.fill): MXFP4 blocks any 4-bit codes (the low byte of
+-- each normal float drawn: near uniform); MXFP4 scales exponents that give the E2M1 values (up to
+-- 6) about the standard deviation std (within a factor of 2 either way). Seeded as the float
+-- tensors, from the stream position first; the floats are drawn into data and read in place.
+local function fill_bytes(data, n, t, seed, first, std)
+  assert(exec.fill_random(data, n, K.F32, seed, first, 0, 1))
+  if t.fill ~= "mxfp4_scales" then -- (byte i from byte 4i: read before it is written)
+    assert(exec.gather_elements(data, data, 1, 0, 1, 0, n, 4))
+    return
+  end
+  local f, out = ffi.cast("float *", data), ffi.cast("uint8_t *", data)
+  local centre = 127 + math.floor(math.log(math.max(std, 1e-6) / 2.5) / math.log(2) + 0.5)
+  for i = 0, n - 1 do -- (in place: byte i is written after float i is read, and i <= 4i)
+    local u = f[i] * 0.5 + 0.5 -- (a normal value: its fractional part is near uniform)
+    u = u - math.floor(u)
+    out[i] = math.max(1, math.min(254, centre - 1 + math.floor(u * 3)))
+  end
 end
 
 -- Group tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own).
 local function shard(plan, es, shard_bytes)
   local shards, cur, size = {}, {}, 0
   for _, t in ipairs(plan) do
-    local b = t.numel * es
+    local b = bytes_of(t, es)
     if #cur > 0 and size + b > shard_bytes then
       shards[#shards + 1] = cur
       cur, size = {}, 0
@@ -179,10 +227,10 @@ function M.write(dir, o)
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
   exec.model_free(cm)
-  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1])
+  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], M.experts_dtype(cfg))
   local es = dt[3]
   local total = 0
-  for _, t in ipairs(plan) do total = total + t.numel * es end
+  for _, t in ipairs(plan) do total = total + bytes_of(t, es) end
   mkdir_p(dir)
   if json.exists(dir .. "/config.json") and not o.force then
     error(dir .. ": already holds a model (config.json); pass --force to replace it", 0)
@@ -204,8 +252,8 @@ function M.write(dir, o)
       or string.format("model-%05d-of-%05d.safetensors", si, #shards)
     local header, off = { __metadata__ = { format = "pt", loip_synthetic = "1" } }, 0
     for _, t in ipairs(list) do
-      header[t.name] = { dtype = dt[1], shape = t.shape, data_offsets = { off, off + t.numel * es } }
-      off = off + t.numel * es
+      header[t.name] = { dtype = t.dtype or dt[1], shape = t.shape, data_offsets = { off, off + bytes_of(t, es) } }
+      off = off + bytes_of(t, es)
       weight_map[t.name] = fname
     end
     local h = json.encode_sorted(header)
@@ -217,11 +265,14 @@ function M.write(dir, o)
       local seed = tensor_seed(o.seed or 1, t.name)
       local first = 0
       while first < t.numel do
-        local k = math.min(CHUNK, t.numel - first)
-        assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std))
-        assert(files_rt.write(w, data, k * es))
+        -- (a U8 tensor's bytes are drawn as floats first: a quarter of the buffer at a time)
+        local k = math.min(t.dtype == "U8" and math.floor(CHUNK * es / 4) or CHUNK, t.numel - first)
+        local kb = t.dtype == "U8" and k or k * es
+        if t.dtype == "U8" then fill_bytes(data, k, t, seed, first, o.std or STD)
+        else assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std)) end
+        assert(files_rt.write(w, data, kb))
         first = first + k
-        written = written + k * es
+        written = written + kb
         bar:update(written)
       end
     end

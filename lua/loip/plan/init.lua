@@ -34,9 +34,14 @@ local suggest = require "loip.ui.suggest"
 local json = require "loip.text.json"
 local loader_mod = require "loip.runtime.loader"
 
+local ends_mod = require "loip.plan.ends"
+
 local M = {}
 
 local fmt = memory.format_bytes
+
+-- Where the embedding and the head stay (loip.plan.ends).
+M.ends = ends_mod
 
 -- "layer 3 mlp" for block 7.
 function M.block_name(b)
@@ -98,7 +103,7 @@ local function is_count(v) return type(v) == "number" and v >= 0 and v == math.f
 -- The keys a plan may have at each level (M.check refuses any other: a misspelt `offload` would
 -- otherwise be read as "nothing offloaded").
 M.keys = {
-  plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch" },
+  plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch", "embed_rows", "head_rows" },
   device = { "slot_bytes", "stages", "expert_slots" },
   stage = { "blocks", "offloaded" },
 }
@@ -141,6 +146,8 @@ function M.check(p, n_blocks, where)
   for _, f in ipairs({ "per_block", "prefetch" }) do
     if p[f] ~= nil and type(p[f]) ~= "boolean" then return bad("%s must be true or false", f) end
   end
+  local odd_ends = ends_mod.check(p, bad)
+  if odd_ends then return odd_ends end
   if type(p.devices) ~= "table" or #p.devices == 0 then return bad("devices must be a non-empty list") end
   odd = unknown_key(p.devices, nil, #p.devices, "devices")
   if odd then return bad("%s", odd) end
@@ -198,11 +205,10 @@ end
 -- head), by name.
 function M.device_files(p, i, sizes)
   local resident, N = {}, #p.devices
-  if i == 1 then resident["embed.bin"] = true end
-  if i == N then
-    resident["head.bin"] = true
-    if sizes.tied then resident["embed.bin"] = true end
-  end
+  local _, _, how = ends_mod.memory(sizes, ends_mod.of(p), i == 1, i == N)
+  if how.embed == "memory" or (how.head == "memory" and sizes.tied) then resident["embed.bin"] = true end
+  -- (an untied head read from disk keeps its final norm alone: loip.model.store.bind_ends)
+  if how.head == "memory" or (how.head and sizes.tied) then resident["head.bin"] = true end
   for _, st in ipairs(p.devices[i].stages) do
     for b = st.blocks[1] + (st.offloaded or 0), st.blocks[2] do
       resident[sizes.files[b]] = true
@@ -265,7 +271,7 @@ function M.device_part(p, i, sizes)
   local d, N = p.devices[i], #p.devices
   local part = { S = #d.stages, n_mha = 0, n_mlp = 0, off_mha = 0, off_mlp = 0, off_bytes = 0, res_bytes = 0,
     stage_off_max = 0, loads = 0, embed = i == 1, head = i == N, first = i == 1, last = i == N,
-    per_block = p.per_block or false, prefetch = p.prefetch ~= false }
+    per_block = p.per_block or false, prefetch = p.prefetch ~= false, ends = ends_mod.of(p) }
   local biggest = 0
   for _, st in ipairs(d.stages) do
     local off = 0
@@ -318,10 +324,9 @@ end
 -- conventional path counts as scratch).
 function M.part_memory(part, sizes, opts)
   opts = opts or {}
-  local weights = part.res_bytes
-  if part.first or (part.last and sizes.tied) then weights = weights + sizes.embed_file_bytes end
-  if part.last then weights = weights + sizes.head_file_bytes end
-  local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes),
+  local ew, eb = ends_mod.memory(sizes, part.ends or opts.ends, part.first, part.last)
+  local weights = part.res_bytes + ew
+  local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes) + eb,
     experts = M.expert_cache_bytes(part, sizes), kv = part.kv or sizes.kv_bytes[part.layers],
     activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
     scratch = (part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0) + M.expert_scratch(part, sizes, opts),
@@ -332,6 +337,7 @@ end
 
 -- part_memory(...).total without the table (schedulers call this in their inner loops).
 function M.part_total(part, sizes, opts)
+  if part.ends then opts = setmetatable({ ends = part.ends }, { __index = opts }) end
   return M.total_of(sizes, opts, part.first, part.last, part.res_bytes + M.expert_scratch(part, sizes, opts),
     part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers, part.kv)
 end
@@ -342,9 +348,8 @@ end
 function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers, kv)
   kv = kv or sizes.kv_bytes[layers]
   if not kv then return math.huge end -- more layers than the model has: no such part
-  local w = res_bytes + slot_bytes + kv + sizes.activation_bytes
-  if first or (last and sizes.tied) then w = w + sizes.embed_file_bytes end
-  if last then w = w + sizes.head_file_bytes end
+  local ew, eb = ends_mod.memory(sizes, opts.ends, first, last)
+  local w = res_bytes + slot_bytes + kv + sizes.activation_bytes + ew + eb
   if opts.cluster then w = w + sizes.device_bytes end
   if slot_bytes > 0 then w = w + M.loader_scratch(slot_bytes, opts.loader) end
   return w
@@ -412,6 +417,7 @@ function M.describe(p, sizes, opts, est)
         off == 0 and "" or (off == b - a + 1 and " (all offloaded)" or string.format(" (offloaded: %s)", M.range_name(a, a + off - 1))))
     end
   end
+  for _, l in ipairs(ends_mod.describe(p, sizes, fmt)) do lines[#lines + 1] = l end
   lines[#lines + 1] = string.format("  offloaded: %s of %s of weights re-read every step (%.0f%%)", fmt(read),
     fmt(sizes.weight_bytes), 100 * read / sizes.weight_bytes)
   if est then
@@ -429,6 +435,8 @@ function M.to_lua(p)
   if p.slot_bytes then out[#out + 1] = string.format("  slot_bytes = %d, -- one slot used as a ring of this size", p.slot_bytes) end
   if p.per_block then out[#out + 1] = "  per_block = true, -- the slot holds one block: each offloaded block read when its turn comes" end
   if p.prefetch == false then out[#out + 1] = "  prefetch = false, -- a stage's reads start when the stage starts" end
+  if p.embed_rows then out[#out + 1] = string.format("  embed_rows = %d, -- the embedding stays on disk, these rows cached", p.embed_rows) end
+  if p.head_rows then out[#out + 1] = string.format("  head_rows = %d, -- the head read every step, these vocabulary rows at a time", p.head_rows) end
   out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "")
@@ -445,7 +453,8 @@ end
 
 -- The plan's tables alone (no estimate or other annotations): what workers receive and files hold.
 function M.bare(p)
-  local q = { slots = p.slots, slot_bytes = p.slot_bytes, per_block = p.per_block, prefetch = p.prefetch, devices = {} }
+  local q = { slots = p.slots, slot_bytes = p.slot_bytes, per_block = p.per_block, prefetch = p.prefetch,
+    embed_rows = p.embed_rows, head_rows = p.head_rows, devices = {} }
   for i, d in ipairs(p.devices) do
     local stages = {}
     for s, st in ipairs(d.stages) do stages[s] = { blocks = { st.blocks[1], st.blocks[2] }, offloaded = st.offloaded or 0 } end

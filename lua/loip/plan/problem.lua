@@ -47,7 +47,7 @@ function M.model_of_shape(name, overrides, opts)
   local cfg = synth.config(o)
   local c = hf.parse_config(cfg, name)
   local dtype = o.dtype:upper()
-  local man = { files = slice.layout_of(c, dtype) }
+  local man = { files = slice.layout_of(c, dtype, synth.experts_dtype(cfg) and "MXFP4") }
   return plan.sizes(man, c, opts), cfg, c, dtype, man
 end
 
@@ -74,7 +74,8 @@ end
 -- (bytes/s: once or per device; caps the profile's read rate), slowdown (once or per device),
 -- link_rate (bytes/s, once or per link; 0 or nil: unlimited), link_delay_ms (once or per
 -- link), link_rate_measured (per link, from a profile), cluster, in_process, stages,
--- micro_batch (1), position (default: half the context), context, batch, loader.
+-- micro_batch (1), position (default: half the context), context, batch, loader, ends ("auto",
+-- the default: the planner may keep the embedding and head on disk, loip.plan.ends; "memory": not).
 function M.new(o)
   local N = o.n
   if o.stages ~= nil then
@@ -88,7 +89,7 @@ function M.new(o)
   local mb = o.micro_batch or 1
   local p = { model = o.model, devices = {}, links = {}, context = o.context or o.model.context, batch = o.batch or o.model.batch,
     micro_batch = mb, position = pos, stages = o.stages, cluster = o.cluster or false, loader = o.loader, shape = o.shape,
-    routing = o.routing }
+    routing = o.routing, ends = o.ends == "memory" and {} or nil }
   -- one profile per device, or one for all
   local function profile_of(i) return type(o.profiles) == "table" and o.profiles[i] or o.profiles end
   for i = 1, N do

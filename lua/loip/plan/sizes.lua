@@ -53,7 +53,9 @@ local function moe_sizes(s, man, cfg)
   for _, f in ipairs(man.files) do
     if f.name == "layer-000-mlp.bin" then
       for _, t in ipairs(f.tensors or {}) do
-        if t.kind == "ffn_norm" or t.kind == "router" then gating = gating + math.ceil(t.nbytes / 4096) * 4096 end
+        if t.kind == "ffn_norm" or t.kind == "router" or t.kind == "router_bias" then
+          gating = gating + math.ceil(t.nbytes / 4096) * 4096
+        end
       end
     end
   end

@@ -159,7 +159,7 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
     res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * (sz.mlp_res_bytes or pb) + (sz.moe and off_mlp * sz.moe.gating_bytes or 0),
     stage_off_max = most, loads = loads, layers = n_mha, kv = ringed_kv(sz, shape, L, X, n, x, n_mha), slot_bytes = k * most, slots = most > 0 and 1 or 0,
     ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
-    prefetch = true, off_moe = sz.moe and off_mlp or nil,
+    prefetch = true, ends = problem.ends, off_moe = sz.moe and off_mlp or nil,
     expert_slots = sz.moe and off_mlp > 0 and plan.min_expert_slots(sz) or nil }
 end
 
@@ -176,8 +176,8 @@ local function fixed(problem, i)
   if not v then
     local sz, N = problem.model, #problem.devices
     v = sz.activation_bytes + (problem.cluster and sz.device_bytes or 0)
-    if i == 1 or (i == N and sz.tied) then v = v + sz.embed_file_bytes end
-    if i == N then v = v + sz.head_file_bytes end
+    local ew, eb = plan.ends.memory(sz, problem.ends, i == 1, i == N)
+    v = v + ew + eb
     f[i] = v
     f.bounce = plan.loader_scratch(4096, problem.loader) > 0
   end
@@ -249,7 +249,7 @@ end
 -- The memory accounting options a problem implies (loip.plan.memory, part_memory, over_budget).
 function M.memory_opts(problem)
   want_problem("memory_opts", problem)
-  return { cluster = problem.cluster, loader = problem.loader }
+  return { cluster = problem.cluster, loader = problem.loader, ends = problem.ends }
 end
 
 -- ms to read `bytes` in `loads` reads on device d of a problem (its disk rate and the time a read

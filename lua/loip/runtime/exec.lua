@@ -29,6 +29,21 @@ function M.model_bind(m, layer, which, t, context) return core.ok(C.loip_model_b
 function M.model_bind_expert(m, layer, e, part, t, context)
   return core.ok(C.loip_model_bind_expert(m, layer, e, part, t), context)
 end
+-- A [rows, cols] table of dtype at offset of path that stays there (the embedding or head of a
+-- large vocabulary): cache_rows rows kept after their read, chunk_rows (a multiple of 16) read
+-- at once by the head, both charged to budget's "slots" (nil: none); nil, err.
+function M.rows_new(path, offset, dtype, rows, cols, cache_rows, chunk_rows, budget)
+  return core.new("loip_rows *", C.loip_rows_new, C.loip_rows_free, path, offset, dtype, rows, cols, cache_rows,
+    chunk_rows, budget)
+end
+function M.rows_free(r) core.free(r, C.loip_rows_free) end
+-- What a table's reads have read: { bytes, reads, hits } (hits: rows found in its cache).
+function M.rows_stats(r)
+  return { bytes = tonumber(C.loip_rows_bytes_read(r)), reads = tonumber(C.loip_rows_reads(r)),
+    hits = tonumber(C.loip_rows_hits(r)) }
+end
+-- The embedding (K.W_EMBED) or head (K.W_LM_HEAD) read from rows r (nil: unbind) instead of memory.
+function M.model_bind_rows(m, which, r, context) return core.ok(C.loip_model_bind_rows(m, which, r), context) end
 -- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).
 function M.model_check(m, first, last, context) return core.ok(C.loip_model_check(m, first, last), context) end
 -- Bytes of the weights bound.
@@ -163,6 +178,9 @@ end
 function M.experts_set_gating(x, layer, norm, router, context)
   return core.ok(C.loip_experts_set_gating(x, layer, norm, router), context)
 end
+function M.experts_set_gating_bias(x, layer, bias, context)
+  return core.ok(C.loip_experts_set_gating_bias(x, layer, bias), context)
+end
 function M.experts_pin(x, layer, e, context) return core.ok(C.loip_experts_pin(x, layer, e), context) end
 function M.experts_clear(x, context) return core.ok(C.loip_experts_clear(x), context) end
 -- The cache's statistics into st (a loip_experts_stats_t).
@@ -205,9 +223,29 @@ end
 function M.op_read_probe(pool, buf, bytes, reps, sum, context)
   return core.ok(C.loip_op_read_probe(pool, buf, bytes, reps, sum), context)
 end
+-- Y[n, rows] = X[n, cols] W[rows, cols]^T (dtype) on pool's threads: the many-row product.
+function M.op_matmul(pool, dtype, w, x, y, n, rows, cols, context)
+  return core.ok(C.loip_op_matmul(pool, dtype, w, x, y, n, rows, cols), context)
+end
+-- The FMA roof: iters rounds of independent fp32 FMAs on every thread of pool; returns the
+-- floating-point operations done (divide by the measured time for FLOP/s).
+function M.op_fma_probe(pool, iters, context)
+  local out = ffi.new("double[1]")
+  local ok, err = core.ok(C.loip_op_fma_probe(pool, iters, out), context)
+  if not ok then return nil, err end
+  return out[0]
+end
 -- n seeded random elements of dtype into dst: normal(mean, std) from stream `first` of seed.
 function M.fill_random(dst, n, dtype, seed, first, mean, std, context)
   return core.ok(C.loip_fill_random(dst, n, dtype, seed, first, mean, std), context)
+end
+-- dst[r * cols + c] = src[base + r * rs + c * cs] (elements of elem_bytes): loip_gather_elements.
+function M.gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs, context)
+  return core.ok(C.loip_gather_elements(dst, src, elem_bytes, base, rows, rs, cols, cs), context)
+end
+-- rows of an MXFP4 matrix from OpenAI's layout (source rows first + r * step, nb blocks a row).
+function M.mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb, context)
+  return core.ok(C.loip_mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb), context)
 end
 
 return M

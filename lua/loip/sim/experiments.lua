@@ -43,7 +43,8 @@ end
 -- context, plan_positions (KV positions planned: fewer, the KV cache grows inside the budgets), method,
 -- and the ablations' overrides: scheduler, online, conventional_loads; no_oot (the table shows
 -- the time however long, marked "(OOT)" past the limit); speculative decoding: draft (a draft
--- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed }. Returns
+-- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed; ends ("memory", the
+-- default, or "auto": loip.plan.ends) }. Returns
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
 -- (an OOT keeps its ms_per_token).
 function M.run(c)
@@ -55,7 +56,9 @@ function M.run(c)
   for i, b in ipairs(M.budgets(c.devices, c.reserve_gib)) do mem[i] = tostring(b) end
   local o = { like = c.model, dtype = "bf16", devices = n, mem = table.concat(mem, ","), device_profile = table.concat(c.devices, ","),
     link_rate = c.link_rate or "100mbit", link_delay = c.link_delay_ms and (c.link_delay_ms .. "ms") or nil,
-    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = plan_positions }
+    context = c.context or 1024, batch = c.batch or 64, max_batch = max_batch, threads = 1, plan_positions = plan_positions,
+    -- (the paper's system kept the embedding and head in memory; c.ends = "auto" lets them go to disk)
+    ends = c.ends or "memory" }
   local ok, prob = pcall(cp.problem_of, "experiment", o)
   if not ok then error(errors.message(prob), 0) end
   local io_len = (c.input_tokens or 32) + math.floor((c.output_tokens or 64) / 2)

@@ -178,6 +178,9 @@ M.shared = {
     .. "machine (a few seconds, once, kept in ~/.cache/loip)", metavar = "FILE.json" },
   stages = { "stages", "int", "stages per device (default: the scheduler's choice)", metavar = "S",
     check = function(v) return v >= 1, "must be >= 1" end },
+  ends = { "ends", "string", "where the embedding and head stay under --mem: auto (in memory, or on disk when that "
+    .. "plans faster or alone fits) or memory", default = "auto", metavar = "auto|memory",
+    check = function(v) return v == "auto" or v == "memory", "must be auto or memory" end },
   link_rate = { "link-rate", "string", "links between devices of this rate (emulated on local devices), e.g. 100mbit; "
     .. "one, or one per link (link i: device i to the next)", metavar = "RATE[,RATE...]" },
   dead_after = { "dead-after", "int", "with --devices/--hosts: a device whose heartbeat is silent this long, during a "

@@ -43,6 +43,10 @@ function M.device(problem, i, part)
   local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
   local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
     + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
+  -- (the embedding's rows and the head's table read from disk, when the plan keeps them there:
+  -- on the step's path, nothing overlaps them)
+  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
+  comp = comp + embed_read + head_read
   -- (a mixture of experts: its offloaded MLP blocks' routed experts are read too, one by one)
   local xbytes, xreads = plan.expert_reads(problem.model, part, problem.micro_batch, problem.routing)
   local load = reads and (space.read_ms(d, part.off_bytes, part.loads) + space.expert_read_ms(d, xbytes, xreads, part.off_moe))
@@ -136,7 +140,9 @@ local function timeline_device(p, problem, rates, i, d)
   local reads = part.off_mha + part.off_mlp > 0
   local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
   local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
+  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
   local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
+    embed_read = embed_read, head_read = head_read,
     comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
   -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
   local xbytes, xreads = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
@@ -229,21 +235,21 @@ local function play(p, problem, rates)
         local x, y = dev[i], dev[i].stages[s]
         local arrive = t
         local start, release = stage_reads(x, y, arrive, last)
-        local finish = release + y.res + ((i == 1 and s == 1) and (problem.devices[1].compute.embed_ms or 0) or 0)
+        local finish = release + y.res + ((i == 1 and s == 1) and (problem.devices[1].compute.embed_ms or 0) + x.embed_read or 0)
         if last then x.comp = x.comp + (finish - start) end
         t = finish
         if s < S or i < N then t = t + (N > 1 and hop(problem.links[i], hidden) or 0) end
       end
     end
     -- the head, the sampled id to the head process, the next token into device 1
-    t = t + (problem.devices[N].compute.head_ms or 0)
+    t = t + (problem.devices[N].compute.head_ms or 0) + dev[N].head_read
     if not head.in_process then t = t + hop(head.from_last, token) + (head.step_ms or 0) + hop(head.to_first or problem.links[N], token) end
     ends[step] = t
   end
   local T = ends[steps] - ends[steps - 1]
   local devs, comp, bottleneck, most = {}, 0, nil, 0
   for i, x in ipairs(dev) do
-    local c = x.comp - (x.per_block and x.load or 0) + (i == N and (problem.devices[N].compute.head_ms or 0) or 0)
+    local c = x.comp - (x.per_block and x.load or 0) + (i == N and (problem.devices[N].compute.head_ms or 0) + x.head_read or 0)
     devs[i] = { comp_ms = c, load_ms = x.load, uncover_ms = x.stall, comm_ms = per[i], idle_ms = x.windows / S,
       memory_bytes = space.memory(problem, x.part).total }
     comp = comp + c

@@ -2,7 +2,8 @@
 -- both formats, and this module is where the rest of loip asks about one. docs/adding-a-model.md
 -- walks through adding a family.
 --
--- A family file returns a plain table (no FFI; weight kinds from loip.core's constants):
+-- A family file returns a plain table (no FFI of its own: weight kinds from loip.core's constants,
+-- weights derived in memory by loip.model.derive):
 --
 --   name      the family's name
 --   classes   Hugging Face class (config.json's architectures[1]) -> its switches:
@@ -12,6 +13,10 @@
 --                          and part), parts (gate, up, down), count, size (config fields of the
 --                          expert count and an expert's size), renormalise (the top-k always
 --                          renormalised: no norm_topk_prob), shared, shared_gate }
+--                          router_bias (the router's bias tensor), list (function(c, l, prefix, W_EXPERT):
+--                          a layer's expert weights when the files hold them otherwise than one
+--                          tensor per expert and part; an entry may be derived from others:
+--                          hf.weight_view)
 --               shared     a shared expert beside the routed ones (Qwen2-MoE)
 --               dense      (a mixture of experts) the dense class a token's work is priced as
 --               layer      tensor name -> weight kind, or a list of kinds for a tensor fused by
@@ -40,7 +45,7 @@
 --                                   or { field, GGUF type }
 --               layer               GGUF name (without blk.N.) -> kind or list of kinds (fused),
 --                                   over llama.cpp's common names (gguf_model.layer_names)
---               config              function(md, cfg, get): more metadata into the config table
+--               config              function(md, cfg, get, path): more metadata into the config table
 --                                   (as Hugging Face names it: the class's config then reads it)
 --   shapes    name -> a real model's config.json fields (`loip synth --like NAME`)
 --
@@ -52,6 +57,7 @@ local M = {}
 M.list = {
   require "loip.model.families.gemma3",
   require "loip.model.families.llama",
+  require "loip.model.families.gpt_oss",
   require "loip.model.families.mixtral",
   require "loip.model.families.phi3",
   require "loip.model.families.qwen2",

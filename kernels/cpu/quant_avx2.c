@@ -1,0 +1,283 @@
+/* AVX2 + FMA MXFP4 and F8 kernels (built with kernels_avx2.c's flags; loip_kernels_avx2()
+ * checks the CPU before handing out its table, which holds these).
+ *
+ * As kernels_avx2.c: every (row, token) dot product is ONE 8-lane fp32 accumulator, column c in
+ * lane c % 8, chunks of 8 columns FMA'd in column order, a partial last chunk (F8 only) zero in
+ * the missing lanes, the lanes reduced by hsum8's fixed order. Weights are dequantized exactly
+ * (quant.h) in registers:
+ *  - MXFP4: 8 code bytes zero-extended to dwords; vpermps reads 3 index bits, so it looks the
+ *    magnitude (codes' low 3 bits) up in the 8 E2M1 magnitudes times the block's scale, and the
+ *    code shifted to bits 28-31 is xor'ed in: its top bit is the sign (mx_decode). In column order:
+ *    low nibbles of bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
+ *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
+ *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "cpu/quant.h"
+
+#define AI static inline __attribute__((always_inline))
+
+#define MV_ROWS 4
+#define PF_BYTES 512
+#define MM_ROWS 2
+#define MM_TOKENS 4
+#define MM_SWEEP 32
+
+static const int32_t lane_mask[9][8] = {
+    {0}, {-1}, {-1, -1}, {-1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1, -1},
+    {-1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1}, {-1, -1, -1, -1, -1, -1, -1, -1},
+};
+
+/* kernels_avx2.c's reduction: halves, then quarters, then the last pair. */
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
+ * its end, as far into the row R rows on, which this stream reads next (the same slot of the
+ * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
+ * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
+AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
+    const char *q = (const char *)p + off + PF_BYTES;
+    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
+    _mm_prefetch(q, _MM_HINT_T0);
+}
+
+/* ---- MXFP4 --------------------------------------------------------------------------------- */
+
+/* The block's 32 weights as 4 vectors of 8, in column order. ts: the 8 magnitudes times the
+ * block's scale, entry i xor'ed with i << 28; a code n's lane gets entry n & 7 xor'ed with
+ * n << 28, which puts n's top bit in the sign and cancels the tweak (xor is its own inverse, so
+ * even a NaN or infinite scale comes back as it was). */
+AI void mx_decode(const uint8_t *p, __m256 ts, __m256 w[4]) {
+    for (int h = 0; h < 2; h++) {
+        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 1 + 8 * h)));
+        __m256i hv = _mm256_srli_epi32(v, 4);
+        w[h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, v), _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
+        w[2 + h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, hv), _mm256_castsi256_ps(_mm256_slli_epi32(hv, 28)));
+    }
+}
+
+/* The 8 E2M1 magnitudes times each scale 2^(e-127), entry i xor'ed with i << 28 (mx_decode):
+ * a block's table is one aligned load. */
+static float mx_tab[256][8] __attribute__((aligned(32)));
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+static void mx_init(void) {
+    for (int e = 0; e < 256; e++)
+        for (int i = 0; i < 8; i++) {
+            uint32_t u;
+            float f = loip_e2m1_values[i] * loip_e8m0_table[e];
+            memcpy(&u, &f, 4);
+            u ^= (uint32_t)i << 28;
+            memcpy(&mx_tab[e][i], &u, 4);
+        }
+}
+void loip_avx2_quant_init(void) { pthread_once(&mx_once, mx_init); }
+
+AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
+                const float *X, size_t r, size_t cols) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
+
+    __m256 acc[RMAX][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
+    const uint8_t *row = W + r * rowb;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
+        if (T == 1 && b % 3 == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
+        const float *xb = X + b * LOIP_MXFP4_BLOCK;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const uint8_t *p = q + i * rowb;
+            __m256 w[4];
+            mx_decode(p, _mm256_load_ps(mx_tab[p[0]]), w);
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++)
+#pragma GCC unroll 8
+                for (int j = 0; j < T; j++)
+                    acc[i][j] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xb + j * cols + 8 * k), acc[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = hsum8(acc[i][j]);
+}
+
+/* ---- F8 ------------------------------------------------------------------------------------ */
+
+/* 8 E4M3 bytes (the low half of b) as f32 times 2^-8, exactly and without f32 subnormals: the
+ * bytes' fields moved into f16's and widened by vcvtph2ps (as the AVX-512 variant). */
+AI __m256 f8_widen8(__m128i b) {
+    __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(b), 7);
+    return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
+}
+
+/* All-ones in the lanes of the 8 bytes' NaN codes (S.1111.111). */
+AI __m256 f8_nan8(__m128i b) {
+    __m128i n = _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
+    return _mm256_castsi256_ps(_mm256_cvtepi8_epi32(n));
+}
+
+/* 1 when one of the n (<= 128) bytes at p is a NaN code. */
+AI int f8_has_nan(const uint8_t *p, size_t n) {
+    const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xFF);
+    size_t k = 0;
+    int any = 0;
+    for (; k + 32 <= n; k += 32)
+        any |= _mm256_movemask_epi8(
+            _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_loadu_si256((const __m256i *)(p + k)), hi), ones));
+    for (; k < n; k++) any |= (p[k] & 0x7F) == 0x7F;
+    return any != 0;
+}
+
+/* Columns [c0, c1) of the tile's rows, one 128-column scale block: as the AVX-512 variant's
+ * (the block's sums of E4M3 * x, then times its scale). */
+AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS],
+                 const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
+                 size_t c1) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    const __m256 k256 = _mm256_set1_ps(256.0f);
+    __m256 blk[RMAX][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
+    size_t c = c0;
+    for (; c + 8 <= c1; c += 8) {
+        if (T == 1 && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+        __m256 xv[MM_TOKENS];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) xv[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)(row[i] + c));
+            __m256 w = f8_widen8(b);
+            if (nan) w = _mm256_or_ps(w, f8_nan8(b));
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) blk[i][j] = _mm256_fmadd_ps(w, xv[j], blk[i][j]);
+        }
+    }
+    if (c < c1) { /* the matrix's last columns: a partial chunk, zeros in the missing lanes */
+        size_t k = c1 - c;
+        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            uint8_t buf[16] = {0};
+            memcpy(buf, row[i] + c, k);
+            __m128i b = _mm_loadu_si128((const __m128i *)buf);
+            __m256 w = _mm256_and_ps(_mm256_or_ps(f8_widen8(b), f8_nan8(b)), _mm256_castsi256_ps(m));
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++)
+                blk[i][j] = _mm256_fmadd_ps(w, _mm256_mul_ps(_mm256_maskload_ps(X + j * cols + c, m), k256),
+                                            blk[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m256 sv = _mm256_set1_ps(s[i]);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_fmadd_ps(blk[i][j], sv, acc[i][j]);
+    }
+}
+
+AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
+                size_t r, size_t cols) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    __m256 acc[RMAX][MM_TOKENS];
+    const uint8_t *row[RMAX];
+    const float *sc[RMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        row[i] = loip_f8_row(W, r + i, cols);
+        sc[i] = loip_f8_scales(W, r + i, cols);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
+    }
+    for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
+        size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
+        float s[RMAX];
+        int nan = 0;
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            nan |= f8_has_nan(row[i] + c0, c1 - c0);
+        }
+        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
+        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = hsum8(acc[i][j]);
+}
+
+/* ---- the entry points ----------------------------------------------------------------------- */
+
+AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, const void *W,
+              const float *X, size_t r, size_t cols) {
+    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, cols);
+    else f8_tile(R, T, Y, ldy, W, X, r, cols);
+}
+
+AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
+                    size_t cols) {
+    size_t r = r0;
+    for (; r + MV_ROWS <= r1; r += MV_ROWS) qtile(dt, MV_ROWS, 1, y, 0, W, x, r, cols);
+    for (; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, cols);
+}
+
+_Static_assert(MM_TOKENS == 4, "tile_any covers 1..4 tokens");
+AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, const void *W,
+                 const float *X, size_t r, size_t cols) {
+    switch (T) {
+    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, cols); break;
+    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, cols); break;
+    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, cols); break;
+    default: qtile(dt, R, 4, Y, ldy, W, X, r, cols); break;
+    }
+}
+
+AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                    size_t r0, size_t r1, size_t cols) {
+    const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
+    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
+        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+        for (size_t t = 0; t < n; t += MM_TOKENS) {
+            size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
+            size_t r = rs;
+            for (; r + TR <= re; r += TR) tile_any(dt, TR, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            for (; r < re; r++) tile_any(dt, 1, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+    }
+}
+
+void loip_avx2_matvec_mxfp4(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                            size_t cols) {
+    matvec_impl(LOIP_KDT_MXFP4, y, W, x, r0, r1, cols);
+}
+void loip_avx2_matmul_mxfp4(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                            size_t r0, size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_MXFP4, Y, ldy, W, X, n, r0, r1, cols);
+}
+void loip_avx2_matvec_f8(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                         size_t cols) {
+    matvec_impl(LOIP_KDT_F8_E4M3, y, W, x, r0, r1, cols);
+}
+void loip_avx2_matmul_f8(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                         size_t r0, size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F8_E4M3, Y, ldy, W, X, n, r0, r1, cols);
+}

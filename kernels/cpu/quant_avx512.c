@@ -1,0 +1,268 @@
+/* AVX-512 MXFP4 and F8 kernels (built with kernels_avx512.c's flags; loip_kernels_avx512()
+ * checks the CPU before handing out its table, which holds these).
+ *
+ * As kernels_avx512.c: every (row, token) dot product is ONE 16-lane fp32 accumulator, column c
+ * in lane c % 16, chunks of 16 columns FMA'd in column order, a partial last chunk (F8 only)
+ * masked to zeros, the lanes reduced by _mm512_reduce_add_ps. Weights are dequantized exactly
+ * (quant.h) in registers:
+ *  - MXFP4: a block's 16 code bytes zero-extended to 16 dwords index the 16 E2M1 values already
+ *    multiplied by the block's scale (exact: a power of two; mx_tab), vpermps taking the
+ *    low nibble as is (it reads 4 index bits) and the high one after a shift: two vectors, the
+ *    block's columns 0-15 and 16-31.
+ *  - F8: bytes sign-extended to words, shifted so that sign, exponent and mantissa land in an
+ *    f16's, widened by vcvtph2ps (the value times 2^-8, exact, never an f32 subnormal), times
+ *    the block's scale times 2^8 (the one rounding); a 128-column block with a NaN code (or a
+ *    scale too large to take the 2^8) is done the careful way (f8_block's exact). */
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+
+#include "cpu/quant.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* matvec: rows per pass (each its own FMA chain; x loads shared) and the software prefetch
+ * distance, as kernels_avx512.c. */
+#define MV_ROWS 8
+#define PF_BYTES 512
+/* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (16 zmm; the rows' decoded weights and
+ * the x chunks take most of the rest), over MM_SWEEP rows whose weights stay in L2 while every
+ * token passes. */
+#define MM_ROWS 4
+#define MM_TOKENS 4
+#define MM_SWEEP 32
+
+/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
+ * its end, as far into the row R rows on, which this stream reads next (the same slot of the
+ * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
+ * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
+AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
+    const char *q = (const char *)p + off + PF_BYTES;
+    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
+    _mm_prefetch(q, _MM_HINT_T0);
+}
+
+/* ---- MXFP4 --------------------------------------------------------------------------------- */
+
+/* The 16 E2M1 values times each scale 2^(e-127) (exact, or +-inf, or NaN for e = 0xFF): a
+ * block's table is one aligned load, no broadcast or multiply. */
+static float mx_tab[256][16] __attribute__((aligned(64)));
+static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
+static void mx_init(void) {
+    for (int e = 0; e < 256; e++)
+        for (int i = 0; i < 16; i++) mx_tab[e][i] = loip_e2m1_values[i] * loip_e8m0_table[e];
+}
+void loip_avx512_quant_init(void) { pthread_once(&mx_once, mx_init); }
+
+/* Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for i < R, j < T, all columns. */
+AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
+                const float *X, size_t r, size_t cols) {
+    const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
+    __m512 acc[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    const uint8_t *row = W + r * rowb;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
+        if (T == 1 && b % 3 == 0) /* matvec: ~one prefetch per cache line of each row */
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
+        __m512 lo[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS], hi[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const uint8_t *p = q + i * rowb;
+            __m512 ts = _mm512_load_ps(mx_tab[p[0]]);
+            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 1)));
+            lo[i] = _mm512_permutexvar_ps(v, ts);
+            hi[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), ts);
+        }
+        const float *xb = X + b * LOIP_MXFP4_BLOCK;
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 x0 = _mm512_loadu_ps(xb + j * cols), x1 = _mm512_loadu_ps(xb + j * cols + 16);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                acc[i][j] = _mm512_fmadd_ps(lo[i], x0, acc[i][j]);
+                acc[i][j] = _mm512_fmadd_ps(hi[i], x1, acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/* ---- F8 ------------------------------------------------------------------------------------ */
+
+/* 16 E4M3 bytes as f32 times 2^-8, exactly and without f32 subnormals (which would cost an
+ * assist each): the bytes' exponent and mantissa moved into f16's (bias 15, not 7: the 2^-8)
+ * and converted by vcvtph2ps. */
+AI __m512 f8_widen16(__m128i b) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
+}
+
+/* The 16 bytes' NaN codes (S.1111.111). */
+AI __mmask16 f8_nan16(__m128i b) {
+    return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
+}
+
+/* The largest of the n (<= 128) bytes at p with their top bit set, folded into m: 0xFF when one
+ * of them is a NaN code (S.1111.111). */
+AI __m512i f8_nan_max(__m512i m, const uint8_t *p, size_t n) {
+    for (size_t k = 0; k < n; k += 64) {
+        __mmask64 l = n - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (n - k)) - 1;
+        __m512i v = _mm512_maskz_loadu_epi8(l, p + k); /* (missing bytes: 0, never 0xFF) */
+        m = _mm512_max_epu8(m, _mm512_or_si512(v, _mm512_set1_epi8((char)0x80)));
+    }
+    return m;
+}
+
+/* Columns [c0, c1) of the tile's rows, one 128-column scale block (c0 a multiple of 128):
+ * blk[i][j] = sum of E4M3 * x over the block (f = E4M3 * 2^-8 against x * 2^8, each product
+ * exact), then acc[i][j] += blk * scale, the block's scale once. nan: the block has a NaN code
+ * (the widening reads it as a number), so the lanes of NaN codes are made NaN. */
+AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS],
+                 const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
+                 size_t c1) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    const __m512 k256 = _mm512_set1_ps(256.0f);
+    __m512 blk[RMAX][MM_TOKENS];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) blk[i][j] = _mm512_setzero_ps();
+    size_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        if (T == 1 && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+        __m512 w[RMAX];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
+            w[i] = f8_widen16(b);
+            if (nan) w[i] = _mm512_mask_mov_ps(w[i], f8_nan16(b), _mm512_set1_ps(NAN));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c), k256);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) blk[i][j] = _mm512_fmadd_ps(w[i], xv, blk[i][j]);
+        }
+    }
+    if (c < c1) { /* the matrix's last columns: a partial chunk, zeros in the missing lanes */
+        __mmask16 m = (__mmask16)((1u << (c1 - c)) - 1);
+        __m512 w[RMAX];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m128i b = _mm_maskz_loadu_epi8(m, row[i] + c);
+            w[i] = _mm512_mask_mov_ps(f8_widen16(b), f8_nan16(b), _mm512_set1_ps(NAN));
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            __m512 xv = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, X + j * cols + c), k256);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) blk[i][j] = _mm512_fmadd_ps(w[i], xv, blk[i][j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        __m512 sv = _mm512_set1_ps(s[i]);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm512_fmadd_ps(blk[i][j], sv, acc[i][j]);
+    }
+}
+
+AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
+                size_t r, size_t cols) {
+    enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
+    __m512 acc[RMAX][MM_TOKENS];
+    const uint8_t *row[RMAX];
+    const float *sc[RMAX];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        row[i] = loip_f8_row(W, r + i, cols);
+        sc[i] = loip_f8_scales(W, r + i, cols);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    }
+    for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
+        size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
+        float s[RMAX];
+        __m512i m = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            m = f8_nan_max(m, row[i] + c0, c1 - c0);
+        }
+        int nan = _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8((char)0xFF)) != 0;
+        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
+        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+}
+
+/* ---- the entry points ----------------------------------------------------------------------- */
+
+/* One tile of either dtype (dt a constant at each call site). */
+AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, const void *W,
+              const float *X, size_t r, size_t cols) {
+    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, cols);
+    else f8_tile(R, T, Y, ldy, W, X, r, cols);
+}
+
+AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
+                    size_t cols) {
+    size_t r = r0;
+    for (; r + MV_ROWS <= r1; r += MV_ROWS) qtile(dt, MV_ROWS, 1, y, 0, W, x, r, cols);
+    for (; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, cols);
+}
+
+_Static_assert(MM_TOKENS == 4, "tile_any covers 1..4 tokens");
+AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, const void *W,
+                 const float *X, size_t r, size_t cols) {
+    switch (T) {
+    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, cols); break;
+    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, cols); break;
+    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, cols); break;
+    default: qtile(dt, R, 4, Y, ldy, W, X, r, cols); break;
+    }
+}
+
+AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                    size_t r0, size_t r1, size_t cols) {
+    const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
+    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
+        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+        for (size_t t = 0; t < n; t += MM_TOKENS) {
+            size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
+            size_t r = rs;
+            for (; r + TR <= re; r += TR) tile_any(dt, TR, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+            for (; r < re; r++) tile_any(dt, 1, T, Y + t * ldy, ldy, W, X + t * cols, r, cols);
+        }
+    }
+}
+
+void loip_avx512_matvec_mxfp4(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                              size_t cols) {
+    matvec_impl(LOIP_KDT_MXFP4, y, W, x, r0, r1, cols);
+}
+void loip_avx512_matmul_mxfp4(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                              size_t r0, size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_MXFP4, Y, ldy, W, X, n, r0, r1, cols);
+}
+void loip_avx512_matvec_f8(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                           size_t cols) {
+    matvec_impl(LOIP_KDT_F8_E4M3, y, W, x, r0, r1, cols);
+}
+void loip_avx512_matmul_f8(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                           size_t r0, size_t r1, size_t cols) {
+    matmul_impl(LOIP_KDT_F8_E4M3, Y, ldy, W, X, n, r0, r1, cols);
+}
