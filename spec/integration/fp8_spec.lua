@@ -19,9 +19,9 @@ after_each(function() collectgarbage() collectgarbage() end)
 local SHAPE = "--weights-dtype fp8 --layers 2 --dim 192 --heads 4 --kv-heads 2 --head-dim 48 --ffn 320 --vocab 512 --std 0.25 --seed 3"
 local IDS = { 1, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100 }
 
-local function synth(like)
+local function synth(like, flags)
   local dir = T.tmpdir()
-  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, like, SHAPE, dir))
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s %s/hf", T.loip, like, SHAPE, flags or "", dir))
   assert(rc == 0, err)
   require("spec.support.fp8_dequantize").write(dir .. "/hf", dir .. "/f32")
   return dir
@@ -68,10 +68,13 @@ local function broken(dir, fix)
   return bad
 end
 
-for _, like in ipairs({ "qwen3-0.6b", "llama-3.2-1b" }) do
+-- (linears: the FP8 tensors a layer has; a mixture of experts': its experts' too, its router BF16)
+for _, case in ipairs({ { like = "qwen3-0.6b", linears = 7 }, { like = "llama-3.2-1b", linears = 7 },
+  { like = "qwen3-30b-a3b", flags = "--experts 4 --experts-per-token 2", linears = 4 + 4 * 3 } }) do
+  local like = case.like
   describe("FP8 " .. like, function()
     local dir
-    setup(function() dir = synth(like) end)
+    setup(function() dir = synth(like, case.flags) end)
 
     it("is written as the FP8 checkpoints are: E4M3 Linear weights with block scales, the rest BF16", function()
       local cfg = assert(json.load(dir .. "/hf/config.json"))
@@ -81,9 +84,12 @@ for _, like in ipairs({ "qwen3-0.6b", "llama-3.2-1b" }) do
       local function t(name) return set.index[name].tensors[name] end
       assert.are.equal("F8_E4M3", t("model.layers.1.self_attn.q_proj.weight").dtype)
       assert.are.same({ 2, 2 }, t("model.layers.1.self_attn.q_proj.weight_scale_inv").shape) -- ([192, 192])
-      assert.are.same({ 3, 2 }, t("model.layers.0.mlp.up_proj.weight_scale_inv").shape) -- ([320, 192])
-      assert.are.same({ 2, 3 }, t("model.layers.0.mlp.down_proj.weight_scale_inv").shape) -- ([192, 320])
-      assert.are.equal("F32", t("model.layers.0.mlp.down_proj.weight_scale_inv").dtype)
+      local mlp = case.flags and "model.layers.0.mlp.experts.3." or "model.layers.0.mlp."
+      assert.are.equal("F8_E4M3", t(mlp .. "down_proj.weight").dtype)
+      assert.are.same({ 3, 2 }, t(mlp .. "up_proj.weight_scale_inv").shape) -- ([320, 192])
+      assert.are.same({ 2, 3 }, t(mlp .. "down_proj.weight_scale_inv").shape) -- ([192, 320])
+      assert.are.equal("F32", t(mlp .. "down_proj.weight_scale_inv").dtype)
+      if case.flags then assert.are.equal("BF16", t("model.layers.0.mlp.gate.weight").dtype) end -- (the router)
       assert.are.equal("BF16", t("model.embed_tokens.weight").dtype)
       assert.are.equal("BF16", t("model.layers.0.input_layernorm.weight").dtype)
       assert.are.equal("BF16", t("model.norm.weight").dtype)
@@ -93,7 +99,7 @@ for _, like in ipairs({ "qwen3-0.6b", "llama-3.2-1b" }) do
     it("dequantizes exactly: every E4M3 value times its block's scale is the F32 model's weight", function()
       local set = assert(safetensors.open_dir(dir .. "/hf"))
       local f32 = assert(safetensors.open_dir(dir .. "/f32"))
-      local name = "model.layers.0.mlp.down_proj.weight" -- ([192, 320]: short last groups both ways)
+      local name = (case.flags and "model.layers.0.mlp.experts.1." or "model.layers.0.mlp.") .. "down_proj.weight" -- ([192, 320]: short last groups both ways)
       local f, g = set.index[name], f32.index[name]
       local w = ffi.cast("const uint8_t *", f.data + f.tensors[name].offset)
       local s = ffi.cast("const float *", set.index[name .. "_scale_inv"].data + set.index[name .. "_scale_inv"].tensors[name .. "_scale_inv"].offset)
@@ -148,7 +154,7 @@ for _, like in ipairs({ "qwen3-0.6b", "llama-3.2-1b" }) do
           end
         end
       end
-      assert.are.equal(14, packed) -- (7 Linear weights a layer)
+      assert.are.equal(2 * case.linears, packed)
       local stages = { { blocks = { 0, 1 }, offloaded = 2 }, { blocks = { 2, 3 }, offloaded = 2 } }
       local out, _, toks, loads = logits_of(dir .. "/store", { slots = 1, devices = { { stages = stages } } })
       assert.is_true(loads and loads > 0, "blocks read from the store")
