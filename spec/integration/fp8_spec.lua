@@ -198,6 +198,26 @@ describe("FP8 bad input", function()
     end), W, "weight_scale_inv has shape [1, 2], expected [2, 2]")
   end)
 
+  it("reads BF16 scales as their float32 values", function()
+    -- every scale rounded to BF16's 8 bits: once stored as BF16, once as F32
+    local function scales(as_bf16)
+      return broken(dir, function(_, t)
+        for name, x in pairs(t) do
+          if name:match("_scale_inv$") then
+            local n = #x.data / 4
+            local f = ffi.cast("const uint32_t *", x.data)
+            local b, g = ffi.new("uint16_t[?]", n), ffi.new("uint32_t[?]", n)
+            for i = 0, n - 1 do b[i] = bit.rshift(f[i], 16) g[i] = bit.lshift(b[i], 16) end
+            x.dtype, x.data = as_bf16 and "BF16" or "F32", as_bf16 and ffi.string(b, n * 2) or ffi.string(g, n * 4)
+          end
+        end
+      end)
+    end
+    local a, V = logits_of(scales(true))
+    local b = logits_of(scales(false))
+    assert.are.equal(0, T.bit_diffs(a, b, #IDS * V))
+  end)
+
   it("names the tensor whose weight_scale_inv is missing", function()
     refused(broken(dir, function(_, t) t[W .. "_scale_inv"] = nil end), W, "weight_scale_inv", "missing")
   end)
