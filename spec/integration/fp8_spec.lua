@@ -246,3 +246,31 @@ describe("FP8 bad input", function()
     m:close()
   end)
 end)
+
+-- Against llama.cpp (models/fp8-reference): it keeps no FP8 in GGUF, so it ran the same model
+-- dequantized to F32 (spec/support/fp8_dequantize.lua, then spec/support/to_gguf.lua); loip's
+-- FP8 directory and that GGUF in loip give its logits within 1e-4 of the largest and its tokens.
+local ref_dir = assert(T.fixture_path("models/fp8-reference/reference.json")):match("^(.*)/[^/]*$")
+local ref = assert(json.load(ref_dir .. "/reference.json"))
+for _, family in ipairs({ "qwen3", "llama" }) do
+  local r = ref.models[family]
+  it("FP8 " .. family .. " gives llama.cpp's logits of its dequantized F32 model within 1e-4 and its tokens", function()
+    local dir = T.tmpdir()
+    local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like %s %s %s/hf", T.loip, r.like, r.flags, dir))
+    assert(rc == 0, err)
+    require("spec.support.fp8_dequantize").write(dir .. "/hf", dir .. "/f32")
+    require("spec.support.to_gguf").convert(dir .. "/f32", dir .. "/m.gguf")
+    assert.are.equal(r.gguf_sha256, require("loip.runtime.files").sha256_file(dir .. "/m.gguf"))
+    local R = T.read_f32(ref_dir .. "/" .. r.logits)
+    for _, path in ipairs({ dir .. "/hf", dir .. "/m.gguf" }) do
+      local m = loip.model.open(path, { threads = 1, context = 128, tokenizer = false })
+      assert.are.equal(r.class, m.architecture)
+      local w = T.worst_relative(m:logits(ref.tokens), R, #ref.tokens, m.vocab_size)
+      assert.is_true(w <= 1e-4, string.format("%s: %.3g of the largest logit", path, w))
+      local it, st = m:generate(ref.tokens, { temperature = 0, max_tokens = #r.greedy, ignore_eos = true })
+      for _ in it do end
+      assert.are.same(r.greedy, st.token_ids, path)
+      m:close()
+    end
+  end)
+end
