@@ -143,6 +143,12 @@ for _, case in ipairs({ { like = "qwen3-0.6b", linears = 7 }, { like = "llama-3.
 
     it("slices into a store of packed F8 blocks: the same logits offloaded and on 3 devices", function()
       local single, V, tokens = logits_of(dir .. "/hf")
+      -- (slicing packs each F8 weight as its block is written, not the whole checkpoint first)
+      local src = require("loip.model.slice").open_source(dir .. "/hf")
+      local lazy = 0
+      for _, t in ipairs(src.tensors) do if t.pack then lazy = lazy + 1 end end
+      src.close()
+      assert.are.equal(2 * case.linears, lazy)
       require("loip.model.slice").write(dir .. "/hf", dir .. "/store", { quiet = true })
       local man = assert(json.load(dir .. "/store/manifest.json"))
       local packed = 0

@@ -91,32 +91,12 @@ end
 -- packed as LOIP_F8_E4M3 with its weight_scale_inv: (view, bytes, buffer the caller frees), or
 -- nil and the message naming the tensor and the field.
 function M.pack(set, f, name, cfg)
-  local t = f.tensors[name]
-  local q = type(cfg) == "table" and cfg.quantization_config
-  if type(q) ~= "table" or q.quant_method ~= "fp8" then
-    return nil, string.format("%s: tensor '%s' is F8_E4M3 but config.json's quantization_config.quant_method is not 'fp8'", f.path, name)
-  end
-  local skip = M.not_converted(cfg, name)
-  if skip then
-    return nil, string.format("%s: tensor '%s' is F8_E4M3 but quantization_config.modules_to_not_convert lists '%s'", f.path, name, skip)
-  end
-  if #t.shape ~= 2 then
-    return nil, string.format("%s: tensor '%s': F8_E4M3 with shape of %d dimensions; only matrices [out, in] are read", f.path, name, #t.shape)
-  end
-  local sname = name .. "_scale_inv"
-  local sf = set.index[sname]
-  if not sf then
-    return nil, string.format("%s: tensor '%s' is F8_E4M3 but its scales '%s' (weight_scale_inv) are missing", f.path, name, sname)
-  end
-  local s = sf.tensors[sname]
-  if #s.shape ~= 2 then
-    return nil, string.format("%s: tensor '%s' (weight_scale_inv) has %d dimensions, expected [%d, %d]", sf.path, sname, #s.shape,
-      math.ceil(t.shape[1] / M.BLOCK), math.ceil(t.shape[2] / M.BLOCK))
-  end
+  local t, s, sf, sname, cerr = M.check(set, f, name, cfg)
+  if not t then return nil, cerr end
   local scales, sbuf, serr = scales_of(sf, s, sname)
   if not scales then return nil, serr end
   local R, C = t.shape[1], t.shape[2]
-  local bytes = tonumber(core.C.loip_dtype_bytes(K.F8_E4M3, R, C))
+  local bytes = M.bytes(R, C)
   local buf = memory.buffer(bytes)
   local ok, err = exec.f8_pack(memory.buffer_data(buf), f.data + t.offset, scales, R, C, s.shape[1], s.shape[2], name)
   if sbuf then memory.buffer_free(sbuf) end
@@ -125,6 +105,60 @@ function M.pack(set, f, name, cfg)
   v.data, v.dtype, v.ndim = memory.buffer_data(buf), K.F8_E4M3, 2
   v.shape[0], v.shape[1] = R, C
   return v, bytes, buf
+end
+
+-- Bytes of a packed [R, C] F8 matrix (loip_dtype_bytes).
+function M.bytes(R, C) return tonumber(core.C.loip_dtype_bytes(K.F8_E4M3, R, C)) end
+
+-- What M.pack checks before packing: (tensor, its scale tensor, the scale's file, its name), or
+-- nil, nil, nil, nil and the message naming the tensor and the field. The scales' shape against
+-- the weight's: here too, so that a lazy pack (M.lazy) is refused before anything is written.
+function M.check(set, f, name, cfg)
+  local function no(msg) return nil, nil, nil, nil, msg end
+  local t = f.tensors[name]
+  local q = type(cfg) == "table" and cfg.quantization_config
+  if type(q) ~= "table" or q.quant_method ~= "fp8" then
+    return no(string.format("%s: tensor '%s' is F8_E4M3 but config.json's quantization_config.quant_method is not 'fp8'", f.path, name))
+  end
+  local skip = M.not_converted(cfg, name)
+  if skip then
+    return no(string.format("%s: tensor '%s' is F8_E4M3 but quantization_config.modules_to_not_convert lists '%s'", f.path, name, skip))
+  end
+  if #t.shape ~= 2 then
+    return no(string.format("%s: tensor '%s': F8_E4M3 with shape of %d dimensions; only matrices [out, in] are read", f.path, name, #t.shape))
+  end
+  local sname = name .. "_scale_inv"
+  local sf = set.index[sname]
+  if not sf then
+    return no(string.format("%s: tensor '%s' is F8_E4M3 but its scales '%s' (weight_scale_inv) are missing", f.path, name, sname))
+  end
+  local s = sf.tensors[sname]
+  if #s.shape ~= 2 then
+    return no(string.format("%s: tensor '%s' (weight_scale_inv) has %d dimensions, expected [%d, %d]", sf.path, sname, #s.shape,
+      math.ceil(t.shape[1] / M.BLOCK), math.ceil(t.shape[2] / M.BLOCK)))
+  end
+  local want = { math.ceil(t.shape[1] / M.BLOCK), math.ceil(t.shape[2] / M.BLOCK) }
+  if s.shape[1] ~= want[1] or s.shape[2] ~= want[2] then
+    return no(string.format("%s: tensor '%s': weight_scale_inv has shape [%d, %d], expected [%d, %d] (one scale per 128x128 "
+      .. "block of the weight's [%d, %d])", f.path, name, s.shape[1], s.shape[2], want[1], want[2], t.shape[1], t.shape[2]))
+  end
+  if s.dtype ~= "F32" and s.dtype ~= "BF16" then
+    return no(string.format("%s: tensor '%s' (weight_scale_inv) has dtype %s, expected F32 (or BF16)", sf.path, sname, s.dtype))
+  end
+  return t, s, sf, sname
+end
+
+-- Tensor name of file f, F8_E4M3, checked (M.check) but not packed yet: a view of its shape for
+-- binding checks (its data the file's bytes, not to be computed from), the packed bytes, and a
+-- function packing it when it is needed (M.pack's view, bytes, buffer): slicing packs a tensor
+-- as it writes it, so a checkpoint is never in memory whole. nil and the message on bad input.
+function M.lazy(set, f, name, cfg)
+  local t, _, _, _, err = M.check(set, f, name, cfg)
+  if not t then return nil, err end
+  local v = ffi.new("loip_tensor")
+  v.data, v.dtype, v.ndim = f.data + t.offset, K.F8_E4M3, 2
+  v.shape[0], v.shape[1] = t.shape[1], t.shape[2]
+  return v, M.bytes(t.shape[1], t.shape[2]), function() return M.pack(set, f, name, cfg) end
 end
 
 -- Rows rows[1] .. rows[1] + rows[2] - 1 of packed F8 view v (a tensor fused by rows, rows[3]

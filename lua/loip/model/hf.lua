@@ -399,7 +399,9 @@ end
 -- M.find), and its bytes; nil and the message when it cannot be had. A derived weight (w.derive:
 -- a family's, from the tensors w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
 -- budget's "weights" (a loip_budget *, when given) until then.
-function M.weight_view(set, w, dir, budget, arch)
+-- lazy: an FP8 weight not packed yet (loip.model.fp8.lazy: a view for binding checks only, its
+-- packed bytes, and a third result that packs it when called).
+function M.weight_view(set, w, dir, budget, arch, lazy)
   -- (a weight a family can also derive from other sources: MXFP4 blocks and scales as released)
   if w.mxfp4 and w.sources and not set.index[w.sources[1].name] and set.index[w.mxfp4.sources[1].name] then
     w = { w[1], w[2], w[3], expert = w.expert, part = w.part, sources = w.mxfp4.sources, derive = w.mxfp4.derive }
@@ -418,14 +420,15 @@ function M.weight_view(set, w, dir, budget, arch)
   end
   local f, name = M.find(set, w, arch)
   if not f then return nil, string.format("%s: tensor '%s' is missing", dir, w[3]) end
-  if f.tensors[name].dtype == "F8_E4M3" then return M.f8_view(set, f, w, name, dir, budget) end
+  if f.tensors[name].dtype == "F8_E4M3" then return M.f8_view(set, f, w, name, dir, budget, lazy) end
   return M.view_of(f, w, name)
 end
 
 -- Weight w held as FP8 (tensor name of file f: E4M3 bytes beside its weight_scale_inv), packed
 -- as LOIP_F8_E4M3 in memory the set owns (loip.model.fp8), charged as a derived weight.
-function M.f8_view(set, f, w, name, dir, budget)
+function M.f8_view(set, f, w, name, dir, budget, lazy)
   if not set.config then set.config = json.load(dir .. "/config.json") or {} end
+  if lazy and not w.rows then return fp8.lazy(set, f, name, set.config) end
   local view, bytes, buf = fp8.pack(set, f, name, set.config)
   if not view then return nil, bytes end
   local kept, kerr = keep_derived(set, view, bytes, buf, budget, dir .. ": " .. name)
