@@ -37,6 +37,27 @@ it("moe.lua --quick makes a small mixture of experts, runs it and prints its rep
   assert.are.same(report.one_device.routed.tokens, report.one_device.all.tokens)
 end)
 
+-- gpt_oss.lua needs gpt-oss's shape: --quick makes a tiny one (MXFP4 experts, in a scratch folder here)
+it("gpt_oss.lua --quick runs a tiny gpt-oss from disk on one device and on 3, and prints its report", function()
+  local dir = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("LOIP_QUIET=1 %s run %s/recipes/bench/gpt_oss.lua --store %s/store "
+    .. "--model %s/model --quick --threads 1 --out %s", T.loip, T.root, dir, dir, dir))
+  assert.are.equal(0, rc, "gpt_oss.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  local one, ring = report.one_device, report.ring
+  -- a budget of a third of the weights: it reads from disk, each peak within its budget
+  assert.is_true(one.peak_within_budget and one.peak_bytes > 0 and one.bytes_read_per_token > 0)
+  assert.is_true(one.expert_bytes_per_token > 0) -- (routed experts of offloaded layers, MXFP4: 17 bytes per 32 values)
+  -- an expert kept as released: MXFP4 gate, up and down (17 bytes per 32 values; BF16 would be 384 KiB) and its biases
+  local mx = 3 * 256 * 256 * 17 / 32
+  assert.is_true(report.model.expert_bytes >= mx and report.model.expert_bytes < mx + 8192, tostring(report.model.expert_bytes))
+  assert.are.equal(3, #ring.devices)
+  assert.is_true(ring.peaks_within_budget and ring.same_tokens)
+  for _, d in ipairs(ring.devices) do assert.is_true(d.peak_bytes <= d.budget_bytes) end
+  assert.is_true(report.kernels_vs_probe.mxfp4 > 0 and report.kernels_vs_probe.probe_gbps > 0)
+  assert.is_true(json.exists(dir .. "/gpt_oss.svg") and json.exists(dir .. "/quant/quant.json"))
+end)
+
 -- grammar.lua needs no store: Llama 3's tokenizer from models/, three documents
 it("grammar.lua --quick draws documents from token masks and prints its report", function()
   local out = T.tmpdir()

@@ -32,6 +32,7 @@ describe("modules", function()
       "^loip%.model%.manifest$", "^loip%.model%.locate$", "^loip%.plan%.shape$", "^loip%.measure%.stats$",
       "^loip%.model%.part$", -- (a device's part: a Model's and a worker's)
       "^loip%.model%.derive$", -- (weights converted at open: gpt-oss's fused experts)
+      "^loip%.model%.fp8$", -- (FP8 checkpoints packed at open and when slicing: hf.lua's, slice.lua's)
       "^loip%.layers$", -- (the Lua layers: spec/unit/layering_spec.lua reads them)
       "^loip%.model%.families$", "^loip%.model%.families%.", -- (the families' descriptions)
       "^loip%.serve%.draft$", "^loip%.serve%.drafter$", "^loip%.serve%.tree$", "^loip%.cluster%.draft$",

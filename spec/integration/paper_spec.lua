@@ -69,4 +69,32 @@ describe("recipes/paper", function()
     assert.are.equal(a, b)
     assert.matches("plan_tokens is deprecated", err, 1, true)
   end)
+
+  -- issue 38 item 5: gpt-oss-120b as released (MXFP4 experts, 60.8 GiB) on the same four boards
+  it("gpt_oss: gpt-oss-120b beside Llama-3.3-70B, with and without re-reads, the same twice", function()
+    local a, b = T.tmpdir(), T.tmpdir()
+    local rc, out, err = T.run(string.format("%s run %s/recipes/paper/gpt_oss.lua --out %s", T.loip, T.root, a))
+    assert.are.equal(0, rc, err)
+    assert.are.equal(0, (T.run(string.format("%s run %s/recipes/paper/gpt_oss.lua --out %s", T.loip, T.root, b))))
+    assert.are.equal(T.read(a .. "/gpt_oss.json"), T.read(b .. "/gpt_oss.json"))
+    assert.matches("^<svg", T.read(a .. "/gpt_oss.svg"))
+    assert.matches("| configuration | model |", out, 1, true)
+    local by = {}
+    for _, r in ipairs(json.load(a .. "/gpt_oss.json").rows) do
+      by[r.config] = by[r.config] or {}
+      by[r.config][r.model] = r
+    end
+    local oss = by["no reservation, sporadic"]["gpt-oss-120b"]
+    assert.is_true(oss.weight_gib > 60 and oss.weight_gib < 62, tostring(oss.weight_gib)) -- (MXFP4 experts, not 217 GiB of BF16)
+    assert.are.equal(0, oss.read_gib_per_step) -- the four boards hold it
+    -- the tight reservations: Llama-3.3-70B re-reads most of its 131 GiB a token, gpt-oss only routed experts
+    local tight = by["tight (40, 40, 20, 8 GB reserved), sporadic"]
+    assert.is_true(tight["llama-3.3-70b"].read_gib_per_step > 80)
+    assert.is_true(tight["gpt-oss-120b"].read_gib_per_step > 0 and tight["gpt-oss-120b"].read_gib_per_step < 2)
+    for cfg, m in pairs(by) do
+      local o, l = m["gpt-oss-120b"], m["llama-3.3-70b"]
+      assert.is_number(o.tokens_per_s, cfg)
+      if l.tokens_per_s then assert.is_true(o.tokens_per_s > l.tokens_per_s, cfg) end
+    end
+  end)
 end)

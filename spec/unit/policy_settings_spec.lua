@@ -104,6 +104,7 @@ describe("a policy's settings", function()
       prob.links[i] = { rate_bps = 125e6, delay_ms = 0.1, transport_ms = 0.1 }
     end
     prob.head.to_first = prob.links[3]
+    prob.ends = {} -- (the embedding and head in memory: the plan compared is the scheduler's own; loip.plan.ends)
     local cost = policy.load("cost", "loip")
     local _, on = policy.load("scheduler", "loip").schedule(prob, cost)
     local _, off = policy.load("scheduler", "loip:refine=off").schedule(prob, cost)

@@ -14,6 +14,7 @@ local M = {
     { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
     { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
     { "experts-dtype", "string", "a mixture of experts released so (gpt-oss): mxfp4 writes its experts as MXFP4 blocks and scales" },
+    { "weights-dtype", "string", "fp8: the layers' Linear weights as an FP8 checkpoint's (E4M3, float32 scales per 128x128 block)" },
     { "seed", "int", "random seed", default = 1 },
     { "std", "number", "standard deviation of the random weights", default = 0.02,
       check = function(v) return v >= 0, "must be >= 0" end },

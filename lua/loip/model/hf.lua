@@ -6,6 +6,7 @@ local safetensors = require "loip.model.safetensors"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local families = require "loip.model.families"
+local fp8 = require "loip.model.fp8"
 local K = core.constants
 
 local M = {}
@@ -183,6 +184,7 @@ function M.parse_config(cfg, path)
       table.concat(families.names(M.architectures), ", ")), 0)
   end
   if spec.prepare then cfg = spec.prepare(cfg, path) end
+  fp8.method_of(cfg, path) -- (quantization_config: what loip reads of it, else an error naming the field)
   -- (the MLP gate's activation: hidden_activation where a config has it, as Gemma's, else hidden_act)
   local act_field = cfg.hidden_activation ~= nil and "hidden_activation" or "hidden_act"
   local act = field(cfg, path, act_field, "string", "silu")
@@ -424,11 +426,26 @@ function M.find(set, w, arch)
   if other and set.index[other] then return set.index[other], other end
 end
 
+-- A weight made in memory (view, its bytes, its buffer) kept by safetensors set (freed by
+-- safetensors.close) and charged to budget's "weights" when given: (view, bytes), or nil and why.
+local function keep_derived(set, view, bytes, buf, budget, what)
+  set.derived = set.derived or {}
+  set.derived[#set.derived + 1] = buf
+  if budget then
+    local ok, err = memory.charge(budget, "weights", bytes, what)
+    if not ok then return nil, err end
+    set.derived_budget, set.derived_charged = budget, (set.derived_charged or 0) + bytes
+  end
+  return view, bytes
+end
+
 -- The view of weight w (a M.weight_list entry of class arch) in the safetensors set (found by
 -- M.find), and its bytes; nil and the message when it cannot be had. A derived weight (w.derive:
 -- a family's, from the tensors w.sources names) is made in memory the set owns (freed by safetensors.close), charged to
 -- budget's "weights" (a loip_budget *, when given) until then.
-function M.weight_view(set, w, dir, budget, arch)
+-- lazy: an FP8 weight not packed yet (loip.model.fp8.lazy: a view for binding checks only, its
+-- packed bytes, and a third result that packs it when called).
+function M.weight_view(set, w, dir, budget, arch, lazy)
   -- (a weight a family can also derive from other sources: MXFP4 blocks and scales as released)
   if w.mxfp4 and w.sources and not set.index[w.sources[1].name] and set.index[w.mxfp4.sources[1].name] then
     w = { w[1], w[2], w[3], expert = w.expert, part = w.part, sources = w.mxfp4.sources, derive = w.mxfp4.derive }
@@ -443,18 +460,26 @@ function M.weight_view(set, w, dir, budget, arch)
     end
     local view, bytes, buf = w.derive(src, w)
     if not view then return nil, bytes end
-    set.derived = set.derived or {}
-    set.derived[#set.derived + 1] = buf
-    if budget then
-      local ok, err = memory.charge(budget, "weights", bytes, dir .. ": " .. w[3])
-      if not ok then return nil, err end
-      set.derived_budget, set.derived_charged = budget, (set.derived_charged or 0) + bytes
-    end
-    return view, bytes
+    return keep_derived(set, view, bytes, buf, budget, dir .. ": " .. w[3])
   end
   local f, name = M.find(set, w, arch)
   if not f then return nil, string.format("%s: tensor '%s' is missing", dir, w[3]) end
+  if f.tensors[name].dtype == "F8_E4M3" then return M.f8_view(set, f, w, name, dir, budget, lazy) end
   return M.view_of(f, w, name)
+end
+
+-- Weight w held as FP8 (tensor name of file f: E4M3 bytes beside its weight_scale_inv), packed
+-- as LOIP_F8_E4M3 in memory the set owns (loip.model.fp8), charged as a derived weight.
+function M.f8_view(set, f, w, name, dir, budget, lazy)
+  if not set.config then set.config = json.load(dir .. "/config.json") or {} end
+  if lazy and not w.rows then return fp8.lazy(set, f, name, set.config) end
+  local view, bytes, buf = fp8.pack(set, f, name, set.config)
+  if not view then return nil, bytes end
+  local kept, kerr = keep_derived(set, view, bytes, buf, budget, dir .. ": " .. name)
+  if not kept or not w.rows then return kept, kerr end
+  local part, perr = fp8.row_view(view, w.rows)
+  if not part then return nil, string.format("%s: tensor '%s': %s", f.path, name, perr) end
+  return part, perr
 end
 
 -- The view of weight w (a M.weight_list entry) in safetensors file f (under name: default w's),

@@ -103,7 +103,8 @@ function M.check(man, dir)
             numel = numel * d
           end
           if not is_int(t.offset) or t.offset % S.ALIGN ~= 0 then bad(tw .. ": offset is not a multiple of " .. S.ALIGN) end
-          if t.nbytes ~= numel * dt[2] then bad(tw .. ": nbytes does not match shape and dtype") end
+          -- (the block-quantized dtypes' bytes as loip_dtype_bytes counts them: F8's with its scales)
+          if t.nbytes ~= (S.tensor_bytes(t.dtype, t.shape) or numel * dt[2]) then bad(tw .. ": nbytes does not match shape and dtype") end
           if t.offset + t.nbytes > f.size then bad(tw .. ": runs past the end of the file") end
           check_expert_tensor(S, f, t, tw, bad)
         end

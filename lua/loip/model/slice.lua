@@ -39,6 +39,7 @@ local progress = require "loip.ui.progress"
 local fs = require "loip.runtime.shell"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
+local memory = require "loip.runtime.memory"
 local safetensors = require "loip.model.safetensors"
 local gguf_model = require "loip.model.gguf_model"
 
@@ -75,7 +76,8 @@ local function llama2c_config(c)
 end
 
 -- The source model: config (a Hugging Face config table), the tensors in the order layers run
--- ({ layer, kind, name, view, dtype, shape, nbytes }), the weight files ({ name, path, map })
+-- ({ layer, kind, name, view, dtype, shape, nbytes [, pack] }: pack, an FP8 weight's, packs it
+-- when called (view, bytes, buffer to free), its view then only for checks), the weight files ({ name, path, map })
 -- and the directory holding its tokenizer. Every tensor is bound to a model of that config
 -- first, so a model loip cannot run is refused before anything is written.
 function M.open_source(path)
@@ -95,9 +97,10 @@ function M.open_source(path)
       src.weight_files[#src.weight_files + 1] = { name = basename(f.path), path = f.path, map = f.map }
     end
     for _, w in ipairs(hf.weight_list(c, cfg.architectures[1])) do
-      local view, bytes = hf.weight_view(set, w, file, nil, cfg.architectures[1])
+      -- (an FP8 weight packed only as its block is written: never the whole checkpoint in memory)
+      local view, bytes, pack = hf.weight_view(set, w, file, nil, cfg.architectures[1], true)
       if not view then src.close() error(bytes, 0) end
-      by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes }
+      by_kind[hf.weight_key(w[1], w[2], w.expert)] = { view = view, nbytes = bytes, pack = pack }
     end
   elseif kind == "gguf" then
     local facts, g, by
@@ -129,7 +132,7 @@ function M.open_source(path)
     local shape = {}
     for i = 0, v.ndim - 1 do shape[i + 1] = tonumber(v.shape[i]) end
     src.tensors[#src.tensors + 1] = { layer = layer, kind = k, name = name, view = v, nbytes = t.nbytes,
-      dtype = store.dtype_name[tonumber(v.dtype)], shape = shape, expert = w.expert }
+      dtype = store.dtype_name[tonumber(v.dtype)], shape = shape, expert = w.expert, pack = t.pack }
   end
   local ok, cerr = exec.model_check(m, 0, c.n_layers)
   exec.model_free(m)
@@ -154,7 +157,8 @@ local function layout(tensors)
     end
     local off = store.align_up(f.size)
     f.tensors[#f.tensors + 1] = { name = t.name, kind = store.kind_name[tonumber(t.kind)], layer = t.layer,
-      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view and t.view.data, expert = t.expert }
+      dtype = t.dtype, shape = t.shape, offset = off, nbytes = t.nbytes, data = t.view and t.view.data, expert = t.expert,
+      pack = t.pack }
     f.size = off + t.nbytes
   end
   for _, f in ipairs(files) do f.size = store.align_up(f.size) end
@@ -265,13 +269,20 @@ local function write_block(out, f, bar, done)
     end
     for _, t in ipairs(f.tensors) do
       pad(t.offset)
-      local p = ffi.cast("const uint8_t *", t.data)
+      local p, buf = ffi.cast("const uint8_t *", t.data), nil
+      if t.pack then -- (an FP8 weight: packed now, freed once written)
+        local v, nb
+        v, nb, buf = t.pack()
+        if not v then error(nb, 0) end
+        p = ffi.cast("const uint8_t *", v.data)
+      end
       for off = 0, t.nbytes - 1, CHUNK do
         local k = math.min(CHUNK, t.nbytes - off)
         put(p + off, k)
         pos, done = pos + k, done + k
         bar:update(done)
       end
+      if buf then memory.buffer_free(buf) end
     end
     pad(f.size)
   end)

@@ -10,6 +10,7 @@ local core = require "loip.core"
 local json = require "loip.text.json"
 local shapes = require "loip.model.shapes"
 local hf = require "loip.model.hf"
+local fp8 = require "loip.model.fp8"
 local progress = require "loip.ui.progress"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
@@ -112,7 +113,24 @@ function M.config(o)
     end
     cfg.quantization_config = nil
   end
+  -- the layers' Linear weights as an FP8 checkpoint's (--weights-dtype fp8)
+  if o.weights_dtype ~= nil and o.weights_dtype ~= o.dtype then
+    if o.weights_dtype ~= "fp8" then
+      error(string.format("synth: --weights-dtype '%s' is neither fp8 nor --dtype's (%s)", tostring(o.weights_dtype), tostring(o.dtype)), 0)
+    end
+    if type(cfg.quantization_config) == "table" then
+      error(string.format("synth: --weights-dtype fp8: %s is released with quantization_config '%s' already (pass --experts-dtype %s)",
+        o.like, tostring(cfg.quantization_config.quant_method), tostring(o.dtype)), 0)
+    end
+    cfg.quantization_config = fp8.config()
+  end
   return cfg
+end
+
+-- "fp8" when a synthesised config's layer weights are FP8 (quantization_config), else nil.
+function M.weights_dtype(cfg)
+  local q = cfg.quantization_config
+  return type(q) == "table" and q.quant_method == "fp8" and "fp8" or nil
 end
 
 -- The dtype a synthesised config's experts are written in: "mxfp4" (quantization_config), or nil
@@ -122,9 +140,15 @@ function M.experts_dtype(cfg)
   return type(q) == "table" and q.quant_method == "mxfp4" and "mxfp4" or nil
 end
 
+-- Weights written as FP8 (--weights-dtype fp8, a Hugging Face FP8 checkpoint's quantization_config):
+-- the decoder layers' Linear weights (*_proj.weight: attention, MLP, experts) as E4M3 with float32
+-- weight_scale_inv per 128x128 block; embeddings, norms, the head and a router in --dtype, as
+-- DeepSeek-V3 and Qwen3-FP8 publish them.
+local function fp8_weight(name, shape) return #shape == 2 and name:match("^model%.layers%.%d+%..*_proj%.weight$") ~= nil end
+
 -- Tensors of the model: { name, shape, mean, std, numel [, dtype, fill (a U8 tensor's)] }. Norms
 -- are 1, or drawn around 0 (as random as the rest) for a class whose norms scale by 1 + w (Gemma's).
-local function tensor_plan(c, std, arch, experts_dtype)
+local function tensor_plan(c, std, arch, experts_dtype, fp8)
   local plan = {}
   local centred = (hf.architectures[arch or ""] or {}).norms_zero_centred
   for _, t in ipairs(hf.tensor_list(c, arch, experts_dtype)) do
@@ -134,12 +158,19 @@ local function tensor_plan(c, std, arch, experts_dtype)
     local is_norm = name:match("norm%.weight$")
     plan[#plan + 1] = { name = name, shape = shape, numel = numel, mean = (is_norm and not centred) and 1 or 0,
       std = (is_norm and not centred) and 0 or std, dtype = t.dtype, fill = t.fill }
+    if fp8 and fp8_weight(name, shape) then
+      plan[#plan].dtype, plan[#plan].fill = "F8_E4M3", "fp8"
+      local ss = { math.ceil(shape[1] / 128), math.ceil(shape[2] / 128) }
+      plan[#plan + 1] = { name = name .. "_scale_inv", shape = ss, numel = ss[1] * ss[2], std = std, dtype = "F32", fill = "fp8_scales" }
+    end
   end
   return plan
 end
 
 -- Bytes of plan entry t when the model's dtype has es bytes an element (a U8 tensor: 1).
-local function bytes_of(t, es) return t.numel * (t.dtype == "U8" and 1 or es) end
+-- (an FP8 weight's E4M3 bytes: 1; its float32 scales: 4)
+local function elem_of(t, es) return t.fill == "fp8_scales" and 4 or (t.dtype == "U8" or t.fill == "fp8") and 1 or es end
+local function bytes_of(t, es) return t.numel * elem_of(t, es) end
 
 -- n random bytes at data for a U8 tensor (t.fill): MXFP4 blocks any 4-bit codes (the low byte of
 -- each normal float drawn: near uniform); MXFP4 scales exponents that give the E2M1 values (up to
@@ -158,6 +189,36 @@ local function fill_bytes(data, n, t, seed, first, std)
     u = u - math.floor(u)
     out[i] = math.max(1, math.min(254, centre - 1 + math.floor(u * 3)))
   end
+end
+
+-- E4M3FN's byte nearest x (the largest finite, 448, for what is beyond it; never NaN).
+local function e4m3(x)
+  local sign = x < 0 and 0x80 or 0
+  x = math.abs(x)
+  if x < 2 ^ -6 then return sign + math.floor(x * 512 + 0.5) end -- (subnormals: m * 2^-9)
+  local m, e = math.frexp(x) -- (x = m * 2^e, m in [0.5, 1))
+  local q, E = math.floor((2 * m - 1) * 8 + 0.5), e + 6
+  if q == 8 then q, E = 0, E + 1 end
+  if E > 15 or (E == 15 and q == 7) then return sign + 0x7E end
+  return sign + E * 8 + q
+end
+
+-- n values of an FP8 weight at data (t.fill "fp8": E4M3 bytes of normal values of standard
+-- deviation 64, within E4M3's +-448) or of its scales ("fp8_scales": float32 t.std / 64 times
+-- 2^u, u within +-0.5, with 20 significant bits so that each E4M3 value (4) times its scale is
+-- exact in f32: the dequantized model is the same model). Seeded as the float tensors.
+local function fill_fp8(data, n, t, seed, first)
+  assert(exec.fill_random(data, n, K.F32, seed, first, 0, 1))
+  local f = ffi.cast("float *", data)
+  if t.fill == "fp8_scales" then
+    for i = 0, n - 1 do
+      local m, e = math.frexp(t.std / 64 * 2 ^ (math.max(-1, math.min(1, f[i])) * 0.5))
+      f[i] = math.ldexp(math.floor(m * 2 ^ 20 + 0.5) / 2 ^ 20, e)
+    end
+    return
+  end
+  local out = ffi.cast("uint8_t *", data)
+  for i = 0, n - 1 do out[i] = e4m3(f[i] * 64) end -- (in place: byte i after float i is read)
 end
 
 -- Group tensors into shards of at most shard_bytes (a larger tensor gets a shard of its own).
@@ -227,7 +288,7 @@ function M.write(dir, o)
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
   exec.model_free(cm)
-  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], M.experts_dtype(cfg))
+  local plan = tensor_plan(c, o.std or STD, cfg.architectures[1], M.experts_dtype(cfg), M.weights_dtype(cfg) == "fp8")
   local es = dt[3]
   local total = 0
   for _, t in ipairs(plan) do total = total + bytes_of(t, es) end
@@ -266,9 +327,11 @@ function M.write(dir, o)
       local first = 0
       while first < t.numel do
         -- (a U8 tensor's bytes are drawn as floats first: a quarter of the buffer at a time)
-        local k = math.min(t.dtype == "U8" and math.floor(CHUNK * es / 4) or CHUNK, t.numel - first)
-        local kb = t.dtype == "U8" and k or k * es
-        if t.dtype == "U8" then fill_bytes(data, k, t, seed, first, o.std or STD)
+        local drawn = t.dtype == "U8" or t.fill ~= nil
+        local k = math.min(drawn and math.floor(CHUNK * es / 4) or CHUNK, t.numel - first)
+        local kb = k * elem_of(t, es)
+        if t.fill == "fp8" or t.fill == "fp8_scales" then fill_fp8(data, k, t, seed, first)
+        elseif t.dtype == "U8" then fill_bytes(data, k, t, seed, first, o.std or STD)
         else assert(exec.fill_random(data, k, dt[2], seed, first, t.mean, t.std)) end
         assert(files_rt.write(w, data, kb))
         first = first + k

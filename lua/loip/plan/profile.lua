@@ -30,6 +30,7 @@
 --            process), timer_late_us (how late a 1 ms sleep wakes, median and p90)
 -- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
 local ffi = require "ffi"
+local bit = require "bit"
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
@@ -73,8 +74,24 @@ local function hostname()
   return h
 end
 
+-- A [R, C] F8_E4M3 matrix of seeded random E4M3 values (no NaN) and scales of 1/64 at dst
+-- (store.tensor_bytes' bytes, loip_f8_pack's layout): an FP8 checkpoint's layer, for timing.
+local function fill_f8(dst, R, C, seed)
+  local buf = memory.buffer(R * C * 4)
+  local w = memory.buffer_data(buf)
+  assert(exec.fill_random(w, R * C, core.constants.F32, 7, seed, 0, 1))
+  assert(exec.gather_elements(w, w, 1, 0, 1, 0, R * C, 4)) -- (byte i from float i's low byte)
+  local b = ffi.cast("uint8_t *", w)
+  for i = 0, R * C - 1 do b[i] = bit.band(b[i], 0x77) end -- (exponent <= 14: never NaN)
+  local sr, sc = math.ceil(R / 128), math.ceil(C / 128)
+  local scales = ffi.new("float[?]", sr * sc)
+  for i = 0, sr * sc - 1 do scales[i] = 1 / 64 end
+  assert(exec.f8_pack(dst, b, scales, R, C, sr, sc, "profile"))
+  memory.buffer_free(buf)
+end
+
 -- One layer (block 0: its MHA, block 1: its MLP) of config cfg with seeded random weights of
--- dtype in memory, bound to a fresh model, and a session over it: { model, pool, session,
+-- dtype (F8_E4M3: its matrices, its vectors BF16 as FP8 checkpoints keep them) in memory, bound to a fresh model, and a session over it: { model, pool, session,
 -- hidden, bytes = { mha, mlp }, close }.
 local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
   local dt = store.dtypes[dtype] or error("profile: dtype must be F32, BF16 or F16, not " .. tostring(dtype), 0)
@@ -85,9 +102,11 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
       local shape = hf.shape_of(c, w[2])
       local n = 1
       for _, d in ipairs(shape) do n = n * d end
-      local bytes = store.align_up(n * dt[2])
+      local tdt = (dtype == "F8_E4M3" and #shape < 2) and "BF16" or dtype
+      local nb = store.tensor_bytes(tdt, shape)
+      local bytes = store.align_up(nb)
       tensors[#tensors + 1] = { kind = w[2], shape = shape, n = n, offset = total, norm = w[3]:match("norm%.weight$") ~= nil,
-        block = store.block_of[tonumber(w[2])] }
+        block = store.block_of[tonumber(w[2])], dt = store.dtypes[tdt], nbytes = nb }
       total = total + bytes
     end
   end
@@ -97,12 +116,13 @@ local function synthetic_layer(cfg, dtype, threads, max_ctx, max_batch)
   local m = assert(exec.model_new(c))
   local bytes = { mha = 0, mlp = 0 }
   for i, t in ipairs(tensors) do
-    assert(exec.fill_random(base + t.offset, t.n, dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02))
+    if t.dt[1] == core.constants.F8_E4M3 then fill_f8(base + t.offset, t.shape[1], t.shape[2], i * 1000003)
+    else assert(exec.fill_random(base + t.offset, t.n, t.dt[1], 7, i * 1000003, t.norm and 1 or 0, t.norm and 0 or 0.02)) end
     local v = ffi.new("loip_tensor")
-    v.data, v.dtype, v.ndim = base + t.offset, dt[1], #t.shape
+    v.data, v.dtype, v.ndim = base + t.offset, t.dt[1], #t.shape
     for k, d in ipairs(t.shape) do v.shape[k - 1] = d end
     assert(exec.model_bind(m, 0, t.kind, v, "profile: bind"))
-    bytes[t.block] = (bytes[t.block] or 0) + t.n * dt[2]
+    bytes[t.block] = (bytes[t.block] or 0) + t.nbytes
   end
   local pool = assert(exec.pool_new(threads or 0))
   local mask = ffi.new("uint8_t[?]", c.n_layers)

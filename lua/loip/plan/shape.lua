@@ -30,6 +30,7 @@ end
 -- Weight bytes of one block of each kind and of the head, for a Hugging Face config table and
 -- a dtype: what compute figures scale with (a mixture of experts: a token's, M.dense_equivalent).
 function M.shape_of(cfg, dtype)
+  local moe = M.dense_equivalent(cfg) ~= cfg and cfg or nil
   cfg = M.dense_equivalent(cfg)
   local c = hf.parse_config(cfg, "shape")
   local es = (store.dtypes[(dtype or "BF16"):upper()] or store.dtypes.BF16)[2]
@@ -42,6 +43,14 @@ function M.shape_of(cfg, dtype)
       local block = store.block_of[tonumber(w[2])]
       sh[block .. "_bytes"] = sh[block .. "_bytes"] + n * es
     end
+  end
+  -- experts released as MXFP4 (gpt-oss: quantization_config): a token reads its routed experts'
+  -- gate, up and down in 17 bytes per 32 values, not in dtype's (the shared expert stays dtype)
+  local q = moe and moe.quantization_config
+  if type(q) == "table" and q.quant_method == "mxfp4" then
+    local spec = families.classes[moe.architectures[1]]
+    local routed = (moe.num_experts_per_tok or 1) * (moe[spec.experts.size] or moe.intermediate_size)
+    sh.mlp_bytes = sh.mlp_bytes - 3 * c.dim * routed * (es - store.dtypes.MXFP4[2])
   end
   return sh
 end

@@ -248,4 +248,15 @@ function M.mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb, context
   return core.ok(C.loip_mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb), context)
 end
 
+-- dst = the LOIP_F8_E4M3 layout of a Hugging Face FP8 weight (E4M3 bytes w, float32 scale_inv
+-- [scale_rows, scale_cols]): loip_f8_pack; its message names the tensor (name) and its scales.
+function M.f8_pack(dst, w, scale_inv, rows, cols, scale_rows, scale_cols, name)
+  return core.ok(C.loip_f8_pack(dst, w, scale_inv, rows, cols, scale_rows, scale_cols, name))
+end
+
+-- dst[rows * cols] = the f32 values of a [rows, cols] matrix of dtype: loip_dequantize.
+function M.dequantize(dst, src, dtype, rows, cols, context)
+  return core.ok(C.loip_dequantize(dst, src, dtype, rows, cols), context)
+end
+
 return M

@@ -10,6 +10,7 @@ local errors = require "loip.error"
 local json = require "loip.text.json"
 local policy = require "loip.policy"
 local sim = require "loip.sim"
+local plan_mod = require "loip.plan"
 local cp = require "loip.cli.inputs"
 local flags = require "loip.ui.flags"
 local transport = require "loip.runtime.transport"
@@ -45,7 +46,8 @@ end
 -- the time however long, marked "(OOT)" past the limit); speculative decoding: draft (a draft
 -- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed; ends ("memory", the
 -- default, or "auto": loip.plan.ends) }. Returns
--- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures) }
+-- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures),
+-- read_bytes_per_step (the plan's weights re-read from disk each step), weight_bytes }
 -- (an OOT keeps its ms_per_token).
 function M.run(c)
   local n = #c.devices
@@ -116,6 +118,9 @@ function M.run(c)
   end
   local v = verdict(k > 0 and sum / k or nil, k == 0 and "no request decoded" or nil)
   v.tokens_per_s = last > 0 and tokens / last * 1e3 or nil
+  -- the plan's weights re-read from disk every step (a mixture of experts: its routed experts')
+  v.read_bytes_per_step, v.weight_bytes = 0, prob.model.weight_bytes
+  for i = 1, #p.devices do v.read_bytes_per_step = v.read_bytes_per_step + plan_mod.memory(p, i, prob.model).offloaded_bytes end
   v.draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), c.draft_tokens)
   return v
 end
