@@ -18,6 +18,8 @@ static const struct {
     FIELD(loip_model_config, rope_factor), FIELD(loip_model_config, rope_original_max_pos),
     FIELD(loip_model_config, qkv_bias), FIELD(loip_model_config, qk_norm),
     FIELD(loip_model_config, tied_embeddings),
+    FIELD(loip_model_config, sliding_window),
+    FIELD(loip_model_config, layer_window),
     FIELD(loip_model_config, norm_add_one), FIELD(loip_model_config, embed_scale),
     FIELD(loip_model_config, final_softcap),
     FIELD(loip_model_config, attn_sinks), FIELD(loip_model_config, glu_limit),

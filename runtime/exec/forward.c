@@ -36,6 +36,24 @@ static inline const float *kv_block_at(const loip_session *s, int value, int lay
     return chunk_at(kv, value ? kv->v_cache : kv->k_cache, slot, g);
 }
 
+/* The row of position p of seq for layer (keys or values) and in *n how many rows from it, up
+ * to position hi, lie one after another: a block's rest in the pool, a ring's rest up to where it
+ * wraps for a ringed window layer (kv_window.c), or the batch's recomputed rows. */
+static inline const float *kv_rows(const loip_session *s, int value, int layer, int seq, int p, int hi, int *n) {
+    const loip_kv *kv = s->kv;
+    int w = kv->win_slot[layer], left = hi - p + 1, run;
+    if (w >= 0 && p >= kv->evicted[seq]) {
+        int row = p % kv->win_ring;
+        run = kv->win_ring - row;
+        *n = left < run ? left : run;
+        return ring_at(kv, value ? kv->win_v : kv->win_k, w, seq) + (size_t)row * s->kv_dim;
+    }
+    int off = p % kv->kv_block;
+    run = kv->kv_block - off;
+    *n = left < run ? left : run;
+    return kv_block_at(s, value, layer, seq, p - off) + (size_t)off * s->kv_dim;
+}
+
 /* ---- per-token pieces, each a pool task ------------------------------------------------ */
 
 typedef struct {
@@ -123,8 +141,7 @@ static void qkv_post_task(void *p, int ith, int nth) {
         add_bias(kk, loip_layer_w(m, j->layer, LOIP_W_BK), s->kv_dim);
         add_bias(vv, loip_layer_w(m, j->layer, LOIP_W_BV), s->kv_dim);
         /* (a windowed layer's own base: the second table, rows past max_batch's) */
-        size_t table = c->rope_local_theta > 0 && j->layer < LOIP_MAX_LAYERS && c->layer_window[j->layer]
-                           ? (size_t)s->max_batch * half : 0;
+        size_t table = c->rope_local_theta > 0 && loip_kv_layer_windowed(c, j->layer) ? (size_t)s->max_batch * half : 0;
         const float *cs = s->rope_cos + table + t * half, *sn = s->rope_sin + table + t * half;
         const loip_tensor *qn = loip_layer_w(m, j->layer, LOIP_W_Q_NORM);
         const loip_tensor *kn = loip_layer_w(m, j->layer, LOIP_W_K_NORM);
@@ -141,6 +158,13 @@ static void qkv_post_task(void *p, int ith, int nth) {
         int pos = s->tok_pos[t], seq = s->tok_seq[t];
         loip_kv *kv = s->kv;
         if (pos < kv->evicted[seq]) continue; /* recomputed: its k/v rows serve this layer only */
+        int w = kv->win_slot[j->layer];
+        if (w >= 0) { /* a ringed window layer */
+            size_t at = (size_t)(pos % kv->win_ring) * s->kv_dim;
+            memcpy(ring_at(kv, kv->win_k, w, seq) + at, kk, s->kv_dim * sizeof(float));
+            memcpy(ring_at(kv, kv->win_v, w, seq) + at, vv, s->kv_dim * sizeof(float));
+            continue;
+        }
         int32_t g = kv->block_table[(size_t)seq * kv->blocks_per_seq + pos / kv->kv_block];
         size_t row = (size_t)(pos % kv->kv_block) * s->kv_dim;
         memcpy(chunk_at(kv, kv->k_cache, kv->layer_slot[j->layer], g) + row, kk, s->kv_dim * sizeof(float));
@@ -152,10 +176,9 @@ static void qkv_post_task(void *p, int ith, int nth) {
  * rows contiguous); *maxv their running max. */
 static int score_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, const float *q,
                        int lo, int hi, float *scores, int at, float scale, float *maxv) {
-    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
+    int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
-        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
-        const float *kc = kv_block_at(s, 0, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        const float *kc = kv_rows(s, 0, layer, seq, p, hi, &n) + (size_t)kvh * hd;
         for (int i = 0; i < n; i++) {
             float d = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd);
             float sc = s->m->cfg.attn_scale > 0 ? d * s->m->cfg.attn_scale : d / scale;
@@ -170,14 +193,26 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
 /* o += the values of positions lo..hi of seq weighted by scores[at..] / sum. */
 static int mix_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, float *o, int lo,
                      int hi, const float *scores, int at, float sum) {
-    int hd = s->m->cfg.head_dim, kb = s->kv->kv_block;
+    int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
-        int off = p % kb, n = hi - p + 1 < kb - off ? hi - p + 1 : kb - off;
-        const float *vc = kv_block_at(s, 1, layer, seq, p - off) + (size_t)off * s->kv_dim + (size_t)kvh * hd;
+        const float *vc = kv_rows(s, 1, layer, seq, p, hi, &n) + (size_t)kvh * hd;
         for (int i = 0; i < n; i++) k->axpy_f32(o, scores[at++] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
         p += n;
     }
     return at;
+}
+
+/* Of a tree node's ancestors (mask: bit o - 1 for the node at root + o), those a window layer's
+ * token at position rope sees: the ancestor at root + o sits at position root + its depth (the
+ * ancestors set up to it), seen when past rope - window. */
+static inline uint64_t window_ancestors(uint64_t mask, int rope, int root, int window) {
+    uint64_t seen = 0;
+    int depth = 0;
+    for (uint64_t bits = mask; bits; bits &= bits - 1) {
+        depth++;
+        if (root + depth > rope - window) seen |= bits & (~bits + 1);
+    }
+    return seen;
 }
 
 /* Causal grouped-query attention over the paged cache: one work item per (token, head);
@@ -193,6 +228,7 @@ static void attention_task(void *p, int ith, int nth) {
     int hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
+    int window = loip_kv_layer_windowed(c, j->layer) ? c->sliding_window : 0;
     size_t b, e;
     loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
     for (size_t item = b; item < e; item++) {
@@ -200,10 +236,14 @@ static void attention_task(void *p, int ith, int nth) {
         int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
         uint64_t mask = s->tok_mask[t];
         int last = mask ? s->tok_base[t] : s->tok_pos[t];
+        /* a window layer: the positions past (the token's position - window) only, a tree node's
+         * position being its root's plus its depth (tok_rope), an ancestor's likewise */
+        int rope = s->tok_rope[t], first = window && rope - window + 1 > 0 ? rope - window + 1 : 0;
+        uint64_t seen = window ? window_ancestors(mask, rope, last, window) : mask;
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
-        int n = score_range(s, k, j->layer, seq, kvh, q, 0, last, scores, 0, scale, &maxv);
-        for (uint64_t bits = mask; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
+        int n = first <= last ? score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv) : 0;
+        for (uint64_t bits = seen; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
             int o = __builtin_ctzll(bits) + 1;
             n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
         }
@@ -219,8 +259,8 @@ static void attention_task(void *p, int ith, int nth) {
         if (c->attn_sinks) sum += expf(sink - maxv);
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
-        int at = mix_range(s, k, j->layer, seq, kvh, o, 0, last, scores, 0, sum);
-        for (uint64_t bits = mask; bits; bits &= bits - 1) {
+        int at = first <= last ? mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum) : 0;
+        for (uint64_t bits = seen; bits; bits &= bits - 1) {
             int off = __builtin_ctzll(bits) + 1;
             at = mix_range(s, k, j->layer, seq, kvh, o, last + off, last + off, scores, at, sum);
         }
@@ -323,6 +363,8 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     for (int32_t t = 0; t < n; t++) /* (attention never reads an unmapped group) */
         if (s->tok_pos[t] >= s->kv->evicted[s->tok_seq[t]] && (rc = loip_kv_prepare(s->kv, s->tok_seq[t], s->tok_pos[t])))
             return rc;
+    for (int32_t t = 0; t < n; t++) /* (what a ring holds: kv_window.c) */
+        if (s->tok_pos[t] >= s->kv->win_len[s->tok_seq[t]]) s->kv->win_len[s->tok_seq[t]] = s->tok_pos[t] + 1;
     drop_past(s, n);
     /* cos/sin of each token's position for RoPE, once per batch */
     const loip_model *m = s->m;
@@ -459,6 +501,7 @@ int loip_session_run(loip_session *s, int32_t first, int32_t last, float *hidden
     for (int b = first; b < last; b += 2 - b % 2) {
         if (b % 2 != LOIP_BLOCK_MHA) continue;
         int slot = kv->layer_slot[b / 2];
+        if (slot < 0 && kv->win_slot[b / 2] >= 0) continue; /* a ringed window layer: never lent */
         if (slot < 0) return loip_fail(LOIP_ESTATE, "layer %d's KV cache is not kept by this session", b / 2);
         for (int t = 0; t < n; t++)
             if (kv->seq_lent[(size_t)s->tok_seq[t] * kv->n_kv_layers + slot])

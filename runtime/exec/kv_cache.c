@@ -14,17 +14,33 @@
 /* The numbers a cache's tables are sized by. */
 typedef struct {
     uint64_t n_layers, n_kv_layers, max_seqs, blocks_per_seq, n_groups;
+    uint64_t n_win_layers, win_ring; /* ringed layers and their ring's positions (kv_window.c) */
 } kv_shape;
 
-static kv_shape shape_of(const loip_model_config *c, int32_t max_ctx, int32_t kv_layers, int32_t kv_tokens,
-                         int32_t max_seqs) {
-    int32_t kb = LOIP_KV_BLOCK_TOKENS;
-    return (kv_shape){.n_layers = (uint64_t)c->n_layers, .n_kv_layers = (uint64_t)kv_layers,
-                      .max_seqs = (uint64_t)max_seqs, .blocks_per_seq = (uint64_t)((max_ctx + kb - 1) / kb),
-                      .n_groups = (uint64_t)((kv_tokens + kb - 1) / kb)};
+/* The layers kept (mask, or NULL: the first count, < 0 or past the model's: all) in the pool
+ * and in rings (windowed layers, when ring > 0). */
+static void count_layers(const loip_model_config *c, int32_t ring, const uint8_t *mask, int32_t count,
+                         uint64_t *pool, uint64_t *win) {
+    *pool = *win = 0;
+    if (!mask && (count < 0 || count > c->n_layers)) count = c->n_layers;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        if (mask ? !mask[l] : l >= count) continue;
+        if (ring > 0 && loip_kv_layer_windowed(c, l)) (*win)++;
+        else (*pool)++;
+    }
 }
 
-enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 11 };
+static kv_shape shape_of(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, const uint8_t *mask,
+                         int32_t kv_layers, int32_t kv_tokens, int32_t max_seqs) {
+    int32_t kb = LOIP_KV_BLOCK_TOKENS, ring = loip_kv_ring_tokens(c, max_ctx, max_batch);
+    kv_shape k = {.n_layers = (uint64_t)c->n_layers, .max_seqs = (uint64_t)max_seqs,
+                  .blocks_per_seq = (uint64_t)((max_ctx + kb - 1) / kb), .n_groups = (uint64_t)((kv_tokens + kb - 1) / kb)};
+    count_layers(c, ring, mask, kv_layers, &k.n_kv_layers, &k.n_win_layers);
+    k.win_ring = k.n_win_layers ? (uint64_t)ring : 0;
+    return k;
+}
+
+enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 13 };
 
 /* The cache's arrays besides its pool: the block tables, the free list and the layer slots are
  * charged with the pool; the lending, sharing and eviction tables are small and outside the
@@ -45,6 +61,8 @@ static size_t kv_arrays(const kv_shape *k, loip_array *t) {
     KV_ARRAY(tick, G + 1, KV_TABLE);
     KV_ARRAY(gen, G + 1, KV_TABLE);
     KV_ARRAY(evicted, k->max_seqs, KV_TABLE);
+    KV_ARRAY(win_slot, k->n_layers, KV_TABLE);
+    KV_ARRAY(win_len, k->max_seqs, KV_TABLE);
 #undef KV_ARRAY
     return n;
 }
@@ -54,18 +72,23 @@ static uint64_t pool_floats(const kv_shape *k, uint64_t kv_dim) {
     return k->n_groups * k->n_kv_layers * LOIP_KV_BLOCK_TOKENS * kv_dim;
 }
 
+/* Floats of each of the rings' two halves (keys, values). */
+static uint64_t ring_floats(const kv_shape *k, uint64_t kv_dim) {
+    return k->max_seqs * k->n_win_layers * k->win_ring * kv_dim;
+}
+
 static uint64_t shape_bytes(const kv_shape *k, uint64_t kv_dim) {
     loip_array t[KV_MAX_ARRAYS];
     size_t n = kv_arrays(k, t);
-    return 2 * pool_floats(k, kv_dim) * sizeof(float) + loip_arrays_bytes(t, n);
+    return 2 * (pool_floats(k, kv_dim) + ring_floats(k, kv_dim)) * sizeof(float) + loip_arrays_bytes(t, n);
 }
 
-uint64_t loip_kv_size(const loip_model_config *c, int32_t max_ctx, int32_t kv_layers, int32_t kv_tokens,
-                      int32_t max_seqs) {
-    if (kv_layers < 0 || kv_layers > c->n_layers) kv_layers = c->n_layers;
+uint64_t loip_kv_size(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, const uint8_t *kv_mask,
+                      int32_t kv_layers, int32_t kv_tokens, int32_t max_seqs) {
     if (kv_tokens <= 0) kv_tokens = max_ctx;
     if (max_seqs <= 0) max_seqs = 1;
-    kv_shape k = shape_of(c, max_ctx, kv_layers, kv_tokens, max_seqs);
+    if (max_batch > max_ctx) max_batch = max_ctx;
+    kv_shape k = shape_of(c, max_ctx, max_batch, kv_mask, kv_layers, kv_tokens, max_seqs);
     return shape_bytes(&k, (uint64_t)c->n_kv_heads * c->head_dim);
 }
 
@@ -87,21 +110,25 @@ int loip_kv_map_pool(loip_kv *kv) {
 }
 
 /* The tables' starting contents: layer slots, empty block tables, every group free. */
-static void init_tables(loip_kv *kv, const uint8_t *kv_layers) {
-    for (int32_t l = 0, k = 0; l < kv->n_layers; l++) kv->layer_slot[l] = (!kv_layers || kv_layers[l]) ? k++ : -1;
+static void init_tables(loip_kv *kv, const loip_model_config *c, const uint8_t *kv_layers) {
+    for (int32_t l = 0, k = 0, w = 0; l < kv->n_layers; l++) {
+        int kept = !kv_layers || kv_layers[l], ringed = kept && kv->win_ring > 0 && loip_kv_layer_windowed(c, l);
+        kv->layer_slot[l] = kept && !ringed ? k++ : -1;
+        kv->win_slot[l] = ringed ? w++ : -1;
+    }
     for (size_t i = 0; i < (size_t)kv->max_seqs * kv->blocks_per_seq; i++) kv->block_table[i] = -1;
     /* groups are handed out lowest first: a lone sequence's cache is contiguous */
     for (int32_t g = kv->n_groups - 1; g >= 0; g--) kv->free_groups[kv->n_free++] = g;
 }
 
-int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t kv_tokens, int32_t max_seqs,
+int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
                 const uint8_t *kv_layers, int grows, loip_budget *budget, loip_kv **out) {
     *out = NULL;
-    int32_t n_kv = 0;
-    for (int32_t l = 0; l < c->n_layers; l++) n_kv += !kv_layers || kv_layers[l];
     loip_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return loip_fail(LOIP_ENOMEM, "session: out of memory");
-    kv_shape k = shape_of(c, max_ctx, n_kv, kv_tokens, max_seqs);
+    kv_shape k = shape_of(c, max_ctx, max_batch, kv_layers, -1, kv_tokens, max_seqs);
+    int32_t n_kv = (int32_t)k.n_kv_layers;
+    kv->n_win_layers = (int)k.n_win_layers, kv->win_ring = (int32_t)k.win_ring, kv->window = c->sliding_window;
     kv->n_layers = c->n_layers, kv->max_ctx = max_ctx, kv->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     kv->kv_block = LOIP_KV_BLOCK_TOKENS, kv->blocks_per_seq = (int)k.blocks_per_seq, kv->max_seqs = max_seqs;
     kv->n_groups = (int)k.n_groups, kv->n_kv_layers = n_kv, kv->kv_tokens = kv_tokens;
@@ -125,7 +152,8 @@ int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t kv_tokens, 
     }
     uint64_t floats = pool_floats(&k, kv->kv_dim);
     kv->pool_bytes = (floats ? floats : 1) * sizeof(float);
-    init_tables(kv, kv_layers);
+    kv->win_map_bytes = (size_t)ring_floats(&k, kv->kv_dim) * sizeof(float);
+    init_tables(kv, c, kv_layers);
     *out = kv;
     return LOIP_OK;
 fail:
@@ -137,6 +165,8 @@ void loip_kv_free(loip_kv *kv) {
     if (!kv) return;
     if (kv->k_cache) munmap(kv->k_cache, kv->pool_bytes);
     if (kv->v_cache) munmap(kv->v_cache, kv->pool_bytes);
+    if (kv->win_k) munmap(kv->win_k, kv->win_map_bytes);
+    if (kv->win_v) munmap(kv->win_v, kv->win_map_bytes);
     kv_shape k = {.n_layers = (uint64_t)kv->n_layers, .n_kv_layers = (uint64_t)kv->n_kv_layers,
                   .max_seqs = (uint64_t)kv->max_seqs, .blocks_per_seq = (uint64_t)kv->blocks_per_seq,
                   .n_groups = (uint64_t)kv->n_groups};
@@ -234,7 +264,7 @@ int loip_kv_seq_free(loip_kv *kv, int32_t seq) {
     for (int32_t i = 0; i < kv->blocks_per_seq; i++)
         if (t[i] >= 0) loip_kv_release_group(kv, seq, t[i]);
     for (int32_t i = 0; i < kv->blocks_per_seq; i++) t[i] = -1;
-    kv->evicted[seq] = 0;
+    kv->evicted[seq] = 0, kv->win_len[seq] = 0;
     return LOIP_OK;
 }
 

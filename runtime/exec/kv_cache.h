@@ -64,18 +64,31 @@ typedef struct loip_kv {
     /* Eviction (loip_kv_evict): a sequence's first evicted[seq] positions keep no KV here; a
      * batch recomputes them (the forward pass reads their rows from the batch instead). */
     int32_t *evicted;
+    /* Windows (kv_window.c): a layer windowed by the model (loip_model_config.layer_window) whose
+     * ring (the window and a batch, win_ring positions) is shorter than max_ctx keeps its KV
+     * apart from the pool, position p of a sequence in row p % win_ring of its ring, and never
+     * more: a batch's rows never overwrite a row one of its tokens still reads (its positions
+     * span at most window - 1 + max_batch). Ringed layers are not paged, lent, shared by groups
+     * nor held by the prompt cache (layer_slot -1); the ring is charged to "kv" whole. */
+    int n_win_layers;      /* layers ringed here */
+    int32_t *win_slot;     /* (n_layers) index of a layer among the ringed ones, -1: not ringed here */
+    int32_t window, win_ring;
+    int32_t *win_len;      /* (max_seqs) one past the highest position a sequence wrote in its ring */
+    float *win_k, *win_v;  /* (max_seqs, n_win_layers, win_ring, kv_dim) */
+    size_t win_map_bytes;  /* each of win_k and win_v */
 } loip_kv;
 
-/* Bytes of a cache of kv_tokens positions (<= 0: max_ctx) of kv_layers layers (< 0 or past the
- * model's: all of them) for max_seqs sequences (<= 0: 1): the pool, the block tables, the free
- * list and the layer slots, as loip_kv_new charges them. */
-uint64_t loip_kv_size(const loip_model_config *c, int32_t max_ctx, int32_t kv_layers, int32_t kv_tokens,
-                      int32_t max_seqs);
+/* Bytes of a cache of kv_tokens positions (<= 0: max_ctx) of the layers kv_mask marks (NULL: the
+ * first kv_layers layers, < 0 or past the model's: all of them) for max_seqs sequences (<= 0: 1)
+ * and batches of max_batch: the pool, the block tables, the free list and the layer slots, and
+ * the windowed layers' rings, as loip_kv_new charges them. */
+uint64_t loip_kv_size(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, const uint8_t *kv_mask,
+                      int32_t kv_layers, int32_t kv_tokens, int32_t max_seqs);
 /* A cache of kv_tokens positions (> 0) for max_seqs sequences (> 0) of max_ctx positions each,
  * keeping the layers kv_layers marks (NULL: all); growing (loip_kv_set_growth) from the start
  * when grows. Its tables, charged to budget's "kv" (NULL: none) whole (growing: the tables
  * alone): the budget's code and message when it refuses. */
-int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t kv_tokens, int32_t max_seqs,
+int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, int32_t kv_tokens, int32_t max_seqs,
                 const uint8_t *kv_layers, int grows, loip_budget *budget, loip_kv **out);
 /* Its pool mapped, once the owner has charged the rest of itself: not resident until written
  * while growing, else resident whole (the first steps pay no page faults). */
@@ -108,6 +121,25 @@ void loip_kv_release_group(loip_kv *kv, int32_t seq, int32_t g);
 /* Every group of seq back (loip_session_seq_free). */
 int loip_kv_seq_free(loip_kv *kv, int32_t seq);
 int32_t loip_kv_groups_held(const loip_kv *kv, int32_t seq);
+
+/* ---- windows (kv_window.c) ---- */
+/* The ring's positions per sequence for cfg's windowed layers at this context and batch; 0 when
+ * no layer is windowed or the ring would not be shorter than max_ctx (the pool keeps them). */
+int32_t loip_kv_ring_tokens(const loip_model_config *c, int32_t max_ctx, int32_t max_batch);
+/* Whether layer l is windowed by the model (whatever the context). */
+int loip_kv_layer_windowed(const loip_model_config *c, int32_t l);
+/* Map the rings (resident, zero), once the owner has charged them with the rest. */
+int loip_kv_map_rings(loip_kv *kv);
+/* The first row of ringed layer slot w of seq (keys or values): win_ring rows. */
+static inline float *ring_at(const loip_kv *kv, float *ring, int w, int32_t seq) {
+    return ring + ((size_t)seq * kv->n_win_layers + (size_t)w) * kv->win_ring * kv->kv_dim;
+}
+/* Sequence dst's rings take src's rows the positions from n_positions on read (those past
+ * n_positions - window): LOIP_ESTATE when src's ring no longer holds them. */
+int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions);
+/* LOIP_ESTATE naming what when the cache rings any layer (the prompt cache's groups would not
+ * carry their KV). */
+int loip_kv_no_rings(const loip_kv *kv, const char *what);
 
 /* ---- lending and eviction (kv_lend.c): as loip_session_kv_* in loip.h ---- */
 int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0, int32_t n, void *buf,

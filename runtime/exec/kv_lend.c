@@ -32,8 +32,11 @@ static int lend_range(const loip_kv *kv, const char *what, int32_t seq, int32_t 
         return loip_fail(LOIP_EINVAL, "%s: groups [%d, %d) out of range (%d per sequence)", what, g0, g0 + n,
                          kv->blocks_per_seq);
     const int32_t *table = &kv->block_table[(size_t)seq * kv->blocks_per_seq];
+    uint64_t paged = 0; /* the range's layers in the pool: a ringed layer's window stays (kv_window.c) */
     for (int32_t l = layer0; l < layer1; l++) {
+        if (kv->layer_slot[l] < 0 && kv->win_slot[l] >= 0) continue;
         if (kv->layer_slot[l] < 0) return loip_fail(LOIP_EINVAL, "%s: layer %d's KV cache is not kept here", what, l);
+        paged++;
         for (int32_t i = g0; i < g0 + n; i++) {
             if (table[i] < 0)
                 return loip_fail(LOIP_EINVAL, "%s: sequence %d holds no group for positions %d..%d", what, seq,
@@ -47,7 +50,7 @@ static int lend_range(const loip_kv *kv, const char *what, int32_t seq, int32_t 
                                  i * kv->kv_block, (i + 1) * kv->kv_block - 1, want_lent ? "here, not lent" : "lent already");
         }
     }
-    *bytes = (uint64_t)(layer1 - layer0) * (uint64_t)n * kv->chunk_bytes;
+    *bytes = paged * (uint64_t)n * kv->chunk_bytes;
     if (expect != UINT64_MAX && expect != *bytes)
         return loip_fail(LOIP_EINVAL, "%s: %llu bytes for chunks of %llu", what, (unsigned long long)expect,
                          (unsigned long long)*bytes);
@@ -67,6 +70,7 @@ int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32
     uint8_t *out = buf;
     for (int32_t l = layer0; l < layer1; l++) {
         int slot = kv->layer_slot[l];
+        if (slot < 0) continue; /* ringed */
         for (int32_t i = g0; i < g0 + n; i++) {
             float *k = chunk_at(kv, kv->k_cache, slot, table[i]), *v = chunk_at(kv, kv->v_cache, slot, table[i]);
             memcpy(out, k, half), out += half;
@@ -97,6 +101,7 @@ int loip_kv_return(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int
     const uint8_t *in = buf;
     for (int32_t l = layer0; l < layer1; l++) {
         int slot = kv->layer_slot[l];
+        if (slot < 0) continue; /* ringed */
         for (int32_t i = g0; i < g0 + n; i++) {
             size_t c = (size_t)table[i] * kv->n_kv_layers + slot;
             memcpy(chunk_at(kv, kv->k_cache, slot, table[i]), in, half), in += half;
@@ -116,7 +121,7 @@ int loip_kv_attach(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int
     const int32_t *table = &kv->block_table[(size_t)seq * kv->blocks_per_seq];
     const uint8_t *in = buf;
     for (int32_t l = layer0; l < layer1; l++)
-        for (int32_t i = g0; i < g0 + n; i++, in += kv->chunk_bytes) {
+        for (int32_t i = g0; i < g0 + n && kv->layer_slot[l] >= 0; i++, in += kv->chunk_bytes) {
             size_t c = (size_t)table[i] * kv->n_kv_layers + kv->layer_slot[l];
             if (!kv->lent_at[c]) kv->seq_lent[(size_t)seq * kv->n_kv_layers + kv->layer_slot[l]]--;
             kv->lent_at[c] = in;
@@ -131,7 +136,7 @@ int loip_kv_detach(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int
     if (rc) return rc;
     const int32_t *table = &kv->block_table[(size_t)seq * kv->blocks_per_seq];
     for (int32_t l = layer0; l < layer1; l++)
-        for (int32_t i = g0; i < g0 + n; i++) {
+        for (int32_t i = g0; i < g0 + n && kv->layer_slot[l] >= 0; i++) {
             size_t c = (size_t)table[i] * kv->n_kv_layers + kv->layer_slot[l];
             if (kv->lent_at[c]) kv->seq_lent[(size_t)seq * kv->n_kv_layers + kv->layer_slot[l]]++;
             kv->lent_at[c] = NULL;

@@ -125,6 +125,7 @@ int loip_kv_share(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions) {
         return loip_fail(LOIP_ESTATE, "KV share: sequence %d evicted its first %d positions", src, kv->evicted[src]);
     for (int32_t i = 0; i < n; i++)
         if ((rc = check_shareable(kv, "KV share", src, i))) return rc;
+    if ((rc = loip_kv_share_rings(kv, dst, src, n_positions))) return rc;
     const int32_t *from = &kv->block_table[(size_t)src * kv->blocks_per_seq];
     int32_t *to = &kv->block_table[(size_t)dst * kv->blocks_per_seq];
     for (int32_t i = 0; i < n; i++) to[i] = from[i], kv->refs[from[i]]++;
@@ -133,7 +134,7 @@ int loip_kv_share(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions) {
 
 int loip_kv_hold(loip_kv *kv, int32_t seq, int32_t first, int32_t n, int32_t *ids) {
     int rc = check_seq(kv, "KV hold", seq);
-    if (rc) return rc;
+    if (rc || (rc = loip_kv_no_rings(kv, "KV hold"))) return rc;
     if (first < 0 || n < 0 || first + n > kv->blocks_per_seq)
         return loip_fail(LOIP_EINVAL, "KV hold: groups [%d, %d) out of range (%d per sequence)", first, first + n,
                          kv->blocks_per_seq);
@@ -160,7 +161,7 @@ static int check_held(const loip_kv *kv, const char *what, int32_t id) {
 
 int loip_kv_adopt(loip_kv *kv, int32_t seq, const int32_t *ids, int32_t n) {
     int rc = check_empty(kv, "KV adopt", seq);
-    if (rc) return rc;
+    if (rc || (rc = loip_kv_no_rings(kv, "KV adopt"))) return rc;
     if (n < 0 || n > kv->blocks_per_seq)
         return loip_fail(LOIP_EINVAL, "KV adopt: %d groups (a sequence has %d)", n, kv->blocks_per_seq);
     for (int32_t i = 0; i < n; i++)
@@ -248,6 +249,7 @@ int loip_kv_read_group(loip_kv *kv, int32_t id, void *buf, uint64_t cap) {
 }
 
 int loip_kv_load_group(loip_kv *kv, const void *buf, uint64_t bytes, int32_t *id) {
+    if (loip_kv_no_rings(kv, "KV load")) return LOIP_ESTATE;
     if (bytes != kv->group_bytes)
         return loip_fail(LOIP_EINVAL, "KV load: %llu bytes for a group of %llu", (unsigned long long)bytes,
                          (unsigned long long)kv->group_bytes);

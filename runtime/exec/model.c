@@ -94,8 +94,6 @@ static int check_switches(const loip_model_config *c) {
     if (!(c->embed_scale >= 0) || !(c->attn_scale >= 0) || !(c->rope_local_theta >= 0) || !(c->final_softcap >= 0))
         return loip_fail(LOIP_EINVAL, "model config: embed_scale, attn_scale, rope_local_theta and final_softcap must "
                          "be positive or 0 (not used)");
-    if (c->sliding_window < 0)
-        return loip_fail(LOIP_EINVAL, "model config: sliding_window must not be negative, got %d", c->sliding_window);
     return LOIP_OK;
 }
 
@@ -137,6 +135,8 @@ static int check_config(const loip_model_config *c) {
     } else if (c->rope_scaling != LOIP_ROPE_SCALING_NONE) {
         return loip_fail(LOIP_EINVAL, "model config: unknown rope_scaling %d", c->rope_scaling);
     }
+    if (c->sliding_window < 0)
+        return loip_fail(LOIP_EINVAL, "model config: sliding_window must not be negative, got %d", c->sliding_window);
     if (c->n_experts < 0) return loip_fail(LOIP_EINVAL, "model config: n_experts must not be negative, got %d", c->n_experts);
     if (c->n_experts > 0) {
         if (c->n_experts_used <= 0 || c->n_experts_used > c->n_experts)

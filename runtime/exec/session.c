@@ -61,9 +61,15 @@ LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, in
         return loip_fail(LOIP_EINVAL, "session: context (%d), batch (%d) and threads (%d) must be positive",
                          max_ctx, max_batch, n_threads);
     if (max_batch > max_ctx) max_batch = max_ctx;
-    *kv_bytes = loip_kv_size(cfg, max_ctx, kv_layers, kv_tokens, max_seqs);
+    *kv_bytes = loip_kv_size(cfg, max_ctx, max_batch, NULL, kv_layers, kv_tokens, max_seqs);
     *scratch = scratch_bytes(cfg, max_batch, n_threads, max_ctx);
     return LOIP_OK;
+}
+
+LOIP_API uint64_t loip_session_kv_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
+                                       const uint8_t *kv_layers, int32_t kv_tokens, int32_t max_seqs) {
+    if (max_ctx <= 0 || max_batch <= 0) return 0;
+    return loip_kv_size(cfg, max_ctx, max_batch, kv_layers, -1, kv_tokens, max_seqs);
 }
 
 LOIP_API int loip_session_new_layers(const loip_model *m, loip_pool *pool, int32_t max_ctx,
@@ -108,7 +114,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     s->q_dim = (size_t)c->n_heads * c->head_dim;
     s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     /* charged whole ("kv", then "activations") before the pool and the scratch are allocated */
-    int rc = loip_kv_new(c, max_ctx, kv_tokens, max_seqs, kv_layers, (flags & LOIP_SESSION_KV_GROWS) != 0, budget,
+    int rc = loip_kv_new(c, max_ctx, max_batch, kv_tokens, max_seqs, kv_layers, (flags & LOIP_SESSION_KV_GROWS) != 0, budget,
                          &s->kv);
     if (rc) goto fail;
     s->scratch_bytes = scratch_bytes(c, max_batch, s->n_threads, max_ctx);
@@ -116,7 +122,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
         if ((rc = loip_budget_charge(budget, "activations", s->scratch_bytes))) goto fail;
         s->budget = loip_budget_retain(budget);
     }
-    if ((rc = loip_kv_map_pool(s->kv)) || (rc = alloc_scratch(s, max_seqs, kv_tokens))) goto fail;
+    if ((rc = loip_kv_map_pool(s->kv)) || (rc = loip_kv_map_rings(s->kv)) || (rc = alloc_scratch(s, max_seqs, kv_tokens))) goto fail;
     *out = s;
     return LOIP_OK;
 fail:
@@ -152,6 +158,11 @@ LOIP_API int32_t loip_session_kv_free_tokens(const loip_session *s) { return s->
 LOIP_API uint64_t loip_session_kv_charged(const loip_session *s) { return s->kv->charged; }
 LOIP_API uint64_t loip_session_kv_group_bytes(const loip_session *s) { return s->kv->group_bytes; }
 LOIP_API uint64_t loip_session_kv_chunk_bytes(const loip_session *s) { return s->kv->chunk_bytes; }
+LOIP_API int32_t loip_session_kv_window_layers(const loip_session *s) { return s->kv->n_win_layers; }
+LOIP_API int32_t loip_session_kv_ring_tokens(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch) {
+    return loip_kv_ring_tokens(cfg, max_ctx, max_batch < max_ctx ? max_batch : max_ctx);
+}
+LOIP_API uint64_t loip_session_kv_window_bytes(const loip_session *s) { return 2 * (uint64_t)s->kv->win_map_bytes; }
 LOIP_API int loip_session_seq_free(loip_session *s, int32_t seq) { return loip_kv_seq_free(s->kv, seq); }
 LOIP_API int loip_session_set_kv_growth(loip_session *s, int32_t grows) { return loip_kv_set_growth(s->kv, grows); }
 LOIP_API int32_t loip_session_kv_groups_held(const loip_session *s, int32_t seq) {

@@ -671,6 +671,20 @@ LOIP_API uint64_t loip_session_scratch_bytes(const loip_session *s);
 LOIP_API int loip_session_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
                                int32_t n_threads, int32_t kv_layers, int32_t kv_tokens,
                                int32_t max_seqs, uint64_t *kv_bytes, uint64_t *scratch_bytes);
+/* The KV cache a session keeping the layers kv_layers marks (NULL: all) would charge, as
+ * loip_session_size's kv_bytes (whose kv_layers count names the first layers): the paged pool of
+ * the layers attending to all positions, and a ring of the window and a batch
+ * (sliding_window - 1 + max_batch, rounded up to LOIP_KV_BLOCK_TOKENS) per sequence for each
+ * windowed layer where that is shorter than max_ctx (those layers' KV stops growing). */
+LOIP_API uint64_t loip_session_kv_size(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch,
+                                       const uint8_t *kv_layers, int32_t kv_tokens, int32_t max_seqs);
+/* Of a session: the layers whose KV is kept in windows (rings), and the ring's bytes (K and V of
+ * them all, every sequence), charged to "kv" whole when the session is made. */
+LOIP_API int32_t loip_session_kv_window_layers(const loip_session *s);
+/* The ring's positions per sequence that a session of cfg at this context and batch gives each
+ * windowed layer (0: none is ringed: no window, or one as long as the context). */
+LOIP_API int32_t loip_session_kv_ring_tokens(const loip_model_config *cfg, int32_t max_ctx, int32_t max_batch);
+LOIP_API uint64_t loip_session_kv_window_bytes(const loip_session *s);
 /* A KV cache for max_ctx positions and scratch for batches of up to max_batch tokens, charged
  * to budget's "kv" and "activations" accounts (budget NULL: not charged) before allocation,
  * keeping the KV cache of only the layers with kv_layers[l] != 0 (NULL: all): a device of a

@@ -77,8 +77,13 @@ static lend_entry blob_entry(const lend_state *L, int32_t i) {
 static int entry_live(const lend_state *L, const lend_entry *e) {
     return e->seq >= 0 && e->seq < L->max_seqs && e->request && L->seqs[e->seq].request == e->request;
 }
+/* K and V of one group of layers [layer0, layer1) as lent: the paged layers' (a ringed
+ * sliding-window layer's KV is never lent: kv_window.c) */
 static uint64_t group_bytes_of(const lend_state *L, int32_t layer0, int32_t layer1) {
-    return loip_session_kv_chunk_bytes(L->session) * (uint64_t)(layer1 - layer0);
+    const loip_kv *kv = L->session->kv;
+    uint64_t paged = 0;
+    for (int32_t l = layer0; l < layer1 && l < kv->n_layers; l++) paged += l >= 0 && kv->layer_slot[l] >= 0;
+    return loip_session_kv_chunk_bytes(L->session) * paged;
 }
 
 /* Each group of each live entry of the blob in the staging buffer: attached (read there in

@@ -144,7 +144,7 @@ describe("gemma3", function()
       assert.matches(pattern, err)
     end
     refused(function(c) c.attn_logit_softcapping = 50 end, "x/config.json: field 'attn_logit_softcapping' is 50")
-    refused(function(c) c.layer_types = { "sliding_attention" } end, "field 'layer_types' must list 6 layers")
+    refused(function(c) c.layer_types = { "sliding_attention" } end, "field 'layer_types' must list one type per layer %(6%)")
     refused(function(c) c.layer_types = { "a", "b", "c", "d", "e", "f" } end, "field 'layer_types' entry 1 is 'a'")
     refused(function(c) c.hidden_activation = "relu" end, "field 'hidden_activation' is 'relu'")
     refused(function(c) c.final_logit_softcapping = -1 end, "field 'final_logit_softcapping' is %-1")

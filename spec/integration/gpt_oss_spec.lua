@@ -138,6 +138,21 @@ describe("gpt-oss", function()
     end
   end)
 
+  it("rings its sliding layers' KV (window 4 here, 128 released): transformers' logits past the window", function()
+    local reference = require "spec.support.gpt_oss_reference"
+    local wdir = synth("gpt-oss-20b", FLAGS .. " --sliding-window 4")
+    local cfg = assert(json.load(wdir .. "/hf/config.json"))
+    assert.are.same({ 4, { "sliding_attention", "full_attention" } }, { cfg.sliding_window, cfg.layer_types })
+    local ids = { 1, 5, 9, 200, 7, 3, 300, 11, 42, 17, 99, 250 }
+    local m = loip.model.open(wdir .. "/hf", { threads = 1, context = 64, batch = 4, tokenizer = false })
+    assert.are.equal(1, require("loip.runtime.exec").session_kv_window_layers(m:session()))
+    local out = m:logits(ids)
+    local w = T.worst_relative(out, reference.logits(wdir .. "/hf", ids), #ids, m.vocab_size)
+    assert.is_true(w < 1e-5, string.format("%.3g of the largest logit", w))
+    assert.is_true(T.worst_relative(out, reference.logits(wdir .. "/hf", ids, false), #ids, m.vocab_size) > 1e-3)
+    m:close()
+  end)
+
   it("honours YaRN's truncate: the logits move when the correction range is truncated", function()
     local a = open(dir .. "/hf")
     local la = a:logits({ 1, 2, 3, 4, 5, 6, 7, 8 })

@@ -6,7 +6,8 @@
 -- truncate is false; cos and sin scaled by the attention factor), rotate-half RoPE, causal
 -- attention with the head's sink in the softmax, the top-k router logits then their softmax, and
 -- the clamped SwiGLU (g = min(gate, limit), u = clamp(up, -limit, limit), g sigmoid(1.702 g)(u + 1)).
--- Every position attends to all before it (sequences shorter than the sliding window).
+-- A sliding_attention layer (layer_types) attends to the last sliding_window positions only
+-- (Hugging Face's sliding-window mask, the sink still in the softmax); the others to all before.
 --
 --   local ref = require("spec.support.gpt_oss_reference").logits(dir, { 1, 2, 3 })  -- [t][v], 0-based
 local ffi = require "ffi"
@@ -63,8 +64,8 @@ local function rope(v, at, hd, pos, inv, mscale)
 end
 
 -- The attention of layer prefix p over xs (the normed rows of every position): o_proj's output per
--- position.
-local function attention(w, p, xs, g)
+-- position. window: the positions a query sees (nil: all before it).
+local function attention(w, p, xs, g, window)
   local dim, heads, kv, hd = g.dim, g.heads, g.kv, g.hd
   local qs, ks, vs, out = {}, {}, {}, {}
   for t = 1, #xs do
@@ -80,17 +81,18 @@ local function attention(w, p, xs, g)
     for h = 0, heads - 1 do
       local kh = math.floor(h / (heads / kv))
       local sc, top = {}, sinks[h]
-      for u = 1, t do
+      local first = window and math.max(1, t - window + 1) or 1
+      for u = first, t do
         local d = 0
         for i = 0, hd - 1 do d = d + qs[t][h * hd + i] * ks[u][kh * hd + i] end
         sc[u] = d / math.sqrt(hd)
         top = math.max(top, sc[u])
       end
       local sum = math.exp(sinks[h] - top)
-      for u = 1, t do sc[u] = math.exp(sc[u] - top) sum = sum + sc[u] end
+      for u = first, t do sc[u] = math.exp(sc[u] - top) sum = sum + sc[u] end
       for i = 0, hd - 1 do
         local acc = 0
-        for u = 1, t do acc = acc + sc[u] / sum * vs[u][kh * hd + i] end
+        for u = first, t do acc = acc + sc[u] / sum * vs[u][kh * hd + i] end
         att[h * hd + i] = acc
       end
     end
@@ -134,8 +136,9 @@ local function experts(w, p, x, g)
 end
 
 -- The logits of every position of ids (a 1-based list) of the F32 model in dir: a 0-based array
--- of #ids * vocab_size numbers.
-function M.logits(dir, ids)
+-- of #ids * vocab_size numbers. windows false: no layer windowed (what the windows change).
+function M.logits(dir, ids, windows)
+  local over_window = windows
   local cfg = assert(json.load(dir .. "/config.json"))
   local set = assert(safetensors.open_dir(dir))
   local views = {}
@@ -161,7 +164,8 @@ function M.logits(dir, ids)
   for l = 0, cfg.num_hidden_layers - 1 do
     local p, xs = string.format("model.layers.%d.", l), {}
     for t = 1, #ids do xs[t] = rmsnorm(hs[t], w(p .. "input_layernorm.weight"), dim, cfg.rms_norm_eps) end
-    local a = attention(w, p, xs, g)
+    local sliding = type(cfg.layer_types) == "table" and cfg.layer_types[l + 1] == "sliding_attention"
+    local a = attention(w, p, xs, g, sliding and over_window ~= false and cfg.sliding_window or nil)
     for t = 1, #ids do
       for i = 0, dim - 1 do hs[t][i] = hs[t][i] + a[t][i] end
       local y = experts(w, p, rmsnorm(hs[t], w(p .. "post_attention_layernorm.weight"), dim, cfg.rms_norm_eps), g)

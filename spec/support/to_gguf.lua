@@ -236,8 +236,18 @@ local function keys(cfg, arch, hd, spec)
   if cfg.shared_expert_intermediate_size then
     md[#md + 1] = { a "expert_shared_feed_forward_length", "UINT32", cfg.shared_expert_intermediate_size }
   end
-  for _, k in ipairs(families.names(spec.keys or {})) do
-    local field, kind = spec.keys[k], "UINT32"
+  -- sliding windows (layer_types), as the converter writes a per-layer pattern: a bool a layer
+  -- (a family whose keys name the window, Gemma 3's and gpt-oss's, writes it alone, as their
+  -- converters do: llama.cpp knows their patterns)
+  local keys_of = spec.keys or {}
+  if type(cfg.sliding_window) == "number" and type(cfg.layer_types) == "table" and not keys_of["attention.sliding_window"] then
+    local pattern = {}
+    for i, t in ipairs(cfg.layer_types) do pattern[i] = t == "sliding_attention" end
+    md[#md + 1] = { a "attention.sliding_window", "UINT32", cfg.sliding_window }
+    md[#md + 1] = { a "attention.sliding_window_pattern", "ARRAY[BOOL]", pattern }
+  end
+  for _, k in ipairs(families.names(keys_of)) do
+    local field, kind = keys_of[k], "UINT32"
     if type(field) == "table" then field, kind = field[1], field[2] end
     local v = cfg[field]
     md[#md + 1] = { a(k), kind, type(v) == "number" and v or 0 }

@@ -12,8 +12,8 @@ describe("the FFI surface", function()
     local structs = {
       loip_cpu_info = { "n_cpus", "has_cuda" },
       loip_model_config = { "dim", "norm_eps", "rope_theta", "rope_layout", "rope_factor",
-        "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings", "norm_add_one", "embed_scale",
-        "final_softcap", "attn_sinks", "glu_limit", "rope_yarn_truncate" },
+        "rope_original_max_pos", "qkv_bias", "qk_norm", "tied_embeddings", "sliding_window", "layer_window",
+        "norm_add_one", "embed_scale", "final_softcap", "attn_sinks", "glu_limit", "rope_yarn_truncate" },
       loip_tensor = { "data", "dtype", "ndim", "shape" },
       loip_sampler_params = { "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "penalty_last_n" },
       loip_loader_config = { "rate_limit_bps", "n_slots", "debug_short_every", "overlap_loads", "budget" },

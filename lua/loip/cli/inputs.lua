@@ -169,6 +169,15 @@ function M.report(p, est, info, sizes, mopts, as_json, extra)
       stages = #p.devices[1].stages, bound = est and est.bound, bottleneck = est and est.bottleneck,
       comp_ms = est and est.comp_ms, comm_ms = est and est.comm_ms, uncover_ms = est and est.uncover_ms,
       ship_ms = est and est.ship_ms } -- (shipping's one-off cost to empty caches: recipes/policies/cost/loip.lua)
+    if sizes.kv_kinds then -- (sliding-window layers: each device's KV by layer kind)
+      out.kv_kinds = sizes.kv_kinds
+      for i in ipairs(p.devices) do
+        local full, win = plan.kv_layer_kinds(p, i, sizes)
+        devs[i] = devs[i] or {}
+        devs[i].kv_full_layers, devs[i].kv_window_layers = full, win
+        devs[i].kv_bytes = plan.memory(p, i, sizes, mopts).kv
+      end
+    end
     for k, v in pairs(extra or {}) do out[k] = v end
     io.stdout:write(require("loip.text.json").encode(out), "\n")
     return
@@ -209,7 +218,7 @@ function M.problem_of(cmd, o)
   local is_store = o.model and require("loip.model").locate(o.model) == "store"
   if o.like then
     local over = { layers = o.layers, dim = o.dim, ffn = o.ffn, heads = o.heads, kv_heads = o.kv_heads, head_dim = o.head_dim, vocab = o.vocab,
-      experts = o.experts, experts_per_token = o.experts_per_token }
+      experts = o.experts, experts_per_token = o.experts_per_token, sliding_window = o.sliding_window, layer_types = o.layer_types }
     sopts.context = context_of(require("loip.model.synth").config(setmetatable({ like = o.like, dtype = o.dtype:lower() }, { __index = over })))
     sizes, cfg, _, dtype = problem.model_of_shape(o.like, over, setmetatable({ dtype = o.dtype }, { __index = sopts }))
   elseif is_store then

@@ -87,7 +87,7 @@ end
 function M.device_state(o)
   local stages, kv_layers = {}, 0
   for s, st in ipairs(o.stages) do
-    local kl = plan.stage_kv_layers(st)
+    local kl = plan.stage_kv_layers(st, o.sizes)
     stages[s] = { first = st.blocks[1], last = st.blocks[2], offloaded = st.offloaded or 0, kv_layers = kl }
     kv_layers = kv_layers + kl
   end

@@ -22,7 +22,7 @@ function M.new(m)
   local T = m.batch
   local e = setmetatable({ model = m, session = s, max_seqs = exec.session_max_seqs(s), context = m.context,
     kv_tokens = m.kv_tokens, plan_positions = m.plan_sizes and m.plan_sizes.plan_positions or m.kv_tokens,
-    kv_block = exec.session_kv_block_tokens(s), step_tokens = T, cache_identity = prefix_cache.identity(m.path),
+    kv_block = exec.session_kv_block_tokens(s), kv_windows = exec.session_kv_window_layers(s) > 0, step_tokens = T, cache_identity = prefix_cache.identity(m.path),
     logits_tokens = T, vocab = m.vocab_size,
     ids = ffi.new("int32_t[?]", T), bt = ffi.new("loip_batch_token[?]", T), toks = ffi.new("loip_step_token[?]", T),
     rows = ffi.new("int32_t[?]", T), outs = ffi.new("loip_step_output[?]", T), out_rows = ffi.new("int32_t[?]", T),

@@ -123,7 +123,7 @@ function Sim:restaged()
     x.kv_layers = 0
     for s, st in ipairs(d.stages) do
       local y = { first = st.blocks[1], last = st.blocks[2], off = st.offloaded or 0, bytes = 0,
-        kv_layers = plan.stage_kv_layers(st) }
+        kv_layers = plan.stage_kv_layers(st, sizes) }
       for b = y.first, y.first + y.off - 1 do y.bytes = y.bytes + sizes.block_bytes[b] end
       -- (a mixture of experts: the offloaded MLP blocks' layers, whose routed experts it reads)
       y.moe_layers = {}
@@ -136,6 +136,8 @@ function Sim:restaged()
     -- memory outside the KV cache (the plan's charge less its KV), and a group's bytes
     local m = plan.memory(self.plan, i, sizes, space.memory_opts(self.problem))
     x.nonkv, x.slot_bytes = m.total - m.kv + (self.draft and self.draft:bytes_on(i) or 0), m.slot_bytes
+    -- (sliding-window layers' rings: KV that does not grow, held from the start)
+    for _, st in ipairs(d.stages) do x.nonkv = x.nonkv + plan.stage_ring_bytes(st, sizes) end
     x.group_bytes = x.kv_layers * self.chunk_bytes
     if sizes.moe and (x.part.off_moe or 0) > 0 then
       -- (a cache of the same size keeps what it holds through a restage, as the runtime's does)

@@ -76,6 +76,50 @@ function M.experts_of(cfg, path, spec, c, field)
   end
 end
 
+-- The layers' attention windows (Hugging Face's names) into c: sliding_window (positions; null
+-- or absent, or use_sliding_window false: none) and layer_types ("sliding_attention" or
+-- "full_attention" per layer); without layer_types every layer is windowed, or (Qwen2's
+-- max_window_layers) those from max_window_layers on, or (Gemma 3's sliding_window_pattern p)
+-- all but every p-th, as transformers' configs default them.
+-- Returns the window (nil: none, or no layer windowed).
+function M.windows_of(cfg, path, c)
+  if cfg.use_sliding_window == false then return nil end
+  local w = field(cfg, path, "sliding_window", "int", false)
+  if not w or w == 0 then return nil end
+  if w < 0 then error(string.format("%s: field 'sliding_window' must be positive, got %d", path, w), 0) end
+  local n, types = c.n_layers, cfg.layer_types
+  if n > K.MAX_LAYERS then
+    error(string.format("%s: %d layers with a sliding window (at most %d)", path, n, K.MAX_LAYERS), 0)
+  end
+  if types ~= nil and types ~= json.null then
+    if type(types) ~= "table" or #types ~= n then
+      error(string.format("%s: field 'layer_types' must list one type per layer (%d), got %s", path, n,
+        type(types) == "table" and #types .. " entries" or tostring(types)), 0)
+    end
+  end
+  local from = field(cfg, path, "max_window_layers", "int", 0)
+  local every = field(cfg, path, "sliding_window_pattern", "int", 0)
+  if every < 0 then error(string.format("%s: field 'sliding_window_pattern' must be positive, got %d", path, every), 0) end
+  c.sliding_window = w
+  local any = false
+  for l = 0, n - 1 do
+    local t = types and types ~= json.null and types[l + 1]
+    if t and t ~= "sliding_attention" and t ~= "full_attention" then
+      error(string.format("%s: field 'layer_types' entry %d is '%s' (sliding_attention or full_attention)", path,
+        l + 1, tostring(t)), 0)
+    end
+    local windowed = t == "sliding_attention"
+    if not t then
+      if every > 0 then windowed = (l + 1) % every ~= 0
+      else windowed = cfg.max_window_layers == nil or l >= from end
+    end
+    c.layer_window[l] = windowed and 1 or 0
+    any = any or windowed
+  end
+  if not any then c.sliding_window = 0 end -- (every layer full: no window)
+  return any and w or nil
+end
+
 -- YaRN's fields of rope_scaling table rs into c, as transformers' _compute_yarn_parameters reads
 -- them: beta_fast 32 and beta_slow 1 by default, the attention factor given or 0.1 ln(factor) + 1,
 -- the correction range truncated to whole pairs unless truncate is false (gpt-oss). DeepSeek's
@@ -178,7 +222,7 @@ function M.parse_config(cfg, path)
   local facts = {
     architecture = arch, format = "hf", config = cfg,
     bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id,
-    sliding_window = (cfg.use_sliding_window ~= false and type(cfg.sliding_window) == "number") and cfg.sliding_window or nil,
+    sliding_window = M.windows_of(cfg, path, c),
   }
   return c, facts
 end

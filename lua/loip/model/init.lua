@@ -77,10 +77,6 @@ end
 -- level 3: M.open's caller).
 local function size_requests(self, cfg, facts, opts, path)
   local ctx = opts.context or M.default_context(cfg.max_seq)
-  if facts.sliding_window and ctx > facts.sliding_window then
-    error(string.format("%s: context %d exceeds the model's sliding window of %d tokens, which loip does not implement; use a context <= %d",
-      path, ctx, facts.sliding_window, facts.sliding_window), 0)
-  end
   self.context = ctx
   self.batch = math.min(opts.batch or M.DEFAULT_BATCH, ctx)
   self.max_seqs = opts.max_batch or 1

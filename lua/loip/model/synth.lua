@@ -40,6 +40,31 @@ end
 -- The config table for the flags (shape name plus overrides). For a mixture of experts'
 -- shape, experts and experts_per_token set its expert count and top-k, and ffn an expert's size
 -- (a shared expert keeps its ratio to it).
+-- --sliding-window and --layer-types into cfg as Hugging Face writes them: sliding_window and
+-- layer_types, one per layer (the pattern of s and f repeated; no pattern: every layer windowed,
+-- or a shape's own windowed layers, Gemma 3's sliding_window_pattern or gpt-oss's layer_types,
+-- with the new window).
+local function windows(cfg, o)
+  if o.layer_types ~= nil and o.sliding_window == nil then error("synth: --layer-types needs --sliding-window", 0) end
+  if o.sliding_window == nil then return end
+  if o.sliding_window <= 0 then error("synth: --sliding-window must be positive", 0) end
+  if o.layer_types == nil and (cfg.sliding_window_pattern or type(cfg.layer_types) == "table") then
+    cfg.sliding_window = o.sliding_window
+    return
+  end
+  cfg.sliding_window_pattern = nil
+  local pat = o.layer_types or "s"
+  if type(pat) ~= "string" or not pat:match("^[sf]+$") then
+    error(string.format("synth: --layer-types '%s' is not a pattern of s (sliding) and f (full), e.g. sssssf", tostring(pat)), 0)
+  end
+  cfg.sliding_window, cfg.use_sliding_window, cfg.max_window_layers = o.sliding_window, true, nil
+  cfg.layer_types = {}
+  for l = 1, cfg.num_hidden_layers do
+    local ch = pat:sub((l - 1) % #pat + 1, (l - 1) % #pat + 1)
+    cfg.layer_types[l] = ch == "s" and "sliding_attention" or "full_attention"
+  end
+end
+
 function M.config(o)
   local cfg, err = shapes.get(o.like)
   if not cfg then error(err, 0) end
@@ -71,6 +96,7 @@ function M.config(o)
     for i = 1, cfg.num_hidden_layers do t[i] = cfg.layer_types[(i - 1) % #cfg.layer_types + 1] end
     cfg.layer_types = t
   end
+  windows(cfg, o)
   if cfg.vocab_size < 259 then error("synth: the vocabulary needs at least 259 tokens (specials and bytes)", 0) end
   cfg.bos_token_id, cfg.eos_token_id = 1, 2
   cfg.torch_dtype = ({ bf16 = "bfloat16", f16 = "float16", f32 = "float32" })[o.dtype]

@@ -83,6 +83,7 @@ end
 local sizes_mod = require "loip.plan.sizes"
 M.sizes, M.experts_per_layer, M.min_expert_slots, M.expert_reads = sizes_mod.sizes, sizes_mod.experts_per_layer,
   sizes_mod.min_expert_slots, sizes_mod.expert_reads
+M.attended = sizes_mod.attended
 
 -- The hops of p in ring order: { device, stage, blocks = {a, b}, offloaded, hop (0-based) }.
 function M.hops(p)
@@ -238,9 +239,32 @@ end
 --   blocks of the stage before compute), loads (reads started per step), layers (KV cache),
 --   embed (computes the embedding), head (computes the head), first, last (holds the
 --   embedding / head files), per_block, prefetch }.
--- The layers whose attention is in a stage (blocks {first, last}): they keep their KV cache with it.
-function M.stage_kv_layers(st)
-  return math.floor(st.blocks[2] / 2) - math.ceil(st.blocks[1] / 2) + 1
+-- The layers whose attention is in a stage (blocks {first, last}): they keep their KV cache with it
+-- (given sizes with ringed sliding-window layers: those whose KV grows, in groups, alone).
+function M.stage_kv_layers(st, sizes)
+  local a, b = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2)
+  if not (sizes and sizes.ringed) then return b - a + 1 end
+  local n = 0
+  for l = a, b do if not sizes.ringed[l] then n = n + 1 end end
+  return n
+end
+
+-- The KV of a set of layers (0-based) where the model has ringed sliding-window layers (nil
+-- otherwise: sizes.kv_bytes by count is exact): the tables, and each layer's by its kind.
+function M.kv_of_layers(sizes, set)
+  local k = sizes.kv_kinds
+  if not (k and sizes.ringed) then return nil end
+  local kv = sizes.kv_bytes[0]
+  for l in pairs(set) do kv = kv + (sizes.ringed[l] and k.window_bytes or k.full_bytes or 0) end
+  return kv
+end
+
+-- The bytes of the rings of a stage's ringed sliding-window layers (0: none): KV that never grows.
+function M.stage_ring_bytes(st, sizes)
+  if not (sizes and sizes.ringed) then return 0 end
+  local n = 0
+  for l = math.ceil(st.blocks[1] / 2), math.floor(st.blocks[2] / 2) do if sizes.ringed[l] then n = n + 1 end end
+  return n * sizes.kv_kinds.window_bytes
 end
 
 function M.device_part(p, i, sizes)
@@ -267,8 +291,9 @@ function M.device_part(p, i, sizes)
     part.off_bytes = part.off_bytes + off
     part.stage_off_max = math.max(part.stage_off_max, off)
   end
-  local _, layers = M.device_layers(p, i)
+  local set, layers = M.device_layers(p, i)
   part.layers = layers
+  part.kv = M.kv_of_layers(sizes, set)
   local need = p.per_block and biggest or part.stage_off_max
   local given = d.slot_bytes or (N == 1 and p.slot_bytes) or nil
   part.slot_bytes = need > 0 and math.max(need, given or 0) or 0
@@ -302,7 +327,7 @@ function M.part_memory(part, sizes, opts)
   local ew, eb = ends_mod.memory(sizes, part.ends or opts.ends, part.first, part.last)
   local weights = part.res_bytes + ew
   local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes) + eb,
-    experts = M.expert_cache_bytes(part, sizes), kv = sizes.kv_bytes[part.layers],
+    experts = M.expert_cache_bytes(part, sizes), kv = part.kv or sizes.kv_bytes[part.layers],
     activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
     scratch = (part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0) + M.expert_scratch(part, sizes, opts),
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
@@ -314,13 +339,14 @@ end
 function M.part_total(part, sizes, opts)
   if part.ends then opts = setmetatable({ ends = part.ends }, { __index = opts }) end
   return M.total_of(sizes, opts, part.first, part.last, part.res_bytes + M.expert_scratch(part, sizes, opts),
-    part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers)
+    part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers, part.kv)
 end
 
 -- The same from its figures: whether the device holds the first / last end, its resident
--- bytes, the bytes of its slots, its layers with a KV cache.
-function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers)
-  local kv = sizes.kv_bytes[layers]
+-- bytes, the bytes of its slots, its layers with a KV cache (kv: their KV's bytes where known:
+-- M.kv_of_layers; else the most any as many layers keep).
+function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers, kv)
+  kv = kv or sizes.kv_bytes[layers]
   if not kv then return math.huge end -- more layers than the model has: no such part
   local ew, eb = ends_mod.memory(sizes, opts.ends, first, last)
   local w = res_bytes + slot_bytes + kv + sizes.activation_bytes + ew + eb
@@ -348,6 +374,25 @@ function M.over_budget(p, sizes, budgets, opts, where)
   end
 end
 
+-- Device i's KV by layer kind (a model with sliding-window layers, sizes.kv_kinds): how many
+-- full layers (KV growing with the context) and window layers (a ring each, that stops growing)
+-- it keeps (kv_layer_kinds), and a line saying so (kv_kinds_line).
+function M.kv_layer_kinds(p, i, sizes)
+  local full, win = 0, 0
+  for l in pairs((M.device_layers(p, i))) do
+    if sizes.ringed[l] then win = win + 1 else full = full + 1 end
+  end
+  return full, win
+end
+
+function M.kv_kinds_line(p, i, sizes)
+  local k = sizes.kv_kinds
+  local full, win = M.kv_layer_kinds(p, i, sizes)
+  return string.format("    kv by layer kind: %d full x %s (%d positions) + %d window x %s (a ring of %d positions "
+    .. "for a window of %d)", full, fmt(k.full_bytes or 0), sizes.plan_positions, win, fmt(k.window_bytes or 0),
+    k.ring_tokens, k.window)
+end
+
 -- A readable description: per device its memory by account and what it reads, per stage its
 -- blocks and which are offloaded; est (a cost model's estimate) adds the predicted figures.
 function M.describe(p, sizes, opts, est)
@@ -365,6 +410,7 @@ function M.describe(p, sizes, opts, est)
       i, fmt(m.weights), fmt(m.slots), fmt(m.kv), fmt(m.activations), m.scratch > 0 and (" + scratch " .. fmt(m.scratch)) or "",
       fmt(m.total), fmt(m.offloaded_bytes),
       e and string.format("; compute %.1f ms, load %.1f ms, uncovered %.1f ms per token", e.comp_ms, e.load_ms, e.uncover_ms) or "")
+    if sizes.kv_kinds then lines[#lines + 1] = M.kv_kinds_line(p, i, sizes) end
     for s, st in ipairs(d.stages) do
       local a, b, off = st.blocks[1], st.blocks[2], st.offloaded or 0
       lines[#lines + 1] = string.format("    stage %d: %s%s", s, M.range_name(a, b),

@@ -97,7 +97,7 @@ function M.new(o)
     if type(pr) ~= "table" or not pr.compute then error(string.format("problem: device %d has no profile", i), 0) end
     local sh = o.shape
     local d = { name = "device " .. i, budget = each(o.budgets, i) or 0, slowdown = each(o.slowdown, i) or 1,
-      compute = { mha_ms = profile.block_ms(pr, "mha", mb, pos, sh), mlp_ms = profile.block_ms(pr, "mlp", mb, pos, sh),
+      compute = { mha_ms = profile.block_ms(pr, "mha", mb, plan.attended(o.model, pos), sh), mlp_ms = profile.block_ms(pr, "mlp", mb, pos, sh),
         head_ms = profile.block_ms(pr, "head", mb, pos, sh), embed_ms = 0, stage_ms = pr.compute.stage_ms or 0,
         under_load = pr.compute.under_load or 1 },
       load_ms = pr.disk and pr.disk.load_ms or 0, profile_host = pr.device and pr.device.host, profile = pr,

@@ -62,11 +62,48 @@ local function moe_sizes(s, man, cfg)
   return { experts = cfg.n_experts, used = cfg.n_experts_used, expert_bytes = s.expert_file_bytes, gating_bytes = gating }
 end
 
+-- Per-layer KV (sliding-window layers): s.ringed[l] (0-based) marks the layers whose KV is a ring
+-- of s.kv_kinds.ring_tokens positions per request; s.kv_kinds = { full_layers, window_layers,
+-- full_bytes, window_bytes (one layer's KV of each kind: the plan's positions, the ring) }; and
+-- kv_bytes[k] the most any k consecutive layers keep (a part's layers are consecutive): a full
+-- layer grows with the context, a window layer stops at its ring.
+local function window_kv(s, cfg, opts, max_seqs)
+  local ctx, batch = opts.context, math.min(opts.batch, opts.context)
+  local none, ring = exec.kv_size(cfg, ctx, batch, {}, s.plan_positions, max_seqs)
+  if ring == 0 then return end
+  local k = { full_layers = 0, window_layers = 0, ring_tokens = ring, window = cfg.sliding_window }
+  s.ringed = {}
+  for l = 0, cfg.n_layers - 1 do
+    local one = exec.kv_size(cfg, ctx, batch, { [l] = true }, s.plan_positions, max_seqs) - none
+    if cfg.sliding_window > 0 and cfg.layer_window[l] ~= 0 then
+      s.ringed[l], k.window_layers, k.window_bytes = true, k.window_layers + 1, one
+    else
+      k.full_layers, k.full_bytes = k.full_layers + 1, one
+    end
+  end
+  s.kv_kinds = k
+  -- full layers' attention blocks before each block (the DP counts a part's layers by kind)
+  s.kv_full_before = { [0] = 0 }
+  for b = 0, 2 * cfg.n_layers - 1 do
+    s.kv_full_before[b + 1] = s.kv_full_before[b] + ((b % 2 == 0 and not s.ringed[b / 2]) and 1 or 0)
+  end
+  for n = 1, cfg.n_layers do
+    local most = 0
+    for a = 0, cfg.n_layers - n do
+      local set = {}
+      for l = a, a + n - 1 do set[l] = true end
+      most = math.max(most, exec.kv_size(cfg, ctx, batch, set, s.plan_positions, max_seqs))
+    end
+    s.kv_bytes[n] = most
+  end
+end
+
 -- Sizes a plan needs, from a store's manifest (or the same table made from a shape) and the
 -- run's settings: { n_layers, n_blocks, block_bytes[b] (b from 0), files[b], mha_bytes,
 -- mlp_bytes, global_bytes, embed_file_bytes, head_file_bytes, tied, head_bytes (the tensor the
 -- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
--- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers),
+-- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers;
+-- with sliding-window layers the most of any k consecutive ones, and ringed, kv_kinds: window_kv),
 -- activation_bytes (a session's), device_bytes (a cluster device's buffers),
 -- context, batch, logits_tokens, max_seqs, kv_tokens }.
 -- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
@@ -120,10 +157,19 @@ function M.sizes(man, cfg, opts)
   for k = 0, cfg.n_layers do
     s.kv_bytes[k] = assert(exec.session_size(cfg, opts.context, opts.batch, opts.threads or 1, k, s.plan_positions, max_seqs))
   end
+  window_kv(s, cfg, opts, max_seqs)
   s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.res_bytes[b] end
   return s
+end
+
+-- The positions an attention block attends to on average at position pos: a window layer's stop
+-- at its window (sizes.kv_kinds), a full layer's are pos.
+function M.attended(sizes, pos)
+  local k = sizes.kv_kinds
+  if not k then return pos end
+  return (k.full_layers * pos + k.window_layers * math.min(pos, k.window)) / (k.full_layers + k.window_layers)
 end
 
 -- (mixture of experts) The experts a step of `rows` tokens routes one layer to, on average,

@@ -132,6 +132,22 @@ local function holds(sz, shape, L, X, n, x, o)
   return n_mha, (cA + cB) * n + lastlen - n_mha, off_mha, (cA + cB) * offF + offZ - off_mha, most, reading
 end
 
+-- (sliding windows: sz.ringed) The KV of device i's layers for the choice (n, x) after L template
+-- blocks and X extras: its stages' full and window layers counted from sz.kv_full_before (full
+-- layers' attention blocks before each block), as M.build lays the stages out. nil otherwise.
+local function ringed_kv(sz, shape, L, X, n, x, n_mha)
+  local pre = sz.kv_full_before
+  if not pre then return nil end
+  local full, S, R, nb = 0, shape.S, shape.R, sz.n_blocks
+  for s = 0, S - 1 do
+    local start = s * R + L + (s == S - 1 and X or 0)
+    local stop = math.min(nb, start + n + (s == S - 1 and x or 0))
+    if stop > start then full = full + pre[stop] - pre[start] end
+  end
+  local k = sz.kv_kinds
+  return sz.kv_bytes[0] + full * (k.full_bytes or 0) + (n_mha - full) * k.window_bytes
+end
+
 -- Device i's part (loip.plan.device_part's table, without building the plan) for the choice
 -- (n, x, o, k) after L template blocks and X extras of the devices before it in a round.
 function M.part(problem, shape, i, L, X, n, x, o, k)
@@ -141,7 +157,7 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
   return { S = shape.S, n_mha = n_mha, n_mlp = n_mlp, off_mha = off_mha, off_mlp = off_mlp,
     off_bytes = off_mha * mb + off_mlp * pb,
     res_bytes = (n_mha - off_mha) * mb + (n_mlp - off_mlp) * (sz.mlp_res_bytes or pb) + (sz.moe and off_mlp * sz.moe.gating_bytes or 0),
-    stage_off_max = most, loads = loads, layers = n_mha, slot_bytes = k * most, slots = most > 0 and 1 or 0,
+    stage_off_max = most, loads = loads, layers = n_mha, kv = ringed_kv(sz, shape, L, X, n, x, n_mha), slot_bytes = k * most, slots = most > 0 and 1 or 0,
     ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
     prefetch = true, ends = problem.ends, off_moe = sz.moe and off_mlp or nil,
     expert_slots = sz.moe and off_mlp > 0 and plan.min_expert_slots(sz) or nil }
@@ -174,6 +190,7 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
   local n_mha, n_mlp, off_mha, off_mlp, most = holds(sz, shape, L, X, n, x, o)
   local kv = sz.kv_bytes[n_mha]
   if not kv then return math.huge end -- more layers than the model has: no such part
+  kv = ringed_kv(sz, shape, L, X, n, x, n_mha) or kv
   local res = (n_mha - off_mha) * sz.mha_bytes + (n_mlp - off_mlp) * (sz.mlp_res_bytes or sz.mlp_bytes)
   local base, bounce = fixed(problem, i)
   local slot = k * most
@@ -181,7 +198,7 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
     slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes
     res = res + off_mlp * sz.moe.gating_bytes + plan.loader_scratch(sz.moe.expert_bytes, problem.loader)
   end
-  if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha) end
+  if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha, kv) end
   return res + slot + kv + base
 end
 

@@ -125,6 +125,20 @@ function M.session_size(cfg, max_ctx, max_batch, threads, kv_layers, kv_tokens, 
   return tonumber(kv[0]), tonumber(scratch[0])
 end
 
+-- The KV cache a session keeping the layers of mask (a Lua set of 0-based layers, or nil: all)
+-- would charge (loip_session_kv_size), and the positions each windowed layer's ring holds (0: none).
+function M.kv_size(cfg, max_ctx, max_batch, mask, kv_tokens, max_seqs)
+  local m = nil
+  if mask then
+    m = ffi.new("uint8_t[?]", math.max(1, cfg.n_layers))
+    for l in pairs(mask) do m[l] = 1 end
+  end
+  return tonumber(C.loip_session_kv_size(cfg, max_ctx, max_batch, m, kv_tokens, max_seqs)),
+    tonumber(C.loip_session_kv_ring_tokens(cfg, max_ctx, max_batch))
+end
+function M.session_kv_window_bytes(s) return tonumber(C.loip_session_kv_window_bytes(s)) end
+function M.session_kv_window_layers(s) return tonumber(C.loip_session_kv_window_layers(s)) end
+
 -- ---- runners and devices
 -- A runner of n stages (descs: loip_stage_desc[n]) over session s of model m; loader a
 -- loip_loader * or nil; event_capacity events kept for runner_events. keep (optional): what the

@@ -238,6 +238,10 @@ function M.shape_flags(lead)
   end
   rows[#rows + 1] = { "experts", "int", lead .. "a mixture of experts' shape: override its expert count" }
   rows[#rows + 1] = { "experts-per-token", "int", lead .. "a mixture of experts' shape: override num_experts_per_tok" }
+  rows[#rows + 1] = { "sliding-window", "int", lead .. "attention windows of N positions (config.json sliding_window): "
+    .. "every layer's, or those --layer-types names", metavar = "N" }
+  rows[#rows + 1] = { "layer-types", "string", lead .. "with --sliding-window: which layers are windowed, a pattern of s "
+    .. "(sliding_attention) and f (full_attention) repeated over the layers, e.g. sssssf", metavar = "PATTERN" }
   return rows
 end
 

@@ -4,7 +4,8 @@
 --   - sliding-window layers, five to one global (layer_types, or sliding_window_pattern: layer l
 --     is global when (l + 1) % pattern == 0), the windowed ones rotating with their own base
 --     (rope_local_base_freq, unscaled), the global ones with rope_theta and rope_scaling (linear
---     for 4b and 27b): cfg.sliding_window and cfg.layer_types, C's layer_window and
+--     for 4b and 27b): cfg.sliding_window and cfg.layer_types or sliding_window_pattern, read
+--     into C's layer_window by hf.windows_of (KV kept per layer: runtime/exec/kv_window.c), and
 --     rope_local_theta;
 --   - q/k RMSNorm; RMSNorms before and after attention and the MLP (input_layernorm,
 --     post_attention_layernorm: C's post_norms; pre_feedforward_layernorm is the ffn_norm,
@@ -73,51 +74,17 @@ local function prepare(cfg, path)
   return t
 end
 
--- Each layer's kind, from layer_types or sliding_window_pattern (validated, naming the field).
-local function layer_types_of(cfg, path, field, n)
-  local types = cfg.layer_types
-  if not is_null(types) then
-    if type(types) ~= "table" or #types ~= n then
-      error(string.format("%s: field 'layer_types' must list %d layers (num_hidden_layers)", path, n), 0)
-    end
-    for i, v in ipairs(types) do
-      if v ~= "sliding_attention" and v ~= "full_attention" then
-        error(string.format("%s: field 'layer_types' entry %d is '%s' (sliding_attention or full_attention)", path, i, tostring(v)), 0)
-      end
-    end
-    return types
-  end
-  local pattern = field(cfg, path, "sliding_window_pattern", "int", 6)
-  if pattern < 1 then error(string.format("%s: field 'sliding_window_pattern' is %d: must be positive", path, pattern), 0) end
-  local out = {}
-  for l = 0, n - 1 do out[l + 1] = (l + 1) % pattern == 0 and "full_attention" or "sliding_attention" end
-  return out
-end
-
--- The switches into c (the loip_model_config); cfg.sliding_window and cfg.layer_types filled.
+-- The switches into c (the loip_model_config). The windows (layer_types, or
+-- sliding_window_pattern, and sliding_window: prepare fills the defaults) are read by
+-- hf.windows_of, as every family's are.
 local function config(cfg, path, field, c)
   for _, name in ipairs({ "attn_logit_softcapping" }) do
     if not is_null(cfg[name]) then
       error(string.format("%s: field '%s' is %s: attention logit softcapping is not supported", path, name, tostring(cfg[name])), 0)
     end
   end
-  if c.n_layers > K.MAX_LAYERS then
-    error(string.format("%s: field 'num_hidden_layers' is %d: at most %d layers", path, c.n_layers, K.MAX_LAYERS), 0)
-  end
-  local types = layer_types_of(cfg, path, field, c.n_layers)
-  cfg.layer_types = types
-  local windowed = false
-  for l = 0, c.n_layers - 1 do
-    c.layer_window[l] = types[l + 1] == "sliding_attention" and 1 or 0
-    windowed = windowed or types[l + 1] == "sliding_attention"
-  end
-  if windowed then
-    local window = field(cfg, path, "sliding_window", "int")
-    if window < 1 then error(string.format("%s: field 'sliding_window' is %d: must be positive", path, window), 0) end
-    c.sliding_window = window
-  else
-    cfg.sliding_window = nil -- (every layer global: no window)
-  end
+  local pattern = field(cfg, path, "sliding_window_pattern", "int", 6)
+  if pattern < 1 then error(string.format("%s: field 'sliding_window_pattern' is %d: must be positive", path, pattern), 0) end
   c.rope_local_theta = field(cfg, path, "rope_local_base_freq", "number")
   if not (c.rope_local_theta > 0) then error(path .. ": field 'rope_local_base_freq' must be positive", 0) end
   local scalar = field(cfg, path, "query_pre_attn_scalar", "number")

@@ -1,7 +1,7 @@
 -- Phi-3 and Phi-4 (Phi3ForCausalLM; GGUF phi3): Llama's layer with q, k and v in one tensor
 -- fused by rows (qkv_proj, GGUF attn_qkv) and the MLP's gate and up in another (gate_up_proj,
 -- GGUF ffn_up: gate rows first), RoPE in rotate-half order. Phi-3-mini-4k attends within a
--- sliding window of 2047 tokens (a longer context is refused); Phi-4 has none. Not run: the
+-- sliding window of 2047 tokens (every layer's: loip.model.hf.windows_of); Phi-4 has none. Not run: the
 -- 128k models' longrope scaling (refused by rope_scaling), Phi-4-mini's partial rotary factor.
 local core = require "loip.core"
 local K = core.constants
