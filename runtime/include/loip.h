@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 36, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 37, /* bump on any change of this header's declarations */
 };
 
 enum {

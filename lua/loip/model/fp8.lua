@@ -108,7 +108,7 @@ function M.pack(set, f, name, cfg)
 end
 
 -- Bytes of a packed [R, C] F8 matrix (loip_dtype_bytes).
-function M.bytes(R, C) return tonumber(core.C.loip_dtype_bytes(K.F8_E4M3, R, C)) end
+function M.bytes(R, C) return exec.dtype_bytes(K.F8_E4M3, R, C) end
 
 -- What M.pack checks before packing: (tensor, its scale tensor, the scale's file, its name), or
 -- nil, nil, nil, nil and the message naming the tensor and the field. The scales' shape against
@@ -172,10 +172,10 @@ function M.row_view(v, rows)
     return nil, string.format("a part fused by rows starts at row %d, not on a 128-row block of its F8 scales", first)
   end
   local out = ffi.new("loip_tensor")
-  out.data = ffi.cast("const uint8_t *", v.data) + tonumber(core.C.loip_dtype_bytes(K.F8_E4M3, first, C))
+  out.data = ffi.cast("const uint8_t *", v.data) + exec.dtype_bytes(K.F8_E4M3, first, C)
   out.dtype, out.ndim = v.dtype, 2
   out.shape[0], out.shape[1] = count, C
-  return out, tonumber(core.C.loip_dtype_bytes(K.F8_E4M3, count, C))
+  return out, exec.dtype_bytes(K.F8_E4M3, count, C)
 end
 
 return M

@@ -248,6 +248,10 @@ function M.mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb, context
   return core.ok(C.loip_mxfp4_from_openai(dst, blocks, scales, first, step, rows, nb), context)
 end
 
+-- Bytes of a rows x cols tensor of a loip dtype (K.F32 .. K.F8_E4M3) as the runtime lays it out:
+-- loip_dtype_bytes (MXFP4 in blocks of 32 values, F8 with its float32 block scales).
+function M.dtype_bytes(dtype, rows, cols) return tonumber(C.loip_dtype_bytes(dtype, rows, cols)) end
+
 -- dst = the LOIP_F8_E4M3 layout of a Hugging Face FP8 weight (E4M3 bytes w, float32 scale_inv
 -- [scale_rows, scale_cols]): loip_f8_pack; its message names the tensor (name) and its scales.
 function M.f8_pack(dst, w, scale_inv, rows, cols, scale_rows, scale_cols, name)
