@@ -51,17 +51,6 @@ local function earliest(s, list)
   return at, which
 end
 
--- the length of the longest tail of s that begins one of list (and is not all of it)
-local function held(s, list)
-  for k = math.min(#s, 16), 1, -1 do
-    local tail = s:sub(-k)
-    for _, m in ipairs(list) do
-      if #m > k and m:sub(1, k) == tail then return k end
-    end
-  end
-  return 0
-end
-
 local Stream = {}
 Stream.__index = Stream
 
@@ -142,7 +131,7 @@ function Stream:in_body()
     self:close_message()
     return true
   end
-  local keep = held(buf, ENDS)
+  local keep = tc.tail_len(buf, ENDS)
   self:deliver(buf:sub(1, #buf - keep))
   self.buf = buf:sub(#buf - keep + 1)
   return false

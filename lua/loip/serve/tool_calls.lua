@@ -231,7 +231,8 @@ function Stream:earliest()
   return at, which
 end
 
--- the longest tail of s that a string of list begins with (and is not all of it)
+-- the longest tail of s that a string of list begins with (and is not all of it): what a stream
+-- holds back, since it may be the start of a marker (harmony's parser uses it too)
 local function tail_len(s, opens)
   for k = math.min(#s, 64), 1, -1 do
     local tail = s:sub(-k)
@@ -442,4 +443,5 @@ function M.gbnf_calls(req, syntax)
   return table.concat({ root, "call ::= " .. table.concat(alts, " | "), table.concat(rules, "\n") }, "\n") .. "\n"
 end
 
+M.tail_len = tail_len
 return M
