@@ -141,14 +141,14 @@ __attribute__((target("avx512f"))) static double read_avx512(const uint8_t *p, s
                 const uint8_t *q = p + (size_t)k * per + off;
                 _mm_prefetch((const char *)q + 1024, _MM_HINT_T0);
                 _mm_prefetch((const char *)q + 1088, _MM_HINT_T0);
-                a[k] = _mm512_add_epi64(a[k], _mm512_load_si512((const void *)q));
-                a[k] = _mm512_add_epi64(a[k], _mm512_load_si512((const void *)(q + 64)));
+                a[k] = _mm512_xor_si512(a[k], _mm512_load_si512((const void *)q));
+                a[k] = _mm512_xor_si512(a[k], _mm512_load_si512((const void *)(q + 64)));
             }
         for (size_t i = 8 * per; i + 64 <= n; i += 64) /* the remainder */
-            a[0] = _mm512_add_epi64(a[0], _mm512_load_si512((const void *)(p + i)));
+            a[0] = _mm512_xor_si512(a[0], _mm512_load_si512((const void *)(p + i)));
     }
-    for (int k = 1; k < 8; k++) a[0] = _mm512_add_epi64(a[0], a[k]);
-    return (double)_mm512_reduce_add_epi64(a[0]);
+    for (int k = 1; k < 8; k++) a[0] = _mm512_xor_si512(a[0], a[k]); /* (xor: no overflow) */
+    return (double)_mm512_reduce_or_epi64(a[0]);
 }
 __attribute__((target("avx2"))) static double read_avx2(const uint8_t *p, size_t n, int reps) {
     __m256i a[8];
