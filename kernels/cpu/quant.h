@@ -69,8 +69,15 @@ static inline const uint8_t *loip_f8_row(const void *W, size_t r, size_t cols) {
     return (const uint8_t *)W + r / LOIP_F8_BLOCK * loip_f8_group_bytes(cols) +
            4 * loip_f8_scales_per_row(cols) + r % LOIP_F8_BLOCK * cols;
 }
-static inline const float *loip_f8_scales(const void *W, size_t r, size_t cols) {
-    return (const float *)((const uint8_t *)W + r / LOIP_F8_BLOCK * loip_f8_group_bytes(cols));
+/* (bytes, not floats: a row range's scales need not be 4-byte aligned, since W is wherever the
+ * range starts in the loaded layer; read scale k with loip_f8_scale) */
+static inline const uint8_t *loip_f8_scales(const void *W, size_t r, size_t cols) {
+    return (const uint8_t *)W + r / LOIP_F8_BLOCK * loip_f8_group_bytes(cols);
+}
+static inline float loip_f8_scale(const uint8_t *scales, size_t k) {
+    float s;
+    memcpy(&s, scales + 4 * k, sizeof s);
+    return s;
 }
 
 /* The variants' kernels (signatures of kernels.h's loip_matvec_fn / loip_matmul_fn). */

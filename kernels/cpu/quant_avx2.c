@@ -199,7 +199,7 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     __m256 acc[RMAX][MM_TOKENS];
     const uint8_t *row[RMAX];
-    const float *sc[RMAX];
+    const uint8_t *sc[RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         row[i] = loip_f8_row(W, r + i, cols);
@@ -213,7 +213,7 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         int nan = 0;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
             nan |= f8_has_nan(row[i] + c0, c1 - c0);
         }
         if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);

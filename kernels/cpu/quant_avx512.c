@@ -182,7 +182,7 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     __m512 acc[RMAX][MM_TOKENS];
     const uint8_t *row[RMAX];
-    const float *sc[RMAX];
+    const uint8_t *sc[RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
         row[i] = loip_f8_row(W, r + i, cols);
@@ -196,7 +196,7 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         __m512i m = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            s[i] = sc[i][c0 / LOIP_F8_BLOCK];
+            s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
             m = f8_nan_max(m, row[i] + c0, c1 - c0);
         }
         int nan = _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8((char)0xFF)) != 0;

@@ -119,11 +119,11 @@ void loip_ref_matmul_mxfp4(float *Y, size_t ldy, const void *W, const float *X, 
 
 /* One F8 row . x with its group's scales s (scale k for columns [128k, 128k + 128)), a block
  * at a time: decoded into w, then multiply-added as a plain (vectorisable) loop. */
-static float dot_row_f8(const uint8_t *q, const float *s, const float *x, size_t cols) {
+static float dot_row_f8(const uint8_t *q, const uint8_t *s, const float *x, size_t cols) {
     float acc[LANES] = {0}, w[LOIP_F8_BLOCK];
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t n = cols - c0 < LOIP_F8_BLOCK ? cols - c0 : LOIP_F8_BLOCK;
-        float sk = s[c0 / LOIP_F8_BLOCK];
+        float sk = loip_f8_scale(s, c0 / LOIP_F8_BLOCK);
         for (size_t c = 0; c < n; c++) w[c] = loip_e4m3_to_f32(q[c0 + c]) * sk;
         size_t c = 0; /* (c0 is a multiple of LANES: lanes stay c % LANES) */
         for (; c + LANES <= n; c += LANES)

@@ -41,8 +41,13 @@ __device__ __forceinline__ size_t f8_group_bytes(size_t cols) { return 4 * ((col
 __device__ __forceinline__ const uint8_t *f8_row(const uint8_t *W, size_t r, size_t cols) {
     return W + r / 128 * f8_group_bytes(cols) + 4 * ((cols + 127) / 128) + r % 128 * cols;
 }
-__device__ __forceinline__ const float *f8_scales(const uint8_t *W, size_t r, size_t cols) {
-    return reinterpret_cast<const float *>(W + r / 128 * f8_group_bytes(cols));
+// (bytes: a row range's scales need not be 4-byte aligned; scale k is read a byte at a time)
+__device__ __forceinline__ const uint8_t *f8_scales(const uint8_t *W, size_t r, size_t cols) {
+    return W + r / 128 * f8_group_bytes(cols);
+}
+__device__ __forceinline__ float f8_scale(const uint8_t *sc, size_t k) {
+    const uint8_t *p = sc + 4 * k;
+    return __uint_as_float((unsigned)p[0] | (unsigned)p[1] << 8 | (unsigned)p[2] << 16 | (unsigned)p[3] << 24);
 }
 
 // The 32 weights of MXFP4 block p, dequantized, dotted with x[0..32) for each of T tokens
@@ -94,8 +99,8 @@ __global__ void mx_matmul(float *__restrict__ Y, const uint8_t *__restrict__ W, 
 }
 
 // Row r's columns [c, c + 4) (those < cols) dequantized into w (0 past the end).
-__device__ __forceinline__ void f8_four(const uint8_t *row, const float *sc, size_t c, size_t cols, float *w) {
-    for (int k = 0; k < 4; k++) w[k] = c + k < cols ? e4m3(row[c + k]) * sc[(c + k) / 128] : 0.0f;
+__device__ __forceinline__ void f8_four(const uint8_t *row, const uint8_t *sc, size_t c, size_t cols, float *w) {
+    for (int k = 0; k < 4; k++) w[k] = c + k < cols ? e4m3(row[c + k]) * f8_scale(sc, (c + k) / 128) : 0.0f;
 }
 
 __global__ void f8_matvec(float *__restrict__ y, const uint8_t *__restrict__ W, const float *__restrict__ x,
@@ -104,7 +109,7 @@ __global__ void f8_matvec(float *__restrict__ y, const uint8_t *__restrict__ W, 
     if (r >= rows) return;
     int lane = threadIdx.x % WARP;
     const uint8_t *row = f8_row(W, r, cols);
-    const float *sc = f8_scales(W, r, cols);
+    const uint8_t *sc = f8_scales(W, r, cols);
     float acc = 0.0f;
     for (size_t c = 4 * (size_t)lane; c < cols; c += 4 * WARP) {
         float w[4];
@@ -121,7 +126,7 @@ __global__ void f8_matmul(float *__restrict__ Y, const uint8_t *__restrict__ W, 
     if (r >= rows) return;
     int lane = threadIdx.x % WARP;
     const uint8_t *row = f8_row(W, r, cols);
-    const float *sc = f8_scales(W, r, cols);
+    const uint8_t *sc = f8_scales(W, r, cols);
     for (int t0 = 0; t0 < n; t0 += MM_T) {
         int T = n - t0 < MM_T ? n - t0 : MM_T;
         float acc[MM_T] = {0};

@@ -32,12 +32,9 @@ LOIP_API int loip_dequantize(float *dst, const void *src, int32_t dtype, int64_t
     if (dtype != LOIP_F8_E4M3) return loip_convert(dst, LOIP_F32, src, dtype, (uint64_t)R * C);
     for (size_t r = 0; r < R; r++) {
         const uint8_t *w = loip_f8_row(src, r, C);
-        const float *s = loip_f8_scales(src, r, C);
-        for (size_t c = 0; c < C; c++) {
-            float sc; /* (a row range's scales need not be 4-byte aligned) */
-            memcpy(&sc, s + c / LOIP_F8_BLOCK, sizeof sc);
-            dst[r * C + c] = loip_e4m3_to_f32(w[c]) * sc;
-        }
+        const uint8_t *s = loip_f8_scales(src, r, C);
+        for (size_t c = 0; c < C; c++)
+            dst[r * C + c] = loip_e4m3_to_f32(w[c]) * loip_f8_scale(s, c / LOIP_F8_BLOCK);
     }
     return LOIP_OK;
 }
