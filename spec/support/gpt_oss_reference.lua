@@ -10,31 +10,13 @@
 -- (Hugging Face's sliding-window mask, the sink still in the softmax); the others to all before.
 --
 --   local ref = require("spec.support.gpt_oss_reference").logits(dir, { 1, 2, 3 })  -- [t][v], 0-based
-local ffi = require "ffi"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
+local rm = require "spec.support.reference_math"
 
 local M = {}
 
-local function rmsnorm(x, w, n, eps)
-  local ss = 0
-  for i = 0, n - 1 do ss = ss + x[i] * x[i] end
-  local s = 1 / math.sqrt(ss / n + eps)
-  local out = {}
-  for i = 0, n - 1 do out[i] = x[i] * s * w[i] end
-  return out
-end
-
--- W (rows x cols, row-major) . x + bias
-local function matvec(W, x, rows, cols, bias)
-  local out = {}
-  for r = 0, rows - 1 do
-    local acc, row = bias and bias[r] or 0, r * cols
-    for c = 0, cols - 1 do acc = acc + W[row + c] * x[c] end
-    out[r] = acc
-  end
-  return out
-end
+local rmsnorm, matvec = rm.rmsnorm, rm.matvec
 
 -- YaRN's inverse frequencies (0-based, head_dim/2 of them) and attention factor.
 local function yarn(cfg, hd)
@@ -141,16 +123,7 @@ function M.logits(dir, ids, windows)
   local over_window = windows
   local cfg = assert(json.load(dir .. "/config.json"))
   local set = assert(safetensors.open_dir(dir))
-  local views = {}
-  local function w(name)
-    if not views[name] then
-      local f = assert(set.index[name], name)
-      local t = f.tensors[name]
-      assert(t.dtype == "F32", name .. ": the reference reads F32 weights")
-      views[name] = ffi.cast("const float *", f.data + t.offset)
-    end
-    return views[name]
-  end
+  local w = rm.f32_weights(set)
   local dim = cfg.hidden_size
   local g = { dim = dim, heads = cfg.num_attention_heads, kv = cfg.num_key_value_heads, n_experts = cfg.num_local_experts,
     k = cfg.num_experts_per_tok, ffn = cfg.intermediate_size, limit = cfg.swiglu_limit or 7 }

@@ -8,33 +8,13 @@
 -- the shared expert scaled by sigmoid(shared_gate . x) (Qwen2-MoE).
 --
 --   local ref = require("spec.support.moe_reference").logits(dir, id, { norm_topk_prob = true })
-local ffi = require "ffi"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
+local rm = require "spec.support.reference_math"
 
 local M = {}
 
-local function rmsnorm(x, w, n, eps)
-  local ss = 0
-  for i = 0, n - 1 do ss = ss + x[i] * x[i] end
-  local s = 1 / math.sqrt(ss / n + eps)
-  local out = {}
-  for i = 0, n - 1 do out[i] = x[i] * s * w[i] end
-  return out
-end
-
--- W (rows x cols, row-major floats) . x (+ bias)
-local function matvec(W, x, rows, cols, bias)
-  local out = {}
-  for r = 0, rows - 1 do
-    local acc, row = bias and bias[r] or 0, r * cols
-    for c = 0, cols - 1 do acc = acc + W[row + c] * x[c] end
-    out[r] = acc
-  end
-  return out
-end
-
-local function silu(v) return v / (1 + math.exp(-v)) end
+local rmsnorm, matvec, silu = rm.rmsnorm, rm.matvec, rm.silu
 
 -- down(silu(gate . x) * (up . x)) of one SwiGLU MLP of inner size n.
 local function swiglu(gate, up, down, x, dim, n)
@@ -92,16 +72,7 @@ function M.logits(dir, id, over)
   }
   if over and over.norm_topk_prob ~= nil then o.norm_topk_prob = over.norm_topk_prob end
   local set = assert(safetensors.open_dir(dir))
-  local views = {}
-  local function w(name)
-    if not views[name] then
-      local f = assert(set.index[name], name)
-      local v = assert(f:view(name))
-      assert(v.dtype == require("loip.core").constants.F32, name .. ": the reference reads F32 weights")
-      views[name] = ffi.cast("const float *", v.data)
-    end
-    return views[name]
-  end
+  local w = rm.f32_weights(set)
   local dim, eps = cfg.hidden_size, cfg.rms_norm_eps
   local heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
   local hd = cfg.head_dim or dim / heads

@@ -14,31 +14,13 @@
 -- pre_feedforward_layernorm; a GELU (tanh) gate; final_logit_softcapping when set.
 --
 --   local logits = require("spec.support.window_reference").logits(dir, ids) -- logits[t][v], 0-based
-local ffi = require "ffi"
 local json = require "loip.text.json"
 local safetensors = require "loip.model.safetensors"
+local rm = require "spec.support.reference_math"
 
 local M = {}
 
--- RMSNorm of x (n values) by w; plus_one: by (1 + w), as Gemma's
-local function rmsnorm(x, w, n, eps, plus_one)
-  local ss = 0
-  for i = 0, n - 1 do ss = ss + x[i] * x[i] end
-  local s = 1 / math.sqrt(ss / n + eps)
-  local out = {}
-  for i = 0, n - 1 do out[i] = x[i] * s * (plus_one and 1 + w[i] or w[i]) end
-  return out
-end
-
-local function matvec(W, x, rows, cols, bias)
-  local out = {}
-  for r = 0, rows - 1 do
-    local acc, row = bias and bias[r] or 0, r * cols
-    for c = 0, cols - 1 do acc = acc + W[row + c] * x[c] end
-    out[r] = acc
-  end
-  return out
-end
+local rmsnorm, matvec = rm.rmsnorm, rm.matvec
 
 -- rotate-half RoPE of each head of v (n heads of hd) at position pos
 local function rope(v, n, hd, pos, theta)
@@ -64,7 +46,7 @@ local function head_norm(v, n, hd, w, eps, plus_one)
 end
 
 local function gelu_tanh(x) return 0.5 * x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ^ 3))) end
-local function silu(x) return x / (1 + math.exp(-x)) end
+local silu = rm.silu
 
 -- The model's switches from its config: { gemma, window, hd, sliding(l), theta(l) (base, position divisor), scale }.
 local function shape_of(cfg)
@@ -154,17 +136,7 @@ function M.logits(dir, ids, over)
   local cfg = assert(json.load(dir .. "/config.json"))
   for k, v in pairs(over or {}) do cfg[k] = v end
   local set = assert(safetensors.open_dir(dir))
-  local views = {}
-  local function w(name, optional)
-    if views[name] == nil then
-      local f = set.index[name]
-      if not f and optional then return nil end
-      local v = assert(assert(f, name):view(name))
-      assert(v.dtype == require("loip.core").constants.F32, name .. ": the reference reads F32 weights")
-      views[name] = ffi.cast("const float *", v.data)
-    end
-    return views[name]
-  end
+  local w = rm.f32_weights(set)
   local s = shape_of(cfg)
   local dim = cfg.hidden_size
   local hs = {}
