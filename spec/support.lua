@@ -60,6 +60,16 @@ function M.tmpdir()
   return p
 end
 
+-- A plain chat template ("role: content" lines, then "assistant:" when a reply is wanted;
+-- bare: the messages' text alone) written as dir/chat.jinja (dir: a fresh M.tmpdir() if nil):
+-- its path.
+function M.chat_template(dir, bare)
+  dir = dir or M.tmpdir()
+  M.write(dir .. "/chat.jinja", bare and "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    or "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+  return dir .. "/chat.jinja"
+end
+
 function M.cleanup()
   for _, p in ipairs(made) do os.execute("rm -rf '" .. p .. "'") end
   made = {}

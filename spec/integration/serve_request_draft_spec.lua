@@ -14,12 +14,7 @@ after_each(T.stop_servers)
 local S260 = T.root .. "/models/stories260K"
 local STORY = "Lily went to the park. Lily went to the park. Lily went to the park. Lily went"
 
-local function chat_template()
-  local dir = T.tmpdir()
-  T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    .. "{% if add_generation_prompt %}assistant:{% endif %}")
-  return dir .. "/chat.jinja"
-end
+local chat_template = T.chat_template
 
 -- POST each body (to path, default /completions) and GET /metrics after them: { status, body
 -- (decoded) } each, and the metrics' text.

@@ -32,8 +32,7 @@ describe("loip serve", function()
     local missing = T.npm_missing()
     if missing then pending(missing) return end
     local dir = T.tmpdir()
-    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    T.chat_template(dir)
     local url, stop = serve(string.format("--model %s --api-key spec-key --chat-template %s/chat.jinja --max-batch 2", S260, dir))
     local rc, out, err = T.run(string.format("node %s/tests/openai/client.mjs %s spec-key stories260K", T.root, url))
     stop()
@@ -85,8 +84,7 @@ describe("loip serve", function()
   local function key_servers()
     local server = require "loip.serve.server"
     local dir = T.tmpdir()
-    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    T.chat_template(dir)
     local m = loip.model.open(S260, { threads = 1, context = 512 })
     local m2 = loip.model.open(S260, { threads = 1, context = 512, kv_tokens = 64 })
     local srv = server.new { model = m, tokenizer = m.tokenizer, dir = S260, name = "stories260K", port = 0, quiet = true,
@@ -240,8 +238,7 @@ describe("loip serve", function()
 
   it("loip chat streams each reply and keeps the conversation", function()
     local dir = T.tmpdir()
-    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    T.chat_template(dir)
     local url, stop, errlog = serve(string.format("--model %s --chat-template %s/chat.jinja --api-key k2", S260, dir), { verbose = true })
     T.write(dir .. "/in", "Once upon a time\nAnd then?\n")
     local rc, out, err = T.run(string.format("LOIP_API_KEY=k2 %s chat --url %s --max-tokens 12 --temperature 0 < %s/in", T.loip, url, dir))
@@ -262,8 +259,7 @@ describe("loip serve", function()
 
   it("loip chat: /help and other commands never reach the model, a URL without /v1 is hinted, a piped reply ends its line at once", function()
     local dir = T.tmpdir()
-    T.write(dir .. "/chat.jinja", "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-      .. "{% if add_generation_prompt %}assistant:{% endif %}")
+    T.chat_template(dir)
     local url, stop, errlog = serve(string.format("--model %s --chat-template %s/chat.jinja", S260, dir), { verbose = true })
     local ok, err = pcall(function()
       T.write(dir .. "/in", "/help\n/frobnicate\nOnce upon a time\n//help\n")

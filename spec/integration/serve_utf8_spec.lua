@@ -37,11 +37,7 @@ local function stream(cl, url, body, headers)
 end
 
 -- (bare: the messages' text alone, as a completion's prompt)
-local function chat_template(dir, bare)
-  T.write(dir .. "/chat.jinja", bare and "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    or "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
-  return dir .. "/chat.jinja"
-end
+local chat_template = T.chat_template
 
 describe("well-formed UTF-8 from loip serve, with a grammar of multi-byte literals", function()
   it("whole characters in completions, streamed and not; U+FFFD for one cut short; stop strings; logprobs' bytes", function()
