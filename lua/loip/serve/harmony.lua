@@ -181,12 +181,7 @@ end
 function M.stream(opts)
   local st = { calls = {} }
   local sm = setmetatable({ opts = opts or {}, st = st, buf = "", mode = "start", args = {} }, Stream)
-  function st.tool_calls()
-    if #st.calls == 0 then return nil end
-    local out = {}
-    for i, c in ipairs(st.calls) do out[i] = { id = c.id, type = "function", ["function"] = { name = c.name, arguments = c.arguments } } end
-    return out
-  end
+  function st.tool_calls() return tc.openai_calls(st.calls) end
   function st.put(piece) return sm:put(piece) end
   function st.finish() return sm:finish() end
   return st

@@ -336,17 +336,20 @@ end
 -- the text and calls in the order they came (strings, and calls' 0-based indices).
 -- Text that may begin a marker is held back; spaces are held until more content follows them,
 -- and dropped at the end when calls were made (content null, as OpenAI gives it).
+-- calls ({ id, name, arguments } each) in OpenAI's message.tool_calls shape; nil when none.
+function M.openai_calls(calls)
+  if #calls == 0 then return nil end
+  local out = {}
+  for i, c in ipairs(calls) do out[i] = { id = c.id, type = "function", ["function"] = { name = c.name, arguments = c.arguments } } end
+  return out
+end
+
 function M.stream(p, opts)
   local st = { calls = {} }
   local sm = setmetatable({ p = p, opts = opts or {}, st = st, buf = "", mode = nil, region = "", scan = {}, searched = 1,
     shown = false, spaces = "" }, Stream)
   -- the calls so far in OpenAI's message.tool_calls shape, nil when none
-  function st.tool_calls()
-    if #st.calls == 0 then return nil end
-    local out = {}
-    for i, c in ipairs(st.calls) do out[i] = { id = c.id, type = "function", ["function"] = { name = c.name, arguments = c.arguments } } end
-    return out
-  end
+  function st.tool_calls() return M.openai_calls(st.calls) end
   function st.put(piece) return sm:put(piece) end
   function st.finish() return sm:finish() end
   return st
