@@ -147,31 +147,7 @@ describe("the harmony tools parser", function()
     local path, why = T.fixture_path("models/chat-templates/reference-gpt-oss.json")
     if not path then pending(why) return end
     local dir = path:match("^(.*)/[^/]*$")
-    local now = os.time({ year = 2024, month = 7, day = 26, hour = 0, min = 0, sec = 0 })
-    local export = require("loip.text.template.convert").export
-    local n = 0
-    for _, case in ipairs(assert(template.ordered_decode(T.read(path)))) do
-      local c = case.vals
-      if c.tools and c.expected and #c.extra_kwargs.keys == 0 then
-        -- the request as a client sends it: arguments as JSON text, the analysis as reasoning_content
-        local msgs = export(c.messages)
-        for i, m in ipairs(msgs) do
-          for j, call in ipairs(m.tool_calls or {}) do
-            call["function"].arguments = template.tojson(c.messages[i].vals.tool_calls[j].vals["function"].vals.arguments)
-          end
-          if m.thinking then m.reasoning_content, m.thinking = m.thinking, nil end
-        end
-        local text = '{"model": "m", "messages": ' .. json.encode(msgs) .. ', "tools": ' .. template.tojson(c.tools) .. "}"
-        local s = assert(openai.parse("chat", text))
-        local mdir = T.tmpdir()
-        T.write(mdir .. "/tokenizer_config.json", json.encode({ bos_token = c.bos_token, eos_token = c.eos_token }))
-        local tfile = dir .. "/" .. c.template .. ".jinja"
-        local out = require("loip.text.chat").apply(mdir, tools.template_messages(s.messages, T.read(tfile)),
-          { add_generation_prompt = c.add_generation_prompt, template_file = tfile, tools = s.template_tools, now = now })
-        assert.are.equal(c.expected, out, c.case)
-        n = n + 1
-      end
-    end
+    local n = require("spec.support.tool_references").check(path, { reasoning = true })
     assert.are.equal(7, n)
     -- a client that sends the analysis beside content in a call's message: the content goes
     local s = assert(openai.parse("chat", json.encode({ model = "m", messages = {

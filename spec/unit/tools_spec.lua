@@ -224,31 +224,7 @@ describe("tool requests", function()
   it("renders tool conversations as transformers does (reference.json), from OpenAI's request shape", function()
     local path, why = T.fixture_path("models/chat-templates/reference.json")
     if not path then pending(why) return end
-    local dir = path:match("^(.*)/[^/]*$")
-    local now = os.time({ year = 2024, month = 7, day = 26, hour = 0, min = 0, sec = 0 })
-    local export = require("loip.text.template.convert").export
-    local n = 0
-    for _, case in ipairs(assert(template.ordered_decode(T.read(path)))) do
-      local c = case.vals
-      if c.tools and c.expected and #c.extra_kwargs.keys == 0 then
-        -- the request as a client sends it: arguments as JSON text, the tools in their order
-        local msgs = export(c.messages)
-        for i, m in ipairs(msgs) do
-          for j, call in ipairs(m.tool_calls or {}) do
-            call["function"].arguments = template.tojson(c.messages[i].vals.tool_calls[j].vals["function"].vals.arguments)
-          end
-        end
-        local text = '{"model": "m", "messages": ' .. json.encode(msgs) .. ', "tools": ' .. template.tojson(c.tools) .. "}"
-        local s = assert(openai.parse("chat", text))
-        local mdir = T.tmpdir()
-        T.write(mdir .. "/tokenizer_config.json", json.encode({ bos_token = c.bos_token, eos_token = c.eos_token }))
-        local tfile = dir .. "/" .. c.template .. ".jinja"
-        local out = require("loip.text.chat").apply(mdir, tools.template_messages(s.messages, T.read(tfile)),
-          { add_generation_prompt = c.add_generation_prompt, template_file = tfile, tools = s.template_tools, now = now })
-        assert.are.equal(c.expected, out, c.template .. " " .. c.case)
-        n = n + 1
-      end
-    end
+    local n = require("spec.support.tool_references").check(path)
     assert.is_true(n >= 12, "reference cases with tools: " .. n)
   end)
 
