@@ -121,6 +121,15 @@ AI __m256 f8_widen8(__m128i b) {
     return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
 }
 
+/* 16 bytes the same way, as columns 0-7 (lo) and 8-15 (hi): one widening and mask for both
+ * halves (5 uops an 8 bytes instead of 6). */
+AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
 /* All-ones in the lanes of the 8 bytes' NaN codes (S.1111.111). */
 AI __m256 f8_nan8(__m128i b) {
     __m128i n = _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
@@ -152,6 +161,28 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
+    if (!nan) /* 16 columns a step (the same FMAs in the same order as 8 a step) */
+        for (; c + 16 <= c1; c += 16) {
+            if (T == 1 && pf && (c & 63) == 0)
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
+            __m256 x0[MM_TOKENS], x1[MM_TOKENS];
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                x0[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
+                x1[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c + 8), k256);
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                __m256 wl, wh;
+                f8_widen16(_mm_loadu_si128((const __m128i *)(row[i] + c)), &wl, &wh);
+#pragma GCC unroll 8
+                for (int j = 0; j < T; j++) {
+                    blk[i][j] = _mm256_fmadd_ps(wl, x0[j], blk[i][j]);
+                    blk[i][j] = _mm256_fmadd_ps(wh, x1[j], blk[i][j]);
+                }
+            }
+        }
     for (; c + 8 <= c1; c += 8) {
         if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8

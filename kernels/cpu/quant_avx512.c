@@ -102,6 +102,15 @@ AI __m512 f8_widen16(__m128i b) {
     return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
 }
 
+/* 32 bytes the same way, as columns 0-15 (lo) and 16-31 (hi): one widening and mask for both
+ * halves (5 uops a 16 bytes instead of 6). */
+AI void f8_widen32(__m256i b, __m512 *lo, __m512 *hi) {
+    __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
+    h = _mm512_and_si512(h, _mm512_set1_epi16((short)0xBF80));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
 /* The 16 bytes' NaN codes (S.1111.111). */
 AI __mmask16 f8_nan16(__m128i b) {
     return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
@@ -133,6 +142,25 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm512_setzero_ps();
     size_t c = c0;
+    if (!nan) /* 32 columns a step (the same FMAs in the same order as 16 a step) */
+        for (; c + 32 <= c1; c += 32) {
+            if (T == 1 && pf && (c & 63) == 0)
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
+            __m512 wl[RMAX], wh[RMAX];
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) f8_widen32(_mm256_loadu_si256((const __m256i *)(row[i] + c)), &wl[i], &wh[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c), k256);
+                __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c + 16), k256);
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    blk[i][j] = _mm512_fmadd_ps(wl[i], x0, blk[i][j]);
+                    blk[i][j] = _mm512_fmadd_ps(wh[i], x1, blk[i][j]);
+                }
+            }
+        }
     for (; c + 16 <= c1; c += 16) {
         if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
