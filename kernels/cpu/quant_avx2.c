@@ -5,10 +5,9 @@
  * lane c % 8, chunks of 8 columns FMA'd in column order, a partial last chunk (F8 only) zero in
  * the missing lanes, the lanes reduced by hsum8's fixed order. Weights are dequantized exactly
  * (quant.h) in registers:
- *  - MXFP4: 8 code bytes zero-extended to dwords; vpermps reads 3 index bits, so it looks the
- *    magnitude (codes' low 3 bits) up in the 8 E2M1 magnitudes times the block's scale, and the
- *    code shifted to bits 28-31 is xor'ed in: its top bit is the sign (mx_decode). In column order:
- *    low nibbles of bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
+ *  - MXFP4: the codes' nibbles look up the bfloat16 bytes of the E2M1 values times the block's
+ *    scale (exact) with vpshufb, unpacked into f32 (mx_decode). In column order: low nibbles of
+ *    bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
  *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
  *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
 #include <immintrin.h>
@@ -48,32 +47,45 @@ AI void prefetch_at(const uint8_t *p, size_t off, size_t pf) {
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
 
-/* The block's 32 weights as 4 vectors of 8, in column order. ts: the 8 magnitudes times the
- * block's scale, entry i xor'ed with i << 28; a code n's lane gets entry n & 7 xor'ed with
- * n << 28, which puts n's top bit in the sign and cancels the tweak (xor is its own inverse, so
- * even a NaN or infinite scale comes back as it was). */
-AI void mx_decode(const uint8_t *p, __m256 ts, __m256 w[4]) {
-    for (int h = 0; h < 2; h++) {
-        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 1 + 8 * h)));
-        __m256i hv = _mm256_srli_epi32(v, 4);
-        w[h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, v), _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
-        w[2 + h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, hv), _mm256_castsi256_ps(_mm256_slli_epi32(hv, 28)));
-    }
-}
-
-/* The 8 E2M1 magnitudes times each scale 2^(e-127), entry i xor'ed with i << 28 (mx_decode):
- * a block's table is one aligned load. */
-static float mx_tab[256][8] __attribute__((aligned(32)));
+/* Every E2M1 code times each scale 2^(e-127) is exact in bfloat16 (two significant bits; f32's
+ * exponent range, its subnormals 2^-128 and 3 * 2^-128 included; +-inf and NaN too): its f32 bits
+ * end in 16 zeros. mx_bf[e] holds, for codes 0-15, the low bytes of those bf16 twice (one copy a
+ * 128-bit lane, for vpshufb), then the high bytes twice. */
+static uint8_t mx_bf[256][64] __attribute__((aligned(64)));
 static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
 static void mx_init(void) {
     for (int e = 0; e < 256; e++)
-        for (int i = 0; i < 8; i++) {
+        for (int n = 0; n < 16; n++) {
             uint32_t u;
-            float f = loip_e2m1_values[i] * loip_e8m0_table[e];
-            memcpy(&u, &f, 4);
-            u ^= (uint32_t)i << 28;
-            memcpy(&mx_tab[e][i], &u, 4);
+            float f = loip_e2m1_values[n] * loip_e8m0_table[e];
+            memcpy(&u, &f, 4); /* (u & 0xFFFF) == 0: see above */
+            mx_bf[e][n] = mx_bf[e][16 + n] = (uint8_t)(u >> 16);
+            mx_bf[e][32 + n] = mx_bf[e][48 + n] = (uint8_t)(u >> 24);
         }
+}
+
+/* The block at p's 32 weights as 4 vectors of 8, in column order, with byte shuffles (which
+ * this core runs on two ports; vpermps has one): each lane's code bytes are put where the
+ * unpacks below will want them (lane 0: codes 0-3, 8-11, lane 1: 4-7, 12-15; low nibbles, then
+ * the same bytes' high nibbles), looked up in the scale's low- and high-byte tables, the two
+ * interleaved into bf16 and those into f32's upper halves. 11 shuffles and ALU ops a block
+ * instead of 16. */
+AI void mx_decode(const uint8_t *p, __m256 w[4]) {
+    const __m256i ctrl = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6,
+                                          7, 12, 13, 14, 15, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m256i sh = _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 1)));
+    __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(b, ctrl), sh),
+                                   _mm256_set1_epi8(15));
+    const __m256i *t = (const __m256i *)mx_bf[p[0]];
+    __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(t), idx);
+    __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(t + 1), idx);
+    __m256i w1 = _mm256_unpacklo_epi8(lo, hi), w2 = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i z = _mm256_setzero_si256();
+    w[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1)); /* columns 0-7 */
+    w[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1)); /* 8-15 */
+    w[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w2)); /* 16-23 */
+    w[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w2)); /* 24-31 */
 }
 void loip_avx2_quant_init(void) { pthread_once(&mx_once, mx_init); }
 
@@ -98,7 +110,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
         for (int i = 0; i < R; i++) {
             const uint8_t *p = q + i * S * rowb;
             __m256 w[4];
-            mx_decode(p, _mm256_load_ps(mx_tab[p[0]]), w);
+            mx_decode(p, w);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
 #pragma GCC unroll 8
