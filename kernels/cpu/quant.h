@@ -10,7 +10,13 @@
  * exact) and add that sum times the block's scale: one multiply per block, not per weight,
  * which is what keeps them at memory speed; within f32 rounding of the others
  * (tests/test_quant_kernels.c checks both). In every variant matmul equals matvec per token, bit
- * for bit (the determinism contract of kernels.h). */
+ * for bit (the determinism contract of kernels.h).
+ *
+ * Decode reads each weight once, so the SIMD matvecs are paced by memory: a tile's rows are not
+ * adjacent but one from each of MV_ROWS runs of the thread's rows, so that each row's FMA chain
+ * is also one sequential stream through memory (as the read probe's), which the hardware
+ * prefetchers follow across pages, helped by a software prefetch loip_quant_prefetch() bytes
+ * ahead in every stream. */
 #ifndef LOIP_QUANT_H
 #define LOIP_QUANT_H
 

@@ -19,6 +19,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* matvec: rows per pass (each its own FMA chain and memory stream: matvec_impl); the software
+ * prefetch distance is a parameter (quant.h's loip_quant_prefetch). */
 #define MV_ROWS 4
 #define MM_ROWS 2
 #define MM_TOKENS 4

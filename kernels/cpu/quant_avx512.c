@@ -21,8 +21,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* matvec: rows per pass (each its own FMA chain; x loads shared) and the software prefetch
- * distance, as kernels_avx512.c. */
+/* matvec: rows per pass (each its own FMA chain and memory stream: matvec_impl; x loads
+ * shared). The software prefetch distance is a parameter (quant.h's loip_quant_prefetch). */
 #define MV_ROWS 8
 /* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (16 zmm; the rows' decoded weights and
  * the x chunks take most of the rest), over MM_SWEEP rows whose weights stay in L2 while every
