@@ -8,8 +8,8 @@
  *  - MXFP4: the codes' nibbles look up the bfloat16 bytes of the E2M1 values times the block's
  *    scale (exact) with vpshufb, unpacked into f32 (mx_decode). In column order: low nibbles of
  *    bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
- *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
- *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
+ *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 16 bytes at a
+ *    time; a row with a NaN code has a NaN result (f8_tile's poison). */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -144,12 +144,6 @@ AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi) {
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-/* All-ones in the lanes of the 8 bytes' NaN codes (S.1111.111). */
-AI __m256 f8_nan8(__m128i b) {
-    __m128i n = _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
-    return _mm256_castsi256_ps(_mm256_cvtepi8_epi32(n));
-}
-
 /* 1 when one of the n (<= 128) bytes at p is a NaN code. */
 AI int f8_has_nan(const uint8_t *p, size_t n) {
     const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xFF);
@@ -163,8 +157,9 @@ AI int f8_has_nan(const uint8_t *p, size_t n) {
 }
 
 /* Columns [c0, c1) of the tile's rows, one 128-column scale block: as the AVX-512 variant's
- * (the block's sums of E4M3 * x, then times its scale). */
-AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS],
+ * (the block's sums of E4M3 * x, then times its scale; a row with a NaN code is made NaN by
+ * f8_tile). */
+AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
                  const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
                  size_t c1, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
@@ -175,8 +170,8 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
-    if (!nan) /* 16 columns a step (the same FMAs in the same order as 8 a step) */
-        for (; c + 16 <= c1; c += 16) {
+    /* 16 columns a step (the same FMAs in the same order as 8 a step) */
+    for (; c + 16 <= c1; c += 16) {
             if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
@@ -208,7 +203,6 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_loadl_epi64((const __m128i *)(row[i] + c));
             __m256 w = f8_widen8(b);
-            if (nan) w = _mm256_or_ps(w, f8_nan8(b));
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) blk[i][j] = _mm256_fmadd_ps(w, xv[j], blk[i][j]);
         }
@@ -221,7 +215,7 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
             uint8_t buf[16] = {0};
             memcpy(buf, row[i] + c, k);
             __m128i b = _mm_loadu_si128((const __m128i *)buf);
-            __m256 w = _mm256_and_ps(_mm256_or_ps(f8_widen8(b), f8_nan8(b)), _mm256_castsi256_ps(m));
+            __m256 w = _mm256_and_ps(f8_widen8(b), _mm256_castsi256_ps(m));
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++)
                 blk[i][j] = _mm256_fmadd_ps(w, _mm256_mul_ps(_mm256_maskload_ps(X + j * cols + c, m), k256),
@@ -249,22 +243,23 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     }
+    /* poison: the rows with a NaN code, whose results are NaN whatever else they hold (as the
+     * AVX-512 variant's) */
+    unsigned poison = 0;
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
-        int nan = 0;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
-            nan |= f8_has_nan(row[i] + c0, c1 - c0);
+            poison |= (unsigned)f8_has_nan(row[i] + c0, c1 - c0) << i;
         }
-        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1, pf);
-        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1, pf);
+        f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = hsum8(acc[i][j]);
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = poison >> i & 1 ? NAN : hsum8(acc[i][j]);
 }
 
 /* ---- the entry points ----------------------------------------------------------------------- */

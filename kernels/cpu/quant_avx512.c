@@ -11,8 +11,8 @@
  *    block's columns 0-15 and 16-31.
  *  - F8: bytes sign-extended to words, shifted so that sign, exponent and mantissa land in an
  *    f16's, widened by vcvtph2ps (the value times 2^-8, exact, never an f32 subnormal), times
- *    the block's scale times 2^8 (the one rounding); a 128-column block with a NaN code (or a
- *    scale too large to take the 2^8) is done the careful way (f8_block's exact). */
+ *    the block's scale times 2^8 (the one rounding); a row with a NaN code has a NaN result,
+ *    whatever else it holds (f8_tile's poison), so NaN codes cost no lane work. */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -111,11 +111,6 @@ AI void f8_widen32(__m256i b, __m512 *lo, __m512 *hi) {
     *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 
-/* The 16 bytes' NaN codes (S.1111.111). */
-AI __mmask16 f8_nan16(__m128i b) {
-    return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
-}
-
 /* The largest of the n (<= 128) bytes at p with their top bit set, folded into m: 0xFF when one
  * of them is a NaN code (S.1111.111). */
 AI __m512i f8_nan_max(__m512i m, const uint8_t *p, size_t n) {
@@ -129,9 +124,9 @@ AI __m512i f8_nan_max(__m512i m, const uint8_t *p, size_t n) {
 
 /* Columns [c0, c1) of the tile's rows, one 128-column scale block (c0 a multiple of 128):
  * blk[i][j] = sum of E4M3 * x over the block (f = E4M3 * 2^-8 against x * 2^8, each product
- * exact), then acc[i][j] += blk * scale, the block's scale once. nan: the block has a NaN code
- * (the widening reads it as a number), so the lanes of NaN codes are made NaN. */
-AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS],
+ * exact), then acc[i][j] += blk * scale, the block's scale once. (A NaN code widens to a
+ * number: f8_tile makes its row's results NaN.) */
+AI void f8_block(const int R, const int T, __m512 acc[][MM_TOKENS],
                  const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
                  size_t c1, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
@@ -142,8 +137,8 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm512_setzero_ps();
     size_t c = c0;
-    if (!nan) /* 32 columns a step (the same FMAs in the same order as 16 a step) */
-        for (; c + 32 <= c1; c += 32) {
+    /* 32 columns a step (the same FMAs in the same order as 16 a step) */
+    for (; c + 32 <= c1; c += 32) {
             if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
@@ -170,7 +165,6 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
             w[i] = f8_widen16(b);
-            if (nan) w[i] = _mm512_mask_mov_ps(w[i], f8_nan16(b), _mm512_set1_ps(NAN));
         }
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
@@ -185,7 +179,7 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_maskz_loadu_epi8(m, row[i] + c);
-            w[i] = _mm512_mask_mov_ps(f8_widen16(b), f8_nan16(b), _mm512_set1_ps(NAN));
+            w[i] = f8_widen16(b);
         }
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
@@ -215,6 +209,10 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     }
+    /* poison: the rows with a NaN code. Its weight is NaN, so is its product with any x and any
+     * sum that takes it: the row's result is NaN whatever else it holds, and no lane need be. */
+    unsigned poison = 0;
+    const __m512i ff = _mm512_set1_epi8((char)0xFF);
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
@@ -224,19 +222,21 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
             s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
             m = f8_nan_max(m, row[i] + c0, c1 - c0);
         }
-        int nan = _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8((char)0xFF)) != 0;
-        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1, pf);
-        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1, pf);
+        if (_mm512_cmpeq_epi8_mask(m, ff)) /* one of the rows has a NaN code here: which */
+            for (int i = 0; i < R; i++)
+                if (_mm512_cmpeq_epi8_mask(f8_nan_max(_mm512_setzero_si512(), row[i] + c0, c1 - c0), ff))
+                    poison |= 1u << i;
+        f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < T; j++)
+            Y[j * ldy + r + i * S] = poison >> i & 1 ? NAN : _mm512_reduce_add_ps(acc[i][j]);
 }
 
 /* ---- the entry points ----------------------------------------------------------------------- */
 
-/* One tile of either dtype (dt a constant at each call site). */
 /* Rows r, r + S, ..., r + (R-1) S of either dtype (dt a constant at each call site); pf: matvec's
  * prefetch distance (0: none). */
 AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, const void *W,
