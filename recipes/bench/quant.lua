@@ -82,8 +82,10 @@ local x, y = ffi.new("float[4096]"), ffi.new("float[4096]")
 for i = 0, 4095 do x[i] = (i % 7) * 0.1 - 0.3 end
 
 -- Weights as a model's look to the kernel: codes from the bytes of normal floats (mostly
--- uniform: E4M3 subnormals and the rare NaN code included) under moderate scales (MXFP4's E8M0 around 2^-4, F8's 2^-8), so that no
--- scale makes every product subnormal or infinite.
+-- uniform: E4M3 subnormals included) under moderate scales (MXFP4's E8M0 around 2^-4, F8's 2^-8),
+-- so that no scale makes every product subnormal or infinite. F8's NaN codes (S.1111.111), which
+-- random bytes hold at 2 in 256 (one in nearly every block) and released checkpoints never, are
+-- made the largest finite code but for one a matrix (its row's result is NaN, as it must be).
 local function fill(dtype, rows, cols, count, mbytes)
   if dtype == "BF16" then return core.must(exec.fill_random(base, bytes / 2, K.BF16, 11, 0, 0, 0.02)) end
   core.must(exec.fill_random(base, bytes / 4, K.F32, 11, 0, 0, 1))
@@ -96,7 +98,12 @@ local function fill(dtype, rows, cols, count, mbytes)
       for g = 0, math.ceil(rows / 128) - 1 do
         local s = ffi.cast("float *", w + g * group)
         for k = 0, ns - 1 do s[k] = 2 ^ -8 * (1 + (g + k) % 5 / 8) end
+        local q = w + g * group + 4 * ns
+        for i = 0, math.min(128, rows - g * 128) * cols - 1 do
+          if bit.band(q[i], 0x7F) == 0x7F then q[i] = q[i] - 1 end
+        end
       end
+      w[4 * ns + cols + 5] = 0x7F -- (the one NaN code: row 1)
     end
   end
 end
