@@ -275,7 +275,7 @@ AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, cons
 /* The thread's rows [r0, r1) as MV_ROWS runs of q consecutive rows: tile i takes row i of every
  * run, so its rows are MV_ROWS streams, each walking its run's bytes in order as the probe's
  * streams do (adjacent rows in one tile would put several streams in each 4 KB page, which
- * the hardware prefetchers do not follow; this took MXFP4 2880x2880 from ~0.64 to ~0.87 of the
+ * the hardware prefetchers do not follow; this took F8 2880x2880 from ~0.59 to ~0.75 of the
  * probe). Each row is computed as before: the order changes only which rows share a tile. */
 AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
                     size_t cols) {
