@@ -170,8 +170,10 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
-    /* 16 columns a step (the same FMAs in the same order as 8 a step) */
-    for (; c + 16 <= c1; c += 16) {
+    /* matvec: 16 columns a step (the same FMAs in the same order as 8 a step; matmul keeps 8,
+     * its tokens' x chunks would not fit the registers twice) */
+    if (T == 1)
+        for (; c + 16 <= c1; c += 16) {
             if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
