@@ -171,6 +171,16 @@ static void test_sizes_and_errors(void) {
     check(rc == LOIP_ESHAPE && strstr(msg, "150") && strstr(msg, "MXFP4"),
           "loip_op_matvec MXFP4 with 150 columns refused (%s)", msg);
     loip_pool_free(pool);
+
+    /* the matvec kernels' prefetch distance: a parameter, bounded, results independent of it */
+    check(loip_kernels_prefetch() == 1024, "prefetch distance: the default is 1024 bytes");
+    rc = loip_kernels_set_prefetch((int64_t)LOIP_KERNELS_PREFETCH_MAX + 1);
+    msg = loip_last_error();
+    check(rc == LOIP_EINVAL && strstr(msg, "prefetch") && loip_kernels_prefetch() == 1024,
+          "prefetch distance above the maximum refused, naming it (%s)", msg);
+    check(loip_kernels_set_prefetch(0) == LOIP_OK && loip_kernels_prefetch() == 0, "prefetch off");
+    check(loip_kernels_set_prefetch(-1) == LOIP_OK && loip_kernels_prefetch() == 1024,
+          "prefetch distance < 0: the default again");
 }
 
 /* ---- products ------------------------------------------------------------------------------ */
@@ -296,7 +306,33 @@ static void test_products(const loip_kernels *k, const loip_kernels *ref, int dt
     free(base), free(D), free(Xb), free(Y), free(y), free(yf), free(yr);
 }
 
+/* matvec of every variant gives the same bits whatever the prefetch distance (none, the default,
+ * far past the matrix's end) */
+static void test_prefetch(const loip_kernels *k) {
+    for (int dt = LOIP_KDT_MXFP4; dt <= LOIP_KDT_F8_E4M3; dt++) {
+        size_t rows = 37, cols = dt == LOIP_KDT_MXFP4 ? 1024 : 700;
+        int32_t ldt = dt == LOIP_KDT_MXFP4 ? LOIP_MXFP4 : LOIP_F8_E4M3;
+        uint8_t *W = xalloc((size_t)loip_dtype_bytes(ldt, (int64_t)rows, (int64_t)cols));
+        float *x = xalloc(cols * 4), y0[37], y1[37];
+        fill_quant(W, dt, rows, cols, 0);
+        for (size_t c = 0; c < cols; c++) x[c] = uniform();
+        int ok = 1;
+        static const int64_t dist[] = {0, 64, 100000};
+        k->matvec[dt](y0, W, x, 0, rows, cols);
+        for (int d = 0; d < 3; d++) {
+            loip_kernels_set_prefetch(dist[d]);
+            k->matvec[dt](y1, W, x, 0, rows, cols);
+            for (size_t r = 0; r < rows; r++) ok &= same(y0[r], y1[r]);
+        }
+        loip_kernels_set_prefetch(-1);
+        check(ok, "%s %s: matvec the same at every prefetch distance", k->name,
+              dt == LOIP_KDT_MXFP4 ? "mxfp4" : "f8");
+        free(W), free(x);
+    }
+}
+
 static void test_variant(const loip_kernels *k, const loip_kernels *ref) {
+    test_prefetch(k);
     static const size_t mx_rows[] = {1, 7, 8, 9, 17, 33};
     static const size_t mx_cols[] = {32, 64, 96, 544, 2880};
     for (size_t i = 0; i < sizeof mx_rows / sizeof *mx_rows; i++)

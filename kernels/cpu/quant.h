@@ -10,10 +10,17 @@
  * exact) and add that sum times the block's scale: one multiply per block, not per weight,
  * which is what keeps them at memory speed; within f32 rounding of the others
  * (tests/test_quant_kernels.c checks both). In every variant matmul equals matvec per token, bit
- * for bit (the determinism contract of kernels.h). */
+ * for bit (the determinism contract of kernels.h).
+ *
+ * Decode reads each weight once, so the SIMD matvecs are paced by memory: a tile's rows are not
+ * adjacent but one from each of MV_ROWS runs of the thread's rows, so that each row's FMA chain
+ * is also one sequential stream through memory (as the read probe's), which the hardware
+ * prefetchers follow across pages, helped by a software prefetch loip_quant_prefetch() bytes
+ * ahead in every stream. */
 #ifndef LOIP_QUANT_H
 #define LOIP_QUANT_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -78,6 +85,16 @@ static inline float loip_f8_scale(const uint8_t *scales, size_t k) {
     float s;
     memcpy(&s, scales + 4 * k, sizeof s);
     return s;
+}
+
+/* The SIMD matvec kernels' software prefetch distance: bytes ahead in each weight row stream
+ * (0: none). A parameter, not a constant (loip_kernels_set_prefetch; recipes/bench/quant.lua
+ * --prefetch measures it): the best distance is the machine's memory latency times the rate,
+ * LOIP_QUANT_PREFETCH_DEFAULT what the kernels use unless told. */
+#define LOIP_QUANT_PREFETCH_DEFAULT 1024
+extern _Atomic size_t loip_quant_prefetch_bytes;
+static inline size_t loip_quant_prefetch(void) {
+    return atomic_load_explicit(&loip_quant_prefetch_bytes, memory_order_relaxed);
 }
 
 /* The variants' kernels (signatures of kernels.h's loip_matvec_fn / loip_matmul_fn). */

@@ -5,12 +5,11 @@
  * lane c % 8, chunks of 8 columns FMA'd in column order, a partial last chunk (F8 only) zero in
  * the missing lanes, the lanes reduced by hsum8's fixed order. Weights are dequantized exactly
  * (quant.h) in registers:
- *  - MXFP4: 8 code bytes zero-extended to dwords; vpermps reads 3 index bits, so it looks the
- *    magnitude (codes' low 3 bits) up in the 8 E2M1 magnitudes times the block's scale, and the
- *    code shifted to bits 28-31 is xor'ed in: its top bit is the sign (mx_decode). In column order:
- *    low nibbles of bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
- *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 8 bytes at a
- *    time; in a block done the careful way NaN codes are or'ed to all-ones (a NaN). */
+ *  - MXFP4: the codes' nibbles look up the bfloat16 bytes of the E2M1 values times the block's
+ *    scale (exact) with vpshufb, unpacked into f32 (mx_decode). In column order: low nibbles of
+ *    bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
+ *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 16 bytes at a
+ *    time; a row with a NaN code has a NaN result (f8_tile's poison). */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -20,8 +19,9 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* matvec: rows per pass (each its own FMA chain and memory stream: matvec_impl); the software
+ * prefetch distance is a parameter (quant.h's loip_quant_prefetch). */
 #define MV_ROWS 4
-#define PF_BYTES 512
 #define MM_ROWS 2
 #define MM_TOKENS 4
 #define MM_SWEEP 32
@@ -39,49 +39,60 @@ AI float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
- * its end, as far into the row R rows on, which this stream reads next (the same slot of the
- * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
- * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
-AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
-    const char *q = (const char *)p + off + PF_BYTES;
-    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
-    _mm_prefetch(q, _MM_HINT_T0);
+/* matvec's software prefetch: pf bytes ahead of byte off of the row at p. A matvec tile's rows
+ * are MV_ROWS streams through memory (matvec_impl), so once off + pf passes this row's end it
+ * lands in the row the same stream reads next. (Integer arithmetic: the address may lie past
+ * W's end, which a prefetch may name and C pointer arithmetic may not.) */
+AI void prefetch_at(const uint8_t *p, size_t off, size_t pf) {
+    _mm_prefetch((const char *)((uintptr_t)p + off + pf), _MM_HINT_T0);
 }
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
 
-/* The block's 32 weights as 4 vectors of 8, in column order. ts: the 8 magnitudes times the
- * block's scale, entry i xor'ed with i << 28; a code n's lane gets entry n & 7 xor'ed with
- * n << 28, which puts n's top bit in the sign and cancels the tweak (xor is its own inverse, so
- * even a NaN or infinite scale comes back as it was). */
-AI void mx_decode(const uint8_t *p, __m256 ts, __m256 w[4]) {
-    for (int h = 0; h < 2; h++) {
-        __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 1 + 8 * h)));
-        __m256i hv = _mm256_srli_epi32(v, 4);
-        w[h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, v), _mm256_castsi256_ps(_mm256_slli_epi32(v, 28)));
-        w[2 + h] = _mm256_xor_ps(_mm256_permutevar8x32_ps(ts, hv), _mm256_castsi256_ps(_mm256_slli_epi32(hv, 28)));
-    }
-}
-
-/* The 8 E2M1 magnitudes times each scale 2^(e-127), entry i xor'ed with i << 28 (mx_decode):
- * a block's table is one aligned load. */
-static float mx_tab[256][8] __attribute__((aligned(32)));
+/* Every E2M1 code times each scale 2^(e-127) is exact in bfloat16 (two significant bits; f32's
+ * exponent range, its subnormals 2^-128 and 3 * 2^-128 included; +-inf and NaN too): its f32 bits
+ * end in 16 zeros. mx_bf[e] holds, for codes 0-15, the low bytes of those bf16 twice (one copy a
+ * 128-bit lane, for vpshufb), then the high bytes twice. */
+static uint8_t mx_bf[256][64] __attribute__((aligned(64)));
 static pthread_once_t mx_once = PTHREAD_ONCE_INIT;
 static void mx_init(void) {
     for (int e = 0; e < 256; e++)
-        for (int i = 0; i < 8; i++) {
+        for (int n = 0; n < 16; n++) {
             uint32_t u;
-            float f = loip_e2m1_values[i] * loip_e8m0_table[e];
-            memcpy(&u, &f, 4);
-            u ^= (uint32_t)i << 28;
-            memcpy(&mx_tab[e][i], &u, 4);
+            float f = loip_e2m1_values[n] * loip_e8m0_table[e];
+            memcpy(&u, &f, 4); /* (u & 0xFFFF) == 0: see above */
+            mx_bf[e][n] = mx_bf[e][16 + n] = (uint8_t)(u >> 16);
+            mx_bf[e][32 + n] = mx_bf[e][48 + n] = (uint8_t)(u >> 24);
         }
+}
+
+/* The block at p's 32 weights as 4 vectors of 8, in column order, with byte shuffles (which
+ * this core runs on two ports; vpermps has one): each lane's code bytes are put where the
+ * unpacks below will want them (lane 0: codes 0-3, 8-11, lane 1: 4-7, 12-15; low nibbles, then
+ * the same bytes' high nibbles), looked up in the scale's low- and high-byte tables, the two
+ * interleaved into bf16 and those into f32's upper halves. 11 shuffles and ALU ops a block
+ * instead of 16. */
+AI void mx_decode(const uint8_t *p, __m256 w[4]) {
+    const __m256i ctrl = _mm256_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6,
+                                          7, 12, 13, 14, 15, 4, 5, 6, 7, 12, 13, 14, 15);
+    const __m256i sh = _mm256_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4);
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 1)));
+    __m256i idx = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(b, ctrl), sh),
+                                   _mm256_set1_epi8(15));
+    const __m256i *t = (const __m256i *)mx_bf[p[0]];
+    __m256i lo = _mm256_shuffle_epi8(_mm256_load_si256(t), idx);
+    __m256i hi = _mm256_shuffle_epi8(_mm256_load_si256(t + 1), idx);
+    __m256i w1 = _mm256_unpacklo_epi8(lo, hi), w2 = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i z = _mm256_setzero_si256();
+    w[0] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w1)); /* columns 0-7 */
+    w[1] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w1)); /* 8-15 */
+    w[2] = _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, w2)); /* 16-23 */
+    w[3] = _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, w2)); /* 24-31 */
 }
 void loip_avx2_quant_init(void) { pthread_once(&mx_once, mx_init); }
 
 AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
-                const float *X, size_t r, size_t cols) {
+                const float *X, size_t r, size_t S, size_t cols, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
 
@@ -93,15 +104,15 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     const uint8_t *row = W + r * rowb;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
-        if (T == 1 && b % 3 == 0)
+        if (T == 1 && pf && b % 3 == 0)
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
+            for (int i = 0; i < R; i++) prefetch_at(row + i * S * rowb, b * LOIP_MXFP4_BLOCK_BYTES, pf);
         const float *xb = X + b * LOIP_MXFP4_BLOCK;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const uint8_t *p = q + i * rowb;
+            const uint8_t *p = q + i * S * rowb;
             __m256 w[4];
-            mx_decode(p, _mm256_load_ps(mx_tab[p[0]]), w);
+            mx_decode(p, w);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++)
 #pragma GCC unroll 8
@@ -112,7 +123,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = hsum8(acc[i][j]);
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = hsum8(acc[i][j]);
 }
 
 /* ---- F8 ------------------------------------------------------------------------------------ */
@@ -124,10 +135,13 @@ AI __m256 f8_widen8(__m128i b) {
     return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
 }
 
-/* All-ones in the lanes of the 8 bytes' NaN codes (S.1111.111). */
-AI __m256 f8_nan8(__m128i b) {
-    __m128i n = _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
-    return _mm256_castsi256_ps(_mm256_cvtepi8_epi32(n));
+/* 16 bytes the same way, as columns 0-7 (lo) and 8-15 (hi): one widening and mask for both
+ * halves (5 uops an 8 bytes instead of 6). */
+AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi) {
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
+    h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 /* 1 when one of the n (<= 128) bytes at p is a NaN code. */
@@ -143,10 +157,11 @@ AI int f8_has_nan(const uint8_t *p, size_t n) {
 }
 
 /* Columns [c0, c1) of the tile's rows, one 128-column scale block: as the AVX-512 variant's
- * (the block's sums of E4M3 * x, then times its scale). */
-AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS],
+ * (the block's sums of E4M3 * x, then times its scale; a row with a NaN code is made NaN by
+ * f8_tile). */
+AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
                  const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
-                 size_t c1) {
+                 size_t c1, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const __m256 k256 = _mm256_set1_ps(256.0f);
     __m256 blk[RMAX][MM_TOKENS];
@@ -155,10 +170,34 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
-    for (; c + 8 <= c1; c += 8) {
-        if (T == 1 && (c & 63) == 0)
+    /* matvec: 16 columns a step (the same FMAs in the same order as 8 a step; matmul keeps 8,
+     * its tokens' x chunks would not fit the registers twice) */
+    if (T == 1)
+        for (; c + 16 <= c1; c += 16) {
+            if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
+            __m256 x0[MM_TOKENS], x1[MM_TOKENS];
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                x0[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
+                x1[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c + 8), k256);
+            }
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                __m256 wl, wh;
+                f8_widen16(_mm_loadu_si128((const __m128i *)(row[i] + c)), &wl, &wh);
+#pragma GCC unroll 8
+                for (int j = 0; j < T; j++) {
+                    blk[i][j] = _mm256_fmadd_ps(wl, x0[j], blk[i][j]);
+                    blk[i][j] = _mm256_fmadd_ps(wh, x1[j], blk[i][j]);
+                }
+            }
+        }
+    for (; c + 8 <= c1; c += 8) {
+        if (T == 1 && pf && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
         __m256 xv[MM_TOKENS];
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) xv[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
@@ -166,7 +205,6 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_loadl_epi64((const __m128i *)(row[i] + c));
             __m256 w = f8_widen8(b);
-            if (nan) w = _mm256_or_ps(w, f8_nan8(b));
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) blk[i][j] = _mm256_fmadd_ps(w, xv[j], blk[i][j]);
         }
@@ -179,7 +217,7 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
             uint8_t buf[16] = {0};
             memcpy(buf, row[i] + c, k);
             __m128i b = _mm_loadu_si128((const __m128i *)buf);
-            __m256 w = _mm256_and_ps(_mm256_or_ps(f8_widen8(b), f8_nan8(b)), _mm256_castsi256_ps(m));
+            __m256 w = _mm256_and_ps(f8_widen8(b), _mm256_castsi256_ps(m));
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++)
                 blk[i][j] = _mm256_fmadd_ps(w, _mm256_mul_ps(_mm256_maskload_ps(X + j * cols + c, m), k256),
@@ -195,59 +233,67 @@ AI void f8_block(const int R, const int T, const int nan, __m256 acc[][MM_TOKENS
 }
 
 AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
-                size_t r, size_t cols) {
+                size_t r, size_t S, size_t cols, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     __m256 acc[RMAX][MM_TOKENS];
     const uint8_t *row[RMAX];
     const uint8_t *sc[RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        row[i] = loip_f8_row(W, r + i, cols);
-        sc[i] = loip_f8_scales(W, r + i, cols);
+        row[i] = loip_f8_row(W, r + i * S, cols);
+        sc[i] = loip_f8_scales(W, r + i * S, cols);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     }
+    /* poison: the rows with a NaN code, whose results are NaN whatever else they hold (as the
+     * AVX-512 variant's) */
+    unsigned poison = 0;
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
-        int nan = 0;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
-            nan |= f8_has_nan(row[i] + c0, c1 - c0);
+            poison |= (unsigned)f8_has_nan(row[i] + c0, c1 - c0) << i;
         }
-        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
-        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
+        f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = hsum8(acc[i][j]);
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = poison >> i & 1 ? NAN : hsum8(acc[i][j]);
 }
 
 /* ---- the entry points ----------------------------------------------------------------------- */
 
+/* Rows r, r + S, ..., r + (R-1) S of either dtype (dt a constant at each call site); pf: matvec's
+ * prefetch distance (0: none). */
 AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, const void *W,
-              const float *X, size_t r, size_t cols) {
-    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, cols);
-    else f8_tile(R, T, Y, ldy, W, X, r, cols);
+              const float *X, size_t r, size_t S, size_t cols, size_t pf) {
+    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, S, cols, pf);
+    else f8_tile(R, T, Y, ldy, W, X, r, S, cols, pf);
 }
 
+/* The thread's rows [r0, r1) as MV_ROWS runs of q consecutive rows: tile i takes row i of every
+ * run, so its rows are MV_ROWS streams, each walking its run's bytes in order as the probe's
+ * streams do (adjacent rows in one tile would put several streams in each 4 KB page, which
+ * the hardware prefetchers do not follow; this took F8 2880x2880 from ~0.59 to ~0.75 of the
+ * probe). Each row is computed as before: the order changes only which rows share a tile. */
 AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
                     size_t cols) {
-    size_t r = r0;
-    for (; r + MV_ROWS <= r1; r += MV_ROWS) qtile(dt, MV_ROWS, 1, y, 0, W, x, r, cols);
-    for (; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, cols);
+    const size_t pf = loip_quant_prefetch(), q = (r1 - r0) / MV_ROWS;
+    for (size_t i = 0; i < q; i++) qtile(dt, MV_ROWS, 1, y, 0, W, x, r0 + i, q, cols, pf);
+    for (size_t r = r0 + q * MV_ROWS; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, 1, cols, pf);
 }
 
 _Static_assert(MM_TOKENS == 4, "tile_any covers 1..4 tokens");
 AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, const void *W,
                  const float *X, size_t r, size_t cols) {
     switch (T) {
-    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, cols); break;
-    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, cols); break;
-    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, cols); break;
-    default: qtile(dt, R, 4, Y, ldy, W, X, r, cols); break;
+    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, 1, cols, 0); break;
+    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, 1, cols, 0); break;
+    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, 1, cols, 0); break;
+    default: qtile(dt, R, 4, Y, ldy, W, X, r, 1, cols, 0); break;
     }
 }
 

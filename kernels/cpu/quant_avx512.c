@@ -11,8 +11,8 @@
  *    block's columns 0-15 and 16-31.
  *  - F8: bytes sign-extended to words, shifted so that sign, exponent and mantissa land in an
  *    f16's, widened by vcvtph2ps (the value times 2^-8, exact, never an f32 subnormal), times
- *    the block's scale times 2^8 (the one rounding); a 128-column block with a NaN code (or a
- *    scale too large to take the 2^8) is done the careful way (f8_block's exact). */
+ *    the block's scale times 2^8 (the one rounding); a row with a NaN code has a NaN result,
+ *    whatever else it holds (f8_tile's poison), so NaN codes cost no lane work. */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -21,10 +21,9 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* matvec: rows per pass (each its own FMA chain; x loads shared) and the software prefetch
- * distance, as kernels_avx512.c. */
+/* matvec: rows per pass (each its own FMA chain and memory stream: matvec_impl; x loads
+ * shared). The software prefetch distance is a parameter (quant.h's loip_quant_prefetch). */
 #define MV_ROWS 8
-#define PF_BYTES 512
 /* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (16 zmm; the rows' decoded weights and
  * the x chunks take most of the rest), over MM_SWEEP rows whose weights stay in L2 while every
  * token passes. */
@@ -32,14 +31,12 @@
 #define MM_TOKENS 4
 #define MM_SWEEP 32
 
-/* matvec's software prefetch: PF_BYTES ahead of byte off of the row of rowb bytes at p; past
- * its end, as far into the row R rows on, which this stream reads next (the same slot of the
- * next tile): without it the first PF_BYTES of every row start cold, a third of a gpt-oss
- * expert's 1530-byte MXFP4 row (kernels_avx512.c's prefetch_ahead does the same). */
-AI void prefetch_row(const uint8_t *p, size_t off, size_t rowb, int R) {
-    const char *q = (const char *)p + off + PF_BYTES;
-    if (off + PF_BYTES >= rowb) q += (size_t)(R - 1) * rowb;
-    _mm_prefetch(q, _MM_HINT_T0);
+/* matvec's software prefetch: pf bytes ahead of byte off of the row at p. A matvec tile's rows
+ * are MV_ROWS streams through memory (matvec_impl), so once off + pf passes this row's end it
+ * lands in the row the same stream reads next. (Integer arithmetic: the address may lie past
+ * W's end, which a prefetch may name and C pointer arithmetic may not.) */
+AI void prefetch_at(const uint8_t *p, size_t off, size_t pf) {
+    _mm_prefetch((const char *)((uintptr_t)p + off + pf), _MM_HINT_T0);
 }
 
 /* ---- MXFP4 --------------------------------------------------------------------------------- */
@@ -56,7 +53,7 @@ void loip_avx512_quant_init(void) { pthread_once(&mx_once, mx_init); }
 
 /* Y[j*ldy + r+i] = W[r+i,:] . X[j,:] for i < R, j < T, all columns. */
 AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W,
-                const float *X, size_t r, size_t cols) {
+                const float *X, size_t r, size_t S, size_t cols, size_t pf) {
     const size_t rowb = loip_mxfp4_row_bytes(cols), nb = cols / LOIP_MXFP4_BLOCK;
     __m512 acc[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS][MM_TOKENS];
 #pragma GCC unroll 8
@@ -66,13 +63,13 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
     const uint8_t *row = W + r * rowb;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
-        if (T == 1 && b % 3 == 0) /* matvec: ~one prefetch per cache line of each row */
+        if (T == 1 && pf && b % 3 == 0) /* matvec: ~one prefetch per cache line of each row */
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) prefetch_row(row + i * rowb, b * LOIP_MXFP4_BLOCK_BYTES, rowb, R);
+            for (int i = 0; i < R; i++) prefetch_at(row + i * S * rowb, b * LOIP_MXFP4_BLOCK_BYTES, pf);
         __m512 lo[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS], hi[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            const uint8_t *p = q + i * rowb;
+            const uint8_t *p = q + i * S * rowb;
             __m512 ts = _mm512_load_ps(mx_tab[p[0]]);
             __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 1)));
             lo[i] = _mm512_permutexvar_ps(v, ts);
@@ -92,7 +89,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < T; j++) Y[j * ldy + r + i * S] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 /* ---- F8 ------------------------------------------------------------------------------------ */
@@ -105,9 +102,13 @@ AI __m512 f8_widen16(__m128i b) {
     return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
 }
 
-/* The 16 bytes' NaN codes (S.1111.111). */
-AI __mmask16 f8_nan16(__m128i b) {
-    return _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xFF));
+/* 32 bytes the same way, as columns 0-15 (lo) and 16-31 (hi): one widening and mask for both
+ * halves (5 uops a 16 bytes instead of 6). */
+AI void f8_widen32(__m256i b, __m512 *lo, __m512 *hi) {
+    __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(b), 7);
+    h = _mm512_and_si512(h, _mm512_set1_epi16((short)0xBF80));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 
 /* The largest of the n (<= 128) bytes at p with their top bit set, folded into m: 0xFF when one
@@ -123,11 +124,11 @@ AI __m512i f8_nan_max(__m512i m, const uint8_t *p, size_t n) {
 
 /* Columns [c0, c1) of the tile's rows, one 128-column scale block (c0 a multiple of 128):
  * blk[i][j] = sum of E4M3 * x over the block (f = E4M3 * 2^-8 against x * 2^8, each product
- * exact), then acc[i][j] += blk * scale, the block's scale once. nan: the block has a NaN code
- * (the widening reads it as a number), so the lanes of NaN codes are made NaN. */
-AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS],
+ * exact), then acc[i][j] += blk * scale, the block's scale once. (A NaN code widens to a
+ * number: f8_tile makes its row's results NaN.) */
+AI void f8_block(const int R, const int T, __m512 acc[][MM_TOKENS],
                  const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
-                 size_t c1) {
+                 size_t c1, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const __m512 k256 = _mm512_set1_ps(256.0f);
     __m512 blk[RMAX][MM_TOKENS];
@@ -136,16 +137,34 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm512_setzero_ps();
     size_t c = c0;
-    for (; c + 16 <= c1; c += 16) {
-        if (T == 1 && (c & 63) == 0)
+    /* 32 columns a step (the same FMAs in the same order as 16 a step) */
+    for (; c + 32 <= c1; c += 32) {
+            if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8
-            for (int i = 0; i < R; i++) prefetch_row(row[i], c, cols, R);
+                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
+            __m512 wl[RMAX], wh[RMAX];
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) f8_widen32(_mm256_loadu_si256((const __m256i *)(row[i] + c)), &wl[i], &wh[i]);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c), k256);
+                __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(X + j * cols + c + 16), k256);
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    blk[i][j] = _mm512_fmadd_ps(wl[i], x0, blk[i][j]);
+                    blk[i][j] = _mm512_fmadd_ps(wh[i], x1, blk[i][j]);
+                }
+            }
+        }
+    for (; c + 16 <= c1; c += 16) {
+        if (T == 1 && pf && (c & 63) == 0)
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
         __m512 w[RMAX];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
             w[i] = f8_widen16(b);
-            if (nan) w[i] = _mm512_mask_mov_ps(w[i], f8_nan16(b), _mm512_set1_ps(NAN));
         }
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
@@ -160,7 +179,7 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_maskz_loadu_epi8(m, row[i] + c);
-            w[i] = _mm512_mask_mov_ps(f8_widen16(b), f8_nan16(b), _mm512_set1_ps(NAN));
+            w[i] = f8_widen16(b);
         }
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
@@ -178,18 +197,22 @@ AI void f8_block(const int R, const int T, const int nan, __m512 acc[][MM_TOKENS
 }
 
 AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
-                size_t r, size_t cols) {
+                size_t r, size_t S, size_t cols, size_t pf) {
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     __m512 acc[RMAX][MM_TOKENS];
     const uint8_t *row[RMAX];
     const uint8_t *sc[RMAX];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) {
-        row[i] = loip_f8_row(W, r + i, cols);
-        sc[i] = loip_f8_scales(W, r + i, cols);
+        row[i] = loip_f8_row(W, r + i * S, cols);
+        sc[i] = loip_f8_scales(W, r + i * S, cols);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     }
+    /* poison: the rows with a NaN code. Its weight is NaN, so is its product with any x and any
+     * sum that takes it: the row's result is NaN whatever else it holds, and no lane need be. */
+    unsigned poison = 0;
+    const __m512i ff = _mm512_set1_epi8((char)0xFF);
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
@@ -199,40 +222,49 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
             s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
             m = f8_nan_max(m, row[i] + c0, c1 - c0);
         }
-        int nan = _mm512_cmpeq_epi8_mask(m, _mm512_set1_epi8((char)0xFF)) != 0;
-        if (nan) f8_block(R, T, 1, acc, row, s, X, cols, c0, c1);
-        else f8_block(R, T, 0, acc, row, s, X, cols, c0, c1);
+        if (_mm512_cmpeq_epi8_mask(m, ff)) /* one of the rows has a NaN code here: which */
+            for (int i = 0; i < R; i++)
+                if (_mm512_cmpeq_epi8_mask(f8_nan_max(_mm512_setzero_si512(), row[i] + c0, c1 - c0), ff))
+                    poison |= 1u << i;
+        f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) Y[j * ldy + r + i] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < T; j++)
+            Y[j * ldy + r + i * S] = poison >> i & 1 ? NAN : _mm512_reduce_add_ps(acc[i][j]);
 }
 
 /* ---- the entry points ----------------------------------------------------------------------- */
 
-/* One tile of either dtype (dt a constant at each call site). */
+/* Rows r, r + S, ..., r + (R-1) S of either dtype (dt a constant at each call site); pf: matvec's
+ * prefetch distance (0: none). */
 AI void qtile(const int dt, const int R, const int T, float *Y, size_t ldy, const void *W,
-              const float *X, size_t r, size_t cols) {
-    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, cols);
-    else f8_tile(R, T, Y, ldy, W, X, r, cols);
+              const float *X, size_t r, size_t S, size_t cols, size_t pf) {
+    if (dt == LOIP_KDT_MXFP4) mx_tile(R, T, Y, ldy, W, X, r, S, cols, pf);
+    else f8_tile(R, T, Y, ldy, W, X, r, S, cols, pf);
 }
 
+/* The thread's rows [r0, r1) as MV_ROWS runs of q consecutive rows: tile i takes row i of every
+ * run, so its rows are MV_ROWS streams, each walking its run's bytes in order as the probe's
+ * streams do (adjacent rows in one tile would put several streams in each 4 KB page, which
+ * the hardware prefetchers do not follow; this took MXFP4 2880x2880 from ~0.65 to ~0.95 of the
+ * probe). Each row is computed as before: the order changes only which rows share a tile. */
 AI void matvec_impl(const int dt, float *y, const void *W, const float *x, size_t r0, size_t r1,
                     size_t cols) {
-    size_t r = r0;
-    for (; r + MV_ROWS <= r1; r += MV_ROWS) qtile(dt, MV_ROWS, 1, y, 0, W, x, r, cols);
-    for (; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, cols);
+    const size_t pf = loip_quant_prefetch(), q = (r1 - r0) / MV_ROWS;
+    for (size_t i = 0; i < q; i++) qtile(dt, MV_ROWS, 1, y, 0, W, x, r0 + i, q, cols, pf);
+    for (size_t r = r0 + q * MV_ROWS; r < r1; r++) qtile(dt, 1, 1, y, 0, W, x, r, 1, cols, pf);
 }
 
 _Static_assert(MM_TOKENS == 4, "tile_any covers 1..4 tokens");
 AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, const void *W,
                  const float *X, size_t r, size_t cols) {
     switch (T) {
-    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, cols); break;
-    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, cols); break;
-    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, cols); break;
-    default: qtile(dt, R, 4, Y, ldy, W, X, r, cols); break;
+    case 1: qtile(dt, R, 1, Y, ldy, W, X, r, 1, cols, 0); break;
+    case 2: qtile(dt, R, 2, Y, ldy, W, X, r, 1, cols, 0); break;
+    case 3: qtile(dt, R, 3, Y, ldy, W, X, r, 1, cols, 0); break;
+    default: qtile(dt, R, 4, Y, ldy, W, X, r, 1, cols, 0); break;
     }
 }
 

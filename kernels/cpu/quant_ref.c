@@ -9,6 +9,8 @@
 
 #define LANES 8
 
+_Atomic size_t loip_quant_prefetch_bytes = LOIP_QUANT_PREFETCH_DEFAULT;
+
 /* Every E4M3FN code's value (S.1111.111: NaN), as quant.h defines it. */
 const float loip_e4m3_table[256] = {
     0.0f, 0x1p-9f, 0x1p-8f, 0x1.8p-8f, 0x1p-7f, 0x1.4p-7f, 0x1.8p-7f, 0x1.cp-7f,

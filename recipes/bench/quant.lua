@@ -1,14 +1,18 @@
 -- The MXFP4 and F8 (E4M3, 128x128 block scales) matrix-vector kernels at decode, measured
 -- against this machine's own memory read bandwidth.
 --
---   loip run recipes/bench/quant.lua [--threads 2] [--kernels avx512,avx2,ref] [--out DIR] [--quick]
+--   loip run recipes/bench/quant.lua [--threads 2] [--kernels avx512,avx2,ref] [--prefetch 512,1024,2048]
+--                                    [--out DIR] [--quick]
 --
 -- For each kernel variant this CPU has and each thread count: the streaming read probe
 -- (loip_op_read_probe, as decode.lua measures it), then matvecs over MXFP4 and F8 matrices of a
 -- gpt-oss expert's shape (2880x2880) and of 4096x4096, cycled through more memory than the
 -- caches hold; and BF16 matrices of the same shapes, the existing kernels as a yardstick. Each kernel's rate is the bytes it reads (the packed weights, scales included)
 -- per second, paired with a probe pass right before it; the report's fractions are the medians
--- of those ratios (the target is >= 0.8). Prints one JSON object and draws an SVG bar chart.
+-- of those ratios (the target is >= 0.8). --prefetch measures the quantized kernels at each
+-- software prefetch distance given (loip_kernels_set_prefetch; a machine's best is a parameter,
+-- not a constant in the kernels) and reports each, and the best. Prints one JSON object and
+-- draws an SVG bar chart.
 local ffi = require "ffi"
 local core = require "loip.core"
 local bench = require "loip.measure.bench"
@@ -27,6 +31,8 @@ local spec = {
     { "threads", "string", "thread counts to measure, comma-separated", default = "2" },
     { "kernels", "string", "kernel variants, comma-separated (those this CPU lacks are skipped)",
       default = "avx512,avx2,ref" },
+    { "prefetch", "string", "the quantized kernels' prefetch distances to measure (bytes, comma-separated; "
+      .. "default: the kernels' own)" },
     { "out", "string", "where to write quant.json and quant.svg", default = "bench-out" },
     { "weights-mb", "int", "MB of weights cycled by each measurement (> caches)", default = 1024 },
     { "repeats", "int", "repetitions of each measurement (the median is reported)", default = 5 },
@@ -46,6 +52,14 @@ for _, t in ipairs(list(o.threads)) do
   if not n or n < 1 or n ~= math.floor(n) then error("quant.lua: --threads: '" .. t .. "' is not a thread count", 0) end
   thread_counts[#thread_counts + 1] = n
 end
+local distances = {}
+for _, d in ipairs(list(o.prefetch or "")) do
+  local n = tonumber(d)
+  if not n or n < 0 or n ~= math.floor(n) then error("quant.lua: --prefetch: '" .. d .. "' is not a distance in bytes", 0) end
+  distances[#distances + 1] = n
+end
+local default_prefetch = exec.kernels_prefetch()
+if #distances == 0 then distances = { default_prefetch } end
 local median, log = bench.median, bench.log
 local TARGET = 0.8
 local SHAPES = { { 2880, 2880 }, { 4096, 4096 } }
@@ -55,7 +69,8 @@ local DTYPES = { { "mxfp4", "MXFP4", K.MXFP4 }, { "f8", "F8_E4M3", K.F8_E4M3 }, 
 local info = exec.cpu_info()
 local chosen = exec.kernels_name()
 local result = { machine = { cpus = info.cpus, avx2 = info.avx2, avx512 = info.avx512, kernels = chosen },
-  target = TARGET, weights_mb = o.weights_mb, probe = {}, kernels = {}, fractions = {} }
+  target = TARGET, weights_mb = o.weights_mb, prefetch = distances, probe = {}, kernels = {}, fractions = {},
+  prefetch_best = {} }
 
 -- One buffer: the probe reads it, and each dtype's matrices are laid in it back to back.
 local bytes = o.weights_mb * 1024 * 1024
@@ -67,8 +82,10 @@ local x, y = ffi.new("float[4096]"), ffi.new("float[4096]")
 for i = 0, 4095 do x[i] = (i % 7) * 0.1 - 0.3 end
 
 -- Weights as a model's look to the kernel: codes from the bytes of normal floats (mostly
--- uniform: E4M3 subnormals and the rare NaN code included) under moderate scales (MXFP4's E8M0 around 2^-4, F8's 2^-8), so that no
--- scale makes every product subnormal or infinite.
+-- uniform: E4M3 subnormals included) under moderate scales (MXFP4's E8M0 around 2^-4, F8's 2^-8),
+-- so that no scale makes every product subnormal or infinite. F8's NaN codes (S.1111.111), which
+-- random bytes hold at 2 in 256 (one in nearly every block) and released checkpoints never, are
+-- made the largest finite code but for one a matrix (its row's result is NaN, as it must be).
 local function fill(dtype, rows, cols, count, mbytes)
   if dtype == "BF16" then return core.must(exec.fill_random(base, bytes / 2, K.BF16, 11, 0, 0, 0.02)) end
   core.must(exec.fill_random(base, bytes / 4, K.F32, 11, 0, 0, 1))
@@ -81,7 +98,12 @@ local function fill(dtype, rows, cols, count, mbytes)
       for g = 0, math.ceil(rows / 128) - 1 do
         local s = ffi.cast("float *", w + g * group)
         for k = 0, ns - 1 do s[k] = 2 ^ -8 * (1 + (g + k) % 5 / 8) end
+        local q = w + g * group + 4 * ns
+        for i = 0, math.min(128, rows - g * 128) * cols - 1 do
+          if bit.band(q[i], 0x7F) == 0x7F then q[i] = q[i] - 1 end
+        end
       end
+      w[4 * ns + cols + 5] = 0x7F -- (the one NaN code: row 1)
     end
   end
 end
@@ -136,17 +158,31 @@ for _, d in ipairs(DTYPES) do
           for i = 0, count - 1 do core.must(exec.op_matvec(pools[t], id, base + i * mbytes, x, y, rows, cols)) end
           return count * mbytes
         end
-        pass()
-        local r = paired(t, pass, o.repeats)
-        r.us_per_matvec = 1e6 * count * mbytes / (r.gbps * 1e9) / count
-        local name = string.format("%s %dx%d %s %dT", key, rows, cols, v, t)
-        result.kernels[name] = r
+        local best
+        -- (bf16's kernels have no such parameter: measured once)
+        for di, dist in ipairs(dtype == "BF16" and { default_prefetch } or distances) do
+          core.must(exec.kernels_set_prefetch(dist))
+          pass()
+          local r = paired(t, pass, o.repeats)
+          r.us_per_matvec = 1e6 * count * mbytes / (r.gbps * 1e9) / count
+          r.prefetch = dist
+          local name = string.format("%s %dx%d %s %dT", key, rows, cols, v, t)
+          if #distances > 1 and dtype ~= "BF16" then name = name .. " pf" .. dist end
+          result.kernels[name] = r
+          log("%s: %.2f GB/s, %.1f%% of the probe (pairs %.0f-%.0f%%)", name, r.gbps, 100 * r.ratio,
+            100 * r.ratio_min, 100 * r.ratio_max)
+          if not best or r.ratio > best.ratio then best = r end
+        end
+        core.must(exec.kernels_set_prefetch(default_prefetch))
         local f = result.fractions
         f[key] = f[key] or {}
         local k = v .. "/" .. t
-        f[key][k] = math.min(f[key][k] or math.huge, r.ratio) -- the worse shape
-        log("%s: %.2f GB/s, %.1f%% of the probe (pairs %.0f-%.0f%%)", name, r.gbps, 100 * r.ratio,
-          100 * r.ratio_min, 100 * r.ratio_max)
+        f[key][k] = math.min(f[key][k] or math.huge, best.ratio) -- the worse shape, at its best distance
+        if dtype ~= "BF16" then
+          local pb = result.prefetch_best
+          pb[key] = pb[key] or {}
+          pb[key][k .. " " .. rows .. "x" .. cols] = best.prefetch
+        end
       end
     end
   end
@@ -171,9 +207,12 @@ for _, t in ipairs(thread_counts) do
     for _, shape in ipairs(SHAPES) do
       for _, v in ipairs(variants) do
         local name = string.format("%s %dx%d %s %dT", d[1], shape[1], shape[2], v, t)
-        local r = result.kernels[name]
-        bars[#bars + 1] = { name, r.gbps, string.format("(%.0f%% of probe)", 100 * r.ratio),
-          color = v == "ref" and "#bdc3c7" or nil }
+        for _, dist in ipairs(d[2] == "BF16" and { false } or distances) do
+          local n = name .. ((dist and #distances > 1) and (" pf" .. dist) or "")
+          local r = result.kernels[n]
+          bars[#bars + 1] = { n, r.gbps, string.format("(%.0f%% of probe)", 100 * r.ratio),
+            color = v == "ref" and "#bdc3c7" or nil }
+        end
       end
     end
   end

@@ -5,6 +5,7 @@
 
 #include "core/core.h"
 #include "core/runtime.h"
+#include "cpu/quant.h"
 
 static _Atomic(const loip_kernels *) current;
 
@@ -31,6 +32,17 @@ LOIP_API int loip_kernels_use(const char *name) {
 }
 
 LOIP_API const char *loip_kernels_name(void) { return loip_kernels_current()->name; }
+
+LOIP_API int loip_kernels_set_prefetch(int64_t bytes) {
+    if (bytes > LOIP_KERNELS_PREFETCH_MAX)
+        return loip_fail(LOIP_EINVAL, "kernels: prefetch distance %lld bytes is above %d",
+                         (long long)bytes, LOIP_KERNELS_PREFETCH_MAX);
+    atomic_store(&loip_quant_prefetch_bytes,
+                 bytes < 0 ? (size_t)LOIP_QUANT_PREFETCH_DEFAULT : (size_t)bytes);
+    return LOIP_OK;
+}
+
+LOIP_API int64_t loip_kernels_prefetch(void) { return (int64_t)loip_quant_prefetch(); }
 
 LOIP_API int loip_cpu_info_get(loip_cpu_info *out) {
     memset(out, 0, sizeof *out);

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 37, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 38, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -94,6 +94,13 @@ LOIP_API int loip_cpu_info_get(loip_cpu_info *out);
  * for the best this CPU supports. LOIP_EINVAL when the variant is unknown or unsupported. */
 LOIP_API int loip_kernels_use(const char *name);
 LOIP_API const char *loip_kernels_name(void);
+/* The software prefetch distance of the MXFP4 and F8 matrix-vector kernels: bytes ahead in each
+ * weight row stream that they ask memory for (0: none; < 0: the default, 1024). A machine's
+ * best is its memory latency times its rate (recipes/bench/quant.lua --prefetch measures it).
+ * LOIP_EINVAL above LOIP_KERNELS_PREFETCH_MAX. */
+enum { LOIP_KERNELS_PREFETCH_MAX = 1048576 };
+LOIP_API int loip_kernels_set_prefetch(int64_t bytes);
+LOIP_API int64_t loip_kernels_prefetch(void);
 
 typedef struct loip_pool loip_pool;
 /* A fork-join pool of n_threads (the caller counts as one; n_threads <= 0: all CPUs). */

@@ -88,6 +88,30 @@ it("quant.lua --quick measures the MXFP4 and F8 kernels against the read probe a
   assert.is_true(json.exists(out .. "/quant.svg") and json.exists(out .. "/quant.json"))
 end)
 
+-- --prefetch: the quantized kernels at each distance given (the machine's best is a parameter)
+it("quant.lua --prefetch measures each distance and reports the best; a bad distance is refused", function()
+  local out = T.tmpdir()
+  local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/quant.lua --quick --threads 1 --kernels ref "
+    .. "--prefetch 0,2048 --out %s", T.loip, T.root, out))
+  assert.are.equal(0, rc, "quant.lua failed:\n" .. stderr)
+  local report = json.decode(stdout:match("([^\n]+)\n?$"))
+  assert.are.same({ 0, 2048 }, report.prefetch)
+  for _, dt in ipairs({ "mxfp4", "f8" }) do
+    for _, d in ipairs({ 0, 2048 }) do
+      local r = report.kernels[dt .. " 2880x2880 ref 1T pf" .. d]
+      assert.is_table(r, dt .. " pf" .. d)
+      assert.are.equal(d, r.prefetch)
+    end
+    local best = report.prefetch_best[dt]["ref/1 2880x2880"]
+    assert.is_true(best == 0 or best == 2048, dt)
+  end
+  assert.is_table(report.kernels["bf16 2880x2880 ref 1T"]) -- (bf16 has no such parameter: once)
+  rc, _, stderr = T.run(string.format("%s run %s/recipes/bench/quant.lua --quick --prefetch 12x --out %s",
+    T.loip, T.root, out))
+  assert.are_not.equal(0, rc)
+  assert.truthy(stderr:find("--prefetch: '12x'", 1, true), stderr)
+end)
+
 -- prefill.lua needs a BF16 model: a small synthetic llama (in a scratch folder here)
 it("prefill.lua --quick alternates the kernel variants and prints its report", function()
   local dir = T.tmpdir()

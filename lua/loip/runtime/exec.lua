@@ -204,6 +204,9 @@ end
 function M.kernels_name() return ffi.string(C.loip_kernels_name()) end
 -- Use the CPU kernels called name from now on.
 function M.kernels_use(name, context) return core.ok(C.loip_kernels_use(name), context) end
+-- The MXFP4/F8 matvec kernels' software prefetch distance in bytes (0: none; < 0: the default).
+function M.kernels_set_prefetch(bytes, context) return core.ok(C.loip_kernels_set_prefetch(bytes), context) end
+function M.kernels_prefetch() return tonumber(C.loip_kernels_prefetch()) end
 -- CUDA devices visible (an error code < 0 when CUDA is not built in).
 function M.cuda_device_count() return tonumber(C.loip_cuda_device_count()) end
 -- This machine's CPU as the kernels see it: { cpus (online), avx2, avx512, avx512_bf16, neon,
