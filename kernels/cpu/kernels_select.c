@@ -1,5 +1,5 @@
 /* Run-time choice of the kernel variant: the best the CPU supports, or one named by the caller
- * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, amx, auto). */
+ * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, amx, amx-auto, auto). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,10 +10,13 @@
 
 static const loip_kernels *best(void) {
 #ifdef LOIP_X86
-    /* (amx is not chosen here: its exact three-part products make prefill ~2x faster but decode's
-     * matrix-vector ~0.9x, and matvec must stay bit-equal to matmul within a variant; a user who
-     * prefills much picks it with LOIP_KERNELS=amx) */
+    /* amx-auto, not amx: AMX's exact three-part products make many-token matmuls ~2x faster,
+     * but a one-token matvec on tiles ~0.9x as fast as avx512's, so one token stays on avx512
+     * (LOIP_KERNELS=amx forces tiles everywhere, =avx512 nowhere) */
     const loip_kernels *k;
+#ifdef LOIP_HAVE_AMX
+    if ((k = loip_kernels_amx_auto())) return k;
+#endif
     if ((k = loip_kernels_avx512())) return k;
     if ((k = loip_kernels_avx2())) return k;
 #endif
@@ -28,9 +31,17 @@ static const loip_kernels *by_name(const char *name) {
     if (!strcmp(name, "avx512")) return loip_kernels_avx512();
 #ifdef LOIP_HAVE_AMX
     if (!strcmp(name, "amx")) return loip_kernels_amx();
+    if (!strcmp(name, "amx-auto")) return loip_kernels_amx_auto();
 #endif
 #endif
     return NULL;
+}
+
+static _Atomic size_t amx_rows = LOIP_AMX_ROWS_DEFAULT;
+
+EXPORT size_t loip_kernels_amx_rows(size_t rows) {
+    if (rows) atomic_store_explicit(&amx_rows, rows, memory_order_relaxed);
+    return atomic_load_explicit(&amx_rows, memory_order_relaxed);
 }
 
 /* The answer for name == NULL, decided once: the environment is read at the first call only, so

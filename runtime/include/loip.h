@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 37, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 38, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -94,6 +94,10 @@ LOIP_API int loip_cpu_info_get(loip_cpu_info *out);
  * for the best this CPU supports. LOIP_EINVAL when the variant is unknown or unsupported. */
 LOIP_API int loip_kernels_use(const char *name);
 LOIP_API const char *loip_kernels_name(void);
+/* amx-auto (the default where AMX-BF16 is): the number of tokens from which a BF16 matmul runs on
+ * AMX tiles, fewer on avx512. rows > 0 sets it (process-wide), rows <= 0 leaves it; returns the
+ * value in force (also read from LOIP_AMX_ROWS at startup). */
+LOIP_API int64_t loip_kernels_amx_threshold(int64_t rows);
 
 typedef struct loip_pool loip_pool;
 /* A fork-join pool of n_threads (the caller counts as one; n_threads <= 0: all CPUs). */

@@ -204,6 +204,9 @@ end
 function M.kernels_name() return ffi.string(C.loip_kernels_name()) end
 -- Use the CPU kernels called name from now on.
 function M.kernels_use(name, context) return core.ok(C.loip_kernels_use(name), context) end
+-- amx-auto's many-row threshold (tokens from which BF16 matmuls run on AMX): rows > 0 sets it;
+-- returns the value in force.
+function M.kernels_amx_rows(rows) return tonumber(C.loip_kernels_amx_threshold(rows or 0)) end
 -- CUDA devices visible (an error code < 0 when CUDA is not built in).
 function M.cuda_device_count() return tonumber(C.loip_cuda_device_count()) end
 -- This machine's CPU as the kernels see it: { cpus (online), avx2, avx512, avx512_bf16, neon,
