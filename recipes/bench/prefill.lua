@@ -1,8 +1,9 @@
 -- Many rows against the same weights (a prompt's prefill, a verified tree), measured against
 -- this machine's own FMA roof, for several CPU kernel variants alternated in one run.
 --
---   loip run recipes/bench/prefill.lua [--threads 2] [--kernels amx,avx512] [--prefill 512]
---                                      [--model DIR] [--out DIR] [--quick]
+--   loip run recipes/bench/prefill.lua [--threads 2] [--kernels amx-auto,avx512] [--prefill 512]
+--                                      [--amx-rows N|measured] [--model DIR] [--out DIR] [--quick]
+--                                      [--llama-bench BIN --gguf FILE [--llama-commit SHA]]
 --
 -- In one run: the FMA probe (a tight fp32 FMA loop on every thread: the f32 compute roof), the
 -- BF16 matmul of prefill x (rows x cols) for the four weight shapes of a llama-3.2-1b layer, and
@@ -10,6 +11,19 @@
 -- with `loip synth` on first use). Each measurement runs every variant in turn, repeats that
 -- round --repeats times, and reports medians, so that a shared host's drift hits all variants
 -- alike; ratios are taken against the first variant listed after the first. Prints one JSON object.
+--
+-- Where AMX is, also the crossover of amx-auto's threshold: the BF16 matmul of a 2048 x 2048
+-- layer at 1..64 tokens on amx and on avx512, alternated; `amx_rows.measured` is the fewest tokens
+-- from which amx is faster at every count measured (--amx-rows measured runs the rest with it).
+-- And where prefill's time goes (`breakdown`): the layers' matmuls at the prefill's token count,
+-- timed alone above (q/o, k/v, gate/up twice each, down once, per layer), against the whole
+-- prefill; the rest is attention over the prompt, norms, RoPE, SiLU, the embedding and the last
+-- token's logits.
+--
+-- With --llama-bench (llama.cpp's llama-bench, built from source) and --gguf (the same model as a
+-- GGUF: spec/support/to_gguf.lua), the comparison: each round runs `llama-bench -m FILE -p N -n 0
+-- -t THREADS -r 1 -o json` once, then loip's prefill of N tokens once per variant, --repeats
+-- rounds; medians and loip / llama.cpp ratios under `llama_cpp` (docs/benchmarks.md has a run).
 local ffi = require "ffi"
 local loip = require "loip"
 local core = require "loip.core"
@@ -20,6 +34,7 @@ local exec = require "loip.runtime.exec"
 local memory = require "loip.runtime.memory"
 local K = require "loip.constants"
 local synth = require "loip.model.synth"
+local shell = require "loip.runtime.shell"
 
 local spec = {
   name = "prefill.lua", usage = "loip run recipes/bench/prefill.lua [flags]",
@@ -32,6 +47,10 @@ local spec = {
     { "prefill", "int", "prefill length (tokens; also the matmul's rows of activations)", default = 512 },
     { "tokens", "int", "decode steps per decode measurement", default = 8 },
     { "repeats", "int", "rounds of each measurement (medians reported)", default = 5 },
+    { "amx-rows", "string", "amx-auto's threshold of tokens for this run: a number, or 'measured' (the crossover found here)" },
+    { "llama-bench", "string", "llama.cpp's llama-bench binary: alternate its prefill with loip's" },
+    { "gguf", "string", "the model as a GGUF, for --llama-bench" },
+    { "llama-commit", "string", "the llama.cpp commit llama-bench was built from (recorded in the JSON)" },
     { "quick", "bool", "small sizes, to check the recipe works" },
   },
 }
@@ -39,20 +58,37 @@ local o = flags.parse(spec, arg, 1)
 if o.quick then o.prefill, o.tokens, o.repeats = 16, 2, 1 end
 if not o.kernels then
   local have = {}
-  for _, k in ipairs({ "amx", "avx512", "avx2", "ref" }) do
+  for _, k in ipairs({ "amx-auto", "avx512", "avx2", "ref" }) do
     if #have < 2 and exec.kernels_use(k) then have[#have + 1] = k end
   end
   o.kernels = table.concat(have, ",")
 end
 local variants = {}
-for name in o.kernels:gmatch("[%w_]+") do
+for name in o.kernels:gmatch("[%w_%-]+") do
   core.must(exec.kernels_use(name, "--kernels " .. name))
   variants[#variants + 1] = name
 end
 local log, median = bench.log, bench.median
 local pool = assert(exec.pool_new(o.threads))
+local amx_rows = o.amx_rows
+if amx_rows and amx_rows ~= "measured" then
+  local r = tonumber(amx_rows)
+  if not r or r < 1 or r ~= math.floor(r) then error("--amx-rows: '" .. amx_rows .. "' is neither a whole number >= 1 nor 'measured'", 0) end
+  exec.kernels_amx_rows(r)
+end
 local result = { threads = o.threads, prefill = o.prefill, variants = variants, machine = exec.cpu_info(),
-  fma = {}, matmul = {}, model = {} }
+  fma = {}, matmul = {}, model = {}, breakdown = {} }
+do
+  local f = io.open("/proc/cpuinfo")
+  local text = f and f:read("*a") or ""
+  if f then f:close() end
+  result.machine.model_name = text:match("model name%s*:%s*([^\n]*)")
+  local flags = text:match("\nflags%s*:%s*([^\n]*)") or ""
+  result.machine.flags = {}
+  for _, fl in ipairs({ "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile" }) do
+    if (" " .. flags .. " "):find(" " .. fl .. " ", 1, true) then result.machine.flags[#result.machine.flags + 1] = fl end
+  end
+end
 
 -- 1. the FMA roof
 local function fma_pass()
@@ -114,6 +150,43 @@ for _, shape in ipairs(shapes) do
   memory.buffer_free(wbuf)
 end
 
+-- 2b. amx-auto's crossover: fewest tokens from which amx's matmul beats avx512's
+local function crossover()
+  local sweep, dims = {}, o.quick and 64 or 2048
+  local wbuf = assert(memory.buffer(dims * dims * 2))
+  local W = memory.buffer_data(wbuf)
+  core.must(exec.fill_random(W, dims * dims, K.BF16, 5, 0, 0, 0.02))
+  local X = ffi.new("float[?]", 64 * dims)
+  core.must(exec.fill_random(X, 64 * dims, K.F32, 6, 0, 0, 1))
+  local Y = ffi.new("float[?]", 64 * dims)
+  local pair = { "amx", "avx512" }
+  for _, t in ipairs({ 1, 2, 4, 8, 16, 32, 64 }) do
+    local s = { amx = {}, avx512 = {} }
+    for r = 1, math.max(3, o.repeats) do
+      for _, v in ipairs(pair) do
+        core.must(exec.kernels_use(v))
+        local t0 = core.now_ns()
+        for _ = 1, 4 do core.must(exec.op_matmul(pool, K.BF16, W, X, Y, t, dims, dims)) end
+        s[v][r] = (core.now_ns() - t0) / 4e9
+      end
+    end
+    sweep[#sweep + 1] = { tokens = t, amx_s = median(s.amx), avx512_s = median(s.avx512) }
+  end
+  memory.buffer_free(wbuf)
+  local measured
+  for i = #sweep, 1, -1 do
+    if sweep[i].amx_s < sweep[i].avx512_s then measured = sweep[i].tokens else break end
+  end
+  return { sweep = sweep, measured = measured, shape = string.format("%dx%d", dims, dims) }
+end
+if exec.kernels_use("amx") then
+  result.amx_rows = crossover()
+  if amx_rows == "measured" and result.amx_rows.measured then exec.kernels_amx_rows(result.amx_rows.measured) end
+  result.amx_rows.in_force = exec.kernels_amx_rows()
+  log("amx-auto: amx beats avx512 from %s tokens on (%s); threshold in force %d",
+    tostring(result.amx_rows.measured), result.amx_rows.shape, result.amx_rows.in_force)
+end
+
 -- 3. prefill and decode of the synthetic llama-3.2-1b
 if not json.exists(o.model .. "/config.json") then
   log("making the synthetic model in %s (once)", o.model)
@@ -136,6 +209,60 @@ end)
 for _, v in ipairs(variants) do
   result.model[v] = { prefill_tokens_per_s = n / pre[v], decode_ms_per_token = dec[v] * 1e3 / o.tokens }
   log("%s: prefill %d tokens %.1f tokens/s; decode %.1f ms/token", v, n, n / pre[v], dec[v] * 1e3 / o.tokens)
+  -- where the prefill's time goes: a layer's seven matmuls at n tokens, as timed alone above
+  local mm = result.matmul
+  if mm["2048x2048"] and m.dim == 2048 then
+    local layer = 2 * mm["2048x2048"][v].seconds + 2 * mm["512x2048"][v].seconds
+      + 2 * mm["8192x2048"][v].seconds + mm["2048x8192"][v].seconds
+    local matmuls = layer * m.n_layers
+    result.breakdown[v] = { prefill_s = pre[v], matmuls_s = matmuls, matmuls_share = matmuls / pre[v],
+      rest_s = pre[v] - matmuls, rest_share = 1 - matmuls / pre[v] }
+    log("%s: of %.2f s, the layers' matmuls %.2f s (%.0f%%), the rest (attention over the prompt, norms, RoPE, SiLU, logits) %.2f s",
+      v, pre[v], matmuls, 100 * matmuls / pre[v], pre[v] - matmuls)
+  end
+end
+
+-- 4. llama.cpp's llama-bench on the same model as GGUF, alternated with loip's prefill
+local function llama_prefill()
+  local cmd = string.format("%s -m %s -p %d -n 0 -t %d -r 1 -o json 2>/dev/null", shell.quote(o.llama_bench),
+    shell.quote(o.gguf), n, o.threads)
+  local h = assert(io.popen(cmd))
+  local text = h:read("*a")
+  h:close()
+  local ok, rows = pcall(json.decode, text, "llama-bench's output")
+  if not ok or type(rows) ~= "table" or not rows[1] or not rows[1].avg_ts then
+    error("--llama-bench: no tokens/s in the output of " .. cmd .. ":\n" .. text:sub(1, 2000), 0)
+  end
+  return rows[1]
+end
+if o.llama_bench then
+  if not o.gguf then error("--llama-bench needs --gguf (the same model as a GGUF file)", 0) end
+  local lc, ours, info = {}, {}, nil
+  for _, v in ipairs(variants) do ours[v] = {} end
+  for r = 1, o.repeats do
+    info = llama_prefill()
+    lc[r] = info.avg_ts
+    for _, v in ipairs(variants) do
+      core.must(exec.kernels_use(v))
+      local t0 = core.now_ns()
+      core.must(exec.session_forward(s, ids, n, 0, logits, K.LOGITS_LAST))
+      ours[v][r] = n / ((core.now_ns() - t0) / 1e9)
+    end
+    log("round %d: llama.cpp %.1f tokens/s; %s", r, lc[r], table.concat((function()
+      local t = {}
+      for _, v in ipairs(variants) do t[#t + 1] = string.format("%s %.1f", v, ours[v][r]) end
+      return t
+    end)(), ", "))
+  end
+  result.llama_cpp = { gguf = o.gguf, commit = o.llama_commit or info.build_commit, cpu_info = info.cpu_info,
+    type_k = info.type_k, model_type = info.model_type, n_threads = info.n_threads, samples = lc,
+    tokens_per_s = median(lc), loip = {}, ratio = {} }
+  for _, v in ipairs(variants) do
+    result.llama_cpp.loip[v] = { samples = ours[v], tokens_per_s = median(ours[v]) }
+    result.llama_cpp.ratio[v] = median(ours[v]) / median(lc)
+    log("prefill %d tokens, %d threads: loip %s %.1f tokens/s, llama.cpp %.1f: %.2fx (medians of %d, alternated)",
+      n, o.threads, v, median(ours[v]), median(lc), median(ours[v]) / median(lc), o.repeats)
+  end
 end
 if #variants > 1 then
   local a, b = variants[1], variants[2]
