@@ -6,8 +6,8 @@
 --                                      [--llama-bench BIN --gguf FILE [--llama-commit SHA]]
 --
 -- In one run: the FMA probe (a tight fp32 FMA loop on every thread: the f32 compute roof), the
--- BF16 matmul of prefill x (rows x cols) for the four weight shapes of a llama-3.2-1b layer, and
--- a prefill of --prefill tokens plus decode steps of the synthetic llama-3.2-1b BF16 model (made
+-- BF16 matmul of prefill x (rows x cols) for the weight shapes of a layer of the model, and
+-- a prefill of --prefill tokens plus decode steps of the model (by default the synthetic llama-3.2-1b BF16, made
 -- with `loip synth` on first use). Each measurement runs every variant in turn, repeats that
 -- round --repeats times, and reports medians, so that a shared host's drift hits all variants
 -- alike; ratios are taken against the first variant listed after the first. Prints one JSON object.
@@ -16,7 +16,7 @@
 -- layer at 1..64 tokens on amx and on avx512, alternated; `amx_rows.measured` is the fewest tokens
 -- from which amx is faster at every count measured (--amx-rows measured runs the rest with it).
 -- And where prefill's time goes (`breakdown`): the layers' matmuls at the prefill's token count,
--- timed alone above (q/o, k/v, gate/up twice each, down once, per layer), against the whole
+-- timed alone above (q, k, v, o, gate, up, down per layer), against the whole
 -- prefill; the rest is attention over the prompt, norms, RoPE, SiLU, the embedding and the last
 -- token's logits.
 --
@@ -125,9 +125,25 @@ local function alternated(fn, work)
   return out, frac
 end
 
--- 2. the BF16 matmul on a llama-3.2-1b layer's shapes (q/o, k/v, gate/up, down)
+-- 2. the BF16 matmul on the model's layer shapes (q, k/v, o, gate/up, down: llama-3.2-1b's
+-- 2048x2048 twice, 512x2048 twice, 8192x2048 twice, 2048x8192), each with its count per layer
 local n = o.prefill
-local shapes = o.quick and { { 64, 96 } } or { { 2048, 2048 }, { 512, 2048 }, { 8192, 2048 }, { 2048, 8192 } }
+if not json.exists(o.model .. "/config.json") then
+  log("making the synthetic model in %s (once)", o.model)
+  synth.write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
+end
+local m = loip.model.open(o.model, { threads = o.threads, context = n + o.tokens + 8, batch = n })
+local shapes, per_layer = {}, {}
+do
+  local c = m.cfg
+  local qd, kvd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+  for _, sh in ipairs({ { qd, c.dim }, { kvd, c.dim }, { kvd, c.dim }, { c.dim, qd }, { c.hidden_dim, c.dim },
+      { c.hidden_dim, c.dim }, { c.dim, c.hidden_dim } }) do
+    local key = string.format("%dx%d", sh[1], sh[2])
+    if not per_layer[key] then shapes[#shapes + 1] = sh end
+    per_layer[key] = (per_layer[key] or 0) + 1
+  end
+end
 for _, shape in ipairs(shapes) do
   local rows, cols = shape[1], shape[2]
   local wbuf = assert(memory.buffer(rows * cols * 2))
@@ -188,11 +204,6 @@ if exec.kernels_use("amx") then
 end
 
 -- 3. prefill and decode of the synthetic llama-3.2-1b
-if not json.exists(o.model .. "/config.json") then
-  log("making the synthetic model in %s (once)", o.model)
-  synth.write(o.model, { like = "llama-3.2-1b", dtype = "bf16", seed = 1 })
-end
-local m = loip.model.open(o.model, { threads = o.threads, context = n + o.tokens + 8, batch = n })
 local s = m:session()
 local ids = ffi.new("int32_t[?]", n)
 local span = math.min(1000, m.vocab_size - 259) -- past the specials and bytes, within the vocabulary
@@ -210,10 +221,9 @@ for _, v in ipairs(variants) do
   result.model[v] = { prefill_tokens_per_s = n / pre[v], decode_ms_per_token = dec[v] * 1e3 / o.tokens }
   log("%s: prefill %d tokens %.1f tokens/s; decode %.1f ms/token", v, n, n / pre[v], dec[v] * 1e3 / o.tokens)
   -- where the prefill's time goes: a layer's seven matmuls at n tokens, as timed alone above
-  local mm = result.matmul
-  if mm["2048x2048"] and m.dim == 2048 then
-    local layer = 2 * mm["2048x2048"][v].seconds + 2 * mm["512x2048"][v].seconds
-      + 2 * mm["8192x2048"][v].seconds + mm["2048x8192"][v].seconds
+  do
+    local layer = 0
+    for key, count in pairs(per_layer) do layer = layer + count * result.matmul[key][v].seconds end
     local matmuls = layer * m.n_layers
     result.breakdown[v] = { prefill_s = pre[v], matmuls_s = matmuls, matmuls_share = matmuls / pre[v],
       rest_s = pre[v] - matmuls, rest_share = 1 - matmuls / pre[v] }

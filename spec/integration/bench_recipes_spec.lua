@@ -4,6 +4,7 @@
 -- blocks), and check that it ends well and prints its JSON report. (Their figures are not checked
 -- here: a busy machine's timings mean nothing; the benchmarks are for measuring. soak.lua is
 -- left out: it checks that /tmp is as it found it, which specs running beside it upset.)
+local loip = require "loip"
 local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
@@ -104,6 +105,15 @@ it("prefill.lua --quick alternates the kernel variants and prints its report", f
   for _, v in ipairs(report.variants) do
     assert.is_true(report.model[v].prefill_tokens_per_s > 0, v)
     assert.is_true(report.matmul["64x96"][v].gflops > 0, v)
+    -- where the prefill's time went: the layers' matmuls (q, k, v, o, gate, up, down) and the rest
+    local b = report.breakdown[v]
+    assert.is_true(b.matmuls_s > 0 and b.prefill_s > 0 and math.abs(b.matmuls_s + b.rest_s - b.prefill_s) < 1e-9, v)
+    for _, key in ipairs({ "64x64", "32x64", "96x64" }) do assert.is_table(report.matmul[key], key) end
+  end
+  if loip.C.loip_kernels_use("amx") == 0 then -- amx-auto's crossover, measured
+    loip.C.loip_kernels_use("auto")
+    assert.are.equal(7, #report.amx_rows.sweep)
+    assert.are.equal(16, report.amx_rows.in_force)
   end
 end)
 
