@@ -44,6 +44,10 @@ typedef struct loip_kernels {
     /* NULL: matmul equals matvec bit for bit for every n. Else matmul with n tokens does so
      * for n < bitwise_below() (a run-time setting: loip_kernels_amx_rows). */
     size_t (*bitwise_below)(void);
+    /* Optional (NULL: call dot_f32 / axpy_f32 per row). out[i] = dot_f32(q, K + i*ldk, n) for
+     * i < m; and y += w[i] * (V + i*ldv) for i = 0..m-1 in order: bit for bit those calls. */
+    void (*dots_f32)(float *out, const float *q, const float *K, size_t ldk, size_t m, size_t n);
+    void (*axpys_f32)(float *y, const float *w, const float *V, size_t ldv, size_t m, size_t n);
 } loip_kernels;
 
 /* The portable reference, always available. */
@@ -60,10 +64,12 @@ const loip_kernels *loip_kernels_amx_auto(void);
 /* amx-auto's threshold of tokens (activation rows) from which a BF16 matmul runs on AMX tiles:
  * rows > 0 sets it, 0 leaves it; returns the value in force. Default LOIP_AMX_ROWS_DEFAULT. */
 size_t loip_kernels_amx_rows(size_t rows);
-/* One full token tile: below 16 tokens an AMX tile multiplies rows of zeros, and packing the
- * weights (read and transposed once per call) is shared by fewer tokens. A starting point, not a
- * measurement: recipes/bench/prefill.lua measures the crossover on the machine at hand. */
-#define LOIP_AMX_ROWS_DEFAULT 16
+/* The AMX matmul's register block, 2 token tiles x 2 row tiles (kernels_amx.c): below 32 tokens
+ * it runs one token tile, each packed weight tile feeding one product instead of two, and the
+ * packing (weights read and transposed once per call) is shared by fewer tokens. A starting
+ * point from the kernel's shape, not a measurement: recipes/bench/prefill.lua measures the
+ * crossover on the machine at hand (--amx-rows measured; LOIP_AMX_ROWS sets it). */
+#define LOIP_AMX_ROWS_DEFAULT 32
 /* Best available for this CPU (amx-auto where AMX is, never all-amx: only when named), or the one named (ref, avx2, avx512, amx, amx-auto) when name != NULL;
  * NULL when that one is unavailable. Environment variable LOIP_KERNELS overrides at startup. */
 const loip_kernels *loip_kernels_select(const char *name);

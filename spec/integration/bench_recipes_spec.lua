@@ -113,7 +113,7 @@ it("prefill.lua --quick alternates the kernel variants and prints its report", f
   if loip.C.loip_kernels_use("amx") == 0 then -- amx-auto's crossover, measured
     loip.C.loip_kernels_use("auto")
     assert.are.equal(7, #report.amx_rows.sweep)
-    assert.are.equal(16, report.amx_rows.in_force)
+    assert.are.equal(32, report.amx_rows.in_force)
   end
 end)
 

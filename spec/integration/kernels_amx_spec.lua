@@ -110,12 +110,12 @@ describe("AMX kernels on a synthetic BF16 llama", function()
       return out
     end
     local was = exec.kernels_amx_rows()
-    assert.are.equal(16, was) -- LOIP_AMX_ROWS_DEFAULT (the spec runs without LOIP_AMX_ROWS)
+    assert.are.equal(32, was) -- LOIP_AMX_ROWS_DEFAULT (the spec runs without LOIP_AMX_ROWS)
     local V = 300
     local ok, err = pcall(function()
       assert.are.equal(0, T.bit_diffs(logits("amx-auto", 37), logits("amx", 37), 37 * V))
       assert.are.equal(0, T.bit_diffs(logits("amx-auto", 1), logits("avx512", 1), V))
-      assert.are.equal(0, T.bit_diffs(logits("amx-auto", 15), logits("avx512", 15), 15 * V))
+      assert.are.equal(0, T.bit_diffs(logits("amx-auto", 31), logits("avx512", 31), 31 * V))
       assert.are.equal(64, exec.kernels_amx_rows(64))
       assert.are.equal(0, T.bit_diffs(logits("amx-auto", 37), logits("avx512", 37), 37 * V))
       assert.are.equal(64, exec.kernels_amx_rows(0))
