@@ -15,10 +15,10 @@
 -- Where AMX is, also the crossover of amx-auto's threshold: the BF16 matmul of a 2048 x 2048
 -- layer at 1..64 tokens on amx and on avx512, alternated; `amx_rows.measured` is the fewest tokens
 -- from which amx is faster at every count measured (--amx-rows measured runs the rest with it).
--- And where prefill's time goes (`breakdown`): the layers' matmuls at the prefill's token count,
--- timed alone above (q, k, v, o, gate, up, down per layer), against the whole
--- prefill; the rest is attention over the prompt, norms, RoPE, SiLU, the embedding and the last
--- token's logits.
+-- And where prefill's time goes (`breakdown`, medians over the prefill runs): the linear layers
+-- (every matmul dispatch, the last token's logits included), attention over the prompt, and the
+-- rest (norms, RoPE, SiLU, KV writes, the embedding), timed inside the forward pass
+-- (loip_phase_ns); beside them the layers' matmuls (q, k, v, o, gate, up, down) as timed alone.
 --
 -- With --llama-bench (llama.cpp's llama-bench, built from source) and --gguf (the same model as a
 -- GGUF: spec/support/to_gguf.lua), the comparison: each round runs `llama-bench -m FILE -p N -n 0
@@ -209,8 +209,16 @@ local ids = ffi.new("int32_t[?]", n)
 local span = math.min(1000, m.vocab_size - 259) -- past the specials and bytes, within the vocabulary
 for i = 1, n do ids[i - 1] = 259 + (i * 37) % span end
 local logits = ffi.new("float[?]", m.vocab_size)
-local pre = alternated(function()
+local phases = {} -- per variant, per run: seconds in the linear layers, attention, the whole prefill
+local pre = alternated(function(v)
+  local p0, t0 = exec.phase_seconds(), core.now_ns()
   core.must(exec.session_forward(s, ids, n, 0, logits, K.LOGITS_LAST))
+  local p1, secs = exec.phase_seconds(), (core.now_ns() - t0) / 1e9
+  phases[v] = phases[v] or { linear = {}, attention = {}, rest = {} }
+  local lin, att = p1.linear - p0.linear, p1.attention - p0.attention
+  table.insert(phases[v].linear, lin)
+  table.insert(phases[v].attention, att)
+  table.insert(phases[v].rest, secs - lin - att)
 end)
 local dec = alternated(function()
   for k = 0, o.tokens - 1 do
@@ -220,16 +228,18 @@ end)
 for _, v in ipairs(variants) do
   result.model[v] = { prefill_tokens_per_s = n / pre[v], decode_ms_per_token = dec[v] * 1e3 / o.tokens }
   log("%s: prefill %d tokens %.1f tokens/s; decode %.1f ms/token", v, n, n / pre[v], dec[v] * 1e3 / o.tokens)
-  -- where the prefill's time goes: a layer's seven matmuls at n tokens, as timed alone above
-  do
-    local layer = 0
-    for key, count in pairs(per_layer) do layer = layer + count * result.matmul[key][v].seconds end
-    local matmuls = layer * m.n_layers
-    result.breakdown[v] = { prefill_s = pre[v], matmuls_s = matmuls, matmuls_share = matmuls / pre[v],
-      rest_s = pre[v] - matmuls, rest_share = 1 - matmuls / pre[v] }
-    log("%s: of %.2f s, the layers' matmuls %.2f s (%.0f%%), the rest (attention over the prompt, norms, RoPE, SiLU, logits) %.2f s",
-      v, pre[v], matmuls, 100 * matmuls / pre[v], pre[v] - matmuls)
-  end
+  -- where the prefill's time went, timed inside it (exec.phase_seconds), and the layers' seven
+  -- matmuls at n tokens as timed alone above (on a shared host, another moment's speed)
+  local layer = 0
+  for key, count in pairs(per_layer) do layer = layer + count * result.matmul[key][v].seconds end
+  local ph = phases[v]
+  local b = { prefill_s = pre[v], linear_s = median(ph.linear), attention_s = median(ph.attention),
+    rest_s = median(ph.rest), matmuls_alone_s = layer * m.n_layers }
+  b.linear_share, b.attention_share, b.rest_share = b.linear_s / pre[v], b.attention_s / pre[v], b.rest_s / pre[v]
+  result.breakdown[v] = b
+  log("%s: of %.2f s, linear layers %.2f s (%.0f%%), attention %.2f s (%.0f%%), the rest (norms, RoPE, SiLU, KV, embedding) %.2f s; "
+    .. "the matmuls timed alone %.2f s", v, pre[v], b.linear_s, 100 * b.linear_share, b.attention_s, 100 * b.attention_share,
+    b.rest_s, b.matmuls_alone_s)
 end
 
 -- 4. llama.cpp's llama-bench on the same model as GGUF, alternated with loip's prefill

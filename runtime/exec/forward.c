@@ -456,7 +456,9 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
                               loip_linear_of(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
     loip_linear_run(s->pool, qkv);
     loip_pool_run(s->pool, qkv_post_task, &j);
+    uint64_t t_att = loip_now_ns();
     loip_pool_run(s->pool, attention_task, &j);
+    loip_phase_add(LOIP_PHASE_ATTENTION, loip_now_ns() - t_att);
     loip_linear_job wo[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
     loip_linear_run(s->pool, wo);
     if (m->cfg.attn_out_bias)

@@ -284,6 +284,10 @@ LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const
  * multiply-adds on the widest vectors the CPU has; *flops gets the floating-point operations
  * done (2 per FMA lane), for the caller to divide by the time it measured. */
 LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops);
+/* Nanoseconds this process has spent, over all sessions' forward passes so far, in
+ * out[0]: the linear layers (matvec/matmul dispatches, with their thread synchronisation) and
+ * out[1]: attention over the cache; differences of two reads time a span. */
+LOIP_API void loip_phase_ns(uint64_t out[2]);
 
 /* ---- hashing -------------------------------------------------------------------------- */
 
