@@ -22,7 +22,7 @@
 --
 -- With --llama-bench (llama.cpp's llama-bench, built from source) and --gguf (the same model as a
 -- GGUF: spec/support/to_gguf.lua), the comparison: each round runs `llama-bench -m FILE -p N -n 0
--- -t THREADS -r 1 -o json` once, then loip's prefill of N tokens once per variant, --repeats
+-- -t THREADS -r 1 -o json [--llama-args]` once, then loip's prefill of N tokens once per variant, --repeats
 -- rounds; medians and loip / llama.cpp ratios under `llama_cpp` (docs/benchmarks.md has a run).
 local ffi = require "ffi"
 local loip = require "loip"
@@ -50,6 +50,7 @@ local spec = {
     { "amx-rows", "string", "amx-auto's threshold of tokens for this run: a number, or 'measured' (the crossover found here)" },
     { "llama-bench", "string", "llama.cpp's llama-bench binary: alternate its prefill with loip's" },
     { "gguf", "string", "the model as a GGUF, for --llama-bench" },
+    { "llama-args", "string", "more llama-bench flags, e.g. '-fa 0' (its flash attention is slower on some CPUs)" },
     { "llama-commit", "string", "the llama.cpp commit llama-bench was built from (recorded in the JSON)" },
     { "quick", "bool", "small sizes, to check the recipe works" },
   },
@@ -244,8 +245,10 @@ end
 
 -- 4. llama.cpp's llama-bench on the same model as GGUF, alternated with loip's prefill
 local function llama_prefill()
-  local cmd = string.format("%s -m %s -p %d -n 0 -t %d -r 1 -o json 2>/dev/null", shell.quote(o.llama_bench),
-    shell.quote(o.gguf), n, o.threads)
+  local extra = {}
+  for a in (o.llama_args or ""):gmatch("%S+") do extra[#extra + 1] = shell.quote(a) end
+  local cmd = string.format("%s -m %s -p %d -n 0 -t %d -r 1 -o json %s 2>/dev/null", shell.quote(o.llama_bench),
+    shell.quote(o.gguf), n, o.threads, table.concat(extra, " "))
   local h = assert(io.popen(cmd))
   local text = h:read("*a")
   h:close()
@@ -275,6 +278,7 @@ if o.llama_bench then
     end)(), ", "))
   end
   result.llama_cpp = { gguf = o.gguf, commit = o.llama_commit or info.build_commit, cpu_info = info.cpu_info,
+    args = o.llama_args, flash_attn = info.flash_attn,
     type_k = info.type_k, model_type = info.model_type, n_threads = info.n_threads, samples = lc,
     tokens_per_s = median(lc), loip = {}, ratio = {} }
   for _, v in ipairs(variants) do
