@@ -19,6 +19,7 @@
 -- (every matmul dispatch, the last token's logits included), attention over the prompt, and the
 -- rest (norms, RoPE, SiLU, KV writes, the embedding), timed inside the forward pass
 -- (loip_phase_ns); beside them the layers' matmuls (q, k, v, o, gate, up, down) as timed alone.
+-- And `steps`: one forward of 64 and of 256 rows, a tree's verification step at those sizes.
 --
 -- With --llama-bench (llama.cpp's llama-bench, built from source) and --gguf (the same model as a
 -- GGUF: spec/support/to_gguf.lua), the comparison: each round runs `llama-bench -m FILE -p N -n 0
@@ -226,6 +227,19 @@ local dec = alternated(function()
     core.must(exec.session_forward(s, ids + (k % n), 1, n + k, logits, K.LOGITS_LAST))
   end
 end)
+-- a step of r rows against the same weights (a tree of r nodes verified, a chunk of a prompt):
+-- its time at 64 and 256 rows (within the prefill's length), for pricing such steps
+result.steps = {}
+for _, r in ipairs({ 64, 256 }) do
+  if r <= n then
+    local st = alternated(function() core.must(exec.session_forward(s, ids, r, 0, logits, K.LOGITS_LAST)) end)
+    for _, v in ipairs(variants) do
+      result.steps[v] = result.steps[v] or {}
+      result.steps[v][tostring(r)] = { seconds = st[v], rows_per_s = r / st[v] }
+      log("%s: a step of %d rows %.1f ms (%.1f rows/s)", v, r, st[v] * 1e3, r / st[v])
+    end
+  end
+end
 for _, v in ipairs(variants) do
   result.model[v] = { prefill_tokens_per_s = n / pre[v], decode_ms_per_token = dec[v] * 1e3 / o.tokens }
   log("%s: prefill %d tokens %.1f tokens/s; decode %.1f ms/token", v, n, n / pre[v], dec[v] * 1e3 / o.tokens)
