@@ -188,6 +188,41 @@ static void test_special(const loip_kernels *amx, const loip_kernels *base) {
           "inf/NaN activations: 0*inf, inf, NaN and inf-inf as expected");
 }
 
+/* amx-auto: n below the threshold is avx512's matmul bit for bit (and equals its own matvec,
+ * which is avx512's), n at or above it amx's; the threshold is the run-time setting; the
+ * variant is never the default (its bits depend on the number of tokens in a step). */
+static void test_auto(const loip_kernels *amx, const loip_kernels *base) {
+    const loip_kernels *au = loip_kernels_select("amx-auto");
+    check(au && strcmp(au->name, "amx-auto") == 0, "amx-auto is selectable and names itself");
+    if (!au) return;
+    check(loip_kernels_select("auto") != au && loip_kernels_select("auto") != amx,
+          "auto never chooses a variant whose bits depend on the token count (amx-auto, amx)");
+    check(au->matvec[LOIP_KDT_BF16] == base->matvec[LOIP_KDT_BF16], "amx-auto's matvec is avx512's");
+    size_t was = loip_kernels_amx_rows(0);
+    check(was == LOIP_AMX_ROWS_DEFAULT, "threshold defaults to %d (got %zu)", LOIP_AMX_ROWS_DEFAULT, was);
+    enum { R = 40, C = 300, N = 12 };
+    uint16_t *W = malloc(R * C * 2);
+    float *X = malloc(N * C * 4), *Ya = malloc(N * R * 4), *Yb = malloc(N * R * 4);
+    for (size_t i = 0; i < R * C; i++) W[i] = loip_f32_to_bf16(uniform());
+    for (size_t i = 0; i < N * C; i++) X[i] = uniform();
+    size_t last = 0;
+    for (size_t th = 1; th <= N + 1; th += 5) {
+        last = th;
+        check(loip_kernels_amx_rows(th) == th, "threshold set to %zu", th);
+        check(au->bitwise_below() == th, "bitwise_below follows the threshold");
+        for (size_t n = 1; n <= N; n++) {
+            const loip_kernels *want = n >= th ? amx : base;
+            au->matmul[LOIP_KDT_BF16](Ya, R, W, X, n, 0, R, C);
+            want->matmul[LOIP_KDT_BF16](Yb, R, W, X, n, 0, R, C);
+            check(memcmp(Ya, Yb, n * R * 4) == 0, "amx-auto n=%zu threshold %zu: %s's bits", n,
+                  th, want->name);
+        }
+    }
+    check(loip_kernels_amx_rows(0) == last, "0 leaves the threshold");
+    loip_kernels_amx_rows(was);
+    free(W), free(X), free(Ya), free(Yb);
+}
+
 int main(void) {
     const loip_kernels *amx = loip_kernels_select("amx");
     const loip_kernels *base = loip_kernels_select("avx512");
@@ -208,6 +243,7 @@ int main(void) {
             test_shape(amx, base, d, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
                        shapes[s][4]);
     test_special(amx, base);
+    test_auto(amx, base);
     printf("test_kernels_amx: %d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }

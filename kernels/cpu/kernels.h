@@ -6,7 +6,10 @@
  * thread pool split the output rows of one product among threads without any sharing.
  *
  * Determinism contract: for a given variant, matmul's result for token t equals, bit for bit,
- * matvec's result for the same x — prefill and decode then agree exactly. */
+ * matvec's result for the same x — prefill and decode then agree exactly. The one exception is a
+ * variant that switches method by the number of tokens (amx-auto: AMX from a threshold of rows
+ * up, avx512 below): there the contract holds for n below bitwise_below(), and at or above it
+ * matmul agrees with matvec within the fp32 dot-product bound (kernels_amx.c). */
 #ifndef LOIP_KERNELS_H
 #define LOIP_KERNELS_H
 
@@ -38,6 +41,13 @@ typedef struct loip_kernels {
     void (*axpy_f32)(float *y, float a, const float *x, size_t n);
     /* o[i] = x[i] * inv_rms * w[i] with inv_rms = 1/sqrt(mean(x^2) + eps); w of dtype wdt. */
     void (*rmsnorm)(float *o, const float *x, const void *w, int wdt, size_t n, float eps);
+    /* NULL: matmul equals matvec bit for bit for every n. Else matmul with n tokens does so
+     * for n < bitwise_below() (a run-time setting: loip_kernels_amx_rows). */
+    size_t (*bitwise_below)(void);
+    /* Optional (NULL: call dot_f32 / axpy_f32 per row). out[i] = dot_f32(q, K + i*ldk, n) for
+     * i < m; and y += w[i] * (V + i*ldv) for i = 0..m-1 in order: bit for bit those calls. */
+    void (*dots_f32)(float *out, const float *q, const float *K, size_t ldk, size_t m, size_t n);
+    void (*axpys_f32)(float *y, const float *w, const float *V, size_t ldv, size_t m, size_t n);
 } loip_kernels;
 
 /* The portable reference, always available. */
@@ -48,7 +58,19 @@ const loip_kernels *loip_kernels_avx512(void);
 /* avx512 with the BF16 products on AMX tiles (kernels_amx.c); NULL without AMX-BF16, without
  * the OS's tile permission, or when the compiler lacked AMX (then it is not built at all). */
 const loip_kernels *loip_kernels_amx(void);
-/* Best available for this CPU (never amx: only when named), or the one named (ref, avx2, avx512, amx) when name != NULL;
+/* avx512 for matvec and for matmul of fewer than loip_kernels_amx_rows() tokens, amx's
+ * matmul from that many up ("amx-auto"; NULL where amx is NULL). The best variant where it exists. */
+const loip_kernels *loip_kernels_amx_auto(void);
+/* amx-auto's threshold of tokens (activation rows) from which a BF16 matmul runs on AMX tiles:
+ * rows > 0 sets it, 0 leaves it; returns the value in force. Default LOIP_AMX_ROWS_DEFAULT. */
+size_t loip_kernels_amx_rows(size_t rows);
+/* The AMX matmul's register block, 2 token tiles x 2 row tiles (kernels_amx.c): below 32 tokens
+ * it runs one token tile, each packed weight tile feeding one product instead of two, and the
+ * packing (weights read and transposed once per call) is shared by fewer tokens. A starting
+ * point from the kernel's shape, not a measurement: recipes/bench/prefill.lua measures the
+ * crossover on the machine at hand (--amx-rows measured; LOIP_AMX_ROWS sets it). */
+#define LOIP_AMX_ROWS_DEFAULT 32
+/* Best available for this CPU (amx-auto where AMX is, never all-amx: only when named), or the one named (ref, avx2, avx512, amx, amx-auto) when name != NULL;
  * NULL when that one is unavailable. Environment variable LOIP_KERNELS overrides at startup. */
 const loip_kernels *loip_kernels_select(const char *name);
 

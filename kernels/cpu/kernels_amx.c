@@ -446,8 +446,18 @@ static void matvec_bf16(float *y, const void *Wv, const float *x, size_t r0, siz
 
 /* ---- selection ---------------------------------------------------------------------------- */
 
-static loip_kernels amx;
+static loip_kernels amx, amx_auto;
 static const loip_kernels *amx_ok;
+static loip_matmul_fn base_matmul_bf16; /* avx512's */
+
+/* amx-auto: many tokens on AMX tiles (weights packed once, shared by every token tile), few
+ * (decode, a short draft's verification) through avx512, which reads the weights as they lie. */
+static void matmul_bf16_auto(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                             size_t r0, size_t r1, size_t cols) {
+    if (n >= loip_kernels_amx_rows(0)) matmul_bf16(Y, ldy, W, X, n, r0, r1, cols);
+    else base_matmul_bf16(Y, ldy, W, X, n, r0, r1, cols);
+}
+static size_t auto_bitwise_below(void) { return loip_kernels_amx_rows(0); }
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 /* CPUID.(EAX=7,ECX=0):EDX bit 24 AMX-TILE, bit 22 AMX-BF16; then Linux must grant this process
@@ -465,6 +475,11 @@ __attribute__((noinline)) static void amx_build(const loip_kernels *base) {
     amx.name = "amx";
     amx.matmul[LOIP_KDT_BF16] = matmul_bf16;
     amx.matvec[LOIP_KDT_BF16] = matvec_bf16;
+    amx_auto = *base;
+    amx_auto.name = "amx-auto";
+    base_matmul_bf16 = base->matmul[LOIP_KDT_BF16];
+    amx_auto.matmul[LOIP_KDT_BF16] = matmul_bf16_auto;
+    amx_auto.bitwise_below = auto_bitwise_below;
     amx_ok = &amx;
 }
 
@@ -484,4 +499,8 @@ static void amx_init(void) {
 EXPORT const loip_kernels *loip_kernels_amx(void) {
     pthread_once(&amx_once, amx_init);
     return amx_ok;
+}
+
+EXPORT const loip_kernels *loip_kernels_amx_auto(void) {
+    return loip_kernels_amx() ? &amx_auto : NULL;
 }

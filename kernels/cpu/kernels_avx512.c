@@ -241,6 +241,41 @@ static void axpy_f32(float *y, float a, const float *x, size_t n) {
     }
 }
 
+/* dot_f32 over m rows of K (row i at K + i*ldk): the same code per row, inlined, so each result
+ * has dot_f32's bits; attention's scores of one query against a block of cached keys. */
+static void dots_f32(float *out, const float *q, const float *K, size_t ldk, size_t m, size_t n) {
+    for (size_t i = 0; i < m; i++) out[i] = dot_f32(q, K + i * ldk, n);
+}
+
+/* y += w[i] * V[i*ldv ..] for i = 0..m-1 in that order: each element gets the FMAs m axpy_f32
+ * calls would give it, in the same order, but y stays in registers (64 floats at a time). */
+static void axpys_f32(float *y, const float *w, const float *V, size_t ldv, size_t m, size_t n) {
+    size_t c = 0;
+    for (; c + 64 <= n; c += 64) {
+        __m512 y0 = _mm512_loadu_ps(y + c), y1 = _mm512_loadu_ps(y + c + 16);
+        __m512 y2 = _mm512_loadu_ps(y + c + 32), y3 = _mm512_loadu_ps(y + c + 48);
+        for (size_t i = 0; i < m; i++) {
+            const float *x = V + i * ldv + c;
+            __m512 av = _mm512_set1_ps(w[i]);
+            y0 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x), y0);
+            y1 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x + 16), y1);
+            y2 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x + 32), y2);
+            y3 = _mm512_fmadd_ps(av, _mm512_loadu_ps(x + 48), y3);
+        }
+        _mm512_storeu_ps(y + c, y0);
+        _mm512_storeu_ps(y + c + 16, y1);
+        _mm512_storeu_ps(y + c + 32, y2);
+        _mm512_storeu_ps(y + c + 48, y3);
+    }
+    for (; c < n; c += 16) {
+        __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1);
+        __m512 acc = _mm512_maskz_loadu_ps(mk, y + c);
+        for (size_t i = 0; i < m; i++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(w[i]), _mm512_maskz_loadu_ps(mk, V + i * ldv + c), acc);
+        _mm512_mask_storeu_ps(y + c, mk, acc);
+    }
+}
+
 /* Two passes: the fp32 sum of squares in two 16-lane accumulators, then o = x * inv * w with
  * w widened like the matrix weights. o may be x itself. */
 AI void rmsnorm_impl(const int dt, float *o, const float *x, const void *w, size_t n, float eps) {
@@ -287,6 +322,8 @@ static const loip_kernels avx512 = {
     .dot_f32 = dot_f32,
     .axpy_f32 = axpy_f32,
     .rmsnorm = rmsnorm,
+    .dots_f32 = dots_f32,
+    .axpys_f32 = axpys_f32,
 };
 
 /* CPUID.1:ECX.F16C; asked directly because not every compiler's __builtin_cpu_supports

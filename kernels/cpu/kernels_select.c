@@ -1,5 +1,5 @@
 /* Run-time choice of the kernel variant: the best the CPU supports, or one named by the caller
- * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, amx, auto). */
+ * or by the environment variable LOIP_KERNELS (ref, avx2, avx512, amx, amx-auto, auto). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,9 +10,11 @@
 
 static const loip_kernels *best(void) {
 #ifdef LOIP_X86
-    /* (amx is not chosen here: its exact three-part products make prefill ~2x faster but decode's
-     * matrix-vector ~0.9x, and matvec must stay bit-equal to matmul within a variant; a user who
-     * prefills much picks it with LOIP_KERNELS=amx) */
+    /* avx512, never amx or amx-auto by default: only a variant whose matmul equals its matvec
+     * bit for bit at every token count keeps a request's tokens independent of what shares its
+     * step (other requests' rows, its drafts, a prefix cache's groups). amx-auto (AMX from a
+     * threshold of tokens) prefills ~2x faster but differs from one-token decode in the last
+     * bits there; LOIP_KERNELS=amx-auto chooses it (README, "Build options"). */
     const loip_kernels *k;
     if ((k = loip_kernels_avx512())) return k;
     if ((k = loip_kernels_avx2())) return k;
@@ -28,9 +30,17 @@ static const loip_kernels *by_name(const char *name) {
     if (!strcmp(name, "avx512")) return loip_kernels_avx512();
 #ifdef LOIP_HAVE_AMX
     if (!strcmp(name, "amx")) return loip_kernels_amx();
+    if (!strcmp(name, "amx-auto")) return loip_kernels_amx_auto();
 #endif
 #endif
     return NULL;
+}
+
+static _Atomic size_t amx_rows = LOIP_AMX_ROWS_DEFAULT;
+
+EXPORT size_t loip_kernels_amx_rows(size_t rows) {
+    if (rows) atomic_store_explicit(&amx_rows, rows, memory_order_relaxed);
+    return atomic_load_explicit(&amx_rows, memory_order_relaxed);
 }
 
 /* The answer for name == NULL, decided once: the environment is read at the first call only, so

@@ -47,6 +47,14 @@ local env_kernels = os.getenv("LOIP_KERNELS")
 if env_kernels and env_kernels ~= "" and C.loip_kernels_use(env_kernels) ~= 0 then
   error("LOIP_KERNELS: " .. ffi.string(C.loip_last_error()), 0)
 end
+local env_amx_rows = os.getenv("LOIP_AMX_ROWS")
+if env_amx_rows and env_amx_rows ~= "" then
+  local rows = tonumber(env_amx_rows)
+  if not rows or rows < 1 or rows ~= math.floor(rows) then
+    error("LOIP_AMX_ROWS: '" .. env_amx_rows .. "' is not a whole number of tokens >= 1", 0)
+  end
+  C.loip_kernels_amx_threshold(rows)
+end
 
 function M.last_error()
   return ffi.string(C.loip_last_error())

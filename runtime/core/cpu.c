@@ -26,7 +26,7 @@ LOIP_API int loip_kernels_use(const char *name) {
     if (!k)
         return loip_fail(LOIP_EINVAL,
                          "kernels: '%s' is unknown or not supported by this CPU "
-                         "(choose ref, avx2, avx512, amx or auto)", name);
+                         "(choose ref, avx2, avx512, amx, amx-auto or auto)", name);
     atomic_store(&current, k);
     return LOIP_OK;
 }
@@ -43,6 +43,10 @@ LOIP_API int loip_kernels_set_prefetch(int64_t bytes) {
 }
 
 LOIP_API int64_t loip_kernels_prefetch(void) { return (int64_t)loip_quant_prefetch(); }
+
+LOIP_API int64_t loip_kernels_amx_threshold(int64_t rows) {
+    return (int64_t)loip_kernels_amx_rows(rows > 0 ? (size_t)rows : 0);
+}
 
 LOIP_API int loip_cpu_info_get(loip_cpu_info *out) {
     memset(out, 0, sizeof *out);

@@ -179,8 +179,9 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
     int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
         const float *kc = kv_rows(s, 0, layer, seq, p, hi, &n) + (size_t)kvh * hd;
+        if (k->dots_f32) k->dots_f32(scores + at, q, kc, s->kv_dim, (size_t)n, (size_t)hd);
         for (int i = 0; i < n; i++) {
-            float d = k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd);
+            float d = k->dots_f32 ? scores[at] : k->dot_f32(q, kc + (size_t)i * s->kv_dim, (size_t)hd);
             float sc = s->m->cfg.attn_scale > 0 ? d * s->m->cfg.attn_scale : d / scale;
             scores[at++] = sc;
             if (sc > *maxv) *maxv = sc;
@@ -190,13 +191,20 @@ static int score_range(const loip_session *s, const loip_kernels *k, int layer, 
     return at;
 }
 
-/* o += the values of positions lo..hi of seq weighted by scores[at..] / sum. */
+/* o += the values of positions lo..hi of seq weighted by scores[at..] / sum (with axpys_f32,
+ * scores[at..] is left divided by sum). */
 static int mix_range(const loip_session *s, const loip_kernels *k, int layer, int seq, int kvh, float *o, int lo,
-                     int hi, const float *scores, int at, float sum) {
+                     int hi, float *scores, int at, float sum) {
     int hd = s->m->cfg.head_dim, n;
     for (int p = lo; p <= hi;) {
         const float *vc = kv_rows(s, 1, layer, seq, p, hi, &n) + (size_t)kvh * hd;
-        for (int i = 0; i < n; i++) k->axpy_f32(o, scores[at++] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
+        if (k->axpys_f32) { /* the weights in place (each read once), then one pass over o */
+            for (int i = 0; i < n; i++) scores[at + i] /= sum;
+            k->axpys_f32(o, scores + at, vc, s->kv_dim, (size_t)n, (size_t)hd);
+            at += n;
+        } else {
+            for (int i = 0; i < n; i++) k->axpy_f32(o, scores[at++] / sum, vc + (size_t)i * s->kv_dim, (size_t)hd);
+        }
         p += n;
     }
     return at;
@@ -215,7 +223,8 @@ static inline uint64_t window_ancestors(uint64_t mask, int rope, int root, int w
     return seen;
 }
 
-/* Causal grouped-query attention over the paged cache: one work item per (token, head);
+/* Causal grouped-query attention over the paged cache: one work item per (token, head), dealt to
+ * the threads in turn;
  * token t attends to positions 0..tok_pos[t] of its sequence (a tree node: 0..tok_base[t] and
  * the positions its mask names), read block by block. Softmax in fp32 as run.c does, positions
  * in the same order as an unpaged cache would give them, so the result does not depend on the
@@ -229,9 +238,9 @@ static void attention_task(void *p, int ith, int nth) {
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
     int window = loip_kv_layer_windowed(c, j->layer) ? c->sliding_window : 0;
-    size_t b, e;
-    loip_split((size_t)j->n * c->n_heads, 1, ith, nth, &b, &e);
-    for (size_t item = b; item < e; item++) {
+    /* items dealt round-robin: a prompt's later tokens read more positions, so contiguous shares
+     * would leave the first thread a causal triangle's thin end (a quarter of the work of two) */
+    for (size_t item = (size_t)ith; item < (size_t)j->n * c->n_heads; item += (size_t)nth) {
         size_t t = item / c->n_heads;
         int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
         uint64_t mask = s->tok_mask[t];
@@ -447,7 +456,9 @@ static void mha_block(loip_session *s, int l, float *hidden, int n) {
                               loip_linear_of(loip_layer_w(m, l, LOIP_W_WV), s->xb, s->v, n), {0}};
     loip_linear_run(s->pool, qkv);
     loip_pool_run(s->pool, qkv_post_task, &j);
+    uint64_t t_att = loip_now_ns();
     loip_pool_run(s->pool, attention_task, &j);
+    loip_phase_add(LOIP_PHASE_ATTENTION, loip_now_ns() - t_att);
     loip_linear_job wo[2] = {loip_linear_of(loip_layer_w(m, l, LOIP_W_WO), s->att, s->xb2, n), {0}};
     loip_linear_run(s->pool, wo);
     if (m->cfg.attn_out_bias)

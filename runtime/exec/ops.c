@@ -1,6 +1,7 @@
 /* Single operations on the thread pool: the building blocks the executor uses, exported for
  * tests, benchmarks and experiments. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -22,8 +23,18 @@ static void matvec_task(void *p, int ith, int nth) {
     }
 }
 
+static _Atomic uint64_t phase_ns[LOIP_PHASE_COUNT];
+
+void loip_phase_add(int phase, uint64_t ns) { phase_ns[phase] += ns; }
+
+LOIP_API void loip_phase_ns(uint64_t out[2]) {
+    for (int i = 0; i < LOIP_PHASE_COUNT; i++) out[i] = phase_ns[i];
+}
+
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs) {
+    uint64_t t0 = loip_now_ns();
     loip_pool_run(pool, matvec_task, jobs);
+    loip_phase_add(LOIP_PHASE_LINEAR, loip_now_ns() - t0);
 }
 
 typedef struct {

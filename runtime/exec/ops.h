@@ -20,6 +20,11 @@ typedef struct loip_linear_job_s {
 
 void loip_linear_run(loip_pool *pool, loip_linear_job *jobs);
 
+/* Process-wide time spent in phases of the forward pass (loip_phase_ns reads them): ns added
+ * to LOIP_PHASE_* by the caller that timed it. */
+enum { LOIP_PHASE_LINEAR = 0, LOIP_PHASE_ATTENTION = 1, LOIP_PHASE_COUNT = 2 };
+void loip_phase_add(int phase, uint64_t ns);
+
 /* The job y = w . x for n tokens (w a bound [rows, cols] weight). */
 static inline loip_linear_job loip_linear_of(const loip_tensor *w, const float *x, float *y, int n) {
     return (loip_linear_job){.W = w->data, .dtype = w->dtype, .x = x, .y = y, .n = (size_t)n,

@@ -101,6 +101,10 @@ LOIP_API const char *loip_kernels_name(void);
 enum { LOIP_KERNELS_PREFETCH_MAX = 1048576 };
 LOIP_API int loip_kernels_set_prefetch(int64_t bytes);
 LOIP_API int64_t loip_kernels_prefetch(void);
+/* amx-auto (the default where AMX-BF16 is): the number of tokens from which a BF16 matmul runs on
+ * AMX tiles, fewer on avx512. rows > 0 sets it (process-wide), rows <= 0 leaves it; returns the
+ * value in force (also read from LOIP_AMX_ROWS at startup). */
+LOIP_API int64_t loip_kernels_amx_threshold(int64_t rows);
 
 typedef struct loip_pool loip_pool;
 /* A fork-join pool of n_threads (the caller counts as one; n_threads <= 0: all CPUs). */
@@ -287,6 +291,10 @@ LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const
  * multiply-adds on the widest vectors the CPU has; *flops gets the floating-point operations
  * done (2 per FMA lane), for the caller to divide by the time it measured. */
 LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops);
+/* Nanoseconds this process has spent, over all sessions' forward passes so far, in
+ * out[0]: the linear layers (matvec/matmul dispatches, with their thread synchronisation) and
+ * out[1]: attention over the cache; differences of two reads time a span. */
+LOIP_API void loip_phase_ns(uint64_t out[2]);
 
 /* ---- hashing -------------------------------------------------------------------------- */
 

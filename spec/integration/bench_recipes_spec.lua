@@ -4,6 +4,7 @@
 -- blocks), and check that it ends well and prints its JSON report. (Their figures are not checked
 -- here: a busy machine's timings mean nothing; the benchmarks are for measuring. soak.lua is
 -- left out: it checks that /tmp is as it found it, which specs running beside it upset.)
+local loip = require "loip"
 local json = require "loip.text.json"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
@@ -128,6 +129,20 @@ it("prefill.lua --quick alternates the kernel variants and prints its report", f
   for _, v in ipairs(report.variants) do
     assert.is_true(report.model[v].prefill_tokens_per_s > 0, v)
     assert.is_true(report.matmul["64x96"][v].gflops > 0, v)
+    -- where the prefill's time went (one run with --quick: its parts add up to it, within the
+    -- timer reads around it), and the
+    -- layers' matmuls (q, k, v, o, gate, up, down) timed alone
+    local b = report.breakdown[v]
+    assert.is_true(b.linear_s > 0 and b.attention_s > 0 and b.prefill_s > b.linear_s + b.attention_s, v)
+    assert.is_true(math.abs(b.linear_s + b.attention_s + b.rest_s - b.prefill_s) < 1e-3, v)
+    assert.is_true(b.matmuls_alone_s > 0, v)
+    assert.is_nil(report.steps[v], v) -- (--quick prefills 16 rows: no step of 64 or 256 fits)
+    for _, key in ipairs({ "64x64", "32x64", "96x64" }) do assert.is_table(report.matmul[key], key) end
+  end
+  if loip.C.loip_kernels_use("amx") == 0 then -- amx-auto's crossover, measured
+    loip.C.loip_kernels_use("auto")
+    assert.are.equal(7, #report.amx_rows.sweep)
+    assert.are.equal(32, report.amx_rows.in_force)
   end
 end)
 

@@ -89,7 +89,7 @@ describe("stories260K execution paths", function()
   it("gives the same greedy tokens with every kernel variant and thread count", function()
     local C = loip.C
     local base
-    for _, k in ipairs({ "ref", "avx2", "avx512", "amx" }) do
+    for _, k in ipairs({ "ref", "avx2", "avx512", "amx", "amx-auto" }) do
       if C.loip_kernels_use(k) == 0 then
         for _, threads in ipairs({ 1, 2, 3 }) do
           local m = loip.model.open(T.root .. "/models/stories260K", { threads = threads })

@@ -323,7 +323,10 @@ function M.convert(dir, path, arch, extra)
   local md = keys(cfg, arch, hd, spec)
   for _, kv in ipairs(vocab(dir)) do md[#md + 1] = kv end
   for _, kv in ipairs(extra or {}) do md[#md + 1] = kv end
-  T.write(path, gguf.encode(md, tensors))
+  -- piece by piece: a 1B model's file is past LuaJIT's 2 GB string limit
+  local f = assert(io.open(path, "wb"))
+  for _, part in ipairs(gguf.encode_parts(md, tensors)) do assert(f:write(part)) end
+  assert(f:close())
 end
 
 return M

@@ -38,8 +38,10 @@ M.add("discover", "loip.cmd.discover") -- (discovery on a LAN: the workers loip 
 function M.version()
   local core = require "loip.core" -- (for `loip version`: `loip help` loads no FFI)
   local exec = require "loip.runtime.exec" -- (the same)
+  local kernels = exec.kernels_name()
+  if kernels == "amx-auto" then kernels = kernels .. " from " .. exec.kernels_amx_rows() .. " tokens" end
   return string.format("loip %s (abi %d, kernels %s, cuda %s)", core.build.version,
-    core.abi_version, exec.kernels_name(), core.build.cuda and (exec.cuda_device_count() .. " device(s)") or "not built")
+    core.abi_version, kernels, core.build.cuda and (exec.cuda_device_count() .. " device(s)") or "not built")
 end
 
 -- `loip help`: every command, one line each (a spec checks that it lists every command).

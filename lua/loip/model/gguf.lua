@@ -273,7 +273,9 @@ end
 -- A GGUF v3 file as a string. metadata: a list of { key, type, value } (type: "UINT32", "STRING",
 -- ..., or "ARRAY[STRING]" with a Lua list as value); tensors: a list of { name, type = "F32" |
 -- "F16" | "BF16", dims (ne0 first), data = the bytes as a string }.
-function M.encode(metadata, tensors)
+-- The file as a list of strings in order (the header, then each tensor's data and padding):
+-- a model past LuaJIT's 2 GB string limit is written piece by piece (spec/support/to_gguf.lua).
+function M.encode_parts(metadata, tensors)
   tensors = tensors or {}
   local out = { M.MAGIC, pack("uint32_t", 3), pack("uint64_t", #tensors), pack("uint64_t", #metadata) }
   local align = M.DEFAULT_ALIGNMENT
@@ -300,13 +302,17 @@ function M.encode(metadata, tensors)
     off = math.ceil((off + #x.data) / align) * align
   end
   local head = table.concat(out)
-  if #tensors == 0 then return head end
+  if #tensors == 0 then return { head } end
   local parts = { head, string.rep("\0", math.ceil(#head / align) * align - #head) }
   for _, x in ipairs(tensors) do
     parts[#parts + 1] = x.data
     parts[#parts + 1] = string.rep("\0", math.ceil(#x.data / align) * align - #x.data)
   end
-  return table.concat(parts)
+  return parts
+end
+
+function M.encode(metadata, tensors)
+  return table.concat(M.encode_parts(metadata, tensors))
 end
 
 function File:close()

@@ -207,6 +207,15 @@ function M.kernels_use(name, context) return core.ok(C.loip_kernels_use(name), c
 -- The MXFP4/F8 matvec kernels' software prefetch distance in bytes (0: none; < 0: the default).
 function M.kernels_set_prefetch(bytes, context) return core.ok(C.loip_kernels_set_prefetch(bytes), context) end
 function M.kernels_prefetch() return tonumber(C.loip_kernels_prefetch()) end
+-- amx-auto's many-row threshold (tokens from which BF16 matmuls run on AMX): rows > 0 sets it;
+-- returns the value in force.
+function M.kernels_amx_rows(rows) return tonumber(C.loip_kernels_amx_threshold(rows or 0)) end
+-- Seconds this process has spent in the forward passes' linear layers and attention so far.
+function M.phase_seconds()
+  local out = ffi.new("uint64_t[2]")
+  C.loip_phase_ns(out)
+  return { linear = tonumber(out[0]) / 1e9, attention = tonumber(out[1]) / 1e9 }
+end
 -- CUDA devices visible (an error code < 0 when CUDA is not built in).
 function M.cuda_device_count() return tonumber(C.loip_cuda_device_count()) end
 -- This machine's CPU as the kernels see it: { cpus (online), avx2, avx512, avx512_bf16, neon,
