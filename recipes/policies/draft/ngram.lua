@@ -5,6 +5,12 @@
 --   loip generate ... --draft ngram:n=4,min=2
 -- tree=on: the continuations of up to `branches` earlier occurrences (the most recent, longest
 -- n-grams first, distinct continuations) as the branches of a tree verified in one step.
+-- shared=on: also a pool of n-grams shared by every request of the process (one per model,
+-- at most `entries` continuations: loip.engine.request.ngram_pool), fed with the sequence
+-- each request leaves (its prompt and tokens, what the prefix cache keeps): a request whose own
+-- tokens hold no match drafts from what earlier requests said (agents repeat tool outputs and
+-- code).
+local pool_mod = require "loip.engine.request.ngram_pool"
 local tree_mod = require "loip.engine.request.tree"
 
 local M = { name = "ngram" }
@@ -16,7 +22,24 @@ M.settings = {
   { "window", "int", "how far back a match is looked for, in tokens (0: the whole sequence)", default = 0, check = at_least(0) },
   { "tree", "bool", "propose a tree: several earlier matches' continuations, verified at once", default = false },
   { "branches", "int", "with tree=on: the most earlier matches whose continuations branch", default = 3, check = at_least(1) },
+  { "shared", "bool", "also draft from a pool shared by every request (fed with the sequences requests leave)", default = false },
+  { "entries", "int", "with shared=on: the pool's bound, continuations kept in all", default = 65536, check = at_least(16) },
+  { "span", "int", "with shared=on: tokens kept per continuation in the pool", default = 8, check = at_least(1) },
 }
+
+-- The shared pool (shared=on): one per model and shape in the process.
+function M.open(ctx, o)
+  if not o.shared then return end
+  if o.min > o.n then error(string.format("draft ngram: min (%d) is more than n (%d)", o.min, o.n), 0) end
+  local t = ctx.target or {}
+  local name = string.format("%s|%d|%d|%d|%d|%d", tostring(t.path or t.who or "?"), t.vocab or 0, o.n, o.min, o.span, o.entries)
+  ctx.pool = pool_mod.shared(name, { n = o.n, min = o.min, span = o.span, entries = o.entries, per_key = o.branches })
+end
+
+-- A request ends: its sequence feeds the shared pool.
+function M.finish(req, ctx, o)
+  if ctx.pool then ctx.pool:feed(req.ids) end
+end
 
 -- The continuation after the most recent earlier occurrence of the sequence's last m tokens
 -- (ending before `before`, default n).
@@ -46,7 +69,11 @@ function M.propose(req, ctx, o)
     local out = continuation(ids, n, m, req.k, o.window)
     if out then return out end
   end
-  return {}
+  local c = ctx.pool and ctx.pool:lookup(ids, 1)[1]
+  if not c then return {} end
+  local out = {}
+  for i = 1, math.min(req.k, #c) do out[i] = c[i] end
+  return out
 end
 
 -- tree=on: up to `branches` continuations (longest n-gram first, then the most recent), those
@@ -62,6 +89,12 @@ function M.propose_tree(req, ctx, o)
       local key = table.concat(out, ",")
       if not seen[key] then seen[key] = true paths[#paths + 1] = out end
       before = e
+    end
+  end
+  if ctx.pool and #paths < o.branches then
+    for _, c in ipairs(ctx.pool:lookup(ids, o.branches)) do
+      local key = table.concat(c, ",")
+      if #paths < o.branches and not seen[key] then seen[key] = true paths[#paths + 1] = c end
     end
   end
   return tree_mod.from_paths(paths, req.k)

@@ -128,7 +128,8 @@ function Draft:length(r, rows, room)
   local pm = self.policy.module
   if pm and pm.length then
     local k = pm.length(view(r, s, room), self.ctx, self.policy.params)
-    return math.max(0, math.min(math.floor(k or 0), room))
+    -- (nil: the policy leaves it to the rule below)
+    if k ~= nil then return math.max(0, math.min(math.floor(k), room)) end
   end
   local a = s.a or self.prior
   a = math.min(a, 0.999)
@@ -272,6 +273,37 @@ function Draft:report()
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
     per_draft = st.examined > 0 and st.accepted / st.examined or nil }
+end
+
+-- Whether the policy wants its draft rows' own guesses back (its module's `peek`: the engine
+-- returns the argmax of each draft row off the accepted path, LOIP_TOKF_PEEK; lookahead).
+function Draft:peeking()
+  local pm = self.policy.module
+  return pm and pm.peek and pm.observe ~= nil or false
+end
+
+-- After a step in which r's drafts ids (a chain, or a tree with .parents) were verified into
+-- `tokens` (what r got: the accepted drafts, then the model's next token) and `peeks` (the
+-- argmax of each draft row off the accepted path, in row order): the policy's observe(view,
+-- ctx, params, { ids, parents (nil for a chain), next, tokens }) with next[j] the model's token after
+-- draft j (its own for a node on the path, else its guess; nil where not known). view.ids is r's
+-- sequence before the step (its last id the root).
+function Draft:peeked(r, ids, tokens, peeks)
+  local pm = self.policy.module
+  if not (pm and pm.observe) then return end
+  local parents, nxt, node, depth, p = ids.parents, {}, 0, 0, 0
+  for j = 1, #ids do
+    local up = parents and parents[j] or j - 1
+    if depth < #tokens - 1 and up == node and ids[j] == tokens[depth + 1] then
+      node, depth = j, depth + 1
+      nxt[j] = tokens[depth + 1]
+    else
+      p = p + 1
+      nxt[j] = peeks[p]
+    end
+  end
+  pm.observe(view(r, state_of(self, r), 0), self.ctx, self.policy.params,
+    { ids = ids, parents = parents, next = nxt, tokens = tokens })
 end
 
 -- Close what the policy opened (a draft model).

@@ -1,0 +1,143 @@
+-- Lookahead decoding (Fu et al., "Break the Sequential Dependency of LLM Inference Using
+-- Lookahead Decoding", 2024), written from the paper's description for loip's tree steps: no
+-- second model. Each verifying step carries, beside the request's last token,
+--   - the verification branch: up to `candidates` n-grams from the request's pool whose first
+--     tokens match the end of its sequence (their last n - 1 tokens proposed), and
+--   - the lookahead branch: a chain of `window` guesses (Jacobi iteration: each step's guess at
+--     position i + 1 is the model's output at the previous step's row of position i),
+-- all of it one tree (tree=on; loip.engine.request.tree.from_paths) verified by the target in
+-- one step, so the tokens are exactly the target's own. The step's rows are flagged PEEK: the
+-- engine returns the target's argmax at every row off the accepted path (LOIP_TOKF_PEEK), and
+-- each row's context (the sequence, then the row's ancestors) with that guess is a new n-gram
+-- for the pool. The paper's lookahead branch is a 2-D window whose diagonals start ahead of the
+-- sequence; loip's tree mask reads ancestors, so here the window is one chain from the root and
+-- every row of the tree (the candidates' too) gives an n-gram. The pool also holds the
+-- request's own n-grams (its prompt and tokens: prompt lookup), one per request, bounded by
+-- `entries` (loip.engine.request.ngram_pool), freed when it ends.
+--   loip generate ... --draft lookahead                     (trees of `size` nodes)
+--   loip generate ... --draft lookahead:n=5,window=8,candidates=6,size=32
+-- tree=off: a chain, the best candidate or else the guesses.
+local pool_mod = require "loip.engine.request.ngram_pool"
+local tree_mod = require "loip.engine.request.tree"
+
+local M = { name = "lookahead", peek = true }
+
+local function at_least(n) return function(v) return v >= n, "must be >= " .. n end end
+local function between(a, b) return function(v) return v >= a and v <= b, string.format("must be in %d..%d", a, b) end end
+M.settings = {
+  { "n", "int", "the n-gram's length: a candidate proposes its last n - 1 tokens", default = 4, check = between(2, 16) },
+  { "match", "int", "the most tokens at the sequence's end a candidate's first tokens match (longest first, down to 1)",
+    default = 2, check = between(1, 8) },
+  { "window", "int", "the lookahead branch: guesses (Jacobi iteration) verified and peeked each step", default = 6,
+    check = between(0, 64) },
+  { "candidates", "int", "the most pool candidates verified each step", default = 4, check = between(0, 64) },
+  { "entries", "int", "the pool's bound: n-grams kept per request", default = 4096, check = at_least(16) },
+  { "size", "int", "nodes of a step's tree (0: the draft length rule or --draft-tokens decides)", default = 16,
+    check = between(0, 64) },
+  { "tree", "bool", "propose a tree (candidates and the lookahead branch); off: a chain", default = true },
+}
+
+function M.length(req, ctx, o)
+  if o.size > 0 then return o.size end
+  return nil -- (the draft's length rule)
+end
+
+-- The request's state: its pool (fed with its own sequence so far) and its guesses.
+local function state(req, o)
+  local s = req.memo
+  if not s.pool then
+    s.pool = pool_mod.new { n = o.match, min = 1, span = o.n - 1, entries = o.entries, per_key = math.max(1, o.candidates) }
+    s.fed = 0
+  end
+  s.pool:feed(req.ids, s.fed + 1)
+  s.fed = req.n
+  return s
+end
+
+-- The lookahead branch for a sequence of n ids: the guesses made for it (the last step's
+-- outputs), else a start: what the pool says follows, then a deterministic pick of its ids.
+local function guesses(s, req, o)
+  local g = s.guess_for == req.n and s.guess or {}
+  local out = {}
+  for i = 1, math.min(#g, o.window) do out[i] = g[i] end
+  if #out == 0 then
+    local c = s.pool:lookup(req.ids, 1)[1]
+    for i = 1, c and math.min(#c, o.window) or 0 do out[i] = c[i] end
+  end
+  local ids, n = req.ids, req.n
+  local h = (n * 2654435761) % 4294967296 % n
+  while #out < o.window do out[#out + 1] = ids[(h + #out) % n + 1] end
+  return out
+end
+
+local function candidates(s, req, o)
+  local out = {}
+  for i, c in ipairs(s.pool:lookup(req.ids, o.candidates)) do out[i] = c end
+  return out
+end
+
+function M.propose_tree(req, ctx, o)
+  local s = state(req, o)
+  local paths = candidates(s, req, o)
+  s.sent = guesses(s, req, o)
+  if #s.sent > 0 then paths[#paths + 1] = s.sent end
+  return tree_mod.from_paths(paths, req.k)
+end
+
+function M.propose(req, ctx, o)
+  local s = state(req, o)
+  s.sent = guesses(s, req, o)
+  local c = candidates(s, req, o)[1] or s.sent
+  local out = {}
+  for i = 1, math.min(req.k, #c) do out[i] = c[i] end
+  return out
+end
+
+-- Node j's path from the root (its ancestors' ids, then its own), at most `tail` of them.
+local function path_of(info, j)
+  local ids, parents, p = info.ids, info.parents, {}
+  while j > 0 do
+    table.insert(p, 1, ids[j])
+    j = parents and parents[j] or j - 1
+  end
+  return p
+end
+
+-- After a step: each row's context and the model's guess after it into the pool; the guesses
+-- along the lookahead branch become the next step's (shifted by the tokens the step gave).
+function M.observe(req, ctx, o, info)
+  local s = req.memo
+  if not s.pool then return end
+  local seq, need = req.ids, o.match + o.n - 1
+  for j = 1, #info.ids do
+    local x = info.next[j]
+    if x then
+      local p = path_of(info, j)
+      local t = {}
+      for i = math.max(1, #seq - need + #p + 2), #seq do t[#t + 1] = seq[i] end
+      for _, id in ipairs(p) do t[#t + 1] = id end
+      t[#t + 1] = x
+      s.pool:add_ending(t)
+    end
+  end
+  -- the lookahead branch's rows (its guesses, from the root) and the outputs after them
+  local sent, ids, parents = s.sent or {}, info.ids, info.parents
+  local outs, node = { [0] = info.tokens[1] }, 0
+  for d = 1, #sent do
+    local c
+    for j = node + 1, #ids do
+      if (parents and parents[j] or j - 1) == node and ids[j] == sent[d] then c = j break end
+    end
+    if not c then break end
+    outs[d], node = info.next[c], c
+  end
+  local got, g = #info.tokens, {}
+  for i = 1, o.window do
+    local x = outs[got + i - 1]
+    if x == nil then break end
+    g[i] = x
+  end
+  s.guess, s.guess_for, s.sent = g, req.n + got, nil
+end
+
+return M
