@@ -68,12 +68,15 @@ function M.propose(req, ctx, o)
   for m = math.min(o.n, n - 1), o.min, -1 do
     local out = continuation(ids, n, m, req.k, o.window)
     if out then return out end
+    -- (shared=on: the pool's match of m tokens, before a shorter one of the request's own)
+    local c = ctx.pool and ctx.pool:lookup(ids, 1, m)[1]
+    if c then
+      out = {}
+      for i = 1, math.min(req.k, #c) do out[i] = c[i] end
+      return out
+    end
   end
-  local c = ctx.pool and ctx.pool:lookup(ids, 1)[1]
-  if not c then return {} end
-  local out = {}
-  for i = 1, math.min(req.k, #c) do out[i] = c[i] end
-  return out
+  return {}
 end
 
 -- tree=on: up to `branches` continuations (longest n-gram first, then the most recent), those
@@ -90,9 +93,8 @@ function M.propose_tree(req, ctx, o)
       if not seen[key] then seen[key] = true paths[#paths + 1] = out end
       before = e
     end
-  end
-  if ctx.pool and #paths < o.branches then
-    for _, c in ipairs(ctx.pool:lookup(ids, o.branches)) do
+    -- (shared=on: the pool's matches of m tokens after the request's own)
+    for _, c in ipairs(ctx.pool and #paths < o.branches and ctx.pool:lookup(ids, o.branches, m) or {}) do
       local key = table.concat(c, ",")
       if #paths < o.branches and not seen[key] then seen[key] = true paths[#paths + 1] = c end
     end

@@ -120,10 +120,10 @@ function Pool:feed(ids, from)
 end
 
 -- Up to `want` distinct continuations of ids (after its last tokens): the longest key first,
--- each key's most recent first.
-function Pool:lookup(ids, want)
+-- each key's most recent first; with `only`, keys of that many tokens only.
+function Pool:lookup(ids, want, only)
   local out, seen, N = {}, {}, #ids
-  for m = math.min(self.n, N), self.min, -1 do
+  for m = math.min(only or self.n, N), only or self.min, -1 do
     local e = self.keys[key_of(ids, N - m + 1, N)]
     if e then
       for _, c in ipairs(e.conts) do
