@@ -107,6 +107,32 @@ describe("drafts from n-gram pools", function()
     for j = #t.ids - 2, #t.ids do last[#last + 1] = t.ids[j] end
     assert.are.same({ 52, 53 }, { last[1], last[2] })
   end)
+
+  it("sizes its tree by the step's price (size=auto), a count, or leaves it to the rule (0)", function()
+    local p = policy.load("draft", "lookahead:n=4,window=6,candidates=4")
+    local full = 6 + 4 * 3
+    local L = p.module.length
+    -- no price known: a full tree
+    assert.are.equal(full, L({ memo = {}, rows = 1 }, {}, p.params))
+    -- read-bound: rows cost almost nothing, a full tree
+    local flat = function(r) return 100 + 0.01 * r end
+    assert.are.equal(full, L({ memo = {}, rows = 1 }, { price = flat }, p.params))
+    -- compute-bound: each row costs a step; none, but a full tree once in a while (at most 5 % of the time)
+    local steep = function(r) return 10 * r end
+    local memo, sent, n = {}, 0, 400
+    for _ = 1, n do
+      local k = L({ memo = memo, rows = 1 }, { price = steep }, p.params)
+      assert.is_true(k == 0 or k == full, "k " .. k)
+      if k > 0 then sent = sent + 1 end
+    end
+    assert.is_true(sent >= 1 and sent * full * 10 <= 0.06 * n * 10 + full * 10, "full trees sent: " .. sent)
+    -- a count; 0: the draft's rule (nil)
+    assert.are.equal(5, L({ memo = {}, rows = 1 }, {}, policy.load("draft", "lookahead:size=5").params))
+    assert.is_nil(L({ memo = {}, rows = 1 }, {}, policy.load("draft", "lookahead:size=0").params))
+    local ok, err = pcall(policy.load, "draft", "lookahead:size=big")
+    assert.is_false(ok)
+    assert.matches("'size'", tostring(err), 1, true)
+  end)
 end)
 
 -- (continuations without their pool marks)

@@ -32,13 +32,46 @@ M.settings = {
     check = between(0, 64) },
   { "candidates", "int", "the most pool candidates verified each step", default = 4, check = between(0, 64) },
   { "entries", "int", "the pool's bound: n-grams kept per request", default = 4096, check = at_least(16) },
-  { "size", "int", "nodes of a step's tree (0: the draft length rule or --draft-tokens decides)", default = 16,
-    check = between(0, 64) },
+  { "size", "string", "nodes of a step's tree: auto (as many as the step's price pays for, up to window + candidates x "
+    .. "(n - 1)), a count 1..64, or 0 (the draft length rule decides); --draft-tokens wins", default = "auto",
+    check = function(v)
+      local k = tonumber(v)
+      return v == "auto" or (k ~= nil and k == math.floor(k) and k >= 0 and k <= 64), "must be auto or a whole number in 0..64"
+    end },
   { "tree", "bool", "propose a tree (candidates and the lookahead branch); off: a chain", default = true },
 }
 
+-- size=auto: the k in 0..full (window + candidates x (n - 1), at most 64) that maximises the
+-- expected tokens per ms, E(k) / price(rows + k), with E(k) = 1 + (g - 1) k / full and g the
+-- request's measured tokens per step scaled to a full tree (a prior of 1.3 until measured);
+-- price the draft's (the cost model's, scaled to the step times measured). While k is 0 a full
+-- tree is sent anyway once in `every` steps (the price ratio's: at most 5 % of the time) so that
+-- g is measured again. Without a price: full.
+local PRIOR = 1.3
+local function auto(req, ctx, o)
+  local full = math.min(64, o.window + o.candidates * (o.n - 1))
+  local s, rows = req.memo, req.rows or 1
+  local base = ctx.price and ctx.price(rows)
+  if not base or base <= 0 then return full end
+  local g = s.gain or PRIOR
+  local best, best_rate = 0, 1 / base
+  for k = 1, full do
+    if k > 4 and k % 4 ~= 0 and k ~= full then goto next end -- (1..4, then every 4th, and full)
+    local rate = (1 + (g - 1) * k / full) / (ctx.price(rows + k) or base)
+    if rate > best_rate * 1.0001 then best, best_rate = k, rate end
+    ::next::
+  end
+  if best > 0 then s.quiet = 0 return best end
+  s.quiet = (s.quiet or 0) + 1
+  local every = math.max(8, math.ceil(((ctx.price(rows + full) or base) / base - 1) / 0.05))
+  if s.quiet >= every then s.quiet = 0 return full end
+  return 0
+end
+
 function M.length(req, ctx, o)
-  if o.size > 0 then return o.size end
+  if o.size == "auto" then return auto(req, ctx, o) end
+  local k = tonumber(o.size)
+  if k > 0 then return k end
   return nil -- (the draft's length rule)
 end
 
@@ -46,12 +79,23 @@ end
 local function state(req, o)
   local s = req.memo
   if not s.pool then
-    s.pool = pool_mod.new { n = o.match, min = 1, span = o.n - 1, entries = o.entries, per_key = math.max(1, o.candidates) }
-    s.fed = 0
+    local shape = { n = o.match, min = 1, span = o.n - 1, entries = o.entries, per_key = math.max(1, o.candidates) }
+    s.pool, s.seen, s.fed = pool_mod.new(shape), pool_mod.new(shape), 0
   end
-  s.pool:feed(req.ids, s.fed + 1)
+  s.seen:feed(req.ids, s.fed + 1)
   s.fed = req.n
   return s
+end
+
+-- (the pool of the model's guesses; the sequence's own n-grams first)
+local function candidates(s, req, o)
+  local out, seen = {}, {}
+  for _, p in ipairs({ s.seen, s.pool }) do
+    for _, c in ipairs(p:lookup(req.ids, o.candidates)) do
+      if #out < o.candidates and not seen[c.sig] then seen[c.sig] = true out[#out + 1] = c end
+    end
+  end
+  return out
 end
 
 -- The lookahead branch for a sequence of n ids: the guesses made for it (the last step's
@@ -61,18 +105,12 @@ local function guesses(s, req, o)
   local out = {}
   for i = 1, math.min(#g, o.window) do out[i] = g[i] end
   if #out == 0 then
-    local c = s.pool:lookup(req.ids, 1)[1]
+    local c = candidates(s, req, o)[1]
     for i = 1, c and math.min(#c, o.window) or 0 do out[i] = c[i] end
   end
   local ids, n = req.ids, req.n
   local h = (n * 2654435761) % 4294967296 % n
   while #out < o.window do out[#out + 1] = ids[(h + #out) % n + 1] end
-  return out
-end
-
-local function candidates(s, req, o)
-  local out = {}
-  for i, c in ipairs(s.pool:lookup(req.ids, o.candidates)) do out[i] = c end
   return out
 end
 
@@ -132,6 +170,10 @@ function M.observe(req, ctx, o, info)
     outs[d], node = info.next[c], c
   end
   local got, g = #info.tokens, {}
+  -- (size=auto: the tokens a step gives, scaled to a full tree)
+  local full = math.min(64, o.window + o.candidates * (o.n - 1))
+  local x = math.min(full + 1, 1 + (got - 1) * full / math.max(1, #info.ids))
+  s.gain = 0.8 * (s.gain or PRIOR) + 0.2 * x
   for i = 1, o.window do
     local x = outs[got + i - 1]
     if x == nil then break end

@@ -41,6 +41,7 @@ function M.new(policy, target, opts)
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
+  d.ctx.price = function(rows) return d:price(rows) end -- (a step's price for a policy's `length`: lookahead)
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
@@ -60,7 +61,7 @@ function Draft:variant(policy, opts)
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
     stats = self.stats, parent = self }, Draft)
-  d.ctx = same and self.ctx or { target = self.target, memo = d.memo }
+  d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price }
   d.tree = tree.wanted(policy)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
@@ -127,7 +128,9 @@ function Draft:length(r, rows, room)
   if self.fixed then return math.min(self.fixed, room) end
   local pm = self.policy.module
   if pm and pm.length then
-    local k = pm.length(view(r, s, room), self.ctx, self.policy.params)
+    local v = view(r, s, room)
+    v.rows = rows -- (the step's rows so far, r's last token among them)
+    local k = pm.length(v, self.ctx, self.policy.params)
     -- (nil: the policy leaves it to the rule below)
     if k ~= nil then return math.max(0, math.min(math.floor(k), room)) end
   end
