@@ -17,7 +17,7 @@
 --   tree          (when the draft policy offers it) self:layers=L with tree=on against the chain
 --   lookahead     lookahead decoding (no second model: the target's own guesses, PEEK, feed an
 --                 n-gram pool) on each of the 7 reference prompts against no drafts on the same
---                 prompt, both planned for --lookahead-rows logits rows (target: >= 1.2x overall,
+--                 prompt, the plan every variant runs (or --lookahead-rows) (target: >= 1.2x overall,
 --                 none below 1.0x)
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
@@ -61,7 +61,7 @@ local spec = {
     { "lookahead", "string", "the lookahead variant's draft, on the 7 reference prompts against no drafts (empty: none)",
       default = "lookahead" },
     { "lookahead-rows", "int", "the logits rows the lookahead variant and its no-drafts runs are planned for (its tree's "
-      .. "nodes + 1)", default = 17 },
+      .. "nodes + 1; 0: every variant's plan)", default = 0 },
     { "only-lookahead", "bool", "run the lookahead variant alone" },
   },
 }
