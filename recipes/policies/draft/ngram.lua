@@ -27,18 +27,20 @@ M.settings = {
   { "span", "int", "with shared=on: tokens kept per continuation in the pool", default = 8, check = at_least(1) },
 }
 
--- The shared pool (shared=on): one per model and shape in the process.
-function M.open(ctx, o)
-  if not o.shared then return end
-  if o.min > o.n then error(string.format("draft ngram: min (%d) is more than n (%d)", o.min, o.n), 0) end
+-- The shared pool (shared=on; nil: off): one per model and shape in the process, found at the
+-- first use (no `open`: ngram loads nothing, so a server lets a request choose it).
+local function pool_of(ctx, o)
+  if not o.shared or o.min > o.n then return nil end
   local t = ctx.target or {}
-  local name = string.format("%s|%d|%d|%d|%d|%d", tostring(t.path or t.who or "?"), t.vocab or 0, o.n, o.min, o.span, o.entries)
-  ctx.pool = pool_mod.shared(name, { n = o.n, min = o.min, span = o.span, entries = o.entries, per_key = o.branches })
+  local name = string.format("%s|%d|%d|%d|%d|%d|%d", tostring(t.path or t.who or "?"), t.vocab or 0, o.n, o.min, o.span,
+    o.entries, o.branches)
+  return pool_mod.shared(name, { n = o.n, min = o.min, span = o.span, entries = o.entries, per_key = o.branches })
 end
 
 -- A request ends: its sequence feeds the shared pool.
 function M.finish(req, ctx, o)
-  if ctx.pool then ctx.pool:feed(req.ids) end
+  local pool = pool_of(ctx, o)
+  if pool then pool:feed(req.ids) end
 end
 
 -- The continuation after the most recent earlier occurrence of the sequence's last m tokens
@@ -64,12 +66,12 @@ local function continuation(ids, n, m, k, window, before)
 end
 
 function M.propose(req, ctx, o)
-  local ids, n = req.ids, req.n
+  local ids, n, pool = req.ids, req.n, pool_of(ctx, o)
   for m = math.min(o.n, n - 1), o.min, -1 do
     local out = continuation(ids, n, m, req.k, o.window)
     if out then return out end
     -- (shared=on: the pool's match of m tokens, before a shorter one of the request's own)
-    local c = ctx.pool and ctx.pool:lookup(ids, 1, m)[1]
+    local c = pool and pool:lookup(ids, 1, m)[1]
     if c then
       out = {}
       for i = 1, math.min(req.k, #c) do out[i] = c[i] end
@@ -82,7 +84,7 @@ end
 -- tree=on: up to `branches` continuations (longest n-gram first, then the most recent), those
 -- that differ merged into a tree of at most req.k nodes (loip.engine.request.tree.from_paths).
 function M.propose_tree(req, ctx, o)
-  local ids, n = req.ids, req.n
+  local ids, n, pool = req.ids, req.n, pool_of(ctx, o)
   local paths, seen = {}, {}
   for m = math.min(o.n, n - 1), o.min, -1 do
     local before = n
@@ -94,7 +96,7 @@ function M.propose_tree(req, ctx, o)
       before = e
     end
     -- (shared=on: the pool's matches of m tokens after the request's own)
-    for _, c in ipairs(ctx.pool and #paths < o.branches and ctx.pool:lookup(ids, o.branches, m) or {}) do
+    for _, c in ipairs(pool and #paths < o.branches and pool:lookup(ids, o.branches, m) or {}) do
       local key = table.concat(c, ",")
       if #paths < o.branches and not seen[key] then seen[key] = true paths[#paths + 1] = c end
     end
