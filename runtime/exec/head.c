@@ -3,7 +3,8 @@
  * The local engine (lua/loip/engine/local.lua, through the FFI) and a ring's last device
  * (runtime/worker/device.c) each run a step and hand its output rows here: which rows give an
  * output (loip_head_rows), then per row a logits output, a sampled token, or a run of drafts
- * verified as a chain or a tree (loip_head_outputs) with the slot's own sampler and history.
+ * verified as a chain or a tree (loip_head_outputs) with the slot's own sampler and history,
+ * and after a run the argmax of each of its rows flagged PEEK off the accepted path (lookahead).
  * The head of a request that asks for logprobs or runs under a grammar gets its rows back as
  * logits and samples them here too (loip_head_sample), with a sampler of the same seed and
  * history, so that neither changes a request's tokens.
