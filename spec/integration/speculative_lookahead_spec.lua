@@ -33,7 +33,9 @@ describe("lookahead and shared n-gram drafts", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
   it("give llama2.c's tokens on one device, the 7 reference prompts, as trees and chains", function()
-    for _, d in ipairs({ { "lookahead" }, { "lookahead:size=16" }, { "lookahead:tree=off,size=8" }, { "lookahead:size=0" }, { "lookahead:n=5,window=3", 12 },
+    -- (size=auto, the default, may turn itself down here, where a step of many rows costs many
+    -- single ones: its tokens are checked, not that it drafted)
+    for _, d in ipairs({ { "lookahead", auto = true }, { "lookahead:size=16" }, { "lookahead:tree=off,size=8" }, { "lookahead:size=0" }, { "lookahead:n=5,window=3", 12 },
       { "ngram:shared=on,tree=on" }, { "ngram:shared=on" } }) do
       pool.drop_shared()
       local m = loip.model.open(store(), { context = 256, threads = 1, draft = d[1], draft_tokens = d[2] })
@@ -41,7 +43,7 @@ describe("lookahead and shared n-gram drafts", function()
         assert.are.same(prefix(case.generated_ids, 120), run(m:batcher(), case.prompt_ids, 120), d[1] .. " on " .. json.encode(case.prompt))
       end
       local r = m:batcher().draft:report()
-      assert.is_true(r.drafted > 0 and r.accepted > 0, string.format("%s: %d of %d accepted", d[1], r.accepted, r.drafted))
+      assert.is_true(d.auto or (r.drafted > 0 and r.accepted > 0), string.format("%s: %d of %d accepted", d[1], r.accepted, r.drafted))
       m:close()
     end
     pool.drop_shared()
@@ -50,7 +52,7 @@ describe("lookahead and shared n-gram drafts", function()
   it("give the same tokens on 3 local devices, two requests in the batch", function()
     local c = cluster.start_local { store = store(), devices = 3, threads = 1 }
     local ok, err = pcall(function()
-      for _, d in ipairs({ { "lookahead", 12 }, { "lookahead" }, { "lookahead:tree=off,size=6" }, { "ngram:shared=on,tree=on", 6 } }) do
+      for _, d in ipairs({ { "lookahead", 12 }, { "lookahead", auto = true }, { "lookahead:tree=off,size=6" }, { "ngram:shared=on,tree=on", 6 } }) do
         pool.drop_shared()
         local pol = loip.policy.load("draft", d[1])
         -- (the guesses the last device sent back: nodes off the accepted path with a token after them)
@@ -74,8 +76,8 @@ describe("lookahead and shared n-gram drafts", function()
         b:drain()
         for k, cs in ipairs(cases) do assert.are.same(prefix(cs.generated_ids, 60), reqs[k].token_ids, d[1]) end
         local r = b.draft:report()
-        assert.is_true(r.drafted > 0 and r.accepted > 0, d[1])
-        if observe then assert.is_true(peeked > 0, d[1] .. ": the last device's guesses came back") end
+        assert.is_true(d.auto or (r.drafted > 0 and r.accepted > 0), d[1])
+        if observe and not d.auto then assert.is_true(peeked > 0, d[1] .. ": the last device's guesses came back") end
       end
     end)
     c:close()
@@ -84,9 +86,9 @@ describe("lookahead and shared n-gram drafts", function()
   end)
 
   it("leave a seeded sampled stream unchanged", function()
-    local function tokens(draft)
+    local function tokens(draft, k)
       pool.drop_shared()
-      local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft })
+      local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = k })
       local all = {}
       for s = 1, 6 do
         all[s] = run(m:batcher(), greedy.cases[2].prompt_ids, 60, { sampler = { temperature = 0.9 }, seed = s, stop = {} })
@@ -99,7 +101,7 @@ describe("lookahead and shared n-gram drafts", function()
     -- (fixed sizes: on one device a step of many rows of this small model costs many, and
     -- size=auto would rarely draft)
     for _, d in ipairs({ "lookahead:size=16", "lookahead:tree=off,size=8", "ngram:shared=on,tree=on" }) do
-      local got, acc = tokens(d)
+      local got, acc = tokens(d, d:match("^ngram") and 4 or nil)
       assert.are.same(none, got, d)
       assert.is_true(acc > 0, d .. ": drafts were accepted")
     end

@@ -42,29 +42,44 @@ M.settings = {
 }
 
 -- size=auto: the k in 0..full (window + candidates x (n - 1), at most 64) that maximises the
--- expected tokens per ms, E(k) / price(rows + k), with E(k) = 1 + (g - 1) k / full and g the
--- request's measured tokens per step scaled to a full tree (a prior of 1.3 until measured);
--- price the draft's (the cost model's, scaled to the step times measured). While k is 0 a full
+-- expected tokens per ms, E(k) / (price(rows + k) + own), with E(k) = 1 + (g - 1) k / full and g the
+-- request's measured tokens per step scaled to a full tree (from trees of at least half of it;
+-- a prior of 1.3 until measured);
+-- price the draft's (the cost model's, scaled to the step times measured) and own the policy's
+-- own time a drafting step (proposing and observing, measured). While k is 0 a full
 -- tree is sent anyway once in `every` steps (the price ratio's: at most 5 % of the time) so that
 -- g is measured again. Without a price: full.
 local PRIOR = 1.3
-local function auto(req, ctx, o)
-  local full = math.min(64, o.window + o.candidates * (o.n - 1))
-  local s, rows = req.memo, req.rows or 1
+local function full_of(o) return math.min(64, o.window + o.candidates * (o.n - 1)) end
+
+-- The best k by the price, and how often a full tree goes out while it is 0 (nil: no price).
+local function choose(req, ctx, o)
+  local full, rows = full_of(o), req.rows or 1
   local base = ctx.price and ctx.price(rows)
-  if not base or base <= 0 then return full end
-  local g = s.gain or PRIOR
+  if not base or base <= 0 then return nil end
+  local g = req.memo.gain or PRIOR
   local best, best_rate = 0, 1 / base
   for k = 1, full do
-    if k > 4 and k % 4 ~= 0 and k ~= full then goto next end -- (1..4, then every 4th, and full)
-    local rate = (1 + (g - 1) * k / full) / (ctx.price(rows + k) or base)
-    if rate > best_rate * 1.0001 then best, best_rate = k, rate end
-    ::next::
+    if k <= 4 or k % 4 == 0 or k == full then -- (1..4, then every 4th, and full)
+      local rate = (1 + (g - 1) * k / full) / ((ctx.price(rows + k) or base) + (req.memo.own_ms or 0))
+      if rate > best_rate * 1.0001 then best, best_rate = k, rate end
+    end
   end
-  if best > 0 then s.quiet = 0 return best end
+  return best, math.max(8, math.ceil(((ctx.price(rows + full) or base) / base - 1) / 0.05))
+end
+
+-- (chosen again every 8th step, or when the step's rows change: a step of a small model is
+-- short beside the Lua of pricing the sizes)
+local function auto(req, ctx, o)
+  local s = req.memo
+  if s.auto_k == nil or s.auto_rows ~= req.rows or s.auto_left <= 0 then
+    local k, every = choose(req, ctx, o)
+    s.auto_k, s.auto_every, s.auto_rows, s.auto_left = k or full_of(o), every, req.rows, 8
+  end
+  s.auto_left = s.auto_left - 1
+  if s.auto_k > 0 then s.quiet = 0 return s.auto_k end
   s.quiet = (s.quiet or 0) + 1
-  local every = math.max(8, math.ceil(((ctx.price(rows + full) or base) / base - 1) / 0.05))
-  if s.quiet >= every then s.quiet = 0 return full end
+  if s.quiet >= s.auto_every then s.quiet = 0 return full_of(o) end
   return 0
 end
 
@@ -75,7 +90,8 @@ function M.length(req, ctx, o)
   return nil -- (the draft's length rule)
 end
 
--- The request's state: its pool (fed with its own sequence so far) and its guesses.
+-- The request's state: its pool of the model's guesses, its pool of its own n-grams (fed with
+-- its sequence so far) and its guesses.
 local function state(req, o)
   local s = req.memo
   if not s.pool then
@@ -114,20 +130,31 @@ local function guesses(s, req, o)
   return out
 end
 
+-- The policy's own time a step (ms of CPU, a running average): the price of drafting at all.
+local function timed(s, t0)
+  local ms = (os.clock() - t0) * 1000
+  s.own_ms = s.own_ms and 0.8 * s.own_ms + 0.2 * ms or ms
+end
+
 function M.propose_tree(req, ctx, o)
+  local t0 = os.clock()
   local s = state(req, o)
   local paths = candidates(s, req, o)
   s.sent = guesses(s, req, o)
   if #s.sent > 0 then paths[#paths + 1] = s.sent end
-  return tree_mod.from_paths(paths, req.k)
+  local t = tree_mod.from_paths(paths, req.k)
+  timed(s, t0)
+  return t
 end
 
 function M.propose(req, ctx, o)
+  local t0 = os.clock()
   local s = state(req, o)
   s.sent = guesses(s, req, o)
   local c = candidates(s, req, o)[1] or s.sent
   local out = {}
   for i = 1, math.min(req.k, #c) do out[i] = c[i] end
+  timed(s, t0)
   return out
 end
 
@@ -146,6 +173,7 @@ end
 function M.observe(req, ctx, o, info)
   local s = req.memo
   if not s.pool then return end
+  local t0 = os.clock()
   local seq, need = req.ids, o.match + o.n - 1
   for j = 1, #info.ids do
     local x = info.next[j]
@@ -171,15 +199,20 @@ function M.observe(req, ctx, o, info)
   end
   local got, g = #info.tokens, {}
   -- (size=auto: the tokens a step gives, scaled to a full tree)
-  local full = math.min(64, o.window + o.candidates * (o.n - 1))
-  local x = math.min(full + 1, 1 + (got - 1) * full / math.max(1, #info.ids))
-  s.gain = 0.8 * (s.gain or PRIOR) + 0.2 * x
+  -- (from trees of at least half the full size only: a small one's gain scaled up says little)
+  local full = full_of(o)
+  if 2 * #info.ids >= full then
+    local x = math.min(full + 1, 1 + (got - 1) * full / #info.ids)
+    s.gain = 0.8 * (s.gain or PRIOR) + 0.2 * x
+  end
   for i = 1, o.window do
     local x = outs[got + i - 1]
     if x == nil then break end
     g[i] = x
   end
   s.guess, s.guess_for, s.sent = g, req.n + got, nil
+  -- (observing is part of the policy's time: added to the last proposal's)
+  s.own_ms = (s.own_ms or 0) + (os.clock() - t0) * 1000 * 0.2
 end
 
 return M
