@@ -43,8 +43,8 @@ M.settings = {
 
 -- size=auto: the k in 0..full (window + candidates x (n - 1), at most 64) that maximises the
 -- expected tokens per ms, E(k) / (price(rows + k) + own), with E(k) = 1 + (g - 1) k / full and g the
--- request's measured tokens per step scaled to a full tree (from trees of at least half of it;
--- a prior of 1.3 until measured);
+-- request's measured tokens per step scaled to a full tree (from trees of at least half of it,
+-- or of the room a step had; a prior of 1.3 until measured);
 -- price the draft's (the cost model's, scaled to the step times measured) and own the policy's
 -- own time a drafting step (proposing and observing, measured). While k is 0 a full
 -- tree is sent anyway once in `every` steps (the price ratio's: at most 5 % of the time) so that
@@ -76,7 +76,7 @@ local function auto(req, ctx, o)
     local k, every = choose(req, ctx, o)
     s.auto_k, s.auto_every, s.auto_rows, s.auto_left = k or full_of(o), every, req.rows, 8
   end
-  s.auto_left = s.auto_left - 1
+  s.auto_left, s.room = s.auto_left - 1, req.k
   if s.auto_k > 0 then s.quiet = 0 return s.auto_k end
   s.quiet = (s.quiet or 0) + 1
   if s.quiet >= s.auto_every then s.quiet = 0 return full_of(o) end
@@ -130,35 +130,38 @@ local function guesses(s, req, o)
   return out
 end
 
--- The policy's own time a step (ms of CPU, a running average): the price of drafting at all.
-local function timed(s, t0)
-  local ms = (os.clock() - t0) * 1000
+-- The time now in ms (the engine's clock, ctx.now; else the process's CPU time).
+local function clock(ctx) return ctx.now and ctx.now() or os.clock() * 1000 end
+
+-- The policy's own time a step (ms, a running average): the price of drafting at all.
+local function timed(ctx, s, t0)
+  local ms = clock(ctx) - t0
   s.own_ms = s.own_ms and 0.8 * s.own_ms + 0.2 * ms or ms
 end
 
 function M.propose_tree(req, ctx, o)
-  local t0 = os.clock()
+  local t0 = clock(ctx)
   local s = state(req, o)
   local paths = candidates(s, req, o)
   s.sent = guesses(s, req, o)
   if #s.sent > 0 then paths[#paths + 1] = s.sent end
   local t = tree_mod.from_paths(paths, req.k)
-  timed(s, t0)
+  timed(ctx, s, t0)
   return t
 end
 
 function M.propose(req, ctx, o)
-  local t0 = os.clock()
+  local t0 = clock(ctx)
   local s = state(req, o)
   s.sent = guesses(s, req, o)
   local c = candidates(s, req, o)[1] or s.sent
   local out = {}
   for i = 1, math.min(req.k, #c) do out[i] = c[i] end
-  timed(s, t0)
+  timed(ctx, s, t0)
   return out
 end
 
--- Node j's path from the root (its ancestors' ids, then its own), at most `tail` of them.
+-- Node j's path from the root (its ancestors' ids, then its own).
 local function path_of(info, j)
   local ids, parents, p = info.ids, info.parents, {}
   while j > 0 do
@@ -173,7 +176,7 @@ end
 function M.observe(req, ctx, o, info)
   local s = req.memo
   if not s.pool then return end
-  local t0 = os.clock()
+  local t0 = clock(ctx)
   local seq, need = req.ids, o.match + o.n - 1
   for j = 1, #info.ids do
     local x = info.next[j]
@@ -199,9 +202,10 @@ function M.observe(req, ctx, o, info)
   end
   local got, g = #info.tokens, {}
   -- (size=auto: the tokens a step gives, scaled to a full tree)
-  -- (from trees of at least half the full size only: a small one's gain scaled up says little)
+  -- (from trees of at least half the full size, or of the room a step had: a small one's gain
+  -- scaled up says little)
   local full = full_of(o)
-  if 2 * #info.ids >= full then
+  if 2 * #info.ids >= math.min(full, s.room or full) then
     local x = math.min(full + 1, 1 + (got - 1) * full / #info.ids)
     s.gain = 0.8 * (s.gain or PRIOR) + 0.2 * x
   end
@@ -212,7 +216,7 @@ function M.observe(req, ctx, o, info)
   end
   s.guess, s.guess_for, s.sent = g, req.n + got, nil
   -- (observing is part of the policy's time: added to the last proposal's)
-  s.own_ms = (s.own_ms or 0) + (os.clock() - t0) * 1000 * 0.2
+  s.own_ms = (s.own_ms or 0) + (clock(ctx) - t0) * 0.2
 end
 
 return M

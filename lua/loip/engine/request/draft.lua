@@ -42,6 +42,7 @@ function M.new(policy, target, opts)
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.ctx.price = function(rows) return d:price(rows) end -- (a step's price for a policy's `length`: lookahead)
+  d.ctx.now = d.now -- (the engine's clock, ms)
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
@@ -61,7 +62,7 @@ function Draft:variant(policy, opts)
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
     stats = self.stats, parent = self }, Draft)
-  d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price }
+  d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
