@@ -44,7 +44,8 @@ M.settings = {
 -- size=auto: the k in 0..full (window + candidates x (n - 1), at most 64) that maximises the
 -- expected tokens per ms, E(k) / (price(rows + k) + own), with E(k) = 1 + (g - 1) k / full and g the
 -- request's measured tokens per step scaled to a full tree (from trees of at least half of it,
--- or of the room a step had; a prior of 1.3 until measured);
+-- or of the room a step had), never taken below 1.3 (what a step's guesses are worth to the
+-- pool beyond the tokens they give now: a stretch without acceptance does not stop it);
 -- price the draft's (the cost model's, scaled to the step times measured) and own the policy's
 -- own time a drafting step (proposing and observing, measured). While k is 0 a full
 -- tree is sent anyway once in `every` steps (the price ratio's: at most 5 % of the time) so that
@@ -57,7 +58,7 @@ local function choose(req, ctx, o)
   local full, rows = full_of(o), req.rows or 1
   local base = ctx.price and ctx.price(rows)
   if not base or base <= 0 then return nil end
-  local g = req.memo.gain or PRIOR
+  local g = math.max(req.memo.gain or PRIOR, PRIOR)
   local best, best_rate = 0, 1 / base
   for k = 1, full do
     if k <= 4 or k % 4 == 0 or k == full then -- (1..4, then every 4th, and full)
