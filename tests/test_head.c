@@ -9,7 +9,7 @@
 #include "loip.h"
 #include "check.h"
 
-enum { V = 16, S = LOIP_TOKF_SAMPLE, L = LOIP_TOKF_LOGITS, D = LOIP_TOKF_DRAFT, TR = LOIP_TOKF_TREE };
+enum { V = 16, S = LOIP_TOKF_SAMPLE, L = LOIP_TOKF_LOGITS, D = LOIP_TOKF_DRAFT, TR = LOIP_TOKF_TREE, PK = LOIP_TOKF_PEEK };
 
 static loip_sampler_params params(float temperature) {
     return (loip_sampler_params){.temperature = temperature, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
@@ -177,10 +177,66 @@ static void logprobs(void) {
     loip_head_free(h);
 }
 
+/* PEEK rows: after a run's outputs, the argmax of each draft row flagged PEEK off the accepted
+ * path, in row order; the run's tokens (and the sampler's draws) as without the flag. A tree in
+ * slot 0: nodes 1 (under the root), 2 (under 1), 3 (under the root), 4 (under 1); a chain of 3
+ * in slot 1, its last row not flagged PEEK. */
+static void peek_rows(float temperature) {
+    loip_sampler_params p = params(temperature);
+    enum { N = 9 };
+    loip_step_token t[N] = {
+        {0, 10, 1, S, 5, 0},           {0, 11, 1, S | D | TR | PK, 6, 1}, {0, 12, 1, S | D | TR | PK, 7, 1},
+        {0, 13, 1, S | D | TR | PK, 8, 3}, {0, 14, 1, S | D | TR | PK, 9, 1},
+        {1, 20, 2, S, 5, 0},           {1, 21, 2, S | D | PK, 6, 0},      {1, 22, 2, S | D | PK, 7, 0},
+        {1, 23, 2, S | D, 8, 0}};
+    float logits[N * V];
+    for (int r = 0; r < N; r++)
+        for (int v = 0; v < V; v++) logits[r * V + v] = (float)((r * 7 + v * 5) % 11) * 0.1f;
+    /* greedy: the root's argmax is 6 (node 1 accepted), node 1's 12 (node 2, 7, rejected); the
+     * chain: 6 accepted, then 7 accepted, then 8's row says 13 */
+    int amax[N] = {6, 12, 14, 4, 11, 6, 7, 13, 15};
+    for (int r = 0; r < N; r++) logits[r * V + amax[r]] = 9.0f;
+    loip_head *h = new_head(2, N), *ref = new_head(2, N);
+    start(h, 0, &p, 7), start(h, 1, &p, 8), start(ref, 0, &p, 7), start(ref, 1, &p, 8);
+    loip_step_token plain[N];
+    for (int r = 0; r < N; r++) plain[r] = t[r], plain[r].flags &= ~PK;
+    int32_t rows[N], n_rows, n_logits, n, n_ref, out_rows[N];
+    loip_step_output outs[N], want[N];
+    CHECK(loip_head_rows(t, N, 0, rows, &n_rows, &n_logits) == 0 && n_rows == N, "rows");
+    CHECK(loip_head_outputs(h, t, rows, N, logits, V, outs, out_rows, &n, NULL, NULL) == 0, "peek: %s", loip_last_error());
+    CHECK(loip_head_outputs(ref, plain, rows, N, logits, V, want, NULL, &n_ref, NULL, NULL) == 0, "plain");
+    /* the tokens: the plain run's, in order, once the PEEK outputs are set aside */
+    int32_t j = 0, w = 0, np = 0;
+    for (; j < n; j++) {
+        if (outs[j].flags & PK) {
+            np++;
+            CHECK(outs[j].id == amax[out_rows[j]] && outs[j].seq == t[out_rows[j]].seq, "peek of row %d: %d, its argmax %d",
+                  out_rows[j], outs[j].id, amax[out_rows[j]]);
+            continue;
+        }
+        CHECK(w < n_ref && outs[j].id == want[w].id && outs[j].seq == want[w].seq && outs[j].flags == want[w].flags,
+              "token output %d (T %g)", w, temperature);
+        w++;
+    }
+    CHECK(w == n_ref, "%d token outputs, %d without PEEK (T %g)", w, n_ref, temperature);
+    CHECK(n <= n_rows, "%d outputs for %d rows", n, n_rows);
+    if (temperature <= 0) {
+        /* tree: tokens 6, 12; peeks of nodes 2, 3, 4 (rows 2, 3, 4). chain: 6, 7, 13; no peek
+         * (row 8 is on the path, and not flagged) */
+        CHECK(n == 2 + 3 + 3 && np == 3, "greedy: %d outputs, %d peeks", n, np);
+        CHECK(outs[2].id == 14 && out_rows[2] == 2 && outs[3].id == 4 && outs[4].id == 11, "greedy peeks %d %d %d",
+              outs[2].id, outs[3].id, outs[4].id);
+    }
+    loip_head_free(h);
+    loip_head_free(ref);
+}
+
 int main(void) {
     rows_order();
     outputs_match(0.0f);
     outputs_match(0.9f);
+    peek_rows(0.0f);
+    peek_rows(0.9f);
     errors();
     logprobs();
     printf("test_head: %d passed, %d failed\n", n_pass, n_fail);

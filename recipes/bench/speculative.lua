@@ -15,6 +15,10 @@
 --   ngram         prompt lookup on each of the 7 reference prompts (their texts repeat), the
 --                 length chosen each step: against no drafts on the same prompt
 --   tree          (when the draft policy offers it) self:layers=L with tree=on against the chain
+--   lookahead     lookahead decoding (no second model: the target's own guesses, PEEK, feed an
+--                 n-gram pool) on each of the 7 reference prompts against no drafts on the same
+--                 prompt, the plan every variant runs (or --lookahead-rows) (target: >= 1.2x overall,
+--                 none below 1.0x)
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
@@ -54,6 +58,11 @@ local spec = {
       .. "the ends hold its embedding and tied head on top of an equal share: they offload layers)", default = 1.0 },
     { "out", "string", "where to write speculative.json and speculative.svg", default = "bench-out" },
     { "quick", "bool", "40 tokens, k 1 and 4, two ngram prompts: check the recipe works" },
+    { "lookahead", "string", "the lookahead variant's draft, on the 7 reference prompts against no drafts (empty: none)",
+      default = "lookahead" },
+    { "lookahead-rows", "int", "the logits rows the lookahead variant and its no-drafts runs are planned for (its tree's "
+      .. "nodes + 1; 0: every variant's plan)", default = 0 },
+    { "only-lookahead", "bool", "run the lookahead variant alone" },
   },
 }
 local o = flags.parse(spec, arg, 1)
@@ -99,7 +108,35 @@ local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") en
 local result = { devices = o.devices, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay,
   tokens = o.tokens, store = o.store, variants = {} }
 local c = cluster.start_local { store = o.store, devices = o.devices, mem = mems, threads = 1 }
+-- lookahead on the reference prompts, each against no drafts on the same prompt and plan
+local function lookahead_rows()
+  local extra = { logits_tokens = math.max(LOGITS_ROWS, o.lookahead_rows) }
+  local rows, sum_none, sum_la, worst = {}, 0, 0, nil
+  for i, case in ipairs(greedy.cases) do
+    if not o.quick or i <= 2 then
+      local base = run(c, nil, nil, case.prompt_ids, o.tokens, extra)
+      local r = run(c, o.lookahead, nil, case.prompt_ids, o.tokens, extra)
+      result.same_tokens = (result.same_tokens ~= false) and same(r.tokens, base.tokens)
+      local x = { prompt = case.prompt, speedup = r.tokens_per_s / base.tokens_per_s, tokens_per_s = r.tokens_per_s,
+        none_tokens_per_s = base.tokens_per_s, tokens_per_step = r.tokens_per_step, drafted = r.draft.drafted,
+        accepted = r.draft.accepted, tree_size = r.draft.tree_size, same = same(r.tokens, base.tokens) }
+      rows[#rows + 1] = x
+      sum_none, sum_la = sum_none + (#base.tokens - 1) / base.tokens_per_s, sum_la + (#r.tokens - 1) / r.tokens_per_s
+      worst = (not worst or x.speedup < worst) and x.speedup or worst
+      log("%s on %q: %.2fx none (%.1f vs %.1f tokens/s), %.2f tokens per step, tree %.1f nodes, same tokens: %s", o.lookahead,
+        case.prompt, x.speedup, r.tokens_per_s, base.tokens_per_s, r.tokens_per_step, r.draft.tree_size, tostring(x.same))
+    end
+  end
+  -- overall: the tokens of all prompts over the time of all of them
+  result.variants.lookahead = { draft = o.lookahead, logits_rows = extra.logits_tokens, runs = rows,
+    speedup = sum_none / sum_la, worst_speedup = worst }
+  result.lookahead_speedup, result.lookahead_worst_speedup = sum_none / sum_la, worst
+  log("%s: %.2fx no drafts over the %d prompts (target >= 1.2), worst %.2fx (target >= 1.0)", o.lookahead, sum_none / sum_la,
+    #rows, worst)
+end
+
 local ok, err = pcall(function()
+  if o.only_lookahead then return lookahead_rows() end
   local prompt = greedy.cases[2].prompt_ids
   log("none: %d tokens, no drafts", o.tokens)
   local none = run(c, nil, nil, prompt, o.tokens)
@@ -176,6 +213,7 @@ local ok, err = pcall(function()
       chain.tokens_per_step, tree.tokens_per_s, chain.tokens_per_s)
   end
   result.same_tokens = all_same
+  if o.lookahead ~= "" then lookahead_rows() end
 end)
 c:close()
 if not ok then error(err, 0) end
@@ -217,9 +255,17 @@ if o.synthetic then
   if not sok then error(serr, 0) end
 end
 
-log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95); same tokens: %s",
-  result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, tostring(result.same_tokens))
+log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95); lookahead %.2fx, worst %.2fx; same tokens: %s",
+  result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, result.lookahead_speedup or 0, result.lookahead_worst_speedup or 0,
+  tostring(result.same_tokens))
 os.execute("mkdir -p '" .. o.out .. "'")
+if o.only_lookahead then
+  local f = assert(io.open(o.out .. "/speculative-lookahead.json", "w"))
+  f:write(json.encode_sorted(result, 2), "\n")
+  f:close()
+  print(json.encode_sorted(result))
+  return
+end
 local function series(runs, key)
   local pts = {}
   for _, x in ipairs(runs) do pts[#pts + 1] = { x.k, x[key] } end

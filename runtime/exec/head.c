@@ -3,7 +3,8 @@
  * The local engine (lua/loip/engine/local.lua, through the FFI) and a ring's last device
  * (runtime/worker/device.c) each run a step and hand its output rows here: which rows give an
  * output (loip_head_rows), then per row a logits output, a sampled token, or a run of drafts
- * verified as a chain or a tree (loip_head_outputs) with the slot's own sampler and history.
+ * verified as a chain or a tree (loip_head_outputs) with the slot's own sampler and history,
+ * and after a run the argmax of each of its rows flagged PEEK off the accepted path (lookahead).
  * The head of a request that asks for logprobs or runs under a grammar gets its rows back as
  * logits and samples them here too (loip_head_sample), with a sampler of the same seed and
  * history, so that neither changes a request's tokens.
@@ -153,6 +154,38 @@ static int32_t draft_run(loip_head *h, const loip_step_token *toks, const int32_
     return k;
 }
 
+/* The argmax of row[0..n) (ties: the lower id). */
+static int32_t argmax(const float *row, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return best;
+}
+
+/* After a run of k drafts after rows[i] verified into h->got[0..n_got): for each draft row
+ * flagged PEEK that is not on the accepted path, an output of its argmax (flags PEEK), in row
+ * order. The path: a chain's first n_got - 1 drafts; a tree's, from the root the first child
+ * whose id is the next token got (as loip_sampler_verify_tree follows it). The outputs written. */
+static int32_t peeks(loip_head *h, const loip_step_token *toks, const int32_t *rows, int32_t i, int32_t k, int tree,
+                     int32_t n_got, const float *logits, int32_t vocab, int32_t n_sample, loip_step_output *outs,
+                     int32_t *out_rows) {
+    int32_t w = 0, node = 0, depth = 0;
+    for (int32_t j = 1; j <= k; j++) {
+        const loip_step_token *d = &toks[rows[i + j]];
+        /* node j on the path: its parent is the path's last node and its id the next token */
+        int on_path = 0;
+        if (depth < n_got - 1) {
+            int32_t up = tree ? h->parents[j - 1] : j - 1;
+            if (up == node && h->drafts[j - 1] == h->got[depth]) on_path = 1, node = j, depth++;
+        }
+        if (on_path || !(d->flags & LOIP_TOKF_PEEK)) continue;
+        if (out_rows) out_rows[w] = i + j;
+        outs[w++] = (loip_step_output){d->seq, d->request, argmax(logits + (size_t)(i + j) * (size_t)vocab, n_sample),
+                                       LOIP_TOKF_PEEK};
+    }
+    return w;
+}
+
 LOIP_API int loip_head_outputs(loip_head *h, const loip_step_token *toks, const int32_t *rows, int32_t n_rows,
                                const float *logits, int32_t vocab, loip_step_output *outs, int32_t *out_rows,
                                int32_t *n_outs, int32_t *drafted, int32_t *accepted) {
@@ -198,6 +231,9 @@ LOIP_API int loip_head_outputs(loip_head *h, const loip_step_token *toks, const 
             outs[w++] = (loip_step_output){t->seq, t->request, h->got[j],
                                            j + 1 < n_got ? (t->flags | LOIP_TOKF_DRAFT) : t->flags};
         }
+        if (k > 0)
+            w += peeks(h, toks, rows, i, k, tree, n_got, logits, vocab, q->n_sample < vocab ? q->n_sample : vocab,
+                       outs + w, out_rows ? out_rows + w : NULL);
         n_drafted += k, n_accepted += n_got - 1;
         i += 1 + k;
     }

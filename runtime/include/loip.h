@@ -1142,6 +1142,10 @@ enum {
                                the run after a SAMPLE row is verified as a tree
                                (loip_sampler_verify_tree); the outputs are the accepted path's
                                drafts (SAMPLE|DRAFT) and the next token */
+    LOIP_TOKF_PEEK = 32,    /* with SAMPLE|DRAFT: after its run's outputs, one more of flags
+                               PEEK for each such row not on the accepted path, in row order:
+                               the row's argmax over its slot's ids (the model's own guess after
+                               it; lookahead decoding's n-grams). Tokens and KV are unchanged. */
 };
 typedef struct loip_step_output {
     int32_t seq;
@@ -1340,7 +1344,10 @@ LOIP_API int loip_head_rows(const loip_step_token *toks, int32_t n, int32_t logi
  * flagged TREE, as a tree (loip_sampler_verify_tree): the accepted drafts (flags with DRAFT)
  * and the next token. outs: room for n_rows; out_rows (NULL: not wanted) each output's row;
  * *n_outs their count; *drafted and *accepted (NULL: not wanted) the drafts verified and those
- * accepted. LOIP_EPROTO for a draft with no row of its sequence before it or a tree node whose
+ * accepted; after a run's outputs, one output flagged PEEK (id: the row's argmax) for each of
+ * its draft rows flagged PEEK that is not on the accepted path, in row order (outs never need
+ * more than n_rows: a run of k + 1 rows gives at most k + 1 outputs). LOIP_EPROTO for a draft
+ * with no row of its sequence before it or a tree node whose
  * parent is not an earlier node of its tree; LOIP_ESTATE for a row to sample in an empty slot. */
 LOIP_API int loip_head_outputs(loip_head *h, const loip_step_token *toks, const int32_t *rows, int32_t n_rows,
                                const float *logits, int32_t vocab, loip_step_output *outs, int32_t *out_rows,

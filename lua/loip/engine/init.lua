@@ -13,7 +13,9 @@
 --                share.seq's KV shared copy-on-write (n > 1 choices: loip.engine.request.choices)
 --              step(toks) -> outs: one step of the batch. toks: { seq, pos, request, id, flags
 --                (LOIP_TOKF_*: 1 sample, 2 logits, 4 recompute) }; outs: per sampled or logits
---                token { seq, request, id, logits (a float* row, valid until the next step) }.
+--                token { seq, request, id, logits (a float* row, valid until the next step) }
+--                (with drafts, flags: 8 draft, 16 tree, 32 peek: an output flagged PEEK is a draft
+--                row's argmax off the accepted path, not a token; the simulator returns none).
 --                A lost device raises an error of kind "replanned" (loip.error) once the engine
 --                planned again over the others (the batcher then resumes every request from its tokens).
 --              finish(seq, request): the slot's KV is freed (request.keep: the keys of its first

@@ -211,7 +211,7 @@ M.shared = {
     metavar = "FILE" },
   -- speculative decoding (loip.engine.request.draft)
   draft = { "draft", "string", "speculative decoding: a draft policy proposes tokens that one step verifies, exactly the "
-    .. "model's output (recipes/policies/draft: ngram, self[:layers=L|all], model; or a file); none: off", metavar = "NAME[:SETTINGS]|FILE.lua" },
+    .. "model's output (recipes/policies/draft: ngram, lookahead, self[:layers=L|all], model; or a file); none: off", metavar = "NAME[:SETTINGS]|FILE.lua" },
   draft_tokens = { "draft-tokens", "int", "with --draft: draft K tokens every step (default: chosen each step from the measured "
     .. "acceptance and the price of a step)", metavar = "K", check = function(v) return v >= 0 and v <= 64, "must be in 0..64" end },
   draft_model = { "draft-model", "string", "with --draft model: the draft model (it must share the target's tokenizer)", metavar = "DIR" },

@@ -23,6 +23,7 @@
 --   default loip.core.now_ms; loip.sim's is simulated) }, toks a list of { seq, pos, request, id, flags },
 --   outs a list of { seq, request, id, logits (a float* row, valid until the next step) }.
 local ffi = require "ffi"
+local bit = require "bit"
 local core = require "loip.core"
 local errors = require "loip.error"
 local tree = require "loip.engine.request.tree"
@@ -35,7 +36,7 @@ local online_mod = require "loip.engine.request.online"
 local M = {}
 
 local tokf = core.constants.tokf
-local SAMPLE, LOGITS, RECOMPUTE, DRAFT = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT
+local SAMPLE, LOGITS, RECOMPUTE, DRAFT, PEEK = tokf.SAMPLE, tokf.LOGITS, tokf.RECOMPUTE, tokf.DRAFT, tokf.PEEK
 
 -- A request refused (loip.error): kind "overloaded" (a server answers 429), "too_long" (400),
 -- "invalid" (400); param: the request's field to blame ("prompt" for a prompt too long, whatever
@@ -263,6 +264,7 @@ function Batcher:drafts_for(decoding, budget)
     if (r.evicted or 0) > 0 or r.at_head then room = 0 end
     local d = self:draft_of(r)
     local ids = d and d:for_step(r, rows, math.max(0, room)) or {}
+    if #ids > 0 and d:peeking() then ids.peek = true end -- (its rows' own guesses come back: PEEK)
     drafts[r] = ids
     budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids
   end
@@ -304,6 +306,7 @@ function Batcher:rows()
     owners[#toks] = r
     for j in ipairs(drafts[r] or {}) do
       toks[#toks + 1] = tree.draft_row(r, at, j, drafts[r])
+      if drafts[r].peek then toks[#toks].flags = toks[#toks].flags + PEEK end
       owners[#toks] = r
     end
   end
@@ -360,15 +363,24 @@ function Batcher:advanced(toks, owners, outs, drafts, by_seq)
   if self.draft then
     -- a request that drafted keeps the KV of its last token and of its accepted drafts: its
     -- position moves by the tokens it got (the rejected rows are written over from there)
-    local got = {}
+    -- (outputs flagged PEEK: the guesses of a request's draft rows off its accepted path, for
+    -- its draft policy; they are not tokens)
+    local got, said, peeks = {}, {}, {}
     for _, o in ipairs(outs) do
       local r = by_seq[o.seq]
-      if r and r.id == o.request and drafts[r] then got[r] = (got[r] or 0) + 1 end
+      if r and r.id == o.request and drafts[r] then
+        local peek = bit.band(o.flags or 0, PEEK) ~= 0
+        local t = peek and peeks or said
+        t[r] = t[r] or {}
+        t[r][#t[r] + 1] = o.id
+        if not peek then got[r] = (got[r] or 0) + 1 end
+      end
     end
     for r, ids in pairs(drafts) do
       if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
       local d = self:draft_of(r)
       if d then d:observe(r, #ids, got[r] or 0) end
+      if d and ids.peek then d:peeked(r, ids, said[r] or {}, peeks[r] or {}) end
     end
   end
   return seen
@@ -380,7 +392,7 @@ function Batcher:deliver_outputs(outs, by_seq, now)
   local e = self.engine
   for _, o in ipairs(outs) do
     local r = by_seq[o.seq]
-    if r and r.id == o.request then
+    if r and r.id == o.request and bit.band(o.flags or 0, PEEK) == 0 then
       if r.want_logits then
         local V = e.vocab
         r.logits = r.logits or ffi.new("float[?]", r.n_prompt * V)

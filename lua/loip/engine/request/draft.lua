@@ -41,6 +41,8 @@ function M.new(policy, target, opts)
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
+  d.ctx.price = function(rows) return d:price(rows) end -- (a step's price for a policy's `length`: lookahead)
+  d.ctx.now = d.now -- (the engine's clock, ms)
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
@@ -60,7 +62,7 @@ function Draft:variant(policy, opts)
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
     stats = self.stats, parent = self }, Draft)
-  d.ctx = same and self.ctx or { target = self.target, memo = d.memo }
+  d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
@@ -127,8 +129,11 @@ function Draft:length(r, rows, room)
   if self.fixed then return math.min(self.fixed, room) end
   local pm = self.policy.module
   if pm and pm.length then
-    local k = pm.length(view(r, s, room), self.ctx, self.policy.params)
-    return math.max(0, math.min(math.floor(k or 0), room))
+    local v = view(r, s, room)
+    v.rows = rows -- (the step's rows so far, r's last token among them)
+    local k = pm.length(v, self.ctx, self.policy.params)
+    -- (nil: the policy leaves it to the rule below)
+    if k ~= nil then return math.max(0, math.min(math.floor(k), room)) end
   end
   local a = s.a or self.prior
   a = math.min(a, 0.999)
@@ -272,6 +277,37 @@ function Draft:report()
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
     per_draft = st.examined > 0 and st.accepted / st.examined or nil }
+end
+
+-- Whether the policy wants its draft rows' own guesses back (its module's `peek`: the engine
+-- returns the argmax of each draft row off the accepted path, LOIP_TOKF_PEEK; lookahead).
+function Draft:peeking()
+  local pm = self.policy.module
+  return pm and pm.peek and pm.observe ~= nil or false
+end
+
+-- After a step in which r's drafts ids (a chain, or a tree with .parents) were verified into
+-- `tokens` (what r got: the accepted drafts, then the model's next token) and `peeks` (the
+-- argmax of each draft row off the accepted path, in row order): the policy's observe(view,
+-- ctx, params, { ids, parents (nil for a chain), next, tokens }) with next[j] the model's token after
+-- draft j (its own for a node on the path, else its guess; nil where not known). view.ids is r's
+-- sequence before the step (its last id the root).
+function Draft:peeked(r, ids, tokens, peeks)
+  local pm = self.policy.module
+  if not (pm and pm.observe) then return end
+  local parents, nxt, node, depth, p = ids.parents, {}, 0, 0, 0
+  for j = 1, #ids do
+    local up = parents and parents[j] or j - 1
+    if depth < #tokens - 1 and up == node and ids[j] == tokens[depth + 1] then
+      node, depth = j, depth + 1
+      nxt[j] = tokens[depth + 1]
+    else
+      p = p + 1
+      nxt[j] = peeks[p]
+    end
+  end
+  pm.observe(view(r, state_of(self, r), 0), self.ctx, self.policy.params,
+    { ids = ids, parents = parents, next = nxt, tokens = tokens })
 end
 
 -- Close what the policy opened (a draft model).
