@@ -15,6 +15,11 @@
 --   ngram         prompt lookup on each of the 7 reference prompts (their texts repeat), the
 --                 length chosen each step: against no drafts on the same prompt
 --   tree          (when the draft policy offers it) self:layers=L with tree=on against the chain
+-- With --trees, only the tree comparison of issue 39: the draft --tree as a chain at each fixed
+-- k = 1..8 and as a cost-model tree (tree=on, grown best-first, its size B chosen each step),
+-- read-bound, then the same made compute-bound (--compute-mem budgets that hold everything, no
+-- disk limit, no emulated links). Targets: the tree >= 1.5x the best chain's tokens per verifying
+-- step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound.
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
@@ -47,6 +52,9 @@ local spec = {
     { "tokens", "int", "tokens generated per run", default = 200 },
     { "ks", "string", "draft lengths of the self draft", default = "1,2,4,8" },
     { "tree", "string", "the tree variant's draft (when the policy offers tree=on), against its chain", default = "self:layers=3" },
+    { "trees", "bool", "only the tree comparison: the --tree draft's chains k = 1..8 against its cost-model tree, read-bound "
+      .. "and compute-bound" },
+    { "compute-mem", "string", "--trees: each device's budget in the compute-bound run (holds everything)", default = "64M,64M,64M" },
     { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
     { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
     { "synthetic-tokens", "int", "tokens of the synthetic runs", default = 48 },
@@ -81,6 +89,7 @@ local function run(c, d, k, prompt, n, extra)
   local popts = { context = o.context, disk_rate = disk, link = { rate = o.link_rate, delay_ms = o.link_delay },
     draft = d and policy.load("draft", d) or nil, draft_tokens = k, logits_tokens = LOGITS_ROWS }
   for key, v in pairs(extra or {}) do popts[key] = v end
+  for key, v in pairs(popts) do if v == false then popts[key] = nil end end -- (false: left out)
   c:plan(popts)
   local it, st = c:generate(prompt, { max_tokens = n, sampler = { temperature = 0 }, ignore_eos = true })
   local first, last, got = nil, nil, 0
@@ -95,6 +104,63 @@ local function run(c, d, k, prompt, n, extra)
 end
 
 local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
+
+-- The tree comparison (--trees) on cluster c, the runs planned with `extra`: none, the chain of
+-- draft o.tree at k = 1..8, the cost-model tree. Its figures, logged under `label`.
+local TREE_ROWS = require("loip.engine.request.tree").MAX + 1
+local function trees(c, label, extra, prompt)
+  local none = run(c, nil, nil, prompt, o.tokens, extra)
+  local out = { none_tokens_per_s = none.tokens_per_s, chains = {} }
+  local same_all, best = true, nil
+  for k = 1, 8 do
+    local r = run(c, o.tree, k, prompt, o.tokens, extra)
+    same_all = same_all and same(r.tokens, none.tokens)
+    local x = { k = k, tokens_per_s = r.tokens_per_s, tokens_per_step = r.tokens_per_step }
+    out.chains[k] = x
+    if not best or x.tokens_per_s > best.tokens_per_s then best = x end
+    log("%s: chain k=%d: %.1f tokens/s, %.2f tokens per step", label, k, r.tokens_per_s, r.tokens_per_step)
+  end
+  local te = {}
+  for key, v in pairs(extra or {}) do te[key] = v end
+  te.logits_tokens = TREE_ROWS
+  local sep = o.tree:find(":", 1, true) and "," or ":"
+  local t = run(c, o.tree .. sep .. "tree=on", nil, prompt, o.tokens, te)
+  same_all = same_all and same(t.tokens, none.tokens)
+  out.tree = { tokens_per_s = t.tokens_per_s, tokens_per_step = t.tokens_per_step, tree_size = t.draft.tree_size,
+    tree_size_max = t.draft.tree_size_max, tree_size_last = t.draft.tree_size_last, tree_built = t.draft.tree_built,
+    draft_share = t.draft.draft_share }
+  out.best_chain, out.same_tokens = best, same_all
+  out.steps_ratio = t.tokens_per_step / math.max(1e-9, best.tokens_per_step)
+  out.speed_ratio = t.tokens_per_s / best.tokens_per_s
+  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f), draft share %.2f; "
+    .. "vs the best chain (k=%d): %.2fx tokens per step, %.2fx tokens/s; none %.1f tokens/s; same tokens: %s", label,
+    t.tokens_per_s, t.tokens_per_step, t.draft.tree_size, t.draft.tree_size_max, t.draft.tree_built or 0, t.draft.draft_share,
+    best.k, out.steps_ratio, out.speed_ratio, none.tokens_per_s, tostring(same_all))
+  return out
+end
+
+if o.trees then
+  local prompt = greedy.cases[2].prompt_ids
+  local res = { tokens = o.tokens, draft = o.tree, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay }
+  local c = cluster.start_local { store = o.store, devices = o.devices, mem = mems, threads = 1 }
+  local ok, err = pcall(function() res.read_bound = trees(c, "read-bound", nil, prompt) end)
+  c:close()
+  if not ok then error(err, 0) end
+  local cm = {}
+  for x in o.compute_mem:gmatch("[^,]+") do cm[#cm + 1] = x end
+  c = cluster.start_local { store = o.store, devices = o.devices, mem = cm, threads = 1 }
+  ok, err = pcall(function()
+    res.compute_bound = trees(c, "compute-bound", { disk_rate = false, link = false }, prompt)
+  end)
+  c:close()
+  if not ok then error(err, 0) end
+  os.execute("mkdir -p '" .. o.out .. "'")
+  local f = assert(io.open(o.out .. "/speculative-trees.json", "w"))
+  f:write(json.encode_sorted(res, 2), "\n")
+  f:close()
+  print(json.encode_sorted(res))
+  return
+end
 
 local result = { devices = o.devices, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay,
   tokens = o.tokens, store = o.store, variants = {} }

@@ -17,6 +17,17 @@
 -- request drafts nothing, every `probe` steps its draft is asked anyway and compared with the
 -- tokens that follow, unsent (no step pays for it), so that it turns back up when drafts would
 -- be accepted again.
+--
+-- A tree grown best-first (tree=on, build=best: a policy's propose_scored, the nodes with the
+-- draft's cumulative probabilities p) is sized the same way, each step: of the nodes built, the
+-- B likeliest (a tree at every B) for the B in 0..built that maximises
+--   (1 + E(B)) / (step(rows + B) + B * node_ms),
+-- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' p there, scaled
+-- by that depth's measured acceptance over its predicted: loip.engine.request.tree.expected),
+-- node_ms the measured time to build a node. The next step builds at most 2B + 8 (B = 0: none,
+-- for `probe` steps). Where a step's price is flat in its rows (read-bound: every step reads its
+-- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
+-- shrinks to a few or none.
 local core = require "loip.core"
 local tree = require "loip.engine.request.tree"
 
@@ -37,16 +48,30 @@ function M.new(policy, target, opts)
   opts = opts or {}
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
-    memo = {}, reqs = {}, cost = {}, draft_ms = nil,
+    memo = {}, reqs = {}, cost = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
+  d.best = M.grows(policy) -- (and grown best-first, sized here)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
 
 function Draft:name() return self.policy.name or "draft" end
+
+-- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
+function M.grows(policy)
+  local p, pm = policy.params or {}, policy.module
+  return tree.wanted(policy) and (p.build or "best") == "best" and pm ~= nil and pm.propose_scored ~= nil
+end
+
+-- The draft rows a request's step may carry that a plan reserves (logits rows, sampled at once):
+-- fixed (--draft-tokens), else a best-first tree's most (tree.MAX), else a chain's (M.MAX).
+function M.plan_rows(policy, fixed)
+  if fixed then return fixed end
+  return M.grows(policy) and tree.MAX or M.MAX
+end
 
 -- A request's own drafts (an API request's `draft`, loip.serve.request_draft): policy (loaded),
 -- opts.tokens (a fixed k; nil: the server's). A policy of the same module as this one shares its
@@ -59,9 +84,10 @@ function Draft:variant(policy, opts)
   local fixed = opts.tokens or self.fixed
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
-    stats = self.stats, parent = self }, Draft)
+    stats = self.stats, parent = self, calib = self.calib }, Draft)
   d.ctx = same and self.ctx or { target = self.target, memo = d.memo }
   d.tree = tree.wanted(policy)
+  d.best = M.grows(policy)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
   return d
@@ -176,6 +202,7 @@ end
 -- Before a step: the drafts of r (k chosen, then proposed), or an unsent probe while r drafts
 -- nothing. rows: the step's rows so far; room: the most r may add.
 function Draft:for_step(r, rows, room)
+  if self.best then return self:grow(r, rows, room) end
   local s = state_of(self, r)
   local k = self:length(r, rows, room)
   if k > 0 then
@@ -191,6 +218,84 @@ function Draft:for_step(r, rows, room)
     self.stats.probes = self.stats.probes + 1
   end
   return {}
+end
+
+-- Of ranked nodes (in order of p), how many to send in a step of `rows` rows so far (see the top).
+-- A tree's step price: the cost model's scaled by the measured over the modelled time of every
+-- row count measured (one scale: the nearest count's alone, Draft:price's, would swing a size
+-- chosen over many row counts with each step's noise); Draft:price without a cost model.
+function Draft:tree_price(rows)
+  local e = self.engine
+  local model = e and e.step_price and e:step_price(rows)
+  if not model then return self:price(rows) end
+  local m, t = 0, 0
+  for n, ms in pairs(self.cost) do
+    local at = e:step_price(n)
+    if at then m, t = m + at, t + ms end
+  end
+  return m > 0 and model * t / m or model
+end
+
+function Draft:tree_budget(ranked, rows)
+  local base = self:tree_price(rows)
+  if not base then return #ranked end -- (nothing measured yet: try)
+  local E = tree.expected(ranked, self.calib.c)
+  local dm = self.node_ms or 0
+  local best, best_rate = 0, 1 / base
+  for b = 1, #ranked do
+    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + b * dm)
+    if rate > best_rate * 1.0001 then best, best_rate = b, rate end
+  end
+  return best
+end
+
+-- A best-first tree for r (tree=on, build=best): built up to what the last steps chose, sized
+-- (Draft:tree_budget, or the fixed --draft-tokens), numbered for the step (tree.from_scored).
+function Draft:grow(r, rows, room)
+  local s = state_of(self, r)
+  if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
+  local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
+  if k <= 0 then return {} end
+  local t0 = self.now()
+  local nodes = self.policy.module.propose_scored(view(r, s, k), self.ctx, self.policy.params) or {}
+  local who = "draft policy " .. self:name() .. ": propose_scored"
+  for i, x in ipairs(nodes) do
+    if type(x.id) ~= "number" or x.id < 0 or x.id >= self.target.vocab or x.id ~= math.floor(x.id) then
+      error(string.format("%s: node %d is %s, not a token id in [0, %d)", who, i, tostring(x.id), self.target.vocab), 0)
+    end
+    if type(x.parent) ~= "number" or x.parent < 0 or x.parent >= i or type(x.p) ~= "number" then
+      error(string.format("%s: node %d's parent is %s (0: the root, or a node before it), p %s", who, i, tostring(x.parent), tostring(x.p)), 0)
+    end
+    x.index = i
+  end
+  local dt = self.now() - t0
+  self.stats.propose_ms = self.stats.propose_ms + dt
+  if #nodes > 0 then self.node_ms = self.node_ms and (0.8 * self.node_ms + 0.2 * dt / #nodes) or dt / #nodes end
+  local ranked = tree.ranked(nodes)
+  local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
+  s.build = 2 * B + 8
+  self.stats.built = (self.stats.built or 0) + #nodes
+  if B == 0 then s.rest = self.probe - 1 end
+  local t = tree.from_scored(nodes, B)
+  local ids = { parents = t.parents }
+  s.sent = {}
+  for i, id in ipairs(t.ids) do
+    ids[i] = id
+    s.sent[t.depths[i]] = (s.sent[t.depths[i]] or 0) + t.probs[i]
+  end
+  local w = self.parent or self
+  if w.spans then w:span_draft(r, k, #ids, t0, dt) end
+  return ids
+end
+
+-- After a tree step: per depth, the acceptance measured (the path reached it or not) against the
+-- draft's prediction (the sum of its nodes' p there), decayed, and their ratio (a prior of 1).
+local function calibrate(calib, sent, accepted)
+  for d, P in pairs(sent) do
+    calib.pred[d] = 0.95 * (calib.pred[d] or 0) + P
+    calib.acc[d] = 0.95 * (calib.acc[d] or 0) + (d <= accepted and 1 or 0)
+    calib.c[d] = (calib.acc[d] + 1) / (calib.pred[d] + 1)
+  end
 end
 
 local function learn(s, examined, accepted, prior)
@@ -216,7 +321,9 @@ function Draft:observe(r, k, got)
     local examined = acc < k and acc + 1 or acc
     st.examined = st.examined + examined -- (per_draft's denominator)
     learn(s, examined, acc, self.prior)
+    if s.sent then calibrate(self.calib, s.sent, acc) end
   end
+  s.sent = nil
   local p = s.probe
   if p and #r.token_ids >= p.at + #p.ids then
     local hits = 0
@@ -268,6 +375,7 @@ function Draft:report()
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
     probes = st.probes, fixed = self.fixed, tree = self.tree,
     tree_size = st.steps > 0 and st.drafted / st.steps or 0, tree_size_max = st.largest, tree_size_last = st.last,
+    tree_built = st.steps > 0 and st.built and st.built / st.steps or nil, -- (best-first: the nodes built a step, of which tree_size sent)
     propose_ms = st.propose_ms, step_ms = st.step_ms, draft_share = busy > 0 and st.propose_ms / busy or 0,
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)
