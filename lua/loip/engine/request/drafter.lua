@@ -131,9 +131,9 @@ end
 
 -- A tree of at most B drafts grown best-first (loip.engine.request.tree.best_first): the scored
 -- nodes { id, parent, p, depth, index }, every node's `children` likeliest tokens by the draft's
--- probabilities. Each round forwards the tree so far through the draft in one step (its root,
--- the request's last token, then the nodes as tree rows at n, n + 1...: the draft's KV past its
--- last token is written over next time), the logits of the nodes to expand asked for; a round
+-- probabilities. Each round forwards the nodes to expand and their ancestors through the draft in
+-- one step (its root, the request's last token, then those nodes as tree rows, node i at n - 1 + i:
+-- the draft's KV past its last token is written over next time), their logits asked for; a round
 -- takes the best eighth of the budget (at least 1) from the frontier.
 function Drafter:propose_scored(req, B, vocab, children)
   local s = self:slot(req)
@@ -144,11 +144,20 @@ function Drafter:propose_scored(req, B, vocab, children)
   local root = top_probs(self:catch_up(req, s), V, children)
   local function expand(list, nodes)
     if list[1].index == 0 then return { root } end
-    local want = {}
-    for _, x in ipairs(list) do want[x.index] = true end
-    local toks = { { seq = req.seq, pos = n - 1, request = req.id, id = req.ids[n], flags = 0 } }
+    -- the nodes to expand and their ancestors (the others' KV is not read), in node order
+    local want, need = {}, {}
+    for _, x in ipairs(list) do
+      want[x.index] = true
+      local a = x.index
+      while a > 0 and not need[a] do need[a] = true a = nodes[a].parent end
+    end
+    local toks, row = { { seq = req.seq, pos = n - 1, request = req.id, id = req.ids[n], flags = 0 } }, { [0] = 0 }
     for i, x in ipairs(nodes) do
-      toks[i + 1] = { seq = req.seq, pos = n - 1 + i, request = req.id, id = x.id, flags = want[i] and LOGITS or 0, parent = i - x.parent }
+      if need[i] then
+        row[i] = #toks
+        toks[#toks + 1] = { seq = req.seq, pos = n - 1 + i, request = req.id, id = x.id, flags = want[i] and LOGITS or 0,
+          parent = row[i] - row[x.parent] }
+      end
     end
     local outs = self.engine:step(toks)
     self.forwards, self.fed = self.forwards + 1, self.fed + #toks
