@@ -54,6 +54,7 @@ local spec = {
     { "tree", "string", "the tree variant's draft (when the policy offers tree=on), against its chain", default = "self:layers=3" },
     { "trees", "bool", "only the tree comparison: the --tree draft's chains k = 1..8 against its cost-model tree, read-bound "
       .. "and compute-bound" },
+    { "reps", "int", "--trees: rounds of the runs, alternated (medians reported)", default = 3 },
     { "compute-mem", "string", "--trees: each device's budget in the compute-bound run (holds everything)", default = "64M,64M,64M" },
     { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
     { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
@@ -106,36 +107,66 @@ end
 local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
 
 -- The tree comparison (--trees) on cluster c, the runs planned with `extra`: none, the chain of
--- draft o.tree at k = 1..8, the cost-model tree. Its figures, logged under `label`.
-local TREE_ROWS = require("loip.engine.request.tree").MAX + 1
+-- draft o.tree at k = 1..8, the cost-model tree (its plan's rows its own: plan_rows), --reps
+-- rounds of them alternated, medians. Its figures, logged under `label`.
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
 local function trees(c, label, extra, prompt)
-  local none = run(c, nil, nil, prompt, o.tokens, extra)
-  local out = { none_tokens_per_s = none.tokens_per_s, chains = {} }
-  local same_all, best = true, nil
-  for k = 1, 8 do
-    local r = run(c, o.tree, k, prompt, o.tokens, extra)
-    same_all = same_all and same(r.tokens, none.tokens)
-    local x = { k = k, tokens_per_s = r.tokens_per_s, tokens_per_step = r.tokens_per_step }
-    out.chains[k] = x
-    if not best or x.tokens_per_s > best.tokens_per_s then best = x end
-    log("%s: chain k=%d: %.1f tokens/s, %.2f tokens per step", label, k, r.tokens_per_s, r.tokens_per_step)
-  end
   local te = {}
   for key, v in pairs(extra or {}) do te[key] = v end
-  te.logits_tokens = TREE_ROWS
+  te.logits_tokens = false -- (the plan reserves the tree's rows: loip.engine.request.draft.plan_rows)
   local sep = o.tree:find(":", 1, true) and "," or ":"
-  local t = run(c, o.tree .. sep .. "tree=on", nil, prompt, o.tokens, te)
-  same_all = same_all and same(t.tokens, none.tokens)
-  out.tree = { tokens_per_s = t.tokens_per_s, tokens_per_step = t.tokens_per_step, tree_size = t.draft.tree_size,
-    tree_size_max = t.draft.tree_size_max, tree_size_last = t.draft.tree_size_last, tree_built = t.draft.tree_built,
-    draft_share = t.draft.draft_share }
+  local runs = { none = {}, tree = {} }
+  for k = 1, 8 do runs[k] = {} end
+  local same_all = true
+  for rep = 1, o.reps do
+    local none = run(c, nil, nil, prompt, o.tokens, extra)
+    table.insert(runs.none, none)
+    for k = 1, 8 do
+      local r = run(c, o.tree, k, prompt, o.tokens, extra)
+      same_all = same_all and same(r.tokens, none.tokens)
+      table.insert(runs[k], r)
+    end
+    local t = run(c, o.tree .. sep .. "tree=on", nil, prompt, o.tokens, te)
+    t.draft_rows = c.planner.draft_rows
+    same_all = same_all and same(t.tokens, none.tokens)
+    table.insert(runs.tree, t)
+    log("%s, round %d: none %.1f, tree %.1f tokens/s (%.2f a step, B %.1f)", label, rep, none.tokens_per_s, t.tokens_per_s,
+      t.tokens_per_step, t.draft.tree_size)
+  end
+  local function med(list, f)
+    local xs = {}
+    for i, x in ipairs(list) do xs[i] = f(x) end
+    return median(xs)
+  end
+  local tps = function(x) return x.tokens_per_s end
+  local tpst = function(x) return x.tokens_per_step end
+  local out = { none_tokens_per_s = med(runs.none, tps), chains = {}, reps = o.reps }
+  local best
+  for k = 1, 8 do
+    local x = { k = k, tokens_per_s = med(runs[k], tps), tokens_per_step = med(runs[k], tpst) }
+    out.chains[k] = x
+    if not best or x.tokens_per_s > best.tokens_per_s then best = x end
+    log("%s: chain k=%d: %.1f tokens/s, %.2f tokens per step (medians)", label, k, x.tokens_per_s, x.tokens_per_step)
+  end
+  local rt = runs.tree
+  out.tree = { tokens_per_s = med(rt, tps), tokens_per_step = med(rt, tpst), tree_size = med(rt, function(x) return x.draft.tree_size end),
+    tree_size_max = med(rt, function(x) return x.draft.tree_size_max end),
+    tree_built = med(rt, function(x) return x.draft.tree_built or 0 end),
+    draft_share = med(rt, function(x) return x.draft.draft_share end), plan_rows = rt[1].draft_rows }
   out.best_chain, out.same_tokens = best, same_all
-  out.steps_ratio = t.tokens_per_step / math.max(1e-9, best.tokens_per_step)
-  out.speed_ratio = t.tokens_per_s / best.tokens_per_s
-  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f), draft share %.2f; "
-    .. "vs the best chain (k=%d): %.2fx tokens per step, %.2fx tokens/s; none %.1f tokens/s; same tokens: %s", label,
-    t.tokens_per_s, t.tokens_per_step, t.draft.tree_size, t.draft.tree_size_max, t.draft.tree_built or 0, t.draft.draft_share,
-    best.k, out.steps_ratio, out.speed_ratio, none.tokens_per_s, tostring(same_all))
+  out.best_chain_steps = 0
+  for k = 1, 8 do out.best_chain_steps = math.max(out.best_chain_steps, out.chains[k].tokens_per_step) end
+  out.steps_ratio = out.tree.tokens_per_step / out.best_chain_steps
+  out.speed_ratio = out.tree.tokens_per_s / best.tokens_per_s
+  local t = out.tree
+  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f, plan rows %d), draft share %.2f; "
+    .. "vs the chains: %.2fx the most tokens per step, %.2fx the best tokens/s (k=%d); none %.1f tokens/s; same tokens: %s",
+    label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.draft_share,
+    out.steps_ratio, out.speed_ratio, best.k, out.none_tokens_per_s, tostring(same_all))
   return out
 end
 

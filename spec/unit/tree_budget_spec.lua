@@ -39,6 +39,11 @@ describe("cost-model trees of drafts", function()
     assert.are.equal(5, #nodes)
     for i, x in ipairs(nodes) do assert.is_true(x.parent < i) end
     assert.is_true(#calls < 5)
+    -- at most 2 deep (a request with 2 tokens left): g, at depth 3, is not grown
+    nodes = tree.best_first(6, expand_table({}), 1, 2)
+    local got = {}
+    for i, x in ipairs(nodes) do got[i] = x.id assert.is_true(x.depth <= 2) end
+    assert.are.same({ 10, 13, 11, 15, 14, 12 }, got)
   end)
 
   it("numbers the likeliest B nodes depth-first, the likeliest child first", function()

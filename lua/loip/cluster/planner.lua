@@ -166,22 +166,25 @@ end
 -- for k draft rows a request (a table) or raises; returns it with draft_rows = k. Raises
 -- choose(0)'s error when no plan fits even without draft rows. floor (a tree's: more rows than
 -- a chain's, loip.engine.request.draft.plan_rows): the rows give way first when memory is
--- short, in price as in fit: halved (down to floor) while the plan's step is priced more than
--- 10% above the plan for floor rows (a read-bound ring's rows cost little, but rows that push
--- weights off a device make every step read them).
+-- short, in price as in fit: of k, k/2, ... floor rows, the plan with the most expected tokens
+-- per ms, a tree's tokens per step taken to grow by request_draft.TREE_GAIN of the chain's per
+-- doubling of its rows (a read-bound ring's rows cost little, but rows that push weights off a
+-- device make every step read them).
 local function fit_draft_rows(k, choose, floor)
   if floor and floor < k then
     local okf, base = pcall(choose, floor)
     local at = okf and base.estimate and base.estimate.ms_per_token
     if at then
+      local best, best_v = base, 1 / at
+      base.draft_rows = floor
       while k > floor do
         local okk, ck = pcall(choose, k)
         local ms = okk and ck.estimate and ck.estimate.ms_per_token
-        if ms and ms <= 1.1 * at then ck.draft_rows = k return ck end
+        local v = ms and (1 + request_draft.TREE_GAIN * math.log(k / floor, 2)) / ms
+        if v and v > best_v then best, best_v, ck.draft_rows = ck, v, k end
         k = math.max(floor, math.floor(k / 2))
       end
-      base.draft_rows = floor
-      return base
+      return best
     end
   end
   local ok, c = pcall(choose, k)

@@ -24,7 +24,7 @@
 --   (1 + E(B)) / (step(rows + B) + B * node_ms),
 -- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' p there, scaled
 -- by that depth's measured acceptance over its predicted: loip.engine.request.tree.expected),
--- node_ms the measured time to build a node. The next step builds at most 2B + 8 (B = 0: none,
+-- node_ms the measured time to build a node. The next step builds at most max(4, 2B) (B = 0: none,
 -- for `probe` steps). Where a step's price is flat in its rows (read-bound: every step reads its
 -- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
 -- shrinks to a few or none.
@@ -59,6 +59,11 @@ function M.new(policy, target, opts)
 end
 
 function Draft:name() return self.policy.name or "draft" end
+
+-- A plan's prior for a best-first tree's rows (loip.cluster.planner's fit_draft_rows): its tokens
+-- per step grow by this share of a chain's per doubling of its nodes (stories260K, self:layers=3,
+-- greedy: 1.56, 1.84, 1.99, 2.21 tokens per step at 8, 16, 32, 63 nodes, a chain 1.27).
+M.TREE_GAIN = 0.1
 
 -- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
 function M.grows(policy)
@@ -200,9 +205,13 @@ function Draft:propose(r, k)
 end
 
 -- Before a step: the drafts of r (k chosen, then proposed), or an unsent probe while r drafts
--- nothing. rows: the step's rows so far; room: the most r may add.
-function Draft:for_step(r, rows, room)
-  if self.best then return self:grow(r, rows, room) end
+-- nothing. rows: the step's rows so far; room: the most r may add; tree_room (optional): for a
+-- best-first tree, { rows (the most rows), depth (the deepest node: the tokens r may still give) }.
+function Draft:for_step(r, rows, room, tree_room)
+  if self.best then
+    -- (tree_room: a tree's rows and depth apart, the batcher's; room bounds both otherwise)
+    return self:grow(r, rows, tree_room and tree_room.rows or room, tree_room and tree_room.depth or room)
+  end
   local s = state_of(self, r)
   local k = self:length(r, rows, room)
   if k > 0 then
@@ -250,14 +259,17 @@ function Draft:tree_budget(ranked, rows)
 end
 
 -- A best-first tree for r (tree=on, build=best): built up to what the last steps chose, sized
--- (Draft:tree_budget, or the fixed --draft-tokens), numbered for the step (tree.from_scored).
-function Draft:grow(r, rows, room)
+-- (Draft:tree_budget, or the fixed --draft-tokens), numbered for the step (tree.from_scored); its
+-- nodes at most `depth` deep (the tokens r may still give).
+function Draft:grow(r, rows, room, depth)
   local s = state_of(self, r)
   if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
   local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
-  if k <= 0 then return {} end
+  if k <= 0 or depth <= 0 then return {} end
   local t0 = self.now()
-  local nodes = self.policy.module.propose_scored(view(r, s, k), self.ctx, self.policy.params) or {}
+  local req = view(r, s, k)
+  req.depth = depth -- (the deepest node the policy may grow)
+  local nodes = self.policy.module.propose_scored(req, self.ctx, self.policy.params) or {}
   local who = "draft policy " .. self:name() .. ": propose_scored"
   for i, x in ipairs(nodes) do
     if type(x.id) ~= "number" or x.id < 0 or x.id >= self.target.vocab or x.id ~= math.floor(x.id) then
@@ -266,6 +278,8 @@ function Draft:grow(r, rows, room)
     if type(x.parent) ~= "number" or x.parent < 0 or x.parent >= i or type(x.p) ~= "number" then
       error(string.format("%s: node %d's parent is %s (0: the root, or a node before it), p %s", who, i, tostring(x.parent), tostring(x.p)), 0)
     end
+    x.depth = x.parent == 0 and 1 or nodes[x.parent].depth + 1
+    if x.depth > depth then error(string.format("%s: node %d at depth %d (at most %d)", who, i, x.depth, depth), 0) end
     x.index = i
   end
   local dt = self.now() - t0
@@ -273,7 +287,7 @@ function Draft:grow(r, rows, room)
   if #nodes > 0 then self.node_ms = self.node_ms and (0.8 * self.node_ms + 0.2 * dt / #nodes) or dt / #nodes end
   local ranked = tree.ranked(nodes)
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
-  s.build = 2 * B + 8
+  s.build = math.max(4, 2 * B)
   self.stats.built = (self.stats.built or 0) + #nodes
   if B == 0 then s.rest = self.probe - 1 end
   local t = tree.from_scored(nodes, B)

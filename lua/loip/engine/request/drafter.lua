@@ -134,8 +134,8 @@ end
 -- probabilities. Each round forwards the nodes to expand and their ancestors through the draft in
 -- one step (its root, the request's last token, then those nodes as tree rows, node i at n - 1 + i:
 -- the draft's KV past its last token is written over next time), their logits asked for; a round
--- takes the best eighth of the budget (at least 1) from the frontier.
-function Drafter:propose_scored(req, B, vocab, children)
+-- takes the best eighth of the budget (at least 1) from the frontier; no node deeper than `depth`.
+function Drafter:propose_scored(req, B, vocab, children, depth)
   local s = self:slot(req)
   local n = req.n
   B = math.min(B, self.model.context - n, self.engine.step_tokens - 1, tree_mod.MAX)
@@ -167,7 +167,7 @@ function Drafter:propose_scored(req, B, vocab, children)
     end
     return kids
   end
-  return tree_mod.best_first(B, expand, math.ceil(B / 8))
+  return tree_mod.best_first(B, expand, math.ceil(B / 8), depth)
 end
 
 -- A tree of at most k drafts (tree mode: { ids, parents }): the greedy chain, and at each of its
@@ -279,7 +279,7 @@ function M.policy(P)
   end
   function P.propose_scored(req, ctx, o)
     if not ctx.drafter.propose_scored then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
-    return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children)
+    return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth)
   end
   function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
   function P.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end

@@ -73,11 +73,14 @@ end
 -- frontier nodes (highest p; equal p: the earlier made), so that the list is in order of p
 -- (chunk = 1: never rising) with every parent before its children; their children join the
 -- frontier. expand gets the nodes so far as its second argument (a draft forwards them as a tree).
-function M.best_first(B, expand, chunk)
-  chunk = math.max(1, chunk or 1)
+-- depth (optional): the deepest a node may be.
+function M.best_first(B, expand, chunk, depth)
+  chunk, depth = math.max(1, chunk or 1), depth or math.huge
   local nodes, frontier, made = {}, {}, 0
-  local function grow(list)
-    if #nodes >= B then return end
+  local function grow(all)
+    local list = {}
+    for _, node in ipairs(all) do if node.depth < depth then list[#list + 1] = node end end
+    if #nodes >= B or #list == 0 then return end
     local kids = expand(list, nodes)
     for j, node in ipairs(list) do
       for _, c in ipairs(kids[j] or {}) do
