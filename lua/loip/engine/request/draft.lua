@@ -21,10 +21,10 @@
 -- A tree grown best-first (tree=on, build=best: a policy's propose_scored, the nodes with the
 -- draft's cumulative probabilities p) is sized the same way, each step: of the nodes built, the
 -- B likeliest (a tree at every B) for the B in 0..built that maximises
---   (1 + E(B)) / (step(rows + B) + B * node_ms),
+--   (1 + E(B)) / (step(rows + B) + build(B)),
 -- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' p there, scaled
 -- by that depth's measured acceptance over its predicted: loip.engine.request.tree.expected),
--- node_ms the measured time to build a node. The next step builds at most max(4, 2B) (B = 0: none,
+-- build(B) the time to build B nodes (a line fitted to the builds measured). The next step builds at most max(4, 2B) (B = 0: none,
 -- for `probe` steps). Where a step's price is flat in its rows (read-bound: every step reads its
 -- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
 -- shrinks to a few or none.
@@ -50,6 +50,7 @@ function M.new(policy, target, opts)
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
     memo = {}, reqs = {}, cost = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
+      curve = {}, reach = {}, tree_steps = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
@@ -245,14 +246,33 @@ function Draft:tree_price(rows)
   return m > 0 and model * t / m or model
 end
 
+-- The time to build a tree of b nodes (ms): a line fitted to the builds measured (decayed least
+-- squares: a draft whose forwards re-read its weights costs about the same for 4 nodes as for 60,
+-- one that computes costs per node); through 0 while one size was measured; 0 before any.
+function Draft:build_ms(b)
+  local f = self.fit
+  if not f then return 0 end
+  local mx, my = f.x / f.w, f.y / f.w
+  local vx = f.xx / f.w - mx * mx
+  local slope = vx > 1e-6 * math.max(1, mx * mx) and (f.xy / f.w - mx * my) / vx or (mx > 0 and my / mx or 0)
+  slope = math.max(0, slope)
+  return math.max(0, my - slope * mx) + slope * b
+end
+
+local function fit_build(self, n, ms)
+  local f = self.fit or { w = 0, x = 0, y = 0, xx = 0, xy = 0 }
+  f.w, f.x, f.y = 0.9 * f.w + 1, 0.9 * f.x + n, 0.9 * f.y + ms
+  f.xx, f.xy = 0.9 * f.xx + n * n, 0.9 * f.xy + n * ms
+  self.fit = f
+end
+
 function Draft:tree_budget(ranked, rows)
   local base = self:tree_price(rows)
   if not base then return #ranked end -- (nothing measured yet: try)
   local E = tree.expected(ranked, self.calib.c)
-  local dm = self.node_ms or 0
   local best, best_rate = 0, 1 / base
   for b = 1, #ranked do
-    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + b * dm)
+    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + self:build_ms(b))
     if rate > best_rate * 1.0001 then best, best_rate = b, rate end
   end
   return best
@@ -284,7 +304,7 @@ function Draft:grow(r, rows, room, depth)
   end
   local dt = self.now() - t0
   self.stats.propose_ms = self.stats.propose_ms + dt
-  if #nodes > 0 then self.node_ms = self.node_ms and (0.8 * self.node_ms + 0.2 * dt / #nodes) or dt / #nodes end
+  if #nodes > 0 then fit_build(self, #nodes, dt) end
   local ranked = tree.ranked(nodes)
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
   s.build = math.max(4, 2 * B)
@@ -335,7 +355,16 @@ function Draft:observe(r, k, got)
     local examined = acc < k and acc + 1 or acc
     st.examined = st.examined + examined -- (per_draft's denominator)
     learn(s, examined, acc, self.prior)
-    if s.sent then calibrate(self.calib, s.sent, acc) end
+    if s.sent then
+      calibrate(self.calib, s.sent, acc)
+      -- (the measured curve: tokens per step by tree size, sizes bucketed by powers of two; and
+      -- the share of tree steps whose accepted path reached each depth)
+      local b = 2 ^ math.floor(math.log(k, 2))
+      local c = st.curve[b] or { steps = 0, size = 0, tokens = 0 }
+      c.steps, c.size, c.tokens = c.steps + 1, c.size + k, c.tokens + got
+      st.curve[b], st.tree_steps = c, st.tree_steps + 1
+      for d = 1, acc do st.reach[d] = (st.reach[d] or 0) + 1 end
+    end
   end
   s.sent = nil
   local p = s.probe
@@ -381,14 +410,24 @@ end
 -- (tokens those steps gave), tokens_per_step, acceptance, probes, tree (whether trees are
 -- proposed), tree_size (the drafts, a tree's nodes, a verifying step verified on average),
 -- tree_size_max and tree_size_last (the largest and the last chosen), propose_ms (time proposing),
--- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms) }.
+-- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms); best-first trees:
+-- tree_built (nodes built a verifying step), tree_curve ({ size, tokens_per_step, steps } by size,
+-- sizes bucketed by powers of two), per_depth (the share of tree steps whose path reached depth d) }.
 function Draft:report()
   local st = self.stats
   local busy = st.propose_ms + st.step_ms
+  local curve, depth = nil, nil
+  if st.tree_steps > 0 then
+    curve, depth = {}, {}
+    for _, c in pairs(st.curve) do curve[#curve + 1] = { size = c.size / c.steps, tokens_per_step = c.tokens / c.steps, steps = c.steps } end
+    table.sort(curve, function(a, b) return a.size < b.size end)
+    for d = 1, #st.reach do depth[d] = st.reach[d] / st.tree_steps end
+  end
   return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
     probes = st.probes, fixed = self.fixed, tree = self.tree,
     tree_size = st.steps > 0 and st.drafted / st.steps or 0, tree_size_max = st.largest, tree_size_last = st.last,
+    tree_curve = curve, per_depth = depth, -- (best-first trees: loip simulate --tree-curve reads tree_curve)
     tree_built = st.steps > 0 and st.built and st.built / st.steps or nil, -- (best-first: the nodes built a step, of which tree_size sent)
     propose_ms = st.propose_ms, step_ms = st.step_ms, draft_share = busy > 0 and st.propose_ms / busy or 0,
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
