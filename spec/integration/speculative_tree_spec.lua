@@ -99,7 +99,7 @@ describe("speculative decoding, tree mode", function()
         reqs[j] = b:submit { prompt = c.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
       end
       b:drain()
-      local d = check(reqs, cases, 40, b, k == 1)
+      local d = check(reqs, cases, 40, b, not k or k == 1) -- (sized by timing: it may not branch)
       -- (a fixed size: that many nodes, where the step's rows, shared by two requests, hold them)
       if k then assert.is_true(d.tree_size_max <= k and d.tree_size_max >= math.min(k, 23), k .. ": " .. d.tree_size_max) end
       if k == 63 then assert.is_true(d.tokens_per_step > 1.5, "63 nodes: " .. d.tokens_per_step .. " tokens a step") end
