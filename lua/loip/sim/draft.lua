@@ -224,12 +224,12 @@ end
 -- node j has p_j = T(j) - T(j - 1) (the curve's gain, never rising), so that the B likeliest are
 -- expected to give T(B) - 1 tokens; node j is the filler (accepted) when u < p_j for one draw u
 -- (a path reaches depth j with chance p_j). Its time: the rows the draft has not seen, then a
--- round of forwards (the best-first construction's: k/8 nodes and their ancestors each, 8 rounds).
+-- forward per round (the best-first construction's `rounds`: k/rounds nodes and their ancestors each).
 function Draft:propose_scored(engine, req)
   local k, m = math.min(req.k, req.depth or req.k), req.memo
   local ms = 0
   if self.shape then
-    local rounds = math.min(k, 8)
+    local rounds = math.min(k, self.params.rounds or 2)
     ms = self:forward_ms(math.max(1, req.n - (m.valid or 0)), req.n) + rounds * self:forward_ms(math.ceil(k / rounds) * 2, req.n + k)
   end
   m.valid = req.n

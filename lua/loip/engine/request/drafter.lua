@@ -134,8 +134,8 @@ end
 -- probabilities. Each round forwards the nodes to expand and their ancestors through the draft in
 -- one step (its root, the request's last token, then those nodes as tree rows, node i at n - 1 + i:
 -- the draft's KV past its last token is written over next time), their logits asked for; a round
--- takes the best eighth of the budget (at least 1) from the frontier; no node deeper than `depth`.
-function Drafter:propose_scored(req, B, vocab, children, depth)
+-- takes the best 1/rounds of the budget (at least 1) from the frontier; no node deeper than `depth`.
+function Drafter:propose_scored(req, B, vocab, children, depth, rounds)
   local s = self:slot(req)
   local n = req.n
   B = math.min(B, self.model.context - n, self.engine.step_tokens - 1, tree_mod.MAX)
@@ -167,7 +167,7 @@ function Drafter:propose_scored(req, B, vocab, children, depth)
     end
     return kids
   end
-  return tree_mod.best_first(B, expand, math.ceil(B / 8), depth)
+  return tree_mod.best_first(B, expand, math.ceil(B / rounds), depth)
 end
 
 -- A tree of at most k drafts (tree mode: { ids, parents }): the greedy chain, and at each of its
@@ -258,7 +258,10 @@ function M.settings(rows)
   rows[#rows + 1] = { "build", "string", "with tree=on: best (grown best-first by the draft's cumulative probabilities, its "
     .. "size chosen each step by the cost model; --draft-tokens fixes it) or paths (the chain and runners-up: width, levels)",
     default = "best", check = function(v) return v == "best" or v == "paths", "must be best or paths" end }
-  rows[#rows + 1] = { "children", "int", "with tree=on, build=best: the likeliest tokens after each node expanded", default = 8,
+  rows[#rows + 1] = { "children", "int", "with tree=on, build=best: the likeliest tokens after each node expanded", default = 16,
+    check = function(v) return v >= 1, "must be >= 1" end }
+  rows[#rows + 1] = { "rounds", "int", "with tree=on, build=best: the draft forwards that grow the tree, each taking the likeliest "
+    .. "1/rounds of its nodes from the frontier (more: nearer one node at a time, a forward each)", default = 2,
     check = function(v) return v >= 1, "must be >= 1" end }
   rows[#rows + 1] = { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)",
     default = 2, check = function(v) return v >= 1, "must be >= 1" end }
@@ -269,7 +272,7 @@ end
 
 -- The settings of such a policy that a request may choose for itself (they change how the loaded
 -- draft proposes, not what is loaded): loip.serve.request_draft.
-M.PER_REQUEST = { tree = true, width = true, levels = true, build = true, children = true }
+M.PER_REQUEST = { tree = true, width = true, levels = true, build = true, children = true, rounds = true }
 
 function M.policy(P)
   function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
@@ -279,7 +282,7 @@ function M.policy(P)
   end
   function P.propose_scored(req, ctx, o)
     if not ctx.drafter.propose_scored then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
-    return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth)
+    return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth, o.rounds)
   end
   function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
   function P.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
