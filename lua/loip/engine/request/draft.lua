@@ -21,7 +21,7 @@
 -- A tree grown best-first (tree=on, build=best: a policy's propose_scored, the nodes with the
 -- draft's cumulative probabilities p) is sized the same way, each step: of the nodes built, the
 -- B likeliest (a tree at every B) for the B in 0..built that maximises
---   (1 + E(B)) / (step(rows + B) + build(B)),
+--   (1 + E(B)) / (step(rows + B) + build(max(4, 2B))),
 -- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' p there, scaled
 -- by that depth's measured acceptance over its predicted: loip.engine.request.tree.expected),
 -- build(B) the time to build B nodes (a line fitted to the builds measured). The next step builds at most max(4, 2B) (B = 0: none,
@@ -272,7 +272,8 @@ function Draft:tree_budget(ranked, rows)
   local E = tree.expected(ranked, self.calib.c)
   local best, best_rate = 0, 1 / base
   for b = 1, #ranked do
-    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + self:build_ms(b))
+    -- (choosing b, a step builds max(4, 2b) nodes: what it costs a step, held there)
+    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + self:build_ms(math.max(4, 2 * b)))
     if rate > best_rate * 1.0001 then best, best_rate = b, rate end
   end
   return best
