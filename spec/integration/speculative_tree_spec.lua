@@ -22,14 +22,15 @@ local function expected(c, n)
 end
 
 -- The requests' tokens, each checked against run.c; the drafts' figures.
-local function check(reqs, cases, n, b, chain)
+local function check(reqs, cases, n, b, chain, sized)
   local refed = 0
   for k, r in ipairs(reqs) do
     assert.are.same(expected(cases[k], n), r.token_ids)
     refed = refed + (r.refed or 0)
   end
   local d = b.draft:report()
-  assert.is_true(d.steps > 0 and d.accepted > 0, "trees were verified and drafts accepted")
+  -- (a size the cost model chose may be 0 all along where a step's rows cost: its tokens still checked)
+  assert.is_true(sized or (d.steps > 0 and d.accepted > 0), "trees were verified and drafts accepted")
   -- a path through a branch other than the first: its tokens were fed again, and still exact
   assert.is_true(chain or refed > 0, "an accepted path left the first branch")
   return d
@@ -99,7 +100,7 @@ describe("speculative decoding, tree mode", function()
         reqs[j] = b:submit { prompt = c.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
       end
       b:drain()
-      local d = check(reqs, cases, 40, b, not k or k == 1) -- (sized by timing: it may not branch)
+      local d = check(reqs, cases, 40, b, not k or k == 1, not k) -- (sized by timing: it may not branch)
       -- (a fixed size: that many nodes, where the step's rows, shared by two requests, hold them)
       if k then assert.is_true(d.tree_size_max <= k and d.tree_size_max >= math.min(k, 23), k .. ": " .. d.tree_size_max) end
       if k == 63 then assert.is_true(d.tokens_per_step > 1.5, "63 nodes: " .. d.tokens_per_step .. " tokens a step") end
@@ -122,7 +123,7 @@ describe("speculative decoding, tree mode", function()
           reqs[j] = b:submit { prompt = cs.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
         end
         b:drain()
-        local d = check(reqs, cases, 40, b)
+        local d = check(reqs, cases, 40, b, not k, not k)
         if k then assert.is_true(d.tree_size_max > 31, "two requests' trees share the step's rows: " .. d.tree_size_max) end
       end
     end)
