@@ -19,6 +19,11 @@
 --                 n-gram pool) on each of the 7 reference prompts against no drafts on the same
 --                 prompt, the plan every variant runs (or --lookahead-rows) (target: >= 1.2x overall,
 --                 none below 1.0x)
+-- With --trees, only the tree comparison of issue 39: the draft --tree as a chain at each fixed
+-- k = 1..8 and as a cost-model tree (tree=on, grown best-first, its size B chosen each step),
+-- read-bound, then the same made compute-bound (--compute-mem budgets that hold everything, no
+-- disk limit, no emulated links). Targets: the tree >= 1.5x the best chain's tokens per verifying
+-- step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound.
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
@@ -51,6 +56,10 @@ local spec = {
     { "tokens", "int", "tokens generated per run", default = 200 },
     { "ks", "string", "draft lengths of the self draft", default = "1,2,4,8" },
     { "tree", "string", "the tree variant's draft (when the policy offers tree=on), against its chain", default = "self:layers=3" },
+    { "trees", "bool", "only the tree comparison: the --tree draft's chains k = 1..8 against its cost-model tree, read-bound "
+      .. "and compute-bound" },
+    { "reps", "int", "--trees: rounds of the runs, alternated (medians reported)", default = 3 },
+    { "compute-mem", "string", "--trees: each device's budget in the compute-bound run (holds everything)", default = "64M,64M,64M" },
     { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
     { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
     { "synthetic-tokens", "int", "tokens of the synthetic runs", default = 48 },
@@ -90,6 +99,7 @@ local function run(c, d, k, prompt, n, extra)
   local popts = { context = o.context, disk_rate = disk, link = { rate = o.link_rate, delay_ms = o.link_delay },
     draft = d and policy.load("draft", d) or nil, draft_tokens = k, logits_tokens = LOGITS_ROWS }
   for key, v in pairs(extra or {}) do popts[key] = v end
+  for key, v in pairs(popts) do if v == false then popts[key] = nil end end -- (false: left out)
   c:plan(popts)
   local it, st = c:generate(prompt, { max_tokens = n, sampler = { temperature = 0 }, ignore_eos = true })
   local first, last, got = nil, nil, 0
@@ -104,6 +114,93 @@ local function run(c, d, k, prompt, n, extra)
 end
 
 local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
+
+-- The tree comparison (--trees) on cluster c, the runs planned with `extra`: none, the chain of
+-- draft o.tree at k = 1..8, the cost-model tree (its plan's rows its own: plan_rows), --reps
+-- rounds of them alternated, medians. Its figures, logged under `label`.
+local function median(xs)
+  table.sort(xs)
+  local n = #xs
+  return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
+end
+local function trees(c, label, extra, prompt)
+  local te = {}
+  for key, v in pairs(extra or {}) do te[key] = v end
+  te.logits_tokens = false -- (the plan reserves the tree's rows: loip.engine.request.draft.plan_rows)
+  local sep = o.tree:find(":", 1, true) and "," or ":"
+  local runs = { none = {}, tree = {} }
+  for k = 1, 8 do runs[k] = {} end
+  local same_all = true
+  for rep = 1, o.reps do
+    local none = run(c, nil, nil, prompt, o.tokens, extra)
+    table.insert(runs.none, none)
+    for k = 1, 8 do
+      local r = run(c, o.tree, k, prompt, o.tokens, extra)
+      same_all = same_all and same(r.tokens, none.tokens)
+      table.insert(runs[k], r)
+    end
+    local t = run(c, o.tree .. sep .. "tree=on", nil, prompt, o.tokens, te)
+    t.draft_rows = c.planner.draft_rows
+    same_all = same_all and same(t.tokens, none.tokens)
+    table.insert(runs.tree, t)
+    log("%s, round %d: none %.1f, tree %.1f tokens/s (%.2f a step, B %.1f)", label, rep, none.tokens_per_s, t.tokens_per_s,
+      t.tokens_per_step, t.draft.tree_size)
+  end
+  local function med(list, f)
+    local xs = {}
+    for i, x in ipairs(list) do xs[i] = f(x) end
+    return median(xs)
+  end
+  local tps = function(x) return x.tokens_per_s end
+  local tpst = function(x) return x.tokens_per_step end
+  local out = { none_tokens_per_s = med(runs.none, tps), chains = {}, reps = o.reps }
+  local best
+  for k = 1, 8 do
+    local x = { k = k, tokens_per_s = med(runs[k], tps), tokens_per_step = med(runs[k], tpst) }
+    out.chains[k] = x
+    if not best or x.tokens_per_s > best.tokens_per_s then best = x end
+    log("%s: chain k=%d: %.1f tokens/s, %.2f tokens per step (medians)", label, k, x.tokens_per_s, x.tokens_per_step)
+  end
+  local rt = runs.tree
+  out.tree = { tokens_per_s = med(rt, tps), tokens_per_step = med(rt, tpst), tree_size = med(rt, function(x) return x.draft.tree_size end),
+    tree_size_max = med(rt, function(x) return x.draft.tree_size_max end),
+    tree_built = med(rt, function(x) return x.draft.tree_built or 0 end),
+    draft_share = med(rt, function(x) return x.draft.draft_share end), plan_rows = rt[1].draft_rows }
+  out.best_chain, out.same_tokens = best, same_all
+  out.best_chain_steps = 0
+  for k = 1, 8 do out.best_chain_steps = math.max(out.best_chain_steps, out.chains[k].tokens_per_step) end
+  out.steps_ratio = out.tree.tokens_per_step / out.best_chain_steps
+  out.speed_ratio = out.tree.tokens_per_s / best.tokens_per_s
+  local t = out.tree
+  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f, plan rows %d), draft share %.2f; "
+    .. "vs the chains: %.2fx the most tokens per step, %.2fx the best tokens/s (k=%d); none %.1f tokens/s; same tokens: %s",
+    label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.draft_share,
+    out.steps_ratio, out.speed_ratio, best.k, out.none_tokens_per_s, tostring(same_all))
+  return out
+end
+
+if o.trees then
+  local prompt = greedy.cases[2].prompt_ids
+  local res = { tokens = o.tokens, draft = o.tree, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay }
+  local c = cluster.start_local { store = o.store, devices = o.devices, mem = mems, threads = 1 }
+  local ok, err = pcall(function() res.read_bound = trees(c, "read-bound", nil, prompt) end)
+  c:close()
+  if not ok then error(err, 0) end
+  local cm = {}
+  for x in o.compute_mem:gmatch("[^,]+") do cm[#cm + 1] = x end
+  c = cluster.start_local { store = o.store, devices = o.devices, mem = cm, threads = 1 }
+  ok, err = pcall(function()
+    res.compute_bound = trees(c, "compute-bound", { disk_rate = false, link = false }, prompt)
+  end)
+  c:close()
+  if not ok then error(err, 0) end
+  os.execute("mkdir -p '" .. o.out .. "'")
+  local f = assert(io.open(o.out .. "/speculative-trees.json", "w"))
+  f:write(json.encode_sorted(res, 2), "\n")
+  f:close()
+  print(json.encode_sorted(res))
+  return
+end
 
 local result = { devices = o.devices, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay,
   tokens = o.tokens, store = o.store, variants = {} }

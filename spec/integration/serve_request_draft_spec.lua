@@ -85,7 +85,7 @@ describe("loip serve --draft-per-request", function()
       assert.matches(words, e.message, 1, true)
     end
     refused(got[5], "draft", "model is not allowed; this server (--draft self:layers=2) lets a request choose: none, ngram, self")
-    refused(got[6], "draft", "layers=3 needs a draft the server has not loaded (it runs self:layers=2); a request may change levels, tree, width")
+    refused(got[6], "draft", "layers=3 needs a draft the server has not loaded (it runs self:layers=2); a request may change build, children, levels, rounds, tree, width")
     refused(got[7], "draft_tokens", "'draft_tokens' is 9; this server verifies at most 4")
     refused(got[8], "draft", "'draft' must be a string")
     refused(got[9], "draft", "model is not allowed")

@@ -267,6 +267,41 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     return j
   end
 
+  it("prices a best-first tree by its curve: tokens per step by its size, the size chosen from the step's price", function()
+    local flat = write_profile(T.tmpdir(), 0)
+    local base = "--profile " .. flat .. " --requests 1 --output-tokens 120 --json --draft ngram --acceptance 0.5"
+    local function with(args)
+      local rc, out, err = simulate(base:gsub("%-%-draft ngram %-%-acceptance 0.5", args))
+      assert.are.equal(0, rc, err)
+      return json.decode(out)
+    end
+    local CURVE = "--tree-curve 8:1.6,16:1.9,32:2.1,63:2.4"
+    -- a fixed size: the curve's tokens per step (one draw a step: the path reaches depth j with
+    -- the chance the curve gains there), its rows priced in the step
+    local t8 = with("--draft self:layers=1,tree=on --draft-device head --draft-tokens 8 " .. CURVE)
+    local t32 = with("--draft self:layers=1,tree=on --draft-device head --draft-tokens 32 " .. CURVE)
+    assert.are.equal(CURVE:match("%S+$"), t8.draft.tree_curve_source)
+    assert.is_true(math.abs(t8.draft.tokens_per_step - 1.6) < 0.3, tostring(t8.draft.tokens_per_step))
+    assert.is_true(math.abs(t32.draft.tokens_per_step - 2.1) < 0.4, tostring(t32.draft.tokens_per_step))
+    assert.is_true(t32.steps < t8.steps and t32.simulated_ms / t32.steps > t8.simulated_ms / t8.steps)
+    -- chosen each step from the curve and the step's price (which rises with rows on this profile)
+    local chosen = with("--draft self:layers=1,tree=on --draft-device head " .. CURVE)
+    assert.is_true(chosen.draft.tree_size >= 1 and chosen.draft.tree_size < 32, tostring(chosen.draft.tree_size))
+    assert.are.equal("chosen", chosen.draft.k)
+    -- a measured run's curve (loip generate --json: draft.tree_curve), and what is refused
+    local dir = T.tmpdir()
+    T.write(dir .. "/run.json", json.encode({ draft = { tree_curve = { { size = 8, tokens_per_step = 1.6, steps = 10 },
+      { size = 40, tokens_per_step = 2.2, steps = 30 } } } }))
+    local measured = with("--draft self:layers=2,tree=on --draft-device head --tree-curve " .. dir .. "/run.json")
+    assert.are.equal(dir .. "/run.json", measured.draft.tree_curve_source)
+    local rc, _, err = simulate(base:gsub("%-%-draft ngram %-%-acceptance 0.5", "--draft self:tree=on --tree-curve 8:0.5"))
+    assert.are_not.equal(0, rc)
+    assert.matches("--tree-curve", err, 1, true)
+    rc, _, err = simulate(base:gsub("%-%-draft ngram %-%-acceptance 0.5", "--draft ngram --acceptance 0.5 --tree-curve 8:1.5"))
+    assert.are_not.equal(0, rc)
+    assert.matches("--tree-curve is a tree's", err, 1, true)
+  end)
+
   it("verifies k drafts in one step: at acceptance 1 five tokens a step, read-bound steps priced as one; at 0 one", function()
     local flat = write_profile(T.tmpdir(), 0)
     local base = "--profile " .. flat .. " --requests 1 --output-tokens 26 --json"

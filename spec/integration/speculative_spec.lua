@@ -280,8 +280,8 @@ describe("speculative decoding, sampling", function()
 
   -- The first three tokens of `n` requests seeded seed0 + 1 .. seed0 + n at temperature 2 (the
   -- repeated prompt makes the first two nearly certain at 1: every draft would be accepted or none).
-  local function first_three(draft, seed0, n)
-    local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = draft and 3 or nil })
+  local function first_three(draft, seed0, n, k)
+    local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = draft and (k or 3) or nil })
     local out = { {}, {}, {} }
     for s = seed0 + 1, seed0 + n do
       local it, st = m:generate(PROMPT, { max_tokens = 3, sampler = { temperature = 2, top_p = 1 }, seed = s, stop = {} })
@@ -309,6 +309,17 @@ describe("speculative decoding, sampling", function()
     end
   end)
 
+  it("draws the first 3 tokens as without drafts over 2,000 seeds with best-first trees of 63 nodes (chi-square p > 0.001)", function()
+    local base = first_three(nil, 0, 2000)
+    -- (3 tokens: a tree after the first is 1 deep, the draft's 63 likeliest tokens as siblings)
+    local got, r = first_three("self:layers=3,tree=on,children=63", 50000, 2000, 63)
+    assert.is_true(r.accepted > 0 and r.tree_size_max == 63, string.format("%d accepted, trees of %d", r.accepted, r.tree_size_max))
+    for j = 1, 3 do
+      local p, chi, dof = homogeneity_p(base[j], got[j])
+      assert.is_true(p > 0.001, string.format("token %d: chi-square %.1f on %d degrees of freedom, p = %.2g", j, chi, dof, p))
+    end
+  end)
+
   it("gives a seeded request the same tokens with and without drafts, run to run", function()
     local function tokens(draft, k)
       local m = loip.model.open(store(), { context = 256, threads = 1, draft = draft, draft_tokens = k })
@@ -325,6 +336,8 @@ describe("speculative decoding, sampling", function()
     assert.are.same(none, tokens("self", 4))
     assert.are.same(none, tokens("self:layers=2"))
     assert.are.same(none, tokens("ngram", 2))
+    assert.are.same(none, tokens("self:layers=3,tree=on")) -- (a best-first tree sized by the cost model)
+    assert.are.same(none, tokens("self:layers=3,tree=on", 40))
     assert.are.same(tokens("ngram"), tokens("ngram"))
   end)
 end)

@@ -22,16 +22,17 @@ local function expected(c, n)
 end
 
 -- The requests' tokens, each checked against run.c; the drafts' figures.
-local function check(reqs, cases, n, b)
+local function check(reqs, cases, n, b, chain, sized)
   local refed = 0
   for k, r in ipairs(reqs) do
     assert.are.same(expected(cases[k], n), r.token_ids)
     refed = refed + (r.refed or 0)
   end
   local d = b.draft:report()
-  assert.is_true(d.steps > 0 and d.accepted > 0, "trees were verified and drafts accepted")
+  -- (a size the cost model chose may be 0 all along where a step's rows cost: its tokens still checked)
+  assert.is_true(sized or (d.steps > 0 and d.accepted > 0), "trees were verified and drafts accepted")
   -- a path through a branch other than the first: its tokens were fed again, and still exact
-  assert.is_true(refed > 0, "an accepted path left the first branch")
+  assert.is_true(chain or refed > 0, "an accepted path left the first branch")
   return d
 end
 
@@ -81,6 +82,50 @@ describe("speculative decoding, tree mode", function()
       end
       b:drain()
       check(reqs, cases, 40, b)
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
+  -- best-first trees (build=best, the default) of every size, and sized by the cost model
+  it("gives exactly the greedy tokens with best-first trees of every size and sized by the cost model", function()
+    local st = T.slice_store(S260, "s260")
+    local cases = { greedy.cases[2], greedy.cases[4] }
+    for _, k in ipairs({ 1, 7, 23, 63, false }) do
+      local m = loip.model.open(st, { threads = 1, context = 256, max_batch = 2, draft = "self:layers=3,tree=on",
+        draft_tokens = k or nil })
+      local b = m:batcher()
+      local reqs = {}
+      for j, c in ipairs(cases) do
+        reqs[j] = b:submit { prompt = c.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
+      end
+      b:drain()
+      local d = check(reqs, cases, 40, b, not k or k == 1, not k) -- (sized by timing: it may not branch)
+      -- (a fixed size: that many nodes, where the step's rows, shared by two requests, hold them)
+      if k then assert.is_true(d.tree_size_max <= k and d.tree_size_max >= math.min(k, 23), k .. ": " .. d.tree_size_max) end
+      if k == 63 then assert.is_true(d.tokens_per_step > 1.5, "63 nodes: " .. d.tokens_per_step .. " tokens a step") end
+      m:close()
+    end
+  end)
+
+  it("gives exactly the greedy tokens on 3 local devices with trees of 63 nodes and sized by the cost model", function()
+    local st = T.slice_store(S260, "s260")
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      for _, k in ipairs({ 63, false }) do
+        c:plan { context = 256, batch = 64, max_batch = 2, draft = "self:layers=3,tree=on", draft_tokens = k or nil }
+        -- (nothing offloaded, memory to spare: the tree's rows are reserved)
+        assert.are.equal(k or 64, c.planner.draft_rows)
+        local b = c:batcher()
+        local cases = { greedy.cases[3], greedy.cases[5] }
+        local reqs = {}
+        for j, cs in ipairs(cases) do
+          reqs[j] = b:submit { prompt = cs.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
+        end
+        b:drain()
+        local d = check(reqs, cases, 40, b, not k, not k)
+        if k then assert.is_true(d.tree_size_max > 31, "two requests' trees share the step's rows: " .. d.tree_size_max) end
+      end
     end)
     c:close()
     assert(ok, err)

@@ -164,8 +164,29 @@ end
 -- made for the k asked (--draft-tokens, else the most loip.engine.request.draft drafts); when none holds
 -- them, for fewer (the most that fit, by halving), then for none. choose(k) returns the plan
 -- for k draft rows a request (a table) or raises; returns it with draft_rows = k. Raises
--- choose(0)'s error when no plan fits even without draft rows.
-local function fit_draft_rows(k, choose)
+-- choose(0)'s error when no plan fits even without draft rows. floor (a tree's: more rows than
+-- a chain's, loip.engine.request.draft.plan_rows): the rows give way first when memory is
+-- short, in price as in fit: of k, k/2, ... floor rows, the plan with the most expected tokens
+-- per ms, a tree's tokens per step taken to grow by request_draft.TREE_GAIN of the chain's per
+-- doubling of its rows (a read-bound ring's rows cost little, but rows that push weights off a
+-- device make every step read them).
+local function fit_draft_rows(k, choose, floor)
+  if floor and floor < k then
+    local okf, base = pcall(choose, floor)
+    local at = okf and base.estimate and base.estimate.ms_per_token
+    if at then
+      local best, best_v = base, 1 / at
+      base.draft_rows = floor
+      while k > floor do
+        local okk, ck = pcall(choose, k)
+        local ms = okk and ck.estimate and ck.estimate.ms_per_token
+        local v = ms and (1 + request_draft.TREE_GAIN * math.log(k / floor, 2)) / ms
+        if v and v > best_v then best, best_v, ck.draft_rows = ck, v, k end
+        k = math.max(floor, math.floor(k / 2))
+      end
+      return best
+    end
+  end
   local ok, c = pcall(choose, k)
   if not ok then
     if k == 0 then error(c, 0) end
@@ -250,8 +271,8 @@ function Planner:plan(opts)
   -- (chosen already, on this problem: Planner:replan_kv)
   local c = opts.plan_chosen
   if not c then
-    local k = drafting and (opts.draft_tokens or request_draft.MAX) or 0
-    c = fit_draft_rows(k, choose)
+    local k = drafting and request_draft.plan_rows(policy.load("draft", opts.draft), opts.draft_tokens) or 0
+    c = fit_draft_rows(k, choose, drafting and not opts.draft_tokens and request_draft.MAX or nil)
   end
   local sizes, est, info = c.sizes, c.estimate, c.info
   p = c.plan
@@ -383,13 +404,14 @@ function Planner:replan_kv(positions)
   opts.plan_positions, opts.keep_requests = positions, true
   -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
   -- rows give way before it fails: fit_draft_rows)
-  local k = opts.draft ~= nil and opts.draft ~= "none" and (opts.draft_tokens or request_draft.MAX) or 0
+  local k = opts.draft ~= nil and opts.draft ~= "none" and request_draft.plan_rows(policy.load("draft", opts.draft), opts.draft_tokens) or 0
+  local floor = k > 0 and not opts.draft_tokens and request_draft.MAX or nil
   local ok, chosen = pcall(fit_draft_rows, k, function(rows)
     local c = { sizes = self:plan_sizes(opts, rows) }
     c.problem = self:problem(opts, c.sizes)
     c.plan, c.estimate, c.info = policy.plan(c.problem, { scheduler = opts.scheduler, cost = opts.cost })
     return c
-  end)
+  end, floor)
   if not ok then error(string.format("no plan holds %d KV positions: %s", positions, tostring(chosen)), 0) end
   opts.plan_chosen = chosen
   self.lending = nil

@@ -40,6 +40,9 @@ for _, f in ipairs({
   flags.shared.draft, flags.shared.draft_tokens,
   { "acceptance", "string", "with --draft: the per-draft acceptance assumed (the chance a draft is accepted given the ones "
     .. "before it were), in [0, 1], or a measured run's JSON (loip generate --json --draft: its draft.acceptance)", metavar = "A|FILE.json" },
+  { "tree-curve", "string", "with --draft ...:tree=on (grown best-first, sized by the cost model): the tree's tokens per "
+    .. "verifying step by its nodes, B:T,B:T... (a stated curve), or a measured run's JSON (loip generate --json: its "
+    .. "draft.tree_curve); without it a chain's at --acceptance", metavar = "B:T,...|FILE.json" },
   { "draft-like", "string", "with --draft model: the draft's shape (loip synth's: llama-3.2-1b ...), priced by its device's profile",
     metavar = "NAME" },
   { "draft-device", "string", "with --draft model or self: the device the draft runs on (1-based), head (device 1's machine, "
@@ -125,16 +128,18 @@ end
 -- assumed (loip.sim.draft); nil without --draft.
 local function sim_draft(o, prob)
   if o.draft == nil or o.draft == "none" then
-    for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device" }) do
+    for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device", "tree_curve" }) do
       if o[f] ~= nil then usage("--%s needs --draft", (f:gsub("_", "-"))) end
     end
     return nil
   end
   local sd = require "loip.sim.draft"
+  local curve, cwhy = sd.curve(o.tree_curve)
+  if o.tree_curve and not curve then usage("%s", cwhy) end
   local a, why = sd.acceptance(o.acceptance)
-  if not a then usage("%s", why) end
+  if not a and not curve then usage("%s", why) end
   local ok, d = pcall(sd.new, prob, { draft = o.draft, acceptance = a, like = o.draft_like, dtype = o.dtype, device = o.draft_device,
-    seed = o.seed, max_seqs = o.max_batch })
+    seed = o.seed, max_seqs = o.max_batch, curve = curve, curve_source = o.tree_curve })
   if not ok then usage("%s", tostring(d)) end
   return d
 end

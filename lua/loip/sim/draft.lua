@@ -22,6 +22,7 @@ local profile = require "loip.plan.profile"
 local json = require "loip.text.json"
 local pb = require "loip.plan.problem"
 local memory = require "loip.runtime.memory"
+local request_draft = require "loip.engine.request.draft"
 
 local M = {}
 
@@ -56,6 +57,54 @@ function M.acceptance(v)
   return x, v
 end
 
+-- A tree's tokens per verifying step as a function of its nodes B (tree=on, build=best): --tree-curve
+-- "B:T,B:T,..." (a stated curve), or a measured run's JSON (loip generate --json with a tree
+-- draft: its draft.tree_curve, tokens per step by tree size). Returns the points { { B, T } },
+-- by B, and the source; or nil, why (naming the flag).
+function M.curve(v)
+  if v == nil then return nil end
+  local pts = {}
+  if not v:find("%.json$") then
+    for item in v:gmatch("[^,]+") do
+      local b, t = item:match("^%s*(%d+)%s*:%s*([%d.]+)%s*$")
+      b, t = tonumber(b), tonumber(t)
+      if not b or not t or b < 1 or t < 1 then
+        return nil, string.format("--tree-curve %s: %q is not B:T (nodes >= 1, tokens per step >= 1)", v, item)
+      end
+      pts[#pts + 1] = { b, t }
+    end
+  else
+    local f = io.open(v, "r")
+    if not f then return nil, string.format("--tree-curve %s: not a readable file", v) end
+    local ok, j = pcall(json.decode, f:read("*a"))
+    f:close()
+    local c = ok and type(j) == "table" and type(j.draft) == "table" and j.draft.tree_curve
+    if type(c) ~= "table" or #c == 0 then
+      return nil, string.format("--tree-curve %s: no draft.tree_curve (the JSON of loip generate --json --draft ...,tree=on)", v)
+    end
+    for _, x in ipairs(c) do pts[#pts + 1] = { x.size, x.tokens_per_step } end
+  end
+  if #pts == 0 then return nil, "--tree-curve: no points" end
+  table.sort(pts, function(a, b) return a[1] < b[1] end)
+  return pts, v
+end
+
+-- T(B) of curve pts: 1 at B = 0, linear in log2(B + 1) between the points, flat past the last.
+local function curve_at(pts, b)
+  if b <= 0 then return 1 end
+  local x = math.log(b + 1)
+  local lo = { 0, 1 }
+  for _, p in ipairs(pts) do
+    if p[1] >= b then
+      local x0, x1 = math.log(lo[1] + 1), math.log(p[1] + 1)
+      return lo[2] + (p[2] - lo[2]) * (x - x0) / (x1 - x0)
+    end
+    lo = p
+  end
+  return lo[2]
+end
+M.curve_at = curve_at
+
 local Draft = {}
 Draft.__index = Draft
 
@@ -65,7 +114,19 @@ Draft.__index = Draft
 function M.new(problem, opts)
   local inst = policy.load("draft", opts.draft) -- (checks the name and its settings)
   local d = setmetatable({ name = inst.name or tostring(opts.draft), a = opts.acceptance, seed = opts.seed or 1,
-    bytes = 0, layers = 0, total_ms = 0, proposals = 0 }, Draft)
+    bytes = 0, layers = 0, total_ms = 0, proposals = 0, params = inst.params }, Draft)
+  -- a tree grown best-first and sized by the cost model: its tokens per step by its size, from
+  -- the curve given, else a chain's at the acceptance assumed, (1 - a^(B+1)) / (1 - a)
+  if request_draft.grows({ params = inst.params, module = inst.module }) then
+    d.curve, d.curve_source = opts.curve, opts.curve_source
+    if not d.curve then
+      local a = math.min(opts.acceptance or 0, 0.999)
+      d.curve, d.curve_source = {}, "a chain's at acceptance " .. tostring(opts.acceptance)
+      for b = 1, 64 do d.curve[b] = { b, (1 - a ^ (b + 1)) / (1 - a) } end
+    end
+  elseif opts.curve then
+    error("--tree-curve is a tree's (--draft ...:tree=on, build=best): --draft " .. tostring(opts.draft), 0)
+  end
   local context = problem.context
   if d.name == "model" then
     if not opts.like then error("--draft model: which draft? the simulator prices a shape: give --draft-like NAME (loip synth's shapes)", 0) end
@@ -159,9 +220,33 @@ end
 
 -- The draft policy the batcher runs (loip.policy kind "draft") for engine (its clock moves by
 -- each proposal's time).
+-- A tree's scored nodes for the batcher's sizing (loip.engine.request.draft): a chain of k whose
+-- node j has p_j = T(j) - T(j - 1) (the curve's gain, never rising), so that the B likeliest are
+-- expected to give T(B) - 1 tokens; node j is the filler (accepted) when u < p_j for one draw u
+-- (a path reaches depth j with chance p_j). Its time: the rows the draft has not seen, then a
+-- forward per round (the best-first construction's `rounds`: k/rounds nodes and their ancestors each).
+function Draft:propose_scored(engine, req)
+  local k, m = math.min(req.k, req.depth or req.k), req.memo
+  local ms = 0
+  if self.shape then
+    local rounds = math.min(k, self.params.rounds or 2)
+    ms = self:forward_ms(math.max(1, req.n - (m.valid or 0)), req.n) + rounds * self:forward_ms(math.ceil(k / rounds) * 2, req.n + k)
+  end
+  m.valid = req.n
+  local u, nodes, last = self:draw(), {}, 1
+  for j = 1, k do
+    local p = math.max(0, math.min(last, curve_at(self.curve, j) - curve_at(self.curve, j - 1)))
+    last = p
+    nodes[j] = { id = u < p and M.FILLER or M.OTHER, parent = j - 1, p = p, depth = j }
+  end
+  engine.now_ms = engine.now_ms + ms
+  self.total_ms, self.proposals = self.total_ms + ms, self.proposals + 1
+  return nodes
+end
+
 function Draft:policy(engine)
   local d = self
-  return { name = d.name, propose = function(req)
+  local t = { name = d.name, propose = function(req)
     local m = req.memo
     local k = req.k
     local ms = 0
@@ -188,6 +273,10 @@ function Draft:policy(engine)
     d.total_ms, d.proposals = d.total_ms + ms, d.proposals + 1
     return ids
   end }
+  if d.curve then -- (a tree: the batcher grows and sizes it, loip.engine.request.draft)
+    t.params, t.module = d.params, { propose_scored = function(req) return d:propose_scored(engine, req) end }
+  end
+  return t
 end
 
 -- The run's figures beside the batcher's (loip.engine.request.draft's report): the assumption and the
@@ -199,15 +288,23 @@ function Draft:report(r, fixed)
     drafted = r.drafted or 0, accepted = r.accepted or 0, steps = r.steps or 0, tokens = r.tokens or 0,
     tokens_per_step = r.tokens_per_step or 0, probes = r.probes,
     draft_ms_per_step = (r.steps or 0) > 0 and self.total_ms / r.steps or 0, draft_ms = self.total_ms,
-    device = self.device, what = self.what, bytes = self.bytes }
+    device = self.device, what = self.what, bytes = self.bytes,
+    tree_size = self.curve and r.tree_size or nil, tree_curve_source = self.curve and self.curve_source or nil }
 end
 
 -- The report's lines (Draft:report's table r) on out: the assumption said plainly.
 function M.describe(r, out)
   local where = r.device == "head" and " in the head's process" or (r.device and (" on device " .. r.device) or "")
-  out:write(string.format("  draft %s (%s)%s: acceptance %.2f ASSUMED (the chance a draft is accepted given the ones before it "
-    .. "were; --acceptance), %s\n", r.policy, r.what, where, r.acceptance,
-    r.k == "chosen" and "draft length chosen each step from it and the cost model's step price" or ("draft length " .. r.k)))
+  if r.tree_curve_source then
+    out:write(string.format("  draft %s (%s)%s: a tree grown best-first, its tokens per step by its size ASSUMED (%s), %s\n",
+      r.policy, r.what, where, r.tree_curve_source, r.k == "chosen"
+        and string.format("its size chosen each step from it and the cost model's step price (%.1f nodes a step)", r.tree_size or 0)
+        or ("its size " .. r.k)))
+  else
+    out:write(string.format("  draft %s (%s)%s: acceptance %.2f ASSUMED (the chance a draft is accepted given the ones before it "
+      .. "were; --acceptance), %s\n", r.policy, r.what, where, r.acceptance,
+      r.k == "chosen" and "draft length chosen each step from it and the cost model's step price" or ("draft length " .. r.k)))
+  end
   out:write(string.format("  %d of %d drafts accepted, %.2f tokens per verifying step (%d steps), draft %.2f ms per step "
     .. "(before the step, the ring waiting)%s\n", r.accepted, r.drafted, r.tokens_per_step, r.steps, r.draft_ms_per_step,
     r.bytes > 0 and r.device ~= "head" and string.format(", %s on its device", memory.format_bytes(r.bytes)) or ""))

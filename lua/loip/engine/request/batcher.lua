@@ -260,10 +260,13 @@ function Batcher:drafts_for(decoding, budget)
   for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
   local rows = #decoding
   for _, r in ipairs(decoding) do
-    local room = math.min(budget, sample_left, r.max_tokens - #r.token_ids - 1, e.context - 1 - r.pos - (r.refeed or 0))
-    if (r.evicted or 0) > 0 or r.at_head then room = 0 end
+    -- (a tree's rows are bounded by the step's and the context's room, its depth by max_tokens)
+    local rows_room = math.min(budget, sample_left, e.context - 1 - r.pos - (r.refeed or 0))
+    local depth = r.max_tokens - #r.token_ids - 1
+    if (r.evicted or 0) > 0 or r.at_head then rows_room = 0 end
+    local room = math.min(rows_room, depth)
     local d = self:draft_of(r)
-    local ids = d and d:for_step(r, rows, math.max(0, room)) or {}
+    local ids = d and d:for_step(r, rows, math.max(0, room), { rows = math.max(0, rows_room), depth = depth }) or {}
     if #ids > 0 and d:peeking() then ids.peek = true end -- (its rows' own guesses come back: PEEK)
     drafts[r] = ids
     budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids

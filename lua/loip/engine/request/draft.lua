@@ -17,6 +17,17 @@
 -- request drafts nothing, every `probe` steps its draft is asked anyway and compared with the
 -- tokens that follow, unsent (no step pays for it), so that it turns back up when drafts would
 -- be accepted again.
+--
+-- A tree grown best-first (tree=on, build=best: a policy's propose_scored, the nodes with the
+-- draft's cumulative probabilities p) is sized the same way, each step: of the nodes built, the
+-- B likeliest (a tree at every B) for the B in 0..built that maximises
+--   (1 + E(B)) / (step(rows + B) + build(max(4, 2B))),
+-- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' p there, scaled
+-- by that depth's measured acceptance over its predicted: loip.engine.request.tree.expected),
+-- build(B) the time to build B nodes (a line fitted to the builds measured). The next step builds at most max(4, 2B) (B = 0: none,
+-- for `probe` steps). Where a step's price is flat in its rows (read-bound: every step reads its
+-- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
+-- shrinks to a few or none.
 local core = require "loip.core"
 local tree = require "loip.engine.request.tree"
 
@@ -37,18 +48,38 @@ function M.new(policy, target, opts)
   opts = opts or {}
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
-    memo = {}, reqs = {}, cost = {}, draft_ms = nil,
+    memo = {}, reqs = {}, cost = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
+      curve = {}, reach = {}, tree_steps = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.ctx.price = function(rows) return d:price(rows) end -- (a step's price for a policy's `length`: lookahead)
   d.ctx.now = d.now -- (the engine's clock, ms)
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
+  d.best = M.grows(policy) -- (and grown best-first, sized here)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
 
 function Draft:name() return self.policy.name or "draft" end
+
+-- A plan's prior for a best-first tree's rows (loip.cluster.planner's fit_draft_rows): its tokens
+-- per step grow by this share of a chain's per doubling of its nodes (stories260K, self:layers=3,
+-- greedy: 1.56, 1.84, 1.99, 2.21 tokens per step at 8, 16, 32, 63 nodes, a chain 1.27).
+M.TREE_GAIN = 0.1
+
+-- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
+function M.grows(policy)
+  local p, pm = policy.params or {}, policy.module
+  return tree.wanted(policy) and (p.build or "best") == "best" and pm ~= nil and pm.propose_scored ~= nil
+end
+
+-- The draft rows a request's step may carry that a plan reserves (logits rows, sampled at once):
+-- fixed (--draft-tokens), else a best-first tree's most (tree.MAX), else a chain's (M.MAX).
+function M.plan_rows(policy, fixed)
+  if fixed then return fixed end
+  return M.grows(policy) and tree.MAX or M.MAX
+end
 
 -- A request's own drafts (an API request's `draft`, loip.serve.request_draft): policy (loaded),
 -- opts.tokens (a fixed k; nil: the server's). A policy of the same module as this one shares its
@@ -61,9 +92,10 @@ function Draft:variant(policy, opts)
   local fixed = opts.tokens or self.fixed
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
-    stats = self.stats, parent = self }, Draft)
+    stats = self.stats, parent = self, calib = self.calib }, Draft)
   d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
+  d.best = M.grows(policy)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
   return d
@@ -179,8 +211,13 @@ function Draft:propose(r, k)
 end
 
 -- Before a step: the drafts of r (k chosen, then proposed), or an unsent probe while r drafts
--- nothing. rows: the step's rows so far; room: the most r may add.
-function Draft:for_step(r, rows, room)
+-- nothing. rows: the step's rows so far; room: the most r may add; tree_room (optional): for a
+-- best-first tree, { rows (the most rows), depth (the deepest node: the tokens r may still give) }.
+function Draft:for_step(r, rows, room, tree_room)
+  if self.best then
+    -- (tree_room: a tree's rows and depth apart, the batcher's; room bounds both otherwise)
+    return self:grow(r, rows, tree_room and tree_room.rows or room, tree_room and tree_room.depth or room)
+  end
   local s = state_of(self, r)
   local k = self:length(r, rows, room)
   if k > 0 then
@@ -196,6 +233,109 @@ function Draft:for_step(r, rows, room)
     self.stats.probes = self.stats.probes + 1
   end
   return {}
+end
+
+-- Of ranked nodes (in order of p), how many to send in a step of `rows` rows so far (see the top).
+-- A tree's step price: the cost model's scaled by the measured over the modelled time of every
+-- row count measured (one scale: the nearest count's alone, Draft:price's, would swing a size
+-- chosen over many row counts with each step's noise); Draft:price without a cost model.
+function Draft:tree_price(rows)
+  local e = self.engine
+  local model = e and e.step_price and e:step_price(rows)
+  if not model then return self:price(rows) end
+  local m, t = 0, 0
+  for n, ms in pairs(self.cost) do
+    local at = e:step_price(n)
+    if at then m, t = m + at, t + ms end
+  end
+  return m > 0 and model * t / m or model
+end
+
+-- The time to build a tree of b nodes (ms): a line fitted to the builds measured (decayed least
+-- squares: a draft whose forwards re-read its weights costs about the same for 4 nodes as for 60,
+-- one that computes costs per node); through 0 while one size was measured; 0 before any.
+function Draft:build_ms(b)
+  local f = self.fit
+  if not f then return 0 end
+  local mx, my = f.x / f.w, f.y / f.w
+  local vx = f.xx / f.w - mx * mx
+  local slope = vx > 1e-6 * math.max(1, mx * mx) and (f.xy / f.w - mx * my) / vx or (mx > 0 and my / mx or 0)
+  slope = math.max(0, slope)
+  return math.max(0, my - slope * mx) + slope * b
+end
+
+local function fit_build(self, n, ms)
+  local f = self.fit or { w = 0, x = 0, y = 0, xx = 0, xy = 0 }
+  f.w, f.x, f.y = 0.9 * f.w + 1, 0.9 * f.x + n, 0.9 * f.y + ms
+  f.xx, f.xy = 0.9 * f.xx + n * n, 0.9 * f.xy + n * ms
+  self.fit = f
+end
+
+function Draft:tree_budget(ranked, rows)
+  local base = self:tree_price(rows)
+  if not base then return #ranked end -- (nothing measured yet: try)
+  local E = tree.expected(ranked, self.calib.c)
+  local best, best_rate = 0, 1 / base
+  for b = 1, #ranked do
+    -- (choosing b, a step builds max(4, 2b) nodes: what it costs a step, held there)
+    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + self:build_ms(math.max(4, 2 * b)))
+    if rate > best_rate * 1.0001 then best, best_rate = b, rate end
+  end
+  return best
+end
+
+-- A best-first tree for r (tree=on, build=best): built up to what the last steps chose, sized
+-- (Draft:tree_budget, or the fixed --draft-tokens), numbered for the step (tree.from_scored); its
+-- nodes at most `depth` deep (the tokens r may still give).
+function Draft:grow(r, rows, room, depth)
+  local s = state_of(self, r)
+  if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
+  local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
+  if k <= 0 or depth <= 0 then return {} end
+  local t0 = self.now()
+  local req = view(r, s, k)
+  req.depth = depth -- (the deepest node the policy may grow)
+  local nodes = self.policy.module.propose_scored(req, self.ctx, self.policy.params) or {}
+  local who = "draft policy " .. self:name() .. ": propose_scored"
+  for i, x in ipairs(nodes) do
+    if type(x.id) ~= "number" or x.id < 0 or x.id >= self.target.vocab or x.id ~= math.floor(x.id) then
+      error(string.format("%s: node %d is %s, not a token id in [0, %d)", who, i, tostring(x.id), self.target.vocab), 0)
+    end
+    if type(x.parent) ~= "number" or x.parent < 0 or x.parent >= i or type(x.p) ~= "number" then
+      error(string.format("%s: node %d's parent is %s (0: the root, or a node before it), p %s", who, i, tostring(x.parent), tostring(x.p)), 0)
+    end
+    x.depth = x.parent == 0 and 1 or nodes[x.parent].depth + 1
+    if x.depth > depth then error(string.format("%s: node %d at depth %d (at most %d)", who, i, x.depth, depth), 0) end
+    x.index = i
+  end
+  local dt = self.now() - t0
+  self.stats.propose_ms = self.stats.propose_ms + dt
+  if #nodes > 0 then fit_build(self, #nodes, dt) end
+  local ranked = tree.ranked(nodes)
+  local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
+  s.build = math.max(4, 2 * B)
+  self.stats.built = (self.stats.built or 0) + #nodes
+  if B == 0 then s.rest = self.probe - 1 end
+  local t = tree.from_scored(nodes, B)
+  local ids = { parents = t.parents }
+  s.sent = {}
+  for i, id in ipairs(t.ids) do
+    ids[i] = id
+    s.sent[t.depths[i]] = (s.sent[t.depths[i]] or 0) + t.probs[i]
+  end
+  local w = self.parent or self
+  if w.spans then w:span_draft(r, k, #ids, t0, dt) end
+  return ids
+end
+
+-- After a tree step: per depth, the acceptance measured (the path reached it or not) against the
+-- draft's prediction (the sum of its nodes' p there), decayed, and their ratio (a prior of 1).
+local function calibrate(calib, sent, accepted)
+  for d, P in pairs(sent) do
+    calib.pred[d] = 0.95 * (calib.pred[d] or 0) + P
+    calib.acc[d] = 0.95 * (calib.acc[d] or 0) + (d <= accepted and 1 or 0)
+    calib.c[d] = (calib.acc[d] + 1) / (calib.pred[d] + 1)
+  end
 end
 
 local function learn(s, examined, accepted, prior)
@@ -221,7 +361,18 @@ function Draft:observe(r, k, got)
     local examined = acc < k and acc + 1 or acc
     st.examined = st.examined + examined -- (per_draft's denominator)
     learn(s, examined, acc, self.prior)
+    if s.sent then
+      calibrate(self.calib, s.sent, acc)
+      -- (the measured curve: tokens per step by tree size, sizes bucketed by powers of two; and
+      -- the share of tree steps whose accepted path reached each depth)
+      local b = 2 ^ math.floor(math.log(k, 2))
+      local c = st.curve[b] or { steps = 0, size = 0, tokens = 0 }
+      c.steps, c.size, c.tokens = c.steps + 1, c.size + k, c.tokens + got
+      st.curve[b], st.tree_steps = c, st.tree_steps + 1
+      for d = 1, acc do st.reach[d] = (st.reach[d] or 0) + 1 end
+    end
   end
+  s.sent = nil
   local p = s.probe
   if p and #r.token_ids >= p.at + #p.ids then
     local hits = 0
@@ -265,14 +416,25 @@ end
 -- (tokens those steps gave), tokens_per_step, acceptance, probes, tree (whether trees are
 -- proposed), tree_size (the drafts, a tree's nodes, a verifying step verified on average),
 -- tree_size_max and tree_size_last (the largest and the last chosen), propose_ms (time proposing),
--- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms) }.
+-- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms); best-first trees:
+-- tree_built (nodes built a verifying step), tree_curve ({ size, tokens_per_step, steps } by size,
+-- sizes bucketed by powers of two), per_depth (the share of tree steps whose path reached depth d) }.
 function Draft:report()
   local st = self.stats
   local busy = st.propose_ms + st.step_ms
+  local curve, depth = nil, nil
+  if st.tree_steps > 0 then
+    curve, depth = {}, {}
+    for _, c in pairs(st.curve) do curve[#curve + 1] = { size = c.size / c.steps, tokens_per_step = c.tokens / c.steps, steps = c.steps } end
+    table.sort(curve, function(a, b) return a.size < b.size end)
+    for d = 1, #st.reach do depth[d] = st.reach[d] / st.tree_steps end
+  end
   return { policy = self:name(), drafted = st.drafted, accepted = st.accepted, steps = st.steps, tokens = st.tokens,
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
     probes = st.probes, fixed = self.fixed, tree = self.tree,
     tree_size = st.steps > 0 and st.drafted / st.steps or 0, tree_size_max = st.largest, tree_size_last = st.last,
+    tree_curve = curve, per_depth = depth, -- (best-first trees: loip simulate --tree-curve reads tree_curve)
+    tree_built = st.steps > 0 and st.built and st.built / st.steps or nil, -- (best-first: the nodes built a step, of which tree_size sent)
     propose_ms = st.propose_ms, step_ms = st.step_ms, draft_share = busy > 0 and st.propose_ms / busy or 0,
     -- the chance a draft is accepted given the ones before it were (the acceptance the length rule and
     -- loip simulate --acceptance assume; `acceptance` is accepted / drafted)

@@ -65,6 +65,31 @@ function Drafter:slot(req)
   return s
 end
 
+-- Feeds the tokens of req the draft has not seen (positions whose tokens changed since it saw
+-- them are fed again); the logits row of its last token (valid until the next forward).
+function Drafter:catch_up(req, s)
+  local ids, n = req.ids, req.n
+  local v = math.min(s.valid, n - 1)
+  for i = 1, v do
+    if s.ids[i] ~= ids[i] then v = i - 1 break end
+  end
+  local T, row = self.engine.step_tokens, nil
+  local pos = v
+  while pos < n do
+    local toks, last = {}, math.min(n, pos + T)
+    for p = pos, last - 1 do
+      toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and LOGITS or 0 }
+    end
+    local outs = self.engine:step(toks)
+    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    if last == n then row = outs[1].logits end
+    pos = last
+  end
+  for p = v + 1, n do s.ids[p] = ids[p] end -- (1..v are the same)
+  s.valid = n
+  return row
+end
+
 -- k greedy drafts after req.ids (req: ids, n, k, id, seq as a draft policy gets them). The
 -- draft's own vocabulary may be larger (padded) or smaller: drafts outside vocab are cut.
 -- alts (optional, a table): alts[j] gets the next `width` best ids after draft j - 1 (draft
@@ -76,30 +101,11 @@ function Drafter:propose(req, k, vocab, alts)
   local ctx = self.model.context
   if n + k > ctx then k = ctx - n end
   if k <= 0 then return {} end
-  -- positions whose tokens changed since the draft saw them are fed again
-  local v = math.min(s.valid, n - 1)
-  for i = 1, v do
-    if s.ids[i] ~= ids[i] then v = i - 1 break end
-  end
   local out = {}
-  local T = self.engine.step_tokens
   local V = math.min(self.vocab, vocab or self.vocab)
-  local pos = v
-  while pos < n do
-    local toks, last = {}, math.min(n, pos + T)
-    for p = pos, last - 1 do
-      toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and LOGITS or 0 }
-    end
-    local outs = self.engine:step(toks)
-    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
-    if last == n then
-      out[1] = argmax(outs[1].logits, V)
-      if alts and alts.levels >= 1 then alts[1] = top(outs[1].logits, V, alts.width + 1) end
-    end
-    pos = last
-  end
-  for p = v + 1, n do s.ids[p] = ids[p] end -- (1..v are the same)
-  s.valid = n
+  local row = self:catch_up(req, s)
+  out[1] = argmax(row, V)
+  if alts and alts.levels >= 1 then alts[1] = top(row, V, alts.width + 1) end
   while #out < k do
     local d = out[#out]
     local outs = self.engine:step { { seq = req.seq, pos = n + #out - 1, request = req.id, id = d, flags = LOGITS } }
@@ -110,6 +116,58 @@ function Drafter:propose(req, k, vocab, alts)
     if alts and #out <= alts.levels then alts[#out] = top(outs[1].logits, V, alts.width + 1) end
   end
   return out
+end
+
+-- The w likeliest ids of a logits row with their probabilities (softmax over the n ids):
+-- { { id, p }... }, likeliest first.
+local function top_probs(row, n, w)
+  local ids = top(row, n, w)
+  local m, sum = row[ids[1]], 0
+  for i = 0, n - 1 do sum = sum + math.exp(row[i] - m) end
+  local out = {}
+  for j, id in ipairs(ids) do out[j] = { id = id, p = math.exp(row[id] - m) / sum } end
+  return out
+end
+
+-- A tree of at most B drafts grown best-first (loip.engine.request.tree.best_first): the scored
+-- nodes { id, parent, p, depth, index }, every node's `children` likeliest tokens by the draft's
+-- probabilities. Each round forwards the nodes to expand and their ancestors through the draft in
+-- one step (its root, the request's last token, then those nodes as tree rows, node i at n - 1 + i:
+-- the draft's KV past its last token is written over next time), their logits asked for; a round
+-- takes the best 1/rounds of the budget (at least 1) from the frontier; no node deeper than `depth`.
+function Drafter:propose_scored(req, B, vocab, children, depth, rounds)
+  local s = self:slot(req)
+  local n = req.n
+  B = math.min(B, self.model.context - n, self.engine.step_tokens - 1, tree_mod.MAX)
+  if B <= 0 then return {} end
+  local V = math.min(self.vocab, vocab or self.vocab)
+  local root = top_probs(self:catch_up(req, s), V, children)
+  local function expand(list, nodes)
+    if list[1].index == 0 then return { root } end
+    -- the nodes to expand and their ancestors (the others' KV is not read), in node order
+    local want, need = {}, {}
+    for _, x in ipairs(list) do
+      want[x.index] = true
+      local a = x.index
+      while a > 0 and not need[a] do need[a] = true a = nodes[a].parent end
+    end
+    local toks, row = { { seq = req.seq, pos = n - 1, request = req.id, id = req.ids[n], flags = 0 } }, { [0] = 0 }
+    for i, x in ipairs(nodes) do
+      if need[i] then
+        row[i] = #toks
+        toks[#toks + 1] = { seq = req.seq, pos = n - 1 + i, request = req.id, id = x.id, flags = want[i] and LOGITS or 0,
+          parent = row[i] - row[x.parent] }
+      end
+    end
+    local outs = self.engine:step(toks)
+    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    local kids, j = {}, 0
+    for i = 1, #nodes do -- (outputs in row order: the list's nodes in the order they were numbered)
+      if want[i] then j = j + 1 kids[j] = top_probs(outs[j].logits, V, children) end
+    end
+    return kids
+  end
+  return tree_mod.best_first(B, expand, math.ceil(B / rounds), depth)
 end
 
 -- A tree of at most k drafts (tree mode: { ids, parents }): the greedy chain, and at each of its
@@ -197,6 +255,14 @@ function M.settings(rows)
     .. "plans with (--draft-device)", default = "head" }
   rows[#rows + 1] = { "tree", "bool", "propose a tree: the greedy chain and, at its first levels, the draft's runners-up beside it",
     default = false }
+  rows[#rows + 1] = { "build", "string", "with tree=on: best (grown best-first by the draft's cumulative probabilities, its "
+    .. "size chosen each step by the cost model; --draft-tokens fixes it) or paths (the chain and runners-up: width, levels)",
+    default = "best", check = function(v) return v == "best" or v == "paths", "must be best or paths" end }
+  rows[#rows + 1] = { "children", "int", "with tree=on, build=best: the likeliest tokens after each node expanded", default = 16,
+    check = function(v) return v >= 1, "must be >= 1" end }
+  rows[#rows + 1] = { "rounds", "int", "with tree=on, build=best: the draft forwards that grow the tree, each taking the likeliest "
+    .. "1/rounds of its nodes from the frontier (more: nearer one node at a time, a forward each)", default = 2,
+    check = function(v) return v >= 1, "must be >= 1" end }
   rows[#rows + 1] = { "width", "int", "with tree=on: the children of a branching level (the chain's token and width - 1 others)",
     default = 2, check = function(v) return v >= 1, "must be >= 1" end }
   rows[#rows + 1] = { "levels", "int", "with tree=on: how many of the chain's first levels branch", default = 2,
@@ -206,13 +272,17 @@ end
 
 -- The settings of such a policy that a request may choose for itself (they change how the loaded
 -- draft proposes, not what is loaded): loip.serve.request_draft.
-M.PER_REQUEST = { tree = true, width = true, levels = true }
+M.PER_REQUEST = { tree = true, width = true, levels = true, build = true, children = true, rounds = true }
 
 function M.policy(P)
   function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
   function P.propose_tree(req, ctx, o)
     if not ctx.drafter.propose_tree then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
     return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
+  end
+  function P.propose_scored(req, ctx, o)
+    if not ctx.drafter.propose_scored then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
+    return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth, o.rounds)
   end
   function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
   function P.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end

@@ -17,12 +17,14 @@ local SAMPLE, DRAFT, TREE = tokf.SAMPLE, tokf.DRAFT, tokf.TREE
 -- The most nodes a tree holds (the attention mask's reach past the root).
 M.MAX = 64
 
--- Whether the draft policy (loaded) proposes trees: its setting tree=on, and a propose_tree.
+-- Whether the draft policy (loaded) proposes trees: its setting tree=on, and a propose_tree (or a
+-- propose_scored: scored nodes grown best-first, sized by loip.engine.request.draft).
 function M.wanted(policy)
   local p = policy.params or {}
   if p.tree ~= "on" and p.tree ~= true then return false end
-  if not (policy.module and policy.module.propose_tree) then
-    error(string.format("draft policy %s: tree=on, but it has no propose_tree", policy.name or "?"), 0)
+  local m = policy.module
+  if not (m and (m.propose_tree or m.propose_scored)) then
+    error(string.format("draft policy %s: tree=on, but it has no propose_tree (or propose_scored)", policy.name or "?"), 0)
   end
   return true
 end
@@ -61,6 +63,102 @@ function M.from_paths(paths, k)
   end
   walk(root, 0)
   return { ids = ids, parents = parents }
+end
+
+-- Best-first growth (SpecExec's construction): nodes { id, parent (0: the root, else the node's
+-- number in the returned list), p (the draft's cumulative probability: the product of its
+-- probabilities along the path), depth }, at most B of them. expand(list) gives, for each node of
+-- the list (the root: { index = 0, p = 1, depth = 0 }), its children { { id, p }... } (p the draft's
+-- probability of the child given the path, best first). Each round takes the `chunk` best
+-- frontier nodes (highest p; equal p: the earlier made), so that the list is in order of p
+-- (chunk = 1: never rising) with every parent before its children; their children join the
+-- frontier. expand gets the nodes so far as its second argument (a draft forwards them as a tree).
+-- depth (optional): the deepest a node may be.
+function M.best_first(B, expand, chunk, depth)
+  chunk, depth = math.max(1, chunk or 1), depth or math.huge
+  local nodes, frontier, made = {}, {}, 0
+  local function grow(all)
+    local list = {}
+    for _, node in ipairs(all) do if node.depth < depth then list[#list + 1] = node end end
+    if #nodes >= B or #list == 0 then return end
+    local kids = expand(list, nodes)
+    for j, node in ipairs(list) do
+      for _, c in ipairs(kids[j] or {}) do
+        made = made + 1
+        frontier[#frontier + 1] = { id = c.id, parent = node.index, p = node.p * c.p, depth = node.depth + 1, made = made }
+      end
+    end
+  end
+  grow { { index = 0, p = 1, depth = 0 } }
+  while #nodes < B and #frontier > 0 do
+    table.sort(frontier, function(a, b) if a.p ~= b.p then return a.p > b.p end return a.made < b.made end)
+    local take, rest = {}, {}
+    for i, x in ipairs(frontier) do
+      if #take < chunk and #nodes < B then
+        nodes[#nodes + 1] = x
+        x.index = #nodes
+        take[#take + 1] = x
+      else rest[#rest + 1] = x end
+    end
+    frontier = rest
+    grow(take)
+  end
+  for _, x in ipairs(nodes) do x.made = nil end
+  return nodes
+end
+
+-- Scored nodes (M.best_first's: parents before children) as the first `B` of them by p (equal p:
+-- the earlier), numbered for a step: depth-first, each node's children by p (the likeliest first:
+-- the chain of first children, whose KV stays, is the draft's likeliest path). { ids, parents,
+-- probs, depths } (parents 0-based: 0 the root).
+function M.from_scored(nodes, B)
+  local order = {}
+  for i in ipairs(nodes) do order[i] = i end
+  table.sort(order, function(a, b) if nodes[a].p ~= nodes[b].p then return nodes[a].p > nodes[b].p end return a < b end)
+  local keep, kids = {}, { [0] = {} }
+  for i = 1, math.min(B, #order) do keep[order[i]] = true end
+  for i, x in ipairs(nodes) do
+    if keep[i] and (x.parent == 0 or keep[x.parent]) then
+      kids[i] = {}
+      table.insert(kids[x.parent], i)
+    else keep[i] = nil end
+  end
+  local out = { ids = {}, parents = {}, probs = {}, depths = {} }
+  local function walk(i, num)
+    table.sort(kids[i], function(a, b) if nodes[a].p ~= nodes[b].p then return nodes[a].p > nodes[b].p end return a < b end)
+    for _, c in ipairs(kids[i]) do
+      local n = #out.ids + 1
+      out.ids[n], out.parents[n], out.probs[n], out.depths[n] = nodes[c].id, num, nodes[c].p, nodes[c].depth
+      walk(c, n)
+    end
+  end
+  walk(0, 0)
+  return out
+end
+
+-- Scored nodes in order of p (equal p: the earlier made): a prefix of it is a tree.
+function M.ranked(nodes)
+  local r = {}
+  for i, x in ipairs(nodes) do r[i] = x end
+  table.sort(r, function(a, b) if a.p ~= b.p then return a.p > b.p end return a.index < b.index end)
+  return r
+end
+
+-- The tokens a tree is expected to give beyond the step's own: per depth d, the sum of its
+-- nodes' p at that depth (the chance the accepted path reaches depth d, by the draft) scaled by
+-- calib[d] (measured over predicted; 1 when nil), at most 1. nodes: in order of p, the
+-- expectation of each prefix of them returned as a list (E[b]: of the first b).
+function M.expected(nodes, calib)
+  local at, E, total = {}, {}, 0
+  for b, x in ipairs(nodes) do
+    local d = x.depth
+    local c = calib and calib[d] or 1
+    local before = math.min(1, c * (at[d] or 0))
+    at[d] = (at[d] or 0) + x.p
+    total = total + math.min(1, c * at[d]) - before
+    E[b] = total
+  end
+  return E
 end
 
 -- The policy's tree for the request view `req` (k nodes at most), checked: a list of ids with

@@ -1,0 +1,116 @@
+-- Speculative decoding's cost-model trees (loip.engine.request.tree's best-first growth and
+-- loip.engine.request.draft's sizing): nodes taken best-first by the draft's cumulative
+-- probability, numbered for a step with the likeliest path first, the expected tokens per
+-- prefix (calibrated per depth), and the size B chosen from the step's price: large where the
+-- price is flat in rows (read-bound), a few or none where it rises steeply (compute-bound).
+local tree = require "loip.engine.request.tree"
+local draft = require "loip.engine.request.draft"
+
+-- a draft's children of each token (its probabilities given the path): 10 (a) .6, 11 (b) .25,
+-- 12 (c) .15 after the root; 13 (d) .7, 14 (e) .3 after a; 15 (f) .9 after b; 16 (g) .5 after d
+local KIDS = { [0] = { { id = 10, p = 0.6 }, { id = 11, p = 0.25 }, { id = 12, p = 0.15 } },
+  [10] = { { id = 13, p = 0.7 }, { id = 14, p = 0.3 } }, [11] = { { id = 15, p = 0.9 } }, [13] = { { id = 16, p = 0.5 } } }
+
+local function expand_table(calls)
+  return function(list, nodes)
+    calls[#calls + 1] = #list
+    local out = {}
+    for j, x in ipairs(list) do out[j] = KIDS[x.index == 0 and 0 or nodes[x.index].id] or {} end
+    return out
+  end
+end
+
+local function near(a, b) return math.abs(a - b) < 1e-9 end
+
+describe("cost-model trees of drafts", function()
+  it("grows best-first: each round takes the likeliest frontier node", function()
+    local calls = {}
+    local nodes = tree.best_first(5, expand_table(calls), 1)
+    local ids, parents = {}, {}
+    for i, x in ipairs(nodes) do ids[i], parents[i] = x.id, x.parent end
+    -- a (.6), then d (.42) before b (.25), then f (.225) before g (.21) and e (.18)
+    assert.are.same({ 10, 13, 11, 15, 16 }, ids)
+    assert.are.same({ 0, 1, 0, 3, 2 }, parents)
+    assert.is_true(near(nodes[4].p, 0.225) and nodes[5].depth == 3)
+    assert.are.same({ 1, 1, 1, 1, 1 }, calls) -- (the root, then one node a round; the last one taken not expanded)
+    -- rounds of 2: fewer draft forwards, every parent still before its children
+    calls = {}
+    nodes = tree.best_first(5, expand_table(calls), 2)
+    assert.are.equal(5, #nodes)
+    for i, x in ipairs(nodes) do assert.is_true(x.parent < i) end
+    assert.is_true(#calls < 5)
+    -- at most 2 deep (a request with 2 tokens left): g, at depth 3, is not grown
+    nodes = tree.best_first(6, expand_table({}), 1, 2)
+    local got = {}
+    for i, x in ipairs(nodes) do got[i] = x.id assert.is_true(x.depth <= 2) end
+    assert.are.same({ 10, 13, 11, 15, 14, 12 }, got)
+  end)
+
+  it("numbers the likeliest B nodes depth-first, the likeliest child first", function()
+    local nodes = tree.best_first(5, expand_table({}), 1)
+    local t = tree.from_scored(nodes, 5)
+    assert.are.same({ 10, 13, 16, 11, 15 }, t.ids)
+    assert.are.same({ 0, 1, 2, 0, 4 }, t.parents)
+    assert.are.same({ 1, 2, 3, 1, 2 }, t.depths)
+    t = tree.from_scored(nodes, 3) -- (a, d, b: a tree at every B)
+    assert.are.same({ 10, 13, 11 }, t.ids)
+    assert.are.same({ 0, 1, 0 }, t.parents)
+    assert.are.same({}, tree.from_scored(nodes, 0).ids)
+  end)
+
+  it("expects per depth the sum of its nodes' p, scaled by the measured acceptance, at most 1", function()
+    local ranked = tree.ranked(tree.best_first(5, expand_table({}), 1))
+    local E = tree.expected(ranked)
+    for b, want in ipairs({ 0.6, 1.02, 1.27, 1.495, 1.705 }) do assert.is_true(near(E[b], want), b .. ": " .. E[b]) end
+    E = tree.expected(ranked, { [1] = 1, [2] = 0.5 })
+    assert.is_true(near(E[5], 0.85 + 0.5 * 0.645 + 0.21))
+    E = tree.expected(ranked, { [1] = 3 })
+    assert.is_true(near(E[3], 1 + 0.42)) -- (depth 1 reached at most once)
+  end)
+
+  -- A Draft whose policy grows a tree of `built` nodes from a draft that is sure of its first
+  -- token at 0.8 (runner-up 0.15, then 0.05) at every node, on an engine priced by price(rows).
+  local function sized(price, built, fixed)
+    local t = 0
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function(req)
+      return tree.best_first(req.k, function(list)
+        local out = {}
+        for j in ipairs(list) do out[j] = { { id = 1, p = 0.8 }, { id = 2, p = 0.15 }, { id = 3, p = 0.05 } } end
+        return out
+      end, 4)
+    end } }
+    local engine = { step_price = function(_, rows) return price(rows) end, clock = function() return t end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine, tokens = fixed })
+    assert.is_true(d.best)
+    local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    d.reqs[r] = { memo = {}, quiet = 0, build = built }
+    local ids = d:for_step(r, 1, 63)
+    assert.are.equal(#ids, #ids.parents)
+    return #ids, ids
+  end
+
+  it("sizes the tree by the step's price: large where it is flat in rows, a few where it rises", function()
+    local flat = sized(function(rows) return 40 + 0.05 * rows end, 63)
+    assert.is_true(flat >= 24, "read-bound: " .. flat .. " nodes")
+    local steep = sized(function(rows) return 1 + 2 * rows end, 63)
+    assert.is_true(steep <= 4, "compute-bound: " .. steep .. " nodes")
+    local moderate = sized(function(rows) return 10 + rows end, 63)
+    assert.is_true(moderate > steep and moderate < flat, string.format("%d between %d and %d", moderate, steep, flat))
+    -- --draft-tokens fixes it; the tree built is numbered for the step (parents before children)
+    local n, ids = sized(function(rows) return 1 + 2 * rows end, 63, 12)
+    assert.are.equal(12, n)
+    for i, p in ipairs(ids.parents) do assert.is_true(p < i) end
+    assert.are.same({ 1, 1, 1 }, { ids[1], ids[2], ids[3] }) -- (the likeliest path first: its KV stays)
+  end)
+
+  it("reserves a best-first tree's rows in a plan, a chain's otherwise", function()
+    local policy = require "loip.policy"
+    assert.are.equal(tree.MAX, draft.plan_rows(policy.load("draft", "self:layers=3,tree=on")))
+    assert.are.equal(draft.MAX, draft.plan_rows(policy.load("draft", "self:layers=3,tree=on,build=paths")))
+    assert.are.equal(draft.MAX, draft.plan_rows(policy.load("draft", "self:layers=3")))
+    assert.are.equal(5, draft.plan_rows(policy.load("draft", "self:layers=3,tree=on"), 5))
+    local ok, err = pcall(policy.load, "draft", "self:tree=on,build=wide")
+    assert.is_false(ok)
+    assert.matches("build", tostring(err), 1, true)
+  end)
+end)
