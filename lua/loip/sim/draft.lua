@@ -86,7 +86,11 @@ function M.curve(v)
     end
     for _, x in ipairs(c) do pts[#pts + 1] = { x.size, x.tokens_per_step } end
     local q = j.draft.per_depth
-    if type(q) == "table" and #q > 0 then depths = M.depths(q, v .. "'s draft.per_depth") end
+    if type(q) == "table" and #q > 0 then
+      local why
+      depths, why = M.depths(q, "--tree-curve " .. v .. ": its draft.per_depth")
+      if not depths then return nil, why end
+    end
   end
   if #pts == 0 then return nil, "--tree-curve: no points" end
   table.sort(pts, function(a, b) return a[1] < b[1] end)
