@@ -38,6 +38,26 @@ function M.budgets(names, reserve_gib)
   return out
 end
 
+-- The plan of case c (o: its flags, prob: its problem) by scheduler sched; with a draft (loip.sim.draft)
+-- the plan leaves it room on its device and reserves its rows as the cluster's does (loip
+-- simulate: plan_and_sim). Returns plan, estimate, logits rows, draft rows, problem (raises when
+-- no plan fits).
+local function planned(c, o, prob, draft, sched, max_batch)
+  if not draft then
+    local p, est = policy.plan(prob, { scheduler = sched })
+    return p, est, nil, nil, prob
+  end
+  local rd = require "loip.engine.request.draft"
+  local inst = policy.load("draft", c.draft)
+  local ch = require("loip.cluster.planner").fit_draft_rows(rd.plan_rows(inst, c.draft_tokens), function(rows)
+    local l = math.min(o.batch, max_batch * (rows + 1))
+    local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l }, { __index = o }))
+    local p2, est2 = draft:reserve(pr, function() return policy.plan(pr, { scheduler = sched }) end)
+    return { problem = pr, plan = p2, estimate = est2, logits_tokens = l }
+  end, rd.grows(inst) and not c.draft_tokens and rd.MAX or nil)
+  return ch.plan, ch.estimate, ch.logits_tokens, ch.draft_rows, ch.problem
+end
+
 -- One case: c = { model (a shape: llama-3.3-70b...), devices (names), reserve_gib (per device),
 -- link_rate ("100mbit"), link_delay_ms, link_schedule (a "links" policy: rates change between
 -- steps), pattern ("sporadic" | "bursty"), burst (4), requests (2), input_tokens, output_tokens,
@@ -104,24 +124,8 @@ function M.run(c)
   local draft = c.draft and draft_mod.new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
     dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch, curve = curve, curve_source = c.tree_curve,
     depths = depths, depths_source = c.tree_depths_source })
-  local rows -- (the draft rows the plan reserves a request)
-  local pok, p, est, lt = pcall(function()
-    if not draft then
-      local p1, est1 = policy.plan(prob, { scheduler = sched })
-      return p1, est1
-    end
-    -- the plan reserves the draft's rows as the cluster's does (loip simulate: plan_and_sim)
-    local rd = require "loip.engine.request.draft"
-    local inst = policy.load("draft", c.draft)
-    local ch = require("loip.cluster.planner").fit_draft_rows(rd.plan_rows(inst, c.draft_tokens), function(rows)
-      local l = math.min(o.batch, max_batch * (rows + 1))
-      local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l }, { __index = o }))
-      local p2, est2 = draft:reserve(pr, function() return policy.plan(pr, { scheduler = sched }) end)
-      return { problem = pr, plan = p2, estimate = est2, logits_tokens = l }
-    end, rd.grows(inst) and not c.draft_tokens and rd.MAX or nil)
-    prob, rows = ch.problem, ch.draft_rows
-    return ch.plan, ch.estimate, ch.logits_tokens
-  end)
+  local pok, p, est, lt, rows, prob2 = pcall(planned, c, o, prob, draft, sched, max_batch)
+  prob = prob2 or prob
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
   local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
     conventional_loads = c.conventional_loads, plan_positions = plan_positions, draft = draft, logits_tokens = lt })
