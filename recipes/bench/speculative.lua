@@ -22,8 +22,10 @@
 -- With --trees, only the tree comparison of issue 39: the draft --tree as a chain at each fixed
 -- k = 1..8 and as a cost-model tree (tree=on, grown best-first, its size B chosen each step),
 -- read-bound, then the same made compute-bound (--compute-mem budgets that hold everything, no
--- disk limit, no emulated links). Targets: the tree >= 1.5x the best chain's tokens per verifying
--- step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound.
+-- disk limit, no emulated links); the read-bound tree run's acceptance (its draft report) given to
+-- loip simulate, its prediction beside the measurement. Targets: the tree >= 1.5x the best
+-- chain's tokens per verifying step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound;
+-- the simulator within 15% of the tree's tokens/s.
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
@@ -123,6 +125,38 @@ local function median(xs)
   local n = #xs
   return n % 2 == 1 and xs[(n + 1) / 2] or (xs[n / 2] + xs[n / 2 + 1]) / 2
 end
+-- The simulator's prediction of the read-bound tree run (issue 39: within 15% of it): the run
+-- of median tokens/s, its draft report (tree_curve and per_depth: the measured acceptance)
+-- written to --out and given to loip simulate with the ring's flags (docs/planning.md,
+-- "Speculative decoding on the simulator"). { tokens_per_s, measured_tokens_per_s, ratio,
+-- tokens_per_step, tree_size, plan_rows, run }, or nil when simulate fails (logged).
+local function simulated(rt, prompt)
+  local sorted = {}
+  for i, x in ipairs(rt) do sorted[i] = x end
+  table.sort(sorted, function(a, b) return a.tokens_per_s < b.tokens_per_s end)
+  local r = sorted[math.ceil(#sorted / 2)]
+  os.execute("mkdir -p '" .. o.out .. "'")
+  local path = o.out .. "/speculative-tree-run.json"
+  local f = assert(io.open(path, "w"))
+  f:write(json.encode({ draft = r.draft, tokens_per_s = r.tokens_per_s }), "\n")
+  f:close()
+  local sep = o.tree:find(":", 1, true) and "," or ":"
+  local cmd = string.format("%s simulate --model '%s' --devices %d --mem %s --disk-rate %s --link-rate %s --link-delay %sms "
+    .. "--context %d --threads 1 --requests 1 --input-tokens %d --output-tokens %d --draft '%s' --draft-device head "
+    .. "--tree-curve '%s' --json 2>&1", require("loip.cluster.proc").exe(), o.store, o.devices, o.mem, o.disk_rate, o.link_rate,
+    tostring(o.link_delay), o.context, #prompt, o.tokens, o.tree .. sep .. "tree=on", path)
+  local h = assert(io.popen(cmd))
+  local text = h:read("*a")
+  h:close()
+  local ok, j = pcall(json.decode, text)
+  if not ok or type(j) ~= "table" or not j.tokens_per_s then
+    log("simulate of the tree run failed: %s", text)
+    return nil
+  end
+  return { tokens_per_s = j.tokens_per_s, measured_tokens_per_s = r.tokens_per_s, ratio = j.tokens_per_s / r.tokens_per_s,
+    tokens_per_step = j.draft.tokens_per_step, tree_size = j.draft.tree_size, plan_rows = j.draft.plan_rows, run = path }
+end
+
 local function trees(c, label, extra, prompt)
   local te = {}
   for key, v in pairs(extra or {}) do te[key] = v end
@@ -176,6 +210,15 @@ local function trees(c, label, extra, prompt)
     .. "vs the chains: %.2fx the most tokens per step, %.2fx the best tokens/s (k=%d); none %.1f tokens/s; same tokens: %s",
     label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.draft_share,
     out.steps_ratio, out.speed_ratio, best.k, out.none_tokens_per_s, tostring(same_all))
+  if not extra then -- (read-bound: the simulator given this run's measured acceptance)
+    local sim = simulated(rt, prompt)
+    out.simulated = sim
+    if sim then
+      log("%s: simulated from the tree run's acceptance (%s): %.1f tokens/s against %.1f measured (%.2fx), %.2f tokens per step, "
+        .. "B %.1f, plan rows %s", label, sim.run, sim.tokens_per_s, sim.measured_tokens_per_s, sim.ratio, sim.tokens_per_step,
+        sim.tree_size or 0, tostring(sim.plan_rows))
+    end
+  end
   return out
 end
 

@@ -70,6 +70,32 @@ describe("recipes/paper", function()
     assert.matches("plan_tokens is deprecated", err, 1, true)
   end)
 
+  -- issue 39 item 4: the tree and lookahead rows, from the simulator with stated curves
+  it("speculative: the best chain, the cost-model tree and lookahead from stated curves, the same twice", function()
+    local a, b = T.tmpdir(), T.tmpdir()
+    local rc, out, err = T.run(string.format("%s run %s/recipes/paper/speculative.lua --out %s", T.loip, T.root, a))
+    assert.are.equal(0, rc, err)
+    assert.are.equal(0, (T.run(string.format("%s run %s/recipes/paper/speculative.lua --out %s", T.loip, T.root, b))))
+    assert.are.equal(T.read(a .. "/speculative.json"), T.read(b .. "/speculative.json"))
+    local j = json.load(a .. "/speculative.json")
+    local by = {}
+    for _, r in ipairs(j.trees) do
+      by[r.curve .. "/" .. r.variant] = r
+      assert.is_true(r.tokens_per_s > 0 and r.tokens_per_step >= 1, r.curve .. " " .. r.variant)
+      assert.truthy(r.source and #r.source > 0, "each curve says where it comes from")
+      assert.matches(r.curve, out, 1, true)
+    end
+    local weak = "stories260K self:layers=3 (measured)"
+    local chain, tree = by[weak .. "/best chain"], by[weak .. "/cost-model tree"]
+    -- the weak draft's tree: more tokens a step than its best chain, its rows reserved (a read-bound
+    -- step: B past the chain's 8)
+    assert.is_true(tree.tokens_per_step > chain.tokens_per_step, tree.tokens_per_step .. " vs " .. chain.tokens_per_step)
+    assert.is_true(tree.plan_rows >= 16, tostring(tree.plan_rows))
+    assert.matches("^B ", tree.size)
+    local la = by["lookahead (measured)/lookahead"]
+    assert.is_true(la.speedup > 1 and la.draft_ms_per_step == 0, tostring(la.speedup))
+  end)
+
   -- issue 38 item 5: gpt-oss-120b as released (MXFP4 experts, 60.8 GiB) on the same four boards
   it("gpt_oss: gpt-oss-120b beside Llama-3.3-70B, with and without re-reads, the same twice", function()
     local a, b = T.tmpdir(), T.tmpdir()

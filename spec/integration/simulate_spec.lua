@@ -302,6 +302,77 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     assert.matches("--tree-curve is a tree's", err, 1, true)
   end)
 
+  it("shapes a tree by depth (--tree-depths, a run's per_depth): its paths reach each depth as measured, the mean the curve's", function()
+    local flat = write_profile(T.tmpdir(), 0)
+    local base = "--profile " .. flat .. " --requests 1 --output-tokens 240 --json --draft self:layers=1,tree=on --draft-device head "
+      .. "--draft-tokens 16 --tree-curve 16:1.5"
+    local function with(args)
+      local rc, out, err = simulate(base .. " " .. args)
+      assert.are.equal(0, rc, err)
+      return json.decode(out)
+    end
+    -- the curve's 0.5 tokens past the step's own at 16 nodes, spread over depths 1..3 as stated:
+    -- the simulated steps' paths reach them in those shares (a chain's nodes would reach depth 1
+    -- with the curve's first gain alone, 0.12, and depth 16 now and then)
+    local Q = { 0.35, 0.1, 0.05 }
+    local j = with("--tree-depths 0.35,0.1,0.05")
+    assert.are.same(Q, j.draft.tree_depths)
+    assert.are.equal("--tree-depths", j.draft.tree_depths_source)
+    assert.is_true(#j.draft.per_depth <= 3, json.encode(j.draft.per_depth))
+    for d, q in ipairs(Q) do
+      assert.is_true(math.abs((j.draft.per_depth[d] or 0) - q) < 0.08, string.format("depth %d: %s", d, json.encode(j.draft.per_depth)))
+    end
+    assert.is_true(math.abs(j.draft.tokens_per_step - 1.5) < 0.12, tostring(j.draft.tokens_per_step))
+    local chain = with("")
+    assert.is_nil(chain.draft.tree_depths)
+    assert.is_true(chain.draft.per_depth[1] < 0.25, json.encode(chain.draft.per_depth))
+    -- a measured run's JSON brings its per_depth with its curve; bad shapes are refused by name
+    local dir = T.tmpdir()
+    T.write(dir .. "/run.json", json.encode({ draft = { tree_curve = { { size = 16, tokens_per_step = 1.5, steps = 10 } },
+      per_depth = Q } }))
+    local measured = with("--tree-curve " .. dir .. "/run.json")
+    assert.are.same(Q, measured.draft.tree_depths)
+    assert.are.equal(dir .. "/run.json", measured.draft.tree_depths_source)
+    for _, bad in ipairs({ "0.1,0.3", "x", "1.5" }) do
+      local rc, _, err = simulate(base .. " --tree-depths " .. bad)
+      assert.are.equal(2, rc)
+      assert.matches("--tree-depths " .. bad, err, 1, true)
+    end
+    local rc, _, err = simulate("--profile " .. flat .. " --draft ngram --acceptance 0.5 --tree-depths 0.3")
+    assert.are.equal(2, rc)
+    assert.matches("--tree-depths needs --tree-curve", err, 1, true)
+  end)
+
+  it("plans a tree's rows as the cluster's planner does: the logits rows reserved, the tree within them", function()
+    -- stories260K on the read-bound ring of the tree measurement (docs/serving.md): the plan for
+    -- a best-first tree reserves 8 to 64 rows a request (fit_draft_rows), its last device's
+    -- logits buffer in its budget, and no step's tree is larger
+    local st = T.slice_store(T.root .. "/models/stories260K", "s260")
+    local args = string.format("%s simulate --model %s --devices 3 --mem 790K,770K,800K --disk-rate 20M --link-rate 100mbit "
+      .. "--link-delay 2ms --context 480 --requests 1 --input-tokens 8 --output-tokens 60 --json --draft self:layers=3,tree=on "
+      .. "--draft-device head --tree-curve 8:1.56,16:1.84,32:1.99,63:2.21", T.loip, st)
+    local rc, out, err = T.run(args)
+    assert.are.equal(0, rc, err)
+    local j = json.decode(out)
+    local rows = j.draft.plan_rows
+    assert.is_true(rows == 8 or rows == 16 or rows == 32 or rows == 64, tostring(rows))
+    assert.is_true(j.draft.tree_size_max <= rows, j.draft.tree_size_max .. " nodes, " .. rows .. " rows")
+    -- fixed at 40 nodes: 40 rows reserved, the last device's budget holding its 41 logits rows
+    -- (offloading more than the plan without them)
+    local rc2, out2, err2 = T.run(args .. " --draft-tokens 40")
+    assert.are.equal(0, rc2, err2)
+    local j2 = json.decode(out2)
+    assert.are.equal(40, j2.draft.plan_rows)
+    local rc3, out3, err3 = T.run((args:gsub("%-%-draft .*$", "")))
+    assert.are.equal(0, rc3, err3)
+    local function offloaded(x)
+      local n = 0
+      for _, d in ipairs(x.plan.devices) do for _, s in ipairs(d.stages) do n = n + (s.offloaded or 0) end end
+      return n
+    end
+    assert.is_true(offloaded(j2) > offloaded(json.decode(out3)), offloaded(j2) .. " vs " .. offloaded(json.decode(out3)))
+  end)
+
   it("verifies k drafts in one step: at acceptance 1 five tokens a step, read-bound steps priced as one; at 0 one", function()
     local flat = write_profile(T.tmpdir(), 0)
     local base = "--profile " .. flat .. " --requests 1 --output-tokens 26 --json"

@@ -197,7 +197,8 @@ end
 
 -- The planning problem `loip plan` and `loip simulate` (cmd) build from their flags: the model
 -- (--model or --like), the profiles (--profile, else a calibration of this machine), budgets,
--- disks, links, slowdowns. Returns problem, sizes.
+-- disks, links, slowdowns; o.logits_tokens (not a flag: loip simulate's draft rows, as the cluster's
+-- planner reserves them; default 1). Returns problem, sizes.
 function M.problem_of(cmd, o)
   local problem = require "loip.plan.problem"
   local profile = require "loip.plan.profile"
@@ -208,7 +209,7 @@ function M.problem_of(cmd, o)
   o.threads = profile.split_threads(n, o.threads)
   local sizes, cfg, dtype, _
   if o.max_batch > o.batch then usage(cmd, "--max-batch %d is more than --batch %d: each decoding request takes a token of every step", o.max_batch, o.batch) end
-  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
+  local sopts = { batch = o.batch, threads = o.threads, logits_tokens = o.logits_tokens or 1, max_seqs = o.max_batch, kv_tokens = o.kv_tokens,
     plan_positions = o.plan_positions }
   -- the context planned for: --context, else loip's default (as generate and serve run), at most the model's
   local function context_of(config)

@@ -203,6 +203,8 @@ local function fit_draft_rows(k, choose, floor)
   return c
 end
 
+M.fit_draft_rows = fit_draft_rows -- (loip simulate reserves a draft's rows as the cluster does)
+
 -- The sizes of a plan for this cluster's context and batch (Planner:plan sets them) and opts
 -- (max_batch, kv_tokens, plan_positions, logits_tokens, draft) with k draft rows a request.
 function Planner:plan_sizes(opts, k)

@@ -43,6 +43,9 @@ for _, f in ipairs({
   { "tree-curve", "string", "with --draft ...:tree=on (grown best-first, sized by the cost model): the tree's tokens per "
     .. "verifying step by its nodes, B:T,B:T... (a stated curve), or a measured run's JSON (loip generate --json: its "
     .. "draft.tree_curve); without it a chain's at --acceptance", metavar = "B:T,...|FILE.json" },
+  { "tree-depths", "string", "with a tree's --tree-curve: its depth shape, the share of tree steps whose accepted path "
+    .. "reached depth 1, 2, ... (a measured run's draft.per_depth, which a JSON --tree-curve brings; without either the "
+    .. "curve's nodes are a chain)", metavar = "Q1,Q2,..." },
   { "draft-like", "string", "with --draft model: the draft's shape (loip synth's: llama-3.2-1b ...), priced by its device's profile",
     metavar = "NAME" },
   { "draft-device", "string", "with --draft model or self: the device the draft runs on (1-based), head (device 1's machine, "
@@ -128,18 +131,25 @@ end
 -- assumed (loip.sim.draft); nil without --draft.
 local function sim_draft(o, prob)
   if o.draft == nil or o.draft == "none" then
-    for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device", "tree_curve" }) do
+    for _, f in ipairs({ "draft_tokens", "acceptance", "draft_like", "draft_device", "tree_curve", "tree_depths" }) do
       if o[f] ~= nil then usage("--%s needs --draft", (f:gsub("_", "-"))) end
     end
     return nil
   end
   local sd = require "loip.sim.draft"
-  local curve, cwhy = sd.curve(o.tree_curve)
-  if o.tree_curve and not curve then usage("%s", cwhy) end
+  local curve, csource, depths = sd.curve(o.tree_curve)
+  if o.tree_curve and not curve then usage("%s", csource) end
+  if o.tree_depths then
+    local why
+    depths, why = sd.depths(o.tree_depths)
+    if not depths then usage("%s", why) end
+  end
+  if depths and not curve then usage("--tree-depths needs --tree-curve (the tree's tokens per step by its nodes)") end
   local a, why = sd.acceptance(o.acceptance)
   if not a and not curve then usage("%s", why) end
   local ok, d = pcall(sd.new, prob, { draft = o.draft, acceptance = a, like = o.draft_like, dtype = o.dtype, device = o.draft_device,
-    seed = o.seed, max_seqs = o.max_batch, curve = curve, curve_source = o.tree_curve })
+    seed = o.seed, max_seqs = o.max_batch, curve = curve, curve_source = o.tree_curve, depths = depths,
+    depths_source = o.tree_depths and "--tree-depths" or (depths and o.tree_curve) })
   if not ok then usage("%s", tostring(d)) end
   return d
 end
@@ -167,7 +177,7 @@ local function summary(o, s, runs, p, est, info, online, draft)
     failed = failed, pattern = o.pattern, devices = devs, plan = plan.bare(p), stages = #p.devices[1].stages,
     scheduler = info and info.scheduler, cost_model = info and info.cost, model = o.model or o.like, devices_count = o.devices,
     online = online, error = s.failure, adaptations = s.batcher and #s.batcher.adaptations or 0, replans = s.replans,
-    draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens) }, failed, last
+    draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), o.draft_tokens, s.draft_rows) }, failed, last
 end
 
 -- The figures told as lines on stdout.
@@ -192,34 +202,64 @@ end
 
 -- The plan simulated (--plan's, else the scheduler's, planning with the draft's device's budget
 -- less what the draft takes), its estimate and how it was chosen; and the simulator over it.
+-- With a draft the plan reserves its rows as the cluster's planner does (loip.cluster.planner's
+-- fit_draft_rows): the last device's logits rows for each request's token and its drafts
+-- (loip.engine.request.draft.plan_rows: 64 for a best-first tree, 8 for a chain, --draft-tokens
+-- when fixed), fewer when memory is short; the simulated step then carries at most those rows.
 local function plan_and_sim(o, prob, sizes, draft)
   local plan = require "loip.plan"
   local policy = require "loip.policy"
   local sim = require "loip.sim"
   local function reserving(pr, fn) if draft then return draft:reserve(pr, fn) end return fn() end
-  local p, est, info
+  local function planned(pr) return reserving(pr, function() return policy.plan(pr, { scheduler = o.scheduler, cost = o.cost_model }) end) end
+  -- the plan on the problem of o2 (o's flags, or a replan's), its draft rows reserved: problem,
+  -- plan, estimate, info, logits rows. make(problem): the plan, its estimate and info (raises
+  -- when it does not fit)
+  local function fitted(o2, make, base)
+    if not draft then
+      local pr = base or common.problem_of("simulate", o2)
+      pr.routing = prob.routing
+      local p, est, info = make(pr)
+      return pr, p, est, info, 1
+    end
+    local request_draft = require "loip.engine.request.draft"
+    local inst = policy.load("draft", o.draft)
+    local k = request_draft.plan_rows(inst, o.draft_tokens)
+    local floor = request_draft.grows(inst) and not o.draft_tokens and request_draft.MAX or nil
+    local c = require("loip.cluster.planner").fit_draft_rows(k, function(rows)
+      local lt = math.min(prob.batch, o.max_batch * (rows + 1))
+      local pr = common.problem_of("simulate", setmetatable({ logits_tokens = lt }, { __index = o2 }))
+      pr.routing = prob.routing
+      local p, est, info = make(pr)
+      return { problem = pr, plan = p, estimate = est, info = info, logits_tokens = lt }
+    end, floor)
+    return c.problem, c.plan, c.estimate, c.info, c.logits_tokens, c.draft_rows
+  end
+  local p, est, info, lt, rows
   if o.plan then
-    p = plan.load(o.plan)
-    local bad = plan.check(p, sizes.n_blocks, o.plan)
+    local given = plan.load(o.plan)
+    local bad = plan.check(given, sizes.n_blocks, o.plan)
     if bad then usage("%s", bad) end
-    est = policy.load("cost", o.cost_model or "loip").estimate(p, prob)
+    local engine = require "loip.engine"
+    prob, p, est, info, lt, rows = fitted(o, function(pr)
+      if draft then engine.check_plan(given, pr, "plan", "simulate") end -- (raises: fewer rows)
+      return given, policy.load("cost", o.cost_model or "loip").estimate(given, pr)
+    end, prob)
   else
-    p, est, info = reserving(prob, function() return policy.plan(prob, { scheduler = o.scheduler, cost = o.cost_model }) end)
+    prob, p, est, info, lt, rows = fitted(o, planned, prob)
   end
   local mopts = require("loip.plan.space").memory_opts(prob)
   if not o.json then common.report(p, est, info, sizes, mopts) end
   -- (an online policy may have the scheduler plan again for a longer context, as on devices)
   local function replanner(positions)
-    local prob2 = common.problem_of("simulate", setmetatable({ plan_positions = positions }, { __index = o }))
-    prob2.routing = prob.routing
-    local p2, est2 = reserving(prob2, function()
-      return policy.plan(prob2, { scheduler = o.scheduler, cost = o.cost_model }) end)
-    return prob2, p2, est2
+    local prob2, p2, est2, _, lt2 = fitted(setmetatable({ plan_positions = positions }, { __index = o }), planned)
+    return prob2, p2, est2, lt2
   end
   local s = sim.new(prob, p, { context = prob.context, step_tokens = prob.batch, max_seqs = o.max_batch,
     kv_tokens = o.kv_tokens, plan_positions = o.plan_positions, estimate = est, trace = o.trace ~= nil,
-    replanner = not o.plan and replanner or nil, cost = o.cost_model, draft = draft })
-  return s, p, est, info
+    replanner = not o.plan and replanner or nil, cost = o.cost_model, draft = draft, logits_tokens = lt })
+  s.draft_rows = rows -- (the draft rows the plan reserves a request: the JSON's draft.plan_rows)
+  return s, p, est, info, prob
 end
 
 function M.run(o)
@@ -245,7 +285,8 @@ function M.run(o)
   prob.routing = routing and routing.frequencies
   if o.baseline then return run_baseline(o, prob) end
   local draft = sim_draft(o, prob)
-  local s, p, est, info = plan_and_sim(o, prob, sizes, draft)
+  local s, p, est, info
+  s, p, est, info, prob = plan_and_sim(o, prob, sizes, draft)
   local online = require("loip.engine.request.online").choose(o.online, o.plan_positions)
   local arrivals = policy.load("pattern", o.pattern).requests({ count = o.requests, burst = o.burst or o.max_batch,
     bursts = o.bursts, rate = o.rate, seed = o.seed, input_tokens = o.input_tokens, output_tokens = o.output_tokens })

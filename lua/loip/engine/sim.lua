@@ -59,8 +59,10 @@ end
 -- problem.model was sized; fewer than kv_tokens: the KV cache grows inside the budgets), trace
 -- (true: keep every device's events), replanner (function(plan_positions) -> problem, plan,
 -- estimate: how the plan was made, for a longer context; an online policy's control.replan
--- needs it), cost (the cost model step_price asks; default loip), draft (loip.sim.draft: a draft
--- whose memory its device's budget holds beside the plan's).
+-- needs it; a fourth value, the plan's logits rows), cost (the cost model step_price asks; default
+-- loip), draft (loip.sim.draft: a draft whose memory its device's budget holds beside the plan's),
+-- logits_tokens (the plan's logits rows: a draft's reserved, Sim:set_rows; without it 1, and a
+-- step's drafts bounded by its tokens alone).
 function M.new(problem, p, opts)
   opts = opts or {}
   -- the memory each device's part needs, against its budget (as a device refuses a plan)
@@ -88,6 +90,7 @@ function M.new(problem, p, opts)
   self.kv_block = M.KV_BLOCK
   self.kv_tokens = opts.kv_tokens or self.context * self.max_seqs
   self.logits_tokens = 1
+  if opts.logits_tokens then self:set_rows(opts.logits_tokens) end
   self.vocab = problem.model.vocab or 32000
   self.plan_positions = math.min(flags_mod.renamed(opts, "kv_plan_tokens", "plan_positions", "sim.new")
     or self.kv_tokens, self.kv_tokens)
@@ -110,6 +113,14 @@ function M.new(problem, p, opts)
   for i in ipairs(p.devices) do self.devices[i] = { disk = 0, live = {}, events = {}, comp_ms = 0, load_ms = 0, stall_ms = 0, send_ms = 0 } end
   self:restaged()
   return self
+end
+
+-- The rows of a step the plan holds, as the ring's (loip.engine.ring): logits_tokens (rows whose
+-- logits come back: a plan made for a draft reserves its rows, loip.cluster.planner's
+-- fit_draft_rows) and sample_rows (rows the last device samples in one step: its out_cap).
+function Sim:set_rows(logits_tokens)
+  self.logits_tokens = logits_tokens
+  self.sample_rows = math.min(self.step_tokens, math.max(logits_tokens, self.max_seqs))
 end
 
 -- Device i's figures that follow from the plan (its part, its stages' blocks and reads).
@@ -291,8 +302,9 @@ function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
 end
 
 -- A step's outputs: every sampled row gives the filler id; drafts after a row of their sequence
--- are verified as a greedy sampler verifies them: the leading ones that are the filler, then one
--- more.
+-- are verified as a greedy sampler verifies them: from the row, the first child that is the
+-- filler, and on from it (a chain's child is the next row; a tree row's, one whose `parent`, the
+-- rows back to its parent, points at it), then one more.
 local function filler_outputs(toks)
   local n = #toks
   local outs, i = {}, 1
@@ -300,10 +312,12 @@ local function filler_outputs(toks)
     local tok = toks[i]
     i = i + 1
     if tok.flags % 2 == 1 then
-      local got, open = 1, true
-      while i <= n and toks[i].seq == tok.seq and bit.band(toks[i].flags, DRAFT) ~= 0 do
-        if open and toks[i].id == M.FILLER then got = got + 1 else open = false end
-        i = i + 1
+      local first = i -- (draft j sits at row first + j - 1; 0 is the sampled row)
+      while i <= n and toks[i].seq == tok.seq and bit.band(toks[i].flags, DRAFT) ~= 0 do i = i + 1 end
+      local got, node = 1, 0
+      for j = 1, i - first do
+        local t = toks[first + j - 1]
+        if j - (t.parent or 1) == node and t.id == M.FILLER then got, node = got + 1, j end
       end
       for j = 1, got do
         outs[#outs + 1] = { seq = tok.seq, request = tok.request, id = M.FILLER, flags = j < got and SAMPLE + DRAFT or nil }
@@ -435,7 +449,8 @@ end
 -- their new parts, before the next step, is not simulated.)
 function Sim:replan_kv(positions)
   if not self.replanner then error("this simulation plays the plan it was given: it does not plan again", 0) end
-  local prob, p, est = self.replanner(positions)
+  local prob, p, est, rows = self.replanner(positions)
+  if rows then self:set_rows(rows) end
   self.problem, self.plan, self.estimate = prob, p, est
   self.plan_positions = positions
   self.kv_grows = positions < self.kv_tokens

@@ -23,6 +23,7 @@ local json = require "loip.text.json"
 local pb = require "loip.plan.problem"
 local memory = require "loip.runtime.memory"
 local request_draft = require "loip.engine.request.draft"
+local tree_mod = require "loip.engine.request.tree"
 
 local M = {}
 
@@ -59,11 +60,12 @@ end
 
 -- A tree's tokens per verifying step as a function of its nodes B (tree=on, build=best): --tree-curve
 -- "B:T,B:T,..." (a stated curve), or a measured run's JSON (loip generate --json with a tree
--- draft: its draft.tree_curve, tokens per step by tree size). Returns the points { { B, T } },
--- by B, and the source; or nil, why (naming the flag).
+-- draft: its draft.tree_curve, tokens per step by tree size, and draft.per_depth, its depth
+-- shape: M.depths). Returns the points { { B, T } }, by B, the source and the depth shape (a
+-- JSON's, else nil); or nil, why (naming the flag).
 function M.curve(v)
   if v == nil then return nil end
-  local pts = {}
+  local pts, depths = {}, nil
   if not v:find("%.json$") then
     for item in v:gmatch("[^,]+") do
       local b, t = item:match("^%s*(%d+)%s*:%s*([%d.]+)%s*$")
@@ -83,10 +85,36 @@ function M.curve(v)
       return nil, string.format("--tree-curve %s: no draft.tree_curve (the JSON of loip generate --json --draft ...,tree=on)", v)
     end
     for _, x in ipairs(c) do pts[#pts + 1] = { x.size, x.tokens_per_step } end
+    local q = j.draft.per_depth
+    if type(q) == "table" and #q > 0 then
+      local why
+      depths, why = M.depths(q, "--tree-curve " .. v .. ": its draft.per_depth")
+      if not depths then return nil, why end
+    end
   end
   if #pts == 0 then return nil, "--tree-curve: no points" end
   table.sort(pts, function(a, b) return a[1] < b[1] end)
-  return pts, v
+  return pts, v, depths
+end
+
+-- A tree's depth shape: q[d], the share of tree steps whose accepted path reached depth d (a
+-- measured run's draft.per_depth), from a list or "q1,q2,..." (--tree-depths); what names it in
+-- errors. Returns the list, or nil, why.
+function M.depths(v, what)
+  what = what or ("--tree-depths " .. tostring(v))
+  local q = {}
+  if type(v) == "string" then
+    for item in v:gmatch("[^,]+") do q[#q + 1] = tonumber(item) or item end
+  elseif type(v) == "table" then
+    for i, x in ipairs(v) do q[i] = x end
+  end
+  if #q == 0 then return nil, what .. ": no depths (the share of tree steps reaching depth 1, 2, ...)" end
+  for d, x in ipairs(q) do
+    if type(x) ~= "number" or x < 0 or x > 1 or (d > 1 and x > q[d - 1]) then
+      return nil, string.format("%s: depth %d's share %s is not in [0, 1] and at most the depth before's", what, d, tostring(x))
+    end
+  end
+  return q
 end
 
 -- T(B) of curve pts: 1 at B = 0, linear in log2(B + 1) between the points, flat past the last.
@@ -110,14 +138,23 @@ Draft.__index = Draft
 
 -- The draft of opts on problem: opts.draft (a draft policy: ngram, self[:layers=L], model, a
 -- file), acceptance (a number in [0, 1]), like (model: the draft's shape), dtype, device (a
--- device number, "head", "auto" or nil: the fastest), seed, max_seqs. Raises naming the flag.
+-- device number, "head", "auto" or nil: the fastest), seed, max_seqs; a tree's curve, curve_source
+-- and depths (M.curve, M.depths). Raises naming the flag.
 function M.new(problem, opts)
   local inst = policy.load("draft", opts.draft) -- (checks the name and its settings)
   local d = setmetatable({ name = inst.name or tostring(opts.draft), a = opts.acceptance, seed = opts.seed or 1,
     bytes = 0, layers = 0, total_ms = 0, proposals = 0, params = inst.params }, Draft)
   -- a tree grown best-first and sized by the cost model: its tokens per step by its size, from
-  -- the curve given, else a chain's at the acceptance assumed, (1 - a^(B+1)) / (1 - a)
-  if request_draft.grows({ params = inst.params, module = inst.module }) then
+  -- the curve given, else a chain's at the acceptance assumed, (1 - a^(B+1)) / (1 - a); another
+  -- tree policy (not build=paths: lookahead, ngram's) priced by a curve given as one sized so; its
+  -- depth shape (opts.depths: the share of steps whose path reached each depth), else a chain's
+  local scored = request_draft.grows({ params = inst.params, module = inst.module })
+    or (opts.curve ~= nil and tree_mod.wanted(inst) and (inst.params.build or "best") == "best")
+  if opts.depths and not scored then
+    error("--tree-depths is a tree's (--draft ...:tree=on, build=best): --draft " .. tostring(opts.draft), 0)
+  end
+  d.depths, d.depths_source = opts.depths, opts.depths and (opts.depths_source or "stated")
+  if scored then
     d.curve, d.curve_source = opts.curve, opts.curve_source
     if not d.curve then
       local a = math.min(opts.acceptance or 0, 0.999)
@@ -218,13 +255,79 @@ function Draft:reserve(problem, fn)
   return unpack(r, 2)
 end
 
+-- The gains of a tree's nodes in the order of their p (the B likeliest are expected to give T(B) -
+-- 1 tokens past the step's own): g_j = H(j) - H(j - 1), never rising, H the least concave
+-- majorant of T at 0..tree.MAX nodes. (Where T is concave H is T; a measured curve, bucketed by
+-- the sizes the run chose, need not be: its steps chose large trees where the draft was sure, and
+-- a node's gain cannot exceed the one before it in a tree ranked by p.)
+local function gains(curve, k)
+  local n = tree_mod.MAX
+  local hull = { { 0, curve_at(curve, 0) } }
+  for x = 1, n do
+    local y = curve_at(curve, x)
+    while #hull >= 2 do
+      local a, b = hull[#hull - 1], hull[#hull]
+      -- (b lies on or under the line from a to (x, y): not a vertex of the majorant)
+      if (b[2] - a[2]) * (x - a[1]) <= (y - a[2]) * (b[1] - a[1]) then hull[#hull] = nil else break end
+    end
+    hull[#hull + 1] = { x, y }
+  end
+  local g = {}
+  for i = 2, #hull do
+    local a, b = hull[i - 1], hull[i]
+    for j = a[1] + 1, math.min(b[1], k) do g[j] = math.max(0, (b[2] - a[2]) / (b[1] - a[1])) end
+  end
+  for j = n + 1, k do g[j] = 0 end
+  return g
+end
+M.gains = gains
+
+-- A depth-shaped tree of nodes of gains g (in their order), at most `depth` deep: node j goes to
+-- the depth d whose sum of p (the chance the path reaches d), with it, is the least share of
+-- q[d] (the measured shape: the share of steps whose path reached d), never more than the sum
+-- at d - 1 (a path reaches d through d - 1). Each depth's nodes hold consecutive intervals of
+-- [0, 1), the likeliest first, each under the parent at d - 1 whose interval holds its start:
+-- one draw u a step, and the node whose interval holds it is the target's token at its depth.
+-- So the B likeliest nodes reach depth d with chance their sum of p there, and give T(B) - 1
+-- tokens on average, spread over depths as the measured run's were. Returns nodes { p, depth,
+-- parent, lo, hi }.
+local function shaped(g, q, depth)
+  local nodes, mass, at = {}, {}, {}
+  for _, p in ipairs(g) do
+    local best, bv
+    for d = 1, math.min(depth, #q) do
+      local room = (d == 1 and 1 or mass[d - 1]) - (mass[d] or 0)
+      if q[d] > 0 and p <= room + 1e-12 then
+        local v = ((mass[d] or 0) + p) / q[d]
+        if not bv or v < bv - 1e-12 then best, bv = d, v end
+      end
+      if not mass[d] then break end -- (no node at d yet: none deeper has a parent)
+    end
+    if not best then break end
+    local lo, parent = mass[best] or 0, 0
+    if best > 1 then
+      local up = at[best - 1]
+      parent = up[#up].index
+      for _, x in ipairs(up) do if lo < x.hi then parent = x.index break end end
+    end
+    local x = { p = p, depth = best, parent = parent, lo = lo, hi = lo + p, index = #nodes + 1 }
+    nodes[#nodes + 1], mass[best] = x, lo + p
+    at[best] = at[best] or {}
+    table.insert(at[best], x)
+  end
+  return nodes
+end
+M.shaped = shaped
+
 -- The draft policy the batcher runs (loip.policy kind "draft") for engine (its clock moves by
 -- each proposal's time).
--- A tree's scored nodes for the batcher's sizing (loip.engine.request.draft): a chain of k whose
--- node j has p_j = T(j) - T(j - 1) (the curve's gain, never rising), so that the B likeliest are
--- expected to give T(B) - 1 tokens; node j is the filler (accepted) when u < p_j for one draw u
--- (a path reaches depth j with chance p_j). Its time: the rows the draft has not seen, then a
--- forward per round (the best-first construction's `rounds`: k/rounds nodes and their ancestors each).
+-- A tree's scored nodes for the batcher's sizing (loip.engine.request.draft): with a depth shape
+-- (--tree-depths, a measured run's per_depth) the nodes of `shaped`, one draw u a step making
+-- the node whose interval holds it the filler at each depth (accepted when its parent is); else
+-- a chain of k whose node j has p_j = g_j, the filler when u < p_j (a path reaches depth j with
+-- chance p_j: the same mean, spread deeper than a real tree's). Either way the B likeliest are
+-- expected to give T(B) - 1 tokens. Its time: the rows the draft has not seen, then a forward per
+-- round (the best-first construction's `rounds`: k/rounds nodes and their ancestors each).
 function Draft:propose_scored(engine, req)
   local k, m = math.min(req.k, req.depth or req.k), req.memo
   local ms = 0
@@ -233,11 +336,14 @@ function Draft:propose_scored(engine, req)
     ms = self:forward_ms(math.max(1, req.n - (m.valid or 0)), req.n) + rounds * self:forward_ms(math.ceil(k / rounds) * 2, req.n + k)
   end
   m.valid = req.n
-  local u, nodes, last = self:draw(), {}, 1
-  for j = 1, k do
-    local p = math.max(0, math.min(last, curve_at(self.curve, j) - curve_at(self.curve, j - 1)))
-    last = p
-    nodes[j] = { id = u < p and M.FILLER or M.OTHER, parent = j - 1, p = p, depth = j }
+  local u, nodes = self:draw(), {}
+  local g = gains(self.curve, self.depths and req.k or k)
+  if self.depths then
+    for j, x in ipairs(shaped(g, self.depths, req.depth or req.k)) do
+      nodes[j] = { id = (u >= x.lo and u < x.hi) and M.FILLER or M.OTHER, parent = x.parent, p = x.p, depth = x.depth }
+    end
+  else
+    for j = 1, k do nodes[j] = { id = u < g[j] and M.FILLER or M.OTHER, parent = j - 1, p = g[j], depth = j } end
   end
   engine.now_ms = engine.now_ms + ms
   self.total_ms, self.proposals = self.total_ms + ms, self.proposals + 1
@@ -280,8 +386,8 @@ function Draft:policy(engine)
 end
 
 -- The run's figures beside the batcher's (loip.engine.request.draft's report): the assumption and the
--- draft's time per verifying step.
-function Draft:report(r, fixed)
+-- draft's time per verifying step; plan_rows, the draft rows the plan reserved a request.
+function Draft:report(r, fixed, plan_rows)
   r = r or {}
   return { policy = self.name, acceptance = self.a, acceptance_assumed = true, accepted_of_drafted = r.acceptance,
     per_draft_measured = r.per_draft, k = fixed or "chosen",
@@ -289,15 +395,19 @@ function Draft:report(r, fixed)
     tokens_per_step = r.tokens_per_step or 0, probes = r.probes,
     draft_ms_per_step = (r.steps or 0) > 0 and self.total_ms / r.steps or 0, draft_ms = self.total_ms,
     device = self.device, what = self.what, bytes = self.bytes,
-    tree_size = self.curve and r.tree_size or nil, tree_curve_source = self.curve and self.curve_source or nil }
+    tree_size = self.curve and r.tree_size or nil, tree_size_max = self.curve and r.tree_size_max or nil,
+    tree_curve_source = self.curve and self.curve_source or nil,
+    tree_depths = self.curve and self.depths or nil, tree_depths_source = self.curve and self.depths_source or nil,
+    per_depth = self.curve and r.per_depth or nil, plan_rows = plan_rows }
 end
 
 -- The report's lines (Draft:report's table r) on out: the assumption said plainly.
 function M.describe(r, out)
   local where = r.device == "head" and " in the head's process" or (r.device and (" on device " .. r.device) or "")
   if r.tree_curve_source then
-    out:write(string.format("  draft %s (%s)%s: a tree grown best-first, its tokens per step by its size ASSUMED (%s), %s\n",
-      r.policy, r.what, where, r.tree_curve_source, r.k == "chosen"
+    out:write(string.format("  draft %s (%s)%s: a tree grown best-first, its tokens per step by its size ASSUMED (%s%s), %s\n",
+      r.policy, r.what, where, r.tree_curve_source,
+      r.tree_depths_source and (", its depths shaped as " .. r.tree_depths_source .. "'s") or ", a chain's depths", r.k == "chosen"
         and string.format("its size chosen each step from it and the cost model's step price (%.1f nodes a step)", r.tree_size or 0)
         or ("its size " .. r.k)))
   else

@@ -38,13 +38,34 @@ function M.budgets(names, reserve_gib)
   return out
 end
 
+-- The plan of case c (o: its flags, prob: its problem) by scheduler sched; with a draft (loip.sim.draft)
+-- the plan leaves it room on its device and reserves its rows as the cluster's does (loip
+-- simulate: plan_and_sim). Returns plan, estimate, logits rows, draft rows, problem (raises when
+-- no plan fits).
+local function planned(c, o, prob, draft, sched, max_batch)
+  if not draft then
+    local p, est = policy.plan(prob, { scheduler = sched })
+    return p, est, nil, nil, prob
+  end
+  local rd = require "loip.engine.request.draft"
+  local inst = policy.load("draft", c.draft)
+  local ch = require("loip.cluster.planner").fit_draft_rows(rd.plan_rows(inst, c.draft_tokens), function(rows)
+    local l = math.min(o.batch, max_batch * (rows + 1))
+    local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l }, { __index = o }))
+    local p2, est2 = draft:reserve(pr, function() return policy.plan(pr, { scheduler = sched }) end)
+    return { problem = pr, plan = p2, estimate = est2, logits_tokens = l }
+  end, rd.grows(inst) and not c.draft_tokens and rd.MAX or nil)
+  return ch.plan, ch.estimate, ch.logits_tokens, ch.draft_rows, ch.problem
+end
+
 -- One case: c = { model (a shape: llama-3.3-70b...), devices (names), reserve_gib (per device),
 -- link_rate ("100mbit"), link_delay_ms, link_schedule (a "links" policy: rates change between
 -- steps), pattern ("sporadic" | "bursty"), burst (4), requests (2), input_tokens, output_tokens,
 -- context, plan_positions (KV positions planned: fewer, the KV cache grows inside the budgets), method,
 -- and the ablations' overrides: scheduler, online, conventional_loads; no_oot (the table shows
 -- the time however long, marked "(OOT)" past the limit); speculative decoding: draft (a draft
--- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed; ends ("memory", the
+-- policy), acceptance (assumed), draft_like, draft_device, draft_tokens, seed, tree_curve ("B:T,..."
+-- or a run's JSON), tree_depths (a list or "q1,q2,...") and tree_depths_source; ends ("memory", the
 -- default, or "auto": loip.plan.ends) }. Returns
 -- { ms_per_token | nil, outcome ("ms" | "OOM" | "OOT"), why, tokens_per_s, draft (its figures),
 -- read_bytes_per_step (the plan's weights re-read from disk each step), weight_bytes }
@@ -96,15 +117,18 @@ function M.run(c)
   end
   local sched = c.scheduler or (c.method == "loip" and "loip" or c.method)
   -- speculative decoding (loip.sim.draft): the plan leaves the draft room on its device
+  -- (a tree's curve and depth shape: loip.sim.draft's curve and depths, as loip simulate's flags)
+  local curve, depths = nil, c.tree_depths
+  if c.tree_curve then curve = assert(draft_mod.curve(c.tree_curve)) end
+  if type(depths) == "string" then depths = assert(draft_mod.depths(depths)) end
   local draft = c.draft and draft_mod.new(prob, { draft = c.draft, acceptance = c.acceptance, like = c.draft_like,
-    dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch })
-  local pok, p, est = pcall(function()
-    if draft then return draft:reserve(prob, function() return policy.plan(prob, { scheduler = sched }) end) end
-    return policy.plan(prob, { scheduler = sched })
-  end)
+    dtype = "bf16", device = c.draft_device, seed = c.seed, max_seqs = max_batch, curve = curve, curve_source = c.tree_curve,
+    depths = depths, depths_source = c.tree_depths_source })
+  local pok, p, est, lt, rows, prob2 = pcall(planned, c, o, prob, draft, sched, max_batch)
+  prob = prob2 or prob
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
   local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
-    conventional_loads = c.conventional_loads, plan_positions = plan_positions, draft = draft })
+    conventional_loads = c.conventional_loads, plan_positions = plan_positions, draft = draft, logits_tokens = lt })
   local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
     input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
   local online = c.online
@@ -121,7 +145,7 @@ function M.run(c)
   -- the plan's weights re-read from disk every step (a mixture of experts: its routed experts')
   v.read_bytes_per_step, v.weight_bytes = 0, prob.model.weight_bytes
   for i = 1, #p.devices do v.read_bytes_per_step = v.read_bytes_per_step + plan_mod.memory(p, i, prob.model).offloaded_bytes end
-  v.draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), c.draft_tokens)
+  v.draft = draft and draft:report(s.batcher.draft and s.batcher.draft:report(), c.draft_tokens, rows)
   return v
 end
 
