@@ -41,6 +41,7 @@ local store = require "loip.model.store"
 local plan = require "loip.plan"
 local synth = require "loip.model.synth"
 local slice_mod = require "loip.model.slice"
+local proc = require "loip.cluster.proc"
 
 local S260_STORE = "/tmp/loip-bench/stories260K-store"
 local spec = {
@@ -143,7 +144,7 @@ local function simulated(rt, prompt)
   local sep = o.tree:find(":", 1, true) and "," or ":"
   local cmd = string.format("%s simulate --model '%s' --devices %d --mem %s --disk-rate %s --link-rate %s --link-delay %sms "
     .. "--context %d --threads 1 --requests 1 --input-tokens %d --output-tokens %d --draft '%s' --draft-device head "
-    .. "--tree-curve '%s' --json 2>&1", require("loip.cluster.proc").exe(), o.store, o.devices, o.mem, o.disk_rate, o.link_rate,
+    .. "--tree-curve '%s' --json 2>&1", proc.exe(), o.store, o.devices, o.mem, o.disk_rate, o.link_rate,
     tostring(o.link_delay), o.context, #prompt, o.tokens, o.tree .. sep .. "tree=on", path)
   local h = assert(io.popen(cmd))
   local text = h:read("*a")

@@ -16,6 +16,8 @@ local flags = require "loip.ui.flags"
 local transport = require "loip.runtime.transport"
 local plot = require "loip.measure.plot"
 local draft_mod = require "loip.sim.draft"
+local request_draft = require "loip.engine.request.draft"
+local planner = require "loip.cluster.planner"
 
 local M = {}
 
@@ -47,14 +49,13 @@ local function planned(c, o, prob, draft, sched, max_batch)
     local p, est = policy.plan(prob, { scheduler = sched })
     return p, est, nil, nil, prob
   end
-  local rd = require "loip.engine.request.draft"
   local inst = policy.load("draft", c.draft)
-  local ch = require("loip.cluster.planner").fit_draft_rows(rd.plan_rows(inst, c.draft_tokens), function(rows)
+  local ch = planner.fit_draft_rows(request_draft.plan_rows(inst, c.draft_tokens), function(rows)
     local l = math.min(o.batch, max_batch * (rows + 1))
     local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l }, { __index = o }))
     local p2, est2 = draft:reserve(pr, function() return policy.plan(pr, { scheduler = sched }) end)
     return { problem = pr, plan = p2, estimate = est2, logits_tokens = l }
-  end, rd.grows(inst) and not c.draft_tokens and rd.MAX or nil)
+  end, request_draft.grows(inst) and not c.draft_tokens and request_draft.MAX or nil)
   return ch.plan, ch.estimate, ch.logits_tokens, ch.draft_rows, ch.problem
 end
 
