@@ -277,11 +277,9 @@ M.PER_REQUEST = { tree = true, width = true, levels = true, build = true, childr
 function M.policy(P)
   function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
   function P.propose_tree(req, ctx, o)
-    if not ctx.drafter.propose_tree then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
     return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
   end
   function P.propose_scored(req, ctx, o)
-    if not ctx.drafter.propose_scored then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
     return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth, o.rounds)
   end
   function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
