@@ -63,6 +63,45 @@ describe("speculative trees with the draft on a worker", function()
     assert(ok, err)
   end)
 
+  it("builds several requests' trees together, a draft forward for them all a round, each the tree it gets alone", function()
+    local drafter = require "loip.engine.request.drafter"
+    local st = T.slice_store(S260, "s260")
+    local function open() return drafter.open(st, { layers = 3, context = 256, max_seqs = 3, threads = 1, tokenizer = false }) end
+    local function reqs(extra)
+      local out = {}
+      for i, c in ipairs({ greedy.cases[2], greedy.cases[4], greedy.cases[6] }) do
+        local ids = {}
+        for j, id in ipairs(c.prompt_ids) do ids[j] = id end
+        for j = 1, extra do ids[#ids + 1] = c.generated_ids[j] end
+        out[i] = { ids = ids, n = #ids, k = 24, id = i, seq = i - 1 }
+      end
+      return out
+    end
+    local alone, joint = open(), open()
+    local got = {}
+    for round = 0, 1 do -- (the second: one token to catch up, then the tree's rounds)
+      local rs, f0, g0 = reqs(round), alone.forwards, joint.forwards
+      local one = {}
+      for i, r in ipairs(rs) do one[i] = alone:propose_scored(r, 24, nil, 16, nil, 2) end
+      local list = {}
+      for i, r in ipairs(reqs(round)) do list[i] = { req = r, B = 24, children = 16, rounds = 2 } end
+      local many = joint:propose_scored_many(list)
+      for i = 1, 3 do
+        assert.are.equal(24, #many[i])
+        for j, x in ipairs(one[i]) do
+          local y = many[i][j]
+          assert.are.same({ x.id, x.parent, x.depth }, { y.id, y.parent, y.depth }, string.format("request %d node %d", i, j))
+          assert.is_true(math.abs(x.p - y.p) <= 1e-5 * x.p, string.format("request %d node %d: p %g, %g", i, j, x.p, y.p))
+        end
+      end
+      got[round] = { alone.forwards - f0, joint.forwards - g0 }
+    end
+    -- after the prompts: a forward to catch up and one to expand, each request alone; for all three together
+    assert.are.same({ 6, 2 }, got[1])
+    alone:close()
+    joint:close()
+  end)
+
   it("gives a seeded sampled request the tokens it gives with no draft", function()
     local c = cluster.start_local { store = T.slice_store(S260, "s260"), devices = 3, threads = 1 }
     local ok, err = pcall(function()

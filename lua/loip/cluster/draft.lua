@@ -117,6 +117,26 @@ function Remote:propose_scored(req, B, vocab, children, depth, rounds)
   return nodes
 end
 
+-- As the drafter's: several requests' best-first trees built together on the device, each
+-- round one step of its draft for them all (list: as loip.engine.request.drafter's).
+function Remote:propose_scored_many(list)
+  local items = {}
+  for i, a in ipairs(list) do
+    local it = self:delta(a.req)
+    it.k, it.children, it.rounds = a.B, a.children, a.rounds
+    if a.depth and a.depth < math.huge then it.depth = a.depth end
+    items[i] = it
+  end
+  local vocab = list[1] and list[1].vocab
+  local ans = self:ask { op = "propose_scored_many", items = items, vocab = vocab }
+  local out = {}
+  for i in ipairs(list) do
+    out[i] = (ans.nodes or {})[i] or {}
+    for _, x in ipairs(out[i]) do x.p = tonumber(x.p) end
+  end
+  return out
+end
+
 function Remote:release(req)
   if self.plan_id ~= self.c.planner.plan_id then return end -- (the device's draft went with its old plan)
   local s = self.sent[req.seq]
@@ -134,6 +154,26 @@ end
 
 -- ---- the worker's side -----------------------------------------------------------------------
 
+-- The request of a proposal (body: seq, request, from, ids, k), its tokens brought up to date.
+local function synced(d, body)
+  local s = d.draft_ids[body.seq]
+  if not s or s.request ~= body.request then
+    s = { request = body.request, ids = {} }
+    d.draft_ids[body.seq] = s
+  end
+  local ids = s.ids
+  for p = #ids, body.from + 1, -1 do ids[p] = nil end
+  for _, id in ipairs(body.ids) do ids[#ids + 1] = id end
+  return { ids = ids, n = #ids, k = body.k, id = body.request, seq = body.seq }
+end
+
+-- Scored nodes as sent: p as text, every bit kept.
+local function scored(nodes)
+  local out = {}
+  for i, x in ipairs(nodes) do out[i] = { id = x.id, parent = x.parent, p = string.format("%.17g", x.p), depth = x.depth } end
+  return out
+end
+
 -- The DRAFT message on a worker (its device d, built by a PLAN; store: its slice store).
 function M.handle(d, store, body)
   local op = body.op
@@ -146,26 +186,22 @@ function M.handle(d, store, body)
     return { bytes = d.part.budget:used() - before }
   end
   if not d.drafter then error("DRAFT " .. tostring(op) .. " before open", 0) end
-  if op == "propose" or op == "propose_tree" or op == "propose_scored" then
-    local s = d.draft_ids[body.seq]
-    if not s or s.request ~= body.request then
-      s = { request = body.request, ids = {} }
-      d.draft_ids[body.seq] = s
+  if op == "propose" then return { ids = d.drafter:propose(synced(d, body), body.k, body.vocab) } end
+  if op == "propose_tree" then
+    local t = d.drafter:propose_tree(synced(d, body), body.k, body.vocab, body.width, body.levels)
+    return { ids = t.ids, parents = t.parents }
+  end
+  if op == "propose_scored" then
+    return { nodes = scored(d.drafter:propose_scored(synced(d, body), body.k, body.vocab, body.children, body.depth, body.rounds)) }
+  end
+  if op == "propose_scored_many" then
+    local list = {}
+    for i, it in ipairs(body.items) do
+      list[i] = { req = synced(d, it), B = it.k, vocab = body.vocab, children = it.children, depth = it.depth, rounds = it.rounds }
     end
-    local ids = s.ids
-    for p = #ids, body.from + 1, -1 do ids[p] = nil end
-    for _, id in ipairs(body.ids) do ids[#ids + 1] = id end
-    local req = { ids = ids, n = #ids, k = body.k, id = body.request, seq = body.seq }
-    if op == "propose" then return { ids = d.drafter:propose(req, body.k, body.vocab) } end
-    if op == "propose_tree" then
-      local t = d.drafter:propose_tree(req, body.k, body.vocab, body.width, body.levels)
-      return { ids = t.ids, parents = t.parents }
-    end
-    local nodes = {}
-    for i, x in ipairs(d.drafter:propose_scored(req, body.k, body.vocab, body.children, body.depth, body.rounds)) do
-      nodes[i] = { id = x.id, parent = x.parent, p = string.format("%.17g", x.p), depth = x.depth }
-    end
-    return { nodes = nodes }
+    local out = {}
+    for i, nodes in ipairs(d.drafter:propose_scored_many(list)) do out[i] = scored(nodes) end
+    return { nodes = out }
   elseif op == "release" then
     d.draft_ids[body.seq] = nil
     d.drafter:release { seq = body.seq, id = body.request }
