@@ -2,10 +2,12 @@
 -- draft builds the tree (propose_tree, or propose_scored: best-first, sized on the head by the cost
 -- model) and the ring verifies it as a tree from a draft in the head's process. Greedy: run.c's
 -- tokens on 3 local devices, two requests in the batch, for fixed sizes and sized by the cost
--- model; with a fixed size the very trees a draft in the head's process builds (the same figures).
+-- model; with a fixed size the very trees a draft in the head's process builds, and built
+-- together (several requests' in one forward of the draft a round) those built one by one.
 -- Sampled: a seeded request gives the tokens it gives with no draft.
 local cluster = require "loip.cluster"
 local json = require "loip.text.json"
+local policy = require "loip.policy"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)
@@ -21,8 +23,12 @@ end
 
 -- Two greedy requests through cluster c planned with draft (k: fixed nodes, nil: the cost model's);
 -- checked against run.c. Returns the draft's report and the drafter the policy ran.
-local function two(c, draft, k)
-  c:plan { context = 256, batch = 64, max_batch = 2, draft = draft, draft_tokens = k }
+-- one_by_one: the policy without propose_scored_many (each request's tree built in its own
+-- forwards of the draft, not together with the other's).
+local function two(c, draft, k, one_by_one)
+  local p = policy.load("draft", draft)
+  if one_by_one then p.module = setmetatable({ propose_scored_many = false }, { __index = p.module }) end
+  c:plan { context = 256, batch = 64, max_batch = 2, draft = p, draft_tokens = k }
   local b = c:batcher()
   local cases = { greedy.cases[3], greedy.cases[5] }
   local reqs = {}
@@ -51,8 +57,11 @@ describe("speculative trees with the draft on a worker", function()
         assert.are.equal(2, drafter.i, "the draft ran on device 2") -- (loip.cluster.draft's Remote)
         assert.is_true(there.steps > 0 and there.accepted > 0 and there.tree_size_max > 1, draft .. ": trees verified")
         -- the same trees: the worker's draft is the head's, its probabilities sent bit for bit
+        -- and built together, the trees each request's draft builds on its own (each with the rows it has)
+        local apart = two(c, draft .. ",device=2", k, true)
         for _, f in ipairs({ "drafted", "accepted", "steps", "tokens", "tree_size_max" }) do
           assert.are.equal(here[f], there[f], string.format("%s %d: %s", draft, k, f))
+          assert.are.equal(apart[f], there[f], string.format("%s %d, one by one: %s", draft, k, f))
         end
       end
       -- sized by the cost model (its size follows the measured times: only its tokens are checked)

@@ -372,7 +372,7 @@ function M.trees_together(decoding, draft_of, room_of)
     if d and d.best then
       local rows_room, depth = room_of(r)
       if not groups[d] then groups[d], order[#order + 1] = {}, d end
-      table.insert(groups[d], { r = r, room = math.min(rows_room, depth), depth = depth })
+      table.insert(groups[d], { r = r, room = rows_room, depth = depth }) -- (a tree's rows and depth apart, as for_step's)
     end
   end
   for _, d in ipairs(order) do d:build_together(groups[d]) end
