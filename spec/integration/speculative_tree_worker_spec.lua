@@ -11,6 +11,7 @@ local policy = require "loip.policy"
 local T = require "spec.support"
 teardown(function() T.cleanup() end)
 teardown(T.drop_stores)
+after_each(T.stop_servers)
 
 local S260 = T.root .. "/models/stories260K"
 local greedy = assert(json.load(S260 .. "/reference/greedy.json"))
@@ -134,5 +135,32 @@ describe("speculative trees with the draft on a worker", function()
     end)
     c:close()
     assert(ok, err)
+  end)
+
+  it("serves a request's own tree (--draft-per-request) from a server whose draft runs on a device", function()
+    local client = require "loip.runtime.http_client"
+    local st = T.slice_store(S260, "s260tw")
+    local name = st:match("([^/]+)$")
+    local function ask(url, bodies)
+      local cl, out = client.new(), {}
+      for i, b in ipairs(bodies) do
+        local t = cl:post(url .. "/completions", json.encode(b), { ["x-api-key"] = "k" })
+        cl:wait(120000)
+        out[i] = { status = t.status, body = json.decode(t.body) or t.body }
+      end
+      cl:close()
+      return out
+    end
+    local function body(draft)
+      return { model = name, prompt = "Lily went to the park. Lily went to the park. Lily went", max_tokens = 40, temperature = 0,
+        draft = draft }
+    end
+    local url, stop = T.serve(string.format("--model %s --devices 3 --threads 1 --max-batch 2 --draft self:layers=3 "
+      .. "--draft-device 2 --draft-per-request none,self", st))
+    local got = ask(url, { body("none"), body("self:tree=on"), body("self:tree=on,build=paths,width=2,levels=2") })
+    stop()
+    for i = 1, 3 do assert.are.equal(200, got[i].status, json.encode(got[i].body)) end
+    -- greedy: the tokens of no draft, the trees built on device 2
+    for i = 2, 3 do assert.are.equal(got[1].body.choices[1].text, got[i].body.choices[1].text, i) end
   end)
 end)
