@@ -1,4 +1,5 @@
--- A draft model run in this process (the head's) for speculative decoding: the `model` and
+-- A draft model run in this process (the head's, or a worker's: loip.cluster.draft) for
+-- speculative decoding: the `model` and
 -- `self` draft policies (recipes/policies/draft/) propose with it. It is a loip.model (a small
 -- sibling of the target, or the target's own first layers and head: opts.layers) with a
 -- sequence slot per request of the target's batch; each proposal feeds the request's tokens the
@@ -311,7 +312,8 @@ end
 
 -- What a draft policy running a drafter (ctx.drafter: recipes/policies/draft/self.lua and
 -- model.lua) shares: its settings device (--draft-device), tree, width, levels, added to the
--- policy's settings rows; and its functions propose, propose_tree, finish, close, set in the
+-- policy's settings rows; and its functions propose, propose_tree, propose_scored,
+-- propose_scored_many (several requests' trees built together), finish, close, set in the
 -- policy's table P.
 function M.settings(rows)
   rows[#rows + 1] = { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the "
