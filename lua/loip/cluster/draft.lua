@@ -2,7 +2,9 @@
 -- in the head's process: the `self` and `model` drafts' loip.engine.request.drafter, opened in the worker
 -- and charged to its budget (the scheduler planned the device's part with that much less). The
 -- head keeps, per slot, the tokens the device's draft has; each proposal sends only what it
--- lacks (DRAFT messages: open, propose, release, close; docs/serving.md, "Speculative decoding").
+-- lacks (DRAFT messages: open, propose, propose_tree, propose_scored, release, close;
+-- docs/serving.md, "Speculative decoding"). Trees (tree=on) are built there and verified by the
+-- ring as a draft's in the head's process.
 local json = require "loip.text.json"
 local drafter = require "loip.engine.request.drafter"
 
@@ -67,9 +69,9 @@ function Remote:ask(body)
   return json.decode(r.payload)
 end
 
--- As loip.engine.request.drafter's: k drafts after req.ids, the device sent what it lacks of them.
-function Remote:propose(req, k, vocab)
-  if k <= 0 then return {} end
+-- The request's tokens the device's draft lacks: { seq, request, from (the tokens it keeps), ids
+-- (those after them) }, noted as sent.
+function Remote:delta(req)
   if self.plan_id ~= self.c.planner.plan_id then self:reopen(self.c.planner.draft_device) end
   local s = self.sent[req.seq]
   if not s or s.request ~= req.id then
@@ -80,10 +82,59 @@ function Remote:propose(req, k, vocab)
   while from < #s.ids and from < req.n and s.ids[from + 1] == req.ids[from + 1] do from = from + 1 end
   local new = {}
   for p = from + 1, req.n do new[#new + 1] = req.ids[p] end
-  local ans = self:ask { op = "propose", seq = req.seq, request = req.id, from = from, ids = new, k = k, vocab = vocab }
   for p = from + 1, req.n do s.ids[p] = req.ids[p] end
   for p = req.n + 1, #s.ids do s.ids[p] = nil end
-  return ans.ids or {}
+  return { seq = req.seq, request = req.id, from = from, ids = new }
+end
+
+-- As loip.engine.request.drafter's: k drafts after req.ids, the device sent what it lacks of them.
+function Remote:propose(req, k, vocab)
+  if k <= 0 then return {} end
+  local body = self:delta(req)
+  body.op, body.k, body.vocab = "propose", k, vocab
+  return self:ask(body).ids or {}
+end
+
+-- As the drafter's: a tree of at most k drafts { ids, parents }, the chain and its runners-up.
+function Remote:propose_tree(req, k, vocab, width, levels)
+  if k <= 0 then return { ids = {}, parents = {} } end
+  local body = self:delta(req)
+  body.op, body.k, body.vocab, body.width, body.levels = "propose_tree", k, vocab, width, levels
+  local ans = self:ask(body)
+  return { ids = ans.ids or {}, parents = ans.parents or {} }
+end
+
+-- As the drafter's: a tree of at most B scored nodes { id, parent, p, depth } grown best-first on
+-- the device (its draft forwards there, a round each); p travels as text, every bit kept (the
+-- head sizes and numbers the tree from it as from a draft in its own process).
+function Remote:propose_scored(req, B, vocab, children, depth, rounds)
+  if B <= 0 then return {} end
+  local body = self:delta(req)
+  body.op, body.k, body.vocab, body.children, body.rounds = "propose_scored", B, vocab, children, rounds
+  if depth and depth < math.huge then body.depth = depth end -- (none: any depth)
+  local nodes = self:ask(body).nodes or {}
+  for _, x in ipairs(nodes) do x.p = tonumber(x.p) end
+  return nodes
+end
+
+-- As the drafter's: several requests' best-first trees built together on the device, each
+-- round one step of its draft for them all (list: as loip.engine.request.drafter's).
+function Remote:propose_scored_many(list)
+  local items = {}
+  for i, a in ipairs(list) do
+    local it = self:delta(a.req)
+    it.k, it.children, it.rounds = a.B, a.children, a.rounds
+    if a.depth and a.depth < math.huge then it.depth = a.depth end
+    items[i] = it
+  end
+  local vocab = list[1] and list[1].vocab
+  local ans = self:ask { op = "propose_scored_many", items = items, vocab = vocab }
+  local out = {}
+  for i in ipairs(list) do
+    out[i] = (ans.nodes or {})[i] or {}
+    for _, x in ipairs(out[i]) do x.p = tonumber(x.p) end
+  end
+  return out
 end
 
 function Remote:release(req)
@@ -103,6 +154,26 @@ end
 
 -- ---- the worker's side -----------------------------------------------------------------------
 
+-- The request of a proposal (body: seq, request, from, ids, k), its tokens brought up to date.
+local function synced(d, body)
+  local s = d.draft_ids[body.seq]
+  if not s or s.request ~= body.request then
+    s = { request = body.request, ids = {} }
+    d.draft_ids[body.seq] = s
+  end
+  local ids = s.ids
+  for p = #ids, body.from + 1, -1 do ids[p] = nil end
+  for _, id in ipairs(body.ids) do ids[#ids + 1] = id end
+  return { ids = ids, n = #ids, k = body.k, id = body.request, seq = body.seq }
+end
+
+-- Scored nodes as sent: p as text, every bit kept.
+local function scored(nodes)
+  local out = {}
+  for i, x in ipairs(nodes) do out[i] = { id = x.id, parent = x.parent, p = string.format("%.17g", x.p), depth = x.depth } end
+  return out
+end
+
 -- The DRAFT message on a worker (its device d, built by a PLAN; store: its slice store).
 function M.handle(d, store, body)
   local op = body.op
@@ -115,16 +186,22 @@ function M.handle(d, store, body)
     return { bytes = d.part.budget:used() - before }
   end
   if not d.drafter then error("DRAFT " .. tostring(op) .. " before open", 0) end
-  if op == "propose" then
-    local s = d.draft_ids[body.seq]
-    if not s or s.request ~= body.request then
-      s = { request = body.request, ids = {} }
-      d.draft_ids[body.seq] = s
+  if op == "propose" then return { ids = d.drafter:propose(synced(d, body), body.k, body.vocab) } end
+  if op == "propose_tree" then
+    local t = d.drafter:propose_tree(synced(d, body), body.k, body.vocab, body.width, body.levels)
+    return { ids = t.ids, parents = t.parents }
+  end
+  if op == "propose_scored" then
+    return { nodes = scored(d.drafter:propose_scored(synced(d, body), body.k, body.vocab, body.children, body.depth, body.rounds)) }
+  end
+  if op == "propose_scored_many" then
+    local list = {}
+    for i, it in ipairs(body.items) do
+      list[i] = { req = synced(d, it), B = it.k, vocab = body.vocab, children = it.children, depth = it.depth, rounds = it.rounds }
     end
-    local ids = s.ids
-    for p = #ids, body.from + 1, -1 do ids[p] = nil end
-    for _, id in ipairs(body.ids) do ids[#ids + 1] = id end
-    return { ids = d.drafter:propose({ ids = ids, n = #ids, k = body.k, id = body.request, seq = body.seq }, body.k, body.vocab) }
+    local out = {}
+    for i, nodes in ipairs(d.drafter:propose_scored_many(list)) do out[i] = scored(nodes) end
+    return { nodes = out }
   elseif op == "release" then
     d.draft_ids[body.seq] = nil
     d.drafter:release { seq = body.seq, id = body.request }

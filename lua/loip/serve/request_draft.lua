@@ -118,9 +118,6 @@ function M.resolve(spec, a, d)
   if not ok then return nil, { param = "draft", message = "'draft': " .. tostring(p) } end
   local vok, v = pcall(d.variant, d, p, { tokens = k })
   if not vok then return nil, { param = "draft", message = "'draft': " .. tostring(v) } end
-  if v.tree and v.ctx.drafter and not v.ctx.drafter.propose_tree then
-    return nil, { param = "draft", message = "'draft': tree=on needs the draft in the head's process (the server runs it on a device)" }
-  end
   return v
 end
 

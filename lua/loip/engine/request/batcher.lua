@@ -27,6 +27,7 @@ local bit = require "bit"
 local core = require "loip.core"
 local errors = require "loip.error"
 local tree = require "loip.engine.request.tree"
+local request_draft = require "loip.engine.request.draft"
 local head_sample = require "loip.engine.request.head_sample"
 local choices = require "loip.engine.request.choices"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -249,6 +250,14 @@ function Batcher:draft_of(r)
   return r.draft_policy or self.draft
 end
 
+-- The rows request r's drafts may take in a step (within the step's budget, the rows sampled at
+-- once and the context), and the depth of its tokens still to come.
+local function draft_room(b, r, budget, sample_left)
+  local rows_room = math.min(budget, sample_left, b.engine.context - 1 - r.pos - (r.refeed or 0))
+  if (r.evicted or 0) > 0 or r.at_head then rows_room = 0 end
+  return math.max(0, rows_room), r.max_tokens - #r.token_ids - 1
+end
+
 -- Speculative decoding: each decoding request's drafts ride after its last token, verified in
 -- this step (within the step's budget, the rows the engine samples at once, the request's
 -- max_tokens and the context: the KV reserved for it holds every drafted position). Returns the
@@ -259,14 +268,15 @@ function Batcher:drafts_for(decoding, budget)
   local sample_left = (e.sample_rows or e.step_tokens) - #decoding
   for _, r in ipairs(self.running) do if r.state == "prefill" then sample_left = sample_left - 1 end end
   local rows = #decoding
+  -- (best-first trees built together, a draft forward for them all a round, each with its room alone)
+  request_draft.trees_together(decoding, function(r) return self:draft_of(r) end,
+    function(r) return draft_room(self, r, budget, sample_left) end)
   for _, r in ipairs(decoding) do
     -- (a tree's rows are bounded by the step's and the context's room, its depth by max_tokens)
-    local rows_room = math.min(budget, sample_left, e.context - 1 - r.pos - (r.refeed or 0))
-    local depth = r.max_tokens - #r.token_ids - 1
-    if (r.evicted or 0) > 0 or r.at_head then rows_room = 0 end
+    local rows_room, depth = draft_room(self, r, budget, sample_left)
     local room = math.min(rows_room, depth)
     local d = self:draft_of(r)
-    local ids = d and d:for_step(r, rows, math.max(0, room), { rows = math.max(0, rows_room), depth = depth }) or {}
+    local ids = d and d:for_step(r, rows, math.max(0, room), { rows = rows_room, depth = depth }) or {}
     if #ids > 0 and d:peeking() then ids.peek = true end -- (its rows' own guesses come back: PEEK)
     drafts[r] = ids
     budget, sample_left, rows = budget - #ids, sample_left - #ids, rows + #ids

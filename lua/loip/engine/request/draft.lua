@@ -289,13 +289,17 @@ end
 -- nodes at most `depth` deep (the tokens r may still give).
 function Draft:grow(r, rows, room, depth)
   local s = state_of(self, r)
+  local nodes, dt = s.built, s.built_ms -- (built beside other requests' by build_together)
+  s.built, s.built_ms = nil, nil
   if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
   local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
   if k <= 0 or depth <= 0 then return {} end
   local t0 = self.now()
-  local req = view(r, s, k)
-  req.depth = depth -- (the deepest node the policy may grow)
-  local nodes = self.policy.module.propose_scored(req, self.ctx, self.policy.params) or {}
+  if not nodes then
+    local req = view(r, s, k)
+    req.depth = depth -- (the deepest node the policy may grow)
+    nodes = self.policy.module.propose_scored(req, self.ctx, self.policy.params) or {}
+  end
   local who = "draft policy " .. self:name() .. ": propose_scored"
   for i, x in ipairs(nodes) do
     if type(x.id) ~= "number" or x.id < 0 or x.id >= self.target.vocab or x.id ~= math.floor(x.id) then
@@ -308,10 +312,12 @@ function Draft:grow(r, rows, room, depth)
     if x.depth > depth then error(string.format("%s: node %d at depth %d (at most %d)", who, i, x.depth, depth), 0) end
     x.index = i
   end
-  local dt = self.now() - t0
+  dt = dt or self.now() - t0
   self.stats.propose_ms = self.stats.propose_ms + dt
   if #nodes > 0 then fit_build(self, #nodes, dt) end
   local ranked = tree.ranked(nodes)
+  -- (built beside other requests' trees for more room than the step left it: its k likeliest, a tree)
+  for i = #ranked, k + 1, -1 do ranked[i] = nil end
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
   s.build = math.max(4, 2 * B)
   self.stats.built = (self.stats.built or 0) + #nodes
@@ -326,6 +332,50 @@ function Draft:grow(r, rows, room, depth)
   local w = self.parent or self
   if w.spans then w:span_draft(r, k, #ids, t0, dt) end
   return ids
+end
+
+-- Before a step's drafts: the best-first trees of several requests built together (the policy's
+-- propose_scored_many: a draft forward for them all each round), each kept for its grow. items:
+-- { r, room (the most rows r may add, as if it were the step's only one), depth }. Each tree's
+-- time is the batch's shared by nodes; a request grow would not build now (resting, no room) is left out.
+function Draft:build_together(items)
+  local pm = self.policy.module
+  if not (self.best and pm.propose_scored_many) then return end
+  local reqs, states = {}, {}
+  for _, it in ipairs(items) do
+    local s = state_of(self, it.r)
+    local k = math.min(self.fixed or s.build or tree.MAX, it.room, tree.MAX)
+    if (s.rest or 0) == 0 and k > 0 and it.depth > 0 then
+      local req = view(it.r, s, k)
+      req.depth = it.depth
+      reqs[#reqs + 1], states[#reqs + 1] = req, s
+    end
+  end
+  if #reqs < 2 then return end -- (one alone: its grow builds it)
+  local t0 = self.now()
+  local built = pm.propose_scored_many(reqs, self.ctx, self.policy.params) or {}
+  local dt, total = self.now() - t0, 0
+  for i = 1, #reqs do total = total + #(built[i] or {}) end
+  for i, s in ipairs(states) do
+    s.built = built[i] or {}
+    s.built_ms = total > 0 and dt * #s.built / total or 0
+  end
+end
+
+-- Before a step's drafts: the decoding requests' best-first trees built together, a group for each
+-- Draft (draft_of(r): the requests that share it), room_of(r): the rows r's drafts may take and its
+-- depth, as if r were the step's only request.
+function M.trees_together(decoding, draft_of, room_of)
+  local groups, order = {}, {}
+  for _, r in ipairs(decoding) do
+    local d = draft_of(r)
+    if d and d.best then
+      local rows_room, depth = room_of(r)
+      if not groups[d] then groups[d], order[#order + 1] = {}, d end
+      table.insert(groups[d], { r = r, room = rows_room, depth = depth }) -- (a tree's rows and depth apart, as for_step's)
+    end
+  end
+  for _, d in ipairs(order) do d:build_together(groups[d]) end
 end
 
 -- After a tree step: per depth, the acceptance measured (the path reached it or not) against the

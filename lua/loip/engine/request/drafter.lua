@@ -1,4 +1,5 @@
--- A draft model run in this process (the head's) for speculative decoding: the `model` and
+-- A draft model run in this process (the head's, or a worker's: loip.cluster.draft) for
+-- speculative decoding: the `model` and
 -- `self` draft policies (recipes/policies/draft/) propose with it. It is a loip.model (a small
 -- sibling of the target, or the target's own first layers and head: opts.layers) with a
 -- sequence slot per request of the target's batch; each proposal feeds the request's tokens the
@@ -11,6 +12,7 @@ local local_mod = require "loip.engine.local"
 local tree_mod = require "loip.engine.request.tree"
 local model_mod = require "loip.model"
 local store_mod = require "loip.model.store"
+local bit = require "bit"
 local LOGITS = core.constants.tokf.LOGITS
 
 local M = {}
@@ -65,6 +67,60 @@ function Drafter:slot(req)
   return s
 end
 
+-- One forward of the draft over toks (its outputs: the LOGITS rows', in order): a step of its own,
+-- or inside Drafter:together a share of a step with other requests' rows.
+function Drafter:forward(toks)
+  if self.joint then return coroutine.yield(toks) end
+  local outs = self.engine:step(toks)
+  self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+  return outs
+end
+
+-- Runs fns (functions of no arguments that forward through self:forward, each for its own
+-- request) together: at each turn their forwards waiting are one step of the draft (as many as
+-- the step's rows hold, each function's rows together and in order: a tree's parents are rows
+-- back). Their results, in order.
+function Drafter:together(fns)
+  local T, LOG = self.engine.step_tokens, LOGITS
+  local cos, res, wait = {}, {}, {}
+  local function resume(i, arg)
+    self.joint = true
+    local ok, v = coroutine.resume(cos[i], arg)
+    self.joint = false
+    if not ok then error(v, 0) end
+    if coroutine.status(cos[i]) == "dead" then res[i] = v else wait[i] = v end
+  end
+  for i, f in ipairs(fns) do
+    cos[i] = coroutine.create(f)
+    resume(i)
+  end
+  while next(wait) do
+    local toks, parts = {}, {}
+    for i = 1, #fns do
+      local w = wait[i]
+      if w and (#toks == 0 or #toks + #w <= T) then
+        local outs = 0
+        for _, t in ipairs(w) do
+          toks[#toks + 1] = t
+          if bit.band(t.flags, LOG) ~= 0 then outs = outs + 1 end
+        end
+        parts[#parts + 1] = { i = i, outs = outs }
+        wait[i] = nil
+      end
+    end
+    local outs = self.engine:step(toks)
+    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    local j = 0
+    for _, part in ipairs(parts) do
+      local mine = {}
+      for q = 1, part.outs do mine[q] = outs[j + q] end
+      j = j + part.outs
+      resume(part.i, mine)
+    end
+  end
+  return res
+end
+
 -- Feeds the tokens of req the draft has not seen (positions whose tokens changed since it saw
 -- them are fed again); the logits row of its last token (valid until the next forward).
 function Drafter:catch_up(req, s)
@@ -80,8 +136,7 @@ function Drafter:catch_up(req, s)
     for p = pos, last - 1 do
       toks[#toks + 1] = { seq = req.seq, pos = p, request = req.id, id = ids[p + 1], flags = p == n - 1 and LOGITS or 0 }
     end
-    local outs = self.engine:step(toks)
-    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    local outs = self:forward(toks)
     if last == n then row = outs[1].logits end
     pos = last
   end
@@ -159,8 +214,7 @@ function Drafter:propose_scored(req, B, vocab, children, depth, rounds)
           parent = row[i] - row[x.parent] }
       end
     end
-    local outs = self.engine:step(toks)
-    self.forwards, self.fed = self.forwards + 1, self.fed + #toks
+    local outs = self:forward(toks)
     local kids, j = {}, 0
     for i = 1, #nodes do -- (outputs in row order: the list's nodes in the order they were numbered)
       if want[i] then j = j + 1 kids[j] = top_probs(outs[j].logits, V, children) end
@@ -168,6 +222,17 @@ function Drafter:propose_scored(req, B, vocab, children, depth, rounds)
     return kids
   end
   return tree_mod.best_first(B, expand, math.ceil(B / rounds), depth)
+end
+
+-- Several requests' best-first trees built together: list[i] = { req, B, vocab, children, depth,
+-- rounds } as propose_scored's arguments; each one's catch-up, then each round's expansions,
+-- are one step of the draft for them all (Drafter:together). Their nodes, in order.
+function Drafter:propose_scored_many(list)
+  local fns = {}
+  for i, a in ipairs(list) do
+    fns[i] = function() return self:propose_scored(a.req, a.B, a.vocab, a.children, a.depth, a.rounds) end
+  end
+  return self:together(fns)
 end
 
 -- A tree of at most k drafts (tree mode: { ids, parents }): the greedy chain, and at each of its
@@ -247,7 +312,8 @@ end
 
 -- What a draft policy running a drafter (ctx.drafter: recipes/policies/draft/self.lua and
 -- model.lua) shares: its settings device (--draft-device), tree, width, levels, added to the
--- policy's settings rows; and its functions propose, propose_tree, finish, close, set in the
+-- policy's settings rows; and its functions propose, propose_tree, propose_scored,
+-- propose_scored_many (several requests' trees built together), finish, close, set in the
 -- policy's table P.
 function M.settings(rows)
   rows[#rows + 1] = { "device", "string", "where the draft runs: head (the head's process), a device number, or auto (the "
@@ -277,12 +343,17 @@ M.PER_REQUEST = { tree = true, width = true, levels = true, build = true, childr
 function M.policy(P)
   function P.propose(req, ctx) return ctx.drafter:propose(req, req.k, ctx.target.vocab) end
   function P.propose_tree(req, ctx, o)
-    if not ctx.drafter.propose_tree then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
     return ctx.drafter:propose_tree(req, req.k, ctx.target.vocab, o.width, o.levels)
   end
   function P.propose_scored(req, ctx, o)
-    if not ctx.drafter.propose_scored then error("draft " .. P.name .. ": tree=on runs the draft in the head's process (device=head)", 0) end
     return ctx.drafter:propose_scored(req, req.k, ctx.target.vocab, o.children, req.depth, o.rounds)
+  end
+  function P.propose_scored_many(reqs, ctx, o)
+    local list = {}
+    for i, req in ipairs(reqs) do
+      list[i] = { req = req, B = req.k, vocab = ctx.target.vocab, children = o.children, depth = req.depth, rounds = o.rounds }
+    end
+    return ctx.drafter:propose_scored_many(list)
   end
   function P.finish(req, ctx) if ctx.drafter then ctx.drafter:release(req) end end
   function P.close(ctx) if ctx.drafter then ctx.drafter:close() ctx.drafter = nil end end
