@@ -33,6 +33,7 @@ local choices = require "loip.engine.request.choices"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local sampler_mod = require "loip.model.sampler"
 local online_mod = require "loip.engine.request.online"
+local handle = require "loip.engine.request.handle"
 
 local M = {}
 
@@ -47,7 +48,8 @@ local function refusal(kind, msg, param)
 end
 M.refusal = refusal
 
-local Batcher, Request = {}, {}
+local Batcher = {}
+local Request = handle.Request -- (what a caller holds: r:next(), r:tokens(), r:wait(), r:cancel(), r:timings())
 
 -- r's sampling temperature (its sampler's, else the default): > 0 draws from the sampler's stream.
 local function temperature(r)
@@ -55,7 +57,7 @@ local function temperature(r)
   if t == nil then t = sampler_mod.defaults.temperature end
   return t
 end
-Batcher.__index, Request.__index = Batcher, Request
+Batcher.__index = Batcher
 
 -- opts: max_batch (requests decoding at once; default the engine's slots), max_queue (requests
 -- waiting; default 64), prefill_chunk (most prompt tokens of one request per step; default the
@@ -552,54 +554,5 @@ end
 function Batcher:busy() return #self.running > 0 or #self.queue > 0 end
 function Batcher:queued() return #self.queue end
 function Batcher:active() return #self.running end
-
--- The next id of r (stepping the batch as needed), or nil when it is done. Raises the error
--- that ended it.
-function Request:next()
-  local b = self.batcher
-  while self.head > self.tail do
-    if self.state == "done" then
-      if self.finish_reason == "error" then error(self.error, 0) end
-      return nil
-    end
-    if not b:step() and self.state == "queued" then
-      error("batcher: request " .. self.id .. " is queued but nothing runs (its KV can never be reserved)", 0)
-    end
-  end
-  local id = self.pending[self.head]
-  self.pending[self.head] = nil
-  self.head = self.head + 1
-  return id
-end
-
-function Request:tokens() return function() return self:next() end end
-
--- Run to the end (stepping the batch); the request.
-function Request:wait()
-  while self.state ~= "done" do self.batcher:step() end
-  if self.finish_reason == "error" then error(self.error, 0) end
-  return self
-end
-
--- Stop it (at once when queued; its slot and KV are freed now, its tokens in flight dropped).
-function Request:cancel()
-  if self.state == "done" then return end
-  if self.state == "queued" then
-    for i, x in ipairs(self.batcher.queue) do
-      if x == self then table.remove(self.batcher.queue, i) break end
-    end
-  end
-  self.batcher:retire(self, "cancelled")
-end
-
--- Timings: ttft_ms (submit to first token), queue_ms, decode_ms_per_token.
-function Request:timings()
-  local t = { queue_ms = (self.t_admit or self.t_done or self.batcher.now()) - self.t_submit }
-  if self.t_first then t.ttft_ms = self.t_first - self.t_submit end
-  if self.t_first and self.t_last and #self.token_ids > 1 then
-    t.decode_ms_per_token = (self.t_last - self.t_first) / (#self.token_ids - 1)
-  end
-  return t
-end
 
 return M
