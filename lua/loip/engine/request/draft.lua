@@ -69,6 +69,11 @@ function Draft:name() return self.policy.name or "draft" end
 -- greedy: 1.56, 1.84, 1.99, 2.21 tokens per step at 8, 16, 32, 63 nodes, a chain 1.27).
 M.TREE_GAIN = 0.1
 
+-- The nodes a request's first best-first tree builds, before any is sized; after it, twice the
+-- size chosen (a tree the cost model takes whole doubles a step, up to tree.MAX: one first build of
+-- 512 nodes would cost a compute-bound step many times its price).
+M.FIRST_BUILD = 64
+
 -- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
 function M.grows(policy)
   local p, pm = policy.params or {}, policy.module
@@ -299,7 +304,7 @@ end
 function Draft:grow(r, rows, room, depth)
   local s = state_of(self, r)
   if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
-  local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
+  local k = math.min(self.fixed or s.build or M.FIRST_BUILD, room, tree.MAX)
   if k <= 0 or depth <= 0 then return {} end
   local t0 = self.now()
   local req = view(r, s, k)
