@@ -8,7 +8,10 @@
  * the rings at the start, layer 1's groups as they are taken); a
  * sequence sharing another's positions takes its window rows (the same next logits, bit for
  * bit), refused where the rows are gone; the prompt cache's holds are refused; a tree of drafts
- * gives each node the logits of its path run as a chain (the window counted from its depth).
+ * gives each node the logits of its path run as a chain (the window counted from its depth), and
+ * so does a tree of 200 nodes (a chain of 70 and 130 under random parents: masks of 4 words, paths
+ * longer than 64 and the window), each row attending exactly to its ancestors; a node past the
+ * session's tree reach (its batch rounded up to 64, at most LOIP_TREE_MAX) is refused.
  * Exit 0 pass, 1 fail. */
 #include <math.h>
 #include <stdio.h>
@@ -26,7 +29,7 @@ static float frand(void) {
     return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
-static float *weights[64];
+static float *weights[128];
 static int n_weights;
 
 static void bind(loip_model *m, int l, int w, int64_t rows, int64_t cols, float scale, float base) {
@@ -37,10 +40,11 @@ static void bind(loip_model *m, int l, int w, int64_t rows, int64_t cols, float 
     if (loip_model_bind(m, l, w, &t)) fprintf(stderr, "bind %d/%d: %s\n", l, w, loip_last_error());
 }
 
-/* the same weights every time (the generator restarts); window 0: no layer windowed */
-static loip_model *make_model(int window, loip_model_config *out) {
+/* the same weights every time (the generator restarts); window 0: no layer windowed; positions
+ * up to max_seq */
+static loip_model *make_model_ctx(int window, int max_seq, loip_model_config *out) {
     loip_model_config c = {.dim = DIM, .hidden_dim = HID, .n_layers = LAYERS, .n_heads = HEADS, .n_kv_heads = KV,
-                           .head_dim = HD, .vocab_size = VOCAB, .max_seq = CTX, .norm_eps = 1e-5f,
+                           .head_dim = HD, .vocab_size = VOCAB, .max_seq = max_seq, .norm_eps = 1e-5f,
                            .rope_theta = 10000.0f, .rope_layout = LOIP_ROPE_HALF, .tied_embeddings = 1};
     c.sliding_window = window, c.layer_window[0] = 1, c.layer_window[2] = 1;
     if (out) *out = c;
@@ -62,6 +66,8 @@ static loip_model *make_model(int window, loip_model_config *out) {
     }
     return m;
 }
+
+static loip_model *make_model(int window, loip_model_config *out) { return make_model_ctx(window, CTX, out); }
 
 static int32_t prompt[CTX];
 
@@ -93,6 +99,85 @@ static float max_diff(const float *a, const float *b, size_t n) {
     float d = 0;
     for (size_t i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
     return d;
+}
+
+enum { BIG_CTX = 1024, BIG_N = 20, BIG_NODES = 200, BIG_CHAIN = 70 };
+
+/* A tree of BIG_NODES nodes after BIG_N prompt positions (node i at BIG_N + i; nodes 1..70 a
+ * chain, the rest under random earlier nodes) forwarded in one batch of sequence 0: each node's
+ * logits are those of its path (the root, its ancestors, itself) run as a chain in sequence 1;
+ * nodes past the tree reach refused. */
+static void big_tree(loip_pool *pool) {
+    loip_model *m = make_model_ctx(WINDOW, BIG_CTX, NULL);
+    loip_session *s = NULL, *small = NULL, *capped = NULL;
+    int rc = m ? loip_session_new_seqs(m, pool, BIG_CTX, 256, 0, 2, NULL, NULL, 0, &s) : -1;
+    rc |= m ? loip_session_new_seqs(m, pool, BIG_CTX, 8, 0, 1, NULL, NULL, 0, &small) : -1;
+    rc |= m ? loip_session_new_seqs(m, pool, BIG_CTX, 600, 0, 1, NULL, NULL, 0, &capped) : -1;
+    CHECK(rc == 0, "big tree sessions: %s", loip_last_error());
+    if (rc) return;
+    enum { ROWS = BIG_NODES + 1 };
+    int32_t ids[ROWS], parent[ROWS], depth[ROWS], rows[ROWS];
+    loip_batch_token bt[ROWS];
+    float *pre = malloc(sizeof(float) * BIG_N * VOCAB), *tout = malloc(sizeof(float) * ROWS * VOCAB),
+          *cout = malloc(sizeof(float) * ROWS * VOCAB);
+    CHECK(run(s, 0, 0, BIG_N, 8, pre) == 0 && run(s, 1, 0, BIG_N, 8, pre) == 0, "the prompts");
+    rng = 0x1234567ull;
+    parent[0] = -1, depth[0] = 0;
+    for (int i = 0; i < ROWS; i++) {
+        if (i > 0) {
+            parent[i] = i <= BIG_CHAIN ? i - 1 : (int32_t)((frand() * 0.5f + 0.5f) * (float)i) % i;
+            depth[i] = depth[parent[i]] + 1;
+        }
+        ids[i] = (i * 29 + 3) % VOCAB, rows[i] = i;
+        bt[i] = (loip_batch_token){0, BIG_N + i, i > 0 ? i - parent[i] : 0};
+    }
+    int deepest = 0, branched = 0;
+    for (int i = 1; i < ROWS; i++) deepest = depth[i] > deepest ? depth[i] : deepest, branched += parent[i] != i - 1;
+    CHECK(deepest > 64 && branched > 100, "the tree: %d deep, %d nodes off their predecessor", deepest, branched);
+    rc = loip_session_forward_batch(s, ids, ROWS, bt, rows, ROWS, tout);
+    CHECK(rc == 0, "a tree of %d nodes: %s", BIG_NODES, loip_last_error());
+    float worst = 0;
+    int bad = -1;
+    for (int i = 0; i < ROWS && rc == 0; i++) {
+        int32_t path[ROWS], cids[ROWS], crow[1];
+        loip_batch_token cbt[ROWS];
+        int d = depth[i];
+        for (int a = i, k = d; k >= 0; a = parent[a], k--) path[k] = a;
+        for (int k = 0; k <= d; k++) cids[k] = ids[path[k]], cbt[k] = (loip_batch_token){1, BIG_N + k, 0};
+        crow[0] = d;
+        if (loip_session_forward_batch(s, cids, d + 1, cbt, crow, 1, cout + (size_t)i * VOCAB)) {
+            bad = i;
+            break;
+        }
+        float diff = max_diff(tout + (size_t)i * VOCAB, cout + (size_t)i * VOCAB, VOCAB);
+        if (diff > worst) worst = diff, bad = diff > 1e-4f ? i : bad;
+    }
+    CHECK(worst <= 1e-4f && (rc != 0 || bad < 0), "every node's logits are its path's as a chain: worst %g (node %d)", worst,
+          bad);
+    /* the same rows as a plain causal batch (every earlier row seen) differ where a node branched */
+    for (int i = 0; i < ROWS; i++) bt[i] = (loip_batch_token){1, BIG_N + i, 0};
+    CHECK(loip_session_forward_batch(s, ids, ROWS, bt, rows, ROWS, cout) == 0, "the causal batch: %s", loip_last_error());
+    float other = max_diff(tout + (size_t)BIG_NODES * VOCAB, cout + (size_t)BIG_NODES * VOCAB, VOCAB);
+    CHECK(parent[BIG_NODES] != BIG_NODES - 1 && other > 1e-3f, "the mask matters: the causal row differs by %g", other);
+    /* the tree reach: 64 for a batch of 8 (a node 65 past the root refused, naming the parent and
+     * the reach), 512 (LOIP_TREE_MAX) for a batch of 600 */
+    loip_batch_token far[2] = {{0, BIG_N, 0}, {0, BIG_N + 65, 1}};
+    int32_t two[2] = {3, 4}, r1[1] = {1};
+    rc = loip_session_forward_batch(small, two, 2, far, r1, 1, tout);
+    CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), "parent") && strstr(loip_last_error(), "at most 64"),
+          "65 past the root in a batch of 8: %d %s", rc, loip_last_error());
+    far[1].pos = BIG_N + 64;
+    CHECK(run(small, 0, 0, BIG_N, 8, pre) == 0 && loip_session_forward_batch(small, two, 2, far, r1, 1, tout) == 0,
+          "64 past the root in a batch of 8: %s", loip_last_error());
+    far[1].pos = BIG_N + 513;
+    rc = loip_session_forward_batch(capped, two, 2, far, r1, 1, tout);
+    CHECK(rc == LOIP_EINVAL && strstr(loip_last_error(), "at most 512"), "513 past the root: %d %s", rc, loip_last_error());
+    far[1].pos = BIG_N + 512;
+    CHECK(run(capped, 0, 0, BIG_N, 8, pre) == 0 && loip_session_forward_batch(capped, two, 2, far, r1, 1, tout) == 0,
+          "512 past the root: %s", loip_last_error());
+    free(pre), free(tout), free(cout);
+    loip_session_free(s), loip_session_free(small), loip_session_free(capped);
+    loip_model_free(m);
 }
 
 int main(void) {
@@ -193,6 +278,8 @@ int main(void) {
               (unsigned long long)(loip_session_kv_charged(grows) - start));
         loip_session_free(grows);
     }
+
+    big_tree(pool);
 
     loip_session_free(ring), loip_session_free(whole), loip_session_free(unwindowed);
     CHECK(account(b, "kv") == 0, "all released");

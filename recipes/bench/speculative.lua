@@ -6,8 +6,9 @@
 --
 -- The cluster: stories260K's slice store on --devices local devices with budgets --mem (they
 -- offload part of their blocks: every step reads them again), each disk held to --disk-rate,
--- links of --link-rate and --link-delay ms; steps of 64 tokens, --context positions. Every variant
--- runs the same plan: made for the largest verifying step. Variants:
+-- links of --link-rate and --link-delay ms; steps of 64 tokens (a cost-model tree's plan: grown to
+-- hold its rows), --context positions. Every variant runs the same plan: made for the largest
+-- verifying step. Variants:
 --   none          no drafts
 --   self k=K      the whole model as its own draft, K drafts a step (every draft accepted: the
 --                 price of verifying K + 1 rows against one step's)
@@ -175,7 +176,7 @@ local function trees(c, label, extra, prompt)
       table.insert(runs[k], r)
     end
     local t = run(c, o.tree .. sep .. "tree=on", nil, prompt, o.tokens, te)
-    t.draft_rows = c.planner.draft_rows
+    t.draft_rows, t.step_rows = c.planner.draft_rows, c.planner.batch -- (a tree's plan: its steps grow to hold its rows)
     same_all = same_all and same(t.tokens, none.tokens)
     table.insert(runs.tree, t)
     log("%s, round %d: none %.1f, tree %.1f tokens/s (%.2f a step, B %.1f)", label, rep, none.tokens_per_s, t.tokens_per_s,
@@ -200,16 +201,16 @@ local function trees(c, label, extra, prompt)
   out.tree = { tokens_per_s = med(rt, tps), tokens_per_step = med(rt, tpst), tree_size = med(rt, function(x) return x.draft.tree_size end),
     tree_size_max = med(rt, function(x) return x.draft.tree_size_max end),
     tree_built = med(rt, function(x) return x.draft.tree_built or 0 end),
-    draft_share = med(rt, function(x) return x.draft.draft_share end), plan_rows = rt[1].draft_rows }
+    draft_share = med(rt, function(x) return x.draft.draft_share end), plan_rows = rt[1].draft_rows, step_rows = rt[1].step_rows }
   out.best_chain, out.same_tokens = best, same_all
   out.best_chain_steps = 0
   for k = 1, 8 do out.best_chain_steps = math.max(out.best_chain_steps, out.chains[k].tokens_per_step) end
   out.steps_ratio = out.tree.tokens_per_step / out.best_chain_steps
   out.speed_ratio = out.tree.tokens_per_s / best.tokens_per_s
   local t = out.tree
-  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f, plan rows %d), draft share %.2f; "
+  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f, plan rows %d, steps of %d), draft share %.2f; "
     .. "vs the chains: %.2fx the most tokens per step, %.2fx the best tokens/s (k=%d); none %.1f tokens/s; same tokens: %s",
-    label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.draft_share,
+    label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.step_rows or -1, t.draft_share,
     out.steps_ratio, out.speed_ratio, best.k, out.none_tokens_per_s, tostring(same_all))
   if not extra then -- (read-bound: the simulator given this run's measured acceptance)
     local sim = simulated(rt, prompt)

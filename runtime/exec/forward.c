@@ -210,17 +210,20 @@ static int mix_range(const loip_session *s, const loip_kernels *k, int layer, in
     return at;
 }
 
-/* Of a tree node's ancestors (mask: bit o - 1 for the node at root + o), those a window layer's
- * token at position rope sees: the ancestor at root + o sits at position root + its depth (the
- * ancestors set up to it), seen when past rope - window. */
-static inline uint64_t window_ancestors(uint64_t mask, int rope, int root, int window) {
-    uint64_t seen = 0;
-    int depth = 0;
-    for (uint64_t bits = mask; bits; bits &= bits - 1) {
-        depth++;
-        if (root + depth > rope - window) seen |= bits & (~bits + 1);
-    }
-    return seen;
+/* A tree node's ancestors past its root and itself, in order of position (its mask: bit o - 1
+ * of words for the node at root + o), into offs: those a window layer's token at position rope
+ * sees (the ancestor at root + o sits at position root + its depth, the ancestors set up to it;
+ * seen when past rope - window: the last ones, depth rising with position). Their count. */
+static int tree_offsets(const uint64_t *mask, int words, int rope, int root, int window, int32_t *offs) {
+    int n = 0;
+    for (int w = 0; w < words; w++)
+        for (uint64_t bits = mask[w]; bits; bits &= bits - 1) offs[n++] = w * 64 + __builtin_ctzll(bits) + 1;
+    if (!window) return n;
+    int skip = rope - window - root; /* the first `skip` ancestors (depths 1..skip) lie out of the window */
+    if (skip <= 0) return n;
+    if (skip >= n) return 0;
+    memmove(offs, offs + skip, (size_t)(n - skip) * sizeof *offs);
+    return n - skip;
 }
 
 /* Causal grouped-query attention over the paged cache: one work item per (token, head), dealt to
@@ -238,24 +241,26 @@ static void attention_task(void *p, int ith, int nth) {
     float *scores = s->scores + (size_t)ith * s->max_ctx;
     const float scale = sqrtf((float)hd);
     int window = loip_kv_layer_windowed(c, j->layer) ? c->sliding_window : 0;
+    int32_t seen[LOIP_TREE_MAX]; /* a tree node's positions past its root that it attends to */
     /* items dealt round-robin: a prompt's later tokens read more positions, so contiguous shares
      * would leave the first thread a causal triangle's thin end (a quarter of the work of two) */
     for (size_t item = (size_t)ith; item < (size_t)j->n * c->n_heads; item += (size_t)nth) {
         size_t t = item / c->n_heads;
         int h = (int)(item % c->n_heads), kvh = h / group, seq = s->tok_seq[t];
-        uint64_t mask = s->tok_mask[t];
-        int last = mask ? s->tok_base[t] : s->tok_pos[t];
+        int32_t off = s->tok_off[t];
+        int last = off ? s->tok_base[t] : s->tok_pos[t];
         /* a window layer: the positions past (the token's position - window) only, a tree node's
          * position being its root's plus its depth (tok_rope), an ancestor's likewise */
         int rope = s->tok_rope[t], first = window && rope - window + 1 > 0 ? rope - window + 1 : 0;
-        uint64_t seen = window ? window_ancestors(mask, rope, last, window) : mask;
+        /* a node: its ancestors' and its own positions past the root, in order (words up to its own) */
+        int n_seen = off ? tree_offsets(s->tok_mask + (size_t)t * s->tree_words, (off - 1) / 64 + 1, rope, last,
+                                        window, seen)
+                         : 0;
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
         int n = first <= last ? score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv) : 0;
-        for (uint64_t bits = seen; bits; bits &= bits - 1) { /* the mask's positions past the root, in order */
-            int o = __builtin_ctzll(bits) + 1;
-            n = score_range(s, k, j->layer, seq, kvh, q, last + o, last + o, scores, n, scale, &maxv);
-        }
+        for (int i = 0; i < n_seen; i++)
+            n = score_range(s, k, j->layer, seq, kvh, q, last + seen[i], last + seen[i], scores, n, scale, &maxv);
         /* attention sinks: the head's learned logit joins the max and the denominator, after
          * the positions (transformers' eager_attention_forward: the sink is the last column) */
         float sink = c->attn_sinks ? loip_tensor_elem(loip_layer_w(s->m, j->layer, LOIP_W_SINKS), (size_t)h) : 0.0f;
@@ -269,10 +274,8 @@ static void attention_task(void *p, int ith, int nth) {
         float *o = s->att + t * s->q_dim + (size_t)h * hd;
         memset(o, 0, (size_t)hd * sizeof(float));
         int at = first <= last ? mix_range(s, k, j->layer, seq, kvh, o, first, last, scores, 0, sum) : 0;
-        for (uint64_t bits = seen; bits; bits &= bits - 1) {
-            int off = __builtin_ctzll(bits) + 1;
-            at = mix_range(s, k, j->layer, seq, kvh, o, last + off, last + off, scores, at, sum);
-        }
+        for (int i = 0; i < n_seen; i++)
+            at = mix_range(s, k, j->layer, seq, kvh, o, last + seen[i], last + seen[i], scores, at, sum);
     }
 }
 
@@ -289,19 +292,26 @@ static int check_batch(const loip_session *s, int32_t n) {
  * positions 0..base with its ancestors' and its own past the root (loip_batch_token). */
 static int tree_node(loip_session *s, const loip_batch_token *toks, int32_t t) {
     int32_t parent = toks ? toks[t].parent : 0;
-    s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_mask[t] = 0;
+    s->tok_rope[t] = s->tok_pos[t], s->tok_base[t] = 0, s->tok_off[t] = 0;
     if (parent == 0) return LOIP_OK;
     int32_t a = t - parent;
     if (parent < 0 || a < 0 || s->tok_seq[a] != s->tok_seq[t] || s->tok_pos[a] >= s->tok_pos[t])
         return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d at %d) names as its parent the row "
                          "%d rows before it, not an earlier position of its sequence in the batch", t, s->tok_seq[t],
                          s->tok_pos[t], parent);
-    int32_t base = s->tok_mask[a] ? s->tok_base[a] : s->tok_pos[a], o = s->tok_pos[t] - base;
-    if (o > 64)
+    int32_t base = s->tok_off[a] ? s->tok_base[a] : s->tok_pos[a], o = s->tok_pos[t] - base;
+    int reach = s->tree_words * 64;
+    if (o > reach)
         return loip_fail(LOIP_EINVAL, "forward: token %d of the batch (sequence %d) at position %d, %d past its tree's "
-                         "root (at most 64)", t, s->tok_seq[t], s->tok_pos[t], o);
-    s->tok_rope[t] = s->tok_rope[a] + 1, s->tok_base[t] = base;
-    s->tok_mask[t] = s->tok_mask[a] | (uint64_t)1 << (o - 1);
+                         "root (parent: at most %d past it: the session's tree reach, its batch of %d rounded up to "
+                         "64, at most LOIP_TREE_MAX %d)", t, s->tok_seq[t], s->tok_pos[t], o, reach, s->max_batch,
+                         LOIP_TREE_MAX);
+    s->tok_rope[t] = s->tok_rope[a] + 1, s->tok_base[t] = base, s->tok_off[t] = o;
+    uint64_t *mask = s->tok_mask + (size_t)t * s->tree_words;
+    int w = (o - 1) / 64, wa = s->tok_off[a] ? (s->tok_off[a] - 1) / 64 + 1 : 0; /* words: the node's, its parent's */
+    if (wa) memcpy(mask, s->tok_mask + (size_t)a * s->tree_words, (size_t)wa * sizeof *mask);
+    for (int i = wa; i <= w; i++) mask[i] = 0;
+    mask[w] |= (uint64_t)1 << ((o - 1) % 64);
     return LOIP_OK;
 }
 

@@ -12,7 +12,7 @@
 #include "exec/session.h"
 #include "memory/budget.h"
 
-enum { COUNTED = LOIP_ARRAY_COUNTED, TABLE = LOIP_ARRAY_ZERO, SESSION_MAX_ARRAYS = 18 };
+enum { COUNTED = LOIP_ARRAY_COUNTED, TABLE = LOIP_ARRAY_ZERO, SESSION_MAX_ARRAYS = 20 };
 
 /* The session's arrays for a batch of B tokens, n_threads attention rows of max_ctx and
  * max_seqs sequences: the activations charged to "activations" (with the MoE scratch), the
@@ -41,7 +41,8 @@ static size_t session_arrays(const loip_model_config *c, uint64_t B, uint64_t n_
     SESSION_ARRAY(tok_pos, B, COUNTED);
     SESSION_ARRAY(tok_rope, B, TABLE);
     SESSION_ARRAY(tok_base, B, TABLE);
-    SESSION_ARRAY(tok_mask, B, TABLE);
+    SESSION_ARRAY(tok_off, B, TABLE);
+    SESSION_ARRAY(tok_mask, B * (uint64_t)loip_session_tree_words((int64_t)B), TABLE);
     SESSION_ARRAY(recompute_row, max_seqs, TABLE);
 #undef SESSION_ARRAY
     return n;
@@ -111,6 +112,7 @@ LOIP_API int loip_session_new_seqs(const loip_model *m, loip_pool *pool, int32_t
     if (!s) return loip_fail(LOIP_ENOMEM, "session: out of memory");
     s->m = m, s->pool = pool;
     s->max_ctx = max_ctx, s->max_batch = max_batch, s->n_threads = loip_pool_size(pool);
+    s->tree_words = loip_session_tree_words(max_batch);
     s->q_dim = (size_t)c->n_heads * c->head_dim;
     s->kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     /* charged whole ("kv", then "activations") before the pool and the scratch are allocated */

@@ -27,7 +27,9 @@ struct loip_session {
     /* Trees of drafts (loip_batch_token.parent): outside the budget's sizes, as the KV's tables */
     int32_t *tok_rope;     /* (max_batch) the position a token is rotated as (a node: root + depth) */
     int32_t *tok_base;     /* (max_batch) a node's root position: it reads 0..base whole */
-    uint64_t *tok_mask;    /* (max_batch) and base + o for each bit o - 1 set; 0: not a node */
+    int32_t *tok_off;      /* (max_batch) a node's position past its root (1..tree_reach); 0: not a node */
+    uint64_t *tok_mask;    /* (max_batch x tree_words) and base + o for each bit o - 1 set */
+    int tree_words;        /* 64-bit words of a token's mask: tree_reach / 64 */
     /* (max_seqs) the batch row of each sequence's position 0 when it recomputes evicted positions
      * (their rows' K/V live in k/v for one layer at a time); -1: not in this batch */
     int32_t *recompute_row;
@@ -45,6 +47,13 @@ struct loip_session {
     float *rope_cos; /* (max_batch, head_dim/2), then as many for the windowed layers (rope_local_theta) */
     float *rope_sin; /* (max_batch, head_dim/2), the same */
 };
+
+/* The 64-bit words of a tree node's ancestor mask in a session of max_batch rows: its tree reach
+ * (positions past a root) is max_batch rounded up to 64, at least 64, at most LOIP_TREE_MAX. */
+static inline int loip_session_tree_words(int64_t max_batch) {
+    int64_t w = (max_batch + 63) / 64;
+    return w < 1 ? 1 : w > LOIP_TREE_MAX / 64 ? LOIP_TREE_MAX / 64 : (int)w;
+}
 
 /* The session's own hidden state, (max_batch, dim) fp32, as loip_session_forward uses it. */
 float *loip_session_hidden(loip_session *s);

@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 38, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 39, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -816,7 +816,11 @@ LOIP_API int loip_session_kv_touch(loip_session *s, int32_t id);
  * its parent is the row `parent` rows before it (same sequence, a lower position); the tree's
  * root is the first ancestor with parent 0, at position n. A node at depth d (a child of the
  * root: 1) is rotated as position n + d and attends to positions 0..n and to its ancestors' and
- * its own positions only, which must lie in n+1..n+64 (siblings and cousins are not seen). */
+ * its own positions only, which must lie in n+1..n+R (siblings and cousins are not seen), R the
+ * session's tree reach: its batch rounded up to 64, at most LOIP_TREE_MAX. */
+enum {
+    LOIP_TREE_MAX = 512, /* the most positions past its root a tree of drafts reaches */
+};
 typedef struct loip_batch_token {
     int32_t seq;
     int32_t pos;

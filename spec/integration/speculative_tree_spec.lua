@@ -1,6 +1,7 @@
 -- Speculative decoding's tree mode (loip.engine.request.tree): a tree of drafts verified in one step
 -- gives exactly the tokens of no speculation (greedy), in-process and on 3 local devices, with
--- another request in the batch, and sampling the tokens of no speculation for a seeded request;
+-- another request in the batch, and sampling the tokens of no speculation for a seeded request,
+-- for trees of up to 500 nodes (the mask's several words) as for small ones;
 -- a tree node's logits are those of its path run as a chain.
 local loip = require "loip"
 local cluster = require "loip.cluster"
@@ -126,6 +127,74 @@ describe("speculative decoding, tree mode", function()
         local d = check(reqs, cases, 40, b, not k, not k)
         if k then assert.is_true(d.tree_size_max > 31, "two requests' trees share the step's rows: " .. d.tree_size_max) end
       end
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
+  -- trees past the mask's first word (64 positions past the root): 63, 64, 65, 200 and 500 nodes
+  -- in steps of 512 rows, the first step's tree that size (a prompt of 5: 500 nodes fit the context)
+  local BIG = { 63, 64, 65, 200, 500 }
+  local function one_request(b, cs)
+    local r = b:submit { prompt = cs.prompt_ids, max_tokens = 40, sampler = { temperature = 0 }, stop = { [1] = true } }
+    b:drain()
+    return r
+  end
+
+  it("gives exactly the greedy tokens in-process with trees of 63, 64, 65, 200 and 500 nodes, and the seeded stream", function()
+    local st = T.slice_store(S260, "s260")
+    local cs = greedy.cases[2]
+    for _, k in ipairs(BIG) do
+      local m = loip.model.open(st, { threads = 1, context = 512, batch = 512, draft = "self:layers=3,tree=on", draft_tokens = k })
+      local b = m:batcher()
+      local r = one_request(b, cs)
+      local d = check({ r }, { cs }, 40, b, true)
+      assert.are.equal(k, d.tree_size_max, k .. " nodes sent in a step")
+      if k == 200 then
+        local plain = loip.model.open(st, { threads = 1, context = 512 })
+        for seed = 1, 2 do
+          local function sampled(model)
+            local x = model:batcher():submit { prompt = cs.prompt_ids, max_tokens = 40, sampler = { temperature = 0.9 }, seed = seed }
+            model:batcher():drain()
+            return x.token_ids
+          end
+          assert.are.same(sampled(plain), sampled(m), "seed " .. seed)
+        end
+        plain:close()
+      end
+      m:close()
+    end
+    -- a fixed size past what a tree holds is refused, naming the flag
+    local m = loip.model.open(st, { threads = 1, context = 512, batch = 512, draft = "self:layers=3,tree=on", draft_tokens = 513 })
+    local ok, err = pcall(m.batcher, m)
+    assert.is_false(ok)
+    assert.matches("--draft-tokens (draft_tokens): 513 nodes, more than a tree of drafts holds (512", tostring(err), 1, true)
+    m:close()
+  end)
+
+  it("gives exactly the greedy tokens on 3 local devices with trees of 63, 64, 65, 200 and 500 nodes; sized up to 512", function()
+    local st = T.slice_store(S260, "s260")
+    local tree = require "loip.engine.request.tree"
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      local cs = greedy.cases[3]
+      for _, k in ipairs(BIG) do
+        c:plan { context = 512, batch = 512, draft = "self:layers=3,tree=on", draft_tokens = k }
+        local b = c:batcher()
+        local d = check({ one_request(b, cs) }, { cs }, 40, b, true)
+        assert.are.equal(k, d.tree_size_max, k .. " nodes sent in a step")
+      end
+      -- sized by the cost model with no --step-tokens: memory to spare, the plan reserves a tree of
+      -- 512 rows and its steps grow to hold it (at most the context)
+      c:plan { context = 512, draft = "self:layers=3,tree=on" }
+      assert.are.equal(tree.MAX, c.planner.draft_rows)
+      assert.are.equal(512, c.planner.batch)
+      local b = c:batcher()
+      check({ one_request(b, cs) }, { cs }, 40, b, true, true)
+      -- a --step-tokens given caps the rows reserved
+      c:plan { context = 512, batch = 100, draft = "self:layers=3,tree=on" }
+      assert.are.equal(100, c.planner.draft_rows)
+      assert.are.equal(100, c.planner.batch)
     end)
     c:close()
     assert(ok, err)

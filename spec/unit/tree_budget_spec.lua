@@ -103,6 +103,30 @@ describe("cost-model trees of drafts", function()
     assert.are.same({ 1, 1, 1 }, { ids[1], ids[2], ids[3] }) -- (the likeliest path first: its KV stays)
   end)
 
+  it("builds FIRST_BUILD nodes first, then twice the size chosen: past 64 where a step's price is flat", function()
+    local t = 0
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function(req)
+      return tree.best_first(req.k, function(list)
+        local out = {}
+        for j in ipairs(list) do out[j] = { { id = 1, p = 0.6 }, { id = 2, p = 0.3 }, { id = 3, p = 0.1 } } end
+        return out
+      end, 8)
+    end } }
+    local engine = { step_price = function() return 40 end, clock = function() return t end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine })
+    local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    local builds, sent = {}, {}
+    for i = 1, 5 do
+      local before = d.stats.built or 0
+      sent[i] = #d:for_step(r, 1, 600)
+      builds[i] = d.stats.built - before
+    end
+    assert.are.equal(draft.FIRST_BUILD, builds[1])
+    for i = 2, 5 do assert.are.equal(math.min(tree.MAX, math.max(4, 2 * sent[i - 1])), builds[i], "step " .. i) end
+    assert.is_true(math.max(unpack(sent)) > 64, "trees past 64 nodes: " .. table.concat(sent, ","))
+    assert.is_true(math.max(unpack(builds)) <= tree.MAX)
+  end)
+
   it("reserves a best-first tree's rows in a plan, a chain's otherwise", function()
     local policy = require "loip.policy"
     assert.are.equal(tree.MAX, draft.plan_rows(policy.load("draft", "self:layers=3,tree=on")))

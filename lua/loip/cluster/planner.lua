@@ -106,7 +106,7 @@ function Planner:problem(opts, sizes)
     routing = opts.routing and opts.routing.frequencies,
     budgets = budgets, profiles = profiles, disk_rate = opts.disk_rate, slowdown = opts.slowdown,
     link_rate = rates, link_delay_ms = delays, cluster = true, stages = opts.stages, context = self.context,
-    batch = self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1, ends = opts.ends }
+    batch = sizes.batch or self.batch, loader = opts.loader, micro_batch = sizes.max_seqs or 1, ends = opts.ends }
 end
 
 -- Device i's budget for its part of the plan (bytes; 0: unlimited): less what a draft run
@@ -205,13 +205,28 @@ end
 
 M.fit_draft_rows = fit_draft_rows -- (loip simulate reserves a draft's rows as the cluster does)
 
+-- The tokens a step carries for k draft rows a request: the batch asked for (--step-tokens),
+-- else the default raised to hold a request's k drafts beside every request's token (a tree past
+-- 64 nodes: its rows planned as any others, given way when memory is short: fit_draft_rows).
+function Planner:step_rows(opts, k)
+  if opts.batch then return self.batch_asked end
+  return math.min(self.context, math.max(self.batch_asked, (k or 0) + (opts.max_batch or 1)))
+end
+
+-- The draft rows a request asks of a plan (k: loip.engine.request.draft.plan_rows), at most a
+-- step's tokens where they are fixed (--step-tokens).
+function Planner:draft_rows_asked(opts, k)
+  return opts.batch and math.min(k, self.batch_asked) or k
+end
+
 -- The sizes of a plan for this cluster's context and batch (Planner:plan sets them) and opts
 -- (max_batch, kv_tokens, plan_positions, logits_tokens, draft) with k draft rows a request.
 function Planner:plan_sizes(opts, k)
   local max_seqs = opts.max_batch or 1
   local lt = opts.logits_tokens or 1
-  if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(self.batch, max_seqs * (k + 1))) end
-  return plan.sizes(self.c.man, store.config(self.c.store, self.c.man), { context = self.context, batch = self.batch,
+  local batch = self:step_rows(opts, k)
+  if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(batch, max_seqs * (k + 1))) end
+  return plan.sizes(self.c.man, store.config(self.c.store, self.c.man), { context = self.context, batch = batch,
     threads = self.c.registry.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
     plan_positions = flags.renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
 end
@@ -240,6 +255,7 @@ function Planner:plan(opts)
   local ctx, batch = opts.context or model.default_context(cfg.max_seq), opts.batch or model.DEFAULT_BATCH
   batch = math.min(batch, ctx)
   self.context, self.batch, self.vocab, self.dim = ctx, batch, cfg.vocab_size, cfg.dim
+  self.batch_asked = batch -- (the step's tokens before a tree's rows raise them: Planner:step_rows)
   local max_seqs = opts.max_batch or 1
   if type(max_seqs) ~= "number" or max_seqs < 1 or max_seqs ~= math.floor(max_seqs) or max_seqs > batch then
     error(string.format("cluster: max_batch %s is not a whole number in 1..%d (the tokens a step carries)", tostring(max_seqs), batch), 0)
@@ -274,9 +290,11 @@ function Planner:plan(opts)
   local c = opts.plan_chosen
   if not c then
     local k = drafting and request_draft.plan_rows(policy.load("draft", opts.draft), opts.draft_tokens) or 0
-    c = fit_draft_rows(k, choose, drafting and not opts.draft_tokens and request_draft.MAX or nil)
+    c = fit_draft_rows(self:draft_rows_asked(opts, k), choose, drafting and not opts.draft_tokens and request_draft.MAX or nil)
   end
   local sizes, est, info = c.sizes, c.estimate, c.info
+  batch = sizes.batch -- (raised for a tree's rows: Planner:step_rows)
+  self.batch = batch
   p = c.plan
   self.sizes, self.draft_rows = sizes, drafting and c.draft_rows or nil
   if c.problem then self.problem_table = c.problem end
@@ -407,6 +425,7 @@ function Planner:replan_kv(positions)
   -- the scheduler decides first: a failure there leaves every device on its plan (the draft's
   -- rows give way before it fails: fit_draft_rows)
   local k = opts.draft ~= nil and opts.draft ~= "none" and request_draft.plan_rows(policy.load("draft", opts.draft), opts.draft_tokens) or 0
+  k = self:draft_rows_asked(opts, k)
   local floor = k > 0 and not opts.draft_tokens and request_draft.MAX or nil
   local ok, chosen = pcall(fit_draft_rows, k, function(rows)
     local c = { sizes = self:plan_sizes(opts, rows) }

@@ -45,7 +45,7 @@ end
 -- The bytes the draft takes where it runs (its weights, KV cache and scratch).
 function M.memory(t, o)
   need_path(o)
-  return drafter.bytes(o.path, { context = t.context, max_seqs = t.max_seqs })
+  return drafter.bytes(o.path, { context = t.context, max_seqs = t.max_seqs, batch = drafter.batch_for(o) })
 end
 
 function M.open(ctx, o)
@@ -54,7 +54,7 @@ function M.open(ctx, o)
   if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
   -- the tokenizers compared here (a device's copy of the draft must be the same files)
   local d = drafter.open(o.path, { context = t.context, max_seqs = t.max_seqs,
-    mem = not t.draft_device and o.mem ~= "" and o.mem or nil })
+    mem = not t.draft_device and o.mem ~= "" and o.mem or nil, batch = drafter.batch_for(o) })
   local why
   if not t.tokenizer then why = "the target has no tokenizer to compare with"
   elseif not d.model.tokenizer then why = "it has no tokenizer"

@@ -24,7 +24,7 @@ local function layers_of(o) return o.layers ~= "all" and tonumber(o.layers) or n
 
 -- The bytes the draft takes where it runs (weights of its layers, its KV cache and scratch).
 function M.memory(t, o)
-  return drafter.bytes(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs })
+  return drafter.bytes(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs, batch = drafter.batch_for(o) })
 end
 
 function M.open(ctx, o)
@@ -37,7 +37,7 @@ function M.open(ctx, o)
   end
   if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end
   ctx.drafter = drafter.open(t.path, { layers = layers_of(o), context = t.context, max_seqs = t.max_seqs,
-    mem = o.mem ~= "" and o.mem or nil, tokenizer = false, threads = 1 })
+    mem = o.mem ~= "" and o.mem or nil, tokenizer = false, threads = 1, batch = drafter.batch_for(o) })
 end
 
 -- propose, propose_tree, finish, close: a drafter's (ctx.drafter), as every model draft's

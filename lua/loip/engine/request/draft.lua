@@ -57,6 +57,7 @@ function M.new(policy, target, opts)
   d.ctx.now = d.now -- (the engine's clock, ms)
   d.tree = tree.wanted(policy) -- (tree=on: trees of drafts, loip.engine.request.tree)
   d.best = M.grows(policy) -- (and grown best-first, sized here)
+  M.check_tokens(d)
   if policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   return d
 end
@@ -68,10 +69,22 @@ function Draft:name() return self.policy.name or "draft" end
 -- greedy: 1.56, 1.84, 1.99, 2.21 tokens per step at 8, 16, 32, 63 nodes, a chain 1.27).
 M.TREE_GAIN = 0.1
 
+-- The nodes a request's first best-first tree builds, before any is sized; after it, twice the
+-- size chosen (a tree the cost model takes whole doubles a step, up to tree.MAX: one first build of
+-- 512 nodes would cost a compute-bound step many times its price).
+M.FIRST_BUILD = 64
+
 -- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
 function M.grows(policy)
   local p, pm = policy.params or {}, policy.module
   return tree.wanted(policy) and (p.build or "best") == "best" and pm ~= nil and pm.propose_scored ~= nil
+end
+
+-- A fixed size (--draft-tokens, a request's draft_tokens) of a tree within what a tree holds.
+function M.check_tokens(d)
+  if d.tree and d.fixed and d.fixed > tree.MAX then
+    error(string.format("--draft-tokens (draft_tokens): %d nodes, more than a tree of drafts holds (%d: LOIP_TREE_MAX)", d.fixed, tree.MAX), 0)
+  end
 end
 
 -- The draft rows a request's step may carry that a plan reserves (logits rows, sampled at once):
@@ -96,6 +109,7 @@ function Draft:variant(policy, opts)
   d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
   d.best = M.grows(policy)
+  M.check_tokens(d)
   if not same and policy.module and policy.module.open then policy.module.open(d.ctx, policy.params) end
   d.shared = same
   return d
@@ -292,7 +306,7 @@ function Draft:grow(r, rows, room, depth)
   local nodes, dt = s.built, s.built_ms -- (built beside other requests' by build_together)
   s.built, s.built_ms = nil, nil
   if (s.rest or 0) > 0 then s.rest = s.rest - 1 return {} end
-  local k = math.min(self.fixed or s.build or tree.MAX, room, tree.MAX)
+  local k = math.min(self.fixed or s.build or M.FIRST_BUILD, room, tree.MAX)
   if k <= 0 or depth <= 0 then return {} end
   local t0 = self.now()
   if not nodes then
@@ -301,6 +315,7 @@ function Draft:grow(r, rows, room, depth)
     nodes = self.policy.module.propose_scored(req, self.ctx, self.policy.params) or {}
   end
   local who = "draft policy " .. self:name() .. ": propose_scored"
+  if #nodes > tree.MAX then error(string.format("%s: %d nodes, more than a tree holds (%d)", who, #nodes, tree.MAX), 0) end
   for i, x in ipairs(nodes) do
     if type(x.id) ~= "number" or x.id < 0 or x.id >= self.target.vocab or x.id ~= math.floor(x.id) then
       error(string.format("%s: node %d is %s, not a token id in [0, %d)", who, i, tostring(x.id), self.target.vocab), 0)

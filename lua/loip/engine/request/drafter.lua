@@ -310,6 +310,13 @@ function M.bytes(path, opts)
   return weights + kv + scratch, weights
 end
 
+-- The rows of the draft's steps for a policy's settings o: with tree=on, build=best, a tree's
+-- most nodes and its root (each round forwards them in one step); else nil (the default batch).
+function M.batch_for(o)
+  if o and (o.tree == true or o.tree == "on") and (o.build or "best") == "best" then return tree_mod.MAX + 1 end
+  return nil
+end
+
 -- What a draft policy running a drafter (ctx.drafter: recipes/policies/draft/self.lua and
 -- model.lua) shares: its settings device (--draft-device), tree, width, levels, added to the
 -- policy's settings rows; and its functions propose, propose_tree, propose_scored,

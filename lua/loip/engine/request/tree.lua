@@ -14,8 +14,9 @@ local M = {}
 local tokf = core.constants.tokf
 local SAMPLE, DRAFT, TREE = tokf.SAMPLE, tokf.DRAFT, tokf.TREE
 
--- The most nodes a tree holds (the attention mask's reach past the root).
-M.MAX = 64
+-- The most nodes a tree holds (the attention mask's reach past the root: LOIP_TREE_MAX; a step
+-- holds a tree of at most its rows less one, a session's reach is its batch rounded up to 64).
+M.MAX = core.constants.TREE_MAX
 
 -- Whether the draft policy (loaded) proposes trees: its setting tree=on, and a propose_tree (or a
 -- propose_scored: scored nodes grown best-first, sized by loip.engine.request.draft).
