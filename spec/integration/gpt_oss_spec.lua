@@ -167,11 +167,9 @@ describe("gpt-oss", function()
   end)
 
   it("synthesises with gpt-oss's own tokenizer (--tokenizer o200k_base.tiktoken): its ids, its end tokens", function()
-    local ranks, why = T.fixture_path("models/o200k-harmony/o200k_base.tiktoken")
-    if not ranks then pending(why) return end
-    -- (the whole vocabulary, 201,088 ids: BF16 keeps the embedding and head to 51 MB)
-    local flags = (FLAGS:gsub("%-%-dtype f32 %-%-experts%-dtype f32", "--dtype bf16 --experts-dtype bf16"):gsub(" %-%-vocab 512", ""))
-    local d = synth("gpt-oss-20b", flags .. " --tokenizer " .. ranks)
+    local d, why = require("spec.support.o200k").synth_gpt_oss()
+    if not d then pending(why) return end
+    local ranks = T.fixture_path("models/o200k-harmony/o200k_base.tiktoken")
     local gen = assert(json.load(d .. "/hf/generation_config.json"))
     assert.are.same({ 199998, { 200002, 200012, 199999 } }, { gen.bos_token_id, gen.eos_token_id })
     assert.is_false(T.exists(d .. "/hf/tokenizer.bin"))

@@ -72,13 +72,8 @@ describe("loip serve with the harmony format", function()
   it("does so with gpt-oss's own tokenizer, o200k_harmony (a random-weight gpt-oss-20b shape)", function()
     local missing = T.npm_missing("openai/node_modules/openai")
     if missing then pending(missing) return end
-    local ranks, why = T.fixture_path("models/o200k-harmony/o200k_base.tiktoken")
-    if not ranks then pending(why) return end
-    local dir = T.tmpdir()
-    local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like gpt-oss-20b --dtype bf16 --experts-dtype bf16 "
-      .. "--layers 2 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 32 --experts 4 --seed 5 --tokenizer %s %s/hf",
-      T.loip, ranks, dir))
-    assert(rc == 0, err)
+    local dir, why = require("spec.support.o200k").synth_gpt_oss()
+    if not dir then pending(why) return end
     local r = ask("--model " .. dir .. "/hf", "hf")
     check(r)
     -- the prompts, counted as o200k_harmony cuts gpt-oss's template rendered here (Reasoning:

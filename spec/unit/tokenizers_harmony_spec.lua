@@ -5,7 +5,7 @@
 -- openai/harmony's token-id test vectors and against js-tiktoken's ids for varied text
 -- (js_tiktoken_vectors.json); then the same vocabulary as gpt-oss ships it in tokenizer.json
 -- and as llama.cpp's converter writes it into a GGUF (tokenizer.ggml.pre "gpt-4o"), with the
--- merges Hugging Face's tiktoken converter derives, against the same ids.
+-- merges Hugging Face's tiktoken converter derives (spec/support/o200k.lua), against the same ids.
 local ffi = require "ffi"
 local cjson = require "cjson"
 local loip = require "loip"
@@ -13,6 +13,7 @@ local T = require "spec.support"
 local bpe = require "loip.text.tokenizers.bpe"
 local tiktoken = require "loip.text.tokenizers.tiktoken"
 local tokenizer = require "loip.text.tokenizer"
+local o200k_forms = require "spec.support.o200k"
 local C = loip.C
 
 local function fixture(rel)
@@ -57,30 +58,6 @@ local function check(tok, vectors, what)
   end
   assert.are.equal("", table.concat(fails, "\n"))
   return n
-end
-
--- The merges Hugging Face's TikTokenConverter (and so gpt-oss's tokenizer.json, and llama.cpp's
--- GGUF after it) derives from the ranks: for each token in rank order, every split of it into
--- two tokens, ordered by the left's rank then the right's; each in GPT-2's spelling. And the
--- vocabulary so spelled.
-local function hf_vocab(tok)
-  local bytes, rank, spelled = {}, {}, {}
-  for id = 0, 199997 do
-    local p = tok:piece(id)
-    bytes[id], rank[p] = p, id
-    spelled[id] = bpe.gpt2_encode(p)
-  end
-  local merges = {}
-  for id = 0, 199997 do
-    local t, l = bytes[id], {}
-    for i = 1, #t - 1 do
-      local a, b = rank[t:sub(1, i)], rank[t:sub(i + 1)]
-      if a and b then l[#l + 1] = { a, b } end
-    end
-    table.sort(l, function(x, y) if x[1] ~= y[1] then return x[1] < y[1] end return x[2] < y[2] end)
-    for _, m in ipairs(l) do merges[#merges + 1] = spelled[m[1]] .. " " .. spelled[m[2]] end
-  end
-  return spelled, merges
 end
 
 describe("o200k_harmony", function()
@@ -190,7 +167,7 @@ describe("o200k_harmony", function()
   describe("as gpt-oss's tokenizer.json and llama.cpp's GGUF", function()
     local spelled, merges
     local function vocab()
-      if not spelled then spelled, merges = hf_vocab(o200k(ranks)) end
+      if not spelled then spelled, merges = o200k_forms.hf_vocab(o200k(ranks)) end
       return spelled, merges
     end
 
@@ -231,18 +208,8 @@ describe("o200k_harmony", function()
     end)
 
     it("reads the GGUF vocabulary (pre gpt-4o) to the same ids", function()
-      local sp, m = vocab()
-      local tokens, types = {}, {}
-      for id = 0, 199997 do tokens[id + 1], types[id + 1] = sp[id], 1 end
-      for name, id in pairs(tiktoken.o200k_harmony_special_tokens()) do tokens[id + 1], types[id + 1] = name, 3 end
       local path = T.tmpdir() .. "/gpt-oss-vocab.gguf"
-      T.write(path, require("loip.model.gguf").encode({
-        { "tokenizer.ggml.model", "STRING", "gpt2" }, { "tokenizer.ggml.pre", "STRING", "gpt-4o" },
-        { "tokenizer.ggml.tokens", "ARRAY[STRING]", tokens }, { "tokenizer.ggml.token_type", "ARRAY[INT32]", types },
-        { "tokenizer.ggml.merges", "ARRAY[STRING]", m },
-        { "tokenizer.ggml.bos_token_id", "UINT32", 199998 }, { "tokenizer.ggml.eos_token_id", "UINT32", 200002 },
-        { "tokenizer.ggml.padding_token_id", "UINT32", 199999 },
-      }))
+      T.write(path, require("loip.model.gguf").encode(o200k_forms.gguf_metadata(vocab())))
       local tok = tokenizer.open_file(path)
       assert.are.equal("gguf", tok.kind)
       assert.are.equal("o200k", tok.pretokenizer)
