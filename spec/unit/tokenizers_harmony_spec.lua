@@ -174,6 +174,7 @@ describe("o200k_harmony", function()
     it("derives 446,189 merges from the ranks, the first that of rank 256", function()
       local _, m = vocab()
       assert.are.equal(446189, #m)
+      assert.are.equal(#m, tonumber(C.loip_bpe_merge_count(o200k(ranks).bpe))) -- (as the C reader derives them)
       assert.are.equal("Ġ Ġ", m[1]) -- rank 256 is "  ", from " " and " "
     end)
 
