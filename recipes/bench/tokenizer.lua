@@ -1,7 +1,8 @@
 -- Tokenizer speed: encode throughput on one core, and loading time, for the Qwen2 (151k
 -- tokens; vocab.json + merges.txt, and a tokenizer.json made from them here) and Llama 3
--- (128k; tiktoken, and a tokenizer.json made from it here) vocabularies the repository ships in
--- models/ (models/README.md), with Llama 2's SentencePiece model as a point of comparison.
+-- (128k; tiktoken, and a tokenizer.json made from it here) and gpt-oss's o200k_harmony (200k;
+-- tiktoken) vocabularies the repository ships in models/ (models/README.md), with Llama 2's
+-- SentencePiece model as a point of comparison.
 --
 --   loip run recipes/bench/tokenizer.lua [--mb 4] [--out DIR] [--repeats 3] [--quick] [--data DIR]
 --
@@ -231,6 +232,9 @@ if json.exists(models .. "/llama3-tokenizer/tokenizer.model") then
   cases.cleanup2 = dir
 else
   log("skipping Llama 3: %s/llama3-tokenizer not found", models)
+end
+if json.exists(models .. "/o200k-harmony/o200k_base.tiktoken") then
+  add("gpt-oss o200k_harmony tiktoken", function() return tokenizer.open_file(models .. "/o200k-harmony/o200k_base.tiktoken") end)
 end
 if json.exists(models .. "/llama2-tokenizer/tokenizer.model") then
   add("Llama 2 SentencePiece", function() return tokenizer.open_file(models .. "/llama2-tokenizer/tokenizer.model") end)

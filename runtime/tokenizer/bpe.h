@@ -133,10 +133,15 @@ static inline int32_t find_piece(const loip_bpe *b, const uint8_t *p, size_t n, 
     return e ? e->id : -1;
 }
 
-/* A piece that text can produce (not LOIP_BPE_PIECE_UNMATCHED), or -1. */
-static inline int32_t find_mergeable(const loip_bpe *b, const uint8_t *p, size_t n) {
-    int32_t id = find_piece(b, p, n, hash_bytes(p, n));
+/* A piece that text can produce (not LOIP_BPE_PIECE_UNMATCHED), or -1; h: hash_bytes(p, n). */
+static inline int32_t find_mergeable_hashed(const loip_bpe *b, const uint8_t *p, size_t n,
+                                            uint64_t h) {
+    int32_t id = find_piece(b, p, n, h);
     return id >= 0 && !(b->info[id].flags & LOIP_BPE_PIECE_UNMATCHED) ? id : -1;
+}
+
+static inline int32_t find_mergeable(const loip_bpe *b, const uint8_t *p, size_t n) {
+    return find_mergeable_hashed(b, p, n, hash_bytes(p, n));
 }
 
 /* The merge (left, right), or NULL. */

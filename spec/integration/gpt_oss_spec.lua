@@ -166,6 +166,36 @@ describe("gpt-oss", function()
     b:close()
   end)
 
+  it("synthesises with gpt-oss's own tokenizer (--tokenizer o200k_base.tiktoken): its ids, its end tokens", function()
+    local d, why = require("spec.support.o200k").synth_gpt_oss()
+    if not d then pending(why) return end
+    local ranks = T.fixture_path("models/o200k-harmony/o200k_base.tiktoken")
+    local gen = assert(json.load(d .. "/hf/generation_config.json"))
+    assert.are.same({ 199998, { 200002, 200012, 199999 } }, { gen.bos_token_id, gen.eos_token_id })
+    assert.is_false(T.exists(d .. "/hf/tokenizer.bin"))
+    local m = loip.model.open(d .. "/hf", { threads = 1, context = 64 })
+    assert.are.equal(201088, m.vocab_size)
+    assert.are.same({ "tiktoken", "o200k_harmony" }, { m.tokenizer.kind, m.tokenizer.encoding })
+    assert.are.same({ 200002, 200012, 199999 }, m.stop_ids)
+    m:close()
+    local rc, out, err = T.run(string.format("%s generate --model %s/hf --threads 1 --temperature 0 --max-tokens 4 --json "
+      .. "--prompt '<|start|>user<|message|>Hello, world!<|end|><|start|>assistant'", T.loip, d))
+    assert.are.equal(0, rc, err)
+    local r = assert(json.decode(out))
+    assert.are.same({ 200006, 1428, 200008, 13225, 11, 2375, 0, 200007, 200006, 173781 }, r.prompt_ids)
+    assert.are.equal(4, #r.token_ids)
+    -- a tokenizer with more ids than the vocabulary, or one synth cannot copy, is refused naming it
+    local bad = T.tmpdir()
+    rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like gpt-oss-20b %s --tokenizer %s %s/hf", T.loip, FLAGS, ranks, bad))
+    assert.are_not.equal(0, rc)
+    assert.matches("--tokenizer " .. ranks:gsub("%p", "%%%0") .. " has 201088 ids, more than the vocabulary's 512 %(%-%-vocab%)", err)
+    assert.is_false(T.exists(bad .. "/hf/config.json"))
+    rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth --like gpt-oss-20b %s --tokenizer %s/models/stories260K-gguf/stories260K.gguf %s/hf",
+      T.loip, FLAGS, T.root, bad))
+    assert.are_not.equal(0, rc)
+    assert.matches("is a gguf tokenizer; synth copies tiktoken ranks", err, 1, true)
+  end)
+
   it("prices the 120b and 20b shapes as released: experts MXFP4, the rest BF16 (~61 GiB, ~13 GiB)", function()
     local problem = require "loip.plan.problem"
     for name, want in pairs({ ["gpt-oss-120b"] = { 60, 62 }, ["gpt-oss-20b"] = { 12.5, 13.5 } }) do

@@ -5,7 +5,8 @@
 -- (ffn_{gate,up,down}_exps: expert e's matrix is the e-th slice), the router as ffn_gate_inp,
 -- Qwen2-MoE's shared expert as ffn_*_shexp and its gate as ffn_gate_inp_shexp ([dim, 1]); 1-D
 -- tensors, norms, biases and routers in F32 (the converter forces them), every other matrix
--- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's). A
+-- in the source's dtype; the vocabulary from the directory's tokenizer.bin (loip synth's; or
+-- o200k_harmony's, as gpt-oss's GGUF has it, from `synth --tokenizer o200k_base.tiktoken`). A
 -- family's own tensors (fused by rows: Phi-3's qkv_proj -> attn_qkv) and metadata keys come from
 -- its description (lua/loip/model/families/); a class whose norms scale by 1 + w (Gemma 3) has
 -- its norms stored as 1 + w in F32 (the converter's norm_shift), its config read through its
@@ -187,8 +188,18 @@ local function llama3_freqs(cfg, hd)
   return { name = "rope_freqs.weight", type = "F32", dims = { hd / 2 }, data = T.f32_bytes(f) }
 end
 
--- The vocabulary of tokenizer.bin as tokenizer.ggml.* metadata (SentencePiece-style "llama").
+-- The vocabulary of tokenizer.bin as tokenizer.ggml.* metadata (SentencePiece-style "llama"),
+-- or of o200k_harmony's ranks as tokenizer.model (`loip synth --tokenizer`) as gpt-oss's GGUF
+-- has it (spec/support/o200k.lua).
 local function vocab(dir)
+  if not T.exists(dir .. "/tokenizer.bin") and T.exists(dir .. "/tokenizer.model") then
+    local tok = require("loip").tokenizer.open_file(dir .. "/tokenizer.model")
+    assert(tok.encoding == "o200k_harmony", dir .. "/tokenizer.model: not o200k_harmony's ranks, the one tokenizer.model written here")
+    local o200k = require "spec.support.o200k"
+    local md = o200k.gguf_metadata(o200k.hf_vocab(tok))
+    tok:close()
+    return md
+  end
   local tok = require("loip").tokenizer.open_file(dir .. "/tokenizer.bin")
   local tokens, scores, types = {}, {}, {}
   for id = 0, tok.vocab_size - 1 do

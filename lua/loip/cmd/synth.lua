@@ -9,7 +9,7 @@ local M = {
   usage = "loip synth --like NAME [--dtype bf16] [flags] OUT_DIR",
   positional = { "OUT_DIR" },
   summary = "Write a random-weight (seeded) Hugging Face model directory with the exact shapes of a named\n"
-    .. "model, plus a tokenizer.bin it can be run with. Shapes can be overridden.",
+    .. "model, plus a tokenizer.bin it can be run with (or --tokenizer's file). Shapes can be overridden.",
   flags = flags.rows({
     { "like", "string", "shape to copy (see --list)", metavar = "NAME" },
     { "dtype", "string", "weight dtype: bf16, f16, f32", default = "bf16" },
@@ -19,6 +19,8 @@ local M = {
     { "std", "number", "standard deviation of the random weights", default = 0.02,
       check = function(v) return v >= 0, "must be >= 0" end },
   }, flags.shape_flags(""), {
+    { "tokenizer", "string", "a tokenizer file to copy in instead of the made-up tokenizer.bin (tiktoken ranks, "
+      .. "SentencePiece, tokenizer.json, tokenizer.bin), e.g. models/o200k-harmony/o200k_base.tiktoken for gpt-oss", metavar = "FILE" },
     { "shard-size", "bytes", "largest safetensors shard", default = 5 * 1024 ^ 3 },
     { "force", "bool", "replace OUT_DIR's model files if they exist" },
     { "list", "bool", "list the known shapes" },

@@ -1,6 +1,7 @@
 -- Synthetic models for benchmarks: a Hugging Face directory with a real model's shapes and
 -- seeded random weights (C fills them; this module plans the files), plus a llama2.c
--- tokenizer.bin with as many tokens as the vocabulary so that text goes in and comes out.
+-- tokenizer.bin with as many tokens as the vocabulary so that text goes in and comes out, or
+-- the real tokenizer file o.tokenizer names (gpt-oss's o200k_base.tiktoken, say), copied in.
 --
 -- The directory is complete only when config.json exists: it is written last, and every file
 -- is written under a temporary name and renamed when whole.
@@ -280,10 +281,46 @@ function M.tokenizer_bin(vocab)
   return table.concat(out)
 end
 
+-- The name a model directory gives each kind of tokenizer file (tokenizer.detect's kinds), and
+-- the files read beside it that come along.
+local TOKENIZER_FILES = { tiktoken = { "tokenizer.model", "special_tokens.json" },
+  sentencepiece = { "tokenizer.model" }, hf = { "tokenizer.json", "tokenizer_config.json" }, llama2c = { "tokenizer.bin" } }
+
+-- The tokenizer file at path, opened (so that a bad one fails before a weight is written):
+-- { file = its text, name, side = { name = text }, bos, eos (an id or the list of stop ids) }.
+-- Its ids must fit the model's vocabulary of vocab.
+function M.tokenizer_file(path, vocab)
+  local tokenizer = require "loip.text.tokenizer"
+  local ok, kind = pcall(tokenizer.detect, path)
+  if not ok then error("synth: --tokenizer " .. tostring(kind), 0) end
+  local names = TOKENIZER_FILES[kind]
+  if not names then
+    error(string.format("synth: --tokenizer %s is a %s tokenizer; synth copies tiktoken ranks, a SentencePiece "
+      .. "model, a tokenizer.json or a llama2.c tokenizer.bin", path, kind), 0)
+  end
+  local tok
+  ok, tok = pcall(tokenizer.open_file, path, { vocab_size = vocab })
+  if not ok then error("synth: --tokenizer " .. tostring(tok), 0) end
+  local n, bos, stops, eos = tok.vocab_size, tok.bos_id, tok.stop_ids, tok.eos_id
+  tok:close()
+  if n > vocab then
+    error(string.format("synth: --tokenizer %s has %d ids, more than the vocabulary's %d (--vocab)", path, n, vocab), 0)
+  end
+  local out = { file = assert(json.read_file(path)), name = names[1], side = {}, bos = bos,
+    eos = (stops and #stops > 1) and stops or eos }
+  local dir = path:match("^(.*)/[^/]*$") or "."
+  for i = 2, #names do
+    if json.exists(dir .. "/" .. names[i]) then out.side[names[i]] = assert(json.read_file(dir .. "/" .. names[i])) end
+  end
+  return out
+end
+
 function M.write(dir, o)
   local dt = dtypes[o.dtype]
   if not dt then error(string.format("synth: --dtype '%s' is not one of bf16, f16, f32", tostring(o.dtype)), 0) end
   local cfg = M.config(o)
+  local tf = o.tokenizer and M.tokenizer_file(o.tokenizer, cfg.vocab_size)
+  if tf then cfg.bos_token_id, cfg.eos_token_id = tf.bos, tf.eos end
   local c = hf.parse_config(cfg, "synth config") -- validates the shape as the loader will
   local cm, err = exec.model_new(c)
   if not cm then error("synth: " .. err, 0) end
@@ -347,8 +384,13 @@ function M.write(dir, o)
     write_file(dir .. "/model.safetensors.index.json",
       json.encode_sorted({ metadata = { total_size = total }, weight_map = weight_map }, 2))
   end
-  write_file(dir .. "/tokenizer.bin", M.tokenizer_bin(cfg.vocab_size))
-  write_file(dir .. "/generation_config.json", json.encode_sorted({ bos_token_id = 1, eos_token_id = 2 }, 2))
+  if tf then
+    write_file(dir .. "/" .. tf.name, tf.file)
+    for name, text in pairs(tf.side) do write_file(dir .. "/" .. name, text) end
+  else
+    write_file(dir .. "/tokenizer.bin", M.tokenizer_bin(cfg.vocab_size))
+  end
+  write_file(dir .. "/generation_config.json", json.encode_sorted({ bos_token_id = cfg.bos_token_id, eos_token_id = cfg.eos_token_id }, 2))
   write_file(dir .. "/config.json", json.encode_sorted(cfg, 2))
   bar:finish(string.format("%s (%d file%s)", dir, #shards, #shards > 1 and "s" or ""))
   return { dir = dir, bytes = total, files = #shards, config = cfg }
