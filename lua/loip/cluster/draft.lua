@@ -53,6 +53,11 @@ end
 -- Open the draft on device i (again: a new plan dropped the old one with the device's part).
 function Remote:reopen(i)
   if not i then error("draft: no device of the new plan runs the draft", 0) end
+  if self.plan_id then -- (the event of a draft that goes on after a re-plan: a loss, a join, a restage)
+    self.reopens = (self.reopens or 0) + 1
+    io.stderr:write(os.date("%H:%M:%S "), string.format("cluster: the draft opened again on device %d (%s) of plan %d (it was on device %d of plan %d)\n",
+      i, tostring(self.c.registry.devices[i].endpoint), self.c.planner.plan_id, self.i, self.plan_id))
+  end
   self.i, self.sent, self.plan_id = i, {}, self.c.planner.plan_id
   local o = self.o
   self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs }).bytes
@@ -65,7 +70,9 @@ function Remote:ask(body)
     c.rpc:tell(i, { kind = "DRAFT", payload = json.encode(body) })
     return c.rpc:answer(i, "DRAFT", 30000)
   end)
-  if not ok then error(string.format("draft on device %d: %s", i, tostring(r)), 0) end
+  -- (a lost device stays a loss, device_lost: the ring re-plans and the draft opens again on the
+  -- new plan's device, Remote:delta)
+  if not ok then error(string.format("draft on device %d: ", i) .. r, 0) end
   return json.decode(r.payload)
 end
 
