@@ -52,7 +52,7 @@ describe("speculative trees with the draft on a worker", function()
       for _, case in ipairs({ { "self:layers=3,tree=on", 63 }, { "self:layers=3,tree=on", 7 },
           { "self:layers=3,tree=on,build=paths,width=3,levels=2", 6 } }) do
         local draft, k = case[1], case[2]
-        local here = two(c, draft, k)
+        local here, local_drafter = two(c, draft, k)
         local there, drafter = two(c, draft .. ",device=2", k)
         assert.are.equal(2, c.draft_device)
         assert.are.equal(2, drafter.i, "the draft ran on device 2") -- (loip.cluster.draft's Remote)
@@ -60,6 +60,9 @@ describe("speculative trees with the draft on a worker", function()
         -- the same trees: the worker's draft is the head's, its probabilities sent bit for bit
         -- and built together, the trees each request's draft builds on its own (each with the rows it has)
         local apart = two(c, draft .. ",device=2", k, true)
+        -- the same forwards of the draft (counted on the device): its steps as many rows as the
+        -- head's draft's (a tree's, drafter.batch_for), not the default batch's
+        assert.are.equal(local_drafter.forwards, drafter.forwards, draft .. " " .. k .. ": forwards")
         for _, f in ipairs({ "drafted", "accepted", "steps", "tokens", "tree_size_max" }) do
           assert.are.equal(here[f], there[f], string.format("%s %d: %s", draft, k, f))
           assert.are.equal(apart[f], there[f], string.format("%s %d, one by one: %s", draft, k, f))

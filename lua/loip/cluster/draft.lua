@@ -43,7 +43,7 @@ function M.device_of(spec, budgets, bytes, ms)
 end
 
 -- Open the draft on device i of cluster c: o = { path (nil: the cluster's store), layers,
--- context, max_seqs }. Returns an object with the drafter's propose/release/close.
+-- context, max_seqs, batch (its steps' rows: a tree's, drafter.batch_for; nil: the default) }. Returns an object with the drafter's propose/release/close.
 function M.open(c, i, o)
   local r = setmetatable({ c = c, i = i, o = o }, Remote)
   r:reopen(i)
@@ -59,8 +59,11 @@ function Remote:reopen(i)
       i, tostring(self.c.registry.devices[i].endpoint), self.c.planner.plan_id, self.i, self.plan_id))
   end
   self.i, self.sent, self.plan_id = i, {}, self.c.planner.plan_id
+  self.forwards = self.forwards or 0
+  self.forwards_before = self.forwards
   local o = self.o
-  self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs }).bytes
+  self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs,
+    batch = o.batch }).bytes
 end
 
 function Remote:ask(body)
@@ -73,7 +76,10 @@ function Remote:ask(body)
   -- (a lost device stays a loss, device_lost: the ring re-plans and the draft opens again on the
   -- new plan's device, Remote:delta)
   if not ok then error(string.format("draft on device %d: ", i) .. r, 0) end
-  return json.decode(r.payload)
+  local a = json.decode(r.payload)
+  -- (its forwards on every device it ran on, as a draft in the head's process counts them)
+  if a.forwards then self.forwards = self.forwards_before + a.forwards end
+  return a
 end
 
 -- The request's tokens the device's draft lacks: { seq, request, from (the tokens it keeps), ids
@@ -182,13 +188,13 @@ local function scored(nodes)
 end
 
 -- The DRAFT message on a worker (its device d, built by a PLAN; store: its slice store).
-function M.handle(d, store, body)
+local function answer(d, store, body)
   local op = body.op
   if op == "open" then
     if d.drafter then d.drafter:close() d.drafter = nil end
     local before = d.part.budget:used()
     d.drafter = drafter.open(body.path or store, { layers = body.layers, context = body.context,
-      max_seqs = body.max_seqs, budget = d.part.budget, threads = 1, tokenizer = false })
+      max_seqs = body.max_seqs, budget = d.part.budget, threads = 1, tokenizer = false, batch = body.batch })
     d.draft_ids = {}
     return { bytes = d.part.budget:used() - before }
   end
@@ -219,6 +225,13 @@ function M.handle(d, store, body)
     return {}
   end
   error("DRAFT: unknown op " .. tostring(op), 0)
+end
+
+-- The answer, with the draft's forwards so far (the head counts them: Remote.forwards).
+function M.handle(d, store, body)
+  local a = answer(d, store, body)
+  if d.drafter then a.forwards = d.drafter.forwards end
+  return a
 end
 
 return M
