@@ -128,6 +128,15 @@ end
 
 local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
 
+-- The report res written to --out/name and printed (the last line: its JSON).
+local function report(name, res)
+  os.execute("mkdir -p '" .. o.out .. "'")
+  local f = assert(io.open(o.out .. "/" .. name, "w"))
+  f:write(json.encode_sorted(res, 2), "\n")
+  f:close()
+  print(json.encode_sorted(res))
+end
+
 -- The tree comparison (--trees) on cluster c, the runs planned with `extra`: none, the chain of
 -- draft o.tree at k = 1..8, the cost-model tree (its plan's rows its own: plan_rows), --reps
 -- rounds of them alternated, medians. Its figures, logged under `label`.
@@ -314,11 +323,7 @@ if o.two then
       x.forwards_per_step)
   end
   log("same tokens: %s", tostring(res.same_tokens))
-  os.execute("mkdir -p '" .. o.out .. "'")
-  local f = assert(io.open(o.out .. "/speculative-two.json", "w"))
-  f:write(json.encode_sorted(res, 2), "\n")
-  f:close()
-  print(json.encode_sorted(res))
+  report("speculative-two.json", res)
   return
 end
 
@@ -337,11 +342,7 @@ if o.trees then
   end)
   c:close()
   if not ok then error(err, 0) end
-  os.execute("mkdir -p '" .. o.out .. "'")
-  local f = assert(io.open(o.out .. "/speculative-trees.json", "w"))
-  f:write(json.encode_sorted(res, 2), "\n")
-  f:close()
-  print(json.encode_sorted(res))
+  report("speculative-trees.json", res)
   return
 end
 
@@ -499,13 +500,7 @@ log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95
   result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, result.lookahead_speedup or 0, result.lookahead_worst_speedup or 0,
   tostring(result.same_tokens))
 os.execute("mkdir -p '" .. o.out .. "'")
-if o.only_lookahead then
-  local f = assert(io.open(o.out .. "/speculative-lookahead.json", "w"))
-  f:write(json.encode_sorted(result, 2), "\n")
-  f:close()
-  print(json.encode_sorted(result))
-  return
-end
+if o.only_lookahead then return report("speculative-lookahead.json", result) end
 local function series(runs, key)
   local pts = {}
   for _, x in ipairs(runs) do pts[#pts + 1] = { x.k, x[key] } end
@@ -525,7 +520,4 @@ result.plot_steps = plot.lines(o.out .. "/speculative-steps.svg", {
   title = "tokens per verifying step vs k", xlabel = "draft tokens k", ylabel = "tokens per step",
   series = { { label = "self", points = series(result.variants.self, "tokens_per_step") },
     { label = "ngram", points = series(ng.runs, "tokens_per_step") } } })
-local f = assert(io.open(o.out .. "/speculative.json", "w"))
-f:write(json.encode_sorted(result, 2), "\n")
-f:close()
-print(json.encode_sorted(result))
+report("speculative.json", result)
