@@ -172,31 +172,41 @@ describe("speculative trees with the draft on a worker", function()
   end)
 end)
 
--- Two greedy requests through cluster c (draft: a policy's text, k its nodes: nil, the cost
--- model's), device `victim` killed (-9) once the first has `at` tokens. Returns the draft's report
--- and the drafter that ran after the loss.
-local function two_with_loss(c, draft, k, victim, at)
-  c:plan { context = 256, batch = 64, max_batch = 2, stages = 2, draft = policy.load("draft", draft), draft_tokens = k }
+-- Two requests through cluster c (draft: a policy's text, k its nodes: nil, the cost model's; at
+-- temperature temp, seeded), device `victim` sent signal sig (KILL, or STOP: it hangs) once the
+-- first has `at` tokens. Checked against run.c's greedy tokens, or sampled against the same
+-- requests on the same cluster with no draft. Returns the draft's report and the drafter that ran
+-- after the loss.
+local function two_with_loss(c, draft, k, victim, at, sig, temp)
   local cases = { greedy.cases[3], greedy.cases[5] }
-  local its, sts = {}, {}
-  for j, cs in ipairs(cases) do
-    its[j], sts[j] = c:generate(cs.prompt_ids, { max_tokens = 60, sampler = { temperature = 0 }, stop = { [1] = true } })
-  end
-  local pid, killed = c.devices[victim].pid, false
-  local more = true
-  while more do
-    more = false
-    for j = 1, 2 do
-      if its[j] and its[j]() ~= nil then more = true else its[j] = nil end
+  local function gen(d)
+    c:plan { context = 256, batch = 64, max_batch = 2, stages = 2, draft = d and policy.load("draft", d) or nil, draft_tokens = d and k }
+    local its, sts = {}, {}
+    for j, cs in ipairs(cases) do
+      its[j], sts[j] = c:generate(cs.prompt_ids, { max_tokens = 60, sampler = { temperature = temp }, seed = j, stop = { [1] = true } })
     end
-    if not killed and #sts[1].token_ids >= at then
-      os.execute("kill -KILL " .. pid)
-      killed = true
+    local pid, sent = d and c.devices[victim].pid, false
+    local more = true
+    while more do
+      more = false
+      for j = 1, 2 do
+        if its[j] and its[j]() ~= nil then more = true else its[j] = nil end
+      end
+      if pid and not sent and #sts[1].token_ids >= at then
+        os.execute("kill -" .. sig .. " " .. pid)
+        sent = true
+      end
     end
+    if pid then
+      if sig == "STOP" then os.execute("kill -CONT " .. pid .. " 2>/dev/null") end
+      assert.is_true(sent, "the device was sent SIG" .. sig .. " mid-generation")
+      assert.is_false(require("loip.cluster.proc").alive(pid))
+    end
+    return { sts[1].token_ids, sts[2].token_ids }
   end
-  assert.is_true(killed, "the device was killed mid-generation")
-  for j, cs in ipairs(cases) do assert.are.same(expected(cs, 60), sts[j].token_ids, string.format("%s, device %d lost: request %d", draft, victim, j)) end
-  assert.is_false(require("loip.cluster.proc").alive(pid))
+  local want = temp == 0 and { expected(cases[1], 60), expected(cases[2], 60) } or gen(nil)
+  local got = gen(draft)
+  for j = 1, 2 do assert.are.same(want[j], got[j], string.format("%s, device %d lost (SIG%s): request %d", draft, victim, sig, j)) end
   local b = c:batcher()
   local rep, drafter = b.draft:report(), b.draft.ctx.drafter
   b.draft:close()
@@ -205,16 +215,19 @@ end
 
 describe("speculative trees with the draft on a worker, a device lost", function()
   for _, case in ipairs({
-    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device" },
-    { "self:layers=3,tree=on,device=2", nil, 3, "another device" },
-    { "self:layers=3,tree=on,device=3", 15, 3, "the draft's device, the last of the ring" },
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "KILL", 0 },
+    { "self:layers=3,tree=on,device=2", nil, 3, "another device", "KILL", 0 },
+    { "self:layers=3,tree=on,device=3", 15, 3, "the draft's device, the last of the ring", "KILL", 0 },
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "STOP", 0 },
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "KILL", 0.9 },
   }) do
-    local draft, k, victim, what = case[1], case[2], case[3], case[4]
-    it(string.format("re-plans when %s (%d) dies mid-generation (%s, %s nodes): run.c's tokens, the draft on a device left",
-      what, victim, draft, tostring(k or "the cost model's")), function()
+    local draft, k, victim, what, sig, temp = unpack(case)
+    it(string.format("re-plans when %s (%d) %s mid-generation (%s, %s nodes, temperature %g): %s, the draft on a device left",
+      what, victim, sig == "KILL" and "dies" or "hangs (SIGSTOP)", draft, tostring(k or "the cost model's"), temp,
+      temp == 0 and "run.c's tokens" or "no draft's seeded tokens"), function()
       local c = cluster.start_local { store = T.slice_store(S260, "s260"), devices = 3, threads = 1 }
       local ok, err = pcall(function()
-        local rep, drafter = two_with_loss(c, draft, k, victim, 12)
+        local rep, drafter = two_with_loss(c, draft, k, victim, 12, sig, temp)
         assert.are.equal(1, #c.losses)
         assert.are.same({ victim }, c.losses[1].devices)
         assert.is_true(c.losses[1].replanned)
