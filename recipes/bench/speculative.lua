@@ -27,6 +27,12 @@
 -- loip simulate, its prediction beside the measurement. Targets: the tree >= 1.5x the best
 -- chain's tokens per verifying step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound;
 -- the simulator within 15% of the tree's tokens/s.
+-- With --two, only two concurrent requests (issue 39 item 2): no draft against the --tree draft's
+-- cost-model tree in the head's process and on device --two-device (its budget raised by the
+-- draft's bytes, so that its part plans alike), each built together (one draft forward a round
+-- for both requests' trees) and one by one, --reps rounds alternated, medians: tokens/s, tokens
+-- per ring step and per request step, the draft's forwards per ring step. JSON. (Two requests'
+-- KV: --context 256 fits the read-bound budgets, docs/planning.md.)
 -- With --synthetic, also a synthetic llama-3.2-1b shape drafting for a synthetic llama-3.2-3b
 -- shape (random weights: drafts almost never accepted) on --devices offloading devices: the
 -- tokens equal, and drafting turns itself down (target: >= 0.95x of no drafts).
@@ -63,6 +69,9 @@ local spec = {
     { "trees", "bool", "only the tree comparison: the --tree draft's chains k = 1..8 against its cost-model tree, read-bound "
       .. "and compute-bound" },
     { "reps", "int", "--trees: rounds of the runs, alternated (medians reported)", default = 3 },
+    { "two", "bool", "only two concurrent requests: no draft, the --tree draft's cost-model tree in the head's process and on "
+      .. "--two-device, built together and one by one (read-bound)" },
+    { "two-device", "int", "--two: the device the worker's draft runs on", default = 2 },
     { "compute-mem", "string", "--trees: each device's budget in the compute-bound run (holds everything)", default = "64M,64M,64M" },
     { "synthetic", "bool", "also a synthetic llama-3.2-1b drafting for a synthetic llama-3.2-3b (slow: minutes)" },
     { "synthetic-layers", "string", "the synthetic shapes' layers, draft,target (full depth: 16,28)", default = "4,8" },
@@ -118,6 +127,15 @@ local function run(c, d, k, prompt, n, extra)
 end
 
 local function same(a, b) return table.concat(a, ",") == table.concat(b, ",") end
+
+-- The report res written to --out/name and printed (the last line: its JSON).
+local function report(name, res)
+  os.execute("mkdir -p '" .. o.out .. "'")
+  local f = assert(io.open(o.out .. "/" .. name, "w"))
+  f:write(json.encode_sorted(res, 2), "\n")
+  f:close()
+  print(json.encode_sorted(res))
+end
 
 -- The tree comparison (--trees) on cluster c, the runs planned with `extra`: none, the chain of
 -- draft o.tree at k = 1..8, the cost-model tree (its plan's rows its own: plan_rows), --reps
@@ -224,6 +242,91 @@ local function trees(c, label, extra, prompt)
   return out
 end
 
+-- --two: one run of two concurrent greedy requests (o.tokens each) on cluster c planned with
+-- draft d (a name, or nil; one_by_one: the policy without propose_scored_many, each request's
+-- tree in forwards of its own). Timed from the step that gave both their first token to the
+-- last: { tokens_per_s, tokens_per_ring_step, tokens_per_step (a request's verifying step),
+-- forwards_per_step (the draft's), tree_size, tokens }.
+local function run_two(c, d, one_by_one)
+  local p = d and policy.load("draft", d) or nil
+  if one_by_one then p.module = setmetatable({ propose_scored_many = false }, { __index = p.module }) end
+  c:plan { context = o.context, disk_rate = disk, link = { rate = o.link_rate, delay_ms = o.link_delay }, max_batch = 2, draft = p }
+  local b = c:batcher()
+  local rs = {}
+  for j, case in ipairs({ greedy.cases[2], greedy.cases[3] }) do
+    rs[j] = b:submit { prompt = case.prompt_ids, max_tokens = o.tokens, sampler = { temperature = 0 }, stop = {} }
+  end
+  local drafter = b.draft and b.draft.ctx.drafter
+  local function got() return #rs[1].token_ids + #rs[2].token_ids end
+  local t0, n0, f0, steps, last = nil, 0, 0, 0, nil
+  while b:step() do
+    last = core.now_ms()
+    if t0 then steps = steps + 1
+    elseif #rs[1].token_ids > 0 and #rs[2].token_ids > 0 then t0, n0, f0 = last, got(), drafter and drafter.forwards or 0 end
+  end
+  local n = got() - n0
+  local r = b.draft and b.draft:report()
+  local out = { tokens_per_s = n / ((last - t0) / 1000), tokens_per_ring_step = n / steps, tokens = { rs[1].token_ids, rs[2].token_ids },
+    tokens_per_step = r and r.tokens_per_step or 1, tree_size = r and r.tree_size or 0,
+    forwards_per_step = drafter and (drafter.forwards - f0) / steps or 0, draft_device = d and c.draft_device or nil }
+  if b.draft then b.draft:close() end
+  return out
+end
+
+if o.two then
+  local sep = o.tree:find(":", 1, true) and "," or ":"
+  local here, there = o.tree .. sep .. "tree=on", o.tree .. sep .. "tree=on,device=" .. o.two_device
+  -- device --two-device's budget raised by what the draft takes there (the planner's reserve)
+  local inst = policy.load("draft", there)
+  local bytes = inst.module.memory({ path = o.store, context = o.context, max_seqs = 2 }, inst.params)
+  local wmems = {}
+  for i, m in ipairs(mems) do
+    wmems[i] = i == o.two_device and tostring(assert(flags.parse_bytes(m), "--mem: not a size") + bytes) or m
+  end
+  local res = { tokens = o.tokens, requests = 2, draft = o.tree, mem = mems, worker_mem = wmems, draft_bytes = bytes,
+    disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay, reps = o.reps }
+  local c = cluster.start_local { store = o.store, devices = o.devices, mem = mems, threads = 1 }
+  local cw = cluster.start_local { store = o.store, devices = o.devices, mem = wmems, threads = 1 }
+  local names = { "none", "head", "head_one_by_one", "worker", "worker_one_by_one" }
+  local runs = {}
+  for _, k in ipairs(names) do runs[k] = {} end
+  local ok, err = pcall(function()
+    for rep = 1, o.reps do
+      local r = {
+        none = run_two(c, nil), head = run_two(c, here), head_one_by_one = run_two(c, here, true),
+        worker = run_two(cw, there), worker_one_by_one = run_two(cw, there, true) }
+      for _, k in ipairs(names) do
+        table.insert(runs[k], r[k])
+        if k ~= "none" then
+          res.same_tokens = (res.same_tokens ~= false) and same(r[k].tokens[1], r.none.tokens[1]) and same(r[k].tokens[2], r.none.tokens[2])
+        end
+      end
+      log("two requests, round %d: none %.1f, head %.1f (one by one %.1f), worker %.1f (one by one %.1f) tokens/s", rep,
+        r.none.tokens_per_s, r.head.tokens_per_s, r.head_one_by_one.tokens_per_s, r.worker.tokens_per_s, r.worker_one_by_one.tokens_per_s)
+    end
+  end)
+  c:close()
+  cw:close()
+  if not ok then error(err, 0) end
+  local function med(k, f)
+    local xs = {}
+    for i, rr in ipairs(runs[k]) do xs[i] = rr[f] end
+    return median(xs)
+  end
+  for _, k in ipairs(names) do
+    local x = { draft_device = runs[k][1].draft_device }
+    for _, f in ipairs({ "tokens_per_s", "tokens_per_ring_step", "tokens_per_step", "forwards_per_step", "tree_size" }) do x[f] = med(k, f) end
+    if k ~= "none" then x.speedup = x.tokens_per_s / med("none", "tokens_per_s") end
+    res[k] = x
+    log("%s: %.1f tokens/s%s, %.2f tokens per ring step, %.2f per request step, B %.1f, %.2f draft forwards a step", k, x.tokens_per_s,
+      x.speedup and string.format(" (%.2fx none)", x.speedup) or "", x.tokens_per_ring_step, x.tokens_per_step, x.tree_size,
+      x.forwards_per_step)
+  end
+  log("same tokens: %s", tostring(res.same_tokens))
+  report("speculative-two.json", res)
+  return
+end
+
 if o.trees then
   local prompt = greedy.cases[2].prompt_ids
   local res = { tokens = o.tokens, draft = o.tree, mem = mems, disk_rate = disk, link_rate = o.link_rate, link_delay_ms = o.link_delay }
@@ -239,11 +342,7 @@ if o.trees then
   end)
   c:close()
   if not ok then error(err, 0) end
-  os.execute("mkdir -p '" .. o.out .. "'")
-  local f = assert(io.open(o.out .. "/speculative-trees.json", "w"))
-  f:write(json.encode_sorted(res, 2), "\n")
-  f:close()
-  print(json.encode_sorted(res))
+  report("speculative-trees.json", res)
   return
 end
 
@@ -401,13 +500,7 @@ log("self k=4: %.2fx no drafts (target >= 3); ngram: worst %.2fx (target >= 0.95
   result.self_k4_speedup or 0, result.ngram_worst_speedup or 0, result.lookahead_speedup or 0, result.lookahead_worst_speedup or 0,
   tostring(result.same_tokens))
 os.execute("mkdir -p '" .. o.out .. "'")
-if o.only_lookahead then
-  local f = assert(io.open(o.out .. "/speculative-lookahead.json", "w"))
-  f:write(json.encode_sorted(result, 2), "\n")
-  f:close()
-  print(json.encode_sorted(result))
-  return
-end
+if o.only_lookahead then return report("speculative-lookahead.json", result) end
 local function series(runs, key)
   local pts = {}
   for _, x in ipairs(runs) do pts[#pts + 1] = { x.k, x[key] } end
@@ -427,7 +520,4 @@ result.plot_steps = plot.lines(o.out .. "/speculative-steps.svg", {
   title = "tokens per verifying step vs k", xlabel = "draft tokens k", ylabel = "tokens per step",
   series = { { label = "self", points = series(result.variants.self, "tokens_per_step") },
     { label = "ngram", points = series(ng.runs, "tokens_per_step") } } })
-local f = assert(io.open(o.out .. "/speculative.json", "w"))
-f:write(json.encode_sorted(result, 2), "\n")
-f:close()
-print(json.encode_sorted(result))
+report("speculative.json", result)

@@ -23,6 +23,7 @@ local RECIPES = {
   { "serve", "", {} },
   { "loader", "", {} },
   { "speculative", "", { "variants", "self_k4_speedup", "ngram_worst_speedup", "same_tokens" } },
+  { "speculative", "--two --context 256 --reps 1", { "none", "head", "head_one_by_one", "worker", "worker_one_by_one", "same_tokens" } },
   { "prefix", "", { "stories260K", "same_tokens" } },
 }
 
@@ -149,7 +150,7 @@ end)
 describe("the benchmark recipes", function()
   for _, r in ipairs(RECIPES) do
     local name, extra, fields = r[1], r[2], r[3]
-    it(name .. ".lua --quick runs on a small model and prints its report", function()
+    it(name .. ".lua --quick" .. (extra ~= "" and " " .. extra or "") .. " runs on a small model and prints its report", function()
       local store = T.slice_store(S260, "s260-bench")
       local out = T.tmpdir()
       local rc, stdout, stderr = T.run(string.format("%s run %s/recipes/bench/%s.lua --store %s --quick --out %s %s",

@@ -2,7 +2,8 @@
 -- exactly the model's output. Greedy: the tokens of no speculation (llama2.c's references) for
 -- every draft policy, on one device and on three, with other requests in the batch, across a live
 -- restage and a device loss. Sampling: the first three tokens over 2,000 seeds distributed as
--- without drafts (a chi-square test of homogeneity, p > 0.001), and a seeded request gives the
+-- without drafts (a chi-square test of homogeneity, p > 0.001; trees of 63 nodes too, built in
+-- the head's process and on a worker, --draft-device), and a seeded request gives the
 -- same tokens with or without drafts (verification draws from the sampler's own stream).
 local loip = require "loip"
 local cluster = require "loip.cluster"
@@ -318,6 +319,42 @@ describe("speculative decoding, sampling", function()
       local p, chi, dof = homogeneity_p(base[j], got[j])
       assert.is_true(p > 0.001, string.format("token %d: chi-square %.1f on %d degrees of freedom, p = %.2g", j, chi, dof, p))
     end
+  end)
+
+  it("draws the first 3 tokens as without drafts over 2,000 seeds with trees of 63 nodes built on a worker (--draft-device 2; chi-square p > 0.001)", function()
+    local base = first_three(nil, 0, 2000)
+    local c = cluster.start_local { store = store(), devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      c:plan { context = 256, batch = 512, max_batch = 8, stages = 2,
+        draft = loip.policy.load("draft", "self:layers=3,tree=on,children=63,device=2"), draft_tokens = 63 }
+      local b = c:batcher()
+      local got = { {}, {}, {} }
+      -- (8 requests at a time: their trees built together on the device, a draft forward a round)
+      for s0 = 70000, 70000 + 1999, 8 do
+        local reqs = {}
+        for s = s0, s0 + 7 do
+          reqs[#reqs + 1] = b:submit { prompt = PROMPT, max_tokens = 3, sampler = { temperature = 2, top_p = 1 }, seed = s, stop = {} }
+        end
+        b:drain()
+        for _, r in ipairs(reqs) do
+          for j = 1, 3 do
+            local id = r.token_ids[j]
+            got[j][id] = (got[j][id] or 0) + 1
+          end
+        end
+      end
+      local r = b.draft:report()
+      assert.are.equal(2, b.draft.ctx.drafter.i, "the draft ran on device 2")
+      assert.is_true(r.accepted > 0 and r.accepted < r.drafted and r.tree_size_max == 63,
+        string.format("%d of %d accepted, trees of %d", r.accepted, r.drafted, r.tree_size_max))
+      for j = 1, 3 do
+        local p, chi, dof = homogeneity_p(base[j], got[j])
+        assert.is_true(p > 0.001, string.format("token %d: chi-square %.1f on %d degrees of freedom, p = %.2g", j, chi, dof, p))
+      end
+      b.draft:close()
+    end)
+    c:close()
+    assert(ok, err)
   end)
 
   it("gives a seeded request the same tokens with and without drafts, run to run", function()

@@ -4,7 +4,11 @@
 -- tokens on 3 local devices, two requests in the batch, for fixed sizes and sized by the cost
 -- model; with a fixed size the very trees a draft in the head's process builds, and built
 -- together (several requests' in one forward of the draft a round) those built one by one.
--- Sampled: a seeded request gives the tokens it gives with no draft.
+-- Sampled: a seeded request gives the tokens it gives with no draft. A device lost (the draft's or
+-- another): the ring re-plans over the others as with no draft (loip.cluster.registry's
+-- replan_after_loss), the draft opened again on a device of the new plan (the one it was on gone:
+-- where the new plan puts it), and every request in flight goes on with run.c's greedy tokens;
+-- the loss waited for by its event (the worker's exit, the ring's re-plan), never a time.
 local cluster = require "loip.cluster"
 local json = require "loip.text.json"
 local policy = require "loip.policy"
@@ -52,7 +56,7 @@ describe("speculative trees with the draft on a worker", function()
       for _, case in ipairs({ { "self:layers=3,tree=on", 63 }, { "self:layers=3,tree=on", 7 },
           { "self:layers=3,tree=on,build=paths,width=3,levels=2", 6 } }) do
         local draft, k = case[1], case[2]
-        local here = two(c, draft, k)
+        local here, local_drafter = two(c, draft, k)
         local there, drafter = two(c, draft .. ",device=2", k)
         assert.are.equal(2, c.draft_device)
         assert.are.equal(2, drafter.i, "the draft ran on device 2") -- (loip.cluster.draft's Remote)
@@ -60,6 +64,9 @@ describe("speculative trees with the draft on a worker", function()
         -- the same trees: the worker's draft is the head's, its probabilities sent bit for bit
         -- and built together, the trees each request's draft builds on its own (each with the rows it has)
         local apart = two(c, draft .. ",device=2", k, true)
+        -- the same forwards of the draft (counted on the device): its steps as many rows as the
+        -- head's draft's (a tree's, drafter.batch_for), not the default batch's
+        assert.are.equal(local_drafter.forwards, drafter.forwards, draft .. " " .. k .. ": forwards")
         for _, f in ipairs({ "drafted", "accepted", "steps", "tokens", "tree_size_max" }) do
           assert.are.equal(here[f], there[f], string.format("%s %d: %s", draft, k, f))
           assert.are.equal(apart[f], there[f], string.format("%s %d, one by one: %s", draft, k, f))
@@ -163,4 +170,77 @@ describe("speculative trees with the draft on a worker", function()
     -- greedy: the tokens of no draft, the trees built on device 2
     for i = 2, 3 do assert.are.equal(got[1].body.choices[1].text, got[i].body.choices[1].text, i) end
   end)
+end)
+
+-- Two requests through cluster c (draft: a policy's text, k its nodes: nil, the cost model's; at
+-- temperature temp, seeded), device `victim` sent signal sig (KILL, or STOP: it hangs) once the
+-- first has `at` tokens. Checked against run.c's greedy tokens, or sampled against the same
+-- requests on the same cluster with no draft. Returns the draft's report and the drafter that ran
+-- after the loss.
+local function two_with_loss(c, draft, k, victim, at, sig, temp)
+  local cases = { greedy.cases[3], greedy.cases[5] }
+  local function gen(d)
+    c:plan { context = 256, batch = 64, max_batch = 2, stages = 2, draft = d and policy.load("draft", d) or nil, draft_tokens = d and k }
+    local its, sts = {}, {}
+    for j, cs in ipairs(cases) do
+      its[j], sts[j] = c:generate(cs.prompt_ids, { max_tokens = 60, sampler = { temperature = temp }, seed = j, stop = { [1] = true } })
+    end
+    local pid, sent = d and c.devices[victim].pid, false
+    local more = true
+    while more do
+      more = false
+      for j = 1, 2 do
+        if its[j] and its[j]() ~= nil then more = true else its[j] = nil end
+      end
+      if pid and not sent and #sts[1].token_ids >= at then
+        os.execute("kill -" .. sig .. " " .. pid)
+        sent = true
+      end
+    end
+    if pid then
+      if sig == "STOP" then os.execute("kill -CONT " .. pid .. " 2>/dev/null") end
+      assert.is_true(sent, "the device was sent SIG" .. sig .. " mid-generation")
+      assert.is_false(require("loip.cluster.proc").alive(pid))
+    end
+    return { sts[1].token_ids, sts[2].token_ids }
+  end
+  local want = temp == 0 and { expected(cases[1], 60), expected(cases[2], 60) } or gen(nil)
+  local got = gen(draft)
+  for j = 1, 2 do assert.are.same(want[j], got[j], string.format("%s, device %d lost (SIG%s): request %d", draft, victim, sig, j)) end
+  local b = c:batcher()
+  local rep, drafter = b.draft:report(), b.draft.ctx.drafter
+  b.draft:close()
+  return rep, drafter
+end
+
+describe("speculative trees with the draft on a worker, a device lost", function()
+  for _, case in ipairs({
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "KILL", 0 },
+    { "self:layers=3,tree=on,device=2", nil, 3, "another device", "KILL", 0 },
+    { "self:layers=3,tree=on,device=3", 15, 3, "the draft's device, the last of the ring", "KILL", 0 },
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "STOP", 0 },
+    { "self:layers=3,tree=on,device=2", 15, 2, "the draft's device", "KILL", 0.9 },
+  }) do
+    local draft, k, victim, what, sig, temp = unpack(case)
+    it(string.format("re-plans when %s (%d) %s mid-generation (%s, %s nodes, temperature %g): %s, the draft on a device left",
+      what, victim, sig == "KILL" and "dies" or "hangs (SIGSTOP)", draft, tostring(k or "the cost model's"), temp,
+      temp == 0 and "run.c's tokens" or "no draft's seeded tokens"), function()
+      local c = cluster.start_local { store = T.slice_store(S260, "s260"), devices = 3, threads = 1 }
+      local ok, err = pcall(function()
+        local rep, drafter = two_with_loss(c, draft, k, victim, 12, sig, temp)
+        assert.are.equal(1, #c.losses)
+        assert.are.same({ victim }, c.losses[1].devices)
+        assert.is_true(c.losses[1].replanned)
+        assert.are.equal(2, #c.devices)
+        -- the draft went on, on a device of the new plan (the planner's, the drafter's)
+        assert.is_not_nil(c.draft_device)
+        assert.is_true(c.draft_device >= 1 and c.draft_device <= 2)
+        assert.are.equal(c.draft_device, drafter.i)
+        assert.is_true((drafter.reopens or 0) >= 1, "the draft opened again on the new plan")
+        assert.is_true(rep.accepted > 0 and rep.tree_size_max > 1, "trees verified")
+      end)
+      c:close()
+      assert(ok, err)
+    end)
+  end
 end)

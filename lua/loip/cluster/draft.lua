@@ -43,7 +43,7 @@ function M.device_of(spec, budgets, bytes, ms)
 end
 
 -- Open the draft on device i of cluster c: o = { path (nil: the cluster's store), layers,
--- context, max_seqs }. Returns an object with the drafter's propose/release/close.
+-- context, max_seqs, batch (its steps' rows: a tree's, drafter.batch_for; nil: the default) }. Returns an object with the drafter's propose/release/close.
 function M.open(c, i, o)
   local r = setmetatable({ c = c, i = i, o = o }, Remote)
   r:reopen(i)
@@ -53,9 +53,17 @@ end
 -- Open the draft on device i (again: a new plan dropped the old one with the device's part).
 function Remote:reopen(i)
   if not i then error("draft: no device of the new plan runs the draft", 0) end
+  if self.plan_id then -- (the event of a draft that goes on after a re-plan: a loss, a join, a restage)
+    self.reopens = (self.reopens or 0) + 1
+    io.stderr:write(os.date("%H:%M:%S "), string.format("cluster: the draft opened again on device %d (%s) of plan %d (it was on device %d of plan %d)\n",
+      i, tostring(self.c.registry.devices[i].endpoint), self.c.planner.plan_id, self.i, self.plan_id))
+  end
   self.i, self.sent, self.plan_id = i, {}, self.c.planner.plan_id
+  self.forwards = self.forwards or 0
+  self.forwards_before = self.forwards
   local o = self.o
-  self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs }).bytes
+  self.bytes = self:ask({ op = "open", path = o.path, layers = o.layers, context = o.context, max_seqs = o.max_seqs,
+    batch = o.batch }).bytes
 end
 
 function Remote:ask(body)
@@ -65,8 +73,13 @@ function Remote:ask(body)
     c.rpc:tell(i, { kind = "DRAFT", payload = json.encode(body) })
     return c.rpc:answer(i, "DRAFT", 30000)
   end)
-  if not ok then error(string.format("draft on device %d: %s", i, tostring(r)), 0) end
-  return json.decode(r.payload)
+  -- (a lost device stays a loss, device_lost: the ring re-plans and the draft opens again on the
+  -- new plan's device, Remote:delta)
+  if not ok then error(string.format("draft on device %d: ", i) .. r, 0) end
+  local a = json.decode(r.payload)
+  -- (its forwards on every device it ran on, as a draft in the head's process counts them)
+  if a.forwards then self.forwards = self.forwards_before + a.forwards end
+  return a
 end
 
 -- The request's tokens the device's draft lacks: { seq, request, from (the tokens it keeps), ids
@@ -175,13 +188,13 @@ local function scored(nodes)
 end
 
 -- The DRAFT message on a worker (its device d, built by a PLAN; store: its slice store).
-function M.handle(d, store, body)
+local function answer(d, store, body)
   local op = body.op
   if op == "open" then
     if d.drafter then d.drafter:close() d.drafter = nil end
     local before = d.part.budget:used()
     d.drafter = drafter.open(body.path or store, { layers = body.layers, context = body.context,
-      max_seqs = body.max_seqs, budget = d.part.budget, threads = 1, tokenizer = false })
+      max_seqs = body.max_seqs, budget = d.part.budget, threads = 1, tokenizer = false, batch = body.batch })
     d.draft_ids = {}
     return { bytes = d.part.budget:used() - before }
   end
@@ -212,6 +225,13 @@ function M.handle(d, store, body)
     return {}
   end
   error("DRAFT: unknown op " .. tostring(op), 0)
+end
+
+-- The answer, with the draft's forwards so far (the head counts them: Remote.forwards).
+function M.handle(d, store, body)
+  local a = answer(d, store, body)
+  if d.drafter then a.forwards = d.drafter.forwards end
+  return a
 end
 
 return M

@@ -66,7 +66,7 @@ function M.open(ctx, o)
   if t.draft_device then
     d:close()
     ctx.drafter = draft_mod.open(t.cluster, t.draft_device, { path = o.path, context = t.context,
-      max_seqs = t.max_seqs })
+      max_seqs = t.max_seqs, batch = drafter.batch_for(o) })
     return
   end
   ctx.drafter = d

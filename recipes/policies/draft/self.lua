@@ -32,7 +32,7 @@ function M.open(ctx, o)
   if not t.path then error("draft self: the target's store is not known here", 0) end
   if t.draft_device then -- on a device of the cluster, from its own copy of the store
     ctx.drafter = draft_mod.open(t.cluster, t.draft_device, { layers = layers_of(o), context = t.context,
-      max_seqs = t.max_seqs })
+      max_seqs = t.max_seqs, batch = drafter.batch_for(o) })
     return
   end
   if o.device ~= "head" and not t.cluster then error("--draft-device: one device runs its draft in its own process (head)", 0) end

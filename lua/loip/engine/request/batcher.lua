@@ -428,7 +428,13 @@ end
 function Batcher:step()
   self:admit()
   if #self.running == 0 then return false end
-  local toks, owners, decoding, drafts = self:rows()
+  -- (a draft on a device that is lost: the others plan again, every request resumes on them)
+  local okr, toks, owners, decoding, drafts = pcall(self.rows, self)
+  if not okr then
+    local resumed, err = self:resumed(toks)
+    if resumed then return true end
+    error(err, 0)
+  end
   if #toks == 0 then return true end
   local t0 = self.now()
   local outs = self:run_rows(toks, owners)
