@@ -102,8 +102,8 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const uint8_t *row = W + r * rowb;
-    /* matvec: a prefetch every 3 blocks (~one a cache line of each row), counted down: the
-     * loop is paced by its instruction count, and b % 3 took 6 of them a block */
+    /* matvec: a prefetch every 3 blocks (~one a cache line of each row), at the block a counter
+     * names: the loop is paced by its instruction count, and b % 3 took 6 of them a block */
     size_t next_pf = T == 1 && pf ? 0 : (size_t)-1;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;

@@ -23,10 +23,10 @@ local M = {
     { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
     { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
     { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
-    { "prefetch", "string", "the quantized kernels' software prefetch distances to time, in bytes ('off': none); "
-      .. "the fastest goes into the profile (kernels.prefetch_bytes)", default = "0,256,512,1024,2048,4096", metavar = "LIST" },
+    { "prefetch", "string", "the quantized kernels' software prefetch distances to time, in bytes ('off': none; "
+      .. "default 0,512,1024,2048,4096); the fastest goes into the profile (kernels.prefetch_bytes)", metavar = "LIST" },
     { "prefetch-read", "bytes", "bytes of MXFP4 matrices each prefetch distance is timed over "
-      .. "(default: twice the last cache, from 64 MiB to 1 GiB)" },
+      .. "(default: twice the last cache, from 64 MiB to 512 MiB)" },
     { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
     { "routing", "string", "instead: record a mixture of experts' routing over the prompts of FILE (one a line): how "
       .. "often each layer's router picks each expert (a routing profile, for --experts static and the planner)",
@@ -51,6 +51,7 @@ end
 -- The --prefetch and --prefetch-read flags as loip.plan.profile.measure's prefetch option.
 local function prefetch_opts(o)
   if o.prefetch == "off" then return false end
+  if not o.prefetch then return { bytes = o.prefetch_read } end -- (loip.plan.prefetch's distances)
   local ds = {}
   for item in tostring(o.prefetch):gmatch("[^,]+") do
     local v = tonumber(item)
