@@ -54,10 +54,8 @@ local function prefetch_opts(o)
   if not o.prefetch then return { bytes = o.prefetch_read } end -- (loip.plan.prefetch's distances)
   local ds = {}
   for item in tostring(o.prefetch):gmatch("[^,]+") do
-    local v = tonumber(item)
-    if not v or v < 0 or v ~= math.floor(v) or v > 1048576 then
-      usage("profile", "--prefetch: '%s' is not a distance in bytes (0 to 1048576), nor 'off'", item)
-    end
+    local v, pf = tonumber(item), require "loip.plan.prefetch"
+    if not pf.is_distance(v) then usage("profile", "--prefetch: '%s' is not a distance in bytes (0 to %d), nor 'off'", item, pf.MAX) end
     ds[#ds + 1] = v
   end
   if #ds == 0 then usage("profile", "--prefetch: no distance given") end

@@ -10,7 +10,7 @@
 local core = require "loip.core"
 local exec = require "loip.runtime.exec"
 local policy = require "loip.policy"
-local K = require "loip.constants"
+local prefetch = require "loip.plan.prefetch"
 
 local M = {}
 
@@ -26,10 +26,9 @@ function M.apply(o)
   local p = policy.load("kernels", o.policy or "loip")
   local r = p.configure { profile = type(pr) == "table" and pr.kernels or nil, variant = exec.kernels_name() }
   local d = type(r) == "table" and r.prefetch or nil
-  local max = tonumber(K.KERNELS_PREFETCH_MAX)
-  if d ~= nil and (type(d) ~= "number" or d < 0 or d % 1 ~= 0 or d > max) then
+  if d ~= nil and not prefetch.is_distance(d) then
     error(string.format("kernels policy %s: prefetch %s is not a distance in bytes from 0 to %d", p.name or tostring(o.policy),
-      tostring(d), max), 0)
+      tostring(d), prefetch.MAX), 0)
   end
   assert(exec.kernels_set_prefetch(d or -1, "kernels"))
   return { prefetch = exec.kernels_prefetch(), from = d and ("policy " .. (p.name or tostring(o.policy))) or "default" }

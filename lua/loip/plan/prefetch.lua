@@ -100,12 +100,16 @@ function M.measure(opts)
   return res
 end
 
+-- The largest distance the kernels take (loip.h's LOIP_KERNELS_PREFETCH_MAX), and whether v is
+-- a distance: a whole number of bytes from 0 to it.
+M.MAX = tonumber(K.KERNELS_PREFETCH_MAX)
+function M.is_distance(v) return type(v) == "number" and v >= 0 and v % 1 == 0 and v <= M.MAX end
+
 -- A profile's `kernels` section's problems as a message naming the field (nil: usable).
 function M.check(k, where)
   local function bad(f, ...) return where .. ": " .. string.format(f, ...) end
   if type(k) ~= "table" then return bad("kernels must be an object") end
-  local max = tonumber(K.KERNELS_PREFETCH_MAX)
-  local function distance(v) return type(v) == "number" and v >= 0 and v % 1 == 0 and v <= max end
+  local max, distance = M.MAX, M.is_distance
   if k.prefetch_bytes ~= nil and not distance(k.prefetch_bytes) then
     return bad("kernels.prefetch_bytes must be a whole number of bytes from 0 to %d, not %s", max, tostring(k.prefetch_bytes))
   end
