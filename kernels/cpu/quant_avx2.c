@@ -9,7 +9,8 @@
  *    scale (exact) with vpshufb, unpacked into f32 (mx_decode). In column order: low nibbles of
  *    bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
  *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 16 bytes at a
- *    time; a row with a NaN code has a NaN result (f8_tile's poison). */
+ *    time (matvec: the f16 widened from a stack buffer, off the shuffle port: f8_widen16); a
+ *    row with a NaN code has a NaN result (f8_tile's poison). */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -102,11 +103,16 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const uint8_t *row = W + r * rowb;
+    /* matvec: a prefetch every 3 blocks (~one a cache line of each row), at the block a counter
+     * names: the loop is paced by its instruction count, and b % 3 took 6 of them a block */
+    size_t next_pf = T == 1 && pf ? 0 : (size_t)-1;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
-        if (T == 1 && pf && b % 3 == 0)
+        if (T == 1 && b == next_pf) {
+            next_pf += 3;
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) prefetch_at(row + i * S * rowb, b * LOIP_MXFP4_BLOCK_BYTES, pf);
+        }
         const float *xb = X + b * LOIP_MXFP4_BLOCK;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
@@ -136,12 +142,16 @@ AI __m256 f8_widen8(__m128i b) {
 }
 
 /* 16 bytes the same way, as columns 0-7 (lo) and 8-15 (hi): one widening and mask for both
- * halves (5 uops an 8 bytes instead of 6). */
-AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi) {
+ * halves, then the f16 stored to buf (32 bytes, aligned) and each half widened from there. The
+ * matvec is paced by the shuffle port (port 5): vcvtph2ps from a register takes one uop there
+ * and vextracti128 another, vcvtph2ps from memory none (a load instead), so the 16 bytes take
+ * one shuffle (the sign extension), not four. (asm: a compiler would forward the store into
+ * register moves.) */
+AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi, __m128i *buf) {
     __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
-    h = _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80));
-    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    _mm256_store_si256((__m256i *)buf, _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
+    __asm__("vcvtph2ps %1, %0" : "=x"(*lo) : "m"(buf[0]));
+    __asm__("vcvtph2ps %1, %0" : "=x"(*hi) : "m"(buf[1]));
 }
 
 /* 1 when one of the n (<= 128) bytes at p is a NaN code. */
@@ -170,6 +180,7 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
+    __m128i f16[RMAX][2] __attribute__((aligned(32))); /* (f8_widen16's, a row each) */
     /* matvec: 16 columns a step (the same FMAs in the same order as 8 a step; matmul keeps 8,
      * its tokens' x chunks would not fit the registers twice) */
     if (T == 1)
@@ -186,7 +197,7 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
                 __m256 wl, wh;
-                f8_widen16(_mm_loadu_si128((const __m128i *)(row[i] + c)), &wl, &wh);
+                f8_widen16(_mm_loadu_si128((const __m128i *)(row[i] + c)), &wl, &wh, f16[i]);
 #pragma GCC unroll 8
                 for (int j = 0; j < T; j++) {
                     blk[i][j] = _mm256_fmadd_ps(wl, x0[j], blk[i][j]);

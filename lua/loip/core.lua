@@ -55,6 +55,17 @@ if env_amx_rows and env_amx_rows ~= "" then
   end
   C.loip_kernels_amx_threshold(rows)
 end
+-- the quantized matvecs' prefetch distance, set for the process (no kernels policy chooses it
+-- then: loip.model.kernels)
+local env_prefetch = os.getenv("LOIP_KERNELS_PREFETCH")
+if env_prefetch and env_prefetch ~= "" then
+  local bytes = tonumber(env_prefetch)
+  if not bytes or bytes < 0 or bytes ~= math.floor(bytes) or C.loip_kernels_set_prefetch(bytes) ~= 0 then
+    error(string.format("LOIP_KERNELS_PREFETCH: '%s' is not a distance in bytes from 0 to %d", env_prefetch,
+      tonumber(C.LOIP_KERNELS_PREFETCH_MAX)), 0)
+  end
+  M.kernels_prefetch_env = bytes
+end
 
 function M.last_error()
   return ffi.string(C.loip_last_error())

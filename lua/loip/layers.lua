@@ -22,7 +22,7 @@ return {
     holds = "planning: problems, profiles, calibrations, the disk's figures" },
   { name = "policy", parts = { "loip.policy" },
     holds = "the loader of the policies in recipes/policies/ (and the planning call over them)" },
-  { name = "engine", parts = { "loip.engine.*", "loip.model", "loip.model.experts", "loip.model.part", "loip.sim.*" },
+  { name = "engine", parts = { "loip.engine.*", "loip.model", "loip.model.experts", "loip.model.kernels", "loip.model.part", "loip.sim.*" },
     holds = "the engines (one device, a ring, the simulator), their timelines, the request engine, loip.model itself and a device's part of it" },
   { name = "cluster", parts = { "loip.cluster.*" },
     holds = "the head and its members, the workers, RPC, shipping, discovery, the testbed" },

@@ -1,8 +1,9 @@
 -- The policy loader (docs/planning.md, "The policy API"): cost models, schedulers, online
--- policies, link schedules, request patterns, baselines and device profiles are Lua files a
--- researcher copies and swaps. A name resolves to recipes/policies/<kind>/<name>.lua; anything
--- with a slash or ending in .lua is a path, loaded as given. Shipped and user policies go
--- through the same loader and the same checks. A name may carry settings (M.parse):
+-- policies, link schedules, request patterns, baselines, device profiles, expert caches, the
+-- kernels' settings and tool parsers are Lua files a researcher copies and swaps. A name
+-- resolves to recipes/policies/<kind>/<name>.lua; anything with a slash or ending in .lua is a
+-- path, loaded as given. Shipped and user policies go through the same loader and the same
+-- checks. A name may carry settings (M.parse):
 --
 --   local policy = require "loip.policy"
 --   local cost = policy.load("cost", "loip")                      -- recipes/policies/cost/loip.lua
@@ -100,6 +101,8 @@ M.kinds = {
     about = "a speculative decoding draft: propose(request, ctx, params) -> draft token ids (request: ids, n, k wanted, id, seq, memo); optional open, length, on_step, finish, close, propose_tree (the setting tree=on: { ids, parents }, a tree of drafts, loip.engine.request.tree)" },
   experts = { needs = { "configure" }, args = 1,
     about = "an expert cache policy (mixture of experts): configure(ctx, params) -> { replacement = \"lru\" | \"lfu\" | \"static\" | \"all\", prefetch = layers predicted ahead, min_accuracy, probe_every, pins = { { layer, expert } } } (ctx: slots, layers, experts, used, routing)" },
+  kernels = { needs = { "configure" }, args = 1,
+    about = "the kernels' settings a device runs with, chosen when it opens (loip.model.kernels): configure(ctx, params) -> { prefetch = bytes ahead in the quantized matvecs' weight streams, or nil: the kernels' default } (ctx: profile (the device profile's kernels section, or nil), variant (the kernels in force))" },
   tools = { needs = { "serves", "parse", "stream", "grammar" }, args = 1,
     about = "a tool-call parser (a model family's syntax): serves(template text) -> whether it is the family's; parse(text) -> content, tool_calls[, reasoning]; stream(opts) -> { put(piece) -> text, deltas, parts[, reasoning]; finish() -> the same; calls }; grammar(req) -> GBNF text of its calls; channels = true: its stream reads every chat reply, tools or not (loip.serve.tool_calls; docs/serving.md \"Tools\")" },
   pattern = { needs = { "requests" }, merge = true,

@@ -96,8 +96,9 @@ LOIP_API int loip_kernels_use(const char *name);
 LOIP_API const char *loip_kernels_name(void);
 /* The software prefetch distance of the MXFP4 and F8 matrix-vector kernels: bytes ahead in each
  * weight row stream that they ask memory for (0: none; < 0: the default, 1024). A machine's
- * best is its memory latency times its rate (recipes/bench/quant.lua --prefetch measures it).
- * LOIP_EINVAL above LOIP_KERNELS_PREFETCH_MAX. */
+ * best is its memory latency times its rate: `loip profile` measures it (the profile's kernels
+ * section) and a kernels policy sets it when a device opens (docs/planning.md); recipes/bench/
+ * quant.lua --prefetch compares distances. LOIP_EINVAL above LOIP_KERNELS_PREFETCH_MAX. */
 enum { LOIP_KERNELS_PREFETCH_MAX = 1048576 };
 LOIP_API int loip_kernels_set_prefetch(int64_t bytes);
 LOIP_API int64_t loip_kernels_prefetch(void);

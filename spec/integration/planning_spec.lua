@@ -227,11 +227,24 @@ describe("loip profile", function()
   it("measures this machine into a profile that loip plan reads", function()
     local st = store_of(S260, "s260")
     local dir = T.tmpdir()
-    local rc, _, err = sh(string.format("%s profile --model %s --threads 1 --batches 1,2 --contexts 16,64 --read 1M --out %s/me.json",
-      T.loip, st, dir))
+    local rc, _, err = sh(string.format("%s profile --model %s --threads 1 --batches 1,2 --contexts 16,64 --read 1M "
+      .. "--prefetch 0,1024 --prefetch-read 64M --out %s/me.json", T.loip, st, dir))
     assert.are.equal(0, rc, err)
+    assert.matches("measuring the quantized kernels' prefetch distance", err, 1, true)
     local pr = assert(json.load(dir .. "/me.json"))
     assert.is_nil(require("loip.plan.profile").check(pr))
+    -- the quantized matvec's rate at each distance asked for, and the fastest (none on the
+    -- reference kernels, which do not prefetch)
+    if require("loip.runtime.exec").kernels_name() ~= "ref" then
+      local k = pr.kernels
+      assert.is_true(k.prefetch_bps["0"] > 0 and k.prefetch_bps["1024"] > 0)
+      local fastest = k.prefetch_bps["0"] > k.prefetch_bps["1024"] and 0 or 1024
+      assert.are.equal(fastest, k.prefetch_bytes)
+      assert.are.equal(require("loip.runtime.exec").kernels_name(), k.variant)
+    end
+    local rcb, _, errb = sh(string.format("%s profile --model %s --prefetch 0,-8 --out %s/no.json", T.loip, st, dir))
+    assert.are.equal(2, rcb)
+    assert.matches("--prefetch: '-8' is not a distance in bytes", errb, 1, true)
     assert.is_true(pr.compute.weight_bps["1"] > 0 and pr.compute.weight_bps["2"] > 0)
     assert.is_true(pr.disk.read_bps > 0 and pr.link.transport_ms > 0)
     local n = 0
@@ -272,7 +285,7 @@ describe("loip profile --hosts", function()
         assert(eps[i], "worker " .. i .. " did not start")
       end
       local rc, _, perr = sh(string.format("LOIP_CLUSTER_TOKEN=spec-profile %s profile --model %s --hosts %s,%s --batches 1 --contexts 16 "
-        .. "--read 1M --out %s/cluster.json", T.loip, st, eps[1], eps[2], dir))
+        .. "--read 1M --prefetch 512,2048 --prefetch-read 64M --out %s/cluster.json", T.loip, st, eps[1], eps[2], dir))
       assert.are.equal(0, rc, perr)
       local pr = assert(json.load(dir .. "/cluster.json"))
       assert.is_nil(require("loip.plan.profile").check(pr))
@@ -280,6 +293,8 @@ describe("loip profile --hosts", function()
       for i = 1, 2 do
         assert.is_true(pr.devices[i].compute.weight_bps["1"] > 0)
         assert.is_true(pr.devices[i].link.to_next.rate_bps > 0 and pr.devices[i].link.to_next.latency_ms > 0)
+        local k = pr.devices[i].kernels -- (each measured its kernels' prefetch distances itself)
+        if require("loip.runtime.exec").kernels_name() ~= "ref" then assert.is_true(k.prefetch_bps["512"] > 0 and k.prefetch_bps["2048"] > 0 and k.prefetch_bps["1024"] == nil) end
       end
       -- a plan for them from it
       local rc2, out2, err2 = sh(string.format("%s plan --model %s --devices 2 --profile %s/cluster.json --context 64 --json", T.loip, st, dir))

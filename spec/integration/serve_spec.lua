@@ -532,6 +532,8 @@ describe("loip serve", function()
       local t = cl:get(base .. "/metrics")
       while not t.status do cl:run(10) end
       assert.matches('loip_device_kv_free_tokens{device="1"} 512', t.body, 1, true)
+      -- the kernels' prefetch distance the device opened with (no profile: the kernels' default)
+      assert.matches('loip_kernels_prefetch_bytes{device="1"} 1024', t.body, 1, true)
       assert.is_true((metric("loip_requests_cancelled_total") or 0) >= 1)
       cl:close()
     end)

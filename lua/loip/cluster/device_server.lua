@@ -18,6 +18,7 @@ local memory = require "loip.runtime.memory"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
 local part = require "loip.model.part"
+local kernels = require "loip.model.kernels"
 local transport = require "loip.runtime.transport"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -117,6 +118,8 @@ function Worker:build(msg)
   d.part = part.open { cfg = cfg, threads = self.opts.threads, budget = budget, dir = dir, man = man,
     loader = msg.loader, disk_rate = msg.disk_rate, verify_reads = msg.verify_reads, trace = msg.trace,
     experts = msg.experts, routing = msg.routing,
+    -- (this device's figures from the head's problem: its own profile's kernels section)
+    kernels = function() return { profile = { kernels = msg.kernels }, policy = msg.kernels_policy } end,
     layout = function(pt)
       local sizes = plan.sizes(man, cfg, { context = ctx, batch = math.min(batch, ctx), threads = pt.threads,
         logits_tokens = msg.logits_tokens, max_seqs = msg.max_seqs, kv_tokens = msg.kv_tokens,
@@ -340,6 +343,7 @@ function handlers.STATS(self)
     st.peak_rss_bytes = process.peak_rss_bytes()
     st.accounts = accounts(pt.budget)
     st.prompt_cache = prefix_cache.device_store(self.dev):stats()
+    st.kernels = kernels.state(pt)
   end
   return "STATS", json.encode(st)
 end
@@ -354,7 +358,7 @@ function handlers.PROFILE(self, _, o)
   local pr
   if o.full then
     pr = profile.of_store(self.opts.store, { threads = self.opts.threads, batches = o.batches, contexts = o.contexts,
-      read = o.read, disk_rate = o.disk_rate })
+      read = o.read, disk_rate = o.disk_rate, prefetch = o.prefetch })
   else
     -- (a cache's store is partial: the model's shape the head sent, a scratch file for the disk)
     pr = profile.calibrate { store = not self.cache and self.opts.store or nil, cfg = o.cfg, dtype = o.dtype,

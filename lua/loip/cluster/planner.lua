@@ -330,6 +330,9 @@ function Planner:send_plans(p, sizes, opts, ctx, batch, max_seqs)
       -- the read order the device's profile found faster, unless told
       overlap_loads = opts.overlap_loads == nil and self.problem_table and self.problem_table.devices[i].overlap_loads
         or opts.overlap_loads or false,
+      -- the device's own profile's kernel figures, from which its kernels policy chooses
+      kernels = self.problem_table and self.problem_table.devices[i].profile and self.problem_table.devices[i].profile.kernels
+        or nil, kernels_policy = opts.kernels_policy,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
       logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i),
       dead_ms = self.c.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)

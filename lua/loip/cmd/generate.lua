@@ -56,7 +56,7 @@ local M = {
     { "chat", "bool", "wrap the prompt as a user message in the model's chat template" },
     { "system", "string", "system message (with --chat)", metavar = "TEXT" },
     { "chat-template", "string", "Jinja chat template to use instead of the model's (implies --chat)", metavar = "FILE" },
-    flags.shared.experts, flags.shared.routing_profile,
+    flags.shared.experts, flags.shared.routing_profile, flags.shared.kernels_policy,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     flags.shared.threads, flags.shared.kernels,
     { "json", "bool", "print one JSON object instead of the text" },
@@ -131,7 +131,7 @@ local function plan_cluster(o, c, set, draft)
     link = set.link, trace = o.trace ~= nil, slowdown = set.slowdown, plan_positions = o.plan_positions,
     online = require("loip.engine.request.online").choose(o.online, o.plan_positions), link_schedule = o.link_schedule,
     draft = draft, draft_tokens = o.draft_tokens,
-    experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile) }
+    experts = o.experts, kernels_policy = o.kernels_policy, routing = require("loip.model.experts").load_routing(o.routing_profile) }
   if o.save_plan then require("loip.plan").save(o.save_plan, p) end
   if not o.json then common.report(p, est, info, c.sizes, { cluster = true, loader = loader }) end
   return p, est, info
@@ -292,7 +292,7 @@ local function open_model(o, is_store)
     disk_rate = disk_rate and disk_rate[1],
     trace = o.trace ~= nil, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile, stages = o.stages, ends = o.ends,
     plan_positions = o.plan_positions, draft = draft, draft_tokens = o.draft_tokens,
-      experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
+      experts = o.experts, kernels_policy = o.kernels_policy, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
   if not ok then
     if o.mem and errors.is(m, "out_of_memory") and not is_store then

@@ -11,8 +11,9 @@ local M = {
   usage = "loip profile --model STORE [--out FILE] [flags]\n       loip profile --hosts h1:p,h2:p,... --out FILE",
   summary = "Measure a device for planning and write a JSON profile (for --profile): compute time of an MHA and an\n"
     .. "MLP block of the store's shape for batches and context lengths, compute while the disk streams, the\n"
-    .. "loader's cold read rate (O_DIRECT), the transport's time per message, memory available. With --hosts,\n"
-    .. "every running worker measures itself on its own store, and the link to its ring neighbour.",
+    .. "loader's cold read rate (O_DIRECT), the transport's time per message, memory available, the quantized\n"
+    .. "kernels' fastest prefetch distance. With --hosts, every running worker measures itself on its own store,\n"
+    .. "and the link to its ring neighbour.",
   flags = {
     { "model", "string", "the slice store whose blocks are timed and read", metavar = "STORE" },
     { "hosts", "string", "running workers to profile instead (with --token, LOIP_CLUSTER_TOKEN or --curve-keys)", metavar = "LIST" },
@@ -22,6 +23,10 @@ local M = {
     { "batches", "string", "batch sizes to time", default = "1,2,4,8" },
     { "contexts", "string", "context lengths to time attention at", default = "64,256,1024" },
     { "read", "bytes", "bytes to read for the disk rate", default = 512 * 1024 * 1024 },
+    { "prefetch", "string", "the quantized kernels' software prefetch distances to time, in bytes ('off': none; "
+      .. "default 0,512,1024,2048,4096); the fastest goes into the profile (kernels.prefetch_bytes)", metavar = "LIST" },
+    { "prefetch-read", "bytes", "bytes of MXFP4 matrices each prefetch distance is timed over "
+      .. "(default: twice the last cache, from 64 MiB to 512 MiB)" },
     { "disk-rate", "bytes", "read through the loader held to this rate (emulating a slower disk)" },
     { "routing", "string", "instead: record a mixture of experts' routing over the prompts of FILE (one a line): how "
       .. "often each layer's router picks each expert (a routing profile, for --experts static and the planner)",
@@ -41,6 +46,20 @@ local function numbers(cmd, flag, text)
     out[#out + 1] = v
   end
   return out
+end
+
+-- The --prefetch and --prefetch-read flags as loip.plan.profile.measure's prefetch option.
+local function prefetch_opts(o)
+  if o.prefetch == "off" then return false end
+  if not o.prefetch then return { bytes = o.prefetch_read } end -- (loip.plan.prefetch's distances)
+  local ds = {}
+  for item in tostring(o.prefetch):gmatch("[^,]+") do
+    local v, pf = tonumber(item), require "loip.plan.prefetch"
+    if not pf.is_distance(v) then usage("profile", "--prefetch: '%s' is not a distance in bytes (0 to %d), nor 'off'", item, pf.MAX) end
+    ds[#ds + 1] = v
+  end
+  if #ds == 0 then usage("profile", "--prefetch: no distance given") end
+  return { distances = ds, bytes = o.prefetch_read }
 end
 
 function M.run(o)
@@ -75,7 +94,7 @@ function M.run(o)
         local nxt = c.devices[i % #c.devices + 1].endpoint
         local r = c:ask(i, { kind = "PROFILE", payload = json.encode({ full = true, batches = numbers("profile", "batches", o.batches),
           contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate,
-          link_to = #c.devices > 1 and nxt or nil }) }, 600000, d.bulk)
+          prefetch = prefetch_opts(o), link_to = #c.devices > 1 and nxt or nil }) }, 600000, d.bulk)
         pr.devices[i] = json.decode(r.payload)
       end
     end)
@@ -85,7 +104,7 @@ function M.run(o)
     if not o.model then usage("profile", "--model STORE is required (or --hosts)") end
     pr = profile.of_store(o.model, { threads = o.threads, batches = numbers("profile", "batches", o.batches),
       contexts = numbers("profile", "contexts", o.contexts), read = o.read, disk_rate = o.disk_rate, readers = o.readers,
-      progress = function(what) io.stderr:write("measuring ", what, "\n") end })
+      prefetch = prefetch_opts(o), progress = function(what) io.stderr:write("measuring ", what, "\n") end })
   end
   if o.out and o.routing then
     local wrote, werr = json.write_file(o.out, json.encode_sorted(pr, 2) .. "\n")

@@ -50,7 +50,7 @@ local M = {
       .. "(port 0: any, printed)", metavar = "ADDR:PORT" },
     flags.shared.stages, flags.shared.ends, flags.shared.link_rate, flags.shared.link_delay, flags.shared.slowdown, flags.shared.disk_rate,
     flags.shared.scheduler, flags.shared.cost_model, flags.shared.profile,
-    flags.shared.experts, flags.shared.routing_profile,
+    flags.shared.experts, flags.shared.routing_profile, flags.shared.kernels_policy,
     flags.shared.draft, flags.shared.draft_tokens, flags.shared.draft_model, flags.shared.draft_device, flags.shared.draft_mem,
     { "draft-per-request", "string", "what an API request's `draft` field may choose (comma-separated): none, ngram (loads "
       .. "nothing) and the --draft policy's name (its settings that keep the loaded draft: tree, width, levels; and "
@@ -92,7 +92,7 @@ local function start_cluster(o, run, hosts, n, set, draft)
     logits_tokens = o.max_batch,
     plan_positions = o.plan_positions, online = require("loip.engine.request.online").choose(o.online, o.plan_positions),
     link_schedule = o.link_schedule, trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
-  experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
+  experts = o.experts, kernels_policy = o.kernels_policy, routing = require("loip.model.experts").load_routing(o.routing_profile),
     disk_rate = set.disk_rate, link = set.link, slowdown = set.slowdown }
   if not o.quiet then common.report(p, est, info, c.sizes, { cluster = true }) end
   if o.join_listen then io.stdout:write("joins ", c:listen_joins(o.join_listen), "\n") end
@@ -110,7 +110,7 @@ local function open_local(o, run, set, draft)
     kv_tokens = o.kv_tokens, batch = o.step_tokens, scheduler = o.scheduler, cost = o.cost_model, profile = o.profile,
     stages = o.stages, ends = o.ends, disk_rate = set.disk_rate and set.disk_rate[1], plan_positions = o.plan_positions,
     trace = o.trace ~= nil, draft = draft, draft_tokens = o.draft_tokens,
-  experts = o.experts, routing = require("loip.model.experts").load_routing(o.routing_profile),
+  experts = o.experts, kernels_policy = o.kernels_policy, routing = require("loip.model.experts").load_routing(o.routing_profile),
     online = is_store and require("loip.engine.request.online").choose(o.online, o.plan_positions) or nil })
   run.m, run.tok = m, m.tokenizer
   if m.plan and not o.quiet then common.report(m.plan, m.estimate, nil, m.plan_sizes, {}) end

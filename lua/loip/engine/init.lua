@@ -38,7 +38,8 @@
 --              plan_positions (or sizes.plan_positions): KV positions the plan's memory holds
 --              device_stats() -> per device { compute_ms, load_ms, stall_ms (nil: no plan's
 --                runner measures them), kv_free_tokens, accounts ({ [account] = bytes }; nil:
---                no budget), prompt_cache (as cache_stats') }: what a server's /metrics reports
+--                no budget), prompt_cache (as cache_stats'), kernels ({ variant, prefetch,
+--                from }: loip.model.kernels.state) }: what a server's /metrics reports
 --              metrics(m) (optional): the engine's own figures added to a loip.serve.metrics m
 --   losses     (ring) its cluster's c.losses: { step, devices, why, replan_ms, replanned }
 --

@@ -10,6 +10,7 @@ local rhead = require "loip.runtime.head"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local prefix_disk = require "loip.engine.request.prefix_disk"
 local engine_mod = require "loip.engine"
+local kernels = require "loip.model.kernels"
 
 local M = {}
 
@@ -156,7 +157,8 @@ function Engine:device_stats()
   local m = self.model
   local st = m:runner_stats() or {}
   local d = { compute_ms = st.compute_ms, load_ms = st.load_ms, stall_ms = st.stall_ms,
-    kv_free_tokens = exec.session_kv_free_tokens(m:session()), prompt_cache = self:cache():stats() }
+    kv_free_tokens = exec.session_kv_free_tokens(m:session()), prompt_cache = self:cache():stats(),
+    kernels = kernels.state(m.part) }
   if m.budget then
     d.accounts = {}
     for _, acc in ipairs(m.budget:report()) do d.accounts[acc.account] = acc.bytes end

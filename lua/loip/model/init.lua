@@ -292,7 +292,13 @@ function Model:_open_part(dir, weights, free_weights, planned, cfg_where)
     trace = opts.trace, experts = opts.experts, routing = opts.routing, layout = layout,
     session = function() return { context = self.context, batch = self.batch, kv_tokens = self.kv_tokens,
       max_seqs = self.max_seqs, grows = self:kv_grows() } end,
-    weights = weights, free_weights = free_weights }
+    weights = weights, free_weights = free_weights,
+    -- (the kernels' settings from this device's profile: the plan's, else --profile's)
+    kernels = function()
+      local pr = self.problem_table and self.problem_table.devices[1].profile or opts.profile
+      if type(pr) == "string" then pr = profile.load(pr) end
+      return { profile = pr, policy = opts.kernels_policy }
+    end }
   self.threads = self.part.threads
   -- every forward's events, for m.trace:write(path) (a plan made again adds to the same)
   if opts.trace and self.part.runner then self.trace = self.trace or trace.new() end

@@ -14,6 +14,7 @@ local loader = require "loip.runtime.loader"
 local plan = require "loip.plan"
 local store = require "loip.model.store"
 local experts = require "loip.model.experts"
+local kernels = require "loip.model.kernels"
 
 local M = {}
 
@@ -48,6 +49,10 @@ local function fail(where, err) error(where and (where .. ": " .. err) or err, 0
 --   dir, man     the slice store (a plan's stage reads, the expert cache's files)
 --   loader, disk_rate, verify_reads, trace, experts, routing   the plan's reads and the expert
 --                cache's (loip.model.open's options of those names)
+--   kernels      function(part) -> { profile (this device's profile, or nil), policy (a kernels
+--                policy, default "loip") }, asked once the layout is known: the kernels' settings
+--                the device runs with (loip.model.kernels; part.kernels says what is in force);
+--                nil: the default policy without a profile
 function M.open(o)
   local self = setmetatable({ o = o, cfg = o.cfg, where = o.where, budget = o.budget, dir = o.dir, man = o.man,
     free_weights = o.free_weights or store.close, tracing = o.trace and true or false }, Part)
@@ -72,6 +77,7 @@ function Part:_assemble()
     self.plan, self.index, self.sizes, self.memory_opts = l.plan, l.index, l.sizes, l.memory_opts
     self.overlap_loads, self.prefetch = l.overlap_loads or false, l.prefetch ~= false
   end
+  self.kernels = kernels.apply(o.kernels and o.kernels(self) or nil)
   if self.budget or self.plan then self:open_session() end
   self.weights = o.weights(self)
   if self.plan then self:_start_runner() end

@@ -28,6 +28,11 @@
 --            with overlap_loads) and overlap_loads (whether to overlap them)
 --   link     transport_ms (one way through ZeroMQ, send to receipt, between two sockets of one
 --            process), timer_late_us (how late a 1 ms sleep wakes, median and p90)
+--   kernels  (optional: a full profile on SIMD kernels) prefetch_bytes (the quantized matvec's
+--            fastest software prefetch distance measured), prefetch_bps (its rate at each distance
+--            tried, bytes/s by distance), variant (the kernels measured), matrix, bytes, rounds
+--            (loip.plan.prefetch); a kernels policy chooses the distance from it when a device
+--            opens (loip.model.kernels); absent: the kernels' default
 -- A cluster's profile is { loip_profile = 1, devices = { profile, ... }, links = { ... } }.
 local ffi = require "ffi"
 local bit = require "bit"
@@ -43,6 +48,7 @@ local plan_shape = require "loip.plan.shape"
 local hf = require "loip.model.hf"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
+local prefetch = require "loip.plan.prefetch"
 
 local M = {}
 
@@ -251,7 +257,9 @@ end
 -- rate, readers (1: how many read this disk at once, see M.disk; the compute under load is then
 -- timed while as many stream) } (nil: not measured), warn (told of a figure that did not
 -- settle, see M.steady; default: stderr), quick (batch 1 and one context: a calibration), progress (a
--- function(text) told what is being measured).
+-- function(text) told what is being measured), prefetch (false: the kernels' prefetch distance is
+-- not measured; else loip.plan.prefetch.measure's opts: bytes, distances, rounds; a quick
+-- calibration never measures it).
 function M.measure(opts)
   -- (a mixture of experts is timed as the dense MLP that does a token's work: loip.plan.shape)
   local c = hf.parse_config(plan_shape.dense_equivalent(opts.cfg), "profile shape")
@@ -291,6 +299,11 @@ function M.measure(opts)
   if opts.disk and opts.disk.files and #opts.disk.files > 0 then measure_disk(opts, pr, reps, block, record, say) end
   pr.compute.spread = worst
   pr.compute.unsteady = #unsteady > 0 and unsteady or nil
+  if not opts.quick and opts.prefetch ~= false then
+    say("the quantized kernels' prefetch distance")
+    local po = opts.prefetch or {}
+    pr.kernels = prefetch.measure { pool = lay.pool, bytes = po.bytes, distances = po.distances, rounds = po.rounds }
+  end
   say("transport")
   pr.link = M.transport(opts.quick and 40 or 100)
   exec.session_free(lay.session)
@@ -337,15 +350,16 @@ end
 
 -- A full profile of this machine for a slice store's shape: compute at opts.batches and
 -- opts.contexts, the disk on its block files (opts.read bytes, through the loader at
--- opts.disk_rate when given), the transport. opts: threads, batches, contexts, read, disk_rate,
--- readers (local devices reading this disk at once, see M.disk), progress.
+-- opts.disk_rate when given), the transport, the kernels' prefetch distance. opts: threads,
+-- batches, contexts, read, disk_rate, readers (local devices reading this disk at once, see
+-- M.disk), prefetch (M.measure's), progress.
 function M.of_store(dir, opts)
   local man = store.read_manifest(dir)
   local files, experts = M.store_files(dir, man)
   local pr = M.measure { cfg = man.config, dtype = store.layer_dtype(man), threads = opts.threads, batches = opts.batches, contexts = opts.contexts,
     disk = { files = files, bytes = opts.read or 512 * 1024 * 1024, rate = opts.disk_rate, readers = opts.readers,
       experts = experts, parallel = man.config.num_experts_per_tok },
-    progress = opts.progress }
+    prefetch = opts.prefetch, progress = opts.progress }
   pr.store = dir
   return pr
 end
@@ -457,6 +471,7 @@ function M.check(pr, where)
   if cp.spread ~= nil and (type(cp.spread) ~= "number" or cp.spread < 0) then
     return bad("compute.spread must be a number >= 0")
   end
+  if pr.kernels ~= nil then return prefetch.check(pr.kernels, where) end
   return nil
 end
 

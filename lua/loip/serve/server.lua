@@ -282,6 +282,10 @@ function Server:metrics_text()
       m:set("loip_device_stall_ms_total", "time a device waited for its loads", d.stall_ms, l)
     end
     m:set("loip_device_kv_free_tokens", "KV positions a device's pool has free", d.kv_free_tokens or 0, l)
+    if d.kernels then
+      m:set("loip_kernels_prefetch_bytes", "the quantized matvecs' software prefetch distance a device runs with (its kernels policy's)",
+        d.kernels.prefetch, l)
+    end
     for account, bytes in pairs(d.accounts or {}) do
       m:set("loip_memory_bytes", "memory charged per device and account", bytes, { device = i, account = account })
     end

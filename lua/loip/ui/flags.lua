@@ -207,6 +207,9 @@ M.shared = {
   -- mixture of experts (loip.model.experts)
   experts = { "experts", "string", "a mixture of experts' expert cache: which experts stay in memory and how far pre-gating "
     .. "reads ahead (recipes/policies/experts: lru, lfu, static; or a file; default lru:prefetch=1)", metavar = "NAME[:SETTINGS]|FILE.lua" },
+  kernels_policy = { "kernels-policy", "string", "the kernels' settings each device opens with, chosen from its profile "
+    .. "(recipes/policies/kernels: loip, the quantized matvecs' fastest prefetch distance measured; or a file; "
+    .. "LOIP_KERNELS_PREFETCH overrides; default loip)", metavar = "NAME[:SETTINGS]|FILE.lua" },
   routing_profile = { "routing-profile", "string", "a routing profile (loip profile --routing) for --experts static",
     metavar = "FILE" },
   -- speculative decoding (loip.engine.request.draft)
