@@ -68,14 +68,23 @@ typedef struct loip_kv {
      * ring (the window and a batch, win_ring positions) is shorter than max_ctx keeps its KV
      * apart from the pool, position p of a sequence in row p % win_ring of its ring, and never
      * more: a batch's rows never overwrite a row one of its tokens still reads (its positions
-     * span at most window - 1 + max_batch). Ringed layers are not paged, lent, shared by groups
-     * nor held by the prompt cache (layer_slot -1); the ring is charged to "kv" whole. */
+     * span at most window - 1 + max_batch). Ringed layers are not paged, lent nor shared by groups
+     * (layer_slot -1); the ring is charged to "kv" whole. The prompt cache carries them apart: a
+     * held group g may hold a snapshot win_snap[g] of the rows a sequence reads from its end
+     * (snap_end[g] positions) on: the window - 1 positions before it, of every ringed layer
+     * (loip_kv_hold_window), charged to "prompt_cache" and freed with g's last hold; a sequence
+     * adopting groups that end at g starts its rings from it (loip_kv_adopt). */
     int n_win_layers;      /* layers ringed here */
     int32_t *win_slot;     /* (n_layers) index of a layer among the ringed ones, -1: not ringed here */
     int32_t window, win_ring;
     int32_t *win_len;      /* (max_seqs) one past the highest position a sequence wrote in its ring */
     float *win_k, *win_v;  /* (max_seqs, n_win_layers, win_ring, kv_dim) */
     size_t win_map_bytes;  /* each of win_k and win_v */
+    float **win_snap;      /* (n_groups) NULL, or (2, n_win_layers, window - 1, kv_dim): K then V of
+                              positions snap_end - window + 1 .. snap_end - 1 (those >= 0, first) */
+    int32_t *snap_end;     /* (n_groups) positions before the snapshot's end: the group's end */
+    int32_t n_snaps;       /* snapshots held */
+    uint64_t snap_bytes;   /* one snapshot's */
 } loip_kv;
 
 /* Bytes of a cache of kv_tokens positions (<= 0: max_ctx) of the layers kv_mask marks (NULL: the
@@ -140,6 +149,18 @@ int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positio
 /* LOIP_ESTATE naming what when the cache rings any layer (the prompt cache's groups would not
  * carry their KV). */
 int loip_kv_no_rings(const loip_kv *kv, const char *what);
+/* Held group i of seq (its positions end at (i + 1) * kv_block) given a snapshot of seq's rings
+ * at its end (as loip_session_kv_hold_window); seq's rings from a held group's snapshot ending at
+ * n_positions (its own LOIP_ESTATE when g carries none ending there). */
+int loip_kv_hold_window(loip_kv *kv, int32_t seq, int32_t i);
+int loip_kv_adopt_window(loip_kv *kv, int32_t seq, int32_t g, int32_t n_positions);
+/* Group g's snapshot freed and its charge released (none: nothing); every snapshot freed, their
+ * charges left to the caller (loip_kv_free releases "prompt_cache" whole). */
+void loip_kv_snap_free(loip_kv *kv, int32_t g);
+void loip_kv_snaps_free_all(loip_kv *kv);
+/* The least recently used group only the prompt cache holds evicted (its snapshot freed); 0:
+ * none was. */
+int loip_kv_evict_held(loip_kv *kv);
 
 /* ---- lending and eviction (kv_lend.c): as loip_session_kv_* in loip.h ---- */
 int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0, int32_t n, void *buf,

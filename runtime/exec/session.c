@@ -201,6 +201,13 @@ LOIP_API int loip_session_kv_hold(loip_session *s, int32_t seq, int32_t first, i
 LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *ids, int32_t n) {
     return loip_kv_adopt(s->kv, seq, ids, n);
 }
+LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i) {
+    return loip_kv_hold_window(s->kv, seq, i);
+}
+LOIP_API int32_t loip_session_kv_window_end(const loip_session *s, int32_t id) {
+    const loip_kv *kv = s->kv;
+    return kv->win_snap && id >= 0 && id < kv->n_groups && kv->win_snap[id] ? kv->snap_end[id] : 0;
+}
 LOIP_API int loip_session_kv_drop(loip_session *s, int32_t id) { return loip_kv_drop(s->kv, id); }
 LOIP_API int32_t loip_session_kv_refs(const loip_session *s, int32_t id) { return loip_kv_refs(s->kv, id); }
 LOIP_API uint32_t loip_session_kv_gen(const loip_session *s, int32_t id) { return loip_kv_gen(s->kv, id); }

@@ -75,7 +75,7 @@ end
 function Engine:cache()
   if not self.store or self.store.s ~= self.session then
     local o, disk = self.cache_disk, nil
-    if o then
+    if o and not self.kv_windows then -- (rings: no disk tier, loip.engine.request.prefix_cache)
       if self.store and self.store.disk then self.store.disk:close() end
       local s = self.session
       local layers = {}
@@ -89,7 +89,10 @@ function Engine:cache()
 end
 -- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.engine.request.prefix_disk).
 function Engine:cache_configure(o) self.cache_disk, self.store = o, nil end
-function Engine:cache_lookup(keys) return self:cache():lookup(keys) end
+function Engine:cache_lookup(keys)
+  local held, at = self:cache():lookup(keys)
+  return prefix_cache.agree({ { held = held, at = at } }, #keys)
+end
 function Engine:cache_stats() return { self:cache():stats() } end
 
 function Engine:step(toks)

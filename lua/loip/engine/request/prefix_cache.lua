@@ -11,10 +11,17 @@
 -- them (request.cached_tokens); at its end its full groups (prompt and generated tokens whose KV
 -- was written) are held by the cache.
 --
+-- Sliding-window layers whose KV lives in rings (loip_session_kv_window_layers) are in no group:
+-- a kept run's last group carries a snapshot of the rings at its end (loip_session_kv_hold_window:
+-- the window - 1 positions before it, per ringed layer, charged as held groups are), and a
+-- request adopts only a run ending at a group with one (the rings at any other end are gone), so
+-- a prompt matching part of a kept run reuses the longest run some request's kept groups ended
+-- at (M.agree). Such sessions keep no disk tier (a group's file carries no window).
+--
 --   batcher side   M.new(identity) -> the batcher's cache (b.prefix); M.admit(b, r) before the
 --                  engine starts r, M.started(r) after, M.retire(b, r, reason) before it finishes
---   device side    M.store(session) -> Store: lookup(keys) -> k, adopt(seq, keys), keep(seq, keys),
---                  stats(), clear()
+--   device side    M.store(session) -> Store: lookup(keys) -> k, at, adopt(seq, keys), keep(seq, keys),
+--                  stats(), clear(); M.agree(answers, n) -> the k every device may adopt
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
@@ -80,6 +87,26 @@ function M.admit(b, r)
   end
 end
 
+-- The run of groups every device may adopt, from answers (one a device: { held = how many of the
+-- keys from the first it holds, at = nil, or (rings) the runs it may start from: a list of
+-- lengths }) for n keys: the least held, and where any device has rings, the longest run all of
+-- their lists name within it (0: none).
+function M.agree(answers, n)
+  local k = n
+  for _, a in ipairs(answers) do k = math.min(k, a.held or 0) end
+  local ok = {}
+  for j = 1, k do ok[j] = true end
+  for _, a in ipairs(answers) do
+    if a.at then
+      local mine = {}
+      for _, j in ipairs(a.at) do mine[j] = true end
+      for j = 1, k do ok[j] = ok[j] and mine[j] or false end
+    end
+  end
+  while k > 0 and not ok[k] do k = k - 1 end
+  return k
+end
+
 -- After r started: its prefill starts past the adopted groups.
 function M.started(r)
   if r.attach then r.pos, r.attach = r.cached_tokens, nil end
@@ -134,7 +161,12 @@ Store.__index = Store
 
 -- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds; disk
 -- (optional): its disk tier (loip.engine.request.prefix_disk), written through and read on a miss.
-function M.store(s, disk) return setmetatable({ s = s, index = {}, n = 0, disk = disk }, Store) end
+-- A session whose layers keep KV in rings (rings: true) keeps no disk tier.
+function M.store(s, disk)
+  local rings = exec.session_kv_window_layers(s) > 0
+  return setmetatable({ s = s, index = {}, n = 0, disk = not rings and disk or nil, rings = rings,
+    kb = exec.session_kv_block_tokens(s) }, Store)
+end
 
 local function valid(self, key)
   local e = self.index[key]
@@ -144,7 +176,9 @@ local function valid(self, key)
 end
 
 -- How many of keys, from the first, this device holds: in memory, else read back from its disk
--- tier (each made the most recently used, so that reading the next one evicts none of them).
+-- tier (each made the most recently used, so that reading the next one evicts none of them);
+-- with rings, also the runs of them a sequence may start from (those whose last group carries
+-- its window: a list of lengths), else nil.
 function Store:lookup(keys)
   local k = 0
   while k < #keys do
@@ -152,6 +186,13 @@ function Store:lookup(keys)
     if not e then break end
     exec.session_kv_touch(self.s, e.id)
     k = k + 1
+  end
+  if self.rings then
+    local at = {}
+    for j = 1, k do
+      if exec.session_kv_window_end(self.s, self.index[keys[j]].id) == j * self.kb then at[#at + 1] = j end
+    end
+    return k, at
   end
   local d, missing = self.disk, {}
   while d and k + #missing < #keys and d:has(keys[k + #missing + 1]) do missing[#missing + 1] = keys[k + #missing + 1] end
@@ -174,7 +215,8 @@ function Store:adopt(seq, keys)
   return assert(exec.session_kv_adopt(self.s, seq, ids, "prefix cache"))
 end
 
--- Sequence seq's first #keys groups held by the cache (those whose key it holds already kept once).
+-- Sequence seq's first #keys groups held by the cache (those whose key it holds already kept once);
+-- with rings, the last of them carrying seq's rings at its end.
 function Store:keep(seq, keys)
   for i, key in ipairs(keys) do
     if not valid(self, key) then
@@ -187,15 +229,17 @@ function Store:keep(seq, keys)
       end
     end
   end
+  if self.rings and #keys > 0 then return exec.session_kv_hold_window(self.s, seq, #keys - 1, "prefix cache") end
   return true
 end
 
--- { groups (held by the cache alone), shared_groups (held and named by a sequence), bytes,
--- evictions }.
+-- { groups (held by the cache alone), shared_groups (held and named by a sequence), bytes (theirs
+-- and the window snapshots'), evictions, window_snapshots }.
 function Store:stats()
   local st = exec.session_kv_share_stats(self.s)
   local d = self.disk
   return { groups = st.cache_groups, shared_groups = st.cache_shared_groups, bytes = st.cache_bytes, evictions = st.evictions,
+    window_snapshots = st.window_snapshots,
     disk_files = d and d.n or 0, disk_bytes = d and d.total or 0, disk_reads = d and d.stats.reads or 0,
     disk_writes = d and d.stats.writes or 0 }
 end
@@ -208,7 +252,7 @@ end
 function M.device_store(d, disk)
   local pt = d.part
   if not d.store or d.store.s ~= pt.session then d.store = M.store(pt.session) end
-  if disk and not d.store.disk then
+  if disk and not d.store.disk and not d.store.rings then
     d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
       device = pt.index, layers = prefix_disk.stage_layers(pt.plan.devices[pt.index].stages),
       kv_block = exec.session_kv_block_tokens(pt.session), group_bytes = exec.session_kv_group_bytes(pt.session),
@@ -216,12 +260,12 @@ function M.device_store(d, disk)
   end
   return d.store
 end
--- A LOOKUP's answer (body: { keys }): { held = k } as JSON.
+-- A LOOKUP's answer (body: { keys }): { held = k, at (rings: the runs it may start from) } as JSON.
 function M.device_lookup(d, body)
-  local held = 0
+  local held, at = 0, nil
   body = assert(body, "a LOOKUP without its keys")
-  if d and not d.lend_peer then held = M.device_store(d, body.disk):lookup(body.keys or {}) end
-  return json.encode({ held = held })
+  if d and not d.lend_peer then held, at = M.device_store(d, body.disk):lookup(body.keys or {}) end
+  return json.encode({ held = held, at = at })
 end
 -- A START's (body) KV: the cache's groups its prompt starts with (body.attach: the head's LOOKUP
 -- found them on every device) or another choice's first positions shared (body.share).

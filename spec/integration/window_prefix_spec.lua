@@ -1,0 +1,186 @@
+-- The exact prefix cache on models with sliding-window layers (issue 38 item 4; docs/prefix-cache.md,
+-- "Sliding windows"): Gemma 3 and gpt-oss shapes (`loip synth --like gemma-3-1b|gpt-oss-20b
+-- --sliding-window 16`, prompts of several windows, so that the rings wrap) keep a request's full
+-- groups and, on the last, a snapshot of the rings at its end; a second request extending the
+-- first's prompt and tokens reuses them (a hit, its cached tokens counted) and gives the tokens
+-- of a cold run, its logits after the adopted groups bit for bit a full prefill's; a prompt that
+-- matches only part of a kept run (no rings kept at that end) is a miss and still exact; the
+-- snapshots are charged to "prompt_cache" and freed with their groups when evicted, every peak
+-- within its budget; 3 local devices reuse the prefix with one device's tokens.
+local ffi = require "ffi"
+local loip = require "loip"
+local exec = require "loip.runtime.exec"
+local prefix_cache = require "loip.engine.request.prefix_cache"
+local T = require "spec.support"
+teardown(function() T.cleanup() end)
+teardown(T.drop_stores)
+
+local GEMMA = "--like gemma-3-1b --dtype f32 --layers 6 --dim 64 --heads 4 --kv-heads 2 --head-dim 16 --ffn 96 "
+  .. "--vocab 512 --std 0.25 --seed 5 --sliding-window 16"
+local GPT_OSS = "--like gpt-oss-20b --dtype f32 --experts-dtype f32 --layers 2 --dim 64 --heads 4 --kv-heads 2 "
+  .. "--head-dim 16 --ffn 32 --experts 4 --vocab 512 --std 0.25 --seed 5 --sliding-window 16"
+
+local dirs = {}
+local function synth(flags)
+  if dirs[flags] then return dirs[flags] end
+  local dir = T.tmpdir() .. "/hf"
+  local rc, _, err = T.run(string.format("LOIP_QUIET=1 %s synth %s %s", T.loip, flags, dir))
+  assert(rc == 0, err)
+  dirs[flags] = dir
+  return dir
+end
+
+local function ids(n, seed)
+  local out = {}
+  for i = 1, n do out[i] = 1 + (i * 53 + seed * 31) % 500 end
+  return out
+end
+
+local function run(b, prompt, max_tokens)
+  local r = b:submit { prompt = prompt, max_tokens = max_tokens or 20, sampler = { temperature = 0 }, stop = {} }
+  r:wait()
+  return r
+end
+
+-- a's prompt, its tokens, then more: what an agent's next turn sends
+local function extend(prompt, r, more)
+  local out = { unpack(prompt) }
+  for _, id in ipairs(r.token_ids) do out[#out + 1] = id end
+  for _, id in ipairs(more) do out[#out + 1] = id end
+  return out
+end
+
+-- The logits of the last position of prompt through sequence seq of session s, positions
+-- from..#prompt-1 fed in chunks of `chunk` rows (a copy).
+local function last_logits(s, prompt, from, seq, chunk, V)
+  local n = #prompt
+  local tok, bt, rows = ffi.new("int32_t[?]", chunk), ffi.new("loip_batch_token[?]", chunk), ffi.new("int32_t[1]")
+  local out = ffi.new("float[?]", V)
+  for p0 = from, n - 1, chunk do
+    local k = math.min(chunk, n - p0)
+    for j = 0, k - 1 do tok[j], bt[j].seq, bt[j].pos, bt[j].parent = prompt[p0 + j + 1], seq, p0 + j, 0 end
+    rows[0] = k - 1
+    assert(exec.session_forward_batch(s, tok, k, bt, rows, 1, out))
+  end
+  return out
+end
+
+describe("the prefix cache over sliding windows", function()
+  after_each(function() collectgarbage() collectgarbage() end)
+
+  for _, family in ipairs({ { "gemma3", GEMMA }, { "gpt-oss", GPT_OSS } }) do
+    it("reuses a " .. family[1] .. " prefix whose rings wrapped: a hit, a cold run's tokens, logits bit for bit", function()
+      local dir = synth(family[2])
+      local m = loip.model.open(dir, { threads = 1, context = 256, max_batch = 2, prefix_cache = true, tokenizer = false })
+      local m0 = loip.model.open(dir, { threads = 1, context = 256, max_batch = 2, tokenizer = false })
+      local b, b0 = m:batcher(), m0:batcher()
+      assert.is_true(b.engine.kv_windows, "the window layers keep rings")
+      assert.is_not_nil(b.prefix, "the prefix cache is on")
+      local kb = b.engine.kv_block
+      local a = ids(70, 1)
+      local r1 = run(b, a)
+      assert.are.equal(0, r1.cached_tokens)
+      assert.are.same(run(b0, a).token_ids, r1.token_ids)
+      -- r1 wrote 89 positions: 5 full groups kept, the rings at 80 with the last
+      local held = b.engine:cache_stats()[1]
+      assert.are.equal(1, held.window_snapshots)
+      -- a prompt sharing only r1's first 40 tokens: groups held to 32, but no rings kept there (and
+      -- the slot's rings written over with other positions before r2 reuses it)
+      local pc = { unpack(a, 1, 40) }
+      for _, id in ipairs(ids(50, 3)) do pc[#pc + 1] = id end
+      local r3 = run(b, pc)
+      assert.are.equal(0, r3.cached_tokens, "no run ends at 32 with its rings")
+      assert.are.same(run(b0, pc).token_ids, r3.token_ids)
+      local pb = extend(a, r1, ids(10, 2))
+      local r2 = run(b, pb)
+      assert.are.equal(5 * kb, r2.cached_tokens, "the kept run reused")
+      assert.is_true(r2.cached_tokens > 4 * 16, "past several windows")
+      assert.are.same(run(b0, pb).token_ids, r2.token_ids, "a cold run's tokens")
+      local st = b.prefix.stats
+      assert.are.same({ 3, 1, 2, 5 * kb }, { st.lookups, st.hits, st.misses, st.cached_tokens })
+      -- reused KV against recomputed: the logits after the adopted groups equal a full prefill's
+      local s, V = m:session(), m.vocab_size
+      local full = last_logits(s, pb, 0, 1, 7, V)
+      assert(exec.session_seq_free(s, 1))
+      last_logits(s, ids(100, 9), 0, 1, 7, V) -- (other rows in seq 1's rings)
+      assert(exec.session_seq_free(s, 1))
+      local keys = prefix_cache.chain(b.prefix.identity, pb, kb, math.floor((#pb - 1) / kb))
+      local k = b.engine:cache_lookup(keys)
+      assert.is_true(k >= 5, "held: " .. k)
+      b.engine:cache():adopt(1, { unpack(keys, 1, k) })
+      local cached = last_logits(s, pb, k * kb, 1, 7, V)
+      assert(exec.session_seq_free(s, 1))
+      assert.are.equal(0, T.bit_diffs(full, cached, V), "bit-identical")
+      -- a run without its rings is refused by name
+      local ok, err = pcall(function() b.engine:cache():adopt(1, { unpack(keys, 1, 2) }) end)
+      assert.is_false(ok)
+      assert.matches("carries no sliding%-window rings at position 32", tostring(err))
+      m:close() m0:close()
+    end)
+  end
+
+  it("charges the rings' snapshots to prompt_cache and frees them with their groups; peaks within the budget", function()
+    local st = T.slice_store(synth(GEMMA), "gemma3-windows")
+    local m = loip.model.open(st, { threads = 1, mem = "3M", context = 256, max_batch = 1, kv_tokens = 128, kv_grows = true,
+      prefix_cache = true, tokenizer = false })
+    local m0 = loip.model.open(st, { threads = 1, context = 256, tokenizer = false })
+    local b, b0 = m:batcher(), m0:batcher()
+    local function account(name)
+      for _, x in ipairs(m.budget:report()) do if x.account == name then return x.bytes end end
+      return 0
+    end
+    local a = ids(70, 1)
+    local r1 = run(b, a)
+    local held = b.engine:cache_stats()[1]
+    local s = m:session()
+    local sh = exec.session_kv_share_stats(s)
+    assert.are.equal(1, held.window_snapshots)
+    -- the snapshot: 15 positions (window - 1) of 5 window layers' K and V, 2 heads of 16
+    local snap = 2 * 5 * 15 * 2 * 16 * 4
+    assert.are.equal(sh.cache_groups * exec.session_kv_group_bytes(s) + snap, held.bytes)
+    assert.are.equal(held.bytes, account("prompt_cache"), "held groups and the snapshot charged to prompt_cache")
+    local pb = extend(a, r1, ids(10, 2))
+    local r2 = run(b, pb)
+    assert.are.equal(80, r2.cached_tokens)
+    assert.are.same(run(b0, pb).token_ids, r2.token_ids)
+    -- a prompt needing the whole pool: the held groups go, their snapshots with them
+    local big = ids(120, 4)
+    local r3 = run(b, big, 7)
+    local after = b.engine:cache_stats()[1]
+    assert.is_true(after.evictions > 0, "evicted for the request")
+    assert.are.same(run(b0, big, 7).token_ids, r3.token_ids)
+    assert.are.equal(after.bytes, account("prompt_cache"), "what is charged is what is held")
+    local n_snaps = exec.session_kv_share_stats(s).window_snapshots
+    assert.are.equal(after.bytes, exec.session_kv_share_stats(s).cache_groups * exec.session_kv_group_bytes(s) + n_snaps * snap)
+    assert.is_true(m.budget:peak() <= m.budget:limit(), "the peak within the budget")
+    m:close() m0:close()
+  end)
+
+  it("reuses a window model's prefix on 3 local devices: one device's tokens", function()
+    local st = T.slice_store(synth(GEMMA), "gemma3-windows")
+    local m0 = loip.model.open(st, { threads = 1, context = 256, max_batch = 2, tokenizer = false })
+    local cluster = require "loip.cluster"
+    local c = cluster.start_local { store = st, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      c:plan { context = 256, batch = 16, max_batch = 2, stages = 2 }
+      local b = c:batcher({ prefix_cache = true })
+      assert.is_not_nil(b.prefix)
+      local a = ids(70, 1)
+      local r1 = run(b, a)
+      assert.are.equal(0, r1.cached_tokens)
+      run(b, ids(90, 3)) -- (other rows in the rings)
+      local pb = extend(a, r1, ids(10, 2))
+      local r2 = run(b, pb)
+      assert.are.equal(80, r2.cached_tokens)
+      local b0 = m0:batcher()
+      assert.are.same(run(b0, a).token_ids, r1.token_ids)
+      assert.are.same(run(b0, pb).token_ids, r2.token_ids)
+      for i, x in ipairs(c:cache_stats()) do
+        assert.is_true(x.groups > 0 or x.shared_groups > 0, "device " .. i .. " holds its layers' groups")
+      end
+    end)
+    c:close()
+    m0:close()
+    assert(ok, err)
+  end)
+end)
