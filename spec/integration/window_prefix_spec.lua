@@ -7,7 +7,6 @@
 -- matches only part of a kept run (no rings kept at that end) is a miss and still exact; the
 -- snapshots are charged to "prompt_cache" and freed with their groups when evicted, every peak
 -- within its budget; 3 local devices reuse the prefix with one device's tokens.
-local ffi = require "ffi"
 local loip = require "loip"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -50,20 +49,7 @@ local function extend(prompt, r, more)
   return out
 end
 
--- The logits of the last position of prompt through sequence seq of session s, positions
--- from..#prompt-1 fed in chunks of `chunk` rows (a copy).
-local function last_logits(s, prompt, from, seq, chunk, V)
-  local n = #prompt
-  local tok, bt, rows = ffi.new("int32_t[?]", chunk), ffi.new("loip_batch_token[?]", chunk), ffi.new("int32_t[1]")
-  local out = ffi.new("float[?]", V)
-  for p0 = from, n - 1, chunk do
-    local k = math.min(chunk, n - p0)
-    for j = 0, k - 1 do tok[j], bt[j].seq, bt[j].pos, bt[j].parent = prompt[p0 + j + 1], seq, p0 + j, 0 end
-    rows[0] = k - 1
-    assert(exec.session_forward_batch(s, tok, k, bt, rows, 1, out))
-  end
-  return out
-end
+local last_logits = T.last_logits
 
 describe("the prefix cache over sliding windows", function()
   after_each(function() collectgarbage() collectgarbage() end)
