@@ -146,9 +146,6 @@ static inline float *ring_at(const loip_kv *kv, float *ring, int w, int32_t seq)
 /* Sequence dst's rings take src's rows the positions from n_positions on read (those past
  * n_positions - window): LOIP_ESTATE when src's ring no longer holds them. */
 int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions);
-/* LOIP_ESTATE naming what when the cache rings any layer (the prompt cache's groups would not
- * carry their KV). */
-int loip_kv_no_rings(const loip_kv *kv, const char *what);
 /* Held group i of seq (its positions end at (i + 1) * kv_block) given a snapshot of seq's rings
  * at its end (as loip_session_kv_hold_window); seq's rings from a held group's snapshot ending at
  * n_positions (its own LOIP_ESTATE when g carries none ending there). */
@@ -157,10 +154,14 @@ int loip_kv_adopt_window(loip_kv *kv, int32_t seq, int32_t g, int32_t n_position
 /* Group g's snapshot freed and its charge released (none: nothing); every snapshot freed, their
  * charges left to the caller (loip_kv_free releases "prompt_cache" whole). */
 void loip_kv_snap_free(loip_kv *kv, int32_t g);
+/* The disk tier's copies: held group id's snapshot (snap_bytes) and where it ends; one loaded
+ * into held group id (as loip_session_kv_read_window / _load_window). */
+int loip_kv_read_window(loip_kv *kv, int32_t id, void *buf, uint64_t cap, int32_t *end);
+int loip_kv_load_window(loip_kv *kv, int32_t id, int32_t end, const void *buf, uint64_t bytes);
 void loip_kv_snaps_free_all(loip_kv *kv);
-/* The least recently used group only the prompt cache holds evicted (its snapshot freed); 0:
- * none was. */
-int loip_kv_evict_held(loip_kv *kv);
+/* The least recently used group only the prompt cache holds (with_window: of those carrying a
+ * snapshot) evicted, its snapshot freed; 0: none was. */
+int loip_kv_evict_held(loip_kv *kv, int with_window);
 
 /* ---- lending and eviction (kv_lend.c): as loip_session_kv_* in loip.h ---- */
 int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0, int32_t n, void *buf,

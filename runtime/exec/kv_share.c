@@ -34,10 +34,10 @@ void loip_kv_unref_group(loip_kv *kv, int32_t g) {
     if (cache_only(kv, g)) charge_to_cache(kv, 1);
 }
 
-int loip_kv_evict_held(loip_kv *kv) {
+int loip_kv_evict_held(loip_kv *kv, int with_window) {
     int32_t best = -1;
     for (int32_t g = 0; g < kv->n_groups; g++)
-        if (cache_only(kv, g) && (best < 0 || kv->tick[g] < kv->tick[best])) best = g;
+        if (cache_only(kv, g) && (!with_window || kv->win_snap[g]) && (best < 0 || kv->tick[g] < kv->tick[best])) best = g;
     if (best < 0) return 0;
     loip_kv_snap_free(kv, best);
     kv->refs[best] = 0, kv->holds[best] = 0, kv->gen[best]++;
@@ -54,12 +54,12 @@ int loip_kv_take_group(loip_kv *kv, int32_t seq, int32_t pos, int32_t *out) {
     char who[64] = "the prompt cache's disk tier"; /* seq < 0: loip_kv_load_group */
     if (seq >= 0) snprintf(who, sizeof who, "sequence %d at position %d", seq, pos);
     while (kv->n_free == 0)
-        if (!loip_kv_evict_held(kv))
+        if (!loip_kv_evict_held(kv, 0))
             return loip_fail(LOIP_ENOMEM, "KV cache full: %s needs a block and all %d (%d tokens) are in use", who,
                              kv->n_groups, kv->n_groups * kv->kv_block);
     int rc;
     while ((rc = loip_kv_charge(kv, kv->group_bytes)) != 0)
-        if (!loip_kv_evict_held(kv)) {
+        if (!loip_kv_evict_held(kv, 0)) {
             char why[400];
             snprintf(why, sizeof why, "%s", loip_last_error());
             return loip_fail(rc, "KV cache: %s: %s", who, why);
@@ -253,7 +253,6 @@ int loip_kv_read_group(loip_kv *kv, int32_t id, void *buf, uint64_t cap) {
 }
 
 int loip_kv_load_group(loip_kv *kv, const void *buf, uint64_t bytes, int32_t *id) {
-    if (loip_kv_no_rings(kv, "KV load")) return LOIP_ESTATE;
     if (bytes != kv->group_bytes)
         return loip_fail(LOIP_EINVAL, "KV load: %llu bytes for a group of %llu", (unsigned long long)bytes,
                          (unsigned long long)kv->group_bytes);

@@ -60,12 +60,6 @@ int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positio
     return LOIP_OK;
 }
 
-int loip_kv_no_rings(const loip_kv *kv, const char *what) {
-    if (!kv->n_win_layers) return LOIP_OK;
-    return loip_fail(LOIP_ESTATE, "%s: %d sliding-window layers keep their KV in rings of %d positions, which the "
-                     "prompt cache's groups do not carry", what, kv->n_win_layers, kv->win_ring);
-}
-
 /* ---- the prompt cache's snapshots of the rings --------------------------------------------- */
 
 /* Rows of positions [lo, end) of seq's rings to (out) or from (in) snapshot buf: per ringed
@@ -85,6 +79,31 @@ static void copy_snapshot(loip_kv *kv, int32_t seq, float *buf, int out, int32_t
 
 static int32_t snap_lo(const loip_kv *kv, int32_t end) { return end - kv->window + 1 > 0 ? end - kv->window + 1 : 0; }
 
+/* A snapshot for held group g ending at end (its rows to be written), charged to "prompt_cache":
+ * the least recent held groups evicted for it where the budget refuses (those whose eviction frees
+ * bytes of the budget: a session charged whole frees none by a group alone). */
+static int snap_new(loip_kv *kv, int32_t g, int32_t end, float **out, const char *what) {
+    if (kv->budget) {
+        int rc;
+        while ((rc = loip_budget_charge(kv->budget, "prompt_cache", kv->snap_bytes)) != 0)
+            if (!loip_kv_evict_held(kv, !kv->grows)) {
+                char why[400];
+                snprintf(why, sizeof why, "%s", loip_last_error());
+                return loip_fail(rc, "%s: %s", what, why);
+            }
+    }
+    float *buf = malloc(kv->snap_bytes);
+    if (!buf) {
+        if (kv->budget) loip_budget_release(kv->budget, "prompt_cache", kv->snap_bytes);
+        return loip_fail(LOIP_ENOMEM, "%s: out of memory for a snapshot of %llu bytes", what,
+                         (unsigned long long)kv->snap_bytes);
+    }
+    if (kv->budget) kv->cache_charged += kv->snap_bytes;
+    kv->win_snap[g] = buf, kv->snap_end[g] = end, kv->n_snaps++;
+    *out = buf;
+    return LOIP_OK;
+}
+
 int loip_kv_hold_window(loip_kv *kv, int32_t seq, int32_t i) {
     if (seq < 0 || seq >= kv->max_seqs)
         return loip_fail(LOIP_EINVAL, "KV hold window: sequence %d out of range (%d sequences)", seq, kv->max_seqs);
@@ -102,24 +121,42 @@ int loip_kv_hold_window(loip_kv *kv, int32_t seq, int32_t i) {
                          "%d..%d read from position %d on", seq,
                          kv->win_len[seq] - kv->win_ring > 0 ? kv->win_len[seq] - kv->win_ring : 0, kv->win_len[seq] - 1,
                          lo, end - 1, end);
-    if (kv->budget) { /* charged as the held groups are: the least recent of them evicted for it */
-        int rc;
-        while ((rc = loip_budget_charge(kv->budget, "prompt_cache", kv->snap_bytes)) != 0)
-            if (!loip_kv_evict_held(kv)) {
-                char why[400];
-                snprintf(why, sizeof why, "%s", loip_last_error());
-                return loip_fail(rc, "KV hold window: %s", why);
-            }
-    }
-    float *buf = malloc(kv->snap_bytes);
-    if (!buf) {
-        if (kv->budget) loip_budget_release(kv->budget, "prompt_cache", kv->snap_bytes);
-        return loip_fail(LOIP_ENOMEM, "KV hold window: out of memory for a snapshot of %llu bytes",
-                         (unsigned long long)kv->snap_bytes);
-    }
-    if (kv->budget) kv->cache_charged += kv->snap_bytes;
+    float *buf;
+    int rc = snap_new(kv, g, end, &buf, "KV hold window");
+    if (rc) return rc;
     copy_snapshot(kv, seq, buf, 1, lo, end);
-    kv->win_snap[g] = buf, kv->snap_end[g] = end, kv->n_snaps++;
+    return LOIP_OK;
+}
+
+/* ---- the disk tier's copies of a snapshot -------------------------------------------------- */
+
+int loip_kv_read_window(loip_kv *kv, int32_t id, void *buf, uint64_t cap, int32_t *end) {
+    if (id < 0 || id >= kv->n_groups || !kv->win_snap[id])
+        return loip_fail(LOIP_ESTATE, "KV read window: group %d carries no sliding-window rings", id);
+    if (cap < kv->snap_bytes)
+        return loip_fail(LOIP_EINVAL, "KV read window: a snapshot is %llu bytes, the buffer %llu",
+                         (unsigned long long)kv->snap_bytes, (unsigned long long)cap);
+    memcpy(buf, kv->win_snap[id], kv->snap_bytes);
+    *end = kv->snap_end[id];
+    return LOIP_OK;
+}
+
+int loip_kv_load_window(loip_kv *kv, int32_t id, int32_t end, const void *buf, uint64_t bytes) {
+    if (!kv->n_win_layers) return loip_fail(LOIP_ESTATE, "KV load window: no layer keeps its KV in a ring here");
+    if (id < 0 || id >= kv->n_groups || kv->holds[id] <= 0)
+        return loip_fail(LOIP_ESTATE, "KV load window: group %d is not held", id);
+    if (bytes != kv->snap_bytes || end <= 0 || end % kv->kv_block)
+        return loip_fail(LOIP_EINVAL, "KV load window: %llu bytes ending at %d for a snapshot of %llu bytes ending at a "
+                         "group's end", (unsigned long long)bytes, end, (unsigned long long)kv->snap_bytes);
+    if (kv->win_snap[id]) return kv->snap_end[id] == end ? LOIP_OK
+                                  : loip_fail(LOIP_ESTATE, "KV load window: group %d's snapshot ends at %d, not %d", id,
+                                              kv->snap_end[id], end);
+    float *snap;
+    kv->refs[id]++; /* (not evicted for its own snapshot) */
+    int rc = snap_new(kv, id, end, &snap, "KV load window");
+    kv->refs[id]--;
+    if (rc) return rc;
+    memcpy(snap, buf, bytes);
     return LOIP_OK;
 }
 

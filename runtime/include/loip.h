@@ -797,6 +797,12 @@ LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *
  * positions held group id's snapshot ends at (0: none). */
 LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i);
 LOIP_API int32_t loip_session_kv_window_end(const loip_session *s, int32_t id);
+/* The prompt cache's disk tier: a snapshot's bytes (0: nothing is ringed); held group id's
+ * snapshot copied into buf (its end into *end; LOIP_ESTATE: none); a snapshot (as read) given to
+ * held group id, ending at end (charged as loip_session_kv_hold_window's). */
+LOIP_API uint64_t loip_session_kv_window_snapshot_bytes(const loip_session *s);
+LOIP_API int loip_session_kv_read_window(loip_session *s, int32_t id, void *buf, uint64_t cap, int32_t *end);
+LOIP_API int loip_session_kv_load_window(loip_session *s, int32_t id, int32_t end, const void *buf, uint64_t bytes);
 /* One hold of group id given up (back to the pool when nothing names it). */
 LOIP_API int loip_session_kv_drop(loip_session *s, int32_t id);
 /* Block tables and holds naming group id (0: free; -1: no such group). */

@@ -6,7 +6,8 @@
 -- of a cold run, its logits after the adopted groups bit for bit a full prefill's; a prompt that
 -- matches only part of a kept run (no rings kept at that end) is a miss and still exact; the
 -- snapshots are charged to "prompt_cache" and freed with their groups when evicted, every peak
--- within its budget; 3 local devices reuse the prefix with one device's tokens.
+-- within its budget; a restart reads the run back from the disk tier, groups and rings, the logits
+-- after it bit for bit; 3 local devices reuse the prefix with one device's tokens.
 local loip = require "loip"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -139,6 +140,51 @@ describe("the prefix cache over sliding windows", function()
     local n_snaps = exec.session_kv_share_stats(s).window_snapshots
     assert.are.equal(after.bytes, exec.session_kv_share_stats(s).cache_groups * exec.session_kv_group_bytes(s) + n_snaps * snap)
     assert.is_true(m.budget:peak() <= m.budget:limit(), "the peak within the budget")
+    m:close() m0:close()
+  end)
+
+  it("reads a window model's prefix back from the disk tier after a restart, its rings with it: logits bit for bit", function()
+    local dir = synth(GEMMA)
+    local cache = T.tmpdir() .. "/cache"
+    local function open(on)
+      return loip.model.open(dir, { threads = 1, context = 256, max_batch = 2, tokenizer = false, prefix_cache = on,
+        prompt_cache_dir = on and cache or nil })
+    end
+    local m = open(true)
+    local b = m:batcher()
+    local a = ids(70, 1)
+    local r1 = run(b, a)
+    local names = require("loip.runtime.shell").list(cache) or {}
+    local kinds = {}
+    for _, name in ipairs(names) do
+      local kind = name:match("%.d1%.(%a+)$")
+      if kind then kinds[kind] = (kinds[kind] or 0) + 1 end
+    end
+    assert.are.same({ kv = 5, win = 1 }, kinds, "the 5 kept groups and the rings at their end written through")
+    m:close()
+    -- restarted: the run read back, groups and rings
+    m = open(true)
+    b = m:batcher()
+    local pb = extend(a, r1, ids(10, 2))
+    local r2 = run(b, pb)
+    assert.are.equal(80, r2.cached_tokens, "the run from disk")
+    local st = b.engine:cache_stats()[1]
+    assert.are.equal(6, st.disk_reads, "5 groups and a snapshot read back")
+    local m0 = open(false)
+    assert.are.same(run(m0:batcher(), pb).token_ids, r2.token_ids, "a cold run's tokens")
+    m:close()
+    -- restarted again: the logits after the run adopted from disk (into rings that held nothing)
+    -- against a full prefill's
+    m = open(true)
+    b = m:batcher()
+    local s, V, kb = m:session(), m.vocab_size, b.engine.kv_block
+    local keys = prefix_cache.chain(b.prefix.identity, pb, kb, 5)
+    assert.are.equal(5, b.engine:cache_lookup(keys))
+    b.engine:cache():adopt(1, keys)
+    local cached = last_logits(s, pb, 5 * kb, 1, 7, V)
+    assert(exec.session_seq_free(s, 1))
+    assert.are.equal(0, T.bit_diffs(last_logits(s, pb, 0, 1, 7, V), cached, V), "bit-identical")
+    assert(exec.session_seq_free(s, 1))
     m:close() m0:close()
   end)
 

@@ -75,13 +75,14 @@ end
 function Engine:cache()
   if not self.store or self.store.s ~= self.session then
     local o, disk = self.cache_disk, nil
-    if o and not self.kv_windows then -- (rings: no disk tier, loip.engine.request.prefix_cache)
+    if o then
       if self.store and self.store.disk then self.store.disk:close() end
       local s = self.session
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
       disk = prefix_disk.new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
-        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
+        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s),
+        window_bytes = exec.session_kv_window_snapshot_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)
   end

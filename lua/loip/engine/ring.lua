@@ -234,7 +234,7 @@ function Ring:batcher(opts)
   if not self._batcher then
     self.max_seqs, self.kv_block = pl.sizes.max_seqs, K.KV_BLOCK_TOKENS
     self.kv_tokens = pl.sizes.kv_tokens
-    self.kv_windows = pl.sizes.ringed ~= nil -- (sliding-window layers' rings: no disk tier for the prefix cache)
+    self.kv_windows = pl.sizes.ringed ~= nil -- (sliding-window layers' rings)
     self.cache_identity = "store:" .. c.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
     self.step_tokens = pl.batch
     plan_rows(self) -- (logits_tokens, sample_rows: the rows of a step the plan holds)

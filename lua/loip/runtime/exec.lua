@@ -90,6 +90,18 @@ function M.session_kv_drop(s, id, context) return core.ok(C.loip_session_kv_drop
 -- rings at its end; the positions held group id's snapshot ends at (0: none).
 function M.session_kv_hold_window(s, seq, i, context) return core.ok(C.loip_session_kv_hold_window(s, seq, i), context) end
 function M.session_kv_window_end(s, id) return tonumber(C.loip_session_kv_window_end(s, id)) end
+-- The disk tier's copies of a snapshot: its bytes; held group id's into buf (cap bytes): true and
+-- where it ends; one at buf (bytes) given to held group id, ending at end.
+function M.session_kv_window_snapshot_bytes(s) return tonumber(C.loip_session_kv_window_snapshot_bytes(s)) end
+function M.session_kv_read_window(s, id, buf, cap, context)
+  local e = ffi.new("int32_t[1]")
+  local ok, err = core.ok(C.loip_session_kv_read_window(s, id, buf, cap, e), context)
+  if not ok then return nil, err end
+  return true, e[0]
+end
+function M.session_kv_load_window(s, id, e, buf, bytes, context)
+  return core.ok(C.loip_session_kv_load_window(s, id, e, buf, bytes), context)
+end
 -- The disk tier: held group id's rows into buf (cap bytes); rows at buf loaded into a group the
 -- cache holds (its id into id, an int32_t[1]); a held group made the most recently used.
 function M.session_kv_read_group(s, id, buf, cap, context) return core.ok(C.loip_session_kv_read_group(s, id, buf, cap), context) end

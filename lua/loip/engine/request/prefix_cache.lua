@@ -16,7 +16,7 @@
 -- the window - 1 positions before it, per ringed layer, charged as held groups are), and a
 -- request adopts only a run ending at a group with one (the rings at any other end are gone), so
 -- a prompt matching part of a kept run reuses the longest run some request's kept groups ended
--- at (M.agree). Such sessions keep no disk tier (a group's file carries no window).
+-- at (M.agree). The disk tier keeps the snapshots beside the groups (loip.engine.request.prefix_disk).
 --
 --   batcher side   M.new(identity) -> the batcher's cache (b.prefix); M.admit(b, r) before the
 --                  engine starts r, M.started(r) after, M.retire(b, r, reason) before it finishes
@@ -161,10 +161,9 @@ Store.__index = Store
 
 -- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds; disk
 -- (optional): its disk tier (loip.engine.request.prefix_disk), written through and read on a miss.
--- A session whose layers keep KV in rings (rings: true) keeps no disk tier.
+-- rings: whether the session's layers keep KV in rings (sliding windows).
 function M.store(s, disk)
-  local rings = exec.session_kv_window_layers(s) > 0
-  return setmetatable({ s = s, index = {}, n = 0, disk = not rings and disk or nil, rings = rings,
+  return setmetatable({ s = s, index = {}, n = 0, disk = disk, rings = exec.session_kv_window_layers(s) > 0,
     kb = exec.session_kv_block_tokens(s) }, Store)
 end
 
@@ -187,21 +186,30 @@ function Store:lookup(keys)
     exec.session_kv_touch(self.s, e.id)
     k = k + 1
   end
-  if self.rings then
-    local at = {}
-    for j = 1, k do
-      if exec.session_kv_window_end(self.s, self.index[keys[j]].id) == j * self.kb then at[#at + 1] = j end
-    end
-    return k, at
-  end
   local d, missing = self.disk, {}
   while d and k + #missing < #keys and d:has(keys[k + #missing + 1]) do missing[#missing + 1] = keys[k + #missing + 1] end
-  if #missing == 0 then return k end
-  for i, id in ipairs(d:load(missing, self.s)) do
-    self.index[missing[i]], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
-    k = k + 1
+  if #missing > 0 then
+    for i, id in ipairs(d:load(missing, self.s)) do
+      self.index[missing[i]], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
+      k = k + 1
+    end
   end
-  return k
+  if not self.rings then return k end
+  local at = {}
+  for j = 1, k do
+    local id = self.index[keys[j]].id
+    local ends = exec.session_kv_window_end(self.s, id)
+    if ends == 0 and d and d:has(keys[j], "win") and d:load_window(keys[j], self.s, id) then
+      ends = exec.session_kv_window_end(self.s, id)
+    end
+    if ends == j * self.kb then at[#at + 1] = j end
+  end
+  -- (a window read back may have evicted a group held before it: the runs past it are lost)
+  local still = 0
+  while still < k and valid(self, keys[still + 1]) do still = still + 1 end
+  k = still
+  for i = #at, 1, -1 do if at[i] > k then table.remove(at, i) end end
+  return k, at
 end
 
 -- Sequence seq (holding nothing) starts with the groups of keys (all held: lookup said so).
@@ -229,8 +237,10 @@ function Store:keep(seq, keys)
       end
     end
   end
-  if self.rings and #keys > 0 then return exec.session_kv_hold_window(self.s, seq, #keys - 1, "prefix cache") end
-  return true
+  if not self.rings or #keys == 0 then return true end
+  local ok, err = exec.session_kv_hold_window(self.s, seq, #keys - 1, "prefix cache")
+  if ok and self.disk then ok, err = self.disk:write_window(keys[#keys], self.s, self.index[keys[#keys]].id) end
+  return ok, err
 end
 
 -- { groups (held by the cache alone), shared_groups (held and named by a sequence), bytes (theirs
@@ -252,11 +262,11 @@ end
 function M.device_store(d, disk)
   local pt = d.part
   if not d.store or d.store.s ~= pt.session then d.store = M.store(pt.session) end
-  if disk and not d.store.disk and not d.store.rings then
+  if disk and not d.store.disk then
     d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
       device = pt.index, layers = prefix_disk.stage_layers(pt.plan.devices[pt.index].stages),
       kv_block = exec.session_kv_block_tokens(pt.session), group_bytes = exec.session_kv_group_bytes(pt.session),
-      budget = pt.budget }
+      window_bytes = exec.session_kv_window_snapshot_bytes(pt.session), budget = pt.budget }
   end
   return d.store
 end
