@@ -40,7 +40,7 @@ static kv_shape shape_of(const loip_model_config *c, int32_t max_ctx, int32_t ma
     return k;
 }
 
-enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 15 };
+enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 18 };
 
 /* The cache's arrays besides its pool: the block tables, the free list and the layer slots are
  * charged with the pool; the lending, sharing and eviction tables are small and outside the
@@ -65,6 +65,9 @@ static size_t kv_arrays(const kv_shape *k, loip_array *t) {
     KV_ARRAY(win_len, k->max_seqs, KV_TABLE);
     KV_ARRAY(win_snap, G + 1, KV_TABLE);
     KV_ARRAY(snap_end, G + 1, KV_TABLE);
+    KV_ARRAY(want_id, k->max_seqs, KV_TABLE);
+    KV_ARRAY(want_end, k->max_seqs, KV_TABLE);
+    KV_ARRAY(want_gen, k->max_seqs, KV_TABLE);
 #undef KV_ARRAY
     return n;
 }
@@ -267,6 +270,7 @@ int loip_kv_seq_free(loip_kv *kv, int32_t seq) {
     if (seq < 0 || seq >= kv->max_seqs)
         return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, kv->max_seqs);
     int32_t *t = kv->block_table + (size_t)seq * kv->blocks_per_seq;
+    loip_kv_drop_want(kv, seq); /* (a snapshot its rings owe a held group, taken first) */
     for (int32_t i = 0; i < kv->blocks_per_seq; i++)
         if (t[i] >= 0) loip_kv_release_group(kv, seq, t[i]);
     for (int32_t i = 0; i < kv->blocks_per_seq; i++) t[i] = -1;

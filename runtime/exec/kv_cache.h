@@ -85,6 +85,10 @@ typedef struct loip_kv {
     int32_t *snap_end;     /* (n_groups) positions before the snapshot's end: the group's end */
     int32_t n_snaps;       /* snapshots held */
     uint64_t snap_bytes;   /* one snapshot's */
+    /* Snapshots wanted (loip_kv_window_at): when seq's rings pass want_end[seq] (> 0), their
+     * snapshot there goes to held group want_id[seq] if it is still the one of gen want_gen[seq] */
+    int32_t *want_id, *want_end;
+    uint32_t *want_gen;
 } loip_kv;
 
 /* Bytes of a cache of kv_tokens positions (<= 0: max_ctx) of the layers kv_mask marks (NULL: the
@@ -151,6 +155,12 @@ int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positio
  * n_positions (its own LOIP_ESTATE when g carries none ending there). */
 int loip_kv_hold_window(loip_kv *kv, int32_t seq, int32_t i);
 int loip_kv_adopt_window(loip_kv *kv, int32_t seq, int32_t g, int32_t n_positions);
+/* Held group id (ending at end) to get seq's rings at end once seq has written them (as
+ * loip_session_kv_window_at); the snapshots wanted whose sequences' rings passed their end taken
+ * (before a batch writes the rings: loip_session_prepare) or, for seq, dropped (seq freed). */
+int loip_kv_window_at(loip_kv *kv, int32_t seq, int32_t id, int32_t end);
+void loip_kv_take_wants(loip_kv *kv);
+void loip_kv_drop_want(loip_kv *kv, int32_t seq);
 /* Group g's snapshot freed and its charge released (none: nothing); every snapshot freed, their
  * charges left to the caller (loip_kv_free releases "prompt_cache" whole). */
 void loip_kv_snap_free(loip_kv *kv, int32_t g);

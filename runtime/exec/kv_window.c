@@ -184,3 +184,41 @@ void loip_kv_snaps_free_all(loip_kv *kv) {
     for (int32_t g = 0; g < kv->n_groups; g++) free(kv->win_snap[g]), kv->win_snap[g] = NULL;
     kv->n_snaps = 0;
 }
+
+/* ---- snapshots wanted: a held group whose run a sequence recomputes ------------------------- */
+
+int loip_kv_window_at(loip_kv *kv, int32_t seq, int32_t id, int32_t end) {
+    if (seq < 0 || seq >= kv->max_seqs)
+        return loip_fail(LOIP_EINVAL, "KV window at: sequence %d out of range (%d sequences)", seq, kv->max_seqs);
+    if (!kv->n_win_layers) return LOIP_OK;
+    if (id < 0 || id >= kv->n_groups || kv->holds[id] <= 0)
+        return loip_fail(LOIP_ESTATE, "KV window at: group %d is not held", id);
+    if (end <= 0 || end % kv->kv_block || end > kv->max_ctx)
+        return loip_fail(LOIP_EINVAL, "KV window at: a snapshot ends at a group's end, not %d", end);
+    if (kv->win_snap[id]) return LOIP_OK;
+    kv->want_id[seq] = id, kv->want_end[seq] = end, kv->want_gen[seq] = kv->gen[id];
+    return LOIP_OK;
+}
+
+/* seq's wanted snapshot taken if its rings hold it and its group is still held without one */
+static void take_want(loip_kv *kv, int32_t seq) {
+    int32_t id = kv->want_id[seq], end = kv->want_end[seq], lo = snap_lo(kv, end);
+    kv->want_end[seq] = 0;
+    if (kv->holds[id] <= 0 || kv->gen[id] != kv->want_gen[seq] || kv->win_snap[id]) return;
+    if (kv->win_len[seq] < end || kv->win_len[seq] - kv->win_ring > lo) return; /* (moved past: none) */
+    float *buf;
+    kv->refs[id]++; /* (not evicted for its own snapshot) */
+    int rc = snap_new(kv, id, end, &buf, "KV window at");
+    kv->refs[id]--;
+    if (!rc) copy_snapshot(kv, seq, buf, 1, lo, end); /* (refused by the budget: a cache, none kept) */
+}
+
+void loip_kv_take_wants(loip_kv *kv) {
+    if (!kv->n_win_layers) return;
+    for (int32_t seq = 0; seq < kv->max_seqs; seq++)
+        if (kv->want_end[seq] > 0 && kv->win_len[seq] >= kv->want_end[seq]) take_want(kv, seq);
+}
+
+void loip_kv_drop_want(loip_kv *kv, int32_t seq) {
+    if (kv->want_end[seq] > 0) take_want(kv, seq);
+}

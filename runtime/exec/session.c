@@ -204,6 +204,9 @@ LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *
 LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i) {
     return loip_kv_hold_window(s->kv, seq, i);
 }
+LOIP_API int loip_session_kv_window_at(loip_session *s, int32_t seq, int32_t id, int32_t end) {
+    return loip_kv_window_at(s->kv, seq, id, end);
+}
 LOIP_API uint64_t loip_session_kv_window_snapshot_bytes(const loip_session *s) { return s->kv->snap_bytes; }
 LOIP_API int loip_session_kv_read_window(loip_session *s, int32_t id, void *buf, uint64_t cap, int32_t *end) {
     return loip_kv_read_window(s->kv, id, buf, cap, end);

@@ -797,6 +797,12 @@ LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *
  * positions held group id's snapshot ends at (0: none). */
 LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i);
 LOIP_API int32_t loip_session_kv_window_end(const loip_session *s, int32_t id);
+/* Held group id (its positions end at end) to get seq's rings at end once seq has written them:
+ * taken before the next batch writes the rings (or when seq is freed), where the group is still
+ * held without one and the rings still hold those positions. What a request that recomputes a
+ * held run (the run's end carries no snapshot) leaves for the next. A no-op where nothing is
+ * ringed; one wanted a sequence (a later call replaces it). */
+LOIP_API int loip_session_kv_window_at(loip_session *s, int32_t seq, int32_t id, int32_t end);
 /* The prompt cache's disk tier: a snapshot's bytes (0: nothing is ringed); held group id's
  * snapshot copied into buf (its end into *end; LOIP_ESTATE: none); a snapshot (as read) given to
  * held group id, ending at end (charged as loip_session_kv_hold_window's). */

@@ -7,7 +7,9 @@
 -- matches only part of a kept run (no rings kept at that end) is a miss and still exact; the
 -- snapshots are charged to "prompt_cache" and freed with their groups when evicted, every peak
 -- within its budget; a restart reads the run back from the disk tier, groups and rings, the logits
--- after it bit for bit; 3 local devices reuse the prefix with one device's tokens.
+-- after it bit for bit; a request recomputing a held run (prompts sharing a system prompt) leaves
+-- the rings at its end, and the next one sharing as much hits, exactly; 3 local devices reuse the
+-- prefix with one device's tokens, the system prompt too.
 local loip = require "loip"
 local exec = require "loip.runtime.exec"
 local prefix_cache = require "loip.engine.request.prefix_cache"
@@ -71,13 +73,15 @@ describe("the prefix cache over sliding windows", function()
       -- r1 wrote 89 positions: 5 full groups kept, the rings at 80 with the last
       local held = b.engine:cache_stats()[1]
       assert.are.equal(1, held.window_snapshots)
-      -- a prompt sharing only r1's first 40 tokens: groups held to 32, but no rings kept there (and
-      -- the slot's rings written over with other positions before r2 reuses it)
+      -- a prompt sharing only r1's first 40 tokens: groups held to 32, but no rings kept there: a miss
+      -- (and the slot's rings written over with other positions before r2 reuses it)
       local pc = { unpack(a, 1, 40) }
       for _, id in ipairs(ids(50, 3)) do pc[#pc + 1] = id end
       local r3 = run(b, pc)
       assert.are.equal(0, r3.cached_tokens, "no run ends at 32 with its rings")
       assert.are.same(run(b0, pc).token_ids, r3.token_ids)
+      -- (r3 left its rings at 32 to r1's held group there, and kept its own run with its rings)
+      assert.are.equal(3, b.engine:cache_stats()[1].window_snapshots)
       local pb = extend(a, r1, ids(10, 2))
       local r2 = run(b, pb)
       assert.are.equal(5 * kb, r2.cached_tokens, "the kept run reused")
@@ -99,12 +103,49 @@ describe("the prefix cache over sliding windows", function()
       assert(exec.session_seq_free(s, 1))
       assert.are.equal(0, T.bit_diffs(full, cached, V), "bit-identical")
       -- a run without its rings is refused by name
-      local ok, err = pcall(function() b.engine:cache():adopt(1, { unpack(keys, 1, 2) }) end)
+      local ok, err = pcall(function() b.engine:cache():adopt(1, { unpack(keys, 1, 1) }) end)
       assert.is_false(ok)
-      assert.matches("carries no sliding%-window rings at position 32", tostring(err))
+      assert.matches("carries no sliding%-window rings at position 16", tostring(err))
       m:close() m0:close()
     end)
   end
+
+  it("leaves the rings at a held run's end to the next request sharing as much (a system prompt): a hit, exact", function()
+    local dir = synth(GEMMA)
+    local m = loip.model.open(dir, { threads = 1, context = 256, max_batch = 2, prefix_cache = true, tokenizer = false })
+    local m0 = loip.model.open(dir, { threads = 1, context = 256, max_batch = 2, tokenizer = false })
+    local b, b0 = m:batcher(), m0:batcher()
+    local kb = b.engine.kv_block
+    local system = ids(52, 7) -- 3 full groups of a shared prefix, then each request's own question
+    local function ask(seed)
+      local p = { unpack(system) }
+      for _, id in ipairs(ids(30, seed)) do p[#p + 1] = id end
+      return p
+    end
+    local q1, q2, q3 = ask(11), ask(12), ask(13)
+    local r1 = run(b, q1)
+    assert.are.equal(0, r1.cached_tokens)
+    -- the second holds 3 groups of the first's run but no rings at 48: recomputed, the rings left there
+    local r2 = run(b, q2)
+    assert.are.equal(0, r2.cached_tokens)
+    local r3 = run(b, q3)
+    assert.are.equal(3 * kb, r3.cached_tokens, "the shared prefix reused")
+    assert.are.same(run(b0, q3).token_ids, r3.token_ids)
+    assert.are.same(run(b0, q2).token_ids, r2.token_ids)
+    -- the logits after the shared prefix adopted (into rings another prompt wrote) against a full prefill's
+    local s, V = m:session(), m.vocab_size
+    local q4 = ask(14)
+    last_logits(s, ids(100, 9), 0, 1, 7, V) -- (other rows in seq 1's rings)
+    assert(exec.session_seq_free(s, 1))
+    local keys = prefix_cache.chain(b.prefix.identity, q4, kb, 3)
+    assert.are.equal(3, (b.engine:cache_lookup(keys)))
+    b.engine:cache():adopt(1, keys)
+    local cached = last_logits(s, q4, 3 * kb, 1, 7, V)
+    assert(exec.session_seq_free(s, 1))
+    assert.are.equal(0, T.bit_diffs(last_logits(s, q4, 0, 1, 7, V), cached, V), "bit-identical")
+    assert(exec.session_seq_free(s, 1))
+    m:close() m0:close()
+  end)
 
   it("charges the rings' snapshots to prompt_cache and frees them with their groups; peaks within the budget", function()
     local st = T.slice_store(synth(GEMMA), "gemma3-windows")
@@ -210,6 +251,18 @@ describe("the prefix cache over sliding windows", function()
       for i, x in ipairs(c:cache_stats()) do
         assert.is_true(x.groups > 0 or x.shared_groups > 0, "device " .. i .. " holds its layers' groups")
       end
+      -- a shared system prompt: the second recomputes it and leaves the rings at its end on every device
+      local system = ids(52, 7)
+      local function ask(seed)
+        local p = { unpack(system) }
+        for _, id in ipairs(ids(30, seed)) do p[#p + 1] = id end
+        return p
+      end
+      assert.are.equal(0, run(b, ask(11)).cached_tokens)
+      assert.are.equal(0, run(b, ask(12)).cached_tokens)
+      local r3 = run(b, ask(13))
+      assert.are.equal(48, r3.cached_tokens, "the system prompt reused on every device")
+      assert.are.same(run(b0, ask(13)).token_ids, r3.token_ids)
     end)
     c:close()
     m0:close()

@@ -60,6 +60,7 @@ function Engine:start(seq, r)
   end
   core.must(exec.session_seq_free(self.session, seq))
   if r.attach then self:cache():adopt(seq, r.attach) end -- (the prefix cache's groups)
+  if r.window_at then self:cache():window_at(seq, r.window_at) end -- (the rings a held run's end wants)
   -- another choice's prompt (loip.engine.request.choices): its first positions shared, copy-on-write
   if r.share then core.must(exec.session_seq_share(self.session, seq, r.share.seq, r.share.positions, self.model.path)) end
 end

@@ -49,7 +49,7 @@ function Ring:start(seq, r)
   if c.registry.degraded then error("the cluster cannot serve now: " .. c.registry.degraded, 0) end
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
     n_sample = r.n_sample or c.planner.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share,
-    attach = r.attach })
+    attach = r.attach, window_at = r.window_at })
   c.rpc:round({ kind = "START", payload = body }, 10000)
 end
 

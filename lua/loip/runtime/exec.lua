@@ -90,6 +90,8 @@ function M.session_kv_drop(s, id, context) return core.ok(C.loip_session_kv_drop
 -- rings at its end; the positions held group id's snapshot ends at (0: none).
 function M.session_kv_hold_window(s, seq, i, context) return core.ok(C.loip_session_kv_hold_window(s, seq, i), context) end
 function M.session_kv_window_end(s, id) return tonumber(C.loip_session_kv_window_end(s, id)) end
+-- Held group id (ending at position e) to get seq's rings at e once seq has written them.
+function M.session_kv_window_at(s, seq, id, e, context) return core.ok(C.loip_session_kv_window_at(s, seq, id, e), context) end
 -- The disk tier's copies of a snapshot: its bytes; held group id's into buf (cap bytes): true and
 -- where it ends; one at buf (bytes) given to held group id, ending at end.
 function M.session_kv_window_snapshot_bytes(s) return tonumber(C.loip_session_kv_window_snapshot_bytes(s)) end

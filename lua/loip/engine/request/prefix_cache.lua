@@ -16,7 +16,9 @@
 -- the window - 1 positions before it, per ringed layer, charged as held groups are), and a
 -- request adopts only a run ending at a group with one (the rings at any other end are gone), so
 -- a prompt matching part of a kept run reuses the longest run some request's kept groups ended
--- at (M.agree). The disk tier keeps the snapshots beside the groups (loip.engine.request.prefix_disk).
+-- at (M.agree), and its sequence, recomputing the rest of the held run, leaves the rings at the
+-- held run's end to its last group (r.window_at: loip_session_kv_window_at), so that the next
+-- request sharing as much (a system prompt) finds them. The disk tier keeps the snapshots beside the groups (loip.engine.request.prefix_disk).
 --
 --   batcher side   M.new(identity) -> the batcher's cache (b.prefix); M.admit(b, r) before the
 --                  engine starts r, M.started(r) after, M.retire(b, r, reason) before it finishes
@@ -76,7 +78,10 @@ function M.admit(b, r)
   local kb = b.engine.kv_block
   local n = math.floor((r.n_prompt - 1) / kb)
   r.keys = M.chain(pc.identity, r.prompt, kb, n)
-  local k = n > 0 and b.engine:cache_lookup(r.keys) or 0
+  local k, held = 0, 0
+  if n > 0 then k, held = b.engine:cache_lookup(r.keys) end
+  -- (a held run longer than the one adopted: its end gets this sequence's rings there)
+  r.window_at = (held or 0) > k and { key = r.keys[held], at = held * kb } or nil
   local st = pc.stats
   st.lookups, st.prompt_tokens = st.lookups + 1, st.prompt_tokens + r.n_prompt
   if k > 0 then
@@ -90,7 +95,7 @@ end
 -- The run of groups every device may adopt, from answers (one a device: { held = how many of the
 -- keys from the first it holds, at = nil, or (rings) the runs it may start from: a list of
 -- lengths }) for n keys: the least held, and where any device has rings, the longest run all of
--- their lists name within it (0: none).
+-- their lists name within it (0: none); and the least held.
 function M.agree(answers, n)
   local k = n
   for _, a in ipairs(answers) do k = math.min(k, a.held or 0) end
@@ -103,13 +108,15 @@ function M.agree(answers, n)
       for j = 1, k do ok[j] = ok[j] and mine[j] or false end
     end
   end
+  local held = k
   while k > 0 and not ok[k] do k = k - 1 end
-  return k
+  return k, held
 end
 
 -- After r started: its prefill starts past the adopted groups.
 function M.started(r)
   if r.attach then r.pos, r.attach = r.cached_tokens, nil end
+  r.window_at = nil
 end
 
 -- Before r finishes: its full groups' keys for the devices to hold (r.keep) when it ended
@@ -152,7 +159,7 @@ function M.metrics(m, b, dev)
 end
 
 -- A re-plan lost every device's cache: r starts again from its tokens.
-function M.resume(r) r.attach = nil end
+function M.resume(r) r.attach, r.window_at = nil, nil end
 
 -- ---- a device's side ---------------------------------------------------------------------
 
@@ -223,6 +230,14 @@ function Store:adopt(seq, keys)
   return assert(exec.session_kv_adopt(self.s, seq, ids, "prefix cache"))
 end
 
+-- The held group keyed w.key (w: r.window_at) to get seq's rings at w.at once seq wrote them
+-- (nothing when it is no longer held).
+function Store:window_at(seq, w)
+  local e = valid(self, w.key)
+  if e then return exec.session_kv_window_at(self.s, seq, e.id, w.at, "prefix cache") end
+  return true
+end
+
 -- Sequence seq's first #keys groups held by the cache (those whose key it holds already kept once);
 -- with rings, the last of them carrying seq's rings at its end.
 function Store:keep(seq, keys)
@@ -281,6 +296,7 @@ end
 -- found them on every device) or another choice's first positions shared (body.share).
 function M.device_start(d, body)
   if body.attach then M.device_store(d):adopt(body.seq or 0, body.attach) end
+  if body.window_at then M.device_store(d):window_at(body.seq or 0, body.window_at) end
   if body.share then assert(exec.session_seq_share(d.part.session, body.seq or 0, body.share.seq, body.share.positions)) end
 end
 function M.device_keep(d, body, log)
