@@ -54,6 +54,23 @@ end
 
 local last_logits = T.last_logits
 
+-- The 32-bit words that differ between the last logits of prompt after its first k groups adopted
+-- from batcher b's cache and after a full prefill, in sequence 1 of m's session (its rings first
+-- written over with other positions: only the adopted snapshot can make them right).
+local function adopted_vs_full(m, b, prompt, k)
+  local s, V, kb = m:session(), m.vocab_size, b.engine.kv_block
+  last_logits(s, ids(100, 9), 0, 1, 7, V)
+  assert(exec.session_seq_free(s, 1))
+  local keys = prefix_cache.chain(b.prefix.identity, prompt, kb, k)
+  assert.are.equal(k, (b.engine:cache_lookup(keys)))
+  b.engine:cache():adopt(1, keys)
+  local cached = last_logits(s, prompt, k * kb, 1, 7, V)
+  assert(exec.session_seq_free(s, 1))
+  local full = last_logits(s, prompt, 0, 1, 7, V)
+  assert(exec.session_seq_free(s, 1))
+  return T.bit_diffs(full, cached, V)
+end
+
 describe("the prefix cache over sliding windows", function()
   after_each(function() collectgarbage() collectgarbage() end)
 
@@ -90,20 +107,9 @@ describe("the prefix cache over sliding windows", function()
       local st = b.prefix.stats
       assert.are.same({ 3, 1, 2, 5 * kb }, { st.lookups, st.hits, st.misses, st.cached_tokens })
       -- reused KV against recomputed: the logits after the adopted groups equal a full prefill's
-      local s, V = m:session(), m.vocab_size
-      local full = last_logits(s, pb, 0, 1, 7, V)
-      assert(exec.session_seq_free(s, 1))
-      last_logits(s, ids(100, 9), 0, 1, 7, V) -- (other rows in seq 1's rings)
-      assert(exec.session_seq_free(s, 1))
-      local keys = prefix_cache.chain(b.prefix.identity, pb, kb, math.floor((#pb - 1) / kb))
-      local k = b.engine:cache_lookup(keys)
-      assert.is_true(k >= 5, "held: " .. k)
-      b.engine:cache():adopt(1, { unpack(keys, 1, k) })
-      local cached = last_logits(s, pb, k * kb, 1, 7, V)
-      assert(exec.session_seq_free(s, 1))
-      assert.are.equal(0, T.bit_diffs(full, cached, V), "bit-identical")
+      assert.are.equal(0, adopted_vs_full(m, b, pb, 5), "bit-identical")
       -- a run without its rings is refused by name
-      local ok, err = pcall(function() b.engine:cache():adopt(1, { unpack(keys, 1, 1) }) end)
+      local ok, err = pcall(function() b.engine:cache():adopt(1, prefix_cache.chain(b.prefix.identity, pb, kb, 1)) end)
       assert.is_false(ok)
       assert.matches("carries no sliding%-window rings at position 16", tostring(err))
       m:close() m0:close()
@@ -133,17 +139,7 @@ describe("the prefix cache over sliding windows", function()
     assert.are.same(run(b0, q3).token_ids, r3.token_ids)
     assert.are.same(run(b0, q2).token_ids, r2.token_ids)
     -- the logits after the shared prefix adopted (into rings another prompt wrote) against a full prefill's
-    local s, V = m:session(), m.vocab_size
-    local q4 = ask(14)
-    last_logits(s, ids(100, 9), 0, 1, 7, V) -- (other rows in seq 1's rings)
-    assert(exec.session_seq_free(s, 1))
-    local keys = prefix_cache.chain(b.prefix.identity, q4, kb, 3)
-    assert.are.equal(3, (b.engine:cache_lookup(keys)))
-    b.engine:cache():adopt(1, keys)
-    local cached = last_logits(s, q4, 3 * kb, 1, 7, V)
-    assert(exec.session_seq_free(s, 1))
-    assert.are.equal(0, T.bit_diffs(last_logits(s, q4, 0, 1, 7, V), cached, V), "bit-identical")
-    assert(exec.session_seq_free(s, 1))
+    assert.are.equal(0, adopted_vs_full(m, b, ask(14), 3), "bit-identical")
     m:close() m0:close()
   end)
 
@@ -214,18 +210,10 @@ describe("the prefix cache over sliding windows", function()
     local m0 = open(false)
     assert.are.same(run(m0:batcher(), pb).token_ids, r2.token_ids, "a cold run's tokens")
     m:close()
-    -- restarted again: the logits after the run adopted from disk (into rings that held nothing)
-    -- against a full prefill's
+    -- restarted again: the logits after the run adopted from disk against a full prefill's
     m = open(true)
     b = m:batcher()
-    local s, V, kb = m:session(), m.vocab_size, b.engine.kv_block
-    local keys = prefix_cache.chain(b.prefix.identity, pb, kb, 5)
-    assert.are.equal(5, b.engine:cache_lookup(keys))
-    b.engine:cache():adopt(1, keys)
-    local cached = last_logits(s, pb, 5 * kb, 1, 7, V)
-    assert(exec.session_seq_free(s, 1))
-    assert.are.equal(0, T.bit_diffs(last_logits(s, pb, 0, 1, 7, V), cached, V), "bit-identical")
-    assert(exec.session_seq_free(s, 1))
+    assert.are.equal(0, adopted_vs_full(m, b, pb, 5), "bit-identical")
     m:close() m0:close()
   end)
 
