@@ -149,6 +149,22 @@ function M.bit_diffs(a, b, n)
   return d
 end
 
+-- The logits of the last position of ids (a Lua list) through sequence seq of session s,
+-- positions from..#ids-1 fed in chunks of `chunk` rows (a copy of V floats).
+function M.last_logits(s, ids, from, seq, chunk, V)
+  local exec = require "loip.runtime.exec"
+  local n = #ids
+  local tok, bt, rows = ffi.new("int32_t[?]", chunk), ffi.new("loip_batch_token[?]", chunk), ffi.new("int32_t[1]")
+  local out = ffi.new("float[?]", V)
+  for p0 = from, n - 1, chunk do
+    local k = math.min(chunk, n - p0)
+    for j = 0, k - 1 do tok[j], bt[j].seq, bt[j].pos, bt[j].parent = ids[p0 + j + 1], seq, p0 + j, 0 end
+    rows[0] = k - 1
+    assert(exec.session_forward_batch(s, tok, k, bt, rows, 1, out))
+  end
+  return out
+end
+
 -- Run a shell command; returns exit code, stdout, stderr.
 function M.run(cmd)
   local out, err = os.tmpname(), os.tmpname()

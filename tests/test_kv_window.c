@@ -240,9 +240,48 @@ int main(void) {
     rc = loip_session_seq_share(ring, 1, 0, 20);
     CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "sliding-window"), "a window gone refused: %d %s", rc,
           loip_last_error());
-    int32_t ids[1];
-    rc = loip_session_kv_hold(ring, 0, 0, 1, ids);
-    CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "rings"), "the prompt cache's hold refused: %s", loip_last_error());
+    /* the prompt cache: sequence 0's first 4 groups held, the last with its rings at 64 (the ring
+     * holds 55..70 now: at 32 they are gone); sequence 1 adopting them computes 64..69 as 0 did */
+    int32_t ids[4];
+    uint64_t cached = account(b, "prompt_cache");
+    CHECK(loip_session_kv_hold(ring, 0, 0, 4, ids) == 0, "hold: %s", loip_last_error());
+    CHECK(loip_session_kv_window_end(ring, ids[1]) == 0, "no snapshot yet");
+    rc = loip_session_kv_hold_window(ring, 0, 1);
+    CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "rings hold positions 55..70"), "rings gone refused: %d %s", rc,
+          loip_last_error());
+    CHECK(loip_session_kv_hold_window(ring, 0, 3) == 0, "hold window: %s", loip_last_error());
+    CHECK(loip_session_kv_window_end(ring, ids[3]) == 64 && loip_session_kv_window_end(ring, ids[1]) == 0, "ends");
+    CHECK(account(b, "prompt_cache") - cached == 2 * 2 * (WINDOW - 1) * row, "the snapshot charged: %llu",
+          (unsigned long long)(account(b, "prompt_cache") - cached));
+    CHECK(loip_session_seq_free(ring, 1) == 0, "free 1");
+    rc = loip_session_kv_adopt(ring, 1, ids, 3);
+    CHECK(rc == LOIP_ESTATE && strstr(loip_last_error(), "no sliding-window rings at position 48"), "no rings at 48: %s",
+          loip_last_error());
+    CHECK(loip_session_kv_adopt(ring, 1, ids, 4) == 0, "adopt: %s", loip_last_error());
+    float *adopted = malloc(sizeof(float) * 6 * VOCAB);
+    CHECK(run(ring, 1, 64, N, 8, adopted) == 0, "after the adopted groups");
+    CHECK(!memcmp(adopted, a + (size_t)64 * VOCAB, sizeof(float) * 6 * VOCAB), "positions 64..69 bit for bit: %g",
+          max_diff(adopted, a + (size_t)64 * VOCAB, (size_t)6 * VOCAB));
+    free(adopted);
+    /* group 1 (ending at 32) wants the rings there: sequence 1 recomputing 0..39 leaves them (taken
+     * before the batch after 31 writes), and a sequence adopting groups 0..1 computes 32..69 as 0 did */
+    CHECK(loip_session_seq_free(ring, 1) == 0, "free 1");
+    CHECK(loip_session_kv_window_at(ring, 1, ids[1], 32) == 0, "window at: %s", loip_last_error());
+    float *again = malloc(sizeof(float) * (N - 32) * VOCAB);
+    CHECK(run(ring, 1, 0, 32, 8, again) == 0 && loip_session_kv_window_end(ring, ids[1]) == 0, "not yet: 24..31 written last");
+    CHECK(run(ring, 1, 32, 40, 8, again) == 0 && loip_session_kv_window_end(ring, ids[1]) == 32, "taken before 32..39");
+    CHECK(loip_session_seq_free(ring, 1) == 0 && loip_session_kv_adopt(ring, 1, ids, 2) == 0, "adopt 2: %s", loip_last_error());
+    CHECK(run(ring, 1, 32, N, 8, again) == 0, "after the 2 adopted groups");
+    CHECK(!memcmp(again, a + (size_t)32 * VOCAB, sizeof(float) * (N - 32) * VOCAB), "positions 32..69 bit for bit: %g",
+          max_diff(again, a + (size_t)32 * VOCAB, (size_t)(N - 32) * VOCAB));
+    free(again);
+    loip_kv_share_stats sh;
+    loip_session_kv_share_stats(ring, &sh);
+    CHECK(sh.window_snapshots == 2, "two snapshots held");
+    CHECK(loip_session_seq_free(ring, 1) == 0, "free 1");
+    for (int i = 0; i < 4; i++) CHECK(loip_session_kv_drop(ring, ids[i]) == 0, "drop %d", i);
+    loip_session_kv_share_stats(ring, &sh);
+    CHECK(sh.window_snapshots == 0 && account(b, "prompt_cache") == cached, "the snapshots freed with their groups");
     /* a tree of drafts after position N: root r at N, its children a (N + 1) and b (N + 2), b's child
      * c (N + 3, depth 2): b's and c's logits are those of the chain r, b, c at N, N + 1, N + 2, bit
      * for bit (the window counted from each node's depth, not its KV position) */

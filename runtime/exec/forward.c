@@ -382,6 +382,7 @@ int loip_session_prepare(loip_session *s, int32_t n, const loip_batch_token *tok
     for (int32_t t = 0; t < n; t++) /* (attention never reads an unmapped group) */
         if (s->tok_pos[t] >= s->kv->evicted[s->tok_seq[t]] && (rc = loip_kv_prepare(s->kv, s->tok_seq[t], s->tok_pos[t])))
             return rc;
+    loip_kv_take_wants(s->kv); /* (the rings as the last batch left them: the prompt cache's snapshots) */
     for (int32_t t = 0; t < n; t++) /* (what a ring holds: kv_window.c) */
         if (s->tok_pos[t] >= s->kv->win_len[s->tok_seq[t]]) s->kv->win_len[s->tok_seq[t]] = s->tok_pos[t] + 1;
     drop_past(s, n);

@@ -40,7 +40,7 @@ static kv_shape shape_of(const loip_model_config *c, int32_t max_ctx, int32_t ma
     return k;
 }
 
-enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 13 };
+enum { KV_COUNTED = LOIP_ARRAY_COUNTED, KV_TABLE = LOIP_ARRAY_ZERO, KV_MAX_ARRAYS = 18 };
 
 /* The cache's arrays besides its pool: the block tables, the free list and the layer slots are
  * charged with the pool; the lending, sharing and eviction tables are small and outside the
@@ -63,6 +63,11 @@ static size_t kv_arrays(const kv_shape *k, loip_array *t) {
     KV_ARRAY(evicted, k->max_seqs, KV_TABLE);
     KV_ARRAY(win_slot, k->n_layers, KV_TABLE);
     KV_ARRAY(win_len, k->max_seqs, KV_TABLE);
+    KV_ARRAY(win_snap, G + 1, KV_TABLE);
+    KV_ARRAY(snap_end, G + 1, KV_TABLE);
+    KV_ARRAY(want_id, k->max_seqs, KV_TABLE);
+    KV_ARRAY(want_end, k->max_seqs, KV_TABLE);
+    KV_ARRAY(want_gen, k->max_seqs, KV_TABLE);
 #undef KV_ARRAY
     return n;
 }
@@ -153,6 +158,9 @@ int loip_kv_new(const loip_model_config *c, int32_t max_ctx, int32_t max_batch, 
     uint64_t floats = pool_floats(&k, kv->kv_dim);
     kv->pool_bytes = (floats ? floats : 1) * sizeof(float);
     kv->win_map_bytes = (size_t)ring_floats(&k, kv->kv_dim) * sizeof(float);
+    if (kv->n_win_layers) /* window - 1 rows of each ringed layer (one at least: a window of 1 reads none) */
+        kv->snap_bytes = 2 * (uint64_t)kv->n_win_layers * (uint64_t)(kv->window > 1 ? kv->window - 1 : 1) * kv->kv_dim *
+                         sizeof(float);
     init_tables(kv, c, kv_layers);
     *out = kv;
     return LOIP_OK;
@@ -167,6 +175,7 @@ void loip_kv_free(loip_kv *kv) {
     if (kv->v_cache) munmap(kv->v_cache, kv->pool_bytes);
     if (kv->win_k) munmap(kv->win_k, kv->win_map_bytes);
     if (kv->win_v) munmap(kv->win_v, kv->win_map_bytes);
+    if (kv->win_snap) loip_kv_snaps_free_all(kv);
     kv_shape k = {.n_layers = (uint64_t)kv->n_layers, .n_kv_layers = (uint64_t)kv->n_kv_layers,
                   .max_seqs = (uint64_t)kv->max_seqs, .blocks_per_seq = (uint64_t)kv->blocks_per_seq,
                   .n_groups = (uint64_t)kv->n_groups};
@@ -261,6 +270,7 @@ int loip_kv_seq_free(loip_kv *kv, int32_t seq) {
     if (seq < 0 || seq >= kv->max_seqs)
         return loip_fail(LOIP_EINVAL, "session: sequence %d out of range (%d sequences)", seq, kv->max_seqs);
     int32_t *t = kv->block_table + (size_t)seq * kv->blocks_per_seq;
+    loip_kv_drop_want(kv, seq); /* (a snapshot its rings owe a held group, taken first) */
     for (int32_t i = 0; i < kv->blocks_per_seq; i++)
         if (t[i] >= 0) loip_kv_release_group(kv, seq, t[i]);
     for (int32_t i = 0; i < kv->blocks_per_seq; i++) t[i] = -1;

@@ -68,14 +68,27 @@ typedef struct loip_kv {
      * ring (the window and a batch, win_ring positions) is shorter than max_ctx keeps its KV
      * apart from the pool, position p of a sequence in row p % win_ring of its ring, and never
      * more: a batch's rows never overwrite a row one of its tokens still reads (its positions
-     * span at most window - 1 + max_batch). Ringed layers are not paged, lent, shared by groups
-     * nor held by the prompt cache (layer_slot -1); the ring is charged to "kv" whole. */
+     * span at most window - 1 + max_batch). Ringed layers are not paged, lent nor shared by groups
+     * (layer_slot -1); the ring is charged to "kv" whole. The prompt cache carries them apart: a
+     * held group g may hold a snapshot win_snap[g] of the rows a sequence reads from its end
+     * (snap_end[g] positions) on: the window - 1 positions before it, of every ringed layer
+     * (loip_kv_hold_window), charged to "prompt_cache" and freed with g's last hold; a sequence
+     * adopting groups that end at g starts its rings from it (loip_kv_adopt). */
     int n_win_layers;      /* layers ringed here */
     int32_t *win_slot;     /* (n_layers) index of a layer among the ringed ones, -1: not ringed here */
     int32_t window, win_ring;
     int32_t *win_len;      /* (max_seqs) one past the highest position a sequence wrote in its ring */
     float *win_k, *win_v;  /* (max_seqs, n_win_layers, win_ring, kv_dim) */
     size_t win_map_bytes;  /* each of win_k and win_v */
+    float **win_snap;      /* (n_groups) NULL, or (2, n_win_layers, window - 1, kv_dim): K then V of
+                              positions snap_end - window + 1 .. snap_end - 1 (those >= 0, first) */
+    int32_t *snap_end;     /* (n_groups) positions before the snapshot's end: the group's end */
+    int32_t n_snaps;       /* snapshots held */
+    uint64_t snap_bytes;   /* one snapshot's */
+    /* Snapshots wanted (loip_kv_window_at): when seq's rings pass want_end[seq] (> 0), their
+     * snapshot there goes to held group want_id[seq] if it is still the one of gen want_gen[seq] */
+    int32_t *want_id, *want_end;
+    uint32_t *want_gen;
 } loip_kv;
 
 /* Bytes of a cache of kv_tokens positions (<= 0: max_ctx) of the layers kv_mask marks (NULL: the
@@ -137,9 +150,28 @@ static inline float *ring_at(const loip_kv *kv, float *ring, int w, int32_t seq)
 /* Sequence dst's rings take src's rows the positions from n_positions on read (those past
  * n_positions - window): LOIP_ESTATE when src's ring no longer holds them. */
 int loip_kv_share_rings(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions);
-/* LOIP_ESTATE naming what when the cache rings any layer (the prompt cache's groups would not
- * carry their KV). */
-int loip_kv_no_rings(const loip_kv *kv, const char *what);
+/* Held group i of seq (its positions end at (i + 1) * kv_block) given a snapshot of seq's rings
+ * at its end (as loip_session_kv_hold_window); seq's rings from a held group's snapshot ending at
+ * n_positions (its own LOIP_ESTATE when g carries none ending there). */
+int loip_kv_hold_window(loip_kv *kv, int32_t seq, int32_t i);
+int loip_kv_adopt_window(loip_kv *kv, int32_t seq, int32_t g, int32_t n_positions);
+/* Held group id (ending at end) to get seq's rings at end once seq has written them (as
+ * loip_session_kv_window_at); the snapshots wanted whose sequences' rings passed their end taken
+ * (before a batch writes the rings: loip_session_prepare) or, for seq, dropped (seq freed). */
+int loip_kv_window_at(loip_kv *kv, int32_t seq, int32_t id, int32_t end);
+void loip_kv_take_wants(loip_kv *kv);
+void loip_kv_drop_want(loip_kv *kv, int32_t seq);
+/* Group g's snapshot freed and its charge released (none: nothing); every snapshot freed, their
+ * charges left to the caller (loip_kv_free releases "prompt_cache" whole). */
+void loip_kv_snap_free(loip_kv *kv, int32_t g);
+/* The disk tier's copies: held group id's snapshot (snap_bytes) and where it ends; one loaded
+ * into held group id (as loip_session_kv_read_window / _load_window). */
+int loip_kv_read_window(loip_kv *kv, int32_t id, void *buf, uint64_t cap, int32_t *end);
+int loip_kv_load_window(loip_kv *kv, int32_t id, int32_t end, const void *buf, uint64_t bytes);
+void loip_kv_snaps_free_all(loip_kv *kv);
+/* The least recently used group only the prompt cache holds (with_window: of those carrying a
+ * snapshot) evicted, its snapshot freed; 0: none was. */
+int loip_kv_evict_held(loip_kv *kv, int with_window);
 
 /* ---- lending and eviction (kv_lend.c): as loip_session_kv_* in loip.h ---- */
 int loip_kv_lend(loip_kv *kv, int32_t seq, int32_t layer0, int32_t layer1, int32_t g0, int32_t n, void *buf,

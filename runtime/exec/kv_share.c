@@ -34,12 +34,12 @@ void loip_kv_unref_group(loip_kv *kv, int32_t g) {
     if (cache_only(kv, g)) charge_to_cache(kv, 1);
 }
 
-/* The least recently used group only the cache holds back to the free list; 0: none. */
-static int evict_one(loip_kv *kv) {
+int loip_kv_evict_held(loip_kv *kv, int with_window) {
     int32_t best = -1;
     for (int32_t g = 0; g < kv->n_groups; g++)
-        if (cache_only(kv, g) && (best < 0 || kv->tick[g] < kv->tick[best])) best = g;
+        if (cache_only(kv, g) && (!with_window || kv->win_snap[g]) && (best < 0 || kv->tick[g] < kv->tick[best])) best = g;
     if (best < 0) return 0;
+    loip_kv_snap_free(kv, best);
     kv->refs[best] = 0, kv->holds[best] = 0, kv->gen[best]++;
     kv->free_groups[kv->n_free++] = best;
     if (kv->grows && kv->budget) {
@@ -54,12 +54,12 @@ int loip_kv_take_group(loip_kv *kv, int32_t seq, int32_t pos, int32_t *out) {
     char who[64] = "the prompt cache's disk tier"; /* seq < 0: loip_kv_load_group */
     if (seq >= 0) snprintf(who, sizeof who, "sequence %d at position %d", seq, pos);
     while (kv->n_free == 0)
-        if (!evict_one(kv))
+        if (!loip_kv_evict_held(kv, 0))
             return loip_fail(LOIP_ENOMEM, "KV cache full: %s needs a block and all %d (%d tokens) are in use", who,
                              kv->n_groups, kv->n_groups * kv->kv_block);
     int rc;
     while ((rc = loip_kv_charge(kv, kv->group_bytes)) != 0)
-        if (!evict_one(kv)) {
+        if (!loip_kv_evict_held(kv, 0)) {
             char why[400];
             snprintf(why, sizeof why, "%s", loip_last_error());
             return loip_fail(rc, "KV cache: %s: %s", who, why);
@@ -134,7 +134,7 @@ int loip_kv_share(loip_kv *kv, int32_t dst, int32_t src, int32_t n_positions) {
 
 int loip_kv_hold(loip_kv *kv, int32_t seq, int32_t first, int32_t n, int32_t *ids) {
     int rc = check_seq(kv, "KV hold", seq);
-    if (rc || (rc = loip_kv_no_rings(kv, "KV hold"))) return rc;
+    if (rc) return rc;
     if (first < 0 || n < 0 || first + n > kv->blocks_per_seq)
         return loip_fail(LOIP_EINVAL, "KV hold: groups [%d, %d) out of range (%d per sequence)", first, first + n,
                          kv->blocks_per_seq);
@@ -161,11 +161,13 @@ static int check_held(const loip_kv *kv, const char *what, int32_t id) {
 
 int loip_kv_adopt(loip_kv *kv, int32_t seq, const int32_t *ids, int32_t n) {
     int rc = check_empty(kv, "KV adopt", seq);
-    if (rc || (rc = loip_kv_no_rings(kv, "KV adopt"))) return rc;
+    if (rc) return rc;
     if (n < 0 || n > kv->blocks_per_seq)
         return loip_fail(LOIP_EINVAL, "KV adopt: %d groups (a sequence has %d)", n, kv->blocks_per_seq);
     for (int32_t i = 0; i < n; i++)
         if ((rc = check_held(kv, "KV adopt", ids[i]))) return rc;
+    /* ringed layers: seq's rings from the last group's snapshot (refused before a group is named) */
+    if (n > 0 && (rc = loip_kv_adopt_window(kv, seq, ids[n - 1], n * kv->kv_block))) return rc;
     int32_t *table = &kv->block_table[(size_t)seq * kv->blocks_per_seq];
     for (int32_t i = 0; i < n; i++) {
         int32_t g = ids[i];
@@ -183,6 +185,7 @@ int loip_kv_drop(loip_kv *kv, int32_t id) {
             kv->holds[id]--, kv->refs[id]--;
             return LOIP_OK;
         }
+        loip_kv_snap_free(kv, id);
         kv->holds[id] = 0, kv->refs[id] = 0, kv->gen[id]++;
         kv->free_groups[kv->n_free++] = id;
         if (kv->grows && kv->budget) {
@@ -191,7 +194,7 @@ int loip_kv_drop(loip_kv *kv, int32_t id) {
         }
         return LOIP_OK;
     }
-    kv->holds[id]--;
+    if (--kv->holds[id] == 0) loip_kv_snap_free(kv, id); /* (a sequence's alone now: no window carried) */
     loip_kv_unref_group(kv, id);
     return LOIP_OK;
 }
@@ -211,7 +214,8 @@ void loip_kv_stats(const loip_kv *kv, loip_kv_share_stats *st) {
         else if (kv->holds[g] > 0) st->cache_shared_groups++;
         if (kv->refs[g] > 1 && kv->refs[g] > kv->holds[g]) st->shared_groups++;
     }
-    st->cache_bytes = (uint64_t)st->cache_groups * kv->group_bytes;
+    st->window_snapshots = kv->n_snaps;
+    st->cache_bytes = (uint64_t)st->cache_groups * kv->group_bytes + (uint64_t)kv->n_snaps * kv->snap_bytes;
     st->cache_charged = kv->cache_charged;
     st->evictions = kv->cache_evictions;
     st->cow_copies = kv->cow_copies;
@@ -249,7 +253,6 @@ int loip_kv_read_group(loip_kv *kv, int32_t id, void *buf, uint64_t cap) {
 }
 
 int loip_kv_load_group(loip_kv *kv, const void *buf, uint64_t bytes, int32_t *id) {
-    if (loip_kv_no_rings(kv, "KV load")) return LOIP_ESTATE;
     if (bytes != kv->group_bytes)
         return loip_fail(LOIP_EINVAL, "KV load: %llu bytes for a group of %llu", (unsigned long long)bytes,
                          (unsigned long long)kv->group_bytes);

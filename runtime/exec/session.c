@@ -201,6 +201,23 @@ LOIP_API int loip_session_kv_hold(loip_session *s, int32_t seq, int32_t first, i
 LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *ids, int32_t n) {
     return loip_kv_adopt(s->kv, seq, ids, n);
 }
+LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i) {
+    return loip_kv_hold_window(s->kv, seq, i);
+}
+LOIP_API int loip_session_kv_window_at(loip_session *s, int32_t seq, int32_t id, int32_t end) {
+    return loip_kv_window_at(s->kv, seq, id, end);
+}
+LOIP_API uint64_t loip_session_kv_window_snapshot_bytes(const loip_session *s) { return s->kv->snap_bytes; }
+LOIP_API int loip_session_kv_read_window(loip_session *s, int32_t id, void *buf, uint64_t cap, int32_t *end) {
+    return loip_kv_read_window(s->kv, id, buf, cap, end);
+}
+LOIP_API int loip_session_kv_load_window(loip_session *s, int32_t id, int32_t end, const void *buf, uint64_t bytes) {
+    return loip_kv_load_window(s->kv, id, end, buf, bytes);
+}
+LOIP_API int32_t loip_session_kv_window_end(const loip_session *s, int32_t id) {
+    const loip_kv *kv = s->kv;
+    return kv->win_snap && id >= 0 && id < kv->n_groups && kv->win_snap[id] ? kv->snap_end[id] : 0;
+}
 LOIP_API int loip_session_kv_drop(loip_session *s, int32_t id) { return loip_kv_drop(s->kv, id); }
 LOIP_API int32_t loip_session_kv_refs(const loip_session *s, int32_t id) { return loip_kv_refs(s->kv, id); }
 LOIP_API uint32_t loip_session_kv_gen(const loip_session *s, int32_t id) { return loip_kv_gen(s->kv, id); }

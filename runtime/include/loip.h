@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 39, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 40, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -785,8 +785,31 @@ LOIP_API int loip_session_seq_share(loip_session *s, int32_t dst, int32_t src, i
  * refuses one: the plan's needs come first. Its gen (loip_session_kv_gen) changes whenever it
  * goes back to the pool, so a holder knows whether its hold survived. */
 LOIP_API int loip_session_kv_hold(loip_session *s, int32_t seq, int32_t first, int32_t n, int32_t *ids);
-/* Sequence seq (holding no KV) starts with the held groups ids[0..n) as its first n groups. */
+/* Sequence seq (holding no KV) starts with the held groups ids[0..n) as its first n groups; where
+ * sliding-window layers keep their KV in rings, its rings start from the snapshot ids[n - 1]
+ * carries (LOIP_ESTATE when it carries none: loip_session_kv_hold_window). */
 LOIP_API int loip_session_kv_adopt(loip_session *s, int32_t seq, const int32_t *ids, int32_t n);
+/* Where layers keep their KV in rings (loip_session_kv_window_layers): seq's held group i (its
+ * positions end at (i + 1) * LOIP_KV_BLOCK_TOKENS = e) given a snapshot of seq's rings at e, the
+ * window - 1 positions before e of every ringed layer (what a sequence reads from e on), charged
+ * to "prompt_cache" (the least recent held groups evicted for it when the budget refuses) and
+ * freed with the group's last hold. LOIP_ESTATE when the rings no longer hold those positions or
+ * the group is not held; a no-op where nothing is ringed. loip_session_kv_window_end: the
+ * positions held group id's snapshot ends at (0: none). */
+LOIP_API int loip_session_kv_hold_window(loip_session *s, int32_t seq, int32_t i);
+LOIP_API int32_t loip_session_kv_window_end(const loip_session *s, int32_t id);
+/* Held group id (its positions end at end) to get seq's rings at end once seq has written them:
+ * taken before the next batch writes the rings (or when seq is freed), where the group is still
+ * held without one and the rings still hold those positions. What a request that recomputes a
+ * held run (the run's end carries no snapshot) leaves for the next. A no-op where nothing is
+ * ringed; one wanted a sequence (a later call replaces it). */
+LOIP_API int loip_session_kv_window_at(loip_session *s, int32_t seq, int32_t id, int32_t end);
+/* The prompt cache's disk tier: a snapshot's bytes (0: nothing is ringed); held group id's
+ * snapshot copied into buf (its end into *end; LOIP_ESTATE: none); a snapshot (as read) given to
+ * held group id, ending at end (charged as loip_session_kv_hold_window's). */
+LOIP_API uint64_t loip_session_kv_window_snapshot_bytes(const loip_session *s);
+LOIP_API int loip_session_kv_read_window(loip_session *s, int32_t id, void *buf, uint64_t cap, int32_t *end);
+LOIP_API int loip_session_kv_load_window(loip_session *s, int32_t id, int32_t end, const void *buf, uint64_t bytes);
 /* One hold of group id given up (back to the pool when nothing names it). */
 LOIP_API int loip_session_kv_drop(loip_session *s, int32_t id);
 /* Block tables and holds naming group id (0: free; -1: no such group). */
@@ -797,8 +820,8 @@ typedef struct loip_kv_share_stats {
     int32_t cache_groups;        /* held by the cache alone */
     int32_t cache_shared_groups; /* held by the cache and named by a sequence */
     int32_t shared_groups;       /* named by more than one sequence */
-    int32_t pad;
-    uint64_t cache_bytes;        /* cache_groups x the group's bytes */
+    int32_t window_snapshots;    /* held groups carrying their sliding-window rings */
+    uint64_t cache_bytes;        /* cache_groups x the group's bytes, and the snapshots' */
     uint64_t cache_charged;      /* what the "prompt_cache" account holds for this session */
     uint64_t evictions;          /* held groups evicted for a sequence's need */
     uint64_t cow_copies;         /* shared groups copied before a write */

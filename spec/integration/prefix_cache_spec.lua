@@ -11,7 +11,6 @@ local loip = require "loip"
 local cluster = require "loip.cluster"
 local client = require "loip.runtime.http_client"
 local exec = require "loip.runtime.exec"
-local ffi = require "ffi"
 local json = require "loip.text.json"
 local prefix_cache = require "loip.engine.request.prefix_cache"
 local T = require "spec.support"
@@ -35,20 +34,7 @@ local function run(b, ids, n)
   return r
 end
 
--- The logits of the last position of ids through sequence seq of session s, positions from..#ids-1
--- fed in chunks of `chunk` rows (a copy).
-local function last_logits(s, ids, from, seq, chunk, V)
-  local n = #ids
-  local tok, bt, rows = ffi.new("int32_t[?]", chunk), ffi.new("loip_batch_token[?]", chunk), ffi.new("int32_t[1]")
-  local out = ffi.new("float[?]", V)
-  for p0 = from, n - 1, chunk do
-    local k = math.min(chunk, n - p0)
-    for j = 0, k - 1 do tok[j], bt[j].seq, bt[j].pos, bt[j].parent = ids[p0 + j + 1], seq, p0 + j, 0 end
-    rows[0] = k - 1
-    assert(exec.session_forward_batch(s, tok, k, bt, rows, 1, out))
-  end
-  return out
-end
+local last_logits = T.last_logits
 
 describe("the prefix cache", function()
   after_each(function() collectgarbage() collectgarbage() end)

@@ -20,7 +20,6 @@ local T = require "spec.support"
 teardown(function() T.cleanup() end)
 
 local store_of = T.slice_store
-local S260 = T.root .. "/models/stories260K"
 teardown(T.drop_stores)
 
 local SHAPE = "--like qwen2.5-7b --dtype f32 --layers 6 --dim 64 --heads 4 --kv-heads 2 --ffn 96 --std 0.3 --vocab 300"
@@ -179,15 +178,10 @@ describe("sliding-window attention", function()
     assert.are.same(plain, tokens("self:layers=3,tree=on,width=3,levels=2"))
   end)
 
-  it("keeps no prefix cache (a held group carries no window); n choices share a prompt with its windows", function()
+  it("shares a prompt with its windows between n choices (the prefix cache: spec/integration/window_prefix_spec.lua)", function()
     local st = store_of(synth(), "windows")
-    local m = loip.model.open(st, { threads = 1, context = 256, max_batch = 3, prefix_cache = true, tokenizer = false })
+    local m = loip.model.open(st, { threads = 1, context = 256, max_batch = 3, tokenizer = false })
     local b = m:batcher()
-    assert.is_true(b.engine.kv_windows)
-    assert.is_nil(b.prefix)
-    m:close()
-    m = loip.model.open(st, { threads = 1, context = 256, max_batch = 3, tokenizer = false })
-    b = m:batcher()
     -- n = 3 choices of a prompt of 40 (window 16): the prompt's KV shared, its windows copied exactly
     local ids = {}
     for i = 1, 40 do ids[i] = (i * 53 + 7) % 300 end
@@ -197,10 +191,6 @@ describe("sliding-window attention", function()
     for _, c in ipairs(r.choices) do c:wait() end
     for _, c in ipairs(r.choices) do assert.are.same(one.token_ids, c.token_ids) end
     m:close()
-    -- the plain twin's batcher keeps one (prefix_cache = true asks for it)
-    local p = loip.model.open(S260, { threads = 1, context = 256, max_batch = 2, prefix_cache = true })
-    assert.is_not_nil(p:batcher().prefix)
-    p:close()
   end)
 
   it("lends the full layers' KV between devices and keeps the windows' rings: the same tokens", function()

@@ -133,10 +133,6 @@ local function serve_on(o, run, tokdir, name, api_key)
     io.stderr:write(string.format("serve: no prefix cache: the online policy on a cluster (--online %s) may lend KV between "
       .. "devices, which moves no shared group (requests with n > 1 are refused too)\n", o.online or "loip"))
   end
-  if not o.no_prompt_cache and srv.batcher.engine.kv_windows then
-    io.stderr:write("serve: no prefix cache: the model's sliding-window layers keep their KV in rings, which the "
-      .. "cache's groups do not carry\n")
-  end
   require("loip.cmd.discover").serve_listen(srv, o) -- (--discover)
   -- the address first, on stdout (port 0: the one chosen), for scripts that start us
   io.stdout:write(string.format("listening http://%s:%d/v1\n", o.host, srv.port))

@@ -61,6 +61,7 @@ function Engine:start(seq, r)
   end
   core.must(exec.session_seq_free(self.session, seq))
   if r.attach then self:cache():adopt(seq, r.attach) end -- (the prefix cache's groups)
+  if r.window_at then self:cache():window_at(seq, r.window_at) end -- (the rings a held run's end wants)
   -- another choice's prompt (loip.engine.request.choices): its first positions shared, copy-on-write
   if r.share then core.must(exec.session_seq_share(self.session, seq, r.share.seq, r.share.positions, self.model.path)) end
 end
@@ -82,7 +83,8 @@ function Engine:cache()
       local layers = {}
       for l = 0, self.model.cfg.n_layers - 1 do layers[#layers + 1] = l end
       disk = prefix_disk.new { dir = o.dir, bytes = o.bytes, identity = o.identity, device = 1,
-        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s), budget = self.model.budget }
+        layers = layers, kv_block = self.kv_block, group_bytes = exec.session_kv_group_bytes(s),
+        window_bytes = exec.session_kv_window_snapshot_bytes(s), budget = self.model.budget }
     end
     self.store = prefix_cache.store(self.session, disk)
   end
@@ -90,7 +92,10 @@ function Engine:cache()
 end
 -- The prefix cache's disk tier: o = { dir, bytes, identity } (loip.engine.request.prefix_disk).
 function Engine:cache_configure(o) self.cache_disk, self.store = o, nil end
-function Engine:cache_lookup(keys) return self:cache():lookup(keys) end
+function Engine:cache_lookup(keys)
+  local held, at = self:cache():lookup(keys)
+  return prefix_cache.agree({ { held = held, at = at } }, #keys)
+end
 function Engine:cache_stats() return { self:cache():stats() } end
 
 function Engine:step(toks)

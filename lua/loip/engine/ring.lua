@@ -20,6 +20,7 @@ local core = require "loip.core"
 local errors = require "loip.error"
 local json = require "loip.text.json"
 local engine = require "loip.engine"
+local prefix_cache = require "loip.engine.request.prefix_cache"
 local tokenizer = require "loip.text.tokenizer"
 local K = core.constants
 
@@ -48,7 +49,7 @@ function Ring:start(seq, r)
   if c.registry.degraded then error("the cluster cannot serve now: " .. c.registry.degraded, 0) end
   local body = json.encode({ seq = seq, request = r.id, sampler = r.sampler or {}, seed = r.seed or 0,
     n_sample = r.n_sample or c.planner.vocab, prompt = r.prompt, max_tokens = r.max_tokens or 0, draws = r.draws, share = r.share,
-    attach = r.attach })
+    attach = r.attach, window_at = r.window_at })
   c.rpc:round({ kind = "START", payload = body }, 10000)
 end
 
@@ -59,14 +60,13 @@ function Ring:finish(seq, r)
 end
 
 -- The prefix cache (loip.engine.request.prefix_cache): how many of keys, from the first, every device
--- holds for its layers (a LOOKUP round: the least of their answers).
+-- holds for its layers and may start from (a LOOKUP round: what their answers agree on).
 function Ring:cache_lookup(keys)
-  local body, k = json.encode({ keys = keys, disk = self.cache_disk }), #keys
-  for _, r in ipairs(self.c.rpc:round({ kind = "LOOKUP", payload = body }, 10000)) do
-    local held = r and r.payload and json.decode(r.payload).held or 0
-    k = math.min(k, held)
+  local body, answers = json.encode({ keys = keys, disk = self.cache_disk }), {}
+  for i, r in ipairs(self.c.rpc:round({ kind = "LOOKUP", payload = body }, 10000)) do
+    answers[i] = r and r.payload and json.decode(r.payload) or { held = 0 }
   end
-  return k
+  return prefix_cache.agree(answers, #keys)
 end
 
 -- The prefix cache's disk tier on every device: o = { dir, bytes, identity } (sent with each
@@ -234,7 +234,7 @@ function Ring:batcher(opts)
   if not self._batcher then
     self.max_seqs, self.kv_block = pl.sizes.max_seqs, K.KV_BLOCK_TOKENS
     self.kv_tokens = pl.sizes.kv_tokens
-    self.kv_windows = pl.sizes.ringed ~= nil -- (sliding-window layers' rings: no prefix cache)
+    self.kv_windows = pl.sizes.ringed ~= nil -- (sliding-window layers' rings)
     self.cache_identity = "store:" .. c.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
     self.step_tokens = pl.batch
     plan_rows(self) -- (logits_tokens, sample_rows: the rows of a step the plan holds)

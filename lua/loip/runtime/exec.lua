@@ -86,6 +86,24 @@ function M.session_kv_adopt(s, seq, ids, context)
   return core.ok(C.loip_session_kv_adopt(s, seq, a, #ids), context)
 end
 function M.session_kv_drop(s, id, context) return core.ok(C.loip_session_kv_drop(s, id), context) end
+-- Where layers keep their KV in rings: seq's held group i (0-based) given a snapshot of seq's
+-- rings at its end; the positions held group id's snapshot ends at (0: none).
+function M.session_kv_hold_window(s, seq, i, context) return core.ok(C.loip_session_kv_hold_window(s, seq, i), context) end
+function M.session_kv_window_end(s, id) return tonumber(C.loip_session_kv_window_end(s, id)) end
+-- Held group id (ending at position e) to get seq's rings at e once seq has written them.
+function M.session_kv_window_at(s, seq, id, e, context) return core.ok(C.loip_session_kv_window_at(s, seq, id, e), context) end
+-- The disk tier's copies of a snapshot: its bytes; held group id's into buf (cap bytes): true and
+-- where it ends; one at buf (bytes) given to held group id, ending at end.
+function M.session_kv_window_snapshot_bytes(s) return tonumber(C.loip_session_kv_window_snapshot_bytes(s)) end
+function M.session_kv_read_window(s, id, buf, cap, context)
+  local e = ffi.new("int32_t[1]")
+  local ok, err = core.ok(C.loip_session_kv_read_window(s, id, buf, cap, e), context)
+  if not ok then return nil, err end
+  return true, e[0]
+end
+function M.session_kv_load_window(s, id, e, buf, bytes, context)
+  return core.ok(C.loip_session_kv_load_window(s, id, e, buf, bytes), context)
+end
 -- The disk tier: held group id's rows into buf (cap bytes); rows at buf loaded into a group the
 -- cache holds (its id into id, an int32_t[1]); a held group made the most recently used.
 function M.session_kv_read_group(s, id, buf, cap, context) return core.ok(C.loip_session_kv_read_group(s, id, buf, cap), context) end
@@ -93,13 +111,13 @@ function M.session_kv_load_group(s, buf, bytes, id, context) return core.ok(C.lo
 function M.session_kv_touch(s, id, context) return core.ok(C.loip_session_kv_touch(s, id), context) end
 function M.session_kv_refs(s, id) return tonumber(C.loip_session_kv_refs(s, id)) end
 function M.session_kv_gen(s, id) return tonumber(C.loip_session_kv_gen(s, id)) end
--- { n_groups, free_groups, cache_groups, cache_shared_groups, shared_groups, cache_bytes,
--- cache_charged, evictions, cow_copies } of session s now.
+-- { n_groups, free_groups, cache_groups, cache_shared_groups, shared_groups, window_snapshots,
+-- cache_bytes, cache_charged, evictions, cow_copies } of session s now.
 function M.session_kv_share_stats(s)
   local st = ffi.new("loip_kv_share_stats")
   C.loip_session_kv_share_stats(s, st)
   local out = {}
-  for _, k in ipairs({ "n_groups", "free_groups", "cache_groups", "cache_shared_groups", "shared_groups", "cache_bytes",
+  for _, k in ipairs({ "n_groups", "free_groups", "cache_groups", "cache_shared_groups", "shared_groups", "window_snapshots", "cache_bytes",
     "cache_charged", "evictions", "cow_copies" }) do out[k] = tonumber(st[k]) end
   return out
 end

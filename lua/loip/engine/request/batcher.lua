@@ -84,8 +84,8 @@ function M.new(engine, opts)
   b.draft = opts.draft -- (loip.engine.request.draft: speculative decoding's drafts, verified in the step)
   -- (not beside an online policy that may lend KV: lending moves no shared group)
   b.shares_kv = not (b.online and b.online.policy and engine.lend)
-  -- (nor where sliding-window layers keep their KV in rings: a held group carries no window)
-  if opts.prefix_cache and engine.cache_lookup and b.shares_kv and not engine.kv_windows then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
+  -- (sliding-window layers' rings too: a kept run's last group carries them, loip.engine.request.prefix_cache)
+  if opts.prefix_cache and engine.cache_lookup and b.shares_kv then b.prefix = prefix_cache.new(engine, opts.prefix_cache) end
   for s = max_batch - 1, 0, -1 do b.free_seqs[#b.free_seqs + 1] = s end
   return b
 end

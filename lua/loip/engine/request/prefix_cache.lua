@@ -11,10 +11,19 @@
 -- them (request.cached_tokens); at its end its full groups (prompt and generated tokens whose KV
 -- was written) are held by the cache.
 --
+-- Sliding-window layers whose KV lives in rings (loip_session_kv_window_layers) are in no group:
+-- a kept run's last group carries a snapshot of the rings at its end (loip_session_kv_hold_window:
+-- the window - 1 positions before it, per ringed layer, charged as held groups are), and a
+-- request adopts only a run ending at a group with one (the rings at any other end are gone), so
+-- a prompt matching part of a kept run reuses the longest run some request's kept groups ended
+-- at (M.agree), and its sequence, recomputing the rest of the held run, leaves the rings at the
+-- held run's end to its last group (r.window_at: loip_session_kv_window_at), so that the next
+-- request sharing as much (a system prompt) finds them. The disk tier keeps the snapshots beside the groups (loip.engine.request.prefix_disk).
+--
 --   batcher side   M.new(identity) -> the batcher's cache (b.prefix); M.admit(b, r) before the
 --                  engine starts r, M.started(r) after, M.retire(b, r, reason) before it finishes
---   device side    M.store(session) -> Store: lookup(keys) -> k, adopt(seq, keys), keep(seq, keys),
---                  stats(), clear()
+--   device side    M.store(session) -> Store: lookup(keys) -> k, at, adopt(seq, keys), keep(seq, keys),
+--                  stats(), clear(); M.agree(answers, n) -> the k every device may adopt
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
@@ -69,7 +78,10 @@ function M.admit(b, r)
   local kb = b.engine.kv_block
   local n = math.floor((r.n_prompt - 1) / kb)
   r.keys = M.chain(pc.identity, r.prompt, kb, n)
-  local k = n > 0 and b.engine:cache_lookup(r.keys) or 0
+  local k, held = 0, 0
+  if n > 0 then k, held = b.engine:cache_lookup(r.keys) end
+  -- (a held run longer than the one adopted: its end gets this sequence's rings there)
+  r.window_at = (held or 0) > k and { key = r.keys[held], at = held * kb } or nil
   local st = pc.stats
   st.lookups, st.prompt_tokens = st.lookups + 1, st.prompt_tokens + r.n_prompt
   if k > 0 then
@@ -80,9 +92,31 @@ function M.admit(b, r)
   end
 end
 
+-- The run of groups every device may adopt, from answers (one a device: { held = how many of the
+-- keys from the first it holds, at = nil, or (rings) the runs it may start from: a list of
+-- lengths }) for n keys: the least held, and where any device has rings, the longest run all of
+-- their lists name within it (0: none); and the least held.
+function M.agree(answers, n)
+  local k = n
+  for _, a in ipairs(answers) do k = math.min(k, a.held or 0) end
+  local ok = {}
+  for j = 1, k do ok[j] = true end
+  for _, a in ipairs(answers) do
+    if a.at then
+      local mine = {}
+      for _, j in ipairs(a.at) do mine[j] = true end
+      for j = 1, k do ok[j] = ok[j] and mine[j] or false end
+    end
+  end
+  local held = k
+  while k > 0 and not ok[k] do k = k - 1 end
+  return k, held
+end
+
 -- After r started: its prefill starts past the adopted groups.
 function M.started(r)
   if r.attach then r.pos, r.attach = r.cached_tokens, nil end
+  r.window_at = nil
 end
 
 -- Before r finishes: its full groups' keys for the devices to hold (r.keep) when it ended
@@ -125,7 +159,7 @@ function M.metrics(m, b, dev)
 end
 
 -- A re-plan lost every device's cache: r starts again from its tokens.
-function M.resume(r) r.attach = nil end
+function M.resume(r) r.attach, r.window_at = nil, nil end
 
 -- ---- a device's side ---------------------------------------------------------------------
 
@@ -134,7 +168,11 @@ Store.__index = Store
 
 -- The cache of session s (a loip_session *): key -> { id, gen } of the groups it holds; disk
 -- (optional): its disk tier (loip.engine.request.prefix_disk), written through and read on a miss.
-function M.store(s, disk) return setmetatable({ s = s, index = {}, n = 0, disk = disk }, Store) end
+-- rings: whether the session's layers keep KV in rings (sliding windows).
+function M.store(s, disk)
+  return setmetatable({ s = s, index = {}, n = 0, disk = disk, rings = exec.session_kv_window_layers(s) > 0,
+    kb = exec.session_kv_block_tokens(s) }, Store)
+end
 
 local function valid(self, key)
   local e = self.index[key]
@@ -144,7 +182,9 @@ local function valid(self, key)
 end
 
 -- How many of keys, from the first, this device holds: in memory, else read back from its disk
--- tier (each made the most recently used, so that reading the next one evicts none of them).
+-- tier (each made the most recently used, so that reading the next one evicts none of them);
+-- with rings, also the runs of them a sequence may start from (those whose last group carries
+-- its window: a list of lengths), else nil.
 function Store:lookup(keys)
   local k = 0
   while k < #keys do
@@ -155,12 +195,28 @@ function Store:lookup(keys)
   end
   local d, missing = self.disk, {}
   while d and k + #missing < #keys and d:has(keys[k + #missing + 1]) do missing[#missing + 1] = keys[k + #missing + 1] end
-  if #missing == 0 then return k end
-  for i, id in ipairs(d:load(missing, self.s)) do
-    self.index[missing[i]], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
-    k = k + 1
+  if #missing > 0 then
+    for i, id in ipairs(d:load(missing, self.s)) do
+      self.index[missing[i]], self.n = { id = id, gen = exec.session_kv_gen(self.s, id) }, self.n + 1
+      k = k + 1
+    end
   end
-  return k
+  if not self.rings then return k end
+  local at = {}
+  for j = 1, k do
+    local id = self.index[keys[j]].id
+    local ends = exec.session_kv_window_end(self.s, id)
+    if ends == 0 and d and d:has(keys[j], "win") and d:load_window(keys[j], self.s, id) then
+      ends = exec.session_kv_window_end(self.s, id)
+    end
+    if ends == j * self.kb then at[#at + 1] = j end
+  end
+  -- (a window read back may have evicted a group held before it: the runs past it are lost)
+  local still = 0
+  while still < k and valid(self, keys[still + 1]) do still = still + 1 end
+  k = still
+  for i = #at, 1, -1 do if at[i] > k then table.remove(at, i) end end
+  return k, at
 end
 
 -- Sequence seq (holding nothing) starts with the groups of keys (all held: lookup said so).
@@ -174,7 +230,16 @@ function Store:adopt(seq, keys)
   return assert(exec.session_kv_adopt(self.s, seq, ids, "prefix cache"))
 end
 
--- Sequence seq's first #keys groups held by the cache (those whose key it holds already kept once).
+-- The held group keyed w.key (w: r.window_at) to get seq's rings at w.at once seq wrote them
+-- (nothing when it is no longer held).
+function Store:window_at(seq, w)
+  local e = valid(self, w.key)
+  if e then return exec.session_kv_window_at(self.s, seq, e.id, w.at, "prefix cache") end
+  return true
+end
+
+-- Sequence seq's first #keys groups held by the cache (those whose key it holds already kept once);
+-- with rings, the last of them carrying seq's rings at its end.
 function Store:keep(seq, keys)
   for i, key in ipairs(keys) do
     if not valid(self, key) then
@@ -187,15 +252,19 @@ function Store:keep(seq, keys)
       end
     end
   end
-  return true
+  if not self.rings or #keys == 0 then return true end
+  local ok, err = exec.session_kv_hold_window(self.s, seq, #keys - 1, "prefix cache")
+  if ok and self.disk then ok, err = self.disk:write_window(keys[#keys], self.s, self.index[keys[#keys]].id) end
+  return ok, err
 end
 
--- { groups (held by the cache alone), shared_groups (held and named by a sequence), bytes,
--- evictions }.
+-- { groups (held by the cache alone), shared_groups (held and named by a sequence), bytes (theirs
+-- and the window snapshots'), evictions, window_snapshots }.
 function Store:stats()
   local st = exec.session_kv_share_stats(self.s)
   local d = self.disk
   return { groups = st.cache_groups, shared_groups = st.cache_shared_groups, bytes = st.cache_bytes, evictions = st.evictions,
+    window_snapshots = st.window_snapshots,
     disk_files = d and d.n or 0, disk_bytes = d and d.total or 0, disk_reads = d and d.stats.reads or 0,
     disk_writes = d and d.stats.writes or 0 }
 end
@@ -212,21 +281,22 @@ function M.device_store(d, disk)
     d.store.disk = prefix_disk.new { dir = disk.dir, bytes = disk.bytes, identity = disk.identity,
       device = pt.index, layers = prefix_disk.stage_layers(pt.plan.devices[pt.index].stages),
       kv_block = exec.session_kv_block_tokens(pt.session), group_bytes = exec.session_kv_group_bytes(pt.session),
-      budget = pt.budget }
+      window_bytes = exec.session_kv_window_snapshot_bytes(pt.session), budget = pt.budget }
   end
   return d.store
 end
--- A LOOKUP's answer (body: { keys }): { held = k } as JSON.
+-- A LOOKUP's answer (body: { keys }): { held = k, at (rings: the runs it may start from) } as JSON.
 function M.device_lookup(d, body)
-  local held = 0
+  local held, at = 0, nil
   body = assert(body, "a LOOKUP without its keys")
-  if d and not d.lend_peer then held = M.device_store(d, body.disk):lookup(body.keys or {}) end
-  return json.encode({ held = held })
+  if d and not d.lend_peer then held, at = M.device_store(d, body.disk):lookup(body.keys or {}) end
+  return json.encode({ held = held, at = at })
 end
 -- A START's (body) KV: the cache's groups its prompt starts with (body.attach: the head's LOOKUP
 -- found them on every device) or another choice's first positions shared (body.share).
 function M.device_start(d, body)
   if body.attach then M.device_store(d):adopt(body.seq or 0, body.attach) end
+  if body.window_at then M.device_store(d):window_at(body.seq or 0, body.window_at) end
   if body.share then assert(exec.session_seq_share(d.part.session, body.seq or 0, body.share.seq, body.share.positions)) end
 end
 function M.device_keep(d, body, log)

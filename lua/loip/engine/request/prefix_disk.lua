@@ -13,6 +13,11 @@
 -- (loip_session_kv_load_group). The files are bounded by `bytes` (least recently used removed
 -- first). At start the index is rebuilt from DIR: files of another store, device, layer split or
 -- group shape are ignored with a log line, and a file that does not parse is removed.
+--
+-- A session whose sliding-window layers keep their KV in rings (docs/prefix-cache.md) writes, with
+-- a kept run's last group, the snapshot of its rings at the run's end as KEY.dDEVICE.win (the same
+-- header, kind "win" and the position it ends at; bounded with the groups): a lookup that finds
+-- a group without its window in memory reads it back (loip_session_kv_load_window).
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files = require "loip.runtime.files"
@@ -43,7 +48,8 @@ end
 -- o: dir, bytes (the bound; default M.DEFAULT_BYTES), identity (the store's: the chain's h_0),
 -- device (1-based), layers (the layers the session keeps, a list), kv_block, group_bytes, log
 -- (fmt, ...; default stderr), budget (the device's: the staging buffer files are read into is
--- charged to its "slots" account while it exists). Raises naming the directory when it cannot be made.
+-- charged to its "slots" account while it exists), window_bytes (a ringed session's snapshot: its
+-- bytes; 0 or nil: none). Raises naming the directory when it cannot be made.
 function M.new(o)
   assert(o.dir and o.identity and o.device and o.layers and o.kv_block and o.group_bytes, "prefix_disk.new: incomplete")
   local ok, err = fs.mkdir_p(o.dir)
@@ -51,24 +57,31 @@ function M.new(o)
   local d = setmetatable({ dir = o.dir:gsub("/+$", ""), limit = o.bytes or M.DEFAULT_BYTES, identity = o.identity,
     device = o.device, layers = table.concat(o.layers, ","), kv_block = o.kv_block, group_bytes = o.group_bytes, budget = o.budget,
     file_bytes = M.HEADER + math.ceil(o.group_bytes / 4096) * 4096, log = o.log or log, index = {}, n = 0, total = 0,
+    window_bytes = o.window_bytes or 0, wins = {}, win_file_bytes = M.HEADER + math.ceil((o.window_bytes or 0) / 4096) * 4096,
     ticks = 0, stats = { writes = 0, reads = 0, ignored = 0, removed = 0 } }, Disk)
   d:scan()
   return d
 end
 
-function Disk:path(key) return string.format("%s/%s.d%d.kv", self.dir, key, self.device) end
+-- kind: "kv" (a group, the default) or "win" (a snapshot of the rings)
+function Disk:path(key, kind) return string.format("%s/%s.d%d.%s", self.dir, key, self.device, kind or "kv") end
+function Disk:table_of(kind) return kind == "win" and self.wins or self.index end
+function Disk:bytes_of(kind) return kind == "win" and self.window_bytes or self.group_bytes end
+function Disk:file_of(kind) return kind == "win" and self.win_file_bytes or self.file_bytes end
 
-function Disk:header(key, crc)
+function Disk:header(key, crc, kind, at)
   local h = json.encode({ format = FORMAT, version = VERSION, identity = self.identity, key = key, device = self.device,
-    layers = self.layers, kv_block = self.kv_block, dtype = "f32", bytes = self.group_bytes, crc32c = crc })
+    layers = self.layers, kv_block = self.kv_block, dtype = "f32", bytes = self:bytes_of(kind), crc32c = crc,
+    kind = kind == "win" and "win" or nil, ends = at })
   return h .. "\n" .. string.rep("\0", M.HEADER - #h - 1)
 end
 
--- Why header h (decoded) is not one of this device's files for key, or nil.
-function Disk:mismatch(h, key)
+-- Why header h (decoded) is not one of this device's files for key (kind: "kv" or "win"), or nil.
+function Disk:mismatch(h, key, kind)
   if type(h) ~= "table" or h.format ~= FORMAT then return "not a prompt cache file" end
+  if (h.kind or "kv") ~= (kind or "kv") then return "its kind is " .. tostring(h.kind or "kv") end
   for _, f in ipairs({ { "version", VERSION }, { "identity", self.identity }, { "key", key }, { "device", self.device },
-    { "layers", self.layers }, { "kv_block", self.kv_block }, { "dtype", "f32" }, { "bytes", self.group_bytes } }) do
+    { "layers", self.layers }, { "kv_block", self.kv_block }, { "dtype", "f32" }, { "bytes", self:bytes_of(kind) } }) do
     if h[f[1]] ~= f[2] then
       return string.format("its %s is %s, this server's %s", f[1], tostring(h[f[1]]):sub(1, 24), tostring(f[2]):sub(1, 24))
     end
@@ -82,40 +95,46 @@ function Disk:scan()
   local names = {}
   for name in p:lines() do names[#names + 1] = name end
   p:close()
-  local suffix = string.format(".d%d.kv", self.device)
   for _, name in ipairs(names) do
-    if name:sub(-#suffix - 4) == suffix .. ".tmp" then os.remove(self.dir .. "/" .. name) end -- (a write a crash cut short)
-    local key = name:sub(-#suffix) == suffix and name:sub(1, -#suffix - 1) or nil
-    if key and key:match("^%x+$") then
-      local path = self.dir .. "/" .. name
-      local f = io.open(path, "rb")
-      local head = f and f:read(M.HEADER) or ""
-      if f then f:close() end
-      local h = json.decode((head:match("^([^\n]*)\n")) or "")
-      local why = "its header does not parse"
-      if h then why = self:mismatch(h, key) end
-      if why and not h then
-        os.remove(path) -- (a torn or foreign file under our name: gone)
-        self.stats.removed = self.stats.removed + 1
-      end
-      if why then
-        self.stats.ignored = self.stats.ignored + 1
-        self.log("prompt cache: %s ignored: %s", path, why)
-      else
-        self:add(key, h.crc32c)
-      end
-    end
+    for _, kind in ipairs({ "kv", "win" }) do self:scan_one(name, kind) end
   end
   self:trim() -- (a bound lowered since)
 end
 
-function Disk:add(key, crc)
-  self.ticks = self.ticks + 1
-  if not self.index[key] then self.n, self.total = self.n + 1, self.total + self.file_bytes end
-  self.index[key] = { crc = crc, tick = self.ticks }
+-- (Disk:scan: file name, if it is one of this device's files of kind)
+function Disk:scan_one(name, kind)
+  local suffix = string.format(".d%d.%s", self.device, kind)
+  if name:sub(-#suffix - 4) == suffix .. ".tmp" then os.remove(self.dir .. "/" .. name) end -- (a write a crash cut short)
+  local key = name:sub(-#suffix) == suffix and name:sub(1, -#suffix - 1) or nil
+  if key and key:match("^%x+$") then
+    local path = self.dir .. "/" .. name
+    local f = io.open(path, "rb")
+    local head = f and f:read(M.HEADER) or ""
+    if f then f:close() end
+    local h = json.decode((head:match("^([^\n]*)\n")) or "")
+    local why = "its header does not parse"
+    if h then why = self:mismatch(h, key, kind) end
+    if why and not h then
+      os.remove(path) -- (a torn or foreign file under our name: gone)
+      self.stats.removed = self.stats.removed + 1
+    end
+    if why then
+      self.stats.ignored = self.stats.ignored + 1
+      self.log("prompt cache: %s ignored: %s", path, why)
+    else
+      self:add(key, h.crc32c, kind, h.ends)
+    end
+  end
 end
 
-function Disk:has(key) return self.index[key] ~= nil end
+function Disk:add(key, crc, kind, at)
+  self.ticks = self.ticks + 1
+  local t = self:table_of(kind)
+  if not t[key] then self.n, self.total = self.n + 1, self.total + self:file_of(kind) end
+  t[key] = { crc = crc, tick = self.ticks, ends = at }
+end
+
+function Disk:has(key, kind) return self:table_of(kind)[key] ~= nil end
 
 -- Held group id of session s, keyed key, written (atomically) unless there already.
 function Disk:write(key, s, id)
@@ -123,16 +142,31 @@ function Disk:write(key, s, id)
   self.buf = self.buf or ffi.new("uint8_t[?]", self.group_bytes)
   local ok, err = exec.session_kv_read_group(s, id, self.buf, self.group_bytes)
   if not ok then return nil, err end
-  local crc = files.crc32c(0, self.buf, self.group_bytes)
+  return self:write_file(key, "kv", self.buf)
+end
+
+-- Held group id's snapshot of the rings (session s), keyed key, written unless there already.
+function Disk:write_window(key, s, id)
+  if self.wins[key] then return true end
+  self.wbuf = self.wbuf or ffi.new("uint8_t[?]", self.window_bytes)
+  local ok, at = exec.session_kv_read_window(s, id, self.wbuf, self.window_bytes)
+  if not ok then return nil, at end
+  return self:write_file(key, "win", self.wbuf, at)
+end
+
+-- The file of kind keyed key from buf (its kind's bytes; at: where a snapshot ends).
+function Disk:write_file(key, kind, buf, at)
+  local bytes = self:bytes_of(kind)
+  local crc = files.crc32c(0, buf, bytes)
   -- a temporary name renamed into place: the file is whole or absent. Not fsynced (a cache: a
   -- file a crash tore fails its CRC and is removed when read), so that a request's end is not
   -- held up by the disk.
-  local path = self:path(key)
+  local path = self:path(key, kind)
   local tmp = path .. ".tmp"
   local f, ferr = io.open(tmp, "wb")
   if not f then return nil, ferr end
-  ok, err = f:write(self:header(key, crc), ffi.string(self.buf, self.group_bytes),
-    string.rep("\0", self.file_bytes - M.HEADER - self.group_bytes))
+  local ok, err = f:write(self:header(key, crc, kind, at), ffi.string(buf, bytes),
+    string.rep("\0", self:file_of(kind) - M.HEADER - bytes))
   f:close()
   if ok then ok, err = os.rename(tmp, path) end
   if not ok then
@@ -140,24 +174,53 @@ function Disk:write(key, s, id)
     return nil, string.format("%s: %s", path, tostring(err))
   end
   self.stats.writes = self.stats.writes + 1
-  self:add(key, crc)
+  self:add(key, crc, kind, at)
   self:trim()
   return true
+end
+
+-- The snapshot keyed key (on disk) given to held group id of session s: true, else nil and why
+-- (a file failing its CRC or its read is removed).
+function Disk:load_window(key, s, id)
+  local e, path = self.wins[key], self:path(key, "win")
+  local f = io.open(path, "rb")
+  local data = f and f:read(M.HEADER + self.window_bytes)
+  if f then f:close() end
+  local why
+  if not data or #data < M.HEADER + self.window_bytes then why = "cannot be read whole"
+  else
+    local rows = ffi.cast("const uint8_t *", data) + M.HEADER
+    if files.crc32c(0, rows, self.window_bytes) ~= e.crc then why = "its rows fail their CRC-32C"
+    else
+      local ok, err = exec.session_kv_load_window(s, id, e.ends, rows, self.window_bytes)
+      if not ok then return nil, err end
+      self.stats.reads = self.stats.reads + 1
+      self.ticks = self.ticks + 1
+      e.tick = self.ticks
+      return true
+    end
+  end
+  self.log("prompt cache: %s: %s; removed", path, why)
+  self:remove(key, "win")
+  return nil, why
 end
 
 -- Least recently used files removed until the bound holds.
 function Disk:trim()
   while self.total > self.limit and self.n > 0 do
-    local old, t = nil, math.huge
-    for key, e in pairs(self.index) do if e.tick < t then old, t = key, e.tick end end
-    self:remove(old)
+    local old, kind, t = nil, nil, math.huge
+    for _, k in ipairs({ "kv", "win" }) do
+      for key, e in pairs(self:table_of(k)) do if e.tick < t then old, kind, t = key, k, e.tick end end
+    end
+    self:remove(old, kind)
   end
 end
 
-function Disk:remove(key)
-  if not self.index[key] then return end
-  os.remove(self:path(key))
-  self.index[key], self.n, self.total = nil, self.n - 1, self.total - self.file_bytes
+function Disk:remove(key, kind)
+  local t = self:table_of(kind)
+  if not t[key] then return end
+  os.remove(self:path(key, kind))
+  t[key], self.n, self.total = nil, self.n - 1, self.total - self:file_of(kind)
   self.stats.removed = self.stats.removed + 1
 end
 
