@@ -55,6 +55,7 @@ describe("modules", function()
       -- (a mixture of experts' cache, its policies' shared settings, played and sized)
       "^loip%.model%.experts$", "^loip%.model%.experts_policy$", "^loip%.sim%.experts$", "^loip%.plan%.sizes$",
       "^loip%.plan%.ends$", -- (where the embedding and head stay: loip.plan.ends, re-exported by loip.plan)
+      "^loip%.model%.kernels$", "^loip%.plan%.prefetch$", -- (the kernels' prefetch distance: measured by profile, set when a device opens)
       -- (constrained decoding: grammars, JSON schemas, the C matcher; the server uses them)
       "^loip%.text%.grammar$", "^loip%.text%.gbnf$", "^loip%.text%.schema$", "^loip%.text%.schema_check$",
       "^loip%.text%.utf8$", -- (well-formed UTF-8 out of token streams and into JSON)
