@@ -290,7 +290,7 @@ local TOKENIZER_FILES = { tiktoken = { "tokenizer.model", "special_tokens.json" 
 -- { file = its text, name, side = { name = text }, bos, eos (an id or the list of stop ids) }.
 -- Its ids must fit the model's vocabulary of vocab.
 function M.tokenizer_file(path, vocab)
-  local tokenizer = require "loip.text.tokenizer"
+  local tokenizer = require "loip.text.tokenizer" -- (here: only --tokenizer needs the tokenizers, which load the model store)
   local ok, kind = pcall(tokenizer.detect, path)
   if not ok then error("synth: --tokenizer " .. tostring(kind), 0) end
   local names = TOKENIZER_FILES[kind]
