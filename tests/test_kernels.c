@@ -434,6 +434,10 @@ int main(void) {
             test_matmul_blocked(k, dt, 9, 4096 + 3, 97, 0, 9);
             test_matmul_blocked(k, dt, 75, 1000, 14, 3, 73);
             test_matmul_blocked(k, dt, 5, 70000 + 9, 13, 0, 5);
+            /* more rows than a sweep holds (loip_kernels_sweep_rows: at most 256; at least 32
+             * for rows this long), a partial last sweep, a range not aligned to the tiles */
+            test_matmul_blocked(k, dt, 600, 200, 13, 5, 597);
+            test_matmul_blocked(k, dt, 90, 20000 + 5, 7, 1, 89);
         }
         static const size_t vec_n[] = {1,  2,   7,   8,   15,  16,   17,  31,
                                        32, 33, 64, 100, 128, 255, 4096, 4099};

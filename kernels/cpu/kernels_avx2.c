@@ -31,10 +31,11 @@
  * ymm registers); each widened weight feeds 4 FMAs, each x chunk 2. */
 #define MM_ROWS 2
 #define MM_TOKENS 4
-/* matmul cache blocking (see matmul_impl): columns per block (a multiple of 8) and rows per
- * sweep. */
+/* matmul cache blocking (see matmul_impl): columns per block (a multiple of 8), and the bounds
+ * of a sweep's rows (loip_kernels_sweep_rows sizes it to the L2; `keep` holds MAX of them). */
 #define MM_COLS 512
-#define MM_SWEEP 32
+#define MM_SWEEP_MIN 32
+#define MM_SWEEP_MAX 256
 
 /* Lane masks for _mm256_maskload_ps: row k enables the first k lanes. */
 static const int32_t lane_mask[9][8] = {
@@ -47,10 +48,23 @@ AI __m256 widen8_h(__m128i h, int dt) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* 8 weights starting at element i, widened exactly to fp32. */
+/* 8 weights starting at element i, widened exactly to fp32. bf16 in one shuffle uop, not two:
+ * the 16 bytes are broadcast to both 128-bit lanes by the load itself (vbroadcasti128 from
+ * memory has no ALU uop; asm, since compilers emit a load and a vinserti128), then vpshufb puts
+ * each lane's four weights in the upper halves of its dwords and zeros the lower ones: the
+ * same fp32 values as vpmovzxwd + vpslld, without the shift on the FMA ports. */
 AI __m256 widen8(const void *W, size_t i, int dt) {
     if (dt == LOIP_KDT_F32) return _mm256_loadu_ps((const float *)W + i);
-    return widen8_h(_mm_loadu_si128((const __m128i *)((const uint16_t *)W + i)), dt);
+    const uint16_t *p = (const uint16_t *)W + i;
+    if (dt == LOIP_KDT_BF16) {
+        const __m256i up = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                            -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1,
+                                            14, 15);
+        __m256i b;
+        __asm__("vbroadcasti128 %1, %0" : "=x"(b) : "m"(*(const __m128i *)p));
+        return _mm256_castsi256_ps(_mm256_shuffle_epi8(b, up));
+    }
+    return widen8_h(_mm_loadu_si128((const __m128i *)p), dt);
 }
 
 /* The first k (< 8) weights at element i, zero-padded; memory past them is not read. */
@@ -180,14 +194,18 @@ AI void tile_any(const int R, const int dt, size_t T, float *Y, size_t ldy, cons
  * for bf16, ~80% of peak at best) and 6 loads, provided its operands come from L1. Blocking,
  * innermost first:
  *  - MM_COLS columns of MM_TOKENS tokens' x (8 KB) stay in L1 while every row tile of a sweep
- *    passes over them; the tiles' accumulators wait in `keep` (4 KB) between column blocks;
- *  - MM_SWEEP rows of weights (256 KB of bf16 at 4096 columns) stay in L2 while all the tokens
- *    pass over them, so each weight is read from memory once per call. */
+ *    passes over them; the tiles' accumulators wait in `keep` (128 B a row of the sweep) between column blocks;
+ *  - a sweep of rows (half the L2: 256 rows of bf16 at 2048 columns on a 2 MB L2) stays in L2
+ *    while all the tokens pass over them, so each weight is read from memory once per call and
+ *    each token's x once per sweep (loip_kernels_sweep_rows; a fixed 32 rows re-read 512
+ *    tokens' x 64 times in a 2048-row layer, and ran ~8% slower). */
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
-    __m256 keep[MM_SWEEP * MM_TOKENS];
-    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
-        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+    const size_t sweep = loip_kernels_sweep_rows(cols * (dt == LOIP_KDT_F32 ? 4 : 2), MM_ROWS,
+                                                 MM_SWEEP_MIN, MM_SWEEP_MAX);
+    __m256 keep[MM_SWEEP_MAX * MM_TOKENS];
+    for (size_t rs = r0; rs < r1; rs += sweep) {
+        size_t re = rs + sweep < r1 ? rs + sweep : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             float *Yt = Y + t * ldy;

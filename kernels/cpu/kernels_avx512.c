@@ -35,10 +35,11 @@
  * ahead of 4x4, 6x4, 5x4, 3x8 and 2x8 for bf16.) */
 #define MM_ROWS 4
 #define MM_TOKENS 6
-/* matmul cache blocking (see matmul_impl): columns per block (a multiple of 16) and rows per
- * sweep. */
+/* matmul cache blocking (see matmul_impl): columns per block (a multiple of 16), and the bounds
+ * of a sweep's rows (loip_kernels_sweep_rows sizes it to the L2; `keep` holds MAX of them). */
 #define MM_COLS 512
-#define MM_SWEEP 32
+#define MM_SWEEP_MIN 32
+#define MM_SWEEP_MAX 256
 
 /* 16 weights starting at element i, widened exactly to fp32. */
 AI __m512 widen16(const void *W, size_t i, int dt) {
@@ -167,14 +168,18 @@ AI void tile_any(const int R, const int dt, size_t T, float *Y, size_t ldy, cons
  * FMA ports) and 10 loads, so its ceiling is ~75% of peak FMA throughput, provided its operands
  * come from L1. Blocking, innermost first:
  *  - MM_COLS columns of MM_TOKENS tokens' x (12 KB) stay in L1 while every row tile of a sweep
- *    passes over them; the tiles' accumulators wait in `keep` (12 KB) between column blocks;
- *  - MM_SWEEP rows of weights (256 KB of bf16 at 4096 columns) stay in L2 while all the tokens
- *    pass over them, so each weight is read from memory once per call. */
+ *    passes over them; the tiles' accumulators wait in `keep` (384 B a row of the sweep) between column blocks;
+ *  - a sweep of rows (half the L2: 256 rows of bf16 at 2048 columns on a 2 MB L2) stays in L2
+ *    while all the tokens pass over them, so each weight is read from memory once per call and
+ *    each token's x once per sweep (loip_kernels_sweep_rows; a fixed 32 rows re-read 512
+ *    tokens' x 64 times in a 2048-row layer, and ran ~8% slower). */
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
-    __m512 keep[MM_SWEEP * MM_TOKENS];
-    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
-        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+    const size_t sweep = loip_kernels_sweep_rows(cols * (dt == LOIP_KDT_F32 ? 4 : 2), MM_ROWS,
+                                                 MM_SWEEP_MIN, MM_SWEEP_MAX);
+    __m512 keep[MM_SWEEP_MAX * MM_TOKENS];
+    for (size_t rs = r0; rs < r1; rs += sweep) {
+        size_t re = rs + sweep < r1 ? rs + sweep : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             float *Yt = Y + t * ldy;

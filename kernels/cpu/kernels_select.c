@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/kernels.h"
 
@@ -60,4 +61,17 @@ EXPORT const loip_kernels *loip_kernels_select(const char *name) {
         atomic_store_explicit(&from_env, k, memory_order_release);
     }
     return k == &none ? NULL : k;
+}
+
+static _Atomic size_t sweep_bytes; /* 0 until the first call reads the L2 size */
+
+size_t loip_kernels_sweep_rows(size_t row_bytes, size_t tile, size_t min, size_t max) {
+    size_t b = atomic_load_explicit(&sweep_bytes, memory_order_relaxed);
+    if (!b) {
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE); /* 0 or -1 where the C library cannot tell */
+        b = l2 > 0 ? (size_t)l2 / 2 : (size_t)256 * 1024;
+        atomic_store_explicit(&sweep_bytes, b, memory_order_relaxed);
+    }
+    size_t rows = row_bytes ? b / row_bytes / tile * tile : max;
+    return rows < min ? min : rows > max ? max : rows;
 }
