@@ -74,13 +74,13 @@ size_t loip_kernels_amx_rows(size_t rows);
  * NULL when that one is unavailable. Environment variable LOIP_KERNELS overrides at startup. */
 const loip_kernels *loip_kernels_select(const char *name);
 
-/* The SIMD matmuls' row sweep: how many weight rows of row_bytes each (a multiple of `tile`
- * rows, within [min, max]) stay in this core's L2 while every token passes over them. Half the
- * L2 the CPU reports (sysconf), read once: the rest holds the tokens' x blocks and the paused
- * accumulators. More rows per sweep means fewer passes of the tokens' x through the cache (each
- * x block is re-read once per sweep); with the old fixed 32 rows, 512 tokens of a 2048-column
- * layer were re-read 64 times per call. Only the grouping changes, never the order of a dot
- * product's FMAs: the bits stay matvec's. */
+/* The SIMD matmuls' row sweep: how many weight rows of row_bytes each (within [min, max], then
+ * down to a multiple of `tile` rows) stay in this core's L2 while every token passes over them.
+ * Half the L2 the CPU reports (sysconf), read once: the rest holds the tokens' x blocks and the
+ * paused accumulators. More rows per sweep means fewer passes of the tokens' x through the cache
+ * (each x block is re-read once per sweep); with the old fixed 32 rows, 512 tokens of a
+ * 2048-column layer were re-read 64 times per call. Only the grouping changes, never the order
+ * of a dot product's FMAs: the bits stay matvec's. */
 size_t loip_kernels_sweep_rows(size_t row_bytes, size_t tile, size_t min, size_t max);
 
 /* Element conversions shared by all variants (exact: bf16/f16 -> f32 is lossless). */

@@ -27,9 +27,13 @@
  * ~0.88 vs ~0.82 of a streaming read), the widening being twice as many uops per byte. */
 #define MV_ROWS 8
 #define PF_BYTES 512
-/* matmul: a 2x4 tile holds 8 accumulators, 4 x chunks and one widened weight (13 of the 16
- * ymm registers); each widened weight feeds 4 FMAs, each x chunk 2. */
-#define MM_ROWS 2
+/* matmul: a 3x4 tile holds 12 accumulators, the widened weight and the widening's shuffle
+ * control (14 of the 16 ymm registers); the x chunks are FMA memory operands. Each widened weight
+ * feeds 4 FMAs. Measured against 2x4 (the tile before the one-shuffle widening), 3x3, 4x3, 2x5,
+ * 5x2, 4x2 and 6x2 on a Sapphire Rapids core with AVX2 forced (bf16, 512 tokens, fraction of the
+ * FMA probe): 3x4 0.39-0.41, 4x3 and 6x2 alike, 3x3 0.38-0.41, 5x2 0.38-0.39, 4x2 0.33-0.36,
+ * 2x5 0.32-0.34, 2x4 0.31-0.33. */
+#define MM_ROWS 3
 #define MM_TOKENS 4
 /* matmul cache blocking (see matmul_impl): columns per block (a multiple of 8), and the bounds
  * of a sweep's rows (loip_kernels_sweep_rows sizes it to the L2; `keep` holds MAX of them). */
@@ -179,22 +183,24 @@ static void matvec_f16(float *y, const void *W, const float *x, size_t r0, size_
 /* ---- matmul ------------------------------------------------------------------------------- */
 
 /* A row tile against T (<= MM_TOKENS) tokens; the switch turns T back into a constant. */
-_Static_assert(MM_TOKENS == 4, "tile_any covers 1..4 tokens");
+_Static_assert(MM_TOKENS <= 5, "tile_any covers 1..5 tokens");
 AI void tile_any(const int R, const int dt, size_t T, float *Y, size_t ldy, const void *W,
                  const float *X, size_t r, size_t cols, size_t c0, size_t c1, __m256 *keep) {
     switch (T) {
     case 1: tile(R, 1, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
     case 2: tile(R, 2, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
     case 3: tile(R, 3, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
-    default: tile(R, 4, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    case 4: tile(R, MM_TOKENS < 4 ? MM_TOKENS : 4, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
+    default: tile(R, MM_TOKENS, dt, Y, ldy, W, X, r, cols, c0, c1, keep); break;
     }
 }
 
-/* Compute-bound: a 2x4 tile does 8 FMAs per 8 columns for 2 weight widenings (on the FMA ports
- * for bf16, ~80% of peak at best) and 6 loads, provided its operands come from L1. Blocking,
+/* Compute-bound: a 3x4 tile does 12 FMAs per 8 columns for 3 weight widenings (a shuffle each,
+ * off the FMA ports on Intel) and 15 loads, provided its operands come from L1. Blocking,
  * innermost first:
  *  - MM_COLS columns of MM_TOKENS tokens' x (8 KB) stay in L1 while every row tile of a sweep
- *    passes over them; the tiles' accumulators wait in `keep` (128 B a row of the sweep) between column blocks;
+ *    passes over them; the tiles' accumulators wait in `keep` (128 B a row of the sweep)
+ *    between column blocks;
  *  - a sweep of rows (half the L2: 256 rows of bf16 at 2048 columns on a 2 MB L2) stays in L2
  *    while all the tokens pass over them, so each weight is read from memory once per call and
  *    each token's x once per sweep (loip_kernels_sweep_rows; a fixed 32 rows re-read 512

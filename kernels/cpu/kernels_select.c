@@ -72,6 +72,7 @@ size_t loip_kernels_sweep_rows(size_t row_bytes, size_t tile, size_t min, size_t
         b = l2 > 0 ? (size_t)l2 / 2 : (size_t)256 * 1024;
         atomic_store_explicit(&sweep_bytes, b, memory_order_relaxed);
     }
-    size_t rows = row_bytes ? b / row_bytes / tile * tile : max;
-    return rows < min ? min : rows > max ? max : rows;
+    size_t rows = row_bytes ? b / row_bytes : max;
+    rows = rows < min ? min : rows > max ? max : rows;
+    return rows > tile ? rows / tile * tile : tile;
 }
