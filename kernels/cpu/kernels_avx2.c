@@ -37,7 +37,7 @@
 #define MM_TOKENS 4
 /* matmul cache blocking (see matmul_impl): columns per block (a multiple of 8), and the bounds
  * of a sweep's rows (loip_kernels_sweep_rows sizes it to the L2; `keep` holds MAX of them). */
-#define MM_COLS 512
+#define MM_COLS 1024
 #define MM_SWEEP_MIN 32
 #define MM_SWEEP_MAX 256
 
@@ -198,9 +198,9 @@ AI void tile_any(const int R, const int dt, size_t T, float *Y, size_t ldy, cons
 /* Compute-bound: a 3x4 tile does 12 FMAs per 8 columns for 3 weight widenings (a shuffle each,
  * off the FMA ports on Intel) and 15 loads, provided its operands come from L1. Blocking,
  * innermost first:
- *  - MM_COLS columns of MM_TOKENS tokens' x (8 KB) stay in L1 while every row tile of a sweep
- *    passes over them; the tiles' accumulators wait in `keep` (128 B a row of the sweep)
- *    between column blocks;
+ *  - MM_COLS columns of MM_TOKENS tokens' x (16 KB; 512 columns ran 0.39-0.41 of the probe,
+ *    1024 0.41-0.43) stay in L1 while every row tile of a sweep passes over them; the tiles'
+ *    accumulators wait in `keep` (128 B a row of the sweep) between column blocks;
  *  - a sweep of rows (half the L2: 256 rows of bf16 at 2048 columns on a 2 MB L2) stays in L2
  *    while all the tokens pass over them, so each weight is read from memory once per call and
  *    each token's x once per sweep (loip_kernels_sweep_rows; a fixed 32 rows re-read 512
