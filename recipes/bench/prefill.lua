@@ -99,11 +99,15 @@ local function fma_pass()
   local flops = assert(exec.op_fma_probe(pool, iters))
   return flops / ((core.now_ns() - t0) / 1e9) / 1e9
 end
-fma_pass()
-local fs = {}
-for r = 1, math.max(3, o.repeats) do fs[r] = fma_pass() end
-result.fma.gflops = median(fs)
-log("FMA probe, %d thread(s): %.1f GFLOP/s (median of %d)", o.threads, result.fma.gflops, #fs)
+-- (its vector width follows the variant in use: 256 bits for avx2, as on a CPU without AVX-512)
+for _, v in ipairs(variants) do
+  core.must(exec.kernels_use(v))
+  fma_pass()
+  local fs = {}
+  for r = 1, math.max(3, o.repeats) do fs[r] = fma_pass() end
+  result.fma[v] = { gflops = median(fs) }
+  log("FMA probe for %s, %d thread(s): %.1f GFLOP/s (median of %d)", v, o.threads, result.fma[v].gflops, #fs)
+end
 
 -- Runs fn(variant) for every variant per round, o.repeats rounds, each run paired with an FMA
 -- probe pass right before it (the host is shared: its speed drifts, which pairing cancels).

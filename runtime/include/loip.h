@@ -289,8 +289,10 @@ LOIP_API int loip_op_read_probe(loip_pool *pool, const void *buf, uint64_t bytes
 LOIP_API int loip_op_matmul(loip_pool *pool, int32_t dtype, const void *W, const float *X,
                             float *Y, int64_t n, int64_t rows, int64_t cols);
 /* The FMA roof: every thread of the pool runs `iters` rounds of independent fp32 fused
- * multiply-adds on the widest vectors the CPU has; *flops gets the floating-point operations
- * done (2 per FMA lane), for the caller to divide by the time it measured. */
+ * multiply-adds on the widest vectors the CPU has, or 256 bits while the avx2 kernels are in use
+ * (so that they are measured against their own roof on a CPU with AVX-512); *flops gets the
+ * floating-point operations done (2 per FMA lane), for the caller to divide by the time it
+ * measured. */
 LOIP_API int loip_op_fma_probe(loip_pool *pool, int64_t iters, double *flops);
 /* Nanoseconds this process has spent, over all sessions' forward passes so far, in
  * out[0]: the linear layers (matvec/matmul dispatches, with their thread synchronisation) and
