@@ -333,7 +333,7 @@ static void test_prefetch(const loip_kernels *k) {
 
 static void test_variant(const loip_kernels *k, const loip_kernels *ref) {
     test_prefetch(k);
-    static const size_t mx_rows[] = {1, 7, 8, 9, 17, 33};
+    static const size_t mx_rows[] = {1, 7, 8, 9, 17, 33, 300}; /* (300: past a 256-row sweep) */
     static const size_t mx_cols[] = {32, 64, 96, 544, 2880};
     for (size_t i = 0; i < sizeof mx_rows / sizeof *mx_rows; i++)
         for (size_t j = 0; j < sizeof mx_cols / sizeof *mx_cols; j++)

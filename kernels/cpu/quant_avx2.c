@@ -25,7 +25,10 @@
 #define MV_ROWS 4
 #define MM_ROWS 2
 #define MM_TOKENS 4
-#define MM_SWEEP 32
+/* matmul: the bounds of a sweep of rows whose weights stay in L2 while every token passes
+ * (loip_kernels_sweep_rows: half the L2 within them). */
+#define MM_SWEEP_MIN 32
+#define MM_SWEEP_MAX 256
 
 static const int32_t lane_mask[9][8] = {
     {0}, {-1}, {-1, -1}, {-1, -1, -1}, {-1, -1, -1, -1}, {-1, -1, -1, -1, -1},
@@ -311,8 +314,10 @@ AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, cons
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
     const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
-    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
-        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+    const size_t sweep = loip_kernels_sweep_rows(
+        dt == LOIP_KDT_MXFP4 ? loip_mxfp4_row_bytes(cols) : cols, TR, MM_SWEEP_MIN, MM_SWEEP_MAX);
+    for (size_t rs = r0; rs < r1; rs += sweep) {
+        size_t re = rs + sweep < r1 ? rs + sweep : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             size_t r = rs;

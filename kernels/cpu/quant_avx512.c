@@ -25,11 +25,12 @@
  * shared). The software prefetch distance is a parameter (quant.h's loip_quant_prefetch). */
 #define MV_ROWS 8
 /* matmul: a tile of MM_ROWS x MM_TOKENS accumulators (16 zmm; the rows' decoded weights and
- * the x chunks take most of the rest), over MM_SWEEP rows whose weights stay in L2 while every
- * token passes. */
+ * the x chunks take most of the rest), over a sweep of rows whose weights stay in L2 while every
+ * token passes (loip_kernels_sweep_rows: half the L2, within these bounds). */
 #define MM_ROWS 4
 #define MM_TOKENS 4
-#define MM_SWEEP 32
+#define MM_SWEEP_MIN 32
+#define MM_SWEEP_MAX 256
 
 /* matvec's software prefetch: pf bytes ahead of byte off of the row at p. A matvec tile's rows
  * are MV_ROWS streams through memory (matvec_impl), so once off + pf passes this row's end it
@@ -271,8 +272,10 @@ AI void tile_any(const int dt, const int R, size_t T, float *Y, size_t ldy, cons
 AI void matmul_impl(const int dt, float *Y, size_t ldy, const void *W, const float *X, size_t n,
                     size_t r0, size_t r1, size_t cols) {
     const int TR = dt == LOIP_KDT_F8_E4M3 ? MM_ROWS / 2 : MM_ROWS; /* (F8: twice the accumulators) */
-    for (size_t rs = r0; rs < r1; rs += MM_SWEEP) {
-        size_t re = rs + MM_SWEEP < r1 ? rs + MM_SWEEP : r1;
+    const size_t sweep = loip_kernels_sweep_rows(
+        dt == LOIP_KDT_MXFP4 ? loip_mxfp4_row_bytes(cols) : cols, TR, MM_SWEEP_MIN, MM_SWEEP_MAX);
+    for (size_t rs = r0; rs < r1; rs += sweep) {
+        size_t re = rs + sweep < r1 ? rs + sweep : r1;
         for (size_t t = 0; t < n; t += MM_TOKENS) {
             size_t T = n - t < MM_TOKENS ? n - t : MM_TOKENS;
             size_t r = rs;
