@@ -435,6 +435,8 @@ function M.check_plan(p, problem, who, over)
     return string.format("%s: a plan for %d device%s, the problem has %d", who, #p.devices, #p.devices == 1 and "" or "s",
       #problem.devices)
   end
+  local odd = plan.ends.check_vocab(p, problem.model.vocab, function(f, ...) return who .. ": " .. string.format(f, ...) end)
+  if odd then return odd end
   local S = #p.devices[1].stages
   if problem.stages and S ~= problem.stages then
     return string.format("%s: a plan of %d stage%s per device, but %d %s asked for (--stages %d)", who, S, S == 1 and "" or "s",
@@ -471,7 +473,9 @@ local function plan_once(problem, cost, sched)
   if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
   -- (where the embedding and head stay is the problem's: loip.plan.ends)
-  if problem.ends then p.embed_rows, p.head_rows = problem.ends.embed_rows, problem.ends.head_rows end
+  if problem.ends then
+    p.embed_rows, p.head_rows, p.head_shares = problem.ends.embed_rows, problem.ends.head_rows, problem.ends.head_shares
+  end
   local bad = M.check_plan(p, problem, who)
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
