@@ -504,7 +504,8 @@ end
 -- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
 -- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
 -- Under budgets the embedding and head may stay on disk (loip.plan.ends.fallbacks): each way is
--- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows).
+-- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows), and
+-- so may the head cut across the devices (head_shares, loip.plan.ends.cuts).
 function M.plan(problem, opts)
   opts = opts or {}
   local cost = M.load("cost", opts.cost or "loip")
@@ -515,7 +516,10 @@ function M.plan(problem, opts)
   for _, d in ipairs(problem.devices) do budgeted = budgeted or (d.budget or 0) > 0 end
   local options = { false }
   if budgeted and not problem.ends then
-    for _, e in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do options[#options + 1] = e end
+    local ends_mod = require "loip.plan.ends"
+    for _, e in ipairs(ends_mod.fallbacks(problem.model)) do options[#options + 1] = e end
+    -- (the head cut across the devices: loip.plan.ends.cuts)
+    for _, e in ipairs(ends_mod.cuts(problem.model, problem.devices)) do options[#options + 1] = e end
   end
   local best, err, ms = nil, nil, 0
   for _, ends in ipairs(options) do
@@ -523,8 +527,8 @@ function M.plan(problem, opts)
     if ok then
       ms = ms + info.scheduler_ms
       if not best or est.ms_per_token < best[2].ms_per_token then best = { p, est, info } end
-    else
-      err = p -- (the last: with the most on disk, the least a device needs)
+    elseif not (ends and ends.head_shares) or not err then
+      err = p -- (the last uncut: with the most on disk, the least a device needs)
     end
   end
   if not best then error(err, 0) end

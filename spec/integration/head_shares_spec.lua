@@ -99,7 +99,7 @@ describe("the head cut across devices (head_shares)", function()
           if all then return end
           C.loip_sleep_ms(50)
         until core.now_ms() > deadline
-        error("device " .. i .. " did not log " .. table.concat(lines, ", "))
+        error("device " .. i .. " did not log " .. table.concat(lines, ", ") .. "; its log:\n" .. T.read_or_empty(c.devices[i].log):sub(-3000))
       end
       local member = assert(transport.net { token = c.token })
       local m = assert(member:connect(c.devices[2].endpoint, "prober"))
@@ -109,7 +109,8 @@ describe("the head cut across devices (head_shares)", function()
       m:send { kind = "LOGITS", plan_id = c.plan_id, hop = 3, n_tokens = 1, pos = 1, dim = V, dtype = 0, payload = ffi.string(rows, ffi.sizeof(rows) - 4 * V) }
       m:send { kind = "LOGITS", plan_id = c.plan_id, hop = 1, n_tokens = 1, pos = 1, dim = V, dtype = 0, payload = ffi.string(rows, ffi.sizeof(rows)) }
       logged(2, { "logits for plan " .. (c.plan_id + 7) .. ", this device runs plan " .. c.plan_id .. " (stale)",
-        "logits message for hop 3 of 1 rows of 1 tokens", "logits message for hop 1 of 1 rows" })
+        "logits of 1 rows of 1 tokens, vocabulary " .. V .. " (dtype 0) in " .. (ffi.sizeof(rows) - 4 * V) .. " bytes",
+        "logits message for hop 1 of 1 rows of 1 tokens, vocabulary " .. V })
       -- home on the last device: tokens of a request its slot does not run
       local m3 = assert(member:connect(c.devices[3].endpoint, "prober"))
       local e = ffi.cast("loip_step_token *", rows + 4 * (64 + V))
@@ -139,13 +140,10 @@ describe("the head cut across devices (head_shares)", function()
       plan.ends.check_vocab(p, 512, function(f, ...) return string.format(f, ...) end))
     local s260 = store_of(S260, "s260-shares")
     local _, _, V, sizes = one_device(s260, { 1, 2 }, 1)
-    local file = T.tmpdir() .. "/cut.lua"
-    plan.save(file, cut(sizes.n_blocks, 3, { 200, 0, V - 200 }))
-    local rc, _, perr = T.run(string.format("%s plan --model %s --devices 3 --plan %s --context %d --batch %d --threads 1",
-      T.loip, s260, file, CTX, BATCH))
-    assert.are.equal(0, rc, perr)
-    assert.matches("device 1: 200 rows %[0, 200%)", perr)
-    assert.matches("device 2: 0 rows %[200, 200%), none", perr)
-    assert.matches("device 3: " .. (V - 200) .. " rows", perr)
+    local text = plan.describe(cut(sizes.n_blocks, 3, { 200, 0, V - 200 }), sizes)
+    assert.matches("head: cut by vocabulary rows across the devices", text, 1, true)
+    assert.matches("device 1: 200 rows [0, 200), in memory", text, 1, true)
+    assert.matches("device 2: 0 rows [200, 200), none", text, 1, true)
+    assert.matches("device 3: " .. (V - 200) .. " rows [200, " .. V .. "), in memory", text, 1, true)
   end)
 end)

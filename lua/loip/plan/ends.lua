@@ -199,6 +199,31 @@ function M.fallbacks(sizes)
   return { { embed_rows = M.CACHE_ROWS }, { embed_rows = M.CACHE_ROWS, head_rows = M.chunk_rows(sizes) } }
 end
 
+-- The head cut across a problem's devices that loip.policy.plan schedules under budgets besides
+-- the fallbacks (the embedding on disk each time): equal shares and shares by budget, each in
+-- memory and read by chunks. None for one device.
+function M.cuts(sizes, devices)
+  local N = #devices
+  if N < 2 or (sizes.vocab or 0) <= 0 or M.row_bytes(sizes) <= 0 then return {} end
+  local budgets, all = {}, true
+  for i, d in ipairs(devices) do
+    budgets[i] = d.budget or 0
+    all = all and budgets[i] > 0
+  end
+  local ways, seen = { M.shares(sizes.vocab, N) }, {}
+  if all then ways[2] = M.shares(sizes.vocab, N, budgets) end
+  local out = {}
+  for _, shares in ipairs(ways) do
+    local key = table.concat(shares, ",")
+    if not seen[key] then
+      seen[key] = true
+      out[#out + 1] = { embed_rows = M.CACHE_ROWS, head_shares = shares }
+      out[#out + 1] = { embed_rows = M.CACHE_ROWS, head_shares = shares, head_rows = M.chunk_rows(sizes) }
+    end
+  end
+  return out
+end
+
 -- A plan's ends settings checked: a message naming the field, or nil.
 function M.check(p, bad)
   if p.embed_rows ~= nil and (type(p.embed_rows) ~= "number" or p.embed_rows < 1 or p.embed_rows ~= math.floor(p.embed_rows)) then
