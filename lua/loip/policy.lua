@@ -458,6 +458,37 @@ function M.check_estimate(est, who)
   end
 end
 
+-- Plan p's head_shares (loip.plan.ends) with rows moved from each device whose budget p breaks
+-- to those it leaves room on (most room first): a new list, the same when nothing moves.
+function M.rebalanced_shares(p, problem)
+  local plan, space = require "loip.plan", require "loip.plan.space"
+  local sizes, N = problem.model, #p.devices
+  local row = plan.ends.row_bytes(sizes)
+  local shares = {}
+  for k, v in ipairs(p.head_shares) do shares[k] = v end
+  if row <= 0 then return shares end
+  local opts = space.memory_opts(problem)
+  local room = {}
+  for i = 1, N do
+    local b = space.budget(problem, i)
+    room[i] = b < math.huge and b - plan.memory(p, i, sizes, opts).total or math.huge
+  end
+  for i = 1, N do
+    -- (16 rows more than the shortfall: the rows' memory is rounded to pages)
+    local need = room[i] < 0 and math.min(shares[i], math.ceil(-room[i] / row) + 16) or 0
+    while need > 0 do
+      local j
+      for k = 1, N do if k ~= i and (not j or room[k] > room[j]) then j = k end end
+      local can = j and (room[j] == math.huge and need or math.floor(room[j] / row) - 16) or 0
+      if can <= 0 then break end
+      local m = math.min(can, need)
+      shares[i], shares[j], need = shares[i] - m, shares[j] + m, need - m
+      room[i], room[j] = room[i] + m * row, room[j] - m * row
+    end
+  end
+  return shares
+end
+
 -- One scheduler run on problem, checked and estimated (M.plan).
 local function plan_once(problem, cost, sched)
   local t0 = require("loip.core").now_ms()
@@ -477,6 +508,11 @@ local function plan_once(problem, cost, sched)
     p.embed_rows, p.head_rows, p.head_shares = problem.ends.embed_rows, problem.ends.head_rows, problem.ends.head_shares
   end
   local bad = M.check_plan(p, problem, who)
+  if bad and p.head_shares then
+    -- (a head cut: its rows moved off the devices its plan overfills onto those with room)
+    p.head_shares = M.rebalanced_shares(p, problem)
+    bad = M.check_plan(p, problem, who)
+  end
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
   local space = require "loip.plan.space"
@@ -527,7 +563,8 @@ function M.plan(problem, opts)
     if ok then
       ms = ms + info.scheduler_ms
       if not best or est.ms_per_token < best[2].ms_per_token then best = { p, est, info } end
-    elseif not (ends and ends.head_shares) or not err then
+    end
+    if not ok and (not (ends and ends.head_shares) or not err) then
       err = p -- (the last uncut: with the most on disk, the least a device needs)
     end
   end
