@@ -129,6 +129,48 @@ describe("the head cut across devices (head_shares)", function()
     assert(ok, err)
   end)
 
+  it("is priced by the cost model and the simulator: each share's compute on its device, the LOGITS message's hops", function()
+    local synth = untied_store()
+    local _, _, V, sizes = one_device(synth, { 1, 2 }, 1)
+    local c = cluster.start_local { store = synth, devices = 3, threads = 1 }
+    local ok, err = pcall(function()
+      local p = cut(sizes.n_blocks, 3, { 300, 300, V - 600 })
+      c:plan { plan = p, context = CTX, batch = BATCH }
+      local whole = plan.bare(p)
+      whole.head_shares = nil
+      -- slow links (1 MB/s), the head's compute made large: priced apart
+      local q = {}
+      for k, v in pairs(c.problem_table) do q[k] = v end
+      q.links, q.devices = {}, {}
+      for i, l in ipairs(c.problem_table.links) do
+        q.links[i] = {}
+        for k, v in pairs(l) do q.links[i][k] = v end
+        q.links[i].rate_bps = 1e6
+      end
+      for i, d in ipairs(c.problem_table.devices) do
+        q.devices[i] = {}
+        for k, v in pairs(d) do q.devices[i][k] = v end
+        q.devices[i].compute = setmetatable({ head_ms = 30 }, { __index = d.compute })
+      end
+      local m = q.model
+      local hops = 3 * (m.header_bytes + (m.hidden_bytes + 4 * V)) / 1e6 * 1e3
+      local cost = require("loip.policy").load("cost", "loip")
+      local e1, e0 = cost.estimate(p, q), cost.estimate(whole, q)
+      assert.is_true(e1.ms_per_token - e0.ms_per_token >= 0.99 * hops, e1.ms_per_token .. " vs " .. e0.ms_per_token .. " (hops " .. hops .. ")")
+      -- (device 1 computes 300 / V of the head, the last device the rest)
+      local d1 = cost.closed(p, q).devices
+      assert.is_true(math.abs(d1[1].comp_ms - cost.closed(whole, q).devices[1].comp_ms - 30 * 300 / V) < 1e-6)
+      local function simulated(x)
+        local s = require("loip.sim").new(q, x, { context = CTX })
+        return s:play({ { prompt_tokens = 4, max_tokens = 8 } })[1].ms_per_token
+      end
+      local s1, s0 = simulated(p), simulated(whole)
+      assert.is_true(s1 - s0 >= 0.99 * hops, s1 .. " vs " .. s0 .. " (hops " .. hops .. ")")
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("refuses bad head_shares by name, and loip plan prints each device's share", function()
     local p = cut(10, 3, { 1, 2 })
     assert.matches("head_shares must be a list of 3 counts", plan.check(p, 10))
