@@ -129,6 +129,41 @@ describe("the head cut across devices (head_shares)", function()
     assert(ok, err)
   end)
 
+  it("is planned under budgets that hold a third of the head but not all of it: the one device's logits and tokens, every peak within its budget", function()
+    local synth = untied_store()
+    local ids = { 1, 17, 400, 45, 100, 7, 1000, 33, 5, 5, 9 }
+    local ref_l, ref_t, V = one_device(synth, ids, 16)
+    local store = require "loip.model.store"
+    local man = store.read_manifest(synth)
+    local sizes = plan.sizes(man, (store.config(synth, man)), { context = CTX, batch = BATCH, threads = 1, logits_tokens = #ids })
+    -- every block resident, the embedding by rows, the head cut in three in memory: each
+    -- device's memory with a little room; the head whole on device 3 does not fit
+    local N = 3
+    local p = cut(sizes.n_blocks, N, plan.ends.shares(V, N))
+    p.embed_rows = plan.ends.CACHE_ROWS
+    local mem = {}
+    for i = 1, N do mem[i] = plan.memory(p, i, sizes, { cluster = true }).total + 16 * 1024 end
+    local whole = plan.bare(p)
+    whole.head_shares = nil
+    assert.is_true(plan.memory(whole, N, sizes, { cluster = true }).total > mem[N], "the head whole fits device 3")
+    local c = cluster.start_local { store = synth, devices = 3, mem = mem, threads = 1 }
+    local ok, err = pcall(function()
+      -- (a slow disk: the head read every step is priced slower than the cut)
+      local q = c:plan { context = CTX, batch = BATCH, logits_tokens = #ids, disk_rate = 2e6 }
+      assert.is_truthy(q.head_shares, "the head cut")
+      assert.matches("head: cut by vocabulary rows", plan.describe(q, c.planner.sizes), 1, true)
+      assert.are.equal(0, T.bit_diffs(ref_l, c:logits(ids), #ids * V))
+      local got = {}
+      for id in c:generate(ids, { max_tokens = 16, sampler = { temperature = 0 } }) do got[#got + 1] = id end
+      assert.are.same(ref_t, got)
+      for i, d in ipairs(c:stats()) do
+        assert.is_true(d.peak_bytes <= d.budget_bytes, "device " .. i .. ": peak " .. d.peak_bytes .. " of " .. d.budget_bytes)
+      end
+    end)
+    c:close()
+    assert(ok, err)
+  end)
+
   it("is priced by the cost model and the simulator: each share's compute on its device, the LOGITS message's hops", function()
     local synth = untied_store()
     local _, _, V, sizes = one_device(synth, { 1, 2 }, 1)
