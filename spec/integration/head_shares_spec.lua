@@ -83,6 +83,18 @@ describe("the head cut across devices (head_shares)", function()
     end
   end)
 
+  it("on one device, head_shares = { vocabulary } is the head in memory: the same logits", function()
+    local synth = untied_store()
+    local ids = { 1, 17, 400, 45, 100, 7, 1000, 33, 5, 5, 9 }
+    local ref_l, _, V, sizes = one_device(synth, ids, 1)
+    for _, head_rows in ipairs({ false, 32 }) do
+      local m = loip.model.open(synth, { threads = 1, context = CTX, batch = BATCH, tokenizer = false,
+        plan = cut(sizes.n_blocks, 1, { V }, head_rows or nil) })
+      assert.are.equal(0, T.bit_diffs(ref_l, m:logits(ids), #ids * V))
+      m:close()
+    end
+  end)
+
   it("refuses a malformed or stale LOGITS message, logged, and serves on", function()
     local s260 = store_of(S260, "s260-shares")
     local ids = greedy.cases[1].sequence_ids
