@@ -435,6 +435,8 @@ function M.check_plan(p, problem, who, over)
     return string.format("%s: a plan for %d device%s, the problem has %d", who, #p.devices, #p.devices == 1 and "" or "s",
       #problem.devices)
   end
+  local odd = plan.ends.check_vocab(p, problem.model.vocab, function(f, ...) return who .. ": " .. string.format(f, ...) end)
+  if odd then return odd end
   local S = #p.devices[1].stages
   if problem.stages and S ~= problem.stages then
     return string.format("%s: a plan of %d stage%s per device, but %d %s asked for (--stages %d)", who, S, S == 1 and "" or "s",
@@ -456,6 +458,37 @@ function M.check_estimate(est, who)
   end
 end
 
+-- Plan p's head_shares (loip.plan.ends) with rows moved from each device whose budget p breaks
+-- to those it leaves room on (most room first): a new list, the same when nothing moves.
+function M.rebalanced_shares(p, problem)
+  local plan, space = require "loip.plan", require "loip.plan.space"
+  local sizes, N = problem.model, #p.devices
+  local row = plan.ends.row_bytes(sizes)
+  local shares = {}
+  for k, v in ipairs(p.head_shares) do shares[k] = v end
+  if row <= 0 then return shares end
+  local opts = space.memory_opts(problem)
+  local room = {}
+  for i = 1, N do
+    local b = space.budget(problem, i)
+    room[i] = b < math.huge and b - plan.memory(p, i, sizes, opts).total or math.huge
+  end
+  for i = 1, N do
+    -- (16 rows more than the shortfall: the rows' memory is rounded to pages)
+    local need = room[i] < 0 and math.min(shares[i], math.ceil(-room[i] / row) + 16) or 0
+    while need > 0 do
+      local j
+      for k = 1, N do if k ~= i and (not j or room[k] > room[j]) then j = k end end
+      local can = j and (room[j] == math.huge and need or math.floor(room[j] / row) - 16) or 0
+      if can <= 0 then break end
+      local m = math.min(can, need)
+      shares[i], shares[j], need = shares[i] - m, shares[j] + m, need - m
+      room[i], room[j] = room[i] + m * row, room[j] - m * row
+    end
+  end
+  return shares
+end
+
 -- One scheduler run on problem, checked and estimated (M.plan).
 local function plan_once(problem, cost, sched)
   local t0 = require("loip.core").now_ms()
@@ -471,8 +504,15 @@ local function plan_once(problem, cost, sched)
   if not ok then error(string.format("%s: %s", who, tostring(p)), 0) end
   if p == nil then error(string.format("%s: %s", who, why or "found no plan (and gave no reason)"), 0) end
   -- (where the embedding and head stay is the problem's: loip.plan.ends)
-  if problem.ends then p.embed_rows, p.head_rows = problem.ends.embed_rows, problem.ends.head_rows end
+  if problem.ends then
+    p.embed_rows, p.head_rows, p.head_shares = problem.ends.embed_rows, problem.ends.head_rows, problem.ends.head_shares
+  end
   local bad = M.check_plan(p, problem, who)
+  if bad and p.head_shares then
+    -- (a head cut: its rows moved off the devices its plan overfills onto those with room)
+    p.head_shares = M.rebalanced_shares(p, problem)
+    bad = M.check_plan(p, problem, who)
+  end
   if bad then error(bad, 0) end
   -- (a mixture of experts: each device's expert cache takes the memory its part leaves)
   local space = require "loip.plan.space"
@@ -500,7 +540,8 @@ end
 -- Returns plan, estimate, { scheduler_ms, scheduler, cost }; raises with the scheduler's reason
 -- when it finds no plan, and naming the scheduler (its file) and what its plan breaks.
 -- Under budgets the embedding and head may stay on disk (loip.plan.ends.fallbacks): each way is
--- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows).
+-- scheduled and the fastest by the cost model kept; the plan says so (embed_rows, head_rows), and
+-- so may the head cut across the devices (head_shares, loip.plan.ends.cuts).
 function M.plan(problem, opts)
   opts = opts or {}
   local cost = M.load("cost", opts.cost or "loip")
@@ -511,7 +552,10 @@ function M.plan(problem, opts)
   for _, d in ipairs(problem.devices) do budgeted = budgeted or (d.budget or 0) > 0 end
   local options = { false }
   if budgeted and not problem.ends then
-    for _, e in ipairs(require("loip.plan.ends").fallbacks(problem.model)) do options[#options + 1] = e end
+    local ends_mod = require "loip.plan.ends"
+    for _, e in ipairs(ends_mod.fallbacks(problem.model)) do options[#options + 1] = e end
+    -- (the head cut across the devices: loip.plan.ends.cuts)
+    for _, e in ipairs(ends_mod.cuts(problem.model, problem.devices)) do options[#options + 1] = e end
   end
   local best, err, ms = nil, nil, 0
   for _, ends in ipairs(options) do
@@ -519,8 +563,9 @@ function M.plan(problem, opts)
     if ok then
       ms = ms + info.scheduler_ms
       if not best or est.ms_per_token < best[2].ms_per_token then best = { p, est, info } end
-    else
-      err = p -- (the last: with the most on disk, the least a device needs)
+    end
+    if not ok and (not (ends and ends.head_shares) or not err) then
+      err = p -- (the last uncut: with the most on disk, the least a device needs)
     end
   end
   if not best then error(err, 0) end

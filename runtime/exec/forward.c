@@ -591,33 +591,34 @@ LOIP_API int loip_session_head(loip_session *s, const float *hidden, int32_t n, 
     return LOIP_OK;
 }
 
-LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_t n,
-                                    const int32_t *rows, int32_t n_rows, float *logits) {
+LOIP_API int loip_session_head_norm(loip_session *s, const float *hidden, int32_t n, const int32_t *rows,
+                                    int32_t n_rows, float *out) {
     const loip_model_config *c = &s->m->cfg;
     if (n_rows <= 0) return LOIP_OK;
     if (n_rows > s->max_batch)
         return loip_fail(LOIP_EINVAL, "head: %d rows at once (batch limit %d)", n_rows, s->max_batch);
-    const loip_tensor *W, *norm;
-    loip_rows *R;
-    int rc = head_weights(s, &W, &R, &norm);
-    if (rc) return rc;
+    const loip_tensor *norm = &s->m->global[LOIP_W_OUTPUT_NORM];
+    if (!norm->data) return loip_fail(LOIP_ESTATE, "weight output_norm is not bound");
     for (int32_t i = 0; i < n_rows; i++) {
         if (rows[i] < 0 || rows[i] >= n)
             return loip_fail(LOIP_EINVAL, "head: row %d of a batch of %d", rows[i], n);
-        /* the rows side by side in xb2, normalised into xb below: the same operations as
+        /* the rows side by side in xb2, normalised into out below: the same operations as
          * loip_session_head on each row alone */
         memcpy(s->xb2 + (size_t)i * c->dim, hidden + (size_t)rows[i] * c->dim, (size_t)c->dim * sizeof(float));
     }
-    step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = s->xb};
+    step_job j = {.s = s, .n = n_rows, .w = norm, .in = s->xb2, .out = out};
     loip_pool_run(s->pool, norm_task, &j);
-    if (R) {
-        if ((rc = loip_rows_head(R, s->pool, s->xb, n_rows, logits))) return rc;
-    } else {
-        loip_linear_job head[2] = {loip_linear_of(W, s->xb, logits, n_rows), {0}};
-        loip_linear_run(s->pool, head);
-    }
-    softcap(c, logits, (size_t)n_rows * c->vocab_size);
     return LOIP_OK;
+}
+
+LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_t n,
+                                    const int32_t *rows, int32_t n_rows, float *logits) {
+    if (n_rows <= 0) return LOIP_OK;
+    const loip_tensor *W, *norm;
+    loip_rows *R;
+    int rc = head_weights(s, &W, &R, &norm);
+    if (rc || (rc = loip_session_head_norm(s, hidden, n, rows, n_rows, s->xb))) return rc;
+    return loip_session_head_share(s, s->xb, n_rows, 0, s->m->cfg.vocab_size, logits);
 }
 
 LOIP_API int loip_session_forward(loip_session *s, const int32_t *tokens, int32_t n, int32_t pos,

@@ -44,6 +44,9 @@ int loip_model_check_blocks(const loip_model *m, int32_t first, int32_t last);
 /* (rows.c) The head's logits of n tokens (x: their normed states, [n, cols]) into logits
  * ([n, rows]), the table read chunk by chunk; whether r is a [rows, cols] table. */
 int loip_rows_head(loip_rows *r, loip_pool *pool, const float *x, int32_t n, float *logits);
+/* The same for the table's rows [first, last) alone (logits: the whole [n, rows] buffer). */
+int loip_rows_head_range(loip_rows *r, loip_pool *pool, const float *x, int32_t n, int64_t first, int64_t last,
+                         float *logits);
 int loip_rows_fits(const loip_rows *r, int64_t rows, int64_t cols);
 int32_t loip_rows_dtype(const loip_rows *r);
 

@@ -148,16 +148,27 @@ LOIP_API int loip_rows_get(loip_rows *r, int32_t id, float *out) {
     return loip_convert(out, LOIP_F32, r->cache + (size_t)at * r->row_bytes, r->dtype, (uint64_t)r->cols);
 }
 
+int loip_rows_head_range(loip_rows *r, loip_pool *pool, const float *x, int32_t n, int64_t first, int64_t last,
+                         float *logits);
+
 int loip_rows_head(loip_rows *r, loip_pool *pool, const float *x, int32_t n, float *logits) {
+    return loip_rows_head_range(r, pool, x, n, 0, r->rows, logits);
+}
+
+int loip_rows_head_range(loip_rows *r, loip_pool *pool, const float *x, int32_t n, int64_t first, int64_t last,
+                         float *logits) {
     if (r->chunk_rows <= 0)
         return loip_fail(LOIP_ESTATE, "head: the table %s is bound without a chunk to read it through", r->path);
-    for (int64_t r0 = 0; r0 < r->rows; r0 += r->chunk_rows) {
-        int64_t k = r->rows - r0 < r->chunk_rows ? r->rows - r0 : r->chunk_rows;
+    if (first < 0 || last > r->rows || first > last)
+        return loip_fail(LOIP_EINVAL, "head: rows [%lld, %lld) of a table of %lld", (long long)first, (long long)last,
+                         (long long)r->rows);
+    for (int64_t r0 = first; r0 < last; r0 += r->chunk_rows) {
+        int64_t k = last - r0 < r->chunk_rows ? last - r0 : r->chunk_rows;
         int rc = read_at(r, r->chunk, (size_t)k * r->row_bytes, r->offset + (uint64_t)r0 * r->row_bytes);
         if (rc) return rc;
         /* the next chunk (after the last: the first, for the next step) asked of the disk now,
          * to arrive while this one computes (a hint: the read above is what counts) */
-        int64_t next = r0 + k < r->rows ? r0 + k : 0;
+        int64_t next = r0 + k < last ? r0 + k : first;
         posix_fadvise(r->fd, (off_t)(r->offset + (uint64_t)next * r->row_bytes),
                       (off_t)((size_t)r->chunk_rows * r->row_bytes), POSIX_FADV_WILLNEED);
         /* rows [r0, r0 + k) of every token's logits: the chunk's own products, in place */

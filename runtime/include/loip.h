@@ -29,7 +29,7 @@ extern "C" {
 /* ---- version, errors ------------------------------------------------------------------ */
 
 enum {
-    LOIP_ABI_VERSION = 40, /* bump on any change of this header's declarations */
+    LOIP_ABI_VERSION = 41, /* bump on any change of this header's declarations */
 };
 
 enum {
@@ -862,6 +862,15 @@ LOIP_API int loip_session_forward_batch(loip_session *s, const int32_t *tokens, 
 /* The head of the rows rows[0..n_rows) of hidden [n, dim] into logits [n_rows, vocab]. */
 LOIP_API int loip_session_head_rows(loip_session *s, const float *hidden, int32_t n,
                                     const int32_t *rows, int32_t n_rows, float *logits);
+/* The head cut by vocabulary rows (a plan's head_shares): the rows rows[0..n_rows) of hidden
+ * [n, dim] gathered and put through the final norm into out [n_rows, dim]; then the logits of
+ * vocabulary rows [first, last) of those normalised rows into logits [n_rows, vocab] (the other
+ * columns untouched), from the table in memory (only rows [first, last) need be there) or read
+ * by chunks. Each logit is the one loip_session_head_rows computes, bit for bit. */
+LOIP_API int loip_session_head_norm(loip_session *s, const float *hidden, int32_t n,
+                                    const int32_t *rows, int32_t n_rows, float *out);
+LOIP_API int loip_session_head_share(loip_session *s, const float *normed, int32_t n_rows,
+                                     int32_t first, int32_t last, float *logits);
 
 /* Blocks, the unit of offloading: block b is layer b/2's attention (MHA: attention norm, q/k/v/o
  * and their biases and norms) when b is even, its MLP (ffn norm, gate, up, down) when odd. */
@@ -1123,7 +1132,11 @@ enum {
     LOIP_MSG_SHIP = 25,    /* head -> device, on the bulk link: block files shipped into its cache
                               (JSON op need|check, reply SHIP, JSON; or flags 1: a chunk of file
                               hop of the manifest at offset step, no reply; loip.cluster.cache) */
-    LOIP_MSG_KINDS = 26,
+    LOIP_MSG_LOGITS = 26, /* last device -> round the ring -> last device: a step's normalised
+                             output rows, each device adding its share of the head's logits (a
+                             plan's head_shares): pos (rows) x model-dim floats, then pos x
+                             dim (vocabulary) floats of logits, then n_tokens loip_step_token */
+    LOIP_MSG_KINDS = 27,
 };
 
 typedef struct loip_msg_header {
@@ -1458,6 +1471,18 @@ LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *st
 /* Everything lent comes back now (blocking) and lending stops: before a plan change, or to
  * detach the peer. */
 LOIP_API int loip_device_recall(loip_device *d);
+/* The head cut across devices (a plan's head_shares): this device computes the logits of
+ * vocabulary rows [first, last) (first == last: none), from the head's table as its session's
+ * model binds it (those rows in memory, or read by chunks). On the last device a range short of
+ * the whole vocabulary makes each step's normalised rows go round the ring as LOIP_MSG_LOGITS
+ * (to device 1, ..., device N-1 and back), each device adding its share, before the last device
+ * samples; the shares must cover the vocabulary between them. Grows the device's receive buffer
+ * to hold such a message (charged to "activations"). */
+LOIP_API int loip_device_head_share(loip_device *d, int32_t first, int32_t last);
+/* The bytes of the largest LOGITS message a device of a model with cfg receives (its receive
+ * buffer's size when the head is cut), for loip_device_size's limits. */
+LOIP_API int loip_device_share_size(const loip_model_config *cfg, int32_t max_tokens, int32_t logits_tokens,
+                                    int32_t max_seqs, uint64_t *bytes);
 /* What loip_device_new charges to "activations" for a device of a model with cfg: the hidden
  * states and token table (max_tokens x (dim floats + a loip_step_token)), the logits of the
  * most rows one message returns (max(logits_tokens, max_seqs), at most max_tokens, x

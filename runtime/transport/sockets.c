@@ -298,6 +298,16 @@ LOIP_API int loip_msg_check(const loip_msg_header *h, uint64_t cap, const char *
         if ((uint64_t)h->n_tokens * ((uint64_t)h->dim * 4 + sizeof(loip_step_token)) != h->payload_bytes)
             BAD("message from %s: payload of %llu bytes but n_tokens %d x (dim %d x 4 + %zu) bytes", who,
                 (unsigned long long)h->payload_bytes, h->n_tokens, h->dim, sizeof(loip_step_token));
+    } else if (h->kind == LOIP_MSG_LOGITS) {
+        /* pos rows of (model dim + dim) floats, then n_tokens loip_step_token (checked by the
+         * device, which knows the model's dim) */
+        uint64_t table = (uint64_t)h->n_tokens * sizeof(loip_step_token);
+        if (h->dtype != LOIP_F32 || h->n_tokens <= 0 || h->n_tokens > (1 << 24) || h->pos <= 0 ||
+            h->pos > h->n_tokens || h->dim <= 0 || h->dim > (1 << 28) ||
+            table + (uint64_t)h->pos * h->dim * 4 > h->payload_bytes ||
+            (h->payload_bytes - table) % ((uint64_t)h->pos * 4) != 0)
+            BAD("message from %s: logits of %d rows of %d tokens, vocabulary %d (dtype %d) in %llu bytes", who,
+                h->pos, h->n_tokens, h->dim, h->dtype, (unsigned long long)h->payload_bytes);
     } else if (h->kind == LOIP_MSG_RESULT) {
         /* n_tokens loip_step_output, then logits rows (checked by the head, which knows the vocabulary) */
         if (h->dtype != -1 || h->n_tokens < 0 ||

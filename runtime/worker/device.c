@@ -71,7 +71,7 @@ LOIP_API void loip_device_free(loip_device *d) {
     free(d->toks);
     free(d->bt);
     free(d->rows);
-    free(d->payload);
+    loip_aligned_free(d->payload);
     free(d->seqs);
     loip_head_free(d->head);
     lend_free(&d->lend);
@@ -97,6 +97,7 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
         d->cfg.max_seqs = loip_session_max_seqs(cfg->session);
     d->m = loip_session_model(cfg->session);
     d->dim = d->m->cfg.dim, d->vocab = d->m->cfg.vocab_size;
+    d->share_first = 0, d->share_last = d->vocab;
     device_sizes z;
     int zrc = sizes_for(d->dim, d->vocab, d->cfg.max_tokens, d->cfg.logits_tokens, d->cfg.max_seqs, &z);
     if (zrc) {
@@ -121,7 +122,7 @@ LOIP_API int loip_device_new(const loip_device_config *cfg, loip_budget *budget,
     d->toks = malloc(T * sizeof *d->toks);
     d->bt = malloc(T * sizeof *d->bt);
     d->rows = malloc(T * sizeof(int32_t));
-    d->payload = malloc(d->payload_cap);
+    d->payload = loip_aligned_alloc(d->payload_cap);
     d->seqs = calloc((size_t)d->cfg.max_seqs, sizeof *d->seqs);
     if (!d->hidden || !d->result || !d->toks || !d->bt || !d->rows || !d->payload || !d->seqs) {
         loip_device_free(d);
@@ -197,7 +198,7 @@ LOIP_API int loip_device_lend(loip_device *d, loip_sock *peer, const int32_t *st
 /* Report a refusal or a failure to the head (best effort) and return rc. The head names the
  * device (1-based, as every message does), so the report is the message alone; the last error
  * (the worker's own log) names it too. */
-static int report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
+int device_report(loip_device *d, const loip_msg_header *in, int rc, const char *msg) {
     char text[600];
     int len = snprintf(text, sizeof text, "%s", msg);
     loip_msg_header h = {.kind = LOIP_MSG_ERROR, .plan_id = d->cfg.plan_id, .hop = in ? in->hop : -1,
@@ -207,7 +208,7 @@ static int report(loip_device *d, const loip_msg_header *in, int rc, const char 
     return loip_fail(rc, "device %d: %s", d->cfg.device + 1, text);
 }
 
-static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, const void *payload) {
+int device_send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, const void *payload) {
     uint64_t t0 = loip_now_ns();
     int rc = loip_sock_send(s, NULL, h, payload, 10000);
     uint64_t t1 = loip_now_ns();
@@ -221,20 +222,30 @@ static int send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, co
 /* The last hop's output: per flagged token a sampled id or its logits, to the head (a result
  * with no outputs when nothing is flagged: the head hears of every step). */
 static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
-    loip_step_output *outs = (loip_step_output *)d->result;
-    int32_t n_rows = 0, n_logits = 0, n_outs = 0, drafted = 0, accepted = 0;
+    int32_t n_rows = 0, n_logits = 0;
     int rc = loip_head_rows(d->toks, n, 1, d->rows, &n_rows, &n_logits);
-    if (rc) return report(d, in, rc, loip_last_error());
+    if (rc) return device_report(d, in, rc, loip_last_error());
     /* (a result's rows are the first limit a step meets when it is also the logits buffer's) */
     if (n_logits > d->cfg.logits_tokens && d->cfg.logits_tokens < d->out_cap)
-        return report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
-    if (n_rows > d->out_cap) return report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
+        return device_report(d, in, LOIP_EINVAL, "logits asked for more tokens than the logits buffer holds");
+    if (n_rows > d->out_cap) return device_report(d, in, LOIP_EINVAL, "more tokens flagged for output than one result holds");
     uint64_t t0 = loip_now_ns();
+    if (d->share_ring && n_rows > 0) { /* the head cut across devices: its logits go round the ring */
+        if ((rc = head_share_send(d, in, n, n_rows, n_logits))) return rc;
+        d->st.head_ns += loip_now_ns() - t0;
+        return LOIP_OK;
+    }
     if (n_rows > 0 && (rc = loip_session_head_rows(d->cfg.session, d->hidden, n, d->rows, n_rows, d->logits)))
-        return report(d, in, rc, loip_last_error());
-    rc = loip_head_outputs(d->head, d->toks, d->rows, n_rows, d->logits, d->vocab, outs, NULL, &n_outs, &drafted,
-                           &accepted);
-    if (rc) return report(d, in, rc, loip_last_error());
+        return device_report(d, in, rc, loip_last_error());
+    return device_outputs(d, in, n_rows, n_logits, t0);
+}
+
+int device_outputs(loip_device *d, const loip_msg_header *in, int32_t n_rows, int32_t n_logits, uint64_t t0) {
+    loip_step_output *outs = (loip_step_output *)d->result;
+    int32_t n_outs = 0, drafted = 0, accepted = 0;
+    int rc = loip_head_outputs(d->head, d->toks, d->rows, n_rows, d->logits, d->vocab, outs, NULL, &n_outs, &drafted,
+                               &accepted);
+    if (rc) return device_report(d, in, rc, loip_last_error());
     d->st.drafted += (uint64_t)drafted, d->st.accepted += (uint64_t)accepted;
     d->st.head_ns += loip_now_ns() - t0;
     /* the outputs (those of the logits rows first), then the returned logits rows right after them */
@@ -244,7 +255,7 @@ static int finish(loip_device *d, const loip_msg_header *in, int32_t n) {
     loip_msg_header h = {.kind = LOIP_MSG_RESULT, .plan_id = d->cfg.plan_id, .hop = in->hop + 1,
                          .step = in->step, .n_tokens = n_outs, .dim = d->vocab, .dtype = -1,
                          .payload_bytes = out_bytes + logit_bytes};
-    if ((rc = send_timed(d, d->cfg.head, &h, d->result))) return report(d, in, rc, loip_last_error());
+    if ((rc = device_send_timed(d, d->cfg.head, &h, d->result))) return device_report(d, in, rc, loip_last_error());
     return LOIP_OK;
 }
 
@@ -254,27 +265,27 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
     int32_t hops = d->cfg.n_devices * d->cfg.n_stages;
     if (h->plan_id != d->cfg.plan_id) {
         snprintf(why, sizeof why, "message for plan %u, this device runs plan %u (stale)", h->plan_id, d->cfg.plan_id);
-        return report(d, h, LOIP_EPROTO, why);
+        return device_report(d, h, LOIP_EPROTO, why);
     }
     if (h->hop < 0 || h->hop >= hops || h->hop % d->cfg.n_devices != d->cfg.device) {
         snprintf(why, sizeof why, "message for hop %d, not one of this device's (device %d of %d, %d stages)",
                  h->hop, d->cfg.device + 1, d->cfg.n_devices, d->cfg.n_stages);
-        return report(d, h, LOIP_EPROTO, why);
+        return device_report(d, h, LOIP_EPROTO, why);
     }
     if (h->n_tokens > d->cfg.max_tokens) {
         snprintf(why, sizeof why, "%d tokens in one message, the limit is %d", h->n_tokens, d->cfg.max_tokens);
-        return report(d, h, LOIP_EPROTO, why);
+        return device_report(d, h, LOIP_EPROTO, why);
     }
     int32_t k = h->n_tokens;
     if (h->kind == LOIP_MSG_TOKENS) {
         if (h->hop != 0 || h->dim != 1) {
             snprintf(why, sizeof why, "token ids for hop %d (dim %d): tokens enter at hop 0, one id each", h->hop, h->dim);
-            return report(d, h, LOIP_EPROTO, why);
+            return device_report(d, h, LOIP_EPROTO, why);
         }
     } else if (h->hop == 0 || h->dim != d->dim) {
         snprintf(why, sizeof why, "hidden states of dim %d for hop %d (model dim %d; hop 0 takes token ids)",
                  h->dim, h->hop, d->dim);
-        return report(d, h, LOIP_EPROTO, why);
+        return device_report(d, h, LOIP_EPROTO, why);
     }
     uint64_t data = (uint64_t)k * (uint64_t)h->dim * 4;
     memcpy(d->toks, d->payload + data, (size_t)k * sizeof *d->toks);
@@ -283,12 +294,12 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         if (e->seq < 0 || e->seq >= d->cfg.max_seqs) {
             snprintf(why, sizeof why, "token %d of the batch in sequence slot %d (this device has %d)", t, e->seq,
                      d->cfg.max_seqs);
-            return report(d, h, LOIP_EPROTO, why);
+            return device_report(d, h, LOIP_EPROTO, why);
         }
         if (e->request == 0 || e->request != d->seqs[e->seq].request) {
             snprintf(why, sizeof why, "token %d of the batch is of request %u, slot %d runs request %u (stale)", t,
                      e->request, e->seq, d->seqs[e->seq].request);
-            return report(d, h, LOIP_EPROTO, why);
+            return device_report(d, h, LOIP_EPROTO, why);
         }
         d->bt[t] = (loip_batch_token){e->seq, e->pos, e->parent};
     }
@@ -299,14 +310,14 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
         while (t + e < k && d->toks[t + e].seq == q && (d->toks[t + e].flags & LOIP_TOKF_RECOMPUTE)) e++;
         if (e > loip_session_kv_evicted(d->cfg.session, q)) {
             int rc = loip_session_kv_evict(d->cfg.session, q, e);
-            if (rc) return report(d, h, rc, loip_last_error());
+            if (rc) return device_report(d, h, rc, loip_last_error());
         }
     }
     if (h->kind == LOIP_MSG_TOKENS) {
         uint64_t t0 = loip_now_ns();
         int rc = loip_session_embed(d->cfg.session, (const int32_t *)d->payload, k, d->hidden);
         d->st.head_ns += loip_now_ns() - t0;
-        if (rc) return report(d, h, rc, loip_last_error());
+        if (rc) return device_report(d, h, rc, loip_last_error());
     } else {
         memcpy(d->hidden, d->payload, data);
     }
@@ -317,7 +328,7 @@ static int accept(loip_device *d, const loip_msg_header *h, int32_t *n) {
 /* After a stage's output left: its KV lent out, the next stage's asked back. */
 static int lend_after(loip_device *d, const loip_msg_header *h, int32_t stage) {
     int rc = lend_ship(&d->lend, stage, h->step);
-    return rc ? report(d, h, rc, loip_last_error()) : LOIP_OK;
+    return rc ? device_report(d, h, rc, loip_last_error()) : LOIP_OK;
 }
 
 /* A slower board: the stage's compute (its time since before) takes slowdown x as long, the
@@ -352,16 +363,16 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         int32_t stage = h.hop / d->cfg.n_devices;
         loip_runner_stats_t before;
         if (d->cfg.slowdown > 1.0f) loip_runner_stats(d->cfg.runner, &before);
-        if ((rc = lend_fetch(&d->lend, stage, h.step, 1))) return report(d, &h, rc, loip_last_error());
+        if ((rc = lend_fetch(&d->lend, stage, h.step, 1))) return device_report(d, &h, rc, loip_last_error());
         if ((rc = loip_runner_stage_batch(d->cfg.runner, stage, d->hidden, n, d->bt)))
-            return report(d, &h, rc, loip_last_error());
+            return device_report(d, &h, rc, loip_last_error());
         if (d->cfg.slowdown > 1.0f) emulate_slowdown(d, &before);
         d->st.hops++;
         /* the next stage's lent KV asked back now, before the output goes on: the holder, idle
          * until that output reaches it, answers first, and the blob travels during the hops
          * in between */
         if (d->lend.peer && (rc = lend_ask(&d->lend, (stage + 1) % d->cfg.n_stages, h.step)))
-            return report(d, &h, rc, loip_last_error());
+            return device_report(d, &h, rc, loip_last_error());
         if (h.hop + 1 == d->cfg.n_devices * d->cfg.n_stages) {
             if ((rc = finish(d, &h, n))) return rc;
             return lend_after(d, &h, stage);
@@ -374,7 +385,7 @@ static int serve_data(loip_device *d, loip_msg_header h, uint64_t waited) {
         loip_msg_header o = h;
         o.kind = LOIP_MSG_HIDDEN, o.dtype = LOIP_F32, o.dim = d->dim;
         o.payload_bytes = data + (uint64_t)n * sizeof *d->toks;
-        if ((rc = send_timed(d, d->cfg.next, &o, d->hidden))) return report(d, &h, rc, loip_last_error());
+        if ((rc = device_send_timed(d, d->cfg.next, &o, d->hidden))) return device_report(d, &h, rc, loip_last_error());
         return lend_after(d, &h, stage);
     }
 }
@@ -390,22 +401,22 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
         if (rc == LOIP_ETIMEDOUT) return 0;
         if (rc) {
             d->st.rejected++;
-            return report(d, NULL, rc, loip_last_error());
+            return device_report(d, NULL, rc, loip_last_error());
         }
         if (h.kind == LOIP_MSG_KV_PUT || h.kind == LOIP_MSG_KV_GET || h.kind == LOIP_MSG_KV_DROP) {
             if ((rc = lend_hold(&d->lend, d->cfg.in, d->from, &h, d->payload, large)))
-                return report(d, &h, rc, loip_last_error());
+                return device_report(d, &h, rc, loip_last_error());
             continue;
         }
         if (large) { /* only lent KV may exceed the device's buffer */
             free(large);
             d->st.rejected++;
-            return report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
+            return device_report(d, &h, LOIP_EPROTO, "a message larger than the device's buffer");
         }
-        if (h.kind != LOIP_MSG_TOKENS && h.kind != LOIP_MSG_HIDDEN) {
+        if (h.kind != LOIP_MSG_TOKENS && h.kind != LOIP_MSG_HIDDEN && h.kind != LOIP_MSG_LOGITS) {
             if (h.payload_bytes > cap) {
                 d->st.rejected++;
-                return report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
+                return device_report(d, &h, LOIP_EPROTO, "control message larger than the caller's buffer");
             }
             *out = h;
             memcpy(out_payload, d->payload, h.payload_bytes);
@@ -414,7 +425,7 @@ LOIP_API int loip_device_serve(loip_device *d, int32_t timeout_ms, loip_msg_head
         }
         d->st.recv_wait_ns += waited;
         loip_heartbeat_busy(d->cfg.heartbeat, 1);
-        rc = serve_data(d, h, waited);
+        rc = h.kind == LOIP_MSG_LOGITS ? head_share_serve(d, &h) : serve_data(d, h, waited);
         loip_heartbeat_busy(d->cfg.heartbeat, 0);
         if (rc) return rc;
     }

@@ -109,6 +109,22 @@ struct loip_device {
     loip_device_stats_t st; /* (its lending fields are lend's, copied by loip_device_stats) */
     char from[64];
     lend_state lend;
+    /* the head cut across devices (a plan's head_shares; loip_device_head_share): this device's
+     * vocabulary rows [share_first, share_last); on the last device, a range short of the whole
+     * vocabulary sends its logits round the ring (LOIP_MSG_LOGITS) for the others' rows */
+    int32_t share_first, share_last;
+    int share_ring;
 };
+
+/* device.c, for head_share.c: an ERROR to the head (returns rc), a timed send, and a step's
+ * outputs from its n_rows rows of logits in d->logits (a RESULT to the head) */
+int device_report(loip_device *d, const loip_msg_header *in, int rc, const char *msg);
+int device_send_timed(loip_device *d, loip_sock *s, const loip_msg_header *h, const void *payload);
+int device_outputs(loip_device *d, const loip_msg_header *in, int32_t n_rows, int32_t n_logits, uint64_t t0);
+/* head_share.c: the last device's step head when the head is cut (after its rows and its own
+ * share: sends LOGITS on), and a LOGITS message served (a share added and passed on, or, back on
+ * the last device, the step's outputs) */
+int head_share_send(loip_device *d, const loip_msg_header *in, int32_t n, int32_t n_rows, int32_t n_logits);
+int head_share_serve(loip_device *d, const loip_msg_header *h);
 
 #endif

@@ -227,6 +227,11 @@ function handlers.PLAN(self, _, body)
   cfg.heartbeat = self.hb
   local dev, derr = rw.device_new(cfg, budget.handle)
   if not dev then error(derr, 0) end
+  if body.plan.head_shares then -- the head cut across devices: this device's rows (loip.plan.ends)
+    local first, count = plan.ends.share_of(body.plan.head_shares, i)
+    local ok, serr = rw.device_head_share(dev, first, first + count)
+    if not ok then rw.device_free(dev) error(serr, 0) end
+  end
   d.device, d.plan_id = dev, body.plan_id
   log("device %d of %d: plan %d, %d stages, %s used of %s", i, N, body.plan_id, S,
     memory.format_bytes(budget:used()), budget:limit() > 0 and memory.format_bytes(budget:limit()) or "unlimited")

@@ -269,15 +269,31 @@ function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
   end
   local finish = release + res_ms
   if i == N and s == S then
-    -- (a head kept on disk: its table read chunk by chunk, each chunk's logits after it, loip.plan.ends)
-    local _, head_read = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
-    if head_read > 0 then
-      local go = math.max(finish, x.disk)
-      event(x, tr, "load", s, self.problem.model.n_blocks, self.problem.model.n_blocks, go, go + head_read)
-      x.disk, x.load_ms = go + head_read, x.load_ms + head_read
-      finish = go + head_read
+    local ends = plan.ends.of(self.plan) or self.problem.ends
+    if ends and ends.head_shares and N > 1 then
+      -- (a head cut across devices: each share in ring order, its read and compute, the LOGITS
+      -- message over each link; loip.plan.ends)
+      local sizes = self.problem.model
+      local bytes = sizes.header_bytes + math.max(samples, 1) * (sizes.hidden_bytes + 4 * sizes.vocab)
+      local t = finish
+      for k = 0, N - 1 do
+        local j = (N - 1 + k) % N + 1
+        local _, head_read = plan.ends.read_ms(self.problem, j, self.devices[j].part, space.read_ms)
+        t = t + head_read + self:block_ms(j, "head", math.max(samples, 1), ctx) * plan.ends.head_fraction(sizes, ends, j, N)
+        t = send(self.links[j], t, bytes)
+      end
+      finish = t
+    else
+      -- (a head kept on disk: its table read chunk by chunk, each chunk's logits after it, loip.plan.ends)
+      local _, head_read = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
+      if head_read > 0 then
+        local go = math.max(finish, x.disk)
+        event(x, tr, "load", s, self.problem.model.n_blocks, self.problem.model.n_blocks, go, go + head_read)
+        x.disk, x.load_ms = go + head_read, x.load_ms + head_read
+        finish = go + head_read
+      end
+      finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx)
     end
-    finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx)
   end
   event(x, tr, "compute", s, y.first, y.last, start, finish)
   x.comp_ms = x.comp_ms + (finish - start)

@@ -479,13 +479,20 @@ end
 
 -- How device i (of plan p's #p.devices) keeps the ends, for a model tied or not.
 local function ends_how(p, i, tied)
-  return plan.ends.how(plan.ends.of(p), i == 1, i == #p.devices, tied)
+  return plan.ends.how(plan.ends.of(p), i == 1, i == #p.devices, tied, p.head_shares and p.head_shares[i])
 end
 
 -- The files device i reads from disk for the ends it keeps there (name -> true): shipped to a
 -- worker with its blocks, not loaded.
 function M.ends_files(p, i, tied)
   local how, out = ends_how(p, i, tied), {}
+  if how.cut then
+    -- (a cut head: its share's rows read from the table's file, into memory or by chunks; an
+    -- untied head's final norm read alone from head.bin)
+    if how.embed == "rows" or (how.head and tied and not how.table) then out["embed.bin"] = true end
+    if not tied and (how.head or how.norm) then out["head.bin"] = true end
+    return out
+  end
   if how.embed == "rows" or (how.head == "rows" and tied) then out["embed.bin"] = true end
   if how.head == "rows" and not tied then out["head.bin"] = true end
   return out
@@ -506,7 +513,7 @@ end
 -- model (M.close frees it with the rest), or nil when both ends are in memory.
 function M.bind_ends(m, dir, man, p, i, tied, budget)
   local ends, how = plan.ends.of(p), ends_how(p, i, tied)
-  if how.embed ~= "rows" and how.head ~= "rows" then return nil end
+  if how.embed ~= "rows" and how.head ~= "rows" and not how.cut then return nil end
   local keep = { rows = {} }
   local function rows(file, kind, which, cache, chunk)
     local t = tensor_of(man, file, kind)
@@ -515,6 +522,42 @@ function M.bind_ends(m, dir, man, p, i, tied, budget)
     keep.rows[#keep.rows + 1] = r
     local ok, berr = exec.model_bind_rows(m, which, r)
     if not ok then M.close(keep) error(string.format("%s/%s: %s", dir, file, berr), 0) end
+  end
+  -- bytes [at, at + n) of file read into a buffer charged to "weights" (kept), t bound as if
+  -- the file were there (only those bytes of it are)
+  local function part_of(file, t, at, n)
+    local buf, err = memory.buffer_charged(budget, "weights", M.align_up(math.max(n, 1)))
+    if not buf then M.close(keep) error(dir .. "/" .. file .. ": " .. err, 0) end
+    keep.parts = keep.parts or {}
+    keep.parts[#keep.parts + 1] = buf
+    local base = ffi.cast("uint8_t *", memory.buffer_data(buf))
+    if n > 0 then
+      local ok, rerr = files_rt.read(dir .. "/" .. file, at, n, base, false)
+      if not ok then M.close(keep) error(rerr .. "; " .. M.redo(man, dir), 0) end
+    end
+    bind_tensors(m, dir, { name = file, tensors = { t } }, base - at)
+  end
+  if how.cut then
+    local first, count = plan.ends.share_of(p.head_shares, i)
+    local tfile, tkind = tied and "embed.bin" or "head.bin", tied and "embed" or "lm_head"
+    local which = tied and K.W_EMBED or K.W_LM_HEAD
+    local cache = how.embed == "rows" and ends.embed_rows or 0
+    if how.head == "rows" then
+      -- (chunks of head_rows rows, at most the share's rows rounded up to 16)
+      local t = tensor_of(man, tfile, tkind)
+      rows(tfile, tkind, which, tied and cache or 0, plan.ends.share_chunk(t.nbytes / t.shape[1], ends.head_rows, count))
+    elseif how.head == "memory" and not (tied and how.table) then
+      -- the share's rows alone in memory: the table bound at its place, rows [first, first + count) there
+      local t = tensor_of(man, tfile, tkind)
+      local row = t.nbytes / t.shape[1]
+      part_of(tfile, t, t.offset + first * row, count * row)
+    end
+    if how.embed == "rows" and not (tied and how.head == "rows") then rows("embed.bin", "embed", K.W_EMBED, cache, 0) end
+    if how.norm and not tied then
+      local t = tensor_of(man, "head.bin", "output_norm")
+      part_of("head.bin", t, t.offset, t.nbytes)
+    end
+    return keep
   end
   local head_chunk = how.head == "rows" and ends.head_rows or 0
   if tied then
@@ -541,6 +584,8 @@ function M.close(keep)
   for _, r in ipairs(keep.rows or {}) do exec.rows_free(r) end
   keep.rows = nil
   if keep.norm then memory.buffer_free(keep.norm) keep.norm = nil end
+  for _, b in ipairs(keep.parts or {}) do memory.buffer_free(b) end
+  keep.parts = nil
   memory.buffer_free(keep.buffer)
   for _, map in ipairs(keep.maps or {}) do files_rt.map_free(map) end
   keep.buffer, keep.maps = nil, nil

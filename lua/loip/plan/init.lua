@@ -103,7 +103,7 @@ local function is_count(v) return type(v) == "number" and v >= 0 and v == math.f
 -- The keys a plan may have at each level (M.check refuses any other: a misspelt `offload` would
 -- otherwise be read as "nothing offloaded").
 M.keys = {
-  plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch", "embed_rows", "head_rows" },
+  plan = { "slots", "slot_bytes", "devices", "per_block", "prefetch", "embed_rows", "head_rows", "head_shares" },
   device = { "slot_bytes", "stages", "expert_slots" },
   stage = { "blocks", "offloaded" },
 }
@@ -205,10 +205,15 @@ end
 -- head), by name.
 function M.device_files(p, i, sizes)
   local resident, N = {}, #p.devices
-  local _, _, how = ends_mod.memory(sizes, ends_mod.of(p), i == 1, i == N)
-  if how.embed == "memory" or (how.head == "memory" and sizes.tied) then resident["embed.bin"] = true end
+  local _, _, how = ends_mod.memory(sizes, ends_mod.of(p), i == 1, i == N, p.head_shares and p.head_shares[i])
+  if how.cut then
+    -- (a cut head: its share's rows are read into memory alone, loip.model.store.bind_ends; a
+    -- tied model's head.bin is the final norm)
+    if how.embed == "memory" then resident["embed.bin"] = true end
+    if how.norm and sizes.tied then resident["head.bin"] = true end
+  elseif how.embed == "memory" or (how.head == "memory" and sizes.tied) then resident["embed.bin"] = true end
   -- (an untied head read from disk keeps its final norm alone: loip.model.store.bind_ends)
-  if how.head == "memory" or (how.head and sizes.tied) then resident["head.bin"] = true end
+  if not how.cut and (how.head == "memory" or (how.head and sizes.tied)) then resident["head.bin"] = true end
   for _, st in ipairs(p.devices[i].stages) do
     for b = st.blocks[1] + (st.offloaded or 0), st.blocks[2] do
       resident[sizes.files[b]] = true
@@ -271,7 +276,8 @@ function M.device_part(p, i, sizes)
   local d, N = p.devices[i], #p.devices
   local part = { S = #d.stages, n_mha = 0, n_mlp = 0, off_mha = 0, off_mlp = 0, off_bytes = 0, res_bytes = 0,
     stage_off_max = 0, loads = 0, embed = i == 1, head = i == N, first = i == 1, last = i == N,
-    per_block = p.per_block or false, prefetch = p.prefetch ~= false, ends = ends_mod.of(p) }
+    per_block = p.per_block or false, prefetch = p.prefetch ~= false, ends = ends_mod.of(p),
+    share = p.head_shares and p.head_shares[i] or nil }
   local biggest = 0
   for _, st in ipairs(d.stages) do
     local off = 0
@@ -324,11 +330,13 @@ end
 -- conventional path counts as scratch).
 function M.part_memory(part, sizes, opts)
   opts = opts or {}
-  local ew, eb = ends_mod.memory(sizes, part.ends or opts.ends, part.first, part.last)
+  local ends = part.ends or opts.ends
+  local ew, eb, _, ea = ends_mod.memory(sizes, ends, part.first, part.last,
+    part.share)
   local weights = part.res_bytes + ew
   local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes) + eb,
     experts = M.expert_cache_bytes(part, sizes), kv = part.kv or sizes.kv_bytes[part.layers],
-    activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes or 0),
+    activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes + ea or 0),
     scratch = (part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0) + M.expert_scratch(part, sizes, opts),
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
   m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
@@ -339,18 +347,18 @@ end
 function M.part_total(part, sizes, opts)
   if part.ends then opts = setmetatable({ ends = part.ends }, { __index = opts }) end
   return M.total_of(sizes, opts, part.first, part.last, part.res_bytes + M.expert_scratch(part, sizes, opts),
-    part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers, part.kv)
+    part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes), part.layers, part.kv, part.share)
 end
 
 -- The same from its figures: whether the device holds the first / last end, its resident
 -- bytes, the bytes of its slots, its layers with a KV cache (kv: their KV's bytes where known:
 -- M.kv_of_layers; else the most any as many layers keep).
-function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers, kv)
+function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers, kv, share)
   kv = kv or sizes.kv_bytes[layers]
   if not kv then return math.huge end -- more layers than the model has: no such part
-  local ew, eb = ends_mod.memory(sizes, opts.ends, first, last)
+  local ew, eb, _, ea = ends_mod.memory(sizes, opts.ends, first, last, share)
   local w = res_bytes + slot_bytes + kv + sizes.activation_bytes + ew + eb
-  if opts.cluster then w = w + sizes.device_bytes end
+  if opts.cluster then w = w + sizes.device_bytes + ea end
   if slot_bytes > 0 then w = w + M.loader_scratch(slot_bytes, opts.loader) end
   return w
 end
@@ -437,6 +445,11 @@ function M.to_lua(p)
   if p.prefetch == false then out[#out + 1] = "  prefetch = false, -- a stage's reads start when the stage starts" end
   if p.embed_rows then out[#out + 1] = string.format("  embed_rows = %d, -- the embedding stays on disk, these rows cached", p.embed_rows) end
   if p.head_rows then out[#out + 1] = string.format("  head_rows = %d, -- the head read every step, these vocabulary rows at a time", p.head_rows) end
+  if p.head_shares then
+    local xs = {}
+    for k, v in ipairs(p.head_shares) do xs[k] = tostring(v) end
+    out[#out + 1] = string.format("  head_shares = { %s }, -- the head's vocabulary rows per device", table.concat(xs, ", "))
+  end
   out[#out + 1] = "  devices = {"
   for _, d in ipairs(p.devices) do
     out[#out + 1] = "    { " .. (d.slot_bytes and string.format("slot_bytes = %d, ", d.slot_bytes) or "")
@@ -455,6 +468,10 @@ end
 function M.bare(p)
   local q = { slots = p.slots, slot_bytes = p.slot_bytes, per_block = p.per_block, prefetch = p.prefetch,
     embed_rows = p.embed_rows, head_rows = p.head_rows, devices = {} }
+  if p.head_shares then
+    q.head_shares = {}
+    for k, v in ipairs(p.head_shares) do q.head_shares[k] = v end
+  end
   for i, d in ipairs(p.devices) do
     local stages = {}
     for s, st in ipairs(d.stages) do stages[s] = { blocks = { st.blocks[1], st.blocks[2] }, offloaded = st.offloaded or 0 } end

@@ -159,6 +159,9 @@ function M.sizes(man, cfg, opts)
   end
   window_kv(s, cfg, opts, max_seqs)
   s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
+  -- (a cut head: a device's receive buffer grows from the hidden states' to the LOGITS message's)
+  s.share_bytes = assert(exec.device_share_size(cfg, opts.batch, s.logits_tokens, max_seqs))
+  s.payload_bytes = math.max(opts.batch * s.hidden_bytes, 64 * 1024)
   s.weight_bytes = s.global_bytes
   for b = 0, s.n_blocks - 1 do s.weight_bytes = s.weight_bytes + s.res_bytes[b] end
   return s

@@ -160,6 +160,7 @@ function M.part(problem, shape, i, L, X, n, x, o, k)
     stage_off_max = most, loads = loads, layers = n_mha, kv = ringed_kv(sz, shape, L, X, n, x, n_mha), slot_bytes = k * most, slots = most > 0 and 1 or 0,
     ring = most > 0 and k >= 2, embed = i == 1, head = i == N, first = i == 1, last = i == N, per_block = false,
     prefetch = true, ends = problem.ends, off_moe = sz.moe and off_mlp or nil,
+    share = problem.ends and problem.ends.head_shares and problem.ends.head_shares[i] or nil,
     expert_slots = sz.moe and off_mlp > 0 and plan.min_expert_slots(sz) or nil }
 end
 
@@ -176,8 +177,9 @@ local function fixed(problem, i)
   if not v then
     local sz, N = problem.model, #problem.devices
     v = sz.activation_bytes + (problem.cluster and sz.device_bytes or 0)
-    local ew, eb = plan.ends.memory(sz, problem.ends, i == 1, i == N)
-    v = v + ew + eb
+    local ends = problem.ends
+    local ew, eb, _, ea = plan.ends.memory(sz, ends, i == 1, i == N, ends and ends.head_shares and ends.head_shares[i])
+    v = v + ew + eb + (problem.cluster and ea or 0)
     f[i] = v
     f.bounce = plan.loader_scratch(4096, problem.loader) > 0
   end
@@ -198,7 +200,10 @@ function M.part_total(problem, shape, i, L, X, n, x, o, k)
     slot = slot + plan.min_expert_slots(sz) * sz.moe.expert_bytes
     res = res + off_mlp * sz.moe.gating_bytes + plan.loader_scratch(sz.moe.expert_bytes, problem.loader)
   end
-  if bounce and slot > 0 then return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha, kv) end
+  if bounce and slot > 0 then
+    local ends = problem.ends
+    return plan.total_of(sz, problem, i == 1, i == #problem.devices, res, slot, n_mha, kv, ends and ends.head_shares and ends.head_shares[i])
+  end
   return res + slot + kv + base
 end
 
@@ -423,7 +428,7 @@ function M.fill(problem, p, i)
       + plan.loader_scratch(moe.expert_bytes, problem.loader)
   end
   local function total(res, sl)
-    return plan.total_of(sizes, problem, part.first, part.last, res + moe_bytes(), slots * sl, part.layers)
+    return plan.total_of(sizes, problem, part.first, part.last, res + moe_bytes(), slots * sl, part.layers, nil, part.share)
   end
   local res = part.res_bytes - (moe and part.off_mlp * moe.gating_bytes or 0)
   local kept = 0

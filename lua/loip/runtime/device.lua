@@ -37,6 +37,8 @@ function M.device_lend(d, peer, stage_layers, groups, context)
 end
 -- Everything lent comes back now (blocking) and lending stops.
 function M.device_recall(d, context) return core.ok(C.loip_device_recall(d), context) end
+-- The head cut across devices: this device's vocabulary rows [first, last) (loip_device_head_share).
+function M.device_head_share(d, first, last, context) return core.ok(C.loip_device_head_share(d, first, last), context) end
 
 -- ---- the loop
 -- Serve data messages for up to timeout_ms: true when a control message arrived (in header,

@@ -217,6 +217,14 @@ function M.device_size(cfg, max_tokens, logits_tokens, max_seqs, context)
   return tonumber(out[0])
 end
 
+-- The bytes of the largest LOGITS message a device receives when the head is cut (loip_device_share_size).
+function M.device_share_size(cfg, max_tokens, logits_tokens, max_seqs, context)
+  local out = ffi.new("uint64_t[1]")
+  local ok, err = core.ok(C.loip_device_share_size(cfg, max_tokens, logits_tokens, max_seqs, out), context)
+  if not ok then return nil, err end
+  return tonumber(out[0])
+end
+
 -- ---- kernels
 -- The CPU kernels chosen for this machine (e.g. "avx2").
 function M.kernels_name() return ffi.string(C.loip_kernels_name()) end

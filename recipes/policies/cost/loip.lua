@@ -42,7 +42,8 @@ function M.device(problem, i, part)
   local f = (reads and (c.under_load or 1) or 1) * (d.slowdown or 1)
   local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
   local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
-    + (part.embed and (c.embed_ms or 0) or 0) + (part.head and (c.head_ms or 0) or 0)
+    + (part.embed and (c.embed_ms or 0) or 0)
+    + (c.head_ms or 0) * plan.ends.head_fraction(problem.model, part.ends or problem.ends, i, #problem.devices)
   -- (the embedding's rows and the head's table read from disk, when the plan keeps them there:
   -- on the step's path, nothing overlaps them)
   local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
@@ -66,7 +67,7 @@ local function hop(l, bytes)
 end
 
 -- T_comm of a step with S stages per device, and each device's share (the hops it sends).
-function M.comm(problem, S)
+function M.comm(problem, S, p)
   local N, m = #problem.devices, problem.model
   local per = {}
   for i = 1, N do per[i] = 0 end
@@ -86,6 +87,15 @@ function M.comm(problem, S)
   local back = hop(h.from_last, m.header_bytes + (m.output_bytes or 4) * batch) -- the sampled ids to the head
   per[N] = per[N] + back
   total = total + back + hop(h.to_first or problem.links[N], token) + (h.step_ms or 0)
+  -- (a head cut across devices: its LOGITS message once round the ring, loip.plan.ends)
+  local ends = p and plan.ends.of(p) or problem.ends
+  if ends and ends.head_shares and N > 1 then
+    local logits = m.header_bytes + batch * ((m.hidden_bytes or 0) + 4 * (m.vocab or 0))
+    for i = 1, N do
+      per[i] = per[i] + hop(problem.links[i], logits)
+      total = total + hop(problem.links[i], logits)
+    end
+  end
   return total, per
 end
 
@@ -105,7 +115,7 @@ end
 -- when they are alike (the DP's templates), a lower bound otherwise.
 function M.closed(p, problem)
   local N, S = #p.devices, #p.devices[1].stages
-  local comm, per = M.comm(problem, S)
+  local comm, per = M.comm(problem, S, p)
   local devs, comp, exposed = {}, 0, 0
   for i = 1, N do
     local part = plan.device_part(p, i, problem.model)
@@ -220,7 +230,7 @@ end
 local function play(p, problem, rates)
   local N, S = #p.devices, #p.devices[1].stages
   local sizes = problem.model
-  local comm, per = M.comm(problem, S)
+  local comm, per = M.comm(problem, S, p)
   local head = problem.head or {}
   local batch = problem.micro_batch or 1
   local hidden = sizes.header_bytes + batch * sizes.hidden_bytes
@@ -242,7 +252,9 @@ local function play(p, problem, rates)
       end
     end
     -- the head, the sampled id to the head process, the next token into device 1
-    t = t + (problem.devices[N].compute.head_ms or 0) + dev[N].head_read
+    -- (cut across devices: each share in ring order and the LOGITS hops, loip.plan.ends.step_ms)
+    t = t + plan.ends.step_ms(problem, p, batch, function(i) return problem.devices[i].compute.head_ms or 0 end,
+      function(i, bytes) return N > 1 and hop(problem.links[i], bytes) or 0 end, space.read_ms)
     if not head.in_process then t = t + hop(head.from_last, token) + (head.step_ms or 0) + hop(head.to_first or problem.links[N], token) end
     ends[step] = t
   end
