@@ -242,6 +242,8 @@ static void attention_task(void *p, int ith, int nth) {
     const float scale = sqrtf((float)hd);
     int window = loip_kv_layer_windowed(c, j->layer) ? c->sliding_window : 0;
     int32_t seen[LOIP_TREE_MAX]; /* a tree node's positions past its root that it attends to */
+    size_t seen_t = SIZE_MAX;    /* the token they are of: a thread's items run through a token's heads in turn */
+    int n_seen = 0;
     /* items dealt round-robin: a prompt's later tokens read more positions, so contiguous shares
      * would leave the first thread a causal triangle's thin end (a quarter of the work of two) */
     for (size_t item = (size_t)ith; item < (size_t)j->n * c->n_heads; item += (size_t)nth) {
@@ -253,9 +255,12 @@ static void attention_task(void *p, int ith, int nth) {
          * position being its root's plus its depth (tok_rope), an ancestor's likewise */
         int rope = s->tok_rope[t], first = window && rope - window + 1 > 0 ? rope - window + 1 : 0;
         /* a node: its ancestors' and its own positions past the root, in order (words up to its own) */
-        int n_seen = off ? tree_offsets(s->tok_mask + (size_t)t * s->tree_words, (off - 1) / 64 + 1, rope, last,
+        if (t != seen_t) { /* (once per token, not per (token, head): the same for all its heads) */
+            n_seen = off ? tree_offsets(s->tok_mask + (size_t)t * s->tree_words, (off - 1) / 64 + 1, rope, last,
                                         window, seen)
                          : 0;
+            seen_t = t;
+        }
         const float *q = s->q + t * s->q_dim + (size_t)h * hd;
         float maxv = -INFINITY;
         int n = first <= last ? score_range(s, k, j->layer, seq, kvh, q, first, last, scores, 0, scale, &maxv) : 0;
