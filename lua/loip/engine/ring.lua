@@ -212,10 +212,12 @@ function Ring:replacing_plan(keep_requests)
   if not keep_requests then self._batcher = nil end
 end
 
--- The rows the request loop may give a step on this plan: logits_tokens (rows whose logits come
--- back) and sample_rows (rows the last device samples in one step: loip_device_new's out_cap).
+-- The rows the request loop may give a step on this plan: step_tokens (the plan's batch: the
+-- most a device takes in one message), logits_tokens (rows whose logits come back) and
+-- sample_rows (rows the last device samples in one step: loip_device_new's out_cap).
 local function plan_rows(self)
   local pl = self.c.planner
+  self.step_tokens = pl.batch
   self.logits_tokens = pl.sizes.logits_tokens
   self.sample_rows = math.min(pl.batch, math.max(pl.sizes.logits_tokens or 1, pl.sizes.max_seqs or 1))
 end
@@ -236,8 +238,7 @@ function Ring:batcher(opts)
     self.kv_tokens = pl.sizes.kv_tokens
     self.kv_windows = pl.sizes.ringed ~= nil -- (sliding-window layers' rings)
     self.cache_identity = "store:" .. c.store_id -- (the prefix cache's h_0, as loip.engine.request.prefix_cache.identity)
-    self.step_tokens = pl.batch
-    plan_rows(self) -- (logits_tokens, sample_rows: the rows of a step the plan holds)
+    plan_rows(self) -- (step_tokens, logits_tokens, sample_rows: the rows of a step the plan holds)
     local po = pl.plan_opts or {}
     self._batcher = engine.batcher(self, setmetatable({ online = po.online, links = po.link_schedule, draft = po.draft,
       draft_tokens = po.draft_tokens, draft_target = { path = c.store, tokenizer = self:tokenizer(), context = pl.context,
