@@ -35,6 +35,12 @@ function M.row_bytes(sizes)
   return (sizes.vocab or 0) > 0 and sizes.head_bytes / sizes.vocab or 0
 end
 
+-- What stays resident of head.bin when the head's table is not (read by chunks, or cut): the
+-- final norm, i.e. head.bin less an untied head's table (a tied head.bin holds only the norm).
+local function norm_bytes(sizes)
+  return sizes.tied and sizes.head_file_bytes or math.max(0, sizes.head_file_bytes - align(sizes.head_bytes))
+end
+
 -- The ends of plan p as a part keeps them: { embed_rows, head_rows } or nil (both resident).
 function M.of(p)
   if p.embed_rows or p.head_rows or p.head_shares then
@@ -114,7 +120,7 @@ function M.memory(sizes, ends, first, last, share)
     -- the final norm on the last device (head.bin less an untied head's table); the share's rows
     -- in memory (none more for a tied table held whole) or its chunk; the LOGITS message's room
     -- in the device's receive buffer (4th: activations, in a cluster)
-    if last then w = w + (sizes.tied and sizes.head_file_bytes or math.max(0, sizes.head_file_bytes - align(sizes.head_bytes))) end
+    if last then w = w + norm_bytes(sizes) end
     if how.head == "memory" and not (sizes.tied and how.table) then w = w + align(how.share * row) end
     if how.head == "rows" then buf = buf + M.share_chunk(row, ends.head_rows, how.share) * row end
     return w, buf, how, math.max(0, (sizes.share_bytes or 0) - (sizes.payload_bytes or 0))
@@ -122,7 +128,7 @@ function M.memory(sizes, ends, first, last, share)
   if how.head == "rows" then
     buf = buf + M.chunk_rows(sizes, ends.head_rows) * row
     -- (the final norm stays: head.bin less an untied head's table)
-    w = w + (sizes.tied and sizes.head_file_bytes or math.max(0, sizes.head_file_bytes - align(sizes.head_bytes)))
+    w = w + norm_bytes(sizes)
   elseif how.head then
     w = w + sizes.head_file_bytes
   end

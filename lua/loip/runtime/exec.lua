@@ -209,20 +209,22 @@ function M.session_take_routing(s, out, n, context) return core.ok(C.loip_sessio
 -- Route session s's unbound experts through cache x (nil: none).
 function M.session_set_experts(s, x, context) return core.ok(C.loip_session_set_experts(s, x), context) end
 
--- What a device charges to "activations" (loip_device_size), in bytes.
-function M.device_size(cfg, max_tokens, logits_tokens, max_seqs, context)
+-- fn(cfg, max_tokens, logits_tokens, max_seqs, out) of a device's sizes, its bytes.
+local function device_bytes(fn, cfg, max_tokens, logits_tokens, max_seqs, context)
   local out = ffi.new("uint64_t[1]")
-  local ok, err = core.ok(C.loip_device_size(cfg, max_tokens, logits_tokens, max_seqs, out), context)
+  local ok, err = core.ok(fn(cfg, max_tokens, logits_tokens, max_seqs, out), context)
   if not ok then return nil, err end
   return tonumber(out[0])
 end
 
+-- What a device charges to "activations" (loip_device_size), in bytes.
+function M.device_size(cfg, max_tokens, logits_tokens, max_seqs, context)
+  return device_bytes(C.loip_device_size, cfg, max_tokens, logits_tokens, max_seqs, context)
+end
+
 -- The bytes of the largest LOGITS message a device receives when the head is cut (loip_device_share_size).
 function M.device_share_size(cfg, max_tokens, logits_tokens, max_seqs, context)
-  local out = ffi.new("uint64_t[1]")
-  local ok, err = core.ok(C.loip_device_share_size(cfg, max_tokens, logits_tokens, max_seqs, out), context)
-  if not ok then return nil, err end
-  return tonumber(out[0])
+  return device_bytes(C.loip_device_share_size, cfg, max_tokens, logits_tokens, max_seqs, context)
 end
 
 -- ---- kernels
