@@ -101,8 +101,12 @@ function M.calibrate(opts, profile)
   end
   local scratch
   if not files then
-    -- a scratch file of 64 MiB for the disk, removed after
-    scratch = dir .. "/calibration-disk.tmp"
+    -- a scratch file of 64 MiB for the disk, removed after; this process's own (two processes
+    -- calibrating at once, as concurrent test runs do, would read and remove each other's)
+    local f = assert(io.open("/proc/self/stat"))
+    local pid = f:read("*l"):match("^(%d+)")
+    f:close()
+    scratch = string.format("%s/calibration-disk-%s.tmp", dir, pid)
     local w = files_rt.writer(scratch)
     if w then
       local chunk = ffi.new("uint8_t[?]", 1024 * 1024)
