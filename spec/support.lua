@@ -231,6 +231,26 @@ function M.flip_bit(path, offset)
   f:close()
 end
 
+-- The plan `loip plan --model store FLAGS` makes on this machine's figures, saved to dir/plan.lua
+-- (what --plan runs as it is), and the MLP block files it offloads, in ring order: read again
+-- every step. A spec that damages a block read every step takes it from here, not from a plan
+-- it assumes: which blocks a budget offloads is the scheduler's choice on the machine's figures.
+function M.plan_offloading(store, flags, dir)
+  local path = dir .. "/plan.lua"
+  local rc, out, err = M.run(string.format("%s plan --model '%s' %s --save-plan '%s' --json", M.loip, store, flags, path))
+  assert(rc == 0, "loip plan " .. flags .. ": " .. err)
+  local files = {}
+  for _, d in ipairs(require("loip.text.json").decode(out).plan.devices) do
+    for _, s in ipairs(d.stages) do
+      -- (a stage's first `offloaded` blocks are read into its slot; odd blocks are MLPs)
+      for b = s.blocks[1], s.blocks[1] + s.offloaded - 1 do
+        if b % 2 == 1 then files[#files + 1] = string.format("layer-%03d-mlp.bin", (b - 1) / 2) end
+      end
+    end
+  end
+  return path, files
+end
+
 function M.slice_store(src, name)
   if not stores[name] then
     local dir = os.tmpname()

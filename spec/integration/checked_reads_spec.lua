@@ -22,16 +22,21 @@ describe("checked reads", function()
     local rc0, out0, err0 = generate(st, "--mem 1400K --verify-reads")
     assert.are.equal(0, rc0, err0)
     local ref = out0.token_ids
-    -- flip one bit of an offloaded block file
-    local path = st .. "/layer-002-mlp.bin"
-    T.flip_bit(path, 5000)
-    -- (plans that read layer 2's MLP every step: with the embedding and head in memory, --ends memory)
+    -- flip one bit of a block file the plan reads every step (with the embedding and head in
+    -- memory, --ends memory: blocks offloaded), then put it back
+    local damaged
     for _, extra in ipairs({ "--mem 1400K --ends memory", "--devices 2 --mem 1000K,1000K --ends memory" }) do
-      local rc, _, err = generate(st, extra .. " --verify-reads")
+      local pl, files = T.plan_offloading(st, extra, dir)
+      assert.is_true(#files > 0, extra .. ": no MLP block offloaded")
+      damaged = files[1]
+      T.flip_bit(st .. "/" .. damaged, 5000)
+      local rc, _, err = generate(st, extra .. " --plan " .. pl .. " --verify-reads")
       assert.are.equal(1, rc)
-      assert.matches("layer%-002%-mlp%.bin: CRC32C %x+ of the 139264 bytes read, the manifest says %x+: the file is damaged", err)
+      assert.matches(damaged:gsub("%-", "%%-"):gsub("%.", "%%.") .. ": CRC32C %x+ of the 139264 bytes read, the manifest says %x+: the file is damaged", err)
+      T.flip_bit(st .. "/" .. damaged, 5000)
     end
     -- unchecked, the damage goes unnoticed (exit 0)
+    T.flip_bit(st .. "/" .. damaged, 5000)
     local rc2, out2, err2 = generate(st, "--mem 1400K")
     assert.are.equal(0, rc2, err2)
     assert.are.equal(30, #out2.token_ids)

@@ -170,17 +170,22 @@ describe("loip generate", function()
     local dir = T.tmpdir()
     local st = dir .. "/st"
     require("loip.model.slice").write(MODEL, st, { quiet = true })
-    T.flip_bit(st .. "/layer-002-mlp.bin", 5000) -- (a damaged block, read in the prompt's step)
-    -- (plans that read layer 2's MLP every step: with the embedding and head in memory, --ends memory)
+    -- (plans that read blocks every step: with the embedding and head in memory, --ends memory;
+    -- one of them damaged, read in the prompt's step, then put back)
     for _, extra in ipairs({ "--mem 1400K --ends memory", "--devices 2 --mem 1000K,1000K --ends memory" }) do
-      local cmd = string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens 8 --verify-reads %s", loip, st,
-        q("Once upon a time"), extra)
+      local pl, files = T.plan_offloading(st, extra, dir)
+      assert.is_true(#files > 0, extra .. ": no MLP block offloaded")
+      T.flip_bit(st .. "/" .. files[1], 5000)
+      local cmd = string.format("%s generate --model %s --prompt %s --temperature 0 --max-tokens 8 --verify-reads --plan %s %s", loip, st,
+        q("Once upon a time"), pl, extra)
       local rc, out, err = T.run(cmd)
       assert.are.equal(1, rc, err)
       assert.are.equal("Once upon a time\n", out)
       -- (stdout and stderr on one terminal: the error's line starts with loip:)
       local _, both = T.run("{ " .. cmd .. " 2>&1; }")
-      assert.matches("\nOnce upon a time\nloip: [^\n]*stage %d+: [^\n]*layer%-002%-mlp%.bin: CRC32C", "\n" .. both)
+      assert.matches("\nOnce upon a time\nloip: [^\n]*stage %d+: [^\n]*" .. files[1]:gsub("%-", "%%-"):gsub("%.", "%%.")
+        .. ": CRC32C", "\n" .. both)
+      T.flip_bit(st .. "/" .. files[1], 5000)
     end
   end)
 

@@ -220,7 +220,9 @@ describe("online adaptation", function()
   end)
 
   it("prints --json's object of a run that failed after it started: the tokens so far and the error", function()
-    -- budgets the re-plan for 496 positions cannot meet: the run stops at about 200 positions
+    -- budgets the re-plan for 496 positions cannot meet: the run stops past the plan's 64 positions,
+    -- where the online policy runs out of room (how far past is the plan's: the scheduler's
+    -- choice on this machine's figures: 65 positions on one machine, about 200 on another)
     local st = store_of(S260, "s260")
     local s0_ids = reference(st, 480, "A big red ball")
     for _, where in ipairs({ "--devices 3 --mem 700K,700K,700K --ends memory", "--mem 900K --ends memory" }) do
@@ -232,7 +234,8 @@ describe("online adaptation", function()
       assert.is_table(j, where .. ": no --json object")
       assert.matches("no plan holds 496 KV positions", j.error, 1, true)
       assert.are.equal("error", j.stop_reason)
-      assert.is_true(#j.token_ids > 100 and #j.token_ids < 480, where .. ": " .. #j.token_ids .. " tokens")
+      assert.is_true(j.prompt_tokens + #j.token_ids >= 64 and #j.token_ids < 480,
+        string.format("%s: %d tokens after a prompt of %d", where, #j.token_ids, j.prompt_tokens))
       assert.are.equal(#j.token_ids, j.generated_tokens)
       for k, id in ipairs(j.token_ids) do assert.are.equal(s0_ids[k], id, where .. ": token " .. k) end
       assert.is_true(#j.text > 0)
