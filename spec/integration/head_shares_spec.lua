@@ -147,7 +147,10 @@ describe("the head cut across devices (head_shares)", function()
     local ref_l, ref_t, V = one_device(synth, ids, 16)
     local store = require "loip.model.store"
     local man = store.read_manifest(synth)
-    local sizes = plan.sizes(man, (store.config(synth, man)), { context = CTX, batch = BATCH, threads = 1, logits_tokens = #ids })
+    -- (one logits row a step: a cut head's devices each hold every row of its logits, a whole
+    -- head's devices before the last none, loip.plan.device_bytes; with more rows the budgets
+    -- below would leave the others room to take device 3's layers and make way for the head)
+    local sizes = plan.sizes(man, (store.config(synth, man)), { context = CTX, batch = BATCH, threads = 1, logits_tokens = 1 })
     -- every block resident, the embedding by rows, the head cut in three in memory: each
     -- device's memory with a little room; the head whole on device 3 does not fit
     local N = 3
@@ -161,8 +164,8 @@ describe("the head cut across devices (head_shares)", function()
     local c = cluster.start_local { store = synth, devices = 3, mem = mem, threads = 1 }
     local ok, err = pcall(function()
       -- (a slow disk: the head read every step is priced slower than the cut)
-      local q = c:plan { context = CTX, batch = BATCH, logits_tokens = #ids, disk_rate = 2e6 }
-      assert.is_truthy(q.head_shares, "the head cut")
+      local q = c:plan { context = CTX, batch = BATCH, logits_tokens = 1, disk_rate = 2e6 }
+      assert.is_truthy(q.head_shares, "the head cut: " .. plan.describe(q, c.planner.sizes))
       assert.matches("head: cut by vocabulary rows", plan.describe(q, c.planner.sizes), 1, true)
       assert.are.equal(0, T.bit_diffs(ref_l, c:logits(ids), #ids * V))
       local got = {}

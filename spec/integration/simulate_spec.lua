@@ -358,7 +358,8 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
     assert.is_true(rows == 8 or rows == 16 or rows == 32 or rows == 64, tostring(rows))
     assert.is_true(j.draft.tree_size_max <= rows, j.draft.tree_size_max .. " nodes, " .. rows .. " rows")
     -- fixed at 40 nodes: 40 rows reserved, the last device's budget holding its 41 logits rows
-    -- (offloading more than the plan without them)
+    -- (the others none: loip.plan.device_bytes): beside the plan without them, the same plan
+    -- with the rows in device 3's memory, or one offloading more
     local rc2, out2, err2 = T.run(args .. " --draft-tokens 40")
     assert.are.equal(0, rc2, err2)
     local j2 = json.decode(out2)
@@ -370,7 +371,14 @@ describe("speculative decoding on the simulator (--draft, --acceptance)", functi
       for _, d in ipairs(x.plan.devices) do for _, s in ipairs(d.stages) do n = n + (s.offloaded or 0) end end
       return n
     end
-    assert.is_true(offloaded(j2) > offloaded(json.decode(out3)), offloaded(j2) .. " vs " .. offloaded(json.decode(out3)))
+    local j3 = json.decode(out3)
+    if json.encode_sorted(j2.plan) == json.encode_sorted(j3.plan) then
+      local more = j2.devices[3].memory_bytes - j3.devices[3].memory_bytes
+      assert.is_true(more >= 40 * 512 * 4, "device 3 holds " .. more .. " bytes more for 41 rows of 512 logits") -- (stories260K's vocabulary)
+      for i = 1, 2 do assert.are.equal(j3.devices[i].memory_bytes, j2.devices[i].memory_bytes, "device " .. i) end
+    else
+      assert.is_true(offloaded(j2) > offloaded(j3), offloaded(j2) .. " vs " .. offloaded(j3))
+    end
   end)
 
   it("verifies k drafts in one step: at acceptance 1 five tokens a step, read-bound steps priced as one; at 0 one", function()

@@ -58,6 +58,26 @@ describe("loip.plan", function()
     assert.are.equal(sz.device_bytes, plan.memory(p, 1, sz, { cluster = true }).activations - m.activations)
   end)
 
+  it("charges a worker's logits rows to the device that returns them: the last, or every one of a cut head", function()
+    local s2 = sizes_1b()
+    s2.device_bytes_mid, s2.logits_tokens = MiB / 4, 64
+    local p = { slots = 1, devices = { { stages = { { blocks = { 0, 15 }, offloaded = 0 } } },
+      { stages = { { blocks = { 16, 31 }, offloaded = 0 } } } } }
+    local o = { cluster = true }
+    assert.are.equal(s2.activation_bytes + s2.device_bytes_mid, plan.memory(p, 1, s2, o).activations)
+    assert.are.equal(s2.activation_bytes + s2.device_bytes, plan.memory(p, 2, s2, o).activations)
+    for i = 1, 2 do
+      assert.are.equal(plan.memory(p, i, s2, o).total, plan.part_total(plan.device_part(p, i, s2), s2, o), "device " .. i)
+    end
+    -- what the planner sends each device to allocate
+    assert.are.same({ 1, 64 }, { plan.logits_tokens_of(p, s2, 1, 2), plan.logits_tokens_of(p, s2, 2, 2) })
+    p.head_shares = { 64128, 64128 }
+    assert.are.same({ 64, 64 }, { plan.logits_tokens_of(p, s2, 1, 2), plan.logits_tokens_of(p, s2, 2, 2) })
+    -- (sizes made before device_bytes_mid: every device charged alike)
+    s2.device_bytes_mid = nil
+    assert.are.equal(s2.activation_bytes + s2.device_bytes, plan.memory(p, 1, s2, o).activations)
+  end)
+
   it("estimates compute alone without offloading, and at least the disk time with it", function()
     local all = one({ { blocks = { 0, 31 }, offloaded = 0 } })
     local pr = problem_1b(sz, 0)

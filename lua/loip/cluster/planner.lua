@@ -205,12 +205,20 @@ end
 
 M.fit_draft_rows = fit_draft_rows -- (loip simulate reserves a draft's rows as the cluster does)
 
+-- A plan reserving `rows` draft rows a request, max_batch requests: the step's tokens (batch
+-- raised to hold a request's rows beside every request's token, at most the context; batch as
+-- it is when fixed, --step-tokens) and the logits rows the last device returns (every request's
+-- token and drafts, at most the step). Planner:step_rows, loip simulate and loip.sim.experiments.
+function M.rows_step(context, batch, rows, max_batch, fixed)
+  local b = fixed and batch or math.min(context, math.max(batch, rows + max_batch))
+  return b, math.min(b, max_batch * (rows + 1))
+end
+
 -- The tokens a step carries for k draft rows a request: the batch asked for (--step-tokens),
 -- else the default raised to hold a request's k drafts beside every request's token (a tree past
 -- 64 nodes: its rows planned as any others, given way when memory is short: fit_draft_rows).
 function Planner:step_rows(opts, k)
-  if opts.batch then return self.batch_asked end
-  return math.min(self.context, math.max(self.batch_asked, (k or 0) + (opts.max_batch or 1)))
+  return (M.rows_step(self.context, self.batch_asked, k or 0, opts.max_batch or 1, opts.batch ~= nil))
 end
 
 -- The draft rows a request asks of a plan (k: loip.engine.request.draft.plan_rows), at most a
@@ -334,7 +342,7 @@ function Planner:send_plans(p, sizes, opts, ctx, batch, max_seqs)
       kernels = self.problem_table and self.problem_table.devices[i].profile and self.problem_table.devices[i].profile.kernels
         or nil, kernels_policy = opts.kernels_policy,
       link = { rate = each(link.rate, from), delay_ms = each(link.delay_ms, from), spin_us = link.spin_us },
-      logits_tokens = sizes.logits_tokens, prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i),
+      logits_tokens = plan.logits_tokens_of(p, sizes, i, N), prefetch = opts.prefetch, trace = opts.trace, slowdown = each(opts.slowdown, i),
       dead_ms = self.c.dead_ms } -- (silent this long, the head is gone to a worker: loip.cluster.join)
     d.ctl:send({ kind = "PLAN", payload = json.encode(body) }, 2000)
   end

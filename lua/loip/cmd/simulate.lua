@@ -204,8 +204,9 @@ end
 -- less what the draft takes), its estimate and how it was chosen; and the simulator over it.
 -- With a draft the plan reserves its rows as the cluster's planner does (loip.cluster.planner's
 -- fit_draft_rows): the last device's logits rows for each request's token and its drafts
--- (loip.engine.request.draft.plan_rows: 64 for a best-first tree, 8 for a chain, --draft-tokens
--- when fixed), fewer when memory is short; the simulated step then carries at most those rows.
+-- (loip.engine.request.draft.plan_rows: 512 for a best-first tree, 8 for a chain, --draft-tokens
+-- when fixed), fewer when memory is short, the step raised to carry them (Planner:step_rows);
+-- the simulated step then carries at most those rows.
 local function plan_and_sim(o, prob, sizes, draft)
   local plan = require "loip.plan"
   local policy = require "loip.policy"
@@ -227,8 +228,8 @@ local function plan_and_sim(o, prob, sizes, draft)
     local k = request_draft.plan_rows(inst, o.draft_tokens)
     local floor = request_draft.grows(inst) and not o.draft_tokens and request_draft.MAX or nil
     local c = require("loip.cluster.planner").fit_draft_rows(k, function(rows)
-      local lt = math.min(prob.batch, o.max_batch * (rows + 1))
-      local pr = common.problem_of("simulate", setmetatable({ logits_tokens = lt }, { __index = o2 }))
+      local b, lt = require("loip.cluster.planner").rows_step(prob.context, o.batch, rows, o.max_batch)
+      local pr = common.problem_of("simulate", setmetatable({ logits_tokens = lt, batch = b }, { __index = o2 }))
       pr.routing = prob.routing
       local p, est, info = make(pr)
       return { problem = pr, plan = p, estimate = est, info = info, logits_tokens = lt }

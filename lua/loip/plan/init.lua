@@ -331,12 +331,12 @@ end
 function M.part_memory(part, sizes, opts)
   opts = opts or {}
   local ends = part.ends or opts.ends
-  local ew, eb, _, ea = ends_mod.memory(sizes, ends, part.first, part.last,
+  local ew, eb, how, ea = ends_mod.memory(sizes, ends, part.first, part.last,
     part.share)
   local weights = part.res_bytes + ew
   local m = { weights = weights, slots = part.slots * part.slot_bytes + M.expert_cache_bytes(part, sizes) + eb,
     experts = M.expert_cache_bytes(part, sizes), kv = part.kv or sizes.kv_bytes[part.layers],
-    activations = sizes.activation_bytes + (opts.cluster and sizes.device_bytes + ea or 0),
+    activations = sizes.activation_bytes + (opts.cluster and M.device_bytes(sizes, part.last or how.cut) + ea or 0),
     scratch = (part.slot_bytes > 0 and M.loader_scratch(part.slot_bytes, opts.loader) or 0) + M.expert_scratch(part, sizes, opts),
     slot_bytes = part.slot_bytes, offloaded_bytes = part.off_bytes }
   m.total = m.weights + m.slots + m.kv + m.activations + m.scratch
@@ -356,11 +356,26 @@ end
 function M.total_of(sizes, opts, first, last, res_bytes, slot_bytes, layers, kv, share)
   kv = kv or sizes.kv_bytes[layers]
   if not kv then return math.huge end -- more layers than the model has: no such part
-  local ew, eb, _, ea = ends_mod.memory(sizes, opts.ends, first, last, share)
+  local ew, eb, how, ea = ends_mod.memory(sizes, opts.ends, first, last, share)
   local w = res_bytes + slot_bytes + kv + sizes.activation_bytes + ew + eb
-  if opts.cluster then w = w + sizes.device_bytes + ea end
+  if opts.cluster then w = w + M.device_bytes(sizes, last or how.cut) + ea end
   if slot_bytes > 0 then w = w + M.loader_scratch(slot_bytes, opts.loader) end
   return w
+end
+
+-- A cluster device's message buffers (loip_device_size): the device that returns the step's
+-- logits rows (the last; every device when the head is cut across them, ends.head_shares) holds
+-- sizes.logits_tokens rows of the vocabulary; the others one per request (sizes.device_bytes_mid).
+-- The planner sends each device the rows it is charged for (M.logits_tokens_of).
+function M.device_bytes(sizes, holds_logits)
+  if holds_logits then return sizes.device_bytes end
+  return sizes.device_bytes_mid or sizes.device_bytes
+end
+
+-- The logits rows device i of N allocates under plan p (see M.device_bytes).
+function M.logits_tokens_of(p, sizes, i, N)
+  if i == N or (p and p.head_shares) then return sizes.logits_tokens end
+  return 1
 end
 
 -- Device i's memory under plan p, by account (see part_memory).

@@ -104,7 +104,8 @@ end
 -- head reads), weight_bytes, dim, vocab, hidden_bytes (a token's hidden state and table entry),
 -- token_bytes and output_bytes (a token id in, a sampled id out), header_bytes (a message's header), kv_bytes[k] (the KV cache of k layers, k = 0..n_layers;
 -- with sliding-window layers the most of any k consecutive ones, and ringed, kv_kinds: window_kv),
--- activation_bytes (a session's), device_bytes (a cluster device's buffers),
+-- activation_bytes (a session's), device_bytes (a cluster device's buffers; device_bytes_mid
+-- those of a device that returns no logits rows: loip.plan.device_bytes),
 -- context, batch, logits_tokens, max_seqs, kv_tokens }.
 -- opts: context, batch (tokens per step: a prefill chunk, or a micro-batch), threads,
 -- logits_tokens (1), max_seqs (requests served at once, 1), kv_tokens (the KV pool's positions,
@@ -159,6 +160,8 @@ function M.sizes(man, cfg, opts)
   end
   window_kv(s, cfg, opts, max_seqs)
   s.device_bytes = assert(exec.device_size(cfg, opts.batch, s.logits_tokens, max_seqs))
+  -- (a device before the last: no logits rows beyond one per request, loip.plan.device_bytes)
+  s.device_bytes_mid = assert(exec.device_size(cfg, opts.batch, 1, max_seqs))
   -- (a cut head: a device's receive buffer grows from the hidden states' to the LOGITS message's)
   s.share_bytes = assert(exec.device_share_size(cfg, opts.batch, s.logits_tokens, max_seqs))
   s.payload_bytes = math.max(opts.batch * s.hidden_bytes, 64 * 1024)

@@ -176,10 +176,9 @@ local function fixed(problem, i)
   local v = f[i]
   if not v then
     local sz, N = problem.model, #problem.devices
-    v = sz.activation_bytes + (problem.cluster and sz.device_bytes or 0)
     local ends = problem.ends
-    local ew, eb, _, ea = plan.ends.memory(sz, ends, i == 1, i == N, ends and ends.head_shares and ends.head_shares[i])
-    v = v + ew + eb + (problem.cluster and ea or 0)
+    local ew, eb, how, ea = plan.ends.memory(sz, ends, i == 1, i == N, ends and ends.head_shares and ends.head_shares[i])
+    v = sz.activation_bytes + ew + eb + (problem.cluster and plan.device_bytes(sz, i == N or how.cut) + ea or 0)
     f[i] = v
     f.bounce = plan.loader_scratch(4096, problem.loader) > 0
   end

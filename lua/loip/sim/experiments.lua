@@ -51,8 +51,8 @@ local function planned(c, o, prob, draft, sched, max_batch)
   end
   local inst = policy.load("draft", c.draft)
   local ch = planner.fit_draft_rows(request_draft.plan_rows(inst, c.draft_tokens), function(rows)
-    local l = math.min(o.batch, max_batch * (rows + 1))
-    local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l }, { __index = o }))
+    local b, l = planner.rows_step(o.context, o.batch, rows, max_batch)
+    local pr = cp.problem_of("experiment", setmetatable({ logits_tokens = l, batch = b }, { __index = o }))
     local p2, est2 = draft:reserve(pr, function() return policy.plan(pr, { scheduler = sched }) end)
     return { problem = pr, plan = p2, estimate = est2, logits_tokens = l }
   end, request_draft.grows(inst) and not c.draft_tokens and request_draft.MAX or nil)
@@ -128,7 +128,7 @@ function M.run(c)
   local pok, p, est, lt, rows, prob2 = pcall(planned, c, o, prob, draft, sched, max_batch)
   prob = prob2 or prob
   if not pok then return verdict(nil, tostring(p):gsub("^scheduler [%w%-]+: ", "")) end
-  local s = sim.new(prob, p, { context = o.context, step_tokens = o.batch, max_seqs = max_batch, estimate = est,
+  local s = sim.new(prob, p, { context = o.context, step_tokens = prob.batch or o.batch, max_seqs = max_batch, estimate = est,
     conventional_loads = c.conventional_loads, plan_positions = plan_positions, draft = draft, logits_tokens = lt })
   local arrivals = policy.load("pattern", c.pattern).requests({ count = c.requests or 2, burst = max_batch, bursts = 1,
     input_tokens = c.input_tokens or 32, output_tokens = c.output_tokens or 64 })
