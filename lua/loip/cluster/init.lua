@@ -26,6 +26,7 @@
 local core = require "loip.core"
 local store = require "loip.model.store"
 local transport = require "loip.runtime.transport"
+local process = require "loip.runtime.process"
 local worker = require "loip.cluster.device_server"
 local join = require "loip.cluster.join"
 local proc = require "loip.cluster.proc"
@@ -91,7 +92,7 @@ local function new(opts, devices)
     stage_limit_ms = opts.stage_limit_ms or 120000, dead_ms = dead_ms }, Cluster)
   -- who we are to the workers: a worker serves one head, and names it to any other
   local host = io.open("/proc/sys/kernel/hostname")
-  c.identity = string.format("head-%s-%d", host and host:read("*l") or "?", tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")))
+  c.identity = string.format("head-%s-%d", host and host:read("*l") or "?", process.pid())
   if host then host:close() end
   c.identity = c.identity:sub(1, 63)
   c.man = store.read_manifest(opts.store)

@@ -28,7 +28,7 @@ local function log(fmt, ...) io.stderr:write(os.date("%H:%M:%S "), string.format
 function M.announce(w, head)
   local ep = head:match("://") and head or ("tcp://" .. head)
   local h = io.open("/proc/sys/kernel/hostname")
-  local id = string.format("join-%s-%d", h and h:read("*l") or "?", tonumber(io.open("/proc/self/stat"):read("*l"):match("^(%d+)")))
+  local id = string.format("join-%s-%d", h and h:read("*l") or "?", process.pid())
   if h then h:close() end
   local sock, err = w.net:connect(ep, id:sub(1, 63))
   if not sock then error("--join " .. head .. ": " .. tostring(err), 0) end

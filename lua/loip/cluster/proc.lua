@@ -6,8 +6,7 @@ local M = {}
 
 function M.sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 function M.exe()
-  local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
-  local p = io.popen("readlink -f /proc/" .. pid .. "/exe")
+  local p = io.popen("readlink -f /proc/" .. process.pid() .. "/exe")
   local path = p:read("*l")
   p:close()
   return path

@@ -58,8 +58,7 @@ function M.run(o, pos)
     token = f:read(16):gsub(".", function(c) return string.format("%02x", c:byte()) end)
     f:close()
   end
-  local pid = io.open("/proc/self/stat"):read("*l"):match("^(%d+)")
-  local exe = io.popen("readlink -f /proc/" .. pid .. "/exe"):read("*l")
+  local exe = require("loip.cluster.proc").exe()
   local st = testbed.up { n = n, rate = o.rate, store = o.store, cache = o.cache, mem = mems, threads = o.threads > 0 and o.threads or 1,
     token = token, exe = exe }
   io.stdout:write(string.format("testbed up: %d workers at %s, links shaped to %s\n", n, table.concat(st.hosts, ","), o.rate))

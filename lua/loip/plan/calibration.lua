@@ -8,6 +8,7 @@
 local ffi = require "ffi"
 local exec = require "loip.runtime.exec"
 local files_rt = require "loip.runtime.files"
+local process = require "loip.runtime.process"
 local json = require "loip.text.json"
 local shell = require "loip.runtime.shell"
 local plan_shape = require "loip.plan.shape"
@@ -103,10 +104,7 @@ function M.calibrate(opts, profile)
   if not files then
     -- a scratch file of 64 MiB for the disk, removed after; this process's own (two processes
     -- calibrating at once, as concurrent test runs do, would read and remove each other's)
-    local f = assert(io.open("/proc/self/stat"))
-    local pid = f:read("*l"):match("^(%d+)")
-    f:close()
-    scratch = string.format("%s/calibration-disk-%s.tmp", dir, pid)
+    scratch = string.format("%s/calibration-disk-%d.tmp", dir, process.pid())
     local w = files_rt.writer(scratch)
     if w then
       local chunk = ffi.new("uint8_t[?]", 1024 * 1024)

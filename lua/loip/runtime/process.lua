@@ -33,6 +33,14 @@ function M.reap(pid) return tonumber(C.loip_reap(pid)) end
 function M.signal_watch() C.loip_signal_watch() end
 function M.signal_received() return tonumber(C.loip_signal_received()) end
 
+-- This process's pid (its /proc/self/stat's first field).
+function M.pid()
+  local f = assert(io.open("/proc/self/stat"))
+  local pid = tonumber(f:read("*l"):match("^(%d+)"))
+  f:close()
+  return pid
+end
+
 -- This process's peak resident memory (VmHWM, bytes), or nil where /proc does not say.
 function M.peak_rss_bytes()
   local f = io.open("/proc/self/status")
