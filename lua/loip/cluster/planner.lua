@@ -216,9 +216,10 @@ end
 
 -- The tokens a step carries for k draft rows a request: the batch asked for (--step-tokens),
 -- else the default raised to hold a request's k drafts beside every request's token (a tree past
--- 64 nodes: its rows planned as any others, given way when memory is short: fit_draft_rows).
+-- 64 nodes: its rows planned as any others, given way when memory is short: fit_draft_rows);
+-- and the logits rows the last device returns (M.rows_step).
 function Planner:step_rows(opts, k)
-  return (M.rows_step(self.context, self.batch_asked, k or 0, opts.max_batch or 1, opts.batch ~= nil))
+  return M.rows_step(self.context, self.batch_asked, k or 0, opts.max_batch or 1, opts.batch ~= nil)
 end
 
 -- The draft rows a request asks of a plan (k: loip.engine.request.draft.plan_rows), at most a
@@ -232,8 +233,8 @@ end
 function Planner:plan_sizes(opts, k)
   local max_seqs = opts.max_batch or 1
   local lt = opts.logits_tokens or 1
-  local batch = self:step_rows(opts, k)
-  if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, math.min(batch, max_seqs * (k + 1))) end
+  local batch, draft_lt = self:step_rows(opts, k)
+  if opts.draft ~= nil and opts.draft ~= "none" then lt = math.max(lt, draft_lt) end
   return plan.sizes(self.c.man, store.config(self.c.store, self.c.man), { context = self.context, batch = batch,
     threads = self.c.registry.devices[1].threads or 1, logits_tokens = lt, max_seqs = max_seqs, kv_tokens = opts.kv_tokens,
     plan_positions = flags.renamed(opts, "kv_plan_tokens", "plan_positions", "cluster:plan") })
