@@ -58,14 +58,55 @@ describe("cost-model trees of drafts", function()
     assert.are.same({}, tree.from_scored(nodes, 0).ids)
   end)
 
-  it("expects per depth the sum of its nodes' p, scaled by the measured acceptance, at most 1", function()
+  it("expects per depth the sum of its nodes' chances, each edge scaled by what was measured of edges that sure, at most 1", function()
     local ranked = tree.ranked(tree.best_first(5, expand_table({}), 1))
     local E = tree.expected(ranked)
     for b, want in ipairs({ 0.6, 1.02, 1.27, 1.495, 1.705 }) do assert.is_true(near(E[b], want), b .. ": " .. E[b]) end
-    E = tree.expected(ranked, { [1] = 1, [2] = 0.5 })
-    assert.is_true(near(E[5], 0.85 + 0.5 * 0.645 + 0.21))
-    E = tree.expected(ranked, { [1] = 3 })
-    assert.is_true(near(E[3], 1 + 0.42)) -- (depth 1 reached at most once)
+    -- edges by tenths of q: a .6 (class 6), d .7 (7), b .25 (2), f .9 (9), g .5 (5); d's edges at
+    -- half their q: d .6 x .35, and g below it .21 x .5
+    assert.are.same({ 6, 7, 2, 9, 5 }, { tree.class(0.6), tree.class(0.7), tree.class(0.25), tree.class(0.9), tree.class(0.5) })
+    E = tree.expected(ranked, { [7] = 0.5 })
+    assert.is_true(near(E[5], (0.6 + 0.25) + (0.21 + 0.225) + 0.105), tostring(E[5]))
+    E = tree.expected(ranked, { [6] = 3 })
+    assert.is_true(near(E[1], 1) and near(E[3], 1 + 0.7)) -- (a's chance 1; depth 1 reached at most once: b adds none)
+  end)
+
+  it("tells from a step's tokens which nodes built were on the target's path, sent or not", function()
+    -- a (10) .6 > d (13) .42 > b (11) .25 > f (15) .225 > g (16) .21 > e (14) .18; the target said 11, 15, 4
+    local ranked = tree.ranked(tree.best_first(6, expand_table({}), 1))
+    local ids = {}
+    for i, x in ipairs(ranked) do ids[i] = x.id end
+    assert.are.same({ 10, 13, 11, 15, 16, 14 }, ids)
+    -- a tree of a, d, b sent: b accepted (1 draft), then 15: f (not sent) would have been accepted
+    assert.are.same({ false, false, true, true, false, false }, tree.outcomes(ranked, { 11, 15 }, 1))
+    -- nothing accepted, the target's token 11: b would have been; f, below it, cannot be told
+    local out = tree.outcomes(ranked, { 11 }, 0)
+    assert.are.same({ false, false, true }, { out[1], out[2], out[3] })
+    assert.is_nil(out[4])
+    assert.is_false(out[5]) -- (g, below a: off the target's path whatever follows)
+  end)
+
+  it("learns from the nodes it built but did not send: a small tree finds what a larger one would add", function()
+    -- a draft sure of its first guess (id 1 at .9) that the target never takes, and whose runner-up
+    -- (id 2 at .08) the target always takes; a step's price that makes one node pay, not two, while
+    -- the draft's own probabilities are believed
+    local t = 0
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function()
+      return { { id = 1, parent = 0, p = 0.9 }, { id = 2, parent = 0, p = 0.08 } }
+    end } }
+    local engine = { step_price = function(_, rows) return 10 + 2 * rows end, clock = function() return t end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine })
+    local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    d.reqs[r] = { memo = {}, quiet = 0 }
+    local first = d:for_step(r, 1, 63)
+    assert.are.same({ 1 }, { first[1], first[2] }) -- (the likeliest node alone)
+    d:observe(r, #first, 1, { 2 }) -- (rejected; the target's own token: 2, the node built and not sent)
+    local second = d:for_step(r, 1, 63)
+    local sent = {}
+    for _, id in ipairs(second) do sent[id] = true end
+    assert.is_true(sent[2] == true, "the runner-up sent: " .. table.concat(second, ","))
+    assert.is_true(d.calib.c[tree.class(0.9)] < 0.2 and d.calib.c[tree.class(0.08)] > 5,
+      string.format("sure edges %.2f, unsure %.2f", d.calib.c[tree.class(0.9)] or -1, d.calib.c[tree.class(0.08)] or -1))
   end)
 
   -- A Draft whose policy grows a tree of `built` nodes from a draft that is sure of its first

@@ -394,7 +394,7 @@ function Batcher:advanced(toks, owners, outs, drafts, by_seq)
     for r, ids in pairs(drafts) do
       if #ids > 0 then seen[r] = tree.kept(r, ids, got[r] or 0, outs) end
       local d = self:draft_of(r)
-      if d then d:observe(r, #ids, got[r] or 0) end
+      if d then d:observe(r, #ids, got[r] or 0, said[r]) end
       if d and ids.peek then d:peeked(r, ids, said[r] or {}, peeks[r] or {}) end
     end
   end

@@ -145,21 +145,67 @@ function M.ranked(nodes)
   return r
 end
 
+-- A draft's edge (a node given its parent: q, the draft's probability of the node's token after
+-- its parent's path) by its calibration class: q in tenths (0: below 0.1, ..., 9: 0.9 and up). A
+-- draft is not equally sure of its top guesses and its runners-up: a model truncated to its first
+-- layers is overconfident in the first and underconfident in the others, so one scale per depth,
+-- learned from the small trees that sent mostly top guesses, misprices the nodes a larger tree
+-- would add. Calibrated per edge, a path's chance is the product of its edges'.
+M.CLASSES = 10
+function M.class(q)
+  return math.max(0, math.min(M.CLASSES - 1, math.floor(q * M.CLASSES)))
+end
+
+-- A node's q (x.p over its parent's p; by: nodes by index, the parent among them).
+local function edge_q(x, by)
+  local up = x.parent ~= 0 and by[x.parent]
+  local pp = up and up.p or 1
+  return pp > 0 and math.min(1, x.p / pp) or 0
+end
+M.edge_q = edge_q
+
 -- The tokens a tree is expected to give beyond the step's own: per depth d, the sum of its
--- nodes' p at that depth (the chance the accepted path reaches depth d, by the draft) scaled by
--- calib[d] (measured over predicted; 1 when nil), at most 1. nodes: in order of p, the
--- expectation of each prefix of them returned as a list (E[b]: of the first b).
+-- nodes' chance to be on the target's path (the product along its path of each edge's q scaled
+-- by calib[class(q)], measured over predicted: Draft's calibration; the draft's p when calib is
+-- nil), at most 1 a depth. nodes: in order of p (parents first), the expectation of each prefix of
+-- them returned as a list (E[b]: of the first b).
 function M.expected(nodes, calib)
-  local at, E, total = {}, {}, 0
+  local at, E, total, by, chance = {}, {}, 0, {}, {}
   for b, x in ipairs(nodes) do
+    by[x.index or b] = x
+    local h = x.p
+    if calib then
+      local q = edge_q(x, by)
+      h = math.min(1, (calib[M.class(q)] or 1) * q) * (x.parent ~= 0 and chance[x.parent] or 1)
+    end
+    chance[x.index or b] = h
     local d = x.depth
-    local c = calib and calib[d] or 1
-    local before = math.min(1, c * (at[d] or 0))
-    at[d] = (at[d] or 0) + x.p
-    total = total + math.min(1, c * at[d]) - before
+    local before = math.min(1, at[d] or 0)
+    at[d] = (at[d] or 0) + h
+    total = total + math.min(1, at[d]) - before
     E[b] = total
   end
   return E
+end
+
+-- What a step tells of the nodes built for it (ranked: in order of p, a prefix of them sent),
+-- given the tokens it gave (`said`: the accepted drafts, then the target's own next token;
+-- `accepted` drafts of them): per node of ranked, true when its path is the target's (the nodes
+-- sent on the accepted path, and a node not sent that the target's next token would have
+-- accepted), false when its path leaves the target's, nil when it cannot be told (a node deeper
+-- than the target's tokens, on their path so far). A step's outcome for the nodes it did not send
+-- is what lets a small tree learn how sure the nodes a larger one would add are.
+function M.outcomes(ranked, said, accepted)
+  local on, out = {}, {}
+  local known = math.min(#said, accepted + 1)
+  for i, x in ipairs(ranked) do
+    -- (parents come before their children in ranked: a child's p is at most its parent's)
+    local up = x.parent == 0 or on[x.parent]
+    if up == false then on[x.index] = false
+    elseif up == true and x.depth <= known then on[x.index] = x.id == said[x.depth] end
+    out[i] = on[x.index]
+  end
+  return out
 end
 
 -- The policy's tree for the request view `req` (k nodes at most), checked: a list of ids with
