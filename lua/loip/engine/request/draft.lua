@@ -72,11 +72,15 @@ function Draft:name() return self.policy.name or "draft" end
 -- greedy: 1.56, 1.84, 1.99, 2.21 tokens per step at 8, 16, 32, 63 nodes, a chain 1.27).
 M.TREE_GAIN = 0.1
 
--- The calibration's prior: the expected hits of a class of edges (tree.class) before any is
--- measured, at the draft's own probability. Small: a prior of 1 hit held the ratio of a class
--- that is right 1 time in 10 (a truncated draft's surest guesses) near 1 for twenty steps, and the
--- tree's expected tokens over its measured ones by 8% at 8 nodes (stories260K, self:layers=3).
-M.CALIB_PRIOR = 0.1
+-- The calibration's prior and memory: the expected hits of a class of edges (tree.class) before
+-- any is measured, at the draft's own probability, and the decay of its sums a step (a window of
+-- about 100 steps). Measured on stories260K with self:layers=3, fixed trees of 8 nodes (1.74
+-- tokens per step): a prior of 1 in a window of 20 steps expected 1.84-1.86, a prior of 0.1 1.76,
+-- these 1.82; but a prior of 0.1 in a window of 20 threw a class of rare hits (nodes of a few
+-- percent) to 0.15 of its worth after a few steps without one, and a tree whose nodes are all of
+-- that kind (the simulator's lookahead, recipes/paper/speculative.lua) to no drafts at all.
+M.CALIB_PRIOR = 0.5
+M.CALIB_DECAY = 0.99
 
 -- The nodes a request's first best-first tree builds, before any is sized; after it, twice the
 -- size chosen (a tree the cost model takes whole doubles a step, up to tree.MAX: one first build of
@@ -402,8 +406,8 @@ end
 -- After a tree step: per class of edges (tree.class: how sure the draft was of a node given its
 -- parent), the nodes found on the target's path (tree.outcomes: those sent, and those built but
 -- not sent whose outcome the step's tokens tell) of those whose parent was, against the draft's
--- prediction (the sum of their q), decayed, and their ratio (M.CALIB_PRIOR: the draft's own
--- probabilities until measured). ranked: the nodes built; said, accepted: the step's tokens.
+-- prediction (the sum of their q), decayed (M.CALIB_DECAY), and their ratio (M.CALIB_PRIOR: the
+-- draft's own probabilities until measured). ranked: the nodes built; said, accepted: the step's tokens.
 local function calibrate(calib, ranked, said, accepted)
   local hit = tree.outcomes(ranked, said, accepted)
   local P, H, by, on = {}, {}, {}, {}
@@ -416,8 +420,8 @@ local function calibrate(calib, ranked, said, accepted)
     end
   end
   for c, pc in pairs(P) do
-    calib.pred[c] = 0.95 * (calib.pred[c] or 0) + pc
-    calib.acc[c] = 0.95 * (calib.acc[c] or 0) + H[c]
+    calib.pred[c] = M.CALIB_DECAY * (calib.pred[c] or 0) + pc
+    calib.acc[c] = M.CALIB_DECAY * (calib.acc[c] or 0) + H[c]
     calib.c[c] = (calib.acc[c] + M.CALIB_PRIOR) / (calib.pred[c] + M.CALIB_PRIOR)
   end
 end
