@@ -114,6 +114,50 @@ describe("cost-model trees of drafts", function()
       string.format("sure edges %.2f, unsure %.2f", d.calib.c[tree.class(0.9)] or -1, d.calib.c[tree.class(0.08)] or -1))
   end)
 
+  it("prices a step's rows as measured where the cost model's price is flat in them (compute timed at one row)", function()
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function() return {} end } }
+    local engine = { step_price = function() return 0.5 end, clock = function() return 0 end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine })
+    -- steps of 1 row at 0.52 ms, of 3 and 5 rows (drafts) at 0.95 and 1.35: the model's 0.5 for all
+    for _ = 1, 20 do
+      d:measured(1, 0.52)
+      d:measured(3, 0.95)
+      d:measured(5, 1.35)
+    end
+    local p1, p3, p5 = d:tree_price(1), d:tree_price(3), d:tree_price(5)
+    assert.is_true(p1 < 0.7 and p3 > 0.85 and p5 > 1.15 and p1 < p3 and p3 < p5,
+      string.format("1 row %.3f, 3 rows %.3f, 5 rows %.3f", p1, p3, p5))
+    -- one row count measured alone: the model's shape (flat), at the measured level
+    local d2 = draft.new(pol, { vocab = 8 }, { engine = engine })
+    for _ = 1, 20 do d2:measured(1, 0.8) end
+    assert.is_true(math.abs(d2:tree_price(1) - 0.8) < 1e-9 and math.abs(d2:tree_price(9) - 0.8) < 1e-9)
+  end)
+
+  it("rests a request whose tree was sized 0 long enough that its builds stay a small share of the time", function()
+    -- a build of 1 ms against steps of 0.5: a tree every 8 steps would be a fifth of the time
+    local t = 0
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function(req)
+      t = t + 1 -- (the build takes 1 ms of the engine's clock)
+      return { { id = 1, parent = 0, p = 0.01 } }
+    end } }
+    local engine = { step_price = function() return 0.5 end, clock = function() return t end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine })
+    local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    d.reqs[r] = { memo = {}, quiet = 0 }
+    for _ = 1, 5 do d:measured(1, 0.5) end
+    local builds, steps = 0, 0
+    while steps < 200 do
+      local before = d.stats.built or 0
+      local ids = d:for_step(r, 1, 63)
+      if (d.stats.built or 0) > before then builds = builds + 1 end
+      d:observe(r, #ids, 1, { 2 })
+      steps = steps + 1
+    end
+    -- builds of 1 ms at most PROBE_SHARE of 200 steps of 0.5 ms: 5 (and the first)
+    assert.is_true(builds <= 6, builds .. " builds in 200 steps")
+    assert.is_true(builds >= 2, builds .. " builds in 200 steps: it must still probe")
+  end)
+
   -- A Draft whose policy grows a tree of `built` nodes from a draft that is sure of its first
   -- token at 0.8 (runner-up 0.15, then 0.05) at every node, on an engine priced by price(rows).
   local function sized(price, built, fixed)

@@ -27,8 +27,9 @@
 -- what was measured of edges that sure: loip.engine.request.tree.expected; the calibration learns
 -- from the nodes built but not sent too, whose outcome the step's tokens tell: a small tree learns
 -- what the nodes a larger one would add are worth),
--- build(B) the time to build B nodes (a line fitted to the builds measured). The next step builds at most max(4, 2B) (B = 0: none,
--- for `probe` steps). Where a step's price is flat in its rows (read-bound: every step reads its
+-- build(B) the time to build B nodes (a line fitted to the builds measured), step(r) the cost
+-- model's price times a line fitted to the measured over the modelled (Draft:tree_price). The next
+-- step builds at most max(4, 2B) (B = 0: none, for Draft:rest_steps). Where a step's price is flat in its rows (read-bound: every step reads its
 -- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
 -- shrinks to a few or none.
 local core = require "loip.core"
@@ -51,7 +52,7 @@ function M.new(policy, target, opts)
   opts = opts or {}
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
-    memo = {}, reqs = {}, cost = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
+    memo = {}, reqs = {}, cost = {}, ratio = { w = 0, x = 0, y = 0, xx = 0, xy = 0 }, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       curve = {}, reach = {}, tree_steps = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
@@ -81,6 +82,14 @@ M.TREE_GAIN = 0.1
 -- that kind (the simulator's lookahead, recipes/paper/speculative.lua) to no drafts at all.
 M.CALIB_PRIOR = 0.5
 M.CALIB_DECAY = 0.99
+
+-- How strongly Draft:tree_price's line keeps the cost model's slope: a variance of the rows
+-- measured (rows squared) that the line's own spread must outweigh before its slope is believed.
+M.RATIO_PRIOR_ROWS2 = 1
+
+-- The most of a run's time the builds of a request resting at B = 0 may take (Draft:rest_steps;
+-- lookahead's full trees while it drafts nothing keep to the same share).
+M.PROBE_SHARE = 0.05
 
 -- The nodes a request's first best-first tree builds, before any is sized; after it, twice the
 -- size chosen (a tree the cost model takes whole doubles a step, up to tree.MAX: one first build of
@@ -117,7 +126,7 @@ function Draft:variant(policy, opts)
   local same = policy.module == self.policy.module
   local fixed = opts.tokens or self.fixed
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
-    prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost,
+    prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost, ratio = self.ratio,
     stats = self.stats, parent = self, calib = self.calib }, Draft)
   d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
@@ -263,19 +272,37 @@ function Draft:for_step(r, rows, room, tree_room)
 end
 
 -- Of ranked nodes (in order of p), how many to send in a step of `rows` rows so far (see the top).
--- A tree's step price: the cost model's scaled by the measured over the modelled time of every
--- row count measured (one scale: the nearest count's alone, Draft:price's, would swing a size
--- chosen over many row counts with each step's noise); Draft:price without a cost model.
+-- A tree's step price: the cost model's times the measured over the modelled, that ratio a line
+-- in the rows fitted to the steps measured (decayed least squares; its slope drawn toward 0 by
+-- M.RATIO_PRIOR_ROWS2 while the rows measured barely vary: the model's own slope until the steps
+-- show another). One scale for every row count (the nearest count's alone, Draft:price's, would
+-- swing a size chosen over many row counts with each step's noise) hides what the model does
+-- not know: a calibration times compute at one row, so where compute binds its price is flat in
+-- the rows while a step of 3 rows costs nearly twice one of 1 (stories260K on 3 local devices),
+-- and one scale priced the step without drafts above its cost and those with them below.
+-- Draft:price without a cost model.
 function Draft:tree_price(rows)
   local e = self.engine
   local model = e and e.step_price and e:step_price(rows)
   if not model then return self:price(rows) end
-  local m, t = 0, 0
-  for n, ms in pairs(self.cost) do
-    local at = e:step_price(n)
-    if at then m, t = m + at, t + ms end
-  end
-  return m > 0 and model * t / m or model
+  local f = self.ratio
+  if f.w <= 0 then return model end
+  local mx, my = f.x / f.w, f.y / f.w
+  local vx = math.max(0, f.xx / f.w - mx * mx)
+  local slope = (f.xy / f.w - mx * my) / (vx + M.RATIO_PRIOR_ROWS2)
+  return model * math.max(0.1 * my, my + slope * (rows - mx))
+end
+
+-- How many steps a request whose tree was sized 0 rests before it builds one again: `probe`, or
+-- as many as keep that build (its draft forwards: the catch-up and a small tree's rounds) under
+-- M.PROBE_SHARE of the steps' time. Where compute binds, a weak draft's build costs more than a
+-- step (stories260K, self:layers=3: about 1 ms against 0.5), and a build every 8 steps cost the
+-- run a fifth of its time while drafting paid nothing.
+function Draft:rest_steps(rows)
+  local base = self:tree_price(rows)
+  local build = self:build_ms(4)
+  if not base or base <= 0 or build <= 0 then return self.probe end
+  return math.max(self.probe, math.ceil(build / (M.PROBE_SHARE * base)))
 end
 
 -- The time to build a tree of b nodes (ms): a line fitted to the builds measured (decayed least
@@ -349,7 +376,7 @@ function Draft:grow(r, rows, room, depth)
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
   s.build = math.max(4, 2 * B)
   self.stats.built = (self.stats.built or 0) + #nodes
-  if B == 0 then s.rest = self.probe - 1 end
+  if B == 0 then s.rest = self:rest_steps(rows) - 1 end
   local t = tree.from_scored(nodes, B)
   local ids = { parents = t.parents }
   for i, id in ipairs(t.ids) do ids[i] = id end
@@ -484,10 +511,18 @@ function Draft:stepped(ms)
   self.stats.step_ms = self.stats.step_ms + ms
 end
 
--- A step of `rows` rows took ms (the measured price of a step of that many rows).
+-- A step of `rows` rows took ms (the measured price of a step of that many rows; and, against
+-- the cost model's, a point of Draft:tree_price's line).
 function Draft:measured(rows, ms)
   local c = self.cost[rows]
   self.cost[rows] = c and (0.7 * c + 0.3 * ms) or ms
+  local e = self.engine
+  local model = e and e.step_price and e:step_price(rows)
+  if model and model > 0 then
+    local f, y = self.ratio, ms / model
+    f.w, f.x, f.y = 0.95 * f.w + 1, 0.95 * f.x + rows, 0.95 * f.y + y
+    f.xx, f.xy = 0.95 * f.xx + rows * rows, 0.95 * f.xy + rows * y
+  end
 end
 
 -- r ended: its state goes, and the policy's (a model draft frees its slot).
