@@ -29,9 +29,9 @@
 -- what the nodes a larger one would add are worth),
 -- build(B) the time to build B nodes (a line fitted to the builds measured), step(r) the cost
 -- model's price times a line fitted to the measured over the modelled (Draft:tree_price). The next
--- step builds at most max(4, 2B) (B = 0: none, for Draft:rest_steps). Where a step's price is flat in its rows (read-bound: every step reads its
--- weights again) B grows to what the draft's probabilities support; where it rises (compute) it
--- shrinks to a few or none.
+-- step builds at most max(4, 2B) (B = 0: none, for Draft:rest_steps). Where a step's price is
+-- flat in its rows (read-bound: every step reads its weights again) B grows to what the draft's
+-- probabilities support; where it rises (compute) it shrinks to a few or none.
 local core = require "loip.core"
 local tree = require "loip.engine.request.tree"
 
