@@ -37,6 +37,19 @@ local tree = require "loip.engine.request.tree"
 
 local M = {}
 
+-- A decayed least-squares line (Draft's build times by nodes, its measured over modelled step
+-- prices by rows): each point (x, y) joins with weight 1, the earlier ones' weights times decay.
+local function line_new() return { w = 0, x = 0, y = 0, xx = 0, xy = 0 } end
+local function line_add(f, x, y, decay)
+  f.w, f.x, f.y = decay * f.w + 1, decay * f.x + x, decay * f.y + y
+  f.xx, f.xy = decay * f.xx + x * x, decay * f.xy + x * y
+end
+-- Its means of x and y, the variance of x and their covariance (f.w > 0).
+local function line_moments(f)
+  local mx, my = f.x / f.w, f.y / f.w
+  return mx, my, math.max(0, f.xx / f.w - mx * mx), f.xy / f.w - mx * my
+end
+
 -- The most tokens drafted in a step when not fixed (a plan sizes the rows it verifies for it).
 M.MAX = 8
 
@@ -52,7 +65,7 @@ function M.new(policy, target, opts)
   opts = opts or {}
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
-    memo = {}, reqs = {}, cost = {}, ratio = { w = 0, x = 0, y = 0, xx = 0, xy = 0 }, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
+    memo = {}, reqs = {}, cost = {}, ratio = line_new(), draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       curve = {}, reach = {}, tree_steps = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
@@ -285,11 +298,9 @@ function Draft:tree_price(rows)
   local e = self.engine
   local model = e and e.step_price and e:step_price(rows)
   if not model then return self:price(rows) end
-  local f = self.ratio
-  if f.w <= 0 then return model end
-  local mx, my = f.x / f.w, f.y / f.w
-  local vx = math.max(0, f.xx / f.w - mx * mx)
-  local slope = (f.xy / f.w - mx * my) / (vx + M.RATIO_PRIOR_ROWS2)
+  if self.ratio.w <= 0 then return model end
+  local mx, my, vx, cxy = line_moments(self.ratio)
+  local slope = cxy / (vx + M.RATIO_PRIOR_ROWS2)
   return model * math.max(0.1 * my, my + slope * (rows - mx))
 end
 
@@ -309,20 +320,16 @@ end
 -- squares: a draft whose forwards re-read its weights costs about the same for 4 nodes as for 60,
 -- one that computes costs per node); through 0 while one size was measured; 0 before any.
 function Draft:build_ms(b)
-  local f = self.fit
-  if not f then return 0 end
-  local mx, my = f.x / f.w, f.y / f.w
-  local vx = f.xx / f.w - mx * mx
-  local slope = vx > 1e-6 * math.max(1, mx * mx) and (f.xy / f.w - mx * my) / vx or (mx > 0 and my / mx or 0)
+  if not self.fit then return 0 end
+  local mx, my, vx, cxy = line_moments(self.fit)
+  local slope = vx > 1e-6 * math.max(1, mx * mx) and cxy / vx or (mx > 0 and my / mx or 0)
   slope = math.max(0, slope)
   return math.max(0, my - slope * mx) + slope * b
 end
 
 local function fit_build(self, n, ms)
-  local f = self.fit or { w = 0, x = 0, y = 0, xx = 0, xy = 0 }
-  f.w, f.x, f.y = 0.9 * f.w + 1, 0.9 * f.x + n, 0.9 * f.y + ms
-  f.xx, f.xy = 0.9 * f.xx + n * n, 0.9 * f.xy + n * ms
-  self.fit = f
+  self.fit = self.fit or line_new()
+  line_add(self.fit, n, ms, 0.9)
 end
 
 function Draft:tree_budget(ranked, rows)
@@ -436,10 +443,10 @@ end
 -- prediction (the sum of their q), decayed (M.CALIB_DECAY), and their ratio (M.CALIB_PRIOR: the
 -- draft's own probabilities until measured). ranked: the nodes built; said, accepted: the step's tokens.
 local function calibrate(calib, ranked, said, accepted)
-  local hit = tree.outcomes(ranked, said, accepted)
-  local P, H, by, on = {}, {}, {}, {}
+  local hit, on = tree.outcomes(ranked, said, accepted)
+  local P, H, by = {}, {}, {}
   for i, x in ipairs(ranked) do
-    by[x.index], on[x.index] = x, hit[i]
+    by[x.index] = x
     if hit[i] ~= nil and (x.parent == 0 or on[x.parent]) then
       local q = tree.edge_q(x, by)
       local c = tree.class(q)
@@ -518,11 +525,7 @@ function Draft:measured(rows, ms)
   self.cost[rows] = c and (0.7 * c + 0.3 * ms) or ms
   local e = self.engine
   local model = e and e.step_price and e:step_price(rows)
-  if model and model > 0 then
-    local f, y = self.ratio, ms / model
-    f.w, f.x, f.y = 0.95 * f.w + 1, 0.95 * f.x + rows, 0.95 * f.y + y
-    f.xx, f.xy = 0.95 * f.xx + rows * rows, 0.95 * f.xy + rows * y
-  end
+  if model and model > 0 then line_add(self.ratio, rows, ms / model, 0.95) end
 end
 
 -- r ended: its state goes, and the policy's (a model draft frees its slot).

@@ -193,8 +193,9 @@ end
 -- `accepted` drafts of them): per node of ranked, true when its path is the target's (the nodes
 -- sent on the accepted path, and a node not sent that the target's next token would have
 -- accepted), false when its path leaves the target's, nil when it cannot be told (a node deeper
--- than the target's tokens, on their path so far). A step's outcome for the nodes it did not send
--- is what lets a small tree learn how sure the nodes a larger one would add are.
+-- than the target's tokens, on their path so far); and the same by node index. A step's outcome
+-- for the nodes it did not send is what lets a small tree learn how sure the nodes a larger one
+-- would add are.
 function M.outcomes(ranked, said, accepted)
   local on, out = {}, {}
   local known = math.min(#said, accepted + 1)
@@ -205,7 +206,7 @@ function M.outcomes(ranked, said, accepted)
     elseif up == true and x.depth <= known then on[x.index] = x.id == said[x.depth] end
     out[i] = on[x.index]
   end
-  return out
+  return out, on
 end
 
 -- The policy's tree for the request view `req` (k nodes at most), checked: a list of ids with
