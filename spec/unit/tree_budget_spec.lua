@@ -193,7 +193,7 @@ describe("cost-model trees of drafts", function()
     assert.are.same({ 1, 1, 1 }, { ids[1], ids[2], ids[3] }) -- (the likeliest path first: its KV stays)
   end)
 
-  it("builds FIRST_BUILD nodes first, then twice the size chosen: past 64 where a step's price is flat", function()
+  it("builds FIRST_BUILD nodes first, then draft.builds of the size chosen: past 64 where a step's price is flat", function()
     local t = 0
     local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function(req)
       return tree.best_first(req.k, function(list)
@@ -212,9 +212,50 @@ describe("cost-model trees of drafts", function()
       builds[i] = d.stats.built - before
     end
     assert.are.equal(draft.FIRST_BUILD, builds[1])
-    for i = 2, 5 do assert.are.equal(math.min(tree.MAX, math.max(4, 2 * sent[i - 1])), builds[i], "step " .. i) end
+    for i = 2, 5 do assert.are.equal(math.min(tree.MAX, math.max(4, math.ceil(1.5 * sent[i - 1]))), builds[i], "step " .. i) end
     assert.is_true(math.max(unpack(sent)) > 64, "trees past 64 nodes: " .. table.concat(sent, ","))
     assert.is_true(math.max(unpack(builds)) <= tree.MAX)
+  end)
+
+  it("chooses the size on the mean of the last steps' expected curves: steady where each step's own swings", function()
+    -- steps alternate between a draft sure of one token (0.9, then 19 runners-up of 0.001: its
+    -- own curve is flat past 1 node) and one spread over 20 tokens of 0.05 (its curve rises to 20)
+    local function ranked(first, rest)
+      local r = {}
+      for i = 1, 20 do r[i] = { index = i, parent = 0, depth = 1, p = i == 1 and first or rest } end
+      return r
+    end
+    local sure, spread = ranked(0.9, 0.001), ranked(0.05, 0.05)
+    local engine = { step_price = function(_, rows) return 10 + 0.1 * rows end, clock = function() return 0 end }
+    local function choices(decay)
+      local keep = draft.EXPECT_DECAY
+      draft.EXPECT_DECAY = decay
+      local d = draft.new({ name = "scored", params = { tree = "on" }, module = { propose_scored = function() end } },
+        { vocab = 8 }, { engine = engine })
+      local got = {}
+      for i = 1, 30 do got[i] = d:tree_budget(i % 2 == 1 and sure or spread, 1) end
+      draft.EXPECT_DECAY = keep
+      return got
+    end
+    local own = choices(0) -- (each step's curve alone: 1 node, then 20, then 1 ...)
+    assert.are.same({ 1, 20, 1, 20 }, { own[27], own[28], own[29], own[30] })
+    local mean = choices(draft.EXPECT_DECAY)
+    for i = 21, 30 do assert.are.equal(mean[20], mean[i], "step " .. i .. ": " .. table.concat(mean, ",")) end
+    assert.is_true(mean[20] > 1, "the sure steps' own size: " .. table.concat(mean, ","))
+  end)
+
+  it("never prices a step of more rows below one of fewer, whatever the fitted line's slope", function()
+    -- steps measured cheaper at more rows (noise, or other requests' rows): the measured over the
+    -- modelled falls with the rows, and read as it is a tree of 20 would cost less than one node
+    local engine = { step_price = function() return 10 end, clock = function() return 0 end }
+    local d = draft.new({ name = "scored", params = { tree = "on" }, module = { propose_scored = function() end } },
+      { vocab = 8 }, { engine = engine })
+    for _ = 1, 10 do d:measured(2, 12) d:measured(6, 6) end
+    assert.is_true(d:tree_price(21) < d:tree_price(2), "the line slopes down")
+    local nodes = {}
+    for i = 1, 20 do nodes[i] = { index = i, parent = 0, depth = 1, p = i == 1 and 0.9 or 1e-6 } end
+    -- (one node is worth 0.9 tokens, the 19 others next to nothing: at a price flat in the rows, 1)
+    assert.are.equal(1, d:tree_budget(nodes, 1))
   end)
 
   it("reserves a best-first tree's rows in a plan, a chain's otherwise", function()

@@ -21,15 +21,16 @@
 -- A tree grown best-first (tree=on, build=best: a policy's propose_scored, the nodes with the
 -- draft's cumulative probabilities p) is sized the same way, each step: of the nodes built, the
 -- B likeliest (a tree at every B) for the B in 0..built that maximises
---   (1 + E(B)) / (step(rows + B) + build(max(4, 2B))),
--- E(B) the tokens the tree is expected to give (per depth, the sum of its nodes' chances to be on
+--   (1 + E(B)) / (step(rows + B) + build(max(4, 1.5B))),
+-- E(B) the tokens the tree is expected to give, the mean over the last steps (M.EXPECT_DECAY) of
+-- each step's estimate for its own tree (per depth, the sum of its nodes' chances to be on
 -- the target's path: the product along a node's path of its edges' probabilities, each scaled by
 -- what was measured of edges that sure: loip.engine.request.tree.expected; the calibration learns
 -- from the nodes built but not sent too, whose outcome the step's tokens tell: a small tree learns
 -- what the nodes a larger one would add are worth),
 -- build(B) the time to build B nodes (a line fitted to the builds measured), step(r) the cost
 -- model's price times a line fitted to the measured over the modelled (Draft:tree_price). The next
--- step builds at most max(4, 2B) (B = 0: none, for Draft:rest_steps). Where a step's price is
+-- step builds at most max(4, 1.5B) (B = 0: none, for Draft:rest_steps). Where a step's price is
 -- flat in its rows (read-bound: every step reads its weights again) B grows to what the draft's
 -- probabilities support; where it rises (compute) it shrinks to a few or none.
 local core = require "loip.core"
@@ -65,7 +66,7 @@ function M.new(policy, target, opts)
   opts = opts or {}
   local d = setmetatable({ policy = policy, target = target, fixed = opts.tokens, max = opts.tokens or opts.max or M.MAX,
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
-    memo = {}, reqs = {}, cost = {}, ratio = line_new(), draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
+    memo = {}, reqs = {}, cost = {}, ratio = line_new(), expect = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
       curve = {}, reach = {}, tree_steps = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
@@ -104,10 +105,27 @@ M.RATIO_PRIOR_ROWS2 = 1
 -- lookahead's full trees while it drafts nothing keep to the same share).
 M.PROBE_SHARE = 0.05
 
--- The nodes a request's first best-first tree builds, before any is sized; after it, twice the
--- size chosen (a tree the cost model takes whole doubles a step, up to tree.MAX: one first build of
--- 512 nodes would cost a compute-bound step many times its price).
+-- The nodes a request's first best-first tree builds, before any is sized; after it, M.builds of
+-- the size chosen (a tree the cost model takes whole grows by half a step, up to tree.MAX: one
+-- first build of 512 nodes would cost a compute-bound step many times its price).
 M.FIRST_BUILD = 64
+
+-- The nodes a step builds after a tree of B was chosen: max(4, ceil(BUILD_OVER * B)), room to
+-- grow and unsent nodes for the calibration to learn from (tree.outcomes). Measured on the issue 39
+-- ring (stories260K, self:layers=3, the mean curve below, five runs each): 2B built 1.33 ms of a
+-- 16.8 ms step at B 12 and gave 1.82-1.89 tokens per step, 104-109 tokens/s; 1.5B 1.90-1.95,
+-- 110-115. Compute-bound its smaller builds make small trees cheaper: B 3.7-4.1 there against
+-- 2.0-2.3 with 2B (docs/serving.md).
+M.BUILD_OVER = 1.5
+function M.builds(b) return math.max(4, math.ceil(M.BUILD_OVER * b)) end
+
+-- The memory of the expected-tokens curve a tree's size is chosen on (Draft:tree_budget): each
+-- step's E(b) joins a mean per b decayed this much a step (about 10 steps). Each step's own curve
+-- is a noisy estimate, flat near its best: its argmax, step by step, chose B 9.3 on average where
+-- the best fixed tree was 12 (1.78 tokens per step against 1.95, 107 tokens/s against 115: the
+-- issue 39 ring); the mean curve's argmax chose 11-14 (1.90-1.95, 110-115). 0.8 and 0.95 measured
+-- alike.
+M.EXPECT_DECAY = 0.9
 
 -- Whether policy (loaded) grows its trees best-first (tree=on, build=best, a propose_scored).
 function M.grows(policy)
@@ -336,10 +354,19 @@ function Draft:tree_budget(ranked, rows)
   local base = self:tree_price(rows)
   if not base then return #ranked end -- (nothing measured yet: try)
   local E = tree.expected(ranked, self.calib.c)
-  local best, best_rate = 0, 1 / base
+  -- (chosen on the mean curve of the last steps, this one's joined: M.EXPECT_DECAY)
+  local avg = self.expect
   for b = 1, #ranked do
-    -- (choosing b, a step builds max(4, 2b) nodes: what it costs a step, held there)
-    local rate = (1 + E[b]) / ((self:tree_price(rows + b) or base) + self:build_ms(math.max(4, 2 * b)))
+    local x = avg[b] or { w = 0, s = 0 }
+    avg[b] = x
+    x.w, x.s = M.EXPECT_DECAY * x.w + 1, M.EXPECT_DECAY * x.s + E[b]
+  end
+  local best, best_rate, price = 0, 1 / base, base
+  for b = 1, #ranked do
+    -- (a step of more rows costs no less: the fitted line may slope down while few are measured)
+    price = math.max(price, self:tree_price(rows + b) or base)
+    -- (choosing b, a step builds M.builds(b) nodes: what it costs a step, held there)
+    local rate = (1 + avg[b].s / avg[b].w) / (price + self:build_ms(M.builds(b)))
     if rate > best_rate * 1.0001 then best, best_rate = b, rate end
   end
   return best
@@ -381,7 +408,7 @@ function Draft:grow(r, rows, room, depth)
   -- (built beside other requests' trees for more room than the step left it: its k likeliest, a tree)
   for i = #ranked, k + 1, -1 do ranked[i] = nil end
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
-  s.build = math.max(4, 2 * B)
+  s.build = M.builds(B)
   self.stats.built = (self.stats.built or 0) + #nodes
   if B == 0 then s.rest = self:rest_steps(rows) - 1 end
   local t = tree.from_scored(nodes, B)
