@@ -158,7 +158,7 @@ function Draft:variant(policy, opts)
   local fixed = opts.tokens or self.fixed
   local d = setmetatable({ policy = policy, target = self.target, fixed = fixed, max = fixed or self.max, probe = self.probe,
     prior = self.prior, engine = self.engine, now = self.now, memo = same and self.memo or {}, reqs = {}, cost = self.cost, ratio = self.ratio,
-    stats = self.stats, parent = self, calib = self.calib }, Draft)
+    stats = self.stats, parent = self, calib = self.calib, expect = self.expect }, Draft)
   d.ctx = same and self.ctx or { target = self.target, memo = d.memo, price = self.ctx.price, now = self.ctx.now }
   d.tree = tree.wanted(policy)
   d.best = M.grows(policy)
