@@ -356,15 +356,22 @@ function Batcher:run_rows(toks, owners)
     -- a device's budget broke in a step the online policy let run: say which policy that was
     outs = outs .. string.format(" (the online policy %s did not make room before this step)", self.online:name())
   end
-  -- the step failed: every request in it fails with the error. After the engine's own failure
-  -- its state is unknown (slots are reset when next started); after the online policy's (it
-  -- could not make room) the engine is told as usual.
+  self:fail_step(outs, engine_failed)
+end
+
+-- A step failed with err, which no re-plan mends: every request in it fails with err (its
+-- caller gets the error, a server's client a 500) and err is raised. A request left running
+-- would fail the same way at every step after, and its client wait forever. After the engine's
+-- own failure (engine_failed) its state is unknown: it is not told of each request (its slots
+-- are reset when next started); else (an online policy that could not make room, a draft
+-- policy's error) it is told as usual.
+function Batcher:fail_step(err, engine_failed)
   local failed = {}
   for _, r in ipairs(self.running) do failed[#failed + 1] = r end
   self.failed = engine_failed
-  for _, r in ipairs(failed) do self:retire(r, "error", outs) end
+  for _, r in ipairs(failed) do self:retire(r, "error", err) end
   self.failed = nil
-  error(outs, 0)
+  error(err, 0)
 end
 
 -- How many positions each request's rows in the step advance it (its recomputed rows aside;
@@ -433,12 +440,21 @@ function Batcher:step()
   if not okr then
     local resumed, err = self:resumed(toks)
     if resumed then return true end
-    error(err, 0)
+    self:fail_step(err)
   end
   if #toks == 0 then return true end
   local t0 = self.now()
   local outs = self:run_rows(toks, owners)
   if not outs then return true end
+  local ok, err = pcall(self.took, self, toks, owners, decoding, drafts, outs, t0)
+  if not ok then self:fail_step(err) end
+  return true
+end
+
+-- After the engine ran a step's rows (toks, owners; decoding and drafts as Batcher:rows gave
+-- them; outs the engine's; t0 when it began): positions advance, the drafts are judged and
+-- the outputs go to their requests.
+function Batcher:took(toks, owners, decoding, drafts, outs, t0)
   local now = self.now()
   local st = self.stats
   st.steps, st.tokens, st.step_ms = st.steps + 1, st.tokens + #toks, st.step_ms + (now - t0)
@@ -462,7 +478,6 @@ function Batcher:step()
       if r.want_logits or r.max_tokens == 0 then self:retire(r, "length") else r.state = "decode" end
     end
   end
-  return true
 end
 
 -- The rows of a step's drafts.
