@@ -354,19 +354,16 @@ function Draft:tree_budget(ranked, rows)
   local base = self:tree_price(rows)
   if not base then return #ranked end -- (nothing measured yet: try)
   local E = tree.expected(ranked, self.calib.c)
-  -- (chosen on the mean curve of the last steps, this one's joined: M.EXPECT_DECAY)
-  local avg = self.expect
-  for b = 1, #ranked do
-    local x = avg[b] or { w = 0, s = 0 }
-    avg[b] = x
-    x.w, x.s = M.EXPECT_DECAY * x.w + 1, M.EXPECT_DECAY * x.s + E[b]
-  end
   local best, best_rate, price = 0, 1 / base, base
   for b = 1, #ranked do
+    -- (chosen on the mean curve of the last steps, this one's joined: M.EXPECT_DECAY)
+    local x = self.expect[b] or { w = 0, s = 0 }
+    self.expect[b] = x
+    x.w, x.s = M.EXPECT_DECAY * x.w + 1, M.EXPECT_DECAY * x.s + E[b]
     -- (a step of more rows costs no less: the fitted line may slope down while few are measured)
     price = math.max(price, self:tree_price(rows + b) or base)
     -- (choosing b, a step builds M.builds(b) nodes: what it costs a step, held there)
-    local rate = (1 + avg[b].s / avg[b].w) / (price + self:build_ms(M.builds(b)))
+    local rate = (1 + x.s / x.w) / (price + self:build_ms(M.builds(b)))
     if rate > best_rate * 1.0001 then best, best_rate = b, rate end
   end
   return best
