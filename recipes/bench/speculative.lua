@@ -25,7 +25,9 @@
 -- read-bound, then the same made compute-bound (--compute-mem budgets that hold everything, no
 -- disk limit, no emulated links); the read-bound tree run's acceptance (its draft report) given to
 -- loip simulate, its prediction beside the measurement. Targets: the tree >= 1.5x the best
--- chain's tokens per verifying step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound;
+-- chain's tokens per verifying step and >= 1.3x its tokens/s read-bound; B <= 4 compute-bound
+-- (B as chosen: the mean of the sizes the cost model chose, 0 included; beside it the nodes sent
+-- per verifying step, which leave the choices of 0 out, and the last choice);
 -- the simulator within 15% of the tree's tokens/s.
 -- With --two, only two concurrent requests (issue 39 item 2): no draft against the --tree draft's
 -- cost-model tree in the head's process and on device --two-device (its budget raised by the
@@ -197,8 +199,8 @@ local function trees(c, label, extra, prompt)
     t.draft_rows, t.step_rows = c.planner.draft_rows, c.planner.batch -- (a tree's plan: its steps grow to hold its rows)
     same_all = same_all and same(t.tokens, none.tokens)
     table.insert(runs.tree, t)
-    log("%s, round %d: none %.1f, tree %.1f tokens/s (%.2f a step, B %.1f)", label, rep, none.tokens_per_s, t.tokens_per_s,
-      t.tokens_per_step, t.draft.tree_size)
+    log("%s, round %d: none %.1f, tree %.1f tokens/s (%.2f a step, B chosen %.1f, sent %.1f)", label, rep, none.tokens_per_s,
+      t.tokens_per_s, t.tokens_per_step, t.draft.tree_chosen or 0, t.draft.tree_size)
   end
   local function med(list, f)
     local xs = {}
@@ -218,6 +220,8 @@ local function trees(c, label, extra, prompt)
   local rt = runs.tree
   out.tree = { tokens_per_s = med(rt, tps), tokens_per_step = med(rt, tpst), tree_size = med(rt, function(x) return x.draft.tree_size end),
     tree_size_max = med(rt, function(x) return x.draft.tree_size_max end),
+    tree_chosen = med(rt, function(x) return x.draft.tree_chosen or 0 end),
+    tree_chosen_last = med(rt, function(x) return x.draft.tree_chosen_last or 0 end),
     tree_built = med(rt, function(x) return x.draft.tree_built or 0 end),
     draft_share = med(rt, function(x) return x.draft.draft_share end), plan_rows = rt[1].draft_rows, step_rows = rt[1].step_rows }
   out.best_chain, out.same_tokens = best, same_all
@@ -226,9 +230,11 @@ local function trees(c, label, extra, prompt)
   out.steps_ratio = out.tree.tokens_per_step / out.best_chain_steps
   out.speed_ratio = out.tree.tokens_per_s / best.tokens_per_s
   local t = out.tree
-  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B %.1f a step (largest %d, built %.1f, plan rows %d, steps of %d), draft share %.2f; "
+  log("%s: tree: %.1f tokens/s, %.2f tokens per step, B chosen %.1f (last %d), sent %.1f a verifying step (largest %d, built %.1f, "
+    .. "plan rows %d, steps of %d), draft share %.2f; "
     .. "vs the chains: %.2fx the most tokens per step, %.2fx the best tokens/s (k=%d); none %.1f tokens/s; same tokens: %s",
-    label, t.tokens_per_s, t.tokens_per_step, t.tree_size, t.tree_size_max, t.tree_built, t.plan_rows or -1, t.step_rows or -1, t.draft_share,
+    label, t.tokens_per_s, t.tokens_per_step, t.tree_chosen, t.tree_chosen_last, t.tree_size, t.tree_size_max, t.tree_built,
+    t.plan_rows or -1, t.step_rows or -1, t.draft_share,
     out.steps_ratio, out.speed_ratio, best.k, out.none_tokens_per_s, tostring(same_all))
   if not extra then -- (read-bound: the simulator given this run's measured acceptance)
     local sim = simulated(rt, prompt)

@@ -158,6 +158,28 @@ describe("cost-model trees of drafts", function()
     assert.is_true(builds >= 2, builds .. " builds in 200 steps: it must still probe")
   end)
 
+  it("reports the sizes chosen, the choices of 0 among them, beside the nodes sent per verifying step", function()
+    local pol = { name = "scored", params = { tree = "on" }, module = { propose_scored = function(req)
+      local nodes = {}
+      for i = 1, req.k do nodes[i] = { id = 1, parent = i - 1, p = 0.5 ^ i } end
+      return nodes
+    end } }
+    local engine = { step_price = function() return 1 end, clock = function() return 0 end }
+    local d = draft.new(pol, { vocab = 8 }, { engine = engine })
+    d:measured(1, 1)
+    local script, i = { 6, 0, 0, 2 }, 0
+    d.tree_budget = function() i = i + 1 return script[i] end -- (the cost model's choices, as scripted)
+    local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    while i < #script do
+      local ids = d:for_step(r, 1, 63)
+      d:observe(r, #ids, 1, { 2 })
+    end
+    local rep = d:report()
+    assert.are.equal(4, rep.tree_size) -- (6 and 2 sent: the choices of 0 sent nothing)
+    assert.are.equal(2, rep.tree_chosen) -- (6, 0, 0, 2)
+    assert.are.equal(2, rep.tree_chosen_last)
+  end)
+
   -- A Draft whose policy grows a tree of `built` nodes from a draft that is sure of its first
   -- token at 0.8 (runner-up 0.15, then 0.05) at every node, on an engine priced by price(rows).
   local function sized(price, built, fixed)

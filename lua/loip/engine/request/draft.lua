@@ -68,7 +68,7 @@ function M.new(policy, target, opts)
     probe = opts.probe or 8, prior = opts.prior or 0.5, engine = opts.engine, now = (opts.engine and opts.engine.clock) or core.now_ms,
     memo = {}, reqs = {}, cost = {}, ratio = line_new(), expect = {}, draft_ms = nil, calib = { pred = {}, acc = {}, c = {} },
     stats = { drafted = 0, accepted = 0, examined = 0, steps = 0, tokens = 0, probes = 0, largest = 0, last = 0,
-      curve = {}, reach = {}, tree_steps = 0,
+      curve = {}, reach = {}, tree_steps = 0, chosen = 0, chosen_sum = 0,
       propose_ms = 0, step_ms = 0 } }, Draft)
   d.ctx = { target = target, memo = d.memo }
   d.ctx.price = function(rows) return d:price(rows) end -- (a step's price for a policy's `length`: lookahead)
@@ -406,6 +406,8 @@ function Draft:grow(r, rows, room, depth)
   for i = #ranked, k + 1, -1 do ranked[i] = nil end
   local B = self.fixed and math.min(#ranked, k) or self:tree_budget(ranked, rows)
   s.build = M.builds(B)
+  local st = self.stats
+  st.chosen, st.chosen_sum, st.chosen_last = st.chosen + 1, st.chosen_sum + B, B -- (0 too: Draft:report's tree_chosen)
   self.stats.built = (self.stats.built or 0) + #nodes
   if B == 0 then s.rest = self:rest_steps(rows) - 1 end
   local t = tree.from_scored(nodes, B)
@@ -567,7 +569,8 @@ end
 -- proposed), tree_size (the drafts, a tree's nodes, a verifying step verified on average),
 -- tree_size_max and tree_size_last (the largest and the last chosen), propose_ms (time proposing),
 -- step_ms (time in steps), draft_share (propose_ms over propose_ms + step_ms); best-first trees:
--- tree_built (nodes built a verifying step), tree_curve ({ size, tokens_per_step, steps } by size,
+-- tree_built (nodes built a verifying step), tree_chosen and tree_chosen_last (the mean of the
+-- sizes chosen, 0 included, and the last), tree_curve ({ size, tokens_per_step, steps } by size,
 -- sizes bucketed by powers of two), per_depth (the share of tree steps whose path reached depth d) }.
 function Draft:report()
   local st = self.stats
@@ -583,6 +586,9 @@ function Draft:report()
     tokens_per_step = st.steps > 0 and st.tokens / st.steps or 0, acceptance = st.drafted > 0 and st.accepted / st.drafted or 0,
     probes = st.probes, fixed = self.fixed, tree = self.tree,
     tree_size = st.steps > 0 and st.drafted / st.steps or 0, tree_size_max = st.largest, tree_size_last = st.last,
+    -- (best-first trees: the mean of the sizes chosen, each choice once, 0 included, which
+    -- tree_size leaves out: a request that chose 0 rests, sending nothing; and the last choice)
+    tree_chosen = st.chosen > 0 and st.chosen_sum / st.chosen or nil, tree_chosen_last = st.chosen_last,
     tree_curve = curve, per_depth = depth, -- (best-first trees: loip simulate --tree-curve reads tree_curve)
     tree_built = st.steps > 0 and st.built and st.built / st.steps or nil, -- (best-first: the nodes built a step, of which tree_size sent)
     propose_ms = st.propose_ms, step_ms = st.step_ms, draft_share = busy > 0 and st.propose_ms / busy or 0,
