@@ -632,21 +632,40 @@ enum {
 LOIP_API int loip_model_bind_expert(loip_model *m, int32_t layer, int32_t expert, int32_t part,
                                     const loip_tensor *t);
 /* A [rows, cols] weight table (the embedding or the output head of a large vocabulary) that
- * stays in its file: dtype at offset of path, read with pread as it is needed. cache_rows: rows
- * kept after their read (the embedding: a token's row, least recently used out); chunk_rows (a
- * multiple of 16, 0: none): the rows the head reads at once into one buffer, each chunk's logits
- * computed as it lands (the same logits, bit for bit, as the table in memory). Both buffers are
- * charged to budget's "slots" account (NULL: not charged) before they are allocated. */
+ * stays in its file: dtype at offset of path, read as it is needed. cache_rows: rows kept after
+ * their read (the embedding: a token's row, least recently used out, read with pread);
+ * chunk_rows (a multiple of 16, 0: none): the rows the head reads at once, each chunk's logits
+ * computed as it lands (the same logits, bit for bit, as the table in memory). The head's
+ * chunks are read ahead into two buffers of chunk_rows rows (one when chunk_rows holds the
+ * table): the next chunk's read in flight (io_uring) while this one computes, and after the
+ * last the next call's first. The cache and the chunk buffers are charged to budget's "slots"
+ * account (NULL: not charged) before they are allocated: (cache_rows + buffers x chunk_rows)
+ * rows. */
 typedef struct loip_rows loip_rows;
 LOIP_API int loip_rows_new(const char *path, uint64_t offset, int32_t dtype, int64_t rows, int64_t cols,
                            int32_t cache_rows, int32_t chunk_rows, loip_budget *budget, loip_rows **out);
 LOIP_API void loip_rows_free(loip_rows *r);
 /* Row id of the table as floats into out[cols] (from the cache, or read into it). */
 LOIP_API int loip_rows_get(loip_rows *r, int32_t id, float *out);
-/* What the table's reads have read: bytes, reads, and rows found in the cache. */
+/* What the table's reads have read: bytes, reads, rows found in the cache, and the head's
+ * chunks whose read was under way before they were needed (read ahead). */
 LOIP_API uint64_t loip_rows_bytes_read(const loip_rows *r);
 LOIP_API uint64_t loip_rows_reads(const loip_rows *r);
 LOIP_API uint64_t loip_rows_hits(const loip_rows *r);
+LOIP_API uint64_t loip_rows_ahead(const loip_rows *r);
+/* The logits of the table's rows [first, last) for n vectors x ([n, cols], fp32) into
+ * logits[t * rows + i] (the whole [n, rows] buffer; other rows untouched), read by chunks
+ * (chunk_rows > 0), on pool's threads: what the head computes with r bound. */
+LOIP_API int loip_rows_logits(loip_rows *r, loip_pool *pool, const float *x, int32_t n, int64_t first, int64_t last,
+                              float *logits);
+/* on 0: each head chunk read when it is needed (pread; a kernel read-ahead hint for the next),
+ * as where io_uring is not allowed; 1 (the default): read ahead. Reads in flight land first. */
+LOIP_API int loip_rows_set_ahead(loip_rows *r, int32_t on);
+/* on 1: reads whose offset, length and buffer are 4 KiB aligned go past the page cache
+ * (O_DIRECT), as the loader reads blocks: for a device whose memory cannot also cache the table
+ * (a filesystem that refuses O_DIRECT: an error naming the file at once, or buffered from the
+ * first read refused); 0 (the default): through the page cache. Reads in flight land first. */
+LOIP_API int loip_rows_set_direct(loip_rows *r, int32_t on);
 /* The embedding (LOIP_W_EMBED) or head (LOIP_W_LM_HEAD; a tied model's head is its embedding)
  * read from r instead of a tensor in memory (r NULL: neither); r must be [vocab_size, dim] and
  * outlive its use. loip_model_bind of the same kind binds memory again. */

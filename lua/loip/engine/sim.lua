@@ -278,21 +278,25 @@ function Sim:run_stage(i, s, t, n, ctx, samples, hidden)
       local t = finish
       for k = 0, N - 1 do
         local j = (N - 1 + k) % N + 1
-        local _, head_read = plan.ends.read_ms(self.problem, j, self.devices[j].part, space.read_ms)
-        t = t + head_read + self:block_ms(j, "head", math.max(samples, 1), ctx) * plan.ends.head_fraction(sizes, ends, j, N)
+        local _, head_read, chunks = plan.ends.read_ms(self.problem, j, self.devices[j].part, space.read_ms)
+        local head_ms = self:block_ms(j, "head", math.max(samples, 1), ctx) * plan.ends.head_fraction(sizes, ends, j, N)
+        t = t + plan.ends.pipelined(head_ms, head_read, chunks)
         t = send(self.links[j], t, bytes)
       end
       finish = t
     else
-      -- (a head kept on disk: its table read chunk by chunk, each chunk's logits after it, loip.plan.ends)
-      local _, head_read = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
+      -- (a head kept on disk: its table read chunk by chunk, each chunk's logits computed while
+      -- the next is read, loip.plan.ends.pipelined)
+      local _, head_read, chunks = plan.ends.read_ms(self.problem, i, x.part, space.read_ms)
+      local head_ms = self:block_ms(N, "head", math.max(samples, 1), ctx)
       if head_read > 0 then
         local go = math.max(finish, x.disk)
         event(x, tr, "load", s, self.problem.model.n_blocks, self.problem.model.n_blocks, go, go + head_read)
         x.disk, x.load_ms = go + head_read, x.load_ms + head_read
-        finish = go + head_read
+        finish = go + plan.ends.pipelined(head_ms, head_read, chunks)
+      else
+        finish = finish + head_ms
       end
-      finish = finish + self:block_ms(N, "head", math.max(samples, 1), ctx)
     end
   end
   event(x, tr, "compute", s, y.first, y.last, start, finish)

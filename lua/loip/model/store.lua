@@ -520,6 +520,13 @@ function M.bind_ends(m, dir, man, p, i, tied, budget)
     local r, err = exec.rows_new(dir .. "/" .. file, t.offset, M.dtypes[t.dtype][1], t.shape[1], t.shape[2], cache, chunk, budget)
     if not r then M.close(keep) error(string.format("%s/%s: %s", dir, file, err), 0) end
     keep.rows[#keep.rows + 1] = r
+    -- (LOIP_HEAD_AHEAD=0: the head's chunks each read when needed, to compare; LOIP_HEAD_DIRECT=1:
+    -- read past the page cache; docs/planning.md)
+    if chunk > 0 and os.getenv("LOIP_HEAD_AHEAD") == "0" then exec.rows_set_ahead(r, false) end
+    if chunk > 0 and os.getenv("LOIP_HEAD_DIRECT") == "1" then
+      local ok, derr = exec.rows_set_direct(r, true)
+      if not ok then io.stderr:write("loip: LOIP_HEAD_DIRECT: ", tostring(derr), "\n") end
+    end
     local ok, berr = exec.model_bind_rows(m, which, r)
     if not ok then M.close(keep) error(string.format("%s/%s: %s", dir, file, berr), 0) end
   end

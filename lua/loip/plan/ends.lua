@@ -9,8 +9,10 @@
 --   embed_rows = 64     -- the embedding stays in its file: each token's row is read as it is
 --                       -- needed, the last 64 rows used kept (a cache of embed_rows rows)
 --   head_rows = 1024    -- the head is read every step, head_rows vocabulary rows at a time
---                       -- into one buffer (a multiple of 16), each chunk's logits computed as it
---                       -- lands: the logits are the resident head's, concatenated by row
+--                       -- (a multiple of 16), each chunk's logits computed as it lands: the
+--                       -- logits are the resident head's, concatenated by row. Two buffers of
+--                       -- head_rows rows: the next chunk is read while this one computes (one
+--                       -- buffer when a chunk holds the table: M.head_buffers)
 --
 --   head_shares = { r1, ..., rN }  -- the head cut across devices by vocabulary rows: device i
 --                       -- computes the logits of rows [r1 + ... + r(i-1), ... + ri) (0: none),
@@ -26,7 +28,7 @@
 local M = {}
 
 M.CACHE_ROWS = 64              -- embedding rows kept by default
-M.CHUNK_BYTES = 4 * 1024 * 1024 -- about what a head's read brings by default
+M.CHUNK_BYTES = 2 * 1024 * 1024 -- about what a head's read brings by default (two such buffers)
 
 local function align(n) return math.ceil(n / 4096) * 4096 end
 
@@ -80,6 +82,13 @@ function M.chunk_rows(sizes, rows)
   return math.min(math.max(16, math.floor(bytes / row / 16) * 16), most)
 end
 
+-- The buffers a head read by chunks of `chunk` rows keeps (runtime/exec/rows.c): two, the next
+-- chunk read while this one computes, or one when a chunk holds the table (read ahead from one
+-- step to the next alone).
+function M.head_buffers(sizes, chunk)
+  return chunk < (sizes.vocab or 0) and 2 or 1
+end
+
 -- The rows a share of count vocabulary rows read by chunks reads at once (rows of row bytes):
 -- head_rows, or about M.CHUNK_BYTES, at most the share rounded up to 16.
 function M.share_chunk(row, head_rows, count)
@@ -108,7 +117,7 @@ function M.how(ends, first, last, tied, share)
 end
 
 -- What a device holding the first end (first) and/or the last (last) needs for them under ends:
--- weights (bytes resident), buffers (the row cache and the head's chunk), and which of the
+-- weights (bytes resident), buffers (the row cache and the head's chunk buffers), and which of the
 -- tables it keeps: { embed = "memory" | "rows" | nil, head = "memory" | "rows" | nil }.
 function M.memory(sizes, ends, first, last, share)
   local how = M.how(ends, first, last, sizes.tied, share)
@@ -122,11 +131,15 @@ function M.memory(sizes, ends, first, last, share)
     -- in the device's receive buffer (4th: activations, in a cluster)
     if last then w = w + norm_bytes(sizes) end
     if how.head == "memory" and not (sizes.tied and how.table) then w = w + align(how.share * row) end
-    if how.head == "rows" then buf = buf + M.share_chunk(row, ends.head_rows, how.share) * row end
+    if how.head == "rows" then
+      local chunk = M.share_chunk(row, ends.head_rows, how.share)
+      buf = buf + M.head_buffers(sizes, chunk) * chunk * row
+    end
     return w, buf, how, math.max(0, (sizes.share_bytes or 0) - (sizes.payload_bytes or 0))
   end
   if how.head == "rows" then
-    buf = buf + M.chunk_rows(sizes, ends.head_rows) * row
+    local chunk = M.chunk_rows(sizes, ends.head_rows)
+    buf = buf + M.head_buffers(sizes, chunk) * chunk * row
     -- (the final norm stays: head.bin less an untied head's table)
     w = w + norm_bytes(sizes)
   elseif how.head then
@@ -142,18 +155,19 @@ function M.head_read_bytes(sizes, ends, first, last, share)
   return how.head == "rows" and sizes.head_bytes or 0
 end
 
--- ms the ends' reads add to device i's step (part: loip.plan.device_part's, or a part the
--- schedulers build): the head's table read chunk by chunk (not overlapped: each chunk's
--- logits wait for it), and the embedding's rows for the step's tokens (rows, default the
--- problem's micro-batch; priced as misses). read(d, bytes, reads): how a read is priced
--- (loip.plan.space.read_ms, which the cost model and the simulator pass).
+-- ms the ends' reads take on device i's step (part: loip.plan.device_part's, or a part the
+-- schedulers build): the embedding's rows for the step's tokens (rows, default the problem's
+-- micro-batch; priced as misses), the head's table read chunk by chunk (M.pipelined: each
+-- chunk's logits computed while the next is read), and the head's chunks. read(d, bytes, reads):
+-- how a read is priced (loip.plan.space.read_ms, which the cost model and the simulator pass).
+-- Returns embed, head, chunks.
 function M.read_ms(problem, i, part, read, rows)
   local ends = part.ends or problem.ends
   local share = ends and ends.head_shares and ends.head_shares[i]
-  if not ends or not (part.first or part.last or (share or 0) > 0) then return 0, 0 end
+  if not ends or not (part.first or part.last or (share or 0) > 0) then return 0, 0, 0 end
   local sizes, d = problem.model, problem.devices[i]
   local _, _, how = M.memory(sizes, ends, part.first, part.last, share)
-  local embed, head = 0, 0
+  local embed, head, chunks = 0, 0, 0
   if how.embed == "rows" then
     rows = rows or problem.micro_batch or 1
     embed = read(d, rows * M.row_bytes(sizes), rows)
@@ -161,9 +175,23 @@ function M.read_ms(problem, i, part, read, rows)
   if how.head == "rows" then
     local chunk = how.cut and M.share_chunk(M.row_bytes(sizes), ends.head_rows, how.share) or M.chunk_rows(sizes, ends.head_rows)
     local rows_read = how.cut and how.share or sizes.vocab
-    head = read(d, rows_read * M.row_bytes(sizes), math.ceil(rows_read / chunk))
+    chunks = math.ceil(rows_read / chunk)
+    head = read(d, rows_read * M.row_bytes(sizes), chunks)
   end
-  return embed, head
+  return embed, head, chunks
+end
+
+-- ms of a head of `compute` ms whose table takes `read` ms to read in `chunks` chunks, each
+-- chunk's logits computed as it lands while the next is read (runtime/exec/rows.c reads one
+-- chunk ahead): the first chunk's read, then for each next chunk the slower of its read and the
+-- compute of the one before, and the last chunk's compute. In memory (read 0): the compute.
+-- (The next step's first chunk is read ahead too, but the disk is then the offloaded blocks':
+-- not counted.)
+function M.pipelined(compute, read, chunks)
+  if read <= 0 then return compute end
+  chunks = math.max(1, chunks or 1)
+  local r, c = read / chunks, compute / chunks
+  return r + (chunks - 1) * math.max(r, c) + c
 end
 
 -- The fraction of the head's compute device i does under ends (the last device: all of it,
@@ -183,16 +211,16 @@ function M.step_ms(problem, p, rows, head_ms, hop, read)
   local N, sizes = #p.devices, problem.model
   local function part_of(i) return { first = i == 1, last = i == N, ends = ends } end
   if not (ends and ends.head_shares) or N == 1 then
-    local _, head_read = M.read_ms(problem, N, part_of(N), read)
-    return head_ms(N) + head_read
+    local _, head_read, chunks = M.read_ms(problem, N, part_of(N), read)
+    return M.pipelined(head_ms(N), head_read, chunks)
   end
   rows = math.max(1, rows or 1)
   local bytes = (sizes.header_bytes or 0) + rows * ((sizes.hidden_bytes or 0) + 4 * (sizes.vocab or 0))
   local t = 0
   for k = 0, N - 1 do
     local i = (N - 1 + k) % N + 1 -- N, 1, 2, ..., N-1
-    local _, head_read = M.read_ms(problem, i, part_of(i), read)
-    t = t + head_ms(i) * M.head_fraction(sizes, ends, i, N) + head_read + hop(i, bytes)
+    local _, head_read, chunks = M.read_ms(problem, i, part_of(i), read)
+    t = t + M.pipelined(head_ms(i) * M.head_fraction(sizes, ends, i, N), head_read, chunks) + hop(i, bytes)
   end
   return t
 end

@@ -37,11 +37,16 @@ function M.rows_new(path, offset, dtype, rows, cols, cache_rows, chunk_rows, bud
     chunk_rows, budget)
 end
 function M.rows_free(r) core.free(r, C.loip_rows_free) end
--- What a table's reads have read: { bytes, reads, hits } (hits: rows found in its cache).
+-- What a table's reads have read: { bytes, reads, hits, ahead } (hits: rows found in its cache;
+-- ahead: the head's chunks whose read was under way before they were needed).
 function M.rows_stats(r)
   return { bytes = tonumber(C.loip_rows_bytes_read(r)), reads = tonumber(C.loip_rows_reads(r)),
-    hits = tonumber(C.loip_rows_hits(r)) }
+    hits = tonumber(C.loip_rows_hits(r)), ahead = tonumber(C.loip_rows_ahead(r)) }
 end
+-- The head's chunks of table r read ahead (on, the default) or each when it is needed.
+function M.rows_set_ahead(r, on, context) return core.ok(C.loip_rows_set_ahead(r, on and 1 or 0), context) end
+-- The head's aligned reads of table r past the page cache (on: O_DIRECT) or through it.
+function M.rows_set_direct(r, on, context) return core.ok(C.loip_rows_set_direct(r, on and 1 or 0), context) end
 -- The embedding (K.W_EMBED) or head (K.W_LM_HEAD) read from rows r (nil: unbind) instead of memory.
 function M.model_bind_rows(m, which, r, context) return core.ok(C.loip_model_bind_rows(m, which, r), context) end
 -- Every required tensor of layers [first, last) bound (LOIP_ESTATE naming the first missing).

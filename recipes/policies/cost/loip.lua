@@ -43,11 +43,11 @@ function M.device(problem, i, part)
   local offloaded = (part.off_mha * c.mha_ms + part.off_mlp * c.mlp_ms) * f
   local comp = (part.n_mha * c.mha_ms + part.n_mlp * c.mlp_ms) * f + part.S * (c.stage_ms or 0)
     + (part.embed and (c.embed_ms or 0) or 0)
-    + (c.head_ms or 0) * plan.ends.head_fraction(problem.model, part.ends or problem.ends, i, #problem.devices)
   -- (the embedding's rows and the head's table read from disk, when the plan keeps them there:
-  -- on the step's path, nothing overlaps them)
-  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
-  comp = comp + embed_read + head_read
+  -- on the step's path, the head's chunks each read while the one before computes)
+  local embed_read, head_read, chunks = plan.ends.read_ms(problem, i, part, space.read_ms)
+  local head_ms = (c.head_ms or 0) * plan.ends.head_fraction(problem.model, part.ends or problem.ends, i, #problem.devices)
+  comp = comp + embed_read + plan.ends.pipelined(head_ms, head_read, chunks)
   -- (a mixture of experts: its offloaded MLP blocks' routed experts are read too, one by one)
   local xbytes, xreads = plan.expert_reads(problem.model, part, problem.micro_batch, problem.routing)
   local load = reads and (space.read_ms(d, part.off_bytes, part.loads) + space.expert_read_ms(d, xbytes, xreads, part.off_moe))
@@ -150,9 +150,9 @@ local function timeline_device(p, problem, rates, i, d)
   local reads = part.off_mha + part.off_mlp > 0
   local f = (reads and (c.under_load or 1) or 1) * (problem.devices[i].slowdown or 1)
   local rate, fixed = rates and rates[i] or problem.devices[i].disk_bps, problem.devices[i].load_ms or 0
-  local embed_read, head_read = plan.ends.read_ms(problem, i, part, space.read_ms)
+  local embed_read, head_read, head_chunks = plan.ends.read_ms(problem, i, part, space.read_ms)
   local x = { part = part, stages = {}, disk = 0, live = {}, cap = part.slot_bytes, slots = part.slots,
-    embed_read = embed_read, head_read = head_read,
+    embed_read = embed_read, head_read = head_read, head_chunks = head_chunks,
     comp = 0, load = 0, stall = 0, windows = 0, last_release = nil, per_block = p.per_block, prefetch = p.prefetch ~= false }
   -- (a mixture of experts: an offloaded MLP block's expected expert reads, with the block)
   local xbytes, xreads = plan.expert_reads(sizes, part, problem.micro_batch, problem.routing)
@@ -261,7 +261,8 @@ local function play(p, problem, rates)
   local T = ends[steps] - ends[steps - 1]
   local devs, comp, bottleneck, most = {}, 0, nil, 0
   for i, x in ipairs(dev) do
-    local c = x.comp - (x.per_block and x.load or 0) + (i == N and (problem.devices[N].compute.head_ms or 0) + x.head_read or 0)
+    local c = x.comp - (x.per_block and x.load or 0)
+      + (i == N and plan.ends.pipelined(problem.devices[N].compute.head_ms or 0, x.head_read, x.head_chunks) or 0)
     devs[i] = { comp_ms = c, load_ms = x.load, uncover_ms = x.stall, comm_ms = per[i], idle_ms = x.windows / S,
       memory_bytes = space.memory(problem, x.part).total }
     comp = comp + c
