@@ -25,6 +25,7 @@ local RECIPES = {
   { "speculative", "", { "variants", "self_k4_speedup", "ngram_worst_speedup", "same_tokens" } },
   { "speculative", "--two --context 256 --reps 1", { "none", "head", "head_one_by_one", "worker", "worker_one_by_one", "same_tokens" } },
   { "prefix", "", { "stories260K", "same_tokens" } },
+  { "head", "--head-rows 64 --threads 1", { "variants", "ahead_page_cache", "ahead_direct", "same_tokens" } },
 }
 
 -- moe.lua needs a mixture of experts: --quick makes a small one (in a scratch folder here)
