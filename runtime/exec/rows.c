@@ -331,7 +331,8 @@ int loip_rows_head_range(loip_rows *r, loip_pool *pool, const float *x, int32_t 
     int b = 0;
     for (int64_t r0 = first; r0 < last; r0 += step, b = (b + 1) % r->n_chunks) {
         int64_t k = last - r0 < step ? last - r0 : step, next = r0 + k;
-        /* the next chunk asked for now, into the other buffer (its chunk's logits are done) */
+        /* the next chunk asked for now, into the other buffer (its chunk's logits are done;
+         * there is a next chunk only with two buffers: one is kept when a chunk holds the table) */
         if (next < last) {
             int rc = chunk_start(r, (b + 1) % r->n_chunks, next, last - next < step ? last - next : step, 1);
             if (rc) return rc;
