@@ -170,10 +170,13 @@ describe("cost-model trees of drafts", function()
     local script, i = { 6, 0, 0, 2 }, 0
     d.tree_budget = function() i = i + 1 return script[i] end -- (the cost model's choices, as scripted)
     local r = { id = 1, seq = 0, prompt = { 1, 2, 3 }, token_ids = {} }
+    local seen = {}
+    d.on_chosen = function(who, B) assert.are.equal(r, who) seen[#seen + 1] = B end -- (serve's /metrics watches so)
     while i < #script do
       local ids = d:for_step(r, 1, 63)
       d:observe(r, #ids, 1, { 2 })
     end
+    assert.are.same(script, seen)
     local rep = d:report()
     assert.are.equal(4, rep.tree_size) -- (6 and 2 sent: the choices of 0 sent nothing)
     assert.are.equal(2, rep.tree_chosen) -- (6, 0, 0, 2)

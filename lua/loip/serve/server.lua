@@ -48,7 +48,10 @@ function M.new(opts)
   self.context = eng.context
   -- speculative decoding (the batcher's loip.engine.request.draft): each verifying step counted as it is seen
   local d = self.batcher.draft
-  if d then d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end end
+  if d then
+    d.on_observe = function(r, k, accepted) self:on_draft(r, k, accepted) end
+    d.on_chosen = function(_, B) self:on_tree_chosen(B) end
+  end
   self.draft_allowed = request_draft.allowance(opts.draft_per_request, d)
   -- the vocabulary and the model's stop ids, on one device or a cluster alike (loip.engine's
   -- front-end: the cluster's with this tokenizer)
@@ -204,6 +207,13 @@ function Server:on_draft(r, k, accepted)
   m:add("loip_draft_policy_steps_total", "verifying steps, by draft policy", 1, l)
   local a = self.active[r]
   if a then a.drafted, a.accepted = (a.drafted or 0) + k, (a.accepted or 0) + accepted end
+end
+
+-- A best-first tree's size chosen for a request's next step: B nodes (0: none, the request rests).
+local CHOSEN_BUCKETS = { 0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64 }
+function Server:on_tree_chosen(B)
+  self.metrics:observe("loip_draft_tree_chosen", "best-first tree sizes chosen, each choice once (0: none, the request "
+    .. "rests; loip_draft_tree_size counts the trees sent)", B, CHOSEN_BUCKETS)
 end
 
 -- Request r (choice c of a reply) ended with finish ("stop", "length"): the metrics count it.
