@@ -42,7 +42,7 @@ typedef struct {
     int state;  /* IDLE: holds nothing; WANTED: to be read when needed (no ring); READING: a read
                    in flight; READY: landed */
     int early;  /* its read began before the chunk was needed (counts in ahead_reads) */
-    int fd;     /* the descriptor its read in flight goes through */
+    int direct; /* its read in flight goes through the O_DIRECT descriptor */
 } chunk_buf;
 
 struct loip_rows {
@@ -151,11 +151,12 @@ static int fd_for(const loip_rows *r, const void *dst, uint64_t offset, size_t l
     return r->dfd >= 0 && (uintptr_t)dst % a == 0 && offset % a == 0 && len % a == 0 ? r->dfd : r->fd;
 }
 
-/* A read through the O_DIRECT descriptor refused (some filesystems accept it at open and refuse
- * it at read time): buffered from now on. Returns whether the read should be asked again. */
-static int direct_refused(loip_rows *r, int fd, int err) {
-    if (err != EINVAL || fd != r->dfd || r->dfd < 0) return 0;
-    close(r->dfd);
+/* A read through the O_DIRECT descriptor (direct) refused (some filesystems accept it at open
+ * and refuse it at read time): buffered from now on. Returns whether the read should be asked
+ * again. (A read in flight through it when it closes keeps the file: the ring holds it.) */
+static int direct_refused(loip_rows *r, int direct, int err) {
+    if (err != EINVAL || !direct) return 0;
+    if (r->dfd >= 0) close(r->dfd);
     r->dfd = -1;
     return 1;
 }
@@ -166,7 +167,7 @@ static int read_at(loip_rows *r, void *dst, size_t bytes, uint64_t offset) {
     while (got < bytes) {
         int fd = fd_for(r, (uint8_t *)dst + got, offset + got, bytes - got);
         ssize_t k = pread(fd, (uint8_t *)dst + got, bytes - got, (off_t)(offset + got));
-        if (k < 0 && (errno == EINTR || direct_refused(r, fd, errno))) continue;
+        if (k < 0 && (errno == EINTR || direct_refused(r, fd != r->fd, errno))) continue;
         if (k < 0) return loip_fail(-errno, "rows: read %s at %llu: %s", r->path, (unsigned long long)(offset + got),
                                     strerror(errno));
         if (k == 0)
@@ -215,8 +216,9 @@ static int submit_rest(loip_rows *r, chunk_buf *c) {
     if (!sqe) return loip_fail(LOIP_EIO, "head: %s: no room in the read ring", r->path);
     uint64_t at = r->offset + (uint64_t)c->r0 * r->row_bytes + c->got;
     size_t len = chunk_bytes(r, c) - c->got;
-    c->fd = fd_for(r, c->data + c->got, at, len);
-    io_uring_prep_read(sqe, c->fd, c->data + c->got, (unsigned)len, at);
+    int fd = fd_for(r, c->data + c->got, at, len);
+    c->direct = fd != r->fd;
+    io_uring_prep_read(sqe, fd, c->data + c->got, (unsigned)len, at);
     io_uring_sqe_set_data(sqe, c);
     int rc = io_uring_submit(&r->ring);
     if (rc < 0) return loip_fail(rc, "head: %s: io_uring_submit: %s", r->path, strerror(-rc));
@@ -239,7 +241,7 @@ static int reap_one(loip_rows *r, chunk_buf **done) {
     int res = cqe->res;
     io_uring_cqe_seen(&r->ring, cqe);
     uint64_t at = r->offset + (uint64_t)c->r0 * r->row_bytes + c->got;
-    if (res == -EINTR || res == -EAGAIN || (res < 0 && direct_refused(r, c->fd, -res))) return submit_rest(r, c);
+    if (res == -EINTR || res == -EAGAIN || (res < 0 && direct_refused(r, c->direct, -res))) return submit_rest(r, c);
     if (res < 0) {
         c->state = CHUNK_IDLE;
         return loip_fail(res, "head: read %s at %llu: %s", r->path, (unsigned long long)at, strerror(-res));
