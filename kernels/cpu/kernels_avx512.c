@@ -4,9 +4,9 @@
  * Products: every (row, token) dot product keeps ONE 16-lane fp32 accumulator. Column c lands in
  * lane c % 16; full chunks of 16 columns are FMA'd in column order, a final partial chunk is
  * loaded under a mask (zeros in the missing lanes), and the 16 lanes are reduced in
- * _mm512_reduce_add_ps's order (reduce4: four at once). That order depends only on `cols`, never on how many rows or tokens a
- * pass handles, so matvec and matmul produce the same bits (the determinism contract) while
- * the two group rows and tokens differently.
+ * _mm512_reduce_add_ps's order (reduce4: four sums at once). That order depends only on
+ * `cols`, never on how many rows or tokens a pass handles, so matvec and matmul produce the
+ * same bits (the determinism contract) while the two group rows and tokens differently.
  *
  * Weights are widened exactly to fp32 in registers: bf16 by zero-extension and a 16-bit shift
  * (vpmovzxwd + vpslld), f16 by vcvtph2ps. x stays fp32 throughout. */

@@ -60,7 +60,7 @@ struct loip_rows {
     uint8_t *cache;        /* (cache_rows, row_bytes) */
     uint64_t clock;
     int32_t chunk_rows;    /* rows the head reads at once (0: no head from this table) */
-    int32_t n_chunks;      /* head buffers: 2 (one read ahead), 1 when one chunk holds the table */
+    int32_t n_bufs;        /* head buffers: 2 (one read ahead), 1 when one chunk holds the table */
     chunk_buf chunk[2];    /* each (chunk_rows, row_bytes) */
     struct io_uring ring;  /* the head's reads (ring_ok: set up) */
     int ring_ok;
@@ -107,8 +107,8 @@ LOIP_API int loip_rows_new(const char *path, uint64_t offset, int32_t dtype, int
     r->row_bytes = (size_t)cols * (size_t)loip_dtype_size(dtype);
     if (chunk_rows > rows) chunk_rows = (int32_t)((rows + 15) / 16 * 16);
     r->cache_rows = cache_rows, r->chunk_rows = chunk_rows, r->ahead = 1;
-    r->n_chunks = chunk_rows <= 0 ? 0 : chunk_rows < rows ? 2 : 1;
-    uint64_t bytes = ((uint64_t)cache_rows + (uint64_t)r->n_chunks * (uint64_t)chunk_rows) * r->row_bytes;
+    r->n_bufs = chunk_rows <= 0 ? 0 : chunk_rows < rows ? 2 : 1;
+    uint64_t bytes = ((uint64_t)cache_rows + (uint64_t)r->n_bufs * (uint64_t)chunk_rows) * r->row_bytes;
     if (budget) {
         int rc = loip_budget_charge(budget, "slots", bytes);
         if (rc) {
@@ -132,14 +132,14 @@ LOIP_API int loip_rows_new(const char *path, uint64_t offset, int32_t dtype, int
         }
         for (int32_t i = 0; i < cache_rows; i++) r->cache_ids[i] = -1;
     }
-    for (int32_t b = 0; b < r->n_chunks; b++) {
+    for (int32_t b = 0; b < r->n_bufs; b++) {
         if (!(r->chunk[b].data = loip_aligned_alloc((size_t)chunk_rows * r->row_bytes))) {
             loip_rows_free(r);
             return loip_fail(LOIP_ENOMEM, "rows: out of memory");
         }
     }
     /* (no ring, as where io_uring is not allowed: each chunk read when it is needed) */
-    if (r->n_chunks > 0) r->ring_ok = io_uring_queue_init(4, &r->ring, 0) == 0;
+    if (r->n_bufs > 0) r->ring_ok = io_uring_queue_init(4, &r->ring, 0) == 0;
     *out = r;
     return LOIP_OK;
 }
@@ -331,12 +331,12 @@ int loip_rows_head_range(loip_rows *r, loip_pool *pool, const float *x, int32_t 
         if (rc) return rc;
     }
     int b = 0;
-    for (int64_t r0 = first; r0 < last; r0 += step, b = (b + 1) % r->n_chunks) {
+    for (int64_t r0 = first; r0 < last; r0 += step, b = (b + 1) % r->n_bufs) {
         int64_t k = last - r0 < step ? last - r0 : step, next = r0 + k;
         /* the next chunk asked for now, into the other buffer (its chunk's logits are done;
          * there is a next chunk only with two buffers: one is kept when a chunk holds the table) */
         if (next < last) {
-            int rc = chunk_start(r, (b + 1) % r->n_chunks, next, last - next < step ? last - next : step, 1);
+            int rc = chunk_start(r, (b + 1) % r->n_bufs, next, last - next < step ? last - next : step, 1);
             if (rc) return rc;
         }
         int rc = chunk_wait(r, b);

@@ -96,6 +96,13 @@ function M.share_chunk(row, head_rows, count)
   return math.min(chunk, math.ceil(count / 16) * 16)
 end
 
+-- The rows a head read by chunks reads at once on a device that keeps it so (how: M.how's):
+-- its share's chunk when the head is cut, else the whole head's.
+local function head_chunk(sizes, ends, how)
+  if how.cut then return M.share_chunk(M.row_bytes(sizes), ends.head_rows, how.share) end
+  return M.chunk_rows(sizes, ends.head_rows)
+end
+
 -- How a device holding the first end (first) and/or the last (last) keeps them under ends
 -- (a tied model: tied true): { embed = "memory" | "rows" | nil, head = "memory" | "rows" | nil,
 -- table = true when the embedding's table is in memory whole }.
@@ -132,13 +139,13 @@ function M.memory(sizes, ends, first, last, share)
     if last then w = w + norm_bytes(sizes) end
     if how.head == "memory" and not (sizes.tied and how.table) then w = w + align(how.share * row) end
     if how.head == "rows" then
-      local chunk = M.share_chunk(row, ends.head_rows, how.share)
+      local chunk = head_chunk(sizes, ends, how)
       buf = buf + M.head_buffers(sizes, chunk) * chunk * row
     end
     return w, buf, how, math.max(0, (sizes.share_bytes or 0) - (sizes.payload_bytes or 0))
   end
   if how.head == "rows" then
-    local chunk = M.chunk_rows(sizes, ends.head_rows)
+    local chunk = head_chunk(sizes, ends, how)
     buf = buf + M.head_buffers(sizes, chunk) * chunk * row
     -- (the final norm stays: head.bin less an untied head's table)
     w = w + norm_bytes(sizes)
@@ -173,9 +180,8 @@ function M.read_ms(problem, i, part, read, rows)
     embed = read(d, rows * M.row_bytes(sizes), rows)
   end
   if how.head == "rows" then
-    local chunk = how.cut and M.share_chunk(M.row_bytes(sizes), ends.head_rows, how.share) or M.chunk_rows(sizes, ends.head_rows)
     local rows_read = how.cut and how.share or sizes.vocab
-    chunks = math.ceil(rows_read / chunk)
+    chunks = math.ceil(rows_read / head_chunk(sizes, ends, how))
     head = read(d, rows_read * M.row_bytes(sizes), chunks)
   end
   return embed, head, chunks

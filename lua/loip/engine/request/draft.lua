@@ -410,7 +410,7 @@ function Draft:grow(r, rows, room, depth)
   st.chosen, st.chosen_sum, st.chosen_last = st.chosen + 1, st.chosen_sum + B, B -- (0 too: Draft:report's tree_chosen)
   local w = self.parent or self -- (on_chosen(r, B): a watcher of each choice, serve's /metrics)
   if w.on_chosen then w.on_chosen(r, B) end
-  self.stats.built = (self.stats.built or 0) + #nodes
+  st.built = (st.built or 0) + #nodes
   if B == 0 then s.rest = self:rest_steps(rows) - 1 end
   local t = tree.from_scored(nodes, B)
   local ids = { parents = t.parents }
