@@ -408,7 +408,7 @@ function Draft:grow(r, rows, room, depth)
   s.build = M.builds(B)
   local st = self.stats
   st.chosen, st.chosen_sum, st.chosen_last = st.chosen + 1, st.chosen_sum + B, B -- (0 too: Draft:report's tree_chosen)
-  local w = self.parent or self -- (on_chosen(r, B): a watcher of each choice, serve's /metrics)
+  local w = self.parent or self -- (its watchers: on_chosen(r, B) of each choice, serve's /metrics; spans)
   if w.on_chosen then w.on_chosen(r, B) end
   st.built = (st.built or 0) + #nodes
   if B == 0 then s.rest = self:rest_steps(rows) - 1 end
@@ -416,7 +416,6 @@ function Draft:grow(r, rows, room, depth)
   local ids = { parents = t.parents }
   for i, id in ipairs(t.ids) do ids[i] = id end
   s.sent = ranked -- (the nodes built, B of them sent: calibrate, after the step)
-  local w = self.parent or self
   if w.spans then w:span_draft(r, k, #ids, t0, dt) end
   return ids
 end
