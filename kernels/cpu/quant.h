@@ -10,7 +10,8 @@
  * exact) and add that sum times the block's scale: one multiply per block, not per weight,
  * which is what keeps them at memory speed; within f32 rounding of the others
  * (tests/test_quant_kernels.c checks both). In every variant matmul equals matvec per token, bit
- * for bit (the determinism contract of kernels.h).
+ * for bit (the determinism contract of kernels.h). The avx512 table's F8 kernels are
+ * quant_avx512_vbmi.c's where the CPU has VBMI, AVX2's elsewhere.
  *
  * Decode reads each weight once, so the SIMD matvecs are paced by memory: a tile's rows are not
  * adjacent but one from each of MV_ROWS runs of the thread's rows, so that each row's FMA chain
@@ -111,9 +112,15 @@ LOIP_QUANT_KERNELS(ref)
 LOIP_QUANT_KERNELS(avx2)
 LOIP_QUANT_KERNELS(avx512)
 #undef LOIP_QUANT_KERNELS
-/* Their tables (MXFP4's E2M1 values under each of the 256 scales), made once; called by
- * loip_kernels_avx2() / loip_kernels_avx512() once the CPU has passed their checks. */
+void loip_avx512vbmi_matvec_f8(float *y, const void *W, const float *x, size_t r0, size_t r1,
+                               size_t cols);
+void loip_avx512vbmi_matmul_f8(float *Y, size_t ldy, const void *W, const float *X, size_t n,
+                               size_t r0, size_t r1, size_t cols);
+/* Their tables (MXFP4's E2M1 values under each of the 256 scales, F8's bf16 bytes), made once;
+ * called by loip_kernels_avx2() / loip_kernels_avx512() once the CPU has passed their checks
+ * (loip_avx512_quant_init calls the VBMI one where the CPU has VBMI). */
 void loip_avx2_quant_init(void);
 void loip_avx512_quant_init(void);
+void loip_avx512vbmi_quant_init(void);
 
 #endif
