@@ -8,9 +8,10 @@
  *  - MXFP4: the codes' nibbles look up the bfloat16 bytes of the E2M1 values times the block's
  *    scale (exact) with vpshufb, unpacked into f32 (mx_decode). In column order: low nibbles of
  *    bytes 0-7 and 8-15, then high nibbles of bytes 0-7 and 8-15.
- *  - F8: as the AVX-512 variant (f16 fields, vcvtph2ps, times scale * 2^8), 16 bytes at a
- *    time (matvec: the f16 widened from a stack buffer, off the shuffle port: f8_widen16); a
- *    row with a NaN code has a NaN result (f8_tile's poison). */
+ *  - F8: per 128-column block a sum of E4M3 x x, added times the block's scale (quant.h); each
+ *    byte's sign, exponent and mantissa moved into an f16's (the value times 2^-8, exact) and
+ *    widened by vcvtph2ps from a stack buffer, off the shuffle port (matvec: 32 bytes a step,
+ *    f8_widen32); a row with a NaN code has a NaN result (f8_tile's poison). */
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
@@ -132,7 +133,7 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 /* ---- F8 ------------------------------------------------------------------------------------ */
 
 /* 8 E4M3 bytes (the low half of b) as f32 times 2^-8, exactly and without f32 subnormals: the
- * bytes' fields moved into f16's and widened by vcvtph2ps (as the AVX-512 variant). */
+ * bytes' fields moved into f16's (bias 15, not 7: the 2^-8) and widened by vcvtph2ps. */
 AI __m256 f8_widen8(__m128i b) {
     __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(b), 7);
     return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
@@ -151,6 +152,21 @@ AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi, __m128i *buf) {
     __asm__("vcvtph2ps %1, %0" : "=x"(*hi) : "m"(buf[1]));
 }
 
+/* 32 bytes the same way, as columns 0-7, 8-15, 16-23 and 24-31: each byte unpacked into the
+ * high half of a word and shifted right (arithmetically) into f16's fields, two unpacks (which
+ * run on two ports) where sign extension takes two uops on the one shuffle port. */
+AI void f8_widen32(__m256i b, __m256 w[4], __m128i *buf) {
+    const __m256i z = _mm256_setzero_si256(), mask = _mm256_set1_epi16((short)0xBF80);
+    __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), mask);
+    __m256i hi = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpackhi_epi8(z, b), 1), mask);
+    _mm256_store_si256((__m256i *)buf, lo);     /* columns 0-7 | 16-23 */
+    _mm256_store_si256((__m256i *)buf + 1, hi); /* 8-15 | 24-31 */
+    __asm__("vcvtph2ps %1, %0" : "=x"(w[0]) : "m"(buf[0]));
+    __asm__("vcvtph2ps %1, %0" : "=x"(w[1]) : "m"(buf[2]));
+    __asm__("vcvtph2ps %1, %0" : "=x"(w[2]) : "m"(buf[1]));
+    __asm__("vcvtph2ps %1, %0" : "=x"(w[3]) : "m"(buf[3]));
+}
+
 /* 1 when one of the n (<= 128) bytes at p is a NaN code. */
 AI int f8_has_nan(const uint8_t *p, size_t n) {
     const __m256i hi = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi8((char)0xFF);
@@ -163,12 +179,15 @@ AI int f8_has_nan(const uint8_t *p, size_t n) {
     return any != 0;
 }
 
-/* Columns [c0, c1) of the tile's rows, one 128-column scale block: as the AVX-512 variant's
- * (the block's sums of E4M3 * x, then times its scale; a row with a NaN code is made NaN by
- * f8_tile). */
-AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
-                 const uint8_t *const *row, const float *s, const float *X, size_t cols, size_t c0,
-                 size_t c1, size_t pf) {
+/* Columns [c0, c1) of the tile's rows, one 128-column scale block: the block's sums of E4M3 *
+ * 2^-8 * x (each product exact), then times 2^8 (exact) and its scale. Returns the witness of
+ * NaN codes among the bytes read, built as they are read (a second pass over a block's bytes
+ * cost this kernel a tenth of its rate); f8_tile makes a row with one NaN. */
+AI __m128i f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
+                    const uint8_t *const *row, const float *s, const float *X, size_t cols,
+                    size_t c0, size_t c1, size_t pf) {
+    const __m128i top = _mm_set1_epi8((char)0x80);
+    __m128i m = _mm_setzero_si128(); /* the bytes' largest | 0x80, bytewise: 0xFF a NaN code */
     enum { RMAX = MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS };
     const __m256 k256 = _mm256_set1_ps(256.0f);
     __m256 blk[RMAX][MM_TOKENS];
@@ -177,7 +196,29 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
-    __m128i f16[RMAX][2] __attribute__((aligned(32))); /* (f8_widen16's, a row each) */
+    __m128i f16[RMAX][4] __attribute__((aligned(32))); /* (f8_widen16/32's, a row each) */
+    if (T == 1) { /* matvec: 32 columns a step (the same FMAs in the same order) */
+        const __m256i top32 = _mm256_set1_epi8((char)0x80);
+        __m256i m32 = _mm256_setzero_si256();
+        for (; c + 32 <= c1; c += 32) {
+            if (pf && (c & 63) == 0)
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
+            __m256 xv[4];
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) xv[k] = _mm256_loadu_ps(X + c + 8 * k);
+#pragma GCC unroll 8
+            for (int i = 0; i < R; i++) {
+                __m256i b = _mm256_loadu_si256((const __m256i *)(row[i] + c));
+                m32 = _mm256_max_epu8(m32, _mm256_or_si256(b, top32));
+                __m256 w[4];
+                f8_widen32(b, w, f16[i]);
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) blk[i][0] = _mm256_fmadd_ps(w[k], xv[k], blk[i][0]);
+            }
+        }
+        m = _mm_max_epu8(m, _mm_max_epu8(_mm256_castsi256_si128(m32), _mm256_extracti128_si256(m32, 1)));
+    }
     /* matvec: 16 columns a step (the same FMAs in the same order as 8 a step; matmul keeps 8,
      * its tokens' x chunks would not fit the registers twice) */
     if (T == 1)
@@ -188,13 +229,15 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
             __m256 x0[MM_TOKENS], x1[MM_TOKENS];
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
-                x0[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
-                x1[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c + 8), k256);
+                x0[j] = _mm256_loadu_ps(X + j * cols + c);
+                x1[j] = _mm256_loadu_ps(X + j * cols + c + 8);
             }
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) {
                 __m256 wl, wh;
-                f8_widen16(_mm_loadu_si128((const __m128i *)(row[i] + c)), &wl, &wh, f16[i]);
+                __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
+                m = _mm_max_epu8(m, _mm_or_si128(b, top));
+                f8_widen16(b, &wl, &wh, f16[i]);
 #pragma GCC unroll 8
                 for (int j = 0; j < T; j++) {
                     blk[i][j] = _mm256_fmadd_ps(wl, x0[j], blk[i][j]);
@@ -208,10 +251,11 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
             for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
         __m256 xv[MM_TOKENS];
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) xv[j] = _mm256_mul_ps(_mm256_loadu_ps(X + j * cols + c), k256);
+        for (int j = 0; j < T; j++) xv[j] = _mm256_loadu_ps(X + j * cols + c);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m128i b = _mm_loadl_epi64((const __m128i *)(row[i] + c));
+            m = _mm_max_epu8(m, _mm_or_si128(b, top));
             __m256 w = f8_widen8(b);
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) blk[i][j] = _mm256_fmadd_ps(w, xv[j], blk[i][j]);
@@ -219,16 +263,17 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
     }
     if (c < c1) { /* the matrix's last columns: a partial chunk, zeros in the missing lanes */
         size_t k = c1 - c;
-        __m256i m = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
+        __m256i lanes = _mm256_loadu_si256((const __m256i *)lane_mask[k]);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             uint8_t buf[16] = {0};
             memcpy(buf, row[i] + c, k);
             __m128i b = _mm_loadu_si128((const __m128i *)buf);
-            __m256 w = _mm256_and_ps(f8_widen8(b), _mm256_castsi256_ps(m));
+            m = _mm_max_epu8(m, _mm_or_si128(b, top));
+            __m256 w = _mm256_and_ps(f8_widen8(b), _mm256_castsi256_ps(lanes));
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++)
-                blk[i][j] = _mm256_fmadd_ps(w, _mm256_mul_ps(_mm256_maskload_ps(X + j * cols + c, m), k256),
+                blk[i][j] = _mm256_fmadd_ps(w, _mm256_maskload_ps(X + j * cols + c, lanes),
                                             blk[i][j]);
         }
     }
@@ -236,8 +281,10 @@ AI void f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
     for (int i = 0; i < R; i++) {
         __m256 sv = _mm256_set1_ps(s[i]);
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++) acc[i][j] = _mm256_fmadd_ps(blk[i][j], sv, acc[i][j]);
+        for (int j = 0; j < T; j++)
+            acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(blk[i][j], k256), sv, acc[i][j]);
     }
+    return m;
 }
 
 AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W, const float *X,
@@ -253,18 +300,17 @@ AI void f8_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     }
-    /* poison: the rows with a NaN code, whose results are NaN whatever else they hold (as the
-     * AVX-512 variant's) */
+    /* poison: the rows with a NaN code. Its weight is NaN, so is its product with any x and any
+     * sum that takes it: the row's result is NaN whatever else it holds, and no lane need be. */
     unsigned poison = 0;
     for (size_t c0 = 0; c0 < cols; c0 += LOIP_F8_BLOCK) {
         size_t c1 = cols - c0 > LOIP_F8_BLOCK ? c0 + LOIP_F8_BLOCK : cols;
         float s[RMAX];
 #pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
-            poison |= (unsigned)f8_has_nan(row[i] + c0, c1 - c0) << i;
-        }
-        f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
+        for (int i = 0; i < R; i++) s[i] = loip_f8_scale(sc[i], c0 / LOIP_F8_BLOCK);
+        __m128i nan = f8_block(R, T, acc, row, s, X, cols, c0, c1, pf);
+        if (_mm_movemask_epi8(_mm_cmpeq_epi8(nan, _mm_set1_epi8((char)0xFF)))) /* which rows */
+            for (int i = 0; i < R; i++) poison |= (unsigned)f8_has_nan(row[i] + c0, c1 - c0) << i;
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)

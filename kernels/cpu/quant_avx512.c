@@ -48,11 +48,16 @@ AI void mx_tile(const int R, const int T, float *Y, size_t ldy, const uint8_t *W
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     const uint8_t *row = W + r * rowb;
+    /* matvec: a prefetch every 3 blocks (~one a cache line of each row), at the block a counter
+     * names (b % 3 costs a multiply and compares a block) */
+    size_t next_pf = T == 1 && pf ? 0 : (size_t)-1;
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *q = row + b * LOIP_MXFP4_BLOCK_BYTES;
-        if (T == 1 && pf && b % 3 == 0) /* matvec: ~one prefetch per cache line of each row */
+        if (T == 1 && b == next_pf) {
+            next_pf += 3;
 #pragma GCC unroll 8
             for (int i = 0; i < R; i++) prefetch_at(row + i * S * rowb, b * LOIP_MXFP4_BLOCK_BYTES, pf);
+        }
         __m512 lo[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS], hi[MV_ROWS > MM_ROWS ? MV_ROWS : MM_ROWS];
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
