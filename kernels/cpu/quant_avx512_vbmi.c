@@ -11,11 +11,13 @@
  * bf16 (the top half of its f32): a vpermb puts the bytes in the order the unpacking below
  * undoes, two vpermi2b look each magnitude's bf16 bytes up in 128-entry tables, a ternlog puts
  * the sign in, the bytes are unpacked into words and each dword's two words made two f32s by a
- * shift and a mask. 16 shuffle-or-ALU uops and 4 FMAs per 64 weights where widening through
- * f16 (vcvtph2ps, 2 uops a 16) took 22 with its NaN check: decode is paced by these two vector
- * ports, and this took 2880x2880 on one thread from ~0.71 to ~0.90 of the read probe. NaN codes
- * look up a NaN, so a row with one sums to NaN with no check. Bit for bit the f16 widening's
- * results (the same products, exact either way, summed in the same order). */
+ * shift and a mask: ~8 cycles of the two 512-bit ports per 64 weights with their 4 FMAs (a
+ * vpermi2b takes 2 on the shuffle port), where widening through f16 (sign extension, shift, mask,
+ * two vcvtph2ps of 2 uops and an extract a 32 bytes) and a NaN pass took ~11. Decode is paced by
+ * those ports, not by memory: one thread ran 16.2 GB/s from L2 against 12.3, and 2880x2880 went
+ * from ~0.71 to ~0.90 of the read probe (docs/benchmarks.md). NaN codes look up a NaN, so a row
+ * with one sums to NaN with no check. Bit for bit the f16 widening's results (the same products,
+ * exact either way, summed in the same order). */
 #include <immintrin.h>
 #include <pthread.h>
 
