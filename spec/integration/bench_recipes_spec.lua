@@ -84,7 +84,10 @@ it("quant.lua --quick measures the MXFP4 and F8 kernels against the read probe a
   -- every dtype, every variant the kernels offer here (ref always), every thread count
   for _, dt in ipairs({ "mxfp4", "f8" }) do
     assert.is_true(report.fractions[dt]["ref/1"] > 0 and report.fractions[dt]["ref/2"] > 0, dt)
-    assert.is_table(report.kernels[dt .. " 2880x2880 ref 2T"], dt)
+    local r = report.kernels[dt .. " 2880x2880 ref 2T"]
+    assert.is_table(r, dt)
+    -- the core's own rate, from L2, beside the rate from memory
+    assert.is_true(r.gbps_l2 > 0 and math.abs(r.l2_ratio - r.gbps_l2 / report.probe["2"]) < 1e-9, dt)
   end
   assert.are.equal(0.8, report.target)
   assert.is_boolean(report.met)
