@@ -111,6 +111,18 @@ local function fill(dtype, rows, cols, count, mbytes)
   end
 end
 
+-- This core's L2 (Linux's sysfs; 1 MiB where it does not say), for the rates from L2.
+local function l2_size()
+  local f = io.open("/sys/devices/system/cpu/cpu0/cache/index2/size")
+  local text = f and f:read("*l")
+  if f then f:close() end
+  local n, unit = (text or ""):match("^(%d+)([KM]?)")
+  if not n then return 1048576 end
+  return tonumber(n) * (unit == "K" and 1024 or unit == "M" and 1048576 or 1)
+end
+local l2_bytes = l2_size()
+result.l2_bytes = l2_bytes
+
 local sum = ffi.new("double[1]")
 local function probe_pass(t)
   local t0 = core.now_ns()
@@ -161,11 +173,12 @@ for _, d in ipairs(DTYPES) do
           for i = 0, count - 1 do core.must(exec.op_matvec(pools[t], id, base + i * mbytes, x, y, rows, cols)) end
           return count * mbytes
         end
-        -- The same kernel on a few rows whose bytes stay in L2 (about 256 KB a thread), passed
-        -- over again and again: the rate the core decodes at with memory out of the way. Where it
-        -- is below the target, no prefetching or memory can bring the kernel there on this CPU.
+        -- The same kernel on the rows that fill half of each thread's L2, passed over again and
+        -- again: the rate the core decodes at with memory out of the way. Where it is below the
+        -- target, no prefetching or memory can bring the kernel there on this CPU. (Rows in
+        -- F8's groups of 128; each call long enough that the pool's start and join do not count.)
         local row_bytes = mbytes / rows
-        local rows_l2 = math.max(128, math.floor(t * 262144 / row_bytes / 128) * 128)
+        local rows_l2 = math.min(rows, math.max(128, math.floor(t * l2_bytes / 2 / row_bytes / 128) * 128))
         local l2_reps = math.max(1, math.ceil((o.quick and 8 or 64) * 1048576 / (rows_l2 * row_bytes)))
         local function pass_l2()
           for _ = 1, l2_reps do core.must(exec.op_matvec(pools[t], id, base, x, y, rows_l2, cols)) end
