@@ -13,11 +13,12 @@
  * for bit (the determinism contract of kernels.h). The avx512 table's F8 kernels are
  * quant_avx512_vbmi.c's where the CPU has VBMI, AVX2's elsewhere.
  *
- * Decode reads each weight once, so the SIMD matvecs are paced by memory: a tile's rows are not
- * adjacent but one from each of MV_ROWS runs of the thread's rows, so that each row's FMA chain
- * is also one sequential stream through memory (as the read probe's), which the hardware
- * prefetchers follow across pages, helped by a software prefetch loip_quant_prefetch() bytes
- * ahead in every stream. */
+ * Decode reads each weight once, so the SIMD matvecs are meant to be paced by memory (where one
+ * is paced by its decoding instead, recipes/bench/quant.lua's rate from L2 shows it): a tile's
+ * rows are not adjacent but one from each of MV_ROWS runs of the thread's rows, so that each
+ * row's FMA chain is also one sequential stream through memory (as the read probe's), which the
+ * hardware prefetchers follow across pages, helped by a software prefetch
+ * loip_quant_prefetch() bytes ahead in every stream. */
 #ifndef LOIP_QUANT_H
 #define LOIP_QUANT_H
 
