@@ -139,22 +139,12 @@ AI __m256 f8_widen8(__m128i b) {
     return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16((short)0xBF80)));
 }
 
-/* 16 bytes the same way, as columns 0-7 (lo) and 8-15 (hi): one widening and mask for both
- * halves, then the f16 stored to buf (32 bytes, aligned) and each half widened from there. The
- * matvec is paced by the shuffle port (port 5): vcvtph2ps from a register takes one uop there
- * and vextracti128 another, vcvtph2ps from memory none (a load instead), so the 16 bytes take
- * one shuffle (the sign extension), not four. (asm: a compiler would forward the store into
- * register moves.) */
-AI void f8_widen16(__m128i b, __m256 *lo, __m256 *hi, __m128i *buf) {
-    __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7);
-    _mm256_store_si256((__m256i *)buf, _mm256_and_si256(h, _mm256_set1_epi16((short)0xBF80)));
-    __asm__("vcvtph2ps %1, %0" : "=x"(*lo) : "m"(buf[0]));
-    __asm__("vcvtph2ps %1, %0" : "=x"(*hi) : "m"(buf[1]));
-}
-
 /* 32 bytes the same way, as columns 0-7, 8-15, 16-23 and 24-31: each byte unpacked into the
  * high half of a word and shifted right (arithmetically) into f16's fields, two unpacks (which
- * run on two ports) where sign extension takes two uops on the one shuffle port. */
+ * run on two ports) where sign extension takes two uops on the one shuffle port; then the f16
+ * stored to buf (64 bytes, aligned) and each 8 widened from there: vcvtph2ps from a register
+ * takes a shuffle uop (and an extract another), from memory none. (asm: a compiler would forward
+ * the store into register moves.) */
 AI void f8_widen32(__m256i b, __m256 w[4], __m128i *buf) {
     const __m256i z = _mm256_setzero_si256(), mask = _mm256_set1_epi16((short)0xBF80);
     __m256i lo = _mm256_and_si256(_mm256_srai_epi16(_mm256_unpacklo_epi8(z, b), 1), mask);
@@ -196,8 +186,10 @@ AI __m128i f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) blk[i][j] = _mm256_setzero_ps();
     size_t c = c0;
-    __m128i f16[RMAX][4] __attribute__((aligned(32))); /* (f8_widen16/32's, a row each) */
-    if (T == 1) { /* matvec: 32 columns a step (the same FMAs in the same order) */
+    __m128i f16[RMAX][4] __attribute__((aligned(32))); /* (f8_widen32's, a row each) */
+    /* matvec: 32 columns a step (the same FMAs in the same order as 8 a step, which the block's
+     * last columns and matmul keep: its tokens' x chunks would not fit the registers four times) */
+    if (T == 1) {
         const __m256i top32 = _mm256_set1_epi8((char)0x80);
         __m256i m32 = _mm256_setzero_si256();
         for (; c + 32 <= c1; c += 32) {
@@ -219,32 +211,6 @@ AI __m128i f8_block(const int R, const int T, __m256 acc[][MM_TOKENS],
         }
         m = _mm_max_epu8(m, _mm_max_epu8(_mm256_castsi256_si128(m32), _mm256_extracti128_si256(m32, 1)));
     }
-    /* matvec: 16 columns a step (the same FMAs in the same order as 8 a step; matmul keeps 8,
-     * its tokens' x chunks would not fit the registers twice) */
-    if (T == 1)
-        for (; c + 16 <= c1; c += 16) {
-            if (T == 1 && pf && (c & 63) == 0)
-#pragma GCC unroll 8
-                for (int i = 0; i < R; i++) prefetch_at(row[i], c, pf);
-            __m256 x0[MM_TOKENS], x1[MM_TOKENS];
-#pragma GCC unroll 8
-            for (int j = 0; j < T; j++) {
-                x0[j] = _mm256_loadu_ps(X + j * cols + c);
-                x1[j] = _mm256_loadu_ps(X + j * cols + c + 8);
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++) {
-                __m256 wl, wh;
-                __m128i b = _mm_loadu_si128((const __m128i *)(row[i] + c));
-                m = _mm_max_epu8(m, _mm_or_si128(b, top));
-                f8_widen16(b, &wl, &wh, f16[i]);
-#pragma GCC unroll 8
-                for (int j = 0; j < T; j++) {
-                    blk[i][j] = _mm256_fmadd_ps(wl, x0[j], blk[i][j]);
-                    blk[i][j] = _mm256_fmadd_ps(wh, x1[j], blk[i][j]);
-                }
-            }
-        }
     for (; c + 8 <= c1; c += 8) {
         if (T == 1 && pf && (c & 63) == 0)
 #pragma GCC unroll 8

@@ -9,8 +9,8 @@
 -- gpt-oss expert's shape (2880x2880) and of 4096x4096, cycled through more memory than the
 -- caches hold; and BF16 matrices of the same shapes, the existing kernels as a yardstick. Each kernel's rate is the bytes it reads (the packed weights, scales included)
 -- per second, paired with a probe pass right before it; the report's fractions are the medians
--- of those ratios (the target is >= 0.8). Beside each, the same kernel's rate over a few rows
--- that stay in L2 (gbps_l2, and l2_ratio against the probe): what the core decodes at with
+-- of those ratios (the target is >= 0.8). Beside each, the same kernel's rate over the rows that
+-- fill half of each thread's L2 (gbps_l2, and l2_ratio against the probe): what the core decodes at with
 -- memory out of the way, so a figure under the target tells a kernel paced by its instructions
 -- from one paced by memory. --prefetch measures the quantized kernels at each
 -- software prefetch distance given (loip_kernels_set_prefetch; a machine's best is a parameter,
@@ -130,15 +130,20 @@ local function probe_pass(t)
   return bytes / ((core.now_ns() - t0) / 1e9) / 1e9
 end
 
+-- GB/s of run(), which returns the bytes it read.
+local function rate(run)
+  local t0 = core.now_ns()
+  local nbytes = run()
+  return nbytes / ((core.now_ns() - t0) / 1e9) / 1e9
+end
+
 -- Each run paired with a probe pass right before it (the host's bandwidth drifts; pairing
 -- cancels it): the median of the ratios, and the medians of each side.
 local function paired(t, run, reps)
   local ratios, gbs, probes = {}, {}, {}
   for r = 1, reps do
     local p = probe_pass(t)
-    local t0 = core.now_ns()
-    local nbytes = run()
-    local g = nbytes / ((core.now_ns() - t0) / 1e9) / 1e9
+    local g = rate(run)
     probes[r], gbs[r], ratios[r] = p, g, g / p
   end
   return { ratio = median(ratios), gbps = median(gbs), probe_gbps = median(probes),
@@ -186,11 +191,7 @@ for _, d in ipairs(DTYPES) do
         end
         pass_l2()
         local l2 = {}
-        for r = 1, o.repeats do
-          local t0 = core.now_ns()
-          local n = pass_l2()
-          l2[r] = n / ((core.now_ns() - t0) / 1e9) / 1e9
-        end
+        for r = 1, o.repeats do l2[r] = rate(pass_l2) end
         local gbps_l2 = median(l2)
         local best
         -- (bf16's kernels have no such parameter: measured once)
